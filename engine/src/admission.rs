@@ -1,0 +1,669 @@
+//! Per-pool pending queues and the admission rules.
+//!
+//! Each leaf pool keeps four queues, one per [`TaskClass`], each ordered by
+//! priority (higher first) then arrival. Admission takes, within a pool, the
+//! best head among the queues that are not blocked; when a head does not fit,
+//! only its own queue stops for this cycle, so a controller task at its limit
+//! never blocks normal tasks, and revocable tasks waiting for slack never
+//! block anything. Within a queue order is strict, so a large high-priority
+//! task is not starved by a stream of small ones behind it.
+//!
+//! A queue entry is a gang: one or more tasks admitted together on their
+//! summed request, or not at all. A single task is a gang of one.
+
+use std::collections::BinaryHeap;
+use std::fmt;
+
+use crate::pool::PoolId;
+use crate::resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};
+
+/// Default bound on queued tasks per leaf pool.
+pub const DEFAULT_MAX_QUEUED_PER_POOL: usize = 1_000_000;
+/// Default bound on queued tasks over all pools.
+pub const DEFAULT_MAX_QUEUED_TOTAL: usize = 10_000_000;
+/// Default bound on the members of one gang.
+pub const DEFAULT_MAX_GANG_SIZE: usize = 100_000;
+
+/// The caller's handle of a task (the gateway's task arena index, a test's
+/// counter). The engine does not interpret it and does not check uniqueness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(pub u64);
+
+/// Which queue, and which admission rules, a task is subject to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TaskClass {
+    /// Never preempted; may only use the pool's reservation.
+    NonPreemptible = 0,
+    /// A controller (e.g. a Spark driver); capped by the controller limit.
+    Controller = 1,
+    /// Ordinary preemptible work within the entitlement.
+    Normal = 2,
+    /// Best-effort work on slack capacity; first to be preempted.
+    Revocable = 3,
+}
+
+impl TaskClass {
+    /// All classes, in queue order.
+    pub const ALL: [TaskClass; 4] = [
+        TaskClass::NonPreemptible,
+        TaskClass::Controller,
+        TaskClass::Normal,
+        TaskClass::Revocable,
+    ];
+
+    /// Lower-case name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskClass::NonPreemptible => "non_preemptible",
+            TaskClass::Controller => "controller",
+            TaskClass::Normal => "normal",
+            TaskClass::Revocable => "revocable",
+        }
+    }
+
+    /// The class of a task with these flags. A non-preemptible controller
+    /// is queued as non-preemptible and checked against both limits.
+    pub fn of(flags: TaskFlags) -> Result<TaskClass, AdmissionError> {
+        match (flags.revocable, flags.preemptible, flags.controller) {
+            (true, false, _) => Err(AdmissionError::InvalidTask {
+                field: "revocable",
+                problem: "a revocable task must be preemptible".into(),
+            }),
+            (true, true, true) => Err(AdmissionError::InvalidTask {
+                field: "revocable",
+                problem: "a controller task cannot be revocable".into(),
+            }),
+            (true, true, false) => Ok(TaskClass::Revocable),
+            (false, false, _) => Ok(TaskClass::NonPreemptible),
+            (false, true, true) => Ok(TaskClass::Controller),
+            (false, true, false) => Ok(TaskClass::Normal),
+        }
+    }
+}
+
+impl fmt::Display for TaskClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Scheduling flags of a task (or of every member of a gang).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TaskFlags {
+    /// May be preempted to make room for others.
+    pub preemptible: bool,
+    /// Is a controller task (counts against the controller limit).
+    pub controller: bool,
+    /// Runs on slack capacity.
+    pub revocable: bool,
+}
+
+impl Default for TaskFlags {
+    fn default() -> Self {
+        TaskFlags {
+            preemptible: true,
+            controller: false,
+            revocable: false,
+        }
+    }
+}
+
+/// One task waiting for admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PendingTask {
+    /// The caller's handle.
+    pub id: TaskId,
+    /// What it needs.
+    pub request: Resources,
+}
+
+/// Handle of a queued gang, to cancel it before admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PendingId {
+    pub(crate) pool: PoolId,
+    pub(crate) entry: u32,
+    pub(crate) seq: u64,
+}
+
+/// Bounds on queued work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmissionLimits {
+    /// Queued tasks per leaf pool.
+    pub max_queued_per_pool: usize,
+    /// Queued tasks over all pools.
+    pub max_queued_total: usize,
+    /// Members of one gang.
+    pub max_gang_size: usize,
+}
+
+impl Default for AdmissionLimits {
+    fn default() -> Self {
+        AdmissionLimits {
+            max_queued_per_pool: DEFAULT_MAX_QUEUED_PER_POOL,
+            max_queued_total: DEFAULT_MAX_QUEUED_TOTAL,
+            max_gang_size: DEFAULT_MAX_GANG_SIZE,
+        }
+    }
+}
+
+/// Why a task or gang could not be queued or released.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdmissionError {
+    /// A field of the submitted task is invalid.
+    #[error("invalid task: {field}: {problem}")]
+    InvalidTask {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The pool's queue bound is reached.
+    #[error("pool {path} already queues {queued} task(s); the limit is {limit}")]
+    PoolQueueFull {
+        /// The pool.
+        path: String,
+        /// Tasks queued now.
+        queued: usize,
+        /// The bound.
+        limit: usize,
+    },
+    /// The bound on all queued tasks is reached.
+    #[error("{queued} task(s) are queued in all pools; the limit is {limit}")]
+    QueueFull {
+        /// Tasks queued now.
+        queued: usize,
+        /// The bound.
+        limit: usize,
+    },
+    /// The pending handle does not name a queued entry (already admitted or
+    /// cancelled).
+    #[error("no such pending task or gang")]
+    NotPending,
+    /// A release does not match what the pool holds.
+    #[error(
+        "pool {path}: cannot release {request} of class {class}: only {allocated} is allocated"
+    )]
+    OverRelease {
+        /// The pool.
+        path: String,
+        /// The class released.
+        class: TaskClass,
+        /// The amount released.
+        request: Resources,
+        /// What that class holds.
+        allocated: Resources,
+    },
+}
+
+/// Which admission rule stopped a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockKind {
+    /// allocation + request would exceed the pool's entitlement.
+    Entitlement,
+    /// non-preemptible allocation + request would exceed the reservation.
+    Reservation,
+    /// controller allocation + request would exceed the controller limit.
+    ControllerLimit,
+    /// revocable allocation + request would exceed the slack entitlement.
+    SlackEntitlement,
+    /// revocable allocation + request would exceed the pool's slack limit.
+    SlackLimit,
+}
+
+impl BlockKind {
+    /// Short phrase for reports.
+    pub fn describe(self) -> &'static str {
+        match self {
+            BlockKind::Entitlement => "entitlement exhausted",
+            BlockKind::Reservation => "reservation exhausted (non-preemptible)",
+            BlockKind::ControllerLimit => "controller limit reached",
+            BlockKind::SlackEntitlement => "slack entitlement exhausted",
+            BlockKind::SlackLimit => "slack limit reached",
+        }
+    }
+}
+
+/// Why one queue of one pool stopped admitting in a cycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// The pool.
+    pub pool: PoolId,
+    /// The queue.
+    pub class: TaskClass,
+    /// The rule that failed.
+    pub kind: BlockKind,
+    /// The first dimension in which it failed.
+    pub dim: Dim,
+    /// The head entry's request in that dimension.
+    pub request: u64,
+    /// What the class already holds in that dimension.
+    pub allocated: u64,
+    /// The cap the rule enforces in that dimension.
+    pub cap: u64,
+    /// Tasks still waiting in the queue.
+    pub n_waiting: u64,
+}
+
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} queue: {} in {}: needs {} {}, {} of {} in use ({} task(s) waiting)",
+            self.class,
+            self.kind.describe(),
+            self.dim,
+            self.request,
+            self.dim.unit(),
+            self.allocated,
+            self.cap,
+            self.n_waiting
+        )
+    }
+}
+
+/// One admitted task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// The caller's handle.
+    pub task: TaskId,
+    /// Its pool.
+    pub pool: PoolId,
+    /// Its class (pass it back to release).
+    pub class: TaskClass,
+    /// Its request.
+    pub request: Resources,
+}
+
+/// Output of one admission call; reuse it across calls to avoid allocation.
+#[derive(Clone, Debug, Default)]
+pub struct AdmissionResult {
+    /// Admitted tasks, pool by pool (in slot order), gangs contiguous.
+    pub admitted: Vec<Admitted>,
+    /// For every queue left non-empty, why it stopped.
+    pub blocked: Vec<Blocked>,
+}
+
+impl AdmissionResult {
+    /// Empties both lists, keeping their capacity.
+    pub fn clear(&mut self) {
+        self.admitted.clear();
+        self.blocked.clear();
+    }
+}
+
+/// What one pool holds, by class. All in the units of [`Dim`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Allocation {
+    /// All non-revocable tasks (checked against the entitlement).
+    pub total: Resources,
+    /// Non-preemptible tasks (checked against the reservation).
+    pub non_preemptible: Resources,
+    /// Controller tasks (checked against the controller limit).
+    pub controller: Resources,
+    /// Revocable tasks (checked against the slack entitlement).
+    pub revocable: Resources,
+    /// Number of tasks admitted and not yet released.
+    pub n_tasks: u64,
+}
+
+impl Allocation {
+    pub(crate) fn add(&mut self, class: TaskClass, controller: bool, request: &Resources) {
+        match class {
+            TaskClass::Revocable => self.revocable.add_assign(request),
+            TaskClass::NonPreemptible => {
+                self.total.add_assign(request);
+                self.non_preemptible.add_assign(request);
+                if controller {
+                    self.controller.add_assign(request);
+                }
+            }
+            TaskClass::Controller => {
+                self.total.add_assign(request);
+                self.controller.add_assign(request);
+            }
+            TaskClass::Normal => self.total.add_assign(request),
+        }
+        self.n_tasks += 1;
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Members {
+    One(PendingTask),
+    Gang(Box<[PendingTask]>),
+}
+
+impl Members {
+    fn as_slice(&self) -> &[PendingTask] {
+        match self {
+            Members::One(task) => std::slice::from_ref(task),
+            Members::Gang(tasks) => tasks,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    /// Arrival sequence number; 0 marks a free slot.
+    seq: u64,
+    class: TaskClass,
+    controller: bool,
+    total: Resources,
+    members: Members,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct QueueItem {
+    priority: u32,
+    seq: u64,
+    entry: u32,
+}
+
+impl Ord for QueueItem {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Max-heap: higher priority first, then earlier arrival.
+        self.priority
+            .cmp(&other.priority)
+            .then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+impl PartialOrd for QueueItem {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Queues and accounting of one pool slot.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PoolQueues {
+    heaps: [BinaryHeap<QueueItem>; 4],
+    entries: Vec<Entry>,
+    free_entries: Vec<u32>,
+    /// Queued tasks (not entries) per class.
+    n_queued: [u64; 4],
+    /// Heap items whose entry was cancelled.
+    n_stale: usize,
+    /// Summed requests of queued non-revocable and revocable tasks; wide so
+    /// a million queued tasks of maximal size cannot overflow.
+    queued: [[u128; N_DIMS]; 2],
+    pub(crate) allocation: Allocation,
+}
+
+/// Caps one pool's admission works against in a cycle.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PoolCaps {
+    pub entitlement: Resources,
+    pub reservation: Resources,
+    pub controller: Resources,
+    pub slack_entitlement: Resources,
+    pub slack_cap: Resources,
+}
+
+impl PoolQueues {
+    pub(crate) fn reset(&mut self) {
+        *self = PoolQueues::default();
+    }
+
+    pub(crate) fn n_queued_tasks(&self) -> u64 {
+        self.n_queued.iter().sum()
+    }
+
+    pub(crate) fn n_queued_in(&self, class: TaskClass) -> u64 {
+        self.n_queued[class as usize]
+    }
+
+    /// Summed requests of queued tasks, non-revocable (`false`) or
+    /// revocable (`true`), saturated at [`MAX_AMOUNT`].
+    pub(crate) fn queued(&self, revocable: bool) -> Resources {
+        let wide = &self.queued[usize::from(revocable)];
+        Resources(std::array::from_fn(|d| {
+            wide[d].min(u128::from(MAX_AMOUNT)) as u64
+        }))
+    }
+
+    pub(crate) fn push(
+        &mut self,
+        priority: u32,
+        seq: u64,
+        class: TaskClass,
+        controller: bool,
+        members: &[PendingTask],
+        total: Resources,
+    ) -> u32 {
+        debug_assert!(seq > 0 && !members.is_empty());
+        let entry = Entry {
+            seq,
+            class,
+            controller,
+            total,
+            members: if members.len() == 1 {
+                Members::One(members[0])
+            } else {
+                Members::Gang(members.into())
+            },
+        };
+        let idx = match self.free_entries.pop() {
+            Some(idx) => {
+                self.entries[idx as usize] = entry;
+                idx
+            }
+            None => {
+                self.entries.push(entry);
+                u32::try_from(self.entries.len() - 1).expect("entries per pool fit in u32")
+            }
+        };
+        self.heaps[class as usize].push(QueueItem {
+            priority,
+            seq,
+            entry: idx,
+        });
+        self.account_queued(class, members.len() as u64, &total, true);
+        idx
+    }
+
+    fn account_queued(&mut self, class: TaskClass, n: u64, total: &Resources, add: bool) {
+        let wide = &mut self.queued[usize::from(class == TaskClass::Revocable)];
+        for d in 0..N_DIMS {
+            if add {
+                wide[d] += u128::from(total.0[d]);
+            } else {
+                wide[d] -= u128::from(total.0[d]);
+            }
+        }
+        if add {
+            self.n_queued[class as usize] += n;
+        } else {
+            self.n_queued[class as usize] -= n;
+        }
+    }
+
+    /// Removes a queued entry; `false` if it is not queued (admitted,
+    /// cancelled, or a stale handle).
+    pub(crate) fn cancel(&mut self, entry: u32, seq: u64) -> bool {
+        let Some(e) = self.entries.get_mut(entry as usize) else {
+            return false;
+        };
+        if e.seq != seq || seq == 0 {
+            return false;
+        }
+        e.seq = 0;
+        let (class, n, total) = (e.class, e.members.as_slice().len() as u64, e.total);
+        e.members = Members::Gang(Box::new([]));
+        self.account_queued(class, n, &total, false);
+        self.free_entries.push(entry);
+        self.n_stale += 1;
+        if self.n_stale > 1024 && self.n_stale > self.n_queued_tasks() as usize {
+            self.purge_stale();
+        }
+        true
+    }
+
+    fn purge_stale(&mut self) {
+        let entries = &self.entries;
+        for heap in &mut self.heaps {
+            heap.retain(|item| entries[item.entry as usize].seq == item.seq);
+        }
+        self.n_stale = 0;
+    }
+
+    /// Head of a queue, dropping cancelled items on the way.
+    fn head(&mut self, class: TaskClass) -> Option<QueueItem> {
+        let heap = &mut self.heaps[class as usize];
+        while let Some(&top) = heap.peek() {
+            if self.entries[top.entry as usize].seq == top.seq {
+                return Some(top);
+            }
+            heap.pop();
+            self.n_stale -= 1;
+        }
+        None
+    }
+
+    /// Admits everything that fits, appending to `out`.
+    pub(crate) fn admit(&mut self, pool: PoolId, caps: &PoolCaps, out: &mut AdmissionResult) {
+        let mut blocked = [false; 4];
+        for class in TaskClass::ALL {
+            blocked[class as usize] = self.n_queued[class as usize] == 0;
+        }
+        loop {
+            // The best head among the queues still admitting.
+            let mut best: Option<(TaskClass, QueueItem)> = None;
+            for class in TaskClass::ALL {
+                if blocked[class as usize] {
+                    continue;
+                }
+                match self.head(class) {
+                    Some(item) if best.is_none_or(|(_, b)| item > b) => best = Some((class, item)),
+                    Some(_) => {}
+                    None => blocked[class as usize] = true,
+                }
+            }
+            let Some((class, item)) = best else { break };
+            let entry = &self.entries[item.entry as usize];
+            if let Some((kind, dim, cap, allocated)) = check(caps, &self.allocation, entry) {
+                out.blocked.push(Blocked {
+                    pool,
+                    class,
+                    kind,
+                    dim,
+                    request: entry.total[dim],
+                    allocated,
+                    cap,
+                    n_waiting: self.n_queued[class as usize],
+                });
+                blocked[class as usize] = true;
+                continue;
+            }
+            self.heaps[class as usize].pop();
+            let entry = &mut self.entries[item.entry as usize];
+            entry.seq = 0;
+            let members = std::mem::replace(&mut entry.members, Members::Gang(Box::new([])));
+            let (controller, total) = (entry.controller, entry.total);
+            for task in members.as_slice() {
+                self.allocation.add(class, controller, &task.request);
+                out.admitted.push(Admitted {
+                    task: task.id,
+                    pool,
+                    class,
+                    request: task.request,
+                });
+            }
+            self.account_queued(class, members.as_slice().len() as u64, &total, false);
+            self.free_entries.push(item.entry);
+        }
+    }
+
+    /// Panics if the queue accounting disagrees with the entries.
+    pub(crate) fn check_invariants(&self) {
+        let mut n_queued = [0u64; 4];
+        let mut queued = [[0u128; N_DIMS]; 2];
+        let mut live_items = 0usize;
+        for heap in &self.heaps {
+            for item in heap.iter() {
+                let e = &self.entries[item.entry as usize];
+                if e.seq != item.seq {
+                    continue;
+                }
+                live_items += 1;
+                let members = e.members.as_slice();
+                assert!(!members.is_empty());
+                let mut total = Resources::ZERO;
+                for m in members {
+                    total.add_assign(&m.request);
+                }
+                assert_eq!(total, e.total, "entry total is the sum of its members");
+                n_queued[e.class as usize] += members.len() as u64;
+                for d in 0..N_DIMS {
+                    queued[usize::from(e.class == TaskClass::Revocable)][d] +=
+                        u128::from(total.0[d]);
+                }
+            }
+        }
+        let live_entries = self.entries.iter().filter(|e| e.seq != 0).count();
+        assert_eq!(
+            live_items, live_entries,
+            "every live entry is in exactly one heap"
+        );
+        assert_eq!(live_entries + self.free_entries.len(), self.entries.len());
+        assert_eq!(
+            n_queued, self.n_queued,
+            "queued task counts match the queues"
+        );
+        assert_eq!(queued, self.queued, "queued sums match the queues");
+    }
+}
+
+/// The first rule the entry breaks: (rule, dimension, cap, allocated).
+fn check(
+    caps: &PoolCaps,
+    allocation: &Allocation,
+    entry: &Entry,
+) -> Option<(BlockKind, Dim, u64, u64)> {
+    let over = |kind: BlockKind, held: &Resources, cap: &Resources| {
+        held.saturating_add(&entry.total)
+            .first_exceeding(cap)
+            .map(|d| (kind, d, cap[d], held[d]))
+    };
+    match entry.class {
+        TaskClass::Revocable => {
+            over(
+                BlockKind::SlackEntitlement,
+                &allocation.revocable,
+                &caps.slack_entitlement,
+            )
+            .map(|(_, d, cap, held)| {
+                // Name the slack limit when it, not the shared slack, binds.
+                if caps.slack_entitlement[d] >= caps.slack_cap[d] {
+                    (BlockKind::SlackLimit, d, cap, held)
+                } else {
+                    (BlockKind::SlackEntitlement, d, cap, held)
+                }
+            })
+        }
+        class => over(BlockKind::Entitlement, &allocation.total, &caps.entitlement)
+            .or_else(|| {
+                (class == TaskClass::NonPreemptible)
+                    .then(|| {
+                        over(
+                            BlockKind::Reservation,
+                            &allocation.non_preemptible,
+                            &caps.reservation,
+                        )
+                    })
+                    .flatten()
+            })
+            .or_else(|| {
+                entry
+                    .controller
+                    .then(|| {
+                        over(
+                            BlockKind::ControllerLimit,
+                            &allocation.controller,
+                            &caps.controller,
+                        )
+                    })
+                    .flatten()
+            }),
+    }
+}

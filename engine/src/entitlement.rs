@@ -1,0 +1,661 @@
+//! Hierarchical max-min fair entitlement.
+//!
+//! Given the cluster's capacity, the slack capacity (reserved but unused
+//! resources that revocable tasks may borrow) and every leaf pool's demand,
+//! computes each pool's *entitlement*: what it may hold now. Each dimension is
+//! computed independently, top-down; at every inner pool its entitlement `E`
+//! is divided among its children:
+//!
+//! 1. Each child gets `min(demand, reservation)` (a STATIC child gets its
+//!    reservation). If capacity is short and these guarantees exceed `E`,
+//!    they are scaled down in proportion and nothing else is given.
+//! 2. What is left goes to ELASTIC children with unmet demand in proportion to
+//!    their share, each capped at its demand (water-filling: the capped
+//!    children's excess is divided again among the others).
+//! 3. Anything still left (all demand met) is divided by share among ELASTIC
+//!    children, capped at their limits, so new work can start before the
+//!    next recomputation.
+//!
+//! An inner pool's demand is the sum of its children's (a STATIC child counts
+//! its reservation), capped at its limit; a leaf's demand is capped at its
+//! limit.
+//!
+//! Slack entitlement is computed the same way over the slack capacity with
+//! the pools' revocable demand, no reservations, and each pool capped at its
+//! limit and at `slack_limit_pct` of its parent's slack entitlement.
+//!
+//! # Exactness and rounding
+//! Water-filling finds the exact real level `λ` (child `i` gets
+//! `min(headroom_i, λ·share_i)`); the integer results are rounded down and the
+//! few units lost are handed out one each to uncapped children in child
+//! order. So each child is within one unit of the exact real value, and the
+//! children of a node together receive exactly what the real division gives.
+//!
+//! # Cost
+//! `O(n)` per dimension for the demand pass plus, per inner pool with `k`
+//! children, `O(k·r)` where `r` is the number of water-filling rounds (each
+//! round caps at least one child; after [`MAX_ROUNDS`] the remaining children
+//! are sorted by headroom/share, `O(k log k)`). The pool tree is flattened to
+//! breadth-first column arrays once per tree change (the *plan*), and all
+//! buffers are reused: steady-state recomputation allocates nothing. The four
+//! dimensions run in parallel on the caller's thread pool; each is
+//! sequential and independent, so results do not depend on the thread count.
+
+use rayon::prelude::*;
+
+use crate::pool::{PoolKind, PoolTree};
+use crate::resources::{N_DIMS, Resources, percent_of};
+
+/// Water-filling rounds before falling back to sorting children by ratio.
+pub const MAX_ROUNDS: u32 = 8;
+
+/// Trees smaller than this are computed on the calling thread: splitting the
+/// four dimensions over threads costs more than it saves.
+const PARALLEL_MIN_POOLS: usize = 512;
+
+/// Per-pool demand, indexed by `[dimension][pool slot]`. Only leaf pools'
+/// values are read; inner pools' demand is derived from their children.
+#[derive(Clone, Debug, Default)]
+pub struct EntitlementInput {
+    /// Capacity of the cluster available to non-revocable work.
+    pub capacity: Resources,
+    /// Capacity that revocable tasks may use (reserved but unused, or
+    /// allocated but idle).
+    pub slack_capacity: Resources,
+    /// Non-revocable demand (queued + allocated) per leaf pool.
+    pub demand: [Vec<u64>; N_DIMS],
+    /// Revocable demand (queued + allocated) per leaf pool.
+    pub slack_demand: [Vec<u64>; N_DIMS],
+}
+
+impl EntitlementInput {
+    /// Zeroed columns for `n_slots` pool slots.
+    pub fn with_slots(n_slots: usize) -> Self {
+        EntitlementInput {
+            capacity: Resources::ZERO,
+            slack_capacity: Resources::ZERO,
+            demand: std::array::from_fn(|_| vec![0; n_slots]),
+            slack_demand: std::array::from_fn(|_| vec![0; n_slots]),
+        }
+    }
+
+    /// Sets a leaf pool's non-revocable demand.
+    pub fn set_demand(&mut self, slot: usize, demand: Resources) {
+        for d in 0..N_DIMS {
+            self.demand[d][slot] = demand.0[d];
+        }
+    }
+
+    /// Sets a leaf pool's revocable demand.
+    pub fn set_slack_demand(&mut self, slot: usize, demand: Resources) {
+        for d in 0..N_DIMS {
+            self.slack_demand[d][slot] = demand.0[d];
+        }
+    }
+}
+
+/// Result columns of one dimension, indexed by pool slot (free slots hold 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DimEntitlement {
+    /// Effective demand: a leaf's capped at its limit, an inner pool's the
+    /// sum of its children's capped at its limit.
+    pub demand: Vec<u64>,
+    /// Entitlement for non-revocable work.
+    pub entitlement: Vec<u64>,
+    /// Effective revocable demand.
+    pub slack_demand: Vec<u64>,
+    /// Entitlement for revocable work.
+    pub slack_entitlement: Vec<u64>,
+    /// Cap on the slack entitlement from the pool's slack limit.
+    pub slack_cap: Vec<u64>,
+}
+
+/// Entitlement of every pool, per dimension.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entitlements {
+    /// One set of columns per dimension, in [`Dim`] order.
+    pub dims: [DimEntitlement; N_DIMS],
+}
+
+impl Entitlements {
+    /// Non-revocable entitlement of the pool in `slot`.
+    pub fn entitlement(&self, slot: usize) -> Resources {
+        Resources(std::array::from_fn(|d| self.dims[d].entitlement[slot]))
+    }
+
+    /// Revocable entitlement of the pool in `slot`.
+    pub fn slack_entitlement(&self, slot: usize) -> Resources {
+        Resources(std::array::from_fn(|d| {
+            self.dims[d].slack_entitlement[slot]
+        }))
+    }
+
+    /// Slack-limit cap of the pool in `slot`.
+    pub fn slack_cap(&self, slot: usize) -> Resources {
+        Resources(std::array::from_fn(|d| self.dims[d].slack_cap[slot]))
+    }
+
+    /// Effective demand of the pool in `slot`.
+    pub fn demand(&self, slot: usize) -> Resources {
+        Resources(std::array::from_fn(|d| self.dims[d].demand[slot]))
+    }
+
+    /// Number of pool slots covered.
+    pub fn n_slots(&self) -> usize {
+        self.dims[0].entitlement.len()
+    }
+}
+
+/// The pool tree flattened into breadth-first columns (position `pos`).
+#[derive(Debug, Default)]
+struct Plan {
+    slot_of: Vec<u32>,
+    parent_pos: Vec<u32>,
+    child_start: Vec<u32>,
+    child_end: Vec<u32>,
+    reservation: [Vec<u64>; N_DIMS],
+    limit: [Vec<u64>; N_DIMS],
+    share: [Vec<f64>; N_DIMS],
+    is_static: [Vec<bool>; N_DIMS],
+    slack_pct: Vec<f64>,
+}
+
+impl Plan {
+    fn rebuild(&mut self, tree: &PoolTree) {
+        let order = tree.breadth_first();
+        let n = order.len();
+        self.slot_of.clear();
+        self.parent_pos.clear();
+        self.child_start.clear();
+        self.child_end.clear();
+        self.slack_pct.clear();
+        for d in 0..N_DIMS {
+            self.reservation[d].clear();
+            self.limit[d].clear();
+            self.share[d].clear();
+            self.is_static[d].clear();
+        }
+        let mut pos_of_slot = vec![u32::MAX; tree.n_slots()];
+        for (pos, id) in order.iter().enumerate() {
+            pos_of_slot[id.idx()] = pos as u32;
+        }
+        // In breadth-first order each pool's children are contiguous, and they
+        // are appended in the same order as `breadth_first` visits them.
+        let mut next_child = 1u32;
+        for &id in &order {
+            self.slot_of.push(id.idx() as u32);
+            let parent = tree.parent(id).map_or(u32::MAX, |p| pos_of_slot[p.idx()]);
+            self.parent_pos.push(parent);
+            let n_children = tree.children(id).len() as u32;
+            self.child_start.push(next_child);
+            self.child_end.push(next_child + n_children);
+            next_child += n_children;
+            let config = tree.config(id);
+            for d in 0..N_DIMS {
+                let c = &config.dims[d];
+                self.reservation[d].push(c.reservation);
+                self.limit[d].push(c.limit);
+                self.share[d].push(c.share);
+                self.is_static[d].push(c.kind == PoolKind::Static);
+            }
+            self.slack_pct.push(config.slack_limit_pct);
+        }
+        debug_assert_eq!(next_child as usize, n);
+    }
+
+    fn len(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    fn is_leaf(&self, pos: usize) -> bool {
+        self.child_start[pos] == self.child_end[pos]
+    }
+
+    fn children(&self, pos: usize) -> std::ops::Range<usize> {
+        self.child_start[pos] as usize..self.child_end[pos] as usize
+    }
+}
+
+/// Reusable per-dimension buffers, indexed by plan position.
+#[derive(Debug, Default)]
+struct DimScratch {
+    demand: Vec<u64>,
+    entitlement: Vec<u64>,
+    /// Headroom of each child in the current water-filling step.
+    head: Vec<u64>,
+    /// Integer grant of each child in the current step.
+    grant: Vec<u64>,
+    /// Children that reached their headroom.
+    capped: Vec<bool>,
+    /// Shares used when scaling guarantees down.
+    weight: Vec<f64>,
+    /// Sort buffer of the fallback path.
+    by_ratio: Vec<(f64, u32)>,
+}
+
+impl DimScratch {
+    fn resize(&mut self, n: usize) {
+        for column in [
+            &mut self.demand,
+            &mut self.entitlement,
+            &mut self.head,
+            &mut self.grant,
+        ] {
+            column.resize(n, 0);
+        }
+        self.capped.resize(n, false);
+        self.weight.resize(n, 0.0);
+    }
+}
+
+/// Computes entitlements; keeps the flattened tree and all scratch buffers
+/// between calls.
+#[derive(Debug, Default)]
+pub struct EntitlementCalculator {
+    plan_version: Option<u64>,
+    plan: Plan,
+    scratch: [DimScratch; N_DIMS],
+}
+
+impl EntitlementCalculator {
+    /// A calculator with empty buffers; they grow on first use.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Recomputes every pool's entitlement into `out` (columns indexed by pool
+    /// slot, resized to the tree's slot count). With a thread pool, the four
+    /// dimensions run in parallel; the result is identical either way.
+    pub fn compute(
+        &mut self,
+        tree: &PoolTree,
+        input: &EntitlementInput,
+        out: &mut Entitlements,
+        threads: Option<&rayon::ThreadPool>,
+    ) {
+        let n_slots = tree.n_slots();
+        for d in 0..N_DIMS {
+            assert!(
+                input.demand[d].len() >= n_slots && input.slack_demand[d].len() >= n_slots,
+                "demand columns cover every pool slot"
+            );
+        }
+        if self.plan_version != Some(tree.version()) {
+            self.plan.rebuild(tree);
+            self.plan_version = Some(tree.version());
+        }
+        let n = self.plan.len();
+        for dim in &mut out.dims {
+            for column in [
+                &mut dim.demand,
+                &mut dim.entitlement,
+                &mut dim.slack_demand,
+                &mut dim.slack_entitlement,
+                &mut dim.slack_cap,
+            ] {
+                column.clear();
+                column.resize(n_slots, 0);
+            }
+        }
+        for scratch in &mut self.scratch {
+            scratch.resize(n);
+        }
+        let plan = &self.plan;
+        let job = |(d, (scratch, out)): (usize, (&mut DimScratch, &mut DimEntitlement))| {
+            compute_dim(plan, d, input, scratch, out);
+        };
+        match threads {
+            Some(pool) if n >= PARALLEL_MIN_POOLS => pool.install(|| {
+                self.scratch
+                    .par_iter_mut()
+                    .zip(out.dims.par_iter_mut())
+                    .enumerate()
+                    .for_each(job);
+            }),
+            _ => self
+                .scratch
+                .iter_mut()
+                .zip(out.dims.iter_mut())
+                .enumerate()
+                .for_each(job),
+        }
+    }
+}
+
+fn compute_dim(
+    plan: &Plan,
+    d: usize,
+    input: &EntitlementInput,
+    scratch: &mut DimScratch,
+    out: &mut DimEntitlement,
+) {
+    let n = plan.len();
+    let limit = &plan.limit[d];
+    let reservation = &plan.reservation[d];
+    let is_static = &plan.is_static[d];
+
+    // --- Non-revocable pass ---
+    aggregate_demand(
+        plan,
+        &input.demand[d],
+        limit,
+        Some((reservation, is_static)),
+        &mut scratch.demand,
+    );
+    scratch.entitlement[0] = input.capacity.0[d].min(limit[0]);
+    for pos in 0..n {
+        if plan.is_leaf(pos) {
+            continue;
+        }
+        divide(plan, d, pos, scratch);
+    }
+    for pos in 0..n {
+        let slot = plan.slot_of[pos] as usize;
+        out.demand[slot] = scratch.demand[pos];
+        out.entitlement[slot] = scratch.entitlement[pos];
+    }
+
+    // --- Revocable (slack) pass, reusing the same buffers ---
+    aggregate_demand(
+        plan,
+        &input.slack_demand[d],
+        limit,
+        None,
+        &mut scratch.demand,
+    );
+    scratch.entitlement[0] = input.slack_capacity.0[d].min(limit[0]);
+    out.slack_cap[plan.slot_of[0] as usize] = scratch.entitlement[0];
+    for pos in 0..n {
+        if plan.is_leaf(pos) {
+            continue;
+        }
+        divide_slack(plan, d, pos, scratch, &mut out.slack_cap);
+    }
+    for pos in 0..n {
+        let slot = plan.slot_of[pos] as usize;
+        out.slack_demand[slot] = scratch.demand[pos];
+        out.slack_entitlement[slot] = scratch.entitlement[pos];
+    }
+}
+
+/// Bottom-up: a leaf's demand is its input capped at its limit; an inner
+/// pool's is the sum of its children's contributions capped at its limit. With
+/// `statics`, a STATIC child contributes its reservation instead.
+fn aggregate_demand(
+    plan: &Plan,
+    leaf_demand: &[u64],
+    limit: &[u64],
+    statics: Option<(&[u64], &[bool])>,
+    demand: &mut [u64],
+) {
+    let n = plan.len();
+    demand[..n].fill(0);
+    // Children sit after their parent in breadth-first order, so a reverse
+    // walk finishes every child before its parent.
+    for pos in (0..n).rev() {
+        let raw = if plan.is_leaf(pos) {
+            leaf_demand[plan.slot_of[pos] as usize]
+        } else {
+            demand[pos]
+        };
+        let own = raw.min(limit[pos]);
+        demand[pos] = own;
+        if pos > 0 {
+            let contribution = match statics {
+                Some((reservation, is_static)) if is_static[pos] => reservation[pos],
+                _ => own,
+            };
+            demand[plan.parent_pos[pos] as usize] += contribution;
+        }
+    }
+}
+
+/// Divides the entitlement of inner pool `pos` among its children.
+fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
+    let kids = plan.children(pos);
+    let available = s.entitlement[pos];
+    let reservation = &plan.reservation[d][kids.clone()];
+    let limit = &plan.limit[d][kids.clone()];
+    let share = &plan.share[d][kids.clone()];
+    let is_static = &plan.is_static[d][kids.clone()];
+    let demand = &s.demand[kids.clone()];
+    let ent = &mut s.entitlement[kids.clone()];
+
+    // (1) Guarantees.
+    let mut guaranteed = 0u64;
+    for i in 0..ent.len() {
+        ent[i] = if is_static[i] {
+            reservation[i]
+        } else {
+            demand[i].min(reservation[i])
+        };
+        guaranteed += ent[i];
+    }
+    let head = &mut s.head[kids.clone()];
+    let grant = &mut s.grant[kids.clone()];
+    let capped = &mut s.capped[kids.clone()];
+    if guaranteed > available {
+        // Capacity is short of the guarantees: scale them down in proportion.
+        let weight = &mut s.weight[kids.clone()];
+        for i in 0..ent.len() {
+            head[i] = ent[i];
+            weight[i] = ent[i] as f64;
+            ent[i] = 0;
+        }
+        water_fill(available, head, weight, grant, capped, &mut s.by_ratio);
+        for i in 0..ent.len() {
+            ent[i] = grant[i];
+        }
+        return;
+    }
+    let mut left = available - guaranteed;
+
+    // (2) Unmet demand, by share.
+    if left > 0 {
+        for i in 0..ent.len() {
+            head[i] = if is_static[i] { 0 } else { demand[i] - ent[i] };
+        }
+        left -= water_fill(left, head, share, grant, capped, &mut s.by_ratio);
+        for i in 0..ent.len() {
+            ent[i] += grant[i];
+        }
+    }
+
+    // (3) The remainder, by share, up to limits.
+    if left > 0 {
+        for i in 0..ent.len() {
+            head[i] = if is_static[i] { 0 } else { limit[i] - ent[i] };
+        }
+        water_fill(left, head, share, grant, capped, &mut s.by_ratio);
+        for i in 0..ent.len() {
+            ent[i] += grant[i];
+        }
+    }
+}
+
+/// Divides the slack entitlement of inner pool `pos` among its children: no
+/// guarantees; unmet revocable demand by share, then the remainder, each
+/// child capped at its limit and at its slack limit.
+fn divide_slack(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch, slack_cap: &mut [u64]) {
+    let kids = plan.children(pos);
+    let available = s.entitlement[pos];
+    let limit = &plan.limit[d][kids.clone()];
+    let share = &plan.share[d][kids.clone()];
+    let pct = &plan.slack_pct[kids.clone()];
+    let demand = &s.demand[kids.clone()];
+    let ent = &mut s.entitlement[kids.clone()];
+    let head = &mut s.head[kids.clone()];
+    let grant = &mut s.grant[kids.clone()];
+    let capped = &mut s.capped[kids.clone()];
+
+    // The caps are kept in `ent` until the grants replace them.
+    for i in 0..ent.len() {
+        let cap = limit[i].min(percent_of(available, pct[i]));
+        slack_cap[plan.slot_of[kids.start + i] as usize] = cap;
+        ent[i] = cap;
+        head[i] = demand[i].min(cap);
+    }
+    let mut left = available;
+    left -= water_fill(left, head, share, grant, capped, &mut s.by_ratio);
+    for i in 0..ent.len() {
+        let cap = ent[i];
+        ent[i] = grant[i];
+        head[i] = cap - grant[i];
+    }
+    if left > 0 {
+        water_fill(left, head, share, grant, capped, &mut s.by_ratio);
+        for i in 0..ent.len() {
+            ent[i] += grant[i];
+        }
+    }
+}
+
+/// Divides up to `amount` among children: child `i` gets
+/// `min(head[i], λ·share[i])` for the largest `λ` that `amount` allows,
+/// rounded to integers so that the total is exactly `min(amount, Σ head)` and
+/// each grant is within one unit of its real value. Writes `grant`, returns
+/// the total granted.
+fn water_fill(
+    amount: u64,
+    head: &[u64],
+    share: &[f64],
+    grant: &mut [u64],
+    capped: &mut [bool],
+    by_ratio: &mut Vec<(f64, u32)>,
+) -> u64 {
+    let k = head.len();
+    let total_head: u64 = head.iter().sum();
+    if total_head <= amount {
+        grant.copy_from_slice(head);
+        return total_head;
+    }
+    grant.fill(0);
+    if amount == 0 {
+        return 0;
+    }
+
+    // Find λ. Children at their headroom are "capped"; λ only grows as
+    // children are capped, so a capped child never becomes uncapped.
+    let mut fixed = 0u64;
+    let mut share_active = 0.0;
+    for i in 0..k {
+        capped[i] = head[i] == 0;
+        if !capped[i] {
+            share_active += share[i];
+        }
+    }
+    let mut lambda = amount as f64 / share_active;
+    let mut rounds = 0;
+    loop {
+        let mut newly_capped = false;
+        for i in 0..k {
+            if !capped[i] && (head[i] as f64) <= lambda * share[i] {
+                capped[i] = true;
+                fixed += head[i];
+                share_active -= share[i];
+                newly_capped = true;
+            }
+        }
+        if !newly_capped {
+            break;
+        }
+        if fixed >= amount || share_active <= 0.0 {
+            lambda = 0.0;
+            break;
+        }
+        lambda = (amount - fixed) as f64 / share_active;
+        rounds += 1;
+        if rounds == MAX_ROUNDS {
+            lambda = sweep_by_ratio(
+                amount,
+                head,
+                share,
+                capped,
+                &mut fixed,
+                share_active,
+                by_ratio,
+            );
+            break;
+        }
+    }
+
+    // Integer grants, then hand out the units lost to rounding.
+    let mut given = 0u64;
+    for i in 0..k {
+        grant[i] = if capped[i] {
+            head[i]
+        } else {
+            ((lambda * share[i]) as u64).min(head[i])
+        };
+        given += grant[i];
+    }
+    while given > amount {
+        // Floating-point overshoot: take single units back, last child first.
+        let mut progressed = false;
+        for i in (0..k).rev() {
+            if given > amount && grant[i] > 0 && !capped[i] {
+                grant[i] -= 1;
+                given -= 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            for i in (0..k).rev() {
+                let take = grant[i].min(given - amount);
+                grant[i] -= take;
+                given -= take;
+            }
+        }
+    }
+    while given < amount {
+        let mut progressed = false;
+        for i in 0..k {
+            if given < amount && grant[i] < head[i] {
+                grant[i] += 1;
+                given += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            break;
+        }
+    }
+    debug_assert_eq!(given, amount.min(total_head));
+    given
+}
+
+/// Exact level search for the rare case where capping takes many rounds:
+/// sorts the uncapped children by `head / share` and caps them in that order
+/// while their ratio is below the running level.
+fn sweep_by_ratio(
+    amount: u64,
+    head: &[u64],
+    share: &[f64],
+    capped: &mut [bool],
+    fixed: &mut u64,
+    mut share_active: f64,
+    by_ratio: &mut Vec<(f64, u32)>,
+) -> f64 {
+    by_ratio.clear();
+    by_ratio.extend(
+        (0..head.len())
+            .filter(|&i| !capped[i])
+            .map(|i| (head[i] as f64 / share[i], i as u32)),
+    );
+    by_ratio.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut lambda = amount.saturating_sub(*fixed) as f64 / share_active;
+    for &(ratio, i) in by_ratio.iter() {
+        if ratio > lambda {
+            break;
+        }
+        let i = i as usize;
+        capped[i] = true;
+        *fixed += head[i];
+        share_active -= share[i];
+        if *fixed >= amount || share_active <= 0.0 {
+            return 0.0;
+        }
+        lambda = (amount - *fixed) as f64 / share_active;
+    }
+    lambda
+}

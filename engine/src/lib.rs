@@ -1,0 +1,27 @@
+//! Peloton's scheduling core.
+//!
+//! This crate decides; it never does. It holds resource pools, computes their
+//! fair entitlement, and admits queued work, as plain synchronous functions
+//! over columnar state. It knows nothing of protobuf, async runtimes, files or
+//! sockets: the gateway converts API types into these and feeds batches in
+//! from one loop thread. Pools and (later) hosts and tasks are addressed by
+//! dense `u32` slot indices with generations; per-pool data is kept in
+//! columns, one per resource dimension, so each computation is a loop over
+//! columns. Every result is deterministic: the same input gives the same
+//! output on any number of threads.
+
+pub mod admission;
+pub mod entitlement;
+pub mod manager;
+pub mod pool;
+pub mod resources;
+pub mod testkit;
+
+pub use admission::{
+    AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, BlockKind, Blocked,
+    PendingId, PendingTask, TaskClass, TaskFlags, TaskId,
+};
+pub use entitlement::{DimEntitlement, EntitlementCalculator, EntitlementInput, Entitlements};
+pub use manager::{PoolUsage, ResourceManager, ResourceManagerConfig};
+pub use pool::{DimConfig, PoolConfig, PoolError, PoolId, PoolKind, PoolTree, PoolTreeLimits};
+pub use resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};

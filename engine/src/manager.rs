@@ -1,0 +1,451 @@
+//! The resource manager: the pool tree plus each pool's queues, allocation
+//! and entitlement, and the batched cycle that ties them together.
+//!
+//! A cycle is `recompute_entitlement` (demand is read from the queues and
+//! allocations) followed by `admit`. Both are plain synchronous calls with no
+//! I/O; the gateway's loop thread owns the manager and calls them at its own
+//! pace.
+
+use crate::admission::{
+    AdmissionError, AdmissionLimits, AdmissionResult, Allocation, PendingId, PendingTask, PoolCaps,
+    PoolQueues, TaskClass, TaskFlags,
+};
+use crate::entitlement::{EntitlementCalculator, EntitlementInput, Entitlements};
+use crate::pool::{PoolConfig, PoolError, PoolId, PoolTree, PoolTreeLimits};
+use crate::resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};
+
+/// Bounds and threading of a resource manager.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResourceManagerConfig {
+    /// Bounds of the pool tree.
+    pub pools: PoolTreeLimits,
+    /// Bounds of the queues.
+    pub admission: AdmissionLimits,
+    /// Threads of the engine's own pool for parallel scans (1 = run on the
+    /// calling thread). Results do not depend on it.
+    pub threads: usize,
+}
+
+impl Default for ResourceManagerConfig {
+    fn default() -> Self {
+        ResourceManagerConfig {
+            pools: PoolTreeLimits::default(),
+            admission: AdmissionLimits::default(),
+            threads: 1,
+        }
+    }
+}
+
+/// Live view of one pool's usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// What the pool holds, by class.
+    pub allocation: Allocation,
+    /// Summed requests of queued non-revocable tasks.
+    pub queued: Resources,
+    /// Summed requests of queued revocable tasks.
+    pub queued_revocable: Resources,
+    /// Queued tasks.
+    pub n_queued: u64,
+}
+
+/// Pools, queues, allocation and entitlement.
+#[derive(Debug)]
+pub struct ResourceManager {
+    config: ResourceManagerConfig,
+    tree: PoolTree,
+    /// Runtime state per pool slot (same index as the tree's slots).
+    queues: Vec<PoolQueues>,
+    n_queued_total: u64,
+    next_seq: u64,
+    calculator: EntitlementCalculator,
+    input: EntitlementInput,
+    entitlements: Entitlements,
+    threads: Option<rayon::ThreadPool>,
+}
+
+impl ResourceManager {
+    /// A manager with only the root pool.
+    pub fn new(config: ResourceManagerConfig) -> Self {
+        let threads = (config.threads > 1).then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(config.threads)
+                .thread_name(|i| format!("peloton-engine-{i}"))
+                .build()
+                .expect("engine thread pool starts")
+        });
+        let tree = PoolTree::new(config.pools);
+        let mut manager = ResourceManager {
+            config,
+            queues: vec![PoolQueues::default(); tree.n_slots()],
+            tree,
+            n_queued_total: 0,
+            next_seq: 1,
+            calculator: EntitlementCalculator::new(),
+            input: EntitlementInput::default(),
+            entitlements: Entitlements::default(),
+            threads,
+        };
+        manager.recompute_entitlement(Resources::ZERO, Resources::ZERO);
+        manager
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &ResourceManagerConfig {
+        &self.config
+    }
+
+    /// The pool tree (read-only; change it through the manager).
+    pub fn tree(&self) -> &PoolTree {
+        &self.tree
+    }
+
+    /// Entitlements from the last recomputation, indexed by pool slot. A pool
+    /// created since then has zero entitlement until the next one.
+    pub fn entitlements(&self) -> &Entitlements {
+        &self.entitlements
+    }
+
+    /// Creates a pool. Its parent must not hold tasks (tasks live in leaves).
+    pub fn create_pool(&mut self, path: &str, config: PoolConfig) -> Result<PoolId, PoolError> {
+        if let (Some(parent), _) = crate::pool::split_path(path)?
+            && let Some(parent) = self.tree.lookup(parent)
+        {
+            let n_tasks = self.n_tasks(parent);
+            if n_tasks > 0 {
+                return Err(PoolError::HasTasks {
+                    path: self.tree.path(parent).to_owned(),
+                    n_tasks,
+                    action: "a pool with tasks cannot get child pools",
+                });
+            }
+        }
+        let id = self.tree.create(path, config)?;
+        if self.queues.len() < self.tree.n_slots() {
+            self.queues
+                .resize_with(self.tree.n_slots(), PoolQueues::default);
+        }
+        self.queues[id.idx()].reset();
+        Ok(id)
+    }
+
+    /// Replaces a pool's configuration (see [`PoolTree::update`]).
+    pub fn update_pool(&mut self, id: PoolId, config: PoolConfig) -> Result<(), PoolError> {
+        self.tree.update(id, config)
+    }
+
+    /// Deletes a pool without children and without tasks.
+    pub fn delete_pool(&mut self, id: PoolId) -> Result<(), PoolError> {
+        self.tree.check(id)?;
+        let n_tasks = self.n_tasks(id);
+        if n_tasks > 0 {
+            return Err(PoolError::HasTasks {
+                path: self.tree.path(id).to_owned(),
+                n_tasks,
+                action: "only an empty pool can be deleted",
+            });
+        }
+        self.tree.delete(id)?;
+        self.queues[id.idx()].reset();
+        Ok(())
+    }
+
+    /// Queued plus admitted tasks of a live pool.
+    pub fn n_tasks(&self, id: PoolId) -> u64 {
+        let q = &self.queues[id.idx()];
+        q.n_queued_tasks() + q.allocation.n_tasks
+    }
+
+    /// Usage of a live pool.
+    pub fn usage(&self, id: PoolId) -> Result<PoolUsage, PoolError> {
+        self.tree.check(id)?;
+        let q = &self.queues[id.idx()];
+        Ok(PoolUsage {
+            allocation: q.allocation,
+            queued: q.queued(false),
+            queued_revocable: q.queued(true),
+            n_queued: q.n_queued_tasks(),
+        })
+    }
+
+    /// Tasks queued in a class of a live pool.
+    pub fn n_queued_in(&self, id: PoolId, class: TaskClass) -> u64 {
+        self.queues[id.idx()].n_queued_in(class)
+    }
+
+    /// Queues a task or a gang (all members share pool, priority and flags;
+    /// admitted together or not at all). Validates everything first; on error
+    /// nothing is queued.
+    pub fn enqueue(
+        &mut self,
+        pool: PoolId,
+        priority: u32,
+        flags: TaskFlags,
+        members: &[PendingTask],
+    ) -> Result<PendingId, AdmissionError> {
+        let class = TaskClass::of(flags)?;
+        self.tree
+            .check(pool)
+            .map_err(|e| AdmissionError::InvalidTask {
+                field: "pool",
+                problem: e.to_string(),
+            })?;
+        if !self.tree.is_leaf(pool) {
+            return Err(AdmissionError::InvalidTask {
+                field: "pool",
+                problem: PoolError::NotLeaf {
+                    path: self.tree.path(pool).to_owned(),
+                }
+                .to_string(),
+            });
+        }
+        let limits = self.config.admission;
+        if members.is_empty() {
+            return Err(AdmissionError::InvalidTask {
+                field: "members",
+                problem: "a gang needs at least one task".into(),
+            });
+        }
+        if members.len() > limits.max_gang_size {
+            return Err(AdmissionError::InvalidTask {
+                field: "members",
+                problem: format!(
+                    "{} tasks exceed the gang size limit of {}",
+                    members.len(),
+                    limits.max_gang_size
+                ),
+            });
+        }
+        let mut total = Resources::ZERO;
+        for task in members {
+            if task.request.is_zero() {
+                return Err(AdmissionError::InvalidTask {
+                    field: "request",
+                    problem: format!("task {} requests no resources", task.id.0),
+                });
+            }
+            if let Some(d) = task.request.0.iter().position(|&v| v > MAX_AMOUNT) {
+                return Err(AdmissionError::InvalidTask {
+                    field: "request",
+                    problem: format!(
+                        "task {} requests {} {} {}, above the maximum {MAX_AMOUNT}",
+                        task.id.0,
+                        task.request.0[d],
+                        Dim::ALL[d].unit(),
+                        Dim::ALL[d]
+                    ),
+                });
+            }
+            total = total.saturating_add(&task.request);
+        }
+        if let Some(d) = total.0.iter().position(|&v| v > MAX_AMOUNT) {
+            return Err(AdmissionError::InvalidTask {
+                field: "members",
+                problem: format!(
+                    "the gang's summed {} request {} exceeds the maximum {MAX_AMOUNT}",
+                    Dim::ALL[d],
+                    total.0[d]
+                ),
+            });
+        }
+        let queue = &mut self.queues[pool.idx()];
+        let n = members.len();
+        let queued = queue.n_queued_tasks() as usize;
+        if queued + n > limits.max_queued_per_pool {
+            return Err(AdmissionError::PoolQueueFull {
+                path: self.tree.path(pool).to_owned(),
+                queued,
+                limit: limits.max_queued_per_pool,
+            });
+        }
+        let queued_total = self.n_queued_total as usize;
+        if queued_total + n > limits.max_queued_total {
+            return Err(AdmissionError::QueueFull {
+                queued: queued_total,
+                limit: limits.max_queued_total,
+            });
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let entry = queue.push(priority, seq, class, flags.controller, members, total);
+        self.n_queued_total += n as u64;
+        Ok(PendingId { pool, entry, seq })
+    }
+
+    /// Removes a queued task or gang before admission.
+    pub fn cancel(&mut self, pending: PendingId) -> Result<(), AdmissionError> {
+        if !self.tree.contains(pending.pool) {
+            return Err(AdmissionError::NotPending);
+        }
+        let queue = &mut self.queues[pending.pool.idx()];
+        let before = queue.n_queued_tasks();
+        if !queue.cancel(pending.entry, pending.seq) {
+            return Err(AdmissionError::NotPending);
+        }
+        self.n_queued_total -= before - queue.n_queued_tasks();
+        Ok(())
+    }
+
+    /// Returns an admitted task's resources to its pool (the task ended or
+    /// was preempted). Refuses, changing nothing, to release more than the
+    /// class holds.
+    pub fn release(
+        &mut self,
+        pool: PoolId,
+        class: TaskClass,
+        controller: bool,
+        request: Resources,
+    ) -> Result<(), AdmissionError> {
+        self.tree
+            .check(pool)
+            .map_err(|e| AdmissionError::InvalidTask {
+                field: "pool",
+                problem: e.to_string(),
+            })?;
+        let allocation = &mut self.queues[pool.idx()].allocation;
+        let held = match class {
+            TaskClass::Revocable => allocation.revocable,
+            TaskClass::NonPreemptible if controller => {
+                allocation.non_preemptible.min(&allocation.controller)
+            }
+            TaskClass::NonPreemptible => allocation.non_preemptible,
+            TaskClass::Controller => allocation.controller,
+            TaskClass::Normal => allocation.total,
+        };
+        if !request.fits_in(&held) || allocation.n_tasks == 0 {
+            return Err(AdmissionError::OverRelease {
+                path: self.tree.path(pool).to_owned(),
+                class,
+                request,
+                allocated: held,
+            });
+        }
+        match class {
+            TaskClass::Revocable => allocation.revocable.sub_assign(&request),
+            TaskClass::NonPreemptible => {
+                allocation.total.sub_assign(&request);
+                allocation.non_preemptible.sub_assign(&request);
+                if controller {
+                    allocation.controller.sub_assign(&request);
+                }
+            }
+            TaskClass::Controller => {
+                allocation.total.sub_assign(&request);
+                allocation.controller.sub_assign(&request);
+            }
+            TaskClass::Normal => allocation.total.sub_assign(&request),
+        }
+        allocation.n_tasks -= 1;
+        Ok(())
+    }
+
+    /// Recomputes every pool's entitlement from the current demand (queued
+    /// plus allocated, per leaf) and the given capacities. Amounts above
+    /// [`MAX_AMOUNT`] are clamped to it.
+    pub fn recompute_entitlement(&mut self, capacity: Resources, slack_capacity: Resources) {
+        let n_slots = self.tree.n_slots();
+        let input = &mut self.input;
+        input.capacity = capacity.min(&Resources::MAX);
+        input.slack_capacity = slack_capacity.min(&Resources::MAX);
+        for d in 0..N_DIMS {
+            input.demand[d].resize(n_slots, 0);
+            input.slack_demand[d].resize(n_slots, 0);
+        }
+        for (slot, q) in self.queues.iter().enumerate() {
+            let demand = q
+                .queued(false)
+                .saturating_add(&q.allocation.total)
+                .min(&Resources::MAX);
+            let slack = q
+                .queued(true)
+                .saturating_add(&q.allocation.revocable)
+                .min(&Resources::MAX);
+            for d in 0..N_DIMS {
+                input.demand[d][slot] = demand.0[d];
+                input.slack_demand[d][slot] = slack.0[d];
+            }
+        }
+        self.calculator.compute(
+            &self.tree,
+            &self.input,
+            &mut self.entitlements,
+            self.threads.as_ref(),
+        );
+    }
+
+    /// Admits, across all leaf pools, every queued task or gang that fits
+    /// the rules against the last computed entitlements. `out` is cleared
+    /// first; for every queue left non-empty it says why.
+    pub fn admit(&mut self, out: &mut AdmissionResult) {
+        out.clear();
+        let n_ent = self.entitlements.n_slots();
+        for slot in 0..self.tree.n_slots() {
+            let queue = &mut self.queues[slot];
+            if queue.n_queued_tasks() == 0 {
+                continue;
+            }
+            let Some(pool) = self.tree.lookup_slot(slot) else {
+                continue;
+            };
+            let config = self.tree.config(pool);
+            let caps = if slot < n_ent {
+                let entitlement = self.entitlements.entitlement(slot);
+                PoolCaps {
+                    entitlement,
+                    reservation: config.reservation(),
+                    controller: entitlement.percent(config.controller_limit_pct),
+                    slack_entitlement: self.entitlements.slack_entitlement(slot),
+                    slack_cap: self.entitlements.slack_cap(slot),
+                }
+            } else {
+                PoolCaps {
+                    entitlement: Resources::ZERO,
+                    reservation: config.reservation(),
+                    controller: Resources::ZERO,
+                    slack_entitlement: Resources::ZERO,
+                    slack_cap: Resources::ZERO,
+                }
+            };
+            let before = queue.n_queued_tasks();
+            queue.admit(pool, &caps, out);
+            self.n_queued_total -= before - queue.n_queued_tasks();
+        }
+    }
+
+    /// Panics if any invariant of the tree, the queues or the accounting is
+    /// broken.
+    pub fn check_invariants(&self) {
+        self.tree.check_invariants();
+        assert_eq!(self.queues.len(), self.tree.n_slots());
+        let mut total = 0;
+        for (slot, q) in self.queues.iter().enumerate() {
+            q.check_invariants();
+            let live = self.tree.lookup_slot(slot);
+            match live {
+                None => assert_eq!(
+                    q.n_queued_tasks() + q.allocation.n_tasks,
+                    0,
+                    "free slot is empty"
+                ),
+                Some(pool) => {
+                    if !self.tree.is_leaf(pool) {
+                        assert_eq!(
+                            q.n_queued_tasks() + q.allocation.n_tasks,
+                            0,
+                            "inner pools hold no tasks"
+                        );
+                    }
+                }
+            }
+            let a = &q.allocation;
+            assert!(
+                a.non_preemptible.fits_in(&a.total),
+                "non-preemptible within total"
+            );
+            assert!(a.controller.fits_in(&a.total), "controller within total");
+            total += q.n_queued_tasks();
+        }
+        assert_eq!(total, self.n_queued_total);
+        assert!(total as usize <= self.config.admission.max_queued_total);
+    }
+}

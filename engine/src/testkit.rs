@@ -1,0 +1,687 @@
+//! Test support shared by unit tests, property tests, fuzz targets and
+//! benchmarks: a small deterministic random generator, generators of random
+//! pool trees and workloads, invariant checks on entitlements, and the
+//! pool-operations fuzz driver.
+//!
+//! Everything here is deterministic for a given seed, so a benchmark or a
+//! failing fuzz input replays exactly.
+
+use crate::AdmissionLimits;
+use crate::admission::{AdmissionResult, Admitted, PendingId, PendingTask, TaskFlags, TaskId};
+use crate::entitlement::{EntitlementInput, Entitlements};
+use crate::manager::{ResourceManager, ResourceManagerConfig};
+use crate::pool::{DimConfig, PoolConfig, PoolId, PoolKind, PoolTree, PoolTreeLimits};
+use crate::resources::{MAX_AMOUNT, N_DIMS, Resources};
+
+/// SplitMix64: tiny, fast, and good enough for workloads and fuzz decoding.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator with this seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+}
+
+/// Shape of a random pool tree.
+#[derive(Clone, Copy, Debug)]
+pub struct TreeSpec {
+    /// Pools in total, the root included.
+    pub n_pools: usize,
+    /// Levels including the root (`2` = root and leaves).
+    pub depth: usize,
+    /// Cluster capacity the reservations are carved from.
+    pub capacity: Resources,
+    /// Fraction of the capacity reserved at the top level.
+    pub reserved_fraction: f64,
+    /// Probability that a dimension of a pool is STATIC.
+    pub static_probability: f64,
+}
+
+impl TreeSpec {
+    /// A tree of `n_pools` pools and `depth` levels over `capacity`.
+    pub fn new(n_pools: usize, depth: usize, capacity: Resources) -> Self {
+        TreeSpec {
+            n_pools,
+            depth,
+            capacity,
+            reserved_fraction: 0.6,
+            static_probability: 0.02,
+        }
+    }
+}
+
+/// The cluster capacity used by the synthetic benchmarks: 10,000 hosts of
+/// 32 cores, 128 GiB memory, 1 TiB disk, and one GPU in ten hosts having 8.
+pub fn bench_capacity() -> Resources {
+    Resources::new(
+        10_000 * 32_000,
+        10_000 * 131_072,
+        10_000 * 1_048_576,
+        1_000 * 8_000,
+    )
+}
+
+/// Builds a random valid tree in `rm` (breadth first, so it is balanced)
+/// and returns its leaf pools in creation order.
+pub fn build_random_tree(rm: &mut ResourceManager, spec: &TreeSpec, rng: &mut Rng) -> Vec<PoolId> {
+    assert!(spec.depth >= 2 && spec.n_pools >= 2);
+    // Children per inner pool so that `depth` levels hold `n_pools` pools.
+    let levels = (spec.depth - 1) as f64;
+    let fanout = ((spec.n_pools as f64).powf(1.0 / levels)).ceil().max(2.0) as u64;
+    let root = rm.tree().root();
+    // (pool, level, reservation budget left for its children)
+    let mut frontier = std::collections::VecDeque::new();
+    let top_budget = Resources(std::array::from_fn(|d| {
+        (spec.capacity.0[d] as f64 * spec.reserved_fraction) as u64
+    }));
+    frontier.push_back((root, 1usize, top_budget, Resources::MAX));
+    let mut n = 1;
+    let mut leaves = Vec::new();
+    while let Some((parent, level, mut budget, parent_limit)) = frontier.pop_front() {
+        if level >= spec.depth || n >= spec.n_pools {
+            leaves.push(parent);
+            continue;
+        }
+        let n_children = rng.range(fanout.div_ceil(2), fanout + fanout / 2).max(1);
+        let parent_path = rm.tree().path(parent).to_owned();
+        let mut made = 0;
+        for c in 0..n_children {
+            if n >= spec.n_pools {
+                break;
+            }
+            let mut config = PoolConfig::default();
+            let mut child_budget = Resources::ZERO;
+            for d in 0..N_DIMS {
+                let want = (budget.0[d] as f64 * rng.unit() * 1.5 / n_children as f64) as u64;
+                let reservation = want.min(budget.0[d]);
+                budget.0[d] -= reservation;
+                child_budget.0[d] = reservation;
+                let upper = parent_limit.0[d].min(spec.capacity.0[d].max(1));
+                let limit = if rng.chance(0.3) {
+                    parent_limit.0[d]
+                } else {
+                    (reservation
+                        + (upper.saturating_sub(reservation) as f64 * (0.3 + 0.7 * rng.unit()))
+                            as u64)
+                        .min(parent_limit.0[d])
+                };
+                config.dims[d] = DimConfig {
+                    reservation,
+                    limit,
+                    share: 1.0 + rng.below(9) as f64,
+                    kind: if rng.chance(spec.static_probability) {
+                        PoolKind::Static
+                    } else {
+                        PoolKind::Elastic
+                    },
+                };
+            }
+            config.controller_limit_pct = [100.0, 50.0, 20.0][rng.below(3) as usize];
+            config.slack_limit_pct = [100.0, 60.0][rng.below(2) as usize];
+            let path = if parent_path == "/" {
+                format!("/p{c}")
+            } else {
+                format!("{parent_path}/p{c}")
+            };
+            let id = rm
+                .create_pool(&path, config)
+                .expect("generated pool config is valid");
+            frontier.push_back((id, level + 1, child_budget, config.limit()));
+            n += 1;
+            made += 1;
+        }
+        if made == 0 {
+            leaves.push(parent);
+        }
+    }
+    leaves.sort_by_key(|p| p.idx());
+    leaves.retain(|&p| rm.tree().is_leaf(p));
+    leaves
+}
+
+/// Random leaf demand: each leaf wants up to twice an even split of the
+/// capacity, so the total demand is about the capacity and some pools are
+/// idle while others are over their share.
+pub fn random_leaf_demand(
+    tree: &PoolTree,
+    leaves: &[PoolId],
+    capacity: Resources,
+    rng: &mut Rng,
+    input: &mut EntitlementInput,
+) {
+    *input = EntitlementInput::with_slots(tree.n_slots());
+    input.capacity = capacity;
+    input.slack_capacity = capacity.percent(20.0);
+    let n = leaves.len().max(1) as u64;
+    for &leaf in leaves {
+        let idle = rng.chance(0.2);
+        for d in 0..N_DIMS {
+            let even = capacity.0[d] / n;
+            input.demand[d][leaf.idx()] = if idle { 0 } else { rng.below(2 * even + 1) };
+            input.slack_demand[d][leaf.idx()] = rng.below(even / 2 + 1);
+        }
+    }
+}
+
+/// Queues `n_tasks` random tasks over `leaves`: mostly normal, some
+/// non-preemptible, controller and revocable; about 2% of the entries are
+/// gangs of 2–8. Returns the summed non-revocable request.
+pub fn enqueue_random_tasks(
+    rm: &mut ResourceManager,
+    leaves: &[PoolId],
+    n_tasks: usize,
+    rng: &mut Rng,
+) -> Resources {
+    let mut total = Resources::ZERO;
+    let mut next_id = 0u64;
+    let mut members = Vec::with_capacity(8);
+    while (next_id as usize) < n_tasks {
+        let pool = leaves[rng.below(leaves.len() as u64) as usize];
+        let roll = rng.unit();
+        let flags = if roll < 0.10 {
+            TaskFlags {
+                preemptible: false,
+                controller: false,
+                revocable: false,
+            }
+        } else if roll < 0.15 {
+            TaskFlags {
+                preemptible: true,
+                controller: true,
+                revocable: false,
+            }
+        } else if roll < 0.20 {
+            TaskFlags {
+                preemptible: true,
+                controller: false,
+                revocable: true,
+            }
+        } else {
+            TaskFlags::default()
+        };
+        let gang = if rng.chance(0.02) {
+            rng.range(2, 8) as usize
+        } else {
+            1
+        };
+        let gpu = rng.chance(0.05);
+        members.clear();
+        for _ in 0..gang.min(n_tasks - next_id as usize) {
+            let request = Resources::new(
+                rng.range(1, 16) * 250,
+                rng.range(1, 32) * 512,
+                rng.range(0, 20) * 1024,
+                if gpu {
+                    [500, 1000, 2000][rng.below(3) as usize]
+                } else {
+                    0
+                },
+            );
+            if !flags.revocable {
+                total.add_assign(&request);
+            }
+            members.push(PendingTask {
+                id: TaskId(next_id),
+                request,
+            });
+            next_id += 1;
+        }
+        let priority = rng.below(10) as u32;
+        rm.enqueue(pool, priority, flags, &members)
+            .expect("generated task is valid");
+    }
+    total
+}
+
+/// Panics unless `ent` satisfies the entitlement invariants for `tree` and
+/// `input`: the children of a pool never get more than it; nobody exceeds its
+/// limit; every pool demanding at least its reservation gets it (when
+/// capacity covers the top-level guarantees); every pool's entitlement is
+/// divided completely among its children up to their limits
+/// (work-conserving); and among children with unmet demand, the amount above
+/// their guarantee is proportional to share, within one unit of rounding
+/// (max-min fair).
+pub fn check_entitlement_invariants(tree: &PoolTree, input: &EntitlementInput, ent: &Entitlements) {
+    let root = tree.root();
+    for d in 0..N_DIMS {
+        let col = &ent.dims[d];
+        let root_limit = tree.config(root).dims[d].limit;
+        assert_eq!(
+            col.entitlement[root.idx()],
+            input.capacity.0[d].min(root_limit),
+            "root gets the capacity"
+        );
+        assert_eq!(
+            col.slack_entitlement[root.idx()],
+            input.slack_capacity.0[d].min(root_limit),
+            "root gets the slack capacity"
+        );
+        let guarantee = |c: PoolId| {
+            let cfg = &tree.config(c).dims[d];
+            match cfg.kind {
+                PoolKind::Static => cfg.reservation,
+                PoolKind::Elastic => col.demand[c.idx()].min(cfg.reservation),
+            }
+        };
+        let top_guarantees: u64 = tree.children(root).map(guarantee).sum();
+        let guarantees_covered = top_guarantees <= col.entitlement[root.idx()];
+        for p in tree.breadth_first() {
+            let e_p = col.entitlement[p.idx()];
+            let cfg_p = &tree.config(p).dims[d];
+            let path = tree.path(p);
+            assert!(
+                e_p <= cfg_p.limit,
+                "{path}: entitlement {e_p} above limit {}",
+                cfg_p.limit
+            );
+            assert!(col.slack_entitlement[p.idx()] <= col.slack_cap[p.idx()].min(cfg_p.limit));
+            if tree.is_leaf(p) {
+                let leaf_demand = input.demand[d][p.idx()].min(cfg_p.limit);
+                assert_eq!(
+                    col.demand[p.idx()],
+                    leaf_demand,
+                    "{path}: leaf demand capped at limit"
+                );
+                continue;
+            }
+            let kids: Vec<PoolId> = tree.children(p).collect();
+            let sum: u64 = kids.iter().map(|c| col.entitlement[c.idx()]).sum();
+            let upper: u64 = kids
+                .iter()
+                .map(|&c| {
+                    let cfg = &tree.config(c).dims[d];
+                    if cfg.kind == PoolKind::Static {
+                        cfg.reservation
+                    } else {
+                        cfg.limit
+                    }
+                })
+                .sum();
+            assert_eq!(
+                sum,
+                e_p.min(upper),
+                "{path} dim {d}: children get min(entitlement, their limits)"
+            );
+            let slack_sum: u64 = kids.iter().map(|c| col.slack_entitlement[c.idx()]).sum();
+            let slack_caps: u64 = kids.iter().map(|c| col.slack_cap[c.idx()]).sum();
+            assert_eq!(
+                slack_sum,
+                col.slack_entitlement[p.idx()].min(slack_caps),
+                "{path}: slack divided"
+            );
+
+            let guaranteed: u64 = kids.iter().map(|&c| guarantee(c)).sum();
+            if guaranteed > e_p {
+                continue; // capacity short of guarantees: scaled down, no fairness claim
+            }
+            // Max-min fairness among elastic children with unmet demand.
+            let mut lam_lo = f64::NEG_INFINITY;
+            let mut lam_hi = f64::INFINITY;
+            let mut any_unmet = false;
+            for &c in &kids {
+                let cfg = &tree.config(c).dims[d];
+                let e_c = col.entitlement[c.idx()];
+                assert!(e_c >= guarantee(c), "{}: gets its guarantee", tree.path(c));
+                if guarantees_covered
+                    && cfg.kind == PoolKind::Elastic
+                    && col.demand[c.idx()] >= cfg.reservation
+                {
+                    assert!(
+                        e_c >= cfg.reservation,
+                        "{}: demanding its reservation, gets it",
+                        tree.path(c)
+                    );
+                }
+                if cfg.kind == PoolKind::Elastic && e_c < col.demand[c.idx()] {
+                    any_unmet = true;
+                    let extra = (e_c - guarantee(c)) as f64;
+                    lam_lo = lam_lo.max((extra - 1.0) / cfg.share);
+                    lam_hi = lam_hi.min((extra + 1.0) / cfg.share);
+                }
+            }
+            if any_unmet {
+                let eps = 1e-9 * lam_hi.abs().max(1.0);
+                assert!(
+                    lam_lo <= lam_hi + eps,
+                    "{path} dim {d}: unmet children share in proportion"
+                );
+                for &c in &kids {
+                    let cfg = &tree.config(c).dims[d];
+                    let e_c = col.entitlement[c.idx()];
+                    if cfg.kind == PoolKind::Elastic {
+                        assert!(
+                            e_c <= col.demand[c.idx()]
+                                .max(cfg.reservation.min(col.demand[c.idx()])),
+                            "{}: no extra beyond demand while others wait",
+                            tree.path(c)
+                        );
+                        let extra = (e_c - guarantee(c)) as f64;
+                        assert!(
+                            (extra - 1.0) / cfg.share <= lam_hi + eps,
+                            "{}: no more than the fair level",
+                            tree.path(c)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decodes fuzz input bytes into values.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+    fn amount(&mut self) -> Option<u64> {
+        // Small amounts mostly, occasionally huge ones, to reach edges.
+        let b = self.byte()?;
+        Some(match b {
+            0..=199 => u64::from(b) * 10,
+            200..=249 => u64::from(b - 199) * 1000,
+            250 => MAX_AMOUNT,
+            251 => MAX_AMOUNT + 1,
+            _ => 0,
+        })
+    }
+}
+
+/// Fuzz driver: applies the pool, queue and cycle operations encoded by
+/// `data` to a small resource manager, checking every invariant after every
+/// step. Malformed operations are expected to be refused cleanly; an
+/// accepted operation must keep every invariant. Panics on a violation.
+pub fn fuzz_pool_ops(data: &[u8]) {
+    let config = ResourceManagerConfig {
+        pools: PoolTreeLimits { max_pools: 24 },
+        admission: AdmissionLimits {
+            max_queued_per_pool: 40,
+            max_queued_total: 100,
+            max_gang_size: 6,
+        },
+        threads: 1,
+    };
+    let mut rm = ResourceManager::new(config);
+    let mut input = Bytes(data);
+    let mut pools: Vec<PoolId> = vec![rm.tree().root()];
+    let mut pending: Vec<PendingId> = Vec::new();
+    let mut running: Vec<Admitted> = Vec::new();
+    let mut controllers: Vec<bool> = Vec::new();
+    let mut result = AdmissionResult::default();
+    let mut next_task = 0u64;
+    let mut capacity = Resources::ZERO;
+    let mut slack = Resources::ZERO;
+    let mut flags_of = std::collections::HashMap::new();
+    while let Some(op) = input.byte() {
+        let pick = |b: Option<u8>, n: usize| b.map(|b| usize::from(b) % n.max(1));
+        match op % 9 {
+            0 | 1 => {
+                // create a pool under an existing one
+                let Some(parent) = pick(input.byte(), pools.len()).map(|i| pools[i]) else {
+                    break;
+                };
+                let Some(name) = input.byte() else { break };
+                let config = decode_config(&mut input);
+                let Some(config) = config else { break };
+                if !rm.tree().contains(parent) {
+                    continue;
+                }
+                let base = rm.tree().path(parent).to_owned();
+                let path = if base == "/" {
+                    format!("/n{}", name % 8)
+                } else {
+                    format!("{base}/n{}", name % 8)
+                };
+                let before = format!("{:?}", rm.tree());
+                match rm.create_pool(&path, config) {
+                    Ok(id) => pools.push(id),
+                    Err(_) => assert_eq!(
+                        before,
+                        format!("{:?}", rm.tree()),
+                        "rejected create changes nothing"
+                    ),
+                }
+            }
+            2 => {
+                let Some(target) = pick(input.byte(), pools.len()).map(|i| pools[i]) else {
+                    break;
+                };
+                let Some(config) = decode_config(&mut input) else {
+                    break;
+                };
+                let before = format!("{:?}", rm.tree());
+                if rm.update_pool(target, config).is_err() {
+                    assert_eq!(
+                        before,
+                        format!("{:?}", rm.tree()),
+                        "rejected update changes nothing"
+                    );
+                }
+            }
+            3 => {
+                let Some(target) = pick(input.byte(), pools.len()).map(|i| pools[i]) else {
+                    break;
+                };
+                let before = format!("{:?}", rm.tree());
+                match rm.delete_pool(target) {
+                    Ok(()) => pools.retain(|&p| p != target),
+                    Err(_) => assert_eq!(
+                        before,
+                        format!("{:?}", rm.tree()),
+                        "rejected delete changes nothing"
+                    ),
+                }
+            }
+            4 => {
+                // enqueue a task or gang
+                let Some(pool) = pick(input.byte(), pools.len()).map(|i| pools[i]) else {
+                    break;
+                };
+                let (Some(shape), Some(priority)) = (input.byte(), input.byte()) else {
+                    break;
+                };
+                let flags = TaskFlags {
+                    preemptible: shape & 1 == 0,
+                    controller: shape & 2 != 0,
+                    revocable: shape & 4 != 0,
+                };
+                let n = usize::from(shape >> 5) + 1; // up to 8, above the gang bound
+                let mut members = Vec::new();
+                for _ in 0..n {
+                    let mut request = Resources::ZERO;
+                    for d in 0..N_DIMS {
+                        let Some(a) = input.amount() else { return };
+                        request.0[d] = a;
+                    }
+                    members.push(PendingTask {
+                        id: TaskId(next_task),
+                        request,
+                    });
+                    flags_of.insert(next_task, flags.controller);
+                    next_task += 1;
+                }
+                let queued_before = rm.tree().contains(pool).then(|| rm.n_tasks(pool));
+                match rm.enqueue(pool, u32::from(priority % 4), flags, &members) {
+                    Ok(id) => pending.push(id),
+                    Err(_) => {
+                        if let Some(before) = queued_before {
+                            assert_eq!(rm.n_tasks(pool), before, "rejected enqueue queues nothing");
+                        }
+                    }
+                }
+            }
+            5 => {
+                let Some(i) = pick(input.byte(), pending.len()) else {
+                    break;
+                };
+                if let Some(&id) = pending.get(i) {
+                    let _ = rm.cancel(id); // may already be admitted
+                    pending.swap_remove(i);
+                    assert!(rm.cancel(id).is_err(), "cancelling twice is refused");
+                }
+            }
+            6 => {
+                for d in 0..N_DIMS {
+                    let (Some(a), Some(b)) = (input.byte(), input.byte()) else {
+                        return;
+                    };
+                    capacity.0[d] = u64::from(a) * 100;
+                    slack.0[d] = u64::from(b) * 20;
+                }
+                rm.recompute_entitlement(capacity, slack);
+                check_manager_entitlements(&rm);
+            }
+            7 => {
+                rm.recompute_entitlement(capacity, slack);
+                check_manager_entitlements(&rm);
+                rm.admit(&mut result);
+                check_admission(&rm, &result);
+                for a in &result.admitted {
+                    controllers.push(flags_of[&a.task.0]);
+                }
+                running.extend_from_slice(&result.admitted);
+            }
+            _ => {
+                let Some(i) = pick(input.byte(), running.len()) else {
+                    break;
+                };
+                if i < running.len() {
+                    let a = running.swap_remove(i);
+                    let controller = controllers.swap_remove(i);
+                    rm.release(a.pool, a.class, controller, a.request)
+                        .expect("releasing an admitted task succeeds");
+                }
+            }
+        }
+        rm.check_invariants();
+        let held: u64 = pools
+            .iter()
+            .filter(|&&p| rm.tree().contains(p))
+            .map(|&p| rm.usage(p).unwrap().allocation.n_tasks)
+            .sum();
+        assert_eq!(
+            held as usize,
+            running.len(),
+            "allocation counts match the admitted tasks"
+        );
+    }
+}
+
+fn decode_config(input: &mut Bytes<'_>) -> Option<PoolConfig> {
+    let mut config = PoolConfig::default();
+    for d in 0..N_DIMS {
+        let reservation = input.amount()?;
+        let limit_byte = input.byte()?;
+        let share = input.byte()?;
+        config.dims[d] = DimConfig {
+            reservation,
+            limit: if limit_byte == 255 {
+                MAX_AMOUNT
+            } else {
+                reservation + u64::from(limit_byte) * 20
+            },
+            share: f64::from(share % 16),
+            kind: if share >= 240 {
+                PoolKind::Static
+            } else {
+                PoolKind::Elastic
+            },
+        };
+    }
+    let pct = input.byte()?;
+    config.controller_limit_pct = f64::from(pct % 128);
+    config.slack_limit_pct = f64::from(pct / 2);
+    Some(config)
+}
+
+/// Checks the manager's last entitlements against its tree and demand.
+pub fn check_manager_entitlements(rm: &ResourceManager) {
+    let tree = rm.tree();
+    let mut input = EntitlementInput::with_slots(tree.n_slots());
+    let ent = rm.entitlements();
+    input.capacity = Resources(std::array::from_fn(|d| {
+        ent.dims[d].entitlement[tree.root().idx()]
+    }));
+    input.slack_capacity = Resources(std::array::from_fn(|d| {
+        ent.dims[d].slack_entitlement[tree.root().idx()]
+    }));
+    for p in tree.list() {
+        if tree.is_leaf(p) {
+            let u = rm.usage(p).unwrap();
+            input.set_demand(
+                p.idx(),
+                u.queued
+                    .saturating_add(&u.allocation.total)
+                    .min(&Resources::MAX),
+            );
+            input.set_slack_demand(
+                p.idx(),
+                u.queued_revocable.saturating_add(&u.allocation.revocable),
+            );
+        }
+    }
+    check_entitlement_invariants(tree, &input, ent);
+}
+
+/// Checks an admission result: every pool that admitted work is within all
+/// its caps afterwards, and every blocked queue really cannot take its head.
+pub fn check_admission(rm: &ResourceManager, result: &AdmissionResult) {
+    let tree = rm.tree();
+    let ent = rm.entitlements();
+    let mut admitting: Vec<PoolId> = result.admitted.iter().map(|a| a.pool).collect();
+    admitting.dedup();
+    for pool in admitting {
+        let u = rm.usage(pool).unwrap();
+        let a = &u.allocation;
+        let cfg = tree.config(pool);
+        let e = ent.entitlement(pool.idx());
+        assert!(
+            a.total.fits_in(&e),
+            "{}: allocation {} within entitlement {}",
+            tree.path(pool),
+            a.total,
+            e
+        );
+        assert!(a.non_preemptible.fits_in(&cfg.reservation()));
+        assert!(a.controller.fits_in(&e.percent(cfg.controller_limit_pct)));
+        assert!(a.revocable.fits_in(&ent.slack_entitlement(pool.idx())));
+    }
+    for b in &result.blocked {
+        assert!(b.allocated + b.request > b.cap, "blocked for a reason: {b}");
+        assert!(rm.n_queued_in(b.pool, b.class) > 0);
+    }
+}
