@@ -421,11 +421,27 @@ impl Bytes<'_> {
     }
 }
 
+/// What a fuzz run did, so tests can tell that inputs reach deep states.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuzzStats {
+    /// Pools created.
+    pub pools_created: u64,
+    /// Tasks or gangs queued.
+    pub enqueued: u64,
+    /// Tasks admitted.
+    pub admitted: u64,
+    /// Tasks released.
+    pub released: u64,
+    /// Operations refused with an error.
+    pub refused: u64,
+}
+
 /// Fuzz driver: applies the pool, queue and cycle operations encoded by
 /// `data` to a small resource manager, checking every invariant after every
 /// step. Malformed operations are expected to be refused cleanly; an
 /// accepted operation must keep every invariant. Panics on a violation.
-pub fn fuzz_pool_ops(data: &[u8]) {
+pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
+    let mut stats = FuzzStats::default();
     let config = ResourceManagerConfig {
         pools: PoolTreeLimits { max_pools: 24 },
         admission: AdmissionLimits {
@@ -468,12 +484,18 @@ pub fn fuzz_pool_ops(data: &[u8]) {
                 };
                 let before = format!("{:?}", rm.tree());
                 match rm.create_pool(&path, config) {
-                    Ok(id) => pools.push(id),
-                    Err(_) => assert_eq!(
-                        before,
-                        format!("{:?}", rm.tree()),
-                        "rejected create changes nothing"
-                    ),
+                    Ok(id) => {
+                        pools.push(id);
+                        stats.pools_created += 1;
+                    }
+                    Err(_) => {
+                        stats.refused += 1;
+                        assert_eq!(
+                            before,
+                            format!("{:?}", rm.tree()),
+                            "rejected create changes nothing"
+                        );
+                    }
                 }
             }
             2 => {
@@ -485,6 +507,7 @@ pub fn fuzz_pool_ops(data: &[u8]) {
                 };
                 let before = format!("{:?}", rm.tree());
                 if rm.update_pool(target, config).is_err() {
+                    stats.refused += 1;
                     assert_eq!(
                         before,
                         format!("{:?}", rm.tree()),
@@ -499,11 +522,14 @@ pub fn fuzz_pool_ops(data: &[u8]) {
                 let before = format!("{:?}", rm.tree());
                 match rm.delete_pool(target) {
                     Ok(()) => pools.retain(|&p| p != target),
-                    Err(_) => assert_eq!(
-                        before,
-                        format!("{:?}", rm.tree()),
-                        "rejected delete changes nothing"
-                    ),
+                    Err(_) => {
+                        stats.refused += 1;
+                        assert_eq!(
+                            before,
+                            format!("{:?}", rm.tree()),
+                            "rejected delete changes nothing"
+                        );
+                    }
                 }
             }
             4 => {
@@ -524,7 +550,9 @@ pub fn fuzz_pool_ops(data: &[u8]) {
                 for _ in 0..n {
                     let mut request = Resources::ZERO;
                     for d in 0..N_DIMS {
-                        let Some(a) = input.amount() else { return };
+                        let Some(a) = input.amount() else {
+                            return stats;
+                        };
                         request.0[d] = a;
                     }
                     members.push(PendingTask {
@@ -536,8 +564,12 @@ pub fn fuzz_pool_ops(data: &[u8]) {
                 }
                 let queued_before = rm.tree().contains(pool).then(|| rm.n_tasks(pool));
                 match rm.enqueue(pool, u32::from(priority % 4), flags, &members) {
-                    Ok(id) => pending.push(id),
+                    Ok(id) => {
+                        pending.push(id);
+                        stats.enqueued += 1;
+                    }
                     Err(_) => {
+                        stats.refused += 1;
                         if let Some(before) = queued_before {
                             assert_eq!(rm.n_tasks(pool), before, "rejected enqueue queues nothing");
                         }
@@ -557,7 +589,7 @@ pub fn fuzz_pool_ops(data: &[u8]) {
             6 => {
                 for d in 0..N_DIMS {
                     let (Some(a), Some(b)) = (input.byte(), input.byte()) else {
-                        return;
+                        return stats;
                     };
                     capacity.0[d] = u64::from(a) * 100;
                     slack.0[d] = u64::from(b) * 20;
@@ -574,6 +606,7 @@ pub fn fuzz_pool_ops(data: &[u8]) {
                     controllers.push(flags_of[&a.task.0]);
                 }
                 running.extend_from_slice(&result.admitted);
+                stats.admitted += result.admitted.len() as u64;
             }
             _ => {
                 let Some(i) = pick(input.byte(), running.len()) else {
@@ -584,6 +617,7 @@ pub fn fuzz_pool_ops(data: &[u8]) {
                     let controller = controllers.swap_remove(i);
                     rm.release(a.pool, a.class, controller, a.request)
                         .expect("releasing an admitted task succeeds");
+                    stats.released += 1;
                 }
             }
         }
@@ -599,6 +633,7 @@ pub fn fuzz_pool_ops(data: &[u8]) {
             "allocation counts match the admitted tasks"
         );
     }
+    stats
 }
 
 fn decode_config(input: &mut Bytes<'_>) -> Option<PoolConfig> {

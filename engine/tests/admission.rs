@@ -1,0 +1,411 @@
+//! Admission: queue order, the four rules, gangs, bounds and reasons.
+
+use expect_test::{Expect, expect};
+use peloton_engine::{
+    AdmissionError, AdmissionLimits, AdmissionResult, PendingTask, PoolConfig, PoolError, PoolId,
+    ResourceManager, ResourceManagerConfig, Resources, TaskClass, TaskFlags, TaskId,
+    testkit::{check_admission, check_manager_entitlements},
+};
+
+const NORMAL: TaskFlags = TaskFlags {
+    preemptible: true,
+    controller: false,
+    revocable: false,
+};
+const NON_PREEMPTIBLE: TaskFlags = TaskFlags {
+    preemptible: false,
+    controller: false,
+    revocable: false,
+};
+const CONTROLLER: TaskFlags = TaskFlags {
+    preemptible: true,
+    controller: true,
+    revocable: false,
+};
+const REVOCABLE: TaskFlags = TaskFlags {
+    preemptible: true,
+    controller: false,
+    revocable: true,
+};
+
+fn cpu(millis: u64) -> Resources {
+    Resources::new(millis, 0, 0, 0)
+}
+
+struct Env {
+    rm: ResourceManager,
+    next_id: u64,
+    out: AdmissionResult,
+}
+
+impl Env {
+    fn new() -> Self {
+        Self::with_limits(AdmissionLimits::default())
+    }
+
+    fn with_limits(admission: AdmissionLimits) -> Self {
+        let rm = ResourceManager::new(ResourceManagerConfig {
+            admission,
+            ..Default::default()
+        });
+        Env {
+            rm,
+            next_id: 0,
+            out: AdmissionResult::default(),
+        }
+    }
+
+    fn pool(&mut self, path: &str, config: PoolConfig) -> PoolId {
+        self.rm.create_pool(path, config).unwrap()
+    }
+
+    /// Queues a gang of tasks with these cpu requests; returns their ids.
+    fn submit(&mut self, pool: PoolId, priority: u32, flags: TaskFlags, cpus: &[u64]) -> Vec<u64> {
+        let members: Vec<PendingTask> = cpus
+            .iter()
+            .map(|&c| {
+                self.next_id += 1;
+                PendingTask {
+                    id: TaskId(self.next_id),
+                    request: cpu(c),
+                }
+            })
+            .collect();
+        self.rm.enqueue(pool, priority, flags, &members).unwrap();
+        members.iter().map(|m| m.id.0).collect()
+    }
+
+    /// One cycle: entitlement from demand, then admission. Returns a report.
+    fn cycle(&mut self, capacity: u64, slack: u64) -> String {
+        self.rm.recompute_entitlement(cpu(capacity), cpu(slack));
+        check_manager_entitlements(&self.rm);
+        self.rm.admit(&mut self.out);
+        check_admission(&self.rm, &self.out);
+        self.rm.check_invariants();
+        let tree = self.rm.tree();
+        let mut report = String::new();
+        for a in &self.out.admitted {
+            report.push_str(&format!(
+                "admit t{} {} {} cpu={}\n",
+                a.task.0,
+                tree.path(a.pool),
+                a.class,
+                a.request.0[0]
+            ));
+        }
+        for b in &self.out.blocked {
+            report.push_str(&format!("blocked {}: {b}\n", tree.path(b.pool)));
+        }
+        report
+    }
+
+    fn check_cycle(&mut self, capacity: u64, slack: u64, expected: Expect) {
+        let report = self.cycle(capacity, slack);
+        expected.assert_eq(&report);
+    }
+}
+
+#[test]
+fn priority_then_arrival_and_blocked_queues_do_not_block_others() {
+    let mut env = Env::new();
+    let a = env.pool("/a", PoolConfig::default().with_controller_limit_pct(25.0));
+    env.submit(a, 1, NORMAL, &[3000]); // t1
+    env.submit(a, 5, NORMAL, &[2000]); // t2: higher priority, admitted first
+    env.submit(a, 1, NORMAL, &[1000]); // t3: same priority as t1, later
+    env.submit(a, 9, CONTROLLER, &[4000]); // t4: over the 25% controller limit
+    env.submit(a, 0, CONTROLLER, &[500]); // t5: behind t4 in the controller queue
+    // Capacity 5000: t2, t1 fit; t3 would not (6000); t4 exceeds the controller limit.
+    env.check_cycle(
+        5000,
+        0,
+        expect![[r#"
+            admit t2 /a normal cpu=2000
+            admit t1 /a normal cpu=3000
+            blocked /a: controller queue: controller limit reached in cpu: needs 4000 millicores, 0 of 1250 in use (2 task(s) waiting)
+            blocked /a: normal queue: entitlement exhausted in cpu: needs 1000 millicores, 5000 of 5000 in use (1 task(s) waiting)
+        "#]],
+    );
+}
+
+#[test]
+fn non_preemptible_tasks_only_use_the_reservation() {
+    let mut env = Env::new();
+    let a = env.pool("/a", PoolConfig::default().with_reservation(cpu(2000)));
+    env.submit(a, 0, NON_PREEMPTIBLE, &[1500]);
+    env.submit(a, 0, NON_PREEMPTIBLE, &[1000]);
+    env.submit(a, 0, NORMAL, &[4000]);
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t1 /a non_preemptible cpu=1500
+            admit t3 /a normal cpu=4000
+            blocked /a: non_preemptible queue: reservation exhausted (non-preemptible) in cpu: needs 1000 millicores, 1500 of 2000 in use (1 task(s) waiting)
+        "#]],
+    );
+}
+
+#[test]
+fn revocable_tasks_run_on_slack_within_the_slack_limit() {
+    let mut env = Env::new();
+    let a = env.pool("/a", PoolConfig::default().with_slack_limit_pct(50.0));
+    let b = env.pool("/b", PoolConfig::default());
+    env.submit(a, 0, REVOCABLE, &[1000, 1000]); // a gang of two revocable tasks
+    env.submit(a, 0, REVOCABLE, &[1500]);
+    env.submit(b, 0, REVOCABLE, &[1000]);
+    // Slack 4000: /a may hold at most 2000 of it.
+    env.check_cycle(
+        0,
+        4000,
+        expect![[r#"
+            admit t1 /a revocable cpu=1000
+            admit t2 /a revocable cpu=1000
+            admit t4 /b revocable cpu=1000
+            blocked /a: revocable queue: slack limit reached in cpu: needs 1500 millicores, 2000 of 2000 in use (1 task(s) waiting)
+        "#]],
+    );
+}
+
+#[test]
+fn gangs_are_admitted_whole_or_not_at_all() {
+    let mut env = Env::new();
+    let a = env.pool("/a", PoolConfig::default());
+    env.submit(a, 5, NORMAL, &[3000, 3000, 3000]); // 9000 together
+    env.submit(a, 5, CONTROLLER, &[1000]);
+    env.check_cycle(
+        8000,
+        0,
+        expect![[r#"
+            admit t4 /a controller cpu=1000
+            blocked /a: normal queue: entitlement exhausted in cpu: needs 9000 millicores, 0 of 8000 in use (3 task(s) waiting)
+        "#]],
+    );
+    let usage = env.rm.usage(a).unwrap();
+    assert_eq!(
+        usage.allocation.n_tasks, 1,
+        "no member of the gang holds resources"
+    );
+    // More capacity: the whole gang goes in one cycle.
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t1 /a normal cpu=3000
+            admit t2 /a normal cpu=3000
+            admit t3 /a normal cpu=3000
+        "#]],
+    );
+}
+
+#[test]
+fn idle_capacity_is_lent_and_the_owner_gets_it_back() {
+    let mut env = Env::new();
+    let owner = env.pool("/owner", PoolConfig::default().with_reservation(cpu(6000)));
+    let borrower = env.pool("/borrower", PoolConfig::default());
+    env.submit(borrower, 0, NORMAL, &[2000; 5]);
+    // The owner is idle: the borrower takes everything.
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t1 /borrower normal cpu=2000
+            admit t2 /borrower normal cpu=2000
+            admit t3 /borrower normal cpu=2000
+            admit t4 /borrower normal cpu=2000
+            admit t5 /borrower normal cpu=2000
+        "#]],
+    );
+    // The owner's demand returns: it is entitled to what it asks, up to its
+    // reservation, and admitted at once. The borrower is now above its
+    // entitlement; reclaiming that is the preemptor's work.
+    env.submit(owner, 0, NORMAL, &[3000]);
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t6 /owner normal cpu=3000
+        "#]],
+    );
+    let ent = env.rm.entitlements();
+    assert_eq!(ent.entitlement(owner.idx()).0[0], 3000);
+    assert_eq!(ent.entitlement(borrower.idx()).0[0], 7000);
+    assert_eq!(
+        env.rm.usage(borrower).unwrap().allocation.total.0[0],
+        10_000
+    );
+    // With demand of 9000 the owner gets its full reservation of 6000 back,
+    // plus half (equal shares) of the 4000 beyond the reservations.
+    env.submit(owner, 0, NORMAL, &[3000]);
+    env.submit(owner, 0, NORMAL, &[3000]);
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t7 /owner normal cpu=3000
+            blocked /owner: normal queue: entitlement exhausted in cpu: needs 3000 millicores, 6000 of 8000 in use (1 task(s) waiting)
+        "#]],
+    );
+    assert_eq!(env.rm.entitlements().entitlement(owner.idx()).0[0], 8000);
+    assert_eq!(env.rm.entitlements().entitlement(borrower.idx()).0[0], 2000);
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    let mut env = Env::with_limits(AdmissionLimits {
+        max_queued_per_pool: 3,
+        max_queued_total: 4,
+        max_gang_size: 2,
+    });
+    let org = env.pool("/org", PoolConfig::default());
+    let a = env.pool("/org/a", PoolConfig::default());
+    let b = env.pool("/org/b", PoolConfig::default());
+    let task = |id: u64, c: u64| PendingTask {
+        id: TaskId(id),
+        request: cpu(c),
+    };
+    let errors = [
+        env.rm.enqueue(org, 0, NORMAL, &[task(1, 1)]).unwrap_err(),
+        env.rm.enqueue(a, 0, NORMAL, &[]).unwrap_err(),
+        env.rm
+            .enqueue(a, 0, NORMAL, &[task(1, 1), task(2, 1), task(3, 1)])
+            .unwrap_err(),
+        env.rm.enqueue(a, 0, NORMAL, &[task(1, 0)]).unwrap_err(),
+        env.rm
+            .enqueue(
+                a,
+                0,
+                NORMAL,
+                &[PendingTask {
+                    id: TaskId(1),
+                    request: cpu(1 << 51),
+                }],
+            )
+            .unwrap_err(),
+        env.rm
+            .enqueue(
+                a,
+                0,
+                TaskFlags {
+                    preemptible: false,
+                    controller: false,
+                    revocable: true,
+                },
+                &[task(1, 1)],
+            )
+            .unwrap_err(),
+    ];
+    for error in &errors {
+        assert!(
+            matches!(error, AdmissionError::InvalidTask { .. }),
+            "{error}"
+        );
+    }
+    assert_eq!(env.rm.usage(a).unwrap().n_queued, 0);
+    env.rm
+        .enqueue(a, 0, NORMAL, &[task(1, 1), task(2, 1)])
+        .unwrap();
+    env.rm.enqueue(a, 0, NORMAL, &[task(3, 1)]).unwrap();
+    let full = env.rm.enqueue(a, 0, NORMAL, &[task(4, 1)]).unwrap_err();
+    env.rm.enqueue(b, 0, NORMAL, &[task(5, 1)]).unwrap();
+    let total = env.rm.enqueue(b, 0, NORMAL, &[task(6, 1)]).unwrap_err();
+    let messages: Vec<String> = errors
+        .iter()
+        .chain([&full, &total])
+        .map(ToString::to_string)
+        .collect();
+    expect![[r#"
+        [
+            "invalid task: pool: pool /org has child pools: tasks may only be submitted to leaf pools",
+            "invalid task: members: a gang needs at least one task",
+            "invalid task: members: 3 tasks exceed the gang size limit of 2",
+            "invalid task: request: task 1 requests no resources",
+            "invalid task: request: task 1 requests 2251799813685248 millicores cpu, above the maximum 1125899906842624",
+            "invalid task: revocable: a revocable task must be preemptible",
+            "pool /org/a already queues 3 task(s); the limit is 3",
+            "4 task(s) are queued in all pools; the limit is 4",
+        ]
+    "#]]
+    .assert_debug_eq(&messages);
+    env.rm.check_invariants();
+
+    // A pool with tasks can be neither deleted nor given children.
+    assert!(matches!(
+        env.rm.delete_pool(a),
+        Err(PoolError::HasTasks { n_tasks: 3, .. })
+    ));
+    assert!(matches!(
+        env.rm.create_pool("/org/a/sub", PoolConfig::default()),
+        Err(PoolError::HasTasks { .. })
+    ));
+    env.rm.check_invariants();
+}
+
+#[test]
+fn cancel_and_release() {
+    let mut env = Env::new();
+    let a = env.pool("/a", PoolConfig::default());
+    let first = env
+        .rm
+        .enqueue(
+            a,
+            0,
+            NORMAL,
+            &[PendingTask {
+                id: TaskId(1),
+                request: cpu(4000),
+            }],
+        )
+        .unwrap();
+    env.submit(a, 0, NORMAL, &[1000]);
+    env.rm.cancel(first).unwrap();
+    assert_eq!(env.rm.cancel(first), Err(AdmissionError::NotPending));
+    assert_eq!(env.rm.usage(a).unwrap().queued, cpu(1000));
+    env.check_cycle(
+        2000,
+        0,
+        expect![[r#"
+            admit t1 /a normal cpu=1000
+        "#]],
+    );
+    // Releasing more than is held is refused and changes nothing.
+    let err = env
+        .rm
+        .release(a, TaskClass::Normal, false, cpu(1001))
+        .unwrap_err();
+    expect![[r#"pool /a: cannot release cpu=1001 memory=0 disk=0 gpu=0 of class normal: only cpu=1000 memory=0 disk=0 gpu=0 is allocated"#]]
+        .assert_eq(&err.to_string());
+    env.rm
+        .release(a, TaskClass::Normal, false, cpu(1000))
+        .unwrap();
+    assert_eq!(env.rm.usage(a).unwrap().allocation.n_tasks, 0);
+    env.rm.delete_pool(a).unwrap();
+    env.rm.check_invariants();
+}
+
+#[test]
+fn many_cancellations_are_purged_from_the_heaps() {
+    let mut env = Env::new();
+    let a = env.pool("/a", PoolConfig::default());
+    let mut ids = Vec::new();
+    for i in 0..5000 {
+        ids.push(
+            env.rm
+                .enqueue(
+                    a,
+                    i % 7,
+                    NORMAL,
+                    &[PendingTask {
+                        id: TaskId(u64::from(i)),
+                        request: cpu(10),
+                    }],
+                )
+                .unwrap(),
+        );
+    }
+    for id in &ids[..4990] {
+        env.rm.cancel(*id).unwrap();
+    }
+    env.rm.check_invariants();
+    let report = env.cycle(1_000_000, 0);
+    assert_eq!(report.lines().count(), 10);
+}

@@ -1,0 +1,10 @@
+//! Random pool-tree, queue and cycle operations against the engine's
+//! invariants. The driver lives in `peloton_engine::testkit` so the committed
+//! corpus also replays as an ordinary test on stable Rust.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    peloton_engine::testkit::fuzz_pool_ops(data);
+});
