@@ -280,7 +280,8 @@ impl EntitlementCalculator {
                 "demand columns cover every pool slot"
             );
         }
-        if self.plan_version != Some(tree.version()) {
+        let rebuilt = self.plan_version != Some(tree.version());
+        if rebuilt {
             self.plan.rebuild(tree);
             self.plan_version = Some(tree.version());
         }
@@ -293,8 +294,12 @@ impl EntitlementCalculator {
                 &mut dim.slack_entitlement,
                 &mut dim.slack_cap,
             ] {
-                column.clear();
-                column.resize(n_slots, 0);
+                // Live slots are all overwritten below; free slots keep the
+                // zeros written when the set of live slots last changed.
+                if rebuilt || column.len() != n_slots {
+                    column.clear();
+                    column.resize(n_slots, 0);
+                }
             }
         }
         for scratch in &mut self.scratch {
@@ -439,7 +444,7 @@ fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
         let weight = &mut s.weight[kids.clone()];
         for i in 0..ent.len() {
             head[i] = ent[i];
-            weight[i] = ent[i] as f64;
+            weight[i] = as_f64(ent[i]);
             ent[i] = 0;
         }
         water_fill(available, head, weight, grant, capped, &mut s.by_ratio);
@@ -535,26 +540,26 @@ fn water_fill(
     }
 
     // Find λ. Children at their headroom are "capped"; λ only grows as
-    // children are capped, so a capped child never becomes uncapped.
+    // children are capped, so a capped child never becomes uncapped. The
+    // loops are branch-free (the outcomes are data-dependent and would be
+    // mispredicted), and amounts convert through i64 (exact below 2^50,
+    // one instruction on x86-64 where u64 conversions take several).
     let mut fixed = 0u64;
     let mut share_active = 0.0;
     for i in 0..k {
         capped[i] = head[i] == 0;
-        if !capped[i] {
-            share_active += share[i];
-        }
+        share_active += share[i] * f64::from(u8::from(!capped[i]));
     }
-    let mut lambda = amount as f64 / share_active;
+    let mut lambda = as_f64(amount) / share_active;
     let mut rounds = 0;
     loop {
         let mut newly_capped = false;
         for i in 0..k {
-            if !capped[i] && (head[i] as f64) <= lambda * share[i] {
-                capped[i] = true;
-                fixed += head[i];
-                share_active -= share[i];
-                newly_capped = true;
-            }
+            let newly = !capped[i] & (as_f64(head[i]) <= lambda * share[i]);
+            capped[i] |= newly;
+            fixed += head[i] * u64::from(newly);
+            share_active -= share[i] * f64::from(u8::from(newly));
+            newly_capped |= newly;
         }
         if !newly_capped {
             break;
@@ -563,18 +568,10 @@ fn water_fill(
             lambda = 0.0;
             break;
         }
-        lambda = (amount - fixed) as f64 / share_active;
+        lambda = as_f64(amount - fixed) / share_active;
         rounds += 1;
         if rounds == MAX_ROUNDS {
-            lambda = sweep_by_ratio(
-                amount,
-                head,
-                share,
-                capped,
-                &mut fixed,
-                share_active,
-                by_ratio,
-            );
+            lambda = sweep_by_ratio(amount, head, share, capped, &mut fixed, share_active, by_ratio);
             break;
         }
     }
@@ -640,10 +637,10 @@ fn sweep_by_ratio(
     by_ratio.extend(
         (0..head.len())
             .filter(|&i| !capped[i])
-            .map(|i| (head[i] as f64 / share[i], i as u32)),
+            .map(|i| (as_f64(head[i]) / share[i], i as u32)),
     );
     by_ratio.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut lambda = amount.saturating_sub(*fixed) as f64 / share_active;
+    let mut lambda = as_f64(amount.saturating_sub(*fixed)) / share_active;
     for &(ratio, i) in by_ratio.iter() {
         if ratio > lambda {
             break;
@@ -655,7 +652,21 @@ fn sweep_by_ratio(
         if *fixed >= amount || share_active <= 0.0 {
             return 0.0;
         }
-        lambda = (amount - *fixed) as f64 / share_active;
+        lambda = as_f64(amount - *fixed) / share_active;
     }
     lambda
+}
+
+/// An amount as `f64`; exact because amounts are below 2^50.
+#[inline(always)]
+fn as_f64(amount: u64) -> f64 {
+    debug_assert!(amount <= 1 << 53);
+    amount as i64 as f64
+}
+
+/// A non-negative real as an amount, rounded down (truncation is floor for
+/// non-negative values; the saturating cast maps NaN to 0).
+#[inline(always)]
+fn as_u64(value: f64) -> u64 {
+    value as i64 as u64
 }

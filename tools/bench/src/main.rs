@@ -1,1 +1,331 @@
-fn main() {}
+//! `peloton-bench`: seeded synthetic workloads run against the engine, with
+//! a human table or one JSON object per run.
+//!
+//! Every workload is generated from `--seed` by `peloton_engine::testkit`, so
+//! a run is reproducible and the criterion suites in `benches/` measure the
+//! same shapes.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use peloton_engine::testkit::{
+    Rng, TreeSpec, bench_capacity, build_random_tree, check_entitlement_invariants,
+    enqueue_random_tasks, random_leaf_demand,
+};
+use peloton_engine::{
+    AdmissionLimits, AdmissionResult, EntitlementCalculator, EntitlementInput, Entitlements,
+    PoolTreeLimits, ResourceManager, ResourceManagerConfig, Resources,
+};
+use serde_json::{Value, json};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser, Debug)]
+#[command(name = "peloton-bench", version, about = "Benchmark harness for the Peloton engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct Common {
+    /// Seed of the generated workload.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Threads of the engine's pool (results do not depend on it).
+    #[arg(long, default_value_t = default_threads())]
+    threads: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Full entitlement recomputation over a random pool tree.
+    Entitlement {
+        /// Pools in the tree, the root included.
+        #[arg(long, default_value_t = 10_000)]
+        pools: usize,
+        /// Levels of the tree, the root included.
+        #[arg(long, default_value_t = 4)]
+        depth: usize,
+        /// Timed recomputations (each on a fresh demand snapshot).
+        #[arg(long, default_value_t = 500)]
+        iterations: usize,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Queue random tasks, compute entitlement, admit everything that fits.
+    Admission {
+        /// Pools in the tree, the root included.
+        #[arg(long, default_value_t = 1_000)]
+        pools: usize,
+        /// Tasks to queue.
+        #[arg(long, default_value_t = 1_000_000)]
+        tasks: usize,
+        /// Levels of the tree, the root included.
+        #[arg(long, default_value_t = 4)]
+        depth: usize,
+        /// Cluster capacity as a fraction of the queued demand.
+        #[arg(long, default_value_t = 0.7)]
+        capacity_fraction: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// A short tour: entitlement and admission at moderate sizes.
+    Demo {
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Entitlement { pools, depth, iterations, common } => {
+            let report = entitlement(pools, depth, iterations, common)?;
+            print(&report, common.json, "entitlement");
+        }
+        Command::Admission { pools, tasks, depth, capacity_fraction, common } => {
+            let report = admission(pools, tasks, depth, capacity_fraction, common)?;
+            print(&report, common.json, "admission");
+        }
+        Command::Demo { common } => {
+            if !common.json {
+                println!(
+                    "Peloton engine demo: synthetic pool trees and workloads (seed {}).\n",
+                    common.seed
+                );
+            }
+            let e = entitlement(10_000, 4, 200, common)?;
+            print(&e, common.json, "entitlement: 10,000 pools, 4 levels, 4 dimensions");
+            if !common.json {
+                println!();
+            }
+            let a = admission(1_000, 200_000, 4, 0.7, common)?;
+            print(&a, common.json, "admission: 1,000 pools, 200,000 tasks");
+        }
+    }
+    Ok(())
+}
+
+fn check_sizes(pools: usize, depth: usize) -> Result<()> {
+    if !(2..=peloton_engine::pool::DEFAULT_MAX_POOLS).contains(&pools) {
+        bail!("--pools must be between 2 and {}", peloton_engine::pool::DEFAULT_MAX_POOLS);
+    }
+    if !(2..=peloton_engine::pool::MAX_DEPTH).contains(&depth) {
+        bail!("--depth must be between 2 and {}", peloton_engine::pool::MAX_DEPTH);
+    }
+    Ok(())
+}
+
+fn manager(pools: usize, threads: usize) -> ResourceManager {
+    ResourceManager::new(ResourceManagerConfig {
+        pools: PoolTreeLimits { max_pools: pools.max(2) },
+        admission: AdmissionLimits::default(),
+        threads,
+    })
+}
+
+fn entitlement(pools: usize, depth: usize, iterations: usize, common: Common) -> Result<Value> {
+    check_sizes(pools, depth)?;
+    if iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    let mut rng = Rng::new(common.seed);
+    let capacity = bench_capacity();
+    let mut rm = manager(pools, 1);
+    let leaves = build_random_tree(&mut rm, &TreeSpec::new(pools, depth, capacity), &mut rng);
+    let tree = rm.tree();
+    // A few demand snapshots, cycled, so each recomputation sees new demand.
+    let snapshots: Vec<EntitlementInput> = (0..8)
+        .map(|_| {
+            let mut input = EntitlementInput::default();
+            random_leaf_demand(tree, &leaves, capacity, &mut rng, &mut input);
+            input
+        })
+        .collect();
+    let threads = thread_pool(common.threads)?;
+    let mut calculator = EntitlementCalculator::new();
+    let mut out = Entitlements::default();
+    // Warm-up builds the plan and sizes every buffer.
+    calculator.compute(tree, &snapshots[0], &mut out, threads.as_ref());
+    check_entitlement_invariants(tree, &snapshots[0], &out);
+    let mut samples = Vec::with_capacity(iterations);
+    for i in 0..iterations {
+        let input = &snapshots[i % snapshots.len()];
+        let start = Instant::now();
+        calculator.compute(tree, input, &mut out, threads.as_ref());
+        samples.push(start.elapsed());
+    }
+    check_entitlement_invariants(tree, &snapshots[(iterations - 1) % snapshots.len()], &out);
+    let stats = Stats::of(&mut samples);
+    Ok(json!({
+        "benchmark": "entitlement",
+        "pools": tree.len(),
+        "leaves": leaves.len(),
+        "depth": depth,
+        "dimensions": peloton_engine::N_DIMS,
+        "threads": common.threads,
+        "seed": common.seed,
+        "iterations": iterations,
+        "ms_per_recompute": stats.mean_ms,
+        "ms_p50": stats.p50_ms,
+        "ms_p99": stats.p99_ms,
+        "ms_min": stats.min_ms,
+        "invariants": "ok",
+        "peak_rss_mb": peak_rss_mb(),
+    }))
+}
+
+fn admission(
+    pools: usize,
+    tasks: usize,
+    depth: usize,
+    capacity_fraction: f64,
+    common: Common,
+) -> Result<Value> {
+    check_sizes(pools, depth)?;
+    let max_tasks = peloton_engine::admission::DEFAULT_MAX_QUEUED_TOTAL;
+    if tasks == 0 || tasks > max_tasks {
+        bail!("--tasks must be between 1 and {max_tasks}");
+    }
+    if !(capacity_fraction > 0.0 && capacity_fraction <= 10.0) {
+        bail!("--capacity-fraction must be in (0, 10]");
+    }
+    let mut rng = Rng::new(common.seed);
+    let mut rm = manager(pools, common.threads);
+    let spec = TreeSpec::new(pools, depth, bench_capacity());
+    let leaves = build_random_tree(&mut rm, &spec, &mut rng);
+
+    let start = Instant::now();
+    let demand = enqueue_random_tasks(&mut rm, &leaves, tasks, &mut rng);
+    let enqueue = start.elapsed();
+
+    let capacity =
+        Resources(std::array::from_fn(|d| (demand.0[d] as f64 * capacity_fraction) as u64));
+    let slack = capacity.percent(10.0);
+    let start = Instant::now();
+    rm.recompute_entitlement(capacity, slack);
+    let recompute = start.elapsed();
+
+    let mut result = AdmissionResult::default();
+    result.admitted.reserve(tasks);
+    let start = Instant::now();
+    rm.admit(&mut result);
+    let admit = start.elapsed();
+    rm.check_invariants();
+    peloton_engine::testkit::check_admission(&rm, &result);
+
+    let admitted = result.admitted.len();
+    let waiting: u64 =
+        rm.tree().list().iter().map(|&p| rm.usage(p).map_or(0, |u| u.n_queued)).sum();
+    if admitted as u64 + waiting != tasks as u64 {
+        bail!("accounting mismatch: {admitted} admitted + {waiting} waiting != {tasks} queued");
+    }
+    Ok(json!({
+        "benchmark": "admission",
+        "pools": rm.tree().len(),
+        "leaves": leaves.len(),
+        "tasks": tasks,
+        "threads": common.threads,
+        "seed": common.seed,
+        "admitted": admitted,
+        "waiting": waiting,
+        "blocked_queues": result.blocked.len(),
+        "enqueue_ms": ms(enqueue),
+        "enqueues_per_s": per_s(tasks, enqueue),
+        "recompute_ms": ms(recompute),
+        "admit_ms": ms(admit),
+        "admissions_per_s": per_s(admitted, admit),
+        "example_reason": result.blocked.first().map(|b| format!("{}: {b}", rm.tree().path(b.pool))),
+        "invariants": "ok",
+        "peak_rss_mb": peak_rss_mb(),
+    }))
+}
+
+fn thread_pool(threads: usize) -> Result<Option<rayon::ThreadPool>> {
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    if threads == 1 {
+        return Ok(None);
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("starting the benchmark thread pool")?;
+    Ok(Some(pool))
+}
+
+struct Stats {
+    mean_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    min_ms: f64,
+}
+
+impl Stats {
+    fn of(samples: &mut [Duration]) -> Stats {
+        samples.sort();
+        let n = samples.len();
+        let total: Duration = samples.iter().sum();
+        Stats {
+            mean_ms: ms(total) / n as f64,
+            p50_ms: ms(samples[n / 2]),
+            p99_ms: ms(samples[(n * 99 / 100).min(n - 1)]),
+            min_ms: ms(samples[0]),
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn per_s(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64().max(1e-9)
+}
+
+/// Peak resident set size of this process (VmHWM), in MiB; 0 where
+/// `/proc` is unavailable.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn print(report: &Value, as_json: bool, title: &str) {
+    if as_json {
+        println!("{report}");
+        return;
+    }
+    println!("{title}");
+    let Value::Object(map) = report else { return };
+    let width = map.keys().map(String::len).max().unwrap_or(0);
+    println!("  {:-<width$}-+-{:-<24}", "", "");
+    for (key, value) in map {
+        let shown = match value {
+            Value::Number(n) if n.is_f64() => {
+                let v = n.as_f64().unwrap_or(0.0);
+                if v >= 1000.0 { format!("{v:.0}") } else { format!("{v:.3}") }
+            }
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        println!("  {key:<width$} | {shown}");
+    }
+}
