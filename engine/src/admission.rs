@@ -388,6 +388,9 @@ pub(crate) struct PoolQueues {
     /// a million queued tasks of maximal size cannot overflow.
     queued: [[u128; N_DIMS]; 2],
     pub(crate) allocation: Allocation,
+    /// This pool's output of a parallel admission pass, appended to the
+    /// caller's result in slot order afterwards; kept to reuse its capacity.
+    pub(crate) cycle_out: AdmissionResult,
 }
 
 /// Caps one pool's admission works against in a cycle.

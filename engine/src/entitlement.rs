@@ -158,6 +158,8 @@ struct Plan {
     share: [Vec<f64>; N_DIMS],
     is_static: [Vec<bool>; N_DIMS],
     slack_pct: Vec<f64>,
+    /// Positions of inner pools, in breadth-first order.
+    inner: Vec<u32>,
 }
 
 impl Plan {
@@ -169,6 +171,7 @@ impl Plan {
         self.child_start.clear();
         self.child_end.clear();
         self.slack_pct.clear();
+        self.inner.clear();
         for d in 0..N_DIMS {
             self.reservation[d].clear();
             self.limit[d].clear();
@@ -187,6 +190,9 @@ impl Plan {
             let parent = tree.parent(id).map_or(u32::MAX, |p| pos_of_slot[p.idx()]);
             self.parent_pos.push(parent);
             let n_children = tree.children(id).len() as u32;
+            if n_children > 0 {
+                self.inner.push(self.slot_of.len() as u32 - 1);
+            }
             self.child_start.push(next_child);
             self.child_end.push(next_child + n_children);
             next_child += n_children;
@@ -205,10 +211,6 @@ impl Plan {
 
     fn len(&self) -> usize {
         self.slot_of.len()
-    }
-
-    fn is_leaf(&self, pos: usize) -> bool {
-        self.child_start[pos] == self.child_end[pos]
     }
 
     fn children(&self, pos: usize) -> std::ops::Range<usize> {
@@ -348,11 +350,8 @@ fn compute_dim(
         &mut scratch.demand,
     );
     scratch.entitlement[0] = input.capacity.0[d].min(limit[0]);
-    for pos in 0..n {
-        if plan.is_leaf(pos) {
-            continue;
-        }
-        divide(plan, d, pos, scratch);
+    for &pos in &plan.inner {
+        divide(plan, d, pos as usize, scratch);
     }
     for pos in 0..n {
         let slot = plan.slot_of[pos] as usize;
@@ -370,11 +369,8 @@ fn compute_dim(
     );
     scratch.entitlement[0] = input.slack_capacity.0[d].min(limit[0]);
     out.slack_cap[plan.slot_of[0] as usize] = scratch.entitlement[0];
-    for pos in 0..n {
-        if plan.is_leaf(pos) {
-            continue;
-        }
-        divide_slack(plan, d, pos, scratch, &mut out.slack_cap);
+    for &pos in &plan.inner {
+        divide_slack(plan, d, pos as usize, scratch, &mut out.slack_cap);
     }
     for pos in 0..n {
         let slot = plan.slot_of[pos] as usize;
@@ -394,85 +390,100 @@ fn aggregate_demand(
     demand: &mut [u64],
 ) {
     let n = plan.len();
-    demand[..n].fill(0);
-    // Children sit after their parent in breadth-first order, so a reverse
-    // walk finishes every child before its parent.
-    for pos in (0..n).rev() {
-        let raw = if plan.is_leaf(pos) {
-            leaf_demand[plan.slot_of[pos] as usize]
-        } else {
-            demand[pos]
+    let demand = &mut demand[..n];
+    let limit = &limit[..n];
+    let slot_of = &plan.slot_of[..n];
+    // Every pool as if it were a leaf (inner pools are overwritten below);
+    // inner slots of `leaf_demand` are ignored by contract, so read them as 0.
+    for pos in 0..n {
+        let leaf = plan.child_start[pos] == plan.child_end[pos];
+        let raw = leaf_demand[slot_of[pos] as usize] * u64::from(leaf);
+        demand[pos] = raw.min(limit[pos]);
+    }
+    // Children sit after their parent in breadth-first order, so walking
+    // inner pools backwards finishes every child before its parent. Each
+    // pool's children are one contiguous run: a sum over a slice, not a
+    // scatter into the parent (which would serialise on one address).
+    for &pos in plan.inner.iter().rev() {
+        let pos = pos as usize;
+        let kids = plan.children(pos);
+        let sum: u64 = match statics {
+            Some((reservation, is_static)) => {
+                let k = kids.len();
+                let own = &demand[kids.clone()][..k];
+                let reserved = &reservation[kids.clone()][..k];
+                let fixed = &is_static[kids][..k];
+                (0..k)
+                    .map(|i| if fixed[i] { reserved[i] } else { own[i] })
+                    .sum()
+            }
+            None => demand[kids].iter().sum(),
         };
-        let own = raw.min(limit[pos]);
-        demand[pos] = own;
-        if pos > 0 {
-            let contribution = match statics {
-                Some((reservation, is_static)) if is_static[pos] => reservation[pos],
-                _ => own,
-            };
-            demand[plan.parent_pos[pos] as usize] += contribution;
-        }
+        demand[pos] = sum.min(limit[pos]);
     }
 }
 
 /// Divides the entitlement of inner pool `pos` among its children.
 fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
     let kids = plan.children(pos);
+    let k = kids.len();
     let available = s.entitlement[pos];
-    let reservation = &plan.reservation[d][kids.clone()];
-    let limit = &plan.limit[d][kids.clone()];
-    let share = &plan.share[d][kids.clone()];
-    let is_static = &plan.is_static[d][kids.clone()];
-    let demand = &s.demand[kids.clone()];
-    let ent = &mut s.entitlement[kids.clone()];
+    // Re-slicing every column to exactly `k` lets the compiler drop the
+    // bounds checks in the loops below.
+    let reservation = &plan.reservation[d][kids.clone()][..k];
+    let limit = &plan.limit[d][kids.clone()][..k];
+    let share = &plan.share[d][kids.clone()][..k];
+    let is_static = &plan.is_static[d][kids.clone()][..k];
+    let demand = &s.demand[kids.clone()][..k];
+    let ent = &mut s.entitlement[kids.clone()][..k];
+    let head = &mut s.head[kids.clone()][..k];
+    let grant = &mut s.grant[kids.clone()][..k];
+    let capped = &mut s.capped[kids.clone()][..k];
 
-    // (1) Guarantees.
+    // (1) Guarantees; `head` holds the unmet demand of elastic children.
     let mut guaranteed = 0u64;
-    for i in 0..ent.len() {
+    for i in 0..k {
+        let elastic_guarantee = demand[i].min(reservation[i]);
         ent[i] = if is_static[i] {
             reservation[i]
         } else {
-            demand[i].min(reservation[i])
+            elastic_guarantee
+        };
+        head[i] = if is_static[i] {
+            0
+        } else {
+            demand[i] - elastic_guarantee
         };
         guaranteed += ent[i];
     }
-    let head = &mut s.head[kids.clone()];
-    let grant = &mut s.grant[kids.clone()];
-    let capped = &mut s.capped[kids.clone()];
     if guaranteed > available {
         // Capacity is short of the guarantees: scale them down in proportion.
-        let weight = &mut s.weight[kids.clone()];
-        for i in 0..ent.len() {
+        let weight = &mut s.weight[kids.clone()][..k];
+        for i in 0..k {
             head[i] = ent[i];
             weight[i] = as_f64(ent[i]);
-            ent[i] = 0;
         }
         water_fill(available, head, weight, grant, capped, &mut s.by_ratio);
-        for i in 0..ent.len() {
-            ent[i] = grant[i];
-        }
+        ent.copy_from_slice(grant);
         return;
     }
     let mut left = available - guaranteed;
 
     // (2) Unmet demand, by share.
     if left > 0 {
-        for i in 0..ent.len() {
-            head[i] = if is_static[i] { 0 } else { demand[i] - ent[i] };
-        }
         left -= water_fill(left, head, share, grant, capped, &mut s.by_ratio);
-        for i in 0..ent.len() {
+        for i in 0..k {
             ent[i] += grant[i];
         }
     }
 
     // (3) The remainder, by share, up to limits.
     if left > 0 {
-        for i in 0..ent.len() {
+        for i in 0..k {
             head[i] = if is_static[i] { 0 } else { limit[i] - ent[i] };
         }
         water_fill(left, head, share, grant, capped, &mut s.by_ratio);
-        for i in 0..ent.len() {
+        for i in 0..k {
             ent[i] += grant[i];
         }
     }
@@ -483,33 +494,42 @@ fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
 /// child capped at its limit and at its slack limit.
 fn divide_slack(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch, slack_cap: &mut [u64]) {
     let kids = plan.children(pos);
+    let k = kids.len();
     let available = s.entitlement[pos];
-    let limit = &plan.limit[d][kids.clone()];
-    let share = &plan.share[d][kids.clone()];
-    let pct = &plan.slack_pct[kids.clone()];
-    let demand = &s.demand[kids.clone()];
-    let ent = &mut s.entitlement[kids.clone()];
-    let head = &mut s.head[kids.clone()];
-    let grant = &mut s.grant[kids.clone()];
-    let capped = &mut s.capped[kids.clone()];
+    let slots = &plan.slot_of[kids.clone()][..k];
+    let limit = &plan.limit[d][kids.clone()][..k];
+    let share = &plan.share[d][kids.clone()][..k];
+    let pct = &plan.slack_pct[kids.clone()][..k];
+    let demand = &s.demand[kids.clone()][..k];
+    let ent = &mut s.entitlement[kids.clone()][..k];
+    let head = &mut s.head[kids.clone()][..k];
+    let grant = &mut s.grant[kids.clone()][..k];
+    let capped = &mut s.capped[kids.clone()][..k];
 
+    if available == 0 {
+        // Nothing to divide (the common case where a subtree gets no slack).
+        ent.fill(0);
+        for &slot in slots {
+            slack_cap[slot as usize] = 0;
+        }
+        return;
+    }
     // The caps are kept in `ent` until the grants replace them.
-    for i in 0..ent.len() {
+    for i in 0..k {
         let cap = limit[i].min(percent_of(available, pct[i]));
-        slack_cap[plan.slot_of[kids.start + i] as usize] = cap;
+        slack_cap[slots[i] as usize] = cap;
         ent[i] = cap;
         head[i] = demand[i].min(cap);
     }
-    let mut left = available;
-    left -= water_fill(left, head, share, grant, capped, &mut s.by_ratio);
-    for i in 0..ent.len() {
+    let left = available - water_fill(available, head, share, grant, capped, &mut s.by_ratio);
+    for i in 0..k {
         let cap = ent[i];
         ent[i] = grant[i];
         head[i] = cap - grant[i];
     }
     if left > 0 {
         water_fill(left, head, share, grant, capped, &mut s.by_ratio);
-        for i in 0..ent.len() {
+        for i in 0..k {
             ent[i] += grant[i];
         }
     }
@@ -529,13 +549,14 @@ fn water_fill(
     by_ratio: &mut Vec<(f64, u32)>,
 ) -> u64 {
     let k = head.len();
+    let (head, share, grant, capped) = (&head[..k], &share[..k], &mut grant[..k], &mut capped[..k]);
     let total_head: u64 = head.iter().sum();
     if total_head <= amount {
         grant.copy_from_slice(head);
         return total_head;
     }
-    grant.fill(0);
     if amount == 0 {
+        grant.fill(0);
         return 0;
     }
 
@@ -571,7 +592,15 @@ fn water_fill(
         lambda = as_f64(amount - fixed) / share_active;
         rounds += 1;
         if rounds == MAX_ROUNDS {
-            lambda = sweep_by_ratio(amount, head, share, capped, &mut fixed, share_active, by_ratio);
+            lambda = sweep_by_ratio(
+                amount,
+                head,
+                share,
+                capped,
+                &mut fixed,
+                share_active,
+                by_ratio,
+            );
             break;
         }
     }
@@ -579,11 +608,8 @@ fn water_fill(
     // Integer grants, then hand out the units lost to rounding.
     let mut given = 0u64;
     for i in 0..k {
-        grant[i] = if capped[i] {
-            head[i]
-        } else {
-            ((lambda * share[i]) as u64).min(head[i])
-        };
+        let fair = as_u64(lambda * share[i]).min(head[i]);
+        grant[i] = if capped[i] { head[i] } else { fair };
         given += grant[i];
     }
     while given > amount {

@@ -6,6 +6,8 @@
 //! I/O; the gateway's loop thread owns the manager and calls them at its own
 //! pace.
 
+use rayon::prelude::*;
+
 use crate::admission::{
     AdmissionError, AdmissionLimits, AdmissionResult, Allocation, PendingId, PendingTask, PoolCaps,
     PoolQueues, TaskClass, TaskFlags,
@@ -13,6 +15,49 @@ use crate::admission::{
 use crate::entitlement::{EntitlementCalculator, EntitlementInput, Entitlements};
 use crate::pool::{PoolConfig, PoolError, PoolId, PoolTree, PoolTreeLimits};
 use crate::resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};
+
+/// Below this many queued tasks, admission runs on the calling thread.
+const PARALLEL_MIN_QUEUED: u64 = 4096;
+
+/// The caps admission enforces for the pool in `slot`, or `None` when it
+/// has nothing queued (or the slot is free).
+fn pool_caps(
+    tree: &PoolTree,
+    entitlements: &Entitlements,
+    slot: usize,
+    queue: &PoolQueues,
+) -> Option<(PoolId, PoolCaps)> {
+    if queue.n_queued_tasks() == 0 {
+        return None;
+    }
+    let pool = tree.lookup_slot(slot)?;
+    let config = tree.config(pool);
+    // A pool created after the last recomputation has no entitlement yet.
+    let computed = slot < entitlements.n_slots();
+    let entitlement = if computed {
+        entitlements.entitlement(slot)
+    } else {
+        Resources::ZERO
+    };
+    let (slack_entitlement, slack_cap) = if computed {
+        (
+            entitlements.slack_entitlement(slot),
+            entitlements.slack_cap(slot),
+        )
+    } else {
+        (Resources::ZERO, Resources::ZERO)
+    };
+    Some((
+        pool,
+        PoolCaps {
+            entitlement,
+            reservation: config.reservation(),
+            controller: entitlement.percent(config.controller_limit_pct),
+            slack_entitlement,
+            slack_cap,
+        },
+    ))
+}
 
 /// Bounds and threading of a resource manager.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -376,40 +421,45 @@ impl ResourceManager {
     /// Admits, across all leaf pools, every queued task or gang that fits
     /// the rules against the last computed entitlements. `out` is cleared
     /// first; for every queue left non-empty it says why.
+    ///
+    /// Pools are independent, so with an engine thread pool they are
+    /// admitted in parallel into per-pool buffers that are then appended in
+    /// slot order: the result is the same for any number of threads.
     pub fn admit(&mut self, out: &mut AdmissionResult) {
         out.clear();
-        let n_ent = self.entitlements.n_slots();
-        for slot in 0..self.tree.n_slots() {
-            let queue = &mut self.queues[slot];
-            if queue.n_queued_tasks() == 0 {
-                continue;
+        let tree = &self.tree;
+        let entitlements = &self.entitlements;
+        match &self.threads {
+            Some(threads) if self.n_queued_total >= PARALLEL_MIN_QUEUED => {
+                threads.install(|| {
+                    self.queues
+                        .par_iter_mut()
+                        .enumerate()
+                        .with_min_len(4)
+                        .for_each(|(slot, queue)| {
+                            let mut own = std::mem::take(&mut queue.cycle_out);
+                            own.clear();
+                            if let Some(caps) = pool_caps(tree, entitlements, slot, queue) {
+                                queue.admit(caps.0, &caps.1, &mut own);
+                            }
+                            queue.cycle_out = own;
+                        });
+                });
+                for queue in &mut self.queues {
+                    out.admitted.extend_from_slice(&queue.cycle_out.admitted);
+                    out.blocked.extend_from_slice(&queue.cycle_out.blocked);
+                    queue.cycle_out.clear();
+                }
             }
-            let Some(pool) = self.tree.lookup_slot(slot) else {
-                continue;
-            };
-            let config = self.tree.config(pool);
-            let caps = if slot < n_ent {
-                let entitlement = self.entitlements.entitlement(slot);
-                PoolCaps {
-                    entitlement,
-                    reservation: config.reservation(),
-                    controller: entitlement.percent(config.controller_limit_pct),
-                    slack_entitlement: self.entitlements.slack_entitlement(slot),
-                    slack_cap: self.entitlements.slack_cap(slot),
+            _ => {
+                for (slot, queue) in self.queues.iter_mut().enumerate() {
+                    if let Some((pool, caps)) = pool_caps(tree, entitlements, slot, queue) {
+                        queue.admit(pool, &caps, out);
+                    }
                 }
-            } else {
-                PoolCaps {
-                    entitlement: Resources::ZERO,
-                    reservation: config.reservation(),
-                    controller: Resources::ZERO,
-                    slack_entitlement: Resources::ZERO,
-                    slack_cap: Resources::ZERO,
-                }
-            };
-            let before = queue.n_queued_tasks();
-            queue.admit(pool, &caps, out);
-            self.n_queued_total -= before - queue.n_queued_tasks();
+            }
         }
+        self.n_queued_total -= out.admitted.len() as u64;
     }
 
     /// Panics if any invariant of the tree, the queues or the accounting is
