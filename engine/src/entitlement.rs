@@ -458,7 +458,7 @@ fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
     }
     if guaranteed > available {
         // Capacity is short of the guarantees: scale them down in proportion.
-        let weight = &mut s.weight[kids.clone()][..k];
+        let weight = &mut s.weight[kids][..k];
         for i in 0..k {
             head[i] = ent[i];
             weight[i] = as_f64(ent[i]);
@@ -504,7 +504,7 @@ fn divide_slack(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch, slack_cap
     let ent = &mut s.entitlement[kids.clone()][..k];
     let head = &mut s.head[kids.clone()][..k];
     let grant = &mut s.grant[kids.clone()][..k];
-    let capped = &mut s.capped[kids.clone()][..k];
+    let capped = &mut s.capped[kids][..k];
 
     if available == 0 {
         // Nothing to divide (the common case where a subtree gets no slack).

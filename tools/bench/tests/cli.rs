@@ -1,0 +1,99 @@
+//! Runs the real `peloton-bench` binary on small workloads.
+
+use std::process::Command;
+
+fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_peloton-bench"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = bench(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn entitlement_reports_time_per_recompute() {
+    let report = json(&[
+        "entitlement",
+        "--pools",
+        "300",
+        "--iterations",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(report["benchmark"], "entitlement");
+    assert_eq!(report["pools"], 300);
+    assert_eq!(report["invariants"], "ok");
+    assert!(report["ms_per_recompute"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn admission_reports_admissions_per_second_and_accounts_for_every_task() {
+    let args = [
+        "admission",
+        "--pools",
+        "50",
+        "--tasks",
+        "5000",
+        "--json",
+        "--threads",
+        "2",
+    ];
+    let report = json(&args);
+    assert_eq!(report["benchmark"], "admission");
+    let admitted = report["admitted"].as_u64().unwrap();
+    let waiting = report["waiting"].as_u64().unwrap();
+    assert_eq!(admitted + waiting, 5000);
+    assert!(
+        admitted > 0 && waiting > 0,
+        "capacity 70% of demand admits some, not all"
+    );
+    assert!(report["admissions_per_s"].as_f64().unwrap() > 0.0);
+    // Same seed, other thread count: the same decisions.
+    let one = json(&[
+        "admission",
+        "--pools",
+        "50",
+        "--tasks",
+        "5000",
+        "--json",
+        "--threads",
+        "1",
+    ]);
+    assert_eq!(one["admitted"], report["admitted"]);
+    assert_eq!(one["blocked_queues"], report["blocked_queues"]);
+    assert_eq!(one["example_reason"], report["example_reason"]);
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let out = bench(&["entitlement", "--pools", "1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pools must be between 2 and"));
+    let out = bench(&["admission", "--tasks", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tasks must be between 1 and"));
+}
+
+#[test]
+fn demo_prints_both_tables() {
+    let out = bench(&["demo", "--threads", "1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ms_per_recompute") && text.contains("admissions_per_s"),
+        "{text}"
+    );
+}
