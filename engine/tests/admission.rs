@@ -409,3 +409,37 @@ fn many_cancellations_are_purged_from_the_heaps() {
     let report = env.cycle(1_000_000, 0);
     assert_eq!(report.lines().count(), 10);
 }
+
+#[test]
+fn admission_is_identical_on_one_and_two_threads() {
+    use peloton_engine::testkit::{
+        Rng, TreeSpec, bench_capacity, build_random_tree, enqueue_random_tasks,
+    };
+    let run = |threads: usize| {
+        let mut rng = Rng::new(11);
+        let mut rm = ResourceManager::new(ResourceManagerConfig {
+            threads,
+            ..Default::default()
+        });
+        let leaves = build_random_tree(&mut rm, &TreeSpec::new(400, 4, bench_capacity()), &mut rng);
+        let demand = enqueue_random_tasks(&mut rm, &leaves, 30_000, &mut rng);
+        let mut out = AdmissionResult::default();
+        let mut cycles = Vec::new();
+        for fraction in [30.0, 60.0, 90.0] {
+            let capacity = demand.percent(fraction);
+            rm.recompute_entitlement(capacity, capacity.percent(10.0));
+            rm.admit(&mut out);
+            check_admission(&rm, &out);
+            rm.check_invariants();
+            cycles.push((out.admitted.clone(), out.blocked.clone()));
+        }
+        cycles
+    };
+    let one = run(1);
+    let two = run(2);
+    assert!(
+        one.iter()
+            .all(|(admitted, blocked)| !admitted.is_empty() && !blocked.is_empty())
+    );
+    assert_eq!(one, two);
+}
