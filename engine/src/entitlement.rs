@@ -565,26 +565,33 @@ fn water_fill(
     // loops are branch-free (the outcomes are data-dependent and would be
     // mispredicted), and amounts convert through i64 (exact below 2^50,
     // one instruction on x86-64 where u64 conversions take several).
+    //
+    // Shares are summed in four lanes combined in a fixed order: the same
+    // result on every run and thread count, without one long chain of
+    // dependent floating-point additions.
     let mut fixed = 0u64;
-    let mut share_active = 0.0;
+    let mut lanes = [0.0f64; 4];
     for i in 0..k {
         capped[i] = head[i] == 0;
-        share_active += share[i] * f64::from(u8::from(!capped[i]));
+        lanes[i % 4] += share[i] * f64::from(u8::from(!capped[i]));
     }
+    let mut share_active = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     let mut lambda = as_f64(amount) / share_active;
     let mut rounds = 0;
     loop {
         let mut newly_capped = false;
+        let mut removed = [0.0f64; 4];
         for i in 0..k {
             let newly = !capped[i] & (as_f64(head[i]) <= lambda * share[i]);
             capped[i] |= newly;
             fixed += head[i] * u64::from(newly);
-            share_active -= share[i] * f64::from(u8::from(newly));
+            removed[i % 4] += share[i] * f64::from(u8::from(newly));
             newly_capped |= newly;
         }
         if !newly_capped {
             break;
         }
+        share_active -= (removed[0] + removed[1]) + (removed[2] + removed[3]);
         if fixed >= amount || share_active <= 0.0 {
             lambda = 0.0;
             break;
