@@ -268,8 +268,12 @@ pub struct Admitted {
     pub task: TaskId,
     /// Its pool.
     pub pool: PoolId,
-    /// Its class (pass it back to release).
+    /// Its class.
     pub class: TaskClass,
+    /// Whether it is a controller task (a non-preemptible controller is in
+    /// the non-preemptible class and also counts against the controller
+    /// limit).
+    pub controller: bool,
     /// Its request.
     pub request: Resources,
 }
@@ -291,23 +295,36 @@ impl AdmissionResult {
     }
 }
 
-/// What one pool holds, by class. All in the units of [`Dim`].
+/// What one pool holds. All in the units of [`Dim`]. The public sums are
+/// what the admission rules check; the per-class breakdown behind them is
+/// what a release is validated against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Allocation {
     /// All non-revocable tasks (checked against the entitlement).
     pub total: Resources,
     /// Non-preemptible tasks (checked against the reservation).
     pub non_preemptible: Resources,
-    /// Controller tasks (checked against the controller limit).
+    /// Controller tasks, preemptible or not (checked against the controller
+    /// limit).
     pub controller: Resources,
     /// Revocable tasks (checked against the slack entitlement).
     pub revocable: Resources,
     /// Number of tasks admitted and not yet released.
     pub n_tasks: u64,
+    /// Held per [`TaskClass`].
+    by_class: [Resources; 4],
+    /// Tasks held per [`TaskClass`].
+    n_by_class: [u64; 4],
+    /// Held by non-preemptible controller tasks (also in `by_class`).
+    non_preemptible_controller: Resources,
+    /// Number of non-preemptible controller tasks held.
+    n_non_preemptible_controller: u64,
 }
 
 impl Allocation {
     pub(crate) fn add(&mut self, class: TaskClass, controller: bool, request: &Resources) {
+        self.by_class[class as usize].add_assign(request);
+        self.n_by_class[class as usize] += 1;
         match class {
             TaskClass::Revocable => self.revocable.add_assign(request),
             TaskClass::NonPreemptible => {
@@ -315,6 +332,8 @@ impl Allocation {
                 self.non_preemptible.add_assign(request);
                 if controller {
                     self.controller.add_assign(request);
+                    self.non_preemptible_controller.add_assign(request);
+                    self.n_non_preemptible_controller += 1;
                 }
             }
             TaskClass::Controller => {
@@ -324,6 +343,86 @@ impl Allocation {
             TaskClass::Normal => self.total.add_assign(request),
         }
         self.n_tasks += 1;
+    }
+
+    /// What tasks of this class (and controller flag) hold, and how many
+    /// there are: what one release may return at most.
+    pub fn held(&self, class: TaskClass, controller: bool) -> (Resources, u64) {
+        let (all, n_all) = (
+            self.by_class[class as usize],
+            self.n_by_class[class as usize],
+        );
+        match (class, controller) {
+            (TaskClass::NonPreemptible, true) => (
+                self.non_preemptible_controller,
+                self.n_non_preemptible_controller,
+            ),
+            (TaskClass::NonPreemptible, false) => (
+                all.saturating_sub(&self.non_preemptible_controller),
+                n_all - self.n_non_preemptible_controller,
+            ),
+            _ => (all, n_all),
+        }
+    }
+
+    /// Returns one task's resources. The caller has checked with
+    /// [`Allocation::held`] that they are held.
+    pub(crate) fn remove(&mut self, class: TaskClass, controller: bool, request: &Resources) {
+        self.by_class[class as usize].sub_assign(request);
+        self.n_by_class[class as usize] -= 1;
+        match class {
+            TaskClass::Revocable => self.revocable.sub_assign(request),
+            TaskClass::NonPreemptible => {
+                self.total.sub_assign(request);
+                self.non_preemptible.sub_assign(request);
+                if controller {
+                    self.controller.sub_assign(request);
+                    self.non_preemptible_controller.sub_assign(request);
+                    self.n_non_preemptible_controller -= 1;
+                }
+            }
+            TaskClass::Controller => {
+                self.total.sub_assign(request);
+                self.controller.sub_assign(request);
+            }
+            TaskClass::Normal => self.total.sub_assign(request),
+        }
+        self.n_tasks -= 1;
+    }
+
+    /// Panics unless the public sums agree with the per-class breakdown.
+    pub(crate) fn check_invariants(&self) {
+        let by = |c: TaskClass| self.by_class[c as usize];
+        let mut total = by(TaskClass::NonPreemptible);
+        total.add_assign(&by(TaskClass::Controller));
+        total.add_assign(&by(TaskClass::Normal));
+        assert_eq!(
+            self.total, total,
+            "total is the sum of the non-revocable classes"
+        );
+        assert_eq!(self.non_preemptible, by(TaskClass::NonPreemptible));
+        let mut controller = by(TaskClass::Controller);
+        controller.add_assign(&self.non_preemptible_controller);
+        assert_eq!(self.controller, controller, "controller sum");
+        assert_eq!(self.revocable, by(TaskClass::Revocable));
+        assert!(
+            self.non_preemptible_controller
+                .fits_in(&self.non_preemptible)
+        );
+        assert!(self.n_non_preemptible_controller <= self.n_by_class[0]);
+        assert_eq!(
+            self.n_tasks,
+            self.n_by_class.iter().sum::<u64>(),
+            "task counts"
+        );
+        for class in TaskClass::ALL {
+            if self.n_by_class[class as usize] == 0 {
+                assert!(
+                    by(class).is_zero(),
+                    "no tasks of class {class}, nothing held"
+                );
+            }
+        }
     }
 }
 
@@ -569,6 +668,7 @@ impl PoolQueues {
                     task: task.id,
                     pool,
                     class,
+                    controller,
                     request: task.request,
                 });
             }

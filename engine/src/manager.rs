@@ -9,8 +9,8 @@
 use rayon::prelude::*;
 
 use crate::admission::{
-    AdmissionError, AdmissionLimits, AdmissionResult, Allocation, PendingId, PendingTask, PoolCaps,
-    PoolQueues, TaskClass, TaskFlags,
+    AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, PendingId, PendingTask,
+    PoolCaps, PoolQueues, TaskClass, TaskFlags,
 };
 use crate::entitlement::{EntitlementCalculator, EntitlementInput, Entitlements};
 use crate::pool::{PoolConfig, PoolError, PoolId, PoolTree, PoolTreeLimits};
@@ -332,55 +332,42 @@ impl ResourceManager {
     }
 
     /// Returns an admitted task's resources to its pool (the task ended or
-    /// was preempted). Refuses, changing nothing, to release more than the
-    /// class holds.
-    pub fn release(
-        &mut self,
-        pool: PoolId,
-        class: TaskClass,
-        controller: bool,
-        request: Resources,
-    ) -> Result<(), AdmissionError> {
+    /// was preempted). Refuses, changing nothing, a release that its pool's
+    /// class does not hold (more than allocated, no task of that class left,
+    /// an empty request, or a stale pool).
+    pub fn release(&mut self, task: &Admitted) -> Result<(), AdmissionError> {
         self.tree
-            .check(pool)
+            .check(task.pool)
             .map_err(|e| AdmissionError::InvalidTask {
                 field: "pool",
                 problem: e.to_string(),
             })?;
-        let allocation = &mut self.queues[pool.idx()].allocation;
-        let held = match class {
-            TaskClass::Revocable => allocation.revocable,
-            TaskClass::NonPreemptible if controller => {
-                allocation.non_preemptible.min(&allocation.controller)
-            }
-            TaskClass::NonPreemptible => allocation.non_preemptible,
-            TaskClass::Controller => allocation.controller,
-            TaskClass::Normal => allocation.total,
+        let flag_fits_class = match task.class {
+            TaskClass::Controller => task.controller,
+            TaskClass::NonPreemptible => true,
+            TaskClass::Normal | TaskClass::Revocable => !task.controller,
         };
-        if !request.fits_in(&held) || allocation.n_tasks == 0 {
+        if !flag_fits_class {
+            return Err(AdmissionError::InvalidTask {
+                field: "controller",
+                problem: format!(
+                    "a {} task cannot have controller={}",
+                    task.class, task.controller
+                ),
+            });
+        }
+        let controller = task.controller;
+        let allocation = &mut self.queues[task.pool.idx()].allocation;
+        let (held, n_held) = allocation.held(task.class, controller);
+        if task.request.is_zero() || n_held == 0 || !task.request.fits_in(&held) {
             return Err(AdmissionError::OverRelease {
-                path: self.tree.path(pool).to_owned(),
-                class,
-                request,
+                path: self.tree.path(task.pool).to_owned(),
+                class: task.class,
+                request: task.request,
                 allocated: held,
             });
         }
-        match class {
-            TaskClass::Revocable => allocation.revocable.sub_assign(&request),
-            TaskClass::NonPreemptible => {
-                allocation.total.sub_assign(&request);
-                allocation.non_preemptible.sub_assign(&request);
-                if controller {
-                    allocation.controller.sub_assign(&request);
-                }
-            }
-            TaskClass::Controller => {
-                allocation.total.sub_assign(&request);
-                allocation.controller.sub_assign(&request);
-            }
-            TaskClass::Normal => allocation.total.sub_assign(&request),
-        }
-        allocation.n_tasks -= 1;
+        allocation.remove(task.class, controller, &task.request);
         Ok(())
     }
 
@@ -488,6 +475,7 @@ impl ResourceManager {
                 }
             }
             let a = &q.allocation;
+            a.check_invariants();
             assert!(
                 a.non_preemptible.fits_in(&a.total),
                 "non-preemptible within total"

@@ -7,7 +7,9 @@
 //! failing fuzz input replays exactly.
 
 use crate::AdmissionLimits;
-use crate::admission::{AdmissionResult, Admitted, PendingId, PendingTask, TaskFlags, TaskId};
+use crate::admission::{
+    AdmissionResult, Admitted, PendingId, PendingTask, TaskClass, TaskFlags, TaskId,
+};
 use crate::entitlement::{EntitlementInput, Entitlements};
 use crate::manager::{ResourceManager, ResourceManagerConfig};
 use crate::pool::{DimConfig, PoolConfig, PoolId, PoolKind, PoolTree, PoolTreeLimits};
@@ -456,15 +458,13 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
     let mut pools: Vec<PoolId> = vec![rm.tree().root()];
     let mut pending: Vec<PendingId> = Vec::new();
     let mut running: Vec<Admitted> = Vec::new();
-    let mut controllers: Vec<bool> = Vec::new();
     let mut result = AdmissionResult::default();
     let mut next_task = 0u64;
     let mut capacity = Resources::ZERO;
     let mut slack = Resources::ZERO;
-    let mut flags_of = std::collections::HashMap::new();
     while let Some(op) = input.byte() {
         let pick = |b: Option<u8>, n: usize| b.map(|b| usize::from(b) % n.max(1));
-        match op % 9 {
+        match op % 11 {
             0 | 1 => {
                 // create a pool under an existing one
                 let Some(parent) = pick(input.byte(), pools.len()).map(|i| pools[i]) else {
@@ -559,7 +559,6 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                         id: TaskId(next_task),
                         request,
                     });
-                    flags_of.insert(next_task, flags.controller);
                     next_task += 1;
                 }
                 let queued_before = rm.tree().contains(pool).then(|| rm.n_tasks(pool));
@@ -595,29 +594,91 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                     slack.0[d] = u64::from(b) * 20;
                 }
                 rm.recompute_entitlement(capacity, slack);
-                check_manager_entitlements(&rm);
+                check_manager_entitlements(&rm, capacity, slack);
             }
-            7 => {
-                rm.recompute_entitlement(capacity, slack);
-                check_manager_entitlements(&rm);
+            7 | 8 => {
+                // 7 recomputes first; 8 admits against the entitlements as
+                // they are, possibly stale after pool changes.
+                if op % 11 == 7 {
+                    rm.recompute_entitlement(capacity, slack);
+                    check_manager_entitlements(&rm, capacity, slack);
+                }
                 rm.admit(&mut result);
                 check_admission(&rm, &result);
-                for a in &result.admitted {
-                    controllers.push(flags_of[&a.task.0]);
-                }
                 running.extend_from_slice(&result.admitted);
                 stats.admitted += result.admitted.len() as u64;
             }
-            _ => {
+            9 => {
                 let Some(i) = pick(input.byte(), running.len()) else {
                     break;
                 };
                 if i < running.len() {
                     let a = running.swap_remove(i);
-                    let controller = controllers.swap_remove(i);
-                    rm.release(a.pool, a.class, controller, a.request)
-                        .expect("releasing an admitted task succeeds");
+                    rm.release(&a).expect("releasing an admitted task succeeds");
                     stats.released += 1;
+                }
+            }
+            _ => {
+                // Releases that cannot match anything held must be refused
+                // and change nothing: more than the class holds in total, a
+                // class holding no task, or a controller flag its class
+                // cannot have.
+                let (Some(i), Some(how)) = (pick(input.byte(), running.len()), input.byte()) else {
+                    break;
+                };
+                if let Some(&a) = running.get(i) {
+                    let before = rm.usage(a.pool).expect("pool of a running task is live");
+                    let consistent = |class: TaskClass, np_controller: bool| match class {
+                        TaskClass::Controller => true,
+                        TaskClass::NonPreemptible => np_controller,
+                        _ => false,
+                    };
+                    let mut bogus = a;
+                    let refusable = match how % 3 {
+                        0 => {
+                            bogus.class = TaskClass::ALL[usize::from(how / 3) % 4];
+                            bogus.controller = consistent(bogus.class, how & 64 != 0);
+                            let (held, _) = before.allocation.held(bogus.class, bogus.controller);
+                            bogus.request = held;
+                            bogus.request.0[usize::from(how / 12) % N_DIMS] += 1;
+                            true
+                        }
+                        1 => {
+                            bogus.class = [
+                                TaskClass::Controller,
+                                TaskClass::Normal,
+                                TaskClass::Revocable,
+                            ][usize::from(how / 3) % 3];
+                            bogus.controller = !consistent(bogus.class, false);
+                            true
+                        }
+                        _ => {
+                            let empty = TaskClass::ALL
+                                .iter()
+                                .flat_map(|&c| [(c, false), (c, true)])
+                                .find(|&(c, flag)| {
+                                    consistent(c, flag) == flag
+                                        && before.allocation.held(c, flag).1 == 0
+                                });
+                            if let Some((class, flag)) = empty {
+                                bogus.class = class;
+                                bogus.controller = flag;
+                            }
+                            empty.is_some()
+                        }
+                    };
+                    if refusable {
+                        assert!(
+                            rm.release(&bogus).is_err(),
+                            "release {bogus:?} must be refused"
+                        );
+                        stats.refused += 1;
+                        assert_eq!(
+                            before,
+                            rm.usage(a.pool).unwrap(),
+                            "refused release changes nothing"
+                        );
+                    }
                 }
             }
         }
@@ -663,17 +724,14 @@ fn decode_config(input: &mut Bytes<'_>) -> Option<PoolConfig> {
     Some(config)
 }
 
-/// Checks the manager's last entitlements against its tree and demand.
-pub fn check_manager_entitlements(rm: &ResourceManager) {
+/// Checks the manager's last entitlements against its tree, its demand and
+/// the capacities it was given.
+pub fn check_manager_entitlements(rm: &ResourceManager, capacity: Resources, slack: Resources) {
     let tree = rm.tree();
     let mut input = EntitlementInput::with_slots(tree.n_slots());
     let ent = rm.entitlements();
-    input.capacity = Resources(std::array::from_fn(|d| {
-        ent.dims[d].entitlement[tree.root().idx()]
-    }));
-    input.slack_capacity = Resources(std::array::from_fn(|d| {
-        ent.dims[d].slack_entitlement[tree.root().idx()]
-    }));
+    input.capacity = capacity.min(&Resources::MAX);
+    input.slack_capacity = slack.min(&Resources::MAX);
     for p in tree.list() {
         if tree.is_leaf(p) {
             let u = rm.usage(p).unwrap();

@@ -2,8 +2,8 @@
 
 use expect_test::{Expect, expect};
 use peloton_engine::{
-    AdmissionError, AdmissionLimits, AdmissionResult, PendingTask, PoolConfig, PoolError, PoolId,
-    ResourceManager, ResourceManagerConfig, Resources, TaskClass, TaskFlags, TaskId,
+    AdmissionError, AdmissionLimits, AdmissionResult, Admitted, PendingTask, PoolConfig, PoolError,
+    PoolId, ResourceManager, ResourceManagerConfig, Resources, TaskClass, TaskFlags, TaskId,
     testkit::{check_admission, check_manager_entitlements},
 };
 
@@ -78,7 +78,7 @@ impl Env {
     /// One cycle: entitlement from demand, then admission. Returns a report.
     fn cycle(&mut self, capacity: u64, slack: u64) -> String {
         self.rm.recompute_entitlement(cpu(capacity), cpu(slack));
-        check_manager_entitlements(&self.rm);
+        check_manager_entitlements(&self.rm, cpu(capacity), cpu(slack));
         self.rm.admit(&mut self.out);
         check_admission(&self.rm, &self.out);
         self.rm.check_invariants();
@@ -368,15 +368,43 @@ fn cancel_and_release() {
         "#]],
     );
     // Releasing more than is held is refused and changes nothing.
+    let admitted = env.out.admitted[0];
     let err = env
         .rm
-        .release(a, TaskClass::Normal, false, cpu(1001))
+        .release(&Admitted {
+            request: cpu(1001),
+            ..admitted
+        })
         .unwrap_err();
     expect![[r#"pool /a: cannot release cpu=1001 memory=0 disk=0 gpu=0 of class normal: only cpu=1000 memory=0 disk=0 gpu=0 is allocated"#]]
         .assert_eq(&err.to_string());
-    env.rm
-        .release(a, TaskClass::Normal, false, cpu(1000))
-        .unwrap();
+    assert!(
+        env.rm
+            .release(&Admitted {
+                controller: true,
+                ..admitted
+            })
+            .is_err()
+    );
+    assert!(
+        env.rm
+            .release(&Admitted {
+                class: TaskClass::Controller,
+                ..admitted
+            })
+            .is_err()
+    );
+    assert!(
+        env.rm
+            .release(&Admitted {
+                request: Resources::ZERO,
+                ..admitted
+            })
+            .is_err()
+    );
+    assert_eq!(env.rm.usage(a).unwrap().allocation.n_tasks, 1);
+    env.rm.release(&admitted).unwrap();
+    assert!(env.rm.release(&admitted).is_err(), "released twice");
     assert_eq!(env.rm.usage(a).unwrap().allocation.n_tasks, 0);
     env.rm.delete_pool(a).unwrap();
     env.rm.check_invariants();

@@ -106,7 +106,7 @@ fn a_manager_cycle_does_not_allocate_once_warm() {
         rm.recompute_entitlement(bench_capacity(), Resources::ZERO);
         rm.admit(out);
         for a in &out.admitted {
-            rm.release(a.pool, a.class, false, a.request).unwrap();
+            rm.release(a).unwrap();
         }
     };
     // Warm-up: queue heaps, entry slabs and the output reach their sizes.
