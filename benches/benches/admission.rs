@@ -37,7 +37,8 @@ fn admission(c: &mut Criterion) {
                         });
                         let spec = TreeSpec::new(1_000, 4, bench_capacity());
                         let leaves = build_random_tree(&mut rm, &spec, &mut rng);
-                        let demand = enqueue_random_tasks(&mut rm, &leaves, TASKS, &mut rng);
+                        let demand =
+                            enqueue_random_tasks(&mut rm, &leaves, TASKS, &mut rng).unwrap();
                         let capacity = demand.percent(70.0);
                         let start = Instant::now();
                         rm.recompute_entitlement(capacity, capacity.percent(10.0));

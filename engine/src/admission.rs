@@ -511,6 +511,10 @@ impl PoolQueues {
         self.n_queued.iter().sum()
     }
 
+    pub(crate) fn n_heap_items(&self) -> usize {
+        self.heaps.iter().map(BinaryHeap::len).sum()
+    }
+
     pub(crate) fn n_queued_in(&self, class: TaskClass) -> u64 {
         self.n_queued[class as usize]
     }

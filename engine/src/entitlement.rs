@@ -25,11 +25,14 @@
 //! limit and at `slack_limit_pct` of its parent's slack entitlement.
 //!
 //! # Exactness and rounding
-//! Water-filling finds the exact real level `λ` (child `i` gets
+//! Water-filling finds the real level `λ` in floating point (child `i` gets
 //! `min(headroom_i, λ·share_i)`); the integer results are rounded down and the
-//! few units lost are handed out one each to uncapped children in child
-//! order. So each child is within one unit of the exact real value, and the
-//! children of a node together receive exactly what the real division gives.
+//! units lost are handed out to children with room, in child order. So each
+//! child is within about one unit of the real value at its node (plus
+//! floating-point error, relative 1e-15), a pool's error is at most that of
+//! its ancestors added up (the property tests allow 2·(depth+1) units), and
+//! the children of a node together receive exactly `min(available, Σ
+//! headroom)`: nothing is lost or invented.
 //!
 //! # Cost
 //! `O(n)` per dimension for the demand pass plus, per inner pool with `k`
@@ -117,27 +120,57 @@ pub struct Entitlements {
     pub dims: [DimEntitlement; N_DIMS],
 }
 
+/// Accessors read 0 for slots beyond the last computation (a pool created
+/// since has no entitlement until the next one).
 impl Entitlements {
     /// Non-revocable entitlement of the pool in `slot`.
     pub fn entitlement(&self, slot: usize) -> Resources {
-        Resources(std::array::from_fn(|d| self.dims[d].entitlement[slot]))
+        Resources(std::array::from_fn(|d| {
+            self.dims[d].entitlement.get(slot).copied().unwrap_or(0)
+        }))
     }
 
     /// Revocable entitlement of the pool in `slot`.
     pub fn slack_entitlement(&self, slot: usize) -> Resources {
         Resources(std::array::from_fn(|d| {
-            self.dims[d].slack_entitlement[slot]
+            self.dims[d]
+                .slack_entitlement
+                .get(slot)
+                .copied()
+                .unwrap_or(0)
         }))
     }
 
     /// Slack-limit cap of the pool in `slot`.
     pub fn slack_cap(&self, slot: usize) -> Resources {
-        Resources(std::array::from_fn(|d| self.dims[d].slack_cap[slot]))
+        Resources(std::array::from_fn(|d| {
+            self.dims[d].slack_cap.get(slot).copied().unwrap_or(0)
+        }))
     }
 
     /// Effective demand of the pool in `slot`.
     pub fn demand(&self, slot: usize) -> Resources {
-        Resources(std::array::from_fn(|d| self.dims[d].demand[slot]))
+        Resources(std::array::from_fn(|d| {
+            self.dims[d].demand.get(slot).copied().unwrap_or(0)
+        }))
+    }
+
+    /// Forgets everything computed for `slot` (its pool was deleted, or a
+    /// new pool took the slot): it reads as zero until the next computation.
+    pub fn clear_slot(&mut self, slot: usize) {
+        for dim in &mut self.dims {
+            for column in [
+                &mut dim.demand,
+                &mut dim.entitlement,
+                &mut dim.slack_demand,
+                &mut dim.slack_entitlement,
+                &mut dim.slack_cap,
+            ] {
+                if let Some(value) = column.get_mut(slot) {
+                    *value = 0;
+                }
+            }
+        }
     }
 
     /// Number of pool slots covered.
@@ -231,8 +264,37 @@ struct DimScratch {
     capped: Vec<bool>,
     /// Shares used when scaling guarantees down.
     weight: Vec<f64>,
-    /// Sort buffer of the fallback path.
+    /// Water-filling's sort buffer and counters.
+    fill: FillScratch,
+}
+
+/// Sort buffer of water-filling's fallback path, and counters.
+#[derive(Debug, Default)]
+struct FillScratch {
     by_ratio: Vec<(f64, u32)>,
+    calls: u64,
+    rounds: u64,
+    sorted: u64,
+    call_start_rounds: u64,
+}
+
+impl FillScratch {
+    /// True once the current call has used [`MAX_ROUNDS`] rounds.
+    fn rounds_this_call(&self) -> bool {
+        self.rounds - self.call_start_rounds >= u64::from(MAX_ROUNDS)
+    }
+}
+
+/// How much water-filling work recomputations did (summed over dimensions
+/// and passes since the calculator was created).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaterFillStats {
+    /// Divisions that needed a level search (not everything fit).
+    pub searches: u64,
+    /// Capping rounds over all searches.
+    pub rounds: u64,
+    /// Searches that fell back to sorting children by ratio.
+    pub sorted: u64,
 }
 
 impl DimScratch {
@@ -254,7 +316,8 @@ impl DimScratch {
 /// between calls.
 #[derive(Debug, Default)]
 pub struct EntitlementCalculator {
-    plan_version: Option<u64>,
+    /// (tree identity, tree version) the plan was built from.
+    plan_version: Option<(u64, u64)>,
     plan: Plan,
     scratch: [DimScratch; N_DIMS],
 }
@@ -263,6 +326,17 @@ impl EntitlementCalculator {
     /// A calculator with empty buffers; they grow on first use.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Water-filling work done so far, for benchmarks and tests.
+    pub fn water_fill_stats(&self) -> WaterFillStats {
+        let mut stats = WaterFillStats::default();
+        for scratch in &self.scratch {
+            stats.searches += scratch.fill.calls;
+            stats.rounds += scratch.fill.rounds;
+            stats.sorted += scratch.fill.sorted;
+        }
+        stats
     }
 
     /// Recomputes every pool's entitlement into `out` (columns indexed by pool
@@ -282,10 +356,11 @@ impl EntitlementCalculator {
                 "demand columns cover every pool slot"
             );
         }
-        let rebuilt = self.plan_version != Some(tree.version());
+        let key = (tree.identity(), tree.version());
+        let rebuilt = self.plan_version != Some(key);
         if rebuilt {
             self.plan.rebuild(tree);
-            self.plan_version = Some(tree.version());
+            self.plan_version = Some(key);
         }
         let n = self.plan.len();
         for dim in &mut out.dims {
@@ -417,7 +492,7 @@ fn aggregate_demand(
                     .map(|i| if fixed[i] { reserved[i] } else { own[i] })
                     .sum()
             }
-            None => demand[kids].iter().sum(),
+            None => demand[kids].iter().fold(0u64, |a, &b| a.saturating_add(b)),
         };
         demand[pos] = sum.min(limit[pos]);
     }
@@ -463,7 +538,7 @@ fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
             head[i] = ent[i];
             weight[i] = as_f64(ent[i]);
         }
-        water_fill(available, head, weight, grant, capped, &mut s.by_ratio);
+        water_fill(available, head, weight, grant, capped, &mut s.fill);
         ent.copy_from_slice(grant);
         return;
     }
@@ -471,7 +546,7 @@ fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
 
     // (2) Unmet demand, by share.
     if left > 0 {
-        left -= water_fill(left, head, share, grant, capped, &mut s.by_ratio);
+        left -= water_fill(left, head, share, grant, capped, &mut s.fill);
         for i in 0..k {
             ent[i] += grant[i];
         }
@@ -482,7 +557,7 @@ fn divide(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch) {
         for i in 0..k {
             head[i] = if is_static[i] { 0 } else { limit[i] - ent[i] };
         }
-        water_fill(left, head, share, grant, capped, &mut s.by_ratio);
+        water_fill(left, head, share, grant, capped, &mut s.fill);
         for i in 0..k {
             ent[i] += grant[i];
         }
@@ -521,14 +596,14 @@ fn divide_slack(plan: &Plan, d: usize, pos: usize, s: &mut DimScratch, slack_cap
         ent[i] = cap;
         head[i] = demand[i].min(cap);
     }
-    let left = available - water_fill(available, head, share, grant, capped, &mut s.by_ratio);
+    let left = available - water_fill(available, head, share, grant, capped, &mut s.fill);
     for i in 0..k {
         let cap = ent[i];
         ent[i] = grant[i];
         head[i] = cap - grant[i];
     }
     if left > 0 {
-        water_fill(left, head, share, grant, capped, &mut s.by_ratio);
+        water_fill(left, head, share, grant, capped, &mut s.fill);
         for i in 0..k {
             ent[i] += grant[i];
         }
@@ -546,11 +621,12 @@ fn water_fill(
     share: &[f64],
     grant: &mut [u64],
     capped: &mut [bool],
-    by_ratio: &mut Vec<(f64, u32)>,
+    fill: &mut FillScratch,
 ) -> u64 {
     let k = head.len();
     let (head, share, grant, capped) = (&head[..k], &share[..k], &mut grant[..k], &mut capped[..k]);
-    let total_head: u64 = head.iter().sum();
+    // Saturating: a node may have more children than 2^64 / MAX_AMOUNT.
+    let total_head = head.iter().fold(0u64, |a, &b| a.saturating_add(b));
     if total_head <= amount {
         grant.copy_from_slice(head);
         return total_head;
@@ -577,28 +653,33 @@ fn water_fill(
     }
     let mut share_active = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     let mut lambda = as_f64(amount) / share_active;
-    let mut rounds = 0;
+    fill.calls += 1;
+    fill.call_start_rounds = fill.rounds;
     loop {
+        // Cap every child whose headroom the level covers, and re-sum the
+        // shares of those left (re-summing, not subtracting, so that shares
+        // of very different sizes cannot cancel out to a wrong level).
         let mut newly_capped = false;
-        let mut removed = [0.0f64; 4];
+        let mut active = [0.0f64; 4];
         for i in 0..k {
             let newly = !capped[i] & (as_f64(head[i]) <= lambda * share[i]);
             capped[i] |= newly;
             fixed += head[i] * u64::from(newly);
-            removed[i % 4] += share[i] * f64::from(u8::from(newly));
+            active[i % 4] += share[i] * f64::from(u8::from(!capped[i]));
             newly_capped |= newly;
         }
+        fill.rounds += 1;
         if !newly_capped {
             break;
         }
-        share_active -= (removed[0] + removed[1]) + (removed[2] + removed[3]);
+        share_active = (active[0] + active[1]) + (active[2] + active[3]);
         if fixed >= amount || share_active <= 0.0 {
             lambda = 0.0;
             break;
         }
         lambda = as_f64(amount - fixed) / share_active;
-        rounds += 1;
-        if rounds == MAX_ROUNDS {
+        if fill.rounds_this_call() {
+            fill.sorted += 1;
             lambda = sweep_by_ratio(
                 amount,
                 head,
@@ -606,13 +687,15 @@ fn water_fill(
                 capped,
                 &mut fixed,
                 share_active,
-                by_ratio,
+                &mut fill.by_ratio,
             );
             break;
         }
     }
 
-    // Integer grants, then hand out the units lost to rounding.
+    // Integer grants, then hand out the units lost to rounding: fewer than
+    // one per uncapped child, handed out in bulk so that even a large
+    // floating-point error costs a few passes, not one per unit.
     let mut given = 0u64;
     for i in 0..k {
         let fair = as_u64(lambda * share[i]).min(head[i]);
@@ -620,34 +703,23 @@ fn water_fill(
         given += grant[i];
     }
     while given > amount {
-        // Floating-point overshoot: take single units back, last child first.
-        let mut progressed = false;
+        // Floating-point overshoot: take units back, last child first.
+        let step = ((given - amount) / k as u64).max(1);
         for i in (0..k).rev() {
-            if given > amount && grant[i] > 0 && !capped[i] {
-                grant[i] -= 1;
-                given -= 1;
-                progressed = true;
-            }
-        }
-        if !progressed {
-            for i in (0..k).rev() {
-                let take = grant[i].min(given - amount);
-                grant[i] -= take;
-                given -= take;
-            }
+            let take = grant[i].min(step).min(given - amount);
+            grant[i] -= take;
+            given -= take;
         }
     }
-    while given < amount {
-        let mut progressed = false;
+    let mut eligible = k as u64;
+    while given < amount && eligible > 0 {
+        let step = ((amount - given) / eligible).max(1);
+        eligible = 0;
         for i in 0..k {
-            if given < amount && grant[i] < head[i] {
-                grant[i] += 1;
-                given += 1;
-                progressed = true;
-            }
-        }
-        if !progressed {
-            break;
+            let take = (head[i] - grant[i]).min(step).min(amount - given);
+            grant[i] += take;
+            given += take;
+            eligible += u64::from(grant[i] < head[i]);
         }
     }
     debug_assert_eq!(given, amount.min(total_head));

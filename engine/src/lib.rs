@@ -21,7 +21,9 @@ pub use admission::{
     AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, BlockKind, Blocked,
     PendingId, PendingTask, TaskClass, TaskFlags, TaskId,
 };
-pub use entitlement::{DimEntitlement, EntitlementCalculator, EntitlementInput, Entitlements};
+pub use entitlement::{
+    DimEntitlement, EntitlementCalculator, EntitlementInput, Entitlements, WaterFillStats,
+};
 pub use manager::{PoolUsage, ResourceManager, ResourceManagerConfig};
 pub use pool::{DimConfig, PoolConfig, PoolError, PoolId, PoolKind, PoolTree, PoolTreeLimits};
 pub use resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};

@@ -32,21 +32,10 @@ fn pool_caps(
     }
     let pool = tree.lookup_slot(slot)?;
     let config = tree.config(pool);
-    // A pool created after the last recomputation has no entitlement yet.
-    let computed = slot < entitlements.n_slots();
-    let entitlement = if computed {
-        entitlements.entitlement(slot)
-    } else {
-        Resources::ZERO
-    };
-    let (slack_entitlement, slack_cap) = if computed {
-        (
-            entitlements.slack_entitlement(slot),
-            entitlements.slack_cap(slot),
-        )
-    } else {
-        (Resources::ZERO, Resources::ZERO)
-    };
+    // A pool created after the last recomputation reads as zero.
+    let entitlement = entitlements.entitlement(slot);
+    let slack_entitlement = entitlements.slack_entitlement(slot);
+    let slack_cap = entitlements.slack_cap(slot);
     Some((
         pool,
         PoolCaps {
@@ -156,7 +145,7 @@ impl ResourceManager {
         if let (Some(parent), _) = crate::pool::split_path(path)?
             && let Some(parent) = self.tree.lookup(parent)
         {
-            let n_tasks = self.n_tasks(parent);
+            let n_tasks = self.n_tasks_in_slot(parent.idx());
             if n_tasks > 0 {
                 return Err(PoolError::HasTasks {
                     path: self.tree.path(parent).to_owned(),
@@ -171,6 +160,9 @@ impl ResourceManager {
                 .resize_with(self.tree.n_slots(), PoolQueues::default);
         }
         self.queues[id.idx()].reset();
+        // The slot may have held a deleted pool: its old entitlement must
+        // not apply to the new pool before the next recomputation.
+        self.entitlements.clear_slot(id.idx());
         Ok(id)
     }
 
@@ -182,7 +174,7 @@ impl ResourceManager {
     /// Deletes a pool without children and without tasks.
     pub fn delete_pool(&mut self, id: PoolId) -> Result<(), PoolError> {
         self.tree.check(id)?;
-        let n_tasks = self.n_tasks(id);
+        let n_tasks = self.n_tasks_in_slot(id.idx());
         if n_tasks > 0 {
             return Err(PoolError::HasTasks {
                 path: self.tree.path(id).to_owned(),
@@ -192,12 +184,18 @@ impl ResourceManager {
         }
         self.tree.delete(id)?;
         self.queues[id.idx()].reset();
+        self.entitlements.clear_slot(id.idx());
         Ok(())
     }
 
     /// Queued plus admitted tasks of a live pool.
-    pub fn n_tasks(&self, id: PoolId) -> u64 {
-        let q = &self.queues[id.idx()];
+    pub fn n_tasks(&self, id: PoolId) -> Result<u64, PoolError> {
+        self.tree.check(id)?;
+        Ok(self.n_tasks_in_slot(id.idx()))
+    }
+
+    fn n_tasks_in_slot(&self, slot: usize) -> u64 {
+        let q = &self.queues[slot];
         q.n_queued_tasks() + q.allocation.n_tasks
     }
 
@@ -214,8 +212,16 @@ impl ResourceManager {
     }
 
     /// Tasks queued in a class of a live pool.
-    pub fn n_queued_in(&self, id: PoolId, class: TaskClass) -> u64 {
-        self.queues[id.idx()].n_queued_in(class)
+    pub fn n_queued_in(&self, id: PoolId, class: TaskClass) -> Result<u64, PoolError> {
+        self.tree.check(id)?;
+        Ok(self.queues[id.idx()].n_queued_in(class))
+    }
+
+    /// Queue items held in a live pool's heaps, cancelled ones not yet
+    /// purged included: the queues' memory footprint in entries.
+    pub fn n_heap_items(&self, id: PoolId) -> Result<usize, PoolError> {
+        self.tree.check(id)?;
+        Ok(self.queues[id.idx()].n_heap_items())
     }
 
     /// Queues a task or a gang (all members share pool, priority and flags;

@@ -22,6 +22,18 @@ pub const MAX_NAME_LEN: usize = 64;
 pub const MAX_DEPTH: usize = 16;
 /// Default bound on the number of pools, the root included.
 pub const DEFAULT_MAX_POOLS: usize = 10_000;
+/// Largest bound on the number of pools a tree may be configured with.
+pub const MAX_POOLS_LIMIT: usize = 1_000_000;
+/// Smallest share (weight) a pool may have in one dimension. Keeping shares
+/// within nine orders of magnitude of each other keeps water-filling's
+/// floating-point level accurate.
+pub const MIN_SHARE: f64 = 0.001;
+
+static NEXT_TREE_IDENTITY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_tree_identity() -> u64 {
+    NEXT_TREE_IDENTITY.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 const NO_PARENT: u32 = u32::MAX;
 
@@ -255,8 +267,11 @@ impl Default for PoolTreeLimits {
 }
 
 /// The tree of resource pools.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PoolTree {
+    /// Unique per tree object (a clone gets a new one), so caches keyed by
+    /// (identity, version) never confuse two trees.
+    identity: u64,
     limits: PoolTreeLimits,
     // Columns indexed by slot.
     generation: Vec<u32>,
@@ -276,11 +291,19 @@ pub struct PoolTree {
 impl PoolTree {
     /// A tree holding only the root pool `/` with the default configuration
     /// (no reservation guarantees beyond capacity, unlimited limit).
+    ///
+    /// Panics if `limits.max_pools` is 0 or above [`MAX_POOLS_LIMIT`] (a
+    /// configuration error the caller validates first).
     pub fn new(limits: PoolTreeLimits) -> Self {
+        assert!(
+            (1..=MAX_POOLS_LIMIT).contains(&limits.max_pools),
+            "max_pools must be between 1 and {MAX_POOLS_LIMIT}"
+        );
         let root_config = PoolConfig::default()
             .with_reservation(Resources::MAX)
             .with_limit(Resources::MAX);
         let mut tree = PoolTree {
+            identity: next_tree_identity(),
             limits,
             generation: vec![0],
             live: vec![true],
@@ -328,6 +351,12 @@ impl PoolTree {
     /// Changes with every successful mutation.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Unique to this tree object; with [`PoolTree::version`] it identifies
+    /// the tree's exact content.
+    pub fn identity(&self) -> u64 {
+        self.identity
     }
 
     /// The pool with this path.
@@ -716,11 +745,11 @@ fn validate_own_fields(path: &str, config: &PoolConfig) -> Result<(), PoolError>
                 format!("{} exceeds the pool's limit {}", c.reservation, c.limit),
             ));
         }
-        if !(c.share.is_finite() && c.share > 0.0 && c.share <= MAX_SHARE) {
+        if !(c.share.is_finite() && (MIN_SHARE..=MAX_SHARE).contains(&c.share)) {
             return Err(invalid(
                 path,
                 format!("share.{d}"),
-                format!("{} is not in (0, {MAX_SHARE}]", c.share),
+                format!("{} is not in [{MIN_SHARE}, {MAX_SHARE}]", c.share),
             ));
         }
     }
@@ -784,6 +813,25 @@ pub fn split_path(path: &str) -> Result<(Option<&str>, &str), PoolError> {
     let cut = path.rfind('/').expect("path starts with '/'");
     let parent = if cut == 0 { "/" } else { &path[..cut] };
     Ok((Some(parent), &path[cut + 1..]))
+}
+
+impl Clone for PoolTree {
+    fn clone(&self) -> Self {
+        PoolTree {
+            identity: next_tree_identity(),
+            limits: self.limits,
+            generation: self.generation.clone(),
+            live: self.live.clone(),
+            parent: self.parent.clone(),
+            children: self.children.clone(),
+            path: self.path.clone(),
+            config: self.config.clone(),
+            free_slots: self.free_slots.clone(),
+            by_path: self.by_path.clone(),
+            n_live: self.n_live,
+            version: self.version,
+        }
+    }
 }
 
 impl fmt::Display for PoolKind {
@@ -952,7 +1000,7 @@ mod tests {
                 "pool /a/y: limit.cpu: 201 exceeds the limit 200 of parent pool /a",
                 "pool /a/x already exists",
                 "cannot create pool /b/c: parent pool /b not found",
-                "pool /a/y: share.cpu: 0 is not in (0, 1000000]",
+                "pool /a/y: share.cpu: 0 is not in [0.001, 1000000]",
                 "pool /a/y: controller_limit_pct: 101 is not in [0, 100]",
                 "pool /a: reservation.cpu: 69 is below the 70 reserved by its child pools",
                 "pool /a: limit.cpu: 199 is below the limit 200 of child pool /a/x",

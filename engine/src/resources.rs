@@ -137,8 +137,14 @@ impl Resources {
         }
     }
 
-    /// Each dimension multiplied by `percent / 100`, rounded down.
+    /// Each dimension multiplied by `percent / 100`, rounded down; `percent`
+    /// is clamped to 0–100 (NaN counts as 0).
     pub fn percent(&self, percent: f64) -> Resources {
+        let percent = if percent.is_nan() {
+            0.0
+        } else {
+            percent.clamp(0.0, 100.0)
+        };
         Resources(std::array::from_fn(|i| percent_of(self.0[i], percent)))
     }
 }

@@ -198,13 +198,14 @@ pub fn random_leaf_demand(
 
 /// Queues `n_tasks` random tasks over `leaves`: mostly normal, some
 /// non-preemptible, controller and revocable; about 2% of the entries are
-/// gangs of 2–8. Returns the summed non-revocable request.
+/// gangs of 2–8. Returns the summed non-revocable request, or the first
+/// refusal (e.g. a queue bound).
 pub fn enqueue_random_tasks(
     rm: &mut ResourceManager,
     leaves: &[PoolId],
     n_tasks: usize,
     rng: &mut Rng,
-) -> Resources {
+) -> Result<Resources, crate::AdmissionError> {
     let mut total = Resources::ZERO;
     let mut next_id = 0u64;
     let mut members = Vec::with_capacity(8);
@@ -260,10 +261,9 @@ pub fn enqueue_random_tasks(
             next_id += 1;
         }
         let priority = rng.below(10) as u32;
-        rm.enqueue(pool, priority, flags, &members)
-            .expect("generated task is valid");
+        rm.enqueue(pool, priority, flags, &members)?;
     }
-    total
+    Ok(total)
 }
 
 /// Panics unless `ent` satisfies the entitlement invariants for `tree` and
@@ -335,6 +335,20 @@ pub fn check_entitlement_invariants(tree: &PoolTree, input: &EntitlementInput, e
                 e_p.min(upper),
                 "{path} dim {d}: children get min(entitlement, their limits)"
             );
+            let parent_slack = col.slack_entitlement[p.idx()];
+            for &c in &kids {
+                let cfg_c = tree.config(c);
+                let want = cfg_c.dims[d].limit.min(crate::resources::percent_of(
+                    parent_slack,
+                    cfg_c.slack_limit_pct,
+                ));
+                assert_eq!(
+                    col.slack_cap[c.idx()],
+                    want,
+                    "{}: slack cap from the parent's slack",
+                    tree.path(c)
+                );
+            }
             let slack_sum: u64 = kids.iter().map(|c| col.slack_entitlement[c.idx()]).sum();
             let slack_caps: u64 = kids.iter().map(|c| col.slack_cap[c.idx()]).sum();
             assert_eq!(
@@ -561,7 +575,7 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                     });
                     next_task += 1;
                 }
-                let queued_before = rm.tree().contains(pool).then(|| rm.n_tasks(pool));
+                let queued_before = rm.n_tasks(pool).ok();
                 match rm.enqueue(pool, u32::from(priority % 4), flags, &members) {
                     Ok(id) => {
                         pending.push(id);
@@ -570,7 +584,11 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                     Err(_) => {
                         stats.refused += 1;
                         if let Some(before) = queued_before {
-                            assert_eq!(rm.n_tasks(pool), before, "rejected enqueue queues nothing");
+                            assert_eq!(
+                                rm.n_tasks(pool).unwrap(),
+                                before,
+                                "rejected enqueue queues nothing"
+                            );
                         }
                     }
                 }
@@ -753,7 +771,7 @@ pub fn check_manager_entitlements(rm: &ResourceManager, capacity: Resources, sla
 /// Checks an admission result: every pool that admitted work is within all
 /// its caps afterwards, and every blocked queue really cannot take its head.
 pub fn check_admission(rm: &ResourceManager, result: &AdmissionResult) {
-    use crate::admission::TaskClass;
+    use crate::admission::{BlockKind, TaskClass};
     let tree = rm.tree();
     let ent = rm.entitlements();
     // Per pool, which classes admitted something in this call. A pool may be
@@ -800,8 +818,33 @@ pub fn check_admission(rm: &ResourceManager, result: &AdmissionResult) {
             );
         }
     }
+    // Every reason names a cap that, recomputed here from the pool's
+    // configuration and entitlement, the head really exceeds.
     for b in &result.blocked {
-        assert!(b.allocated + b.request > b.cap, "blocked for a reason: {b}");
-        assert!(rm.n_queued_in(b.pool, b.class) > 0);
+        let cfg = tree.config(b.pool);
+        let slot = b.pool.idx();
+        let d = b.dim;
+        let e = ent.entitlement(slot);
+        let cap = match b.kind {
+            BlockKind::Entitlement => e[d],
+            BlockKind::Reservation => cfg.reservation()[d],
+            BlockKind::ControllerLimit => e.percent(cfg.controller_limit_pct)[d],
+            BlockKind::SlackEntitlement | BlockKind::SlackLimit => ent.slack_entitlement(slot)[d],
+        };
+        assert_eq!(
+            b.cap,
+            cap,
+            "{}: the reason names the real cap",
+            tree.path(b.pool)
+        );
+        assert!(b.allocated + b.request > cap, "blocked for a reason: {b}");
+        if b.kind == BlockKind::SlackLimit {
+            assert_eq!(
+                ent.slack_cap(slot)[d],
+                ent.slack_entitlement(slot)[d],
+                "the slack limit binds"
+            );
+        }
+        assert!(rm.n_queued_in(b.pool, b.class).unwrap() > 0);
     }
 }

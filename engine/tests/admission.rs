@@ -434,6 +434,10 @@ fn many_cancellations_are_purged_from_the_heaps() {
         env.rm.cancel(*id).unwrap();
     }
     env.rm.check_invariants();
+    // Cancelled items are purged from the heaps once they outnumber the live
+    // ones (and exceed 1024), not kept until they reach the head.
+    let items = env.rm.n_heap_items(a).unwrap();
+    assert!(items <= 10 + 1025, "{items} heap items for 10 queued tasks");
     let report = env.cycle(1_000_000, 0);
     assert_eq!(report.lines().count(), 10);
 }
@@ -450,7 +454,7 @@ fn admission_is_identical_on_one_and_two_threads() {
             ..Default::default()
         });
         let leaves = build_random_tree(&mut rm, &TreeSpec::new(400, 4, bench_capacity()), &mut rng);
-        let demand = enqueue_random_tasks(&mut rm, &leaves, 30_000, &mut rng);
+        let demand = enqueue_random_tasks(&mut rm, &leaves, 30_000, &mut rng).unwrap();
         let mut out = AdmissionResult::default();
         let mut cycles = Vec::new();
         for fraction in [30.0, 60.0, 90.0] {

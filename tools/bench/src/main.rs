@@ -151,12 +151,19 @@ fn check_sizes(pools: usize, depth: usize) -> Result<()> {
     Ok(())
 }
 
-fn manager(pools: usize, threads: usize) -> ResourceManager {
+/// A manager sized for the workload: queue bounds as large as the task
+/// count, so a few pools can hold many tasks.
+fn manager(pools: usize, tasks: usize, threads: usize) -> ResourceManager {
+    let defaults = AdmissionLimits::default();
     ResourceManager::new(ResourceManagerConfig {
         pools: PoolTreeLimits {
             max_pools: pools.max(2),
         },
-        admission: AdmissionLimits::default(),
+        admission: AdmissionLimits {
+            max_queued_per_pool: defaults.max_queued_per_pool.max(tasks),
+            max_queued_total: defaults.max_queued_total.max(tasks),
+            ..defaults
+        },
         threads,
     })
 }
@@ -168,7 +175,7 @@ fn entitlement(pools: usize, depth: usize, iterations: usize, common: Common) ->
     }
     let mut rng = Rng::new(common.seed);
     let capacity = bench_capacity();
-    let mut rm = manager(pools, 1);
+    let mut rm = manager(pools, 0, 1);
     let leaves = build_random_tree(&mut rm, &TreeSpec::new(pools, depth, capacity), &mut rng);
     let tree = rm.tree();
     // A few demand snapshots, cycled, so each recomputation sees new demand.
@@ -228,12 +235,13 @@ fn admission(
         bail!("--capacity-fraction must be in (0, 10]");
     }
     let mut rng = Rng::new(common.seed);
-    let mut rm = manager(pools, common.threads);
+    let mut rm = manager(pools, tasks, common.threads);
     let spec = TreeSpec::new(pools, depth, bench_capacity());
     let leaves = build_random_tree(&mut rm, &spec, &mut rng);
 
     let start = Instant::now();
-    let demand = enqueue_random_tasks(&mut rm, &leaves, tasks, &mut rng);
+    let demand = enqueue_random_tasks(&mut rm, &leaves, tasks, &mut rng)
+        .context("queueing the generated tasks")?;
     let enqueue = start.elapsed();
 
     let capacity = Resources(std::array::from_fn(|d| {
@@ -251,6 +259,7 @@ fn admission(
         task: peloton_engine::TaskId(0),
         pool: rm.tree().root(),
         class: peloton_engine::TaskClass::Normal,
+        controller: false,
         request: Resources::ZERO,
     };
     result.admitted.resize(tasks, placeholder);
