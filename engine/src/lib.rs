@@ -11,10 +11,14 @@
 //! output on any number of threads.
 
 pub mod admission;
+pub mod constraint;
 pub mod entitlement;
+pub mod host;
+pub mod intern;
 pub mod manager;
 pub mod pool;
 pub mod resources;
+pub mod task;
 pub mod testkit;
 
 pub use admission::{

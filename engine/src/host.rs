@@ -1,0 +1,855 @@
+//! The host arena: every host's capacity, free resources, GPU devices,
+//! ports, state and attributes, as columns indexed by a dense `u32` slot,
+//! with roaring-bitmap indexes over attributes, states and GPU hosts that are
+//! kept exactly in sync with the columns.
+//!
+//! Slots of removed hosts are reused under a new generation, so a stale
+//! [`HostId`] is detected. Add, update and remove are O(1) amortised plus the
+//! host's attributes.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use roaring::RoaringBitmap;
+
+use crate::intern::{Interner, Sym};
+use crate::resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};
+
+/// Most GPU devices one host may have.
+pub const MAX_GPU_DEVICES: usize = 16;
+/// Milli-GPUs of one whole device.
+pub const MILLI_GPUS_PER_DEVICE: u64 = 1000;
+/// Most attributes one host may have.
+pub const MAX_ATTRIBUTES: usize = 64;
+/// Longest attribute key or value, in bytes.
+pub const MAX_ATTRIBUTE_LEN: usize = 128;
+/// Longest host name, in bytes.
+pub const MAX_HOST_NAME_LEN: usize = 253;
+/// Default bound on the number of hosts.
+pub const DEFAULT_MAX_HOSTS: usize = 200_000;
+/// The attribute key that makes a host exclusive: it only takes tasks whose
+/// constraint names this key.
+pub const EXCLUSIVE_KEY: &str = "exclusive";
+
+/// Handle of a host: its dense slot and the slot's generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostId {
+    idx: u32,
+    generation: u32,
+}
+
+impl HostId {
+    /// Dense slot index, usable to index host columns and bitmaps.
+    pub fn idx(self) -> usize {
+        self.idx as usize
+    }
+}
+
+/// Whether a host takes new work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HostState {
+    /// Takes new tasks.
+    #[default]
+    Up,
+    /// In maintenance: keeps its tasks for now, takes no new ones.
+    Draining,
+    /// Out of service.
+    Down,
+}
+
+impl HostState {
+    /// All states, in index order.
+    pub const ALL: [HostState; 3] = [HostState::Up, HostState::Draining, HostState::Down];
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostState::Up => "up",
+            HostState::Draining => "draining",
+            HostState::Down => "down",
+        }
+    }
+}
+
+impl fmt::Display for HostState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a host offers, as registered or updated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostSpec {
+    /// Unique name (e.g. the host name).
+    pub name: String,
+    /// Resources; the gpu dimension must be `gpu_devices × 1000`.
+    pub capacity: Resources,
+    /// Number of GPU devices (0–16).
+    pub gpu_devices: u8,
+    /// Dynamic ports the host can hand out.
+    pub ports: u32,
+    /// `key=value` attributes (unique keys).
+    pub attributes: Vec<(String, String)>,
+}
+
+/// Why a host operation was refused. Every variant names the host.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// A field of the spec is invalid.
+    #[error("host {host}: {field}: {problem}")]
+    Invalid {
+        /// The host.
+        host: String,
+        /// The offending field.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A host of that name exists.
+    #[error("host {host} already exists")]
+    AlreadyExists {
+        /// The host.
+        host: String,
+    },
+    /// No such host (or a stale handle).
+    #[error("host {host} not found")]
+    NotFound {
+        /// The host.
+        host: String,
+    },
+    /// The host bound is reached.
+    #[error("cannot add host {host}: the limit of {limit} hosts is reached")]
+    TooManyHosts {
+        /// The host.
+        host: String,
+        /// The bound.
+        limit: usize,
+    },
+    /// The change would leave allocated resources without capacity.
+    #[error("host {host}: {problem}")]
+    InUse {
+        /// The host.
+        host: String,
+        /// What is in use.
+        problem: String,
+    },
+}
+
+/// Which GPU devices of a host a task holds: a set of devices and the
+/// milli-GPUs taken from each (a fractional request uses one device; a
+/// whole-GPU request takes whole devices).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GpuGrant {
+    /// Bit `i` set: device `i` is used.
+    pub devices: u16,
+    /// Milli-GPUs taken from each used device.
+    pub milli_per_device: u16,
+}
+
+/// Why a request does not fit a host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Misfit {
+    /// Not enough of a dimension free.
+    Insufficient(Dim),
+    /// Enough GPU in total, but not on one device (fractional) or not as
+    /// whole free devices.
+    GpuFragmented,
+    /// Not enough free ports.
+    Ports,
+}
+
+/// A task's GPU request in milli-GPUs, validated: up to one GPU (shared on
+/// one device) or a whole number of GPUs (whole devices).
+pub fn validate_gpu_request(milli: u64) -> Result<(), String> {
+    if milli <= MILLI_GPUS_PER_DEVICE || milli.is_multiple_of(MILLI_GPUS_PER_DEVICE) {
+        if milli > MAX_GPU_DEVICES as u64 * MILLI_GPUS_PER_DEVICE {
+            return Err(format!(
+                "{milli} milli-GPUs exceed the {MAX_GPU_DEVICES} devices a host can have"
+            ));
+        }
+        Ok(())
+    } else {
+        Err(format!(
+            "{milli} milli-GPUs: a request above one GPU must be a whole number of GPUs (a multiple of 1000)"
+        ))
+    }
+}
+
+/// Bounds of a host arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostLimits {
+    /// Largest number of live hosts.
+    pub max_hosts: usize,
+}
+
+impl Default for HostLimits {
+    fn default() -> Self {
+        HostLimits {
+            max_hosts: DEFAULT_MAX_HOSTS,
+        }
+    }
+}
+
+/// All hosts, as columns, with their indexes.
+#[derive(Debug, Default)]
+pub struct HostArena {
+    limits: HostLimits,
+    interner: Interner,
+    exclusive_key: Option<Sym>,
+    // Columns indexed by slot.
+    name: Vec<Box<str>>,
+    generation: Vec<u32>,
+    live: Vec<bool>,
+    capacity: [Vec<u64>; N_DIMS],
+    free: [Vec<u64>; N_DIMS],
+    gpu_devices: Vec<u8>,
+    gpu_free: Vec<[u16; MAX_GPU_DEVICES]>,
+    ports_total: Vec<u32>,
+    ports_free: Vec<u32>,
+    state: Vec<HostState>,
+    attributes: Vec<Box<[(Sym, Sym)]>>,
+    free_slots: Vec<u32>,
+    by_name: HashMap<Box<str>, u32>,
+    n_live: usize,
+    // Indexes, always equal to what the columns say.
+    by_value: HashMap<(Sym, Sym), RoaringBitmap>,
+    by_key: HashMap<Sym, RoaringBitmap>,
+    by_state: [RoaringBitmap; 3],
+    gpu_hosts: RoaringBitmap,
+    live_hosts: RoaringBitmap,
+}
+
+impl HostArena {
+    /// An empty arena.
+    pub fn new(limits: HostLimits) -> Self {
+        assert!(
+            limits.max_hosts <= u32::MAX as usize,
+            "max_hosts fits in u32"
+        );
+        HostArena {
+            limits,
+            ..Default::default()
+        }
+    }
+
+    /// Number of live hosts.
+    pub fn len(&self) -> usize {
+        self.n_live
+    }
+
+    /// True when no host is registered.
+    pub fn is_empty(&self) -> bool {
+        self.n_live == 0
+    }
+
+    /// Number of slots; host columns have this length.
+    pub fn n_slots(&self) -> usize {
+        self.live.len()
+    }
+
+    /// The attribute interner (constraints intern their keys and values here).
+    pub fn interner(&self) -> &Interner {
+        &self.interner
+    }
+
+    /// Mutable interner, for compiling constraints.
+    pub fn interner_mut(&mut self) -> &mut Interner {
+        &mut self.interner
+    }
+
+    /// The host with this name.
+    pub fn lookup(&self, name: &str) -> Option<HostId> {
+        self.by_name.get(name).map(|&i| self.id_of(i))
+    }
+
+    /// The live host in `slot`.
+    pub fn lookup_slot(&self, slot: usize) -> Option<HostId> {
+        (slot < self.live.len() && self.live[slot]).then(|| self.id_of(slot as u32))
+    }
+
+    /// True if `id` names a live host.
+    pub fn contains(&self, id: HostId) -> bool {
+        let i = id.idx();
+        i < self.live.len() && self.live[i] && self.generation[i] == id.generation
+    }
+
+    fn check(&self, id: HostId) -> Result<usize, HostError> {
+        if self.contains(id) {
+            Ok(id.idx())
+        } else {
+            Err(HostError::NotFound {
+                host: format!("<stale host handle {}#{}>", id.idx, id.generation),
+            })
+        }
+    }
+
+    /// Name of a live host.
+    pub fn name(&self, id: HostId) -> &str {
+        assert!(self.contains(id), "stale host handle {id:?}");
+        &self.name[id.idx()]
+    }
+
+    /// State of a live host.
+    pub fn state(&self, id: HostId) -> HostState {
+        assert!(self.contains(id), "stale host handle {id:?}");
+        self.state[id.idx()]
+    }
+
+    /// Capacity of the host in `slot`.
+    pub fn capacity(&self, slot: usize) -> Resources {
+        Resources(std::array::from_fn(|d| self.capacity[d][slot]))
+    }
+
+    /// Free resources of the host in `slot`.
+    pub fn free(&self, slot: usize) -> Resources {
+        Resources(std::array::from_fn(|d| self.free[d][slot]))
+    }
+
+    /// Free column of one dimension, indexed by slot.
+    pub fn free_column(&self, dim: Dim) -> &[u64] {
+        &self.free[dim.idx()]
+    }
+
+    /// Capacity column of one dimension, indexed by slot.
+    pub fn capacity_column(&self, dim: Dim) -> &[u64] {
+        &self.capacity[dim.idx()]
+    }
+
+    /// Free milli-GPUs of each device of the host in `slot`.
+    pub fn gpu_free(&self, slot: usize) -> &[u16] {
+        &self.gpu_free[slot][..usize::from(self.gpu_devices[slot])]
+    }
+
+    /// Free dynamic ports of the host in `slot`.
+    pub fn ports_free(&self, slot: usize) -> u32 {
+        self.ports_free[slot]
+    }
+
+    /// Attributes of the host in `slot`.
+    pub fn attributes(&self, slot: usize) -> &[(Sym, Sym)] {
+        &self.attributes[slot]
+    }
+
+    /// Hosts with attribute `key` = `value`.
+    pub fn with_value(&self, key: Sym, value: Sym) -> Option<&RoaringBitmap> {
+        self.by_value.get(&(key, value))
+    }
+
+    /// Hosts with attribute `key`, whatever its value.
+    pub fn with_key(&self, key: Sym) -> Option<&RoaringBitmap> {
+        self.by_key.get(&key)
+    }
+
+    /// Hosts in a state.
+    pub fn in_state(&self, state: HostState) -> &RoaringBitmap {
+        &self.by_state[state as usize]
+    }
+
+    /// Hosts with at least one GPU device.
+    pub fn gpu_hosts(&self) -> &RoaringBitmap {
+        &self.gpu_hosts
+    }
+
+    /// All live hosts.
+    pub fn live_hosts(&self) -> &RoaringBitmap {
+        &self.live_hosts
+    }
+
+    /// Hosts with the `exclusive` attribute.
+    pub fn exclusive_hosts(&self) -> Option<&RoaringBitmap> {
+        self.exclusive_key.and_then(|k| self.by_key.get(&k))
+    }
+
+    /// Registers a host. Validates everything first; on error nothing changes.
+    pub fn add(&mut self, spec: &HostSpec) -> Result<HostId, HostError> {
+        validate_spec(spec)?;
+        if self.by_name.contains_key(spec.name.as_str()) {
+            return Err(HostError::AlreadyExists {
+                host: spec.name.clone(),
+            });
+        }
+        if self.n_live >= self.limits.max_hosts {
+            return Err(HostError::TooManyHosts {
+                host: spec.name.clone(),
+                limit: self.limits.max_hosts,
+            });
+        }
+        let attributes = self.intern_attributes(spec);
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                let i = slot as usize;
+                self.generation[i] = self.generation[i].wrapping_add(1);
+                self.live[i] = true;
+                self.name[i] = spec.name.as_str().into();
+                slot
+            }
+            None => {
+                let slot = u32::try_from(self.live.len()).expect("host slots fit in u32");
+                self.generation.push(0);
+                self.live.push(true);
+                self.name.push(spec.name.as_str().into());
+                for d in 0..N_DIMS {
+                    self.capacity[d].push(0);
+                    self.free[d].push(0);
+                }
+                self.gpu_devices.push(0);
+                self.gpu_free.push([0; MAX_GPU_DEVICES]);
+                self.ports_total.push(0);
+                self.ports_free.push(0);
+                self.state.push(HostState::Up);
+                self.attributes.push(Box::new([]));
+                slot
+            }
+        };
+        let i = slot as usize;
+        for d in 0..N_DIMS {
+            self.capacity[d][i] = spec.capacity.0[d];
+            self.free[d][i] = spec.capacity.0[d];
+        }
+        self.gpu_devices[i] = spec.gpu_devices;
+        let mut devices = [0u16; MAX_GPU_DEVICES];
+        devices[..usize::from(spec.gpu_devices)].fill(MILLI_GPUS_PER_DEVICE as u16);
+        self.gpu_free[i] = devices;
+        self.ports_total[i] = spec.ports;
+        self.ports_free[i] = spec.ports;
+        self.state[i] = HostState::Up;
+        self.attributes[i] = attributes;
+        self.by_name.insert(spec.name.as_str().into(), slot);
+        self.n_live += 1;
+        self.index_insert(i);
+        Ok(self.id_of(slot))
+    }
+
+    /// Replaces a host's capacity, devices, ports and attributes (its name
+    /// stays). Refused, changing nothing, if what is allocated on the host
+    /// would no longer fit.
+    pub fn update(&mut self, id: HostId, spec: &HostSpec) -> Result<(), HostError> {
+        let i = self.check(id)?;
+        validate_spec(spec)?;
+        let host = self.name[i].to_string();
+        if spec.name != host {
+            return Err(HostError::Invalid {
+                host,
+                field: "name".into(),
+                problem: format!(
+                    "cannot rename a host to {:?}: remove it and add it again",
+                    spec.name
+                ),
+            });
+        }
+        let allocated = self.capacity(i).saturating_sub(&self.free(i));
+        if let Some(d) = allocated.first_exceeding(&spec.capacity) {
+            return Err(HostError::InUse {
+                host,
+                problem: format!(
+                    "{} {d} is allocated, more than the new capacity {}",
+                    allocated[d], spec.capacity[d]
+                ),
+            });
+        }
+        let gpu_in_use = allocated[Dim::Gpu] > 0;
+        if gpu_in_use && spec.gpu_devices != self.gpu_devices[i] {
+            return Err(HostError::InUse {
+                host,
+                problem: "GPU devices cannot change while GPUs are allocated".into(),
+            });
+        }
+        let ports_in_use = self.ports_total[i] - self.ports_free[i];
+        if ports_in_use > spec.ports {
+            return Err(HostError::InUse {
+                host,
+                problem: format!(
+                    "{ports_in_use} ports are in use, more than the new {}",
+                    spec.ports
+                ),
+            });
+        }
+        let attributes = self.intern_attributes(spec);
+        self.index_remove(i);
+        for d in 0..N_DIMS {
+            self.capacity[d][i] = spec.capacity.0[d];
+            self.free[d][i] = spec.capacity.0[d] - allocated.0[d];
+        }
+        if spec.gpu_devices != self.gpu_devices[i] {
+            let mut devices = [0u16; MAX_GPU_DEVICES];
+            devices[..usize::from(spec.gpu_devices)].fill(MILLI_GPUS_PER_DEVICE as u16);
+            self.gpu_free[i] = devices;
+            self.gpu_devices[i] = spec.gpu_devices;
+        }
+        self.ports_total[i] = spec.ports;
+        self.ports_free[i] = spec.ports - ports_in_use;
+        self.attributes[i] = attributes;
+        self.index_insert(i);
+        Ok(())
+    }
+
+    /// Sets a host's state.
+    pub fn set_state(&mut self, id: HostId, state: HostState) -> Result<(), HostError> {
+        let i = self.check(id)?;
+        self.by_state[self.state[i] as usize].remove(i as u32);
+        self.state[i] = state;
+        self.by_state[state as usize].insert(i as u32);
+        Ok(())
+    }
+
+    /// Removes a host that holds nothing.
+    pub fn remove(&mut self, id: HostId) -> Result<(), HostError> {
+        let i = self.check(id)?;
+        let allocated = self.capacity(i).saturating_sub(&self.free(i));
+        if !allocated.is_zero() || self.ports_free[i] != self.ports_total[i] {
+            return Err(HostError::InUse {
+                host: self.name[i].to_string(),
+                problem: format!("{allocated} is still allocated; move or end its tasks first"),
+            });
+        }
+        self.index_remove(i);
+        self.by_name.remove(&self.name[i]);
+        self.live[i] = false;
+        self.name[i] = "".into();
+        self.attributes[i] = Box::new([]);
+        for d in 0..N_DIMS {
+            self.capacity[d][i] = 0;
+            self.free[d][i] = 0;
+        }
+        self.gpu_devices[i] = 0;
+        self.gpu_free[i] = [0; MAX_GPU_DEVICES];
+        self.ports_total[i] = 0;
+        self.ports_free[i] = 0;
+        self.free_slots.push(i as u32);
+        self.n_live -= 1;
+        Ok(())
+    }
+
+    /// Whether `request` (and `ports`) fits the free resources of the host in
+    /// `slot`, GPU devices included; the first reason if not.
+    pub fn fits(&self, slot: usize, request: &Resources, ports: u32) -> Result<(), Misfit> {
+        for d in Dim::ALL {
+            if request[d] > self.free[d.idx()][slot] {
+                return Err(Misfit::Insufficient(d));
+            }
+        }
+        if self.ports_free[slot] < ports {
+            return Err(Misfit::Ports);
+        }
+        if request[Dim::Gpu] > 0
+            && gpu_choice(
+                &self.gpu_free[slot],
+                self.gpu_devices[slot],
+                request[Dim::Gpu],
+            )
+            .is_none()
+        {
+            return Err(Misfit::GpuFragmented);
+        }
+        Ok(())
+    }
+
+    /// Takes `request` and `ports` from the host in `slot`, choosing GPU
+    /// devices: a fractional request goes to the device with the least free
+    /// capacity that still fits it (partly used devices fill up before whole
+    /// ones are broken); whole-GPU requests take the lowest whole free devices.
+    pub fn allocate(
+        &mut self,
+        slot: usize,
+        request: &Resources,
+        ports: u32,
+    ) -> Result<GpuGrant, Misfit> {
+        self.fits(slot, request, ports)?;
+        let grant = if request[Dim::Gpu] > 0 {
+            gpu_choice(
+                &self.gpu_free[slot],
+                self.gpu_devices[slot],
+                request[Dim::Gpu],
+            )
+            .expect("fits() checked the devices")
+        } else {
+            GpuGrant::default()
+        };
+        for i in 0..MAX_GPU_DEVICES {
+            if grant.devices & (1 << i) != 0 {
+                self.gpu_free[slot][i] -= grant.milli_per_device;
+            }
+        }
+        for d in 0..N_DIMS {
+            self.free[d][slot] -= request.0[d];
+        }
+        self.ports_free[slot] -= ports;
+        Ok(grant)
+    }
+
+    /// Returns what [`HostArena::allocate`] took. Panics if it was not taken
+    /// (a broken invariant of the caller's accounting).
+    pub fn release(&mut self, slot: usize, request: &Resources, ports: u32, grant: GpuGrant) {
+        for d in 0..N_DIMS {
+            self.free[d][slot] += request.0[d];
+            assert!(
+                self.free[d][slot] <= self.capacity[d][slot],
+                "release beyond capacity"
+            );
+        }
+        self.ports_free[slot] += ports;
+        assert!(
+            self.ports_free[slot] <= self.ports_total[slot],
+            "ports released twice"
+        );
+        let mut returned = 0u64;
+        for i in 0..MAX_GPU_DEVICES {
+            if grant.devices & (1 << i) != 0 {
+                self.gpu_free[slot][i] += grant.milli_per_device;
+                assert!(u64::from(self.gpu_free[slot][i]) <= MILLI_GPUS_PER_DEVICE);
+                returned += u64::from(grant.milli_per_device);
+            }
+        }
+        assert_eq!(returned, request[Dim::Gpu], "the grant matches the request");
+    }
+
+    fn intern_attributes(&mut self, spec: &HostSpec) -> Box<[(Sym, Sym)]> {
+        let mut attributes: Vec<(Sym, Sym)> = spec
+            .attributes
+            .iter()
+            .map(|(k, v)| (self.interner.intern(k), self.interner.intern(v)))
+            .collect();
+        attributes.sort_unstable();
+        if self.exclusive_key.is_none() {
+            self.exclusive_key = self.interner.get(EXCLUSIVE_KEY);
+        }
+        attributes.into_boxed_slice()
+    }
+
+    fn index_insert(&mut self, i: usize) {
+        let slot = i as u32;
+        for &(k, v) in self.attributes[i].iter() {
+            self.by_value.entry((k, v)).or_default().insert(slot);
+            self.by_key.entry(k).or_default().insert(slot);
+        }
+        self.by_state[self.state[i] as usize].insert(slot);
+        if self.gpu_devices[i] > 0 {
+            self.gpu_hosts.insert(slot);
+        }
+        self.live_hosts.insert(slot);
+    }
+
+    fn index_remove(&mut self, i: usize) {
+        let slot = i as u32;
+        for &(k, v) in self.attributes[i].iter() {
+            if let Some(b) = self.by_value.get_mut(&(k, v)) {
+                b.remove(slot);
+                if b.is_empty() {
+                    self.by_value.remove(&(k, v));
+                }
+            }
+            if let Some(b) = self.by_key.get_mut(&k) {
+                b.remove(slot);
+                if b.is_empty() {
+                    self.by_key.remove(&k);
+                }
+            }
+        }
+        self.by_state[self.state[i] as usize].remove(slot);
+        self.gpu_hosts.remove(slot);
+        self.live_hosts.remove(slot);
+    }
+
+    fn id_of(&self, slot: u32) -> HostId {
+        HostId {
+            idx: slot,
+            generation: self.generation[slot as usize],
+        }
+    }
+
+    /// Panics unless every index equals what the columns say, and every
+    /// column is within its bounds.
+    pub fn check_invariants(&self) {
+        let n = self.live.len();
+        let mut by_value: HashMap<(Sym, Sym), RoaringBitmap> = HashMap::new();
+        let mut by_key: HashMap<Sym, RoaringBitmap> = HashMap::new();
+        let mut by_state: [RoaringBitmap; 3] = Default::default();
+        let mut gpu = RoaringBitmap::new();
+        let mut live = RoaringBitmap::new();
+        let mut n_live = 0;
+        for i in 0..n {
+            if !self.live[i] {
+                continue;
+            }
+            n_live += 1;
+            let slot = i as u32;
+            assert_eq!(self.by_name.get(&self.name[i]), Some(&slot), "name index");
+            for &(k, v) in self.attributes[i].iter() {
+                by_value.entry((k, v)).or_default().insert(slot);
+                by_key.entry(k).or_default().insert(slot);
+            }
+            by_state[self.state[i] as usize].insert(slot);
+            if self.gpu_devices[i] > 0 {
+                gpu.insert(slot);
+            }
+            live.insert(slot);
+            for d in 0..N_DIMS {
+                assert!(
+                    self.free[d][i] <= self.capacity[d][i],
+                    "free within capacity"
+                );
+            }
+            assert!(usize::from(self.gpu_devices[i]) <= MAX_GPU_DEVICES);
+            let devices = &self.gpu_free[i];
+            let mut gpu_free = 0u64;
+            for (j, &f) in devices.iter().enumerate() {
+                assert!(u64::from(f) <= MILLI_GPUS_PER_DEVICE);
+                if j >= usize::from(self.gpu_devices[i]) {
+                    assert_eq!(f, 0, "no capacity on absent devices");
+                }
+                gpu_free += u64::from(f);
+            }
+            assert_eq!(
+                gpu_free,
+                self.free[Dim::Gpu.idx()][i],
+                "gpu free is the devices' sum"
+            );
+            assert_eq!(
+                self.capacity[Dim::Gpu.idx()][i],
+                u64::from(self.gpu_devices[i]) * MILLI_GPUS_PER_DEVICE
+            );
+            assert!(self.ports_free[i] <= self.ports_total[i]);
+        }
+        assert_eq!(n_live, self.n_live);
+        assert_eq!(self.by_name.len(), n_live);
+        assert_eq!(self.free_slots.len(), n - n_live);
+        assert_eq!(
+            by_value, self.by_value,
+            "attribute value index agrees with the columns"
+        );
+        assert_eq!(
+            by_key, self.by_key,
+            "attribute key index agrees with the columns"
+        );
+        assert_eq!(
+            by_state, self.by_state,
+            "state index agrees with the columns"
+        );
+        assert_eq!(gpu, self.gpu_hosts, "GPU index agrees with the columns");
+        assert_eq!(live, self.live_hosts);
+    }
+}
+
+/// Where a GPU request of `milli` goes on these devices, if anywhere.
+fn gpu_choice(free: &[u16; MAX_GPU_DEVICES], n_devices: u8, milli: u64) -> Option<GpuGrant> {
+    let n = usize::from(n_devices);
+    if milli < MILLI_GPUS_PER_DEVICE {
+        // Best fit: the least free device that still fits; partly used
+        // devices are preferred to whole ones by construction.
+        let mut best: Option<usize> = None;
+        for (i, &f) in free[..n].iter().enumerate() {
+            if u64::from(f) >= milli && best.is_none_or(|b| f < free[b]) {
+                best = Some(i);
+            }
+        }
+        best.map(|i| GpuGrant {
+            devices: 1 << i,
+            milli_per_device: milli as u16,
+        })
+    } else {
+        let want = (milli / MILLI_GPUS_PER_DEVICE) as usize;
+        let mut mask = 0u16;
+        let mut got = 0;
+        for (i, &f) in free[..n].iter().enumerate() {
+            if got < want && u64::from(f) == MILLI_GPUS_PER_DEVICE {
+                mask |= 1 << i;
+                got += 1;
+            }
+        }
+        (got == want).then_some(GpuGrant {
+            devices: mask,
+            milli_per_device: MILLI_GPUS_PER_DEVICE as u16,
+        })
+    }
+}
+
+fn validate_spec(spec: &HostSpec) -> Result<(), HostError> {
+    let invalid = |field: &str, problem: String| HostError::Invalid {
+        host: spec.name.clone(),
+        field: field.to_owned(),
+        problem,
+    };
+    if spec.name.is_empty() || spec.name.len() > MAX_HOST_NAME_LEN {
+        return Err(invalid(
+            "name",
+            format!("must be 1 to {MAX_HOST_NAME_LEN} bytes"),
+        ));
+    }
+    if spec
+        .name
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace())
+    {
+        return Err(invalid(
+            "name",
+            "must not contain whitespace or control characters".into(),
+        ));
+    }
+    for d in Dim::ALL {
+        if spec.capacity[d] > MAX_AMOUNT {
+            return Err(invalid(
+                &format!("capacity.{d}"),
+                format!("{} exceeds the maximum {MAX_AMOUNT}", spec.capacity[d]),
+            ));
+        }
+    }
+    if usize::from(spec.gpu_devices) > MAX_GPU_DEVICES {
+        return Err(invalid(
+            "gpu_devices",
+            format!("{} exceeds {MAX_GPU_DEVICES}", spec.gpu_devices),
+        ));
+    }
+    let gpu = u64::from(spec.gpu_devices) * MILLI_GPUS_PER_DEVICE;
+    if spec.capacity[Dim::Gpu] != gpu {
+        return Err(invalid(
+            "capacity.gpu",
+            format!(
+                "{} milli-GPUs, but {} devices make {gpu}",
+                spec.capacity[Dim::Gpu],
+                spec.gpu_devices
+            ),
+        ));
+    }
+    if spec.attributes.len() > MAX_ATTRIBUTES {
+        return Err(invalid(
+            "attributes",
+            format!(
+                "{} attributes exceed the limit of {MAX_ATTRIBUTES}",
+                spec.attributes.len()
+            ),
+        ));
+    }
+    let mut keys: Vec<&str> = Vec::with_capacity(spec.attributes.len());
+    for (k, v) in &spec.attributes {
+        validate_attribute_word(k)
+            .map_err(|p| invalid(&format!("attributes.{k}"), format!("key {p}")))?;
+        validate_attribute_word(v)
+            .map_err(|p| invalid(&format!("attributes.{k}"), format!("value {p}")))?;
+        keys.push(k);
+    }
+    keys.sort_unstable();
+    if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
+        return Err(invalid(
+            &format!("attributes.{}", w[0]),
+            "appears more than once".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Attribute keys and values: 1–128 bytes of letters, digits and `_ . - / :`.
+pub fn validate_attribute_word(word: &str) -> Result<(), String> {
+    if word.is_empty() || word.len() > MAX_ATTRIBUTE_LEN {
+        return Err(format!("{word:?} must be 1 to {MAX_ATTRIBUTE_LEN} bytes"));
+    }
+    if let Some(c) = word.chars().find(|&c| !is_word_char(c)) {
+        return Err(format!(
+            "{word:?} has {c:?}; use letters, digits and _ . - / :"
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn is_word_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/' | ':')
+}

@@ -1,0 +1,427 @@
+//! The task arena: every task the engine knows, as columns indexed by a
+//! dense `u32` slot with a generation (a stale [`TaskHandle`] is detected).
+//! About 100 bytes per task, so 10,000,000 tasks fit in about 1 GB.
+
+use std::fmt;
+
+use crate::host::GpuGrant;
+use crate::resources::Resources;
+
+/// Default bound on the number of tasks.
+pub const DEFAULT_MAX_TASKS: usize = 10_000_000;
+/// Marks "no host" in the host column.
+pub const NO_HOST: u32 = u32::MAX;
+/// Marks "no gang" in the gang column.
+pub const NO_GANG: u32 = u32::MAX;
+
+/// Handle of a task: dense slot and generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskHandle {
+    idx: u32,
+    generation: u32,
+}
+
+impl TaskHandle {
+    /// Dense slot index.
+    pub fn idx(self) -> usize {
+        self.idx as usize
+    }
+
+    /// The handle as one number (slot in the low half), e.g. for
+    /// [`crate::TaskId`] in admission.
+    pub fn to_u64(self) -> u64 {
+        u64::from(self.generation) << 32 | u64::from(self.idx)
+    }
+
+    /// The inverse of [`TaskHandle::to_u64`].
+    pub fn from_u64(value: u64) -> Self {
+        TaskHandle {
+            idx: value as u32,
+            generation: (value >> 32) as u32,
+        }
+    }
+}
+
+/// Where a task is in the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    /// Waiting for admission.
+    #[default]
+    Pending,
+    /// Admitted, waiting for a host.
+    Admitted,
+    /// Holding resources on a host.
+    Placed,
+}
+
+/// How placement picks among the hosts a task fits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Strategy {
+    /// Best fit: fewest hosts, least stranded capacity.
+    #[default]
+    Pack,
+    /// Least allocated host first.
+    Spread,
+    /// Lowest host slot that fits.
+    FirstFit,
+}
+
+impl Strategy {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Pack => "pack",
+            Strategy::Spread => "spread",
+            Strategy::FirstFit => "first_fit",
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Bit flags of a task.
+pub mod flags {
+    /// May be preempted.
+    pub const PREEMPTIBLE: u8 = 1;
+    /// Runs on slack.
+    pub const REVOCABLE: u8 = 2;
+    /// A controller task.
+    pub const CONTROLLER: u8 = 4;
+}
+
+/// What a new task is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskSpec {
+    /// The caller's job number.
+    pub job: u32,
+    /// Instance within the job.
+    pub instance: u32,
+    /// Pool slot.
+    pub pool: u32,
+    /// Priority (higher first).
+    pub priority: u32,
+    /// Resources requested.
+    pub request: Resources,
+    /// Dynamic ports requested.
+    pub ports: u16,
+    /// [`flags`] bits.
+    pub flags: u8,
+    /// Gang number, or [`NO_GANG`].
+    pub gang: u32,
+    /// Interned constraint number (0 = none).
+    pub constraint: u32,
+    /// Placement strategy.
+    pub strategy: Strategy,
+    /// At most this many instances of the job on one host (0 = no limit).
+    pub max_per_host: u16,
+}
+
+/// Why the arena refused a task.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    /// The bound on tasks is reached.
+    #[error("the limit of {limit} tasks is reached")]
+    TooManyTasks {
+        /// The bound.
+        limit: usize,
+    },
+    /// A stale or unknown handle.
+    #[error("no such task")]
+    NotFound,
+}
+
+/// All tasks, as columns.
+#[derive(Debug, Default)]
+pub struct TaskArena {
+    max_tasks: usize,
+    generation: Vec<u32>,
+    live: Vec<bool>,
+    job: Vec<u32>,
+    instance: Vec<u32>,
+    pool: Vec<u32>,
+    priority: Vec<u32>,
+    request: Vec<Resources>,
+    ports: Vec<u16>,
+    max_per_host: Vec<u16>,
+    flags: Vec<u8>,
+    strategy: Vec<Strategy>,
+    state: Vec<TaskState>,
+    gang: Vec<u32>,
+    constraint: Vec<u32>,
+    host: Vec<u32>,
+    gpu: Vec<GpuGrant>,
+    arrival: Vec<u64>,
+    start_ms: Vec<u64>,
+    free_slots: Vec<u32>,
+    next_arrival: u64,
+    n_live: usize,
+}
+
+impl TaskArena {
+    /// An empty arena holding at most `max_tasks` tasks.
+    pub fn new(max_tasks: usize) -> Self {
+        assert!(max_tasks <= u32::MAX as usize, "task slots fit in u32");
+        TaskArena {
+            max_tasks,
+            next_arrival: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Live tasks.
+    pub fn len(&self) -> usize {
+        self.n_live
+    }
+
+    /// True when no task is live.
+    pub fn is_empty(&self) -> bool {
+        self.n_live == 0
+    }
+
+    /// Slots (live or free).
+    pub fn n_slots(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Reserves room for `additional` more tasks in every column.
+    pub fn reserve(&mut self, additional: usize) {
+        macro_rules! reserve_all {
+            ($($c:ident),*) => { $( self.$c.reserve(additional); )* };
+        }
+        reserve_all!(
+            generation,
+            live,
+            job,
+            instance,
+            pool,
+            priority,
+            request,
+            ports,
+            max_per_host,
+            flags,
+            strategy,
+            state,
+            gang,
+            constraint,
+            host,
+            gpu,
+            arrival,
+            start_ms
+        );
+    }
+
+    /// Adds a task in state `Pending`; its arrival number orders it among
+    /// equal priorities.
+    pub fn add(&mut self, spec: &TaskSpec) -> Result<TaskHandle, TaskError> {
+        if self.n_live >= self.max_tasks {
+            return Err(TaskError::TooManyTasks {
+                limit: self.max_tasks,
+            });
+        }
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                let i = slot as usize;
+                self.generation[i] = self.generation[i].wrapping_add(1);
+                self.live[i] = true;
+                self.job[i] = spec.job;
+                self.instance[i] = spec.instance;
+                self.pool[i] = spec.pool;
+                self.priority[i] = spec.priority;
+                self.request[i] = spec.request;
+                self.ports[i] = spec.ports;
+                self.max_per_host[i] = spec.max_per_host;
+                self.flags[i] = spec.flags;
+                self.strategy[i] = spec.strategy;
+                self.state[i] = TaskState::Pending;
+                self.gang[i] = spec.gang;
+                self.constraint[i] = spec.constraint;
+                self.host[i] = NO_HOST;
+                self.gpu[i] = GpuGrant::default();
+                self.arrival[i] = arrival;
+                self.start_ms[i] = 0;
+                slot
+            }
+            None => {
+                let slot = u32::try_from(self.live.len()).expect("task slots fit in u32");
+                self.generation.push(0);
+                self.live.push(true);
+                self.job.push(spec.job);
+                self.instance.push(spec.instance);
+                self.pool.push(spec.pool);
+                self.priority.push(spec.priority);
+                self.request.push(spec.request);
+                self.ports.push(spec.ports);
+                self.max_per_host.push(spec.max_per_host);
+                self.flags.push(spec.flags);
+                self.strategy.push(spec.strategy);
+                self.state.push(TaskState::Pending);
+                self.gang.push(spec.gang);
+                self.constraint.push(spec.constraint);
+                self.host.push(NO_HOST);
+                self.gpu.push(GpuGrant::default());
+                self.arrival.push(arrival);
+                self.start_ms.push(0);
+                slot
+            }
+        };
+        self.n_live += 1;
+        Ok(TaskHandle {
+            idx: slot,
+            generation: self.generation[slot as usize],
+        })
+    }
+
+    /// True if `handle` names a live task.
+    pub fn contains(&self, handle: TaskHandle) -> bool {
+        let i = handle.idx();
+        i < self.live.len() && self.live[i] && self.generation[i] == handle.generation
+    }
+
+    /// Removes a task; its slot is reused under a new generation.
+    pub fn remove(&mut self, handle: TaskHandle) -> Result<(), TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        let i = handle.idx();
+        self.live[i] = false;
+        self.host[i] = NO_HOST;
+        self.free_slots.push(handle.idx);
+        self.n_live -= 1;
+        Ok(())
+    }
+
+    /// The spec a live task was added with.
+    pub fn spec(&self, handle: TaskHandle) -> Result<TaskSpec, TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        let i = handle.idx();
+        Ok(TaskSpec {
+            job: self.job[i],
+            instance: self.instance[i],
+            pool: self.pool[i],
+            priority: self.priority[i],
+            request: self.request[i],
+            ports: self.ports[i],
+            flags: self.flags[i],
+            gang: self.gang[i],
+            constraint: self.constraint[i],
+            strategy: self.strategy[i],
+            max_per_host: self.max_per_host[i],
+        })
+    }
+
+    /// State of a live task.
+    pub fn state(&self, handle: TaskHandle) -> Result<TaskState, TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        Ok(self.state[handle.idx()])
+    }
+
+    /// Sets a live task's state.
+    pub fn set_state(&mut self, handle: TaskHandle, state: TaskState) -> Result<(), TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        self.state[handle.idx()] = state;
+        Ok(())
+    }
+
+    /// Records a placement: host slot, GPU devices, start time.
+    pub fn set_placed(
+        &mut self,
+        handle: TaskHandle,
+        host: u32,
+        gpu: GpuGrant,
+        start_ms: u64,
+    ) -> Result<(), TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        let i = handle.idx();
+        self.state[i] = TaskState::Placed;
+        self.host[i] = host;
+        self.gpu[i] = gpu;
+        self.start_ms[i] = start_ms;
+        Ok(())
+    }
+
+    /// Host slot of a live task, if placed.
+    pub fn host(&self, handle: TaskHandle) -> Result<Option<u32>, TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        let h = self.host[handle.idx()];
+        Ok((h != NO_HOST).then_some(h))
+    }
+
+    /// Arrival number of a live task.
+    pub fn arrival(&self, handle: TaskHandle) -> Result<u64, TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        Ok(self.arrival[handle.idx()])
+    }
+
+    /// Bytes the columns use per slot (capacity, not length).
+    pub fn bytes_per_slot() -> usize {
+        use std::mem::size_of;
+        size_of::<u32>() * 7 // generation, job, instance, pool, priority, gang, constraint
+            + size_of::<u32>() // host
+            + size_of::<bool>()
+            + size_of::<Resources>()
+            + size_of::<u16>() * 2
+            + size_of::<u8>()
+            + size_of::<Strategy>()
+            + size_of::<TaskState>()
+            + size_of::<GpuGrant>()
+            + size_of::<u64>() * 2
+    }
+
+    /// Panics unless the columns agree.
+    pub fn check_invariants(&self) {
+        let n = self.live.len();
+        for len in [
+            self.generation.len(),
+            self.job.len(),
+            self.instance.len(),
+            self.pool.len(),
+            self.priority.len(),
+            self.request.len(),
+            self.ports.len(),
+            self.max_per_host.len(),
+            self.flags.len(),
+            self.strategy.len(),
+            self.state.len(),
+            self.gang.len(),
+            self.constraint.len(),
+            self.host.len(),
+            self.gpu.len(),
+            self.arrival.len(),
+            self.start_ms.len(),
+        ] {
+            assert_eq!(len, n, "task columns have equal length");
+        }
+        assert_eq!(self.live.iter().filter(|&&l| l).count(), self.n_live);
+        assert_eq!(self.free_slots.len() + self.n_live, n);
+        for i in 0..n {
+            if self.live[i] {
+                assert_eq!(
+                    self.state[i] == TaskState::Placed,
+                    self.host[i] != NO_HOST,
+                    "placed iff on a host"
+                );
+                assert!(self.arrival[i] < self.next_arrival);
+            } else {
+                assert_eq!(self.host[i], NO_HOST);
+            }
+        }
+    }
+}
