@@ -501,3 +501,67 @@ impl ConstraintCache {
         &self.evaluated[constraint]
     }
 }
+
+/// Distinct constraints by number; number 0 is [`Constraint::True`]. Tasks
+/// store the number, so each distinct text is compiled once.
+#[derive(Debug)]
+pub struct ConstraintTable {
+    constraints: Vec<Constraint>,
+    texts: Vec<Box<str>>,
+    by_text: HashMap<Box<str>, u32>,
+}
+
+impl Default for ConstraintTable {
+    fn default() -> Self {
+        let mut table = ConstraintTable {
+            constraints: Vec::new(),
+            texts: Vec::new(),
+            by_text: HashMap::new(),
+        };
+        table.constraints.push(Constraint::True);
+        table.texts.push("".into());
+        table.by_text.insert("".into(), 0);
+        table
+    }
+}
+
+impl ConstraintTable {
+    /// A table holding only the empty constraint.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of `text`, compiling it the first time.
+    pub fn intern(&mut self, text: &str, interner: &mut Interner) -> Result<u32, ConstraintError> {
+        let text = text.trim();
+        if let Some(&id) = self.by_text.get(text) {
+            return Ok(id);
+        }
+        let constraint = Constraint::parse(text, interner)?;
+        let id = u32::try_from(self.constraints.len()).expect("constraints fit in u32");
+        self.constraints.push(constraint);
+        self.texts.push(text.into());
+        self.by_text.insert(text.into(), id);
+        Ok(id)
+    }
+
+    /// The constraint with number `id`.
+    pub fn get(&self, id: u32) -> Option<&Constraint> {
+        self.constraints.get(id as usize)
+    }
+
+    /// The text constraint `id` was compiled from.
+    pub fn text(&self, id: u32) -> Option<&str> {
+        self.texts.get(id as usize).map(|t| &**t)
+    }
+
+    /// Number of distinct constraints (the empty one included).
+    pub fn len(&self) -> usize {
+        self.constraints.len()
+    }
+
+    /// Never true: the empty constraint is always there.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}

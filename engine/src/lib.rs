@@ -16,6 +16,7 @@ pub mod entitlement;
 pub mod host;
 pub mod intern;
 pub mod manager;
+pub mod placement;
 pub mod pool;
 pub mod resources;
 pub mod task;

@@ -353,6 +353,42 @@ impl TaskArena {
         Ok(())
     }
 
+    /// Takes a placed task off its host record; it goes back to `Admitted`.
+    pub fn set_unplaced(&mut self, handle: TaskHandle) -> Result<(), TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        let i = handle.idx();
+        self.state[i] = TaskState::Admitted;
+        self.host[i] = NO_HOST;
+        self.gpu[i] = GpuGrant::default();
+        Ok(())
+    }
+
+    /// GPU devices a live task holds.
+    pub fn gpu(&self, handle: TaskHandle) -> Result<GpuGrant, TaskError> {
+        if !self.contains(handle) {
+            return Err(TaskError::NotFound);
+        }
+        Ok(self.gpu[handle.idx()])
+    }
+
+    /// Every placed task: handle, host slot, request.
+    pub fn placed(&self) -> impl Iterator<Item = (TaskHandle, u32, Resources)> + '_ {
+        (0..self.live.len())
+            .filter(|&i| self.live[i] && self.host[i] != NO_HOST)
+            .map(|i| {
+                (
+                    TaskHandle {
+                        idx: i as u32,
+                        generation: self.generation[i],
+                    },
+                    self.host[i],
+                    self.request[i],
+                )
+            })
+    }
+
     /// Host slot of a live task, if placed.
     pub fn host(&self, handle: TaskHandle) -> Result<Option<u32>, TaskError> {
         if !self.contains(handle) {

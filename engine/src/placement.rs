@@ -1,0 +1,677 @@
+//! Batched placement: admitted tasks onto hosts.
+//!
+//! Tasks of a batch are grouped into equivalence classes (same request,
+//! ports, constraint, strategy and per-host limit), so each class's
+//! candidate hosts are computed once, with bitmap algebra: hosts that are
+//! up, match the constraint, are not exclusive to others, and are not GPU
+//! hosts kept for GPU work. Each class then walks its candidates:
+//!
+//! - `first_fit`: in slot order, filling each host with as many tasks of the
+//!   class as fit before moving on;
+//! - `pack` and `spread`: a heap of the candidates that fit, keyed by score
+//!   (lower is better) then slot; the best host takes one task, is re-scored
+//!   and goes back if it still fits. That is exactly per-task greedy choice,
+//!   at O(candidates + tasks · log candidates) per class instead of a scan of
+//!   every host per task.
+//!
+//! Scores: `pack` is the capacity left on the host after the task,
+//! normalised per dimension and summed (tightest fit first, so fewer hosts
+//! are used and less capacity is stranded); with the GPU-aware option a
+//! fractional-GPU task prefers the partly used device it fills best and
+//! avoids breaking a whole device, and a whole-GPU task prefers hosts that
+//! keep fewer whole devices idle. `spread` is the host's allocated fraction
+//! (least allocated first).
+//!
+//! Gangs are placed first, member by member, and rolled back completely if
+//! any member finds no host. Every task that is not placed gets a reason:
+//! for each live host, the first check it failed, counted.
+//!
+//! Processing order (which the reference placer in the tests follows):
+//! gangs in batch order, then classes in order of first appearance, tasks of
+//! a class in batch order. Everything is sequential and deterministic.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fmt;
+
+use roaring::RoaringBitmap;
+
+use crate::constraint::{ConstraintCache, ConstraintTable};
+use crate::host::{
+    EXCLUSIVE_KEY, GpuGrant, HostArena, HostState, MAX_GPU_DEVICES, MILLI_GPUS_PER_DEVICE, Misfit,
+};
+use crate::resources::{Dim, Resources};
+use crate::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskState};
+
+/// Most tasks in one placement batch.
+pub const MAX_BATCH: usize = 1_000_000;
+
+/// Placement options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlacementConfig {
+    /// GPU hosts take tasks without GPUs too (default: no, they are kept for
+    /// GPU work).
+    pub allow_cpu_tasks_on_gpu_hosts: bool,
+    /// The `pack` score avoids fragmenting GPUs (default: yes).
+    pub gpu_aware: bool,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            allow_cpu_tasks_on_gpu_hosts: false,
+            gpu_aware: true,
+        }
+    }
+}
+
+/// One check a host can fail for a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Check {
+    /// The host is draining or down.
+    HostNotUp,
+    /// The task's constraint does not match the host.
+    Constraint,
+    /// The host is exclusive and the constraint does not name it.
+    Exclusive,
+    /// A GPU host, kept for GPU tasks.
+    GpuHostReserved,
+    /// The job already has its maximum of instances on the host.
+    PerHostLimit,
+    /// Not enough of a resource is free.
+    Insufficient(Dim),
+    /// Enough GPU in total, but not on one device / as whole devices.
+    GpuFragmented,
+    /// Not enough free ports.
+    Ports,
+}
+
+/// Why a task was not placed: how many hosts failed each check (each host
+/// counted once, at the first check it failed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reason {
+    /// Live hosts considered.
+    pub n_hosts: u32,
+    /// Failed checks with their host counts, most common first.
+    pub counts: Vec<(Check, u32)>,
+    /// The task's constraint number (to name it).
+    pub constraint: u32,
+    /// For a gang: its size (the counts are those of the member that found
+    /// no host, after the members before it were placed); 0 otherwise.
+    pub gang_size: u32,
+}
+
+impl Reason {
+    /// A sentence such as `0/10000 hosts: 9120 insufficient gpu, 880
+    /// constraint zone==b not met`.
+    pub fn describe(&self, hosts: &HostArena, constraints: &ConstraintTable) -> String {
+        let mut s = String::new();
+        if self.gang_size > 0 {
+            s.push_str(&format!(
+                "gang of {} could not be placed whole; for its first unplaceable member: ",
+                self.gang_size
+            ));
+        }
+        s.push_str(&format!("0/{} hosts:", self.n_hosts));
+        for (i, (check, n)) in self.counts.iter().enumerate() {
+            s.push_str(if i == 0 { " " } else { ", " });
+            let what = match check {
+                Check::HostNotUp => "not up".to_owned(),
+                Check::Constraint => {
+                    let c = constraints.get(self.constraint).expect("known constraint");
+                    format!("constraint {} not met", c.display(hosts.interner()))
+                }
+                Check::Exclusive => "exclusive to other work".to_owned(),
+                Check::GpuHostReserved => "GPU hosts kept for GPU tasks".to_owned(),
+                Check::PerHostLimit => "per-host instance limit reached".to_owned(),
+                Check::Insufficient(d) => format!("insufficient {d}"),
+                Check::GpuFragmented => "GPU free but fragmented".to_owned(),
+                Check::Ports => "insufficient ports".to_owned(),
+            };
+            s.push_str(&format!("{n} {what}"));
+        }
+        if self.counts.is_empty() {
+            s.push_str(" no hosts");
+        }
+        s
+    }
+}
+
+/// A task placed on a host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// The task.
+    pub task: TaskHandle,
+    /// Host slot.
+    pub host: u32,
+    /// GPU devices it holds.
+    pub gpu: GpuGrant,
+}
+
+/// A task left unplaced, with why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unplaced {
+    /// The task.
+    pub task: TaskHandle,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// Output of one placement call; reuse it across calls.
+#[derive(Clone, Debug, Default)]
+pub struct PlacementResult {
+    /// Placements, in processing order.
+    pub placed: Vec<Placed>,
+    /// Tasks without a host.
+    pub unplaced: Vec<Unplaced>,
+}
+
+/// Why a batch was refused (nothing was placed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// More than [`MAX_BATCH`] tasks.
+    #[error("a batch of {n} tasks exceeds the limit of {MAX_BATCH}")]
+    BatchTooLarge {
+        /// Tasks in the batch.
+        n: usize,
+    },
+    /// A task handle is stale, already placed, listed twice, or has an
+    /// invalid request.
+    #[error("task {index} of the batch: {problem}")]
+    InvalidTask {
+        /// Position in the batch.
+        index: usize,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ClassKey {
+    request: Resources,
+    ports: u16,
+    constraint: u32,
+    strategy: Strategy,
+    /// The job, when a per-host limit applies (otherwise `u32::MAX`).
+    job: u32,
+    max_per_host: u16,
+}
+
+/// Placement state kept between batches: per-host instance counts of jobs
+/// with a per-host limit, and the constraint cache.
+#[derive(Debug, Default)]
+pub struct Placer {
+    config: PlacementConfig,
+    job_host: HashMap<(u32, u32), u16>,
+    cache: ConstraintCache,
+    classes: HashMap<ClassKey, usize>,
+    class_tasks: Vec<Vec<TaskHandle>>,
+    class_keys: Vec<ClassKey>,
+    gangs: Vec<(u32, Vec<TaskHandle>)>,
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+}
+
+impl Placer {
+    /// A placer with these options.
+    pub fn new(config: PlacementConfig) -> Self {
+        Placer {
+            config,
+            ..Default::default()
+        }
+    }
+
+    /// Instances of `job` on the host in `slot` (for jobs with a per-host
+    /// limit).
+    pub fn instances_on_host(&self, job: u32, slot: u32) -> u16 {
+        self.job_host.get(&(job, slot)).copied().unwrap_or(0)
+    }
+
+    /// Places a batch of unplaced tasks. Validates the whole batch first: on
+    /// error nothing is placed. `out` is cleared first.
+    pub fn place(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        constraints: &ConstraintTable,
+        batch: &[TaskHandle],
+        now_ms: u64,
+        out: &mut PlacementResult,
+    ) -> Result<(), PlacementError> {
+        out.placed.clear();
+        out.unplaced.clear();
+        if batch.len() > MAX_BATCH {
+            return Err(PlacementError::BatchTooLarge { n: batch.len() });
+        }
+        let mut seen = RoaringBitmap::new();
+        for (index, &task) in batch.iter().enumerate() {
+            let invalid = |problem: String| PlacementError::InvalidTask { index, problem };
+            let spec = tasks.spec(task).map_err(|e| invalid(e.to_string()))?;
+            if tasks.state(task) == Ok(TaskState::Placed) {
+                return Err(invalid("already placed".into()));
+            }
+            if !seen.insert(task.idx() as u32) {
+                return Err(invalid("listed twice in the batch".into()));
+            }
+            crate::host::validate_gpu_request(spec.request[Dim::Gpu]).map_err(invalid)?;
+            if constraints.get(spec.constraint).is_none() {
+                return Err(invalid(format!("unknown constraint {}", spec.constraint)));
+            }
+        }
+
+        // Group: gangs by gang number, the rest by class.
+        self.cache.clear();
+        self.classes.clear();
+        for v in &mut self.class_tasks {
+            v.clear();
+        }
+        self.class_keys.clear();
+        self.gangs.clear();
+        let mut gang_index: HashMap<u32, usize> = HashMap::new();
+        for &task in batch {
+            let spec = tasks.spec(task).expect("validated");
+            if spec.gang != NO_GANG {
+                let i = *gang_index.entry(spec.gang).or_insert_with(|| {
+                    self.gangs.push((spec.gang, Vec::new()));
+                    self.gangs.len() - 1
+                });
+                self.gangs[i].1.push(task);
+                continue;
+            }
+            let key = ClassKey {
+                request: spec.request,
+                ports: spec.ports,
+                constraint: spec.constraint,
+                strategy: spec.strategy,
+                job: if spec.max_per_host > 0 {
+                    spec.job
+                } else {
+                    u32::MAX
+                },
+                max_per_host: spec.max_per_host,
+            };
+            let n_classes = self.class_keys.len();
+            let class = *self.classes.entry(key).or_insert(n_classes);
+            if class == n_classes {
+                self.class_keys.push(key);
+                if self.class_tasks.len() <= class {
+                    self.class_tasks.push(Vec::new());
+                }
+            }
+            self.class_tasks[class].push(task);
+        }
+
+        let gangs = std::mem::take(&mut self.gangs);
+        for (_, members) in &gangs {
+            self.place_gang(hosts, tasks, constraints, members, now_ms, out);
+        }
+        self.gangs = gangs;
+        let class_tasks = std::mem::take(&mut self.class_tasks);
+        for (class, members) in class_tasks.iter().enumerate().take(self.class_keys.len()) {
+            let key = self.class_keys[class];
+            self.place_class(hosts, tasks, constraints, key, members, now_ms, out);
+        }
+        self.class_tasks = class_tasks;
+        Ok(())
+    }
+
+    /// Takes a placed task off its host (it ended or was preempted): frees
+    /// its resources and per-host count; the task goes back to `Admitted`.
+    pub fn unplace(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        task: TaskHandle,
+    ) -> Result<(), crate::task::TaskError> {
+        let spec = tasks.spec(task)?;
+        let Some(host) = tasks.host(task)? else {
+            return Err(crate::task::TaskError::NotFound);
+        };
+        let gpu = tasks.gpu(task)?;
+        hosts.release(host as usize, &spec.request, u32::from(spec.ports), gpu);
+        if spec.max_per_host > 0 {
+            let count = self
+                .job_host
+                .get_mut(&(spec.job, host))
+                .expect("counted on placement");
+            *count -= 1;
+            if *count == 0 {
+                self.job_host.remove(&(spec.job, host));
+            }
+        }
+        tasks.set_unplaced(task)?;
+        Ok(())
+    }
+
+    fn key_of(tasks: &TaskArena, task: TaskHandle) -> ClassKey {
+        let spec = tasks.spec(task).expect("validated");
+        ClassKey {
+            request: spec.request,
+            ports: spec.ports,
+            constraint: spec.constraint,
+            strategy: spec.strategy,
+            job: if spec.max_per_host > 0 {
+                spec.job
+            } else {
+                u32::MAX
+            },
+            max_per_host: spec.max_per_host,
+        }
+    }
+
+    /// Hosts a class may use at all (state, constraint, exclusivity, GPU
+    /// hosts); resources are checked per host.
+    fn candidates(
+        &mut self,
+        hosts: &HostArena,
+        constraints: &ConstraintTable,
+        key: &ClassKey,
+    ) -> RoaringBitmap {
+        let constraint = constraints.get(key.constraint).expect("validated");
+        let mut out = self.cache.evaluate(constraint, hosts).clone();
+        out &= hosts.in_state(HostState::Up);
+        if let Some(exclusive) = hosts.exclusive_hosts() {
+            let names_it = hosts
+                .interner()
+                .get(EXCLUSIVE_KEY)
+                .is_some_and(|k| constraint.mentions(k));
+            if !names_it {
+                out -= exclusive;
+            }
+        }
+        if key.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts {
+            out -= hosts.gpu_hosts();
+        }
+        out
+    }
+
+    fn host_fits(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> bool {
+        if key.max_per_host > 0 && self.instances_on_host(key.job, slot) >= key.max_per_host {
+            return false;
+        }
+        hosts
+            .fits(slot as usize, &key.request, u32::from(key.ports))
+            .is_ok()
+    }
+
+    fn score(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> f64 {
+        let slot = slot as usize;
+        match key.strategy {
+            Strategy::FirstFit => slot as f64,
+            Strategy::Spread => {
+                let mut allocated = 0.0;
+                for d in Dim::ALL {
+                    let cap = hosts.capacity_column(d)[slot];
+                    if cap > 0 {
+                        allocated += (cap - hosts.free_column(d)[slot]) as f64 / cap as f64;
+                    }
+                }
+                allocated
+            }
+            Strategy::Pack => pack_score(hosts, slot, &key.request, self.config.gpu_aware),
+        }
+    }
+
+    fn commit(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        task: TaskHandle,
+        slot: u32,
+        key: &ClassKey,
+        now_ms: u64,
+    ) -> Placed {
+        let gpu = hosts
+            .allocate(slot as usize, &key.request, u32::from(key.ports))
+            .expect("the host was checked to fit");
+        if key.max_per_host > 0 {
+            *self.job_host.entry((key.job, slot)).or_insert(0) += 1;
+        }
+        tasks
+            .set_placed(task, slot, gpu, now_ms)
+            .expect("validated");
+        Placed {
+            task,
+            host: slot,
+            gpu,
+        }
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the placement context, passed explicitly"
+    )]
+    fn place_class(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        constraints: &ConstraintTable,
+        key: ClassKey,
+        members: &[TaskHandle],
+        now_ms: u64,
+        out: &mut PlacementResult,
+    ) {
+        let candidates = self.candidates(hosts, constraints, &key);
+        let mut next = 0;
+        match key.strategy {
+            Strategy::FirstFit => {
+                for slot in candidates.iter() {
+                    while next < members.len() && self.host_fits(hosts, slot, &key) {
+                        let placed = self.commit(hosts, tasks, members[next], slot, &key, now_ms);
+                        out.placed.push(placed);
+                        next += 1;
+                    }
+                    if next == members.len() {
+                        break;
+                    }
+                }
+            }
+            Strategy::Pack | Strategy::Spread => {
+                self.heap.clear();
+                for slot in candidates.iter() {
+                    if self.host_fits(hosts, slot, &key) {
+                        let score = self.score(hosts, slot, &key);
+                        self.heap.push(Reverse((score_key(score), slot)));
+                    }
+                }
+                while next < members.len() {
+                    let Some(Reverse((_, slot))) = self.heap.pop() else {
+                        break;
+                    };
+                    let placed = self.commit(hosts, tasks, members[next], slot, &key, now_ms);
+                    out.placed.push(placed);
+                    next += 1;
+                    if self.host_fits(hosts, slot, &key) {
+                        let score = self.score(hosts, slot, &key);
+                        self.heap.push(Reverse((score_key(score), slot)));
+                    }
+                }
+            }
+        }
+        if next < members.len() {
+            let reason = self.reason(hosts, constraints, &key, &candidates);
+            for &task in &members[next..] {
+                out.unplaced.push(Unplaced {
+                    task,
+                    reason: reason.clone(),
+                });
+            }
+        }
+    }
+
+    fn place_gang(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        constraints: &ConstraintTable,
+        members: &[TaskHandle],
+        now_ms: u64,
+        out: &mut PlacementResult,
+    ) {
+        let start = out.placed.len();
+        let mut failed: Option<(ClassKey, RoaringBitmap)> = None;
+        for &task in members {
+            let key = Self::key_of(tasks, task);
+            let candidates = self.candidates(hosts, constraints, &key);
+            let mut best: Option<(u64, u32)> = None;
+            for slot in candidates.iter() {
+                if self.host_fits(hosts, slot, &key) {
+                    let k = (score_key(self.score(hosts, slot, &key)), slot);
+                    if best.is_none_or(|b| k < b) {
+                        best = Some(k);
+                        if key.strategy == Strategy::FirstFit {
+                            break;
+                        }
+                    }
+                }
+            }
+            match best {
+                Some((_, slot)) => {
+                    let placed = self.commit(hosts, tasks, task, slot, &key, now_ms);
+                    out.placed.push(placed);
+                }
+                None => {
+                    failed = Some((key, candidates));
+                    break;
+                }
+            }
+        }
+        let Some((key, candidates)) = failed else {
+            return;
+        };
+        // The reason is taken before the rollback: why this member found no
+        // host with the members before it in place.
+        let mut reason = self.reason(hosts, constraints, &key, &candidates);
+        reason.gang_size = members.len() as u32;
+        // Roll back: nothing of a partial gang stays reserved.
+        for placed in out.placed.drain(start..).collect::<Vec<_>>() {
+            self.unplace(hosts, tasks, placed.task)
+                .expect("just placed");
+        }
+        for &task in members {
+            out.unplaced.push(Unplaced {
+                task,
+                reason: reason.clone(),
+            });
+        }
+    }
+
+    fn reason(
+        &self,
+        hosts: &HostArena,
+        constraints: &ConstraintTable,
+        key: &ClassKey,
+        candidates: &RoaringBitmap,
+    ) -> Reason {
+        let constraint = constraints.get(key.constraint).expect("validated");
+        let exclusive_key = hosts.interner().get(EXCLUSIVE_KEY);
+        let names_exclusive = exclusive_key.is_some_and(|k| constraint.mentions(k));
+        let mut counts: HashMap<Check, u32> = HashMap::new();
+        let mut n_hosts = 0;
+        for slot in hosts.live_hosts().iter() {
+            n_hosts += 1;
+            let s = slot as usize;
+            let check = if !hosts.in_state(HostState::Up).contains(slot) {
+                Some(Check::HostNotUp)
+            } else if !constraint.matches(hosts.attributes(s)) {
+                Some(Check::Constraint)
+            } else if !names_exclusive && hosts.exclusive_hosts().is_some_and(|e| e.contains(slot))
+            {
+                Some(Check::Exclusive)
+            } else if !candidates.contains(slot) {
+                Some(Check::GpuHostReserved)
+            } else if key.max_per_host > 0
+                && self.instances_on_host(key.job, slot) >= key.max_per_host
+            {
+                Some(Check::PerHostLimit)
+            } else {
+                match hosts.fits(s, &key.request, u32::from(key.ports)) {
+                    Err(Misfit::Insufficient(d)) => Some(Check::Insufficient(d)),
+                    Err(Misfit::GpuFragmented) => Some(Check::GpuFragmented),
+                    Err(Misfit::Ports) => Some(Check::Ports),
+                    Ok(()) => None,
+                }
+            };
+            if let Some(check) = check {
+                *counts.entry(check).or_insert(0) += 1;
+            }
+        }
+        let mut counts: Vec<(Check, u32)> = counts.into_iter().collect();
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Reason {
+            n_hosts,
+            counts,
+            constraint: key.constraint,
+            gang_size: 0,
+        }
+    }
+}
+
+/// Orders non-negative scores as integers (IEEE-754 bits of non-negative
+/// floats sort like the values).
+fn score_key(score: f64) -> u64 {
+    debug_assert!(score >= 0.0);
+    score.max(0.0).to_bits()
+}
+
+/// Capacity left on the host after the task, normalised and summed over
+/// dimensions (lower = tighter fit). GPU-aware: a fractional request scores
+/// the leftover on the device it would use and a penalty for breaking a
+/// whole device; a whole-GPU request scores the whole devices left idle.
+pub fn pack_score(hosts: &HostArena, slot: usize, request: &Resources, gpu_aware: bool) -> f64 {
+    let mut score = 0.0;
+    for d in [Dim::Cpu, Dim::Memory, Dim::Disk] {
+        let cap = hosts.capacity_column(d)[slot];
+        if cap > 0 {
+            score += hosts.free_column(d)[slot].saturating_sub(request[d]) as f64 / cap as f64;
+        }
+    }
+    let gpu_cap = hosts.capacity_column(Dim::Gpu)[slot];
+    if gpu_cap == 0 {
+        return score;
+    }
+    let gpu = request[Dim::Gpu];
+    if !gpu_aware || gpu == 0 {
+        score += hosts.free_column(Dim::Gpu)[slot].saturating_sub(gpu) as f64 / gpu_cap as f64;
+        return score;
+    }
+    let devices = hosts.gpu_free(slot);
+    let whole = devices
+        .iter()
+        .filter(|&&f| u64::from(f) == MILLI_GPUS_PER_DEVICE)
+        .count();
+    if gpu < MILLI_GPUS_PER_DEVICE {
+        // The device best fit would choose: least free that still fits.
+        let best = devices
+            .iter()
+            .filter(|&&f| u64::from(f) >= gpu)
+            .min()
+            .copied()
+            .unwrap_or(0);
+        let leftover = u64::from(best).saturating_sub(gpu) as f64 / MILLI_GPUS_PER_DEVICE as f64;
+        let breaks_whole = if u64::from(best) == MILLI_GPUS_PER_DEVICE {
+            1.0
+        } else {
+            0.0
+        };
+        score + 4.0 * (leftover + breaks_whole)
+    } else {
+        let used = (gpu / MILLI_GPUS_PER_DEVICE) as usize;
+        let idle_after = whole.saturating_sub(used) as f64 / MAX_GPU_DEVICES as f64;
+        score + 4.0 * idle_after
+    }
+}
+
+/// Sums of what placed tasks hold per host, for invariant checks.
+pub fn held_per_host(tasks: &TaskArena, n_hosts: usize) -> Vec<Resources> {
+    let mut held = vec![Resources::ZERO; n_hosts];
+    for (_, host, request) in tasks.placed() {
+        held[host as usize].add_assign(&request);
+    }
+    held
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}

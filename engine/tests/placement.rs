@@ -1,0 +1,585 @@
+//! Placement: examples with reasons, gangs, and a brute-force reference
+//! placer that every strategy must agree with exactly.
+
+use std::collections::HashMap;
+
+use expect_test::{Expect, expect};
+use peloton_engine::constraint::ConstraintTable;
+use peloton_engine::host::{EXCLUSIVE_KEY, GpuGrant, HostArena, HostLimits, HostSpec, HostState};
+use peloton_engine::placement::{
+    PlacementConfig, PlacementResult, Placer, held_per_host, pack_score,
+};
+use peloton_engine::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskSpec};
+use peloton_engine::testkit::Rng;
+use peloton_engine::{Dim, Resources};
+use proptest::prelude::*;
+
+struct Env {
+    hosts: HostArena,
+    tasks: TaskArena,
+    constraints: ConstraintTable,
+    placer: Placer,
+    names: Vec<String>,
+}
+
+impl Env {
+    fn new() -> Self {
+        Env {
+            hosts: HostArena::new(HostLimits::default()),
+            tasks: TaskArena::new(1_000_000),
+            constraints: ConstraintTable::new(),
+            placer: Placer::new(PlacementConfig::default()),
+            names: Vec::new(),
+        }
+    }
+
+    /// `NAME cpu=N mem=N gpus=N key=value…`
+    fn host(&mut self, line: &str) {
+        let mut words = line.split_whitespace();
+        let mut spec = HostSpec {
+            name: words.next().unwrap().to_owned(),
+            ports: 100,
+            ..Default::default()
+        };
+        for word in words {
+            let (k, v) = word.split_once('=').unwrap();
+            match k {
+                "cpu" => spec.capacity[Dim::Cpu] = v.parse::<u64>().unwrap() * 1000,
+                "mem" => spec.capacity[Dim::Memory] = v.parse::<u64>().unwrap() * 1024,
+                "gpus" => {
+                    spec.gpu_devices = v.parse().unwrap();
+                    spec.capacity[Dim::Gpu] = u64::from(spec.gpu_devices) * 1000;
+                }
+                _ => spec.attributes.push((k.to_owned(), v.to_owned())),
+            }
+        }
+        self.hosts.add(&spec).unwrap();
+    }
+
+    /// `N x cpu=N mem=N gpu=MILLI strategy=… constraint="…" job=N max_per_host=N gang=N`
+    fn tasks(&mut self, line: &str) -> Vec<TaskHandle> {
+        let (count, rest) = line.split_once(" x ").unwrap();
+        let (rest, constraint) = match rest.split_once("constraint=\"") {
+            Some((a, b)) => (a.to_owned(), b.trim_end_matches('"').to_owned()),
+            None => (rest.to_owned(), String::new()),
+        };
+        let mut spec = TaskSpec {
+            gang: NO_GANG,
+            ..Default::default()
+        };
+        spec.constraint = self
+            .constraints
+            .intern(&constraint, self.hosts.interner_mut())
+            .unwrap();
+        for word in rest.split_whitespace() {
+            let (k, v) = word.split_once('=').unwrap();
+            match k {
+                "cpu" => spec.request[Dim::Cpu] = v.parse::<u64>().unwrap() * 1000,
+                "mem" => spec.request[Dim::Memory] = v.parse::<u64>().unwrap() * 1024,
+                "gpu" => spec.request[Dim::Gpu] = v.parse().unwrap(),
+                "job" => spec.job = v.parse().unwrap(),
+                "max_per_host" => spec.max_per_host = v.parse().unwrap(),
+                "gang" => spec.gang = v.parse().unwrap(),
+                "strategy" => {
+                    spec.strategy = match v {
+                        "pack" => Strategy::Pack,
+                        "spread" => Strategy::Spread,
+                        _ => Strategy::FirstFit,
+                    }
+                }
+                other => panic!("unknown key {other}"),
+            }
+        }
+        (0..count.parse::<u32>().unwrap())
+            .map(|i| {
+                spec.instance = i;
+                let t = self.tasks.add(&spec).unwrap();
+                self.names.push(format!(
+                    "{}#{i}",
+                    line.split_whitespace().nth(2).unwrap_or("t")
+                ));
+                t
+            })
+            .collect()
+    }
+
+    fn place(&mut self, batch: &[TaskHandle]) -> String {
+        let mut out = PlacementResult::default();
+        self.placer
+            .place(
+                &mut self.hosts,
+                &mut self.tasks,
+                &self.constraints,
+                batch,
+                0,
+                &mut out,
+            )
+            .unwrap();
+        check_invariants(&self.hosts, &self.tasks);
+        let mut per_host: std::collections::BTreeMap<String, usize> = Default::default();
+        for p in &out.placed {
+            let name = self
+                .hosts
+                .name(self.hosts.lookup_slot(p.host as usize).unwrap())
+                .to_owned();
+            *per_host.entry(name).or_default() += 1;
+        }
+        let mut report = String::new();
+        for (host, n) in per_host {
+            report.push_str(&format!("{host}: {n} task(s)\n"));
+        }
+        let mut reasons: Vec<String> = out
+            .unplaced
+            .iter()
+            .map(|u| u.reason.describe(&self.hosts, &self.constraints))
+            .collect();
+        reasons.dedup();
+        for r in reasons {
+            report.push_str(&format!("unplaced: {r}\n"));
+        }
+        report
+    }
+
+    fn check(&mut self, batch: &[TaskHandle], expected: Expect) {
+        let report = self.place(batch);
+        expected.assert_eq(&report);
+    }
+}
+
+/// Every host's free resources plus what its tasks hold equal its capacity.
+fn check_invariants(hosts: &HostArena, tasks: &TaskArena) {
+    hosts.check_invariants();
+    tasks.check_invariants();
+    let held = held_per_host(tasks, hosts.n_slots());
+    for slot in 0..hosts.n_slots() {
+        if hosts.lookup_slot(slot).is_some() {
+            assert_eq!(
+                hosts.free(slot).saturating_add(&held[slot]),
+                hosts.capacity(slot),
+                "host {slot}"
+            );
+        } else {
+            assert!(held[slot].is_zero());
+        }
+    }
+}
+
+#[test]
+fn pack_fills_the_tightest_hosts_and_spread_balances() {
+    let mut env = Env::new();
+    for line in ["a cpu=8 mem=32", "b cpu=16 mem=64", "c cpu=4 mem=16"] {
+        env.host(line);
+    }
+    let packed = env.tasks("5 x cpu=2 mem=4 strategy=pack");
+    // The smallest host fits tightest: c takes 2, then a takes 3.
+    env.check(
+        &packed,
+        expect![[r#"
+        a: 3 task(s)
+        c: 2 task(s)
+    "#]],
+    );
+    let mut env = Env::new();
+    for line in ["a cpu=8 mem=32", "b cpu=16 mem=64", "c cpu=4 mem=16"] {
+        env.host(line);
+    }
+    // Least allocated fraction first: b, the largest, ends up with most.
+    let spread = env.tasks("6 x cpu=2 mem=4 strategy=spread");
+    env.check(
+        &spread,
+        expect![[r#"
+        a: 2 task(s)
+        b: 3 task(s)
+        c: 1 task(s)
+    "#]],
+    );
+}
+
+#[test]
+fn constraints_limits_exclusive_and_gpu_hosts_with_reasons() {
+    let mut env = Env::new();
+    for line in [
+        "h1 cpu=8 mem=32 zone=a",
+        "h2 cpu=8 mem=32 zone=a",
+        "h3 cpu=8 mem=32 zone=b",
+        "h4 cpu=32 mem=128 zone=b exclusive=ml",
+        "g1 cpu=32 mem=128 zone=b gpus=8",
+    ] {
+        env.host(line);
+    }
+    // At most one instance per host, zone a only: 2 of 3 placed.
+    let spread = env
+        .tasks("3 x cpu=1 mem=1 job=7 max_per_host=1 strategy=first_fit constraint=\"zone == a\"");
+    env.check(
+        &spread,
+        expect![[r#"
+        h1: 1 task(s)
+        h2: 1 task(s)
+        unplaced: 0/5 hosts: 3 constraint zone==a not met, 2 per-host instance limit reached
+    "#]],
+    );
+    // Too big for ordinary hosts; the exclusive and GPU hosts are not theirs.
+    let big = env.tasks("1 x cpu=16 mem=8");
+    env.check(&big, expect![[r#"
+        unplaced: 0/5 hosts: 3 insufficient cpu, 1 exclusive to other work, 1 GPU hosts kept for GPU tasks
+    "#]]);
+    // Naming the exclusive key opens the exclusive host.
+    let ml = env.tasks("1 x cpu=16 mem=8 constraint=\"exclusive == ml\"");
+    env.check(
+        &ml,
+        expect![[r#"
+        h4: 1 task(s)
+    "#]],
+    );
+    // Fractional GPUs share a device (4 halves on 2 devices); whole GPUs take
+    // whole devices (3 x 2): all 8 devices are used.
+    let gpu = env.tasks("4 x cpu=1 mem=1 gpu=500");
+    let whole = env.tasks("3 x cpu=1 mem=1 gpu=2000");
+    let mut batch = gpu;
+    batch.extend(&whole);
+    env.check(
+        &batch,
+        expect![[r#"
+        g1: 7 task(s)
+    "#]],
+    );
+    assert_eq!(
+        env.hosts.gpu_free(env.hosts.lookup("g1").unwrap().idx()),
+        &[0; 8]
+    );
+    let two = env.tasks("1 x cpu=1 mem=1 gpu=2000");
+    env.check(
+        &two,
+        expect![[r#"
+        unplaced: 0/5 hosts: 4 insufficient gpu, 1 exclusive to other work
+    "#]],
+    );
+}
+
+#[test]
+fn gangs_are_placed_whole_or_not_at_all() {
+    let mut env = Env::new();
+    env.host("a cpu=8 mem=32");
+    env.host("b cpu=8 mem=32");
+    let gang = env.tasks("3 x cpu=6 mem=1 gang=1");
+    let free_before: Vec<Resources> = (0..2).map(|s| env.hosts.free(s)).collect();
+    env.check(&gang, expect![[r#"
+        unplaced: gang of 3 could not be placed whole; for its first unplaceable member: 0/2 hosts: 2 insufficient cpu
+    "#]]);
+    let free_after: Vec<Resources> = (0..2).map(|s| env.hosts.free(s)).collect();
+    assert_eq!(free_before, free_after, "nothing stays reserved");
+    let fits = env.tasks("2 x cpu=6 mem=1 gang=2");
+    env.check(
+        &fits,
+        expect![[r#"
+        a: 1 task(s)
+        b: 1 task(s)
+    "#]],
+    );
+}
+
+#[test]
+fn unplacing_frees_the_host_and_bad_batches_change_nothing() {
+    let mut env = Env::new();
+    env.host("a cpu=4 mem=8");
+    let t = env.tasks("2 x cpu=2 mem=1 job=3 max_per_host=2");
+    env.place(&t);
+    assert_eq!(env.hosts.free(0)[Dim::Cpu], 0);
+    assert_eq!(env.placer.instances_on_host(3, 0), 2);
+    let mut out = PlacementResult::default();
+    // Already placed: refused, nothing changes.
+    let err = env.placer.place(
+        &mut env.hosts,
+        &mut env.tasks,
+        &env.constraints,
+        &t,
+        0,
+        &mut out,
+    );
+    assert!(err.is_err());
+    env.placer
+        .unplace(&mut env.hosts, &mut env.tasks, t[0])
+        .unwrap();
+    assert_eq!(env.hosts.free(0)[Dim::Cpu], 2000);
+    assert_eq!(env.placer.instances_on_host(3, 0), 1);
+    check_invariants(&env.hosts, &env.tasks);
+    // The same task twice in one batch is refused.
+    assert!(
+        env.placer
+            .place(
+                &mut env.hosts,
+                &mut env.tasks,
+                &env.constraints,
+                &[t[0], t[0]],
+                0,
+                &mut out
+            )
+            .is_err()
+    );
+    env.placer
+        .place(
+            &mut env.hosts,
+            &mut env.tasks,
+            &env.constraints,
+            &[t[0]],
+            0,
+            &mut out,
+        )
+        .unwrap();
+    assert_eq!(out.placed.len(), 1);
+    check_invariants(&env.hosts, &env.tasks);
+}
+
+// ---------------------------------------------------------------------------
+// The reference: every task against every host, in the documented order.
+
+struct Reference {
+    hosts: HostArena,
+    per_host: HashMap<(u32, u32), u16>,
+    config: PlacementConfig,
+}
+
+impl Reference {
+    fn eligible(&self, constraints: &ConstraintTable, spec: &TaskSpec, slot: usize) -> bool {
+        let Some(id) = self.hosts.lookup_slot(slot) else {
+            return false;
+        };
+        if self.hosts.state(id) != HostState::Up {
+            return false;
+        }
+        let c = constraints.get(spec.constraint).unwrap();
+        let attributes = self.hosts.attributes(slot);
+        if !c.matches(attributes) {
+            return false;
+        }
+        let exclusive = self.hosts.interner().get(EXCLUSIVE_KEY);
+        if let Some(key) = exclusive
+            && attributes.iter().any(|(k, _)| *k == key)
+            && !c.mentions(key)
+        {
+            return false;
+        }
+        if spec.request[Dim::Gpu] == 0
+            && self.hosts.capacity(slot)[Dim::Gpu] > 0
+            && !self.config.allow_cpu_tasks_on_gpu_hosts
+        {
+            return false;
+        }
+        if spec.max_per_host > 0
+            && self
+                .per_host
+                .get(&(spec.job, slot as u32))
+                .copied()
+                .unwrap_or(0)
+                >= spec.max_per_host
+        {
+            return false;
+        }
+        self.hosts
+            .fits(slot, &spec.request, u32::from(spec.ports))
+            .is_ok()
+    }
+
+    fn score(&self, spec: &TaskSpec, slot: usize) -> f64 {
+        match spec.strategy {
+            Strategy::FirstFit => slot as f64,
+            Strategy::Spread => {
+                let (cap, free) = (self.hosts.capacity(slot), self.hosts.free(slot));
+                Dim::ALL
+                    .iter()
+                    .filter(|d| cap[**d] > 0)
+                    .map(|&d| (cap[d] - free[d]) as f64 / cap[d] as f64)
+                    .sum()
+            }
+            Strategy::Pack => pack_score(&self.hosts, slot, &spec.request, self.config.gpu_aware),
+        }
+    }
+
+    fn place_one(
+        &mut self,
+        constraints: &ConstraintTable,
+        spec: &TaskSpec,
+    ) -> Option<(u32, GpuGrant)> {
+        let mut best: Option<(f64, usize)> = None;
+        for slot in 0..self.hosts.n_slots() {
+            if self.eligible(constraints, spec, slot) {
+                let s = self.score(spec, slot);
+                if best.is_none_or(|(bs, bslot)| s < bs || (s == bs && slot < bslot)) {
+                    best = Some((s, slot));
+                }
+            }
+        }
+        let (_, slot) = best?;
+        let grant = self
+            .hosts
+            .allocate(slot, &spec.request, u32::from(spec.ports))
+            .unwrap();
+        if spec.max_per_host > 0 {
+            *self.per_host.entry((spec.job, slot as u32)).or_default() += 1;
+        }
+        Some((slot as u32, grant))
+    }
+
+    fn remove(&mut self, spec: &TaskSpec, slot: u32, grant: GpuGrant) {
+        self.hosts
+            .release(slot as usize, &spec.request, u32::from(spec.ports), grant);
+        if spec.max_per_host > 0 {
+            *self.per_host.get_mut(&(spec.job, slot)).unwrap() -= 1;
+        }
+    }
+}
+
+fn random_host(rng: &mut Rng, i: usize) -> HostSpec {
+    let gpus = if rng.chance(0.2) {
+        rng.range(1, 8) as u8
+    } else {
+        0
+    };
+    let mut attributes = vec![(
+        "zone".to_owned(),
+        ["a", "b", "c"][rng.below(3) as usize].to_owned(),
+    )];
+    if rng.chance(0.1) {
+        attributes.push(("exclusive".to_owned(), "ml".to_owned()));
+    }
+    HostSpec {
+        name: format!("h{i}"),
+        capacity: Resources::new(
+            rng.range(2, 16) * 1000,
+            rng.range(2, 64) * 1024,
+            0,
+            u64::from(gpus) * 1000,
+        ),
+        gpu_devices: gpus,
+        ports: rng.range(0, 20) as u32,
+        attributes,
+    }
+}
+
+const CONSTRAINTS: [&str; 5] = [
+    "",
+    "zone == a",
+    "zone != c",
+    "zone in {a, b}",
+    "exclusive == ml || zone == c",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn placement_matches_the_brute_force_reference(
+        seed in any::<u64>(),
+        n_hosts in 1usize..40,
+        n_tasks in 1usize..300,
+        gpu_aware in any::<bool>(),
+    ) {
+        let mut rng = Rng::new(seed);
+        let config = PlacementConfig { gpu_aware, ..Default::default() };
+        let mut hosts = HostArena::new(HostLimits::default());
+        let mut reference = Reference { hosts: HostArena::new(HostLimits::default()), per_host: HashMap::new(), config };
+        for i in 0..n_hosts {
+            let spec = random_host(&mut rng, i);
+            let id = hosts.add(&spec).unwrap();
+            reference.hosts.add(&spec).unwrap();
+            if rng.chance(0.1) {
+                let state = [HostState::Draining, HostState::Down][rng.below(2) as usize];
+                hosts.set_state(id, state).unwrap();
+                reference.hosts.set_state(id, state).unwrap();
+            }
+        }
+        let mut constraints = ConstraintTable::new();
+        let ids: Vec<u32> = CONSTRAINTS.iter().map(|c| constraints.intern(c, hosts.interner_mut()).unwrap()).collect();
+        for c in CONSTRAINTS {
+            constraints.intern(c, reference.hosts.interner_mut()).unwrap();
+        }
+        let mut tasks = TaskArena::new(100_000);
+        let mut batch = Vec::new();
+        let mut specs = Vec::new();
+        // A few job shapes, repeated, so classes have many tasks.
+        let shapes: Vec<TaskSpec> = (0..8).map(|job| TaskSpec {
+            job,
+            request: Resources::new(rng.range(1, 8) * 500, rng.range(1, 16) * 512, 0,
+                if rng.chance(0.25) { [250, 500, 1000, 2000][rng.below(4) as usize] } else { 0 }),
+            ports: rng.range(0, 2) as u16,
+            constraint: ids[rng.below(ids.len() as u64) as usize],
+            strategy: [Strategy::Pack, Strategy::Spread, Strategy::FirstFit][rng.below(3) as usize],
+            max_per_host: if rng.chance(0.3) { 1 } else { 0 },
+            gang: NO_GANG,
+            ..Default::default()
+        }).collect();
+        for i in 0..n_tasks {
+            let mut spec = shapes[rng.below(shapes.len() as u64) as usize];
+            spec.instance = i as u32;
+            if rng.chance(0.05) {
+                spec.gang = rng.below(4) as u32;
+            }
+            batch.push(tasks.add(&spec).unwrap());
+            specs.push(spec);
+        }
+        let mut placer = Placer::new(config);
+        let mut out = PlacementResult::default();
+        placer.place(&mut hosts, &mut tasks, &constraints, &batch, 0, &mut out).unwrap();
+        check_invariants(&hosts, &tasks);
+
+        // The reference, in the documented order: gangs in batch order, then
+        // classes by first appearance, tasks of a class in batch order.
+        let mut expected: HashMap<usize, Option<u32>> = HashMap::new();
+        let mut gang_order: Vec<u32> = Vec::new();
+        for s in &specs {
+            if s.gang != NO_GANG && !gang_order.contains(&s.gang) {
+                gang_order.push(s.gang);
+            }
+        }
+        for g in gang_order {
+            let members: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].gang == g).collect();
+            let mut placed = Vec::new();
+            let mut ok = true;
+            for &i in &members {
+                match reference.place_one(&constraints, &specs[i]) {
+                    Some((slot, grant)) => placed.push((i, slot, grant)),
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            for &i in &members {
+                expected.insert(i, None);
+            }
+            if ok {
+                for &(i, slot, _) in &placed {
+                    expected.insert(i, Some(slot));
+                }
+            } else {
+                for &(i, slot, grant) in &placed {
+                    reference.remove(&specs[i], slot, grant);
+                }
+            }
+        }
+        let mut class_order: Vec<(Resources, u16, u32, Strategy, u32, u16)> = Vec::new();
+        let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.job } else { u32::MAX }, s.max_per_host);
+        for s in specs.iter().filter(|s| s.gang == NO_GANG) {
+            if !class_order.contains(&key(s)) {
+                class_order.push(key(s));
+            }
+        }
+        for k in class_order {
+            for i in (0..specs.len()).filter(|&i| specs[i].gang == NO_GANG && key(&specs[i]) == k) {
+                let slot = reference.place_one(&constraints, &specs[i]).map(|(slot, _)| slot);
+                expected.insert(i, slot);
+            }
+        }
+        let mut got: HashMap<usize, Option<u32>> = HashMap::new();
+        for p in &out.placed {
+            got.insert(batch.iter().position(|&t| t == p.task).unwrap(), Some(p.host));
+        }
+        for u in &out.unplaced {
+            got.insert(batch.iter().position(|&t| t == u.task).unwrap(), None);
+        }
+        prop_assert_eq!(got.len(), batch.len(), "every task is placed or has a reason");
+        for i in 0..batch.len() {
+            prop_assert_eq!(got[&i], expected[&i], "task {} ({:?})", i, specs[i]);
+        }
+    }
+}
