@@ -478,7 +478,7 @@ impl Parser<'_> {
 /// Candidate bitmaps per distinct constraint, computed once per batch.
 #[derive(Debug, Default)]
 pub struct ConstraintCache {
-    evaluated: HashMap<Constraint, RoaringBitmap>,
+    evaluated: rustc_hash::FxHashMap<Constraint, RoaringBitmap>,
 }
 
 impl ConstraintCache {

@@ -31,7 +31,9 @@
 //! a class in batch order. Everything is sequential and deterministic.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
 use std::fmt;
 
 use roaring::RoaringBitmap;
@@ -84,6 +86,38 @@ pub enum Check {
     GpuFragmented,
     /// Not enough free ports.
     Ports,
+}
+
+const N_CHECKS: usize = 11;
+
+impl Check {
+    /// Every check, in order.
+    pub const ALL: [Check; N_CHECKS] = [
+        Check::HostNotUp,
+        Check::Constraint,
+        Check::Exclusive,
+        Check::GpuHostReserved,
+        Check::PerHostLimit,
+        Check::Insufficient(Dim::Cpu),
+        Check::Insufficient(Dim::Memory),
+        Check::Insufficient(Dim::Disk),
+        Check::Insufficient(Dim::Gpu),
+        Check::GpuFragmented,
+        Check::Ports,
+    ];
+
+    fn index(self) -> usize {
+        match self {
+            Check::HostNotUp => 0,
+            Check::Constraint => 1,
+            Check::Exclusive => 2,
+            Check::GpuHostReserved => 3,
+            Check::PerHostLimit => 4,
+            Check::Insufficient(d) => 5 + d.idx(),
+            Check::GpuFragmented => 9,
+            Check::Ports => 10,
+        }
+    }
 }
 
 /// Why a task was not placed: how many hosts failed each check (each host
@@ -202,9 +236,15 @@ struct ClassKey {
 #[derive(Debug, Default)]
 pub struct Placer {
     config: PlacementConfig,
-    job_host: HashMap<(u32, u32), u16>,
+    /// Per job with a per-host limit: instances per host slot.
+    job_host: FxHashMap<u32, FxHashMap<u32, u16>>,
     cache: ConstraintCache,
-    classes: HashMap<ClassKey, usize>,
+    /// Hosts that can still take the smallest request of the batch; full
+    /// hosts leave it and stay out of every later scan.
+    open: RoaringBitmap,
+    /// Smallest cpu and memory request of the batch.
+    min_request: (u64, u64),
+    classes: FxHashMap<ClassKey, usize>,
     class_tasks: Vec<Vec<TaskHandle>>,
     class_keys: Vec<ClassKey>,
     gangs: Vec<(u32, Vec<TaskHandle>)>,
@@ -223,7 +263,11 @@ impl Placer {
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
     /// limit).
     pub fn instances_on_host(&self, job: u32, slot: u32) -> u16 {
-        self.job_host.get(&(job, slot)).copied().unwrap_or(0)
+        self.job_host
+            .get(&job)
+            .and_then(|hosts| hosts.get(&slot))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Places a batch of unplaced tasks. Validates the whole batch first: on
@@ -266,9 +310,12 @@ impl Placer {
         }
         self.class_keys.clear();
         self.gangs.clear();
-        let mut gang_index: HashMap<u32, usize> = HashMap::new();
+        let mut gang_index: FxHashMap<u32, usize> = FxHashMap::default();
+        self.min_request = (u64::MAX, u64::MAX);
         for &task in batch {
             let spec = tasks.spec(task).expect("validated");
+            self.min_request.0 = self.min_request.0.min(spec.request[Dim::Cpu]);
+            self.min_request.1 = self.min_request.1.min(spec.request[Dim::Memory]);
             if spec.gang != NO_GANG {
                 let i = *gang_index.entry(spec.gang).or_insert_with(|| {
                     self.gangs.push((spec.gang, Vec::new()));
@@ -300,6 +347,12 @@ impl Placer {
             self.class_tasks[class].push(task);
         }
 
+        self.open.clear();
+        for slot in hosts.in_state(HostState::Up).iter() {
+            if self.is_open(hosts, slot) {
+                self.open.insert(slot);
+            }
+        }
         let gangs = std::mem::take(&mut self.gangs);
         for (_, members) in &gangs {
             self.place_gang(hosts, tasks, constraints, members, now_ms, out);
@@ -329,14 +382,21 @@ impl Placer {
         let gpu = tasks.gpu(task)?;
         hosts.release(host as usize, &spec.request, u32::from(spec.ports), gpu);
         if spec.max_per_host > 0 {
-            let count = self
+            let job_hosts = self
                 .job_host
-                .get_mut(&(spec.job, host))
+                .get_mut(&spec.job)
                 .expect("counted on placement");
+            let count = job_hosts.get_mut(&host).expect("counted on placement");
             *count -= 1;
             if *count == 0 {
-                self.job_host.remove(&(spec.job, host));
+                job_hosts.remove(&host);
+                if job_hosts.is_empty() {
+                    self.job_host.remove(&spec.job);
+                }
             }
+        }
+        if hosts.in_state(HostState::Up).contains(host) && self.is_open(hosts, host) {
+            self.open.insert(host);
         }
         tasks.set_unplaced(task)?;
         Ok(())
@@ -358,6 +418,13 @@ impl Placer {
         }
     }
 
+    /// True if the host can take the batch's smallest cpu and memory request.
+    fn is_open(&self, hosts: &HostArena, slot: u32) -> bool {
+        let s = slot as usize;
+        hosts.free_column(Dim::Cpu)[s] >= self.min_request.0
+            && hosts.free_column(Dim::Memory)[s] >= self.min_request.1
+    }
+
     /// Hosts a class may use at all (state, constraint, exclusivity, GPU
     /// hosts); resources are checked per host.
     fn candidates(
@@ -369,6 +436,7 @@ impl Placer {
         let constraint = constraints.get(key.constraint).expect("validated");
         let mut out = self.cache.evaluate(constraint, hosts).clone();
         out &= hosts.in_state(HostState::Up);
+        out &= &self.open;
         if let Some(exclusive) = hosts.exclusive_hosts() {
             let names_it = hosts
                 .interner()
@@ -424,7 +492,15 @@ impl Placer {
             .allocate(slot as usize, &key.request, u32::from(key.ports))
             .expect("the host was checked to fit");
         if key.max_per_host > 0 {
-            *self.job_host.entry((key.job, slot)).or_insert(0) += 1;
+            *self
+                .job_host
+                .entry(key.job)
+                .or_default()
+                .entry(slot)
+                .or_insert(0) += 1;
+        }
+        if !self.is_open(hosts, slot) {
+            self.open.remove(slot);
         }
         tasks
             .set_placed(task, slot, gpu, now_ms)
@@ -563,28 +639,38 @@ impl Placer {
         candidates: &RoaringBitmap,
     ) -> Reason {
         let constraint = constraints.get(key.constraint).expect("validated");
-        let exclusive_key = hosts.interner().get(EXCLUSIVE_KEY);
-        let names_exclusive = exclusive_key.is_some_and(|k| constraint.mentions(k));
-        let mut counts: HashMap<Check, u32> = HashMap::new();
+        let names_exclusive = hosts
+            .interner()
+            .get(EXCLUSIVE_KEY)
+            .is_some_and(|k| constraint.mentions(k));
+        let matching = constraint.evaluate(hosts);
+        let empty = RoaringBitmap::new();
+        let exclusive = if names_exclusive {
+            &empty
+        } else {
+            hosts.exclusive_hosts().unwrap_or(&empty)
+        };
+        let up = hosts.in_state(HostState::Up);
+        let gpu_reserved = key.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts;
+        let job_counts = self.job_host.get(&key.job);
+        let mut counts = [0u32; N_CHECKS];
         let mut n_hosts = 0;
         for slot in hosts.live_hosts().iter() {
             n_hosts += 1;
-            let s = slot as usize;
-            let check = if !hosts.in_state(HostState::Up).contains(slot) {
+            let check = if !up.contains(slot) {
                 Some(Check::HostNotUp)
-            } else if !constraint.matches(hosts.attributes(s)) {
+            } else if !matching.contains(slot) {
                 Some(Check::Constraint)
-            } else if !names_exclusive && hosts.exclusive_hosts().is_some_and(|e| e.contains(slot))
-            {
+            } else if exclusive.contains(slot) {
                 Some(Check::Exclusive)
-            } else if !candidates.contains(slot) {
+            } else if gpu_reserved && hosts.gpu_hosts().contains(slot) {
                 Some(Check::GpuHostReserved)
             } else if key.max_per_host > 0
-                && self.instances_on_host(key.job, slot) >= key.max_per_host
+                && job_counts.and_then(|c| c.get(&slot)).copied().unwrap_or(0) >= key.max_per_host
             {
                 Some(Check::PerHostLimit)
             } else {
-                match hosts.fits(s, &key.request, u32::from(key.ports)) {
+                match hosts.fits(slot as usize, &key.request, u32::from(key.ports)) {
                     Err(Misfit::Insufficient(d)) => Some(Check::Insufficient(d)),
                     Err(Misfit::GpuFragmented) => Some(Check::GpuFragmented),
                     Err(Misfit::Ports) => Some(Check::Ports),
@@ -592,10 +678,15 @@ impl Placer {
                 }
             };
             if let Some(check) = check {
-                *counts.entry(check).or_insert(0) += 1;
+                counts[check.index()] += 1;
             }
         }
-        let mut counts: Vec<(Check, u32)> = counts.into_iter().collect();
+        debug_assert!(candidates.is_subset(&matching));
+        let mut counts: Vec<(Check, u32)> = Check::ALL
+            .iter()
+            .map(|&c| (c, counts[c.index()]))
+            .filter(|&(_, n)| n > 0)
+            .collect();
         counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         Reason {
             n_hosts,

@@ -848,3 +848,128 @@ pub fn check_admission(rm: &ResourceManager, result: &AdmissionResult) {
         assert!(rm.n_queued_in(b.pool, b.class).unwrap() > 0);
     }
 }
+
+/// A placement workload: hosts, tasks (all admitted), their constraints,
+/// and the batch to place.
+#[derive(Debug)]
+pub struct PlacementWorkload {
+    /// The hosts.
+    pub hosts: crate::host::HostArena,
+    /// The tasks.
+    pub tasks: crate::task::TaskArena,
+    /// Constraints the tasks name.
+    pub constraints: crate::constraint::ConstraintTable,
+    /// Every task, in submission order.
+    pub batch: Vec<crate::task::TaskHandle>,
+}
+
+/// The synthetic cluster of the placement benchmark: `n_hosts` hosts in three
+/// shapes (32/64/96 cores, 128/256/512 GiB), attributes `zone` (5 values),
+/// `rack` (200) and, on the 10% of hosts with 8 GPUs, `gpu_model`; and
+/// `n_tasks` tasks in jobs of 100 with one shape each: 30% of jobs constrained
+/// to a zone, 10% limited to one instance per host, 5% requesting GPUs (half
+/// of them fractional), all with `strategy`.
+pub fn placement_workload(
+    n_hosts: usize,
+    n_tasks: usize,
+    strategy: crate::task::Strategy,
+    seed: u64,
+) -> PlacementWorkload {
+    use crate::host::{HostArena, HostLimits, HostSpec};
+    use crate::task::{NO_GANG, TaskArena, TaskSpec};
+    let mut rng = Rng::new(seed);
+    let mut hosts = HostArena::new(HostLimits {
+        max_hosts: n_hosts.max(1),
+    });
+    for i in 0..n_hosts {
+        let shape = rng.below(3);
+        let gpus = if rng.chance(0.1) { 8u8 } else { 0 };
+        let mut attributes = vec![
+            ("zone".to_owned(), format!("z{}", rng.below(5))),
+            ("rack".to_owned(), format!("r{}", rng.below(200))),
+        ];
+        if gpus > 0 {
+            attributes.push((
+                "gpu_model".to_owned(),
+                ["a100", "v100"][rng.below(2) as usize].to_owned(),
+            ));
+        }
+        let spec = HostSpec {
+            name: format!("host-{i:06}"),
+            capacity: Resources::new(
+                32_000 * (shape + 1),
+                131_072 * (1 << shape),
+                1_048_576,
+                u64::from(gpus) * 1000,
+            ),
+            gpu_devices: gpus,
+            ports: 1000,
+            attributes,
+        };
+        hosts.add(&spec).expect("generated host is valid");
+    }
+    let mut constraints = crate::constraint::ConstraintTable::new();
+    let zone_constraints: Vec<u32> = (0..5)
+        .map(|z| {
+            constraints
+                .intern(&format!("zone == z{z}"), hosts.interner_mut())
+                .expect("valid")
+        })
+        .collect();
+    let mut tasks = TaskArena::new(n_tasks.max(1));
+    tasks.reserve(n_tasks);
+    let mut batch = Vec::with_capacity(n_tasks);
+    let mut job = 0u32;
+    while batch.len() < n_tasks {
+        let gpu = if rng.chance(0.05) {
+            if rng.chance(0.5) {
+                [250, 500][rng.below(2) as usize]
+            } else {
+                [1000, 2000][rng.below(2) as usize]
+            }
+        } else {
+            0
+        };
+        let spec = TaskSpec {
+            job,
+            instance: 0,
+            pool: 0,
+            priority: rng.below(10) as u32,
+            request: Resources::new(
+                [250, 500, 1000][rng.below(3) as usize],
+                rng.range(1, 8) * 512,
+                1024,
+                gpu,
+            ),
+            ports: 0,
+            flags: crate::task::flags::PREEMPTIBLE,
+            gang: NO_GANG,
+            constraint: if rng.chance(0.3) {
+                zone_constraints[rng.below(5) as usize]
+            } else {
+                0
+            },
+            strategy,
+            max_per_host: if rng.chance(0.1) { 1 } else { 0 },
+        };
+        for instance in 0..100.min(n_tasks - batch.len()) {
+            let handle = tasks
+                .add(&TaskSpec {
+                    instance: instance as u32,
+                    ..spec
+                })
+                .expect("within bound");
+            tasks
+                .set_state(handle, crate::task::TaskState::Admitted)
+                .expect("live");
+            batch.push(handle);
+        }
+        job += 1;
+    }
+    PlacementWorkload {
+        hosts,
+        tasks,
+        constraints,
+        batch,
+    }
+}

@@ -79,6 +79,23 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Place a synthetic workload on a synthetic cluster in one batch.
+    Placement {
+        /// Hosts in the cluster.
+        #[arg(long, default_value_t = 10_000)]
+        hosts: usize,
+        /// Tasks to place.
+        #[arg(long, default_value_t = 1_000_000)]
+        tasks: usize,
+        /// pack, spread or first_fit.
+        #[arg(long, default_value = "pack")]
+        strategy: String,
+        /// Use the plain pack score (no GPU fragmentation term).
+        #[arg(long)]
+        no_gpu_aware: bool,
+        #[command(flatten)]
+        common: Common,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -111,6 +128,16 @@ fn main() -> Result<()> {
         } => {
             let report = admission(pools, tasks, depth, capacity_fraction, common)?;
             print(&report, common.json, "admission");
+        }
+        Command::Placement {
+            hosts,
+            tasks,
+            strategy,
+            no_gpu_aware,
+            common,
+        } => {
+            let report = placement(hosts, tasks, &strategy, !no_gpu_aware, common)?;
+            print(&report, common.json, "placement");
         }
         Command::Demo { common } => {
             if !common.json {
@@ -296,6 +323,87 @@ fn admission(
         "admissions_per_s": per_s(admitted, admit),
         "example_reason": result.blocked.first().map(|b| format!("{}: {b}", rm.tree().path(b.pool))),
         "invariants": "ok",
+        "peak_rss_mb": peak_rss_mb(),
+    }))
+}
+
+fn placement(
+    n_hosts: usize,
+    n_tasks: usize,
+    strategy: &str,
+    gpu_aware: bool,
+    common: Common,
+) -> Result<Value> {
+    use peloton_engine::placement::{MAX_BATCH, PlacementConfig, PlacementResult, Placer};
+    use peloton_engine::task::Strategy;
+    if !(1..=1_000_000).contains(&n_hosts) {
+        bail!("--hosts must be between 1 and 1000000");
+    }
+    if !(1..=MAX_BATCH * 10).contains(&n_tasks) {
+        bail!("--tasks must be between 1 and {}", MAX_BATCH * 10);
+    }
+    let strategy = match strategy {
+        "pack" => Strategy::Pack,
+        "spread" => Strategy::Spread,
+        "first_fit" => Strategy::FirstFit,
+        other => bail!("--strategy must be pack, spread or first_fit, not {other:?}"),
+    };
+    let start = Instant::now();
+    let mut w =
+        peloton_engine::testkit::placement_workload(n_hosts, n_tasks, strategy, common.seed);
+    let generate = start.elapsed();
+    let mut placer = Placer::new(PlacementConfig {
+        gpu_aware,
+        ..Default::default()
+    });
+    let mut out = PlacementResult::default();
+    out.placed.reserve(n_tasks);
+    let start = Instant::now();
+    // Batches of at most MAX_BATCH tasks, as a scheduler would feed them.
+    let mut placed = 0;
+    let mut unplaced = 0;
+    let mut example_reason = None;
+    for chunk in w.batch.chunks(MAX_BATCH) {
+        placer
+            .place(
+                &mut w.hosts,
+                &mut w.tasks,
+                &w.constraints,
+                chunk,
+                0,
+                &mut out,
+            )
+            .context("placing a batch")?;
+        placed += out.placed.len();
+        unplaced += out.unplaced.len();
+        if example_reason.is_none() {
+            example_reason = out
+                .unplaced
+                .first()
+                .map(|u| u.reason.describe(&w.hosts, &w.constraints));
+        }
+    }
+    let elapsed = start.elapsed();
+    w.hosts.check_invariants();
+    let gpu_capacity: u64 = (0..w.hosts.n_slots())
+        .map(|s| w.hosts.capacity(s).0[3])
+        .sum();
+    let gpu_free: u64 = (0..w.hosts.n_slots()).map(|s| w.hosts.free(s).0[3]).sum();
+    Ok(json!({
+        "benchmark": "placement",
+        "hosts": n_hosts,
+        "tasks": n_tasks,
+        "strategy": strategy.name(),
+        "gpu_aware": gpu_aware,
+        "seed": common.seed,
+        "placed": placed,
+        "unplaced": unplaced,
+        "place_ms": ms(elapsed),
+        "placements_per_s": per_s(placed, elapsed),
+        "tasks_per_s": per_s(n_tasks, elapsed),
+        "generate_ms": ms(generate),
+        "gpu_alloc_rate": if gpu_capacity > 0 { (gpu_capacity - gpu_free) as f64 / gpu_capacity as f64 } else { 0.0 },
+        "example_reason": example_reason,
         "peak_rss_mb": peak_rss_mb(),
     }))
 }
