@@ -544,6 +544,40 @@ impl HostArena {
         Ok(())
     }
 
+    /// Whether `request` would fit the host in `slot` if the given tasks'
+    /// resources (their summed request, ports and GPU grants) were freed
+    /// first: the check preemption uses before choosing victims.
+    pub fn fits_after_freeing(
+        &self,
+        slot: usize,
+        request: &Resources,
+        ports: u32,
+        freed: &Resources,
+        freed_ports: u32,
+        freed_grants: &[GpuGrant],
+    ) -> bool {
+        for d in Dim::ALL {
+            if request[d] > self.free[d.idx()][slot] + freed[d] {
+                return false;
+            }
+        }
+        if self.ports_free[slot] + freed_ports < ports {
+            return false;
+        }
+        if request[Dim::Gpu] == 0 {
+            return true;
+        }
+        let mut devices = self.gpu_free[slot];
+        for grant in freed_grants {
+            for (i, device) in devices.iter_mut().enumerate() {
+                if grant.devices & (1 << i) != 0 {
+                    *device += grant.milli_per_device;
+                }
+            }
+        }
+        gpu_choice(&devices, self.gpu_devices[slot], request[Dim::Gpu]).is_some()
+    }
+
     /// Takes `request` and `ports` from the host in `slot`, choosing GPU
     /// devices: a fractional request goes to the device with the least free
     /// capacity that still fits it (partly used devices fill up before whole

@@ -18,6 +18,7 @@ pub mod intern;
 pub mod manager;
 pub mod placement;
 pub mod pool;
+pub mod preemption;
 pub mod resources;
 pub mod task;
 pub mod testkit;

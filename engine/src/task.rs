@@ -120,6 +120,31 @@ pub struct TaskSpec {
     pub max_per_host: u16,
 }
 
+/// A placed task, as preemption sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlacedView {
+    /// The task.
+    pub task: TaskHandle,
+    /// Pool slot.
+    pub pool: u32,
+    /// Priority.
+    pub priority: u32,
+    /// [`flags`] bits.
+    pub flags: u8,
+    /// Request.
+    pub request: Resources,
+    /// Ports.
+    pub ports: u16,
+    /// Host slot.
+    pub host: u32,
+    /// GPU devices held.
+    pub gpu: GpuGrant,
+    /// When it was placed.
+    pub start_ms: u64,
+    /// Arrival number (breaks ties of start time).
+    pub arrival: u64,
+}
+
 /// Why the arena refused a task.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TaskError {
@@ -386,6 +411,27 @@ impl TaskArena {
                     self.host[i],
                     self.request[i],
                 )
+            })
+    }
+
+    /// Every placed task with what preemption needs to rank it.
+    pub fn placed_views(&self) -> impl Iterator<Item = PlacedView> + '_ {
+        (0..self.live.len())
+            .filter(|&i| self.live[i] && self.host[i] != NO_HOST)
+            .map(|i| PlacedView {
+                task: TaskHandle {
+                    idx: i as u32,
+                    generation: self.generation[i],
+                },
+                pool: self.pool[i],
+                priority: self.priority[i],
+                flags: self.flags[i],
+                request: self.request[i],
+                ports: self.ports[i],
+                host: self.host[i],
+                gpu: self.gpu[i],
+                start_ms: self.start_ms[i],
+                arrival: self.arrival[i],
             })
     }
 

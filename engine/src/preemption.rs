@@ -1,0 +1,288 @@
+//! Preemption: choosing victims, as data. Nothing is killed here; the
+//! caller (the gateway) acts on the victims and then releases their
+//! resources through admission and placement.
+//!
+//! - **Inter-pool**: a pool whose allocation exceeds its entitlement
+//!   (another pool's demand grew) gives back the overage. Victims are taken
+//!   in order — revocable first, then lowest priority, then most recently
+//!   started — and a victim is taken only if it reduces a dimension still
+//!   over, so what is freed exceeds the need by less than one task per
+//!   dimension. Revocable tasks count against the slack entitlement and the
+//!   others against the entitlement. Non-preemptible tasks are never victims.
+//! - **Intra-pool**: a pending task that its pool is entitled to run but that
+//!   found no host may evict lower-priority preemptible tasks of its own pool
+//!   from one host, only if that makes the host fit it. The host needing the
+//!   fewest victims wins (then the lowest victim priority, then the lowest
+//!   slot), and it is returned with the victims.
+
+use std::fmt;
+
+use rustc_hash::FxHashMap;
+
+use crate::constraint::ConstraintTable;
+use crate::host::{EXCLUSIVE_KEY, GpuGrant, HostArena, HostState};
+use crate::manager::ResourceManager;
+use crate::resources::{Dim, N_DIMS, Resources};
+use crate::task::{PlacedView, TaskArena, TaskError, TaskHandle, flags};
+
+/// Why a task was chosen as a victim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreemptReason {
+    /// Its pool holds more than its entitlement in `dim`.
+    OverEntitlement {
+        /// A dimension over when the task was chosen.
+        dim: Dim,
+        /// What the pool held then.
+        allocated: u64,
+        /// Its entitlement.
+        entitlement: u64,
+    },
+    /// Its pool's revocable tasks hold more than its slack entitlement.
+    SlackReclaimed {
+        /// A dimension over when the task was chosen.
+        dim: Dim,
+        /// What the revocable tasks held then.
+        allocated: u64,
+        /// The slack entitlement.
+        slack_entitlement: u64,
+    },
+    /// It makes room on `host` for a higher-priority task of its pool.
+    HigherPriority {
+        /// The task it makes room for.
+        for_task: TaskHandle,
+        /// The host freed.
+        host: u32,
+    },
+}
+
+impl fmt::Display for PreemptReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PreemptReason::OverEntitlement {
+                dim,
+                allocated,
+                entitlement,
+            } => write!(
+                f,
+                "pool over its entitlement in {dim}: {allocated} held, {entitlement} entitled"
+            ),
+            PreemptReason::SlackReclaimed {
+                dim,
+                allocated,
+                slack_entitlement,
+            } => write!(
+                f,
+                "slack reclaimed in {dim}: {allocated} held by revocable tasks, {slack_entitlement} entitled"
+            ),
+            PreemptReason::HigherPriority { for_task, host } => write!(
+                f,
+                "room for a higher-priority task ({:#x}) on host slot {host}",
+                for_task.to_u64()
+            ),
+        }
+    }
+}
+
+/// A task to preempt, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Victim {
+    /// The task.
+    pub task: TaskHandle,
+    /// Its pool slot.
+    pub pool: u32,
+    /// Why.
+    pub reason: PreemptReason,
+}
+
+/// Victims to bring every pool back within its entitlements, appended to
+/// `out` in pool slot order. Pools are compared using the manager's
+/// allocation and last computed entitlements; the running tasks are the
+/// placed tasks of the arena.
+pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec<Victim>) {
+    let tree = rm.tree();
+    let ent = rm.entitlements();
+    // Overage per pool slot: (non-revocable, revocable).
+    let mut over: FxHashMap<u32, ([u64; N_DIMS], [u64; N_DIMS])> = FxHashMap::default();
+    for pool in tree.list() {
+        let Ok(usage) = rm.usage(pool) else { continue };
+        let slot = pool.idx();
+        let entitled = ent.entitlement(slot);
+        let slack = ent.slack_entitlement(slot);
+        let main = usage.allocation.total.saturating_sub(&entitled);
+        let revocable = usage.allocation.revocable.saturating_sub(&slack);
+        if !main.is_zero() || !revocable.is_zero() {
+            over.insert(slot as u32, (main.0, revocable.0));
+        }
+    }
+    if over.is_empty() {
+        return;
+    }
+    let mut candidates: Vec<PlacedView> = tasks
+        .placed_views()
+        .filter(|t| over.contains_key(&t.pool) && t.flags & flags::PREEMPTIBLE != 0)
+        .collect();
+    // Pool, then revocable first, lowest priority, most recently started.
+    candidates.sort_by(|a, b| {
+        a.pool
+            .cmp(&b.pool)
+            .then_with(|| (b.flags & flags::REVOCABLE).cmp(&(a.flags & flags::REVOCABLE)))
+            .then_with(|| a.priority.cmp(&b.priority))
+            .then_with(|| b.start_ms.cmp(&a.start_ms))
+            .then_with(|| b.arrival.cmp(&a.arrival))
+    });
+    for c in candidates {
+        let (main, revocable) = over.get_mut(&c.pool).expect("filtered");
+        let slot = c.pool as usize;
+        let revocable_task = c.flags & flags::REVOCABLE != 0;
+        let need = if revocable_task { revocable } else { main };
+        // Take it only if it reduces a dimension still over.
+        let Some(d) = Dim::ALL
+            .into_iter()
+            .find(|d| need[d.idx()] > 0 && c.request[*d] > 0)
+        else {
+            continue;
+        };
+        let reason = if revocable_task {
+            let held = rm
+                .usage(tree.lookup_slot(slot).expect("live"))
+                .expect("live")
+                .allocation
+                .revocable[d];
+            PreemptReason::SlackReclaimed {
+                dim: d,
+                allocated: held,
+                slack_entitlement: ent.slack_entitlement(slot)[d],
+            }
+        } else {
+            let held = rm
+                .usage(tree.lookup_slot(slot).expect("live"))
+                .expect("live")
+                .allocation
+                .total[d];
+            PreemptReason::OverEntitlement {
+                dim: d,
+                allocated: held,
+                entitlement: ent.entitlement(slot)[d],
+            }
+        };
+        for i in 0..N_DIMS {
+            need[i] = need[i].saturating_sub(c.request.0[i]);
+        }
+        out.push(Victim {
+            task: c.task,
+            pool: c.pool,
+            reason,
+        });
+    }
+}
+
+/// For each pending task (in order), the host and victims that would make
+/// room for it by evicting lower-priority preemptible tasks of its own pool,
+/// if any host can be made to fit. Victims chosen for one task are not
+/// offered to the next. Returns `(task, host, victims)` triples in `out`.
+pub fn intra_pool_victims(
+    hosts: &HostArena,
+    tasks: &TaskArena,
+    constraints: &ConstraintTable,
+    pending: &[TaskHandle],
+    out: &mut Vec<(TaskHandle, u32, Vec<Victim>)>,
+) -> Result<(), TaskError> {
+    // Running tasks per host, ranked as victims: lowest priority first, then
+    // most recently started.
+    let mut by_host: FxHashMap<u32, Vec<PlacedView>> = FxHashMap::default();
+    for t in tasks.placed_views() {
+        if t.flags & flags::PREEMPTIBLE != 0 {
+            by_host.entry(t.host).or_default().push(t);
+        }
+    }
+    for list in by_host.values_mut() {
+        list.sort_by(|a, b| {
+            a.priority
+                .cmp(&b.priority)
+                .then(b.start_ms.cmp(&a.start_ms))
+                .then(b.arrival.cmp(&a.arrival))
+        });
+    }
+    let mut taken: rustc_hash::FxHashSet<TaskHandle> = Default::default();
+    let exclusive_key = hosts.interner().get(EXCLUSIVE_KEY);
+    for &task in pending {
+        let spec = tasks.spec(task)?;
+        let constraint = constraints
+            .get(spec.constraint)
+            .ok_or(TaskError::NotFound)?;
+        let mut candidates = constraint.evaluate(hosts);
+        candidates &= hosts.in_state(HostState::Up);
+        if let (Some(exclusive), Some(key)) = (hosts.exclusive_hosts(), exclusive_key)
+            && !constraint.mentions(key)
+        {
+            candidates -= exclusive;
+        }
+        if spec.request[Dim::Gpu] == 0 {
+            candidates -= hosts.gpu_hosts();
+        }
+        // (victims, summed victim priority, slot)
+        let mut best: Option<(usize, u64, u32, Vec<PlacedView>)> = None;
+        for slot in candidates.iter() {
+            let Some(running) = by_host.get(&slot) else {
+                continue;
+            };
+            let mut chosen: Vec<PlacedView> = Vec::new();
+            let mut freed = Resources::ZERO;
+            let mut freed_ports = 0u32;
+            let mut grants: Vec<GpuGrant> = Vec::new();
+            let mut fits = false;
+            for r in running {
+                if r.pool != spec.pool || r.priority >= spec.priority || taken.contains(&r.task) {
+                    continue;
+                }
+                if best.as_ref().is_some_and(|b| chosen.len() >= b.0) {
+                    break; // cannot beat the best host any more
+                }
+                chosen.push(*r);
+                freed.add_assign(&r.request);
+                freed_ports += u32::from(r.ports);
+                grants.push(r.gpu);
+                if hosts.fits_after_freeing(
+                    slot as usize,
+                    &spec.request,
+                    u32::from(spec.ports),
+                    &freed,
+                    freed_ports,
+                    &grants,
+                ) {
+                    fits = true;
+                    break;
+                }
+            }
+            if !fits || chosen.is_empty() {
+                continue;
+            }
+            let priority_sum: u64 = chosen.iter().map(|c| u64::from(c.priority)).sum();
+            let better = match &best {
+                None => true,
+                Some((n, p, s, _)) => (chosen.len(), priority_sum, slot) < (*n, *p, *s),
+            };
+            if better {
+                best = Some((chosen.len(), priority_sum, slot, chosen));
+            }
+        }
+        if let Some((_, _, slot, chosen)) = best {
+            let victims = chosen
+                .iter()
+                .map(|c| {
+                    taken.insert(c.task);
+                    Victim {
+                        task: c.task,
+                        pool: c.pool,
+                        reason: PreemptReason::HigherPriority {
+                            for_task: task,
+                            host: slot,
+                        },
+                    }
+                })
+                .collect();
+            out.push((task, slot, victims));
+        }
+    }
+    Ok(())
+}
