@@ -973,3 +973,303 @@ pub fn placement_workload(
         batch,
     }
 }
+
+/// Fuzz driver for hosts, tasks, placement and preemption: applies the
+/// operations encoded by `data` to a small cluster and checks after every
+/// step that the host indexes agree with the columns, that every host's free
+/// resources plus what its tasks hold equal its capacity, that every placed
+/// task satisfies its constraint and per-host limit, and that intra-pool
+/// eviction plans really make their host fit. Returns how many tasks were
+/// placed in all.
+pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
+    use crate::constraint::ConstraintTable;
+    use crate::host::{HostArena, HostLimits, HostSpec, HostState};
+    use crate::placement::{PlacementConfig, PlacementResult, Placer, held_per_host};
+    use crate::preemption::intra_pool_victims;
+    use crate::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskSpec, TaskState, flags};
+
+    const CONSTRAINTS: [&str; 4] = [
+        "",
+        "zone == a",
+        "zone != a && exists rack",
+        "exclusive == x",
+    ];
+    let mut input = Bytes(data);
+    let mut hosts = HostArena::new(HostLimits { max_hosts: 12 });
+    let mut tasks = TaskArena::new(150);
+    let mut constraints = ConstraintTable::new();
+    let ids: Vec<u32> = CONSTRAINTS
+        .iter()
+        .map(|c| constraints.intern(c, hosts.interner_mut()).expect("valid"))
+        .collect();
+    let mut placer = Placer::new(PlacementConfig::default());
+    let mut out = PlacementResult::default();
+    let mut live: Vec<TaskHandle> = Vec::new();
+    let mut n_placed = 0u64;
+    let mut next_host = 0u32;
+    while let Some(op) = input.byte() {
+        match op % 8 {
+            0 | 1 => {
+                // add or update a host
+                let (Some(shape), Some(attrs), Some(which)) =
+                    (input.byte(), input.byte(), input.byte())
+                else {
+                    break;
+                };
+                let gpus = if shape & 1 == 1 { shape >> 5 } else { 0 };
+                let mut attributes = vec![(
+                    "zone".to_owned(),
+                    ["a", "b"][usize::from(attrs & 1)].to_owned(),
+                )];
+                if attrs & 2 != 0 {
+                    attributes.push(("rack".to_owned(), format!("r{}", attrs >> 4)));
+                }
+                if attrs & 4 != 0 {
+                    attributes.push(("exclusive".to_owned(), "x".to_owned()));
+                }
+                let existing = (op % 8 == 1)
+                    .then(|| hosts.lookup_slot(usize::from(which) % hosts.n_slots().max(1)))
+                    .flatten();
+                let name = match existing {
+                    Some(id) => hosts.name(id).to_owned(),
+                    None => {
+                        next_host += 1;
+                        format!("h{next_host}")
+                    }
+                };
+                let spec = HostSpec {
+                    name,
+                    capacity: Resources::new(
+                        u64::from(shape % 16 + 1) * 1000,
+                        u64::from(shape % 8 + 1) * 1024,
+                        0,
+                        u64::from(gpus) * 1000,
+                    ),
+                    gpu_devices: gpus,
+                    ports: u32::from(which % 4),
+                    attributes,
+                };
+                let before = format!("{hosts:?}");
+                let result = match existing {
+                    Some(id) => hosts.update(id, &spec),
+                    None => hosts.add(&spec).map(|_| ()),
+                };
+                if result.is_err() {
+                    assert_eq!(
+                        before,
+                        format!("{hosts:?}"),
+                        "a refused host change changes nothing"
+                    );
+                }
+            }
+            2 => {
+                let (Some(which), Some(state)) = (input.byte(), input.byte()) else {
+                    break;
+                };
+                if let Some(id) = hosts.lookup_slot(usize::from(which) % hosts.n_slots().max(1)) {
+                    if state % 4 == 3 {
+                        let _ = hosts.remove(id); // refused while it holds tasks
+                    } else {
+                        hosts
+                            .set_state(id, HostState::ALL[usize::from(state % 3)])
+                            .expect("live");
+                    }
+                }
+            }
+            3 => {
+                // add tasks of one shape
+                let (Some(n), Some(shape), Some(more)) = (input.byte(), input.byte(), input.byte())
+                else {
+                    break;
+                };
+                let gpu = match shape % 8 {
+                    0 => 500,
+                    1 => 1000,
+                    2 => 250,
+                    _ => 0,
+                };
+                let spec = TaskSpec {
+                    job: u32::from(more % 4),
+                    instance: 0,
+                    pool: u32::from(more >> 6),
+                    priority: u32::from(shape >> 5),
+                    request: Resources::new(
+                        u64::from(shape % 4 + 1) * 500,
+                        u64::from(more % 3 + 1) * 256,
+                        0,
+                        gpu,
+                    ),
+                    ports: u16::from(more & 8 != 0),
+                    flags: if more & 16 != 0 {
+                        0
+                    } else {
+                        flags::PREEMPTIBLE
+                    },
+                    gang: if more & 32 != 0 {
+                        u32::from(shape % 3)
+                    } else {
+                        NO_GANG
+                    },
+                    constraint: ids[usize::from(more >> 2) % ids.len()],
+                    strategy: [Strategy::Pack, Strategy::Spread, Strategy::FirstFit]
+                        [usize::from(n) % 3],
+                    max_per_host: u16::from(n & 4 != 0),
+                };
+                for _ in 0..n % 6 + 1 {
+                    match tasks.add(&spec) {
+                        Ok(t) => live.push(t),
+                        Err(_) => break,
+                    }
+                }
+            }
+            4 | 5 => {
+                // place every unplaced task, or a prefix of them
+                let Some(cut) = input.byte() else { break };
+                let pending: Vec<TaskHandle> = live
+                    .iter()
+                    .copied()
+                    .filter(|&t| tasks.state(t) != Ok(TaskState::Placed))
+                    .collect();
+                let take = if op % 8 == 4 {
+                    pending.len()
+                } else {
+                    usize::from(cut) % (pending.len() + 1)
+                };
+                placer
+                    .place(
+                        &mut hosts,
+                        &mut tasks,
+                        &constraints,
+                        &pending[..take],
+                        0,
+                        &mut out,
+                    )
+                    .expect("a valid batch");
+                assert_eq!(
+                    out.placed.len() + out.unplaced.len(),
+                    take,
+                    "every task placed or explained"
+                );
+                // Placed where the constraint holds, on an up host (attributes
+                // and states may change later; this is checked as placed).
+                for p in &out.placed {
+                    let spec = tasks.spec(p.task).expect("live");
+                    let constraint = constraints.get(spec.constraint).expect("known");
+                    assert!(
+                        constraint.matches(hosts.attributes(p.host as usize)),
+                        "placed where the constraint holds"
+                    );
+                    let host = hosts.lookup_slot(p.host as usize).expect("live host");
+                    assert_eq!(hosts.state(host), HostState::Up, "placed on an up host");
+                }
+                // Gangs of the batch are complete or absent.
+                let mut gangs: std::collections::HashMap<u32, (usize, usize)> = Default::default();
+                for &t in &pending[..take] {
+                    let gang = tasks.spec(t).expect("live").gang;
+                    if gang != NO_GANG {
+                        let e = gangs.entry(gang).or_default();
+                        e.0 += 1;
+                        e.1 += usize::from(tasks.state(t) == Ok(TaskState::Placed));
+                    }
+                }
+                for (gang, (members, placed)) in gangs {
+                    assert!(
+                        placed == 0 || placed == members,
+                        "gang {gang}: {placed} of {members} placed"
+                    );
+                }
+                n_placed += out.placed.len() as u64;
+            }
+            6 => {
+                let Some(which) = input.byte() else { break };
+                let placed: Vec<TaskHandle> = live
+                    .iter()
+                    .copied()
+                    .filter(|&t| tasks.state(t) == Ok(TaskState::Placed))
+                    .collect();
+                if let Some(&t) = placed.get(usize::from(which) % placed.len().max(1)) {
+                    placer.unplace(&mut hosts, &mut tasks, t).expect("placed");
+                    if which & 1 == 1 {
+                        tasks.remove(t).expect("live");
+                        live.retain(|&l| l != t);
+                    }
+                }
+            }
+            _ => {
+                // plan intra-pool evictions for the unplaced tasks and check them
+                let pending: Vec<TaskHandle> = live
+                    .iter()
+                    .copied()
+                    .filter(|&t| tasks.state(t) != Ok(TaskState::Placed))
+                    .collect();
+                let mut plans = Vec::new();
+                intra_pool_victims(&hosts, &tasks, &constraints, &pending, &mut plans)
+                    .expect("live tasks");
+                for (task, host, victims) in &plans {
+                    let spec = tasks.spec(*task).expect("live");
+                    let mut freed = Resources::ZERO;
+                    let mut ports = 0;
+                    let mut grants = Vec::new();
+                    for v in victims {
+                        let vs = tasks.spec(v.task).expect("live");
+                        assert_eq!(vs.pool, spec.pool, "victims come from the same pool");
+                        assert!(vs.priority < spec.priority, "victims have lower priority");
+                        assert!(
+                            vs.flags & flags::PREEMPTIBLE != 0,
+                            "victims are preemptible"
+                        );
+                        assert_eq!(tasks.host(v.task).expect("live"), Some(*host));
+                        freed.add_assign(&vs.request);
+                        ports += u32::from(vs.ports);
+                        grants.push(tasks.gpu(v.task).expect("live"));
+                    }
+                    assert!(
+                        hosts.fits_after_freeing(
+                            *host as usize,
+                            &spec.request,
+                            u32::from(spec.ports),
+                            &freed,
+                            ports,
+                            &grants
+                        ),
+                        "the eviction makes the host fit"
+                    );
+                }
+            }
+        }
+        hosts.check_invariants();
+        tasks.check_invariants();
+        let held = held_per_host(&tasks, hosts.n_slots());
+        for slot in 0..hosts.n_slots() {
+            if hosts.lookup_slot(slot).is_some() {
+                assert_eq!(
+                    hosts.free(slot).saturating_add(&held[slot]),
+                    hosts.capacity(slot),
+                    "host accounting"
+                );
+            }
+        }
+        for view in tasks.placed_views() {
+            let spec = tasks.spec(view.task).expect("live");
+            if spec.max_per_host > 0 {
+                assert!(
+                    placer.instances_on_host(spec.job, view.host) <= spec.max_per_host,
+                    "per-host limit"
+                );
+            }
+            let devices = hosts.gpu_free(view.host as usize).len();
+            assert!(
+                u32::from(view.gpu.devices) < (1 << devices),
+                "GPU grant within the host's devices"
+            );
+            if spec.request[crate::Dim::Gpu] > 0 && spec.request[crate::Dim::Gpu] < 1000 {
+                assert_eq!(
+                    view.gpu.devices.count_ones(),
+                    1,
+                    "a fractional GPU stays on one device"
+                );
+            }
+        }
+    }
+    n_placed
+}

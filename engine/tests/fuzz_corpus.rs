@@ -2,12 +2,13 @@
 //! operation sequences through the fuzz driver, so the fuzz target's checks
 //! run in every `cargo test` on stable Rust.
 
-use peloton_engine::testkit::{Rng, fuzz_pool_ops};
+use peloton_engine::testkit::{Rng, fuzz_placement_ops, fuzz_pool_ops};
 use proptest::prelude::*;
 
-#[test]
-fn committed_corpus_replays_cleanly() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/pool_ops");
+fn corpus(target: &str) -> Vec<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target);
     let mut entries: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
@@ -15,17 +16,55 @@ fn committed_corpus_replays_cleanly() {
     entries.sort();
     assert!(
         entries.len() >= 10,
-        "the corpus has inputs ({} found)",
+        "the {target} corpus has inputs ({} found)",
         entries.len()
     );
-    for path in entries {
-        let data = std::fs::read(&path).unwrap();
-        let _ = fuzz_pool_ops(&data);
+    entries
+}
+
+#[test]
+fn committed_corpus_replays_cleanly() {
+    for path in corpus("pool_ops") {
+        let _ = fuzz_pool_ops(&std::fs::read(&path).unwrap());
     }
+}
+
+#[test]
+fn committed_placement_corpus_replays_cleanly() {
+    let mut placed = 0;
+    for path in corpus("placement_ops") {
+        placed += fuzz_placement_ops(&std::fs::read(&path).unwrap());
+    }
+    assert!(placed > 0, "the corpus reaches placements");
+}
+
+#[test]
+fn structured_placement_streams_place_tasks() {
+    let mut placed = 0;
+    for seed in 0..30 {
+        let mut rng = Rng::new(seed);
+        let mut data = Vec::new();
+        for _ in 0..300 {
+            data.push([0u8, 0, 1, 2, 3, 3, 3, 4, 5, 6, 7][rng.below(11) as usize]);
+            for _ in 0..3 {
+                data.push(rng.next_u64() as u8);
+            }
+        }
+        placed += fuzz_placement_ops(&data);
+        if let Ok(dir) = std::env::var("PELOTON_WRITE_PLACEMENT_CORPUS") {
+            std::fs::write(format!("{dir}/structured-{seed:02}"), &data).unwrap();
+        }
+    }
+    assert!(placed > 100, "structured streams place tasks ({placed})");
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn random_placement_sequences_keep_invariants(data in proptest::collection::vec(any::<u8>(), 0..2000)) {
+        let _ = fuzz_placement_ops(&data);
+    }
 
     #[test]
     fn random_operation_sequences_keep_invariants(data in proptest::collection::vec(any::<u8>(), 0..3000)) {

@@ -157,6 +157,15 @@ fn main() -> Result<()> {
             }
             let a = admission(1_000, 200_000, 4, 0.7, common)?;
             print(&a, common.json, "admission: 1,000 pools, 200,000 tasks");
+            if !common.json {
+                println!();
+            }
+            let p = placement(10_000, 200_000, "pack", true, common)?;
+            print(
+                &p,
+                common.json,
+                "placement: 10,000 hosts, 200,000 tasks, pack",
+            );
         }
     }
     Ok(())

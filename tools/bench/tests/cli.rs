@@ -100,3 +100,28 @@ fn demo_prints_both_tables() {
         "{text}"
     );
 }
+
+#[test]
+fn placement_places_and_explains_the_rest() {
+    let report = json(&["placement", "--hosts", "200", "--tasks", "30000", "--json"]);
+    assert_eq!(report["benchmark"], "placement");
+    let placed = report["placed"].as_u64().unwrap();
+    let unplaced = report["unplaced"].as_u64().unwrap();
+    assert_eq!(placed + unplaced, 30000);
+    assert!(
+        placed > 0 && unplaced > 0,
+        "an over-full cluster places some, not all"
+    );
+    assert!(
+        report["example_reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("0/200 hosts:")
+    );
+    let out = bench(&["placement", "--strategy", "best"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--strategy must be pack, spread or first_fit")
+    );
+}
