@@ -5,6 +5,9 @@
 //! a run is reproducible and the criterion suites in `benches/` measure the
 //! same shapes.
 
+mod trace;
+
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -96,6 +99,21 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Replay the Alibaba GPU trace (ATC '23 fragmentation methodology) with
+    /// the plain pack score and with the GPU-aware one.
+    TraceGpu {
+        /// Node list CSV (openb_node_list_all_node.csv).
+        #[arg(long)]
+        nodes: PathBuf,
+        /// Pod list CSV (e.g. openb_pod_list_default.csv).
+        #[arg(long)]
+        pods: PathBuf,
+        /// Stop when the requested GPUs reach this multiple of the capacity.
+        #[arg(long, default_value_t = 1.3)]
+        inflate: f64,
+        #[command(flatten)]
+        common: Common,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -138,6 +156,37 @@ fn main() -> Result<()> {
         } => {
             let report = placement(hosts, tasks, &strategy, !no_gpu_aware, common)?;
             print(&report, common.json, "placement");
+        }
+        Command::TraceGpu {
+            nodes,
+            pods,
+            inflate,
+            common,
+        } => {
+            if !(inflate > 0.0 && inflate <= 10.0) {
+                bail!("--inflate must be in (0, 10]");
+            }
+            let node_specs = trace::read_nodes(&nodes)?;
+            let pod_list = trace::read_pods(&pods)?;
+            let pack = trace::replay(&node_specs, &pod_list, inflate, common.seed, false)?;
+            let aware = trace::replay(&node_specs, &pod_list, inflate, common.seed, true)?;
+            let report = json!({
+                "benchmark": "trace-gpu",
+                "nodes": node_specs.len(),
+                "pods_in_trace": pod_list.len(),
+                "inflate": inflate,
+                "seed": common.seed,
+                "gpu_alloc_rate_first_failure": aware.gpu_alloc_rate_first_failure,
+                "gpu_alloc_rate_end": aware.gpu_alloc_rate_end,
+                "unallocated_gpus": aware.unallocated_gpus,
+                "pack": serde_json::to_value(&pack)?,
+                "gpu_aware": serde_json::to_value(&aware)?,
+            });
+            print(
+                &report,
+                common.json,
+                "trace-gpu (top-level figures: GPU-aware score)",
+            );
         }
         Command::Demo { common } => {
             if !common.json {

@@ -125,3 +125,62 @@ fn placement_places_and_explains_the_rest() {
             .contains("--strategy must be pack, spread or first_fit")
     );
 }
+
+#[test]
+fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
+    let dir = std::env::temp_dir().join(format!("peloton-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let nodes = dir.join("nodes.csv");
+    let pods = dir.join("pods.csv");
+    std::fs::write(
+        &nodes,
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,262144,2,T4\nn1,32000,262144,0,\nn2,64000,524288,8,V100M16\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &pods,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+         p0,4000,8192,1,500,,LS,Running,0,10,0\n\
+         p1,8000,16384,2,1000,,LS,Running,0,10,0\n\
+         p2,2000,4096,0,0,,BE,Running,0,10,0\n\
+         p3,1000,2048,1,250,,LS,Running,0,10,0\n",
+    )
+    .unwrap();
+    let report = json(&[
+        "trace-gpu",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--inflate",
+        "1.3",
+        "--json",
+    ]);
+    assert_eq!(report["nodes"], 3);
+    assert_eq!(report["pods_in_trace"], 4);
+    for run in ["pack", "gpu_aware"] {
+        let rate = report[run]["gpu_alloc_rate_end"].as_f64().unwrap();
+        assert!(rate > 0.0 && rate <= 1.0, "{run}: {rate}");
+        let unallocated = report[run]["unallocated_gpus"].as_f64().unwrap();
+        assert!(
+            (unallocated - 10.0 * (1.0 - rate)).abs() < 1e-6,
+            "{run}: consistent with 10 GPUs"
+        );
+    }
+    // A malformed file is a clear error.
+    std::fs::write(&pods, "name,cpu_milli\np0,abc\n").unwrap();
+    let out = bench(&[
+        "trace-gpu",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("pods.csv"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
