@@ -650,36 +650,40 @@ impl Placer {
         } else {
             hosts.exclusive_hosts().unwrap_or(&empty)
         };
+        // Whole groups of hosts are counted with set algebra; only the hosts
+        // left after every attribute check are looked at one by one.
+        let live = hosts.live_hosts();
         let up = hosts.in_state(HostState::Up);
-        let gpu_reserved = key.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts;
-        let job_counts = self.job_host.get(&key.job);
         let mut counts = [0u32; N_CHECKS];
-        let mut n_hosts = 0;
-        for slot in hosts.live_hosts().iter() {
-            n_hosts += 1;
-            let check = if !up.contains(slot) {
-                Some(Check::HostNotUp)
-            } else if !matching.contains(slot) {
-                Some(Check::Constraint)
-            } else if exclusive.contains(slot) {
-                Some(Check::Exclusive)
-            } else if gpu_reserved && hosts.gpu_hosts().contains(slot) {
-                Some(Check::GpuHostReserved)
-            } else if key.max_per_host > 0
-                && job_counts.and_then(|c| c.get(&slot)).copied().unwrap_or(0) >= key.max_per_host
-            {
-                Some(Check::PerHostLimit)
-            } else {
-                match hosts.fits(slot as usize, &key.request, u32::from(key.ports)) {
-                    Err(Misfit::Insufficient(d)) => Some(Check::Insufficient(d)),
-                    Err(Misfit::GpuFragmented) => Some(Check::GpuFragmented),
-                    Err(Misfit::Ports) => Some(Check::Ports),
-                    Ok(()) => None,
+        let n_hosts = live.len() as u32;
+        counts[Check::HostNotUp.index()] = (live - up).len() as u32;
+        let mut rest = up & &matching;
+        counts[Check::Constraint.index()] = (up.len() - rest.len()) as u32;
+        let before = rest.len();
+        rest -= exclusive;
+        counts[Check::Exclusive.index()] = (before - rest.len()) as u32;
+        if key.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts {
+            let before = rest.len();
+            rest -= hosts.gpu_hosts();
+            counts[Check::GpuHostReserved.index()] = (before - rest.len()) as u32;
+        }
+        if key.max_per_host > 0
+            && let Some(job_counts) = self.job_host.get(&key.job)
+        {
+            for (&slot, &n) in job_counts {
+                if n >= key.max_per_host && rest.remove(slot) {
+                    counts[Check::PerHostLimit.index()] += 1;
                 }
-            };
-            if let Some(check) = check {
-                counts[check.index()] += 1;
             }
+        }
+        for slot in rest.iter() {
+            let check = match hosts.fits(slot as usize, &key.request, u32::from(key.ports)) {
+                Err(Misfit::Insufficient(d)) => Check::Insufficient(d),
+                Err(Misfit::GpuFragmented) => Check::GpuFragmented,
+                Err(Misfit::Ports) => Check::Ports,
+                Ok(()) => continue,
+            };
+            counts[check.index()] += 1;
         }
         debug_assert!(candidates.is_subset(&matching));
         let mut counts: Vec<(Check, u32)> = Check::ALL
