@@ -33,6 +33,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::fmt;
 
@@ -249,6 +250,11 @@ pub struct Placer {
     class_keys: Vec<ClassKey>,
     gangs: Vec<(u32, Vec<TaskHandle>)>,
     heap: BinaryHeap<Reverse<(u64, u32)>>,
+    /// The engine-owned pool for parallel candidate scans (none: one thread).
+    threads: Option<std::sync::Arc<rayon::ThreadPool>>,
+    /// Scratch for parallel scans: candidate slots and their scores.
+    slots: Vec<u32>,
+    scored: Vec<Option<Reverse<(u64, u32)>>>,
 }
 
 impl Placer {
@@ -258,6 +264,21 @@ impl Placer {
             config,
             ..Default::default()
         }
+    }
+
+    /// The same placer scanning large candidate sets on `threads` threads
+    /// (of its own pool); results are identical for any number.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = (threads > 1).then(|| {
+            std::sync::Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("peloton-place-{i}"))
+                    .build()
+                    .expect("placement thread pool starts"),
+            )
+        });
+        self
     }
 
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
@@ -462,21 +483,41 @@ impl Placer {
     }
 
     fn score(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> f64 {
-        let slot = slot as usize;
-        match key.strategy {
-            Strategy::FirstFit => slot as f64,
-            Strategy::Spread => {
-                let mut allocated = 0.0;
-                for d in Dim::ALL {
-                    let cap = hosts.capacity_column(d)[slot];
-                    if cap > 0 {
-                        allocated += (cap - hosts.free_column(d)[slot]) as f64 / cap as f64;
-                    }
-                }
-                allocated
+        score_for(hosts, slot, key, self.config.gpu_aware)
+    }
+
+    /// Fills the heap with the candidates that fit, keyed by (score, slot).
+    /// Large candidate sets are scored in parallel over contiguous ranges of
+    /// hosts and concatenated in range order, so the heap's contents do not
+    /// depend on the number of threads.
+    fn build_heap(&mut self, hosts: &HostArena, candidates: &RoaringBitmap, key: &ClassKey) {
+        let counts = self.job_host.get(&key.job);
+        let gpu_aware = self.config.gpu_aware;
+        let mut entries = std::mem::take(&mut self.heap).into_vec();
+        entries.clear();
+        let score_one = |slot: u32| -> Option<Reverse<(u64, u32)>> {
+            fits_for(hosts, slot, key, counts)
+                .then(|| Reverse((score_key(score_for(hosts, slot, key, gpu_aware)), slot)))
+        };
+        match &self.threads {
+            Some(threads) if candidates.len() >= PARALLEL_MIN_CANDIDATES => {
+                self.slots.clear();
+                self.slots.extend(candidates.iter());
+                let slots = &self.slots;
+                let scored = &mut self.scored;
+                threads.install(|| {
+                    slots
+                        .par_iter()
+                        .with_min_len(1024)
+                        .map(|&slot| score_one(slot))
+                        .collect_into_vec(scored);
+                });
+                entries.extend(self.scored.iter().flatten().copied());
             }
-            Strategy::Pack => pack_score(hosts, slot, &key.request, self.config.gpu_aware),
+            _ => entries.extend(candidates.iter().filter_map(score_one)),
         }
+        // Heapify in O(n) rather than n pushes.
+        self.heap = BinaryHeap::from(entries);
     }
 
     fn commit(
@@ -542,13 +583,7 @@ impl Placer {
                 }
             }
             Strategy::Pack | Strategy::Spread => {
-                self.heap.clear();
-                for slot in candidates.iter() {
-                    if self.host_fits(hosts, slot, &key) {
-                        let score = self.score(hosts, slot, &key);
-                        self.heap.push(Reverse((score_key(score), slot)));
-                    }
-                }
+                self.build_heap(hosts, &candidates, &key);
                 while next < members.len() {
                     let Some(Reverse((_, slot))) = self.heap.pop() else {
                         break;
@@ -698,6 +733,46 @@ impl Placer {
             constraint: key.constraint,
             gang_size: 0,
         }
+    }
+}
+
+/// Candidate sets at least this large are scanned in parallel.
+const PARALLEL_MIN_CANDIDATES: u64 = 4096;
+
+/// Whether the class's request fits the host in `slot`, its job's per-host
+/// count included.
+fn fits_for(
+    hosts: &HostArena,
+    slot: u32,
+    key: &ClassKey,
+    counts: Option<&FxHashMap<u32, u16>>,
+) -> bool {
+    if key.max_per_host > 0
+        && counts.and_then(|c| c.get(&slot)).copied().unwrap_or(0) >= key.max_per_host
+    {
+        return false;
+    }
+    hosts
+        .fits(slot as usize, &key.request, u32::from(key.ports))
+        .is_ok()
+}
+
+/// The class's score on the host in `slot` (lower is better).
+fn score_for(hosts: &HostArena, slot: u32, key: &ClassKey, gpu_aware: bool) -> f64 {
+    let slot = slot as usize;
+    match key.strategy {
+        Strategy::FirstFit => slot as f64,
+        Strategy::Spread => {
+            let mut allocated = 0.0;
+            for d in Dim::ALL {
+                let cap = hosts.capacity_column(d)[slot];
+                if cap > 0 {
+                    allocated += (cap - hosts.free_column(d)[slot]) as f64 / cap as f64;
+                }
+            }
+            allocated
+        }
+        Strategy::Pack => pack_score(hosts, slot, &key.request, gpu_aware),
     }
 }
 

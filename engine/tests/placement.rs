@@ -583,3 +583,31 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn placement_is_identical_on_one_and_two_threads() {
+    use peloton_engine::testkit::placement_workload;
+    for strategy in [Strategy::Pack, Strategy::Spread] {
+        let run = |threads: usize| {
+            let mut w = placement_workload(6_000, 60_000, strategy, 9);
+            let mut placer = Placer::new(PlacementConfig::default()).with_threads(threads);
+            let mut out = PlacementResult::default();
+            placer
+                .place(
+                    &mut w.hosts,
+                    &mut w.tasks,
+                    &w.constraints,
+                    &w.batch,
+                    0,
+                    &mut out,
+                )
+                .unwrap();
+            check_invariants(&w.hosts, &w.tasks);
+            (out.placed, out.unplaced)
+        };
+        let one = run(1);
+        let two = run(2);
+        assert!(one.0.len() > 10_000, "most tasks are placed");
+        assert_eq!(one, two, "{strategy}");
+    }
+}

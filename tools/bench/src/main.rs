@@ -453,6 +453,7 @@ fn placement(
         "tasks": n_tasks,
         "strategy": strategy.name(),
         "gpu_aware": gpu_aware,
+        "threads": common.threads,
         "seed": common.seed,
         "placed": placed,
         "unplaced": unplaced,
