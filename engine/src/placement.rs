@@ -230,6 +230,8 @@ struct ClassKey {
     /// The job, when a per-host limit applies (otherwise `u32::MAX`).
     job: u32,
     max_per_host: u16,
+    /// The task may use GPU hosts without requesting GPUs.
+    may_use_gpu_hosts: bool,
 }
 
 /// Placement state kept between batches: per-host instance counts of jobs
@@ -246,7 +248,8 @@ pub struct Placer {
     /// Smallest cpu and memory request of the batch.
     min_request: (u64, u64),
     classes: FxHashMap<ClassKey, usize>,
-    class_tasks: Vec<Vec<TaskHandle>>,
+    /// Per-batch scratch arena (class membership), reset every batch.
+    bump: bumpalo::Bump,
     class_keys: Vec<ClassKey>,
     gangs: Vec<(u32, Vec<TaskHandle>)>,
     heap: BinaryHeap<Reverse<(u64, u32)>>,
@@ -323,49 +326,56 @@ impl Placer {
             }
         }
 
-        // Group: gangs by gang number, the rest by class.
+        // Group: gangs by gang number, the rest by class. Class members go
+        // to one flat slice ordered by class (a counting sort), in the
+        // batch's scratch arena, which is reset for the next batch.
         self.cache.clear();
         self.classes.clear();
-        for v in &mut self.class_tasks {
-            v.clear();
-        }
         self.class_keys.clear();
         self.gangs.clear();
+        let mut bump = std::mem::take(&mut self.bump);
+        bump.reset();
+        let class_of: &mut [u32] = bump.alloc_slice_fill_copy(batch.len(), u32::MAX);
         let mut gang_index: FxHashMap<u32, usize> = FxHashMap::default();
         self.min_request = (u64::MAX, u64::MAX);
-        for &task in batch {
+        for (i, &task) in batch.iter().enumerate() {
             let spec = tasks.spec(task).expect("validated");
             self.min_request.0 = self.min_request.0.min(spec.request[Dim::Cpu]);
             self.min_request.1 = self.min_request.1.min(spec.request[Dim::Memory]);
             if spec.gang != NO_GANG {
-                let i = *gang_index.entry(spec.gang).or_insert_with(|| {
+                let g = *gang_index.entry(spec.gang).or_insert_with(|| {
                     self.gangs.push((spec.gang, Vec::new()));
                     self.gangs.len() - 1
                 });
-                self.gangs[i].1.push(task);
+                self.gangs[g].1.push(task);
                 continue;
             }
-            let key = ClassKey {
-                request: spec.request,
-                ports: spec.ports,
-                constraint: spec.constraint,
-                strategy: spec.strategy,
-                job: if spec.max_per_host > 0 {
-                    spec.job
-                } else {
-                    u32::MAX
-                },
-                max_per_host: spec.max_per_host,
-            };
+            let key = Self::key_of(tasks, task);
             let n_classes = self.class_keys.len();
             let class = *self.classes.entry(key).or_insert(n_classes);
             if class == n_classes {
                 self.class_keys.push(key);
-                if self.class_tasks.len() <= class {
-                    self.class_tasks.push(Vec::new());
-                }
             }
-            self.class_tasks[class].push(task);
+            class_of[i] = class as u32;
+        }
+        let n_classes = self.class_keys.len();
+        let offsets: &mut [u32] = bump.alloc_slice_fill_copy(n_classes + 1, 0);
+        for &c in class_of.iter().filter(|&&c| c != u32::MAX) {
+            offsets[c as usize + 1] += 1;
+        }
+        for c in 0..n_classes {
+            offsets[c + 1] += offsets[c];
+        }
+        let cursor: &mut [u32] = bump.alloc_slice_copy(&offsets[..n_classes]);
+        let flat: &mut [TaskHandle] = bump.alloc_slice_fill_copy(
+            offsets[n_classes] as usize,
+            batch.first().copied().unwrap_or(TaskHandle::from_u64(0)),
+        );
+        for (i, &c) in class_of.iter().enumerate() {
+            if c != u32::MAX {
+                flat[cursor[c as usize] as usize] = batch[i];
+                cursor[c as usize] += 1;
+            }
         }
 
         self.open.clear();
@@ -379,12 +389,12 @@ impl Placer {
             self.place_gang(hosts, tasks, constraints, members, now_ms, out);
         }
         self.gangs = gangs;
-        let class_tasks = std::mem::take(&mut self.class_tasks);
-        for (class, members) in class_tasks.iter().enumerate().take(self.class_keys.len()) {
+        for class in 0..n_classes {
             let key = self.class_keys[class];
+            let members = &flat[offsets[class] as usize..offsets[class + 1] as usize];
             self.place_class(hosts, tasks, constraints, key, members, now_ms, out);
         }
-        self.class_tasks = class_tasks;
+        self.bump = bump;
         Ok(())
     }
 
@@ -436,6 +446,7 @@ impl Placer {
                 u32::MAX
             },
             max_per_host: spec.max_per_host,
+            may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
         }
     }
 
@@ -467,7 +478,10 @@ impl Placer {
                 out -= exclusive;
             }
         }
-        if key.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts {
+        if key.request[Dim::Gpu] == 0
+            && !self.config.allow_cpu_tasks_on_gpu_hosts
+            && !key.may_use_gpu_hosts
+        {
             out -= hosts.gpu_hosts();
         }
         out
@@ -697,7 +711,10 @@ impl Placer {
         let before = rest.len();
         rest -= exclusive;
         counts[Check::Exclusive.index()] = (before - rest.len()) as u32;
-        if key.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts {
+        if key.request[Dim::Gpu] == 0
+            && !self.config.allow_cpu_tasks_on_gpu_hosts
+            && !key.may_use_gpu_hosts
+        {
             let before = rest.len();
             rest -= hosts.gpu_hosts();
             counts[Check::GpuHostReserved.index()] = (before - rest.len()) as u32;

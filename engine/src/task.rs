@@ -91,6 +91,8 @@ pub mod flags {
     pub const REVOCABLE: u8 = 2;
     /// A controller task.
     pub const CONTROLLER: u8 = 4;
+    /// May run on GPU hosts without requesting GPUs (the pool allows it).
+    pub const MAY_USE_GPU_HOSTS: u8 = 8;
 }
 
 /// What a new task is.

@@ -9,7 +9,7 @@ use peloton_engine::host::{EXCLUSIVE_KEY, GpuGrant, HostArena, HostLimits, HostS
 use peloton_engine::placement::{
     PlacementConfig, PlacementResult, Placer, held_per_host, pack_score,
 };
-use peloton_engine::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskSpec};
+use peloton_engine::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskSpec, flags};
 use peloton_engine::testkit::Rng;
 use peloton_engine::{Dim, Resources};
 use proptest::prelude::*;
@@ -362,6 +362,7 @@ impl Reference {
         if spec.request[Dim::Gpu] == 0
             && self.hosts.capacity(slot)[Dim::Gpu] > 0
             && !self.config.allow_cpu_tasks_on_gpu_hosts
+            && spec.flags & flags::MAY_USE_GPU_HOSTS == 0
         {
             return false;
         }
@@ -505,6 +506,7 @@ proptest! {
             constraint: ids[rng.below(ids.len() as u64) as usize],
             strategy: [Strategy::Pack, Strategy::Spread, Strategy::FirstFit][rng.below(3) as usize],
             max_per_host: if rng.chance(0.3) { 1 } else { 0 },
+                flags: if rng.chance(0.2) { flags::MAY_USE_GPU_HOSTS } else { 0 },
             gang: NO_GANG,
             ..Default::default()
         }).collect();
@@ -557,8 +559,8 @@ proptest! {
                 }
             }
         }
-        let mut class_order: Vec<(Resources, u16, u32, Strategy, u32, u16)> = Vec::new();
-        let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.job } else { u32::MAX }, s.max_per_host);
+        let mut class_order: Vec<(Resources, u16, u32, Strategy, u32, u16, u8)> = Vec::new();
+        let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.job } else { u32::MAX }, s.max_per_host, s.flags & flags::MAY_USE_GPU_HOSTS);
         for s in specs.iter().filter(|s| s.gang == NO_GANG) {
             if !class_order.contains(&key(s)) {
                 class_order.push(key(s));
