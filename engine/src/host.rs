@@ -156,6 +156,10 @@ pub enum Misfit {
     GpuFragmented,
     /// Not enough free ports.
     Ports,
+    /// The GPU request is not a valid shape (above one GPU but not whole
+    /// GPUs, or more devices than a host can have); see
+    /// [`validate_gpu_request`].
+    InvalidGpuRequest,
 }
 
 /// A task's GPU request in milli-GPUs, validated: up to one GPU (shared on
@@ -523,6 +527,9 @@ impl HostArena {
     /// Whether `request` (and `ports`) fits the free resources of the host in
     /// `slot`, GPU devices included; the first reason if not.
     pub fn fits(&self, slot: usize, request: &Resources, ports: u32) -> Result<(), Misfit> {
+        if validate_gpu_request(request[Dim::Gpu]).is_err() {
+            return Err(Misfit::InvalidGpuRequest);
+        }
         for d in Dim::ALL {
             if request[d] > self.free[d.idx()][slot] {
                 return Err(Misfit::Insufficient(d));
@@ -556,6 +563,9 @@ impl HostArena {
         freed_ports: u32,
         freed_grants: &[GpuGrant],
     ) -> bool {
+        if validate_gpu_request(request[Dim::Gpu]).is_err() {
+            return false;
+        }
         for d in Dim::ALL {
             if request[d] > self.free[d.idx()][slot] + freed[d] {
                 return false;

@@ -28,7 +28,9 @@
 //!
 //! Processing order (which the reference placer in the tests follows):
 //! gangs in batch order, then classes in order of first appearance, tasks of
-//! a class in batch order. Everything is sequential and deterministic.
+//! a class in batch order. Large candidate sets are scored in parallel (see
+//! `build_heap`), merged in a fixed order: results do not depend on the
+//! number of threads.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -321,6 +323,9 @@ impl Placer {
                 return Err(invalid("listed twice in the batch".into()));
             }
             crate::host::validate_gpu_request(spec.request[Dim::Gpu]).map_err(invalid)?;
+            if spec.request[Dim::Cpu] == 0 && spec.request[Dim::Memory] == 0 {
+                return Err(invalid("a task must request some cpu or memory".into()));
+            }
             if constraints.get(spec.constraint).is_none() {
                 return Err(invalid(format!("unknown constraint {}", spec.constraint)));
             }
@@ -429,7 +434,7 @@ impl Placer {
         if hosts.in_state(HostState::Up).contains(host) && self.is_open(hosts, host) {
             self.open.insert(host);
         }
-        tasks.set_unplaced(task)?;
+        tasks.set_unplaced(task, TaskState::Admitted)?;
         Ok(())
     }
 
@@ -448,6 +453,33 @@ impl Placer {
             max_per_host: spec.max_per_host,
             may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
         }
+    }
+
+    /// Hosts a task may use at all, before resources: up, matching its
+    /// constraint, not exclusive to others, and not GPU hosts kept for GPU
+    /// work. (The same rules as placement, for preemption planning.)
+    pub fn hosts_for(
+        &self,
+        hosts: &HostArena,
+        constraint: &crate::constraint::Constraint,
+        spec: &crate::task::TaskSpec,
+    ) -> RoaringBitmap {
+        let mut out = constraint.evaluate(hosts);
+        out &= hosts.in_state(HostState::Up);
+        if let Some(exclusive) = hosts.exclusive_hosts() {
+            let names_it = hosts
+                .interner()
+                .get(EXCLUSIVE_KEY)
+                .is_some_and(|k| constraint.mentions(k));
+            if !names_it {
+                out -= exclusive;
+            }
+        }
+        let may_use = spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0;
+        if spec.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts && !may_use {
+            out -= hosts.gpu_hosts();
+        }
+        out
     }
 
     /// True if the host can take the batch's smallest cpu and memory request.
@@ -634,6 +666,11 @@ impl Placer {
     ) {
         let start = out.placed.len();
         let mut failed: Option<(ClassKey, RoaringBitmap)> = None;
+        // States before placement, to restore exactly on rollback.
+        let before: Vec<TaskState> = members
+            .iter()
+            .map(|&t| tasks.state(t).expect("validated"))
+            .collect();
         for &task in members {
             let key = Self::key_of(tasks, task);
             let candidates = self.candidates(hosts, constraints, &key);
@@ -671,6 +708,13 @@ impl Placer {
         for placed in out.placed.drain(start..).collect::<Vec<_>>() {
             self.unplace(hosts, tasks, placed.task)
                 .expect("just placed");
+            let i = members
+                .iter()
+                .position(|&m| m == placed.task)
+                .expect("a member");
+            if before[i] != TaskState::Admitted {
+                tasks.set_state(placed.task, before[i]).expect("live");
+            }
         }
         for &task in members {
             out.unplaced.push(Unplaced {
@@ -733,6 +777,7 @@ impl Placer {
                 Err(Misfit::Insufficient(d)) => Check::Insufficient(d),
                 Err(Misfit::GpuFragmented) => Check::GpuFragmented,
                 Err(Misfit::Ports) => Check::Ports,
+                Err(Misfit::InvalidGpuRequest) => Check::GpuFragmented,
                 Ok(()) => continue,
             };
             counts[check.index()] += 1;

@@ -20,8 +20,9 @@ use std::fmt;
 use rustc_hash::FxHashMap;
 
 use crate::constraint::ConstraintTable;
-use crate::host::{EXCLUSIVE_KEY, GpuGrant, HostArena, HostState};
+use crate::host::{GpuGrant, HostArena};
 use crate::manager::ResourceManager;
+use crate::placement::Placer;
 use crate::resources::{Dim, N_DIMS, Resources};
 use crate::task::{PlacedView, TaskArena, TaskError, TaskHandle, flags};
 
@@ -178,17 +179,24 @@ pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec
 
 /// For each pending task (in order), the host and victims that would make
 /// room for it by evicting lower-priority preemptible tasks of its own pool,
-/// if any host can be made to fit. Victims chosen for one task are not
-/// offered to the next. Returns `(task, host, victims)` triples in `out`.
+/// if any host can be made to fit. The hosts considered are those placement
+/// would consider (state, constraint, exclusivity, GPU hosts, per-host
+/// limits, via `placer`). A task that already fits some host gets no plan
+/// (place it instead). Each host and each victim is used by at most one plan
+/// per call, so plans never count the same free capacity twice. Victims are
+/// ranked lowest priority first, then most recently started; after a host
+/// fits, victims that turn out unnecessary are dropped again.
+///
+/// Pass admitted tasks that found no host: admission already checked that
+/// their pool's entitlement has room for them.
 pub fn intra_pool_victims(
+    placer: &Placer,
     hosts: &HostArena,
     tasks: &TaskArena,
     constraints: &ConstraintTable,
     pending: &[TaskHandle],
     out: &mut Vec<(TaskHandle, u32, Vec<Victim>)>,
 ) -> Result<(), TaskError> {
-    // Running tasks per host, ranked as victims: lowest priority first, then
-    // most recently started.
     let mut by_host: FxHashMap<u32, Vec<PlacedView>> = FxHashMap::default();
     for t in tasks.placed_views() {
         if t.flags & flags::PREEMPTIBLE != 0 {
@@ -203,59 +211,58 @@ pub fn intra_pool_victims(
                 .then(b.arrival.cmp(&a.arrival))
         });
     }
-    let mut taken: rustc_hash::FxHashSet<TaskHandle> = Default::default();
-    let exclusive_key = hosts.interner().get(EXCLUSIVE_KEY);
+    let mut used_hosts = roaring::RoaringBitmap::new();
     for &task in pending {
         let spec = tasks.spec(task)?;
         let constraint = constraints
             .get(spec.constraint)
             .ok_or(TaskError::NotFound)?;
-        let mut candidates = constraint.evaluate(hosts);
-        candidates &= hosts.in_state(HostState::Up);
-        if let (Some(exclusive), Some(key)) = (hosts.exclusive_hosts(), exclusive_key)
-            && !constraint.mentions(key)
-        {
-            candidates -= exclusive;
+        let candidates = placer.hosts_for(hosts, constraint, &spec);
+        let ports = u32::from(spec.ports);
+        let under_limit = |slot: u32| {
+            spec.max_per_host == 0 || placer.instances_on_host(spec.job, slot) < spec.max_per_host
+        };
+        if candidates.iter().any(|slot| {
+            under_limit(slot) && hosts.fits(slot as usize, &spec.request, ports).is_ok()
+        }) {
+            continue; // it fits without evicting anyone
         }
-        if spec.request[Dim::Gpu] == 0 {
-            candidates -= hosts.gpu_hosts();
-        }
-        // (victims, summed victim priority, slot)
+        // (victims, summed victim priority, slot, victims)
         let mut best: Option<(usize, u64, u32, Vec<PlacedView>)> = None;
         for slot in candidates.iter() {
+            if used_hosts.contains(slot) || !under_limit(slot) {
+                continue;
+            }
             let Some(running) = by_host.get(&slot) else {
                 continue;
             };
+            let eligible = running
+                .iter()
+                .filter(|r| r.pool == spec.pool && r.priority < spec.priority);
             let mut chosen: Vec<PlacedView> = Vec::new();
-            let mut freed = Resources::ZERO;
-            let mut freed_ports = 0u32;
-            let mut grants: Vec<GpuGrant> = Vec::new();
             let mut fits = false;
-            for r in running {
-                if r.pool != spec.pool || r.priority >= spec.priority || taken.contains(&r.task) {
-                    continue;
-                }
+            for r in eligible {
                 if best.as_ref().is_some_and(|b| chosen.len() >= b.0) {
                     break; // cannot beat the best host any more
                 }
                 chosen.push(*r);
-                freed.add_assign(&r.request);
-                freed_ports += u32::from(r.ports);
-                grants.push(r.gpu);
-                if hosts.fits_after_freeing(
-                    slot as usize,
-                    &spec.request,
-                    u32::from(spec.ports),
-                    &freed,
-                    freed_ports,
-                    &grants,
-                ) {
+                if fits_without(hosts, slot, &spec.request, ports, &chosen) {
                     fits = true;
                     break;
                 }
             }
-            if !fits || chosen.is_empty() {
+            if !fits {
                 continue;
+            }
+            // Drop victims that turned out unnecessary, highest rank last.
+            let mut i = 0;
+            while i < chosen.len() {
+                let removed = chosen.remove(i);
+                if fits_without(hosts, slot, &spec.request, ports, &chosen) {
+                    continue;
+                }
+                chosen.insert(i, removed);
+                i += 1;
             }
             let priority_sum: u64 = chosen.iter().map(|c| u64::from(c.priority)).sum();
             let better = match &best {
@@ -267,22 +274,38 @@ pub fn intra_pool_victims(
             }
         }
         if let Some((_, _, slot, chosen)) = best {
+            used_hosts.insert(slot);
             let victims = chosen
                 .iter()
-                .map(|c| {
-                    taken.insert(c.task);
-                    Victim {
-                        task: c.task,
-                        pool: c.pool,
-                        reason: PreemptReason::HigherPriority {
-                            for_task: task,
-                            host: slot,
-                        },
-                    }
+                .map(|c| Victim {
+                    task: c.task,
+                    pool: c.pool,
+                    reason: PreemptReason::HigherPriority {
+                        for_task: task,
+                        host: slot,
+                    },
                 })
                 .collect();
             out.push((task, slot, victims));
         }
     }
     Ok(())
+}
+
+/// Whether `request` fits the host once `victims` are gone.
+fn fits_without(
+    hosts: &HostArena,
+    slot: u32,
+    request: &Resources,
+    ports: u32,
+    victims: &[PlacedView],
+) -> bool {
+    let mut freed = Resources::ZERO;
+    let mut freed_ports = 0;
+    let grants: Vec<GpuGrant> = victims.iter().map(|v| v.gpu).collect();
+    for v in victims {
+        freed.add_assign(&v.request);
+        freed_ports += u32::from(v.ports);
+    }
+    hosts.fits_after_freeing(slot as usize, request, ports, &freed, freed_ports, &grants)
 }

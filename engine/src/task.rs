@@ -159,6 +159,14 @@ pub enum TaskError {
     /// A stale or unknown handle.
     #[error("no such task")]
     NotFound,
+    /// The change needs the task on a host, or off one.
+    #[error("task is {state:?}: {action}")]
+    WrongState {
+        /// Its state.
+        state: TaskState,
+        /// What could not be done.
+        action: &'static str,
+    },
 }
 
 /// All tasks, as columns.
@@ -310,12 +318,19 @@ impl TaskArena {
         i < self.live.len() && self.live[i] && self.generation[i] == handle.generation
     }
 
-    /// Removes a task; its slot is reused under a new generation.
+    /// Removes a task that is not on a host (take it off first, so its
+    /// resources are released); its slot is reused under a new generation.
     pub fn remove(&mut self, handle: TaskHandle) -> Result<(), TaskError> {
         if !self.contains(handle) {
             return Err(TaskError::NotFound);
         }
         let i = handle.idx();
+        if self.state[i] == TaskState::Placed {
+            return Err(TaskError::WrongState {
+                state: TaskState::Placed,
+                action: "unplace it before removing it",
+            });
+        }
         self.live[i] = false;
         self.host[i] = NO_HOST;
         self.free_slots.push(handle.idx);
@@ -352,10 +367,20 @@ impl TaskArena {
         Ok(self.state[handle.idx()])
     }
 
-    /// Sets a live task's state.
+    /// Moves a live task between `Pending` and `Admitted`. Placing and
+    /// unplacing go through [`TaskArena::set_placed`] and
+    /// [`TaskArena::set_unplaced`] (the placer's), so a host reservation is
+    /// never created or dropped by a bare state change.
     pub fn set_state(&mut self, handle: TaskHandle, state: TaskState) -> Result<(), TaskError> {
         if !self.contains(handle) {
             return Err(TaskError::NotFound);
+        }
+        let current = self.state[handle.idx()];
+        if current == TaskState::Placed || state == TaskState::Placed {
+            return Err(TaskError::WrongState {
+                state: current,
+                action: "use set_placed / set_unplaced",
+            });
         }
         self.state[handle.idx()] = state;
         Ok(())
@@ -373,6 +398,12 @@ impl TaskArena {
             return Err(TaskError::NotFound);
         }
         let i = handle.idx();
+        if self.state[i] == TaskState::Placed {
+            return Err(TaskError::WrongState {
+                state: TaskState::Placed,
+                action: "already on a host",
+            });
+        }
         self.state[i] = TaskState::Placed;
         self.host[i] = host;
         self.gpu[i] = gpu;
@@ -380,13 +411,20 @@ impl TaskArena {
         Ok(())
     }
 
-    /// Takes a placed task off its host record; it goes back to `Admitted`.
-    pub fn set_unplaced(&mut self, handle: TaskHandle) -> Result<(), TaskError> {
+    /// Takes a placed task off its host record; it goes back to `state`
+    /// (`Admitted`, or what it was before a rolled-back placement).
+    pub fn set_unplaced(&mut self, handle: TaskHandle, state: TaskState) -> Result<(), TaskError> {
         if !self.contains(handle) {
             return Err(TaskError::NotFound);
         }
         let i = handle.idx();
-        self.state[i] = TaskState::Admitted;
+        if self.state[i] != TaskState::Placed || state == TaskState::Placed {
+            return Err(TaskError::WrongState {
+                state: self.state[i],
+                action: "not on a host",
+            });
+        }
+        self.state[i] = state;
         self.host[i] = NO_HOST;
         self.gpu[i] = GpuGrant::default();
         Ok(())

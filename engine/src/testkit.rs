@@ -1203,9 +1203,17 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
                     .filter(|&t| tasks.state(t) != Ok(TaskState::Placed))
                     .collect();
                 let mut plans = Vec::new();
-                intra_pool_victims(&hosts, &tasks, &constraints, &pending, &mut plans)
+                intra_pool_victims(&placer, &hosts, &tasks, &constraints, &pending, &mut plans)
                     .expect("live tasks");
+                let mut plan_hosts = std::collections::HashSet::new();
+                let mut plan_victims = std::collections::HashSet::new();
                 for (task, host, victims) in &plans {
+                    assert!(plan_hosts.insert(*host), "one plan per host");
+                    assert!(
+                        victims.iter().all(|v| plan_victims.insert(v.task)),
+                        "a victim in one plan only"
+                    );
+                    assert!(!victims.is_empty(), "a plan evicts someone");
                     let spec = tasks.spec(*task).expect("live");
                     let mut freed = Resources::ZERO;
                     let mut ports = 0;
@@ -1252,9 +1260,23 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
         for view in tasks.placed_views() {
             let spec = tasks.spec(view.task).expect("live");
             if spec.max_per_host > 0 {
+                let on_host = tasks
+                    .placed_views()
+                    .filter(|o| {
+                        o.host == view.host
+                            && tasks
+                                .spec(o.task)
+                                .is_ok_and(|os| os.job == spec.job && os.max_per_host > 0)
+                    })
+                    .count();
                 assert!(
-                    placer.instances_on_host(spec.job, view.host) <= spec.max_per_host,
-                    "per-host limit"
+                    on_host <= usize::from(spec.max_per_host),
+                    "per-host limit, counted from the tasks"
+                );
+                assert_eq!(
+                    usize::from(placer.instances_on_host(spec.job, view.host)),
+                    on_host,
+                    "the placer's count"
                 );
             }
             let devices = hosts.gpu_free(view.host as usize).len();

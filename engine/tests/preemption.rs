@@ -303,7 +303,7 @@ fn a_higher_priority_task_evicts_only_where_it_then_fits() {
         .unwrap();
     assert_eq!(out.unplaced.len(), 1);
     let mut plans = Vec::new();
-    intra_pool_victims(&hosts, &tasks, &constraints, &[urgent], &mut plans).unwrap();
+    intra_pool_victims(&placer, &hosts, &tasks, &constraints, &[urgent], &mut plans).unwrap();
     // h2 holds only 2 cores of pool 1 (not enough); on h1 evicting the
     // priority-1 three-core task frees 3 + 0 free... 8 - 8 = 0 free, so it
     // takes both preemptible tasks there (6 cores) to fit 5.
@@ -330,7 +330,7 @@ fn a_higher_priority_task_evicts_only_where_it_then_fits() {
     // Nothing lower-priority of its pool left to evict for another one.
     let again = tasks.add(&spec(1, 9, 8, true)).unwrap();
     plans.clear();
-    intra_pool_victims(&hosts, &tasks, &constraints, &[again], &mut plans).unwrap();
+    intra_pool_victims(&placer, &hosts, &tasks, &constraints, &[again], &mut plans).unwrap();
     assert!(
         plans.is_empty(),
         "no eviction that does not make a host fit: {plans:?}"
