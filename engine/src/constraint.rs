@@ -52,7 +52,7 @@ pub enum Constraint {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("constraint {text:?}: at byte {position}: {problem}")]
 pub struct ConstraintError {
-    /// The text (cut to 200 bytes).
+    /// The text (cut to 200 characters).
     pub text: String,
     /// Byte offset of the problem.
     pub position: usize,
@@ -531,16 +531,30 @@ impl ConstraintTable {
         Self::default()
     }
 
-    /// The number of `text`, compiling it the first time.
+    /// The number of `text`, compiling it the first time. Texts that
+    /// compile to the same expression (they differ only in spacing, quoting,
+    /// or the order of `in` values) share a number, so their tasks share a
+    /// placement class.
     pub fn intern(&mut self, text: &str, interner: &mut Interner) -> Result<u32, ConstraintError> {
         let text = text.trim();
         if let Some(&id) = self.by_text.get(text) {
             return Ok(id);
         }
         let constraint = Constraint::parse(text, interner)?;
-        let id = u32::try_from(self.constraints.len()).expect("constraints fit in u32");
-        self.constraints.push(constraint);
-        self.texts.push(text.into());
+        let canonical = match constraint {
+            Constraint::True => String::new(),
+            ref c => c.display(interner).to_string(),
+        };
+        let id = match self.by_text.get(canonical.as_str()) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.constraints.len()).expect("constraints fit in u32");
+                self.constraints.push(constraint);
+                self.texts.push(text.into());
+                self.by_text.insert(canonical.into(), id);
+                id
+            }
+        };
         self.by_text.insert(text.into(), id);
         Ok(id)
     }

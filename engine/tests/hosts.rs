@@ -154,7 +154,25 @@ fn bad_constraints_are_refused_with_the_position() {
     );
     let deep = format!("{}zone == a{}", "(".repeat(40), ")".repeat(40));
     assert!(Constraint::parse(&deep, arena.interner_mut()).is_err());
-    assert!(Constraint::parse(&"a == b && ".repeat(500), arena.interner_mut()).is_err());
+    // A valid expression, just too long.
+    let long = format!("{}a == b", "a == b && ".repeat(500));
+    assert!(long.len() > 4096);
+    let err = Constraint::parse(&long, arena.interner_mut()).unwrap_err();
+    assert!(err.problem.contains("longer than 4096 bytes"), "{err}");
+    // Spelling variants of one expression share a number.
+    let mut table = peloton_engine::constraint::ConstraintTable::new();
+    let a = table
+        .intern("zone in {b, a}", arena.interner_mut())
+        .unwrap();
+    let b = table
+        .intern("zone  in {\"a\",b}", arena.interner_mut())
+        .unwrap();
+    let c = table
+        .intern("zone in {a, c}", arena.interner_mut())
+        .unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    assert_eq!(table.intern("  ", arena.interner_mut()).unwrap(), 0);
 }
 
 #[test]
@@ -251,6 +269,11 @@ fn bad_hosts_are_refused_and_change_nothing() {
             })
             .unwrap_err(),
     ];
+    assert_eq!(
+        format!("{arena:?}"),
+        before,
+        "refused additions change nothing"
+    );
     let h1 = arena.lookup("h1").unwrap();
     let slot = h1.idx();
     arena
@@ -284,7 +307,6 @@ fn bad_hosts_are_refused_and_change_nothing() {
         ]
     "#]]
     .assert_debug_eq(&messages);
-    let _ = before;
     assert!(matches!(errors[0], HostError::AlreadyExists { .. }));
 }
 
