@@ -6,14 +6,19 @@
 //!   (another pool's demand grew) gives back the overage. Victims are taken
 //!   in order — revocable first, then lowest priority, then most recently
 //!   started — and a victim is taken only if it reduces a dimension still
-//!   over, so what is freed exceeds the need by less than one task per
-//!   dimension. Revocable tasks count against the slack entitlement and the
-//!   others against the entitlement. Non-preemptible tasks are never victims.
-//! - **Intra-pool**: a pending task that its pool is entitled to run but that
-//!   found no host may evict lower-priority preemptible tasks of its own pool
-//!   from one host, only if that makes the host fit it. The host needing the
-//!   fewest victims wins (then the lowest victim priority, then the lowest
-//!   slot), and it is returned with the victims.
+//!   over; selection stops when no dimension is over. In the dimension a
+//!   victim was taken for, what is freed exceeds the need by less than that
+//!   one task. Other dimensions can be freed beyond their need when the only
+//!   tasks that free a short dimension are large in them (freeing 100 MiB
+//!   from tasks of 10 cores and 1 MiB each takes 100 of them). Revocable
+//!   tasks count against the slack entitlement and the others against the
+//!   entitlement. Non-preemptible tasks are never victims.
+//! - **Intra-pool**: an admitted task that found no host may evict
+//!   lower-priority preemptible tasks of its own pool from one host, only if
+//!   that makes the host fit it. The host needing the fewest victims wins
+//!   (then the lowest victim priority, then the lowest slot; victims that
+//!   turn out unnecessary are dropped), and it is returned with the victims.
+//!   Each host and each victim serves at most one plan per call.
 
 use std::fmt;
 
