@@ -229,8 +229,9 @@ struct ClassKey {
     ports: u16,
     constraint: u32,
     strategy: Strategy,
-    /// The job, when a per-host limit applies (otherwise `u32::MAX`).
-    job: u32,
+    /// The limit key (job or label), when a per-host limit applies
+    /// (otherwise `u32::MAX`).
+    limit_key: u32,
     max_per_host: u16,
     /// The task may use GPU hosts without requesting GPUs.
     may_use_gpu_hosts: bool,
@@ -420,14 +421,14 @@ impl Placer {
         if spec.max_per_host > 0 {
             let job_hosts = self
                 .job_host
-                .get_mut(&spec.job)
+                .get_mut(&spec.limit_key)
                 .expect("counted on placement");
             let count = job_hosts.get_mut(&host).expect("counted on placement");
             *count -= 1;
             if *count == 0 {
                 job_hosts.remove(&host);
                 if job_hosts.is_empty() {
-                    self.job_host.remove(&spec.job);
+                    self.job_host.remove(&spec.limit_key);
                 }
             }
         }
@@ -445,8 +446,8 @@ impl Placer {
             ports: spec.ports,
             constraint: spec.constraint,
             strategy: spec.strategy,
-            job: if spec.max_per_host > 0 {
-                spec.job
+            limit_key: if spec.max_per_host > 0 {
+                spec.limit_key
             } else {
                 u32::MAX
             },
@@ -520,7 +521,7 @@ impl Placer {
     }
 
     fn host_fits(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> bool {
-        if key.max_per_host > 0 && self.instances_on_host(key.job, slot) >= key.max_per_host {
+        if key.max_per_host > 0 && self.instances_on_host(key.limit_key, slot) >= key.max_per_host {
             return false;
         }
         hosts
@@ -537,7 +538,7 @@ impl Placer {
     /// hosts and concatenated in range order, so the heap's contents do not
     /// depend on the number of threads.
     fn build_heap(&mut self, hosts: &HostArena, candidates: &RoaringBitmap, key: &ClassKey) {
-        let counts = self.job_host.get(&key.job);
+        let counts = self.job_host.get(&key.limit_key);
         let gpu_aware = self.config.gpu_aware;
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         entries.clear();
@@ -581,7 +582,7 @@ impl Placer {
         if key.max_per_host > 0 {
             *self
                 .job_host
-                .entry(key.job)
+                .entry(key.limit_key)
                 .or_default()
                 .entry(slot)
                 .or_insert(0) += 1;
@@ -764,7 +765,7 @@ impl Placer {
             counts[Check::GpuHostReserved.index()] = (before - rest.len()) as u32;
         }
         if key.max_per_host > 0
-            && let Some(job_counts) = self.job_host.get(&key.job)
+            && let Some(job_counts) = self.job_host.get(&key.limit_key)
         {
             for (&slot, &n) in job_counts {
                 if n >= key.max_per_host && rest.remove(slot) {

@@ -225,7 +225,8 @@ pub fn intra_pool_victims(
         let candidates = placer.hosts_for(hosts, constraint, &spec);
         let ports = u32::from(spec.ports);
         let under_limit = |slot: u32| {
-            spec.max_per_host == 0 || placer.instances_on_host(spec.job, slot) < spec.max_per_host
+            spec.max_per_host == 0
+                || placer.instances_on_host(spec.limit_key, slot) < spec.max_per_host
         };
         if candidates.iter().any(|slot| {
             under_limit(slot) && hosts.fits(slot as usize, &spec.request, ports).is_ok()

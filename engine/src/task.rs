@@ -118,8 +118,12 @@ pub struct TaskSpec {
     pub constraint: u32,
     /// Placement strategy.
     pub strategy: Strategy,
-    /// At most this many instances of the job on one host (0 = no limit).
+    /// At most this many tasks with this task's `limit_key` on one host
+    /// (0 = no limit): anti-affinity and spreading.
     pub max_per_host: u16,
+    /// What `max_per_host` counts: the job number, or a task label's number
+    /// when the limit is per label. The caller chooses.
+    pub limit_key: u32,
 }
 
 /// A placed task, as preemption sees it.
@@ -182,6 +186,7 @@ pub struct TaskArena {
     request: Vec<Resources>,
     ports: Vec<u16>,
     max_per_host: Vec<u16>,
+    limit_key: Vec<u32>,
     flags: Vec<u8>,
     strategy: Vec<Strategy>,
     state: Vec<TaskState>,
@@ -271,6 +276,7 @@ impl TaskArena {
                 self.request[i] = spec.request;
                 self.ports[i] = spec.ports;
                 self.max_per_host[i] = spec.max_per_host;
+                self.limit_key[i] = spec.limit_key;
                 self.flags[i] = spec.flags;
                 self.strategy[i] = spec.strategy;
                 self.state[i] = TaskState::Pending;
@@ -293,6 +299,7 @@ impl TaskArena {
                 self.request.push(spec.request);
                 self.ports.push(spec.ports);
                 self.max_per_host.push(spec.max_per_host);
+                self.limit_key.push(spec.limit_key);
                 self.flags.push(spec.flags);
                 self.strategy.push(spec.strategy);
                 self.state.push(TaskState::Pending);
@@ -356,6 +363,7 @@ impl TaskArena {
             constraint: self.constraint[i],
             strategy: self.strategy[i],
             max_per_host: self.max_per_host[i],
+            limit_key: self.limit_key[i],
         })
     }
 
@@ -495,7 +503,7 @@ impl TaskArena {
     /// Bytes the columns use per slot (capacity, not length).
     pub fn bytes_per_slot() -> usize {
         use std::mem::size_of;
-        size_of::<u32>() * 7 // generation, job, instance, pool, priority, gang, constraint
+        size_of::<u32>() * 8 // generation, job, instance, pool, priority, gang, constraint, limit_key
             + size_of::<u32>() // host
             + size_of::<bool>()
             + size_of::<Resources>()
@@ -519,6 +527,7 @@ impl TaskArena {
             self.request.len(),
             self.ports.len(),
             self.max_per_host.len(),
+            self.limit_key.len(),
             self.flags.len(),
             self.strategy.len(),
             self.state.len(),

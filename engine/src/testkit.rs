@@ -951,6 +951,7 @@ pub fn placement_workload(
             },
             strategy,
             max_per_host: if rng.chance(0.1) { 1 } else { 0 },
+            limit_key: job,
         };
         for instance in 0..100.min(n_tasks - batch.len()) {
             let handle = tasks
@@ -1114,6 +1115,7 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
                     strategy: [Strategy::Pack, Strategy::Spread, Strategy::FirstFit]
                         [usize::from(n) % 3],
                     max_per_host: u16::from(n & 4 != 0),
+                    limit_key: u32::from(more % 4),
                 };
                 for _ in 0..n % 6 + 1 {
                     match tasks.add(&spec) {
@@ -1264,9 +1266,9 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
                     .placed_views()
                     .filter(|o| {
                         o.host == view.host
-                            && tasks
-                                .spec(o.task)
-                                .is_ok_and(|os| os.job == spec.job && os.max_per_host > 0)
+                            && tasks.spec(o.task).is_ok_and(|os| {
+                                os.limit_key == spec.limit_key && os.max_per_host > 0
+                            })
                     })
                     .count();
                 assert!(
@@ -1274,7 +1276,7 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
                     "per-host limit, counted from the tasks"
                 );
                 assert_eq!(
-                    usize::from(placer.instances_on_host(spec.job, view.host)),
+                    usize::from(placer.instances_on_host(spec.limit_key, view.host)),
                     on_host,
                     "the placer's count"
                 );

@@ -77,8 +77,12 @@ impl Env {
                 "cpu" => spec.request[Dim::Cpu] = v.parse::<u64>().unwrap() * 1000,
                 "mem" => spec.request[Dim::Memory] = v.parse::<u64>().unwrap() * 1024,
                 "gpu" => spec.request[Dim::Gpu] = v.parse().unwrap(),
-                "job" => spec.job = v.parse().unwrap(),
+                "job" => {
+                    spec.job = v.parse().unwrap();
+                    spec.limit_key = spec.job;
+                }
                 "max_per_host" => spec.max_per_host = v.parse().unwrap(),
+                "label" => spec.limit_key = v.parse().unwrap(),
                 "gang" => spec.gang = v.parse().unwrap(),
                 "strategy" => {
                     spec.strategy = match v {
@@ -257,6 +261,26 @@ fn constraints_limits_exclusive_and_gpu_hosts_with_reasons() {
 }
 
 #[test]
+fn a_per_host_limit_can_count_a_label_across_jobs() {
+    let mut env = Env::new();
+    for line in ["a cpu=8 mem=32", "b cpu=8 mem=32", "c cpu=8 mem=32"] {
+        env.host(line);
+    }
+    // Two jobs share label 77, at most one per host: 3 of 4 placed.
+    let mut batch = env.tasks("2 x cpu=1 mem=1 job=1 label=77 max_per_host=1");
+    batch.extend(env.tasks("2 x cpu=1 mem=1 job=2 label=77 max_per_host=1"));
+    env.check(
+        &batch,
+        expect![[r#"
+        a: 1 task(s)
+        b: 1 task(s)
+        c: 1 task(s)
+        unplaced: 0/3 hosts: 3 per-host instance limit reached
+    "#]],
+    );
+}
+
+#[test]
 fn gangs_are_placed_whole_or_not_at_all() {
     let mut env = Env::new();
     env.host("a cpu=8 mem=32");
@@ -416,7 +440,10 @@ impl Reference {
             .allocate(slot, &spec.request, u32::from(spec.ports))
             .unwrap();
         if spec.max_per_host > 0 {
-            *self.per_host.entry((spec.job, slot as u32)).or_default() += 1;
+            *self
+                .per_host
+                .entry((spec.limit_key, slot as u32))
+                .or_default() += 1;
         }
         Some((slot as u32, grant))
     }
@@ -425,7 +452,7 @@ impl Reference {
         self.hosts
             .release(slot as usize, &spec.request, u32::from(spec.ports), grant);
         if spec.max_per_host > 0 {
-            *self.per_host.get_mut(&(spec.job, slot)).unwrap() -= 1;
+            *self.per_host.get_mut(&(spec.limit_key, slot)).unwrap() -= 1;
         }
     }
 }
@@ -500,6 +527,7 @@ proptest! {
         // A few job shapes, repeated, so classes have many tasks.
         let shapes: Vec<TaskSpec> = (0..8).map(|job| TaskSpec {
             job,
+            limit_key: job,
             request: Resources::new(rng.range(1, 8) * 500, rng.range(1, 16) * 512, 0,
                 if rng.chance(0.25) { [250, 500, 1000, 2000][rng.below(4) as usize] } else { 0 }),
             ports: rng.range(0, 2) as u16,
@@ -560,7 +588,7 @@ proptest! {
             }
         }
         let mut class_order: Vec<(Resources, u16, u32, Strategy, u32, u16, u8)> = Vec::new();
-        let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.job } else { u32::MAX }, s.max_per_host, s.flags & flags::MAY_USE_GPU_HOSTS);
+        let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.limit_key } else { u32::MAX }, s.max_per_host, s.flags & flags::MAY_USE_GPU_HOSTS);
         for s in specs.iter().filter(|s| s.gang == NO_GANG) {
             if !class_order.contains(&key(s)) {
                 class_order.push(key(s));

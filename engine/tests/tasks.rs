@@ -19,6 +19,7 @@ fn spec(job: u32, instance: u32) -> TaskSpec {
         constraint: 4,
         strategy: Strategy::Spread,
         max_per_host: 1,
+        limit_key: job,
     }
 }
 
