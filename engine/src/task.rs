@@ -503,7 +503,7 @@ impl TaskArena {
     /// Bytes the columns use per slot (capacity, not length).
     pub fn bytes_per_slot() -> usize {
         use std::mem::size_of;
-        size_of::<u32>() * 8 // generation, job, instance, pool, priority, gang, constraint, limit_key
+        size_of::<[u32; 8]>() // generation, job, instance, pool, priority, gang, constraint, limit_key
             + size_of::<u32>() // host
             + size_of::<bool>()
             + size_of::<Resources>()
