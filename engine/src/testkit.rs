@@ -415,6 +415,74 @@ pub fn check_entitlement_invariants(tree: &PoolTree, input: &EntitlementInput, e
     }
 }
 
+/// Computes inter-pool victims for the manager's pools and the placed tasks
+/// of `tasks`, and checks them: only preemptible tasks, only from pools over
+/// an entitlement, and enough of them that no pool stays over unless it ran
+/// out of preemptible tasks of that kind.
+pub fn check_inter_pool_victims(rm: &ResourceManager, tasks: &crate::task::TaskArena) {
+    use crate::task::flags;
+    let mut victims = Vec::new();
+    crate::preemption::inter_pool_victims(rm, tasks, &mut victims);
+    let ent = rm.entitlements();
+    let mut freed: std::collections::HashMap<(u32, bool), Resources> = Default::default();
+    let mut seen = std::collections::HashSet::new();
+    for v in &victims {
+        assert!(seen.insert(v.task), "a victim is listed once");
+        let spec = tasks.spec(v.task).expect("a live task");
+        assert!(
+            spec.flags & flags::PREEMPTIBLE != 0,
+            "never a non-preemptible victim"
+        );
+        assert_eq!(spec.pool, v.pool);
+        freed
+            .entry((v.pool, spec.flags & flags::REVOCABLE != 0))
+            .or_default()
+            .add_assign(&spec.request);
+    }
+    for pool in rm.tree().list() {
+        let usage = rm.usage(pool).expect("live");
+        let slot = pool.idx() as u32;
+        for revocable in [false, true] {
+            let (held, cap) = if revocable {
+                (
+                    usage.allocation.revocable,
+                    ent.slack_entitlement(pool.idx()),
+                )
+            } else {
+                (usage.allocation.total, ent.entitlement(pool.idx()))
+            };
+            let over = held.saturating_sub(&cap);
+            let got = freed.get(&(slot, revocable)).copied().unwrap_or_default();
+            if over.is_zero() {
+                assert!(
+                    got.is_zero(),
+                    "{}: a pool within its entitlement gives nothing",
+                    rm.tree().path(pool)
+                );
+                continue;
+            }
+            let mut available = Resources::ZERO;
+            for t in tasks.placed_views() {
+                if t.pool == slot
+                    && t.flags & flags::PREEMPTIBLE != 0
+                    && (t.flags & flags::REVOCABLE != 0) == revocable
+                {
+                    available.add_assign(&t.request);
+                }
+            }
+            for d in 0..N_DIMS {
+                assert!(
+                    got.0[d] >= over.0[d].min(available.0[d]),
+                    "{}: freed {} of {} over in dimension {d}",
+                    rm.tree().path(pool),
+                    got.0[d],
+                    over.0[d]
+                );
+            }
+        }
+    }
+}
+
 /// Decodes fuzz input bytes into values.
 struct Bytes<'a>(&'a [u8]);
 
@@ -476,6 +544,11 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
     let mut next_task = 0u64;
     let mut capacity = Resources::ZERO;
     let mut slack = Resources::ZERO;
+    // Running tasks mirrored as placed tasks, for inter-pool preemption.
+    let mut mirror = crate::task::TaskArena::new(100_000);
+    let mut mirrored: std::collections::HashMap<u64, crate::task::TaskHandle> = Default::default();
+    let mut priority_of: std::collections::HashMap<u64, u32> = Default::default();
+    let mut clock = 0u64;
     while let Some(op) = input.byte() {
         let pick = |b: Option<u8>, n: usize| b.map(|b| usize::from(b) % n.max(1));
         match op % 11 {
@@ -573,6 +646,7 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                         id: TaskId(next_task),
                         request,
                     });
+                    priority_of.insert(next_task, u32::from(priority % 4));
                     next_task += 1;
                 }
                 let queued_before = rm.n_tasks(pool).ok();
@@ -613,6 +687,7 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                 }
                 rm.recompute_entitlement(capacity, slack);
                 check_manager_entitlements(&rm, capacity, slack);
+                check_inter_pool_victims(&rm, &mirror);
             }
             7 | 8 => {
                 // 7 recomputes first; 8 admits against the entitlements as
@@ -625,6 +700,29 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                 check_admission(&rm, &result);
                 running.extend_from_slice(&result.admitted);
                 stats.admitted += result.admitted.len() as u64;
+                for a in &result.admitted {
+                    let mut bits = 0;
+                    if a.class != TaskClass::NonPreemptible {
+                        bits |= crate::task::flags::PREEMPTIBLE;
+                    }
+                    if a.class == TaskClass::Revocable {
+                        bits |= crate::task::flags::REVOCABLE;
+                    }
+                    let spec = crate::task::TaskSpec {
+                        pool: a.pool.idx() as u32,
+                        priority: priority_of[&a.task.0],
+                        request: a.request,
+                        flags: bits,
+                        gang: crate::task::NO_GANG,
+                        ..Default::default()
+                    };
+                    let handle = mirror.add(&spec).expect("mirror bound");
+                    clock += 1;
+                    mirror
+                        .set_placed(handle, 0, Default::default(), clock)
+                        .expect("new");
+                    mirrored.insert(a.task.0, handle);
+                }
             }
             9 => {
                 let Some(i) = pick(input.byte(), running.len()) else {
@@ -633,6 +731,11 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                 if i < running.len() {
                     let a = running.swap_remove(i);
                     rm.release(&a).expect("releasing an admitted task succeeds");
+                    let handle = mirrored.remove(&a.task.0).expect("mirrored");
+                    mirror
+                        .set_unplaced(handle, crate::task::TaskState::Admitted)
+                        .expect("placed");
+                    mirror.remove(handle).expect("live");
                     stats.released += 1;
                 }
             }
