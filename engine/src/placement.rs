@@ -863,9 +863,15 @@ pub fn pack_score(hosts: &HostArena, slot: usize, request: &Resources, gpu_aware
         return score;
     }
     let gpu = request[Dim::Gpu];
-    if !gpu_aware || gpu == 0 {
-        score += hosts.free_column(Dim::Gpu)[slot].saturating_sub(gpu) as f64 / gpu_cap as f64;
-        return score;
+    let gpu_free = hosts.free_column(Dim::Gpu)[slot];
+    if !gpu_aware {
+        return score + gpu_free.saturating_sub(gpu) as f64 / gpu_cap as f64;
+    }
+    if gpu == 0 {
+        // A task without GPUs on a GPU host (where allowed) takes cpu and
+        // memory the host's idle GPUs will need: prefer hosts without idle
+        // GPUs, and hosts without GPUs over any of them.
+        return score + 1.0 + 4.0 * gpu_free as f64 / gpu_cap as f64;
     }
     let devices = hosts.gpu_free(slot);
     let whole = devices
