@@ -465,7 +465,27 @@ impl Placer {
         constraint: &crate::constraint::Constraint,
         spec: &crate::task::TaskSpec,
     ) -> RoaringBitmap {
-        let mut out = constraint.evaluate(hosts);
+        let may_use = spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0;
+        self.apply_host_rules(
+            hosts,
+            constraint,
+            constraint.evaluate(hosts),
+            spec.request,
+            may_use,
+        )
+    }
+
+    /// Narrows `matching` (the constraint's hosts) by the rules every task
+    /// obeys: up hosts only, exclusive hosts only if the constraint names
+    /// them, GPU hosts only for GPU work unless allowed.
+    fn apply_host_rules(
+        &self,
+        hosts: &HostArena,
+        constraint: &crate::constraint::Constraint,
+        mut out: RoaringBitmap,
+        request: Resources,
+        may_use_gpu_hosts: bool,
+    ) -> RoaringBitmap {
         out &= hosts.in_state(HostState::Up);
         if let Some(exclusive) = hosts.exclusive_hosts() {
             let names_it = hosts
@@ -476,8 +496,8 @@ impl Placer {
                 out -= exclusive;
             }
         }
-        let may_use = spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0;
-        if spec.request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts && !may_use {
+        if request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts && !may_use_gpu_hosts
+        {
             out -= hosts.gpu_hosts();
         }
         out
@@ -499,25 +519,15 @@ impl Placer {
         key: &ClassKey,
     ) -> RoaringBitmap {
         let constraint = constraints.get(key.constraint).expect("validated");
-        let mut out = self.cache.evaluate(constraint, hosts).clone();
-        out &= hosts.in_state(HostState::Up);
-        out &= &self.open;
-        if let Some(exclusive) = hosts.exclusive_hosts() {
-            let names_it = hosts
-                .interner()
-                .get(EXCLUSIVE_KEY)
-                .is_some_and(|k| constraint.mentions(k));
-            if !names_it {
-                out -= exclusive;
-            }
-        }
-        if key.request[Dim::Gpu] == 0
-            && !self.config.allow_cpu_tasks_on_gpu_hosts
-            && !key.may_use_gpu_hosts
-        {
-            out -= hosts.gpu_hosts();
-        }
-        out
+        let mut matching = self.cache.evaluate(constraint, hosts).clone();
+        matching &= &self.open;
+        self.apply_host_rules(
+            hosts,
+            constraint,
+            matching,
+            key.request,
+            key.may_use_gpu_hosts,
+        )
     }
 
     fn host_fits(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> bool {
