@@ -319,6 +319,15 @@ impl TaskArena {
         })
     }
 
+    /// `Ok` if `handle` names a live task, `NotFound` otherwise.
+    fn check(&self, handle: TaskHandle) -> Result<(), TaskError> {
+        if self.contains(handle) {
+            Ok(())
+        } else {
+            Err(TaskError::NotFound)
+        }
+    }
+
     /// True if `handle` names a live task.
     pub fn contains(&self, handle: TaskHandle) -> bool {
         let i = handle.idx();
@@ -328,9 +337,7 @@ impl TaskArena {
     /// Removes a task that is not on a host (take it off first, so its
     /// resources are released); its slot is reused under a new generation.
     pub fn remove(&mut self, handle: TaskHandle) -> Result<(), TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         let i = handle.idx();
         if self.state[i] == TaskState::Placed {
             return Err(TaskError::WrongState {
@@ -347,9 +354,7 @@ impl TaskArena {
 
     /// The spec a live task was added with.
     pub fn spec(&self, handle: TaskHandle) -> Result<TaskSpec, TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         let i = handle.idx();
         Ok(TaskSpec {
             job: self.job[i],
@@ -369,9 +374,7 @@ impl TaskArena {
 
     /// State of a live task.
     pub fn state(&self, handle: TaskHandle) -> Result<TaskState, TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         Ok(self.state[handle.idx()])
     }
 
@@ -380,9 +383,7 @@ impl TaskArena {
     /// [`TaskArena::set_unplaced`] (the placer's), so a host reservation is
     /// never created or dropped by a bare state change.
     pub fn set_state(&mut self, handle: TaskHandle, state: TaskState) -> Result<(), TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         let current = self.state[handle.idx()];
         if current == TaskState::Placed || state == TaskState::Placed {
             return Err(TaskError::WrongState {
@@ -402,9 +403,7 @@ impl TaskArena {
         gpu: GpuGrant,
         start_ms: u64,
     ) -> Result<(), TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         let i = handle.idx();
         if self.state[i] == TaskState::Placed {
             return Err(TaskError::WrongState {
@@ -422,9 +421,7 @@ impl TaskArena {
     /// Takes a placed task off its host record; it goes back to `state`
     /// (`Admitted`, or what it was before a rolled-back placement).
     pub fn set_unplaced(&mut self, handle: TaskHandle, state: TaskState) -> Result<(), TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         let i = handle.idx();
         if self.state[i] != TaskState::Placed || state == TaskState::Placed {
             return Err(TaskError::WrongState {
@@ -440,9 +437,7 @@ impl TaskArena {
 
     /// GPU devices a live task holds.
     pub fn gpu(&self, handle: TaskHandle) -> Result<GpuGrant, TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         Ok(self.gpu[handle.idx()])
     }
 
@@ -485,18 +480,14 @@ impl TaskArena {
 
     /// Host slot of a live task, if placed.
     pub fn host(&self, handle: TaskHandle) -> Result<Option<u32>, TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         let h = self.host[handle.idx()];
         Ok((h != NO_HOST).then_some(h))
     }
 
     /// Arrival number of a live task.
     pub fn arrival(&self, handle: TaskHandle) -> Result<u64, TaskError> {
-        if !self.contains(handle) {
-            return Err(TaskError::NotFound);
-        }
+        self.check(handle)?;
         Ok(self.arrival[handle.idx()])
     }
 
