@@ -59,6 +59,10 @@ pub struct PlacementConfig {
     pub allow_cpu_tasks_on_gpu_hosts: bool,
     /// The `pack` score avoids fragmenting GPUs (default: yes).
     pub gpu_aware: bool,
+    /// Candidate sets at least this large are scored in parallel when the
+    /// placer has threads (default 4,096; smaller sets cost more to split
+    /// than they save).
+    pub parallel_min_candidates: u64,
 }
 
 impl Default for PlacementConfig {
@@ -66,6 +70,7 @@ impl Default for PlacementConfig {
         PlacementConfig {
             allow_cpu_tasks_on_gpu_hosts: false,
             gpu_aware: true,
+            parallel_min_candidates: PARALLEL_MIN_CANDIDATES,
         }
     }
 }
@@ -557,7 +562,7 @@ impl Placer {
                 .then(|| Reverse((score_key(score_for(hosts, slot, key, gpu_aware)), slot)))
         };
         match &self.threads {
-            Some(threads) if candidates.len() >= PARALLEL_MIN_CANDIDATES => {
+            Some(threads) if candidates.len() >= self.config.parallel_min_candidates => {
                 self.slots.clear();
                 self.slots.extend(candidates.iter());
                 let slots = &self.slots;
@@ -809,7 +814,7 @@ impl Placer {
     }
 }
 
-/// Candidate sets at least this large are scanned in parallel.
+/// Default size from which candidate sets are scored in parallel.
 const PARALLEL_MIN_CANDIDATES: u64 = 4096;
 
 /// Whether the class's request fits the host in `slot`, its job's per-host

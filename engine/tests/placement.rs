@@ -547,10 +547,41 @@ proptest! {
             batch.push(tasks.add(&spec).unwrap());
             specs.push(spec);
         }
+        // The same batch on a copy of the cluster, with two threads and the
+        // parallel path taken for every class: identical results.
+        let mut hosts2 = HostArena::new(HostLimits::default());
+        for i in 0..hosts.n_slots() {
+            let id = hosts.lookup_slot(i).unwrap();
+            let spec = HostSpec {
+                name: hosts.name(id).to_owned(),
+                capacity: hosts.capacity(i),
+                gpu_devices: hosts.gpu_free(i).len() as u8,
+                ports: hosts.ports_free(i),
+                attributes: hosts.attributes(i).iter()
+                    .map(|&(k, v)| (hosts.interner().resolve(k).to_owned(), hosts.interner().resolve(v).to_owned()))
+                    .collect(),
+            };
+            let id2 = hosts2.add(&spec).unwrap();
+            hosts2.set_state(id2, hosts.state(id)).unwrap();
+        }
+        let mut constraints2 = ConstraintTable::new();
+        for c in CONSTRAINTS {
+            constraints2.intern(c, hosts2.interner_mut()).unwrap();
+        }
+        let mut tasks2 = TaskArena::new(100_000);
+        let batch2: Vec<TaskHandle> = specs.iter().map(|s| tasks2.add(s).unwrap()).collect();
+        let mut placer2 = Placer::new(PlacementConfig { parallel_min_candidates: 1, ..config }).with_threads(2);
+        let mut out2 = PlacementResult::default();
+        placer2.place(&mut hosts2, &mut tasks2, &constraints2, &batch2, 0, &mut out2).unwrap();
+
         let mut placer = Placer::new(config);
         let mut out = PlacementResult::default();
         placer.place(&mut hosts, &mut tasks, &constraints, &batch, 0, &mut out).unwrap();
         check_invariants(&hosts, &tasks);
+        let hosts_of = |o: &PlacementResult, b: &[TaskHandle]| -> Vec<(usize, u32)> {
+            o.placed.iter().map(|p| (b.iter().position(|&t| t == p.task).unwrap(), p.host)).collect()
+        };
+        prop_assert_eq!(hosts_of(&out, &batch), hosts_of(&out2, &batch2), "one and two threads agree");
 
         // The reference, in the documented order: gangs in batch order, then
         // classes by first appearance, tasks of a class in batch order.

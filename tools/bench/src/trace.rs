@@ -211,6 +211,7 @@ pub fn replay(
     let mut placer = Placer::new(PlacementConfig {
         allow_cpu_tasks_on_gpu_hosts: true,
         gpu_aware,
+        ..Default::default()
     });
     let mut tasks = TaskArena::new(10_000_000);
     let mut out = PlacementResult::default();
