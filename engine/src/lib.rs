@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod constraint;
+pub mod engine;
 pub mod entitlement;
 pub mod host;
 pub mod intern;
@@ -27,6 +28,7 @@ pub use admission::{
     AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, BlockKind, Blocked,
     PendingId, PendingTask, TaskClass, TaskFlags, TaskId,
 };
+pub use engine::{CycleReport, Engine, EngineConfig, EngineError, NewTask};
 pub use entitlement::{
     DimEntitlement, EntitlementCalculator, EntitlementInput, Entitlements, WaterFillStats,
 };

@@ -1,0 +1,402 @@
+//! One scheduling engine: pools, admission, hosts, tasks and placement tied
+//! into a cycle. The gateway's loop thread owns an `Engine`, submits work,
+//! reports hosts and finished tasks, and calls [`Engine::cycle`] at its own
+//! pace; everything here is synchronous and deterministic.
+//!
+//! A cycle: capacity = what up hosts offer; slack = capacity minus what
+//! non-revocable tasks hold (idle now, usable by revocable work until its
+//! owners need it); entitlement from demand; admission; placement of every
+//! admitted task still without a host; inter-pool victims for pools now
+//! over their entitlement (the caller preempts them).
+
+use crate::admission::{
+    AdmissionError, AdmissionResult, Admitted, Blocked, PendingTask, TaskClass, TaskFlags, TaskId,
+};
+use crate::constraint::{ConstraintError, ConstraintTable};
+use crate::host::{HostArena, HostLimits, HostState};
+use crate::manager::{ResourceManager, ResourceManagerConfig};
+use crate::placement::{Placed, PlacementConfig, PlacementResult, Placer, Unplaced};
+use crate::pool::PoolId;
+use crate::preemption::{Victim, inter_pool_victims};
+use crate::resources::{Dim, Resources};
+use crate::task::{
+    NO_GANG, Strategy, TaskArena, TaskError, TaskHandle, TaskSpec, TaskState, flags,
+};
+
+/// Bounds and options of an engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Pools, queues and the entitlement thread pool.
+    pub resources: ResourceManagerConfig,
+    /// Hosts.
+    pub hosts: HostLimits,
+    /// Placement options.
+    pub placement: PlacementConfig,
+}
+
+/// A task to submit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewTask {
+    /// The caller's job number.
+    pub job: u32,
+    /// Instance within the job.
+    pub instance: u32,
+    /// Its leaf pool.
+    pub pool: PoolId,
+    /// Priority (higher first).
+    pub priority: u32,
+    /// Resources.
+    pub request: Resources,
+    /// Dynamic ports.
+    pub ports: u16,
+    /// Preemptible / controller / revocable.
+    pub flags: TaskFlags,
+    /// Constraint text ("" for none).
+    pub constraint: String,
+    /// Placement strategy.
+    pub strategy: Strategy,
+    /// At most this many per host of `limit_key` (0 = no limit).
+    pub max_per_host: u16,
+    /// What the per-host limit counts (the job by default).
+    pub limit_key: u32,
+}
+
+/// Why a submission or report was refused (nothing changed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// Admission refused it.
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
+    /// The constraint does not compile.
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
+    /// The task arena refused it.
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    /// A field of the task is invalid.
+    #[error("invalid task: {field}: {problem}")]
+    InvalidTask {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// What one cycle decided.
+#[derive(Clone, Debug, Default)]
+pub struct CycleReport {
+    /// Tasks admitted in this cycle.
+    pub admitted: usize,
+    /// Placements made in this cycle.
+    pub placed: Vec<Placed>,
+    /// Admitted tasks still without a host, with why.
+    pub unplaced: Vec<Unplaced>,
+    /// Queues that stopped admitting, with why.
+    pub blocked: Vec<Blocked>,
+    /// Tasks to preempt so that pools return within their entitlements.
+    pub victims: Vec<Victim>,
+}
+
+/// Pools, admission, hosts, tasks and placement.
+#[derive(Debug)]
+pub struct Engine {
+    rm: ResourceManager,
+    hosts: HostArena,
+    tasks: TaskArena,
+    constraints: ConstraintTable,
+    placer: Placer,
+    /// Admitted tasks without a host yet, in admission order.
+    waiting: Vec<TaskHandle>,
+    /// Queued gangs by task, to withdraw them.
+    queued: rustc_hash::FxHashMap<TaskHandle, crate::admission::PendingId>,
+    queued_members: rustc_hash::FxHashMap<crate::admission::PendingId, Vec<TaskHandle>>,
+    next_gang: u32,
+    admission: AdmissionResult,
+    placement: PlacementResult,
+    report: CycleReport,
+}
+
+impl Engine {
+    /// An engine with only the root pool and no hosts.
+    pub fn new(config: EngineConfig) -> Self {
+        let max_tasks = config.resources.admission.max_queued_total.max(1)
+            + crate::task::DEFAULT_MAX_TASKS.min(10_000_000);
+        Engine {
+            rm: ResourceManager::new(config.resources),
+            hosts: HostArena::new(config.hosts),
+            tasks: TaskArena::new(max_tasks.min(u32::MAX as usize - 1)),
+            constraints: ConstraintTable::new(),
+            placer: Placer::new(config.placement).with_threads(config.resources.threads),
+            waiting: Vec::new(),
+            queued: Default::default(),
+            queued_members: Default::default(),
+            next_gang: 0,
+            admission: AdmissionResult::default(),
+            placement: PlacementResult::default(),
+            report: CycleReport::default(),
+        }
+    }
+
+    /// Pools and admission.
+    pub fn resources(&self) -> &ResourceManager {
+        &self.rm
+    }
+
+    /// Pools and admission, to create and change pools.
+    pub fn resources_mut(&mut self) -> &mut ResourceManager {
+        &mut self.rm
+    }
+
+    /// Hosts.
+    pub fn hosts(&self) -> &HostArena {
+        &self.hosts
+    }
+
+    /// Hosts, to register, update and drain them.
+    pub fn hosts_mut(&mut self) -> &mut HostArena {
+        &mut self.hosts
+    }
+
+    /// Tasks.
+    pub fn tasks(&self) -> &TaskArena {
+        &self.tasks
+    }
+
+    /// Compiled constraints.
+    pub fn constraints(&self) -> &ConstraintTable {
+        &self.constraints
+    }
+
+    /// Submits a gang (one task is a gang of one): validated whole, then
+    /// queued as one admission entry. On error nothing changes.
+    pub fn submit(&mut self, gang: &[NewTask]) -> Result<Vec<TaskHandle>, EngineError> {
+        let Some(first) = gang.first() else {
+            return Err(EngineError::InvalidTask {
+                field: "tasks",
+                problem: "nothing to submit".into(),
+            });
+        };
+        for t in gang {
+            if t.pool != first.pool || t.priority != first.priority || t.flags != first.flags {
+                return Err(EngineError::InvalidTask {
+                    field: "tasks",
+                    problem: "members of a gang share pool, priority and flags".into(),
+                });
+            }
+            crate::host::validate_gpu_request(t.request[Dim::Gpu]).map_err(|problem| {
+                EngineError::InvalidTask {
+                    field: "request.gpu",
+                    problem,
+                }
+            })?;
+            if t.request[Dim::Cpu] == 0 && t.request[Dim::Memory] == 0 {
+                return Err(EngineError::InvalidTask {
+                    field: "request",
+                    problem: "a task must request some cpu or memory".into(),
+                });
+            }
+        }
+        TaskClass::of(first.flags)?;
+        let mut constraint_ids = Vec::with_capacity(gang.len());
+        for t in gang {
+            constraint_ids.push(
+                self.constraints
+                    .intern(&t.constraint, self.hosts.interner_mut())?,
+            );
+        }
+        let gang_id = if gang.len() > 1 {
+            let id = self.next_gang;
+            self.next_gang = (self.next_gang + 1) % NO_GANG;
+            id
+        } else {
+            NO_GANG
+        };
+        let mut handles = Vec::with_capacity(gang.len());
+        for (t, &constraint) in gang.iter().zip(&constraint_ids) {
+            let mut bits = 0;
+            if t.flags.preemptible {
+                bits |= flags::PREEMPTIBLE;
+            }
+            if t.flags.revocable {
+                bits |= flags::REVOCABLE;
+            }
+            if t.flags.controller {
+                bits |= flags::CONTROLLER;
+            }
+            let spec = TaskSpec {
+                job: t.job,
+                instance: t.instance,
+                pool: t.pool.idx() as u32,
+                priority: t.priority,
+                request: t.request,
+                ports: t.ports,
+                flags: bits,
+                gang: gang_id,
+                constraint,
+                strategy: t.strategy,
+                max_per_host: t.max_per_host,
+                limit_key: t.limit_key,
+            };
+            match self.tasks.add(&spec) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    for h in handles {
+                        self.tasks.remove(h).expect("just added");
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        let members: Vec<PendingTask> = handles
+            .iter()
+            .zip(gang)
+            .map(|(h, t)| PendingTask {
+                id: TaskId(h.to_u64()),
+                request: t.request,
+            })
+            .collect();
+        match self
+            .rm
+            .enqueue(first.pool, first.priority, first.flags, &members)
+        {
+            Ok(pending) => {
+                for &h in &handles {
+                    self.queued.insert(h, pending);
+                }
+                self.queued_members.insert(pending, handles.clone());
+                Ok(handles)
+            }
+            Err(e) => {
+                for h in handles {
+                    self.tasks.remove(h).expect("just added");
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Runs one cycle at time `now_ms`; the report lives until the next.
+    pub fn cycle(&mut self, now_ms: u64) -> &CycleReport {
+        let mut capacity = Resources::ZERO;
+        for slot in self.hosts.in_state(HostState::Up).iter() {
+            capacity.add_assign(&self.hosts.capacity(slot as usize));
+        }
+        let mut held = Resources::ZERO;
+        for pool in self.rm.tree().list() {
+            if let Ok(usage) = self.rm.usage(pool) {
+                held = held.saturating_add(&usage.allocation.total);
+            }
+        }
+        let slack = capacity.saturating_sub(&held);
+        self.rm.recompute_entitlement(capacity, slack);
+        self.rm.admit(&mut self.admission);
+        for a in &self.admission.admitted {
+            let handle = TaskHandle::from_u64(a.task.0);
+            if let Some(pending) = self.queued.remove(&handle) {
+                self.queued_members.remove(&pending);
+            }
+            self.tasks
+                .set_state(handle, TaskState::Admitted)
+                .expect("admitted tasks are live");
+            self.waiting.push(handle);
+        }
+        let batch_len = self.waiting.len().min(crate::placement::MAX_BATCH);
+        self.placer
+            .place(
+                &mut self.hosts,
+                &mut self.tasks,
+                &self.constraints,
+                &self.waiting[..batch_len],
+                now_ms,
+                &mut self.placement,
+            )
+            .expect("waiting tasks are live, admitted and unplaced");
+        let tasks = &self.tasks;
+        self.waiting
+            .retain(|&t| tasks.state(t) != Ok(TaskState::Placed));
+        self.report.admitted = self.admission.admitted.len();
+        self.report.placed.clone_from(&self.placement.placed);
+        self.report.unplaced.clone_from(&self.placement.unplaced);
+        self.report.blocked.clone_from(&self.admission.blocked);
+        self.report.victims.clear();
+        inter_pool_victims(&self.rm, &self.tasks, &mut self.report.victims);
+        &self.report
+    }
+
+    /// A task ended (finished, failed, killed or preempted): its host and
+    /// its pool get their resources back and the task is forgotten. A task
+    /// still queued for admission is withdrawn with [`Engine::cancel`].
+    pub fn finish(&mut self, task: TaskHandle) -> Result<(), EngineError> {
+        let spec = self.tasks.spec(task)?;
+        let state = self.tasks.state(task)?;
+        if state == TaskState::Pending {
+            return Err(EngineError::InvalidTask {
+                field: "task",
+                problem: "still queued for admission: cancel it instead".into(),
+            });
+        }
+        if state == TaskState::Placed {
+            self.placer
+                .unplace(&mut self.hosts, &mut self.tasks, task)?;
+        } else {
+            self.waiting.retain(|&t| t != task);
+        }
+        let flags_of = TaskFlags {
+            preemptible: spec.flags & flags::PREEMPTIBLE != 0,
+            controller: spec.flags & flags::CONTROLLER != 0,
+            revocable: spec.flags & flags::REVOCABLE != 0,
+        };
+        let pool = self
+            .rm
+            .tree()
+            .lookup_slot(spec.pool as usize)
+            .expect("a task's pool is live");
+        self.rm.release(&Admitted {
+            task: TaskId(task.to_u64()),
+            pool,
+            class: TaskClass::of(flags_of)?,
+            controller: flags_of.controller,
+            request: spec.request,
+        })?;
+        self.tasks.remove(task)?;
+        Ok(())
+    }
+
+    /// Withdraws a task still queued for admission, with the rest of its
+    /// gang. Returns the tasks withdrawn.
+    pub fn cancel(&mut self, task: TaskHandle) -> Result<Vec<TaskHandle>, EngineError> {
+        let Some(&pending) = self.queued.get(&task) else {
+            return Err(EngineError::InvalidTask {
+                field: "task",
+                problem: "not queued for admission".into(),
+            });
+        };
+        self.rm.cancel(pending)?;
+        let members = self
+            .queued_members
+            .remove(&pending)
+            .expect("recorded with the entry");
+        for &m in &members {
+            self.queued.remove(&m);
+            self.tasks.remove(m)?;
+        }
+        Ok(members)
+    }
+
+    /// Panics if any part's invariants are broken.
+    pub fn check_invariants(&self) {
+        self.rm.check_invariants();
+        self.hosts.check_invariants();
+        self.tasks.check_invariants();
+        let held = crate::placement::held_per_host(&self.tasks, self.hosts.n_slots());
+        for slot in 0..self.hosts.n_slots() {
+            if self.hosts.lookup_slot(slot).is_some() {
+                assert_eq!(
+                    self.hosts.free(slot).saturating_add(&held[slot]),
+                    self.hosts.capacity(slot)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The engine's cycle end to end: submit, admit, place, finish; idle
+//! capacity lent and taken back through preemption; gangs; bad input.
+
+use peloton_engine::host::HostSpec;
+use peloton_engine::task::{Strategy, TaskState};
+use peloton_engine::{
+    Engine, EngineConfig, EngineError, NewTask, PoolConfig, PoolId, Resources, TaskFlags,
+};
+
+fn cores(n: u64) -> Resources {
+    Resources::new(n * 1000, n * 1024, 0, 0)
+}
+
+fn task(pool: PoolId, priority: u32, n_cores: u64) -> NewTask {
+    NewTask {
+        job: 1,
+        instance: 0,
+        pool,
+        priority,
+        request: cores(n_cores),
+        ports: 0,
+        flags: TaskFlags::default(),
+        constraint: String::new(),
+        strategy: Strategy::Pack,
+        max_per_host: 0,
+        limit_key: 1,
+    }
+}
+
+fn engine_with_hosts(n: usize, n_cores: u64) -> Engine {
+    let mut engine = Engine::new(EngineConfig::default());
+    for i in 0..n {
+        let spec = HostSpec {
+            name: format!("h{i}"),
+            capacity: cores(n_cores),
+            ..Default::default()
+        };
+        engine.hosts_mut().add(&spec).unwrap();
+    }
+    engine
+}
+
+#[test]
+fn submitted_work_is_admitted_placed_and_released() {
+    let mut engine = engine_with_hosts(2, 8);
+    let pool = engine
+        .resources_mut()
+        .create_pool("/a", PoolConfig::default())
+        .unwrap();
+    let mut handles = Vec::new();
+    for _ in 0..5 {
+        handles.extend(engine.submit(&[task(pool, 1, 3)]).unwrap());
+    }
+    let report = engine.cycle(1);
+    // 16 cores: five 3-core tasks are entitled (15), but only 2 fit per host.
+    assert_eq!(report.admitted, 5);
+    assert_eq!(report.placed.len(), 4);
+    assert_eq!(report.unplaced.len(), 1);
+    assert!(report.victims.is_empty());
+    engine.check_invariants();
+    // One finishes: the waiting one gets its host in the next cycle.
+    let done = engine.tasks().placed_views().next().unwrap().task;
+    engine.finish(done).unwrap();
+    let report = engine.cycle(2);
+    assert_eq!(report.placed.len(), 1);
+    assert!(report.unplaced.is_empty());
+    engine.check_invariants();
+    for h in handles.into_iter().filter(|&h| h != done) {
+        engine.finish(h).unwrap();
+    }
+    engine.check_invariants();
+    assert_eq!(engine.tasks().len(), 0);
+    assert_eq!(
+        engine.resources().usage(pool).unwrap().allocation.n_tasks,
+        0
+    );
+    engine.resources_mut().delete_pool(pool).unwrap();
+}
+
+#[test]
+fn an_owner_takes_its_reservation_back_through_preemption() {
+    let mut engine = engine_with_hosts(1, 8);
+    let owner = engine
+        .resources_mut()
+        .create_pool("/owner", PoolConfig::default().with_reservation(cores(6)))
+        .unwrap();
+    let borrower = engine
+        .resources_mut()
+        .create_pool("/borrower", PoolConfig::default())
+        .unwrap();
+    for priority in [1, 2, 3, 4] {
+        engine.submit(&[task(borrower, priority, 2)]).unwrap();
+    }
+    assert_eq!(
+        engine.cycle(1).placed.len(),
+        4,
+        "the owner is idle: the borrower fills the host"
+    );
+    let urgent = engine.submit(&[task(owner, 0, 4)]).unwrap()[0];
+    let report = engine.cycle(2).clone();
+    // The owner is entitled to 4 and admitted, but the host is full; the
+    // borrower (entitled to 4, holding 8) must give back 4: its two
+    // lowest-priority tasks.
+    assert_eq!(report.admitted, 1);
+    assert_eq!(report.unplaced.len(), 1);
+    let victims: Vec<_> = report.victims.iter().map(|v| v.task).collect();
+    let priorities: Vec<u32> = victims
+        .iter()
+        .map(|&v| engine.tasks().spec(v).unwrap().priority)
+        .collect();
+    assert_eq!(priorities, vec![1, 2]);
+    for v in victims {
+        engine.finish(v).unwrap();
+    }
+    let report = engine.cycle(3);
+    assert_eq!(report.placed.len(), 1);
+    assert_eq!(report.placed[0].task, urgent);
+    assert!(report.victims.is_empty());
+    assert_eq!(engine.tasks().state(urgent).unwrap(), TaskState::Placed);
+    engine.check_invariants();
+}
+
+#[test]
+fn gangs_bad_input_and_cancellation() {
+    let mut engine = engine_with_hosts(2, 5);
+    let pool = engine
+        .resources_mut()
+        .create_pool("/a", PoolConfig::default())
+        .unwrap();
+    // Three 3-core members on two 5-core hosts (9 of 10 cores entitled):
+    // admitted, but each host fits one member, so none is placed.
+    let gang = engine
+        .submit(&[task(pool, 1, 3), task(pool, 1, 3), task(pool, 1, 3)])
+        .unwrap();
+    let report = engine.cycle(1);
+    assert_eq!(report.admitted, 3, "{:?}", report.blocked);
+    assert!(report.placed.is_empty());
+    assert_eq!(report.unplaced.len(), 3);
+    engine.check_invariants();
+    for h in gang {
+        engine.finish(h).unwrap();
+    }
+    // Bad input changes nothing.
+    let before = engine.tasks().len();
+    let mut bad = task(pool, 1, 1);
+    bad.constraint = "zone = a".into();
+    assert!(matches!(
+        engine.submit(&[bad]),
+        Err(EngineError::Constraint(_))
+    ));
+    let mut empty = task(pool, 1, 1);
+    empty.request = Resources::ZERO;
+    assert!(matches!(
+        engine.submit(&[empty]),
+        Err(EngineError::InvalidTask { .. })
+    ));
+    let mut mixed = task(pool, 2, 1);
+    mixed.priority = 3;
+    assert!(engine.submit(&[task(pool, 2, 1), mixed]).is_err());
+    let root = engine.resources().tree().root();
+    assert!(matches!(
+        engine.submit(&[task(root, 1, 1)]),
+        Err(EngineError::Admission(_))
+    ));
+    assert_eq!(engine.tasks().len(), before);
+    // A queued gang can be withdrawn whole; the engine forgets it.
+    let big = engine
+        .submit(&[task(pool, 1, 100), task(pool, 1, 100)])
+        .unwrap();
+    assert!(matches!(
+        engine.finish(big[0]),
+        Err(EngineError::InvalidTask { .. })
+    ));
+    assert_eq!(engine.cancel(big[1]).unwrap(), big);
+    assert_eq!(engine.tasks().len(), before);
+    assert_eq!(engine.resources().usage(pool).unwrap().n_queued, 0);
+    engine.check_invariants();
+}
