@@ -492,6 +492,11 @@ impl ConstraintCache {
         self.evaluated.clear();
     }
 
+    /// The hosts matching `constraint`, if already evaluated in this batch.
+    pub fn get(&self, constraint: &Constraint) -> Option<&RoaringBitmap> {
+        self.evaluated.get(constraint)
+    }
+
     /// The hosts matching `constraint`, evaluated at most once per batch.
     pub fn evaluate(&mut self, constraint: &Constraint, hosts: &HostArena) -> &RoaringBitmap {
         if !self.evaluated.contains_key(constraint) {

@@ -83,19 +83,38 @@ pub enum EngineError {
     },
 }
 
-/// What one cycle decided.
+/// What one cycle decided: the admission and placement outputs themselves
+/// (kept, not copied, between cycles) and the victims.
 #[derive(Clone, Debug, Default)]
 pub struct CycleReport {
-    /// Tasks admitted in this cycle.
-    pub admitted: usize,
-    /// Placements made in this cycle.
-    pub placed: Vec<Placed>,
-    /// Admitted tasks still without a host, with why.
-    pub unplaced: Vec<Unplaced>,
-    /// Queues that stopped admitting, with why.
-    pub blocked: Vec<Blocked>,
+    /// What admission decided.
+    pub admission: AdmissionResult,
+    /// What placement decided (reasons of unplaced tasks included).
+    pub placement: PlacementResult,
     /// Tasks to preempt so that pools return within their entitlements.
     pub victims: Vec<Victim>,
+}
+
+impl CycleReport {
+    /// Tasks admitted in this cycle.
+    pub fn admitted(&self) -> usize {
+        self.admission.admitted.len()
+    }
+
+    /// Placements made in this cycle.
+    pub fn placed(&self) -> &[Placed] {
+        &self.placement.placed
+    }
+
+    /// Admitted tasks still without a host (see `placement.reason_of`).
+    pub fn unplaced(&self) -> &[Unplaced] {
+        &self.placement.unplaced
+    }
+
+    /// Queues that stopped admitting, with why.
+    pub fn blocked(&self) -> &[Blocked] {
+        &self.admission.blocked
+    }
 }
 
 /// Pools, admission, hosts, tasks and placement.
@@ -112,8 +131,6 @@ pub struct Engine {
     queued: rustc_hash::FxHashMap<TaskHandle, crate::admission::PendingId>,
     queued_members: rustc_hash::FxHashMap<crate::admission::PendingId, Vec<TaskHandle>>,
     next_gang: u32,
-    admission: AdmissionResult,
-    placement: PlacementResult,
     report: CycleReport,
 }
 
@@ -132,8 +149,6 @@ impl Engine {
             queued: Default::default(),
             queued_members: Default::default(),
             next_gang: 0,
-            admission: AdmissionResult::default(),
-            placement: PlacementResult::default(),
             report: CycleReport::default(),
         }
     }
@@ -282,16 +297,10 @@ impl Engine {
         for slot in self.hosts.in_state(HostState::Up).iter() {
             capacity.add_assign(&self.hosts.capacity(slot as usize));
         }
-        let mut held = Resources::ZERO;
-        for pool in self.rm.tree().list() {
-            if let Ok(usage) = self.rm.usage(pool) {
-                held = held.saturating_add(&usage.allocation.total);
-            }
-        }
-        let slack = capacity.saturating_sub(&held);
+        let slack = capacity.saturating_sub(&self.rm.total_allocation());
         self.rm.recompute_entitlement(capacity, slack);
-        self.rm.admit(&mut self.admission);
-        for a in &self.admission.admitted {
+        self.rm.admit(&mut self.report.admission);
+        for a in &self.report.admission.admitted {
             let handle = TaskHandle::from_u64(a.task.0);
             if let Some(pending) = self.queued.remove(&handle) {
                 self.queued_members.remove(&pending);
@@ -309,16 +318,12 @@ impl Engine {
                 &self.constraints,
                 &self.waiting[..batch_len],
                 now_ms,
-                &mut self.placement,
+                &mut self.report.placement,
             )
             .expect("waiting tasks are live, admitted and unplaced");
         let tasks = &self.tasks;
         self.waiting
             .retain(|&t| tasks.state(t) != Ok(TaskState::Placed));
-        self.report.admitted = self.admission.admitted.len();
-        self.report.placed.clone_from(&self.placement.placed);
-        self.report.unplaced.clone_from(&self.placement.unplaced);
-        self.report.blocked.clone_from(&self.admission.blocked);
         self.report.victims.clear();
         inter_pool_victims(&self.rm, &self.tasks, &mut self.report.victims);
         &self.report
@@ -389,14 +394,6 @@ impl Engine {
         self.rm.check_invariants();
         self.hosts.check_invariants();
         self.tasks.check_invariants();
-        let held = crate::placement::held_per_host(&self.tasks, self.hosts.n_slots());
-        for slot in 0..self.hosts.n_slots() {
-            if self.hosts.lookup_slot(slot).is_some() {
-                assert_eq!(
-                    self.hosts.free(slot).saturating_add(&held[slot]),
-                    self.hosts.capacity(slot)
-                );
-            }
-        }
+        crate::placement::check_host_accounting(&self.hosts, &self.tasks);
     }
 }

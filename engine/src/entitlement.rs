@@ -113,6 +113,18 @@ pub struct DimEntitlement {
     pub slack_cap: Vec<u64>,
 }
 
+impl DimEntitlement {
+    fn columns_mut(&mut self) -> [&mut Vec<u64>; 5] {
+        [
+            &mut self.demand,
+            &mut self.entitlement,
+            &mut self.slack_demand,
+            &mut self.slack_entitlement,
+            &mut self.slack_cap,
+        ]
+    }
+}
+
 /// Entitlement of every pool, per dimension.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Entitlements {
@@ -159,13 +171,7 @@ impl Entitlements {
     /// new pool took the slot): it reads as zero until the next computation.
     pub fn clear_slot(&mut self, slot: usize) {
         for dim in &mut self.dims {
-            for column in [
-                &mut dim.demand,
-                &mut dim.entitlement,
-                &mut dim.slack_demand,
-                &mut dim.slack_entitlement,
-                &mut dim.slack_cap,
-            ] {
+            for column in dim.columns_mut() {
                 if let Some(value) = column.get_mut(slot) {
                     *value = 0;
                 }
@@ -364,13 +370,7 @@ impl EntitlementCalculator {
         }
         let n = self.plan.len();
         for dim in &mut out.dims {
-            for column in [
-                &mut dim.demand,
-                &mut dim.entitlement,
-                &mut dim.slack_demand,
-                &mut dim.slack_entitlement,
-                &mut dim.slack_cap,
-            ] {
+            for column in dim.columns_mut() {
                 // Live slots are all overwritten below; free slots keep the
                 // zeros written when the set of live slots last changed.
                 if rebuilt || column.len() != n_slots {

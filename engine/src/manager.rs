@@ -211,6 +211,13 @@ impl ResourceManager {
         })
     }
 
+    /// What non-revocable tasks hold in all pools together.
+    pub fn total_allocation(&self) -> Resources {
+        self.queues.iter().fold(Resources::ZERO, |sum, q| {
+            sum.saturating_add(&q.allocation.total)
+        })
+    }
+
     /// Tasks queued in a class of a live pool.
     pub fn n_queued_in(&self, id: PoolId, class: TaskClass) -> Result<u64, PoolError> {
         self.tree.check(id)?;

@@ -195,8 +195,9 @@ pub struct Placed {
 pub struct Unplaced {
     /// The task.
     pub task: TaskHandle,
-    /// Why.
-    pub reason: Reason,
+    /// Why: an index into [`PlacementResult::reasons`] (all unplaced tasks
+    /// of one class or gang share one reason).
+    pub reason: u32,
 }
 
 /// Output of one placement call; reuse it across calls.
@@ -206,6 +207,22 @@ pub struct PlacementResult {
     pub placed: Vec<Placed>,
     /// Tasks without a host.
     pub unplaced: Vec<Unplaced>,
+    /// The reasons unplaced tasks point to.
+    pub reasons: Vec<Reason>,
+}
+
+impl PlacementResult {
+    /// Why `unplaced` found no host.
+    pub fn reason_of(&self, unplaced: &Unplaced) -> &Reason {
+        &self.reasons[unplaced.reason as usize]
+    }
+
+    /// Empties all lists, keeping their capacity.
+    pub fn clear(&mut self) {
+        self.placed.clear();
+        self.unplaced.clear();
+        self.reasons.clear();
+    }
 }
 
 /// Why a batch was refused (nothing was placed).
@@ -313,8 +330,7 @@ impl Placer {
         now_ms: u64,
         out: &mut PlacementResult,
     ) -> Result<(), PlacementError> {
-        out.placed.clear();
-        out.unplaced.clear();
+        out.clear();
         if batch.len() > MAX_BATCH {
             return Err(PlacementError::BatchTooLarge { n: batch.len() });
         }
@@ -361,7 +377,7 @@ impl Placer {
                 self.gangs[g].1.push(task);
                 continue;
             }
-            let key = Self::key_of(tasks, task);
+            let key = Self::key_of(&spec);
             let n_classes = self.class_keys.len();
             let class = *self.classes.entry(key).or_insert(n_classes);
             if class == n_classes {
@@ -444,8 +460,7 @@ impl Placer {
         Ok(())
     }
 
-    fn key_of(tasks: &TaskArena, task: TaskHandle) -> ClassKey {
-        let spec = tasks.spec(task).expect("validated");
+    fn key_of(spec: &crate::task::TaskSpec) -> ClassKey {
         ClassKey {
             request: spec.request,
             ports: spec.ports,
@@ -536,12 +551,7 @@ impl Placer {
     }
 
     fn host_fits(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> bool {
-        if key.max_per_host > 0 && self.instances_on_host(key.limit_key, slot) >= key.max_per_host {
-            return false;
-        }
-        hosts
-            .fits(slot as usize, &key.request, u32::from(key.ports))
-            .is_ok()
+        fits_for(hosts, slot, key, self.job_host.get(&key.limit_key))
     }
 
     fn score(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> f64 {
@@ -661,13 +671,14 @@ impl Placer {
             }
         }
         if next < members.len() {
-            let reason = self.reason(hosts, constraints, &key, &candidates);
-            for &task in &members[next..] {
-                out.unplaced.push(Unplaced {
-                    task,
-                    reason: reason.clone(),
-                });
-            }
+            let reason = out.reasons.len() as u32;
+            out.reasons
+                .push(self.reason(hosts, constraints, &key, &candidates));
+            out.unplaced.extend(
+                members[next..]
+                    .iter()
+                    .map(|&task| Unplaced { task, reason }),
+            );
         }
     }
 
@@ -688,7 +699,7 @@ impl Placer {
             .map(|&t| tasks.state(t).expect("validated"))
             .collect();
         for &task in members {
-            let key = Self::key_of(tasks, task);
+            let key = Self::key_of(&tasks.spec(task).expect("validated"));
             let candidates = self.candidates(hosts, constraints, &key);
             let mut best: Option<(u64, u32)> = None;
             for slot in candidates.iter() {
@@ -732,12 +743,10 @@ impl Placer {
                 tasks.set_state(placed.task, before[i]).expect("live");
             }
         }
-        for &task in members {
-            out.unplaced.push(Unplaced {
-                task,
-                reason: reason.clone(),
-            });
-        }
+        out.reasons.push(reason);
+        let reason = out.reasons.len() as u32 - 1;
+        out.unplaced
+            .extend(members.iter().map(|&task| Unplaced { task, reason }));
     }
 
     fn reason(
@@ -752,7 +761,15 @@ impl Placer {
             .interner()
             .get(EXCLUSIVE_KEY)
             .is_some_and(|k| constraint.mentions(k));
-        let matching = constraint.evaluate(hosts);
+        // Evaluated (and cached) when the class's candidates were computed.
+        let evaluated;
+        let matching = match self.cache.get(constraint) {
+            Some(bitmap) => bitmap,
+            None => {
+                evaluated = constraint.evaluate(hosts);
+                &evaluated
+            }
+        };
         let empty = RoaringBitmap::new();
         let exclusive = if names_exclusive {
             &empty
@@ -766,7 +783,7 @@ impl Placer {
         let mut counts = [0u32; N_CHECKS];
         let n_hosts = live.len() as u32;
         counts[Check::HostNotUp.index()] = (live - up).len() as u32;
-        let mut rest = up & &matching;
+        let mut rest = up & matching;
         counts[Check::Constraint.index()] = (up.len() - rest.len()) as u32;
         let before = rest.len();
         rest -= exclusive;
@@ -798,7 +815,7 @@ impl Placer {
             };
             counts[check.index()] += 1;
         }
-        debug_assert!(candidates.is_subset(&matching));
+        debug_assert!(candidates.is_subset(matching));
         let mut counts: Vec<(Check, u32)> = Check::ALL
             .iter()
             .map(|&c| (c, counts[c.index()]))
@@ -915,13 +932,25 @@ pub fn pack_score(hosts: &HostArena, slot: usize, request: &Resources, gpu_aware
     }
 }
 
-/// Sums of what placed tasks hold per host, for invariant checks.
-pub fn held_per_host(tasks: &TaskArena, n_hosts: usize) -> Vec<Resources> {
-    let mut held = vec![Resources::ZERO; n_hosts];
+/// Panics unless every live host's free resources plus what its placed
+/// tasks hold equal its capacity, and no task sits on a free slot: the
+/// accounting invariant tests, fuzz targets and the engine check.
+pub fn check_host_accounting(hosts: &HostArena, tasks: &TaskArena) {
+    let mut held = vec![Resources::ZERO; hosts.n_slots()];
     for (_, host, request) in tasks.placed() {
         held[host as usize].add_assign(&request);
     }
-    held
+    for (slot, held) in held.iter().enumerate() {
+        if hosts.lookup_slot(slot).is_some() {
+            assert_eq!(
+                hosts.free(slot).saturating_add(held),
+                hosts.capacity(slot),
+                "host {slot}"
+            );
+        } else {
+            assert!(held.is_zero(), "tasks on free host slot {slot}");
+        }
+    }
 }
 
 impl fmt::Display for Check {

@@ -107,17 +107,30 @@ pub struct Victim {
 pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec<Victim>) {
     let tree = rm.tree();
     let ent = rm.entitlements();
-    // Overage per pool slot: (non-revocable, revocable).
-    let mut over: FxHashMap<u32, ([u64; N_DIMS], [u64; N_DIMS])> = FxHashMap::default();
-    for pool in tree.list() {
+    // Per pool slot over an entitlement: what it holds and the overage,
+    // (non-revocable, revocable).
+    let mut over: FxHashMap<u32, [(Resources, [u64; N_DIMS]); 2]> = FxHashMap::default();
+    for slot in 0..tree.n_slots() {
+        let Some(pool) = tree.lookup_slot(slot) else {
+            continue;
+        };
         let Ok(usage) = rm.usage(pool) else { continue };
-        let slot = pool.idx();
-        let entitled = ent.entitlement(slot);
-        let slack = ent.slack_entitlement(slot);
-        let main = usage.allocation.total.saturating_sub(&entitled);
-        let revocable = usage.allocation.revocable.saturating_sub(&slack);
+        let main = usage
+            .allocation
+            .total
+            .saturating_sub(&ent.entitlement(slot));
+        let revocable = usage
+            .allocation
+            .revocable
+            .saturating_sub(&ent.slack_entitlement(slot));
         if !main.is_zero() || !revocable.is_zero() {
-            over.insert(slot as u32, (main.0, revocable.0));
+            over.insert(
+                slot as u32,
+                [
+                    (usage.allocation.total, main.0),
+                    (usage.allocation.revocable, revocable.0),
+                ],
+            );
         }
     }
     if over.is_empty() {
@@ -137,10 +150,10 @@ pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec
             .then_with(|| b.arrival.cmp(&a.arrival))
     });
     for c in candidates {
-        let (main, revocable) = over.get_mut(&c.pool).expect("filtered");
         let slot = c.pool as usize;
         let revocable_task = c.flags & flags::REVOCABLE != 0;
-        let need = if revocable_task { revocable } else { main };
+        let (held, need) =
+            &mut over.get_mut(&c.pool).expect("filtered")[usize::from(revocable_task)];
         // Take it only if it reduces a dimension still over.
         let Some(d) = Dim::ALL
             .into_iter()
@@ -149,25 +162,15 @@ pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec
             continue;
         };
         let reason = if revocable_task {
-            let held = rm
-                .usage(tree.lookup_slot(slot).expect("live"))
-                .expect("live")
-                .allocation
-                .revocable[d];
             PreemptReason::SlackReclaimed {
                 dim: d,
-                allocated: held,
+                allocated: held[d],
                 slack_entitlement: ent.slack_entitlement(slot)[d],
             }
         } else {
-            let held = rm
-                .usage(tree.lookup_slot(slot).expect("live"))
-                .expect("live")
-                .allocation
-                .total[d];
             PreemptReason::OverEntitlement {
                 dim: d,
-                allocated: held,
+                allocated: held[d],
                 entitlement: ent.entitlement(slot)[d],
             }
         };

@@ -1088,7 +1088,7 @@ pub fn placement_workload(
 pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
     use crate::constraint::ConstraintTable;
     use crate::host::{HostArena, HostLimits, HostSpec, HostState};
-    use crate::placement::{PlacementConfig, PlacementResult, Placer, held_per_host};
+    use crate::placement::{PlacementConfig, PlacementResult, Placer, check_host_accounting};
     use crate::preemption::intra_pool_victims;
     use crate::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskSpec, TaskState, flags};
 
@@ -1352,16 +1352,7 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
         }
         hosts.check_invariants();
         tasks.check_invariants();
-        let held = held_per_host(&tasks, hosts.n_slots());
-        for slot in 0..hosts.n_slots() {
-            if hosts.lookup_slot(slot).is_some() {
-                assert_eq!(
-                    hosts.free(slot).saturating_add(&held[slot]),
-                    hosts.capacity(slot),
-                    "host accounting"
-                );
-            }
-        }
+        check_host_accounting(&hosts, &tasks);
         for view in tasks.placed_views() {
             let spec = tasks.spec(view.task).expect("live");
             if spec.max_per_host > 0 {
@@ -1399,4 +1390,27 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
         }
     }
     n_placed
+}
+
+/// A host spec from a fixture line `NAME cpu=CORES mem=GIB gpus=N
+/// key=value…` (cores and GiB, so fixtures stay short).
+pub fn host_spec(line: &str) -> crate::host::HostSpec {
+    let mut words = line.split_whitespace();
+    let mut spec = crate::host::HostSpec {
+        name: words.next().expect("a host name").to_owned(),
+        ..Default::default()
+    };
+    for word in words {
+        let (k, v) = word.split_once('=').expect("key=value");
+        match k {
+            "cpu" => spec.capacity[crate::Dim::Cpu] = v.parse::<u64>().expect("cores") * 1000,
+            "mem" => spec.capacity[crate::Dim::Memory] = v.parse::<u64>().expect("GiB") * 1024,
+            "gpus" => {
+                spec.gpu_devices = v.parse().expect("GPU count");
+                spec.capacity[crate::Dim::Gpu] = u64::from(spec.gpu_devices) * 1000;
+            }
+            _ => spec.attributes.push((k.to_owned(), v.to_owned())),
+        }
+    }
+    spec
 }

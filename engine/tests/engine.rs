@@ -53,17 +53,17 @@ fn submitted_work_is_admitted_placed_and_released() {
     }
     let report = engine.cycle(1);
     // 16 cores: five 3-core tasks are entitled (15), but only 2 fit per host.
-    assert_eq!(report.admitted, 5);
-    assert_eq!(report.placed.len(), 4);
-    assert_eq!(report.unplaced.len(), 1);
+    assert_eq!(report.admitted(), 5);
+    assert_eq!(report.placed().len(), 4);
+    assert_eq!(report.unplaced().len(), 1);
     assert!(report.victims.is_empty());
     engine.check_invariants();
     // One finishes: the waiting one gets its host in the next cycle.
     let done = engine.tasks().placed_views().next().unwrap().task;
     engine.finish(done).unwrap();
     let report = engine.cycle(2);
-    assert_eq!(report.placed.len(), 1);
-    assert!(report.unplaced.is_empty());
+    assert_eq!(report.placed().len(), 1);
+    assert!(report.unplaced().is_empty());
     engine.check_invariants();
     for h in handles.into_iter().filter(|&h| h != done) {
         engine.finish(h).unwrap();
@@ -92,7 +92,7 @@ fn an_owner_takes_its_reservation_back_through_preemption() {
         engine.submit(&[task(borrower, priority, 2)]).unwrap();
     }
     assert_eq!(
-        engine.cycle(1).placed.len(),
+        engine.cycle(1).placed().len(),
         4,
         "the owner is idle: the borrower fills the host"
     );
@@ -101,8 +101,8 @@ fn an_owner_takes_its_reservation_back_through_preemption() {
     // The owner is entitled to 4 and admitted, but the host is full; the
     // borrower (entitled to 4, holding 8) must give back 4: its two
     // lowest-priority tasks.
-    assert_eq!(report.admitted, 1);
-    assert_eq!(report.unplaced.len(), 1);
+    assert_eq!(report.admitted(), 1);
+    assert_eq!(report.unplaced().len(), 1);
     let victims: Vec<_> = report.victims.iter().map(|v| v.task).collect();
     let priorities: Vec<u32> = victims
         .iter()
@@ -113,8 +113,8 @@ fn an_owner_takes_its_reservation_back_through_preemption() {
         engine.finish(v).unwrap();
     }
     let report = engine.cycle(3);
-    assert_eq!(report.placed.len(), 1);
-    assert_eq!(report.placed[0].task, urgent);
+    assert_eq!(report.placed().len(), 1);
+    assert_eq!(report.placed()[0].task, urgent);
     assert!(report.victims.is_empty());
     assert_eq!(engine.tasks().state(urgent).unwrap(), TaskState::Placed);
     engine.check_invariants();
@@ -133,9 +133,9 @@ fn gangs_bad_input_and_cancellation() {
         .submit(&[task(pool, 1, 3), task(pool, 1, 3), task(pool, 1, 3)])
         .unwrap();
     let report = engine.cycle(1);
-    assert_eq!(report.admitted, 3, "{:?}", report.blocked);
-    assert!(report.placed.is_empty());
-    assert_eq!(report.unplaced.len(), 3);
+    assert_eq!(report.admitted(), 3, "{:?}", report.blocked());
+    assert!(report.placed().is_empty());
+    assert_eq!(report.unplaced().len(), 3);
     engine.check_invariants();
     for h in gang {
         engine.finish(h).unwrap();

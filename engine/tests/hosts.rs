@@ -7,7 +7,7 @@ use peloton_engine::constraint::{Constraint, ConstraintCache};
 use peloton_engine::host::{
     GpuGrant, HostArena, HostError, HostLimits, HostSpec, HostState, Misfit,
 };
-use peloton_engine::testkit::Rng;
+use peloton_engine::testkit::{Rng, host_spec};
 use peloton_engine::{Dim, Resources};
 use proptest::prelude::*;
 
@@ -15,24 +15,7 @@ use proptest::prelude::*;
 fn hosts(fixture: &str) -> HostArena {
     let mut arena = HostArena::new(HostLimits::default());
     for line in fixture.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let mut words = line.split_whitespace();
-        assert_eq!(words.next(), Some("host"));
-        let mut spec = HostSpec {
-            name: words.next().unwrap().to_owned(),
-            ..Default::default()
-        };
-        for word in words {
-            let (k, v) = word.split_once('=').unwrap();
-            match k {
-                "cpu" => spec.capacity[Dim::Cpu] = v.parse::<u64>().unwrap() * 1000,
-                "mem" => spec.capacity[Dim::Memory] = v.parse::<u64>().unwrap() * 1024,
-                "gpus" => {
-                    spec.gpu_devices = v.parse().unwrap();
-                    spec.capacity[Dim::Gpu] = u64::from(spec.gpu_devices) * 1000;
-                }
-                _ => spec.attributes.push((k.to_owned(), v.to_owned())),
-            }
-        }
+        let spec = host_spec(line.strip_prefix("host ").expect("a host line"));
         arena.add(&spec).unwrap();
     }
     arena.check_invariants();

@@ -7,10 +7,10 @@ use expect_test::{Expect, expect};
 use peloton_engine::constraint::ConstraintTable;
 use peloton_engine::host::{EXCLUSIVE_KEY, GpuGrant, HostArena, HostLimits, HostSpec, HostState};
 use peloton_engine::placement::{
-    PlacementConfig, PlacementResult, Placer, held_per_host, pack_score,
+    PlacementConfig, PlacementResult, Placer, check_host_accounting, pack_score,
 };
 use peloton_engine::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskSpec, flags};
-use peloton_engine::testkit::Rng;
+use peloton_engine::testkit::{Rng, host_spec};
 use peloton_engine::{Dim, Resources};
 use proptest::prelude::*;
 
@@ -35,24 +35,10 @@ impl Env {
 
     /// `NAME cpu=N mem=N gpus=N key=value…`
     fn host(&mut self, line: &str) {
-        let mut words = line.split_whitespace();
-        let mut spec = HostSpec {
-            name: words.next().unwrap().to_owned(),
+        let spec = HostSpec {
             ports: 100,
-            ..Default::default()
+            ..host_spec(line)
         };
-        for word in words {
-            let (k, v) = word.split_once('=').unwrap();
-            match k {
-                "cpu" => spec.capacity[Dim::Cpu] = v.parse::<u64>().unwrap() * 1000,
-                "mem" => spec.capacity[Dim::Memory] = v.parse::<u64>().unwrap() * 1024,
-                "gpus" => {
-                    spec.gpu_devices = v.parse().unwrap();
-                    spec.capacity[Dim::Gpu] = u64::from(spec.gpu_devices) * 1000;
-                }
-                _ => spec.attributes.push((k.to_owned(), v.to_owned())),
-            }
-        }
         self.hosts.add(&spec).unwrap();
     }
 
@@ -135,7 +121,7 @@ impl Env {
         let mut reasons: Vec<String> = out
             .unplaced
             .iter()
-            .map(|u| u.reason.describe(&self.hosts, &self.constraints))
+            .map(|u| out.reason_of(u).describe(&self.hosts, &self.constraints))
             .collect();
         reasons.dedup();
         for r in reasons {
@@ -154,18 +140,7 @@ impl Env {
 fn check_invariants(hosts: &HostArena, tasks: &TaskArena) {
     hosts.check_invariants();
     tasks.check_invariants();
-    let held = held_per_host(tasks, hosts.n_slots());
-    for slot in 0..hosts.n_slots() {
-        if hosts.lookup_slot(slot).is_some() {
-            assert_eq!(
-                hosts.free(slot).saturating_add(&held[slot]),
-                hosts.capacity(slot),
-                "host {slot}"
-            );
-        } else {
-            assert!(held[slot].is_zero());
-        }
-    }
+    check_host_accounting(hosts, tasks);
 }
 
 #[test]
@@ -664,7 +639,7 @@ fn placement_is_identical_on_one_and_two_threads() {
                 )
                 .unwrap();
             check_invariants(&w.hosts, &w.tasks);
-            (out.placed, out.unplaced)
+            (out.placed, out.unplaced, out.reasons)
         };
         let one = run(1);
         let two = run(2);

@@ -438,7 +438,7 @@ fn placement(
             example_reason = out
                 .unplaced
                 .first()
-                .map(|u| u.reason.describe(&w.hosts, &w.constraints));
+                .map(|u| out.reason_of(u).describe(&w.hosts, &w.constraints));
         }
     }
     let elapsed = start.elapsed();
