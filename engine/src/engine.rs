@@ -183,6 +183,16 @@ impl Engine {
         &self.constraints
     }
 
+    /// What the last [`Engine::cycle`] decided.
+    pub fn report(&self) -> &CycleReport {
+        &self.report
+    }
+
+    /// Admitted tasks still waiting for a host.
+    pub fn n_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Submits a gang (one task is a gang of one): validated whole, then
     /// queued as one admission entry. On error nothing changes.
     pub fn submit(&mut self, gang: &[NewTask]) -> Result<Vec<TaskHandle>, EngineError> {

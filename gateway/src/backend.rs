@@ -1,0 +1,231 @@
+//! The host manager's interface to hosts, and the simulated backend.
+//!
+//! The scheduling loop hands [`Launch`] and [`Kill`] batches to a
+//! [`HostBackend`] and polls it for [`TaskUpdate`]s. The simulated backend
+//! below runs a task for the time its spec's `sim` section says and ends it
+//! with the exit code it says; the real host agent (a later issue) will
+//! implement the same trait over its gRPC sessions.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
+
+/// One run of one task: (job key, instance, run id). Job keys are the
+/// loop's dense job numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunRef {
+    /// The loop's job number.
+    pub job: u32,
+    /// Instance within the job.
+    pub instance: u32,
+    /// Run of the instance.
+    pub run: u32,
+}
+
+/// Start a run on a host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The run.
+    pub run: RunRef,
+    /// Host name.
+    pub host: std::sync::Arc<str>,
+    /// How long the simulated run lasts.
+    pub sim_duration_ms: u64,
+    /// How the simulated run ends.
+    pub sim_exit_code: i32,
+}
+
+/// Stop a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kill {
+    /// The run.
+    pub run: RunRef,
+    /// SIGTERM to SIGKILL.
+    pub grace_ms: u64,
+}
+
+/// What happened to a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// It started.
+    Running,
+    /// It ended on its own.
+    Exited(i32),
+    /// It was stopped on request.
+    Killed,
+    /// Its host can no longer tell.
+    Lost(String),
+}
+
+/// A run's status change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskUpdate {
+    /// The run.
+    pub run: RunRef,
+    /// Its new status.
+    pub status: RunStatus,
+    /// When, in ms since the epoch.
+    pub time_ms: u64,
+}
+
+/// Where runs happen.
+pub trait HostBackend: Send + std::fmt::Debug {
+    /// Starts runs (placement already reserved their resources).
+    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>);
+    /// Stops runs; unknown runs are ignored.
+    fn kill(&mut self, now_ms: u64, kills: &mut Vec<Kill>);
+    /// Appends status changes due by `now_ms`.
+    fn poll(&mut self, now_ms: u64, out: &mut Vec<TaskUpdate>);
+    /// The earliest time a status change is due, if any.
+    fn next_deadline(&self) -> Option<u64>;
+    /// Runs in progress.
+    fn n_running(&self) -> usize;
+}
+
+/// Simulated hosts: every launch runs at once and ends after its duration.
+#[derive(Debug, Default)]
+pub struct SimBackend {
+    /// (end time, run), earliest first.
+    ends: BinaryHeap<Reverse<(u64, RunRef)>>,
+    /// Live runs and their exit codes.
+    live: FxHashMap<RunRef, i32>,
+    /// Updates produced by launch and kill, delivered on the next poll.
+    ready: Vec<TaskUpdate>,
+}
+
+impl SimBackend {
+    /// An empty simulator.
+    pub fn new() -> Self {
+        SimBackend::default()
+    }
+}
+
+impl HostBackend for SimBackend {
+    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>) {
+        for l in launches.drain(..) {
+            self.live.insert(l.run, l.sim_exit_code);
+            self.ends
+                .push(Reverse((now_ms.saturating_add(l.sim_duration_ms), l.run)));
+            self.ready.push(TaskUpdate {
+                run: l.run,
+                status: RunStatus::Running,
+                time_ms: now_ms,
+            });
+        }
+    }
+
+    fn kill(&mut self, now_ms: u64, kills: &mut Vec<Kill>) {
+        for k in kills.drain(..) {
+            if self.live.remove(&k.run).is_some() {
+                self.ready.push(TaskUpdate {
+                    run: k.run,
+                    status: RunStatus::Killed,
+                    time_ms: now_ms,
+                });
+            }
+        }
+    }
+
+    fn poll(&mut self, now_ms: u64, out: &mut Vec<TaskUpdate>) {
+        out.append(&mut self.ready);
+        while let Some(&Reverse((end, run))) = self.ends.peek() {
+            if end > now_ms {
+                break;
+            }
+            self.ends.pop();
+            if let Some(code) = self.live.remove(&run) {
+                out.push(TaskUpdate {
+                    run,
+                    status: RunStatus::Exited(code),
+                    time_ms: end,
+                });
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<u64> {
+        if !self.ready.is_empty() {
+            return Some(0);
+        }
+        // Killed runs leave stale heap entries; they cost a pop each.
+        self.ends.peek().map(|Reverse((t, _))| *t)
+    }
+
+    fn n_running(&self) -> usize {
+        self.live.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(instance: u32) -> RunRef {
+        RunRef {
+            job: 0,
+            instance,
+            run: 1,
+        }
+    }
+
+    #[test]
+    fn runs_end_after_their_duration_with_their_code_and_kills_win() {
+        let mut sim = SimBackend::new();
+        let host: std::sync::Arc<str> = "h".into();
+        let mut launches = vec![
+            Launch {
+                run: run(0),
+                host: host.clone(),
+                sim_duration_ms: 100,
+                sim_exit_code: 0,
+            },
+            Launch {
+                run: run(1),
+                host: host.clone(),
+                sim_duration_ms: 50,
+                sim_exit_code: 3,
+            },
+            Launch {
+                run: run(2),
+                host,
+                sim_duration_ms: 10,
+                sim_exit_code: 0,
+            },
+        ];
+        sim.launch(1000, &mut launches);
+        sim.kill(
+            1001,
+            &mut vec![Kill {
+                run: run(2),
+                grace_ms: 0,
+            }],
+        );
+        let mut out = Vec::new();
+        sim.poll(1049, &mut out);
+        let statuses: Vec<_> = out.iter().map(|u| (u.run.instance, &u.status)).collect();
+        assert_eq!(
+            statuses,
+            vec![
+                (0, &RunStatus::Running),
+                (1, &RunStatus::Running),
+                (2, &RunStatus::Running),
+                (2, &RunStatus::Killed),
+            ]
+        );
+        out.clear();
+        sim.poll(1100, &mut out);
+        let statuses: Vec<_> = out
+            .iter()
+            .map(|u| (u.run.instance, u.status.clone(), u.time_ms))
+            .collect();
+        assert_eq!(
+            statuses,
+            vec![
+                (1, RunStatus::Exited(3), 1050),
+                (0, RunStatus::Exited(0), 1100)
+            ]
+        );
+        assert_eq!(sim.n_running(), 0);
+    }
+}

@@ -1,0 +1,208 @@
+//! Server configuration: a YAML file, overridden by command-line flags, and
+//! the simulated cluster (generated or from a YAML host file).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use peloton_engine::host::HostSpec;
+use peloton_engine::{Dim, Resources};
+use serde::Deserialize;
+
+/// Everything `pelotond` can be told.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where the embedded store keeps its file.
+    pub data_dir: PathBuf,
+    /// gRPC address (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Prometheus `/metrics` address; none to disable.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Least time between two scheduling cycles while work arrives.
+    pub cycle_interval_ms: u64,
+    /// A cycle runs at least this often.
+    pub idle_cycle_interval_ms: u64,
+    /// Most requests applied (and committed) together.
+    pub max_batch: usize,
+    /// Requests waiting for the loop before senders wait.
+    pub command_queue: usize,
+    /// Instances of one job.
+    pub max_instances_per_job: u32,
+    /// Threads of the engine's parallel scans.
+    pub engine_threads: usize,
+    /// Generated simulated hosts.
+    pub sim_hosts: u32,
+    /// Simulated hosts from a YAML file.
+    pub sim_hosts_file: Option<PathBuf>,
+    /// Pools that get per-pool metric series.
+    pub metrics_max_pools: usize,
+    /// Events kept for resuming watches.
+    pub event_retention: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("peloton-data"),
+            listen: "127.0.0.1:5391".parse().expect("valid"),
+            metrics_listen: Some("127.0.0.1:9391".parse().expect("valid")),
+            cycle_interval_ms: 20,
+            idle_cycle_interval_ms: 1000,
+            max_batch: 1024,
+            command_queue: 4096,
+            max_instances_per_job: 100_000,
+            engine_threads: 1,
+            sim_hosts: 0,
+            sim_hosts_file: None,
+            metrics_max_pools: 256,
+            event_retention: 5_000_000,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a YAML configuration file.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        serde_norway::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    /// Checks bounds.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.max_batch >= 1, "max_batch: must be at least 1");
+        anyhow::ensure!(self.command_queue >= 1, "command_queue: must be at least 1");
+        anyhow::ensure!(
+            (1..=1_000_000).contains(&self.max_instances_per_job),
+            "max_instances_per_job: must be 1–1000000"
+        );
+        anyhow::ensure!(
+            (1..=256).contains(&self.engine_threads),
+            "engine_threads: must be 1–256"
+        );
+        anyhow::ensure!(
+            self.idle_cycle_interval_ms >= self.cycle_interval_ms,
+            "idle_cycle_interval_ms: must be at least cycle_interval_ms"
+        );
+        anyhow::ensure!(self.sim_hosts <= 1_000_000, "sim_hosts: at most 1000000");
+        Ok(())
+    }
+
+    /// The simulated hosts this configuration describes.
+    pub fn sim_host_specs(&self) -> anyhow::Result<Vec<HostSpec>> {
+        let mut hosts = generated_hosts(self.sim_hosts);
+        if let Some(path) = &self.sim_hosts_file {
+            hosts.extend(hosts_from_file(path)?);
+        }
+        Ok(hosts)
+    }
+}
+
+/// `n` generated hosts: three in four have 16 cores and 64 GiB, one in four
+/// 32 cores and 128 GiB; attributes `zone` (z1–z4), `rack` (20 hosts each)
+/// and `host`.
+pub fn generated_hosts(n: u32) -> Vec<HostSpec> {
+    (0..n)
+        .map(|i| {
+            let name = format!("sim-{i:05}");
+            let big = i % 4 == 3;
+            let mut capacity = Resources::ZERO;
+            capacity[Dim::Cpu] = if big { 32_000 } else { 16_000 };
+            capacity[Dim::Memory] = if big { 128 * 1024 } else { 64 * 1024 };
+            capacity[Dim::Disk] = 500 * 1024;
+            HostSpec {
+                attributes: vec![
+                    ("zone".into(), format!("z{}", i % 4 + 1)),
+                    ("rack".into(), format!("r{}", i / 20)),
+                    ("host".into(), name.clone()),
+                ],
+                name,
+                capacity,
+                gpu_devices: 0,
+                ports: 1000,
+            }
+        })
+        .collect()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostFile {
+    hosts: Vec<HostEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostEntry {
+    name: String,
+    #[serde(default = "one")]
+    count: u32,
+    cpu: f64,
+    memory_mb: f64,
+    #[serde(default)]
+    disk_mb: f64,
+    #[serde(default)]
+    gpus: u8,
+    #[serde(default)]
+    attributes: std::collections::BTreeMap<String, String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Hosts from a YAML file: `hosts: [{name, count, cpu, memory_mb, disk_mb,
+/// gpus, attributes}]`; with `count` > 1 the names get a `-N` suffix.
+pub fn hosts_from_file(path: &Path) -> anyhow::Result<Vec<HostSpec>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let file: HostFile =
+        serde_norway::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, h) in file.hosts.into_iter().enumerate() {
+        for (field, v) in [
+            ("cpu", h.cpu),
+            ("memory_mb", h.memory_mb),
+            ("disk_mb", h.disk_mb),
+        ] {
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "{}: hosts[{i}].{field}: must be a non-negative number",
+                path.display()
+            );
+        }
+        anyhow::ensure!(
+            h.count >= 1,
+            "{}: hosts[{i}].count: must be at least 1",
+            path.display()
+        );
+        let mut capacity = Resources::ZERO;
+        capacity[Dim::Cpu] = (h.cpu * 1000.0) as u64;
+        capacity[Dim::Memory] = h.memory_mb as u64;
+        capacity[Dim::Disk] = h.disk_mb as u64;
+        capacity[Dim::Gpu] = u64::from(h.gpus) * 1000;
+        for n in 0..h.count {
+            let name = if h.count == 1 {
+                h.name.clone()
+            } else {
+                format!("{}-{n}", h.name)
+            };
+            let mut attributes: Vec<(String, String)> = h
+                .attributes
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if !h.attributes.contains_key("host") {
+                attributes.push(("host".into(), name.clone()));
+            }
+            out.push(HostSpec {
+                name,
+                capacity,
+                gpu_devices: h.gpus,
+                ports: 1000,
+                attributes,
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,646 @@
+//! Conversions between the API (`peloton.v1`) and the engine, with the
+//! validation of everything a user sends. Every error names the field and
+//! the problem; validation happens before anything changes.
+
+use peloton_engine::constraint::Constraint;
+use peloton_engine::intern::Interner;
+use peloton_engine::task::Strategy;
+use peloton_engine::{Dim, DimConfig, MAX_AMOUNT, PoolConfig, PoolKind, Resources};
+use peloton_proto::v1 as pb;
+use rustc_hash::FxHashMap;
+use tonic::Status;
+
+/// Bounds on what one request may ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Instances of one job.
+    pub max_instances_per_job: u32,
+    /// Dynamic ports of one task.
+    pub max_ports: usize,
+    /// Arguments, environment entries and labels of one spec.
+    pub max_list_len: usize,
+    /// Bytes of any one string.
+    pub max_string_len: usize,
+    /// Per-instance overrides of one job.
+    pub max_overrides: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_instances_per_job: 100_000,
+            max_ports: 64,
+            max_list_len: 1024,
+            max_string_len: 64 * 1024,
+            max_overrides: 10_000,
+        }
+    }
+}
+
+/// An InvalidArgument status naming the field.
+pub fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {problem}"))
+}
+
+/// Restart policy of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Failed runs tolerated.
+    pub max_failures: u32,
+    /// First back-off.
+    pub backoff_ms: u64,
+    /// Largest back-off.
+    pub max_backoff_ms: u64,
+}
+
+impl RestartPolicy {
+    /// Back-off before the run after the `failures`-th failure.
+    pub fn backoff(&self, failures: u32) -> u64 {
+        let shift = failures.saturating_sub(1).min(40);
+        self.backoff_ms
+            .saturating_mul(1u64 << shift)
+            .min(self.max_backoff_ms)
+    }
+}
+
+/// A task spec reduced to what the loop and the engine need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskTemplate {
+    /// Resources in engine units.
+    pub request: Resources,
+    /// Dynamic ports.
+    pub ports: u16,
+    /// Constraint text ("" for none).
+    pub constraint: String,
+    /// Runs on slack.
+    pub revocable: bool,
+    /// A controller task (e.g. a Spark driver).
+    pub controller: bool,
+    /// At most this many instances of the job per host (0: no limit).
+    pub max_per_host: u16,
+    /// Restart policy.
+    pub restart: RestartPolicy,
+    /// SIGTERM to SIGKILL.
+    pub kill_grace_ms: u64,
+    /// Simulated duration.
+    pub sim_duration_ms: u64,
+    /// Simulated exit code.
+    pub sim_exit_code: i32,
+}
+
+/// A validated job spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobPlan {
+    /// The default task.
+    pub default: TaskTemplate,
+    /// Per-instance replacements.
+    pub overrides: FxHashMap<u32, TaskTemplate>,
+    /// Priority.
+    pub priority: u32,
+    /// Preemptible.
+    pub preemptible: bool,
+    /// At most this many running at once (0: no limit).
+    pub max_running: u32,
+    /// Gang size (1: no gang).
+    pub gang: u32,
+    /// Run time limit (0: none).
+    pub max_running_time_ms: u64,
+    /// Placement strategy.
+    pub strategy: Strategy,
+}
+
+impl JobPlan {
+    /// The template of an instance.
+    pub fn template(&self, instance: u32) -> &TaskTemplate {
+        self.overrides.get(&instance).unwrap_or(&self.default)
+    }
+}
+
+fn amount(field: &str, value: f64, scale: f64) -> Result<u64, Status> {
+    if !value.is_finite() {
+        return Err(invalid(field, "must be a finite number"));
+    }
+    if value < 0.0 {
+        return Err(invalid(
+            field,
+            format!("must not be negative (got {value})"),
+        ));
+    }
+    let units = (value * scale).ceil();
+    if units > MAX_AMOUNT as f64 {
+        return Err(invalid(field, format!("{value} is too large")));
+    }
+    Ok(units as u64)
+}
+
+/// API resources to engine units (millicores, MiB, MiB, milli-GPUs).
+pub fn resources(field: &str, r: Option<&pb::Resources>) -> Result<Resources, Status> {
+    let Some(r) = r else {
+        return Ok(Resources::ZERO);
+    };
+    let mut out = Resources::ZERO;
+    out[Dim::Cpu] = amount(&format!("{field}.cpu"), r.cpu, 1000.0)?;
+    out[Dim::Memory] = amount(&format!("{field}.memory_mb"), r.memory_mb, 1.0)?;
+    out[Dim::Disk] = amount(&format!("{field}.disk_mb"), r.disk_mb, 1.0)?;
+    out[Dim::Gpu] = amount(&format!("{field}.gpu"), r.gpu, 1000.0)?;
+    Ok(out)
+}
+
+/// Engine units to API resources.
+pub fn resources_to_pb(r: Resources) -> pb::Resources {
+    pb::Resources {
+        cpu: r[Dim::Cpu] as f64 / 1000.0,
+        memory_mb: r[Dim::Memory] as f64,
+        disk_mb: r[Dim::Disk] as f64,
+        gpu: r[Dim::Gpu] as f64 / 1000.0,
+    }
+}
+
+fn limit_to_pb(r: Resources) -> pb::Resources {
+    let mut out = resources_to_pb(r);
+    for (d, v) in [
+        (Dim::Cpu, &mut out.cpu),
+        (Dim::Memory, &mut out.memory_mb),
+        (Dim::Disk, &mut out.disk_mb),
+        (Dim::Gpu, &mut out.gpu),
+    ] {
+        if r[d] >= MAX_AMOUNT {
+            *v = 0.0;
+        }
+    }
+    out
+}
+
+fn percent(field: &str, value: f64) -> Result<f64, Status> {
+    if !value.is_finite() || !(0.0..=100.0).contains(&value) {
+        return Err(invalid(field, format!("must be 0–100 (got {value})")));
+    }
+    Ok(if value == 0.0 { 100.0 } else { value })
+}
+
+/// A pool spec to the engine's configuration.
+pub fn pool_config(spec: Option<&pb::PoolSpec>) -> Result<PoolConfig, Status> {
+    let default = pb::PoolSpec::default();
+    let spec = spec.unwrap_or(&default);
+    let reservation = resources("spec.reservation", spec.reservation.as_ref())?;
+    let mut limit = resources("spec.limit", spec.limit.as_ref())?;
+    for d in Dim::ALL {
+        if limit[d] == 0 {
+            limit[d] = MAX_AMOUNT;
+        }
+    }
+    let share = if spec.share == 0.0 { 1.0 } else { spec.share };
+    if !share.is_finite() || share <= 0.0 {
+        return Err(invalid(
+            "spec.share",
+            format!("must be positive (got {share})"),
+        ));
+    }
+    let kind = match pb::PoolKind::try_from(spec.kind) {
+        Ok(pb::PoolKind::Elastic) => PoolKind::Elastic,
+        Ok(pb::PoolKind::Static) => PoolKind::Static,
+        Err(_) => return Err(invalid("spec.kind", format!("unknown kind {}", spec.kind))),
+    };
+    let mut config = PoolConfig {
+        dims: [DimConfig::default(); 4],
+        controller_limit_pct: percent("spec.controller_limit_pct", spec.controller_limit_pct)?,
+        slack_limit_pct: percent("spec.slack_limit_pct", spec.slack_limit_pct)?,
+    };
+    for d in Dim::ALL {
+        config.dims[d.idx()] = DimConfig {
+            reservation: reservation[d],
+            limit: limit[d],
+            share,
+            kind,
+        };
+    }
+    Ok(config)
+}
+
+/// The engine's configuration of a pool back to the API.
+pub fn pool_spec_to_pb(config: &PoolConfig) -> pb::PoolSpec {
+    pb::PoolSpec {
+        reservation: Some(resources_to_pb(config.reservation())),
+        limit: Some(limit_to_pb(config.limit())),
+        share: config.dims[0].share,
+        kind: match config.dims[0].kind {
+            PoolKind::Elastic => pb::PoolKind::Elastic,
+            PoolKind::Static => pb::PoolKind::Static,
+        } as i32,
+        controller_limit_pct: config.controller_limit_pct,
+        slack_limit_pct: config.slack_limit_pct,
+    }
+}
+
+fn string(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
+    if value.len() > limits.max_string_len {
+        return Err(invalid(
+            field,
+            format!(
+                "{} bytes is longer than the limit of {}",
+                value.len(),
+                limits.max_string_len
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn list(field: &str, len: usize, limits: &Limits) -> Result<(), Status> {
+    if len > limits.max_list_len {
+        return Err(invalid(
+            field,
+            format!("{len} entries; the limit is {}", limits.max_list_len),
+        ));
+    }
+    Ok(())
+}
+
+/// Validates a task spec (`field` is its path in the request).
+pub fn task_template(
+    field: &str,
+    spec: Option<&pb::TaskSpec>,
+    limits: &Limits,
+) -> Result<TaskTemplate, Status> {
+    let Some(spec) = spec else {
+        return Err(invalid(field, "missing"));
+    };
+    if spec.command.is_empty() && spec.shell.is_empty() {
+        return Err(invalid(
+            &format!("{field}.command"),
+            "set command (with args) or shell",
+        ));
+    }
+    if !spec.command.is_empty() && !spec.shell.is_empty() {
+        return Err(invalid(
+            &format!("{field}.shell"),
+            "set either command or shell, not both",
+        ));
+    }
+    string(&format!("{field}.command"), &spec.command, limits)?;
+    string(&format!("{field}.shell"), &spec.shell, limits)?;
+    list(&format!("{field}.args"), spec.args.len(), limits)?;
+    for (i, a) in spec.args.iter().enumerate() {
+        string(&format!("{field}.args[{i}]"), a, limits)?;
+    }
+    list(&format!("{field}.env"), spec.env.len(), limits)?;
+    for (k, v) in &spec.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(invalid(
+                &format!("{field}.env"),
+                format!("bad variable name {k:?}"),
+            ));
+        }
+        string(&format!("{field}.env.{k}"), v, limits)?;
+    }
+    let request = resources(&format!("{field}.resources"), spec.resources.as_ref())?;
+    if request[Dim::Cpu] == 0 && request[Dim::Memory] == 0 {
+        return Err(invalid(
+            &format!("{field}.resources"),
+            "must request some cpu or memory (both are zero or missing)",
+        ));
+    }
+    peloton_engine::host::validate_gpu_request(request[Dim::Gpu])
+        .map_err(|p| invalid(&format!("{field}.resources.gpu"), p))?;
+    if spec.ports.len() > limits.max_ports {
+        return Err(invalid(
+            &format!("{field}.ports"),
+            format!(
+                "{} ports; the limit is {}",
+                spec.ports.len(),
+                limits.max_ports
+            ),
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, p) in spec.ports.iter().enumerate() {
+        let ok = !p.name.is_empty()
+            && p.name.len() <= 64
+            && p.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            return Err(invalid(
+                &format!("{field}.ports[{i}].name"),
+                format!("{:?} must be 1–64 letters, digits or '_'", p.name),
+            ));
+        }
+        if !names.insert(p.name.to_ascii_uppercase()) {
+            return Err(invalid(
+                &format!("{field}.ports[{i}].name"),
+                format!("duplicate port {:?}", p.name),
+            ));
+        }
+    }
+    if !spec.constraint.is_empty() {
+        Constraint::parse(&spec.constraint, &mut Interner::new())
+            .map_err(|e| invalid(&format!("{field}.constraint"), e))?;
+    }
+    let max_per_host = u16::try_from(spec.max_instances_per_host).map_err(|_| {
+        invalid(
+            &format!("{field}.max_instances_per_host"),
+            format!("at most {}", u16::MAX),
+        )
+    })?;
+    let restart = spec.restart.clone().unwrap_or_default();
+    let backoff_ms = if restart.backoff_ms == 0 {
+        1000
+    } else {
+        restart.backoff_ms
+    };
+    let max_backoff_ms = if restart.max_backoff_ms == 0 {
+        60_000
+    } else {
+        restart.max_backoff_ms
+    };
+    if max_backoff_ms < backoff_ms {
+        return Err(invalid(
+            &format!("{field}.restart.max_backoff_ms"),
+            format!("{max_backoff_ms} is less than backoff_ms {backoff_ms}"),
+        ));
+    }
+    let sim = spec.sim.unwrap_or_default();
+    Ok(TaskTemplate {
+        request,
+        ports: spec.ports.len() as u16,
+        constraint: spec.constraint.clone(),
+        revocable: spec.revocable,
+        controller: spec.controller,
+        max_per_host,
+        restart: RestartPolicy {
+            max_failures: restart.max_failures,
+            backoff_ms,
+            max_backoff_ms,
+        },
+        kill_grace_ms: if spec.kill_grace_period_ms == 0 {
+            10_000
+        } else {
+            spec.kill_grace_period_ms
+        },
+        sim_duration_ms: sim.duration_ms,
+        sim_exit_code: sim.exit_code,
+    })
+}
+
+/// Validates a job spec. The pool's existence is checked by the loop.
+pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> {
+    match pb::JobType::try_from(spec.r#type) {
+        Ok(pb::JobType::Batch) => {}
+        Ok(other) => {
+            return Err(Status::unimplemented(format!(
+                "spec.type: {} jobs are not supported yet; only batch jobs are",
+                other.as_str_name()
+            )));
+        }
+        Err(_) => {
+            return Err(invalid(
+                "spec.type",
+                format!("unknown type {}", spec.r#type),
+            ));
+        }
+    }
+    if spec.name.is_empty() {
+        return Err(invalid("spec.name", "must not be empty"));
+    }
+    string("spec.name", &spec.name, limits)?;
+    string("spec.owner", &spec.owner, limits)?;
+    list("spec.labels", spec.labels.len(), limits)?;
+    for (k, v) in &spec.labels {
+        if k.is_empty() {
+            return Err(invalid("spec.labels", "empty label key"));
+        }
+        string(&format!("spec.labels.{k}"), v, limits)?;
+    }
+    if spec.pool.is_empty() {
+        return Err(invalid("spec.pool", "must name a pool, e.g. /batch"));
+    }
+    if spec.instance_count == 0 {
+        return Err(invalid("spec.instance_count", "must be at least 1"));
+    }
+    if spec.instance_count > limits.max_instances_per_job {
+        return Err(invalid(
+            "spec.instance_count",
+            format!(
+                "{} is more than the limit of {} instances per job",
+                spec.instance_count, limits.max_instances_per_job
+            ),
+        ));
+    }
+    let default = task_template("spec.default_task", spec.default_task.as_ref(), limits)?;
+    if spec.overrides.len() > limits.max_overrides {
+        return Err(invalid(
+            "spec.overrides",
+            format!(
+                "{} overrides; the limit is {}",
+                spec.overrides.len(),
+                limits.max_overrides
+            ),
+        ));
+    }
+    let mut overrides = FxHashMap::default();
+    for (i, o) in spec.overrides.iter().enumerate() {
+        if o.instance >= spec.instance_count {
+            return Err(invalid(
+                &format!("spec.overrides[{i}].instance"),
+                format!(
+                    "{} is not below instance_count {}",
+                    o.instance, spec.instance_count
+                ),
+            ));
+        }
+        let t = task_template(
+            &format!("spec.overrides[{i}].spec"),
+            o.spec.as_ref(),
+            limits,
+        )?;
+        if t.revocable != default.revocable || t.controller != default.controller {
+            return Err(invalid(
+                &format!("spec.overrides[{i}].spec"),
+                "revocable and controller must match the default task",
+            ));
+        }
+        if overrides.insert(o.instance, t).is_some() {
+            return Err(invalid(
+                &format!("spec.overrides[{i}].instance"),
+                format!("instance {} is overridden twice", o.instance),
+            ));
+        }
+    }
+    let sla = spec.sla.unwrap_or_default();
+    let gang = sla.min_running_instances.max(1);
+    if gang > spec.instance_count {
+        return Err(invalid(
+            "spec.sla.min_running_instances",
+            format!(
+                "gang size {gang} is more than instance_count {}",
+                spec.instance_count
+            ),
+        ));
+    }
+    if sla.max_running_instances != 0 && sla.max_running_instances < gang {
+        return Err(invalid(
+            "spec.sla.max_running_instances",
+            format!(
+                "{} is less than the gang size {gang}",
+                sla.max_running_instances
+            ),
+        ));
+    }
+    if default.revocable && !sla.preemptible {
+        return Err(invalid(
+            "spec.sla.preemptible",
+            "revocable tasks must be preemptible",
+        ));
+    }
+    let strategy = match pb::PlacementStrategy::try_from(spec.placement) {
+        Ok(pb::PlacementStrategy::Pack) => Strategy::Pack,
+        Ok(pb::PlacementStrategy::Spread) => Strategy::Spread,
+        Ok(pb::PlacementStrategy::FirstFit) => Strategy::FirstFit,
+        Err(_) => {
+            return Err(invalid(
+                "spec.placement",
+                format!("unknown strategy {}", spec.placement),
+            ));
+        }
+    };
+    Ok(JobPlan {
+        default,
+        overrides,
+        priority: sla.priority,
+        preemptible: sla.preemptible,
+        max_running: sla.max_running_instances,
+        gang,
+        max_running_time_ms: sla.max_running_time_ms,
+        strategy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good_job() -> pb::JobSpec {
+        pb::JobSpec {
+            name: "hello".into(),
+            pool: "/batch".into(),
+            instance_count: 3,
+            default_task: Some(pb::TaskSpec {
+                command: "/bin/true".into(),
+                resources: Some(pb::Resources {
+                    cpu: 0.5,
+                    memory_mb: 64.0,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn error_of(spec: &pb::JobSpec) -> (tonic::Code, String) {
+        let e = job_plan(spec, &Limits::default()).unwrap_err();
+        (e.code(), e.message().to_string())
+    }
+
+    #[test]
+    fn a_good_job_converts_to_engine_units() {
+        let plan = job_plan(&good_job(), &Limits::default()).unwrap();
+        assert_eq!(plan.default.request[Dim::Cpu], 500);
+        assert_eq!(plan.default.request[Dim::Memory], 64);
+        assert_eq!(plan.gang, 1);
+        assert_eq!(plan.default.restart.backoff(1), 1000);
+        assert_eq!(plan.default.restart.backoff(3), 4000);
+        assert_eq!(plan.default.restart.backoff(30), 60_000);
+    }
+
+    #[test]
+    fn bad_jobs_name_the_field() {
+        let mut s = good_job();
+        s.instance_count = 0;
+        assert_eq!(
+            error_of(&s),
+            (
+                tonic::Code::InvalidArgument,
+                "spec.instance_count: must be at least 1".into()
+            )
+        );
+        let mut s = good_job();
+        s.instance_count = 100_001;
+        assert!(
+            error_of(&s)
+                .1
+                .starts_with("spec.instance_count: 100001 is more")
+        );
+        let mut s = good_job();
+        s.default_task
+            .as_mut()
+            .unwrap()
+            .resources
+            .as_mut()
+            .unwrap()
+            .cpu = -1.0;
+        assert_eq!(
+            error_of(&s).1,
+            "spec.default_task.resources.cpu: must not be negative (got -1)"
+        );
+        let mut s = good_job();
+        s.default_task.as_mut().unwrap().resources = None;
+        assert!(
+            error_of(&s)
+                .1
+                .starts_with("spec.default_task.resources: must request")
+        );
+        let mut s = good_job();
+        s.default_task.as_mut().unwrap().constraint = "zone ==".into();
+        assert!(error_of(&s).1.starts_with("spec.default_task.constraint: "));
+        let mut s = good_job();
+        s.r#type = pb::JobType::Service as i32;
+        assert_eq!(error_of(&s).0, tonic::Code::Unimplemented);
+        let mut s = good_job();
+        s.sla = Some(pb::Sla {
+            min_running_instances: 4,
+            ..Default::default()
+        });
+        assert!(error_of(&s).1.starts_with("spec.sla.min_running_instances"));
+        let mut s = good_job();
+        s.overrides.push(pb::InstanceOverride {
+            instance: 3,
+            spec: s.default_task.clone(),
+        });
+        assert!(error_of(&s).1.starts_with("spec.overrides[0].instance"));
+        let mut s = good_job();
+        s.pool.clear();
+        assert!(error_of(&s).1.starts_with("spec.pool"));
+    }
+
+    #[test]
+    fn pool_specs_round_trip_and_unset_limits_mean_none() {
+        let spec = pb::PoolSpec {
+            reservation: Some(pb::Resources {
+                cpu: 4.0,
+                memory_mb: 1024.0,
+                ..Default::default()
+            }),
+            limit: Some(pb::Resources {
+                cpu: 8.0,
+                ..Default::default()
+            }),
+            share: 2.0,
+            ..Default::default()
+        };
+        let config = pool_config(Some(&spec)).unwrap();
+        assert_eq!(config.limit()[Dim::Memory], MAX_AMOUNT);
+        let back = pool_spec_to_pb(&config);
+        assert_eq!(back.reservation, spec.reservation);
+        assert_eq!(back.limit, spec.limit);
+        assert_eq!(back.share, 2.0);
+        let bad = pb::PoolSpec {
+            share: -1.0,
+            ..Default::default()
+        };
+        assert_eq!(
+            pool_config(Some(&bad)).unwrap_err().message(),
+            "spec.share: must be positive (got -1)"
+        );
+    }
+}

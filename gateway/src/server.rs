@@ -1,0 +1,190 @@
+//! Starting and stopping the whole service: store, engine, simulated hosts,
+//! the loop thread, the gRPC server (with health and reflection) and the
+//! metrics endpoint.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use peloton_engine::{Engine, EngineConfig};
+use peloton_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::backend::SimBackend;
+use crate::config::Config;
+use crate::convert::Limits;
+use crate::metrics::Metrics;
+use crate::scheduler::{Command, LoopConfig, Scheduler};
+use crate::service::Api;
+use crate::store::{RedbStore, Store};
+
+/// Largest gRPC message accepted (a job spec with many overrides).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A running server.
+#[derive(Debug)]
+pub struct Server {
+    /// Where gRPC is served.
+    pub addr: SocketAddr,
+    /// Where `/metrics` is served.
+    pub metrics_addr: Option<SocketAddr>,
+    stop: Option<oneshot::Sender<()>>,
+    serve: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    metrics_task: Option<tokio::task::JoinHandle<()>>,
+    tx: mpsc::Sender<Command>,
+    loop_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Opens the store, recovers, and starts serving.
+pub async fn start(config: &Config) -> anyhow::Result<Server> {
+    config.validate()?;
+    let store: Arc<dyn Store> = Arc::new(RedbStore::open(&config.data_dir)?);
+    let snapshot = {
+        let s = store.clone();
+        tokio::task::spawn_blocking(move || s.load()).await??
+    };
+    let mut engine_config = EngineConfig::default();
+    engine_config.resources.threads = config.engine_threads;
+    let mut engine = Engine::new(engine_config);
+    for spec in config.sim_host_specs()? {
+        engine
+            .hosts_mut()
+            .add(&spec)
+            .map_err(|e| anyhow::anyhow!("simulated host: {e}"))?;
+    }
+    let limits = Limits {
+        max_instances_per_job: config.max_instances_per_job,
+        ..Limits::default()
+    };
+    let metrics = Arc::new(Metrics::new(config.metrics_max_pools));
+    let loop_config = LoopConfig {
+        cycle_interval: Duration::from_millis(config.cycle_interval_ms),
+        idle_cycle_interval: Duration::from_millis(config.idle_cycle_interval_ms),
+        max_batch: config.max_batch,
+        limits,
+        event_retention: config.event_retention,
+        ..LoopConfig::default()
+    };
+    let n_jobs = snapshot.jobs.len();
+    let scheduler = Scheduler::new(
+        engine,
+        store.clone(),
+        Box::new(SimBackend::new()),
+        loop_config,
+        metrics.clone(),
+        snapshot,
+    )?;
+    tracing::info!(jobs = n_jobs, data_dir = %config.data_dir.display(), "recovered");
+    let (tx, rx) = mpsc::channel(config.command_queue);
+    let rt = tokio::runtime::Handle::current();
+    let loop_thread = std::thread::Builder::new()
+        .name("peloton-loop".into())
+        .spawn(move || scheduler.run(rx, rt))?;
+
+    let api = Api::new(tx.clone(), limits, store);
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<pb::job_service_server::JobServiceServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::resource_pool_service_server::ResourcePoolServiceServer<Api>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let router = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(
+            pb::resource_pool_service_server::ResourcePoolServiceServer::new(api.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            pb::job_service_server::JobServiceServer::new(api.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            pb::task_service_server::TaskServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            pb::host_service_server::HostServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(pb::watch_service_server::WatchServiceServer::new(api));
+    let serve = tokio::spawn(router.serve_with_incoming_shutdown(
+        TcpListenerStream::new(listener),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let (metrics_addr, metrics_task) = match config.metrics_listen {
+        Some(at) => {
+            let listener = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {at} for metrics: {e}"))?;
+            let addr = listener.local_addr()?;
+            let m = metrics.clone();
+            let app = axum::Router::new().route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let m = m.clone();
+                    async move {
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            m.encode(),
+                        )
+                    }
+                }),
+            );
+            let task = tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "metrics server failed");
+                }
+            });
+            (Some(addr), Some(task))
+        }
+        None => (None, None),
+    };
+    tracing::info!(%addr, metrics = ?metrics_addr, "serving");
+    Ok(Server {
+        addr,
+        metrics_addr,
+        stop: Some(stop),
+        serve,
+        metrics_task,
+        tx,
+        loop_thread: Some(loop_thread),
+    })
+}
+
+impl Server {
+    /// Stops accepting requests, lets in-flight ones finish, commits the
+    /// loop's last batch and stops the loop.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.serve).await??;
+        if let Some(m) = self.metrics_task.take() {
+            m.abort();
+        }
+        let _ = self.tx.send(Command::Shutdown).await;
+        if let Some(t) = self.loop_thread.take() {
+            tokio::task::spawn_blocking(move || t.join())
+                .await?
+                .map_err(|_| anyhow::anyhow!("the scheduling loop panicked"))?;
+        }
+        Ok(())
+    }
+}

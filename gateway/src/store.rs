@@ -1,0 +1,262 @@
+//! Durable storage behind the [`Store`] trait, and its default embedded
+//! implementation on redb.
+//!
+//! The scheduling loop is the only writer. It applies a batch of commands to
+//! its in-memory state, collects every row they change in a [`WriteBatch`],
+//! and commits the batch in one transaction before it answers any of them:
+//! under load many requests share one commit (group commit), and an answer
+//! means the write is durable. Values are protobuf-encoded `peloton.v1`
+//! messages, so the format is versioned with the API.
+//!
+//! Tables:
+//! - `pools`: path → `Pool` (spec and version);
+//! - `jobs`: job id → `Job` (spec, status and version);
+//! - `tasks`: (job id, instance) → `Task` (current run, failure count,
+//!   history). An instance without a row has not started its first run;
+//! - `hosts`: host name → `Host` (the maintenance state an operator set);
+//! - `events`: first revision of a commit → `WatchResponse` holding that
+//!   commit's events, trimmed to a bounded retention;
+//! - `meta`: counters (the last revision).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+const POOLS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("pools");
+const JOBS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("jobs");
+const TASKS: TableDefinition<'_, (&str, u32), &[u8]> = TableDefinition::new("tasks");
+const HOSTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("hosts");
+const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+
+const META_REVISION: &str = "revision";
+
+/// A storage failure. The loop treats a failed commit as fatal: its memory
+/// is ahead of the store, and a restart recovers from the store.
+#[derive(Debug, thiserror::Error)]
+#[error("store: {0}")]
+pub struct StoreError(String);
+
+impl StoreError {
+    fn from<E: std::fmt::Display>(e: E) -> Self {
+        StoreError(e.to_string())
+    }
+}
+
+/// Rows changed by one group of commands; `None` deletes.
+#[derive(Debug, Default)]
+pub struct WriteBatch {
+    /// Pool rows.
+    pub pools: Vec<(String, Option<Vec<u8>>)>,
+    /// Job rows.
+    pub jobs: Vec<(String, Option<Vec<u8>>)>,
+    /// Task rows.
+    pub tasks: Vec<((Arc<str>, u32), Option<Vec<u8>>)>,
+    /// Jobs whose task rows all go.
+    pub delete_tasks_of: Vec<String>,
+    /// Host rows.
+    pub hosts: Vec<(String, Option<Vec<u8>>)>,
+    /// This commit's events: (first revision, encoded `WatchResponse`).
+    pub events: Option<(u64, Vec<u8>)>,
+    /// The last revision after this commit.
+    pub revision: u64,
+    /// Drop event rows that start before this revision.
+    pub trim_events_before: Option<u64>,
+}
+
+impl WriteBatch {
+    /// Whether the batch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+            && self.jobs.is_empty()
+            && self.tasks.is_empty()
+            && self.delete_tasks_of.is_empty()
+            && self.hosts.is_empty()
+            && self.events.is_none()
+            && self.trim_events_before.is_none()
+    }
+
+    /// Number of rows written or deleted.
+    pub fn len(&self) -> usize {
+        self.pools.len()
+            + self.jobs.len()
+            + self.tasks.len()
+            + self.delete_tasks_of.len()
+            + self.hosts.len()
+            + usize::from(self.events.is_some())
+    }
+}
+
+/// Everything stored, read once at start.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Pool rows in path order.
+    pub pools: Vec<(String, Vec<u8>)>,
+    /// Job rows in id order.
+    pub jobs: Vec<(String, Vec<u8>)>,
+    /// Task rows in (job id, instance) order.
+    pub tasks: Vec<((String, u32), Vec<u8>)>,
+    /// Host rows.
+    pub hosts: Vec<(String, Vec<u8>)>,
+    /// The last revision.
+    pub revision: u64,
+}
+
+/// Durable state of the service.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Reads everything (at start).
+    fn load(&self) -> Result<Snapshot, StoreError>;
+    /// Writes the batch atomically and durably.
+    fn commit(&self, batch: &WriteBatch) -> Result<(), StoreError>;
+    /// Event rows whose first revision is in `[from_row, ∞)`, plus the row
+    /// holding `from` if it starts earlier; at most `max_rows`.
+    fn events_from(&self, from: u64, max_rows: usize) -> Result<Vec<Vec<u8>>, StoreError>;
+}
+
+/// The embedded default store: one redb file in the data directory.
+#[derive(Debug)]
+pub struct RedbStore {
+    db: Database,
+}
+
+impl RedbStore {
+    /// Opens (or creates) `dir/peloton.redb`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError(format!("cannot create data dir {}: {e}", dir.display())))?;
+        let path = dir.join("peloton.redb");
+        let db = Database::create(&path)
+            .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
+        let txn = db.begin_write().map_err(StoreError::from)?;
+        {
+            txn.open_table(POOLS).map_err(StoreError::from)?;
+            txn.open_table(JOBS).map_err(StoreError::from)?;
+            txn.open_table(TASKS).map_err(StoreError::from)?;
+            txn.open_table(HOSTS).map_err(StoreError::from)?;
+            txn.open_table(EVENTS).map_err(StoreError::from)?;
+            txn.open_table(META).map_err(StoreError::from)?;
+        }
+        txn.commit().map_err(StoreError::from)?;
+        Ok(RedbStore { db })
+    }
+}
+
+fn read_all(
+    txn: &redb::ReadTransaction,
+    def: TableDefinition<'_, &str, &[u8]>,
+) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    let table = txn.open_table(def).map_err(StoreError::from)?;
+    let mut out = Vec::new();
+    for row in table.iter().map_err(StoreError::from)? {
+        let (k, v) = row.map_err(StoreError::from)?;
+        out.push((k.value().to_string(), v.value().to_vec()));
+    }
+    Ok(out)
+}
+
+impl Store for RedbStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let txn = self.db.begin_read().map_err(StoreError::from)?;
+        let mut snap = Snapshot {
+            pools: read_all(&txn, POOLS)?,
+            jobs: read_all(&txn, JOBS)?,
+            hosts: read_all(&txn, HOSTS)?,
+            ..Snapshot::default()
+        };
+        let tasks = txn.open_table(TASKS).map_err(StoreError::from)?;
+        for row in tasks.iter().map_err(StoreError::from)? {
+            let (k, v) = row.map_err(StoreError::from)?;
+            let (job, instance) = k.value();
+            snap.tasks
+                .push(((job.to_string(), instance), v.value().to_vec()));
+        }
+        let meta = txn.open_table(META).map_err(StoreError::from)?;
+        snap.revision = meta
+            .get(META_REVISION)
+            .map_err(StoreError::from)?
+            .map_or(0, |v| v.value());
+        Ok(snap)
+    }
+
+    fn commit(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(StoreError::from)?;
+        txn.set_durability(Durability::Immediate)
+            .map_err(StoreError::from)?;
+        {
+            let mut pools = txn.open_table(POOLS).map_err(StoreError::from)?;
+            for (k, v) in &batch.pools {
+                match v {
+                    Some(v) => pools.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => pools.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut jobs = txn.open_table(JOBS).map_err(StoreError::from)?;
+            for (k, v) in &batch.jobs {
+                match v {
+                    Some(v) => jobs.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => jobs.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut tasks = txn.open_table(TASKS).map_err(StoreError::from)?;
+            for job in &batch.delete_tasks_of {
+                tasks
+                    .retain_in((job.as_str(), 0)..=(job.as_str(), u32::MAX), |_, _| false)
+                    .map_err(StoreError::from)?;
+            }
+            for ((job, instance), v) in &batch.tasks {
+                match v {
+                    Some(v) => tasks.insert((&**job, *instance), v.as_slice()).map(drop),
+                    None => tasks.remove((&**job, *instance)).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut hosts = txn.open_table(HOSTS).map_err(StoreError::from)?;
+            for (k, v) in &batch.hosts {
+                match v {
+                    Some(v) => hosts.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => hosts.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut events = txn.open_table(EVENTS).map_err(StoreError::from)?;
+            if let Some((first, bytes)) = &batch.events {
+                events
+                    .insert(*first, bytes.as_slice())
+                    .map_err(StoreError::from)?;
+            }
+            if let Some(before) = batch.trim_events_before {
+                events
+                    .retain_in(..before, |_, _| false)
+                    .map_err(StoreError::from)?;
+            }
+            let mut meta = txn.open_table(META).map_err(StoreError::from)?;
+            meta.insert(META_REVISION, batch.revision)
+                .map_err(StoreError::from)?;
+        }
+        txn.commit().map_err(StoreError::from)
+    }
+
+    fn events_from(&self, from: u64, max_rows: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+        let txn = self.db.begin_read().map_err(StoreError::from)?;
+        let events = txn.open_table(EVENTS).map_err(StoreError::from)?;
+        let start = events
+            .range(..=from)
+            .map_err(StoreError::from)?
+            .next_back()
+            .transpose()
+            .map_err(StoreError::from)?
+            .map_or(from, |(k, _)| k.value());
+        let mut out = Vec::new();
+        for row in events.range(start..).map_err(StoreError::from)? {
+            let (_, v) = row.map_err(StoreError::from)?;
+            out.push(v.value().to_vec());
+            if out.len() >= max_rows {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
