@@ -5,6 +5,7 @@
 //! a run is reproducible and the criterion suites in `benches/` measure the
 //! same shapes.
 
+mod e2e;
 mod trace;
 
 use std::path::PathBuf;
@@ -114,6 +115,32 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// The whole service through gRPC: start (or connect to) a server with
+    /// simulated hosts, submit jobs from concurrent clients, wait for every
+    /// task to be placed.
+    E2e {
+        /// Simulated hosts of the started server.
+        #[arg(long, default_value_t = 10_000)]
+        hosts: u32,
+        /// Jobs to submit.
+        #[arg(long, default_value_t = 1_000)]
+        jobs: u32,
+        /// Instances per job.
+        #[arg(long, default_value_t = 1_000)]
+        tasks_per_job: u32,
+        /// Concurrent submitting clients.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Use this server (e.g. http://127.0.0.1:5391) instead of starting one.
+        #[arg(long)]
+        server: Option<String>,
+        /// With --server: its process id, to report its memory.
+        #[arg(long)]
+        server_pid: Option<u32>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -187,6 +214,28 @@ fn main() -> Result<()> {
                 common.json,
                 "trace-gpu (top-level figures: GPU-aware score)",
             );
+        }
+        Command::E2e {
+            hosts,
+            jobs,
+            tasks_per_job,
+            clients,
+            server,
+            server_pid,
+            json,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(e2e::run(e2e::E2eOptions {
+                hosts,
+                jobs,
+                tasks_per_job,
+                clients,
+                server,
+                server_pid,
+            }))?;
+            print(&report, json, "e2e");
         }
         Command::Demo { common } => {
             if !common.json {

@@ -1,0 +1,311 @@
+//! `peloton-bench e2e`: the whole service measured through its gRPC API.
+//!
+//! Starts `pelotond` (the release binary next to this one, on a fresh
+//! temporary data dir with simulated hosts) or connects to `--server`,
+//! creates a pool, and submits `jobs × tasks_per_job` task instances from
+//! several concurrent clients. Reports:
+//! - `tasks_per_s`: instances acknowledged (durably stored) per second,
+//!   from the first submission to the last acknowledgement;
+//! - `placed_p50_ms` / `placed_p99_ms`: from the client starting a job's
+//!   submission to each of its tasks being placed (the server's placement
+//!   timestamp; client and server share this machine's clock);
+//! - `server_rss_mb`: the server's peak resident set (VmHWM).
+
+use std::io::BufRead;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use pb::job_service_client::JobServiceClient;
+use pb::resource_pool_service_client::ResourcePoolServiceClient;
+use pb::task_service_client::TaskServiceClient;
+use peloton_proto::v1 as pb;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+/// Options of one run.
+#[derive(Debug, Clone)]
+pub struct E2eOptions {
+    /// Simulated hosts of a started server.
+    pub hosts: u32,
+    /// Jobs to submit.
+    pub jobs: u32,
+    /// Instances per job.
+    pub tasks_per_job: u32,
+    /// Concurrent submitting clients.
+    pub clients: usize,
+    /// Connect here instead of starting a server.
+    pub server: Option<String>,
+    /// With `server`: its process id, to read its RSS.
+    pub server_pid: Option<u32>,
+}
+
+struct Spawned {
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
+    let exe = std::env::current_exe()?;
+    let bin = exe
+        .parent()
+        .context("the benchmark binary has no directory")?
+        .join("pelotond");
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it first with `cargo build --release -p peloton-gateway`",
+            bin.display()
+        );
+    }
+    let dir = tempfile::tempdir()?;
+    let mut child = std::process::Command::new(&bin)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--no-metrics", "--sim-hosts"])
+        .arg(hosts.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot start {}", bin.display()))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let addr = loop {
+        let Some(line) = lines.next() else {
+            bail!("pelotond exited before serving");
+        };
+        let line = line?;
+        if let Some(url) = line.strip_prefix("pelotond: serving gRPC on ") {
+            break url.to_string();
+        }
+    };
+    // Keep draining stdout so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok((Spawned { child, _dir: dir }, addr))
+}
+
+fn rss_mb(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn job_spec(i: u32, tasks: u32) -> pb::JobSpec {
+    pb::JobSpec {
+        name: format!("bench-{i}"),
+        owner: "peloton-bench".into(),
+        pool: "/bench".into(),
+        instance_count: tasks,
+        default_task: Some(pb::TaskSpec {
+            command: "/bin/true".into(),
+            resources: Some(pb::Resources {
+                cpu: 0.1,
+                memory_mb: 64.0,
+                ..Default::default()
+            }),
+            // Long enough that every task is still running when measured.
+            sim: Some(pb::SimSpec {
+                duration_ms: 3_600_000,
+                exit_code: 0,
+            }),
+            ..Default::default()
+        }),
+        sla: Some(pb::Sla {
+            preemptible: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Runs the benchmark.
+pub async fn run(opts: E2eOptions) -> Result<Value> {
+    let (spawned, addr, pid) = match &opts.server {
+        Some(a) => (None, a.clone(), opts.server_pid),
+        None => {
+            let (s, a) = spawn_server(opts.hosts)?;
+            let pid = s.child.id();
+            (Some(s), a, Some(pid))
+        }
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())?;
+    let mut channels = Vec::new();
+    for _ in 0..opts.clients.clamp(1, 4) {
+        channels.push(endpoint.connect().await.context("cannot connect")?);
+    }
+    let mut pools = ResourcePoolServiceClient::new(channels[0].clone());
+    match pools
+        .create(pb::CreatePoolRequest {
+            path: "/bench".into(),
+            spec: None,
+        })
+        .await
+    {
+        Ok(_) => {}
+        Err(s) if s.code() == tonic::Code::AlreadyExists => {}
+        Err(s) => bail!("cannot create pool /bench: {s}"),
+    }
+    let total = u64::from(opts.jobs) * u64::from(opts.tasks_per_job);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let start = Instant::now();
+    let mut clients = Vec::new();
+    for c in 0..opts.clients.max(1) {
+        let channel: Channel = channels[c % channels.len()].clone();
+        let next = next.clone();
+        let (jobs, per_job) = (opts.jobs, opts.tasks_per_job);
+        clients.push(tokio::spawn(async move {
+            let mut client = JobServiceClient::new(channel)
+                .max_decoding_message_size(16 << 20)
+                .max_encoding_message_size(16 << 20);
+            let mut submitted = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= jobs {
+                    break;
+                }
+                let at = wall_ms();
+                let job = client
+                    .create(pb::CreateJobRequest {
+                        spec: Some(job_spec(i, per_job)),
+                    })
+                    .await?
+                    .into_inner()
+                    .job
+                    .context("no job in the answer")?;
+                submitted.push((job.id, at));
+            }
+            Ok::<_, anyhow::Error>(submitted)
+        }));
+    }
+    let mut submitted = Vec::new();
+    for c in clients {
+        submitted.extend(c.await??);
+    }
+    let accept_s = start.elapsed().as_secs_f64();
+    // Wait until every task is placed.
+    let mut jobs_client = JobServiceClient::new(channels[0].clone());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let mut placed = 0u64;
+        let mut token = String::new();
+        loop {
+            let page = jobs_client
+                .query(pb::QueryJobsRequest {
+                    pool: "/bench".into(),
+                    page_size: 1000,
+                    page_token: token.clone(),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            for j in &page.jobs {
+                for c in &j
+                    .status
+                    .as_ref()
+                    .map(|s| s.task_counts.clone())
+                    .unwrap_or_default()
+                {
+                    let s = pb::TaskState::try_from(c.state).unwrap_or_default();
+                    if matches!(
+                        s,
+                        pb::TaskState::Placed | pb::TaskState::Launching | pb::TaskState::Running
+                    ) {
+                        placed += u64::from(c.count);
+                    }
+                }
+            }
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            token = page.next_page_token;
+        }
+        if placed >= total {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {placed} of {total} tasks placed after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let all_placed_s = start.elapsed().as_secs_f64();
+    let mut tasks_client =
+        TaskServiceClient::new(channels[0].clone()).max_decoding_message_size(64 << 20);
+    let mut latencies = Vec::with_capacity(total as usize);
+    for (id, at) in &submitted {
+        let mut from = 0;
+        loop {
+            let page = tasks_client
+                .list(pb::ListTasksRequest {
+                    job_id: id.clone(),
+                    from_instance: from,
+                    limit: 10_000,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            for t in &page.tasks {
+                let placed = t.current.as_ref().map_or(0, |r| r.placed_at_ms);
+                latencies.push(placed.saturating_sub(*at));
+            }
+            if page.next_instance == 0 {
+                break;
+            }
+            from = page.next_instance;
+        }
+    }
+    latencies.sort_unstable();
+    let pct = |p: f64| -> u64 {
+        if latencies.is_empty() {
+            return 0;
+        }
+        latencies[((latencies.len() - 1) as f64 * p).round() as usize]
+    };
+    let (rss, rss_now) = pid.map_or((0.0, 0.0), |p| (rss_mb(p, "VmHWM:"), rss_mb(p, "VmRSS:")));
+    drop(spawned);
+    Ok(json!({
+        "benchmark": "e2e",
+        "server": addr,
+        "hosts": opts.hosts,
+        "jobs": opts.jobs,
+        "tasks_per_job": opts.tasks_per_job,
+        "clients": opts.clients,
+        "tasks": total,
+        "accept_s": accept_s,
+        "tasks_per_s": total as f64 / accept_s,
+        "all_placed_s": all_placed_s,
+        "placed_p50_ms": pct(0.50),
+        "placed_p99_ms": pct(0.99),
+        "placed_max_ms": latencies.last().copied().unwrap_or(0),
+        "server_rss_mb": rss,
+        "server_rss_now_mb": rss_now,
+    }))
+}

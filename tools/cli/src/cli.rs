@@ -1,0 +1,279 @@
+//! The command line: global flags and the command tree, as clap derive
+//! structs. Values are parsed here (states, labels) so a bad flag is a usage
+//! error before any call is made.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use peloton_proto::v1::{JobState, TaskState};
+
+use crate::names;
+use crate::output::OutputFormat;
+
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:5391";
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the server returned an error or could not be reached
+  2  bad command line or spec file
+  3  `job create --wait`: the job ended but did not succeed
+  130  `job create --wait` interrupted (the job keeps running)";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "peloton",
+    version,
+    about = "Command-line client for the Peloton scheduler",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    /// Address of the Peloton server (`http://` is assumed when no scheme is given).
+    #[arg(
+        long,
+        global = true,
+        env = "PELOTON_SERVER",
+        hide_env_values = true,
+        default_value = DEFAULT_SERVER
+    )]
+    pub server: String,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Resource pools.
+    #[command(subcommand)]
+    Respool(RespoolCommand),
+    /// Jobs.
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// Tasks: the instances of a job.
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// Hosts and their maintenance.
+    #[command(subcommand)]
+    Host(HostCommand),
+    /// Print job and task events as they happen, until interrupted.
+    Watch(WatchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct VersionArg {
+    /// Fail if the entity changed since this version (0: whatever is current).
+    #[arg(long, default_value_t = 0)]
+    pub version: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RespoolCommand {
+    /// Create one pool, or a tree of pools (`pools: [...]`, created parents first).
+    Create {
+        /// Pool YAML file.
+        file: PathBuf,
+    },
+    /// Show one pool.
+    Get {
+        /// Absolute path, e.g. /batch/research.
+        path: String,
+    },
+    /// List every pool.
+    List,
+    /// Replace the spec of the pool(s) in a YAML file.
+    Update {
+        /// Pool YAML file.
+        file: PathBuf,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// Delete a pool.
+    Delete {
+        path: String,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Submit a job from a YAML spec.
+    Create {
+        /// Job spec YAML file.
+        spec: PathBuf,
+        /// Show progress until the job ends; exit 3 unless it succeeded.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Show one job.
+    Get { id: String },
+    /// Find jobs (every filter must match).
+    Query(QueryArgs),
+    /// Kill every task of a job.
+    Kill {
+        id: String,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// Delete a job (it must be terminal).
+    Delete {
+        id: String,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// Change the number of instances.
+    Scale {
+        id: String,
+        /// New instance count.
+        count: u32,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// Restart every task of a job.
+    Restart {
+        id: String,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// Only jobs in this pool.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Only jobs in this state (repeatable): initialized, pending, running,
+    /// succeeded, failed, killing, killed.
+    #[arg(long = "state", value_name = "STATE", value_parser = names::parse::<JobState>)]
+    pub states: Vec<JobState>,
+    /// Only jobs with this name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Only jobs of this owner.
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// Only jobs with this label (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// At most this many jobs.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// List the tasks of a job.
+    List {
+        job: String,
+        /// Only tasks in this state (repeatable), e.g. running, pending, failed.
+        #[arg(long = "state", value_name = "STATE", value_parser = names::parse::<TaskState>)]
+        states: Vec<TaskState>,
+    },
+    /// Show one task: its current run, earlier runs and why it is pending.
+    Get { job: String, instance: u32 },
+    /// Kill instances of a job.
+    Kill {
+        job: String,
+        #[arg(required = true)]
+        instances: Vec<u32>,
+    },
+    /// Restart instances of a job.
+    Restart {
+        job: String,
+        #[arg(required = true)]
+        instances: Vec<u32>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// List hosts with their free and total resources.
+    List,
+    /// Start maintenance: drain the hosts' tasks and place nothing new on them.
+    Drain {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+    },
+    /// Complete maintenance: the hosts take tasks again.
+    Up {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Only this job's events.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// Replay from this revision (inclusive) instead of starting from now.
+    #[arg(long, default_value_t = 0)]
+    pub from: u64,
+}
+
+/// Parses `key=value`; the value may contain `=`, the key may not be empty.
+pub fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got `{text}`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn command_tree_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn labels_parse() {
+        assert_eq!(
+            parse_label("team=infra"),
+            Ok(("team".into(), "infra".into()))
+        );
+        assert_eq!(parse_label("a=b=c"), Ok(("a".into(), "b=c".into())));
+        assert_eq!(parse_label("k="), Ok(("k".into(), String::new())));
+        assert!(parse_label("=v").is_err());
+        assert!(parse_label("novalue").is_err());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "peloton",
+            "job",
+            "query",
+            "--state",
+            "running",
+            "--state",
+            "PENDING",
+            "--label",
+            "team=infra",
+            "-o",
+            "json",
+        ])
+        .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(cli.output, OutputFormat::Json);
+        let Command::Job(JobCommand::Query(query)) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(query.states, [JobState::Running, JobState::Pending]);
+        assert_eq!(query.labels, [("team".to_owned(), "infra".to_owned())]);
+
+        let err =
+            Cli::try_parse_from(["peloton", "task", "list", "j", "--state", "done"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(
+            err.to_string().contains("unknown task state `done`"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! The commands: each connects through one shared channel, makes its calls
+//! and prints the result in the chosen format.
+
+mod host;
+mod job;
+mod respool;
+mod task;
+mod watch;
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cli::{Cli, Command};
+use crate::error::{ConnectError, EXIT_JOB_NOT_SUCCEEDED, UsageError};
+use crate::output::OutputFormat;
+
+/// How a command that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    /// `job create --wait` saw the job end other than SUCCEEDED.
+    JobNotSucceeded,
+    /// Ctrl-C while waiting for a job (which keeps running).
+    Interrupted,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Success => 0,
+            Outcome::JobNotSucceeded => EXIT_JOB_NOT_SUCCEEDED,
+            Outcome::Interrupted => 130,
+        }
+    }
+}
+
+/// What every command needs.
+#[derive(Debug)]
+struct Ctx {
+    server: String,
+    output: OutputFormat,
+}
+
+impl Ctx {
+    /// Connects to the server. Commands call it after reading their input
+    /// files, so a bad file is reported without needing a server.
+    async fn connect(&self) -> anyhow::Result<Channel> {
+        connect(&self.server).await
+    }
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    let ctx = Ctx {
+        server: cli.server,
+        output: cli.output,
+    };
+    match cli.command {
+        Command::Respool(command) => respool::run(&ctx, command).await,
+        Command::Job(command) => job::run(&ctx, command).await,
+        Command::Task(command) => task::run(&ctx, command).await,
+        Command::Host(command) => host::run(&ctx, command).await,
+        Command::Watch(args) => watch::run(&ctx, args).await,
+    }
+}
+
+/// The server's URI: `http://` is assumed when `address` has no scheme.
+pub fn server_uri(address: &str) -> String {
+    if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+async fn connect(address: &str) -> anyhow::Result<Channel> {
+    let uri = server_uri(address);
+    let endpoint = Endpoint::from_shared(uri.clone())
+        .map_err(|err| UsageError(format!("invalid server address `{address}`: {err}")))?
+        .connect_timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(|source| ConnectError {
+        address: uri,
+        source,
+    })?;
+    Ok(channel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scheme_is_added_when_missing() {
+        assert_eq!(server_uri("127.0.0.1:5391"), "http://127.0.0.1:5391");
+        assert_eq!(server_uri("http://peloton:80"), "http://peloton:80");
+    }
+}

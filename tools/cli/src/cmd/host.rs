@@ -1,0 +1,88 @@
+//! `peloton host ...`: hosts and maintenance.
+
+use anyhow::Result;
+use peloton_proto::v1::host_service_client::HostServiceClient;
+use peloton_proto::v1::{
+    CompleteMaintenanceRequest, Host, HostState, ListHostsRequest, StartMaintenanceRequest,
+};
+use serde_json::json;
+
+use super::{Ctx, Outcome};
+use crate::cli::HostCommand;
+use crate::names::name_of;
+use crate::output::{
+    Align, OutputFormat, Table, fmt_map, fmt_mib, fmt_number, host_json, print_json, print_out,
+};
+
+pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
+    let mut client = HostServiceClient::new(ctx.connect().await?);
+    match command {
+        HostCommand::List => {
+            let mut hosts = client.list(ListHostsRequest {}).await?.into_inner().hosts;
+            hosts.sort_by(|a, b| a.name.cmp(&b.name));
+            match ctx.output {
+                OutputFormat::Table => print_out(&host_table(&hosts))?,
+                OutputFormat::Json => print_json(&json!({
+                    "hosts": hosts.iter().map(host_json).collect::<Vec<_>>(),
+                }))?,
+            }
+        }
+        HostCommand::Drain { hosts } => {
+            let request = StartMaintenanceRequest {
+                hosts: hosts.clone(),
+            };
+            client.start_maintenance(request).await?;
+            print_done(ctx.output, "draining", &hosts)?;
+        }
+        HostCommand::Up { hosts } => {
+            let request = CompleteMaintenanceRequest {
+                hosts: hosts.clone(),
+            };
+            client.complete_maintenance(request).await?;
+            print_done(ctx.output, "up", &hosts)?;
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+fn print_done(output: OutputFormat, state: &str, hosts: &[String]) -> std::io::Result<()> {
+    match output {
+        OutputFormat::Table => print_out(&format!("{state}: {}", hosts.join(", "))),
+        OutputFormat::Json => print_json(&json!({})),
+    }
+}
+
+fn host_table(hosts: &[Host]) -> String {
+    let mut table = Table::new(&[
+        ("NAME", Align::Left),
+        ("STATE", Align::Left),
+        ("CPU FREE/TOTAL", Align::Right),
+        ("MEMORY FREE/TOTAL", Align::Right),
+        ("GPU FREE/TOTAL", Align::Right),
+        ("TASKS", Align::Right),
+        ("ATTRIBUTES", Align::Left),
+    ]);
+    for host in hosts {
+        let capacity = host.capacity.unwrap_or_default();
+        let free = host.free.unwrap_or_default();
+        let gpu = if capacity.gpu == 0.0 {
+            "-".to_owned()
+        } else {
+            format!("{}/{}", fmt_number(free.gpu), fmt_number(capacity.gpu))
+        };
+        table.row(vec![
+            host.name.clone(),
+            name_of::<HostState>(host.state),
+            format!("{}/{}", fmt_number(free.cpu), fmt_number(capacity.cpu)),
+            format!(
+                "{} / {}",
+                fmt_mib(free.memory_mb),
+                fmt_mib(capacity.memory_mb)
+            ),
+            gpu,
+            host.tasks.len().to_string(),
+            fmt_map(&host.attributes),
+        ]);
+    }
+    table.render()
+}

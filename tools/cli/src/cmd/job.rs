@@ -1,0 +1,311 @@
+//! `peloton job ...`: jobs, and waiting for one to end.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use peloton_proto::v1::job_service_client::JobServiceClient;
+use peloton_proto::v1::{
+    CreateJobRequest, DeleteJobRequest, GetJobRequest, Job, JobState, JobType, KillJobRequest,
+    PlacementStrategy, QueryJobsRequest, RestartJobRequest, ScaleJobRequest, TaskState,
+};
+use serde_json::json;
+use tonic::transport::Channel;
+
+use super::{Ctx, Outcome};
+use crate::cli::{JobCommand, QueryArgs};
+use crate::names::{is_terminal_job_state, name_of};
+use crate::output::{
+    Align, OutputFormat, Table, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms, job_json,
+    or_dash, print_json, print_out, render_fields,
+};
+use crate::spec::load_job_spec;
+
+/// How often `--wait` asks for the job.
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// Largest page the server serves.
+const MAX_PAGE_SIZE: u32 = 1000;
+
+type Client = JobServiceClient<Channel>;
+
+pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
+    match command {
+        JobCommand::Create { spec, wait } => {
+            let spec = load_job_spec(&spec)?;
+            let mut client = connect(ctx).await?;
+            let request = CreateJobRequest { spec: Some(spec) };
+            let job = job_of(client.create(request).await?.into_inner().job)?;
+            if !wait {
+                print_job(ctx.output, &job)?;
+                return Ok(Outcome::Success);
+            }
+            let job = tokio::select! {
+                job = wait_for_job(&mut client, &job.id) => job?,
+                interrupted = tokio::signal::ctrl_c() => {
+                    interrupted.context("listening for Ctrl-C")?;
+                    eprintln!(
+                        "interrupted; job {} keeps running (peloton job get {})",
+                        job.id, job.id
+                    );
+                    return Ok(Outcome::Interrupted);
+                }
+            };
+            print_job(ctx.output, &job)?;
+            let state = job.status.as_ref().map(|s| s.state);
+            if state == Some(JobState::Succeeded.into()) {
+                return Ok(Outcome::Success);
+            }
+            return Ok(Outcome::JobNotSucceeded);
+        }
+        JobCommand::Get { id } => {
+            let mut client = connect(ctx).await?;
+            let job = get(&mut client, &id).await?;
+            print_job(ctx.output, &job)?;
+        }
+        JobCommand::Query(args) => {
+            let mut client = connect(ctx).await?;
+            let jobs = query(&mut client, args).await?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&job_table(&jobs))?,
+                OutputFormat::Json => print_json(&json!({
+                    "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
+                }))?,
+            }
+        }
+        JobCommand::Kill { id, version } => {
+            let mut client = connect(ctx).await?;
+            let request = KillJobRequest {
+                id,
+                version: version.version,
+            };
+            let job = job_of(client.kill(request).await?.into_inner().job)?;
+            print_job_row(ctx.output, &job)?;
+        }
+        JobCommand::Delete { id, version } => {
+            let mut client = connect(ctx).await?;
+            let request = DeleteJobRequest {
+                id: id.clone(),
+                version: version.version,
+            };
+            client.delete(request).await?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&format!("deleted job {id}"))?,
+                OutputFormat::Json => print_json(&json!({}))?,
+            }
+        }
+        JobCommand::Scale { id, count, version } => {
+            let mut client = connect(ctx).await?;
+            let request = ScaleJobRequest {
+                id,
+                instance_count: count,
+                version: version.version,
+            };
+            let job = job_of(client.scale(request).await?.into_inner().job)?;
+            print_job_row(ctx.output, &job)?;
+        }
+        JobCommand::Restart { id, version } => {
+            let mut client = connect(ctx).await?;
+            let request = RestartJobRequest {
+                id,
+                version: version.version,
+            };
+            let job = job_of(client.restart(request).await?.into_inner().job)?;
+            print_job_row(ctx.output, &job)?;
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+async fn connect(ctx: &Ctx) -> Result<Client> {
+    Ok(JobServiceClient::new(ctx.connect().await?))
+}
+
+fn job_of(job: Option<Job>) -> Result<Job> {
+    job.context("the server returned no job")
+}
+
+async fn get(client: &mut Client, id: &str) -> Result<Job> {
+    let request = GetJobRequest { id: id.to_owned() };
+    job_of(client.get(request).await?.into_inner().job)
+}
+
+/// Every page of the query, up to `--limit` jobs.
+async fn query(client: &mut Client, args: QueryArgs) -> Result<Vec<Job>> {
+    let limit = args.limit.map(|n| n as usize);
+    let labels: HashMap<String, String> = args.labels.into_iter().collect();
+    let mut jobs = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page_size = match limit {
+            Some(limit) => u32::try_from(limit - jobs.len()).unwrap_or(MAX_PAGE_SIZE),
+            None => MAX_PAGE_SIZE,
+        };
+        let request = QueryJobsRequest {
+            pool: args.pool.clone().unwrap_or_default(),
+            states: args.states.iter().map(|&s| s.into()).collect(),
+            name: args.name.clone().unwrap_or_default(),
+            owner: args.owner.clone().unwrap_or_default(),
+            labels: labels.clone(),
+            page_size: page_size.min(MAX_PAGE_SIZE),
+            page_token: page_token.clone(),
+        };
+        let page = client.query(request).await?.into_inner();
+        jobs.extend(page.jobs);
+        if let Some(limit) = limit
+            && jobs.len() >= limit
+        {
+            jobs.truncate(limit);
+            break;
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        if page.next_page_token == page_token {
+            bail!("the server returned the same page token twice; stopping");
+        }
+        page_token = page.next_page_token;
+    }
+    Ok(jobs)
+}
+
+/// Polls the job until it is terminal, showing its tasks' states on a
+/// progress bar (on stderr, hidden when stderr is not a terminal).
+async fn wait_for_job(client: &mut Client, id: &str) -> Result<Job> {
+    let bar = ProgressBar::new(0);
+    let style =
+        ProgressStyle::with_template("{spinner} {elapsed:>4} [{bar:30}] {pos}/{len} done  {msg}")
+            .context("progress bar template")?
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let mut interval = tokio::time::interval(POLL_INTERVAL);
+    loop {
+        interval.tick().await;
+        let job = match get(client, id).await {
+            Ok(job) => job,
+            Err(err) => {
+                bar.abandon();
+                return Err(err);
+            }
+        };
+        let status = job.status.clone().unwrap_or_default();
+        let instances = job.spec.as_ref().map_or(0, |s| s.instance_count);
+        let done: u32 = status
+            .task_counts
+            .iter()
+            .filter(|c| {
+                [TaskState::Succeeded, TaskState::Failed, TaskState::Killed]
+                    .iter()
+                    .any(|&s| c.state == s as i32)
+            })
+            .map(|c| c.count)
+            .sum();
+        bar.set_length(u64::from(instances));
+        bar.set_position(u64::from(done));
+        bar.set_message(format!(
+            "job {}; tasks: {}",
+            name_of::<JobState>(status.state),
+            fmt_task_counts(&status.task_counts)
+        ));
+        if JobState::try_from(status.state).is_ok_and(is_terminal_job_state) {
+            bar.finish_and_clear();
+            return Ok(job);
+        }
+    }
+}
+
+fn print_job(output: OutputFormat, job: &Job) -> std::io::Result<()> {
+    match output {
+        OutputFormat::Table => print_out(&job_details(job)),
+        OutputFormat::Json => print_json(&json!({"job": job_json(job)})),
+    }
+}
+
+fn print_job_row(output: OutputFormat, job: &Job) -> std::io::Result<()> {
+    match output {
+        OutputFormat::Table => print_out(&job_table(std::slice::from_ref(job))),
+        OutputFormat::Json => print_json(&json!({"job": job_json(job)})),
+    }
+}
+
+fn job_table(jobs: &[Job]) -> String {
+    let mut table = Table::new(&[
+        ("ID", Align::Left),
+        ("NAME", Align::Left),
+        ("OWNER", Align::Left),
+        ("TYPE", Align::Left),
+        ("POOL", Align::Left),
+        ("INSTANCES", Align::Right),
+        ("STATE", Align::Left),
+        ("TASKS", Align::Left),
+        ("CREATED", Align::Left),
+    ]);
+    for job in jobs {
+        let spec = job.spec.clone().unwrap_or_default();
+        let status = job.status.clone().unwrap_or_default();
+        table.row(vec![
+            job.id.clone(),
+            or_dash(&spec.name),
+            or_dash(&spec.owner),
+            name_of::<JobType>(spec.r#type),
+            or_dash(&spec.pool),
+            spec.instance_count.to_string(),
+            name_of::<JobState>(status.state),
+            fmt_task_counts(&status.task_counts),
+            fmt_time_ms(status.created_at_ms),
+        ]);
+    }
+    table.render()
+}
+
+fn job_details(job: &Job) -> String {
+    let spec = job.spec.clone().unwrap_or_default();
+    let status = job.status.clone().unwrap_or_default();
+    let sla = spec.sla.unwrap_or_default();
+    let task = spec.default_task.unwrap_or_default();
+    let command = if task.shell.is_empty() {
+        std::iter::once(task.command.as_str())
+            .chain(task.args.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
+    } else {
+        format!("sh -c {:?}", task.shell)
+    };
+    let mut fields = vec![
+        ("ID", job.id.clone()),
+        ("NAME", or_dash(&spec.name)),
+        ("OWNER", or_dash(&spec.owner)),
+        ("TYPE", name_of::<JobType>(spec.r#type)),
+        ("POOL", or_dash(&spec.pool)),
+        ("STATE", name_of::<JobState>(status.state)),
+        ("INSTANCES", spec.instance_count.to_string()),
+        ("TASKS", fmt_task_counts(&status.task_counts)),
+        ("COMMAND", or_dash(command.trim())),
+        ("RESOURCES", fmt_resources(task.resources.as_ref())),
+        ("PLACEMENT", name_of::<PlacementStrategy>(spec.placement)),
+        ("PRIORITY", sla.priority.to_string()),
+        ("PREEMPTIBLE", sla.preemptible.to_string()),
+    ];
+    if sla.min_running_instances > 1 {
+        fields.push(("GANG SIZE", sla.min_running_instances.to_string()));
+    }
+    if !task.constraint.is_empty() {
+        fields.push(("CONSTRAINT", task.constraint));
+    }
+    if !spec.overrides.is_empty() {
+        let instances: Vec<String> = spec
+            .overrides
+            .iter()
+            .map(|o| o.instance.to_string())
+            .collect();
+        fields.push(("OVERRIDES", format!("instances {}", instances.join(", "))));
+    }
+    fields.extend([
+        ("LABELS", fmt_map(&spec.labels)),
+        ("CREATED", fmt_time_ms(status.created_at_ms)),
+        ("COMPLETED", fmt_time_ms(status.completed_at_ms)),
+        ("VERSION", job.version.to_string()),
+    ]);
+    render_fields(&fields)
+}

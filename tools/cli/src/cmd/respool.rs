@@ -1,0 +1,209 @@
+//! `peloton respool ...`: resource pools.
+
+use anyhow::{Context, Result};
+use peloton_proto::v1::resource_pool_service_client::ResourcePoolServiceClient;
+use peloton_proto::v1::{
+    CreatePoolRequest, DeletePoolRequest, GetPoolRequest, ListPoolsRequest, Pool, PoolKind,
+    UpdatePoolRequest,
+};
+use serde_json::json;
+use tonic::transport::Channel;
+
+use super::{Ctx, Outcome};
+use crate::cli::RespoolCommand;
+use crate::error::UsageError;
+use crate::names::name_of;
+use crate::output::{
+    Align, OutputFormat, Table, fmt_number, fmt_resources, pool_json, print_json, print_out,
+    render_fields,
+};
+use crate::spec::load_pools;
+
+pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
+    match command {
+        RespoolCommand::Create { file } => {
+            let entries = load_pools(&file)?;
+            let mut client = connect(ctx).await?;
+            let mut created = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let request = CreatePoolRequest {
+                    path: entry.path.clone(),
+                    spec: Some(entry.spec),
+                };
+                let pool = client
+                    .create(request)
+                    .await
+                    .with_context(|| failed_at("creating", &entry.path, &created))?
+                    .into_inner()
+                    .pool
+                    .with_context(|| format!("the server returned no pool for {}", entry.path))?;
+                created.push(pool);
+            }
+            print_pools(ctx.output, &created)?;
+        }
+        RespoolCommand::Get { path } => {
+            let mut client = connect(ctx).await?;
+            let pool = get(&mut client, &path).await?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&pool_details(&pool))?,
+                OutputFormat::Json => print_json(&json!({"pool": pool_json(&pool)}))?,
+            }
+        }
+        RespoolCommand::List => {
+            let mut client = connect(ctx).await?;
+            let mut pools = client.list(ListPoolsRequest {}).await?.into_inner().pools;
+            pools.sort_by(|a, b| a.path.cmp(&b.path));
+            match ctx.output {
+                OutputFormat::Table => print_out(&pool_table(&pools))?,
+                OutputFormat::Json => print_json(&json!({
+                    "pools": pools.iter().map(pool_json).collect::<Vec<_>>(),
+                }))?,
+            }
+        }
+        RespoolCommand::Update { file, version } => {
+            let entries = load_pools(&file)?;
+            if entries.len() > 1 && version.version != 0 {
+                return Err(UsageError(format!(
+                    "--version applies to one pool, but {} holds {}",
+                    file.display(),
+                    entries.len()
+                ))
+                .into());
+            }
+            let mut client = connect(ctx).await?;
+            let mut updated = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let request = UpdatePoolRequest {
+                    path: entry.path.clone(),
+                    spec: Some(entry.spec),
+                    version: version.version,
+                };
+                let pool = client
+                    .update(request)
+                    .await
+                    .with_context(|| failed_at("updating", &entry.path, &updated))?
+                    .into_inner()
+                    .pool
+                    .with_context(|| format!("the server returned no pool for {}", entry.path))?;
+                updated.push(pool);
+            }
+            print_pools(ctx.output, &updated)?;
+        }
+        RespoolCommand::Delete { path, version } => {
+            let request = DeletePoolRequest {
+                path: path.clone(),
+                version: version.version,
+            };
+            connect(ctx).await?.delete(request).await?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&format!("deleted pool {path}"))?,
+                OutputFormat::Json => print_json(&json!({}))?,
+            }
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+type Client = ResourcePoolServiceClient<Channel>;
+
+async fn connect(ctx: &Ctx) -> Result<Client> {
+    Ok(ResourcePoolServiceClient::new(ctx.connect().await?))
+}
+
+async fn get(client: &mut Client, path: &str) -> Result<Pool> {
+    let request = GetPoolRequest {
+        path: path.to_owned(),
+    };
+    client
+        .get(request)
+        .await?
+        .into_inner()
+        .pool
+        .with_context(|| format!("the server returned no pool for {path}"))
+}
+
+/// Context for a failure in the middle of a file: which pool, and which
+/// pools of the file were already done (they stay done).
+fn failed_at(verb: &str, path: &str, done: &[Pool]) -> String {
+    if done.is_empty() {
+        format!("{verb} pool {path}")
+    } else {
+        let done: Vec<&str> = done.iter().map(|p| p.path.as_str()).collect();
+        format!("{verb} pool {path} (after {})", done.join(", "))
+    }
+}
+
+fn print_pools(output: OutputFormat, pools: &[Pool]) -> std::io::Result<()> {
+    match output {
+        OutputFormat::Table => print_out(&pool_table(pools)),
+        OutputFormat::Json => print_json(&json!({
+            "pools": pools.iter().map(pool_json).collect::<Vec<_>>(),
+        })),
+    }
+}
+
+fn pool_table(pools: &[Pool]) -> String {
+    let mut table = Table::new(&[
+        ("PATH", Align::Left),
+        ("KIND", Align::Left),
+        ("SHARE", Align::Right),
+        ("RESERVATION", Align::Left),
+        ("LIMIT", Align::Left),
+        ("ENTITLEMENT", Align::Left),
+        ("ALLOCATION", Align::Left),
+        ("PENDING", Align::Right),
+        ("RUNNING", Align::Right),
+    ]);
+    for pool in pools {
+        let spec = pool.spec.unwrap_or_default();
+        let status = pool.status.unwrap_or_default();
+        table.row(vec![
+            pool.path.clone(),
+            name_of::<PoolKind>(spec.kind),
+            fmt_share(spec.share),
+            fmt_resources(spec.reservation.as_ref()),
+            fmt_resources(spec.limit.as_ref()),
+            fmt_resources(status.entitlement.as_ref()),
+            fmt_resources(status.allocation.as_ref()),
+            status.pending_tasks.to_string(),
+            status.running_tasks.to_string(),
+        ]);
+    }
+    table.render()
+}
+
+fn pool_details(pool: &Pool) -> String {
+    let spec = pool.spec.unwrap_or_default();
+    let status = pool.status.unwrap_or_default();
+    let children = if pool.children.is_empty() {
+        "-".to_owned()
+    } else {
+        pool.children.join(", ")
+    };
+    render_fields(&[
+        ("PATH", pool.path.clone()),
+        ("KIND", name_of::<PoolKind>(spec.kind)),
+        ("SHARE", fmt_share(spec.share)),
+        ("RESERVATION", fmt_resources(spec.reservation.as_ref())),
+        ("LIMIT", fmt_resources(spec.limit.as_ref())),
+        ("CONTROLLER LIMIT", fmt_pct(spec.controller_limit_pct)),
+        ("SLACK LIMIT", fmt_pct(spec.slack_limit_pct)),
+        ("ENTITLEMENT", fmt_resources(status.entitlement.as_ref())),
+        ("ALLOCATION", fmt_resources(status.allocation.as_ref())),
+        ("DEMAND", fmt_resources(status.demand.as_ref())),
+        ("PENDING TASKS", status.pending_tasks.to_string()),
+        ("RUNNING TASKS", status.running_tasks.to_string()),
+        ("CHILDREN", children),
+        ("VERSION", pool.version.to_string()),
+    ])
+}
+
+/// A share of 0 means 1.
+fn fmt_share(share: f64) -> String {
+    fmt_number(if share == 0.0 { 1.0 } else { share })
+}
+
+/// A percentage limit of 0 means 100.
+fn fmt_pct(pct: f64) -> String {
+    format!("{}%", fmt_number(if pct == 0.0 { 100.0 } else { pct }))
+}

@@ -1,0 +1,196 @@
+//! `peloton task ...`: the instances of a job.
+
+use anyhow::{Context, Result, ensure};
+use peloton_proto::v1::task_service_client::TaskServiceClient;
+use peloton_proto::v1::{
+    GetTaskRequest, KillTaskRequest, ListTasksRequest, RestartTaskRequest, Task, TaskRun, TaskState,
+};
+use serde_json::json;
+
+use super::{Ctx, Outcome};
+use crate::cli::TaskCommand;
+use crate::names::name_of;
+use crate::output::{
+    Align, OutputFormat, Table, fmt_time_ms, or_dash, print_json, print_out, render_fields,
+    task_json,
+};
+
+pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
+    let mut client = TaskServiceClient::new(ctx.connect().await?);
+    match command {
+        TaskCommand::List { job, states } => {
+            let states: Vec<i32> = states.into_iter().map(Into::into).collect();
+            let mut tasks = Vec::new();
+            let mut from_instance = 0;
+            loop {
+                let request = ListTasksRequest {
+                    job_id: job.clone(),
+                    states: states.clone(),
+                    from_instance,
+                    limit: 0,
+                };
+                let page = client.list(request).await?.into_inner();
+                tasks.extend(page.tasks);
+                if page.next_instance == 0 {
+                    break;
+                }
+                ensure!(
+                    page.next_instance > from_instance,
+                    "the server paginated backwards (from instance {from_instance} to {})",
+                    page.next_instance
+                );
+                from_instance = page.next_instance;
+            }
+            match ctx.output {
+                OutputFormat::Table => print_out(&task_table(&tasks))?,
+                OutputFormat::Json => print_json(&json!({
+                    "tasks": tasks.iter().map(task_json).collect::<Vec<_>>(),
+                }))?,
+            }
+        }
+        TaskCommand::Get { job, instance } => {
+            let request = GetTaskRequest {
+                job_id: job.clone(),
+                instance,
+            };
+            let task = client
+                .get(request)
+                .await?
+                .into_inner()
+                .task
+                .with_context(|| format!("the server returned no task for {job}/{instance}"))?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&task_details(&task))?,
+                OutputFormat::Json => print_json(&json!({"task": task_json(&task)}))?,
+            }
+        }
+        TaskCommand::Kill { job, instances } => {
+            let request = KillTaskRequest {
+                job_id: job.clone(),
+                instances: instances.clone(),
+            };
+            client.kill(request).await?;
+            print_done(ctx.output, "killing", &job, &instances)?;
+        }
+        TaskCommand::Restart { job, instances } => {
+            let request = RestartTaskRequest {
+                job_id: job.clone(),
+                instances: instances.clone(),
+            };
+            client.restart(request).await?;
+            print_done(ctx.output, "restarting", &job, &instances)?;
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+fn print_done(
+    output: OutputFormat,
+    verb: &str,
+    job: &str,
+    instances: &[u32],
+) -> std::io::Result<()> {
+    match output {
+        OutputFormat::Table => {
+            let instances: Vec<String> = instances.iter().map(ToString::to_string).collect();
+            print_out(&format!(
+                "{verb} job {job} instances {}",
+                instances.join(", ")
+            ))
+        }
+        OutputFormat::Json => print_json(&json!({})),
+    }
+}
+
+/// Why a task is where it is: the engine's pending reason, else its run's.
+fn reason(task: &Task) -> String {
+    if task.pending_reason.is_empty() {
+        or_dash(
+            &task
+                .current
+                .as_ref()
+                .map(|r| r.reason.clone())
+                .unwrap_or_default(),
+        )
+    } else {
+        task.pending_reason.clone()
+    }
+}
+
+fn task_table(tasks: &[Task]) -> String {
+    let mut table = Table::new(&[
+        ("INSTANCE", Align::Right),
+        ("STATE", Align::Left),
+        ("HOST", Align::Left),
+        ("RUN", Align::Right),
+        ("FAILURES", Align::Right),
+        ("STARTED", Align::Left),
+        ("REASON", Align::Left),
+    ]);
+    for task in tasks {
+        let run = task.current.clone().unwrap_or_default();
+        table.row(vec![
+            task.instance.to_string(),
+            name_of::<TaskState>(run.state),
+            or_dash(&run.host),
+            run.run_id.to_string(),
+            task.failure_count.to_string(),
+            fmt_time_ms(run.started_at_ms),
+            reason(task),
+        ]);
+    }
+    table.render()
+}
+
+fn task_details(task: &Task) -> String {
+    let run = task.current.clone().unwrap_or_default();
+    let mut out = render_fields(&[
+        ("JOB", task.job_id.clone()),
+        ("INSTANCE", task.instance.to_string()),
+        ("STATE", name_of::<TaskState>(run.state)),
+        ("HOST", or_dash(&run.host)),
+        ("RUN", run.run_id.to_string()),
+        ("FAILURES", task.failure_count.to_string()),
+        ("PENDING REASON", or_dash(&task.pending_reason)),
+        ("CREATED", fmt_time_ms(run.created_at_ms)),
+        ("PLACED", fmt_time_ms(run.placed_at_ms)),
+        ("STARTED", fmt_time_ms(run.started_at_ms)),
+        ("FINISHED", fmt_time_ms(run.finished_at_ms)),
+        ("EXIT CODE", exit_code(&run)),
+        ("REASON", or_dash(&run.reason)),
+    ]);
+    if !task.history.is_empty() {
+        let mut table = Table::new(&[
+            ("RUN", Align::Right),
+            ("STATE", Align::Left),
+            ("HOST", Align::Left),
+            ("STARTED", Align::Left),
+            ("FINISHED", Align::Left),
+            ("EXIT", Align::Right),
+            ("REASON", Align::Left),
+        ]);
+        for run in &task.history {
+            table.row(vec![
+                run.run_id.to_string(),
+                name_of::<TaskState>(run.state),
+                or_dash(&run.host),
+                fmt_time_ms(run.started_at_ms),
+                fmt_time_ms(run.finished_at_ms),
+                exit_code(run),
+                or_dash(&run.reason),
+            ]);
+        }
+        out.push_str("\nHISTORY (newest first)\n");
+        out.push_str(&table.render());
+    }
+    out
+}
+
+/// The exit code once the run has finished, `-` before.
+fn exit_code(run: &TaskRun) -> String {
+    if run.finished_at_ms == 0 {
+        "-".to_owned()
+    } else {
+        run.exit_code.to_string()
+    }
+}

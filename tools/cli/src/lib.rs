@@ -1,0 +1,14 @@
+//! The `peloton` command-line client: reads YAML specs, calls the Peloton
+//! gRPC API and prints tables for people or JSON for programs.
+//!
+//! It holds no scheduling logic and validates only the shape of its input
+//! files; what values mean is the server's to judge. The binary
+//! (`src/main.rs`) is a thin shell around [`cmd::run`]; everything else lives
+//! here so it can be unit-tested without a server.
+
+pub mod cli;
+pub mod cmd;
+pub mod error;
+pub mod names;
+pub mod output;
+pub mod spec;

@@ -1,0 +1,667 @@
+//! The YAML files the CLI reads: job specs and resource pools, as serde
+//! structs that reject unknown fields, converted to the API's messages.
+//!
+//! Only the shape of a file is checked here; what the values mean (an
+//! instance count of 0, a bad constraint) is the server's to judge, so there
+//! is one source of truth for validation.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::Path;
+
+use peloton_proto::v1::{
+    InstanceOverride, JobSpec, JobType, PlacementStrategy, PoolKind, PoolSpec, PortSpec, Resources,
+    RestartPolicy, SimSpec, Sla, TaskSpec,
+};
+use serde::Deserialize;
+
+/// A spec file that cannot be read or does not have the expected shape.
+#[derive(Debug)]
+pub struct SpecError {
+    /// The file (or other origin) the text came from.
+    pub origin: String,
+    pub kind: SpecErrorKind,
+}
+
+#[derive(Debug)]
+pub enum SpecErrorKind {
+    Read(std::io::Error),
+    /// serde's message names the field and the line and column.
+    Yaml(serde_norway::Error),
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            SpecErrorKind::Read(err) => write!(f, "cannot read {}: {err}", self.origin),
+            SpecErrorKind::Yaml(err) => write!(f, "{}: {err}", self.origin),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            SpecErrorKind::Read(err) => Some(err),
+            SpecErrorKind::Yaml(err) => Some(err),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- jobs
+
+/// A job spec file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    pub name: String,
+    #[serde(default)]
+    pub owner: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, rename = "type")]
+    pub job_type: JobTypeName,
+    #[serde(default)]
+    pub pool: String,
+    #[serde(default = "one")]
+    pub instances: u32,
+    #[serde(default)]
+    pub placement: PlacementName,
+    #[serde(default)]
+    pub sla: SlaFile,
+    pub task: TaskFile,
+    #[serde(default)]
+    pub overrides: Vec<OverrideFile>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobTypeName {
+    #[default]
+    Batch,
+    Service,
+    Stateful,
+    Daemon,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementName {
+    #[default]
+    Pack,
+    Spread,
+    FirstFit,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlaFile {
+    #[serde(default)]
+    pub priority: u32,
+    #[serde(default)]
+    pub preemptible: bool,
+    #[serde(default)]
+    pub max_running_instances: u32,
+    /// Instances are admitted and placed in groups of this many.
+    #[serde(default)]
+    pub gang_size: u32,
+    #[serde(default)]
+    pub max_running_time_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskFile {
+    #[serde(default)]
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub shell: String,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub resources: ResourcesFile,
+    /// Port names; each is exposed to the task as `PELOTON_PORT_<NAME>`.
+    #[serde(default)]
+    pub ports: Vec<String>,
+    #[serde(default)]
+    pub constraint: String,
+    #[serde(default)]
+    pub restart: RestartFile,
+    #[serde(default)]
+    pub revocable: bool,
+    #[serde(default)]
+    pub controller: bool,
+    #[serde(default)]
+    pub kill_grace_period_ms: u64,
+    #[serde(default)]
+    pub max_instances_per_host: u32,
+    #[serde(default)]
+    pub sim: SimFile,
+}
+
+/// Resources in API units: cpu cores, memory and disk MiB, GPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesFile {
+    #[serde(default)]
+    pub cpu: f64,
+    #[serde(default)]
+    pub memory_mb: f64,
+    #[serde(default)]
+    pub disk_mb: f64,
+    #[serde(default)]
+    pub gpu: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartFile {
+    #[serde(default)]
+    pub max_failures: u32,
+    #[serde(default)]
+    pub backoff_ms: u64,
+    #[serde(default)]
+    pub max_backoff_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimFile {
+    #[serde(default)]
+    pub duration_ms: u64,
+    #[serde(default)]
+    pub exit_code: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideFile {
+    pub instance: u32,
+    /// Replaces the default task for this instance (it is not merged).
+    pub task: TaskFile,
+}
+
+impl JobFile {
+    pub fn into_proto(self) -> JobSpec {
+        let job_type = match self.job_type {
+            JobTypeName::Batch => JobType::Batch,
+            JobTypeName::Service => JobType::Service,
+            JobTypeName::Stateful => JobType::Stateful,
+            JobTypeName::Daemon => JobType::Daemon,
+        };
+        let placement = match self.placement {
+            PlacementName::Pack => PlacementStrategy::Pack,
+            PlacementName::Spread => PlacementStrategy::Spread,
+            PlacementName::FirstFit => PlacementStrategy::FirstFit,
+        };
+        JobSpec {
+            name: self.name,
+            owner: self.owner,
+            labels: to_hash_map(self.labels),
+            r#type: job_type.into(),
+            pool: self.pool,
+            instance_count: self.instances,
+            default_task: Some(self.task.into_proto()),
+            overrides: self
+                .overrides
+                .into_iter()
+                .map(|o| InstanceOverride {
+                    instance: o.instance,
+                    spec: Some(o.task.into_proto()),
+                })
+                .collect(),
+            sla: Some(Sla {
+                priority: self.sla.priority,
+                preemptible: self.sla.preemptible,
+                max_running_instances: self.sla.max_running_instances,
+                min_running_instances: self.sla.gang_size,
+                max_running_time_ms: self.sla.max_running_time_ms,
+            }),
+            placement: placement.into(),
+        }
+    }
+}
+
+impl TaskFile {
+    pub fn into_proto(self) -> TaskSpec {
+        TaskSpec {
+            command: self.command,
+            args: self.args,
+            shell: self.shell,
+            env: to_hash_map(self.env),
+            resources: Some(self.resources.into_proto()),
+            ports: self
+                .ports
+                .into_iter()
+                .map(|name| PortSpec { name })
+                .collect(),
+            constraint: self.constraint,
+            restart: Some(RestartPolicy {
+                max_failures: self.restart.max_failures,
+                backoff_ms: self.restart.backoff_ms,
+                max_backoff_ms: self.restart.max_backoff_ms,
+            }),
+            revocable: self.revocable,
+            controller: self.controller,
+            kill_grace_period_ms: self.kill_grace_period_ms,
+            sim: Some(SimSpec {
+                duration_ms: self.sim.duration_ms,
+                exit_code: self.sim.exit_code,
+            }),
+            max_instances_per_host: self.max_instances_per_host,
+        }
+    }
+}
+
+impl ResourcesFile {
+    pub fn into_proto(self) -> Resources {
+        Resources {
+            cpu: self.cpu,
+            memory_mb: self.memory_mb,
+            disk_mb: self.disk_mb,
+            gpu: self.gpu,
+        }
+    }
+}
+
+fn to_hash_map(map: BTreeMap<String, String>) -> HashMap<String, String> {
+    map.into_iter().collect()
+}
+
+/// Parses a job spec; `origin` names the text's source in errors.
+pub fn parse_job_spec(text: &str, origin: &str) -> Result<JobSpec, SpecError> {
+    let file: JobFile = from_yaml(text, origin)?;
+    Ok(file.into_proto())
+}
+
+/// Reads and parses a job spec file.
+pub fn load_job_spec(path: &Path) -> Result<JobSpec, SpecError> {
+    parse_job_spec(&read(path)?, &path.display().to_string())
+}
+
+// ---------------------------------------------------------------- pools
+
+/// One pool of a pool file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolFile {
+    /// Absolute path, e.g. `/batch/research`.
+    pub path: String,
+    #[serde(default)]
+    pub reservation: ResourcesFile,
+    /// A dimension left at 0 has no limit.
+    #[serde(default)]
+    pub limit: ResourcesFile,
+    #[serde(default)]
+    pub share: f64,
+    #[serde(default)]
+    pub kind: PoolKindName,
+    #[serde(default)]
+    pub controller_limit_pct: f64,
+    #[serde(default)]
+    pub slack_limit_pct: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKindName {
+    #[default]
+    Elastic,
+    Static,
+}
+
+/// A pool tree: `pools: [...]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolTreeFile {
+    pools: Vec<PoolFile>,
+}
+
+/// A pool to create or update: its path and its spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolEntry {
+    pub path: String,
+    pub spec: PoolSpec,
+}
+
+impl PoolFile {
+    pub fn into_entry(self) -> PoolEntry {
+        let kind = match self.kind {
+            PoolKindName::Elastic => PoolKind::Elastic,
+            PoolKindName::Static => PoolKind::Static,
+        };
+        PoolEntry {
+            path: self.path,
+            spec: PoolSpec {
+                reservation: Some(self.reservation.into_proto()),
+                limit: Some(self.limit.into_proto()),
+                share: self.share,
+                kind: kind.into(),
+                controller_limit_pct: self.controller_limit_pct,
+                slack_limit_pct: self.slack_limit_pct,
+            },
+        }
+    }
+}
+
+/// Parses a pool file: one pool, or a tree under `pools:`. A tree comes back
+/// parents first (a stable sort by depth, so the file's order is kept among
+/// pools of one depth), the order in which they can be created.
+pub fn parse_pools(text: &str, origin: &str) -> Result<Vec<PoolEntry>, SpecError> {
+    // Peek at the top-level keys first, then parse the text again with the
+    // right struct, so errors keep serde's field names and line numbers.
+    let peek: serde_norway::Value = from_yaml(text, origin)?;
+    let is_tree = peek.as_mapping().is_some_and(|m| m.contains_key("pools"));
+    let mut entries: Vec<PoolEntry> = if is_tree {
+        let tree: PoolTreeFile = from_yaml(text, origin)?;
+        tree.pools.into_iter().map(PoolFile::into_entry).collect()
+    } else {
+        let pool: PoolFile = from_yaml(text, origin)?;
+        vec![pool.into_entry()]
+    };
+    entries.sort_by_key(|entry| path_depth(&entry.path));
+    Ok(entries)
+}
+
+/// Reads and parses a pool file.
+pub fn load_pools(path: &Path) -> Result<Vec<PoolEntry>, SpecError> {
+    parse_pools(&read(path)?, &path.display().to_string())
+}
+
+fn path_depth(path: &str) -> usize {
+    path.split('/').filter(|part| !part.is_empty()).count()
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn from_yaml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Result<T, SpecError> {
+    serde_norway::from_str(text).map_err(|err| SpecError {
+        origin: origin.to_owned(),
+        kind: SpecErrorKind::Yaml(err),
+    })
+}
+
+fn read(path: &Path) -> Result<String, SpecError> {
+    std::fs::read_to_string(path).map_err(|err| SpecError {
+        origin: path.display().to_string(),
+        kind: SpecErrorKind::Read(err),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL_JOB: &str = r#"
+name: hello
+owner: alice
+labels: {team: infra}
+type: service
+pool: /demo
+instances: 4
+placement: first_fit
+sla:
+  priority: 10
+  preemptible: true
+  max_running_instances: 2
+  gang_size: 4
+  max_running_time_ms: 5000
+task:
+  command: /bin/echo
+  args: [hello]
+  env: {GREETING: hi}
+  resources: {cpu: 0.5, memory_mb: 128, disk_mb: 10, gpu: 1}
+  ports: [http]
+  constraint: 'zone == "z1"'
+  restart: {max_failures: 3, backoff_ms: 1000, max_backoff_ms: 60000}
+  revocable: true
+  controller: true
+  kill_grace_period_ms: 10000
+  max_instances_per_host: 1
+  sim: {duration_ms: 2000, exit_code: 7}
+overrides:
+  - instance: 0
+    task:
+      shell: "echo first"
+      resources: {cpu: 1}
+"#;
+
+    fn job(text: &str) -> JobSpec {
+        parse_job_spec(text, "test.yaml").unwrap_or_else(|err| panic!("{err}"))
+    }
+
+    fn job_error(text: &str) -> String {
+        match parse_job_spec(text, "bad.yaml") {
+            Ok(spec) => panic!("parsed: {spec:?}"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    #[test]
+    fn full_job_spec_converts_every_field() {
+        let spec = job(FULL_JOB);
+        assert_eq!(spec.name, "hello");
+        assert_eq!(spec.owner, "alice");
+        assert_eq!(spec.labels.get("team").map(String::as_str), Some("infra"));
+        assert_eq!(spec.r#type(), JobType::Service);
+        assert_eq!(spec.pool, "/demo");
+        assert_eq!(spec.instance_count, 4);
+        assert_eq!(spec.placement(), PlacementStrategy::FirstFit);
+        let sla = spec.sla.unwrap_or_default();
+        assert_eq!(
+            sla,
+            Sla {
+                priority: 10,
+                preemptible: true,
+                max_running_instances: 2,
+                min_running_instances: 4,
+                max_running_time_ms: 5000,
+            }
+        );
+        let task = spec.default_task.unwrap_or_default();
+        assert_eq!(task.command, "/bin/echo");
+        assert_eq!(task.args, ["hello"]);
+        assert_eq!(task.env.get("GREETING").map(String::as_str), Some("hi"));
+        assert_eq!(
+            task.resources,
+            Some(Resources {
+                cpu: 0.5,
+                memory_mb: 128.0,
+                disk_mb: 10.0,
+                gpu: 1.0
+            })
+        );
+        assert_eq!(
+            task.ports,
+            [PortSpec {
+                name: "http".into()
+            }]
+        );
+        assert_eq!(task.constraint, r#"zone == "z1""#);
+        assert_eq!(
+            task.restart,
+            Some(RestartPolicy {
+                max_failures: 3,
+                backoff_ms: 1000,
+                max_backoff_ms: 60000
+            })
+        );
+        assert!(task.revocable && task.controller);
+        assert_eq!(task.kill_grace_period_ms, 10000);
+        assert_eq!(task.max_instances_per_host, 1);
+        assert_eq!(
+            task.sim,
+            Some(SimSpec {
+                duration_ms: 2000,
+                exit_code: 7
+            })
+        );
+        assert_eq!(spec.overrides.len(), 1);
+        let first = &spec.overrides[0];
+        assert_eq!(first.instance, 0);
+        let first_task = first.spec.clone().unwrap_or_default();
+        assert_eq!(first_task.shell, "echo first");
+        assert_eq!(first_task.command, "");
+        assert_eq!(first_task.resources.map(|r| r.cpu), Some(1.0));
+    }
+
+    #[test]
+    fn minimal_job_spec_takes_defaults() {
+        let spec = job("name: tiny\ntask: {shell: 'true'}\n");
+        assert_eq!(spec.instance_count, 1);
+        assert_eq!(spec.r#type(), JobType::Batch);
+        assert_eq!(spec.placement(), PlacementStrategy::Pack);
+        assert_eq!(spec.sla.map(|s| s.min_running_instances), Some(0));
+        assert!(spec.overrides.is_empty());
+    }
+
+    #[test]
+    fn scalar_label_and_env_values_read_as_strings() {
+        let spec = job("name: x\nlabels: {version: 2, canary: true}\ntask:\n  env: {PORT: 8080}\n");
+        assert_eq!(spec.labels.get("version").map(String::as_str), Some("2"));
+        assert_eq!(spec.labels.get("canary").map(String::as_str), Some("true"));
+        let env = spec.default_task.unwrap_or_default().env;
+        assert_eq!(env.get("PORT").map(String::as_str), Some("8080"));
+    }
+
+    #[test]
+    fn unknown_field_is_named_with_its_line() {
+        let err = job_error("name: x\ntask:\n  comand: /bin/true\n");
+        assert!(err.starts_with("bad.yaml: "), "{err}");
+        assert!(err.contains("unknown field `comand`"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn unknown_top_level_field_is_named() {
+        let err = job_error("name: x\ninstance: 3\ntask: {}\n");
+        assert!(err.contains("unknown field `instance`"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn bad_enum_value_lists_the_accepted_ones() {
+        let err = job_error("name: x\ntype: cron\ntask: {}\n");
+        assert!(err.contains("unknown variant `cron`"), "{err}");
+        assert!(err.contains("daemon"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_and_missing_field_are_reported() {
+        let err = job_error("name: x\ninstances: many\ntask: {}\n");
+        assert!(err.contains("instances"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        let err = job_error("name: x\n");
+        assert!(err.contains("missing field `task`"), "{err}");
+        let err = job_error("name: x\ntask: {}\ninstances: -1\n");
+        assert!(err.contains("instances"), "{err}");
+    }
+
+    #[test]
+    fn malformed_yaml_is_reported_with_its_line() {
+        let err = job_error("name: x\ntask: {command: [\n");
+        assert!(err.starts_with("bad.yaml: "), "{err}");
+        assert!(err.contains("line"), "{err}");
+    }
+
+    #[test]
+    fn single_pool_file() {
+        let pools = parse_pools(
+            "path: /batch\nreservation: {cpu: 8, memory_mb: 16384}\nlimit: {cpu: 16}\n\
+             share: 2\nkind: static\ncontroller_limit_pct: 20\nslack_limit_pct: 50\n",
+            "pool.yaml",
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(pools.len(), 1);
+        let pool = &pools[0];
+        assert_eq!(pool.path, "/batch");
+        assert_eq!(pool.spec.kind(), PoolKind::Static);
+        assert_eq!(pool.spec.share, 2.0);
+        assert_eq!(pool.spec.controller_limit_pct, 20.0);
+        assert_eq!(pool.spec.slack_limit_pct, 50.0);
+        let reservation = pool.spec.reservation.unwrap_or_default();
+        assert_eq!((reservation.cpu, reservation.memory_mb), (8.0, 16384.0));
+        assert_eq!(pool.spec.limit.map(|l| l.cpu), Some(16.0));
+    }
+
+    #[test]
+    fn pool_tree_comes_back_parents_first() {
+        let pools = parse_pools(
+            "pools:\n  - path: /a/b\n  - path: /c\n  - path: /a\n  - path: /a/b/c\n  - path: /d\n",
+            "tree.yaml",
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
+        let paths: Vec<&str> = pools.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["/c", "/a", "/d", "/a/b", "/a/b/c"]);
+        assert_eq!(pools[0].spec.kind(), PoolKind::Elastic);
+    }
+
+    #[test]
+    fn bad_pool_files_name_the_problem() {
+        let err = parse_pools("path: /a\nreservation: {cpus: 2}\n", "p.yaml").unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("unknown field `cpus`") && err.contains("line 2"),
+            "{err}"
+        );
+
+        let err = parse_pools("pools:\n  - path: /a\n    shares: 2\n", "p.yaml").unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("unknown field `shares`") && err.contains("line 3"),
+            "{err}"
+        );
+
+        let err = parse_pools("pools:\n  - path: /a\npath: /b\n", "p.yaml").unwrap_err();
+        assert!(err.to_string().contains("unknown field `path`"), "{err}");
+
+        let err = parse_pools("reservation: {cpu: 1}\n", "p.yaml").unwrap_err();
+        assert!(err.to_string().contains("missing field `path`"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_named() {
+        let err = load_job_spec(Path::new("/nonexistent/job.yaml")).unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.starts_with("cannot read /nonexistent/job.yaml: "),
+            "{err}"
+        );
+    }
+
+    /// Every example under `examples/` parses and converts.
+    #[test]
+    fn examples_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut seen = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("examples/ exists") {
+            let path = entry.expect("readable directory").path();
+            if path.extension().is_none_or(|ext| ext != "yaml") {
+                continue;
+            }
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let name = name.unwrap_or_default();
+            if name.starts_with("pools") {
+                let pools = load_pools(&path).unwrap_or_else(|err| panic!("{err}"));
+                assert!(!pools.is_empty(), "{name}");
+            } else {
+                let spec = load_job_spec(&path).unwrap_or_else(|err| panic!("{err}"));
+                assert!(spec.instance_count >= 1, "{name}");
+            }
+            seen.push(name);
+        }
+        seen.sort();
+        for expected in ["constrained.yaml", "gang.yaml", "hello.yaml", "pools.yaml"] {
+            assert!(
+                seen.iter().any(|n| n == expected),
+                "{expected} missing: {seen:?}"
+            );
+        }
+    }
+}
