@@ -717,10 +717,16 @@ impl Scheduler {
         }
         if !self.events.is_empty() {
             let first = self.events[0].revision;
-            let bytes = pb::WatchResponse {
-                events: self.events.clone(),
+            // A `WatchResponse` is its events as field 1, encoded in place.
+            let len: usize = self
+                .events
+                .iter()
+                .map(|e| prost::encoding::message::encoded_len(1, e))
+                .sum();
+            let mut bytes = Vec::with_capacity(len);
+            for e in &self.events {
+                prost::encoding::message::encode(1, e, &mut bytes);
             }
-            .encode_to_vec();
             self.batch.events = Some((first, bytes));
             let retention = self.config.event_retention;
             if self.revision > self.last_trim + retention / 10 + 1 && self.revision > retention {
@@ -1551,6 +1557,10 @@ impl Scheduler {
         let n = job.tasks.len() as u32;
         match action {
             JobAction::Kill => {
+                if is_terminal_job(job.state) {
+                    // Nothing runs: killing changes nothing.
+                    return Ok(Some(job_to_pb(job)));
+                }
                 self.jobs.get_mut(&k).expect("live").kill_requested = true;
                 for i in 0..n {
                     self.end_run(k, i, S::Killed, "job killed");
@@ -1625,10 +1635,9 @@ impl Scheduler {
                 self.jobs.get_mut(&k).expect("live").spec.instance_count = count;
             }
             JobAction::Restart => {
-                if self.engine.resources().tree().contains(job.pool)
-                    && self.engine.resources().tree().path(job.pool) == job.spec.pool
-                {
-                } else {
+                let tree = self.engine.resources().tree();
+                if !tree.contains(job.pool) || tree.path(job.pool) != job.spec.pool {
+                    // The pool was deleted (and maybe created again).
                     let pool = self.resolve_job_pool(&job.spec.pool.clone())?;
                     self.jobs.get_mut(&k).expect("live").pool = pool;
                 }

@@ -1,0 +1,435 @@
+//! Shared helpers of the gateway's integration tests: a real server on
+//! 127.0.0.1 (in-process or the `pelotond` binary), its clients, spec
+//! builders and polling with a deadline (never a sleep as an assertion).
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pb::host_service_client::HostServiceClient;
+use pb::job_service_client::JobServiceClient;
+use pb::resource_pool_service_client::ResourcePoolServiceClient;
+use pb::task_service_client::TaskServiceClient;
+use pb::watch_service_client::WatchServiceClient;
+use peloton_gateway::config::Config;
+use peloton_gateway::server::{self, Server};
+use peloton_proto::v1 as pb;
+use tonic::transport::Channel;
+
+/// How long any condition may take before the test fails.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+/// Time between two polls.
+pub const POLL: Duration = Duration::from_millis(20);
+
+/// Every client of one server (cheap to clone: one shared channel).
+#[derive(Clone, Debug)]
+pub struct Clients {
+    pub pools: ResourcePoolServiceClient<Channel>,
+    pub jobs: JobServiceClient<Channel>,
+    pub tasks: TaskServiceClient<Channel>,
+    pub hosts: HostServiceClient<Channel>,
+    pub watch: WatchServiceClient<Channel>,
+}
+
+impl Clients {
+    /// Connects to `addr`, retrying until the server accepts.
+    pub async fn connect(addr: std::net::SocketAddr) -> Clients {
+        let url = format!("http://{addr}");
+        let channel = eventually(&format!("connect to {url}"), TIMEOUT, async || {
+            tonic::transport::Endpoint::from_shared(url.clone())
+                .expect("valid url")
+                .connect()
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        Clients {
+            pools: ResourcePoolServiceClient::new(channel.clone()),
+            jobs: JobServiceClient::new(channel.clone()),
+            tasks: TaskServiceClient::new(channel.clone()),
+            hosts: HostServiceClient::new(channel.clone()),
+            watch: WatchServiceClient::new(channel),
+        }
+    }
+}
+
+/// A server started in-process on a data directory it may own.
+#[derive(Debug)]
+pub struct TestServer {
+    pub server: Option<Server>,
+    pub clients: Clients,
+    pub data_dir: PathBuf,
+    pub sim_hosts: u32,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// The configuration of a test server: a free port, no metrics, fast cycles.
+pub fn config(data_dir: &Path, sim_hosts: u32) -> Config {
+    Config {
+        data_dir: data_dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("valid"),
+        metrics_listen: None,
+        sim_hosts,
+        cycle_interval_ms: 5,
+        ..Config::default()
+    }
+}
+
+impl TestServer {
+    /// A server with `sim_hosts` simulated hosts on a fresh directory.
+    pub async fn start(sim_hosts: u32) -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut s = TestServer::start_in(dir.path(), sim_hosts).await;
+        s._dir = Some(dir);
+        s
+    }
+
+    /// A server on `data_dir` (which the caller keeps).
+    pub async fn start_in(data_dir: &Path, sim_hosts: u32) -> TestServer {
+        let server = server::start(&config(data_dir, sim_hosts))
+            .await
+            .expect("server starts");
+        let clients = Clients::connect(server.addr).await;
+        TestServer {
+            server: Some(server),
+            clients,
+            data_dir: data_dir.to_path_buf(),
+            sim_hosts,
+            _dir: None,
+        }
+    }
+
+    /// Shuts down gracefully and starts again on the same directory.
+    pub async fn restart(mut self) -> TestServer {
+        self.server
+            .take()
+            .expect("running")
+            .shutdown()
+            .await
+            .expect("graceful shutdown");
+        let mut again = TestServer::start_in(&self.data_dir, self.sim_hosts).await;
+        again._dir = self._dir.take();
+        again
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.server.take() {
+            s.shutdown().await.expect("graceful shutdown");
+        }
+    }
+}
+
+/// Polls `check` every [`POLL`] until it returns `Ok`; fails the test after
+/// `timeout` with `what` and the last `Err` (the state last seen).
+pub async fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) => {
+                if Instant::now() >= deadline {
+                    panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Resources of `cpu` cores and `memory_mb` MiB.
+pub fn res(cpu: f64, memory_mb: f64) -> pb::Resources {
+    pb::Resources {
+        cpu,
+        memory_mb,
+        ..Default::default()
+    }
+}
+
+/// A pool spec with a cpu and memory reservation (0: none).
+pub fn pool_spec(cpu: f64, memory_mb: f64) -> pb::PoolSpec {
+    pb::PoolSpec {
+        reservation: Some(res(cpu, memory_mb)),
+        ..Default::default()
+    }
+}
+
+/// Creates a pool, failing the test on an error.
+pub async fn create_pool(c: &mut Clients, path: &str, spec: pb::PoolSpec) -> pb::Pool {
+    c.pools
+        .create(pb::CreatePoolRequest {
+            path: path.into(),
+            spec: Some(spec),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("create pool {path}: {e:?}"))
+        .into_inner()
+        .pool
+        .expect("pool")
+}
+
+/// A batch job of `instances` tasks of `cpu` cores and 256 MiB that "run"
+/// for `duration_ms` and exit 0.
+pub fn job_spec(pool: &str, instances: u32, cpu: f64, duration_ms: u64) -> pb::JobSpec {
+    pb::JobSpec {
+        name: "test-job".into(),
+        owner: "tests".into(),
+        r#type: pb::JobType::Batch as i32,
+        pool: pool.into(),
+        instance_count: instances,
+        default_task: Some(pb::TaskSpec {
+            command: "/bin/true".into(),
+            resources: Some(res(cpu, 256.0)),
+            sim: Some(pb::SimSpec {
+                duration_ms,
+                exit_code: 0,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Mutable access to a spec's default task.
+pub fn task_of(spec: &mut pb::JobSpec) -> &mut pb::TaskSpec {
+    spec.default_task.as_mut().expect("default task")
+}
+
+/// Creates a job, failing the test on an error.
+pub async fn create_job(c: &mut Clients, spec: pb::JobSpec) -> pb::Job {
+    c.jobs
+        .create(pb::CreateJobRequest { spec: Some(spec) })
+        .await
+        .unwrap_or_else(|e| panic!("create job: {e:?}"))
+        .into_inner()
+        .job
+        .expect("job")
+}
+
+pub async fn get_job(c: &mut Clients, id: &str) -> Result<pb::Job, tonic::Status> {
+    Ok(c.jobs
+        .get(pb::GetJobRequest { id: id.into() })
+        .await?
+        .into_inner()
+        .job
+        .expect("job"))
+}
+
+pub fn job_state(job: &pb::Job) -> pb::JobState {
+    job.status
+        .as_ref()
+        .map_or(pb::JobState::Unknown, |s| s.state())
+}
+
+/// Count of tasks of `job` in `state`.
+pub fn count_in(job: &pb::Job, state: pb::TaskState) -> u32 {
+    job.status.as_ref().map_or(0, |s| {
+        s.task_counts
+            .iter()
+            .filter(|c| c.state() == state)
+            .map(|c| c.count)
+            .sum()
+    })
+}
+
+fn is_terminal(s: pb::JobState) -> bool {
+    matches!(
+        s,
+        pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Killed
+    )
+}
+
+fn describe(job: &pb::Job) -> String {
+    let counts: Vec<String> = job
+        .status
+        .as_ref()
+        .map(|s| {
+            s.task_counts
+                .iter()
+                .map(|c| format!("{}={}", c.state().as_str_name(), c.count))
+                .collect()
+        })
+        .unwrap_or_default();
+    format!(
+        "job {} {} tasks [{}]",
+        job.id,
+        job_state(job).as_str_name(),
+        counts.join(" ")
+    )
+}
+
+/// Polls the job (every 20 ms, up to [`TIMEOUT`]) until it is in `want`;
+/// fails at once if it ends in another terminal state.
+pub async fn wait_job(c: &Clients, id: &str, want: pb::JobState) -> pb::Job {
+    let mut c = c.clone();
+    eventually(
+        &format!("job {id} to be {}", want.as_str_name()),
+        TIMEOUT,
+        async || {
+            let job = get_job(&mut c, id).await.map_err(|e| format!("{e:?}"))?;
+            let s = job_state(&job);
+            if s == want {
+                return Ok(job);
+            }
+            assert!(
+                !is_terminal(s),
+                "job {id} ended {} while waiting for {}: {}",
+                s.as_str_name(),
+                want.as_str_name(),
+                describe(&job)
+            );
+            Err(describe(&job))
+        },
+    )
+    .await
+}
+
+/// Polls until `check` holds for the job.
+pub async fn wait_job_where(
+    c: &Clients,
+    id: &str,
+    what: &str,
+    check: impl Fn(&pb::Job) -> bool,
+) -> pb::Job {
+    let mut c = c.clone();
+    eventually(what, TIMEOUT, async || {
+        let job = get_job(&mut c, id).await.map_err(|e| format!("{e:?}"))?;
+        if check(&job) {
+            Ok(job)
+        } else {
+            Err(describe(&job))
+        }
+    })
+    .await
+}
+
+/// Every task of a job.
+pub async fn list_tasks(c: &mut Clients, job_id: &str) -> Vec<pb::Task> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let r = c
+            .tasks
+            .list(pb::ListTasksRequest {
+                job_id: job_id.into(),
+                from_instance: from,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("list tasks of {job_id}: {e:?}"))
+            .into_inner();
+        out.extend(r.tasks);
+        if r.next_instance == 0 {
+            return out;
+        }
+        from = r.next_instance;
+    }
+}
+
+pub async fn get_task(c: &mut Clients, job_id: &str, instance: u32) -> pb::Task {
+    c.tasks
+        .get(pb::GetTaskRequest {
+            job_id: job_id.into(),
+            instance,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("get task {job_id}/{instance}: {e:?}"))
+        .into_inner()
+        .task
+        .expect("task")
+}
+
+pub fn task_state(t: &pb::Task) -> pb::TaskState {
+    t.current
+        .as_ref()
+        .map_or(pb::TaskState::Unknown, |r| r.state())
+}
+
+pub async fn list_hosts(c: &mut Clients) -> Vec<pb::Host> {
+    c.hosts
+        .list(pb::ListHostsRequest {})
+        .await
+        .expect("list hosts")
+        .into_inner()
+        .hosts
+}
+
+pub async fn list_pools(c: &mut Clients) -> Vec<pb::Pool> {
+    c.pools
+        .list(pb::ListPoolsRequest {})
+        .await
+        .expect("list pools")
+        .into_inner()
+        .pools
+}
+
+pub async fn get_pool(c: &mut Clients, path: &str) -> pb::Pool {
+    c.pools
+        .get(pb::GetPoolRequest { path: path.into() })
+        .await
+        .unwrap_or_else(|e| panic!("get pool {path}: {e:?}"))
+        .into_inner()
+        .pool
+        .expect("pool")
+}
+
+/// Asserts `r` failed with `code` and a message containing `needle`.
+#[track_caller]
+pub fn assert_status<T: std::fmt::Debug>(
+    r: Result<T, tonic::Status>,
+    code: tonic::Code,
+    needle: &str,
+) {
+    match r {
+        Ok(v) => panic!("expected {code:?} mentioning {needle:?}, got Ok({v:?})"),
+        Err(s) => {
+            assert_eq!(
+                s.code(),
+                code,
+                "wrong code (wanted {code:?} mentioning {needle:?}); message: {}",
+                s.message()
+            );
+            assert!(
+                s.message().contains(needle),
+                "{code:?} message does not name {needle:?}: {}",
+                s.message()
+            );
+        }
+    }
+}
+
+/// Events received from a watch until `done` says the collected events are
+/// complete, or [`TIMEOUT`].
+pub async fn collect_events(
+    stream: &mut tonic::Streaming<pb::WatchResponse>,
+    mut done: impl FnMut(&[pb::Event]) -> bool,
+) -> Vec<pb::Event> {
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !done(&events) {
+        let next = tokio::time::timeout_at(deadline, stream.message()).await;
+        match next {
+            Err(_) => panic!(
+                "timed out after {TIMEOUT:?} collecting watch events; got {} so far: {events:#?}",
+                events.len()
+            ),
+            Ok(Err(e)) => panic!("watch failed: {e:?}"),
+            Ok(Ok(None)) => panic!("watch ended after {} events", events.len()),
+            Ok(Ok(Some(r))) => events.extend(r.events),
+        }
+    }
+    events
+}
+
+/// Runs `f` with a deadline so a hung RPC fails the test instead of
+/// hanging it.
+pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TIMEOUT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?}: {what}"))
+}

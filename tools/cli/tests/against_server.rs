@@ -1,0 +1,160 @@
+//! The `peloton` binary against a real server on 127.0.0.1 (port 0) with
+//! simulated hosts: the examples run end to end, and errors are readable
+//! with the right exit codes.
+
+use std::path::PathBuf;
+use std::process::Output;
+
+use peloton_gateway::config::Config;
+use serde_json::Value;
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+async fn peloton(server: &str, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_peloton"));
+    cmd.arg("--server").arg(server).args(args);
+    cmd.output().await.expect("the CLI runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+async fn ok_json(server: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--output", "json"];
+    all.extend_from_slice(args);
+    let out = peloton(server, &all).await;
+    assert!(
+        out.status.success(),
+        "peloton {args:?} failed: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("peloton {args:?}: not JSON ({e}): {}", text(&out.stdout)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn examples_run_end_to_end_and_errors_are_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = peloton_gateway::server::start(&Config {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: None,
+        sim_hosts: 16,
+        cycle_interval_ms: 5,
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("http://{}", server.addr);
+    let ex = examples();
+    let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
+
+    // Pools from the example tree.
+    let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pools = ok_json(&url, &["respool", "list"]).await;
+    let paths: Vec<&str> = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    for p in ["/", "/prod", "/prod/web", "/batch/research", "/demo"] {
+        assert!(paths.contains(&p), "{p} missing from {paths:?}");
+    }
+
+    // Hello world, waited for: exit 0 once every instance succeeded.
+    let out = peloton(&url, &["job", "create", &ex("hello.yaml"), "--wait"]).await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let jobs = ok_json(&url, &["job", "query", "--name", "hello"]).await;
+    let jobs = jobs["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1);
+    let id = jobs[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(jobs[0]["status"]["state"], "succeeded");
+    let tasks = ok_json(&url, &["task", "list", &id]).await;
+    let tasks = tasks["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 4);
+    for t in tasks {
+        assert_eq!(t["current"]["state"], "succeeded", "{t}");
+        assert!(t["current"]["host"].as_str().unwrap().starts_with("sim-"));
+    }
+    let out = peloton(&url, &["task", "get", &id, "0"]).await;
+    assert!(out.status.success());
+    assert!(
+        text(&out.stdout).contains("succeeded"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // The constrained example lands only in zone z1, one per host.
+    let out = peloton(&url, &["job", "create", &ex("constrained.yaml"), "--wait"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let hosts = ok_json(&url, &["host", "list"]).await;
+    let hosts = hosts["hosts"].as_array().unwrap();
+    assert_eq!(hosts.len(), 16);
+    let zone_of = |name: &str| {
+        hosts
+            .iter()
+            .find(|h| h["name"] == name)
+            .map(|h| h["attributes"]["zone"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    let web = ok_json(&url, &["job", "query", "--name", "web-z1"]).await;
+    let web_id = web["jobs"][0]["id"].as_str().unwrap().to_string();
+    let tasks = ok_json(&url, &["task", "list", &web_id]).await;
+    let mut seen = std::collections::HashSet::new();
+    for t in tasks["tasks"].as_array().unwrap() {
+        let host = t["current"]["host"].as_str().unwrap();
+        assert_eq!(zone_of(host), "z1", "{t}");
+        assert!(seen.insert(host.to_string()), "two instances on {host}");
+    }
+    assert_eq!(seen.len(), 3);
+
+    // Errors: a server error is exit 1 with the gRPC code in words; a bad
+    // spec file is exit 2 and names the file; nothing was created.
+    let out = peloton(&url, &["job", "get", "no-such-job"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "name: x\npool: /demo\ninstances: 0\ntask: {command: /bin/true, resources: {cpu: 1}}\n",
+    )
+    .unwrap();
+    let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("spec.instance_count"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(&bad, "name: x\ncomand: oops\n").unwrap();
+    let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("bad.yaml"),
+        "{}",
+        text(&out.stderr)
+    );
+    let jobs = ok_json(&url, &["job", "query"]).await;
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 2);
+
+    server.shutdown().await.unwrap();
+    // With the server gone, the CLI says where it tried to connect.
+    let out = peloton(&url, &["job", "query"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(&url), "{}", text(&out.stderr));
+}
