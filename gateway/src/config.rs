@@ -38,6 +38,8 @@ pub struct Config {
     pub metrics_max_pools: usize,
     /// Events kept for resuming watches.
     pub event_retention: u64,
+    /// Page cache of the embedded store, in MiB.
+    pub store_cache_mb: usize,
 }
 
 impl Default for Config {
@@ -56,6 +58,7 @@ impl Default for Config {
             sim_hosts_file: None,
             metrics_max_pools: 256,
             event_retention: 5_000_000,
+            store_cache_mb: 64,
         }
     }
 }
@@ -85,6 +88,10 @@ impl Config {
             "idle_cycle_interval_ms: must be at least cycle_interval_ms"
         );
         anyhow::ensure!(self.sim_hosts <= 1_000_000, "sim_hosts: at most 1000000");
+        anyhow::ensure!(
+            (1..=65_536).contains(&self.store_cache_mb),
+            "store_cache_mb: must be 1–65536"
+        );
         Ok(())
     }
 
@@ -205,4 +212,48 @@ pub fn hosts_from_file(path: &Path) -> anyhow::Result<Vec<HostSpec>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_files_set_fields_and_reject_unknown_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.yaml");
+        std::fs::write(
+            &path,
+            "data_dir: /var/lib/peloton\nlisten: 0.0.0.0:7000\nsim_hosts: 3\nmetrics_listen: null\n",
+        )
+        .unwrap();
+        let c = Config::from_file(&path).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/peloton"));
+        assert_eq!(c.listen.port(), 7000);
+        assert_eq!(c.metrics_listen, None);
+        assert_eq!(c.sim_host_specs().unwrap().len(), 3);
+        assert_eq!(c.cycle_interval_ms, Config::default().cycle_interval_ms);
+        std::fs::write(&path, "sim_host: 3\n").unwrap();
+        let e = Config::from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("unknown field `sim_host`"), "{e}");
+    }
+
+    #[test]
+    fn host_files_expand_counts_and_name_bad_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.yaml");
+        std::fs::write(
+            &path,
+            "hosts:\n  - {name: gpu, count: 2, cpu: 32, memory_mb: 262144, gpus: 8, attributes: {zone: z1}}\n  - {name: small, cpu: 4, memory_mb: 8192}\n",
+        )
+        .unwrap();
+        let hosts = hosts_from_file(&path).unwrap();
+        let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1", "small"]);
+        assert_eq!(hosts[0].capacity[Dim::Gpu], 8000);
+        assert!(hosts[0].attributes.contains(&("zone".into(), "z1".into())));
+        std::fs::write(&path, "hosts:\n  - {name: a, cpu: -1, memory_mb: 1}\n").unwrap();
+        let e = hosts_from_file(&path).unwrap_err().to_string();
+        assert!(e.contains("hosts[0].cpu"), "{e}");
+    }
 }

@@ -39,7 +39,10 @@ pub struct Server {
 /// Opens the store, recovers, and starts serving.
 pub async fn start(config: &Config) -> anyhow::Result<Server> {
     config.validate()?;
-    let store: Arc<dyn Store> = Arc::new(RedbStore::open(&config.data_dir)?);
+    let store: Arc<dyn Store> = Arc::new(RedbStore::open_with_cache(
+        &config.data_dir,
+        config.store_cache_mb << 20,
+    )?);
     let snapshot = {
         let s = store.clone();
         tokio::task::spawn_blocking(move || s.load()).await??

@@ -121,12 +121,22 @@ pub struct RedbStore {
 }
 
 impl RedbStore {
-    /// Opens (or creates) `dir/peloton.redb`.
+    /// Opens (or creates) `dir/peloton.redb` with redb's default 1 GiB
+    /// page cache.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with_cache(dir, 1 << 30)
+    }
+
+    /// Opens (or creates) `dir/peloton.redb` with a page cache of
+    /// `cache_bytes`. The loop reads the store only at start (and watch
+    /// replays read event rows), so a small cache costs little.
+    pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError(format!("cannot create data dir {}: {e}", dir.display())))?;
         let path = dir.join("peloton.redb");
-        let db = Database::create(&path)
+        let db = redb::Builder::new()
+            .set_cache_size(cache_bytes)
+            .create(&path)
             .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
         let txn = db.begin_write().map_err(StoreError::from)?;
         {
