@@ -342,7 +342,7 @@ pub fn task_template(
             format!("at most {}", u16::MAX),
         )
     })?;
-    let restart = spec.restart.clone().unwrap_or_default();
+    let restart = spec.restart.unwrap_or_default();
     let backoff_ms = if restart.backoff_ms == 0 {
         1000
     } else {

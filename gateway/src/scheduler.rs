@@ -89,7 +89,7 @@ pub enum Command {
     /// Create a job.
     CreateJob {
         /// As sent.
-        spec: pb::JobSpec,
+        spec: Box<pb::JobSpec>,
         /// Validated.
         plan: Box<JobPlan>,
         /// Reply.
@@ -267,6 +267,8 @@ struct TaskEntry {
     exit_code: i32,
     failures: u32,
     reason: Option<Box<str>>,
+    /// Boxed: a thin pointer per task (most tasks never restart).
+    #[allow(clippy::box_collection)]
     history: Option<Box<Vec<pb::TaskRun>>>,
     dirty: bool,
 }
@@ -756,8 +758,11 @@ impl Scheduler {
         if let Some(r) = reason {
             t.reason = Some(r.into());
         }
-        let persist = !matches!(to, S::Pending | S::Ready | S::Placing)
-            && !(to == S::Initialized && t.run == 1);
+        // Queued states and a first run's start need no row: recovery
+        // treats a missing or older row the same way.
+        let skip = matches!(to, S::Pending | S::Ready | S::Placing)
+            || (to == S::Initialized && t.run == 1);
+        let persist = !skip;
         if persist && !t.dirty {
             t.dirty = true;
             self.dirty_tasks.push((k, i));
@@ -1307,7 +1312,7 @@ impl Scheduler {
                 let _ = reply.send(Ok(pools));
             }
             Command::CreateJob { spec, plan, reply } => {
-                let r = self.create_job(spec, *plan);
+                let r = self.create_job(*spec, *plan);
                 self.defer(reply, r);
             }
             Command::GetJob { id, reply } => {

@@ -161,7 +161,11 @@ impl JobService for Api {
             .ok_or_else(|| convert::invalid("spec", "missing"))?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         let job = self
-            .call(|reply| Command::CreateJob { spec, plan, reply })
+            .call(|reply| Command::CreateJob {
+                spec: Box::new(spec),
+                plan,
+                reply,
+            })
             .await?;
         Ok(Response::new(pb::CreateJobResponse { job: Some(job) }))
     }

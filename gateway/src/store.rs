@@ -44,6 +44,9 @@ impl StoreError {
     }
 }
 
+/// Key of a task row: (job id, instance).
+pub type TaskKey = (Arc<str>, u32);
+
 /// Rows changed by one group of commands; `None` deletes.
 #[derive(Debug, Default)]
 pub struct WriteBatch {
@@ -52,7 +55,7 @@ pub struct WriteBatch {
     /// Job rows.
     pub jobs: Vec<(String, Option<Vec<u8>>)>,
     /// Task rows.
-    pub tasks: Vec<((Arc<str>, u32), Option<Vec<u8>>)>,
+    pub tasks: Vec<(TaskKey, Option<Vec<u8>>)>,
     /// Jobs whose task rows all go.
     pub delete_tasks_of: Vec<String>,
     /// Host rows.
