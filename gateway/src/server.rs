@@ -172,21 +172,32 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
 }
 
 impl Server {
-    /// Stops accepting requests, lets in-flight ones finish, commits the
-    /// loop's last batch and stops the loop.
+    /// Stops accepting connections, answers every request the loop already
+    /// received (committing its last batch), stops the loop, and then waits
+    /// for the connections to close: watch streams end when the loop's
+    /// event channel closes, and calls that arrive after the loop stopped get
+    /// UNAVAILABLE.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        (&mut self.serve).await??;
         if let Some(m) = self.metrics_task.take() {
             m.abort();
         }
+        // Commands are answered in order, so everything sent before this is
+        // answered (and durable) before the loop stops.
         let _ = self.tx.send(Command::Shutdown).await;
         if let Some(t) = self.loop_thread.take() {
             tokio::task::spawn_blocking(move || t.join())
                 .await?
                 .map_err(|_| anyhow::anyhow!("the scheduling loop panicked"))?;
+        }
+        match tokio::time::timeout(Duration::from_secs(10), &mut self.serve).await {
+            Ok(r) => r??,
+            Err(_) => {
+                tracing::warn!("connections still open after 10 s; closing them");
+                self.serve.abort();
+            }
         }
         Ok(())
     }

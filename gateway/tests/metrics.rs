@@ -1,0 +1,195 @@
+//! `/metrics` of a real server: Prometheus text with the documented series
+//! after a job ran.
+
+use std::time::{Duration, Instant};
+
+use peloton_gateway::config::Config;
+use peloton_proto::v1 as pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_prometheus_conventions_and_count_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = peloton_gateway::server::start(&Config {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        sim_hosts: 4,
+        cycle_interval_ms: 5,
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut pools =
+        pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone());
+    pools
+        .create(pb::CreatePoolRequest {
+            path: "/m".into(),
+            spec: None,
+        })
+        .await
+        .unwrap();
+    let mut jobs = pb::job_service_client::JobServiceClient::new(channel.clone());
+    let job = jobs
+        .create(pb::CreateJobRequest {
+            spec: Some(pb::JobSpec {
+                name: "m".into(),
+                pool: "/m".into(),
+                instance_count: 3,
+                // Non-preemptible work needs a reservation; this pool has none.
+                sla: Some(pb::Sla {
+                    preemptible: true,
+                    ..Default::default()
+                }),
+                default_task: Some(pb::TaskSpec {
+                    shell: "true".into(),
+                    resources: Some(pb::Resources {
+                        cpu: 1.0,
+                        ..Default::default()
+                    }),
+                    sim: Some(pb::SimSpec {
+                        duration_ms: 10,
+                        exit_code: 0,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let j = jobs
+            .get(pb::GetJobRequest { id: job.id.clone() })
+            .await
+            .unwrap()
+            .into_inner()
+            .job
+            .unwrap();
+        if j.status.as_ref().unwrap().state() == pb::JobState::Succeeded {
+            break;
+        }
+        if Instant::now() > deadline {
+            let mut tasks = pb::task_service_client::TaskServiceClient::new(channel.clone());
+            let t = tasks
+                .get(pb::GetTaskRequest {
+                    job_id: job.id.clone(),
+                    instance: 0,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            panic!("job did not finish: {:?}\ntask 0: {t:?}", j.status);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Per-pool gauges refresh at most once a second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    jobs.get(pb::GetJobRequest { id: job.id.clone() })
+        .await
+        .unwrap();
+    let text = scrape(server.metrics_addr.unwrap()).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    for needle in [
+        "# TYPE peloton_cycle_duration_seconds histogram",
+        "# TYPE peloton_store_commit_duration_seconds histogram",
+        "peloton_placements_total 3",
+        "peloton_tasks_accepted_total 3",
+        "peloton_runs_finished_total 3",
+        "peloton_pool_pending_tasks{pool=\"/m\"} 0",
+        "peloton_pool_entitlement{pool=\"/m\",dim=\"cpu\"}",
+        "peloton_pool_allocation{pool=\"/m\",dim=\"memory\"}",
+        "peloton_pool_demand{pool=\"/\",dim=\"gpu\"}",
+        "peloton_hosts_up 4",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_open_watch_streams_and_answers_what_it_received() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = peloton_gateway::server::start(&Config {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: None,
+        sim_hosts: 1,
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut watch = pb::watch_service_client::WatchServiceClient::new(channel.clone())
+        .watch(pb::WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut pools = pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel);
+    pools
+        .create(pb::CreatePoolRequest {
+            path: "/w".into(),
+            spec: None,
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(15), server.shutdown())
+        .await
+        .expect("shutdown finishes with a watch open")
+        .unwrap();
+    // The stream ends (with UNAVAILABLE or a closed connection).
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch stream ends");
+    assert!(!matches!(end, Ok(Some(_))));
+    // What was acknowledged is there after a restart.
+    let server = peloton_gateway::server::start(&Config {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: None,
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut pools = pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel);
+    pools
+        .get(pb::GetPoolRequest { path: "/w".into() })
+        .await
+        .expect("the pool survived the restart");
+    server.shutdown().await.unwrap();
+}
