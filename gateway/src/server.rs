@@ -93,6 +93,15 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
     health_reporter
         .set_serving::<pb::resource_pool_service_server::ResourcePoolServiceServer<Api>>()
         .await;
+    health_reporter
+        .set_serving::<pb::task_service_server::TaskServiceServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::host_service_server::HostServiceServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::watch_service_server::WatchServiceServer<Api>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;

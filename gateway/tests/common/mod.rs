@@ -86,11 +86,22 @@ impl TestServer {
         s
     }
 
-    /// A server on `data_dir` (which the caller keeps).
+    /// A server on `data_dir` (which the caller keeps). Retries while the
+    /// store is still locked: after `Server::shutdown` returns, a watch's
+    /// stream task may still hold the store for a moment (see
+    /// `watch.rs::a_restart_right_after_shutdown_finds_the_store_free`).
     pub async fn start_in(data_dir: &Path, sim_hosts: u32) -> TestServer {
-        let server = server::start(&config(data_dir, sim_hosts))
-            .await
-            .expect("server starts");
+        let config = config(data_dir, sim_hosts);
+        let server = eventually(
+            "the server to start",
+            TIMEOUT,
+            async || match server::start(&config).await {
+                Ok(s) => Ok(s),
+                Err(e) if format!("{e:#}").contains("already open") => Err(format!("{e:#}")),
+                Err(e) => panic!("server does not start: {e:#}"),
+            },
+        )
+        .await;
         let clients = Clients::connect(server.addr).await;
         TestServer {
             server: Some(server),
@@ -432,4 +443,23 @@ pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
     tokio::time::timeout(TIMEOUT, f)
         .await
         .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?}: {what}"))
+}
+
+/// What every host has together.
+pub async fn cluster_capacity(c: &mut Clients) -> pb::Resources {
+    let mut total = pb::Resources::default();
+    for h in list_hosts(c).await {
+        let cap = h.capacity.expect("capacity");
+        total.cpu += cap.cpu;
+        total.memory_mb += cap.memory_mb;
+    }
+    total
+}
+
+/// A pool reserving the whole cluster's cpu and memory, so that
+/// non-preemptible jobs (admitted only within reservations) can use all of
+/// it.
+pub async fn create_reserved_pool(c: &mut Clients, path: &str) -> pb::Pool {
+    let total = cluster_capacity(c).await;
+    create_pool(c, path, pool_spec(total.cpu, total.memory_mb)).await
 }
