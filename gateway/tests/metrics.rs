@@ -35,6 +35,21 @@ async fn metrics_follow_prometheus_conventions_and_count_work() {
         .connect()
         .await
         .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for service in ["peloton.v1.JobService", "peloton.v1.WatchService"] {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status();
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving
+        );
+    }
     let mut pools =
         pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone());
     pools
