@@ -220,7 +220,9 @@ pub fn pool_config(spec: Option<&pb::PoolSpec>) -> Result<PoolConfig, Status> {
 /// The engine's configuration of a pool back to the API.
 pub fn pool_spec_to_pb(config: &PoolConfig) -> pb::PoolSpec {
     pb::PoolSpec {
-        reservation: Some(resources_to_pb(config.reservation())),
+        // The root's reservation is "everything": shown as unset, like an
+        // unset limit.
+        reservation: Some(limit_to_pb(config.reservation())),
         limit: Some(limit_to_pb(config.limit())),
         share: config.dims[0].share,
         kind: match config.dims[0].kind {

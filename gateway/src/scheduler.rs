@@ -869,7 +869,11 @@ impl Scheduler {
         let now = self.now;
         let job = self.jobs.get_mut(&k).expect("live job");
         let t = &mut job.tasks[i as usize];
-        let run = task_run(t, &self.host_names);
+        let mut run = task_run(t, &self.host_names);
+        if t.state == S::Backoff {
+            // History says how the run ended.
+            run.state = S::Failed as i32;
+        }
         let history = t.history.get_or_insert_with(Default::default);
         history.insert(0, run);
         history.truncate(max_history);
@@ -1437,7 +1441,10 @@ impl Scheduler {
             .resources_mut()
             .delete_pool(id)
             .map_err(|e| match e {
-                PoolError::InvalidConfig { .. } | PoolError::InvalidPath { .. } => {
+                PoolError::HasChildren { .. } | PoolError::HasTasks { .. } => {
+                    Status::failed_precondition(e.to_string())
+                }
+                PoolError::InvalidPath { .. } if path == "/" => {
                     Status::failed_precondition(e.to_string())
                 }
                 e => pool_error(e),

@@ -34,6 +34,7 @@ pub struct Server {
     metrics_task: Option<tokio::task::JoinHandle<()>>,
     tx: mpsc::Sender<Command>,
     loop_thread: Option<std::thread::JoinHandle<()>>,
+    store: Arc<dyn Store>,
 }
 
 /// Opens the store, recovers, and starts serving.
@@ -85,7 +86,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .name("peloton-loop".into())
         .spawn(move || scheduler.run(rx, rt))?;
 
-    let api = Api::new(tx.clone(), limits, store);
+    let api = Api::new(tx.clone(), limits, store.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<pb::job_service_server::JobServiceServer<Api>>()
@@ -177,6 +178,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         metrics_task,
         tx,
         loop_thread: Some(loop_thread),
+        store,
     })
 }
 
@@ -207,6 +209,12 @@ impl Server {
                 tracing::warn!("connections still open after 10 s; closing them");
                 self.serve.abort();
             }
+        }
+        // Watch streams still replaying hold the store; the file stays
+        // locked until they let go (they end now that the loop is gone).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&self.store) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Ok(())
     }

@@ -32,7 +32,7 @@ async fn pool_lifecycle_create_get_list_update_delete() {
     let a = create_pool(&mut c, "/a", pool_spec(4.0, 1024.0)).await;
     assert_eq!(a.path, "/a");
     assert_eq!(a.version, 1);
-    let spec = a.spec.clone().expect("spec");
+    let spec = a.spec.expect("spec");
     assert_eq!(spec.reservation, Some(res(4.0, 1024.0)));
     assert_eq!(spec.share, 1.0, "share 0 means 1");
     let b = create_pool(&mut c, "/a/b", pool_spec(1.0, 0.0)).await;
@@ -54,7 +54,7 @@ async fn pool_lifecycle_create_get_list_update_delete() {
         .pools
         .update(pb::UpdatePoolRequest {
             path: "/a".into(),
-            spec: Some(new_spec.clone()),
+            spec: Some(new_spec),
             version: 1,
         })
         .await
@@ -139,7 +139,7 @@ async fn refused_pool_requests_name_the_problem_and_change_nothing() {
     let mut neg = pool_spec(0.0, 0.0);
     neg.reservation = Some(res(-1.0, 0.0));
     assert_status(
-        c.pools.create(create("/neg", neg.clone())).await,
+        c.pools.create(create("/neg", neg)).await,
         Code::InvalidArgument,
         "spec.reservation.cpu",
     );

@@ -40,6 +40,9 @@ impl Clients {
         let channel = eventually(&format!("connect to {url}"), TIMEOUT, async || {
             tonic::transport::Endpoint::from_shared(url.clone())
                 .expect("valid url")
+                // A hung call fails the test instead of hanging it (for a
+                // watch this bounds only the wait for its headers).
+                .timeout(TIMEOUT)
                 .connect()
                 .await
                 .map_err(|e| e.to_string())
@@ -86,22 +89,12 @@ impl TestServer {
         s
     }
 
-    /// A server on `data_dir` (which the caller keeps). Retries while the
-    /// store is still locked: after `Server::shutdown` returns, a watch's
-    /// stream task may still hold the store for a moment (see
-    /// `watch.rs::a_restart_right_after_shutdown_finds_the_store_free`).
+    /// A server on `data_dir` (which the caller keeps).
     pub async fn start_in(data_dir: &Path, sim_hosts: u32) -> TestServer {
         let config = config(data_dir, sim_hosts);
-        let server = eventually(
-            "the server to start",
-            TIMEOUT,
-            async || match server::start(&config).await {
-                Ok(s) => Ok(s),
-                Err(e) if format!("{e:#}").contains("already open") => Err(format!("{e:#}")),
-                Err(e) => panic!("server does not start: {e:#}"),
-            },
-        )
-        .await;
+        let server = within("the server to start", server::start(&config))
+            .await
+            .unwrap_or_else(|e| panic!("server does not start: {e:#}"));
         let clients = Clients::connect(server.addr).await;
         TestServer {
             server: Some(server),
@@ -114,10 +107,8 @@ impl TestServer {
 
     /// Shuts down gracefully and starts again on the same directory.
     pub async fn restart(mut self) -> TestServer {
-        self.server
-            .take()
-            .expect("running")
-            .shutdown()
+        let server = self.server.take().expect("running");
+        within("graceful shutdown before a restart", server.shutdown())
             .await
             .expect("graceful shutdown");
         let mut again = TestServer::start_in(&self.data_dir, self.sim_hosts).await;
@@ -127,7 +118,9 @@ impl TestServer {
 
     pub async fn shutdown(mut self) {
         if let Some(s) = self.server.take() {
-            s.shutdown().await.expect("graceful shutdown");
+            within("graceful shutdown", s.shutdown())
+                .await
+                .expect("graceful shutdown");
         }
     }
 }

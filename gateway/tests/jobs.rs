@@ -1,0 +1,584 @@
+//! JobService and TaskService over a real socket with simulated hosts: the
+//! job and task lifecycle, restarts after failures, constraints, gangs,
+//! kill, scale, restart, delete and run-time limits.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::*;
+use pb::JobState as J;
+use pb::TaskState as T;
+use peloton_proto::v1 as pb;
+use tonic::Code;
+
+async fn kill_job(c: &mut Clients, id: &str) -> pb::Job {
+    c.jobs
+        .kill(pb::KillJobRequest {
+            id: id.into(),
+            version: 0,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("kill {id}: {e:?}"))
+        .into_inner()
+        .job
+        .expect("job")
+}
+
+/// Host name of each task of `job_id` according to HostService.List.
+async fn hosts_of_job(c: &mut Clients, job_id: &str) -> BTreeMap<String, Vec<u32>> {
+    let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for h in list_hosts(c).await {
+        for t in &h.tasks {
+            if t.job_id == job_id {
+                out.entry(h.name.clone()).or_default().push(t.instance);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_placed_runs_and_succeeds() {
+    let s = TestServer::start(4).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let hosts = list_hosts(&mut c).await;
+    let names: BTreeSet<String> = hosts.iter().map(|h| h.name.clone()).collect();
+
+    let created = create_job(&mut c, job_spec("/a", 5, 1.0, 100)).await;
+    assert_eq!(created.version, 1);
+    assert!(!created.id.is_empty());
+    let done = wait_job(&c, &created.id, J::Succeeded).await;
+    assert_eq!(count_in(&done, T::Succeeded), 5);
+    let status = done.status.expect("status");
+    assert!(status.created_at_ms > 0);
+    assert!(status.completed_at_ms >= status.created_at_ms);
+
+    for i in 0..5 {
+        let t = get_task(&mut c, &created.id, i).await;
+        assert_eq!(t.job_id, created.id);
+        assert_eq!(t.instance, i);
+        let run = t.current.expect("current run");
+        assert_eq!(run.state(), T::Succeeded, "instance {i}: {run:?}");
+        assert_eq!(run.run_id, 1, "instance {i}");
+        assert_eq!(run.exit_code, 0, "instance {i}");
+        assert!(
+            names.contains(&run.host),
+            "instance {i} on unknown host {:?}",
+            run.host
+        );
+        assert!(run.created_at_ms > 0, "instance {i}: {run:?}");
+        assert!(
+            run.created_at_ms <= run.placed_at_ms,
+            "instance {i}: {run:?}"
+        );
+        assert!(
+            run.placed_at_ms <= run.started_at_ms,
+            "instance {i}: {run:?}"
+        );
+        assert!(
+            run.finished_at_ms >= run.started_at_ms + 100,
+            "instance {i} ran less than its 100 ms: {run:?}"
+        );
+        assert_eq!(t.failure_count, 0);
+        assert!(t.history.is_empty(), "instance {i}: {:?}", t.history);
+    }
+    // Every host has its resources back and holds no task.
+    let after = list_hosts(&mut c).await;
+    for h in &after {
+        assert_eq!(h.free, h.capacity, "host {} still holds resources", h.name);
+        assert!(
+            h.tasks.is_empty(),
+            "host {} still lists {:?}",
+            h.name,
+            h.tasks
+        );
+    }
+    let pool = get_pool(&mut c, "/a").await;
+    let st = pool.status.expect("status");
+    assert_eq!(st.allocation.expect("allocation").cpu, 0.0);
+    assert_eq!(st.running_tasks, 0);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_task_is_retried_then_fails_the_job() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let mut spec = job_spec("/a", 1, 1.0, 20);
+    let t = task_of(&mut spec);
+    t.sim.as_mut().expect("sim").exit_code = 3;
+    t.restart = Some(pb::RestartPolicy {
+        max_failures: 2,
+        backoff_ms: 10,
+        max_backoff_ms: 0,
+    });
+    let job = create_job(&mut c, spec).await;
+    let done = wait_job(&c, &job.id, J::Failed).await;
+    assert_eq!(count_in(&done, T::Failed), 1);
+
+    let t = get_task(&mut c, &job.id, 0).await;
+    assert_eq!(t.failure_count, 3, "{t:?}");
+    let run = t.current.clone().expect("current");
+    assert_eq!(run.state(), T::Failed);
+    assert_eq!(run.exit_code, 3);
+    assert_eq!(run.run_id, 3);
+    assert!(run.reason.contains("code 3"), "reason: {:?}", run.reason);
+    assert_eq!(t.history.len(), 2, "history: {:#?}", t.history);
+    // Newest first.
+    let ids: Vec<u32> = t.history.iter().map(|r| r.run_id).collect();
+    assert_eq!(ids, vec![2, 1]);
+    for r in &t.history {
+        assert_eq!(r.exit_code, 3, "{r:?}");
+        assert!(!r.host.is_empty(), "{r:?}");
+        assert!(r.finished_at_ms >= r.started_at_ms + 20, "{r:?}");
+    }
+    s.shutdown().await;
+}
+
+/// An ended run in the history should say how it ended (FAILED, with its
+/// exit code), not the BACKOFF wait that followed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_shows_how_each_failed_run_ended() {
+    let s = TestServer::start(1).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let mut spec = job_spec("/a", 1, 1.0, 10);
+    let t = task_of(&mut spec);
+    t.sim.as_mut().expect("sim").exit_code = 3;
+    t.restart = Some(pb::RestartPolicy {
+        max_failures: 1,
+        backoff_ms: 10,
+        max_backoff_ms: 0,
+    });
+    let job = create_job(&mut c, spec).await;
+    wait_job(&c, &job.id, J::Failed).await;
+    let t = get_task(&mut c, &job.id, 0).await;
+    assert_eq!(t.history.len(), 1);
+    assert_eq!(
+        t.history[0].state(),
+        T::Failed,
+        "the earlier run is recorded as {:?}: {:?}",
+        t.history[0].state(),
+        t.history[0]
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constraints_and_max_instances_per_host_are_respected() {
+    // 8 hosts: zone z2 is sim-00001 and sim-00005.
+    let s = TestServer::start(8).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let hosts = list_hosts(&mut c).await;
+    let zone: BTreeMap<String, String> = hosts
+        .iter()
+        .map(|h| (h.name.clone(), h.attributes["zone"].clone()))
+        .collect();
+    let z2: Vec<&String> = zone
+        .iter()
+        .filter(|(_, z)| *z == "z2")
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(z2.len(), 2, "zones: {zone:?}");
+
+    // Three instances, two z2 hosts, one per host: two run, one waits.
+    let mut spec = job_spec("/a", 3, 1.0, 1000);
+    let t = task_of(&mut spec);
+    t.constraint = "zone == \"z2\"".into();
+    t.max_instances_per_host = 1;
+    let job = create_job(&mut c, spec).await;
+    wait_job_where(&c, &job.id, "two instances running", |j| {
+        count_in(j, T::Running) == 2
+    })
+    .await;
+    let on = hosts_of_job(&mut c, &job.id).await;
+    assert_eq!(on.len(), 2, "hosts of the job: {on:?}");
+    for (host, instances) in &on {
+        assert_eq!(zone[host], "z2", "{host} is not in z2: {on:?}");
+        assert_eq!(instances.len(), 1, "{host} has two instances: {on:?}");
+    }
+    let tasks = list_tasks(&mut c, &job.id).await;
+    let waiting: Vec<&pb::Task> = tasks
+        .iter()
+        .filter(|t| !matches!(task_state(t), T::Running | T::Succeeded))
+        .collect();
+    assert_eq!(waiting.len(), 1, "{tasks:#?}");
+    let w = get_task(&mut c, &job.id, waiting[0].instance).await;
+    assert!(
+        w.current.as_ref().expect("run").host.is_empty(),
+        "waiting task has a host: {w:?}"
+    );
+
+    let done = wait_job(&c, &job.id, J::Succeeded).await;
+    assert_eq!(count_in(&done, T::Succeeded), 3);
+    for t in list_tasks(&mut c, &job.id).await {
+        let host = t.current.expect("run").host;
+        assert_eq!(
+            zone.get(&host).map(String::as_str),
+            Some("z2"),
+            "instance {} on {host:?}",
+            t.instance
+        );
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_waits_for_room_for_all_and_then_runs_together() {
+    // One host of 16 cores.
+    let s = TestServer::start(1).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let blocker = create_job(&mut c, job_spec("/a", 1, 4.0, 600_000)).await;
+    wait_job(&c, &blocker.id, J::Running).await;
+
+    // Four of 4 cores: only three fit next to the blocker.
+    let mut spec = job_spec("/a", 4, 4.0, 600_000);
+    spec.sla = Some(pb::Sla {
+        min_running_instances: 4,
+        ..Default::default()
+    });
+    let gang = create_job(&mut c, spec).await;
+    let mut cc = c.clone();
+    let gang_id = gang.id.clone();
+    let reason = eventually("the gang to have a pending reason", TIMEOUT, async || {
+        let t = get_task(&mut cc, &gang_id, 0).await;
+        if t.pending_reason.is_empty() || t.pending_reason.contains("next cycle decides") {
+            Err(format!("{t:?}"))
+        } else {
+            Ok(t.pending_reason)
+        }
+    })
+    .await;
+    // Several cycles later nothing of the gang runs or holds a host.
+    for _ in 0..10 {
+        let j = get_job(&mut c, &gang.id).await.expect("gang");
+        assert_eq!(job_state(&j), J::Pending, "{j:?}");
+        for t in list_tasks(&mut c, &gang.id).await {
+            let run = t.current.expect("run");
+            assert!(
+                !matches!(run.state(), T::Placed | T::Launching | T::Running),
+                "gang member {} is {:?} with only room for 3 (reason was {reason:?})",
+                t.instance,
+                run.state()
+            );
+            assert!(
+                run.host.is_empty(),
+                "gang member {} on {}",
+                t.instance,
+                run.host
+            );
+        }
+        assert!(hosts_of_job(&mut c, &gang.id).await.is_empty());
+        for i in 0..4 {
+            let t = get_task(&mut c, &gang.id, i).await;
+            assert!(
+                !t.pending_reason.is_empty(),
+                "instance {i} has no pending reason: {t:?}"
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+
+    kill_job(&mut c, &blocker.id).await;
+    wait_job(&c, &blocker.id, J::Killed).await;
+    wait_job_where(&c, &gang.id, "all four gang members running", |j| {
+        count_in(j, T::Running) == 4
+    })
+    .await;
+    let on = hosts_of_job(&mut c, &gang.id).await;
+    assert_eq!(on.values().map(Vec::len).sum::<usize>(), 4, "{on:?}");
+    kill_job(&mut c, &gang.id).await;
+    wait_job(&c, &gang.id, J::Killed).await;
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_ends_every_task_and_frees_the_hosts() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    // More than fit (2 hosts of 16 cores): some run, some wait.
+    let job = create_job(&mut c, job_spec("/a", 40, 1.0, 600_000)).await;
+    wait_job(&c, &job.id, J::Running).await;
+    let killed = kill_job(&mut c, &job.id).await;
+    assert!(
+        matches!(job_state(&killed), J::Killing | J::Killed),
+        "{killed:?}"
+    );
+    let done = wait_job(&c, &job.id, J::Killed).await;
+    assert_eq!(count_in(&done, T::Killed), 40, "{done:?}");
+    for h in list_hosts(&mut c).await {
+        assert_eq!(h.free, h.capacity, "host {} still holds resources", h.name);
+    }
+    // Killing again is harmless.
+    let again = kill_job(&mut c, &job.id).await;
+    assert_eq!(job_state(&again), J::Killed);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_up_and_down() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let job = create_job(&mut c, job_spec("/a", 2, 1.0, 600_000)).await;
+    wait_job_where(&c, &job.id, "2 running", |j| count_in(j, T::Running) == 2).await;
+
+    let up = c
+        .jobs
+        .scale(pb::ScaleJobRequest {
+            id: job.id.clone(),
+            instance_count: 5,
+            version: 1,
+        })
+        .await
+        .expect("scale up")
+        .into_inner()
+        .job
+        .expect("job");
+    assert_eq!(up.spec.as_ref().expect("spec").instance_count, 5);
+    assert_eq!(up.version, 2);
+    wait_job_where(&c, &job.id, "5 running", |j| count_in(j, T::Running) == 5).await;
+    assert_eq!(list_tasks(&mut c, &job.id).await.len(), 5);
+
+    // Stale version, zero instances: refused, nothing changes.
+    assert_status(
+        c.jobs
+            .scale(pb::ScaleJobRequest {
+                id: job.id.clone(),
+                instance_count: 1,
+                version: 1,
+            })
+            .await,
+        Code::FailedPrecondition,
+        "version",
+    );
+    assert_status(
+        c.jobs
+            .scale(pb::ScaleJobRequest {
+                id: job.id.clone(),
+                instance_count: 0,
+                version: 0,
+            })
+            .await,
+        Code::InvalidArgument,
+        "instance_count",
+    );
+    let j = get_job(&mut c, &job.id).await.expect("job");
+    assert_eq!(j.version, 2);
+    assert_eq!(j.spec.expect("spec").instance_count, 5);
+
+    let down = c
+        .jobs
+        .scale(pb::ScaleJobRequest {
+            id: job.id.clone(),
+            instance_count: 1,
+            version: 2,
+        })
+        .await
+        .expect("scale down")
+        .into_inner()
+        .job
+        .expect("job");
+    assert_eq!(down.spec.as_ref().expect("spec").instance_count, 1);
+    let tasks = list_tasks(&mut c, &job.id).await;
+    assert_eq!(tasks.len(), 1, "{tasks:#?}");
+    assert_eq!(tasks[0].instance, 0);
+    assert_eq!(task_state(&tasks[0]), T::Running);
+    let j = wait_job_where(&c, &job.id, "1 running", |j| count_in(j, T::Running) == 1).await;
+    let total: u32 = j
+        .status
+        .expect("status")
+        .task_counts
+        .iter()
+        .map(|c| c.count)
+        .sum();
+    assert_eq!(total, 1, "task counts after scale down");
+    assert_status(
+        c.tasks
+            .get(pb::GetTaskRequest {
+                job_id: job.id.clone(),
+                instance: 3,
+            })
+            .await,
+        Code::NotFound,
+        "instance 3",
+    );
+    let on = hosts_of_job(&mut c, &job.id).await;
+    assert_eq!(on.values().map(Vec::len).sum::<usize>(), 1, "{on:?}");
+    let pool = get_pool(&mut c, "/a").await;
+    assert_eq!(
+        pool.status.expect("status").allocation.expect("alloc").cpu,
+        1.0
+    );
+    kill_job(&mut c, &job.id).await;
+    wait_job(&c, &job.id, J::Killed).await;
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_runs_every_task_again() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let job = create_job(&mut c, job_spec("/a", 3, 1.0, 50)).await;
+    wait_job(&c, &job.id, J::Succeeded).await;
+    let r = c
+        .jobs
+        .restart(pb::RestartJobRequest {
+            id: job.id.clone(),
+            version: 0,
+        })
+        .await
+        .expect("restart")
+        .into_inner()
+        .job
+        .expect("job");
+    assert!(
+        !matches!(job_state(&r), J::Succeeded | J::Failed | J::Killed),
+        "restarted job is still terminal: {r:?}"
+    );
+    wait_job_where(
+        &c,
+        &job.id,
+        "every task on its second run and succeeded",
+        |j| job_state(j) == J::Succeeded,
+    )
+    .await;
+    for t in list_tasks(&mut c, &job.id).await {
+        let run = t.current.clone().expect("run");
+        assert_eq!(run.run_id, 2, "instance {}: {t:?}", t.instance);
+        assert_eq!(run.state(), T::Succeeded);
+        assert_eq!(t.history.len(), 1, "{t:?}");
+        assert_eq!(t.history[0].run_id, 1);
+        assert_eq!(t.history[0].state(), T::Succeeded);
+    }
+
+    // A killed job can be restarted too.
+    let long = create_job(&mut c, job_spec("/a", 2, 1.0, 600_000)).await;
+    wait_job(&c, &long.id, J::Running).await;
+    kill_job(&mut c, &long.id).await;
+    wait_job(&c, &long.id, J::Killed).await;
+    c.jobs
+        .restart(pb::RestartJobRequest {
+            id: long.id.clone(),
+            version: 0,
+        })
+        .await
+        .expect("restart a killed job");
+    wait_job_where(&c, &long.id, "both running again", |j| {
+        count_in(j, T::Running) == 2 && job_state(j) == J::Running
+    })
+    .await;
+    kill_job(&mut c, &long.id).await;
+    wait_job(&c, &long.id, J::Killed).await;
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_only_when_terminal() {
+    let s = TestServer::start(1).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let job = create_job(&mut c, job_spec("/a", 2, 1.0, 600_000)).await;
+    wait_job(&c, &job.id, J::Running).await;
+    assert_status(
+        c.jobs
+            .delete(pb::DeleteJobRequest {
+                id: job.id.clone(),
+                version: 0,
+            })
+            .await,
+        Code::FailedPrecondition,
+        &job.id,
+    );
+    get_job(&mut c, &job.id).await.expect("still there");
+    kill_job(&mut c, &job.id).await;
+    let killed = wait_job(&c, &job.id, J::Killed).await;
+    assert_status(
+        c.jobs
+            .delete(pb::DeleteJobRequest {
+                id: job.id.clone(),
+                version: killed.version + 5,
+            })
+            .await,
+        Code::FailedPrecondition,
+        "version",
+    );
+    c.jobs
+        .delete(pb::DeleteJobRequest {
+            id: job.id.clone(),
+            version: killed.version,
+        })
+        .await
+        .expect("delete a killed job");
+    assert_status(get_job(&mut c, &job.id).await, Code::NotFound, &job.id);
+    assert_status(
+        c.tasks
+            .list(pb::ListTasksRequest {
+                job_id: job.id.clone(),
+                ..Default::default()
+            })
+            .await,
+        Code::NotFound,
+        &job.id,
+    );
+    assert_status(
+        c.jobs
+            .delete(pb::DeleteJobRequest {
+                id: job.id.clone(),
+                version: 0,
+            })
+            .await,
+        Code::NotFound,
+        &job.id,
+    );
+    let q = c
+        .jobs
+        .query(pb::QueryJobsRequest::default())
+        .await
+        .expect("query")
+        .into_inner();
+    assert!(q.jobs.is_empty(), "{q:?}");
+    // And it stays deleted across a restart.
+    let s = s.restart().await;
+    let mut c = s.clients.clone();
+    assert_status(get_job(&mut c, &job.id).await, Code::NotFound, &job.id);
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_running_time_kills_a_long_task() {
+    let s = TestServer::start(1).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let mut spec = job_spec("/a", 1, 1.0, 600_000);
+    spec.sla = Some(pb::Sla {
+        max_running_time_ms: 200,
+        ..Default::default()
+    });
+    let job = create_job(&mut c, spec).await;
+    wait_job(&c, &job.id, J::Failed).await;
+    let t = get_task(&mut c, &job.id, 0).await;
+    let run = t.current.expect("run");
+    assert_eq!(run.state(), T::Failed);
+    assert!(
+        run.reason.contains("max_running_time_ms"),
+        "reason: {:?}",
+        run.reason
+    );
+    assert!(run.finished_at_ms >= run.started_at_ms + 200, "{run:?}");
+    assert!(
+        run.finished_at_ms < run.started_at_ms + 600_000,
+        "not killed early: {run:?}"
+    );
+    for h in list_hosts(&mut c).await {
+        assert_eq!(h.free, h.capacity, "host {} still holds resources", h.name);
+    }
+    s.shutdown().await;
+}
