@@ -125,7 +125,9 @@ pub struct Engine {
     tasks: TaskArena,
     constraints: ConstraintTable,
     placer: Placer,
-    /// Admitted tasks without a host yet, in admission order.
+    /// Admitted tasks without a host yet, in admission order. Tasks that
+    /// ended meanwhile are dropped at the next cycle (not searched for one
+    /// by one: ending a large job would be quadratic).
     waiting: Vec<TaskHandle>,
     /// Queued gangs by task, to withdraw them.
     queued: rustc_hash::FxHashMap<TaskHandle, crate::admission::PendingId>,
@@ -188,7 +190,8 @@ impl Engine {
         &self.report
     }
 
-    /// Admitted tasks still waiting for a host.
+    /// Admitted tasks still waiting for a host (as of the last cycle; some
+    /// may have ended since).
     pub fn n_waiting(&self) -> usize {
         self.waiting.len()
     }
@@ -320,6 +323,9 @@ impl Engine {
                 .expect("admitted tasks are live");
             self.waiting.push(handle);
         }
+        let tasks = &self.tasks;
+        self.waiting
+            .retain(|&t| tasks.state(t) == Ok(TaskState::Admitted));
         let batch_len = self.waiting.len().min(crate::placement::MAX_BATCH);
         self.placer
             .place(
@@ -351,11 +357,11 @@ impl Engine {
                 problem: "still queued for admission: cancel it instead".into(),
             });
         }
+        // An admitted task still without a host is dropped from `waiting`
+        // at the next cycle.
         if state == TaskState::Placed {
             self.placer
                 .unplace(&mut self.hosts, &mut self.tasks, task)?;
-        } else {
-            self.waiting.retain(|&t| t != task);
         }
         let flags_of = TaskFlags {
             preemptible: spec.flags & flags::PREEMPTIBLE != 0,

@@ -21,6 +21,10 @@ pub struct RunRef {
     pub instance: u32,
     /// Run of the instance.
     pub run: u32,
+    /// The loop's launch number, unique per launch while the process
+    /// lives: an instance removed by a scale-down and added back starts at
+    /// run 1 again, and must not receive the old run's updates.
+    pub seq: u64,
 }
 
 /// Start a run on a host.
@@ -166,6 +170,7 @@ mod tests {
             job: 0,
             instance,
             run: 1,
+            seq: u64::from(instance),
         }
     }
 

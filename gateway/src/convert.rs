@@ -479,6 +479,13 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             ),
         ));
     }
+    let max_gang = peloton_engine::admission::DEFAULT_MAX_GANG_SIZE as u32;
+    if gang > max_gang {
+        return Err(invalid(
+            "spec.sla.min_running_instances",
+            format!("gang size {gang} is more than the limit of {max_gang}"),
+        ));
+    }
     if sla.max_running_instances != 0 && sla.max_running_instances < gang {
         return Err(invalid(
             "spec.sla.max_running_instances",

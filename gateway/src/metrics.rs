@@ -139,6 +139,22 @@ impl Metrics {
         m
     }
 
+    /// Drops a deleted pool's series.
+    pub fn forget_pool(&self, path: &str) {
+        self.pending_tasks.remove(&PoolLabels {
+            pool: path.to_string(),
+        });
+        for dim in ["cpu", "memory", "disk", "gpu"] {
+            let labels = PoolDimLabels {
+                pool: path.to_string(),
+                dim: dim.to_string(),
+            };
+            self.entitlement.remove(&labels);
+            self.allocation.remove(&labels);
+            self.demand.remove(&labels);
+        }
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();

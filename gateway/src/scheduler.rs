@@ -258,6 +258,8 @@ fn on_host(s: S) -> bool {
 struct TaskEntry {
     state: S,
     run: u32,
+    /// Launch number of the current run (0: not launched since start).
+    seq: u64,
     handle: Option<TaskHandle>,
     host: u32,
     created_at: u64,
@@ -278,6 +280,7 @@ impl TaskEntry {
         TaskEntry {
             state: S::Initialized,
             run: 1,
+            seq: 0,
             handle: None,
             host: NO_HOST,
             created_at: now,
@@ -348,6 +351,10 @@ pub struct Scheduler {
     launches: Vec<Launch>,
     kills: Vec<Kill>,
     updates: Vec<TaskUpdate>,
+    /// Jobs whose next gang the engine refused (queues full): retried
+    /// after the next cycle.
+    retry_fill: FxHashSet<u32>,
+    next_seq: u64,
     needs_cycle: bool,
     last_cycle: Option<Instant>,
     last_pool_metrics: Option<Instant>,
@@ -391,7 +398,9 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         snapshot: Snapshot,
     ) -> anyhow::Result<Self> {
-        let (events_tx, _) = broadcast::channel(4096);
+        // Bounded by commits; a watcher that falls further behind catches up
+        // from the store.
+        let (events_tx, _) = broadcast::channel(256);
         let mut host_names = Vec::new();
         for slot in engine.hosts().live_hosts().iter() {
             let id = engine.hosts().lookup_slot(slot as usize).expect("live");
@@ -427,6 +436,8 @@ impl Scheduler {
             launches: Vec::new(),
             kills: Vec::new(),
             updates: Vec::new(),
+            retry_fill: FxHashSet::default(),
+            next_seq: 0,
             needs_cycle: true,
             last_cycle: None,
             last_pool_metrics: None,
@@ -475,7 +486,16 @@ impl Scheduler {
         for (id, bytes) in &snap.jobs {
             let job = pb::Job::decode(bytes.as_slice())?;
             let spec = job.spec.clone().unwrap_or_default();
-            let plan = convert::job_plan(&spec, &self.config.limits)
+            // Stored jobs were valid when accepted; limits configured lower
+            // since must not make them unreadable.
+            let lenient = Limits {
+                max_instances_per_job: u32::MAX,
+                max_ports: usize::MAX,
+                max_list_len: usize::MAX,
+                max_string_len: usize::MAX,
+                max_overrides: usize::MAX,
+            };
+            let plan = convert::job_plan(&spec, &lenient)
                 .map_err(|e| anyhow::anyhow!("stored job {id}: {}", e.message()))?;
             let status = job.status.clone().unwrap_or_default();
             let pool = self.engine.resources().tree().lookup(&spec.pool);
@@ -491,10 +511,7 @@ impl Scheduler {
                 state: status.state(),
                 created_at: status.created_at_ms,
                 completed_at: status.completed_at_ms,
-                kill_requested: matches!(
-                    status.state(),
-                    pb::JobState::Killing | pb::JobState::Killed
-                ),
+                kill_requested: status.kill_requested,
                 tasks: (0..n)
                     .map(|_| TaskEntry::new(status.created_at_ms))
                     .collect(),
@@ -516,6 +533,11 @@ impl Scheduler {
                 t.started_at = cur.started_at_ms;
                 t.finished_at = cur.finished_at_ms;
                 t.exit_code = cur.exit_code;
+                t.host = self
+                    .engine
+                    .hosts()
+                    .lookup(&cur.host)
+                    .map_or(NO_HOST, |h| h.idx() as u32);
                 t.failures = row.failure_count;
                 t.reason = (!cur.reason.is_empty()).then(|| cur.reason.into_boxed_str());
                 t.history = (!row.history.is_empty()).then(|| Box::new(row.history));
@@ -526,11 +548,10 @@ impl Scheduler {
             for (i, t) in entry.tasks.iter_mut().enumerate() {
                 match t.state {
                     S::Initialized | S::Pending | S::Ready | S::Placing | S::Unknown => {
+                        // Initialized instances are exactly the waiting ones.
                         t.state = S::Initialized;
                         t.host = NO_HOST;
-                        if !entry.kill_requested {
-                            entry.waiting.push_back(i as u32);
-                        }
+                        entry.waiting.push_back(i as u32);
                     }
                     S::Placed | S::Launching | S::Running | S::Lost | S::Preempted => {
                         lost.push(i as u32);
@@ -543,6 +564,7 @@ impl Scheduler {
                                 job: key,
                                 instance: i as u32,
                                 run: t.run,
+                                seq: t.seq,
                             },
                         )));
                     }
@@ -649,6 +671,8 @@ impl Scheduler {
         };
         if due {
             self.cycle();
+            self.need_fill.extend(self.retry_fill.drain());
+            self.fill_all();
         }
         self.backend.launch(self.now, &mut self.launches);
         self.backend.kill(self.now, &mut self.kills);
@@ -795,6 +819,10 @@ impl Scheduler {
             return;
         };
         job.active -= 1;
+        if !job.waiting.is_empty() {
+            // Room under max_running_instances for the next gang.
+            self.need_fill.insert(k);
+        }
         self.owners[h.idx()] = None;
         match self.engine.tasks().state(h) {
             Ok(EngineTaskState::Pending) => {
@@ -822,14 +850,16 @@ impl Scheduler {
     }
 
     /// Ends the current run in `to` (Killed, Preempted, Lost or Failed),
-    /// stopping it on its host if it has one.
-    fn end_run(&mut self, k: u32, i: u32, to: S, reason: &str) {
+    /// stopping it on its host if it has one. Returns whether a run ended
+    /// in `to` (false: it had already ended, or it was only queued and went
+    /// back to waiting).
+    fn end_run(&mut self, k: u32, i: u32, to: S, reason: &str) -> bool {
         let job = self.jobs.get_mut(&k).expect("live job");
         let grace = job.plan.template(i).kill_grace_ms;
         let t = &mut job.tasks[i as usize];
         let state = t.state;
         if is_terminal(state) || matches!(state, S::Lost | S::Preempted) {
-            return;
+            return false;
         }
         if on_host(state) {
             self.kills.push(Kill {
@@ -837,30 +867,40 @@ impl Scheduler {
                     job: k,
                     instance: i,
                     run: t.run,
+                    seq: t.seq,
                 },
                 grace_ms: grace,
             });
         }
-        if state == S::Initialized {
-            job.waiting.retain(|&w| w != i);
+        if state == S::Initialized && to == S::Killed {
+            if let Some(at) = job.waiting.iter().position(|&w| w == i) {
+                job.waiting.remove(at);
+            }
         }
         t.finished_at = self.now;
         self.release(k, i);
         if state == S::Backoff || state == S::Initialized {
             if to == S::Killed {
                 self.transition(k, i, S::Killed, Some(reason));
+                return true;
             }
-            return;
+            return false;
         }
         if state == S::Pending && to != S::Killed {
-            // Never left the queue: nothing to preempt or lose.
+            // Never left the queue: nothing to preempt or lose; it waits
+            // again.
             self.transition(k, i, S::Initialized, None);
-            return;
+            let job = self.jobs.get_mut(&k).expect("live job");
+            let at = job.waiting.partition_point(|&w| w < i);
+            job.waiting.insert(at, i);
+            self.need_fill.insert(k);
+            return false;
         }
         self.transition(k, i, to, Some(reason));
         if to == S::Preempted {
             self.metrics.preemptions.inc();
         }
+        true
     }
 
     /// Starts a new run of an instance whose run has ended.
@@ -975,6 +1015,7 @@ impl Scheduler {
                         job.tasks[i as usize].reason = Some(reason.clone());
                     }
                     // Retried after the next cycle.
+                    self.retry_fill.insert(k);
                     return;
                 }
             }
@@ -1005,7 +1046,9 @@ impl Scheduler {
             let t = &mut job.tasks[i as usize];
             t.host = p.host;
             t.placed_at = self.now;
-            let run = t.run;
+            self.next_seq += 1;
+            t.seq = self.next_seq;
+            let (run, seq) = (t.run, t.seq);
             self.transition(k, i, S::Placed, None);
             self.transition(k, i, S::Launching, None);
             self.launches.push(Launch {
@@ -1013,6 +1056,7 @@ impl Scheduler {
                     job: k,
                     instance: i,
                     run,
+                    seq,
                 },
                 host: self.host_names[p.host as usize].clone(),
                 sim_duration_ms: duration,
@@ -1038,8 +1082,9 @@ impl Scheduler {
             .map(|v| (v.task, format!("preempted: {}", v.reason)))
             .collect();
         for (h, reason) in victims {
-            if let Some(Some((k, i))) = self.owners.get(h.idx()).copied() {
-                self.end_run(k, i, S::Preempted, &reason);
+            if let Some(Some((k, i))) = self.owners.get(h.idx()).copied()
+                && self.end_run(k, i, S::Preempted, &reason)
+            {
                 self.new_run(k, i);
             }
         }
@@ -1057,7 +1102,7 @@ impl Scheduler {
         let Some(t) = job.tasks.get_mut(i as usize) else {
             return;
         };
-        if t.run != u.run.run || !on_host(t.state) {
+        if t.run != u.run.run || t.seq != u.run.seq || !on_host(t.state) {
             return; // a run we already ended
         }
         match u.status {
@@ -1112,7 +1157,7 @@ impl Scheduler {
             return;
         }
         let at = self.now.saturating_add(policy.backoff(t.failures));
-        let run = t.run;
+        let (run, seq) = (t.run, t.seq);
         self.timers.push(Reverse((
             at,
             TimerKind::Backoff,
@@ -1120,6 +1165,7 @@ impl Scheduler {
                 job: k,
                 instance: i,
                 run,
+                seq,
             },
         )));
         self.transition(k, i, S::Backoff, Some(reason));
@@ -1137,7 +1183,7 @@ impl Scheduler {
             let Some(t) = job.tasks.get(run.instance as usize) else {
                 continue;
             };
-            if t.run != run.run {
+            if t.run != run.run || t.seq != run.seq {
                 continue;
             }
             match kind {
@@ -1155,10 +1201,8 @@ impl Scheduler {
                         [run.instance as usize];
                     t.finished_at = self.now;
                     self.release(run.job, run.instance);
-                    self.transition(run.job, run.instance, S::Failed, Some(&reason));
-                    let t = &mut self.jobs.get_mut(&run.job).expect("live").tasks
-                        [run.instance as usize];
-                    t.failures += 1;
+                    // A failure like any other: the restart policy applies.
+                    self.fail(run.job, run.instance, &reason);
                 }
                 _ => {}
             }
@@ -1203,6 +1247,7 @@ impl Scheduler {
                     kind: Some(pb::event::Kind::Job(pb::JobEvent {
                         job_id: job.id.to_string(),
                         state: new as i32,
+                        deleted: false,
                     })),
                 });
             }
@@ -1259,6 +1304,14 @@ impl Scheduler {
 
     // ------------------------------------------------------------ commands
 
+    /// Answers a read after this iteration's commit, so that it never shows
+    /// a change that is not durable yet.
+    fn defer_read<T: Send + 'static>(&mut self, reply: Reply<T>, value: Result<T, Status>) {
+        self.deferred.push(Box::new(move || {
+            let _ = reply.send(value);
+        }));
+    }
+
     fn defer<T: Send + 'static>(&mut self, reply: Reply<T>, value: Result<T, Status>) {
         match value {
             // Errors change nothing: answer at once.
@@ -1306,14 +1359,14 @@ impl Scheduler {
                     .resolve(&path)
                     .map_err(pool_error)
                     .map(|id| self.pool_to_pb(id));
-                let _ = reply.send(r);
+                self.defer_read(reply, r);
             }
             Command::ListPools { reply } => {
                 let tree = self.engine.resources().tree();
                 let mut ids = tree.list();
                 ids.sort_by(|a, b| tree.path(*a).cmp(tree.path(*b)));
                 let pools = ids.into_iter().map(|id| self.pool_to_pb(id)).collect();
-                let _ = reply.send(Ok(pools));
+                self.defer_read(reply, Ok(pools));
             }
             Command::CreateJob { spec, plan, reply } => {
                 let r = self.create_job(*spec, *plan);
@@ -1321,10 +1374,11 @@ impl Scheduler {
             }
             Command::GetJob { id, reply } => {
                 let r = self.job_key(&id).map(|k| job_to_pb(&self.jobs[&k]));
-                let _ = reply.send(r);
+                self.defer_read(reply, r);
             }
             Command::QueryJobs { request, reply } => {
-                let _ = reply.send(self.query_jobs(&request));
+                let r = self.query_jobs(&request);
+                self.defer_read(reply, r);
             }
             Command::JobAction {
                 id,
@@ -1336,14 +1390,16 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::ListTasks { request, reply } => {
-                let _ = reply.send(self.list_tasks(&request));
+                let r = self.list_tasks(&request);
+                self.defer_read(reply, r);
             }
             Command::GetTask {
                 job_id,
                 instance,
                 reply,
             } => {
-                let _ = reply.send(self.get_task(&job_id, instance));
+                let r = self.get_task(&job_id, instance);
+                self.defer_read(reply, r);
             }
             Command::TaskAction {
                 job_id,
@@ -1355,7 +1411,8 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::ListHosts { reply } => {
-                let _ = reply.send(Ok(self.list_hosts()));
+                let r = Ok(self.list_hosts());
+                self.defer_read(reply, r);
             }
             Command::Maintenance {
                 hosts,
@@ -1451,6 +1508,7 @@ impl Scheduler {
             })?;
         self.pool_versions.remove(path);
         self.batch.pools.push((path.to_string(), None));
+        self.metrics.forget_pool(path);
         self.needs_cycle = true;
         Ok(())
     }
@@ -1573,11 +1631,16 @@ impl Scheduler {
                     // Nothing runs: killing changes nothing.
                     return Ok(Some(job_to_pb(job)));
                 }
-                self.jobs.get_mut(&k).expect("live").kill_requested = true;
+                let job = self.jobs.get_mut(&k).expect("live");
+                job.kill_requested = true;
+                // Waiting instances end without a search each.
+                let waiting = std::mem::take(&mut job.waiting);
+                for &i in &waiting {
+                    self.transition(k, i, S::Killed, Some("job killed"));
+                }
                 for i in 0..n {
                     self.end_run(k, i, S::Killed, "job killed");
                 }
-                self.jobs.get_mut(&k).expect("live").waiting.clear();
             }
             JobAction::Delete => {
                 if !is_terminal_job(job.state) {
@@ -1588,6 +1651,16 @@ impl Scheduler {
                 }
                 let job = self.jobs.remove(&k).expect("live");
                 self.by_id.remove(id);
+                self.revision += 1;
+                self.events.push(pb::Event {
+                    revision: self.revision,
+                    time_ms: self.now,
+                    kind: Some(pb::event::Kind::Job(pb::JobEvent {
+                        job_id: job.id.to_string(),
+                        state: job.state as i32,
+                        deleted: true,
+                    })),
+                });
                 self.dirty_jobs.remove(&k);
                 self.need_fill.remove(&k);
                 self.deleted_jobs.push(job.id.to_string());
@@ -1621,7 +1694,21 @@ impl Scheduler {
                         format!("{count} is less than the gang size {}", job.plan.gang),
                     ));
                 }
+                if count > n {
+                    self.check_job_pool(k)?;
+                }
                 if count < n {
+                    let job = self.jobs.get_mut(&k).expect("live");
+                    let gone: Vec<u32> = job
+                        .waiting
+                        .iter()
+                        .copied()
+                        .filter(|&w| w >= count)
+                        .collect();
+                    job.waiting.retain(|&w| w < count);
+                    for i in gone {
+                        self.transition(k, i, S::Killed, Some("job scaled down"));
+                    }
                     for i in count..n {
                         self.end_run(k, i, S::Killed, "job scaled down");
                     }
@@ -1629,7 +1716,10 @@ impl Scheduler {
                     for t in job.tasks.drain(count as usize..) {
                         job.counts[t.state as usize] -= 1;
                     }
-                    job.waiting.retain(|&w| w < count);
+                    // Overrides of removed instances go with them (a stored
+                    // spec must stay valid).
+                    job.spec.overrides.retain(|o| o.instance < count);
+                    job.plan.overrides.retain(|&i, _| i < count);
                     let id = job.id.clone();
                     for i in count..n {
                         self.batch.tasks.push(((id.clone(), i), None));
@@ -1647,12 +1737,7 @@ impl Scheduler {
                 self.jobs.get_mut(&k).expect("live").spec.instance_count = count;
             }
             JobAction::Restart => {
-                let tree = self.engine.resources().tree();
-                if !tree.contains(job.pool) || tree.path(job.pool) != job.spec.pool {
-                    // The pool was deleted (and maybe created again).
-                    let pool = self.resolve_job_pool(&job.spec.pool.clone())?;
-                    self.jobs.get_mut(&k).expect("live").pool = pool;
-                }
+                self.check_job_pool(k)?;
                 self.jobs.get_mut(&k).expect("live").kill_requested = false;
                 for i in 0..n {
                     self.restart_instance(k, i);
@@ -1666,34 +1751,38 @@ impl Scheduler {
         Ok(Some(job_to_pb(&self.jobs[&k])))
     }
 
+    /// Makes sure the job's pool still exists (it may have been deleted
+    /// while the job was finished, and maybe created again).
+    fn check_job_pool(&mut self, k: u32) -> Result<(), Status> {
+        let job = &self.jobs[&k];
+        let tree = self.engine.resources().tree();
+        if !tree.contains(job.pool) || tree.path(job.pool) != job.spec.pool {
+            let pool = self.resolve_job_pool(&job.spec.pool.clone())?;
+            self.jobs.get_mut(&k).expect("live").pool = pool;
+        }
+        Ok(())
+    }
+
+    /// A new run of an instance (the current one is killed first). An
+    /// instance still waiting (Initialized) keeps its place.
     fn restart_instance(&mut self, k: u32, i: u32) {
         let state = self.jobs[&k].tasks[i as usize].state;
         match state {
             S::Initialized => {
-                let job = self.jobs.get_mut(&k).expect("live");
-                if !job.waiting.contains(&i) {
-                    let at = job.waiting.partition_point(|&w| w < i);
-                    job.waiting.insert(at, i);
-                }
+                // Initialized instances are always in `waiting`.
                 self.need_fill.insert(k);
                 return;
             }
             S::Failed | S::Succeeded | S::Killed => {}
-            _ => self.end_run(k, i, S::Killed, "restarted"),
-        }
-        let job = self.jobs.get_mut(&k).expect("live");
-        job.tasks[i as usize].failures = 0;
-        let state = job.tasks[i as usize].state;
-        if state == S::Initialized {
-            self.need_fill.insert(k);
-            if !self.jobs[&k].waiting.contains(&i) {
-                let job = self.jobs.get_mut(&k).expect("live");
-                let at = job.waiting.partition_point(|&w| w < i);
-                job.waiting.insert(at, i);
+            _ => {
+                if !self.end_run(k, i, S::Killed, "restarted") {
+                    // It was only queued and now waits again.
+                    return;
+                }
             }
-        } else {
-            self.new_run(k, i);
         }
+        self.jobs.get_mut(&k).expect("live").tasks[i as usize].failures = 0;
+        self.new_run(k, i);
     }
 
     fn task_action(
@@ -1717,14 +1806,27 @@ impl Scheduler {
                 "job {job_id} was killed; restart the job instead"
             )));
         }
-        for &i in instances {
-            if restart {
+        if restart {
+            self.check_job_pool(k)?;
+            for &i in instances {
                 self.restart_instance(k, i);
-            } else {
-                self.end_run(k, i, S::Killed, "killed by request");
-                let job = self.jobs.get_mut(&k).expect("live");
-                job.waiting.retain(|&w| w != i);
             }
+            return Ok(());
+        }
+        let named: FxHashSet<u32> = instances.iter().copied().collect();
+        let job = self.jobs.get_mut(&k).expect("live");
+        let waiting: Vec<u32> = job
+            .waiting
+            .iter()
+            .copied()
+            .filter(|w| named.contains(w))
+            .collect();
+        job.waiting.retain(|w| !named.contains(w));
+        for i in waiting {
+            self.transition(k, i, S::Killed, Some("killed by request"));
+        }
+        for &i in &named {
+            self.end_run(k, i, S::Killed, "killed by request");
         }
         Ok(())
     }
@@ -1934,13 +2036,14 @@ impl Scheduler {
                     .map(|v| v.task)
                     .collect();
                 for h in on_it {
-                    if let Some(Some((k, i))) = self.owners.get(h.idx()).copied() {
-                        self.end_run(
+                    if let Some(Some((k, i))) = self.owners.get(h.idx()).copied()
+                        && self.end_run(
                             k,
                             i,
                             S::Preempted,
                             &format!("host {name} drained for maintenance"),
-                        );
+                        )
+                    {
                         self.new_run(k, i);
                     }
                 }
@@ -2027,6 +2130,7 @@ fn job_to_pb(job: &JobEntry) -> pb::Job {
                     count: *c,
                 })
                 .collect(),
+            kill_requested: job.kill_requested,
         }),
         version: job.version,
     }

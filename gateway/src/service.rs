@@ -46,6 +46,13 @@ impl Api {
     }
 }
 
+fn check_id(field: &str, id: &str) -> Result<(), Status> {
+    if id.is_empty() {
+        return Err(convert::invalid(field, "must not be empty"));
+    }
+    Ok(())
+}
+
 fn check_path(path: &str) -> Result<(), Status> {
     if path.is_empty() {
         return Err(convert::invalid("path", "must not be empty"));
@@ -175,6 +182,7 @@ impl JobService for Api {
         request: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::GetJobResponse>, Status> {
         let id = request.into_inner().id;
+        check_id("id", &id)?;
         let job = self.call(|reply| Command::GetJob { id, reply }).await?;
         Ok(Response::new(pb::GetJobResponse { job: Some(job) }))
     }
@@ -236,6 +244,7 @@ impl TaskService for Api {
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let request = request.into_inner();
+        check_id("job_id", &request.job_id)?;
         let out = self
             .call(|reply| Command::ListTasks { request, reply })
             .await?;
@@ -247,6 +256,7 @@ impl TaskService for Api {
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
         let r = request.into_inner();
+        check_id("job_id", &r.job_id)?;
         let task = self
             .call(|reply| Command::GetTask {
                 job_id: r.job_id,
@@ -262,6 +272,7 @@ impl TaskService for Api {
         request: Request<pb::KillTaskRequest>,
     ) -> Result<Response<pb::KillTaskResponse>, Status> {
         let r = request.into_inner();
+        check_id("job_id", &r.job_id)?;
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
@@ -277,6 +288,7 @@ impl TaskService for Api {
         request: Request<pb::RestartTaskRequest>,
     ) -> Result<Response<pb::RestartTaskResponse>, Status> {
         let r = request.into_inner();
+        check_id("job_id", &r.job_id)?;
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
@@ -329,94 +341,126 @@ impl HostService for Api {
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
 
-/// Streams events with revision ≥ `next` to `out`: first from the store up
-/// to `committed`, then live; a watcher that falls behind the live channel
+/// Most events in one streamed message.
+const MAX_EVENTS_PER_MESSAGE: usize = 1024;
+
+/// Where a watch is: the next revision it needs, its filter, its output.
+struct Watcher {
+    next: u64,
+    job: String,
+    out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+}
+
+impl Watcher {
+    fn keeps(&self, e: &pb::Event) -> bool {
+        e.revision >= self.next
+            && (self.job.is_empty()
+                || match &e.kind {
+                    Some(pb::event::Kind::Job(j)) => j.job_id == self.job,
+                    Some(pb::event::Kind::Task(t)) => t.job_id == self.job,
+                    None => false,
+                })
+    }
+
+    /// Sends the events it keeps, in messages of bounded size, and moves
+    /// past them. False once the client is gone.
+    async fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> bool {
+        let mut chunk = Vec::new();
+        let mut last = None;
+        for e in events {
+            last = Some(e.revision);
+            if self.keeps(&e) {
+                chunk.push(e);
+                if chunk.len() == MAX_EVENTS_PER_MESSAGE {
+                    let events = std::mem::take(&mut chunk);
+                    if self
+                        .out
+                        .send(Ok(pb::WatchResponse { events }))
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                }
+            }
+        }
+        if !chunk.is_empty()
+            && self
+                .out
+                .send(Ok(pb::WatchResponse { events: chunk }))
+                .await
+                .is_err()
+        {
+            return false;
+        }
+        if let Some(last) = last {
+            self.next = self.next.max(last + 1);
+        }
+        true
+    }
+
+    /// Replays stored events from `next` up to `upto` (inclusive; None: to
+    /// the end), a few rows at a time, so memory stays bounded however far
+    /// back it starts. Err when the start is no longer stored.
+    async fn replay(&mut self, store: &Arc<dyn Store>, upto: Option<u64>) -> Result<bool, Status> {
+        let mut first_row = true;
+        loop {
+            if upto.is_some_and(|u| self.next > u) {
+                return Ok(true);
+            }
+            let s = store.clone();
+            let from = self.next;
+            let rows = tokio::task::spawn_blocking(move || s.events_from(from, 4))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::internal(e.to_string()))?;
+            let before = self.next;
+            for row in rows {
+                let batch = pb::WatchResponse::decode(row.as_slice())
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                if let Some(first) = batch.events.first()
+                    && first_row
+                    && first.revision > self.next
+                {
+                    return Err(Status::out_of_range(format!(
+                        "revision {} is no longer kept; the oldest is {}: list the current state and watch from there",
+                        self.next, first.revision
+                    )));
+                }
+                first_row = false;
+                let events = batch
+                    .events
+                    .into_iter()
+                    .filter(|e| upto.is_none_or(|u| e.revision <= u));
+                if !self.send(events).await {
+                    return Ok(false);
+                }
+            }
+            if self.next == before {
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// Streams events with revision ≥ `next`: first from the store up to
+/// `committed`, then live; a watcher that falls behind the live channel
 /// catches up from the store.
 async fn pump(
     store: Arc<dyn Store>,
-    mut next: u64,
+    next: u64,
     committed: u64,
     job: String,
     mut live: broadcast::Receiver<crate::scheduler::EventBatch>,
     out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
 ) {
-    let send = |events: Vec<pb::Event>| {
-        let out = out.clone();
-        async move {
-            if events.is_empty() {
-                return true;
-            }
-            out.send(Ok(pb::WatchResponse { events })).await.is_ok()
-        }
-    };
-    let keep = |e: &pb::Event, next: u64| -> bool {
-        e.revision >= next
-            && (job.is_empty()
-                || match &e.kind {
-                    Some(pb::event::Kind::Job(j)) => j.job_id == job,
-                    Some(pb::event::Kind::Task(t)) => t.job_id == job,
-                    None => false,
-                })
-    };
-    // Replays from the store from `next` up to `upto` (None: to the end).
-    let replay = |next: u64, upto: Option<u64>| {
-        let store = store.clone();
-        async move {
-            let mut next = next;
-            let mut batches = Vec::new();
-            loop {
-                if upto.is_some_and(|u| next > u) {
-                    break;
-                }
-                let s = store.clone();
-                let rows = tokio::task::spawn_blocking(move || s.events_from(next, 64))
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?
-                    .map_err(|e| Status::internal(e.to_string()))?;
-                let mut advanced = false;
-                for row in rows {
-                    let batch = pb::WatchResponse::decode(row.as_slice())
-                        .map_err(|e| Status::internal(e.to_string()))?;
-                    let Some(first) = batch.events.first() else {
-                        continue;
-                    };
-                    if first.revision > next && batches.is_empty() && next > 0 {
-                        return Err(Status::out_of_range(format!(
-                            "revision {next} is no longer kept; the oldest is {}: list the current state and watch from there",
-                            first.revision
-                        )));
-                    }
-                    let events: Vec<pb::Event> = batch
-                        .events
-                        .into_iter()
-                        .filter(|e| e.revision >= next && upto.is_none_or(|u| e.revision <= u))
-                        .collect();
-                    if let Some(last) = events.last() {
-                        next = last.revision + 1;
-                        advanced = true;
-                    }
-                    batches.push(events);
-                }
-                if !advanced {
-                    break;
-                }
-            }
-            Ok::<_, Status>((batches, next))
-        }
-    };
-    if next <= committed {
-        match replay(next, Some(committed)).await {
-            Ok((batches, n)) => {
-                for b in batches {
-                    let b: Vec<_> = b.into_iter().filter(|e| keep(e, next)).collect();
-                    if !send(b).await {
-                        return;
-                    }
-                }
-                next = n.max(committed + 1);
-            }
+    let mut w = Watcher { next, job, out };
+    if w.next <= committed {
+        match w.replay(&store, Some(committed)).await {
+            Ok(true) => w.next = w.next.max(committed + 1),
+            Ok(false) => return,
             Err(e) => {
-                let _ = out.send(Err(e)).await;
+                let _ = w.out.send(Err(e)).await;
                 return;
             }
         }
@@ -424,32 +468,25 @@ async fn pump(
     loop {
         match live.recv().await {
             Ok(batch) => {
-                let events: Vec<pb::Event> =
-                    batch.iter().filter(|e| keep(e, next)).cloned().collect();
-                if let Some(last) = batch.last() {
-                    next = next.max(last.revision + 1);
-                }
-                if !send(events).await {
+                // Clone only what this watcher keeps.
+                let kept: Vec<pb::Event> = batch.iter().filter(|e| w.keeps(e)).cloned().collect();
+                if !w.send(kept.into_iter()).await {
                     return;
                 }
-            }
-            Err(broadcast::error::RecvError::Lagged(_)) => match replay(next, None).await {
-                Ok((batches, n)) => {
-                    for b in batches {
-                        let b: Vec<_> = b.into_iter().filter(|e| keep(e, next)).collect();
-                        if !send(b).await {
-                            return;
-                        }
-                    }
-                    next = n;
+                if let Some(last) = batch.last() {
+                    w.next = w.next.max(last.revision + 1);
                 }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => match w.replay(&store, None).await {
+                Ok(true) => {}
+                Ok(false) => return,
                 Err(e) => {
-                    let _ = out.send(Err(e)).await;
+                    let _ = w.out.send(Err(e)).await;
                     return;
                 }
             },
             Err(broadcast::error::RecvError::Closed) => {
-                let _ = out.send(Err(gone())).await;
+                let _ = w.out.send(Err(gone())).await;
                 return;
             }
         }

@@ -119,11 +119,11 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn job_spec(i: u32, tasks: u32) -> pb::JobSpec {
+fn job_spec(pool: &str, i: u32, tasks: u32) -> pb::JobSpec {
     pb::JobSpec {
         name: format!("bench-{i}"),
         owner: "peloton-bench".into(),
-        pool: "/bench".into(),
+        pool: pool.to_string(),
         instance_count: tasks,
         default_task: Some(pb::TaskSpec {
             command: "/bin/true".into(),
@@ -162,18 +162,17 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
     for _ in 0..opts.clients.clamp(1, 4) {
         channels.push(endpoint.connect().await.context("cannot connect")?);
     }
+    // A pool of this run's own, so that a server used before (--server)
+    // does not count earlier jobs.
+    let pool = format!("/bench-{}", wall_ms());
     let mut pools = ResourcePoolServiceClient::new(channels[0].clone());
-    match pools
+    pools
         .create(pb::CreatePoolRequest {
-            path: "/bench".into(),
+            path: pool.clone(),
             spec: None,
         })
         .await
-    {
-        Ok(_) => {}
-        Err(s) if s.code() == tonic::Code::AlreadyExists => {}
-        Err(s) => bail!("cannot create pool /bench: {s}"),
-    }
+        .with_context(|| format!("cannot create pool {pool}"))?;
     let total = u64::from(opts.jobs) * u64::from(opts.tasks_per_job);
     let next = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let start = Instant::now();
@@ -182,6 +181,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         let channel: Channel = channels[c % channels.len()].clone();
         let next = next.clone();
         let (jobs, per_job) = (opts.jobs, opts.tasks_per_job);
+        let pool = pool.clone();
         clients.push(tokio::spawn(async move {
             let mut client = JobServiceClient::new(channel)
                 .max_decoding_message_size(16 << 20)
@@ -195,7 +195,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
                 let at = wall_ms();
                 let job = client
                     .create(pb::CreateJobRequest {
-                        spec: Some(job_spec(i, per_job)),
+                        spec: Some(job_spec(&pool, i, per_job)),
                     })
                     .await?
                     .into_inner()
@@ -220,7 +220,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         loop {
             let page = jobs_client
                 .query(pb::QueryJobsRequest {
-                    pool: "/bench".into(),
+                    pool: pool.clone(),
                     page_size: 1000,
                     page_token: token.clone(),
                     ..Default::default()

@@ -12,3 +12,7 @@ pub mod error;
 pub mod names;
 pub mod output;
 pub mod spec;
+
+/// Largest answer the CLI accepts (a host list of a large cluster, a job
+/// with many instances).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;

@@ -15,7 +15,8 @@ use crate::output::{
 };
 
 pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
-    let mut client = HostServiceClient::new(ctx.connect().await?);
+    let mut client = HostServiceClient::new(ctx.connect().await?)
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
     match command {
         HostCommand::List => {
             let mut hosts = client.list(ListHostsRequest {}).await?.into_inner().hosts;

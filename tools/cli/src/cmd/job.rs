@@ -118,7 +118,8 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
 }
 
 async fn connect(ctx: &Ctx) -> Result<Client> {
-    Ok(JobServiceClient::new(ctx.connect().await?))
+    Ok(JobServiceClient::new(ctx.connect().await?)
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES))
 }
 
 fn job_of(job: Option<Job>) -> Result<Job> {

@@ -107,7 +107,8 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
 type Client = ResourcePoolServiceClient<Channel>;
 
 async fn connect(ctx: &Ctx) -> Result<Client> {
-    Ok(ResourcePoolServiceClient::new(ctx.connect().await?))
+    Ok(ResourcePoolServiceClient::new(ctx.connect().await?)
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES))
 }
 
 async fn get(client: &mut Client, path: &str) -> Result<Pool> {

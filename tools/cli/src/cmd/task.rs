@@ -16,7 +16,8 @@ use crate::output::{
 };
 
 pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
-    let mut client = TaskServiceClient::new(ctx.connect().await?);
+    let mut client = TaskServiceClient::new(ctx.connect().await?)
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
     match command {
         TaskCommand::List { job, states } => {
             let states: Vec<i32> = states.into_iter().map(Into::into).collect();

@@ -10,7 +10,8 @@ use crate::names::name_of;
 use crate::output::{OutputFormat, event_json, fmt_time_ms, or_dash, print_out};
 
 pub(super) async fn run(ctx: &Ctx, args: WatchArgs) -> Result<Outcome> {
-    let mut client = WatchServiceClient::new(ctx.connect().await?);
+    let mut client = WatchServiceClient::new(ctx.connect().await?)
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
     let request = WatchRequest {
         from_revision: args.from,
         job_id: args.job.unwrap_or_default(),
