@@ -149,8 +149,10 @@ pub enum Command {
     },
     /// Read hosts.
     ListHosts {
+        /// Page.
+        request: pb::ListHostsRequest,
         /// Reply.
-        reply: Reply<Vec<pb::Host>>,
+        reply: Reply<pb::ListHostsResponse>,
     },
     /// Start or complete maintenance.
     Maintenance {
@@ -1410,8 +1412,8 @@ impl Scheduler {
                 let r = self.task_action(&job_id, &instances, restart);
                 self.defer(reply, r);
             }
-            Command::ListHosts { reply } => {
-                let r = Ok(self.list_hosts());
+            Command::ListHosts { request, reply } => {
+                let r = Ok(self.list_hosts(&request));
                 self.defer_read(reply, r);
             }
             Command::Maintenance {
@@ -1967,10 +1969,30 @@ impl Scheduler {
         }
     }
 
-    fn list_hosts(&self) -> Vec<pb::Host> {
+    fn list_hosts(&self, r: &pb::ListHostsRequest) -> pb::ListHostsResponse {
+        let limit = match r.limit {
+            0 => 1000,
+            n => n.min(10_000),
+        } as usize;
         let hosts = self.engine.hosts();
+        let mut names: Vec<(&str, u32)> = hosts
+            .live_hosts()
+            .iter()
+            .map(|slot| {
+                let id = hosts.lookup_slot(slot as usize).expect("live");
+                (hosts.name(id), slot)
+            })
+            .filter(|(name, _)| r.after.is_empty() || *name > r.after.as_str())
+            .collect();
+        names.sort_unstable();
+        let more = names.len() > limit;
+        names.truncate(limit);
+        let in_page: FxHashSet<u32> = names.iter().map(|&(_, slot)| slot).collect();
         let mut tasks: FxHashMap<u32, Vec<pb::TaskRef>> = FxHashMap::default();
         for v in self.engine.tasks().placed_views() {
+            if !in_page.contains(&v.host) {
+                continue;
+            }
             if let Some(Some((k, i))) = self.owners.get(v.task.idx()) {
                 tasks.entry(v.host).or_default().push(pb::TaskRef {
                     job_id: self.jobs[k].id.to_string(),
@@ -1978,12 +2000,12 @@ impl Scheduler {
                 });
             }
         }
-        let mut out = Vec::new();
-        for slot in hosts.live_hosts().iter() {
+        let interner = hosts.interner();
+        let mut out = pb::ListHostsResponse::default();
+        for &(name, slot) in &names {
             let id = hosts.lookup_slot(slot as usize).expect("live");
-            let interner = hosts.interner();
-            out.push(pb::Host {
-                name: hosts.name(id).to_string(),
+            out.hosts.push(pb::Host {
+                name: name.to_string(),
                 capacity: Some(convert::resources_to_pb(hosts.capacity(slot as usize))),
                 free: Some(convert::resources_to_pb(hosts.free(slot as usize))),
                 state: match hosts.state(id) {
@@ -2004,7 +2026,9 @@ impl Scheduler {
                 tasks: tasks.remove(&slot).unwrap_or_default(),
             });
         }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        if more {
+            out.next_after = names.last().map(|(n, _)| n.to_string()).unwrap_or_default();
+        }
         out
     }
 

@@ -304,10 +304,13 @@ impl TaskService for Api {
 impl HostService for Api {
     async fn list(
         &self,
-        _request: Request<pb::ListHostsRequest>,
+        request: Request<pb::ListHostsRequest>,
     ) -> Result<Response<pb::ListHostsResponse>, Status> {
-        let hosts = self.call(|reply| Command::ListHosts { reply }).await?;
-        Ok(Response::new(pb::ListHostsResponse { hosts }))
+        let request = request.into_inner();
+        let out = self
+            .call(|reply| Command::ListHosts { request, reply })
+            .await?;
+        Ok(Response::new(out))
     }
 
     async fn start_maintenance(

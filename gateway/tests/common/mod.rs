@@ -354,13 +354,34 @@ pub fn task_state(t: &pb::Task) -> pb::TaskState {
         .map_or(pb::TaskState::Unknown, |r| r.state())
 }
 
+/// Every host, page by page (pages of 3 hosts, so that paging is tested
+/// wherever hosts are listed).
 pub async fn list_hosts(c: &mut Clients) -> Vec<pb::Host> {
-    c.hosts
-        .list(pb::ListHostsRequest {})
-        .await
-        .expect("list hosts")
-        .into_inner()
-        .hosts
+    let mut out: Vec<pb::Host> = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = c
+            .hosts
+            .list(pb::ListHostsRequest {
+                after: after.clone(),
+                limit: 3,
+            })
+            .await
+            .expect("list hosts")
+            .into_inner();
+        assert!(page.hosts.len() <= 3);
+        for h in &page.hosts {
+            assert!(
+                out.last().is_none_or(|l| l.name < h.name),
+                "hosts out of order"
+            );
+        }
+        out.extend(page.hosts);
+        if page.next_after.is_empty() {
+            return out;
+        }
+        after = page.next_after;
+    }
 }
 
 pub async fn list_pools(c: &mut Clients) -> Vec<pb::Pool> {

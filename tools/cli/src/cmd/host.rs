@@ -19,8 +19,23 @@ pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
     match command {
         HostCommand::List => {
-            let mut hosts = client.list(ListHostsRequest {}).await?.into_inner().hosts;
-            hosts.sort_by(|a, b| a.name.cmp(&b.name));
+            let mut hosts = Vec::new();
+            let mut after = String::new();
+            loop {
+                let page = client
+                    .list(ListHostsRequest {
+                        after: after.clone(),
+                        limit: 0,
+                    })
+                    .await?
+                    .into_inner();
+                hosts.extend(page.hosts);
+                // A server that does not move forward would loop forever.
+                if page.next_after.is_empty() || page.next_after <= after {
+                    break;
+                }
+                after = page.next_after;
+            }
             match ctx.output {
                 OutputFormat::Table => print_out(&host_table(&hosts))?,
                 OutputFormat::Json => print_json(&json!({
