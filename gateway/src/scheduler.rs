@@ -874,10 +874,11 @@ impl Scheduler {
                 grace_ms: grace,
             });
         }
-        if state == S::Initialized && to == S::Killed {
-            if let Some(at) = job.waiting.iter().position(|&w| w == i) {
-                job.waiting.remove(at);
-            }
+        if state == S::Initialized
+            && to == S::Killed
+            && let Some(at) = job.waiting.iter().position(|&w| w == i)
+        {
+            job.waiting.remove(at);
         }
         t.finished_at = self.now;
         self.release(k, i);
