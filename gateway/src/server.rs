@@ -9,7 +9,6 @@ use std::time::Duration;
 use peloton_engine::{Engine, EngineConfig};
 use peloton_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::backend::SimBackend;
 use crate::config::Config;
@@ -132,12 +131,13 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(pb::watch_service_server::WatchServiceServer::new(api));
-    let serve = tokio::spawn(router.serve_with_incoming_shutdown(
-        TcpListenerStream::new(listener),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    // No Nagle delay: small answers must not wait for the client's ACK.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
+    let serve = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stopped.await;
+    }));
     let (metrics_addr, metrics_task) = match config.metrics_listen {
         Some(at) => {
             let listener = tokio::net::TcpListener::bind(at)
