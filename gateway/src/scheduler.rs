@@ -142,6 +142,8 @@ pub enum Command {
         job_id: String,
         /// Instances (empty: none).
         instances: Vec<u32>,
+        /// Expected job version (0: any).
+        version: u64,
         /// Restart (true) or kill.
         restart: bool,
         /// Reply.
@@ -1407,10 +1409,11 @@ impl Scheduler {
             Command::TaskAction {
                 job_id,
                 instances,
+                version,
                 restart,
                 reply,
             } => {
-                let r = self.task_action(&job_id, &instances, restart);
+                let r = self.task_action(&job_id, &instances, version, restart);
                 self.defer(reply, r);
             }
             Command::ListHosts { request, reply } => {
@@ -1792,9 +1795,14 @@ impl Scheduler {
         &mut self,
         job_id: &str,
         instances: &[u32],
+        version: u64,
         restart: bool,
     ) -> Result<(), Status> {
         let k = self.job_key(job_id)?;
+        let current = self.jobs[&k].version;
+        if version != 0 && version != current {
+            return Err(stale(&format!("job {job_id}"), version, current));
+        }
         let n = self.jobs[&k].tasks.len() as u32;
         if instances.is_empty() {
             return Err(convert::invalid("instances", "name at least one instance"));
@@ -1811,6 +1819,11 @@ impl Scheduler {
         }
         if restart {
             self.check_job_pool(k)?;
+        }
+        // Checks done: from here the request changes the job.
+        self.jobs.get_mut(&k).expect("live").version += 1;
+        self.dirty_jobs.insert(k);
+        if restart {
             for &i in instances {
                 self.restart_instance(k, i);
             }

@@ -276,6 +276,7 @@ impl TaskService for Api {
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
+            version: r.job_version,
             restart: false,
             reply,
         })
@@ -292,6 +293,7 @@ impl TaskService for Api {
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
+            version: r.job_version,
             restart: true,
             reply,
         })

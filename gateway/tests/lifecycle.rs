@@ -115,6 +115,7 @@ async fn scaled_jobs_with_overrides_hosts_and_partial_kills_survive_restarts() {
         .kill(pb::KillTaskRequest {
             job_id: other.id.clone(),
             instances: vec![0, 1],
+            job_version: 0,
         })
         .await
         .unwrap();
@@ -135,6 +136,7 @@ async fn scaled_jobs_with_overrides_hosts_and_partial_kills_survive_restarts() {
         .restart(pb::RestartTaskRequest {
             job_id: other.id.clone(),
             instances: vec![0],
+            job_version: 0,
         })
         .await
         .expect("restart of a task killed on its own");
@@ -168,6 +170,7 @@ async fn scaling_a_job_whose_pool_is_gone_is_not_found() {
         .restart(pb::RestartTaskRequest {
             job_id: job.id.clone(),
             instances: vec![0],
+            job_version: 0,
         })
         .await
         .unwrap_err();
@@ -182,5 +185,46 @@ async fn scaling_a_job_whose_pool_is_gone_is_not_found() {
         ),
         1
     );
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_actions_check_and_bump_the_job_version() {
+    let mut s = TestServer::start(1).await;
+    create_reserved_pool(&mut s.clients, "/a").await;
+    let job = create_job(&mut s.clients, job_spec("/a", 2, 0.5, 60_000)).await;
+    assert_eq!(job.version, 1);
+    wait_job_where(&s.clients, &job.id, "2 running", |j| {
+        count_in(j, T::Running) == 2
+    })
+    .await;
+    let e = s
+        .clients
+        .tasks
+        .kill(pb::KillTaskRequest {
+            job_id: job.id.clone(),
+            instances: vec![0],
+            job_version: 7,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let j = get_job(&mut s.clients, &job.id).await.unwrap();
+    assert_eq!(
+        (j.version, count_in(&j, T::Running)),
+        (1, 2),
+        "nothing changed"
+    );
+    s.clients
+        .tasks
+        .kill(pb::KillTaskRequest {
+            job_id: job.id.clone(),
+            instances: vec![0],
+            job_version: 1,
+        })
+        .await
+        .unwrap();
+    let j = get_job(&mut s.clients, &job.id).await.unwrap();
+    assert_eq!((j.version, count_in(&j, T::Killed)), (2, 1));
     s.shutdown().await;
 }

@@ -179,12 +179,18 @@ pub enum TaskCommand {
         job: String,
         #[arg(required = true)]
         instances: Vec<u32>,
+        /// The job's version.
+        #[command(flatten)]
+        version: VersionArg,
     },
     /// Restart instances of a job.
     Restart {
         job: String,
         #[arg(required = true)]
         instances: Vec<u32>,
+        /// The job's version.
+        #[command(flatten)]
+        version: VersionArg,
     },
 }
 

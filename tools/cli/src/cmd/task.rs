@@ -65,18 +65,28 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
                 OutputFormat::Json => print_json(&json!({"task": task_json(&task)}))?,
             }
         }
-        TaskCommand::Kill { job, instances } => {
+        TaskCommand::Kill {
+            job,
+            instances,
+            version,
+        } => {
             let request = KillTaskRequest {
                 job_id: job.clone(),
                 instances: instances.clone(),
+                job_version: version.version,
             };
             client.kill(request).await?;
             print_done(ctx.output, "killing", &job, &instances)?;
         }
-        TaskCommand::Restart { job, instances } => {
+        TaskCommand::Restart {
+            job,
+            instances,
+            version,
+        } => {
             let request = RestartTaskRequest {
                 job_id: job.clone(),
                 instances: instances.clone(),
+                job_version: version.version,
             };
             client.restart(request).await?;
             print_done(ctx.output, "restarting", &job, &instances)?;
