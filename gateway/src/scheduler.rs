@@ -515,7 +515,8 @@ impl Scheduler {
                 state: status.state(),
                 created_at: status.created_at_ms,
                 completed_at: status.completed_at_ms,
-                kill_requested: status.kill_requested,
+                kill_requested: status.kill_requested
+                    || matches!(status.state(), pb::JobState::Killing),
                 tasks: (0..n)
                     .map(|_| TaskEntry::new(status.created_at_ms))
                     .collect(),
@@ -1776,6 +1777,7 @@ impl Scheduler {
         match state {
             S::Initialized => {
                 // Initialized instances are always in `waiting`.
+                self.jobs.get_mut(&k).expect("live").tasks[i as usize].failures = 0;
                 self.need_fill.insert(k);
                 return;
             }
@@ -1783,6 +1785,7 @@ impl Scheduler {
             _ => {
                 if !self.end_run(k, i, S::Killed, "restarted") {
                     // It was only queued and now waits again.
+                    self.jobs.get_mut(&k).expect("live").tasks[i as usize].failures = 0;
                     return;
                 }
             }
@@ -1999,8 +2002,26 @@ impl Scheduler {
             .filter(|(name, _)| r.after.is_empty() || *name > r.after.as_str())
             .collect();
         names.sort_unstable();
-        let more = names.len() > limit;
+        let mut more = names.len() > limit;
         names.truncate(limit);
+        // A page also ends once its hosts hold this many tasks (at least one
+        // host per page), so that it stays far below the message limit.
+        const MAX_TASK_REFS: usize = 100_000;
+        let mut load = vec![0usize; hosts.n_slots()];
+        for v in self.engine.tasks().placed_views() {
+            load[v.host as usize] += 1;
+        }
+        let mut refs = 0;
+        let mut end = names.len();
+        for (n, &(_, slot)) in names.iter().enumerate() {
+            if n > 0 && refs + load[slot as usize] > MAX_TASK_REFS {
+                end = n;
+                more = true;
+                break;
+            }
+            refs += load[slot as usize];
+        }
+        names.truncate(end);
         let in_page: FxHashSet<u32> = names.iter().map(|&(_, slot)| slot).collect();
         let mut tasks: FxHashMap<u32, Vec<pb::TaskRef>> = FxHashMap::default();
         for v in self.engine.tasks().placed_views() {

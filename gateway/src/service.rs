@@ -408,7 +408,6 @@ impl Watcher {
     /// the end), a few rows at a time, so memory stays bounded however far
     /// back it starts. Err when the start is no longer stored.
     async fn replay(&mut self, store: &Arc<dyn Store>, upto: Option<u64>) -> Result<bool, Status> {
-        let mut first_row = true;
         loop {
             if upto.is_some_and(|u| self.next > u) {
                 return Ok(true);
@@ -420,11 +419,14 @@ impl Watcher {
                 .map_err(|e| Status::internal(e.to_string()))?
                 .map_err(|e| Status::internal(e.to_string()))?;
             let before = self.next;
-            for row in rows {
+            for (n, row) in rows.into_iter().enumerate() {
                 let batch = pb::WatchResponse::decode(row.as_slice())
                     .map_err(|e| Status::internal(e.to_string()))?;
+                // Rows are contiguous, so the first row of every fetch
+                // starts at or before `next` unless the retention trimmed
+                // it meanwhile: never skip events silently.
                 if let Some(first) = batch.events.first()
-                    && first_row
+                    && n == 0
                     && first.revision > self.next
                 {
                     return Err(Status::out_of_range(format!(
@@ -432,7 +434,6 @@ impl Watcher {
                         self.next, first.revision
                     )));
                 }
-                first_row = false;
                 let events = batch
                     .events
                     .into_iter()
@@ -471,7 +472,13 @@ async fn pump(
         }
     }
     loop {
-        match live.recv().await {
+        let next = tokio::select! {
+            r = live.recv() => r,
+            // A client that left is noticed even if its filter keeps
+            // everything out.
+            () = w.out.closed() => return,
+        };
+        match next {
             Ok(batch) => {
                 // Clone only what this watcher keeps.
                 let kept: Vec<pb::Event> = batch.iter().filter(|e| w.keeps(e)).cloned().collect();

@@ -79,18 +79,35 @@ async fn sibling_pools_with_equal_share_split_the_cluster() {
         cpu(&sx.entitlement),
         cpu(&sy.entitlement)
     );
-    // What the job counts say agrees with the pools.
-    let jx = get_job(&mut c, &x.id).await.expect("x");
-    let jy = get_job(&mut c, &y.id).await.expect("y");
-    for (j, st) in [(&jx, &sx), (&jy, &sy)] {
-        let running = count_in(j, T::Running) + count_in(j, T::Launching) + count_in(j, T::Placed);
-        assert!(
-            (f64::from(running) - cpu(&st.allocation)).abs() <= task,
-            "job {} has {running} tasks on hosts, its pool {} cores",
-            j.id,
-            cpu(&st.allocation)
-        );
-    }
+    // What the job counts say agrees with the pools. Admission counts a
+    // task as soon as it is admitted; it reaches a host once the tasks
+    // preempted for it have left (the next cycle), so this settles too.
+    let (x_alloc, y_alloc) = (cpu(&sx.allocation), cpu(&sy.allocation));
+    eventually(
+        "the jobs' tasks on hosts to match their pools",
+        TIMEOUT,
+        async || {
+            let jx = get_job(&mut c, &x.id).await.map_err(|e| format!("{e:?}"))?;
+            let jy = get_job(&mut c, &y.id).await.map_err(|e| format!("{e:?}"))?;
+            let mut problems = Vec::new();
+            for (j, alloc) in [(&jx, x_alloc), (&jy, y_alloc)] {
+                let running =
+                    count_in(j, T::Running) + count_in(j, T::Launching) + count_in(j, T::Placed);
+                if (f64::from(running) - alloc).abs() > task {
+                    problems.push(format!(
+                        "job {} has {running} tasks on hosts, its pool {alloc} cores",
+                        j.id
+                    ));
+                }
+            }
+            if problems.is_empty() {
+                Ok(())
+            } else {
+                Err(problems.join("; "))
+            }
+        },
+    )
+    .await;
     s.shutdown().await;
 }
 
