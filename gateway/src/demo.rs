@@ -18,7 +18,7 @@ pub async fn run(addr: std::net::SocketAddr) -> anyhow::Result<pb::JobState> {
     let mut jobs = JobServiceClient::new(channel.clone());
     let mut watch = WatchServiceClient::new(channel);
     let pool = pb::CreatePoolRequest {
-        path: "/demo".into(),
+        path: "/quickstart".into(),
         spec: Some(pb::PoolSpec {
             reservation: Some(pb::Resources {
                 cpu: 4.0,
@@ -29,15 +29,17 @@ pub async fn run(addr: std::net::SocketAddr) -> anyhow::Result<pb::JobState> {
         }),
     };
     match pools.create(pool).await {
-        Ok(_) => println!("demo: created pool /demo (reservation 4 cores, 4 GiB)"),
-        Err(s) if s.code() == tonic::Code::AlreadyExists => println!("demo: pool /demo exists"),
+        Ok(_) => println!("demo: created pool /quickstart (reservation 4 cores, 4 GiB)"),
+        Err(s) if s.code() == tonic::Code::AlreadyExists => {
+            println!("demo: pool /quickstart exists")
+        }
         Err(s) => return Err(s.into()),
     }
     let mut stream = watch.watch(pb::WatchRequest::default()).await?.into_inner();
     let spec = pb::JobSpec {
         name: "hello-world".into(),
         owner: "demo".into(),
-        pool: "/demo".into(),
+        pool: "/quickstart".into(),
         instance_count: 4,
         default_task: Some(pb::TaskSpec {
             command: "/bin/echo".into(),

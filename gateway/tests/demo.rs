@@ -1,0 +1,41 @@
+//! The quick start's main command: `pelotond --demo` runs a job end to end
+//! through its own API (here with `--exit-after-demo`, twice on one data
+//! dir, as a user re-running the quick start would).
+
+use std::process::Command;
+
+#[test]
+fn the_demo_runs_a_job_to_success_and_can_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..2 {
+        let out = Command::new(env!("CARGO_BIN_EXE_pelotond"))
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--no-metrics",
+                "--sim-hosts",
+                "4",
+                "--demo",
+                "--exit-after-demo",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "round {round}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("demo: finished: JOB_STATE_SUCCEEDED"),
+            "round {round}: {stdout}"
+        );
+        assert_eq!(
+            stdout.matches("TASK_STATE_SUCCEEDED").count(),
+            4,
+            "round {round}: {stdout}"
+        );
+    }
+}
