@@ -31,7 +31,7 @@ pub async fn run(addr: std::net::SocketAddr) -> anyhow::Result<pb::JobState> {
     match pools.create(pool).await {
         Ok(_) => println!("demo: created pool /quickstart (reservation 4 cores, 4 GiB)"),
         Err(s) if s.code() == tonic::Code::AlreadyExists => {
-            println!("demo: pool /quickstart exists")
+            println!("demo: pool /quickstart exists");
         }
         Err(s) => return Err(s.into()),
     }
