@@ -190,12 +190,6 @@ impl Engine {
         &self.report
     }
 
-    /// Admitted tasks still waiting for a host (as of the last cycle; some
-    /// may have ended since).
-    pub fn n_waiting(&self) -> usize {
-        self.waiting.len()
-    }
-
     /// Submits a gang (one task is a gang of one): validated whole, then
     /// queued as one admission entry. On error nothing changes.
     pub fn submit(&mut self, gang: &[NewTask]) -> Result<Vec<TaskHandle>, EngineError> {

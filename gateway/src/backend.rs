@@ -83,8 +83,6 @@ pub trait HostBackend: Send + std::fmt::Debug {
     fn poll(&mut self, now_ms: u64, out: &mut Vec<TaskUpdate>);
     /// The earliest time a status change is due, if any.
     fn next_deadline(&self) -> Option<u64>;
-    /// Runs in progress.
-    fn n_running(&self) -> usize;
 }
 
 /// Simulated hosts: every launch runs at once and ends after its duration.
@@ -102,6 +100,11 @@ impl SimBackend {
     /// An empty simulator.
     pub fn new() -> Self {
         SimBackend::default()
+    }
+
+    /// Runs in progress.
+    pub fn n_running(&self) -> usize {
+        self.live.len()
     }
 }
 
@@ -154,10 +157,6 @@ impl HostBackend for SimBackend {
         }
         // Killed runs leave stale heap entries; they cost a pop each.
         self.ends.peek().map(|Reverse((t, _))| *t)
-    }
-
-    fn n_running(&self) -> usize {
-        self.live.len()
     }
 }
 

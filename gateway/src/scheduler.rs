@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use peloton_engine::admission::{TaskClass, TaskFlags};
-use peloton_engine::host::{HostSpec, HostState};
+use peloton_engine::host::HostState;
 use peloton_engine::task::{TaskHandle, TaskState as EngineTaskState};
 use peloton_engine::{Dim, Engine, NewTask, PoolConfig, PoolError, PoolId};
 use peloton_proto::v1 as pb;
@@ -798,11 +798,7 @@ impl Scheduler {
         }
         self.dirty_jobs.insert(k);
         self.revision += 1;
-        let host = if t.host == NO_HOST {
-            String::new()
-        } else {
-            self.host_names[t.host as usize].to_string()
-        };
+        let host = host_name(&self.host_names, t.host);
         self.events.push(pb::Event {
             revision: self.revision,
             time_ms: now,
@@ -841,11 +837,7 @@ impl Scheduler {
                     let job = self.jobs.get_mut(&mk).expect("live job");
                     job.tasks[mi as usize].handle = None;
                     job.active -= 1;
-                    self.transition(mk, mi, S::Initialized, None);
-                    let job = self.jobs.get_mut(&mk).expect("live job");
-                    let at = job.waiting.partition_point(|&w| w < mi);
-                    job.waiting.insert(at, mi);
-                    self.need_fill.insert(mk);
+                    self.back_to_waiting(mk, mi);
                 }
             }
             Ok(_) => self.engine.finish(h).expect("live engine task"),
@@ -895,11 +887,7 @@ impl Scheduler {
         if state == S::Pending && to != S::Killed {
             // Never left the queue: nothing to preempt or lose; it waits
             // again.
-            self.transition(k, i, S::Initialized, None);
-            let job = self.jobs.get_mut(&k).expect("live job");
-            let at = job.waiting.partition_point(|&w| w < i);
-            job.waiting.insert(at, i);
-            self.need_fill.insert(k);
+            self.back_to_waiting(k, i);
             return false;
         }
         self.transition(k, i, to, Some(reason));
@@ -931,6 +919,12 @@ impl Scheduler {
         t.finished_at = 0;
         t.exit_code = 0;
         t.reason = None;
+        self.back_to_waiting(k, i);
+    }
+
+    /// Makes an instance Initialized and puts it in its job's `waiting`
+    /// queue, in instance order (the two always go together).
+    fn back_to_waiting(&mut self, k: u32, i: u32) {
         self.transition(k, i, S::Initialized, None);
         let job = self.jobs.get_mut(&k).expect("live job");
         let at = job.waiting.partition_point(|&w| w < i);
@@ -1247,15 +1241,8 @@ impl Scheduler {
                 job.state = new;
                 job.completed_at = if is_terminal_job(new) { self.now } else { 0 };
                 self.revision += 1;
-                self.events.push(pb::Event {
-                    revision: self.revision,
-                    time_ms: self.now,
-                    kind: Some(pb::event::Kind::Job(pb::JobEvent {
-                        job_id: job.id.to_string(),
-                        state: new as i32,
-                        deleted: false,
-                    })),
-                });
+                self.events
+                    .push(job_event(self.revision, self.now, job, false));
             }
         }
     }
@@ -1659,15 +1646,8 @@ impl Scheduler {
                 let job = self.jobs.remove(&k).expect("live");
                 self.by_id.remove(id);
                 self.revision += 1;
-                self.events.push(pb::Event {
-                    revision: self.revision,
-                    time_ms: self.now,
-                    kind: Some(pb::event::Kind::Job(pb::JobEvent {
-                        job_id: job.id.to_string(),
-                        state: job.state as i32,
-                        deleted: true,
-                    })),
-                });
+                self.events
+                    .push(job_event(self.revision, self.now, &job, true));
                 self.dirty_jobs.remove(&k);
                 self.need_fill.remove(&k);
                 self.deleted_jobs.push(job.id.to_string());
@@ -2142,15 +2122,32 @@ fn is_terminal_job(s: pb::JobState) -> bool {
     )
 }
 
+/// The name of the host in `slot` ("" for none).
+fn host_name(host_names: &[Arc<str>], slot: u32) -> String {
+    if slot == NO_HOST {
+        String::new()
+    } else {
+        host_names[slot as usize].to_string()
+    }
+}
+
+fn job_event(revision: u64, time_ms: u64, job: &JobEntry, deleted: bool) -> pb::Event {
+    pb::Event {
+        revision,
+        time_ms,
+        kind: Some(pb::event::Kind::Job(pb::JobEvent {
+            job_id: job.id.to_string(),
+            state: job.state as i32,
+            deleted,
+        })),
+    }
+}
+
 fn task_run(t: &TaskEntry, host_names: &[Arc<str>]) -> pb::TaskRun {
     pb::TaskRun {
         run_id: t.run,
         state: t.state as i32,
-        host: if t.host == NO_HOST {
-            String::new()
-        } else {
-            host_names[t.host as usize].to_string()
-        },
+        host: host_name(host_names, t.host),
         created_at_ms: t.created_at,
         placed_at_ms: t.placed_at,
         started_at_ms: t.started_at,
@@ -2192,21 +2189,5 @@ fn job_to_pb(job: &JobEntry) -> pb::Job {
             kill_requested: job.kill_requested,
         }),
         version: job.version,
-    }
-}
-
-/// A simulated host's spec.
-pub fn sim_host(
-    name: String,
-    capacity: peloton_engine::Resources,
-    gpus: u8,
-    attrs: Vec<(String, String)>,
-) -> HostSpec {
-    HostSpec {
-        name,
-        capacity,
-        gpu_devices: gpus,
-        ports: 1000,
-        attributes: attrs,
     }
 }

@@ -79,16 +79,6 @@ impl WriteBatch {
             && self.events.is_none()
             && self.trim_events_before.is_none()
     }
-
-    /// Number of rows written or deleted.
-    pub fn len(&self) -> usize {
-        self.pools.len()
-            + self.jobs.len()
-            + self.tasks.len()
-            + self.delete_tasks_of.len()
-            + self.hosts.len()
-            + usize::from(self.events.is_some())
-    }
 }
 
 /// Everything stored, read once at start.

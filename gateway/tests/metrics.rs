@@ -17,14 +17,18 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_follow_prometheus_conventions_and_count_work() {
-    let dir = tempfile::tempdir().unwrap();
+/// A real server on `dir` (metrics on a free port if `metrics`) and a
+/// channel to it.
+async fn start(
+    dir: &std::path::Path,
+    sim_hosts: u32,
+    metrics: bool,
+) -> (peloton_gateway::server::Server, tonic::transport::Channel) {
     let server = peloton_gateway::server::start(&Config {
-        data_dir: dir.path().to_path_buf(),
+        data_dir: dir.to_path_buf(),
         listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        sim_hosts: 4,
+        metrics_listen: metrics.then(|| "127.0.0.1:0".parse().unwrap()),
+        sim_hosts,
         cycle_interval_ms: 5,
         ..Config::default()
     })
@@ -35,6 +39,13 @@ async fn metrics_follow_prometheus_conventions_and_count_work() {
         .connect()
         .await
         .unwrap();
+    (server, channel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_prometheus_conventions_and_count_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, channel) = start(dir.path(), 4, true).await;
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     for service in ["peloton.v1.JobService", "peloton.v1.WatchService"] {
         let status = health
@@ -144,20 +155,7 @@ async fn metrics_follow_prometheus_conventions_and_count_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_open_watch_streams_and_answers_what_it_received() {
     let dir = tempfile::tempdir().unwrap();
-    let server = peloton_gateway::server::start(&Config {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: None,
-        sim_hosts: 1,
-        ..Config::default()
-    })
-    .await
-    .unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let (server, channel) = start(dir.path(), 1, false).await;
     let mut watch = pb::watch_service_client::WatchServiceClient::new(channel.clone())
         .watch(pb::WatchRequest::default())
         .await
@@ -188,19 +186,7 @@ async fn shutdown_ends_open_watch_streams_and_answers_what_it_received() {
     .expect("the watch stream ends");
     assert!(!matches!(end, Ok(Some(_))));
     // What was acknowledged is there after a restart.
-    let server = peloton_gateway::server::start(&Config {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: None,
-        ..Config::default()
-    })
-    .await
-    .unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let (server, channel) = start(dir.path(), 0, false).await;
     let mut pools = pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel);
     pools
         .get(pb::GetPoolRequest { path: "/w".into() })

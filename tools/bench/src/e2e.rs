@@ -101,18 +101,6 @@ fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
     Ok((Spawned { child, _dir: dir }, addr))
 }
 
-fn rss_mb(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -289,7 +277,13 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         }
         latencies[((latencies.len() - 1) as f64 * p).round() as usize]
     };
-    let (rss, rss_now) = pid.map_or((0.0, 0.0), |p| (rss_mb(p, "VmHWM:"), rss_mb(p, "VmRSS:")));
+    let (rss, rss_now) = pid.map_or((0.0, 0.0), |p| {
+        let p = p.to_string();
+        (
+            crate::proc_status_mb(&p, "VmHWM:"),
+            crate::proc_status_mb(&p, "VmRSS:"),
+        )
+    });
     drop(spawned);
     Ok(json!({
         "benchmark": "e2e",

@@ -562,11 +562,17 @@ fn per_s(n: usize, d: Duration) -> f64 {
 /// Peak resident set size of this process (VmHWM), in MiB; 0 where
 /// `/proc` is unavailable.
 fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    proc_status_mb("self", "VmHWM:")
+}
+
+/// A memory field (e.g. `VmHWM:`, `VmRSS:`) of `/proc/<process>/status`,
+/// in MiB; 0 where it cannot be read.
+fn proc_status_mb(process: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{process}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
