@@ -298,6 +298,105 @@ impl Engine {
         }
     }
 
+    /// Takes over a task that already runs on `host` (the service restarted
+    /// and the host's agent reported the run): it is recorded as admitted
+    /// in its pool and placed on the host, skipping the queue, entitlement
+    /// and constraints. Refused, changing nothing, if the request is
+    /// invalid or does not fit the host's free resources.
+    pub fn adopt(
+        &mut self,
+        t: &NewTask,
+        host: crate::host::HostId,
+        now_ms: u64,
+    ) -> Result<TaskHandle, EngineError> {
+        crate::host::validate_gpu_request(t.request[Dim::Gpu]).map_err(|problem| {
+            EngineError::InvalidTask {
+                field: "request.gpu",
+                problem,
+            }
+        })?;
+        if t.request[Dim::Cpu] == 0 && t.request[Dim::Memory] == 0 {
+            return Err(EngineError::InvalidTask {
+                field: "request",
+                problem: "a task must request some cpu or memory".into(),
+            });
+        }
+        if !self.hosts.contains(host) {
+            return Err(EngineError::InvalidTask {
+                field: "host",
+                problem: "not a live host".into(),
+            });
+        }
+        let slot = host.idx();
+        if let Err(m) = self.hosts.fits(slot, &t.request, u32::from(t.ports)) {
+            return Err(EngineError::InvalidTask {
+                field: "request",
+                problem: format!(
+                    "does not fit the free resources of host {}: {m:?}",
+                    self.hosts.name(host)
+                ),
+            });
+        }
+        let class = TaskClass::of(t.flags)?;
+        self.rm
+            .tree()
+            .check(t.pool)
+            .map_err(|e| EngineError::InvalidTask {
+                field: "pool",
+                problem: e.to_string(),
+            })?;
+        let constraint = self
+            .constraints
+            .intern(&t.constraint, self.hosts.interner_mut())?;
+        let mut bits = 0;
+        if t.flags.preemptible {
+            bits |= flags::PREEMPTIBLE;
+        }
+        if t.flags.revocable {
+            bits |= flags::REVOCABLE;
+        }
+        if t.flags.controller {
+            bits |= flags::CONTROLLER;
+        }
+        let handle = self.tasks.add(&TaskSpec {
+            job: t.job,
+            instance: t.instance,
+            pool: t.pool.idx() as u32,
+            priority: t.priority,
+            request: t.request,
+            ports: t.ports,
+            flags: bits,
+            gang: NO_GANG,
+            constraint,
+            strategy: t.strategy,
+            max_per_host: t.max_per_host,
+            limit_key: t.limit_key,
+        })?;
+        // Checked above: both succeed.
+        self.rm
+            .charge(&Admitted {
+                task: TaskId(handle.to_u64()),
+                pool: t.pool,
+                class,
+                controller: t.flags.controller,
+                request: t.request,
+            })
+            .expect("pool and class checked");
+        self.tasks
+            .set_state(handle, TaskState::Admitted)
+            .expect("just added");
+        self.placer
+            .place_on(
+                &mut self.hosts,
+                &mut self.tasks,
+                handle,
+                slot as u32,
+                now_ms,
+            )
+            .expect("fit checked");
+        Ok(handle)
+    }
+
     /// Runs one cycle at time `now_ms`; the report lives until the next.
     pub fn cycle(&mut self, now_ms: u64) -> &CycleReport {
         let mut capacity = Resources::ZERO;

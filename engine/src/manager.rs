@@ -384,6 +384,43 @@ impl ResourceManager {
         Ok(())
     }
 
+    /// Records an allocation made outside admission: a task that already
+    /// runs (adopted after the service restarted). It counts against its
+    /// pool like an admitted task, even beyond the pool's entitlement
+    /// (preemption then brings the pool back within it).
+    pub fn charge(&mut self, task: &Admitted) -> Result<(), AdmissionError> {
+        self.tree
+            .check(task.pool)
+            .map_err(|e| AdmissionError::InvalidTask {
+                field: "pool",
+                problem: e.to_string(),
+            })?;
+        if task.request.is_zero() {
+            return Err(AdmissionError::InvalidTask {
+                field: "request",
+                problem: "empty request".into(),
+            });
+        }
+        let flag_fits_class = match task.class {
+            TaskClass::Controller => task.controller,
+            TaskClass::NonPreemptible => true,
+            TaskClass::Normal | TaskClass::Revocable => !task.controller,
+        };
+        if !flag_fits_class {
+            return Err(AdmissionError::InvalidTask {
+                field: "controller",
+                problem: format!(
+                    "a {} task cannot have controller={}",
+                    task.class, task.controller
+                ),
+            });
+        }
+        self.queues[task.pool.idx()]
+            .allocation
+            .add(task.class, task.controller, &task.request);
+        Ok(())
+    }
+
     /// Recomputes every pool's entitlement from the current demand (queued
     /// plus allocated, per leaf) and the given capacities. Amounts above
     /// [`MAX_AMOUNT`] are clamped to it.

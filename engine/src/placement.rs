@@ -460,6 +460,33 @@ impl Placer {
         Ok(())
     }
 
+    /// Records a task that already runs on the host in `slot` (adopted
+    /// after the service restarted): takes its resources there without
+    /// checking constraints or per-host limits, since it is there already.
+    /// Refused, changing nothing, if its resources are not free on the host.
+    pub fn place_on(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        task: TaskHandle,
+        slot: u32,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let spec = tasks.spec(task).map_err(|e| e.to_string())?;
+        if tasks.state(task) == Ok(TaskState::Placed) {
+            return Err("already placed".into());
+        }
+        if !hosts.live_hosts().contains(slot) {
+            return Err(format!("host slot {slot} is not live"));
+        }
+        hosts
+            .fits(slot as usize, &spec.request, u32::from(spec.ports))
+            .map_err(|m| format!("does not fit on the host: {m:?}"))?;
+        let key = Self::key_of(&spec);
+        self.commit(hosts, tasks, task, slot, &key, now_ms);
+        Ok(())
+    }
+
     fn key_of(spec: &crate::task::TaskSpec) -> ClassKey {
         ClassKey {
             request: spec.request,

@@ -176,3 +176,49 @@ fn gangs_bad_input_and_cancellation() {
     assert_eq!(engine.resources().usage(pool).unwrap().n_queued, 0);
     engine.check_invariants();
 }
+
+#[test]
+fn adopted_tasks_hold_their_host_and_pool_until_finished() {
+    let mut engine = engine_with_hosts(2, 8);
+    let pool = engine
+        .resources_mut()
+        .create_pool("/a", PoolConfig::default())
+        .unwrap();
+    let h0 = engine.hosts().lookup("h0").unwrap();
+    let a = engine.adopt(&task(pool, 1, 3), h0, 5).unwrap();
+    let b = engine.adopt(&task(pool, 1, 3), h0, 5).unwrap();
+    engine.check_invariants();
+    assert_eq!(engine.tasks().state(a), Ok(TaskState::Placed));
+    assert_eq!(engine.tasks().host(b), Ok(Some(h0.idx() as u32)));
+    assert_eq!(engine.hosts().free(h0.idx()), cores(2));
+    assert_eq!(
+        engine.resources().usage(pool).unwrap().allocation.n_tasks,
+        2
+    );
+    // A third does not fit what is left: refused, nothing changes.
+    let err = engine.adopt(&task(pool, 1, 3), h0, 5).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does not fit the free resources of host h0"),
+        "{err}"
+    );
+    assert_eq!(engine.tasks().len(), 2);
+    engine.check_invariants();
+    // New work sees the adopted tasks' hold: a 3-core task goes to h1.
+    let queued = engine.submit(&[task(pool, 1, 3)]).unwrap();
+    let report = engine.cycle(6);
+    assert_eq!(report.placed().len(), 1);
+    assert_eq!(
+        engine.tasks().host(queued[0]),
+        Ok(Some(engine.hosts().lookup("h1").unwrap().idx() as u32))
+    );
+    for h in [a, b, queued[0]] {
+        engine.finish(h).unwrap();
+    }
+    engine.check_invariants();
+    assert_eq!(engine.hosts().free(h0.idx()), cores(8));
+    assert_eq!(
+        engine.resources().usage(pool).unwrap().allocation.n_tasks,
+        0
+    );
+}
