@@ -3,8 +3,14 @@
 //! The scheduling loop hands [`Launch`] and [`Kill`] batches to a
 //! [`HostBackend`] and polls it for [`TaskUpdate`]s. The simulated backend
 //! below runs a task for the time its spec's `sim` section says and ends it
-//! with the exit code it says; the real host agent (a later issue) will
-//! implement the same trait over its gRPC sessions.
+//! with the exit code it says; [`crate::agents::AgentBackend`] sends them
+//! to real host agents over their gRPC sessions (whose updates reach the
+//! loop as commands).
+//!
+//! Contract for every backend: a kill is always answered by a final update
+//! of that run (`Killed`, or the way it ended if it ended first; `Killed`
+//! for a run the host does not know), because the loop keeps a killed run's
+//! resources, and does not start the instance again, until then.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -28,12 +34,16 @@ pub struct RunRef {
 }
 
 /// Start a run on a host.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
     /// The run.
     pub run: RunRef,
     /// Host name.
     pub host: std::sync::Arc<str>,
+    /// The job's id.
+    pub job_id: std::sync::Arc<str>,
+    /// The instance's task spec, for backends that run it for real.
+    pub spec: Option<std::sync::Arc<peloton_proto::v1::TaskSpec>>,
     /// How long the simulated run lasts.
     pub sim_duration_ms: u64,
     /// How the simulated run ends.
@@ -45,6 +55,10 @@ pub struct Launch {
 pub struct Kill {
     /// The run.
     pub run: RunRef,
+    /// Host name.
+    pub host: std::sync::Arc<str>,
+    /// The job's id.
+    pub job_id: std::sync::Arc<str>,
     /// SIGTERM to SIGKILL.
     pub grace_ms: u64,
 }
@@ -56,6 +70,9 @@ pub enum RunStatus {
     Running,
     /// It ended on its own.
     Exited(i32),
+    /// It failed, with the host's explanation (exit code or 128 + signal,
+    /// out of memory, could not start).
+    Failed(i32, String),
     /// It was stopped on request.
     Killed,
     /// Its host can no longer tell.
@@ -83,6 +100,15 @@ pub trait HostBackend: Send + std::fmt::Debug {
     fn poll(&mut self, now_ms: u64, out: &mut Vec<TaskUpdate>);
     /// The earliest time a status change is due, if any.
     fn next_deadline(&self) -> Option<u64>;
+    /// Whether launches need the task spec (real hosts do; the simulator
+    /// only needs its `sim` numbers).
+    fn wants_specs(&self) -> bool {
+        false
+    }
+    /// The agent session table, for a backend of real hosts.
+    fn agents(&mut self) -> Option<&mut crate::agents::AgentBackend> {
+        None
+    }
 }
 
 /// Simulated hosts: every launch runs at once and ends after its duration.
@@ -124,13 +150,14 @@ impl HostBackend for SimBackend {
 
     fn kill(&mut self, now_ms: u64, kills: &mut Vec<Kill>) {
         for k in kills.drain(..) {
-            if self.live.remove(&k.run).is_some() {
-                self.ready.push(TaskUpdate {
-                    run: k.run,
-                    status: RunStatus::Killed,
-                    time_ms: now_ms,
-                });
-            }
+            // A run that already ended was answered by its exit; an unknown
+            // one is answered too (the contract: every kill gets an answer).
+            self.live.remove(&k.run);
+            self.ready.push(TaskUpdate {
+                run: k.run,
+                status: RunStatus::Killed,
+                time_ms: now_ms,
+            });
         }
     }
 
@@ -177,22 +204,29 @@ mod tests {
     fn runs_end_after_their_duration_with_their_code_and_kills_win() {
         let mut sim = SimBackend::new();
         let host: std::sync::Arc<str> = "h".into();
+        let job: std::sync::Arc<str> = "j".into();
         let mut launches = vec![
             Launch {
                 run: run(0),
                 host: host.clone(),
+                job_id: job.clone(),
+                spec: None,
                 sim_duration_ms: 100,
                 sim_exit_code: 0,
             },
             Launch {
                 run: run(1),
                 host: host.clone(),
+                job_id: job.clone(),
+                spec: None,
                 sim_duration_ms: 50,
                 sim_exit_code: 3,
             },
             Launch {
                 run: run(2),
-                host,
+                host: host.clone(),
+                job_id: job.clone(),
+                spec: None,
                 sim_duration_ms: 10,
                 sim_exit_code: 0,
             },
@@ -202,6 +236,8 @@ mod tests {
             1001,
             &mut vec![Kill {
                 run: run(2),
+                host,
+                job_id: job,
                 grace_ms: 0,
             }],
         );

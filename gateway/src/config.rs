@@ -40,6 +40,14 @@ pub struct Config {
     pub event_retention: u64,
     /// Page cache of the embedded store, in MiB.
     pub store_cache_mb: usize,
+    /// The token agents must present. Unset: read from
+    /// `<data_dir>/agent-token`, created with a random token if missing.
+    pub agent_token: Option<String>,
+    /// Agents send a heartbeat this often.
+    pub agent_heartbeat_ms: u64,
+    /// An agent host not heard from for this long is lost: its runs are
+    /// LOST and start again elsewhere.
+    pub host_lost_after_ms: u64,
 }
 
 impl Default for Config {
@@ -59,6 +67,9 @@ impl Default for Config {
             metrics_max_pools: 256,
             event_retention: 5_000_000,
             store_cache_mb: 64,
+            agent_token: None,
+            agent_heartbeat_ms: 1000,
+            host_lost_after_ms: 10_000,
         }
     }
 }
@@ -92,7 +103,60 @@ impl Config {
             (1..=65_536).contains(&self.store_cache_mb),
             "store_cache_mb: must be 1–65536"
         );
+        anyhow::ensure!(
+            (10..=60_000).contains(&self.agent_heartbeat_ms),
+            "agent_heartbeat_ms: must be 10–60000"
+        );
+        anyhow::ensure!(
+            self.host_lost_after_ms >= 2 * self.agent_heartbeat_ms,
+            "host_lost_after_ms: must be at least twice agent_heartbeat_ms"
+        );
+        if let Some(t) = &self.agent_token {
+            anyhow::ensure!(
+                !t.is_empty() && t.len() <= 1024,
+                "agent_token: must be 1–1024 characters"
+            );
+        }
         Ok(())
+    }
+
+    /// Whether tasks run on simulated hosts (otherwise on agents).
+    pub fn simulated(&self) -> bool {
+        self.sim_hosts > 0 || self.sim_hosts_file.is_some()
+    }
+
+    /// The agents' token: configured, or kept in the data dir (created on
+    /// first use, readable only by the owner).
+    pub fn resolve_agent_token(&self) -> anyhow::Result<String> {
+        if let Some(t) = &self.agent_token {
+            return Ok(t.clone());
+        }
+        let path = self.data_dir.join("agent-token");
+        match std::fs::read_to_string(&path) {
+            Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+        }
+        std::fs::create_dir_all(&self.data_dir)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", self.data_dir.display()))?;
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let tmp = path.with_extension("tmp");
+        {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
+            writeln!(f, "{token}")?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, &path)?;
+        Ok(token)
     }
 
     /// The simulated hosts this configuration describes.

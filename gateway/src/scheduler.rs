@@ -31,10 +31,13 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
+use crate::agents::{Outbox, Registration};
 use crate::backend::{HostBackend, Kill, Launch, RunRef, RunStatus, TaskUpdate};
 use crate::convert::{self, JobPlan, Limits};
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::store::{Snapshot, Store, WriteBatch};
+
+mod hosts;
 
 /// A reply channel.
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
@@ -171,6 +174,41 @@ pub enum Command {
         /// Reply.
         reply: oneshot::Sender<(u64, broadcast::Receiver<EventBatch>)>,
     },
+    /// An agent registered (or registered again) on a new session.
+    AgentRegister {
+        /// Its session and what it said.
+        registration: Box<Registration>,
+        /// Reply (an error ends the session).
+        reply: Reply<()>,
+    },
+    /// Run reports from an agent.
+    AgentReports {
+        /// Host name.
+        host: Arc<str>,
+        /// Session they came on.
+        session: u64,
+        /// The reports.
+        reports: Vec<pb::RunReport>,
+    },
+    /// An agent's session ended.
+    AgentGone {
+        /// Host name.
+        host: Arc<str>,
+        /// The session that ended.
+        session: u64,
+    },
+    /// Where a run's logs are: its key, its agent's outbox, and whether the
+    /// run has ended.
+    LogTarget {
+        /// Job id.
+        job_id: String,
+        /// Instance.
+        instance: u32,
+        /// Run (0: the current or latest launched run).
+        run_id: u32,
+        /// Reply.
+        reply: Reply<(pb::RunKey, Outbox, bool)>,
+    },
     /// Finish the current batch and stop.
     Shutdown,
 }
@@ -203,6 +241,8 @@ pub struct LoopConfig {
     pub event_retention: u64,
     /// Earlier runs kept per task.
     pub max_history: usize,
+    /// An agent host not heard from for this long is lost.
+    pub host_lost_after: Duration,
 }
 
 impl Default for LoopConfig {
@@ -214,6 +254,7 @@ impl Default for LoopConfig {
             limits: Limits::default(),
             event_retention: 5_000_000,
             max_history: 8,
+            host_lost_after: Duration::from_secs(10),
         }
     }
 }
@@ -317,6 +358,8 @@ struct JobEntry {
     waiting: VecDeque<u32>,
     /// Instances holding an engine task.
     active: u32,
+    /// Runs being killed whose end the host has not confirmed yet.
+    held: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -326,6 +369,35 @@ enum TimerKind {
 }
 
 type Deferred = Box<dyn FnOnce() + Send>;
+
+/// A run that was told to stop and whose end its host has not confirmed:
+/// it keeps its resources on the host, and its instance does not start
+/// again, until then (so an instance never runs twice at once).
+#[derive(Debug)]
+struct Held {
+    /// Launch id of the run.
+    seq: u64,
+    /// Its engine task (none for a run recovered after a restart and not
+    /// adopted).
+    handle: Option<TaskHandle>,
+    host: u32,
+    /// Start the instance's next run once this one is gone.
+    restart: bool,
+    /// It was preempted (while preemptions are unconfirmed, no new victims
+    /// are chosen: the engine still counts the held runs' allocation).
+    preempted: bool,
+}
+
+/// What the loop knows of a host run by an agent.
+#[derive(Debug, Default)]
+struct AgentHost {
+    /// Declared lost (no heartbeat in time); cleared when it registers.
+    lost: bool,
+    /// How it isolates tasks.
+    isolation: String,
+    /// Registered since this process started.
+    connected: bool,
+}
 
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
 /// on its own thread.
@@ -358,7 +430,21 @@ pub struct Scheduler {
     /// Jobs whose next gang the engine refused (queues full): retried
     /// after the next cycle.
     retry_fill: FxHashSet<u32>,
-    next_seq: u64,
+    /// Runs being killed, by (job, instance).
+    held: FxHashMap<(u32, u32), Held>,
+    /// Held runs that were preempted.
+    n_held_preempted: u32,
+    /// Runs recovered on agent hosts whose agents have not reported yet,
+    /// by host slot.
+    orphans: FxHashMap<u32, Vec<(u32, u32)>>,
+    /// Agent hosts by slot (empty with simulated hosts).
+    agent_hosts: FxHashMap<u32, AgentHost>,
+    /// Hosts in maintenance (draining or down), by slot.
+    maintenance: FxHashSet<u32>,
+    /// The hub agents' last-seen times are read from.
+    hub: Option<Arc<crate::agents::AgentHub>>,
+    started_at: u64,
+    last_lost_check: u64,
     needs_cycle: bool,
     last_cycle: Option<Instant>,
     last_pool_metrics: Option<Instant>,
@@ -401,6 +487,7 @@ impl Scheduler {
         config: LoopConfig,
         metrics: Arc<Metrics>,
         snapshot: Snapshot,
+        hub: Option<Arc<crate::agents::AgentHub>>,
     ) -> anyhow::Result<Self> {
         // Bounded by commits; a watcher that falls further behind catches up
         // from the store.
@@ -441,7 +528,14 @@ impl Scheduler {
             kills: Vec::new(),
             updates: Vec::new(),
             retry_fill: FxHashSet::default(),
-            next_seq: 0,
+            held: FxHashMap::default(),
+            n_held_preempted: 0,
+            orphans: FxHashMap::default(),
+            agent_hosts: FxHashMap::default(),
+            maintenance: FxHashSet::default(),
+            hub,
+            started_at: now_ms(),
+            last_lost_check: 0,
             needs_cycle: true,
             last_cycle: None,
             last_pool_metrics: None,
@@ -471,12 +565,16 @@ impl Scheduler {
             }
             self.pool_versions.insert(path.clone(), pool.version);
         }
+        let agent_mode = self.hub.is_some();
         for (name, bytes) in &snap.hosts {
             let host = pb::Host::decode(bytes.as_slice())?;
-            if let Some(id) = self.engine.hosts().lookup(name)
+            if agent_mode {
+                self.recover_agent_host(&host)?;
+            } else if let Some(id) = self.engine.hosts().lookup(name)
                 && host.state() != pb::HostState::Up
             {
                 self.engine.hosts_mut().set_state(id, HostState::Down)?;
+                self.maintenance.insert(id.idx() as u32);
             }
         }
         let mut tasks_by_job: FxHashMap<&str, Vec<(u32, &[u8])>> = FxHashMap::default();
@@ -523,6 +621,7 @@ impl Scheduler {
                 counts: [0; N_STATES],
                 waiting: VecDeque::new(),
                 active: 0,
+                held: 0,
                 spec,
             };
             for (instance, bytes) in tasks_by_job.remove(&*id).unwrap_or_default() {
@@ -538,6 +637,7 @@ impl Scheduler {
                 t.started_at = cur.started_at_ms;
                 t.finished_at = cur.finished_at_ms;
                 t.exit_code = cur.exit_code;
+                t.seq = cur.launch_id;
                 t.host = self
                     .engine
                     .hosts()
@@ -547,9 +647,13 @@ impl Scheduler {
                 t.reason = (!cur.reason.is_empty()).then(|| cur.reason.into_boxed_str());
                 t.history = (!row.history.is_empty()).then(|| Box::new(row.history));
             }
-            // Runs that were not finished: queued ones start over; ones that
-            // had a host are lost (the simulated hosts restarted with us).
+            // Runs that were not finished: queued ones start over. Ones on
+            // agent hosts wait for their agents to report them (kept, or
+            // lost if the agent does not have them); on simulated hosts they
+            // are lost (those hosts restarted with us).
             let mut lost = Vec::new();
+            let mut orphans = Vec::new();
+            let mut held = Vec::new();
             for (i, t) in entry.tasks.iter_mut().enumerate() {
                 match t.state {
                     S::Initialized | S::Pending | S::Ready | S::Placing | S::Unknown => {
@@ -557,6 +661,13 @@ impl Scheduler {
                         t.state = S::Initialized;
                         t.host = NO_HOST;
                         entry.waiting.push_back(i as u32);
+                    }
+                    S::Placed | S::Launching | S::Running if agent_mode && t.host != NO_HOST => {
+                        orphans.push((t.host, i as u32));
+                    }
+                    S::Lost | S::Preempted if agent_mode && t.host != NO_HOST && t.seq != 0 => {
+                        // Its host may not have confirmed the end yet.
+                        held.push((t.host, i as u32, t.seq));
                     }
                     S::Placed | S::Launching | S::Running | S::Lost | S::Preempted => {
                         lost.push(i as u32);
@@ -577,9 +688,26 @@ impl Scheduler {
                 }
                 entry.counts[t.state as usize] += 1;
             }
+            entry.held = held.len() as u32;
             self.by_id.insert(id, key);
             self.jobs.insert(key, entry);
             self.need_fill.insert(key);
+            for (host, i) in orphans {
+                self.orphans.entry(host).or_default().push((key, i));
+            }
+            for (host, i, seq) in held {
+                self.held.insert(
+                    (key, i),
+                    Held {
+                        seq,
+                        handle: None,
+                        host,
+                        // Restarted, or killed if the job was, once gone.
+                        restart: true,
+                        preempted: false,
+                    },
+                );
+            }
             for i in lost {
                 let t = &mut self.jobs.get_mut(&key).expect("inserted").tasks[i as usize];
                 if matches!(t.state, S::Placed | S::Launching | S::Running) {
@@ -689,6 +817,7 @@ impl Scheduler {
         }
         self.updates = updates;
         self.fire_timers();
+        self.check_lost_hosts();
         // Kills issued while applying updates and timers.
         self.backend.kill(self.now, &mut self.kills);
         self.fill_all();
@@ -852,23 +981,16 @@ impl Scheduler {
     /// back to waiting).
     fn end_run(&mut self, k: u32, i: u32, to: S, reason: &str) -> bool {
         let job = self.jobs.get_mut(&k).expect("live job");
-        let grace = job.plan.template(i).kill_grace_ms;
         let t = &mut job.tasks[i as usize];
         let state = t.state;
         if is_terminal(state) || matches!(state, S::Lost | S::Preempted) {
             return false;
         }
         if on_host(state) {
-            self.kills.push(Kill {
-                run: RunRef {
-                    job: k,
-                    instance: i,
-                    run: t.run,
-                    seq: t.seq,
-                },
-                grace_ms: grace,
-            });
+            self.stop_on_host(k, i, to == S::Preempted);
         }
+        let job = self.jobs.get_mut(&k).expect("live job");
+        let t = &mut job.tasks[i as usize];
         if state == S::Initialized
             && to == S::Killed
             && let Some(at) = job.waiting.iter().position(|&w| w == i)
@@ -899,6 +1021,11 @@ impl Scheduler {
 
     /// Starts a new run of an instance whose run has ended.
     fn new_run(&mut self, k: u32, i: u32) {
+        if let Some(h) = self.held.get_mut(&(k, i)) {
+            // The old run is still stopping: start again once it is gone.
+            h.restart = true;
+            return;
+        }
         let max_history = self.config.max_history;
         let now = self.now;
         let job = self.jobs.get_mut(&k).expect("live job");
@@ -1035,6 +1162,7 @@ impl Scheduler {
             }
         }
         let n_placed = self.engine.report().placement.placed.len();
+        let wants_specs = self.backend.wants_specs();
         for idx in 0..n_placed {
             let p = self.engine.report().placement.placed[idx];
             let Some(Some((k, i))) = self.owners.get(p.task.idx()).copied() else {
@@ -1046,10 +1174,15 @@ impl Scheduler {
             let t = &mut job.tasks[i as usize];
             t.host = p.host;
             t.placed_at = self.now;
-            self.next_seq += 1;
-            t.seq = self.next_seq;
-            let (run, seq) = (t.run, t.seq);
+            let run = t.run;
             self.transition(k, i, S::Placed, None);
+            // The Placed event's revision names the launch: unique for the
+            // store's whole life, so also across restarts.
+            let seq = self.revision;
+            let job = self.jobs.get_mut(&k).expect("live job");
+            job.tasks[i as usize].seq = seq;
+            let job_id = job.id.clone();
+            let spec = wants_specs.then(|| Arc::new(instance_spec(&job.spec, i).clone()));
             self.transition(k, i, S::Launching, None);
             self.launches.push(Launch {
                 run: RunRef {
@@ -1059,6 +1192,8 @@ impl Scheduler {
                     seq,
                 },
                 host: self.host_names[p.host as usize].clone(),
+                job_id,
+                spec,
                 sim_duration_ms: duration,
                 sim_exit_code: code,
             });
@@ -1074,11 +1209,14 @@ impl Scheduler {
                 self.transition(k, i, S::Placing, None);
             }
         }
+        // While preempted runs are still stopping, the engine still counts
+        // them: choosing more victims now would preempt twice for one need.
         let victims: Vec<(TaskHandle, String)> = self
             .engine
             .report()
             .victims
             .iter()
+            .filter(|_| self.n_held_preempted == 0)
             .map(|v| (v.task, format!("preempted: {}", v.reason)))
             .collect();
         for (h, reason) in victims {
@@ -1096,6 +1234,13 @@ impl Scheduler {
 
     fn apply_update(&mut self, u: TaskUpdate) {
         let (k, i) = (u.run.job, u.run.instance);
+        // Held runs first: a scaled-away instance has no task entry.
+        if self.held.get(&(k, i)).is_some_and(|h| h.seq == u.run.seq) {
+            if !matches!(u.status, RunStatus::Running) {
+                self.confirm_end(k, i);
+            }
+            return;
+        }
         let Some(job) = self.jobs.get_mut(&k) else {
             return;
         };
@@ -1130,6 +1275,13 @@ impl Scheduler {
                 } else {
                     self.fail(k, i, &format!("exited with code {code}"));
                 }
+            }
+            RunStatus::Failed(code, reason) => {
+                t.finished_at = u.time_ms;
+                t.exit_code = code;
+                self.metrics.runs_finished.inc();
+                self.release(k, i);
+                self.fail(k, i, &reason);
             }
             RunStatus::Killed => {
                 t.finished_at = u.time_ms;
@@ -1193,14 +1345,10 @@ impl Scheduler {
                 TimerKind::Deadline if t.state == S::Running => {
                     let limit = job.plan.max_running_time_ms;
                     let reason = format!("ran longer than max_running_time_ms {limit}");
-                    self.kills.push(Kill {
-                        run,
-                        grace_ms: job.plan.template(run.instance).kill_grace_ms,
-                    });
+                    self.stop_on_host(run.job, run.instance, false);
                     let t = &mut self.jobs.get_mut(&run.job).expect("live").tasks
                         [run.instance as usize];
                     t.finished_at = self.now;
-                    self.release(run.job, run.instance);
                     // A failure like any other: the restart policy applies.
                     self.fail(run.job, run.instance, &reason);
                 }
@@ -1218,7 +1366,14 @@ impl Scheduler {
             let c = &job.counts;
             let n = job.tasks.len() as u32;
             let terminal = c[S::Succeeded as usize] + c[S::Failed as usize] + c[S::Killed as usize];
-            let new = if terminal == n {
+            let new = if terminal == n && job.held > 0 {
+                // Ended in our books; a host still has to confirm.
+                if job.kill_requested {
+                    pb::JobState::Killing
+                } else {
+                    pb::JobState::Running
+                }
+            } else if terminal == n {
                 if job.kill_requested {
                     pb::JobState::Killed
                 } else if c[S::Failed as usize] > 0 {
@@ -1422,6 +1577,28 @@ impl Scheduler {
                 let committed = self.revision - self.events.len() as u64;
                 let _ = reply.send((committed, self.events_tx.subscribe()));
             }
+            Command::AgentRegister {
+                registration,
+                reply,
+            } => {
+                let r = self.agent_registered(*registration);
+                self.defer(reply, r);
+            }
+            Command::AgentReports {
+                host,
+                session: _,
+                reports,
+            } => self.agent_reports(&host, reports),
+            Command::AgentGone { host, session } => self.agent_gone(&host, session),
+            Command::LogTarget {
+                job_id,
+                instance,
+                run_id,
+                reply,
+            } => {
+                let r = self.log_target(&job_id, instance, run_id);
+                self.defer_read(reply, r);
+            }
             Command::Shutdown => {}
         }
     }
@@ -1577,6 +1754,7 @@ impl Scheduler {
             counts: [0; N_STATES],
             waiting: (0..n).collect(),
             active: 0,
+            held: 0,
         };
         entry.counts[S::Initialized as usize] = n;
         self.jobs.insert(key, entry);
@@ -1698,6 +1876,9 @@ impl Scheduler {
                     }
                     for i in count..n {
                         self.end_run(k, i, S::Killed, "job scaled down");
+                        if let Some(h) = self.held.get_mut(&(k, i)) {
+                            h.restart = false;
+                        }
                     }
                     let job = self.jobs.get_mut(&k).expect("live");
                     for t in job.tasks.drain(count as usize..) {
@@ -2039,6 +2220,16 @@ impl Scheduler {
                     })
                     .collect(),
                 tasks: tasks.remove(&slot).unwrap_or_default(),
+                connected: self.agent_hosts.get(&slot).is_some_and(|h| h.connected),
+                last_seen_ms: self
+                    .hub
+                    .as_ref()
+                    .and_then(|hub| hub.last_seen(name))
+                    .unwrap_or(0),
+                isolation: match self.agent_hosts.get(&slot) {
+                    Some(h) => h.isolation.clone(),
+                    None => "simulated".into(),
+                },
             });
         }
         if more {
@@ -2061,54 +2252,46 @@ impl Scheduler {
             ids.push(id);
         }
         for (id, name) in ids.into_iter().zip(names) {
+            let slot = id.idx() as u32;
             if start {
-                self.engine
-                    .hosts_mut()
-                    .set_state(id, HostState::Draining)
-                    .map_err(|e| Status::internal(e.to_string()))?;
-                let slot = id.idx() as u32;
-                let on_it: Vec<TaskHandle> = self
+                if self.maintenance.insert(slot) {
+                    self.engine
+                        .hosts_mut()
+                        .set_state(id, HostState::Draining)
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                }
+                let mut on_it: Vec<(u32, u32)> = self
                     .engine
                     .tasks()
                     .placed_views()
                     .filter(|v| v.host == slot)
-                    .map(|v| v.task)
+                    .filter_map(|v| self.owners.get(v.task.idx()).copied().flatten())
                     .collect();
-                for h in on_it {
-                    if let Some(Some((k, i))) = self.owners.get(h.idx()).copied()
-                        && self.end_run(
-                            k,
-                            i,
-                            S::Preempted,
-                            &format!("host {name} drained for maintenance"),
-                        )
-                    {
+                on_it.extend(self.orphans.get(&slot).into_iter().flatten().copied());
+                let reason = format!("host {name} drained for maintenance");
+                for (k, i) in on_it {
+                    if self.end_run(k, i, S::Preempted, &reason) {
                         self.new_run(k, i);
                     }
                 }
-                // Simulated kills are immediate, so the drain is complete.
-                self.engine
-                    .hosts_mut()
-                    .set_state(id, HostState::Down)
-                    .map_err(|e| Status::internal(e.to_string()))?;
+                // Down once every run there is confirmed gone (at once if
+                // none is left).
+                self.check_drained(slot);
             } else {
+                self.maintenance.remove(&slot);
+                let lost = self.agent_hosts.get(&slot).is_some_and(|h| h.lost);
+                let state = if lost {
+                    // Up again when its agent registers.
+                    HostState::Down
+                } else {
+                    HostState::Up
+                };
                 self.engine
                     .hosts_mut()
-                    .set_state(id, HostState::Up)
+                    .set_state(id, state)
                     .map_err(|e| Status::internal(e.to_string()))?;
             }
-            let row = pb::Host {
-                name: name.clone(),
-                state: if start {
-                    pb::HostState::Down
-                } else {
-                    pb::HostState::Up
-                } as i32,
-                ..Default::default()
-            };
-            self.batch
-                .hosts
-                .push((name.clone(), Some(row.encode_to_vec())));
+            self.host_row(slot);
         }
         self.needs_cycle = true;
         Ok(())
@@ -2154,7 +2337,19 @@ fn task_run(t: &TaskEntry, host_names: &[Arc<str>]) -> pb::TaskRun {
         finished_at_ms: t.finished_at,
         exit_code: t.exit_code,
         reason: t.reason.as_deref().unwrap_or_default().to_string(),
+        launch_id: t.seq,
     }
+}
+
+/// The spec an instance runs: its override, or the job's default task.
+fn instance_spec(spec: &pb::JobSpec, instance: u32) -> &pb::TaskSpec {
+    static EMPTY: std::sync::OnceLock<pb::TaskSpec> = std::sync::OnceLock::new();
+    spec.overrides
+        .iter()
+        .find(|o| o.instance == instance)
+        .and_then(|o| o.spec.as_ref())
+        .or(spec.default_task.as_ref())
+        .unwrap_or_else(|| EMPTY.get_or_init(pb::TaskSpec::default))
 }
 
 fn task_row(t: &TaskEntry, host_names: &[Arc<str>]) -> pb::Task {

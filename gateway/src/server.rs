@@ -10,7 +10,8 @@ use peloton_engine::{Engine, EngineConfig};
 use peloton_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backend::SimBackend;
+use crate::agents::{AgentApi, AgentBackend, AgentHub};
+use crate::backend::{HostBackend, SimBackend};
 use crate::config::Config;
 use crate::convert::Limits;
 use crate::metrics::Metrics;
@@ -70,13 +71,27 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         ..LoopConfig::default()
     };
     let n_jobs = snapshot.jobs.len();
+    let (backend, hub): (Box<dyn HostBackend>, _) = if config.simulated() {
+        (Box::new(SimBackend::new()), None)
+    } else {
+        let token = config.resolve_agent_token()?;
+        (
+            Box::new(AgentBackend::new()),
+            Some(Arc::new(AgentHub::new(token, config.agent_heartbeat_ms))),
+        )
+    };
+    let loop_config = LoopConfig {
+        host_lost_after: Duration::from_millis(config.host_lost_after_ms),
+        ..loop_config
+    };
     let scheduler = Scheduler::new(
         engine,
         store.clone(),
-        Box::new(SimBackend::new()),
+        backend,
         loop_config,
         metrics.clone(),
         snapshot,
+        hub.clone(),
     )?;
     tracing::info!(jobs = n_jobs, data_dir = %config.data_dir.display(), "recovered");
     let (tx, rx) = mpsc::channel(config.command_queue);
@@ -85,7 +100,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .name("peloton-loop".into())
         .spawn(move || scheduler.run(rx, rt))?;
 
-    let api = Api::new(tx.clone(), limits, store.clone());
+    let api = Api::new(tx.clone(), limits, store.clone()).with_hub(hub.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<pb::job_service_server::JobServiceServer<Api>>()
@@ -130,7 +145,12 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
             pb::host_service_server::HostServiceServer::new(api.clone())
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .add_service(pb::watch_service_server::WatchServiceServer::new(api));
+        .add_service(pb::watch_service_server::WatchServiceServer::new(api))
+        .add_optional_service(hub.map(|hub| {
+            pb::agent_service_server::AgentServiceServer::new(AgentApi::new(hub, tx.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        }));
     // No Nagle delay: small answers must not wait for the client's ACK.
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))

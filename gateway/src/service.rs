@@ -16,6 +16,7 @@ use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
+use crate::agents::AgentHub;
 use crate::convert::{self, Limits};
 use crate::scheduler::{Command, JobAction, Reply};
 use crate::store::Store;
@@ -26,7 +27,15 @@ pub struct Api {
     tx: mpsc::Sender<Command>,
     limits: Limits,
     store: Arc<dyn Store>,
+    hub: Option<Arc<AgentHub>>,
 }
+
+/// Largest log chunk asked of an agent.
+const LOG_CHUNK_BYTES: u32 = 256 * 1024;
+/// How long an agent has to answer a log read.
+const LOG_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a followed log is polled once it has no new bytes.
+const LOG_FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 fn gone() -> Status {
     Status::unavailable("the server is shutting down")
@@ -35,7 +44,18 @@ fn gone() -> Status {
 impl Api {
     /// Handlers sending to the loop behind `tx`.
     pub fn new(tx: mpsc::Sender<Command>, limits: Limits, store: Arc<dyn Store>) -> Self {
-        Api { tx, limits, store }
+        Api {
+            tx,
+            limits,
+            store,
+            hub: None,
+        }
+    }
+
+    /// Handlers that can read logs from agents through `hub`.
+    pub fn with_hub(mut self, hub: Option<Arc<AgentHub>>) -> Self {
+        self.hub = hub;
+        self
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Status> {
@@ -237,8 +257,98 @@ impl JobService for Api {
     }
 }
 
+type LogStream = Pin<Box<dyn Stream<Item = Result<pb::TaskLogsResponse, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl TaskService for Api {
+    type LogsStream = LogStream;
+
+    async fn logs(
+        &self,
+        request: Request<pb::TaskLogsRequest>,
+    ) -> Result<Response<LogStream>, Status> {
+        let r = request.into_inner();
+        check_id("job_id", &r.job_id)?;
+        let Some(hub) = self.hub.clone() else {
+            return Err(Status::failed_precondition(
+                "runs on simulated hosts have no logs",
+            ));
+        };
+        let job_id = r.job_id.clone();
+        let target = move |run_id: u32| {
+            let (job_id, instance) = (job_id.clone(), r.instance);
+            move |reply| Command::LogTarget {
+                job_id,
+                instance,
+                run_id,
+                reply,
+            }
+        };
+        let mut current = self.call(target(r.run_id)).await?;
+        let (tx, rx) = mpsc::channel(4);
+        let api = self.clone();
+        tokio::spawn(async move {
+            let mut offset = r.offset;
+            let fail = |e: Status| async {
+                let _ = tx.send(Err(e)).await;
+            };
+            loop {
+                let (key, outbox, _) = &current;
+                let run_id = key.run_id;
+                let id = hub.next_id();
+                let answer = hub.expect_log(id);
+                let ask = pb::ServerMessage {
+                    kind: Some(pb::server_message::Kind::ReadLog(pb::ReadLog {
+                        request_id: id,
+                        key: Some(key.clone()),
+                        stderr: r.stderr,
+                        offset,
+                        max_bytes: LOG_CHUNK_BYTES,
+                    })),
+                };
+                if outbox.send(Ok(ask)).await.is_err() {
+                    hub.forget_log(id);
+                    return fail(Status::unavailable("the run's agent disconnected")).await;
+                }
+                let chunk = match tokio::time::timeout(LOG_READ_TIMEOUT, answer).await {
+                    Ok(Ok(c)) => c,
+                    _ => {
+                        hub.forget_log(id);
+                        return fail(Status::unavailable("the run's agent did not answer")).await;
+                    }
+                };
+                if !chunk.error.is_empty() {
+                    return fail(Status::not_found(chunk.error)).await;
+                }
+                let n = chunk.data.len() as u64;
+                if n > 0 {
+                    let out = pb::TaskLogsResponse {
+                        data: chunk.data,
+                        offset: chunk.offset,
+                    };
+                    if tx.send(Ok(out)).await.is_err() {
+                        return; // the client left
+                    }
+                    offset = chunk.offset + n;
+                }
+                if chunk.eof || (n == 0 && !r.follow) {
+                    return;
+                }
+                if n == 0 {
+                    tokio::time::sleep(LOG_FOLLOW_POLL).await;
+                    // The run may have ended or its agent reconnected.
+                    current = match api.call(target(run_id)).await {
+                        Ok(t) => t,
+                        Err(e) => return fail(e).await,
+                    };
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn list(
         &self,
         request: Request<pb::ListTasksRequest>,
