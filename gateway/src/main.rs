@@ -9,7 +9,8 @@ use peloton_gateway::config::Config;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// The Peloton scheduler service (gRPC API, embedded store, simulated hosts).
+/// The Peloton scheduler service: gRPC API, embedded store, and hosts run by
+/// `peloton-agent`s (or simulated ones, for tests and benchmarks at scale).
 #[derive(Debug, Parser)]
 #[command(name = "pelotond", version)]
 struct Args {
@@ -40,6 +41,20 @@ struct Args {
     /// Threads of the engine's parallel scans.
     #[arg(long)]
     engine_threads: Option<usize>,
+    /// The token agents must present (default: kept in DATA_DIR/agent-token).
+    #[arg(long)]
+    agent_token: Option<String>,
+    /// Milliseconds without a heartbeat before an agent host is lost.
+    #[arg(long)]
+    host_lost_after_ms: Option<u64>,
+    /// Start this many `peloton-agent`s on this machine (a local cluster;
+    /// work dirs under DATA_DIR/agents). They stop with the server.
+    #[arg(long, default_value_t = 0)]
+    local_agents: u32,
+    /// The agent binary for --local-agents (default: `peloton-agent` next to
+    /// this binary).
+    #[arg(long)]
+    agent_bin: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -81,6 +96,21 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     if let Some(v) = args.engine_threads {
         c.engine_threads = v;
     }
+    if let Some(v) = &args.agent_token {
+        c.agent_token = Some(v.clone());
+    }
+    if let Some(v) = args.host_lost_after_ms {
+        c.host_lost_after_ms = v;
+    }
+    anyhow::ensure!(
+        args.local_agents == 0 || !c.simulated(),
+        "--local-agents: not with simulated hosts (--sim-hosts, --sim-hosts-file)"
+    );
+    anyhow::ensure!(
+        args.local_agents <= 64,
+        "--local-agents: at most 64 (got {})",
+        args.local_agents
+    );
     c.validate()?;
     Ok(c)
 }
@@ -132,7 +162,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(config, args.demo, args.exit_after_demo)) {
+    match rt.block_on(serve(config, &args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pelotond: {e:#}");
@@ -141,18 +171,37 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn serve(config: Config, demo: bool, exit_after_demo: bool) -> anyhow::Result<()> {
+async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
     let server = peloton_gateway::server::start(&config).await?;
     // Tests and scripts read this line to find the port.
     println!("pelotond: serving gRPC on http://{}", server.addr);
     if let Some(m) = server.metrics_addr {
         println!("pelotond: metrics on http://{m}/metrics");
     }
-    if demo {
-        let state = peloton_gateway::demo::run(server.addr).await?;
-        println!("demo: finished: {}", state.as_str_name());
-        if exit_after_demo {
+    let agents = match local::start_agents(&config, args, server.addr).await {
+        Ok(a) => a,
+        Err(e) => {
             server.shutdown().await?;
+            return Err(e);
+        }
+    };
+    let result = run_until_stopped(&config, args, &server).await;
+    local::stop_agents(agents).await;
+    tracing::info!("shutting down");
+    server.shutdown().await?;
+    result
+}
+
+async fn run_until_stopped(
+    config: &Config,
+    args: &Args,
+    server: &peloton_gateway::server::Server,
+) -> anyhow::Result<()> {
+    if args.demo {
+        let real = !config.simulated();
+        let state = peloton_gateway::demo::run(server.addr, real).await?;
+        println!("demo: finished: {}", state.as_str_name());
+        if args.exit_after_demo {
             return Ok(());
         }
         println!(
@@ -161,7 +210,114 @@ async fn serve(config: Config, demo: bool, exit_after_demo: bool) -> anyhow::Res
         );
     }
     shutdown_signal().await;
-    tracing::info!("shutting down");
-    server.shutdown().await?;
     Ok(())
+}
+
+/// `--local-agents`: agents on this machine, as child processes.
+mod local {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use peloton_gateway::config::Config;
+    use tokio::process::{Child, Command};
+
+    use super::Args;
+
+    fn agent_bin(args: &Args) -> anyhow::Result<PathBuf> {
+        if let Some(p) = &args.agent_bin {
+            return Ok(p.clone());
+        }
+        let me = std::env::current_exe()?;
+        let p = me.with_file_name("peloton-agent");
+        anyhow::ensure!(
+            p.exists(),
+            "--local-agents: {} not found; build it (`cargo build --release -p peloton-agent`) or pass --agent-bin",
+            p.display()
+        );
+        Ok(p)
+    }
+
+    fn memory_mb() -> u64 {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map_or(4096, |kb| kb / 1024)
+    }
+
+    /// Starts `args.local_agents` agents, each with its own work dir, name
+    /// (`local-N`), zone attribute and an equal share of this machine's
+    /// memory (every agent offers all cores: they are shared, not split).
+    pub async fn start_agents(
+        config: &Config,
+        args: &Args,
+        addr: std::net::SocketAddr,
+    ) -> anyhow::Result<Vec<Child>> {
+        let n = args.local_agents;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let bin = agent_bin(args)?;
+        let token = config.resolve_agent_token()?;
+        let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
+        let mem = memory_mb() / u64::from(n);
+        let mut children = Vec::new();
+        for i in 0..n {
+            let dir = config.data_dir.join("agents").join(format!("local-{i}"));
+            std::fs::create_dir_all(&dir)?;
+            let log = std::fs::File::create(dir.with_extension("log"))?;
+            let child = Command::new(&bin)
+                .arg("--server")
+                .arg(format!("http://{addr}"))
+                .arg("--work-dir")
+                .arg(&dir)
+                .arg("--host")
+                .arg(format!("local-{i}"))
+                .arg("--token")
+                .arg(&token)
+                .arg("--resources")
+                .arg(format!("cpu={cores},mem={mem}"))
+                .arg("--attr")
+                .arg(format!("zone=z{}", i % 3 + 1))
+                .arg("--ports")
+                .arg(format!("{}-{}", 31000 + i * 1000, 31999 + i * 1000))
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", bin.display()))?;
+            println!(
+                "pelotond: started agent local-{i} (pid {}, work dir {}, log {})",
+                child.id().unwrap_or(0),
+                dir.display(),
+                dir.with_extension("log").display()
+            );
+            children.push(child);
+        }
+        Ok(children)
+    }
+
+    /// SIGTERM, then SIGKILL after 5 s. The agents leave their tasks
+    /// running (a restarted agent takes them over).
+    pub async fn stop_agents(children: Vec<Child>) {
+        for mut c in children {
+            if let Some(pid) = c.id() {
+                let _ = std::process::Command::new("kill")
+                    .arg("-TERM")
+                    .arg(pid.to_string())
+                    .status();
+            }
+            if tokio::time::timeout(Duration::from_secs(5), c.wait())
+                .await
+                .is_err()
+            {
+                let _ = c.kill().await;
+            }
+        }
+    }
 }

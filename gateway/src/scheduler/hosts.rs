@@ -461,6 +461,14 @@ impl Scheduler {
                 return;
             }
         }
+        // A run that ended before its RUNNING report went out still ran.
+        if report.started_ms > 0 && phase != pb::RunPhase::Running {
+            self.apply_update(crate::backend::TaskUpdate {
+                run,
+                status: RunStatus::Running,
+                time_ms: report.started_ms,
+            });
+        }
         let status = match phase {
             pb::RunPhase::Unknown | pb::RunPhase::Starting => None,
             pb::RunPhase::Running => Some(RunStatus::Running),

@@ -6,6 +6,7 @@
 //! same shapes.
 
 mod e2e;
+mod launch;
 mod trace;
 
 use std::path::PathBuf;
@@ -141,6 +142,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Real tasks: start the server and local agents, run one job of
+    /// `/bin/true` instances, report launched-and-finished tasks per second
+    /// and the server's CPU per task.
+    Launch {
+        /// Local agents to start.
+        #[arg(long, default_value_t = 3)]
+        agents: u32,
+        /// Instances of the job.
+        #[arg(long, default_value_t = 2_000)]
+        tasks: u32,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -236,6 +251,17 @@ fn main() -> Result<()> {
                 server_pid,
             }))?;
             print(&report, json, "e2e");
+        }
+        Command::Launch {
+            agents,
+            tasks,
+            json,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(launch::run(launch::LaunchOptions { agents, tasks }))?;
+            print(&report, json, "launch");
         }
         Command::Demo { common } => {
             if !common.json {

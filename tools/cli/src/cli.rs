@@ -192,6 +192,20 @@ pub enum TaskCommand {
         #[command(flatten)]
         version: VersionArg,
     },
+    /// Print a task's stdout (or stderr), read from its host's agent.
+    Logs {
+        job: String,
+        instance: u32,
+        /// stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing as the task writes, until its run ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// An earlier run (default: the current or latest launched run).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        run: Option<u32>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

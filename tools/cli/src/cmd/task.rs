@@ -3,7 +3,8 @@
 use anyhow::{Context, Result, ensure};
 use peloton_proto::v1::task_service_client::TaskServiceClient;
 use peloton_proto::v1::{
-    GetTaskRequest, KillTaskRequest, ListTasksRequest, RestartTaskRequest, Task, TaskRun, TaskState,
+    GetTaskRequest, KillTaskRequest, ListTasksRequest, RestartTaskRequest, Task, TaskLogsRequest,
+    TaskRun, TaskState,
 };
 use serde_json::json;
 
@@ -90,6 +91,30 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             };
             client.restart(request).await?;
             print_done(ctx.output, "restarting", &job, &instances)?;
+        }
+        TaskCommand::Logs {
+            job,
+            instance,
+            stderr,
+            follow,
+            run,
+        } => {
+            use std::io::Write;
+            let request = TaskLogsRequest {
+                job_id: job,
+                instance,
+                run_id: run.unwrap_or(0),
+                stderr,
+                offset: 0,
+                follow,
+            };
+            let mut stream = client.logs(request).await?.into_inner();
+            let mut out = std::io::stdout().lock();
+            // Raw bytes, as the task wrote them, whatever the output format.
+            while let Some(chunk) = stream.message().await? {
+                out.write_all(&chunk.data)?;
+                out.flush()?;
+            }
         }
     }
     Ok(Outcome::Success)

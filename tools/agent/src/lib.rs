@@ -1,0 +1,39 @@
+//! The Peloton host agent: runs the server's tasks on one machine.
+//!
+//! The agent holds one gRPC stream to the server (`session`), and a
+//! [`Supervisor`] that owns the runs: each run is a sandbox directory, a
+//! wrapper process that starts, waits for and cleans up after the task
+//! (`wrapper`), and the records on disk that let a restarted agent take its
+//! runs back (`record`). The design rule is that the disk, not the agent's
+//! memory, is the truth about a run: the agent may die at any moment, its
+//! tasks keep running, their exit statuses are still recorded, and the
+//! next agent on the same work directory reports exactly what the server
+//! has not yet acknowledged. Isolation is a cgroup v2 per run when the
+//! machine allows it, else rlimits (`isolation`).
+//!
+//! The library exists for the binary and for tests that drive the
+//! supervisor without a server; it must not know the gateway.
+
+mod cli;
+mod detect;
+mod gc;
+mod isolation;
+mod ports;
+mod proc;
+mod record;
+mod session;
+mod supervisor;
+mod wrapper;
+
+pub use cli::{
+    AgentConfig, Args, ConfigError, IsolationChoice, ResourceOverrides, parse_resources,
+};
+pub use gc::{GcOutcome, GcPolicy};
+pub use isolation::Isolation;
+pub use ports::PortRange;
+pub use session::{MAX_REPORTS_PER_MESSAGE, SessionConfig, run as run_session};
+pub use supervisor::{
+    DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, Supervisor,
+    SupervisorConfig, SupervisorError,
+};
+pub use wrapper::{run_trampoline, run_wrapper};

@@ -1,0 +1,426 @@
+//! The agent's conversation with the server: one `AgentService.Session`
+//! stream at a time, re-established for ever.
+//!
+//! The supervisor is shared behind a `std::sync::Mutex` and only ever
+//! locked inside `spawn_blocking`, because its methods do blocking work
+//! (spawning processes, fsyncs, `/proc` scans): the async tasks wait for
+//! it, the runtime's workers never do. Three tasks use it: a poller (every
+//! `poll_interval`, wakes the session when reports are waiting), the
+//! garbage collector (every `gc_interval`, without the lock: it reads only
+//! the disk) and the session loop (registration, heartbeats, reports,
+//! server messages). Log reads run as their own tasks, at most
+//! `MAX_CONCURRENT_LOG_READS` at once, so a slow disk delays log chunks,
+//! not launches or kills.
+//!
+//! Nothing is lost across a broken stream: registration carries the latest
+//! phase of every run not yet acknowledged, so reports queued for a dead
+//! stream are simply superseded. Reconnection backs off exponentially from
+//! 100 ms to 5 s; a server that refuses the agent (UNAUTHENTICATED, e.g. a
+//! wrong token, or INVALID_ARGUMENT) is logged as an error and retried
+//! every 30 s — the agent keeps supervising its runs meanwhile rather than
+//! exiting and leaving them unwatched.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use peloton_proto::v1;
+use peloton_proto::v1::agent_service_client::AgentServiceClient;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+use tonic::transport::Endpoint;
+
+use crate::gc::{self, GcPolicy};
+use crate::supervisor::Supervisor;
+
+/// Reports in one `AgentReports` message, at most.
+pub const MAX_REPORTS_PER_MESSAGE: usize = 1024;
+/// Launches handled per hold of the supervisor's lock, so that polls and
+/// log reads interleave with a large batch.
+const LAUNCHES_PER_LOCK: usize = 64;
+const MAX_CONCURRENT_LOG_READS: usize = 8;
+/// Messages queued towards the server; a full queue makes the session wait.
+const OUTBOUND_CAPACITY: usize = 64;
+/// Largest server message accepted (a batch of launches carries specs).
+const MAX_INBOUND_MESSAGE_BYTES: usize = 16 << 20;
+const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Used when the server asks for heartbeats every 0 ms.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// What the session needs.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    pub server: String,
+    pub token: String,
+    pub host: String,
+    pub resources: v1::Resources,
+    pub attributes: HashMap<String, String>,
+    pub poll_interval: Duration,
+    pub gc_interval: Duration,
+    pub gc: GcPolicy,
+}
+
+type Shared = Arc<Mutex<Supervisor>>;
+
+/// Runs `f` on the supervisor on a blocking thread.
+async fn with_supervisor<T: Send + 'static>(
+    supervisor: &Shared,
+    f: impl FnOnce(&mut Supervisor) -> T + Send + 'static,
+) -> T {
+    let supervisor = supervisor.clone();
+    match tokio::task::spawn_blocking(move || {
+        // A panic while holding the lock is a bug that already crashed the
+        // agent (see below); no half-updated state is ever used after it.
+        let mut guard = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut guard)
+    })
+    .await
+    {
+        Ok(value) => value,
+        // A broken invariant in the supervisor: crash, do not limp on.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+/// Serves the server until `shutdown` resolves. Runs keep running after it
+/// returns (see the crate documentation).
+pub async fn run(
+    config: SessionConfig,
+    supervisor: Supervisor,
+    shutdown: impl Future<Output = ()>,
+) {
+    let sandboxes = supervisor.sandboxes_dir().to_path_buf();
+    let supervisor: Shared = Arc::new(Mutex::new(supervisor));
+    let changed = Arc::new(Notify::new());
+    let poller = tokio::spawn(poll_loop(
+        supervisor.clone(),
+        changed.clone(),
+        config.poll_interval,
+    ));
+    let collector = tokio::spawn(gc_loop(sandboxes, config.gc, config.gc_interval));
+    tokio::select! {
+        () = shutdown => tracing::info!("stopping; runs keep running and are re-adopted on restart"),
+        () = connect_loop(&config, &supervisor, &changed) => {}
+    }
+    poller.abort();
+    collector.abort();
+}
+
+async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let waiting = with_supervisor(&supervisor, |s| {
+            s.poll();
+            s.pending_reports()
+        })
+        .await;
+        if waiting > 0 {
+            changed.notify_one();
+        }
+    }
+}
+
+async fn gc_loop(sandboxes: std::path::PathBuf, policy: GcPolicy, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        // The first tick is immediate: a collection at start.
+        tick.tick().await;
+        let dir = sandboxes.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            gc::collect(&dir, &policy, crate::record::now_ms())
+        })
+        .await;
+        match outcome {
+            Ok(outcome) if !outcome.removed.is_empty() => tracing::info!(
+                removed = outcome.removed.len(),
+                bytes_freed = outcome.bytes_freed,
+                bytes_in_use = outcome.bytes_in_use,
+                "sandboxes collected"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "garbage collection panicked"),
+        }
+    }
+}
+
+/// How one session ended.
+enum SessionEnd {
+    /// It registered, then broke: reconnect quickly.
+    Broke(String),
+    /// It never registered.
+    Failed(String),
+    /// The server refused the agent.
+    Refused(String),
+}
+
+async fn connect_loop(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Notify>) {
+    let mut backoff = BACKOFF_INITIAL;
+    let mut failures: u64 = 0;
+    loop {
+        let wait = match session(config, supervisor, changed).await {
+            SessionEnd::Broke(why) => {
+                tracing::warn!(server = %config.server, %why, "session ended; reconnecting");
+                backoff = BACKOFF_INITIAL;
+                failures = 0;
+                backoff
+            }
+            SessionEnd::Failed(why) => {
+                failures += 1;
+                // Every failure at debug; the 1st, 2nd, 4th, 8th... at warn,
+                // so a long outage does not flood the log.
+                if failures.is_power_of_two() {
+                    tracing::warn!(server = %config.server, %why, failures, "cannot reach the server; retrying");
+                } else {
+                    tracing::debug!(server = %config.server, %why, failures, "cannot reach the server");
+                }
+                let wait = backoff;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                wait
+            }
+            SessionEnd::Refused(why) => {
+                tracing::error!(
+                    server = %config.server,
+                    %why,
+                    retry_in_s = REFUSED_RETRY.as_secs(),
+                    "the server refused this agent (check --token and --host)"
+                );
+                REFUSED_RETRY
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+fn classify(status: &tonic::Status) -> SessionEnd {
+    let why = format!("{:?}: {}", status.code(), status.message());
+    match status.code() {
+        Code::Unauthenticated | Code::InvalidArgument | Code::PermissionDenied => {
+            SessionEnd::Refused(why)
+        }
+        _ => SessionEnd::Failed(why),
+    }
+}
+
+async fn session(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Notify>) -> SessionEnd {
+    let endpoint = match Endpoint::from_shared(config.server.clone()) {
+        Ok(endpoint) => endpoint
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10)),
+        Err(e) => return SessionEnd::Failed(e.to_string()),
+    };
+    let channel = match endpoint.connect().await {
+        Ok(channel) => channel,
+        Err(e) => return SessionEnd::Failed(format!("connect: {}", with_causes(&e))),
+    };
+    let mut client =
+        AgentServiceClient::new(channel).max_decoding_message_size(MAX_INBOUND_MESSAGE_BYTES);
+    let (tx, rx) = mpsc::channel::<v1::AgentMessage>(OUTBOUND_CAPACITY);
+    let register = registration(config, supervisor).await;
+    let runs = register.runs.len();
+    if tx
+        .send(message(v1::agent_message::Kind::Register(register)))
+        .await
+        .is_err()
+    {
+        return SessionEnd::Failed("outbound queue closed".to_owned());
+    }
+    let response =
+        match tokio::time::timeout(REGISTER_TIMEOUT, client.session(ReceiverStream::new(rx))).await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(status)) => return classify(&status),
+            Err(_) => return SessionEnd::Failed("no answer to the registration".to_owned()),
+        };
+    let mut inbound = response.into_inner();
+    let heartbeat_every = match tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()).await {
+        Ok(Ok(Some(v1::ServerMessage {
+            kind: Some(v1::server_message::Kind::Registered(registered)),
+        }))) => heartbeat_interval(registered.heartbeat_interval_ms),
+        Ok(Ok(Some(_))) => {
+            return SessionEnd::Failed("the server's first message is not Registered".to_owned());
+        }
+        Ok(Ok(None)) => return SessionEnd::Failed("the server closed the session".to_owned()),
+        Ok(Err(status)) => return classify(&status),
+        Err(_) => return SessionEnd::Failed("no Registered from the server".to_owned()),
+    };
+    tracing::info!(
+        server = %config.server,
+        host = %config.host,
+        runs,
+        heartbeat_ms = heartbeat_every.as_millis(),
+        "registered"
+    );
+    let log_reads = Arc::new(Semaphore::new(MAX_CONCURRENT_LOG_READS));
+    let mut heartbeat = tokio::time::interval(heartbeat_every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Registration superseded what was queued; anything since goes now.
+    changed.notify_one();
+    loop {
+        let result = tokio::select! {
+            received = inbound.message() => match received {
+                Ok(Some(msg)) => handle(msg, supervisor, &tx, &log_reads, &mut heartbeat).await,
+                Ok(None) => return SessionEnd::Broke("the server closed the session".to_owned()),
+                Err(status) => return match classify(&status) {
+                    SessionEnd::Failed(why) => SessionEnd::Broke(why),
+                    other => other,
+                },
+            },
+            _ = heartbeat.tick() => send(&tx, v1::agent_message::Kind::Heartbeat(v1::AgentHeartbeat {})).await,
+            () = changed.notified() => Ok(()),
+        };
+        // Every turn may have produced reports (launches, kills, polls).
+        let flushed = match result {
+            Ok(()) => flush_reports(supervisor, &tx).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = flushed {
+            return SessionEnd::Broke(e);
+        }
+    }
+}
+
+/// `e: cause: cause...` (tonic's transport errors say little on their own).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+fn heartbeat_interval(ms: u64) -> Duration {
+    if ms == 0 {
+        DEFAULT_HEARTBEAT
+    } else {
+        Duration::from_millis(ms.clamp(100, 60_000))
+    }
+}
+
+fn message(kind: v1::agent_message::Kind) -> v1::AgentMessage {
+    v1::AgentMessage { kind: Some(kind) }
+}
+
+async fn send(
+    tx: &mpsc::Sender<v1::AgentMessage>,
+    kind: v1::agent_message::Kind,
+) -> Result<(), String> {
+    tx.send(message(kind))
+        .await
+        .map_err(|_| "the stream to the server closed".to_owned())
+}
+
+async fn registration(config: &SessionConfig, supervisor: &Shared) -> v1::AgentRegister {
+    let (isolation, runs, ports) = with_supervisor(supervisor, |s| {
+        s.poll();
+        (s.isolation().name(), s.registration_runs(), s.port_count())
+    })
+    .await;
+    v1::AgentRegister {
+        token: config.token.clone(),
+        host: config.host.clone(),
+        resources: Some(config.resources),
+        attributes: config.attributes.clone(),
+        isolation: isolation.to_owned(),
+        runs,
+        ports,
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}
+
+async fn flush_reports(
+    supervisor: &Shared,
+    tx: &mpsc::Sender<v1::AgentMessage>,
+) -> Result<(), String> {
+    loop {
+        let reports =
+            with_supervisor(supervisor, |s| s.take_reports(MAX_REPORTS_PER_MESSAGE)).await;
+        if reports.is_empty() {
+            return Ok(());
+        }
+        // Taken reports are gone from the outbox; if this send fails the
+        // next registration carries the runs' phases instead.
+        send(
+            tx,
+            v1::agent_message::Kind::Reports(v1::AgentReports { reports }),
+        )
+        .await?;
+    }
+}
+
+async fn handle(
+    msg: v1::ServerMessage,
+    supervisor: &Shared,
+    tx: &mpsc::Sender<v1::AgentMessage>,
+    log_reads: &Arc<Semaphore>,
+    heartbeat: &mut tokio::time::Interval,
+) -> Result<(), String> {
+    use v1::server_message::Kind;
+    match msg.kind {
+        Some(Kind::Launch(launch)) => {
+            tracing::debug!(runs = launch.runs.len(), "launch");
+            let mut runs = launch.runs.into_iter();
+            loop {
+                let chunk: Vec<v1::LaunchRun> = runs.by_ref().take(LAUNCHES_PER_LOCK).collect();
+                if chunk.is_empty() {
+                    break;
+                }
+                with_supervisor(supervisor, move |s| s.launch(&chunk)).await;
+                flush_reports(supervisor, tx).await?;
+            }
+        }
+        Some(Kind::Kill(kill)) => {
+            tracing::debug!(runs = kill.runs.len(), "kill");
+            with_supervisor(supervisor, move |s| s.kill(&kill.runs)).await;
+        }
+        Some(Kind::Ack(ack)) => {
+            with_supervisor(supervisor, move |s| s.ack(&ack.keys)).await;
+        }
+        Some(Kind::ReadLog(read)) => {
+            // Waits here when too many reads are in flight: backpressure on
+            // the server's log requests, bounded memory for chunks.
+            let permit = log_reads
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| "log reads closed".to_owned())?;
+            let supervisor = supervisor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let chunk = with_supervisor(&supervisor, move |s| {
+                    let key = read.key.clone().unwrap_or_default();
+                    s.log_source(&key, read.stderr)
+                })
+                .await;
+                let chunk = tokio::task::spawn_blocking(move || {
+                    chunk.read(read.request_id, read.offset, read.max_bytes)
+                })
+                .await;
+                drop(permit);
+                if let Ok(chunk) = chunk {
+                    // A closed stream drops the answer; the server's
+                    // request failed with the session anyway.
+                    let _ = tx.send(message(v1::agent_message::Kind::Log(chunk))).await;
+                }
+            });
+        }
+        Some(Kind::Registered(registered)) => {
+            *heartbeat =
+                tokio::time::interval(heartbeat_interval(registered.heartbeat_interval_ms));
+        }
+        None => {}
+    }
+    Ok(())
+}

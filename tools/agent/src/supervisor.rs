@@ -1,0 +1,874 @@
+//! The run supervisor: launches, kills, watches, re-adopts and forgets runs.
+//!
+//! A plain synchronous struct, usable (and tested) without gRPC or an async
+//! runtime: the session calls its methods and sends what comes out of
+//! [`Supervisor::take_reports`]. It never waits for a process. Each run is
+//! observed by [`Supervisor::poll`] through its files (`started`,
+//! `exit.json`) and its wrapper's liveness in `/proc`, the same way whether
+//! the agent spawned the wrapper or re-adopted it after a restart — so there
+//! is one code path, and a restarted agent is no special case. Kill grace
+//! periods are deadlines checked by `poll`, never sleeps.
+//!
+//! Every change of a run is written to its `run.json` before it is
+//! reported, so a report is never ahead of the disk. Reports wait in an
+//! outbox that keeps only the latest report per run (it is bounded by the
+//! number of runs, itself bounded by `max_runs`).
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::Signal;
+use peloton_proto::v1;
+
+use crate::gc::{self, GcOutcome, GcPolicy};
+use crate::isolation::{self, Isolation};
+use crate::ports::{self, PortAllocator, PortRange};
+use crate::proc::{self, LazySnapshot, ProcessIdentity};
+use crate::record::{
+    self, AssignedPort, EXIT_FILE, ExitRecord, Phase, PhaseReport, RUN_FILE, RunId, RunRecord,
+    SANDBOXES_DIR, STARTED_FILE, STDERR_FILE, STDOUT_FILE, StartedRecord, TASK_FILE, TaskPlan,
+    WRAPPER_LOG_FILE,
+};
+use crate::wrapper::DEFAULT_PATH;
+
+/// Default of `--max-runs`.
+pub const DEFAULT_MAX_RUNS: usize = 4096;
+/// Default RLIMIT_NOFILE of tasks.
+pub const DEFAULT_OPEN_FILES: u64 = 65_536;
+/// Most bytes in one `LogChunk`.
+pub const MAX_LOG_CHUNK_BYTES: usize = 1 << 20;
+/// Reports waiting to be sent, at most (kills of unknown runs are the only
+/// reports not bounded by the number of runs).
+const MAX_OUTBOX: usize = 65_536;
+/// After a kill's SIGKILL, how long the wrapper gets to record the exit
+/// before it is killed too (and the run is reported from the agent's
+/// knowledge alone).
+const WRAPPER_KILL_AFTER_MS: u64 = 2_000;
+/// Variables of the agent's environment that tasks inherit (nothing else:
+/// the agent's environment may hold its token).
+const INHERITED_ENV: [&str; 3] = ["PATH", "LANG", "TZ"];
+
+/// What the supervisor needs to know.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// Holds `sandboxes/` and the agent's lock file.
+    pub work_dir: PathBuf,
+    /// The `peloton-agent` binary (it runs as the wrapper).
+    pub wrapper_exe: PathBuf,
+    pub isolation: Isolation,
+    /// Ports handed to tasks.
+    pub ports: Option<PortRange>,
+    /// Runs held at once (alive, or ended and not yet acknowledged).
+    pub max_runs: usize,
+    /// RLIMIT_NOFILE of every task.
+    pub open_files: u64,
+}
+
+impl SupervisorConfig {
+    /// Defaults: rlimit isolation, no ports.
+    pub fn new(work_dir: impl Into<PathBuf>, wrapper_exe: impl Into<PathBuf>) -> Self {
+        SupervisorConfig {
+            work_dir: work_dir.into(),
+            wrapper_exe: wrapper_exe.into(),
+            isolation: Isolation::Rlimit,
+            ports: None,
+            max_runs: DEFAULT_MAX_RUNS,
+            open_files: DEFAULT_OPEN_FILES,
+        }
+    }
+}
+
+/// Why the supervisor cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot use the work directory {path}: {error}")]
+    WorkDir { path: PathBuf, error: io::Error },
+    #[error("another peloton-agent is using the work directory {path}")]
+    Locked { path: PathBuf },
+}
+
+/// One run the supervisor holds.
+#[derive(Debug)]
+struct Run {
+    record: RunRecord,
+    dir: PathBuf,
+    /// The wrapper, when this agent spawned it (to reap it).
+    child: Option<Child>,
+}
+
+/// The latest report per run, oldest first.
+#[derive(Debug, Default)]
+struct Outbox {
+    order: VecDeque<RunId>,
+    reports: HashMap<RunId, v1::RunReport>,
+    dropped: u64,
+}
+
+impl Outbox {
+    fn push(&mut self, key: &RunId, report: v1::RunReport) {
+        if let Some(slot) = self.reports.get_mut(key) {
+            *slot = report;
+            return;
+        }
+        if self.reports.len() >= MAX_OUTBOX {
+            self.dropped += 1;
+            if self.dropped.is_power_of_two() {
+                tracing::warn!(
+                    dropped = self.dropped,
+                    "report outbox full; dropping reports of unknown runs"
+                );
+            }
+            return;
+        }
+        // Keys of removed reports linger in `order`; compact before it grows
+        // far past the reports it indexes.
+        if self.order.len() > 2 * self.reports.len() + 64 {
+            let reports = &self.reports;
+            self.order.retain(|k| reports.contains_key(k));
+        }
+        self.order.push_back(key.clone());
+        self.reports.insert(key.clone(), report);
+    }
+
+    fn take(&mut self, max: usize) -> Vec<v1::RunReport> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(report) = self.reports.remove(&key) {
+                out.push(report);
+            }
+        }
+        out
+    }
+
+    fn remove(&mut self, key: &RunId) {
+        self.reports.remove(key);
+    }
+}
+
+/// Where a log read goes, resolved under the supervisor and read without
+/// it (see [`Supervisor::log_source`]).
+#[derive(Debug, Clone)]
+pub struct LogSource {
+    result: Result<(PathBuf, PathBuf), String>,
+    /// Known when the run is held; else read from its `run.json`.
+    ended: Option<bool>,
+}
+
+impl LogSource {
+    /// Reads up to `max_bytes` (0 or more than 1 MiB: 1 MiB) from `offset`.
+    /// Blocking file I/O: call it off the async runtime.
+    pub fn read(&self, request_id: u64, offset: u64, max_bytes: u32) -> v1::LogChunk {
+        let mut chunk = v1::LogChunk {
+            request_id,
+            offset,
+            ..v1::LogChunk::default()
+        };
+        let (dir, file) = match &self.result {
+            Ok(paths) => paths,
+            Err(error) => {
+                chunk.error.clone_from(error);
+                return chunk;
+            }
+        };
+        // Decided before reading: once a run has ended its files no longer
+        // grow, so "ended, and this reaches the end" is then final.
+        let ended = match self.ended {
+            Some(ended) => ended,
+            None => match record::read_json::<RunRecord>(&dir.join(RUN_FILE)) {
+                Ok(run) => run.acked || run.report.phase.is_final(),
+                Err(e) => {
+                    chunk.error = format!("no sandbox for this run: {e}");
+                    return chunk;
+                }
+            },
+        };
+        let max = match usize::try_from(max_bytes) {
+            Ok(0) | Err(_) => MAX_LOG_CHUNK_BYTES,
+            Ok(n) => n.min(MAX_LOG_CHUNK_BYTES),
+        };
+        match read_range(file, offset, max) {
+            Ok((data, len)) => {
+                chunk.eof = ended && offset.saturating_add(data.len() as u64) >= len;
+                chunk.data = data;
+            }
+            Err(e) => chunk.error = format!("cannot read {}: {e}", file.display()),
+        }
+        chunk
+    }
+}
+
+/// Up to `max` bytes of `path` from `offset`, and the file's length.
+fn read_range(path: &Path, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)> {
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    if offset >= len {
+        return Ok((Vec::new(), len));
+    }
+    file.seek(SeekFrom::Start(offset))?;
+    let want = usize::try_from(len - offset).map_or(max, |rest| rest.min(max));
+    let mut data = Vec::with_capacity(want);
+    file.take(want as u64).read_to_end(&mut data)?;
+    Ok((data, len))
+}
+
+/// The runs of one agent (see the module documentation).
+#[derive(Debug)]
+pub struct Supervisor {
+    config: SupervisorConfig,
+    sandboxes: PathBuf,
+    runs: HashMap<RunId, Run>,
+    ports: PortAllocator,
+    outbox: Outbox,
+    /// Wrappers of forgotten runs not yet reaped.
+    unreaped: Vec<Child>,
+    /// Held for the supervisor's life: one agent per work directory.
+    _lock: Flock<File>,
+}
+
+impl Supervisor {
+    /// Locks the work directory, then takes over every run found in it:
+    /// live ones are watched again, ended-but-unacknowledged ones will be
+    /// reported again, ones whose wrapper vanished without a word are ended
+    /// (KILLED if a kill was requested, else FAILED).
+    pub fn open(mut config: SupervisorConfig) -> Result<Supervisor, SupervisorError> {
+        let given = config.work_dir.clone();
+        let work_dir_error = |error| SupervisorError::WorkDir {
+            path: given.clone(),
+            error,
+        };
+        fs::create_dir_all(config.work_dir.join(SANDBOXES_DIR)).map_err(work_dir_error)?;
+        // Absolute, because sandbox paths are handed to tasks and matched in
+        // their environments.
+        let work_dir = fs::canonicalize(&config.work_dir).map_err(work_dir_error)?;
+        let lock_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(work_dir.join("agent.lock"))
+            .map_err(work_dir_error)?;
+        let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+            SupervisorError::Locked {
+                path: work_dir.clone(),
+            }
+        })?;
+        config.work_dir = work_dir;
+        let sandboxes = config.work_dir.join(SANDBOXES_DIR);
+        let mut supervisor = Supervisor {
+            ports: PortAllocator::new(config.ports),
+            config,
+            sandboxes,
+            runs: HashMap::new(),
+            outbox: Outbox::default(),
+            unreaped: Vec::new(),
+            _lock: lock,
+        };
+        supervisor.adopt_all().map_err(work_dir_error)?;
+        Ok(supervisor)
+    }
+
+    fn adopt_all(&mut self) -> io::Result<()> {
+        for entry in fs::read_dir(&self.sandboxes)? {
+            let dir = entry?.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            let record: RunRecord = match record::read_json(&dir.join(RUN_FILE)) {
+                Ok(record) => record,
+                Err(e) => {
+                    // A launch the agent crashed in before its first write,
+                    // or GC's trash: nothing to adopt.
+                    tracing::debug!(sandbox = %dir.display(), error = %e, "no run record; skipped");
+                    continue;
+                }
+            };
+            if record.acked {
+                continue;
+            }
+            if dir.file_name() != Some(record.key.sandbox_name().as_ref()) {
+                tracing::warn!(sandbox = %dir.display(), "run record names another sandbox; skipped");
+                continue;
+            }
+            if self.runs.len() >= self.config.max_runs {
+                tracing::warn!(
+                    sandbox = %dir.display(),
+                    max_runs = self.config.max_runs,
+                    "more runs on disk than --max-runs; this one is not watched"
+                );
+                continue;
+            }
+            let live = !record.report.phase.is_final();
+            if live {
+                self.ports.mark_used(record.ports.iter().map(|p| p.port));
+            }
+            tracing::info!(
+                run = %record.key.sandbox_name(),
+                phase = ?record.report.phase,
+                "found run on disk"
+            );
+            let key = record.key.clone();
+            self.runs.insert(
+                key,
+                Run {
+                    record,
+                    dir,
+                    child: None,
+                },
+            );
+        }
+        self.poll();
+        Ok(())
+    }
+
+    /// The isolation every run gets.
+    pub fn isolation(&self) -> &Isolation {
+        &self.config.isolation
+    }
+
+    /// How many ports the agent offers.
+    pub fn port_count(&self) -> u32 {
+        self.ports.capacity()
+    }
+
+    /// Runs held (alive, or ended and not acknowledged).
+    pub fn run_count(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// `WORK_DIR/sandboxes`.
+    pub fn sandboxes_dir(&self) -> &Path {
+        &self.sandboxes
+    }
+
+    /// The sandbox directory of a run (whether or not it exists).
+    pub fn sandbox_dir(&self, key: &v1::RunKey) -> PathBuf {
+        self.sandboxes.join(RunId::from_proto(key).sandbox_name())
+    }
+
+    /// Starts runs. A run whose sandbox already exists was launched before:
+    /// the launch is ignored (launches are idempotent).
+    pub fn launch(&mut self, runs: &[v1::LaunchRun]) {
+        for run in runs {
+            let Some(key) = &run.key else {
+                tracing::warn!("launch without a run key ignored");
+                continue;
+            };
+            let default_spec = v1::TaskSpec::default();
+            self.launch_one(
+                RunId::from_proto(key),
+                run.spec.as_ref().unwrap_or(&default_spec),
+            );
+        }
+    }
+
+    fn launch_one(&mut self, key: RunId, spec: &v1::TaskSpec) {
+        let now = record::now_ms();
+        if let Err(problem) = key.validate() {
+            // No sandbox can be named after it, so this failure is not
+            // durable: the server learns of it once.
+            self.outbox
+                .push(&key, PhaseReport::failed(now, problem).to_proto(&key));
+            return;
+        }
+        let dir = self.sandboxes.join(key.sandbox_name());
+        if self.runs.contains_key(&key) || dir.join(RUN_FILE).exists() {
+            tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
+            return;
+        }
+        if dir.exists() {
+            // An agent died creating it, before the record that a wrapper's
+            // start always follows: nothing runs there, start afresh.
+            if let Err(e) = fs::remove_dir_all(&dir) {
+                let reason = format!("cannot clear the sandbox {}: {e}", dir.display());
+                self.outbox
+                    .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+                return;
+            }
+        }
+        if self.runs.len() >= self.config.max_runs {
+            let reason = format!(
+                "the agent already holds {} runs (its --max-runs)",
+                self.runs.len()
+            );
+            self.outbox
+                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+            return;
+        }
+        if let Err(e) = create_sandbox(&dir) {
+            let reason = format!("cannot create the sandbox {}: {e}", dir.display());
+            self.outbox
+                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+            return;
+        }
+        let mut run = Run {
+            record: RunRecord {
+                key: key.clone(),
+                created_ms: now,
+                wrapper: None,
+                ports: Vec::new(),
+                cgroup: None,
+                kill_requested: false,
+                kill_deadline_ms: 0,
+                report: PhaseReport::new(Phase::Starting, now),
+                acked: false,
+            },
+            dir,
+            child: None,
+        };
+        tracing::info!(run = %key.sandbox_name(), "launching");
+        match self.prepare(&mut run, spec) {
+            Ok(()) => {
+                self.commit(&mut run);
+                if let Err(reason) = self.spawn_wrapper(&mut run) {
+                    self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+                }
+            }
+            Err(reason) => self.end(&mut run, PhaseReport::failed(now, reason)),
+        }
+        self.runs.insert(key, run);
+    }
+
+    /// Checks the spec, takes ports, creates the cgroup, writes `task.json`.
+    fn prepare(&mut self, run: &mut Run, spec: &v1::TaskSpec) -> Result<(), String> {
+        let (program, args) = match (spec.command.is_empty(), spec.shell.is_empty()) {
+            (false, true) => (spec.command.clone(), spec.args.clone()),
+            (true, false) => (
+                "/bin/sh".to_owned(),
+                vec!["-c".to_owned(), spec.shell.clone()],
+            ),
+            (true, true) => return Err("the task spec sets neither command nor shell".to_owned()),
+            (false, false) => return Err("the task spec sets both command and shell".to_owned()),
+        };
+        if program.contains('\0') || args.iter().any(|a| a.contains('\0')) {
+            return Err("the task's command contains a NUL byte".to_owned());
+        }
+        let mut env: std::collections::BTreeMap<String, String> = INHERITED_ENV
+            .iter()
+            .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
+            .collect();
+        env.entry("PATH".to_owned())
+            .or_insert_with(|| DEFAULT_PATH.to_owned());
+        for (name, value) in &spec.env {
+            if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+                return Err(format!("env: {name:?} is not a usable variable"));
+            }
+            env.insert(name.clone(), value.clone());
+        }
+        let key = &run.record.key;
+        env.insert("PELOTON_JOB_ID".to_owned(), key.job_id.clone());
+        env.insert("PELOTON_INSTANCE_ID".to_owned(), key.instance.to_string());
+        env.insert("PELOTON_RUN_ID".to_owned(), key.run_id.to_string());
+        env.insert("PELOTON_TASK_ID".to_owned(), key.task_id());
+        env.insert(
+            "PELOTON_SANDBOX".to_owned(),
+            run.dir.to_string_lossy().into_owned(),
+        );
+        let mut port_names = std::collections::BTreeSet::new();
+        for port in &spec.ports {
+            if port.name.is_empty() || !port_names.insert(ports::port_env_name(&port.name)) {
+                return Err(format!(
+                    "ports: {:?} is empty or names the same variable as another port",
+                    port.name
+                ));
+            }
+        }
+        let numbers = self.ports.allocate(spec.ports.len())?;
+        for (spec_port, number) in spec.ports.iter().zip(&numbers) {
+            env.insert(ports::port_env_name(&spec_port.name), number.to_string());
+            run.record.ports.push(AssignedPort {
+                name: spec_port.name.clone(),
+                port: *number,
+            });
+        }
+        let resources = spec.resources.unwrap_or_default();
+        let mut plan = TaskPlan {
+            program,
+            args,
+            env: env.into_iter().collect(),
+            address_space_bytes: None,
+            open_files: Some(self.config.open_files),
+            cgroup: None,
+        };
+        match &self.config.isolation {
+            Isolation::Rlimit => {
+                plan.address_space_bytes = isolation::memory_bytes(resources.memory_mb);
+            }
+            Isolation::CgroupV2 { parent } => {
+                let cgroup = isolation::create_run_cgroup(parent, &key.sandbox_name(), &resources)
+                    .map_err(|e| format!("cannot create the run's cgroup: {e}"))?;
+                run.record.cgroup = Some(cgroup.clone());
+                plan.cgroup = Some(cgroup);
+            }
+        }
+        record::write_json_atomic(&run.dir.join(TASK_FILE), &plan)
+            .map_err(|e| format!("cannot write {TASK_FILE}: {e}"))
+    }
+
+    /// Starts the wrapper as the leader of a new process group.
+    fn spawn_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(run.dir.join(WRAPPER_LOG_FILE))
+            .and_then(|log| Ok((log.try_clone()?, log)))
+            .map_err(|e| format!("cannot open {WRAPPER_LOG_FILE}: {e}"))?;
+        let child = Command::new(&self.config.wrapper_exe)
+            .arg("exec")
+            .arg("--sandbox")
+            .arg(&run.dir)
+            // The wrapper needs nothing from the agent's environment, which
+            // may hold the agent's token.
+            .env_clear()
+            .current_dir(&run.dir)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(log.0)
+            .stderr(log.1)
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot start the wrapper {}: {e}",
+                    self.config.wrapper_exe.display()
+                )
+            })?;
+        // Not yet waited for, so the pid cannot have been reused: at worst
+        // it is a zombie, whose start time is still readable.
+        run.record.wrapper = ProcessIdentity::of(child.id());
+        run.child = Some(child);
+        self.commit(run);
+        Ok(())
+    }
+
+    /// Writes the run's record and queues its report.
+    fn commit(&mut self, run: &mut Run) {
+        persist(run);
+        let key = &run.record.key;
+        self.outbox.push(key, run.record.report.to_proto(key));
+    }
+
+    /// The run has ended with `report`: give back its ports and cgroup,
+    /// record, report.
+    fn end(&mut self, run: &mut Run, report: PhaseReport) {
+        debug_assert!(report.phase.is_final());
+        tracing::info!(
+            run = %run.record.key.sandbox_name(),
+            phase = ?report.phase,
+            reason = %report.reason,
+            "run ended"
+        );
+        let started_ms = run.record.report.started_ms;
+        run.record.report = PhaseReport {
+            started_ms: report.started_ms.max(started_ms),
+            ..report
+        };
+        self.ports.release(run.record.ports.iter().map(|p| p.port));
+        if let Some(cgroup) = &run.record.cgroup {
+            isolation::kill_cgroup(cgroup);
+            if let Err(e) = isolation::remove_cgroup(cgroup) {
+                tracing::warn!(cgroup = %cgroup.display(), error = %e, "cannot remove the run's cgroup");
+            }
+        }
+        self.commit(run);
+    }
+
+    /// Looks at every live run once: started? exited? wrapper gone? kill
+    /// deadline passed? Also reaps wrappers.
+    pub fn poll(&mut self) {
+        let now = record::now_ms();
+        self.unreaped
+            .retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_)) | Err(_)));
+        let keys: Vec<RunId> = self
+            .runs
+            .iter()
+            .filter(|(_, run)| !run.record.report.phase.is_final() || run.child.is_some())
+            .map(|(key, _)| key.clone())
+            .collect();
+        let mut procs = LazySnapshot::default();
+        for key in keys {
+            let Some(mut run) = self.runs.remove(&key) else {
+                continue;
+            };
+            self.observe(&mut run, now, &mut procs);
+            self.runs.insert(key, run);
+        }
+    }
+
+    fn observe(&mut self, run: &mut Run, now: u64, procs: &mut LazySnapshot) {
+        if let Some(child) = &mut run.child
+            && !matches!(child.try_wait(), Ok(None))
+        {
+            run.child = None;
+        }
+        if run.record.report.phase.is_final() {
+            return;
+        }
+        // Liveness first, then exit.json: the wrapper writes exit.json
+        // before it exits, so "dead and no exit.json" is really lost.
+        let alive = run.record.wrapper.is_some_and(|w| w.is_alive());
+        if run.record.report.phase == Phase::Starting
+            && let Ok(started) = record::read_json::<StartedRecord>(&run.dir.join(STARTED_FILE))
+        {
+            run.record.report = PhaseReport::new(Phase::Running, started.time_ms);
+            self.commit(run);
+        }
+        match record::read_json::<ExitRecord>(&run.dir.join(EXIT_FILE)) {
+            Ok(exit) => {
+                let report = final_report(&exit, run.record.kill_requested);
+                self.end(run, report);
+                return;
+            }
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!(run = %run.record.key.sandbox_name(), error = %e, "unreadable exit.json");
+            }
+            Err(_) => {}
+        }
+        if !alive {
+            // Whatever the wrapper left behind goes with it.
+            sweep(run, now, procs);
+            let report = if run.record.kill_requested {
+                PhaseReport {
+                    reason: "killed on request".to_owned(),
+                    signal: Signal::SIGKILL as i32,
+                    exit_code: 128 + Signal::SIGKILL as i32,
+                    ..PhaseReport::new(Phase::Killed, now)
+                }
+            } else {
+                PhaseReport::failed(now, "agent lost the run's exit status".to_owned())
+            };
+            self.end(run, report);
+            return;
+        }
+        if run.record.kill_requested && now >= run.record.kill_deadline_ms {
+            sweep(run, now, procs);
+        }
+    }
+
+    /// Stops runs: SIGTERM now, SIGKILL to the whole tree once `grace_ms`
+    /// has passed (see [`Supervisor::poll`]). An unknown run is reported
+    /// KILLED at once; an ended one has its final phase reported again; an
+    /// acknowledged one stays silent (it is never reported again).
+    pub fn kill(&mut self, requests: &[v1::KillRun]) {
+        let mut procs = LazySnapshot::default();
+        for request in requests {
+            let Some(key) = &request.key else {
+                tracing::warn!("kill without a run key ignored");
+                continue;
+            };
+            self.kill_one(RunId::from_proto(key), request.grace_ms, &mut procs);
+        }
+    }
+
+    fn kill_one(&mut self, key: RunId, grace_ms: u64, procs: &mut LazySnapshot) {
+        let now = record::now_ms();
+        let Some(mut run) = self.runs.remove(&key) else {
+            let acked_on_disk = key.validate().is_ok()
+                && self
+                    .sandboxes
+                    .join(key.sandbox_name())
+                    .join(RUN_FILE)
+                    .exists();
+            if acked_on_disk {
+                tracing::debug!(run = %key.sandbox_name(), "kill of an acknowledged run ignored");
+            } else {
+                let report = PhaseReport {
+                    reason: "not running on this host".to_owned(),
+                    ..PhaseReport::new(Phase::Killed, now)
+                };
+                self.outbox.push(&key, report.to_proto(&key));
+            }
+            return;
+        };
+        // It may have ended since the last poll; then that is its phase.
+        self.observe(&mut run, now, procs);
+        if run.record.report.phase.is_final() {
+            let report = run.record.report.to_proto(&key);
+            self.outbox.push(&key, report);
+        } else {
+            let deadline = now.saturating_add(grace_ms);
+            if !run.record.kill_requested || deadline < run.record.kill_deadline_ms {
+                run.record.kill_deadline_ms = deadline;
+            }
+            run.record.kill_requested = true;
+            // Durable before any signal: a restarted agent must know that
+            // this run's end is a KILLED, not a FAILED.
+            persist(&run);
+            tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
+            terminate(&run, procs);
+            self.observe(&mut run, now, procs);
+        }
+        self.runs.insert(key, run);
+    }
+
+    /// The server has recorded these runs' final phases: mark them on disk
+    /// and forget them. Acknowledging a run that has not ended is ignored.
+    pub fn ack(&mut self, keys: &[v1::RunKey]) {
+        for key in keys {
+            let key = RunId::from_proto(key);
+            let Some(run) = self.runs.get_mut(&key) else {
+                continue;
+            };
+            if !run.record.report.phase.is_final() {
+                tracing::warn!(run = %key.sandbox_name(), "acknowledgement of a live run ignored");
+                continue;
+            }
+            run.record.acked = true;
+            persist(run);
+            self.outbox.remove(&key);
+            if let Some(run) = self.runs.remove(&key)
+                && let Some(child) = run.child
+            {
+                self.unreaped.push(child);
+            }
+        }
+    }
+
+    /// Reports waiting to be taken.
+    pub fn pending_reports(&self) -> usize {
+        self.outbox.reports.len()
+    }
+
+    /// Up to `max` queued reports, oldest first.
+    pub fn take_reports(&mut self, max: usize) -> Vec<v1::RunReport> {
+        self.outbox.take(max)
+    }
+
+    /// The latest report of every run held, for `AgentRegister.runs`. The
+    /// queued reports of these runs are dropped: this list supersedes them.
+    pub fn registration_runs(&mut self) -> Vec<v1::RunReport> {
+        let mut reports = Vec::with_capacity(self.runs.len());
+        for (key, run) in &self.runs {
+            self.outbox.remove(key);
+            reports.push(run.record.report.to_proto(key));
+        }
+        reports.sort_by_key(|r| r.time_ms);
+        reports
+    }
+
+    /// Where to read a run's stdout or stderr. Cheap (no file I/O): the
+    /// reading happens in [`LogSource::read`]. A forgotten (acknowledged)
+    /// run's log is still readable until its sandbox is collected.
+    pub fn log_source(&self, key: &v1::RunKey, stderr: bool) -> LogSource {
+        let key = RunId::from_proto(key);
+        if let Err(problem) = key.validate() {
+            return LogSource {
+                result: Err(problem),
+                ended: None,
+            };
+        }
+        let dir = self.sandboxes.join(key.sandbox_name());
+        let file = dir.join(if stderr { STDERR_FILE } else { STDOUT_FILE });
+        LogSource {
+            result: Ok((dir, file)),
+            ended: self
+                .runs
+                .get(&key)
+                .map(|run| run.record.report.phase.is_final()),
+        }
+    }
+
+    /// Answers a `ReadLog` (blocking file I/O).
+    pub fn read_log(&self, request: &v1::ReadLog) -> v1::LogChunk {
+        let key = request.key.clone().unwrap_or_default();
+        self.log_source(&key, request.stderr).read(
+            request.request_id,
+            request.offset,
+            request.max_bytes,
+        )
+    }
+
+    /// Removes the sandboxes of acknowledged runs that `policy` lets go
+    /// (blocking; see [`gc::collect`]).
+    pub fn collect_garbage(&self, policy: &GcPolicy, now_ms: u64) -> GcOutcome {
+        gc::collect(&self.sandboxes, policy, now_ms)
+    }
+}
+
+/// `stdout` and `stderr` exist from the start, so a log read never has to
+/// tell "not yet written" from "no such run".
+fn create_sandbox(dir: &Path) -> io::Result<()> {
+    fs::create_dir(dir)?;
+    File::create(dir.join(STDOUT_FILE))?;
+    File::create(dir.join(STDERR_FILE))?;
+    Ok(())
+}
+
+fn persist(run: &Run) {
+    if let Err(e) = record::write_json_atomic(&run.dir.join(RUN_FILE), &run.record) {
+        tracing::error!(
+            run = %run.record.key.sandbox_name(),
+            error = %e,
+            "cannot write run.json; a restarted agent would not know this change"
+        );
+    }
+}
+
+/// How a run that the wrapper saw end is reported.
+fn final_report(exit: &ExitRecord, kill_requested: bool) -> PhaseReport {
+    let phase = if kill_requested {
+        Phase::Killed
+    } else if exit.start_failed || exit.oom_killed || exit.signal != 0 || exit.exit_code != 0 {
+        Phase::Failed
+    } else {
+        Phase::Succeeded
+    };
+    PhaseReport {
+        phase,
+        time_ms: exit.time_ms,
+        exit_code: exit.exit_code,
+        signal: exit.signal,
+        oom_killed: exit.oom_killed,
+        reason: if kill_requested {
+            format!("killed on request ({})", exit.reason)
+        } else {
+            exit.reason.clone()
+        },
+        // Filled from the run's RUNNING report by `end`.
+        started_ms: 0,
+    }
+}
+
+/// SIGTERM to the run's process group, to every descendant of its wrapper
+/// (some may have left the group) and to its cgroup.
+fn terminate(run: &Run, procs: &mut LazySnapshot) {
+    let Some(wrapper) = run.record.wrapper.filter(ProcessIdentity::is_alive) else {
+        return;
+    };
+    wrapper.signal_group(Signal::SIGTERM);
+    proc::signal_all(&procs.get().descendants(wrapper.pid), Signal::SIGTERM);
+    if let Some(cgroup) = &run.record.cgroup {
+        proc::signal_all(&isolation::cgroup_pids(cgroup), Signal::SIGTERM);
+    }
+}
+
+/// SIGKILL to everything of the run but its wrapper — its cgroup, the
+/// wrapper's descendants (as a subreaper it inherits every orphan) and any
+/// process carrying the run's environment marker — so the wrapper can still
+/// record the exit. A wrapper that has not done so a while after the
+/// deadline is killed too.
+fn sweep(run: &Run, now: u64, procs: &mut LazySnapshot) {
+    if let Some(cgroup) = &run.record.cgroup {
+        isolation::kill_cgroup(cgroup);
+    }
+    let snapshot = procs.get();
+    let wrapper = run.record.wrapper.filter(ProcessIdentity::is_alive);
+    let mut victims = wrapper.map_or_else(Vec::new, |w| snapshot.descendants(w.pid));
+    victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
+    proc::kill_all(&victims);
+    if let Some(wrapper) = wrapper
+        && run.record.kill_requested
+        && now
+            >= run
+                .record
+                .kill_deadline_ms
+                .saturating_add(WRAPPER_KILL_AFTER_MS)
+    {
+        wrapper.signal_group(Signal::SIGKILL);
+    }
+}

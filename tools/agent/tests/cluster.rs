@@ -1,0 +1,669 @@
+//! A real cluster on loopback: the `pelotond` binary and `peloton-agent`
+//! processes running real tasks. Checks what only real processes show:
+//! output read back through the API, retries of a failing command, a kill
+//! taking the whole process tree, an agent or the server killed with
+//! SIGKILL, and a drain moving tasks.
+//!
+//! `pelotond` and `peloton` are found next to this package's agent binary
+//! (`cargo test --workspace` builds every binary of the workspace).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use pb::JobState as J;
+use pb::TaskState as T;
+use peloton_proto::v1 as pb;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+const TOKEN: &str = "cluster-test-token";
+/// Short, so that a killed agent's host is lost quickly.
+const HOST_LOST_AFTER_MS: u64 = 3000;
+
+fn sibling(name: &str) -> PathBuf {
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_peloton-agent"));
+    let p = agent.with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} not found: build the workspace's binaries first (cargo test --workspace does)",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TIMEOUT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?}: {what}"))
+}
+
+/// Polls `check` until it returns `Some`.
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+#[derive(Clone)]
+struct Clients {
+    pools: pb::resource_pool_service_client::ResourcePoolServiceClient<Channel>,
+    jobs: pb::job_service_client::JobServiceClient<Channel>,
+    tasks: pb::task_service_client::TaskServiceClient<Channel>,
+    hosts: pb::host_service_client::HostServiceClient<Channel>,
+}
+
+impl Clients {
+    fn new(port: u16) -> Self {
+        let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("url")
+            .connect_lazy();
+        Clients {
+            pools: pb::resource_pool_service_client::ResourcePoolServiceClient::new(
+                channel.clone(),
+            ),
+            jobs: pb::job_service_client::JobServiceClient::new(channel.clone()),
+            tasks: pb::task_service_client::TaskServiceClient::new(channel.clone()),
+            hosts: pb::host_service_client::HostServiceClient::new(channel),
+        }
+    }
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    port: u16,
+    server: Option<Child>,
+    agents: BTreeMap<String, Child>,
+    c: Clients,
+}
+
+impl Cluster {
+    /// A server and `n` agents named a0, a1, …, every host up.
+    async fn start(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let mut cluster = Cluster {
+            dir,
+            port,
+            server: None,
+            agents: BTreeMap::new(),
+            c: Clients::new(port),
+        };
+        cluster.start_server().await;
+        for i in 0..n {
+            cluster.start_agent(&format!("a{i}")).await;
+        }
+        cluster.wait_hosts_up(n).await;
+        let mut pools = cluster.c.pools.clone();
+        pools
+            .create(pb::CreatePoolRequest {
+                path: "/t".into(),
+                spec: Some(pb::PoolSpec {
+                    reservation: Some(pb::Resources {
+                        cpu: 1.0,
+                        memory_mb: 512.0,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("pool");
+        cluster
+    }
+
+    async fn start_server(&mut self) {
+        let mut child = Command::new(sibling("pelotond"))
+            .arg("--data-dir")
+            .arg(self.dir.path().join("server"))
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--no-metrics", "--agent-token", TOKEN])
+            .args(["--host-lost-after-ms", &HOST_LOST_AFTER_MS.to_string()])
+            .args(["--cycle-interval-ms", "5"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("pelotond starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        within("pelotond to serve", async {
+            while let Some(line) = lines.next_line().await.expect("stdout") {
+                if line.starts_with("pelotond: serving gRPC on") {
+                    return;
+                }
+            }
+            panic!("pelotond exited before serving");
+        })
+        .await;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.server = Some(child);
+    }
+
+    fn work_dir(&self, host: &str) -> PathBuf {
+        self.dir.path().join("agents").join(host)
+    }
+
+    async fn start_agent(&mut self, host: &str) {
+        let work = self.work_dir(host);
+        std::fs::create_dir_all(&work).expect("work dir");
+        let child = Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
+            .args(["--server", &format!("http://127.0.0.1:{}", self.port)])
+            .arg("--work-dir")
+            .arg(&work)
+            .args(["--host", host, "--token", TOKEN])
+            .args(["--resources", "cpu=4,mem=4096,disk=10000"])
+            .args(["--attr", &format!("rack=r-{host}")])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("agent starts");
+        self.agents.insert(host.to_string(), child);
+    }
+
+    async fn sigkill_agent(&mut self, host: &str) {
+        let mut child = self.agents.remove(host).expect("agent");
+        child.kill().await.expect("SIGKILL");
+    }
+
+    async fn hosts(&self) -> Vec<pb::Host> {
+        let mut h = self.c.hosts.clone();
+        h.list(pb::ListHostsRequest::default())
+            .await
+            .map(|r| r.into_inner().hosts)
+            .unwrap_or_default()
+    }
+
+    async fn wait_hosts_up(&self, n: usize) {
+        eventually(&format!("{n} hosts up"), async || {
+            let up = self
+                .hosts()
+                .await
+                .iter()
+                .filter(|h| h.state() == pb::HostState::Up && h.connected)
+                .count();
+            (up >= n).then_some(())
+        })
+        .await;
+    }
+
+    async fn create(&self, spec: pb::JobSpec) -> String {
+        let mut jobs = self.c.jobs.clone();
+        jobs.create(pb::CreateJobRequest { spec: Some(spec) })
+            .await
+            .expect("create job")
+            .into_inner()
+            .job
+            .expect("job")
+            .id
+    }
+
+    async fn job(&self, id: &str) -> Option<pb::Job> {
+        let mut jobs = self.c.jobs.clone();
+        jobs.get(pb::GetJobRequest { id: id.into() })
+            .await
+            .ok()
+            .and_then(|r| r.into_inner().job)
+    }
+
+    async fn wait_job(&self, id: &str, want: J) -> pb::Job {
+        eventually(&format!("job {id} {want:?}"), async || {
+            let j = self.job(id).await?;
+            let state = j.status.as_ref()?.state();
+            if state == want {
+                return Some(j);
+            }
+            assert!(
+                !matches!(state, J::Succeeded | J::Failed | J::Killed),
+                "job ended {state:?}, not {want:?}: {j:#?}"
+            );
+            None
+        })
+        .await
+    }
+
+    async fn task(&self, id: &str, instance: u32) -> Option<pb::Task> {
+        let mut tasks = self.c.tasks.clone();
+        tasks
+            .get(pb::GetTaskRequest {
+                job_id: id.into(),
+                instance,
+            })
+            .await
+            .ok()
+            .and_then(|r| r.into_inner().task)
+    }
+
+    async fn wait_running(&self, id: &str, n: u32) -> Vec<pb::Task> {
+        eventually(&format!("{n} tasks of {id} running"), async || {
+            let mut out = Vec::new();
+            for i in 0..n {
+                let t = self.task(id, i).await?;
+                if t.current.as_ref()?.state() != T::Running {
+                    return None;
+                }
+                out.push(t);
+            }
+            Some(out)
+        })
+        .await
+    }
+
+    async fn logs(&self, id: &str, instance: u32, stderr: bool) -> String {
+        let mut tasks = self.c.tasks.clone();
+        let mut stream = tasks
+            .logs(pb::TaskLogsRequest {
+                job_id: id.into(),
+                instance,
+                stderr,
+                ..Default::default()
+            })
+            .await
+            .expect("logs")
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.message().await.expect("log chunk") {
+            out.extend_from_slice(&chunk.data);
+        }
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    /// Every sandbox of every agent, as (agent, dir name, path).
+    fn sandboxes(&self) -> Vec<(String, String, PathBuf)> {
+        let mut out = Vec::new();
+        let Ok(agents) = std::fs::read_dir(self.dir.path().join("agents")) else {
+            return out;
+        };
+        for a in agents.flatten() {
+            let Ok(dirs) = std::fs::read_dir(a.path().join("sandboxes")) else {
+                continue;
+            };
+            for d in dirs.flatten() {
+                out.push((
+                    a.file_name().to_string_lossy().into_owned(),
+                    d.file_name().to_string_lossy().into_owned(),
+                    d.path(),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Tasks left running by a SIGKILLed agent end on their own; kill
+        // what is left of ours so that nothing outlives the test.
+        for (_, c) in self.agents.iter_mut() {
+            let _ = c.start_kill();
+        }
+        if let Some(s) = self.server.as_mut() {
+            let _ = s.start_kill();
+        }
+        kill_processes_with_env(&format!("PELOTON_SANDBOX={}", self.dir.path().display()));
+    }
+}
+
+/// Pids of processes whose environment has a variable starting with
+/// `needle` (our tasks carry their sandbox path in PELOTON_SANDBOX).
+fn processes_with_env(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env
+            .split(|&b| b == 0)
+            .any(|var| var.starts_with(needle.as_bytes()))
+        {
+            // Zombies keep their environ readable only while alive.
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            if !state.starts_with('Z') {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+fn kill_processes_with_env(needle: &str) {
+    for pid in processes_with_env(needle) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+fn task_spec(shell: &str) -> pb::TaskSpec {
+    pb::TaskSpec {
+        shell: shell.into(),
+        resources: Some(pb::Resources {
+            cpu: 0.5,
+            memory_mb: 256.0,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn job(name: &str, n: u32, task: pb::TaskSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.into(),
+        pool: "/t".into(),
+        instance_count: n,
+        default_task: Some(task),
+        // Preemptible work may use more than the pool's reservation.
+        sla: Some(pb::Sla {
+            preemptible: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_world_output_is_readable_through_the_api_and_the_cli() {
+    let cluster = Cluster::start(2).await;
+    let id = cluster
+        .create(job(
+            "hello",
+            3,
+            task_spec("echo \"hello from $PELOTON_TASK_ID\"; echo oops >&2"),
+        ))
+        .await;
+    cluster.wait_job(&id, J::Succeeded).await;
+    for i in 0..3 {
+        let t = cluster.task(&id, i).await.expect("task");
+        let run = t.current.expect("run");
+        assert_eq!(run.exit_code, 0);
+        assert!(run.host == "a0" || run.host == "a1", "{run:?}");
+        assert!(run.started_at_ms > 0 && run.finished_at_ms >= run.started_at_ms);
+        let out = cluster.logs(&id, i, false).await;
+        assert_eq!(out, format!("hello from {id}-{i}-1\n"));
+        assert_eq!(cluster.logs(&id, i, true).await, "oops\n");
+    }
+    // The CLI reads the same bytes.
+    let out = Command::new(sibling("peloton"))
+        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+        .args(["task", "logs", &id, "2"])
+        .output()
+        .await
+        .expect("peloton runs");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("hello from {id}-2-1\n")
+    );
+    let out = Command::new(sibling("peloton"))
+        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+        .args(["task", "logs", &id, "2", "--stderr"])
+        .output()
+        .await
+        .expect("peloton runs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "oops\n");
+    // Hosts report how they isolate tasks.
+    for h in cluster.hosts().await {
+        assert!(
+            h.isolation == "rlimit" || h.isolation == "cgroup-v2",
+            "{h:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_retried_then_failed_with_the_exit_code_or_a_readable_reason() {
+    let cluster = Cluster::start(1).await;
+    let mut failing = task_spec("echo try; exit 3");
+    failing.restart = Some(pb::RestartPolicy {
+        max_failures: 2,
+        backoff_ms: 100,
+        max_backoff_ms: 1000,
+    });
+    let id = cluster.create(job("failing", 1, failing)).await;
+    cluster.wait_job(&id, J::Failed).await;
+    let t = cluster.task(&id, 0).await.expect("task");
+    let run = t.current.expect("run");
+    assert_eq!(run.state(), T::Failed);
+    assert_eq!(run.exit_code, 3);
+    assert_eq!(run.run_id, 3, "two retries");
+    assert_eq!(t.failure_count, 3);
+    assert_eq!(t.history.len(), 2);
+    for h in &t.history {
+        assert_eq!(h.state(), T::Failed);
+        assert_eq!(h.exit_code, 3);
+    }
+    // Back-off: each retry started after the previous run had ended.
+    let mut runs = t.history.clone();
+    runs.reverse();
+    runs.push(run);
+    for w in runs.windows(2) {
+        assert!(w[1].created_at_ms >= w[0].finished_at_ms + 100, "{w:?}");
+    }
+
+    let mut missing = task_spec("");
+    missing.shell.clear();
+    missing.command = "/no/such/binary".into();
+    let id = cluster.create(job("missing", 1, missing)).await;
+    cluster.wait_job(&id, J::Failed).await;
+    let run = cluster
+        .task(&id, 0)
+        .await
+        .expect("task")
+        .current
+        .expect("run");
+    assert!(
+        run.reason.contains("/no/such/binary") && run.reason.contains("No such file"),
+        "{run:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_stops_the_whole_process_tree_within_the_grace_period() {
+    let cluster = Cluster::start(1).await;
+    // Everything ignores SIGTERM (inherited): only the SIGKILL after the
+    // grace period ends the tree.
+    let mut spec = task_spec("trap '' TERM; sleep 600 & sleep 600 & setsid sleep 600 & wait");
+    spec.kill_grace_period_ms = 1000;
+    let id = cluster.create(job("tree", 1, spec)).await;
+    cluster.wait_running(&id, 1).await;
+    let needle = format!("PELOTON_JOB_ID={id}");
+    // The shell and its three sleeps (one in a new session).
+    eventually("the tree started", async || {
+        (processes_with_env(&needle).len() >= 4).then_some(())
+    })
+    .await;
+    let mut jobs = cluster.c.jobs.clone();
+    let killed_at = std::time::Instant::now();
+    jobs.kill(pb::KillJobRequest {
+        id: id.clone(),
+        version: 0,
+    })
+    .await
+    .expect("kill");
+    cluster.wait_job(&id, J::Killed).await;
+    // The job is KILLED only once the agent confirmed the tree is gone.
+    assert!(killed_at.elapsed() >= Duration::from_millis(900));
+    let left = processes_with_env(&needle);
+    assert!(left.is_empty(), "processes survived the kill: {left:?}");
+    let t = cluster.task(&id, 0).await.expect("task");
+    assert_eq!(t.current.expect("run").state(), T::Killed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_an_agent_killed_with_sigkill_run_again_elsewhere() {
+    let mut cluster = Cluster::start(1).await;
+    let id = cluster
+        .create(job("moving", 3, task_spec("sleep 4; echo done")))
+        .await;
+    let before = cluster.wait_running(&id, 3).await;
+    assert!(
+        before
+            .iter()
+            .all(|t| t.current.as_ref().unwrap().host == "a0")
+    );
+    cluster.start_agent("a1").await;
+    cluster.wait_hosts_up(2).await;
+    cluster.sigkill_agent("a0").await;
+    let j = cluster.wait_job(&id, J::Succeeded).await;
+    assert!(j.status.is_some());
+    for i in 0..3 {
+        let t = cluster.task(&id, i).await.expect("task");
+        let run = t.current.expect("run");
+        assert_eq!(run.host, "a1", "instance {i}: {run:?}");
+        assert_eq!(run.run_id, 2);
+        let lost = &t.history[0];
+        assert_eq!(lost.state(), T::Lost);
+        assert!(lost.reason.contains("host a0 lost"), "{lost:?}");
+    }
+    let hosts = cluster.hosts().await;
+    let a0 = hosts.iter().find(|h| h.name == "a0").expect("a0");
+    assert_eq!(a0.state(), pb::HostState::Down);
+    assert!(!a0.connected);
+}
+
+/// Start and last-alive times of every run of every instance, from the
+/// files the tasks themselves wrote in their sandboxes.
+fn run_intervals(cluster: &Cluster, job_id: &str) -> BTreeMap<u32, Vec<(u128, u128, String)>> {
+    let mut out: BTreeMap<u32, Vec<(u128, u128, String)>> = BTreeMap::new();
+    for (agent, name, path) in cluster.sandboxes() {
+        let Some(rest) = name.strip_prefix(&format!("{job_id}-")) else {
+            continue;
+        };
+        let instance: u32 = rest.split('-').next().unwrap().parse().unwrap();
+        let read = |f: &str| -> Option<u128> {
+            std::fs::read_to_string(path.join(f))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let (Some(start), Some(alive)) = (read("start"), read("alive")) else {
+            continue; // never got to run its first line
+        };
+        out.entry(instance)
+            .or_default()
+            .push((start, alive, format!("{agent}/{name}")));
+    }
+    out
+}
+
+const RECORDING_TASK: &str = "date +%s%N > start; i=0; \
+     while [ $i -lt 25 ]; do date +%s%N > alive; sleep 0.1; i=$((i+1)); done; \
+     date +%s%N > alive";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_run_completes_every_job_and_never_runs_an_instance_twice_at_once() {
+    let mut cluster = Cluster::start(2).await;
+    let a = cluster
+        .create(job("rec-a", 4, task_spec(RECORDING_TASK)))
+        .await;
+    let b = cluster
+        .create(job("rec-b", 2, task_spec(RECORDING_TASK)))
+        .await;
+    cluster.wait_running(&a, 4).await;
+    let server = cluster.server.as_mut().expect("server");
+    server.kill().await.expect("SIGKILL the server");
+    // Acknowledged while the server was down? Nothing: it is down. Restart.
+    cluster.start_server().await;
+    cluster.wait_job(&a, J::Succeeded).await;
+    cluster.wait_job(&b, J::Succeeded).await;
+    for id in [&a, &b] {
+        let runs = run_intervals(&cluster, id);
+        let n = if *id == a { 4 } else { 2 };
+        assert_eq!(runs.len(), n, "every instance ran: {runs:?}");
+        for (instance, mut rs) in runs {
+            rs.sort();
+            for w in rs.windows(2) {
+                assert!(
+                    w[0].1 < w[1].0,
+                    "instance {instance} of {id} ran twice at once: {w:?}"
+                );
+            }
+        }
+    }
+    // The runs survived the restart: they were taken over, not restarted.
+    for i in 0..4 {
+        let t = cluster.task(&a, i).await.expect("task");
+        assert_eq!(t.current.expect("run").run_id, 1, "instance {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_host_moves_its_tasks_elsewhere() {
+    let cluster = Cluster::start(3).await;
+    let mut spec = task_spec("sleep 600");
+    spec.max_instances_per_host = 1;
+    spec.kill_grace_period_ms = 500;
+    let id = cluster.create(job("drained", 2, spec)).await;
+    let tasks = cluster.wait_running(&id, 2).await;
+    let drained = tasks[0].current.as_ref().unwrap().host.clone();
+    let other = tasks[1].current.as_ref().unwrap().host.clone();
+    let mut hosts = cluster.c.hosts.clone();
+    hosts
+        .start_maintenance(pb::StartMaintenanceRequest {
+            hosts: vec![drained.clone()],
+        })
+        .await
+        .expect("drain");
+    let sandboxes = format!("PELOTON_SANDBOX={}", cluster.work_dir(&drained).display());
+    eventually("the drained host down once empty", async || {
+        let hs = cluster.hosts().await;
+        let h = hs.iter().find(|h| h.name == drained)?;
+        (h.state() == pb::HostState::Down && h.tasks.is_empty()).then_some(())
+    })
+    .await;
+    assert!(processes_with_env(&sandboxes).is_empty());
+    // Instance 0 runs again on the third host (one per host).
+    let tasks = cluster.wait_running(&id, 2).await;
+    let moved = &tasks[0];
+    let run = moved.current.as_ref().unwrap();
+    assert_eq!(run.run_id, 2, "{moved:?}");
+    assert!(run.host != drained && run.host != other, "{moved:?}");
+    assert_eq!(moved.history[0].state(), T::Preempted);
+    assert!(moved.history[0].reason.contains("drained"), "{moved:?}");
+    assert_eq!(tasks[1].current.as_ref().unwrap().run_id, 1, "untouched");
+    hosts
+        .complete_maintenance(pb::CompleteMaintenanceRequest {
+            hosts: vec![drained.clone()],
+        })
+        .await
+        .expect("up");
+    cluster.wait_hosts_up(3).await;
+    let mut jobs = cluster.c.jobs.clone();
+    jobs.kill(pb::KillJobRequest {
+        id: id.clone(),
+        version: 0,
+    })
+    .await
+    .expect("kill");
+    cluster.wait_job(&id, J::Killed).await;
+}

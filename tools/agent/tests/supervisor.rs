@@ -1,0 +1,703 @@
+//! The run supervisor with real processes and no server: launch, output,
+//! exit statuses, kills of whole process trees, re-adoption by a second
+//! supervisor on the same work directory, acknowledgements, garbage
+//! collection, ports. The wrapper is this package's own binary.
+//!
+//! Tests wait for phases with generous timeouts and never assert how long
+//! anything took.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use peloton_agent::{GcPolicy, Isolation, PortRange, Supervisor, SupervisorConfig};
+use peloton_proto::v1;
+use v1::RunPhase as P;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const HOUR_MS: u64 = 3_600_000;
+
+fn key(job_id: &str, instance: u32) -> v1::RunKey {
+    v1::RunKey {
+        job_id: job_id.to_owned(),
+        instance,
+        run_id: 1,
+        launch_id: 100 + u64::from(instance),
+    }
+}
+
+fn shell(line: &str) -> v1::TaskSpec {
+    v1::TaskSpec {
+        shell: line.to_owned(),
+        ..v1::TaskSpec::default()
+    }
+}
+
+fn launch(key: &v1::RunKey, spec: v1::TaskSpec) -> v1::LaunchRun {
+    v1::LaunchRun {
+        key: Some(key.clone()),
+        spec: Some(spec),
+    }
+}
+
+fn config(dir: &Path) -> SupervisorConfig {
+    SupervisorConfig::new(dir, env!("CARGO_BIN_EXE_peloton-agent"))
+}
+
+/// A supervisor and every report it produced, per run.
+struct Harness {
+    supervisor: Supervisor,
+    seen: HashMap<(String, u32, u32, u64), Vec<v1::RunReport>>,
+}
+
+fn id(key: &v1::RunKey) -> (String, u32, u32, u64) {
+    (key.job_id.clone(), key.instance, key.run_id, key.launch_id)
+}
+
+impl Harness {
+    fn open(config: SupervisorConfig) -> Harness {
+        Harness {
+            supervisor: Supervisor::open(config).expect("supervisor opens"),
+            seen: HashMap::new(),
+        }
+    }
+
+    fn drain(&mut self) {
+        for report in self.supervisor.take_reports(usize::MAX) {
+            let key = report.key.clone().expect("reports name their run");
+            self.seen.entry(id(&key)).or_default().push(report);
+        }
+    }
+
+    fn reports(&mut self, key: &v1::RunKey) -> Vec<v1::RunReport> {
+        self.drain();
+        self.seen.get(&id(key)).cloned().unwrap_or_default()
+    }
+
+    fn latest(&mut self, key: &v1::RunKey) -> Option<v1::RunReport> {
+        self.reports(key).last().cloned()
+    }
+
+    /// Polls until the run's latest report has `phase`.
+    fn wait_for(&mut self, key: &v1::RunKey, phase: P) -> v1::RunReport {
+        let start = Instant::now();
+        loop {
+            self.supervisor.poll();
+            if let Some(report) = self.latest(key)
+                && report.phase() == phase
+            {
+                return report;
+            }
+            assert!(
+                start.elapsed() < TIMEOUT,
+                "run {key:?} did not reach {phase:?}; reports: {:?}",
+                self.reports(key)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn sandbox(&self, key: &v1::RunKey) -> PathBuf {
+        self.supervisor.sandbox_dir(key)
+    }
+}
+
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < TIMEOUT, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Live (not zombie) pids whose environment marks them as the sandbox's.
+fn processes_of(sandbox: &Path) -> Vec<u32> {
+    let marker = format!("PELOTON_SANDBOX={}", sandbox.display()).into_bytes();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if environ.split(|&b| b == 0).any(|e| e == marker.as_slice()) && is_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Exists and is not a zombie.
+fn is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
+        !matches!(state, Some("Z" | "X"))
+    })
+}
+
+/// Live processes whose working directory is `dir`.
+fn processes_in(dir: &Path) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
+            && is_alive(pid)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn phases(reports: &[v1::RunReport]) -> Vec<P> {
+    reports.iter().map(v1::RunReport::phase).collect()
+}
+
+/// Reports come in lifecycle order (the outbox may skip a phase that was
+/// superseded before it was taken, never reorder).
+fn assert_in_order(reports: &[v1::RunReport]) {
+    let order = |p: P| match p {
+        P::Unknown => 0,
+        P::Starting => 1,
+        P::Running => 2,
+        P::Succeeded | P::Failed | P::Killed => 3,
+    };
+    let seen = phases(reports);
+    assert!(
+        seen.windows(2).all(|w| order(w[0]) < order(w[1])),
+        "out of order: {seen:?}"
+    );
+}
+
+#[test]
+fn shell_task_succeeds_with_its_output_and_environment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-a", 0);
+    let mut spec = shell(
+        "echo hello; echo \"$PELOTON_JOB_ID|$PELOTON_INSTANCE_ID|$PELOTON_RUN_ID|$PELOTON_TASK_ID\"; \
+         echo \"$PELOTON_SANDBOX|$(pwd)|$MY_VAR\"; echo oops >&2",
+    );
+    spec.env.insert("MY_VAR".to_owned(), "my value".to_owned());
+    h.supervisor.launch(&[launch(&k, spec)]);
+    // Taken before any poll: later phases would replace it in the outbox.
+    h.drain();
+    let done = h.wait_for(&k, P::Succeeded);
+    assert_eq!(done.exit_code, 0);
+    assert_eq!(done.signal, 0);
+    assert!(done.time_ms > 0);
+    let reports = h.reports(&k);
+    assert_eq!(reports[0].phase(), P::Starting);
+    assert_in_order(&reports);
+
+    let sandbox = h.sandbox(&k);
+    let stdout = std::fs::read_to_string(sandbox.join("stdout")).expect("stdout");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "hello");
+    assert_eq!(lines[1], "job-a|0|1|job-a-0-1");
+    let s = sandbox.display();
+    assert_eq!(lines[2], format!("{s}|{s}|my value"));
+    assert_eq!(
+        std::fs::read_to_string(sandbox.join("stderr")).expect("stderr"),
+        "oops\n"
+    );
+
+    // Logs through the supervisor: a window, then the end.
+    let read = |offset: u64, max_bytes: u32| {
+        h.supervisor.read_log(&v1::ReadLog {
+            request_id: 7,
+            key: Some(k.clone()),
+            stderr: false,
+            offset,
+            max_bytes,
+        })
+    };
+    let window = read(1, 4);
+    assert_eq!((window.request_id, window.offset), (7, 1));
+    assert_eq!(window.data, b"ello");
+    assert!(!window.eof);
+    assert!(window.error.is_empty());
+    let rest = read(6, 0);
+    assert_eq!(rest.data, &stdout.as_bytes()[6..]);
+    assert!(rest.eof, "an ended run's last chunk is eof");
+    let unknown = h.supervisor.read_log(&v1::ReadLog {
+        request_id: 8,
+        key: Some(key("job-a", 9)),
+        ..v1::ReadLog::default()
+    });
+    assert!(!unknown.error.is_empty());
+}
+
+#[test]
+fn tasks_start_with_no_blocked_or_ignored_signals() {
+    // The wrapper blocks SIGTERM, SIGINT and SIGHUP and the agent's runtime
+    // ignores SIGPIPE; none of it may reach the task. `grep` is executed
+    // directly (no shell in between, whose own masking would blur this).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-m", 0);
+    h.supervisor.launch(&[launch(
+        &k,
+        v1::TaskSpec {
+            command: "grep".to_owned(),
+            args: vec![
+                "-E".to_owned(),
+                "^Sig(Blk|Ign)".to_owned(),
+                "/proc/self/status".to_owned(),
+            ],
+            ..v1::TaskSpec::default()
+        },
+    )]);
+    h.wait_for(&k, P::Succeeded);
+    let out = std::fs::read_to_string(h.sandbox(&k).join("stdout")).expect("stdout");
+    let mask = |name: &str| {
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {out:?}"));
+        u64::from_str_radix(line.trim(), 16).expect("hex mask")
+    };
+    assert_eq!(mask("SigBlk:"), 0, "{out}");
+    // Only the standard signals: glibc's posix_spawn leaves its two
+    // internal real-time signals (32, 33) ignored, and a task's libc
+    // installs its own handlers for them.
+    assert_eq!(mask("SigIgn:") & 0x7fff_ffff, 0, "{out}");
+}
+
+#[test]
+fn non_zero_exit_and_bad_commands_fail_with_reasons() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let exit3 = key("job-b", 0);
+    let missing = key("job-b", 1);
+    let empty = key("job-b", 2);
+    let bad_job = v1::RunKey {
+        job_id: "../escape".to_owned(),
+        ..key("x", 3)
+    };
+    h.supervisor.launch(&[
+        launch(&exit3, shell("echo bye; exit 3")),
+        launch(
+            &missing,
+            v1::TaskSpec {
+                command: "/no/such".to_owned(),
+                args: vec!["x".to_owned()],
+                ..v1::TaskSpec::default()
+            },
+        ),
+        launch(&empty, v1::TaskSpec::default()),
+        launch(&bad_job, shell("true")),
+    ]);
+    let failed = h.wait_for(&exit3, P::Failed);
+    assert_eq!(failed.exit_code, 3);
+    assert_eq!(failed.reason, "exited with code 3");
+
+    let failed = h.wait_for(&missing, P::Failed);
+    assert_eq!(failed.exit_code, 127);
+    assert_eq!(
+        failed.reason,
+        "cannot start \"/no/such\": No such file or directory (os error 2)"
+    );
+    // Refused before anything ran: never reported RUNNING.
+    assert!(!phases(&h.reports(&missing)).contains(&P::Running));
+
+    let failed = h.wait_for(&empty, P::Failed);
+    assert_eq!(
+        failed.reason,
+        "the task spec sets neither command nor shell"
+    );
+    let failed = h.wait_for(&bad_job, P::Failed);
+    assert!(failed.reason.contains("file name"), "{}", failed.reason);
+    assert!(!dir.path().join("escape-3-1-103").exists());
+}
+
+#[test]
+fn kill_removes_the_whole_tree_even_setsid_processes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-c", 0);
+    h.supervisor.launch(&[launch(
+        &k,
+        shell("sleep 600 & sleep 600 & setsid sleep 600 & wait"),
+    )]);
+    h.wait_for(&k, P::Running);
+    let sandbox = h.sandbox(&k);
+    let mut pids = Vec::new();
+    // The shell and its three sleeps.
+    wait_until("the task's four processes", || {
+        pids = processes_of(&sandbox);
+        pids.len() >= 4
+    });
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(k.clone()),
+        grace_ms: 5_000,
+    }]);
+    let killed = h.wait_for(&k, P::Killed);
+    assert!(
+        killed.reason.starts_with("killed on request"),
+        "{}",
+        killed.reason
+    );
+    // The shell took the SIGTERM (no need to wait for the grace period);
+    // the wrapper then killed what it left behind.
+    assert_eq!(killed.signal, 15, "{killed:?}");
+    for pid in &pids {
+        assert!(!is_alive(*pid), "pid {pid} survived the kill");
+    }
+    assert_eq!(processes_of(&sandbox), Vec::<u32>::new());
+    assert_eq!(processes_in(&sandbox), Vec::<u32>::new());
+
+    // Killing it again re-reports the final phase.
+    h.drain();
+    h.seen.clear();
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(k.clone()),
+        grace_ms: 0,
+    }]);
+    assert_eq!(phases(&h.reports(&k)), vec![P::Killed]);
+}
+
+#[test]
+fn kill_escalates_to_sigkill_when_sigterm_is_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-d", 0);
+    // Ignored signals are inherited: every process here ignores SIGTERM.
+    h.supervisor.launch(&[launch(
+        &k,
+        shell("trap '' TERM; sleep 600 & setsid sleep 600 & wait"),
+    )]);
+    h.wait_for(&k, P::Running);
+    let sandbox = h.sandbox(&k);
+    let mut pids = Vec::new();
+    wait_until("the task's three processes", || {
+        pids = processes_of(&sandbox);
+        pids.len() >= 3
+    });
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(k.clone()),
+        grace_ms: 300,
+    }]);
+    let killed = h.wait_for(&k, P::Killed);
+    assert_eq!(killed.signal, 9, "{killed:?}");
+    for pid in &pids {
+        assert!(!is_alive(*pid), "pid {pid} survived the kill");
+    }
+    assert_eq!(processes_in(&sandbox), Vec::<u32>::new());
+}
+
+#[test]
+fn kill_of_an_unknown_run_is_reported_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-e", 4);
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(k.clone()),
+        grace_ms: 1000,
+    }]);
+    let report = h.latest(&k).expect("reported");
+    assert_eq!(report.phase(), P::Killed);
+    assert_eq!(report.reason, "not running on this host");
+}
+
+#[test]
+fn a_second_supervisor_readopts_live_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let waits = key("job-f", 0);
+    let killed_later = key("job-f", 1);
+    let sandbox;
+    {
+        let mut first = Harness::open(config(dir.path()));
+        first.supervisor.launch(&[
+            launch(
+                &waits,
+                shell("while [ ! -f go ]; do sleep 0.05; done; echo bye"),
+            ),
+            launch(&killed_later, shell("sleep 600")),
+        ]);
+        first.wait_for(&waits, P::Running);
+        first.wait_for(&killed_later, P::Running);
+        sandbox = first.sandbox(&waits);
+        // A second agent cannot take the same work directory meanwhile.
+        assert!(Supervisor::open(config(dir.path())).is_err());
+    }
+    // The first supervisor is gone (as if the agent restarted); the tasks
+    // are not.
+    let mut second = Harness::open(config(dir.path()));
+    let registered = second.supervisor.registration_runs();
+    let phase_of = |k: &v1::RunKey| {
+        registered
+            .iter()
+            .find(|r| r.key.as_ref() == Some(k))
+            .map(v1::RunReport::phase)
+    };
+    assert_eq!(phase_of(&waits), Some(P::Running));
+    assert_eq!(phase_of(&killed_later), Some(P::Running));
+
+    std::fs::write(sandbox.join("go"), "").expect("touch go");
+    let done = second.wait_for(&waits, P::Succeeded);
+    assert_eq!(done.exit_code, 0);
+    assert_eq!(
+        std::fs::read_to_string(sandbox.join("stdout")).expect("stdout"),
+        "bye\n"
+    );
+
+    let other = second.sandbox(&killed_later);
+    second.supervisor.kill(&[v1::KillRun {
+        key: Some(killed_later.clone()),
+        grace_ms: 200,
+    }]);
+    second.wait_for(&killed_later, P::Killed);
+    assert_eq!(processes_of(&other), Vec::<u32>::new());
+}
+
+#[test]
+fn a_run_whose_wrapper_vanished_is_failed_and_cleaned_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-g", 0);
+    h.supervisor.launch(&[launch(&k, shell("sleep 600"))]);
+    h.wait_for(&k, P::Running);
+    let sandbox = h.sandbox(&k);
+    let run: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sandbox.join("run.json")).expect("run.json"))
+            .expect("json");
+    let wrapper = run["wrapper"]["pid"].as_u64().expect("wrapper pid");
+    // SIGKILL to the wrapper alone: it cannot write exit.json.
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &wrapper.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let failed = h.wait_for(&k, P::Failed);
+    assert_eq!(failed.reason, "agent lost the run's exit status");
+    wait_until("the orphaned sleep is killed", || {
+        processes_of(&sandbox).is_empty()
+    });
+}
+
+#[test]
+fn acknowledged_runs_are_never_reported_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acked = key("job-h", 0);
+    let unacked = key("job-h", 1);
+    {
+        let mut h = Harness::open(config(dir.path()));
+        h.supervisor.launch(&[
+            launch(&acked, shell("true")),
+            launch(&unacked, shell("exit 1")),
+        ]);
+        h.wait_for(&acked, P::Succeeded);
+        h.wait_for(&unacked, P::Failed);
+        h.supervisor.ack(std::slice::from_ref(&acked));
+        assert_eq!(h.supervisor.run_count(), 1);
+        // Launching it again is a no-op (the sandbox exists).
+        h.seen.clear();
+        h.supervisor.launch(&[launch(&acked, shell("true"))]);
+        h.supervisor.poll();
+        assert_eq!(h.reports(&acked), Vec::new());
+        // Its log is still readable until collected.
+        let chunk = h.supervisor.read_log(&v1::ReadLog {
+            request_id: 1,
+            key: Some(acked.clone()),
+            ..v1::ReadLog::default()
+        });
+        assert!(chunk.error.is_empty(), "{}", chunk.error);
+        assert!(chunk.eof);
+    }
+    let mut h = Harness::open(config(dir.path()));
+    let registered = h.supervisor.registration_runs();
+    let keys: Vec<_> = registered.iter().filter_map(|r| r.key.clone()).collect();
+    assert_eq!(keys, vec![unacked]);
+    assert_eq!(registered[0].phase(), P::Failed);
+    assert_eq!(registered[0].exit_code, 1);
+    // A kill for the acknowledged run stays silent too.
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(acked.clone()),
+        grace_ms: 0,
+    }]);
+    h.supervisor.poll();
+    assert_eq!(h.reports(&acked), Vec::new());
+}
+
+#[test]
+fn gc_removes_only_old_acknowledged_sandboxes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let old = key("job-i", 0);
+    let unacked = key("job-i", 1);
+    let live = key("job-i", 2);
+    let recent = key("job-i", 3);
+    h.supervisor.launch(&[
+        launch(&old, shell("echo old")),
+        launch(&unacked, shell("true")),
+        launch(&live, shell("sleep 600")),
+    ]);
+    h.wait_for(&old, P::Succeeded);
+    h.wait_for(&unacked, P::Succeeded);
+    h.wait_for(&live, P::Running);
+    h.supervisor.ack(std::slice::from_ref(&old));
+    // What an agent that died mid-launch leaves: a sandbox with no record.
+    let stray = h.supervisor.sandboxes_dir().join("stray-0-1-1");
+    std::fs::create_dir(&stray).expect("stray sandbox");
+    let now = peloton_now_ms();
+    let by_age = GcPolicy {
+        max_age_ms: HOUR_MS,
+        max_disk_bytes: u64::MAX,
+    };
+    let outcome = h.supervisor.collect_garbage(&by_age, now);
+    assert!(outcome.removed.is_empty(), "{outcome:?}");
+    let mut outcome = h.supervisor.collect_garbage(&by_age, now + 2 * HOUR_MS);
+    outcome.removed.sort();
+    let mut expected = vec![h.sandbox(&old), stray];
+    expected.sort();
+    assert_eq!(outcome.removed, expected);
+    assert!(!h.sandbox(&old).exists());
+    for kept in [&unacked, &live] {
+        assert!(h.sandbox(kept).join("run.json").exists());
+    }
+
+    // Over the disk limit, acknowledged sandboxes go (oldest first), and
+    // still only those.
+    h.supervisor
+        .launch(&[launch(&recent, shell("echo recent"))]);
+    h.wait_for(&recent, P::Succeeded);
+    h.supervisor.ack(std::slice::from_ref(&recent));
+    let by_disk = GcPolicy {
+        max_age_ms: u64::MAX,
+        max_disk_bytes: 0,
+    };
+    let outcome = h.supervisor.collect_garbage(&by_disk, now);
+    assert_eq!(outcome.removed, vec![h.sandbox(&recent)]);
+    for kept in [&unacked, &live] {
+        assert!(h.sandbox(kept).join("run.json").exists());
+    }
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(live.clone()),
+        grace_ms: 0,
+    }]);
+    h.wait_for(&live, P::Killed);
+}
+
+fn peloton_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis()
+        .try_into()
+        .expect("fits")
+}
+
+#[test]
+fn ports_are_distinct_in_range_and_exposed_to_tasks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let range = PortRange {
+        first: 47210,
+        last: 47229,
+    };
+    let mut c = config(dir.path());
+    c.ports = Some(range);
+    let mut h = Harness::open(c);
+    assert_eq!(h.supervisor.port_count(), 20);
+    let port = |name: &str| v1::PortSpec {
+        name: name.to_owned(),
+    };
+    let keys: Vec<_> = (0..3).map(|i| key("job-j", i)).collect();
+    let runs: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let mut spec = shell("echo $PELOTON_PORT_HTTP $PELOTON_PORT_ADMIN_X");
+            spec.ports = vec![port("http"), port("admin-x")];
+            launch(k, spec)
+        })
+        .collect();
+    let greedy = key("job-j", 9);
+    let mut too_many = shell("true");
+    too_many.ports = (0..21).map(|i| port(&format!("p{i}"))).collect();
+    h.supervisor.launch(&runs);
+    h.supervisor.launch(&[launch(&greedy, too_many)]);
+    let mut all = Vec::new();
+    for k in &keys {
+        h.wait_for(k, P::Succeeded);
+        let out = std::fs::read_to_string(h.sandbox(k).join("stdout")).expect("stdout");
+        let ports: Vec<u16> = out
+            .split_whitespace()
+            .map(|p| p.parse().expect("a port number"))
+            .collect();
+        assert_eq!(ports.len(), 2, "{out:?}");
+        all.extend(ports);
+    }
+    assert!(
+        all.iter().all(|p| (range.first..=range.last).contains(p)),
+        "{all:?}"
+    );
+    let mut distinct = all.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), all.len(), "{all:?}");
+    let failed = h.wait_for(&greedy, P::Failed);
+    assert!(failed.reason.contains("port"), "{}", failed.reason);
+}
+
+#[test]
+fn rlimits_apply_to_the_task_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = config(dir.path());
+    c.open_files = 1000;
+    let mut h = Harness::open(c);
+    let k = key("job-k", 0);
+    let mut spec = shell("ulimit -v; ulimit -n");
+    // Far below the wrapper's own address space: only the task gets it.
+    spec.resources = Some(v1::Resources {
+        cpu: 0.5,
+        memory_mb: 16.0,
+        ..v1::Resources::default()
+    });
+    h.supervisor.launch(&[launch(&k, spec)]);
+    h.wait_for(&k, P::Succeeded);
+    let out = std::fs::read_to_string(h.sandbox(&k).join("stdout")).expect("stdout");
+    assert_eq!(out, format!("{}\n1000\n", 16 * 1024));
+}
+
+#[test]
+fn the_detected_isolation_runs_tasks() {
+    // cgroup v2 where this machine has it (then under a test parent), the
+    // rlimit fallback elsewhere; either way a task runs and is reported.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut c = config(dir.path());
+    let (isolation, _why) = Isolation::detect(Path::new("/sys/fs/cgroup/peloton-agent-test"));
+    c.isolation = isolation;
+    let mut h = Harness::open(c);
+    let k = key("job-l", 0);
+    let mut spec = shell("echo isolated");
+    spec.resources = Some(v1::Resources {
+        cpu: 0.5,
+        memory_mb: 64.0,
+        ..v1::Resources::default()
+    });
+    h.supervisor.launch(&[launch(&k, spec)]);
+    h.wait_for(&k, P::Succeeded);
+    let k2 = key("job-l", 1);
+    h.supervisor
+        .launch(&[launch(&k2, shell("sleep 600 & setsid sleep 600 & wait"))]);
+    h.wait_for(&k2, P::Running);
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(k2.clone()),
+        grace_ms: 100,
+    }]);
+    h.wait_for(&k2, P::Killed);
+    assert_eq!(processes_of(&h.sandbox(&k2)), Vec::<u32>::new());
+}

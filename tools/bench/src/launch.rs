@@ -1,0 +1,232 @@
+//! `peloton-bench launch`: real tasks through the whole system.
+//!
+//! Starts `pelotond` and `--agents` local `peloton-agent`s (the release
+//! binaries next to this one, on fresh temporary directories), waits for
+//! every host, then submits one job of `--tasks` instances of `/bin/true`
+//! and waits until it SUCCEEDS. Reports:
+//! - `tasks_per_s`: instances launched and finished per second, from the
+//!   submission to the job's success;
+//! - `server_cpu_ms_per_task`: the server's CPU time (user + system, from
+//!   /proc) spent in that window, per task;
+//! - `agents_cpu_ms_per_task`: the same for the agent processes (not the
+//!   per-task wrappers and tasks they start).
+
+use std::io::BufRead;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use peloton_proto::v1 as pb;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+/// Options of one run.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Local agents to start.
+    pub agents: u32,
+    /// Instances of the job.
+    pub tasks: u32,
+}
+
+/// A child process stopped with SIGTERM (then SIGKILL) when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.0.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sibling(name: &str) -> Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let bin = exe
+        .parent()
+        .context("the benchmark binary has no directory")?
+        .join(name);
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it first with `cargo build --release -p peloton-gateway -p peloton-agent`",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// CPU seconds (user + system) a process has used, from /proc/PID/stat.
+fn cpu_s(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command (which may hold spaces), 1-based from 3.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        f.get(i - 3)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime (14) + stime (15); the kernel's USER_HZ is 100 on Linux.
+    (ticks(14) + ticks(15)) / 100.0
+}
+
+/// Runs the benchmark.
+pub async fn run(o: LaunchOptions) -> Result<Value> {
+    anyhow::ensure!(o.agents >= 1, "--agents: at least 1");
+    anyhow::ensure!(
+        (1..=100_000).contains(&o.tasks),
+        "--tasks: between 1 and 100000"
+    );
+    let dir = tempfile::tempdir()?;
+    let token = "bench-token";
+    let mut server = std::process::Command::new(sibling("pelotond")?)
+        .arg("--data-dir")
+        .arg(dir.path().join("server"))
+        .args(["--listen", "127.0.0.1:0", "--no-metrics"])
+        .args(["--agent-token", token])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start pelotond")?;
+    let stdout = server.stdout.take().context("no stdout")?;
+    let server = Process(server);
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let addr = loop {
+        let Some(line) = lines.next() else {
+            bail!("pelotond exited before serving");
+        };
+        if let Some(url) = line?.strip_prefix("pelotond: serving gRPC on ") {
+            break url.to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let agent_bin = sibling("peloton-agent")?;
+    let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
+    let mut agents = Vec::new();
+    for i in 0..o.agents {
+        let work = dir.path().join(format!("agent-{i}"));
+        std::fs::create_dir_all(&work)?;
+        let child = std::process::Command::new(&agent_bin)
+            .args(["--server", &addr, "--token", token])
+            .arg("--work-dir")
+            .arg(&work)
+            .args(["--host", &format!("bench-{i}")])
+            .args(["--resources", &format!("cpu={cores},mem=4096,disk=100000")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start peloton-agent")?;
+        agents.push(Process(child));
+    }
+    let channel = Channel::from_shared(addr.clone())?.connect().await?;
+    let mut hosts = pb::host_service_client::HostServiceClient::new(channel.clone());
+    let mut pools =
+        pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone());
+    let mut jobs = pb::job_service_client::JobServiceClient::new(channel);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = hosts
+            .list(pb::ListHostsRequest::default())
+            .await?
+            .into_inner()
+            .hosts
+            .iter()
+            .filter(|h| h.connected && h.state() == pb::HostState::Up)
+            .count();
+        if up == o.agents as usize {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {up} of {} agents registered within 60 s", o.agents);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pools
+        .create(pb::CreatePoolRequest {
+            path: "/bench".into(),
+            spec: Some(pb::PoolSpec::default()),
+        })
+        .await?;
+    let spec = pb::JobSpec {
+        name: "launch-bench".into(),
+        owner: "peloton-bench".into(),
+        pool: "/bench".into(),
+        instance_count: o.tasks,
+        default_task: Some(pb::TaskSpec {
+            command: "/bin/true".into(),
+            resources: Some(pb::Resources {
+                cpu: 0.1,
+                memory_mb: 32.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        sla: Some(pb::Sla {
+            preemptible: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let server_pid = server.0.id();
+    let agent_pids: Vec<u32> = agents.iter().map(|a| a.0.id()).collect();
+    let cpu0 = cpu_s(server_pid);
+    let agents_cpu0: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum();
+    let start = Instant::now();
+    let job = jobs
+        .create(pb::CreateJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job
+        .context("no job")?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let state = loop {
+        let j = jobs
+            .get(pb::GetJobRequest { id: job.id.clone() })
+            .await?
+            .into_inner()
+            .job
+            .context("no job")?;
+        let state = j.status.as_ref().map(|s| s.state()).unwrap_or_default();
+        if matches!(
+            state,
+            pb::JobState::Succeeded | pb::JobState::Failed | pb::JobState::Killed
+        ) {
+            break state;
+        }
+        if Instant::now() > deadline {
+            bail!("the job did not finish within 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let elapsed = start.elapsed().as_secs_f64();
+    let server_cpu = cpu_s(server_pid) - cpu0;
+    let agents_cpu: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum::<f64>() - agents_cpu0;
+    anyhow::ensure!(
+        state == pb::JobState::Succeeded,
+        "the job ended {}",
+        state.as_str_name()
+    );
+    drop(agents);
+    drop(server);
+    let n = f64::from(o.tasks);
+    Ok(json!({
+        "agents": o.agents,
+        "tasks": o.tasks,
+        "seconds": (elapsed * 1000.0).round() / 1000.0,
+        "tasks_per_s": (n / elapsed).round(),
+        "server_cpu_ms_per_task": (server_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
+        "agents_cpu_ms_per_task": (agents_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
+    }))
+}
