@@ -1,6 +1,7 @@
-//! The quick start's main command: `pelotond --demo` runs a job end to end
-//! through its own API (here with `--exit-after-demo`, twice on one data
-//! dir, as a user re-running the quick start would).
+//! `pelotond --demo` on simulated hosts runs a job end to end through its
+//! own API (here with `--exit-after-demo`, twice on one data dir). The
+//! quick start itself (with `--local-agents`) is tested in
+//! `tools/agent/tests/quickstart.rs`.
 
 use std::process::Command;
 
