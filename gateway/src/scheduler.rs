@@ -624,6 +624,9 @@ impl Scheduler {
                 held: 0,
                 spec,
             };
+            // Runs whose end their host had not confirmed: (host, instance,
+            // launch, restart once confirmed).
+            let mut stopping: Vec<(u32, u32, u64, bool)> = Vec::new();
             for (instance, bytes) in tasks_by_job.remove(&*id).unwrap_or_default() {
                 let Some(t) = entry.tasks.get_mut(instance as usize) else {
                     continue;
@@ -644,6 +647,9 @@ impl Scheduler {
                     .lookup(&cur.host)
                     .map_or(NO_HOST, |h| h.idx() as u32);
                 t.failures = row.failure_count;
+                if agent_mode && row.stopping && t.host != NO_HOST && t.seq != 0 {
+                    stopping.push((t.host, instance, t.seq, row.restart_when_stopped));
+                }
                 t.reason = (!cur.reason.is_empty()).then(|| cur.reason.into_boxed_str());
                 t.history = (!row.history.is_empty()).then(|| Box::new(row.history));
             }
@@ -653,7 +659,6 @@ impl Scheduler {
             // are lost (those hosts restarted with us).
             let mut lost = Vec::new();
             let mut orphans = Vec::new();
-            let mut held = Vec::new();
             for (i, t) in entry.tasks.iter_mut().enumerate() {
                 match t.state {
                     S::Initialized | S::Pending | S::Ready | S::Placing | S::Unknown => {
@@ -665,9 +670,8 @@ impl Scheduler {
                     S::Placed | S::Launching | S::Running if agent_mode && t.host != NO_HOST => {
                         orphans.push((t.host, i as u32));
                     }
-                    S::Lost | S::Preempted if agent_mode && t.host != NO_HOST && t.seq != 0 => {
-                        // Its host may not have confirmed the end yet.
-                        held.push((t.host, i as u32, t.seq));
+                    S::Lost | S::Preempted if stopping.iter().any(|s| s.1 == i as u32) => {
+                        // Restarted once its host confirms the end.
                     }
                     S::Placed | S::Launching | S::Running | S::Lost | S::Preempted => {
                         lost.push(i as u32);
@@ -688,22 +692,21 @@ impl Scheduler {
                 }
                 entry.counts[t.state as usize] += 1;
             }
-            entry.held = held.len() as u32;
+            entry.held = stopping.len() as u32;
             self.by_id.insert(id, key);
             self.jobs.insert(key, entry);
             self.need_fill.insert(key);
             for (host, i) in orphans {
                 self.orphans.entry(host).or_default().push((key, i));
             }
-            for (host, i, seq) in held {
+            for (host, i, seq, restart) in stopping {
                 self.held.insert(
                     (key, i),
                     Held {
                         seq,
                         handle: None,
                         host,
-                        // Restarted, or killed if the job was, once gone.
-                        restart: true,
+                        restart,
                         preempted: false,
                     },
                 );
@@ -807,8 +810,6 @@ impl Scheduler {
             self.need_fill.extend(self.retry_fill.drain());
             self.fill_all();
         }
-        self.backend.launch(self.now, &mut self.launches);
-        self.backend.kill(self.now, &mut self.kills);
         self.now = now_ms();
         self.backend.poll(self.now, &mut self.updates);
         let mut updates = std::mem::take(&mut self.updates);
@@ -818,8 +819,6 @@ impl Scheduler {
         self.updates = updates;
         self.fire_timers();
         self.check_lost_hosts();
-        // Kills issued while applying updates and timers.
-        self.backend.kill(self.now, &mut self.kills);
         self.fill_all();
     }
 
@@ -838,6 +837,11 @@ impl Scheduler {
                 .observe(start.elapsed().as_secs_f64());
             self.batch = WriteBatch::default();
         }
+        // Hosts hear of launches and kills only once they are durable: a
+        // crash before the commit must not leave a run the store does not
+        // know (it would run twice), nor a kill it does not know of.
+        self.backend.launch(self.now, &mut self.launches);
+        self.backend.kill(self.now, &mut self.kills);
         for d in self.deferred.drain(..) {
             d();
         }
@@ -857,7 +861,11 @@ impl Scheduler {
                 continue;
             };
             t.dirty = false;
-            let row = task_row(t, &self.host_names);
+            let mut row = task_row(t, &self.host_names);
+            if let Some(h) = self.held.get(&(k, i)) {
+                row.stopping = true;
+                row.restart_when_stopped = h.restart;
+            }
             self.batch
                 .tasks
                 .push(((job.id.clone(), i), Some(row.encode_to_vec())));
@@ -980,9 +988,19 @@ impl Scheduler {
     /// in `to` (false: it had already ended, or it was only queued and went
     /// back to waiting).
     fn end_run(&mut self, k: u32, i: u32, to: S, reason: &str) -> bool {
-        let job = self.jobs.get_mut(&k).expect("live job");
-        let t = &mut job.tasks[i as usize];
-        let state = t.state;
+        let state = self.jobs[&k].tasks[i as usize].state;
+        if to == S::Killed
+            && let Some(h) = self.held.get_mut(&(k, i))
+        {
+            // A kill wins over a restart still waiting for the old run.
+            h.restart = false;
+            self.mark_dirty(k, i);
+            if matches!(state, S::Lost | S::Preempted) {
+                self.transition(k, i, S::Initialized, None);
+                self.transition(k, i, S::Killed, Some(reason));
+                return true;
+            }
+        }
         if is_terminal(state) || matches!(state, S::Lost | S::Preempted) {
             return false;
         }
@@ -1024,6 +1042,7 @@ impl Scheduler {
         if let Some(h) = self.held.get_mut(&(k, i)) {
             // The old run is still stopping: start again once it is gone.
             h.restart = true;
+            self.mark_dirty(k, i);
             return;
         }
         let max_history = self.config.max_history;
@@ -1039,6 +1058,7 @@ impl Scheduler {
         history.insert(0, run);
         history.truncate(max_history);
         t.run += 1;
+        t.seq = 0;
         t.host = NO_HOST;
         t.created_at = now;
         t.placed_at = 0;
@@ -1097,6 +1117,11 @@ impl Scheduler {
             }
             members.clear();
             members.extend(job.waiting.iter().take(size).copied());
+            if members.iter().any(|&i| self.held.contains_key(&(k, i))) {
+                // An earlier run of one (scaled away and added back) is
+                // still stopping: wait for it (confirm_end fills again).
+                return;
+            }
             gang.clear();
             for &i in &members {
                 let t = job.plan.template(i);
@@ -2067,6 +2092,10 @@ impl Scheduler {
             let mut task = task_row(t, &self.host_names);
             task.job_id = job.id.to_string();
             task.instance = i;
+            if let Some(h) = self.held.get(&(k, i)) {
+                task.stopping = true;
+                task.restart_when_stopped = h.restart;
+            }
             out.tasks.push(task);
         }
         Ok(out)
@@ -2085,6 +2114,10 @@ impl Scheduler {
         task.job_id = job.id.to_string();
         task.instance = instance;
         task.pending_reason = self.pending_reason(job, instance, t);
+        if let Some(h) = self.held.get(&(k, instance)) {
+            task.stopping = true;
+            task.restart_when_stopped = h.restart;
+        }
         Ok(task)
     }
 
@@ -2279,12 +2312,12 @@ impl Scheduler {
                 self.check_drained(slot);
             } else {
                 self.maintenance.remove(&slot);
-                let lost = self.agent_hosts.get(&slot).is_some_and(|h| h.lost);
-                let state = if lost {
-                    // Up again when its agent registers.
-                    HostState::Down
-                } else {
+                let connected = self.agent_hosts.get(&slot).is_none_or(|h| h.connected);
+                let state = if connected {
                     HostState::Up
+                } else {
+                    // Up when its agent registers.
+                    HostState::Down
                 };
                 self.engine
                     .hosts_mut()
@@ -2360,6 +2393,9 @@ fn task_row(t: &TaskEntry, host_names: &[Arc<str>]) -> pb::Task {
         failure_count: t.failures,
         pending_reason: String::new(),
         history: t.history.as_deref().cloned().unwrap_or_default(),
+        // Set from the loop's held runs where it matters (rows, reads).
+        stopping: false,
+        restart_when_stopped: false,
     }
 }
 

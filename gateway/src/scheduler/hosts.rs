@@ -26,6 +26,9 @@ use crate::agents::{Outbox, Registration};
 use crate::backend::{Kill, RunRef, RunStatus};
 use crate::convert;
 
+/// Extra time agents get to reconnect after the server starts.
+const RECONNECT_SLACK_MS: u64 = 10_000;
+
 /// How often hosts are checked for missed heartbeats.
 const LOST_CHECK_INTERVAL_MS: u64 = 500;
 
@@ -62,6 +65,7 @@ impl Scheduler {
             restart: false,
             preempted,
         };
+        self.mark_dirty(k, i);
         if let Some(old) = self.held.insert((k, i), held) {
             // Only an instance scaled away and added back while its old run
             // was still stopping gets here: forget the old one's hold.
@@ -93,11 +97,26 @@ impl Scheduler {
             job.held -= 1;
             if h.handle.is_some() {
                 job.active -= 1;
-                if !job.waiting.is_empty() {
-                    self.need_fill.insert(k);
-                }
+            }
+            // Room under max_running_instances, or an instance that waited
+            // for this run to be gone.
+            if !job.waiting.is_empty() {
+                self.need_fill.insert(k);
             }
             self.dirty_jobs.insert(k);
+        }
+    }
+
+    /// The task's row is written at the next commit.
+    pub(super) fn mark_dirty(&mut self, k: u32, i: u32) {
+        if let Some(t) = self
+            .jobs
+            .get_mut(&k)
+            .and_then(|j| j.tasks.get_mut(i as usize))
+            && !t.dirty
+        {
+            t.dirty = true;
+            self.dirty_tasks.push((k, i));
         }
     }
 
@@ -110,9 +129,11 @@ impl Scheduler {
         };
         let (host, restart) = (h.host, h.restart);
         self.finish_held(k, h);
-        if restart
-            && let Some(job) = self.jobs.get(&k)
+        self.mark_dirty(k, i);
+        if let Some(job) = self.jobs.get(&k)
             && let Some(t) = job.tasks.get(i as usize)
+            // Lost and preempted runs always start again (or end killed).
+            && (restart || matches!(t.state, S::Preempted | S::Lost))
         {
             let state = t.state;
             if job.kill_requested {
@@ -425,7 +446,7 @@ impl Scheduler {
         if self
             .held
             .get(&(k, i))
-            .is_some_and(|h| h.seq == key.launch_id)
+            .is_some_and(|h| h.seq == key.launch_id && h.host == slot)
         {
             if ended {
                 self.confirm_end(k, i);
@@ -446,8 +467,9 @@ impl Scheduler {
             }
             return;
         }
-        if job.tasks[i as usize].handle.is_none() {
-            // Recovered after a restart: the engine takes it over.
+        if job.tasks[i as usize].handle.is_none() && !ended {
+            // Recovered after a restart and still running: the engine
+            // takes it over. (An ended one just has its end applied.)
             if let Err(e) = self.adopt(k, i, slot) {
                 tracing::warn!(host = %host, job = %key.job_id, instance = i, error = %e, "cannot adopt a run; stopping it");
                 self.stop_on_host(k, i, false);
@@ -537,6 +559,21 @@ impl Scheduler {
         let job = self.jobs.get_mut(&k).expect("live job");
         job.tasks[i as usize].handle = Some(h);
         job.active += 1;
+        let t = &job.tasks[i as usize];
+        let limit = job.plan.max_running_time_ms;
+        if limit > 0 && t.state == S::Running && t.started_at > 0 {
+            // The run-time limit holds across the restart.
+            self.timers.push(std::cmp::Reverse((
+                t.started_at.saturating_add(limit),
+                super::TimerKind::Deadline,
+                RunRef {
+                    job: k,
+                    instance: i,
+                    run: t.run,
+                    seq: t.seq,
+                },
+            )));
+        }
         if self.owners.len() <= h.idx() {
             self.owners.resize(h.idx() + 1, None);
         }
@@ -580,6 +617,14 @@ impl Scheduler {
             && let Some(h) = self.agent_hosts.get_mut(&(id.idx() as u32))
         {
             h.connected = false;
+            // No new work for a host nobody would launch it on; its runs
+            // stay until it returns or is declared lost.
+            if self.engine.hosts().state(id) == HostState::Up {
+                self.engine
+                    .hosts_mut()
+                    .set_state(id, HostState::Down)
+                    .expect("live host");
+            }
         }
     }
 
@@ -599,10 +644,12 @@ impl Scheduler {
             .filter(|(_, h)| !h.lost)
             .filter(|(slot, _)| {
                 let name = &self.host_names[**slot as usize];
+                // Agents of a restarted server need time to notice and
+                // reconnect (their back-off reaches 5 s).
                 let seen = hub
                     .last_seen(name)
-                    .unwrap_or(self.started_at)
-                    .max(self.started_at);
+                    .unwrap_or(self.started_at + RECONNECT_SLACK_MS)
+                    .max(self.started_at + RECONNECT_SLACK_MS);
                 self.now.saturating_sub(seen) > after
             })
             .map(|(&slot, _)| slot)

@@ -526,6 +526,9 @@ impl Supervisor {
             // The wrapper needs nothing from the agent's environment, which
             // may hold the agent's token.
             .env_clear()
+            // The run's marker: if the agent dies before recording the
+            // wrapper's pid, a restarted agent still finds (and sweeps) it.
+            .env("PELOTON_SANDBOX", &run.dir)
             .current_dir(&run.dir)
             .process_group(0)
             .stdin(Stdio::null())
@@ -860,6 +863,11 @@ fn sweep(run: &Run, now: u64, procs: &mut LazySnapshot) {
     let wrapper = run.record.wrapper.filter(ProcessIdentity::is_alive);
     let mut victims = wrapper.map_or_else(Vec::new, |w| snapshot.descendants(w.pid));
     victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
+    // The wrapper carries the marker too; it is spared here so that it can
+    // still write exit.json (and killed with its group below if it hangs).
+    if let Some(w) = wrapper {
+        victims.retain(|&pid| pid != w.pid);
+    }
     proc::kill_all(&victims);
     if let Some(wrapper) = wrapper
         && run.record.kill_requested

@@ -370,6 +370,7 @@ pub fn task_run_json(run: Option<&TaskRun>) -> Value {
         "finished_at_ms": run.finished_at_ms,
         "exit_code": run.exit_code,
         "reason": run.reason,
+        "launch_id": run.launch_id,
     })
 }
 
@@ -381,6 +382,8 @@ pub fn task_json(task: &Task) -> Value {
         "failure_count": task.failure_count,
         "pending_reason": task.pending_reason,
         "history": task.history.iter().map(|r| task_run_json(Some(r))).collect::<Vec<_>>(),
+        "stopping": task.stopping,
+        "restart_when_stopped": task.restart_when_stopped,
     })
 }
 
@@ -395,6 +398,9 @@ pub fn host_json(host: &Host) -> Value {
             "job_id": t.job_id,
             "instance": t.instance,
         })).collect::<Vec<_>>(),
+        "connected": host.connected,
+        "last_seen_ms": host.last_seen_ms,
+        "isolation": host.isolation,
     })
 }
 
@@ -483,6 +489,7 @@ mod tests {
             failure_count: 1,
             pending_reason: String::new(),
             history: vec![],
+            ..Task::default()
         };
         let value = task_json(&task);
         assert_eq!(value["current"]["state"], "running");
