@@ -17,7 +17,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::record::{self, RUN_FILE, RunRecord};
+use crate::record::{self, RUN_FILE};
 
 const TRASH_PREFIX: &str = ".trash-";
 
@@ -66,7 +66,7 @@ pub fn collect(sandboxes: &Path, policy: &GcPolicy, now_ms: u64) -> GcOutcome {
             continue;
         }
         let bytes = disk_usage(&dir);
-        let ended = record::read_json::<RunRecord>(&dir.join(RUN_FILE))
+        let ended = record::read_run(&dir)
             .ok()
             .filter(|run| run.acked && run.report.phase.is_final());
         match ended {

@@ -115,8 +115,24 @@ pub async fn run(
 async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A wrapper exits right after recording its task's end: polling on
+    // SIGCHLD reports ends at once instead of up to a tick later (short
+    // tasks are bound by this latency). Wrappers adopted after a restart
+    // are not our children; the tick covers them.
+    let mut child_exited =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
     loop {
-        tick.tick().await;
+        match child_exited.as_mut() {
+            Some(sig) => {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = sig.recv() => {}
+                }
+            }
+            None => {
+                tick.tick().await;
+            }
+        }
         let waiting = with_supervisor(&supervisor, |s| {
             s.poll();
             s.pending_reports()

@@ -245,6 +245,15 @@ fn kill_leftovers(cgroup: Option<&Path>, marker: Option<&[u8]>) {
     let me = std::process::id();
     for _ in 0..CLEANUP_ROUNDS {
         reap_exited();
+        // As a subreaper this process inherits every orphaned descendant:
+        // no child left means no descendant left, and the (costly) scan of
+        // /proc is only needed when something stayed behind.
+        if cgroup.is_none()
+            && waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG))
+                == Err(nix::errno::Errno::ECHILD)
+        {
+            return;
+        }
         let mut snapshot = proc::ProcSnapshot::take();
         let mut victims = snapshot.descendants(me);
         if let Some(marker) = marker {

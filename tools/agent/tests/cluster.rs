@@ -667,3 +667,94 @@ async fn draining_a_host_moves_its_tasks_elsewhere() {
     .expect("kill");
     cluster.wait_job(&id, J::Killed).await;
 }
+
+/// Restarts instance 0 of `id` and returns once the server answered.
+async fn restart_task(cluster: &Cluster, id: &str) {
+    let mut tasks = cluster.c.tasks.clone();
+    tasks
+        .restart(pb::RestartTaskRequest {
+            job_id: id.into(),
+            instances: vec![0],
+            job_version: 0,
+        })
+        .await
+        .expect("restart");
+}
+
+/// A task that ignores SIGTERM (so a stop lasts the whole grace period)
+/// and records when it runs.
+const STUBBORN_TASK: &str = "trap '' TERM; date +%s%N > start; \
+     while true; do date +%s%N > alive; sleep 0.1; done";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_wins_over_a_restart_still_waiting_for_the_old_run() {
+    let cluster = Cluster::start(1).await;
+    let mut spec = task_spec(STUBBORN_TASK);
+    spec.kill_grace_period_ms = 2000;
+    let id = cluster.create(job("stubborn", 1, spec)).await;
+    cluster.wait_running(&id, 1).await;
+    restart_task(&cluster, &id).await;
+    // The old run is stopping; the new one waits for it.
+    let t = cluster.task(&id, 0).await.expect("task");
+    assert!(t.stopping && t.restart_when_stopped, "{t:?}");
+    assert_eq!(t.current.as_ref().unwrap().run_id, 1);
+    let mut tasks = cluster.c.tasks.clone();
+    tasks
+        .kill(pb::KillTaskRequest {
+            job_id: id.clone(),
+            instances: vec![0],
+            job_version: 0,
+        })
+        .await
+        .expect("kill");
+    let t = cluster.task(&id, 0).await.expect("task");
+    assert!(t.stopping && !t.restart_when_stopped, "{t:?}");
+    let t = eventually("the old run confirmed gone", async || {
+        let t = cluster.task(&id, 0).await?;
+        (!t.stopping).then_some(t)
+    })
+    .await;
+    // Killed for good: no second run.
+    let run = t.current.unwrap();
+    assert_eq!((run.run_id, run.state()), (1, T::Killed));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let run = cluster.task(&id, 0).await.unwrap().current.unwrap();
+    assert_eq!((run.run_id, run.state()), (1, T::Killed));
+    assert!(processes_with_env(&format!("PELOTON_JOB_ID={id}")).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_waiting_for_the_old_run_survives_a_server_crash() {
+    let mut cluster = Cluster::start(1).await;
+    let mut spec = task_spec(STUBBORN_TASK);
+    spec.kill_grace_period_ms = 3000;
+    let id = cluster.create(job("stubborn", 1, spec)).await;
+    cluster.wait_running(&id, 1).await;
+    restart_task(&cluster, &id).await;
+    // Acknowledged, so stored: the crash must not lose the restart.
+    let server = cluster.server.as_mut().expect("server");
+    server.kill().await.expect("SIGKILL the server");
+    cluster.start_server().await;
+    let t = eventually("the new run running", async || {
+        let t = cluster.task(&id, 0).await?;
+        let run = t.current.as_ref()?;
+        (run.run_id == 2 && run.state() == T::Running).then_some(t)
+    })
+    .await;
+    assert!(!t.stopping);
+    // The sandboxes' own records: run 2 started after run 1's last sign
+    // of life.
+    let runs = run_intervals(&cluster, &id);
+    let mut rs = runs[&0].clone();
+    rs.sort();
+    assert_eq!(rs.len(), 2, "{rs:?}");
+    assert!(rs[0].1 < rs[1].0, "ran twice at once: {rs:?}");
+    let mut jobs = cluster.c.jobs.clone();
+    jobs.kill(pb::KillJobRequest {
+        id: id.clone(),
+        version: 0,
+    })
+    .await
+    .expect("kill");
+    cluster.wait_job(&id, J::Killed).await;
+}

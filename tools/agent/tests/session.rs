@@ -312,9 +312,7 @@ async fn launch_report_log_restart_ack() {
     // Acknowledged durably before the agent stops: wait for run.json.
     within("acknowledgement recorded", async {
         loop {
-            let run: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(sandbox.join("run.json")).expect("run.json"))
-                    .expect("json");
+            let run = run_record(&sandbox);
             if run["acked"] == serde_json::Value::Bool(true) {
                 return;
             }
@@ -356,4 +354,15 @@ async fn a_refused_agent_says_so_and_keeps_trying() {
     // Keep reading its log so that it never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     stop(child).await;
+}
+
+/// The agent's record of a run: the newer whole one of its two copies
+/// (`run.json` and `run.json.b`, written alternately).
+fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
+    ["run.json", "run.json.b"]
+        .iter()
+        .filter_map(|f| std::fs::read(sandbox.join(f)).ok())
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .max_by_key(|v| v["generation"].as_u64().unwrap_or(0))
+        .expect("a run record")
 }

@@ -472,9 +472,7 @@ fn a_run_whose_wrapper_vanished_is_failed_and_cleaned_up() {
     h.supervisor.launch(&[launch(&k, shell("sleep 600"))]);
     h.wait_for(&k, P::Running);
     let sandbox = h.sandbox(&k);
-    let run: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(sandbox.join("run.json")).expect("run.json"))
-            .expect("json");
+    let run = run_record(&sandbox);
     let wrapper = run["wrapper"]["pid"].as_u64().expect("wrapper pid");
     // SIGKILL to the wrapper alone: it cannot write exit.json.
     let status = std::process::Command::new("kill")
@@ -700,4 +698,15 @@ fn the_detected_isolation_runs_tasks() {
     }]);
     h.wait_for(&k2, P::Killed);
     assert_eq!(processes_of(&h.sandbox(&k2)), Vec::<u32>::new());
+}
+
+/// The agent's record of a run: the newer whole one of its two copies
+/// (`run.json` and `run.json.b`, written alternately).
+fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
+    ["run.json", "run.json.b"]
+        .iter()
+        .filter_map(|f| std::fs::read(sandbox.join(f)).ok())
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .max_by_key(|v| v["generation"].as_u64().unwrap_or(0))
+        .expect("a run record")
 }

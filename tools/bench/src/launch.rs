@@ -27,6 +27,9 @@ pub struct LaunchOptions {
     pub agents: u32,
     /// Instances of the job.
     pub tasks: u32,
+    /// Where the agents' work dirs go (default: the run's temporary dir,
+    /// next to the server's store).
+    pub agents_dir: Option<std::path::PathBuf>,
 }
 
 /// A child process stopped with SIGTERM (then SIGKILL) when dropped.
@@ -82,6 +85,22 @@ fn cpu_s(pid: u32) -> f64 {
     (ticks(14) + ticks(15)) / 100.0
 }
 
+/// The file system type holding `path` (from /proc/mounts: the longest
+/// mount point that prefixes it).
+fn fs_type(path: &std::path::Path) -> String {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, at, fs) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with(at).then(|| (at.len(), fs.to_string()))
+        })
+        .max()
+        .map_or_else(|| "unknown".into(), |(_, fs)| fs)
+}
+
 /// Runs the benchmark.
 pub async fn run(o: LaunchOptions) -> Result<Value> {
     anyhow::ensure!(o.agents >= 1, "--agents: at least 1");
@@ -114,9 +133,14 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     std::thread::spawn(move || for _ in lines {});
     let agent_bin = sibling("peloton-agent")?;
     let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
+    let agents_root = match &o.agents_dir {
+        Some(root) => tempfile::tempdir_in(root)
+            .with_context(|| format!("--agents-dir {}", root.display()))?,
+        None => tempfile::tempdir_in(dir.path())?,
+    };
     let mut agents = Vec::new();
     for i in 0..o.agents {
-        let work = dir.path().join(format!("agent-{i}"));
+        let work = agents_root.path().join(format!("agent-{i}"));
         std::fs::create_dir_all(&work)?;
         let child = std::process::Command::new(&agent_bin)
             .args(["--server", &addr, "--token", token])
@@ -222,6 +246,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     drop(server);
     let n = f64::from(o.tasks);
     Ok(json!({
+        "agents_dir_fs": fs_type(agents_root.path()),
         "agents": o.agents,
         "tasks": o.tasks,
         "seconds": (elapsed * 1000.0).round() / 1000.0,

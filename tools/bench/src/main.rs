@@ -152,6 +152,10 @@ enum Command {
         /// Instances of the job.
         #[arg(long, default_value_t = 2_000)]
         tasks: u32,
+        /// Put the agents' work dirs (sandboxes) under this directory, e.g.
+        /// a tmpfs (default: next to the server's store, on the temp dir).
+        #[arg(long)]
+        agents_dir: Option<PathBuf>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -255,12 +259,17 @@ fn main() -> Result<()> {
         Command::Launch {
             agents,
             tasks,
+            agents_dir,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            let report = rt.block_on(launch::run(launch::LaunchOptions { agents, tasks }))?;
+            let report = rt.block_on(launch::run(launch::LaunchOptions {
+                agents,
+                tasks,
+                agents_dir,
+            }))?;
             print(&report, json, "launch");
         }
         Command::Demo { common } => {
