@@ -182,7 +182,7 @@ impl LogSource {
         // grow, so "ended, and this reaches the end" is then final.
         let ended = match self.ended {
             Some(ended) => ended,
-            None => match record::read_run(&dir) {
+            None => match record::read_run(dir) {
                 Ok(run) => run.acked || run.report.phase.is_final(),
                 Err(e) => {
                     chunk.error = format!("no sandbox for this run: {e}");
