@@ -45,6 +45,8 @@ pub async fn run(addr: std::net::SocketAddr, real: bool) -> anyhow::Result<pb::J
     let mut stream = watch.watch(pb::WatchRequest::default()).await?.into_inner();
     let spec = pb::JobSpec {
         name: "hello-world".into(),
+        // Spread: on a local cluster, the four land on different agents.
+        placement: pb::PlacementStrategy::Spread as i32,
         owner: "demo".into(),
         pool: "/quickstart".into(),
         instance_count: 4,
