@@ -9,8 +9,10 @@
 //! is one code path, and a restarted agent is no special case. Kill grace
 //! periods are deadlines checked by `poll`, never sleeps.
 //!
-//! Every change of a run is written to its `run.json` before it is
-//! reported, so a report is never ahead of the disk. Reports wait in an
+//! Every change of a run is written to its record (`run.json` /
+//! `run.json.b`, see `record::write_run`) before it is reported, so a
+//! report is never ahead of the disk; RUNNING is the exception, its durable
+//! record being the wrapper's `started` file. Reports wait in an
 //! outbox that keeps only the latest report per run (it is bounded by the
 //! number of runs, itself bounded by `max_runs`).
 
