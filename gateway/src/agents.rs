@@ -277,6 +277,10 @@ impl HostBackend for AgentBackend {
         true
     }
 
+    fn dispatch_after_commit(&self) -> bool {
+        true
+    }
+
     fn agents(&mut self) -> Option<&mut AgentBackend> {
         Some(self)
     }

@@ -105,6 +105,14 @@ pub trait HostBackend: Send + std::fmt::Debug {
     fn wants_specs(&self) -> bool {
         false
     }
+    /// Whether launches and kills may reach hosts only after the commit
+    /// that records them. True for real hosts (a crash before the commit
+    /// must not leave a run the store does not know); the simulator
+    /// restarts with the server, so it takes them at once and its answers
+    /// land in the same iteration (one commit instead of two).
+    fn dispatch_after_commit(&self) -> bool {
+        false
+    }
     /// The agent session table, for a backend of real hosts.
     fn agents(&mut self) -> Option<&mut crate::agents::AgentBackend> {
         None

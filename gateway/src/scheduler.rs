@@ -810,6 +810,11 @@ impl Scheduler {
             self.need_fill.extend(self.retry_fill.drain());
             self.fill_all();
         }
+        let now_dispatch = !self.backend.dispatch_after_commit();
+        if now_dispatch {
+            self.backend.launch(self.now, &mut self.launches);
+            self.backend.kill(self.now, &mut self.kills);
+        }
         self.now = now_ms();
         self.backend.poll(self.now, &mut self.updates);
         let mut updates = std::mem::take(&mut self.updates);
@@ -819,6 +824,10 @@ impl Scheduler {
         self.updates = updates;
         self.fire_timers();
         self.check_lost_hosts();
+        if now_dispatch {
+            // Kills issued while applying updates and timers.
+            self.backend.kill(self.now, &mut self.kills);
+        }
         self.fill_all();
     }
 
@@ -837,9 +846,10 @@ impl Scheduler {
                 .observe(start.elapsed().as_secs_f64());
             self.batch = WriteBatch::default();
         }
-        // Hosts hear of launches and kills only once they are durable: a
-        // crash before the commit must not leave a run the store does not
-        // know (it would run twice), nor a kill it does not know of.
+        // Real hosts hear of launches and kills only once they are durable:
+        // a crash before the commit must not leave a run the store does not
+        // know (it would run twice), nor a kill it does not know of. (For
+        // the simulator these are what is left of the iteration.)
         self.backend.launch(self.now, &mut self.launches);
         self.backend.kill(self.now, &mut self.kills);
         for d in self.deferred.drain(..) {
