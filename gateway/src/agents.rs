@@ -174,13 +174,22 @@ impl AgentBackend {
     /// Makes `session` the host's session (replacing an older one, whose
     /// stream then ends).
     pub fn attach(&mut self, host: Arc<str>, session: Session) {
-        self.sessions.insert(host, session);
+        if let Some(old) = self.sessions.insert(host, session) {
+            // Ends the old stream even if a log reader still holds its
+            // outbox (an error item ends a gRPC response stream).
+            let _ = old.tx.try_send(Err(Status::aborted(
+                "replaced by a newer session of this agent",
+            )));
+        }
     }
 
     /// Forgets the host's session if it is still `id`.
     pub fn detach(&mut self, host: &str, id: u64) -> bool {
         if self.sessions.get(host).is_some_and(|s| s.id == id) {
-            self.sessions.remove(host);
+            if let Some(s) = self.sessions.remove(host) {
+                let _ =
+                    s.tx.try_send(Err(Status::unavailable("session closed by the server")));
+            }
             return true;
         }
         false
