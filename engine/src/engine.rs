@@ -117,6 +117,51 @@ impl CycleReport {
     }
 }
 
+/// The request checks every new task passes (queued or adopted).
+fn check_request(t: &NewTask) -> Result<(), EngineError> {
+    crate::host::validate_gpu_request(t.request[Dim::Gpu]).map_err(|problem| {
+        EngineError::InvalidTask {
+            field: "request.gpu",
+            problem,
+        }
+    })?;
+    if t.request[Dim::Cpu] == 0 && t.request[Dim::Memory] == 0 {
+        return Err(EngineError::InvalidTask {
+            field: "request",
+            problem: "a task must request some cpu or memory".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The task arena's record of a new task.
+fn task_spec(t: &NewTask, gang: u32, constraint: u32) -> TaskSpec {
+    let mut bits = 0;
+    if t.flags.preemptible {
+        bits |= flags::PREEMPTIBLE;
+    }
+    if t.flags.revocable {
+        bits |= flags::REVOCABLE;
+    }
+    if t.flags.controller {
+        bits |= flags::CONTROLLER;
+    }
+    TaskSpec {
+        job: t.job,
+        instance: t.instance,
+        pool: t.pool.idx() as u32,
+        priority: t.priority,
+        request: t.request,
+        ports: t.ports,
+        flags: bits,
+        gang,
+        constraint,
+        strategy: t.strategy,
+        max_per_host: t.max_per_host,
+        limit_key: t.limit_key,
+    }
+}
+
 /// Pools, admission, hosts, tasks and placement.
 #[derive(Debug)]
 pub struct Engine {
@@ -206,18 +251,7 @@ impl Engine {
                     problem: "members of a gang share pool, priority and flags".into(),
                 });
             }
-            crate::host::validate_gpu_request(t.request[Dim::Gpu]).map_err(|problem| {
-                EngineError::InvalidTask {
-                    field: "request.gpu",
-                    problem,
-                }
-            })?;
-            if t.request[Dim::Cpu] == 0 && t.request[Dim::Memory] == 0 {
-                return Err(EngineError::InvalidTask {
-                    field: "request",
-                    problem: "a task must request some cpu or memory".into(),
-                });
-            }
+            check_request(t)?;
         }
         TaskClass::of(first.flags)?;
         let mut constraint_ids = Vec::with_capacity(gang.len());
@@ -236,31 +270,7 @@ impl Engine {
         };
         let mut handles = Vec::with_capacity(gang.len());
         for (t, &constraint) in gang.iter().zip(&constraint_ids) {
-            let mut bits = 0;
-            if t.flags.preemptible {
-                bits |= flags::PREEMPTIBLE;
-            }
-            if t.flags.revocable {
-                bits |= flags::REVOCABLE;
-            }
-            if t.flags.controller {
-                bits |= flags::CONTROLLER;
-            }
-            let spec = TaskSpec {
-                job: t.job,
-                instance: t.instance,
-                pool: t.pool.idx() as u32,
-                priority: t.priority,
-                request: t.request,
-                ports: t.ports,
-                flags: bits,
-                gang: gang_id,
-                constraint,
-                strategy: t.strategy,
-                max_per_host: t.max_per_host,
-                limit_key: t.limit_key,
-            };
-            match self.tasks.add(&spec) {
+            match self.tasks.add(&task_spec(t, gang_id, constraint)) {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     for h in handles {
@@ -309,18 +319,7 @@ impl Engine {
         host: crate::host::HostId,
         now_ms: u64,
     ) -> Result<TaskHandle, EngineError> {
-        crate::host::validate_gpu_request(t.request[Dim::Gpu]).map_err(|problem| {
-            EngineError::InvalidTask {
-                field: "request.gpu",
-                problem,
-            }
-        })?;
-        if t.request[Dim::Cpu] == 0 && t.request[Dim::Memory] == 0 {
-            return Err(EngineError::InvalidTask {
-                field: "request",
-                problem: "a task must request some cpu or memory".into(),
-            });
-        }
+        check_request(t)?;
         if !self.hosts.contains(host) {
             return Err(EngineError::InvalidTask {
                 field: "host",
@@ -348,30 +347,7 @@ impl Engine {
         let constraint = self
             .constraints
             .intern(&t.constraint, self.hosts.interner_mut())?;
-        let mut bits = 0;
-        if t.flags.preemptible {
-            bits |= flags::PREEMPTIBLE;
-        }
-        if t.flags.revocable {
-            bits |= flags::REVOCABLE;
-        }
-        if t.flags.controller {
-            bits |= flags::CONTROLLER;
-        }
-        let handle = self.tasks.add(&TaskSpec {
-            job: t.job,
-            instance: t.instance,
-            pool: t.pool.idx() as u32,
-            priority: t.priority,
-            request: t.request,
-            ports: t.ports,
-            flags: bits,
-            gang: NO_GANG,
-            constraint,
-            strategy: t.strategy,
-            max_per_host: t.max_per_host,
-            limit_key: t.limit_key,
-        })?;
+        let handle = self.tasks.add(&task_spec(t, NO_GANG, constraint))?;
         // Checked above: both succeed.
         self.rm
             .charge(&Admitted {

@@ -349,26 +349,7 @@ impl ResourceManager {
     /// class does not hold (more than allocated, no task of that class left,
     /// an empty request, or a stale pool).
     pub fn release(&mut self, task: &Admitted) -> Result<(), AdmissionError> {
-        self.tree
-            .check(task.pool)
-            .map_err(|e| AdmissionError::InvalidTask {
-                field: "pool",
-                problem: e.to_string(),
-            })?;
-        let flag_fits_class = match task.class {
-            TaskClass::Controller => task.controller,
-            TaskClass::NonPreemptible => true,
-            TaskClass::Normal | TaskClass::Revocable => !task.controller,
-        };
-        if !flag_fits_class {
-            return Err(AdmissionError::InvalidTask {
-                field: "controller",
-                problem: format!(
-                    "a {} task cannot have controller={}",
-                    task.class, task.controller
-                ),
-            });
-        }
+        self.check_admitted(task)?;
         let controller = task.controller;
         let allocation = &mut self.queues[task.pool.idx()].allocation;
         let (held, n_held) = allocation.held(task.class, controller);
@@ -389,18 +370,27 @@ impl ResourceManager {
     /// pool like an admitted task, even beyond the pool's entitlement
     /// (preemption then brings the pool back within it).
     pub fn charge(&mut self, task: &Admitted) -> Result<(), AdmissionError> {
-        self.tree
-            .check(task.pool)
-            .map_err(|e| AdmissionError::InvalidTask {
-                field: "pool",
-                problem: e.to_string(),
-            })?;
+        self.check_admitted(task)?;
         if task.request.is_zero() {
             return Err(AdmissionError::InvalidTask {
                 field: "request",
                 problem: "empty request".into(),
             });
         }
+        self.queues[task.pool.idx()]
+            .allocation
+            .add(task.class, task.controller, &task.request);
+        Ok(())
+    }
+
+    /// A live pool, and a controller flag that fits the class.
+    fn check_admitted(&self, task: &Admitted) -> Result<(), AdmissionError> {
+        self.tree
+            .check(task.pool)
+            .map_err(|e| AdmissionError::InvalidTask {
+                field: "pool",
+                problem: e.to_string(),
+            })?;
         let flag_fits_class = match task.class {
             TaskClass::Controller => task.controller,
             TaskClass::NonPreemptible => true,
@@ -415,9 +405,6 @@ impl ResourceManager {
                 ),
             });
         }
-        self.queues[task.pool.idx()]
-            .allocation
-            .add(task.class, task.controller, &task.request);
         Ok(())
     }
 

@@ -25,7 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::{HostBackend, Kill, Launch, RunRef, TaskUpdate};
-use crate::scheduler::Command;
+use crate::scheduler::{Command, now_ms};
 
 /// Messages to one agent.
 pub type Outbox = mpsc::Sender<Result<pb::ServerMessage, Status>>;
@@ -39,12 +39,6 @@ pub const MAX_RUNS_PER_MESSAGE: usize = 1000;
 pub const MAX_RUNS_PER_REGISTRATION: usize = 100_000;
 /// Most reports in one message.
 pub const MAX_REPORTS_PER_MESSAGE: usize = 10_000;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// State shared by the session handlers, the log readers and the loop.
 #[derive(Debug)]
@@ -400,7 +394,6 @@ impl pb::agent_service_server::AgentService for AgentApi {
                         reports.truncate(MAX_REPORTS_PER_MESSAGE);
                         let c = Command::AgentReports {
                             host: host.clone(),
-                            session: id,
                             reports,
                         };
                         if commands.send(c).await.is_err() {

@@ -183,10 +183,9 @@ pub enum Command {
     },
     /// Run reports from an agent.
     AgentReports {
-        /// Host name.
+        /// Host name (the reports carry launch ids, so whichever session
+        /// of the host they came on, they apply).
         host: Arc<str>,
-        /// Session they came on.
-        session: u64,
         /// The reports.
         reports: Vec<pb::RunReport>,
     },
@@ -197,8 +196,8 @@ pub enum Command {
         /// The session that ended.
         session: u64,
     },
-    /// Where a run's logs are: its key, its agent's outbox, and whether the
-    /// run has ended.
+    /// Where a run's logs are: its key and its agent's outbox (whether the
+    /// run has ended, the agent says with each chunk).
     LogTarget {
         /// Job id.
         job_id: String,
@@ -207,7 +206,7 @@ pub enum Command {
         /// Run (0: the current or latest launched run).
         run_id: u32,
         /// Reply.
-        reply: Reply<(pb::RunKey, Outbox, bool)>,
+        reply: Reply<(pb::RunKey, Outbox)>,
     },
     /// Finish the current batch and stop.
     Shutdown,
@@ -262,7 +261,8 @@ impl Default for LoopConfig {
 const NO_HOST: u32 = u32::MAX;
 const N_STATES: usize = 14;
 
-fn now_ms() -> u64 {
+/// Wall-clock milliseconds since the epoch.
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -627,6 +627,7 @@ impl Scheduler {
             // Runs whose end their host had not confirmed: (host, instance,
             // launch, restart once confirmed).
             let mut stopping: Vec<(u32, u32, u64, bool)> = Vec::new();
+            let mut stopping_instances = FxHashSet::default();
             for (instance, bytes) in tasks_by_job.remove(&*id).unwrap_or_default() {
                 let Some(t) = entry.tasks.get_mut(instance as usize) else {
                     continue;
@@ -649,6 +650,7 @@ impl Scheduler {
                 t.failures = row.failure_count;
                 if agent_mode && row.stopping && t.host != NO_HOST && t.seq != 0 {
                     stopping.push((t.host, instance, t.seq, row.restart_when_stopped));
+                    stopping_instances.insert(instance);
                 }
                 t.reason = (!cur.reason.is_empty()).then(|| cur.reason.into_boxed_str());
                 t.history = (!row.history.is_empty()).then(|| Box::new(row.history));
@@ -670,7 +672,7 @@ impl Scheduler {
                     S::Placed | S::Launching | S::Running if agent_mode && t.host != NO_HOST => {
                         orphans.push((t.host, i as u32));
                     }
-                    S::Lost | S::Preempted if stopping.iter().any(|s| s.1 == i as u32) => {
+                    S::Lost | S::Preempted if stopping_instances.contains(&(i as u32)) => {
                         // Restarted once its host confirms the end.
                     }
                     S::Placed | S::Launching | S::Running | S::Lost | S::Preempted => {
@@ -1134,24 +1136,7 @@ impl Scheduler {
             }
             gang.clear();
             for &i in &members {
-                let t = job.plan.template(i);
-                gang.push(NewTask {
-                    job: k,
-                    instance: i,
-                    pool: job.pool,
-                    priority: job.plan.priority,
-                    request: t.request,
-                    ports: t.ports,
-                    flags: TaskFlags {
-                        preemptible: job.plan.preemptible,
-                        controller: t.controller,
-                        revocable: t.revocable,
-                    },
-                    constraint: t.constraint.clone(),
-                    strategy: job.plan.strategy,
-                    max_per_host: t.max_per_host,
-                    limit_key: k,
-                });
+                gang.push(new_task(job, k, i));
             }
             match self.engine.submit(&gang) {
                 Ok(handles) => {
@@ -1619,11 +1604,7 @@ impl Scheduler {
                 let r = self.agent_registered(*registration);
                 self.defer(reply, r);
             }
-            Command::AgentReports {
-                host,
-                session: _,
-                reports,
-            } => self.agent_reports(&host, reports),
+            Command::AgentReports { host, reports } => self.agent_reports(&host, reports),
             Command::AgentGone { host, session } => self.agent_gone(&host, session),
             Command::LogTarget {
                 job_id,
@@ -2239,7 +2220,6 @@ impl Scheduler {
                 });
             }
         }
-        let interner = hosts.interner();
         let mut out = pb::ListHostsResponse::default();
         for &(name, slot) in &names {
             let id = hosts.lookup_slot(slot as usize).expect("live");
@@ -2252,16 +2232,7 @@ impl Scheduler {
                     HostState::Draining => pb::HostState::Draining,
                     HostState::Down => pb::HostState::Down,
                 } as i32,
-                attributes: hosts
-                    .attributes(slot as usize)
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            interner.resolve(*k).to_string(),
-                            interner.resolve(*v).to_string(),
-                        )
-                    })
-                    .collect(),
+                attributes: hosts::host_attributes(hosts, slot),
                 tasks: tasks.remove(&slot).unwrap_or_default(),
                 connected: self.agent_hosts.get(&slot).is_some_and(|h| h.connected),
                 last_seen_ms: self
@@ -2303,13 +2274,7 @@ impl Scheduler {
                         .set_state(id, HostState::Draining)
                         .map_err(|e| Status::internal(e.to_string()))?;
                 }
-                let mut on_it: Vec<(u32, u32)> = self
-                    .engine
-                    .tasks()
-                    .placed_views()
-                    .filter(|v| v.host == slot)
-                    .filter_map(|v| self.owners.get(v.task.idx()).copied().flatten())
-                    .collect();
+                let mut on_it: Vec<(u32, u32)> = self.instances_on(slot);
                 on_it.extend(self.orphans.get(&slot).into_iter().flatten().copied());
                 let reason = format!("host {name} drained for maintenance");
                 for (k, i) in on_it {
@@ -2381,6 +2346,28 @@ fn task_run(t: &TaskEntry, host_names: &[Arc<str>]) -> pb::TaskRun {
         exit_code: t.exit_code,
         reason: t.reason.as_deref().unwrap_or_default().to_string(),
         launch_id: t.seq,
+    }
+}
+
+/// The engine task of instance `i` of job `k`.
+fn new_task(job: &JobEntry, k: u32, i: u32) -> NewTask {
+    let t = job.plan.template(i);
+    NewTask {
+        job: k,
+        instance: i,
+        pool: job.pool,
+        priority: job.plan.priority,
+        request: t.request,
+        ports: t.ports,
+        flags: TaskFlags {
+            preemptible: job.plan.preemptible,
+            controller: t.controller,
+            revocable: t.revocable,
+        },
+        constraint: t.constraint.clone(),
+        strategy: job.plan.strategy,
+        max_per_host: t.max_per_host,
+        limit_key: k,
     }
 }
 

@@ -293,7 +293,7 @@ impl TaskService for Api {
                 let _ = tx.send(Err(e)).await;
             };
             loop {
-                let (key, outbox, _) = &current;
+                let (key, outbox) = &current;
                 let run_id = key.run_id;
                 let id = hub.next_id();
                 let answer = hub.expect_log(id);

@@ -13,8 +13,6 @@
 
 use std::sync::Arc;
 
-use peloton_engine::NewTask;
-use peloton_engine::admission::TaskFlags;
 use peloton_engine::host::{HostSpec, HostState};
 use peloton_proto::v1 as pb;
 use prost::Message;
@@ -167,9 +165,7 @@ impl Scheduler {
             return;
         }
         let busy = self.held.values().any(|h| h.host == slot)
-            || self.engine.tasks().placed_views().any(|v| {
-                v.host == slot && self.owners.get(v.task.idx()).is_some_and(Option::is_some)
-            })
+            || !self.instances_on(slot).is_empty()
             || self.orphans.get(&slot).is_some_and(|o| !o.is_empty());
         if busy {
             return;
@@ -182,13 +178,23 @@ impl Scheduler {
         tracing::info!(host = %self.host_names[slot as usize], "drained");
     }
 
+    /// Instances whose current run holds the host in `slot` in the engine
+    /// (not held runs, not orphans).
+    pub(super) fn instances_on(&self, slot: u32) -> Vec<(u32, u32)> {
+        self.engine
+            .tasks()
+            .placed_views()
+            .filter(|v| v.host == slot)
+            .filter_map(|v| self.owners.get(v.task.idx()).copied().flatten())
+            .collect()
+    }
+
     /// Stores the host's row: its registration and its maintenance state.
     pub(super) fn host_row(&mut self, slot: u32) {
         let hosts = self.engine.hosts();
         let Some(id) = hosts.lookup_slot(slot as usize) else {
             return;
         };
-        let interner = hosts.interner();
         let state = if self.maintenance.contains(&slot) {
             match hosts.state(id) {
                 HostState::Draining => pb::HostState::Draining,
@@ -201,16 +207,7 @@ impl Scheduler {
             name: hosts.name(id).to_string(),
             capacity: Some(convert::resources_to_pb(hosts.capacity(slot as usize))),
             state: state as i32,
-            attributes: hosts
-                .attributes(slot as usize)
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        interner.resolve(*k).to_string(),
-                        interner.resolve(*v).to_string(),
-                    )
-                })
-                .collect(),
+            attributes: host_attributes(hosts, slot),
             isolation: self
                 .agent_hosts
                 .get(&slot)
@@ -336,13 +333,7 @@ impl Scheduler {
         for (k, i) in self.orphans.remove(&slot).unwrap_or_default() {
             self.lose_run(k, i, slot, &reason);
         }
-        let placed: Vec<(u32, u32)> = self
-            .engine
-            .tasks()
-            .placed_views()
-            .filter(|v| v.host == slot)
-            .filter_map(|v| self.owners.get(v.task.idx()).copied().flatten())
-            .collect();
+        let placed: Vec<(u32, u32)> = self.instances_on(slot);
         for (k, i) in placed {
             let seq = self.jobs[&k].tasks[i as usize].seq;
             if !reported.contains(&seq) {
@@ -528,25 +519,7 @@ impl Scheduler {
 
     /// Takes a recovered run into the engine on the host it runs on.
     fn adopt(&mut self, k: u32, i: u32, slot: u32) -> Result<(), String> {
-        let job = &self.jobs[&k];
-        let t = job.plan.template(i);
-        let task = NewTask {
-            job: k,
-            instance: i,
-            pool: job.pool,
-            priority: job.plan.priority,
-            request: t.request,
-            ports: t.ports,
-            flags: TaskFlags {
-                preemptible: job.plan.preemptible,
-                controller: t.controller,
-                revocable: t.revocable,
-            },
-            constraint: t.constraint.clone(),
-            strategy: job.plan.strategy,
-            max_per_host: t.max_per_host,
-            limit_key: k,
-        };
+        let task = super::new_task(&self.jobs[&k], k, i);
         let host = self
             .engine
             .hosts()
@@ -682,13 +655,7 @@ impl Scheduler {
             .set_state(id, HostState::Down)
             .expect("live host");
         let reason = format!("host {host} lost: no heartbeat for {after_ms} ms");
-        let placed: Vec<(u32, u32)> = self
-            .engine
-            .tasks()
-            .placed_views()
-            .filter(|v| v.host == slot)
-            .filter_map(|v| self.owners.get(v.task.idx()).copied().flatten())
-            .collect();
+        let placed: Vec<(u32, u32)> = self.instances_on(slot);
         for (k, i) in placed {
             self.lose_run(k, i, slot, &reason);
         }
@@ -716,7 +683,7 @@ impl Scheduler {
         job_id: &str,
         instance: u32,
         run_id: u32,
-    ) -> Result<(pb::RunKey, Outbox, bool), Status> {
+    ) -> Result<(pb::RunKey, Outbox), Status> {
         let k = self.job_key(job_id)?;
         let job = &self.jobs[&k];
         let Some(t) = job.tasks.get(instance as usize) else {
@@ -737,11 +704,6 @@ impl Scheduler {
                     format!("{job_id}/{instance} has no launched run {run_id}")
                 })
             })?;
-        let ended = !(run.launch_id == t.seq && on_host(t.state))
-            || self
-                .held
-                .get(&(k, instance))
-                .is_some_and(|h| h.seq == run.launch_id);
         let key = pb::RunKey {
             job_id: job_id.to_string(),
             instance,
@@ -759,8 +721,26 @@ impl Scheduler {
                 run.host
             )));
         };
-        Ok((key, session.tx.clone(), ended))
+        Ok((key, session.tx.clone()))
     }
+}
+
+/// A host's attributes as strings.
+pub(super) fn host_attributes(
+    hosts: &peloton_engine::host::HostArena,
+    slot: u32,
+) -> std::collections::HashMap<String, String> {
+    let interner = hosts.interner();
+    hosts
+        .attributes(slot as usize)
+        .iter()
+        .map(|(k, v)| {
+            (
+                interner.resolve(*k).to_string(),
+                interner.resolve(*v).to_string(),
+            )
+        })
+        .collect()
 }
 
 /// An agent's registration (or a stored host row) as an engine host.

@@ -47,34 +47,45 @@ struct Spawned {
 
 impl Drop for Spawned {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_child(&mut self.child, Duration::from_secs(30));
     }
 }
 
-fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
+/// SIGTERM, then SIGKILL if the child is still there after `patience`.
+pub(crate) fn stop_child(child: &mut Child, patience: Duration) {
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + patience;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A release binary next to this one (`packages`: what builds it).
+pub(crate) fn sibling_binary(name: &str, packages: &str) -> Result<std::path::PathBuf> {
     let exe = std::env::current_exe()?;
     let bin = exe
         .parent()
         .context("the benchmark binary has no directory")?
-        .join("pelotond");
+        .join(name);
     if !bin.exists() {
         bail!(
-            "{} not found: build it first with `cargo build --release -p peloton-gateway`",
+            "{} not found: build it first with `cargo build --release {packages}`",
             bin.display()
         );
     }
+    Ok(bin)
+}
+
+fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
+    let bin = sibling_binary("pelotond", "-p peloton-gateway")?;
     let dir = tempfile::tempdir()?;
     let mut child = std::process::Command::new(&bin)
         .arg("--data-dir")

@@ -37,35 +37,12 @@ struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .arg("-TERM")
-            .arg(self.0.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        crate::e2e::stop_child(&mut self.0, Duration::from_secs(10));
     }
 }
 
 fn sibling(name: &str) -> Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    let bin = exe
-        .parent()
-        .context("the benchmark binary has no directory")?
-        .join(name);
-    if !bin.exists() {
-        bail!(
-            "{} not found: build it first with `cargo build --release -p peloton-gateway -p peloton-agent`",
-            bin.display()
-        );
-    }
-    Ok(bin)
+    crate::e2e::sibling_binary(name, "-p peloton-gateway -p peloton-agent")
 }
 
 /// CPU seconds (user + system) a process has used, from /proc/PID/stat.
