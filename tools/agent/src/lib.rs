@@ -9,7 +9,10 @@
 //! tasks keep running, their exit statuses are still recorded, and the
 //! next agent on the same work directory reports exactly what the server
 //! has not yet acknowledged. Isolation is a cgroup v2 per run when the
-//! machine allows it, else rlimits (`isolation`).
+//! machine allows it, else rlimits (`isolation`). Health checks of running
+//! tasks (`health`) run on threads of their own, never under the
+//! supervisor's lock, and only report: killing an unhealthy task is the
+//! server's decision.
 //!
 //! The library exists for the binary and for tests that drive the
 //! supervisor without a server; it must not know the gateway.
@@ -17,6 +20,7 @@
 mod cli;
 mod detect;
 mod gc;
+mod health;
 mod isolation;
 mod ports;
 mod proc;

@@ -4,10 +4,10 @@
 //! Everything the agent must remember about it across a restart is in that
 //! directory, so the directory *is* the run: the agent writes `run.json`
 //! (the run's record) and `task.json` (what to execute); the wrapper writes
-//! `started` and `exit.json`; the task writes `stdout` and `stderr`. Every
-//! JSON file is written to a temporary name, synced and renamed, so a reader
-//! (or a restarted agent) sees the old version or the new one, never half
-//! of one.
+//! `started` and `exit.json`; the task writes `stdout` and `stderr`; command
+//! health checks write `health-check.out`. Every JSON file is written to a
+//! temporary name, synced and renamed, so a reader (or a restarted agent)
+//! sees the old version or the new one, never half of one.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -18,6 +18,7 @@ use peloton_proto::v1;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::health::HealthCheckPlan;
 use crate::proc::ProcessIdentity;
 
 pub(crate) const SANDBOXES_DIR: &str = "sandboxes";
@@ -33,6 +34,8 @@ pub(crate) const STDOUT_FILE: &str = "stdout";
 pub(crate) const STDERR_FILE: &str = "stderr";
 /// The wrapper's own diagnostics (never mixed into the task's output).
 pub(crate) const WRAPPER_LOG_FILE: &str = "wrapper.log";
+/// The output of the latest command health check (see `health`).
+pub(crate) const HEALTH_OUTPUT_FILE: &str = "health-check.out";
 
 /// Longest job id the agent accepts (it becomes part of a file name).
 const MAX_JOB_ID_LEN: usize = 128;
@@ -180,6 +183,9 @@ impl PhaseReport {
             oom_killed: self.oom_killed,
             reason: self.reason.clone(),
             started_ms: self.started_ms,
+            // Filled by the supervisor, which knows the run's ports and
+            // health.
+            ..v1::RunReport::default()
         }
     }
 }
@@ -209,6 +215,10 @@ pub(crate) struct RunRecord {
     pub(crate) report: PhaseReport,
     /// The server has recorded the final phase: never report it again.
     pub(crate) acked: bool,
+    /// Checked while the run is RUNNING (records older than health checks
+    /// have none).
+    #[serde(default)]
+    pub(crate) health_check: Option<HealthCheckPlan>,
     /// Bumped on every write; the newer of the two copies wins.
     #[serde(default)]
     pub(crate) generation: u64,
@@ -344,6 +354,7 @@ mod tests {
             kill_deadline_ms: 0,
             report: PhaseReport::new(Phase::Starting, 1),
             acked: false,
+            health_check: None,
             generation: 0,
         };
         write_run(dir.path(), &mut record).unwrap();

@@ -8,7 +8,9 @@
 //! `poll_interval`, wakes the session when reports are waiting), the
 //! garbage collector (every `gc_interval`, without the lock: it reads only
 //! the disk) and the session loop (registration, heartbeats, reports,
-//! server messages). Log reads run as their own tasks, at most
+//! server messages). Health checkers (threads of the supervisor's own)
+//! wake the session loop when a run's health changes. Log reads run as
+//! their own tasks, at most
 //! `MAX_CONCURRENT_LOG_READS` at once, so a slow disk delays log chunks,
 //! not launches or kills.
 //!
@@ -92,12 +94,15 @@ async fn with_supervisor<T: Send + 'static>(
 /// returns (see the crate documentation).
 pub async fn run(
     config: SessionConfig,
-    supervisor: Supervisor,
+    mut supervisor: Supervisor,
     shutdown: impl Future<Output = ()>,
 ) {
     let sandboxes = supervisor.sandboxes_dir().to_path_buf();
-    let supervisor: Shared = Arc::new(Mutex::new(supervisor));
     let changed = Arc::new(Notify::new());
+    // A health checker's verdict goes out at once, not at the next poll.
+    let wake = changed.clone();
+    supervisor.set_report_waker(move || wake.notify_one());
+    let supervisor: Shared = Arc::new(Mutex::new(supervisor));
     let poller = tokio::spawn(poll_loop(
         supervisor.clone(),
         changed.clone(),

@@ -15,6 +15,14 @@
 //! record being the wrapper's `started` file. Reports wait in an
 //! outbox that keeps only the latest report per run (it is bounded by the
 //! number of runs, itself bounded by `max_runs`).
+//!
+//! Health checks run on a checker thread per checked run (`health`),
+//! started when the run is seen RUNNING (also after a re-adoption) and
+//! stopped when it ends or a kill is requested. They never take the
+//! supervisor: a change of health lands in a shared inbox, which `poll` and
+//! `take_reports` turn into RUNNING reports, and wakes the session through
+//! the waker set by [`Supervisor::set_report_waker`]. Every report carries
+//! the run's ports and current health.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
@@ -22,12 +30,14 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
 use peloton_proto::v1;
 
 use crate::gc::{self, GcOutcome, GcPolicy};
+use crate::health::{CheckTarget, HealthCheckPlan, HealthChecker, HealthInbox, Verdict};
 use crate::isolation::{self, Isolation};
 use crate::ports::{self, PortAllocator, PortRange};
 use crate::proc::{self, LazySnapshot, ProcessIdentity};
@@ -101,6 +111,51 @@ struct Run {
     dir: PathBuf,
     /// The wrapper, when this agent spawned it (to reap it).
     child: Option<Child>,
+    /// The health checker, from RUNNING on (kept, stopped, once the run
+    /// has ended or is being killed: its last verdict is still reported).
+    checker: Option<HealthChecker>,
+}
+
+impl Run {
+    fn new(record: RunRecord, dir: PathBuf) -> Run {
+        Run {
+            record,
+            dir,
+            child: None,
+            checker: None,
+        }
+    }
+
+    fn verdict(&self) -> Verdict {
+        match (&self.record.health_check, &self.checker) {
+            (None, _) => Verdict::none(),
+            (Some(_), None) => Verdict::unknown(),
+            (Some(_), Some(checker)) => checker.verdict(),
+        }
+    }
+
+    /// The run's report: its phase, ports and health.
+    fn report(&self) -> v1::RunReport {
+        let key = &self.record.key;
+        let mut report = self.record.report.to_proto(key);
+        report.ports = self
+            .record
+            .ports
+            .iter()
+            .map(|p| (p.name.clone(), u32::from(p.port)))
+            .collect();
+        let verdict = self.verdict();
+        report.health = verdict.health.into();
+        report.health_detail = verdict.detail;
+        report
+    }
+
+    /// Stops health checks (they may go on a moment: see `HealthChecker`).
+    fn stop_checks(&self) {
+        if let Some(checker) = &self.checker {
+            checker.stop();
+        }
+    }
 }
 
 /// The latest report per run, oldest first.
@@ -231,6 +286,8 @@ pub struct Supervisor {
     outbox: Outbox,
     /// Wrappers of forgotten runs not yet reaped.
     unreaped: Vec<Child>,
+    /// Runs whose health changed, posted by checker threads.
+    health_changes: Arc<HealthInbox>,
     /// Held for the supervisor's life: one agent per work directory.
     _lock: Flock<File>,
 }
@@ -270,6 +327,7 @@ impl Supervisor {
             runs: HashMap::new(),
             outbox: Outbox::default(),
             unreaped: Vec::new(),
+            health_changes: Arc::new(HealthInbox::default()),
             _lock: lock,
         };
         supervisor.adopt_all().map_err(work_dir_error)?;
@@ -316,17 +374,17 @@ impl Supervisor {
                 "found run on disk"
             );
             let key = record.key.clone();
-            self.runs.insert(
-                key,
-                Run {
-                    record,
-                    dir,
-                    child: None,
-                },
-            );
+            self.runs.insert(key, Run::new(record, dir));
         }
         self.poll();
         Ok(())
+    }
+
+    /// Called (from a checker thread, without the supervisor) when a run's
+    /// health changes: its RUNNING report is then waiting to be taken
+    /// (after [`Supervisor::poll`] or in [`Supervisor::take_reports`]).
+    pub fn set_report_waker(&mut self, waker: impl Fn() + Send + Sync + 'static) {
+        self.health_changes.set_waker(Arc::new(waker));
     }
 
     /// The isolation every run gets.
@@ -409,8 +467,8 @@ impl Supervisor {
                 .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
             return;
         }
-        let mut run = Run {
-            record: RunRecord {
+        let mut run = Run::new(
+            RunRecord {
                 key: key.clone(),
                 created_ms: now,
                 wrapper: None,
@@ -420,11 +478,11 @@ impl Supervisor {
                 kill_deadline_ms: 0,
                 report: PhaseReport::new(Phase::Starting, now),
                 acked: false,
+                health_check: None,
                 generation: 0,
             },
             dir,
-            child: None,
-        };
+        );
         tracing::info!(run = %key.sandbox_name(), "launching");
         match self.prepare(&mut run, spec) {
             Ok(()) => {
@@ -452,6 +510,11 @@ impl Supervisor {
         if program.contains('\0') || args.iter().any(|a| a.contains('\0')) {
             return Err("the task's command contains a NUL byte".to_owned());
         }
+        run.record.health_check = spec
+            .health_check
+            .as_ref()
+            .map(HealthCheckPlan::from_spec)
+            .transpose()?;
         let mut env: std::collections::BTreeMap<String, String> = INHERITED_ENV
             .iter()
             .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
@@ -555,8 +618,7 @@ impl Supervisor {
     /// Writes the run's record and queues its report.
     fn commit(&mut self, run: &mut Run) {
         persist(run);
-        let key = &run.record.key;
-        self.outbox.push(key, run.record.report.to_proto(key));
+        self.outbox.push(&run.record.key, run.report());
     }
 
     /// The run has ended with `report`: give back its ports and cgroup,
@@ -574,6 +636,7 @@ impl Supervisor {
             started_ms: report.started_ms.max(started_ms),
             ..report
         };
+        run.stop_checks();
         self.ports.release(run.record.ports.iter().map(|p| p.port));
         if let Some(cgroup) = &run.record.cgroup {
             isolation::kill_cgroup(cgroup);
@@ -604,6 +667,49 @@ impl Supervisor {
             self.observe(&mut run, now, &mut procs);
             self.runs.insert(key, run);
         }
+        self.report_health_changes();
+    }
+
+    /// Queues a RUNNING report for every run whose health changed (it
+    /// carries the health of now, which may have changed again since).
+    fn report_health_changes(&mut self) {
+        for key in self.health_changes.take() {
+            if let Some(run) = self.runs.get(&key)
+                && run.record.report.phase == Phase::Running
+                && !run.record.kill_requested
+            {
+                self.outbox.push(&key, run.report());
+            }
+        }
+    }
+
+    /// Starts the run's checker if it is RUNNING, has a check, and has no
+    /// checker yet (just started, or re-adopted).
+    fn start_checks(&self, run: &mut Run) {
+        let Some(plan) = &run.record.health_check else {
+            return;
+        };
+        if run.checker.is_some()
+            || run.record.report.phase != Phase::Running
+            || run.record.kill_requested
+        {
+            return;
+        }
+        let target = CheckTarget {
+            key: run.record.key.clone(),
+            dir: run.dir.clone(),
+            ports: run.record.ports.clone(),
+            started_ms: run.record.report.started_ms,
+        };
+        match HealthChecker::start(plan.clone(), target, self.health_changes.clone()) {
+            Ok(checker) => run.checker = Some(checker),
+            // Tried again at the next poll; meanwhile HEALTH_UNKNOWN.
+            Err(e) => tracing::warn!(
+                run = %run.record.key.sandbox_name(),
+                error = %e,
+                "cannot start the health checker"
+            ),
+        }
     }
 
     fn observe(&mut self, run: &mut Run, now: u64, procs: &mut LazySnapshot) {
@@ -625,8 +731,7 @@ impl Supervisor {
             // Reported, not written: `started` is the durable record of it
             // (a restarted agent finds it again), and one write less per
             // run is measurable in launches per second.
-            let key = &run.record.key;
-            self.outbox.push(key, run.record.report.to_proto(key));
+            self.outbox.push(&run.record.key, run.report());
         }
         match record::read_json::<ExitRecord>(&run.dir.join(EXIT_FILE)) {
             Ok(exit) => {
@@ -658,6 +763,7 @@ impl Supervisor {
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
             sweep(run, now, procs);
         }
+        self.start_checks(run);
     }
 
     /// Stops runs: SIGTERM now, SIGKILL to the whole tree once `grace_ms`
@@ -698,14 +804,15 @@ impl Supervisor {
         // It may have ended since the last poll; then that is its phase.
         self.observe(&mut run, now, procs);
         if run.record.report.phase.is_final() {
-            let report = run.record.report.to_proto(&key);
-            self.outbox.push(&key, report);
+            self.outbox.push(&key, run.report());
         } else {
             let deadline = now.saturating_add(grace_ms);
             if !run.record.kill_requested || deadline < run.record.kill_deadline_ms {
                 run.record.kill_deadline_ms = deadline;
             }
             run.record.kill_requested = true;
+            // The server has decided; no verdict can change that.
+            run.stop_checks();
             // Durable before any signal: a restarted agent must know that
             // this run's end is a KILLED, not a FAILED.
             persist(&mut run);
@@ -746,16 +853,19 @@ impl Supervisor {
 
     /// Up to `max` queued reports, oldest first.
     pub fn take_reports(&mut self, max: usize) -> Vec<v1::RunReport> {
+        self.report_health_changes();
         self.outbox.take(max)
     }
 
     /// The latest report of every run held, for `AgentRegister.runs`. The
     /// queued reports of these runs are dropped: this list supersedes them.
     pub fn registration_runs(&mut self) -> Vec<v1::RunReport> {
+        // Superseded too: the list carries every run's health of now.
+        self.health_changes.take();
         let mut reports = Vec::with_capacity(self.runs.len());
         for (key, run) in &self.runs {
             self.outbox.remove(key);
-            reports.push(run.record.report.to_proto(key));
+            reports.push(run.report());
         }
         reports.sort_by_key(|r| r.time_ms);
         reports

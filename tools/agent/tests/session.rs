@@ -114,12 +114,21 @@ impl Session {
 
     /// Waits for a report of `key` in `phase`.
     async fn report(&mut self, key: &v1::RunKey, phase: P) -> v1::RunReport {
+        self.report_where(key, |r| r.phase() == phase).await
+    }
+
+    /// Waits for a report of `key` that satisfies `want`.
+    async fn report_where(
+        &mut self,
+        key: &v1::RunKey,
+        want: impl Fn(&v1::RunReport) -> bool,
+    ) -> v1::RunReport {
         loop {
             if let v1::agent_message::Kind::Reports(reports) = self.next().await
                 && let Some(r) = reports
                     .reports
                     .into_iter()
-                    .find(|r| r.key.as_ref() == Some(key) && r.phase() == phase)
+                    .find(|r| r.key.as_ref() == Some(key) && want(r))
             {
                 return r;
             }
@@ -328,6 +337,71 @@ async fn launch_report_log_restart_ack() {
         .expect("session");
     assert!(s.register.runs.is_empty(), "{:?}", s.register.runs);
     stop(third).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_verdicts_and_ports_reach_the_server() {
+    let (port, mut sessions) = start_stand_in().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = agent(port, dir.path(), TOKEN, false);
+    let mut s = within("registration", sessions.recv())
+        .await
+        .expect("session");
+    let k = key(1);
+    let spec = v1::TaskSpec {
+        shell: "sleep 600".to_owned(),
+        ports: vec![v1::PortSpec {
+            name: "http".to_owned(),
+        }],
+        health_check: Some(v1::HealthCheck {
+            kind: Some(v1::health_check::Kind::Command(
+                "[ -f ok ] || { echo no ok; exit 1; }".to_owned(),
+            )),
+            interval_ms: 100,
+            max_consecutive_failures: 2,
+            ..v1::HealthCheck::default()
+        }),
+        ..v1::TaskSpec::default()
+    };
+    s.send(v1::server_message::Kind::Launch(v1::LaunchRuns {
+        runs: vec![v1::LaunchRun {
+            key: Some(k.clone()),
+            spec: Some(spec),
+        }],
+    }))
+    .await;
+    let starting = s.report(&k, P::Starting).await;
+    let assigned = starting.ports.get("http").copied().expect("the http port");
+    assert!((47300..=47309).contains(&assigned), "{starting:?}");
+    let unhealthy = s
+        .report_where(&k, |r| {
+            r.phase() == P::Running && r.health() == v1::Health::Unhealthy
+        })
+        .await;
+    assert_eq!(unhealthy.health_detail, "exited with code 1: no ok");
+    assert_eq!(unhealthy.ports, starting.ports);
+    let sandbox = dir
+        .path()
+        .canonicalize()
+        .expect("canonical")
+        .join("sandboxes")
+        .join("job-s-1-1-501");
+    std::fs::write(sandbox.join("ok"), "").expect("touch ok");
+    let healthy = s
+        .report_where(&k, |r| {
+            r.phase() == P::Running && r.health() == v1::Health::Healthy
+        })
+        .await;
+    assert!(healthy.health_detail.is_empty(), "{healthy:?}");
+    s.send(v1::server_message::Kind::Kill(v1::KillRuns {
+        runs: vec![v1::KillRun {
+            key: Some(k.clone()),
+            grace_ms: 1_000,
+        }],
+    }))
+    .await;
+    s.report(&k, P::Killed).await;
+    stop(child).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
