@@ -373,8 +373,15 @@ impl Engine {
         Ok(handle)
     }
 
-    /// Runs one cycle at time `now_ms`; the report lives until the next.
+    /// Runs one cycle at time `now_ms`, inter-pool victims included; the
+    /// report lives until the next.
     pub fn cycle(&mut self, now_ms: u64) -> &CycleReport {
+        self.cycle_with(now_ms, true)
+    }
+
+    /// Runs one cycle at time `now_ms`; chooses inter-pool victims only if
+    /// `victims` (a caller that would not act on them saves the scan).
+    pub fn cycle_with(&mut self, now_ms: u64, victims: bool) -> &CycleReport {
         let mut capacity = Resources::ZERO;
         for slot in self.hosts.in_state(HostState::Up).iter() {
             capacity.add_assign(&self.hosts.capacity(slot as usize));
@@ -410,8 +417,35 @@ impl Engine {
         self.waiting
             .retain(|&t| tasks.state(t) != Ok(TaskState::Placed));
         self.report.victims.clear();
-        inter_pool_victims(&self.rm, &self.tasks, &mut self.report.victims);
+        if victims {
+            inter_pool_victims(&self.rm, &self.tasks, &mut self.report.victims);
+        }
         &self.report
+    }
+
+    /// Eviction plans for admitted tasks still without a host after the last
+    /// cycle (see [`crate::preemption::intra_pool_victims`]): per task, a
+    /// host and the lower-priority preemptible tasks of its own pool whose
+    /// removal makes it fit there. Appends to `out`.
+    pub fn eviction_plans(&self, out: &mut Vec<(TaskHandle, u32, Vec<crate::preemption::Victim>)>) {
+        let pending: Vec<TaskHandle> = self
+            .waiting
+            .iter()
+            .copied()
+            .filter(|&t| self.tasks.state(t) == Ok(TaskState::Admitted))
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        crate::preemption::intra_pool_victims(
+            &self.placer,
+            &self.hosts,
+            &self.tasks,
+            &self.constraints,
+            &pending,
+            out,
+        )
+        .expect("admitted tasks are live");
     }
 
     /// A task ended (finished, failed, killed or preempted): its host and
@@ -451,6 +485,15 @@ impl Engine {
         })?;
         self.tasks.remove(task)?;
         Ok(())
+    }
+
+    /// The members of the queued gang `task` belongs to (empty if it is not
+    /// queued for admission).
+    pub fn queued_gang(&self, task: TaskHandle) -> &[TaskHandle] {
+        self.queued
+            .get(&task)
+            .and_then(|p| self.queued_members.get(p))
+            .map_or(&[], |m| m.as_slice())
     }
 
     /// Withdraws a task still queued for admission, with the rest of its

@@ -196,6 +196,10 @@ pub struct TaskArena {
     gpu: Vec<GpuGrant>,
     arrival: Vec<u64>,
     start_ms: Vec<u64>,
+    /// Position of a placed task in its host's list (`on_host`).
+    host_pos: Vec<u32>,
+    /// Placed tasks by host slot: a host's tasks without a scan of all.
+    on_host: Vec<Vec<u32>>,
     free_slots: Vec<u32>,
     next_arrival: u64,
     n_live: usize,
@@ -250,7 +254,8 @@ impl TaskArena {
             host,
             gpu,
             arrival,
-            start_ms
+            start_ms,
+            host_pos
         );
     }
 
@@ -286,6 +291,7 @@ impl TaskArena {
                 self.gpu[i] = GpuGrant::default();
                 self.arrival[i] = arrival;
                 self.start_ms[i] = 0;
+                self.host_pos[i] = u32::MAX;
                 slot
             }
             None => {
@@ -309,6 +315,7 @@ impl TaskArena {
                 self.gpu.push(GpuGrant::default());
                 self.arrival.push(arrival);
                 self.start_ms.push(0);
+                self.host_pos.push(u32::MAX);
                 slot
             }
         };
@@ -415,7 +422,43 @@ impl TaskArena {
         self.host[i] = host;
         self.gpu[i] = gpu;
         self.start_ms[i] = start_ms;
+        let h = host as usize;
+        if self.on_host.len() <= h {
+            self.on_host.resize_with(h + 1, Vec::new);
+        }
+        self.host_pos[i] = self.on_host[h].len() as u32;
+        self.on_host[h].push(i as u32);
         Ok(())
+    }
+
+    /// Takes task slot `i` out of its host's list (O(1): swap-remove).
+    fn leave_host(&mut self, i: usize) {
+        let list = &mut self.on_host[self.host[i] as usize];
+        let pos = self.host_pos[i] as usize;
+        debug_assert_eq!(list[pos], i as u32);
+        list.swap_remove(pos);
+        if let Some(&moved) = list.get(pos) {
+            self.host_pos[moved as usize] = pos as u32;
+        }
+        self.host_pos[i] = u32::MAX;
+    }
+
+    /// The tasks placed on host `slot`, in no particular order.
+    pub fn on_host(&self, slot: u32) -> impl Iterator<Item = TaskHandle> + '_ {
+        self.on_host
+            .get(slot as usize)
+            .map_or(&[][..], |l| l.as_slice())
+            .iter()
+            .map(|&i| TaskHandle {
+                idx: i,
+                generation: self.generation[i as usize],
+            })
+    }
+
+    /// The caller's (job, instance) numbers of a live task.
+    pub fn owner(&self, handle: TaskHandle) -> Result<(u32, u32), TaskError> {
+        self.check(handle)?;
+        Ok((self.job[handle.idx()], self.instance[handle.idx()]))
     }
 
     /// Takes a placed task off its host record; it goes back to `state`
@@ -429,6 +472,7 @@ impl TaskArena {
                 action: "not on a host",
             });
         }
+        self.leave_host(i);
         self.state[i] = state;
         self.host[i] = NO_HOST;
         self.gpu[i] = GpuGrant::default();
@@ -504,6 +548,7 @@ impl TaskArena {
             + size_of::<TaskState>()
             + size_of::<GpuGrant>()
             + size_of::<u64>() * 2
+            + size_of::<u32>() // host_pos
     }
 
     /// Panics unless the columns agree.
@@ -528,6 +573,7 @@ impl TaskArena {
             self.gpu.len(),
             self.arrival.len(),
             self.start_ms.len(),
+            self.host_pos.len(),
         ] {
             assert_eq!(len, n, "task columns have equal length");
         }
@@ -541,9 +587,21 @@ impl TaskArena {
                     "placed iff on a host"
                 );
                 assert!(self.arrival[i] < self.next_arrival);
+                if self.host[i] != NO_HOST {
+                    let list = &self.on_host[self.host[i] as usize];
+                    assert_eq!(
+                        list[self.host_pos[i] as usize], i as u32,
+                        "a placed task is in its host's list"
+                    );
+                }
             } else {
                 assert_eq!(self.host[i], NO_HOST);
             }
         }
+        let listed: usize = self.on_host.iter().map(Vec::len).sum();
+        let placed = (0..n)
+            .filter(|&i| self.live[i] && self.host[i] != NO_HOST)
+            .count();
+        assert_eq!(listed, placed, "host lists hold exactly the placed tasks");
     }
 }

@@ -139,7 +139,7 @@ pub fn run_key(job_id: &str, run: RunRef) -> pb::RunKey {
         job_id: job_id.to_string(),
         instance: run.instance,
         run_id: run.run,
-        launch_id: run.seq,
+        launch_id: run.launch.0,
     }
 }
 

@@ -17,21 +17,7 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
-/// One run of one task: (job key, instance, run id). Job keys are the
-/// loop's dense job numbers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RunRef {
-    /// The loop's job number.
-    pub job: u32,
-    /// Instance within the job.
-    pub instance: u32,
-    /// Run of the instance.
-    pub run: u32,
-    /// The loop's launch number, unique per launch while the process
-    /// lives: an instance removed by a scale-down and added back starts at
-    /// run 1 again, and must not receive the old run's updates.
-    pub seq: u64,
-}
+pub use crate::lifecycle::{Kill, RunRef, RunStatus, TaskUpdate};
 
 /// Start a run on a host.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,46 +34,6 @@ pub struct Launch {
     pub sim_duration_ms: u64,
     /// How the simulated run ends.
     pub sim_exit_code: i32,
-}
-
-/// Stop a run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Kill {
-    /// The run.
-    pub run: RunRef,
-    /// Host name.
-    pub host: std::sync::Arc<str>,
-    /// The job's id.
-    pub job_id: std::sync::Arc<str>,
-    /// SIGTERM to SIGKILL.
-    pub grace_ms: u64,
-}
-
-/// What happened to a run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RunStatus {
-    /// It started.
-    Running,
-    /// It ended on its own.
-    Exited(i32),
-    /// It failed, with the host's explanation (exit code or 128 + signal,
-    /// out of memory, could not start).
-    Failed(i32, String),
-    /// It was stopped on request.
-    Killed,
-    /// Its host can no longer tell.
-    Lost(String),
-}
-
-/// A run's status change.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TaskUpdate {
-    /// The run.
-    pub run: RunRef,
-    /// Its new status.
-    pub status: RunStatus,
-    /// When, in ms since the epoch.
-    pub time_ms: u64,
 }
 
 /// Where runs happen.
@@ -201,10 +147,10 @@ mod tests {
 
     fn run(instance: u32) -> RunRef {
         RunRef {
-            job: 0,
+            job: crate::lifecycle::JobKey(0),
             instance,
             run: 1,
-            seq: u64::from(instance),
+            launch: crate::lifecycle::LaunchId(u64::from(instance)),
         }
     }
 

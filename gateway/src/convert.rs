@@ -42,79 +42,8 @@ pub fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {problem}"))
 }
 
-/// Restart policy of a task.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RestartPolicy {
-    /// Failed runs tolerated.
-    pub max_failures: u32,
-    /// First back-off.
-    pub backoff_ms: u64,
-    /// Largest back-off.
-    pub max_backoff_ms: u64,
-}
-
-impl RestartPolicy {
-    /// Back-off before the run after the `failures`-th failure.
-    pub fn backoff(&self, failures: u32) -> u64 {
-        let shift = failures.saturating_sub(1).min(40);
-        self.backoff_ms
-            .saturating_mul(1u64 << shift)
-            .min(self.max_backoff_ms)
-    }
-}
-
-/// A task spec reduced to what the loop and the engine need.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TaskTemplate {
-    /// Resources in engine units.
-    pub request: Resources,
-    /// Dynamic ports.
-    pub ports: u16,
-    /// Constraint text ("" for none).
-    pub constraint: String,
-    /// Runs on slack.
-    pub revocable: bool,
-    /// A controller task (e.g. a Spark driver).
-    pub controller: bool,
-    /// At most this many instances of the job per host (0: no limit).
-    pub max_per_host: u16,
-    /// Restart policy.
-    pub restart: RestartPolicy,
-    /// SIGTERM to SIGKILL.
-    pub kill_grace_ms: u64,
-    /// Simulated duration.
-    pub sim_duration_ms: u64,
-    /// Simulated exit code.
-    pub sim_exit_code: i32,
-}
-
-/// A validated job spec.
-#[derive(Clone, Debug, PartialEq)]
-pub struct JobPlan {
-    /// The default task.
-    pub default: TaskTemplate,
-    /// Per-instance replacements.
-    pub overrides: FxHashMap<u32, TaskTemplate>,
-    /// Priority.
-    pub priority: u32,
-    /// Preemptible.
-    pub preemptible: bool,
-    /// At most this many running at once (0: no limit).
-    pub max_running: u32,
-    /// Gang size (1: no gang).
-    pub gang: u32,
-    /// Run time limit (0: none).
-    pub max_running_time_ms: u64,
-    /// Placement strategy.
-    pub strategy: Strategy,
-}
-
-impl JobPlan {
-    /// The template of an instance.
-    pub fn template(&self, instance: u32) -> &TaskTemplate {
-        self.overrides.get(&instance).unwrap_or(&self.default)
-    }
-}
+use crate::lifecycle::{Health, JobKind, JobState, LaunchId, RunRecord, TaskState};
+pub use crate::lifecycle::{JobPlan, RestartPolicy, TaskTemplate};
 
 fn amount(field: &str, value: f64, scale: f64) -> Result<u64, Status> {
     if !value.is_finite() {
@@ -361,6 +290,9 @@ pub fn task_template(
             format!("{max_backoff_ms} is less than backoff_ms {backoff_ms}"),
         ));
     }
+    if let Some(check) = &spec.health_check {
+        health_check(&format!("{field}.health_check"), check, &names, limits)?;
+    }
     let sim = spec.sim.unwrap_or_default();
     Ok(TaskTemplate {
         request,
@@ -379,18 +311,79 @@ pub fn task_template(
         } else {
             spec.kill_grace_period_ms
         },
+        health_check: spec.health_check.is_some(),
         sim_duration_ms: sim.duration_ms,
         sim_exit_code: sim.exit_code,
     })
 }
 
+/// Validates a health check against the task's port names (upper-cased).
+fn health_check(
+    field: &str,
+    check: &pb::HealthCheck,
+    ports: &std::collections::HashSet<String>,
+    limits: &Limits,
+) -> Result<(), Status> {
+    let port = |f: &str, name: &str| {
+        if ports.contains(&name.to_ascii_uppercase()) {
+            Ok(())
+        } else {
+            Err(invalid(
+                &format!("{field}.{f}"),
+                format!("{name:?} is not one of the task's ports"),
+            ))
+        }
+    };
+    match &check.kind {
+        None => return Err(invalid(field, "set one of command, http or tcp_port")),
+        Some(pb::health_check::Kind::Command(c)) => {
+            if c.trim().is_empty() {
+                return Err(invalid(&format!("{field}.command"), "must not be empty"));
+            }
+            string(&format!("{field}.command"), c, limits)?;
+        }
+        Some(pb::health_check::Kind::Http(h)) => {
+            port("http.port", &h.port)?;
+            string(&format!("{field}.http.path"), &h.path, limits)?;
+            if !h.path.is_empty() && !h.path.starts_with('/') {
+                return Err(invalid(
+                    &format!("{field}.http.path"),
+                    format!("{:?} must start with '/'", h.path),
+                ));
+            }
+        }
+        Some(pb::health_check::Kind::TcpPort(p)) => port("tcp_port", p)?,
+    }
+    const DAY_MS: u64 = 86_400_000;
+    for (f, v) in [
+        ("initial_delay_ms", check.initial_delay_ms),
+        ("interval_ms", check.interval_ms),
+        ("timeout_ms", check.timeout_ms),
+    ] {
+        if v > DAY_MS {
+            return Err(invalid(
+                &format!("{field}.{f}"),
+                format!("{v} is more than a day"),
+            ));
+        }
+    }
+    if check.max_consecutive_failures > 1000 {
+        return Err(invalid(
+            &format!("{field}.max_consecutive_failures"),
+            "at most 1000",
+        ));
+    }
+    Ok(())
+}
+
 /// Validates a job spec. The pool's existence is checked by the loop.
 pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> {
-    match pb::JobType::try_from(spec.r#type) {
-        Ok(pb::JobType::Batch) => {}
+    let kind = match pb::JobType::try_from(spec.r#type) {
+        Ok(pb::JobType::Batch) => JobKind::Batch,
+        Ok(pb::JobType::Service) => JobKind::Service,
         Ok(other) => {
             return Err(Status::unimplemented(format!(
-                "spec.type: {} jobs are not supported yet; only batch jobs are",
+                "spec.type: {} jobs are not supported yet; batch and service jobs are",
                 other.as_str_name()
             )));
         }
@@ -400,7 +393,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
                 format!("unknown type {}", spec.r#type),
             ));
         }
-    }
+    };
     if spec.name.is_empty() {
         return Err(invalid("spec.name", "must not be empty"));
     }
@@ -513,6 +506,9 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         }
     };
     Ok(JobPlan {
+        kind,
+        pool: spec.pool.as_str().into(),
+        instance_count: spec.instance_count,
         default,
         overrides,
         priority: sla.priority,
@@ -522,6 +518,86 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         max_running_time_ms: sla.max_running_time_ms,
         strategy,
     })
+}
+
+/// A task state from the API's number (unknown numbers: initialized).
+pub fn task_state_from_pb(state: i32) -> TaskState {
+    TaskState::ALL
+        .into_iter()
+        .find(|s| *s as i32 == state)
+        .unwrap_or_default()
+}
+
+/// A task state as the API's enum.
+pub fn task_state_to_pb(state: TaskState) -> pb::TaskState {
+    pb::TaskState::try_from(state as i32).expect("same numbering")
+}
+
+/// A job state from the API's number.
+pub fn job_state_from_pb(state: pb::JobState) -> JobState {
+    match state {
+        pb::JobState::Unknown | pb::JobState::Initialized => JobState::Initialized,
+        pb::JobState::Pending => JobState::Pending,
+        pb::JobState::Running => JobState::Running,
+        pb::JobState::Succeeded => JobState::Succeeded,
+        pb::JobState::Failed => JobState::Failed,
+        pb::JobState::Killing => JobState::Killing,
+        pb::JobState::Killed => JobState::Killed,
+    }
+}
+
+/// A job state as the API's enum.
+pub fn job_state_to_pb(state: JobState) -> pb::JobState {
+    pb::JobState::try_from(state as i32).expect("same numbering")
+}
+
+/// A health verdict from the API's.
+pub fn health_from_pb(health: pb::Health) -> Health {
+    match health {
+        pb::Health::None => Health::None,
+        pb::Health::Unknown => Health::Unknown,
+        pb::Health::Healthy => Health::Healthy,
+        pb::Health::Unhealthy => Health::Unhealthy,
+    }
+}
+
+/// A health verdict as the API's enum.
+pub fn health_to_pb(health: Health) -> pb::Health {
+    pb::Health::try_from(health as i32).expect("same numbering")
+}
+
+/// A run record as the API's `TaskRun`.
+pub fn run_to_pb(r: &RunRecord) -> pb::TaskRun {
+    pb::TaskRun {
+        run_id: r.run,
+        state: task_state_to_pb(r.state) as i32,
+        host: r.host.to_string(),
+        created_at_ms: r.created_at,
+        placed_at_ms: r.placed_at,
+        started_at_ms: r.started_at,
+        finished_at_ms: r.finished_at,
+        exit_code: r.exit_code,
+        reason: r.reason.as_deref().unwrap_or_default().to_string(),
+        launch_id: r.launch.0,
+        health: 0,
+        ports: Default::default(),
+    }
+}
+
+/// A stored `TaskRun` as a run record.
+pub fn run_from_pb(r: &pb::TaskRun) -> RunRecord {
+    RunRecord {
+        run: r.run_id,
+        state: task_state_from_pb(r.state),
+        host: r.host.as_str().into(),
+        created_at: r.created_at_ms,
+        placed_at: r.placed_at_ms,
+        started_at: r.started_at_ms,
+        finished_at: r.finished_at_ms,
+        exit_code: r.exit_code,
+        reason: (!r.reason.is_empty()).then(|| r.reason.as_str().into()),
+        launch: LaunchId(r.launch_id),
+    }
 }
 
 #[cfg(test)]
@@ -603,8 +679,37 @@ mod tests {
         s.default_task.as_mut().unwrap().constraint = "zone ==".into();
         assert!(error_of(&s).1.starts_with("spec.default_task.constraint: "));
         let mut s = good_job();
-        s.r#type = pb::JobType::Service as i32;
+        s.r#type = pb::JobType::Stateful as i32;
         assert_eq!(error_of(&s).0, tonic::Code::Unimplemented);
+        let mut s = good_job();
+        s.r#type = pb::JobType::Service as i32;
+        assert!(job_plan(&s, &Limits::default()).is_ok());
+        let mut s = good_job();
+        s.default_task.as_mut().unwrap().health_check = Some(pb::HealthCheck {
+            kind: Some(pb::health_check::Kind::Http(pb::HttpHealthCheck {
+                port: "http".into(),
+                path: "/".into(),
+            })),
+            ..Default::default()
+        });
+        assert_eq!(
+            error_of(&s).1,
+            "spec.default_task.health_check.http.port: \"http\" is not one of the task's ports"
+        );
+        s.default_task.as_mut().unwrap().ports = vec![pb::PortSpec {
+            name: "http".into(),
+        }];
+        assert!(
+            job_plan(&s, &Limits::default())
+                .unwrap()
+                .default
+                .health_check
+        );
+        s.default_task.as_mut().unwrap().health_check = Some(pb::HealthCheck::default());
+        assert_eq!(
+            error_of(&s).1,
+            "spec.default_task.health_check: set one of command, http or tcp_port"
+        );
         let mut s = good_job();
         s.sla = Some(pb::Sla {
             min_running_instances: 4,

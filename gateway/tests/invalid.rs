@@ -109,8 +109,20 @@ fn invalid_specs() -> Vec<(&'static str, pb::JobSpec, Code, &'static str)> {
     out.push(("no pool", s, Code::InvalidArgument, "spec.pool"));
 
     let mut s = good();
-    s.r#type = pb::JobType::Service as i32;
-    out.push(("service job", s, Code::Unimplemented, "spec.type"));
+    s.r#type = pb::JobType::Stateful as i32;
+    out.push(("stateful job", s, Code::Unimplemented, "spec.type"));
+
+    let mut s = good();
+    s.default_task.as_mut().unwrap().health_check = Some(pb::HealthCheck {
+        kind: Some(pb::health_check::Kind::TcpPort("admin".into())),
+        ..Default::default()
+    });
+    out.push((
+        "health check on a port the task does not ask for",
+        s,
+        Code::InvalidArgument,
+        "spec.default_task.health_check.tcp_port",
+    ));
 
     let mut s = good();
     s.r#type = pb::JobType::Daemon as i32;

@@ -2,7 +2,9 @@
 //! its prefix, in lower case (`TASK_STATE_RUNNING` is `running`). Used for
 //! flags, tables and JSON alike, so one vocabulary covers input and output.
 
-use peloton_proto::v1::{HostState, JobState, JobType, PlacementStrategy, PoolKind, TaskState};
+use peloton_proto::v1::{
+    Health, HostState, JobState, JobType, PlacementStrategy, PoolKind, TaskState,
+};
 
 /// A protobuf enum whose values the CLI names.
 pub trait ProtoEnum: Copy + TryFrom<i32> + 'static {
@@ -79,6 +81,12 @@ proto_enum!(
     [Batch, Service, Stateful, Daemon]
 );
 proto_enum!(PoolKind, "POOL_KIND_", "pool kind", [Elastic, Static]);
+proto_enum!(
+    Health,
+    "HEALTH_",
+    "health",
+    [None, Unknown, Healthy, Unhealthy]
+);
 proto_enum!(
     PlacementStrategy,
     "PLACEMENT_STRATEGY_",

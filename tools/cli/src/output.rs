@@ -371,6 +371,8 @@ pub fn task_run_json(run: Option<&TaskRun>) -> Value {
         "exit_code": run.exit_code,
         "reason": run.reason,
         "launch_id": run.launch_id,
+        "health": enum_json::<peloton_proto::v1::Health>(run.health),
+        "ports": run.ports.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
     })
 }
 
@@ -420,6 +422,7 @@ pub fn event_json(event: &Event) -> Value {
                 "state": enum_json::<TaskState>(task.state),
                 "host": task.host,
                 "reason": task.reason,
+                "health": enum_json::<peloton_proto::v1::Health>(task.health),
             }),
         ),
         None => return object,
@@ -507,6 +510,7 @@ mod tests {
                 state: TaskState::Succeeded.into(),
                 host: "h1".into(),
                 reason: String::new(),
+                health: 0,
             })),
         };
         let value = event_json(&event);

@@ -10,8 +10,8 @@ use std::fmt;
 use std::path::Path;
 
 use peloton_proto::v1::{
-    InstanceOverride, JobSpec, JobType, PlacementStrategy, PoolKind, PoolSpec, PortSpec, Resources,
-    RestartPolicy, SimSpec, Sla, TaskSpec,
+    HealthCheck, HttpHealthCheck, InstanceOverride, JobSpec, JobType, PlacementStrategy, PoolKind,
+    PoolSpec, PortSpec, Resources, RestartPolicy, SimSpec, Sla, TaskSpec, health_check,
 };
 use serde::Deserialize;
 
@@ -143,6 +143,66 @@ pub struct TaskFile {
     pub max_instances_per_host: u32,
     #[serde(default)]
     pub sim: SimFile,
+    /// Run by the agent while the task runs; an unhealthy task is restarted.
+    #[serde(default)]
+    pub health_check: Option<HealthCheckFile>,
+}
+
+/// A health check: exactly one of `command`, `http` or `tcp_port`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckFile {
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default)]
+    pub http: Option<HttpCheckFile>,
+    #[serde(default)]
+    pub tcp_port: Option<String>,
+    #[serde(default)]
+    pub initial_delay_ms: u64,
+    #[serde(default)]
+    pub interval_ms: u64,
+    #[serde(default)]
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub max_consecutive_failures: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCheckFile {
+    pub port: String,
+    #[serde(default)]
+    pub path: String,
+}
+
+impl HealthCheckFile {
+    /// The check; more than one kind is left for the server to refuse
+    /// (by sending none: it names the field).
+    pub fn into_proto(self) -> HealthCheck {
+        let kinds = usize::from(self.command.is_some())
+            + usize::from(self.http.is_some())
+            + usize::from(self.tcp_port.is_some());
+        let kind = if kinds != 1 {
+            None
+        } else if let Some(c) = self.command {
+            Some(health_check::Kind::Command(c))
+        } else if let Some(h) = self.http {
+            Some(health_check::Kind::Http(HttpHealthCheck {
+                port: h.port,
+                path: h.path,
+            }))
+        } else {
+            self.tcp_port.map(health_check::Kind::TcpPort)
+        };
+        HealthCheck {
+            kind,
+            initial_delay_ms: self.initial_delay_ms,
+            interval_ms: self.interval_ms,
+            timeout_ms: self.timeout_ms,
+            max_consecutive_failures: self.max_consecutive_failures,
+        }
+    }
 }
 
 /// Resources in API units: cpu cores, memory and disk MiB, GPUs.
@@ -255,6 +315,7 @@ impl TaskFile {
                 exit_code: self.sim.exit_code,
             }),
             max_instances_per_host: self.max_instances_per_host,
+            health_check: self.health_check.map(HealthCheckFile::into_proto),
         }
     }
 }

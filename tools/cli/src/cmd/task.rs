@@ -157,6 +157,7 @@ fn task_table(tasks: &[Task]) -> String {
     let mut table = Table::new(&[
         ("INSTANCE", Align::Right),
         ("STATE", Align::Left),
+        ("HEALTH", Align::Left),
         ("HOST", Align::Left),
         ("RUN", Align::Right),
         ("FAILURES", Align::Right),
@@ -168,6 +169,10 @@ fn task_table(tasks: &[Task]) -> String {
         table.row(vec![
             task.instance.to_string(),
             name_of::<TaskState>(run.state),
+            match run.health {
+                0 => "-".to_string(),
+                h => name_of::<peloton_proto::v1::Health>(h),
+            },
             or_dash(&run.host),
             run.run_id.to_string(),
             task.failure_count.to_string(),

@@ -1,0 +1,149 @@
+//! What a step asks the shell to do, as data: rows to write, events to
+//! publish, launches and kills to dispatch and acknowledgements to send
+//! (all only after the commit), and counters for the metrics.
+
+use std::sync::Arc;
+
+use super::model::{Health, HostSlot, JobKey, JobState, RunRef, TaskState};
+
+/// One event, with its gap-free revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// Strictly increasing, gap-free.
+    pub revision: u64,
+    /// When.
+    pub time_ms: u64,
+    /// What.
+    pub kind: EventKind,
+}
+
+/// What an event is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A task changed state (or health).
+    Task {
+        /// Job id.
+        job: Arc<str>,
+        /// Instance.
+        instance: u32,
+        /// Run.
+        run: u32,
+        /// New state.
+        state: TaskState,
+        /// Host of the run ("" for none).
+        host: Arc<str>,
+        /// Why ("" for nothing to say).
+        reason: Box<str>,
+        /// Health of the run.
+        health: Health,
+    },
+    /// A job changed state, or was deleted.
+    Job {
+        /// Job id.
+        job: Arc<str>,
+        /// Its state.
+        state: JobState,
+        /// Deleted (its last event).
+        deleted: bool,
+    },
+}
+
+/// Start a run on a host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The run.
+    pub run: RunRef,
+    /// Host name.
+    pub host: Arc<str>,
+    /// The job's id.
+    pub job_id: Arc<str>,
+    /// How long a simulated run lasts.
+    pub sim_duration_ms: u64,
+    /// How a simulated run ends.
+    pub sim_exit_code: i32,
+}
+
+/// Stop a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kill {
+    /// The run.
+    pub run: RunRef,
+    /// Host name.
+    pub host: Arc<str>,
+    /// The job's id.
+    pub job_id: Arc<str>,
+    /// SIGTERM to SIGKILL.
+    pub grace_ms: u64,
+}
+
+/// A run as agents name it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AgentRunKey {
+    /// Job id.
+    pub job_id: Arc<str>,
+    /// Instance.
+    pub instance: u32,
+    /// Run.
+    pub run: u32,
+    /// Launch.
+    pub launch: u64,
+}
+
+/// A row of the store that changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowKey {
+    /// A job's row (status and spec).
+    Job(JobKey),
+    /// A deleted job: its row and its tasks' rows go.
+    JobDeleted(Arc<str>),
+    /// A task's row.
+    Task(JobKey, u32),
+    /// A task row of an instance scaled away.
+    TaskDeleted(Arc<str>, u32),
+    /// A pool's row.
+    Pool(String),
+    /// A deleted pool.
+    PoolDeleted(String),
+    /// A host's row.
+    Host(HostSlot),
+}
+
+/// Counters for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Tasks placed.
+    pub placements: u64,
+    /// Admitted tasks that found no host in a cycle.
+    pub placement_failures: u64,
+    /// Runs that ended on their own (succeeded or failed).
+    pub runs_finished: u64,
+    /// Runs preempted.
+    pub preemptions: u64,
+    /// Instances accepted (created or scaled up).
+    pub tasks_accepted: u64,
+}
+
+/// Everything steps produced since the shell last took them.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Events, in revision order.
+    pub events: Vec<Event>,
+    /// Rows to write (the shell encodes them from the core's state).
+    pub rows: Vec<RowKey>,
+    /// Runs to start, after the commit.
+    pub launches: Vec<Launch>,
+    /// Runs to stop, after the commit.
+    pub kills: Vec<Kill>,
+    /// Final reports durably recorded, to acknowledge to their host after
+    /// the commit.
+    pub acks: Vec<(Arc<str>, AgentRunKey)>,
+    /// Counters.
+    pub counters: Counters,
+}
+
+impl Effects {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.rows.is_empty()
+    }
+}

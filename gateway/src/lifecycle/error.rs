@@ -1,0 +1,68 @@
+//! Why the core refused an input. Every refusal changes nothing. The shell
+//! maps each kind to a gRPC code in one place (`crate::status`).
+
+use peloton_engine::PoolError;
+
+/// A refused input.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// No job with this id.
+    #[error("job {0} not found")]
+    JobNotFound(String),
+    /// The job has fewer instances.
+    #[error("job {job} has no instance {instance} (it has {count})")]
+    NoInstance {
+        /// Job id.
+        job: String,
+        /// Asked for.
+        instance: u32,
+        /// Instances it has.
+        count: u32,
+    },
+    /// No host with this name.
+    #[error("host {0} not found")]
+    HostNotFound(String),
+    /// The caller's version is not the current one.
+    #[error("{what}: version {given} is stale; the current version is {current}")]
+    Stale {
+        /// What ("job …", "pool …").
+        what: String,
+        /// Given.
+        given: u64,
+        /// Current.
+        current: u64,
+    },
+    /// The pool tree refused a change or a lookup.
+    #[error("{0}")]
+    Pool(PoolError),
+    /// A job names a pool that does not exist.
+    #[error("spec.pool: {0}")]
+    JobPool(PoolError),
+    /// A field of the request is wrong.
+    #[error("{field}: {problem}")]
+    Invalid {
+        /// The field.
+        field: String,
+        /// The problem.
+        problem: String,
+    },
+    /// The request is fine but the state does not allow it now.
+    #[error("{0}")]
+    Precondition(String),
+    /// A bound is reached (engine queues full); retry later.
+    #[error("{0}")]
+    Exhausted(String),
+    /// Something the request needs is not reachable now.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl Error {
+    /// An invalid field.
+    pub fn invalid(field: &str, problem: impl std::fmt::Display) -> Self {
+        Error::Invalid {
+            field: field.to_string(),
+            problem: problem.to_string(),
+        }
+    }
+}

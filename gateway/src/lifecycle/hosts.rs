@@ -1,0 +1,637 @@
+//! Hosts: stopping runs and waiting for their hosts to confirm (holds),
+//! agents registering and reporting, hosts lost and found, drains.
+//!
+//! Reconciliation is the heart of it. When an agent registers it lists the
+//! runs it has; the core compares that list with its own view of the host:
+//! - a run that is the instance's current run stays (adopted into the engine
+//!   if the service restarted meanwhile) and its reported phase is applied;
+//! - a run being stopped is confirmed gone if it ended, or told again to stop;
+//! - any other live run was replaced (or its job is gone) and is killed;
+//! - runs the core placed there that the agent does not list are lost and
+//!   start again.
+
+use std::sync::Arc;
+
+use peloton_engine::Engine;
+use peloton_engine::host::HostState;
+
+use super::effects::{Effects, Kill, RowKey};
+use super::model::{Health, HostSlot, JobKey, RunRef, TaskState as S};
+use super::{
+    AgentHost, Answer, Error, Held, HostRegistration, Lifecycle, RunPhase, RunReport, RunStatus,
+    TaskUpdate, TimerKind,
+};
+
+impl Lifecycle {
+    /// Tells the current run's host to stop it, and holds the run (its
+    /// engine task, so its resources) until the host confirms.
+    pub(super) fn stop_on_host(&mut self, k: JobKey, i: u32, preempted: bool, fx: &mut Effects) {
+        let job = self.jobs.get_mut(&k).expect("live job");
+        let grace_ms = job.plan.template(i).kill_grace_ms;
+        let job_id = job.id.clone();
+        let t = &mut job.tasks[i as usize];
+        let handle = t.handle.take();
+        let run = RunRef {
+            job: k,
+            instance: i,
+            run: t.run,
+            launch: t.launch,
+        };
+        let host = t.host;
+        job.held += 1;
+        if let Some(h) = host
+            && let Some(list) = self.orphans.get_mut(&h)
+        {
+            list.retain(|&x| x != (k, i));
+        }
+        if preempted {
+            self.n_held_preempted += 1;
+        }
+        let held = Held {
+            launch: run.launch,
+            handle,
+            host,
+            restart: false,
+            preempted,
+        };
+        self.mark_dirty(k, i, fx);
+        if let Some(old) = self.held.insert((k, i), held) {
+            // Only an instance scaled away and added back while its old run
+            // was still stopping gets here (fill waits for such runs), so
+            // this cannot happen with a current run on a host.
+            unreachable!("{job_id}/{i}: a second held run ({old:?})");
+        }
+        if let Some(h) = host {
+            fx.kills.push(Kill {
+                run,
+                host: self.host_names[h.idx()].clone(),
+                job_id,
+                grace_ms,
+            });
+        }
+    }
+
+    fn finish_held(&mut self, engine: &mut Engine, k: JobKey, h: Held) {
+        if h.preempted {
+            self.n_held_preempted -= 1;
+        }
+        if let Some(handle) = h.handle {
+            engine
+                .finish(handle)
+                .expect("a held run's engine task is live");
+            self.needs_cycle = true;
+        }
+        if let Some(job) = self.jobs.get_mut(&k) {
+            job.held -= 1;
+            if h.handle.is_some() {
+                job.active -= 1;
+            }
+            // Room under max_running_instances, or an instance that waited
+            // for this run to be gone.
+            if !job.waiting.is_empty() || job.plan.gang > 1 {
+                self.need_fill.insert(k);
+            }
+            self.dirty_jobs.insert(k);
+        }
+    }
+
+    /// The host confirmed that a held run is gone.
+    pub(super) fn confirm_end(&mut self, engine: &mut Engine, k: JobKey, i: u32, fx: &mut Effects) {
+        let Some(h) = self.held.remove(&(k, i)) else {
+            return;
+        };
+        let (host, restart) = (h.host, h.restart);
+        self.finish_held(engine, k, h);
+        self.mark_dirty(k, i, fx);
+        if let Some(job) = self.jobs.get(&k)
+            && let Some(t) = job.tasks.get(i as usize)
+            // Lost and preempted runs always start again (or end killed).
+            && (restart || matches!(t.state, S::Preempted | S::Lost))
+        {
+            let state = t.state;
+            if job.kill_requested {
+                match state {
+                    S::Preempted | S::Lost => {
+                        self.transition(k, i, S::Initialized, None, fx);
+                        self.transition(k, i, S::Killed, Some("job killed"), fx);
+                    }
+                    S::Backoff => self.transition(k, i, S::Killed, Some("job killed"), fx),
+                    _ => {}
+                }
+            } else if matches!(
+                state,
+                S::Preempted | S::Lost | S::Killed | S::Succeeded | S::Failed | S::Backoff
+            ) {
+                self.new_run(k, i, fx);
+            }
+        }
+        if let Some(host) = host {
+            self.check_drained(engine, host, fx);
+        }
+    }
+
+    /// A draining host with nothing left on it goes Down.
+    pub(super) fn check_drained(&mut self, engine: &mut Engine, slot: HostSlot, fx: &mut Effects) {
+        if !self.maintenance.contains(&slot) {
+            return;
+        }
+        let Some(id) = engine.hosts().lookup_slot(slot.idx()) else {
+            return;
+        };
+        if engine.hosts().state(id) != HostState::Draining {
+            return;
+        }
+        let busy = self.held.values().any(|h| h.host == Some(slot))
+            || engine.tasks().on_host(slot.0).next().is_some()
+            || self.orphans.get(&slot).is_some_and(|o| !o.is_empty());
+        if busy {
+            return;
+        }
+        engine
+            .hosts_mut()
+            .set_state(id, HostState::Down)
+            .expect("live host");
+        fx.rows.push(RowKey::Host(slot));
+    }
+
+    pub(super) fn maintenance(
+        &mut self,
+        engine: &mut Engine,
+        names: &[String],
+        start: bool,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        if names.is_empty() {
+            return Err(Error::invalid("hosts", "name at least one host"));
+        }
+        let mut ids = Vec::new();
+        for n in names {
+            let id = engine
+                .hosts()
+                .lookup(n)
+                .ok_or_else(|| Error::HostNotFound(n.clone()))?;
+            ids.push(id);
+        }
+        for (id, name) in ids.into_iter().zip(names) {
+            let slot = HostSlot(id.idx() as u32);
+            if start {
+                if self.maintenance.insert(slot) {
+                    engine
+                        .hosts_mut()
+                        .set_state(id, HostState::Draining)
+                        .expect("live host");
+                }
+                let mut on_it = self.instances_on(engine, slot);
+                on_it.extend(self.orphans.get(&slot).into_iter().flatten().copied());
+                let reason = format!("host {name} drained for maintenance");
+                for (k, i) in on_it {
+                    if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
+                        self.restart_after_loss(engine, k, i, fx);
+                    }
+                }
+                // Down once every run there is confirmed gone (at once if
+                // none is left).
+                self.check_drained(engine, slot, fx);
+            } else {
+                self.maintenance.remove(&slot);
+                let connected = self.agent_hosts.get(&slot).is_none_or(|h| h.connected);
+                // A disconnected agent host comes up when its agent registers.
+                let state = if connected {
+                    HostState::Up
+                } else {
+                    HostState::Down
+                };
+                engine.hosts_mut().set_state(id, state).expect("live host");
+            }
+            fx.rows.push(RowKey::Host(slot));
+        }
+        self.needs_cycle = true;
+        Ok(Answer::Done)
+    }
+
+    pub(super) fn agent_registered(
+        &mut self,
+        engine: &mut Engine,
+        reg: HostRegistration,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        if !self.config.agent_mode {
+            return Err(Error::Precondition(
+                "this server runs simulated hosts and accepts no agents".into(),
+            ));
+        }
+        let spec = &reg.spec;
+        let slot = match engine.hosts().lookup(&spec.name) {
+            Some(id) => {
+                // Runs placed there may hold more than it now offers: then
+                // the old capacity stays until they end.
+                let _ = engine.hosts_mut().update(id, spec);
+                HostSlot(id.idx() as u32)
+            }
+            None => {
+                let id = engine
+                    .hosts_mut()
+                    .add(spec)
+                    .map_err(|e| Error::invalid("register", e))?;
+                let slot = HostSlot(id.idx() as u32);
+                self.set_host_name(slot, &spec.name);
+                slot
+            }
+        };
+        let id = engine.hosts().lookup_slot(slot.idx()).expect("live");
+        let state = if self.maintenance.contains(&slot) {
+            match engine.hosts().state(id) {
+                HostState::Up => HostState::Draining,
+                s => s,
+            }
+        } else {
+            HostState::Up
+        };
+        engine.hosts_mut().set_state(id, state).expect("live host");
+        self.agent_hosts.insert(
+            slot,
+            AgentHost {
+                lost: false,
+                isolation: reg.isolation.clone(),
+                connected: true,
+            },
+        );
+        fx.rows.push(RowKey::Host(slot));
+        let host: Arc<str> = self.host_names[slot.idx()].clone();
+        let mut reported = rustc_hash::FxHashSet::default();
+        for report in reg.runs {
+            reported.insert(report.key.launch);
+            self.agent_report(engine, slot, &host, report, fx);
+        }
+        // What the agent does not have: runs never launched there (the
+        // launch was lost with the old session) or lost with the agent.
+        let reason = format!("host {host}: its agent does not have the run");
+        for (k, i) in self.orphans.remove(&slot).unwrap_or_default() {
+            self.lose_run(engine, k, i, slot, &reason, fx);
+        }
+        for (k, i) in self.instances_on(engine, slot) {
+            let launch = self.jobs[&k].tasks[i as usize].launch;
+            if !reported.contains(&launch.0) {
+                self.lose_run(engine, k, i, slot, &reason, fx);
+            }
+        }
+        let mut gone: Vec<(JobKey, u32)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.host == Some(slot) && !reported.contains(&h.launch.0))
+            .map(|(&ki, _)| ki)
+            .collect();
+        gone.sort_unstable();
+        for (k, i) in gone {
+            self.confirm_end(engine, k, i, fx);
+        }
+        self.check_drained(engine, slot, fx);
+        self.needs_cycle = true;
+        Ok(Answer::Done)
+    }
+
+    pub(super) fn agent_reports(
+        &mut self,
+        engine: &mut Engine,
+        host: &Arc<str>,
+        reports: Vec<RunReport>,
+        fx: &mut Effects,
+    ) {
+        let Some(id) = engine.hosts().lookup(host) else {
+            return;
+        };
+        let slot = HostSlot(id.idx() as u32);
+        for r in reports {
+            self.agent_report(engine, slot, host, r, fx);
+        }
+    }
+
+    fn agent_report(
+        &mut self,
+        engine: &mut Engine,
+        slot: HostSlot,
+        host: &Arc<str>,
+        report: RunReport,
+        fx: &mut Effects,
+    ) {
+        let phase = report.phase;
+        let key = report.key.clone();
+        let ended = matches!(
+            phase,
+            RunPhase::Succeeded | RunPhase::Failed | RunPhase::Killed
+        );
+        if ended {
+            fx.acks.push((host.clone(), key.clone()));
+        }
+        let i = key.instance;
+        let job_key = self.by_id.get(&*key.job_id).copied();
+        let kill = |fx: &mut Effects, job: JobKey| {
+            fx.kills.push(Kill {
+                run: RunRef {
+                    job,
+                    instance: i,
+                    run: key.run,
+                    launch: super::LaunchId(key.launch),
+                },
+                host: host.clone(),
+                job_id: key.job_id.clone(),
+                grace_ms: 10_000,
+            });
+        };
+        let Some(k) = job_key else {
+            if !ended {
+                kill(fx, JobKey(u32::MAX));
+            }
+            return;
+        };
+        let run = RunRef {
+            job: k,
+            instance: i,
+            run: key.run,
+            launch: super::LaunchId(key.launch),
+        };
+        if self
+            .held
+            .get(&(k, i))
+            .is_some_and(|h| h.launch == run.launch && h.host == Some(slot))
+        {
+            if ended {
+                self.confirm_end(engine, k, i, fx);
+            } else {
+                kill(fx, k);
+            }
+            return;
+        }
+        let job = &self.jobs[&k];
+        let current = job
+            .tasks
+            .get(i as usize)
+            .is_some_and(|t| t.launch == run.launch && t.state.on_host() && t.host == Some(slot));
+        if !current {
+            if !ended {
+                // Replaced by a newer run, or its instance is gone.
+                kill(fx, k);
+            }
+            return;
+        }
+        if job.tasks[i as usize].handle.is_none() && !ended {
+            // Recovered after a restart and still running: the engine
+            // takes it over. (An ended one just has its end applied.)
+            if let Err(e) = self.adopt(engine, k, i, slot) {
+                self.stop_on_host(k, i, false, fx);
+                self.transition(
+                    k,
+                    i,
+                    S::Lost,
+                    Some(&format!("cannot take the run over: {e}")),
+                    fx,
+                );
+                self.restart_after_loss(engine, k, i, fx);
+                return;
+            }
+        }
+        if !report.ports.is_empty() {
+            let t = &mut self.job_mut(k).tasks[i as usize];
+            let ports: super::model::AssignedPorts = report
+                .ports
+                .iter()
+                .map(|(n, p)| (n.as_str().into(), *p))
+                .collect();
+            if t.ports.as_deref() != Some(&ports) {
+                t.ports = Some(ports);
+                self.mark_dirty(k, i, fx);
+            }
+        }
+        // A run that ended before its RUNNING report went out still ran.
+        if report.started_ms > 0 && phase != RunPhase::Running {
+            self.apply_update(
+                engine,
+                TaskUpdate {
+                    run,
+                    status: RunStatus::Running,
+                    time_ms: report.started_ms,
+                },
+                fx,
+            );
+        }
+        let status = match phase {
+            RunPhase::Unknown | RunPhase::Starting => None,
+            RunPhase::Running => Some(RunStatus::Running),
+            RunPhase::Succeeded => Some(RunStatus::Exited(0)),
+            RunPhase::Failed => Some(RunStatus::Failed(
+                report.exit_code,
+                if report.reason.is_empty() {
+                    format!("exited with code {}", report.exit_code)
+                } else {
+                    report.reason.clone()
+                },
+            )),
+            RunPhase::Killed => Some(RunStatus::Killed),
+        };
+        if let Some(status) = status {
+            self.apply_update(
+                engine,
+                TaskUpdate {
+                    run,
+                    status,
+                    time_ms: report.time_ms,
+                },
+                fx,
+            );
+        }
+        if phase == RunPhase::Running {
+            self.apply_health(engine, k, i, report.health, &report.health_detail, fx);
+        }
+        // Decisions taken while the run was out of sight.
+        let job = &self.jobs[&k];
+        if job.tasks[i as usize].state.on_host() {
+            if job.kill_requested {
+                self.end_run(engine, k, i, S::Killed, "job killed", fx);
+            } else if self.maintenance.contains(&slot) {
+                let reason = format!("host {host} drained for maintenance");
+                if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
+                    self.restart_after_loss(engine, k, i, fx);
+                }
+            }
+        }
+    }
+
+    /// A running task's health verdict: a change is an event; an unhealthy
+    /// task is stopped and fails (its restart policy applies).
+    pub(super) fn apply_health(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        health: Health,
+        detail: &str,
+        fx: &mut Effects,
+    ) {
+        let job = self.job_mut(k);
+        let checked = job.plan.template(i).health_check;
+        let t = &mut job.tasks[i as usize];
+        if t.state != S::Running || !checked || health == Health::None || t.health == health {
+            return;
+        }
+        t.health = health;
+        if health != Health::Unhealthy {
+            self.task_event(k, i, "", fx);
+            return;
+        }
+        let reason = if detail.is_empty() {
+            "unhealthy: its health check failed".to_string()
+        } else {
+            format!("unhealthy: {detail}")
+        };
+        self.task_event(k, i, &reason, fx);
+        self.stop_on_host(k, i, false, fx);
+        let now = self.now;
+        self.job_mut(k).tasks[i as usize].finished_at = now;
+        self.fail(engine, k, i, &reason, fx);
+    }
+
+    fn adopt(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        slot: HostSlot,
+    ) -> Result<(), String> {
+        let task = super::runs::new_task(&self.jobs[&k], k, i);
+        let host = engine
+            .hosts()
+            .lookup_slot(slot.idx())
+            .ok_or("host is gone")?;
+        let h = engine
+            .adopt(&task, host, self.now)
+            .map_err(|e| e.to_string())?;
+        let job = self.job_mut(k);
+        job.tasks[i as usize].handle = Some(h);
+        job.active += 1;
+        let t = &job.tasks[i as usize];
+        let limit = job.plan.max_running_time_ms;
+        if limit > 0 && t.state == S::Running && t.started_at > 0 {
+            // The run-time limit holds across the restart.
+            let at = t.started_at.saturating_add(limit);
+            let run = RunRef {
+                job: k,
+                instance: i,
+                run: t.run,
+                launch: t.launch,
+            };
+            self.timers
+                .push(std::cmp::Reverse((at, TimerKind::Deadline, run)));
+        }
+        if let Some(list) = self.orphans.get_mut(&slot) {
+            list.retain(|&x| x != (k, i));
+        }
+        Ok(())
+    }
+
+    fn lose_run(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        slot: HostSlot,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        let now = self.now;
+        let Some(t) = self
+            .jobs
+            .get_mut(&k)
+            .and_then(|j| j.tasks.get_mut(i as usize))
+        else {
+            return;
+        };
+        if !t.state.on_host() || t.host != Some(slot) {
+            return;
+        }
+        t.finished_at = now;
+        self.release(engine, k, i, fx);
+        self.transition(k, i, S::Lost, Some(reason), fx);
+        if self.jobs[&k].kill_requested {
+            self.transition(k, i, S::Initialized, None, fx);
+            self.transition(k, i, S::Killed, Some("job killed"), fx);
+        } else {
+            self.restart_after_loss(engine, k, i, fx);
+        }
+    }
+
+    /// The agent's session ended: no new work for a host nobody would
+    /// launch it on; its runs stay until it returns or is declared lost.
+    pub(super) fn agent_disconnected(&mut self, engine: &mut Engine, host: &str) {
+        if let Some(id) = engine.hosts().lookup(host)
+            && let Some(h) = self.agent_hosts.get_mut(&HostSlot(id.idx() as u32))
+        {
+            h.connected = false;
+            if engine.hosts().state(id) == HostState::Up {
+                engine
+                    .hosts_mut()
+                    .set_state(id, HostState::Down)
+                    .expect("live host");
+            }
+        }
+    }
+
+    /// An agent host went silent: it goes Down, its runs are lost and start
+    /// again elsewhere, its held runs count as ended.
+    pub(super) fn host_lost(
+        &mut self,
+        engine: &mut Engine,
+        host: &str,
+        silent_ms: u64,
+        fx: &mut Effects,
+    ) {
+        let Some(id) = engine.hosts().lookup(host) else {
+            return;
+        };
+        let slot = HostSlot(id.idx() as u32);
+        match self.agent_hosts.get_mut(&slot) {
+            Some(h) if !h.lost => {
+                h.lost = true;
+                h.connected = false;
+            }
+            _ => return,
+        }
+        engine
+            .hosts_mut()
+            .set_state(id, HostState::Down)
+            .expect("live host");
+        let reason = format!("host {host} lost: no heartbeat for {silent_ms} ms");
+        for (k, i) in self.instances_on(engine, slot) {
+            self.lose_run(engine, k, i, slot, &reason, fx);
+        }
+        for (k, i) in self.orphans.remove(&slot).unwrap_or_default() {
+            self.lose_run(engine, k, i, slot, &reason, fx);
+        }
+        let mut held: Vec<(JobKey, u32)> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.host == Some(slot))
+            .map(|(&ki, _)| ki)
+            .collect();
+        held.sort_unstable();
+        for (k, i) in held {
+            self.confirm_end(engine, k, i, fx);
+        }
+        if self.maintenance.contains(&slot) {
+            fx.rows.push(RowKey::Host(slot));
+        }
+        self.needs_cycle = true;
+    }
+
+    /// Acknowledgements are keyed by what agents send; a helper for tests.
+    #[cfg(test)]
+    pub(super) fn agent_key(&self, k: JobKey, i: u32) -> super::AgentRunKey {
+        let job = &self.jobs[&k];
+        let t = &job.tasks[i as usize];
+        super::AgentRunKey {
+            job_id: job.id.clone(),
+            instance: i,
+            run: t.run,
+            launch: t.launch.0,
+        }
+    }
+}

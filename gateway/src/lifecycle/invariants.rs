@@ -1,0 +1,130 @@
+//! Everything the core believes of itself and of the engine, checked. Run
+//! after every step in debug builds and tests; a broken invariant panics.
+
+use peloton_engine::Engine;
+use peloton_engine::task::TaskState as EngineTaskState;
+
+use super::Lifecycle;
+use super::model::{N_STATES, TaskState as S};
+
+impl Lifecycle {
+    /// Panics unless every invariant holds.
+    pub fn check_invariants(&self, engine: &Engine) {
+        let mut n_engine_tasks = 0usize;
+        for (&k, job) in &self.jobs {
+            assert_eq!(
+                self.by_id.get(&job.id),
+                Some(&k),
+                "job {} is indexed",
+                job.id
+            );
+            let mut counts = [0u32; N_STATES];
+            let mut active = 0u32;
+            for (i, t) in job.tasks.iter().enumerate() {
+                let i = i as u32;
+                counts[t.state as usize] += 1;
+                let held = self.held.get(&(k, i));
+                // The engine holds exactly the current runs that are queued,
+                // admitted or placed (orphans after a restart are placed on
+                // no engine host until adopted).
+                match t.handle {
+                    Some(h) => {
+                        active += 1;
+                        n_engine_tasks += 1;
+                        assert!(
+                            t.state.in_engine(),
+                            "{}/{i} holds an engine task in state {:?}",
+                            job.id,
+                            t.state
+                        );
+                        assert_eq!(
+                            engine.tasks().owner(h),
+                            Ok((k.0, i)),
+                            "{}/{i}: the engine task is this instance's",
+                            job.id
+                        );
+                        let es = engine.tasks().state(h).expect("live");
+                        let expected = match t.state {
+                            S::Pending => EngineTaskState::Pending,
+                            S::Ready | S::Placing => EngineTaskState::Admitted,
+                            _ => EngineTaskState::Placed,
+                        };
+                        assert_eq!(es, expected, "{}/{i} in {:?}", job.id, t.state);
+                        if t.state.on_host() {
+                            assert_eq!(
+                                engine.tasks().host(h).expect("live"),
+                                t.host.map(|s| s.0),
+                                "{}/{i}: the core's host is the engine's",
+                                job.id
+                            );
+                        }
+                    }
+                    None => {
+                        let orphan = t.state.on_host()
+                            && t.host.is_some_and(|h| {
+                                self.orphans.get(&h).is_some_and(|o| o.contains(&(k, i)))
+                            });
+                        assert!(
+                            !t.state.in_engine() || orphan,
+                            "{}/{i} in {:?} without an engine task",
+                            job.id,
+                            t.state
+                        );
+                    }
+                }
+                // No instance runs twice: a run being stopped excludes a
+                // current run that is queued or placed.
+                if let Some(h) = held {
+                    assert!(
+                        !t.state.in_engine(),
+                        "{}/{i}: a held run and a current run in {:?}",
+                        job.id,
+                        t.state
+                    );
+                    let _ = h;
+                }
+                assert_eq!(
+                    t.state == S::Initialized,
+                    job.waiting.contains(&i),
+                    "{}/{i}: Initialized exactly when waiting",
+                    job.id
+                );
+            }
+            assert_eq!(counts, job.counts, "{}: counts equal the tally", job.id);
+            assert!(
+                job.waiting
+                    .iter()
+                    .zip(job.waiting.iter().skip(1))
+                    .all(|(a, b)| a < b),
+                "{}: waiting in instance order",
+                job.id
+            );
+            // Held runs (also of instances scaled away) keep their engine
+            // tasks until confirmed.
+            for ((_, i), h) in self.held.iter().filter(|((hk, _), _)| *hk == k) {
+                if let Some(handle) = h.handle {
+                    active += 1;
+                    n_engine_tasks += 1;
+                    assert_eq!(engine.tasks().owner(handle), Ok((k.0, *i)));
+                }
+            }
+            let held = self.held.keys().filter(|(hk, _)| *hk == k).count() as u32;
+            assert_eq!(held, job.held, "{}: held runs", job.id);
+            assert_eq!(active, job.active, "{}: active engine tasks", job.id);
+            assert_eq!(job.state, super::runs::derive(job), "{}: job state", job.id);
+        }
+        for &(k, i) in self.held.keys() {
+            // A held run of a scaled-away instance outlives its task entry,
+            // but never its job.
+            assert!(self.jobs.contains_key(&k), "held run {i} of a deleted job");
+        }
+        let preempted = self.held.values().filter(|h| h.preempted).count() as u32;
+        assert_eq!(preempted, self.n_held_preempted, "held preemptions");
+        assert_eq!(
+            n_engine_tasks,
+            engine.tasks().len(),
+            "every engine task belongs to a current or held run"
+        );
+        assert_eq!(self.by_id.len(), self.jobs.len());
+    }
+}

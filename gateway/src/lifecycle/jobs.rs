@@ -1,0 +1,434 @@
+//! Commands on pools and jobs: validated against the core's state, applied,
+//! or refused with nothing changed.
+
+use std::sync::Arc;
+
+use peloton_engine::{Engine, PoolConfig, PoolError, PoolId};
+use rustc_hash::FxHashSet;
+
+use super::effects::{Effects, Event, EventKind, RowKey};
+use super::model::{Job, JobKey, JobPlan, JobState, N_STATES, Task, TaskState as S};
+use super::{Answer, Error, JobAction, Lifecycle};
+
+fn stale(what: String, given: u64, current: u64) -> Error {
+    Error::Stale {
+        what,
+        given,
+        current,
+    }
+}
+
+impl Lifecycle {
+    pub(super) fn create_pool(
+        &mut self,
+        engine: &mut Engine,
+        path: &str,
+        config: PoolConfig,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let id = engine
+            .resources_mut()
+            .create_pool(path, config)
+            .map_err(Error::Pool)?;
+        self.pool_versions.insert(path.to_string(), 1);
+        fx.rows.push(RowKey::Pool(path.to_string()));
+        self.needs_cycle = true;
+        Ok(Answer::Pool(id))
+    }
+
+    fn check_pool_version(
+        &self,
+        engine: &Engine,
+        path: &str,
+        version: u64,
+    ) -> Result<PoolId, Error> {
+        let id = engine
+            .resources()
+            .tree()
+            .resolve(path)
+            .map_err(Error::Pool)?;
+        let current = self.pool_version(path);
+        if version != 0 && version != current {
+            return Err(stale(format!("pool {path}"), version, current));
+        }
+        Ok(id)
+    }
+
+    pub(super) fn update_pool(
+        &mut self,
+        engine: &mut Engine,
+        path: &str,
+        config: PoolConfig,
+        version: u64,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let id = self.check_pool_version(engine, path, version)?;
+        engine
+            .resources_mut()
+            .update_pool(id, config)
+            .map_err(Error::Pool)?;
+        *self.pool_versions.entry(path.to_string()).or_insert(1) += 1;
+        fx.rows.push(RowKey::Pool(path.to_string()));
+        self.needs_cycle = true;
+        Ok(Answer::Pool(id))
+    }
+
+    pub(super) fn delete_pool(
+        &mut self,
+        engine: &mut Engine,
+        path: &str,
+        version: u64,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let id = self.check_pool_version(engine, path, version)?;
+        if let Some(job) = self
+            .jobs
+            .values()
+            .find(|j| j.pool == id && !j.state.is_terminal())
+        {
+            return Err(Error::Precondition(format!(
+                "pool {path} has the unfinished job {}; kill it first",
+                job.id
+            )));
+        }
+        engine
+            .resources_mut()
+            .delete_pool(id)
+            .map_err(|e| match e {
+                PoolError::HasChildren { .. } | PoolError::HasTasks { .. } => {
+                    Error::Precondition(e.to_string())
+                }
+                PoolError::InvalidPath { .. } if path == "/" => Error::Precondition(e.to_string()),
+                e => Error::Pool(e),
+            })?;
+        self.pool_versions.remove(path);
+        fx.rows.push(RowKey::PoolDeleted(path.to_string()));
+        self.needs_cycle = true;
+        Ok(Answer::Done)
+    }
+
+    fn resolve_job_pool(&self, engine: &Engine, path: &str) -> Result<PoolId, Error> {
+        let tree = engine.resources().tree();
+        let id = tree.resolve(path).map_err(Error::JobPool)?;
+        if !tree.is_leaf(id) {
+            return Err(Error::invalid(
+                "spec.pool",
+                format!("{path} has child pools; jobs go to leaf pools"),
+            ));
+        }
+        Ok(id)
+    }
+
+    pub(super) fn create_job(
+        &mut self,
+        engine: &mut Engine,
+        id: Arc<str>,
+        plan: JobPlan,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let pool = self.resolve_job_pool(engine, &plan.pool)?;
+        if self.by_id.contains_key(&id) {
+            return Err(Error::Precondition(format!("job {id} exists already")));
+        }
+        let key = JobKey(self.next_key);
+        self.next_key += 1;
+        let n = plan.instance_count;
+        let mut job = Job {
+            id: id.clone(),
+            plan,
+            pool,
+            version: 1,
+            state: JobState::Initialized,
+            created_at: self.now,
+            completed_at: 0,
+            kill_requested: false,
+            tasks: (0..n).map(|_| Task::new(self.now)).collect(),
+            counts: [0; N_STATES],
+            waiting: (0..n).collect(),
+            active: 0,
+            held: 0,
+            next_gang: 0,
+        };
+        job.counts[S::Initialized as usize] = n;
+        self.jobs.insert(key, job);
+        self.by_id.insert(id, key);
+        // Queue what the job may queue now; if the engine refuses the very
+        // first gang (queues full), the job is refused and leaves no trace.
+        let (revision, events, rows) = (self.revision, fx.events.len(), fx.rows.len());
+        self.fill(engine, key, fx);
+        let job = &self.jobs[&key];
+        if job.active == 0 && !job.waiting.is_empty() {
+            let reason = job.tasks[job.waiting[0] as usize]
+                .reason
+                .as_deref()
+                .unwrap_or("the engine refused the job")
+                .to_string();
+            let job = self.jobs.remove(&key).expect("inserted");
+            self.by_id.remove(&job.id);
+            self.retry_fill.remove(&key);
+            self.dirty_jobs.remove(&key);
+            fx.events.truncate(events);
+            fx.rows.truncate(rows);
+            self.revision = revision;
+            self.next_key -= 1;
+            return Err(Error::Exhausted(reason));
+        }
+        self.dirty_jobs.insert(key);
+        fx.counters.tasks_accepted += u64::from(n);
+        Ok(Answer::Job(key))
+    }
+
+    pub(super) fn job_action(
+        &mut self,
+        engine: &mut Engine,
+        id: &str,
+        version: u64,
+        action: JobAction,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let k = self.job_key(id)?;
+        let job = &self.jobs[&k];
+        if version != 0 && version != job.version {
+            return Err(stale(format!("job {id}"), version, job.version));
+        }
+        let n = job.tasks.len() as u32;
+        match action {
+            JobAction::Kill => {
+                if job.state.is_terminal() {
+                    // Nothing runs: killing changes nothing.
+                    return Ok(Answer::Job(k));
+                }
+                let job = self.job_mut(k);
+                job.kill_requested = true;
+                // Waiting instances end without a search each.
+                let waiting = std::mem::take(&mut job.waiting);
+                for &i in &waiting {
+                    self.transition(k, i, S::Killed, Some("job killed"), fx);
+                }
+                for i in 0..n {
+                    self.end_run(engine, k, i, S::Killed, "job killed", fx);
+                }
+            }
+            JobAction::Delete => {
+                if !job.state.is_terminal() {
+                    return Err(Error::Precondition(format!(
+                        "job {id} is {}; kill it before deleting it",
+                        job.state.name()
+                    )));
+                }
+                let job = self.jobs.remove(&k).expect("live");
+                self.by_id.remove(id);
+                self.need_fill.remove(&k);
+                self.retry_fill.remove(&k);
+                self.revision += 1;
+                fx.events.push(Event {
+                    revision: self.revision,
+                    time_ms: self.now,
+                    kind: EventKind::Job {
+                        job: job.id.clone(),
+                        state: job.state,
+                        deleted: true,
+                    },
+                });
+                self.dirty_jobs.remove(&k);
+                fx.rows
+                    .retain(|r| !matches!(r, RowKey::Job(x) | RowKey::Task(x, _) if *x == k));
+                fx.rows.push(RowKey::JobDeleted(job.id));
+                return Ok(Answer::JobDeleted);
+            }
+            JobAction::Scale(count) => self.scale(engine, k, id, count, fx)?,
+            JobAction::Restart => {
+                self.check_job_pool(engine, k)?;
+                self.job_mut(k).kill_requested = false;
+                for i in 0..n {
+                    self.restart_instance(engine, k, i, fx);
+                }
+            }
+        }
+        self.job_mut(k).version += 1;
+        self.dirty_jobs.insert(k);
+        Ok(Answer::Job(k))
+    }
+
+    fn scale(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        id: &str,
+        count: u32,
+        fx: &mut Effects,
+    ) -> Result<(), Error> {
+        let job = &self.jobs[&k];
+        let n = job.tasks.len() as u32;
+        if count == 0 {
+            return Err(Error::invalid(
+                "instance_count",
+                "must be at least 1 (kill the job to stop it)",
+            ));
+        }
+        if count > self.config.max_instances_per_job {
+            return Err(Error::invalid(
+                "instance_count",
+                format!(
+                    "{count} is more than the limit of {} instances per job",
+                    self.config.max_instances_per_job
+                ),
+            ));
+        }
+        if job.kill_requested {
+            return Err(Error::Precondition(format!(
+                "job {id} was killed; restart it first"
+            )));
+        }
+        if count < job.plan.gang {
+            return Err(Error::invalid(
+                "instance_count",
+                format!("{count} is less than the gang size {}", job.plan.gang),
+            ));
+        }
+        if count > n {
+            self.check_job_pool(engine, k)?;
+        }
+        if count < n {
+            let job = self.job_mut(k);
+            let gone: Vec<u32> = job
+                .waiting
+                .iter()
+                .copied()
+                .filter(|&w| w >= count)
+                .collect();
+            job.waiting.retain(|&w| w < count);
+            for i in gone {
+                self.transition(k, i, S::Killed, Some("job scaled down"), fx);
+            }
+            for i in count..n {
+                self.end_run(engine, k, i, S::Killed, "job scaled down", fx);
+                if let Some(h) = self.held.get_mut(&(k, i)) {
+                    h.restart = false;
+                }
+            }
+            let job = self.job_mut(k);
+            for t in job.tasks.drain(count as usize..) {
+                job.counts[t.state as usize] -= 1;
+            }
+            // Overrides of removed instances go with them.
+            job.plan.overrides.retain(|&i, _| i < count);
+            let id = job.id.clone();
+            fx.rows
+                .retain(|r| !matches!(r, RowKey::Task(x, i) if *x == k && *i >= count));
+            for i in count..n {
+                fx.rows.push(RowKey::TaskDeleted(id.clone(), i));
+            }
+        } else {
+            let now = self.now;
+            let job = self.job_mut(k);
+            for i in n..count {
+                job.tasks.push(Task::new(now));
+                job.counts[S::Initialized as usize] += 1;
+                job.waiting.push_back(i);
+            }
+            fx.counters.tasks_accepted += u64::from(count - n);
+            self.need_fill.insert(k);
+        }
+        self.job_mut(k).plan.instance_count = count;
+        Ok(())
+    }
+
+    /// Makes sure the job's pool still exists (it may have been deleted
+    /// while the job was finished, and maybe created again).
+    fn check_job_pool(&mut self, engine: &Engine, k: JobKey) -> Result<(), Error> {
+        let job = &self.jobs[&k];
+        let tree = engine.resources().tree();
+        if !tree.contains(job.pool) || tree.path(job.pool) != &*job.plan.pool {
+            let pool = self.resolve_job_pool(engine, &job.plan.pool.clone())?;
+            self.job_mut(k).pool = pool;
+        }
+        Ok(())
+    }
+
+    /// A new run of an instance (the current one is killed first). An
+    /// instance still waiting (Initialized) keeps its place.
+    fn restart_instance(&mut self, engine: &mut Engine, k: JobKey, i: u32, fx: &mut Effects) {
+        let state = self.jobs[&k].tasks[i as usize].state;
+        match state {
+            S::Initialized => {
+                // Initialized instances are always in `waiting`.
+                self.job_mut(k).tasks[i as usize].failures = 0;
+                self.need_fill.insert(k);
+                return;
+            }
+            S::Failed | S::Succeeded | S::Killed => {}
+            _ => {
+                if !self.end_run(engine, k, i, S::Killed, "restarted", fx) {
+                    // It was only queued and now waits again.
+                    self.job_mut(k).tasks[i as usize].failures = 0;
+                    return;
+                }
+            }
+        }
+        self.job_mut(k).tasks[i as usize].failures = 0;
+        self.new_run(k, i, fx);
+    }
+
+    pub(super) fn task_action(
+        &mut self,
+        engine: &mut Engine,
+        job_id: &str,
+        instances: &[u32],
+        version: u64,
+        restart: bool,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let k = self.job_key(job_id)?;
+        let current = self.jobs[&k].version;
+        if version != 0 && version != current {
+            return Err(stale(format!("job {job_id}"), version, current));
+        }
+        let n = self.jobs[&k].tasks.len() as u32;
+        if instances.is_empty() {
+            return Err(Error::invalid("instances", "name at least one instance"));
+        }
+        if let Some(&bad) = instances.iter().find(|&&i| i >= n) {
+            return Err(Error::NoInstance {
+                job: job_id.to_string(),
+                instance: bad,
+                count: n,
+            });
+        }
+        if restart && self.jobs[&k].kill_requested {
+            return Err(Error::Precondition(format!(
+                "job {job_id} was killed; restart the job instead"
+            )));
+        }
+        if restart {
+            self.check_job_pool(engine, k)?;
+        }
+        // Checks done: from here the request changes the job.
+        self.job_mut(k).version += 1;
+        self.dirty_jobs.insert(k);
+        if restart {
+            for &i in instances {
+                self.restart_instance(engine, k, i, fx);
+            }
+            return Ok(Answer::Job(k));
+        }
+        let named: FxHashSet<u32> = instances.iter().copied().collect();
+        let job = self.job_mut(k);
+        let waiting: Vec<u32> = job
+            .waiting
+            .iter()
+            .copied()
+            .filter(|w| named.contains(w))
+            .collect();
+        job.waiting.retain(|w| !named.contains(w));
+        for i in waiting {
+            self.transition(k, i, S::Killed, Some("killed by request"), fx);
+        }
+        let mut named: Vec<u32> = named.into_iter().collect();
+        named.sort_unstable();
+        for i in named {
+            self.end_run(engine, k, i, S::Killed, "killed by request", fx);
+        }
+        Ok(Answer::Job(k))
+    }
+}

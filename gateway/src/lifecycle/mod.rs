@@ -1,0 +1,545 @@
+//! The lifecycle core: jobs, instances, runs, holds, timers and host
+//! reconciliation, as a pure state machine over the engine.
+//!
+//! One entry point, [`Lifecycle::step`]: an [`Input`] (a command from the
+//! API, a host's reports, a timer tick, a cycle) at a time `now` passed in,
+//! applied to the core and the engine, producing [`Effects`] as data — rows
+//! to write, events, launches, kills and acknowledgements — and an
+//! [`Answer`] or a typed [`Error`]. The core does no I/O: no tonic, prost,
+//! tokio, redb or clock. The shell (`crate::scheduler`) batches inputs,
+//! commits the effects in one transaction per iteration and only then
+//! dispatches them and answers.
+//!
+//! One source of truth per fact: the engine's task arena owns where a task
+//! is (queued, admitted, placed, on which host) and which instance it is
+//! (`TaskArena::owner`); the core keeps what only it knows: plans, runs and
+//! their history, timers, held runs, orphans after a restart, maintenance.
+//!
+//! After every step `check_invariants` runs in debug builds and tests: a
+//! broken invariant is a crash, not a log line.
+
+mod effects;
+mod error;
+mod hosts;
+mod invariants;
+mod jobs;
+mod model;
+mod recover;
+mod runs;
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
+
+use peloton_engine::host::HostSpec;
+use peloton_engine::task::TaskHandle;
+use peloton_engine::{Engine, PoolConfig, PoolId};
+use rustc_hash::{FxHashMap, FxHashSet};
+
+pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey};
+pub use error::Error;
+pub use model::{
+    Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId, N_STATES,
+    RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, legal,
+};
+pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask};
+
+/// What to do to a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobAction {
+    /// Kill every task.
+    Kill,
+    /// Forget a finished job.
+    Delete,
+    /// Change the instance count.
+    Scale(u32),
+    /// New runs of every task.
+    Restart,
+}
+
+/// How a run's host says it went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunPhase {
+    /// Nothing known yet.
+    Unknown,
+    /// Being started.
+    Starting,
+    /// Its process runs.
+    Running,
+    /// Exited 0.
+    Succeeded,
+    /// Ended otherwise.
+    Failed,
+    /// Stopped on request.
+    Killed,
+}
+
+/// One report of an agent about one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunReport {
+    /// Which run.
+    pub key: AgentRunKey,
+    /// Its phase.
+    pub phase: RunPhase,
+    /// When the phase was entered.
+    pub time_ms: u64,
+    /// Exit code.
+    pub exit_code: i32,
+    /// Explanation ("" for none).
+    pub reason: String,
+    /// When its process started (0: never).
+    pub started_ms: u64,
+    /// Health check verdict.
+    pub health: Health,
+    /// Why it is unhealthy.
+    pub health_detail: String,
+    /// Ports the host gave it.
+    pub ports: Vec<(String, u32)>,
+}
+
+/// How a run ended or went, as the simulator reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// It started.
+    Running,
+    /// It ended on its own.
+    Exited(i32),
+    /// It failed, with the host's explanation.
+    Failed(i32, String),
+    /// It was stopped on request.
+    Killed,
+    /// Its host can no longer tell.
+    Lost(String),
+}
+
+/// A run's status change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskUpdate {
+    /// The run.
+    pub run: RunRef,
+    /// Its new status.
+    pub status: RunStatus,
+    /// When, in ms since the epoch.
+    pub time_ms: u64,
+}
+
+/// An agent's registration, validated by the shell.
+#[derive(Clone, Debug)]
+pub struct HostRegistration {
+    /// What the host offers.
+    pub spec: HostSpec,
+    /// How it isolates tasks.
+    pub isolation: String,
+    /// Every run it has (alive, or ended and not acknowledged).
+    pub runs: Vec<RunReport>,
+}
+
+/// One input of a step.
+#[derive(Debug)]
+pub enum Input {
+    /// Create a pool.
+    CreatePool {
+        /// Path.
+        path: String,
+        /// Validated configuration.
+        config: PoolConfig,
+    },
+    /// Change a pool.
+    UpdatePool {
+        /// Path.
+        path: String,
+        /// Validated configuration.
+        config: PoolConfig,
+        /// Expected version (0: any).
+        version: u64,
+    },
+    /// Delete a pool.
+    DeletePool {
+        /// Path.
+        path: String,
+        /// Expected version (0: any).
+        version: u64,
+    },
+    /// Create a job with this (fresh) id.
+    CreateJob {
+        /// Its id.
+        id: Arc<str>,
+        /// Validated plan.
+        plan: Box<JobPlan>,
+    },
+    /// Kill, delete, scale or restart a job.
+    JobAction {
+        /// Job id.
+        id: String,
+        /// Expected version (0: any).
+        version: u64,
+        /// What.
+        action: JobAction,
+    },
+    /// Kill or restart some instances.
+    TaskAction {
+        /// Job id.
+        job_id: String,
+        /// Instances.
+        instances: Vec<u32>,
+        /// Expected job version (0: any).
+        version: u64,
+        /// Restart (true) or kill.
+        restart: bool,
+    },
+    /// Start (drain) or complete maintenance of hosts.
+    Maintenance {
+        /// Host names.
+        hosts: Vec<String>,
+        /// Start or complete.
+        start: bool,
+    },
+    /// An agent registered on a new session.
+    AgentRegistered(Box<HostRegistration>),
+    /// Reports of an agent.
+    AgentReports {
+        /// Host.
+        host: Arc<str>,
+        /// Reports.
+        reports: Vec<RunReport>,
+    },
+    /// An agent's current session ended.
+    AgentDisconnected {
+        /// Host.
+        host: Arc<str>,
+    },
+    /// An agent host was not heard from for too long.
+    HostLost {
+        /// Host.
+        host: Arc<str>,
+        /// For how long.
+        silent_ms: u64,
+    },
+    /// Status changes from the simulated hosts.
+    Updates(Vec<TaskUpdate>),
+    /// Run a scheduling cycle (entitlement, admission, placement,
+    /// preemption).
+    Cycle,
+    /// Fire the timers due by now.
+    Tick,
+}
+
+/// What a successful step answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Done, nothing to report.
+    Done,
+    /// The pool created or changed.
+    Pool(PoolId),
+    /// The job created or changed.
+    Job(JobKey),
+    /// The job is gone.
+    JobDeleted,
+}
+
+/// Settings of the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoreConfig {
+    /// Earlier runs kept per task.
+    pub max_history: usize,
+    /// Instances of one job.
+    pub max_instances_per_job: u32,
+    /// Hosts are agents (runs survive a restart of the server and are
+    /// reconciled) rather than simulated (they restart with the server).
+    pub agent_mode: bool,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            max_history: 8,
+            max_instances_per_job: 100_000,
+            agent_mode: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKind {
+    Backoff,
+    Deadline,
+}
+
+/// A run that was told to stop and whose end its host has not confirmed:
+/// it keeps its resources on the host, and its instance does not start
+/// again, until then (so an instance never runs twice at once).
+#[derive(Clone, Copy, Debug)]
+pub struct Held {
+    /// Launch of the run.
+    pub launch: LaunchId,
+    /// Its engine task (none for a run recovered after a restart and not
+    /// adopted).
+    pub handle: Option<TaskHandle>,
+    /// Its host.
+    pub host: Option<HostSlot>,
+    /// Start the instance's next run once this one is gone.
+    pub restart: bool,
+    /// It was preempted (while preemptions are unconfirmed, no new victims
+    /// are chosen: the engine still counts the held runs' allocation).
+    pub preempted: bool,
+}
+
+/// What the core knows of a host run by an agent.
+#[derive(Clone, Debug, Default)]
+pub struct AgentHost {
+    /// Declared lost; cleared when it registers.
+    pub lost: bool,
+    /// How it isolates tasks.
+    pub isolation: String,
+    /// Registered since this process started and not disconnected.
+    pub connected: bool,
+}
+
+/// The lifecycle core's state.
+#[derive(Debug)]
+pub struct Lifecycle {
+    config: CoreConfig,
+    jobs: FxHashMap<JobKey, Job>,
+    next_key: u32,
+    by_id: BTreeMap<Arc<str>, JobKey>,
+    pool_versions: FxHashMap<String, u64>,
+    host_names: Vec<Arc<str>>,
+    revision: u64,
+    timers: BinaryHeap<Reverse<(u64, TimerKind, RunRef)>>,
+    held: FxHashMap<(JobKey, u32), Held>,
+    n_held_preempted: u32,
+    orphans: FxHashMap<HostSlot, Vec<(JobKey, u32)>>,
+    agent_hosts: FxHashMap<HostSlot, AgentHost>,
+    maintenance: FxHashSet<HostSlot>,
+    need_fill: FxHashSet<JobKey>,
+    retry_fill: FxHashSet<JobKey>,
+    /// Jobs whose counts or holds changed in this step (state derived and
+    /// row written at its end).
+    dirty_jobs: FxHashSet<JobKey>,
+    needs_cycle: bool,
+    now: u64,
+}
+
+impl Lifecycle {
+    /// An empty core over `engine`'s hosts, at revision `revision`.
+    pub fn new(config: CoreConfig, engine: &Engine, revision: u64) -> Self {
+        let mut core = Lifecycle {
+            config,
+            jobs: FxHashMap::default(),
+            next_key: 0,
+            by_id: BTreeMap::new(),
+            pool_versions: FxHashMap::default(),
+            host_names: Vec::new(),
+            revision,
+            timers: BinaryHeap::new(),
+            held: FxHashMap::default(),
+            n_held_preempted: 0,
+            orphans: FxHashMap::default(),
+            agent_hosts: FxHashMap::default(),
+            maintenance: FxHashSet::default(),
+            need_fill: FxHashSet::default(),
+            retry_fill: FxHashSet::default(),
+            dirty_jobs: FxHashSet::default(),
+            needs_cycle: true,
+            now: 0,
+        };
+        core.pool_versions.insert("/".into(), 1);
+        for slot in engine.hosts().live_hosts().iter() {
+            let id = engine.hosts().lookup_slot(slot as usize).expect("live");
+            core.set_host_name(HostSlot(slot), engine.hosts().name(id));
+        }
+        core
+    }
+
+    /// Applies one input at time `now` (ms since the epoch), then queues
+    /// what may be queued and derives job states. On error nothing changed.
+    pub fn step(
+        &mut self,
+        engine: &mut Engine,
+        input: Input,
+        now: u64,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        self.now = now;
+        let answer = match input {
+            Input::CreatePool { path, config } => self.create_pool(engine, &path, config, fx),
+            Input::UpdatePool {
+                path,
+                config,
+                version,
+            } => self.update_pool(engine, &path, config, version, fx),
+            Input::DeletePool { path, version } => self.delete_pool(engine, &path, version, fx),
+            Input::CreateJob { id, plan } => self.create_job(engine, id, *plan, fx),
+            Input::JobAction {
+                id,
+                version,
+                action,
+            } => self.job_action(engine, &id, version, action, fx),
+            Input::TaskAction {
+                job_id,
+                instances,
+                version,
+                restart,
+            } => self.task_action(engine, &job_id, &instances, version, restart, fx),
+            Input::Maintenance { hosts, start } => self.maintenance(engine, &hosts, start, fx),
+            Input::AgentRegistered(reg) => self.agent_registered(engine, *reg, fx),
+            Input::AgentReports { host, reports } => {
+                self.agent_reports(engine, &host, reports, fx);
+                Ok(Answer::Done)
+            }
+            Input::AgentDisconnected { host } => {
+                self.agent_disconnected(engine, &host);
+                Ok(Answer::Done)
+            }
+            Input::HostLost { host, silent_ms } => {
+                self.host_lost(engine, &host, silent_ms, fx);
+                Ok(Answer::Done)
+            }
+            Input::Updates(updates) => {
+                for u in updates {
+                    self.apply_update(engine, u, fx);
+                }
+                Ok(Answer::Done)
+            }
+            Input::Cycle => {
+                self.cycle(engine, fx);
+                self.need_fill.extend(self.retry_fill.drain());
+                Ok(Answer::Done)
+            }
+            Input::Tick => {
+                self.fire_timers(engine, fx);
+                Ok(Answer::Done)
+            }
+        };
+        self.fill_all(engine, fx);
+        self.derive_job_states(fx);
+        if cfg!(debug_assertions) {
+            self.check_invariants(engine);
+        }
+        answer
+    }
+
+    // ------------------------------------------------------------ reads
+
+    /// The last revision handed out (committed once the shell commits).
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Whether a cycle would have work (inputs since the last one).
+    pub fn wants_cycle(&self) -> bool {
+        self.needs_cycle
+    }
+
+    /// The earliest timer, if any.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.timers.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// A job by key.
+    pub fn job(&self, key: JobKey) -> Option<&Job> {
+        self.jobs.get(&key)
+    }
+
+    /// A job's key by id.
+    pub fn job_key(&self, id: &str) -> Result<JobKey, Error> {
+        self.by_id
+            .get(id)
+            .copied()
+            .ok_or_else(|| Error::JobNotFound(id.to_string()))
+    }
+
+    /// Jobs by id, from `after` (exclusive; "" from the start).
+    pub fn jobs_by_id<'a>(&'a self, after: &str) -> impl Iterator<Item = (JobKey, &'a Job)> + 'a {
+        let range = if after.is_empty() {
+            self.by_id.range::<str, _>(..)
+        } else {
+            self.by_id
+                .range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+        };
+        range.map(|(_, &k)| (k, &self.jobs[&k]))
+    }
+
+    /// Number of jobs.
+    pub fn n_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// The held run of an instance, if any.
+    pub fn held(&self, key: JobKey, instance: u32) -> Option<&Held> {
+        self.held.get(&(key, instance))
+    }
+
+    /// A pool's version.
+    pub fn pool_version(&self, path: &str) -> u64 {
+        self.pool_versions.get(path).copied().unwrap_or(1)
+    }
+
+    /// Name of a host slot.
+    pub fn host_name(&self, slot: HostSlot) -> &Arc<str> {
+        &self.host_names[slot.idx()]
+    }
+
+    /// An agent host's record.
+    pub fn agent_host(&self, slot: HostSlot) -> Option<&AgentHost> {
+        self.agent_hosts.get(&slot)
+    }
+
+    /// Agent hosts not declared lost, by name.
+    pub fn watched_agent_hosts(&self) -> impl Iterator<Item = &Arc<str>> + '_ {
+        self.agent_hosts
+            .iter()
+            .filter(|(_, h)| !h.lost)
+            .map(|(slot, _)| &self.host_names[slot.idx()])
+    }
+
+    /// Whether a host is in maintenance (draining or down for it).
+    pub fn in_maintenance(&self, slot: HostSlot) -> bool {
+        self.maintenance.contains(&slot)
+    }
+
+    /// The instance an engine task belongs to, if it is current (the run
+    /// holding it, not a held one).
+    pub fn instance_of(&self, engine: &Engine, h: TaskHandle) -> Option<(JobKey, u32)> {
+        let (k, i) = engine.tasks().owner(h).ok()?;
+        let k = JobKey(k);
+        let t = self.jobs.get(&k)?.tasks.get(i as usize)?;
+        (t.handle == Some(h)).then_some((k, i))
+    }
+
+    /// The instances whose current runs are placed on a host.
+    pub fn instances_on(&self, engine: &Engine, slot: HostSlot) -> Vec<(JobKey, u32)> {
+        engine
+            .tasks()
+            .on_host(slot.0)
+            .filter_map(|h| self.instance_of(engine, h))
+            .collect()
+    }
+
+    /// The run records of an instance as they would be stored.
+    pub fn run_record(&self, t: &Task) -> RunRecord {
+        RunRecord {
+            run: t.run,
+            state: t.state,
+            host: t
+                .host
+                .map_or_else(|| Arc::from(""), |h| self.host_names[h.idx()].clone()),
+            created_at: t.created_at,
+            placed_at: t.placed_at,
+            started_at: t.started_at,
+            finished_at: t.finished_at,
+            exit_code: t.exit_code,
+            reason: t.reason.clone(),
+            launch: t.launch,
+        }
+    }
+
+    fn set_host_name(&mut self, slot: HostSlot, name: &str) {
+        if self.host_names.len() <= slot.idx() {
+            self.host_names.resize(slot.idx() + 1, Arc::from(""));
+        }
+        self.host_names[slot.idx()] = Arc::from(name);
+    }
+}

@@ -1,0 +1,492 @@
+//! The core's domain: ids, states and their legal transitions, validated
+//! job plans, and the per-job and per-instance records.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use peloton_engine::task::{Strategy, TaskHandle};
+use peloton_engine::{PoolId, Resources};
+use rustc_hash::FxHashMap;
+
+/// A job's dense number inside the core (never reused while the process
+/// lives). The job's external id is a UUID string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobKey(pub u32);
+
+/// A host's slot in the engine's host arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostSlot(pub u32);
+
+impl HostSlot {
+    /// The slot as an index.
+    pub fn idx(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Names one launch for the store's whole life: the revision of the run's
+/// Placed event (0: not launched). An instance scaled away and added back
+/// starts at run 1 again, but never gets a launch id again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LaunchId(pub u64);
+
+/// One run of one instance. Instances and run ids are the API's numbers
+/// (`instance`, `run_id`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunRef {
+    /// The job.
+    pub job: JobKey,
+    /// Instance within the job.
+    pub instance: u32,
+    /// Run of the instance (1, 2, …).
+    pub run: u32,
+    /// The launch.
+    pub launch: LaunchId,
+}
+
+/// A task's state. The numbering is the API's (`TaskState`), which the
+/// shell's conversion relies on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum TaskState {
+    /// Waiting to be queued in the engine (exactly the job's `waiting`).
+    #[default]
+    Initialized = 1,
+    /// Queued for admission.
+    Pending = 2,
+    /// Admitted.
+    Ready = 3,
+    /// Admitted, not placed by a cycle yet.
+    Placing = 4,
+    /// Holds resources on a host.
+    Placed = 5,
+    /// Handed to its host.
+    Launching = 6,
+    /// Its process runs.
+    Running = 7,
+    /// Ended with exit code 0.
+    Succeeded = 8,
+    /// Ended otherwise.
+    Failed = 9,
+    /// Its host lost it.
+    Lost = 10,
+    /// Stopped on request.
+    Killed = 11,
+    /// Stopped to make room.
+    Preempted = 12,
+    /// Waiting out the back-off before its next run.
+    Backoff = 13,
+}
+
+/// Number of task states, for per-state counts (index = discriminant).
+pub const N_STATES: usize = 14;
+
+impl TaskState {
+    /// Every state.
+    pub const ALL: [TaskState; 13] = [
+        TaskState::Initialized,
+        TaskState::Pending,
+        TaskState::Ready,
+        TaskState::Placing,
+        TaskState::Placed,
+        TaskState::Launching,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Lost,
+        TaskState::Killed,
+        TaskState::Preempted,
+        TaskState::Backoff,
+    ];
+
+    /// A run in this state is final and starts no new run by itself.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Failed | TaskState::Killed
+        )
+    }
+
+    /// A run in this state holds a host.
+    pub fn on_host(self) -> bool {
+        matches!(
+            self,
+            TaskState::Placed | TaskState::Launching | TaskState::Running
+        )
+    }
+
+    /// A run in this state holds an engine task (queued, admitted or
+    /// placed).
+    pub fn in_engine(self) -> bool {
+        matches!(
+            self,
+            TaskState::Pending | TaskState::Ready | TaskState::Placing
+        ) || self.on_host()
+    }
+
+    /// The name used in fixtures and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskState::Initialized => "initialized",
+            TaskState::Pending => "pending",
+            TaskState::Ready => "ready",
+            TaskState::Placing => "placing",
+            TaskState::Placed => "placed",
+            TaskState::Launching => "launching",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Lost => "lost",
+            TaskState::Killed => "killed",
+            TaskState::Preempted => "preempted",
+            TaskState::Backoff => "backoff",
+        }
+    }
+}
+
+/// Whether a task may go from `from` to `to`.
+pub fn legal(from: TaskState, to: TaskState) -> bool {
+    use TaskState::*;
+    matches!(
+        (from, to),
+        (Initialized, Pending | Killed)
+            | (Pending, Ready | Initialized | Killed)
+            | (Ready, Placing | Placed | Killed | Preempted)
+            | (Placing, Placed | Killed | Preempted)
+            | (Placed, Launching | Killed | Preempted | Lost)
+            | (
+                Launching,
+                Running | Succeeded | Failed | Killed | Preempted | Lost
+            )
+            | (Running, Succeeded | Failed | Killed | Preempted | Lost)
+            // A service's run that ended (any code) backs off too.
+            | (Failed | Succeeded, Backoff)
+            | (Failed, Initialized)
+            | (Backoff, Initialized | Killed)
+            | (Lost | Preempted | Succeeded | Killed, Initialized)
+    )
+}
+
+/// A job's state, derived from its tasks' counts. Numbering is the API's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum JobState {
+    /// No task queued yet.
+    #[default]
+    Initialized = 1,
+    /// Some task queued, none running.
+    Pending = 2,
+    /// Some task running.
+    Running = 3,
+    /// Every task succeeded.
+    Succeeded = 4,
+    /// Every task ended, some failed.
+    Failed = 5,
+    /// Killed; some run still stopping.
+    Killing = 6,
+    /// Killed, every run gone.
+    Killed = 7,
+}
+
+impl JobState {
+    /// Nothing of the job runs or will run.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Killed
+        )
+    }
+
+    /// The name used in fixtures and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Initialized => "initialized",
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Killing => "killing",
+            JobState::Killed => "killed",
+        }
+    }
+}
+
+/// What a job's goal is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum JobKind {
+    /// Every instance runs to completion once (retried on failure).
+    #[default]
+    Batch,
+    /// Every instance is kept running: any exit starts it again, after a
+    /// back-off, until the job is killed.
+    Service,
+}
+
+/// What a health check says of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Health {
+    /// The task has no check.
+    #[default]
+    None = 0,
+    /// No verdict yet.
+    Unknown = 1,
+    /// The check passes.
+    Healthy = 2,
+    /// The check failed too often in a row.
+    Unhealthy = 3,
+}
+
+/// Restart policy of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Failed runs tolerated (batch). Services restart without end.
+    pub max_failures: u32,
+    /// First back-off.
+    pub backoff_ms: u64,
+    /// Largest back-off.
+    pub max_backoff_ms: u64,
+}
+
+impl RestartPolicy {
+    /// Back-off before the run after the `failures`-th failure.
+    pub fn backoff(&self, failures: u32) -> u64 {
+        let shift = failures.saturating_sub(1).min(40);
+        self.backoff_ms
+            .saturating_mul(1u64 << shift)
+            .min(self.max_backoff_ms)
+    }
+}
+
+/// A task spec reduced to what the core and the engine need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskTemplate {
+    /// Resources in engine units.
+    pub request: Resources,
+    /// Dynamic ports.
+    pub ports: u16,
+    /// Constraint text ("" for none).
+    pub constraint: String,
+    /// Runs on slack.
+    pub revocable: bool,
+    /// A controller task (e.g. a Spark driver).
+    pub controller: bool,
+    /// At most this many instances of the job per host (0: no limit).
+    pub max_per_host: u16,
+    /// Restart policy.
+    pub restart: RestartPolicy,
+    /// SIGTERM to SIGKILL.
+    pub kill_grace_ms: u64,
+    /// The task has a health check (its runs start with an unknown health).
+    pub health_check: bool,
+    /// Simulated duration.
+    pub sim_duration_ms: u64,
+    /// Simulated exit code.
+    pub sim_exit_code: i32,
+}
+
+/// A validated job spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobPlan {
+    /// Batch or service.
+    pub kind: JobKind,
+    /// The pool's path.
+    pub pool: Arc<str>,
+    /// Instances.
+    pub instance_count: u32,
+    /// The default task.
+    pub default: TaskTemplate,
+    /// Per-instance replacements.
+    pub overrides: FxHashMap<u32, TaskTemplate>,
+    /// Priority.
+    pub priority: u32,
+    /// Preemptible.
+    pub preemptible: bool,
+    /// At most this many running at once (0: no limit).
+    pub max_running: u32,
+    /// Gang size (1: no gang).
+    pub gang: u32,
+    /// Run time limit (0: none).
+    pub max_running_time_ms: u64,
+    /// Placement strategy.
+    pub strategy: Strategy,
+}
+
+impl JobPlan {
+    /// The template of an instance.
+    pub fn template(&self, instance: u32) -> &TaskTemplate {
+        self.overrides.get(&instance).unwrap_or(&self.default)
+    }
+}
+
+/// One finished earlier run, kept in a task's history.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunRecord {
+    /// Run id.
+    pub run: u32,
+    /// How it ended.
+    pub state: TaskState,
+    /// Where it ran ("" if it never was placed).
+    pub host: Arc<str>,
+    /// Created.
+    pub created_at: u64,
+    /// Placed.
+    pub placed_at: u64,
+    /// Started.
+    pub started_at: u64,
+    /// Ended.
+    pub finished_at: u64,
+    /// Exit code.
+    pub exit_code: i32,
+    /// Why it ended.
+    pub reason: Option<Box<str>>,
+    /// Launch.
+    pub launch: LaunchId,
+}
+
+/// Ports a host gave a run: (name, port), by name.
+pub type AssignedPorts = Box<[(Box<str>, u32)]>;
+
+/// Per instance: the current run and what the core remembers of earlier
+/// ones.
+#[derive(Debug)]
+pub struct Task {
+    /// State of the current run.
+    pub state: TaskState,
+    /// Current run id.
+    pub run: u32,
+    /// Launch of the current run (0: not launched since it was created).
+    pub launch: LaunchId,
+    /// Its engine task while it holds one (queued, admitted or placed).
+    pub handle: Option<TaskHandle>,
+    /// Host of the current run.
+    pub host: Option<HostSlot>,
+    /// Times.
+    pub created_at: u64,
+    /// Placed.
+    pub placed_at: u64,
+    /// Started.
+    pub started_at: u64,
+    /// Ended.
+    pub finished_at: u64,
+    /// Exit code of the current run.
+    pub exit_code: i32,
+    /// Failed runs in a row.
+    pub failures: u32,
+    /// Why the current run is where it is.
+    pub reason: Option<Box<str>>,
+    /// Health of the current run.
+    pub health: Health,
+    /// Ports the host gave the current run, by name.
+    pub ports: Option<AssignedPorts>,
+    /// The gang the current run was queued with (gang jobs).
+    pub gang: Option<u32>,
+    /// Earlier runs, newest first. Boxed: a thin pointer per task (most
+    /// tasks never restart).
+    #[allow(clippy::box_collection)]
+    pub history: Option<Box<Vec<RunRecord>>>,
+    /// Queued for a store write in this step.
+    pub dirty: bool,
+}
+
+impl Task {
+    /// A new instance at run 1.
+    pub fn new(now: u64) -> Self {
+        Task {
+            state: TaskState::Initialized,
+            run: 1,
+            launch: LaunchId(0),
+            handle: None,
+            host: None,
+            created_at: now,
+            placed_at: 0,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            failures: 0,
+            reason: None,
+            health: Health::None,
+            ports: None,
+            gang: None,
+            history: None,
+            dirty: false,
+        }
+    }
+}
+
+/// A job and its instances.
+#[derive(Debug)]
+pub struct Job {
+    /// External id.
+    pub id: Arc<str>,
+    /// What it asks for.
+    pub plan: JobPlan,
+    /// Its pool in the engine.
+    pub pool: PoolId,
+    /// Bumped by every change a user makes.
+    pub version: u64,
+    /// Derived from the counts.
+    pub state: JobState,
+    /// Created.
+    pub created_at: u64,
+    /// Reached a terminal state (0: not).
+    pub completed_at: u64,
+    /// Killed as a whole: no task starts again.
+    pub kill_requested: bool,
+    /// Per instance.
+    pub tasks: Vec<Task>,
+    /// Tasks per state (index = state discriminant).
+    pub counts: [u32; N_STATES],
+    /// Instances in Initialized, in order, waiting to be queued.
+    pub waiting: VecDeque<u32>,
+    /// Instances holding an engine task, plus held runs that still do.
+    pub active: u32,
+    /// Runs told to stop whose end the host has not confirmed.
+    pub held: u32,
+    /// Next gang number (gang jobs).
+    pub next_gang: u32,
+}
+
+impl Job {
+    /// The job's tasks that `f` accepts, as instance numbers.
+    pub fn instances_where(&self, f: impl Fn(&Task) -> bool) -> Vec<u32> {
+        (0..self.tasks.len() as u32)
+            .filter(|&i| f(&self.tasks[i as usize]))
+            .collect()
+    }
+}
+
+/// What the store keeps of an instance (written when it matters for
+/// recovery: not for queued states, nor for a first run before placement).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskRow {
+    /// The current run.
+    pub current: RunRecord,
+    /// Failed runs in a row.
+    pub failures: u32,
+    /// Earlier runs, newest first.
+    pub history: Vec<RunRecord>,
+    /// The current run was told to stop and its host has not confirmed.
+    pub stopping: bool,
+    /// Start a new run once the host confirms.
+    pub restart_when_stopped: bool,
+}
+
+/// What the store keeps of a job besides its spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRow {
+    /// Id.
+    pub id: Arc<str>,
+    /// Version.
+    pub version: u64,
+    /// State.
+    pub state: JobState,
+    /// Created.
+    pub created_at: u64,
+    /// Completed (0: not).
+    pub completed_at: u64,
+    /// Killed as a whole.
+    pub kill_requested: bool,
+    /// Tasks per state.
+    pub counts: [u32; N_STATES],
+}

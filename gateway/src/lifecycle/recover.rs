@@ -1,0 +1,301 @@
+//! Starting from what the store holds: pools, hosts, jobs and the rows of
+//! their tasks. Queued runs wait again; back-offs resume; runs on agent
+//! hosts wait for their agents (orphans), runs on simulated hosts (which
+//! restarted with the server) are lost and start again.
+
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+
+use peloton_engine::host::{HostSpec, HostState};
+use peloton_engine::{Engine, PoolConfig};
+
+use super::effects::Effects;
+use super::model::{
+    HostSlot, Job, JobPlan, JobRow, N_STATES, RunRef, Task, TaskRow, TaskState as S,
+};
+use super::{AgentHost, CoreConfig, Held, Lifecycle, TimerKind};
+
+/// A host as stored.
+#[derive(Clone, Debug)]
+pub struct RecoveredHost {
+    /// Its name.
+    pub name: String,
+    /// Registration of an agent host (agent mode); simulated hosts are
+    /// already in the engine.
+    pub spec: Option<HostSpec>,
+    /// In maintenance (draining or down for it).
+    pub maintenance: bool,
+    /// How it isolated tasks.
+    pub isolation: String,
+}
+
+/// A job as stored.
+#[derive(Clone, Debug)]
+pub struct RecoveredJob {
+    /// Its row.
+    pub row: JobRow,
+    /// Its plan.
+    pub plan: JobPlan,
+    /// Rows of its tasks, by instance.
+    pub tasks: Vec<(u32, TaskRow)>,
+}
+
+/// A task as stored.
+pub type RecoveredTask = TaskRow;
+
+/// Everything the store holds.
+#[derive(Clone, Debug, Default)]
+pub struct Recovered {
+    /// Pools, parents first: path, configuration, version.
+    pub pools: Vec<(String, PoolConfig, u64)>,
+    /// Hosts.
+    pub hosts: Vec<RecoveredHost>,
+    /// Jobs.
+    pub jobs: Vec<RecoveredJob>,
+}
+
+impl Lifecycle {
+    /// A core rebuilt from the store's contents at `revision`. Changes
+    /// recovery makes (lost runs, queued runs back to waiting) are effects
+    /// like any other, to commit before serving.
+    pub fn recover(
+        config: CoreConfig,
+        engine: &mut Engine,
+        revision: u64,
+        rec: Recovered,
+        now: u64,
+        fx: &mut Effects,
+    ) -> Result<Self, String> {
+        let mut core = Lifecycle::new(config, engine, revision);
+        core.now = now;
+        for (path, pool, version) in rec.pools {
+            if path == "/" {
+                let root = engine.resources().tree().root();
+                engine
+                    .resources_mut()
+                    .update_pool(root, pool)
+                    .map_err(|e| format!("stored pool /: {e}"))?;
+            } else {
+                engine
+                    .resources_mut()
+                    .create_pool(&path, pool)
+                    .map_err(|e| format!("stored pool {path}: {e}"))?;
+            }
+            core.pool_versions.insert(path, version);
+        }
+        for host in rec.hosts {
+            core.recover_host(engine, host)?;
+        }
+        for job in rec.jobs {
+            core.recover_job(engine, job, fx);
+        }
+        core.fill_all(engine, fx);
+        core.derive_job_states(fx);
+        if cfg!(debug_assertions) {
+            core.check_invariants(engine);
+        }
+        Ok(core)
+    }
+
+    fn recover_host(&mut self, engine: &mut Engine, host: RecoveredHost) -> Result<(), String> {
+        let id = match &host.spec {
+            Some(spec) if self.config.agent_mode => {
+                let id = engine
+                    .hosts_mut()
+                    .add(spec)
+                    .map_err(|e| format!("stored host {}: {e}", host.name))?;
+                // Down until its agent registers.
+                engine
+                    .hosts_mut()
+                    .set_state(id, HostState::Down)
+                    .expect("just added");
+                let slot = HostSlot(id.idx() as u32);
+                self.set_host_name(slot, &host.name);
+                self.agent_hosts.insert(
+                    slot,
+                    AgentHost {
+                        lost: false,
+                        isolation: host.isolation.clone(),
+                        connected: false,
+                    },
+                );
+                id
+            }
+            _ => match engine.hosts().lookup(&host.name) {
+                Some(id) => {
+                    if host.maintenance {
+                        engine
+                            .hosts_mut()
+                            .set_state(id, HostState::Down)
+                            .expect("live host");
+                    }
+                    id
+                }
+                // A simulated host no longer configured.
+                None => return Ok(()),
+            },
+        };
+        if host.maintenance {
+            self.maintenance.insert(HostSlot(id.idx() as u32));
+        }
+        Ok(())
+    }
+
+    fn recover_job(&mut self, engine: &mut Engine, rec: RecoveredJob, fx: &mut Effects) {
+        let agent_mode = self.config.agent_mode;
+        let now = self.now;
+        let row = rec.row;
+        let pool = engine.resources().tree().lookup(&rec.plan.pool);
+        let key = super::JobKey(self.next_key);
+        self.next_key += 1;
+        let n = rec.plan.instance_count;
+        let mut job = Job {
+            id: row.id.clone(),
+            pool: pool.unwrap_or(engine.resources().tree().root()),
+            plan: rec.plan,
+            version: row.version,
+            state: row.state,
+            created_at: row.created_at,
+            completed_at: row.completed_at,
+            kill_requested: row.kill_requested || row.state == super::JobState::Killing,
+            tasks: (0..n).map(|_| Task::new(row.created_at)).collect(),
+            counts: [0; N_STATES],
+            waiting: VecDeque::new(),
+            active: 0,
+            held: 0,
+            next_gang: 0,
+        };
+        // Runs whose end their host had not confirmed: (host, instance,
+        // launch, restart once confirmed).
+        let mut stopping = Vec::new();
+        for (instance, stored) in rec.tasks {
+            let Some(t) = job.tasks.get_mut(instance as usize) else {
+                continue;
+            };
+            let cur = &stored.current;
+            t.state = cur.state;
+            t.run = cur.run.max(1);
+            t.created_at = cur.created_at;
+            t.placed_at = cur.placed_at;
+            t.started_at = cur.started_at;
+            t.finished_at = cur.finished_at;
+            t.exit_code = cur.exit_code;
+            t.launch = cur.launch;
+            t.host = engine
+                .hosts()
+                .lookup(&cur.host)
+                .map(|h| HostSlot(h.idx() as u32));
+            t.failures = stored.failures;
+            t.reason = cur.reason.clone();
+            t.history = (!stored.history.is_empty()).then(|| Box::new(stored.history));
+            if agent_mode && stored.stopping && t.host.is_some() && t.launch.0 != 0 {
+                stopping.push((t.host, instance, t.launch, stored.restart_when_stopped));
+            }
+        }
+        let stopping_instances: rustc_hash::FxHashSet<u32> = stopping.iter().map(|s| s.1).collect();
+        // Runs that were not finished: queued ones start over. Ones on
+        // agent hosts wait for their agents to report them (kept, or lost
+        // if the agent does not have them); on simulated hosts they are
+        // lost (those hosts restarted with us).
+        let mut lost = Vec::new();
+        let mut orphans = Vec::new();
+        for (i, t) in job.tasks.iter_mut().enumerate() {
+            let i = i as u32;
+            match t.state {
+                S::Initialized | S::Pending | S::Ready | S::Placing => {
+                    // Initialized instances are exactly the waiting ones.
+                    t.state = S::Initialized;
+                    t.host = None;
+                    job.waiting.push_back(i);
+                }
+                S::Placed | S::Launching | S::Running if agent_mode && t.host.is_some() => {
+                    orphans.push((t.host.expect("checked"), i));
+                }
+                S::Lost | S::Preempted if stopping_instances.contains(&i) => {
+                    // Restarted once its host confirms the end.
+                }
+                S::Placed | S::Launching | S::Running | S::Lost | S::Preempted => lost.push(i),
+                S::Backoff => {
+                    let run = RunRef {
+                        job: key,
+                        instance: i,
+                        run: t.run,
+                        launch: t.launch,
+                    };
+                    self.timers.push(Reverse((now, TimerKind::Backoff, run)));
+                }
+                S::Succeeded | S::Failed | S::Killed => {}
+            }
+            job.counts[t.state as usize] += 1;
+        }
+        job.held = stopping.len() as u32;
+        self.by_id.insert(job.id.clone(), key);
+        self.jobs.insert(key, job);
+        self.need_fill.insert(key);
+        for (host, i) in orphans {
+            self.orphans.entry(host).or_default().push((key, i));
+        }
+        for (host, i, launch, restart) in stopping {
+            self.held.insert(
+                (key, i),
+                Held {
+                    launch,
+                    handle: None,
+                    host,
+                    restart,
+                    preempted: false,
+                },
+            );
+        }
+        for i in lost {
+            let t = &mut self.job_mut(key).tasks[i as usize];
+            if t.state.on_host() {
+                t.finished_at = now;
+                self.transition(
+                    key,
+                    i,
+                    S::Lost,
+                    Some("the server restarted and its simulated hosts lost the run"),
+                    fx,
+                );
+            }
+            if self.jobs[&key].kill_requested {
+                self.transition(key, i, S::Initialized, None, fx);
+                self.transition(key, i, S::Killed, None, fx);
+            } else {
+                self.new_run(key, i, fx);
+            }
+        }
+        self.dirty_jobs.insert(key);
+    }
+
+    /// The row of a job (for the store).
+    pub fn job_row(&self, k: super::JobKey) -> Option<JobRow> {
+        let job = self.jobs.get(&k)?;
+        Some(JobRow {
+            id: job.id.clone(),
+            version: job.version,
+            state: job.state,
+            created_at: job.created_at,
+            completed_at: job.completed_at,
+            kill_requested: job.kill_requested,
+            counts: job.counts,
+        })
+    }
+
+    /// The row of an instance (for the store); clears its dirty mark.
+    pub fn take_task_row(&mut self, k: super::JobKey, i: u32) -> Option<TaskRow> {
+        let held = self.held.get(&(k, i)).copied();
+        let job = self.jobs.get(&k)?;
+        let t = job.tasks.get(i as usize)?;
+        let row = TaskRow {
+            current: self.run_record(t),
+            failures: t.failures,
+            history: t.history.as_deref().cloned().unwrap_or_default(),
+            stopping: held.is_some(),
+            restart_when_stopped: held.is_some_and(|h| h.restart),
+        };
+        self.jobs.get_mut(&k)?.tasks[i as usize].dirty = false;
+        Some(row)
+    }
+}

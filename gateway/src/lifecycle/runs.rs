@@ -1,0 +1,755 @@
+//! Runs: transitions and their events, queueing waiting instances gang by
+//! gang, the cycle (admission, placement, both kinds of preemption), run
+//! updates, failures and restarts, timers, and job states.
+
+use std::cmp::Reverse;
+
+use peloton_engine::admission::TaskFlags;
+use peloton_engine::task::{TaskHandle, TaskState as EngineTaskState};
+use peloton_engine::{Engine, NewTask};
+
+use super::effects::{Effects, Event, EventKind, Launch, RowKey};
+use super::model::{Health, Job, JobKey, JobKind, JobState, LaunchId, RunRef, TaskState as S};
+use super::{Lifecycle, RunStatus, TaskUpdate, TimerKind, legal};
+
+/// The engine task of instance `i` of job `k`.
+pub(super) fn new_task(job: &Job, k: JobKey, i: u32) -> NewTask {
+    let t = job.plan.template(i);
+    NewTask {
+        job: k.0,
+        instance: i,
+        pool: job.pool,
+        priority: job.plan.priority,
+        request: t.request,
+        ports: t.ports,
+        flags: TaskFlags {
+            preemptible: job.plan.preemptible,
+            controller: t.controller,
+            revocable: t.revocable,
+        },
+        constraint: t.constraint.clone(),
+        strategy: job.plan.strategy,
+        max_per_host: t.max_per_host,
+        limit_key: k.0,
+    }
+}
+
+impl Lifecycle {
+    pub(super) fn job_mut(&mut self, k: JobKey) -> &mut Job {
+        self.jobs.get_mut(&k).expect("live job")
+    }
+
+    /// Moves instance `i` of job `k` to `to`, with an event (and a row
+    /// where recovery needs one).
+    pub(super) fn transition(
+        &mut self,
+        k: JobKey,
+        i: u32,
+        to: S,
+        reason: Option<&str>,
+        fx: &mut Effects,
+    ) {
+        let job = self.jobs.get_mut(&k).expect("live job");
+        let t = &mut job.tasks[i as usize];
+        let from = t.state;
+        assert!(
+            legal(from, to),
+            "illegal task transition {from:?} -> {to:?} of {}/{i}",
+            job.id
+        );
+        job.counts[from as usize] -= 1;
+        job.counts[to as usize] += 1;
+        t.state = to;
+        if let Some(r) = reason {
+            t.reason = Some(r.into());
+        }
+        if to != S::Running {
+            t.health = Health::None;
+        }
+        // Queued states and a first run's start need no row: recovery
+        // treats a missing or older row the same way.
+        let skip = matches!(to, S::Pending | S::Ready | S::Placing)
+            || (to == S::Initialized && t.run == 1);
+        if !skip && !t.dirty {
+            t.dirty = true;
+            fx.rows.push(RowKey::Task(k, i));
+        }
+        self.dirty_jobs.insert(k);
+        self.task_event(k, i, reason.unwrap_or_default(), fx);
+    }
+
+    /// An event with the instance's current state, host and health.
+    pub(super) fn task_event(&mut self, k: JobKey, i: u32, reason: &str, fx: &mut Effects) {
+        let job = &self.jobs[&k];
+        let t = &job.tasks[i as usize];
+        self.revision += 1;
+        fx.events.push(Event {
+            revision: self.revision,
+            time_ms: self.now,
+            kind: EventKind::Task {
+                job: job.id.clone(),
+                instance: i,
+                run: t.run,
+                state: t.state,
+                host: t.host.map_or_else(
+                    || std::sync::Arc::from(""),
+                    |h| self.host_names[h.idx()].clone(),
+                ),
+                reason: reason.into(),
+                health: t.health,
+            },
+        });
+    }
+
+    pub(super) fn mark_dirty(&mut self, k: JobKey, i: u32, fx: &mut Effects) {
+        if let Some(t) = self
+            .jobs
+            .get_mut(&k)
+            .and_then(|j| j.tasks.get_mut(i as usize))
+            && !t.dirty
+        {
+            t.dirty = true;
+            fx.rows.push(RowKey::Task(k, i));
+        }
+    }
+
+    /// Ends the current run's hold on the engine (and on its host).
+    pub(super) fn release(&mut self, engine: &mut Engine, k: JobKey, i: u32, fx: &mut Effects) {
+        let job = self.jobs.get_mut(&k).expect("live job");
+        let Some(h) = job.tasks[i as usize].handle.take() else {
+            return;
+        };
+        job.active -= 1;
+        if !job.waiting.is_empty() {
+            // Room under max_running_instances for the next gang.
+            self.need_fill.insert(k);
+        }
+        match engine
+            .tasks()
+            .state(h)
+            .expect("a current run's engine task is live")
+        {
+            EngineTaskState::Pending => {
+                let mates: Vec<u32> = engine
+                    .queued_gang(h)
+                    .iter()
+                    .filter(|&&m| m != h)
+                    .map(|&m| engine.tasks().owner(m).expect("queued task is live").1)
+                    .collect();
+                engine.cancel(h).expect("queued task");
+                for mi in mates {
+                    // The rest of its gang goes back to waiting, in order.
+                    let mk = k;
+                    let job = self.jobs.get_mut(&mk).expect("live job");
+                    job.tasks[mi as usize].handle = None;
+                    job.active -= 1;
+                    self.back_to_waiting(mk, mi, fx);
+                }
+            }
+            _ => engine.finish(h).expect("live engine task"),
+        }
+        self.needs_cycle = true;
+    }
+
+    /// Ends the current run in `to` (Killed, Preempted, Lost or Failed),
+    /// stopping it on its host if it has one. Returns whether a run ended
+    /// in `to` (false: it had already ended, or it was only queued and went
+    /// back to waiting).
+    pub(super) fn end_run(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        to: S,
+        reason: &str,
+        fx: &mut Effects,
+    ) -> bool {
+        let state = self.jobs[&k].tasks[i as usize].state;
+        if to == S::Killed
+            && let Some(h) = self.held.get_mut(&(k, i))
+        {
+            // A kill wins over a restart still waiting for the old run.
+            h.restart = false;
+            self.mark_dirty(k, i, fx);
+            if matches!(state, S::Lost | S::Preempted) {
+                self.transition(k, i, S::Initialized, None, fx);
+                self.transition(k, i, S::Killed, Some(reason), fx);
+                return true;
+            }
+        }
+        if state.is_terminal() || matches!(state, S::Lost | S::Preempted) {
+            return false;
+        }
+        if state.on_host() {
+            self.stop_on_host(k, i, to == S::Preempted, fx);
+        }
+        let job = self.jobs.get_mut(&k).expect("live job");
+        if state == S::Initialized
+            && to == S::Killed
+            && let Some(at) = job.waiting.iter().position(|&w| w == i)
+        {
+            job.waiting.remove(at);
+        }
+        job.tasks[i as usize].finished_at = self.now;
+        self.release(engine, k, i, fx);
+        if state == S::Backoff || state == S::Initialized {
+            if to == S::Killed {
+                self.transition(k, i, S::Killed, Some(reason), fx);
+                return true;
+            }
+            return false;
+        }
+        if state == S::Pending && to != S::Killed {
+            // Never left the queue: nothing to preempt or lose; it waits
+            // again.
+            self.back_to_waiting(k, i, fx);
+            return false;
+        }
+        self.transition(k, i, to, Some(reason), fx);
+        if to == S::Preempted {
+            fx.counters.preemptions += 1;
+        }
+        true
+    }
+
+    /// Starts a new run of an instance whose run has ended.
+    pub(super) fn new_run(&mut self, k: JobKey, i: u32, fx: &mut Effects) {
+        if let Some(h) = self.held.get_mut(&(k, i)) {
+            // The old run is still stopping: start again once it is gone.
+            h.restart = true;
+            self.mark_dirty(k, i, fx);
+            return;
+        }
+        let max_history = self.config.max_history;
+        let mut run = self.run_record(&self.jobs[&k].tasks[i as usize]);
+        let now = self.now;
+        let t = &mut self.job_mut(k).tasks[i as usize];
+        if t.state == S::Backoff {
+            // History says how the run ended.
+            run.state = if t.exit_code == 0 && t.reason.is_none() {
+                S::Succeeded
+            } else {
+                S::Failed
+            };
+        }
+        let history = t.history.get_or_insert_with(Default::default);
+        history.insert(0, run);
+        history.truncate(max_history);
+        t.run += 1;
+        t.launch = LaunchId(0);
+        t.host = None;
+        t.created_at = now;
+        t.placed_at = 0;
+        t.started_at = 0;
+        t.finished_at = 0;
+        t.exit_code = 0;
+        t.reason = None;
+        t.ports = None;
+        self.back_to_waiting(k, i, fx);
+    }
+
+    /// Makes an instance Initialized and puts it in its job's `waiting`
+    /// queue, in instance order (the two always go together).
+    pub(super) fn back_to_waiting(&mut self, k: JobKey, i: u32, fx: &mut Effects) {
+        self.transition(k, i, S::Initialized, None, fx);
+        let job = self.job_mut(k);
+        let at = job.waiting.partition_point(|&w| w < i);
+        job.waiting.insert(at, i);
+        self.need_fill.insert(k);
+    }
+
+    pub(super) fn fill_all(&mut self, engine: &mut Engine, fx: &mut Effects) {
+        if self.need_fill.is_empty() {
+            return;
+        }
+        let mut keys: Vec<JobKey> = self.need_fill.drain().collect();
+        keys.sort_unstable();
+        for k in keys {
+            self.fill(engine, k, fx);
+        }
+    }
+
+    /// Submits waiting instances of a job, gang by gang, up to its running
+    /// limit. What the engine refuses waits for the next try.
+    pub(super) fn fill(&mut self, engine: &mut Engine, k: JobKey, fx: &mut Effects) {
+        let Some(job) = self.jobs.get(&k) else {
+            return;
+        };
+        if job.kill_requested {
+            return;
+        }
+        let mut gang = Vec::new();
+        let mut members = Vec::new();
+        loop {
+            let job = &self.jobs[&k];
+            if job.waiting.is_empty() {
+                return;
+            }
+            let room = if job.plan.max_running == 0 {
+                u32::MAX
+            } else {
+                job.plan.max_running.saturating_sub(job.active)
+            };
+            let size = (job.plan.gang as usize).min(job.waiting.len());
+            if size < job.plan.gang as usize
+                && (job.counts[S::Backoff as usize] > 0 || job.held > 0)
+            {
+                // A gang restarts as one: its members that are backing off
+                // or still stopping join the others before it is queued.
+                return;
+            }
+            if (room as usize) < size {
+                return;
+            }
+            members.clear();
+            members.extend(job.waiting.iter().take(size).copied());
+            if members.iter().any(|&i| self.held.contains_key(&(k, i))) {
+                // An earlier run of one (scaled away and added back) is
+                // still stopping: wait for it (confirm_end fills again).
+                return;
+            }
+            gang.clear();
+            for &i in &members {
+                gang.push(new_task(job, k, i));
+            }
+            match engine.submit(&gang) {
+                Ok(handles) => {
+                    let job = self.job_mut(k);
+                    job.waiting.drain(..size);
+                    job.active += size as u32;
+                    let gang_no = (job.plan.gang > 1).then(|| {
+                        job.next_gang += 1;
+                        job.next_gang
+                    });
+                    for (&i, h) in members.iter().zip(handles) {
+                        job.tasks[i as usize].handle = Some(h);
+                        job.tasks[i as usize].gang = gang_no;
+                    }
+                    for &i in &members {
+                        self.transition(k, i, S::Pending, None, fx);
+                    }
+                    self.needs_cycle = true;
+                }
+                Err(e) => {
+                    let reason: Box<str> = format!("cannot queue yet: {e}").into();
+                    let job = self.job_mut(k);
+                    for &i in &members {
+                        job.tasks[i as usize].reason = Some(reason.clone());
+                    }
+                    // Retried after the next cycle.
+                    self.retry_fill.insert(k);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One scheduling cycle: admission and placement in the engine, then
+    /// launches for what was placed and stops for the victims of both
+    /// kinds of preemption.
+    pub(super) fn cycle(&mut self, engine: &mut Engine, fx: &mut Effects) {
+        // While preempted runs are still stopping, the engine still counts
+        // them: choosing more victims now would preempt twice for one need.
+        let want_victims = self.n_held_preempted == 0;
+        engine.cycle_with(self.now, want_victims);
+        self.needs_cycle = false;
+        let n_admitted = engine.report().admission.admitted.len();
+        for idx in 0..n_admitted {
+            let h = TaskHandle::from_u64(engine.report().admission.admitted[idx].task.0);
+            if let Some((k, i)) = self.instance_of(engine, h) {
+                self.transition(k, i, S::Ready, None, fx);
+            }
+        }
+        let n_placed = engine.report().placement.placed.len();
+        for idx in 0..n_placed {
+            let p = engine.report().placement.placed[idx];
+            let Some((k, i)) = self.instance_of(engine, p.task) else {
+                continue;
+            };
+            let host = super::HostSlot(p.host);
+            let now = self.now;
+            let job = self.job_mut(k);
+            let tmpl = job.plan.template(i);
+            let (duration, code) = (tmpl.sim_duration_ms, tmpl.sim_exit_code);
+            let t = &mut job.tasks[i as usize];
+            t.host = Some(host);
+            t.placed_at = now;
+            let run = t.run;
+            self.transition(k, i, S::Placed, None, fx);
+            // The Placed event's revision names the launch: unique for the
+            // store's whole life, so also across restarts.
+            let launch = LaunchId(self.revision);
+            let job = self.job_mut(k);
+            job.tasks[i as usize].launch = launch;
+            let job_id = job.id.clone();
+            self.transition(k, i, S::Launching, None, fx);
+            fx.launches.push(Launch {
+                run: RunRef {
+                    job: k,
+                    instance: i,
+                    run,
+                    launch,
+                },
+                host: self.host_names[host.idx()].clone(),
+                job_id,
+                sim_duration_ms: duration,
+                sim_exit_code: code,
+            });
+        }
+        fx.counters.placements += n_placed as u64;
+        let n_unplaced = engine.report().placement.unplaced.len();
+        fx.counters.placement_failures += n_unplaced as u64;
+        for idx in 0..n_unplaced {
+            let u = engine.report().placement.unplaced[idx].task;
+            if let Some((k, i)) = self.instance_of(engine, u)
+                && self.jobs[&k].tasks[i as usize].state == S::Ready
+            {
+                self.transition(k, i, S::Placing, None, fx);
+            }
+        }
+        if !want_victims {
+            return;
+        }
+        // Inter-pool: pools over their entitlement give back the overage.
+        let victims: Vec<(TaskHandle, String)> = engine
+            .report()
+            .victims
+            .iter()
+            .map(|v| (v.task, format!("preempted: {}", v.reason)))
+            .collect();
+        let mut preempted_any = false;
+        for (h, reason) in victims {
+            if let Some((k, i)) = self.instance_of(engine, h)
+                && self.end_run(engine, k, i, S::Preempted, &reason, fx)
+            {
+                preempted_any = true;
+                self.restart_after_loss(engine, k, i, fx);
+            }
+        }
+        if preempted_any || n_unplaced == 0 {
+            return;
+        }
+        // Intra-pool: an admitted task that fits nowhere evicts
+        // lower-priority preemptible tasks of its own pool from one host.
+        let mut plans = Vec::new();
+        engine.eviction_plans(&mut plans);
+        for (for_task, slot, victims) in plans {
+            let beneficiary = self
+                .instance_of(engine, for_task)
+                .map(|(k, i)| format!("{}/{i}", self.jobs[&k].id))
+                .unwrap_or_default();
+            let reason = format!(
+                "preempted: a higher-priority task of its pool ({beneficiary}) needs room on host {}",
+                self.host_names[slot as usize]
+            );
+            for v in victims {
+                if let Some((k, i)) = self.instance_of(engine, v.task)
+                    && self.end_run(engine, k, i, S::Preempted, &reason, fx)
+                {
+                    self.restart_after_loss(engine, k, i, fx);
+                }
+            }
+        }
+    }
+
+    /// Applies a run's status change (from the simulator, or an agent's
+    /// report).
+    pub(super) fn apply_update(&mut self, engine: &mut Engine, u: TaskUpdate, fx: &mut Effects) {
+        let (k, i) = (u.run.job, u.run.instance);
+        // Held runs first: a scaled-away instance has no task entry.
+        if self
+            .held
+            .get(&(k, i))
+            .is_some_and(|h| h.launch == u.run.launch)
+        {
+            if !matches!(u.status, RunStatus::Running) {
+                self.confirm_end(engine, k, i, fx);
+            }
+            return;
+        }
+        let Some(job) = self.jobs.get_mut(&k) else {
+            return;
+        };
+        let limit = job.plan.max_running_time_ms;
+        let health_check = job.plan.template(i).health_check;
+        let Some(t) = job.tasks.get_mut(i as usize) else {
+            return;
+        };
+        if t.run != u.run.run || t.launch != u.run.launch || !t.state.on_host() {
+            return; // a run we already ended
+        }
+        match u.status {
+            RunStatus::Running => {
+                if t.state == S::Launching {
+                    t.started_at = u.time_ms;
+                    if limit > 0 {
+                        self.timers.push(Reverse((
+                            u.time_ms.saturating_add(limit),
+                            TimerKind::Deadline,
+                            u.run,
+                        )));
+                    }
+                    self.transition(k, i, S::Running, None, fx);
+                    let t = &mut self.job_mut(k).tasks[i as usize];
+                    t.health = if health_check {
+                        Health::Unknown
+                    } else {
+                        Health::None
+                    };
+                }
+            }
+            RunStatus::Exited(code) => {
+                t.finished_at = u.time_ms;
+                t.exit_code = code;
+                fx.counters.runs_finished += 1;
+                self.release(engine, k, i, fx);
+                if self.jobs[&k].plan.kind == JobKind::Service {
+                    self.service_exited(engine, k, i, code, fx);
+                } else if code == 0 {
+                    self.transition(k, i, S::Succeeded, None, fx);
+                } else {
+                    self.fail(engine, k, i, &format!("exited with code {code}"), fx);
+                }
+            }
+            RunStatus::Failed(code, reason) => {
+                t.finished_at = u.time_ms;
+                t.exit_code = code;
+                fx.counters.runs_finished += 1;
+                self.release(engine, k, i, fx);
+                self.fail(engine, k, i, &reason, fx);
+            }
+            RunStatus::Killed => {
+                t.finished_at = u.time_ms;
+                self.release(engine, k, i, fx);
+                self.transition(k, i, S::Killed, Some("killed on its host"), fx);
+                if self.jobs[&k].plan.kind == JobKind::Service && !self.jobs[&k].kill_requested {
+                    // Not by us: a service keeps running.
+                    self.new_run(k, i, fx);
+                }
+            }
+            RunStatus::Lost(reason) => {
+                t.finished_at = u.time_ms;
+                self.release(engine, k, i, fx);
+                self.transition(k, i, S::Lost, Some(&reason), fx);
+                self.restart_after_loss(engine, k, i, fx);
+            }
+        }
+    }
+
+    /// A new run of an instance whose run was lost or preempted (not its
+    /// fault: no failure counted); its gang restarts with it.
+    pub(super) fn restart_after_loss(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        fx: &mut Effects,
+    ) {
+        let state = self.jobs[&k].tasks[i as usize].state;
+        self.new_run(k, i, fx);
+        self.restart_gang(engine, k, i, state, fx);
+    }
+
+    /// A service's run ended by itself (any exit code): it starts again
+    /// after a back-off, until the job is killed. A run that lasted at least
+    /// the longest back-off starts the back-off over.
+    fn service_exited(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        code: i32,
+        fx: &mut Effects,
+    ) {
+        let reason = format!("service exited with code {code}");
+        if code == 0 {
+            self.transition(k, i, S::Succeeded, Some(&reason), fx);
+        } else {
+            self.transition(k, i, S::Failed, Some(&reason), fx);
+        }
+        self.back_off(engine, k, i, &reason, fx);
+    }
+
+    /// The current run failed: back off and retry, or give up.
+    pub(super) fn fail(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        self.transition(k, i, S::Failed, Some(reason), fx);
+        self.back_off(engine, k, i, reason, fx);
+    }
+
+    /// After a Failed (or a service's Succeeded) run: a back-off timer and
+    /// then a new run, or the end for a batch task out of retries. The
+    /// other members of its gang are stopped, to start again with it.
+    fn back_off(&mut self, engine: &mut Engine, k: JobKey, i: u32, reason: &str, fx: &mut Effects) {
+        let now = self.now;
+        let job = self.job_mut(k);
+        let policy = job.plan.template(i).restart;
+        let service = job.plan.kind == JobKind::Service;
+        let kill = job.kill_requested;
+        let t = &mut job.tasks[i as usize];
+        if service
+            && t.started_at > 0
+            && t.finished_at.saturating_sub(t.started_at) >= policy.max_backoff_ms
+        {
+            // It ran fine for a while: not a crash loop.
+            t.failures = 0;
+        }
+        t.failures += 1;
+        let gives_up = !service && t.failures > policy.max_failures;
+        if kill || gives_up {
+            if gives_up {
+                self.stop_gang(engine, k, i, false, fx);
+            }
+            return;
+        }
+        let at = now.saturating_add(policy.backoff(t.failures));
+        let run = RunRef {
+            job: k,
+            instance: i,
+            run: t.run,
+            launch: t.launch,
+        };
+        self.timers.push(Reverse((at, TimerKind::Backoff, run)));
+        self.transition(k, i, S::Backoff, Some(reason), fx);
+        self.stop_gang(engine, k, i, true, fx);
+    }
+
+    fn restart_gang(&mut self, engine: &mut Engine, k: JobKey, i: u32, why: S, fx: &mut Effects) {
+        let _ = why;
+        self.stop_gang(engine, k, i, true, fx);
+    }
+
+    /// Stops the other running members of instance `i`'s gang (instances
+    /// are queued in gangs of `gang` consecutive waiting instances, so its
+    /// members are the instances placed with it: same engine gang). With
+    /// `restart`, they start again with it as one gang.
+    fn stop_gang(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        restart: bool,
+        fx: &mut Effects,
+    ) {
+        let job = &self.jobs[&k];
+        if job.plan.gang <= 1 || job.kill_requested {
+            return;
+        }
+        let Some(gang) = job.tasks[i as usize].gang else {
+            return;
+        };
+        let mates: Vec<u32> = job.instances_where(|t| t.gang == Some(gang) && t.state.in_engine());
+        let reason = if restart {
+            format!("gang member {i} ended: the gang starts again as one")
+        } else {
+            format!("gang member {i} failed for good")
+        };
+        for m in mates {
+            if m == i {
+                continue;
+            }
+            if self.end_run(engine, k, m, S::Killed, &reason, fx) && restart {
+                self.new_run(k, m, fx);
+            }
+        }
+    }
+
+    pub(super) fn fire_timers(&mut self, engine: &mut Engine, fx: &mut Effects) {
+        while let Some(&Reverse((at, kind, run))) = self.timers.peek() {
+            if at > self.now {
+                break;
+            }
+            self.timers.pop();
+            let Some(job) = self.jobs.get(&run.job) else {
+                continue;
+            };
+            let Some(t) = job.tasks.get(run.instance as usize) else {
+                continue;
+            };
+            if t.run != run.run || t.launch != run.launch {
+                continue;
+            }
+            match kind {
+                TimerKind::Backoff if t.state == S::Backoff => {
+                    self.new_run(run.job, run.instance, fx);
+                }
+                TimerKind::Deadline if t.state == S::Running => {
+                    let limit = job.plan.max_running_time_ms;
+                    let reason = format!("ran longer than max_running_time_ms {limit}");
+                    self.stop_on_host(run.job, run.instance, false, fx);
+                    let now = self.now;
+                    self.job_mut(run.job).tasks[run.instance as usize].finished_at = now;
+                    // A failure like any other: the restart policy applies.
+                    self.fail(engine, run.job, run.instance, &reason, fx);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Job states from their counts, for jobs changed in this step.
+    pub(super) fn derive_job_states(&mut self, fx: &mut Effects) {
+        let mut seen: Vec<JobKey> = self.dirty_jobs.drain().collect();
+        seen.sort_unstable();
+        for k in seen {
+            let Some(job) = self.jobs.get_mut(&k) else {
+                continue;
+            };
+            fx.rows.push(RowKey::Job(k));
+            let new = derive(job);
+            if new != job.state {
+                job.state = new;
+                job.completed_at = if new.is_terminal() { self.now } else { 0 };
+                self.revision += 1;
+                fx.events.push(Event {
+                    revision: self.revision,
+                    time_ms: self.now,
+                    kind: EventKind::Job {
+                        job: job.id.clone(),
+                        state: new,
+                        deleted: false,
+                    },
+                });
+            }
+        }
+    }
+}
+
+/// A job's state from its counts and holds.
+pub(super) fn derive(job: &Job) -> JobState {
+    let c = &job.counts;
+    let n = job.tasks.len() as u32;
+    let terminal = c[S::Succeeded as usize] + c[S::Failed as usize] + c[S::Killed as usize];
+    if terminal == n && job.held > 0 {
+        // Ended in our books; a host still has to confirm.
+        if job.kill_requested {
+            JobState::Killing
+        } else {
+            JobState::Running
+        }
+    } else if terminal == n {
+        if job.kill_requested {
+            JobState::Killed
+        } else if c[S::Failed as usize] > 0 {
+            JobState::Failed
+        } else if c[S::Killed as usize] > 0 {
+            JobState::Killed
+        } else {
+            JobState::Succeeded
+        }
+    } else if job.kill_requested {
+        JobState::Killing
+    } else if c[S::Running as usize] > 0 {
+        JobState::Running
+    } else if c[S::Initialized as usize] == n - terminal {
+        JobState::Initialized
+    } else {
+        JobState::Pending
+    }
+}

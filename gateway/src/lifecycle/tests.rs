@@ -1,0 +1,1024 @@
+//! The core tested as data: fixture scripts run against a real engine and
+//! a model of agents, the resulting log checked with expect-test; and a
+//! property test driving random inputs, crashes and recoveries.
+//!
+//! Script lines (one input each; `#` starts a comment):
+//! - `host NAME cpu=C mem=M` — an agent registers an empty host;
+//! - `pool PATH [cpu=C]` — a pool with that cpu reservation;
+//! - `job NAME pool=P n=N cpu=C [mem=M] [gang=G] [service] [health]
+//!   [max_failures=F] [backoff=MS] [priority=P] [preemptible]
+//!   [max_running=N]` — submit a job (its id is NAME);
+//! - `cycle` — a scheduling cycle; launches are started at once by their
+//!   agents (a RUNNING report);
+//! - `exit J/I CODE` — the current run exits; `lost-host H` — a host goes
+//!   silent; `healthy J/I`, `unhealthy J/I` — a health verdict;
+//! - `confirm` — agents confirm every kill they were sent;
+//! - `tick MS` — time passes, timers fire;
+//! - `kill J`, `restart J`, `scale J N`, `kill J/I`, `restart J/I`,
+//!   `drain H`, `up H`, `delete J`;
+//! - `crash` — the server restarts from its store (agents keep their
+//!   runs); `register H` — H's agent registers again, listing its runs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use expect_test::{Expect, expect};
+use peloton_engine::host::HostSpec;
+use peloton_engine::task::Strategy;
+use peloton_engine::{Engine, EngineConfig, PoolConfig, Resources};
+use rustc_hash::FxHashMap;
+
+use super::*;
+
+/// What an agent has: live runs by launch id.
+#[derive(Debug, Default)]
+struct Agent {
+    spec: Option<HostSpec>,
+    runs: BTreeMap<u64, (AgentRunKey, bool)>, // (key, told to stop)
+    up: bool,
+}
+
+#[derive(Debug, Default)]
+struct StoreModel {
+    pools: BTreeMap<String, (PoolConfig, u64)>,
+    hosts: BTreeMap<String, (HostSpec, bool)>,
+    jobs: BTreeMap<Arc<str>, (JobRow, JobPlan)>,
+    tasks: BTreeMap<(Arc<str>, u32), TaskRow>,
+}
+
+struct Env {
+    engine: Engine,
+    core: Lifecycle,
+    now: u64,
+    fx: Effects,
+    store: StoreModel,
+    agents: BTreeMap<Arc<str>, Agent>,
+    log: String,
+    quiet: bool,
+}
+
+fn engine() -> Engine {
+    let mut config = EngineConfig::default();
+    config.resources.threads = 1;
+    Engine::new(config)
+}
+
+fn config() -> CoreConfig {
+    CoreConfig {
+        max_history: 4,
+        max_instances_per_job: 1000,
+        agent_mode: true,
+    }
+}
+
+fn template(cpu: u64, mem: u64) -> TaskTemplate {
+    TaskTemplate {
+        request: Resources::new(cpu, mem, 0, 0),
+        ports: 0,
+        constraint: String::new(),
+        revocable: false,
+        controller: false,
+        max_per_host: 0,
+        restart: RestartPolicy {
+            max_failures: 0,
+            backoff_ms: 1000,
+            max_backoff_ms: 8000,
+        },
+        kill_grace_ms: 1000,
+        health_check: false,
+        sim_duration_ms: 0,
+        sim_exit_code: 0,
+    }
+}
+
+fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
+    JobPlan {
+        kind: JobKind::Batch,
+        pool: pool.into(),
+        instance_count: n,
+        default: template(cpu, 64),
+        overrides: FxHashMap::default(),
+        priority: 0,
+        preemptible: false,
+        max_running: 0,
+        gang: 1,
+        max_running_time_ms: 0,
+        strategy: Strategy::FirstFit,
+    }
+}
+
+impl Env {
+    fn new() -> Self {
+        let engine = engine();
+        let core = Lifecycle::new(config(), &engine, 0);
+        Env {
+            engine,
+            core,
+            now: 1_000_000,
+            fx: Effects::default(),
+            store: StoreModel::default(),
+            agents: BTreeMap::new(),
+            log: String::new(),
+            quiet: false,
+        }
+    }
+
+    fn say(&mut self, line: impl AsRef<str>) {
+        if !self.quiet {
+            self.log.push_str(line.as_ref());
+            self.log.push('\n');
+        }
+    }
+
+    fn step(&mut self, input: Input) -> Result<Answer, Error> {
+        let r = self
+            .core
+            .step(&mut self.engine, input, self.now, &mut self.fx);
+        if let Err(e) = &r {
+            self.say(format!("error: {e}"));
+        }
+        self.commit();
+        r
+    }
+
+    /// What the shell does after an iteration: write rows, publish events,
+    /// dispatch launches and kills (agents start launches at once).
+    fn commit(&mut self) {
+        self.core.check_invariants(&self.engine);
+        self.engine.check_invariants();
+        for row in std::mem::take(&mut self.fx.rows) {
+            match row {
+                RowKey::Job(k) => {
+                    if let (Some(r), Some(j)) = (self.core.job_row(k), self.core.job(k)) {
+                        self.store.jobs.insert(r.id.clone(), (r, j.plan.clone()));
+                    }
+                }
+                RowKey::JobDeleted(id) => {
+                    self.store.jobs.remove(&id);
+                    self.store.tasks.retain(|(j, _), _| *j != id);
+                }
+                RowKey::Task(k, i) => {
+                    if let Some(row) = self.core.take_task_row(k, i) {
+                        let id = self.core.job(k).expect("live").id.clone();
+                        self.store.tasks.insert((id, i), row);
+                    }
+                }
+                RowKey::TaskDeleted(id, i) => {
+                    self.store.tasks.remove(&(id, i));
+                }
+                RowKey::Pool(path) => {
+                    let tree = self.engine.resources().tree();
+                    if let Ok(id) = tree.resolve(&path) {
+                        let config = *tree.config(id);
+                        let v = self.core.pool_version(&path);
+                        self.store.pools.insert(path, (config, v));
+                    }
+                }
+                RowKey::PoolDeleted(path) => {
+                    self.store.pools.remove(&path);
+                }
+                RowKey::Host(slot) => {
+                    let name = self.core.host_name(slot).to_string();
+                    let spec = self.agents[name.as_str()].spec.clone().expect("registered");
+                    let maintenance = self.core.in_maintenance(slot);
+                    self.store.hosts.insert(name, (spec, maintenance));
+                }
+            }
+        }
+        for e in std::mem::take(&mut self.fx.events) {
+            let line = match e.kind {
+                EventKind::Task {
+                    job,
+                    instance,
+                    run,
+                    state,
+                    host,
+                    reason,
+                    health,
+                } => {
+                    let mut l = format!("{job}/{instance}#{run} {}", state.name());
+                    if !host.is_empty() && state != TaskState::Initialized {
+                        let _ = write!(l, " @{host}");
+                    }
+                    if health != Health::None {
+                        let _ = write!(l, " [{health:?}]");
+                    }
+                    if !reason.is_empty() {
+                        let _ = write!(l, " ({reason})");
+                    }
+                    l
+                }
+                EventKind::Job {
+                    job,
+                    state,
+                    deleted,
+                } => format!(
+                    "job {job} {}{}",
+                    state.name(),
+                    if deleted { " deleted" } else { "" }
+                ),
+            };
+            self.say(line);
+        }
+        self.fx.acks.clear();
+        for k in std::mem::take(&mut self.fx.kills) {
+            self.say(format!(
+                "  kill {}/{}#{} @{}",
+                k.job_id, k.run.instance, k.run.run, k.host
+            ));
+            if let Some(a) = self.agents.get_mut(&k.host)
+                && let Some(r) = a.runs.get_mut(&k.run.launch.0)
+            {
+                r.1 = true;
+            }
+        }
+        let launches = std::mem::take(&mut self.fx.launches);
+        let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
+        for l in launches {
+            let key = AgentRunKey {
+                job_id: l.job_id.clone(),
+                instance: l.run.instance,
+                run: l.run.run,
+                launch: l.run.launch.0,
+            };
+            let agent = self
+                .agents
+                .get_mut(&l.host)
+                .expect("launch to a known host");
+            if !agent.up {
+                continue; // the launch is lost with the host
+            }
+            agent.runs.insert(key.launch, (key.clone(), false));
+            started.entry(l.host.clone()).or_default().push(self.report(
+                key,
+                RunPhase::Running,
+                0,
+                Health::None,
+            ));
+        }
+        for (host, reports) in started {
+            let r = self.core.step(
+                &mut self.engine,
+                Input::AgentReports { host, reports },
+                self.now,
+                &mut self.fx,
+            );
+            assert!(r.is_ok());
+            self.commit();
+        }
+        self.check_no_double_runs();
+    }
+
+    fn report(&self, key: AgentRunKey, phase: RunPhase, code: i32, health: Health) -> RunReport {
+        RunReport {
+            key,
+            phase,
+            time_ms: self.now,
+            exit_code: code,
+            reason: String::new(),
+            started_ms: self.now,
+            health,
+            health_detail: if health == Health::Unhealthy {
+                "check failed".into()
+            } else {
+                String::new()
+            },
+            ports: Vec::new(),
+        }
+    }
+
+    /// The model's safety property: no instance has two live runs on the
+    /// agents (of hosts that are up).
+    fn check_no_double_runs(&self) {
+        let mut seen = FxHashMap::default();
+        for (host, a) in &self.agents {
+            for (key, _) in a.runs.values() {
+                if let Some(other) = seen.insert((key.job_id.clone(), key.instance), host.clone()) {
+                    panic!(
+                        "{}/{} runs twice: on {other} and {host}",
+                        key.job_id, key.instance
+                    );
+                }
+            }
+        }
+    }
+
+    fn current(&self, target: &str) -> Option<(Arc<str>, AgentRunKey)> {
+        let (job, i) = target.split_once('/').expect("J/I");
+        let i: u32 = i.parse().expect("instance");
+        let k = self.core.job_key(job).ok()?;
+        let t = self.core.job(k)?.tasks.get(i as usize)?;
+        let host = self.core.host_name(t.host?).clone();
+        Some((host, self.core.agent_key(k, i)))
+    }
+
+    fn agent_reports(&mut self, host: Arc<str>, reports: Vec<RunReport>) {
+        let _ = self.step(Input::AgentReports { host, reports });
+    }
+
+    fn run_line(&mut self, line: &str) {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            return;
+        }
+        if !self.quiet {
+            self.log.push_str(&format!("> {line}\n"));
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let arg = |name: &str| -> Option<&str> {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+        };
+        let num =
+            |name: &str, default: u64| arg(name).map_or(default, |v| v.parse().expect("number"));
+        let flag = |name: &str| words.contains(&name);
+        match words[0] {
+            "host" => {
+                let name: Arc<str> = words[1].into();
+                let spec = HostSpec {
+                    name: name.to_string(),
+                    capacity: Resources::new(num("cpu", 4) * 1000, num("mem", 4096), 0, 0),
+                    gpu_devices: 0,
+                    ports: 100,
+                    attributes: vec![("host".into(), name.to_string())],
+                };
+                let agent = self.agents.entry(name).or_default();
+                agent.spec = Some(spec.clone());
+                agent.up = true;
+                let _ = self.step(Input::AgentRegistered(Box::new(HostRegistration {
+                    spec,
+                    isolation: "test".into(),
+                    runs: Vec::new(),
+                })));
+            }
+            "register" => {
+                let name: Arc<str> = words[1].into();
+                let agent = self.agents.get_mut(&name).expect("known host");
+                agent.up = true;
+                let spec = agent.spec.clone().expect("spec");
+                let keys: Vec<AgentRunKey> = agent.runs.values().map(|r| r.0.clone()).collect();
+                let runs = keys
+                    .into_iter()
+                    .map(|k| self.report(k, RunPhase::Running, 0, Health::None))
+                    .collect();
+                let _ = self.step(Input::AgentRegistered(Box::new(HostRegistration {
+                    spec,
+                    isolation: "test".into(),
+                    runs,
+                })));
+            }
+            "pool" => {
+                let config = PoolConfig::default().with_reservation(Resources::new(
+                    num("cpu", 0) * 1000,
+                    0,
+                    0,
+                    0,
+                ));
+                let _ = self.step(Input::CreatePool {
+                    path: words[1].into(),
+                    config,
+                });
+            }
+            "job" => {
+                let mut p = plan(
+                    arg("pool").expect("pool="),
+                    num("n", 1) as u32,
+                    num("cpu", 1) * 1000,
+                );
+                p.default.request = Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
+                p.gang = num("gang", 1) as u32;
+                p.priority = num("priority", 0) as u32;
+                p.preemptible = flag("preemptible");
+                p.max_running = num("max_running", 0) as u32;
+                p.default.max_per_host = num("per_host", 0) as u16;
+                p.default.restart.max_failures = num("max_failures", 0) as u32;
+                p.default.restart.backoff_ms = num("backoff", 1000);
+                p.default.health_check = flag("health");
+                if flag("service") {
+                    p.kind = JobKind::Service;
+                }
+                let _ = self.step(Input::CreateJob {
+                    id: words[1].into(),
+                    plan: Box::new(p),
+                });
+            }
+            "cycle" => {
+                let _ = self.step(Input::Cycle);
+            }
+            "tick" => {
+                self.now += words[1].parse::<u64>().expect("ms");
+                let _ = self.step(Input::Tick);
+            }
+            "exit" => {
+                let code: i32 = words[2].parse().expect("code");
+                let (host, key) = self.current(words[1]).expect("a placed run");
+                self.agents
+                    .get_mut(&host)
+                    .expect("host")
+                    .runs
+                    .remove(&key.launch);
+                let phase = if code == 0 {
+                    RunPhase::Succeeded
+                } else {
+                    RunPhase::Failed
+                };
+                let r = self.report(key, phase, code, Health::None);
+                self.agent_reports(host, vec![r]);
+            }
+            "healthy" | "unhealthy" => {
+                let health = if words[0] == "healthy" {
+                    Health::Healthy
+                } else {
+                    Health::Unhealthy
+                };
+                let (host, key) = self.current(words[1]).expect("a placed run");
+                let r = self.report(key, RunPhase::Running, 0, health);
+                self.agent_reports(host, vec![r]);
+            }
+            "confirm" => {
+                let mut by_host = Vec::new();
+                for (host, a) in &mut self.agents {
+                    let killed: Vec<AgentRunKey> = a
+                        .runs
+                        .values()
+                        .filter(|r| r.1)
+                        .map(|r| r.0.clone())
+                        .collect();
+                    a.runs.retain(|_, r| !r.1);
+                    if !killed.is_empty() {
+                        by_host.push((host.clone(), killed));
+                    }
+                }
+                for (host, keys) in by_host {
+                    let reports = keys
+                        .into_iter()
+                        .map(|k| self.report(k, RunPhase::Killed, 0, Health::None))
+                        .collect();
+                    self.agent_reports(host, reports);
+                }
+            }
+            "lost-host" => {
+                let host: Arc<str> = words[1].into();
+                let agent = self.agents.get_mut(&host).expect("host");
+                agent.up = false;
+                agent.runs.clear();
+                let _ = self.step(Input::HostLost {
+                    host,
+                    silent_ms: 10_000,
+                });
+            }
+            "kill" | "restart" if words[1].contains('/') => {
+                let (job, i) = words[1].split_once('/').expect("J/I");
+                let _ = self.step(Input::TaskAction {
+                    job_id: job.into(),
+                    instances: vec![i.parse().expect("instance")],
+                    version: 0,
+                    restart: words[0] == "restart",
+                });
+            }
+            "kill" | "restart" | "delete" | "scale" => {
+                let action = match words[0] {
+                    "kill" => JobAction::Kill,
+                    "restart" => JobAction::Restart,
+                    "delete" => JobAction::Delete,
+                    _ => JobAction::Scale(words[2].parse().expect("count")),
+                };
+                let _ = self.step(Input::JobAction {
+                    id: words[1].into(),
+                    version: 0,
+                    action,
+                });
+            }
+            "drain" | "up" => {
+                let _ = self.step(Input::Maintenance {
+                    hosts: vec![words[1].into()],
+                    start: words[0] == "drain",
+                });
+            }
+            "crash" => self.crash(),
+            other => panic!("unknown fixture command {other:?}"),
+        }
+    }
+
+    /// The server restarts: a new engine and core from the store model.
+    /// Agents keep their runs; they register again on their own (`register`).
+    fn crash(&mut self) {
+        let mut rec = Recovered::default();
+        for (path, (config, version)) in &self.store.pools {
+            rec.pools.push((path.clone(), *config, *version));
+        }
+        for (name, (spec, maintenance)) in &self.store.hosts {
+            rec.hosts.push(RecoveredHost {
+                name: name.clone(),
+                spec: Some(spec.clone()),
+                maintenance: *maintenance,
+                isolation: "test".into(),
+            });
+        }
+        for (id, (row, plan)) in &self.store.jobs {
+            let tasks = self
+                .store
+                .tasks
+                .range((id.clone(), 0)..=(id.clone(), u32::MAX))
+                .map(|((_, i), r)| (*i, r.clone()))
+                .collect();
+            rec.jobs.push(RecoveredJob {
+                row: row.clone(),
+                plan: plan.clone(),
+                tasks,
+            });
+        }
+        self.engine = engine();
+        let revision = self.core.revision();
+        self.fx = Effects::default();
+        self.core = Lifecycle::recover(
+            config(),
+            &mut self.engine,
+            revision,
+            rec,
+            self.now,
+            &mut self.fx,
+        )
+        .expect("the store's rows recover");
+        for a in self.agents.values_mut() {
+            // The old sessions are gone with the server.
+            for r in a.runs.values_mut() {
+                r.1 = false;
+            }
+        }
+        self.commit();
+    }
+}
+
+fn check(script: &str, expected: Expect) {
+    let mut env = Env::new();
+    for line in script.lines() {
+        env.run_line(line);
+    }
+    expected.assert_eq(&env.log);
+}
+
+#[test]
+fn a_batch_job_runs_and_succeeds() {
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=2 cpu=1
+        cycle
+        exit j/0 0
+        exit j/1 0
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=2 cpu=1
+            j/0#1 pending
+            j/1#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            job j running
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            > exit j/1 0
+            j/1#1 succeeded @h1
+            job j succeeded
+        "#]],
+    );
+}
+
+#[test]
+fn a_failed_run_backs_off_and_retries_until_its_policy_gives_up() {
+    check(
+        r"
+        host h1
+        job j pool=/ n=1 max_failures=1 backoff=500
+        cycle
+        exit j/0 3
+        tick 499      # not yet
+        tick 1
+        cycle
+        exit j/0 4
+        ",
+        expect![[r#"
+            > host h1
+            > job j pool=/ n=1 max_failures=1 backoff=500
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/0#1 running @h1
+            job j running
+            > exit j/0 3
+            j/0#1 failed @h1 (exited with code 3)
+            j/0#1 backoff @h1 (exited with code 3)
+            job j pending
+            > tick 499
+            > tick 1
+            j/0#2 initialized
+            j/0#2 pending
+            > cycle
+            j/0#2 ready
+            j/0#2 placed @h1
+            j/0#2 launching @h1
+            j/0#2 running @h1
+            job j running
+            > exit j/0 4
+            j/0#2 failed @h1 (exited with code 4)
+            job j failed
+        "#]],
+    );
+}
+
+#[test]
+fn a_service_runs_again_after_any_exit_until_it_is_killed() {
+    check(
+        r"
+        host h1
+        job s pool=/ n=1 service backoff=100
+        cycle
+        exit s/0 0     # a service that ends is started again
+        tick 100
+        cycle
+        kill s
+        confirm
+        ",
+        expect![[r#"
+            > host h1
+            > job s pool=/ n=1 service backoff=100
+            s/0#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/0#1 running @h1
+            job s running
+            > exit s/0 0
+            s/0#1 succeeded @h1 (service exited with code 0)
+            s/0#1 backoff @h1 (service exited with code 0)
+            job s pending
+            > tick 100
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/0#2 running @h1
+            job s running
+            > kill s
+            s/0#2 killed @h1 (job killed)
+            job s killing
+              kill s/0#2 @h1
+            > confirm
+            job s killed
+        "#]],
+    );
+}
+
+#[test]
+fn an_unhealthy_task_is_stopped_and_restarted_once_its_host_confirms() {
+    check(
+        r"
+        host h1
+        job s pool=/ n=1 service health backoff=100
+        cycle
+        healthy s/0
+        unhealthy s/0
+        tick 100       # backed off, but the old run still holds its host
+        cycle
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1
+            > job s pool=/ n=1 service health backoff=100
+            s/0#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/0#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > unhealthy s/0
+            s/0#1 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#1 failed @h1 (unhealthy: check failed)
+            s/0#1 backoff @h1 (unhealthy: check failed)
+            job s pending
+              kill s/0#1 @h1
+            > tick 100
+            > cycle
+            > confirm
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/0#2 running @h1
+            job s running
+        "#]],
+    );
+}
+
+#[test]
+fn a_gang_restarts_as_one_when_a_member_fails() {
+    check(
+        r"
+        host h1 cpu=8
+        job g pool=/ n=3 gang=3 max_failures=2 backoff=100
+        cycle
+        exit g/1 1     # the other two are stopped
+        confirm
+        cycle          # nothing: the gang waits for its failed member
+        tick 100
+        cycle          # queued and placed as one
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job g pool=/ n=3 gang=3 max_failures=2 backoff=100
+            g/0#1 pending
+            g/1#1 pending
+            g/2#1 pending
+            job g pending
+            > cycle
+            g/0#1 ready
+            g/1#1 ready
+            g/2#1 ready
+            g/0#1 placed @h1
+            g/0#1 launching @h1
+            g/1#1 placed @h1
+            g/1#1 launching @h1
+            g/2#1 placed @h1
+            g/2#1 launching @h1
+            g/0#1 running @h1
+            g/1#1 running @h1
+            g/2#1 running @h1
+            job g running
+            > exit g/1 1
+            g/1#1 failed @h1 (exited with code 1)
+            g/1#1 backoff @h1 (exited with code 1)
+            g/0#1 killed @h1 (gang member 1 ended: the gang starts again as one)
+            g/2#1 killed @h1 (gang member 1 ended: the gang starts again as one)
+            job g pending
+              kill g/0#1 @h1
+              kill g/2#1 @h1
+            > confirm
+            g/0#2 initialized
+            g/2#2 initialized
+            > cycle
+            > tick 100
+            g/1#2 initialized
+            g/0#2 pending
+            g/1#2 pending
+            g/2#2 pending
+            > cycle
+            g/0#2 ready
+            g/1#2 ready
+            g/2#2 ready
+            g/0#2 placed @h1
+            g/0#2 launching @h1
+            g/1#2 placed @h1
+            g/1#2 launching @h1
+            g/2#2 placed @h1
+            g/2#2 launching @h1
+            g/0#2 running @h1
+            g/1#2 running @h1
+            g/2#2 running @h1
+            job g running
+        "#]],
+    );
+}
+
+#[test]
+fn a_higher_priority_task_evicts_lower_priority_work_of_its_pool() {
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1
+        cycle
+        job high pool=/ n=1 cpu=2 preemptible priority=5
+        cycle          # admitted, fits no host: a low task is evicted
+        cycle          # the victim still holds its host: nothing more
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1
+            low/0#1 pending
+            low/1#1 pending
+            job low pending
+            > cycle
+            low/0#1 ready
+            low/1#1 ready
+            low/0#1 placed @h1
+            low/0#1 launching @h1
+            low/1#1 placed @h2
+            low/1#1 launching @h2
+            low/0#1 running @h1
+            job low running
+            low/1#1 running @h2
+            > job high pool=/ n=1 cpu=2 preemptible priority=5
+            high/0#1 pending
+            job high pending
+            > cycle
+            high/0#1 ready
+            high/0#1 placing
+            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1)
+              kill low/0#1 @h1
+            > cycle
+            > confirm
+            low/0#2 initialized
+            low/0#2 pending
+            > cycle
+            low/0#2 ready
+            high/0#1 placed @h1
+            high/0#1 launching @h1
+            low/0#2 placing
+            high/0#1 running @h1
+            job high running
+        "#]],
+    );
+}
+
+#[test]
+fn a_restarted_server_adopts_the_runs_its_agents_report() {
+    check(
+        r"
+        host h1
+        host h2
+        job j pool=/ n=2 cpu=3
+        cycle
+        crash
+        register h1    # j/0 is adopted, not launched again
+        tick 20000
+        register h2
+        exit j/0 0
+        exit j/1 0
+        ",
+        expect![[r#"
+            > host h1
+            > host h2
+            > job j pool=/ n=2 cpu=3
+            j/0#1 pending
+            j/1#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h2
+            j/1#1 launching @h2
+            j/0#1 running @h1
+            job j running
+            j/1#1 running @h2
+            > crash
+            > register h1
+            > tick 20000
+            > register h2
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            > exit j/1 0
+            j/1#1 succeeded @h2
+            job j succeeded
+        "#]],
+    );
+}
+
+#[test]
+fn a_drained_host_goes_down_once_its_runs_are_confirmed_gone() {
+    check(
+        r"
+        host h1
+        host h2
+        job j pool=/ n=1 cpu=1
+        cycle
+        drain h1
+        confirm
+        cycle
+        up h1
+        ",
+        expect![[r#"
+            > host h1
+            > host h2
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/0#1 running @h1
+            job j running
+            > drain h1
+            j/0#1 preempted @h1 (host h1 drained for maintenance)
+            job j pending
+              kill j/0#1 @h1
+            > confirm
+            j/0#2 initialized
+            j/0#2 pending
+            > cycle
+            j/0#2 ready
+            j/0#2 placed @h2
+            j/0#2 launching @h2
+            j/0#2 running @h2
+            job j running
+            > up h1
+        "#]],
+    );
+}
+
+#[test]
+fn runs_of_a_lost_host_start_again_elsewhere() {
+    check(
+        r"
+        host h1
+        job j pool=/ n=1 cpu=1
+        cycle
+        host h2
+        lost-host h1
+        cycle
+        register h1    # it comes back without the run
+        ",
+        expect![[r#"
+            > host h1
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/0#1 running @h1
+            job j running
+            > host h2
+            > lost-host h1
+            j/0#1 lost @h1 (host h1 lost: no heartbeat for 10000 ms)
+            j/0#2 initialized
+            j/0#2 pending
+            job j pending
+            > cycle
+            j/0#2 ready
+            j/0#2 placed @h2
+            j/0#2 launching @h2
+            j/0#2 running @h2
+            job j running
+            > register h1
+        "#]],
+    );
+}
+
+#[test]
+fn refused_inputs_change_nothing() {
+    check(
+        r"
+        host h1
+        job j pool=/nope n=1
+        job j pool=/ n=1
+        job j pool=/ n=1
+        scale j 0
+        kill j/7
+        delete j
+        kill x
+        drain nowhere
+        ",
+        expect![[r#"
+            > host h1
+            > job j pool=/nope n=1
+            error: spec.pool: pool /nope not found
+            > job j pool=/ n=1
+            j/0#1 pending
+            job j pending
+            > job j pool=/ n=1
+            error: job j exists already
+            > scale j 0
+            error: instance_count: must be at least 1 (kill the job to stop it)
+            > kill j/7
+            error: job j has no instance 7 (it has 1)
+            > delete j
+            error: job j is pending; kill it before deleting it
+            > kill x
+            error: job x not found
+            > drain nowhere
+            error: host nowhere not found
+        "#]],
+    );
+}

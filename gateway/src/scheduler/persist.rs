@@ -1,0 +1,219 @@
+//! The only place that encodes store rows: the core's row keys and events
+//! become protobuf rows of a [`WriteBatch`]; and, at start, the store's
+//! rows become the core's [`Recovered`] input.
+
+use std::sync::Arc;
+
+use peloton_proto::v1 as pb;
+use prost::Message;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::convert::{self, Limits};
+use crate::lifecycle::{
+    Event, EventKind, JobKey, JobRow, Lifecycle, Recovered, RecoveredHost, RecoveredJob, RowKey,
+    TaskRow,
+};
+use crate::metrics::Metrics;
+use crate::store::{Snapshot, WriteBatch};
+
+use super::reads;
+
+/// Events as the API's messages.
+pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
+    events
+        .iter()
+        .map(|e| pb::Event {
+            revision: e.revision,
+            time_ms: e.time_ms,
+            kind: Some(match &e.kind {
+                EventKind::Task {
+                    job,
+                    instance,
+                    run,
+                    state,
+                    host,
+                    reason,
+                    health,
+                } => pb::event::Kind::Task(pb::TaskEvent {
+                    job_id: job.to_string(),
+                    instance: *instance,
+                    run_id: *run,
+                    state: convert::task_state_to_pb(*state) as i32,
+                    host: host.to_string(),
+                    reason: reason.to_string(),
+                    health: convert::health_to_pb(*health) as i32,
+                }),
+                EventKind::Job {
+                    job,
+                    state,
+                    deleted,
+                } => pb::event::Kind::Job(pb::JobEvent {
+                    job_id: job.to_string(),
+                    state: convert::job_state_to_pb(*state) as i32,
+                    deleted: *deleted,
+                }),
+            }),
+        })
+        .collect()
+}
+
+/// One commit's events as a stored `WatchResponse` (its events as field 1,
+/// encoded in place): (first revision, bytes).
+pub(super) fn encode_events(events: &[pb::Event]) -> (u64, Vec<u8>) {
+    let first = events[0].revision;
+    let len: usize = events
+        .iter()
+        .map(|e| prost::encoding::message::encoded_len(1, e))
+        .sum();
+    let mut bytes = Vec::with_capacity(len);
+    for e in events {
+        prost::encoding::message::encode(1, e, &mut bytes);
+    }
+    (first, bytes)
+}
+
+/// A task row as stored.
+pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
+    pb::Task {
+        current: Some(convert::run_to_pb(&row.current)),
+        failure_count: row.failures,
+        history: row.history.iter().map(convert::run_to_pb).collect(),
+        stopping: row.stopping,
+        restart_when_stopped: row.restart_when_stopped,
+        ..Default::default()
+    }
+}
+
+/// Encodes the rows the core marked into `batch` (each job row once).
+pub(super) fn rows(
+    core: &mut Lifecycle,
+    engine: &peloton_engine::Engine,
+    specs: &FxHashMap<JobKey, pb::JobSpec>,
+    rows: &mut Vec<RowKey>,
+    batch: &mut WriteBatch,
+    metrics: &Metrics,
+) {
+    let mut jobs_done = FxHashSet::default();
+    for row in rows.drain(..) {
+        match row {
+            RowKey::Job(k) => {
+                if !jobs_done.insert(k) {
+                    continue;
+                }
+                let Some(job) = core.job(k) else { continue };
+                let id = job.id.to_string();
+                let value = reads::job_to_pb(core, k, specs.get(&k)).encode_to_vec();
+                batch.jobs.push((id, Some(value)));
+            }
+            RowKey::JobDeleted(id) => {
+                batch.jobs.push((id.to_string(), None));
+                batch.delete_tasks_of.push(id.to_string());
+            }
+            RowKey::Task(k, i) => {
+                let Some(row) = core.take_task_row(k, i) else {
+                    continue;
+                };
+                let id = core.job(k).expect("row exists").id.clone();
+                batch
+                    .tasks
+                    .push(((id, i), Some(task_row_to_pb(&row).encode_to_vec())));
+            }
+            RowKey::TaskDeleted(id, i) => batch.tasks.push(((id, i), None)),
+            RowKey::Pool(path) => {
+                if let Ok(id) = engine.resources().tree().resolve(&path) {
+                    let pool = reads::pool_to_pb(engine, core, id);
+                    batch.pools.push((path, Some(pool.encode_to_vec())));
+                }
+            }
+            RowKey::PoolDeleted(path) => {
+                metrics.forget_pool(&path);
+                batch.pools.push((path, None));
+            }
+            RowKey::Host(slot) => {
+                if let Some(host) = reads::host_row(engine, core, slot) {
+                    batch
+                        .hosts
+                        .push((host.name.clone(), Some(host.encode_to_vec())));
+                }
+            }
+        }
+    }
+}
+
+/// The store's rows as the core's recovery input, and the jobs' specs by
+/// id.
+pub(super) fn recovered(
+    snap: &Snapshot,
+    agent_mode: bool,
+) -> anyhow::Result<(Recovered, Vec<(String, pb::JobSpec)>)> {
+    let mut rec = Recovered::default();
+    for (path, bytes) in &snap.pools {
+        let pool = pb::Pool::decode(bytes.as_slice())?;
+        let config = convert::pool_config(pool.spec.as_ref())
+            .map_err(|e| anyhow::anyhow!("stored pool {path}: {}", e.message()))?;
+        rec.pools.push((path.clone(), config, pool.version));
+    }
+    for (name, bytes) in &snap.hosts {
+        let host = pb::Host::decode(bytes.as_slice())?;
+        let spec = if agent_mode {
+            Some(
+                reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
+                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?,
+            )
+        } else {
+            None
+        };
+        rec.hosts.push(RecoveredHost {
+            name: name.clone(),
+            spec,
+            maintenance: host.state() != pb::HostState::Up,
+            isolation: host.isolation,
+        });
+    }
+    let mut tasks_by_job: FxHashMap<&str, Vec<(u32, TaskRow)>> = FxHashMap::default();
+    for ((job, instance), bytes) in &snap.tasks {
+        let row = pb::Task::decode(bytes.as_slice())?;
+        tasks_by_job.entry(job.as_str()).or_default().push((
+            *instance,
+            TaskRow {
+                current: convert::run_from_pb(&row.current.unwrap_or_default()),
+                failures: row.failure_count,
+                history: row.history.iter().map(convert::run_from_pb).collect(),
+                stopping: row.stopping,
+                restart_when_stopped: row.restart_when_stopped,
+            },
+        ));
+    }
+    // Stored jobs were valid when accepted; limits configured lower since
+    // must not make them unreadable.
+    let lenient = Limits {
+        max_instances_per_job: u32::MAX,
+        max_ports: usize::MAX,
+        max_list_len: usize::MAX,
+        max_string_len: usize::MAX,
+        max_overrides: usize::MAX,
+    };
+    let mut specs = Vec::new();
+    for (id, bytes) in &snap.jobs {
+        let job = pb::Job::decode(bytes.as_slice())?;
+        let spec = job.spec.clone().unwrap_or_default();
+        let plan = convert::job_plan(&spec, &lenient)
+            .map_err(|e| anyhow::anyhow!("stored job {id}: {}", e.message()))?;
+        let status = job.status.clone().unwrap_or_default();
+        rec.jobs.push(RecoveredJob {
+            row: JobRow {
+                id: Arc::from(id.as_str()),
+                version: job.version,
+                state: convert::job_state_from_pb(status.state()),
+                created_at: status.created_at_ms,
+                completed_at: status.completed_at_ms,
+                kill_requested: status.kill_requested,
+                counts: Default::default(),
+            },
+            plan,
+            tasks: tasks_by_job.remove(id.as_str()).unwrap_or_default(),
+        });
+        specs.push((id.clone(), spec));
+    }
+    Ok((rec, specs))
+}

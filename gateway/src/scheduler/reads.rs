@@ -1,0 +1,490 @@
+//! API responses built from the core's and the engine's state (on the loop
+//! thread, answered after the commit).
+
+use std::sync::Arc;
+
+use peloton_engine::admission::{TaskClass, TaskFlags};
+use peloton_engine::host::{HostArena, HostSpec, HostState};
+use peloton_engine::{Dim, Engine, PoolId};
+use peloton_proto::v1 as pb;
+use rustc_hash::FxHashMap;
+use tonic::Status;
+
+use crate::convert;
+use crate::lifecycle::{HostSlot, Job, JobKey, Lifecycle, Task, TaskState as S};
+use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
+use crate::status::status;
+
+/// The spec an instance runs: its override, or the job's default task.
+pub(super) fn instance_spec(spec: &pb::JobSpec, instance: u32) -> &pb::TaskSpec {
+    static EMPTY: std::sync::OnceLock<pb::TaskSpec> = std::sync::OnceLock::new();
+    spec.overrides
+        .iter()
+        .find(|o| o.instance == instance)
+        .and_then(|o| o.spec.as_ref())
+        .or(spec.default_task.as_ref())
+        .unwrap_or_else(|| EMPTY.get_or_init(pb::TaskSpec::default))
+}
+
+pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
+    let rm = engine.resources();
+    let tree = rm.tree();
+    let path = tree.path(id).to_string();
+    let usage = rm.usage(id).expect("live pool");
+    let ent = rm.entitlements();
+    let slot = id.idx();
+    let alloc = usage
+        .allocation
+        .total
+        .saturating_add(&usage.allocation.revocable);
+    pb::Pool {
+        spec: Some(convert::pool_spec_to_pb(tree.config(id))),
+        status: Some(pb::PoolStatus {
+            entitlement: Some(convert::resources_to_pb(ent.entitlement(slot))),
+            allocation: Some(convert::resources_to_pb(alloc)),
+            demand: Some(convert::resources_to_pb(ent.demand(slot))),
+            pending_tasks: usage.n_queued,
+            running_tasks: usage.allocation.n_tasks,
+        }),
+        version: core.pool_version(&path),
+        children: tree
+            .children(id)
+            .map(|c| tree.path(c).to_string())
+            .collect(),
+        path,
+    }
+}
+
+pub(super) fn list_pools(engine: &Engine, core: &Lifecycle) -> Vec<pb::Pool> {
+    let tree = engine.resources().tree();
+    let mut ids = tree.list();
+    ids.sort_by(|a, b| tree.path(*a).cmp(tree.path(*b)));
+    ids.into_iter()
+        .map(|id| pool_to_pb(engine, core, id))
+        .collect()
+}
+
+pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
+    let rm = engine.resources();
+    let tree = rm.tree();
+    let mut ids = tree.list();
+    ids.sort_by(|a, b| tree.path(*a).cmp(tree.path(*b)));
+    let ent = rm.entitlements();
+    for id in ids.into_iter().take(metrics.max_pools) {
+        let path = tree.path(id).to_string();
+        let slot = id.idx();
+        let usage = rm.usage(id).expect("listed pool");
+        metrics
+            .pending_tasks
+            .get_or_create(&PoolLabels { pool: path.clone() })
+            .set(usage.n_queued as i64);
+        let alloc = usage
+            .allocation
+            .total
+            .saturating_add(&usage.allocation.revocable);
+        for d in Dim::ALL {
+            let labels = PoolDimLabels {
+                pool: path.clone(),
+                dim: d.name().to_string(),
+            };
+            let e = ent.entitlement(slot)[d].min(i64::MAX as u64) as i64;
+            metrics.entitlement.get_or_create(&labels).set(e);
+            metrics
+                .allocation
+                .get_or_create(&labels)
+                .set(alloc[d] as i64);
+            metrics
+                .demand
+                .get_or_create(&labels)
+                .set(ent.demand(slot)[d].min(i64::MAX as u64) as i64);
+        }
+    }
+    metrics
+        .hosts_up
+        .set(engine.hosts().in_state(HostState::Up).len() as i64);
+}
+
+/// A job as the API shows it (and the store keeps it).
+pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, spec: Option<&pb::JobSpec>) -> pb::Job {
+    let job = core.job(k).expect("live job");
+    pb::Job {
+        id: job.id.to_string(),
+        spec: spec.cloned(),
+        status: Some(pb::JobStatus {
+            state: convert::job_state_to_pb(job.state) as i32,
+            created_at_ms: job.created_at,
+            completed_at_ms: job.completed_at,
+            task_counts: job
+                .counts
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c > 0)
+                .map(|(s, c)| pb::StateCount {
+                    state: s as i32,
+                    count: *c,
+                })
+                .collect(),
+            kill_requested: job.kill_requested,
+        }),
+        version: job.version,
+    }
+}
+
+pub(super) fn query_jobs(
+    core: &Lifecycle,
+    specs: &FxHashMap<JobKey, pb::JobSpec>,
+    r: &pb::QueryJobsRequest,
+) -> pb::QueryJobsResponse {
+    let page = match r.page_size {
+        0 => 100,
+        n => n.min(1000),
+    } as usize;
+    let mut out = pb::QueryJobsResponse::default();
+    for (k, job) in core.jobs_by_id(&r.page_token) {
+        let Some(s) = specs.get(&k) else { continue };
+        let state = convert::job_state_to_pb(job.state) as i32;
+        if (!r.pool.is_empty() && s.pool != r.pool)
+            || (!r.states.is_empty() && !r.states.contains(&state))
+            || (!r.name.is_empty() && !s.name.contains(&r.name))
+            || (!r.owner.is_empty() && s.owner != r.owner)
+            || r.labels.iter().any(|(k, v)| s.labels.get(k) != Some(v))
+        {
+            continue;
+        }
+        if out.jobs.len() == page {
+            out.next_page_token = out.jobs.last().map(|j| j.id.clone()).unwrap_or_default();
+            break;
+        }
+        out.jobs.push(job_to_pb(core, k, Some(s)));
+    }
+    out
+}
+
+fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
+    let t = &job.tasks[i as usize];
+    let mut current = convert::run_to_pb(&core.run_record(t));
+    current.health = convert::health_to_pb(t.health) as i32;
+    current.ports = t
+        .ports
+        .iter()
+        .flatten()
+        .map(|(n, p)| (n.to_string(), *p))
+        .collect();
+    let held = core.held(k, i);
+    pb::Task {
+        job_id: job.id.to_string(),
+        instance: i,
+        current: Some(current),
+        failure_count: t.failures,
+        pending_reason: String::new(),
+        history: t
+            .history
+            .iter()
+            .flat_map(|h| h.iter())
+            .map(convert::run_to_pb)
+            .collect(),
+        stopping: held.is_some(),
+        restart_when_stopped: held.is_some_and(|h| h.restart),
+    }
+}
+
+pub(super) fn list_tasks(
+    _engine: &Engine,
+    core: &Lifecycle,
+    r: &pb::ListTasksRequest,
+) -> Result<pb::ListTasksResponse, Status> {
+    let k = core.job_key(&r.job_id).map_err(status)?;
+    let job = core.job(k).expect("live");
+    let limit = match r.limit {
+        0 => 1000,
+        n => n.min(10_000),
+    } as usize;
+    let mut out = pb::ListTasksResponse::default();
+    for i in r.from_instance..job.tasks.len() as u32 {
+        let t = &job.tasks[i as usize];
+        if !r.states.is_empty()
+            && !r
+                .states
+                .contains(&(convert::task_state_to_pb(t.state) as i32))
+        {
+            continue;
+        }
+        if out.tasks.len() == limit {
+            out.next_instance = i;
+            break;
+        }
+        out.tasks.push(task_to_pb(core, k, job, i));
+    }
+    Ok(out)
+}
+
+pub(super) fn get_task(
+    engine: &Engine,
+    core: &Lifecycle,
+    job_id: &str,
+    instance: u32,
+) -> Result<pb::Task, Status> {
+    let k = core.job_key(job_id).map_err(status)?;
+    let job = core.job(k).expect("live");
+    let Some(t) = job.tasks.get(instance as usize) else {
+        return Err(status(crate::lifecycle::Error::NoInstance {
+            job: job_id.to_string(),
+            instance,
+            count: job.tasks.len() as u32,
+        }));
+    };
+    let mut task = task_to_pb(core, k, job, instance);
+    task.pending_reason = pending_reason(engine, job, instance, t);
+    Ok(task)
+}
+
+fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String {
+    let report = engine.report();
+    match t.state {
+        S::Initialized => {
+            if let Some(r) = &t.reason {
+                r.to_string()
+            } else if job.plan.max_running != 0 && job.active >= job.plan.max_running {
+                format!(
+                    "waiting: the job already has max_running_instances {} tasks queued or running",
+                    job.plan.max_running
+                )
+            } else {
+                format!(
+                    "waiting to be queued with its gang of {} (instances are queued gang by gang)",
+                    job.plan.gang
+                )
+            }
+        }
+        S::Pending => {
+            let tmpl = job.plan.template(instance);
+            let class = TaskClass::of(TaskFlags {
+                preemptible: job.plan.preemptible,
+                controller: tmpl.controller,
+                revocable: tmpl.revocable,
+            });
+            report
+                .admission
+                .blocked
+                .iter()
+                .find(|b| b.pool == job.pool && Ok(b.class) == class)
+                .map_or_else(
+                    || "queued for admission; the next cycle decides".to_string(),
+                    |b| format!("not admitted: {b}"),
+                )
+        }
+        S::Ready | S::Placing => t
+            .handle
+            .and_then(|h| report.placement.unplaced.iter().find(|u| u.task == h))
+            .map_or_else(
+                || "admitted; waiting for placement".to_string(),
+                |u| {
+                    format!(
+                        "not placed: {}",
+                        report
+                            .placement
+                            .reason_of(u)
+                            .describe(engine.hosts(), engine.constraints())
+                    )
+                },
+            ),
+        S::Backoff => format!(
+            "restarting after failure {} ({})",
+            t.failures,
+            t.reason.as_deref().unwrap_or("")
+        ),
+        _ => String::new(),
+    }
+}
+
+fn host_state_to_pb(core: &Lifecycle, hosts: &HostArena, slot: HostSlot) -> pb::HostState {
+    let id = hosts.lookup_slot(slot.idx()).expect("live");
+    match hosts.state(id) {
+        HostState::Up => pb::HostState::Up,
+        HostState::Draining => pb::HostState::Draining,
+        HostState::Down if core.in_maintenance(slot) => pb::HostState::Down,
+        HostState::Down => pb::HostState::Down,
+    }
+}
+
+pub(super) fn list_hosts(
+    engine: &Engine,
+    core: &Lifecycle,
+    hub: Option<&crate::agents::AgentHub>,
+    r: &pb::ListHostsRequest,
+) -> pb::ListHostsResponse {
+    let limit = match r.limit {
+        0 => 1000,
+        n => n.min(10_000),
+    } as usize;
+    let hosts = engine.hosts();
+    let mut names: Vec<(&str, u32)> = hosts
+        .live_hosts()
+        .iter()
+        .map(|slot| {
+            let id = hosts.lookup_slot(slot as usize).expect("live");
+            (hosts.name(id), slot)
+        })
+        .filter(|(name, _)| r.after.is_empty() || *name > r.after.as_str())
+        .collect();
+    names.sort_unstable();
+    let mut more = names.len() > limit;
+    names.truncate(limit);
+    // A page also ends once its hosts hold this many tasks (at least one
+    // host per page), so that it stays far below the message limit.
+    const MAX_TASK_REFS: usize = 100_000;
+    let mut refs = 0;
+    let mut end = names.len();
+    for (n, &(_, slot)) in names.iter().enumerate() {
+        let load = engine.tasks().on_host(slot).count();
+        if n > 0 && refs + load > MAX_TASK_REFS {
+            end = n;
+            more = true;
+            break;
+        }
+        refs += load;
+    }
+    names.truncate(end);
+    let mut out = pb::ListHostsResponse::default();
+    for &(name, slot) in &names {
+        let slot = HostSlot(slot);
+        let agent = core.agent_host(slot);
+        let tasks = core
+            .instances_on(engine, slot)
+            .into_iter()
+            .map(|(k, i)| pb::TaskRef {
+                job_id: core.job(k).expect("live").id.to_string(),
+                instance: i,
+            })
+            .collect();
+        out.hosts.push(pb::Host {
+            name: name.to_string(),
+            capacity: Some(convert::resources_to_pb(hosts.capacity(slot.idx()))),
+            free: Some(convert::resources_to_pb(hosts.free(slot.idx()))),
+            state: host_state_to_pb(core, hosts, slot) as i32,
+            attributes: host_attributes(hosts, slot.0),
+            tasks,
+            connected: agent.is_some_and(|h| h.connected),
+            last_seen_ms: hub.and_then(|hub| hub.last_seen(name)).unwrap_or(0),
+            isolation: match agent {
+                Some(h) => h.isolation.clone(),
+                None => "simulated".into(),
+            },
+        });
+    }
+    if more {
+        out.next_after = names.last().map(|(n, _)| n.to_string()).unwrap_or_default();
+    }
+    out
+}
+
+/// A host's stored row: registration and the maintenance state an operator
+/// set.
+pub(super) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Option<pb::Host> {
+    let hosts = engine.hosts();
+    let id = hosts.lookup_slot(slot.idx())?;
+    let state = if core.in_maintenance(slot) {
+        match hosts.state(id) {
+            HostState::Draining => pb::HostState::Draining,
+            _ => pb::HostState::Down,
+        }
+    } else {
+        pb::HostState::Up
+    };
+    Some(pb::Host {
+        name: hosts.name(id).to_string(),
+        capacity: Some(convert::resources_to_pb(hosts.capacity(slot.idx()))),
+        state: state as i32,
+        attributes: host_attributes(hosts, slot.0),
+        isolation: core
+            .agent_host(slot)
+            .map(|a| a.isolation.clone())
+            .unwrap_or_default(),
+        ..Default::default()
+    })
+}
+
+pub(super) fn host_attributes(
+    hosts: &HostArena,
+    slot: u32,
+) -> std::collections::HashMap<String, String> {
+    let interner = hosts.interner();
+    hosts
+        .attributes(slot as usize)
+        .iter()
+        .map(|(k, v)| {
+            (
+                interner.resolve(*k).to_string(),
+                interner.resolve(*v).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// An agent's registration as an engine host.
+pub(super) fn host_spec(
+    name: &str,
+    resources: Option<&pb::Resources>,
+    attributes: &std::collections::HashMap<String, String>,
+    ports: u32,
+) -> Result<HostSpec, Status> {
+    let capacity = convert::resources("register.resources", resources)?;
+    let gpus = resources.map_or(0.0, |r| r.gpu);
+    if gpus.fract() != 0.0 || !(0.0..=16.0).contains(&gpus) {
+        return Err(convert::invalid(
+            "register.resources.gpu",
+            format!("must be a whole number of devices, 0–16 (got {gpus})"),
+        ));
+    }
+    let mut attrs: Vec<(String, String)> = attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !attributes.contains_key("host") {
+        attrs.push(("host".into(), name.to_string()));
+    }
+    attrs.sort_unstable();
+    Ok(HostSpec {
+        name: name.to_string(),
+        capacity,
+        gpu_devices: gpus as u8,
+        ports,
+        attributes: attrs,
+    })
+}
+
+/// Where a run's logs are: its key and its host.
+pub(super) fn log_target(
+    core: &Lifecycle,
+    job_id: &str,
+    instance: u32,
+    run_id: u32,
+) -> Result<(pb::RunKey, Arc<str>), Status> {
+    let k = core.job_key(job_id).map_err(status)?;
+    let job = core.job(k).expect("live");
+    let Some(t) = job.tasks.get(instance as usize) else {
+        return Err(Status::not_found(format!(
+            "job {job_id} has no instance {instance}"
+        )));
+    };
+    let current = core.run_record(t);
+    let history = t.history.as_deref().map_or(&[][..], |h| h.as_slice());
+    let run = std::iter::once(&current)
+        .chain(history.iter())
+        .find(|r| r.launch.0 != 0 && (run_id == 0 || r.run == run_id) && !r.host.is_empty())
+        .cloned()
+        .ok_or_else(|| {
+            Status::not_found(if run_id == 0 {
+                format!("{job_id}/{instance} has not been launched yet")
+            } else {
+                format!("{job_id}/{instance} has no launched run {run_id}")
+            })
+        })?;
+    let key = pb::RunKey {
+        job_id: job_id.to_string(),
+        instance,
+        run_id: run.run,
+        launch_id: run.launch.0,
+    };
+    Ok((key, run.host))
+}
