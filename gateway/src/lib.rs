@@ -7,7 +7,9 @@ pub mod backend;
 pub mod config;
 pub mod convert;
 pub mod demo;
-pub mod lifecycle;
+/// The lifecycle core (its own crate: it cannot reach tonic, prost, tokio or
+/// redb even by accident).
+pub use peloton_lifecycle as lifecycle;
 pub mod metrics;
 pub mod scheduler;
 pub mod server;

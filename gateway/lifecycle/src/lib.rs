@@ -1,4 +1,4 @@
-//! The lifecycle core: jobs, instances, runs, holds, timers and host
+//! Peloton's lifecycle core: jobs, instances, runs, holds, timers and host
 //! reconciliation, as a pure state machine over the engine.
 //!
 //! One entry point, [`Lifecycle::step`]: an [`Input`] (a command from the
