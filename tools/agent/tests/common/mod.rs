@@ -1,0 +1,438 @@
+//! Shared helpers of the agent's cluster tests: a real `pelotond` and real
+//! `peloton-agent` processes on 127.0.0.1, their clients, spec builders,
+//! polling with a deadline, and the clean-up that leaves no task behind
+//! (a `Cluster` SIGKILLs its server, its agents and every process carrying
+//! one of its sandboxes in `PELOTON_SANDBOX` when dropped, also on a panic).
+//!
+//! `pelotond` and `peloton` are found next to this package's agent binary
+//! (`cargo test --workspace` builds every binary of the workspace; a single
+//! test target needs `cargo build -p peloton-gateway` first).
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use pb::JobState as J;
+use pb::TaskState as T;
+use peloton_proto::v1 as pb;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+pub const TOKEN: &str = "cluster-test-token";
+/// Short, so that a killed agent's host is lost quickly.
+pub const HOST_LOST_AFTER_MS: u64 = 3000;
+
+pub fn sibling(name: &str) -> PathBuf {
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_peloton-agent"));
+    let p = agent.with_file_name(name);
+    assert!(
+        p.exists(),
+        "{} not found: build the workspace's binaries first (cargo test --workspace does)",
+        p.display()
+    );
+    p
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TIMEOUT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?}: {what}"))
+}
+
+/// Polls `check` until it returns `Some`.
+pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+#[derive(Clone)]
+pub struct Clients {
+    pub pools: pb::resource_pool_service_client::ResourcePoolServiceClient<Channel>,
+    pub jobs: pb::job_service_client::JobServiceClient<Channel>,
+    pub tasks: pb::task_service_client::TaskServiceClient<Channel>,
+    pub hosts: pb::host_service_client::HostServiceClient<Channel>,
+    pub watch: pb::watch_service_client::WatchServiceClient<Channel>,
+}
+
+impl Clients {
+    pub fn new(port: u16) -> Self {
+        let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("url")
+            .connect_lazy();
+        Clients {
+            pools: pb::resource_pool_service_client::ResourcePoolServiceClient::new(
+                channel.clone(),
+            ),
+            jobs: pb::job_service_client::JobServiceClient::new(channel.clone()),
+            tasks: pb::task_service_client::TaskServiceClient::new(channel.clone()),
+            hosts: pb::host_service_client::HostServiceClient::new(channel.clone()),
+            watch: pb::watch_service_client::WatchServiceClient::new(channel),
+        }
+    }
+}
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub server: Option<Child>,
+    pub agents: BTreeMap<String, Child>,
+    pub c: Clients,
+}
+
+impl Cluster {
+    /// A server and `n` agents named a0, a1, …, every host up.
+    pub async fn start(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let mut cluster = Cluster {
+            dir,
+            port,
+            server: None,
+            agents: BTreeMap::new(),
+            c: Clients::new(port),
+        };
+        cluster.start_server().await;
+        for i in 0..n {
+            cluster.start_agent(&format!("a{i}")).await;
+        }
+        cluster.wait_hosts_up(n).await;
+        let mut pools = cluster.c.pools.clone();
+        pools
+            .create(pb::CreatePoolRequest {
+                path: "/t".into(),
+                spec: Some(pb::PoolSpec {
+                    reservation: Some(pb::Resources {
+                        cpu: 1.0,
+                        memory_mb: 512.0,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("pool");
+        cluster
+    }
+
+    pub async fn start_server(&mut self) {
+        let mut child = Command::new(sibling("pelotond"))
+            .arg("--data-dir")
+            .arg(self.dir.path().join("server"))
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--no-metrics", "--agent-token", TOKEN])
+            .args(["--host-lost-after-ms", &HOST_LOST_AFTER_MS.to_string()])
+            .args(["--cycle-interval-ms", "5"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("pelotond starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        within("pelotond to serve", async {
+            while let Some(line) = lines.next_line().await.expect("stdout") {
+                if line.starts_with("pelotond: serving gRPC on") {
+                    return;
+                }
+            }
+            panic!("pelotond exited before serving");
+        })
+        .await;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        self.server = Some(child);
+    }
+
+    pub fn work_dir(&self, host: &str) -> PathBuf {
+        self.dir.path().join("agents").join(host)
+    }
+
+    pub async fn start_agent(&mut self, host: &str) {
+        let work = self.work_dir(host);
+        std::fs::create_dir_all(&work).expect("work dir");
+        let child = Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
+            .args(["--server", &format!("http://127.0.0.1:{}", self.port)])
+            .arg("--work-dir")
+            .arg(&work)
+            .args(["--host", host, "--token", TOKEN])
+            .args(["--resources", "cpu=4,mem=4096,disk=10000"])
+            .args(["--attr", &format!("rack=r-{host}")])
+            .args(["--ports", &agent_port_range()])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("agent starts");
+        self.agents.insert(host.to_string(), child);
+    }
+
+    pub async fn sigkill_agent(&mut self, host: &str) {
+        let mut child = self.agents.remove(host).expect("agent");
+        child.kill().await.expect("SIGKILL");
+    }
+
+    pub async fn hosts(&self) -> Vec<pb::Host> {
+        let mut h = self.c.hosts.clone();
+        h.list(pb::ListHostsRequest::default())
+            .await
+            .map(|r| r.into_inner().hosts)
+            .unwrap_or_default()
+    }
+
+    pub async fn wait_hosts_up(&self, n: usize) {
+        eventually(&format!("{n} hosts up"), async || {
+            let up = self
+                .hosts()
+                .await
+                .iter()
+                .filter(|h| h.state() == pb::HostState::Up && h.connected)
+                .count();
+            (up >= n).then_some(())
+        })
+        .await;
+    }
+
+    pub async fn create(&self, spec: pb::JobSpec) -> String {
+        let mut jobs = self.c.jobs.clone();
+        jobs.create(pb::CreateJobRequest { spec: Some(spec) })
+            .await
+            .expect("create job")
+            .into_inner()
+            .job
+            .expect("job")
+            .id
+    }
+
+    pub async fn kill_job(&self, id: &str) {
+        let mut jobs = self.c.jobs.clone();
+        jobs.kill(pb::KillJobRequest {
+            id: id.into(),
+            version: 0,
+        })
+        .await
+        .expect("kill");
+    }
+
+    pub async fn job(&self, id: &str) -> Option<pb::Job> {
+        let mut jobs = self.c.jobs.clone();
+        jobs.get(pb::GetJobRequest { id: id.into() })
+            .await
+            .ok()
+            .and_then(|r| r.into_inner().job)
+    }
+
+    pub async fn wait_job(&self, id: &str, want: J) -> pb::Job {
+        eventually(&format!("job {id} {want:?}"), async || {
+            let j = self.job(id).await?;
+            let state = j.status.as_ref()?.state();
+            if state == want {
+                return Some(j);
+            }
+            assert!(
+                !matches!(state, J::Succeeded | J::Failed | J::Killed),
+                "job ended {state:?}, not {want:?}: {j:#?}"
+            );
+            None
+        })
+        .await
+    }
+
+    pub async fn task(&self, id: &str, instance: u32) -> Option<pb::Task> {
+        let mut tasks = self.c.tasks.clone();
+        tasks
+            .get(pb::GetTaskRequest {
+                job_id: id.into(),
+                instance,
+            })
+            .await
+            .ok()
+            .and_then(|r| r.into_inner().task)
+    }
+
+    /// Every task of job `id` (TaskService.List, one page).
+    pub async fn tasks(&self, id: &str) -> Vec<pb::Task> {
+        let mut tasks = self.c.tasks.clone();
+        tasks
+            .list(pb::ListTasksRequest {
+                job_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().tasks)
+            .unwrap_or_default()
+    }
+
+    pub async fn wait_running(&self, id: &str, n: u32) -> Vec<pb::Task> {
+        eventually(&format!("{n} tasks of {id} running"), async || {
+            let mut out = Vec::new();
+            for i in 0..n {
+                let t = self.task(id, i).await?;
+                if t.current.as_ref()?.state() != T::Running {
+                    return None;
+                }
+                out.push(t);
+            }
+            Some(out)
+        })
+        .await
+    }
+
+    pub async fn logs(&self, id: &str, instance: u32, stderr: bool) -> String {
+        let mut tasks = self.c.tasks.clone();
+        let mut stream = tasks
+            .logs(pb::TaskLogsRequest {
+                job_id: id.into(),
+                instance,
+                stderr,
+                ..Default::default()
+            })
+            .await
+            .expect("logs")
+            .into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.message().await.expect("log chunk") {
+            out.extend_from_slice(&chunk.data);
+        }
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    /// Every sandbox of every agent, as (agent, dir name, path).
+    pub fn sandboxes(&self) -> Vec<(String, String, PathBuf)> {
+        let mut out = Vec::new();
+        let Ok(agents) = std::fs::read_dir(self.dir.path().join("agents")) else {
+            return out;
+        };
+        for a in agents.flatten() {
+            let Ok(dirs) = std::fs::read_dir(a.path().join("sandboxes")) else {
+                continue;
+            };
+            for d in dirs.flatten() {
+                out.push((
+                    a.file_name().to_string_lossy().into_owned(),
+                    d.file_name().to_string_lossy().into_owned(),
+                    d.path(),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Tasks left running by a SIGKILLed agent end on their own; kill
+        // what is left of ours so that nothing outlives the test.
+        for (_, c) in self.agents.iter_mut() {
+            let _ = c.start_kill();
+        }
+        if let Some(s) = self.server.as_mut() {
+            let _ = s.start_kill();
+        }
+        kill_processes_with_env(&format!("PELOTON_SANDBOX={}", self.dir.path().display()));
+    }
+}
+
+/// Ports per agent.
+const PORTS_PER_AGENT: u32 = 20;
+/// Agents started by this test process so far.
+static AGENTS_STARTED: AtomicU32 = AtomicU32::new(0);
+
+/// A `--ports` range of its own for each agent: distinct within this test
+/// process, and offset by the pid so that test processes running at once
+/// (or a `pelotond --local-agents`) seldom share one. Agents skip ports
+/// something else listens on, so a shared range costs at most a retry.
+fn agent_port_range() -> String {
+    const SLOTS: u32 = 1000; // 20000..40000, below the kernel's ephemeral range
+    let n = AGENTS_STARTED.fetch_add(1, Ordering::Relaxed);
+    let slot = (std::process::id().wrapping_mul(37).wrapping_add(n)) % SLOTS;
+    let first = 20_000 + slot * PORTS_PER_AGENT;
+    format!("{first}-{}", first + PORTS_PER_AGENT - 1)
+}
+
+/// Pids of processes whose environment has a variable starting with
+/// `needle` (our tasks carry their sandbox path in PELOTON_SANDBOX).
+pub fn processes_with_env(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        if env
+            .split(|&b| b == 0)
+            .any(|var| var.starts_with(needle.as_bytes()))
+        {
+            // Zombies keep their environ readable only while alive.
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            if !state.starts_with('Z') {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+pub fn kill_processes_with_env(needle: &str) {
+    for pid in processes_with_env(needle) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+pub fn task_spec(shell: &str) -> pb::TaskSpec {
+    pb::TaskSpec {
+        shell: shell.into(),
+        resources: Some(pb::Resources {
+            cpu: 0.5,
+            memory_mb: 256.0,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn job(name: &str, n: u32, task: pb::TaskSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.into(),
+        pool: "/t".into(),
+        instance_count: n,
+        default_task: Some(task),
+        // Preemptible work may use more than the pool's reservation.
+        sla: Some(pb::Sla {
+            preemptible: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
