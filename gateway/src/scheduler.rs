@@ -209,6 +209,44 @@ pub enum Command {
         /// Reply.
         reply: Reply<(pb::RunKey, Outbox)>,
     },
+    /// Start a rolling update.
+    UpdateJob {
+        /// Job id.
+        job_id: String,
+        /// Expected job version (0: any).
+        version: u64,
+        /// The new spec as sent.
+        spec: Box<pb::JobSpec>,
+        /// Validated.
+        plan: Box<JobPlan>,
+        /// How to roll.
+        update: crate::lifecycle::UpdateSpec,
+        /// Reply: the update and the job.
+        reply: Reply<(pb::Update, pb::Job)>,
+    },
+    /// Read an update.
+    GetUpdate {
+        /// Update id.
+        id: String,
+        /// Reply.
+        reply: Reply<pb::Update>,
+    },
+    /// A job's updates, newest first.
+    ListUpdates {
+        /// Job id.
+        job_id: String,
+        /// Reply.
+        reply: Reply<Vec<pb::Update>>,
+    },
+    /// Pause, resume, abort or roll back an update.
+    UpdateAction {
+        /// Update id.
+        id: String,
+        /// What.
+        action: crate::lifecycle::UpdateAction,
+        /// Reply.
+        reply: Reply<pb::Update>,
+    },
     /// Finish the current batch and stop.
     Shutdown,
 }
@@ -261,6 +299,9 @@ const LOST_CHECK_INTERVAL_MS: u64 = 500;
 
 type Deferred = Box<dyn FnOnce() + Send>;
 
+/// A job's specs by config version.
+pub(crate) type Specs = std::collections::BTreeMap<u64, pb::JobSpec>;
+
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
 /// on its own thread.
 pub struct Scheduler {
@@ -270,8 +311,9 @@ pub struct Scheduler {
     backend: Box<dyn HostBackend>,
     config: LoopConfig,
     metrics: Arc<Metrics>,
-    /// Job specs as users sent them (the core keeps their plans).
-    specs: FxHashMap<JobKey, pb::JobSpec>,
+    /// Job specs as users sent them, by config version (the core keeps
+    /// their plans).
+    specs: FxHashMap<JobKey, Specs>,
     fx: Effects,
     batch: WriteBatch,
     deferred: Vec<Deferred>,
@@ -325,9 +367,9 @@ impl Scheduler {
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
         let mut specs = FxHashMap::default();
-        for (id, spec) in specs_by_id {
+        for (id, versions) in specs_by_id {
             let key = core.job_key(&id).expect("recovered");
-            specs.insert(key, spec);
+            specs.insert(key, versions);
         }
         metrics.jobs.set(core.n_jobs() as i64);
         Ok(Scheduler {
@@ -466,7 +508,7 @@ impl Scheduler {
         let wants_specs = self.backend.wants_specs();
         for l in self.fx.launches.drain(..) {
             let spec = wants_specs
-                .then(|| self.specs.get(&l.run.job))
+                .then(|| self.specs.get(&l.run.job).and_then(|s| s.get(&l.config)))
                 .flatten()
                 .map(|s| Arc::new(reads::instance_spec(s, l.run.instance).clone()));
             self.launches.push(Launch {
@@ -523,7 +565,7 @@ impl Scheduler {
         persist::rows(
             &mut self.core,
             &self.engine,
-            &self.specs,
+            &mut self.specs,
             &mut self.fx.rows,
             &mut self.batch,
             &self.metrics,
@@ -719,8 +761,10 @@ impl Scheduler {
                     })
                     .map(|a| match a {
                         Answer::Job(k) => {
+                            let config = self.core.job(k).expect("live").config;
                             if let JobAction::Scale(count) = action
-                                && let Some(spec) = self.specs.get_mut(&k)
+                                && let Some(spec) =
+                                    self.specs.get_mut(&k).and_then(|s| s.get_mut(&config))
                             {
                                 spec.instance_count = count;
                                 // A stored spec must stay valid.
@@ -831,8 +875,76 @@ impl Scheduler {
                 );
                 self.defer(reply, r);
             }
+            Command::UpdateJob {
+                job_id,
+                version,
+                spec,
+                plan,
+                update,
+                reply,
+            } => {
+                let r = self.update_job(job_id, version, *spec, *plan, update);
+                self.defer(reply, r);
+            }
+            Command::GetUpdate { id, reply } => {
+                let r = self
+                    .core
+                    .update(&id)
+                    .map(|u| reads::update_to_pb(&self.core, u))
+                    .ok_or_else(|| status(crate::lifecycle::Error::UpdateNotFound(id)));
+                self.defer(reply, r);
+            }
+            Command::ListUpdates { job_id, reply } => {
+                let r = self.core.job_key(&job_id).map_err(status).map(|k| {
+                    let job = self.core.job(k).expect("live");
+                    job.updates
+                        .iter()
+                        .rev()
+                        .filter_map(|id| self.core.update(id))
+                        .map(|u| reads::update_to_pb(&self.core, u))
+                        .collect()
+                });
+                self.defer(reply, r);
+            }
+            Command::UpdateAction { id, action, reply } => {
+                let r = self
+                    .apply(Input::UpdateAction {
+                        id: id.clone(),
+                        action,
+                    })
+                    .map(|_| {
+                        reads::update_to_pb(&self.core, self.core.update(&id).expect("acted on"))
+                    });
+                self.defer(reply, r);
+            }
             Command::Shutdown => {}
         }
+    }
+
+    fn update_job(
+        &mut self,
+        job_id: String,
+        version: u64,
+        spec: pb::JobSpec,
+        plan: JobPlan,
+        update: crate::lifecycle::UpdateSpec,
+    ) -> Result<(pb::Update, pb::Job), Status> {
+        let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
+        let answer = self.apply(Input::UpdateJob(Box::new(
+            crate::lifecycle::UpdateRequest {
+                job_id,
+                version,
+                id: id.clone(),
+                plan,
+                spec: update,
+            },
+        )))?;
+        let Answer::Job(k) = answer else {
+            unreachable!("an update answers its job");
+        };
+        let u = self.core.update(&id).expect("created");
+        self.specs.entry(k).or_default().insert(u.to, spec);
+        Ok((reads::update_to_pb(&self.core, u), self.job_to_pb(k)))
     }
 
     fn pool_answer(&self, a: Answer) -> pb::Pool {
@@ -855,7 +967,7 @@ impl Scheduler {
         let Answer::Job(k) = answer else {
             unreachable!("job creation answers the job");
         };
-        self.specs.insert(k, spec);
+        self.specs.insert(k, Specs::from([(1, spec)]));
         self.metrics.jobs.set(self.core.n_jobs() as i64);
         Ok(self.job_to_pb(k))
     }

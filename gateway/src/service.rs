@@ -10,6 +10,7 @@ use pb::host_service_server::HostService;
 use pb::job_service_server::JobService;
 use pb::resource_pool_service_server::ResourcePoolService;
 use pb::task_service_server::TaskService;
+use pb::update_service_server::UpdateService;
 use pb::watch_service_server::WatchService;
 use peloton_proto::v1 as pb;
 use prost::Message;
@@ -18,6 +19,7 @@ use tonic::{Request, Response, Status};
 
 use crate::agents::AgentHub;
 use crate::convert::{self, Limits};
+use crate::lifecycle::{UpdateAction, UpdateSpec};
 use crate::scheduler::{Command, JobAction, Reply};
 use crate::store::Store;
 
@@ -647,5 +649,125 @@ impl WatchService for Api {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+/// Largest batch of an update.
+const MAX_UPDATE_BATCH: u32 = 100_000;
+
+fn update_spec(u: Option<&pb::UpdateSpec>) -> Result<UpdateSpec, Status> {
+    let u = u.cloned().unwrap_or_default();
+    if u.batch_size > MAX_UPDATE_BATCH {
+        return Err(convert::invalid(
+            "update.batch_size",
+            format!(
+                "{} is more than the limit of {MAX_UPDATE_BATCH}",
+                u.batch_size
+            ),
+        ));
+    }
+    Ok(UpdateSpec {
+        batch_size: u.batch_size.max(1),
+        max_instance_retries: u.max_instance_retries,
+        max_failed_instances: u.max_failed_instances,
+        rollback_on_failure: u.rollback_on_failure,
+        start_paused: u.start_paused,
+    })
+}
+
+impl Api {
+    async fn update_action(
+        &self,
+        request: Request<pb::UpdateActionRequest>,
+        action: UpdateAction,
+    ) -> Result<Response<pb::UpdateActionResponse>, Status> {
+        let id = request.into_inner().id;
+        check_id("id", &id)?;
+        let update = self
+            .call(|reply| Command::UpdateAction { id, action, reply })
+            .await?;
+        Ok(Response::new(pb::UpdateActionResponse {
+            update: Some(update),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl UpdateService for Api {
+    async fn create(
+        &self,
+        request: Request<pb::UpdateJobRequest>,
+    ) -> Result<Response<pb::UpdateJobResponse>, Status> {
+        let r = request.into_inner();
+        check_id("job_id", &r.job_id)?;
+        let spec = r.spec.ok_or_else(|| convert::invalid("spec", "missing"))?;
+        let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+        let update = update_spec(r.update.as_ref())?;
+        let (update, job) = self
+            .call(|reply| Command::UpdateJob {
+                job_id: r.job_id,
+                version: r.version,
+                spec: Box::new(spec),
+                plan,
+                update,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::UpdateJobResponse {
+            update: Some(update),
+            job: Some(job),
+        }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetUpdateRequest>,
+    ) -> Result<Response<pb::GetUpdateResponse>, Status> {
+        let id = request.into_inner().id;
+        check_id("id", &id)?;
+        let update = self.call(|reply| Command::GetUpdate { id, reply }).await?;
+        Ok(Response::new(pb::GetUpdateResponse {
+            update: Some(update),
+        }))
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListUpdatesRequest>,
+    ) -> Result<Response<pb::ListUpdatesResponse>, Status> {
+        let job_id = request.into_inner().job_id;
+        check_id("job_id", &job_id)?;
+        let updates = self
+            .call(|reply| Command::ListUpdates { job_id, reply })
+            .await?;
+        Ok(Response::new(pb::ListUpdatesResponse { updates }))
+    }
+
+    async fn pause(
+        &self,
+        request: Request<pb::UpdateActionRequest>,
+    ) -> Result<Response<pb::UpdateActionResponse>, Status> {
+        self.update_action(request, UpdateAction::Pause).await
+    }
+
+    async fn resume(
+        &self,
+        request: Request<pb::UpdateActionRequest>,
+    ) -> Result<Response<pb::UpdateActionResponse>, Status> {
+        self.update_action(request, UpdateAction::Resume).await
+    }
+
+    async fn abort(
+        &self,
+        request: Request<pb::UpdateActionRequest>,
+    ) -> Result<Response<pb::UpdateActionResponse>, Status> {
+        self.update_action(request, UpdateAction::Abort).await
+    }
+
+    async fn rollback(
+        &self,
+        request: Request<pb::UpdateActionRequest>,
+    ) -> Result<Response<pb::UpdateActionResponse>, Status> {
+        self.update_action(request, UpdateAction::Rollback).await
     }
 }

@@ -8,7 +8,10 @@ use crate::lifecycle::Error;
 /// The gRPC code of a refusal.
 pub fn code(e: &Error) -> Code {
     match e {
-        Error::JobNotFound(_) | Error::NoInstance { .. } | Error::HostNotFound(_) => Code::NotFound,
+        Error::JobNotFound(_)
+        | Error::NoInstance { .. }
+        | Error::HostNotFound(_)
+        | Error::UpdateNotFound(_) => Code::NotFound,
         Error::JobPool(_) => Code::NotFound,
         Error::Stale { .. } | Error::Precondition(_) => Code::FailedPrecondition,
         Error::Pool(p) => match p {

@@ -14,6 +14,10 @@
 //! - `tasks`: (job id, instance) → `Task` (current run, failure count,
 //!   history). An instance without a row has not started its first run;
 //! - `hosts`: host name → `Host` (the maintenance state an operator set);
+//! - `configs`: (job id, config version) → `JobSpec`: the job's specs that
+//!   some instance still runs or an update may roll back to (the current one
+//!   is also in the job's row);
+//! - `updates`: update id → `Update` (spec, state, progress);
 //! - `events`: first revision of a commit → `WatchResponse` holding that
 //!   commit's events, trimmed to a bounded retention;
 //! - `meta`: counters (the last revision).
@@ -27,6 +31,8 @@ const POOLS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("pools");
 const JOBS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("jobs");
 const TASKS: TableDefinition<'_, (&str, u32), &[u8]> = TableDefinition::new("tasks");
 const HOSTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("hosts");
+const CONFIGS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("configs");
+const UPDATES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("updates");
 const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
@@ -44,6 +50,9 @@ impl StoreError {
     }
 }
 
+/// Key of a config row: (job id, config version).
+pub type ConfigKey = (Arc<str>, u64);
+
 /// Key of a task row: (job id, instance).
 pub type TaskKey = (Arc<str>, u32);
 
@@ -56,8 +65,12 @@ pub struct WriteBatch {
     pub jobs: Vec<(String, Option<Vec<u8>>)>,
     /// Task rows.
     pub tasks: Vec<(TaskKey, Option<Vec<u8>>)>,
-    /// Jobs whose task rows all go.
+    /// Jobs whose task and config rows all go.
     pub delete_tasks_of: Vec<String>,
+    /// Job specs by (job id, config version).
+    pub configs: Vec<(ConfigKey, Option<Vec<u8>>)>,
+    /// Update rows.
+    pub updates: Vec<(String, Option<Vec<u8>>)>,
     /// Host rows.
     pub hosts: Vec<(String, Option<Vec<u8>>)>,
     /// This commit's events: (first revision, encoded `WatchResponse`).
@@ -75,6 +88,8 @@ impl WriteBatch {
             && self.jobs.is_empty()
             && self.tasks.is_empty()
             && self.delete_tasks_of.is_empty()
+            && self.configs.is_empty()
+            && self.updates.is_empty()
             && self.hosts.is_empty()
             && self.events.is_none()
             && self.trim_events_before.is_none()
@@ -92,6 +107,10 @@ pub struct Snapshot {
     pub tasks: Vec<((String, u32), Vec<u8>)>,
     /// Host rows.
     pub hosts: Vec<(String, Vec<u8>)>,
+    /// Config rows in (job id, version) order.
+    pub configs: Vec<((String, u64), Vec<u8>)>,
+    /// Update rows.
+    pub updates: Vec<(String, Vec<u8>)>,
     /// The last revision.
     pub revision: u64,
 }
@@ -137,6 +156,8 @@ impl RedbStore {
             txn.open_table(JOBS).map_err(StoreError::from)?;
             txn.open_table(TASKS).map_err(StoreError::from)?;
             txn.open_table(HOSTS).map_err(StoreError::from)?;
+            txn.open_table(CONFIGS).map_err(StoreError::from)?;
+            txn.open_table(UPDATES).map_err(StoreError::from)?;
             txn.open_table(EVENTS).map_err(StoreError::from)?;
             txn.open_table(META).map_err(StoreError::from)?;
         }
@@ -165,8 +186,16 @@ impl Store for RedbStore {
             pools: read_all(&txn, POOLS)?,
             jobs: read_all(&txn, JOBS)?,
             hosts: read_all(&txn, HOSTS)?,
+            updates: read_all(&txn, UPDATES)?,
             ..Snapshot::default()
         };
+        let configs = txn.open_table(CONFIGS).map_err(StoreError::from)?;
+        for row in configs.iter().map_err(StoreError::from)? {
+            let (k, v) = row.map_err(StoreError::from)?;
+            let (job, version) = k.value();
+            snap.configs
+                .push(((job.to_string(), version), v.value().to_vec()));
+        }
         let tasks = txn.open_table(TASKS).map_err(StoreError::from)?;
         for row in tasks.iter().map_err(StoreError::from)? {
             let (k, v) = row.map_err(StoreError::from)?;
@@ -213,6 +242,27 @@ impl Store for RedbStore {
                 match v {
                     Some(v) => tasks.insert((&**job, *instance), v.as_slice()).map(drop),
                     None => tasks.remove((&**job, *instance)).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut configs = txn.open_table(CONFIGS).map_err(StoreError::from)?;
+            for job in &batch.delete_tasks_of {
+                configs
+                    .retain_in((job.as_str(), 0)..=(job.as_str(), u64::MAX), |_, _| false)
+                    .map_err(StoreError::from)?;
+            }
+            for ((job, version), v) in &batch.configs {
+                match v {
+                    Some(v) => configs.insert((&**job, *version), v.as_slice()).map(drop),
+                    None => configs.remove((&**job, *version)).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut updates = txn.open_table(UPDATES).map_err(StoreError::from)?;
+            for (k, v) in &batch.updates {
+                match v {
+                    Some(v) => updates.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => updates.remove(k.as_str()).map(drop),
                 }
                 .map_err(StoreError::from)?;
             }

@@ -57,6 +57,8 @@ pub struct Launch {
     pub host: Arc<str>,
     /// The job's id.
     pub job_id: Arc<str>,
+    /// The job's config version the run runs.
+    pub config: u64,
     /// How long a simulated run lasts.
     pub sim_duration_ms: u64,
     /// How a simulated run ends.
@@ -106,6 +108,14 @@ pub enum RowKey {
     PoolDeleted(String),
     /// A host's row.
     Host(HostSlot),
+    /// A job's spec of a config version (written once).
+    Config(JobKey, u64),
+    /// A config version no longer needed.
+    ConfigDeleted(Arc<str>, u64),
+    /// An update's row.
+    Update(Arc<str>),
+    /// An update forgotten.
+    UpdateDeleted(Arc<str>),
 }
 
 /// Counters for the metrics.

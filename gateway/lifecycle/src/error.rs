@@ -19,6 +19,9 @@ pub enum Error {
         /// Instances it has.
         count: u32,
     },
+    /// No update with this id.
+    #[error("update {0} not found")]
+    UpdateNotFound(String),
     /// No host with this name.
     #[error("host {0} not found")]
     HostNotFound(String),

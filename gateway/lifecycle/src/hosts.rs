@@ -27,7 +27,7 @@ impl Lifecycle {
     /// engine task, so its resources) until the host confirms.
     pub(super) fn stop_on_host(&mut self, k: JobKey, i: u32, preempted: bool, fx: &mut Effects) {
         let job = self.jobs.get_mut(&k).expect("live job");
-        let grace_ms = job.plan.template(i).kill_grace_ms;
+        let grace_ms = job.template(i).kill_grace_ms;
         let job_id = job.id.clone();
         let t = &mut job.tasks[i as usize];
         let handle = t.handle.take();
@@ -468,7 +468,7 @@ impl Lifecycle {
         fx: &mut Effects,
     ) {
         let job = self.job_mut(k);
-        let checked = job.plan.template(i).health_check;
+        let checked = job.template(i).health_check;
         let t = &mut job.tasks[i as usize];
         if t.state != S::Running || !checked || health == Health::None || t.health == health {
             return;

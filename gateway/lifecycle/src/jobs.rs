@@ -148,6 +148,9 @@ impl Lifecycle {
             active: 0,
             held: 0,
             next_gang: 0,
+            config: 1,
+            old_configs: Default::default(),
+            updates: Default::default(),
         };
         job.counts[S::Initialized as usize] = n;
         self.jobs.insert(key, job);
@@ -174,6 +177,7 @@ impl Lifecycle {
             return Err(Error::Exhausted(reason));
         }
         self.dirty_jobs.insert(key);
+        fx.rows.push(RowKey::Config(key, 1));
         fx.counters.tasks_accepted += u64::from(n);
         Ok(Answer::Job(key))
     }
@@ -289,6 +293,21 @@ impl Lifecycle {
         if count > n {
             self.check_job_pool(engine, k)?;
         }
+        self.scale_to(engine, k, count, "job scaled down", fx);
+        Ok(())
+    }
+
+    /// Changes the instance count: the highest instances are killed and
+    /// removed, or new ones (on the job's current config) wait to start.
+    pub(super) fn scale_to(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        count: u32,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        let n = self.jobs[&k].tasks.len() as u32;
         if count < n {
             let job = self.job_mut(k);
             let gone: Vec<u32> = job
@@ -299,10 +318,10 @@ impl Lifecycle {
                 .collect();
             job.waiting.retain(|&w| w < count);
             for i in gone {
-                self.transition(k, i, S::Killed, Some("job scaled down"), fx);
+                self.transition(k, i, S::Killed, Some(reason), fx);
             }
             for i in count..n {
-                self.end_run(engine, k, i, S::Killed, "job scaled down", fx);
+                self.end_run(engine, k, i, S::Killed, reason, fx);
                 if let Some(h) = self.held.get_mut(&(k, i)) {
                     h.restart = false;
                 }
@@ -322,8 +341,17 @@ impl Lifecycle {
         } else {
             let now = self.now;
             let job = self.job_mut(k);
+            let config = job.config;
             for i in n..count {
-                job.tasks.push(Task::new(now));
+                let mut t = Task::new(now);
+                t.config = config;
+                if config != 1 {
+                    // Recovery takes instances without a row to be on the
+                    // job's first config.
+                    t.dirty = true;
+                    fx.rows.push(RowKey::Task(k, i));
+                }
+                job.tasks.push(t);
                 job.counts[S::Initialized as usize] += 1;
                 job.waiting.push_back(i);
             }
@@ -331,7 +359,6 @@ impl Lifecycle {
             self.need_fill.insert(k);
         }
         self.job_mut(k).plan.instance_count = count;
-        Ok(())
     }
 
     /// Makes sure the job's pool still exists (it may have been deleted

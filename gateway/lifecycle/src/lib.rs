@@ -28,6 +28,7 @@ mod recover;
 mod runs;
 #[cfg(test)]
 mod tests;
+mod updates;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -45,6 +46,9 @@ pub use model::{
     RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, legal,
 };
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask};
+pub use updates::{
+    MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateRequest, UpdateSpec, UpdateState,
+};
 
 /// What to do to a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,6 +223,15 @@ pub enum Input {
     },
     /// Status changes from the simulated hosts.
     Updates(Vec<TaskUpdate>),
+    /// Start a rolling update of a service to a new plan.
+    UpdateJob(Box<UpdateRequest>),
+    /// Pause, resume, abort or roll back an update.
+    UpdateAction {
+        /// Update id.
+        id: String,
+        /// What.
+        action: UpdateAction,
+    },
     /// Run a scheduling cycle (entitlement, admission, placement,
     /// preemption).
     Cycle,
@@ -318,6 +331,10 @@ pub struct Lifecycle {
     /// Jobs whose counts or holds changed in this step (state derived and
     /// row written at its end).
     dirty_jobs: FxHashSet<JobKey>,
+    /// Updates by id (bounded per job).
+    updates: FxHashMap<Arc<str>, Update>,
+    /// Updates moving instances now.
+    rolling: FxHashSet<Arc<str>>,
     needs_cycle: bool,
     now: u64,
 }
@@ -342,6 +359,8 @@ impl Lifecycle {
             need_fill: FxHashSet::default(),
             retry_fill: FxHashSet::default(),
             dirty_jobs: FxHashSet::default(),
+            updates: FxHashMap::default(),
+            rolling: FxHashSet::default(),
             needs_cycle: true,
             now: 0,
         };
@@ -403,6 +422,8 @@ impl Lifecycle {
                 }
                 Ok(Answer::Done)
             }
+            Input::UpdateJob(request) => self.create_update(engine, *request, fx),
+            Input::UpdateAction { id, action } => self.update_action(engine, &id, action, fx),
             Input::Cycle => {
                 self.cycle(engine, fx);
                 self.need_fill.extend(self.retry_fill.drain());
@@ -413,6 +434,9 @@ impl Lifecycle {
                 Ok(Answer::Done)
             }
         };
+        if answer.is_ok() {
+            self.advance_updates(engine, fx);
+        }
         self.fill_all(engine, fx);
         self.derive_job_states(fx);
         if cfg!(debug_assertions) {

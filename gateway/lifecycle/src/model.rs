@@ -381,6 +381,8 @@ pub struct Task {
     pub ports: Option<AssignedPorts>,
     /// The gang the current run was queued with (gang jobs).
     pub gang: Option<u32>,
+    /// Version of the job's spec the instance runs (its next runs too).
+    pub config: u64,
     /// Earlier runs, newest first. Boxed: a thin pointer per task (most
     /// tasks never restart).
     #[allow(clippy::box_collection)]
@@ -408,6 +410,7 @@ impl Task {
             health: Health::None,
             ports: None,
             gang: None,
+            config: 1,
             history: None,
             dirty: false,
         }
@@ -445,9 +448,38 @@ pub struct Job {
     pub held: u32,
     /// Next gang number (gang jobs).
     pub next_gang: u32,
+    /// Version of `plan` (1 at creation; each update adds one).
+    pub config: u64,
+    /// Earlier plans some instance still runs, or an update may roll back
+    /// to, by version.
+    pub old_configs: std::collections::BTreeMap<u64, JobPlan>,
+    /// The job's updates, oldest first (bounded).
+    pub updates: VecDeque<Arc<str>>,
 }
 
 impl Job {
+    /// The template instance `i` runs: from the plan of its config version.
+    pub fn template(&self, i: u32) -> &TaskTemplate {
+        let config = self.tasks.get(i as usize).map_or(self.config, |t| t.config);
+        self.plan_of(config).template(i)
+    }
+
+    /// The plan of a config version the job still knows.
+    pub fn plan_of(&self, config: u64) -> &JobPlan {
+        if config == self.config {
+            &self.plan
+        } else {
+            self.old_configs
+                .get(&config)
+                .expect("configs of live instances are kept")
+        }
+    }
+
+    /// The job's latest update.
+    pub fn latest_update(&self) -> Option<&Arc<str>> {
+        self.updates.back()
+    }
+
     /// The job's tasks that `f` accepts, as instance numbers.
     pub fn instances_where(&self, f: impl Fn(&Task) -> bool) -> Vec<u32> {
         (0..self.tasks.len() as u32)
@@ -470,6 +502,8 @@ pub struct TaskRow {
     pub stopping: bool,
     /// Start a new run once the host confirms.
     pub restart_when_stopped: bool,
+    /// Config version of the instance.
+    pub config: u64,
 }
 
 /// What the store keeps of a job besides its spec.
@@ -489,4 +523,8 @@ pub struct JobRow {
     pub kill_requested: bool,
     /// Tasks per state.
     pub counts: [u32; N_STATES],
+    /// Version of the current spec.
+    pub config: u64,
+    /// The latest update.
+    pub update: Option<Arc<str>>,
 }

@@ -13,7 +13,7 @@ use super::effects::Effects;
 use super::model::{
     HostSlot, Job, JobPlan, JobRow, N_STATES, RunRef, Task, TaskRow, TaskState as S,
 };
-use super::{AgentHost, CoreConfig, Held, Lifecycle, TimerKind};
+use super::{AgentHost, CoreConfig, Held, Lifecycle, TimerKind, Update};
 
 /// A host as stored.
 #[derive(Clone, Debug)]
@@ -34,8 +34,12 @@ pub struct RecoveredHost {
 pub struct RecoveredJob {
     /// Its row.
     pub row: JobRow,
-    /// Its plan.
+    /// Its plan (of config version `row.config`).
     pub plan: JobPlan,
+    /// Plans of its other config versions still kept.
+    pub old_configs: Vec<(u64, JobPlan)>,
+    /// Its updates, oldest first.
+    pub updates: Vec<Update>,
     /// Rows of its tasks, by instance.
     pub tasks: Vec<(u32, TaskRow)>,
 }
@@ -158,12 +162,17 @@ impl Lifecycle {
             created_at: row.created_at,
             completed_at: row.completed_at,
             kill_requested: row.kill_requested || row.state == super::JobState::Killing,
+            // Instances without a row are on the config the job was created
+            // with (instances added later on another one have rows).
             tasks: (0..n).map(|_| Task::new(row.created_at)).collect(),
             counts: [0; N_STATES],
             waiting: VecDeque::new(),
             active: 0,
             held: 0,
             next_gang: 0,
+            config: row.config,
+            old_configs: rec.old_configs.into_iter().collect(),
+            updates: rec.updates.iter().map(|u| u.id.clone()).collect(),
         };
         // Runs whose end their host had not confirmed: (host, instance,
         // launch, restart once confirmed).
@@ -186,6 +195,7 @@ impl Lifecycle {
                 .lookup(&cur.host)
                 .map(|h| HostSlot(h.idx() as u32));
             t.failures = stored.failures;
+            t.config = stored.config.max(1);
             t.reason = cur.reason.clone();
             t.history = (!stored.history.is_empty()).then(|| Box::new(stored.history));
             if agent_mode && stored.stopping && t.host.is_some() && t.launch.0 != 0 {
@@ -230,6 +240,13 @@ impl Lifecycle {
         }
         job.held = stopping.len() as u32;
         self.by_id.insert(job.id.clone(), key);
+        for mut u in rec.updates {
+            u.job = key;
+            if u.is_rolling() {
+                self.rolling.insert(u.id.clone());
+            }
+            self.updates.insert(u.id.clone(), u);
+        }
         self.jobs.insert(key, job);
         self.need_fill.insert(key);
         for (host, i) in orphans {
@@ -280,6 +297,8 @@ impl Lifecycle {
             completed_at: job.completed_at,
             kill_requested: job.kill_requested,
             counts: job.counts,
+            config: job.config,
+            update: job.latest_update().cloned(),
         })
     }
 
@@ -294,6 +313,7 @@ impl Lifecycle {
             history: t.history.as_deref().cloned().unwrap_or_default(),
             stopping: held.is_some(),
             restart_when_stopped: held.is_some_and(|h| h.restart),
+            config: t.config,
         };
         self.jobs.get_mut(&k)?.tasks[i as usize].dirty = false;
         Some(row)

@@ -14,7 +14,7 @@ use super::{Lifecycle, RunStatus, TaskUpdate, TimerKind, legal};
 
 /// The engine task of instance `i` of job `k`.
 pub(super) fn new_task(job: &Job, k: JobKey, i: u32) -> NewTask {
-    let t = job.plan.template(i);
+    let t = job.template(i);
     NewTask {
         job: k.0,
         instance: i,
@@ -369,7 +369,7 @@ impl Lifecycle {
             let host = super::HostSlot(p.host);
             let now = self.now;
             let job = self.job_mut(k);
-            let tmpl = job.plan.template(i);
+            let tmpl = job.template(i);
             let (duration, code) = (tmpl.sim_duration_ms, tmpl.sim_exit_code);
             let t = &mut job.tasks[i as usize];
             t.host = Some(host);
@@ -382,6 +382,7 @@ impl Lifecycle {
             let job = self.job_mut(k);
             job.tasks[i as usize].launch = launch;
             let job_id = job.id.clone();
+            let config = job.tasks[i as usize].config;
             self.transition(k, i, S::Launching, None, fx);
             fx.launches.push(Launch {
                 run: RunRef {
@@ -392,6 +393,7 @@ impl Lifecycle {
                 },
                 host: self.host_names[host.idx()].clone(),
                 job_id,
+                config,
                 sim_duration_ms: duration,
                 sim_exit_code: code,
             });
@@ -471,7 +473,7 @@ impl Lifecycle {
             return;
         };
         let limit = job.plan.max_running_time_ms;
-        let health_check = job.plan.template(i).health_check;
+        let health_check = job.template(i).health_check;
         let Some(t) = job.tasks.get_mut(i as usize) else {
             return;
         };
@@ -589,7 +591,7 @@ impl Lifecycle {
     fn back_off(&mut self, engine: &mut Engine, k: JobKey, i: u32, reason: &str, fx: &mut Effects) {
         let now = self.now;
         let job = self.job_mut(k);
-        let policy = job.plan.template(i).restart;
+        let policy = job.template(i).restart;
         let service = job.plan.kind == JobKind::Service;
         let kill = job.kill_requested;
         let t = &mut job.tasks[i as usize];

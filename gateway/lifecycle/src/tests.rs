@@ -45,6 +45,8 @@ struct StoreModel {
     hosts: BTreeMap<String, (HostSpec, bool)>,
     jobs: BTreeMap<Arc<str>, (JobRow, JobPlan)>,
     tasks: BTreeMap<(Arc<str>, u32), TaskRow>,
+    configs: BTreeMap<(Arc<str>, u64), JobPlan>,
+    updates: BTreeMap<Arc<str>, (Arc<str>, Update)>,
 }
 
 struct Env {
@@ -147,6 +149,7 @@ impl Env {
     fn commit(&mut self) {
         self.core.check_invariants(&self.engine);
         self.engine.check_invariants();
+        let mut updates_seen = std::collections::BTreeSet::new();
         for row in std::mem::take(&mut self.fx.rows) {
             match row {
                 RowKey::Job(k) => {
@@ -157,6 +160,42 @@ impl Env {
                 RowKey::JobDeleted(id) => {
                     self.store.jobs.remove(&id);
                     self.store.tasks.retain(|(j, _), _| *j != id);
+                    self.store.configs.retain(|(j, _), _| *j != id);
+                }
+                RowKey::Config(k, v) => {
+                    if let Some(j) = self.core.job(k) {
+                        self.store
+                            .configs
+                            .insert((j.id.clone(), v), j.plan_of(v).clone());
+                    }
+                }
+                RowKey::ConfigDeleted(id, v) => {
+                    self.store.configs.remove(&(id, v));
+                }
+                RowKey::Update(id) => {
+                    if !updates_seen.insert(id.clone()) {
+                        continue;
+                    }
+                    if let Some(u) = self.core.update(&id) {
+                        let job = self.core.job(u.job).expect("live").id.clone();
+                        let line = format!(
+                            "update {id} {} cursor={} batch={:?} failed={:?} done={}{}",
+                            u.state.name(),
+                            u.cursor,
+                            u.in_progress,
+                            u.failed,
+                            self.core.update_done(u),
+                            u.reason
+                                .as_deref()
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default()
+                        );
+                        self.store.updates.insert(id, (job, u.clone()));
+                        self.say(line);
+                    }
+                }
+                RowKey::UpdateDeleted(id) => {
+                    self.store.updates.remove(&id);
                 }
                 RowKey::Task(k, i) => {
                     if let Some(row) = self.core.take_task_row(k, i) {
@@ -242,6 +281,10 @@ impl Env {
                 run: l.run.run,
                 launch: l.run.launch.0,
             };
+            self.say(format!(
+                "  launch {}/{}#{} @{} config {}",
+                l.job_id, l.run.instance, l.run.run, l.host, l.config
+            ));
             let agent = self
                 .agents
                 .get_mut(&l.host)
@@ -407,6 +450,40 @@ impl Env {
             "cycle" => {
                 let _ = self.step(Input::Cycle);
             }
+            "update" => {
+                let k = self.core.job_key(words[1]).expect("job");
+                let mut p = self.core.job(k).expect("job").plan.clone();
+                p.instance_count = num("n", u64::from(p.instance_count)) as u32;
+                p.default.request = Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
+                if flag("health") {
+                    p.default.health_check = true;
+                }
+                let _ = self.step(Input::UpdateJob(Box::new(UpdateRequest {
+                    job_id: words[1].into(),
+                    version: 0,
+                    id: words[2].into(),
+                    plan: p,
+                    spec: UpdateSpec {
+                        batch_size: num("batch", 1) as u32,
+                        max_instance_retries: num("retries", 0) as u32,
+                        max_failed_instances: num("max_failed", 0) as u32,
+                        rollback_on_failure: flag("rollback"),
+                        start_paused: flag("paused"),
+                    },
+                })));
+            }
+            "pause" | "resume" | "abort" | "rollback" => {
+                let action = match words[0] {
+                    "pause" => UpdateAction::Pause,
+                    "resume" => UpdateAction::Resume,
+                    "abort" => UpdateAction::Abort,
+                    _ => UpdateAction::Rollback,
+                };
+                let _ = self.step(Input::UpdateAction {
+                    id: words[1].into(),
+                    action,
+                });
+            }
             "tick" => {
                 self.now += words[1].parse::<u64>().expect("ms");
                 let _ = self.step(Input::Tick);
@@ -524,9 +601,26 @@ impl Env {
                 .range((id.clone(), 0)..=(id.clone(), u32::MAX))
                 .map(|((_, i), r)| (*i, r.clone()))
                 .collect();
+            let old_configs = self
+                .store
+                .configs
+                .iter()
+                .filter(|((j, v), _)| j == id && *v != row.config)
+                .map(|((_, v), p)| (*v, p.clone()))
+                .collect();
+            let mut updates: Vec<Update> = self
+                .store
+                .updates
+                .values()
+                .filter(|(j, _)| j == id)
+                .map(|(_, u)| u.clone())
+                .collect();
+            updates.sort_by_key(|u| u.created_at);
             rec.jobs.push(RecoveredJob {
                 row: row.clone(),
                 plan: plan.clone(),
+                old_configs,
+                updates,
                 tasks,
             });
         }
@@ -583,6 +677,8 @@ fn a_batch_job_runs_and_succeeds() {
             j/0#1 launching @h1
             j/1#1 placed @h1
             j/1#1 launching @h1
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
             j/0#1 running @h1
             j/1#1 running @h1
             job j running
@@ -617,6 +713,7 @@ fn a_failed_run_backs_off_and_retries_until_its_policy_gives_up() {
             j/0#1 ready
             j/0#1 placed @h1
             j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
             j/0#1 running @h1
             job j running
             > exit j/0 3
@@ -631,6 +728,7 @@ fn a_failed_run_backs_off_and_retries_until_its_policy_gives_up() {
             j/0#2 ready
             j/0#2 placed @h1
             j/0#2 launching @h1
+              launch j/0#2 @h1 config 1
             j/0#2 running @h1
             job j running
             > exit j/0 4
@@ -662,6 +760,7 @@ fn a_service_runs_again_after_any_exit_until_it_is_killed() {
             s/0#1 ready
             s/0#1 placed @h1
             s/0#1 launching @h1
+              launch s/0#1 @h1 config 1
             s/0#1 running @h1
             job s running
             > exit s/0 0
@@ -675,6 +774,7 @@ fn a_service_runs_again_after_any_exit_until_it_is_killed() {
             s/0#2 ready
             s/0#2 placed @h1
             s/0#2 launching @h1
+              launch s/0#2 @h1 config 1
             s/0#2 running @h1
             job s running
             > kill s
@@ -710,6 +810,7 @@ fn an_unhealthy_task_is_stopped_and_restarted_once_its_host_confirms() {
             s/0#1 ready
             s/0#1 placed @h1
             s/0#1 launching @h1
+              launch s/0#1 @h1 config 1
             s/0#1 running @h1
             job s running
             > healthy s/0
@@ -729,6 +830,7 @@ fn an_unhealthy_task_is_stopped_and_restarted_once_its_host_confirms() {
             s/0#2 ready
             s/0#2 placed @h1
             s/0#2 launching @h1
+              launch s/0#2 @h1 config 1
             s/0#2 running @h1
             job s running
         "#]],
@@ -765,6 +867,9 @@ fn a_gang_restarts_as_one_when_a_member_fails() {
             g/1#1 launching @h1
             g/2#1 placed @h1
             g/2#1 launching @h1
+              launch g/0#1 @h1 config 1
+              launch g/1#1 @h1 config 1
+              launch g/2#1 @h1 config 1
             g/0#1 running @h1
             g/1#1 running @h1
             g/2#1 running @h1
@@ -796,6 +901,9 @@ fn a_gang_restarts_as_one_when_a_member_fails() {
             g/1#2 launching @h1
             g/2#2 placed @h1
             g/2#2 launching @h1
+              launch g/0#2 @h1 config 1
+              launch g/1#2 @h1 config 1
+              launch g/2#2 @h1 config 1
             g/0#2 running @h1
             g/1#2 running @h1
             g/2#2 running @h1
@@ -832,6 +940,8 @@ fn a_higher_priority_task_evicts_lower_priority_work_of_its_pool() {
             low/0#1 launching @h1
             low/1#1 placed @h2
             low/1#1 launching @h2
+              launch low/0#1 @h1 config 1
+              launch low/1#1 @h2 config 1
             low/0#1 running @h1
             job low running
             low/1#1 running @h2
@@ -852,6 +962,7 @@ fn a_higher_priority_task_evicts_lower_priority_work_of_its_pool() {
             high/0#1 placed @h1
             high/0#1 launching @h1
             low/0#2 placing
+              launch high/0#1 @h1 config 1
             high/0#1 running @h1
             job high running
         "#]],
@@ -887,6 +998,8 @@ fn a_restarted_server_adopts_the_runs_its_agents_report() {
             j/0#1 launching @h1
             j/1#1 placed @h2
             j/1#1 launching @h2
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h2 config 1
             j/0#1 running @h1
             job j running
             j/1#1 running @h2
@@ -926,6 +1039,7 @@ fn a_drained_host_goes_down_once_its_runs_are_confirmed_gone() {
             j/0#1 ready
             j/0#1 placed @h1
             j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
             j/0#1 running @h1
             job j running
             > drain h1
@@ -939,6 +1053,7 @@ fn a_drained_host_goes_down_once_its_runs_are_confirmed_gone() {
             j/0#2 ready
             j/0#2 placed @h2
             j/0#2 launching @h2
+              launch j/0#2 @h2 config 1
             j/0#2 running @h2
             job j running
             > up h1
@@ -967,6 +1082,7 @@ fn runs_of_a_lost_host_start_again_elsewhere() {
             j/0#1 ready
             j/0#1 placed @h1
             j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
             j/0#1 running @h1
             job j running
             > host h2
@@ -979,6 +1095,7 @@ fn runs_of_a_lost_host_start_again_elsewhere() {
             j/0#2 ready
             j/0#2 placed @h2
             j/0#2 launching @h2
+              launch j/0#2 @h2 config 1
             j/0#2 running @h2
             job j running
             > register h1
@@ -1019,6 +1136,343 @@ fn refused_inputs_change_nothing() {
             error: job x not found
             > drain nowhere
             error: host nowhere not found
+        "#]],
+    );
+}
+
+#[test]
+fn a_rolling_update_moves_a_batch_at_a_time_and_waits_for_health() {
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=3 service health
+        cycle
+        healthy s/0
+        healthy s/1
+        healthy s/2
+        update s u1 batch=2 health
+        confirm        # the first two stop; their new runs start
+        cycle
+        healthy s/0    # one done: the third may go
+        confirm
+        cycle
+        healthy s/1
+        healthy s/2    # all on the new spec and healthy
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=3 service health
+            s/0#1 pending
+            s/1#1 pending
+            s/2#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/2#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+            s/2#1 placed @h1
+            s/2#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+              launch s/2#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            s/2#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > healthy s/2
+            s/2#1 running @h1 [Healthy]
+            > update s u1 batch=2 health
+            update u1 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+            s/1#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > cycle
+            s/0#2 ready
+            s/1#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/0#2 @h1 config 2
+              launch s/1#2 @h1 config 2
+            s/0#2 running @h1
+            s/1#2 running @h1
+            > healthy s/0
+            update u1 rolling_forward cursor=3 batch={1, 2} failed={} done=1
+            s/0#2 running @h1 [Healthy]
+            s/2#1 killed @h1 (updated to a new spec)
+              kill s/2#1 @h1
+            > confirm
+            s/2#2 initialized
+            s/2#2 pending
+            > cycle
+            s/2#2 ready
+            s/2#2 placed @h1
+            s/2#2 launching @h1
+              launch s/2#2 @h1 config 2
+            s/2#2 running @h1
+            > healthy s/1
+            update u1 rolling_forward cursor=3 batch={2} failed={} done=2
+            s/1#2 running @h1 [Healthy]
+            > healthy s/2
+            update u1 succeeded cursor=3 batch={} failed={} done=3
+            s/2#2 running @h1 [Healthy]
+        "#]],
+    );
+}
+
+#[test]
+fn an_update_whose_instances_fail_rolls_back_by_itself() {
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=2 service health backoff=100
+        cycle
+        healthy s/0
+        healthy s/1
+        update s u1 batch=1 retries=1 rollback
+        confirm
+        cycle
+        unhealthy s/0  # first failure on the new spec: one retry left
+        confirm
+        tick 100
+        cycle
+        unhealthy s/0  # failed: the update rolls back
+        confirm
+        tick 100
+        cycle
+        healthy s/0    # back on the old spec and healthy
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=2 service health backoff=100
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > update s u1 batch=1 retries=1 rollback
+            update u1 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+              launch s/0#2 @h1 config 2
+            s/0#2 running @h1
+            > unhealthy s/0
+            s/0#2 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#2 failed @h1 (unhealthy: check failed)
+            s/0#2 backoff @h1 (unhealthy: check failed)
+              kill s/0#2 @h1
+            > confirm
+            > tick 100
+            s/0#3 initialized
+            s/0#3 pending
+            > cycle
+            s/0#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+              launch s/0#3 @h1 config 2
+            s/0#3 running @h1
+            > unhealthy s/0
+            update u1 rolling_backward cursor=1 batch={0} failed={} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#3 failed @h1 (unhealthy: check failed)
+            s/0#3 backoff @h1 (unhealthy: check failed)
+            s/0#3 killed @h1 (updated to a new spec)
+              kill s/0#3 @h1
+            > confirm
+            s/0#4 initialized
+            s/0#4 pending
+            > tick 100
+            > cycle
+            s/0#4 ready
+            s/0#4 placed @h1
+            s/0#4 launching @h1
+              launch s/0#4 @h1 config 1
+            s/0#4 running @h1
+            > healthy s/0
+            update u1 rolled_back cursor=2 batch={} failed={} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#4 running @h1 [Healthy]
+        "#]],
+    );
+}
+
+#[test]
+fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=3 service
+        cycle
+        update s u1 batch=1 paused
+        resume u1
+        pause u1
+        confirm
+        cycle          # s/0 runs the new spec; nothing else moves
+        crash
+        register h1
+        resume u1
+        confirm
+        cycle
+        abort u1       # s/2 was moving already: it comes back on the new spec
+        update s u2 n=2 batch=2
+        confirm
+        cycle
+        rollback u2
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=3 service
+            s/0#1 pending
+            s/1#1 pending
+            s/2#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/2#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+            s/2#1 placed @h1
+            s/2#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+              launch s/2#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            s/2#1 running @h1
+            job s running
+            > update s u1 batch=1 paused
+            update u1 paused cursor=0 batch={} failed={} done=0
+            > resume u1
+            update u1 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+            > pause u1
+            update u1 paused cursor=1 batch={0} failed={} done=0
+            > confirm
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+              launch s/0#2 @h1 config 2
+            s/0#2 running @h1
+            > crash
+            > register h1
+            > resume u1
+            update u1 rolling_forward cursor=2 batch={1} failed={} done=1
+            s/1#1 killed @h1 (updated to a new spec)
+              kill s/1#1 @h1
+            > confirm
+            s/1#2 initialized
+            s/1#2 pending
+            > cycle
+            s/1#2 ready
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/1#2 @h1 config 2
+            update u1 rolling_forward cursor=3 batch={2} failed={} done=2
+            s/1#2 running @h1
+            s/2#1 killed @h1 (updated to a new spec)
+              kill s/2#1 @h1
+            > abort u1
+            update u1 aborted cursor=3 batch={2} failed={} done=2 (aborted by request)
+            > update s u2 n=2 batch=2
+            update u2 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            s/0#2 killed @h1 (updated to a new spec)
+            s/1#2 killed @h1 (updated to a new spec)
+              kill s/0#2 @h1
+              kill s/1#2 @h1
+            > confirm
+            s/0#3 initialized
+            s/1#3 initialized
+            s/0#3 pending
+            s/1#3 pending
+            job s pending
+            > cycle
+            s/0#3 ready
+            s/1#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+            s/1#3 placed @h1
+            s/1#3 launching @h1
+              launch s/0#3 @h1 config 3
+              launch s/1#3 @h1 config 3
+            update u2 succeeded cursor=2 batch={} failed={} done=2
+            s/0#3 running @h1
+            s/1#3 running @h1
+            job s running
+            > rollback u2
+            update u2 rolling_backward cursor=2 batch={0, 1} failed={} done=0 (rolled back by request)
+            s/0#3 killed @h1 (updated to a new spec)
+            s/1#3 killed @h1 (updated to a new spec)
+            s/2#1 pending
+            job s pending
+              kill s/0#3 @h1
+              kill s/1#3 @h1
+            > confirm
+            s/0#4 initialized
+            s/1#4 initialized
+            s/0#4 pending
+            s/1#4 pending
+            > cycle
+            s/2#1 ready
+            s/0#4 ready
+            s/1#4 ready
+            s/2#1 placed @h1
+            s/2#1 launching @h1
+            s/0#4 placed @h1
+            s/0#4 launching @h1
+            s/1#4 placed @h1
+            s/1#4 launching @h1
+              launch s/2#1 @h1 config 2
+              launch s/0#4 @h1 config 2
+              launch s/1#4 @h1 config 2
+            update u2 rolled_back cursor=3 batch={} failed={} done=3 (rolled back by request)
+            s/2#1 running @h1
+            s/0#4 running @h1
+            s/1#4 running @h1
+            job s running
         "#]],
     );
 }

@@ -80,6 +80,7 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
         history: row.history.iter().map(convert::run_to_pb).collect(),
         stopping: row.stopping,
         restart_when_stopped: row.restart_when_stopped,
+        config_version: row.config,
         ..Default::default()
     }
 }
@@ -88,7 +89,7 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
 pub(super) fn rows(
     core: &mut Lifecycle,
     engine: &peloton_engine::Engine,
-    specs: &FxHashMap<JobKey, pb::JobSpec>,
+    specs: &mut FxHashMap<JobKey, super::Specs>,
     rows: &mut Vec<RowKey>,
     batch: &mut WriteBatch,
     metrics: &Metrics,
@@ -129,6 +130,29 @@ pub(super) fn rows(
                 metrics.forget_pool(&path);
                 batch.pools.push((path, None));
             }
+            RowKey::Config(k, v) => {
+                let Some(job) = core.job(k) else { continue };
+                if let Some(spec) = specs.get(&k).and_then(|s| s.get(&v)) {
+                    batch
+                        .configs
+                        .push(((job.id.clone(), v), Some(spec.encode_to_vec())));
+                }
+            }
+            RowKey::ConfigDeleted(id, v) => {
+                if let Ok(k) = core.job_key(&id)
+                    && let Some(versions) = specs.get_mut(&k)
+                {
+                    versions.remove(&v);
+                }
+                batch.configs.push(((id, v), None));
+            }
+            RowKey::Update(id) => {
+                if let Some(u) = core.update(&id) {
+                    let row = reads::update_to_pb(core, u).encode_to_vec();
+                    batch.updates.push((id.to_string(), Some(row)));
+                }
+            }
+            RowKey::UpdateDeleted(id) => batch.updates.push((id.to_string(), None)),
             RowKey::Host(slot) => {
                 if let Some(host) = reads::host_row(engine, core, slot) {
                     batch
@@ -145,7 +169,7 @@ pub(super) fn rows(
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
-) -> anyhow::Result<(Recovered, Vec<(String, pb::JobSpec)>)> {
+) -> anyhow::Result<(Recovered, Vec<(String, super::Specs)>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
         let pool = pb::Pool::decode(bytes.as_slice())?;
@@ -181,6 +205,7 @@ pub(super) fn recovered(
                 history: row.history.iter().map(convert::run_from_pb).collect(),
                 stopping: row.stopping,
                 restart_when_stopped: row.restart_when_stopped,
+                config: row.config_version,
             },
         ));
     }
@@ -193,6 +218,21 @@ pub(super) fn recovered(
         max_string_len: usize::MAX,
         max_overrides: usize::MAX,
     };
+    let mut configs_by_job: FxHashMap<&str, super::Specs> = FxHashMap::default();
+    for ((job, version), bytes) in &snap.configs {
+        configs_by_job
+            .entry(job.as_str())
+            .or_default()
+            .insert(*version, pb::JobSpec::decode(bytes.as_slice())?);
+    }
+    let mut updates_by_job: FxHashMap<String, Vec<crate::lifecycle::Update>> = FxHashMap::default();
+    for (_, bytes) in &snap.updates {
+        let u = pb::Update::decode(bytes.as_slice())?;
+        updates_by_job
+            .entry(u.job_id.clone())
+            .or_default()
+            .push(reads::update_from_pb(&u));
+    }
     let mut specs = Vec::new();
     for (id, bytes) in &snap.jobs {
         let job = pb::Job::decode(bytes.as_slice())?;
@@ -200,6 +240,20 @@ pub(super) fn recovered(
         let plan = convert::job_plan(&spec, &lenient)
             .map_err(|e| anyhow::anyhow!("stored job {id}: {}", e.message()))?;
         let status = job.status.clone().unwrap_or_default();
+        // Stores written before config versions existed hold version 0.
+        let config = status.config_version.max(1);
+        let mut versions = configs_by_job.remove(id.as_str()).unwrap_or_default();
+        versions.insert(config, spec.clone());
+        let mut old_configs = Vec::new();
+        for (v, s) in &versions {
+            if *v != config {
+                let p = convert::job_plan(s, &lenient)
+                    .map_err(|e| anyhow::anyhow!("stored job {id} config {v}: {}", e.message()))?;
+                old_configs.push((*v, p));
+            }
+        }
+        let mut updates = updates_by_job.remove(id.as_str()).unwrap_or_default();
+        updates.sort_by_key(|u| u.created_at);
         rec.jobs.push(RecoveredJob {
             row: JobRow {
                 id: Arc::from(id.as_str()),
@@ -209,11 +263,15 @@ pub(super) fn recovered(
                 completed_at: status.completed_at_ms,
                 kill_requested: status.kill_requested,
                 counts: Default::default(),
+                config,
+                update: (!status.update_id.is_empty()).then(|| status.update_id.as_str().into()),
             },
             plan,
+            old_configs,
+            updates,
             tasks: tasks_by_job.remove(id.as_str()).unwrap_or_default(),
         });
-        specs.push((id.clone(), spec));
+        specs.push((id.clone(), versions));
     }
     Ok((rec, specs))
 }

@@ -11,7 +11,9 @@ use rustc_hash::FxHashMap;
 use tonic::Status;
 
 use crate::convert;
-use crate::lifecycle::{HostSlot, Job, JobKey, Lifecycle, Task, TaskState as S};
+use crate::lifecycle::{
+    HostSlot, Job, JobKey, Lifecycle, Task, TaskState as S, Update, UpdateSpec, UpdateState,
+};
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::status::status;
 
@@ -104,12 +106,13 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
         .set(engine.hosts().in_state(HostState::Up).len() as i64);
 }
 
-/// A job as the API shows it (and the store keeps it).
-pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, spec: Option<&pb::JobSpec>) -> pb::Job {
+/// A job as the API shows it (and the store keeps it): with the spec of its
+/// current config version.
+pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, specs: Option<&super::Specs>) -> pb::Job {
     let job = core.job(k).expect("live job");
     pb::Job {
         id: job.id.to_string(),
-        spec: spec.cloned(),
+        spec: specs.and_then(|s| s.get(&job.config)).cloned(),
         status: Some(pb::JobStatus {
             state: convert::job_state_to_pb(job.state) as i32,
             created_at_ms: job.created_at,
@@ -125,14 +128,95 @@ pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, spec: Option<&pb::JobSpec>)
                 })
                 .collect(),
             kill_requested: job.kill_requested,
+            config_version: job.config,
+            update_id: job
+                .latest_update()
+                .map(|u| u.to_string())
+                .unwrap_or_default(),
         }),
         version: job.version,
     }
 }
 
+/// An update as the API shows it (and the store keeps it).
+pub(super) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
+    let state =
+        |s: UpdateState| pb::UpdateState::try_from(s as i32).expect("same numbering") as i32;
+    pb::Update {
+        id: u.id.to_string(),
+        job_id: core
+            .job(u.job)
+            .map(|j| j.id.to_string())
+            .unwrap_or_default(),
+        spec: Some(pb::UpdateSpec {
+            batch_size: u.spec.batch_size,
+            max_instance_retries: u.spec.max_instance_retries,
+            max_failed_instances: u.spec.max_failed_instances,
+            rollback_on_failure: u.spec.rollback_on_failure,
+            start_paused: u.spec.start_paused,
+        }),
+        from_version: u.from,
+        to_version: u.to,
+        status: Some(pb::UpdateStatus {
+            state: state(u.state),
+            paused_from: u.paused_from.map_or(0, state),
+            instances_total: core.job(u.job).map_or(0, |j| j.tasks.len() as u32),
+            instances_done: core.update_done(u),
+            instances_in_progress: u.in_progress.iter().copied().collect(),
+            instances_failed: u.failed.iter().copied().collect(),
+            created_at_ms: u.created_at,
+            completed_at_ms: u.completed_at,
+            reason: u.reason.as_deref().unwrap_or_default().to_string(),
+        }),
+    }
+}
+
+/// A stored update as the core's.
+pub(super) fn update_from_pb(u: &pb::Update) -> Update {
+    let state = |raw: i32| {
+        [
+            UpdateState::Initialized,
+            UpdateState::RollingForward,
+            UpdateState::Succeeded,
+            UpdateState::Failed,
+            UpdateState::RollingBackward,
+            UpdateState::RolledBack,
+            UpdateState::Paused,
+            UpdateState::Aborted,
+        ]
+        .into_iter()
+        .find(|s| *s as i32 == raw)
+    };
+    let spec = u.spec.unwrap_or_default();
+    let status = u.status.clone().unwrap_or_default();
+    Update {
+        id: u.id.as_str().into(),
+        job: JobKey(u32::MAX), // set by recovery
+        spec: UpdateSpec {
+            batch_size: spec.batch_size.max(1),
+            max_instance_retries: spec.max_instance_retries,
+            max_failed_instances: spec.max_failed_instances,
+            rollback_on_failure: spec.rollback_on_failure,
+            start_paused: spec.start_paused,
+        },
+        from: u.from_version,
+        to: u.to_version,
+        state: state(status.state).unwrap_or(UpdateState::Aborted),
+        paused_from: state(status.paused_from),
+        // Instances already on the goal are skipped again: the cursor need
+        // not be stored.
+        cursor: 0,
+        in_progress: status.instances_in_progress.iter().copied().collect(),
+        failed: status.instances_failed.iter().copied().collect(),
+        created_at: status.created_at_ms,
+        completed_at: status.completed_at_ms,
+        reason: (!status.reason.is_empty()).then(|| status.reason.as_str().into()),
+    }
+}
+
 pub(super) fn query_jobs(
     core: &Lifecycle,
-    specs: &FxHashMap<JobKey, pb::JobSpec>,
+    specs: &FxHashMap<JobKey, super::Specs>,
     r: &pb::QueryJobsRequest,
 ) -> pb::QueryJobsResponse {
     let page = match r.page_size {
@@ -141,7 +225,12 @@ pub(super) fn query_jobs(
     } as usize;
     let mut out = pb::QueryJobsResponse::default();
     for (k, job) in core.jobs_by_id(&r.page_token) {
-        let Some(s) = specs.get(&k) else { continue };
+        let Some(versions) = specs.get(&k) else {
+            continue;
+        };
+        let Some(s) = versions.get(&job.config) else {
+            continue;
+        };
         let state = convert::job_state_to_pb(job.state) as i32;
         if (!r.pool.is_empty() && s.pool != r.pool)
             || (!r.states.is_empty() && !r.states.contains(&state))
@@ -155,7 +244,7 @@ pub(super) fn query_jobs(
             out.next_page_token = out.jobs.last().map(|j| j.id.clone()).unwrap_or_default();
             break;
         }
-        out.jobs.push(job_to_pb(core, k, Some(s)));
+        out.jobs.push(job_to_pb(core, k, Some(versions)));
     }
     out
 }
@@ -185,6 +274,7 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
             .collect(),
         stopping: held.is_some(),
         restart_when_stopped: held.is_some_and(|h| h.restart),
+        config_version: t.config,
     }
 }
 

@@ -12,6 +12,7 @@ use pb::host_service_client::HostServiceClient;
 use pb::job_service_client::JobServiceClient;
 use pb::resource_pool_service_client::ResourcePoolServiceClient;
 use pb::task_service_client::TaskServiceClient;
+use pb::update_service_client::UpdateServiceClient;
 use pb::watch_service_client::WatchServiceClient;
 use peloton_gateway::config::Config;
 use peloton_gateway::server::{self, Server};
@@ -31,6 +32,7 @@ pub struct Clients {
     pub tasks: TaskServiceClient<Channel>,
     pub hosts: HostServiceClient<Channel>,
     pub watch: WatchServiceClient<Channel>,
+    pub updates: UpdateServiceClient<Channel>,
 }
 
 impl Clients {
@@ -53,6 +55,7 @@ impl Clients {
             jobs: JobServiceClient::new(channel.clone()),
             tasks: TaskServiceClient::new(channel.clone()),
             hosts: HostServiceClient::new(channel.clone()),
+            updates: UpdateServiceClient::new(channel.clone()),
             watch: WatchServiceClient::new(channel),
         }
     }

@@ -17,7 +17,8 @@ Exit codes:
   0  success
   1  the server returned an error or could not be reached
   2  bad command line or spec file
-  3  `job create --wait`: the job ended but did not succeed
+  3  `job create --wait`: the job ended but did not succeed;
+     `job update`: the update ended but did not succeed
   130  `job create --wait` interrupted (the job keeps running)";
 
 #[derive(Debug, Parser)]
@@ -58,6 +59,9 @@ pub enum Command {
     /// Hosts and their maintenance.
     #[command(subcommand)]
     Host(HostCommand),
+    /// Rolling updates of services.
+    #[command(subcommand)]
+    Update(UpdateCommand),
     /// Print job and task events as they happen, until interrupted.
     Watch(WatchArgs),
 }
@@ -138,6 +142,53 @@ pub enum JobCommand {
         #[command(flatten)]
         version: VersionArg,
     },
+    /// Roll a service to a new spec, a batch of instances at a time.
+    Update(UpdateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UpdateArgs {
+    /// The service's job id.
+    pub id: String,
+    /// The new job spec (YAML).
+    pub spec: PathBuf,
+    /// Instances updated at once: at most this many are down because of
+    /// the update at any moment.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch_size: u32,
+    /// Failed runs of one instance on the new spec before it counts as failed.
+    #[arg(long, default_value_t = 0)]
+    pub max_instance_retries: u32,
+    /// The update fails once more instances than this have failed.
+    #[arg(long, default_value_t = 0)]
+    pub max_failed_instances: u32,
+    /// A failed update rolls back to the previous spec by itself.
+    #[arg(long)]
+    pub rollback_on_failure: bool,
+    /// Create the update paused (`peloton update resume` starts it).
+    #[arg(long)]
+    pub paused: bool,
+    /// Return at once instead of showing progress until the update ends.
+    #[arg(long)]
+    pub no_wait: bool,
+    #[command(flatten)]
+    pub version: VersionArg,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UpdateCommand {
+    /// Show one update.
+    Get { id: String },
+    /// A job's updates, newest first.
+    List { job: String },
+    /// Start no more instances until resumed.
+    Pause { id: String },
+    /// Go on with a paused update.
+    Resume { id: String },
+    /// Stop the update where it is (instances keep the spec they run).
+    Abort { id: String },
+    /// Move the instances back to the spec the update started from.
+    Rollback { id: String },
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@ mod host;
 mod job;
 mod respool;
 mod task;
+mod update;
 mod watch;
 
 use std::time::Duration;
@@ -61,6 +62,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Job(command) => job::run(&ctx, command).await,
         Command::Task(command) => task::run(&ctx, command).await,
         Command::Host(command) => host::run(&ctx, command).await,
+        Command::Update(command) => update::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
     }
 }

@@ -3,7 +3,7 @@
 //! flags, tables and JSON alike, so one vocabulary covers input and output.
 
 use peloton_proto::v1::{
-    Health, HostState, JobState, JobType, PlacementStrategy, PoolKind, TaskState,
+    Health, HostState, JobState, JobType, PlacementStrategy, PoolKind, TaskState, UpdateState,
 };
 
 /// A protobuf enum whose values the CLI names.
@@ -81,6 +81,22 @@ proto_enum!(
     [Batch, Service, Stateful, Daemon]
 );
 proto_enum!(PoolKind, "POOL_KIND_", "pool kind", [Elastic, Static]);
+proto_enum!(
+    UpdateState,
+    "UPDATE_STATE_",
+    "update state",
+    [
+        Unknown,
+        Initialized,
+        RollingForward,
+        Succeeded,
+        Failed,
+        RollingBackward,
+        RolledBack,
+        Paused,
+        Aborted,
+    ]
+);
 proto_enum!(
     Health,
     "HEALTH_",

@@ -111,6 +111,9 @@ pub struct SlaFile {
     pub gang_size: u32,
     #[serde(default)]
     pub max_running_time_ms: u64,
+    /// Services: a host drain stops at most this many instances at a time.
+    #[serde(default)]
+    pub max_unavailable_instances: u32,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -282,6 +285,7 @@ impl JobFile {
                 max_running_instances: self.sla.max_running_instances,
                 min_running_instances: self.sla.gang_size,
                 max_running_time_ms: self.sla.max_running_time_ms,
+                max_unavailable_instances: self.sla.max_unavailable_instances,
             }),
             placement: placement.into(),
         }
@@ -523,6 +527,7 @@ overrides:
                 max_running_instances: 2,
                 min_running_instances: 4,
                 max_running_time_ms: 5000,
+                max_unavailable_instances: 0,
             }
         );
         let task = spec.default_task.unwrap_or_default();

@@ -113,6 +113,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             let job = job_of(client.restart(request).await?.into_inner().job)?;
             print_job_row(ctx.output, &job)?;
         }
+        JobCommand::Update(args) => return super::update::create(ctx, args).await,
     }
     Ok(Outcome::Success)
 }

@@ -1,0 +1,599 @@
+//! Rolling updates of services: instances move to a new spec a batch at a
+//! time; an instance counts as updated once it runs the new spec and is
+//! healthy (running, without a health check). At most `batch_size`
+//! instances are down because of the update at any moment. Too many failed
+//! instances fail the update, or roll it back.
+//!
+//! Progress is a cursor over the instances plus the set being moved now; the
+//! instances' config versions are stored with their tasks, and the update
+//! with its own row, so a restarted server resumes where it was.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use peloton_engine::Engine;
+
+use super::effects::{Effects, RowKey};
+use super::model::{Health, JobKey, JobKind, JobPlan, TaskState as S};
+use super::{Answer, Error, Lifecycle};
+
+/// How an update proceeds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpdateSpec {
+    /// Instances moved at once (at least 1).
+    pub batch_size: u32,
+    /// Failed runs of one instance on the new spec before it counts as
+    /// failed.
+    pub max_instance_retries: u32,
+    /// The update fails once more instances than this have failed.
+    pub max_failed_instances: u32,
+    /// A failed update rolls back.
+    pub rollback_on_failure: bool,
+    /// Created paused.
+    pub start_paused: bool,
+}
+
+/// Where an update is. Numbering is the API's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum UpdateState {
+    /// Created, not started.
+    #[default]
+    Initialized = 1,
+    /// Moving instances to the new spec.
+    RollingForward = 2,
+    /// Every instance runs the new spec, healthy.
+    Succeeded = 3,
+    /// Too many instances failed (and no rollback was asked for).
+    Failed = 4,
+    /// Moving instances back to the old spec.
+    RollingBackward = 5,
+    /// Every instance runs the old spec again.
+    RolledBack = 6,
+    /// Stopped for now; resumes to `paused_from`.
+    Paused = 7,
+    /// Stopped for good where it was.
+    Aborted = 8,
+}
+
+impl UpdateState {
+    /// Nothing more happens.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            UpdateState::Succeeded
+                | UpdateState::Failed
+                | UpdateState::RolledBack
+                | UpdateState::Aborted
+        )
+    }
+
+    /// The name used in fixtures and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            UpdateState::Initialized => "initialized",
+            UpdateState::RollingForward => "rolling_forward",
+            UpdateState::Succeeded => "succeeded",
+            UpdateState::Failed => "failed",
+            UpdateState::RollingBackward => "rolling_backward",
+            UpdateState::RolledBack => "rolled_back",
+            UpdateState::Paused => "paused",
+            UpdateState::Aborted => "aborted",
+        }
+    }
+}
+
+/// A new update, as asked for.
+#[derive(Clone, Debug)]
+pub struct UpdateRequest {
+    /// The job's id.
+    pub job_id: String,
+    /// Expected job version (0: any).
+    pub version: u64,
+    /// The update's (fresh) id.
+    pub id: Arc<str>,
+    /// The new plan.
+    pub plan: JobPlan,
+    /// How to roll.
+    pub spec: UpdateSpec,
+}
+
+/// A user's action on an update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateAction {
+    /// Start no more instances.
+    Pause,
+    /// Go on.
+    Resume,
+    /// Stop for good.
+    Abort,
+    /// Move the instances back to the old spec.
+    Rollback,
+}
+
+/// An update of one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    /// Its id.
+    pub id: Arc<str>,
+    /// The job.
+    pub job: JobKey,
+    /// How.
+    pub spec: UpdateSpec,
+    /// Config version it started from.
+    pub from: u64,
+    /// Config version it rolls to.
+    pub to: u64,
+    /// Where it is.
+    pub state: UpdateState,
+    /// While paused: the state it resumes to.
+    pub paused_from: Option<UpdateState>,
+    /// Instances below this were moved (or skipped) in the current
+    /// direction.
+    pub cursor: u32,
+    /// Instances being moved now.
+    pub in_progress: BTreeSet<u32>,
+    /// Instances that failed on the new spec.
+    pub failed: BTreeSet<u32>,
+    /// Created.
+    pub created_at: u64,
+    /// Ended (0: not).
+    pub completed_at: u64,
+    /// Why it failed, was aborted or rolled back.
+    pub reason: Option<Box<str>>,
+}
+
+impl Update {
+    /// The config version instances move to now.
+    pub fn goal(&self) -> u64 {
+        match self.state {
+            UpdateState::RollingBackward | UpdateState::RolledBack => self.from,
+            UpdateState::Paused if self.paused_from == Some(UpdateState::RollingBackward) => {
+                self.from
+            }
+            _ => self.to,
+        }
+    }
+
+    /// Moving instances (not paused, not ended).
+    pub fn is_rolling(&self) -> bool {
+        matches!(
+            self.state,
+            UpdateState::RollingForward | UpdateState::RollingBackward
+        )
+    }
+}
+
+/// Updates kept per job (the oldest ended ones go first).
+pub const MAX_UPDATES_PER_JOB: usize = 16;
+
+impl Lifecycle {
+    /// An update by id.
+    pub fn update(&self, id: &str) -> Option<&Update> {
+        self.updates.get(id)
+    }
+
+    /// Instances of the update's job that run its goal spec and are
+    /// healthy (running, without a health check).
+    pub fn update_done(&self, u: &Update) -> u32 {
+        let Some(job) = self.jobs.get(&u.job) else {
+            return 0;
+        };
+        let goal = u.goal();
+        (0..job.tasks.len() as u32)
+            .filter(|&i| self.instance_done(u.job, i, goal))
+            .count() as u32
+    }
+
+    fn instance_done(&self, k: JobKey, i: u32, goal: u64) -> bool {
+        let job = &self.jobs[&k];
+        let t = &job.tasks[i as usize];
+        t.config == goal
+            && t.state == S::Running
+            && (t.health == Health::Healthy
+                || (t.health == Health::None && !job.template(i).health_check))
+    }
+
+    pub(super) fn create_update(
+        &mut self,
+        engine: &mut Engine,
+        request: UpdateRequest,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let UpdateRequest {
+            job_id,
+            version,
+            id,
+            plan,
+            spec,
+        } = request;
+        let job_id = job_id.as_str();
+        let k = self.job_key(job_id)?;
+        let job = &self.jobs[&k];
+        if version != 0 && version != job.version {
+            return Err(Error::Stale {
+                what: format!("job {job_id}"),
+                given: version,
+                current: job.version,
+            });
+        }
+        if job.plan.kind != JobKind::Service {
+            return Err(Error::Precondition(format!(
+                "job {job_id} is a batch job: rolling updates are for services"
+            )));
+        }
+        if plan.kind != job.plan.kind {
+            return Err(Error::invalid(
+                "spec.type",
+                "an update cannot change the job's type",
+            ));
+        }
+        if plan.pool != job.plan.pool {
+            return Err(Error::invalid(
+                "spec.pool",
+                format!("an update cannot move the job (from {})", job.plan.pool),
+            ));
+        }
+        if plan.gang != job.plan.gang {
+            return Err(Error::invalid(
+                "spec.sla.min_running_instances",
+                "an update cannot change the gang size",
+            ));
+        }
+        if job.kill_requested {
+            return Err(Error::Precondition(format!(
+                "job {job_id} was killed; restart it first"
+            )));
+        }
+        if self.updates.contains_key(&id) {
+            return Err(Error::Precondition(format!("update {id} exists already")));
+        }
+        // A new update aborts the one in progress.
+        if let Some(prev) = job.latest_update().cloned() {
+            let u = self.updates.get_mut(&prev).expect("kept");
+            if !u.state.is_terminal() {
+                u.state = UpdateState::Aborted;
+                u.paused_from = None;
+                u.completed_at = self.now;
+                u.reason = Some(format!("replaced by update {id}").into());
+                fx.rows.push(RowKey::Update(prev));
+            }
+        }
+        let n_old = job.tasks.len() as u32;
+        let count = plan.instance_count;
+        let from = job.config;
+        let to = from + 1;
+        let now = self.now;
+        let job = self.job_mut(k);
+        let old = std::mem::replace(&mut job.plan, plan);
+        // The old plan's instance count stays as it was: instances that
+        // keep it are the old ones.
+        job.old_configs.insert(from, old);
+        job.config = to;
+        job.version += 1;
+        let mut update = Update {
+            id: id.clone(),
+            job: k,
+            spec: UpdateSpec {
+                batch_size: spec.batch_size.max(1),
+                ..spec
+            },
+            from,
+            to,
+            state: UpdateState::RollingForward,
+            paused_from: None,
+            cursor: 0,
+            in_progress: BTreeSet::new(),
+            failed: BTreeSet::new(),
+            created_at: now,
+            completed_at: 0,
+            reason: None,
+        };
+        if spec.start_paused {
+            update.paused_from = Some(UpdateState::RollingForward);
+            update.state = UpdateState::Paused;
+        }
+        job.updates.push_back(id.clone());
+        if update.is_rolling() {
+            self.rolling.insert(id.clone());
+        }
+        self.updates.insert(id.clone(), update);
+        self.trim_updates(k, fx);
+        fx.rows.push(RowKey::Config(k, to));
+        fx.rows.push(RowKey::Update(id));
+        self.dirty_jobs.insert(k);
+        if count != n_old {
+            self.resize(engine, k, count, to, "job updated to fewer instances", fx);
+        }
+        Ok(Answer::Job(k))
+    }
+
+    /// Keeps the newest [`MAX_UPDATES_PER_JOB`] updates of a job.
+    fn trim_updates(&mut self, k: JobKey, fx: &mut Effects) {
+        while self.jobs[&k].updates.len() > MAX_UPDATES_PER_JOB {
+            let Some(old) = self.job_mut(k).updates.pop_front() else {
+                break;
+            };
+            self.updates.remove(&old);
+            fx.rows.push(RowKey::UpdateDeleted(old));
+        }
+    }
+
+    pub(super) fn update_action(
+        &mut self,
+        engine: &mut Engine,
+        id: &str,
+        action: UpdateAction,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let u = self
+            .updates
+            .get(id)
+            .ok_or_else(|| Error::UpdateNotFound(id.to_string()))?;
+        let (k, state) = (u.job, u.state);
+        let latest = self.jobs[&k].latest_update().is_some_and(|l| &**l == id);
+        let refuse = |what: &str| {
+            Err(Error::Precondition(format!(
+                "update {id} is {}: it cannot {what}",
+                state.name()
+            )))
+        };
+        let u = self.updates.get_mut(id).expect("checked");
+        match action {
+            UpdateAction::Pause => {
+                if !u.is_rolling() {
+                    return refuse("be paused");
+                }
+                u.paused_from = Some(u.state);
+                u.state = UpdateState::Paused;
+            }
+            UpdateAction::Resume => {
+                if u.state != UpdateState::Paused {
+                    return refuse("be resumed");
+                }
+                u.state = u.paused_from.take().unwrap_or(UpdateState::RollingForward);
+                self.rolling.insert(Arc::from(id));
+            }
+            UpdateAction::Abort => {
+                if state.is_terminal() {
+                    return refuse("be aborted");
+                }
+                u.state = UpdateState::Aborted;
+                u.paused_from = None;
+                u.completed_at = self.now;
+                u.reason = Some("aborted by request".into());
+            }
+            UpdateAction::Rollback => {
+                let backward = state == UpdateState::RollingBackward
+                    || u.paused_from == Some(UpdateState::RollingBackward);
+                if backward || state == UpdateState::RolledBack || !latest {
+                    return refuse("be rolled back (only the job's latest update can, once)");
+                }
+                if self.jobs[&k].kill_requested {
+                    return Err(Error::Precondition(format!(
+                        "the job of update {id} was killed; restart it first"
+                    )));
+                }
+                self.start_rollback(engine, id, "rolled back by request", fx);
+            }
+        }
+        fx.rows.push(RowKey::Update(Arc::from(id)));
+        Ok(Answer::Job(k))
+    }
+
+    /// Turns the update around: its instances go back to its `from` spec.
+    fn start_rollback(&mut self, engine: &mut Engine, id: &str, reason: &str, fx: &mut Effects) {
+        let u = self.updates.get_mut(id).expect("live update");
+        let (k, from, to) = (u.job, u.from, u.to);
+        u.state = UpdateState::RollingBackward;
+        u.paused_from = None;
+        u.cursor = 0;
+        u.in_progress.clear();
+        u.failed.clear();
+        u.completed_at = 0;
+        u.reason = Some(reason.into());
+        self.rolling.insert(Arc::from(id));
+        let job = self.job_mut(k);
+        if job.config == to {
+            let back = job
+                .old_configs
+                .remove(&from)
+                .expect("an update keeps its from");
+            let forward = std::mem::replace(&mut job.plan, back);
+            job.old_configs.insert(to, forward);
+            job.config = from;
+            job.version += 1;
+            self.dirty_jobs.insert(k);
+            let count = self.jobs[&k].plan.instance_count;
+            if count != self.jobs[&k].tasks.len() as u32 {
+                self.resize(engine, k, count, from, "rolled back to fewer instances", fx);
+            }
+        }
+    }
+
+    /// Changes the instance count for an update: extra instances are
+    /// killed and removed, new ones start on `config`.
+    fn resize(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        count: u32,
+        config: u64,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        let n = self.jobs[&k].tasks.len() as u32;
+        self.scale_to(engine, k, count, reason, fx);
+        let job = self.job_mut(k);
+        for i in n..count {
+            job.tasks[i as usize].config = config;
+        }
+    }
+
+    /// Moves every rolling update along: done and failed instances leave
+    /// the batch, new ones enter it, and the update ends when every
+    /// instance runs its goal spec.
+    pub(super) fn advance_updates(&mut self, engine: &mut Engine, fx: &mut Effects) {
+        let ids: Vec<Arc<str>> = self
+            .rolling
+            .iter()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for id in ids {
+            self.advance(engine, &id, fx);
+        }
+    }
+
+    fn advance(&mut self, engine: &mut Engine, id: &Arc<str>, fx: &mut Effects) {
+        let Some(u) = self.updates.get(id) else {
+            self.rolling.remove(id);
+            return;
+        };
+        if !u.is_rolling() {
+            if u.state.is_terminal() || u.state == UpdateState::Paused {
+                self.rolling.remove(id);
+                if u.state.is_terminal() {
+                    self.gc_configs(u.job, fx);
+                }
+            }
+            return;
+        }
+        let (k, goal, backward) = (u.job, u.goal(), u.state == UpdateState::RollingBackward);
+        let spec = u.spec;
+        let mut changed = false;
+        // Instances of the batch that are done, or failed.
+        let batch: Vec<u32> = u.in_progress.iter().copied().collect();
+        let n = self.jobs[&k].tasks.len() as u32;
+        let mut leave = Vec::new();
+        let mut failed_now = Vec::new();
+        for i in batch {
+            if i >= n || self.instance_done(k, i, goal) {
+                leave.push(i);
+                continue;
+            }
+            let t = &self.jobs[&k].tasks[i as usize];
+            if t.state == S::Killed && t.config == goal && self.held(k, i).is_none() {
+                // Killed by a user meanwhile: not the update's to wait for.
+                leave.push(i);
+            } else if t.config == goal && t.failures > spec.max_instance_retries {
+                failed_now.push(i);
+            }
+        }
+        let u = self.updates.get_mut(id).expect("live");
+        for i in leave {
+            u.in_progress.remove(&i);
+            changed = true;
+        }
+        for i in failed_now {
+            u.in_progress.remove(&i);
+            u.failed.insert(i);
+            changed = true;
+        }
+        let n_failed = u.failed.len() as u32;
+        if n_failed > spec.max_failed_instances {
+            let reason = format!(
+                "{n_failed} instance(s) failed on the new spec (more than max_failed_instances {})",
+                spec.max_failed_instances
+            );
+            if spec.rollback_on_failure && !backward {
+                self.start_rollback(engine, id, &reason, fx);
+                fx.rows.push(RowKey::Update(id.clone()));
+                return self.advance(engine, id, fx);
+            }
+            let u = self.updates.get_mut(id).expect("live");
+            u.state = UpdateState::Failed;
+            u.completed_at = self.now;
+            u.reason = Some(reason.into());
+            fx.rows.push(RowKey::Update(id.clone()));
+            self.rolling.remove(id);
+            self.gc_configs(k, fx);
+            return;
+        }
+        // Start more, up to the batch size.
+        loop {
+            let u = &self.updates[id];
+            if u.in_progress.len() as u32 >= spec.batch_size || u.cursor >= n {
+                break;
+            }
+            let i = u.cursor;
+            let u = self.updates.get_mut(id).expect("live");
+            u.cursor += 1;
+            changed = true;
+            let t = &self.jobs[&k].tasks[i as usize];
+            if t.config == goal || u.failed.contains(&i) {
+                continue;
+            }
+            let stopped_by_user = t.state == S::Killed && self.held(k, i).is_none();
+            let t = &mut self.job_mut(k).tasks[i as usize];
+            t.config = goal;
+            t.failures = 0;
+            self.mark_dirty(k, i, fx);
+            if stopped_by_user {
+                // It takes the new spec whenever it is restarted.
+                continue;
+            }
+            self.updates
+                .get_mut(id)
+                .expect("live")
+                .in_progress
+                .insert(i);
+            self.move_instance(engine, k, i, fx);
+        }
+        let u = &self.updates[id];
+        if u.in_progress.is_empty() && u.cursor >= n {
+            let u = self.updates.get_mut(id).expect("live");
+            u.state = if backward {
+                UpdateState::RolledBack
+            } else {
+                UpdateState::Succeeded
+            };
+            u.completed_at = self.now;
+            changed = true;
+            self.rolling.remove(id);
+            self.gc_configs(k, fx);
+        }
+        if changed {
+            fx.rows.push(RowKey::Update(id.clone()));
+        }
+    }
+
+    /// Stops an instance's current run so that its next run uses its new
+    /// config (an instance not yet running just waits with it).
+    fn move_instance(&mut self, engine: &mut Engine, k: JobKey, i: u32, fx: &mut Effects) {
+        let state = self.jobs[&k].tasks[i as usize].state;
+        match state {
+            S::Initialized => {}
+            S::Failed | S::Succeeded | S::Killed => self.new_run(k, i, fx),
+            _ => {
+                if self.end_run(engine, k, i, S::Killed, "updated to a new spec", fx) {
+                    self.new_run(k, i, fx);
+                }
+            }
+        }
+    }
+
+    /// Drops the plans of config versions no instance runs and no update may
+    /// roll back to.
+    fn gc_configs(&mut self, k: JobKey, fx: &mut Effects) {
+        let Some(job) = self.jobs.get(&k) else { return };
+        let mut keep: BTreeSet<u64> = job.tasks.iter().map(|t| t.config).collect();
+        if let Some(latest) = job.latest_update().and_then(|id| self.updates.get(id)) {
+            keep.insert(latest.from);
+            keep.insert(latest.to);
+        }
+        let drop: Vec<u64> = job
+            .old_configs
+            .keys()
+            .copied()
+            .filter(|v| !keep.contains(v))
+            .collect();
+        let id = job.id.clone();
+        let job = self.job_mut(k);
+        for v in drop {
+            job.old_configs.remove(&v);
+            fx.rows.push(RowKey::ConfigDeleted(id.clone(), v));
+        }
+    }
+}

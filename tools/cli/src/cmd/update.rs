@@ -1,0 +1,261 @@
+//! `peloton job update` and `peloton update ...`: rolling updates of
+//! services, with a progress bar until the update ends.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use peloton_proto::v1::update_service_client::UpdateServiceClient;
+use peloton_proto::v1::{
+    GetUpdateRequest, ListUpdatesRequest, Update, UpdateActionRequest, UpdateJobRequest,
+    UpdateSpec, UpdateState,
+};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use super::{Ctx, Outcome};
+use crate::cli::{UpdateArgs, UpdateCommand};
+use crate::names::name_of;
+use crate::output::{
+    Align, OutputFormat, Table, fmt_time_ms, or_dash, print_json, print_out, render_fields,
+};
+use crate::spec::load_job_spec;
+
+/// How often the progress bar asks for the update.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+type Client = UpdateServiceClient<Channel>;
+
+async fn connect(ctx: &Ctx) -> Result<Client> {
+    Ok(UpdateServiceClient::new(ctx.connect().await?))
+}
+
+fn update_of(update: Option<Update>) -> Result<Update> {
+    update.context("the server returned no update")
+}
+
+fn state_of(u: &Update) -> UpdateState {
+    u.status
+        .as_ref()
+        .and_then(|s| UpdateState::try_from(s.state).ok())
+        .unwrap_or(UpdateState::Unknown)
+}
+
+fn is_terminal(state: UpdateState) -> bool {
+    matches!(
+        state,
+        UpdateState::Succeeded
+            | UpdateState::Failed
+            | UpdateState::RolledBack
+            | UpdateState::Aborted
+    )
+}
+
+/// `peloton job update ID SPEC.yaml`.
+pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
+    let spec = load_job_spec(&args.spec)?;
+    let mut client = connect(ctx).await?;
+    let request = UpdateJobRequest {
+        job_id: args.id,
+        version: args.version.version,
+        spec: Some(spec),
+        update: Some(UpdateSpec {
+            batch_size: args.batch_size,
+            max_instance_retries: args.max_instance_retries,
+            max_failed_instances: args.max_failed_instances,
+            rollback_on_failure: args.rollback_on_failure,
+            start_paused: args.paused,
+        }),
+    };
+    let update = update_of(client.create(request).await?.into_inner().update)?;
+    if args.no_wait || args.paused {
+        print_update(ctx.output, &update)?;
+        return Ok(Outcome::Success);
+    }
+    let update = tokio::select! {
+        u = wait_for_update(&mut client, &update.id) => u?,
+        interrupted = tokio::signal::ctrl_c() => {
+            interrupted.context("listening for Ctrl-C")?;
+            eprintln!(
+                "interrupted; update {} goes on (peloton update get {})",
+                update.id, update.id
+            );
+            return Ok(Outcome::Interrupted);
+        }
+    };
+    print_update(ctx.output, &update)?;
+    if state_of(&update) == UpdateState::Succeeded {
+        Ok(Outcome::Success)
+    } else {
+        Ok(Outcome::JobNotSucceeded)
+    }
+}
+
+pub(super) async fn run(ctx: &Ctx, command: UpdateCommand) -> Result<Outcome> {
+    let mut client = connect(ctx).await?;
+    match command {
+        UpdateCommand::Get { id } => {
+            let u = update_of(
+                client
+                    .get(GetUpdateRequest { id })
+                    .await?
+                    .into_inner()
+                    .update,
+            )?;
+            print_update(ctx.output, &u)?;
+        }
+        UpdateCommand::List { job } => {
+            let updates = client
+                .list(ListUpdatesRequest { job_id: job })
+                .await?
+                .into_inner()
+                .updates;
+            match ctx.output {
+                OutputFormat::Table => print_out(&update_table(&updates))?,
+                OutputFormat::Json => print_json(&json!({
+                    "updates": updates.iter().map(update_json).collect::<Vec<_>>(),
+                }))?,
+            }
+        }
+        UpdateCommand::Pause { id } => {
+            let r = client.pause(UpdateActionRequest { id }).await?;
+            print_update(ctx.output, &update_of(r.into_inner().update)?)?;
+        }
+        UpdateCommand::Resume { id } => {
+            let r = client.resume(UpdateActionRequest { id }).await?;
+            print_update(ctx.output, &update_of(r.into_inner().update)?)?;
+        }
+        UpdateCommand::Abort { id } => {
+            let r = client.abort(UpdateActionRequest { id }).await?;
+            print_update(ctx.output, &update_of(r.into_inner().update)?)?;
+        }
+        UpdateCommand::Rollback { id } => {
+            let r = client.rollback(UpdateActionRequest { id }).await?;
+            print_update(ctx.output, &update_of(r.into_inner().update)?)?;
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+/// Polls the update until it ends, showing updated instances on a progress
+/// bar (on stderr, hidden when stderr is not a terminal).
+async fn wait_for_update(client: &mut Client, id: &str) -> Result<Update> {
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template(
+        "{spinner} {elapsed:>4} [{bar:30}] {pos}/{len} updated  {msg}",
+    )
+    .context("progress bar template")?
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let mut interval = tokio::time::interval(POLL_INTERVAL);
+    loop {
+        interval.tick().await;
+        let request = GetUpdateRequest { id: id.to_owned() };
+        let update = match client.get(request).await {
+            Ok(r) => update_of(r.into_inner().update)?,
+            Err(err) => {
+                bar.abandon();
+                return Err(err.into());
+            }
+        };
+        let status = update.status.clone().unwrap_or_default();
+        bar.set_length(u64::from(status.instances_total));
+        bar.set_position(u64::from(status.instances_done));
+        bar.set_message(format!(
+            "{}; moving {:?}; failed {:?}",
+            name_of::<UpdateState>(status.state),
+            status.instances_in_progress,
+            status.instances_failed
+        ));
+        if is_terminal(state_of(&update)) {
+            bar.finish_and_clear();
+            return Ok(update);
+        }
+    }
+}
+
+pub fn update_json(u: &Update) -> Value {
+    let spec = u.spec.unwrap_or_default();
+    let status = u.status.clone().unwrap_or_default();
+    json!({
+        "id": u.id,
+        "job_id": u.job_id,
+        "from_version": u.from_version,
+        "to_version": u.to_version,
+        "spec": {
+            "batch_size": spec.batch_size,
+            "max_instance_retries": spec.max_instance_retries,
+            "max_failed_instances": spec.max_failed_instances,
+            "rollback_on_failure": spec.rollback_on_failure,
+            "start_paused": spec.start_paused,
+        },
+        "status": {
+            "state": name_of::<UpdateState>(status.state),
+            "paused_from": if status.paused_from == 0 {
+                Value::Null
+            } else {
+                Value::String(name_of::<UpdateState>(status.paused_from))
+            },
+            "instances_total": status.instances_total,
+            "instances_done": status.instances_done,
+            "instances_in_progress": status.instances_in_progress,
+            "instances_failed": status.instances_failed,
+            "created_at_ms": status.created_at_ms,
+            "completed_at_ms": status.completed_at_ms,
+            "reason": status.reason,
+        },
+    })
+}
+
+fn print_update(output: OutputFormat, u: &Update) -> std::io::Result<()> {
+    match output {
+        OutputFormat::Table => {
+            let status = u.status.clone().unwrap_or_default();
+            let spec = u.spec.unwrap_or_default();
+            print_out(&render_fields(&[
+                ("UPDATE", u.id.clone()),
+                ("JOB", u.job_id.clone()),
+                ("STATE", name_of::<UpdateState>(status.state)),
+                (
+                    "VERSIONS",
+                    format!("{} -> {}", u.from_version, u.to_version),
+                ),
+                (
+                    "UPDATED",
+                    format!("{}/{}", status.instances_done, status.instances_total),
+                ),
+                ("MOVING", format!("{:?}", status.instances_in_progress)),
+                ("FAILED", format!("{:?}", status.instances_failed)),
+                ("BATCH SIZE", spec.batch_size.to_string()),
+                ("CREATED", fmt_time_ms(status.created_at_ms)),
+                ("COMPLETED", fmt_time_ms(status.completed_at_ms)),
+                ("REASON", or_dash(&status.reason)),
+            ]))
+        }
+        OutputFormat::Json => print_json(&json!({"update": update_json(u)})),
+    }
+}
+
+fn update_table(updates: &[Update]) -> String {
+    let mut table = Table::new(&[
+        ("UPDATE", Align::Left),
+        ("STATE", Align::Left),
+        ("VERSIONS", Align::Left),
+        ("UPDATED", Align::Right),
+        ("FAILED", Align::Right),
+        ("CREATED", Align::Left),
+    ]);
+    for u in updates {
+        let status = u.status.clone().unwrap_or_default();
+        table.row(vec![
+            u.id.clone(),
+            name_of::<UpdateState>(status.state),
+            format!("{} -> {}", u.from_version, u.to_version),
+            format!("{}/{}", status.instances_done, status.instances_total),
+            status.instances_failed.len().to_string(),
+            fmt_time_ms(status.created_at_ms),
+        ]);
+    }
+    table.render()
+}
