@@ -516,6 +516,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         max_running: sla.max_running_instances,
         gang,
         max_running_time_ms: sla.max_running_time_ms,
+        max_unavailable: sla.max_unavailable_instances.max(1),
         strategy,
     })
 }

@@ -16,7 +16,7 @@ use peloton_engine::Engine;
 use peloton_engine::host::HostState;
 
 use super::effects::{Effects, Kill, RowKey};
-use super::model::{Health, HostSlot, JobKey, RunRef, TaskState as S};
+use super::model::{Health, HostSlot, JobKey, JobKind, RunRef, TaskState as S};
 use super::{
     AgentHost, Answer, Error, Held, HostRegistration, Lifecycle, RunPhase, RunReport, RunStatus,
     TaskUpdate, TimerKind,
@@ -154,6 +154,64 @@ impl Lifecycle {
         fx.rows.push(RowKey::Host(slot));
     }
 
+    /// Stops what may be stopped now on a draining host: every batch run,
+    /// and a service's instances only while fewer than its
+    /// `max_unavailable` instances are down or unhealthy (replacements must
+    /// be healthy elsewhere before more go).
+    fn drain(&mut self, engine: &mut Engine, slot: HostSlot, fx: &mut Effects) {
+        let mut on_it = self.instances_on(engine, slot);
+        on_it.sort_unstable();
+        let reason = format!(
+            "host {} drained for maintenance",
+            self.host_names[slot.idx()]
+        );
+        for (k, i) in on_it {
+            let job = &self.jobs[&k];
+            if job.plan.kind == JobKind::Service && self.unavailable(k) >= job.plan.max_unavailable
+            {
+                continue;
+            }
+            if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
+                self.restart_after_loss(engine, k, i, fx);
+            }
+        }
+    }
+
+    /// Instances of a job that are not running healthy.
+    fn unavailable(&self, k: JobKey) -> u32 {
+        let job = &self.jobs[&k];
+        let available = (0..job.tasks.len() as u32)
+            .filter(|&i| {
+                let t = &job.tasks[i as usize];
+                t.state == S::Running
+                    && (t.health == Health::Healthy
+                        || (t.health == Health::None && !job.template(i).health_check))
+            })
+            .count() as u32;
+        job.tasks.len() as u32 - available
+    }
+
+    /// Goes on with every drain waiting for service instances.
+    pub(super) fn advance_drains(&mut self, engine: &mut Engine, fx: &mut Effects) {
+        if self.draining.is_empty() {
+            return;
+        }
+        let mut slots: Vec<HostSlot> = self.draining.iter().copied().collect();
+        slots.sort_unstable();
+        for slot in slots {
+            let draining = engine
+                .hosts()
+                .lookup_slot(slot.idx())
+                .is_some_and(|id| engine.hosts().state(id) == HostState::Draining);
+            if !draining {
+                self.draining.remove(&slot);
+                continue;
+            }
+            self.drain(engine, slot, fx);
+            self.check_drained(engine, slot, fx);
+        }
+    }
+
     pub(super) fn maintenance(
         &mut self,
         engine: &mut Engine,
@@ -181,19 +239,28 @@ impl Lifecycle {
                         .set_state(id, HostState::Draining)
                         .expect("live host");
                 }
-                let mut on_it = self.instances_on(engine, slot);
-                on_it.extend(self.orphans.get(&slot).into_iter().flatten().copied());
+                // Runs recovered there and not reported yet go at once.
+                let orphans: Vec<(JobKey, u32)> = self
+                    .orphans
+                    .get(&slot)
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .collect();
                 let reason = format!("host {name} drained for maintenance");
-                for (k, i) in on_it {
+                for (k, i) in orphans {
                     if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
                         self.restart_after_loss(engine, k, i, fx);
                     }
                 }
+                self.draining.insert(slot);
+                self.drain(engine, slot, fx);
                 // Down once every run there is confirmed gone (at once if
                 // none is left).
                 self.check_drained(engine, slot, fx);
             } else {
                 self.maintenance.remove(&slot);
+                self.draining.remove(&slot);
                 let connected = self.agent_hosts.get(&slot).is_none_or(|h| h.connected);
                 // A disconnected agent host comes up when its agent registers.
                 let state = if connected {
@@ -248,6 +315,9 @@ impl Lifecycle {
             HostState::Up
         };
         engine.hosts_mut().set_state(id, state).expect("live host");
+        if state == HostState::Draining {
+            self.draining.insert(slot);
+        }
         self.agent_hosts.insert(
             slot,
             AgentHost {
@@ -447,7 +517,8 @@ impl Lifecycle {
         if job.tasks[i as usize].state.on_host() {
             if job.kill_requested {
                 self.end_run(engine, k, i, S::Killed, "job killed", fx);
-            } else if self.maintenance.contains(&slot) {
+            } else if self.maintenance.contains(&slot) && job.plan.kind != JobKind::Service {
+                // (Services leave a draining host as their SLA allows.)
                 let reason = format!("host {host} drained for maintenance");
                 if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
                     self.restart_after_loss(engine, k, i, fx);

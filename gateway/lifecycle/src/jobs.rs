@@ -26,6 +26,24 @@ impl Lifecycle {
         config: PoolConfig,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
+        // Jobs run in leaf pools: a pool with unfinished jobs takes no
+        // children (its waiting instances could never be queued).
+        let parent = match path.rfind('/') {
+            Some(0) => "/",
+            Some(at) => &path[..at],
+            None => "",
+        };
+        if let Ok(parent_id) = engine.resources().tree().resolve(parent)
+            && let Some(job) = self
+                .jobs
+                .values()
+                .find(|j| j.pool == parent_id && !j.state.is_terminal())
+        {
+            return Err(Error::Precondition(format!(
+                "pool {parent} has the unfinished job {}; jobs run in leaf pools, so it cannot have children until its jobs end",
+                job.id
+            )));
+        }
         let id = engine
             .resources_mut()
             .create_pool(path, config)
@@ -148,6 +166,7 @@ impl Lifecycle {
             active: 0,
             held: 0,
             next_gang: 0,
+            started: false,
             config: 1,
             old_configs: Default::default(),
             updates: Default::default(),

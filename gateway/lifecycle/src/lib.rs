@@ -335,6 +335,8 @@ pub struct Lifecycle {
     updates: FxHashMap<Arc<str>, Update>,
     /// Updates moving instances now.
     rolling: FxHashSet<Arc<str>>,
+    /// Draining hosts that still hold service instances.
+    draining: FxHashSet<HostSlot>,
     needs_cycle: bool,
     now: u64,
 }
@@ -361,6 +363,7 @@ impl Lifecycle {
             dirty_jobs: FxHashSet::default(),
             updates: FxHashMap::default(),
             rolling: FxHashSet::default(),
+            draining: FxHashSet::default(),
             needs_cycle: true,
             now: 0,
         };
@@ -436,6 +439,7 @@ impl Lifecycle {
         };
         if answer.is_ok() {
             self.advance_updates(engine, fx);
+            self.advance_drains(engine, fx);
         }
         self.fill_all(engine, fx);
         self.derive_job_states(fx);

@@ -308,6 +308,9 @@ pub struct JobPlan {
     pub gang: u32,
     /// Run time limit (0: none).
     pub max_running_time_ms: u64,
+    /// Services: a drain stops at most this many instances at a time,
+    /// counting those already down or unhealthy (at least 1).
+    pub max_unavailable: u32,
     /// Placement strategy.
     pub strategy: Strategy,
 }
@@ -448,6 +451,8 @@ pub struct Job {
     pub held: u32,
     /// Next gang number (gang jobs).
     pub next_gang: u32,
+    /// Some instance has run (a service between runs stays RUNNING).
+    pub started: bool,
     /// Version of `plan` (1 at creation; each update adds one).
     pub config: u64,
     /// Earlier plans some instance still runs, or an update may roll back

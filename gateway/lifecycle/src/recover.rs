@@ -170,6 +170,7 @@ impl Lifecycle {
             active: 0,
             held: 0,
             next_gang: 0,
+            started: false,
             config: row.config,
             old_configs: rec.old_configs.into_iter().collect(),
             updates: rec.updates.iter().map(|u| u.id.clone()).collect(),
@@ -239,6 +240,7 @@ impl Lifecycle {
             job.counts[t.state as usize] += 1;
         }
         job.held = stopping.len() as u32;
+        job.started = job.tasks.iter().any(|t| t.run > 1 || t.state.on_host());
         self.by_id.insert(job.id.clone(), key);
         for mut u in rec.updates {
             u.job = key;

@@ -65,6 +65,8 @@ impl Lifecycle {
         }
         if to != S::Running {
             t.health = Health::None;
+        } else {
+            job.started = true;
         }
         // Queued states and a first run's start need no row: recovery
         // treats a missing or older row the same way.
@@ -747,7 +749,8 @@ pub(super) fn derive(job: &Job) -> JobState {
         }
     } else if job.kill_requested {
         JobState::Killing
-    } else if c[S::Running as usize] > 0 {
+    } else if c[S::Running as usize] > 0 || (job.plan.kind == JobKind::Service && job.started) {
+        // A service that has run stays RUNNING while instances restart.
         JobState::Running
     } else if c[S::Initialized as usize] == n - terminal {
         JobState::Initialized

@@ -106,6 +106,7 @@ fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         max_running: 0,
         gang: 1,
         max_running_time_ms: 0,
+        max_unavailable: 1,
         strategy: Strategy::FirstFit,
     }
 }
@@ -436,6 +437,7 @@ impl Env {
                 p.preemptible = flag("preemptible");
                 p.max_running = num("max_running", 0) as u32;
                 p.default.max_per_host = num("per_host", 0) as u16;
+                p.max_unavailable = num("max_unavailable", 1) as u32;
                 p.default.restart.max_failures = num("max_failures", 0) as u32;
                 p.default.restart.backoff_ms = num("backoff", 1000);
                 p.default.health_check = flag("health");
@@ -766,7 +768,6 @@ fn a_service_runs_again_after_any_exit_until_it_is_killed() {
             > exit s/0 0
             s/0#1 succeeded @h1 (service exited with code 0)
             s/0#1 backoff @h1 (service exited with code 0)
-            job s pending
             > tick 100
             s/0#2 initialized
             s/0#2 pending
@@ -776,7 +777,6 @@ fn a_service_runs_again_after_any_exit_until_it_is_killed() {
             s/0#2 launching @h1
               launch s/0#2 @h1 config 1
             s/0#2 running @h1
-            job s running
             > kill s
             s/0#2 killed @h1 (job killed)
             job s killing
@@ -819,7 +819,6 @@ fn an_unhealthy_task_is_stopped_and_restarted_once_its_host_confirms() {
             s/0#1 running @h1 [Unhealthy] (unhealthy: check failed)
             s/0#1 failed @h1 (unhealthy: check failed)
             s/0#1 backoff @h1 (unhealthy: check failed)
-            job s pending
               kill s/0#1 @h1
             > tick 100
             > cycle
@@ -832,7 +831,6 @@ fn an_unhealthy_task_is_stopped_and_restarted_once_its_host_confirms() {
             s/0#2 launching @h1
               launch s/0#2 @h1 config 1
             s/0#2 running @h1
-            job s running
         "#]],
     );
 }
@@ -1428,7 +1426,6 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
             s/1#3 initialized
             s/0#3 pending
             s/1#3 pending
-            job s pending
             > cycle
             s/0#3 ready
             s/1#3 ready
@@ -1441,13 +1438,11 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
             update u2 succeeded cursor=2 batch={} failed={} done=2
             s/0#3 running @h1
             s/1#3 running @h1
-            job s running
             > rollback u2
             update u2 rolling_backward cursor=2 batch={0, 1} failed={} done=0 (rolled back by request)
             s/0#3 killed @h1 (updated to a new spec)
             s/1#3 killed @h1 (updated to a new spec)
             s/2#1 pending
-            job s pending
               kill s/0#3 @h1
               kill s/1#3 @h1
             > confirm
@@ -1472,7 +1467,126 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
             s/2#1 running @h1
             s/0#4 running @h1
             s/1#4 running @h1
+        "#]],
+    );
+}
+
+#[test]
+fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=3 service health
+        job b pool=/ n=1
+        cycle
+        healthy s/0
+        healthy s/1
+        healthy s/2
+        host h2 cpu=8
+        drain h1       # the batch task goes; one service instance at a time
+        confirm
+        cycle
+        confirm        # nothing more until the replacement is healthy
+        healthy s/0
+        confirm
+        cycle
+        healthy s/1
+        confirm
+        cycle
+        healthy s/2    # h1 went down once empty
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=3 service health
+            s/0#1 pending
+            s/1#1 pending
+            s/2#1 pending
+            job s pending
+            > job b pool=/ n=1
+            b/0#1 pending
+            job b pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/2#1 ready
+            b/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+            s/2#1 placed @h1
+            s/2#1 launching @h1
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+              launch s/2#1 @h1 config 1
+              launch b/0#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            s/2#1 running @h1
+            b/0#1 running @h1
             job s running
+            job b running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > healthy s/2
+            s/2#1 running @h1 [Healthy]
+            > host h2 cpu=8
+            > drain h1
+            s/0#1 preempted @h1 (host h1 drained for maintenance)
+            b/0#1 preempted @h1 (host h1 drained for maintenance)
+            job b pending
+              kill s/0#1 @h1
+              kill b/0#1 @h1
+            > confirm
+            s/0#2 initialized
+            b/0#2 initialized
+            s/0#2 pending
+            b/0#2 pending
+            > cycle
+            s/0#2 ready
+            b/0#2 ready
+            s/0#2 placed @h2
+            s/0#2 launching @h2
+            b/0#2 placed @h2
+            b/0#2 launching @h2
+              launch s/0#2 @h2 config 1
+              launch b/0#2 @h2 config 1
+            s/0#2 running @h2
+            b/0#2 running @h2
+            job b running
+            > confirm
+            > healthy s/0
+            s/0#2 running @h2 [Healthy]
+            s/1#1 preempted @h1 (host h1 drained for maintenance)
+              kill s/1#1 @h1
+            > confirm
+            s/1#2 initialized
+            s/1#2 pending
+            > cycle
+            s/1#2 ready
+            s/1#2 placed @h2
+            s/1#2 launching @h2
+              launch s/1#2 @h2 config 1
+            s/1#2 running @h2
+            > healthy s/1
+            s/1#2 running @h2 [Healthy]
+            s/2#1 preempted @h1 (host h1 drained for maintenance)
+              kill s/2#1 @h1
+            > confirm
+            s/2#2 initialized
+            s/2#2 pending
+            > cycle
+            s/2#2 ready
+            s/2#2 placed @h2
+            s/2#2 launching @h2
+              launch s/2#2 @h2 config 1
+            s/2#2 running @h2
+            > healthy s/2
+            s/2#2 running @h2 [Healthy]
         "#]],
     );
 }

@@ -40,8 +40,8 @@ pub struct E2eOptions {
     pub server_pid: Option<u32>,
 }
 
-struct Spawned {
-    child: Child,
+pub(crate) struct Spawned {
+    pub(crate) child: Child,
     _dir: tempfile::TempDir,
 }
 
@@ -84,7 +84,7 @@ pub(crate) fn sibling_binary(name: &str, packages: &str) -> Result<std::path::Pa
     Ok(bin)
 }
 
-fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
+pub(crate) fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
     let bin = sibling_binary("pelotond", "-p peloton-gateway")?;
     let dir = tempfile::tempdir()?;
     let mut child = std::process::Command::new(&bin)

@@ -46,8 +46,27 @@ fn sibling(name: &str) -> Result<std::path::PathBuf> {
 }
 
 /// CPU seconds (user + system) a process has used, from /proc/PID/stat.
-fn cpu_s(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+pub(crate) fn cpu_s(pid: u32) -> f64 {
+    stat_cpu_s(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU seconds (user + system) of the thread of process `pid` named `name`
+/// (from /proc/PID/task/TID/stat; 0 if there is none).
+pub(crate) fn thread_cpu_s(pid: u32, name: &str) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            return stat_cpu_s(&t.path().join("stat").to_string_lossy());
+        }
+    }
+    0.0
+}
+
+fn stat_cpu_s(path: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return 0.0;
     };
     // Fields after the command (which may hold spaces), 1-based from 3.

@@ -8,6 +8,7 @@
 mod e2e;
 mod launch;
 mod trace;
+mod update;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -160,6 +161,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Rolling update of a service through gRPC: start a server with
+    /// simulated hosts, run a service of `instances`, update every instance
+    /// to a new spec `batch_size` at a time; report the seconds the update
+    /// took and the scheduling loop's CPU per instance updated.
+    Update {
+        /// Simulated hosts of the started server.
+        #[arg(long, default_value_t = 10_000)]
+        hosts: u32,
+        /// Instances of the service.
+        #[arg(long, default_value_t = 10_000)]
+        instances: u32,
+        /// Instances updated at once.
+        #[arg(long, default_value_t = 500)]
+        batch_size: u32,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -271,6 +290,22 @@ fn main() -> Result<()> {
                 agents_dir,
             }))?;
             print(&report, json, "launch");
+        }
+        Command::Update {
+            hosts,
+            instances,
+            batch_size,
+            json,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(update::run(update::UpdateOptions {
+                hosts,
+                instances,
+                batch_size,
+            }))?;
+            print(&report, json, "update");
         }
         Command::Demo { common } => {
             if !common.json {
