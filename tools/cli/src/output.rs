@@ -307,7 +307,24 @@ pub fn task_spec_json(spec: Option<&TaskSpec>) -> Value {
         "kill_grace_period_ms": spec.kill_grace_period_ms,
         "sim": {"duration_ms": sim.duration_ms, "exit_code": sim.exit_code},
         "max_instances_per_host": spec.max_instances_per_host,
+        "health_check": spec.health_check.as_ref().map(health_check_json),
     })
+}
+
+fn health_check_json(h: &peloton_proto::v1::HealthCheck) -> Value {
+    use peloton_proto::v1::health_check::Kind;
+    let kind = match &h.kind {
+        Some(Kind::Command(c)) => json!({"command": c}),
+        Some(Kind::Http(http)) => json!({"http": {"port": http.port, "path": http.path}}),
+        Some(Kind::TcpPort(p)) => json!({"tcp_port": p}),
+        None => json!({}),
+    };
+    let mut v = kind;
+    v["initial_delay_ms"] = json!(h.initial_delay_ms);
+    v["interval_ms"] = json!(h.interval_ms);
+    v["timeout_ms"] = json!(h.timeout_ms);
+    v["max_consecutive_failures"] = json!(h.max_consecutive_failures);
+    v
 }
 
 pub fn job_spec_json(spec: Option<&JobSpec>) -> Value {
@@ -331,6 +348,7 @@ pub fn job_spec_json(spec: Option<&JobSpec>) -> Value {
             "max_running_instances": sla.max_running_instances,
             "min_running_instances": sla.min_running_instances,
             "max_running_time_ms": sla.max_running_time_ms,
+            "max_unavailable_instances": sla.max_unavailable_instances,
         },
         "placement": enum_json::<PlacementStrategy>(spec.placement),
     })
@@ -346,6 +364,9 @@ pub fn job_status_json(status: Option<&JobStatus>) -> Value {
             "state": enum_json::<TaskState>(c.state),
             "count": c.count,
         })).collect::<Vec<_>>(),
+        "kill_requested": status.kill_requested,
+        "config_version": status.config_version,
+        "update_id": status.update_id,
     })
 }
 
@@ -386,6 +407,7 @@ pub fn task_json(task: &Task) -> Value {
         "history": task.history.iter().map(|r| task_run_json(Some(r))).collect::<Vec<_>>(),
         "stopping": task.stopping,
         "restart_when_stopped": task.restart_when_stopped,
+        "config_version": task.config_version,
     })
 }
 

@@ -158,3 +158,86 @@ async fn examples_run_end_to_end_and_errors_are_readable() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains(&url), "{}", text(&out.stderr));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_example_rolls_to_v2_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = peloton_gateway::server::start(&Config {
+        data_dir: dir.path().to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: None,
+        sim_hosts: 4,
+        cycle_interval_ms: 5,
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("http://{}", server.addr);
+    let ex = examples();
+    let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
+    let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = ok_json(&url, &["job", "create", &ex("service.yaml")]).await;
+    let id = job["job"]["id"].as_str().unwrap().to_string();
+    // Simulated hosts run no health checks: running is enough.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let j = ok_json(&url, &["job", "get", &id]).await;
+        if j["job"]["status"]["state"] == "running" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{j}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Waits for the update: exit 0 once it succeeded.
+    let out = peloton(
+        &url,
+        &[
+            "--output",
+            "json",
+            "job",
+            "update",
+            &id,
+            &ex("service-v2.yaml"),
+            "--batch-size",
+            "2",
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let u: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(u["update"]["status"]["state"], "succeeded", "{u}");
+    assert_eq!(u["update"]["status"]["instances_done"], 3, "{u}");
+    let list = ok_json(&url, &["update", "list", &id]).await;
+    assert_eq!(list["updates"].as_array().unwrap().len(), 1, "{list}");
+    let j = ok_json(&url, &["job", "get", &id]).await;
+    assert_eq!(
+        j["job"]["spec"]["default_task"]["env"]["VERSION"], "v2",
+        "{j}"
+    );
+    // Actions on a finished update are refused with exit 1 and the reason.
+    let uid = u["update"]["id"].as_str().unwrap();
+    let out = peloton(&url, &["update", "pause", uid]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("cannot be paused"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Updating a batch job is refused.
+    let hello = ok_json(&url, &["job", "create", &ex("hello.yaml")]).await;
+    let hid = hello["job"]["id"].as_str().unwrap();
+    let out = peloton(&url, &["job", "update", hid, &ex("hello.yaml")]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("rolling updates are for services"),
+        "{}",
+        text(&out.stderr)
+    );
+    server.shutdown().await.unwrap();
+}
