@@ -136,9 +136,12 @@ pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec
     if over.is_empty() {
         return;
     }
-    let mut candidates: Vec<PlacedView> = tasks
-        .placed_views()
-        .filter(|t| over.contains_key(&t.pool) && t.flags & flags::PREEMPTIBLE != 0)
+    // Only the pools over an entitlement are looked at (the arena's pool
+    // index), not every placed task.
+    let mut candidates: Vec<PlacedView> = over
+        .keys()
+        .flat_map(|&pool| tasks.placed_in_pool(pool))
+        .filter(|t| t.flags & flags::PREEMPTIBLE != 0)
         .collect();
     // Pool, then revocable first, lowest priority, most recently started.
     candidates.sort_by(|a, b| {
@@ -205,10 +208,20 @@ pub fn intra_pool_victims(
     pending: &[TaskHandle],
     out: &mut Vec<(TaskHandle, u32, Vec<Victim>)>,
 ) -> Result<(), TaskError> {
+    // Victims come from the pending tasks' own pools only (the arena's pool
+    // index), not every placed task.
+    let mut pools: Vec<u32> = Vec::new();
+    for &task in pending {
+        pools.push(tasks.spec(task)?.pool);
+    }
+    pools.sort_unstable();
+    pools.dedup();
     let mut by_host: FxHashMap<u32, Vec<PlacedView>> = FxHashMap::default();
-    for t in tasks.placed_views() {
-        if t.flags & flags::PREEMPTIBLE != 0 {
-            by_host.entry(t.host).or_default().push(t);
+    for &pool in &pools {
+        for t in tasks.placed_in_pool(pool) {
+            if t.flags & flags::PREEMPTIBLE != 0 {
+                by_host.entry(t.host).or_default().push(t);
+            }
         }
     }
     for list in by_host.values_mut() {

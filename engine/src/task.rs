@@ -200,6 +200,11 @@ pub struct TaskArena {
     host_pos: Vec<u32>,
     /// Placed tasks by host slot: a host's tasks without a scan of all.
     on_host: Vec<Vec<u32>>,
+    /// Position of a placed task in its pool's list (`in_pool`).
+    pool_pos: Vec<u32>,
+    /// Placed tasks by pool slot: a pool's preemption candidates without a
+    /// scan of all.
+    in_pool: Vec<Vec<u32>>,
     free_slots: Vec<u32>,
     next_arrival: u64,
     n_live: usize,
@@ -255,7 +260,8 @@ impl TaskArena {
             gpu,
             arrival,
             start_ms,
-            host_pos
+            host_pos,
+            pool_pos
         );
     }
 
@@ -292,6 +298,7 @@ impl TaskArena {
                 self.arrival[i] = arrival;
                 self.start_ms[i] = 0;
                 self.host_pos[i] = u32::MAX;
+                self.pool_pos[i] = u32::MAX;
                 slot
             }
             None => {
@@ -316,6 +323,7 @@ impl TaskArena {
                 self.arrival.push(arrival);
                 self.start_ms.push(0);
                 self.host_pos.push(u32::MAX);
+                self.pool_pos.push(u32::MAX);
                 slot
             }
         };
@@ -428,6 +436,12 @@ impl TaskArena {
         }
         self.host_pos[i] = self.on_host[h].len() as u32;
         self.on_host[h].push(i as u32);
+        let p = self.pool[i] as usize;
+        if self.in_pool.len() <= p {
+            self.in_pool.resize_with(p + 1, Vec::new);
+        }
+        self.pool_pos[i] = self.in_pool[p].len() as u32;
+        self.in_pool[p].push(i as u32);
         Ok(())
     }
 
@@ -441,6 +455,42 @@ impl TaskArena {
             self.host_pos[moved as usize] = pos as u32;
         }
         self.host_pos[i] = u32::MAX;
+        let list = &mut self.in_pool[self.pool[i] as usize];
+        let pos = self.pool_pos[i] as usize;
+        debug_assert_eq!(list[pos], i as u32);
+        list.swap_remove(pos);
+        if let Some(&moved) = list.get(pos) {
+            self.pool_pos[moved as usize] = pos as u32;
+        }
+        self.pool_pos[i] = u32::MAX;
+    }
+
+    /// The placed tasks of pool slot `pool`, as preemption sees them, in no
+    /// particular order.
+    pub fn placed_in_pool(&self, pool: u32) -> impl Iterator<Item = PlacedView> + '_ {
+        self.in_pool
+            .get(pool as usize)
+            .map_or(&[][..], |l| l.as_slice())
+            .iter()
+            .map(|&i| self.view(i as usize))
+    }
+
+    fn view(&self, i: usize) -> PlacedView {
+        PlacedView {
+            task: TaskHandle {
+                idx: i as u32,
+                generation: self.generation[i],
+            },
+            pool: self.pool[i],
+            priority: self.priority[i],
+            flags: self.flags[i],
+            request: self.request[i],
+            ports: self.ports[i],
+            host: self.host[i],
+            gpu: self.gpu[i],
+            start_ms: self.start_ms[i],
+            arrival: self.arrival[i],
+        }
     }
 
     /// The tasks placed on host `slot`, in no particular order.
@@ -505,21 +555,7 @@ impl TaskArena {
     pub fn placed_views(&self) -> impl Iterator<Item = PlacedView> + '_ {
         (0..self.live.len())
             .filter(|&i| self.live[i] && self.host[i] != NO_HOST)
-            .map(|i| PlacedView {
-                task: TaskHandle {
-                    idx: i as u32,
-                    generation: self.generation[i],
-                },
-                pool: self.pool[i],
-                priority: self.priority[i],
-                flags: self.flags[i],
-                request: self.request[i],
-                ports: self.ports[i],
-                host: self.host[i],
-                gpu: self.gpu[i],
-                start_ms: self.start_ms[i],
-                arrival: self.arrival[i],
-            })
+            .map(|i| self.view(i))
     }
 
     /// Host slot of a live task, if placed.
@@ -548,7 +584,7 @@ impl TaskArena {
             + size_of::<TaskState>()
             + size_of::<GpuGrant>()
             + size_of::<u64>() * 2
-            + size_of::<u32>() // host_pos
+            + size_of::<u32>() * 2 // host_pos, pool_pos
     }
 
     /// Panics unless the columns agree.
@@ -574,6 +610,7 @@ impl TaskArena {
             self.arrival.len(),
             self.start_ms.len(),
             self.host_pos.len(),
+            self.pool_pos.len(),
         ] {
             assert_eq!(len, n, "task columns have equal length");
         }
@@ -593,6 +630,11 @@ impl TaskArena {
                         list[self.host_pos[i] as usize], i as u32,
                         "a placed task is in its host's list"
                     );
+                    let list = &self.in_pool[self.pool[i] as usize];
+                    assert_eq!(
+                        list[self.pool_pos[i] as usize], i as u32,
+                        "a placed task is in its pool's list"
+                    );
                 }
             } else {
                 assert_eq!(self.host[i], NO_HOST);
@@ -603,5 +645,7 @@ impl TaskArena {
             .filter(|&i| self.live[i] && self.host[i] != NO_HOST)
             .count();
         assert_eq!(listed, placed, "host lists hold exactly the placed tasks");
+        let listed: usize = self.in_pool.iter().map(Vec::len).sum();
+        assert_eq!(listed, placed, "pool lists hold exactly the placed tasks");
     }
 }
