@@ -221,6 +221,7 @@ impl Lifecycle {
                     // Nothing runs: killing changes nothing.
                     return Ok(Answer::Job(k));
                 }
+                self.abort_update_of(k, "the job was killed", fx);
                 let job = self.job_mut(k);
                 job.kill_requested = true;
                 // Waiting instances end without a search each.

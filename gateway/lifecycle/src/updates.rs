@@ -248,20 +248,11 @@ impl Lifecycle {
         if self.updates.contains_key(&id) {
             return Err(Error::Precondition(format!("update {id} exists already")));
         }
-        // A new update aborts the one in progress.
-        if let Some(prev) = job.latest_update().cloned() {
-            let u = self.updates.get_mut(&prev).expect("kept");
-            if !u.state.is_terminal() {
-                u.state = UpdateState::Aborted;
-                u.paused_from = None;
-                u.completed_at = self.now;
-                u.reason = Some(format!("replaced by update {id}").into());
-                fx.rows.push(RowKey::Update(prev));
-            }
-        }
         let n_old = job.tasks.len() as u32;
         let count = plan.instance_count;
         let from = job.config;
+        // A new update aborts the one in progress.
+        self.abort_update_of(k, &format!("replaced by update {id}"), fx);
         let to = from + 1;
         let now = self.now;
         let job = self.job_mut(k);
@@ -306,6 +297,24 @@ impl Lifecycle {
             self.resize(engine, k, count, to, "job updated to fewer instances", fx);
         }
         Ok(Answer::Job(k))
+    }
+
+    /// Aborts the job's update in progress, if any.
+    pub(super) fn abort_update_of(&mut self, k: JobKey, reason: &str, fx: &mut Effects) {
+        let Some(id) = self.jobs[&k].latest_update().cloned() else {
+            return;
+        };
+        let now = self.now;
+        let u = self.updates.get_mut(&id).expect("kept");
+        if u.state.is_terminal() {
+            return;
+        }
+        u.state = UpdateState::Aborted;
+        u.paused_from = None;
+        u.completed_at = now;
+        u.reason = Some(reason.into());
+        self.rolling.remove(&id);
+        fx.rows.push(RowKey::Update(id));
     }
 
     /// Keeps the newest [`MAX_UPDATES_PER_JOB`] updates of a job.
