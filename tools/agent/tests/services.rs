@@ -298,9 +298,6 @@ async fn a_service_instance_that_exits_starts_again_and_the_job_never_ends() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server: a service job whose only instance waits out its back-off is PENDING \
-            (lifecycle derive() counts a BACKOFF instance as pending for every job type), \
-            not RUNNING as the service semantics ask"]
 async fn a_service_job_stays_running_while_its_instance_restarts() {
     let cluster = Cluster::start(1).await;
     let mut spec = task_spec("sleep 0.5; exit 0");
