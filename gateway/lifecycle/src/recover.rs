@@ -240,6 +240,22 @@ impl Lifecycle {
             job.counts[t.state as usize] += 1;
         }
         job.held = stopping.len() as u32;
+        // Health is not stored: a checked run that runs has no verdict
+        // until its agent reports again.
+        for (i, t) in job.tasks.iter_mut().enumerate() {
+            if t.state == S::Running {
+                let checked = if t.config == job.config {
+                    job.plan.template(i as u32).health_check
+                } else {
+                    job.old_configs
+                        .get(&t.config)
+                        .is_some_and(|p| p.template(i as u32).health_check)
+                };
+                if checked {
+                    t.health = super::Health::Unknown;
+                }
+            }
+        }
         job.started = job.tasks.iter().any(|t| t.run > 1 || t.state.on_host());
         self.by_id.insert(job.id.clone(), key);
         for mut u in rec.updates {

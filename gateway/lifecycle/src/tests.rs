@@ -1310,7 +1310,6 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
             s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
             s/0#3 failed @h1 (unhealthy: check failed)
             s/0#3 backoff @h1 (unhealthy: check failed)
-            s/0#3 killed @h1 (updated to a new spec)
               kill s/0#3 @h1
             > confirm
             s/0#4 initialized

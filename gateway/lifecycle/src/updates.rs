@@ -574,7 +574,9 @@ impl Lifecycle {
         let state = self.jobs[&k].tasks[i as usize].state;
         match state {
             S::Initialized => {}
-            S::Failed | S::Succeeded | S::Killed => self.new_run(k, i, fx),
+            // A run backing off ended already (its history keeps why): the
+            // next one starts now, on the new config.
+            S::Failed | S::Succeeded | S::Killed | S::Backoff => self.new_run(k, i, fx),
             _ => {
                 if self.end_run(engine, k, i, S::Killed, "updated to a new spec", fx) {
                     self.new_run(k, i, fx);
