@@ -54,6 +54,12 @@ fn service(pool: &str, instances: u32, version: &str) -> pb::JobSpec {
             }),
             ..Default::default()
         }),
+        // Preemptible: the pool has no reservation, and only preemptible
+        // work is admitted beyond a reservation.
+        sla: Some(pb::Sla {
+            preemptible: true,
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }
