@@ -26,6 +26,8 @@ mod jobs;
 mod model;
 mod recover;
 mod runs;
+#[cfg(any(test, feature = "testkit"))]
+pub mod sim;
 #[cfg(test)]
 mod tests;
 mod updates;

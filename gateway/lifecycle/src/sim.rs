@@ -1,0 +1,700 @@
+//! A simulated cluster around the core, for tests and fuzzing: a real
+//! engine, a model of agents (the runs each host has, the kills it was
+//! told, the final reports it keeps until they are acknowledged), a model
+//! of the store (the rows written at each commit) and a `crash` that
+//! rebuilds the engine and the core from that store, as the service does.
+//!
+//! [`Sim`] does what the shell does after each step (write rows, publish
+//! events, dispatch launches and kills; agents start launches at once) and
+//! checks after every step what must hold: the core's and the engine's
+//! invariants, gap-free event revisions, and that no instance has two
+//! live runs on the agents. The fixture tests (`tests.rs`) script it with
+//! text; [`ops`] drives it with random operations against a model of what
+//! every job must reach (a proptest and the `lifecycle_ops` fuzz target).
+//!
+//! Compiled for tests, and for other crates with the `testkit` feature.
+
+pub mod ops;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use peloton_engine::host::HostSpec;
+use peloton_engine::task::Strategy;
+use peloton_engine::{Engine, EngineConfig, PoolConfig, Resources};
+use rustc_hash::FxHashMap;
+
+use crate::{
+    AgentRunKey, Answer, CoreConfig, Effects, Error, EventKind, Health, HostRegistration, Input,
+    JobKind, JobPlan, JobRow, Lifecycle, RestartPolicy, RowKey, RunPhase, RunReport, TaskRow,
+    TaskState, TaskTemplate, Update,
+};
+use crate::{Recovered, RecoveredHost, RecoveredJob};
+
+/// One run as its agent has it.
+#[derive(Clone, Debug)]
+pub struct AgentRun {
+    /// How the run is named.
+    pub key: AgentRunKey,
+    /// It was told to stop (and has not yet).
+    pub stopping: bool,
+    /// Its process was started (a stalled agent has received the launch
+    /// and not started it yet).
+    pub started: bool,
+    /// It ended (phase, exit code); the agent reports it until the server
+    /// acknowledges it.
+    pub ended: Option<(RunPhase, i32)>,
+    /// It ran on through a partition after the server declared its host
+    /// lost (and started the instance elsewhere): the one accepted case of
+    /// an instance running twice, until the host returns and is told to
+    /// stop it.
+    pub stale: bool,
+}
+
+impl AgentRun {
+    /// Its process runs.
+    pub fn live(&self) -> bool {
+        self.ended.is_none()
+    }
+}
+
+/// What an agent has.
+#[derive(Debug, Default)]
+pub struct Agent {
+    /// What it registers with.
+    pub spec: Option<HostSpec>,
+    /// Runs by launch id: live ones, and ended ones not acknowledged.
+    pub runs: BTreeMap<u64, AgentRun>,
+    /// Its session is attached: launches and kills reach it and its reports
+    /// reach the server.
+    pub connected: bool,
+    /// It takes launches but does not start them yet (until
+    /// [`Sim::start_launches`]).
+    pub stalled: bool,
+}
+
+/// The store's rows, as the shell would write them.
+#[derive(Debug, Default)]
+pub struct StoreModel {
+    /// Pools: configuration and version.
+    pub pools: BTreeMap<String, (PoolConfig, u64)>,
+    /// Hosts: registration and maintenance.
+    pub hosts: BTreeMap<String, (HostSpec, bool)>,
+    /// Jobs: row and plan.
+    pub jobs: BTreeMap<Arc<str>, (JobRow, JobPlan)>,
+    /// Task rows.
+    pub tasks: BTreeMap<(Arc<str>, u32), TaskRow>,
+    /// Plans of config versions, by job id and version.
+    pub configs: BTreeMap<(Arc<str>, u64), JobPlan>,
+    /// Updates by id: job id and the update.
+    pub updates: BTreeMap<Arc<str>, (Arc<str>, Update)>,
+}
+
+/// The core, its engine, agents and store.
+#[derive(Debug)]
+pub struct Sim {
+    /// The engine.
+    pub engine: Engine,
+    /// The core.
+    pub core: Lifecycle,
+    /// The time.
+    pub now: u64,
+    /// Effects not yet taken.
+    pub fx: Effects,
+    /// What the store holds.
+    pub store: StoreModel,
+    /// Agents by host name.
+    pub agents: BTreeMap<Arc<str>, Agent>,
+    /// Events and errors, one a line (unless `quiet`).
+    pub log: String,
+    /// Keep no log.
+    pub quiet: bool,
+    /// Runs launched on agents so far.
+    pub n_launches: u64,
+    /// Kills dispatched so far.
+    pub n_kills: u64,
+    /// The last event revision published.
+    last_revision: u64,
+}
+
+/// An engine of one thread.
+pub fn engine() -> Engine {
+    let mut config = EngineConfig::default();
+    config.resources.threads = 1;
+    Engine::new(config)
+}
+
+/// The core's settings in the simulation (agent mode).
+pub fn config() -> CoreConfig {
+    CoreConfig {
+        max_history: 4,
+        max_instances_per_job: 1000,
+        agent_mode: true,
+    }
+}
+
+/// A task template of `cpu` millicores and `mem` MiB, no retries.
+pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
+    TaskTemplate {
+        request: Resources::new(cpu, mem, 0, 0),
+        ports: 0,
+        constraint: String::new(),
+        revocable: false,
+        controller: false,
+        max_per_host: 0,
+        restart: RestartPolicy {
+            max_failures: 0,
+            backoff_ms: 1000,
+            max_backoff_ms: 8000,
+        },
+        kill_grace_ms: 1000,
+        health_check: false,
+        sim_duration_ms: 0,
+        sim_exit_code: 0,
+    }
+}
+
+/// A batch job of `n` instances of `cpu` millicores in `pool`.
+pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
+    JobPlan {
+        kind: JobKind::Batch,
+        pool: pool.into(),
+        instance_count: n,
+        default: template(cpu, 64),
+        overrides: FxHashMap::default(),
+        priority: 0,
+        preemptible: false,
+        max_running: 0,
+        gang: 1,
+        max_running_time_ms: 0,
+        max_unavailable: 1,
+        strategy: Strategy::FirstFit,
+    }
+}
+
+/// A host's registration: `cpu` cores, `mem` MiB.
+pub fn host_spec(name: &str, cpu: u64, mem: u64) -> HostSpec {
+    HostSpec {
+        name: name.to_string(),
+        capacity: Resources::new(cpu * 1000, mem, 0, 0),
+        gpu_devices: 0,
+        ports: 100,
+        attributes: vec![("host".into(), name.to_string())],
+    }
+}
+
+impl Default for Sim {
+    fn default() -> Self {
+        Sim::new()
+    }
+}
+
+impl Sim {
+    /// No hosts, no pools but the root, no jobs.
+    pub fn new() -> Self {
+        let engine = engine();
+        let core = Lifecycle::new(config(), &engine, 0);
+        Sim {
+            engine,
+            core,
+            now: 1_000_000,
+            fx: Effects::default(),
+            store: StoreModel::default(),
+            agents: BTreeMap::new(),
+            log: String::new(),
+            quiet: false,
+            n_launches: 0,
+            n_kills: 0,
+            last_revision: 0,
+        }
+    }
+
+    /// Adds a line to the log.
+    pub fn say(&mut self, line: impl AsRef<str>) {
+        if !self.quiet {
+            self.log.push_str(line.as_ref());
+            self.log.push('\n');
+        }
+    }
+
+    /// One input at `now`, then what the shell does after it.
+    pub fn step(&mut self, input: Input) -> Result<Answer, Error> {
+        let r = self
+            .core
+            .step(&mut self.engine, input, self.now, &mut self.fx);
+        if let Err(e) = &r {
+            self.say(format!("error: {e}"));
+        }
+        self.commit();
+        r
+    }
+
+    /// What the shell does after an iteration: write rows, publish events,
+    /// acknowledge final reports, dispatch launches and kills (agents start
+    /// launches at once, with a RUNNING report).
+    pub fn commit(&mut self) {
+        self.core.check_invariants(&self.engine);
+        self.engine.check_invariants();
+        self.write_rows();
+        for e in std::mem::take(&mut self.fx.events) {
+            assert_eq!(
+                e.revision,
+                self.last_revision + 1,
+                "event revisions are gap-free"
+            );
+            self.last_revision = e.revision;
+            let line = match e.kind {
+                EventKind::Task {
+                    job,
+                    instance,
+                    run,
+                    state,
+                    host,
+                    reason,
+                    health,
+                } => {
+                    let mut l = format!("{job}/{instance}#{run} {}", state.name());
+                    if !host.is_empty() && state != TaskState::Initialized {
+                        let _ = write!(l, " @{host}");
+                    }
+                    if health != Health::None {
+                        let _ = write!(l, " [{health:?}]");
+                    }
+                    if !reason.is_empty() {
+                        let _ = write!(l, " ({reason})");
+                    }
+                    l
+                }
+                EventKind::Job {
+                    job,
+                    state,
+                    deleted,
+                } => format!(
+                    "job {job} {}{}",
+                    state.name(),
+                    if deleted { " deleted" } else { "" }
+                ),
+            };
+            self.say(line);
+        }
+        for (host, key) in std::mem::take(&mut self.fx.acks) {
+            if let Some(a) = self.agents.get_mut(&host)
+                && a.connected
+                && a.runs.get(&key.launch).is_some_and(|r| !r.live())
+            {
+                a.runs.remove(&key.launch);
+            }
+        }
+        // Launches before kills, as the shell hands them to its backend
+        // (a run placed and preempted in one step is launched, then killed).
+        let launches = std::mem::take(&mut self.fx.launches);
+        let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
+        for l in launches {
+            let key = AgentRunKey {
+                job_id: l.job_id.clone(),
+                instance: l.run.instance,
+                run: l.run.run,
+                launch: l.run.launch.0,
+            };
+            let agent = self
+                .agents
+                .get_mut(&l.host)
+                .expect("launch to a known host");
+            if !agent.connected {
+                continue; // the launch is lost with the session
+            }
+            let stalled = agent.stalled;
+            let old = agent.runs.insert(
+                key.launch,
+                AgentRun {
+                    key: key.clone(),
+                    stopping: false,
+                    started: !stalled,
+                    ended: None,
+                    stale: false,
+                },
+            );
+            assert!(old.is_none(), "launch {} is launched twice", key.launch);
+            self.n_launches += 1;
+            if stalled {
+                continue;
+            }
+            started.entry(l.host.clone()).or_default().push(self.report(
+                key,
+                RunPhase::Running,
+                0,
+                Health::None,
+            ));
+        }
+        for k in std::mem::take(&mut self.fx.kills) {
+            self.n_kills += 1;
+            self.say(format!(
+                "  kill {}/{}#{} @{}",
+                k.job_id, k.run.instance, k.run.run, k.host
+            ));
+            // A kill for a host without a session is lost; the server
+            // kills again when the agent registers.
+            if let Some(a) = self.agents.get_mut(&k.host)
+                && a.connected
+                && let Some(r) = a.runs.get_mut(&k.run.launch.0)
+                && r.live()
+            {
+                r.stopping = true;
+            }
+        }
+        for (host, reports) in started {
+            let r = self.core.step(
+                &mut self.engine,
+                Input::AgentReports { host, reports },
+                self.now,
+                &mut self.fx,
+            );
+            assert!(r.is_ok());
+            self.commit();
+        }
+        self.check_no_double_runs();
+    }
+
+    fn write_rows(&mut self) {
+        for row in std::mem::take(&mut self.fx.rows) {
+            match row {
+                RowKey::Job(k) => {
+                    if let (Some(r), Some(j)) = (self.core.job_row(k), self.core.job(k)) {
+                        self.store.jobs.insert(r.id.clone(), (r, j.plan.clone()));
+                    }
+                }
+                RowKey::JobDeleted(id) => {
+                    self.store.jobs.remove(&id);
+                    self.store.tasks.retain(|(j, _), _| *j != id);
+                    self.store.configs.retain(|(j, _), _| *j != id);
+                }
+                RowKey::Config(k, v) => {
+                    if let Some(j) = self.core.job(k) {
+                        self.store
+                            .configs
+                            .insert((j.id.clone(), v), j.plan_of(v).clone());
+                    }
+                }
+                RowKey::ConfigDeleted(id, v) => {
+                    self.store.configs.remove(&(id, v));
+                }
+                RowKey::Update(id) => {
+                    if let Some(u) = self.core.update(&id) {
+                        let job = self.core.job(u.job).expect("live").id.clone();
+                        self.store.updates.insert(id, (job, u.clone()));
+                    }
+                }
+                RowKey::UpdateDeleted(id) => {
+                    self.store.updates.remove(&id);
+                }
+                RowKey::Task(k, i) => {
+                    if let Some(row) = self.core.take_task_row(k, i) {
+                        let id = self.core.job(k).expect("live").id.clone();
+                        self.store.tasks.insert((id, i), row);
+                    }
+                }
+                RowKey::TaskDeleted(id, i) => {
+                    self.store.tasks.remove(&(id, i));
+                }
+                RowKey::Pool(path) => {
+                    let tree = self.engine.resources().tree();
+                    if let Ok(id) = tree.resolve(&path) {
+                        let config = *tree.config(id);
+                        let v = self.core.pool_version(&path);
+                        self.store.pools.insert(path, (config, v));
+                    }
+                }
+                RowKey::PoolDeleted(path) => {
+                    self.store.pools.remove(&path);
+                }
+                RowKey::Host(slot) => {
+                    let name = self.core.host_name(slot).to_string();
+                    let spec = self.agents[name.as_str()].spec.clone().expect("registered");
+                    let maintenance = self.core.in_maintenance(slot);
+                    self.store.hosts.insert(name, (spec, maintenance));
+                }
+            }
+        }
+    }
+
+    /// A report of a run, dated now.
+    pub fn report(
+        &self,
+        key: AgentRunKey,
+        phase: RunPhase,
+        code: i32,
+        health: Health,
+    ) -> RunReport {
+        RunReport {
+            key,
+            phase,
+            time_ms: self.now,
+            exit_code: code,
+            reason: String::new(),
+            started_ms: self.now,
+            health,
+            health_detail: if health == Health::Unhealthy {
+                "check failed".into()
+            } else {
+                String::new()
+            },
+            ports: Vec::new(),
+        }
+    }
+
+    /// The model's safety property: no instance has two live runs on the
+    /// agents (but for runs of a partitioned host the server gave up on).
+    pub fn check_no_double_runs(&self) {
+        let mut seen = FxHashMap::default();
+        for (host, a) in &self.agents {
+            for r in a.runs.values().filter(|r| r.live() && !r.stale) {
+                let key = &r.key;
+                if let Some(other) = seen.insert((key.job_id.clone(), key.instance), host.clone()) {
+                    panic!(
+                        "{}/{} runs twice: on {other} and {host}\n{}",
+                        key.job_id, key.instance, self.log
+                    );
+                }
+            }
+        }
+    }
+
+    /// The current run of instance `i` of job `job`, as the core sees it:
+    /// its host and key (none if it has no host).
+    pub fn current(&self, job: &str, i: u32) -> Option<(Arc<str>, AgentRunKey)> {
+        let k = self.core.job_key(job).ok()?;
+        let job = self.core.job(k)?;
+        let t = job.tasks.get(i as usize)?;
+        let host = self.core.host_name(t.host?).clone();
+        let key = AgentRunKey {
+            job_id: job.id.clone(),
+            instance: i,
+            run: t.run,
+            launch: t.launch.0,
+        };
+        Some((host, key))
+    }
+
+    /// Reports of a host's agent, if its session is attached (else they
+    /// wait for its registration).
+    pub fn agent_reports(&mut self, host: Arc<str>, reports: Vec<RunReport>) {
+        if self.agents.get(&host).is_some_and(|a| a.connected) {
+            let _ = self.step(Input::AgentReports { host, reports });
+        }
+    }
+
+    /// A new agent registers an empty host (or an agent that lost every
+    /// run registers again).
+    pub fn add_host(&mut self, name: &str, cpu: u64, mem: u64) -> Result<Answer, Error> {
+        let name: Arc<str> = name.into();
+        let spec = host_spec(&name, cpu, mem);
+        let agent = self.agents.entry(name).or_default();
+        agent.spec = Some(spec.clone());
+        agent.connected = true;
+        agent.stalled = false;
+        agent.runs.clear();
+        self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            spec,
+            isolation: "test".into(),
+            runs: Vec::new(),
+        })))
+    }
+
+    /// A known host's agent registers again, listing its runs: live ones
+    /// as running (or starting), ended ones with their end.
+    pub fn register(&mut self, name: &str) -> Result<Answer, Error> {
+        let agent = self.agents.get_mut(name).expect("known host");
+        agent.connected = true;
+        let spec = agent.spec.clone().expect("spec");
+        let runs: Vec<AgentRun> = agent.runs.values().cloned().collect();
+        let runs = runs
+            .into_iter()
+            .map(|r| {
+                let (phase, code) = match r.ended {
+                    None if r.started => (RunPhase::Running, 0),
+                    None => (RunPhase::Starting, 0),
+                    Some(end) => end,
+                };
+                self.report_of(&r, phase, code)
+            })
+            .collect();
+        self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            spec,
+            isolation: "test".into(),
+            runs,
+        })))
+    }
+
+    /// A run ends on its host (`phase` Succeeded, Failed or Killed); the
+    /// agent reports it if it can.
+    pub fn end_run(&mut self, host: &Arc<str>, launch: u64, phase: RunPhase, code: i32) {
+        let agent = self.agents.get_mut(host).expect("host");
+        let Some(r) = agent.runs.get_mut(&launch) else {
+            return;
+        };
+        if !r.live() {
+            return;
+        }
+        r.ended = Some((phase, code));
+        let r = r.clone();
+        let report = self.report_of(&r, phase, code);
+        self.agent_reports(host.clone(), vec![report]);
+    }
+
+    /// A report of an agent's run (one never started says so).
+    fn report_of(&self, r: &AgentRun, phase: RunPhase, code: i32) -> RunReport {
+        let mut report = self.report(r.key.clone(), phase, code, Health::None);
+        if !r.started {
+            report.started_ms = 0;
+        }
+        report
+    }
+
+    /// A stalled agent starts the launches it holds (and takes launches at
+    /// once again), reporting them running if it can.
+    pub fn start_launches(&mut self, host: &Arc<str>) {
+        let agent = self.agents.get_mut(host).expect("host");
+        agent.stalled = false;
+        let mut keys = Vec::new();
+        for r in agent.runs.values_mut() {
+            if r.live() && !r.started {
+                r.started = true;
+                keys.push(r.key.clone());
+            }
+        }
+        let reports: Vec<RunReport> = keys
+            .into_iter()
+            .map(|k| self.report(k, RunPhase::Running, 0, Health::None))
+            .collect();
+        if !reports.is_empty() {
+            self.agent_reports(host.clone(), reports);
+        }
+    }
+
+    /// A health verdict on a live run.
+    pub fn health(&mut self, host: &Arc<str>, key: AgentRunKey, health: Health) {
+        let r = self.report(key, RunPhase::Running, 0, health);
+        self.agent_reports(host.clone(), vec![r]);
+    }
+
+    /// Agents end every run they were told to stop (`only`: just that
+    /// launch) and report it if they can.
+    pub fn confirm_kills(&mut self, only: Option<u64>) {
+        let mut by_host = Vec::new();
+        for (host, a) in &mut self.agents {
+            let mut killed = Vec::new();
+            for r in a.runs.values_mut() {
+                if r.live() && r.stopping && only.is_none_or(|l| l == r.key.launch) {
+                    r.ended = Some((RunPhase::Killed, 0));
+                    killed.push(r.clone());
+                }
+            }
+            if !killed.is_empty() {
+                by_host.push((host.clone(), killed));
+            }
+        }
+        for (host, runs) in by_host {
+            let reports = runs
+                .iter()
+                .map(|r| self.report_of(r, RunPhase::Killed, 0))
+                .collect();
+            self.agent_reports(host, reports);
+        }
+    }
+
+    /// An agent's session ends; its runs go on.
+    pub fn disconnect(&mut self, name: &str) -> Result<Answer, Error> {
+        let agent = self.agents.get_mut(name).expect("host");
+        agent.connected = false;
+        self.step(Input::AgentDisconnected { host: name.into() })
+    }
+
+    /// A host goes silent and the server declares it lost: it died with
+    /// its runs (`dies`), or it is cut off and they run on (stale).
+    pub fn lose_host(&mut self, name: &str, dies: bool) -> Result<Answer, Error> {
+        let agent = self.agents.get_mut(name).expect("host");
+        agent.connected = false;
+        if dies {
+            agent.runs.clear();
+            agent.stalled = false;
+        } else {
+            for r in agent.runs.values_mut() {
+                r.stale = true;
+            }
+        }
+        self.step(Input::HostLost {
+            host: name.into(),
+            silent_ms: 10_000,
+        })
+    }
+
+    /// The server restarts: a new engine and core from the store model.
+    /// Agents keep their runs and lose their sessions (kills in flight are
+    /// lost with them); they register again on their own (`register`).
+    pub fn crash(&mut self) {
+        let mut rec = Recovered::default();
+        for (path, (config, version)) in &self.store.pools {
+            rec.pools.push((path.clone(), *config, *version));
+        }
+        for (name, (spec, maintenance)) in &self.store.hosts {
+            rec.hosts.push(RecoveredHost {
+                name: name.clone(),
+                spec: Some(spec.clone()),
+                maintenance: *maintenance,
+                isolation: "test".into(),
+            });
+        }
+        for (id, (row, plan)) in &self.store.jobs {
+            let tasks = self
+                .store
+                .tasks
+                .range((id.clone(), 0)..=(id.clone(), u32::MAX))
+                .map(|((_, i), r)| (*i, r.clone()))
+                .collect();
+            let old_configs = self
+                .store
+                .configs
+                .iter()
+                .filter(|((j, v), _)| j == id && *v != row.config)
+                .map(|((_, v), p)| (*v, p.clone()))
+                .collect();
+            let mut updates: Vec<Update> = self
+                .store
+                .updates
+                .values()
+                .filter(|(j, _)| j == id)
+                .map(|(_, u)| u.clone())
+                .collect();
+            updates.sort_by_key(|u| u.created_at);
+            rec.jobs.push(RecoveredJob {
+                row: row.clone(),
+                plan: plan.clone(),
+                old_configs,
+                updates,
+                tasks,
+            });
+        }
+        self.engine = engine();
+        let revision = self.core.revision();
+        self.fx = Effects::default();
+        self.core = Lifecycle::recover(
+            config(),
+            &mut self.engine,
+            revision,
+            rec,
+            self.now,
+            &mut self.fx,
+        )
+        .expect("the store's rows recover");
+        for a in self.agents.values_mut() {
+            a.connected = false;
+            for r in a.runs.values_mut() {
+                r.stopping = false;
+            }
+        }
+        self.commit();
+    }
+}
