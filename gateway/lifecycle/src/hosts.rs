@@ -31,6 +31,8 @@ impl Lifecycle {
         let job_id = job.id.clone();
         let t = &mut job.tasks[i as usize];
         let handle = t.handle.take();
+        // A recovered run (orphan) becomes a held one: still counted.
+        t.orphan = false;
         let run = RunRef {
             job: k,
             instance: i,
@@ -83,9 +85,7 @@ impl Lifecycle {
         }
         if let Some(job) = self.jobs.get_mut(&k) {
             job.held -= 1;
-            if h.handle.is_some() {
-                job.active -= 1;
-            }
+            job.active -= 1;
             // Room under max_running_instances, or an instance that waited
             // for this run to be gone.
             if !job.waiting.is_empty() || job.plan.gang > 1 {
@@ -103,6 +103,13 @@ impl Lifecycle {
         let (host, restart) = (h.host, h.restart);
         self.finish_held(engine, k, h);
         self.mark_dirty(k, i, fx);
+        if let Some(job) = self.jobs.get(&k)
+            && i as usize >= job.tasks.len()
+        {
+            // The stopping run of an instance scaled away is gone: so is
+            // its row.
+            fx.rows.push(RowKey::TaskDeleted(job.id.clone(), i));
+        }
         if let Some(job) = self.jobs.get(&k)
             && let Some(t) = job.tasks.get(i as usize)
             // Lost and preempted runs always start again (or end killed).
@@ -577,8 +584,9 @@ impl Lifecycle {
             .adopt(&task, host, self.now)
             .map_err(|e| e.to_string())?;
         let job = self.job_mut(k);
+        // An orphan was counted in `active` already.
         job.tasks[i as usize].handle = Some(h);
-        job.active += 1;
+        job.tasks[i as usize].orphan = false;
         let t = &job.tasks[i as usize];
         let limit = job.plan.max_running_time_ms;
         if limit > 0 && t.state == S::Running && t.started_at > 0 {

@@ -60,12 +60,20 @@ impl Lifecycle {
                         }
                     }
                     None => {
-                        let orphan = t.state.on_host()
-                            && t.host.is_some_and(|h| {
-                                self.orphans.get(&h).is_some_and(|o| o.contains(&(k, i)))
-                            });
+                        let listed = t.host.is_some_and(|h| {
+                            self.orphans.get(&h).is_some_and(|o| o.contains(&(k, i)))
+                        });
+                        assert_eq!(
+                            t.orphan,
+                            t.state.on_host() && listed,
+                            "{}/{i}: an orphan is a placed run listed for its host",
+                            job.id
+                        );
+                        if t.orphan {
+                            active += 1;
+                        }
                         assert!(
-                            !t.state.in_engine() || orphan,
+                            !t.state.in_engine() || t.orphan,
                             "{}/{i} in {:?} without an engine task",
                             job.id,
                             t.state
@@ -102,8 +110,8 @@ impl Lifecycle {
             // Held runs (also of instances scaled away) keep their engine
             // tasks until confirmed.
             for ((_, i), h) in self.held.iter().filter(|((hk, _), _)| *hk == k) {
+                active += 1;
                 if let Some(handle) = h.handle {
-                    active += 1;
                     n_engine_tasks += 1;
                     assert_eq!(engine.tasks().owner(handle), Ok((k.0, *i)));
                 }

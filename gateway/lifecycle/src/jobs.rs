@@ -337,6 +337,7 @@ impl Lifecycle {
                 .filter(|&w| w >= count)
                 .collect();
             job.waiting.retain(|&w| w < count);
+            self.need_fill.insert(k);
             for i in gone {
                 self.transition(k, i, S::Killed, Some(reason), fx);
             }
@@ -356,18 +357,27 @@ impl Lifecycle {
             fx.rows
                 .retain(|r| !matches!(r, RowKey::Task(x, i) if *x == k && *i >= count));
             for i in count..n {
-                fx.rows.push(RowKey::TaskDeleted(id.clone(), i));
+                if self.held.contains_key(&(k, i)) {
+                    // Its stopping run must survive a restart: the row
+                    // stays, holding only that, until the host confirms.
+                    fx.rows.push(RowKey::Task(k, i));
+                } else {
+                    fx.rows.push(RowKey::TaskDeleted(id.clone(), i));
+                }
             }
         } else {
             let now = self.now;
-            let job = self.job_mut(k);
+            let stopping: Vec<bool> = (n..count)
+                .map(|i| self.held.contains_key(&(k, i)))
+                .collect();
+            let job = self.jobs.get_mut(&k).expect("live job");
             let config = job.config;
             for i in n..count {
                 let mut t = Task::new(now);
                 t.config = config;
-                if config != 1 {
+                if config != 1 || stopping[(i - n) as usize] {
                     // Recovery takes instances without a row to be on the
-                    // job's first config.
+                    // job's first config, with no run stopping.
                     t.dirty = true;
                     fx.rows.push(RowKey::Task(k, i));
                 }
@@ -386,7 +396,10 @@ impl Lifecycle {
     fn check_job_pool(&mut self, engine: &Engine, k: JobKey) -> Result<(), Error> {
         let job = &self.jobs[&k];
         let tree = engine.resources().tree();
-        if !tree.contains(job.pool) || tree.path(job.pool) != &*job.plan.pool {
+        if !tree.contains(job.pool)
+            || tree.path(job.pool) != &*job.plan.pool
+            || !tree.is_leaf(job.pool)
+        {
             let pool = self.resolve_job_pool(engine, &job.plan.pool.clone())?;
             self.job_mut(k).pool = pool;
         }

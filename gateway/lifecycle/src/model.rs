@@ -384,6 +384,9 @@ pub struct Task {
     pub ports: Option<AssignedPorts>,
     /// The gang the current run was queued with (gang jobs).
     pub gang: Option<u32>,
+    /// The current run was recovered on an agent host and waits for its
+    /// agent to report it (counted in the job's `active`).
+    pub orphan: bool,
     /// Version of the job's spec the instance runs (its next runs too).
     pub config: u64,
     /// Earlier runs, newest first. Boxed: a thin pointer per task (most
@@ -413,6 +416,7 @@ impl Task {
             health: Health::None,
             ports: None,
             gang: None,
+            orphan: false,
             config: 1,
             history: None,
             dirty: false,
@@ -445,7 +449,8 @@ pub struct Job {
     pub counts: [u32; N_STATES],
     /// Instances in Initialized, in order, waiting to be queued.
     pub waiting: VecDeque<u32>,
-    /// Instances holding an engine task, plus held runs that still do.
+    /// Instances holding an engine task or recovered on a host (orphans),
+    /// plus held runs: every run that may hold a host.
     pub active: u32,
     /// Runs told to stop whose end the host has not confirmed.
     pub held: u32,
@@ -503,8 +508,10 @@ pub struct TaskRow {
     pub failures: u32,
     /// Earlier runs, newest first.
     pub history: Vec<RunRecord>,
-    /// The current run was told to stop and its host has not confirmed.
-    pub stopping: bool,
+    /// A run of the instance was told to stop and its host has not
+    /// confirmed: its launch and host (it may be an earlier run than
+    /// `current`).
+    pub stopping: Option<(LaunchId, Arc<str>)>,
     /// Start a new run once the host confirms.
     pub restart_when_stopped: bool,
     /// Config version of the instance.

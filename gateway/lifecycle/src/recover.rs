@@ -179,7 +179,22 @@ impl Lifecycle {
         // launch, restart once confirmed).
         let mut stopping = Vec::new();
         for (instance, stored) in rec.tasks {
+            let host_of = |name: &str| {
+                engine
+                    .hosts()
+                    .lookup(name)
+                    .map(|h| HostSlot(h.idx() as u32))
+            };
+            let held = stored.stopping.as_ref().and_then(|(launch, host)| {
+                (agent_mode && launch.0 != 0)
+                    .then(|| host_of(host).map(|h| (h, *launch)))
+                    .flatten()
+            });
             let Some(t) = job.tasks.get_mut(instance as usize) else {
+                // An instance scaled away whose run was still stopping.
+                if let Some((host, launch)) = held {
+                    stopping.push((Some(host), instance, launch, false));
+                }
                 continue;
             };
             let cur = &stored.current;
@@ -191,16 +206,13 @@ impl Lifecycle {
             t.finished_at = cur.finished_at;
             t.exit_code = cur.exit_code;
             t.launch = cur.launch;
-            t.host = engine
-                .hosts()
-                .lookup(&cur.host)
-                .map(|h| HostSlot(h.idx() as u32));
+            t.host = host_of(&cur.host);
             t.failures = stored.failures;
             t.config = stored.config.max(1);
             t.reason = cur.reason.clone();
             t.history = (!stored.history.is_empty()).then(|| Box::new(stored.history));
-            if agent_mode && stored.stopping && t.host.is_some() && t.launch.0 != 0 {
-                stopping.push((t.host, instance, t.launch, stored.restart_when_stopped));
+            if let Some((host, launch)) = held {
+                stopping.push((Some(host), instance, launch, stored.restart_when_stopped));
             }
         }
         let stopping_instances: rustc_hash::FxHashSet<u32> = stopping.iter().map(|s| s.1).collect();
@@ -220,6 +232,7 @@ impl Lifecycle {
                     job.waiting.push_back(i);
                 }
                 S::Placed | S::Launching | S::Running if agent_mode && t.host.is_some() => {
+                    t.orphan = true;
                     orphans.push((t.host.expect("checked"), i));
                 }
                 S::Lost | S::Preempted if stopping_instances.contains(&i) => {
@@ -240,6 +253,9 @@ impl Lifecycle {
             job.counts[t.state as usize] += 1;
         }
         job.held = stopping.len() as u32;
+        // Orphans and held runs may hold their hosts: they count against
+        // max_running_instances like any run.
+        job.active = job.held + orphans.len() as u32;
         // Health is not stored: a checked run that runs has no verdict
         // until its agent reports again.
         for (i, t) in job.tasks.iter_mut().enumerate() {
@@ -320,16 +336,29 @@ impl Lifecycle {
         })
     }
 
-    /// The row of an instance (for the store); clears its dirty mark.
+    /// The row of an instance (for the store); clears its dirty mark. An
+    /// instance scaled away has a row only while its run is stopping.
     pub fn take_task_row(&mut self, k: super::JobKey, i: u32) -> Option<TaskRow> {
         let held = self.held.get(&(k, i)).copied();
+        let stopping = held.map(|h| {
+            let host = h.host.map_or_else(
+                || std::sync::Arc::from(""),
+                |s| self.host_names[s.idx()].clone(),
+            );
+            (h.launch, host)
+        });
         let job = self.jobs.get(&k)?;
-        let t = job.tasks.get(i as usize)?;
+        let Some(t) = job.tasks.get(i as usize) else {
+            return stopping.map(|stopping| TaskRow {
+                stopping: Some(stopping),
+                ..TaskRow::default()
+            });
+        };
         let row = TaskRow {
             current: self.run_record(t),
             failures: t.failures,
             history: t.history.as_deref().cloned().unwrap_or_default(),
-            stopping: held.is_some(),
+            stopping,
             restart_when_stopped: held.is_some_and(|h| h.restart),
             config: t.config,
         };

@@ -60,6 +60,11 @@ impl Lifecycle {
         job.counts[from as usize] -= 1;
         job.counts[to as usize] += 1;
         t.state = to;
+        if to.is_terminal() || matches!(from, S::Initialized | S::Backoff) {
+            // Room under max_running_instances, or a gang that waited for
+            // this member, may let waiting instances go.
+            self.need_fill.insert(k);
+        }
         if let Some(r) = reason {
             t.reason = Some(r.into());
         }
@@ -118,7 +123,14 @@ impl Lifecycle {
     /// Ends the current run's hold on the engine (and on its host).
     pub(super) fn release(&mut self, engine: &mut Engine, k: JobKey, i: u32, fx: &mut Effects) {
         let job = self.jobs.get_mut(&k).expect("live job");
-        let Some(h) = job.tasks[i as usize].handle.take() else {
+        let t = &mut job.tasks[i as usize];
+        let Some(h) = t.handle.take() else {
+            if t.orphan {
+                // A recovered run that ends before its agent reported it.
+                t.orphan = false;
+                job.active -= 1;
+                self.need_fill.insert(k);
+            }
             return;
         };
         job.active -= 1;

@@ -10,8 +10,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::convert::{self, Limits};
 use crate::lifecycle::{
-    Event, EventKind, JobKey, JobRow, Lifecycle, Recovered, RecoveredHost, RecoveredJob, RowKey,
-    TaskRow,
+    Event, EventKind, JobKey, JobRow, LaunchId, Lifecycle, Recovered, RecoveredHost, RecoveredJob,
+    RowKey, TaskRow,
 };
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
@@ -78,9 +78,15 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
         current: Some(convert::run_to_pb(&row.current)),
         failure_count: row.failures,
         history: row.history.iter().map(convert::run_to_pb).collect(),
-        stopping: row.stopping,
+        stopping: row.stopping.is_some(),
         restart_when_stopped: row.restart_when_stopped,
         config_version: row.config,
+        stopping_launch_id: row.stopping.as_ref().map_or(0, |s| s.0.0),
+        stopping_host: row
+            .stopping
+            .as_ref()
+            .map(|s| s.1.to_string())
+            .unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -200,10 +206,22 @@ pub(super) fn recovered(
         tasks_by_job.entry(job.as_str()).or_default().push((
             *instance,
             TaskRow {
-                current: convert::run_from_pb(&row.current.unwrap_or_default()),
+                current: convert::run_from_pb(&row.current.clone().unwrap_or_default()),
                 failures: row.failure_count,
                 history: row.history.iter().map(convert::run_from_pb).collect(),
-                stopping: row.stopping,
+                // Rows written before the stopping run was stored apart
+                // describe it as the current run.
+                stopping: row.stopping.then(|| {
+                    let cur = row.current.clone().unwrap_or_default();
+                    if row.stopping_launch_id != 0 {
+                        (
+                            LaunchId(row.stopping_launch_id),
+                            row.stopping_host.as_str().into(),
+                        )
+                    } else {
+                        (LaunchId(cur.launch_id), cur.host.as_str().into())
+                    }
+                }),
                 restart_when_stopped: row.restart_when_stopped,
                 config: row.config_version,
             },

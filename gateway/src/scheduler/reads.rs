@@ -275,6 +275,11 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
         stopping: held.is_some(),
         restart_when_stopped: held.is_some_and(|h| h.restart),
         config_version: t.config,
+        stopping_launch_id: held.map_or(0, |h| h.launch.0),
+        stopping_host: held
+            .and_then(|h| h.host)
+            .map(|s| core.host_name(s).to_string())
+            .unwrap_or_default(),
     }
 }
 

@@ -24,9 +24,7 @@
 //! running limit, a gang at a time), every killed job ends KILLED, no run
 //! is left held, and the agents run exactly the running instances.
 //!
-//! Bugs of the core this found and that are not fixed yet have `#[ignore]`d
-//! regression tests in `sim::tests`; with [`KnownBugs::Avoid`] (random runs
-//! and the fuzz target) the driver skips the operations that trigger them.
+//! Bugs of the core this found have regression tests in `sim::tests`.
 //!
 //! The same scenarios come from proptest strategies (`sim::tests`) and from
 //! raw bytes ([`Scenario::decode`], the `lifecycle_ops` fuzz target), and
@@ -331,8 +329,6 @@ struct JobModel {
     /// Every run of it ended as it should (exit 0), nothing killed, lost
     /// or failed by the scenario: a batch job must then succeed.
     clean: bool,
-    /// It lived through a crash of the server.
-    crashed: bool,
 }
 
 /// What a scenario did, so tests can tell that scenarios reach deep states.
@@ -358,22 +354,11 @@ pub struct Stats {
     pub quiesce_rounds: u64,
 }
 
-/// Whether scenarios steer around bugs of the core that are known and not
-/// fixed yet (so that random runs look for new ones).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KnownBugs {
-    /// Skip operations that would trigger them.
-    Avoid,
-    /// Apply every operation as it is (regression tests of the bugs).
-    Hit,
-}
-
 /// A [`Sim`] and the model of what its jobs must reach.
 #[derive(Debug)]
 pub struct Driver {
     /// The simulated cluster.
     pub sim: Sim,
-    known_bugs: KnownBugs,
     jobs: Vec<JobModel>,
     hosts: Vec<Arc<str>>,
     next_job: u32,
@@ -425,7 +410,7 @@ fn job_plan(spec: &JobSpec, pool: &str) -> JobPlan {
 impl Driver {
     /// A cluster of `n_hosts` (2–4) small hosts, each registered by its
     /// agent.
-    pub fn new(n_hosts: u8, known_bugs: KnownBugs) -> Self {
+    pub fn new(n_hosts: u8) -> Self {
         let mut sim = Sim::new();
         // The log only when asked for (failure messages then end with it).
         sim.quiet = std::env::var_os("PELOTON_SIM_LOG").is_none();
@@ -438,7 +423,6 @@ impl Driver {
         }
         Driver {
             sim,
-            known_bugs,
             jobs: Vec::new(),
             hosts,
             next_job: 0,
@@ -449,8 +433,8 @@ impl Driver {
 
     /// Runs a whole scenario: every operation, the quiesce phase and the
     /// final checks. Panics on a violation.
-    pub fn run(scenario: &Scenario, known_bugs: KnownBugs) -> Stats {
-        let mut d = Driver::new(scenario.n_hosts, known_bugs);
+    pub fn run(scenario: &Scenario) -> Stats {
+        let mut d = Driver::new(scenario.n_hosts);
         for op in &scenario.ops {
             d.apply(op);
         }
@@ -498,53 +482,6 @@ impl Driver {
         self.jobs.iter_mut().find(|j| &*j.id == job_id)
     }
 
-    /// Known bug: a gang member waiting for a backing-off mate is stranded
-    /// when that mate is killed or scaled away (see
-    /// `regression_killing_a_backing_off_gang_member_strands_its_mates`).
-    fn avoid_gang_backoff_bug(&self, j: usize) -> bool {
-        let core = &self.sim.core;
-        self.known_bugs == KnownBugs::Avoid
-            && core
-                .job_key(&self.jobs[j].id)
-                .ok()
-                .and_then(|k| core.job(k))
-                .is_some_and(|job| {
-                    job.plan.gang > 1 && job.tasks.iter().any(|t| t.state == TaskState::Backoff)
-                })
-    }
-
-    /// Known bug: taking waiting instances away (scale-down, task kill)
-    /// schedules no fill, and a gang job under a running limit may be left
-    /// with a waiting gang that now fits (see
-    /// `regression_a_scale_down_leaves_a_gang_that_fits_waiting`).
-    fn avoid_shrunk_gang_bug(&self, j: usize) -> bool {
-        let m = &self.jobs[j];
-        let plan = job_plan(&m.spec, m.pool);
-        self.known_bugs == KnownBugs::Avoid && plan.gang > 1 && plan.max_running > 0
-    }
-
-    /// Known bug: a crash forgets the held run of an instance scaled away
-    /// (or scaled away and added back), and the instance then starts beside
-    /// it (see `regression_an_instance_scaled_away_and_back_runs_twice_after_a_crash`).
-    /// Such a run is an old run of its instance, not its current one.
-    fn avoid_forgotten_hold_bug(&self) -> bool {
-        let core = &self.sim.core;
-        let old_run = |r: &super::AgentRun| {
-            let Some(job) = core.job_key(&r.key.job_id).ok().and_then(|k| core.job(k)) else {
-                return false;
-            };
-            job.tasks
-                .get(r.key.instance as usize)
-                .is_none_or(|t| t.launch.0 != r.key.launch)
-        };
-        self.known_bugs == KnownBugs::Avoid
-            && self
-                .sim
-                .agents
-                .values()
-                .any(|a| a.runs.values().any(|r| r.live() && !r.stale && old_run(r)))
-    }
-
     /// Applies one operation and checks every per-step property.
     pub fn apply(&mut self, op: &Op) {
         self.stats.ops += 1;
@@ -553,16 +490,6 @@ impl Driver {
         match op {
             Op::CreatePool(p) => {
                 let path = POOLS[1 + usize::from(*p) % 4];
-                let parent = &path[..path.rfind('/').expect("a path").max(1)];
-                if self.known_bugs == KnownBugs::Avoid
-                    && self.jobs.iter().any(|j| !j.deleted && j.pool == parent)
-                {
-                    // Known bug: a pool whose jobs are finished may get
-                    // child pools, and restarting such a job is accepted
-                    // though it can never queue again (see
-                    // `regression_a_restart_is_accepted_when_the_pool_became_inner`).
-                    return;
-                }
                 let _ = self.step(Input::CreatePool {
                     path: path.into(),
                     config: pool_config(path),
@@ -602,7 +529,6 @@ impl Driver {
                         deleted: false,
                         killed_instances: vec![false; usize::from(spec.instances)],
                         clean: true,
-                        crashed: false,
                     });
                 }
             }
@@ -700,11 +626,6 @@ impl Driver {
             Op::ScaleJob(j, n) => {
                 let Some(j) = self.job(*j) else { return };
                 let count = 1 + u32::from(*n % 4);
-                if count < self.jobs[j].instances
-                    && (self.avoid_gang_backoff_bug(j) || self.avoid_shrunk_gang_bug(j))
-                {
-                    return;
-                }
                 let id = self.jobs[j].id.to_string();
                 let r = self.step(Input::JobAction {
                     id,
@@ -736,9 +657,6 @@ impl Driver {
                 let Some(j) = self.job(*j) else { return };
                 let restart = matches!(op, Op::RestartTask(..));
                 let instance = u32::from(*i) % (self.jobs[j].instances + 1);
-                if !restart && (self.avoid_gang_backoff_bug(j) || self.avoid_shrunk_gang_bug(j)) {
-                    return;
-                }
                 let job_id = self.jobs[j].id.to_string();
                 let r = self.step(Input::TaskAction {
                     job_id,
@@ -782,11 +700,7 @@ impl Driver {
                 self.sim.start_launches(&host);
             }
             Op::Crash => {
-                if self.avoid_forgotten_hold_bug() {
-                    return;
-                }
                 self.stats.crashes += 1;
-                self.jobs.iter_mut().for_each(|j| j.crashed = true);
                 self.sim.crash();
             }
         }
@@ -812,10 +726,7 @@ impl Driver {
         }
         for m in &self.jobs {
             let limit = job_plan(&m.spec, m.pool).max_running;
-            if limit == 0 || (m.crashed && self.known_bugs == KnownBugs::Avoid) {
-                // Known bug: after a crash, orphans and held runs do not
-                // count against the limit (see
-                // `regression_max_running_is_exceeded_after_a_crash`).
+            if limit == 0 {
                 continue;
             }
             let n = live.get(&m.id).map_or(0, BTreeSet::len);
@@ -1006,10 +917,8 @@ impl Driver {
                     "{n_waiting} instances wait with room under max_running: {}",
                     why()
                 );
-                // (After a crash the limit may be exceeded: a known bug,
-                // see `regression_max_running_is_exceeded_after_a_crash`.)
                 assert!(
-                    n_running <= limit || (m.crashed && self.known_bugs == KnownBugs::Avoid),
+                    n_running <= limit,
                     "{n_running} running, over max_running: {}",
                     why()
                 );
@@ -1087,5 +996,5 @@ impl Driver {
 /// The fuzz target's driver: decodes `data` into a scenario and runs it.
 /// Panics on a violation.
 pub fn fuzz_lifecycle_ops(data: &[u8]) -> Stats {
-    Driver::run(&Scenario::decode(data), KnownBugs::Avoid)
+    Driver::run(&Scenario::decode(data))
 }

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
-use super::ops::{Driver, JobSpec, KnownBugs, Op, Scenario, Stats, fuzz_lifecycle_ops};
+use super::ops::{Driver, JobSpec, Op, Scenario, Stats, fuzz_lifecycle_ops};
 
 fn job_spec() -> impl Strategy<Value = JobSpec> {
     (
@@ -104,7 +104,7 @@ proptest! {
     /// twice; once quiesced, every job reached what its kind promises.
     #[test]
     fn random_operations_keep_the_core_safe_and_live(s in scenario(80)) {
-        Driver::run(&s, KnownBugs::Avoid);
+        Driver::run(&s);
     }
 
     #[test]
@@ -132,7 +132,7 @@ fn seeded_scenarios(n: usize, max_ops: usize) -> Vec<Scenario> {
 fn seeded_scenarios_reach_deep_states() {
     let mut total = Stats::default();
     for s in seeded_scenarios(32, 80) {
-        add(&mut total, Driver::run(&s, KnownBugs::Avoid));
+        add(&mut total, Driver::run(&s));
     }
     eprintln!("seeded scenarios: {total:?}");
     assert!(total.jobs > 50, "{total:?}");
@@ -235,7 +235,7 @@ fn a_partitioned_host_returns_after_a_crash_and_its_stale_runs_are_stopped() {
             Op::Exit { run: 1, outcome: 0 },
         ],
     };
-    let stats = Driver::run(&s, KnownBugs::Avoid);
+    let stats = Driver::run(&s);
     assert!(
         stats.launches >= 5 && stats.services_running == 2,
         "{stats:?}"
@@ -276,12 +276,12 @@ fn regression_a_job_backing_off_keeps_its_pool_a_leaf() {
             Op::CreatePool(0),               // "/a" under "/": refused
         ],
     };
-    let stats = Driver::run(&s, KnownBugs::Hit);
+    let stats = Driver::run(&s);
     assert_eq!((stats.refused, stats.succeeded), (1, 1), "{stats:?}");
 }
 
-/// KNOWN BUG (found by this model, not fixed yet; the random scenarios
-/// avoid it with `KnownBugs::Avoid`): a finished job's pool gets a child
+/// Regression (found by this model, fixed: a restart now checks that the
+/// pool is still a leaf): a finished job's pool gets a child
 /// pool (allowed: the job is finished); restarting the job is then
 /// answered Ok (`check_job_pool` only checks that the pool still exists
 /// under its path, not that it is still a leaf), and its new run can never
@@ -290,7 +290,6 @@ fn regression_a_job_backing_off_keeps_its_pool_a_leaf() {
 /// through the same check.
 /// Fails with: "batch job j0: … job j0 Initialized … 0#2 Initialized".
 #[test]
-#[ignore = "known bug: a job's pool may become an inner pool (see the comment)"]
 fn regression_a_restart_is_accepted_when_the_pool_became_inner() {
     let s = Scenario {
         n_hosts: 2,
@@ -302,11 +301,10 @@ fn regression_a_restart_is_accepted_when_the_pool_became_inner() {
             Op::RestartJob(0),               // answered Ok
         ],
     };
-    Driver::run(&s, KnownBugs::Hit);
+    Driver::run(&s);
 }
 
-/// KNOWN BUG (found by this model, not fixed yet; random scenarios skip the
-/// `max_running` checks of jobs that lived through a crash): after a
+/// Regression (found by this model, fixed): after a
 /// restart, recovered runs waiting for their agent (orphans), and held runs
 /// recovered without an engine task, do not count in the job's `active`,
 /// so `fill` queues more instances than `max_running` allows; once the
@@ -314,7 +312,6 @@ fn regression_a_restart_is_accepted_when_the_pool_became_inner() {
 /// Here a service of 2 instances with max_running 1 ends with both
 /// running. Fails with: "j0 runs 2 instances, more than its max_running 1".
 #[test]
-#[ignore = "known bug: max_running is exceeded after a crash (see the comment)"]
 fn regression_max_running_is_exceeded_after_a_crash() {
     let spec = JobSpec {
         service: true,
@@ -333,11 +330,10 @@ fn regression_max_running_is_exceeded_after_a_crash() {
             Op::Cycle,
         ],
     };
-    Driver::run(&s, KnownBugs::Hit);
+    Driver::run(&s);
 }
 
-/// KNOWN BUG (found by this model, not fixed yet; random scenarios do not
-/// kill a backing-off task of a gang job, nor scale such a job down): a
+/// Regression (found by this model, fixed): a
 /// gang member waits (INITIALIZED) for a mate that is backing off, to
 /// start again with it as one gang; the mate is killed by request
 /// (`end_run` Backoff -> Killed) and nothing schedules a `fill` of the job,
@@ -346,7 +342,6 @@ fn regression_max_running_is_exceeded_after_a_crash() {
 /// other run of the job ends.) Fails with: "batch job j0: … job j0
 /// Initialized … waiting=[1] … 0#1 Killed … 1#2 Initialized".
 #[test]
-#[ignore = "known bug: killing a backing-off gang member strands its mates (see the comment)"]
 fn regression_killing_a_backing_off_gang_member_strands_its_mates() {
     let gang = JobSpec {
         instances: 2,
@@ -363,11 +358,10 @@ fn regression_killing_a_backing_off_gang_member_strands_its_mates() {
             Op::KillTask(0, 0),              // j0/0: Backoff -> Killed
         ],
     };
-    Driver::run(&s, KnownBugs::Hit);
+    Driver::run(&s);
 }
 
-/// KNOWN BUG (found by this model, not fixed yet; random scenarios do not
-/// scale down, nor kill tasks of, a gang job that has a running limit):
+/// Regression (found by this model, fixed):
 /// taking waiting instances away (a scale-down, or a task kill of a
 /// waiting instance) never schedules a `fill`. That can shrink the next
 /// gang to one that fits under `max_running`, and nothing queues it until
@@ -375,7 +369,6 @@ fn regression_killing_a_backing_off_gang_member_strands_its_mates() {
 /// instance of its two wanted with max_running 2. Fails with: "1
 /// instances wait with room under max_running: j0 … waiting=[2]".
 #[test]
-#[ignore = "known bug: a scale-down schedules no fill (see the comment)"]
 fn regression_a_scale_down_leaves_a_gang_that_fits_waiting() {
     let service = JobSpec {
         service: true,
@@ -395,12 +388,12 @@ fn regression_a_scale_down_leaves_a_gang_that_fits_waiting() {
             Op::ScaleJob(0, 2), // 3: {2} fits, and waits for ever
         ],
     };
-    Driver::run(&s, KnownBugs::Hit);
+    Driver::run(&s);
 }
 
-/// KNOWN BUG, a safety one (found by this model, not fixed yet; random
-/// scenarios do not crash the server while an agent still runs an old run
-/// of an instance that is not its current run): a scale-down holds the
+/// Regression, a safety one (found by this model, fixed: the stopping run
+/// is stored apart from the current one, and an instance scaled away keeps
+/// a row while its run is stopping): a scale-down holds the
 /// removed instance's run until its host confirms the end, but only in
 /// memory: the instance's task row is deleted (`RowKey::TaskDeleted`), so
 /// a restarted server forgets the held run. Scaling the job back up then
@@ -409,7 +402,6 @@ fn regression_a_scale_down_leaves_a_gang_that_fits_waiting() {
 /// confirmed. Fails with: "j0/1 runs twice: on h0 and h0". (The same hole
 /// by another door: `regression_an_instance_scaled_back_before_a_crash_runs_twice`.)
 #[test]
-#[ignore = "known bug: a scaled-away run is forgotten at a restart (see the comment)"]
 fn regression_an_instance_scaled_away_and_back_runs_twice_after_a_crash() {
     let batch = JobSpec {
         instances: 2,
@@ -427,7 +419,7 @@ fn regression_an_instance_scaled_away_and_back_runs_twice_after_a_crash() {
             Op::Cycle,          // the new j0/1 starts beside the old one
         ],
     };
-    Driver::run(&s, KnownBugs::Hit);
+    Driver::run(&s);
 }
 
 /// Replays one fuzz input named by `PELOTON_LIFECYCLE_INPUT` (a crash
@@ -441,18 +433,17 @@ fn replay_the_input_named_by_the_environment() {
     let data = std::fs::read(&path).expect("read the input");
     let scenario = Scenario::decode(&data);
     eprintln!("{scenario:#?}");
-    Driver::run(&scenario, KnownBugs::Avoid);
+    Driver::run(&scenario);
 }
 
-/// KNOWN BUG, the same hole as the one above by another door (found by the
-/// fuzz target): the instance is scaled away and added back *before* the
+/// Regression, the same hole as the one above by another door (found by
+/// the fuzz target, fixed the same way): the instance is scaled away and added back *before* the
 /// crash, while its old run is still held. Its task row then has
 /// `stopping: true` but describes the new run (never launched: launch 0),
 /// and recovery keeps a hold only for a stored launch, so the old run is
 /// forgotten and the new one starts beside it. Fails with: "j0/1 runs
 /// twice: on h0 and h0".
 #[test]
-#[ignore = "known bug: a scaled-away run is forgotten at a restart (see the comment)"]
 fn regression_an_instance_scaled_back_before_a_crash_runs_twice() {
     let batch = JobSpec {
         instances: 2,
@@ -471,5 +462,5 @@ fn regression_an_instance_scaled_back_before_a_crash_runs_twice() {
             Op::Cycle, // the new j0/1 starts beside the old one
         ],
     };
-    Driver::run(&s, KnownBugs::Hit);
+    Driver::run(&s);
 }
