@@ -184,18 +184,20 @@ impl Lifecycle {
         }
     }
 
-    /// Instances of a job that are not running healthy.
+    /// Instances of a job that are not running healthy (instances a user
+    /// stopped for good do not count: they are not coming back).
     fn unavailable(&self, k: JobKey) -> u32 {
         let job = &self.jobs[&k];
-        let available = (0..job.tasks.len() as u32)
+        (0..job.tasks.len() as u32)
             .filter(|&i| {
                 let t = &job.tasks[i as usize];
-                t.state == S::Running
+                let stopped = t.state == S::Killed && !self.held.contains_key(&(k, i));
+                let available = t.state == S::Running
                     && (t.health == Health::Healthy
-                        || (t.health == Health::None && !job.template(i).health_check))
+                        || (t.health == Health::None && !job.template(i).health_check));
+                !stopped && !available
             })
-            .count() as u32;
-        job.tasks.len() as u32 - available
+            .count() as u32
     }
 
     /// Goes on with every drain waiting for service instances.

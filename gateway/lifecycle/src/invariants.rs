@@ -126,6 +126,36 @@ impl Lifecycle {
             // but never its job.
             assert!(self.jobs.contains_key(&k), "held run {i} of a deleted job");
         }
+        for (id, u) in &self.updates {
+            let job = self
+                .jobs
+                .get(&u.job)
+                .unwrap_or_else(|| panic!("update {id} of a deleted job"));
+            assert!(job.updates.contains(id), "update {id} is listed by its job");
+            assert_eq!(
+                self.rolling.contains(id),
+                u.is_rolling(),
+                "update {id}: rolling set"
+            );
+            assert!(u.from < u.to, "update {id}: versions");
+        }
+        for (k, job) in &self.jobs {
+            for (i, t) in job.tasks.iter().enumerate() {
+                assert!(
+                    t.config == job.config || job.old_configs.contains_key(&t.config),
+                    "{}/{i} runs config {} which the job no longer knows",
+                    job.id,
+                    t.config
+                );
+            }
+            for id in &job.updates {
+                assert_eq!(
+                    self.updates.get(id).map(|u| u.job),
+                    Some(*k),
+                    "update {id} of its job"
+                );
+            }
+        }
         let preempted = self.held.values().filter(|h| h.preempted).count() as u32;
         assert_eq!(preempted, self.n_held_preempted, "held preemptions");
         assert_eq!(

@@ -255,8 +255,15 @@ impl Lifecycle {
                     },
                 });
                 self.dirty_jobs.remove(&k);
-                fx.rows
-                    .retain(|r| !matches!(r, RowKey::Job(x) | RowKey::Task(x, _) if *x == k));
+                // Its updates go with it.
+                for u in &job.updates {
+                    self.updates.remove(u);
+                    self.rolling.remove(u);
+                    fx.rows.push(RowKey::UpdateDeleted(u.clone()));
+                }
+                fx.rows.retain(|r| {
+                    !matches!(r, RowKey::Job(x) | RowKey::Task(x, _) | RowKey::Config(x, _) if *x == k)
+                });
                 fx.rows.push(RowKey::JobDeleted(job.id));
                 return Ok(Answer::JobDeleted);
             }
@@ -388,7 +395,11 @@ impl Lifecycle {
             fx.counters.tasks_accepted += u64::from(count - n);
             self.need_fill.insert(k);
         }
-        self.job_mut(k).plan.instance_count = count;
+        let job = self.job_mut(k);
+        job.plan.instance_count = count;
+        // The stored spec of the current config carries the count.
+        let config = job.config;
+        fx.rows.push(RowKey::Config(k, config));
     }
 
     /// Makes sure the job's pool still exists (it may have been deleted

@@ -173,11 +173,12 @@ impl Lifecycle {
             started: false,
             config: row.config,
             old_configs: rec.old_configs.into_iter().collect(),
-            updates: rec.updates.iter().map(|u| u.id.clone()).collect(),
+            updates: Default::default(),
         };
         // Runs whose end their host had not confirmed: (host, instance,
         // launch, restart once confirmed).
         let mut stopping = Vec::new();
+        let mut restart_now = Vec::new();
         for (instance, stored) in rec.tasks {
             let host_of = |name: &str| {
                 engine
@@ -213,6 +214,10 @@ impl Lifecycle {
             t.history = (!stored.history.is_empty()).then(|| Box::new(stored.history));
             if let Some((host, launch)) = held {
                 stopping.push((Some(host), instance, launch, stored.restart_when_stopped));
+            } else if stored.stopping.is_some() && stored.restart_when_stopped {
+                // Simulated hosts restarted with the server: the stopping run
+                // is gone, and the new run it waited for starts now.
+                restart_now.push(instance);
             }
         }
         let stopping_instances: rustc_hash::FxHashSet<u32> = stopping.iter().map(|s| s.1).collect();
@@ -274,13 +279,25 @@ impl Lifecycle {
         }
         job.started = job.tasks.iter().any(|t| t.run > 1 || t.state.on_host());
         self.by_id.insert(job.id.clone(), key);
-        for mut u in rec.updates {
+        // The job's latest update is last (updates created in the same
+        // millisecond sort by id otherwise).
+        let mut updates = rec.updates;
+        if let Some(latest) = &row.update
+            && let Some(at) = updates.iter().position(|u| &u.id == latest)
+        {
+            let u = updates.remove(at);
+            updates.push(u);
+        }
+        let job_updates: std::collections::VecDeque<_> =
+            updates.iter().map(|u| u.id.clone()).collect();
+        for mut u in updates {
             u.job = key;
             if u.is_rolling() {
                 self.rolling.insert(u.id.clone());
             }
             self.updates.insert(u.id.clone(), u);
         }
+        job.updates = job_updates;
         self.jobs.insert(key, job);
         self.need_fill.insert(key);
         for (host, i) in orphans {
@@ -297,6 +314,14 @@ impl Lifecycle {
                     preempted: false,
                 },
             );
+        }
+        for i in restart_now {
+            let t = &self.jobs[&key].tasks[i as usize];
+            if !self.jobs[&key].kill_requested
+                && matches!(t.state, S::Killed | S::Succeeded | S::Failed | S::Backoff)
+            {
+                self.new_run(key, i, fx);
+            }
         }
         for i in lost {
             let t = &mut self.job_mut(key).tasks[i as usize];

@@ -604,12 +604,16 @@ impl Lifecycle {
     /// other members of its gang are stopped, to start again with it.
     fn back_off(&mut self, engine: &mut Engine, k: JobKey, i: u32, reason: &str, fx: &mut Effects) {
         let now = self.now;
+        // Failures of an instance an update is moving are its retries: they
+        // are never forgiven for having run long.
+        let updating = self.in_update_batch(k, i);
         let job = self.job_mut(k);
         let policy = job.template(i).restart;
         let service = job.plan.kind == JobKind::Service;
         let kill = job.kill_requested;
         let t = &mut job.tasks[i as usize];
         if service
+            && !updating
             && t.started_at > 0
             && t.finished_at.saturating_sub(t.started_at) >= policy.max_backoff_ms
         {

@@ -180,7 +180,9 @@ impl Env {
                     if let Some(u) = self.core.update(&id) {
                         let job = self.core.job(u.job).expect("live").id.clone();
                         let line = format!(
-                            "update {id} {} cursor={} batch={:?} failed={:?} done={}{}",
+                            "update {id} v{}->v{} {} cursor={} batch={:?} failed={:?} done={}{}",
+                            u.from,
+                            u.to,
                             u.state.name(),
                             u.cursor,
                             u.in_progress,
@@ -1188,7 +1190,7 @@ fn a_rolling_update_moves_a_batch_at_a_time_and_waits_for_health() {
             > healthy s/2
             s/2#1 running @h1 [Healthy]
             > update s u1 batch=2 health
-            update u1 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            update u1 v1->v2 rolling_forward cursor=2 batch={0, 1} failed={} done=0
             s/0#1 killed @h1 (updated to a new spec)
             s/1#1 killed @h1 (updated to a new spec)
               kill s/0#1 @h1
@@ -1210,7 +1212,7 @@ fn a_rolling_update_moves_a_batch_at_a_time_and_waits_for_health() {
             s/0#2 running @h1
             s/1#2 running @h1
             > healthy s/0
-            update u1 rolling_forward cursor=3 batch={1, 2} failed={} done=1
+            update u1 v1->v2 rolling_forward cursor=3 batch={1, 2} failed={} done=1
             s/0#2 running @h1 [Healthy]
             s/2#1 killed @h1 (updated to a new spec)
               kill s/2#1 @h1
@@ -1224,10 +1226,10 @@ fn a_rolling_update_moves_a_batch_at_a_time_and_waits_for_health() {
               launch s/2#2 @h1 config 2
             s/2#2 running @h1
             > healthy s/1
-            update u1 rolling_forward cursor=3 batch={2} failed={} done=2
+            update u1 v1->v2 rolling_forward cursor=3 batch={2} failed={} done=2
             s/1#2 running @h1 [Healthy]
             > healthy s/2
-            update u1 succeeded cursor=3 batch={} failed={} done=3
+            update u1 v1->v2 succeeded cursor=3 batch={} failed={} done=3
             s/2#2 running @h1 [Healthy]
         "#]],
     );
@@ -1278,7 +1280,7 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
             > healthy s/1
             s/1#1 running @h1 [Healthy]
             > update s u1 batch=1 retries=1 rollback
-            update u1 rolling_forward cursor=1 batch={0} failed={} done=0
+            update u1 v1->v2 rolling_forward cursor=1 batch={0} failed={} done=0
             s/0#1 killed @h1 (updated to a new spec)
               kill s/0#1 @h1
             > confirm
@@ -1306,7 +1308,7 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
               launch s/0#3 @h1 config 2
             s/0#3 running @h1
             > unhealthy s/0
-            update u1 rolling_backward cursor=1 batch={0} failed={} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            update u1 v1->v2 rolling_backward cursor=1 batch={0} failed={} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
             s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
             s/0#3 failed @h1 (unhealthy: check failed)
             s/0#3 backoff @h1 (unhealthy: check failed)
@@ -1322,7 +1324,7 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
               launch s/0#4 @h1 config 1
             s/0#4 running @h1
             > healthy s/0
-            update u1 rolled_back cursor=2 batch={} failed={} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            update u1 v1->v2 rolled_back cursor=2 batch={} failed={} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
             s/0#4 running @h1 [Healthy]
         "#]],
     );
@@ -1378,13 +1380,13 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
             s/2#1 running @h1
             job s running
             > update s u1 batch=1 paused
-            update u1 paused cursor=0 batch={} failed={} done=0
+            update u1 v1->v2 paused cursor=0 batch={} failed={} done=0
             > resume u1
-            update u1 rolling_forward cursor=1 batch={0} failed={} done=0
+            update u1 v1->v2 rolling_forward cursor=1 batch={0} failed={} done=0
             s/0#1 killed @h1 (updated to a new spec)
               kill s/0#1 @h1
             > pause u1
-            update u1 paused cursor=1 batch={0} failed={} done=0
+            update u1 v1->v2 paused cursor=1 batch={0} failed={} done=0
             > confirm
             s/0#2 initialized
             s/0#2 pending
@@ -1397,7 +1399,7 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
             > crash
             > register h1
             > resume u1
-            update u1 rolling_forward cursor=2 batch={1} failed={} done=1
+            update u1 v1->v2 rolling_forward cursor=2 batch={1} failed={} done=1
             s/1#1 killed @h1 (updated to a new spec)
               kill s/1#1 @h1
             > confirm
@@ -1408,14 +1410,14 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
             s/1#2 placed @h1
             s/1#2 launching @h1
               launch s/1#2 @h1 config 2
-            update u1 rolling_forward cursor=3 batch={2} failed={} done=2
+            update u1 v1->v2 rolling_forward cursor=3 batch={2} failed={} done=2
             s/1#2 running @h1
             s/2#1 killed @h1 (updated to a new spec)
               kill s/2#1 @h1
             > abort u1
-            update u1 aborted cursor=3 batch={2} failed={} done=2 (aborted by request)
+            update u1 v1->v2 aborted cursor=3 batch={2} failed={} done=2 (aborted by request)
             > update s u2 n=2 batch=2
-            update u2 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            update u2 v2->v3 rolling_forward cursor=2 batch={0, 1} failed={} done=0
             s/0#2 killed @h1 (updated to a new spec)
             s/1#2 killed @h1 (updated to a new spec)
               kill s/0#2 @h1
@@ -1434,11 +1436,11 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
             s/1#3 launching @h1
               launch s/0#3 @h1 config 3
               launch s/1#3 @h1 config 3
-            update u2 succeeded cursor=2 batch={} failed={} done=2
+            update u2 v2->v3 succeeded cursor=2 batch={} failed={} done=2
             s/0#3 running @h1
             s/1#3 running @h1
             > rollback u2
-            update u2 rolling_backward cursor=2 batch={0, 1} failed={} done=0 (rolled back by request)
+            update u2 v2->v3 rolling_backward cursor=2 batch={0, 1} failed={} done=0 (rolled back by request)
             s/0#3 killed @h1 (updated to a new spec)
             s/1#3 killed @h1 (updated to a new spec)
             s/2#1 pending
@@ -1462,7 +1464,7 @@ fn an_update_pauses_resumes_aborts_and_survives_a_crash() {
               launch s/2#1 @h1 config 2
               launch s/0#4 @h1 config 2
               launch s/1#4 @h1 config 2
-            update u2 rolled_back cursor=3 batch={} failed={} done=3 (rolled back by request)
+            update u2 v2->v3 rolled_back cursor=3 batch={} failed={} done=3 (rolled back by request)
             s/2#1 running @h1
             s/0#4 running @h1
             s/1#4 running @h1
@@ -1586,6 +1588,147 @@ fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
             s/2#2 running @h2
             > healthy s/2
             s/2#2 running @h2 [Healthy]
+        "#]],
+    );
+}
+
+#[test]
+fn a_rollback_keeps_its_batch_and_versions_are_never_reused() {
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=4 service backoff=100
+        cycle
+        update s u1 batch=2
+        confirm
+        cycle          # 0 and 1 run version 2; 2 and 3 are being moved
+        rollback u1    # 2 and 3 (down) go back first, in the same batch
+        confirm
+        cycle
+        confirm
+        cycle
+        update s u2 batch=4  # version 3, not 2 again
+        kill s
+        confirm
+        delete s
+        pause u2       # gone with its job
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=4 service backoff=100
+            s/0#1 pending
+            s/1#1 pending
+            s/2#1 pending
+            s/3#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/2#1 ready
+            s/3#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+            s/2#1 placed @h1
+            s/2#1 launching @h1
+            s/3#1 placed @h1
+            s/3#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+              launch s/2#1 @h1 config 1
+              launch s/3#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            s/2#1 running @h1
+            s/3#1 running @h1
+            job s running
+            > update s u1 batch=2
+            update u1 v1->v2 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+            s/1#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > cycle
+            s/0#2 ready
+            s/1#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/0#2 @h1 config 2
+              launch s/1#2 @h1 config 2
+            update u1 v1->v2 rolling_forward cursor=4 batch={2, 3} failed={} done=2
+            s/0#2 running @h1
+            s/1#2 running @h1
+            s/2#1 killed @h1 (updated to a new spec)
+            s/3#1 killed @h1 (updated to a new spec)
+              kill s/2#1 @h1
+              kill s/3#1 @h1
+            > rollback u1
+            update u1 v1->v2 rolling_backward cursor=0 batch={2, 3} failed={} done=0 (rolled back by request)
+            > confirm
+            s/2#2 initialized
+            s/3#2 initialized
+            s/2#2 pending
+            s/3#2 pending
+            > cycle
+            s/2#2 ready
+            s/3#2 ready
+            s/2#2 placed @h1
+            s/2#2 launching @h1
+            s/3#2 placed @h1
+            s/3#2 launching @h1
+              launch s/2#2 @h1 config 1
+              launch s/3#2 @h1 config 1
+            update u1 v1->v2 rolling_backward cursor=2 batch={0, 1} failed={} done=2 (rolled back by request)
+            s/2#2 running @h1
+            s/3#2 running @h1
+            s/0#2 killed @h1 (updated to a new spec)
+            s/1#2 killed @h1 (updated to a new spec)
+              kill s/0#2 @h1
+              kill s/1#2 @h1
+            > confirm
+            s/0#3 initialized
+            s/1#3 initialized
+            s/0#3 pending
+            s/1#3 pending
+            > cycle
+            s/0#3 ready
+            s/1#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+            s/1#3 placed @h1
+            s/1#3 launching @h1
+              launch s/0#3 @h1 config 1
+              launch s/1#3 @h1 config 1
+            update u1 v1->v2 rolled_back cursor=4 batch={} failed={} done=4 (rolled back by request)
+            s/0#3 running @h1
+            s/1#3 running @h1
+            > update s u2 batch=4
+            update u2 v1->v3 rolling_forward cursor=4 batch={0, 1, 2, 3} failed={} done=0
+            s/0#3 killed @h1 (updated to a new spec)
+            s/1#3 killed @h1 (updated to a new spec)
+            s/2#2 killed @h1 (updated to a new spec)
+            s/3#2 killed @h1 (updated to a new spec)
+              kill s/0#3 @h1
+              kill s/1#3 @h1
+              kill s/2#2 @h1
+              kill s/3#2 @h1
+            > kill s
+            update u2 v1->v3 aborted cursor=4 batch={0, 1, 2, 3} failed={} done=0 (the job was killed)
+            job s killing
+            > confirm
+            job s killed
+            > delete s
+            job s killed deleted
+            > pause u2
+            error: update u2 not found
         "#]],
     );
 }

@@ -173,6 +173,15 @@ impl Lifecycle {
         self.updates.get(id)
     }
 
+    /// Whether instance `i` of job `k` is being moved by the job's update.
+    pub(super) fn in_update_batch(&self, k: JobKey, i: u32) -> bool {
+        self.jobs
+            .get(&k)
+            .and_then(|j| j.latest_update())
+            .and_then(|id| self.updates.get(id))
+            .is_some_and(|u| !u.state.is_terminal() && u.in_progress.contains(&i))
+    }
+
     /// Instances of the update's job that run its goal spec and are
     /// healthy (running, without a health check).
     pub fn update_done(&self, u: &Update) -> u32 {
@@ -245,15 +254,31 @@ impl Lifecycle {
                 "job {job_id} was killed; restart it first"
             )));
         }
+        if job.plan.gang > 1 {
+            return Err(Error::Precondition(format!(
+                "job {job_id} runs in gangs of {}: rolling updates of gang jobs are not supported yet",
+                job.plan.gang
+            )));
+        }
         if self.updates.contains_key(&id) {
             return Err(Error::Precondition(format!("update {id} exists already")));
         }
         let n_old = job.tasks.len() as u32;
         let count = plan.instance_count;
         let from = job.config;
-        // A new update aborts the one in progress.
-        self.abort_update_of(k, &format!("replaced by update {id}"), fx);
-        let to = from + 1;
+        // Config versions are never reused, also after a rollback (a rolled
+        // back update keeps its `to`).
+        let newest = job
+            .updates
+            .iter()
+            .filter_map(|u| self.updates.get(u))
+            .map(|u| u.to)
+            .chain(job.old_configs.keys().copied())
+            .fold(from, u64::max);
+        // A new update aborts the one in progress and takes over the
+        // instances it was moving (they are down: they count in its batch).
+        let carried = self.abort_update_of(k, &format!("replaced by update {id}"), fx);
+        let to = newest + 1;
         let now = self.now;
         let job = self.job_mut(k);
         let old = std::mem::replace(&mut job.plan, plan);
@@ -290,6 +315,7 @@ impl Lifecycle {
         }
         self.updates.insert(id.clone(), update);
         self.trim_updates(k, fx);
+        self.retarget(engine, &id, carried, fx);
         fx.rows.push(RowKey::Config(k, to));
         fx.rows.push(RowKey::Update(id));
         self.dirty_jobs.insert(k);
@@ -300,21 +326,59 @@ impl Lifecycle {
     }
 
     /// Aborts the job's update in progress, if any.
-    pub(super) fn abort_update_of(&mut self, k: JobKey, reason: &str, fx: &mut Effects) {
+    pub(super) fn abort_update_of(
+        &mut self,
+        k: JobKey,
+        reason: &str,
+        fx: &mut Effects,
+    ) -> BTreeSet<u32> {
         let Some(id) = self.jobs[&k].latest_update().cloned() else {
-            return;
+            return BTreeSet::new();
         };
         let now = self.now;
         let u = self.updates.get_mut(&id).expect("kept");
         if u.state.is_terminal() {
-            return;
+            return BTreeSet::new();
         }
+        let moving = u.in_progress.clone();
         u.state = UpdateState::Aborted;
         u.paused_from = None;
         u.completed_at = now;
         u.reason = Some(reason.into());
         self.rolling.remove(&id);
         fx.rows.push(RowKey::Update(id));
+        moving
+    }
+
+    /// Points instances that are down being moved at the update's goal and
+    /// counts them in its batch (a rollback, or a new update taking over).
+    fn retarget(
+        &mut self,
+        engine: &mut Engine,
+        id: &Arc<str>,
+        moving: BTreeSet<u32>,
+        fx: &mut Effects,
+    ) {
+        let u = &self.updates[id];
+        let (k, goal) = (u.job, u.goal());
+        let n = self.jobs[&k].tasks.len() as u32;
+        for i in moving {
+            if i >= n {
+                continue;
+            }
+            let t = &mut self.job_mut(k).tasks[i as usize];
+            if t.config != goal {
+                t.config = goal;
+                t.failures = 0;
+                self.mark_dirty(k, i, fx);
+                self.move_instance(engine, k, i, fx);
+            }
+            self.updates
+                .get_mut(id)
+                .expect("live")
+                .in_progress
+                .insert(i);
+        }
     }
 
     /// Keeps the newest [`MAX_UPDATES_PER_JOB`] updates of a job.
@@ -340,7 +404,10 @@ impl Lifecycle {
             .get(id)
             .ok_or_else(|| Error::UpdateNotFound(id.to_string()))?;
         let (k, state) = (u.job, u.state);
-        let latest = self.jobs[&k].latest_update().is_some_and(|l| &**l == id);
+        let Some(job) = self.jobs.get(&k) else {
+            return Err(Error::UpdateNotFound(id.to_string()));
+        };
+        let latest = job.latest_update().is_some_and(|l| &**l == id);
         let refuse = |what: &str| {
             Err(Error::Precondition(format!(
                 "update {id} is {}: it cannot {what}",
@@ -378,7 +445,7 @@ impl Lifecycle {
                 if backward || state == UpdateState::RolledBack || !latest {
                     return refuse("be rolled back (only the job's latest update can, once)");
                 }
-                if self.jobs[&k].kill_requested {
+                if job.kill_requested {
                     return Err(Error::Precondition(format!(
                         "the job of update {id} was killed; restart it first"
                     )));
@@ -397,7 +464,9 @@ impl Lifecycle {
         u.state = UpdateState::RollingBackward;
         u.paused_from = None;
         u.cursor = 0;
-        u.in_progress.clear();
+        // The instances being moved are down: they go back first, and count
+        // in the batch of the way back.
+        let moving = std::mem::take(&mut u.in_progress);
         u.failed.clear();
         u.completed_at = 0;
         u.reason = Some(reason.into());
@@ -418,6 +487,7 @@ impl Lifecycle {
                 self.resize(engine, k, count, from, "rolled back to fewer instances", fx);
             }
         }
+        self.retarget(engine, &Arc::from(id), moving, fx);
     }
 
     /// Changes the instance count for an update: extra instances are
@@ -520,10 +590,16 @@ impl Lifecycle {
             self.gc_configs(k, fx);
             return;
         }
-        // Start more, up to the batch size.
+        // Start more, up to the batch size. Instances that failed on the new
+        // spec and are still down count against it too.
+        let failed_down = self.updates[id]
+            .failed
+            .iter()
+            .filter(|&&i| i < n && !self.instance_done(k, i, goal))
+            .count() as u32;
         loop {
             let u = &self.updates[id];
-            if u.in_progress.len() as u32 >= spec.batch_size || u.cursor >= n {
+            if u.in_progress.len() as u32 + failed_down >= spec.batch_size || u.cursor >= n {
                 break;
             }
             let i = u.cursor;
