@@ -506,11 +506,14 @@ impl Lifecycle {
                         )));
                     }
                     self.transition(k, i, S::Running, None, fx);
+                    // Agents report a checked run's health; the simulator
+                    // has no process to check and reports every run healthy.
+                    let agent_mode = self.config.agent_mode;
                     let t = &mut self.job_mut(k).tasks[i as usize];
-                    t.health = if health_check {
-                        Health::Unknown
-                    } else {
-                        Health::None
+                    t.health = match (health_check, agent_mode) {
+                        (false, _) => Health::None,
+                        (true, true) => Health::Unknown,
+                        (true, false) => Health::Healthy,
                     };
                 }
             }

@@ -189,8 +189,9 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
         assert!(std::time::Instant::now() < deadline, "{j}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    // Waits for the update: exit 0 once it succeeded.
-    let out = peloton(
+    // Waits for the update: exit 0 once it succeeded (simulated hosts
+    // report every run healthy).
+    let update = peloton(
         &url,
         &[
             "--output",
@@ -202,8 +203,10 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
             "--batch-size",
             "2",
         ],
-    )
-    .await;
+    );
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), update)
+        .await
+        .expect("peloton job update waits for the update, which must end within 60 s");
     assert!(
         out.status.success(),
         "{}{}",
