@@ -191,22 +191,24 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
     }
     // Waits for the update: exit 0 once it succeeded (simulated hosts
     // report every run healthy).
-    let update = peloton(
-        &url,
-        &[
-            "--output",
-            "json",
-            "job",
-            "update",
-            &id,
-            &ex("service-v2.yaml"),
-            "--batch-size",
-            "2",
-        ],
-    );
-    let out = tokio::time::timeout(std::time::Duration::from_secs(60), update)
-        .await
-        .expect("peloton job update waits for the update, which must end within 60 s");
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        peloton(
+            &url,
+            &[
+                "--output",
+                "json",
+                "job",
+                "update",
+                &id,
+                &ex("service-v2.yaml"),
+                "--batch-size",
+                "2",
+            ],
+        ),
+    )
+    .await
+    .expect("peloton job update waits for the update, which must end within 60 s");
     assert!(
         out.status.success(),
         "{}{}",
