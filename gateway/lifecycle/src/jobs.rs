@@ -404,7 +404,7 @@ impl Lifecycle {
 
     /// Makes sure the job's pool still exists (it may have been deleted
     /// while the job was finished, and maybe created again).
-    fn check_job_pool(&mut self, engine: &Engine, k: JobKey) -> Result<(), Error> {
+    pub(super) fn check_job_pool(&mut self, engine: &Engine, k: JobKey) -> Result<(), Error> {
         let job = &self.jobs[&k];
         let tree = engine.resources().tree();
         if !tree.contains(job.pool)

@@ -173,6 +173,13 @@ impl Lifecycle {
         self.updates.get(id)
     }
 
+    /// An instance its user killed (the kill confirmed or not): an update
+    /// does not start it again (its own moves are held to restart).
+    fn stopped_by_user(&self, k: JobKey, i: u32) -> bool {
+        self.jobs[&k].tasks[i as usize].state == S::Killed
+            && self.held(k, i).is_none_or(|h| !h.restart)
+    }
+
     /// Whether instance `i` of job `k` is being moved by the job's update.
     pub(super) fn in_update_batch(&self, k: JobKey, i: u32) -> bool {
         self.jobs
@@ -254,6 +261,10 @@ impl Lifecycle {
                 "job {job_id} was killed; restart it first"
             )));
         }
+        // The job's pool must still be a leaf (it may have been deleted and
+        // created again, or have got child pools while the job was idle).
+        self.check_job_pool(engine, k)?;
+        let job = &self.jobs[&k];
         if job.plan.gang > 1 {
             return Err(Error::Precondition(format!(
                 "job {job_id} runs in gangs of {}: rolling updates of gang jobs are not supported yet",
@@ -366,12 +377,18 @@ impl Lifecycle {
             if i >= n {
                 continue;
             }
+            let stopped_by_user = self.stopped_by_user(k, i);
             let t = &mut self.job_mut(k).tasks[i as usize];
             if t.config != goal {
                 t.config = goal;
                 t.failures = 0;
                 self.mark_dirty(k, i, fx);
-                self.move_instance(engine, k, i, fx);
+                if !stopped_by_user {
+                    self.move_instance(engine, k, i, fx);
+                }
+            }
+            if stopped_by_user {
+                continue;
             }
             self.updates
                 .get_mut(id)
@@ -553,7 +570,7 @@ impl Lifecycle {
                 continue;
             }
             let t = &self.jobs[&k].tasks[i as usize];
-            if t.state == S::Killed && t.config == goal && self.held(k, i).is_none() {
+            if t.config == goal && self.stopped_by_user(k, i) {
                 // Killed by a user meanwhile: not the update's to wait for.
                 leave.push(i);
             } else if t.config == goal && t.failures > spec.max_instance_retries {
@@ -610,7 +627,7 @@ impl Lifecycle {
             if t.config == goal || u.failed.contains(&i) {
                 continue;
             }
-            let stopped_by_user = t.state == S::Killed && self.held(k, i).is_none();
+            let stopped_by_user = self.stopped_by_user(k, i);
             let t = &mut self.job_mut(k).tasks[i as usize];
             t.config = goal;
             t.failures = 0;

@@ -36,11 +36,9 @@
 //! update that succeeded (rolled back) left the job and every instance on
 //! its new (old) config.
 //!
-//! Three bugs of updates this found are not fixed: the model forgives two
-//! (an update, resumed or taking over a batch, restarts an instance killed
-//! by request: [`Driver::forgive_known_bugs`]) and steers around the third
-//! (it does not update a job whose pool has child pools); their regression
-//! tests in `sim::tests` are ignored.
+//! Three bugs of updates this found are fixed, with regression tests in
+//! `sim::tests` ([`Driver::forgive_known_bugs`] stays off: it tolerated an
+//! update restarting an instance killed by request while they were open).
 //!
 //! Bugs of the core this found have regression tests in `sim::tests`.
 //!
@@ -527,7 +525,7 @@ impl Driver {
             next_update: 0,
             big_host: false,
             stats: Stats::default(),
-            forgive_known_bugs: true,
+            forgive_known_bugs: false,
         }
     }
 
@@ -837,16 +835,11 @@ impl Driver {
         self.check_step();
     }
 
-    /// Asks for an update of job `j` (the model's index), unless its pool
-    /// has child pools now: a known bug of the core
-    /// (`sim::tests::regression_an_update_is_accepted_when_the_pool_became_inner`)
-    /// accepts it, and its instances never start.
+    /// Asks for an update of job `j` (the model's index). (One whose pool
+    /// has child pools now is refused: see
+    /// `sim::tests::regression_an_update_is_accepted_when_the_pool_became_inner`.)
     fn update_job(&mut self, j: usize, v: UpdateVariant) {
         let m = &self.jobs[j];
-        let tree = self.sim.engine.resources().tree();
-        if !tree.resolve(m.pool).is_ok_and(|id| tree.is_leaf(id)) {
-            return;
-        }
         let core = &self.sim.core;
         let job = core.job_key(&m.id).ok().and_then(|k| core.job(k));
         let mut plan = job.map_or_else(|| job_plan(&m.spec, m.pool), |job| job.plan.clone());

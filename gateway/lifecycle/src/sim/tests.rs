@@ -555,7 +555,6 @@ fn run_unforgiving(s: &Scenario) {
 /// instance whose kill is still unconfirmed.) Fails with: "instance 0 of
 /// j0 … left: Running, right: Killed".
 #[test]
-#[ignore = "bug: an update resumed while a user's kill of an instance is unconfirmed restarts the instance"]
 fn regression_an_update_restarts_an_instance_killed_by_its_user() {
     let service = JobSpec {
         service: true,
@@ -583,7 +582,6 @@ fn regression_an_update_restarts_an_instance_killed_by_its_user() {
 /// run). A rollback (`start_rollback`) takes a batch over the same way.
 /// Fails with: "instance 0 of j0 … left: Running, right: Killed".
 #[test]
-#[ignore = "bug: an update taking over a batch restarts an instance of it that its user killed"]
 fn regression_a_replacing_update_restarts_an_instance_killed_by_its_user() {
     let service = JobSpec {
         service: true,
@@ -614,7 +612,6 @@ fn regression_a_replacing_update_restarts_an_instance_killed_by_its_user() {
 /// (the driver steers around it) it fails with "the update's new instance
 /// runs … 1#1 Initialized".
 #[test]
-#[ignore = "bug: an update is accepted when the job's pool became inner, and its instances never start"]
 fn regression_an_update_is_accepted_when_the_pool_became_inner() {
     let service = JobSpec {
         service: true,
