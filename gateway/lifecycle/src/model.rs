@@ -533,8 +533,6 @@ pub struct JobRow {
     pub completed_at: u64,
     /// Killed as a whole.
     pub kill_requested: bool,
-    /// Tasks per state.
-    pub counts: [u32; N_STATES],
     /// Version of the current spec.
     pub config: u64,
     /// The latest update.

@@ -355,7 +355,6 @@ impl Lifecycle {
             created_at: job.created_at,
             completed_at: job.completed_at,
             kill_requested: job.kill_requested,
-            counts: job.counts,
             config: job.config,
             update: job.latest_update().cloned(),
         })

@@ -564,9 +564,8 @@ impl Lifecycle {
         i: u32,
         fx: &mut Effects,
     ) {
-        let state = self.jobs[&k].tasks[i as usize].state;
         self.new_run(k, i, fx);
-        self.restart_gang(engine, k, i, state, fx);
+        self.stop_gang(engine, k, i, true, fx);
     }
 
     /// A service's run ended by itself (any exit code): it starts again
@@ -640,11 +639,6 @@ impl Lifecycle {
         };
         self.timers.push(Reverse((at, TimerKind::Backoff, run)));
         self.transition(k, i, S::Backoff, Some(reason), fx);
-        self.stop_gang(engine, k, i, true, fx);
-    }
-
-    fn restart_gang(&mut self, engine: &mut Engine, k: JobKey, i: u32, why: S, fx: &mut Effects) {
-        let _ = why;
         self.stop_gang(engine, k, i, true, fx);
     }
 

@@ -280,7 +280,6 @@ pub(super) fn recovered(
                 created_at: status.created_at_ms,
                 completed_at: status.completed_at_ms,
                 kill_requested: status.kill_requested,
-                counts: Default::default(),
                 config,
                 update: (!status.update_id.is_empty()).then(|| status.update_id.as_str().into()),
             },
