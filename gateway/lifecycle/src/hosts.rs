@@ -702,17 +702,4 @@ impl Lifecycle {
         }
         self.needs_cycle = true;
     }
-
-    /// Acknowledgements are keyed by what agents send; a helper for tests.
-    #[cfg(test)]
-    pub(super) fn agent_key(&self, k: JobKey, i: u32) -> super::AgentRunKey {
-        let job = &self.jobs[&k];
-        let t = &job.tasks[i as usize];
-        super::AgentRunKey {
-            job_id: job.id.clone(),
-            instance: i,
-            run: t.run,
-            launch: t.launch.0,
-        }
-    }
 }

@@ -293,6 +293,10 @@ impl Sim {
         let launches = std::mem::take(&mut self.fx.launches);
         let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
         for l in launches {
+            self.say(format!(
+                "  launch {}/{}#{} @{} config {}",
+                l.job_id, l.run.instance, l.run.run, l.host, l.config
+            ));
             let key = AgentRunKey {
                 job_id: l.job_id.clone(),
                 instance: l.run.instance,
@@ -359,6 +363,7 @@ impl Sim {
     }
 
     fn write_rows(&mut self) {
+        let mut updates_seen = std::collections::BTreeSet::new();
         for row in std::mem::take(&mut self.fx.rows) {
             match row {
                 RowKey::Job(k) => {
@@ -382,9 +387,27 @@ impl Sim {
                     self.store.configs.remove(&(id, v));
                 }
                 RowKey::Update(id) => {
+                    if !updates_seen.insert(id.clone()) {
+                        continue;
+                    }
                     if let Some(u) = self.core.update(&id) {
                         let job = self.core.job(u.job).expect("live").id.clone();
+                        let line = format!(
+                            "update {id} v{}->v{} {} cursor={} batch={:?} failed={:?} done={}{}",
+                            u.from,
+                            u.to,
+                            u.state.name(),
+                            u.cursor,
+                            u.in_progress,
+                            u.failed,
+                            self.core.update_done(u),
+                            u.reason
+                                .as_deref()
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default()
+                        );
                         self.store.updates.insert(id, (job, u.clone()));
+                        self.say(line);
                     }
                 }
                 RowKey::UpdateDeleted(id) => {

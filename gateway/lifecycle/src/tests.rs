@@ -1,6 +1,6 @@
-//! The core tested as data: fixture scripts run against a real engine and
-//! a model of agents, the resulting log checked with expect-test; and a
-//! property test driving random inputs, crashes and recoveries.
+//! The core tested as data: fixture scripts run on the simulated cluster of
+//! [`crate::sim`] (a real engine, a model of agents, a model of the store),
+//! the resulting log checked with expect-test.
 //!
 //! Script lines (one input each; `#` starts a comment):
 //! - `host NAME cpu=C mem=M` — an agent registers an empty host;
@@ -19,348 +19,32 @@
 //! - `crash` — the server restarts from its store (agents keep their
 //!   runs); `register H` — H's agent registers again, listing its runs.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Arc;
-
 use expect_test::{Expect, expect};
-use peloton_engine::host::HostSpec;
-use peloton_engine::task::Strategy;
-use peloton_engine::{Engine, EngineConfig, PoolConfig, Resources};
-use rustc_hash::FxHashMap;
+use peloton_engine::{PoolConfig, Resources};
 
 use super::*;
+use crate::sim::{Sim, plan};
 
-/// What an agent has: live runs by launch id.
-#[derive(Debug, Default)]
-struct Agent {
-    spec: Option<HostSpec>,
-    runs: BTreeMap<u64, (AgentRunKey, bool)>, // (key, told to stop)
-    up: bool,
-}
-
-#[derive(Debug, Default)]
-struct StoreModel {
-    pools: BTreeMap<String, (PoolConfig, u64)>,
-    hosts: BTreeMap<String, (HostSpec, bool)>,
-    jobs: BTreeMap<Arc<str>, (JobRow, JobPlan)>,
-    tasks: BTreeMap<(Arc<str>, u32), TaskRow>,
-    configs: BTreeMap<(Arc<str>, u64), JobPlan>,
-    updates: BTreeMap<Arc<str>, (Arc<str>, Update)>,
-}
-
+/// A fixture script read line by line into the simulated cluster.
 struct Env {
-    engine: Engine,
-    core: Lifecycle,
-    now: u64,
-    fx: Effects,
-    store: StoreModel,
-    agents: BTreeMap<Arc<str>, Agent>,
-    log: String,
-    quiet: bool,
-}
-
-fn engine() -> Engine {
-    let mut config = EngineConfig::default();
-    config.resources.threads = 1;
-    Engine::new(config)
-}
-
-fn config() -> CoreConfig {
-    CoreConfig {
-        max_history: 4,
-        max_instances_per_job: 1000,
-        agent_mode: true,
-    }
-}
-
-fn template(cpu: u64, mem: u64) -> TaskTemplate {
-    TaskTemplate {
-        request: Resources::new(cpu, mem, 0, 0),
-        ports: 0,
-        constraint: String::new(),
-        revocable: false,
-        controller: false,
-        max_per_host: 0,
-        restart: RestartPolicy {
-            max_failures: 0,
-            backoff_ms: 1000,
-            max_backoff_ms: 8000,
-        },
-        kill_grace_ms: 1000,
-        health_check: false,
-        sim_duration_ms: 0,
-        sim_exit_code: 0,
-    }
-}
-
-fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
-    JobPlan {
-        kind: JobKind::Batch,
-        pool: pool.into(),
-        instance_count: n,
-        default: template(cpu, 64),
-        overrides: FxHashMap::default(),
-        priority: 0,
-        preemptible: false,
-        max_running: 0,
-        gang: 1,
-        max_running_time_ms: 0,
-        max_unavailable: 1,
-        strategy: Strategy::FirstFit,
-    }
+    sim: Sim,
 }
 
 impl Env {
     fn new() -> Self {
-        let engine = engine();
-        let core = Lifecycle::new(config(), &engine, 0);
-        Env {
-            engine,
-            core,
-            now: 1_000_000,
-            fx: Effects::default(),
-            store: StoreModel::default(),
-            agents: BTreeMap::new(),
-            log: String::new(),
-            quiet: false,
-        }
+        Env { sim: Sim::new() }
     }
 
-    fn say(&mut self, line: impl AsRef<str>) {
-        if !self.quiet {
-            self.log.push_str(line.as_ref());
-            self.log.push('\n');
-        }
+    fn step(&mut self, input: Input) {
+        let _ = self.sim.step(input);
     }
 
-    fn step(&mut self, input: Input) -> Result<Answer, Error> {
-        let r = self
-            .core
-            .step(&mut self.engine, input, self.now, &mut self.fx);
-        if let Err(e) = &r {
-            self.say(format!("error: {e}"));
-        }
-        self.commit();
-        r
-    }
-
-    /// What the shell does after an iteration: write rows, publish events,
-    /// dispatch launches and kills (agents start launches at once).
-    fn commit(&mut self) {
-        self.core.check_invariants(&self.engine);
-        self.engine.check_invariants();
-        let mut updates_seen = std::collections::BTreeSet::new();
-        for row in std::mem::take(&mut self.fx.rows) {
-            match row {
-                RowKey::Job(k) => {
-                    if let (Some(r), Some(j)) = (self.core.job_row(k), self.core.job(k)) {
-                        self.store.jobs.insert(r.id.clone(), (r, j.plan.clone()));
-                    }
-                }
-                RowKey::JobDeleted(id) => {
-                    self.store.jobs.remove(&id);
-                    self.store.tasks.retain(|(j, _), _| *j != id);
-                    self.store.configs.retain(|(j, _), _| *j != id);
-                }
-                RowKey::Config(k, v) => {
-                    if let Some(j) = self.core.job(k) {
-                        self.store
-                            .configs
-                            .insert((j.id.clone(), v), j.plan_of(v).clone());
-                    }
-                }
-                RowKey::ConfigDeleted(id, v) => {
-                    self.store.configs.remove(&(id, v));
-                }
-                RowKey::Update(id) => {
-                    if !updates_seen.insert(id.clone()) {
-                        continue;
-                    }
-                    if let Some(u) = self.core.update(&id) {
-                        let job = self.core.job(u.job).expect("live").id.clone();
-                        let line = format!(
-                            "update {id} v{}->v{} {} cursor={} batch={:?} failed={:?} done={}{}",
-                            u.from,
-                            u.to,
-                            u.state.name(),
-                            u.cursor,
-                            u.in_progress,
-                            u.failed,
-                            self.core.update_done(u),
-                            u.reason
-                                .as_deref()
-                                .map(|r| format!(" ({r})"))
-                                .unwrap_or_default()
-                        );
-                        self.store.updates.insert(id, (job, u.clone()));
-                        self.say(line);
-                    }
-                }
-                RowKey::UpdateDeleted(id) => {
-                    self.store.updates.remove(&id);
-                }
-                RowKey::Task(k, i) => {
-                    if let Some(row) = self.core.take_task_row(k, i) {
-                        let id = self.core.job(k).expect("live").id.clone();
-                        self.store.tasks.insert((id, i), row);
-                    }
-                }
-                RowKey::TaskDeleted(id, i) => {
-                    self.store.tasks.remove(&(id, i));
-                }
-                RowKey::Pool(path) => {
-                    let tree = self.engine.resources().tree();
-                    if let Ok(id) = tree.resolve(&path) {
-                        let config = *tree.config(id);
-                        let v = self.core.pool_version(&path);
-                        self.store.pools.insert(path, (config, v));
-                    }
-                }
-                RowKey::PoolDeleted(path) => {
-                    self.store.pools.remove(&path);
-                }
-                RowKey::Host(slot) => {
-                    let name = self.core.host_name(slot).to_string();
-                    let spec = self.agents[name.as_str()].spec.clone().expect("registered");
-                    let maintenance = self.core.in_maintenance(slot);
-                    self.store.hosts.insert(name, (spec, maintenance));
-                }
-            }
-        }
-        for e in std::mem::take(&mut self.fx.events) {
-            let line = match e.kind {
-                EventKind::Task {
-                    job,
-                    instance,
-                    run,
-                    state,
-                    host,
-                    reason,
-                    health,
-                } => {
-                    let mut l = format!("{job}/{instance}#{run} {}", state.name());
-                    if !host.is_empty() && state != TaskState::Initialized {
-                        let _ = write!(l, " @{host}");
-                    }
-                    if health != Health::None {
-                        let _ = write!(l, " [{health:?}]");
-                    }
-                    if !reason.is_empty() {
-                        let _ = write!(l, " ({reason})");
-                    }
-                    l
-                }
-                EventKind::Job {
-                    job,
-                    state,
-                    deleted,
-                } => format!(
-                    "job {job} {}{}",
-                    state.name(),
-                    if deleted { " deleted" } else { "" }
-                ),
-            };
-            self.say(line);
-        }
-        self.fx.acks.clear();
-        for k in std::mem::take(&mut self.fx.kills) {
-            self.say(format!(
-                "  kill {}/{}#{} @{}",
-                k.job_id, k.run.instance, k.run.run, k.host
-            ));
-            if let Some(a) = self.agents.get_mut(&k.host)
-                && let Some(r) = a.runs.get_mut(&k.run.launch.0)
-            {
-                r.1 = true;
-            }
-        }
-        let launches = std::mem::take(&mut self.fx.launches);
-        let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
-        for l in launches {
-            let key = AgentRunKey {
-                job_id: l.job_id.clone(),
-                instance: l.run.instance,
-                run: l.run.run,
-                launch: l.run.launch.0,
-            };
-            self.say(format!(
-                "  launch {}/{}#{} @{} config {}",
-                l.job_id, l.run.instance, l.run.run, l.host, l.config
-            ));
-            let agent = self
-                .agents
-                .get_mut(&l.host)
-                .expect("launch to a known host");
-            if !agent.up {
-                continue; // the launch is lost with the host
-            }
-            agent.runs.insert(key.launch, (key.clone(), false));
-            started.entry(l.host.clone()).or_default().push(self.report(
-                key,
-                RunPhase::Running,
-                0,
-                Health::None,
-            ));
-        }
-        for (host, reports) in started {
-            let r = self.core.step(
-                &mut self.engine,
-                Input::AgentReports { host, reports },
-                self.now,
-                &mut self.fx,
-            );
-            assert!(r.is_ok());
-            self.commit();
-        }
-        self.check_no_double_runs();
-    }
-
-    fn report(&self, key: AgentRunKey, phase: RunPhase, code: i32, health: Health) -> RunReport {
-        RunReport {
-            key,
-            phase,
-            time_ms: self.now,
-            exit_code: code,
-            reason: String::new(),
-            started_ms: self.now,
-            health,
-            health_detail: if health == Health::Unhealthy {
-                "check failed".into()
-            } else {
-                String::new()
-            },
-            ports: Vec::new(),
-        }
-    }
-
-    /// The model's safety property: no instance has two live runs on the
-    /// agents (of hosts that are up).
-    fn check_no_double_runs(&self) {
-        let mut seen = FxHashMap::default();
-        for (host, a) in &self.agents {
-            for (key, _) in a.runs.values() {
-                if let Some(other) = seen.insert((key.job_id.clone(), key.instance), host.clone()) {
-                    panic!(
-                        "{}/{} runs twice: on {other} and {host}",
-                        key.job_id, key.instance
-                    );
-                }
-            }
-        }
-    }
-
-    fn current(&self, target: &str) -> Option<(Arc<str>, AgentRunKey)> {
+    /// The host and agent key of instance `J/I`'s current run.
+    fn current(&self, target: &str) -> (Arc<str>, AgentRunKey) {
         let (job, i) = target.split_once('/').expect("J/I");
-        let i: u32 = i.parse().expect("instance");
-        let k = self.core.job_key(job).ok()?;
-        let t = self.core.job(k)?.tasks.get(i as usize)?;
-        let host = self.core.host_name(t.host?).clone();
-        Some((host, self.core.agent_key(k, i)))
-    }
-
-    fn agent_reports(&mut self, host: Arc<str>, reports: Vec<RunReport>) {
-        let _ = self.step(Input::AgentReports { host, reports });
+        self.sim
+            .current(job, i.parse().expect("instance"))
+            .expect("a placed run")
     }
 
     fn run_line(&mut self, line: &str) {
@@ -368,9 +52,7 @@ impl Env {
         if line.is_empty() {
             return;
         }
-        if !self.quiet {
-            self.log.push_str(&format!("> {line}\n"));
-        }
+        self.sim.say(format!("> {line}"));
         let words: Vec<&str> = line.split_whitespace().collect();
         let arg = |name: &str| -> Option<&str> {
             words
@@ -382,51 +64,20 @@ impl Env {
         let flag = |name: &str| words.contains(&name);
         match words[0] {
             "host" => {
-                let name: Arc<str> = words[1].into();
-                let spec = HostSpec {
-                    name: name.to_string(),
-                    capacity: Resources::new(num("cpu", 4) * 1000, num("mem", 4096), 0, 0),
-                    gpu_devices: 0,
-                    ports: 100,
-                    attributes: vec![("host".into(), name.to_string())],
-                };
-                let agent = self.agents.entry(name).or_default();
-                agent.spec = Some(spec.clone());
-                agent.up = true;
-                let _ = self.step(Input::AgentRegistered(Box::new(HostRegistration {
-                    spec,
-                    isolation: "test".into(),
-                    runs: Vec::new(),
-                })));
+                let _ = self.sim.add_host(words[1], num("cpu", 4), num("mem", 4096));
             }
             "register" => {
-                let name: Arc<str> = words[1].into();
-                let agent = self.agents.get_mut(&name).expect("known host");
-                agent.up = true;
-                let spec = agent.spec.clone().expect("spec");
-                let keys: Vec<AgentRunKey> = agent.runs.values().map(|r| r.0.clone()).collect();
-                let runs = keys
-                    .into_iter()
-                    .map(|k| self.report(k, RunPhase::Running, 0, Health::None))
-                    .collect();
-                let _ = self.step(Input::AgentRegistered(Box::new(HostRegistration {
-                    spec,
-                    isolation: "test".into(),
-                    runs,
-                })));
+                let _ = self.sim.register(words[1]);
             }
-            "pool" => {
-                let config = PoolConfig::default().with_reservation(Resources::new(
+            "pool" => self.step(Input::CreatePool {
+                path: words[1].into(),
+                config: PoolConfig::default().with_reservation(Resources::new(
                     num("cpu", 0) * 1000,
                     0,
                     0,
                     0,
-                ));
-                let _ = self.step(Input::CreatePool {
-                    path: words[1].into(),
-                    config,
-                });
-            }
+                )),
+            }),
             "job" => {
                 let mut p = plan(
                     arg("pool").expect("pool="),
@@ -446,23 +97,48 @@ impl Env {
                 if flag("service") {
                     p.kind = JobKind::Service;
                 }
-                let _ = self.step(Input::CreateJob {
+                self.step(Input::CreateJob {
                     id: words[1].into(),
                     plan: Box::new(p),
                 });
             }
-            "cycle" => {
-                let _ = self.step(Input::Cycle);
+            "cycle" => self.step(Input::Cycle),
+            "tick" => {
+                self.sim.now += words[1].parse::<u64>().expect("ms");
+                self.step(Input::Tick);
+            }
+            "exit" => {
+                let code: i32 = words[2].parse().expect("code");
+                let (host, key) = self.current(words[1]);
+                let phase = if code == 0 {
+                    RunPhase::Succeeded
+                } else {
+                    RunPhase::Failed
+                };
+                self.sim.end_run(&host, key.launch, phase, code);
+            }
+            "healthy" | "unhealthy" => {
+                let health = if words[0] == "healthy" {
+                    Health::Healthy
+                } else {
+                    Health::Unhealthy
+                };
+                let (host, key) = self.current(words[1]);
+                self.sim.health(&host, key, health);
+            }
+            "confirm" => self.sim.confirm_kills(None),
+            "lost-host" => {
+                let _ = self.sim.lose_host(words[1], true);
             }
             "update" => {
-                let k = self.core.job_key(words[1]).expect("job");
-                let mut p = self.core.job(k).expect("job").plan.clone();
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let mut p = self.sim.core.job(k).expect("job").plan.clone();
                 p.instance_count = num("n", u64::from(p.instance_count)) as u32;
                 p.default.request = Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 if flag("health") {
                     p.default.health_check = true;
                 }
-                let _ = self.step(Input::UpdateJob(Box::new(UpdateRequest {
+                self.step(Input::UpdateJob(Box::new(UpdateRequest {
                     job_id: words[1].into(),
                     version: 0,
                     id: words[2].into(),
@@ -483,76 +159,14 @@ impl Env {
                     "abort" => UpdateAction::Abort,
                     _ => UpdateAction::Rollback,
                 };
-                let _ = self.step(Input::UpdateAction {
+                self.step(Input::UpdateAction {
                     id: words[1].into(),
                     action,
                 });
             }
-            "tick" => {
-                self.now += words[1].parse::<u64>().expect("ms");
-                let _ = self.step(Input::Tick);
-            }
-            "exit" => {
-                let code: i32 = words[2].parse().expect("code");
-                let (host, key) = self.current(words[1]).expect("a placed run");
-                self.agents
-                    .get_mut(&host)
-                    .expect("host")
-                    .runs
-                    .remove(&key.launch);
-                let phase = if code == 0 {
-                    RunPhase::Succeeded
-                } else {
-                    RunPhase::Failed
-                };
-                let r = self.report(key, phase, code, Health::None);
-                self.agent_reports(host, vec![r]);
-            }
-            "healthy" | "unhealthy" => {
-                let health = if words[0] == "healthy" {
-                    Health::Healthy
-                } else {
-                    Health::Unhealthy
-                };
-                let (host, key) = self.current(words[1]).expect("a placed run");
-                let r = self.report(key, RunPhase::Running, 0, health);
-                self.agent_reports(host, vec![r]);
-            }
-            "confirm" => {
-                let mut by_host = Vec::new();
-                for (host, a) in &mut self.agents {
-                    let killed: Vec<AgentRunKey> = a
-                        .runs
-                        .values()
-                        .filter(|r| r.1)
-                        .map(|r| r.0.clone())
-                        .collect();
-                    a.runs.retain(|_, r| !r.1);
-                    if !killed.is_empty() {
-                        by_host.push((host.clone(), killed));
-                    }
-                }
-                for (host, keys) in by_host {
-                    let reports = keys
-                        .into_iter()
-                        .map(|k| self.report(k, RunPhase::Killed, 0, Health::None))
-                        .collect();
-                    self.agent_reports(host, reports);
-                }
-            }
-            "lost-host" => {
-                let host: Arc<str> = words[1].into();
-                let agent = self.agents.get_mut(&host).expect("host");
-                agent.up = false;
-                agent.runs.clear();
-                let _ = self.step(Input::HostLost {
-                    host,
-                    silent_ms: 10_000,
-                });
-            }
             "kill" | "restart" if words[1].contains('/') => {
                 let (job, i) = words[1].split_once('/').expect("J/I");
-                let _ = self.step(Input::TaskAction {
+                self.step(Input::TaskAction {
                     job_id: job.into(),
                     instances: vec![i.parse().expect("instance")],
                     version: 0,
@@ -566,87 +180,19 @@ impl Env {
                     "delete" => JobAction::Delete,
                     _ => JobAction::Scale(words[2].parse().expect("count")),
                 };
-                let _ = self.step(Input::JobAction {
+                self.step(Input::JobAction {
                     id: words[1].into(),
                     version: 0,
                     action,
                 });
             }
-            "drain" | "up" => {
-                let _ = self.step(Input::Maintenance {
-                    hosts: vec![words[1].into()],
-                    start: words[0] == "drain",
-                });
-            }
-            "crash" => self.crash(),
+            "drain" | "up" => self.step(Input::Maintenance {
+                hosts: vec![words[1].into()],
+                start: words[0] == "drain",
+            }),
+            "crash" => self.sim.crash(),
             other => panic!("unknown fixture command {other:?}"),
         }
-    }
-
-    /// The server restarts: a new engine and core from the store model.
-    /// Agents keep their runs; they register again on their own (`register`).
-    fn crash(&mut self) {
-        let mut rec = Recovered::default();
-        for (path, (config, version)) in &self.store.pools {
-            rec.pools.push((path.clone(), *config, *version));
-        }
-        for (name, (spec, maintenance)) in &self.store.hosts {
-            rec.hosts.push(RecoveredHost {
-                name: name.clone(),
-                spec: Some(spec.clone()),
-                maintenance: *maintenance,
-                isolation: "test".into(),
-            });
-        }
-        for (id, (row, plan)) in &self.store.jobs {
-            let tasks = self
-                .store
-                .tasks
-                .range((id.clone(), 0)..=(id.clone(), u32::MAX))
-                .map(|((_, i), r)| (*i, r.clone()))
-                .collect();
-            let old_configs = self
-                .store
-                .configs
-                .iter()
-                .filter(|((j, v), _)| j == id && *v != row.config)
-                .map(|((_, v), p)| (*v, p.clone()))
-                .collect();
-            let mut updates: Vec<Update> = self
-                .store
-                .updates
-                .values()
-                .filter(|(j, _)| j == id)
-                .map(|(_, u)| u.clone())
-                .collect();
-            updates.sort_by_key(|u| u.created_at);
-            rec.jobs.push(RecoveredJob {
-                row: row.clone(),
-                plan: plan.clone(),
-                old_configs,
-                updates,
-                tasks,
-            });
-        }
-        self.engine = engine();
-        let revision = self.core.revision();
-        self.fx = Effects::default();
-        self.core = Lifecycle::recover(
-            config(),
-            &mut self.engine,
-            revision,
-            rec,
-            self.now,
-            &mut self.fx,
-        )
-        .expect("the store's rows recover");
-        for a in self.agents.values_mut() {
-            // The old sessions are gone with the server.
-            for r in a.runs.values_mut() {
-                r.1 = false;
-            }
-        }
-        self.commit();
     }
 }
 
@@ -655,7 +201,7 @@ fn check(script: &str, expected: Expect) {
     for line in script.lines() {
         env.run_line(line);
     }
-    expected.assert_eq(&env.log);
+    expected.assert_eq(&env.sim.log);
 }
 
 #[test]
