@@ -783,7 +783,7 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::ListTasks { request, reply } => {
-                let r = reads::list_tasks(&self.engine, &self.core, &request);
+                let r = reads::list_tasks(&self.core, &request);
                 self.defer(reply, r);
             }
             Command::GetTask {

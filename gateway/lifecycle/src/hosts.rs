@@ -172,12 +172,19 @@ impl Lifecycle {
             "host {} drained for maintenance",
             self.host_names[slot.idx()]
         );
+        // A job's unavailable count, kept while its instances are skipped
+        // (one scan per job, not per instance); a stop may change more than
+        // the one instance (gangs), so it is counted again after one.
+        let mut unavailable: rustc_hash::FxHashMap<JobKey, u32> = Default::default();
         for (k, i) in on_it {
             let job = &self.jobs[&k];
-            if job.plan.kind == JobKind::Service && self.unavailable(k) >= job.plan.max_unavailable
-            {
-                continue;
+            if job.plan.kind == JobKind::Service {
+                let down = *unavailable.entry(k).or_insert_with(|| self.unavailable(k));
+                if down >= self.jobs[&k].plan.max_unavailable {
+                    continue;
+                }
             }
+            unavailable.remove(&k);
             if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
                 self.restart_after_loss(engine, k, i, fx);
             }

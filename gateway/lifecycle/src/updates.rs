@@ -331,7 +331,8 @@ impl Lifecycle {
         fx.rows.push(RowKey::Update(id));
         self.dirty_jobs.insert(k);
         if count != n_old {
-            self.resize(engine, k, count, to, "job updated to fewer instances", fx);
+            // New instances start on the job's config: `to`.
+            self.scale_to(engine, k, count, "job updated to fewer instances", fx);
         }
         Ok(Answer::Job(k))
     }
@@ -501,42 +502,19 @@ impl Lifecycle {
             self.dirty_jobs.insert(k);
             let count = self.jobs[&k].plan.instance_count;
             if count != self.jobs[&k].tasks.len() as u32 {
-                self.resize(engine, k, count, from, "rolled back to fewer instances", fx);
+                // New instances start on the job's config: `from` again.
+                self.scale_to(engine, k, count, "rolled back to fewer instances", fx);
             }
         }
         self.retarget(engine, &Arc::from(id), moving, fx);
-    }
-
-    /// Changes the instance count for an update: extra instances are
-    /// killed and removed, new ones start on `config`.
-    fn resize(
-        &mut self,
-        engine: &mut Engine,
-        k: JobKey,
-        count: u32,
-        config: u64,
-        reason: &str,
-        fx: &mut Effects,
-    ) {
-        let n = self.jobs[&k].tasks.len() as u32;
-        self.scale_to(engine, k, count, reason, fx);
-        let job = self.job_mut(k);
-        for i in n..count {
-            job.tasks[i as usize].config = config;
-        }
     }
 
     /// Moves every rolling update along: done and failed instances leave
     /// the batch, new ones enter it, and the update ends when every
     /// instance runs its goal spec.
     pub(super) fn advance_updates(&mut self, engine: &mut Engine, fx: &mut Effects) {
-        let ids: Vec<Arc<str>> = self
-            .rolling
-            .iter()
-            .cloned()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let mut ids: Vec<Arc<str>> = self.rolling.iter().cloned().collect();
+        ids.sort_unstable();
         for id in ids {
             self.advance(engine, &id, fx);
         }

@@ -284,7 +284,6 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
 }
 
 pub(super) fn list_tasks(
-    _engine: &Engine,
     core: &Lifecycle,
     r: &pb::ListTasksRequest,
 ) -> Result<pb::ListTasksResponse, Status> {
@@ -392,12 +391,11 @@ fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String
     }
 }
 
-fn host_state_to_pb(core: &Lifecycle, hosts: &HostArena, slot: HostSlot) -> pb::HostState {
+fn host_state_to_pb(hosts: &HostArena, slot: HostSlot) -> pb::HostState {
     let id = hosts.lookup_slot(slot.idx()).expect("live");
     match hosts.state(id) {
         HostState::Up => pb::HostState::Up,
         HostState::Draining => pb::HostState::Draining,
-        HostState::Down if core.in_maintenance(slot) => pb::HostState::Down,
         HostState::Down => pb::HostState::Down,
     }
 }
@@ -456,7 +454,7 @@ pub(super) fn list_hosts(
             name: name.to_string(),
             capacity: Some(convert::resources_to_pb(hosts.capacity(slot.idx()))),
             free: Some(convert::resources_to_pb(hosts.free(slot.idx()))),
-            state: host_state_to_pb(core, hosts, slot) as i32,
+            state: host_state_to_pb(hosts, slot) as i32,
             attributes: host_attributes(hosts, slot.0),
             tasks,
             connected: agent.is_some_and(|h| h.connected),

@@ -51,6 +51,22 @@ impl Ctx {
     }
 }
 
+/// Waits for `wait` unless Ctrl-C comes first: then says `on_interrupt`
+/// (what goes on without us) and returns `None`.
+async fn until_interrupted<T>(
+    wait: impl std::future::Future<Output = anyhow::Result<T>>,
+    on_interrupt: String,
+) -> anyhow::Result<Option<T>> {
+    tokio::select! {
+        done = wait => done.map(Some),
+        interrupted = tokio::signal::ctrl_c() => {
+            anyhow::Context::context(interrupted, "listening for Ctrl-C")?;
+            eprintln!("{on_interrupt}");
+            Ok(None)
+        }
+    }
+}
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let ctx = Ctx {

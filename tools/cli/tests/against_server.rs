@@ -18,6 +18,24 @@ async fn peloton(server: &str, args: &[&str]) -> Output {
     cmd.output().await.expect("the CLI runs")
 }
 
+/// A server on `data_dir` with `sim_hosts` simulated hosts, a free port and
+/// fast cycles.
+async fn start_server(
+    data_dir: &std::path::Path,
+    sim_hosts: u32,
+) -> peloton_gateway::server::Server {
+    peloton_gateway::server::start(&Config {
+        data_dir: data_dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: None,
+        sim_hosts,
+        cycle_interval_ms: 5,
+        ..Config::default()
+    })
+    .await
+    .unwrap()
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -39,16 +57,7 @@ async fn ok_json(server: &str, args: &[&str]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn examples_run_end_to_end_and_errors_are_readable() {
     let dir = tempfile::tempdir().unwrap();
-    let server = peloton_gateway::server::start(&Config {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: None,
-        sim_hosts: 16,
-        cycle_interval_ms: 5,
-        ..Config::default()
-    })
-    .await
-    .unwrap();
+    let server = start_server(dir.path(), 16).await;
     let url = format!("http://{}", server.addr);
     let ex = examples();
     let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
@@ -162,16 +171,7 @@ async fn examples_run_end_to_end_and_errors_are_readable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_example_rolls_to_v2_through_the_cli() {
     let dir = tempfile::tempdir().unwrap();
-    let server = peloton_gateway::server::start(&Config {
-        data_dir: dir.path().to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: None,
-        sim_hosts: 4,
-        cycle_interval_ms: 5,
-        ..Config::default()
-    })
-    .await
-    .unwrap();
+    let server = start_server(dir.path(), 4).await;
     let url = format!("http://{}", server.addr);
     let ex = examples();
     let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();

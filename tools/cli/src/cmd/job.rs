@@ -40,16 +40,14 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 print_job(ctx.output, &job)?;
                 return Ok(Outcome::Success);
             }
-            let job = tokio::select! {
-                job = wait_for_job(&mut client, &job.id) => job?,
-                interrupted = tokio::signal::ctrl_c() => {
-                    interrupted.context("listening for Ctrl-C")?;
-                    eprintln!(
-                        "interrupted; job {} keeps running (peloton job get {})",
-                        job.id, job.id
-                    );
-                    return Ok(Outcome::Interrupted);
-                }
+            let note = format!(
+                "interrupted; job {} keeps running (peloton job get {})",
+                job.id, job.id
+            );
+            let Some(job) =
+                super::until_interrupted(wait_for_job(&mut client, &job.id), note).await?
+            else {
+                return Ok(Outcome::Interrupted);
             };
             print_job(ctx.output, &job)?;
             let state = job.status.as_ref().map(|s| s.state);

@@ -72,16 +72,14 @@ pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
         print_update(ctx.output, &update)?;
         return Ok(Outcome::Success);
     }
-    let update = tokio::select! {
-        u = wait_for_update(&mut client, &update.id) => u?,
-        interrupted = tokio::signal::ctrl_c() => {
-            interrupted.context("listening for Ctrl-C")?;
-            eprintln!(
-                "interrupted; update {} goes on (peloton update get {})",
-                update.id, update.id
-            );
-            return Ok(Outcome::Interrupted);
-        }
+    let note = format!(
+        "interrupted; update {} goes on (peloton update get {})",
+        update.id, update.id
+    );
+    let Some(update) =
+        super::until_interrupted(wait_for_update(&mut client, &update.id), note).await?
+    else {
+        return Ok(Outcome::Interrupted);
     };
     print_update(ctx.output, &update)?;
     if state_of(&update) == UpdateState::Succeeded {
