@@ -226,6 +226,7 @@ impl HostBackend for AgentBackend {
                 .push(pb::LaunchRun {
                     key: Some(run_key(&l.job_id, l.run)),
                     spec: l.spec.as_deref().cloned(),
+                    ..Default::default()
                 });
         }
         let mut hosts: Vec<_> = by_host.into_iter().collect();

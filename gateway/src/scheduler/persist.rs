@@ -51,6 +51,7 @@ pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
                     job_id: job.to_string(),
                     state: convert::job_state_to_pb(*state) as i32,
                     deleted: *deleted,
+                    ..Default::default()
                 }),
             }),
         })

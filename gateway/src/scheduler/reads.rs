@@ -280,6 +280,7 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
             .and_then(|h| h.host)
             .map(|s| core.host_name(s).to_string())
             .unwrap_or_default(),
+        ..Default::default()
     }
 }
 
@@ -463,6 +464,7 @@ pub(super) fn list_hosts(
                 Some(h) => h.isolation.clone(),
                 None => "simulated".into(),
             },
+            ..Default::default()
         });
     }
     if more {

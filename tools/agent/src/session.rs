@@ -358,6 +358,7 @@ async fn registration(config: &SessionConfig, supervisor: &Shared) -> v1::AgentR
         runs,
         ports,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        volumes: Vec::new(),
     }
 }
 
@@ -408,6 +409,9 @@ async fn handle(
         }
         Some(Kind::Ack(ack)) => {
             with_supervisor(supervisor, move |s| s.ack(&ack.keys)).await;
+        }
+        Some(Kind::DeleteVolumes(_)) => {
+            tracing::warn!("volume deletion is not supported by this agent yet");
         }
         Some(Kind::ReadLog(read)) => {
             // Waits here when too many reads are in flight: backpressure on

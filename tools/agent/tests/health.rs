@@ -63,6 +63,7 @@ fn launch(key: &v1::RunKey, spec: v1::TaskSpec) -> v1::LaunchRun {
     v1::LaunchRun {
         key: Some(key.clone()),
         spec: Some(spec),
+        ..Default::default()
     }
 }
 

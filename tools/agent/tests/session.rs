@@ -250,6 +250,7 @@ async fn launch_report_log_restart_ack() {
         runs: vec![v1::LaunchRun {
             key: Some(k.clone()),
             spec: Some(spec),
+            ..Default::default()
         }],
     }))
     .await;
@@ -367,6 +368,7 @@ async fn health_verdicts_and_ports_reach_the_server() {
         runs: vec![v1::LaunchRun {
             key: Some(k.clone()),
             spec: Some(spec),
+            ..Default::default()
         }],
     }))
     .await;

@@ -288,6 +288,7 @@ impl JobFile {
                 max_unavailable_instances: self.sla.max_unavailable_instances,
             }),
             placement: placement.into(),
+            ..Default::default()
         }
     }
 }
@@ -320,6 +321,7 @@ impl TaskFile {
             }),
             max_instances_per_host: self.max_instances_per_host,
             health_check: self.health_check.map(HealthCheckFile::into_proto),
+            ..Default::default()
         }
     }
 }
