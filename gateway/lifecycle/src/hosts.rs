@@ -103,6 +103,7 @@ impl Lifecycle {
         let (host, restart) = (h.host, h.restart);
         self.finish_held(engine, k, h);
         self.mark_dirty(k, i, fx);
+        self.pin_changed(k, i);
         if let Some(job) = self.jobs.get(&k)
             && i as usize >= job.tasks.len()
         {
@@ -176,8 +177,14 @@ impl Lifecycle {
         // (one scan per job, not per instance); a stop may change more than
         // the one instance (gangs), so it is counted again after one.
         let mut unavailable: rustc_hash::FxHashMap<JobKey, u32> = Default::default();
+        let mut daemons = Vec::new();
         for (k, i) in on_it {
             let job = &self.jobs[&k];
+            if job.plan.kind == JobKind::Daemon {
+                // Daemons go last: once nothing else is left.
+                daemons.push((k, i));
+                continue;
+            }
             if job.plan.kind == JobKind::Service {
                 let down = *unavailable.entry(k).or_insert_with(|| self.unavailable(k));
                 if down >= self.jobs[&k].plan.max_unavailable {
@@ -187,6 +194,23 @@ impl Lifecycle {
             unavailable.remove(&k);
             if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
                 self.restart_after_loss(engine, k, i, fx);
+            }
+        }
+        if daemons.is_empty() {
+            return;
+        }
+        let others_left = self.instances_on(engine, slot).len() > daemons.len()
+            || self.held.iter().any(|(&(k, _), h)| {
+                h.host == Some(slot)
+                    && self
+                        .jobs
+                        .get(&k)
+                        .is_none_or(|j| j.plan.kind != JobKind::Daemon)
+            })
+            || self.orphans.get(&slot).is_some_and(|o| !o.is_empty());
+        if !others_left {
+            for (k, i) in daemons {
+                self.retire_daemon_instance(engine, k, i, &reason, fx);
             }
         }
     }
@@ -343,6 +367,7 @@ impl Lifecycle {
             },
         );
         fx.rows.push(RowKey::Host(slot));
+        self.reconcile_volumes(slot, &reg.volumes, fx);
         let host: Arc<str> = self.host_names[slot.idx()].clone();
         let mut reported = rustc_hash::FxHashSet::default();
         for report in reg.runs {
@@ -533,7 +558,7 @@ impl Lifecycle {
         if job.tasks[i as usize].state.on_host() {
             if job.kill_requested {
                 self.end_run(engine, k, i, S::Killed, "job killed", fx);
-            } else if self.maintenance.contains(&slot) && job.plan.kind != JobKind::Service {
+            } else if self.maintenance.contains(&slot) && job.plan.kind == JobKind::Batch {
                 // (Services leave a draining host as their SLA allows.)
                 let reason = format!("host {host} drained for maintenance");
                 if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
@@ -584,7 +609,7 @@ impl Lifecycle {
         i: u32,
         slot: HostSlot,
     ) -> Result<(), String> {
-        let task = super::runs::new_task(&self.jobs[&k], k, i);
+        let task = super::runs::new_task(engine, &self.jobs[&k], k, i, self.pin_of(k, i));
         let host = engine
             .hosts()
             .lookup_slot(slot.idx())

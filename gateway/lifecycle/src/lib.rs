@@ -24,6 +24,7 @@ mod hosts;
 mod invariants;
 mod jobs;
 mod model;
+mod pinned;
 mod recover;
 mod runs;
 #[cfg(any(test, feature = "testkit"))]
@@ -45,9 +46,11 @@ pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch
 pub use error::Error;
 pub use model::{
     Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId, N_STATES,
-    RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, legal,
+    RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume, VolumePolicy,
+    VolumeTemplate, legal,
 };
-pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask};
+pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
+pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
 pub use updates::{
     MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateRequest, UpdateSpec, UpdateState,
 };
@@ -140,6 +143,8 @@ pub struct HostRegistration {
     pub isolation: String,
     /// Every run it has (alive, or ended and not acknowledged).
     pub runs: Vec<RunReport>,
+    /// Ids of the volumes on its disk.
+    pub volumes: Vec<String>,
 }
 
 /// One input of a step.
@@ -233,6 +238,12 @@ pub enum Input {
         id: String,
         /// What.
         action: UpdateAction,
+    },
+    /// Delete a volume (refused while a run of its instance holds the
+    /// host).
+    DeleteVolume {
+        /// Volume id.
+        id: String,
     },
     /// Run a scheduling cycle (entitlement, admission, placement,
     /// preemption).
@@ -339,6 +350,17 @@ pub struct Lifecycle {
     rolling: FxHashSet<Arc<str>>,
     /// Draining hosts that still hold service instances.
     draining: FxHashSet<HostSlot>,
+    /// Volumes by instance.
+    volumes: BTreeMap<(JobKey, u32), Volume>,
+    /// Volume ids to their instance.
+    volume_ids: FxHashMap<Arc<str>, (JobKey, u32)>,
+    /// Pinned instances whose host reservation may have to change (synced
+    /// at the end of the step).
+    pin_dirty: FxHashSet<(JobKey, u32)>,
+    /// Daemon jobs.
+    daemon_jobs: std::collections::BTreeSet<JobKey>,
+    /// Since when hosts holding volumes are seen down.
+    down_since: FxHashMap<HostSlot, u64>,
     needs_cycle: bool,
     now: u64,
 }
@@ -366,6 +388,11 @@ impl Lifecycle {
             updates: FxHashMap::default(),
             rolling: FxHashSet::default(),
             draining: FxHashSet::default(),
+            volumes: BTreeMap::new(),
+            volume_ids: FxHashMap::default(),
+            pin_dirty: FxHashSet::default(),
+            daemon_jobs: Default::default(),
+            down_since: FxHashMap::default(),
             needs_cycle: true,
             now: 0,
         };
@@ -387,6 +414,13 @@ impl Lifecycle {
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
         self.now = now;
+        let host_change = matches!(
+            input,
+            Input::HostLost { .. }
+                | Input::Maintenance { .. }
+                | Input::AgentRegistered(_)
+                | Input::AgentDisconnected { .. }
+        );
         let answer = match input {
             Input::CreatePool { path, config } => self.create_pool(engine, &path, config, fx),
             Input::UpdatePool {
@@ -429,21 +463,32 @@ impl Lifecycle {
             }
             Input::UpdateJob(request) => self.create_update(engine, *request, fx),
             Input::UpdateAction { id, action } => self.update_action(engine, &id, action, fx),
+            Input::DeleteVolume { id } => self.delete_volume(engine, &id, fx),
             Input::Cycle => {
+                self.reconcile_daemons(engine, fx);
+                self.check_volume_hosts(engine, fx);
+                // Instances the daemons just got are queued for this cycle.
+                self.fill_all(engine, fx);
                 self.cycle(engine, fx);
                 self.need_fill.extend(self.retry_fill.drain());
                 Ok(Answer::Done)
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
+                self.check_volume_hosts(engine, fx);
                 Ok(Answer::Done)
             }
         };
         if answer.is_ok() {
             self.advance_updates(engine, fx);
             self.advance_drains(engine, fx);
+            if host_change {
+                // Down-times of volume hosts count from now.
+                self.check_volume_hosts(engine, fx);
+            }
         }
         self.fill_all(engine, fx);
+        self.sync_reservations(engine);
         self.derive_job_states(fx);
         if cfg!(debug_assertions) {
             self.check_invariants(engine);
@@ -463,9 +508,15 @@ impl Lifecycle {
         self.needs_cycle
     }
 
-    /// The earliest timer, if any.
+    /// The earliest timer, if any (volumes given up when their host has
+    /// been down too long included).
     pub fn next_deadline(&self) -> Option<u64> {
-        self.timers.peek().map(|Reverse((t, _, _))| *t)
+        let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
+        let volumes = self.next_volume_deadline();
+        match (timer, volumes) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A job by key.

@@ -32,7 +32,7 @@ use crate::{
     JobKind, JobPlan, JobRow, Lifecycle, RestartPolicy, RowKey, RunPhase, RunReport, TaskRow,
     TaskState, TaskTemplate, Update,
 };
-use crate::{Recovered, RecoveredHost, RecoveredJob};
+use crate::{Recovered, RecoveredHost, RecoveredJob, RecoveredVolume};
 
 /// One run as its agent has it.
 #[derive(Clone, Debug)]
@@ -74,6 +74,8 @@ pub struct Agent {
     /// It takes launches but does not start them yet (until
     /// [`Sim::start_launches`]).
     pub stalled: bool,
+    /// Volumes on its disk.
+    pub volumes: std::collections::BTreeSet<Arc<str>>,
 }
 
 /// The store's rows, as the shell would write them.
@@ -91,6 +93,8 @@ pub struct StoreModel {
     pub configs: BTreeMap<(Arc<str>, u64), JobPlan>,
     /// Updates by id: job id and the update.
     pub updates: BTreeMap<Arc<str>, (Arc<str>, Update)>,
+    /// Volumes by id.
+    pub volumes: BTreeMap<Arc<str>, RecoveredVolume>,
 }
 
 /// The core, its engine, agents and store.
@@ -152,6 +156,7 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
         },
         kill_grace_ms: 1000,
         health_check: false,
+        volume: None,
         sim_duration_ms: 0,
         sim_exit_code: 0,
     }
@@ -172,6 +177,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         max_running_time_ms: 0,
         max_unavailable: 1,
         strategy: Strategy::FirstFit,
+        volume_policy: crate::VolumePolicy::default(),
     }
 }
 
@@ -288,15 +294,37 @@ impl Sim {
                 a.runs.remove(&key.launch);
             }
         }
+        for (host, id) in std::mem::take(&mut self.fx.volume_deletes) {
+            self.say(format!("  delete volume {id} @{host}"));
+            if let Some(a) = self.agents.get_mut(&host)
+                && a.connected
+            {
+                a.volumes.remove(&id);
+            }
+        }
         // Launches before kills, as the shell hands them to its backend
         // (a run placed and preempted in one step is launched, then killed).
         let launches = std::mem::take(&mut self.fx.launches);
         let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
         for l in launches {
             self.say(format!(
-                "  launch {}/{}#{} @{} config {}",
-                l.job_id, l.run.instance, l.run.run, l.host, l.config
+                "  launch {}/{}#{} @{} config {}{}",
+                l.job_id,
+                l.run.instance,
+                l.run.run,
+                l.host,
+                l.config,
+                l.volume
+                    .as_ref()
+                    .map(|(id, mb)| format!(" volume {id} {mb}MiB"))
+                    .unwrap_or_default()
             ));
+            if let Some((id, _)) = &l.volume
+                && let Some(a) = self.agents.get_mut(&l.host)
+                && a.connected
+            {
+                a.volumes.insert(id.clone());
+            }
             let key = AgentRunKey {
                 job_id: l.job_id.clone(),
                 instance: l.run.instance,
@@ -433,6 +461,26 @@ impl Sim {
                 RowKey::PoolDeleted(path) => {
                     self.store.pools.remove(&path);
                 }
+                RowKey::Volume(k, i) => {
+                    if let Some(v) = self.core.volume_of(k, i) {
+                        let job_id = self.core.job(k).expect("live").id.to_string();
+                        self.store.volumes.insert(
+                            v.id.clone(),
+                            RecoveredVolume {
+                                id: v.id.to_string(),
+                                job_id,
+                                instance: i,
+                                host: self.core.host_name(v.host).to_string(),
+                                size_mb: v.size_mb,
+                                path: v.path.to_string(),
+                                created_at: v.created_at,
+                            },
+                        );
+                    }
+                }
+                RowKey::VolumeDeleted(id) => {
+                    self.store.volumes.remove(&id);
+                }
                 RowKey::Host(slot) => {
                     let name = self.core.host_name(slot).to_string();
                     let spec = self.agents[name.as_str()].spec.clone().expect("registered");
@@ -512,17 +560,23 @@ impl Sim {
     /// A new agent registers an empty host (or an agent that lost every
     /// run registers again).
     pub fn add_host(&mut self, name: &str, cpu: u64, mem: u64) -> Result<Answer, Error> {
-        let name: Arc<str> = name.into();
-        let spec = host_spec(&name, cpu, mem);
+        self.add_host_spec(host_spec(name, cpu, mem))
+    }
+
+    /// A new agent registers an empty host with this registration.
+    pub fn add_host_spec(&mut self, spec: HostSpec) -> Result<Answer, Error> {
+        let name: Arc<str> = spec.name.as_str().into();
         let agent = self.agents.entry(name).or_default();
         agent.spec = Some(spec.clone());
         agent.connected = true;
         agent.stalled = false;
         agent.runs.clear();
+        agent.volumes.clear();
         self.step(Input::AgentRegistered(Box::new(HostRegistration {
             spec,
             isolation: "test".into(),
             runs: Vec::new(),
+            volumes: Vec::new(),
         })))
     }
 
@@ -533,6 +587,7 @@ impl Sim {
         agent.connected = true;
         let spec = agent.spec.clone().expect("spec");
         let runs: Vec<AgentRun> = agent.runs.values().cloned().collect();
+        let volumes: Vec<String> = agent.volumes.iter().map(|v| v.to_string()).collect();
         let runs = runs
             .into_iter()
             .map(|r| {
@@ -548,6 +603,7 @@ impl Sim {
             spec,
             isolation: "test".into(),
             runs,
+            volumes,
         })))
     }
 
@@ -700,6 +756,7 @@ impl Sim {
                 tasks,
             });
         }
+        rec.volumes = self.store.volumes.values().cloned().collect();
         self.engine = engine();
         let revision = self.core.revision();
         self.fx = Effects::default();

@@ -64,8 +64,53 @@ impl Env {
         let flag = |name: &str| words.contains(&name);
         match words[0] {
             "host" => {
-                let _ = self.sim.add_host(words[1], num("cpu", 4), num("mem", 4096));
+                let mut spec = crate::sim::host_spec(words[1], num("cpu", 4), num("mem", 4096));
+                spec.capacity =
+                    Resources::new(num("cpu", 4) * 1000, num("mem", 4096), num("disk", 0), 0);
+                if let Some(zone) = arg("zone") {
+                    spec.attributes.push(("zone".into(), zone.into()));
+                }
+                let _ = self.sim.add_host_spec(spec);
             }
+            "reserved" => {
+                let slot = self
+                    .sim
+                    .engine
+                    .hosts()
+                    .lookup(words[1])
+                    .expect("host")
+                    .idx();
+                let r = self.sim.engine.hosts().reserved(slot);
+                let f = self.sim.engine.hosts().free(slot);
+                self.sim
+                    .say(format!("  reserved @{}: {r}; free: {f}", words[1]));
+            }
+            "volumes" => {
+                let lines: Vec<String> = self
+                    .sim
+                    .core
+                    .volumes()
+                    .map(|v| {
+                        format!(
+                            "  volume {} @{} {}MiB{}",
+                            v.id,
+                            self.sim.core.host_name(v.host),
+                            v.size_mb,
+                            if self.sim.core.volume_in_use(v) {
+                                " in use"
+                            } else {
+                                ""
+                            }
+                        )
+                    })
+                    .collect();
+                for l in lines {
+                    self.sim.say(l);
+                }
+            }
+            "delete-volume" => self.step(Input::DeleteVolume {
+                id: words[1].into(),
+            }),
             "register" => {
                 let _ = self.sim.register(words[1]);
             }
@@ -73,7 +118,7 @@ impl Env {
                 path: words[1].into(),
                 config: PoolConfig::default().with_reservation(Resources::new(
                     num("cpu", 0) * 1000,
-                    0,
+                    num("mem", 0),
                     0,
                     0,
                 )),
@@ -94,8 +139,27 @@ impl Env {
                 p.default.restart.max_failures = num("max_failures", 0) as u32;
                 p.default.restart.backoff_ms = num("backoff", 1000);
                 p.default.health_check = flag("health");
+                p.default.request.0[2] = num("disk", 0);
                 if flag("service") {
                     p.kind = JobKind::Service;
+                }
+                if flag("daemon") {
+                    p.kind = JobKind::Daemon;
+                }
+                if let Some(c) = arg("constraint") {
+                    p.default.constraint = c.replace('_', " ");
+                }
+                if let Some(mb) = arg("volume") {
+                    p.default.volume = Some(VolumeTemplate {
+                        size_mb: mb.parse().expect("MiB"),
+                        path: "data".into(),
+                    });
+                }
+                if let Some(ms) = arg("relocate") {
+                    p.volume_policy = VolumePolicy {
+                        host_down_timeout_ms: ms.parse().expect("ms"),
+                        relocate: true,
+                    };
                 }
                 self.step(Input::CreateJob {
                     id: words[1].into(),
@@ -1275,6 +1339,466 @@ fn a_rollback_keeps_its_batch_and_versions_are_never_reused() {
             job s killed deleted
             > pause u2
             error: update u2 not found
+        "#]],
+    );
+}
+
+#[test]
+fn a_stateful_instance_comes_back_to_its_volume_and_keeps_its_place() {
+    check(
+        r"
+        host h1 cpu=4 disk=10000
+        host h2 cpu=4 disk=10000
+        job s pool=/ n=1 cpu=2 disk=100 volume=5000 service backoff=1000
+        cycle
+        volumes
+        reserved h1
+        exit s/0 1           # it fails: it backs off, its place stays held
+        reserved h1
+        job b pool=/ n=3 cpu=2 disk=100
+        cycle                # h1 has room for one beside the held place: b/2 waits
+        tick 1000
+        cycle                # s/0 goes back to its volume on h1
+        delete-volume s-0-4  # refused: in use
+        drain h1             # preempted; pinned to h1, it waits for it
+        confirm
+        cycle
+        reserved h1
+        up h1
+        cycle
+        volumes
+        kill s
+        confirm
+        reserved h1          # only the volume's disk stays held
+        delete-volume s-0-4
+        reserved h1
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=10000
+            > host h2 cpu=4 disk=10000
+            > job s pool=/ n=1 cpu=2 disk=100 volume=5000 service backoff=1000
+            s/0#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-4 5000MiB
+            s/0#1 running @h1
+            job s running
+            > volumes
+              volume s-0-4 @h1 5000MiB in use
+            > reserved h1
+              reserved @h1: cpu=0 memory=0 disk=0 gpu=0; free: cpu=2000 memory=4032 disk=4900 gpu=0
+            > exit s/0 1
+            s/0#1 failed @h1 (exited with code 1)
+            s/0#1 backoff @h1 (exited with code 1)
+            > reserved h1
+              reserved @h1: cpu=2000 memory=64 disk=5100 gpu=0; free: cpu=2000 memory=4032 disk=4900 gpu=0
+            > job b pool=/ n=3 cpu=2 disk=100
+            b/0#1 pending
+            b/1#1 pending
+            b/2#1 pending
+            job b pending
+            > cycle
+            b/0#1 ready
+            b/1#1 ready
+            b/2#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h2
+            b/1#1 launching @h2
+            b/2#1 placed @h2
+            b/2#1 launching @h2
+              launch b/0#1 @h1 config 1
+              launch b/1#1 @h2 config 1
+              launch b/2#1 @h2 config 1
+            b/0#1 running @h1
+            job b running
+            b/1#1 running @h2
+            b/2#1 running @h2
+            > tick 1000
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+              launch s/0#2 @h1 config 1 volume s-0-4 5000MiB
+            s/0#2 running @h1
+            > delete-volume s-0-4
+            error: volume s-0-4 is in use: a run of s/0 holds host h1; stop it first
+            > drain h1
+            s/0#2 preempted @h1 (host h1 drained for maintenance)
+            b/0#1 preempted @h1 (host h1 drained for maintenance)
+              kill s/0#2 @h1
+              kill b/0#1 @h1
+            > confirm
+            b/0#2 initialized
+            s/0#3 initialized
+            s/0#3 pending
+            b/0#2 pending
+            > cycle
+            > reserved h1
+              reserved @h1: cpu=2000 memory=64 disk=5100 gpu=0; free: cpu=2000 memory=4032 disk=4900 gpu=0
+            > up h1
+            > cycle
+            s/0#3 ready
+            b/0#2 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+            b/0#2 placed @h1
+            b/0#2 launching @h1
+              launch s/0#3 @h1 config 1 volume s-0-4 5000MiB
+              launch b/0#2 @h1 config 1
+            s/0#3 running @h1
+            b/0#2 running @h1
+            > volumes
+              volume s-0-4 @h1 5000MiB in use
+            > kill s
+            s/0#3 killed @h1 (job killed)
+            job s killing
+              kill s/0#3 @h1
+            > confirm
+            job s killed
+            > reserved h1
+              reserved @h1: cpu=0 memory=0 disk=5000 gpu=0; free: cpu=2000 memory=4032 disk=4900 gpu=0
+            > delete-volume s-0-4
+              delete volume s-0-4 @h1
+            > reserved h1
+              reserved @h1: cpu=0 memory=0 disk=0 gpu=0; free: cpu=2000 memory=4032 disk=9900 gpu=0
+        "#]],
+    );
+}
+
+#[test]
+fn a_volume_whose_host_stays_down_is_given_up_if_the_job_says_so() {
+    check(
+        r"
+        host h1 cpu=4 disk=10000
+        host h2 cpu=4 disk=10000
+        job s pool=/ n=1 cpu=1 volume=1000 service relocate=60000
+        job w pool=/ n=1 cpu=1 volume=1000 service
+        cycle
+        volumes
+        lost-host h1
+        tick 30000
+        cycle
+        tick 30000           # s gives its volume up and starts fresh on h2; w waits
+        cycle
+        cycle
+        volumes
+        register h1          # h1 comes back: it is told to delete s's old volume
+        cycle
+        volumes
+        crash
+        register h1
+        register h2
+        cycle
+        volumes
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=10000
+            > host h2 cpu=4 disk=10000
+            > job s pool=/ n=1 cpu=1 volume=1000 service relocate=60000
+            s/0#1 pending
+            job s pending
+            > job w pool=/ n=1 cpu=1 volume=1000 service
+            w/0#1 pending
+            job w pending
+            > cycle
+            s/0#1 ready
+            w/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            w/0#1 placed @h1
+            w/0#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-7 1000MiB
+              launch w/0#1 @h1 config 1 volume w-0-9 1000MiB
+            s/0#1 running @h1
+            w/0#1 running @h1
+            job s running
+            job w running
+            > volumes
+              volume s-0-7 @h1 1000MiB in use
+              volume w-0-9 @h1 1000MiB in use
+            > lost-host h1
+            s/0#1 lost @h1 (host h1 lost: no heartbeat for 10000 ms)
+            s/0#2 initialized
+            w/0#1 lost @h1 (host h1 lost: no heartbeat for 10000 ms)
+            w/0#2 initialized
+            s/0#2 pending
+            w/0#2 pending
+            > tick 30000
+            > cycle
+            s/0#2 ready
+            w/0#2 ready
+            s/0#2 placing
+            w/0#2 placing
+            > tick 30000
+            s/0#2 preempted (volume s-0-7 given up: host h1 down for 60 s; starting fresh elsewhere)
+            s/0#3 initialized
+            s/0#3 pending
+              delete volume s-0-7 @h1
+            > cycle
+            s/0#3 ready
+            s/0#3 placed @h2
+            s/0#3 launching @h2
+              launch s/0#3 @h2 config 1 volume s-0-29 1000MiB
+            s/0#3 running @h2
+            > cycle
+            > volumes
+              volume s-0-29 @h2 1000MiB in use
+              volume w-0-9 @h1 1000MiB
+            > register h1
+              delete volume s-0-7 @h1
+            > cycle
+            w/0#2 placed @h1
+            w/0#2 launching @h1
+              launch w/0#2 @h1 config 1 volume w-0-9 1000MiB
+            w/0#2 running @h1
+            > volumes
+              volume s-0-29 @h2 1000MiB in use
+              volume w-0-9 @h1 1000MiB in use
+            > crash
+            > register h1
+            > register h2
+            > cycle
+            > volumes
+              volume s-0-29 @h2 1000MiB in use
+              volume w-0-9 @h1 1000MiB in use
+        "#]],
+    );
+}
+
+#[test]
+fn a_daemon_job_follows_the_hosts_it_matches() {
+    check(
+        r"
+        host h1 cpu=4 zone=a
+        host h2 cpu=4 zone=a
+        host h3 cpu=4 zone=b
+        job d pool=/ cpu=1 daemon
+        job z pool=/ cpu=1 daemon constraint=zone_==_a
+        cycle
+        host h4 cpu=4 zone=a
+        cycle                # a fourth host gets one of each
+        job b pool=/ n=1 cpu=1
+        cycle
+        drain h1             # b's run and d and z stay until b's is gone: then d and z go last
+        confirm
+        cycle
+        confirm
+        cycle
+        up h1
+        cycle                # h1 is back: d and z start there again
+        crash
+        register h1
+        register h2
+        register h3
+        register h4
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=4 zone=a
+            > host h2 cpu=4 zone=a
+            > host h3 cpu=4 zone=b
+            > job d pool=/ cpu=1 daemon
+            d/0#1 pending
+            d/1#1 pending
+            d/2#1 pending
+            job d pending
+            > job z pool=/ cpu=1 daemon constraint=zone_==_a
+            z/0#1 pending
+            z/1#1 pending
+            job z pending
+            > cycle
+            d/0#1 ready
+            d/1#1 ready
+            d/2#1 ready
+            z/0#1 ready
+            z/1#1 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+            d/1#1 placed @h2
+            d/1#1 launching @h2
+            d/2#1 placed @h3
+            d/2#1 launching @h3
+            z/0#1 placed @h1
+            z/0#1 launching @h1
+            z/1#1 placed @h2
+            z/1#1 launching @h2
+              launch d/0#1 @h1 config 1
+              launch d/1#1 @h2 config 1
+              launch d/2#1 @h3 config 1
+              launch z/0#1 @h1 config 1
+              launch z/1#1 @h2 config 1
+            d/0#1 running @h1
+            z/0#1 running @h1
+            job d running
+            job z running
+            d/1#1 running @h2
+            z/1#1 running @h2
+            d/2#1 running @h3
+            > host h4 cpu=4 zone=a
+            > cycle
+            d/3#1 pending
+            z/2#1 pending
+            d/3#1 ready
+            z/2#1 ready
+            d/3#1 placed @h4
+            d/3#1 launching @h4
+            z/2#1 placed @h4
+            z/2#1 launching @h4
+              launch d/3#1 @h4 config 1
+              launch z/2#1 @h4 config 1
+            d/3#1 running @h4
+            z/2#1 running @h4
+            > job b pool=/ n=1 cpu=1
+            b/0#1 pending
+            job b pending
+            > cycle
+            b/0#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+              launch b/0#1 @h1 config 1
+            b/0#1 running @h1
+            job b running
+            > drain h1
+            b/0#1 preempted @h1 (host h1 drained for maintenance)
+            job b pending
+              kill b/0#1 @h1
+            > confirm
+            b/0#2 initialized
+            d/0#1 killed @h1 (host h1 drained for maintenance)
+            z/0#1 killed @h1 (host h1 drained for maintenance)
+            b/0#2 pending
+              kill d/0#1 @h1
+              kill z/0#1 @h1
+            > cycle
+            b/0#2 ready
+            b/0#2 placed @h2
+            b/0#2 launching @h2
+              launch b/0#2 @h2 config 1
+            b/0#2 running @h2
+            job b running
+            > confirm
+            > cycle
+            > up h1
+            > cycle
+            d/0#2 initialized
+            z/0#2 initialized
+            d/0#2 pending
+            z/0#2 pending
+            d/0#2 ready
+            z/0#2 ready
+            d/0#2 placed @h1
+            d/0#2 launching @h1
+            z/0#2 placed @h1
+            z/0#2 launching @h1
+              launch d/0#2 @h1 config 1
+              launch z/0#2 @h1 config 1
+            d/0#2 running @h1
+            z/0#2 running @h1
+            > crash
+            > register h1
+            > register h2
+            > register h3
+            > register h4
+            > cycle
+        "#]],
+    );
+}
+
+#[test]
+fn a_daemon_evicts_preemptible_work_on_its_host() {
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        pool /a
+        pool /d cpu=2 mem=128
+        job b pool=/a n=4 cpu=1 preemptible
+        cycle
+        job d pool=/d cpu=1 daemon
+        cycle                # /a gives back its overage; d evicts where it must
+        confirm
+        cycle
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > pool /a
+            > pool /d cpu=2 mem=128
+            > job b pool=/a n=4 cpu=1 preemptible
+            b/0#1 pending
+            b/1#1 pending
+            b/2#1 pending
+            b/3#1 pending
+            job b pending
+            > cycle
+            b/0#1 ready
+            b/1#1 ready
+            b/2#1 ready
+            b/3#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h1
+            b/1#1 launching @h1
+            b/2#1 placed @h2
+            b/2#1 launching @h2
+            b/3#1 placed @h2
+            b/3#1 launching @h2
+              launch b/0#1 @h1 config 1
+              launch b/1#1 @h1 config 1
+              launch b/2#1 @h2 config 1
+              launch b/3#1 @h2 config 1
+            b/0#1 running @h1
+            b/1#1 running @h1
+            job b running
+            b/2#1 running @h2
+            b/3#1 running @h2
+            > job d pool=/d cpu=1 daemon
+            d/0#1 pending
+            d/1#1 pending
+            job d pending
+            > cycle
+            d/0#1 ready
+            d/1#1 ready
+            d/0#1 placing
+            d/1#1 placing
+            b/3#1 preempted @h2 (preempted: pool over its entitlement in cpu: 4000 held, 2000 entitled)
+            b/2#1 preempted @h2 (preempted: pool over its entitlement in cpu: 4000 held, 2000 entitled)
+              kill b/3#1 @h2
+              kill b/2#1 @h2
+            > confirm
+            b/2#2 initialized
+            b/3#2 initialized
+            b/2#2 pending
+            b/3#2 pending
+            > cycle
+            d/1#1 placed @h2
+            d/1#1 launching @h2
+            b/1#1 preempted @h1 (preempted: daemon d/0 needs room on host h1)
+              launch d/1#1 @h2 config 1
+              kill b/1#1 @h1
+            d/1#1 running @h2
+            job d running
+            > confirm
+            b/1#2 initialized
+            b/1#2 pending
+            > cycle
+            b/2#2 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+            b/2#2 placed @h2
+            b/2#2 launching @h2
+              launch d/0#1 @h1 config 1
+              launch b/2#2 @h2 config 1
+            d/0#1 running @h1
+            b/2#2 running @h2
         "#]],
     );
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use peloton_engine::Engine;
 
 use super::effects::{Effects, RowKey};
-use super::model::{Health, JobKey, JobKind, JobPlan, TaskState as S};
+use super::model::{Health, JobKey, JobPlan, TaskState as S};
 use super::{Answer, Error, Lifecycle};
 
 /// How an update proceeds.
@@ -233,7 +233,7 @@ impl Lifecycle {
                 current: job.version,
             });
         }
-        if job.plan.kind != JobKind::Service {
+        if !job.plan.kind.keeps_running() {
             return Err(Error::Precondition(format!(
                 "job {job_id} is a batch job: rolling updates are for services"
             )));
@@ -273,6 +273,23 @@ impl Lifecycle {
         }
         if self.updates.contains_key(&id) {
             return Err(Error::Precondition(format!("update {id} exists already")));
+        }
+        for i in 0..job.tasks.len() as u32 {
+            let (old, new) = (&job.template(i).volume, &plan.template(i).volume);
+            if old.as_ref().map(|v| v.size_mb) != new.as_ref().map(|v| v.size_mb) {
+                return Err(Error::invalid(
+                    "spec.default_task.volume",
+                    format!(
+                        "an update cannot add, remove or resize a volume (instance {i}); \
+                         instances are updated in place, on their volumes"
+                    ),
+                ));
+            }
+        }
+        let mut plan = plan;
+        if plan.kind == super::model::JobKind::Daemon {
+            // A daemon's count follows the hosts, not the spec.
+            plan.instance_count = job.tasks.len() as u32;
         }
         let n_old = job.tasks.len() as u32;
         let count = plan.instance_count;
