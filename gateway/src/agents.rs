@@ -226,6 +226,10 @@ impl HostBackend for AgentBackend {
                 .push(pb::LaunchRun {
                     key: Some(run_key(&l.job_id, l.run)),
                     spec: l.spec.as_deref().cloned(),
+                    volume: l.volume.as_ref().map(|(id, size_mb)| pb::VolumeMount {
+                        id: id.to_string(),
+                        size_mb: *size_mb,
+                    }),
                     ..Default::default()
                 });
         }

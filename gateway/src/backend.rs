@@ -34,6 +34,8 @@ pub struct Launch {
     pub sim_duration_ms: u64,
     /// How the simulated run ends.
     pub sim_exit_code: i32,
+    /// The instance's volume (id, MiB), if its task has one.
+    pub volume: Option<(std::sync::Arc<str>, u64)>,
 }
 
 /// Where runs happen.
@@ -161,6 +163,7 @@ mod tests {
         let job: std::sync::Arc<str> = "j".into();
         let mut launches = vec![
             Launch {
+                volume: None,
                 run: run(0),
                 host: host.clone(),
                 job_id: job.clone(),
@@ -169,6 +172,7 @@ mod tests {
                 sim_exit_code: 0,
             },
             Launch {
+                volume: None,
                 run: run(1),
                 host: host.clone(),
                 job_id: job.clone(),
@@ -177,6 +181,7 @@ mod tests {
                 sim_exit_code: 3,
             },
             Launch {
+                volume: None,
                 run: run(2),
                 host: host.clone(),
                 job_id: job.clone(),

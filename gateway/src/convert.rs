@@ -42,7 +42,7 @@ pub fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {problem}"))
 }
 
-use crate::lifecycle::{Health, JobKind, JobState, LaunchId, RunRecord, TaskState};
+use crate::lifecycle::{Health, JobKind, JobState, LaunchId, RunRecord, TaskState, VolumePolicy};
 pub use crate::lifecycle::{JobPlan, RestartPolicy, TaskTemplate};
 
 fn amount(field: &str, value: f64, scale: f64) -> Result<u64, Status> {
@@ -175,6 +175,11 @@ fn string(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
         ));
     }
     Ok(())
+}
+
+/// Refuses a string longer than the limit, naming the field.
+pub fn string_field(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
+    string(field, value, limits)
 }
 
 fn list(field: &str, len: usize, limits: &Limits) -> Result<(), Status> {
@@ -312,8 +317,73 @@ pub fn task_template(
             spec.kill_grace_period_ms
         },
         health_check: spec.health_check.is_some(),
+        volume: spec
+            .volume
+            .as_ref()
+            .map(|v| volume(&format!("{field}.volume"), v))
+            .transpose()?,
         sim_duration_ms: sim.duration_ms,
         sim_exit_code: sim.exit_code,
+    })
+}
+
+/// Volumes in one list answer.
+pub const MAX_LISTED_VOLUMES: usize = 10_000;
+
+/// Largest volume: 16 TiB.
+pub const MAX_VOLUME_MB: u64 = 16 << 20;
+
+/// Files of a sandbox that the agent owns: a volume may not hide one.
+const SANDBOX_FILES: [&str; 11] = [
+    "stdout",
+    "stderr",
+    "run.json",
+    "run.json.b",
+    "task.json",
+    "started",
+    "exit.json",
+    "wrapper.log",
+    "health-check.out",
+    ".peloton-secrets",
+    ".peloton",
+];
+
+/// Validates a task's volume.
+fn volume(field: &str, v: &pb::VolumeSpec) -> Result<crate::lifecycle::VolumeTemplate, Status> {
+    if v.size_mb == 0 || v.size_mb > MAX_VOLUME_MB {
+        return Err(invalid(
+            &format!("{field}.size_mb"),
+            format!("{} is not between 1 and {MAX_VOLUME_MB} MiB", v.size_mb),
+        ));
+    }
+    let path = if v.path.is_empty() {
+        "data"
+    } else {
+        v.path.as_str()
+    };
+    let bad = |problem: &str| invalid(&format!("{field}.path"), format!("{path:?} {problem}"));
+    if path.len() > 256 {
+        return Err(bad("is longer than 256 bytes"));
+    }
+    if path.starts_with('/') {
+        return Err(bad("must be relative to the sandbox"));
+    }
+    let mut parts = path.split('/');
+    if parts.clone().any(|p| p.is_empty() || p == "." || p == "..") {
+        return Err(bad(
+            "must be a plain relative path (no empty, . or .. parts)",
+        ));
+    }
+    if parts.any(|p| p.contains('\0')) {
+        return Err(bad("contains a NUL byte"));
+    }
+    let first = path.split('/').next().unwrap_or_default();
+    if SANDBOX_FILES.contains(&first) || first.ends_with(".tmp") {
+        return Err(bad("would hide a file of the sandbox the agent owns"));
+    }
+    Ok(crate::lifecycle::VolumeTemplate {
+        size_mb: v.size_mb,
+        path: path.into(),
     })
 }
 
@@ -380,13 +450,9 @@ fn health_check(
 pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> {
     let kind = match pb::JobType::try_from(spec.r#type) {
         Ok(pb::JobType::Batch) => JobKind::Batch,
-        Ok(pb::JobType::Service) => JobKind::Service,
-        Ok(other) => {
-            return Err(Status::unimplemented(format!(
-                "spec.type: {} jobs are not supported yet; batch and service jobs are",
-                other.as_str_name()
-            )));
-        }
+        // A stateful job is a service whose instances own volumes.
+        Ok(pb::JobType::Service | pb::JobType::Stateful) => JobKind::Service,
+        Ok(pb::JobType::Daemon) => JobKind::Daemon,
         Err(_) => {
             return Err(invalid(
                 "spec.type",
@@ -409,7 +475,8 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     if spec.pool.is_empty() {
         return Err(invalid("spec.pool", "must name a pool, e.g. /batch"));
     }
-    if spec.instance_count == 0 {
+    let daemon = kind == JobKind::Daemon;
+    if spec.instance_count == 0 && !daemon {
         return Err(invalid("spec.instance_count", "must be at least 1"));
     }
     if spec.instance_count > limits.max_instances_per_job {
@@ -422,6 +489,32 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         ));
     }
     let default = task_template("spec.default_task", spec.default_task.as_ref(), limits)?;
+    if spec.r#type == pb::JobType::Stateful as i32 && default.volume.is_none() {
+        return Err(invalid(
+            "spec.default_task.volume",
+            "a stateful job's task must have a volume",
+        ));
+    }
+    if daemon {
+        if default.volume.is_some() {
+            return Err(invalid(
+                "spec.default_task.volume",
+                "daemon jobs cannot have volumes",
+            ));
+        }
+        if !spec.overrides.is_empty() {
+            return Err(invalid(
+                "spec.overrides",
+                "a daemon job's instances are all alike (one per host)",
+            ));
+        }
+        if spec.sla.is_some_and(|s| s.min_running_instances > 1) {
+            return Err(invalid(
+                "spec.sla.min_running_instances",
+                "a daemon job cannot run in gangs",
+            ));
+        }
+    }
     if spec.overrides.len() > limits.max_overrides {
         return Err(invalid(
             "spec.overrides",
@@ -463,7 +556,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     }
     let sla = spec.sla.unwrap_or_default();
     let gang = sla.min_running_instances.max(1);
-    if gang > spec.instance_count {
+    if gang > spec.instance_count && !daemon {
         return Err(invalid(
             "spec.sla.min_running_instances",
             format!(
@@ -518,6 +611,17 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         max_running_time_ms: sla.max_running_time_ms,
         max_unavailable: sla.max_unavailable_instances.max(1),
         strategy,
+        volume_policy: {
+            let p = spec.stateful.unwrap_or_default();
+            VolumePolicy {
+                host_down_timeout_ms: if p.host_down_timeout_ms == 0 {
+                    crate::lifecycle::DEFAULT_HOST_DOWN_TIMEOUT_MS
+                } else {
+                    p.host_down_timeout_ms
+                },
+                relocate: p.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
+            }
+        },
     })
 }
 
@@ -681,7 +785,54 @@ mod tests {
         assert!(error_of(&s).1.starts_with("spec.default_task.constraint: "));
         let mut s = good_job();
         s.r#type = pb::JobType::Stateful as i32;
-        assert_eq!(error_of(&s).0, tonic::Code::Unimplemented);
+        assert_eq!(
+            error_of(&s).1,
+            "spec.default_task.volume: a stateful job's task must have a volume"
+        );
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 10,
+            path: "../etc".into(),
+        });
+        assert!(
+            error_of(&s)
+                .1
+                .starts_with("spec.default_task.volume.path: \"../etc\"")
+        );
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 10,
+            path: "stdout".into(),
+        });
+        assert!(error_of(&s).1.contains("would hide a file"));
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 0,
+            path: String::new(),
+        });
+        assert!(
+            error_of(&s)
+                .1
+                .starts_with("spec.default_task.volume.size_mb: 0")
+        );
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 10,
+            path: String::new(),
+        });
+        assert_eq!(
+            job_plan(&s, &Limits::default())
+                .unwrap()
+                .default
+                .volume
+                .unwrap()
+                .path
+                .as_ref(),
+            "data"
+        );
+        let mut s = good_job();
+        s.r#type = pb::JobType::Daemon as i32;
+        s.instance_count = 0;
+        assert_eq!(
+            job_plan(&s, &Limits::default()).unwrap().kind,
+            JobKind::Daemon
+        );
         let mut s = good_job();
         s.r#type = pb::JobType::Service as i32;
         assert!(job_plan(&s, &Limits::default()).is_ok());

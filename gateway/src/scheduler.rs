@@ -247,6 +247,29 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::Update>,
     },
+    /// Volumes, filtered by job id and host ("" for any).
+    ListVolumes {
+        /// Job id filter.
+        job_id: String,
+        /// Host filter.
+        host: String,
+        /// Reply.
+        reply: Reply<Vec<pb::Volume>>,
+    },
+    /// Read a volume.
+    GetVolume {
+        /// Volume id.
+        id: String,
+        /// Reply.
+        reply: Reply<pb::Volume>,
+    },
+    /// Delete a volume.
+    DeleteVolume {
+        /// Volume id.
+        id: String,
+        /// Reply.
+        reply: Reply<()>,
+    },
     /// Finish the current batch and stop.
     Shutdown,
 }
@@ -518,6 +541,7 @@ impl Scheduler {
                 spec,
                 sim_duration_ms: l.sim_duration_ms,
                 sim_exit_code: l.sim_exit_code,
+                volume: l.volume,
             });
         }
         self.kills.append(&mut self.fx.kills);
@@ -603,6 +627,7 @@ impl Scheduler {
         // the simulator these are what is left of the iteration.)
         self.dispatch();
         self.send_acks();
+        self.send_volume_deletes();
         for d in self.deferred.drain(..) {
             d();
         }
@@ -640,6 +665,37 @@ impl Scheduler {
                     })),
                 };
                 // A full or closed outbox: the agent reports again later.
+                if session.tx.try_send(Ok(msg)).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Volumes deleted or given up by this commit: their agents remove
+    /// them. An agent away now lists them when it registers again, and is
+    /// told then.
+    fn send_volume_deletes(&mut self) {
+        if self.fx.volume_deletes.is_empty() {
+            return;
+        }
+        let mut by_host: FxHashMap<Arc<str>, Vec<String>> = FxHashMap::default();
+        for (host, id) in self.fx.volume_deletes.drain(..) {
+            by_host.entry(host).or_default().push(id.to_string());
+        }
+        let Some(agents) = self.backend.agents() else {
+            return;
+        };
+        for (host, ids) in by_host {
+            let Some(session) = agents.session(&host) else {
+                continue;
+            };
+            for chunk in ids.chunks(crate::agents::MAX_RUNS_PER_MESSAGE) {
+                let msg = pb::ServerMessage {
+                    kind: Some(pb::server_message::Kind::DeleteVolumes(pb::DeleteVolumes {
+                        ids: chunk.to_vec(),
+                    })),
+                };
                 if session.tx.try_send(Ok(msg)).is_err() {
                     break;
                 }
@@ -917,6 +973,40 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
+            Command::ListVolumes {
+                job_id,
+                host,
+                reply,
+            } => {
+                let r = if !job_id.is_empty() && self.core.job_key(&job_id).is_err() {
+                    Err(status(crate::lifecycle::Error::JobNotFound(job_id)))
+                } else {
+                    Ok(self
+                        .core
+                        .volumes()
+                        .filter(|v| {
+                            (job_id.is_empty()
+                                || self.core.job(v.job).is_some_and(|j| *j.id == *job_id))
+                                && (host.is_empty() || **self.core.host_name(v.host) == *host)
+                        })
+                        .take(crate::convert::MAX_LISTED_VOLUMES)
+                        .map(|v| reads::volume_to_pb(&self.core, v))
+                        .collect())
+                };
+                self.defer(reply, r);
+            }
+            Command::GetVolume { id, reply } => {
+                let r = self
+                    .core
+                    .volume(&id)
+                    .map(|v| reads::volume_to_pb(&self.core, v))
+                    .ok_or_else(|| status(crate::lifecycle::Error::VolumeNotFound(id)));
+                self.defer(reply, r);
+            }
+            Command::DeleteVolume { id, reply } => {
+                let r = self.apply(Input::DeleteVolume { id }).map(|_| ());
+                self.defer(reply, r);
+            }
             Command::Shutdown => {}
         }
     }
@@ -991,6 +1081,7 @@ impl Scheduler {
             spec,
             isolation: r.isolation,
             runs: r.runs.into_iter().filter_map(run_report).collect(),
+            volumes: r.volumes,
         };
         self.apply(Input::AgentRegistered(Box::new(registration)))
             .map(|_| ())

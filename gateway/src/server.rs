@@ -120,6 +120,9 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
     health_reporter
         .set_serving::<pb::update_service_server::UpdateServiceServer<Api>>()
         .await;
+    health_reporter
+        .set_serving::<pb::volume_service_server::VolumeServiceServer<Api>>()
+        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
@@ -151,6 +154,10 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .add_service(
             pb::update_service_server::UpdateServiceServer::new(api.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            pb::volume_service_server::VolumeServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(pb::watch_service_server::WatchServiceServer::new(api))
         .add_optional_service(hub.map(|hub| {

@@ -11,6 +11,7 @@ use pb::job_service_server::JobService;
 use pb::resource_pool_service_server::ResourcePoolService;
 use pb::task_service_server::TaskService;
 use pb::update_service_server::UpdateService;
+use pb::volume_service_server::VolumeService;
 use pb::watch_service_server::WatchService;
 use peloton_proto::v1 as pb;
 use prost::Message;
@@ -769,5 +770,50 @@ impl UpdateService for Api {
         request: Request<pb::UpdateActionRequest>,
     ) -> Result<Response<pb::UpdateActionResponse>, Status> {
         self.update_action(request, UpdateAction::Rollback).await
+    }
+}
+
+#[tonic::async_trait]
+impl VolumeService for Api {
+    async fn list(
+        &self,
+        request: Request<pb::ListVolumesRequest>,
+    ) -> Result<Response<pb::ListVolumesResponse>, Status> {
+        let r = request.into_inner();
+        convert::string_field("job_id", &r.job_id, &self.limits)?;
+        convert::string_field("host", &r.host, &self.limits)?;
+        let volumes = self
+            .call(|reply| Command::ListVolumes {
+                job_id: r.job_id,
+                host: r.host,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::ListVolumesResponse { volumes }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetVolumeRequest>,
+    ) -> Result<Response<pb::GetVolumeResponse>, Status> {
+        let id = request.into_inner().id;
+        check_id("id", &id)?;
+        convert::string_field("id", &id, &self.limits)?;
+        let volume = self.call(|reply| Command::GetVolume { id, reply }).await?;
+        Ok(Response::new(pb::GetVolumeResponse {
+            volume: Some(volume),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteVolumeRequest>,
+    ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
+        let id = request.into_inner().id;
+        check_id("id", &id)?;
+        convert::string_field("id", &id, &self.limits)?;
+        self.call(|reply| Command::DeleteVolume { id, reply })
+            .await?;
+        Ok(Response::new(pb::DeleteVolumeResponse {}))
     }
 }

@@ -18,6 +18,7 @@
 //!   some instance still runs or an update may roll back to (the current one
 //!   is also in the job's row);
 //! - `updates`: update id → `Update` (spec, state, progress);
+//! - `volumes`: volume id → `Volume` (job, instance, host, size);
 //! - `events`: first revision of a commit → `WatchResponse` holding that
 //!   commit's events, trimmed to a bounded retention;
 //! - `meta`: counters (the last revision).
@@ -33,6 +34,7 @@ const TASKS: TableDefinition<'_, (&str, u32), &[u8]> = TableDefinition::new("tas
 const HOSTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("hosts");
 const CONFIGS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("configs");
 const UPDATES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("updates");
+const VOLUMES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("volumes");
 const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
@@ -71,6 +73,8 @@ pub struct WriteBatch {
     pub configs: Vec<(ConfigKey, Option<Vec<u8>>)>,
     /// Update rows.
     pub updates: Vec<(String, Option<Vec<u8>>)>,
+    /// Volume rows.
+    pub volumes: Vec<(String, Option<Vec<u8>>)>,
     /// Host rows.
     pub hosts: Vec<(String, Option<Vec<u8>>)>,
     /// This commit's events: (first revision, encoded `WatchResponse`).
@@ -90,6 +94,7 @@ impl WriteBatch {
             && self.delete_tasks_of.is_empty()
             && self.configs.is_empty()
             && self.updates.is_empty()
+            && self.volumes.is_empty()
             && self.hosts.is_empty()
             && self.events.is_none()
             && self.trim_events_before.is_none()
@@ -111,6 +116,8 @@ pub struct Snapshot {
     pub configs: Vec<((String, u64), Vec<u8>)>,
     /// Update rows.
     pub updates: Vec<(String, Vec<u8>)>,
+    /// Volume rows.
+    pub volumes: Vec<(String, Vec<u8>)>,
     /// The last revision.
     pub revision: u64,
 }
@@ -158,6 +165,7 @@ impl RedbStore {
             txn.open_table(HOSTS).map_err(StoreError::from)?;
             txn.open_table(CONFIGS).map_err(StoreError::from)?;
             txn.open_table(UPDATES).map_err(StoreError::from)?;
+            txn.open_table(VOLUMES).map_err(StoreError::from)?;
             txn.open_table(EVENTS).map_err(StoreError::from)?;
             txn.open_table(META).map_err(StoreError::from)?;
         }
@@ -187,6 +195,7 @@ impl Store for RedbStore {
             jobs: read_all(&txn, JOBS)?,
             hosts: read_all(&txn, HOSTS)?,
             updates: read_all(&txn, UPDATES)?,
+            volumes: read_all(&txn, VOLUMES)?,
             ..Snapshot::default()
         };
         let configs = txn.open_table(CONFIGS).map_err(StoreError::from)?;
@@ -263,6 +272,14 @@ impl Store for RedbStore {
                 match v {
                     Some(v) => updates.insert(k.as_str(), v.as_slice()).map(drop),
                     None => updates.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut volumes = txn.open_table(VOLUMES).map_err(StoreError::from)?;
+            for (k, v) in &batch.volumes {
+                match v {
+                    Some(v) => volumes.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => volumes.remove(k.as_str()).map(drop),
                 }
                 .map_err(StoreError::from)?;
             }

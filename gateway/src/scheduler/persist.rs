@@ -11,7 +11,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::convert::{self, Limits};
 use crate::lifecycle::{
     Event, EventKind, JobKey, JobRow, LaunchId, Lifecycle, Recovered, RecoveredHost, RecoveredJob,
-    RowKey, TaskRow,
+    RecoveredVolume, RowKey, TaskRow,
 };
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
@@ -88,6 +88,11 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
             .as_ref()
             .map(|s| s.1.to_string())
             .unwrap_or_default(),
+        pinned_host: row
+            .daemon_host
+            .as_deref()
+            .map(str::to_string)
+            .unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -160,6 +165,13 @@ pub(super) fn rows(
                 }
             }
             RowKey::UpdateDeleted(id) => batch.updates.push((id.to_string(), None)),
+            RowKey::Volume(k, i) => {
+                if let Some(v) = core.volume_of(k, i) {
+                    let row = reads::volume_to_pb(core, v).encode_to_vec();
+                    batch.volumes.push((v.id.to_string(), Some(row)));
+                }
+            }
+            RowKey::VolumeDeleted(id) => batch.volumes.push((id.to_string(), None)),
             RowKey::Host(slot) => {
                 if let Some(host) = reads::host_row(engine, core, slot) {
                     batch
@@ -225,8 +237,21 @@ pub(super) fn recovered(
                 }),
                 restart_when_stopped: row.restart_when_stopped,
                 config: row.config_version,
+                daemon_host: (!row.pinned_host.is_empty()).then(|| row.pinned_host.as_str().into()),
             },
         ));
+    }
+    for (id, bytes) in &snap.volumes {
+        let v = pb::Volume::decode(bytes.as_slice())?;
+        rec.volumes.push(RecoveredVolume {
+            id: id.clone(),
+            job_id: v.job_id,
+            instance: v.instance,
+            host: v.host,
+            size_mb: v.size_mb,
+            path: v.path,
+            created_at: v.created_at_ms,
+        });
     }
     // Stored jobs were valid when accepted; limits configured lower since
     // must not make them unreadable.

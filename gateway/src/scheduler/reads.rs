@@ -110,9 +110,16 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
 /// current config version.
 pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, specs: Option<&super::Specs>) -> pb::Job {
     let job = core.job(k).expect("live job");
+    let mut spec = specs.and_then(|s| s.get(&job.config)).cloned();
+    if job.plan.kind == crate::lifecycle::JobKind::Daemon
+        && let Some(s) = &mut spec
+    {
+        // A daemon's count follows the hosts it matches.
+        s.instance_count = job.plan.instance_count;
+    }
     pb::Job {
         id: job.id.to_string(),
-        spec: specs.and_then(|s| s.get(&job.config)).cloned(),
+        spec,
         status: Some(pb::JobStatus {
             state: convert::job_state_to_pb(job.state) as i32,
             created_at_ms: job.created_at,
@@ -280,7 +287,31 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
             .and_then(|h| h.host)
             .map(|s| core.host_name(s).to_string())
             .unwrap_or_default(),
-        ..Default::default()
+        volume_id: core
+            .volume_of(k, i)
+            .map(|v| v.id.to_string())
+            .unwrap_or_default(),
+        pinned_host: core
+            .pin_of(k, i)
+            .map(|s| core.host_name(s).to_string())
+            .unwrap_or_default(),
+    }
+}
+
+/// A volume as the API shows it (and the store keeps it).
+pub(super) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb::Volume {
+    pb::Volume {
+        id: v.id.to_string(),
+        job_id: core
+            .job(v.job)
+            .map(|j| j.id.to_string())
+            .unwrap_or_default(),
+        instance: v.instance,
+        host: core.host_name(v.host).to_string(),
+        size_mb: v.size_mb,
+        path: v.path.to_string(),
+        in_use: core.volume_in_use(v),
+        created_at_ms: v.created_at,
     }
 }
 
@@ -424,6 +455,10 @@ pub(super) fn list_hosts(
     names.sort_unstable();
     let mut more = names.len() > limit;
     names.truncate(limit);
+    let mut volumes_mb: rustc_hash::FxHashMap<u32, u64> = Default::default();
+    for v in core.volumes() {
+        *volumes_mb.entry(v.host.0).or_default() += v.size_mb;
+    }
     // A page also ends once its hosts hold this many tasks (at least one
     // host per page), so that it stays far below the message limit.
     const MAX_TASK_REFS: usize = 100_000;
@@ -464,6 +499,7 @@ pub(super) fn list_hosts(
                 Some(h) => h.isolation.clone(),
                 None => "simulated".into(),
             },
+            volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
             ..Default::default()
         });
     }

@@ -62,6 +62,9 @@ pub enum Command {
     /// Rolling updates of services.
     #[command(subcommand)]
     Update(UpdateCommand),
+    /// Persistent volumes of stateful instances.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// Print job and task events as they happen, until interrupted.
     Watch(WatchArgs),
 }
@@ -189,6 +192,24 @@ pub enum UpdateCommand {
     Abort { id: String },
     /// Move the instances back to the spec the update started from.
     Rollback { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Volumes, optionally of one job or on one host.
+    List {
+        /// Only this job's volumes.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only volumes on this host.
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Show one volume.
+    Get { id: String },
+    /// Delete a volume and its data (refused while its instance runs on
+    /// it); the instance's next run starts with a fresh volume, anywhere.
+    Delete { id: String },
 }
 
 #[derive(Debug, Args)]
