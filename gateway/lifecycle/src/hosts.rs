@@ -292,6 +292,43 @@ impl Lifecycle {
         Ok(Answer::Done)
     }
 
+    /// Sets `key=value` on each host (validated for all before any
+    /// changes). Placed runs keep their hosts; the next cycle places by the
+    /// new value.
+    pub(super) fn set_host_attribute(
+        &mut self,
+        engine: &mut Engine,
+        names: &[String],
+        key: &str,
+        value: &str,
+    ) -> Result<Answer, Error> {
+        let mut specs = Vec::with_capacity(names.len());
+        for n in names {
+            let id = engine
+                .hosts()
+                .lookup(n)
+                .ok_or_else(|| Error::HostNotFound(n.clone()))?;
+            let mut spec = engine.hosts().spec(id).expect("live host");
+            spec.attributes.retain(|(k, _)| k != key);
+            spec.attributes.push((key.to_string(), value.to_string()));
+            spec.attributes.sort_unstable();
+            // Validated before anything changes (same capacity, so only
+            // the attribute can be refused).
+            peloton_engine::host::validate_attribute_word(key)
+                .and_then(|()| peloton_engine::host::validate_attribute_word(value))
+                .map_err(|p| Error::invalid("attribute", p))?;
+            specs.push((id, spec));
+        }
+        for (id, spec) in specs {
+            engine
+                .hosts_mut()
+                .update(id, &spec)
+                .expect("same capacity, valid attribute");
+        }
+        self.needs_cycle = true;
+        Ok(Answer::Done)
+    }
+
     pub(super) fn agent_registered(
         &mut self,
         engine: &mut Engine,
