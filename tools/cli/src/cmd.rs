@@ -2,6 +2,7 @@
 //! and prints the result in the chosen format.
 
 mod host;
+mod hostpool;
 mod job;
 mod respool;
 mod task;
@@ -79,6 +80,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Task(command) => task::run(&ctx, command).await,
         Command::Host(command) => host::run(&ctx, command).await,
         Command::Update(command) => update::run(&ctx, command).await,
+        Command::Hostpool(command) => hostpool::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
     }
 }

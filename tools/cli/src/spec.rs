@@ -72,6 +72,9 @@ pub struct JobFile {
     pub task: TaskFile,
     #[serde(default)]
     pub overrides: Vec<OverrideFile>,
+    /// The host pool the job runs in (empty: "default").
+    #[serde(default)]
+    pub host_pool: String,
 }
 
 fn one() -> u32 {
@@ -288,6 +291,7 @@ impl JobFile {
                 max_unavailable_instances: self.sla.max_unavailable_instances,
             }),
             placement: placement.into(),
+            host_pool: self.host_pool,
             ..Default::default()
         }
     }
@@ -587,6 +591,13 @@ overrides:
         assert_eq!(spec.placement(), PlacementStrategy::Pack);
         assert_eq!(spec.sla.map(|s| s.min_running_instances), Some(0));
         assert!(spec.overrides.is_empty());
+    }
+
+    #[test]
+    fn host_pool_is_read() {
+        assert_eq!(job("name: t\ntask: {shell: 'true'}\n").host_pool, "");
+        let spec = job("name: t\nhost_pool: gpu-a\ntask: {shell: 'true'}\n");
+        assert_eq!(spec.host_pool, "gpu-a");
     }
 
     #[test]
