@@ -777,6 +777,40 @@ mod tests {
     }
 
     #[test]
+    fn the_host_pool_is_anded_into_every_constraint() {
+        let mut s = good_job();
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        assert_eq!(plan.default.constraint, "peloton.host_pool == \"default\"");
+        s.host_pool = "gpu.a-1".into();
+        s.default_task.as_mut().unwrap().constraint = "zone == a or zone == b".into();
+        s.overrides.push(pb::InstanceOverride {
+            instance: 1,
+            spec: s.default_task.clone(),
+        });
+        s.overrides[0].spec.as_mut().unwrap().constraint = String::new();
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        let want = "(zone == a or zone == b) and peloton.host_pool == \"gpu.a-1\"";
+        assert_eq!(plan.default.constraint, want);
+        assert_eq!(
+            plan.overrides[&1].constraint,
+            "peloton.host_pool == \"gpu.a-1\""
+        );
+        // What the engine compiles: the pool binds to the whole user
+        // constraint, not to its last term.
+        let mut i = Interner::new();
+        let shown = Constraint::parse(want, &mut i)
+            .unwrap()
+            .display(&i)
+            .to_string();
+        assert_eq!(
+            shown,
+            "((zone==a || zone==b) && peloton.host_pool==gpu.a-1)"
+        );
+        s.host_pool = "a b".into();
+        assert!(error_of(&s).1.starts_with("spec.host_pool: "));
+    }
+
+    #[test]
     fn a_good_job_converts_to_engine_units() {
         let plan = job_plan(&good_job(), &Limits::default()).unwrap();
         assert_eq!(plan.default.request[Dim::Cpu], 500);
