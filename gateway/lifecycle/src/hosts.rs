@@ -315,6 +315,15 @@ impl Lifecycle {
             spec.attributes.retain(|(k, _)| k != key);
             spec.attributes.push((key.to_string(), value.to_string()));
             spec.attributes.sort_unstable();
+            if spec.attributes.len() > peloton_engine::host::MAX_ATTRIBUTES {
+                return Err(Error::invalid(
+                    "attribute",
+                    format!(
+                        "host {n} has {} attributes already",
+                        peloton_engine::host::MAX_ATTRIBUTES
+                    ),
+                ));
+            }
             specs.push((id, spec));
         }
         for (id, spec) in specs {
