@@ -337,6 +337,28 @@ impl HostArena {
         &self.attributes[slot]
     }
 
+    /// The spec of a live host as it is now (what [`HostArena::update`]
+    /// takes, so a caller can change one part of it).
+    pub fn spec(&self, id: HostId) -> Result<HostSpec, HostError> {
+        let i = self.check(id)?;
+        let interner = &self.interner;
+        Ok(HostSpec {
+            name: self.name[i].to_string(),
+            capacity: self.capacity(i),
+            gpu_devices: self.gpu_devices[i],
+            ports: self.ports_total[i],
+            attributes: self.attributes[i]
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        interner.resolve(*k).to_string(),
+                        interner.resolve(*v).to_string(),
+                    )
+                })
+                .collect(),
+        })
+    }
+
     /// Hosts with attribute `key` = `value`.
     pub fn with_value(&self, key: Sym, value: Sym) -> Option<&RoaringBitmap> {
         self.by_value.get(&(key, value))

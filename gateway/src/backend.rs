@@ -30,6 +30,8 @@ pub struct Launch {
     pub job_id: std::sync::Arc<str>,
     /// The instance's task spec, for backends that run it for real.
     pub spec: Option<std::sync::Arc<peloton_proto::v1::TaskSpec>>,
+    /// The job's current secrets, for backends that run it for real.
+    pub secrets: Option<std::sync::Arc<[peloton_proto::v1::Secret]>>,
     /// How long the simulated run lasts.
     pub sim_duration_ms: u64,
     /// How the simulated run ends.
@@ -168,6 +170,7 @@ mod tests {
                 host: host.clone(),
                 job_id: job.clone(),
                 spec: None,
+                secrets: None,
                 sim_duration_ms: 100,
                 sim_exit_code: 0,
             },
@@ -177,6 +180,7 @@ mod tests {
                 host: host.clone(),
                 job_id: job.clone(),
                 spec: None,
+                secrets: None,
                 sim_duration_ms: 50,
                 sim_exit_code: 3,
             },
@@ -186,6 +190,7 @@ mod tests {
                 host: host.clone(),
                 job_id: job.clone(),
                 spec: None,
+                secrets: None,
                 sim_duration_ms: 10,
                 sim_exit_code: 0,
             },

@@ -446,7 +446,148 @@ fn health_check(
     Ok(())
 }
 
-/// Validates a job spec. The pool's existence is checked by the loop.
+/// The host attribute that holds a host's host pool (set by the server;
+/// agents may not set it). Hidden from `Host.attributes` in reads.
+pub const HOST_POOL_ATTRIBUTE: &str = "peloton.host_pool";
+/// The host pool that always exists and takes every host not moved
+/// elsewhere (and jobs that name none).
+pub const DEFAULT_HOST_POOL: &str = "default";
+
+/// Validates a host pool name: 1–64 of `[A-Za-z0-9._-]`.
+pub fn host_pool_name(field: &str, name: &str) -> Result<(), Status> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !ok {
+        return Err(invalid(
+            field,
+            format!("{name:?} must be 1–64 letters, digits, '.', '_' or '-'"),
+        ));
+    }
+    Ok(())
+}
+
+/// The host pool a job spec names ("default" when none).
+pub fn job_host_pool(spec: &pb::JobSpec) -> &str {
+    if spec.host_pool.is_empty() {
+        DEFAULT_HOST_POOL
+    } else {
+        &spec.host_pool
+    }
+}
+
+/// A task's constraint with its job's host pool ANDed in.
+fn with_host_pool(constraint: &str, host_pool: &str) -> String {
+    let pool = format!("{HOST_POOL_ATTRIBUTE} == \"{host_pool}\"");
+    if constraint.is_empty() {
+        pool
+    } else {
+        format!("({constraint}) and {pool}")
+    }
+}
+
+/// Most secrets of one job.
+pub const MAX_SECRETS: usize = 32;
+/// Largest value of one secret, bytes.
+pub const MAX_SECRET_BYTES: usize = 64 * 1024;
+/// Largest sum of a job's secret values, bytes.
+pub const MAX_SECRETS_TOTAL_BYTES: usize = 256 * 1024;
+
+/// Validates secret names, count and sizes (values left empty are checked
+/// by [`resolve_secrets`], which knows the job's current ones).
+fn check_secrets(secrets: &[pb::Secret]) -> Result<(), Status> {
+    if secrets.len() > MAX_SECRETS {
+        return Err(invalid(
+            "spec.secrets",
+            format!("{} secrets; the limit is {MAX_SECRETS}", secrets.len()),
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, s) in secrets.iter().enumerate() {
+        let field = format!("spec.secrets[{i}].name");
+        let ok = !s.name.is_empty()
+            && s.name.len() <= 64
+            && !s.name.starts_with('.')
+            && s.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !ok {
+            return Err(invalid(
+                &field,
+                format!(
+                    "{:?} must be 1–64 letters, digits, '.', '_' or '-', not starting with '.'",
+                    s.name
+                ),
+            ));
+        }
+        if !names.insert(s.name.as_str()) {
+            return Err(invalid(&field, format!("duplicate secret {:?}", s.name)));
+        }
+        if s.value.len() > MAX_SECRET_BYTES {
+            return Err(invalid(
+                &format!("spec.secrets[{i}].value"),
+                format!(
+                    "{} bytes is more than the limit of {MAX_SECRET_BYTES}",
+                    s.value.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A job's secrets as they will be kept: `new` (validated by
+/// [`job_plan`]) with each empty value taken from `current` (the job's
+/// secrets before an update; empty at creation), sizes set, and the total
+/// within its limit.
+pub fn resolve_secrets(
+    new: Vec<pb::Secret>,
+    current: &[pb::Secret],
+) -> Result<Vec<pb::Secret>, Status> {
+    let mut out = Vec::with_capacity(new.len());
+    let mut total = 0;
+    for (i, mut s) in new.into_iter().enumerate() {
+        if s.value.is_empty() {
+            let Some(old) = current.iter().find(|c| c.name == s.name) else {
+                return Err(invalid(
+                    &format!("spec.secrets[{i}].value"),
+                    format!(
+                        "empty, and the job has no secret {:?} to keep (an empty value keeps the current one in an update)",
+                        s.name
+                    ),
+                ));
+            };
+            s.value = old.value.clone();
+        }
+        total += s.value.len();
+        s.size = s.value.len() as u32;
+        out.push(s);
+    }
+    if total > MAX_SECRETS_TOTAL_BYTES {
+        return Err(invalid(
+            "spec.secrets",
+            format!("{total} bytes in all; the limit is {MAX_SECRETS_TOTAL_BYTES}"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Secrets as reads show them: names and sizes, no values.
+pub fn redact_secrets(secrets: &[pb::Secret]) -> Vec<pb::Secret> {
+    secrets
+        .iter()
+        .map(|s| pb::Secret {
+            name: s.name.clone(),
+            value: Vec::new(),
+            size: s.value.len() as u32,
+        })
+        .collect()
+}
+
+/// Validates a job spec. The pool's and the host pool's existence are
+/// checked by the loop; so are secrets with empty values.
 pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> {
     let kind = match pb::JobType::try_from(spec.r#type) {
         Ok(pb::JobType::Batch) => JobKind::Batch,
@@ -488,7 +629,13 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             ),
         ));
     }
-    let default = task_template("spec.default_task", spec.default_task.as_ref(), limits)?;
+    if !spec.host_pool.is_empty() {
+        host_pool_name("spec.host_pool", &spec.host_pool)?;
+    }
+    check_secrets(&spec.secrets)?;
+    let host_pool = job_host_pool(spec);
+    let mut default = task_template("spec.default_task", spec.default_task.as_ref(), limits)?;
+    default.constraint = with_host_pool(&default.constraint, host_pool);
     if spec.r#type == pb::JobType::Stateful as i32 && default.volume.is_none() {
         return Err(invalid(
             "spec.default_task.volume",
@@ -536,11 +683,12 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
                 ),
             ));
         }
-        let t = task_template(
+        let mut t = task_template(
             &format!("spec.overrides[{i}].spec"),
             o.spec.as_ref(),
             limits,
         )?;
+        t.constraint = with_host_pool(&t.constraint, host_pool);
         if t.revocable != default.revocable || t.controller != default.controller {
             return Err(invalid(
                 &format!("spec.overrides[{i}].spec"),
@@ -730,6 +878,40 @@ mod tests {
     fn error_of(spec: &pb::JobSpec) -> (tonic::Code, String) {
         let e = job_plan(spec, &Limits::default()).unwrap_err();
         (e.code(), e.message().to_string())
+    }
+
+    #[test]
+    fn the_host_pool_is_anded_into_every_constraint() {
+        let mut s = good_job();
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        assert_eq!(plan.default.constraint, "peloton.host_pool == \"default\"");
+        s.host_pool = "gpu.a-1".into();
+        s.default_task.as_mut().unwrap().constraint = "zone == a or zone == b".into();
+        s.overrides.push(pb::InstanceOverride {
+            instance: 1,
+            spec: s.default_task.clone(),
+        });
+        s.overrides[0].spec.as_mut().unwrap().constraint = String::new();
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        let want = "(zone == a or zone == b) and peloton.host_pool == \"gpu.a-1\"";
+        assert_eq!(plan.default.constraint, want);
+        assert_eq!(
+            plan.overrides[&1].constraint,
+            "peloton.host_pool == \"gpu.a-1\""
+        );
+        // What the engine compiles: the pool binds to the whole user
+        // constraint, not to its last term.
+        let mut i = Interner::new();
+        let shown = Constraint::parse(want, &mut i)
+            .unwrap()
+            .display(&i)
+            .to_string();
+        assert_eq!(
+            shown,
+            "((zone==a || zone==b) && peloton.host_pool==gpu.a-1)"
+        );
+        s.host_pool = "a b".into();
+        assert!(error_of(&s).1.starts_with("spec.host_pool: "));
     }
 
     #[test]

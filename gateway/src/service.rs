@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
+use pb::host_pool_service_server::HostPoolService;
 use pb::host_service_server::HostService;
 use pb::job_service_server::JobService;
 use pb::resource_pool_service_server::ResourcePoolService;
@@ -454,6 +455,70 @@ impl HostService for Api {
         })
         .await?;
         Ok(Response::new(pb::CompleteMaintenanceResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl HostPoolService for Api {
+    async fn create(
+        &self,
+        request: Request<pb::CreateHostPoolRequest>,
+    ) -> Result<Response<pb::CreateHostPoolResponse>, Status> {
+        let name = request.into_inner().name;
+        convert::host_pool_name("name", &name)?;
+        let pool = self
+            .call(|reply| Command::CreateHostPool { name, reply })
+            .await?;
+        Ok(Response::new(pb::CreateHostPoolResponse {
+            pool: Some(pool),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteHostPoolRequest>,
+    ) -> Result<Response<pb::DeleteHostPoolResponse>, Status> {
+        let name = request.into_inner().name;
+        convert::host_pool_name("name", &name)?;
+        self.call(|reply| Command::DeleteHostPool { name, reply })
+            .await?;
+        Ok(Response::new(pb::DeleteHostPoolResponse {}))
+    }
+
+    async fn list(
+        &self,
+        _request: Request<pb::ListHostPoolsRequest>,
+    ) -> Result<Response<pb::ListHostPoolsResponse>, Status> {
+        let pools = self.call(|reply| Command::ListHostPools { reply }).await?;
+        Ok(Response::new(pb::ListHostPoolsResponse { pools }))
+    }
+
+    async fn move_hosts(
+        &self,
+        request: Request<pb::MoveHostsRequest>,
+    ) -> Result<Response<pb::MoveHostsResponse>, Status> {
+        let r = request.into_inner();
+        convert::host_pool_name("to", &r.to)?;
+        if r.hosts.is_empty() {
+            return Err(convert::invalid("hosts", "name at least one host"));
+        }
+        if r.hosts.len() > self.limits.max_list_len {
+            return Err(convert::invalid(
+                "hosts",
+                format!(
+                    "{} hosts; the limit is {}",
+                    r.hosts.len(),
+                    self.limits.max_list_len
+                ),
+            ));
+        }
+        self.call(|reply| Command::MoveHosts {
+            hosts: r.hosts,
+            to: r.to,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(pb::MoveHostsResponse {}))
     }
 }
 

@@ -21,6 +21,12 @@
 //! - `volumes`: volume id → `Volume` (job, instance, host, size);
 //! - `events`: first revision of a commit → `WatchResponse` holding that
 //!   commit's events, trimmed to a bounded retention;
+//! - `host_pools`: host pool name → empty value (the pools that exist
+//!   besides "default", which always exists);
+//! - `host_pool_members`: host name → host pool name, for hosts outside
+//!   "default" (a host without a row is in "default");
+//! - `secrets`: job id → the job's secrets (`StoredSecrets`), kept apart
+//!   from the job and config rows, which never hold them;
 //! - `meta`: counters (the last revision).
 
 use std::path::Path;
@@ -37,6 +43,10 @@ const UPDATES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("updates"
 const VOLUMES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("volumes");
 const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+const HOST_POOLS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("host_pools");
+const HOST_POOL_MEMBERS: TableDefinition<'_, &str, &str> =
+    TableDefinition::new("host_pool_members");
+const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
 
 const META_REVISION: &str = "revision";
 
@@ -77,6 +87,12 @@ pub struct WriteBatch {
     pub volumes: Vec<(String, Option<Vec<u8>>)>,
     /// Host rows.
     pub hosts: Vec<(String, Option<Vec<u8>>)>,
+    /// Host pools (besides "default"): name → exists.
+    pub host_pools: Vec<(String, bool)>,
+    /// Host pool membership: host → pool (`None`: back in "default").
+    pub host_pool_members: Vec<(String, Option<String>)>,
+    /// Secrets rows by job id (`None` deletes).
+    pub secrets: Vec<(String, Option<Vec<u8>>)>,
     /// This commit's events: (first revision, encoded `WatchResponse`).
     pub events: Option<(u64, Vec<u8>)>,
     /// The last revision after this commit.
@@ -96,6 +112,9 @@ impl WriteBatch {
             && self.updates.is_empty()
             && self.volumes.is_empty()
             && self.hosts.is_empty()
+            && self.host_pools.is_empty()
+            && self.host_pool_members.is_empty()
+            && self.secrets.is_empty()
             && self.events.is_none()
             && self.trim_events_before.is_none()
     }
@@ -118,6 +137,12 @@ pub struct Snapshot {
     pub updates: Vec<(String, Vec<u8>)>,
     /// Volume rows.
     pub volumes: Vec<(String, Vec<u8>)>,
+    /// Host pools besides "default", in name order.
+    pub host_pools: Vec<String>,
+    /// Host pool membership (host, pool) of hosts outside "default".
+    pub host_pool_members: Vec<(String, String)>,
+    /// Secrets rows by job id.
+    pub secrets: Vec<(String, Vec<u8>)>,
     /// The last revision.
     pub revision: u64,
 }
@@ -168,6 +193,10 @@ impl RedbStore {
             txn.open_table(VOLUMES).map_err(StoreError::from)?;
             txn.open_table(EVENTS).map_err(StoreError::from)?;
             txn.open_table(META).map_err(StoreError::from)?;
+            txn.open_table(HOST_POOLS).map_err(StoreError::from)?;
+            txn.open_table(HOST_POOL_MEMBERS)
+                .map_err(StoreError::from)?;
+            txn.open_table(SECRETS).map_err(StoreError::from)?;
         }
         txn.commit().map_err(StoreError::from)?;
         Ok(RedbStore { db })
@@ -196,8 +225,21 @@ impl Store for RedbStore {
             hosts: read_all(&txn, HOSTS)?,
             updates: read_all(&txn, UPDATES)?,
             volumes: read_all(&txn, VOLUMES)?,
+            host_pools: read_all(&txn, HOST_POOLS)?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect(),
+            secrets: read_all(&txn, SECRETS)?,
             ..Snapshot::default()
         };
+        let members = txn
+            .open_table(HOST_POOL_MEMBERS)
+            .map_err(StoreError::from)?;
+        for row in members.iter().map_err(StoreError::from)? {
+            let (k, v) = row.map_err(StoreError::from)?;
+            snap.host_pool_members
+                .push((k.value().to_string(), v.value().to_string()));
+        }
         let configs = txn.open_table(CONFIGS).map_err(StoreError::from)?;
         for row in configs.iter().map_err(StoreError::from)? {
             let (k, v) = row.map_err(StoreError::from)?;
@@ -288,6 +330,33 @@ impl Store for RedbStore {
                 match v {
                     Some(v) => hosts.insert(k.as_str(), v.as_slice()).map(drop),
                     None => hosts.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut host_pools = txn.open_table(HOST_POOLS).map_err(StoreError::from)?;
+            for (k, exists) in &batch.host_pools {
+                if *exists {
+                    host_pools.insert(k.as_str(), &[][..]).map(drop)
+                } else {
+                    host_pools.remove(k.as_str()).map(drop)
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut members = txn
+                .open_table(HOST_POOL_MEMBERS)
+                .map_err(StoreError::from)?;
+            for (k, v) in &batch.host_pool_members {
+                match v {
+                    Some(v) => members.insert(k.as_str(), v.as_str()).map(drop),
+                    None => members.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut secrets = txn.open_table(SECRETS).map_err(StoreError::from)?;
+            for (k, v) in &batch.secrets {
+                match v {
+                    Some(v) => secrets.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => secrets.remove(k.as_str()).map(drop),
                 }
                 .map_err(StoreError::from)?;
             }

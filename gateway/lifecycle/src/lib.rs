@@ -207,6 +207,16 @@ pub enum Input {
         /// Start or complete.
         start: bool,
     },
+    /// Set one attribute of live hosts (its value replaced, or added);
+    /// runs placed there stay. The shell keeps host pools this way.
+    SetHostAttribute {
+        /// Host names (all must exist, or nothing changes).
+        hosts: Vec<String>,
+        /// Attribute key.
+        key: String,
+        /// Its new value.
+        value: String,
+    },
     /// An agent registered on a new session.
     AgentRegistered(Box<HostRegistration>),
     /// Reports of an agent.
@@ -442,6 +452,9 @@ impl Lifecycle {
                 restart,
             } => self.task_action(engine, &job_id, &instances, version, restart, fx),
             Input::Maintenance { hosts, start } => self.maintenance(engine, &hosts, start, fx),
+            Input::SetHostAttribute { hosts, key, value } => {
+                self.set_host_attribute(engine, &hosts, &key, &value)
+            }
             Input::AgentRegistered(reg) => self.agent_registered(engine, *reg, fx),
             Input::AgentReports { host, reports } => {
                 self.agent_reports(engine, &host, reports, fx);

@@ -18,6 +18,42 @@ use crate::store::{Snapshot, WriteBatch};
 
 use super::reads;
 
+/// A job's secrets as stored in the `secrets` table (apart from its spec
+/// rows).
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredSecrets {
+    #[prost(message, repeated, tag = "1")]
+    secrets: Vec<pb::Secret>,
+}
+
+/// A job's secrets as their stored row.
+pub(super) fn encode_secrets(secrets: &[pb::Secret]) -> Vec<u8> {
+    StoredSecrets {
+        secrets: secrets.to_vec(),
+    }
+    .encode_to_vec()
+}
+
+/// The stored secrets of the recovered jobs; rows of jobs that are gone
+/// are deleted in `batch`.
+pub(super) fn recovered_secrets(
+    snap: &Snapshot,
+    core: &Lifecycle,
+    batch: &mut WriteBatch,
+) -> anyhow::Result<super::Secrets> {
+    let mut out = super::Secrets::default();
+    for (id, bytes) in &snap.secrets {
+        let Some(job) = core.job_key(id).ok().and_then(|k| core.job(k)) else {
+            batch.secrets.push((id.clone(), None));
+            continue;
+        };
+        let stored = StoredSecrets::decode(bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("stored secrets of job {id}: {e}"))?;
+        out.insert(job.id.clone(), stored.secrets.into());
+    }
+    Ok(out)
+}
+
 /// Events as the API's messages.
 pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
     events
@@ -102,6 +138,7 @@ pub(super) fn rows(
     core: &mut Lifecycle,
     engine: &peloton_engine::Engine,
     specs: &mut FxHashMap<JobKey, super::Specs>,
+    secrets: &mut super::Secrets,
     rows: &mut Vec<RowKey>,
     batch: &mut WriteBatch,
     metrics: &Metrics,
@@ -115,12 +152,17 @@ pub(super) fn rows(
                 }
                 let Some(job) = core.job(k) else { continue };
                 let id = job.id.to_string();
-                let value = reads::job_to_pb(core, k, specs.get(&k)).encode_to_vec();
+                // Without secrets: they are stored apart.
+                let value = reads::job_to_pb(core, k, specs.get(&k), None).encode_to_vec();
                 batch.jobs.push((id, Some(value)));
             }
             RowKey::JobDeleted(id) => {
                 batch.jobs.push((id.to_string(), None));
                 batch.delete_tasks_of.push(id.to_string());
+                // However the job went (deleted, or by retention), its
+                // secrets go with it.
+                secrets.remove(&id);
+                batch.secrets.push((id.to_string(), None));
             }
             RowKey::Task(k, i) => {
                 let Some(row) = core.take_task_row(k, i) else {
@@ -188,6 +230,7 @@ pub(super) fn rows(
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
+    host_pools: &super::hostpools::HostPools,
 ) -> anyhow::Result<(Recovered, Vec<(String, super::Specs)>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
@@ -199,10 +242,12 @@ pub(super) fn recovered(
     for (name, bytes) in &snap.hosts {
         let host = pb::Host::decode(bytes.as_slice())?;
         let spec = if agent_mode {
-            Some(
+            let mut spec =
                 reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
-                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?,
-            )
+                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
+            // Its stored host pool (the attribute is not in the row).
+            host_pools.tag(&mut spec);
+            Some(spec)
         } else {
             None
         };

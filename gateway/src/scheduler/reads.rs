@@ -108,7 +108,15 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
 
 /// A job as the API shows it (and the store keeps it): with the spec of its
 /// current config version.
-pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, specs: Option<&super::Specs>) -> pb::Job {
+///
+/// `secrets`: the job's secrets, shown redacted (names and sizes); `None`
+/// for the stored row, which never holds them.
+pub(super) fn job_to_pb(
+    core: &Lifecycle,
+    k: JobKey,
+    specs: Option<&super::Specs>,
+    secrets: Option<&[pb::Secret]>,
+) -> pb::Job {
     let job = core.job(k).expect("live job");
     let mut spec = specs.and_then(|s| s.get(&job.config)).cloned();
     if job.plan.kind == crate::lifecycle::JobKind::Daemon
@@ -116,6 +124,9 @@ pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, specs: Option<&super::Specs
     {
         // A daemon's count follows the hosts it matches.
         s.instance_count = job.plan.instance_count;
+    }
+    if let (Some(spec), Some(secrets)) = (spec.as_mut(), secrets) {
+        spec.secrets = convert::redact_secrets(secrets);
     }
     pb::Job {
         id: job.id.to_string(),
@@ -224,6 +235,7 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
 pub(super) fn query_jobs(
     core: &Lifecycle,
     specs: &FxHashMap<JobKey, super::Specs>,
+    secrets: &super::Secrets,
     r: &pb::QueryJobsRequest,
 ) -> pb::QueryJobsResponse {
     let page = match r.page_size {
@@ -251,7 +263,12 @@ pub(super) fn query_jobs(
             out.next_page_token = out.jobs.last().map(|j| j.id.clone()).unwrap_or_default();
             break;
         }
-        out.jobs.push(job_to_pb(core, k, Some(versions)));
+        out.jobs.push(job_to_pb(
+            core,
+            k,
+            Some(versions),
+            secrets.get(&job.id).map(|s| &s[..]),
+        ));
     }
     out
 }
@@ -492,6 +509,7 @@ pub(super) fn list_hosts(
             free: Some(convert::resources_to_pb(hosts.free(slot.idx()))),
             state: host_state_to_pb(hosts, slot) as i32,
             attributes: host_attributes(hosts, slot.0),
+            host_pool: host_pool_of(hosts, slot.0),
             tasks,
             connected: agent.is_some_and(|h| h.connected),
             last_seen_ms: hub.and_then(|hub| hub.last_seen(name)).unwrap_or(0),
@@ -535,6 +553,8 @@ pub(super) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Opt
     })
 }
 
+/// A host's attributes as shown and stored: without its host pool (shown
+/// as `Host.host_pool`, stored in its own table).
 pub(super) fn host_attributes(
     hosts: &HostArena,
     slot: u32,
@@ -543,6 +563,7 @@ pub(super) fn host_attributes(
     hosts
         .attributes(slot as usize)
         .iter()
+        .filter(|(k, _)| interner.resolve(*k) != convert::HOST_POOL_ATTRIBUTE)
         .map(|(k, v)| {
             (
                 interner.resolve(*k).to_string(),
@@ -552,7 +573,19 @@ pub(super) fn host_attributes(
         .collect()
 }
 
-/// An agent's registration as an engine host.
+/// A host's host pool (from its attribute).
+fn host_pool_of(hosts: &HostArena, slot: u32) -> String {
+    let interner = hosts.interner();
+    hosts
+        .attributes(slot as usize)
+        .iter()
+        .find(|(k, _)| interner.resolve(*k) == convert::HOST_POOL_ATTRIBUTE)
+        .map(|(_, v)| interner.resolve(*v).to_string())
+        .unwrap_or_else(|| convert::DEFAULT_HOST_POOL.to_string())
+}
+
+/// An agent's registration as an engine host (without its host pool
+/// attribute, which the caller adds).
 pub(super) fn host_spec(
     name: &str,
     resources: Option<&pb::Resources>,

@@ -65,6 +65,9 @@ pub enum Command {
     /// Persistent volumes of stateful instances.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Host pools: a partition of the hosts that jobs name (`host_pool:`).
+    #[command(subcommand)]
+    Hostpool(HostPoolCommand),
     /// Print job and task events as they happen, until interrupted.
     Watch(WatchArgs),
 }
@@ -291,6 +294,24 @@ pub enum HostCommand {
     },
     /// Complete maintenance: the hosts take tasks again.
     Up {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HostPoolCommand {
+    /// Create an empty host pool.
+    Create { name: String },
+    /// Delete a host pool (not "default"; it must have no hosts and no live job may name it).
+    Delete { name: String },
+    /// List host pools with their hosts.
+    List,
+    /// Move hosts into a host pool (their running tasks stay where they are).
+    Move {
+        /// The host pool they go to.
+        #[arg(long)]
+        to: String,
         #[arg(required = true)]
         hosts: Vec<String>,
     },

@@ -2,6 +2,7 @@
 //! and prints the result in the chosen format.
 
 mod host;
+mod hostpool;
 mod job;
 mod respool;
 mod task;
@@ -81,6 +82,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Host(command) => host::run(&ctx, command).await,
         Command::Update(command) => update::run(&ctx, command).await,
         Command::Volume(command) => volume::run(&ctx, command).await,
+        Command::Hostpool(command) => hostpool::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
     }
 }

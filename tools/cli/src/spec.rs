@@ -75,6 +75,9 @@ pub struct JobFile {
     /// Jobs whose task has a volume: what happens when its host is down.
     #[serde(default)]
     pub stateful: Option<StatefulFile>,
+    /// The host pool the job runs in (empty: "default").
+    #[serde(default)]
+    pub host_pool: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -333,6 +336,7 @@ impl JobFile {
                 }
                 .into(),
             }),
+            host_pool: self.host_pool,
             ..Default::default()
         }
     }
@@ -636,6 +640,13 @@ overrides:
         assert_eq!(spec.placement(), PlacementStrategy::Pack);
         assert_eq!(spec.sla.map(|s| s.min_running_instances), Some(0));
         assert!(spec.overrides.is_empty());
+    }
+
+    #[test]
+    fn host_pool_is_read() {
+        assert_eq!(job("name: t\ntask: {shell: 'true'}\n").host_pool, "");
+        let spec = job("name: t\nhost_pool: gpu-a\ntask: {shell: 'true'}\n");
+        assert_eq!(spec.host_pool, "gpu-a");
     }
 
     #[test]
