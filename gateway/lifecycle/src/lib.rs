@@ -371,6 +371,9 @@ pub struct Lifecycle {
     daemon_jobs: std::collections::BTreeSet<JobKey>,
     /// Since when hosts holding volumes are seen down.
     down_since: FxHashMap<HostSlot, u64>,
+    /// When a relocating job's volume may be given up next (kept by
+    /// `check_volume_hosts`).
+    volume_deadline: Option<u64>,
     needs_cycle: bool,
     now: u64,
 }
@@ -403,6 +406,7 @@ impl Lifecycle {
             pin_dirty: FxHashSet::default(),
             daemon_jobs: Default::default(),
             down_since: FxHashMap::default(),
+            volume_deadline: None,
             needs_cycle: true,
             now: 0,
         };
@@ -525,7 +529,7 @@ impl Lifecycle {
     /// been down too long included).
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
-        let volumes = self.next_volume_deadline();
+        let volumes = self.volume_deadline;
         match (timer, volumes) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

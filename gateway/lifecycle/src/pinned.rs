@@ -70,6 +70,9 @@ impl Lifecycle {
 
     /// Marks an instance whose reservation may change.
     pub(super) fn pin_changed(&mut self, k: JobKey, i: u32) {
+        if self.volumes.is_empty() && self.daemon_jobs.is_empty() {
+            return; // the common case, on every transition
+        }
         if self.volumes.contains_key(&(k, i))
             || self
                 .jobs
@@ -279,6 +282,7 @@ impl Lifecycle {
     /// Hosts holding volumes: track since when they are down, and give up
     /// the volumes of relocating jobs whose host has been down too long.
     pub(super) fn check_volume_hosts(&mut self, engine: &mut Engine, fx: &mut Effects) {
+        self.volume_deadline = None;
         if self.volumes.is_empty() {
             self.down_since.clear();
             return;
@@ -311,6 +315,7 @@ impl Lifecycle {
         for h in seen {
             self.down_since.entry(h).or_insert(now);
         }
+        self.volume_deadline = self.next_volume_deadline();
         for (k, i, since) in give_up {
             let v = &self.volumes[&(k, i)];
             let reason = format!(
@@ -334,8 +339,9 @@ impl Lifecycle {
         }
     }
 
-    /// When the next volume of a relocating job may be given up.
-    pub(super) fn next_volume_deadline(&self) -> Option<u64> {
+    /// When the next volume of a relocating job may be given up (a scan:
+    /// the shell reads the value kept by `check_volume_hosts`).
+    fn next_volume_deadline(&self) -> Option<u64> {
         self.volumes
             .values()
             .filter_map(|v| {
