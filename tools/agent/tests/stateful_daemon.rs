@@ -4,9 +4,16 @@
 //!   of its process, a drain of its host and an agent restart, always
 //!   coming back to that host; its volume cannot be deleted while it runs,
 //!   and is removed from the agent's disk once deleted;
+//! - it survives a server SIGKILL (volume, pin and run recovered) and waits
+//!   for its lost host; a deleted volume, or one a relocating job gives up
+//!   after its host's down time, lets it start fresh elsewhere;
 //! - a daemon job follows the cluster: one instance per up host, a host
-//!   that joins gets one, a drained or lost host loses it, and a
-//!   constraint limits it to the hosts of a zone.
+//!   that joins or starts to match gets one, a drained host loses it after
+//!   its other work, a lost host loses it, and a constraint limits it to
+//!   the hosts of a zone.
+//!
+//! Two tests are ignored: they show server bugs (see their comments) and
+//! fail until those are fixed (`cargo test ... -- --ignored`).
 //!
 //! The cluster and its helpers are in `common`. Tests wait for states with
 //! generous deadlines and never assert how long anything took.
@@ -543,4 +550,340 @@ async fn a_daemon_job_with_a_zone_constraint_runs_only_on_that_zone() {
     cluster.kill_job(&everywhere).await;
     cluster.wait_job(&id, J::Killed).await;
     cluster.wait_job(&everywhere, J::Killed).await;
+}
+
+/// Like `APPENDING_TASK`, but it ignores SIGTERM (a stop lasts its whole
+/// grace period) and records in the volume when each run started and was
+/// last alive (`start-<task id>`, `alive-<task id>`, in ns).
+const RECORDING_TASK: &str = r#"trap '' TERM; v="$PELOTON_VOLUME"; echo "$PELOTON_TASK_ID" >> "$v/log"; date +%s%N > "$v/start-$PELOTON_TASK_ID"; while true; do date +%s%N > "$v/alive-$PELOTON_TASK_ID"; sleep 0.1; done"#;
+
+fn recording_stateful(name: &str) -> pb::JobSpec {
+    let mut spec = stateful(name);
+    let task = spec.default_task.as_mut().expect("task");
+    task.shell = RECORDING_TASK.into();
+    task.kill_grace_period_ms = 1000;
+    spec
+}
+
+/// (start, last alive) of run `run_id` of `id`/0, from its volume.
+fn run_interval(dir: &std::path::Path, id: &str, run_id: u32) -> Option<(u128, u128)> {
+    let read = |f: &str| -> Option<u128> {
+        std::fs::read_to_string(dir.join(format!("{f}-{id}-0-{run_id}")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((read("start")?, read("alive")?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateful_instance_survives_a_server_crash_and_waits_for_its_lost_host() {
+    let mut cluster = Cluster::start(3).await;
+    let id = cluster.create(recording_stateful("waiting")).await;
+    let t = cluster.wait_running(&id, 1).await.remove(0);
+    let host = run_of(&t).host.clone();
+    let t = eventually("the volume in the task's read", async || {
+        let t = cluster.task(&id, 0).await?;
+        (!t.volume_id.is_empty()).then_some(t)
+    })
+    .await;
+    let vid = t.volume_id.clone();
+    wait_run_with_log(&cluster, &id, 1, &host, &vid).await;
+
+    // The server is SIGKILLed and restarted: the volume, the pin and the
+    // run are recovered (the run taken over, not started again).
+    let server = cluster.server.as_mut().expect("server");
+    server.kill().await.expect("SIGKILL the server");
+    cluster.start_server().await;
+    cluster.wait_hosts_up(3).await;
+    let t = eventually("the run taken over", async || {
+        let t = cluster.task(&id, 0).await?;
+        (run_of(&t).state() == T::Running).then_some(t)
+    })
+    .await;
+    assert_eq!(
+        (run_of(&t).run_id, run_of(&t).host.as_str()),
+        (1, host.as_str()),
+        "{t:#?}"
+    );
+    assert_eq!(
+        (t.volume_id.as_str(), t.pinned_host.as_str()),
+        (vid.as_str(), host.as_str())
+    );
+    let vols = volumes_of(&cluster, &id).await;
+    assert_eq!(vols.len(), 1, "{vols:#?}");
+    assert_eq!(
+        (vols[0].id.as_str(), vols[0].host.as_str(), vols[0].in_use),
+        (vid.as_str(), host.as_str(), true)
+    );
+    restart_instance(&cluster, &id).await;
+    wait_run_with_log(&cluster, &id, 2, &host, &vid).await;
+
+    // Its host is lost (the agent SIGKILLed; run 2 lives on): the instance
+    // waits for that host, and is not placed elsewhere.
+    cluster.sigkill_agent(&host).await;
+    let t = eventually("run 2 lost and run 3 waiting", async || {
+        let t = cluster.task(&id, 0).await?;
+        let run = t.current.as_ref()?;
+        let waiting = matches!(run.state(), T::Pending | T::Ready | T::Placing);
+        (run.run_id == 3 && waiting && !t.pending_reason.is_empty()).then_some(t)
+    })
+    .await;
+    assert_eq!(t.history[0].state(), T::Lost, "{t:#?}");
+    assert_eq!(t.pinned_host, host, "{t:#?}");
+    assert!(t.pending_reason.contains("pinned"), "{t:#?}");
+    let run2 = format!("PELOTON_TASK_ID={id}-0-2");
+    assert!(
+        !processes_with_env(&run2).is_empty(),
+        "run 2 outlives its agent"
+    );
+
+    // The agent returns: run 2 is stopped and run 3 starts there, with the
+    // data. (That run 3 may start before run 2 has ended is checked, and
+    // fails, in `a_returning_host_never_runs_two_runs_of_a_stateful_instance_at_once`.)
+    cluster.start_agent(&host).await;
+    cluster.wait_hosts_up(3).await;
+    let t = wait_run_with_log(&cluster, &id, 3, &host, &vid).await;
+    for h in &t.history {
+        assert_eq!(h.host, host, "a run left the volume's host: {t:#?}");
+    }
+    eventually("run 2 gone", async || {
+        processes_with_env(&run2).is_empty().then_some(())
+    })
+    .await;
+    let t = cluster.task(&id, 0).await.expect("task");
+    assert_eq!(
+        (run_of(&t).run_id, run_of(&t).state()),
+        (3, T::Running),
+        "{t:#?}"
+    );
+
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, J::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_or_given_up_volume_lets_the_instance_start_fresh_elsewhere() {
+    let mut cluster = Cluster::start(3).await;
+
+    // Deleting the volume of an instance that waits for its drained host
+    // lets it start at once elsewhere, with a new, empty volume; the old
+    // one leaves the drained host's disk.
+    let id = cluster.create(stateful("deleted")).await;
+    let t = cluster.wait_running(&id, 1).await.remove(0);
+    let first = run_of(&t).host.clone();
+    let t = eventually("the volume in the task's read", async || {
+        let t = cluster.task(&id, 0).await?;
+        (!t.volume_id.is_empty()).then_some(t)
+    })
+    .await;
+    let old = t.volume_id.clone();
+    wait_run_with_log(&cluster, &id, 1, &first, &old).await;
+    maintenance(&cluster, &first, true).await;
+    wait_host_down(&cluster, &first).await;
+    eventually("run 2 waiting for its host", async || {
+        let t = cluster.task(&id, 0).await?;
+        let run = t.current.as_ref()?;
+        let waiting = matches!(run.state(), T::Pending | T::Ready | T::Placing);
+        (run.run_id == 2 && waiting).then_some(())
+    })
+    .await;
+    delete_volume(&cluster, &old)
+        .await
+        .expect("delete a volume not in use");
+    let t = eventually("the instance running elsewhere", async || {
+        let t = cluster.task(&id, 0).await?;
+        (run_of(&t).state() == T::Running && !t.volume_id.is_empty()).then_some(t)
+    })
+    .await;
+    let second = run_of(&t).host.clone();
+    assert_ne!(second, first, "{t:#?}");
+    assert_ne!(t.volume_id, old, "{t:#?}");
+    assert_eq!(t.pinned_host, second, "{t:#?}");
+    let new = t.volume_id.clone();
+    let run_id = run_of(&t).run_id;
+    eventually("a fresh volume", async || {
+        (log_lines(&cluster, &second, &new) == [format!("{id}-0-{run_id}")]).then_some(())
+    })
+    .await;
+    eventually("the old volume removed from the drained host", async || {
+        (!volume_dir(&cluster, &first, &old).exists()).then_some(())
+    })
+    .await;
+    let vols = volumes_of(&cluster, &id).await;
+    assert_eq!(vols.len(), 1, "{vols:#?}");
+    assert_eq!(
+        (vols[0].id.as_str(), vols[0].host.as_str()),
+        (new.as_str(), second.as_str())
+    );
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, J::Killed).await;
+    maintenance(&cluster, &first, false).await;
+    cluster.wait_hosts_up(3).await;
+
+    // A relocating job gives the volume of a lost host up after its
+    // timeout and starts fresh elsewhere; when the host's agent returns
+    // listing that volume, it is told to remove it.
+    let mut spec = stateful("relocating");
+    spec.stateful = Some(pb::StatefulPolicy {
+        host_down_timeout_ms: 1000,
+        on_host_down: pb::VolumeLossPolicy::Relocate as i32,
+    });
+    let id = cluster.create(spec).await;
+    let t = cluster.wait_running(&id, 1).await.remove(0);
+    let lost = run_of(&t).host.clone();
+    let t = eventually("the volume in the task's read", async || {
+        let t = cluster.task(&id, 0).await?;
+        (!t.volume_id.is_empty()).then_some(t)
+    })
+    .await;
+    let old = t.volume_id.clone();
+    wait_run_with_log(&cluster, &id, 1, &lost, &old).await;
+    cluster.sigkill_agent(&lost).await;
+    let t = eventually("the instance running fresh elsewhere", async || {
+        let t = cluster.task(&id, 0).await?;
+        let ok = run_of(&t).state() == T::Running
+            && run_of(&t).host != lost
+            && !t.volume_id.is_empty()
+            && t.volume_id != old;
+        ok.then_some(t)
+    })
+    .await;
+    let elsewhere = run_of(&t).host.clone();
+    assert_eq!(t.pinned_host, elsewhere, "{t:#?}");
+    let run_id = run_of(&t).run_id;
+    let new = t.volume_id.clone();
+    eventually("a fresh volume", async || {
+        (log_lines(&cluster, &elsewhere, &new) == [format!("{id}-0-{run_id}")]).then_some(())
+    })
+    .await;
+    let vols = volumes_of(&cluster, &id).await;
+    assert_eq!(vols.len(), 1, "{vols:#?}");
+    assert_eq!(vols[0].id, new, "{vols:#?}");
+    assert!(
+        volume_dir(&cluster, &lost, &old).exists(),
+        "its agent is away"
+    );
+    // The host's agent returns: its old run is stopped, the instance stays
+    // where it is. (That the given-up volume then leaves the returning
+    // host's disk is checked, and fails, in
+    // `a_given_up_volume_leaves_its_host_when_the_host_returns`.)
+    cluster.start_agent(&lost).await;
+    cluster.wait_hosts_up(3).await;
+    eventually("the old run stopped on the returning host", async || {
+        processes_with_env(&format!("PELOTON_TASK_ID={id}-0-1"))
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let t = cluster.task(&id, 0).await.expect("task");
+    assert_eq!(
+        (run_of(&t).run_id, run_of(&t).host.as_str()),
+        (run_id, elsewhere.as_str()),
+        "{t:#?}"
+    );
+    let vols = volumes_of(&cluster, &id).await;
+    assert_eq!(vols.len(), 1, "{vols:#?}");
+    assert_eq!(vols[0].id, new, "{vols:#?}");
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, J::Killed).await;
+}
+
+// Server bug, found by this test: when a lost host's agent returns, the run
+// that outlived its agent is killed (with a fixed 10 s grace, not the task's)
+// and the instance's next run is launched on the same host — sharing the
+// volume — in the same registration, without waiting for the old run's end:
+// both ran on the volume at once for the whole grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "server bug: a returning host runs a stateful instance's old and new runs at once"]
+async fn a_returning_host_never_runs_two_runs_of_a_stateful_instance_at_once() {
+    let mut cluster = Cluster::start(2).await;
+    let id = cluster.create(recording_stateful("overlap")).await;
+    let t = cluster.wait_running(&id, 1).await.remove(0);
+    let host = run_of(&t).host.clone();
+    let vid = eventually("the volume in the task's read", async || {
+        let t = cluster.task(&id, 0).await?;
+        (!t.volume_id.is_empty()).then_some(t.volume_id)
+    })
+    .await;
+    wait_run_with_log(&cluster, &id, 1, &host, &vid).await;
+    cluster.sigkill_agent(&host).await;
+    eventually("run 1 lost and run 2 waiting", async || {
+        let t = cluster.task(&id, 0).await?;
+        let run = t.current.as_ref()?;
+        let waiting = matches!(run.state(), T::Pending | T::Ready | T::Placing);
+        (run.run_id == 2 && waiting).then_some(())
+    })
+    .await;
+    cluster.start_agent(&host).await;
+    wait_run_with_log(&cluster, &id, 2, &host, &vid).await;
+    let run1 = format!("PELOTON_TASK_ID={id}-0-1");
+    eventually("run 1 gone", async || {
+        processes_with_env(&run1).is_empty().then_some(())
+    })
+    .await;
+    let dir = volume_dir(&cluster, &host, &vid);
+    let r1 = run_interval(&dir, &id, 1).expect("run 1 recorded");
+    let r2 = eventually("run 2 recorded", async || run_interval(&dir, &id, 2)).await;
+    assert!(
+        r1.1 < r2.0,
+        "runs 1 and 2 of a stateful instance ran at once on its volume: run 2 started {} ms \
+         before run 1's last sign of life",
+        (r1.1 - r2.0) / 1_000_000
+    );
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, J::Killed).await;
+}
+
+// Server bug, found by this test: the volume a relocating job gave up while
+// its host was lost is never removed from that host. The returning agent
+// lists it and the server sends DeleteVolumes at once, in the registration
+// that also kills the instance's old run — which outlived its agent and
+// still uses the volume, so the agent keeps it ("not deleting a volume that
+// a live run uses") — and the server never asks again (until the agent's
+// next registration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "server bug: a given-up volume stays on a returning host whose old run outlived its agent"]
+async fn a_given_up_volume_leaves_its_host_when_the_host_returns() {
+    let mut cluster = Cluster::start(2).await;
+    let mut spec = stateful("relocating");
+    spec.stateful = Some(pb::StatefulPolicy {
+        host_down_timeout_ms: 1000,
+        on_host_down: pb::VolumeLossPolicy::Relocate as i32,
+    });
+    let id = cluster.create(spec).await;
+    let t = cluster.wait_running(&id, 1).await.remove(0);
+    let lost = run_of(&t).host.clone();
+    let old = eventually("the volume in the task's read", async || {
+        let t = cluster.task(&id, 0).await?;
+        (!t.volume_id.is_empty()).then_some(t.volume_id)
+    })
+    .await;
+    wait_run_with_log(&cluster, &id, 1, &lost, &old).await;
+    cluster.sigkill_agent(&lost).await;
+    eventually("the instance running fresh elsewhere", async || {
+        let t = cluster.task(&id, 0).await?;
+        let ok = run_of(&t).state() == T::Running
+            && run_of(&t).host != lost
+            && !t.volume_id.is_empty()
+            && t.volume_id != old;
+        ok.then_some(())
+    })
+    .await;
+    cluster.start_agent(&lost).await;
+    cluster.wait_hosts_up(2).await;
+    eventually("the old run stopped on the returning host", async || {
+        processes_with_env(&format!("PELOTON_TASK_ID={id}-0-1"))
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    eventually(
+        "the given-up volume removed from the returning host",
+        async || (!volume_dir(&cluster, &lost, &old).exists()).then_some(()),
+    )
+    .await;
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, J::Killed).await;
 }
