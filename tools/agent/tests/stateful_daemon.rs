@@ -12,7 +12,7 @@
 //!   its other work, a lost host loses it, and a constraint limits it to
 //!   the hosts of a zone.
 //!
-//! Two tests are ignored: they show server bugs (see their comments) and
+//! Four tests are ignored: they show server bugs (see their comments) and
 //! fail until those are fixed (`cargo test ... -- --ignored`).
 //!
 //! The cluster and its helpers are in `common`. Tests wait for states with
@@ -884,6 +884,80 @@ async fn a_given_up_volume_leaves_its_host_when_the_host_returns() {
         async || (!volume_dir(&cluster, &lost, &old).exists()).then_some(()),
     )
     .await;
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, J::Killed).await;
+}
+
+// Server bug, found by this test: a host whose agent merely disconnected (an
+// agent restart, which every other task survives) goes Down at once, and the
+// next cycle (at the latest `idle_cycle_interval_ms` later) retires its
+// daemon instance, as for a host that left: the daemon's run is killed when
+// the agent returns and a new instance starts. Here a job created while the
+// agent is away makes that cycle happen for sure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "server bug: a daemon is replaced when its host's agent restarts"]
+async fn a_daemon_keeps_its_runs_through_an_agent_restart() {
+    let mut cluster = Cluster::start(2).await;
+    let id = cluster.create(daemon("node-agent", "")).await;
+    let launches = |tasks: &[pb::Task]| -> BTreeSet<(u32, String, u64)> {
+        tasks
+            .iter()
+            .filter(|t| run_of(t).state() == T::Running)
+            .map(|t| (t.instance, run_of(t).host.clone(), run_of(t).launch_id))
+            .collect()
+    };
+    let before = launches(&wait_daemons_on(&cluster, &id, &["a0", "a1"]).await);
+    cluster.sigterm_agent("a1").await;
+    eventually("the server sees a1 gone", async || {
+        (!host_named(&cluster, "a1").await?.connected).then_some(())
+    })
+    .await;
+    // Work placed while the agent is away: a cycle runs.
+    let mut spec = task_spec("exec sleep 600");
+    spec.constraint = r#"rack == "r-a0""#.into();
+    let during = cluster.create(job("during", 1, spec)).await;
+    cluster.wait_running(&during, 1).await;
+    cluster.start_agent("a1").await;
+    cluster.wait_hosts_up(2).await;
+    // Work placed after the registration: cycles have run since.
+    let mut spec = task_spec("exec sleep 600");
+    spec.constraint = r#"rack == "r-a1""#.into();
+    let after = cluster.create(job("after", 1, spec)).await;
+    cluster.wait_running(&after, 1).await;
+    let now = launches(&wait_daemons_on(&cluster, &id, &["a0", "a1"]).await);
+    assert_eq!(before, now, "the daemons' runs were replaced");
+    assert_eq!(daemon_processes(&cluster, &id, "a1"), 1);
+    cluster.kill_job(&during).await;
+    cluster.kill_job(&after).await;
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, J::Killed).await;
+}
+
+// Server bug, found by this test (akin to the stateful one above): the
+// daemon instance of a host whose agent went away is retired (its run told
+// to stop, the kill going nowhere); when the agent returns, that run, still
+// alive, is killed again (with a fixed 10 s grace, not the task's) while a
+// new daemon instance for the host starts at once instead of waiting for
+// the old run's end: two instances of the daemon on one host for the whole
+// grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "server bug: a returning host runs its old and new daemon at once"]
+async fn a_returning_host_runs_one_daemon_at_a_time() {
+    let mut cluster = Cluster::start(2).await;
+    let mut spec = daemon("node-agent", "");
+    // Ignores SIGTERM: a stop lasts the whole grace period.
+    spec.default_task.as_mut().expect("task").shell = "trap '' TERM; exec sleep 600".into();
+    let id = cluster.create(spec).await;
+    wait_daemons_on(&cluster, &id, &["a0", "a1"]).await;
+    cluster.sigkill_agent("a1").await;
+    wait_daemons_on(&cluster, &id, &["a0"]).await;
+    cluster.start_agent("a1").await;
+    wait_daemons_on(&cluster, &id, &["a0", "a1"]).await;
+    assert_eq!(
+        daemon_processes(&cluster, &id, "a1"),
+        1,
+        "two daemons of one job on a1 at once"
+    );
     cluster.kill_job(&id).await;
     cluster.wait_job(&id, J::Killed).await;
 }
