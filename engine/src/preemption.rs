@@ -221,8 +221,9 @@ pub fn intra_pool_victims(
 
 /// [`intra_pool_victims`] knowing the hosts' reservations: a pending task
 /// with a desired host looks only there, counting what is reserved for its
-/// instance as free; a daemon ([`flags::DAEMON`]) may evict preemptible
-/// non-daemon tasks of any pool and priority on its host.
+/// instance as free, and never evicts a daemon; a daemon
+/// ([`flags::DAEMON`]) may evict preemptible non-daemon tasks of any pool
+/// and priority on its host.
 pub fn intra_pool_victims_with(
     placer: &Placer,
     hosts: &HostArena,
@@ -312,9 +313,15 @@ pub fn intra_pool_victims_with(
                     None => continue,
                 }
             };
-            let eligible = running
-                .iter()
-                .filter(|r| daemon || (r.pool == spec.pool && r.priority < spec.priority));
+            // A daemon is never evicted for another pinned task (each
+            // would take the other's room back, for ever).
+            let pinned = spec.desired_host != NO_HOST;
+            let eligible = running.iter().filter(|r| {
+                daemon
+                    || (r.pool == spec.pool
+                        && r.priority < spec.priority
+                        && !(pinned && r.flags & flags::DAEMON != 0))
+            });
             let mut chosen: Vec<PlacedView> = Vec::new();
             let mut fits = false;
             for r in eligible {

@@ -443,6 +443,10 @@ pub struct Task {
     /// A daemon's instance: the host it belongs to (none: retired, free
     /// for the next host that joins).
     pub daemon_host: Option<HostSlot>,
+    /// Its last run was preempted to make room for other work: until it
+    /// is placed again it holds no place on its pinned host (else it
+    /// would take back the room it was preempted for, again and again).
+    pub gave_way: bool,
     /// Earlier runs, newest first. Boxed: a thin pointer per task (most
     /// tasks never restart).
     #[allow(clippy::box_collection)]
@@ -473,6 +477,7 @@ impl Task {
             orphan: false,
             config: 1,
             daemon_host: None,
+            gave_way: false,
             history: None,
             dirty: false,
         }

@@ -11,7 +11,8 @@
 //!   included);
 //! - otherwise: the volume's disk, plus the instance's whole request while
 //!   it is going to run again (waiting, queued, backing off) — so its next
-//!   run finds its place free.
+//!   run finds its place free — unless its last run was preempted to make
+//!   room for other work (`Task::gave_way`).
 
 use std::sync::Arc;
 
@@ -260,6 +261,7 @@ impl Lifecycle {
         }
         let mut amount = Resources::new(0, 0, volume, 0);
         let coming_back = !job.kill_requested
+            && !t.gave_way
             && matches!(
                 t.state,
                 S::Initialized
@@ -513,7 +515,7 @@ impl Lifecycle {
     }
 
     /// A daemon job's instance count is the number of hosts it is on.
-    fn sync_daemon_count(&mut self, k: JobKey) {
+    pub(super) fn sync_daemon_count(&mut self, k: JobKey) {
         let job = self.job_mut(k);
         job.plan.instance_count =
             job.tasks.iter().filter(|t| t.daemon_host.is_some()).count() as u32;

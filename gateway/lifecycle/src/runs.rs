@@ -411,6 +411,7 @@ impl Lifecycle {
             let t = &mut job.tasks[i as usize];
             t.host = Some(host);
             t.placed_at = now;
+            t.gave_way = false;
             let run = t.run;
             self.transition(k, i, S::Placed, None, fx);
             // The Placed event's revision names the launch: unique for the
@@ -464,6 +465,7 @@ impl Lifecycle {
                 && self.end_run(engine, k, i, S::Preempted, &reason, fx)
             {
                 preempted_any = true;
+                self.job_mut(k).tasks[i as usize].gave_way = true;
                 self.restart_after_loss(engine, k, i, fx);
             }
         }
@@ -495,6 +497,7 @@ impl Lifecycle {
                 if let Some((k, i)) = self.instance_of(engine, v.task)
                     && self.end_run(engine, k, i, S::Preempted, &reason, fx)
                 {
+                    self.job_mut(k).tasks[i as usize].gave_way = true;
                     self.restart_after_loss(engine, k, i, fx);
                 }
             }

@@ -120,6 +120,9 @@ pub struct Sim {
     pub n_launches: u64,
     /// Kills dispatched so far.
     pub n_kills: u64,
+    /// Volume deletions sent to hosts (host, volume id), oldest first
+    /// (the driver takes them after each operation).
+    pub volume_deletes: Vec<(Arc<str>, Arc<str>)>,
     /// The last event revision published.
     last_revision: u64,
 }
@@ -214,6 +217,7 @@ impl Sim {
             quiet: false,
             n_launches: 0,
             n_kills: 0,
+            volume_deletes: Vec::new(),
             last_revision: 0,
         }
     }
@@ -296,6 +300,7 @@ impl Sim {
         }
         for (host, id) in std::mem::take(&mut self.fx.volume_deletes) {
             self.say(format!("  delete volume {id} @{host}"));
+            self.volume_deletes.push((host.clone(), id.clone()));
             if let Some(a) = self.agents.get_mut(&host)
                 && a.connected
             {
@@ -307,6 +312,7 @@ impl Sim {
         let launches = std::mem::take(&mut self.fx.launches);
         let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
         for l in launches {
+            self.check_launch_volume(&l);
             self.say(format!(
                 "  launch {}/{}#{} @{} config {}{}",
                 l.job_id,
@@ -388,6 +394,37 @@ impl Sim {
             self.commit();
         }
         self.check_no_double_runs();
+    }
+
+    /// A launch of an instance with a volume goes to its volume's host
+    /// and names that volume; one of a task with a volume carries it.
+    fn check_launch_volume(&self, l: &crate::Launch) {
+        let Some(job) = self.core.job(l.run.job) else {
+            return;
+        };
+        let i = l.run.instance;
+        if let Some(v) = self.core.volume_of(l.run.job, i) {
+            assert_eq!(
+                (self.core.host_name(v.host), Some(&v.id)),
+                (&l.host, l.volume.as_ref().map(|(id, _)| id)),
+                "{}/{i} is launched on {} with {:?}, its volume is {} on {}\n{}",
+                l.job_id,
+                l.host,
+                l.volume,
+                v.id,
+                self.core.host_name(v.host),
+                self.log
+            );
+        }
+        let wants = job.plan_of(l.config).template(i).volume.is_some();
+        assert_eq!(
+            wants,
+            l.volume.is_some(),
+            "{}/{i}: a launch carries a volume exactly when its task has one ({:?})\n{}",
+            l.job_id,
+            l.volume,
+            self.log
+        );
     }
 
     fn write_rows(&mut self) {

@@ -1802,3 +1802,341 @@ fn a_daemon_evicts_preemptible_work_on_its_host() {
         "#]],
     );
 }
+
+/// Found by the model-based driver (`sim::ops`): a daemon that fits
+/// nowhere evicts a preemptible stateful instance from its host; the
+/// instance, pinned there, got its whole request reserved again while it
+/// came back, so it took back the room it was evicted for, and was evicted
+/// again, for ever. Now an instance preempted to make room holds only its
+/// volume's disk until it is placed again, and the daemon gets the room.
+#[test]
+fn a_daemon_keeps_the_room_it_evicted_a_stateful_instance_for() {
+    check(
+        r"
+        host h1 cpu=2 disk=10000
+        host h2 cpu=3 disk=10000
+        job s pool=/ n=2 cpu=1 volume=1000 service preemptible
+        cycle
+        job d pool=/ cpu=1 daemon
+        cycle                # d/0 evicts s/1 from h1
+        confirm
+        reserved h1          # s/1 holds only its volume's disk
+        cycle                # d/0 gets the room; s/1 waits for room on h1
+        confirm
+        cycle
+        reserved h1
+        ",
+        expect![[r#"
+            > host h1 cpu=2 disk=10000
+            > host h2 cpu=3 disk=10000
+            > job s pool=/ n=2 cpu=1 volume=1000 service preemptible
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#1 @h1 config 1 volume s-1-8 1000MiB
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > job d pool=/ cpu=1 daemon
+            d/0#1 pending
+            d/1#1 pending
+            job d pending
+            > cycle
+            d/0#1 ready
+            d/1#1 ready
+            d/1#1 placed @h2
+            d/1#1 launching @h2
+            d/0#1 placing
+            s/1#1 preempted @h1 (preempted: daemon d/0 needs room on host h1)
+              launch d/1#1 @h2 config 1
+              kill s/1#1 @h1
+            d/1#1 running @h2
+            job d running
+            > confirm
+            s/1#2 initialized
+            s/1#2 pending
+            > reserved h1
+              reserved @h1: cpu=0 memory=0 disk=1000 gpu=0; free: cpu=1000 memory=4032 disk=8000 gpu=0
+            > cycle
+            s/1#2 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+            s/1#2 placing
+              launch d/0#1 @h1 config 1
+            d/0#1 running @h1
+            > confirm
+            > cycle
+            > reserved h1
+              reserved @h1: cpu=0 memory=0 disk=1000 gpu=0; free: cpu=0 memory=3968 disk=8000 gpu=0
+        "#]],
+    );
+}
+
+/// Found by the model-based driver: a preemptible daemon evicts a
+/// preemptible stateful instance of higher priority from its host; the
+/// instance, pinned there, then evicted the daemon by the intra-pool rule
+/// (same pool, lower priority), and so on for ever. A daemon is never
+/// evicted for another pinned task (the engine's rule, now kept by its
+/// intra-pool planner too): the stateful instance waits for room.
+#[test]
+fn a_pinned_task_never_evicts_a_daemon() {
+    check(
+        r"
+        host h1 cpu=2 disk=10000
+        host h2 cpu=3 disk=10000
+        job s pool=/ n=1 cpu=1 volume=1000 priority=1 preemptible
+        job t pool=/ n=1 cpu=1
+        cycle
+        job d pool=/ cpu=1 daemon preemptible
+        cycle                # d evicts s (preemptible, any pool and priority)
+        confirm
+        cycle                # d runs; s waits for room on its host
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=2 disk=10000
+            > host h2 cpu=3 disk=10000
+            > job s pool=/ n=1 cpu=1 volume=1000 priority=1 preemptible
+            s/0#1 pending
+            job s pending
+            > job t pool=/ n=1 cpu=1
+            t/0#1 pending
+            job t pending
+            > cycle
+            s/0#1 ready
+            t/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            t/0#1 placed @h1
+            t/0#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-7 1000MiB
+              launch t/0#1 @h1 config 1
+            s/0#1 running @h1
+            t/0#1 running @h1
+            job s running
+            job t running
+            > job d pool=/ cpu=1 daemon preemptible
+            d/0#1 pending
+            d/1#1 pending
+            job d pending
+            > cycle
+            d/0#1 ready
+            d/1#1 ready
+            d/1#1 placed @h2
+            d/1#1 launching @h2
+            d/0#1 placing
+            s/0#1 preempted @h1 (preempted: daemon d/0 needs room on host h1)
+            job s pending
+              launch d/1#1 @h2 config 1
+              kill s/0#1 @h1
+            d/1#1 running @h2
+            job d running
+            > confirm
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+            s/0#2 placing
+              launch d/0#1 @h1 config 1
+            d/0#1 running @h1
+            > cycle
+        "#]],
+    );
+}
+
+/// Found by the model-based driver: rolling back an update of a daemon
+/// job scaled it to the instance count of the old spec (here the count it
+/// was created with, though no host matched), which added an instance
+/// bound to no host: it was queued unpinned, to run on any host it
+/// matches, beside the host's own instance. A daemon's count follows the
+/// hosts, in a rollback too.
+#[test]
+fn rolling_back_a_daemon_update_adds_no_instance() {
+    check(
+        r"
+        host h1 cpu=4 zone=a
+        job d pool=/ cpu=1 daemon constraint=zone_==_b
+        cycle
+        update d u1 cpu=2
+        rollback u1
+        cycle
+        host h2 cpu=4 zone=b
+        cycle                # one instance, on h2
+        ",
+        expect![[r#"
+            > host h1 cpu=4 zone=a
+            > job d pool=/ cpu=1 daemon constraint=zone_==_b
+            job d pending
+            > cycle
+            > update d u1 cpu=2
+            update u1 v1->v2 succeeded cursor=0 batch={} failed={} done=0
+            > rollback u1
+            update u1 v1->v2 rolled_back cursor=0 batch={} failed={} done=0 (rolled back by request)
+            > cycle
+            > host h2 cpu=4 zone=b
+            > cycle
+            d/0#1 pending
+            d/0#1 ready
+            d/0#1 placed @h2
+            d/0#1 launching @h2
+              launch d/0#1 @h2 config 1
+            d/0#1 running @h2
+            job d running
+        "#]],
+    );
+}
+
+/// Found by the model-based driver: an update gave a waiting stateful
+/// instance its new spec without a transition, so the place reserved for
+/// it on its volume's host kept the old request (here 1 cpu held for a
+/// task of 2, which then may not fit in the place kept for it). The
+/// reservation follows the instance's spec.
+#[test]
+fn an_update_resizes_the_place_kept_for_a_waiting_stateful_instance() {
+    check(
+        r"
+        host h1 cpu=4 disk=10000
+        job s pool=/ n=2 cpu=1 volume=1000 service max_running=1 backoff=1000
+        cycle
+        exit s/0 1           # s/1 takes the running slot
+        cycle
+        tick 1000            # s/0 waits on h1, its place kept
+        cycle
+        reserved h1
+        update s u1 cpu=2
+        reserved h1          # its place is now 2 cpu
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=10000
+            > job s pool=/ n=2 cpu=1 volume=1000 service max_running=1 backoff=1000
+            s/0#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-4 1000MiB
+            s/0#1 running @h1
+            job s running
+            > exit s/0 1
+            s/0#1 failed @h1 (exited with code 1)
+            s/0#1 backoff @h1 (exited with code 1)
+            s/1#1 pending
+            > cycle
+            s/1#1 ready
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/1#1 @h1 config 1 volume s-1-12 1000MiB
+            s/1#1 running @h1
+            > tick 1000
+            s/0#2 initialized
+            > cycle
+            > reserved h1
+              reserved @h1: cpu=1000 memory=64 disk=1000 gpu=0; free: cpu=2000 memory=3968 disk=8000 gpu=0
+            > update s u1 cpu=2
+            update u1 v1->v2 rolling_forward cursor=1 batch={0} failed={} done=0
+            > reserved h1
+              reserved @h1: cpu=2000 memory=64 disk=1000 gpu=0; free: cpu=1000 memory=3968 disk=8000 gpu=0
+        "#]],
+    );
+}
+
+/// Found by the model-based driver (with more cases): an instance failed
+/// on the update's new spec (tolerated: max_failed=1) and was then killed
+/// by its user; as a failed instance still down it kept taking the
+/// update's only batch slot, so the update never moved on to the next
+/// instance and never ended. An instance its user stopped is not the
+/// update's to wait for, failed or not.
+#[test]
+fn an_update_moves_on_past_a_failed_instance_its_user_killed() {
+    check(
+        r"
+        host h1 cpu=4
+        job s pool=/ n=2 cpu=1 service health
+        cycle
+        healthy s/0
+        healthy s/1
+        update s u1 cpu=1 mem=128 batch=1 max_failed=1
+        confirm
+        cycle
+        unhealthy s/0        # fails on the new spec: tolerated
+        confirm
+        kill s/0             # its user stops it: the update goes on with s/1
+        cycle
+        confirm
+        cycle
+        healthy s/1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job s pool=/ n=2 cpu=1 service health
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > update s u1 cpu=1 mem=128 batch=1 max_failed=1
+            update u1 v1->v2 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+              launch s/0#2 @h1 config 2
+            s/0#2 running @h1
+            > unhealthy s/0
+            update u1 v1->v2 rolling_forward cursor=1 batch={} failed={0} done=0
+            s/0#2 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#2 failed @h1 (unhealthy: check failed)
+            s/0#2 backoff @h1 (unhealthy: check failed)
+              kill s/0#2 @h1
+            > confirm
+            > kill s/0
+            update u1 v1->v2 rolling_forward cursor=2 batch={1} failed={0} done=0
+            s/0#2 killed @h1 (killed by request)
+            s/1#1 killed @h1 (updated to a new spec)
+              kill s/1#1 @h1
+            > cycle
+            > confirm
+            s/1#2 initialized
+            s/1#2 pending
+            > cycle
+            s/1#2 ready
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/1#2 @h1 config 2
+            s/1#2 running @h1
+            > healthy s/1
+            update u1 v1->v2 succeeded cursor=2 batch={} failed={0} done=1
+            s/1#2 running @h1 [Healthy]
+        "#]],
+    );
+}

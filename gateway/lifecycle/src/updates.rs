@@ -401,6 +401,8 @@ impl Lifecycle {
                 t.config = goal;
                 t.failures = 0;
                 self.mark_dirty(k, i, fx);
+                // (A place kept for it is resized.)
+                self.pin_changed(k, i);
                 if !stopped_by_user {
                     self.move_instance(engine, k, i, fx);
                 }
@@ -518,7 +520,10 @@ impl Lifecycle {
             job.version += 1;
             self.dirty_jobs.insert(k);
             let count = self.jobs[&k].plan.instance_count;
-            if count != self.jobs[&k].tasks.len() as u32 {
+            if self.jobs[&k].plan.kind == super::model::JobKind::Daemon {
+                // A daemon's count follows the hosts, not the old spec.
+                self.sync_daemon_count(k);
+            } else if count != self.jobs[&k].tasks.len() as u32 {
                 // New instances start on the job's config: `from` again.
                 self.scale_to(engine, k, count, "rolled back to fewer instances", fx);
             }
@@ -603,11 +608,12 @@ impl Lifecycle {
             return;
         }
         // Start more, up to the batch size. Instances that failed on the new
-        // spec and are still down count against it too.
+        // spec and are still down count against it too (but not once their
+        // user stopped them: the update does not wait for those).
         let failed_down = self.updates[id]
             .failed
             .iter()
-            .filter(|&&i| i < n && !self.instance_done(k, i, goal))
+            .filter(|&&i| i < n && !self.instance_done(k, i, goal) && !self.stopped_by_user(k, i))
             .count() as u32;
         loop {
             let u = &self.updates[id];
@@ -627,6 +633,7 @@ impl Lifecycle {
             t.config = goal;
             t.failures = 0;
             self.mark_dirty(k, i, fx);
+            self.pin_changed(k, i);
             if stopped_by_user {
                 // It takes the new spec whenever it is restarted.
                 continue;
