@@ -8,7 +8,8 @@
 //! every step for the instances whose state changed:
 //! - a run of the instance holds the host (placed, launching, running, or
 //!   stopping there): nothing (the run's task holds it all, volume
-//!   included);
+//!   included) — but for a run recovered after a restart and not yet
+//!   reported by its agent, which has no engine task: its whole request;
 //! - otherwise: the volume's disk, plus the instance's whole request while
 //!   it is going to run again (waiting, queued, backing off) — so its next
 //!   run finds its place free — unless its last run was preempted to make
@@ -254,11 +255,17 @@ impl Lifecycle {
             // Scaled away: its volume stays until it is deleted.
             return (volume > 0).then(|| (slot, Resources::new(0, 0, volume, 0)));
         };
-        let holds_host = ((t.state.on_host() || t.orphan) && t.host == Some(slot))
-            || self.held.get(&(k, i)).is_some_and(|h| h.host == Some(slot));
-        if holds_host {
+        // A run there holds it with its engine task (its request and the
+        // volume's disk). One recovered after a restart and not reported
+        // yet (an orphan, or a held run without an engine task) holds
+        // nothing in the engine: its place is reserved until its agent
+        // reports it (adoption takes the reservation).
+        let current_there = t.state.on_host() && t.host == Some(slot);
+        let held_there = self.held.get(&(k, i)).filter(|h| h.host == Some(slot));
+        if (current_there && t.handle.is_some()) || held_there.is_some_and(|h| h.handle.is_some()) {
             return None;
         }
+        let unseen = (current_there && t.orphan) || held_there.is_some();
         let mut amount = Resources::new(0, 0, volume, 0);
         let coming_back = !job.kill_requested
             && !t.gave_way
@@ -272,7 +279,7 @@ impl Lifecycle {
                     | S::Lost
                     | S::Preempted
             );
-        if coming_back {
+        if coming_back || unseen {
             let mut request = job.template(i).request;
             request.0[Dim::Gpu.idx()] = 0;
             // With the volume's disk: exactly what its next task asks for.

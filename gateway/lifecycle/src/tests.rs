@@ -2140,3 +2140,64 @@ fn an_update_moves_on_past_a_failed_instance_its_user_killed() {
         "#]],
     );
 }
+
+/// Found by the model-based driver: after a restart, a stateful
+/// instance's run that its agent had not reported yet (here killed
+/// meanwhile, its end unconfirmed) held no engine task, and no place was
+/// reserved for it either: its volume's disk looked free, and another
+/// stateful job's volume was put there, more than the disk holds (the
+/// killed job's volume could then not be reserved at all). Such a run's
+/// place is reserved until its agent reports it.
+#[test]
+fn a_recovered_stateful_run_keeps_its_volume_disk() {
+    check(
+        r"
+        host h1 cpu=4 disk=4000
+        job s pool=/ n=1 cpu=1 volume=3000 service
+        cycle
+        crash
+        reserved h1          # the run's place, until its agent reports it
+        kill s               # its agent is away: the end waits
+        register h1          # it still runs: killed again
+        reserved h1
+        job t pool=/ n=1 cpu=1 volume=3000 service
+        cycle                # no room for t's volume on h1
+        confirm
+        reserved h1          # s's volume stays held
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=4000
+            > job s pool=/ n=1 cpu=1 volume=3000 service
+            s/0#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-4 3000MiB
+            s/0#1 running @h1
+            job s running
+            > crash
+            > reserved h1
+              reserved @h1: cpu=1000 memory=64 disk=3000 gpu=0; free: cpu=3000 memory=4032 disk=1000 gpu=0
+            > kill s
+            s/0#1 killed @h1 (job killed)
+            job s killing
+              kill s/0#1 @h1
+            > register h1
+              kill s/0#1 @h1
+            > reserved h1
+              reserved @h1: cpu=1000 memory=64 disk=3000 gpu=0; free: cpu=3000 memory=4032 disk=1000 gpu=0
+            > job t pool=/ n=1 cpu=1 volume=3000 service
+            t/0#1 pending
+            job t pending
+            > cycle
+            t/0#1 ready
+            t/0#1 placing
+            > confirm
+            job s killed
+            > reserved h1
+              reserved @h1: cpu=0 memory=0 disk=3000 gpu=0; free: cpu=4000 memory=4096 disk=1000 gpu=0
+        "#]],
+    );
+}

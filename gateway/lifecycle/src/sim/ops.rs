@@ -848,11 +848,17 @@ impl Driver {
                 });
                 if r.is_ok() {
                     // The shell sets it again whenever the host registers
-                    // (as it does host pools): so does its agent here.
-                    let spec = self.sim.agents.get_mut(&host).and_then(|a| a.spec.as_mut());
-                    let spec = spec.expect("a registered host");
-                    spec.attributes.retain(|(k, _)| k != "zone");
-                    spec.attributes.push(("zone".into(), zone.into()));
+                    // and at recovery (as it does host pools): here its
+                    // agent registers with it, and the store has it.
+                    let set = |spec: &mut peloton_engine::host::HostSpec| {
+                        spec.attributes.retain(|(k, _)| k != "zone");
+                        spec.attributes.push(("zone".into(), zone.into()));
+                    };
+                    let agent = self.sim.agents.get_mut(&host).and_then(|a| a.spec.as_mut());
+                    set(agent.expect("a registered host"));
+                    if let Some((spec, _)) = self.sim.store.hosts.get_mut(&*host) {
+                        set(spec);
+                    }
                     self.zones.insert(host, zone);
                 }
             }
@@ -1518,6 +1524,30 @@ impl Driver {
             ids,
             "the store has the core's volumes"
         );
+        // A volume's disk stays held on its host while no engine task of
+        // its instance (current or stopping) holds it.
+        for v in core.volumes() {
+            let on_host = core
+                .job(v.job)
+                .and_then(|j| j.tasks.get(v.instance as usize));
+            let current = on_host
+                .is_some_and(|t| t.state.on_host() && t.handle.is_some() && t.host == Some(v.host));
+            let held = core
+                .held(v.job, v.instance)
+                .is_some_and(|h| h.handle.is_some() && h.host == Some(v.host));
+            if current || held {
+                continue;
+            }
+            let held = sim.engine.reservation(v.job.0, v.instance);
+            assert!(
+                held.is_some_and(|(slot, amount)| slot == v.host.0
+                    && amount.0[peloton_engine::Dim::Disk.idx()] >= v.size_mb),
+                "volume {} on {}, not in use, has {held:?} reserved\n{}",
+                v.id,
+                core.host_name(v.host),
+                self.describe()
+            );
+        }
         for (k, job) in core.jobs_by_id("") {
             for (i, t) in job.tasks.iter().enumerate() {
                 let i = i as u32;
