@@ -430,6 +430,8 @@ impl Lifecycle {
             }
             fx.counters.tasks_accepted += u64::from(count - n);
             self.need_fill.insert(k);
+            // One scaled back to its volume has its place kept there.
+            (n..count).for_each(|i| self.pin_changed(k, i));
         }
         let job = self.job_mut(k);
         job.plan.instance_count = count;

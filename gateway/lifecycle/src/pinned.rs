@@ -199,47 +199,57 @@ impl Lifecycle {
     }
 
     /// Brings the engine's reservations of the pinned instances that
-    /// changed in this step up to date.
+    /// changed in this step up to date. One that does not fit (its room
+    /// taken meanwhile) holds what it can and is tried again after the
+    /// next step.
     pub(super) fn sync_reservations(&mut self, engine: &mut Engine) {
         if self.pin_dirty.is_empty() {
             return;
         }
         let mut dirty: Vec<(JobKey, u32)> = self.pin_dirty.drain().collect();
         dirty.sort_unstable();
-        for (k, i) in dirty {
-            let want = self.wanted_reservation(k, i);
-            let have = engine.reservation(k.0, i);
-            match want {
-                None => {
-                    if have.is_some() {
-                        engine.clear_reservation(k.0, i);
-                        self.needs_cycle = true;
-                    }
-                }
-                Some((slot, amount)) => {
-                    if have == Some((slot.0, amount)) {
-                        continue;
-                    }
-                    let Some(id) = engine.hosts().lookup_slot(slot.idx()) else {
-                        engine.clear_reservation(k.0, i);
-                        continue;
-                    };
-                    if engine.set_reservation(k.0, i, id, amount).is_err() {
-                        // Taken meanwhile (e.g. while the instance was
-                        // unpinned): hold at least the volume's disk.
-                        let volume = self
-                            .volumes
-                            .get(&(k, i))
-                            .filter(|v| v.host == slot)
-                            .map_or(Resources::ZERO, |v| Resources::new(0, 0, v.size_mb, 0));
-                        if engine.set_reservation(k.0, i, id, volume).is_err() {
-                            engine.clear_reservation(k.0, i);
-                        }
-                    }
-                    self.needs_cycle = true;
-                }
+        dirty.retain(|&(k, i)| !self.sync_reservation(engine, k, i));
+        // Room freed later in the pass (a reservation given up) is theirs.
+        dirty.retain(|&(k, i)| !self.sync_reservation(engine, k, i));
+        self.pin_dirty.extend(dirty);
+    }
+
+    /// Sets the engine's reservation of one pinned instance; false if what
+    /// it wants does not fit (it then holds at least its volume's disk).
+    fn sync_reservation(&mut self, engine: &mut Engine, k: JobKey, i: u32) -> bool {
+        let want = self.wanted_reservation(k, i);
+        let have = engine.reservation(k.0, i);
+        let Some((slot, amount)) = want else {
+            if have.is_some() {
+                engine.clear_reservation(k.0, i);
+                self.needs_cycle = true;
+            }
+            return true;
+        };
+        if have == Some((slot.0, amount)) {
+            return true;
+        }
+        let Some(id) = engine.hosts().lookup_slot(slot.idx()) else {
+            engine.clear_reservation(k.0, i);
+            return true;
+        };
+        let fits = engine.set_reservation(k.0, i, id, amount).is_ok();
+        if !fits {
+            // Taken meanwhile (e.g. while the instance was unpinned): hold
+            // at least the volume's disk.
+            let volume = self
+                .volumes
+                .get(&(k, i))
+                .filter(|v| v.host == slot)
+                .map_or(Resources::ZERO, |v| Resources::new(0, 0, v.size_mb, 0));
+            if engine.set_reservation(k.0, i, id, volume).is_err() {
+                engine.clear_reservation(k.0, i);
             }
         }
+        if engine.reservation(k.0, i) != have {
+            self.needs_cycle = true;
+        }
+        fits
     }
 
     /// What should be held for an instance, and where.
@@ -251,18 +261,21 @@ impl Lifecycle {
             .get(&(k, i))
             .filter(|v| v.host == slot)
             .map_or(0, |v| v.size_mb);
-        let Some(t) = job.tasks.get(i as usize) else {
-            // Scaled away: its volume stays until it is deleted.
-            return (volume > 0).then(|| (slot, Resources::new(0, 0, volume, 0)));
-        };
         // A run there holds it with its engine task (its request and the
         // volume's disk). One recovered after a restart and not reported
         // yet (an orphan, or a held run without an engine task) holds
         // nothing in the engine: its place is reserved until its agent
         // reports it (adoption takes the reservation).
-        let current_there = t.state.on_host() && t.host == Some(slot);
         let held_there = self.held.get(&(k, i)).filter(|h| h.host == Some(slot));
-        if (current_there && t.handle.is_some()) || held_there.is_some_and(|h| h.handle.is_some()) {
+        if held_there.is_some_and(|h| h.handle.is_some()) {
+            return None;
+        }
+        let Some(t) = job.tasks.get(i as usize) else {
+            // Scaled away: its volume stays until it is deleted.
+            return (volume > 0).then(|| (slot, Resources::new(0, 0, volume, 0)));
+        };
+        let current_there = t.state.on_host() && t.host == Some(slot);
+        if current_there && t.handle.is_some() {
             return None;
         }
         let unseen = (current_there && t.orphan) || held_there.is_some();

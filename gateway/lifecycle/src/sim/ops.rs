@@ -1587,6 +1587,52 @@ impl Driver {
                 );
             }
         }
+        // A pinned instance coming back (waiting, queued, backing off)
+        // has its whole next request reserved on its host, unless it gave
+        // its place up (preempted for room) or it does not fit there.
+        for (k, job) in core.jobs_by_id("") {
+            if job.kill_requested {
+                continue;
+            }
+            for (i, t) in job.tasks.iter().enumerate() {
+                let i = i as u32;
+                let Some(slot) = core.pin_of(k, i) else {
+                    continue;
+                };
+                let coming_back = matches!(
+                    t.state,
+                    TaskState::Initialized
+                        | TaskState::Pending
+                        | TaskState::Ready
+                        | TaskState::Placing
+                        | TaskState::Backoff
+                        | TaskState::Lost
+                        | TaskState::Preempted
+                );
+                if !coming_back || t.gave_way || core.held(k, i).is_some() {
+                    continue;
+                }
+                let tmpl = job.template(i);
+                let mut want = tmpl.request;
+                want.0[peloton_engine::Dim::Gpu.idx()] = 0;
+                if let Some(v) = core.volume_of(k, i).filter(|v| v.host == slot) {
+                    want.0[peloton_engine::Dim::Disk.idx()] += v.size_mb;
+                }
+                let have = sim.engine.reservation(k.0, i);
+                let mut room = sim.engine.hosts().free(slot.idx());
+                if let Some((_, amount)) = have {
+                    room.add_assign(&amount);
+                }
+                assert!(
+                    have == Some((slot.0, want)) || !want.fits_in(&room),
+                    "{}/{i} ({:?}) has {have:?} reserved, wants {want} on {} (room {room})\n{}",
+                    job.id,
+                    t.state,
+                    core.host_name(slot),
+                    self.describe()
+                );
+            }
+        }
         for ((job, i), (slot, amount)) in sim.engine.reservations() {
             let k = JobKey(job);
             let j = core.job(k).unwrap_or_else(|| {
