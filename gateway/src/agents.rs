@@ -255,7 +255,6 @@ impl HostBackend for AgentBackend {
                         size_mb: *size_mb,
                     }),
                     secrets: l.secrets.as_deref().map(<[_]>::to_vec).unwrap_or_default(),
-                    ..Default::default()
                 });
         }
         let mut hosts: Vec<_> = by_host.into_iter().collect();

@@ -16,7 +16,7 @@ use peloton_engine::Engine;
 use peloton_engine::host::HostState;
 
 use super::effects::{Effects, Kill, RowKey};
-use super::model::{Health, HostSlot, JobKey, JobKind, RunRef, TaskState as S};
+use super::model::{Health, HostSlot, JobKey, JobKind, LaunchId, RunRef, TaskState as S};
 use super::{
     AgentHost, Answer, Error, Held, HostRegistration, Lifecycle, RunPhase, RunReport, RunStatus,
     TaskUpdate, TimerKind,
@@ -445,6 +445,71 @@ impl Lifecycle {
         Ok(Answer::Done)
     }
 
+    /// A live run a host reports that is not its instance's current run
+    /// (its host was lost, and came back): if the instance is pinned to
+    /// that host (its volume is there) or belongs to a daemon job, the run
+    /// is held — told to stop, and the instance's next run waits until
+    /// the host confirms its end, so two runs never share a volume or a
+    /// host's daemon slot. Returns whether it was held (and its kill sent).
+    fn hold_stale_run(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        slot: HostSlot,
+        launch: LaunchId,
+        fx: &mut Effects,
+    ) -> bool {
+        let job = &self.jobs[&k];
+        let Some(t) = job.tasks.get(i as usize) else {
+            return false;
+        };
+        let pinned_here = self.pin_of(k, i) == Some(slot) || job.plan.kind == JobKind::Daemon;
+        if !pinned_here || self.held.contains_key(&(k, i)) || t.state.on_host() || t.orphan {
+            return false;
+        }
+        let state = t.state;
+        let job = self.job_mut(k);
+        job.held += 1;
+        job.active += 1;
+        self.held.insert(
+            (k, i),
+            Held {
+                launch,
+                handle: None,
+                host: Some(slot),
+                restart: false,
+                preempted: false,
+            },
+        );
+        self.mark_dirty(k, i, fx);
+        self.pin_changed(k, i);
+        self.dirty_jobs.insert(k);
+        let job = &self.jobs[&k];
+        fx.kills.push(Kill {
+            run: RunRef {
+                job: k,
+                instance: i,
+                run: job.tasks[i as usize].run,
+                launch,
+            },
+            host: self.host_names[slot.idx()].clone(),
+            job_id: job.id.clone(),
+            grace_ms: job.template(i).kill_grace_ms,
+        });
+        if matches!(state, S::Pending | S::Ready | S::Placing) {
+            // Queued for this host: back to wait for the old run's end.
+            let reason = format!(
+                "waiting for its earlier run on host {} to end",
+                self.host_names[slot.idx()]
+            );
+            if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
+                self.new_run(k, i, fx);
+            }
+        }
+        true
+    }
+
     pub(super) fn agent_reports(
         &mut self,
         engine: &mut Engine,
@@ -524,8 +589,21 @@ impl Lifecycle {
             .is_some_and(|t| t.launch == run.launch && t.state.on_host() && t.host == Some(slot));
         if !current {
             if !ended {
-                // Replaced by a newer run, or its instance is gone.
-                kill(fx, k);
+                // Replaced by a newer run, or its instance is gone. A
+                // pinned instance's old run on its host is held: the next
+                // run waits for its end (they would share the volume).
+                if !self.hold_stale_run(engine, k, i, slot, run.launch, fx) {
+                    let grace = self.jobs[&k]
+                        .tasks
+                        .get(i as usize)
+                        .map_or(10_000, |_| self.jobs[&k].template(i).kill_grace_ms);
+                    fx.kills.push(Kill {
+                        run,
+                        host: host.clone(),
+                        job_id: key.job_id.clone(),
+                        grace_ms: grace,
+                    });
+                }
             }
             return;
         }

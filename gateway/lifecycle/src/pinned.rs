@@ -401,8 +401,11 @@ impl Lifecycle {
 
     /// Hosts a daemon job should have an instance on: up hosts its task
     /// may use (constraint, host rules). A draining host keeps its daemon
-    /// until the rest of its work is gone (`drain` retires it last); a
-    /// host that is down loses it.
+    /// until the rest of its work is gone (`drain` retires it last); so
+    /// does an agent host whose agent is away but not lost yet (an agent
+    /// restart must not replace its daemons); a host lost or down for
+    /// maintenance loses it. A host where a run of the job is still
+    /// stopping gets no new instance until it is gone.
     fn daemon_hosts(&self, engine: &mut Engine, k: JobKey) -> roaring::RoaringBitmap {
         let job = &self.jobs[&k];
         let t = &job.plan.default;
@@ -417,7 +420,21 @@ impl Lifecycle {
             .filter_map(|t| t.daemon_host)
             .map(|h| h.0)
             .collect();
-        hosts &= &(up | &(draining & &with_daemon));
+        let away: roaring::RoaringBitmap = self
+            .agent_hosts
+            .iter()
+            .filter(|(s, a)| !a.connected && !a.lost && !self.maintenance.contains(s))
+            .map(|(s, _)| s.0)
+            .collect();
+        hosts &= &(up | &((draining | &away) & &with_daemon));
+        for (&(hk, _), h) in &self.held {
+            if hk == k
+                && let Some(s) = h.host
+                && !with_daemon.contains(s.0)
+            {
+                hosts.remove(s.0);
+            }
+        }
         hosts
     }
 

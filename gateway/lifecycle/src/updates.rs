@@ -441,9 +441,15 @@ impl Lifecycle {
             .get(id)
             .ok_or_else(|| Error::UpdateNotFound(id.to_string()))?;
         let (k, state) = (u.job, u.state);
-        let Some(job) = self.jobs.get(&k) else {
+        if !self.jobs.contains_key(&k) {
             return Err(Error::UpdateNotFound(id.to_string()));
-        };
+        }
+        if matches!(action, UpdateAction::Resume | UpdateAction::Rollback) {
+            // Both start instances again: the job's pool must still be a
+            // leaf (it may have got child pools since).
+            self.check_job_pool(engine, k)?;
+        }
+        let job = &self.jobs[&k];
         let latest = job.latest_update().is_some_and(|l| &**l == id);
         let refuse = |what: &str| {
             Err(Error::Precondition(format!(

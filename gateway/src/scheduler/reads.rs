@@ -518,7 +518,6 @@ pub(super) fn list_hosts(
                 None => "simulated".into(),
             },
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
-            ..Default::default()
         });
     }
     if more {
