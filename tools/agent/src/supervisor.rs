@@ -285,6 +285,9 @@ pub struct Supervisor {
     sandboxes: PathBuf,
     /// `WORK_DIR/volumes` (see `volumes`).
     volumes: PathBuf,
+    /// Volumes the server deleted while a live run still used them: they
+    /// go when that run ends (an old run that outlived its host's loss).
+    doomed_volumes: std::collections::BTreeSet<String>,
     runs: HashMap<RunId, Run>,
     ports: PortAllocator,
     outbox: Outbox,
@@ -331,6 +334,7 @@ impl Supervisor {
             config,
             sandboxes,
             volumes,
+            doomed_volumes: Default::default(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
             unreaped: Vec::new(),
@@ -699,6 +703,22 @@ impl Supervisor {
             }
         }
         self.commit(run);
+        if let Some(id) = run.record.volume.clone()
+            && self.doomed_volumes.contains(&id)
+            && !self.runs.values().any(|r| {
+                r.record.key != run.record.key
+                    && !r.record.report.phase.is_final()
+                    && r.record.volume.as_deref() == Some(id.as_str())
+            })
+        {
+            self.doomed_volumes.remove(&id);
+            // Renamed to trash now (gone from the agent's list); the data
+            // goes with the next garbage collection.
+            match volumes::to_trash(&self.volumes, &id) {
+                Ok(_) => tracing::info!(volume = %id, "volume deleted after its last run ended"),
+                Err(e) => tracing::warn!(volume = %id, error = %e, "cannot delete the volume"),
+            }
+        }
     }
 
     /// Looks at every live run once: started? exited? wrapper gone? kill
@@ -992,11 +1012,12 @@ impl Supervisor {
                 !run.record.report.phase.is_final() && run.record.volume.as_deref() == Some(id)
             });
             if let Some(run) = user {
-                tracing::warn!(
+                tracing::info!(
                     volume = %id,
                     run = %run.record.key.sandbox_name(),
-                    "not deleting a volume that a live run uses"
+                    "a live run uses the volume: deleted once that run ends"
                 );
+                self.doomed_volumes.insert(id.clone());
                 continue;
             }
             match volumes::to_trash(&self.volumes, id) {
