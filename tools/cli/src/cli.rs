@@ -117,6 +117,10 @@ pub enum JobCommand {
         /// Show progress until the job ends; exit 3 unless it succeeded.
         #[arg(long)]
         wait: bool,
+        /// A secret from a file (repeatable): delivered only to the job's
+        /// tasks, as `$PELOTON_SECRETS/NAME` (mode 0600); never shown.
+        #[arg(long = "secret", value_name = "NAME=FILE", value_parser = parse_secret)]
+        secrets: Vec<(String, PathBuf)>,
     },
     /// Show one job.
     Get { id: String },
@@ -177,6 +181,13 @@ pub struct UpdateArgs {
     /// Return at once instead of showing progress until the update ends.
     #[arg(long)]
     pub no_wait: bool,
+    /// Replace the job's secrets with these (repeatable). Without any, the
+    /// job keeps the secrets it has.
+    #[arg(long = "secret", value_name = "NAME=FILE", value_parser = parse_secret)]
+    pub secrets: Vec<(String, PathBuf)>,
+    /// Remove every secret of the job.
+    #[arg(long, conflicts_with = "secrets")]
+    pub clear_secrets: bool,
     #[command(flatten)]
     pub version: VersionArg,
 }
@@ -328,6 +339,15 @@ pub struct WatchArgs {
 }
 
 /// Parses `key=value`; the value may contain `=`, the key may not be empty.
+pub fn parse_secret(text: &str) -> Result<(String, PathBuf), String> {
+    match text.split_once('=') {
+        Some((name, file)) if !name.is_empty() && !file.is_empty() => {
+            Ok((name.to_owned(), PathBuf::from(file)))
+        }
+        _ => Err(format!("expected NAME=FILE, got `{text}`")),
+    }
+}
+
 pub fn parse_label(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),

@@ -4,6 +4,7 @@
 
 use peloton_proto::v1::{
     Health, HostState, JobState, JobType, PlacementStrategy, PoolKind, TaskState, UpdateState,
+    VolumeLossPolicy,
 };
 
 /// A protobuf enum whose values the CLI names.
@@ -81,6 +82,12 @@ proto_enum!(
     [Batch, Service, Stateful, Daemon]
 );
 proto_enum!(PoolKind, "POOL_KIND_", "pool kind", [Elastic, Static]);
+proto_enum!(
+    VolumeLossPolicy,
+    "VOLUME_LOSS_POLICY_",
+    "volume loss policy",
+    [Wait, Relocate]
+);
 proto_enum!(
     UpdateState,
     "UPDATE_STATE_",

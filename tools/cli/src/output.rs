@@ -308,6 +308,10 @@ pub fn task_spec_json(spec: Option<&TaskSpec>) -> Value {
         "sim": {"duration_ms": sim.duration_ms, "exit_code": sim.exit_code},
         "max_instances_per_host": spec.max_instances_per_host,
         "health_check": spec.health_check.as_ref().map(health_check_json),
+        "volume": spec.volume.as_ref().map(|v| json!({
+            "size_mb": v.size_mb,
+            "path": v.path,
+        })),
     })
 }
 
@@ -356,6 +360,10 @@ pub fn job_spec_json(spec: Option<&JobSpec>) -> Value {
             "name": s.name,
             "size": s.size,
         })).collect::<Vec<_>>(),
+        "stateful": spec.stateful.as_ref().map(|p| json!({
+            "host_down_timeout_ms": p.host_down_timeout_ms,
+            "on_host_down": enum_json::<peloton_proto::v1::VolumeLossPolicy>(p.on_host_down),
+        })),
     })
 }
 
@@ -413,6 +421,8 @@ pub fn task_json(task: &Task) -> Value {
         "stopping": task.stopping,
         "restart_when_stopped": task.restart_when_stopped,
         "config_version": task.config_version,
+        "volume_id": task.volume_id,
+        "pinned_host": task.pinned_host,
     })
 }
 
@@ -431,6 +441,7 @@ pub fn host_json(host: &Host) -> Value {
         "last_seen_ms": host.last_seen_ms,
         "isolation": host.isolation,
         "host_pool": host.host_pool,
+        "volumes_disk_mb": host.volumes_disk_mb,
     })
 }
 

@@ -374,7 +374,6 @@ impl TaskFile {
                 size_mb: v.size_mb,
                 path: v.path,
             }),
-            ..Default::default()
         }
     }
 }
@@ -505,6 +504,26 @@ fn from_yaml<T: serde::de::DeserializeOwned>(text: &str, origin: &str) -> Result
         origin: origin.to_owned(),
         kind: SpecErrorKind::Yaml(err),
     })
+}
+
+/// Secrets from files: (name, file) → the API's secrets.
+pub fn load_secrets(
+    files: &[(String, std::path::PathBuf)],
+) -> Result<Vec<peloton_proto::v1::Secret>, SpecError> {
+    files
+        .iter()
+        .map(|(name, path)| {
+            let value = std::fs::read(path).map_err(|err| SpecError {
+                origin: format!("secret {name} ({})", path.display()),
+                kind: SpecErrorKind::Read(err),
+            })?;
+            Ok(peloton_proto::v1::Secret {
+                name: name.clone(),
+                value,
+                size: 0,
+            })
+        })
+        .collect()
 }
 
 fn read(path: &Path) -> Result<String, SpecError> {

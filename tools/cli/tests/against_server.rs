@@ -343,3 +343,141 @@ async fn host_pools_through_the_cli() {
     assert_eq!(pools["pools"].as_array().unwrap().len(), 1, "{pools}");
     server.shutdown().await.unwrap();
 }
+
+/// Secrets from files, kept across an update without `--secret`, replaced
+/// or cleared on request; stateful and daemon examples with their volumes
+/// and one instance per host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_volumes_and_daemons_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), 3).await;
+    let url = format!("http://{}", server.addr);
+    let ex = examples();
+    let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
+    let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Secrets.
+    let token = dir.path().join("token");
+    std::fs::write(&token, b"s3cr3t-value").unwrap();
+    let secret = format!("token={}", token.display());
+    let job = ok_json(
+        &url,
+        &["job", "create", &ex("service.yaml"), "--secret", &secret],
+    )
+    .await;
+    let id = job["job"]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        job["job"]["spec"]["secrets"],
+        serde_json::json!([{"name": "token", "size": 12}])
+    );
+    let shown = text(
+        &peloton(&url, &["-o", "json", "job", "get", &id])
+            .await
+            .stdout,
+    );
+    assert!(!shown.contains("s3cr3t"), "{shown}");
+    let out = peloton(
+        &url,
+        &["job", "update", &id, &ex("service-v2.yaml"), "--no-wait"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = ok_json(&url, &["job", "get", &id]).await;
+    assert_eq!(
+        job["job"]["spec"]["secrets"],
+        serde_json::json!([{"name": "token", "size": 12}]),
+        "an update without --secret keeps the secrets"
+    );
+    let out = peloton(
+        &url,
+        &[
+            "job",
+            "update",
+            &id,
+            &ex("service.yaml"),
+            "--no-wait",
+            "--clear-secrets",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = ok_json(&url, &["job", "get", &id]).await;
+    assert_eq!(job["job"]["spec"]["secrets"], serde_json::json!([]));
+    let out = peloton(
+        &url,
+        &[
+            "job",
+            "create",
+            &ex("hello.yaml"),
+            "--secret",
+            "token=/no/such/file",
+        ],
+    )
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("secret token (/no/such/file)"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A stateful job: a volume per instance, each pinned to its host.
+    let job = ok_json(&url, &["job", "create", &ex("stateful.yaml")]).await;
+    let stateful = job["job"]["id"].as_str().unwrap().to_string();
+    let volumes = loop {
+        let v = ok_json(&url, &["volume", "list", "--job", &stateful]).await;
+        if v["volumes"].as_array().unwrap().len() == 2 {
+            break v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let tasks = ok_json(&url, &["task", "list", &stateful]).await;
+    for (v, t) in volumes["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(tasks["tasks"].as_array().unwrap())
+    {
+        assert_eq!(v["size_mb"], 100);
+        assert_eq!(v["path"], "data");
+        assert_eq!(v["host"], t["pinned_host"]);
+        assert_eq!(v["id"], t["volume_id"]);
+    }
+    let vid = volumes["volumes"][0]["id"].as_str().unwrap().to_string();
+    let out = peloton(&url, &["volume", "delete", &vid]).await;
+    assert!(!out.status.success(), "a volume in use is not deleted");
+    assert!(
+        text(&out.stderr).contains("in use"),
+        "{}",
+        text(&out.stderr)
+    );
+    let v = ok_json(&url, &["volume", "get", &vid]).await;
+    assert_eq!(v["in_use"], true);
+    let out = peloton(&url, &["volume", "get", "no-such-volume"]).await;
+    assert!(!out.status.success());
+
+    // A daemon job: one instance on each of the three hosts.
+    let job = ok_json(&url, &["job", "create", &ex("daemon.yaml")]).await;
+    let daemon = job["job"]["id"].as_str().unwrap().to_string();
+    loop {
+        let tasks = ok_json(&url, &["task", "list", &daemon]).await;
+        let mut hosts: Vec<String> = tasks["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["current"]["state"] == "running")
+            .map(|t| t["current"]["host"].as_str().unwrap().to_string())
+            .collect();
+        hosts.sort();
+        hosts.dedup();
+        if hosts.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let job = ok_json(&url, &["job", "get", &daemon]).await;
+    assert_eq!(job["job"]["spec"]["instance_count"], 3);
+    let out = peloton(&url, &["job", "scale", &daemon, "5"]).await;
+    assert!(!out.status.success(), "a daemon job is not scaled");
+}

@@ -31,8 +31,13 @@ type Client = JobServiceClient<Channel>;
 
 pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
     match command {
-        JobCommand::Create { spec, wait } => {
-            let spec = load_job_spec(&spec)?;
+        JobCommand::Create {
+            spec,
+            wait,
+            secrets,
+        } => {
+            let mut spec = load_job_spec(&spec)?;
+            spec.secrets.extend(crate::spec::load_secrets(&secrets)?);
             let mut client = connect(ctx).await?;
             let request = CreateJobRequest { spec: Some(spec) };
             let job = job_of(client.create(request).await?.into_inner().job)?;

@@ -53,7 +53,33 @@ fn is_terminal(state: UpdateState) -> bool {
 
 /// `peloton job update ID SPEC.yaml`.
 pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
-    let spec = load_job_spec(&args.spec)?;
+    let mut spec = load_job_spec(&args.spec)?;
+    let secrets = crate::spec::load_secrets(&args.secrets)?;
+    if !secrets.is_empty() {
+        spec.secrets = secrets;
+    } else if !args.clear_secrets && spec.secrets.is_empty() {
+        // Keep the job's secrets: name each without a value.
+        let job =
+            peloton_proto::v1::job_service_client::JobServiceClient::new(ctx.connect().await?)
+                .get(peloton_proto::v1::GetJobRequest {
+                    id: args.id.clone(),
+                })
+                .await?
+                .into_inner()
+                .job
+                .context("the server returned no job")?;
+        spec.secrets = job
+            .spec
+            .map(|s| s.secrets)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| peloton_proto::v1::Secret {
+                name: s.name,
+                value: Vec::new(),
+                size: 0,
+            })
+            .collect();
+    }
     let mut client = connect(ctx).await?;
     let request = UpdateJobRequest {
         job_id: args.id,
