@@ -1932,8 +1932,16 @@ impl Driver {
         );
     }
 
-    /// What lets updates end in the quiesce phase: paused ones resume,
-    /// and running instances of services with a health check are
+    /// Whether job `m`'s pool can no longer take its runs (deleted, or it
+    /// got child pools): then its paused update cannot resume.
+    fn pool_unusable(&self, m: &JobModel) -> bool {
+        let tree = self.sim.engine.resources().tree();
+        tree.resolve(m.pool).is_ok_and(|id| !tree.is_leaf(id)) || tree.resolve(m.pool).is_err()
+    }
+
+    /// What lets updates end in the quiesce phase: paused ones resume
+    /// (refused, and left paused, while the job's pool cannot take its
+    /// runs), and running instances of services with a health check are
     /// reported healthy.
     fn settle_updates(&mut self) {
         let paused: Vec<String> = self
@@ -1950,11 +1958,16 @@ impl Driver {
             .map(|um| um.id.to_string())
             .collect();
         for id in paused {
+            let m = self
+                .jobs
+                .iter()
+                .find(|m| m.updates.last().is_some_and(|u| *u.id == *id));
+            let unusable = m.is_some_and(|m| self.pool_unusable(m));
             let r = self.step(Input::UpdateAction {
                 id,
                 action: UpdateAction::Resume,
             });
-            assert!(r.is_ok(), "a paused update resumes: {r:?}");
+            assert!(r.is_ok() || unusable, "a paused update resumes: {r:?}");
             self.observe_updates();
             self.check_step();
         }
@@ -2044,8 +2057,13 @@ impl Driver {
                                     .get(i as usize)
                                     .is_some_and(|t| t.state == TaskState::Initialized)
                             });
+                        // Or it is paused, its job's pool unable to take
+                        // its runs.
+                        let blocked = state == UpdateState::Paused && self.pool_unusable(m);
                         assert!(
-                            latest && state != UpdateState::Paused && (stuck || under_limit),
+                            latest
+                                && (blocked
+                                    || (state != UpdateState::Paused && (stuck || under_limit))),
                             "update {} did not end: {u:?}\n{}",
                             um.id,
                             why()
