@@ -16,7 +16,7 @@ use peloton_engine::Engine;
 use peloton_engine::host::HostState;
 
 use super::effects::{Effects, Kill, RowKey};
-use super::model::{Health, HostSlot, JobKey, JobKind, LaunchId, RunRef, TaskState as S};
+use super::model::{Health, HostSlot, JobKey, JobKind, RunRef, TaskState as S};
 use super::{
     AgentHost, Answer, Error, Held, HostRegistration, Lifecycle, RunPhase, RunReport, RunStatus,
     TaskUpdate, TimerKind,
@@ -457,9 +457,10 @@ impl Lifecycle {
         k: JobKey,
         i: u32,
         slot: HostSlot,
-        launch: LaunchId,
+        run: RunRef,
         fx: &mut Effects,
     ) -> bool {
+        let launch = run.launch;
         let job = &self.jobs[&k];
         let Some(t) = job.tasks.get(i as usize) else {
             return false;
@@ -486,13 +487,10 @@ impl Lifecycle {
         self.pin_changed(k, i);
         self.dirty_jobs.insert(k);
         let job = &self.jobs[&k];
+        // The stale run's own key (its run id, not the current run's):
+        // the agent knows runs by it.
         fx.kills.push(Kill {
-            run: RunRef {
-                job: k,
-                instance: i,
-                run: job.tasks[i as usize].run,
-                launch,
-            },
+            run,
             host: self.host_names[slot.idx()].clone(),
             job_id: job.id.clone(),
             grace_ms: job.template(i).kill_grace_ms,
@@ -592,7 +590,7 @@ impl Lifecycle {
                 // Replaced by a newer run, or its instance is gone. A
                 // pinned instance's old run on its host is held: the next
                 // run waits for its end (they would share the volume).
-                if !self.hold_stale_run(engine, k, i, slot, run.launch, fx) {
+                if !self.hold_stale_run(engine, k, i, slot, run, fx) {
                     let grace = self.jobs[&k]
                         .tasks
                         .get(i as usize)

@@ -194,6 +194,11 @@ impl Env {
             "lost-host" => {
                 let _ = self.sim.lose_host(words[1], true);
             }
+            "partition" => {
+                // Lost, but its agent and runs live on (they come back with
+                // `register`).
+                let _ = self.sim.lose_host(words[1], false);
+            }
             "update" => {
                 let k = self.sim.core.job_key(words[1]).expect("job");
                 let mut p = self.sim.core.job(k).expect("job").plan.clone();
@@ -2386,6 +2391,118 @@ fn an_instance_scaled_back_keeps_its_place_while_it_waits() {
             > scale s 2
             > reserved h1
               reserved @h1: cpu=1000 memory=64 disk=1000 gpu=0; free: cpu=2000 memory=3968 disk=8000 gpu=0
+        "#]],
+    );
+}
+
+#[test]
+fn a_returning_hosts_old_daemon_run_stops_before_a_new_one_starts() {
+    check(
+        r"
+        host h1 cpu=4
+        host h2 cpu=4
+        job d pool=/ cpu=1 daemon
+        cycle
+        partition h1
+        cycle
+        cycle
+        register h1
+        cycle
+        cycle
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > job d pool=/ cpu=1 daemon
+            d/0#1 pending
+            d/1#1 pending
+            job d pending
+            > cycle
+            d/0#1 ready
+            d/1#1 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+            d/1#1 placed @h2
+            d/1#1 launching @h2
+              launch d/0#1 @h1 config 1
+              launch d/1#1 @h2 config 1
+            d/0#1 running @h1
+            job d running
+            d/1#1 running @h2
+            > partition h1
+            d/0#1 lost @h1 (host h1 lost: no heartbeat for 10000 ms)
+            d/0#2 initialized
+            d/0#2 pending
+            > cycle
+            d/0#2 killed (host h1 no longer matches the daemon job)
+            > cycle
+            > register h1
+              kill d/0#1 @h1
+            > cycle
+            > cycle
+            > confirm
+            > cycle
+            d/0#3 initialized
+            d/0#3 pending
+            d/0#3 ready
+            d/0#3 placed @h1
+            d/0#3 launching @h1
+              launch d/0#3 @h1 config 1
+            d/0#3 running @h1
+        "#]],
+    );
+}
+
+#[test]
+fn a_returning_hosts_old_stateful_run_stops_before_the_next_starts() {
+    check(
+        r"
+        host h1 cpu=4 disk=10000
+        host h2 cpu=4 disk=10000
+        job s pool=/ n=1 cpu=1 volume=1000 service
+        cycle
+        partition h1         # run 1 lives on, out of sight; run 2 waits for h1
+        cycle
+        register h1          # run 1 is stopped first (held); run 2 gives way
+        cycle
+        confirm
+        cycle                # only now the next run starts, on its volume
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=10000
+            > host h2 cpu=4 disk=10000
+            > job s pool=/ n=1 cpu=1 volume=1000 service
+            s/0#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-4 1000MiB
+            s/0#1 running @h1
+            job s running
+            > partition h1
+            s/0#1 lost @h1 (host h1 lost: no heartbeat for 10000 ms)
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placing
+            > register h1
+            s/0#2 preempted (waiting for its earlier run on host h1 to end)
+              kill s/0#1 @h1
+            > cycle
+            > confirm
+            s/0#3 initialized
+            s/0#3 pending
+            > cycle
+            s/0#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+              launch s/0#3 @h1 config 1 volume s-0-4 1000MiB
+            s/0#3 running @h1
         "#]],
     );
 }

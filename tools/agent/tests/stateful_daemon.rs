@@ -12,8 +12,10 @@
 //!   its other work, a lost host loses it, and a constraint limits it to
 //!   the hosts of a zone.
 //!
-//! Four tests are ignored: they show server bugs (see their comments) and
-//! fail until those are fixed (`cargo test ... -- --ignored`).
+//! Four tests were written against server bugs they found (old and new
+//! runs of a pinned instance at once on a returning host, a given-up
+//! volume left on its host, a daemon replaced by an agent restart); they
+//! pass since those are fixed.
 //!
 //! The cluster and its helpers are in `common`. Tests wait for states with
 //! generous deadlines and never assert how long anything took.
@@ -109,10 +111,22 @@ async fn wait_run_with_log(
     );
     assert_eq!(t.pinned_host, host, "{t:#?}");
     assert_eq!(t.volume_id, volume, "{t:#?}");
-    let want: Vec<String> = (1..=run_id).map(|r| format!("{id}-0-{r}")).collect();
+    // Every run that ran appended its line, in order, the first one's
+    // included (the data outlived them all): runs that never started (one
+    // that gave way while an old run stopped) have none.
+    let first = format!("{id}-0-1");
+    let this = format!("{id}-0-{run_id}");
     eventually(
         &format!("run {run_id} appended to the volume"),
-        async || (log_lines(cluster, host, volume) == want).then_some(()),
+        async || {
+            let lines = log_lines(cluster, host, volume);
+            let runs: Vec<u32> = lines
+                .iter()
+                .filter_map(|l| l.rsplit('-').next()?.parse().ok())
+                .collect();
+            let ordered = runs.windows(2).all(|w| w[0] < w[1]);
+            (lines.first() == Some(&first) && lines.last() == Some(&this) && ordered).then_some(())
+        },
     )
     .await;
     t
@@ -639,13 +653,13 @@ async fn a_stateful_instance_survives_a_server_crash_and_waits_for_its_lost_host
         "run 2 outlives its agent"
     );
 
-    // The agent returns: run 2 is stopped and run 3 starts there, with the
-    // data. (That run 3 may start before run 2 has ended is checked, and
-    // fails, in `a_returning_host_never_runs_two_runs_of_a_stateful_instance_at_once`.)
+    // The agent returns: run 2 is stopped (run 3, queued for the host,
+    // gives way) and run 4 starts there once it is gone, with the data.
     cluster.start_agent(&host).await;
     cluster.wait_hosts_up(3).await;
-    let t = wait_run_with_log(&cluster, &id, 3, &host, &vid).await;
-    for h in &t.history {
+    let t = wait_run_with_log(&cluster, &id, 4, &host, &vid).await;
+    for h in t.history.iter().filter(|h| !h.host.is_empty()) {
+        // (A run that gave way before it was placed has no host.)
         assert_eq!(h.host, host, "a run left the volume's host: {t:#?}");
     }
     eventually("run 2 gone", async || {
@@ -655,7 +669,7 @@ async fn a_stateful_instance_survives_a_server_crash_and_waits_for_its_lost_host
     let t = cluster.task(&id, 0).await.expect("task");
     assert_eq!(
         (run_of(&t).run_id, run_of(&t).state()),
-        (3, T::Running),
+        (4, T::Running),
         "{t:#?}"
     );
 
@@ -796,7 +810,6 @@ async fn a_deleted_or_given_up_volume_lets_the_instance_start_fresh_elsewhere() 
 // volume — in the same registration, without waiting for the old run's end:
 // both ran on the volume at once for the whole grace period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: a returning host runs a stateful instance's old and new runs at once"]
 async fn a_returning_host_never_runs_two_runs_of_a_stateful_instance_at_once() {
     let mut cluster = Cluster::start(2).await;
     let id = cluster.create(recording_stateful("overlap")).await;
@@ -816,8 +829,10 @@ async fn a_returning_host_never_runs_two_runs_of_a_stateful_instance_at_once() {
         (run.run_id == 2 && waiting).then_some(())
     })
     .await;
+    // Run 2, queued for the host, gives way while run 1 is stopped; run 3
+    // starts once run 1 is gone.
     cluster.start_agent(&host).await;
-    wait_run_with_log(&cluster, &id, 2, &host, &vid).await;
+    wait_run_with_log(&cluster, &id, 3, &host, &vid).await;
     let run1 = format!("PELOTON_TASK_ID={id}-0-1");
     eventually("run 1 gone", async || {
         processes_with_env(&run1).is_empty().then_some(())
@@ -825,10 +840,10 @@ async fn a_returning_host_never_runs_two_runs_of_a_stateful_instance_at_once() {
     .await;
     let dir = volume_dir(&cluster, &host, &vid);
     let r1 = run_interval(&dir, &id, 1).expect("run 1 recorded");
-    let r2 = eventually("run 2 recorded", async || run_interval(&dir, &id, 2)).await;
+    let r2 = eventually("run 3 recorded", async || run_interval(&dir, &id, 3)).await;
     assert!(
         r1.1 < r2.0,
-        "runs 1 and 2 of a stateful instance ran at once on its volume: run 2 started {} ms \
+        "runs 1 and 3 of a stateful instance ran at once on its volume: run 3 started {} ms \
          before run 1's last sign of life",
         (r1.1 - r2.0) / 1_000_000
     );
@@ -844,7 +859,6 @@ async fn a_returning_host_never_runs_two_runs_of_a_stateful_instance_at_once() {
 // a live run uses") — and the server never asks again (until the agent's
 // next registration).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: a given-up volume stays on a returning host whose old run outlived its agent"]
 async fn a_given_up_volume_leaves_its_host_when_the_host_returns() {
     let mut cluster = Cluster::start(2).await;
     let mut spec = stateful("relocating");
@@ -895,7 +909,6 @@ async fn a_given_up_volume_leaves_its_host_when_the_host_returns() {
 // the agent returns and a new instance starts. Here a job created while the
 // agent is away makes that cycle happen for sure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: a daemon is replaced when its host's agent restarts"]
 async fn a_daemon_keeps_its_runs_through_an_agent_restart() {
     let mut cluster = Cluster::start(2).await;
     let id = cluster.create(daemon("node-agent", "")).await;
@@ -941,7 +954,6 @@ async fn a_daemon_keeps_its_runs_through_an_agent_restart() {
 // the old run's end: two instances of the daemon on one host for the whole
 // grace period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: a returning host runs its old and new daemon at once"]
 async fn a_returning_host_runs_one_daemon_at_a_time() {
     let mut cluster = Cluster::start(2).await;
     let mut spec = daemon("node-agent", "");
