@@ -268,6 +268,10 @@ pub struct LoopConfig {
     pub max_history: usize,
     /// An agent host not heard from for this long is lost.
     pub host_lost_after: Duration,
+    /// A finished job is removed this long after it finished.
+    pub job_retention: Duration,
+    /// At most this many finished jobs are kept (the oldest go first).
+    pub max_finished_jobs: usize,
 }
 
 impl Default for LoopConfig {
@@ -280,6 +284,8 @@ impl Default for LoopConfig {
             event_retention: 5_000_000,
             max_history: 8,
             host_lost_after: Duration::from_secs(10),
+            job_retention: Duration::from_millis(CoreConfig::default().retention_ms),
+            max_finished_jobs: CoreConfig::default().max_finished_jobs,
         }
     }
 }
@@ -359,6 +365,8 @@ impl Scheduler {
             max_history: config.max_history,
             max_instances_per_job: config.limits.max_instances_per_job,
             agent_mode: hub.is_some(),
+            retention_ms: config.job_retention.as_millis() as u64,
+            max_finished_jobs: config.max_finished_jobs,
         };
         let now = now_ms();
         let revision = snapshot.revision;
@@ -752,7 +760,6 @@ impl Scheduler {
                 action,
                 reply,
             } => {
-                let key = self.core.job_key(&id).ok();
                 let r = self
                     .apply(Input::JobAction {
                         id,
@@ -773,9 +780,7 @@ impl Scheduler {
                             Some(self.job_to_pb(k))
                         }
                         _ => {
-                            if let Some(k) = key {
-                                self.specs.remove(&k);
-                            }
+                            // Its specs go when its deletion is written.
                             self.metrics.jobs.set(self.core.n_jobs() as i64);
                             None
                         }

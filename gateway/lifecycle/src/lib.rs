@@ -25,6 +25,7 @@ mod invariants;
 mod jobs;
 mod model;
 mod recover;
+mod retention;
 mod runs;
 #[cfg(any(test, feature = "testkit"))]
 pub mod sim;
@@ -33,7 +34,7 @@ mod tests;
 mod updates;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 
 use peloton_engine::host::HostSpec;
@@ -264,6 +265,10 @@ pub struct CoreConfig {
     /// Hosts are agents (runs survive a restart of the server and are
     /// reconciled) rather than simulated (they restart with the server).
     pub agent_mode: bool,
+    /// A finished job (terminal) is removed this long after it finished.
+    pub retention_ms: u64,
+    /// At most this many finished jobs are kept (the oldest go first).
+    pub max_finished_jobs: usize,
 }
 
 impl Default for CoreConfig {
@@ -272,6 +277,8 @@ impl Default for CoreConfig {
             max_history: 8,
             max_instances_per_job: 100_000,
             agent_mode: false,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            max_finished_jobs: 10_000,
         }
     }
 }
@@ -339,6 +346,9 @@ pub struct Lifecycle {
     rolling: FxHashSet<Arc<str>>,
     /// Draining hosts that still hold service instances.
     draining: FxHashSet<HostSlot>,
+    /// Terminal jobs by (completion time, key): what retention removes,
+    /// oldest first.
+    finished: BTreeSet<(u64, JobKey)>,
     needs_cycle: bool,
     now: u64,
 }
@@ -366,6 +376,7 @@ impl Lifecycle {
             updates: FxHashMap::default(),
             rolling: FxHashSet::default(),
             draining: FxHashSet::default(),
+            finished: BTreeSet::new(),
             needs_cycle: true,
             now: 0,
         };
@@ -436,6 +447,7 @@ impl Lifecycle {
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
+                self.apply_retention(fx);
                 Ok(Answer::Done)
             }
         };
@@ -463,9 +475,24 @@ impl Lifecycle {
         self.needs_cycle
     }
 
-    /// The earliest timer, if any.
+    /// When a [`Input::Tick`] is next due: the earliest timer, or the
+    /// retention of finished jobs, if any.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.timers.peek().map(|Reverse((t, _, _))| *t)
+        let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
+        match (timer, self.retention_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The core's settings.
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    /// Number of finished (terminal) jobs kept.
+    pub fn n_finished_jobs(&self) -> usize {
+        self.finished.len()
     }
 
     /// A job by key.
