@@ -175,6 +175,10 @@ enum Command {
         /// The server's --event-retention (default: the server's).
         #[arg(long)]
         event_retention: Option<u64>,
+        /// Let the server go idle after every million tasks (not only the
+        /// first) and sample it then.
+        #[arg(long)]
+        settle_every_million: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -321,6 +325,7 @@ fn main() -> Result<()> {
             retention_s,
             max_finished_jobs,
             event_retention,
+            settle_every_million,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -336,6 +341,7 @@ fn main() -> Result<()> {
                 retention_s,
                 max_finished_jobs,
                 event_retention,
+                settle_every_million,
             }))?;
             print(&report, json, "history");
         }
