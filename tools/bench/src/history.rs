@@ -170,13 +170,13 @@ pub async fn run(o: HistoryOptions) -> Result<Value> {
             let mut out: VecDeque<String> = VecDeque::new();
             loop {
                 while paused.load(Ordering::Relaxed) {
-                    if let Some(oldest) = out.front() {
-                        if finished(&mut client, oldest).await? {
-                            out.pop_front();
-                            done.fetch_add(u64::from(job_size), Ordering::Relaxed);
-                            outstanding.fetch_sub(1, Ordering::Relaxed);
-                            continue;
-                        }
+                    if let Some(oldest) = out.front()
+                        && finished(&mut client, oldest).await?
+                    {
+                        out.pop_front();
+                        done.fetch_add(u64::from(job_size), Ordering::Relaxed);
+                        outstanding.fetch_sub(1, Ordering::Relaxed);
+                        continue;
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
