@@ -56,6 +56,9 @@ struct Args {
     /// Events kept in the store for resuming watches.
     #[arg(long)]
     event_retention: Option<u64>,
+    /// Page cache of the embedded store, in MiB.
+    #[arg(long)]
+    store_cache_mb: Option<usize>,
     /// Start this many `peloton-agent`s on this machine (a local cluster;
     /// work dirs under DATA_DIR/agents). They stop with the server.
     #[arg(long, default_value_t = 0)]
@@ -119,6 +122,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(v) = args.event_retention {
         c.event_retention = v;
+    }
+    if let Some(v) = args.store_cache_mb {
+        c.store_cache_mb = v;
     }
     anyhow::ensure!(
         args.local_agents == 0 || !c.simulated(),

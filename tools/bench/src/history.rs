@@ -55,6 +55,8 @@ pub struct HistoryOptions {
     /// Let the server go idle after every million tasks, not only the
     /// first (a series of what it keeps).
     pub settle_every_million: bool,
+    /// Further flags for the server.
+    pub server_args: Vec<String>,
 }
 
 fn job_spec(pool: &str, i: u32, tasks: u32, sim_ms: u64) -> pb::JobSpec {
@@ -137,6 +139,7 @@ pub async fn run(o: HistoryOptions) -> Result<Value> {
     if let Some(e) = o.event_retention {
         flags.extend(["--event-retention".to_string(), e.to_string()]);
     }
+    flags.extend(o.server_args.iter().cloned());
     let (spawned, addr) = crate::e2e::spawn_server_with(o.hosts, &flags)?;
     let pid = spawned.child.id().to_string();
     let store_file = spawned.data_dir().join("peloton.redb");
@@ -294,6 +297,7 @@ pub async fn run(o: HistoryOptions) -> Result<Value> {
         "sim_ms": o.sim_ms,
         "retention_s": o.retention_s,
         "max_finished_jobs": o.max_finished_jobs,
+        "server_args": o.server_args,
         "run_s": run_s,
         "tasks_per_s": total as f64 / run_s,
         "rss_1m_mb": first.rss_mb,

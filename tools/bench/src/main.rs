@@ -179,6 +179,10 @@ enum Command {
         /// first) and sample it then.
         #[arg(long)]
         settle_every_million: bool,
+        /// A further flag for the server (repeatable), e.g.
+        /// `--server-arg=--store-cache-mb=8`.
+        #[arg(long = "server-arg", allow_hyphen_values = true)]
+        server_args: Vec<String>,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -326,6 +330,7 @@ fn main() -> Result<()> {
             max_finished_jobs,
             event_retention,
             settle_every_million,
+            server_args,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -342,6 +347,7 @@ fn main() -> Result<()> {
                 max_finished_jobs,
                 event_retention,
                 settle_every_million,
+                server_args,
             }))?;
             print(&report, json, "history");
         }
