@@ -1503,3 +1503,110 @@ fn retention_removes_a_large_backlog_in_chunks() {
     // Nothing is due until the oldest left reaches its age.
     assert_eq!(sim.core.next_deadline(), Some(sim.now + u64::MAX / 2));
 }
+
+/// Random jobs, runs, kills, restarts (a finished job may run again),
+/// deletes, crashes and time on a core with a short retention: after every
+/// step the invariants hold (the finished index among them); a job that
+/// was not finished is never removed; after a tick no finished job is older
+/// than the retention and at most `max` are kept.
+#[test]
+fn retention_under_random_operations_removes_only_finished_jobs() {
+    const RETENTION_MS: u64 = 50;
+    const MAX: usize = 3;
+    let mut removed = 0;
+    for seed in 0..20u64 {
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut sim = Sim::with_config(CoreConfig {
+            retention_ms: RETENTION_MS,
+            max_finished_jobs: MAX,
+            ..crate::sim::config()
+        });
+        sim.quiet = true;
+        sim.add_host("h1", 16, 16 * 1024).expect("host");
+        let mut ids: Vec<String> = Vec::new();
+        for step in 0..400 {
+            let live_before: Vec<String> = sim
+                .core
+                .jobs_by_id("")
+                .filter(|(_, j)| !j.state.is_terminal())
+                .map(|(_, j)| j.id.to_string())
+                .collect();
+            let pick = |ids: &[String], r: u64| ids[r as usize % ids.len()].clone();
+            let mut ticked = false;
+            match next(10) {
+                0 | 1 => {
+                    let id = format!("j{step}");
+                    let _ = sim.step(Input::CreateJob {
+                        id: id.as_str().into(),
+                        plan: Box::new(plan("/", 1 + next(3) as u32, 1000)),
+                    });
+                    ids.push(id);
+                }
+                2 | 3 if !ids.is_empty() => {
+                    let id = pick(&ids, next(1000));
+                    if let Some((host, key)) = sim.current(&id, next(3) as u32) {
+                        let code = next(2) as i32;
+                        let phase = if code == 0 {
+                            RunPhase::Succeeded
+                        } else {
+                            RunPhase::Failed
+                        };
+                        sim.end_run(&host, key.launch, phase, code);
+                    }
+                }
+                4 if !ids.is_empty() => {
+                    let action = match next(3) {
+                        0 => JobAction::Kill,
+                        1 => JobAction::Restart,
+                        _ => JobAction::Delete,
+                    };
+                    let _ = sim.step(Input::JobAction {
+                        id: pick(&ids, next(1000)),
+                        version: 0,
+                        action,
+                    });
+                }
+                5 => sim.confirm_kills(None),
+                6 if next(8) == 0 => {
+                    sim.crash();
+                    let _ = sim.register("h1");
+                }
+                7 => {
+                    let _ = sim.step(Input::Cycle);
+                }
+                _ => {
+                    sim.now += next(40);
+                    let before = sim.core.n_jobs();
+                    let _ = sim.step(Input::Tick);
+                    removed += before - sim.core.n_jobs();
+                    ticked = true;
+                }
+            }
+            for id in &live_before {
+                assert!(
+                    sim.core.job_key(id).is_ok(),
+                    "seed {seed} step {step}: job {id} was removed while not finished"
+                );
+            }
+            if ticked {
+                assert!(sim.core.n_finished_jobs() <= MAX, "seed {seed} step {step}");
+                for (_, j) in sim.core.jobs_by_id("") {
+                    if j.state.is_terminal() {
+                        assert!(
+                            j.completed_at + RETENTION_MS > sim.now,
+                            "seed {seed} step {step}: {} is past its retention",
+                            j.id
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(removed > 100, "retention removed only {removed} jobs");
+}
