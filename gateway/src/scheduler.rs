@@ -375,9 +375,14 @@ impl Scheduler {
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
         let mut specs = FxHashMap::default();
-        for (id, versions) in specs_by_id {
+        for (id, versions, from_row) in specs_by_id {
             let key = core.job_key(&id).expect("recovered");
             specs.insert(key, versions);
+            if let Some(v) = from_row {
+                // An older store kept the spec in the job row only: it goes
+                // to the configs table before the row loses it.
+                fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
+            }
         }
         metrics.jobs.set(core.n_jobs() as i64);
         Ok(Scheduler {

@@ -188,4 +188,21 @@ async fn job_rows_written_with_their_spec_still_recover() {
     let got = get_job(&mut c, &job.id).await.expect("the job recovers");
     assert_eq!(got.spec.expect("spec").name, "old-format");
     stop(s).await;
+    {
+        // Its spec moved to the configs table; the row lost it.
+        let snap = RedbStore::open(dir.path())
+            .expect("store opens")
+            .load()
+            .expect("load");
+        let row = pb::Job::decode(snap.jobs[0].1.as_slice()).expect("a job row");
+        assert_eq!(row.spec, None);
+        assert_eq!(snap.configs.len(), 1);
+    }
+    // And it recovers from there.
+    let (s, mut c) = start(&config).await;
+    let got = get_job(&mut c, &job.id)
+        .await
+        .expect("the job recovers again");
+    assert_eq!(got.spec.expect("spec").name, "old-format");
+    stop(s).await;
 }

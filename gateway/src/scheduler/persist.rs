@@ -188,12 +188,17 @@ pub(super) fn rows(
     }
 }
 
+/// A recovered job's specs: its id, its specs by config version, and the
+/// version whose spec only its job row held (an older store's row), to be
+/// written to the configs table before the row is rewritten without it.
+pub(super) type RecoveredSpecs = (String, super::Specs, Option<u64>);
+
 /// The store's rows as the core's recovery input, and the jobs' specs by
 /// id.
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
-) -> anyhow::Result<(Recovered, Vec<(String, super::Specs)>)> {
+) -> anyhow::Result<(Recovered, Vec<RecoveredSpecs>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
         let pool = pb::Pool::decode(bytes.as_slice())?;
@@ -278,6 +283,7 @@ pub(super) fn recovered(
         let mut versions = configs_by_job.remove(id.as_str()).unwrap_or_default();
         // The spec is in the configs table; rows written before it moved
         // there carry it themselves (and it wins, as it did then).
+        let from_row = job.spec.is_some().then_some(config);
         if let Some(spec) = job.spec {
             versions.insert(config, spec);
         }
@@ -312,7 +318,7 @@ pub(super) fn recovered(
             updates,
             tasks: tasks_by_job.remove(id.as_str()).unwrap_or_default(),
         });
-        specs.push((id.clone(), versions));
+        specs.push((id.clone(), versions, from_row));
     }
     Ok((rec, specs))
 }
