@@ -59,6 +59,13 @@ pub struct NewTask {
     pub max_per_host: u16,
     /// What the per-host limit counts (the job by default).
     pub limit_key: u32,
+    /// The only host the task may be placed on (its volume's, a daemon's
+    /// host); a placement input like the constraint. Resources reserved
+    /// for the task's (job, instance) on that host are its to use.
+    pub desired_host: Option<crate::host::HostId>,
+    /// A daemon (see [`flags::DAEMON`]): with a desired host, placed before
+    /// other work and may evict preemptible non-daemon work there.
+    pub daemon: bool,
 }
 
 /// Why a submission or report was refused (nothing changed).
@@ -146,6 +153,9 @@ fn task_spec(t: &NewTask, gang: u32, constraint: u32) -> TaskSpec {
     if t.flags.controller {
         bits |= flags::CONTROLLER;
     }
+    if t.daemon {
+        bits |= flags::DAEMON;
+    }
     TaskSpec {
         job: t.job,
         instance: t.instance,
@@ -159,6 +169,9 @@ fn task_spec(t: &NewTask, gang: u32, constraint: u32) -> TaskSpec {
         strategy: t.strategy,
         max_per_host: t.max_per_host,
         limit_key: t.limit_key,
+        desired_host: t
+            .desired_host
+            .map_or(crate::task::NO_HOST, |h| h.idx() as u32),
     }
 }
 
@@ -179,6 +192,8 @@ pub struct Engine {
     queued_members: rustc_hash::FxHashMap<crate::admission::PendingId, Vec<TaskHandle>>,
     next_gang: u32,
     report: CycleReport,
+    /// Resources held on hosts for instances without a task there.
+    reservations: crate::placement::Reservations,
 }
 
 impl Engine {
@@ -197,6 +212,7 @@ impl Engine {
             queued_members: Default::default(),
             next_gang: 0,
             report: CycleReport::default(),
+            reservations: Default::default(),
         }
     }
 
@@ -254,6 +270,16 @@ impl Engine {
             check_request(t)?;
         }
         TaskClass::of(first.flags)?;
+        for t in gang {
+            if let Some(h) = t.desired_host
+                && !self.hosts.contains(h)
+            {
+                return Err(EngineError::InvalidTask {
+                    field: "desired_host",
+                    problem: "not a live host".into(),
+                });
+            }
+        }
         let mut constraint_ids = Vec::with_capacity(gang.len());
         for t in gang {
             constraint_ids.push(
@@ -327,7 +353,20 @@ impl Engine {
             });
         }
         let slot = host.idx();
-        if let Err(m) = self.hosts.fits(slot, &t.request, u32::from(t.ports)) {
+        let reserved = match self.reservations.get(&(t.job, t.instance)) {
+            Some(&(s, amount)) if s as usize == slot => Some(amount),
+            _ => None,
+        };
+        if let Some(amount) = reserved {
+            self.hosts.unreserve(slot, &amount);
+        }
+        let fits = self.hosts.fits(slot, &t.request, u32::from(t.ports));
+        if let Some(amount) = reserved {
+            self.hosts
+                .reserve(slot, &amount)
+                .expect("nothing was taken since it was released");
+        }
+        if let Err(m) = fits {
             return Err(EngineError::InvalidTask {
                 field: "request",
                 problem: format!(
@@ -348,6 +387,19 @@ impl Engine {
             .constraints
             .intern(&t.constraint, self.hosts.interner_mut())?;
         let handle = self.tasks.add(&task_spec(t, NO_GANG, constraint))?;
+        if let Some(amount) = reserved {
+            self.hosts.unreserve(slot, &amount);
+            self.reservations.remove(&(t.job, t.instance));
+            let mut rest = amount.saturating_sub(&t.request);
+            rest.0[crate::resources::Dim::Gpu.idx()] = 0;
+            if !rest.is_zero() {
+                self.hosts
+                    .reserve(slot, &rest)
+                    .expect("what the task does not take is still free");
+                self.reservations
+                    .insert((t.job, t.instance), (slot as u32, rest));
+            }
+        }
         // Checked above: both succeed.
         self.rm
             .charge(&Admitted {
@@ -386,6 +438,11 @@ impl Engine {
         for slot in self.hosts.in_state(HostState::Up).iter() {
             capacity.add_assign(&self.hosts.capacity(slot as usize));
         }
+        // Reserved resources stay in the capacity pools are entitled to:
+        // the instance a reservation is for must be admitted again in its
+        // own pool when it restarts, and cannot be if its reservation were
+        // no pool's. Others admitted meanwhile wait in placement, as on a
+        // fragmented cluster.
         let slack = capacity.saturating_sub(&self.rm.total_allocation());
         self.rm.recompute_entitlement(capacity, slack);
         self.rm.admit(&mut self.report.admission);
@@ -404,10 +461,11 @@ impl Engine {
             .retain(|&t| tasks.state(t) == Ok(TaskState::Admitted));
         let batch_len = self.waiting.len().min(crate::placement::MAX_BATCH);
         self.placer
-            .place(
+            .place_with(
                 &mut self.hosts,
                 &mut self.tasks,
                 &self.constraints,
+                &mut self.reservations,
                 &self.waiting[..batch_len],
                 now_ms,
                 &mut self.report.placement,
@@ -437,11 +495,12 @@ impl Engine {
         if pending.is_empty() {
             return;
         }
-        crate::preemption::intra_pool_victims(
+        crate::preemption::intra_pool_victims_with(
             &self.placer,
             &self.hosts,
             &self.tasks,
             &self.constraints,
+            &self.reservations,
             &pending,
             out,
         )
@@ -517,8 +576,117 @@ impl Engine {
         Ok(members)
     }
 
+    /// Live hosts a task with this constraint and request may use: up
+    /// hosts that pass the constraint and the host rules of placement
+    /// (exclusive hosts, GPU hosts kept for GPU work), and hosts not up
+    /// that match the constraint. Daemon jobs follow this set.
+    pub fn hosts_matching(
+        &mut self,
+        constraint: &str,
+        request: Resources,
+    ) -> Result<roaring::RoaringBitmap, EngineError> {
+        let id = self
+            .constraints
+            .intern(constraint, self.hosts.interner_mut())?;
+        let c = self.constraints.get(id).expect("just interned");
+        let spec = TaskSpec {
+            request,
+            constraint: id,
+            ..TaskSpec::default()
+        };
+        let matching = c.evaluate(&self.hosts) & self.hosts.live_hosts();
+        let allowed_up = self.placer.hosts_for(&self.hosts, c, &spec);
+        let not_up = &matching - self.hosts.in_state(HostState::Up);
+        Ok(allowed_up | not_up)
+    }
+
+    /// Holds `amount` (cpu, memory, disk; GPUs are never reserved) on
+    /// `host` for the instance `(job, instance)`, replacing what was held
+    /// for it before (anywhere). A task of that instance placed on that
+    /// host later uses it first. Refused, changing nothing, if it does not
+    /// fit the host's free resources (plus what the instance held there).
+    pub fn set_reservation(
+        &mut self,
+        job: u32,
+        instance: u32,
+        host: crate::host::HostId,
+        amount: Resources,
+    ) -> Result<(), EngineError> {
+        if !self.hosts.contains(host) {
+            return Err(EngineError::InvalidTask {
+                field: "host",
+                problem: "not a live host".into(),
+            });
+        }
+        if amount[crate::resources::Dim::Gpu] > 0 {
+            return Err(EngineError::InvalidTask {
+                field: "reservation",
+                problem: "GPUs cannot be reserved".into(),
+            });
+        }
+        let old = self.reservations.remove(&(job, instance));
+        if let Some((slot, held)) = old {
+            self.hosts.unreserve(slot as usize, &held);
+        }
+        let slot = host.idx();
+        match self.hosts.reserve(slot, &amount) {
+            Ok(()) => {
+                if !amount.is_zero() {
+                    self.reservations
+                        .insert((job, instance), (slot as u32, amount));
+                }
+                Ok(())
+            }
+            Err(m) => {
+                if let Some((slot, held)) = old {
+                    self.hosts
+                        .reserve(slot as usize, &held)
+                        .expect("it was held a moment ago");
+                    self.reservations.insert((job, instance), (slot, held));
+                }
+                Err(EngineError::InvalidTask {
+                    field: "reservation",
+                    problem: format!(
+                        "{amount} does not fit the free resources of host {}: {m:?}",
+                        self.hosts.name(host)
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Gives back what is held for `(job, instance)`; returns it (host slot
+    /// and amount) if anything was.
+    pub fn clear_reservation(&mut self, job: u32, instance: u32) -> Option<(u32, Resources)> {
+        let (slot, held) = self.reservations.remove(&(job, instance))?;
+        self.hosts.unreserve(slot as usize, &held);
+        Some((slot, held))
+    }
+
+    /// What is held for `(job, instance)`: host slot and amount.
+    pub fn reservation(&self, job: u32, instance: u32) -> Option<(u32, Resources)> {
+        self.reservations.get(&(job, instance)).copied()
+    }
+
+    /// Every reservation: ((job, instance), (host slot, amount)).
+    pub fn reservations(&self) -> impl Iterator<Item = ((u32, u32), (u32, Resources))> + '_ {
+        self.reservations.iter().map(|(&k, &v)| (k, v))
+    }
+
     /// Panics if any part's invariants are broken.
     pub fn check_invariants(&self) {
+        let mut reserved = vec![Resources::ZERO; self.hosts.n_slots()];
+        for &(slot, amount) in self.reservations.values() {
+            assert!(!amount.is_zero(), "empty reservations are not kept");
+            reserved[slot as usize].add_assign(&amount);
+        }
+        for (slot, r) in reserved.iter().enumerate() {
+            assert_eq!(
+                *r,
+                self.hosts.reserved(slot),
+                "reserved on host slot {slot}"
+            );
+        }
         self.rm.check_invariants();
         self.hosts.check_invariants();
         self.tasks.check_invariants();

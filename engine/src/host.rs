@@ -206,6 +206,9 @@ pub struct HostArena {
     live: Vec<bool>,
     capacity: [Vec<u64>; N_DIMS],
     free: [Vec<u64>; N_DIMS],
+    /// Held for no task (volumes, instances restarting on the host); out
+    /// of `free`. Never GPUs.
+    reserved: Vec<Resources>,
     gpu_devices: Vec<u8>,
     gpu_free: Vec<[u16; MAX_GPU_DEVICES]>,
     ports_total: Vec<u32>,
@@ -334,6 +337,28 @@ impl HostArena {
         &self.attributes[slot]
     }
 
+    /// The spec of a live host as it is now (what [`HostArena::update`]
+    /// takes, so a caller can change one part of it).
+    pub fn spec(&self, id: HostId) -> Result<HostSpec, HostError> {
+        let i = self.check(id)?;
+        let interner = &self.interner;
+        Ok(HostSpec {
+            name: self.name[i].to_string(),
+            capacity: self.capacity(i),
+            gpu_devices: self.gpu_devices[i],
+            ports: self.ports_total[i],
+            attributes: self.attributes[i]
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        interner.resolve(*k).to_string(),
+                        interner.resolve(*v).to_string(),
+                    )
+                })
+                .collect(),
+        })
+    }
+
     /// Hosts with attribute `key` = `value`.
     pub fn with_value(&self, key: Sym, value: Sym) -> Option<&RoaringBitmap> {
         self.by_value.get(&(key, value))
@@ -396,6 +421,7 @@ impl HostArena {
                     self.capacity[d].push(0);
                     self.free[d].push(0);
                 }
+                self.reserved.push(Resources::ZERO);
                 self.gpu_devices.push(0);
                 self.gpu_free.push([0; MAX_GPU_DEVICES]);
                 self.ports_total.push(0);
@@ -410,6 +436,7 @@ impl HostArena {
             self.capacity[d][i] = spec.capacity.0[d];
             self.free[d][i] = spec.capacity.0[d];
         }
+        self.reserved[i] = Resources::ZERO;
         self.gpu_devices[i] = spec.gpu_devices;
         let mut devices = [0u16; MAX_GPU_DEVICES];
         devices[..usize::from(spec.gpu_devices)].fill(MILLI_GPUS_PER_DEVICE as u16);
@@ -515,6 +542,7 @@ impl HostArena {
             self.capacity[d][i] = 0;
             self.free[d][i] = 0;
         }
+        self.reserved[i] = Resources::ZERO;
         self.gpu_devices[i] = 0;
         self.gpu_free[i] = [0; MAX_GPU_DEVICES];
         self.ports_total[i] = 0;
@@ -619,6 +647,46 @@ impl HostArena {
         }
         self.ports_free[slot] -= ports;
         Ok(grant)
+    }
+
+    /// Resources held on the host in `slot` for no task (see
+    /// [`HostArena::reserve`]).
+    pub fn reserved(&self, slot: usize) -> Resources {
+        self.reserved[slot]
+    }
+
+    /// Takes `amount` (cpu, memory, disk; never GPUs) out of the free
+    /// resources of the host in `slot` without a task: a volume's disk, or
+    /// an instance's resources while it restarts there. Refused, changing
+    /// nothing, if it does not fit.
+    pub fn reserve(&mut self, slot: usize, amount: &Resources) -> Result<(), Misfit> {
+        if amount[Dim::Gpu] > 0 {
+            return Err(Misfit::InvalidGpuRequest);
+        }
+        if let Some(d) = Dim::ALL
+            .into_iter()
+            .find(|&d| amount[d] > self.free[d.idx()][slot])
+        {
+            return Err(Misfit::Insufficient(d));
+        }
+        for d in 0..N_DIMS {
+            self.free[d][slot] -= amount.0[d];
+        }
+        self.reserved[slot].add_assign(amount);
+        Ok(())
+    }
+
+    /// Returns what [`HostArena::reserve`] took. Panics if it was not
+    /// reserved (a broken invariant of the caller's accounting).
+    pub fn unreserve(&mut self, slot: usize, amount: &Resources) {
+        assert!(
+            amount.first_exceeding(&self.reserved[slot]).is_none(),
+            "unreserving more than is reserved"
+        );
+        self.reserved[slot] = self.reserved[slot].saturating_sub(amount);
+        for d in 0..N_DIMS {
+            self.free[d][slot] += amount.0[d];
+        }
     }
 
     /// Returns what [`HostArena::allocate`] took. Panics if it was not taken

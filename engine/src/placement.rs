@@ -46,7 +46,7 @@ use crate::host::{
     EXCLUSIVE_KEY, GpuGrant, HostArena, HostState, MAX_GPU_DEVICES, MILLI_GPUS_PER_DEVICE, Misfit,
 };
 use crate::resources::{Dim, Resources};
-use crate::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskState};
+use crate::task::{NO_GANG, NO_HOST, Strategy, TaskArena, TaskHandle, TaskState};
 
 /// Most tasks in one placement batch.
 pub const MAX_BATCH: usize = 1_000_000;
@@ -94,9 +94,11 @@ pub enum Check {
     GpuFragmented,
     /// Not enough free ports.
     Ports,
+    /// The task is pinned to another host (its volume's, a daemon's).
+    Pinned,
 }
 
-const N_CHECKS: usize = 11;
+const N_CHECKS: usize = 12;
 
 impl Check {
     /// Every check, in order.
@@ -112,6 +114,7 @@ impl Check {
         Check::Insufficient(Dim::Gpu),
         Check::GpuFragmented,
         Check::Ports,
+        Check::Pinned,
     ];
 
     fn index(self) -> usize {
@@ -124,6 +127,7 @@ impl Check {
             Check::Insufficient(d) => 5 + d.idx(),
             Check::GpuFragmented => 9,
             Check::Ports => 10,
+            Check::Pinned => 11,
         }
     }
 }
@@ -169,6 +173,7 @@ impl Reason {
                 Check::Insufficient(d) => format!("insufficient {d}"),
                 Check::GpuFragmented => "GPU free but fragmented".to_owned(),
                 Check::Ports => "insufficient ports".to_owned(),
+                Check::Pinned => "not the host the task is pinned to".to_owned(),
             };
             s.push_str(&format!("{n} {what}"));
         }
@@ -257,7 +262,15 @@ struct ClassKey {
     max_per_host: u16,
     /// The task may use GPU hosts without requesting GPUs.
     may_use_gpu_hosts: bool,
+    /// The only host slot the class may use ([`NO_HOST`]: any).
+    desired_host: u32,
 }
+
+/// Resources held on a host for an instance that has no task there (its
+/// volume, or its resources while it restarts): (job, instance) → (host
+/// slot, amount). A task of that instance placed on that host uses them
+/// first.
+pub type Reservations = FxHashMap<(u32, u32), (u32, Resources)>;
 
 /// Placement state kept between batches: per-host instance counts of jobs
 /// with a per-host limit, and the constraint cache.
@@ -277,6 +290,8 @@ pub struct Placer {
     bump: bumpalo::Bump,
     class_keys: Vec<ClassKey>,
     gangs: Vec<(u32, Vec<TaskHandle>)>,
+    /// Scratch: the batch's tasks with a desired host.
+    pinned: Vec<TaskHandle>,
     heap: BinaryHeap<Reverse<(u64, u32)>>,
     /// The engine-owned pool for parallel candidate scans (none: one thread).
     threads: Option<std::sync::Arc<rayon::ThreadPool>>,
@@ -330,6 +345,35 @@ impl Placer {
         now_ms: u64,
         out: &mut PlacementResult,
     ) -> Result<(), PlacementError> {
+        self.place_with(
+            hosts,
+            tasks,
+            constraints,
+            &mut Reservations::default(),
+            batch,
+            now_ms,
+            out,
+        )
+    }
+
+    /// [`Placer::place`] with host reservations: tasks with a desired host
+    /// are placed first, one by one (before gangs and classes), each using
+    /// what is reserved for its instance on that host; what it does not
+    /// need stays reserved.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the placement context, passed explicitly"
+    )]
+    pub fn place_with(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        constraints: &ConstraintTable,
+        reservations: &mut Reservations,
+        batch: &[TaskHandle],
+        now_ms: u64,
+        out: &mut PlacementResult,
+    ) -> Result<(), PlacementError> {
         out.clear();
         if batch.len() > MAX_BATCH {
             return Err(PlacementError::BatchTooLarge { n: batch.len() });
@@ -364,11 +408,17 @@ impl Placer {
         bump.reset();
         let class_of: &mut [u32] = bump.alloc_slice_fill_copy(batch.len(), u32::MAX);
         let mut gang_index: FxHashMap<u32, usize> = FxHashMap::default();
+        let mut pinned = std::mem::take(&mut self.pinned);
+        pinned.clear();
         self.min_request = (u64::MAX, u64::MAX);
         for (i, &task) in batch.iter().enumerate() {
             let spec = tasks.spec(task).expect("validated");
             self.min_request.0 = self.min_request.0.min(spec.request[Dim::Cpu]);
             self.min_request.1 = self.min_request.1.min(spec.request[Dim::Memory]);
+            if spec.desired_host != NO_HOST && spec.gang == NO_GANG {
+                pinned.push(task);
+                continue;
+            }
             if spec.gang != NO_GANG {
                 let g = *gang_index.entry(spec.gang).or_insert_with(|| {
                     self.gangs.push((spec.gang, Vec::new()));
@@ -411,6 +461,10 @@ impl Placer {
                 self.open.insert(slot);
             }
         }
+        for &task in pinned.iter() {
+            self.place_pinned(hosts, tasks, constraints, reservations, task, now_ms, out);
+        }
+        self.pinned = pinned;
         let gangs = std::mem::take(&mut self.gangs);
         for (_, members) in &gangs {
             self.place_gang(hosts, tasks, constraints, members, now_ms, out);
@@ -500,7 +554,88 @@ impl Placer {
             },
             max_per_host: spec.max_per_host,
             may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
+            desired_host: spec.desired_host,
         }
+    }
+
+    /// Places one task with a desired host, using what is reserved for its
+    /// instance there (taken back if the task does not fit after all).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the placement context, passed explicitly"
+    )]
+    fn place_pinned(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        constraints: &ConstraintTable,
+        reservations: &mut Reservations,
+        task: TaskHandle,
+        now_ms: u64,
+        out: &mut PlacementResult,
+    ) {
+        let spec = tasks.spec(task).expect("validated");
+        let key = Self::key_of(&spec);
+        let slot = spec.desired_host;
+        let owner = (spec.job, spec.instance);
+        let reserved = match reservations.get(&owner) {
+            Some(&(s, amount)) if s == slot => Some(amount),
+            _ => None,
+        };
+        let allowed = self.candidates(hosts, constraints, &key).contains(slot)
+            || (reserved.is_some() && self.allowed_ignoring_open(hosts, constraints, &key));
+        if allowed {
+            if let Some(amount) = reserved {
+                hosts.unreserve(slot as usize, &amount);
+            }
+            if fits_for(hosts, slot, &key, self.job_host.get(&key.limit_key)) {
+                let placed = self.commit(hosts, tasks, task, slot, &key, now_ms);
+                out.placed.push(placed);
+                if let Some(amount) = reserved {
+                    let mut rest = amount.saturating_sub(&spec.request);
+                    rest.0[Dim::Gpu.idx()] = 0;
+                    if rest.is_zero() {
+                        reservations.remove(&owner);
+                    } else {
+                        hosts
+                            .reserve(slot as usize, &rest)
+                            .expect("what the task did not take is still free");
+                        reservations.insert(owner, (slot, rest));
+                    }
+                }
+                return;
+            }
+            if let Some(amount) = reserved {
+                hosts
+                    .reserve(slot as usize, &amount)
+                    .expect("nothing was taken since it was released");
+            }
+        }
+        let candidates = self.candidates(hosts, constraints, &key);
+        let reason = out.reasons.len() as u32;
+        out.reasons
+            .push(self.reason(hosts, constraints, &key, &candidates));
+        out.unplaced.push(Unplaced { task, reason });
+    }
+
+    /// Whether the class's desired host passes every rule but the open-host
+    /// filter (a host whose free resources are all reserved is not open).
+    fn allowed_ignoring_open(
+        &mut self,
+        hosts: &HostArena,
+        constraints: &ConstraintTable,
+        key: &ClassKey,
+    ) -> bool {
+        let constraint = constraints.get(key.constraint).expect("validated");
+        let matching = self.cache.evaluate(constraint, hosts).clone();
+        self.apply_host_rules(
+            hosts,
+            constraint,
+            matching,
+            key.request,
+            key.may_use_gpu_hosts,
+        )
+        .contains(key.desired_host)
     }
 
     /// Hosts a task may use at all, before resources: up, matching its
@@ -513,13 +648,15 @@ impl Placer {
         spec: &crate::task::TaskSpec,
     ) -> RoaringBitmap {
         let may_use = spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0;
-        self.apply_host_rules(
-            hosts,
-            constraint,
-            constraint.evaluate(hosts),
-            spec.request,
-            may_use,
-        )
+        let mut matching = constraint.evaluate(hosts);
+        if spec.desired_host != NO_HOST {
+            let keep = matching.contains(spec.desired_host);
+            matching.clear();
+            if keep {
+                matching.insert(spec.desired_host);
+            }
+        }
+        self.apply_host_rules(hosts, constraint, matching, spec.request, may_use)
     }
 
     /// Narrows `matching` (the constraint's hosts) by the rules every task
@@ -568,6 +705,13 @@ impl Placer {
         let constraint = constraints.get(key.constraint).expect("validated");
         let mut matching = self.cache.evaluate(constraint, hosts).clone();
         matching &= &self.open;
+        if key.desired_host != NO_HOST {
+            let keep = matching.contains(key.desired_host);
+            matching.clear();
+            if keep {
+                matching.insert(key.desired_host);
+            }
+        }
         self.apply_host_rules(
             hosts,
             constraint,
@@ -809,7 +953,17 @@ impl Placer {
         let up = hosts.in_state(HostState::Up);
         let mut counts = [0u32; N_CHECKS];
         let n_hosts = live.len() as u32;
-        counts[Check::HostNotUp.index()] = (live - up).len() as u32;
+        let mut live = live.clone();
+        if key.desired_host != NO_HOST {
+            let pinned_here = live.remove(key.desired_host);
+            counts[Check::Pinned.index()] = live.len() as u32;
+            live.clear();
+            if pinned_here {
+                live.insert(key.desired_host);
+            }
+        }
+        let up = &(up & &live);
+        counts[Check::HostNotUp.index()] = (&live - up).len() as u32;
         let mut rest = up & matching;
         counts[Check::Constraint.index()] = (up.len() - rest.len()) as u32;
         let before = rest.len();
@@ -970,7 +1124,10 @@ pub fn check_host_accounting(hosts: &HostArena, tasks: &TaskArena) {
     for (slot, held) in held.iter().enumerate() {
         if hosts.lookup_slot(slot).is_some() {
             assert_eq!(
-                hosts.free(slot).saturating_add(held),
+                hosts
+                    .free(slot)
+                    .saturating_add(held)
+                    .saturating_add(&hosts.reserved(slot)),
                 hosts.capacity(slot),
                 "host {slot}"
             );

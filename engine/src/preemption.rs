@@ -27,9 +27,9 @@ use rustc_hash::FxHashMap;
 use crate::constraint::ConstraintTable;
 use crate::host::{GpuGrant, HostArena};
 use crate::manager::ResourceManager;
-use crate::placement::Placer;
+use crate::placement::{Placer, Reservations};
 use crate::resources::{Dim, N_DIMS, Resources};
-use crate::task::{PlacedView, TaskArena, TaskError, TaskHandle, flags};
+use crate::task::{NO_HOST, PlacedView, TaskArena, TaskError, TaskHandle, flags};
 
 /// Why a task was chosen as a victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,6 +208,31 @@ pub fn intra_pool_victims(
     pending: &[TaskHandle],
     out: &mut Vec<(TaskHandle, u32, Vec<Victim>)>,
 ) -> Result<(), TaskError> {
+    intra_pool_victims_with(
+        placer,
+        hosts,
+        tasks,
+        constraints,
+        &Reservations::default(),
+        pending,
+        out,
+    )
+}
+
+/// [`intra_pool_victims`] knowing the hosts' reservations: a pending task
+/// with a desired host looks only there, counting what is reserved for its
+/// instance as free, and never evicts a daemon; a daemon
+/// ([`flags::DAEMON`]) may evict preemptible non-daemon tasks of any pool
+/// and priority on its host.
+pub fn intra_pool_victims_with(
+    placer: &Placer,
+    hosts: &HostArena,
+    tasks: &TaskArena,
+    constraints: &ConstraintTable,
+    reservations: &Reservations,
+    pending: &[TaskHandle],
+    out: &mut Vec<(TaskHandle, u32, Vec<Victim>)>,
+) -> Result<(), TaskError> {
     // Victims come from the pending tasks' own pools only (the arena's pool
     // index), not every placed task.
     let mut pools: Vec<u32> = Vec::new();
@@ -244,10 +269,35 @@ pub fn intra_pool_victims(
             spec.max_per_host == 0
                 || placer.instances_on_host(spec.limit_key, slot) < spec.max_per_host
         };
-        if candidates.iter().any(|slot| {
-            under_limit(slot) && hosts.fits(slot as usize, &spec.request, ports).is_ok()
-        }) {
+        // What is reserved for the task's instance on its desired host is
+        // the task's.
+        let own = match reservations.get(&(spec.job, spec.instance)) {
+            Some(&(slot, amount)) if slot == spec.desired_host => amount,
+            _ => Resources::ZERO,
+        };
+        let fits_freeing = |slot: u32, chosen: &[PlacedView]| {
+            fits_without(hosts, slot, &spec.request, ports, chosen, &own)
+        };
+        if candidates
+            .iter()
+            .any(|slot| under_limit(slot) && fits_freeing(slot, &[]))
+        {
             continue; // it fits without evicting anyone
+        }
+        let daemon = spec.flags & flags::DAEMON != 0 && spec.desired_host != NO_HOST;
+        let mut on_daemon_host: Vec<PlacedView> = Vec::new();
+        if daemon {
+            on_daemon_host.extend(
+                tasks
+                    .placed_on_host(spec.desired_host)
+                    .filter(|t| t.flags & flags::PREEMPTIBLE != 0 && t.flags & flags::DAEMON == 0),
+            );
+            on_daemon_host.sort_by(|a, b| {
+                a.priority
+                    .cmp(&b.priority)
+                    .then(b.start_ms.cmp(&a.start_ms))
+                    .then(b.arrival.cmp(&a.arrival))
+            });
         }
         // (victims, summed victim priority, slot, victims)
         let mut best: Option<(usize, u64, u32, Vec<PlacedView>)> = None;
@@ -255,12 +305,23 @@ pub fn intra_pool_victims(
             if used_hosts.contains(slot) || !under_limit(slot) {
                 continue;
             }
-            let Some(running) = by_host.get(&slot) else {
-                continue;
+            let running: &[PlacedView] = if daemon {
+                &on_daemon_host
+            } else {
+                match by_host.get(&slot) {
+                    Some(r) => r,
+                    None => continue,
+                }
             };
-            let eligible = running
-                .iter()
-                .filter(|r| r.pool == spec.pool && r.priority < spec.priority);
+            // A daemon is never evicted for another pinned task (each
+            // would take the other's room back, for ever).
+            let pinned = spec.desired_host != NO_HOST;
+            let eligible = running.iter().filter(|r| {
+                daemon
+                    || (r.pool == spec.pool
+                        && r.priority < spec.priority
+                        && !(pinned && r.flags & flags::DAEMON != 0))
+            });
             let mut chosen: Vec<PlacedView> = Vec::new();
             let mut fits = false;
             for r in eligible {
@@ -268,7 +329,7 @@ pub fn intra_pool_victims(
                     break; // cannot beat the best host any more
                 }
                 chosen.push(*r);
-                if fits_without(hosts, slot, &spec.request, ports, &chosen) {
+                if fits_freeing(slot, &chosen) {
                     fits = true;
                     break;
                 }
@@ -280,7 +341,7 @@ pub fn intra_pool_victims(
             let mut i = 0;
             while i < chosen.len() {
                 let removed = chosen.remove(i);
-                if fits_without(hosts, slot, &spec.request, ports, &chosen) {
+                if fits_freeing(slot, &chosen) {
                     continue;
                 }
                 chosen.insert(i, removed);
@@ -321,8 +382,9 @@ fn fits_without(
     request: &Resources,
     ports: u32,
     victims: &[PlacedView],
+    reserved_for_it: &Resources,
 ) -> bool {
-    let mut freed = Resources::ZERO;
+    let mut freed = *reserved_for_it;
     let mut freed_ports = 0;
     let grants: Vec<GpuGrant> = victims.iter().map(|v| v.gpu).collect();
     for v in victims {

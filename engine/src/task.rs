@@ -93,10 +93,14 @@ pub mod flags {
     pub const CONTROLLER: u8 = 4;
     /// May run on GPU hosts without requesting GPUs (the pool allows it).
     pub const MAY_USE_GPU_HOSTS: u8 = 8;
+    /// A daemon: pinned to its host, it may evict preemptible non-daemon
+    /// tasks of any pool there to fit, and is never evicted for another
+    /// pinned task.
+    pub const DAEMON: u8 = 16;
 }
 
 /// What a new task is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TaskSpec {
     /// The caller's job number.
     pub job: u32,
@@ -124,6 +128,28 @@ pub struct TaskSpec {
     /// What `max_per_host` counts: the job number, or a task label's number
     /// when the limit is per label. The caller chooses.
     pub limit_key: u32,
+    /// The only host slot the task may be placed on ([`NO_HOST`]: any).
+    pub desired_host: u32,
+}
+
+impl Default for TaskSpec {
+    fn default() -> Self {
+        TaskSpec {
+            job: 0,
+            instance: 0,
+            pool: 0,
+            priority: 0,
+            request: Resources::ZERO,
+            ports: 0,
+            flags: 0,
+            gang: NO_GANG,
+            constraint: 0,
+            strategy: Strategy::default(),
+            max_per_host: 0,
+            limit_key: 0,
+            desired_host: NO_HOST,
+        }
+    }
 }
 
 /// A placed task, as preemption sees it.
@@ -187,6 +213,7 @@ pub struct TaskArena {
     ports: Vec<u16>,
     max_per_host: Vec<u16>,
     limit_key: Vec<u32>,
+    desired_host: Vec<u32>,
     flags: Vec<u8>,
     strategy: Vec<Strategy>,
     state: Vec<TaskState>,
@@ -288,6 +315,7 @@ impl TaskArena {
                 self.ports[i] = spec.ports;
                 self.max_per_host[i] = spec.max_per_host;
                 self.limit_key[i] = spec.limit_key;
+                self.desired_host[i] = spec.desired_host;
                 self.flags[i] = spec.flags;
                 self.strategy[i] = spec.strategy;
                 self.state[i] = TaskState::Pending;
@@ -313,6 +341,7 @@ impl TaskArena {
                 self.ports.push(spec.ports);
                 self.max_per_host.push(spec.max_per_host);
                 self.limit_key.push(spec.limit_key);
+                self.desired_host.push(spec.desired_host);
                 self.flags.push(spec.flags);
                 self.strategy.push(spec.strategy);
                 self.state.push(TaskState::Pending);
@@ -384,6 +413,7 @@ impl TaskArena {
             strategy: self.strategy[i],
             max_per_host: self.max_per_host[i],
             limit_key: self.limit_key[i],
+            desired_host: self.desired_host[i],
         })
     }
 
@@ -470,6 +500,16 @@ impl TaskArena {
     pub fn placed_in_pool(&self, pool: u32) -> impl Iterator<Item = PlacedView> + '_ {
         self.in_pool
             .get(pool as usize)
+            .map_or(&[][..], |l| l.as_slice())
+            .iter()
+            .map(|&i| self.view(i as usize))
+    }
+
+    /// The tasks placed on host `slot`, as preemption sees them, in no
+    /// particular order.
+    pub fn placed_on_host(&self, slot: u32) -> impl Iterator<Item = PlacedView> + '_ {
+        self.on_host
+            .get(slot as usize)
             .map_or(&[][..], |l| l.as_slice())
             .iter()
             .map(|&i| self.view(i as usize))
@@ -575,7 +615,7 @@ impl TaskArena {
     pub fn bytes_per_slot() -> usize {
         use std::mem::size_of;
         size_of::<[u32; 8]>() // generation, job, instance, pool, priority, gang, constraint, limit_key
-            + size_of::<u32>() // host
+            + size_of::<u32>() * 2 // host, desired_host
             + size_of::<bool>()
             + size_of::<Resources>()
             + size_of::<u16>() * 2

@@ -1055,6 +1055,7 @@ pub fn placement_workload(
             strategy,
             max_per_host: if rng.chance(0.1) { 1 } else { 0 },
             limit_key: job,
+            ..Default::default()
         };
         for instance in 0..100.min(n_tasks - batch.len()) {
             let handle = tasks
@@ -1219,6 +1220,7 @@ pub fn fuzz_placement_ops(data: &[u8]) -> u64 {
                         [usize::from(n) % 3],
                     max_per_host: u16::from(n & 4 != 0),
                     limit_key: u32::from(more % 4),
+                    ..Default::default()
                 };
                 for _ in 0..n % 6 + 1 {
                     match tasks.add(&spec) {

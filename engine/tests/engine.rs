@@ -24,6 +24,8 @@ fn task(pool: PoolId, priority: u32, n_cores: u64) -> NewTask {
         strategy: Strategy::Pack,
         max_per_host: 0,
         limit_key: 1,
+        desired_host: None,
+        daemon: false,
     }
 }
 

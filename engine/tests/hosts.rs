@@ -428,3 +428,39 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_hosts_spec_reads_back_and_updates_one_attribute() {
+    let mut arena = HostArena::new(HostLimits::default());
+    let mut h3 = host_spec("h3 cpu=16 mem=64 zone=b rack=r3 gpus=4 gpu_model=a100");
+    h3.ports = 10;
+    let id = arena.add(&h3).unwrap();
+    let task = Resources::new(2000, 1024, 0, 1000);
+    let grant = arena.allocate(id.idx(), &task, 2).unwrap();
+    let mut spec = arena.spec(id).unwrap();
+    assert_eq!(spec.name, "h3");
+    assert_eq!(spec.gpu_devices, 4);
+    assert_eq!(spec.ports, 10);
+    assert_eq!(spec.capacity, arena.capacity(id.idx()));
+    let mut attrs = spec.attributes.clone();
+    attrs.sort();
+    assert_eq!(
+        attrs,
+        [
+            ("gpu_model".to_string(), "a100".to_string()),
+            ("rack".into(), "r3".into()),
+            ("zone".into(), "b".into()),
+        ]
+    );
+    // Writing it back with one attribute more changes only that.
+    let free = arena.free(id.idx());
+    let ports = arena.ports_free(id.idx());
+    spec.attributes.push(("pool".into(), "p1".into()));
+    arena.update(id, &spec).unwrap();
+    arena.check_invariants();
+    assert_eq!(arena.free(id.idx()), free);
+    assert_eq!(arena.ports_free(id.idx()), ports);
+    check(&mut arena, "pool == p1", expect![[r#"pool==p1 -> ["h3"]"#]]);
+    arena.release(id.idx(), &task, 2, grant);
+    arena.check_invariants();
+}

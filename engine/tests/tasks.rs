@@ -20,6 +20,7 @@ fn spec(job: u32, instance: u32) -> TaskSpec {
         strategy: Strategy::Spread,
         max_per_host: 1,
         limit_key: job,
+        ..Default::default()
     }
 }
 

@@ -1,4 +1,5 @@
-//! Random lifecycle operations (pools, jobs, cycles, time, run ends, health
+//! Random lifecycle operations (pools, jobs, stateful and daemon jobs, volume
+//! deletions, host zones and joins, cycles, time, run ends, health
 //! verdicts, kills and their confirmations, job and task actions, drains,
 //! hosts lost and back, server crashes and recoveries, rolling updates and
 //! actions on them) on the lifecycle core over a simulated cluster, checked

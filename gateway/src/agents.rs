@@ -216,6 +216,30 @@ impl AgentBackend {
     }
 }
 
+/// Bytes of launches in one message: far below the message limit, since
+/// launches carry their jobs' secrets (up to 256 KiB each).
+const MAX_LAUNCH_BYTES: usize = 4 << 20;
+
+/// Launches cut into messages of at most [`MAX_RUNS_PER_MESSAGE`] runs and
+/// about [`MAX_LAUNCH_BYTES`] (at least one run each).
+fn launch_chunks(runs: &[pb::LaunchRun]) -> Vec<&[pb::LaunchRun]> {
+    use prost::Message;
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, r) in runs.iter().enumerate() {
+        let len = r.encoded_len();
+        if i > start && (i - start >= MAX_RUNS_PER_MESSAGE || bytes + len > MAX_LAUNCH_BYTES) {
+            out.push(&runs[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += len;
+    }
+    if start < runs.len() {
+        out.push(&runs[start..]);
+    }
+    out
+}
+
 impl HostBackend for AgentBackend {
     fn launch(&mut self, _now_ms: u64, launches: &mut Vec<Launch>) {
         let mut by_host: FxHashMap<Arc<str>, Vec<pb::LaunchRun>> = FxHashMap::default();
@@ -226,13 +250,18 @@ impl HostBackend for AgentBackend {
                 .push(pb::LaunchRun {
                     key: Some(run_key(&l.job_id, l.run)),
                     spec: l.spec.as_deref().cloned(),
+                    volume: l.volume.as_ref().map(|(id, size_mb)| pb::VolumeMount {
+                        id: id.to_string(),
+                        size_mb: *size_mb,
+                    }),
+                    secrets: l.secrets.as_deref().map(<[_]>::to_vec).unwrap_or_default(),
                     ..Default::default()
                 });
         }
         let mut hosts: Vec<_> = by_host.into_iter().collect();
         hosts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (host, runs) in hosts {
-            for chunk in runs.chunks(MAX_RUNS_PER_MESSAGE) {
+            for chunk in launch_chunks(&runs) {
                 let msg = pb::server_message::Kind::Launch(pb::LaunchRuns {
                     runs: chunk.to_vec(),
                 });

@@ -30,10 +30,14 @@ pub struct Launch {
     pub job_id: std::sync::Arc<str>,
     /// The instance's task spec, for backends that run it for real.
     pub spec: Option<std::sync::Arc<peloton_proto::v1::TaskSpec>>,
+    /// The job's current secrets, for backends that run it for real.
+    pub secrets: Option<std::sync::Arc<[peloton_proto::v1::Secret]>>,
     /// How long the simulated run lasts.
     pub sim_duration_ms: u64,
     /// How the simulated run ends.
     pub sim_exit_code: i32,
+    /// The instance's volume (id, MiB), if its task has one.
+    pub volume: Option<(std::sync::Arc<str>, u64)>,
 }
 
 /// Where runs happen.
@@ -161,26 +165,32 @@ mod tests {
         let job: std::sync::Arc<str> = "j".into();
         let mut launches = vec![
             Launch {
+                volume: None,
                 run: run(0),
                 host: host.clone(),
                 job_id: job.clone(),
                 spec: None,
+                secrets: None,
                 sim_duration_ms: 100,
                 sim_exit_code: 0,
             },
             Launch {
+                volume: None,
                 run: run(1),
                 host: host.clone(),
                 job_id: job.clone(),
                 spec: None,
+                secrets: None,
                 sim_duration_ms: 50,
                 sim_exit_code: 3,
             },
             Launch {
+                volume: None,
                 run: run(2),
                 host: host.clone(),
                 job_id: job.clone(),
                 spec: None,
+                secrets: None,
                 sim_duration_ms: 10,
                 sim_exit_code: 0,
             },

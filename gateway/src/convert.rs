@@ -42,7 +42,7 @@ pub fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {problem}"))
 }
 
-use crate::lifecycle::{Health, JobKind, JobState, LaunchId, RunRecord, TaskState};
+use crate::lifecycle::{Health, JobKind, JobState, LaunchId, RunRecord, TaskState, VolumePolicy};
 pub use crate::lifecycle::{JobPlan, RestartPolicy, TaskTemplate};
 
 fn amount(field: &str, value: f64, scale: f64) -> Result<u64, Status> {
@@ -175,6 +175,11 @@ fn string(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
         ));
     }
     Ok(())
+}
+
+/// Refuses a string longer than the limit, naming the field.
+pub fn string_field(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
+    string(field, value, limits)
 }
 
 fn list(field: &str, len: usize, limits: &Limits) -> Result<(), Status> {
@@ -312,8 +317,73 @@ pub fn task_template(
             spec.kill_grace_period_ms
         },
         health_check: spec.health_check.is_some(),
+        volume: spec
+            .volume
+            .as_ref()
+            .map(|v| volume(&format!("{field}.volume"), v))
+            .transpose()?,
         sim_duration_ms: sim.duration_ms,
         sim_exit_code: sim.exit_code,
+    })
+}
+
+/// Volumes in one list answer.
+pub const MAX_LISTED_VOLUMES: usize = 10_000;
+
+/// Largest volume: 16 TiB.
+pub const MAX_VOLUME_MB: u64 = 16 << 20;
+
+/// Files of a sandbox that the agent owns: a volume may not hide one.
+const SANDBOX_FILES: [&str; 11] = [
+    "stdout",
+    "stderr",
+    "run.json",
+    "run.json.b",
+    "task.json",
+    "started",
+    "exit.json",
+    "wrapper.log",
+    "health-check.out",
+    ".peloton-secrets",
+    ".peloton",
+];
+
+/// Validates a task's volume.
+fn volume(field: &str, v: &pb::VolumeSpec) -> Result<crate::lifecycle::VolumeTemplate, Status> {
+    if v.size_mb == 0 || v.size_mb > MAX_VOLUME_MB {
+        return Err(invalid(
+            &format!("{field}.size_mb"),
+            format!("{} is not between 1 and {MAX_VOLUME_MB} MiB", v.size_mb),
+        ));
+    }
+    let path = if v.path.is_empty() {
+        "data"
+    } else {
+        v.path.as_str()
+    };
+    let bad = |problem: &str| invalid(&format!("{field}.path"), format!("{path:?} {problem}"));
+    if path.len() > 256 {
+        return Err(bad("is longer than 256 bytes"));
+    }
+    if path.starts_with('/') {
+        return Err(bad("must be relative to the sandbox"));
+    }
+    let mut parts = path.split('/');
+    if parts.clone().any(|p| p.is_empty() || p == "." || p == "..") {
+        return Err(bad(
+            "must be a plain relative path (no empty, . or .. parts)",
+        ));
+    }
+    if parts.any(|p| p.contains('\0')) {
+        return Err(bad("contains a NUL byte"));
+    }
+    let first = path.split('/').next().unwrap_or_default();
+    if SANDBOX_FILES.contains(&first) || first.ends_with(".tmp") {
+        return Err(bad("would hide a file of the sandbox the agent owns"));
+    }
+    Ok(crate::lifecycle::VolumeTemplate {
+        size_mb: v.size_mb,
+        path: path.into(),
     })
 }
 
@@ -376,17 +446,154 @@ fn health_check(
     Ok(())
 }
 
-/// Validates a job spec. The pool's existence is checked by the loop.
+/// The host attribute that holds a host's host pool (set by the server;
+/// agents may not set it). Hidden from `Host.attributes` in reads.
+pub const HOST_POOL_ATTRIBUTE: &str = "peloton.host_pool";
+/// The host pool that always exists and takes every host not moved
+/// elsewhere (and jobs that name none).
+pub const DEFAULT_HOST_POOL: &str = "default";
+
+/// Validates a host pool name: 1–64 of `[A-Za-z0-9._-]`.
+pub fn host_pool_name(field: &str, name: &str) -> Result<(), Status> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !ok {
+        return Err(invalid(
+            field,
+            format!("{name:?} must be 1–64 letters, digits, '.', '_' or '-'"),
+        ));
+    }
+    Ok(())
+}
+
+/// The host pool a job spec names ("default" when none).
+pub fn job_host_pool(spec: &pb::JobSpec) -> &str {
+    if spec.host_pool.is_empty() {
+        DEFAULT_HOST_POOL
+    } else {
+        &spec.host_pool
+    }
+}
+
+/// A task's constraint with its job's host pool ANDed in.
+fn with_host_pool(constraint: &str, host_pool: &str) -> String {
+    let pool = format!("{HOST_POOL_ATTRIBUTE} == \"{host_pool}\"");
+    if constraint.is_empty() {
+        pool
+    } else {
+        format!("({constraint}) and {pool}")
+    }
+}
+
+/// Most secrets of one job.
+pub const MAX_SECRETS: usize = 32;
+/// Largest value of one secret, bytes.
+pub const MAX_SECRET_BYTES: usize = 64 * 1024;
+/// Largest sum of a job's secret values, bytes.
+pub const MAX_SECRETS_TOTAL_BYTES: usize = 256 * 1024;
+
+/// Validates secret names, count and sizes (values left empty are checked
+/// by [`resolve_secrets`], which knows the job's current ones).
+fn check_secrets(secrets: &[pb::Secret]) -> Result<(), Status> {
+    if secrets.len() > MAX_SECRETS {
+        return Err(invalid(
+            "spec.secrets",
+            format!("{} secrets; the limit is {MAX_SECRETS}", secrets.len()),
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, s) in secrets.iter().enumerate() {
+        let field = format!("spec.secrets[{i}].name");
+        let ok = !s.name.is_empty()
+            && s.name.len() <= 64
+            && !s.name.starts_with('.')
+            && s.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !ok {
+            return Err(invalid(
+                &field,
+                format!(
+                    "{:?} must be 1–64 letters, digits, '.', '_' or '-', not starting with '.'",
+                    s.name
+                ),
+            ));
+        }
+        if !names.insert(s.name.as_str()) {
+            return Err(invalid(&field, format!("duplicate secret {:?}", s.name)));
+        }
+        if s.value.len() > MAX_SECRET_BYTES {
+            return Err(invalid(
+                &format!("spec.secrets[{i}].value"),
+                format!(
+                    "{} bytes is more than the limit of {MAX_SECRET_BYTES}",
+                    s.value.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A job's secrets as they will be kept: `new` (validated by
+/// [`job_plan`]) with each empty value taken from `current` (the job's
+/// secrets before an update; empty at creation), sizes set, and the total
+/// within its limit.
+pub fn resolve_secrets(
+    new: Vec<pb::Secret>,
+    current: &[pb::Secret],
+) -> Result<Vec<pb::Secret>, Status> {
+    let mut out = Vec::with_capacity(new.len());
+    let mut total = 0;
+    for (i, mut s) in new.into_iter().enumerate() {
+        if s.value.is_empty() {
+            let Some(old) = current.iter().find(|c| c.name == s.name) else {
+                return Err(invalid(
+                    &format!("spec.secrets[{i}].value"),
+                    format!(
+                        "empty, and the job has no secret {:?} to keep (an empty value keeps the current one in an update)",
+                        s.name
+                    ),
+                ));
+            };
+            s.value = old.value.clone();
+        }
+        total += s.value.len();
+        s.size = s.value.len() as u32;
+        out.push(s);
+    }
+    if total > MAX_SECRETS_TOTAL_BYTES {
+        return Err(invalid(
+            "spec.secrets",
+            format!("{total} bytes in all; the limit is {MAX_SECRETS_TOTAL_BYTES}"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Secrets as reads show them: names and sizes, no values.
+pub fn redact_secrets(secrets: &[pb::Secret]) -> Vec<pb::Secret> {
+    secrets
+        .iter()
+        .map(|s| pb::Secret {
+            name: s.name.clone(),
+            value: Vec::new(),
+            size: s.value.len() as u32,
+        })
+        .collect()
+}
+
+/// Validates a job spec. The pool's and the host pool's existence are
+/// checked by the loop; so are secrets with empty values.
 pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> {
     let kind = match pb::JobType::try_from(spec.r#type) {
         Ok(pb::JobType::Batch) => JobKind::Batch,
-        Ok(pb::JobType::Service) => JobKind::Service,
-        Ok(other) => {
-            return Err(Status::unimplemented(format!(
-                "spec.type: {} jobs are not supported yet; batch and service jobs are",
-                other.as_str_name()
-            )));
-        }
+        // A stateful job is a service whose instances own volumes.
+        Ok(pb::JobType::Service | pb::JobType::Stateful) => JobKind::Service,
+        Ok(pb::JobType::Daemon) => JobKind::Daemon,
         Err(_) => {
             return Err(invalid(
                 "spec.type",
@@ -409,7 +616,8 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     if spec.pool.is_empty() {
         return Err(invalid("spec.pool", "must name a pool, e.g. /batch"));
     }
-    if spec.instance_count == 0 {
+    let daemon = kind == JobKind::Daemon;
+    if spec.instance_count == 0 && !daemon {
         return Err(invalid("spec.instance_count", "must be at least 1"));
     }
     if spec.instance_count > limits.max_instances_per_job {
@@ -421,7 +629,39 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             ),
         ));
     }
-    let default = task_template("spec.default_task", spec.default_task.as_ref(), limits)?;
+    if !spec.host_pool.is_empty() {
+        host_pool_name("spec.host_pool", &spec.host_pool)?;
+    }
+    check_secrets(&spec.secrets)?;
+    let host_pool = job_host_pool(spec);
+    let mut default = task_template("spec.default_task", spec.default_task.as_ref(), limits)?;
+    default.constraint = with_host_pool(&default.constraint, host_pool);
+    if spec.r#type == pb::JobType::Stateful as i32 && default.volume.is_none() {
+        return Err(invalid(
+            "spec.default_task.volume",
+            "a stateful job's task must have a volume",
+        ));
+    }
+    if daemon {
+        if default.volume.is_some() {
+            return Err(invalid(
+                "spec.default_task.volume",
+                "daemon jobs cannot have volumes",
+            ));
+        }
+        if !spec.overrides.is_empty() {
+            return Err(invalid(
+                "spec.overrides",
+                "a daemon job's instances are all alike (one per host)",
+            ));
+        }
+        if spec.sla.is_some_and(|s| s.min_running_instances > 1) {
+            return Err(invalid(
+                "spec.sla.min_running_instances",
+                "a daemon job cannot run in gangs",
+            ));
+        }
+    }
     if spec.overrides.len() > limits.max_overrides {
         return Err(invalid(
             "spec.overrides",
@@ -443,11 +683,12 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
                 ),
             ));
         }
-        let t = task_template(
+        let mut t = task_template(
             &format!("spec.overrides[{i}].spec"),
             o.spec.as_ref(),
             limits,
         )?;
+        t.constraint = with_host_pool(&t.constraint, host_pool);
         if t.revocable != default.revocable || t.controller != default.controller {
             return Err(invalid(
                 &format!("spec.overrides[{i}].spec"),
@@ -463,7 +704,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     }
     let sla = spec.sla.unwrap_or_default();
     let gang = sla.min_running_instances.max(1);
-    if gang > spec.instance_count {
+    if gang > spec.instance_count && !daemon {
         return Err(invalid(
             "spec.sla.min_running_instances",
             format!(
@@ -518,6 +759,17 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         max_running_time_ms: sla.max_running_time_ms,
         max_unavailable: sla.max_unavailable_instances.max(1),
         strategy,
+        volume_policy: {
+            let p = spec.stateful.unwrap_or_default();
+            VolumePolicy {
+                host_down_timeout_ms: if p.host_down_timeout_ms == 0 {
+                    crate::lifecycle::DEFAULT_HOST_DOWN_TIMEOUT_MS
+                } else {
+                    p.host_down_timeout_ms
+                },
+                relocate: p.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
+            }
+        },
     })
 }
 
@@ -629,6 +881,40 @@ mod tests {
     }
 
     #[test]
+    fn the_host_pool_is_anded_into_every_constraint() {
+        let mut s = good_job();
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        assert_eq!(plan.default.constraint, "peloton.host_pool == \"default\"");
+        s.host_pool = "gpu.a-1".into();
+        s.default_task.as_mut().unwrap().constraint = "zone == a or zone == b".into();
+        s.overrides.push(pb::InstanceOverride {
+            instance: 1,
+            spec: s.default_task.clone(),
+        });
+        s.overrides[0].spec.as_mut().unwrap().constraint = String::new();
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        let want = "(zone == a or zone == b) and peloton.host_pool == \"gpu.a-1\"";
+        assert_eq!(plan.default.constraint, want);
+        assert_eq!(
+            plan.overrides[&1].constraint,
+            "peloton.host_pool == \"gpu.a-1\""
+        );
+        // What the engine compiles: the pool binds to the whole user
+        // constraint, not to its last term.
+        let mut i = Interner::new();
+        let shown = Constraint::parse(want, &mut i)
+            .unwrap()
+            .display(&i)
+            .to_string();
+        assert_eq!(
+            shown,
+            "((zone==a || zone==b) && peloton.host_pool==gpu.a-1)"
+        );
+        s.host_pool = "a b".into();
+        assert!(error_of(&s).1.starts_with("spec.host_pool: "));
+    }
+
+    #[test]
     fn a_good_job_converts_to_engine_units() {
         let plan = job_plan(&good_job(), &Limits::default()).unwrap();
         assert_eq!(plan.default.request[Dim::Cpu], 500);
@@ -681,7 +967,54 @@ mod tests {
         assert!(error_of(&s).1.starts_with("spec.default_task.constraint: "));
         let mut s = good_job();
         s.r#type = pb::JobType::Stateful as i32;
-        assert_eq!(error_of(&s).0, tonic::Code::Unimplemented);
+        assert_eq!(
+            error_of(&s).1,
+            "spec.default_task.volume: a stateful job's task must have a volume"
+        );
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 10,
+            path: "../etc".into(),
+        });
+        assert!(
+            error_of(&s)
+                .1
+                .starts_with("spec.default_task.volume.path: \"../etc\"")
+        );
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 10,
+            path: "stdout".into(),
+        });
+        assert!(error_of(&s).1.contains("would hide a file"));
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 0,
+            path: String::new(),
+        });
+        assert!(
+            error_of(&s)
+                .1
+                .starts_with("spec.default_task.volume.size_mb: 0")
+        );
+        s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+            size_mb: 10,
+            path: String::new(),
+        });
+        assert_eq!(
+            job_plan(&s, &Limits::default())
+                .unwrap()
+                .default
+                .volume
+                .unwrap()
+                .path
+                .as_ref(),
+            "data"
+        );
+        let mut s = good_job();
+        s.r#type = pb::JobType::Daemon as i32;
+        s.instance_count = 0;
+        assert_eq!(
+            job_plan(&s, &Limits::default()).unwrap().kind,
+            JobKind::Daemon
+        );
         let mut s = good_job();
         s.r#type = pb::JobType::Service as i32;
         assert!(job_plan(&s, &Limits::default()).is_ok());

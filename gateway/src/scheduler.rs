@@ -16,6 +16,7 @@
 //! A failed commit stops the process: memory is ahead of the store and a
 //! restart recovers from the store. The clock is read here and passed in.
 
+mod hostpools;
 mod persist;
 mod reads;
 
@@ -160,6 +161,34 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::ListHostsResponse>,
     },
+    /// Create a host pool.
+    CreateHostPool {
+        /// Validated name.
+        name: String,
+        /// Reply.
+        reply: Reply<pb::HostPool>,
+    },
+    /// Delete a host pool.
+    DeleteHostPool {
+        /// Name.
+        name: String,
+        /// Reply.
+        reply: Reply<()>,
+    },
+    /// Every host pool with its hosts.
+    ListHostPools {
+        /// Reply.
+        reply: Reply<Vec<pb::HostPool>>,
+    },
+    /// Move hosts into a host pool.
+    MoveHosts {
+        /// Host names.
+        hosts: Vec<String>,
+        /// The host pool.
+        to: String,
+        /// Reply.
+        reply: Reply<()>,
+    },
     /// Start or complete maintenance.
     Maintenance {
         /// Host names.
@@ -247,6 +276,29 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::Update>,
     },
+    /// Volumes, filtered by job id and host ("" for any).
+    ListVolumes {
+        /// Job id filter.
+        job_id: String,
+        /// Host filter.
+        host: String,
+        /// Reply.
+        reply: Reply<Vec<pb::Volume>>,
+    },
+    /// Read a volume.
+    GetVolume {
+        /// Volume id.
+        id: String,
+        /// Reply.
+        reply: Reply<pb::Volume>,
+    },
+    /// Delete a volume.
+    DeleteVolume {
+        /// Volume id.
+        id: String,
+        /// Reply.
+        reply: Reply<()>,
+    },
     /// Finish the current batch and stop.
     Shutdown,
 }
@@ -308,6 +360,9 @@ type Deferred = Box<dyn FnOnce() + Send>;
 /// A job's specs by config version.
 pub(crate) type Specs = std::collections::BTreeMap<u64, pb::JobSpec>;
 
+/// Jobs' secrets (with their values) by job id.
+pub(crate) type Secrets = FxHashMap<Arc<str>, Arc<[pb::Secret]>>;
+
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
 /// on its own thread.
 pub struct Scheduler {
@@ -320,6 +375,11 @@ pub struct Scheduler {
     /// Job specs as users sent them, by config version (the core keeps
     /// their plans).
     specs: FxHashMap<JobKey, Specs>,
+    /// Jobs' secrets by job id, kept apart from their specs (which never
+    /// hold them): stored in their own table, sent only with launches.
+    secrets: Secrets,
+    /// Host pools and their members.
+    host_pools: hostpools::HostPools,
     fx: Effects,
     batch: WriteBatch,
     deferred: Vec<Deferred>,
@@ -370,7 +430,12 @@ impl Scheduler {
         };
         let now = now_ms();
         let revision = snapshot.revision;
-        let (recovered, specs_by_id) = persist::recovered(&snapshot, core_config.agent_mode)?;
+        let host_pools = hostpools::HostPools::recover(&snapshot);
+        // The simulated hosts (agent hosts are tagged as they are
+        // recovered or register).
+        host_pools.tag_all(&mut engine)?;
+        let (recovered, specs_by_id) =
+            persist::recovered(&snapshot, core_config.agent_mode, &host_pools)?;
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
@@ -384,6 +449,8 @@ impl Scheduler {
                 fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
             }
         }
+        let mut batch = WriteBatch::default();
+        let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
         metrics.jobs.set(core.n_jobs() as i64);
         Ok(Scheduler {
             engine,
@@ -393,8 +460,10 @@ impl Scheduler {
             config,
             metrics,
             specs,
+            secrets,
+            host_pools,
             fx,
-            batch: WriteBatch::default(),
+            batch,
             deferred: Vec::new(),
             events_tx,
             launches: Vec::new(),
@@ -524,13 +593,20 @@ impl Scheduler {
                 .then(|| self.specs.get(&l.run.job).and_then(|s| s.get(&l.config)))
                 .flatten()
                 .map(|s| Arc::new(reads::instance_spec(s, l.run.instance).clone()));
+            let secrets = if wants_specs {
+                self.secrets.get(&l.job_id).cloned()
+            } else {
+                None
+            };
             self.launches.push(Launch {
                 run: l.run,
                 host: l.host,
                 job_id: l.job_id,
                 spec,
+                secrets,
                 sim_duration_ms: l.sim_duration_ms,
                 sim_exit_code: l.sim_exit_code,
+                volume: l.volume,
             });
         }
         self.kills.append(&mut self.fx.kills);
@@ -579,6 +655,7 @@ impl Scheduler {
             &mut self.core,
             &self.engine,
             &mut self.specs,
+            &mut self.secrets,
             &mut self.fx.rows,
             &mut self.batch,
             &self.metrics,
@@ -616,6 +693,7 @@ impl Scheduler {
         // the simulator these are what is left of the iteration.)
         self.dispatch();
         self.send_acks();
+        self.send_volume_deletes();
         for d in self.deferred.drain(..) {
             d();
         }
@@ -653,6 +731,37 @@ impl Scheduler {
                     })),
                 };
                 // A full or closed outbox: the agent reports again later.
+                if session.tx.try_send(Ok(msg)).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Volumes deleted or given up by this commit: their agents remove
+    /// them. An agent away now lists them when it registers again, and is
+    /// told then.
+    fn send_volume_deletes(&mut self) {
+        if self.fx.volume_deletes.is_empty() {
+            return;
+        }
+        let mut by_host: FxHashMap<Arc<str>, Vec<String>> = FxHashMap::default();
+        for (host, id) in self.fx.volume_deletes.drain(..) {
+            by_host.entry(host).or_default().push(id.to_string());
+        }
+        let Some(agents) = self.backend.agents() else {
+            return;
+        };
+        for (host, ids) in by_host {
+            let Some(session) = agents.session(&host) else {
+                continue;
+            };
+            for chunk in ids.chunks(crate::agents::MAX_RUNS_PER_MESSAGE) {
+                let msg = pb::ServerMessage {
+                    kind: Some(pb::server_message::Kind::DeleteVolumes(pb::DeleteVolumes {
+                        ids: chunk.to_vec(),
+                    })),
+                };
                 if session.tx.try_send(Ok(msg)).is_err() {
                     break;
                 }
@@ -756,7 +865,12 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::QueryJobs { request, reply } => {
-                let r = Ok(reads::query_jobs(&self.core, &self.specs, &request));
+                let r = Ok(reads::query_jobs(
+                    &self.core,
+                    &self.specs,
+                    &self.secrets,
+                    &request,
+                ));
                 self.defer(reply, r);
             }
             Command::JobAction {
@@ -828,6 +942,28 @@ impl Scheduler {
                     self.hub.as_deref(),
                     &request,
                 ));
+                self.defer(reply, r);
+            }
+            Command::CreateHostPool { name, reply } => {
+                let r = self
+                    .host_pools
+                    .create(&name, &mut self.batch)
+                    .map(|()| pb::HostPool {
+                        name,
+                        hosts: Vec::new(),
+                    });
+                self.defer(reply, r);
+            }
+            Command::DeleteHostPool { name, reply } => {
+                let r = self.delete_host_pool(&name);
+                self.defer(reply, r);
+            }
+            Command::ListHostPools { reply } => {
+                let r = Ok(self.host_pools.list(&self.engine));
+                self.defer(reply, r);
+            }
+            Command::MoveHosts { hosts, to, reply } => {
+                let r = self.move_hosts(hosts, to);
                 self.defer(reply, r);
             }
             Command::Maintenance {
@@ -927,6 +1063,40 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
+            Command::ListVolumes {
+                job_id,
+                host,
+                reply,
+            } => {
+                let r = if !job_id.is_empty() && self.core.job_key(&job_id).is_err() {
+                    Err(status(crate::lifecycle::Error::JobNotFound(job_id)))
+                } else {
+                    Ok(self
+                        .core
+                        .volumes()
+                        .filter(|v| {
+                            (job_id.is_empty()
+                                || self.core.job(v.job).is_some_and(|j| *j.id == *job_id))
+                                && (host.is_empty() || **self.core.host_name(v.host) == *host)
+                        })
+                        .take(crate::convert::MAX_LISTED_VOLUMES)
+                        .map(|v| reads::volume_to_pb(&self.core, v))
+                        .collect())
+                };
+                self.defer(reply, r);
+            }
+            Command::GetVolume { id, reply } => {
+                let r = self
+                    .core
+                    .volume(&id)
+                    .map(|v| reads::volume_to_pb(&self.core, v))
+                    .ok_or_else(|| status(crate::lifecycle::Error::VolumeNotFound(id)));
+                self.defer(reply, r);
+            }
+            Command::DeleteVolume { id, reply } => {
+                let r = self.apply(Input::DeleteVolume { id }).map(|_| ());
+                self.defer(reply, r);
+            }
             Command::Shutdown => {}
         }
     }
@@ -935,10 +1105,23 @@ impl Scheduler {
         &mut self,
         job_id: String,
         version: u64,
-        spec: pb::JobSpec,
+        mut spec: pb::JobSpec,
         plan: JobPlan,
         update: crate::lifecycle::UpdateSpec,
     ) -> Result<(pb::Update, pb::Job), Status> {
+        self.check_host_pool(&spec)?;
+        // The new set replaces the job's; an empty value keeps the current
+        // value of its name. Checked before anything changes.
+        let current = self
+            .core
+            .job_key(&job_id)
+            .ok()
+            .and_then(|k| self.core.job(k))
+            .and_then(|j| self.secrets.get(&j.id).cloned());
+        let secrets = convert::resolve_secrets(
+            std::mem::take(&mut spec.secrets),
+            current.as_deref().unwrap_or(&[]),
+        )?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::UpdateJob(Box::new(
             crate::lifecycle::UpdateRequest {
@@ -952,6 +1135,8 @@ impl Scheduler {
         let Answer::Job(k) = answer else {
             unreachable!("an update answers its job");
         };
+        let job_id = self.core.job(k).expect("live").id.clone();
+        self.set_secrets(&job_id, secrets);
         let u = self.core.update(&id).expect("created");
         self.specs.entry(k).or_default().insert(u.to, spec);
         Ok((reads::update_to_pb(&self.core, u), self.job_to_pb(k)))
@@ -965,15 +1150,84 @@ impl Scheduler {
     }
 
     fn job_to_pb(&self, k: JobKey) -> pb::Job {
-        reads::job_to_pb(&self.core, k, self.specs.get(&k))
+        let secrets = self
+            .core
+            .job(k)
+            .and_then(|j| self.secrets.get(&j.id))
+            .map(|s| &s[..]);
+        reads::job_to_pb(&self.core, k, self.specs.get(&k), secrets)
     }
 
-    fn create_job(&mut self, spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Status> {
+    /// A job's secrets from now on (kept, stored; none: its row goes).
+    fn set_secrets(&mut self, job_id: &Arc<str>, secrets: Vec<pb::Secret>) {
+        if secrets.is_empty() {
+            if self.secrets.remove(job_id).is_some() {
+                self.batch.secrets.push((job_id.to_string(), None));
+            }
+            return;
+        }
+        let row = persist::encode_secrets(&secrets);
+        self.secrets.insert(job_id.clone(), secrets.into());
+        self.batch.secrets.push((job_id.to_string(), Some(row)));
+    }
+
+    /// A job's host pool must exist (checked here, where host pools are
+    /// known).
+    fn check_host_pool(&self, spec: &pb::JobSpec) -> Result<(), Status> {
+        let pool = convert::job_host_pool(spec);
+        if !self.host_pools.exists(pool) {
+            return Err(convert::invalid(
+                "spec.host_pool",
+                format!(
+                    "host pool {pool:?} does not exist (create it with `peloton hostpool create`)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn delete_host_pool(&mut self, name: &str) -> Result<(), Status> {
+        self.host_pools.check_delete(name)?;
+        for (k, job) in self.core.jobs_by_id("") {
+            if job.state.is_terminal() {
+                continue;
+            }
+            let names_it = self.specs.get(&k).is_some_and(|versions| {
+                versions.values().any(|s| convert::job_host_pool(s) == name)
+            });
+            if names_it {
+                return Err(Status::failed_precondition(format!(
+                    "host pool {name:?} is named by job {} which is not terminal",
+                    job.id
+                )));
+            }
+        }
+        self.host_pools.delete(name, &mut self.batch);
+        Ok(())
+    }
+
+    fn move_hosts(&mut self, hosts: Vec<String>, to: String) -> Result<(), Status> {
+        if !self.host_pools.exists(&to) {
+            return Err(Status::not_found(format!("host pool {to:?} not found")));
+        }
+        self.apply(Input::SetHostAttribute {
+            hosts: hosts.clone(),
+            key: convert::HOST_POOL_ATTRIBUTE.to_string(),
+            value: to.clone(),
+        })?;
+        self.host_pools.moved(&hosts, &to, &mut self.batch);
+        Ok(())
+    }
+
+    fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Status> {
+        self.check_host_pool(&spec)?;
+        let secrets = convert::resolve_secrets(std::mem::take(&mut spec.secrets), &[])?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::CreateJob {
-            id,
+            id: id.clone(),
             plan: Box::new(plan),
         })?;
+        self.set_secrets(&id, secrets);
         let Answer::Job(k) = answer else {
             unreachable!("job creation answers the job");
         };
@@ -989,7 +1243,14 @@ impl Scheduler {
             ));
         }
         let r = reg.register;
-        let spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
+        if r.attributes.contains_key(convert::HOST_POOL_ATTRIBUTE) {
+            return Err(convert::invalid(
+                &format!("register.attributes.{}", convert::HOST_POOL_ATTRIBUTE),
+                "is set by the server from the host's host pool; an agent may not set it",
+            ));
+        }
+        let mut spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
+        self.host_pools.tag(&mut spec);
         let host: Arc<str> = Arc::from(r.host.as_str());
         // The session is attached before the step, so that acknowledgements
         // of the reports it carries go to it.
@@ -1001,6 +1262,7 @@ impl Scheduler {
             spec,
             isolation: r.isolation,
             runs: r.runs.into_iter().filter_map(run_report).collect(),
+            volumes: r.volumes,
         };
         self.apply(Input::AgentRegistered(Box::new(registration)))
             .map(|_| ())

@@ -120,7 +120,13 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .set_serving::<pb::watch_service_server::WatchServiceServer<Api>>()
         .await;
     health_reporter
+        .set_serving::<pb::host_pool_service_server::HostPoolServiceServer<Api>>()
+        .await;
+    health_reporter
         .set_serving::<pb::update_service_server::UpdateServiceServer<Api>>()
+        .await;
+    health_reporter
+        .set_serving::<pb::volume_service_server::VolumeServiceServer<Api>>()
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -154,6 +160,13 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
             pb::update_service_server::UpdateServiceServer::new(api.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
+        .add_service(
+            pb::volume_service_server::VolumeServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(pb::host_pool_service_server::HostPoolServiceServer::new(
+            api.clone(),
+        ))
         .add_service(pb::watch_service_server::WatchServiceServer::new(api))
         .add_optional_service(hub.map(|hub| {
             pb::agent_service_server::AgentServiceServer::new(AgentApi::new(hub, tx.clone()))

@@ -6,11 +6,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
+use pb::host_pool_service_server::HostPoolService;
 use pb::host_service_server::HostService;
 use pb::job_service_server::JobService;
 use pb::resource_pool_service_server::ResourcePoolService;
 use pb::task_service_server::TaskService;
 use pb::update_service_server::UpdateService;
+use pb::volume_service_server::VolumeService;
 use pb::watch_service_server::WatchService;
 use peloton_proto::v1 as pb;
 use prost::Message;
@@ -456,6 +458,70 @@ impl HostService for Api {
     }
 }
 
+#[tonic::async_trait]
+impl HostPoolService for Api {
+    async fn create(
+        &self,
+        request: Request<pb::CreateHostPoolRequest>,
+    ) -> Result<Response<pb::CreateHostPoolResponse>, Status> {
+        let name = request.into_inner().name;
+        convert::host_pool_name("name", &name)?;
+        let pool = self
+            .call(|reply| Command::CreateHostPool { name, reply })
+            .await?;
+        Ok(Response::new(pb::CreateHostPoolResponse {
+            pool: Some(pool),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteHostPoolRequest>,
+    ) -> Result<Response<pb::DeleteHostPoolResponse>, Status> {
+        let name = request.into_inner().name;
+        convert::host_pool_name("name", &name)?;
+        self.call(|reply| Command::DeleteHostPool { name, reply })
+            .await?;
+        Ok(Response::new(pb::DeleteHostPoolResponse {}))
+    }
+
+    async fn list(
+        &self,
+        _request: Request<pb::ListHostPoolsRequest>,
+    ) -> Result<Response<pb::ListHostPoolsResponse>, Status> {
+        let pools = self.call(|reply| Command::ListHostPools { reply }).await?;
+        Ok(Response::new(pb::ListHostPoolsResponse { pools }))
+    }
+
+    async fn move_hosts(
+        &self,
+        request: Request<pb::MoveHostsRequest>,
+    ) -> Result<Response<pb::MoveHostsResponse>, Status> {
+        let r = request.into_inner();
+        convert::host_pool_name("to", &r.to)?;
+        if r.hosts.is_empty() {
+            return Err(convert::invalid("hosts", "name at least one host"));
+        }
+        if r.hosts.len() > self.limits.max_list_len {
+            return Err(convert::invalid(
+                "hosts",
+                format!(
+                    "{} hosts; the limit is {}",
+                    r.hosts.len(),
+                    self.limits.max_list_len
+                ),
+            ));
+        }
+        self.call(|reply| Command::MoveHosts {
+            hosts: r.hosts,
+            to: r.to,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(pb::MoveHostsResponse {}))
+    }
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
 
 /// Most events in one streamed message.
@@ -769,5 +835,50 @@ impl UpdateService for Api {
         request: Request<pb::UpdateActionRequest>,
     ) -> Result<Response<pb::UpdateActionResponse>, Status> {
         self.update_action(request, UpdateAction::Rollback).await
+    }
+}
+
+#[tonic::async_trait]
+impl VolumeService for Api {
+    async fn list(
+        &self,
+        request: Request<pb::ListVolumesRequest>,
+    ) -> Result<Response<pb::ListVolumesResponse>, Status> {
+        let r = request.into_inner();
+        convert::string_field("job_id", &r.job_id, &self.limits)?;
+        convert::string_field("host", &r.host, &self.limits)?;
+        let volumes = self
+            .call(|reply| Command::ListVolumes {
+                job_id: r.job_id,
+                host: r.host,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::ListVolumesResponse { volumes }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetVolumeRequest>,
+    ) -> Result<Response<pb::GetVolumeResponse>, Status> {
+        let id = request.into_inner().id;
+        check_id("id", &id)?;
+        convert::string_field("id", &id, &self.limits)?;
+        let volume = self.call(|reply| Command::GetVolume { id, reply }).await?;
+        Ok(Response::new(pb::GetVolumeResponse {
+            volume: Some(volume),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<pb::DeleteVolumeRequest>,
+    ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
+        let id = request.into_inner().id;
+        check_id("id", &id)?;
+        convert::string_field("id", &id, &self.limits)?;
+        self.call(|reply| Command::DeleteVolume { id, reply })
+            .await?;
+        Ok(Response::new(pb::DeleteVolumeResponse {}))
     }
 }

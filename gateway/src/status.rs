@@ -11,6 +11,7 @@ pub fn code(e: &Error) -> Code {
         Error::JobNotFound(_)
         | Error::NoInstance { .. }
         | Error::HostNotFound(_)
+        | Error::VolumeNotFound(_)
         | Error::UpdateNotFound(_) => Code::NotFound,
         Error::JobPool(_) => Code::NotFound,
         Error::Stale { .. } | Error::Precondition(_) => Code::FailedPrecondition,

@@ -19,8 +19,15 @@
 //!   spec and those some instance still runs or an update may roll back to
 //!   (rows written before the spec left the job row also carry it there);
 //! - `updates`: update id → `Update` (spec, state, progress);
+//! - `volumes`: volume id → `Volume` (job, instance, host, size);
 //! - `events`: first revision of a commit → `WatchResponse` holding that
 //!   commit's events, trimmed to a bounded retention;
+//! - `host_pools`: host pool name → empty value (the pools that exist
+//!   besides "default", which always exists);
+//! - `host_pool_members`: host name → host pool name, for hosts outside
+//!   "default" (a host without a row is in "default");
+//! - `secrets`: job id → the job's secrets (`StoredSecrets`), kept apart
+//!   from the job and config rows, which never hold them;
 //! - `meta`: counters (the last revision).
 
 use std::path::Path;
@@ -34,8 +41,13 @@ const TASKS: TableDefinition<'_, (&str, u32), &[u8]> = TableDefinition::new("tas
 const HOSTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("hosts");
 const CONFIGS: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("configs");
 const UPDATES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("updates");
+const VOLUMES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("volumes");
 const EVENTS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("events");
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+const HOST_POOLS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("host_pools");
+const HOST_POOL_MEMBERS: TableDefinition<'_, &str, &str> =
+    TableDefinition::new("host_pool_members");
+const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
 
 const META_REVISION: &str = "revision";
 
@@ -72,8 +84,16 @@ pub struct WriteBatch {
     pub configs: Vec<(ConfigKey, Option<Vec<u8>>)>,
     /// Update rows.
     pub updates: Vec<(String, Option<Vec<u8>>)>,
+    /// Volume rows.
+    pub volumes: Vec<(String, Option<Vec<u8>>)>,
     /// Host rows.
     pub hosts: Vec<(String, Option<Vec<u8>>)>,
+    /// Host pools (besides "default"): name → exists.
+    pub host_pools: Vec<(String, bool)>,
+    /// Host pool membership: host → pool (`None`: back in "default").
+    pub host_pool_members: Vec<(String, Option<String>)>,
+    /// Secrets rows by job id (`None` deletes).
+    pub secrets: Vec<(String, Option<Vec<u8>>)>,
     /// This commit's events: (first revision, encoded `WatchResponse`).
     pub events: Option<(u64, Vec<u8>)>,
     /// The last revision after this commit.
@@ -91,7 +111,11 @@ impl WriteBatch {
             && self.delete_tasks_of.is_empty()
             && self.configs.is_empty()
             && self.updates.is_empty()
+            && self.volumes.is_empty()
             && self.hosts.is_empty()
+            && self.host_pools.is_empty()
+            && self.host_pool_members.is_empty()
+            && self.secrets.is_empty()
             && self.events.is_none()
             && self.trim_events_before.is_none()
     }
@@ -112,6 +136,14 @@ pub struct Snapshot {
     pub configs: Vec<((String, u64), Vec<u8>)>,
     /// Update rows.
     pub updates: Vec<(String, Vec<u8>)>,
+    /// Volume rows.
+    pub volumes: Vec<(String, Vec<u8>)>,
+    /// Host pools besides "default", in name order.
+    pub host_pools: Vec<String>,
+    /// Host pool membership (host, pool) of hosts outside "default".
+    pub host_pool_members: Vec<(String, String)>,
+    /// Secrets rows by job id.
+    pub secrets: Vec<(String, Vec<u8>)>,
     /// The last revision.
     pub revision: u64,
 }
@@ -159,8 +191,13 @@ impl RedbStore {
             txn.open_table(HOSTS).map_err(StoreError::from)?;
             txn.open_table(CONFIGS).map_err(StoreError::from)?;
             txn.open_table(UPDATES).map_err(StoreError::from)?;
+            txn.open_table(VOLUMES).map_err(StoreError::from)?;
             txn.open_table(EVENTS).map_err(StoreError::from)?;
             txn.open_table(META).map_err(StoreError::from)?;
+            txn.open_table(HOST_POOLS).map_err(StoreError::from)?;
+            txn.open_table(HOST_POOL_MEMBERS)
+                .map_err(StoreError::from)?;
+            txn.open_table(SECRETS).map_err(StoreError::from)?;
         }
         txn.commit().map_err(StoreError::from)?;
         Ok(RedbStore { db })
@@ -188,8 +225,22 @@ impl Store for RedbStore {
             jobs: read_all(&txn, JOBS)?,
             hosts: read_all(&txn, HOSTS)?,
             updates: read_all(&txn, UPDATES)?,
+            volumes: read_all(&txn, VOLUMES)?,
+            host_pools: read_all(&txn, HOST_POOLS)?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect(),
+            secrets: read_all(&txn, SECRETS)?,
             ..Snapshot::default()
         };
+        let members = txn
+            .open_table(HOST_POOL_MEMBERS)
+            .map_err(StoreError::from)?;
+        for row in members.iter().map_err(StoreError::from)? {
+            let (k, v) = row.map_err(StoreError::from)?;
+            snap.host_pool_members
+                .push((k.value().to_string(), v.value().to_string()));
+        }
         let configs = txn.open_table(CONFIGS).map_err(StoreError::from)?;
         for row in configs.iter().map_err(StoreError::from)? {
             let (k, v) = row.map_err(StoreError::from)?;
@@ -267,11 +318,46 @@ impl Store for RedbStore {
                 }
                 .map_err(StoreError::from)?;
             }
+            let mut volumes = txn.open_table(VOLUMES).map_err(StoreError::from)?;
+            for (k, v) in &batch.volumes {
+                match v {
+                    Some(v) => volumes.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => volumes.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
             let mut hosts = txn.open_table(HOSTS).map_err(StoreError::from)?;
             for (k, v) in &batch.hosts {
                 match v {
                     Some(v) => hosts.insert(k.as_str(), v.as_slice()).map(drop),
                     None => hosts.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut host_pools = txn.open_table(HOST_POOLS).map_err(StoreError::from)?;
+            for (k, exists) in &batch.host_pools {
+                if *exists {
+                    host_pools.insert(k.as_str(), &[][..]).map(drop)
+                } else {
+                    host_pools.remove(k.as_str()).map(drop)
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut members = txn
+                .open_table(HOST_POOL_MEMBERS)
+                .map_err(StoreError::from)?;
+            for (k, v) in &batch.host_pool_members {
+                match v {
+                    Some(v) => members.insert(k.as_str(), v.as_str()).map(drop),
+                    None => members.remove(k.as_str()).map(drop),
+                }
+                .map_err(StoreError::from)?;
+            }
+            let mut secrets = txn.open_table(SECRETS).map_err(StoreError::from)?;
+            for (k, v) in &batch.secrets {
+                match v {
+                    Some(v) => secrets.insert(k.as_str(), v.as_slice()).map(drop),
+                    None => secrets.remove(k.as_str()).map(drop),
                 }
                 .map_err(StoreError::from)?;
             }

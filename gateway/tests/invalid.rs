@@ -110,7 +110,37 @@ fn invalid_specs() -> Vec<(&'static str, pb::JobSpec, Code, &'static str)> {
 
     let mut s = good();
     s.r#type = pb::JobType::Stateful as i32;
-    out.push(("stateful job", s, Code::Unimplemented, "spec.type"));
+    out.push((
+        "stateful job without a volume",
+        s,
+        Code::InvalidArgument,
+        "spec.default_task.volume",
+    ));
+
+    let mut s = good();
+    s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+        size_mb: 100,
+        path: "/etc".into(),
+    });
+    out.push((
+        "absolute volume path",
+        s,
+        Code::InvalidArgument,
+        "spec.default_task.volume.path",
+    ));
+
+    let mut s = good();
+    s.r#type = pb::JobType::Daemon as i32;
+    s.default_task.as_mut().unwrap().volume = Some(pb::VolumeSpec {
+        size_mb: 100,
+        path: String::new(),
+    });
+    out.push((
+        "daemon with a volume",
+        s,
+        Code::InvalidArgument,
+        "spec.default_task.volume",
+    ));
 
     let mut s = good();
     s.default_task.as_mut().unwrap().health_check = Some(pb::HealthCheck {
@@ -126,7 +156,16 @@ fn invalid_specs() -> Vec<(&'static str, pb::JobSpec, Code, &'static str)> {
 
     let mut s = good();
     s.r#type = pb::JobType::Daemon as i32;
-    out.push(("daemon job", s, Code::Unimplemented, "spec.type"));
+    s.sla = Some(pb::Sla {
+        min_running_instances: 2,
+        ..Default::default()
+    });
+    out.push((
+        "daemon job in gangs",
+        s,
+        Code::InvalidArgument,
+        "spec.sla.min_running_instances",
+    ));
 
     let mut s = good();
     s.r#type = 42;

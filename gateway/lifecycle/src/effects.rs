@@ -66,6 +66,8 @@ pub struct Launch {
     pub sim_duration_ms: u64,
     /// How a simulated run ends.
     pub sim_exit_code: i32,
+    /// The instance's volume (id, size in MiB), if its task has one.
+    pub volume: Option<(Arc<str>, u64)>,
 }
 
 /// Stop a run.
@@ -120,6 +122,10 @@ pub enum RowKey {
     Update(Arc<str>),
     /// An update forgotten.
     UpdateDeleted(Arc<str>),
+    /// A volume, by its instance.
+    Volume(JobKey, u32),
+    /// A volume that is gone, by id.
+    VolumeDeleted(Arc<str>),
 }
 
 /// Counters for the metrics.
@@ -151,6 +157,10 @@ pub struct Effects {
     /// Final reports durably recorded, to acknowledge to their host after
     /// the commit.
     pub acks: Vec<(Arc<str>, AgentRunKey)>,
+    /// Volumes to remove from their hosts' disks: (host, volume id). Sent
+    /// to connected agents after the commit; an agent that is away is told
+    /// when it registers again (it lists its volumes).
+    pub volume_deletes: Vec<(Arc<str>, Arc<str>)>,
     /// Counters.
     pub counters: Counters,
 }

@@ -19,6 +19,9 @@ pub enum Error {
         /// Instances it has.
         count: u32,
     },
+    /// No volume with this id.
+    #[error("volume {0} not found")]
+    VolumeNotFound(String),
     /// No update with this id.
     #[error("update {0} not found")]
     UpdateNotFound(String),

@@ -103,6 +103,7 @@ impl Lifecycle {
         let (host, restart) = (h.host, h.restart);
         self.finish_held(engine, k, h);
         self.mark_dirty(k, i, fx);
+        self.pin_changed(k, i);
         if let Some(job) = self.jobs.get(&k)
             && i as usize >= job.tasks.len()
         {
@@ -176,8 +177,14 @@ impl Lifecycle {
         // (one scan per job, not per instance); a stop may change more than
         // the one instance (gangs), so it is counted again after one.
         let mut unavailable: rustc_hash::FxHashMap<JobKey, u32> = Default::default();
+        let mut daemons = Vec::new();
         for (k, i) in on_it {
             let job = &self.jobs[&k];
+            if job.plan.kind == JobKind::Daemon {
+                // Daemons go last: once nothing else is left.
+                daemons.push((k, i));
+                continue;
+            }
             if job.plan.kind == JobKind::Service {
                 let down = *unavailable.entry(k).or_insert_with(|| self.unavailable(k));
                 if down >= self.jobs[&k].plan.max_unavailable {
@@ -187,6 +194,23 @@ impl Lifecycle {
             unavailable.remove(&k);
             if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
                 self.restart_after_loss(engine, k, i, fx);
+            }
+        }
+        if daemons.is_empty() {
+            return;
+        }
+        let others_left = self.instances_on(engine, slot).len() > daemons.len()
+            || self.held.iter().any(|(&(k, _), h)| {
+                h.host == Some(slot)
+                    && self
+                        .jobs
+                        .get(&k)
+                        .is_none_or(|j| j.plan.kind != JobKind::Daemon)
+            })
+            || self.orphans.get(&slot).is_some_and(|o| !o.is_empty());
+        if !others_left {
+            for (k, i) in daemons {
+                self.retire_daemon_instance(engine, k, i, &reason, fx);
             }
         }
     }
@@ -292,6 +316,50 @@ impl Lifecycle {
         Ok(Answer::Done)
     }
 
+    /// Sets `key=value` on each host (validated for all before any
+    /// changes). Placed runs keep their hosts; the next cycle places by the
+    /// new value.
+    pub(super) fn set_host_attribute(
+        &mut self,
+        engine: &mut Engine,
+        names: &[String],
+        key: &str,
+        value: &str,
+    ) -> Result<Answer, Error> {
+        peloton_engine::host::validate_attribute_word(key)
+            .and_then(|()| peloton_engine::host::validate_attribute_word(value))
+            .map_err(|p| Error::invalid("attribute", p))?;
+        let mut specs = Vec::with_capacity(names.len());
+        for n in names {
+            let id = engine
+                .hosts()
+                .lookup(n)
+                .ok_or_else(|| Error::HostNotFound(n.clone()))?;
+            let mut spec = engine.hosts().spec(id).expect("live host");
+            spec.attributes.retain(|(k, _)| k != key);
+            spec.attributes.push((key.to_string(), value.to_string()));
+            spec.attributes.sort_unstable();
+            if spec.attributes.len() > peloton_engine::host::MAX_ATTRIBUTES {
+                return Err(Error::invalid(
+                    "attribute",
+                    format!(
+                        "host {n} has {} attributes already",
+                        peloton_engine::host::MAX_ATTRIBUTES
+                    ),
+                ));
+            }
+            specs.push((id, spec));
+        }
+        for (id, spec) in specs {
+            engine
+                .hosts_mut()
+                .update(id, &spec)
+                .expect("same capacity, a valid attribute: cannot be refused");
+        }
+        self.needs_cycle = true;
+        Ok(Answer::Done)
+    }
+
     pub(super) fn agent_registered(
         &mut self,
         engine: &mut Engine,
@@ -343,6 +411,7 @@ impl Lifecycle {
             },
         );
         fx.rows.push(RowKey::Host(slot));
+        self.reconcile_volumes(slot, &reg.volumes, fx);
         let host: Arc<str> = self.host_names[slot.idx()].clone();
         let mut reported = rustc_hash::FxHashSet::default();
         for report in reg.runs {
@@ -533,7 +602,7 @@ impl Lifecycle {
         if job.tasks[i as usize].state.on_host() {
             if job.kill_requested {
                 self.end_run(engine, k, i, S::Killed, "job killed", fx);
-            } else if self.maintenance.contains(&slot) && job.plan.kind != JobKind::Service {
+            } else if self.maintenance.contains(&slot) && job.plan.kind == JobKind::Batch {
                 // (Services leave a draining host as their SLA allows.)
                 let reason = format!("host {host} drained for maintenance");
                 if self.end_run(engine, k, i, S::Preempted, &reason, fx) {
@@ -584,7 +653,7 @@ impl Lifecycle {
         i: u32,
         slot: HostSlot,
     ) -> Result<(), String> {
-        let task = super::runs::new_task(&self.jobs[&k], k, i);
+        let task = super::runs::new_task(engine, &self.jobs[&k], k, i, self.pin_of(k, i));
         let host = engine
             .hosts()
             .lookup_slot(slot.idx())
@@ -708,5 +777,60 @@ impl Lifecycle {
             fx.rows.push(RowKey::Host(slot));
         }
         self.needs_cycle = true;
+    }
+}
+
+#[cfg(test)]
+mod set_attribute_tests {
+    use super::super::sim::{Sim, plan};
+    use super::super::{Error, Input};
+
+    fn set(sim: &mut Sim, hosts: &[&str], value: &str) -> Result<super::Answer, Error> {
+        sim.step(Input::SetHostAttribute {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            key: "pool".into(),
+            value: value.into(),
+        })
+    }
+
+    #[test]
+    fn placement_follows_a_changed_attribute_and_placed_runs_stay() {
+        let mut sim = Sim::new();
+        sim.add_host("h1", 4, 4096).unwrap();
+        sim.add_host("h2", 4, 4096).unwrap();
+        let mut p = plan("/", 1, 1000);
+        p.default.constraint = "pool == a".into();
+        sim.step(Input::CreateJob {
+            id: "j".into(),
+            plan: Box::new(p),
+        })
+        .unwrap();
+        sim.step(Input::Cycle).unwrap();
+        assert!(sim.current("j", 0).is_none(), "no host has pool=a yet");
+        // All or nothing: an unknown host changes no host.
+        assert!(matches!(
+            set(&mut sim, &["h2", "nope"], "a"),
+            Err(Error::HostNotFound(h)) if h == "nope"
+        ));
+        assert!(matches!(
+            set(&mut sim, &["h2"], "a b"),
+            Err(Error::Invalid { .. })
+        ));
+        sim.step(Input::Cycle).unwrap();
+        assert!(sim.current("j", 0).is_none());
+        set(&mut sim, &["h2"], "a").unwrap();
+        sim.step(Input::Cycle).unwrap();
+        assert_eq!(&*sim.current("j", 0).expect("placed").0, "h2");
+        // Moving the host away leaves the run where it is.
+        set(&mut sim, &["h2"], "b").unwrap();
+        sim.step(Input::Cycle).unwrap();
+        assert_eq!(&*sim.current("j", 0).expect("placed").0, "h2");
+        let h2 = sim.engine.hosts().lookup("h2").unwrap();
+        let spec = sim.engine.hosts().spec(h2).unwrap();
+        assert!(spec.attributes.contains(&("pool".into(), "b".into())));
+        assert_eq!(
+            spec.attributes.iter().filter(|(k, _)| k == "pool").count(),
+            1
+        );
     }
 }

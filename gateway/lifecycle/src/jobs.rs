@@ -7,7 +7,7 @@ use peloton_engine::{Engine, PoolConfig, PoolError, PoolId};
 use rustc_hash::FxHashSet;
 
 use super::effects::{Effects, Event, EventKind, RowKey};
-use super::model::{Job, JobKey, JobPlan, JobState, N_STATES, Task, TaskState as S};
+use super::model::{Job, JobKey, JobKind, JobPlan, JobState, N_STATES, Task, TaskState as S};
 use super::{Answer, Error, JobAction, Lifecycle};
 
 fn stale(what: String, given: u64, current: u64) -> Error {
@@ -148,9 +148,29 @@ impl Lifecycle {
         if self.by_id.contains_key(&id) {
             return Err(Error::Precondition(format!("job {id} exists already")));
         }
+        let daemon = plan.kind == JobKind::Daemon;
+        if daemon && plan.gang > 1 {
+            return Err(Error::invalid(
+                "spec.sla.min_running_instances",
+                "a daemon job cannot run in gangs",
+            ));
+        }
+        if plan.gang > 1 && (0..plan.instance_count).any(|i| plan.template(i).volume.is_some()) {
+            return Err(Error::invalid(
+                "spec.default_task.volume",
+                "gang jobs cannot have volumes",
+            ));
+        }
+        if daemon && (0..1).any(|i| plan.template(i).volume.is_some()) {
+            return Err(Error::invalid(
+                "spec.default_task.volume",
+                "daemon jobs cannot have volumes",
+            ));
+        }
         let key = JobKey(self.next_key);
         self.next_key += 1;
-        let n = plan.instance_count;
+        // A daemon's instances follow the hosts (added just below).
+        let n = if daemon { 0 } else { plan.instance_count };
         let mut job = Job {
             id: id.clone(),
             plan,
@@ -174,6 +194,10 @@ impl Lifecycle {
         job.counts[S::Initialized as usize] = n;
         self.jobs.insert(key, job);
         self.by_id.insert(id, key);
+        if daemon {
+            self.daemon_jobs.insert(key);
+            self.reconcile_daemon(engine, key, fx);
+        }
         // Queue what the job may queue now; if the engine refuses the very
         // first gang (queues full), the job is refused and leaves no trace.
         let (revision, events, rows) = (self.revision, fx.events.len(), fx.rows.len());
@@ -188,6 +212,8 @@ impl Lifecycle {
             let job = self.jobs.remove(&key).expect("inserted");
             self.by_id.remove(&job.id);
             self.retry_fill.remove(&key);
+            self.daemon_jobs.remove(&key);
+            self.pin_dirty.retain(|&(x, _)| x != key);
             self.dirty_jobs.remove(&key);
             fx.events.truncate(events);
             fx.rows.truncate(rows);
@@ -197,7 +223,9 @@ impl Lifecycle {
         }
         self.dirty_jobs.insert(key);
         fx.rows.push(RowKey::Config(key, 1));
-        fx.counters.tasks_accepted += u64::from(n);
+        if !daemon {
+            fx.counters.tasks_accepted += u64::from(n);
+        }
         Ok(Answer::Job(key))
     }
 
@@ -240,11 +268,16 @@ impl Lifecycle {
                         job.state.name()
                     )));
                 }
-                self.remove_job(k, super::retention::REASON_DELETED, fx);
+                self.remove_job(engine, k, super::retention::REASON_DELETED, fx);
                 fx.rows.retain(|r| {
                     !matches!(r, RowKey::Job(x) | RowKey::Task(x, _) | RowKey::Config(x, _) if *x == k)
                 });
                 return Ok(Answer::JobDeleted);
+            }
+            JobAction::Scale(_) if job.plan.kind == JobKind::Daemon => {
+                return Err(Error::Precondition(format!(
+                    "job {id} is a daemon job: its instance count follows the hosts it matches"
+                )));
             }
             JobAction::Scale(count) => self.scale(engine, k, id, count, fx)?,
             JobAction::Restart => {
@@ -264,7 +297,17 @@ impl Lifecycle {
     /// store (one `JobDeleted` takes its job, task and config rows), with a
     /// last job event saying why. The caller drops rows of the job queued
     /// earlier in the step.
-    pub(super) fn remove_job(&mut self, k: JobKey, reason: &str, fx: &mut Effects) {
+    pub(super) fn remove_job(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        // Its volumes go with it (their disk freed, their agents told).
+        self.drop_volumes_of(engine, k, fx);
+        self.daemon_jobs.remove(&k);
+        self.pin_dirty.retain(|&(x, _)| x != k);
         let job = self.jobs.remove(&k).expect("live");
         debug_assert!(job.state.is_terminal() && job.held == 0 && job.active == 0);
         self.by_id.remove(&job.id);
@@ -405,6 +448,8 @@ impl Lifecycle {
             }
             fx.counters.tasks_accepted += u64::from(count - n);
             self.need_fill.insert(k);
+            // One scaled back to its volume has its place kept there.
+            (n..count).for_each(|i| self.pin_changed(k, i));
         }
         let job = self.job_mut(k);
         job.plan.instance_count = count;
@@ -431,6 +476,11 @@ impl Lifecycle {
     /// A new run of an instance (the current one is killed first). An
     /// instance still waiting (Initialized) keeps its place.
     fn restart_instance(&mut self, engine: &mut Engine, k: JobKey, i: u32, fx: &mut Effects) {
+        let job = &self.jobs[&k];
+        if job.plan.kind == JobKind::Daemon && job.tasks[i as usize].daemon_host.is_none() {
+            // A retired daemon instance has no host to run on.
+            return;
+        }
         let state = self.jobs[&k].tasks[i as usize].state;
         match state {
             S::Initialized => {

@@ -24,6 +24,7 @@ mod hosts;
 mod invariants;
 mod jobs;
 mod model;
+mod pinned;
 mod recover;
 mod retention;
 mod runs;
@@ -46,9 +47,11 @@ pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch
 pub use error::Error;
 pub use model::{
     Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId, N_STATES,
-    RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, legal,
+    RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume, VolumePolicy,
+    VolumeTemplate, legal,
 };
-pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask};
+pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
+pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
 pub use updates::{
     MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateRequest, UpdateSpec, UpdateState,
 };
@@ -141,6 +144,8 @@ pub struct HostRegistration {
     pub isolation: String,
     /// Every run it has (alive, or ended and not acknowledged).
     pub runs: Vec<RunReport>,
+    /// Ids of the volumes on its disk.
+    pub volumes: Vec<String>,
 }
 
 /// One input of a step.
@@ -203,6 +208,16 @@ pub enum Input {
         /// Start or complete.
         start: bool,
     },
+    /// Set one attribute of live hosts (its value replaced, or added);
+    /// runs placed there stay. The shell keeps host pools this way.
+    SetHostAttribute {
+        /// Host names (all must exist, or nothing changes).
+        hosts: Vec<String>,
+        /// Attribute key.
+        key: String,
+        /// Its new value.
+        value: String,
+    },
     /// An agent registered on a new session.
     AgentRegistered(Box<HostRegistration>),
     /// Reports of an agent.
@@ -234,6 +249,12 @@ pub enum Input {
         id: String,
         /// What.
         action: UpdateAction,
+    },
+    /// Delete a volume (refused while a run of its instance holds the
+    /// host).
+    DeleteVolume {
+        /// Volume id.
+        id: String,
     },
     /// Run a scheduling cycle (entitlement, admission, placement,
     /// preemption).
@@ -349,6 +370,20 @@ pub struct Lifecycle {
     /// Terminal jobs by (completion time, key): what retention removes,
     /// oldest first.
     finished: BTreeSet<(u64, JobKey)>,
+    /// Volumes by instance.
+    volumes: BTreeMap<(JobKey, u32), Volume>,
+    /// Volume ids to their instance.
+    volume_ids: FxHashMap<Arc<str>, (JobKey, u32)>,
+    /// Pinned instances whose host reservation may have to change (synced
+    /// at the end of the step).
+    pin_dirty: FxHashSet<(JobKey, u32)>,
+    /// Daemon jobs.
+    daemon_jobs: std::collections::BTreeSet<JobKey>,
+    /// Since when hosts holding volumes are seen down.
+    down_since: FxHashMap<HostSlot, u64>,
+    /// When a relocating job's volume may be given up next (kept by
+    /// `check_volume_hosts`).
+    volume_deadline: Option<u64>,
     needs_cycle: bool,
     now: u64,
 }
@@ -377,6 +412,12 @@ impl Lifecycle {
             rolling: FxHashSet::default(),
             draining: FxHashSet::default(),
             finished: BTreeSet::new(),
+            volumes: BTreeMap::new(),
+            volume_ids: FxHashMap::default(),
+            pin_dirty: FxHashSet::default(),
+            daemon_jobs: Default::default(),
+            down_since: FxHashMap::default(),
+            volume_deadline: None,
             needs_cycle: true,
             now: 0,
         };
@@ -398,6 +439,13 @@ impl Lifecycle {
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
         self.now = now;
+        let host_change = matches!(
+            input,
+            Input::HostLost { .. }
+                | Input::Maintenance { .. }
+                | Input::AgentRegistered(_)
+                | Input::AgentDisconnected { .. }
+        );
         let answer = match input {
             Input::CreatePool { path, config } => self.create_pool(engine, &path, config, fx),
             Input::UpdatePool {
@@ -419,6 +467,9 @@ impl Lifecycle {
                 restart,
             } => self.task_action(engine, &job_id, &instances, version, restart, fx),
             Input::Maintenance { hosts, start } => self.maintenance(engine, &hosts, start, fx),
+            Input::SetHostAttribute { hosts, key, value } => {
+                self.set_host_attribute(engine, &hosts, &key, &value)
+            }
             Input::AgentRegistered(reg) => self.agent_registered(engine, *reg, fx),
             Input::AgentReports { host, reports } => {
                 self.agent_reports(engine, &host, reports, fx);
@@ -440,22 +491,33 @@ impl Lifecycle {
             }
             Input::UpdateJob(request) => self.create_update(engine, *request, fx),
             Input::UpdateAction { id, action } => self.update_action(engine, &id, action, fx),
+            Input::DeleteVolume { id } => self.delete_volume(engine, &id, fx),
             Input::Cycle => {
+                self.reconcile_daemons(engine, fx);
+                self.check_volume_hosts(engine, fx);
+                // Instances the daemons just got are queued for this cycle.
+                self.fill_all(engine, fx);
                 self.cycle(engine, fx);
                 self.need_fill.extend(self.retry_fill.drain());
                 Ok(Answer::Done)
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
-                self.apply_retention(fx);
+                self.apply_retention(engine, fx);
+                self.check_volume_hosts(engine, fx);
                 Ok(Answer::Done)
             }
         };
         if answer.is_ok() {
             self.advance_updates(engine, fx);
             self.advance_drains(engine, fx);
+            if host_change {
+                // Down-times of volume hosts count from now.
+                self.check_volume_hosts(engine, fx);
+            }
         }
         self.fill_all(engine, fx);
+        self.sync_reservations(engine);
         self.derive_job_states(fx);
         if cfg!(debug_assertions) {
             self.check_invariants(engine);
@@ -475,14 +537,14 @@ impl Lifecycle {
         self.needs_cycle
     }
 
-    /// When a [`Input::Tick`] is next due: the earliest timer, or the
-    /// retention of finished jobs, if any.
+    /// When a [`Input::Tick`] is next due: the earliest timer, the
+    /// retention of finished jobs, or a volume to give up, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
-        match (timer, self.retention_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [timer, self.retention_deadline(), self.volume_deadline]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The core's settings.

@@ -220,6 +220,53 @@ pub enum JobKind {
     /// Every instance is kept running: any exit starts it again, after a
     /// back-off, until the job is killed.
     Service,
+    /// A service with one instance on every host that matches its
+    /// constraint: the instance count follows the cluster.
+    Daemon,
+}
+
+impl JobKind {
+    /// Instances are kept running (services and daemons).
+    pub fn keeps_running(self) -> bool {
+        matches!(self, JobKind::Service | JobKind::Daemon)
+    }
+}
+
+/// A task's persistent volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeTemplate {
+    /// Size in MiB (charged to its host's disk).
+    pub size_mb: u64,
+    /// Where it appears in the sandbox.
+    pub path: Arc<str>,
+}
+
+/// What happens to an instance whose volume's host is down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumePolicy {
+    /// How long the host may be down before `relocate` applies.
+    pub host_down_timeout_ms: u64,
+    /// Give the volume up and start fresh elsewhere (else: keep waiting).
+    pub relocate: bool,
+}
+
+/// A persistent volume of one instance, on one host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Volume {
+    /// `<job id>-<instance>-<launch that created it>`.
+    pub id: Arc<str>,
+    /// Its job.
+    pub job: JobKey,
+    /// Its instance.
+    pub instance: u32,
+    /// Its host.
+    pub host: HostSlot,
+    /// Size in MiB.
+    pub size_mb: u64,
+    /// Where it appears in the sandbox.
+    pub path: Arc<str>,
+    /// Created.
+    pub created_at: u64,
 }
 
 /// What a health check says of a run.
@@ -279,6 +326,8 @@ pub struct TaskTemplate {
     pub kill_grace_ms: u64,
     /// The task has a health check (its runs start with an unknown health).
     pub health_check: bool,
+    /// Its persistent volume.
+    pub volume: Option<VolumeTemplate>,
     /// Simulated duration.
     pub sim_duration_ms: u64,
     /// Simulated exit code.
@@ -313,6 +362,8 @@ pub struct JobPlan {
     pub max_unavailable: u32,
     /// Placement strategy.
     pub strategy: Strategy,
+    /// Instances with a volume whose host is down.
+    pub volume_policy: VolumePolicy,
 }
 
 impl JobPlan {
@@ -389,6 +440,13 @@ pub struct Task {
     pub orphan: bool,
     /// Version of the job's spec the instance runs (its next runs too).
     pub config: u64,
+    /// A daemon's instance: the host it belongs to (none: retired, free
+    /// for the next host that joins).
+    pub daemon_host: Option<HostSlot>,
+    /// Its last run was preempted to make room for other work: until it
+    /// is placed again it holds no place on its pinned host (else it
+    /// would take back the room it was preempted for, again and again).
+    pub gave_way: bool,
     /// Earlier runs, newest first. Boxed: a thin pointer per task (most
     /// tasks never restart).
     #[allow(clippy::box_collection)]
@@ -418,6 +476,8 @@ impl Task {
             gang: None,
             orphan: false,
             config: 1,
+            daemon_host: None,
+            gave_way: false,
             history: None,
             dirty: false,
         }
@@ -516,6 +576,8 @@ pub struct TaskRow {
     pub restart_when_stopped: bool,
     /// Config version of the instance.
     pub config: u64,
+    /// A daemon's instance: its host.
+    pub daemon_host: Option<Arc<str>>,
 }
 
 /// What the store keeps of a job besides its spec.

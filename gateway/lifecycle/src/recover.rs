@@ -47,6 +47,25 @@ pub struct RecoveredJob {
 /// A task as stored.
 pub type RecoveredTask = TaskRow;
 
+/// A volume as stored.
+#[derive(Clone, Debug)]
+pub struct RecoveredVolume {
+    /// Id.
+    pub id: String,
+    /// Its job's id.
+    pub job_id: String,
+    /// Its instance.
+    pub instance: u32,
+    /// Its host's name.
+    pub host: String,
+    /// Size in MiB.
+    pub size_mb: u64,
+    /// Where it appears in the sandbox.
+    pub path: String,
+    /// Created.
+    pub created_at: u64,
+}
+
 /// Everything the store holds.
 #[derive(Clone, Debug, Default)]
 pub struct Recovered {
@@ -56,6 +75,8 @@ pub struct Recovered {
     pub hosts: Vec<RecoveredHost>,
     /// Jobs.
     pub jobs: Vec<RecoveredJob>,
+    /// Volumes.
+    pub volumes: Vec<RecoveredVolume>,
 }
 
 impl Lifecycle {
@@ -93,7 +114,42 @@ impl Lifecycle {
         for job in rec.jobs {
             core.recover_job(engine, job, fx);
         }
+        for v in rec.volumes {
+            let (Ok(k), Some(host)) = (core.job_key(&v.job_id), engine.hosts().lookup(&v.host))
+            else {
+                // Its job or host is gone: drop the row.
+                fx.rows
+                    .push(super::RowKey::VolumeDeleted(v.id.as_str().into()));
+                continue;
+            };
+            let id: std::sync::Arc<str> = v.id.as_str().into();
+            core.volume_ids.insert(id.clone(), (k, v.instance));
+            core.volumes.insert(
+                (k, v.instance),
+                super::Volume {
+                    id,
+                    job: k,
+                    instance: v.instance,
+                    host: HostSlot(host.idx() as u32),
+                    size_mb: v.size_mb,
+                    path: v.path.as_str().into(),
+                    created_at: v.created_at,
+                },
+            );
+        }
+        // Every pinned instance's reservation is set from scratch.
+        let pinned: Vec<(super::JobKey, u32)> = core
+            .volumes
+            .keys()
+            .copied()
+            .chain(core.daemon_jobs.iter().flat_map(|&k| {
+                let n = core.jobs[&k].tasks.len() as u32;
+                (0..n).map(move |i| (k, i))
+            }))
+            .collect();
+        core.pin_dirty.extend(pinned);
         core.fill_all(engine, fx);
+        core.sync_reservations(engine);
         core.derive_job_states(fx);
         if cfg!(debug_assertions) {
             core.check_invariants(engine);
@@ -152,7 +208,13 @@ impl Lifecycle {
         let pool = engine.resources().tree().lookup(&rec.plan.pool);
         let key = super::JobKey(self.next_key);
         self.next_key += 1;
-        let n = rec.plan.instance_count;
+        let daemon = rec.plan.kind == super::JobKind::Daemon;
+        // A daemon's instances all have rows (its count follows the hosts).
+        let n = if daemon {
+            rec.tasks.iter().map(|(i, _)| i + 1).max().unwrap_or(0)
+        } else {
+            rec.plan.instance_count
+        };
         let mut job = Job {
             id: row.id.clone(),
             pool: pool.unwrap_or(engine.resources().tree().root()),
@@ -210,6 +272,7 @@ impl Lifecycle {
             t.host = host_of(&cur.host);
             t.failures = stored.failures;
             t.config = stored.config.max(1);
+            t.daemon_host = stored.daemon_host.as_deref().and_then(host_of);
             t.reason = cur.reason.clone();
             t.history = (!stored.history.is_empty()).then(|| Box::new(stored.history));
             if let Some((host, launch)) = held {
@@ -229,6 +292,10 @@ impl Lifecycle {
         let mut orphans = Vec::new();
         for (i, t) in job.tasks.iter_mut().enumerate() {
             let i = i as u32;
+            if daemon && t.daemon_host.is_none() && !t.state.is_terminal() {
+                // Retired (or its host is gone): free for the next host.
+                t.state = S::Killed;
+            }
             match t.state {
                 S::Initialized | S::Pending | S::Ready | S::Placing => {
                     // Initialized instances are exactly the waiting ones.
@@ -305,6 +372,11 @@ impl Lifecycle {
                 job.completed_at = now;
             }
             self.finished.insert((job.completed_at, key));
+        }
+        if daemon {
+            self.daemon_jobs.insert(key);
+            job.plan.instance_count =
+                job.tasks.iter().filter(|t| t.daemon_host.is_some()).count() as u32;
         }
         self.jobs.insert(key, job);
         self.need_fill.insert(key);
@@ -393,6 +465,7 @@ impl Lifecycle {
             stopping,
             restart_when_stopped: held.is_some_and(|h| h.restart),
             config: t.config,
+            daemon_host: t.daemon_host.map(|s| self.host_names[s.idx()].clone()),
         };
         self.jobs.get_mut(&k)?.tasks[i as usize].dirty = false;
         Some(row)

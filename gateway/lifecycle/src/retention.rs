@@ -50,7 +50,11 @@ impl Lifecycle {
 
     /// Removes finished jobs past their age, and the oldest beyond the
     /// count, at most [`RETENTION_CHUNK`] of them.
-    pub(super) fn apply_retention(&mut self, fx: &mut Effects) {
+    pub(super) fn apply_retention(
+        &mut self,
+        engine: &mut peloton_engine::Engine,
+        fx: &mut Effects,
+    ) {
         let mut gone = FxHashSet::default();
         while gone.len() < RETENTION_CHUNK {
             let Some(&(at, k)) = self.finished.first() else {
@@ -60,7 +64,7 @@ impl Lifecycle {
             if !over && at.saturating_add(self.config.retention_ms) > self.now {
                 break;
             }
-            self.remove_job(k, REASON_RETENTION, fx);
+            self.remove_job(engine, k, REASON_RETENTION, fx);
             gone.insert(k);
         }
         if !gone.is_empty() {

@@ -12,15 +12,28 @@ use super::effects::{Effects, Event, EventKind, Launch, RowKey};
 use super::model::{Health, Job, JobKey, JobKind, JobState, LaunchId, RunRef, TaskState as S};
 use super::{Lifecycle, RunStatus, TaskUpdate, TimerKind, legal};
 
-/// The engine task of instance `i` of job `k`.
-pub(super) fn new_task(job: &Job, k: JobKey, i: u32) -> NewTask {
+/// The engine task of instance `i` of job `k`, pinned to `pin` if given
+/// (its volume's or daemon's host). A task with a volume asks for the
+/// volume's disk too: the volume lives on the host it is placed on.
+pub(super) fn new_task(
+    engine: &Engine,
+    job: &Job,
+    k: JobKey,
+    i: u32,
+    pin: Option<super::HostSlot>,
+) -> NewTask {
     let t = job.template(i);
+    let mut request = t.request;
+    if let Some(v) = &t.volume {
+        let disk = peloton_engine::resources::Dim::Disk.idx();
+        request.0[disk] = request.0[disk].saturating_add(v.size_mb);
+    }
     NewTask {
         job: k.0,
         instance: i,
         pool: job.pool,
         priority: job.plan.priority,
-        request: t.request,
+        request,
         ports: t.ports,
         flags: TaskFlags {
             preemptible: job.plan.preemptible,
@@ -31,6 +44,8 @@ pub(super) fn new_task(job: &Job, k: JobKey, i: u32) -> NewTask {
         strategy: job.plan.strategy,
         max_per_host: t.max_per_host,
         limit_key: k.0,
+        desired_host: pin.and_then(|s| engine.hosts().lookup_slot(s.idx())),
+        daemon: job.plan.kind == JobKind::Daemon,
     }
 }
 
@@ -82,6 +97,7 @@ impl Lifecycle {
             fx.rows.push(RowKey::Task(k, i));
         }
         self.dirty_jobs.insert(k);
+        self.pin_changed(k, i);
         self.task_event(k, i, reason.unwrap_or_default(), fx);
     }
 
@@ -324,7 +340,14 @@ impl Lifecycle {
             }
             gang.clear();
             for &i in &members {
-                gang.push(new_task(job, k, i));
+                let pin = self.pin_of(k, i);
+                if pin.is_some_and(|s| engine.hosts().lookup_slot(s.idx()).is_none()) {
+                    // Its host is gone from the cluster: it waits (a
+                    // daemon's instance is retired at the next cycle).
+                    self.retry_fill.insert(k);
+                    return;
+                }
+                gang.push(new_task(engine, job, k, i, pin));
             }
             match engine.submit(&gang) {
                 Ok(handles) => {
@@ -388,6 +411,7 @@ impl Lifecycle {
             let t = &mut job.tasks[i as usize];
             t.host = Some(host);
             t.placed_at = now;
+            t.gave_way = false;
             let run = t.run;
             self.transition(k, i, S::Placed, None, fx);
             // The Placed event's revision names the launch: unique for the
@@ -398,6 +422,7 @@ impl Lifecycle {
             let job_id = job.id.clone();
             let config = job.tasks[i as usize].config;
             self.transition(k, i, S::Launching, None, fx);
+            let volume = self.volume_at_placement(k, i, host, fx);
             fx.launches.push(Launch {
                 run: RunRef {
                     job: k,
@@ -410,6 +435,7 @@ impl Lifecycle {
                 config,
                 sim_duration_ms: duration,
                 sim_exit_code: code,
+                volume,
             });
         }
         fx.counters.placements += n_placed as u64;
@@ -439,6 +465,7 @@ impl Lifecycle {
                 && self.end_run(engine, k, i, S::Preempted, &reason, fx)
             {
                 preempted_any = true;
+                self.job_mut(k).tasks[i as usize].gave_way = true;
                 self.restart_after_loss(engine, k, i, fx);
             }
         }
@@ -450,18 +477,27 @@ impl Lifecycle {
         let mut plans = Vec::new();
         engine.eviction_plans(&mut plans);
         for (for_task, slot, victims) in plans {
-            let beneficiary = self
-                .instance_of(engine, for_task)
+            let owner = self.instance_of(engine, for_task);
+            let beneficiary = owner
                 .map(|(k, i)| format!("{}/{i}", self.jobs[&k].id))
                 .unwrap_or_default();
-            let reason = format!(
-                "preempted: a higher-priority task of its pool ({beneficiary}) needs room on host {}",
-                self.host_names[slot as usize]
-            );
+            let daemon = owner.is_some_and(|(k, _)| self.jobs[&k].plan.kind == JobKind::Daemon);
+            let reason = if daemon {
+                format!(
+                    "preempted: daemon {beneficiary} needs room on host {}",
+                    self.host_names[slot as usize]
+                )
+            } else {
+                format!(
+                    "preempted: a higher-priority task of its pool ({beneficiary}) needs room on host {}",
+                    self.host_names[slot as usize]
+                )
+            };
             for v in victims {
                 if let Some((k, i)) = self.instance_of(engine, v.task)
                     && self.end_run(engine, k, i, S::Preempted, &reason, fx)
                 {
+                    self.job_mut(k).tasks[i as usize].gave_way = true;
                     self.restart_after_loss(engine, k, i, fx);
                 }
             }
@@ -522,7 +558,7 @@ impl Lifecycle {
                 t.exit_code = code;
                 fx.counters.runs_finished += 1;
                 self.release(engine, k, i, fx);
-                if self.jobs[&k].plan.kind == JobKind::Service {
+                if self.jobs[&k].plan.kind.keeps_running() {
                     self.service_exited(engine, k, i, code, fx);
                 } else if code == 0 {
                     self.transition(k, i, S::Succeeded, None, fx);
@@ -541,7 +577,7 @@ impl Lifecycle {
                 t.finished_at = u.time_ms;
                 self.release(engine, k, i, fx);
                 self.transition(k, i, S::Killed, Some("killed on its host"), fx);
-                if self.jobs[&k].plan.kind == JobKind::Service && !self.jobs[&k].kill_requested {
+                if self.jobs[&k].plan.kind.keeps_running() && !self.jobs[&k].kill_requested {
                     // Not by us: a service keeps running.
                     self.new_run(k, i, fx);
                 }
@@ -611,7 +647,7 @@ impl Lifecycle {
         let updating = self.in_update_batch(k, i);
         let job = self.job_mut(k);
         let policy = job.template(i).restart;
-        let service = job.plan.kind == JobKind::Service;
+        let service = job.plan.kind.keeps_running();
         let kill = job.kill_requested;
         let t = &mut job.tasks[i as usize];
         if service
@@ -747,6 +783,15 @@ pub(super) fn derive(job: &Job) -> JobState {
     let c = &job.counts;
     let n = job.tasks.len() as u32;
     let terminal = c[S::Succeeded as usize] + c[S::Failed as usize] + c[S::Killed as usize];
+    if job.plan.kind == JobKind::Daemon && !job.kill_requested {
+        // A daemon job never ends by itself: with no matching host it has
+        // nothing to run yet.
+        return if c[S::Running as usize] > 0 || job.started {
+            JobState::Running
+        } else {
+            JobState::Pending
+        };
+    }
     if terminal == n && job.held > 0 {
         // Ended in our books; a host still has to confirm.
         if job.kill_requested {
@@ -766,7 +811,7 @@ pub(super) fn derive(job: &Job) -> JobState {
         }
     } else if job.kill_requested {
         JobState::Killing
-    } else if c[S::Running as usize] > 0 || (job.plan.kind == JobKind::Service && job.started) {
+    } else if c[S::Running as usize] > 0 || (job.plan.kind.keeps_running() && job.started) {
         // A service that has run stays RUNNING while instances restart.
         JobState::Running
     } else if c[S::Initialized as usize] == n - terminal {

@@ -32,7 +32,7 @@ use crate::{
     JobKind, JobPlan, JobRow, Lifecycle, RestartPolicy, RowKey, RunPhase, RunReport, TaskRow,
     TaskState, TaskTemplate, Update,
 };
-use crate::{Recovered, RecoveredHost, RecoveredJob};
+use crate::{Recovered, RecoveredHost, RecoveredJob, RecoveredVolume};
 
 /// One run as its agent has it.
 #[derive(Clone, Debug)]
@@ -74,6 +74,8 @@ pub struct Agent {
     /// It takes launches but does not start them yet (until
     /// [`Sim::start_launches`]).
     pub stalled: bool,
+    /// Volumes on its disk.
+    pub volumes: std::collections::BTreeSet<Arc<str>>,
 }
 
 /// The store's rows, as the shell would write them.
@@ -91,6 +93,8 @@ pub struct StoreModel {
     pub configs: BTreeMap<(Arc<str>, u64), JobPlan>,
     /// Updates by id: job id and the update.
     pub updates: BTreeMap<Arc<str>, (Arc<str>, Update)>,
+    /// Volumes by id.
+    pub volumes: BTreeMap<Arc<str>, RecoveredVolume>,
 }
 
 /// The core, its engine, agents and store.
@@ -116,6 +120,9 @@ pub struct Sim {
     pub n_launches: u64,
     /// Kills dispatched so far.
     pub n_kills: u64,
+    /// Volume deletions sent to hosts (host, volume id), oldest first
+    /// (the driver takes them after each operation).
+    pub volume_deletes: Vec<(Arc<str>, Arc<str>)>,
     /// The last event revision published.
     last_revision: u64,
 }
@@ -153,6 +160,7 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
         },
         kill_grace_ms: 1000,
         health_check: false,
+        volume: None,
         sim_duration_ms: 0,
         sim_exit_code: 0,
     }
@@ -173,6 +181,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         max_running_time_ms: 0,
         max_unavailable: 1,
         strategy: Strategy::FirstFit,
+        volume_policy: crate::VolumePolicy::default(),
     }
 }
 
@@ -214,6 +223,7 @@ impl Sim {
             quiet: false,
             n_launches: 0,
             n_kills: 0,
+            volume_deletes: Vec::new(),
             last_revision: 0,
         }
     }
@@ -301,15 +311,39 @@ impl Sim {
                 a.runs.remove(&key.launch);
             }
         }
+        for (host, id) in std::mem::take(&mut self.fx.volume_deletes) {
+            self.say(format!("  delete volume {id} @{host}"));
+            self.volume_deletes.push((host.clone(), id.clone()));
+            if let Some(a) = self.agents.get_mut(&host)
+                && a.connected
+            {
+                a.volumes.remove(&id);
+            }
+        }
         // Launches before kills, as the shell hands them to its backend
         // (a run placed and preempted in one step is launched, then killed).
         let launches = std::mem::take(&mut self.fx.launches);
         let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
         for l in launches {
+            self.check_launch_volume(&l);
             self.say(format!(
-                "  launch {}/{}#{} @{} config {}",
-                l.job_id, l.run.instance, l.run.run, l.host, l.config
+                "  launch {}/{}#{} @{} config {}{}",
+                l.job_id,
+                l.run.instance,
+                l.run.run,
+                l.host,
+                l.config,
+                l.volume
+                    .as_ref()
+                    .map(|(id, mb)| format!(" volume {id} {mb}MiB"))
+                    .unwrap_or_default()
             ));
+            if let Some((id, _)) = &l.volume
+                && let Some(a) = self.agents.get_mut(&l.host)
+                && a.connected
+            {
+                a.volumes.insert(id.clone());
+            }
             let key = AgentRunKey {
                 job_id: l.job_id.clone(),
                 instance: l.run.instance,
@@ -373,6 +407,37 @@ impl Sim {
             self.commit();
         }
         self.check_no_double_runs();
+    }
+
+    /// A launch of an instance with a volume goes to its volume's host
+    /// and names that volume; one of a task with a volume carries it.
+    fn check_launch_volume(&self, l: &crate::Launch) {
+        let Some(job) = self.core.job(l.run.job) else {
+            return;
+        };
+        let i = l.run.instance;
+        if let Some(v) = self.core.volume_of(l.run.job, i) {
+            assert_eq!(
+                (self.core.host_name(v.host), Some(&v.id)),
+                (&l.host, l.volume.as_ref().map(|(id, _)| id)),
+                "{}/{i} is launched on {} with {:?}, its volume is {} on {}\n{}",
+                l.job_id,
+                l.host,
+                l.volume,
+                v.id,
+                self.core.host_name(v.host),
+                self.log
+            );
+        }
+        let wants = job.plan_of(l.config).template(i).volume.is_some();
+        assert_eq!(
+            wants,
+            l.volume.is_some(),
+            "{}/{i}: a launch carries a volume exactly when its task has one ({:?})\n{}",
+            l.job_id,
+            l.volume,
+            self.log
+        );
     }
 
     fn write_rows(&mut self) {
@@ -445,6 +510,26 @@ impl Sim {
                 }
                 RowKey::PoolDeleted(path) => {
                     self.store.pools.remove(&path);
+                }
+                RowKey::Volume(k, i) => {
+                    if let Some(v) = self.core.volume_of(k, i) {
+                        let job_id = self.core.job(k).expect("live").id.to_string();
+                        self.store.volumes.insert(
+                            v.id.clone(),
+                            RecoveredVolume {
+                                id: v.id.to_string(),
+                                job_id,
+                                instance: i,
+                                host: self.core.host_name(v.host).to_string(),
+                                size_mb: v.size_mb,
+                                path: v.path.to_string(),
+                                created_at: v.created_at,
+                            },
+                        );
+                    }
+                }
+                RowKey::VolumeDeleted(id) => {
+                    self.store.volumes.remove(&id);
                 }
                 RowKey::Host(slot) => {
                     let name = self.core.host_name(slot).to_string();
@@ -525,17 +610,23 @@ impl Sim {
     /// A new agent registers an empty host (or an agent that lost every
     /// run registers again).
     pub fn add_host(&mut self, name: &str, cpu: u64, mem: u64) -> Result<Answer, Error> {
-        let name: Arc<str> = name.into();
-        let spec = host_spec(&name, cpu, mem);
+        self.add_host_spec(host_spec(name, cpu, mem))
+    }
+
+    /// A new agent registers an empty host with this registration.
+    pub fn add_host_spec(&mut self, spec: HostSpec) -> Result<Answer, Error> {
+        let name: Arc<str> = spec.name.as_str().into();
         let agent = self.agents.entry(name).or_default();
         agent.spec = Some(spec.clone());
         agent.connected = true;
         agent.stalled = false;
         agent.runs.clear();
+        agent.volumes.clear();
         self.step(Input::AgentRegistered(Box::new(HostRegistration {
             spec,
             isolation: "test".into(),
             runs: Vec::new(),
+            volumes: Vec::new(),
         })))
     }
 
@@ -546,6 +637,7 @@ impl Sim {
         agent.connected = true;
         let spec = agent.spec.clone().expect("spec");
         let runs: Vec<AgentRun> = agent.runs.values().cloned().collect();
+        let volumes: Vec<String> = agent.volumes.iter().map(|v| v.to_string()).collect();
         let runs = runs
             .into_iter()
             .map(|r| {
@@ -561,6 +653,7 @@ impl Sim {
             spec,
             isolation: "test".into(),
             runs,
+            volumes,
         })))
     }
 
@@ -713,6 +806,7 @@ impl Sim {
                 tasks,
             });
         }
+        rec.volumes = self.store.volumes.values().cloned().collect();
         self.engine = engine();
         let revision = self.core.revision();
         self.fx = Effects::default();

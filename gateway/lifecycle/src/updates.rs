@@ -14,7 +14,7 @@ use std::sync::Arc;
 use peloton_engine::Engine;
 
 use super::effects::{Effects, RowKey};
-use super::model::{Health, JobKey, JobKind, JobPlan, TaskState as S};
+use super::model::{Health, JobKey, JobPlan, TaskState as S};
 use super::{Answer, Error, Lifecycle};
 
 /// How an update proceeds.
@@ -233,7 +233,7 @@ impl Lifecycle {
                 current: job.version,
             });
         }
-        if job.plan.kind != JobKind::Service {
+        if !job.plan.kind.keeps_running() {
             return Err(Error::Precondition(format!(
                 "job {job_id} is a batch job: rolling updates are for services"
             )));
@@ -273,6 +273,23 @@ impl Lifecycle {
         }
         if self.updates.contains_key(&id) {
             return Err(Error::Precondition(format!("update {id} exists already")));
+        }
+        for i in 0..job.tasks.len() as u32 {
+            let (old, new) = (&job.template(i).volume, &plan.template(i).volume);
+            if old.as_ref().map(|v| v.size_mb) != new.as_ref().map(|v| v.size_mb) {
+                return Err(Error::invalid(
+                    "spec.default_task.volume",
+                    format!(
+                        "an update cannot add, remove or resize a volume (instance {i}); \
+                         instances are updated in place, on their volumes"
+                    ),
+                ));
+            }
+        }
+        let mut plan = plan;
+        if plan.kind == super::model::JobKind::Daemon {
+            // A daemon's count follows the hosts, not the spec.
+            plan.instance_count = job.tasks.len() as u32;
         }
         let n_old = job.tasks.len() as u32;
         let count = plan.instance_count;
@@ -384,6 +401,8 @@ impl Lifecycle {
                 t.config = goal;
                 t.failures = 0;
                 self.mark_dirty(k, i, fx);
+                // (A place kept for it is resized.)
+                self.pin_changed(k, i);
                 if !stopped_by_user {
                     self.move_instance(engine, k, i, fx);
                 }
@@ -501,7 +520,10 @@ impl Lifecycle {
             job.version += 1;
             self.dirty_jobs.insert(k);
             let count = self.jobs[&k].plan.instance_count;
-            if count != self.jobs[&k].tasks.len() as u32 {
+            if self.jobs[&k].plan.kind == super::model::JobKind::Daemon {
+                // A daemon's count follows the hosts, not the old spec.
+                self.sync_daemon_count(k);
+            } else if count != self.jobs[&k].tasks.len() as u32 {
                 // New instances start on the job's config: `from` again.
                 self.scale_to(engine, k, count, "rolled back to fewer instances", fx);
             }
@@ -586,11 +608,12 @@ impl Lifecycle {
             return;
         }
         // Start more, up to the batch size. Instances that failed on the new
-        // spec and are still down count against it too.
+        // spec and are still down count against it too (but not once their
+        // user stopped them: the update does not wait for those).
         let failed_down = self.updates[id]
             .failed
             .iter()
-            .filter(|&&i| i < n && !self.instance_done(k, i, goal))
+            .filter(|&&i| i < n && !self.instance_done(k, i, goal) && !self.stopped_by_user(k, i))
             .count() as u32;
         loop {
             let u = &self.updates[id];
@@ -610,6 +633,7 @@ impl Lifecycle {
             t.config = goal;
             t.failures = 0;
             self.mark_dirty(k, i, fx);
+            self.pin_changed(k, i);
             if stopped_by_user {
                 // It takes the new spec whenever it is restarted.
                 continue;

@@ -11,12 +11,48 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::convert::{self, Limits};
 use crate::lifecycle::{
     Event, EventKind, JobKey, JobRow, LaunchId, Lifecycle, Recovered, RecoveredHost, RecoveredJob,
-    RowKey, TaskRow,
+    RecoveredVolume, RowKey, TaskRow,
 };
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
 
 use super::reads;
+
+/// A job's secrets as stored in the `secrets` table (apart from its spec
+/// rows).
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredSecrets {
+    #[prost(message, repeated, tag = "1")]
+    secrets: Vec<pb::Secret>,
+}
+
+/// A job's secrets as their stored row.
+pub(super) fn encode_secrets(secrets: &[pb::Secret]) -> Vec<u8> {
+    StoredSecrets {
+        secrets: secrets.to_vec(),
+    }
+    .encode_to_vec()
+}
+
+/// The stored secrets of the recovered jobs; rows of jobs that are gone
+/// are deleted in `batch`.
+pub(super) fn recovered_secrets(
+    snap: &Snapshot,
+    core: &Lifecycle,
+    batch: &mut WriteBatch,
+) -> anyhow::Result<super::Secrets> {
+    let mut out = super::Secrets::default();
+    for (id, bytes) in &snap.secrets {
+        let Some(job) = core.job_key(id).ok().and_then(|k| core.job(k)) else {
+            batch.secrets.push((id.clone(), None));
+            continue;
+        };
+        let stored = StoredSecrets::decode(bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("stored secrets of job {id}: {e}"))?;
+        out.insert(job.id.clone(), stored.secrets.into());
+    }
+    Ok(out)
+}
 
 /// Events as the API's messages.
 pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
@@ -89,6 +125,11 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
             .as_ref()
             .map(|s| s.1.to_string())
             .unwrap_or_default(),
+        pinned_host: row
+            .daemon_host
+            .as_deref()
+            .map(str::to_string)
+            .unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -99,7 +140,7 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
 /// must not be rewritten with it). No task counts either: recovery counts
 /// the tasks.
 pub(super) fn job_row_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
-    let mut row = reads::job_to_pb(core, k, None);
+    let mut row = reads::job_to_pb(core, k, None, None);
     if let Some(status) = row.status.as_mut() {
         status.task_counts.clear();
     }
@@ -111,6 +152,7 @@ pub(super) fn rows(
     core: &mut Lifecycle,
     engine: &peloton_engine::Engine,
     specs: &mut FxHashMap<JobKey, super::Specs>,
+    secrets: &mut super::Secrets,
     rows: &mut Vec<RowKey>,
     batch: &mut WriteBatch,
     metrics: &Metrics,
@@ -133,6 +175,10 @@ pub(super) fn rows(
                 specs.remove(&k);
                 batch.jobs.push((id.to_string(), None));
                 batch.delete_tasks_of.push(id.to_string());
+                // However the job went (deleted, or by retention), its
+                // secrets go with it.
+                secrets.remove(&id);
+                batch.secrets.push((id.to_string(), None));
             }
             RowKey::Task(k, i) => {
                 let Some(row) = core.take_task_row(k, i) else {
@@ -177,6 +223,13 @@ pub(super) fn rows(
                 }
             }
             RowKey::UpdateDeleted(id) => batch.updates.push((id.to_string(), None)),
+            RowKey::Volume(k, i) => {
+                if let Some(v) = core.volume_of(k, i) {
+                    let row = reads::volume_to_pb(core, v).encode_to_vec();
+                    batch.volumes.push((v.id.to_string(), Some(row)));
+                }
+            }
+            RowKey::VolumeDeleted(id) => batch.volumes.push((id.to_string(), None)),
             RowKey::Host(slot) => {
                 if let Some(host) = reads::host_row(engine, core, slot) {
                     batch
@@ -198,6 +251,7 @@ pub(super) type RecoveredSpecs = (String, super::Specs, Option<u64>);
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
+    host_pools: &super::hostpools::HostPools,
 ) -> anyhow::Result<(Recovered, Vec<RecoveredSpecs>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
@@ -209,10 +263,12 @@ pub(super) fn recovered(
     for (name, bytes) in &snap.hosts {
         let host = pb::Host::decode(bytes.as_slice())?;
         let spec = if agent_mode {
-            Some(
+            let mut spec =
                 reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
-                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?,
-            )
+                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
+            // Its stored host pool (the attribute is not in the row).
+            host_pools.tag(&mut spec);
+            Some(spec)
         } else {
             None
         };
@@ -247,8 +303,21 @@ pub(super) fn recovered(
                 }),
                 restart_when_stopped: row.restart_when_stopped,
                 config: row.config_version,
+                daemon_host: (!row.pinned_host.is_empty()).then(|| row.pinned_host.as_str().into()),
             },
         ));
+    }
+    for (id, bytes) in &snap.volumes {
+        let v = pb::Volume::decode(bytes.as_slice())?;
+        rec.volumes.push(RecoveredVolume {
+            id: id.clone(),
+            job_id: v.job_id,
+            instance: v.instance,
+            host: v.host,
+            size_mb: v.size_mb,
+            path: v.path,
+            created_at: v.created_at_ms,
+        });
     }
     // Stored jobs were valid when accepted; limits configured lower since
     // must not make them unreadable.

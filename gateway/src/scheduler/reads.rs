@@ -108,11 +108,29 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
 
 /// A job as the API shows it (and the store keeps it): with the spec of its
 /// current config version.
-pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, specs: Option<&super::Specs>) -> pb::Job {
+///
+/// `secrets`: the job's secrets, shown redacted (names and sizes); `None`
+/// for the stored row, which never holds them.
+pub(super) fn job_to_pb(
+    core: &Lifecycle,
+    k: JobKey,
+    specs: Option<&super::Specs>,
+    secrets: Option<&[pb::Secret]>,
+) -> pb::Job {
     let job = core.job(k).expect("live job");
+    let mut spec = specs.and_then(|s| s.get(&job.config)).cloned();
+    if job.plan.kind == crate::lifecycle::JobKind::Daemon
+        && let Some(s) = &mut spec
+    {
+        // A daemon's count follows the hosts it matches.
+        s.instance_count = job.plan.instance_count;
+    }
+    if let (Some(spec), Some(secrets)) = (spec.as_mut(), secrets) {
+        spec.secrets = convert::redact_secrets(secrets);
+    }
     pb::Job {
         id: job.id.to_string(),
-        spec: specs.and_then(|s| s.get(&job.config)).cloned(),
+        spec,
         status: Some(pb::JobStatus {
             state: convert::job_state_to_pb(job.state) as i32,
             created_at_ms: job.created_at,
@@ -217,6 +235,7 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
 pub(super) fn query_jobs(
     core: &Lifecycle,
     specs: &FxHashMap<JobKey, super::Specs>,
+    secrets: &super::Secrets,
     r: &pb::QueryJobsRequest,
 ) -> pb::QueryJobsResponse {
     let page = match r.page_size {
@@ -244,7 +263,12 @@ pub(super) fn query_jobs(
             out.next_page_token = out.jobs.last().map(|j| j.id.clone()).unwrap_or_default();
             break;
         }
-        out.jobs.push(job_to_pb(core, k, Some(versions)));
+        out.jobs.push(job_to_pb(
+            core,
+            k,
+            Some(versions),
+            secrets.get(&job.id).map(|s| &s[..]),
+        ));
     }
     out
 }
@@ -280,7 +304,31 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
             .and_then(|h| h.host)
             .map(|s| core.host_name(s).to_string())
             .unwrap_or_default(),
-        ..Default::default()
+        volume_id: core
+            .volume_of(k, i)
+            .map(|v| v.id.to_string())
+            .unwrap_or_default(),
+        pinned_host: core
+            .pin_of(k, i)
+            .map(|s| core.host_name(s).to_string())
+            .unwrap_or_default(),
+    }
+}
+
+/// A volume as the API shows it (and the store keeps it).
+pub(super) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb::Volume {
+    pb::Volume {
+        id: v.id.to_string(),
+        job_id: core
+            .job(v.job)
+            .map(|j| j.id.to_string())
+            .unwrap_or_default(),
+        instance: v.instance,
+        host: core.host_name(v.host).to_string(),
+        size_mb: v.size_mb,
+        path: v.path.to_string(),
+        in_use: core.volume_in_use(v),
+        created_at_ms: v.created_at,
     }
 }
 
@@ -424,6 +472,10 @@ pub(super) fn list_hosts(
     names.sort_unstable();
     let mut more = names.len() > limit;
     names.truncate(limit);
+    let mut volumes_mb: rustc_hash::FxHashMap<u32, u64> = Default::default();
+    for v in core.volumes() {
+        *volumes_mb.entry(v.host.0).or_default() += v.size_mb;
+    }
     // A page also ends once its hosts hold this many tasks (at least one
     // host per page), so that it stays far below the message limit.
     const MAX_TASK_REFS: usize = 100_000;
@@ -457,6 +509,7 @@ pub(super) fn list_hosts(
             free: Some(convert::resources_to_pb(hosts.free(slot.idx()))),
             state: host_state_to_pb(hosts, slot) as i32,
             attributes: host_attributes(hosts, slot.0),
+            host_pool: host_pool_of(hosts, slot.0),
             tasks,
             connected: agent.is_some_and(|h| h.connected),
             last_seen_ms: hub.and_then(|hub| hub.last_seen(name)).unwrap_or(0),
@@ -464,6 +517,7 @@ pub(super) fn list_hosts(
                 Some(h) => h.isolation.clone(),
                 None => "simulated".into(),
             },
+            volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
             ..Default::default()
         });
     }
@@ -499,6 +553,8 @@ pub(super) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Opt
     })
 }
 
+/// A host's attributes as shown and stored: without its host pool (shown
+/// as `Host.host_pool`, stored in its own table).
 pub(super) fn host_attributes(
     hosts: &HostArena,
     slot: u32,
@@ -507,6 +563,7 @@ pub(super) fn host_attributes(
     hosts
         .attributes(slot as usize)
         .iter()
+        .filter(|(k, _)| interner.resolve(*k) != convert::HOST_POOL_ATTRIBUTE)
         .map(|(k, v)| {
             (
                 interner.resolve(*k).to_string(),
@@ -516,7 +573,19 @@ pub(super) fn host_attributes(
         .collect()
 }
 
-/// An agent's registration as an engine host.
+/// A host's host pool (from its attribute).
+fn host_pool_of(hosts: &HostArena, slot: u32) -> String {
+    let interner = hosts.interner();
+    hosts
+        .attributes(slot as usize)
+        .iter()
+        .find(|(k, _)| interner.resolve(*k) == convert::HOST_POOL_ATTRIBUTE)
+        .map(|(_, v)| interner.resolve(*v).to_string())
+        .unwrap_or_else(|| convert::DEFAULT_HOST_POOL.to_string())
+}
+
+/// An agent's registration as an engine host (without its host pool
+/// attribute, which the caller adds).
 pub(super) fn host_spec(
     name: &str,
     resources: Option<&pb::Resources>,

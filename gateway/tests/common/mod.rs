@@ -8,6 +8,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use pb::host_pool_service_client::HostPoolServiceClient;
 use pb::host_service_client::HostServiceClient;
 use pb::job_service_client::JobServiceClient;
 use pb::resource_pool_service_client::ResourcePoolServiceClient;
@@ -33,6 +34,7 @@ pub struct Clients {
     pub hosts: HostServiceClient<Channel>,
     pub watch: WatchServiceClient<Channel>,
     pub updates: UpdateServiceClient<Channel>,
+    pub host_pools: HostPoolServiceClient<Channel>,
 }
 
 impl Clients {
@@ -56,6 +58,7 @@ impl Clients {
             tasks: TaskServiceClient::new(channel.clone()),
             hosts: HostServiceClient::new(channel.clone()),
             updates: UpdateServiceClient::new(channel.clone()),
+            host_pools: HostPoolServiceClient::new(channel.clone()),
             watch: WatchServiceClient::new(channel),
         }
     }

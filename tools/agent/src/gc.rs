@@ -11,7 +11,9 @@
 //! a crash half-way leaves trash (removed by the next collection) rather
 //! than a half-deleted sandbox. Collection reads only the disk, never the
 //! supervisor's memory: acknowledged runs are no longer held there, so it
-//! can run on its own thread without a lock.
+//! can run on its own thread without a lock. A sandbox's link to a
+//! persistent volume is removed as a link: neither deletion nor the size
+//! count follows it, so volumes are never collected (see `volumes`).
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

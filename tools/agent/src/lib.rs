@@ -12,7 +12,9 @@
 //! machine allows it, else rlimits (`isolation`). Health checks of running
 //! tasks (`health`) run on threads of their own, never under the
 //! supervisor's lock, and only report: killing an unhealthy task is the
-//! server's decision.
+//! server's decision. Persistent volumes live outside the sandboxes and are
+//! linked into them (`volumes`); secrets are private files in the sandbox
+//! while the run lives (`secrets`).
 //!
 //! The library exists for the binary and for tests that drive the
 //! supervisor without a server; it must not know the gateway.
@@ -25,8 +27,10 @@ mod isolation;
 mod ports;
 mod proc;
 mod record;
+mod secrets;
 mod session;
 mod supervisor;
+mod volumes;
 mod wrapper;
 
 pub use cli::{
@@ -40,4 +44,5 @@ pub use supervisor::{
     DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, Supervisor,
     SupervisorConfig, SupervisorError,
 };
+pub use volumes::VolumeDeletion;
 pub use wrapper::{run_trampoline, run_wrapper};

@@ -5,7 +5,9 @@
 //! directory, so the directory *is* the run: the agent writes `run.json`
 //! (the run's record) and `task.json` (what to execute); the wrapper writes
 //! `started` and `exit.json`; the task writes `stdout` and `stderr`; command
-//! health checks write `health-check.out`. Every JSON file is written to a
+//! health checks write `health-check.out`. A run may also have its secrets
+//! in `.peloton-secrets/` (until it ends, see `secrets`) and a symbolic link
+//! to its volume, which lives outside the sandbox (see `volumes`). Every JSON file is written to a
 //! temporary name, synced and renamed, so a reader (or a restarted agent)
 //! sees the old version or the new one, never half of one.
 
@@ -219,6 +221,9 @@ pub(crate) struct RunRecord {
     /// have none).
     #[serde(default)]
     pub(crate) health_check: Option<HealthCheckPlan>,
+    /// The id of the run's volume (`WORK_DIR/volumes/<id>`), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) volume: Option<String>,
     /// Bumped on every write; the newer of the two copies wins.
     #[serde(default)]
     pub(crate) generation: u64,
@@ -355,6 +360,7 @@ mod tests {
             report: PhaseReport::new(Phase::Starting, 1),
             acked: false,
             health_check: None,
+            volume: None,
             generation: 0,
         };
         write_run(dir.path(), &mut record).unwrap();

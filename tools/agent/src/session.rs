@@ -98,6 +98,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     let sandboxes = supervisor.sandboxes_dir().to_path_buf();
+    let volumes = supervisor.volumes_dir().to_path_buf();
     let changed = Arc::new(Notify::new());
     // A health checker's verdict goes out at once, not at the next poll.
     let wake = changed.clone();
@@ -108,7 +109,7 @@ pub async fn run(
         changed.clone(),
         config.poll_interval,
     ));
-    let collector = tokio::spawn(gc_loop(sandboxes, config.gc, config.gc_interval));
+    let collector = tokio::spawn(gc_loop(sandboxes, volumes, config.gc, config.gc_interval));
     tokio::select! {
         () = shutdown => tracing::info!("stopping; runs keep running and are re-adopted on restart"),
         () = connect_loop(&config, &supervisor, &changed) => {}
@@ -149,14 +150,22 @@ async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
     }
 }
 
-async fn gc_loop(sandboxes: std::path::PathBuf, policy: GcPolicy, every: Duration) {
+async fn gc_loop(
+    sandboxes: std::path::PathBuf,
+    volumes: std::path::PathBuf,
+    policy: GcPolicy,
+    every: Duration,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // The first tick is immediate: a collection at start.
         tick.tick().await;
         let dir = sandboxes.clone();
+        let trash = volumes.clone();
         let outcome = tokio::task::spawn_blocking(move || {
+            // Volumes are never collected, only what a deletion left.
+            crate::volumes::remove_trash(&trash);
             gc::collect(&dir, &policy, crate::record::now_ms())
         })
         .await;
@@ -344,9 +353,14 @@ async fn send(
 }
 
 async fn registration(config: &SessionConfig, supervisor: &Shared) -> v1::AgentRegister {
-    let (isolation, runs, ports) = with_supervisor(supervisor, |s| {
+    let (isolation, runs, ports, volumes) = with_supervisor(supervisor, |s| {
         s.poll();
-        (s.isolation().name(), s.registration_runs(), s.port_count())
+        (
+            s.isolation().name(),
+            s.registration_runs(),
+            s.port_count(),
+            s.volumes(),
+        )
     })
     .await;
     v1::AgentRegister {
@@ -358,7 +372,7 @@ async fn registration(config: &SessionConfig, supervisor: &Shared) -> v1::AgentR
         runs,
         ports,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-        volumes: Vec::new(),
+        volumes,
     }
 }
 
@@ -410,8 +424,15 @@ async fn handle(
         Some(Kind::Ack(ack)) => {
             with_supervisor(supervisor, move |s| s.ack(&ack.keys)).await;
         }
-        Some(Kind::DeleteVolumes(_)) => {
-            tracing::warn!("volume deletion is not supported by this agent yet");
+        Some(Kind::DeleteVolumes(delete)) => {
+            tracing::debug!(volumes = delete.ids.len(), "delete volumes");
+            let deletion =
+                with_supervisor(supervisor, move |s| s.delete_volumes(&delete.ids)).await;
+            // The data goes without the supervisor's lock and without
+            // holding up the session: a large volume takes a while.
+            if !deletion.is_empty() {
+                tokio::task::spawn_blocking(move || deletion.finish());
+            }
         }
         Some(Kind::ReadLog(read)) => {
             // Waits here when too many reads are in flight: backpressure on

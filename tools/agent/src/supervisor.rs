@@ -46,6 +46,8 @@ use crate::record::{
     SANDBOXES_DIR, STARTED_FILE, STDERR_FILE, STDOUT_FILE, StartedRecord, TASK_FILE, TaskPlan,
     WRAPPER_LOG_FILE,
 };
+use crate::secrets;
+use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
 use crate::wrapper::DEFAULT_PATH;
 
 /// Default of `--max-runs`.
@@ -68,7 +70,7 @@ const INHERITED_ENV: [&str; 3] = ["PATH", "LANG", "TZ"];
 /// What the supervisor needs to know.
 #[derive(Debug, Clone)]
 pub struct SupervisorConfig {
-    /// Holds `sandboxes/` and the agent's lock file.
+    /// Holds `sandboxes/`, `volumes/` and the agent's lock file.
     pub work_dir: PathBuf,
     /// The `peloton-agent` binary (it runs as the wrapper).
     pub wrapper_exe: PathBuf,
@@ -281,6 +283,8 @@ fn read_range(path: &Path, offset: u64, max: usize) -> io::Result<(Vec<u8>, u64)
 pub struct Supervisor {
     config: SupervisorConfig,
     sandboxes: PathBuf,
+    /// `WORK_DIR/volumes` (see `volumes`).
+    volumes: PathBuf,
     runs: HashMap<RunId, Run>,
     ports: PortAllocator,
     outbox: Outbox,
@@ -304,6 +308,7 @@ impl Supervisor {
             error,
         };
         fs::create_dir_all(config.work_dir.join(SANDBOXES_DIR)).map_err(work_dir_error)?;
+        fs::create_dir_all(config.work_dir.join(VOLUMES_DIR)).map_err(work_dir_error)?;
         // Absolute, because sandbox paths are handed to tasks and matched in
         // their environments.
         let work_dir = fs::canonicalize(&config.work_dir).map_err(work_dir_error)?;
@@ -320,10 +325,12 @@ impl Supervisor {
         })?;
         config.work_dir = work_dir;
         let sandboxes = config.work_dir.join(SANDBOXES_DIR);
+        let volumes = config.work_dir.join(VOLUMES_DIR);
         let mut supervisor = Supervisor {
             ports: PortAllocator::new(config.ports),
             config,
             sandboxes,
+            volumes,
             runs: HashMap::new(),
             outbox: Outbox::default(),
             unreaped: Vec::new(),
@@ -367,6 +374,10 @@ impl Supervisor {
             let live = !record.report.phase.is_final();
             if live {
                 self.ports.mark_used(record.ports.iter().map(|p| p.port));
+            } else {
+                // `end` removes them before it records the end; this is
+                // for a removal that failed.
+                remove_secrets(&record.key, &dir);
             }
             tracing::info!(
                 run = %record.key.sandbox_name(),
@@ -420,15 +431,11 @@ impl Supervisor {
                 tracing::warn!("launch without a run key ignored");
                 continue;
             };
-            let default_spec = v1::TaskSpec::default();
-            self.launch_one(
-                RunId::from_proto(key),
-                run.spec.as_ref().unwrap_or(&default_spec),
-            );
+            self.launch_one(RunId::from_proto(key), run);
         }
     }
 
-    fn launch_one(&mut self, key: RunId, spec: &v1::TaskSpec) {
+    fn launch_one(&mut self, key: RunId, launch: &v1::LaunchRun) {
         let now = record::now_ms();
         if let Err(problem) = key.validate() {
             // No sandbox can be named after it, so this failure is not
@@ -479,15 +486,22 @@ impl Supervisor {
                 report: PhaseReport::new(Phase::Starting, now),
                 acked: false,
                 health_check: None,
+                volume: None,
                 generation: 0,
             },
             dir,
         );
         tracing::info!(run = %key.sandbox_name(), "launching");
-        match self.prepare(&mut run, spec) {
+        match self.prepare(&mut run, launch) {
             Ok(()) => {
                 self.commit(&mut run);
-                if let Err(reason) = self.spawn_wrapper(&mut run) {
+                // Secrets are written once the run is on record, so that a
+                // crash cannot leave them in a sandbox no record owns (such
+                // a sandbox is only collected after the age limit).
+                let started = secrets::write(&run.dir, &launch.secrets)
+                    .map_err(|e| format!("cannot write the secrets into the sandbox: {e}"))
+                    .and_then(|()| self.spawn_wrapper(&mut run));
+                if let Err(reason) = started {
                     self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
                 }
             }
@@ -496,8 +510,11 @@ impl Supervisor {
         self.runs.insert(key, run);
     }
 
-    /// Checks the spec, takes ports, creates the cgroup, writes `task.json`.
-    fn prepare(&mut self, run: &mut Run, spec: &v1::TaskSpec) -> Result<(), String> {
+    /// Checks the spec, takes ports, creates the cgroup, sets up the volume
+    /// and the secrets, writes `task.json`.
+    fn prepare(&mut self, run: &mut Run, launch: &v1::LaunchRun) -> Result<(), String> {
+        let default_spec = v1::TaskSpec::default();
+        let spec = launch.spec.as_ref().unwrap_or(&default_spec);
         let (program, args) = match (spec.command.is_empty(), spec.shell.is_empty()) {
             (false, true) => (spec.command.clone(), spec.args.clone()),
             (true, false) => (
@@ -536,6 +553,16 @@ impl Supervisor {
             "PELOTON_SANDBOX".to_owned(),
             run.dir.to_string_lossy().into_owned(),
         );
+        // Checked before anything is created for the run.
+        let volume = match &launch.volume {
+            Some(mount) if !mount.id.is_empty() => {
+                volumes::validate_id(&mount.id)?;
+                let path = spec.volume.as_ref().map_or("", |v| v.path.as_str());
+                Some((mount.id.clone(), volumes::mount_path(path)?))
+            }
+            _ => None,
+        };
+        secrets::validate(&launch.secrets)?;
         let mut port_names = std::collections::BTreeSet::new();
         for port in &spec.ports {
             if port.name.is_empty() || !port_names.insert(ports::port_env_name(&port.name)) {
@@ -552,6 +579,30 @@ impl Supervisor {
                 name: spec_port.name.clone(),
                 port: *number,
             });
+        }
+        if let Some((id, path)) = volume {
+            // Recorded first: while the run lives, its volume is not deleted.
+            run.record.volume = Some(id.clone());
+            let target = volumes::ensure(&self.volumes, &id)
+                .map_err(|e| format!("cannot create the volume {id:?}: {e}"))?;
+            let at = volumes::link(&run.dir, &path, &target).map_err(|e| {
+                format!(
+                    "cannot make the volume {id:?} visible at {:?} in the sandbox: {e}",
+                    path.display()
+                )
+            })?;
+            env.insert(
+                "PELOTON_VOLUME".to_owned(),
+                at.to_string_lossy().into_owned(),
+            );
+        }
+        if !launch.secrets.is_empty() {
+            // The values go to their files only (see `launch_one`); the
+            // environment, and so task.json, gets the directory.
+            env.insert(
+                "PELOTON_SECRETS".to_owned(),
+                secrets::dir(&run.dir).to_string_lossy().into_owned(),
+            );
         }
         let resources = spec.resources.unwrap_or_default();
         let mut plan = TaskPlan {
@@ -637,6 +688,9 @@ impl Supervisor {
             ..report
         };
         run.stop_checks();
+        // Before the end is recorded: a crash in between leaves a live
+        // record, whose end is observed (and this done) again.
+        remove_secrets(&run.record.key, &run.dir);
         self.ports.release(run.record.ports.iter().map(|p| p.port));
         if let Some(cgroup) = &run.record.cgroup {
             isolation::kill_cgroup(cgroup);
@@ -904,9 +958,67 @@ impl Supervisor {
     }
 
     /// Removes the sandboxes of acknowledged runs that `policy` lets go
-    /// (blocking; see [`gc::collect`]).
+    /// (blocking; see [`gc::collect`]), and the trash of volume deletions
+    /// that did not finish. Volumes themselves are never collected.
     pub fn collect_garbage(&self, policy: &GcPolicy, now_ms: u64) -> GcOutcome {
+        volumes::remove_trash(&self.volumes);
         gc::collect(&self.sandboxes, policy, now_ms)
+    }
+
+    /// `WORK_DIR/volumes`.
+    pub fn volumes_dir(&self) -> &Path {
+        &self.volumes
+    }
+
+    /// The ids of the volumes on this agent's disk, for
+    /// `AgentRegister.volumes` (reads a directory: blocking, small).
+    pub fn volumes(&self) -> Vec<String> {
+        volumes::list(&self.volumes)
+    }
+
+    /// `DeleteVolumes`: takes these volumes off the disk's list at once;
+    /// their data goes with [`VolumeDeletion::finish`], to be called
+    /// without the supervisor (it may be slow). Invalid and unknown ids are
+    /// ignored; a volume that a live run of this agent uses is kept (the
+    /// server never asks for that; it is logged).
+    pub fn delete_volumes(&mut self, ids: &[String]) -> VolumeDeletion {
+        let mut deletion = VolumeDeletion::default();
+        for id in ids {
+            if let Err(problem) = volumes::validate_id(id) {
+                tracing::warn!(%problem, "volume deletion ignored");
+                continue;
+            }
+            let user = self.runs.values().find(|run| {
+                !run.record.report.phase.is_final() && run.record.volume.as_deref() == Some(id)
+            });
+            if let Some(run) = user {
+                tracing::warn!(
+                    volume = %id,
+                    run = %run.record.key.sandbox_name(),
+                    "not deleting a volume that a live run uses"
+                );
+                continue;
+            }
+            match volumes::to_trash(&self.volumes, id) {
+                Ok(Some(trash)) => {
+                    tracing::info!(volume = %id, "volume deleted");
+                    deletion.push(trash);
+                }
+                Ok(None) => tracing::debug!(volume = %id, "deletion of an unknown volume ignored"),
+                Err(e) => tracing::warn!(volume = %id, error = %e, "cannot delete the volume"),
+            }
+        }
+        deletion
+    }
+}
+
+fn remove_secrets(key: &RunId, dir: &Path) {
+    if let Err(e) = secrets::remove(dir) {
+        tracing::warn!(
+            run = %key.sandbox_name(),
+            error = %e,
+            "cannot remove the run's secrets from its sandbox"
+        );
     }
 }
 

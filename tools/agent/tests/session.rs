@@ -407,6 +407,68 @@ async fn health_verdicts_and_ports_reach_the_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volumes_are_registered_and_deleted_on_request() {
+    let (port, mut sessions) = start_stand_in().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = agent(port, dir.path(), TOKEN, false);
+    let mut s = within("registration", sessions.recv())
+        .await
+        .expect("session");
+    assert!(s.register.volumes.is_empty());
+    let k = key(2);
+    s.send(v1::server_message::Kind::Launch(v1::LaunchRuns {
+        runs: vec![v1::LaunchRun {
+            key: Some(k.clone()),
+            spec: Some(v1::TaskSpec {
+                shell: "echo data > \"$PELOTON_VOLUME/f\"".to_owned(),
+                ..v1::TaskSpec::default()
+            }),
+            volume: Some(v1::VolumeMount {
+                id: "vol-s".to_owned(),
+                size_mb: 1,
+            }),
+            secrets: Vec::new(),
+        }],
+    }))
+    .await;
+    let done = s.report(&k, P::Succeeded).await;
+    assert_eq!(done.exit_code, 0, "{done:?}");
+    let volume = dir
+        .path()
+        .canonicalize()
+        .expect("canonical")
+        .join("volumes")
+        .join("vol-s");
+    assert!(volume.join("f").exists());
+    stop(first).await;
+
+    // The next registration lists it; a deletion removes it.
+    let second = agent(port, dir.path(), TOKEN, false);
+    let s = within("re-registration", sessions.recv())
+        .await
+        .expect("session");
+    assert_eq!(s.register.volumes, ["vol-s"]);
+    s.send(v1::server_message::Kind::DeleteVolumes(v1::DeleteVolumes {
+        ids: vec!["vol-s".to_owned(), "never-was".to_owned()],
+    }))
+    .await;
+    within("the volume is deleted", async {
+        while volume.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    stop(second).await;
+
+    let third = agent(port, dir.path(), TOKEN, false);
+    let s = within("third registration", sessions.recv())
+        .await
+        .expect("session");
+    assert!(s.register.volumes.is_empty(), "{:?}", s.register.volumes);
+    stop(third).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_agent_says_so_and_keeps_trying() {
     let (port, mut sessions) = start_stand_in().await;
     let dir = tempfile::tempdir().expect("tempdir");

@@ -62,6 +62,12 @@ pub enum Command {
     /// Rolling updates of services.
     #[command(subcommand)]
     Update(UpdateCommand),
+    /// Persistent volumes of stateful instances.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Host pools: a partition of the hosts that jobs name (`host_pool:`).
+    #[command(subcommand)]
+    Hostpool(HostPoolCommand),
     /// Print job and task events as they happen, until interrupted.
     Watch(WatchArgs),
 }
@@ -191,6 +197,24 @@ pub enum UpdateCommand {
     Rollback { id: String },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Volumes, optionally of one job or on one host.
+    List {
+        /// Only this job's volumes.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only volumes on this host.
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Show one volume.
+    Get { id: String },
+    /// Delete a volume and its data (refused while its instance runs on
+    /// it); the instance's next run starts with a fresh volume, anywhere.
+    Delete { id: String },
+}
+
 #[derive(Debug, Args)]
 pub struct QueryArgs {
     /// Only jobs in this pool.
@@ -270,6 +294,24 @@ pub enum HostCommand {
     },
     /// Complete maintenance: the hosts take tasks again.
     Up {
+        #[arg(required = true)]
+        hosts: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HostPoolCommand {
+    /// Create an empty host pool.
+    Create { name: String },
+    /// Delete a host pool (not "default"; it must have no hosts and no live job may name it).
+    Delete { name: String },
+    /// List host pools with their hosts.
+    List,
+    /// Move hosts into a host pool (their running tasks stay where they are).
+    Move {
+        /// The host pool they go to.
+        #[arg(long)]
+        to: String,
         #[arg(required = true)]
         hosts: Vec<String>,
     },

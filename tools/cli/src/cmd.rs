@@ -2,10 +2,12 @@
 //! and prints the result in the chosen format.
 
 mod host;
+mod hostpool;
 mod job;
 mod respool;
 mod task;
 mod update;
+mod volume;
 mod watch;
 
 use std::time::Duration;
@@ -79,6 +81,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Task(command) => task::run(&ctx, command).await,
         Command::Host(command) => host::run(&ctx, command).await,
         Command::Update(command) => update::run(&ctx, command).await,
+        Command::Volume(command) => volume::run(&ctx, command).await,
+        Command::Hostpool(command) => hostpool::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
     }
 }

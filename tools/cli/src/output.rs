@@ -351,6 +351,11 @@ pub fn job_spec_json(spec: Option<&JobSpec>) -> Value {
             "max_unavailable_instances": sla.max_unavailable_instances,
         },
         "placement": enum_json::<PlacementStrategy>(spec.placement),
+        "host_pool": spec.host_pool,
+        "secrets": spec.secrets.iter().map(|s| json!({
+            "name": s.name,
+            "size": s.size,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -425,6 +430,7 @@ pub fn host_json(host: &Host) -> Value {
         "connected": host.connected,
         "last_seen_ms": host.last_seen_ms,
         "isolation": host.isolation,
+        "host_pool": host.host_pool,
     })
 }
 

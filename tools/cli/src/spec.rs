@@ -72,6 +72,43 @@ pub struct JobFile {
     pub task: TaskFile,
     #[serde(default)]
     pub overrides: Vec<OverrideFile>,
+    /// Jobs whose task has a volume: what happens when its host is down.
+    #[serde(default)]
+    pub stateful: Option<StatefulFile>,
+    /// The host pool the job runs in (empty: "default").
+    #[serde(default)]
+    pub host_pool: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatefulFile {
+    /// How long the volume's host may be down before `on_host_down`
+    /// applies (0: the server's default, 10 minutes).
+    #[serde(default)]
+    pub host_down_timeout_ms: u64,
+    #[serde(default)]
+    pub on_host_down: VolumeLossName,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeLossName {
+    /// Keep waiting for the host.
+    #[default]
+    Wait,
+    /// Give the volume up and start fresh elsewhere.
+    Relocate,
+}
+
+/// A persistent volume of the task.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeFile {
+    pub size_mb: u64,
+    /// Inside the sandbox (default "data").
+    #[serde(default)]
+    pub path: String,
 }
 
 fn one() -> u32 {
@@ -149,6 +186,9 @@ pub struct TaskFile {
     /// Run by the agent while the task runs; an unhealthy task is restarted.
     #[serde(default)]
     pub health_check: Option<HealthCheckFile>,
+    /// A persistent volume; the instance is pinned to its host.
+    #[serde(default)]
+    pub volume: Option<VolumeFile>,
 }
 
 /// A health check: exactly one of `command`, `http` or `tcp_port`.
@@ -288,6 +328,15 @@ impl JobFile {
                 max_unavailable_instances: self.sla.max_unavailable_instances,
             }),
             placement: placement.into(),
+            stateful: self.stateful.map(|s| peloton_proto::v1::StatefulPolicy {
+                host_down_timeout_ms: s.host_down_timeout_ms,
+                on_host_down: match s.on_host_down {
+                    VolumeLossName::Wait => peloton_proto::v1::VolumeLossPolicy::Wait,
+                    VolumeLossName::Relocate => peloton_proto::v1::VolumeLossPolicy::Relocate,
+                }
+                .into(),
+            }),
+            host_pool: self.host_pool,
             ..Default::default()
         }
     }
@@ -321,6 +370,10 @@ impl TaskFile {
             }),
             max_instances_per_host: self.max_instances_per_host,
             health_check: self.health_check.map(HealthCheckFile::into_proto),
+            volume: self.volume.map(|v| peloton_proto::v1::VolumeSpec {
+                size_mb: v.size_mb,
+                path: v.path,
+            }),
             ..Default::default()
         }
     }
@@ -587,6 +640,13 @@ overrides:
         assert_eq!(spec.placement(), PlacementStrategy::Pack);
         assert_eq!(spec.sla.map(|s| s.min_running_instances), Some(0));
         assert!(spec.overrides.is_empty());
+    }
+
+    #[test]
+    fn host_pool_is_read() {
+        assert_eq!(job("name: t\ntask: {shell: 'true'}\n").host_pool, "");
+        let spec = job("name: t\nhost_pool: gpu-a\ntask: {shell: 'true'}\n");
+        assert_eq!(spec.host_pool, "gpu-a");
     }
 
     #[test]

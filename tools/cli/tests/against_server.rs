@@ -246,3 +246,100 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
     );
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_pools_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), 4).await;
+    let url = format!("http://{}", server.addr);
+    let ex = examples();
+    let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
+    let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = peloton(&url, &["hostpool", "create", "team-a"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = peloton(
+        &url,
+        &[
+            "hostpool",
+            "move",
+            "--to",
+            "team-a",
+            "sim-00000",
+            "sim-00001",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pools = ok_json(&url, &["hostpool", "list"]).await;
+    assert_eq!(
+        pools,
+        serde_json::json!({"pools": [
+            {"name": "default", "hosts": ["sim-00002", "sim-00003"]},
+            {"name": "team-a", "hosts": ["sim-00000", "sim-00001"]},
+        ]})
+    );
+    let out = peloton(&url, &["hostpool", "list"]).await;
+    assert!(
+        text(&out.stdout).contains("team-a"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = peloton(&url, &["host", "list"]).await;
+    let table = text(&out.stdout);
+    assert!(table.contains("HOST POOL"), "{table}");
+    let hosts = ok_json(&url, &["host", "list"]).await;
+    assert_eq!(hosts["hosts"][0]["host_pool"], "team-a");
+    assert_eq!(hosts["hosts"][3]["host_pool"], "default");
+
+    // A job naming the pool (`host_pool:` in its YAML) runs there.
+    let spec = dir.path().join("in-pool.yaml");
+    let hello = std::fs::read_to_string(ex("hello.yaml")).unwrap();
+    std::fs::write(&spec, format!("{hello}host_pool: team-a\n")).unwrap();
+    let out = peloton(&url, &["job", "create", spec.to_str().unwrap(), "--wait"]).await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let jobs = ok_json(&url, &["job", "query"]).await;
+    let id = jobs["jobs"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(jobs["jobs"][0]["spec"]["host_pool"], "team-a");
+    let tasks = ok_json(&url, &["task", "list", &id]).await;
+    for t in tasks["tasks"].as_array().unwrap() {
+        let host = t["current"]["host"].as_str().unwrap();
+        assert!(host == "sim-00000" || host == "sim-00001", "{t}");
+    }
+
+    // Refusals: exit 1 with the reason.
+    let out = peloton(&url, &["hostpool", "delete", "team-a"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("still has 2 host(s)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = peloton(&url, &["hostpool", "create", "bad name"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("name"), "{}", text(&out.stderr));
+    let out = peloton(
+        &url,
+        &[
+            "hostpool",
+            "move",
+            "--to",
+            "default",
+            "sim-00000",
+            "sim-00001",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = peloton(&url, &["hostpool", "delete", "team-a"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pools = ok_json(&url, &["hostpool", "list"]).await;
+    assert_eq!(pools["pools"].as_array().unwrap().len(), 1, "{pools}");
+    server.shutdown().await.unwrap();
+}

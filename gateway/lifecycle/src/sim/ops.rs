@@ -9,8 +9,12 @@
 //! registering again with their runs), and rolling updates of services
 //! (a new cpu request or one instance more or less, random batch size,
 //! retries, failures tolerated, rollback on failure, created paused) with
-//! pause, resume, abort and rollback. [`Driver::apply`] runs one
-//! operation and then checks what must hold after every step:
+//! pause, resume, abort and rollback; and pinned instances: stateful jobs
+//! (a volume per instance, waiting for its host or relocating after a
+//! few seconds down), daemon jobs (on every host, or on a zone's), volume
+//! deletions, hosts changing zone and hosts joining (hosts have a zone
+//! and some disk). [`Driver::apply`] runs one operation and then checks
+//! what must hold after every step:
 //! - the core's and the engine's invariants;
 //! - no instance has two live runs on the agents (but for runs of a host
 //!   cut off and declared lost);
@@ -20,7 +24,23 @@
 //! - only a job's latest update is in progress, and the instances an
 //!   update has down being moved (in its batch, not running healthy on its
 //!   goal spec) are at most its batch size, or the batch it took over from
-//!   the update it replaced.
+//!   the update it replaced;
+//! - volume ids are unique, one per instance at most, of live jobs, stored
+//!   as the core has them; a run of an instance with a volume is on its
+//!   volume's host (core and agents, but for a cut-off host's runs), a
+//!   launch goes there naming the volume (checked by [`Sim`] for every
+//!   launch), a placed run of a task with a volume has it there; a volume
+//!   goes only when deleted (refused exactly while a run of its instance
+//!   holds its host), with its job, or given up by a relocating job after
+//!   its host was seen down for the job's timeout, and its host is told;
+//! - the engine's reservations are only for pinned instances, on their
+//!   pin host, at most what their next task asks for;
+//! - a daemon job has at most one instance per host, retired instances
+//!   ended, at most one run going per host on the agents (but runs told
+//!   to stop or held); after a cycle its instances are bound only to
+//!   matching hosts that are up, draining or whose agent is away, its runs
+//!   are on their bound hosts, and every up matching host not in
+//!   maintenance has one (but while a run of the job stops there).
 //!
 //! [`Driver::quiesce`] then brings every host back, adds room, confirms
 //! every kill, lets time pass beyond every back-off, runs cycles and lets
@@ -34,13 +54,18 @@
 //! instances healthy, and then every update ended (but one whose batch
 //! waits for room under its job's running limit), and a job's latest
 //! update that succeeded (rolled back) left the job and every instance on
-//! its new (old) config.
+//! its new (old) config. Pinned instances run too, unless their host has
+//! no room for them (free, plus what is reserved for them, plus for a
+//! daemon the preemptible work it may evict): a daemon has exactly one
+//! instance on every host it matches, running unless killed there by
+//! request; agents keep only volumes the core knows on them.
 //!
 //! Three bugs of updates this found are fixed, with regression tests in
 //! `sim::tests` ([`Driver::forgive_known_bugs`] stays off: it tolerated an
 //! update restarting an instance killed by request while they were open).
 //!
-//! Bugs of the core this found have regression tests in `sim::tests`.
+//! Bugs of the core this found have regression tests in `sim::tests`;
+//! those found with pinned instances are fixtures in `tests.rs`.
 //!
 //! The same scenarios come from proptest strategies (`sim::tests`) and from
 //! raw bytes ([`Scenario::decode`], the `lifecycle_ops` fuzz target), and
@@ -53,8 +78,8 @@ use peloton_engine::{PoolConfig, Resources};
 
 use super::{Sim, plan};
 use crate::{
-    Answer, Error, Health, Input, JobAction, JobKind, JobPlan, JobState, RunPhase, TaskState,
-    UpdateAction, UpdateRequest, UpdateSpec, UpdateState,
+    Answer, Error, Health, HostSlot, Input, JobAction, JobKey, JobKind, JobPlan, JobState,
+    RunPhase, TaskState, UpdateAction, UpdateRequest, UpdateSpec, UpdateState,
 };
 
 /// Pools a scenario may create (and jobs name): the root and a small tree.
@@ -179,6 +204,80 @@ pub enum Op {
     /// An action on the job's latest update (pause, resume, abort,
     /// roll back: `action % 4`).
     UpdateAction(u8, u8),
+    /// Create a stateful job: the spec (never in gangs) with a volume;
+    /// the variant (below [`N_VOLUME_VARIANTS`]) picks its size and what
+    /// happens when its host is down: see [`VolumeVariant`].
+    CreateStatefulJob(JobSpec, u8),
+    /// Create a daemon job (of the spec: its pool, cpu, priority,
+    /// preemption and health check) on every host, or only on those of
+    /// one zone: `constraint % 3` is none, `zone == a`, `zone == b`.
+    CreateDaemonJob(JobSpec, u8),
+    /// Delete a volume: this index, modulo one more than the volumes
+    /// there are, into them by id (the last: an unknown id).
+    DeleteVolume(u8),
+    /// A host's zone becomes `ZONES[zone % 3]`.
+    SetZone {
+        /// Which host.
+        host: u8,
+        /// Its new zone.
+        zone: u8,
+    },
+    /// A new host of zone `ZONES[zone % 3]` registers (while there are
+    /// fewer than [`MAX_HOSTS`]).
+    AddHost(u8),
+}
+
+/// Zones of hosts (the `zone` attribute), which daemon jobs may name.
+pub const ZONES: [&str; 3] = ["a", "b", "c"];
+
+/// Hosts of a scenario at most ([`Op::AddHost`] beyond it is skipped).
+pub const MAX_HOSTS: usize = 6;
+
+/// Disk of a host, in MiB: room for a few volumes.
+pub const HOST_DISK_MB: u64 = 8_000;
+
+/// Distinct [`Op::CreateStatefulJob`] variants: 2 sizes × 3 policies.
+pub const N_VOLUME_VARIANTS: u8 = 6;
+
+/// What an [`Op::CreateStatefulJob`] variant asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeVariant {
+    /// Volume size: 1000 or 3000 MiB.
+    pub size_mb: u64,
+    /// Give the volume up after its host is down this long (else wait
+    /// for the host): 5 s or 20 s.
+    pub relocate_after_ms: Option<u64>,
+}
+
+impl VolumeVariant {
+    /// The variant of byte `v` (modulo [`N_VOLUME_VARIANTS`]).
+    pub fn of(v: u8) -> VolumeVariant {
+        let v = v % N_VOLUME_VARIANTS;
+        VolumeVariant {
+            size_mb: [1000, 3000][usize::from(v % 2)],
+            relocate_after_ms: [None, Some(5_000), Some(20_000)][usize::from(v / 2)],
+        }
+    }
+}
+
+/// How a job's instances are pinned to hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pinned {
+    /// Not at all.
+    No,
+    /// A stateful job: each instance to its volume's host
+    /// ([`VolumeVariant::of`] this byte).
+    Volume(u8),
+    /// A daemon job: one instance per host it matches (a constraint
+    /// variant of [`Op::CreateDaemonJob`]).
+    Daemon(u8),
+}
+
+impl Pinned {
+    /// The daemon constraint of variant `c`.
+    fn constraint(c: u8) -> Option<&'static str> {
+        [None, Some("a"), Some("b")][usize::from(c % 3)]
+    }
 }
 
 /// Distinct [`Op::UpdateJob`] variants: 3 changes × 3 batch sizes × 3
@@ -222,7 +321,7 @@ pub struct Scenario {
 }
 
 /// Number of operation kinds (the tag of an encoded operation, modulo).
-const N_KINDS: u8 = 25;
+const N_KINDS: u8 = 30;
 
 /// Decodes fuzz input bytes; missing bytes read as 0.
 struct Bytes<'a>(&'a [u8]);
@@ -323,7 +422,24 @@ impl Scenario {
                 21 => Op::Stall(input.byte()),
                 22 => Op::StartLaunches(input.byte()),
                 23 => Op::UpdateJob(input.byte(), input.byte() % N_UPDATE_VARIANTS),
-                _ => Op::UpdateAction(input.byte(), input.byte() % 4),
+                24 => Op::UpdateAction(input.byte(), input.byte() % 4),
+                25 => {
+                    let spec = JobSpec::decode(&mut input);
+                    Op::CreateStatefulJob(spec, input.byte() % N_VOLUME_VARIANTS)
+                }
+                26 => {
+                    let spec = JobSpec::decode(&mut input);
+                    Op::CreateDaemonJob(spec, input.byte() % 3)
+                }
+                27 => Op::DeleteVolume(input.byte()),
+                28 => {
+                    let b = input.byte();
+                    Op::SetZone {
+                        host: b / 3,
+                        zone: b % 3,
+                    }
+                }
+                _ => Op::AddHost(input.byte() % 3),
             };
             ops.push(op);
         }
@@ -365,6 +481,19 @@ impl Scenario {
                 Op::StartLaunches(h) => out.extend([22, *h]),
                 Op::UpdateJob(j, v) => out.extend([23, *j, v % N_UPDATE_VARIANTS]),
                 Op::UpdateAction(j, a) => out.extend([24, *j, a % 4]),
+                Op::CreateStatefulJob(spec, v) => {
+                    out.push(25);
+                    spec.encode(&mut out);
+                    out.push(v % N_VOLUME_VARIANTS);
+                }
+                Op::CreateDaemonJob(spec, c) => {
+                    out.push(26);
+                    spec.encode(&mut out);
+                    out.push(c % 3);
+                }
+                Op::DeleteVolume(v) => out.extend([27, *v]),
+                Op::SetZone { host, zone } => out.extend([28, (host % 85) * 3 + zone % 3]),
+                Op::AddHost(zone) => out.extend([29, zone % 3]),
             }
         }
         out
@@ -399,6 +528,26 @@ struct JobModel {
     /// the model forgives an instance that got a new run after an update
     /// changed its config (only updates do).
     kill_pending: BTreeMap<u32, (u32, u64, bool)>,
+    /// Stateful, daemon, or neither.
+    pinned: Pinned,
+    /// A daemon's instances killed by request (and not restarted since),
+    /// with the host each was on: it stays killed while it stays there.
+    daemon_kills: BTreeMap<u32, Arc<str>>,
+}
+
+impl JobModel {
+    /// Batch, service or daemon.
+    fn kind(&self) -> JobKind {
+        match (self.pinned, self.spec.service) {
+            (Pinned::Daemon(_), _) => JobKind::Daemon,
+            (_, true) => JobKind::Service,
+            (_, false) => JobKind::Batch,
+        }
+    }
+
+    fn plan(&self) -> JobPlan {
+        job_plan(&self.spec, self.pool, self.pinned)
+    }
 }
 
 /// What the model knows of an update the core accepted.
@@ -443,6 +592,18 @@ pub struct Stats {
     pub updates_rolled_back: u64,
     /// Updates that failed or were aborted (by the end).
     pub updates_stopped: u64,
+    /// Volumes created.
+    pub volumes_created: u64,
+    /// Volumes deleted by request.
+    pub volumes_deleted: u64,
+    /// Volumes given up (their host down too long).
+    pub volumes_given_up: u64,
+    /// Daemon jobs created.
+    pub daemon_jobs: u64,
+    /// Daemon instances running at the end.
+    pub daemons_running: u64,
+    /// Pinned instances left waiting for room on their host at the end.
+    pub pinned_waiting: u64,
 }
 
 /// A [`Sim`] and the model of what its jobs must reach.
@@ -461,6 +622,32 @@ pub struct Driver {
     /// request (`JobModel::kill_pending`); its regression tests turn it
     /// off.
     pub forgive_known_bugs: bool,
+    /// Each host's zone.
+    zones: BTreeMap<Arc<str>, &'static str>,
+    /// Hosts added by [`Op::AddHost`] so far.
+    added_hosts: u32,
+    /// Volumes after the last operation: id to (job id, instance, host).
+    volumes: BTreeMap<Arc<str>, (Arc<str>, u32, Arc<str>)>,
+    /// Since when hosts are seen not up (after an operation).
+    down_since: BTreeMap<Arc<str>, u64>,
+    /// Hosts declared lost (and not registered since, nor forgotten in a
+    /// crash).
+    lost: BTreeSet<Arc<str>>,
+}
+
+/// A host's registration in a scenario: `cores` cores, `mem` MiB,
+/// `disk_mb` of disk, its name and zone as attributes.
+fn scenario_host(
+    name: &str,
+    cores: u64,
+    mem: u64,
+    zone: &str,
+    disk_mb: u64,
+) -> peloton_engine::host::HostSpec {
+    let mut spec = super::host_spec(name, cores, mem);
+    spec.capacity.0[peloton_engine::Dim::Disk.idx()] = disk_mb;
+    spec.attributes.push(("zone".into(), zone.to_string()));
+    spec
 }
 
 fn pool_config(path: &str) -> PoolConfig {
@@ -472,10 +659,43 @@ fn pool_config(path: &str) -> PoolConfig {
     } else {
         32
     };
-    PoolConfig::default().with_reservation(Resources::new(cores * 1000, cores * 1024, 0, 0))
+    // Disk for volumes: up to MAX_LIVE_JOBS × 4 instances × 3000 MiB.
+    PoolConfig::default().with_reservation(Resources::new(cores * 1000, cores * 1024, 100_000, 0))
 }
 
-fn job_plan(spec: &JobSpec, pool: &str) -> JobPlan {
+fn job_plan(spec: &JobSpec, pool: &str, pinned: Pinned) -> JobPlan {
+    let mut p = unpinned_plan(spec, pool);
+    match pinned {
+        Pinned::No => {}
+        Pinned::Volume(v) => {
+            let v = VolumeVariant::of(v);
+            // Gang jobs cannot have volumes.
+            p.gang = 1;
+            p.max_running = u32::from(spec.max_running);
+            p.default.volume = Some(crate::VolumeTemplate {
+                size_mb: v.size_mb,
+                path: "data".into(),
+            });
+            p.volume_policy = crate::VolumePolicy {
+                host_down_timeout_ms: v.relocate_after_ms.unwrap_or(0),
+                relocate: v.relocate_after_ms.is_some(),
+            };
+        }
+        Pinned::Daemon(c) => {
+            p.kind = JobKind::Daemon;
+            p.instance_count = 1;
+            p.gang = 1;
+            p.max_running = 0;
+            p.max_running_time_ms = 0;
+            if let Some(zone) = Pinned::constraint(c) {
+                p.default.constraint = format!("zone == {zone}");
+            }
+        }
+    }
+    p
+}
+
+fn unpinned_plan(spec: &JobSpec, pool: &str) -> JobPlan {
     let n = u32::from(spec.instances);
     let mut p = plan(pool, n, 0);
     p.default.request = Resources::new(if spec.big { 1000 } else { 500 }, 64, 0, 0);
@@ -511,11 +731,20 @@ impl Driver {
         // The log only when asked for (failure messages then end with it).
         sim.quiet = std::env::var_os("PELOTON_SIM_LOG").is_none();
         let mut hosts = Vec::new();
+        let mut zones = BTreeMap::new();
         for h in 0..n_hosts.clamp(2, 4) {
-            let name = format!("h{h}");
-            sim.add_host(&name, 2 + u64::from(h % 2), 4096)
-                .expect("a new host registers");
-            hosts.push(Arc::from(name));
+            let name: Arc<str> = format!("h{h}").into();
+            let zone = ZONES[usize::from(h % 2)];
+            sim.add_host_spec(scenario_host(
+                &name,
+                2 + u64::from(h % 2),
+                4096,
+                zone,
+                HOST_DISK_MB,
+            ))
+            .expect("a new host registers");
+            zones.insert(name.clone(), zone);
+            hosts.push(name);
         }
         Driver {
             sim,
@@ -526,6 +755,11 @@ impl Driver {
             big_host: false,
             stats: Stats::default(),
             forgive_known_bugs: false,
+            zones,
+            added_hosts: 0,
+            volumes: BTreeMap::new(),
+            down_since: BTreeMap::new(),
+            lost: BTreeSet::new(),
         }
     }
 
@@ -600,37 +834,47 @@ impl Driver {
                     version: 0,
                 });
             }
-            Op::CreateJob(spec) => {
-                if self.jobs.iter().filter(|j| !j.deleted).count() >= MAX_LIVE_JOBS {
-                    return;
-                }
-                let tree = self.sim.engine.resources().tree();
-                let leaves: Vec<&'static str> = POOLS
-                    .into_iter()
-                    .filter(|p| tree.resolve(p).is_ok_and(|id| tree.is_leaf(id)))
-                    .collect();
-                let pool = leaves[usize::from(spec.pool) % leaves.len()];
-                let id: Arc<str> = format!("j{}", self.next_job).into();
-                self.next_job += 1;
-                let r = self.step(Input::CreateJob {
-                    id: id.clone(),
-                    plan: Box::new(job_plan(spec, pool)),
+            Op::CreateJob(spec) => self.create_job(spec, Pinned::No),
+            Op::CreateStatefulJob(spec, v) => self.create_job(spec, Pinned::Volume(*v)),
+            Op::CreateDaemonJob(spec, c) => self.create_job(spec, Pinned::Daemon(*c % 3)),
+            Op::DeleteVolume(v) => self.delete_volume(*v),
+            Op::SetZone { host, zone } => {
+                let host = self.host(*host);
+                let zone = ZONES[usize::from(*zone % 3)];
+                let r = self.step(Input::SetHostAttribute {
+                    hosts: vec![host.to_string()],
+                    key: "zone".into(),
+                    value: zone.into(),
                 });
                 if r.is_ok() {
-                    self.stats.jobs += 1;
-                    self.jobs.push(JobModel {
-                        id,
-                        spec: spec.clone(),
-                        pool,
-                        instances: u32::from(spec.instances),
-                        killed: false,
-                        deleted: false,
-                        killed_instances: vec![false; usize::from(spec.instances)],
-                        clean: true,
-                        updates: Vec::new(),
-                        kill_pending: BTreeMap::new(),
-                    });
+                    // The shell sets it again whenever the host registers
+                    // and at recovery (as it does host pools): here its
+                    // agent registers with it, and the store has it.
+                    let set = |spec: &mut peloton_engine::host::HostSpec| {
+                        spec.attributes.retain(|(k, _)| k != "zone");
+                        spec.attributes.push(("zone".into(), zone.into()));
+                    };
+                    let agent = self.sim.agents.get_mut(&host).and_then(|a| a.spec.as_mut());
+                    set(agent.expect("a registered host"));
+                    if let Some((spec, _)) = self.sim.store.hosts.get_mut(&*host) {
+                        set(spec);
+                    }
+                    self.zones.insert(host, zone);
                 }
+            }
+            Op::AddHost(zone) => {
+                if self.hosts.len() >= MAX_HOSTS {
+                    return;
+                }
+                let name: Arc<str> = format!("n{}", self.added_hosts).into();
+                self.added_hosts += 1;
+                let zone = ZONES[usize::from(*zone % 3)];
+                let r = self
+                    .sim
+                    .add_host_spec(scenario_host(&name, 2, 4096, zone, HOST_DISK_MB));
+                assert!(r.is_ok(), "a new host registers: {r:?}");
+                self.zones.insert(name.clone(), zone);
+                self.hosts.push(name);
             }
             Op::Cycle => {
                 let _ = self.step(Input::Cycle);
@@ -722,6 +966,7 @@ impl Driver {
                     m.killed = false;
                     m.killed_instances.iter_mut().for_each(|k| *k = false);
                     m.kill_pending.clear();
+                    m.daemon_kills.clear();
                 }
             }
             Op::ScaleJob(j, n) => {
@@ -744,15 +989,38 @@ impl Driver {
             }
             Op::DeleteJob(j) => {
                 let Some(j) = self.job(*j) else { return };
-                let id = self.jobs[j].id.to_string();
+                let id = self.jobs[j].id.clone();
+                let volumes: Vec<(Arc<str>, Arc<str>)> = self
+                    .volumes
+                    .iter()
+                    .filter(|(_, (job, _, _))| *job == id)
+                    .map(|(v, (_, _, host))| (host.clone(), v.clone()))
+                    .collect();
                 let r = self.step(Input::JobAction {
-                    id,
+                    id: id.to_string(),
                     version: 0,
                     action: JobAction::Delete,
                 });
                 if r.is_ok() {
                     self.jobs[j].deleted = true;
+                    // Its volumes go with it: their hosts are told.
+                    for (host, v) in volumes {
+                        assert!(
+                            self.sim.volume_deletes.contains(&(host.clone(), v.clone())),
+                            "volume {v} of deleted job {id} was not deleted on {host}\n{}",
+                            self.describe()
+                        );
+                        self.volumes.remove(&v);
+                    }
                 }
+            }
+            Op::KillTask(j, i) | Op::RestartTask(j, i)
+                if self
+                    .job(*j)
+                    .is_some_and(|j| matches!(self.jobs[j].pinned, Pinned::Daemon(_))) =>
+            {
+                let j = self.job(*j).expect("a job");
+                self.daemon_task_action(j, *i, matches!(op, Op::RestartTask(..)));
             }
             Op::KillTask(j, i) | Op::RestartTask(j, i) => {
                 let Some(j) = self.job(*j) else { return };
@@ -794,10 +1062,13 @@ impl Driver {
             Op::LoseHost { host, dies } => {
                 let host = self.host(*host);
                 let _ = self.sim.lose_host(&host, *dies);
+                self.lost.insert(host);
             }
             Op::Register(h) => {
                 let host = self.host(*h);
-                let _ = self.sim.register(&host);
+                if self.sim.register(&host).is_ok() {
+                    self.lost.remove(&host);
+                }
             }
             Op::Stall(h) => {
                 let host = self.host(*h);
@@ -810,6 +1081,8 @@ impl Driver {
             Op::Crash => {
                 self.stats.crashes += 1;
                 self.sim.crash();
+                // Recovered hosts are away until their agents register.
+                self.lost.clear();
             }
             Op::UpdateJob(j, v) => {
                 let Some(j) = self.job(*j) else { return };
@@ -832,7 +1105,215 @@ impl Driver {
         }
         assert!(self.sim.now >= now, "time only moves forward");
         self.observe_updates();
+        self.observe_pinned(&format!("{op:?}"));
         self.check_step();
+        if *op == Op::Cycle {
+            self.check_daemons_after_cycle();
+        }
+    }
+
+    /// Kills or restarts an instance of a daemon job (its index modulo
+    /// the instances plus one: sometimes out of range).
+    fn daemon_task_action(&mut self, j: usize, i: u8, restart: bool) {
+        let core = &self.sim.core;
+        let m = &self.jobs[j];
+        let job = core.job_key(&m.id).ok().and_then(|k| core.job(k));
+        let n = job.map_or(0, |job| job.tasks.len() as u32);
+        let instance = u32::from(i) % (n + 1);
+        let host = job
+            .and_then(|job| job.tasks.get(instance as usize))
+            .and_then(|t| t.daemon_host)
+            .map(|h| core.host_name(h).clone());
+        let r = self.step(Input::TaskAction {
+            job_id: m.id.to_string(),
+            instances: vec![instance],
+            version: 0,
+            restart,
+        });
+        if r.is_ok() {
+            let m = &mut self.jobs[j];
+            match host {
+                Some(host) if !restart => {
+                    m.daemon_kills.insert(instance, host);
+                }
+                _ => {
+                    m.daemon_kills.remove(&instance);
+                }
+            }
+        }
+    }
+
+    /// Deletes the volume of index `v` (modulo one more than the volumes:
+    /// the last is an unknown id): refused exactly while a run of its
+    /// instance holds its host; once deleted its host is told.
+    fn delete_volume(&mut self, v: u8) {
+        let ids: Vec<Arc<str>> = self.volumes.keys().cloned().collect();
+        let pick = usize::from(v) % (ids.len() + 1);
+        let id: Arc<str> = ids
+            .get(pick)
+            .cloned()
+            .unwrap_or_else(|| "no-such-volume".into());
+        let core = &self.sim.core;
+        let in_use = core.volume(&id).map(|vol| core.volume_in_use(vol));
+        let r = self.step(Input::DeleteVolume { id: id.to_string() });
+        match in_use {
+            None => assert!(
+                matches!(r, Err(Error::VolumeNotFound(_))),
+                "deleting unknown volume {id}: {r:?}"
+            ),
+            Some(true) => assert!(
+                matches!(r, Err(Error::Precondition(_))),
+                "deleting volume {id} in use: {r:?}\n{}",
+                self.describe()
+            ),
+            Some(false) => {
+                assert!(
+                    r.is_ok(),
+                    "deleting volume {id}, not in use: {r:?}\n{}",
+                    self.describe()
+                );
+                let host = self.volumes[&id].2.clone();
+                assert!(
+                    self.sim
+                        .volume_deletes
+                        .contains(&(host.clone(), id.clone())),
+                    "deleted volume {id} was not deleted on {host}\n{}",
+                    self.describe()
+                );
+                assert!(self.sim.core.volume(&id).is_none(), "{id} is gone");
+                self.volumes.remove(&id);
+                self.stats.volumes_deleted += 1;
+            }
+        }
+    }
+
+    /// Follows volumes and hosts after an operation: a volume that went
+    /// without a request (deleting it or its job) was given up: its job
+    /// relocates, and its host was seen not up for at least the job's
+    /// timeout (and its host was told). Follows which daemon instances
+    /// stay killed.
+    fn observe_pinned(&mut self, op: &str) {
+        let now = self.sim.now;
+        let core = &self.sim.core;
+        let current: BTreeMap<Arc<str>, (Arc<str>, u32, Arc<str>)> = core
+            .volumes()
+            .map(|v| {
+                let job = core.job(v.job).expect("a volume's job lives").id.clone();
+                (
+                    v.id.clone(),
+                    (job, v.instance, core.host_name(v.host).clone()),
+                )
+            })
+            .collect();
+        for (id, (job, i, host)) in &self.volumes {
+            if current.contains_key(id) {
+                continue;
+            }
+            let m = self.jobs.iter().find(|m| m.id == *job).expect("a model");
+            let relocate = match m.pinned {
+                Pinned::Volume(v) => VolumeVariant::of(v).relocate_after_ms,
+                _ => None,
+            };
+            let since = self.down_since.get(host).copied();
+            assert!(
+                relocate.is_some_and(|after| since.is_some_and(|t| now.saturating_sub(t) >= after)),
+                "volume {id} of {job}/{i} on {host} went by itself ({op}; relocate after \
+                 {relocate:?} ms, host not up since {since:?}, now {now})\n{}",
+                self.describe()
+            );
+            assert!(
+                self.sim
+                    .volume_deletes
+                    .contains(&(host.clone(), id.clone())),
+                "volume {id} given up but not deleted on {host}\n{}",
+                self.describe()
+            );
+            self.stats.volumes_given_up += 1;
+        }
+        self.stats.volumes_created += current
+            .keys()
+            .filter(|id| !self.volumes.contains_key(*id))
+            .count() as u64;
+        self.volumes = current;
+        self.sim.volume_deletes.clear();
+        for host in &self.hosts {
+            let up = self.sim.engine.hosts().lookup(host).is_some_and(|id| {
+                self.sim.engine.hosts().state(id) == peloton_engine::host::HostState::Up
+            });
+            if up {
+                self.down_since.remove(host);
+            } else {
+                self.down_since.entry(host.clone()).or_insert(now);
+            }
+        }
+        // A daemon instance killed by request stays so while it stays on
+        // its host (once retired, it may be reused elsewhere).
+        for m in &mut self.jobs {
+            if m.deleted || m.daemon_kills.is_empty() {
+                continue;
+            }
+            let job = core.job_key(&m.id).ok().and_then(|k| core.job(k));
+            m.daemon_kills.retain(|&i, host| {
+                job.and_then(|job| job.tasks.get(i as usize))
+                    .and_then(|t| t.daemon_host)
+                    .is_some_and(|h| core.host_name(h) == host)
+            });
+        }
+    }
+
+    /// Creates a job of `spec`, pinned as `pinned` (while fewer than
+    /// [`MAX_LIVE_JOBS`] live).
+    fn create_job(&mut self, spec: &JobSpec, pinned: Pinned) {
+        if self.jobs.iter().filter(|j| !j.deleted).count() >= MAX_LIVE_JOBS {
+            return;
+        }
+        let tree = self.sim.engine.resources().tree();
+        let leaves: Vec<&'static str> = POOLS
+            .into_iter()
+            .filter(|p| tree.resolve(p).is_ok_and(|id| tree.is_leaf(id)))
+            .collect();
+        let pool = leaves[usize::from(spec.pool) % leaves.len()];
+        let id: Arc<str> = format!("j{}", self.next_job).into();
+        self.next_job += 1;
+        let mut spec = spec.clone();
+        match pinned {
+            Pinned::No => {}
+            // Gang jobs cannot have volumes.
+            Pinned::Volume(_) => spec.gang = false,
+            // A daemon keeps running, one instance per host.
+            Pinned::Daemon(_) => {
+                spec = JobSpec {
+                    service: true,
+                    instances: 1,
+                    gang: false,
+                    max_running: 0,
+                    deadline: false,
+                    ..spec
+                }
+            }
+        }
+        let r = self.step(Input::CreateJob {
+            id: id.clone(),
+            plan: Box::new(job_plan(&spec, pool, pinned)),
+        });
+        if r.is_ok() {
+            self.stats.jobs += 1;
+            self.stats.daemon_jobs += u64::from(matches!(pinned, Pinned::Daemon(_)));
+            self.jobs.push(JobModel {
+                id,
+                pool,
+                instances: u32::from(spec.instances),
+                killed: false,
+                deleted: false,
+                killed_instances: vec![false; usize::from(spec.instances)],
+                clean: true,
+                updates: Vec::new(),
+                kill_pending: BTreeMap::new(),
+                pinned,
+                daemon_kills: BTreeMap::new(),
+                spec,
+            });
+        }
     }
 
     /// Asks for an update of job `j` (the model's index). (One whose pool
@@ -842,7 +1323,7 @@ impl Driver {
         let m = &self.jobs[j];
         let core = &self.sim.core;
         let job = core.job_key(&m.id).ok().and_then(|k| core.job(k));
-        let mut plan = job.map_or_else(|| job_plan(&m.spec, m.pool), |job| job.plan.clone());
+        let mut plan = job.map_or_else(|| m.plan(), |job| job.plan.clone());
         // The batch of the update in progress, which a new one takes over.
         let inherited = job
             .and_then(|job| job.latest_update())
@@ -1007,6 +1488,306 @@ impl Driver {
         }
     }
 
+    /// Stateful instances and daemons, after every step:
+    /// - volume ids are unique, each names its instance (one a
+    ///   instance), belongs to a live job, and is stored as the core has
+    ///   it;
+    /// - a run of an instance with a volume is on its volume's host (in
+    ///   the core and on the agents, but for runs of a host cut off and
+    ///   declared lost), and a placed run of a task with a volume has one
+    ///   there;
+    /// - the engine holds reservations only for pinned instances (with a
+    ///   volume, or of a daemon), on their pin host, at most what their
+    ///   next task asks for;
+    /// - a daemon job has at most one instance bound to a host, and at
+    ///   most one run going on a host (but runs told to stop).
+    fn check_pinned(&self) {
+        let (sim, core) = (&self.sim, &self.sim.core);
+        let mut ids = BTreeSet::new();
+        for v in core.volumes() {
+            assert!(ids.insert(v.id.clone()), "volume id {} twice", v.id);
+            assert_eq!(core.volume(&v.id), Some(v), "volume {} by id", v.id);
+            let job = core
+                .job(v.job)
+                .unwrap_or_else(|| panic!("volume {} of a deleted job\n{}", v.id, self.describe()));
+            let stored = sim.store.volumes.get(&v.id);
+            assert!(
+                stored.is_some_and(|r| *r.job_id == *job.id
+                    && r.instance == v.instance
+                    && *r.host == **core.host_name(v.host)),
+                "volume {} is stored as {stored:?}",
+                v.id
+            );
+        }
+        assert_eq!(
+            sim.store.volumes.keys().cloned().collect::<BTreeSet<_>>(),
+            ids,
+            "the store has the core's volumes"
+        );
+        // A volume's disk stays held on its host while no engine task of
+        // its instance (current or stopping) holds it.
+        for v in core.volumes() {
+            let on_host = core
+                .job(v.job)
+                .and_then(|j| j.tasks.get(v.instance as usize));
+            let current = on_host
+                .is_some_and(|t| t.state.on_host() && t.handle.is_some() && t.host == Some(v.host));
+            let held = core
+                .held(v.job, v.instance)
+                .is_some_and(|h| h.handle.is_some() && h.host == Some(v.host));
+            if current || held {
+                continue;
+            }
+            let held = sim.engine.reservation(v.job.0, v.instance);
+            assert!(
+                held.is_some_and(|(slot, amount)| slot == v.host.0
+                    && amount.0[peloton_engine::Dim::Disk.idx()] >= v.size_mb),
+                "volume {} on {}, not in use, has {held:?} reserved\n{}",
+                v.id,
+                core.host_name(v.host),
+                self.describe()
+            );
+        }
+        for (k, job) in core.jobs_by_id("") {
+            for (i, t) in job.tasks.iter().enumerate() {
+                let i = i as u32;
+                let Some(h) = t.host.filter(|_| t.state.on_host()) else {
+                    continue;
+                };
+                if job.template(i).volume.is_some() {
+                    assert_eq!(
+                        core.volume_of(k, i).map(|v| v.host),
+                        Some(h),
+                        "{}/{i} runs on {} without its volume there\n{}",
+                        job.id,
+                        core.host_name(h),
+                        self.describe()
+                    );
+                }
+            }
+        }
+        for (host, a) in &sim.agents {
+            for r in a.runs.values().filter(|r| r.live() && !r.stale) {
+                let Some(v) = core
+                    .job_key(&r.key.job_id)
+                    .ok()
+                    .and_then(|k| core.volume_of(k, r.key.instance))
+                else {
+                    continue;
+                };
+                assert_eq!(
+                    core.host_name(v.host),
+                    host,
+                    "{}/{} runs on {host}, its volume {} is on {}\n{}",
+                    r.key.job_id,
+                    r.key.instance,
+                    v.id,
+                    core.host_name(v.host),
+                    self.describe()
+                );
+            }
+        }
+        // A pinned instance coming back (waiting, queued, backing off)
+        // has its whole next request reserved on its host, unless it gave
+        // its place up (preempted for room) or it does not fit there.
+        for (k, job) in core.jobs_by_id("") {
+            if job.kill_requested {
+                continue;
+            }
+            for (i, t) in job.tasks.iter().enumerate() {
+                let i = i as u32;
+                let Some(slot) = core.pin_of(k, i) else {
+                    continue;
+                };
+                let coming_back = matches!(
+                    t.state,
+                    TaskState::Initialized
+                        | TaskState::Pending
+                        | TaskState::Ready
+                        | TaskState::Placing
+                        | TaskState::Backoff
+                        | TaskState::Lost
+                        | TaskState::Preempted
+                );
+                if !coming_back || t.gave_way || core.held(k, i).is_some() {
+                    continue;
+                }
+                let tmpl = job.template(i);
+                let mut want = tmpl.request;
+                want.0[peloton_engine::Dim::Gpu.idx()] = 0;
+                if let Some(v) = core.volume_of(k, i).filter(|v| v.host == slot) {
+                    want.0[peloton_engine::Dim::Disk.idx()] += v.size_mb;
+                }
+                let have = sim.engine.reservation(k.0, i);
+                let mut room = sim.engine.hosts().free(slot.idx());
+                if let Some((_, amount)) = have {
+                    room.add_assign(&amount);
+                }
+                assert!(
+                    have == Some((slot.0, want)) || !want.fits_in(&room),
+                    "{}/{i} ({:?}) has {have:?} reserved, wants {want} on {} (room {room})\n{}",
+                    job.id,
+                    t.state,
+                    core.host_name(slot),
+                    self.describe()
+                );
+            }
+        }
+        for ((job, i), (slot, amount)) in sim.engine.reservations() {
+            let k = JobKey(job);
+            let j = core.job(k).unwrap_or_else(|| {
+                panic!(
+                    "a reservation for instance {i} of a deleted job\n{}",
+                    self.describe()
+                )
+            });
+            let pinned = core.volume_of(k, i).is_some() || j.plan.kind == JobKind::Daemon;
+            assert!(
+                pinned && core.pin_of(k, i) == Some(HostSlot(slot)),
+                "{}/{i} has {amount} reserved on {}, pinned to {:?}\n{}",
+                j.id,
+                core.host_name(HostSlot(slot)),
+                core.pin_of(k, i).map(|h| core.host_name(h)),
+                self.describe()
+            );
+            let tmpl = j.template(i);
+            let mut most = tmpl.request;
+            most.0[peloton_engine::Dim::Gpu.idx()] = 0;
+            if let Some(v) = core.volume_of(k, i) {
+                most.0[peloton_engine::Dim::Disk.idx()] += v.size_mb;
+            }
+            assert!(
+                amount.fits_in(&most),
+                "{}/{i} has {amount} reserved, more than {most}",
+                j.id
+            );
+        }
+        for m in self.jobs.iter().filter(|m| !m.deleted) {
+            if !matches!(m.pinned, Pinned::Daemon(_)) {
+                continue;
+            }
+            let Some(job) = core.job_key(&m.id).ok().and_then(|k| core.job(k)) else {
+                continue;
+            };
+            let mut bound = BTreeSet::new();
+            for (i, t) in job.tasks.iter().enumerate() {
+                match t.daemon_host {
+                    Some(h) => assert!(
+                        bound.insert(h),
+                        "{} has two instances on {}\n{}",
+                        m.id,
+                        core.host_name(h),
+                        self.describe()
+                    ),
+                    // Retired: its run ended (or is stopping).
+                    None => assert!(
+                        t.state.is_terminal(),
+                        "{}/{i} is {:?}, bound to no host\n{}",
+                        m.id,
+                        t.state,
+                        self.describe()
+                    ),
+                }
+            }
+            // (A run told to stop, or that the core holds until its host
+            // confirms the end: its kill may have been lost with a session.)
+            let k = core.job_key(&m.id).expect("live");
+            let held = |r: &super::AgentRun| {
+                core.held(k, r.key.instance)
+                    .is_some_and(|h| h.launch.0 == r.key.launch)
+            };
+            for (host, a) in &sim.agents {
+                let going: Vec<u32> = a
+                    .runs
+                    .values()
+                    .filter(|r| r.live() && !r.stale && !r.stopping && r.key.job_id == m.id)
+                    .filter(|r| !held(r))
+                    .map(|r| r.key.instance)
+                    .collect();
+                assert!(
+                    going.len() <= 1,
+                    "{} runs instances {going:?} on {host}\n{}",
+                    m.id,
+                    self.describe()
+                );
+            }
+        }
+    }
+
+    /// Daemons after a cycle: each daemon job not killed has an instance
+    /// bound to every up host it matches (not in maintenance), and only to
+    /// hosts it matches that are up, draining, or down while their agent
+    /// is away (not lost, not in maintenance: an agent restart keeps its
+    /// daemons), unless a run of the job is still stopping there; its runs
+    /// are on the hosts their instances are bound to (runs still stopping
+    /// excepted: they are held, not current).
+    fn check_daemons_after_cycle(&self) {
+        use peloton_engine::host::HostState;
+        let (core, engine) = (&self.sim.core, &self.sim.engine);
+        for m in self.jobs.iter().filter(|m| !m.deleted) {
+            let Pinned::Daemon(c) = m.pinned else {
+                continue;
+            };
+            let Some(job) = core.job_key(&m.id).ok().and_then(|k| core.job(k)) else {
+                continue;
+            };
+            if job.kill_requested {
+                continue;
+            }
+            let mut bound = BTreeSet::new();
+            for (i, t) in job.tasks.iter().enumerate() {
+                if t.state.on_host() {
+                    assert_eq!(
+                        t.host,
+                        t.daemon_host,
+                        "{}/{i} runs on a host it is not bound to\n{}",
+                        m.id,
+                        self.describe()
+                    );
+                }
+                let Some(h) = t.daemon_host else { continue };
+                let host = core.host_name(h);
+                bound.insert(host.clone());
+                let state = engine
+                    .hosts()
+                    .lookup(host)
+                    .map(|id| engine.hosts().state(id));
+                let away = state == Some(HostState::Down)
+                    && !self.sim.agents[host].connected
+                    && !self.lost.contains(host)
+                    && !core.in_maintenance(h);
+                assert!(
+                    (matches!(state, Some(HostState::Up | HostState::Draining)) || away)
+                        && self.daemon_matches(c, host),
+                    "{}/{i} is bound to {host} ({state:?}, zone {:?})\n{}",
+                    m.id,
+                    self.zones.get(host),
+                    self.describe()
+                );
+            }
+            let k = core.job_key(&m.id).expect("live");
+            for host in &self.hosts {
+                let Some(id) = engine.hosts().lookup(host) else {
+                    continue;
+                };
+                let slot = HostSlot(id.idx() as u32);
+                let up = engine.hosts().state(id) == HostState::Up && !core.in_maintenance(slot);
+                // (A host where a run of the job is still stopping gets its
+                // instance once that run is gone.)
+                let stopping = (0..job.tasks.len() as u32)
+                    .any(|i| core.held(k, i).is_some_and(|h| h.host == Some(slot)));
+                if up && !stopping && self.daemon_matches(c, host) {
+                    assert!(
+                        bound.contains(host),
+                        "{} has no instance on {host}, an up host it matches\n{}",
+                        m.id,
+                        self.describe()
+                    );
+                }
+            }
+        }
+    }
+
     /// What must hold after every step.
     pub fn check_step(&self) {
         let sim = &self.sim;
@@ -1014,6 +1795,7 @@ impl Driver {
         sim.engine.check_invariants();
         sim.check_no_double_runs();
         self.check_updates();
+        self.check_pinned();
         // A job's running limit holds on the agents: its instances with a
         // live run (also one told to stop) are at most `max_running`.
         let mut live: BTreeMap<Arc<str>, BTreeSet<u32>> = BTreeMap::new();
@@ -1025,7 +1807,7 @@ impl Driver {
             }
         }
         for m in &self.jobs {
-            let limit = job_plan(&m.spec, m.pool).max_running;
+            let limit = m.plan().max_running;
             if limit == 0 {
                 continue;
             }
@@ -1108,15 +1890,16 @@ impl Driver {
         if !self.big_host {
             self.big_host = true;
             self.sim
-                .add_host("big", 256, 256 * 1024)
+                .add_host_spec(scenario_host("big", 256, 256 * 1024, "a", 1 << 30))
                 .expect("a new host registers");
             self.hosts.push("big".into());
+            self.zones.insert("big".into(), "a");
         }
         self.check_step();
         let batch: BTreeSet<Arc<str>> = self
             .jobs
             .iter()
-            .filter(|j| !j.spec.service)
+            .filter(|j| j.kind() == JobKind::Batch)
             .map(|j| j.id.clone())
             .collect();
         for host in self.hosts.clone() {
@@ -1207,9 +1990,13 @@ impl Driver {
 
     /// Liveness, once quiesced: what every job must have reached.
     pub fn check_final(&mut self) {
-        let (succeeded, services_running) = self.check_jobs_final();
-        self.stats.succeeded += succeeded;
-        self.stats.services_running += services_running;
+        self.observe_pinned("quiesce");
+        let f = self.check_jobs_final();
+        self.stats.succeeded += f.succeeded;
+        self.stats.services_running += f.services_running;
+        self.stats.daemons_running += f.daemons_running;
+        self.stats.pinned_waiting += f.pinned_waiting;
+        self.check_volumes_final();
         self.check_updates_final();
     }
 
@@ -1237,23 +2024,28 @@ impl Driver {
                     state => {
                         // Instances of its batch (or failed ones, which
                         // count in it) may wait for room under the job's
-                        // running limit, taken by instances that run on.
+                        // running limit, taken by instances that run on
+                        // (or wait for room on the host they are pinned
+                        // to); or one of its batch, pinned to a host, waits
+                        // for room there.
                         let limit = job.plan.max_running as usize;
-                        let running = job
-                            .tasks
-                            .iter()
-                            .filter(|t| t.state == TaskState::Running)
+                        let k = core.job_key(&m.id).expect("live");
+                        let active = (0..job.tasks.len() as u32)
+                            .filter(|&i| {
+                                job.tasks[i as usize].state == TaskState::Running
+                                    || self.waits_for_room(k, i)
+                            })
                             .count();
+                        let stuck = u.in_progress.iter().any(|&i| self.waits_for_room(k, i));
+                        let under_limit = limit != 0
+                            && active >= limit
+                            && u.in_progress.iter().chain(&u.failed).any(|&i| {
+                                job.tasks
+                                    .get(i as usize)
+                                    .is_some_and(|t| t.state == TaskState::Initialized)
+                            });
                         assert!(
-                            latest
-                                && state != UpdateState::Paused
-                                && limit != 0
-                                && running >= limit
-                                && u.in_progress.iter().chain(&u.failed).any(|&i| {
-                                    job.tasks
-                                        .get(i as usize)
-                                        .is_some_and(|t| t.state == TaskState::Initialized)
-                                }),
+                            latest && state != UpdateState::Paused && (stuck || under_limit),
                             "update {} did not end: {u:?}\n{}",
                             um.id,
                             why()
@@ -1286,9 +2078,73 @@ impl Driver {
         self.stats.updates_stopped += stopped;
     }
 
-    fn check_jobs_final(&self) -> (u64, u64) {
+    /// Every agent keeps only volumes the core knows there (the others
+    /// were deleted, or deleted when it registered).
+    fn check_volumes_final(&self) {
+        for (host, a) in &self.sim.agents {
+            for id in &a.volumes {
+                assert!(
+                    self.volumes.get(id).is_some_and(|(_, _, h)| h == host),
+                    "{host} keeps volume {id}, which the core does not know there\n{}",
+                    self.describe()
+                );
+            }
+        }
+    }
+
+    /// Whether instance `i` of job `k`, pinned to a host and queued or
+    /// waiting, cannot fit there: the host's free resources, what is
+    /// reserved for it there and (for a daemon) what preemptible
+    /// non-daemon tasks there hold are less than its request.
+    fn waits_for_room(&self, k: JobKey, i: u32) -> bool {
+        let (core, engine) = (&self.sim.core, &self.sim.engine);
+        let Some(job) = core.job(k) else {
+            return false;
+        };
+        let Some(t) = job.tasks.get(i as usize) else {
+            return false;
+        };
+        if !matches!(
+            t.state,
+            TaskState::Initialized | TaskState::Pending | TaskState::Ready | TaskState::Placing
+        ) {
+            return false;
+        }
+        let Some(slot) = core.pin_of(k, i) else {
+            return false;
+        };
+        let mut room = engine.hosts().free(slot.idx());
+        if let Some((s, amount)) = engine.reservation(k.0, i)
+            && s == slot.0
+        {
+            room.add_assign(&amount);
+        }
+        if job.plan.kind == JobKind::Daemon {
+            use peloton_engine::task::flags;
+            for h in engine.tasks().on_host(slot.0) {
+                let spec = engine.tasks().spec(h).expect("live");
+                if spec.flags & flags::PREEMPTIBLE != 0 && spec.flags & flags::DAEMON == 0 {
+                    room.add_assign(&spec.request);
+                }
+            }
+        }
+        let tmpl = job.template(i);
+        let mut need = tmpl.request;
+        if let Some(v) = &tmpl.volume {
+            need.0[peloton_engine::Dim::Disk.idx()] += v.size_mb;
+        }
+        !need.fits_in(&room)
+    }
+
+    /// Whether a daemon job of constraint variant `c` matches `host`.
+    fn daemon_matches(&self, c: u8, host: &str) -> bool {
+        Pinned::constraint(c).is_none_or(|zone| self.zones.get(host) == Some(&zone))
+    }
+
+    fn check_jobs_final(&self) -> FinalCounts {
         let sim = &self.sim;
         let (mut succeeded, mut services_running) = (0, 0);
+        let (mut daemons_running, mut pinned_waiting) = (0, 0);
         let mut running_runs = BTreeSet::new();
         let mut n_live = 0;
         for m in &self.jobs {
@@ -1302,7 +2158,9 @@ impl Driver {
             let k = sim.core.job_key(&m.id).expect("found");
             let why = || format!("{}: {m:?}\n{}", m.id, self.describe());
             assert_eq!(job.held, 0, "no run of {} is left stopping", m.id);
-            assert_eq!(job.tasks.len() as u32, m.instances, "{}", why());
+            if m.kind() != JobKind::Daemon {
+                assert_eq!(job.tasks.len() as u32, m.instances, "{}", why());
+            }
             for (i, t) in job.tasks.iter().enumerate() {
                 assert!(sim.core.held(k, i as u32).is_none(), "{}", why());
                 if t.state == TaskState::Running {
@@ -1311,9 +2169,67 @@ impl Driver {
             }
             if m.killed {
                 assert_eq!(job.state, JobState::Killed, "{}", why());
-            } else if !m.spec.service {
-                assert!(job.state.is_terminal(), "batch job {}", why());
-                if m.clean && !m.spec.deadline {
+            } else if let Pinned::Daemon(c) = m.pinned {
+                // One instance on every host it matches (all are up now),
+                // running unless killed there by request; retired ones
+                // ended.
+                let mut bound = BTreeMap::new();
+                for (i, t) in job.tasks.iter().enumerate() {
+                    match t.daemon_host {
+                        Some(h) => assert!(
+                            bound
+                                .insert(sim.core.host_name(h).clone(), i as u32)
+                                .is_none(),
+                            "two instances on {}: {}",
+                            sim.core.host_name(h),
+                            why()
+                        ),
+                        None => assert!(t.state.is_terminal(), "instance {i} of {}", why()),
+                    }
+                }
+                for host in &self.hosts {
+                    let matches = self.daemon_matches(c, host);
+                    let Some(&i) = bound.get(host) else {
+                        assert!(!matches, "no instance on matching host {host}: {}", why());
+                        continue;
+                    };
+                    assert!(
+                        matches,
+                        "instance {i} on {host}, which it does not match: {}",
+                        why()
+                    );
+                    let t = &job.tasks[i as usize];
+                    if m.daemon_kills.get(&i) == Some(host) {
+                        assert_eq!(t.state, TaskState::Killed, "instance {i} of {}", why());
+                    } else if t.state == TaskState::Running {
+                        daemons_running += 1;
+                    } else {
+                        assert!(
+                            self.waits_for_room(k, i),
+                            "instance {i} on {host} does not run: {}",
+                            why()
+                        );
+                        pinned_waiting += 1;
+                    }
+                }
+            } else if m.kind() == JobKind::Batch {
+                // (A stateful instance may wait for room on its host, and
+                // others for room under the running limit it holds.)
+                let (stuck, waiting): (Vec<u32>, Vec<u32>) = (0..job.tasks.len() as u32)
+                    .filter(|&i| !job.tasks[i as usize].state.is_terminal())
+                    .partition(|&i| self.waits_for_room(k, i));
+                let limit = m.plan().max_running as usize;
+                assert!(
+                    waiting.iter().all(|&i| {
+                        job.tasks[i as usize].state == TaskState::Initialized
+                            && limit != 0
+                            && stuck.len() >= limit
+                    }),
+                    "batch job {}",
+                    why()
+                );
+                pinned_waiting += stuck.len() as u64;
+                if m.clean && !m.spec.deadline && stuck.is_empty() {
                     assert_eq!(job.state, JobState::Succeeded, "{}", why());
                 }
                 if job.state == JobState::Succeeded {
@@ -1323,16 +2239,22 @@ impl Driver {
                 // Every instance not killed runs, up to the running limit;
                 // the rest wait their turn, a gang at a time: then the
                 // next gang does not fit under the limit.
-                let plan = job_plan(&m.spec, m.pool);
+                let plan = m.plan();
                 let limit = match plan.max_running {
                     0 => u32::MAX,
                     n => n,
                 };
                 let mut n_running = 0;
                 let mut n_wanted = 0;
+                let mut n_stuck = 0;
                 for (i, t) in job.tasks.iter().enumerate() {
                     if m.killed_instances[i] {
                         assert_eq!(t.state, TaskState::Killed, "instance {i} of {}", why());
+                        continue;
+                    }
+                    if self.waits_for_room(k, i as u32) {
+                        // (It holds its place under the running limit.)
+                        n_stuck += 1;
                         continue;
                     }
                     n_wanted += 1;
@@ -1344,8 +2266,9 @@ impl Driver {
                     n_running += u32::from(t.state == TaskState::Running);
                 }
                 let n_waiting = n_wanted - n_running;
+                pinned_waiting += u64::from(n_stuck);
                 assert!(
-                    n_waiting == 0 || n_running + n_waiting.min(plan.gang) > limit,
+                    n_waiting == 0 || n_running + n_stuck + n_waiting.min(plan.gang) > limit,
                     "{n_waiting} instances wait with room under max_running: {}",
                     why()
                 );
@@ -1376,7 +2299,12 @@ impl Driver {
             on_agents, running_runs,
             "the agents run the running instances"
         );
-        (succeeded, services_running)
+        FinalCounts {
+            succeeded,
+            services_running,
+            daemons_running,
+            pinned_waiting,
+        }
     }
 
     /// The jobs, their tasks and the agents' runs, for failure messages.
@@ -1423,6 +2351,14 @@ impl Driver {
         }
         s
     }
+}
+
+/// What the final checks counted.
+struct FinalCounts {
+    succeeded: u64,
+    services_running: u64,
+    daemons_running: u64,
+    pinned_waiting: u64,
 }
 
 /// The fuzz target's driver: decodes `data` into a scenario and runs it.

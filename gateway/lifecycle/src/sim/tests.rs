@@ -8,7 +8,9 @@ use proptest::test_runner::TestRunner;
 
 use crate::{Input, TaskState, UpdateRequest, UpdateSpec};
 
-use super::ops::{Driver, JobSpec, N_UPDATE_VARIANTS, Op, Scenario, Stats, fuzz_lifecycle_ops};
+use super::ops::{
+    Driver, JobSpec, N_UPDATE_VARIANTS, N_VOLUME_VARIANTS, Op, Scenario, Stats, fuzz_lifecycle_ops,
+};
 
 fn job_spec() -> impl Strategy<Value = JobSpec> {
     (
@@ -80,7 +82,41 @@ fn op() -> impl Strategy<Value = Op> {
         2 => b().prop_map(Op::StartLaunches),
         4 => (b(), 0..N_UPDATE_VARIANTS).prop_map(|(j, v)| Op::UpdateJob(j, v)),
         3 => (b(), 0u8..4).prop_map(|(j, a)| Op::UpdateAction(j, a)),
+        2 => pinned_op(),
     ]
+}
+
+/// Stateful and daemon jobs, volume deletions, zones and new hosts.
+fn pinned_op() -> impl Strategy<Value = Op> {
+    let b = any::<u8>;
+    prop_oneof![
+        3 => (job_spec(), 0..N_VOLUME_VARIANTS).prop_map(|(s, v)| Op::CreateStatefulJob(s, v)),
+        2 => (job_spec(), 0u8..3).prop_map(|(s, c)| Op::CreateDaemonJob(s, c)),
+        2 => b().prop_map(Op::DeleteVolume),
+        1 => (0u8..85, 0u8..3).prop_map(|(host, zone)| Op::SetZone { host, zone }),
+        1 => (0u8..3).prop_map(Op::AddHost),
+    ]
+}
+
+/// Operations that drive pinned instances more: stateful and daemon
+/// jobs, volume deletions, zones and hosts, among any operation (lost
+/// hosts and time more often, so volumes are given up).
+fn pinned_scenario_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => op(),
+        4 => pinned_op(),
+        1 => (0u8..128, any::<bool>()).prop_map(|(host, dies)| Op::LoseHost { host, dies }),
+        2 => (0u8..5).prop_map(Op::Tick),
+    ]
+}
+
+/// Up to `max_ops` operations, pinned jobs among them, on 2–4 hosts.
+fn pinned_scenario(max_ops: usize) -> impl Strategy<Value = Scenario> {
+    (
+        2u8..=4,
+        proptest::collection::vec(pinned_scenario_op(), 0..max_ops),
+    )
+        .prop_map(|(n_hosts, ops)| Scenario { n_hosts, ops })
 }
 
 /// Up to `max_ops` operations on 2–4 hosts.
@@ -127,6 +163,12 @@ fn add(total: &mut Stats, s: Stats) {
     total.updates_succeeded += s.updates_succeeded;
     total.updates_rolled_back += s.updates_rolled_back;
     total.updates_stopped += s.updates_stopped;
+    total.volumes_created += s.volumes_created;
+    total.volumes_deleted += s.volumes_deleted;
+    total.volumes_given_up += s.volumes_given_up;
+    total.daemon_jobs += s.daemon_jobs;
+    total.daemons_running += s.daemons_running;
+    total.pinned_waiting += s.pinned_waiting;
 }
 
 proptest! {
@@ -149,8 +191,25 @@ proptest! {
         Driver::run(&s);
     }
 
+    /// The same with stateful and daemon jobs among the operations:
+    /// after every step a run is on its volume's host, volumes are unique
+    /// and stored, reservations are only for pinned instances on their
+    /// host, a daemon has one instance per host and, after a cycle, one on
+    /// every up host it matches; volumes go only by request or when
+    /// given up after their host's timeout; once quiesced every pinned
+    /// instance runs unless its host has no room for it.
+    #[test]
+    fn random_pinned_jobs_keep_the_core_safe_and_live(s in pinned_scenario(80)) {
+        Driver::run(&s);
+    }
+
     #[test]
     fn scenarios_encode_to_bytes_that_decode_back(s in update_scenario(60)) {
+        prop_assert_eq!(Scenario::decode(&s.encode()), s);
+    }
+
+    #[test]
+    fn pinned_scenarios_encode_to_bytes_that_decode_back(s in pinned_scenario(60)) {
         prop_assert_eq!(Scenario::decode(&s.encode()), s);
     }
 }
@@ -212,6 +271,30 @@ fn seeded_update_scenarios_reach_every_end_of_an_update() {
     if let Ok(dir) = std::env::var("PELOTON_WRITE_LIFECYCLE_UPDATE_CORPUS") {
         for (i, s) in scenarios.iter().take(8).enumerate() {
             std::fs::write(format!("{dir}/updates-{i:02}"), s.encode()).expect("write");
+        }
+    }
+}
+
+#[test]
+fn seeded_pinned_scenarios_reach_volumes_and_daemons() {
+    let scenarios = seeded(pinned_scenario(80), 32);
+    let mut total = Stats::default();
+    for s in &scenarios {
+        add(&mut total, Driver::run(s));
+    }
+    eprintln!("seeded pinned scenarios: {total:?}");
+    assert!(
+        total.volumes_created > 20 && total.volumes_deleted > 0 && total.volumes_given_up > 0,
+        "{total:?}"
+    );
+    assert!(
+        total.daemon_jobs > 10 && total.daemons_running > 10,
+        "{total:?}"
+    );
+    // Writes seed inputs of the fuzz corpus with pinned jobs when asked.
+    if let Ok(dir) = std::env::var("PELOTON_WRITE_LIFECYCLE_PINNED_CORPUS") {
+        for (i, s) in scenarios.iter().take(8).enumerate() {
+            std::fs::write(format!("{dir}/pinned-{i:02}"), s.encode()).expect("write");
         }
     }
 }

@@ -73,6 +73,7 @@ pub struct Clients {
     pub tasks: pb::task_service_client::TaskServiceClient<Channel>,
     pub hosts: pb::host_service_client::HostServiceClient<Channel>,
     pub watch: pb::watch_service_client::WatchServiceClient<Channel>,
+    pub volumes: pb::volume_service_client::VolumeServiceClient<Channel>,
 }
 
 impl Clients {
@@ -87,7 +88,8 @@ impl Clients {
             jobs: pb::job_service_client::JobServiceClient::new(channel.clone()),
             tasks: pb::task_service_client::TaskServiceClient::new(channel.clone()),
             hosts: pb::host_service_client::HostServiceClient::new(channel.clone()),
-            watch: pb::watch_service_client::WatchServiceClient::new(channel),
+            watch: pb::watch_service_client::WatchServiceClient::new(channel.clone()),
+            volumes: pb::volume_service_client::VolumeServiceClient::new(channel),
         }
     }
 }
@@ -169,15 +171,25 @@ impl Cluster {
     }
 
     pub async fn start_agent(&mut self, host: &str) {
+        self.start_agent_with(host, &[]).await;
+    }
+
+    /// An agent with host attributes (`KEY=VALUE`) besides its rack.
+    pub async fn start_agent_with(&mut self, host: &str, attributes: &[&str]) {
         let work = self.work_dir(host);
         std::fs::create_dir_all(&work).expect("work dir");
-        let child = Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_peloton-agent"));
+        command
             .args(["--server", &format!("http://127.0.0.1:{}", self.port)])
             .arg("--work-dir")
             .arg(&work)
             .args(["--host", host, "--token", TOKEN])
             .args(["--resources", "cpu=4,mem=4096,disk=10000"])
-            .args(["--attr", &format!("rack=r-{host}")])
+            .args(["--attr", &format!("rack=r-{host}")]);
+        for a in attributes {
+            command.args(["--attr", a]);
+        }
+        let child = command
             .args(["--ports", &agent_port_range()])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -187,6 +199,22 @@ impl Cluster {
             .spawn()
             .expect("agent starts");
         self.agents.insert(host.to_string(), child);
+    }
+
+    /// Stops an agent with SIGTERM (it exits 0 and leaves its tasks
+    /// running) and waits for it to exit.
+    pub async fn sigterm_agent(&mut self, host: &str) {
+        let mut child = self.agents.remove(host).expect("agent");
+        let pid = child.id().expect("agent pid");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("SIGTERM");
+        let status = within(&format!("agent {host} to exit"), child.wait())
+            .await
+            .expect("wait");
+        assert!(status.success(), "agent {host} exited with {status}");
     }
 
     pub async fn sigkill_agent(&mut self, host: &str) {

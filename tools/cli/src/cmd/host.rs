@@ -11,7 +11,8 @@ use super::{Ctx, Outcome};
 use crate::cli::HostCommand;
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_map, fmt_mib, fmt_number, host_json, print_json, print_out,
+    Align, OutputFormat, Table, fmt_map, fmt_mib, fmt_number, host_json, or_dash, print_json,
+    print_out,
 };
 
 pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
@@ -72,6 +73,7 @@ fn host_table(hosts: &[Host]) -> String {
     let mut table = Table::new(&[
         ("NAME", Align::Left),
         ("STATE", Align::Left),
+        ("HOST POOL", Align::Left),
         ("CPU FREE/TOTAL", Align::Right),
         ("MEMORY FREE/TOTAL", Align::Right),
         ("GPU FREE/TOTAL", Align::Right),
@@ -89,6 +91,7 @@ fn host_table(hosts: &[Host]) -> String {
         table.row(vec![
             host.name.clone(),
             name_of::<HostState>(host.state),
+            or_dash(&host.host_pool),
             format!("{}/{}", fmt_number(free.cpu), fmt_number(capacity.cpu)),
             format!(
                 "{} / {}",

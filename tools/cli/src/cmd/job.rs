@@ -290,8 +290,19 @@ fn job_details(job: &Job) -> String {
     if sla.min_running_instances > 1 {
         fields.push(("GANG SIZE", sla.min_running_instances.to_string()));
     }
+    if !spec.host_pool.is_empty() {
+        fields.push(("HOST POOL", spec.host_pool.clone()));
+    }
     if !task.constraint.is_empty() {
         fields.push(("CONSTRAINT", task.constraint));
+    }
+    if !spec.secrets.is_empty() {
+        let secrets: Vec<String> = spec
+            .secrets
+            .iter()
+            .map(|s| format!("{} ({} B)", s.name, s.size))
+            .collect();
+        fields.push(("SECRETS", secrets.join(", ")));
     }
     if !spec.overrides.is_empty() {
         let instances: Vec<String> = spec
