@@ -48,6 +48,12 @@ pub struct Config {
     /// An agent host not heard from for this long is lost: its runs are
     /// LOST and start again elsewhere.
     pub host_lost_after_ms: u64,
+    /// A finished job (succeeded, failed or killed) is removed, with its
+    /// tasks, from memory and the store this many seconds after it
+    /// finished (reads of it then answer NOT_FOUND).
+    pub job_retention_s: u64,
+    /// At most this many finished jobs are kept; the oldest go first.
+    pub max_finished_jobs: usize,
 }
 
 impl Default for Config {
@@ -70,6 +76,8 @@ impl Default for Config {
             agent_token: None,
             agent_heartbeat_ms: 1000,
             host_lost_after_ms: 10_000,
+            job_retention_s: 7 * 24 * 3600,
+            max_finished_jobs: 10_000,
         }
     }
 }
@@ -111,6 +119,14 @@ impl Config {
             self.host_lost_after_ms >= 2 * self.agent_heartbeat_ms,
             "host_lost_after_ms: must be at least twice agent_heartbeat_ms"
         );
+        anyhow::ensure!(
+            self.job_retention_s <= 100 * 365 * 24 * 3600,
+            "job_retention_s: at most 100 years"
+        );
+        anyhow::ensure!(
+            self.max_finished_jobs <= 100_000_000,
+            "max_finished_jobs: at most 100000000"
+        );
         if let Some(t) = &self.agent_token {
             anyhow::ensure!(
                 !t.is_empty() && t.len() <= 1024,
@@ -128,6 +144,14 @@ impl Config {
     /// The agents' token: configured, or kept in the data dir (created on
     /// first use, readable only by the owner).
     pub fn resolve_agent_token(&self) -> anyhow::Result<String> {
+        anyhow::ensure!(
+            self.job_retention_s <= 100 * 365 * 24 * 3600,
+            "job_retention_s: at most 100 years"
+        );
+        anyhow::ensure!(
+            self.max_finished_jobs <= 100_000_000,
+            "max_finished_jobs: at most 100000000"
+        );
         if let Some(t) = &self.agent_token {
             return Ok(t.clone());
         }

@@ -47,6 +47,18 @@ struct Args {
     /// Milliseconds without a heartbeat before an agent host is lost.
     #[arg(long)]
     host_lost_after_ms: Option<u64>,
+    /// Seconds a finished job is kept before it is removed.
+    #[arg(long)]
+    job_retention_s: Option<u64>,
+    /// Finished jobs kept at most (the oldest are removed first).
+    #[arg(long)]
+    max_finished_jobs: Option<usize>,
+    /// Events kept in the store for resuming watches.
+    #[arg(long)]
+    event_retention: Option<u64>,
+    /// Page cache of the embedded store, in MiB.
+    #[arg(long)]
+    store_cache_mb: Option<usize>,
     /// Start this many `peloton-agent`s on this machine (a local cluster;
     /// work dirs under DATA_DIR/agents). They stop with the server.
     #[arg(long, default_value_t = 0)]
@@ -101,6 +113,18 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(v) = args.host_lost_after_ms {
         c.host_lost_after_ms = v;
+    }
+    if let Some(v) = args.job_retention_s {
+        c.job_retention_s = v;
+    }
+    if let Some(v) = args.max_finished_jobs {
+        c.max_finished_jobs = v;
+    }
+    if let Some(v) = args.event_retention {
+        c.event_retention = v;
+    }
+    if let Some(v) = args.store_cache_mb {
+        c.store_cache_mb = v;
     }
     anyhow::ensure!(
         args.local_agents == 0 || !c.simulated(),

@@ -320,6 +320,10 @@ pub struct LoopConfig {
     pub max_history: usize,
     /// An agent host not heard from for this long is lost.
     pub host_lost_after: Duration,
+    /// A finished job is removed this long after it finished.
+    pub job_retention: Duration,
+    /// At most this many finished jobs are kept (the oldest go first).
+    pub max_finished_jobs: usize,
 }
 
 impl Default for LoopConfig {
@@ -332,6 +336,8 @@ impl Default for LoopConfig {
             event_retention: 5_000_000,
             max_history: 8,
             host_lost_after: Duration::from_secs(10),
+            job_retention: Duration::from_millis(CoreConfig::default().retention_ms),
+            max_finished_jobs: CoreConfig::default().max_finished_jobs,
         }
     }
 }
@@ -419,6 +425,8 @@ impl Scheduler {
             max_history: config.max_history,
             max_instances_per_job: config.limits.max_instances_per_job,
             agent_mode: hub.is_some(),
+            retention_ms: config.job_retention.as_millis() as u64,
+            max_finished_jobs: config.max_finished_jobs,
         };
         let now = now_ms();
         let revision = snapshot.revision;
@@ -432,9 +440,14 @@ impl Scheduler {
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
         let mut specs = FxHashMap::default();
-        for (id, versions) in specs_by_id {
+        for (id, versions, from_row) in specs_by_id {
             let key = core.job_key(&id).expect("recovered");
             specs.insert(key, versions);
+            if let Some(v) = from_row {
+                // An older store kept the spec in the job row only: it goes
+                // to the configs table before the row loses it.
+                fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
+            }
         }
         let mut batch = WriteBatch::default();
         let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
@@ -866,7 +879,6 @@ impl Scheduler {
                 action,
                 reply,
             } => {
-                let key = self.core.job_key(&id).ok();
                 let r = self
                     .apply(Input::JobAction {
                         id,
@@ -887,9 +899,7 @@ impl Scheduler {
                             Some(self.job_to_pb(k))
                         }
                         _ => {
-                            if let Some(k) = key {
-                                self.specs.remove(&k);
-                            }
+                            // Its specs go when its deletion is written.
                             self.metrics.jobs.set(self.core.n_jobs() as i64);
                             None
                         }

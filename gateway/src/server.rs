@@ -68,6 +68,8 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         max_batch: config.max_batch,
         limits,
         event_retention: config.event_retention,
+        job_retention: Duration::from_secs(config.job_retention_s),
+        max_finished_jobs: config.max_finished_jobs,
         ..LoopConfig::default()
     };
     let n_jobs = snapshot.jobs.len();

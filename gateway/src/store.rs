@@ -10,13 +10,14 @@
 //!
 //! Tables:
 //! - `pools`: path → `Pool` (spec and version);
-//! - `jobs`: job id → `Job` (spec, status and version);
+//! - `jobs`: job id → `Job` (status and version, without its spec: the row
+//!   is rewritten at every change of the job's state, the spec never);
 //! - `tasks`: (job id, instance) → `Task` (current run, failure count,
 //!   history). An instance without a row has not started its first run;
 //! - `hosts`: host name → `Host` (the maintenance state an operator set);
-//! - `configs`: (job id, config version) → `JobSpec`: the job's specs that
-//!   some instance still runs or an update may roll back to (the current one
-//!   is also in the job's row);
+//! - `configs`: (job id, config version) → `JobSpec`: the job's current
+//!   spec and those some instance still runs or an update may roll back to
+//!   (rows written before the spec left the job row also carry it there);
 //! - `updates`: update id → `Update` (spec, state, progress);
 //! - `volumes`: volume id → `Volume` (job, instance, host, size);
 //! - `events`: first revision of a commit → `WatchResponse` holding that

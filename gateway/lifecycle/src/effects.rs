@@ -45,6 +45,9 @@ pub enum EventKind {
         state: JobState,
         /// Deleted (its last event).
         deleted: bool,
+        /// Why it was deleted: "deleted" (a user), "retention" (its
+        /// retention ran out); "" for a change of state.
+        reason: Box<str>,
     },
 }
 
@@ -98,8 +101,9 @@ pub struct AgentRunKey {
 pub enum RowKey {
     /// A job's row (status and spec).
     Job(JobKey),
-    /// A deleted job: its row and its tasks' rows go.
-    JobDeleted(Arc<str>),
+    /// A deleted job (its key, no longer live, and its id): its row, its
+    /// tasks' and its configs' rows go, and whatever the shell keeps of it.
+    JobDeleted(JobKey, Arc<str>),
     /// A task's row.
     Task(JobKey, u32),
     /// A task row of an instance scaled away.

@@ -120,6 +120,18 @@ impl Lifecycle {
             assert_eq!(held, job.held, "{}: held runs", job.id);
             assert_eq!(active, job.active, "{}: active engine tasks", job.id);
             assert_eq!(job.state, super::runs::derive(job), "{}: job state", job.id);
+            assert_eq!(
+                self.finished.contains(&(job.completed_at, k)),
+                job.state.is_terminal(),
+                "{}: finished jobs are indexed by completion time",
+                job.id
+            );
+        }
+        for (_, k) in &self.finished {
+            assert!(
+                self.jobs.get(k).is_some_and(|j| j.state.is_terminal()),
+                "the finished index holds only live terminal jobs"
+            );
         }
         for &(k, i) in self.held.keys() {
             // A held run of a scaled-away instance outlives its task entry,

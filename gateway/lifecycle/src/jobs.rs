@@ -268,34 +268,10 @@ impl Lifecycle {
                         job.state.name()
                     )));
                 }
-                self.drop_volumes_of(engine, k, fx);
-                let job = self.jobs.remove(&k).expect("live");
-                self.by_id.remove(id);
-                self.need_fill.remove(&k);
-                self.retry_fill.remove(&k);
-                self.daemon_jobs.remove(&k);
-                self.pin_dirty.retain(|&(x, _)| x != k);
-                self.revision += 1;
-                fx.events.push(Event {
-                    revision: self.revision,
-                    time_ms: self.now,
-                    kind: EventKind::Job {
-                        job: job.id.clone(),
-                        state: job.state,
-                        deleted: true,
-                    },
-                });
-                self.dirty_jobs.remove(&k);
-                // Its updates go with it.
-                for u in &job.updates {
-                    self.updates.remove(u);
-                    self.rolling.remove(u);
-                    fx.rows.push(RowKey::UpdateDeleted(u.clone()));
-                }
+                self.remove_job(engine, k, super::retention::REASON_DELETED, fx);
                 fx.rows.retain(|r| {
                     !matches!(r, RowKey::Job(x) | RowKey::Task(x, _) | RowKey::Config(x, _) if *x == k)
                 });
-                fx.rows.push(RowKey::JobDeleted(job.id));
                 return Ok(Answer::JobDeleted);
             }
             JobAction::Scale(_) if job.plan.kind == JobKind::Daemon => {
@@ -315,6 +291,48 @@ impl Lifecycle {
         self.job_mut(k).version += 1;
         self.dirty_jobs.insert(k);
         Ok(Answer::Job(k))
+    }
+
+    /// Forgets a finished job: its indexes, its updates, and its rows in the
+    /// store (one `JobDeleted` takes its job, task and config rows), with a
+    /// last job event saying why. The caller drops rows of the job queued
+    /// earlier in the step.
+    pub(super) fn remove_job(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        // Its volumes go with it (their disk freed, their agents told).
+        self.drop_volumes_of(engine, k, fx);
+        self.daemon_jobs.remove(&k);
+        self.pin_dirty.retain(|&(x, _)| x != k);
+        let job = self.jobs.remove(&k).expect("live");
+        debug_assert!(job.state.is_terminal() && job.held == 0 && job.active == 0);
+        self.by_id.remove(&job.id);
+        self.need_fill.remove(&k);
+        self.retry_fill.remove(&k);
+        self.dirty_jobs.remove(&k);
+        self.note_job_state(k, (job.state, job.completed_at), (JobState::Initialized, 0));
+        self.revision += 1;
+        fx.events.push(Event {
+            revision: self.revision,
+            time_ms: self.now,
+            kind: EventKind::Job {
+                job: job.id.clone(),
+                state: job.state,
+                deleted: true,
+                reason: reason.into(),
+            },
+        });
+        // Its updates go with it.
+        for u in &job.updates {
+            self.updates.remove(u);
+            self.rolling.remove(u);
+            fx.rows.push(RowKey::UpdateDeleted(u.clone()));
+        }
+        fx.rows.push(RowKey::JobDeleted(k, job.id));
     }
 
     fn scale(

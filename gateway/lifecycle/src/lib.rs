@@ -26,6 +26,7 @@ mod jobs;
 mod model;
 mod pinned;
 mod recover;
+mod retention;
 mod runs;
 #[cfg(any(test, feature = "testkit"))]
 pub mod sim;
@@ -34,7 +35,7 @@ mod tests;
 mod updates;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 
 use peloton_engine::host::HostSpec;
@@ -285,6 +286,10 @@ pub struct CoreConfig {
     /// Hosts are agents (runs survive a restart of the server and are
     /// reconciled) rather than simulated (they restart with the server).
     pub agent_mode: bool,
+    /// A finished job (terminal) is removed this long after it finished.
+    pub retention_ms: u64,
+    /// At most this many finished jobs are kept (the oldest go first).
+    pub max_finished_jobs: usize,
 }
 
 impl Default for CoreConfig {
@@ -293,6 +298,8 @@ impl Default for CoreConfig {
             max_history: 8,
             max_instances_per_job: 100_000,
             agent_mode: false,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            max_finished_jobs: 10_000,
         }
     }
 }
@@ -360,6 +367,9 @@ pub struct Lifecycle {
     rolling: FxHashSet<Arc<str>>,
     /// Draining hosts that still hold service instances.
     draining: FxHashSet<HostSlot>,
+    /// Terminal jobs by (completion time, key): what retention removes,
+    /// oldest first.
+    finished: BTreeSet<(u64, JobKey)>,
     /// Volumes by instance.
     volumes: BTreeMap<(JobKey, u32), Volume>,
     /// Volume ids to their instance.
@@ -401,6 +411,7 @@ impl Lifecycle {
             updates: FxHashMap::default(),
             rolling: FxHashSet::default(),
             draining: FxHashSet::default(),
+            finished: BTreeSet::new(),
             volumes: BTreeMap::new(),
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
@@ -492,6 +503,7 @@ impl Lifecycle {
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
+                self.apply_retention(engine, fx);
                 self.check_volume_hosts(engine, fx);
                 Ok(Answer::Done)
             }
@@ -525,15 +537,24 @@ impl Lifecycle {
         self.needs_cycle
     }
 
-    /// The earliest timer, if any (volumes given up when their host has
-    /// been down too long included).
+    /// When a [`Input::Tick`] is next due: the earliest timer, the
+    /// retention of finished jobs, or a volume to give up, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
-        let volumes = self.volume_deadline;
-        match (timer, volumes) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [timer, self.retention_deadline(), self.volume_deadline]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The core's settings.
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    /// Number of finished (terminal) jobs kept.
+    pub fn n_finished_jobs(&self) -> usize {
+        self.finished.len()
     }
 
     /// A job by key.

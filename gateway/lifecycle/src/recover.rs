@@ -365,6 +365,14 @@ impl Lifecycle {
             self.updates.insert(u.id.clone(), u);
         }
         job.updates = job_updates;
+        if job.state.is_terminal() {
+            // Stores written before completion times were kept: the
+            // retention counts from now.
+            if job.completed_at == 0 {
+                job.completed_at = now;
+            }
+            self.finished.insert((job.completed_at, key));
+        }
         if daemon {
             self.daemon_jobs.insert(key);
             job.plan.instance_count =

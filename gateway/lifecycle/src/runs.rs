@@ -757,8 +757,10 @@ impl Lifecycle {
             fx.rows.push(RowKey::Job(k));
             let new = derive(job);
             if new != job.state {
+                let old = (job.state, job.completed_at);
                 job.state = new;
                 job.completed_at = if new.is_terminal() { self.now } else { 0 };
+                let now = (new, job.completed_at);
                 self.revision += 1;
                 fx.events.push(Event {
                     revision: self.revision,
@@ -767,8 +769,10 @@ impl Lifecycle {
                         job: job.id.clone(),
                         state: new,
                         deleted: false,
+                        reason: "".into(),
                     },
                 });
+                self.note_job_state(k, old, now);
             }
         }
     }

@@ -140,6 +140,7 @@ pub fn config() -> CoreConfig {
         max_history: 4,
         max_instances_per_job: 1000,
         agent_mode: true,
+        ..CoreConfig::default()
     }
 }
 
@@ -204,8 +205,13 @@ impl Default for Sim {
 impl Sim {
     /// No hosts, no pools but the root, no jobs.
     pub fn new() -> Self {
+        Sim::with_config(config())
+    }
+
+    /// No hosts, no pools but the root, no jobs; a core with `config`.
+    pub fn with_config(config: CoreConfig) -> Self {
         let engine = engine();
-        let core = Lifecycle::new(config(), &engine, 0);
+        let core = Lifecycle::new(config, &engine, 0);
         Sim {
             engine,
             core,
@@ -282,10 +288,17 @@ impl Sim {
                     job,
                     state,
                     deleted,
+                    reason,
                 } => format!(
                     "job {job} {}{}",
                     state.name(),
-                    if deleted { " deleted" } else { "" }
+                    if !deleted {
+                        String::new()
+                    } else if &*reason == "deleted" {
+                        " deleted".to_string()
+                    } else {
+                        format!(" deleted ({reason})")
+                    }
                 ),
             };
             self.say(line);
@@ -436,7 +449,7 @@ impl Sim {
                         self.store.jobs.insert(r.id.clone(), (r, j.plan.clone()));
                     }
                 }
-                RowKey::JobDeleted(id) => {
+                RowKey::JobDeleted(_, id) => {
                     self.store.jobs.remove(&id);
                     self.store.tasks.retain(|(j, _), _| *j != id);
                     self.store.configs.retain(|(j, _), _| *j != id);
@@ -798,7 +811,7 @@ impl Sim {
         let revision = self.core.revision();
         self.fx = Effects::default();
         self.core = Lifecycle::recover(
-            config(),
+            *self.core.config(),
             &mut self.engine,
             revision,
             rec,

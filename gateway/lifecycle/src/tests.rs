@@ -17,7 +17,10 @@
 //! - `kill J`, `restart J`, `scale J N`, `kill J/I`, `restart J/I`,
 //!   `drain H`, `up H`, `delete J`;
 //! - `crash` — the server restarts from its store (agents keep their
-//!   runs); `register H` — H's agent registers again, listing its runs.
+//!   runs); `register H` — H's agent registers again, listing its runs;
+//! - `retention ms=MS max=N` (first line only) — finished jobs are kept
+//!   MS ms and at most N of them; `jobs` — the live jobs and their states,
+//!   and the rows the store holds for them.
 
 use expect_test::{Expect, expect};
 use peloton_engine::{PoolConfig, Resources};
@@ -260,6 +263,47 @@ impl Env {
                 start: words[0] == "drain",
             }),
             "crash" => self.sim.crash(),
+            "retention" => {
+                assert_eq!(self.sim.core.n_jobs(), 0, "retention comes first");
+                self.sim = Sim::with_config(CoreConfig {
+                    retention_ms: num("ms", 1000),
+                    max_finished_jobs: num("max", 10) as usize,
+                    ..crate::sim::config()
+                });
+                self.sim.say(format!("> {line}"));
+            }
+            "jobs" => {
+                let live: Vec<String> = self
+                    .sim
+                    .core
+                    .jobs_by_id("")
+                    .map(|(_, j)| format!("{}={}", j.id, j.state.name()))
+                    .collect();
+                let store = &self.sim.store;
+                let stored: Vec<String> = store
+                    .jobs
+                    .keys()
+                    .map(|id| {
+                        let tasks = store.tasks.keys().filter(|(j, _)| j == id).count();
+                        let configs = store.configs.keys().filter(|(j, _)| j == id).count();
+                        format!("{id}(tasks={tasks} configs={configs})")
+                    })
+                    .collect();
+                let orphan_rows = store
+                    .tasks
+                    .keys()
+                    .map(|(j, _)| j)
+                    .chain(store.configs.keys().map(|(j, _)| j))
+                    .filter(|j| !store.jobs.contains_key(*j))
+                    .count();
+                let line = format!(
+                    "jobs: {} | stored: {} | rows of removed jobs: {orphan_rows} | finished {}",
+                    live.join(" "),
+                    stored.join(" "),
+                    self.sim.core.n_finished_jobs()
+                );
+                self.sim.say(line);
+            }
             other => panic!("unknown fixture command {other:?}"),
         }
     }
@@ -2505,4 +2549,292 @@ fn a_returning_hosts_old_stateful_run_stops_before_the_next_starts() {
             s/0#3 running @h1
         "#]],
     );
+}
+
+#[test]
+fn finished_jobs_go_after_their_retention_and_beyond_the_count_never_a_live_one() {
+    check(
+        r"
+        retention ms=10000 max=2
+        host h1 cpu=8
+        job a pool=/ n=1
+        job b pool=/ n=2
+        job c pool=/ n=1
+        job live pool=/ n=1
+        cycle
+        exit a/0 0
+        tick 1000
+        exit b/0 0
+        exit b/1 1      # b fails, still finished
+        tick 1000
+        exit c/0 0      # three finished, two kept: a goes at the next tick
+        jobs
+        tick 1
+        jobs
+        tick 8998       # b finished 9,999 ms ago
+        jobs
+        tick 1          # b's retention is over
+        jobs
+        crash           # what retention removed stays removed
+        register h1
+        jobs
+        tick 100000     # c goes; live runs on, however old
+        jobs
+        kill live
+        confirm
+        tick 9999
+        jobs
+        tick 1
+        jobs
+        ",
+        expect![[r#"
+            > retention ms=10000 max=2
+            > host h1 cpu=8
+            > job a pool=/ n=1
+            a/0#1 pending
+            job a pending
+            > job b pool=/ n=2
+            b/0#1 pending
+            b/1#1 pending
+            job b pending
+            > job c pool=/ n=1
+            c/0#1 pending
+            job c pending
+            > job live pool=/ n=1
+            live/0#1 pending
+            job live pending
+            > cycle
+            a/0#1 ready
+            b/0#1 ready
+            b/1#1 ready
+            c/0#1 ready
+            live/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h1
+            b/1#1 launching @h1
+            c/0#1 placed @h1
+            c/0#1 launching @h1
+            live/0#1 placed @h1
+            live/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+              launch b/0#1 @h1 config 1
+              launch b/1#1 @h1 config 1
+              launch c/0#1 @h1 config 1
+              launch live/0#1 @h1 config 1
+            a/0#1 running @h1
+            b/0#1 running @h1
+            b/1#1 running @h1
+            c/0#1 running @h1
+            live/0#1 running @h1
+            job a running
+            job b running
+            job c running
+            job live running
+            > exit a/0 0
+            a/0#1 succeeded @h1
+            job a succeeded
+            > tick 1000
+            > exit b/0 0
+            b/0#1 succeeded @h1
+            > exit b/1 1
+            b/1#1 failed @h1 (exited with code 1)
+            job b failed
+            > tick 1000
+            > exit c/0 0
+            c/0#1 succeeded @h1
+            job c succeeded
+            > jobs
+            jobs: a=succeeded b=failed c=succeeded live=running | stored: a(tasks=1 configs=1) b(tasks=2 configs=1) c(tasks=1 configs=1) live(tasks=1 configs=1) | rows of removed jobs: 0 | finished 3
+            > tick 1
+            job a succeeded deleted (retention)
+            > jobs
+            jobs: b=failed c=succeeded live=running | stored: b(tasks=2 configs=1) c(tasks=1 configs=1) live(tasks=1 configs=1) | rows of removed jobs: 0 | finished 2
+            > tick 8998
+            > jobs
+            jobs: b=failed c=succeeded live=running | stored: b(tasks=2 configs=1) c(tasks=1 configs=1) live(tasks=1 configs=1) | rows of removed jobs: 0 | finished 2
+            > tick 1
+            job b failed deleted (retention)
+            > jobs
+            jobs: c=succeeded live=running | stored: c(tasks=1 configs=1) live(tasks=1 configs=1) | rows of removed jobs: 0 | finished 1
+            > crash
+            > register h1
+            > jobs
+            jobs: c=succeeded live=running | stored: c(tasks=1 configs=1) live(tasks=1 configs=1) | rows of removed jobs: 0 | finished 1
+            > tick 100000
+            job c succeeded deleted (retention)
+            > jobs
+            jobs: live=running | stored: live(tasks=1 configs=1) | rows of removed jobs: 0 | finished 0
+            > kill live
+            live/0#1 killed @h1 (job killed)
+            job live killing
+              kill live/0#1 @h1
+            > confirm
+            job live killed
+            > tick 9999
+            > jobs
+            jobs: live=killed | stored: live(tasks=1 configs=1) | rows of removed jobs: 0 | finished 1
+            > tick 1
+            job live killed deleted (retention)
+            > jobs
+            jobs:  | stored:  | rows of removed jobs: 0 | finished 0
+        "#]],
+    );
+}
+
+#[test]
+fn retention_removes_a_large_backlog_in_chunks() {
+    let mut sim = Sim::with_config(CoreConfig {
+        retention_ms: u64::MAX / 2,
+        max_finished_jobs: 100,
+        ..crate::sim::config()
+    });
+    sim.quiet = true;
+    sim.add_host("h1", 64, 64 * 1024).expect("host");
+    let n = 2 * retention::RETENTION_CHUNK + 500;
+    for j in 0..n {
+        let id = format!("j{j:05}");
+        sim.step(Input::CreateJob {
+            id: id.as_str().into(),
+            plan: Box::new(plan("/", 1, 10)),
+        })
+        .expect("created");
+        sim.step(Input::JobAction {
+            id,
+            version: 0,
+            action: JobAction::Kill,
+        })
+        .expect("killed");
+    }
+    assert_eq!(sim.core.n_finished_jobs(), n);
+    // Beyond the count: due now.
+    assert_eq!(sim.core.next_deadline(), Some(sim.now));
+    let mut removed = Vec::new();
+    while sim.core.n_finished_jobs() > 100 {
+        let before = sim.core.n_jobs();
+        sim.step(Input::Tick).expect("tick");
+        removed.push(before - sim.core.n_jobs());
+    }
+    assert_eq!(removed, [1000, 1000, 400]);
+    // The oldest went: the newest 100 are left.
+    let left: Vec<String> = sim
+        .core
+        .jobs_by_id("")
+        .map(|(_, j)| j.id.to_string())
+        .collect();
+    assert_eq!(left.first().map(String::as_str), Some("j02400"));
+    assert_eq!(left.len(), 100);
+    assert_eq!(sim.store.jobs.len(), 100);
+    assert_eq!(sim.engine.tasks().len(), 0);
+    // Nothing is due until the oldest left reaches its age.
+    assert_eq!(sim.core.next_deadline(), Some(sim.now + u64::MAX / 2));
+}
+
+/// Random jobs, runs, kills, restarts (a finished job may run again),
+/// deletes, crashes and time on a core with a short retention: after every
+/// step the invariants hold (the finished index among them); a job that
+/// was not finished is never removed; after a tick no finished job is older
+/// than the retention and at most `max` are kept.
+#[test]
+fn retention_under_random_operations_removes_only_finished_jobs() {
+    const RETENTION_MS: u64 = 50;
+    const MAX: usize = 3;
+    let mut removed = 0;
+    for seed in 0..20u64 {
+        let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let mut sim = Sim::with_config(CoreConfig {
+            retention_ms: RETENTION_MS,
+            max_finished_jobs: MAX,
+            ..crate::sim::config()
+        });
+        sim.quiet = true;
+        sim.add_host("h1", 16, 16 * 1024).expect("host");
+        let mut ids: Vec<String> = Vec::new();
+        for step in 0..400 {
+            let live_before: Vec<String> = sim
+                .core
+                .jobs_by_id("")
+                .filter(|(_, j)| !j.state.is_terminal())
+                .map(|(_, j)| j.id.to_string())
+                .collect();
+            let pick = |ids: &[String], r: u64| ids[r as usize % ids.len()].clone();
+            let mut ticked = false;
+            match next(10) {
+                0 | 1 => {
+                    let id = format!("j{step}");
+                    let _ = sim.step(Input::CreateJob {
+                        id: id.as_str().into(),
+                        plan: Box::new(plan("/", 1 + next(3) as u32, 1000)),
+                    });
+                    ids.push(id);
+                }
+                2 | 3 if !ids.is_empty() => {
+                    let id = pick(&ids, next(1000));
+                    if let Some((host, key)) = sim.current(&id, next(3) as u32) {
+                        let code = next(2) as i32;
+                        let phase = if code == 0 {
+                            RunPhase::Succeeded
+                        } else {
+                            RunPhase::Failed
+                        };
+                        sim.end_run(&host, key.launch, phase, code);
+                    }
+                }
+                4 if !ids.is_empty() => {
+                    let action = match next(3) {
+                        0 => JobAction::Kill,
+                        1 => JobAction::Restart,
+                        _ => JobAction::Delete,
+                    };
+                    let _ = sim.step(Input::JobAction {
+                        id: pick(&ids, next(1000)),
+                        version: 0,
+                        action,
+                    });
+                }
+                5 => sim.confirm_kills(None),
+                6 if next(8) == 0 => {
+                    sim.crash();
+                    let _ = sim.register("h1");
+                }
+                7 => {
+                    let _ = sim.step(Input::Cycle);
+                }
+                _ => {
+                    sim.now += next(40);
+                    let before = sim.core.n_jobs();
+                    let _ = sim.step(Input::Tick);
+                    removed += before - sim.core.n_jobs();
+                    ticked = true;
+                }
+            }
+            for id in &live_before {
+                assert!(
+                    sim.core.job_key(id).is_ok(),
+                    "seed {seed} step {step}: job {id} was removed while not finished"
+                );
+            }
+            if ticked {
+                assert!(sim.core.n_finished_jobs() <= MAX, "seed {seed} step {step}");
+                for (_, j) in sim.core.jobs_by_id("") {
+                    if j.state.is_terminal() {
+                        assert!(
+                            j.completed_at + RETENTION_MS > sim.now,
+                            "seed {seed} step {step}: {} is past its retention",
+                            j.id
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(removed > 100, "retention removed only {removed} jobs");
 }

@@ -83,11 +83,12 @@ pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
                     job,
                     state,
                     deleted,
+                    reason,
                 } => pb::event::Kind::Job(pb::JobEvent {
                     job_id: job.to_string(),
                     state: convert::job_state_to_pb(*state) as i32,
                     deleted: *deleted,
-                    ..Default::default()
+                    reason: reason.to_string(),
                 }),
             }),
         })
@@ -133,6 +134,19 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
     }
 }
 
+/// A job's row: its status and versions, without its spec (the specs are
+/// in the configs table, one row per config version, written once: a job
+/// row is rewritten at every change of the job's state, and a large spec
+/// must not be rewritten with it). No task counts either: recovery counts
+/// the tasks.
+pub(super) fn job_row_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
+    let mut row = reads::job_to_pb(core, k, None, None);
+    if let Some(status) = row.status.as_mut() {
+        status.task_counts.clear();
+    }
+    row
+}
+
 /// Encodes the rows the core marked into `batch` (each job row once).
 pub(super) fn rows(
     core: &mut Lifecycle,
@@ -152,11 +166,13 @@ pub(super) fn rows(
                 }
                 let Some(job) = core.job(k) else { continue };
                 let id = job.id.to_string();
-                // Without secrets: they are stored apart.
-                let value = reads::job_to_pb(core, k, specs.get(&k), None).encode_to_vec();
-                batch.jobs.push((id, Some(value)));
+                batch
+                    .jobs
+                    .push((id, Some(job_row_to_pb(core, k).encode_to_vec())));
             }
-            RowKey::JobDeleted(id) => {
+            RowKey::JobDeleted(k, id) => {
+                // Everything the shell keeps of the job goes with it.
+                specs.remove(&k);
                 batch.jobs.push((id.to_string(), None));
                 batch.delete_tasks_of.push(id.to_string());
                 // However the job went (deleted, or by retention), its
@@ -225,13 +241,18 @@ pub(super) fn rows(
     }
 }
 
+/// A recovered job's specs: its id, its specs by config version, and the
+/// version whose spec only its job row held (an older store's row), to be
+/// written to the configs table before the row is rewritten without it.
+pub(super) type RecoveredSpecs = (String, super::Specs, Option<u64>);
+
 /// The store's rows as the core's recovery input, and the jobs' specs by
 /// id.
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
     host_pools: &super::hostpools::HostPools,
-) -> anyhow::Result<(Recovered, Vec<(String, super::Specs)>)> {
+) -> anyhow::Result<(Recovered, Vec<RecoveredSpecs>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
         let pool = pb::Pool::decode(bytes.as_slice())?;
@@ -325,14 +346,21 @@ pub(super) fn recovered(
     let mut specs = Vec::new();
     for (id, bytes) in &snap.jobs {
         let job = pb::Job::decode(bytes.as_slice())?;
-        let spec = job.spec.clone().unwrap_or_default();
-        let plan = convert::job_plan(&spec, &lenient)
-            .map_err(|e| anyhow::anyhow!("stored job {id}: {}", e.message()))?;
         let status = job.status.clone().unwrap_or_default();
         // Stores written before config versions existed hold version 0.
         let config = status.config_version.max(1);
         let mut versions = configs_by_job.remove(id.as_str()).unwrap_or_default();
-        versions.insert(config, spec.clone());
+        // The spec is in the configs table; rows written before it moved
+        // there carry it themselves (and it wins, as it did then).
+        let from_row = job.spec.is_some().then_some(config);
+        if let Some(spec) = job.spec {
+            versions.insert(config, spec);
+        }
+        let spec = versions.get(&config).ok_or_else(|| {
+            anyhow::anyhow!("stored job {id}: no spec of its config version {config}")
+        })?;
+        let plan = convert::job_plan(spec, &lenient)
+            .map_err(|e| anyhow::anyhow!("stored job {id}: {}", e.message()))?;
         let mut old_configs = Vec::new();
         for (v, s) in &versions {
             if *v != config {
@@ -359,7 +387,7 @@ pub(super) fn recovered(
             updates,
             tasks: tasks_by_job.remove(id.as_str()).unwrap_or_default(),
         });
-        specs.push((id.clone(), versions));
+        specs.push((id.clone(), versions, from_row));
     }
     Ok((rec, specs))
 }

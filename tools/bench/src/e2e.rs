@@ -42,7 +42,14 @@ pub struct E2eOptions {
 
 pub(crate) struct Spawned {
     pub(crate) child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+}
+
+impl Spawned {
+    /// The server's data directory.
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
 }
 
 impl Drop for Spawned {
@@ -85,6 +92,11 @@ pub(crate) fn sibling_binary(name: &str, packages: &str) -> Result<std::path::Pa
 }
 
 pub(crate) fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
+    spawn_server_with(hosts, &[])
+}
+
+/// A server with `hosts` simulated hosts and these further flags.
+pub(crate) fn spawn_server_with(hosts: u32, flags: &[String]) -> Result<(Spawned, String)> {
     let bin = sibling_binary("pelotond", "-p peloton-gateway")?;
     let dir = tempfile::tempdir()?;
     let mut child = std::process::Command::new(&bin)
@@ -92,6 +104,7 @@ pub(crate) fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
         .arg(dir.path())
         .args(["--listen", "127.0.0.1:0", "--no-metrics", "--sim-hosts"])
         .arg(hosts.to_string())
+        .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -109,7 +122,7 @@ pub(crate) fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
     };
     // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Ok((Spawned { child, _dir: dir }, addr))
+    Ok((Spawned { child, dir }, addr))
 }
 
 fn wall_ms() -> u64 {

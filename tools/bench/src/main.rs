@@ -6,6 +6,7 @@
 //! same shapes.
 
 mod e2e;
+mod history;
 mod launch;
 mod trace;
 mod update;
@@ -143,6 +144,49 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A bounded history: many short simulated tasks through a started
+    /// server with a small job retention; the server's RSS and store size
+    /// after the first million tasks and at the end.
+    History {
+        /// Simulated hosts of the started server.
+        #[arg(long, default_value_t = 1_000)]
+        hosts: u32,
+        /// Tasks to run in all.
+        #[arg(long, default_value_t = 10_000_000)]
+        tasks: u64,
+        /// Instances per job.
+        #[arg(long, default_value_t = 1_000)]
+        job_size: u32,
+        /// Unfinished jobs out at once.
+        #[arg(long, default_value_t = 64)]
+        window: u32,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        /// How long each simulated task runs, in ms.
+        #[arg(long, default_value_t = 1)]
+        sim_ms: u64,
+        /// The server's --job-retention-s.
+        #[arg(long, default_value_t = 1)]
+        retention_s: u64,
+        /// The server's --max-finished-jobs.
+        #[arg(long, default_value_t = 100)]
+        max_finished_jobs: u64,
+        /// The server's --event-retention (default: the server's).
+        #[arg(long)]
+        event_retention: Option<u64>,
+        /// Let the server go idle after every million tasks (not only the
+        /// first) and sample it then.
+        #[arg(long)]
+        settle_every_million: bool,
+        /// A further flag for the server (repeatable), e.g.
+        /// `--server-arg=--store-cache-mb=8`.
+        #[arg(long = "server-arg", allow_hyphen_values = true)]
+        server_args: Vec<String>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Real tasks: start the server and local agents, run one job of
     /// `/bin/true` instances, report launched-and-finished tasks per second
     /// and the server's CPU per task.
@@ -274,6 +318,38 @@ fn main() -> Result<()> {
                 server_pid,
             }))?;
             print(&report, json, "e2e");
+        }
+        Command::History {
+            hosts,
+            tasks,
+            job_size,
+            window,
+            clients,
+            sim_ms,
+            retention_s,
+            max_finished_jobs,
+            event_retention,
+            settle_every_million,
+            server_args,
+            json,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(history::run(history::HistoryOptions {
+                hosts,
+                tasks,
+                job_size,
+                window,
+                clients,
+                sim_ms,
+                retention_s,
+                max_finished_jobs,
+                event_retention,
+                settle_every_million,
+                server_args,
+            }))?;
+            print(&report, json, "history");
         }
         Command::Launch {
             agents,

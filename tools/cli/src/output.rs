@@ -450,7 +450,12 @@ pub fn event_json(event: &Event) -> Value {
     let (key, kind) = match &event.kind {
         Some(event::Kind::Job(job)) => (
             "job",
-            json!({"job_id": job.job_id, "state": enum_json::<JobState>(job.state)}),
+            json!({
+                "job_id": job.job_id,
+                "state": enum_json::<JobState>(job.state),
+                "deleted": job.deleted,
+                "reason": job.reason,
+            }),
         ),
         Some(event::Kind::Task(task)) => (
             "task",

@@ -49,11 +49,19 @@ fn event_line(event: &Event) -> String {
     let head = format!("{:>8}  {}", event.revision, fmt_time_ms(event.time_ms));
     match &event.kind {
         Some(event::Kind::Job(job)) => {
-            format!(
+            let mut line = format!(
                 "{head}  job   {}  {}",
                 job.job_id,
                 name_of::<JobState>(job.state)
-            )
+            );
+            if job.deleted {
+                // "deleted" by a user, or "retention" once its time is up.
+                line.push_str("  deleted");
+                if !job.reason.is_empty() && job.reason != "deleted" {
+                    line.push_str(&format!(" ({})", job.reason));
+                }
+            }
+            line
         }
         Some(event::Kind::Task(task)) => {
             let mut line = format!(
