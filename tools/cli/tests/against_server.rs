@@ -425,11 +425,17 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     // A stateful job: a volume per instance, each pinned to its host.
     let job = ok_json(&url, &["job", "create", &ex("stateful.yaml")]).await;
     let stateful = job["job"]["id"].as_str().unwrap().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let volumes = loop {
         let v = ok_json(&url, &["volume", "list", "--job", &stateful]).await;
         if v["volumes"].as_array().unwrap().len() == 2 {
             break v;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no two volumes: {v} {}",
+            ok_json(&url, &["task", "list", &stateful]).await
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     let tasks = ok_json(&url, &["task", "list", &stateful]).await;
@@ -474,6 +480,10 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
         if hosts.len() == 3 {
             break;
         }
+        assert!(
+            std::time::Instant::now() < deadline + std::time::Duration::from_secs(60),
+            "daemons on {hosts:?} only: {tasks}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let job = ok_json(&url, &["job", "get", &daemon]).await;
