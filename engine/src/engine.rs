@@ -389,16 +389,6 @@ impl Engine {
         let handle = self.tasks.add(&task_spec(t, NO_GANG, constraint))?;
         if let Some(amount) = reserved {
             self.hosts.unreserve(slot, &amount);
-            self.reservations.remove(&(t.job, t.instance));
-            let mut rest = amount.saturating_sub(&t.request);
-            rest.0[crate::resources::Dim::Gpu.idx()] = 0;
-            if !rest.is_zero() {
-                self.hosts
-                    .reserve(slot, &rest)
-                    .expect("what the task does not take is still free");
-                self.reservations
-                    .insert((t.job, t.instance), (slot as u32, rest));
-            }
         }
         // Checked above: both succeed.
         self.rm
@@ -422,6 +412,16 @@ impl Engine {
                 now_ms,
             )
             .expect("fit checked");
+        if let Some(amount) = reserved {
+            crate::placement::keep_unused_reservation(
+                &mut self.hosts,
+                &mut self.reservations,
+                (t.job, t.instance),
+                slot as u32,
+                amount,
+                &t.request,
+            );
+        }
         Ok(handle)
     }
 
@@ -589,14 +589,11 @@ impl Engine {
             .constraints
             .intern(constraint, self.hosts.interner_mut())?;
         let c = self.constraints.get(id).expect("just interned");
-        let spec = TaskSpec {
-            request,
-            constraint: id,
-            ..TaskSpec::default()
-        };
         let matching = c.evaluate(&self.hosts) & self.hosts.live_hosts();
-        let allowed_up = self.placer.hosts_for(&self.hosts, c, &spec);
         let not_up = &matching - self.hosts.in_state(HostState::Up);
+        let allowed_up = self
+            .placer
+            .apply_host_rules(&self.hosts, c, matching, request, false);
         Ok(allowed_up | not_up)
     }
 

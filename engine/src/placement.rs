@@ -582,9 +582,10 @@ impl Placer {
             Some(&(s, amount)) if s == slot => Some(amount),
             _ => None,
         };
-        let allowed = self.candidates(hosts, constraints, &key).contains(slot)
-            || (reserved.is_some() && self.allowed_ignoring_open(hosts, constraints, &key));
-        if allowed {
+        // (Not the open-host filter: a host whose free resources are all
+        // reserved for this instance is not open; resources are checked
+        // below, with the reservation released.)
+        if self.pin_allowed(hosts, constraints, &key) {
             if let Some(amount) = reserved {
                 hosts.unreserve(slot as usize, &amount);
             }
@@ -592,16 +593,14 @@ impl Placer {
                 let placed = self.commit(hosts, tasks, task, slot, &key, now_ms);
                 out.placed.push(placed);
                 if let Some(amount) = reserved {
-                    let mut rest = amount.saturating_sub(&spec.request);
-                    rest.0[Dim::Gpu.idx()] = 0;
-                    if rest.is_zero() {
-                        reservations.remove(&owner);
-                    } else {
-                        hosts
-                            .reserve(slot as usize, &rest)
-                            .expect("what the task did not take is still free");
-                        reservations.insert(owner, (slot, rest));
-                    }
+                    keep_unused_reservation(
+                        hosts,
+                        reservations,
+                        owner,
+                        slot,
+                        amount,
+                        &spec.request,
+                    );
                 }
                 return;
             }
@@ -618,24 +617,25 @@ impl Placer {
         out.unplaced.push(Unplaced { task, reason });
     }
 
-    /// Whether the class's desired host passes every rule but the open-host
-    /// filter (a host whose free resources are all reserved is not open).
-    fn allowed_ignoring_open(
+    /// Whether the class's desired host passes its constraint and the host
+    /// rules (resources and the open-host filter aside).
+    fn pin_allowed(
         &mut self,
         hosts: &HostArena,
         constraints: &ConstraintTable,
         key: &ClassKey,
     ) -> bool {
         let constraint = constraints.get(key.constraint).expect("validated");
-        let matching = self.cache.evaluate(constraint, hosts).clone();
-        self.apply_host_rules(
-            hosts,
-            constraint,
-            matching,
-            key.request,
-            key.may_use_gpu_hosts,
-        )
-        .contains(key.desired_host)
+        let matching = pinned_to(self.cache.evaluate(constraint, hosts), key.desired_host);
+        !self
+            .apply_host_rules(
+                hosts,
+                constraint,
+                matching,
+                key.request,
+                key.may_use_gpu_hosts,
+            )
+            .is_empty()
     }
 
     /// Hosts a task may use at all, before resources: up, matching its
@@ -650,11 +650,7 @@ impl Placer {
         let may_use = spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0;
         let mut matching = constraint.evaluate(hosts);
         if spec.desired_host != NO_HOST {
-            let keep = matching.contains(spec.desired_host);
-            matching.clear();
-            if keep {
-                matching.insert(spec.desired_host);
-            }
+            matching = pinned_to(&matching, spec.desired_host);
         }
         self.apply_host_rules(hosts, constraint, matching, spec.request, may_use)
     }
@@ -662,7 +658,7 @@ impl Placer {
     /// Narrows `matching` (the constraint's hosts) by the rules every task
     /// obeys: up hosts only, exclusive hosts only if the constraint names
     /// them, GPU hosts only for GPU work unless allowed.
-    fn apply_host_rules(
+    pub(crate) fn apply_host_rules(
         &self,
         hosts: &HostArena,
         constraint: &crate::constraint::Constraint,
@@ -703,15 +699,13 @@ impl Placer {
         key: &ClassKey,
     ) -> RoaringBitmap {
         let constraint = constraints.get(key.constraint).expect("validated");
-        let mut matching = self.cache.evaluate(constraint, hosts).clone();
+        let evaluated = self.cache.evaluate(constraint, hosts);
+        let mut matching = if key.desired_host == NO_HOST {
+            evaluated.clone()
+        } else {
+            pinned_to(evaluated, key.desired_host)
+        };
         matching &= &self.open;
-        if key.desired_host != NO_HOST {
-            let keep = matching.contains(key.desired_host);
-            matching.clear();
-            if keep {
-                matching.insert(key.desired_host);
-            }
-        }
         self.apply_host_rules(
             hosts,
             constraint,
@@ -1009,6 +1003,38 @@ impl Placer {
             constraint: key.constraint,
             gang_size: 0,
         }
+    }
+}
+
+/// The one desired host of `matching` (empty if it does not match), without
+/// copying the whole set.
+fn pinned_to(matching: &RoaringBitmap, desired: u32) -> RoaringBitmap {
+    let mut one = RoaringBitmap::new();
+    if matching.contains(desired) {
+        one.insert(desired);
+    }
+    one
+}
+
+/// A task of instance `owner` was just placed on `slot` with `request`,
+/// after its reservation there (`amount`) was released: what it did not
+/// take is reserved again for the instance; nothing is kept if it took all.
+pub(crate) fn keep_unused_reservation(
+    hosts: &mut HostArena,
+    reservations: &mut Reservations,
+    owner: (u32, u32),
+    slot: u32,
+    amount: Resources,
+    request: &Resources,
+) {
+    reservations.remove(&owner);
+    let mut rest = amount.saturating_sub(request);
+    rest.0[Dim::Gpu.idx()] = 0;
+    if !rest.is_zero() {
+        hosts
+            .reserve(slot as usize, &rest)
+            .expect("what the task did not take is still free");
+        reservations.insert(owner, (slot, rest));
     }
 }
 
