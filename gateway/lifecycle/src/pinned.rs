@@ -480,15 +480,25 @@ impl Lifecycle {
             return;
         }
         let now = self.now;
-        for slot in joining.iter() {
-            let job = &self.jobs[&k];
-            // A retired instance (no host, its last run gone) is reused.
-            let free = job.tasks.iter().enumerate().position(|(i, t)| {
+        // Retired instances (no host, their last run gone) are reused first,
+        // lowest first; found in one pass, not one per joining host.
+        let mut retired = self.jobs[&k]
+            .tasks
+            .iter()
+            .enumerate()
+            .filter(|&(i, t)| {
                 t.daemon_host.is_none()
                     && t.state.is_terminal()
                     && !self.held.contains_key(&(k, i as u32))
-            });
-            if job.tasks.len() as u32 >= self.config.max_instances_per_job && free.is_none() {
+            })
+            .map(|(i, _)| i)
+            .collect::<Vec<usize>>()
+            .into_iter();
+        for slot in joining.iter() {
+            let free = retired.next();
+            if self.jobs[&k].tasks.len() as u32 >= self.config.max_instances_per_job
+                && free.is_none()
+            {
                 break;
             }
             let i = match free {
