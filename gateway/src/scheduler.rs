@@ -705,62 +705,58 @@ impl Scheduler {
 
     /// Final reports recorded by this commit: their agents forget them.
     fn send_acks(&mut self) {
-        if self.fx.acks.is_empty() {
-            return;
-        }
-        let mut by_host: FxHashMap<Arc<str>, Vec<pb::RunKey>> = FxHashMap::default();
-        for (host, key) in self.fx.acks.drain(..) {
-            by_host.entry(host).or_default().push(pb::RunKey {
+        let acks = std::mem::take(&mut self.fx.acks);
+        let keys = acks.into_iter().map(|(host, key)| {
+            let key = pb::RunKey {
                 job_id: key.job_id.to_string(),
                 instance: key.instance,
                 run_id: key.run,
                 launch_id: key.launch,
-            });
-        }
-        let Some(agents) = self.backend.agents() else {
-            return;
-        };
-        for (host, keys) in by_host {
-            let Some(session) = agents.session(&host) else {
-                continue; // it reports again when it reconnects
             };
-            for chunk in keys.chunks(crate::agents::MAX_RUNS_PER_MESSAGE) {
-                let msg = pb::ServerMessage {
-                    kind: Some(pb::server_message::Kind::Ack(pb::AckRuns {
-                        keys: chunk.to_vec(),
-                    })),
-                };
-                // A full or closed outbox: the agent reports again later.
-                if session.tx.try_send(Ok(msg)).is_err() {
-                    break;
-                }
-            }
-        }
+            (host, key)
+        });
+        // A full or closed outbox, or no session: the agent reports again.
+        self.send_to_agents(keys, |keys| {
+            pb::server_message::Kind::Ack(pb::AckRuns { keys })
+        });
     }
 
     /// Volumes deleted or given up by this commit: their agents remove
     /// them. An agent away now lists them when it registers again, and is
     /// told then.
     fn send_volume_deletes(&mut self) {
-        if self.fx.volume_deletes.is_empty() {
-            return;
+        let deletes = std::mem::take(&mut self.fx.volume_deletes);
+        let ids = deletes.into_iter().map(|(host, id)| (host, id.to_string()));
+        self.send_to_agents(ids, |ids| {
+            pb::server_message::Kind::DeleteVolumes(pb::DeleteVolumes { ids })
+        });
+    }
+
+    /// Sends items to their hosts' sessions, grouped per host in messages
+    /// of at most `MAX_RUNS_PER_MESSAGE`; a host without a session, or whose
+    /// outbox is full, gets the rest of its items another time.
+    fn send_to_agents<T: Clone>(
+        &mut self,
+        items: impl Iterator<Item = (Arc<str>, T)>,
+        message: impl Fn(Vec<T>) -> pb::server_message::Kind,
+    ) {
+        let mut by_host: FxHashMap<Arc<str>, Vec<T>> = FxHashMap::default();
+        for (host, item) in items {
+            by_host.entry(host).or_default().push(item);
         }
-        let mut by_host: FxHashMap<Arc<str>, Vec<String>> = FxHashMap::default();
-        for (host, id) in self.fx.volume_deletes.drain(..) {
-            by_host.entry(host).or_default().push(id.to_string());
+        if by_host.is_empty() {
+            return;
         }
         let Some(agents) = self.backend.agents() else {
             return;
         };
-        for (host, ids) in by_host {
+        for (host, items) in by_host {
             let Some(session) = agents.session(&host) else {
                 continue;
             };
-            for chunk in ids.chunks(crate::agents::MAX_RUNS_PER_MESSAGE) {
+            for chunk in items.chunks(crate::agents::MAX_RUNS_PER_MESSAGE) {
                 let msg = pb::ServerMessage {
-                    kind: Some(pb::server_message::Kind::DeleteVolumes(pb::DeleteVolumes {
-                        ids: chunk.to_vec(),
-                    })),
+                    kind: Some(message(chunk.to_vec())),
                 };
                 if session.tx.try_send(Ok(msg)).is_err() {
                     break;
