@@ -10,6 +10,7 @@ pub mod demo;
 /// The lifecycle core (its own crate: it cannot reach tonic, prost, tokio or
 /// redb even by accident).
 pub use peloton_lifecycle as lifecycle;
+pub mod http;
 pub mod metrics;
 pub mod scheduler;
 pub mod server;

@@ -1,6 +1,6 @@
 //! Starting and stopping the whole service: store, engine, simulated hosts,
-//! the loop thread, the gRPC server (with health and reflection) and the
-//! metrics endpoint.
+//! the loop thread, the gRPC server (with health and reflection), its
+//! JSON/HTTP mirror on the same port, and the metrics endpoint.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use crate::agents::{AgentApi, AgentBackend, AgentHub};
 use crate::backend::{HostBackend, SimBackend};
 use crate::config::Config;
 use crate::convert::Limits;
+use crate::http::Mirror;
 use crate::metrics::Metrics;
 use crate::scheduler::{Command, LoopConfig, Scheduler};
 use crate::service::Api;
@@ -136,8 +137,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let router = tonic::transport::Server::builder()
-        .add_service(health)
+    let grpc = tonic::service::Routes::new(health)
         .add_service(reflection)
         .add_service(
             pb::resource_pool_service_server::ResourcePoolServiceServer::new(api.clone())
@@ -167,12 +167,24 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .add_service(pb::host_pool_service_server::HostPoolServiceServer::new(
             api.clone(),
         ))
-        .add_service(pb::watch_service_server::WatchServiceServer::new(api))
-        .add_optional_service(hub.map(|hub| {
+        .add_service(pb::watch_service_server::WatchServiceServer::new(api));
+    // The JSON/HTTP mirror calls the public services in process; agents'
+    // sessions are gRPC only.
+    let mirror = Mirror::new(pb::FILE_DESCRIPTOR_SET, grpc.clone())?;
+    let mut routes = grpc;
+    if let Some(hub) = hub {
+        routes = routes.add_service(
             pb::agent_service_server::AgentServiceServer::new(AgentApi::new(hub, tx.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES)
-        }));
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        );
+    }
+    let routes = tonic::service::Routes::from(mirror.mount(routes.into_axum_router()));
+    // HTTP/1.1 is accepted beside HTTP/2 so that plain HTTP clients reach
+    // the mirror on the gRPC port.
+    let router = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .add_routes(routes);
     // No Nagle delay: small answers must not wait for the client's ACK.
     let incoming = tonic::transport::server::TcpIncoming::from(listener)
         .with_nodelay(Some(true))
