@@ -42,8 +42,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use prost::Message as _;
 use http_body_util::BodyExt;
+use prost::Message as _;
 use prost_reflect::{
     DescriptorPool, DeserializeOptions, DynamicMessage, FieldDescriptor, Kind, MessageDescriptor,
     SerializeOptions,
@@ -153,13 +153,18 @@ impl Mirror {
                         let path = value.as_str()?;
                         (!path.is_empty()).then(|| (*v, path.to_string()))
                     })
-                    .ok_or_else(|| anyhow::anyhow!("{}: an HTTP rule without a verb", method.full_name()))?;
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("{}: an HTTP rule without a verb", method.full_name())
+                    })?;
                 let body = rule
                     .get_field_by_name("body")
                     .and_then(|b| b.as_str().map(str::to_string))
                     .unwrap_or_default();
                 if !body.is_empty() && body != "*" {
-                    anyhow::bail!("{}: only body \"*\" or none is supported", method.full_name());
+                    anyhow::bail!(
+                        "{}: only body \"*\" or none is supported",
+                        method.full_name()
+                    );
                 }
                 let template = parse_template(&path)
                     .map_err(|e| anyhow::anyhow!("{}: {path}: {e}", method.full_name()))?;
@@ -416,7 +421,9 @@ fn parse_template(path: &str) -> Result<Vec<Segment>, String> {
                 Some((field, "**")) if i + 1 == parts.len() => {
                     out.push(Segment::Rest(field.to_string()));
                 }
-                Some((_, pattern)) => return Err(format!("unsupported variable pattern {pattern}")),
+                Some((_, pattern)) => {
+                    return Err(format!("unsupported variable pattern {pattern}"));
+                }
             }
         } else if p.contains(['{', '}', '*']) {
             return Err(format!("unsupported segment {p}"));
@@ -469,7 +476,11 @@ fn build_request(
         match serde_json::from_slice::<Json>(body) {
             Ok(Json::Object(m)) => m,
             Ok(_) => return Err(Failure::invalid("the request body must be a JSON object")),
-            Err(e) => return Err(Failure::invalid(format!("the request body is not JSON: {e}"))),
+            Err(e) => {
+                return Err(Failure::invalid(format!(
+                    "the request body is not JSON: {e}"
+                )));
+            }
         }
     } else if !body.iter().all(u8::is_ascii_whitespace) {
         return Err(Failure::invalid(format!(
@@ -517,9 +528,13 @@ fn set_param(
     };
     if let Some(field) = field_of(key) {
         let name = field.json_name().to_string();
-        let v = scalar(&field, value).map_err(|e| Failure::invalid(format!("{what} {key}: {e}")))?;
+        let v =
+            scalar(&field, value).map_err(|e| Failure::invalid(format!("{what} {key}: {e}")))?;
         if field.is_list() {
-            match object.entry(name).or_insert_with(|| Json::Array(Vec::new())) {
+            match object
+                .entry(name)
+                .or_insert_with(|| Json::Array(Vec::new()))
+            {
                 Json::Array(items) => items.push(v),
                 _ => return Err(Failure::invalid(format!("{what} {key}: set twice"))),
             }
@@ -753,7 +768,8 @@ mod tests {
         let pool = DescriptorPool::decode(peloton_proto::v1::FILE_DESCRIPTOR_SET).unwrap();
         let bound: Vec<&str> = m.routes().map(|(_, g)| g).collect();
         for s in pool.services() {
-            if s.full_name() == "peloton.v1.AgentService" || !s.full_name().starts_with("peloton.") {
+            if s.full_name() == "peloton.v1.AgentService" || !s.full_name().starts_with("peloton.")
+            {
                 continue;
             }
             for method in s.methods() {
@@ -773,8 +789,14 @@ mod tests {
     fn codes_map_to_http() {
         assert_eq!(http_status(Code::InvalidArgument), StatusCode::BAD_REQUEST);
         assert_eq!(http_status(Code::NotFound), StatusCode::NOT_FOUND);
-        assert_eq!(http_status(Code::FailedPrecondition), StatusCode::BAD_REQUEST);
-        assert_eq!(http_status(Code::Unavailable), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            http_status(Code::FailedPrecondition),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            http_status(Code::Unavailable),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         assert_eq!(code_name(Code::OutOfRange), "OUT_OF_RANGE");
         let long = "x".repeat(5000);
         assert!(bounded(long).chars().count() <= MAX_MESSAGE_CHARS + 1);

@@ -1,0 +1,518 @@
+//! The JSON/HTTP mirror, driven with a plain HTTP client (ureq, HTTP/1.1)
+//! against a real server: the same scenarios through gRPC and through HTTP
+//! give the same answers, errors carry the gRPC code name and the matching
+//! HTTP status, and streams arrive as JSON lines or server-sent events.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use common::*;
+use peloton_proto::v1 as pb;
+use prost_reflect::{DescriptorPool, DynamicMessage};
+use serde_json::{Value as Json, json};
+
+/// A plain HTTP client of one server.
+#[derive(Clone)]
+struct Http {
+    base: String,
+    agent: ureq::Agent,
+}
+
+/// An HTTP answer: status and JSON body.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    body: Json,
+}
+
+impl Answer {
+    /// The gRPC code name and message of an error answer.
+    fn error(&self) -> (&str, &str) {
+        let e = &self.body["error"];
+        (
+            e["status"]
+                .as_str()
+                .unwrap_or_else(|| panic!("not an error: {self:?}")),
+            e["message"].as_str().expect("message"),
+        )
+    }
+    fn ok(self) -> Json {
+        assert_eq!(self.status, 200, "{:?}", self.body);
+        self.body
+    }
+}
+
+impl Http {
+    fn new(addr: std::net::SocketAddr) -> Http {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(TIMEOUT))
+            .build()
+            .into();
+        Http {
+            base: format!("http://{addr}"),
+            agent,
+        }
+    }
+
+    /// One call; blocking, so tests run it on a blocking thread.
+    async fn call(&self, method: &str, path: &str, body: Option<Json>) -> Answer {
+        let this = self.clone();
+        let (method, path) = (method.to_string(), path.to_string());
+        tokio::task::spawn_blocking(move || {
+            this.call_blocking(&method, &path, body.map(|b| b.to_string()))
+        })
+        .await
+        .expect("http call")
+    }
+
+    async fn raw(&self, method: &str, path: &str, body: String) -> Answer {
+        let this = self.clone();
+        let (method, path) = (method.to_string(), path.to_string());
+        tokio::task::spawn_blocking(move || this.call_blocking(&method, &path, Some(body)))
+            .await
+            .expect("http call")
+    }
+
+    fn call_blocking(&self, method: &str, path: &str, body: Option<String>) -> Answer {
+        let url = format!("{}{path}", self.base);
+        let req = ureq::http::Request::builder().method(method).uri(&url);
+        let mut resp = match body {
+            Some(b) => self.agent.run(
+                req.header("content-type", "application/json")
+                    .body(b)
+                    .expect("request"),
+            ),
+            None => self.agent.run(req.body(()).expect("request")),
+        }
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .expect("body");
+        let body =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {url}: {e}: {text}"));
+        Answer { status, body }
+    }
+}
+
+/// Decodes canonical JSON into a generated message (through the proto's
+/// descriptors, independently of the server's transcoding).
+fn decode<T: prost::Message + Default>(name: &str, json: &Json) -> T {
+    let pool = DescriptorPool::decode(pb::FILE_DESCRIPTOR_SET).expect("descriptors");
+    let desc = pool
+        .get_message_by_name(&format!("peloton.v1.{name}"))
+        .unwrap_or_else(|| panic!("no message {name}"));
+    DynamicMessage::deserialize(desc, json)
+        .unwrap_or_else(|e| panic!("{name}: {e}: {json}"))
+        .transcode_to::<T>()
+        .expect("transcode")
+}
+
+fn job_json(pool: &str, instances: u32, duration_ms: u64) -> Json {
+    json!({
+        "spec": {
+            "name": "http-job",
+            "owner": "tests",
+            "type": "JOB_TYPE_BATCH",
+            "pool": pool,
+            "instanceCount": instances,
+            "defaultTask": {
+                "command": "/bin/true",
+                "resources": {"cpu": 0.5, "memoryMb": 256},
+                "sim": {"durationMs": duration_ms, "exitCode": 0},
+            },
+        }
+    })
+}
+
+#[tokio::test]
+async fn http_and_grpc_give_the_same_answers() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    let http = Http::new(s.server.as_ref().expect("running").addr);
+
+    // Pools: created over HTTP, read both ways.
+    let created = http
+        .call(
+            "POST",
+            "/v1/pools",
+            Some(json!({"path": "/p", "spec": {"reservation": {"cpu": 1, "memoryMb": 512}}})),
+        )
+        .await
+        .ok();
+    let via_http: pb::GetPoolResponse = decode(
+        "GetPoolResponse",
+        &http.call("GET", "/v1/pools/p", None).await.ok(),
+    );
+    let via_grpc = c
+        .pools
+        .get(pb::GetPoolRequest { path: "/p".into() })
+        .await
+        .expect("get pool")
+        .into_inner();
+    assert_eq!(
+        via_http.pool.as_ref().expect("pool").spec,
+        via_grpc.pool.as_ref().expect("pool").spec
+    );
+    assert_eq!(
+        via_http.pool.as_ref().expect("pool").version,
+        via_grpc.pool.as_ref().expect("pool").version
+    );
+    let created: pb::CreatePoolResponse = decode("CreatePoolResponse", &created);
+    assert_eq!(created.pool.expect("pool").path, "/p");
+
+    // Nested pool paths keep their leading '/'.
+    http.call("POST", "/v1/pools", Some(json!({"path": "/p/child"})))
+        .await
+        .ok();
+    let child = http.call("GET", "/v1/pools/p/child", None).await.ok();
+    assert_eq!(child["pool"]["path"], "/p/child");
+    let listed: pb::ListPoolsResponse = decode(
+        "ListPoolsResponse",
+        &http.call("GET", "/v1/pools", None).await.ok(),
+    );
+    let mut http_paths: Vec<String> = listed.pools.iter().map(|p| p.path.clone()).collect();
+    let mut grpc_paths: Vec<String> = list_pools(&mut c)
+        .await
+        .iter()
+        .map(|p| p.path.clone())
+        .collect();
+    http_paths.sort();
+    grpc_paths.sort();
+    assert_eq!(http_paths, grpc_paths);
+
+    // A job created over HTTP has the spec a gRPC client reads, and a
+    // gRPC-created job with that spec reads the same over HTTP.
+    let job = http
+        .call("POST", "/v1/jobs", Some(job_json("/p/child", 3, 600_000)))
+        .await
+        .ok();
+    let id = job["job"]["id"].as_str().expect("id").to_string();
+    let grpc_job = get_job(&mut c, &id).await.expect("get job");
+    let http_job: pb::GetJobResponse = decode(
+        "GetJobResponse",
+        &http.call("GET", &format!("/v1/jobs/{id}"), None).await.ok(),
+    );
+    assert_eq!(http_job.job.as_ref().expect("job").spec, grpc_job.spec);
+    assert_eq!(
+        http_job.job.as_ref().expect("job").version,
+        grpc_job.version
+    );
+    let twin = create_job(&mut c, grpc_job.spec.clone().expect("spec")).await;
+    let twin_http: pb::GetJobResponse = decode(
+        "GetJobResponse",
+        &http
+            .call("GET", &format!("/v1/jobs/{}", twin.id), None)
+            .await
+            .ok(),
+    );
+    assert_eq!(twin_http.job.expect("job").spec, grpc_job.spec);
+
+    // Query with filters in the query string.
+    let q: pb::QueryJobsResponse = decode(
+        "QueryJobsResponse",
+        &http
+            .call(
+                "GET",
+                "/v1/jobs?pool=/p/child&states=JOB_STATE_PENDING&states=JOB_STATE_RUNNING",
+                None,
+            )
+            .await
+            .ok(),
+    );
+    let mut ids: Vec<String> = q.jobs.iter().map(|j| j.id.clone()).collect();
+    ids.sort();
+    let mut want = vec![id.clone(), twin.id.clone()];
+    want.sort();
+    assert_eq!(ids, want);
+
+    // The same refusals, word for word.
+    let stale = json!({"instanceCount": 6, "version": "1"});
+    // A scale moves the job past version 1, which is then stale.
+    c.jobs
+        .scale(pb::ScaleJobRequest {
+            id: id.clone(),
+            instance_count: 5,
+            version: 0,
+        })
+        .await
+        .expect("scale");
+    let grpc_err = c
+        .jobs
+        .scale(pb::ScaleJobRequest {
+            id: id.clone(),
+            instance_count: 6,
+            version: 1,
+        })
+        .await
+        .expect_err("stale version");
+    let a = http
+        .call("POST", &format!("/v1/jobs/{id}/scale"), Some(stale))
+        .await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.error(), ("FAILED_PRECONDITION", grpc_err.message()));
+
+    let missing = "00000000-0000-0000-0000-000000000000";
+    let grpc_err = get_job(&mut c, missing).await.expect_err("missing job");
+    let a = http.call("GET", &format!("/v1/jobs/{missing}"), None).await;
+    assert_eq!(a.status, 404);
+    assert_eq!(a.error(), ("NOT_FOUND", grpc_err.message()));
+
+    let mut bad = job_json("/p/child", 1, 10);
+    bad["spec"]["defaultTask"]["resources"]["cpu"] = json!(-1);
+    let grpc_err = c
+        .jobs
+        .create(decode::<pb::CreateJobRequest>("CreateJobRequest", &bad))
+        .await
+        .expect_err("negative cpu");
+    let a = http.call("POST", "/v1/jobs", Some(bad)).await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.error(), ("INVALID_ARGUMENT", grpc_err.message()));
+
+    // Kill over HTTP; both sides see the same tasks.
+    http.call("POST", &format!("/v1/jobs/{id}/kill"), Some(json!({})))
+        .await
+        .ok();
+    wait_job(&c, &id, pb::JobState::Killed).await;
+    let grpc_tasks = list_tasks(&mut c, &id).await;
+    let http_tasks: pb::ListTasksResponse = decode(
+        "ListTasksResponse",
+        &http
+            .call("GET", &format!("/v1/jobs/{id}/tasks"), None)
+            .await
+            .ok(),
+    );
+    assert_eq!(http_tasks.tasks, grpc_tasks);
+    let one: pb::GetTaskResponse = decode(
+        "GetTaskResponse",
+        &http
+            .call("GET", &format!("/v1/jobs/{id}/tasks/1"), None)
+            .await
+            .ok(),
+    );
+    assert_eq!(one.task.expect("task"), grpc_tasks[1]);
+
+    // Hosts.
+    let hosts: pb::ListHostsResponse = decode(
+        "ListHostsResponse",
+        &http.call("GET", "/v1/hosts", None).await.ok(),
+    );
+    let mut names: Vec<String> = hosts.hosts.iter().map(|h| h.name.clone()).collect();
+    let mut grpc_names: Vec<String> = list_hosts(&mut c)
+        .await
+        .iter()
+        .map(|h| h.name.clone())
+        .collect();
+    names.sort();
+    grpc_names.sort();
+    assert_eq!(names, grpc_names);
+    assert_eq!(names.len(), 2);
+
+    // Delete over HTTP: gone for gRPC too.
+    http.call("DELETE", &format!("/v1/jobs/{id}"), None)
+        .await
+        .ok();
+    let e = get_job(&mut c, &id).await.expect_err("deleted");
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn http_errors_name_the_code_and_the_status() {
+    let s = TestServer::start(1).await;
+    let http = Http::new(s.server.as_ref().expect("running").addr);
+
+    let a = http.call("GET", "/v1/nothing-here", None).await;
+    assert_eq!((a.status, a.error().0), (404, "NOT_FOUND"));
+    let a = http.call("PATCH", "/v1/jobs", None).await;
+    assert_eq!((a.status, a.error().0), (405, "UNIMPLEMENTED"));
+    let a = http.raw("POST", "/v1/jobs", "{not json".into()).await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    assert!(a.error().1.contains("not JSON"), "{a:?}");
+    let a = http.call("POST", "/v1/jobs", Some(json!([1, 2]))).await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    // An unknown field is named with its path.
+    let mut j = job_json("/", 1, 1);
+    j["spec"]["defaultTask"]["image"] = json!("docker.io/x");
+    let a = http.call("POST", "/v1/jobs", Some(j)).await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    assert!(
+        a.error().1.contains("spec.defaultTask") && a.error().1.contains("image"),
+        "{a:?}"
+    );
+    // A field of the wrong type is named too.
+    let mut j = job_json("/", 1, 1);
+    j["spec"]["instanceCount"] = json!("many");
+    let a = http.call("POST", "/v1/jobs", Some(j)).await;
+    assert!(a.error().1.contains("spec.instanceCount"), "{a:?}");
+    // Query parameters: unknown ones and unknown enum names are refused.
+    let a = http.call("GET", "/v1/jobs?colour=red", None).await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    assert!(a.error().1.contains("colour"), "{a:?}");
+    let a = http
+        .call("GET", "/v1/jobs?states=JOB_STATE_ASLEEP", None)
+        .await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    // A GET takes no body.
+    let a = http
+        .raw("GET", "/v1/jobs", "{\"pool\": \"/\"}".into())
+        .await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    // An oversize body is refused before it is parsed; the message is short.
+    let big = format!("{{\"spec\": {{\"name\": \"{}\"}}}}", "x".repeat(33 << 20));
+    let a = http.raw("POST", "/v1/jobs", big).await;
+    assert_eq!((a.status, a.error().0), (413, "RESOURCE_EXHAUSTED"));
+    assert!(a.error().1.len() < 200);
+    // Nothing was created by any of these.
+    let q = http.call("GET", "/v1/jobs", None).await.ok();
+    assert_eq!(q["jobs"], json!([]));
+    // The index lists every binding.
+    let index = http.call("GET", "/v1", None).await.ok();
+    let routes = index["routes"].as_array().expect("routes");
+    assert!(
+        routes
+            .iter()
+            .any(|r| r["http"] == "POST /v1/jobs" && r["grpc"] == "peloton.v1.JobService/Create")
+    );
+    assert!(
+        routes
+            .iter()
+            .any(|r| r["http"] == "GET /v1/watch" && r["streaming"] == true)
+    );
+    s.shutdown().await;
+}
+
+/// Reads a streaming answer line by line on a blocking thread until
+/// `want` holds for the collected lines.
+fn read_stream(
+    http: &Http,
+    path: &str,
+    sse: bool,
+    want: impl Fn(&[Json]) -> bool,
+) -> (String, Vec<Json>) {
+    let url = format!("{}{path}", http.base);
+    let mut req = http.agent.get(&url);
+    if sse {
+        req = req.header("accept", "text/event-stream");
+    }
+    let resp = req.call().unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    assert_eq!(resp.status().as_u16(), 200);
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let reader = BufReader::new(resp.into_body().into_reader());
+    let mut items = Vec::new();
+    for line in reader.lines() {
+        let line = line.expect("line");
+        let text = if sse {
+            match line.strip_prefix("data: ") {
+                Some(t) => t.to_string(),
+                None => continue,
+            }
+        } else {
+            line
+        };
+        items.push(serde_json::from_str(&text).expect("json line"));
+        if want(&items) {
+            break;
+        }
+    }
+    (content_type, items)
+}
+
+fn saw_task_state(items: &[Json], state: &str) -> bool {
+    items.iter().any(|m| {
+        m["events"]
+            .as_array()
+            .is_some_and(|evs| evs.iter().any(|e| e["task"]["state"] == state))
+    })
+}
+
+#[tokio::test]
+async fn watch_streams_json_lines_and_server_sent_events() {
+    let s = TestServer::start(1).await;
+    let http = Http::new(s.server.as_ref().expect("running").addr);
+    let job = http
+        .call("POST", "/v1/jobs", Some(job_json("/", 2, 50)))
+        .await
+        .ok();
+    let id = job["job"]["id"].as_str().expect("id").to_string();
+    wait_job(&s.clients, &id, pb::JobState::Succeeded).await;
+
+    let h = http.clone();
+    let path = format!("/v1/watch?fromRevision=1&jobId={id}");
+    let (ct, items) = tokio::task::spawn_blocking(move || {
+        read_stream(&h, &path, false, |items| {
+            saw_task_state(items, "TASK_STATE_SUCCEEDED")
+        })
+    })
+    .await
+    .expect("watch");
+    assert_eq!(ct, "application/x-ndjson");
+    assert!(saw_task_state(&items, "TASK_STATE_PENDING"), "{items:?}");
+    // Every event is this job's, in revision order.
+    let revs: Vec<u64> = items
+        .iter()
+        .flat_map(|m| m["events"].as_array().cloned().unwrap_or_default())
+        .map(|e| {
+            let job = e["task"]["jobId"]
+                .as_str()
+                .or(e["job"]["jobId"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            assert_eq!(job, id);
+            e["revision"]
+                .as_str()
+                .expect("64-bit integers are strings")
+                .parse()
+                .expect("revision")
+        })
+        .collect();
+    assert!(revs.windows(2).all(|w| w[0] < w[1]), "{revs:?}");
+
+    let h = http.clone();
+    let path = format!("/v1/watch?from_revision=1&job_id={id}");
+    let (ct, items) = tokio::task::spawn_blocking(move || {
+        read_stream(&h, &path, true, |items| {
+            saw_task_state(items, "TASK_STATE_SUCCEEDED")
+        })
+    })
+    .await
+    .expect("sse watch");
+    assert_eq!(ct, "text/event-stream");
+    assert!(saw_task_state(&items, "TASK_STATE_SUCCEEDED"));
+
+    // A live watch sees a job created after it opened.
+    let h = http.clone();
+    let live = tokio::task::spawn_blocking(move || {
+        read_stream(&h, "/v1/watch", false, |items| {
+            items.iter().any(|m| {
+                m["events"].as_array().is_some_and(|evs| {
+                    evs.iter()
+                        .any(|e| e["job"]["state"] == "JOB_STATE_SUCCEEDED")
+                })
+            })
+        })
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let job = http
+        .call("POST", "/v1/jobs", Some(job_json("/", 1, 10)))
+        .await
+        .ok();
+    let second = job["job"]["id"].as_str().expect("id").to_string();
+    let (_, items) = within("the live watch to see the new job finish", live)
+        .await
+        .expect("live watch");
+    let last = items.last().expect("an event");
+    assert!(last.to_string().contains(&second), "{last}");
+    s.shutdown().await;
+}
