@@ -516,3 +516,44 @@ async fn watch_streams_json_lines_and_server_sent_events() {
     assert!(last.to_string().contains(&second), "{last}");
     s.shutdown().await;
 }
+
+/// Every binding `GET /v1` lists reaches its service: the answer is the
+/// service's (a result, or a refusal such as NOT_FOUND for a made-up id),
+/// never the mirror's "no such route" or a wrong-method refusal.
+#[tokio::test]
+async fn every_route_reaches_its_service() {
+    let s = TestServer::start(1).await;
+    let http = Http::new(s.server.as_ref().expect("running").addr);
+    let index = http.call("GET", "/v1", None).await.ok();
+    let routes = index["routes"].as_array().expect("routes").clone();
+    assert!(routes.len() >= 30, "{routes:?}");
+    for r in routes {
+        let (verb, template) = r["http"]
+            .as_str()
+            .expect("http")
+            .split_once(' ')
+            .expect("verb path");
+        if r["streaming"] == true {
+            continue; // Streams: see the watch test (and they would not end).
+        }
+        let path = template
+            .replace("{path=**}", "no/such/pool")
+            .replace("{instance}", "0")
+            .replace("{id}", "nope")
+            .replace("{job_id}", "nope")
+            .replace("{name}", "nope")
+            .replace("{to}", "nope");
+        assert!(!path.contains('{'), "{path}");
+        let body = (verb == "POST" || verb == "PUT").then(|| json!({}));
+        let a = http.call(verb, &path, body).await;
+        let grpc = r["grpc"].as_str().expect("grpc");
+        if a.status != 200 {
+            let (code, message) = a.error();
+            assert!(
+                !message.contains("no such route") && code != "UNIMPLEMENTED",
+                "{verb} {path} ({grpc}): {a:?}"
+            );
+        }
+    }
+    s.shutdown().await;
+}
