@@ -17,12 +17,12 @@ use crate::output::{
     Align, OutputFormat, Table, fmt_number, fmt_resources, pool_json, print_json, print_out,
     render_fields,
 };
-use crate::spec::load_pools;
+use crate::spec::{PoolEntry, PoolFile, load_pool_file};
 
 pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
     match command {
-        RespoolCommand::Create { file } => {
-            let entries = load_pools(&file)?;
+        RespoolCommand::Create(target) => {
+            let entries = load(&target)?;
             let mut client = connect(ctx).await?;
             let mut created = Vec::with_capacity(entries.len());
             for entry in entries {
@@ -60,12 +60,12 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
                 }))?,
             }
         }
-        RespoolCommand::Update { file, version } => {
-            let entries = load_pools(&file)?;
+        RespoolCommand::Update { target, version } => {
+            let entries = load(&target)?;
             if entries.len() > 1 && version.version != 0 {
                 return Err(UsageError(format!(
                     "--version applies to one pool, but {} holds {}",
-                    file.display(),
+                    target.resolve()?.1.display(),
                     entries.len()
                 ))
                 .into());
@@ -102,6 +102,15 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Success)
+}
+
+/// The pools of a file in either format; a pool path before it names its
+/// (one) pool.
+fn load(target: &crate::cli::PoolAndFile) -> Result<Vec<PoolEntry>> {
+    let (path, file) = target.resolve()?;
+    let loaded = load_pool_file(&file, path)?;
+    super::print_notes(&file, &loaded.notes);
+    Ok(loaded.value.into_iter().map(PoolFile::into_entry).collect())
 }
 
 type Client = ResourcePoolServiceClient<Channel>;
