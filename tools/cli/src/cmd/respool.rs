@@ -170,7 +170,7 @@ fn pool_table(pools: &[Pool]) -> String {
         table.row(vec![
             pool.path.clone(),
             name_of::<PoolKind>(spec.kind),
-            fmt_share(spec.share),
+            fmt_share(&spec),
             fmt_resources(spec.reservation.as_ref()),
             fmt_resources(spec.limit.as_ref()),
             fmt_resources(status.entitlement.as_ref()),
@@ -193,7 +193,7 @@ fn pool_details(pool: &Pool) -> String {
     render_fields(&[
         ("PATH", pool.path.clone()),
         ("KIND", name_of::<PoolKind>(spec.kind)),
-        ("SHARE", fmt_share(spec.share)),
+        ("SHARE", fmt_share(&spec)),
         ("RESERVATION", fmt_resources(spec.reservation.as_ref())),
         ("LIMIT", fmt_resources(spec.limit.as_ref())),
         ("CONTROLLER LIMIT", fmt_pct(spec.controller_limit_pct)),
@@ -208,12 +208,45 @@ fn pool_details(pool: &Pool) -> String {
     ])
 }
 
-/// A share of 0 means 1.
-fn fmt_share(share: f64) -> String {
-    fmt_number(if share == 0.0 { 1.0 } else { share })
+/// A share of 0 means 1; per-dimension shares (where they differ) per
+/// dimension, a dimension left at 0 taking `share`.
+fn fmt_share(spec: &peloton_proto::v1::PoolSpec) -> String {
+    let share = if spec.share == 0.0 { 1.0 } else { spec.share };
+    let Some(shares) = spec.shares else {
+        return fmt_number(share);
+    };
+    let of = |s: f64| fmt_number(if s == 0.0 { share } else { s });
+    format!(
+        "cpu {} mem {} disk {} gpu {}",
+        of(shares.cpu),
+        of(shares.memory_mb),
+        of(shares.disk_mb),
+        of(shares.gpu)
+    )
 }
 
 /// A percentage limit of 0 means 100.
 fn fmt_pct(pct: f64) -> String {
     format!("{}%", fmt_number(if pct == 0.0 { 100.0 } else { pct }))
+}
+
+#[cfg(test)]
+mod tests {
+    use peloton_proto::v1::{PoolSpec, Resources};
+
+    use super::fmt_share;
+
+    #[test]
+    fn shares_show_per_dimension_where_they_differ() {
+        let mut spec = PoolSpec::default();
+        assert_eq!(fmt_share(&spec), "1");
+        spec.share = 2.0;
+        assert_eq!(fmt_share(&spec), "2");
+        spec.shares = Some(Resources {
+            cpu: 3.0,
+            memory_mb: 0.5,
+            ..Default::default()
+        });
+        assert_eq!(fmt_share(&spec), "cpu 3 mem 0.5 disk 2 gpu 2");
+    }
 }
