@@ -80,15 +80,17 @@ pub enum Command {
 
 const PELOTON_FORMAT: &str = "\
 Peloton's format (uber/peloton's v0 job config and resource pool config, keys in any case) is
-read as well as ours, and told apart by its keys (instanceCount, defaultConfig, resources, ...).
+read as well as ours, told apart by its keys (instanceCount, defaultConfig, resources, ...).
 Every field is mapped, or refused with its YAML path and the reason (e.g. container: no Docker
-images; static ports; HTTP health checks on a fixed port; URIs to fetch). Informational fields
-are kept and said so: a job's owningTeam, ldapGroups and description become the labels
-peloton.owning_team, peloton.ldap_groups and peloton.description; changeLog, a task's name and
-fdLimit, and a pool's owningTeam, ldapGroups and description are ignored, with a note on stderr.
-Units: memLimitMb, diskLimitMb and a pool's memory and disk are MB, taken as MiB; cpu is cores.
-RESPOOL, as in Peloton's CLI, is the job's pool (`job create /demo job.yaml`) or the new pool's
-path, whose last part is the config's name (`respool create /demo/batch pool.yaml`).";
+images; static ports; HTTP health checks on a fixed port; URIs to fetch). A job's owningTeam,
+ldapGroups and description become the labels peloton.owning_team, peloton.ldap_groups and
+peloton.description; a task's name is ignored; changeLog, fdLimit and a pool's owningTeam,
+ldapGroups and description are ignored with a note on stderr. MB (memLimitMb, diskLimitMb, a
+pool's memory and disk) are taken as MiB; cpu is cores. Where Peloton reads 0 as none (a pool's
+limit, a kind the pool does not list, maxPercent), the smallest amount stands for it, as 0 means
+no limit here. RESPOOL, as in Peloton's CLI, is the job's pool (`job create /demo job.yaml`) or
+the pool's own path, ending in its name (`respool create /demo/batch pool.yaml`).
+`peloton convert [RESPOOL] FILE` prints such a file in our format.";
 
 /// `[RESPOOL] FILE`, Peloton's command-line shape: the pool first.
 #[derive(Debug, Args)]
@@ -450,7 +452,10 @@ mod tests {
             Ok((None, PathBuf::from("pool.yaml")))
         );
         let err = parse(&["peloton", "job", "create", "demo", "job.yaml"]).unwrap_err();
-        assert!(err.starts_with("RESPOOL: expected an absolute pool path"), "{err}");
+        assert!(
+            err.starts_with("RESPOOL: expected an absolute pool path"),
+            "{err}"
+        );
         assert!(Cli::try_parse_from(["peloton", "job", "create", "/a", "b", "c"]).is_err());
     }
 

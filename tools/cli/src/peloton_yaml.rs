@@ -414,7 +414,10 @@ pub fn job_format(root: &Value) -> Result<Format> {
     // Peloton's labels are a list of {key, value}; ours a mapping.
     let listed_labels = root
         .as_mapping()
-        .and_then(|m| m.iter().find(|(k, _)| key_text(k).eq_ignore_ascii_case("labels")))
+        .and_then(|m| {
+            m.iter()
+                .find(|(k, _)| key_text(k).eq_ignore_ascii_case("labels"))
+        })
         .is_some_and(|(_, v)| v.is_sequence());
     let native = first_of(&top_keys(root), &NATIVE_JOB_KEYS).is_some();
     Ok(if listed_labels && !native {
@@ -436,10 +439,18 @@ pub fn kind(root: &Value) -> Result<Kind> {
     if let Some(k) = first_of(&keys, &NATIVE_JOB_KEYS).or(first_of(&keys, &NATIVE_POOL_KEYS)) {
         return fail(
             "",
-            format!("not in Peloton's format (`{k}` is a key of the native format, which needs no conversion)"),
+            format!(
+                "not in Peloton's format (`{k}` is a key of the native format, which needs no conversion)"
+            ),
         );
     }
-    const POOL_ONLY: [&str; 5] = ["resources", "policy", "controllerlimit", "slacklimit", "parent"];
+    const POOL_ONLY: [&str; 5] = [
+        "resources",
+        "policy",
+        "controllerlimit",
+        "slacklimit",
+        "parent",
+    ];
     const JOB_ONLY: [&str; 10] = [
         "instancecount",
         "defaultconfig",
@@ -482,7 +493,9 @@ impl Labels {
             if *old != value {
                 return fail(
                     path,
-                    format!("label {key:?} is already {old:?} (from {from}); a job's labels have one value each"),
+                    format!(
+                        "label {key:?} is already {old:?} (from {from}); a job's labels have one value each"
+                    ),
                 );
             }
             return Ok(());
@@ -532,7 +545,9 @@ fn pool_path(node: &Node<'_>) -> Result<(String, String)> {
     if !text.starts_with('/') {
         return fail(
             &path,
-            format!("{text:?} is not a pool path: pools are named by their paths here (such as /demo; `root` is /)"),
+            format!(
+                "{text:?} is not a pool path: pools are named by their paths here (such as /demo; `root` is /)"
+            ),
         );
     }
     Ok((text.trim_end_matches('/').to_owned(), path))
@@ -623,11 +638,17 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
         None => (SlaFile::default(), false),
     };
     let Some(default_config) = default_config else {
-        return fail(&default_path, "missing: the task config every instance runs");
+        return fail(
+            &default_path,
+            "missing: the task config every instance runs",
+        );
     };
     let default_view = TaskView::read(&default_config)?;
     let mut default = task(&default_view, &mut notes)?;
-    let preemptible = default.preemptible.as_ref().map_or(sla.preemptible, |p| p.0);
+    let preemptible = default
+        .preemptible
+        .as_ref()
+        .map_or(sla.preemptible, |p| p.0);
     sla.preemptible = preemptible;
     default.task.revocable |= sla_revocable;
     for (key, value, path) in &default.labels {
@@ -713,15 +734,15 @@ fn same_for_every_instance(
             );
         }
     }
-    if let Some((p, at)) = &instance.preemptible {
-        if *p != job_preemptible {
-            return fail(
-                at,
-                format!(
-                    "preemptible is {p} here but {job_preemptible} for the job: preemptibility is per job here (sla.preemptible)"
-                ),
-            );
-        }
+    if let Some((p, at)) = &instance.preemptible
+        && *p != job_preemptible
+    {
+        return fail(
+            at,
+            format!(
+                "preemptible is {p} here but {job_preemptible} for the job: preemptibility is per job here (sla.preemptible)"
+            ),
+        );
     }
     Ok(())
 }
@@ -736,7 +757,10 @@ fn instance_configs<'a>(node: &Node<'a>) -> Result<Vec<(u32, String, Node<'a>)>>
         let text = key_text(key);
         let path = join(&node.path, &text);
         let Ok(instance) = text.trim().parse::<u32>() else {
-            return fail(&path, "instance configs are keyed by instance number (0, 1, …)");
+            return fail(
+                &path,
+                "instance configs are keyed by instance number (0, 1, …)",
+            );
         };
         if value.is_null() {
             continue;
@@ -744,16 +768,7 @@ fn instance_configs<'a>(node: &Node<'a>) -> Result<Vec<(u32, String, Node<'a>)>>
         if out.contains_key(&instance) {
             return fail(&path, format!("instance {instance} is given twice"));
         }
-        out.insert(
-            instance,
-            (
-                path.clone(),
-                Node {
-                    path,
-                    value,
-                },
-            ),
-        );
+        out.insert(instance, (path.clone(), Node { path, value }));
     }
     Ok(out
         .into_iter()
@@ -765,8 +780,16 @@ fn instance_configs<'a>(node: &Node<'a>) -> Result<Vec<(u32, String, Node<'a>)>>
 fn sla_config(node: &Node<'_>, notes: &mut Vec<Note>) -> Result<(SlaFile, bool)> {
     let mut f = node.fields("Peloton's SlaConfig")?;
     let mut sla = SlaFile::default();
-    let count = |n: Option<Node<'_>>| n.map(|n| n.count()).transpose().map(Option::unwrap_or_default);
-    let flag = |n: Option<Node<'_>>| n.map(|n| n.boolean()).transpose().map(Option::unwrap_or_default);
+    let count = |n: Option<Node<'_>>| {
+        n.map(|n| n.count())
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
+    let flag = |n: Option<Node<'_>>| {
+        n.map(|n| n.boolean())
+            .transpose()
+            .map(Option::unwrap_or_default)
+    };
     sla.priority = count(f.take("priority"))?;
     sla.preemptible = flag(f.take("preemptible"))?;
     let revocable = flag(f.take("revocable"))?;
@@ -957,14 +980,14 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
             let Some(name) = name.filter(|n| !n.is_empty()) else {
                 return fail(&name_path, "missing: the port's name");
             };
-            if let Some(value) = f.take("value") {
-                if value.count()? != 0 {
-                    return fail(
-                        &value.path,
-                        "static ports are not supported: the agent assigns ports from its range; \
-                         leave `value` out for a dynamic port",
-                    );
-                }
+            if let Some(value) = f.take("value")
+                && value.count()? != 0
+            {
+                return fail(
+                    &value.path,
+                    "static ports are not supported: the agent assigns ports from its range; \
+                     leave `value` out for a dynamic port",
+                );
             }
             if let Some(env) = f.take("envname") {
                 let env_name = env.string()?;
@@ -1036,18 +1059,18 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
         let mut f = n.fields("Peloton's PreemptionPolicy")?;
         if let Some(t) = f.take("type") {
             match t.choice(&["TYPE_INVALID", "TYPE_PREEMPTIBLE", "TYPE_NON_PREEMPTIBLE"])? {
-                1 => preemptible = Some((true, t.path.clone())),
-                2 => preemptible = Some((false, t.path.clone())),
+                1 => preemptible = Some((true, t.path)),
+                2 => preemptible = Some((false, t.path)),
                 _ => {}
             }
         }
-        if let Some(k) = f.take("killonpreempt") {
-            if k.boolean()? {
-                return fail(
-                    &k.path,
-                    "a preempted task always starts again here: there is no kill-on-preempt",
-                );
-            }
+        if let Some(k) = f.take("killonpreempt")
+            && k.boolean()?
+        {
+            return fail(
+                &k.path,
+                "a preempted task always starts again here: there is no kill-on-preempt",
+            );
         }
         f.finish()?;
     }
@@ -1067,7 +1090,12 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
 
 /// Mesos' `CommandInfo`: a shell line (`shell: true`, the default) or a
 /// program and its argv (`shell: false`; `arguments[0]` is argv[0]).
-fn command(node: &Node<'_>, exports: &str, task: &mut TaskFile, notes: &mut Vec<Note>) -> Result<()> {
+fn command(
+    node: &Node<'_>,
+    exports: &str,
+    task: &mut TaskFile,
+    notes: &mut Vec<Note>,
+) -> Result<()> {
     let mut f = node.fields("Mesos' CommandInfo (value, shell, arguments, environment)")?;
     let value_path = f.path_of("value");
     let value = f.take("value").map(|n| n.string()).transpose()?;
@@ -1087,13 +1115,13 @@ fn command(node: &Node<'_>, exports: &str, task: &mut TaskFile, notes: &mut Vec<
                 let mut v = var.fields("Mesos' Environment.Variable (name, value)")?;
                 let name_path = v.path_of("name");
                 let name = v.take("name").map(|n| n.string()).transpose()?;
-                if let Some(t) = v.take("type") {
-                    if t.choice(&["UNKNOWN", "VALUE", "SECRET"])? == 2 {
-                        return fail(
-                            &t.path,
-                            "secret variables are not supported here: deliver secrets with `peloton job create --secret NAME=FILE`",
-                        );
-                    }
+                if let Some(t) = v.take("type")
+                    && t.choice(&["UNKNOWN", "VALUE", "SECRET"])? == 2
+                {
+                    return fail(
+                        &t.path,
+                        "secret variables are not supported here: deliver secrets with `peloton job create --secret NAME=FILE`",
+                    );
                 }
                 if let Some(s) = v.take("secret") {
                     return fail(
@@ -1114,14 +1142,14 @@ fn command(node: &Node<'_>, exports: &str, task: &mut TaskFile, notes: &mut Vec<
         }
         env.finish()?;
     }
-    if let Some(n) = f.take("uris") {
-        if !n.list()?.is_empty() {
-            return fail(
-                &n.path,
-                "fetching URIs into the sandbox is not supported: have the command fetch what it \
-                 needs, or install it on the hosts",
-            );
-        }
+    if let Some(n) = f.take("uris")
+        && !n.list()?.is_empty()
+    {
+        return fail(
+            &n.path,
+            "fetching URIs into the sandbox is not supported: have the command fetch what it \
+             needs, or install it on the hosts",
+        );
     }
     if let Some(n) = f.take("user") {
         return fail(
@@ -1146,14 +1174,14 @@ fn command(node: &Node<'_>, exports: &str, task: &mut TaskFile, notes: &mut Vec<
         task.shell = format!("{exports}{value}");
         return Ok(());
     }
-    if let Some((first, path)) = arguments.first() {
-        if *first != value {
-            note(
-                notes,
-                path,
-                "argv[0] in Mesos, not passed: here the program's argv[0] is its own name",
-            );
-        }
+    if let Some((first, path)) = arguments.first()
+        && *first != value
+    {
+        note(
+            notes,
+            path,
+            "argv[0] in Mesos, not passed: here the program's argv[0] is its own name",
+        );
     }
     let args: Vec<String> = arguments.into_iter().skip(1).map(|(a, _)| a).collect();
     if exports.is_empty() {
@@ -1222,13 +1250,13 @@ fn health_check(node: &Node<'_>, exports: &str) -> Result<HealthCheckFile> {
     let mut c = check.fields("Peloton's HealthCheckConfig.CommandCheck")?;
     let command_path = c.path_of("command");
     let command = c.take("command").map(|n| n.string()).transpose()?;
-    if let Some(n) = c.take("unshareenvironments") {
-        if n.boolean()? {
-            return fail(
-                &n.path,
-                "a health check runs with the task's environment here; there is no unshared mode",
-            );
-        }
+    if let Some(n) = c.take("unshareenvironments")
+        && n.boolean()?
+    {
+        return fail(
+            &n.path,
+            "a health check runs with the task's environment here; there is no unshared mode",
+        );
     }
     c.finish()?;
     let Some(command) = command.filter(|c| !c.trim().is_empty()) else {
@@ -1292,7 +1320,10 @@ impl Placement {
 /// A word of the constraint language, quoted unless plain.
 fn constraint_word(path: &str, word: &str) -> Result<String> {
     if word.contains('"') {
-        return fail(path, format!("{word:?}: constraints cannot match a double quote"));
+        return fail(
+            path,
+            format!("{word:?}: constraints cannot match a double quote"),
+        );
     }
     let plain = !word.is_empty()
         && !matches!(word, "and" | "or" | "not" | "in" | "exists")
@@ -1324,7 +1355,14 @@ fn constraint(
     let type_path = f.path_of("type");
     let kind = f
         .take("type")
-        .map(|n| n.choice(&["UNKNOWN_CONSTRAINT", "LABEL_CONSTRAINT", "AND_CONSTRAINT", "OR_CONSTRAINT"]))
+        .map(|n| {
+            n.choice(&[
+                "UNKNOWN_CONSTRAINT",
+                "LABEL_CONSTRAINT",
+                "AND_CONSTRAINT",
+                "OR_CONSTRAINT",
+            ])
+        })
         .transpose()?;
     let label = f.take("labelconstraint");
     let and = f.take("andconstraint");
@@ -1386,7 +1424,10 @@ fn constraint(
             }
             Ok(Placement::Hosts(hosts.join(" or ")))
         }
-        _ => fail(&type_path, "must be LABEL_CONSTRAINT, AND_CONSTRAINT or OR_CONSTRAINT"),
+        _ => fail(
+            &type_path,
+            "must be LABEL_CONSTRAINT, AND_CONSTRAINT or OR_CONSTRAINT",
+        ),
     }
 }
 
@@ -1430,7 +1471,11 @@ fn label_constraint(
     let mut lf = label.fields("Peloton's Label (key, value)")?;
     let key_path = lf.path_of("key");
     let key = lf.take("key").map(|n| n.string()).transpose()?;
-    let value = lf.take("value").map(|n| n.string()).transpose()?.unwrap_or_default();
+    let value = lf
+        .take("value")
+        .map(|n| n.string())
+        .transpose()?
+        .unwrap_or_default();
     lf.finish()?;
     let Some(key) = key.filter(|k| !k.is_empty()) else {
         return fail(&key_path, "missing");
@@ -1449,10 +1494,15 @@ fn label_constraint(
                 (EQUAL, 1) | (GREATER, 0) => Ok(Placement::Hosts(format!("{k} == {v}"))),
                 (EQUAL, 0) | (LESS, 1) => Ok(Placement::Hosts(format!("{k} != {v}"))),
                 (LESS, r) if r >= 2 => Ok(Placement::Any),
-                (0, _) => fail(&condition_path, "missing: CONDITION_LESS_THAN (1), CONDITION_EQUAL (2) or CONDITION_GREATER_THAN (3)"),
+                (0, _) => fail(
+                    &condition_path,
+                    "missing: CONDITION_LESS_THAN (1), CONDITION_EQUAL (2) or CONDITION_GREATER_THAN (3)",
+                ),
                 _ => fail(
                     &requirement_path,
-                    format!("{requirement}: can never hold, as a host has at most one value of an attribute here"),
+                    format!(
+                        "{requirement}: can never hold, as a host has at most one value of an attribute here"
+                    ),
                 ),
             }
         }
@@ -1496,6 +1546,18 @@ const SMALLEST: [f64; 4] = [0.001, 1.0, 1.0, 0.001];
 /// The smallest percentage, for Peloton's 0 percent.
 const SMALLEST_PCT: f64 = 0.001;
 
+/// One entry of a pool's `resources`.
+struct KindEntry {
+    reservation: f64,
+    limit: f64,
+    share: f64,
+    /// UNKNOWN_TYPE (0), ELASTIC (1) or STATIC (2).
+    reservation_type: usize,
+    type_path: String,
+    /// The entry's path (`resources[2]`).
+    path: String,
+}
+
 /// Reads Peloton's resource pool config into a native pool. `path` (the
 /// command line's pool path, as Peloton's CLI takes it) must end in the
 /// config's name; without it the path is the config's `parent` (or /) and
@@ -1504,7 +1566,11 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
     let mut notes = Vec::new();
     let mut f = Node::root(root).fields(POOL_CONFIG)?;
     if let Some(n) = f.take("changelog") {
-        note(&mut notes, &n.path, "ignored: a version record that the server keeps");
+        note(
+            &mut notes,
+            &n.path,
+            "ignored: a version record that the server keeps",
+        );
     }
     let name_path = f.path_of("name");
     let name = f.take("name").map(|n| n.string()).transpose()?;
@@ -1515,7 +1581,10 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
         if let Some(n) = f.take(key) {
             match n.value {
                 Value::Sequence(_) => {
-                    n.list()?.iter().map(Node::string).collect::<Result<Vec<_>>>()?;
+                    n.list()?
+                        .iter()
+                        .map(Node::string)
+                        .collect::<Result<Vec<_>>>()?;
                 }
                 _ => {
                     n.string()?;
@@ -1557,17 +1626,19 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
             if last != name {
                 return fail(
                     &name_path,
-                    format!("{name:?} does not match the pool path {path} (its last part is {last:?})"),
+                    format!(
+                        "{name:?} does not match the pool path {path} (its last part is {last:?})"
+                    ),
                 );
             }
             let up = if up.is_empty() { "/" } else { up };
-            if let Some((parent, parent_path)) = parent {
-                if parent != up {
-                    return fail(
-                        parent_path,
-                        format!("{parent} is not the parent of the pool path {path}"),
-                    );
-                }
+            if let Some((parent, parent_path)) = parent
+                && parent != up
+            {
+                return fail(
+                    parent_path,
+                    format!("{parent} is not the parent of the pool path {path}"),
+                );
             }
             path.to_owned()
         }
@@ -1575,13 +1646,13 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
         (None, _) => format!("/{name}"),
     };
 
-    // Per kind: (reservation, limit, share, type); Peloton's defaults for
-    // a kind not listed are 0, 0 and 1.
-    // Per kind: reservation, limit, share, type, and the entry's path.
-    let mut given: [Option<(f64, f64, f64, usize, String, String)>; 4] = Default::default();
+    // Per kind, as listed; Peloton's defaults for a kind not listed are a
+    // reservation and limit of 0 and a share of 1.
+    let mut given: [Option<KindEntry>; 4] = Default::default();
     if let Some(resources) = &resources {
         for item in resources.list()? {
-            let mut rf = item.fields("Peloton's ResourceConfig (kind, reservation, limit, share, type)")?;
+            let mut rf =
+                item.fields("Peloton's ResourceConfig (kind, reservation, limit, share, type)")?;
             let kind_path = rf.path_of("kind");
             let kind = rf.take("kind").map(|n| n.string()).transpose()?;
             let mut number = |key: &str| rf.take(key).map(|n| n.number()).transpose();
@@ -1613,14 +1684,14 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
                     format!("reservation {reservation} exceeds limit {limit}"),
                 );
             }
-            given[d] = Some((
+            given[d] = Some(KindEntry {
                 reservation,
                 limit,
                 share,
                 reservation_type,
                 type_path,
-                item.path.clone(),
-            ));
+                path: item.path.clone(),
+            });
         }
     }
     let resources_path = resources
@@ -1632,29 +1703,32 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
     let mut pool_type: Option<(usize, String)> = None;
     for d in 0..4 {
         match &given[d] {
-            Some((r, l, s, t, type_path, item_path)) => {
-                reservation[d] = *r;
-                limit[d] = *l;
-                if *s != 0.0 {
-                    shares[d] = *s;
+            Some(entry) => {
+                reservation[d] = entry.reservation;
+                limit[d] = entry.limit;
+                if entry.share != 0.0 {
+                    shares[d] = entry.share;
                 }
                 // UNKNOWN_TYPE is ELASTIC, Peloton's default.
-                let t = if *t == 0 { 1 } else { *t };
+                let t = entry.reservation_type.max(1);
+                let type_path = &entry.type_path;
                 match &pool_type {
                     Some((first, first_path)) if *first != t => {
                         return fail(
                             type_path,
-                            format!("every kind of a pool has the same reservation type here (ELASTIC or STATIC), and {first_path} differs"),
+                            format!(
+                                "every kind of a pool has the same reservation type here (ELASTIC or STATIC), and {first_path} differs"
+                            ),
                         );
                     }
                     Some(_) => {}
                     None => pool_type = Some((t, type_path.clone())),
                 }
-                if *l == 0.0 {
+                if entry.limit == 0.0 {
                     limit[d] = SMALLEST[d];
                     note(
                         &mut notes,
-                        &join(item_path, "limit"),
+                        &join(&entry.path, "limit"),
                         &format!(
                             "{}: Peloton's limit 0 (none) is written as the smallest limit, {} (0 means no limit here)",
                             KINDS[d], SMALLEST[d]
@@ -1675,18 +1749,18 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
             }
         }
     }
-    let pct = |value: f64, at: Option<String>, notes: &mut Vec<Note>| {
-        match at {
-            Some(at) if value == 0.0 => {
-                note(
-                    notes,
-                    &at,
-                    &format!("Peloton's 0 percent (none) is written as the smallest, {SMALLEST_PCT} (0 means 100 here)"),
-                );
-                SMALLEST_PCT
-            }
-            _ => value,
+    let pct = |value: f64, at: Option<String>, notes: &mut Vec<Note>| match at {
+        Some(at) if value == 0.0 => {
+            note(
+                notes,
+                &at,
+                &format!(
+                    "Peloton's 0 percent (none) is written as the smallest, {SMALLEST_PCT} (0 means 100 here)"
+                ),
+            );
+            SMALLEST_PCT
         }
+        _ => value,
     };
     let controller_limit_pct = pct(controller_pct, controller_path, &mut notes);
     let slack_limit_pct = pct(slack_pct, slack_path, &mut notes);
@@ -1879,7 +1953,10 @@ defaultConfig:
         assert_eq!((t.command.as_str(), t.args.len()), ("", 0));
         assert_eq!(
             t.env.iter().collect::<Vec<_>>(),
-            [(&"A".to_owned(), &"1".to_owned()), (&"B".to_owned(), &"two".to_owned())]
+            [
+                (&"A".to_owned(), &"1".to_owned()),
+                (&"B".to_owned(), &"two".to_owned())
+            ]
         );
         assert_eq!(
             t.resources,
@@ -2008,11 +2085,17 @@ instanceConfig:
         let err = job_error(&format!(
             "{base}  controller: true\ninstanceConfig:\n  1: {{command: {{value: 'echo'}}}}\n"
         ));
-        assert!(err.starts_with("instanceConfig.1.controller: false here"), "{err}");
+        assert!(
+            err.starts_with("instanceConfig.1.controller: false here"),
+            "{err}"
+        );
         let err = job_error(&format!(
             "{base}instanceConfig:\n  1: {{revocable: true}}\n"
         ));
-        assert!(err.starts_with("instanceConfig.1.revocable: true here"), "{err}");
+        assert!(
+            err.starts_with("instanceConfig.1.revocable: true here"),
+            "{err}"
+        );
         let err = job_error(&format!(
             "{base}  labels: [{{key: a, value: b}}]\ninstanceConfig:\n  1: {{labels: [{{key: a, value: c}}]}}\n"
         ));
@@ -2028,9 +2111,15 @@ instanceConfig:
             "{err}"
         );
         let err = job_error(&format!("{base}instanceConfig:\n  2: {{name: x}}\n"));
-        assert_eq!(err, "instanceConfig.2: instance 2 is not below instanceCount 2");
+        assert_eq!(
+            err,
+            "instanceConfig.2: instance 2 is not below instanceCount 2"
+        );
         let err = job_error(&format!("{base}instanceConfig:\n  one: {{name: x}}\n"));
-        assert!(err.starts_with("instanceConfig.one: instance configs are keyed"), "{err}");
+        assert!(
+            err.starts_with("instanceConfig.one: instance configs are keyed"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -2045,7 +2134,9 @@ instanceConfig:
     #[test]
     fn fields_without_an_equivalent_are_refused_with_their_path() {
         let job = |task: &str| {
-            format!("name: x\ninstanceCount: 1\ndefaultConfig:\n  command: {{value: 'true'}}\n{task}")
+            format!(
+                "name: x\ninstanceCount: 1\ndefaultConfig:\n  command: {{value: 'true'}}\n{task}"
+            )
         };
         for (extra, want) in [
             (
@@ -2120,10 +2211,7 @@ instanceConfig:
                 "{value: 'true', environment: {variables: [{name: S, type: SECRET, secret: {}}]}}",
                 "defaultConfig.command.environment.variables[0].type: secret variables are not supported here",
             ),
-            (
-                "{shell: true}",
-                "defaultConfig.command.value: missing",
-            ),
+            ("{shell: true}", "defaultConfig.command.value: missing"),
         ] {
             let err = job_error(&with_command(command));
             assert!(err.starts_with(want), "{command}: {err}");
@@ -2145,7 +2233,10 @@ instanceConfig:
                 "name: x\ninstanceCount: 1\ndefaultConfig: {}\n",
                 "defaultConfig.command: missing",
             ),
-            ("name: x\ndefaultConfig: {command: {value: 'true'}}\n", "instanceCount: missing"),
+            (
+                "name: x\ndefaultConfig: {command: {value: 'true'}}\n",
+                "instanceCount: missing",
+            ),
             ("name: x\ninstanceCount: 1\n", "defaultConfig: missing"),
             (
                 "name: x\ninstanceCount: 1\ntype: CRON\ndefaultConfig: {command: {value: 'true'}}\n",
@@ -2172,21 +2263,42 @@ instanceConfig:
              sla: {minimumInstanceCount: 1, minimumInstancePercent: 50}\n\
              defaultconfig: {name: n, command: {value: 'true'}, resource: {cpulimit: 1, fdlimit: 9}}\n",
         );
-        assert_eq!(file.labels.get(OWNING_TEAM_LABEL).map(String::as_str), Some("t"));
-        assert_eq!(file.labels.get(LDAP_GROUPS_LABEL).map(String::as_str), Some("a,b"));
-        assert_eq!(file.labels.get(DESCRIPTION_LABEL).map(String::as_str), Some("d"));
+        assert_eq!(
+            file.labels.get(OWNING_TEAM_LABEL).map(String::as_str),
+            Some("t")
+        );
+        assert_eq!(
+            file.labels.get(LDAP_GROUPS_LABEL).map(String::as_str),
+            Some("a,b")
+        );
+        assert_eq!(
+            file.labels.get(DESCRIPTION_LABEL).map(String::as_str),
+            Some("d")
+        );
         let notes = notes_text(&notes);
         assert_eq!(notes.len(), 3, "{notes:?}");
-        assert!(notes[0].starts_with("sla.minimumInstanceCount: ignored"), "{notes:?}");
-        assert!(notes[1].starts_with("sla.minimumInstancePercent: ignored"), "{notes:?}");
-        assert!(notes[2].starts_with("defaultconfig.resource.fdlimit: ignored"), "{notes:?}");
+        assert!(
+            notes[0].starts_with("sla.minimumInstanceCount: ignored"),
+            "{notes:?}"
+        );
+        assert!(
+            notes[1].starts_with("sla.minimumInstancePercent: ignored"),
+            "{notes:?}"
+        );
+        assert!(
+            notes[2].starts_with("defaultconfig.resource.fdlimit: ignored"),
+            "{notes:?}"
+        );
         // A null changelog is nothing to note; a label clashing with one of
         // these is refused.
         let err = job_error(
             "name: x\ndescription: d\nlabels: [{key: peloton.description, value: e}]\ninstanceCount: 1\n\
              defaultConfig: {command: {value: 'true'}}\n",
         );
-        assert!(err.starts_with("labels[0]: label \"peloton.description\" is already \"d\""), "{err}");
+        assert!(
+            err.starts_with("labels[0]: label \"peloton.description\" is already \"d\""),
+            "{err}"
+        );
     }
 
     #[test]
@@ -2204,16 +2316,31 @@ instanceConfig:
             "{shell: false, value: /bin/echo, arguments: [echo, a b, c]}",
             "[]",
         ));
-        assert_eq!((file.task.command.as_str(), file.task.shell.as_str()), ("/bin/echo", ""));
+        assert_eq!(
+            (file.task.command.as_str(), file.task.shell.as_str()),
+            ("/bin/echo", "")
+        );
         assert_eq!(file.task.args, ["a b", "c"]);
-        assert_eq!(notes_text(&notes), ["defaultConfig.command.arguments[0]: argv[0] in Mesos, not passed: here the program's argv[0] is its own name"]);
-        let (_, notes) = job_of(&job("{shell: false, value: echo, arguments: [echo, a]}", "[]"));
+        assert_eq!(
+            notes_text(&notes),
+            [
+                "defaultConfig.command.arguments[0]: argv[0] in Mesos, not passed: here the program's argv[0] is its own name"
+            ]
+        );
+        let (_, notes) = job_of(&job(
+            "{shell: false, value: echo, arguments: [echo, a]}",
+            "[]",
+        ));
         assert!(notes.is_empty(), "argv[0] equal to the program: {notes:?}");
         // A port's own variable name is exported from ours, for the task and
         // its check; a program then runs under exec with quoted words.
-        let ports = "[{name: http, envName: HTTP_PORT}, {name: admin, envName: PELOTON_PORT_ADMIN}]";
+        let ports =
+            "[{name: http, envName: HTTP_PORT}, {name: admin, envName: PELOTON_PORT_ADMIN}]";
         let (file, _) = job_of(&job("{value: 'serve $HTTP_PORT'}", ports));
-        assert_eq!(file.task.shell, "export HTTP_PORT=\"$PELOTON_PORT_HTTP\"; serve $HTTP_PORT");
+        assert_eq!(
+            file.task.shell,
+            "export HTTP_PORT=\"$PELOTON_PORT_HTTP\"; serve $HTTP_PORT"
+        );
         assert_eq!(file.task.ports, ["http", "admin"]);
         let (file, _) = job_of(&job(
             "{shell: false, value: /bin/serve, arguments: [serve, --port, \"it's\"]}",
@@ -2225,7 +2352,10 @@ instanceConfig:
         );
         assert_eq!(file.task.command, "");
         let err = job_error(&job("{value: x}", "[{name: http, envName: 'A B'}]"));
-        assert_eq!(err, "defaultConfig.ports[0].envName: \"A B\" is not an environment variable name");
+        assert_eq!(
+            err,
+            "defaultConfig.ports[0].envName: \"A B\" is not an environment variable name"
+        );
     }
 
     #[test]
@@ -2265,13 +2395,27 @@ instanceConfig:
             )
         };
         assert_eq!(constraint_of(&host("2", 1)), Ok(("host == h1".into(), 0)));
-        assert_eq!(constraint_of(&host("CONDITION_EQUAL", 0)), Ok(("host != h1".into(), 0)));
-        assert_eq!(constraint_of(&host("CONDITION_LESS_THAN", 1)), Ok(("host != h1".into(), 0)));
-        assert_eq!(constraint_of(&host("CONDITION_GREATER_THAN", 0)), Ok(("host == h1".into(), 0)));
-        assert_eq!(constraint_of(&host("CONDITION_LESS_THAN", 5)), Ok((String::new(), 0)));
+        assert_eq!(
+            constraint_of(&host("CONDITION_EQUAL", 0)),
+            Ok(("host != h1".into(), 0))
+        );
+        assert_eq!(
+            constraint_of(&host("CONDITION_LESS_THAN", 1)),
+            Ok(("host != h1".into(), 0))
+        );
+        assert_eq!(
+            constraint_of(&host("CONDITION_GREATER_THAN", 0)),
+            Ok(("host == h1".into(), 0))
+        );
+        assert_eq!(
+            constraint_of(&host("CONDITION_LESS_THAN", 5)),
+            Ok((String::new(), 0))
+        );
         let err = constraint_of(&host("CONDITION_GREATER_THAN", 1)).unwrap_err();
         assert!(
-            err.starts_with("defaultConfig.constraint.labelConstraint.requirement: 1: can never hold"),
+            err.starts_with(
+                "defaultConfig.constraint.labelConstraint.requirement: 1: can never hold"
+            ),
             "{err}"
         );
         let task = |condition: &str, requirement: u32, value: &str| {
@@ -2279,10 +2423,19 @@ instanceConfig:
                 "{{labelConstraint: {{kind: TASK, condition: {condition}, requirement: {requirement}, label: {{key: app, value: {value}}}}}}}"
             )
         };
-        assert_eq!(constraint_of(&task("CONDITION_EQUAL", 0, "web")), Ok((String::new(), 1)));
-        assert_eq!(constraint_of(&task("CONDITION_LESS_THAN", 3, "web")), Ok((String::new(), 3)));
+        assert_eq!(
+            constraint_of(&task("CONDITION_EQUAL", 0, "web")),
+            Ok((String::new(), 1))
+        );
+        assert_eq!(
+            constraint_of(&task("CONDITION_LESS_THAN", 3, "web")),
+            Ok((String::new(), 3))
+        );
         let err = constraint_of(&task("CONDITION_EQUAL", 0, "db")).unwrap_err();
-        assert!(err.contains("app=db is not one of this task's labels"), "{err}");
+        assert!(
+            err.contains("app=db is not one of this task's labels"),
+            "{err}"
+        );
         let err = constraint_of(&task("CONDITION_GREATER_THAN", 0, "web")).unwrap_err();
         assert!(err.contains("only CONDITION_EQUAL 0"), "{err}");
         // AND keeps both kinds; OR takes host expressions only.
@@ -2292,14 +2445,32 @@ instanceConfig:
             host("2", 0),
             task("CONDITION_EQUAL", 0, "web")
         );
-        assert_eq!(constraint_of(&and), Ok(("(host != h1) and (zone == \"z 1\")".into(), 1)));
-        let or = format!("{{type: 3, orConstraint: {{constraints: [{}, {zone}]}}}}", host("2", 1));
-        assert_eq!(constraint_of(&or), Ok(("(host == h1) or (zone == \"z 1\")".into(), 0)));
-        let or = format!("{{orConstraint: {{constraints: [{}, {zone}]}}}}", task("2", 0, "web"));
+        assert_eq!(
+            constraint_of(&and),
+            Ok(("(host != h1) and (zone == \"z 1\")".into(), 1))
+        );
+        let or = format!(
+            "{{type: 3, orConstraint: {{constraints: [{}, {zone}]}}}}",
+            host("2", 1)
+        );
+        assert_eq!(
+            constraint_of(&or),
+            Ok(("(host == h1) or (zone == \"z 1\")".into(), 0))
+        );
+        let or = format!(
+            "{{orConstraint: {{constraints: [{}, {zone}]}}}}",
+            task("2", 0, "web")
+        );
         let err = constraint_of(&or).unwrap_err();
-        assert!(err.contains("only at the top, or in a top-level AND"), "{err}");
+        assert!(
+            err.contains("only at the top, or in a top-level AND"),
+            "{err}"
+        );
         let err = constraint_of("{type: 1, labelConstraint: {kind: 2, condition: 2, requirement: 1, label: {key: a, value: 'x\"y'}}}").unwrap_err();
-        assert!(err.contains("constraints cannot match a double quote"), "{err}");
+        assert!(
+            err.contains("constraints cannot match a double quote"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -2313,7 +2484,11 @@ instanceConfig:
             ("DAEMON", JobTypeName::Daemon),
             ("2", JobTypeName::Daemon),
         ] {
-            assert_eq!(job_of(&format!("type: {t}\n{base}")).0.job_type, want, "{t}");
+            assert_eq!(
+                job_of(&format!("type: {t}\n{base}")).0.job_type,
+                want,
+                "{t}"
+            );
         }
         // A service whose tasks have volumes is a stateful job here.
         let (file, _) = job_of(
@@ -2327,15 +2502,24 @@ instanceConfig:
                 path: "data".into()
             })
         );
-        assert_eq!(job_of(&format!("respoolID: {{value: root}}\n{base}")).0.pool, "/");
+        assert_eq!(
+            job_of(&format!("respoolID: {{value: root}}\n{base}"))
+                .0
+                .pool,
+            "/"
+        );
         assert_eq!(job_of(&format!("respoolid: /a/b/\n{base}")).0.pool, "/a/b");
-        assert_eq!(job_of(&format!("placementStrategy: 1\n{base}")).0.placement, PlacementName::Pack);
+        assert_eq!(
+            job_of(&format!("placementStrategy: 1\n{base}")).0.placement,
+            PlacementName::Pack
+        );
         assert_eq!(job_of(base).0.placement, PlacementName::Pack);
         // sla.revocable makes every task revocable.
         let (file, _) = job_of(&format!("sla: {{revocable: true}}\n{base}"));
         assert!(file.task.revocable);
         // A daemon needs no instance count, and has no instance configs.
-        let (file, _) = job_of("name: d\ntype: DAEMON\ndefaultConfig: {command: {value: 'true'}}\n");
+        let (file, _) =
+            job_of("name: d\ntype: DAEMON\ndefaultConfig: {command: {value: 'true'}}\n");
         assert_eq!(file.instances, 0);
     }
 
@@ -2400,7 +2584,10 @@ slacklimit: {maxpercent: 30}
         // The same in camelCase, named by a path on the command line.
         let camel = FULL_POOL
             .replace("owningteam", "owningTeam")
-            .replace("controllerlimit: {maxpercent", "controllerLimit: {maxPercent")
+            .replace(
+                "controllerlimit: {maxpercent",
+                "controllerLimit: {maxPercent",
+            )
             .replace("parent: {value: /prod}", "");
         assert_eq!(pool_of(&camel, Some("/prod/pool")).0, file);
     }
@@ -2429,16 +2616,32 @@ slacklimit: {maxpercent: 30}
                 gpu: 0.001
             }
         );
-        assert_eq!((file.share, file.shares), (0.0, None), "a missing share is 1");
+        assert_eq!(
+            (file.share, file.shares),
+            (0.0, None),
+            "a missing share is 1"
+        );
         assert_eq!(notes.len(), 3, "{notes:?}");
-        assert!(notes[0].to_string().starts_with("resources: no memory entry"), "{notes:?}");
-        assert_eq!(pool_of("name: p\nparent: {value: root}\n", None).0.path, "/p");
+        assert!(
+            notes[0]
+                .to_string()
+                .starts_with("resources: no memory entry"),
+            "{notes:?}"
+        );
+        assert_eq!(
+            pool_of("name: p\nparent: {value: root}\n", None).0.path,
+            "/p"
+        );
     }
 
     #[test]
     fn bad_pool_configs_are_refused_with_their_path() {
         for (text, path, want) in [
-            ("name: p\nresources: [{kind: tpu}]\n", None, "resources[0].kind: unknown kind \"tpu\""),
+            (
+                "name: p\nresources: [{kind: tpu}]\n",
+                None,
+                "resources[0].kind: unknown kind \"tpu\"",
+            ),
             (
                 "name: p\nresources: [{kind: cpu}, {kind: CPU}]\n",
                 None,
@@ -2459,17 +2662,37 @@ slacklimit: {maxpercent: 30}
                 None,
                 "resources[1].type: every kind of a pool has the same reservation type",
             ),
-            ("name: p\npolicy: LIFO\n", None, "policy: unknown value LIFO; one of UNKNOWN (0), PriorityFIFO (1)"),
-            ("name: p\nslackLimit: {maxPercent: 120}\n", None, "slackLimit.maxPercent: must be 0–100 (got 120)"),
-            ("name: p\nreservations: []\n", None, "reservations: unknown field of Peloton's resource pool config"),
+            (
+                "name: p\npolicy: LIFO\n",
+                None,
+                "policy: unknown value LIFO; one of UNKNOWN (0), PriorityFIFO (1)",
+            ),
+            (
+                "name: p\nslackLimit: {maxPercent: 120}\n",
+                None,
+                "slackLimit.maxPercent: must be 0–100 (got 120)",
+            ),
+            (
+                "name: p\nreservations: []\n",
+                None,
+                "reservations: unknown field of Peloton's resource pool config",
+            ),
             ("resources: []\n", None, "name: missing"),
-            ("name: p\n", Some("/a/q"), "name: \"p\" does not match the pool path /a/q"),
+            (
+                "name: p\n",
+                Some("/a/q"),
+                "name: \"p\" does not match the pool path /a/q",
+            ),
             (
                 "name: p\nparent: {value: /b}\n",
                 Some("/a/p"),
                 "parent.value: /b is not the parent of the pool path /a/p",
             ),
-            ("name: p\nparent: {value: abc}\n", None, "parent.value: \"abc\" is not a pool path"),
+            (
+                "name: p\nparent: {value: abc}\n",
+                None,
+                "parent.value: \"abc\" is not a pool path",
+            ),
         ] {
             let err = pool_error(text, path);
             assert!(err.starts_with(want), "{text}: {err}");
@@ -2482,7 +2705,10 @@ slacklimit: {maxpercent: 30}
         assert_eq!(format("name: x\ntask: {}\n"), Ok(Format::Native));
         assert_eq!(format("name: x\ninstanceCount: 1\n"), Ok(Format::Peloton));
         assert_eq!(format("name: x\nDEFAULTCONFIG: {}\n"), Ok(Format::Peloton));
-        assert_eq!(format("name: x\nlabels: [{key: a, value: b}]\n"), Ok(Format::Peloton));
+        assert_eq!(
+            format("name: x\nlabels: [{key: a, value: b}]\n"),
+            Ok(Format::Peloton)
+        );
         assert_eq!(format("name: x\n"), Ok(Format::Native));
         let err = format("name: x\ntask: {}\ninstanceCount: 1\n").unwrap_err();
         assert_eq!(
@@ -2497,8 +2723,20 @@ slacklimit: {maxpercent: 30}
         let kind_of = |text: &str| kind(&value(text)).map_err(|e| e.to_string());
         assert_eq!(kind_of("name: a\ninstanceCount: 1\n"), Ok(Kind::Job));
         assert_eq!(kind_of("name: a\nresources: []\n"), Ok(Kind::Pool));
-        assert!(kind_of("name: a\ntask: {}\n").unwrap_err().starts_with("not in Peloton's format"));
-        assert!(kind_of("name: a\n").unwrap_err().starts_with("cannot tell a job"));
-        assert!(kind_of("name: a\nsla: {}\nresources: []\n").unwrap_err().contains("one or the other"));
+        assert!(
+            kind_of("name: a\ntask: {}\n")
+                .unwrap_err()
+                .starts_with("not in Peloton's format")
+        );
+        assert!(
+            kind_of("name: a\n")
+                .unwrap_err()
+                .starts_with("cannot tell a job")
+        );
+        assert!(
+            kind_of("name: a\nsla: {}\nresources: []\n")
+                .unwrap_err()
+                .contains("one or the other")
+        );
     }
 }

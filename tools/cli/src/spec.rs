@@ -597,7 +597,10 @@ pub fn parse_pools(text: &str, origin: &str) -> Result<Vec<PoolEntry>, SpecError
 }
 
 /// Reads and parses a pool file (either format).
-pub fn load_pool_file(path: &Path, pool_path: Option<&str>) -> Result<Loaded<Vec<PoolFile>>, SpecError> {
+pub fn load_pool_file(
+    path: &Path,
+    pool_path: Option<&str>,
+) -> Result<Loaded<Vec<PoolFile>>, SpecError> {
     parse_pool_file(&read(path)?, &path.display().to_string(), pool_path)
 }
 
@@ -885,8 +888,11 @@ overrides:
 
     #[test]
     fn per_dimension_shares_are_read() {
-        let pools = parse_pools("path: /a\nshare: 2\nshares: {cpu: 3, memory_mb: 0.5}\n", "p.yaml")
-            .unwrap_or_else(|err| panic!("{err}"));
+        let pools = parse_pools(
+            "path: /a\nshare: 2\nshares: {cpu: 3, memory_mb: 0.5}\n",
+            "p.yaml",
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
         assert_eq!(pools[0].spec.share, 2.0);
         assert_eq!(
             pools[0].spec.shares,
@@ -907,10 +913,17 @@ overrides:
         assert_eq!(loaded.value[0].path, "/b/c");
         assert_eq!(loaded.format, Format::Native);
         let err = parse_pool_file("pools: [{path: /a}]\n", "p.yaml", Some("/b")).unwrap_err();
-        assert!(err.to_string().starts_with("p.yaml: the pool path /b names one pool"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("p.yaml: the pool path /b names one pool"),
+            "{err}"
+        );
         let loaded = parse_pool_file("name: c\nresources: []\n", "p.yaml", Some("/b/c"))
             .unwrap_or_else(|err| panic!("{err}"));
-        assert_eq!((loaded.value[0].path.as_str(), loaded.format), ("/b/c", Format::Peloton));
+        assert_eq!(
+            (loaded.value[0].path.as_str(), loaded.format),
+            ("/b/c", Format::Peloton)
+        );
         assert_eq!(loaded.notes.len(), 4, "{:?}", loaded.notes);
     }
 
@@ -965,7 +978,8 @@ overrides:
                 peloton_yaml::Kind::Job => {
                     let mut direct = parse_job_spec(&text, &origin).expect("parses");
                     direct.pool = "/demo/x".into();
-                    let loaded = parse_job_file(&native, "converted.yaml").unwrap_or_else(|e| panic!("{e}\n{native}"));
+                    let loaded = parse_job_file(&native, "converted.yaml")
+                        .unwrap_or_else(|e| panic!("{e}\n{native}"));
                     assert_eq!(loaded.format, Format::Native, "{native}");
                     assert!(loaded.notes.is_empty());
                     assert_eq!(loaded.value.into_proto(), direct, "{origin}:\n{native}");
@@ -977,7 +991,8 @@ overrides:
                         .into_iter()
                         .map(PoolFile::into_entry)
                         .collect();
-                    let back = parse_pools(&native, "converted.yaml").unwrap_or_else(|e| panic!("{e}\n{native}"));
+                    let back = parse_pools(&native, "converted.yaml")
+                        .unwrap_or_else(|e| panic!("{e}\n{native}"));
                     assert_eq!(back, direct, "{origin}:\n{native}");
                 }
             }
@@ -985,7 +1000,11 @@ overrides:
         }
         assert!(seen.len() >= 5, "{seen:?}");
         let err = convert("name: x\ntask: {shell: 'true'}\n", "ours.yaml", None).unwrap_err();
-        assert!(err.to_string().starts_with("ours.yaml: not in Peloton's format"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("ours.yaml: not in Peloton's format"),
+            "{err}"
+        );
     }
 
     /// Every example in Peloton's format parses as what its name says.
@@ -994,9 +1013,13 @@ overrides:
         let files = peloton_examples();
         assert!(files.len() >= 3, "{files:?}");
         for path in files {
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             if name.starts_with("respool") {
-                let loaded = load_pool_file(&path, Some("/demo/peloton")).unwrap_or_else(|e| panic!("{e}"));
+                let loaded =
+                    load_pool_file(&path, Some("/demo/peloton")).unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(loaded.format, Format::Peloton, "{name}");
             } else {
                 let loaded = load_job_file(&path).unwrap_or_else(|e| panic!("{e}"));

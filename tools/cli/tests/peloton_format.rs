@@ -135,11 +135,16 @@ impl QuickStart {
         let url = cluster.url.clone();
         eventually("three agent hosts up", async || {
             let out = peloton(&url, &["--output", "json", "host", "list"]).await;
-            let hosts: Value = serde_json::from_slice(&out.stdout).map_err(|_| text(&out.stderr))?;
+            let hosts: Value =
+                serde_json::from_slice(&out.stdout).map_err(|_| text(&out.stderr))?;
             let up = hosts["hosts"]
                 .as_array()
                 .map_or(0, |h| h.iter().filter(|h| h["state"] == "up").count());
-            if up == 3 { Ok(()) } else { Err(hosts.to_string()) }
+            if up == 3 {
+                Ok(())
+            } else {
+                Err(hosts.to_string())
+            }
         })
         .await;
         cluster
@@ -201,7 +206,15 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
     let cluster = QuickStart::start().await;
     let url = cluster.url.clone();
     let url = url.as_str();
-    ok(url, &["respool", "create", &path_str(&examples().join("pools.yaml"))]).await;
+    ok(
+        url,
+        &[
+            "respool",
+            "create",
+            &path_str(&examples().join("pools.yaml")),
+        ],
+    )
+    .await;
     const POOL: &str = "/demo/peloton";
     for file in peloton_examples() {
         let file_str = path_str(&file);
@@ -230,8 +243,14 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
                     text(&out.stderr)
                 );
                 // Informational fields are said on stderr.
-                assert!(text(&out.stderr).contains("note: "), "{}", text(&out.stderr));
-                let name = load_job_file(&file).map(|l| l.value.name).unwrap_or_default();
+                assert!(
+                    text(&out.stderr).contains("note: "),
+                    "{}",
+                    text(&out.stderr)
+                );
+                let name = load_job_file(&file)
+                    .map(|l| l.value.name)
+                    .unwrap_or_default();
                 let jobs = ok_json(url, &["job", "query", "--name", &name]).await;
                 let job = &jobs["jobs"][0];
                 assert_eq!(job["status"]["state"], "succeeded", "{job}");
@@ -240,7 +259,12 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
                 let tasks = ok_json(url, &["task", "list", &id]).await;
                 for t in tasks["tasks"].as_array().expect("tasks") {
                     assert_eq!(t["current"]["state"], "succeeded", "{t}");
-                    assert!(t["current"]["host"].as_str().unwrap_or("").starts_with("local-"));
+                    assert!(
+                        t["current"]["host"]
+                            .as_str()
+                            .unwrap_or("")
+                            .starts_with("local-")
+                    );
                 }
                 if file.ends_with("batch.yaml") {
                     // The merged instance config ran its own command.
@@ -257,7 +281,9 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
             JobTypeName::Service | JobTypeName::Stateful | JobTypeName::Daemon => {
                 let job = ok_json(url, &["job", "create", POOL, &file_str]).await;
                 let id = job["job"]["id"].as_str().expect("id").to_owned();
-                let n = job["job"]["spec"]["instance_count"].as_u64().expect("count");
+                let n = job["job"]["spec"]["instance_count"]
+                    .as_u64()
+                    .expect("count");
                 let tasks = eventually("every instance running and healthy", async || {
                     let tasks = ok_json(url, &["task", "list", &id]).await;
                     let list = tasks["tasks"].as_array().cloned().unwrap_or_default();
@@ -265,7 +291,11 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
                         t["current"]["state"] == "running"
                             && matches!(t["current"]["health"].as_str(), Some("healthy" | "none"))
                     });
-                    if ready.count() as u64 == n { Ok(list) } else { Err(tasks.to_string()) }
+                    if ready.count() as u64 == n {
+                        Ok(list)
+                    } else {
+                        Err(tasks.to_string())
+                    }
                 })
                 .await;
                 assert_eq!(job_state(url, &id).await, "running");
@@ -282,7 +312,11 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
                 ok(url, &["job", "kill", &id]).await;
                 eventually("the service killed", async || {
                     let state = job_state(url, &id).await;
-                    if state == "killed" { Ok(()) } else { Err(state) }
+                    if state == "killed" {
+                        Ok(())
+                    } else {
+                        Err(state)
+                    }
                 })
                 .await;
             }
@@ -331,7 +365,15 @@ async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
     let server = sim_server(dir.path()).await;
     let url = format!("http://{}", server.addr);
     let url = url.as_str();
-    ok(url, &["respool", "create", &path_str(&examples().join("pools.yaml"))]).await;
+    ok(
+        url,
+        &[
+            "respool",
+            "create",
+            &path_str(&examples().join("pools.yaml")),
+        ],
+    )
+    .await;
     let spec_of = |job: &Value| job["job"]["spec"].clone();
 
     // Pools (first: /demo takes no children once it has jobs): created
@@ -365,7 +407,12 @@ async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
         let converted = dir.path().join("converted.yaml");
         std::fs::write(&converted, &out.stdout).expect("write");
         let from_native = ok_json(url, &["job", "create", &path_str(&converted)]).await;
-        assert_eq!(spec_of(&from_peloton), spec_of(&from_native), "{}", text(&out.stdout));
+        assert_eq!(
+            spec_of(&from_peloton),
+            spec_of(&from_native),
+            "{}",
+            text(&out.stdout)
+        );
         assert_eq!(spec_of(&from_peloton)["pool"], "/demo");
 
         // The same file with lowercase keys gives the same spec.
@@ -403,7 +450,11 @@ async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
         std::fs::write(&bad, format!("{base}{extra}")).expect("write");
         let out = peloton(url, &["job", "create", "/demo", &path_str(&bad)]).await;
         assert_eq!(out.status.code(), Some(2), "{extra}: {}", text(&out.stderr));
-        assert!(text(&out.stderr).contains(needle), "{extra}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{extra}: {}",
+            text(&out.stderr)
+        );
         let out = peloton(url, &["convert", &path_str(&bad)]).await;
         assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
         assert!(text(&out.stderr).contains(needle), "{}", text(&out.stderr));
