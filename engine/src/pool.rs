@@ -139,6 +139,15 @@ impl PoolConfig {
         self
     }
 
+    /// Sets the share of each dimension (in [`Dim`] order), so that a pool
+    /// may weigh, say, cpu more than memory.
+    pub fn with_shares(mut self, shares: [f64; N_DIMS]) -> Self {
+        for (dim, share) in self.dims.iter_mut().zip(shares) {
+            dim.share = share;
+        }
+        self
+    }
+
     /// Sets the kind of every dimension.
     pub fn with_kind(mut self, kind: PoolKind) -> Self {
         for dim in &mut self.dims {

@@ -233,6 +233,44 @@ fn hierarchy_divides_level_by_level() {
 }
 
 #[test]
+fn shares_are_per_dimension() {
+    // Siblings with crossed weights and unbounded demand: /a weighs cpu
+    // 3:1 against /b, /b weighs memory 3:1 against /a. The spare capacity
+    // beyond the reservations (1000 cpu, 2000 MiB) splits 3/4 : 1/4 in
+    // cpu and 1/4 : 3/4 in memory; disk and gpu (equal shares) split evenly.
+    let mut tree = PoolTree::new(PoolTreeLimits::default());
+    let reservation = Resources::new(500, 1000, 0, 0);
+    let a = tree
+        .create(
+            "/a",
+            PoolConfig::default()
+                .with_reservation(reservation)
+                .with_shares([3.0, 1.0, 2.0, 2.0]),
+        )
+        .unwrap();
+    let b = tree
+        .create(
+            "/b",
+            PoolConfig::default()
+                .with_reservation(reservation)
+                .with_shares([1.0, 3.0, 2.0, 2.0]),
+        )
+        .unwrap();
+    let mut input = EntitlementInput::with_slots(tree.n_slots());
+    let unbounded = Resources::new(1 << 40, 1 << 40, 1 << 40, 1 << 40);
+    input.set_demand(a.idx(), unbounded);
+    input.set_demand(b.idx(), unbounded);
+    input.capacity = Resources::new(2000, 4000, 800, 8000);
+    let mut out = Entitlements::default();
+    EntitlementCalculator::new().compute(&tree, &input, &mut out, None);
+    check_entitlement_invariants(&tree, &input, &out);
+    let (ea, eb) = (out.entitlement(a.idx()), out.entitlement(b.idx()));
+    // cpu: 500 + 3/4 of 1000 and 500 + 1/4 of it; memory the other way round.
+    assert_eq!(ea, Resources::new(1250, 1500, 400, 4000));
+    assert_eq!(eb, Resources::new(750, 2500, 400, 4000));
+}
+
+#[test]
 fn slack_goes_to_revocable_demand_within_slack_limits() {
     // 40 of slack; /a may take at most half of it.
     check(

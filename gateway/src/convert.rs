@@ -107,6 +107,25 @@ fn percent(field: &str, value: f64) -> Result<f64, Status> {
     Ok(if value == 0.0 { 100.0 } else { value })
 }
 
+/// A share (weight) as the engine takes it: finite, in
+/// [`peloton_engine::pool::MIN_SHARE`, `MAX_SHARE`].
+fn share_weight(field: &str, value: f64) -> Result<f64, Status> {
+    use peloton_engine::pool::{MAX_SHARE, MIN_SHARE};
+    if !value.is_finite() {
+        return Err(invalid(field, "must be a finite number"));
+    }
+    if value <= 0.0 {
+        return Err(invalid(field, format!("must be positive (got {value})")));
+    }
+    if !(MIN_SHARE..=MAX_SHARE).contains(&value) {
+        return Err(invalid(
+            field,
+            format!("must be between {MIN_SHARE} and {MAX_SHARE} (got {value})"),
+        ));
+    }
+    Ok(value)
+}
+
 /// A pool spec to the engine's configuration.
 pub fn pool_config(spec: Option<&pb::PoolSpec>) -> Result<PoolConfig, Status> {
     let default = pb::PoolSpec::default();
@@ -118,12 +137,22 @@ pub fn pool_config(spec: Option<&pb::PoolSpec>) -> Result<PoolConfig, Status> {
             limit[d] = MAX_AMOUNT;
         }
     }
-    let share = if spec.share == 0.0 { 1.0 } else { spec.share };
-    if !share.is_finite() || share <= 0.0 {
-        return Err(invalid(
-            "spec.share",
-            format!("must be positive (got {share})"),
-        ));
+    let share = if spec.share == 0.0 {
+        1.0
+    } else {
+        share_weight("spec.share", spec.share)?
+    };
+    let shares = spec.shares.unwrap_or_default();
+    let mut share_of = [share; 4];
+    for (d, field, value) in [
+        (Dim::Cpu, "spec.shares.cpu", shares.cpu),
+        (Dim::Memory, "spec.shares.memory_mb", shares.memory_mb),
+        (Dim::Disk, "spec.shares.disk_mb", shares.disk_mb),
+        (Dim::Gpu, "spec.shares.gpu", shares.gpu),
+    ] {
+        if value != 0.0 {
+            share_of[d.idx()] = share_weight(field, value)?;
+        }
     }
     let kind = match pb::PoolKind::try_from(spec.kind) {
         Ok(pb::PoolKind::Elastic) => PoolKind::Elastic,
@@ -139,7 +168,7 @@ pub fn pool_config(spec: Option<&pb::PoolSpec>) -> Result<PoolConfig, Status> {
         config.dims[d.idx()] = DimConfig {
             reservation: reservation[d],
             limit: limit[d],
-            share,
+            share: share_of[d.idx()],
             kind,
         };
     }
@@ -160,6 +189,18 @@ pub fn pool_spec_to_pb(config: &PoolConfig) -> pb::PoolSpec {
         } as i32,
         controller_limit_pct: config.controller_limit_pct,
         slack_limit_pct: config.slack_limit_pct,
+        // Per dimension only where they differ, so that a pool created with
+        // one `share` reads back as it was sent.
+        shares: config
+            .dims
+            .iter()
+            .any(|d| d.share != config.dims[0].share)
+            .then(|| pb::Resources {
+                cpu: config.dims[Dim::Cpu.idx()].share,
+                memory_mb: config.dims[Dim::Memory.idx()].share,
+                disk_mb: config.dims[Dim::Disk.idx()].share,
+                gpu: config.dims[Dim::Gpu.idx()].share,
+            }),
     }
 }
 
@@ -1090,5 +1131,83 @@ mod tests {
             pool_config(Some(&bad)).unwrap_err().message(),
             "spec.share: must be positive (got -1)"
         );
+    }
+
+    #[test]
+    fn per_dimension_shares_fill_in_from_share_and_read_back_where_they_differ() {
+        let spec = pb::PoolSpec {
+            share: 2.0,
+            shares: Some(pb::Resources {
+                cpu: 3.0,
+                memory_mb: 0.5,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let config = pool_config(Some(&spec)).unwrap();
+        let shares: Vec<f64> = config.dims.iter().map(|d| d.share).collect();
+        assert_eq!(shares, [3.0, 0.5, 2.0, 2.0], "unset dimensions use share");
+        let back = pool_spec_to_pb(&config);
+        assert_eq!(back.share, 3.0, "share reads as the cpu weight");
+        assert_eq!(
+            back.shares,
+            Some(pb::Resources {
+                cpu: 3.0,
+                memory_mb: 0.5,
+                disk_mb: 2.0,
+                gpu: 2.0
+            })
+        );
+        assert_eq!(pool_config(Some(&back)).unwrap(), config, "round trip");
+
+        // Equal weights everywhere read back as one share.
+        let same = pb::PoolSpec {
+            shares: Some(pb::Resources {
+                cpu: 4.0,
+                memory_mb: 4.0,
+                disk_mb: 4.0,
+                gpu: 4.0,
+            }),
+            ..Default::default()
+        };
+        let back = pool_spec_to_pb(&pool_config(Some(&same)).unwrap());
+        assert_eq!((back.share, back.shares), (4.0, None));
+
+        for (shares, message) in [
+            (
+                pb::Resources {
+                    memory_mb: -1.0,
+                    ..Default::default()
+                },
+                "spec.shares.memory_mb: must be positive (got -1)",
+            ),
+            (
+                pb::Resources {
+                    gpu: f64::NAN,
+                    ..Default::default()
+                },
+                "spec.shares.gpu: must be a finite number",
+            ),
+            (
+                pb::Resources {
+                    cpu: f64::INFINITY,
+                    ..Default::default()
+                },
+                "spec.shares.cpu: must be a finite number",
+            ),
+            (
+                pb::Resources {
+                    disk_mb: 1e9,
+                    ..Default::default()
+                },
+                "spec.shares.disk_mb: must be between 0.001 and 1000000 (got 1000000000)",
+            ),
+        ] {
+            let bad = pb::PoolSpec {
+                shares: Some(shares),
+                ..Default::default()
+            };
+            assert_eq!(pool_config(Some(&bad)).unwrap_err().message(), message);
+        }
     }
 }

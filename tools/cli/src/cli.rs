@@ -70,6 +70,52 @@ pub enum Command {
     Hostpool(HostPoolCommand),
     /// Print job and task events as they happen, until interrupted.
     Watch(WatchArgs),
+    /// Print the native YAML of a job or pool file in Peloton's format.
+    #[command(
+        override_usage = "peloton convert [RESPOOL] <FILE>",
+        after_help = PELOTON_FORMAT
+    )]
+    Convert(PoolAndFile),
+}
+
+const PELOTON_FORMAT: &str = "\
+Peloton's format (uber/peloton's v0 job config and resource pool config, keys in any case) is
+read as well as ours, told apart by its keys (instanceCount, defaultConfig, resources, ...).
+Every field is mapped, or refused with its YAML path and the reason (e.g. container: no Docker
+images; static ports; HTTP health checks on a fixed port; URIs to fetch). A job's owningTeam,
+ldapGroups and description become the labels peloton.owning_team, peloton.ldap_groups and
+peloton.description; a task's name is ignored; changeLog, fdLimit and a pool's owningTeam,
+ldapGroups and description are ignored with a note on stderr. MB (memLimitMb, diskLimitMb, a
+pool's memory and disk) are taken as MiB; cpu is cores. Where Peloton reads 0 as none (a pool's
+limit, a kind the pool does not list, maxPercent), the smallest amount stands for it, as 0 means
+no limit here. RESPOOL, as in Peloton's CLI, is the job's pool (`job create /demo job.yaml`) or
+the pool's own path, ending in its name (`respool create /demo/batch pool.yaml`).
+`peloton convert [RESPOOL] FILE` prints such a file in our format.";
+
+/// `[RESPOOL] FILE`, Peloton's command-line shape: the pool first.
+#[derive(Debug, Args)]
+pub struct PoolAndFile {
+    /// The file, or with two arguments the pool path (an absolute path
+    /// such as /demo) followed by the file.
+    #[arg(value_name = "RESPOOL|FILE")]
+    first: String,
+    /// The file, after a pool path.
+    #[arg(value_name = "FILE")]
+    second: Option<PathBuf>,
+}
+
+impl PoolAndFile {
+    /// The pool path, if one is given, and the file.
+    pub fn resolve(&self) -> Result<(Option<&str>, PathBuf), crate::error::UsageError> {
+        match &self.second {
+            None => Ok((None, PathBuf::from(&self.first))),
+            Some(file) if self.first.starts_with('/') => Ok((Some(&self.first), file.clone())),
+            Some(_) => Err(crate::error::UsageError(format!(
+                "RESPOOL: expected an absolute pool path such as /demo before the file, got `{}`",
+                self.first
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -81,11 +127,13 @@ pub struct VersionArg {
 
 #[derive(Debug, Subcommand)]
 pub enum RespoolCommand {
-    /// Create one pool, or a tree of pools (`pools: [...]`, created parents first).
-    Create {
-        /// Pool YAML file.
-        file: PathBuf,
-    },
+    /// Create one pool, or a tree of pools (`pools: [...]`, created parents
+    /// first), or one pool from Peloton's resource pool config.
+    #[command(
+        override_usage = "peloton respool create [RESPOOL] <FILE>",
+        after_help = PELOTON_FORMAT
+    )]
+    Create(PoolAndFile),
     /// Show one pool.
     Get {
         /// Absolute path, e.g. /batch/research.
@@ -93,10 +141,11 @@ pub enum RespoolCommand {
     },
     /// List every pool.
     List,
-    /// Replace the spec of the pool(s) in a YAML file.
+    /// Replace the spec of the pool(s) in a YAML file (either format).
+    #[command(override_usage = "peloton respool update [RESPOOL] <FILE> [--version N]")]
     Update {
-        /// Pool YAML file.
-        file: PathBuf,
+        #[command(flatten)]
+        target: PoolAndFile,
         #[command(flatten)]
         version: VersionArg,
     },
@@ -110,10 +159,16 @@ pub enum RespoolCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
-    /// Submit a job from a YAML spec.
+    /// Submit a job from a YAML spec: ours, or Peloton's job config.
+    #[command(
+        override_usage = "peloton job create [RESPOOL] <SPEC> [--wait] [--secret NAME=FILE]...",
+        after_help = PELOTON_FORMAT
+    )]
     Create {
-        /// Job spec YAML file.
-        spec: PathBuf,
+        /// `[RESPOOL] SPEC`: the job's YAML file, after the pool it runs in
+        /// if given (which then replaces the file's pool).
+        #[command(flatten)]
+        target: PoolAndFile,
         /// Show progress until the job ends; exit 3 unless it succeeded.
         #[arg(long)]
         wait: bool,
@@ -364,6 +419,44 @@ mod tests {
     #[test]
     fn command_tree_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn pool_argument_comes_first_as_in_peloton() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap_or_else(|err| panic!("{err}"));
+            match cli.command {
+                Command::Job(JobCommand::Create { target, .. })
+                | Command::Respool(RespoolCommand::Create(target))
+                | Command::Convert(target) => target
+                    .resolve()
+                    .map(|(pool, file)| (pool.map(str::to_owned), file))
+                    .map_err(|e| e.0),
+                other => panic!("parsed as {other:?}"),
+            }
+        };
+        assert_eq!(
+            parse(&["peloton", "job", "create", "job.yaml", "--wait"]),
+            Ok((None, PathBuf::from("job.yaml")))
+        );
+        assert_eq!(
+            parse(&["peloton", "job", "create", "/demo", "job.yaml"]),
+            Ok((Some("/demo".to_owned()), PathBuf::from("job.yaml")))
+        );
+        assert_eq!(
+            parse(&["peloton", "respool", "create", "/demo/b", "pool.yaml"]),
+            Ok((Some("/demo/b".to_owned()), PathBuf::from("pool.yaml")))
+        );
+        assert_eq!(
+            parse(&["peloton", "convert", "pool.yaml"]),
+            Ok((None, PathBuf::from("pool.yaml")))
+        );
+        let err = parse(&["peloton", "job", "create", "demo", "job.yaml"]).unwrap_err();
+        assert!(
+            err.starts_with("RESPOOL: expected an absolute pool path"),
+            "{err}"
+        );
+        assert!(Cli::try_parse_from(["peloton", "job", "create", "/a", "b", "c"]).is_err());
     }
 
     #[test]

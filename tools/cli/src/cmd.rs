@@ -1,6 +1,7 @@
 //! The commands: each connects through one shared channel, makes its calls
 //! and prints the result in the chosen format.
 
+mod convert;
 mod host;
 mod hostpool;
 mod job;
@@ -84,6 +85,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Volume(command) => volume::run(&ctx, command).await,
         Command::Hostpool(command) => hostpool::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
+        Command::Convert(target) => convert::run(&target),
+    }
+}
+
+/// The notes of a Peloton-format file (fields kept as labels or ignored),
+/// on stderr so that they never mix with the output.
+fn print_notes(file: &std::path::Path, notes: &[crate::peloton_yaml::Note]) {
+    for note in notes {
+        eprintln!("note: {}: {note}", file.display());
     }
 }
 

@@ -11,6 +11,7 @@ pub mod cmd;
 pub mod error;
 pub mod names;
 pub mod output;
+pub mod peloton_yaml;
 pub mod spec;
 
 /// Largest answer the CLI accepts (a host list of a large cluster, a job

@@ -258,6 +258,7 @@ pub fn pool_spec_json(spec: Option<&PoolSpec>) -> Value {
         "reservation": resources_json(spec.reservation.as_ref()),
         "limit": resources_json(spec.limit.as_ref()),
         "share": spec.share,
+        "shares": spec.shares.as_ref().map(|s| resources_json(Some(s))),
         "kind": enum_json::<PoolKind>(spec.kind),
         "controller_limit_pct": spec.controller_limit_pct,
         "slack_limit_pct": spec.slack_limit_pct,

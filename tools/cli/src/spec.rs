@@ -1,5 +1,8 @@
 //! The YAML files the CLI reads: job specs and resource pools, as serde
 //! structs that reject unknown fields, converted to the API's messages.
+//! Files in Peloton's own format (told apart by their keys) are read into
+//! the same structs by [`crate::peloton_yaml`]; `peloton convert` writes
+//! those structs back out as YAML of this format.
 //!
 //! Only the shape of a file is checked here; what the values mean (an
 //! instance count of 0, a bad constraint) is the server's to judge, so there
@@ -13,7 +16,9 @@ use peloton_proto::v1::{
     HealthCheck, HttpHealthCheck, InstanceOverride, JobSpec, JobType, PlacementStrategy, PoolKind,
     PoolSpec, PortSpec, Resources, RestartPolicy, SimSpec, Sla, TaskSpec, health_check,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+
+use crate::peloton_yaml::{self, Format, Note, PelotonError};
 
 /// A spec file that cannot be read or does not have the expected shape.
 #[derive(Debug)]
@@ -28,6 +33,10 @@ pub enum SpecErrorKind {
     Read(std::io::Error),
     /// serde's message names the field and the line and column.
     Yaml(serde_norway::Error),
+    /// A Peloton-format file: the field's YAML path and the problem.
+    Peloton(PelotonError),
+    /// The file does not go with the rest of the command line.
+    Usage(String),
 }
 
 impl fmt::Display for SpecError {
@@ -35,6 +44,8 @@ impl fmt::Display for SpecError {
         match &self.kind {
             SpecErrorKind::Read(err) => write!(f, "cannot read {}: {err}", self.origin),
             SpecErrorKind::Yaml(err) => write!(f, "{}: {err}", self.origin),
+            SpecErrorKind::Peloton(err) => write!(f, "{}: {err}", self.origin),
+            SpecErrorKind::Usage(problem) => write!(f, "{}: {problem}", self.origin),
         }
     }
 }
@@ -44,54 +55,63 @@ impl std::error::Error for SpecError {
         match &self.kind {
             SpecErrorKind::Read(err) => Some(err),
             SpecErrorKind::Yaml(err) => Some(err),
+            SpecErrorKind::Peloton(err) => Some(err),
+            SpecErrorKind::Usage(_) => None,
         }
+    }
+}
+
+fn peloton_error(err: PelotonError, origin: &str) -> SpecError {
+    SpecError {
+        origin: origin.to_owned(),
+        kind: SpecErrorKind::Peloton(err),
     }
 }
 
 // ---------------------------------------------------------------- jobs
 
 /// A job spec file.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobFile {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub owner: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub labels: BTreeMap<String, String>,
     #[serde(default, rename = "type")]
     pub job_type: JobTypeName,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub pool: String,
     #[serde(default = "one")]
     pub instances: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub placement: PlacementName,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub sla: SlaFile,
     pub task: TaskFile,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub overrides: Vec<OverrideFile>,
     /// Jobs whose task has a volume: what happens when its host is down.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub stateful: Option<StatefulFile>,
     /// The host pool the job runs in (empty: "default").
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub host_pool: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatefulFile {
     /// How long the volume's host may be down before `on_host_down`
     /// applies (0: the server's default, 10 minutes).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub host_down_timeout_ms: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub on_host_down: VolumeLossName,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum VolumeLossName {
     /// Keep waiting for the host.
@@ -102,12 +122,12 @@ pub enum VolumeLossName {
 }
 
 /// A persistent volume of the task.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeFile {
     pub size_mb: u64,
     /// Inside the sandbox (default "data").
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub path: String,
 }
 
@@ -115,7 +135,13 @@ fn one() -> u32 {
     1
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+/// Left out of the YAML the CLI writes (`peloton convert`): the field's
+/// default, which the parser fills in again.
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobTypeName {
     #[default]
@@ -125,7 +151,7 @@ pub enum JobTypeName {
     Daemon,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PlacementName {
     #[default]
@@ -134,88 +160,88 @@ pub enum PlacementName {
     FirstFit,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SlaFile {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub priority: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub preemptible: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub max_running_instances: u32,
     /// Instances are admitted and placed in groups of this many.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub gang_size: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub max_running_time_ms: u64,
     /// Services: a host drain stops at most this many instances at a time.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub max_unavailable_instances: u32,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskFile {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub command: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub args: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub shell: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub env: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub resources: ResourcesFile,
     /// Port names; each is exposed to the task as `PELOTON_PORT_<NAME>`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub ports: Vec<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub constraint: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub restart: RestartFile,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub revocable: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub controller: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub kill_grace_period_ms: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub max_instances_per_host: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub sim: SimFile,
     /// Run by the agent while the task runs; an unhealthy task is restarted.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub health_check: Option<HealthCheckFile>,
     /// A persistent volume; the instance is pinned to its host.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub volume: Option<VolumeFile>,
 }
 
 /// A health check: exactly one of `command`, `http` or `tcp_port`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckFile {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub command: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub http: Option<HttpCheckFile>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub tcp_port: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub initial_delay_ms: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub interval_ms: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub timeout_ms: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub max_consecutive_failures: u32,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpCheckFile {
     pub port: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub path: String,
 }
 
@@ -249,40 +275,40 @@ impl HealthCheckFile {
 }
 
 /// Resources in API units: cpu cores, memory and disk MiB, GPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesFile {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub cpu: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub memory_mb: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub disk_mb: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub gpu: f64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RestartFile {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub max_failures: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub backoff_ms: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub max_backoff_ms: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimFile {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub duration_ms: u64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub exit_code: i32,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OverrideFile {
     pub instance: u32,
@@ -393,41 +419,81 @@ fn to_hash_map(map: BTreeMap<String, String>) -> HashMap<String, String> {
     map.into_iter().collect()
 }
 
-/// Parses a job spec; `origin` names the text's source in errors.
-pub fn parse_job_spec(text: &str, origin: &str) -> Result<JobSpec, SpecError> {
-    let file: JobFile = from_yaml(text, origin)?;
-    Ok(file.into_proto())
+/// A spec file as read: in the native structs whatever its format, with
+/// the notes of a Peloton-format file (fields kept as labels or ignored).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded<T> {
+    pub value: T,
+    pub format: Format,
+    pub notes: Vec<Note>,
 }
 
-/// Reads and parses a job spec file.
+/// Parses a job file, native or Peloton's (detected from its keys);
+/// `origin` names the text's source in errors.
+pub fn parse_job_file(text: &str, origin: &str) -> Result<Loaded<JobFile>, SpecError> {
+    let value: serde_norway::Value = from_yaml(text, origin)?;
+    match peloton_yaml::job_format(&value).map_err(|e| peloton_error(e, origin))? {
+        // Parsed again from the text, so errors keep serde's line numbers.
+        Format::Native => Ok(Loaded {
+            value: from_yaml(text, origin)?,
+            format: Format::Native,
+            notes: Vec::new(),
+        }),
+        Format::Peloton => {
+            let (value, notes) = peloton_yaml::job(&value).map_err(|e| peloton_error(e, origin))?;
+            Ok(Loaded {
+                value,
+                format: Format::Peloton,
+                notes,
+            })
+        }
+    }
+}
+
+/// Parses a job spec (either format) into the API's message.
+pub fn parse_job_spec(text: &str, origin: &str) -> Result<JobSpec, SpecError> {
+    Ok(parse_job_file(text, origin)?.value.into_proto())
+}
+
+/// Reads and parses a job file (either format).
+pub fn load_job_file(path: &Path) -> Result<Loaded<JobFile>, SpecError> {
+    parse_job_file(&read(path)?, &path.display().to_string())
+}
+
+/// Reads and parses a job spec file (either format).
 pub fn load_job_spec(path: &Path) -> Result<JobSpec, SpecError> {
-    parse_job_spec(&read(path)?, &path.display().to_string())
+    Ok(load_job_file(path)?.value.into_proto())
 }
 
 // ---------------------------------------------------------------- pools
 
 /// One pool of a pool file.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolFile {
     /// Absolute path, e.g. `/batch/research`.
     pub path: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub reservation: ResourcesFile,
     /// A dimension left at 0 has no limit.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub limit: ResourcesFile,
-    #[serde(default)]
+    /// Weight for capacity beyond reservations (0: 1), in every dimension
+    /// `shares` leaves at 0.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub share: f64,
-    #[serde(default)]
+    /// Per-dimension weights, e.g. `{cpu: 3, memory_mb: 1}`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub shares: Option<ResourcesFile>,
+    #[serde(default, skip_serializing_if = "is_default")]
     pub kind: PoolKindName,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub controller_limit_pct: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub slack_limit_pct: f64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PoolKindName {
     #[default]
@@ -436,7 +502,7 @@ pub enum PoolKindName {
 }
 
 /// A pool tree: `pools: [...]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct PoolTreeFile {
     pools: Vec<PoolFile>,
@@ -461,6 +527,7 @@ impl PoolFile {
                 reservation: Some(self.reservation.into_proto()),
                 limit: Some(self.limit.into_proto()),
                 share: self.share,
+                shares: self.shares.map(ResourcesFile::into_proto),
                 kind: kind.into(),
                 controller_limit_pct: self.controller_limit_pct,
                 slack_limit_pct: self.slack_limit_pct,
@@ -469,23 +536,72 @@ impl PoolFile {
     }
 }
 
-/// Parses a pool file: one pool, or a tree under `pools:`. A tree comes back
-/// parents first (a stable sort by depth, so the file's order is kept among
-/// pools of one depth), the order in which they can be created.
-pub fn parse_pools(text: &str, origin: &str) -> Result<Vec<PoolEntry>, SpecError> {
+/// Parses a pool file: one pool, a tree under `pools:`, or one pool in
+/// Peloton's format (detected from its keys). A tree comes back parents
+/// first (a stable sort by depth, so the file's order is kept among pools of
+/// one depth), the order in which they can be created. `path` (the command
+/// line's pool path) names the pool of a one-pool file; a tree refuses it.
+pub fn parse_pool_file(
+    text: &str,
+    origin: &str,
+    path: Option<&str>,
+) -> Result<Loaded<Vec<PoolFile>>, SpecError> {
     // Peek at the top-level keys first, then parse the text again with the
     // right struct, so errors keep serde's field names and line numbers.
     let peek: serde_norway::Value = from_yaml(text, origin)?;
+    let format = peloton_yaml::pool_format(&peek).map_err(|e| peloton_error(e, origin))?;
+    if format == Format::Peloton {
+        let (pool, notes) =
+            peloton_yaml::pool(&peek, path).map_err(|e| peloton_error(e, origin))?;
+        return Ok(Loaded {
+            value: vec![pool],
+            format,
+            notes,
+        });
+    }
     let is_tree = peek.as_mapping().is_some_and(|m| m.contains_key("pools"));
-    let mut entries: Vec<PoolEntry> = if is_tree {
+    let mut pools: Vec<PoolFile> = if is_tree {
+        if let Some(path) = path {
+            return Err(SpecError {
+                origin: origin.to_owned(),
+                kind: SpecErrorKind::Usage(format!(
+                    "the pool path {path} names one pool, but this file is a tree \
+                     (`pools:`) whose pools name their own paths"
+                )),
+            });
+        }
         let tree: PoolTreeFile = from_yaml(text, origin)?;
-        tree.pools.into_iter().map(PoolFile::into_entry).collect()
+        tree.pools
     } else {
-        let pool: PoolFile = from_yaml(text, origin)?;
-        vec![pool.into_entry()]
+        let mut pool: PoolFile = from_yaml(text, origin)?;
+        if let Some(path) = path {
+            pool.path = path.to_owned();
+        }
+        vec![pool]
     };
-    entries.sort_by_key(|entry| path_depth(&entry.path));
-    Ok(entries)
+    pools.sort_by_key(|pool| path_depth(&pool.path));
+    Ok(Loaded {
+        value: pools,
+        format,
+        notes: Vec::new(),
+    })
+}
+
+/// Parses a pool file (either format) into pools to create or update.
+pub fn parse_pools(text: &str, origin: &str) -> Result<Vec<PoolEntry>, SpecError> {
+    Ok(parse_pool_file(text, origin, None)?
+        .value
+        .into_iter()
+        .map(PoolFile::into_entry)
+        .collect())
+}
+
+/// Reads and parses a pool file (either format).
+pub fn load_pool_file(
+    path: &Path,
+    pool_path: Option<&str>,
+) -> Result<Loaded<Vec<PoolFile>>, SpecError> {
+    parse_pool_file(&read(path)?, &path.display().to_string(), pool_path)
 }
 
 /// Reads and parses a pool file.
@@ -495,6 +611,39 @@ pub fn load_pools(path: &Path) -> Result<Vec<PoolEntry>, SpecError> {
 
 fn path_depth(path: &str) -> usize {
     path.split('/').filter(|part| !part.is_empty()).count()
+}
+
+// ---------------------------------------------------------------- conversion
+
+/// `peloton convert`: the native YAML of a Peloton-format job or pool
+/// file, headed by comments (its origin and notes). `pool` (the command
+/// line's pool path) is the job's pool, or the pool's own path.
+pub fn convert(text: &str, origin: &str, pool: Option<&str>) -> Result<String, SpecError> {
+    let value: serde_norway::Value = from_yaml(text, origin)?;
+    let rendered = match peloton_yaml::kind(&value).map_err(|e| peloton_error(e, origin))? {
+        peloton_yaml::Kind::Job => {
+            let (mut job, notes) =
+                peloton_yaml::job(&value).map_err(|e| peloton_error(e, origin))?;
+            if let Some(pool) = pool {
+                job.pool = pool.to_owned();
+            }
+            peloton_yaml::render(&job, "A job", origin, &notes)
+        }
+        peloton_yaml::Kind::Pool => {
+            let (pool, notes) =
+                peloton_yaml::pool(&value, pool).map_err(|e| peloton_error(e, origin))?;
+            peloton_yaml::render(&pool, "A resource pool", origin, &notes)
+        }
+    };
+    rendered.map_err(|err| SpecError {
+        origin: origin.to_owned(),
+        kind: SpecErrorKind::Yaml(err),
+    })
+}
+
+/// Reads a Peloton-format file and converts it (see [`convert`]).
+pub fn convert_file(path: &Path, pool: Option<&str>) -> Result<String, SpecError> {
+    convert(&read(path)?, &path.display().to_string(), pool)
 }
 
 // ---------------------------------------------------------------- helpers
@@ -738,6 +887,178 @@ overrides:
     }
 
     #[test]
+    fn per_dimension_shares_are_read() {
+        let pools = parse_pools(
+            "path: /a\nshare: 2\nshares: {cpu: 3, memory_mb: 0.5}\n",
+            "p.yaml",
+        )
+        .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(pools[0].spec.share, 2.0);
+        assert_eq!(
+            pools[0].spec.shares,
+            Some(Resources {
+                cpu: 3.0,
+                memory_mb: 0.5,
+                ..Default::default()
+            })
+        );
+        let pools = parse_pools("path: /a\n", "p.yaml").unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(pools[0].spec.shares, None);
+    }
+
+    #[test]
+    fn a_pool_path_argument_names_a_one_pool_file() {
+        let loaded = parse_pool_file("path: /a\nshare: 2\n", "p.yaml", Some("/b/c"))
+            .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(loaded.value[0].path, "/b/c");
+        assert_eq!(loaded.format, Format::Native);
+        let err = parse_pool_file("pools: [{path: /a}]\n", "p.yaml", Some("/b")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("p.yaml: the pool path /b names one pool"),
+            "{err}"
+        );
+        let loaded = parse_pool_file("name: c\nresources: []\n", "p.yaml", Some("/b/c"))
+            .unwrap_or_else(|err| panic!("{err}"));
+        assert_eq!(
+            (loaded.value[0].path.as_str(), loaded.format),
+            ("/b/c", Format::Peloton)
+        );
+        assert_eq!(loaded.notes.len(), 4, "{:?}", loaded.notes);
+    }
+
+    #[test]
+    fn peloton_errors_name_the_file_and_the_field() {
+        let err = job_error(
+            "name: x\ninstanceCount: 1\ndefaultConfig:\n  container: {docker: {image: debian}}\n",
+        );
+        assert!(
+            err.starts_with("bad.yaml: defaultConfig.container: container images"),
+            "{err}"
+        );
+    }
+
+    fn peloton_examples() -> Vec<std::path::PathBuf> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/peloton");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .expect("examples/peloton/ exists")
+            .map(|e| e.expect("readable directory").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Conversion round trip: the native YAML that `peloton convert` prints
+    /// parses (natively) into the same request as the Peloton file.
+    #[test]
+    fn converted_files_give_the_same_requests() {
+        let mut seen = Vec::new();
+        let inline = [
+            ("inline-job.yaml", FULL_PELOTON_JOB.to_owned()),
+            (
+                "inline-pool.yaml",
+                "name: p\nresources: [{kind: cpu, reservation: 1, limit: 2, share: 2}, {kind: gpu, limit: 0}]\n\
+                 controllerLimit: {maxPercent: 0}\n"
+                    .to_owned(),
+            ),
+        ];
+        let files = peloton_examples()
+            .into_iter()
+            .map(|p| (p.display().to_string(), read(&p).expect("readable")))
+            .chain(inline.into_iter().map(|(n, t)| (n.to_owned(), t)));
+        for (origin, text) in files {
+            let value: serde_norway::Value = serde_norway::from_str(&text).expect("yaml");
+            let kind = peloton_yaml::kind(&value).expect("a Peloton file");
+            // A job's pool, or none for a pool (its path is then its name).
+            let pool = (kind == peloton_yaml::Kind::Job).then_some("/demo/x");
+            let native = convert(&text, &origin, pool).unwrap_or_else(|e| panic!("{e}"));
+            assert!(native.starts_with("# "), "{native}");
+            match kind {
+                peloton_yaml::Kind::Job => {
+                    let mut direct = parse_job_spec(&text, &origin).expect("parses");
+                    direct.pool = "/demo/x".into();
+                    let loaded = parse_job_file(&native, "converted.yaml")
+                        .unwrap_or_else(|e| panic!("{e}\n{native}"));
+                    assert_eq!(loaded.format, Format::Native, "{native}");
+                    assert!(loaded.notes.is_empty());
+                    assert_eq!(loaded.value.into_proto(), direct, "{origin}:\n{native}");
+                }
+                peloton_yaml::Kind::Pool => {
+                    let direct: Vec<PoolEntry> = parse_pool_file(&text, &origin, None)
+                        .expect("parses")
+                        .value
+                        .into_iter()
+                        .map(PoolFile::into_entry)
+                        .collect();
+                    let back = parse_pools(&native, "converted.yaml")
+                        .unwrap_or_else(|e| panic!("{e}\n{native}"));
+                    assert_eq!(back, direct, "{origin}:\n{native}");
+                }
+            }
+            seen.push(origin);
+        }
+        assert!(seen.len() >= 5, "{seen:?}");
+        let err = convert("name: x\ntask: {shell: 'true'}\n", "ours.yaml", None).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("ours.yaml: not in Peloton's format"),
+            "{err}"
+        );
+    }
+
+    /// Every example in Peloton's format parses as what its name says.
+    #[test]
+    fn peloton_examples_parse() {
+        let files = peloton_examples();
+        assert!(files.len() >= 3, "{files:?}");
+        for path in files {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.starts_with("respool") {
+                let loaded =
+                    load_pool_file(&path, Some("/demo/peloton")).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(loaded.format, Format::Peloton, "{name}");
+            } else {
+                let loaded = load_job_file(&path).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(loaded.format, Format::Peloton, "{name}");
+                assert!(loaded.value.instances >= 1, "{name}");
+            }
+        }
+    }
+
+    const FULL_PELOTON_JOB: &str = r#"
+name: every-field
+type: 1
+owningTeam: t
+ldapGroups: [a, b]
+description: d
+labels: [{key: k, value: v}]
+instanceCount: 3
+respoolID: {value: /prod}
+sla: {priority: 3, preemptible: true, maximumRunningInstances: 2, minimumRunningInstances: 1,
+      maxRunningTime: 60, maximumUnavailableInstances: 1}
+defaultConfig:
+  labels: [{key: app, value: web}]
+  resource: {cpuLimit: 0.25, memLimitMb: 64, diskLimitMb: 5, gpuLimit: 0}
+  command:
+    value: 'serve $PORT'
+    environment: {variables: [{name: A, value: b}]}
+  ports: [{name: http, envName: PORT}]
+  healthCheck: {type: COMMAND, commandCheck: {command: 'test -n "$PORT"'}, intervalSecs: 2}
+  constraint: {type: 2, andConstraint: {constraints: [
+    {type: 1, labelConstraint: {kind: 2, condition: 2, requirement: 1, label: {key: zone, value: z1}}},
+    {type: 1, labelConstraint: {kind: 1, condition: 2, requirement: 0, label: {key: app, value: web}}}]}}
+  restartPolicy: {maxFailures: 3}
+  killGracePeriodSeconds: 4
+instanceConfig:
+  2:
+    command: {shell: false, value: /bin/echo, arguments: [echo, "two words"]}
+"#;
+
+    #[test]
     fn pool_tree_comes_back_parents_first() {
         let pools = parse_pools(
             "pools:\n  - path: /a/b\n  - path: /c\n  - path: /a\n  - path: /a/b/c\n  - path: /d\n",
@@ -758,12 +1079,20 @@ overrides:
             "{err}"
         );
 
+        let err = parse_pools("pools:\n  - path: /a\n    sharez: 2\n", "p.yaml").unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("unknown field `sharez`") && err.contains("line 3"),
+            "{err}"
+        );
         let err = parse_pools("pools:\n  - path: /a\n    shares: 2\n", "p.yaml").unwrap_err();
         let err = err.to_string();
         assert!(
-            err.contains("unknown field `shares`") && err.contains("line 3"),
+            err.contains("pools[0].shares: invalid type") && err.contains("line 3"),
             "{err}"
         );
+        let err = parse_pools("path: /a\nshares: {cpu: 1, mem: 2}\n", "p.yaml").unwrap_err();
+        assert!(err.to_string().contains("unknown field `mem`"), "{err}");
 
         let err = parse_pools("pools:\n  - path: /a\npath: /b\n", "p.yaml").unwrap_err();
         assert!(err.to_string().contains("unknown field `path`"), "{err}");

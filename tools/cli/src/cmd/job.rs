@@ -20,7 +20,7 @@ use crate::output::{
     Align, OutputFormat, Table, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms, job_json,
     or_dash, print_json, print_out, render_fields,
 };
-use crate::spec::load_job_spec;
+use crate::spec::load_job_file;
 
 /// How often `--wait` asks for the job.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -32,11 +32,17 @@ type Client = JobServiceClient<Channel>;
 pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
     match command {
         JobCommand::Create {
-            spec,
+            target,
             wait,
             secrets,
         } => {
-            let mut spec = load_job_spec(&spec)?;
+            let (pool, file) = target.resolve()?;
+            let mut loaded = load_job_file(&file)?;
+            super::print_notes(&file, &loaded.notes);
+            if let Some(pool) = pool {
+                loaded.value.pool = pool.to_owned();
+            }
+            let mut spec = loaded.value.into_proto();
             spec.secrets.extend(crate::spec::load_secrets(&secrets)?);
             let mut client = connect(ctx).await?;
             let request = CreateJobRequest { spec: Some(spec) };

@@ -17,12 +17,12 @@ use crate::output::{
     Align, OutputFormat, Table, fmt_number, fmt_resources, pool_json, print_json, print_out,
     render_fields,
 };
-use crate::spec::load_pools;
+use crate::spec::{PoolEntry, PoolFile, load_pool_file};
 
 pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
     match command {
-        RespoolCommand::Create { file } => {
-            let entries = load_pools(&file)?;
+        RespoolCommand::Create(target) => {
+            let entries = load(&target)?;
             let mut client = connect(ctx).await?;
             let mut created = Vec::with_capacity(entries.len());
             for entry in entries {
@@ -60,12 +60,12 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
                 }))?,
             }
         }
-        RespoolCommand::Update { file, version } => {
-            let entries = load_pools(&file)?;
+        RespoolCommand::Update { target, version } => {
+            let entries = load(&target)?;
             if entries.len() > 1 && version.version != 0 {
                 return Err(UsageError(format!(
                     "--version applies to one pool, but {} holds {}",
-                    file.display(),
+                    target.resolve()?.1.display(),
                     entries.len()
                 ))
                 .into());
@@ -102,6 +102,15 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Success)
+}
+
+/// The pools of a file in either format; a pool path before it names its
+/// (one) pool.
+fn load(target: &crate::cli::PoolAndFile) -> Result<Vec<PoolEntry>> {
+    let (path, file) = target.resolve()?;
+    let loaded = load_pool_file(&file, path)?;
+    super::print_notes(&file, &loaded.notes);
+    Ok(loaded.value.into_iter().map(PoolFile::into_entry).collect())
 }
 
 type Client = ResourcePoolServiceClient<Channel>;
@@ -161,7 +170,7 @@ fn pool_table(pools: &[Pool]) -> String {
         table.row(vec![
             pool.path.clone(),
             name_of::<PoolKind>(spec.kind),
-            fmt_share(spec.share),
+            fmt_share(&spec),
             fmt_resources(spec.reservation.as_ref()),
             fmt_resources(spec.limit.as_ref()),
             fmt_resources(status.entitlement.as_ref()),
@@ -184,7 +193,7 @@ fn pool_details(pool: &Pool) -> String {
     render_fields(&[
         ("PATH", pool.path.clone()),
         ("KIND", name_of::<PoolKind>(spec.kind)),
-        ("SHARE", fmt_share(spec.share)),
+        ("SHARE", fmt_share(&spec)),
         ("RESERVATION", fmt_resources(spec.reservation.as_ref())),
         ("LIMIT", fmt_resources(spec.limit.as_ref())),
         ("CONTROLLER LIMIT", fmt_pct(spec.controller_limit_pct)),
@@ -199,12 +208,45 @@ fn pool_details(pool: &Pool) -> String {
     ])
 }
 
-/// A share of 0 means 1.
-fn fmt_share(share: f64) -> String {
-    fmt_number(if share == 0.0 { 1.0 } else { share })
+/// A share of 0 means 1; per-dimension shares (where they differ) per
+/// dimension, a dimension left at 0 taking `share`.
+fn fmt_share(spec: &peloton_proto::v1::PoolSpec) -> String {
+    let share = if spec.share == 0.0 { 1.0 } else { spec.share };
+    let Some(shares) = spec.shares else {
+        return fmt_number(share);
+    };
+    let of = |s: f64| fmt_number(if s == 0.0 { share } else { s });
+    format!(
+        "cpu {} mem {} disk {} gpu {}",
+        of(shares.cpu),
+        of(shares.memory_mb),
+        of(shares.disk_mb),
+        of(shares.gpu)
+    )
 }
 
 /// A percentage limit of 0 means 100.
 fn fmt_pct(pct: f64) -> String {
     format!("{}%", fmt_number(if pct == 0.0 { 100.0 } else { pct }))
+}
+
+#[cfg(test)]
+mod tests {
+    use peloton_proto::v1::{PoolSpec, Resources};
+
+    use super::fmt_share;
+
+    #[test]
+    fn shares_show_per_dimension_where_they_differ() {
+        let mut spec = PoolSpec::default();
+        assert_eq!(fmt_share(&spec), "1");
+        spec.share = 2.0;
+        assert_eq!(fmt_share(&spec), "2");
+        spec.shares = Some(Resources {
+            cpu: 3.0,
+            memory_mb: 0.5,
+            ..Default::default()
+        });
+        assert_eq!(fmt_share(&spec), "cpu 3 mem 0.5 disk 2 gpu 2");
+    }
 }

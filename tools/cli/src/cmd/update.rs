@@ -19,7 +19,7 @@ use crate::names::name_of;
 use crate::output::{
     Align, OutputFormat, Table, fmt_time_ms, or_dash, print_json, print_out, render_fields,
 };
-use crate::spec::load_job_spec;
+use crate::spec::load_job_file;
 
 /// How often the progress bar asks for the update.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -53,7 +53,9 @@ fn is_terminal(state: UpdateState) -> bool {
 
 /// `peloton job update ID SPEC.yaml`.
 pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
-    let mut spec = load_job_spec(&args.spec)?;
+    let loaded = load_job_file(&args.spec)?;
+    super::print_notes(&args.spec, &loaded.notes);
+    let mut spec = loaded.value.into_proto();
     let secrets = crate::spec::load_secrets(&args.secrets)?;
     if !secrets.is_empty() {
         spec.secrets = secrets;

@@ -1,0 +1,494 @@
+//! Files in Peloton's own format through the `peloton` binary, against real
+//! servers: every file under `examples/peloton/` on the README's
+//! quick-start cluster (`pelotond --local-agents 3`: real agents, real
+//! processes), where the jobs run to the end (services: running and
+//! healthy); and, on a server with simulated hosts, the conversion round
+//! trip, refusals that name the field, and keys in either case.
+//!
+//! The quick-start test runs `pelotond` and `peloton-agent` found next to
+//! the `peloton` binary: `cargo test --workspace` builds them; for this
+//! target alone, `cargo build -p peloton-gateway -p peloton-agent` first.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use peloton_cli::spec::{JobTypeName, load_job_file};
+use peloton_gateway::config::Config;
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// The files of `examples/peloton/`, pools first.
+fn peloton_examples() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(examples().join("peloton"))
+        .expect("examples/peloton/ exists")
+        .map(|e| e.expect("readable directory").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort_by_key(|p| (!is_pool_file(p), p.clone()));
+    assert!(files.len() >= 3, "{files:?}");
+    files
+}
+
+fn is_pool_file(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("respool"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+async fn peloton(server: &str, args: &[&str]) -> Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_peloton"));
+    cmd.arg("--server").arg(server).args(args);
+    cmd.output().await.expect("the CLI runs")
+}
+
+async fn ok(server: &str, args: &[&str]) -> Output {
+    let out = peloton(server, args).await;
+    assert!(
+        out.status.success(),
+        "peloton {args:?} failed: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    out
+}
+
+async fn ok_json(server: &str, args: &[&str]) -> Value {
+    let mut all = vec!["--output", "json"];
+    all.extend_from_slice(args);
+    let out = ok(server, &all).await;
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("peloton {args:?}: not JSON ({e}): {}", text(&out.stdout)))
+}
+
+/// Polls `check` until it returns `Ok`; panics with the last `Err` after
+/// [`TIMEOUT`].
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("timed out waiting for {what}; last seen: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// `pelotond --local-agents 3` on a fresh data dir, as the README's quick
+/// start runs it. Dropping it (also on a panic) stops the server, which
+/// stops its agents, and kills any task process left from its sandboxes.
+struct QuickStart {
+    dir: tempfile::TempDir,
+    server: std::process::Child,
+    url: String,
+}
+
+impl QuickStart {
+    async fn start() -> QuickStart {
+        let cli = PathBuf::from(env!("CARGO_BIN_EXE_peloton"));
+        let [pelotond, agent] = ["pelotond", "peloton-agent"].map(|name| {
+            let p = cli.with_file_name(name);
+            assert!(
+                p.exists(),
+                "{} not found: build it first (`cargo build -p peloton-gateway -p peloton-agent`; \
+                 `cargo test --workspace` does)",
+                p.display()
+            );
+            p
+        });
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let log = std::fs::File::create(dir.path().join("pelotond.log")).expect("log file");
+        let server = std::process::Command::new(pelotond)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--no-metrics"])
+            .args(["--local-agents", "3", "--agent-bin"])
+            .arg(agent)
+            .env("RUST_LOG", "warn")
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("pelotond starts");
+        let cluster = QuickStart {
+            dir,
+            server,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let url = cluster.url.clone();
+        eventually("three agent hosts up", async || {
+            let out = peloton(&url, &["--output", "json", "host", "list"]).await;
+            let hosts: Value =
+                serde_json::from_slice(&out.stdout).map_err(|_| text(&out.stderr))?;
+            let up = hosts["hosts"]
+                .as_array()
+                .map_or(0, |h| h.iter().filter(|h| h["state"] == "up").count());
+            if up == 3 {
+                Ok(())
+            } else {
+                Err(hosts.to_string())
+            }
+        })
+        .await;
+        cluster
+    }
+
+    /// The tasks still running from this cluster's sandboxes.
+    fn task_pids(&self) -> Vec<u32> {
+        let marker = format!("PELOTON_SANDBOX={}", self.dir.path().display());
+        std::fs::read_dir("/proc")
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+                    .filter(|pid| {
+                        std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                            env.split(|b| *b == 0)
+                                .any(|var| String::from_utf8_lossy(var).starts_with(&marker))
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for QuickStart {
+    fn drop(&mut self) {
+        // SIGTERM: the server stops its agents (and waits for them).
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.server.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline && matches!(self.server.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        // Agents leave their tasks running by design; a test leaves none.
+        for pid in self.task_pids() {
+            let _ = std::process::Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+}
+
+async fn job_state(url: &str, id: &str) -> String {
+    let job = ok_json(url, &["job", "get", id]).await;
+    job["job"]["status"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peloton_examples_run_on_the_quick_start_cluster() {
+    let cluster = QuickStart::start().await;
+    let url = cluster.url.clone();
+    let url = url.as_str();
+    ok(
+        url,
+        &[
+            "respool",
+            "create",
+            &path_str(&examples().join("pools.yaml")),
+        ],
+    )
+    .await;
+    const POOL: &str = "/demo/peloton";
+    for file in peloton_examples() {
+        let file_str = path_str(&file);
+        if is_pool_file(&file) {
+            let out = ok_json(url, &["respool", "create", POOL, &file_str]).await;
+            let spec = &out["pools"][0]["spec"];
+            assert_eq!(out["pools"][0]["path"], POOL, "{out}");
+            // Its per-kind shares, and Peloton's gpu limit 0 as the smallest.
+            assert_eq!(spec["shares"]["cpu"], 2.0, "{out}");
+            assert_eq!(spec["shares"]["memory_mb"], 1.0, "{out}");
+            assert_eq!(spec["limit"]["gpu"], 0.001, "{out}");
+            continue;
+        }
+        let kind = load_job_file(&file)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .value
+            .job_type;
+        match kind {
+            JobTypeName::Batch => {
+                // --wait exits 0 only if the job succeeded.
+                let out = peloton(url, &["job", "create", POOL, &file_str, "--wait"]).await;
+                assert!(
+                    out.status.success(),
+                    "{file_str}: {}{}",
+                    text(&out.stdout),
+                    text(&out.stderr)
+                );
+                // Informational fields are said on stderr.
+                assert!(
+                    text(&out.stderr).contains("note: "),
+                    "{}",
+                    text(&out.stderr)
+                );
+                let name = load_job_file(&file)
+                    .map(|l| l.value.name)
+                    .unwrap_or_default();
+                let jobs = ok_json(url, &["job", "query", "--name", &name]).await;
+                let job = &jobs["jobs"][0];
+                assert_eq!(job["status"]["state"], "succeeded", "{job}");
+                assert_eq!(job["spec"]["pool"], POOL, "{job}");
+                let id = job["id"].as_str().expect("id").to_owned();
+                let tasks = ok_json(url, &["task", "list", &id]).await;
+                for t in tasks["tasks"].as_array().expect("tasks") {
+                    assert_eq!(t["current"]["state"], "succeeded", "{t}");
+                    assert!(
+                        t["current"]["host"]
+                            .as_str()
+                            .unwrap_or("")
+                            .starts_with("local-")
+                    );
+                }
+                if file.ends_with("batch.yaml") {
+                    // The merged instance config ran its own command.
+                    let out = ok(url, &["task", "logs", &id, "0"]).await;
+                    assert!(text(&out.stdout).contains("instance 0 has a command of its own"));
+                    let out = ok(url, &["task", "logs", &id, "1"]).await;
+                    assert!(
+                        text(&out.stdout).contains(&format!("hello from instance 1 of {id}")),
+                        "{}",
+                        text(&out.stdout)
+                    );
+                }
+            }
+            JobTypeName::Service | JobTypeName::Stateful | JobTypeName::Daemon => {
+                let job = ok_json(url, &["job", "create", POOL, &file_str]).await;
+                let id = job["job"]["id"].as_str().expect("id").to_owned();
+                let n = job["job"]["spec"]["instance_count"]
+                    .as_u64()
+                    .expect("count");
+                let tasks = eventually("every instance running and healthy", async || {
+                    let tasks = ok_json(url, &["task", "list", &id]).await;
+                    let list = tasks["tasks"].as_array().cloned().unwrap_or_default();
+                    let ready = list.iter().filter(|t| {
+                        t["current"]["state"] == "running"
+                            && matches!(t["current"]["health"].as_str(), Some("healthy" | "none"))
+                    });
+                    if ready.count() as u64 == n {
+                        Ok(list)
+                    } else {
+                        Err(tasks.to_string())
+                    }
+                })
+                .await;
+                assert_eq!(job_state(url, &id).await, "running");
+                if file.ends_with("service.yaml") {
+                    // Peloton's envname: the port under the name the file gave it.
+                    let port = tasks[0]["current"]["ports"]["http"].as_u64().expect("port");
+                    let out = ok(url, &["task", "logs", &id, "0"]).await;
+                    assert!(
+                        text(&out.stdout).contains(&format!("serving on port {port}")),
+                        "{}",
+                        text(&out.stdout)
+                    );
+                }
+                ok(url, &["job", "kill", &id]).await;
+                eventually("the service killed", async || {
+                    let state = job_state(url, &id).await;
+                    if state == "killed" {
+                        Ok(())
+                    } else {
+                        Err(state)
+                    }
+                })
+                .await;
+            }
+        }
+    }
+    assert!(cluster.task_pids().is_empty(), "tasks left running");
+}
+
+/// A server with simulated hosts, in this process.
+async fn sim_server(dir: &Path) -> peloton_gateway::server::Server {
+    peloton_gateway::server::start(&Config {
+        data_dir: dir.to_path_buf(),
+        listen: "127.0.0.1:0".parse().expect("address"),
+        metrics_listen: None,
+        sim_hosts: 4,
+        cycle_interval_ms: 5,
+        ..Config::default()
+    })
+    .await
+    .expect("server starts")
+}
+
+/// Every key lowercased (`instanceCount:` → `instancecount:`), as in
+/// Peloton's example/ files.
+fn lowercase_keys(yaml: &str) -> String {
+    let mut out = String::new();
+    let mut word = String::new();
+    for c in yaml.chars().chain(std::iter::once('\n')) {
+        if c.is_ascii_alphabetic() {
+            word.push(c);
+            continue;
+        }
+        if c == ':' {
+            word.make_ascii_lowercase();
+        }
+        out.push_str(&word);
+        word.clear();
+        out.push(c);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = sim_server(dir.path()).await;
+    let url = format!("http://{}", server.addr);
+    let url = url.as_str();
+    ok(
+        url,
+        &[
+            "respool",
+            "create",
+            &path_str(&examples().join("pools.yaml")),
+        ],
+    )
+    .await;
+    let spec_of = |job: &Value| job["job"]["spec"].clone();
+
+    // Pools (first: /demo takes no children once it has jobs): created
+    // from the Peloton file, then deleted and created again from its
+    // conversion: the same spec.
+    for file in peloton_examples().iter().filter(|f| is_pool_file(f)) {
+        // Its name is the path's last part.
+        let renamed = dir.path().join("converted.yaml");
+        let yaml = std::fs::read_to_string(file).expect("read");
+        std::fs::write(&renamed, yaml.replace("name: peloton", "name: converted")).expect("w");
+        let renamed = path_str(&renamed);
+        let first = ok_json(url, &["respool", "create", "/demo/converted", &renamed]).await;
+        let out = peloton(url, &["respool", "create", "/demo/converted", &renamed]).await;
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        ok(url, &["respool", "delete", "/demo/converted"]).await;
+        let out = ok(url, &["convert", "/demo/converted", &renamed]).await;
+        let native = dir.path().join("native-pool.yaml");
+        std::fs::write(&native, &out.stdout).expect("write");
+        let second = ok_json(url, &["respool", "create", &path_str(&native)]).await;
+        assert_eq!(first["pools"][0]["spec"], second["pools"][0]["spec"]);
+        assert_eq!(second["pools"][0]["path"], "/demo/converted");
+        ok(url, &["respool", "delete", "/demo/converted"]).await;
+    }
+
+    // Jobs: the one created from the Peloton file and the one created from
+    // its conversion have the same spec.
+    for file in peloton_examples().iter().filter(|f| !is_pool_file(f)) {
+        let file_str = path_str(file);
+        let from_peloton = ok_json(url, &["job", "create", "/demo", &file_str]).await;
+        let out = ok(url, &["convert", "/demo", &file_str]).await;
+        let converted = dir.path().join("converted.yaml");
+        std::fs::write(&converted, &out.stdout).expect("write");
+        let from_native = ok_json(url, &["job", "create", &path_str(&converted)]).await;
+        assert_eq!(
+            spec_of(&from_peloton),
+            spec_of(&from_native),
+            "{}",
+            text(&out.stdout)
+        );
+        assert_eq!(spec_of(&from_peloton)["pool"], "/demo");
+
+        // The same file with lowercase keys gives the same spec.
+        let lower = dir.path().join("lower.yaml");
+        let original = std::fs::read_to_string(file).expect("read");
+        std::fs::write(&lower, lowercase_keys(&original)).expect("write");
+        let from_lower = ok_json(url, &["job", "create", "/demo", &path_str(&lower)]).await;
+        assert_eq!(spec_of(&from_lower), spec_of(&from_peloton));
+    }
+
+    // Refusals: exit 2, the file and the field's path named, nothing made.
+    let before = ok_json(url, &["job", "query"]).await["jobs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    let bad = dir.path().join("bad.yaml");
+    let base = "name: bad\ninstanceCount: 1\ndefaultConfig:\n  resource: {cpuLimit: 0.1}\n  command: {value: 'true'}\n";
+    for (extra, needle) in [
+        (
+            "  container: {type: 1, docker: {image: debian}}\n",
+            "bad.yaml: defaultConfig.container: container images (Docker or Mesos) are not supported",
+        ),
+        (
+            "  ports: [{name: http, value: 8080}]\n",
+            "bad.yaml: defaultConfig.ports[0].value: static ports are not supported",
+        ),
+        (
+            "  mesosSpec: {}\n",
+            "bad.yaml: defaultConfig.mesosSpec: unknown field of Peloton's task config (TaskConfig)",
+        ),
+        (
+            "sla: {minimumRunningInstance: 2}\n",
+            "bad.yaml: sla.minimumRunningInstance: unknown field of Peloton's SlaConfig",
+        ),
+    ] {
+        std::fs::write(&bad, format!("{base}{extra}")).expect("write");
+        let out = peloton(url, &["job", "create", "/demo", &path_str(&bad)]).await;
+        assert_eq!(out.status.code(), Some(2), "{extra}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{extra}: {}",
+            text(&out.stderr)
+        );
+        let out = peloton(url, &["convert", &path_str(&bad)]).await;
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(needle), "{}", text(&out.stderr));
+    }
+    std::fs::write(&bad, base).expect("write");
+    let out = peloton(url, &["job", "create", "demo", &path_str(&bad)]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("RESPOOL: expected an absolute pool path"));
+    std::fs::write(&bad, "name: other\nresources: [{kind: cpu, limit: 1}]\n").expect("write");
+    let out = peloton(url, &["respool", "create", "/demo/one", &path_str(&bad)]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("name: \"other\" does not match the pool path /demo/one"),
+        "{}",
+        text(&out.stderr)
+    );
+    let after = ok_json(url, &["job", "query"]).await["jobs"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(after, before, "a refused file created a job");
+    let pools = ok_json(url, &["respool", "list"]).await;
+    let paths: Vec<&str> = pools["pools"]
+        .as_array()
+        .expect("pools")
+        .iter()
+        .filter_map(|p| p["path"].as_str())
+        .collect();
+    assert!(!paths.contains(&"/demo/one"), "{paths:?}");
+
+    // The native format keeps working as it did, pool argument or not.
+    let hello = path_str(&examples().join("hello.yaml"));
+    let job = ok_json(url, &["job", "create", &hello]).await;
+    assert_eq!(job["job"]["spec"]["pool"], "/demo");
+    let job = ok_json(url, &["job", "create", "/batch/adhoc", &hello]).await;
+    assert_eq!(job["job"]["spec"]["pool"], "/batch/adhoc");
+    server.shutdown().await.expect("shutdown");
+}
