@@ -159,13 +159,14 @@ pub async fn run(
 /// Kills every run (each with its own grace period; at once after a
 /// second stop request) and waits until all have ended.
 async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Duration) {
-    let live = with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own)).await;
+    let live = with_supervisor(supervisor, |s| s.live_runs()).await;
     if live > 0 {
         tracing::info!(
             runs = live,
             "stopping the runs (SIGTERM, SIGKILL after each one's kill grace period; stop again to kill them now)"
         );
     }
+    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own)).await;
     let mut killed_now = false;
     loop {
         let live = with_supervisor(supervisor, |s| {
