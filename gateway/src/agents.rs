@@ -488,7 +488,10 @@ mod tests {
         #[error("error reading a body from connection")]
         struct Wrapper(#[source] std::io::Error);
         let mut status = Status::unknown("h2 protocol error");
-        status.set_source(Arc::new(Wrapper(std::io::Error::new(kind, "stream closed"))));
+        status.set_source(Arc::new(Wrapper(std::io::Error::new(
+            kind,
+            "stream closed",
+        ))));
         status
     }
 

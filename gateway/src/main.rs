@@ -452,7 +452,11 @@ mod local {
     /// Ctrl-C (or SIGTERM) makes them kill the tasks at once, one more
     /// SIGKILLs the agents. Without it they leave their tasks running (a
     /// restarted agent takes them over) and are SIGKILLed after 5 s.
-    pub async fn stop_agents(mut children: Vec<Child>, signals: &mut StopSignals, stop_tasks: bool) {
+    pub async fn stop_agents(
+        mut children: Vec<Child>,
+        signals: &mut StopSignals,
+        stop_tasks: bool,
+    ) {
         if children.is_empty() {
             return;
         }

@@ -63,7 +63,10 @@ fn every_flag_with_a_value_shows_its_default() {
         }
         match in_words.iter().find(|(n, _)| n == name) {
             Some((_, words)) => assert!(text.contains(words), "--{name}: {text}"),
-            None => assert!(text.contains("[default: "), "--{name} shows no default: {text}"),
+            None => assert!(
+                text.contains("[default: "),
+                "--{name} shows no default: {text}"
+            ),
         }
     }
 }

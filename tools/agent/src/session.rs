@@ -109,11 +109,7 @@ pub enum OnExit {
 /// Serves the server until the first message on `stop`; then closes the
 /// session in an orderly way and, per `on_exit`, leaves the runs running
 /// (see the crate documentation) or stops them.
-pub async fn run(
-    config: SessionConfig,
-    mut supervisor: Supervisor,
-    mut stop: mpsc::Receiver<()>,
-) {
+pub async fn run(config: SessionConfig, mut supervisor: Supervisor, mut stop: mpsc::Receiver<()>) {
     let sandboxes = supervisor.sandboxes_dir().to_path_buf();
     let volumes = supervisor.volumes_dir().to_path_buf();
     let changed = Arc::new(Notify::new());

@@ -42,9 +42,9 @@ use crate::isolation::{self, Isolation};
 use crate::ports::{self, PortAllocator, PortRange};
 use crate::proc::{self, LazySnapshot, ProcessIdentity};
 use crate::record::{
-    self, AssignedPort, DEFAULT_KILL_GRACE_MS, EXIT_FILE, ExitRecord, Phase, PhaseReport, RUN_FILE, RunId, RunRecord,
-    SANDBOXES_DIR, STARTED_FILE, STDERR_FILE, STDOUT_FILE, StartedRecord, TASK_FILE, TaskPlan,
-    WRAPPER_LOG_FILE,
+    self, AssignedPort, DEFAULT_KILL_GRACE_MS, EXIT_FILE, ExitRecord, Phase, PhaseReport, RUN_FILE,
+    RunId, RunRecord, SANDBOXES_DIR, STARTED_FILE, STDERR_FILE, STDOUT_FILE, StartedRecord,
+    TASK_FILE, TaskPlan, WRAPPER_LOG_FILE,
 };
 use crate::secrets;
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};

@@ -211,8 +211,8 @@ impl LocalCluster {
 
     /// Everything the server and the agents logged.
     fn logs(&self) -> String {
-        let mut all = std::fs::read_to_string(self.data.with_extension("server.log"))
-            .unwrap_or_default();
+        let mut all =
+            std::fs::read_to_string(self.data.with_extension("server.log")).unwrap_or_default();
         for agent in self.agents.keys() {
             let log = self.data.join("agents").join(format!("{agent}.log"));
             all.push_str(&std::fs::read_to_string(log).unwrap_or_default());
@@ -238,7 +238,14 @@ impl Drop for LocalCluster {
 /// Whether a process with this pid exists (and is not a zombie).
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
         .unwrap_or(false)
 }
 

@@ -53,7 +53,11 @@ async fn an_agent_started_with_signals_ignored_gives_tasks_default_dispositions(
     // handling of signals would blur this).
     let task = pb::TaskSpec {
         command: "grep".into(),
-        args: vec!["-E".into(), "^Sig(Blk|Ign)".into(), "/proc/self/status".into()],
+        args: vec![
+            "-E".into(),
+            "^Sig(Blk|Ign)".into(),
+            "/proc/self/status".into(),
+        ],
         resources: Some(pb::Resources {
             cpu: 0.1,
             memory_mb: 64.0,

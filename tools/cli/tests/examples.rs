@@ -139,7 +139,13 @@ impl QuickStart {
         let mut server = Command::new(sibling("pelotond"))
             .arg("--data-dir")
             .arg(data)
-            .args(["--listen", "127.0.0.1:0", "--no-metrics", "--local-agents", "3"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--no-metrics",
+                "--local-agents",
+                "3",
+            ])
             .arg("--agent-bin")
             .arg(sibling("peloton-agent"))
             .stdout(Stdio::piped())
@@ -237,7 +243,12 @@ fn processes_with_env(needle: &str) -> Vec<u32> {
             continue;
         };
         let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let zombie = stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z');
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z');
         if !zombie
             && env
                 .split(|&b| b == 0)
@@ -295,7 +306,10 @@ async fn wait_succeeded(qs: &QuickStart, name: &str, id: &str) {
     let done = tokio::time::timeout(TIMEOUT, async {
         loop {
             let job = qs.json(&["job", "get", id]).await;
-            let state = job["job"]["status"]["state"].as_str().unwrap_or("").to_owned();
+            let state = job["job"]["status"]["state"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
             match state.as_str() {
                 "succeeded" => return Ok(()),
                 "failed" | "killed" => return Err(state),

@@ -49,8 +49,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 "interrupted; job {} keeps running (peloton job get {})",
                 job.id, job.id
             );
-            let Some(job) =
-                super::until_interrupted(wait_for_job(&mut client, &job), note).await?
+            let Some(job) = super::until_interrupted(wait_for_job(&mut client, &job), note).await?
             else {
                 return Ok(Outcome::Interrupted);
             };
