@@ -70,3 +70,22 @@ fn every_flag_with_a_value_shows_its_default() {
         }
     }
 }
+
+#[test]
+fn keep_tasks_on_exit_needs_local_agents() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pelotond"))
+        .args([
+            "--keep-tasks-on-exit",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-metrics",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--keep-tasks-on-exit: only with --local-agents"),
+        "{stderr}"
+    );
+}

@@ -380,6 +380,11 @@ pub fn run_trampoline(sandbox: &Path) -> i32 {
 /// refuses the real-time signals it keeps for itself.
 fn reset_signal_dispositions() {
     use nix::libc;
+    debug_assert_eq!(
+        fs::read_dir("/proc/self/task").map(Iterator::count).ok(),
+        Some(1),
+        "the trampoline is single-threaded"
+    );
     for number in 1..=libc::SIGRTMAX() {
         if number == libc::SIGKILL || number == libc::SIGSTOP {
             continue;
