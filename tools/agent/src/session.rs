@@ -270,15 +270,8 @@ async fn connect_loop(
 ) {
     let mut backoff = BACKOFF_INITIAL;
     let mut failures: u64 = 0;
-    let mut before_registration = closing.clone();
     loop {
-        let end = tokio::select! {
-            end = session(config, supervisor, changed, &mut closing) => end,
-            // Still connecting or registering (a registered session
-            // answers first): nothing to say goodbye to.
-            _ = before_registration.wait_for(|closing| *closing) => SessionEnd::Closed,
-        };
-        let wait = match end {
+        let wait = match session(config, supervisor, changed, &mut closing).await {
             SessionEnd::Closed => return,
             SessionEnd::Broke(why) => {
                 tracing::warn!(server = %config.server, %why, "session ended; reconnecting");
