@@ -350,6 +350,29 @@ fn check_register(r: &pb::AgentRegister) -> Result<(), Status> {
     Ok(())
 }
 
+/// Whether a stream error only says that the peer's connection is gone (a
+/// broken pipe, a reset, an end of file): an orderly end when an agent
+/// stops, not a fault of either side.
+fn connection_closed(status: &Status) -> bool {
+    use std::io::ErrorKind;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ErrorKind::BrokenPipe
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::UnexpectedEof
+            )
+        {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
+}
+
 #[tonic::async_trait]
 impl pb::agent_service_server::AgentService for AgentApi {
     type SessionStream = ReceiverStream<Result<pb::ServerMessage, Status>>;
@@ -411,6 +434,12 @@ impl pb::agent_service_server::AgentService for AgentApi {
                 let msg = match inbound.message().await {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
+                    // An agent process that exited (or a connection reset)
+                    // ends the stream like a goodbye: no error to report.
+                    Err(e) if connection_closed(&e) => {
+                        tracing::debug!(%host, error = %e, "agent connection closed");
+                        break;
+                    }
                     Err(e) => {
                         tracing::info!(%host, error = %e, "agent session broke");
                         break;
@@ -445,5 +474,33 @@ impl pb::agent_service_server::AgentService for AgentApi {
                 .await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `error` as the cause of a stream error, one level down as hyper
+    /// wraps the connection's I/O error.
+    fn broken(kind: std::io::ErrorKind) -> Status {
+        #[derive(Debug, thiserror::Error)]
+        #[error("error reading a body from connection")]
+        struct Wrapper(#[source] std::io::Error);
+        let mut status = Status::unknown("h2 protocol error");
+        status.set_source(Arc::new(Wrapper(std::io::Error::new(
+            kind,
+            "stream closed",
+        ))));
+        status
+    }
+
+    #[test]
+    fn a_closed_connection_is_an_orderly_end_and_other_errors_are_not() {
+        use std::io::ErrorKind;
+        assert!(connection_closed(&broken(ErrorKind::BrokenPipe)));
+        assert!(connection_closed(&broken(ErrorKind::ConnectionReset)));
+        assert!(!connection_closed(&broken(ErrorKind::PermissionDenied)));
+        assert!(!connection_closed(&Status::internal("broken pipe")));
     }
 }

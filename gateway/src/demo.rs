@@ -62,9 +62,11 @@ pub async fn run(addr: std::net::SocketAddr, real: bool) -> anyhow::Result<pb::J
             } else {
                 vec!["hello, world".into()]
             },
+            // Small: local agents share this machine's cores (a tenth of
+            // a core each fits even a one-core machine split three ways).
             resources: Some(pb::Resources {
-                cpu: 0.5,
-                memory_mb: 128.0,
+                cpu: 0.1,
+                memory_mb: 64.0,
                 ..Default::default()
             }),
             sim: Some(pb::SimSpec {

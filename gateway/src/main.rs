@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use peloton_gateway::config::Config;
 
 #[global_allocator]
@@ -60,9 +60,15 @@ struct Args {
     #[arg(long)]
     store_cache_mb: Option<usize>,
     /// Start this many `peloton-agent`s on this machine (a local cluster;
-    /// work dirs under DATA_DIR/agents). They stop with the server.
+    /// work dirs under DATA_DIR/agents), sharing its cores and memory.
+    /// They stop with the server, and stop their tasks first (Ctrl-C again
+    /// kills the tasks at once).
     #[arg(long, default_value_t = 0)]
     local_agents: u32,
+    /// With --local-agents: leave the tasks running when the server stops,
+    /// for the agents to take over on the next start.
+    #[arg(long)]
+    keep_tasks_on_exit: bool,
     /// The agent binary for --local-agents (default: `peloton-agent` next to
     /// this binary).
     #[arg(long)]
@@ -131,6 +137,10 @@ fn config(args: &Args) -> anyhow::Result<Config> {
         "--local-agents: not with simulated hosts (--sim-hosts, --sim-hosts-file)"
     );
     anyhow::ensure!(
+        !args.keep_tasks_on_exit || args.local_agents > 0,
+        "--keep-tasks-on-exit: only with --local-agents"
+    );
+    anyhow::ensure!(
         args.local_agents <= 64,
         "--local-agents: at most 64 (got {})",
         args.local_agents
@@ -139,25 +149,72 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     Ok(c)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("can install a SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+/// SIGINT (Ctrl-C) and SIGTERM, as many times as they come; listened for
+/// from creation on (a lazily registered handler would leave a window in
+/// which Ctrl-C kills the server outright).
+struct StopSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn listen() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| anyhow::anyhow!("cannot listen for {name}: {e}"))
+        };
+        Ok(StopSignals {
+            interrupt: listen(SignalKind::interrupt(), "SIGINT")?,
+            terminate: listen(SignalKind::terminate(), "SIGTERM")?,
+        })
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
     }
 }
 
+/// The command line, with every default shown in `--help`. The defaults
+/// live in `Config::default()` (a config file may change them, so they
+/// cannot be clap's own defaults, which would override the file): they
+/// are appended to the help of their flags here, so the two cannot drift.
+fn command() -> clap::Command {
+    let d = Config::default();
+    let defaults = [
+        ("data_dir", d.data_dir.display().to_string()),
+        ("listen", d.listen.to_string()),
+        (
+            "metrics_listen",
+            d.metrics_listen
+                .map_or_else(|| "none".to_owned(), |a| a.to_string()),
+        ),
+        ("sim_hosts", d.sim_hosts.to_string()),
+        ("cycle_interval_ms", d.cycle_interval_ms.to_string()),
+        ("engine_threads", d.engine_threads.to_string()),
+        ("host_lost_after_ms", d.host_lost_after_ms.to_string()),
+        ("job_retention_s", d.job_retention_s.to_string()),
+        ("max_finished_jobs", d.max_finished_jobs.to_string()),
+        ("event_retention", d.event_retention.to_string()),
+        ("store_cache_mb", d.store_cache_mb.to_string()),
+    ];
+    let mut command = Args::command();
+    for (id, value) in defaults {
+        command = command.mut_arg(id, |arg| {
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            arg.help(format!("{help} [default: {value}]"))
+        });
+    }
+    command
+}
+
 fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+    let args = match Args::from_arg_matches(&command().get_matches()) {
+        Ok(args) => args,
+        Err(e) => e.exit(),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -196,6 +253,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
+    // From the start: a Ctrl-C while the agents start or the demo runs
+    // stops everything in order too.
+    let mut signals = StopSignals::listen()?;
     let server = peloton_gateway::server::start(&config).await?;
     // Tests and scripts read this line to find the port.
     println!("pelotond: serving gRPC on http://{}", server.addr);
@@ -209,8 +269,8 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
             return Err(e);
         }
     };
-    let result = run_until_stopped(&config, args, &server).await;
-    local::stop_agents(agents).await;
+    let result = run_until_stopped(&config, args, &server, &mut signals).await;
+    local::stop_agents(agents, &mut signals, !args.keep_tasks_on_exit).await;
     tracing::info!("shutting down");
     server.shutdown().await?;
     result
@@ -220,10 +280,14 @@ async fn run_until_stopped(
     config: &Config,
     args: &Args,
     server: &peloton_gateway::server::Server,
+    signals: &mut StopSignals,
 ) -> anyhow::Result<()> {
     if args.demo {
         let real = !config.simulated();
-        let state = peloton_gateway::demo::run(server.addr, real).await?;
+        let state = tokio::select! {
+            state = peloton_gateway::demo::run(server.addr, real) => state?,
+            () = signals.recv() => return Ok(()),
+        };
         println!("demo: finished: {}", state.as_str_name());
         if args.exit_after_demo {
             return Ok(());
@@ -233,7 +297,7 @@ async fn run_until_stopped(
             server.addr
         );
     }
-    shutdown_signal().await;
+    signals.recv().await;
     Ok(())
 }
 
@@ -242,10 +306,13 @@ mod local {
     use std::path::PathBuf;
     use std::time::Duration;
 
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+
     use peloton_gateway::config::Config;
     use tokio::process::{Child, Command};
 
-    use super::Args;
+    use super::{Args, StopSignals};
 
     fn agent_bin(args: &Args) -> anyhow::Result<PathBuf> {
         if let Some(p) = &args.agent_bin {
@@ -273,9 +340,48 @@ mod local {
             .map_or(4096, |kb| kb / 1024)
     }
 
+    /// A file holding the agents' token, readable by this user only, for
+    /// their `--token-file` (a `--token` argument would show in every
+    /// user's process list): the data dir's `agent-token`, or, when the
+    /// token is configured, a copy in `DATA_DIR/agents/agent-token`.
+    fn token_file(config: &Config) -> anyhow::Result<PathBuf> {
+        let token = config.resolve_agent_token()?;
+        if config.agent_token.is_none() {
+            // resolve_agent_token keeps it there (created 0600).
+            return Ok(config.data_dir.join("agent-token"));
+        }
+        let dir = config.data_dir.join("agents");
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("agent-token");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+        // `mode` applies only to a file it creates.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        writeln!(file, "{token}")?;
+        Ok(path)
+    }
+
+    /// One agent's share of this machine: its cores and memory divided
+    /// among `n` agents, so that the local cluster offers what the machine
+    /// has, not `n` times it. Cores in thousandths (at least 0.01).
+    pub fn share(cores: usize, memory_mb: u64, n: u32) -> (String, u64) {
+        let millis = (cores as u64 * 1000 / u64::from(n)).max(10);
+        (
+            format!("{}.{:03}", millis / 1000, millis % 1000),
+            memory_mb / u64::from(n),
+        )
+    }
+
     /// Starts `args.local_agents` agents, each with its own work dir, name
-    /// (`local-N`), zone attribute and an equal share of this machine's
-    /// memory (every agent offers all cores: they are shared, not split).
+    /// (`local-N`), zone attribute, port range and an equal share of this
+    /// machine's cores and memory. They run in a process group of their
+    /// own: a Ctrl-C at the terminal reaches the server only, which stops
+    /// them in order (see [`stop_agents`]).
     pub async fn start_agents(
         config: &Config,
         args: &Args,
@@ -286,37 +392,43 @@ mod local {
             return Ok(Vec::new());
         }
         let bin = agent_bin(args)?;
-        let token = config.resolve_agent_token()?;
+        let token_file = token_file(config)?;
         let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
-        let mem = memory_mb() / u64::from(n);
+        let (cpu, mem) = share(cores, memory_mb(), n);
         let mut children = Vec::new();
         for i in 0..n {
             let dir = config.data_dir.join("agents").join(format!("local-{i}"));
             std::fs::create_dir_all(&dir)?;
             let log = std::fs::File::create(dir.with_extension("log"))?;
-            let child = Command::new(&bin)
+            let mut command = Command::new(&bin);
+            command
                 .arg("--server")
                 .arg(format!("http://{addr}"))
                 .arg("--work-dir")
                 .arg(&dir)
                 .arg("--host")
                 .arg(format!("local-{i}"))
-                .arg("--token")
-                .arg(&token)
+                .arg("--token-file")
+                .arg(&token_file)
                 .arg("--resources")
-                .arg(format!("cpu={cores},mem={mem}"))
+                .arg(format!("cpu={cpu},mem={mem}"))
                 .arg("--attr")
                 .arg(format!("zone=z{}", i % 3 + 1))
                 .arg("--ports")
-                .arg(format!("{}-{}", 31000 + i * 1000, 31999 + i * 1000))
+                .arg(format!("{}-{}", 31000 + i * 1000, 31999 + i * 1000));
+            if !args.keep_tasks_on_exit {
+                command.arg("--stop-tasks-on-exit");
+            }
+            let child = command
                 .stdin(std::process::Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log)
+                .process_group(0)
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", bin.display()))?;
             println!(
-                "pelotond: started agent local-{i} (pid {}, work dir {}, log {})",
+                "pelotond: started agent local-{i} (pid {}, {cpu} cores, {mem} MiB, work dir {}, log {})",
                 child.id().unwrap_or(0),
                 dir.display(),
                 dir.with_extension("log").display()
@@ -326,22 +438,77 @@ mod local {
         Ok(children)
     }
 
-    /// SIGTERM, then SIGKILL after 5 s. The agents leave their tasks
-    /// running (a restarted agent takes them over).
-    pub async fn stop_agents(children: Vec<Child>) {
-        for mut c in children {
-            if let Some(pid) = c.id() {
-                let _ = std::process::Command::new("kill")
-                    .arg("-TERM")
-                    .arg(pid.to_string())
-                    .status();
+    fn signal_all(pids: &[u32], signal: &str) {
+        for pid in pids {
+            let _ = std::process::Command::new("kill")
+                .arg(signal)
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+
+    /// SIGTERM to every agent, then waits for them. With `stop_tasks` they
+    /// stop their tasks first, each with its kill grace period: a further
+    /// Ctrl-C (or SIGTERM) makes them kill the tasks at once, one more
+    /// SIGKILLs the agents. Without it they leave their tasks running (a
+    /// restarted agent takes them over) and are SIGKILLed after 5 s.
+    pub async fn stop_agents(
+        mut children: Vec<Child>,
+        signals: &mut StopSignals,
+        stop_tasks: bool,
+    ) {
+        if children.is_empty() {
+            return;
+        }
+        let pids: Vec<u32> = children.iter().filter_map(Child::id).collect();
+        if stop_tasks {
+            println!(
+                "pelotond: stopping the local agents and their tasks (Ctrl-C again kills the tasks at once)"
+            );
+        } else {
+            println!("pelotond: stopping the local agents; their tasks keep running");
+        }
+        signal_all(&pids, "-TERM");
+        let mut exited = std::pin::pin!(async {
+            for child in &mut children {
+                let _ = child.wait().await;
             }
-            if tokio::time::timeout(Duration::from_secs(5), c.wait())
-                .await
-                .is_err()
-            {
-                let _ = c.kill().await;
+        });
+        let mut requests = 1;
+        let mut patience = std::pin::pin!(tokio::time::sleep(Duration::from_secs(5)));
+        let mut patient = !stop_tasks;
+        loop {
+            tokio::select! {
+                () = &mut exited => return,
+                () = signals.recv() => {
+                    requests += 1;
+                    if stop_tasks && requests == 2 {
+                        println!("pelotond: killing the tasks now (Ctrl-C again kills the agents)");
+                        signal_all(&pids, "-TERM");
+                    } else {
+                        signal_all(&pids, "-KILL");
+                    }
+                }
+                () = &mut patience, if patient => {
+                    patient = false;
+                    signal_all(&pids, "-KILL");
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local::share;
+
+    #[test]
+    fn local_agents_divide_the_machine() {
+        assert_eq!(share(2, 24_000, 3), ("0.666".to_owned(), 8_000));
+        assert_eq!(share(8, 16_384, 4), ("2.000".to_owned(), 4_096));
+        assert_eq!(share(1, 1_000, 1), ("1.000".to_owned(), 1_000));
+        // Never nothing: at least a hundredth of a core.
+        assert_eq!(share(1, 640, 64), ("0.015".to_owned(), 10));
+        assert_eq!(share(0, 640, 64).0, "0.010");
     }
 }

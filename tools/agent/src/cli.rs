@@ -19,7 +19,7 @@ use crate::detect;
 use crate::gc::GcPolicy;
 use crate::isolation::Isolation;
 use crate::ports::PortRange;
-use crate::session::SessionConfig;
+use crate::session::{OnExit, SessionConfig};
 use crate::supervisor::{DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, SupervisorConfig};
 
 const RESOURCE_KEYS: &str = "cpu, mem, disk, gpu";
@@ -28,7 +28,7 @@ const RESOURCE_KEYS: &str = "cpu, mem, disk, gpu";
 ///
 /// SIGTERM or SIGINT stops the agent without stopping its tasks: each runs
 /// under its own wrapper process, and an agent started again on the same
-/// work directory takes them over.
+/// work directory takes them over (unless --stop-tasks-on-exit).
 #[derive(Debug, Parser)]
 #[command(name = "peloton-agent", version)]
 pub struct Args {
@@ -39,13 +39,15 @@ pub struct Args {
     /// directory).
     #[arg(long, value_name = "DIR")]
     pub work_dir: PathBuf,
-    /// The server's agent token.
-    #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
-    pub token: Option<String>,
-    /// A file holding the token (trailing whitespace is ignored); keeps it
-    /// out of the process list.
+    /// A file holding the server's agent token (trailing whitespace is
+    /// ignored), readable only by the agent's user: the preferred way, as
+    /// it keeps the token out of the process list.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// The server's agent token itself (visible to every user in the
+    /// process list: prefer --token-file).
+    #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
+    pub token: Option<String>,
     /// This host's name in the cluster (default: the machine's host name).
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,
@@ -89,6 +91,12 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_RUNS,
           value_parser = parse_max_runs)]
     pub max_runs: usize,
+    /// On SIGTERM or SIGINT, stop every task first (SIGTERM, then SIGKILL
+    /// after its kill grace period; a second signal kills them at once)
+    /// and exit once all have ended. Their ends are reported by the next
+    /// agent on this work directory. Without it, tasks keep running.
+    #[arg(long)]
+    pub stop_tasks_on_exit: bool,
     /// RLIMIT_NOFILE of every task.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_OPEN_FILES,
           value_parser = clap::value_parser!(u64).range(16..))]
@@ -278,6 +286,11 @@ impl Args {
             gc: GcPolicy {
                 max_age_ms: self.gc_max_age_s.saturating_mul(1000),
                 max_disk_bytes: self.gc_max_disk_mb.saturating_mul(1 << 20),
+            },
+            on_exit: if self.stop_tasks_on_exit {
+                OnExit::StopTasks
+            } else {
+                OnExit::KeepTasks
             },
         };
         Ok(AgentConfig {

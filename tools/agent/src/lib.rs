@@ -39,9 +39,9 @@ pub use cli::{
 pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
 pub use ports::PortRange;
-pub use session::{MAX_REPORTS_PER_MESSAGE, SessionConfig, run as run_session};
+pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, run as run_session};
 pub use supervisor::{
-    DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, Supervisor,
+    DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, StopGrace, Supervisor,
     SupervisorConfig, SupervisorError,
 };
 pub use volumes::VolumeDeletion;

@@ -7,7 +7,9 @@
 //!
 //! SIGTERM and SIGINT stop the agent with exit code 0 and leave its tasks
 //! running: they belong to their wrappers, not to the agent, and an agent
-//! started again on the same `--work-dir` re-adopts them.
+//! started again on the same `--work-dir` re-adopts them. With
+//! `--stop-tasks-on-exit` the agent stops them first (a second signal kills
+//! them at once).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -104,24 +106,40 @@ fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(run_session(config.session, supervisor, shutdown_signal()));
+    let (stop_tx, stop_rx) = tokio::sync::mpsc::channel(4);
+    runtime.spawn(forward_stop_signals(stop_tx));
+    runtime.block_on(run_session(config.session, supervisor, stop_rx));
     // Blocking work in flight (a launch, a log read) gets a moment to finish.
     runtime.shutdown_timeout(Duration::from_secs(5));
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Every SIGTERM or SIGINT becomes a stop request (the first stops the
+/// agent; with `--stop-tasks-on-exit` a second kills the tasks at once).
+async fn forward_stop_signals(stop: tokio::sync::mpsc::Sender<()>) {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(terminate) => Some(terminate),
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the agent");
-            let _ = tokio::signal::ctrl_c().await;
+            None
+        }
+    };
+    loop {
+        let received = match terminate.as_mut() {
+            Some(terminate) => tokio::select! {
+                _ = terminate.recv() => true,
+                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
+            },
+            None => tokio::signal::ctrl_c().await.is_ok(),
+        };
+        if !received {
+            // No signal can be listened for: nothing will ever stop us.
+            tracing::warn!("cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+        if stop.send(()).await.is_err() {
+            return;
         }
     }
 }

@@ -227,6 +227,17 @@ pub(crate) struct RunRecord {
     /// Bumped on every write; the newer of the two copies wins.
     #[serde(default)]
     pub(crate) generation: u64,
+    /// SIGTERM to SIGKILL when the agent stops the run itself (`--stop-tasks-on-exit`):
+    /// the task's `kill_grace_period_ms` (records older than it: the API's default).
+    #[serde(default = "default_kill_grace_ms")]
+    pub(crate) kill_grace_ms: u64,
+}
+
+/// The API's kill grace period when a task sets none.
+pub(crate) const DEFAULT_KILL_GRACE_MS: u64 = 10_000;
+
+fn default_kill_grace_ms() -> u64 {
+    DEFAULT_KILL_GRACE_MS
 }
 
 /// `task.json`: what the wrapper runs, fully resolved by the agent.
@@ -362,6 +373,7 @@ mod tests {
             health_check: None,
             volume: None,
             generation: 0,
+            kill_grace_ms: DEFAULT_KILL_GRACE_MS,
         };
         write_run(dir.path(), &mut record).unwrap();
         record.kill_requested = true;

@@ -23,19 +23,18 @@
 //! exiting and leaving them unwatched.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use peloton_proto::v1;
 use peloton_proto::v1::agent_service_client::AgentServiceClient;
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::transport::Endpoint;
 
 use crate::gc::{self, GcPolicy};
-use crate::supervisor::Supervisor;
+use crate::supervisor::{StopGrace, Supervisor};
 
 /// Reports in one `AgentReports` message, at most.
 pub const MAX_REPORTS_PER_MESSAGE: usize = 1024;
@@ -52,6 +51,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a stopping agent waits for the server to close the session.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Used when the server asks for heartbeats every 0 ms.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -66,6 +67,7 @@ pub struct SessionConfig {
     pub poll_interval: Duration,
     pub gc_interval: Duration,
     pub gc: GcPolicy,
+    pub on_exit: OnExit,
 }
 
 type Shared = Arc<Mutex<Supervisor>>;
@@ -90,13 +92,24 @@ async fn with_supervisor<T: Send + 'static>(
     }
 }
 
-/// Serves the server until `shutdown` resolves. Runs keep running after it
-/// returns (see the crate documentation).
-pub async fn run(
-    config: SessionConfig,
-    mut supervisor: Supervisor,
-    shutdown: impl Future<Output = ()>,
-) {
+/// What the agent does with its runs when it is told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnExit {
+    /// Leave them running: an agent started again on the same work
+    /// directory takes them over.
+    #[default]
+    KeepTasks,
+    /// Stop them first (SIGTERM, SIGKILL after each run's kill grace
+    /// period) and wait until they have ended; a second stop request kills
+    /// them at once. Their ends are reported by the next agent on the work
+    /// directory.
+    StopTasks,
+}
+
+/// Serves the server until the first message on `stop`; then closes the
+/// session in an orderly way and, per `on_exit`, leaves the runs running
+/// (see the crate documentation) or stops them.
+pub async fn run(config: SessionConfig, mut supervisor: Supervisor, mut stop: mpsc::Receiver<()>) {
     let sandboxes = supervisor.sandboxes_dir().to_path_buf();
     let volumes = supervisor.volumes_dir().to_path_buf();
     let changed = Arc::new(Notify::new());
@@ -110,12 +123,66 @@ pub async fn run(
         config.poll_interval,
     ));
     let collector = tokio::spawn(gc_loop(sandboxes, volumes, config.gc, config.gc_interval));
+    let (closing_tx, closing) = watch::channel(false);
+    let mut sessions = std::pin::pin!(connect_loop(&config, &supervisor, &changed, closing));
     tokio::select! {
-        () = shutdown => tracing::info!("stopping; runs keep running and are re-adopted on restart"),
-        () = connect_loop(&config, &supervisor, &changed) => {}
+        _ = stop.recv() => {}
+        () = &mut sessions => {}
+    }
+    match config.on_exit {
+        OnExit::KeepTasks => {
+            tracing::info!("stopping; runs keep running and are re-adopted on restart");
+        }
+        OnExit::StopTasks => tracing::info!("stopping, with the runs"),
+    }
+    // An orderly goodbye: the stream ends, the server closes its side, and
+    // neither logs a broken connection. A server that does not answer is
+    // not waited for long.
+    let _ = closing_tx.send(true);
+    if tokio::time::timeout(CLOSE_TIMEOUT, &mut sessions)
+        .await
+        .is_err()
+    {
+        tracing::debug!("the session did not close in time");
+    }
+    if config.on_exit == OnExit::StopTasks {
+        stop_runs(&supervisor, &mut stop, config.poll_interval).await;
     }
     poller.abort();
     collector.abort();
+}
+
+/// Kills every run (each with its own grace period; at once after a
+/// second stop request) and waits until all have ended.
+async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Duration) {
+    let live = with_supervisor(supervisor, |s| s.live_runs()).await;
+    if live > 0 {
+        tracing::info!(
+            runs = live,
+            "stopping the runs (SIGTERM, SIGKILL after each one's kill grace period; stop again to kill them now)"
+        );
+    }
+    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own)).await;
+    let mut killed_now = false;
+    loop {
+        let live = with_supervisor(supervisor, |s| {
+            s.poll();
+            s.live_runs()
+        })
+        .await;
+        if live == 0 {
+            tracing::info!("every run has ended");
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            Some(()) = stop.recv(), if !killed_now => {
+                killed_now = true;
+                tracing::info!(runs = live, "killing the runs now");
+                with_supervisor(supervisor, |s| s.kill_all(StopGrace::Now)).await;
+            }
+        }
+    }
 }
 
 async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
@@ -184,6 +251,8 @@ async fn gc_loop(
 
 /// How one session ended.
 enum SessionEnd {
+    /// The agent is stopping and said goodbye.
+    Closed,
     /// It registered, then broke: reconnect quickly.
     Broke(String),
     /// It never registered.
@@ -192,11 +261,18 @@ enum SessionEnd {
     Refused(String),
 }
 
-async fn connect_loop(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Notify>) {
+/// Sessions, one after the other, until `closing` turns true.
+async fn connect_loop(
+    config: &SessionConfig,
+    supervisor: &Shared,
+    changed: &Arc<Notify>,
+    mut closing: watch::Receiver<bool>,
+) {
     let mut backoff = BACKOFF_INITIAL;
     let mut failures: u64 = 0;
     loop {
-        let wait = match session(config, supervisor, changed).await {
+        let wait = match session(config, supervisor, changed, &mut closing).await {
+            SessionEnd::Closed => return,
             SessionEnd::Broke(why) => {
                 tracing::warn!(server = %config.server, %why, "session ended; reconnecting");
                 backoff = BACKOFF_INITIAL;
@@ -226,7 +302,10 @@ async fn connect_loop(config: &SessionConfig, supervisor: &Shared, changed: &Arc
                 REFUSED_RETRY
             }
         };
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            _ = closing.wait_for(|closing| *closing) => return,
+        }
     }
 }
 
@@ -240,17 +319,25 @@ fn classify(status: &tonic::Status) -> SessionEnd {
     }
 }
 
-async fn session(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Notify>) -> SessionEnd {
+/// The two halves of a registered session, and its heartbeat interval.
+type Registered = (
+    mpsc::Sender<v1::AgentMessage>,
+    tonic::Streaming<v1::ServerMessage>,
+    Duration,
+);
+
+/// Connects and registers.
+async fn register(config: &SessionConfig, supervisor: &Shared) -> Result<Registered, SessionEnd> {
     let endpoint = match Endpoint::from_shared(config.server.clone()) {
         Ok(endpoint) => endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10)),
-        Err(e) => return SessionEnd::Failed(e.to_string()),
+        Err(e) => return Err(SessionEnd::Failed(e.to_string())),
     };
     let channel = match endpoint.connect().await {
         Ok(channel) => channel,
-        Err(e) => return SessionEnd::Failed(format!("connect: {}", with_causes(&e))),
+        Err(e) => return Err(SessionEnd::Failed(format!("connect: {}", with_causes(&e)))),
     };
     let mut client =
         AgentServiceClient::new(channel).max_decoding_message_size(MAX_INBOUND_MESSAGE_BYTES);
@@ -262,14 +349,18 @@ async fn session(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Noti
         .await
         .is_err()
     {
-        return SessionEnd::Failed("outbound queue closed".to_owned());
+        return Err(SessionEnd::Failed("outbound queue closed".to_owned()));
     }
     let response =
         match tokio::time::timeout(REGISTER_TIMEOUT, client.session(ReceiverStream::new(rx))).await
         {
             Ok(Ok(response)) => response,
-            Ok(Err(status)) => return classify(&status),
-            Err(_) => return SessionEnd::Failed("no answer to the registration".to_owned()),
+            Ok(Err(status)) => return Err(classify(&status)),
+            Err(_) => {
+                return Err(SessionEnd::Failed(
+                    "no answer to the registration".to_owned(),
+                ));
+            }
         };
     let mut inbound = response.into_inner();
     let heartbeat_every = match tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()).await {
@@ -277,11 +368,21 @@ async fn session(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Noti
             kind: Some(v1::server_message::Kind::Registered(registered)),
         }))) => heartbeat_interval(registered.heartbeat_interval_ms),
         Ok(Ok(Some(_))) => {
-            return SessionEnd::Failed("the server's first message is not Registered".to_owned());
+            return Err(SessionEnd::Failed(
+                "the server's first message is not Registered".to_owned(),
+            ));
         }
-        Ok(Ok(None)) => return SessionEnd::Failed("the server closed the session".to_owned()),
-        Ok(Err(status)) => return classify(&status),
-        Err(_) => return SessionEnd::Failed("no Registered from the server".to_owned()),
+        Ok(Ok(None)) => {
+            return Err(SessionEnd::Failed(
+                "the server closed the session".to_owned(),
+            ));
+        }
+        Ok(Err(status)) => return Err(classify(&status)),
+        Err(_) => {
+            return Err(SessionEnd::Failed(
+                "no Registered from the server".to_owned(),
+            ));
+        }
     };
     tracing::info!(
         server = %config.server,
@@ -290,6 +391,24 @@ async fn session(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Noti
         heartbeat_ms = heartbeat_every.as_millis(),
         "registered"
     );
+    Ok((tx, inbound, heartbeat_every))
+}
+
+async fn session(
+    config: &SessionConfig,
+    supervisor: &Shared,
+    changed: &Arc<Notify>,
+    closing: &mut watch::Receiver<bool>,
+) -> SessionEnd {
+    let registered = tokio::select! {
+        registered = register(config, supervisor) => registered,
+        // Not registered yet: nothing to say goodbye to.
+        _ = closing.wait_for(|closing| *closing) => return SessionEnd::Closed,
+    };
+    let (tx, mut inbound, heartbeat_every) = match registered {
+        Ok(registered) => registered,
+        Err(end) => return end,
+    };
     let log_reads = Arc::new(Semaphore::new(MAX_CONCURRENT_LOG_READS));
     let mut heartbeat = tokio::time::interval(heartbeat_every);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -307,6 +426,13 @@ async fn session(config: &SessionConfig, supervisor: &Shared, changed: &Arc<Noti
             },
             _ = heartbeat.tick() => send(&tx, v1::agent_message::Kind::Heartbeat(v1::AgentHeartbeat {})).await,
             () = changed.notified() => Ok(()),
+            _ = closing.wait_for(|closing| *closing) => {
+                // Ends the stream (log reads in flight hold clones until
+                // they finish); the server then ends its side.
+                drop(tx);
+                while let Ok(Some(_)) = inbound.message().await {}
+                return SessionEnd::Closed;
+            }
         };
         // Every turn may have produced reports (launches, kills, polls).
         let flushed = match result {

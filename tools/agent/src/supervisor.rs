@@ -42,9 +42,9 @@ use crate::isolation::{self, Isolation};
 use crate::ports::{self, PortAllocator, PortRange};
 use crate::proc::{self, LazySnapshot, ProcessIdentity};
 use crate::record::{
-    self, AssignedPort, EXIT_FILE, ExitRecord, Phase, PhaseReport, RUN_FILE, RunId, RunRecord,
-    SANDBOXES_DIR, STARTED_FILE, STDERR_FILE, STDOUT_FILE, StartedRecord, TASK_FILE, TaskPlan,
-    WRAPPER_LOG_FILE,
+    self, AssignedPort, DEFAULT_KILL_GRACE_MS, EXIT_FILE, ExitRecord, Phase, PhaseReport, RUN_FILE,
+    RunId, RunRecord, SANDBOXES_DIR, STARTED_FILE, STDERR_FILE, STDOUT_FILE, StartedRecord,
+    TASK_FILE, TaskPlan, WRAPPER_LOG_FILE,
 };
 use crate::secrets;
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
@@ -95,6 +95,15 @@ impl SupervisorConfig {
             open_files: DEFAULT_OPEN_FILES,
         }
     }
+}
+
+/// How long [`Supervisor::kill_all`] lets tasks end after SIGTERM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopGrace {
+    /// Each run's own kill grace period.
+    Own,
+    /// None: SIGKILL at once.
+    Now,
 }
 
 /// Why the supervisor cannot start.
@@ -492,6 +501,10 @@ impl Supervisor {
                 health_check: None,
                 volume: None,
                 generation: 0,
+                kill_grace_ms: match launch.spec.as_ref().map_or(0, |s| s.kill_grace_period_ms) {
+                    0 => DEFAULT_KILL_GRACE_MS,
+                    ms => ms,
+                },
             },
             dir,
         );
@@ -895,6 +908,39 @@ impl Supervisor {
             self.observe(&mut run, now, procs);
         }
         self.runs.insert(key, run);
+    }
+
+    /// Stops every live run as a kill from the server would (SIGTERM now,
+    /// SIGKILL once the grace has passed: each run's own kill grace period,
+    /// or none with [`StopGrace::Now`]); they end KILLED, reported to the
+    /// next session. Used when the agent stops with its tasks
+    /// (`--stop-tasks-on-exit`). Returns how many runs are still alive.
+    pub fn kill_all(&mut self, grace: StopGrace) -> usize {
+        let live: Vec<(RunId, u64)> = self
+            .runs
+            .iter()
+            .filter(|(_, run)| !run.record.report.phase.is_final())
+            .map(|(key, run)| {
+                let grace_ms = match grace {
+                    StopGrace::Own => run.record.kill_grace_ms,
+                    StopGrace::Now => 0,
+                };
+                (key.clone(), grace_ms)
+            })
+            .collect();
+        let mut procs = LazySnapshot::default();
+        for (key, grace_ms) in live {
+            self.kill_one(key, grace_ms, &mut procs);
+        }
+        self.live_runs()
+    }
+
+    /// Runs that have not ended.
+    pub fn live_runs(&self) -> usize {
+        self.runs
+            .values()
+            .filter(|run| !run.record.report.phase.is_final())
+            .count()
     }
 
     /// The server has recorded these runs' final phases: mark them on disk

@@ -12,8 +12,10 @@
 //! the process that records how the task ended. A signal mask is inherited
 //! across fork and exec, and std's `Command` does *not* reset it (a test
 //! showed tasks starting with SIGTERM blocked), so the trampoline below
-//! empties the mask just before it executes the task; a test checks `SigBlk`
-//! of a task.
+//! empties the mask just before it executes the task, and sets every signal
+//! back to its default action (an ignored signal, e.g. SIGHUP under `nohup`,
+//! would otherwise survive exec); a test checks `SigBlk` and `SigIgn` of a
+//! task.
 //!
 //! Limits (rlimits, joining the run's cgroup) are applied by a trampoline,
 //! the agent binary once more in `exec-task` mode, which then `exec`s the
@@ -356,6 +358,10 @@ pub fn run_trampoline(sandbox: &Path) -> i32 {
     {
         note(sandbox, &format!("cannot set RLIMIT_AS to {bytes}: {e}"));
     }
+    // Ignored signals survive exec: an agent started under `nohup`, or by
+    // a script that ignores SIGINT, would pass them on to every task. The
+    // task starts with every disposition at its default.
+    reset_signal_dispositions();
     // The wrapper's blocked SIGTERM, SIGINT and SIGHUP were inherited;
     // the task must start with nothing blocked. A SIGTERM that arrived
     // meanwhile is delivered here and ends the trampoline, as it should.
@@ -366,6 +372,30 @@ pub fn run_trampoline(sandbox: &Path) -> i32 {
     let _ = write!(message, "cannot start {:?}: {error}", plan.program);
     let _ = fs::write(&error_path, message.as_bytes());
     EXIT_CANNOT_START
+}
+
+/// Sets every signal (standard and real-time; SIGKILL and SIGSTOP cannot
+/// change) back to its default action. Handlers are reset by exec anyway;
+/// "ignore" is not. Failures are expected and harmless: the C library
+/// refuses the real-time signals it keeps for itself.
+fn reset_signal_dispositions() {
+    use nix::libc;
+    debug_assert_eq!(
+        fs::read_dir("/proc/self/task").map(Iterator::count).ok(),
+        Some(1),
+        "the trampoline is single-threaded"
+    );
+    for number in 1..=libc::SIGRTMAX() {
+        if number == libc::SIGKILL || number == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: SIG_DFL installs no code of ours as a handler, so nothing
+        // can run in a signal context; this process is single-threaded (the
+        // trampoline) and about to exec, and no other part of it relies on
+        // a disposition set earlier.
+        #[allow(unsafe_code)]
+        let _ = unsafe { libc::signal(number, libc::SIG_DFL) };
+    }
 }
 
 /// A line in the sandbox's `wrapper.log` (the trampoline's stderr is the

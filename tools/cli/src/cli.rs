@@ -388,9 +388,25 @@ pub struct WatchArgs {
     /// Only this job's events.
     #[arg(long)]
     pub job: Option<String>,
-    /// Replay from this revision (inclusive) instead of starting from now.
-    #[arg(long, default_value_t = 0)]
-    pub from: u64,
+    /// Replay the events from this revision on (inclusive), then follow.
+    /// Revisions start at 1: `--from 1` replays every event the server
+    /// still keeps (its --event-retention; older ones are refused with
+    /// "no longer kept"). Without --from: only events from now on.
+    #[arg(long, value_name = "REVISION", value_parser = parse_revision)]
+    pub from: Option<u64>,
+}
+
+/// A revision to watch from: 1 or more (0 is the API's "from now", which
+/// is what leaving `--from` out means).
+fn parse_revision(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err(
+            "revisions start at 1 (`--from 1`: from the oldest event kept); leave --from out to watch from now"
+                .to_owned(),
+        ),
+        Ok(revision) => Ok(revision),
+        Err(_) => Err(format!("{text:?} is not a revision (a whole number, 1 or more)")),
+    }
 }
 
 /// Parses `key=value`; the value may contain `=`, the key may not be empty.
@@ -493,6 +509,22 @@ mod tests {
         };
         assert_eq!(query.states, [JobState::Running, JobState::Pending]);
         assert_eq!(query.labels, [("team".to_owned(), "infra".to_owned())]);
+
+        let watch = |args: &[&str]| {
+            let argv = ["peloton", "watch"].iter().chain(args).copied();
+            match Cli::try_parse_from(argv).map(|cli| cli.command) {
+                Ok(Command::Watch(w)) => Ok(w.from),
+                Ok(other) => panic!("parsed as {other:?}"),
+                Err(err) => Err(err.to_string()),
+            }
+        };
+        assert_eq!(watch(&[]), Ok(None));
+        assert_eq!(watch(&["--from", "1"]), Ok(Some(1)));
+        let zero = watch(&["--from", "0"]).unwrap_err();
+        assert!(
+            zero.contains("--from") && zero.contains("revisions start at 1"),
+            "{zero}"
+        );
 
         let err =
             Cli::try_parse_from(["peloton", "task", "list", "j", "--state", "done"]).unwrap_err();

@@ -78,6 +78,7 @@ fn host_table(hosts: &[Host]) -> String {
         ("MEMORY FREE/TOTAL", Align::Right),
         ("GPU FREE/TOTAL", Align::Right),
         ("TASKS", Align::Right),
+        ("ISOLATION", Align::Left),
         ("ATTRIBUTES", Align::Left),
     ]);
     for host in hosts {
@@ -100,6 +101,8 @@ fn host_table(hosts: &[Host]) -> String {
             ),
             gpu,
             host.tasks.len().to_string(),
+            // cgroup-v2 or rlimit for agents; none for simulated hosts.
+            or_dash(&host.isolation),
             fmt_map(&host.attributes),
         ]);
     }

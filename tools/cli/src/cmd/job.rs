@@ -55,8 +55,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 "interrupted; job {} keeps running (peloton job get {})",
                 job.id, job.id
             );
-            let Some(job) =
-                super::until_interrupted(wait_for_job(&mut client, &job.id), note).await?
+            let Some(job) = super::until_interrupted(wait_for_job(&mut client, &job), note).await?
             else {
                 return Ok(Outcome::Interrupted);
             };
@@ -180,15 +179,24 @@ async fn query(client: &mut Client, args: QueryArgs) -> Result<Vec<Job>> {
     Ok(jobs)
 }
 
-/// Polls the job until it is terminal, showing its tasks' states on a
-/// progress bar (on stderr, hidden when stderr is not a terminal).
-async fn wait_for_job(client: &mut Client, id: &str) -> Result<Job> {
-    let bar = ProgressBar::new(0);
+/// The progress bar of `job create --wait`: its total is the job's
+/// instance count from the first frame on (not 0/0 until the first poll).
+fn job_bar(created: &Job) -> Result<ProgressBar> {
+    let instances = created.spec.as_ref().map_or(0, |s| s.instance_count);
+    let bar = ProgressBar::new(u64::from(instances));
     let style =
         ProgressStyle::with_template("{spinner} {elapsed:>4} [{bar:30}] {pos}/{len} done  {msg}")
             .context("progress bar template")?
             .progress_chars("=> ");
     bar.set_style(style);
+    Ok(bar)
+}
+
+/// Polls the job until it is terminal, showing its tasks' states on a
+/// progress bar (on stderr, hidden when stderr is not a terminal).
+async fn wait_for_job(client: &mut Client, created: &Job) -> Result<Job> {
+    let id = created.id.as_str();
+    let bar = job_bar(created)?;
     bar.enable_steady_tick(Duration::from_millis(100));
     let mut interval = tokio::time::interval(POLL_INTERVAL);
     loop {
@@ -330,4 +338,25 @@ fn job_details(job: &Job) -> String {
         ("VERSION", job.version.to_string()),
     ]);
     render_fields(&fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peloton_proto::v1::JobSpec;
+
+    #[test]
+    fn the_progress_bar_shows_the_job_size_from_its_first_frame() {
+        let job = Job {
+            id: "j".to_owned(),
+            spec: Some(JobSpec {
+                instance_count: 4,
+                ..JobSpec::default()
+            }),
+            ..Job::default()
+        };
+        let bar = job_bar(&job).expect("bar");
+        assert_eq!(bar.length(), Some(4));
+        assert_eq!(bar.position(), 0);
+    }
 }

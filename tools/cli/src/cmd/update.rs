@@ -105,7 +105,7 @@ pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
         update.id, update.id
     );
     let Some(update) =
-        super::until_interrupted(wait_for_update(&mut client, &update.id), note).await?
+        super::until_interrupted(wait_for_update(&mut client, &update), note).await?
     else {
         return Ok(Outcome::Interrupted);
     };
@@ -165,8 +165,11 @@ pub(super) async fn run(ctx: &Ctx, command: UpdateCommand) -> Result<Outcome> {
 
 /// Polls the update until it ends, showing updated instances on a progress
 /// bar (on stderr, hidden when stderr is not a terminal).
-async fn wait_for_update(client: &mut Client, id: &str) -> Result<Update> {
-    let bar = ProgressBar::new(0);
+async fn wait_for_update(client: &mut Client, created: &Update) -> Result<Update> {
+    let id = created.id.as_str();
+    // The total from the first frame on, not 0/0 until the first poll.
+    let total = created.status.as_ref().map_or(0, |s| s.instances_total);
+    let bar = ProgressBar::new(u64::from(total));
     let style = ProgressStyle::with_template(
         "{spinner} {elapsed:>4} [{bar:30}] {pos}/{len} updated  {msg}",
     )

@@ -13,7 +13,8 @@ pub(super) async fn run(ctx: &Ctx, args: WatchArgs) -> Result<Outcome> {
     let mut client = WatchServiceClient::new(ctx.connect().await?)
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
     let request = WatchRequest {
-        from_revision: args.from,
+        // 0: the API's "from now".
+        from_revision: args.from.unwrap_or(0),
         job_id: args.job.unwrap_or_default(),
     };
     let mut stream = client.watch(request).await?.into_inner();
