@@ -57,10 +57,13 @@ pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
     super::print_notes(&args.spec, &loaded.notes);
     let mut spec = loaded.value.into_proto();
     let secrets = crate::spec::load_secrets(&args.secrets)?;
+    let keep_secrets = secrets.is_empty() && !args.clear_secrets && spec.secrets.is_empty();
     if !secrets.is_empty() {
         spec.secrets = secrets;
-    } else if !args.clear_secrets && spec.secrets.is_empty() {
-        // Keep the job's secrets: name each without a value.
+    }
+    // A file that names no pool (a Peloton file without `respoolID`, or a
+    // native file without `pool`) updates the job in the pool it is in.
+    if keep_secrets || spec.pool.is_empty() {
         let job =
             peloton_proto::v1::job_service_client::JobServiceClient::new(ctx.connect().await?)
                 .get(peloton_proto::v1::GetJobRequest {
@@ -70,17 +73,22 @@ pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
                 .into_inner()
                 .job
                 .context("the server returned no job")?;
-        spec.secrets = job
-            .spec
-            .map(|s| s.secrets)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|s| peloton_proto::v1::Secret {
-                name: s.name,
-                value: Vec::new(),
-                size: 0,
-            })
-            .collect();
+        let current = job.spec.unwrap_or_default();
+        if spec.pool.is_empty() {
+            spec.pool = current.pool;
+        }
+        if keep_secrets {
+            // Keep the job's secrets: name each without a value.
+            spec.secrets = current
+                .secrets
+                .into_iter()
+                .map(|s| peloton_proto::v1::Secret {
+                    name: s.name,
+                    value: Vec::new(),
+                    size: 0,
+                })
+                .collect();
+        }
     }
     let mut client = connect(ctx).await?;
     let request = UpdateJobRequest {
