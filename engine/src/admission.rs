@@ -283,11 +283,11 @@ impl Ceiling {
     /// Short phrase for messages.
     pub fn describe(self) -> &'static str {
         match self {
-            Ceiling::Reservation => "the reservation (all that non-preemptible work may use)",
-            Ceiling::Limit => "the limit",
-            Ceiling::StaticReservation => "the reservation of the STATIC pool",
-            Ceiling::ControllerLimit => "the controller limit",
-            Ceiling::SlackLimit => "the largest slack its limits allow revocable work",
+            Ceiling::Reservation => "reservation",
+            Ceiling::Limit => "limit",
+            Ceiling::StaticReservation => "reservation (a STATIC pool)",
+            Ceiling::ControllerLimit => "controller limit",
+            Ceiling::SlackLimit => "slack limit",
         }
     }
 }
