@@ -242,6 +242,9 @@ pub struct Blocked {
     pub cap: u64,
     /// Tasks still waiting in the queue.
     pub n_waiting: u64,
+    /// The head entry's first task (which tasks wait behind it, and which
+    /// is it, callers tell by this).
+    pub head: TaskId,
 }
 
 impl fmt::Display for Blocked {
@@ -807,6 +810,7 @@ impl PoolQueues {
                     allocated,
                     cap,
                     n_waiting: self.n_queued[class as usize],
+                    head: entry.members.as_slice()[0].id,
                 });
                 blocked[class as usize] = true;
                 continue;

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::agents::AgentHub;
 use crate::convert::{self, Limits};
 use crate::lifecycle::{UpdateAction, UpdateSpec};
+use crate::metrics::Metrics;
 use crate::scheduler::{Command, JobAction, Reply};
 use crate::store::Store;
 
@@ -32,6 +33,7 @@ pub struct Api {
     limits: Limits,
     store: Arc<dyn Store>,
     hub: Option<Arc<AgentHub>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Largest log chunk asked of an agent.
@@ -53,7 +55,14 @@ impl Api {
             limits,
             store,
             hub: None,
+            metrics: None,
         }
+    }
+
+    /// Handlers that count their watch streams and buffers in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Handlers that can read logs from agents through `hub`.
@@ -74,12 +83,49 @@ fn check_id(field: &str, id: &str) -> Result<(), Status> {
     if id.is_empty() {
         return Err(convert::invalid(field, "must not be empty"));
     }
-    Ok(())
+    convert::id(field, id)
 }
 
 fn check_path(path: &str) -> Result<(), Status> {
     if path.is_empty() {
         return Err(convert::invalid("path", "must not be empty"));
+    }
+    convert::pool_path("path", path)
+}
+
+/// Most host names in one call.
+const MAX_HOSTS_PER_CALL: usize = 10_000;
+
+/// Refuses a list of host names that is too long or holds a name that is
+/// empty or too long.
+fn check_hosts(field: &str, hosts: &[String]) -> Result<(), Status> {
+    if hosts.len() > MAX_HOSTS_PER_CALL {
+        return Err(convert::invalid(
+            field,
+            format!("{} hosts; the limit is {MAX_HOSTS_PER_CALL}", hosts.len()),
+        ));
+    }
+    for (i, h) in hosts.iter().enumerate() {
+        check_id(&format!("{field}[{i}]"), h)?;
+    }
+    Ok(())
+}
+
+/// Refuses a filter value that is not one of the enum's named values, or
+/// is its UNKNOWN value (which matches nothing): never a silent empty
+/// answer.
+fn check_enum_filter<E: TryFrom<i32>>(
+    field: &str,
+    values: &[i32],
+    what: &str,
+) -> Result<(), Status> {
+    for (i, &v) in values.iter().enumerate() {
+        if v == 0 || E::try_from(v).is_err() {
+            return Err(convert::invalid(
+                &format!("{field}[{i}]"),
+                format!("{v} is not a {what} a filter can match"),
+            ));
+        }
     }
     Ok(())
 }
@@ -153,23 +199,37 @@ impl ResourcePoolService for Api {
 
     async fn list(
         &self,
-        _request: Request<pb::ListPoolsRequest>,
+        request: Request<pb::ListPoolsRequest>,
     ) -> Result<Response<pb::ListPoolsResponse>, Status> {
-        let pools = self.call(|reply| Command::ListPools { reply }).await?;
-        Ok(Response::new(pb::ListPoolsResponse { pools }))
+        let request = request.into_inner();
+        convert::page_token_key("page_token", &request.page_token)?;
+        let out = self
+            .call(|reply| Command::ListPools { request, reply })
+            .await?;
+        Ok(Response::new(out))
     }
 }
 
 impl Api {
+    /// Refuses a list of instances longer than a job may have.
+    fn check_instances(&self, instances: &[u32]) -> Result<(), Status> {
+        let max = self.limits.max_instances_per_job as usize;
+        if instances.len() > max {
+            return Err(convert::invalid(
+                "instances",
+                format!("{} instances; a job has at most {max}", instances.len()),
+            ));
+        }
+        Ok(())
+    }
+
     async fn job_action(
         &self,
         id: String,
         version: u64,
         action: JobAction,
     ) -> Result<Option<pb::Job>, Status> {
-        if id.is_empty() {
-            return Err(convert::invalid("id", "must not be empty"));
-        }
+        check_id("id", &id)?;
         self.call(|reply| Command::JobAction {
             id,
             version,
@@ -216,6 +276,14 @@ impl JobService for Api {
         request: Request<pb::QueryJobsRequest>,
     ) -> Result<Response<pb::QueryJobsResponse>, Status> {
         let request = request.into_inner();
+        if !request.pool.is_empty() {
+            convert::pool_path("pool", &request.pool)?;
+        }
+        check_enum_filter::<pb::JobState>("states", &request.states, "job state")?;
+        convert::bounded("name", &request.name, convert::MAX_NAME_BYTES)?;
+        convert::bounded("owner", &request.owner, convert::MAX_NAME_BYTES)?;
+        convert::labels("labels", &request.labels, &self.limits)?;
+        convert::page_token_key("page_token", &request.page_token)?;
         let out = self
             .call(|reply| Command::QueryJobs { request, reply })
             .await?;
@@ -359,6 +427,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let request = request.into_inner();
         check_id("job_id", &request.job_id)?;
+        check_enum_filter::<pb::TaskState>("states", &request.states, "task state")?;
         let out = self
             .call(|reply| Command::ListTasks { request, reply })
             .await?;
@@ -387,6 +456,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::KillTaskResponse>, Status> {
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
+        self.check_instances(&r.instances)?;
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
@@ -404,6 +474,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::RestartTaskResponse>, Status> {
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
+        self.check_instances(&r.instances)?;
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
@@ -423,6 +494,7 @@ impl HostService for Api {
         request: Request<pb::ListHostsRequest>,
     ) -> Result<Response<pb::ListHostsResponse>, Status> {
         let request = request.into_inner();
+        convert::id("after", &request.after)?;
         let out = self
             .call(|reply| Command::ListHosts { request, reply })
             .await?;
@@ -434,6 +506,7 @@ impl HostService for Api {
         request: Request<pb::StartMaintenanceRequest>,
     ) -> Result<Response<pb::StartMaintenanceResponse>, Status> {
         let hosts = request.into_inner().hosts;
+        check_hosts("hosts", &hosts)?;
         self.call(|reply| Command::Maintenance {
             hosts,
             start: true,
@@ -448,6 +521,7 @@ impl HostService for Api {
         request: Request<pb::CompleteMaintenanceRequest>,
     ) -> Result<Response<pb::CompleteMaintenanceResponse>, Status> {
         let hosts = request.into_inner().hosts;
+        check_hosts("hosts", &hosts)?;
         self.call(|reply| Command::Maintenance {
             hosts,
             start: false,
@@ -512,6 +586,7 @@ impl HostPoolService for Api {
                 ),
             ));
         }
+        check_hosts("hosts", &r.hosts)?;
         self.call(|reply| Command::MoveHosts {
             hosts: r.hosts,
             to: r.to,
@@ -527,11 +602,184 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> 
 /// Most events in one streamed message.
 const MAX_EVENTS_PER_MESSAGE: usize = 1024;
 
+/// Most events a watch holds for a client that does not read them. A
+/// watch replaying stored events waits for its client at this bound (the
+/// store holds the rest); a live watch whose client falls this far behind
+/// is ended with RESOURCE_EXHAUSTED (its buffer dropped), so that a client
+/// that never reads costs bounded memory.
+pub const MAX_WATCH_BUFFERED_EVENTS: usize = 16 * 1024;
+
+/// What a watch's pump has sent and its client has not taken yet.
+#[derive(Debug, Default)]
+struct Buffer {
+    items: std::collections::VecDeque<Result<pb::WatchResponse, Status>>,
+    /// Events in `items`.
+    events: usize,
+    /// Nothing more will come after `items`.
+    done: bool,
+    /// The client's end was dropped.
+    client_gone: bool,
+}
+
+/// The bounded buffer between a watch's pump (which reads the store and
+/// the live events) and its client's stream.
+#[derive(Debug)]
+struct WatchQueue {
+    buffer: std::sync::Mutex<Buffer>,
+    /// The client took something, or left.
+    wake_pump: tokio::sync::Notify,
+    /// Something to take, or the end.
+    wake_client: tokio::sync::Notify,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// How a push went.
+#[derive(Debug, PartialEq, Eq)]
+enum Pushed {
+    Sent,
+    ClientGone,
+    /// The client fell too far behind: the watch ended.
+    Overflow,
+}
+
+impl WatchQueue {
+    fn new(metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+        if let Some(m) = &metrics {
+            m.watch_streams.inc();
+        }
+        Arc::new(WatchQueue {
+            buffer: std::sync::Mutex::default(),
+            wake_pump: tokio::sync::Notify::new(),
+            wake_client: tokio::sync::Notify::new(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
+        self.buffer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, delta: i64) {
+        if let Some(m) = &self.metrics {
+            m.watch_buffered_events.inc_by(delta);
+        }
+    }
+
+    /// Queues a message. While replaying (`wait`), waits for room; live,
+    /// a full buffer ends the watch instead.
+    async fn push(&self, message: pb::WatchResponse, wait: bool) -> Pushed {
+        let n = message.events.len();
+        loop {
+            let room = self.wake_pump.notified();
+            {
+                let mut b = self.lock();
+                if b.client_gone {
+                    return Pushed::ClientGone;
+                }
+                if b.items.is_empty() || b.events + n <= MAX_WATCH_BUFFERED_EVENTS {
+                    b.items.push_back(Ok(message));
+                    b.events += n;
+                    drop(b);
+                    self.count(n as i64);
+                    self.wake_client.notify_one();
+                    return Pushed::Sent;
+                }
+                if !wait {
+                    let first = b
+                        .items
+                        .iter()
+                        .find_map(|i| i.as_ref().ok()?.events.first().map(|e| e.revision))
+                        .unwrap_or_default();
+                    let dropped = b.events;
+                    b.items.clear();
+                    b.events = 0;
+                    b.items.push_back(Err(Status::resource_exhausted(format!(
+                        "the watch fell more than {MAX_WATCH_BUFFERED_EVENTS} events behind (its client does not read fast enough); watch again from revision {first}"
+                    ))));
+                    b.done = true;
+                    drop(b);
+                    self.count(-(dropped as i64));
+                    self.wake_client.notify_one();
+                    return Pushed::Overflow;
+                }
+            }
+            room.await;
+        }
+    }
+
+    /// Ends the stream, after an error if given.
+    fn finish(&self, error: Option<Status>) {
+        let mut b = self.lock();
+        if !b.done {
+            if let Some(e) = error {
+                b.items.push_back(Err(crate::status::contract(e)));
+            }
+            b.done = true;
+        }
+        drop(b);
+        self.wake_client.notify_one();
+    }
+
+    /// Resolves once the client's end is dropped (or something was taken:
+    /// callers check again).
+    async fn client_moved(&self) {
+        self.wake_pump.notified().await;
+    }
+
+    fn client_gone(&self) -> bool {
+        self.lock().client_gone
+    }
+
+    /// The client's next message; `None` at the end.
+    async fn take(&self) -> Option<Result<pb::WatchResponse, Status>> {
+        loop {
+            let more = self.wake_client.notified();
+            {
+                let mut b = self.lock();
+                if let Some(item) = b.items.pop_front() {
+                    let n = item.as_ref().map_or(0, |m| m.events.len());
+                    b.events -= n;
+                    drop(b);
+                    self.count(-(n as i64));
+                    self.wake_pump.notify_one();
+                    return Some(item);
+                }
+                if b.done {
+                    return None;
+                }
+            }
+            more.await;
+        }
+    }
+}
+
+/// The client's end of a watch: dropping it tells the pump and frees what
+/// is buffered.
+#[derive(Debug)]
+struct ClientEnd(Arc<WatchQueue>);
+
+impl Drop for ClientEnd {
+    fn drop(&mut self) {
+        let q = &self.0;
+        let mut b = q.lock();
+        b.client_gone = true;
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        drop(b);
+        drop(dropped);
+        q.count(-(n as i64));
+        if let Some(m) = &q.metrics {
+            m.watch_streams.dec();
+        }
+        q.wake_pump.notify_one();
+    }
+}
+
 /// Where a watch is: the next revision it needs, its filter, its output.
 struct Watcher {
     next: u64,
     job: String,
-    out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    out: Arc<WatchQueue>,
 }
 
 impl Watcher {
@@ -546,8 +794,8 @@ impl Watcher {
     }
 
     /// Sends the events it keeps, in messages of bounded size, and moves
-    /// past them. False once the client is gone.
-    async fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> bool {
+    /// past them. False once the watch is over (client gone or too slow).
+    async fn send(&mut self, events: impl Iterator<Item = pb::Event>, replaying: bool) -> bool {
         let mut chunk = Vec::new();
         let mut last = None;
         for e in events {
@@ -556,11 +804,7 @@ impl Watcher {
                 chunk.push(e);
                 if chunk.len() == MAX_EVENTS_PER_MESSAGE {
                     let events = std::mem::take(&mut chunk);
-                    if self
-                        .out
-                        .send(Ok(pb::WatchResponse { events }))
-                        .await
-                        .is_err()
+                    if self.out.push(pb::WatchResponse { events }, replaying).await != Pushed::Sent
                     {
                         return false;
                     }
@@ -570,9 +814,9 @@ impl Watcher {
         if !chunk.is_empty()
             && self
                 .out
-                .send(Ok(pb::WatchResponse { events: chunk }))
+                .push(pb::WatchResponse { events: chunk }, replaying)
                 .await
-                .is_err()
+                != Pushed::Sent
         {
             return false;
         }
@@ -616,7 +860,7 @@ impl Watcher {
                     .events
                     .into_iter()
                     .filter(|e| upto.is_none_or(|u| e.revision <= u));
-                if !self.send(events).await {
+                if !self.send(events, true).await {
                     return Ok(false);
                 }
             }
@@ -629,24 +873,22 @@ impl Watcher {
 
 /// Streams events with revision ≥ `next`: first from the store up to
 /// `committed`, then live; a watcher that falls behind the live channel
-/// catches up from the store.
+/// catches up from the store; one whose client stops reading while live
+/// is ended once its buffer is full.
 async fn pump(
     store: Arc<dyn Store>,
     next: u64,
     committed: u64,
     job: String,
     mut live: broadcast::Receiver<crate::scheduler::EventBatch>,
-    out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    out: Arc<WatchQueue>,
 ) {
     let mut w = Watcher { next, job, out };
     if w.next <= committed {
         match w.replay(&store, Some(committed)).await {
             Ok(true) => w.next = w.next.max(committed + 1),
             Ok(false) => return,
-            Err(e) => {
-                let _ = w.out.send(Err(e)).await;
-                return;
-            }
+            Err(e) => return w.out.finish(Some(e)),
         }
     }
     loop {
@@ -654,13 +896,18 @@ async fn pump(
             r = live.recv() => r,
             // A client that left is noticed even if its filter keeps
             // everything out.
-            () = w.out.closed() => return,
+            () = w.out.client_moved() => {
+                if w.out.client_gone() {
+                    return;
+                }
+                continue;
+            }
         };
         match next {
             Ok(batch) => {
                 // Clone only what this watcher keeps.
                 let kept: Vec<pb::Event> = batch.iter().filter(|e| w.keeps(e)).cloned().collect();
-                if !w.send(kept.into_iter()).await {
+                if !w.send(kept.into_iter(), false).await {
                     return;
                 }
                 if let Some(last) = batch.last() {
@@ -670,15 +917,9 @@ async fn pump(
             Err(broadcast::error::RecvError::Lagged(_)) => match w.replay(&store, None).await {
                 Ok(true) => {}
                 Ok(false) => return,
-                Err(e) => {
-                    let _ = w.out.send(Err(e)).await;
-                    return;
-                }
+                Err(e) => return w.out.finish(Some(e)),
             },
-            Err(broadcast::error::RecvError::Closed) => {
-                let _ = w.out.send(Err(gone())).await;
-                return;
-            }
+            Err(broadcast::error::RecvError::Closed) => return w.out.finish(Some(gone())),
         }
     }
 }
@@ -692,29 +933,39 @@ impl WatchService for Api {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let r = request.into_inner();
+        convert::id("job_id", &r.job_id)?;
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Command::Watch { reply })
             .await
             .map_err(|_| gone())?;
         let (committed, live) = answer.await.map_err(|_| gone())?;
+        if r.from_revision > committed + 1 {
+            return Err(Status::out_of_range(format!(
+                "from_revision: {} is ahead of the current revision {committed}; watch from {} at most (0: from now)",
+                r.from_revision,
+                committed + 1
+            )));
+        }
         let next = if r.from_revision == 0 {
             committed + 1
         } else {
             r.from_revision
         };
-        let (tx, rx) = mpsc::channel(64);
+        let queue = WatchQueue::new(self.metrics.clone());
         tokio::spawn(pump(
             self.store.clone(),
             next,
             committed,
             r.job_id,
             live,
-            tx,
+            queue.clone(),
         ));
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        let stream = futures::stream::unfold(ClientEnd(queue), |end| async move {
+            let item = end.0.take().await?;
+            Some((item, end))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
@@ -844,17 +1095,14 @@ impl VolumeService for Api {
         &self,
         request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
-        let r = request.into_inner();
-        convert::string_field("job_id", &r.job_id, &self.limits)?;
-        convert::string_field("host", &r.host, &self.limits)?;
-        let volumes = self
-            .call(|reply| Command::ListVolumes {
-                job_id: r.job_id,
-                host: r.host,
-                reply,
-            })
+        let request = request.into_inner();
+        convert::id("job_id", &request.job_id)?;
+        convert::id("host", &request.host)?;
+        convert::page_token_key("page_token", &request.page_token)?;
+        let out = self
+            .call(|reply| Command::ListVolumes { request, reply })
             .await?;
-        Ok(Response::new(pb::ListVolumesResponse { volumes }))
+        Ok(Response::new(out))
     }
 
     async fn get(
@@ -863,7 +1111,6 @@ impl VolumeService for Api {
     ) -> Result<Response<pb::GetVolumeResponse>, Status> {
         let id = request.into_inner().id;
         check_id("id", &id)?;
-        convert::string_field("id", &id, &self.limits)?;
         let volume = self.call(|reply| Command::GetVolume { id, reply }).await?;
         Ok(Response::new(pb::GetVolumeResponse {
             volume: Some(volume),
@@ -876,7 +1123,6 @@ impl VolumeService for Api {
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let id = request.into_inner().id;
         check_id("id", &id)?;
-        convert::string_field("id", &id, &self.limits)?;
         self.call(|reply| Command::DeleteVolume { id, reply })
             .await?;
         Ok(Response::new(pb::DeleteVolumeResponse {}))
