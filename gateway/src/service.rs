@@ -602,19 +602,30 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> 
 /// Most events in one streamed message.
 const MAX_EVENTS_PER_MESSAGE: usize = 1024;
 
-/// Most events a watch holds for a client that does not read them. A
-/// watch replaying stored events waits for its client at this bound (the
-/// store holds the rest); a live watch whose client falls this far behind
-/// is ended with RESOURCE_EXHAUSTED (its buffer dropped), so that a client
-/// that never reads costs bounded memory.
+/// Most events a watch buffers for its client (its memory bound). A watch
+/// whose buffer is full stops taking events into memory and catches up
+/// from the store once its client reads again.
 pub const MAX_WATCH_BUFFERED_EVENTS: usize = 16 * 1024;
 
-/// What a watch's pump has sent and its client has not taken yet.
+/// A watch whose buffer is full and whose client took nothing while this
+/// many commits brought it events is ended with RESOURCE_EXHAUSTED: its
+/// client does not read (a client that reads, however bursty the events,
+/// takes something between commits).
+pub const MAX_WATCH_STALLED_COMMITS: u32 = 64;
+
+/// A watch more than this many of its events behind the newest commit is
+/// ended with RESOURCE_EXHAUSTED: its client reads more slowly than events
+/// come and could never catch up.
+pub const MAX_WATCH_LAG_EVENTS: usize = 1_000_000;
+
+/// What a watch's pump has queued and its client has not taken yet.
 #[derive(Debug, Default)]
 struct Buffer {
     items: std::collections::VecDeque<Result<pb::WatchResponse, Status>>,
     /// Events in `items`.
     events: usize,
+    /// Messages the client has taken.
+    taken: u64,
     /// Nothing more will come after `items`.
     done: bool,
     /// The client's end was dropped.
@@ -637,9 +648,9 @@ struct WatchQueue {
 #[derive(Debug, PartialEq, Eq)]
 enum Pushed {
     Sent,
+    /// The buffer is full: nothing was queued.
+    Full,
     ClientGone,
-    /// The client fell too far behind: the watch ended.
-    Overflow,
 }
 
 impl WatchQueue {
@@ -665,49 +676,44 @@ impl WatchQueue {
         }
     }
 
-    /// Queues a message. While replaying (`wait`), waits for room; live,
-    /// a full buffer ends the watch instead.
-    async fn push(&self, message: pb::WatchResponse, wait: bool) -> Pushed {
+    /// Queues a message if there is room (always, into an empty buffer).
+    fn push(&self, message: pb::WatchResponse) -> Pushed {
         let n = message.events.len();
-        loop {
-            let room = self.wake_pump.notified();
-            {
-                let mut b = self.lock();
-                if b.client_gone {
-                    return Pushed::ClientGone;
-                }
-                if b.items.is_empty() || b.events + n <= MAX_WATCH_BUFFERED_EVENTS {
-                    b.items.push_back(Ok(message));
-                    b.events += n;
-                    drop(b);
-                    self.count(n as i64);
-                    self.wake_client.notify_one();
-                    return Pushed::Sent;
-                }
-                if !wait {
-                    let first = b
-                        .items
-                        .iter()
-                        .find_map(|i| i.as_ref().ok()?.events.first().map(|e| e.revision))
-                        .unwrap_or_default();
-                    let dropped = b.events;
-                    b.items.clear();
-                    b.events = 0;
-                    b.items.push_back(Err(Status::resource_exhausted(format!(
-                        "the watch fell more than {MAX_WATCH_BUFFERED_EVENTS} events behind (its client does not read fast enough); watch again from revision {first}"
-                    ))));
-                    b.done = true;
-                    drop(b);
-                    self.count(-(dropped as i64));
-                    self.wake_client.notify_one();
-                    return Pushed::Overflow;
-                }
-            }
-            room.await;
+        let mut b = self.lock();
+        if b.client_gone {
+            return Pushed::ClientGone;
         }
+        if !b.items.is_empty() && b.events + n > MAX_WATCH_BUFFERED_EVENTS {
+            return Pushed::Full;
+        }
+        b.items.push_back(Ok(message));
+        b.events += n;
+        drop(b);
+        self.count(n as i64);
+        self.wake_client.notify_one();
+        Pushed::Sent
     }
 
-    /// Ends the stream, after an error if given.
+    /// Messages the client has taken so far.
+    fn taken(&self) -> u64 {
+        self.lock().taken
+    }
+
+    /// Ends the stream after `error`, dropping what is buffered (the
+    /// client is told where to watch again from).
+    fn abandon(&self, error: Status) {
+        let mut b = self.lock();
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        b.items.push_back(Err(crate::status::contract(error)));
+        b.done = true;
+        drop(b);
+        drop(dropped);
+        self.count(-(n as i64));
+        self.wake_client.notify_one();
+    }
+
+    /// Ends the stream after what is buffered, then `error` if given.
     fn finish(&self, error: Option<Status>) {
         let mut b = self.lock();
         if !b.done {
@@ -720,8 +726,8 @@ impl WatchQueue {
         self.wake_client.notify_one();
     }
 
-    /// Resolves once the client's end is dropped (or something was taken:
-    /// callers check again).
+    /// Resolves when the client took something or left (callers check
+    /// which).
     async fn client_moved(&self) {
         self.wake_pump.notified().await;
     }
@@ -739,6 +745,7 @@ impl WatchQueue {
                 if let Some(item) = b.items.pop_front() {
                     let n = item.as_ref().map_or(0, |m| m.events.len());
                     b.events -= n;
+                    b.taken += 1;
                     drop(b);
                     self.count(-(n as i64));
                     self.wake_pump.notify_one();
@@ -775,7 +782,18 @@ impl Drop for ClientEnd {
     }
 }
 
-/// Where a watch is: the next revision it needs, its filter, its output.
+/// How filling a watch's buffer went.
+#[derive(Debug, PartialEq, Eq)]
+enum Filled {
+    /// Everything asked for is queued.
+    All,
+    /// The buffer is full; `next` is the first revision not queued.
+    Full,
+    ClientGone,
+}
+
+/// Where a watch is: the next revision its client needs, its filter, its
+/// buffer.
 struct Watcher {
     next: u64,
     job: String,
@@ -793,46 +811,67 @@ impl Watcher {
                 })
     }
 
-    /// Sends the events it keeps, in messages of bounded size, and moves
-    /// past them. False once the watch is over (client gone or too slow).
-    async fn send(&mut self, events: impl Iterator<Item = pb::Event>, replaying: bool) -> bool {
-        let mut chunk = Vec::new();
+    /// Queues the events it keeps (in revision order), in messages of at
+    /// most [`MAX_EVENTS_PER_MESSAGE`], and moves past them; stops at a
+    /// full buffer with `next` at the first event not queued. Returns the
+    /// outcome and how many events were queued.
+    fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> (Filled, usize) {
+        let mut chunk: Vec<pb::Event> = Vec::new();
+        let mut queued = 0;
         let mut last = None;
         for e in events {
             last = Some(e.revision);
             if self.keeps(&e) {
                 chunk.push(e);
                 if chunk.len() == MAX_EVENTS_PER_MESSAGE {
-                    let events = std::mem::take(&mut chunk);
-                    if self.out.push(pb::WatchResponse { events }, replaying).await != Pushed::Sent
-                    {
-                        return false;
+                    match self.flush(&mut chunk) {
+                        Ok(n) => queued += n,
+                        Err(stop) => return (stop, queued),
                     }
                 }
             }
         }
-        if !chunk.is_empty()
-            && self
-                .out
-                .push(pb::WatchResponse { events: chunk }, replaying)
-                .await
-                != Pushed::Sent
-        {
-            return false;
+        if !chunk.is_empty() {
+            match self.flush(&mut chunk) {
+                Ok(n) => queued += n,
+                Err(stop) => return (stop, queued),
+            }
         }
-        if let Some(last) = last {
-            self.next = self.next.max(last + 1);
+        if let Some(l) = last {
+            self.next = self.next.max(l + 1);
         }
-        true
+        (Filled::All, queued)
     }
 
-    /// Replays stored events from `next` up to `upto` (inclusive; None: to
-    /// the end), a few rows at a time, so memory stays bounded however far
-    /// back it starts. Err when the start is no longer stored.
-    async fn replay(&mut self, store: &Arc<dyn Store>, upto: Option<u64>) -> Result<bool, Status> {
+    /// Queues one message of events; on a full buffer `next` goes back to
+    /// its first event (what was skipped before it is skipped again).
+    fn flush(&mut self, chunk: &mut Vec<pb::Event>) -> Result<usize, Filled> {
+        let first = chunk.first().map_or(self.next, |e| e.revision);
+        let n = chunk.len();
+        match self.out.push(pb::WatchResponse {
+            events: std::mem::take(chunk),
+        }) {
+            Pushed::Sent => Ok(n),
+            Pushed::Full => {
+                self.next = first;
+                Err(Filled::Full)
+            }
+            Pushed::ClientGone => Err(Filled::ClientGone),
+        }
+    }
+
+    /// Queues stored events from `next` up to `upto` (inclusive; None: to
+    /// the end of the store), a few rows at a time, until the buffer is
+    /// full. Err when the start is no longer stored.
+    async fn fill(
+        &mut self,
+        store: &Arc<dyn Store>,
+        upto: Option<u64>,
+    ) -> Result<(Filled, usize), Status> {
+        let mut queued = 0;
         loop {
             if upto.is_some_and(|u| self.next > u) {
-                return Ok(true);
+                return Ok((Filled::All, queued));
             }
             let s = store.clone();
             let from = self.next;
@@ -860,21 +899,28 @@ impl Watcher {
                     .events
                     .into_iter()
                     .filter(|e| upto.is_none_or(|u| e.revision <= u));
-                if !self.send(events, true).await {
-                    return Ok(false);
+                let (filled, n) = self.send(events);
+                queued += n;
+                if filled != Filled::All {
+                    return Ok((filled, queued));
                 }
             }
             if self.next == before {
-                return Ok(true);
+                return Ok((Filled::All, queued));
             }
         }
     }
 }
 
-/// Streams events with revision ≥ `next`: first from the store up to
-/// `committed`, then live; a watcher that falls behind the live channel
-/// catches up from the store; one whose client stops reading while live
-/// is ended once its buffer is full.
+/// Streams events with revision ≥ `next` into the watch's buffer: from the
+/// store while it is behind, live once it has caught up. The buffer is
+/// bounded ([`MAX_WATCH_BUFFERED_EVENTS`]); while it is full, live events
+/// are not kept (they are in the store: the watch catches up from there
+/// once its client reads) and only counted, and a watch whose client stops
+/// reading ([`MAX_WATCH_STALLED_COMMITS`]) or falls hopelessly behind
+/// ([`MAX_WATCH_LAG_EVENTS`]) is ended with RESOURCE_EXHAUSTED, its buffer
+/// freed. The pump always drains the live channel, so a slow watch never
+/// holds the other watches' events in memory.
 async fn pump(
     store: Arc<dyn Store>,
     next: u64,
@@ -884,18 +930,42 @@ async fn pump(
     out: Arc<WatchQueue>,
 ) {
     let mut w = Watcher { next, job, out };
-    if w.next <= committed {
-        match w.replay(&store, Some(committed)).await {
-            Ok(true) => w.next = w.next.max(committed + 1),
-            Ok(false) => return,
-            Err(e) => return w.out.finish(Some(e)),
-        }
-    }
+    // The newest revision known to be committed (None: unknown, after the
+    // live channel lagged: read the store to its end).
+    let mut head = Some(committed);
+    // Events this watch keeps that came live and are not queued yet.
+    let mut lag: usize = 0;
+    // Events before this revision are history the client asked for, not
+    // lag.
+    let live_from = committed + 1;
+    // Commits that brought events while the buffer was full and the client
+    // took nothing.
+    let mut stalled: u32 = 0;
+    let mut taken = w.out.taken();
     loop {
-        let next = tokio::select! {
+        if head.is_none_or(|h| w.next <= h) {
+            let from = w.next;
+            match w.fill(&store, head).await {
+                Ok((filled, queued)) => {
+                    if from >= live_from || w.next > live_from {
+                        lag = lag.saturating_sub(queued);
+                    }
+                    match filled {
+                        Filled::All => {
+                            head = Some(head.unwrap_or(w.next.saturating_sub(1)));
+                            if w.next > head.unwrap_or_default() {
+                                lag = 0;
+                            }
+                        }
+                        Filled::Full => {}
+                        Filled::ClientGone => return,
+                    }
+                }
+                Err(e) => return w.out.finish(Some(e)),
+            }
+        }
+        let batch = tokio::select! {
             r = live.recv() => r,
-            // A client that left is noticed even if its filter keeps
-            // everything out.
             () = w.out.client_moved() => {
                 if w.out.client_gone() {
                     return;
@@ -903,22 +973,59 @@ async fn pump(
                 continue;
             }
         };
-        match next {
+        match batch {
             Ok(batch) => {
-                // Clone only what this watcher keeps.
-                let kept: Vec<pb::Event> = batch.iter().filter(|e| w.keeps(e)).cloned().collect();
-                if !w.send(kept.into_iter(), false).await {
-                    return;
+                let Some(last) = batch.last().map(|e| e.revision) else {
+                    continue;
+                };
+                let caught_up = head.is_some_and(|h| w.next > h);
+                head = head.map(|h| h.max(last));
+                if caught_up {
+                    // Clone only what this watcher keeps.
+                    let kept: Vec<pb::Event> =
+                        batch.iter().filter(|e| w.keeps(e)).cloned().collect();
+                    let n = kept.len();
+                    match w.send(kept.into_iter()) {
+                        (Filled::All, _) => {
+                            w.next = w.next.max(last + 1);
+                            continue;
+                        }
+                        (Filled::Full, queued) => lag += n - queued,
+                        (Filled::ClientGone, _) => return,
+                    }
+                } else {
+                    let n = batch.iter().filter(|e| w.keeps(e)).count();
+                    if n == 0 {
+                        continue;
+                    }
+                    lag += n;
                 }
-                if let Some(last) = batch.last() {
-                    w.next = w.next.max(last.revision + 1);
+                // Behind, with a full buffer: is the client still reading?
+                let now_taken = w.out.taken();
+                if now_taken == taken {
+                    stalled += 1;
+                } else {
+                    (stalled, taken) = (0, now_taken);
+                }
+                let why = if stalled >= MAX_WATCH_STALLED_COMMITS {
+                    Some(format!(
+                        "its client read nothing while {stalled} commits brought it events"
+                    ))
+                } else if lag > MAX_WATCH_LAG_EVENTS {
+                    Some(format!(
+                        "its client is more than {MAX_WATCH_LAG_EVENTS} events behind"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return w.out.abandon(Status::resource_exhausted(format!(
+                        "watch ended: {why} ({MAX_WATCH_BUFFERED_EVENTS} events buffered at most); watch again from revision {}",
+                        w.next
+                    )));
                 }
             }
-            Err(broadcast::error::RecvError::Lagged(_)) => match w.replay(&store, None).await {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(e) => return w.out.finish(Some(e)),
-            },
+            Err(broadcast::error::RecvError::Lagged(_)) => head = None,
             Err(broadcast::error::RecvError::Closed) => return w.out.finish(Some(gone())),
         }
     }

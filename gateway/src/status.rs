@@ -226,7 +226,7 @@ mod tests {
         assert!(s.message().ends_with('…'));
         assert_eq!(truncate("short", 10), "short");
         assert_eq!(truncate("abcdef", 5), "ab…");
-        assert_eq!(truncate("aéé", 5), "a…");
+        assert_eq!(truncate("aééé", 5), "a…");
     }
 
     #[test]
