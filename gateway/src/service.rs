@@ -361,8 +361,10 @@ impl TaskService for Api {
         let api = self.clone();
         tokio::spawn(async move {
             let mut offset = r.offset;
+            // Errors inside the stream keep the contract too (an agent's
+            // error text is not ours to trust).
             let fail = |e: Status| async {
-                let _ = tx.send(Err(e)).await;
+                let _ = tx.send(Err(crate::status::contract(e))).await;
             };
             loop {
                 let (key, outbox) = &current;
