@@ -14,7 +14,7 @@
 use std::collections::BinaryHeap;
 use std::fmt;
 
-use crate::pool::PoolId;
+use crate::pool::{PoolId, PoolTree};
 use crate::resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};
 
 /// Default bound on queued tasks per leaf pool.
@@ -242,6 +242,9 @@ pub struct Blocked {
     pub cap: u64,
     /// Tasks still waiting in the queue.
     pub n_waiting: u64,
+    /// The head entry's first task (which tasks wait behind it, and which
+    /// is it, callers tell by this).
+    pub head: TaskId,
 }
 
 impl fmt::Display for Blocked {
@@ -259,6 +262,156 @@ impl fmt::Display for Blocked {
             self.n_waiting
         )
     }
+}
+
+/// The ceiling a task or gang can never get past in its pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ceiling {
+    /// Non-preemptible work: the pool's own reservation.
+    Reservation,
+    /// Non-revocable work: the pool's entitlement, which can never exceed
+    /// the limit of the pool or of an ancestor (named by `pool`).
+    Limit,
+    /// Non-revocable work: the entitlement of a STATIC pool (the pool or
+    /// an ancestor, named by `pool`) is exactly its reservation.
+    StaticReservation,
+    /// Controller work: `controller_limit_pct` of the largest entitlement.
+    ControllerLimit,
+    /// Revocable work: the pool's limit and slack limit, compounded down
+    /// the path from the root.
+    SlackLimit,
+}
+
+impl Ceiling {
+    /// Short phrase for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Ceiling::Reservation => "reservation",
+            Ceiling::Limit => "limit",
+            Ceiling::StaticReservation => "reservation (a STATIC pool)",
+            Ceiling::ControllerLimit => "controller limit",
+            Ceiling::SlackLimit => "slack limit",
+        }
+    }
+}
+
+/// Why a task or gang can never be admitted in its pool, whatever the
+/// cluster's capacity and the other pools' demand: its summed request is
+/// above the most its class could ever hold there. Such work would sit at
+/// the head of its queue and block everything behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NeverAdmitted {
+    /// The rule.
+    pub ceiling: Ceiling,
+    /// The pool whose configuration sets the ceiling (the task's pool or an
+    /// ancestor).
+    pub pool: PoolId,
+    /// The first dimension above the ceiling.
+    pub dim: Dim,
+    /// The summed request in that dimension.
+    pub request: u64,
+    /// The ceiling in that dimension.
+    pub cap: u64,
+}
+
+/// The admission rules of [`PoolQueues::admit`] with every entitlement at
+/// its largest possible value (capacity unbounded, no competing demand):
+/// `Some` when a task or gang of `flags` summing to `total` can never be
+/// admitted in the leaf pool `pool`. The bounds: an entitlement never
+/// exceeds the limits on the pool's path, nor a STATIC pool's reservation;
+/// the controller cap is a percentage of the entitlement; the slack cap is
+/// the pool's limit and its slack percentage of its parent's slack cap.
+pub fn never_admitted(
+    tree: &PoolTree,
+    pool: PoolId,
+    flags: TaskFlags,
+    total: &Resources,
+) -> Result<Option<NeverAdmitted>, AdmissionError> {
+    let class = TaskClass::of(flags)?;
+    tree.check(pool).map_err(|e| AdmissionError::InvalidTask {
+        field: "pool",
+        problem: e.to_string(),
+    })?;
+    // The path from the pool up to the root (at most MAX_DEPTH + 1 pools).
+    let mut path = Vec::with_capacity(crate::pool::MAX_DEPTH + 1);
+    let mut at = Some(pool);
+    while let Some(p) = at {
+        path.push(p);
+        at = tree.parent(p);
+    }
+    let over = |ceiling: Ceiling, cap: &[(u64, PoolId); N_DIMS]| {
+        Dim::ALL
+            .into_iter()
+            .find(|&d| total[d] > cap[d.idx()].0)
+            .map(|d| NeverAdmitted {
+                ceiling,
+                pool: cap[d.idx()].1,
+                dim: d,
+                request: total[d],
+                cap: cap[d.idx()].0,
+            })
+    };
+    if class == TaskClass::Revocable {
+        // Top-down from the root: min(limit, pct% of the parent's cap).
+        let mut cap = [(MAX_AMOUNT, pool); N_DIMS];
+        for (n, &p) in path.iter().rev().enumerate() {
+            let config = tree.config(p);
+            for d in Dim::ALL {
+                let limit = config.dims[d.idx()].limit;
+                let from_parent = if n == 0 {
+                    MAX_AMOUNT
+                } else {
+                    crate::resources::percent_of(cap[d.idx()].0, config.slack_limit_pct)
+                };
+                cap[d.idx()] = (limit.min(from_parent), pool);
+            }
+        }
+        return Ok(over(Ceiling::SlackLimit, &cap));
+    }
+    let config = tree.config(pool);
+    if class == TaskClass::NonPreemptible {
+        let cap = std::array::from_fn(|d| (config.dims[d].reservation, pool));
+        if let Some(never) = over(Ceiling::Reservation, &cap) {
+            return Ok(Some(never));
+        }
+    }
+    // The largest entitlement, and which pool's configuration bounds it.
+    let root = tree.root();
+    let mut ent = [(MAX_AMOUNT, root, Ceiling::Limit); N_DIMS];
+    for &p in &path {
+        let c = tree.config(p);
+        for d in 0..N_DIMS {
+            let static_pool = p != root && c.dims[d].kind == crate::pool::PoolKind::Static;
+            let (bound, ceiling) = if static_pool {
+                (c.dims[d].reservation, Ceiling::StaticReservation)
+            } else {
+                (c.dims[d].limit, Ceiling::Limit)
+            };
+            if bound < ent[d].0 {
+                ent[d] = (bound, p, ceiling);
+            }
+        }
+    }
+    if let Some(d) = Dim::ALL.into_iter().find(|&d| total[d] > ent[d.idx()].0) {
+        let (cap, p, ceiling) = ent[d.idx()];
+        return Ok(Some(NeverAdmitted {
+            ceiling,
+            pool: p,
+            dim: d,
+            request: total[d],
+            cap,
+        }));
+    }
+    if flags.controller {
+        let cap = std::array::from_fn(|d| {
+            (
+                crate::resources::percent_of(ent[d].0, config.controller_limit_pct),
+                pool,
+            )
+        });
+        return Ok(over(Ceiling::ControllerLimit, &cap));
+    }
+    Ok(None)
 }
 
 /// One admitted task.
@@ -657,6 +810,7 @@ impl PoolQueues {
                     allocated,
                     cap,
                     n_waiting: self.n_queued[class as usize],
+                    head: entry.members.as_slice()[0].id,
                 });
                 blocked[class as usize] = true;
                 continue;

@@ -307,6 +307,23 @@ impl HostArena {
         Resources(std::array::from_fn(|d| self.capacity[d][slot]))
     }
 
+    /// Whether some live host's capacity (whatever is in use now) holds
+    /// `request` in every dimension: `Err` with the largest capacity of
+    /// each dimension when none does (also when there are no hosts).
+    pub fn any_capacity_holds(&self, request: &Resources) -> Result<(), Resources> {
+        let mut largest = Resources::ZERO;
+        for slot in &self.live_hosts {
+            let capacity = self.capacity(slot as usize);
+            if request.fits_in(&capacity) {
+                return Ok(());
+            }
+            for d in 0..N_DIMS {
+                largest.0[d] = largest.0[d].max(capacity.0[d]);
+            }
+        }
+        Err(largest)
+    }
+
     /// Free resources of the host in `slot`.
     pub fn free(&self, slot: usize) -> Resources {
         Resources(std::array::from_fn(|d| self.free[d][slot]))

@@ -26,7 +26,7 @@ pub mod testkit;
 
 pub use admission::{
     AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, BlockKind, Blocked,
-    PendingId, PendingTask, TaskClass, TaskFlags, TaskId,
+    Ceiling, NeverAdmitted, PendingId, PendingTask, TaskClass, TaskFlags, TaskId,
 };
 pub use engine::{CycleReport, Engine, EngineConfig, EngineError, NewTask};
 pub use entitlement::{

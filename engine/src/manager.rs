@@ -9,8 +9,8 @@
 use rayon::prelude::*;
 
 use crate::admission::{
-    AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, PendingId, PendingTask,
-    PoolCaps, PoolQueues, TaskClass, TaskFlags,
+    AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, NeverAdmitted,
+    PendingId, PendingTask, PoolCaps, PoolQueues, TaskClass, TaskFlags,
 };
 use crate::entitlement::{EntitlementCalculator, EntitlementInput, Entitlements};
 use crate::pool::{PoolConfig, PoolError, PoolId, PoolTree, PoolTreeLimits};
@@ -229,6 +229,20 @@ impl ResourceManager {
     pub fn n_heap_items(&self, id: PoolId) -> Result<usize, PoolError> {
         self.tree.check(id)?;
         Ok(self.queues[id.idx()].n_heap_items())
+    }
+
+    /// Whether a task or gang of `flags` summing to `total` can never be
+    /// admitted in `pool`, whatever the capacity and other pools' demand
+    /// (see [`crate::admission::never_admitted`]). Callers refuse such work
+    /// when it is submitted rather than queue it where it would block its
+    /// queue forever.
+    pub fn never_admitted(
+        &self,
+        pool: PoolId,
+        flags: TaskFlags,
+        total: &Resources,
+    ) -> Result<Option<NeverAdmitted>, AdmissionError> {
+        crate::admission::never_admitted(&self.tree, pool, flags, total)
     }
 
     /// Queues a task or a gang (all members share pool, priority and flags;

@@ -475,3 +475,177 @@ fn admission_is_identical_on_one_and_two_threads() {
     );
     assert_eq!(one, two);
 }
+
+/// `never_admitted` for one cpu request, as text: the rule, the pool that
+/// sets it and the cap, or "ok".
+fn never(env: &Env, pool: PoolId, flags: TaskFlags, millis: u64) -> String {
+    match env.rm.never_admitted(pool, flags, &cpu(millis)).unwrap() {
+        None => "ok".into(),
+        Some(n) => format!(
+            "{:?} of {} in {}: {} > {}",
+            n.ceiling,
+            env.rm.tree().path(n.pool),
+            n.dim,
+            n.request,
+            n.cap
+        ),
+    }
+}
+
+/// /org (reservation 8, limit 20 cores, slack 50%) with /org/team
+/// (reservation 2, limit 20, controllers 25%, slack 50%), and /fixed (STATIC, 3
+/// cores) with /fixed/leaf. Returns team and fixed/leaf.
+fn ceiling_tree(env: &mut Env) -> (PoolId, PoolId) {
+    env.pool(
+        "/org",
+        PoolConfig::default()
+            .with_reservation(cpu(8000))
+            .with_limit(cpu(20_000))
+            .with_slack_limit_pct(50.0),
+    );
+    let team = env.pool(
+        "/org/team",
+        PoolConfig::default()
+            .with_reservation(cpu(2000))
+            .with_limit(cpu(20_000))
+            .with_controller_limit_pct(25.0)
+            .with_slack_limit_pct(50.0),
+    );
+    env.pool(
+        "/fixed",
+        PoolConfig::default()
+            .with_reservation(cpu(3000))
+            .with_kind(peloton_engine::PoolKind::Static),
+    );
+    (team, env.pool("/fixed/leaf", PoolConfig::default()))
+}
+
+#[test]
+fn work_above_what_its_pool_could_ever_give_its_class_is_named() {
+    let mut env = Env::new();
+    let (team, fixed) = ceiling_tree(&mut env);
+    let root = env.rm.tree().root();
+    let cases = [
+        (
+            "non-preemptible at the reservation",
+            team,
+            NON_PREEMPTIBLE,
+            2000,
+        ),
+        ("non-preemptible above it", team, NON_PREEMPTIBLE, 2001),
+        ("normal at the parent's limit", team, NORMAL, 20_000),
+        ("normal above it", team, NORMAL, 20_001),
+        ("controller at 25% of the limit", team, CONTROLLER, 5000),
+        ("controller above it", team, CONTROLLER, 5001),
+        ("revocable at 50% of /org's 20", team, REVOCABLE, 10_000),
+        ("revocable above it", team, REVOCABLE, 10_001),
+        ("normal under a STATIC pool", fixed, NORMAL, 3000),
+        ("above its reservation", fixed, NORMAL, 3001),
+        ("the root takes anything", root, NON_PREEMPTIBLE, 1 << 40),
+    ];
+    let report: String = cases
+        .iter()
+        .map(|(what, pool, flags, millis)| {
+            format!("{what}: {}\n", never(&env, *pool, *flags, *millis))
+        })
+        .collect();
+    expect![[r#"
+        non-preemptible at the reservation: ok
+        non-preemptible above it: Reservation of /org/team in cpu: 2001 > 2000
+        normal at the parent's limit: ok
+        normal above it: Limit of /org/team in cpu: 20001 > 20000
+        controller at 25% of the limit: ok
+        controller above it: ControllerLimit of /org/team in cpu: 5001 > 5000
+        revocable at 50% of /org's 20: ok
+        revocable above it: SlackLimit of /org/team in cpu: 10001 > 10000
+        normal under a STATIC pool: ok
+        above its reservation: StaticReservation of /fixed in cpu: 3001 > 3000
+        the root takes anything: ok
+    "#]]
+    .assert_eq(&report);
+    // What is "ok" is admitted alone on a huge cluster; what is refused is
+    // not admitted however large the cluster is.
+    for (what, _, flags, millis) in cases.into_iter().filter(|c| c.1 != root) {
+        let mut env = Env::new();
+        let (team, fixed) = ceiling_tree(&mut env);
+        let pool = if what.contains("STATIC") || what.starts_with("above its") {
+            fixed
+        } else {
+            team
+        };
+        let ok = never(&env, pool, flags, millis) == "ok";
+        let ids = env.submit(pool, 0, flags, &[millis]);
+        let report = env.cycle(1 << 45, 1 << 45);
+        let admitted = report.contains(&format!("admit t{} ", ids[0]));
+        assert_eq!(admitted, ok, "{what}: {report}");
+    }
+}
+
+#[test]
+fn a_gang_is_refused_on_its_summed_request() {
+    let mut env = Env::new();
+    let (team, _) = ceiling_tree(&mut env);
+    assert_eq!(never(&env, team, NON_PREEMPTIBLE, 1000), "ok");
+    let gang = env
+        .rm
+        .never_admitted(team, NON_PREEMPTIBLE, &cpu(3 * 1000))
+        .unwrap()
+        .expect("three of 1 core exceed a 2-core reservation");
+    assert_eq!((gang.request, gang.cap), (3000, 2000));
+}
+
+#[test]
+fn what_is_refused_is_never_admitted_in_random_trees() {
+    use peloton_engine::testkit::{Rng, TreeSpec, bench_capacity, build_random_tree};
+    let mut rng = Rng::new(7);
+    let mut rm = ResourceManager::new(ResourceManagerConfig::default());
+    let capacity = bench_capacity();
+    let leaves = build_random_tree(&mut rm, &TreeSpec::new(60, 4, capacity), &mut rng);
+    let mut out = AdmissionResult::default();
+    let (mut refused, mut accepted) = (0, 0);
+    for (n, &leaf) in leaves.iter().enumerate() {
+        for flags in [NON_PREEMPTIBLE, NORMAL, CONTROLLER, REVOCABLE] {
+            // Around the pool's own reservation and limit.
+            let config = *rm.tree().config(leaf);
+            let base = if rng.chance(0.5) {
+                config.reservation()
+            } else {
+                config.limit().min(&capacity)
+            };
+            let request = Resources(std::array::from_fn(|d| {
+                (base.0[d] as f64 * (0.5 + rng.unit())) as u64
+            }));
+            if request.is_zero() {
+                continue;
+            }
+            let never = rm.never_admitted(leaf, flags, &request).unwrap();
+            let task = PendingTask {
+                id: TaskId(n as u64),
+                request,
+            };
+            let pending = rm.enqueue(leaf, 0, flags, &[task]).unwrap();
+            rm.recompute_entitlement(Resources::MAX, Resources::MAX);
+            rm.admit(&mut out);
+            let admitted = out.admitted.iter().any(|a| a.task == task.id);
+            assert!(
+                !(admitted && never.is_some()),
+                "{} {flags:?} {request:?}: refused ({never:?}) yet admitted",
+                rm.tree().path(leaf)
+            );
+            if admitted {
+                accepted += 1;
+                for a in &out.admitted {
+                    rm.release(a).unwrap();
+                }
+            } else {
+                refused += 1;
+                rm.cancel(pending).unwrap();
+            }
+            rm.check_invariants();
+        }
+    }
+    assert!(
+        refused > 10 && accepted > 10,
+        "{refused} refused, {accepted} accepted"
+    );
+}

@@ -336,6 +336,7 @@ fn check_register(r: &pb::AgentRegister) -> Result<(), Status> {
     if r.host.is_empty() {
         return Err(Status::invalid_argument("register.host: must not be empty"));
     }
+    crate::convert::id("register.host", &r.host)?;
     if let Err(problem) = peloton_engine::host::validate_attribute_word(&r.host) {
         return Err(Status::invalid_argument(format!(
             "register.host: {problem}"
@@ -394,10 +395,10 @@ impl pb::agent_service_server::AgentService for AgentApi {
             ));
         };
         if register.token != self.hub.token {
-            tracing::warn!(host = %register.host, "agent refused: wrong token");
+            let host = crate::convert::shown(&register.host);
+            tracing::warn!(%host, "agent refused: wrong token");
             return Err(Status::unauthenticated(format!(
-                "agent {}: the token does not match the server's agent token",
-                register.host
+                "agent {host}: the token does not match the server's agent token"
             )));
         }
         check_register(&register)?;

@@ -37,9 +37,85 @@ impl Default for Limits {
     }
 }
 
-/// An InvalidArgument status naming the field.
+/// An InvalidArgument status naming the field (its message bounded like
+/// every status the server sends, `crate::status::contract`).
 pub fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("{field}: {problem}"))
+    crate::status::contract(Status::invalid_argument(format!("{field}: {problem}")))
+}
+
+/// Longest id (of a job, an update, a volume), page token, host name,
+/// label or environment key: 256 bytes.
+pub const MAX_ID_BYTES: usize = 256;
+/// Longest job name or owner: 1 KiB.
+pub const MAX_NAME_BYTES: usize = 1024;
+/// Longest pool path: 16 levels of names of 64 bytes.
+pub const MAX_POOL_PATH_BYTES: usize =
+    peloton_engine::pool::MAX_DEPTH * (peloton_engine::pool::MAX_NAME_LEN + 1);
+/// Characters of a user's string that a message quotes.
+const SHOWN_CHARS: usize = 64;
+
+/// A user's string as messages quote it: in quotes, its first 64
+/// characters, then "…" if it is longer.
+pub fn shown(value: &str) -> String {
+    match value.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!("{:?}…", &value[..end]),
+    }
+}
+
+/// Refuses a string longer than `max` bytes: the field, the limit and the
+/// string's first characters.
+pub fn bounded(field: &str, value: &str, max: usize) -> Result<(), Status> {
+    if value.len() > max {
+        return Err(invalid(
+            field,
+            format!(
+                "{} bytes is longer than the limit of {max} (it starts {})",
+                value.len(),
+                shown(value)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What page tokens start with (a token is opaque to clients; this one
+/// holds the key of the last item of the page it follows).
+const PAGE_TOKEN_PREFIX: &str = "p1.";
+
+/// The token of a page that follows the item `key`.
+pub fn page_token(key: &str) -> String {
+    format!("{PAGE_TOKEN_PREFIX}{key}")
+}
+
+/// The key a page token holds ("" for none: the first page). A token this
+/// server could not have made is INVALID_ARGUMENT.
+pub fn page_token_key<'a>(field: &str, token: &'a str) -> Result<&'a str, Status> {
+    if token.is_empty() {
+        return Ok("");
+    }
+    match token.strip_prefix(PAGE_TOKEN_PREFIX) {
+        Some(key) if !key.is_empty() && key.len() <= MAX_POOL_PATH_BYTES.max(MAX_ID_BYTES) => {
+            Ok(key)
+        }
+        _ => Err(invalid(
+            field,
+            format!(
+                "{} is not a page token of this server: pass the previous answer's next_page_token, or nothing for the first page",
+                shown(token)
+            ),
+        )),
+    }
+}
+
+/// Refuses an id longer than [`MAX_ID_BYTES`].
+pub fn id(field: &str, value: &str) -> Result<(), Status> {
+    bounded(field, value, MAX_ID_BYTES)
+}
+
+/// Refuses a pool path longer than [`MAX_POOL_PATH_BYTES`].
+pub fn pool_path(field: &str, value: &str) -> Result<(), Status> {
+    bounded(field, value, MAX_POOL_PATH_BYTES)
 }
 
 use crate::lifecycle::{Health, JobKind, JobState, LaunchId, RunRecord, TaskState, VolumePolicy};
@@ -205,17 +281,7 @@ pub fn pool_spec_to_pb(config: &PoolConfig) -> pb::PoolSpec {
 }
 
 fn string(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
-    if value.len() > limits.max_string_len {
-        return Err(invalid(
-            field,
-            format!(
-                "{} bytes is longer than the limit of {}",
-                value.len(),
-                limits.max_string_len
-            ),
-        ));
-    }
-    Ok(())
+    bounded(field, value, limits.max_string_len)
 }
 
 /// Refuses a string longer than the limit, naming the field.
@@ -262,10 +328,11 @@ pub fn task_template(
     }
     list(&format!("{field}.env"), spec.env.len(), limits)?;
     for (k, v) in &spec.env {
+        bounded(&format!("{field}.env (a name)"), k, MAX_ID_BYTES)?;
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(invalid(
                 &format!("{field}.env"),
-                format!("bad variable name {k:?}"),
+                format!("bad variable name {}", shown(k)),
             ));
         }
         string(&format!("{field}.env.{k}"), v, limits)?;
@@ -299,7 +366,7 @@ pub fn task_template(
         if !ok {
             return Err(invalid(
                 &format!("{field}.ports[{i}].name"),
-                format!("{:?} must be 1–64 letters, digits or '_'", p.name),
+                format!("{} must be 1–64 letters, digits or '_'", shown(&p.name)),
             ));
         }
         if !names.insert(p.name.to_ascii_uppercase()) {
@@ -309,6 +376,7 @@ pub fn task_template(
             ));
         }
     }
+    string(&format!("{field}.constraint"), &spec.constraint, limits)?;
     if !spec.constraint.is_empty() {
         Constraint::parse(&spec.constraint, &mut Interner::new())
             .map_err(|e| invalid(&format!("{field}.constraint"), e))?;
@@ -402,7 +470,12 @@ fn volume(field: &str, v: &pb::VolumeSpec) -> Result<crate::lifecycle::VolumeTem
     } else {
         v.path.as_str()
     };
-    let bad = |problem: &str| invalid(&format!("{field}.path"), format!("{path:?} {problem}"));
+    let bad = |problem: &str| {
+        invalid(
+            &format!("{field}.path"),
+            format!("{} {problem}", shown(path)),
+        )
+    };
     if path.len() > 256 {
         return Err(bad("is longer than 256 bytes"));
     }
@@ -441,7 +514,7 @@ fn health_check(
         } else {
             Err(invalid(
                 &format!("{field}.{f}"),
-                format!("{name:?} is not one of the task's ports"),
+                format!("{} is not one of the task's ports", shown(name)),
             ))
         }
     };
@@ -459,7 +532,7 @@ fn health_check(
             if !h.path.is_empty() && !h.path.starts_with('/') {
                 return Err(invalid(
                     &format!("{field}.http.path"),
-                    format!("{:?} must start with '/'", h.path),
+                    format!("{} must start with '/'", shown(&h.path)),
                 ));
             }
         }
@@ -504,7 +577,10 @@ pub fn host_pool_name(field: &str, name: &str) -> Result<(), Status> {
     if !ok {
         return Err(invalid(
             field,
-            format!("{name:?} must be 1–64 letters, digits, '.', '_' or '-'"),
+            format!(
+                "{} must be 1–64 letters, digits, '.', '_' or '-'",
+                shown(name)
+            ),
         ));
     }
     Ok(())
@@ -558,8 +634,8 @@ fn check_secrets(secrets: &[pb::Secret]) -> Result<(), Status> {
             return Err(invalid(
                 &field,
                 format!(
-                    "{:?} must be 1–64 letters, digits, '.', '_' or '-', not starting with '.'",
-                    s.name
+                    "{} must be 1–64 letters, digits, '.', '_' or '-', not starting with '.'",
+                    shown(&s.name)
                 ),
             ));
         }
@@ -627,6 +703,25 @@ pub fn redact_secrets(secrets: &[pb::Secret]) -> Vec<pb::Secret> {
         .collect()
 }
 
+/// Validates labels (of a spec, or a query's filter): at most
+/// `max_list_len`, keys non-empty and at most [`MAX_ID_BYTES`], values at
+/// most `max_string_len`.
+pub fn labels(
+    field: &str,
+    labels: &std::collections::HashMap<String, String>,
+    limits: &Limits,
+) -> Result<(), Status> {
+    list(field, labels.len(), limits)?;
+    for (k, v) in labels {
+        if k.is_empty() {
+            return Err(invalid(field, "empty label key"));
+        }
+        bounded(&format!("{field} (a key)"), k, MAX_ID_BYTES)?;
+        string(&format!("{field}.{k}"), v, limits)?;
+    }
+    Ok(())
+}
+
 /// Validates a job spec. The pool's and the host pool's existence are
 /// checked by the loop; so are secrets with empty values.
 pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> {
@@ -645,18 +740,13 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     if spec.name.is_empty() {
         return Err(invalid("spec.name", "must not be empty"));
     }
-    string("spec.name", &spec.name, limits)?;
-    string("spec.owner", &spec.owner, limits)?;
-    list("spec.labels", spec.labels.len(), limits)?;
-    for (k, v) in &spec.labels {
-        if k.is_empty() {
-            return Err(invalid("spec.labels", "empty label key"));
-        }
-        string(&format!("spec.labels.{k}"), v, limits)?;
-    }
+    bounded("spec.name", &spec.name, MAX_NAME_BYTES)?;
+    bounded("spec.owner", &spec.owner, MAX_NAME_BYTES)?;
+    labels("spec.labels", &spec.labels, limits)?;
     if spec.pool.is_empty() {
         return Err(invalid("spec.pool", "must name a pool, e.g. /batch"));
     }
+    pool_path("spec.pool", &spec.pool)?;
     let daemon = kind == JobKind::Daemon;
     if spec.instance_count == 0 && !daemon {
         return Err(invalid("spec.instance_count", "must be at least 1"));
@@ -787,6 +877,13 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             ));
         }
     };
+    let stateful = spec.stateful.unwrap_or_default();
+    if pb::VolumeLossPolicy::try_from(stateful.on_host_down).is_err() {
+        return Err(invalid(
+            "spec.stateful.on_host_down",
+            format!("unknown policy {}", stateful.on_host_down),
+        ));
+    }
     Ok(JobPlan {
         kind,
         pool: spec.pool.as_str().into(),

@@ -59,6 +59,10 @@ pub struct Metrics {
     pub jobs: Gauge,
     /// Live hosts that are up.
     pub hosts_up: Gauge,
+    /// Watch streams open.
+    pub watch_streams: Gauge,
+    /// Events waiting in watch streams' buffers for their clients.
+    pub watch_buffered_events: Gauge,
     /// Most pools that get per-pool series.
     pub max_pools: usize,
 }
@@ -84,8 +88,20 @@ impl Metrics {
             demand: Family::default(),
             jobs: Gauge::default(),
             hosts_up: Gauge::default(),
+            watch_streams: Gauge::default(),
+            watch_buffered_events: Gauge::default(),
             max_pools,
         };
+        registry.register(
+            "watch_streams",
+            "Watch streams open",
+            m.watch_streams.clone(),
+        );
+        registry.register(
+            "watch_buffered_events",
+            "Events waiting in watch streams' buffers for their clients",
+            m.watch_buffered_events.clone(),
+        );
         registry.register(
             "cycle_duration_seconds",
             "Duration of one scheduling cycle (entitlement, admission, placement, preemption)",

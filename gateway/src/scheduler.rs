@@ -86,10 +86,12 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::Pool>,
     },
-    /// Read all pools.
+    /// Read a page of pools.
     ListPools {
+        /// The page.
+        request: pb::ListPoolsRequest,
         /// Reply.
-        reply: Reply<Vec<pb::Pool>>,
+        reply: Reply<pb::ListPoolsResponse>,
     },
     /// Create a job.
     CreateJob {
@@ -276,14 +278,12 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::Update>,
     },
-    /// Volumes, filtered by job id and host ("" for any).
+    /// A page of volumes, filtered by job id and host ("" for any).
     ListVolumes {
-        /// Job id filter.
-        job_id: String,
-        /// Host filter.
-        host: String,
+        /// Filters and page.
+        request: pb::ListVolumesRequest,
         /// Reply.
-        reply: Reply<Vec<pb::Volume>>,
+        reply: Reply<pb::ListVolumesResponse>,
     },
     /// Read a volume.
     GetVolume {
@@ -844,8 +844,8 @@ impl Scheduler {
                     .map(|id| reads::pool_to_pb(&self.engine, &self.core, id));
                 self.defer(reply, r);
             }
-            Command::ListPools { reply } => {
-                let r = Ok(reads::list_pools(&self.engine, &self.core));
+            Command::ListPools { request, reply } => {
+                let r = reads::list_pools(&self.engine, &self.core, &request);
                 self.defer(reply, r);
             }
             Command::CreateJob { spec, plan, reply } => {
@@ -1059,26 +1059,8 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
-            Command::ListVolumes {
-                job_id,
-                host,
-                reply,
-            } => {
-                let r = if !job_id.is_empty() && self.core.job_key(&job_id).is_err() {
-                    Err(status(crate::lifecycle::Error::JobNotFound(job_id)))
-                } else {
-                    Ok(self
-                        .core
-                        .volumes()
-                        .filter(|v| {
-                            (job_id.is_empty()
-                                || self.core.job(v.job).is_some_and(|j| *j.id == *job_id))
-                                && (host.is_empty() || **self.core.host_name(v.host) == *host)
-                        })
-                        .take(crate::convert::MAX_LISTED_VOLUMES)
-                        .map(|v| reads::volume_to_pb(&self.core, v))
-                        .collect())
-                };
+            Command::ListVolumes { request, reply } => {
+                let r = reads::list_volumes(&self.core, &request);
                 self.defer(reply, r);
             }
             Command::GetVolume { id, reply } => {

@@ -18,10 +18,24 @@ use crate::http::Mirror;
 use crate::metrics::Metrics;
 use crate::scheduler::{Command, LoopConfig, Scheduler};
 use crate::service::Api;
+use crate::status::Contract;
 use crate::store::{RedbStore, Store};
 
 /// Largest gRPC message accepted (a job spec with many overrides).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A service as every client sees it: gzip-compressed requests accepted,
+/// answers compressed for clients that accept gzip, and errors that keep
+/// the contract ([`Contract`]).
+macro_rules! public {
+    ($service:expr) => {
+        Contract(
+            $service
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .send_compressed(tonic::codec::CompressionEncoding::Gzip),
+        )
+    };
+}
 
 /// A running server.
 #[derive(Debug)]
@@ -103,7 +117,9 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .name("peloton-loop".into())
         .spawn(move || scheduler.run(rx, rt))?;
 
-    let api = Api::new(tx.clone(), limits, store.clone()).with_hub(hub.clone());
+    let api = Api::new(tx.clone(), limits, store.clone())
+        .with_hub(hub.clone())
+        .with_metrics(metrics.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<pb::job_service_server::JobServiceServer<Api>>()
@@ -129,55 +145,63 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
     health_reporter
         .set_serving::<pb::volume_service_server::VolumeServiceServer<Api>>()
         .await;
+    // Both reflection protocols: released grpcurl, grpc_cli and Python
+    // tools still ask v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let grpc = tonic::service::Routes::new(health)
-        .add_service(reflection)
-        .add_service(
+    let grpc = tonic::service::Routes::new(public!(health))
+        .add_service(public!(reflection))
+        .add_service(public!(reflection_v1alpha))
+        .add_service(public!(
             pb::resource_pool_service_server::ResourcePoolServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        ))
+        .add_service(public!(
             pb::job_service_server::JobServiceServer::new(api.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            pb::task_service_server::TaskServiceServer::new(api.clone())
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            pb::host_service_server::HostServiceServer::new(api.clone())
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            pb::update_service_server::UpdateServiceServer::new(api.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(
-            pb::volume_service_server::VolumeServiceServer::new(api.clone())
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
-        .add_service(pb::host_pool_service_server::HostPoolServiceServer::new(
-            api.clone(),
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ))
-        .add_service(pb::watch_service_server::WatchServiceServer::new(api));
-    // The JSON/HTTP mirror calls the public services in process; agents'
-    // sessions are gRPC only.
+        .add_service(public!(
+            pb::task_service_server::TaskServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ))
+        .add_service(public!(
+            pb::host_service_server::HostServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ))
+        .add_service(public!(
+            pb::update_service_server::UpdateServiceServer::new(api.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        ))
+        .add_service(public!(
+            pb::volume_service_server::VolumeServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ))
+        .add_service(public!(
+            pb::host_pool_service_server::HostPoolServiceServer::new(api.clone())
+        ))
+        .add_service(public!(pb::watch_service_server::WatchServiceServer::new(
+            api
+        )));
+    // The JSON/HTTP mirror calls the public services in process (through
+    // the same `Contract` wrappers); agents' sessions are gRPC only.
     let mirror = Mirror::new(pb::FILE_DESCRIPTOR_SET, grpc.clone())?;
     let mut routes = grpc;
     if let Some(hub) = hub {
-        routes = routes.add_service(
+        routes = routes.add_service(public!(
             pb::agent_service_server::AgentServiceServer::new(AgentApi::new(hub, tx.clone()))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        );
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ));
     }
     let routes = tonic::service::Routes::from(mirror.mount(routes.into_axum_router()));
     // HTTP/1.1 is accepted beside HTTP/2 so that plain HTTP clients reach

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::agents::AgentHub;
 use crate::convert::{self, Limits};
 use crate::lifecycle::{UpdateAction, UpdateSpec};
+use crate::metrics::Metrics;
 use crate::scheduler::{Command, JobAction, Reply};
 use crate::store::Store;
 
@@ -32,6 +33,7 @@ pub struct Api {
     limits: Limits,
     store: Arc<dyn Store>,
     hub: Option<Arc<AgentHub>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Largest log chunk asked of an agent.
@@ -53,7 +55,14 @@ impl Api {
             limits,
             store,
             hub: None,
+            metrics: None,
         }
+    }
+
+    /// Handlers that count their watch streams and buffers in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Handlers that can read logs from agents through `hub`.
@@ -74,12 +83,49 @@ fn check_id(field: &str, id: &str) -> Result<(), Status> {
     if id.is_empty() {
         return Err(convert::invalid(field, "must not be empty"));
     }
-    Ok(())
+    convert::id(field, id)
 }
 
 fn check_path(path: &str) -> Result<(), Status> {
     if path.is_empty() {
         return Err(convert::invalid("path", "must not be empty"));
+    }
+    convert::pool_path("path", path)
+}
+
+/// Most host names in one call.
+const MAX_HOSTS_PER_CALL: usize = 10_000;
+
+/// Refuses a list of host names that is too long or holds a name that is
+/// empty or too long.
+fn check_hosts(field: &str, hosts: &[String]) -> Result<(), Status> {
+    if hosts.len() > MAX_HOSTS_PER_CALL {
+        return Err(convert::invalid(
+            field,
+            format!("{} hosts; the limit is {MAX_HOSTS_PER_CALL}", hosts.len()),
+        ));
+    }
+    for (i, h) in hosts.iter().enumerate() {
+        check_id(&format!("{field}[{i}]"), h)?;
+    }
+    Ok(())
+}
+
+/// Refuses a filter value that is not one of the enum's named values, or
+/// is its UNKNOWN value (which matches nothing): never a silent empty
+/// answer.
+fn check_enum_filter<E: TryFrom<i32>>(
+    field: &str,
+    values: &[i32],
+    what: &str,
+) -> Result<(), Status> {
+    for (i, &v) in values.iter().enumerate() {
+        if v == 0 || E::try_from(v).is_err() {
+            return Err(convert::invalid(
+                &format!("{field}[{i}]"),
+                format!("{v} is not a {what} a filter can match"),
+            ));
+        }
     }
     Ok(())
 }
@@ -153,23 +199,37 @@ impl ResourcePoolService for Api {
 
     async fn list(
         &self,
-        _request: Request<pb::ListPoolsRequest>,
+        request: Request<pb::ListPoolsRequest>,
     ) -> Result<Response<pb::ListPoolsResponse>, Status> {
-        let pools = self.call(|reply| Command::ListPools { reply }).await?;
-        Ok(Response::new(pb::ListPoolsResponse { pools }))
+        let request = request.into_inner();
+        convert::page_token_key("page_token", &request.page_token)?;
+        let out = self
+            .call(|reply| Command::ListPools { request, reply })
+            .await?;
+        Ok(Response::new(out))
     }
 }
 
 impl Api {
+    /// Refuses a list of instances longer than a job may have.
+    fn check_instances(&self, instances: &[u32]) -> Result<(), Status> {
+        let max = self.limits.max_instances_per_job as usize;
+        if instances.len() > max {
+            return Err(convert::invalid(
+                "instances",
+                format!("{} instances; a job has at most {max}", instances.len()),
+            ));
+        }
+        Ok(())
+    }
+
     async fn job_action(
         &self,
         id: String,
         version: u64,
         action: JobAction,
     ) -> Result<Option<pb::Job>, Status> {
-        if id.is_empty() {
-            return Err(convert::invalid("id", "must not be empty"));
-        }
+        check_id("id", &id)?;
         self.call(|reply| Command::JobAction {
             id,
             version,
@@ -216,6 +276,14 @@ impl JobService for Api {
         request: Request<pb::QueryJobsRequest>,
     ) -> Result<Response<pb::QueryJobsResponse>, Status> {
         let request = request.into_inner();
+        if !request.pool.is_empty() {
+            convert::pool_path("pool", &request.pool)?;
+        }
+        check_enum_filter::<pb::JobState>("states", &request.states, "job state")?;
+        convert::bounded("name", &request.name, convert::MAX_NAME_BYTES)?;
+        convert::bounded("owner", &request.owner, convert::MAX_NAME_BYTES)?;
+        convert::labels("labels", &request.labels, &self.limits)?;
+        convert::page_token_key("page_token", &request.page_token)?;
         let out = self
             .call(|reply| Command::QueryJobs { request, reply })
             .await?;
@@ -293,8 +361,10 @@ impl TaskService for Api {
         let api = self.clone();
         tokio::spawn(async move {
             let mut offset = r.offset;
+            // Errors inside the stream keep the contract too (an agent's
+            // error text is not ours to trust).
             let fail = |e: Status| async {
-                let _ = tx.send(Err(e)).await;
+                let _ = tx.send(Err(crate::status::contract(e))).await;
             };
             loop {
                 let (key, outbox) = &current;
@@ -359,6 +429,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let request = request.into_inner();
         check_id("job_id", &request.job_id)?;
+        check_enum_filter::<pb::TaskState>("states", &request.states, "task state")?;
         let out = self
             .call(|reply| Command::ListTasks { request, reply })
             .await?;
@@ -387,6 +458,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::KillTaskResponse>, Status> {
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
+        self.check_instances(&r.instances)?;
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
@@ -404,6 +476,7 @@ impl TaskService for Api {
     ) -> Result<Response<pb::RestartTaskResponse>, Status> {
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
+        self.check_instances(&r.instances)?;
         self.call(|reply| Command::TaskAction {
             job_id: r.job_id,
             instances: r.instances,
@@ -423,6 +496,7 @@ impl HostService for Api {
         request: Request<pb::ListHostsRequest>,
     ) -> Result<Response<pb::ListHostsResponse>, Status> {
         let request = request.into_inner();
+        convert::id("after", &request.after)?;
         let out = self
             .call(|reply| Command::ListHosts { request, reply })
             .await?;
@@ -434,6 +508,7 @@ impl HostService for Api {
         request: Request<pb::StartMaintenanceRequest>,
     ) -> Result<Response<pb::StartMaintenanceResponse>, Status> {
         let hosts = request.into_inner().hosts;
+        check_hosts("hosts", &hosts)?;
         self.call(|reply| Command::Maintenance {
             hosts,
             start: true,
@@ -448,6 +523,7 @@ impl HostService for Api {
         request: Request<pb::CompleteMaintenanceRequest>,
     ) -> Result<Response<pb::CompleteMaintenanceResponse>, Status> {
         let hosts = request.into_inner().hosts;
+        check_hosts("hosts", &hosts)?;
         self.call(|reply| Command::Maintenance {
             hosts,
             start: false,
@@ -512,6 +588,7 @@ impl HostPoolService for Api {
                 ),
             ));
         }
+        check_hosts("hosts", &r.hosts)?;
         self.call(|reply| Command::MoveHosts {
             hosts: r.hosts,
             to: r.to,
@@ -527,11 +604,202 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> 
 /// Most events in one streamed message.
 const MAX_EVENTS_PER_MESSAGE: usize = 1024;
 
-/// Where a watch is: the next revision it needs, its filter, its output.
+/// Most events a watch buffers for its client (its memory bound). A watch
+/// whose buffer is full stops taking events into memory and catches up
+/// from the store once its client reads again.
+pub const MAX_WATCH_BUFFERED_EVENTS: usize = 16 * 1024;
+
+/// A watch whose buffer is full and whose client took nothing while this
+/// many commits brought it events is ended with RESOURCE_EXHAUSTED: its
+/// client does not read (a client that reads, however bursty the events,
+/// takes something between commits).
+pub const MAX_WATCH_STALLED_COMMITS: u32 = 64;
+
+/// A watch more than this many of its events behind the newest commit is
+/// ended with RESOURCE_EXHAUSTED: its client reads more slowly than events
+/// come and could never catch up.
+pub const MAX_WATCH_LAG_EVENTS: usize = 1_000_000;
+
+/// What a watch's pump has queued and its client has not taken yet.
+#[derive(Debug, Default)]
+struct Buffer {
+    items: std::collections::VecDeque<Result<pb::WatchResponse, Status>>,
+    /// Events in `items`.
+    events: usize,
+    /// Messages the client has taken.
+    taken: u64,
+    /// Nothing more will come after `items`.
+    done: bool,
+    /// The client's end was dropped.
+    client_gone: bool,
+}
+
+/// The bounded buffer between a watch's pump (which reads the store and
+/// the live events) and its client's stream.
+#[derive(Debug)]
+struct WatchQueue {
+    buffer: std::sync::Mutex<Buffer>,
+    /// The client took something, or left.
+    wake_pump: tokio::sync::Notify,
+    /// Something to take, or the end.
+    wake_client: tokio::sync::Notify,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// How a push went.
+#[derive(Debug, PartialEq, Eq)]
+enum Pushed {
+    Sent,
+    /// The buffer is full: nothing was queued.
+    Full,
+    ClientGone,
+}
+
+impl WatchQueue {
+    fn new(metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+        if let Some(m) = &metrics {
+            m.watch_streams.inc();
+        }
+        Arc::new(WatchQueue {
+            buffer: std::sync::Mutex::default(),
+            wake_pump: tokio::sync::Notify::new(),
+            wake_client: tokio::sync::Notify::new(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
+        self.buffer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, delta: i64) {
+        if let Some(m) = &self.metrics {
+            m.watch_buffered_events.inc_by(delta);
+        }
+    }
+
+    /// Queues a message if there is room (always, into an empty buffer).
+    fn push(&self, message: pb::WatchResponse) -> Pushed {
+        let n = message.events.len();
+        let mut b = self.lock();
+        if b.client_gone {
+            return Pushed::ClientGone;
+        }
+        if !b.items.is_empty() && b.events + n > MAX_WATCH_BUFFERED_EVENTS {
+            return Pushed::Full;
+        }
+        b.items.push_back(Ok(message));
+        b.events += n;
+        drop(b);
+        self.count(n as i64);
+        self.wake_client.notify_one();
+        Pushed::Sent
+    }
+
+    /// Messages the client has taken so far.
+    fn taken(&self) -> u64 {
+        self.lock().taken
+    }
+
+    /// Ends the stream after `error`, dropping what is buffered (the
+    /// client is told where to watch again from).
+    fn abandon(&self, error: Status) {
+        let mut b = self.lock();
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        b.items.push_back(Err(crate::status::contract(error)));
+        b.done = true;
+        drop(b);
+        drop(dropped);
+        self.count(-(n as i64));
+        self.wake_client.notify_one();
+    }
+
+    /// Ends the stream after what is buffered, then `error` if given.
+    fn finish(&self, error: Option<Status>) {
+        let mut b = self.lock();
+        if !b.done {
+            if let Some(e) = error {
+                b.items.push_back(Err(crate::status::contract(e)));
+            }
+            b.done = true;
+        }
+        drop(b);
+        self.wake_client.notify_one();
+    }
+
+    /// Resolves when the client took something or left (callers check
+    /// which).
+    async fn client_moved(&self) {
+        self.wake_pump.notified().await;
+    }
+
+    fn client_gone(&self) -> bool {
+        self.lock().client_gone
+    }
+
+    /// The client's next message; `None` at the end.
+    async fn take(&self) -> Option<Result<pb::WatchResponse, Status>> {
+        loop {
+            let more = self.wake_client.notified();
+            {
+                let mut b = self.lock();
+                if let Some(item) = b.items.pop_front() {
+                    let n = item.as_ref().map_or(0, |m| m.events.len());
+                    b.events -= n;
+                    b.taken += 1;
+                    drop(b);
+                    self.count(-(n as i64));
+                    self.wake_pump.notify_one();
+                    return Some(item);
+                }
+                if b.done {
+                    return None;
+                }
+            }
+            more.await;
+        }
+    }
+}
+
+/// The client's end of a watch: dropping it tells the pump and frees what
+/// is buffered.
+#[derive(Debug)]
+struct ClientEnd(Arc<WatchQueue>);
+
+impl Drop for ClientEnd {
+    fn drop(&mut self) {
+        let q = &self.0;
+        let mut b = q.lock();
+        b.client_gone = true;
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        drop(b);
+        drop(dropped);
+        q.count(-(n as i64));
+        if let Some(m) = &q.metrics {
+            m.watch_streams.dec();
+        }
+        q.wake_pump.notify_one();
+    }
+}
+
+/// How filling a watch's buffer went.
+#[derive(Debug, PartialEq, Eq)]
+enum Filled {
+    /// Everything asked for is queued.
+    All,
+    /// The buffer is full; `next` is the first revision not queued.
+    Full,
+    ClientGone,
+}
+
+/// Where a watch is: the next revision its client needs, its filter, its
+/// buffer.
 struct Watcher {
     next: u64,
     job: String,
-    out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    out: Arc<WatchQueue>,
 }
 
 impl Watcher {
@@ -545,50 +813,67 @@ impl Watcher {
                 })
     }
 
-    /// Sends the events it keeps, in messages of bounded size, and moves
-    /// past them. False once the client is gone.
-    async fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> bool {
-        let mut chunk = Vec::new();
+    /// Queues the events it keeps (in revision order), in messages of at
+    /// most [`MAX_EVENTS_PER_MESSAGE`], and moves past them; stops at a
+    /// full buffer with `next` at the first event not queued. Returns the
+    /// outcome and how many events were queued.
+    fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> (Filled, usize) {
+        let mut chunk: Vec<pb::Event> = Vec::new();
+        let mut queued = 0;
         let mut last = None;
         for e in events {
             last = Some(e.revision);
             if self.keeps(&e) {
                 chunk.push(e);
                 if chunk.len() == MAX_EVENTS_PER_MESSAGE {
-                    let events = std::mem::take(&mut chunk);
-                    if self
-                        .out
-                        .send(Ok(pb::WatchResponse { events }))
-                        .await
-                        .is_err()
-                    {
-                        return false;
+                    match self.flush(&mut chunk) {
+                        Ok(n) => queued += n,
+                        Err(stop) => return (stop, queued),
                     }
                 }
             }
         }
-        if !chunk.is_empty()
-            && self
-                .out
-                .send(Ok(pb::WatchResponse { events: chunk }))
-                .await
-                .is_err()
-        {
-            return false;
+        if !chunk.is_empty() {
+            match self.flush(&mut chunk) {
+                Ok(n) => queued += n,
+                Err(stop) => return (stop, queued),
+            }
         }
-        if let Some(last) = last {
-            self.next = self.next.max(last + 1);
+        if let Some(l) = last {
+            self.next = self.next.max(l + 1);
         }
-        true
+        (Filled::All, queued)
     }
 
-    /// Replays stored events from `next` up to `upto` (inclusive; None: to
-    /// the end), a few rows at a time, so memory stays bounded however far
-    /// back it starts. Err when the start is no longer stored.
-    async fn replay(&mut self, store: &Arc<dyn Store>, upto: Option<u64>) -> Result<bool, Status> {
+    /// Queues one message of events; on a full buffer `next` goes back to
+    /// its first event (what was skipped before it is skipped again).
+    fn flush(&mut self, chunk: &mut Vec<pb::Event>) -> Result<usize, Filled> {
+        let first = chunk.first().map_or(self.next, |e| e.revision);
+        let n = chunk.len();
+        match self.out.push(pb::WatchResponse {
+            events: std::mem::take(chunk),
+        }) {
+            Pushed::Sent => Ok(n),
+            Pushed::Full => {
+                self.next = first;
+                Err(Filled::Full)
+            }
+            Pushed::ClientGone => Err(Filled::ClientGone),
+        }
+    }
+
+    /// Queues stored events from `next` up to `upto` (inclusive; None: to
+    /// the end of the store), a few rows at a time, until the buffer is
+    /// full. Err when the start is no longer stored.
+    async fn fill(
+        &mut self,
+        store: &Arc<dyn Store>,
+        upto: Option<u64>,
+    ) -> Result<(Filled, usize), Status> {
+        let mut queued = 0;
         loop {
             if upto.is_some_and(|u| self.next > u) {
-                return Ok(true);
+                return Ok((Filled::All, queued));
             }
             let s = store.clone();
             let from = self.next;
@@ -616,69 +901,134 @@ impl Watcher {
                     .events
                     .into_iter()
                     .filter(|e| upto.is_none_or(|u| e.revision <= u));
-                if !self.send(events).await {
-                    return Ok(false);
+                let (filled, n) = self.send(events);
+                queued += n;
+                if filled != Filled::All {
+                    return Ok((filled, queued));
                 }
             }
             if self.next == before {
-                return Ok(true);
+                return Ok((Filled::All, queued));
             }
         }
     }
 }
 
-/// Streams events with revision ≥ `next`: first from the store up to
-/// `committed`, then live; a watcher that falls behind the live channel
-/// catches up from the store.
+/// Streams events with revision ≥ `next` into the watch's buffer: from the
+/// store while it is behind, live once it has caught up. The buffer is
+/// bounded ([`MAX_WATCH_BUFFERED_EVENTS`]); while it is full, live events
+/// are not kept (they are in the store: the watch catches up from there
+/// once its client reads) and only counted, and a watch whose client stops
+/// reading ([`MAX_WATCH_STALLED_COMMITS`]) or falls hopelessly behind
+/// ([`MAX_WATCH_LAG_EVENTS`]) is ended with RESOURCE_EXHAUSTED, its buffer
+/// freed. The pump always drains the live channel, so a slow watch never
+/// holds the other watches' events in memory.
 async fn pump(
     store: Arc<dyn Store>,
     next: u64,
     committed: u64,
     job: String,
     mut live: broadcast::Receiver<crate::scheduler::EventBatch>,
-    out: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    out: Arc<WatchQueue>,
 ) {
     let mut w = Watcher { next, job, out };
-    if w.next <= committed {
-        match w.replay(&store, Some(committed)).await {
-            Ok(true) => w.next = w.next.max(committed + 1),
-            Ok(false) => return,
-            Err(e) => {
-                let _ = w.out.send(Err(e)).await;
-                return;
+    // The newest revision known to be committed (None: unknown, after the
+    // live channel lagged: read the store to its end).
+    let mut head = Some(committed);
+    // Events this watch keeps that came live and are not queued yet.
+    let mut lag: usize = 0;
+    // Events before this revision are history the client asked for, not
+    // lag.
+    let live_from = committed + 1;
+    // Commits that brought events while the buffer was full and the client
+    // took nothing.
+    let mut stalled: u32 = 0;
+    let mut taken = w.out.taken();
+    loop {
+        if head.is_none_or(|h| w.next <= h) {
+            let from = w.next;
+            match w.fill(&store, head).await {
+                Ok((filled, queued)) => {
+                    if from >= live_from || w.next > live_from {
+                        lag = lag.saturating_sub(queued);
+                    }
+                    match filled {
+                        Filled::All => {
+                            head = Some(head.unwrap_or(w.next.saturating_sub(1)));
+                            if w.next > head.unwrap_or_default() {
+                                lag = 0;
+                            }
+                        }
+                        Filled::Full => {}
+                        Filled::ClientGone => return,
+                    }
+                }
+                Err(e) => return w.out.finish(Some(e)),
             }
         }
-    }
-    loop {
-        let next = tokio::select! {
+        let batch = tokio::select! {
             r = live.recv() => r,
-            // A client that left is noticed even if its filter keeps
-            // everything out.
-            () = w.out.closed() => return,
+            () = w.out.client_moved() => {
+                if w.out.client_gone() {
+                    return;
+                }
+                continue;
+            }
         };
-        match next {
+        match batch {
             Ok(batch) => {
-                // Clone only what this watcher keeps.
-                let kept: Vec<pb::Event> = batch.iter().filter(|e| w.keeps(e)).cloned().collect();
-                if !w.send(kept.into_iter()).await {
-                    return;
+                let Some(last) = batch.last().map(|e| e.revision) else {
+                    continue;
+                };
+                let caught_up = head.is_some_and(|h| w.next > h);
+                head = head.map(|h| h.max(last));
+                if caught_up {
+                    // Clone only what this watcher keeps.
+                    let kept: Vec<pb::Event> =
+                        batch.iter().filter(|e| w.keeps(e)).cloned().collect();
+                    let n = kept.len();
+                    match w.send(kept.into_iter()) {
+                        (Filled::All, _) => {
+                            w.next = w.next.max(last + 1);
+                            continue;
+                        }
+                        (Filled::Full, queued) => lag += n - queued,
+                        (Filled::ClientGone, _) => return,
+                    }
+                } else {
+                    let n = batch.iter().filter(|e| w.keeps(e)).count();
+                    if n == 0 {
+                        continue;
+                    }
+                    lag += n;
                 }
-                if let Some(last) = batch.last() {
-                    w.next = w.next.max(last.revision + 1);
+                // Behind, with a full buffer: is the client still reading?
+                let now_taken = w.out.taken();
+                if now_taken == taken {
+                    stalled += 1;
+                } else {
+                    (stalled, taken) = (0, now_taken);
+                }
+                let why = if stalled >= MAX_WATCH_STALLED_COMMITS {
+                    Some(format!(
+                        "its client read nothing while {stalled} commits brought it events"
+                    ))
+                } else if lag > MAX_WATCH_LAG_EVENTS {
+                    Some(format!(
+                        "its client is more than {MAX_WATCH_LAG_EVENTS} events behind"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return w.out.abandon(Status::resource_exhausted(format!(
+                        "watch ended: {why} ({MAX_WATCH_BUFFERED_EVENTS} events buffered at most); watch again from revision {}",
+                        w.next
+                    )));
                 }
             }
-            Err(broadcast::error::RecvError::Lagged(_)) => match w.replay(&store, None).await {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(e) => {
-                    let _ = w.out.send(Err(e)).await;
-                    return;
-                }
-            },
-            Err(broadcast::error::RecvError::Closed) => {
-                let _ = w.out.send(Err(gone())).await;
-                return;
-            }
+            Err(broadcast::error::RecvError::Lagged(_)) => head = None,
+            Err(broadcast::error::RecvError::Closed) => return w.out.finish(Some(gone())),
         }
     }
 }
@@ -692,29 +1042,39 @@ impl WatchService for Api {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let r = request.into_inner();
+        convert::id("job_id", &r.job_id)?;
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Command::Watch { reply })
             .await
             .map_err(|_| gone())?;
         let (committed, live) = answer.await.map_err(|_| gone())?;
+        if r.from_revision > committed + 1 {
+            return Err(Status::out_of_range(format!(
+                "from_revision: {} is ahead of the current revision {committed}; watch from {} at most (0: from now)",
+                r.from_revision,
+                committed + 1
+            )));
+        }
         let next = if r.from_revision == 0 {
             committed + 1
         } else {
             r.from_revision
         };
-        let (tx, rx) = mpsc::channel(64);
+        let queue = WatchQueue::new(self.metrics.clone());
         tokio::spawn(pump(
             self.store.clone(),
             next,
             committed,
             r.job_id,
             live,
-            tx,
+            queue.clone(),
         ));
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        let stream = futures::stream::unfold(ClientEnd(queue), |end| async move {
+            let item = end.0.take().await?;
+            Some((item, end))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
@@ -844,17 +1204,14 @@ impl VolumeService for Api {
         &self,
         request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
-        let r = request.into_inner();
-        convert::string_field("job_id", &r.job_id, &self.limits)?;
-        convert::string_field("host", &r.host, &self.limits)?;
-        let volumes = self
-            .call(|reply| Command::ListVolumes {
-                job_id: r.job_id,
-                host: r.host,
-                reply,
-            })
+        let request = request.into_inner();
+        convert::id("job_id", &request.job_id)?;
+        convert::id("host", &request.host)?;
+        convert::page_token_key("page_token", &request.page_token)?;
+        let out = self
+            .call(|reply| Command::ListVolumes { request, reply })
             .await?;
-        Ok(Response::new(pb::ListVolumesResponse { volumes }))
+        Ok(Response::new(out))
     }
 
     async fn get(
@@ -863,7 +1220,6 @@ impl VolumeService for Api {
     ) -> Result<Response<pb::GetVolumeResponse>, Status> {
         let id = request.into_inner().id;
         check_id("id", &id)?;
-        convert::string_field("id", &id, &self.limits)?;
         let volume = self.call(|reply| Command::GetVolume { id, reply }).await?;
         Ok(Response::new(pb::GetVolumeResponse {
             volume: Some(volume),
@@ -876,7 +1232,6 @@ impl VolumeService for Api {
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let id = request.into_inner().id;
         check_id("id", &id)?;
-        convert::string_field("id", &id, &self.limits)?;
         self.call(|reply| Command::DeleteVolume { id, reply })
             .await?;
         Ok(Response::new(pb::DeleteVolumeResponse {}))

@@ -129,9 +129,14 @@ async fn refused_pool_requests_name_the_problem_and_change_nothing() {
     create_pool(&mut c, "/a/b", pool_spec(1.0, 0.0)).await;
     create_pool(&mut c, "/leaf", pool_spec(0.0, 0.0)).await;
     // A job that never finishes (no host matches), so /leaf has an
-    // unfinished job.
+    // unfinished job (preemptible: /leaf reserves nothing, and
+    // non-preemptible work there could never be admitted).
     let mut spec = job_spec("/leaf", 1, 1.0, 60_000);
     task_of(&mut spec).constraint = "zone == \"nowhere\"".into();
+    spec.sla = Some(pb::Sla {
+        preemptible: true,
+        ..Default::default()
+    });
     let job = create_job(&mut c, spec).await;
     let before = pools_without_status(&mut c).await;
 

@@ -148,6 +148,7 @@ impl Lifecycle {
         if self.by_id.contains_key(&id) {
             return Err(Error::Precondition(format!("job {id} exists already")));
         }
+        self.check_admissible(engine, pool, &plan, plan.instance_count)?;
         let daemon = plan.kind == JobKind::Daemon;
         if daemon && plan.gang > 1 {
             return Err(Error::invalid(
@@ -373,6 +374,8 @@ impl Lifecycle {
         }
         if count > n {
             self.check_job_pool(engine, k)?;
+            let job = &self.jobs[&k];
+            self.check_admissible(engine, job.pool, &job.plan, count)?;
         }
         self.scale_to(engine, k, count, "job scaled down", fx);
         Ok(())

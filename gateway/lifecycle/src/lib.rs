@@ -18,6 +18,7 @@
 //! After every step `check_invariants` runs in debug builds and tests: a
 //! broken invariant is a crash, not a log line.
 
+mod admissible;
 mod effects;
 mod error;
 mod hosts;
@@ -32,6 +33,7 @@ mod runs;
 pub mod sim;
 #[cfg(test)]
 mod tests;
+pub mod units;
 mod updates;
 
 use std::cmp::Reverse;
@@ -43,6 +45,7 @@ use peloton_engine::task::TaskHandle;
 use peloton_engine::{Engine, PoolConfig, PoolId};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+pub use admissible::never_admitted_reason;
 pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey};
 pub use error::Error;
 pub use model::{

@@ -12,6 +12,17 @@ use super::effects::{Effects, Event, EventKind, Launch, RowKey};
 use super::model::{Health, Job, JobKey, JobKind, JobState, LaunchId, RunRef, TaskState as S};
 use super::{Lifecycle, RunStatus, TaskUpdate, TimerKind, legal};
 
+/// What a task of this template asks the engine for: its request, plus
+/// its volume's disk.
+pub(super) fn engine_request(t: &super::TaskTemplate) -> peloton_engine::Resources {
+    let mut request = t.request;
+    if let Some(v) = &t.volume {
+        let disk = peloton_engine::resources::Dim::Disk.idx();
+        request.0[disk] = request.0[disk].saturating_add(v.size_mb);
+    }
+    request
+}
+
 /// The engine task of instance `i` of job `k`, pinned to `pin` if given
 /// (its volume's or daemon's host). A task with a volume asks for the
 /// volume's disk too: the volume lives on the host it is placed on.
@@ -23,11 +34,7 @@ pub(super) fn new_task(
     pin: Option<super::HostSlot>,
 ) -> NewTask {
     let t = job.template(i);
-    let mut request = t.request;
-    if let Some(v) = &t.volume {
-        let disk = peloton_engine::resources::Dim::Disk.idx();
-        request.0[disk] = request.0[disk].saturating_add(v.size_mb);
-    }
+    let request = engine_request(t);
     NewTask {
         job: k.0,
         instance: i,

@@ -2838,3 +2838,38 @@ fn retention_under_random_operations_removes_only_finished_jobs() {
     }
     assert!(removed > 100, "retention removed only {removed} jobs");
 }
+
+#[test]
+fn work_that_could_never_be_admitted_is_refused_when_submitted() {
+    check(
+        r"
+        host h1 cpu=8
+        pool /a cpu=2 mem=1024
+        job big pool=/a n=1 cpu=3             # non-preemptible above the reservation
+        job gang pool=/a n=4 gang=2 cpu=2     # a gang of 2 × 2 cores above it
+        job huge pool=/a n=1 cpu=9 preemptible  # no host could ever hold it
+        job ok pool=/a n=2 cpu=1
+        scale ok 3                            # one more task of 1 core is fine
+        job p pool=/a n=1 cpu=3 preemptible   # preemptible work may borrow
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > pool /a cpu=2 mem=1024
+            > job big pool=/a n=1 cpu=3
+            error: spec.default_task.resources.cpu: each task needs 3 cores, and could never be admitted: pool /a's reservation of cpu is 2 cores (non-preemptible work runs only within its pool's reservation: raise it, or make the job preemptible (sla.preemptible))
+            > job gang pool=/a n=4 gang=2 cpu=2
+            error: spec.sla.min_running_instances: a gang of 2 tasks (instances 0–1) needs 4 cores in all, and could never be admitted (or use smaller gangs): pool /a's reservation of cpu is 2 cores (non-preemptible work runs only within its pool's reservation: raise it, or make the job preemptible (sla.preemptible))
+            > job huge pool=/a n=1 cpu=9 preemptible
+            error: spec.default_task.resources.cpu: no host of the cluster could ever hold a task of cpu 9 cores, memory 64 MiB (the largest capacities are cpu 8 cores, memory 4096 MiB)
+            > job ok pool=/a n=2 cpu=1
+            ok/0#1 pending
+            ok/1#1 pending
+            job ok pending
+            > scale ok 3
+            ok/2#1 pending
+            > job p pool=/a n=1 cpu=3 preemptible
+            p/0#1 pending
+            job p pending
+        "#]],
+    );
+}

@@ -274,6 +274,7 @@ impl Lifecycle {
         if self.updates.contains_key(&id) {
             return Err(Error::Precondition(format!("update {id} exists already")));
         }
+        self.check_admissible(engine, job.pool, &plan, plan.instance_count)?;
         for i in 0..job.tasks.len() as u32 {
             let (old, new) = (&job.template(i).volume, &plan.template(i).volume);
             if old.as_ref().map(|v| v.size_mb) != new.as_ref().map(|v| v.size_mb) {

@@ -3,14 +3,16 @@
 
 use std::sync::Arc;
 
-use peloton_engine::admission::{TaskClass, TaskFlags};
+use peloton_engine::admission::{BlockKind, TaskClass, TaskFlags};
 use peloton_engine::host::{HostArena, HostSpec, HostState};
-use peloton_engine::{Dim, Engine, PoolId};
+use peloton_engine::{Dim, Engine, PoolId, Resources};
 use peloton_proto::v1 as pb;
+use prost::Message;
 use rustc_hash::FxHashMap;
 use tonic::Status;
 
 use crate::convert;
+use crate::lifecycle::units::amount;
 use crate::lifecycle::{
     HostSlot, Job, JobKey, Lifecycle, Task, TaskState as S, Update, UpdateSpec, UpdateState,
 };
@@ -57,13 +59,63 @@ pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
     }
 }
 
-pub(super) fn list_pools(engine: &Engine, core: &Lifecycle) -> Vec<pb::Pool> {
+/// Most bytes of the items of one page of any list: a page ends early
+/// rather than grow past it, so that every answer (items and the rest)
+/// fits the 4 MiB a gRPC client accepts by default. A single item larger
+/// than this (a job whose spec was sent that large) is a page of its own.
+pub const MAX_PAGE_BYTES: usize = 3 << 20;
+
+/// The bytes a page's items have used.
+#[derive(Debug, Default)]
+struct PageBytes(usize);
+
+impl PageBytes {
+    /// Counts `item` in and says whether it belongs on the page: it does if
+    /// the page is empty or it fits in what is left.
+    fn admits(&mut self, n_on_page: usize, item: &impl Message) -> bool {
+        // The field's tag and length prefix: at most 6 bytes.
+        let cost = item.encoded_len() + 6;
+        if n_on_page > 0 && self.0 + cost > MAX_PAGE_BYTES {
+            return false;
+        }
+        self.0 += cost;
+        true
+    }
+}
+
+/// Pools in path order after the request's page token, up to its page size
+/// (0: no count limit) and [`MAX_PAGE_BYTES`].
+pub(super) fn list_pools(
+    engine: &Engine,
+    core: &Lifecycle,
+    r: &pb::ListPoolsRequest,
+) -> Result<pb::ListPoolsResponse, Status> {
+    let after = convert::page_token_key("page_token", &r.page_token)?;
+    let page = if r.page_size == 0 {
+        usize::MAX
+    } else {
+        r.page_size as usize
+    };
     let tree = engine.resources().tree();
     let mut ids = tree.list();
+    ids.retain(|&id| tree.path(id) > after);
     ids.sort_by(|a, b| tree.path(*a).cmp(tree.path(*b)));
-    ids.into_iter()
-        .map(|id| pool_to_pb(engine, core, id))
-        .collect()
+    let mut out = pb::ListPoolsResponse::default();
+    let mut bytes = PageBytes::default();
+    for id in ids {
+        let pool = pool_to_pb(engine, core, id);
+        if out.pools.len() == page || !bytes.admits(out.pools.len(), &pool) {
+            out.next_page_token = convert::page_token(id_before(&out.pools));
+            break;
+        }
+        out.pools.push(pool);
+    }
+    Ok(out)
+}
+
+/// The path of the last pool of a page.
+fn id_before(pools: &[pb::Pool]) -> &str {
+    pools.last().map_or("", |p| p.path.as_str())
 }
 
 pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
@@ -242,8 +294,10 @@ pub(super) fn query_jobs(
         0 => 100,
         n => n.min(1000),
     } as usize;
+    let after = convert::page_token_key("page_token", &r.page_token).unwrap_or_default();
     let mut out = pb::QueryJobsResponse::default();
-    for (k, job) in core.jobs_by_id(&r.page_token) {
+    let mut bytes = PageBytes::default();
+    for (k, job) in core.jobs_by_id(after) {
         let Some(versions) = specs.get(&k) else {
             continue;
         };
@@ -259,16 +313,23 @@ pub(super) fn query_jobs(
         {
             continue;
         }
-        if out.jobs.len() == page {
-            out.next_page_token = out.jobs.last().map(|j| j.id.clone()).unwrap_or_default();
-            break;
+        let full = out.jobs.len() == page;
+        let j = (!full).then(|| {
+            job_to_pb(
+                core,
+                k,
+                Some(versions),
+                secrets.get(&job.id).map(|s| &s[..]),
+            )
+        });
+        match j {
+            Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),
+            _ => {
+                let last = out.jobs.last().map_or("", |j| j.id.as_str());
+                out.next_page_token = convert::page_token(last);
+                break;
+            }
         }
-        out.jobs.push(job_to_pb(
-            core,
-            k,
-            Some(versions),
-            secrets.get(&job.id).map(|s| &s[..]),
-        ));
     }
     out
 }
@@ -332,6 +393,43 @@ pub(super) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb
     }
 }
 
+/// Volumes in id order after the request's page token, filtered by job id
+/// and host, up to its page size and [`MAX_PAGE_BYTES`].
+pub(super) fn list_volumes(
+    core: &Lifecycle,
+    r: &pb::ListVolumesRequest,
+) -> Result<pb::ListVolumesResponse, Status> {
+    let after = convert::page_token_key("page_token", &r.page_token)?;
+    if !r.job_id.is_empty() {
+        core.job_key(&r.job_id).map_err(status)?;
+    }
+    let page = match r.page_size {
+        0 => convert::MAX_LISTED_VOLUMES,
+        n => (n as usize).min(convert::MAX_LISTED_VOLUMES),
+    };
+    let mut volumes: Vec<&crate::lifecycle::Volume> = core
+        .volumes()
+        .filter(|v| {
+            *v.id > *after
+                && (r.job_id.is_empty() || core.job(v.job).is_some_and(|j| *j.id == *r.job_id))
+                && (r.host.is_empty() || **core.host_name(v.host) == *r.host)
+        })
+        .collect();
+    volumes.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+    let mut out = pb::ListVolumesResponse::default();
+    let mut bytes = PageBytes::default();
+    for v in volumes {
+        let volume = volume_to_pb(core, v);
+        if out.volumes.len() == page || !bytes.admits(out.volumes.len(), &volume) {
+            let last = out.volumes.last().map_or("", |v| v.id.as_str());
+            out.next_page_token = convert::page_token(last);
+            break;
+        }
+        out.volumes.push(volume);
+    }
+    Ok(out)
+}
+
 pub(super) fn list_tasks(
     core: &Lifecycle,
     r: &pb::ListTasksRequest,
@@ -342,8 +440,21 @@ pub(super) fn list_tasks(
         0 => 1000,
         n => n.min(10_000),
     } as usize;
+    let n = job.tasks.len() as u32;
+    if r.from_instance >= n && !(n == 0 && r.from_instance == 0) {
+        return Err(Status::out_of_range(format!(
+            "from_instance: {} is past the job's last instance ({})",
+            r.from_instance,
+            if n == 0 {
+                "it has none".to_string()
+            } else {
+                format!("it has {n}, 0–{}", n - 1)
+            }
+        )));
+    }
     let mut out = pb::ListTasksResponse::default();
-    for i in r.from_instance..job.tasks.len() as u32 {
+    let mut bytes = PageBytes::default();
+    for i in r.from_instance..n {
         let t = &job.tasks[i as usize];
         if !r.states.is_empty()
             && !r
@@ -356,7 +467,12 @@ pub(super) fn list_tasks(
             out.next_instance = i;
             break;
         }
-        out.tasks.push(task_to_pb(core, k, job, i));
+        let task = task_to_pb(core, k, job, i);
+        if !bytes.admits(out.tasks.len(), &task) {
+            out.next_instance = i;
+            break;
+        }
+        out.tasks.push(task);
     }
     Ok(out)
 }
@@ -399,23 +515,7 @@ fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String
                 )
             }
         }
-        S::Pending => {
-            let tmpl = job.plan.template(instance);
-            let class = TaskClass::of(TaskFlags {
-                preemptible: job.plan.preemptible,
-                controller: tmpl.controller,
-                revocable: tmpl.revocable,
-            });
-            report
-                .admission
-                .blocked
-                .iter()
-                .find(|b| b.pool == job.pool && Ok(b.class) == class)
-                .map_or_else(
-                    || "queued for admission; the next cycle decides".to_string(),
-                    |b| format!("not admitted: {b}"),
-                )
-        }
+        S::Pending => admission_reason(engine, job, instance, t),
         S::Ready | S::Placing => t
             .handle
             .and_then(|h| report.placement.unplaced.iter().find(|u| u.task == h))
@@ -423,7 +523,8 @@ fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String
                 || "admitted; waiting for placement".to_string(),
                 |u| {
                     format!(
-                        "not placed: {}",
+                        "not placed: it needs {}; {}",
+                        needs(&task_request(engine, t)),
                         report
                             .placement
                             .reason_of(u)
@@ -437,6 +538,97 @@ fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String
             t.reason.as_deref().unwrap_or("")
         ),
         _ => String::new(),
+    }
+}
+
+/// A request in the API's units: "cpu 1 core, memory 256 MiB".
+fn needs(r: &Resources) -> String {
+    let parts: Vec<String> = Dim::ALL
+        .into_iter()
+        .filter(|&d| r[d] > 0)
+        .map(|d| format!("{d} {}", amount(d, r[d])))
+        .collect();
+    parts.join(", ")
+}
+
+/// What the engine holds for a task's current run (its request, with its
+/// volume's disk).
+fn task_request(engine: &Engine, t: &Task) -> Resources {
+    t.handle
+        .and_then(|h| engine.tasks().spec(h).ok())
+        .map_or(Resources::ZERO, |s| s.request)
+}
+
+/// Why a queued task is not admitted: about this task (or its gang), in
+/// the API's units — can it ever be, is it at the head of its queue or
+/// behind others, and the rule that holds its queue.
+fn admission_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String {
+    let tmpl = job.plan.template(instance);
+    let flags = TaskFlags {
+        preemptible: job.plan.preemptible,
+        controller: tmpl.controller,
+        revocable: tmpl.revocable,
+    };
+    // Its queue entry: its gang, or itself.
+    let members: Vec<&Task> = match t.gang {
+        Some(g) => job
+            .tasks
+            .iter()
+            .filter(|m| m.gang == Some(g) && m.state == S::Pending)
+            .collect(),
+        None => vec![t],
+    };
+    let mut total = Resources::ZERO;
+    for m in &members {
+        total = total.saturating_add(&task_request(engine, m));
+    }
+    let it = if members.len() > 1 {
+        format!("its gang of {} needs {}", members.len(), needs(&total))
+    } else {
+        format!("it needs {}", needs(&total))
+    };
+    if let Some(why) = crate::lifecycle::never_admitted_reason(engine, job.pool, flags, &total) {
+        return format!(
+            "can never be admitted as its pool is now ({it}): {why}; change the pool, or kill the job"
+        );
+    }
+    let Ok(class) = TaskClass::of(flags) else {
+        return "queued for admission; the next cycle decides".into();
+    };
+    let Some(b) = engine
+        .report()
+        .admission
+        .blocked
+        .iter()
+        .find(|b| b.pool == job.pool && b.class == class)
+    else {
+        return "queued for admission; the next cycle decides".into();
+    };
+    let d = b.dim;
+    let rule = match b.kind {
+        BlockKind::Entitlement => "entitlement",
+        BlockKind::Reservation => "reservation (for non-preemptible work)",
+        BlockKind::ControllerLimit => "controller limit",
+        BlockKind::SlackEntitlement => "slack entitlement (for revocable work)",
+        BlockKind::SlackLimit => "slack limit",
+    };
+    let path = engine.resources().tree().path(b.pool);
+    let pool = format!(
+        "pool {path}'s {rule} in {d} is {}, with {} in use",
+        amount(d, b.cap),
+        amount(d, b.allocated)
+    );
+    let at_head = members
+        .iter()
+        .any(|m| m.handle.is_some_and(|h| h.to_u64() == b.head.0));
+    if at_head {
+        format!("not admitted yet: {it}, and {pool}")
+    } else {
+        format!(
+            "not admitted yet: it waits behind the head of its pool's {class} queue ({} task(s) waiting), which needs {} of {d}; {pool}; {it}",
+            b.n_waiting,
+            amount(d, b.request)
+        )
     }
 }
 
@@ -476,22 +668,8 @@ pub(super) fn list_hosts(
     for v in core.volumes() {
         *volumes_mb.entry(v.host.0).or_default() += v.size_mb;
     }
-    // A page also ends once its hosts hold this many tasks (at least one
-    // host per page), so that it stays far below the message limit.
-    const MAX_TASK_REFS: usize = 100_000;
-    let mut refs = 0;
-    let mut end = names.len();
-    for (n, &(_, slot)) in names.iter().enumerate() {
-        let load = engine.tasks().on_host(slot).count();
-        if n > 0 && refs + load > MAX_TASK_REFS {
-            end = n;
-            more = true;
-            break;
-        }
-        refs += load;
-    }
-    names.truncate(end);
     let mut out = pb::ListHostsResponse::default();
+    let mut bytes = PageBytes::default();
     for &(name, slot) in &names {
         let slot = HostSlot(slot);
         let agent = core.agent_host(slot);
@@ -503,7 +681,7 @@ pub(super) fn list_hosts(
                 instance: i,
             })
             .collect();
-        out.hosts.push(pb::Host {
+        let host = pb::Host {
             name: name.to_string(),
             capacity: Some(convert::resources_to_pb(hosts.capacity(slot.idx()))),
             free: Some(convert::resources_to_pb(hosts.free(slot.idx()))),
@@ -518,10 +696,17 @@ pub(super) fn list_hosts(
                 None => "simulated".into(),
             },
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
-        });
+        };
+        // A page also ends before its encoded size passes MAX_PAGE_BYTES
+        // (hosts with many tasks are large).
+        if !bytes.admits(out.hosts.len(), &host) {
+            more = true;
+            break;
+        }
+        out.hosts.push(host);
     }
     if more {
-        out.next_after = names.last().map(|(n, _)| n.to_string()).unwrap_or_default();
+        out.next_after = out.hosts.last().map(|h| h.name.clone()).unwrap_or_default();
     }
     out
 }

@@ -390,13 +390,26 @@ pub async fn list_hosts(c: &mut Clients) -> Vec<pb::Host> {
     }
 }
 
+/// Every pool, page by page.
 pub async fn list_pools(c: &mut Clients) -> Vec<pb::Pool> {
-    c.pools
-        .list(pb::ListPoolsRequest {})
-        .await
-        .expect("list pools")
-        .into_inner()
-        .pools
+    let mut out = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = c
+            .pools
+            .list(pb::ListPoolsRequest {
+                page_token,
+                ..Default::default()
+            })
+            .await
+            .expect("list pools")
+            .into_inner();
+        out.extend(page.pools);
+        if page.next_page_token.is_empty() {
+            return out;
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 pub async fn get_pool(c: &mut Clients, path: &str) -> pb::Pool {

@@ -137,7 +137,7 @@ async fn volumes_of(cluster: &Cluster, id: &str) -> Vec<pb::Volume> {
     volumes
         .list(pb::ListVolumesRequest {
             job_id: id.into(),
-            host: String::new(),
+            ..Default::default()
         })
         .await
         .expect("list volumes")

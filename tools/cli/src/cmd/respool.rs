@@ -51,7 +51,23 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
         }
         RespoolCommand::List => {
             let mut client = connect(ctx).await?;
-            let mut pools = client.list(ListPoolsRequest {}).await?.into_inner().pools;
+            // Page by page (a page ends before 3 MiB).
+            let mut pools = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .list(ListPoolsRequest {
+                        page_token,
+                        ..Default::default()
+                    })
+                    .await?
+                    .into_inner();
+                pools.extend(page.pools);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
             pools.sort_by(|a, b| a.path.cmp(&b.path));
             match ctx.output {
                 OutputFormat::Table => print_out(&pool_table(&pools))?,

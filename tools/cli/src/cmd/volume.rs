@@ -18,6 +18,7 @@ pub(super) async fn run(ctx: &Ctx, command: VolumeCommand) -> Result<Outcome> {
                 .list(ListVolumesRequest {
                     job_id: job.unwrap_or_default(),
                     host: host.unwrap_or_default(),
+                    ..Default::default()
                 })
                 .await?
                 .into_inner()
