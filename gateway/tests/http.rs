@@ -142,7 +142,7 @@ async fn http_and_grpc_give_the_same_answers() {
         .call(
             "POST",
             "/v1/pools",
-            Some(json!({"path": "/p", "spec": {"reservation": {"cpu": 1, "memoryMb": 512}}})),
+            Some(json!({"path": "/p", "spec": {"reservation": {"cpu": 4, "memoryMb": 2048}}})),
         )
         .await
         .ok();
@@ -168,9 +168,13 @@ async fn http_and_grpc_give_the_same_answers() {
     assert_eq!(created.pool.expect("pool").path, "/p");
 
     // Nested pool paths keep their leading '/'.
-    http.call("POST", "/v1/pools", Some(json!({"path": "/p/child"})))
-        .await
-        .ok();
+    http.call(
+        "POST",
+        "/v1/pools",
+        Some(json!({"path": "/p/child", "spec": {"reservation": {"cpu": 2, "memoryMb": 1024}}})),
+    )
+    .await
+    .ok();
     let child = http.call("GET", "/v1/pools/p/child", None).await.ok();
     assert_eq!(child["pool"]["path"], "/p/child");
     let listed: pb::ListPoolsResponse = decode(
