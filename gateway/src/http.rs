@@ -29,12 +29,26 @@
 //! is pulled by the HTTP connection, so a client that stops reading stops
 //! the gRPC stream behind it and the watch's own bound applies.
 //!
+//! A stream's first message is awaited briefly before the headers go out,
+//! so an error that comes at once (a watch revision out of range, an
+//! unknown run) answers with its own HTTP status.
+//!
 //! Path templates follow `google.api.http`: `{field}` binds one segment;
 //! `{field=**}` binds the rest of the path. Pool paths are absolute, so a
 //! `**` variable keeps the path's leading '/': `GET /v1/pools/batch/ml`
 //! reads the pool `/batch/ml` (and `GET /v1/pools/` the root). Query
-//! parameters set top-level fields by proto or JSON name (repeat a
-//! parameter for a repeated field; `labels.KEY=VALUE` sets a map entry).
+//! parameters set top-level fields of calls without a body, by proto or
+//! JSON name (repeat a parameter for a repeated field; `labels.KEY=VALUE`
+//! sets a map entry; a scalar set twice, a nested message field or a query
+//! parameter on a call whose body is the request is refused).
+//!
+//! Limits: a body of at most [`MAX_JSON_BODY_BYTES`] (413
+//! RESOURCE_EXHAUSTED beyond; the service's own message limit applies after
+//! transcoding), and at most `BODY_BUDGET_MIB` of bodies held by all calls
+//! together (a call waits for its share before reading its body).
+//!
+//! `GET /v1/health` is the standard gRPC health check for HTTP probes (200
+//! when serving, 503 otherwise).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -57,6 +71,23 @@ use tonic::service::Routes;
 /// protobuf form; the service's own message limit applies after
 /// transcoding).
 pub const MAX_JSON_BODY_BYTES: usize = 32 << 20;
+
+/// Request bodies held by all mirror calls together, in MiB: a call takes
+/// its body's size (rounded up; the full limit when the client does not say
+/// it) before reading it, so many large bodies wait their turn instead of
+/// growing memory without bound. Bounds memory, not speed: small calls
+/// take one unit each.
+const BODY_BUDGET_MIB: u32 = 128;
+
+/// An oversize body is read and dropped up to this many bytes before the
+/// refusal, so that the client, still writing, reads the answer instead of
+/// a reset connection.
+const MAX_DRAIN_BYTES: usize = 2 * MAX_JSON_BODY_BYTES;
+
+/// How long a stream's first message is awaited before its headers are
+/// sent: an error that comes at once (a bad revision, an unknown run) gets
+/// its own HTTP status instead of a 200 with an error line.
+const FIRST_MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Longest error message this layer writes (requests are echoed only
 /// through a bounded prefix).
@@ -97,6 +128,7 @@ pub struct Mirror {
 struct Inner {
     bindings: Vec<Binding>,
     grpc: Routes,
+    body_budget: Arc<tokio::sync::Semaphore>,
 }
 
 /// A call refused before or by the service.
@@ -189,7 +221,11 @@ impl Mirror {
             }
         }
         Ok(Mirror {
-            inner: Arc::new(Inner { bindings, grpc }),
+            inner: Arc::new(Inner {
+                bindings,
+                grpc,
+                body_budget: Arc::new(tokio::sync::Semaphore::new(BODY_BUDGET_MIB as usize)),
+            }),
         })
     }
 
@@ -204,7 +240,15 @@ impl Mirror {
     /// Adds the mirror's routes (`/v1/...`) to an axum router.
     pub fn mount(self, router: axum::Router) -> axum::Router {
         let index = self.clone();
+        let health = self.clone();
         router
+            .route(
+                "/v1/health",
+                axum::routing::get(move |req: Request<Body>| {
+                    let m = health.clone();
+                    async move { m.health(req.uri().query()).await }
+                }),
+            )
             .route(
                 "/v1",
                 axum::routing::get(move || {
@@ -236,6 +280,48 @@ impl Mirror {
             })
             .collect();
         json_response(StatusCode::OK, &serde_json::json!({ "routes": routes }))
+    }
+
+    /// `GET /v1/health[?service=peloton.v1.JobService]`: the standard gRPC
+    /// health check, for load balancers and HTTP probes: 200 and
+    /// `{"status": "SERVING"}`, or 503 with the status.
+    async fn health(&self, query: Option<&str>) -> Response<Body> {
+        use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse, health_check_response};
+        let mut service = String::new();
+        for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+            if k != "service" {
+                return error_response(&Failure::invalid(format!(
+                    "query parameter {}: only service is accepted",
+                    prefix(&k)
+                )));
+            }
+            service = v.into_owned();
+        }
+        let request = HealthCheckRequest { service };
+        let answer = async {
+            let mut frames = self
+                .invoke_path("/grpc.health.v1.Health/Check", request.encode_to_vec())
+                .await?;
+            let message = frames
+                .next()
+                .await
+                .ok_or_else(|| Failure::new(Code::Internal, "the service sent no answer"))??;
+            HealthCheckResponse::decode(message)
+                .map_err(|e| Failure::new(Code::Internal, format!("undecodable answer: {e}")))
+        };
+        match answer.await {
+            Ok(r) => {
+                let status = health_check_response::ServingStatus::try_from(r.status)
+                    .unwrap_or(health_check_response::ServingStatus::Unknown);
+                let http = if status == health_check_response::ServingStatus::Serving {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                json_response(http, &serde_json::json!({ "status": status.as_str_name() }))
+            }
+            Err(f) => error_response(&f),
+        }
     }
 
     async fn handle(&self, req: Request<Body>) -> Response<Body> {
@@ -284,21 +370,37 @@ impl Mirror {
             f.message = bounded(f.message);
             return Err(f);
         };
-        let body = axum::body::to_bytes(body, MAX_JSON_BODY_BYTES)
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let units = declared
+            .unwrap_or(MAX_JSON_BODY_BYTES)
+            .min(MAX_JSON_BODY_BYTES)
+            .div_ceil(1 << 20)
+            .max(1);
+        let _budget = self
+            .inner
+            .body_budget
+            .clone()
+            .acquire_many_owned(u32::try_from(units).unwrap_or(BODY_BUDGET_MIB))
             .await
-            .map_err(|_| {
-                let mut f = Failure::new(
-                    Code::ResourceExhausted,
-                    format!("the request body is larger than {MAX_JSON_BODY_BYTES} bytes"),
-                );
-                f.http = Some(StatusCode::PAYLOAD_TOO_LARGE);
-                f
-            })?;
+            .map_err(|_| Failure::new(Code::Unavailable, "the server is stopping"))?;
+        let body = read_body(body, units << 20).await?;
         let request = build_request(binding, &body, parts.uri.query(), vars)?;
+        drop(body);
         let sse = accepts_sse(&parts.headers);
         let mut frames = self.invoke(binding, request.encode_to_vec()).await?;
+        drop(_budget);
         if binding.streaming {
-            return Ok(stream_response(frames, binding.output.clone(), sse));
+            // An error that comes at once answers with its own status.
+            let first = match tokio::time::timeout(FIRST_MESSAGE_WAIT, frames.next()).await {
+                Ok(Some(Err(f))) => return Err(f),
+                Ok(first) => Some(first),
+                Err(_) => None,
+            };
+            return Ok(stream_response(frames, first, binding.output.clone(), sse));
         }
         let message = match frames.next().await {
             Some(m) => m?,
@@ -316,6 +418,10 @@ impl Mirror {
     /// Sends one encoded request to the gRPC service and returns its answer
     /// frames.
     async fn invoke(&self, binding: &Binding, message: Vec<u8>) -> Result<Frames, Failure> {
+        self.invoke_path(&binding.grpc_path, message).await
+    }
+
+    async fn invoke_path(&self, grpc_path: &str, message: Vec<u8>) -> Result<Frames, Failure> {
         let len = u32::try_from(message.len())
             .map_err(|_| Failure::new(Code::ResourceExhausted, "the request is too large"))?;
         let mut framed = BytesMut::with_capacity(5 + message.len());
@@ -324,7 +430,7 @@ impl Mirror {
         framed.put_slice(&message);
         let req = Request::builder()
             .method(Method::POST)
-            .uri(binding.grpc_path.as_str())
+            .uri(grpc_path)
             .version(axum::http::Version::HTTP_2)
             .header(header::CONTENT_TYPE, "application/grpc")
             .header("te", "trailers")
@@ -406,6 +512,43 @@ impl Frames {
             }
         }
     }
+}
+
+/// The request body, at most `limit` bytes. A larger body is read on and
+/// dropped (up to [`MAX_DRAIN_BYTES`]) before the refusal, so that the
+/// client reads the answer rather than a reset.
+async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, Failure> {
+    let mut buf = BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| Failure::invalid(format!("reading the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len();
+        if seen <= limit {
+            buf.extend_from_slice(&data);
+        } else {
+            buf = BytesMut::new();
+            if seen > MAX_DRAIN_BYTES {
+                break;
+            }
+        }
+    }
+    if seen > limit {
+        let mut f = Failure::new(
+            Code::ResourceExhausted,
+            if limit < MAX_JSON_BODY_BYTES {
+                format!("the request body is longer than its Content-Length ({limit} bytes)")
+            } else {
+                format!("the request body is larger than {MAX_JSON_BODY_BYTES} bytes")
+            },
+        );
+        f.http = Some(StatusCode::PAYLOAD_TOO_LARGE);
+        return Err(f);
+    }
+    Ok(buf.freeze())
 }
 
 fn parse_template(path: &str) -> Result<Vec<Segment>, String> {
@@ -490,7 +633,14 @@ fn build_request(
     } else {
         Map::new()
     };
-    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+    let query = query.unwrap_or_default();
+    if binding.body_is_request && !query.is_empty() {
+        return Err(Failure::invalid(format!(
+            "{} takes its fields in the JSON body, not as query parameters",
+            binding.pattern
+        )));
+    }
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         set_param(desc, &mut object, &key, &value, true)?;
     }
     for (field, value) in vars {
@@ -542,8 +692,10 @@ fn set_param(
             return Err(Failure::invalid(format!(
                 "{what} {key}: a map field; use {key}.KEY=VALUE"
             )));
-        } else {
-            object.insert(name, v);
+        } else if object.insert(name, v).is_some() {
+            return Err(Failure::invalid(format!(
+                "{what} {key}: set twice (it is not a repeated field)"
+            )));
         }
         return Ok(());
     }
@@ -557,8 +709,13 @@ fn set_param(
         let slot = object
             .entry(field.json_name().to_string())
             .or_insert_with(|| Json::Object(Map::new()));
-        if let Json::Object(entries) = slot {
-            entries.insert(entry.to_string(), v);
+        if let Json::Object(entries) = slot
+            && entries.insert(entry.to_string(), v).is_some()
+        {
+            return Err(Failure::invalid(format!(
+                "{what} {}: set twice",
+                prefix(key)
+            )));
         }
         return Ok(());
     }
@@ -604,7 +761,14 @@ fn accepts_sse(headers: &HeaderMap) -> bool {
         .any(|v| v.contains("text/event-stream"))
 }
 
-fn stream_response(frames: Frames, output: MessageDescriptor, sse: bool) -> Response<Body> {
+/// A streaming answer; `first` is the first message if it was already
+/// read (`Some(None)`: the stream ended before any).
+fn stream_response(
+    frames: Frames,
+    first: Option<Option<Result<Bytes, Failure>>>,
+    output: MessageDescriptor,
+    sse: bool,
+) -> Response<Body> {
     let line = move |json: &Json, error: bool| -> Bytes {
         let text = json.to_string();
         Bytes::from(match (sse, error) {
@@ -613,21 +777,28 @@ fn stream_response(frames: Frames, output: MessageDescriptor, sse: bool) -> Resp
             (false, _) => format!("{text}\n"),
         })
     };
-    let stream = futures::stream::unfold(Some(frames), move |state| {
+    let stream = futures::stream::unfold((Some(frames), first), move |(state, first)| {
         let output = output.clone();
         async move {
             let mut frames = state?;
-            let item = match frames.next().await? {
+            let next = match first {
+                Some(first) => first,
+                None => frames.next().await,
+            };
+            let item = match next? {
                 Ok(bytes) => match DynamicMessage::decode(output, bytes) {
                     Ok(m) => Some(line(&to_json(&m), false)),
                     Err(e) => {
                         let f = Failure::new(Code::Internal, format!("undecodable answer: {e}"));
-                        return Some((Ok::<_, Infallible>(line(&error_json(&f), true)), None));
+                        return Some((
+                            Ok::<_, Infallible>(line(&error_json(&f), true)),
+                            (None, None),
+                        ));
                     }
                 },
-                Err(f) => return Some((Ok(line(&error_json(&f), true)), None)),
+                Err(f) => return Some((Ok(line(&error_json(&f), true)), (None, None))),
             };
-            item.map(|b| (Ok(b), Some(frames)))
+            item.map(|b| (Ok(b), (Some(frames), None)))
         }
     });
     let content_type = if sse {

@@ -373,9 +373,45 @@ async fn http_errors_name_the_code_and_the_status() {
     let a = http.raw("POST", "/v1/jobs", big).await;
     assert_eq!((a.status, a.error().0), (413, "RESOURCE_EXHAUSTED"));
     assert!(a.error().1.len() < 200);
+    // The service's own contract holds over HTTP: a megabyte name gets a
+    // short message naming the field; a watch from a future revision is
+    // OUT_OF_RANGE at once instead of a stream that never speaks.
+    let mut j = job_json("/", 1, 1);
+    j["spec"]["name"] = json!("n".repeat(1 << 20));
+    let a = http.call("POST", "/v1/jobs", Some(j)).await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    assert!(
+        a.error().1.len() <= 1024 && a.error().1.contains("spec.name"),
+        "{a:?}"
+    );
+    let a = http
+        .call("GET", "/v1/watch?fromRevision=1000000", None)
+        .await;
+    assert_eq!((a.status, a.error().0), (400, "OUT_OF_RANGE"));
+    let a = http.call("GET", "/v1/jobs?pageToken=forged", None).await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    // Query parameters: only on calls without a body, each scalar once.
+    let a = http
+        .call("POST", "/v1/jobs?pool=/", Some(job_json("/", 1, 1)))
+        .await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    assert!(a.error().1.contains("JSON body"), "{a:?}");
+    let a = http.call("GET", "/v1/jobs?pool=/a&pool=/b", None).await;
+    assert_eq!((a.status, a.error().0), (400, "INVALID_ARGUMENT"));
+    assert!(a.error().1.contains("set twice"), "{a:?}");
     // Nothing was created by any of these.
     let q = http.call("GET", "/v1/jobs", None).await.ok();
     assert_eq!(q["jobs"], json!([]));
+    // The health check for HTTP probes.
+    let a = http.call("GET", "/v1/health", None).await.ok();
+    assert_eq!(a["status"], "SERVING");
+    let a = http
+        .call("GET", "/v1/health?service=peloton.v1.JobService", None)
+        .await
+        .ok();
+    assert_eq!(a["status"], "SERVING");
+    let a = http.call("GET", "/v1/health?service=nope", None).await;
+    assert_eq!((a.status, a.error().0), (404, "NOT_FOUND"));
     // The index lists every binding.
     let index = http.call("GET", "/v1", None).await.ok();
     let routes = index["routes"].as_array().expect("routes");
