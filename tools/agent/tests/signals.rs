@@ -85,10 +85,20 @@ async fn an_agent_started_with_signals_ignored_gives_tasks_default_dispositions(
     let pid = agent.id().expect("pid");
     cluster.agents.insert("nohup".to_owned(), agent);
     cluster.wait_hosts_up(1).await;
-    // The premise: the agent really runs with them ignored.
+    // The premise: the agent really runs with them ignored, except those
+    // it handles itself (SIGINT, SIGTERM) or the C library does (33).
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("agent status");
     let agent_ignored = mask(&status, "SigIgn:");
+    let agent_caught = mask(&status, "SigCgt:");
     for signal in IGNORED {
+        let bit = 1u64 << (signal - 1);
+        assert_ne!(
+            (agent_ignored | agent_caught) & bit,
+            0,
+            "agent, signal {signal}: {status}"
+        );
+    }
+    for signal in [nix::libc::SIGHUP, nix::libc::SIGUSR1, 32] {
         let bit = 1u64 << (signal - 1);
         assert_ne!(agent_ignored & bit, 0, "agent, signal {signal}: {status}");
     }
