@@ -487,7 +487,9 @@ mod local {
                 "pelotond: stopping the local agents and their tasks (Ctrl-C again kills the tasks at once)"
             ));
         } else {
-            super::say(format_args!("pelotond: stopping the local agents; their tasks keep running"));
+            super::say(format_args!(
+                "pelotond: stopping the local agents; their tasks keep running"
+            ));
         }
         signal_all(&pids, "-TERM");
         let mut exited = std::pin::pin!(async {

@@ -453,10 +453,16 @@ async fn local_agents_stop_their_tasks_when_pelotond_dies() {
         .await
         .expect("wait");
     let agents: Vec<u32> = cluster.agents.values().copied().collect();
-    until("the agents to exit", || agents.iter().all(|pid| !alive(*pid))).await;
+    until("the agents to exit", || {
+        agents.iter().all(|pid| !alive(*pid))
+    })
+    .await;
     // (Their pids may be reused from here on.)
     cluster.stopped = true;
-    until("the tasks to end", || processes_with_env(&marker).is_empty()).await;
+    until("the tasks to end", || {
+        processes_with_env(&marker).is_empty()
+    })
+    .await;
     // An orderly stop: each task was asked first (SIGTERM).
     assert_eq!(sandboxes_with_term(&cluster), 2);
 }

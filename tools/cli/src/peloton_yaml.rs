@@ -2006,9 +2006,7 @@ defaultConfig:
         assert!(file.overrides.is_empty());
         assert_eq!(
             notes_text(&notes),
-            [
-                "changeLog: ignored: a version record that the server keeps",
-            ]
+            ["changeLog: ignored: a version record that the server keeps",]
         );
     }
 
