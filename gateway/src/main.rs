@@ -61,8 +61,8 @@ struct Args {
     store_cache_mb: Option<usize>,
     /// Start this many `peloton-agent`s on this machine (a local cluster;
     /// work dirs under DATA_DIR/agents), sharing its cores and memory.
-    /// They stop with the server, and stop their tasks first (Ctrl-C again
-    /// kills the tasks at once).
+    /// They stop with the server (Ctrl-C, SIGTERM, SIGHUP, or its death),
+    /// and stop their tasks first (Ctrl-C again kills the tasks at once).
     #[arg(long, default_value_t = 0)]
     local_agents: u32,
     /// With --local-agents: leave the tasks running when the server stops,
@@ -149,12 +149,14 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     Ok(c)
 }
 
-/// SIGINT (Ctrl-C) and SIGTERM, as many times as they come; listened for
-/// from creation on (a lazily registered handler would leave a window in
-/// which Ctrl-C kills the server outright).
+/// SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed), as many
+/// times as they come; listened for from creation on (a lazily registered
+/// handler would leave a window in which Ctrl-C kills the server
+/// outright).
 struct StopSignals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl StopSignals {
@@ -166,6 +168,7 @@ impl StopSignals {
         Ok(StopSignals {
             interrupt: listen(SignalKind::interrupt(), "SIGINT")?,
             terminate: listen(SignalKind::terminate(), "SIGTERM")?,
+            hangup: listen(SignalKind::hangup(), "SIGHUP")?,
         })
     }
 
@@ -173,8 +176,16 @@ impl StopSignals {
         tokio::select! {
             _ = self.interrupt.recv() => {}
             _ = self.terminate.recv() => {}
+            _ = self.hangup.recv() => {}
         }
     }
+}
+
+/// A line on stdout that never panics: after SIGHUP the terminal may be
+/// gone, and the orderly stop must go on regardless.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// The command line, with every default shown in `--help`. The defaults
@@ -381,7 +392,9 @@ mod local {
     /// (`local-N`), zone attribute, port range and an equal share of this
     /// machine's cores and memory. They run in a process group of their
     /// own: a Ctrl-C at the terminal reaches the server only, which stops
-    /// them in order (see [`stop_agents`]).
+    /// them in order (see [`stop_agents`]). Should the server die without
+    /// that (SIGKILL, a crash), `--exit-with-parent` makes the kernel send
+    /// each one SIGTERM, the same orderly stop.
     pub async fn start_agents(
         config: &Config,
         args: &Args,
@@ -391,6 +404,12 @@ mod local {
         if n == 0 {
             return Ok(Vec::new());
         }
+        // The parent-death signal follows the *thread* that forks: only
+        // the main thread lives as long as this process.
+        anyhow::ensure!(
+            std::thread::current().name() == Some("main"),
+            "--local-agents: agents must be started from the main thread"
+        );
         let bin = agent_bin(args)?;
         let token_file = token_file(config)?;
         let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
@@ -415,7 +434,9 @@ mod local {
                 .arg("--attr")
                 .arg(format!("zone=z{}", i % 3 + 1))
                 .arg("--ports")
-                .arg(format!("{}-{}", 31000 + i * 1000, 31999 + i * 1000));
+                .arg(format!("{}-{}", 31000 + i * 1000, 31999 + i * 1000))
+                .arg("--exit-with-parent")
+                .arg(std::process::id().to_string());
             if !args.keep_tasks_on_exit {
                 command.arg("--stop-tasks-on-exit");
             }
@@ -462,11 +483,13 @@ mod local {
         }
         let pids: Vec<u32> = children.iter().filter_map(Child::id).collect();
         if stop_tasks {
-            println!(
+            super::say(format_args!(
                 "pelotond: stopping the local agents and their tasks (Ctrl-C again kills the tasks at once)"
-            );
+            ));
         } else {
-            println!("pelotond: stopping the local agents; their tasks keep running");
+            super::say(format_args!(
+                "pelotond: stopping the local agents; their tasks keep running"
+            ));
         }
         signal_all(&pids, "-TERM");
         let mut exited = std::pin::pin!(async {
@@ -483,7 +506,7 @@ mod local {
                 () = signals.recv() => {
                     requests += 1;
                     if stop_tasks && requests == 2 {
-                        println!("pelotond: killing the tasks now (Ctrl-C again kills the agents)");
+                        super::say(format_args!("pelotond: killing the tasks now (Ctrl-C again kills the agents)"));
                         signal_all(&pids, "-TERM");
                     } else {
                         signal_all(&pids, "-KILL");

@@ -97,6 +97,13 @@ pub struct Args {
     /// agent on this work directory. Without it, tasks keep running.
     #[arg(long)]
     pub stop_tasks_on_exit: bool,
+    /// Stop as on SIGTERM when the process PID, which started this agent,
+    /// ends (even killed with SIGKILL), or at once if it already has: for
+    /// agents that a server starts and owns (`pelotond --local-agents`).
+    /// Linux's parent-death signal; the parent must not be a thread that
+    /// ends before it does.
+    #[arg(long, value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    pub exit_with_parent: Option<u32>,
     /// RLIMIT_NOFILE of every task.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_OPEN_FILES,
           value_parser = clap::value_parser!(u64).range(16..))]

@@ -9,7 +9,9 @@
 //! running: they belong to their wrappers, not to the agent, and an agent
 //! started again on the same `--work-dir` re-adopts them. With
 //! `--stop-tasks-on-exit` the agent stops them first (a second signal kills
-//! them at once).
+//! them at once). With `--exit-with-parent PID` the end of that process
+//! (its parent, say `pelotond --local-agents`, even SIGKILLed) is such a
+//! SIGTERM.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -71,6 +73,7 @@ fn init_logging(json: bool) {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    let exit_with_parent = args.exit_with_parent;
     let exe = std::env::current_exe().context("cannot find the agent's own binary")?;
     let config = args.resolve(exe)?;
     let isolation = &config.supervisor.isolation;
@@ -107,38 +110,77 @@ fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let (stop_tx, stop_rx) = tokio::sync::mpsc::channel(4);
-    runtime.spawn(forward_stop_signals(stop_tx));
+    // Listening from here on: a SIGTERM from the parent's death (below)
+    // is a stop request like any other, never the default action.
+    let signals = {
+        let _runtime = runtime.enter();
+        StopSignals::listen()
+    };
+    runtime.spawn(forward_stop_signals(signals, stop_tx.clone()));
+    if let Some(parent) = exit_with_parent
+        && !stop_with_parent(parent)?
+    {
+        tracing::info!(parent, "the parent process has already ended; stopping");
+        let _ = stop_tx.try_send(());
+    }
     runtime.block_on(run_session(config.session, supervisor, stop_rx));
     // Blocking work in flight (a launch, a log read) gets a moment to finish.
     runtime.shutdown_timeout(Duration::from_secs(5));
     Ok(())
 }
 
+/// `--exit-with-parent PID`: the kernel sends this process SIGTERM when
+/// its parent ends. Returns whether the parent is still `parent`: if it
+/// ended before the request took effect, no signal will come.
+fn stop_with_parent(parent: u32) -> anyhow::Result<bool> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+        .context("--exit-with-parent: cannot set the parent-death signal")?;
+    Ok(u32::try_from(nix::unistd::getppid().as_raw()) == Ok(parent))
+}
+
+/// SIGTERM and SIGINT, listened for from creation on (in a runtime
+/// context).
+struct StopSignals {
+    terminate: Option<tokio::signal::unix::Signal>,
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn listen() -> StopSignals {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(signal) => Some(signal),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for {name}");
+                None
+            }
+        };
+        StopSignals {
+            terminate: listen(SignalKind::terminate(), "SIGTERM"),
+            interrupt: listen(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+}
+
 /// Every SIGTERM or SIGINT becomes a stop request (the first stops the
 /// agent; with `--stop-tasks-on-exit` a second kills the tasks at once).
-async fn forward_stop_signals(stop: tokio::sync::mpsc::Sender<()>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = match signal(SignalKind::terminate()) {
-        Ok(terminate) => Some(terminate),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the agent");
-            None
+async fn forward_stop_signals(mut signals: StopSignals, stop: tokio::sync::mpsc::Sender<()>) {
+    async fn next(signal: Option<&mut tokio::signal::unix::Signal>) -> bool {
+        match signal {
+            Some(signal) => signal.recv().await.is_some(),
+            None => std::future::pending().await,
         }
-    };
+    }
+    if signals.terminate.is_none() && signals.interrupt.is_none() {
+        // No signal can be listened for: nothing will ever stop us.
+        return;
+    }
     loop {
-        let received = match terminate.as_mut() {
-            Some(terminate) => tokio::select! {
-                _ = terminate.recv() => true,
-                interrupted = tokio::signal::ctrl_c() => interrupted.is_ok(),
-            },
-            None => tokio::signal::ctrl_c().await.is_ok(),
+        let received = tokio::select! {
+            received = next(signals.terminate.as_mut()) => received,
+            received = next(signals.interrupt.as_mut()) => received,
         };
-        if !received {
-            // No signal can be listened for: nothing will ever stop us.
-            tracing::warn!("cannot listen for SIGINT");
-            std::future::pending::<()>().await;
-        }
-        if stop.send(()).await.is_err() {
+        if !received || stop.send(()).await.is_err() {
             return;
         }
     }

@@ -348,6 +348,12 @@ pub fn run_trampoline(sandbox: &Path) -> i32 {
             );
         }
     }
+    // Resetting signal dispositions (below) is sound only in a process of
+    // one thread: checked here, while reading /proc may still allocate.
+    if let Err(e) = check_single_threaded() {
+        let _ = fs::write(&error_path, e);
+        return EXIT_CANNOT_START;
+    }
     // Everything that needs memory is prepared before the address-space
     // limit, which may be below what this process already uses.
     let mut command = Command::new(&plan.program);
@@ -361,7 +367,15 @@ pub fn run_trampoline(sandbox: &Path) -> i32 {
     // Ignored signals survive exec: an agent started under `nohup`, or by
     // a script that ignores SIGINT, would pass them on to every task. The
     // task starts with every disposition at its default.
-    reset_signal_dispositions();
+    if let Err(signal) = reset_signal_dispositions() {
+        let _ = write!(
+            message,
+            "cannot reset signal {signal} to its default action: {}",
+            Errno::last()
+        );
+        let _ = fs::write(&error_path, message.as_bytes());
+        return EXIT_CANNOT_START;
+    }
     // The wrapper's blocked SIGTERM, SIGINT and SIGHUP were inherited;
     // the task must start with nothing blocked. A SIGTERM that arrived
     // meanwhile is delivered here and ends the trampoline, as it should.
@@ -374,28 +388,69 @@ pub fn run_trampoline(sandbox: &Path) -> i32 {
     EXIT_CANNOT_START
 }
 
-/// Sets every signal (standard and real-time; SIGKILL and SIGSTOP cannot
-/// change) back to its default action. Handlers are reset by exec anyway;
-/// "ignore" is not. Failures are expected and harmless: the C library
-/// refuses the real-time signals it keeps for itself.
-fn reset_signal_dispositions() {
+/// The number of the kernel's signals (`_NSIG`): 1..=64 on Linux.
+const SIGNAL_COUNT: i32 = 64;
+
+/// Refuses to go on in a process of more than one thread: the reset below
+/// also sets the C library's own real-time signals (32 and 33: thread
+/// cancellation, set*id across threads) to their default action, which
+/// would end the process if another thread used them.
+fn check_single_threaded() -> Result<(), String> {
+    let threads = fs::read_dir("/proc/self/task")
+        .map_err(|e| format!("cannot count this process's threads in /proc/self/task: {e}"))?
+        .count();
+    if threads == 1 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the task trampoline must be single-threaded to reset signal dispositions (found {threads} threads)"
+        ))
+    }
+}
+
+/// Sets every signal 1..=64 (standard and real-time; SIGKILL and SIGSTOP
+/// cannot change) back to its default action, or returns the first signal
+/// the kernel refused. Handlers are reset by exec anyway; "ignore" is not.
+/// The raw `rt_sigaction` system call, because the C library's `signal`
+/// and `sigaction` refuse 32 and 33, which it keeps for itself, and an
+/// ignored 32 or 33 would still reach the task. Allocation-free (it runs
+/// under the task's address-space limit); the caller has checked that the
+/// process has one thread ([`check_single_threaded`]).
+fn reset_signal_dispositions() -> Result<(), i32> {
     use nix::libc;
-    debug_assert_eq!(
-        fs::read_dir("/proc/self/task").map(Iterator::count).ok(),
-        Some(1),
-        "the trampoline is single-threaded"
-    );
-    for number in 1..=libc::SIGRTMAX() {
+    // The kernel's `struct sigaction` starts with the handler; SIG_DFL is
+    // 0 and no flag, restorer or mask is wanted, so all zeros is the
+    // default action whatever the architecture's layout. Four words cover
+    // the largest layout (handler, flags, restorer, 64-bit mask).
+    let default_action = [0u64; 4];
+    const _: () = assert!(libc::SIG_DFL == 0);
+    // The kernel's sigset: 64 bits.
+    let sigset_bytes: libc::c_long = 8;
+    for number in 1..=SIGNAL_COUNT {
         if number == libc::SIGKILL || number == libc::SIGSTOP {
             continue;
         }
-        // SAFETY: SIG_DFL installs no code of ours as a handler, so nothing
-        // can run in a signal context; this process is single-threaded (the
-        // trampoline) and about to exec, and no other part of it relies on
-        // a disposition set earlier.
+        // SAFETY: `default_action` is a valid, zeroed kernel sigaction
+        // (SIG_DFL: no code of ours runs in a signal context), read by the
+        // kernel only; the old action is not asked for (null); 8 is the
+        // kernel's sigset size for 64 signals. The process is
+        // single-threaded and about to exec, so no other code relies on a
+        // disposition set earlier, the C library's own signals included.
         #[allow(unsafe_code)]
-        let _ = unsafe { libc::signal(number, libc::SIG_DFL) };
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                libc::c_long::from(number),
+                default_action.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                sigset_bytes,
+            )
+        };
+        if result != 0 {
+            return Err(number);
+        }
     }
+    Ok(())
 }
 
 /// A line in the sandbox's `wrapper.log` (the trampoline's stderr is the

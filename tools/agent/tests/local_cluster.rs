@@ -2,8 +2,10 @@
 //! agents (its children), real tasks. Ctrl-C stops the tasks (each with its
 //! kill grace period, so a task sees SIGTERM first) and the agents, without
 //! an error in any log; `--keep-tasks-on-exit` leaves them running for the
-//! next start, whose agents take them over. The agents share the machine's
-//! cores and memory and get the token by file, not on their command line.
+//! next start, whose agents take them over. SIGHUP stops the cluster as
+//! Ctrl-C does; if the server dies (SIGKILL), its agents stop their tasks
+//! and exit all the same. The agents share the machine's cores and memory
+//! and get the token by file, not on their command line.
 
 mod common;
 
@@ -105,12 +107,17 @@ impl LocalCluster {
 
     /// Ctrl-C, as a terminal sends it to the server, and its exit.
     async fn interrupt(&mut self) {
+        self.stop_with(nix::sys::signal::Signal::SIGINT).await;
+    }
+
+    /// `signal` to the server, and its exit (with success).
+    async fn stop_with(&mut self, signal: nix::sys::signal::Signal) {
         let pid = self.server.id().expect("server pid");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
-            nix::sys::signal::Signal::SIGINT,
+            signal,
         )
-        .expect("SIGINT");
+        .expect("signal the server");
         let status = within("pelotond to stop", self.server.wait())
             .await
             .expect("wait");
@@ -249,6 +256,31 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Waits until each of the `n` sleepers runs its `sleep`, which it starts
+/// after setting its trap: from then on a SIGTERM is noted in its sandbox.
+async fn until_sleepers_trap(marker: &str, n: usize) {
+    until("the tasks' `sleep`s", || {
+        processes_with_env(marker)
+            .iter()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.trim() == "sleep")
+            })
+            .count()
+            >= n
+    })
+    .await;
+}
+
+/// The sandboxes whose task noted a SIGTERM.
+fn sandboxes_with_term(cluster: &LocalCluster) -> usize {
+    cluster
+        .sandboxes()
+        .iter()
+        .filter(|s| s.join("got-term").exists())
+        .count()
+}
+
 /// Polls until `check` holds (processes take a moment to be reaped).
 async fn until(what: &str, check: impl Fn() -> bool) {
     eventually(what, async || check().then_some(())).await;
@@ -303,13 +335,7 @@ async fn ctrl_c_on_the_local_cluster_stops_its_tasks_and_agents_quietly() {
     let id = cluster.create_service(3).await;
     cluster.wait_running(&id, 3).await;
     let marker = cluster.sandbox_marker();
-    // The shells and their `sleep`s.
-    until("the tasks' processes", || {
-        processes_with_env(&marker).len() >= 6
-    })
-    .await;
-    // The shell's trap is its first command; give it the moment to run.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    until_sleepers_trap(&marker, 3).await;
 
     cluster.interrupt().await;
     assert!(
@@ -326,12 +352,12 @@ async fn ctrl_c_on_the_local_cluster_stops_its_tasks_and_agents_quietly() {
         assert!(!alive(*pid), "agent {name} (pid {pid}) still runs");
     }
     // Each task was asked first (SIGTERM), not just SIGKILLed.
-    let terms = cluster
-        .sandboxes()
-        .iter()
-        .filter(|s| s.join("got-term").exists())
-        .count();
-    assert_eq!(terms, 3, "sandboxes: {:?}", cluster.sandboxes());
+    assert_eq!(
+        sandboxes_with_term(&cluster),
+        3,
+        "sandboxes: {:?}",
+        cluster.sandboxes()
+    );
     // An orderly stop is no error, and nothing broke.
     let logs = cluster.logs();
     let lower = logs.to_lowercase();
@@ -374,4 +400,69 @@ async fn keep_tasks_on_exit_leaves_the_tasks_to_the_next_start() {
     let left = processes_with_env(&marker);
     assert!(left.is_empty(), "task processes left: {left:?}");
     drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_stops_the_local_cluster_like_ctrl_c() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let mut cluster = LocalCluster::start(&data, &[]).await;
+    cluster.create_pool().await;
+    let id = cluster.create_service(2).await;
+    cluster.wait_running(&id, 2).await;
+    let marker = cluster.sandbox_marker();
+    until_sleepers_trap(&marker, 2).await;
+
+    // The terminal closed: the same orderly stop as Ctrl-C.
+    cluster.stop_with(nix::sys::signal::Signal::SIGHUP).await;
+    assert!(
+        cluster
+            .stdout()
+            .contains("stopping the local agents and their tasks"),
+        "{}",
+        cluster.stdout()
+    );
+    let left = processes_with_env(&marker);
+    assert!(left.is_empty(), "task processes left: {left:?}");
+    for (name, pid) in &cluster.agents {
+        assert!(!alive(*pid), "agent {name} (pid {pid}) still runs");
+    }
+    assert_eq!(sandboxes_with_term(&cluster), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_agents_stop_their_tasks_when_pelotond_dies() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let mut cluster = LocalCluster::start(&data, &[]).await;
+    // Set for the server only: what the agents do on its death.
+    for (name, pid) in &cluster.agents {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(cmdline.contains("--exit-with-parent"), "{name}: {cmdline}");
+    }
+    cluster.create_pool().await;
+    let id = cluster.create_service(2).await;
+    cluster.wait_running(&id, 2).await;
+    let marker = cluster.sandbox_marker();
+    until_sleepers_trap(&marker, 2).await;
+
+    // SIGKILL: the server stops nothing itself.
+    cluster.server.start_kill().expect("SIGKILL");
+    within("pelotond to die", cluster.server.wait())
+        .await
+        .expect("wait");
+    let agents: Vec<u32> = cluster.agents.values().copied().collect();
+    until("the agents to exit", || {
+        agents.iter().all(|pid| !alive(*pid))
+    })
+    .await;
+    // (Their pids may be reused from here on.)
+    cluster.stopped = true;
+    until("the tasks to end", || {
+        processes_with_env(&marker).is_empty()
+    })
+    .await;
+    // An orderly stop: each task was asked first (SIGTERM).
+    assert_eq!(sandboxes_with_term(&cluster), 2);
 }

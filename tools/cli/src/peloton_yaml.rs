@@ -961,11 +961,10 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
             gpu: number("gpulimit")?.unwrap_or_default(),
         };
         if let Some(fd) = f.take("fdlimit") {
-            fd.count()?;
-            note(
-                notes,
+            return fail(
                 &fd.path,
-                "ignored: agents give every task the same open-file limit (RLIMIT_NOFILE), not one per task",
+                "a per-task open-file limit is not supported: every task gets its agent's \
+                 limit (RLIMIT_NOFILE, the agent's --open-files); remove `fdLimit`",
             );
         }
         f.finish()?;
@@ -1016,7 +1015,7 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
         Some(n) => command(n, &exports, &mut task, notes)?,
     }
     if let Some(n) = view.get("healthcheck") {
-        task.health_check = Some(health_check(n, &exports)?);
+        task.health_check = health_check(n, &exports)?;
     }
     if let Some(n) = view.get("constraint") {
         let placement = constraint(n, &labels, true, 0)?;
@@ -1200,14 +1199,28 @@ fn command(
 
 /// Peloton's `HealthCheckConfig`: command checks; 0 means Mesos' defaults,
 /// written out (15 s before the first check, every 10 s, 20 s timeout, 3
-/// failures). `enabled` is taken and has no effect, as in Peloton, which
-/// passes a configured check to Mesos whatever it says.
-fn health_check(node: &Node<'_>, exports: &str) -> Result<HealthCheckFile> {
+/// failures). `enabled: false` means no health check: the other fields
+/// must still be fields of the config, but are not used.
+fn health_check(node: &Node<'_>, exports: &str) -> Result<Option<HealthCheckFile>> {
     const HTTP: &str = "HTTP checks name a fixed port number, and ports here are assigned by the \
                         agent: use a commandCheck such as `curl -fsS http://127.0.0.1:$PORT_VAR/`";
     let mut f = node.fields("Peloton's HealthCheckConfig")?;
-    if let Some(n) = f.take("enabled") {
-        n.boolean()?;
+    if let Some(n) = f.take("enabled")
+        && !n.boolean()?
+    {
+        for key in [
+            "initialintervalsecs",
+            "intervalsecs",
+            "timeoutsecs",
+            "maxconsecutivefailures",
+            "type",
+            "httpcheck",
+            "commandcheck",
+        ] {
+            f.take(key);
+        }
+        f.finish()?;
+        return Ok(None);
     }
     let mut secs = |key: &str, default: u32| -> Result<u64> {
         let v = f.take(key).map(|n| n.count()).transpose()?.unwrap_or(0);
@@ -1262,7 +1275,7 @@ fn health_check(node: &Node<'_>, exports: &str) -> Result<HealthCheckFile> {
     let Some(command) = command.filter(|c| !c.trim().is_empty()) else {
         return fail(&command_path, "missing: the command to run");
     };
-    Ok(HealthCheckFile {
+    Ok(Some(HealthCheckFile {
         command: Some(format!("{exports}{command}")),
         http: None,
         tcp_port: None,
@@ -1270,7 +1283,7 @@ fn health_check(node: &Node<'_>, exports: &str) -> Result<HealthCheckFile> {
         interval_ms,
         timeout_ms,
         max_consecutive_failures: if failures == 0 { 3 } else { failures },
-    })
+    }))
 }
 
 /// What a constraint becomes: a host expression, a limit of instances per
@@ -1876,7 +1889,7 @@ sla:
 defaultConfig:
   name: task
   labels: [{key: app, value: web}]
-  resource: {cpuLimit: 0.5, memLimitMb: 256, diskLimitMb: 100, gpuLimit: 1, fdLimit: 10}
+  resource: {cpuLimit: 0.5, memLimitMb: 256, diskLimitMb: 100, gpuLimit: 1}
   container: null
   executor: null
   command:
@@ -1993,11 +2006,7 @@ defaultConfig:
         assert!(file.overrides.is_empty());
         assert_eq!(
             notes_text(&notes),
-            [
-                "changeLog: ignored: a version record that the server keeps",
-                "defaultConfig.resource.fdLimit: ignored: agents give every task the same \
-                 open-file limit (RLIMIT_NOFILE), not one per task",
-            ]
+            ["changeLog: ignored: a version record that the server keeps",]
         );
     }
 
@@ -2026,6 +2035,20 @@ defaultConfig:
         let shouting = "NAME: x\nINSTANCECOUNT: 1\nDefaultConfig: {Command: {VALUE: 'true'}, RESOURCE: {CPULIMIT: 1}}\n";
         let (file, _) = job_of(shouting);
         assert_eq!((file.name.as_str(), file.task.resources.cpu), ("x", 1.0));
+    }
+
+    #[test]
+    fn a_disabled_health_check_is_no_health_check() {
+        let (file, notes) = job_of(
+            "name: h\ninstanceCount: 2\ndefaultConfig:\n  command: {value: 'true'}\n  \
+             healthCheck: {enabled: true, commandCheck: {command: 'true'}}\n\
+             instanceConfig:\n  1:\n    healthCheck: {enabled: false, type: HTTP, httpCheck: {port: 80}}\n",
+        );
+        assert!(notes.is_empty(), "{notes:?}");
+        assert!(file.task.health_check.is_some());
+        assert_eq!(file.overrides.len(), 1);
+        assert_eq!(file.overrides[0].instance, 1);
+        assert_eq!(file.overrides[0].task.health_check, None);
     }
 
     #[test]
@@ -2172,6 +2195,15 @@ instanceConfig:
                 "defaultConfig.healthCheck.commandCheck: missing",
             ),
             (
+                "  healthCheck: {enabled: false, port: 80}\n",
+                "defaultConfig.healthCheck.port: unknown field of Peloton's HealthCheckConfig",
+            ),
+            (
+                "  resource: {cpuLimit: 1, fdLimit: 100}\n",
+                "defaultConfig.resource.fdLimit: a per-task open-file limit is not supported: \
+                 every task gets its agent's limit",
+            ),
+            (
                 "  preemptionPolicy: {killOnPreempt: true}\n",
                 "defaultConfig.preemptionPolicy.killOnPreempt: a preempted task always starts again here",
             ),
@@ -2261,7 +2293,7 @@ instanceConfig:
         let (file, notes) = job_of(
             "changelog: null\nname: x\nowningteam: t\nldapgroups: [a, b]\ndescription: d\ninstancecount: 1\n\
              sla: {minimumInstanceCount: 1, minimumInstancePercent: 50}\n\
-             defaultconfig: {name: n, command: {value: 'true'}, resource: {cpulimit: 1, fdlimit: 9}}\n",
+             defaultconfig: {name: n, command: {value: 'true'}, resource: {cpulimit: 1}}\n",
         );
         assert_eq!(
             file.labels.get(OWNING_TEAM_LABEL).map(String::as_str),
@@ -2276,17 +2308,13 @@ instanceConfig:
             Some("d")
         );
         let notes = notes_text(&notes);
-        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert_eq!(notes.len(), 2, "{notes:?}");
         assert!(
             notes[0].starts_with("sla.minimumInstanceCount: ignored"),
             "{notes:?}"
         );
         assert!(
             notes[1].starts_with("sla.minimumInstancePercent: ignored"),
-            "{notes:?}"
-        );
-        assert!(
-            notes[2].starts_with("defaultconfig.resource.fdlimit: ignored"),
             "{notes:?}"
         );
         // A null changelog is nothing to note; a label clashing with one of

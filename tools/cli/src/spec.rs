@@ -1019,7 +1019,7 @@ overrides:
                 .unwrap_or_default();
             if name.starts_with("respool") {
                 let loaded =
-                    load_pool_file(&path, Some("/demo/peloton")).unwrap_or_else(|e| panic!("{e}"));
+                    load_pool_file(&path, Some("/peloton")).unwrap_or_else(|e| panic!("{e}"));
                 assert_eq!(loaded.format, Format::Peloton, "{name}");
             } else {
                 let loaded = load_job_file(&path).unwrap_or_else(|e| panic!("{e}"));

@@ -1,8 +1,9 @@
 //! Files in Peloton's own format through the `peloton` binary, against real
 //! servers: every file under `examples/peloton/` on the README's
 //! quick-start cluster (`pelotond --local-agents 3`: real agents, real
-//! processes), where the jobs run to the end (services: running and
-//! healthy); and, on a server with simulated hosts, the conversion round
+//! processes), in the README's order (after `examples/pools.yaml` and a
+//! job still running in /demo), where the jobs run to the end (services:
+//! running and healthy); and, on a server with simulated hosts, the conversion round
 //! trip, refusals that name the field, and keys in either case.
 //!
 //! The quick-start test runs `pelotond` and `peloton-agent` found next to
@@ -206,6 +207,9 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
     let cluster = QuickStart::start().await;
     let url = cluster.url.clone();
     let url = url.as_str();
+    // As the README goes: its CLI section first (the pools, a job that
+    // ran, and one that keeps running in /demo, which from then on takes
+    // no child pools), then the Peloton files.
     ok(
         url,
         &[
@@ -215,11 +219,36 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
         ],
     )
     .await;
-    const POOL: &str = "/demo/peloton";
+    let hello = path_str(&examples().join("hello.yaml"));
+    ok(url, &["job", "create", &hello, "--wait"]).await;
+    let daemon = path_str(&examples().join("daemon.yaml"));
+    let daemon = ok_json(url, &["job", "create", &daemon]).await;
+    let daemon = daemon["job"]["id"].as_str().expect("id").to_owned();
+    eventually("the daemon running", async || {
+        let state = job_state(url, &daemon).await;
+        if state == "running" {
+            Ok(())
+        } else {
+            Err(state)
+        }
+    })
+    .await;
+    const POOL: &str = "/peloton";
     for file in peloton_examples() {
         let file_str = path_str(&file);
         if is_pool_file(&file) {
-            let out = ok_json(url, &["respool", "create", POOL, &file_str]).await;
+            let created = ok(
+                url,
+                &["--output", "json", "respool", "create", POOL, &file_str],
+            )
+            .await;
+            // Informational fields (owningTeam, ...) are said on stderr.
+            assert!(
+                text(&created.stderr).contains("note: "),
+                "{}",
+                text(&created.stderr)
+            );
+            let out: Value = serde_json::from_slice(&created.stdout).expect("JSON");
             let spec = &out["pools"][0]["spec"];
             assert_eq!(out["pools"][0]["path"], POOL, "{out}");
             // Its per-kind shares, and Peloton's gpu limit 0 as the smallest.
@@ -240,12 +269,6 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
                     out.status.success(),
                     "{file_str}: {}{}",
                     text(&out.stdout),
-                    text(&out.stderr)
-                );
-                // Informational fields are said on stderr.
-                assert!(
-                    text(&out.stderr).contains("note: "),
-                    "{}",
                     text(&out.stderr)
                 );
                 let name = load_job_file(&file)
@@ -322,6 +345,16 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
             }
         }
     }
+    ok(url, &["job", "kill", &daemon]).await;
+    eventually("the daemon killed", async || {
+        let state = job_state(url, &daemon).await;
+        if state == "killed" {
+            Ok(())
+        } else {
+            Err(state)
+        }
+    })
+    .await;
     assert!(cluster.task_pids().is_empty(), "tasks left running");
 }
 
