@@ -177,10 +177,12 @@ pub enum Command {
         /// Reply.
         reply: Reply<()>,
     },
-    /// Every host pool with its hosts.
+    /// A page of host pools with their hosts.
     ListHostPools {
+        /// Page.
+        request: pb::ListHostPoolsRequest,
         /// Reply.
-        reply: Reply<Vec<pb::HostPool>>,
+        reply: Reply<pb::ListHostPoolsResponse>,
     },
     /// Move hosts into a host pool.
     MoveHosts {
@@ -954,8 +956,8 @@ impl Scheduler {
                 let r = self.delete_host_pool(&name);
                 self.defer(reply, r);
             }
-            Command::ListHostPools { reply } => {
-                let r = Ok(self.host_pools.list(&self.engine));
+            Command::ListHostPools { request, reply } => {
+                let r = self.host_pools.list(&self.engine, &request);
                 self.defer(reply, r);
             }
             Command::MoveHosts { hosts, to, reply } => {

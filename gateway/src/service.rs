@@ -202,7 +202,7 @@ impl ResourcePoolService for Api {
         request: Request<pb::ListPoolsRequest>,
     ) -> Result<Response<pb::ListPoolsResponse>, Status> {
         let request = request.into_inner();
-        convert::page_token_key("page_token", &request.page_token)?;
+        convert::page_token_key("page_token", convert::PageKind::Pools, &request.page_token)?;
         let out = self
             .call(|reply| Command::ListPools { request, reply })
             .await?;
@@ -283,7 +283,7 @@ impl JobService for Api {
         convert::bounded("name", &request.name, convert::MAX_NAME_BYTES)?;
         convert::bounded("owner", &request.owner, convert::MAX_NAME_BYTES)?;
         convert::labels("labels", &request.labels, &self.limits)?;
-        convert::page_token_key("page_token", &request.page_token)?;
+        convert::page_token_key("page_token", convert::PageKind::Jobs, &request.page_token)?;
         let out = self
             .call(|reply| Command::QueryJobs { request, reply })
             .await?;
@@ -563,10 +563,18 @@ impl HostPoolService for Api {
 
     async fn list(
         &self,
-        _request: Request<pb::ListHostPoolsRequest>,
+        request: Request<pb::ListHostPoolsRequest>,
     ) -> Result<Response<pb::ListHostPoolsResponse>, Status> {
-        let pools = self.call(|reply| Command::ListHostPools { reply }).await?;
-        Ok(Response::new(pb::ListHostPoolsResponse { pools }))
+        let request = request.into_inner();
+        convert::page_token_key(
+            "page_token",
+            convert::PageKind::HostPools,
+            &request.page_token,
+        )?;
+        let out = self
+            .call(|reply| Command::ListHostPools { request, reply })
+            .await?;
+        Ok(Response::new(out))
     }
 
     async fn move_hosts(
@@ -1207,7 +1215,11 @@ impl VolumeService for Api {
         let request = request.into_inner();
         convert::id("job_id", &request.job_id)?;
         convert::id("host", &request.host)?;
-        convert::page_token_key("page_token", &request.page_token)?;
+        convert::page_token_key(
+            "page_token",
+            convert::PageKind::Volumes,
+            &request.page_token,
+        )?;
         let out = self
             .call(|reply| Command::ListVolumes { request, reply })
             .await?;

@@ -325,7 +325,7 @@ async fn gzip_requests_are_accepted_and_answers_compressed_on_every_service() {
     ));
     assert!(gzipped(
         &host_pools
-            .list(pb::ListHostPoolsRequest {})
+            .list(pb::ListHostPoolsRequest::default())
             .await
             .expect("list host pools")
     ));
