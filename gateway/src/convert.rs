@@ -186,6 +186,20 @@ pub fn page_token_key<'a>(field: &str, kind: PageKind, token: &'a str) -> Result
     Ok(key)
 }
 
+/// Most bytes of an agent's free text that reaches the API (a run's
+/// reason, a health check's detail, a host's isolation): 1 KiB. Events
+/// and reads carry it, so it is bounded where it comes in.
+pub const MAX_AGENT_TEXT_BYTES: usize = 1024;
+
+/// An agent's free text cut to [`MAX_AGENT_TEXT_BYTES`] at a character
+/// boundary, with "…" where it was cut.
+pub fn agent_text(text: String) -> String {
+    match crate::status::truncate(&text, MAX_AGENT_TEXT_BYTES) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(cut) => cut,
+    }
+}
+
 /// Refuses an id longer than [`MAX_ID_BYTES`].
 pub fn id(field: &str, value: &str) -> Result<(), Status> {
     bounded(field, value, MAX_ID_BYTES)
@@ -1072,6 +1086,23 @@ pub fn run_from_pb(r: &pb::TaskRun) -> RunRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agents_text_is_cut_to_1_kib_at_a_character_boundary() {
+        assert_eq!(
+            agent_text("exited with code 3".into()),
+            "exited with code 3"
+        );
+        let exact = "x".repeat(MAX_AGENT_TEXT_BYTES);
+        assert_eq!(agent_text(exact.clone()), exact);
+        // Three-byte characters: no boundary falls on the limit.
+        let long = "€".repeat(1_000_000);
+        let cut = agent_text(long);
+        assert!(cut.len() <= MAX_AGENT_TEXT_BYTES, "{} bytes", cut.len());
+        assert!(cut.len() > MAX_AGENT_TEXT_BYTES - 8, "{} bytes", cut.len());
+        assert!(cut.ends_with("€…"), "{cut}");
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == '€'));
+    }
 
     fn good_job() -> pb::JobSpec {
         pb::JobSpec {

@@ -1229,3 +1229,133 @@ async fn a_listed_host_names_at_most_1000_of_its_tasks_and_counts_them_all() {
     assert_eq!(instances, (0..1000).collect::<Vec<_>>(), "the first 1000");
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_its_shrunk_pool_can_never_admit_does_not_block_the_tasks_behind_it() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/s", pool_spec(4.0, 4096.0)).await;
+    let holder = create_job(&mut c, job_spec("/s", 1, 2.0, 600_000)).await;
+    wait_job(&c, &holder.id, pb::JobState::Running).await;
+    // Non-preemptible: 3 cores fit the reservation of 4, not beside the
+    // holder's 2; a small task waits behind it.
+    let big = create_job(&mut c, job_spec("/s", 1, 3.0, 600_000)).await;
+    let small = create_job(&mut c, job_spec("/s", 1, 0.5, 600_000)).await;
+    let mut cc = c.clone();
+    eventually(
+        "the small task to wait behind the big one",
+        TIMEOUT,
+        async || {
+            let t = get_task(&mut cc, &small.id, 0).await;
+            if t.pending_reason.contains("waits behind") {
+                Ok(())
+            } else {
+                Err(t.pending_reason)
+            }
+        },
+    )
+    .await;
+
+    // The reservation shrinks below the big task: the small one runs.
+    let shrink = |cpu: f64| pb::UpdatePoolRequest {
+        path: "/s".into(),
+        spec: Some(pool_spec(cpu, 4096.0)),
+        version: 0,
+    };
+    c.pools.update(shrink(2.5)).await.expect("shrink /s");
+    wait_job(&c, &small.id, pb::JobState::Running).await;
+    let t = get_task(&mut c, &big.id, 0).await;
+    assert_eq!(task_state(&t), pb::TaskState::Pending);
+    let reason = t.pending_reason;
+    for words in [
+        "can never be admitted as its pool is now",
+        "3 cores",
+        "2.5 cores",
+        "reservation",
+        "change the pool",
+    ] {
+        assert!(reason.contains(words), "no {words:?} in: {reason}");
+    }
+
+    // Grown again, the pool admits it.
+    c.pools.update(shrink(6.0)).await.expect("grow /s");
+    wait_job(&c, &big.id, pb::JobState::Running).await;
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_trimmed_revision_is_refused_before_the_stream_starts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = common::config(dir.path(), 2);
+    config.event_retention = 10;
+    let server = within("start", peloton_gateway::server::start(&config))
+        .await
+        .expect("server");
+    let mut c = Clients::connect(server.addr).await;
+    create_reserved_pool(&mut c, "/t").await;
+    let job = create_job(&mut c, job_spec("/t", 10, 0.1, 0)).await;
+    wait_job(&c, &job.id, pb::JobState::Succeeded).await;
+
+    // gRPC: the call itself is refused (no stream whose first item is the
+    // error), naming the oldest revision kept.
+    let message = refused(
+        within(
+            "a watch from a trimmed revision",
+            c.watch.watch(pb::WatchRequest {
+                from_revision: 1,
+                job_id: String::new(),
+            }),
+        )
+        .await,
+        Code::OutOfRange,
+        "from_revision",
+    );
+    assert!(message.contains("no longer kept"), "{message}");
+    let oldest: u64 = message
+        .split("the oldest kept is ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no oldest revision in: {message}"));
+    assert!(oldest > 1, "{message}");
+
+    // HTTP: the answer's status says so.
+    let answer = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(server.addr)
+            .await
+            .expect("connect");
+        s.write_all(
+            b"GET /v1/watch?fromRevision=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .expect("send");
+        let mut text = String::new();
+        within("the HTTP answer", s.read_to_string(&mut text))
+            .await
+            .expect("read");
+        text
+    };
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("OUT_OF_RANGE"), "{answer}");
+
+    // From the oldest kept revision (when the retention kept nothing, the
+    // next one), the watch replays, then goes on live.
+    let mut stream = c
+        .watch
+        .watch(pb::WatchRequest {
+            from_revision: oldest,
+            job_id: String::new(),
+        })
+        .await
+        .expect("a watch from the oldest kept revision")
+        .into_inner();
+    create_job(&mut c, job_spec("/t", 1, 0.1, 0)).await;
+    let events = collect_events(&mut stream, |e| !e.is_empty()).await;
+    assert_eq!(events[0].revision, oldest);
+    drop(stream);
+    tokio::time::timeout(Duration::from_secs(30), server.shutdown())
+        .await
+        .expect("shutdown in time")
+        .expect("shutdown");
+}
