@@ -332,13 +332,17 @@ pub fn never_admitted(
         field: "pool",
         problem: e.to_string(),
     })?;
-    // The path from the pool up to the root (at most MAX_DEPTH + 1 pools).
-    let mut path = Vec::with_capacity(crate::pool::MAX_DEPTH + 1);
+    // The path from the pool up to the root (at most MAX_DEPTH + 1 pools),
+    // on the stack: admission calls this for queue heads that do not fit.
+    let mut path_buf = [pool; crate::pool::MAX_DEPTH + 1];
+    let mut n_path = 0;
     let mut at = Some(pool);
     while let Some(p) = at {
-        path.push(p);
+        path_buf[n_path] = p;
+        n_path += 1;
         at = tree.parent(p);
     }
+    let path = &path_buf[..n_path];
     let over = |ceiling: Ceiling, cap: &[(u64, PoolId); N_DIMS]| {
         Dim::ALL
             .into_iter()
@@ -378,7 +382,7 @@ pub fn never_admitted(
     // The largest entitlement, and which pool's configuration bounds it.
     let root = tree.root();
     let mut ent = [(MAX_AMOUNT, root, Ceiling::Limit); N_DIMS];
-    for &p in &path {
+    for &p in path {
         let c = tree.config(p);
         for d in 0..N_DIMS {
             let static_pool = p != root && c.dims[d].kind == crate::pool::PoolKind::Static;
@@ -643,6 +647,10 @@ pub(crate) struct PoolQueues {
     /// This pool's output of a parallel admission pass, appended to the
     /// caller's result in slot order afterwards; kept to reuse its capacity.
     pub(crate) cycle_out: AdmissionResult,
+    /// Heads set aside during one admission pass because they can never be
+    /// admitted as the pool is now; put back before it returns. Kept to
+    /// reuse its capacity.
+    skipped: Vec<(TaskClass, QueueItem)>,
 }
 
 /// Caps one pool's admission works against in a cycle.
@@ -780,7 +788,21 @@ impl PoolQueues {
     }
 
     /// Admits everything that fits, appending to `out`.
-    pub(crate) fn admit(&mut self, pool: PoolId, caps: &PoolCaps, out: &mut AdmissionResult) {
+    ///
+    /// A head that does not fit holds its queue (order within a queue is
+    /// strict), unless it can never be admitted as the pool is configured
+    /// now ([`never_admitted`]: the pool shrank below it after it was
+    /// queued, or it was recovered from an older store): such an entry
+    /// stays queued, where it is, but is passed over in this pass so that
+    /// it does not block the entries behind it. It is checked only when it
+    /// does not fit, so a pool that grows again admits it in order.
+    pub(crate) fn admit(
+        &mut self,
+        tree: &PoolTree,
+        pool: PoolId,
+        caps: &PoolCaps,
+        out: &mut AdmissionResult,
+    ) {
         let mut blocked = [false; 4];
         for class in TaskClass::ALL {
             blocked[class as usize] = self.n_queued[class as usize] == 0;
@@ -801,6 +823,16 @@ impl PoolQueues {
             let Some((class, item)) = best else { break };
             let entry = &self.entries[item.entry as usize];
             if let Some((kind, dim, cap, allocated)) = check(caps, &self.allocation, entry) {
+                let flags = TaskFlags {
+                    preemptible: class != TaskClass::NonPreemptible,
+                    controller: entry.controller,
+                    revocable: class == TaskClass::Revocable,
+                };
+                if matches!(never_admitted(tree, pool, flags, &entry.total), Ok(Some(_))) {
+                    self.heaps[class as usize].pop();
+                    self.skipped.push((class, item));
+                    continue;
+                }
                 out.blocked.push(Blocked {
                     pool,
                     class,
@@ -832,6 +864,9 @@ impl PoolQueues {
             }
             self.account_queued(class, members.as_slice().len() as u64, &total, false);
             self.free_entries.push(item.entry);
+        }
+        for (class, item) in self.skipped.drain(..) {
+            self.heaps[class as usize].push(item);
         }
     }
 

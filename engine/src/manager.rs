@@ -478,7 +478,7 @@ impl ResourceManager {
                             let mut own = std::mem::take(&mut queue.cycle_out);
                             own.clear();
                             if let Some(caps) = pool_caps(tree, entitlements, slot, queue) {
-                                queue.admit(caps.0, &caps.1, &mut own);
+                                queue.admit(tree, caps.0, &caps.1, &mut own);
                             }
                             queue.cycle_out = own;
                         });
@@ -492,7 +492,7 @@ impl ResourceManager {
             _ => {
                 for (slot, queue) in self.queues.iter_mut().enumerate() {
                     if let Some((pool, caps)) = pool_caps(tree, entitlements, slot, queue) {
-                        queue.admit(pool, &caps, out);
+                        queue.admit(tree, pool, &caps, out);
                     }
                 }
             }

@@ -146,6 +146,53 @@ fn non_preemptible_tasks_only_use_the_reservation() {
 }
 
 #[test]
+fn a_head_its_shrunk_pool_can_never_admit_does_not_block_its_queue() {
+    let mut env = Env::new();
+    let reserving = |millis| PoolConfig::default().with_reservation(cpu(millis));
+    let a = env.pool("/a", reserving(4000));
+    env.submit(a, 0, NON_PREEMPTIBLE, &[2000]); // t1
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t1 /a non_preemptible cpu=2000
+        "#]],
+    );
+    env.submit(a, 0, NON_PREEMPTIBLE, &[3000]); // t2: fits the reservation, not now
+    env.submit(a, 0, NON_PREEMPTIBLE, &[500]); // t3: behind it
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            blocked /a: non_preemptible queue: reservation exhausted (non-preemptible) in cpu: needs 3000 millicores, 2000 of 4000 in use (2 task(s) waiting)
+        "#]],
+    );
+    // The reservation shrinks below t2: t2 stays queued but no longer holds
+    // t3 back; t4 behind it is held by its own rule.
+    env.rm.update_pool(a, reserving(2500)).unwrap();
+    env.submit(a, 0, NON_PREEMPTIBLE, &[1000]); // t4
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t3 /a non_preemptible cpu=500
+            blocked /a: non_preemptible queue: reservation exhausted (non-preemptible) in cpu: needs 1000 millicores, 2500 of 2500 in use (2 task(s) waiting)
+        "#]],
+    );
+    assert_eq!(env.rm.usage(a).unwrap().n_queued, 2, "t2 is still queued");
+    // Grown again, the pool admits t2 first (it is still ahead of t4).
+    env.rm.update_pool(a, reserving(6000)).unwrap();
+    env.check_cycle(
+        10_000,
+        0,
+        expect![[r#"
+            admit t2 /a non_preemptible cpu=3000
+            blocked /a: non_preemptible queue: reservation exhausted (non-preemptible) in cpu: needs 1000 millicores, 5500 of 6000 in use (1 task(s) waiting)
+        "#]],
+    );
+}
+
+#[test]
 fn revocable_tasks_run_on_slack_within_the_slack_limit() {
     let mut env = Env::new();
     let a = env.pool("/a", PoolConfig::default().with_slack_limit_pct(50.0));

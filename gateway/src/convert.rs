@@ -43,8 +43,8 @@ pub fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
     crate::status::contract(Status::invalid_argument(format!("{field}: {problem}")))
 }
 
-/// Longest id (of a job, an update, a volume), page token, host name,
-/// label or environment key: 256 bytes.
+/// Longest id (of a job, an update, a volume), host name, label or
+/// environment key: 256 bytes.
 pub const MAX_ID_BYTES: usize = 256;
 /// Longest job name or owner: 1 KiB.
 pub const MAX_NAME_BYTES: usize = 1024;
@@ -79,32 +79,124 @@ pub fn bounded(field: &str, value: &str, max: usize) -> Result<(), Status> {
     Ok(())
 }
 
-/// What page tokens start with (a token is opaque to clients; this one
-/// holds the key of the last item of the page it follows).
-const PAGE_TOKEN_PREFIX: &str = "p1.";
+/// Longest page token: 2 KiB (a pool list's token holds a pool path of up
+/// to [`MAX_POOL_PATH_BYTES`]).
+pub const MAX_PAGE_TOKEN_BYTES: usize = 2048;
 
-/// The token of a page that follows the item `key`.
-pub fn page_token(key: &str) -> String {
-    format!("{PAGE_TOKEN_PREFIX}{key}")
+/// What page tokens start with: `p2.<list>.<tag>.<key>`, where the key is
+/// the position of the last item of the page it follows and the tag a
+/// keyed hash of list and key.
+const PAGE_TOKEN_PREFIX: &str = "p2.";
+
+/// The list a page token belongs to: a token of one list is refused by
+/// every other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageKind {
+    /// `JobService.Query`.
+    Jobs,
+    /// `ResourcePoolService.List`.
+    Pools,
+    /// `VolumeService.List`.
+    Volumes,
+    /// `HostPoolService.List`.
+    HostPools,
 }
 
-/// The key a page token holds ("" for none: the first page). A token this
-/// server could not have made is INVALID_ARGUMENT.
-pub fn page_token_key<'a>(field: &str, token: &'a str) -> Result<&'a str, Status> {
+impl PageKind {
+    const ALL: [PageKind; 4] = [
+        PageKind::Jobs,
+        PageKind::Pools,
+        PageKind::Volumes,
+        PageKind::HostPools,
+    ];
+
+    /// Its name in tokens and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            PageKind::Jobs => "jobs",
+            PageKind::Pools => "pools",
+            PageKind::Volumes => "volumes",
+            PageKind::HostPools => "hostpools",
+        }
+    }
+}
+
+/// The tag of a token: SipHash of (list, key) under a key drawn at random
+/// once per process, so a token that was edited, or made up, or given by
+/// another server (or by this one before a restart) does not check.
+fn page_tag(kind: PageKind, key: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static SECRET: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    SECRET
+        .get_or_init(std::hash::RandomState::new)
+        .hash_one((kind.name(), key))
+}
+
+/// The token of a page of the list `kind` that follows the position `key`.
+pub fn page_token(kind: PageKind, key: &str) -> String {
+    format!(
+        "{PAGE_TOKEN_PREFIX}{}.{:016x}.{key}",
+        kind.name(),
+        page_tag(kind, key)
+    )
+}
+
+/// The position a page token of the list `kind` holds ("" for none: the
+/// first page). A token this server did not give for this list is
+/// INVALID_ARGUMENT: "not a token of this list", and why.
+pub fn page_token_key<'a>(field: &str, kind: PageKind, token: &'a str) -> Result<&'a str, Status> {
     if token.is_empty() {
         return Ok("");
     }
-    match token.strip_prefix(PAGE_TOKEN_PREFIX) {
-        Some(key) if !key.is_empty() && key.len() <= MAX_POOL_PATH_BYTES.max(MAX_ID_BYTES) => {
-            Ok(key)
-        }
-        _ => Err(invalid(
+    bounded(field, token, MAX_PAGE_TOKEN_BYTES)?;
+    let refuse = |why: String| {
+        invalid(
             field,
             format!(
-                "{} is not a page token of this server: pass the previous answer's next_page_token, or nothing for the first page",
-                shown(token)
+                "not a token of this list ({why}): pass the previous answer's next_page_token, or nothing for the first page"
             ),
-        )),
+        )
+    };
+    let parts = token.strip_prefix(PAGE_TOKEN_PREFIX).and_then(|rest| {
+        let (list, rest) = rest.split_once('.')?;
+        let (tag, key) = rest.split_once('.')?;
+        Some((list, u64::from_str_radix(tag, 16).ok()?, key))
+    });
+    let Some((list, tag, key)) = parts else {
+        return Err(refuse(format!("{} is not a page token", shown(token))));
+    };
+    if list != kind.name() {
+        return Err(refuse(
+            match PageKind::ALL.into_iter().find(|k| k.name() == list) {
+                Some(other) => format!(
+                    "it is a token of the {} list, and this is the {} list",
+                    other.name(),
+                    kind.name()
+                ),
+                None => format!("{} is not a page token", shown(token)),
+            },
+        ));
+    }
+    if key.is_empty() || tag != page_tag(kind, key) {
+        return Err(refuse(
+            "its checksum does not match: it was edited, or given by another server or before a restart"
+                .into(),
+        ));
+    }
+    Ok(key)
+}
+
+/// Most bytes of an agent's free text that reaches the API (a run's
+/// reason, a health check's detail, a host's isolation): 1 KiB. Events
+/// and reads carry it, so it is bounded where it comes in.
+pub const MAX_AGENT_TEXT_BYTES: usize = 1024;
+
+/// An agent's free text cut to [`MAX_AGENT_TEXT_BYTES`] at a character
+/// boundary, with "…" where it was cut.
+pub fn agent_text(text: String) -> String {
+    match crate::status::truncate(&text, MAX_AGENT_TEXT_BYTES) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(cut) => cut,
     }
 }
 
@@ -994,6 +1086,23 @@ pub fn run_from_pb(r: &pb::TaskRun) -> RunRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agents_text_is_cut_to_1_kib_at_a_character_boundary() {
+        assert_eq!(
+            agent_text("exited with code 3".into()),
+            "exited with code 3"
+        );
+        let exact = "x".repeat(MAX_AGENT_TEXT_BYTES);
+        assert_eq!(agent_text(exact.clone()), exact);
+        // Three-byte characters: no boundary falls on the limit.
+        let long = "€".repeat(1_000_000);
+        let cut = agent_text(long);
+        assert!(cut.len() <= MAX_AGENT_TEXT_BYTES, "{} bytes", cut.len());
+        assert!(cut.len() > MAX_AGENT_TEXT_BYTES - 8, "{} bytes", cut.len());
+        assert!(cut.ends_with("€…"), "{cut}");
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == '€'));
+    }
 
     fn good_job() -> pb::JobSpec {
         pb::JobSpec {

@@ -177,10 +177,12 @@ pub enum Command {
         /// Reply.
         reply: Reply<()>,
     },
-    /// Every host pool with its hosts.
+    /// A page of host pools with their hosts.
     ListHostPools {
+        /// Page.
+        request: pb::ListHostPoolsRequest,
         /// Reply.
-        reply: Reply<Vec<pb::HostPool>>,
+        reply: Reply<pb::ListHostPoolsResponse>,
     },
     /// Move hosts into a host pool.
     MoveHosts {
@@ -954,8 +956,8 @@ impl Scheduler {
                 let r = self.delete_host_pool(&name);
                 self.defer(reply, r);
             }
-            Command::ListHostPools { reply } => {
-                let r = Ok(self.host_pools.list(&self.engine));
+            Command::ListHostPools { request, reply } => {
+                let r = self.host_pools.list(&self.engine, &request);
                 self.defer(reply, r);
             }
             Command::MoveHosts { hosts, to, reply } => {
@@ -1238,7 +1240,7 @@ impl Scheduler {
             .attach(host, reg.session);
         let registration = HostRegistration {
             spec,
-            isolation: r.isolation,
+            isolation: convert::agent_text(r.isolation),
             runs: r.runs.into_iter().filter_map(run_report).collect(),
             volumes: r.volumes,
         };
@@ -1248,7 +1250,7 @@ impl Scheduler {
 }
 
 /// An agent's report in the core's terms (reports without a key are
-/// ignored).
+/// ignored; its free text is cut to `convert::MAX_AGENT_TEXT_BYTES`).
 fn run_report(r: pb::RunReport) -> Option<RunReport> {
     let phase = match r.phase() {
         pb::RunPhase::Unknown => RunPhase::Unknown,
@@ -1272,10 +1274,10 @@ fn run_report(r: pb::RunReport) -> Option<RunReport> {
         phase,
         time_ms: r.time_ms,
         exit_code: r.exit_code,
-        reason: r.reason,
+        reason: convert::agent_text(r.reason),
         started_ms: r.started_ms,
         health,
-        health_detail: r.health_detail,
+        health_detail: convert::agent_text(r.health_detail),
         ports,
     })
 }

@@ -21,7 +21,11 @@ use crate::service::Api;
 use crate::status::Contract;
 use crate::store::{RedbStore, Store};
 
-/// Largest gRPC message accepted (a job spec with many overrides).
+/// Largest gRPC message accepted (a job spec with many overrides) by the
+/// services that take large specs (pools, jobs, updates; the others keep
+/// tonic's 4 MiB), and largest answer every public service may send (pages
+/// end before 3 MiB of items; only a job whose own spec was sent larger
+/// makes a larger answer).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A service as every client sees it: gzip-compressed requests accepted,
@@ -121,6 +125,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .with_hub(hub.clone())
         .with_metrics(metrics.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
+    let health = health.max_encoding_message_size(MAX_MESSAGE_BYTES);
     health_reporter
         .set_serving::<pb::job_service_server::JobServiceServer<Api>>()
         .await;
@@ -149,10 +154,12 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
     // tools still ask v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+        .build_v1()?
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+        .build_v1alpha()?
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
@@ -164,6 +171,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .add_service(public!(
             pb::resource_pool_service_server::ResourcePoolServiceServer::new(api.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ))
         .add_service(public!(
             pb::job_service_server::JobServiceServer::new(api.clone())
@@ -181,6 +189,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .add_service(public!(
             pb::update_service_server::UpdateServiceServer::new(api.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ))
         .add_service(public!(
             pb::volume_service_server::VolumeServiceServer::new(api.clone())
@@ -188,10 +197,12 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         ))
         .add_service(public!(
             pb::host_pool_service_server::HostPoolServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ))
-        .add_service(public!(pb::watch_service_server::WatchServiceServer::new(
-            api
-        )));
+        .add_service(public!(
+            pb::watch_service_server::WatchServiceServer::new(api)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ));
     // The JSON/HTTP mirror calls the public services in process (through
     // the same `Contract` wrappers); agents' sessions are gRPC only.
     let mirror = Mirror::new(pb::FILE_DESCRIPTOR_SET, grpc.clone())?;

@@ -202,7 +202,7 @@ impl ResourcePoolService for Api {
         request: Request<pb::ListPoolsRequest>,
     ) -> Result<Response<pb::ListPoolsResponse>, Status> {
         let request = request.into_inner();
-        convert::page_token_key("page_token", &request.page_token)?;
+        convert::page_token_key("page_token", convert::PageKind::Pools, &request.page_token)?;
         let out = self
             .call(|reply| Command::ListPools { request, reply })
             .await?;
@@ -283,7 +283,7 @@ impl JobService for Api {
         convert::bounded("name", &request.name, convert::MAX_NAME_BYTES)?;
         convert::bounded("owner", &request.owner, convert::MAX_NAME_BYTES)?;
         convert::labels("labels", &request.labels, &self.limits)?;
-        convert::page_token_key("page_token", &request.page_token)?;
+        convert::page_token_key("page_token", convert::PageKind::Jobs, &request.page_token)?;
         let out = self
             .call(|reply| Command::QueryJobs { request, reply })
             .await?;
@@ -563,10 +563,18 @@ impl HostPoolService for Api {
 
     async fn list(
         &self,
-        _request: Request<pb::ListHostPoolsRequest>,
+        request: Request<pb::ListHostPoolsRequest>,
     ) -> Result<Response<pb::ListHostPoolsResponse>, Status> {
-        let pools = self.call(|reply| Command::ListHostPools { reply }).await?;
-        Ok(Response::new(pb::ListHostPoolsResponse { pools }))
+        let request = request.into_inner();
+        convert::page_token_key(
+            "page_token",
+            convert::PageKind::HostPools,
+            &request.page_token,
+        )?;
+        let out = self
+            .call(|reply| Command::ListHostPools { request, reply })
+            .await?;
+        Ok(Response::new(out))
     }
 
     async fn move_hosts(
@@ -603,6 +611,11 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> 
 
 /// Most events in one streamed message.
 const MAX_EVENTS_PER_MESSAGE: usize = 1024;
+
+/// A streamed message ends once its events reach this many encoded bytes
+/// (1 MiB; an event is small: its strings are bounded, an agent's text to
+/// `convert::MAX_AGENT_TEXT_BYTES`), well within a client's 4 MiB.
+const MAX_BYTES_PER_MESSAGE: usize = 1 << 20;
 
 /// Most events a watch buffers for its client (its memory bound). A watch
 /// whose buffer is full stops taking events into memory and catches up
@@ -814,18 +827,23 @@ impl Watcher {
     }
 
     /// Queues the events it keeps (in revision order), in messages of at
-    /// most [`MAX_EVENTS_PER_MESSAGE`], and moves past them; stops at a
-    /// full buffer with `next` at the first event not queued. Returns the
-    /// outcome and how many events were queued.
+    /// most [`MAX_EVENTS_PER_MESSAGE`] and about [`MAX_BYTES_PER_MESSAGE`],
+    /// and moves past them; stops at a full buffer with `next` at the first
+    /// event not queued. Returns the outcome and how many events were
+    /// queued.
     fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> (Filled, usize) {
         let mut chunk: Vec<pb::Event> = Vec::new();
+        let mut chunk_bytes = 0;
         let mut queued = 0;
         let mut last = None;
         for e in events {
             last = Some(e.revision);
             if self.keeps(&e) {
+                // The event, its field tag and its length.
+                chunk_bytes += e.encoded_len() + 4;
                 chunk.push(e);
-                if chunk.len() == MAX_EVENTS_PER_MESSAGE {
+                if chunk.len() == MAX_EVENTS_PER_MESSAGE || chunk_bytes >= MAX_BYTES_PER_MESSAGE {
+                    chunk_bytes = 0;
                     match self.flush(&mut chunk) {
                         Ok(n) => queued += n,
                         Err(stop) => return (stop, queued),
@@ -881,6 +899,14 @@ impl Watcher {
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?
                 .map_err(|e| Status::internal(e.to_string()))?;
+            // Nothing stored from `next` on, though it is committed: the
+            // retention trimmed it (never wait for it silently).
+            if rows.is_empty() && upto.is_some_and(|u| self.next <= u) {
+                return Err(Status::out_of_range(format!(
+                    "revision {} is no longer kept: list the current state and watch from there",
+                    self.next
+                )));
+            }
             let before = self.next;
             for (n, row) in rows.into_iter().enumerate() {
                 let batch = pb::WatchResponse::decode(row.as_slice())
@@ -1033,6 +1059,36 @@ async fn pump(
     }
 }
 
+impl Api {
+    /// Refuses, as the call's status (before the stream starts, so HTTP
+    /// clients get it as theirs too), a watch from a revision older than
+    /// the oldest kept. The pump checks again as it reads: the retention
+    /// may trim events meanwhile.
+    async fn check_kept(&self, from: u64, committed: u64) -> Result<(), Status> {
+        let store = self.store.clone();
+        let rows = tokio::task::spawn_blocking(move || store.events_from(from, 1))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(e.to_string()))?;
+        // No row at all: everything up to the committed revision was
+        // trimmed (the caller asks only for committed revisions).
+        let oldest = match rows.first() {
+            Some(row) => pb::WatchResponse::decode(row.as_slice())
+                .map_err(|e| Status::internal(e.to_string()))?
+                .events
+                .first()
+                .map_or(from, |e| e.revision),
+            None => committed + 1,
+        };
+        if oldest > from {
+            return Err(Status::out_of_range(format!(
+                "from_revision: {from} is no longer kept; the oldest kept is {oldest}: list the current state and watch from there"
+            )));
+        }
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl WatchService for Api {
     type WatchStream = WatchStream;
@@ -1061,6 +1117,9 @@ impl WatchService for Api {
         } else {
             r.from_revision
         };
+        if next <= committed {
+            self.check_kept(next, committed).await?;
+        }
         let queue = WatchQueue::new(self.metrics.clone());
         tokio::spawn(pump(
             self.store.clone(),
@@ -1207,7 +1266,11 @@ impl VolumeService for Api {
         let request = request.into_inner();
         convert::id("job_id", &request.job_id)?;
         convert::id("host", &request.host)?;
-        convert::page_token_key("page_token", &request.page_token)?;
+        convert::page_token_key(
+            "page_token",
+            convert::PageKind::Volumes,
+            &request.page_token,
+        )?;
         let out = self
             .call(|reply| Command::ListVolumes { request, reply })
             .await?;

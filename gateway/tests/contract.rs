@@ -325,7 +325,7 @@ async fn gzip_requests_are_accepted_and_answers_compressed_on_every_service() {
     ));
     assert!(gzipped(
         &host_pools
-            .list(pb::ListHostPoolsRequest {})
+            .list(pb::ListHostPoolsRequest::default())
             .await
             .expect("list host pools")
     ));
@@ -580,7 +580,7 @@ async fn bad_page_tokens_unknown_enum_filters_and_future_revisions_are_refused()
         .jobs
         .query(pb::QueryJobsRequest {
             page_size: 1,
-            page_token: first.next_page_token,
+            page_token: first.next_page_token.clone(),
             ..Default::default()
         })
         .await
@@ -588,6 +588,90 @@ async fn bad_page_tokens_unknown_enum_filters_and_future_revisions_are_refused()
         .into_inner();
     assert_eq!(second.jobs.len(), 1);
     assert_ne!(first.jobs[0].id, second.jobs[0].id);
+    // The second page ends the list: real tokens take a client through.
+    assert!(second.next_page_token.is_empty(), "{second:?}");
+    // An edited token (another job's id in place of the position, or one
+    // character changed anywhere) is refused, as is a token of an older
+    // format.
+    let token = first.next_page_token.clone();
+    let (tagged, _) = token.rsplit_once('.').expect("a token with a position");
+    let mut edited = vec![
+        format!("{tagged}.{}", second.jobs[0].id),
+        "p1.zzzz".to_string(),
+        format!("{token}0"),
+    ];
+    for at in [3, token.len() / 2, token.len() - 1] {
+        let mut chars: Vec<char> = token.chars().collect();
+        chars[at] = if chars[at] == '0' { '1' } else { '0' };
+        edited.push(chars.into_iter().collect());
+    }
+    for bad in edited {
+        let message = refused(
+            c.jobs
+                .query(pb::QueryJobsRequest {
+                    page_size: 1,
+                    page_token: bad.clone(),
+                    ..Default::default()
+                })
+                .await,
+            Code::InvalidArgument,
+            "page_token",
+        );
+        assert!(
+            message.contains("not a token of this list"),
+            "{bad}: {message}"
+        );
+    }
+    // A token of another list is refused, naming both lists.
+    let pools_page = c
+        .pools
+        .list(pb::ListPoolsRequest {
+            page_size: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("a page of pools")
+        .into_inner();
+    assert!(!pools_page.next_page_token.is_empty(), "{pools_page:?}");
+    let message = refused(
+        c.jobs
+            .query(pb::QueryJobsRequest {
+                page_token: pools_page.next_page_token.clone(),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "page_token",
+    );
+    assert!(
+        message.contains("not a token of this list")
+            && message.contains("pools list")
+            && message.contains("jobs list"),
+        "{message}"
+    );
+    let message = refused(
+        c.host_pools
+            .list(pb::ListHostPoolsRequest {
+                page_token: first.next_page_token.clone(),
+                ..Default::default()
+            })
+            .await,
+        Code::InvalidArgument,
+        "page_token",
+    );
+    assert!(message.contains("jobs list"), "{message}");
+    // The pools' own token goes on.
+    let rest = c
+        .pools
+        .list(pb::ListPoolsRequest {
+            page_size: 1,
+            page_token: pools_page.next_page_token,
+        })
+        .await
+        .expect("the next page of pools")
+        .into_inner();
+    assert_eq!(rest.pools.len(), 1);
+    assert_ne!(rest.pools[0].path, pools_page.pools[0].path);
     refused(
         c.jobs
             .query(pb::QueryJobsRequest {
@@ -1010,6 +1094,266 @@ async fn a_watch_that_is_never_read_ends_resource_exhausted_and_frees_its_buffer
         metric(metrics, "peloton_watch_buffered_events").await,
         Ok(0)
     );
+    tokio::time::timeout(Duration::from_secs(30), server.shutdown())
+        .await
+        .expect("shutdown in time")
+        .expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_pools_are_paged_by_size_and_a_pool_continues_on_the_next_page() {
+    // 13,000 hosts with names of about 250 bytes: 3.2 MB of names in
+    // "default", more than one page.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let long = "h".repeat(240);
+    let file = dir.path().join("hosts.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "hosts:\n  - {{name: {long}, count: 13000, cpu: 1, memory_mb: 1024, attributes: {{host: x}}}}\n"
+        ),
+    )
+    .expect("host file");
+    let mut config = common::config(&dir.path().join("data"), 0);
+    config.sim_hosts_file = Some(file);
+    let server = within("start", peloton_gateway::server::start(&config))
+        .await
+        .expect("server");
+    let mut c = Clients::connect(server.addr).await;
+    for name in ["a", "b"] {
+        c.host_pools
+            .create(pb::CreateHostPoolRequest { name: name.into() })
+            .await
+            .expect("create host pool");
+    }
+    let moved = format!("{long}-7");
+    c.host_pools
+        .move_hosts(pb::MoveHostsRequest {
+            hosts: vec![moved.clone()],
+            to: "b".into(),
+        })
+        .await
+        .expect("move a host");
+
+    // Without a count limit: pages end by size, "default" (after "a" and
+    // "b") spans two.
+    let mut pages = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .host_pools
+            .list(pb::ListHostPoolsRequest {
+                page_size: 0,
+                page_token: token,
+            })
+            .await
+            .expect("a page of host pools")
+            .into_inner();
+        // Within a default client's limit; the items within a page's 3 MiB.
+        assert!(page.encoded_len() <= CLIENT_MAX_BYTES);
+        let items: usize = page.pools.iter().map(|p| p.encoded_len() + 6).sum();
+        assert!(items <= 3 << 20, "{items} bytes of items");
+        token = page.next_page_token.clone();
+        pages.push(page);
+        if token.is_empty() {
+            break;
+        }
+        assert!(pages.len() < 10, "the pages never end");
+    }
+    let names = |p: &pb::ListHostPoolsResponse| -> Vec<String> {
+        p.pools.iter().map(|p| p.name.clone()).collect()
+    };
+    assert_eq!(pages.len(), 2);
+    assert_eq!(names(&pages[0]), ["a", "b", "default"]);
+    assert_eq!(names(&pages[1]), ["default"]);
+    let default: Vec<String> = pages
+        .iter()
+        .flat_map(|p| p.pools.iter())
+        .filter(|p| p.name == "default")
+        .flat_map(|p| p.hosts.iter().cloned())
+        .collect();
+    assert_eq!(default.len(), 12_999);
+    assert!(
+        default.windows(2).all(|w| w[0] < w[1]),
+        "in name order, without repeats"
+    );
+    assert!(!default.contains(&moved));
+    assert!(pages[0].pools[0].hosts.is_empty());
+    assert_eq!(pages[0].pools[1].hosts, [moved]);
+
+    // A count limit: one pool per page, then the end.
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .host_pools
+            .list(pb::ListHostPoolsRequest {
+                page_size: 1,
+                page_token: token,
+            })
+            .await
+            .expect("a page of one host pool")
+            .into_inner();
+        assert_eq!(page.pools.len(), 1, "{:?}", names(&page));
+        seen.extend(names(&page));
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen, ["a", "b", "default", "default"]);
+    tokio::time::timeout(Duration::from_secs(30), server.shutdown())
+        .await
+        .expect("shutdown in time")
+        .expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_host_names_at_most_1000_of_its_tasks_and_counts_them_all() {
+    let s = TestServer::start(1).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/many", pool_spec(8.0, 8192.0)).await;
+    let mut spec = job_spec("/many", 1200, 0.001, 600_000);
+    task_of(&mut spec).resources = Some(res(0.001, 1.0));
+    let job = create_job(&mut c, spec).await;
+    wait_job_where(&c, &job.id, "1200 tasks running", |j| {
+        count_in(j, pb::TaskState::Running) == 1200
+    })
+    .await;
+    let hosts = list_hosts(&mut c).await;
+    assert_eq!(hosts.len(), 1);
+    let host = &hosts[0];
+    assert_eq!(host.tasks_total, 1200);
+    assert_eq!(host.tasks.len(), 1000);
+    let instances: Vec<u32> = host.tasks.iter().map(|t| t.instance).collect();
+    assert_eq!(instances, (0..1000).collect::<Vec<_>>(), "the first 1000");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_its_shrunk_pool_can_never_admit_does_not_block_the_tasks_behind_it() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/s", pool_spec(4.0, 4096.0)).await;
+    let holder = create_job(&mut c, job_spec("/s", 1, 2.0, 600_000)).await;
+    wait_job(&c, &holder.id, pb::JobState::Running).await;
+    // Non-preemptible: 3 cores fit the reservation of 4, not beside the
+    // holder's 2; a small task waits behind it.
+    let big = create_job(&mut c, job_spec("/s", 1, 3.0, 600_000)).await;
+    let small = create_job(&mut c, job_spec("/s", 1, 0.5, 600_000)).await;
+    let mut cc = c.clone();
+    eventually(
+        "the small task to wait behind the big one",
+        TIMEOUT,
+        async || {
+            let t = get_task(&mut cc, &small.id, 0).await;
+            if t.pending_reason.contains("waits behind") {
+                Ok(())
+            } else {
+                Err(t.pending_reason)
+            }
+        },
+    )
+    .await;
+
+    // The reservation shrinks below the big task: the small one runs.
+    let shrink = |cpu: f64| pb::UpdatePoolRequest {
+        path: "/s".into(),
+        spec: Some(pool_spec(cpu, 4096.0)),
+        version: 0,
+    };
+    c.pools.update(shrink(2.5)).await.expect("shrink /s");
+    wait_job(&c, &small.id, pb::JobState::Running).await;
+    let t = get_task(&mut c, &big.id, 0).await;
+    assert_eq!(task_state(&t), pb::TaskState::Pending);
+    let reason = t.pending_reason;
+    for words in [
+        "can never be admitted as its pool is now",
+        "3 cores",
+        "2.5 cores",
+        "reservation",
+        "change the pool",
+    ] {
+        assert!(reason.contains(words), "no {words:?} in: {reason}");
+    }
+
+    // Grown again, the pool admits it.
+    c.pools.update(shrink(6.0)).await.expect("grow /s");
+    wait_job(&c, &big.id, pb::JobState::Running).await;
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_trimmed_revision_is_refused_before_the_stream_starts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = common::config(dir.path(), 2);
+    config.event_retention = 10;
+    let server = within("start", peloton_gateway::server::start(&config))
+        .await
+        .expect("server");
+    let mut c = Clients::connect(server.addr).await;
+    create_reserved_pool(&mut c, "/t").await;
+    let job = create_job(&mut c, job_spec("/t", 10, 0.1, 0)).await;
+    wait_job(&c, &job.id, pb::JobState::Succeeded).await;
+
+    // gRPC: the call itself is refused (no stream whose first item is the
+    // error), naming the oldest revision kept.
+    let message = refused(
+        within(
+            "a watch from a trimmed revision",
+            c.watch.watch(pb::WatchRequest {
+                from_revision: 1,
+                job_id: String::new(),
+            }),
+        )
+        .await,
+        Code::OutOfRange,
+        "from_revision",
+    );
+    assert!(message.contains("no longer kept"), "{message}");
+    let oldest: u64 = message
+        .split("the oldest kept is ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no oldest revision in: {message}"));
+    assert!(oldest > 1, "{message}");
+
+    // HTTP: the answer's status says so.
+    let answer = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(server.addr)
+            .await
+            .expect("connect");
+        s.write_all(
+            b"GET /v1/watch?fromRevision=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .expect("send");
+        let mut text = String::new();
+        within("the HTTP answer", s.read_to_string(&mut text))
+            .await
+            .expect("read");
+        text
+    };
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("OUT_OF_RANGE"), "{answer}");
+
+    // From the oldest kept revision (when the retention kept nothing, the
+    // next one), the watch replays, then goes on live.
+    let mut stream = c
+        .watch
+        .watch(pb::WatchRequest {
+            from_revision: oldest,
+            job_id: String::new(),
+        })
+        .await
+        .expect("a watch from the oldest kept revision")
+        .into_inner();
+    create_job(&mut c, job_spec("/t", 1, 0.1, 0)).await;
+    let events = collect_events(&mut stream, |e| !e.is_empty()).await;
+    assert_eq!(events[0].revision, oldest);
+    drop(stream);
     tokio::time::timeout(Duration::from_secs(30), server.shutdown())
         .await
         .expect("shutdown in time")

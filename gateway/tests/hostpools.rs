@@ -42,7 +42,7 @@ async fn move_hosts(c: &mut Clients, hosts: &[&str], to: &str) -> Result<(), ton
 /// Host pools by name, with their hosts.
 async fn host_pools(c: &mut Clients) -> Vec<(String, Vec<String>)> {
     c.host_pools
-        .list(pb::ListHostPoolsRequest {})
+        .list(pb::ListHostPoolsRequest::default())
         .await
         .expect("list host pools")
         .into_inner()

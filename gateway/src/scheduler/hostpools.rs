@@ -15,7 +15,8 @@ use peloton_engine::host::HostSpec;
 use peloton_proto::v1 as pb;
 use tonic::Status;
 
-use crate::convert::{DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE};
+use super::reads::MAX_PAGE_BYTES;
+use crate::convert::{self, DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE, PageKind};
 use crate::store::{Snapshot, WriteBatch};
 
 /// Most host pools (besides "default").
@@ -117,38 +118,99 @@ impl HostPools {
         }
     }
 
-    /// Every pool with its hosts: the members, and the live hosts of the
-    /// engine that are in "default".
-    pub(super) fn list(&self, engine: &Engine) -> Vec<pb::HostPool> {
-        let mut by_pool: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        by_pool.insert(DEFAULT_HOST_POOL, Vec::new());
-        for n in &self.names {
-            by_pool.insert(n, Vec::new());
-        }
-        for (h, p) in &self.members {
-            by_pool.entry(p).or_default().push(h.clone());
-        }
-        let hosts = engine.hosts();
-        for slot in hosts.live_hosts().iter() {
-            let id = hosts.lookup_slot(slot as usize).expect("live");
-            let name = hosts.name(id);
-            if !self.members.contains_key(name) {
-                by_pool
-                    .get_mut(DEFAULT_HOST_POOL)
-                    .expect("inserted")
-                    .push(name.to_string());
+    /// A page of pools with their hosts (the members, and the live hosts of
+    /// the engine that are in "default"), both in name order, from the
+    /// request's page token, up to its page size (pools) and
+    /// [`MAX_PAGE_BYTES`]: a page may end inside a pool, which then
+    /// continues on the next page. The token's position is "P" (after pool
+    /// P) or "P/H" (after host H of pool P; pool names have no '/').
+    pub(super) fn list(
+        &self,
+        engine: &Engine,
+        r: &pb::ListHostPoolsRequest,
+    ) -> Result<pb::ListHostPoolsResponse, Status> {
+        let after = convert::page_token_key("page_token", PageKind::HostPools, &r.page_token)?;
+        let (after_pool, after_host) = match after.split_once('/') {
+            Some((pool, host)) => (pool, Some(host)),
+            None => (after, None),
+        };
+        // Pools and hosts not yet listed.
+        let pool_wanted = |p: &str| {
+            after.is_empty() || p > after_pool || (p == after_pool && after_host.is_some())
+        };
+        let host_wanted = |p: &str, h: &str| {
+            pool_wanted(p) && (p != after_pool || after_host.is_none_or(|a| h > a))
+        };
+        let mut by_pool: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for n in std::iter::once(DEFAULT_HOST_POOL).chain(self.names.iter().map(String::as_str)) {
+            if pool_wanted(n) {
+                by_pool.insert(n, Vec::new());
             }
         }
-        by_pool
-            .into_iter()
-            .map(|(name, mut hosts)| {
-                hosts.sort_unstable();
-                pb::HostPool {
-                    name: name.to_string(),
-                    hosts,
+        for (h, p) in &self.members {
+            if host_wanted(p, h) {
+                by_pool.entry(p).or_default().push(h);
+            }
+        }
+        let hosts = engine.hosts();
+        if let Some(default) = by_pool.get_mut(DEFAULT_HOST_POOL) {
+            for slot in hosts.live_hosts().iter() {
+                let id = hosts.lookup_slot(slot as usize).expect("live");
+                let name = hosts.name(id);
+                if !self.members.contains_key(name) && host_wanted(DEFAULT_HOST_POOL, name) {
+                    default.push(name);
                 }
-            })
-            .collect()
+            }
+        }
+        let page = if r.page_size == 0 {
+            usize::MAX
+        } else {
+            r.page_size as usize
+        };
+        // Encoded bytes: a pool's field tag, length and name (6 bytes of
+        // framing at most), and each host's tag, length (a name is at most
+        // 256 bytes: 2 bytes) and name.
+        let pool_bytes = |name: &str| name.len() + 8;
+        let host_bytes = |name: &str| name.len() + 3;
+        let mut out = pb::ListHostPoolsResponse::default();
+        let mut bytes = 0;
+        // Where the page ends, as a token's position.
+        let mut position = String::new();
+        let mut full = false;
+        'pools: for (name, mut members) in by_pool {
+            if name == after_pool && after_host.is_some() && members.is_empty() {
+                continue; // the rest of a pool whose last hosts ended the previous page
+            }
+            members.sort_unstable();
+            let first = pool_bytes(name) + members.first().map_or(0, |h| host_bytes(h));
+            if out.pools.len() == page || (!out.pools.is_empty() && bytes + first > MAX_PAGE_BYTES)
+            {
+                full = true;
+                break;
+            }
+            bytes += pool_bytes(name);
+            let mut pool = pb::HostPool {
+                name: name.to_string(),
+                hosts: Vec::new(),
+            };
+            for h in members {
+                let cost = host_bytes(h);
+                if bytes + cost > MAX_PAGE_BYTES && !pool.hosts.is_empty() {
+                    position = format!("{name}/{}", pool.hosts.last().expect("not empty"));
+                    out.pools.push(pool);
+                    full = true;
+                    break 'pools;
+                }
+                bytes += cost;
+                pool.hosts.push(h.to_string());
+            }
+            position = name.to_string();
+            out.pools.push(pool);
+        }
+        if full {
+            out.next_page_token = convert::page_token(PageKind::HostPools, &position);
+        }
+        Ok(out)
     }
 
     /// Sets a host spec's host pool attribute (replacing any).

@@ -90,7 +90,7 @@ pub(super) fn list_pools(
     core: &Lifecycle,
     r: &pb::ListPoolsRequest,
 ) -> Result<pb::ListPoolsResponse, Status> {
-    let after = convert::page_token_key("page_token", &r.page_token)?;
+    let after = convert::page_token_key("page_token", convert::PageKind::Pools, &r.page_token)?;
     let page = if r.page_size == 0 {
         usize::MAX
     } else {
@@ -105,7 +105,8 @@ pub(super) fn list_pools(
     for id in ids {
         let pool = pool_to_pb(engine, core, id);
         if out.pools.len() == page || !bytes.admits(out.pools.len(), &pool) {
-            out.next_page_token = convert::page_token(id_before(&out.pools));
+            out.next_page_token =
+                convert::page_token(convert::PageKind::Pools, id_before(&out.pools));
             break;
         }
         out.pools.push(pool);
@@ -294,7 +295,8 @@ pub(super) fn query_jobs(
         0 => 100,
         n => n.min(1000),
     } as usize;
-    let after = convert::page_token_key("page_token", &r.page_token).unwrap_or_default();
+    let after = convert::page_token_key("page_token", convert::PageKind::Jobs, &r.page_token)
+        .unwrap_or_default();
     let mut out = pb::QueryJobsResponse::default();
     let mut bytes = PageBytes::default();
     for (k, job) in core.jobs_by_id(after) {
@@ -326,7 +328,7 @@ pub(super) fn query_jobs(
             Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),
             _ => {
                 let last = out.jobs.last().map_or("", |j| j.id.as_str());
-                out.next_page_token = convert::page_token(last);
+                out.next_page_token = convert::page_token(convert::PageKind::Jobs, last);
                 break;
             }
         }
@@ -399,7 +401,7 @@ pub(super) fn list_volumes(
     core: &Lifecycle,
     r: &pb::ListVolumesRequest,
 ) -> Result<pb::ListVolumesResponse, Status> {
-    let after = convert::page_token_key("page_token", &r.page_token)?;
+    let after = convert::page_token_key("page_token", convert::PageKind::Volumes, &r.page_token)?;
     if !r.job_id.is_empty() {
         core.job_key(&r.job_id).map_err(status)?;
     }
@@ -422,7 +424,7 @@ pub(super) fn list_volumes(
         let volume = volume_to_pb(core, v);
         if out.volumes.len() == page || !bytes.admits(out.volumes.len(), &volume) {
             let last = out.volumes.last().map_or("", |v| v.id.as_str());
-            out.next_page_token = convert::page_token(last);
+            out.next_page_token = convert::page_token(convert::PageKind::Volumes, last);
             break;
         }
         out.volumes.push(volume);
@@ -641,6 +643,16 @@ fn host_state_to_pb(hosts: &HostArena, slot: HostSlot) -> pb::HostState {
     }
 }
 
+/// Most task references one listed host carries (`Host.tasks`; the count
+/// is `Host.tasks_total`): about 50 KiB, so that a host is a small item of
+/// a page whatever runs on it.
+pub const MAX_HOST_TASK_REFS: usize = 1000;
+
+/// Job id, then instance.
+fn task_ref_order(a: &pb::TaskRef, b: &pb::TaskRef) -> std::cmp::Ordering {
+    (a.job_id.as_str(), a.instance).cmp(&(b.job_id.as_str(), b.instance))
+}
+
 pub(super) fn list_hosts(
     engine: &Engine,
     core: &Lifecycle,
@@ -673,7 +685,7 @@ pub(super) fn list_hosts(
     for &(name, slot) in &names {
         let slot = HostSlot(slot);
         let agent = core.agent_host(slot);
-        let tasks = core
+        let mut tasks: Vec<pb::TaskRef> = core
             .instances_on(engine, slot)
             .into_iter()
             .map(|(k, i)| pb::TaskRef {
@@ -681,6 +693,12 @@ pub(super) fn list_hosts(
                 instance: i,
             })
             .collect();
+        let tasks_total = tasks.len() as u64;
+        if tasks.len() > MAX_HOST_TASK_REFS {
+            tasks.select_nth_unstable_by(MAX_HOST_TASK_REFS, task_ref_order);
+            tasks.truncate(MAX_HOST_TASK_REFS);
+        }
+        tasks.sort_unstable_by(task_ref_order);
         let host = pb::Host {
             name: name.to_string(),
             capacity: Some(convert::resources_to_pb(hosts.capacity(slot.idx()))),
@@ -689,6 +707,7 @@ pub(super) fn list_hosts(
             attributes: host_attributes(hosts, slot.0),
             host_pool: host_pool_of(hosts, slot.0),
             tasks,
+            tasks_total,
             connected: agent.is_some_and(|h| h.connected),
             last_seen_ms: hub.and_then(|hub| hub.last_seen(name)).unwrap_or(0),
             isolation: match agent {

@@ -438,6 +438,7 @@ pub fn host_json(host: &Host) -> Value {
             "job_id": t.job_id,
             "instance": t.instance,
         })).collect::<Vec<_>>(),
+        "tasks_total": host.tasks_total,
         "connected": host.connected,
         "last_seen_ms": host.last_seen_ms,
         "isolation": host.isolation,

@@ -100,7 +100,7 @@ fn host_table(hosts: &[Host]) -> String {
                 fmt_mib(capacity.memory_mb)
             ),
             gpu,
-            host.tasks.len().to_string(),
+            host.tasks_total.to_string(),
             // cgroup-v2 or rlimit for agents; none for simulated hosts.
             or_dash(&host.isolation),
             fmt_map(&host.attributes),

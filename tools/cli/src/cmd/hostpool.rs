@@ -37,11 +37,29 @@ pub(super) async fn run(ctx: &Ctx, command: HostPoolCommand) -> Result<Outcome> 
             }
         }
         HostPoolCommand::List => {
-            let pools = client
-                .list(ListHostPoolsRequest {})
-                .await?
-                .into_inner()
-                .pools;
+            // Page by page (a page ends before 3 MiB; a pool with many
+            // hosts continues on the next page under the same name).
+            let mut pools: Vec<HostPool> = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .list(ListHostPoolsRequest {
+                        page_token,
+                        ..Default::default()
+                    })
+                    .await?
+                    .into_inner();
+                for pool in page.pools {
+                    match pools.last_mut() {
+                        Some(last) if last.name == pool.name => last.hosts.extend(pool.hosts),
+                        _ => pools.push(pool),
+                    }
+                }
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
             match ctx.output {
                 OutputFormat::Table => print_out(&pool_table(&pools))?,
                 OutputFormat::Json => print_json(&json!({
