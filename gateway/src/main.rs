@@ -270,6 +270,10 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
     let server = peloton_gateway::server::start(&config).await?;
     // Tests and scripts read this line to find the port.
     println!("pelotond: serving gRPC on http://{}", server.addr);
+    println!(
+        "pelotond: JSON over HTTP on the same port: curl http://{}/v1",
+        server.addr
+    );
     if let Some(m) = server.metrics_addr {
         println!("pelotond: metrics on http://{m}/metrics");
     }
