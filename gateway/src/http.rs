@@ -64,6 +64,8 @@ use prost_reflect::{
 };
 use serde_json::{Map, Value as Json};
 use tonic::Code;
+
+use crate::convert::shown;
 use tonic::codegen::Service;
 use tonic::service::Routes;
 
@@ -88,10 +90,6 @@ const MAX_DRAIN_BYTES: usize = 2 * MAX_JSON_BODY_BYTES;
 /// sent: an error that comes at once (a bad revision, an unknown run) gets
 /// its own HTTP status instead of a 200 with an error line.
 const FIRST_MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
-
-/// Longest error message this layer writes (requests are echoed only
-/// through a bounded prefix).
-const MAX_MESSAGE_CHARS: usize = 1024;
 
 /// One HTTP binding of an RPC.
 #[derive(Debug)]
@@ -144,9 +142,15 @@ impl Failure {
     fn new(code: Code, message: impl Into<String>) -> Failure {
         Failure {
             code,
-            message: bounded(message.into()),
+            message: crate::status::truncate(&message.into(), crate::status::MAX_MESSAGE_BYTES)
+                .into_owned(),
             http: None,
         }
+    }
+    /// An HTTP status other than the code's usual one.
+    fn with_http(mut self, status: StatusCode) -> Failure {
+        self.http = Some(status);
+        self
     }
     fn invalid(message: impl Into<String>) -> Failure {
         Failure::new(Code::InvalidArgument, message)
@@ -292,7 +296,7 @@ impl Mirror {
             if k != "service" {
                 return error_response(&Failure::invalid(format!(
                     "query parameter {}: only service is accepted",
-                    prefix(&k)
+                    shown(&k)
                 )));
             }
             service = v.into_owned();
@@ -357,18 +361,15 @@ impl Mirror {
             }
         }
         let Some((binding, vars)) = found else {
-            let mut f = if path_matched {
-                let mut f = Failure::new(
+            return Err(if path_matched {
+                Failure::new(
                     Code::Unimplemented,
                     format!("{} is not served on this path", parts.method),
-                );
-                f.http = Some(StatusCode::METHOD_NOT_ALLOWED);
-                f
+                )
+                .with_http(StatusCode::METHOD_NOT_ALLOWED)
             } else {
                 Failure::new(Code::NotFound, "no such route (GET /v1 lists them)")
-            };
-            f.message = bounded(f.message);
-            return Err(f);
+            });
         };
         let declared = parts
             .headers
@@ -537,16 +538,15 @@ async fn read_body(mut body: Body, limit: usize) -> Result<Bytes, Failure> {
         }
     }
     if seen > limit {
-        let mut f = Failure::new(
+        return Err(Failure::new(
             Code::ResourceExhausted,
             if limit < MAX_JSON_BODY_BYTES {
                 format!("the request body is longer than its Content-Length ({limit} bytes)")
             } else {
                 format!("the request body is larger than {MAX_JSON_BODY_BYTES} bytes")
             },
-        );
-        f.http = Some(StatusCode::PAYLOAD_TOO_LARGE);
-        return Err(f);
+        )
+        .with_http(StatusCode::PAYLOAD_TOO_LARGE));
     }
     Ok(buf.freeze())
 }
@@ -714,14 +714,14 @@ fn set_param(
         {
             return Err(Failure::invalid(format!(
                 "{what} {}: set twice",
-                prefix(key)
+                shown(key)
             )));
         }
         return Ok(());
     }
     Err(Failure::invalid(format!(
         "{what} {}: {} has no such field",
-        prefix(key),
+        shown(key),
         desc.name()
     )))
 }
@@ -733,7 +733,7 @@ fn scalar(field: &FieldDescriptor, value: &str) -> Result<Json, String> {
         Kind::Bool => match value {
             "true" | "1" | "" => Json::Bool(true),
             "false" | "0" => Json::Bool(false),
-            _ => return Err(format!("{:?} is not true or false", prefix(value))),
+            _ => return Err(format!("{} is not true or false", shown(value))),
         },
         Kind::Enum(_) => match value.parse::<i64>() {
             Ok(n) => Json::from(n),
@@ -887,23 +887,6 @@ fn json_response(status: StatusCode, json: &Json) -> Response<Body> {
     resp
 }
 
-/// At most `MAX_MESSAGE_CHARS` characters of `s`.
-fn bounded(mut s: String) -> String {
-    if let Some((cut, _)) = s.char_indices().nth(MAX_MESSAGE_CHARS) {
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
-}
-
-/// A short prefix of user input, for messages.
-fn prefix(s: &str) -> String {
-    match s.char_indices().nth(64) {
-        Some((cut, _)) => format!("{}…", &s[..cut]),
-        None => s.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -969,7 +952,5 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE
         );
         assert_eq!(code_name(Code::OutOfRange), "OUT_OF_RANGE");
-        let long = "x".repeat(5000);
-        assert!(bounded(long).chars().count() <= MAX_MESSAGE_CHARS + 1);
     }
 }
