@@ -332,6 +332,24 @@ pub fn never_admitted(
         field: "pool",
         problem: e.to_string(),
     })?;
+    Ok(never_admitted_in(
+        tree,
+        pool,
+        class,
+        flags.controller,
+        total,
+    ))
+}
+
+/// [`never_admitted`] for a checked pool and class: what admission calls
+/// for a queue head that does not fit, with no conversion back to flags.
+pub(crate) fn never_admitted_in(
+    tree: &PoolTree,
+    pool: PoolId,
+    class: TaskClass,
+    controller: bool,
+    total: &Resources,
+) -> Option<NeverAdmitted> {
     // The path from the pool up to the root (at most MAX_DEPTH + 1 pools),
     // on the stack: admission calls this for queue heads that do not fit.
     let mut path_buf = [pool; crate::pool::MAX_DEPTH + 1];
@@ -370,13 +388,13 @@ pub fn never_admitted(
                 cap[d.idx()] = (limit.min(from_parent), pool);
             }
         }
-        return Ok(over(Ceiling::SlackLimit, &cap));
+        return over(Ceiling::SlackLimit, &cap);
     }
     let config = tree.config(pool);
     if class == TaskClass::NonPreemptible {
         let cap = std::array::from_fn(|d| (config.dims[d].reservation, pool));
         if let Some(never) = over(Ceiling::Reservation, &cap) {
-            return Ok(Some(never));
+            return Some(never);
         }
     }
     // The largest entitlement, and which pool's configuration bounds it.
@@ -398,24 +416,24 @@ pub fn never_admitted(
     }
     if let Some(d) = Dim::ALL.into_iter().find(|&d| total[d] > ent[d.idx()].0) {
         let (cap, p, ceiling) = ent[d.idx()];
-        return Ok(Some(NeverAdmitted {
+        return Some(NeverAdmitted {
             ceiling,
             pool: p,
             dim: d,
             request: total[d],
             cap,
-        }));
+        });
     }
-    if flags.controller {
+    if controller {
         let cap = std::array::from_fn(|d| {
             (
                 crate::resources::percent_of(ent[d].0, config.controller_limit_pct),
                 pool,
             )
         });
-        return Ok(over(Ceiling::ControllerLimit, &cap));
+        return over(Ceiling::ControllerLimit, &cap);
     }
-    Ok(None)
+    None
 }
 
 /// One admitted task.
@@ -823,12 +841,7 @@ impl PoolQueues {
             let Some((class, item)) = best else { break };
             let entry = &self.entries[item.entry as usize];
             if let Some((kind, dim, cap, allocated)) = check(caps, &self.allocation, entry) {
-                let flags = TaskFlags {
-                    preemptible: class != TaskClass::NonPreemptible,
-                    controller: entry.controller,
-                    revocable: class == TaskClass::Revocable,
-                };
-                if matches!(never_admitted(tree, pool, flags, &entry.total), Ok(Some(_))) {
+                if never_admitted_in(tree, pool, class, entry.controller, &entry.total).is_some() {
                     self.heaps[class as usize].pop();
                     self.skipped.push((class, item));
                     continue;

@@ -376,11 +376,6 @@ fn string(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
     bounded(field, value, limits.max_string_len)
 }
 
-/// Refuses a string longer than the limit, naming the field.
-pub fn string_field(field: &str, value: &str, limits: &Limits) -> Result<(), Status> {
-    string(field, value, limits)
-}
-
 fn list(field: &str, len: usize, limits: &Limits) -> Result<(), Status> {
     if len > limits.max_list_len {
         return Err(invalid(
@@ -989,16 +984,13 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         max_running_time_ms: sla.max_running_time_ms,
         max_unavailable: sla.max_unavailable_instances.max(1),
         strategy,
-        volume_policy: {
-            let p = spec.stateful.unwrap_or_default();
-            VolumePolicy {
-                host_down_timeout_ms: if p.host_down_timeout_ms == 0 {
-                    crate::lifecycle::DEFAULT_HOST_DOWN_TIMEOUT_MS
-                } else {
-                    p.host_down_timeout_ms
-                },
-                relocate: p.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
-            }
+        volume_policy: VolumePolicy {
+            host_down_timeout_ms: if stateful.host_down_timeout_ms == 0 {
+                crate::lifecycle::DEFAULT_HOST_DOWN_TIMEOUT_MS
+            } else {
+                stateful.host_down_timeout_ms
+            },
+            relocate: stateful.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
         },
     })
 }
