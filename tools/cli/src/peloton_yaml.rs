@@ -657,23 +657,24 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
 
     let mut overrides = Vec::new();
     if let Some(n) = instance_config {
-        for (instance, path, node) in instance_configs(&n)? {
+        for (instance, node) in instance_configs(&n)? {
+            let path = &node.path;
             if daemon {
                 return fail(
-                    &path,
+                    path,
                     "a daemon job runs one alike instance per host: it has no instance configs",
                 );
             }
             if instance >= instances {
                 return fail(
-                    &path,
+                    path,
                     format!("instance {instance} is not below instanceCount {instances}"),
                 );
             }
             let view = default_view.merged(&TaskView::read(&node)?)?;
             let mut out = task(&view, &mut notes)?;
             out.task.revocable |= sla_revocable;
-            same_for_every_instance(&path, &default, &out, preemptible)?;
+            same_for_every_instance(path, &default, &out, preemptible)?;
             overrides.push(OverrideFile {
                 instance,
                 task: out.task,
@@ -748,11 +749,11 @@ fn same_for_every_instance(
 }
 
 /// `instanceConfig`: instance number → task config.
-fn instance_configs<'a>(node: &Node<'a>) -> Result<Vec<(u32, String, Node<'a>)>> {
+fn instance_configs<'a>(node: &Node<'a>) -> Result<BTreeMap<u32, Node<'a>>> {
     let Value::Mapping(map) = node.value else {
         return node.expected("a mapping of instance numbers to task configs");
     };
-    let mut out: BTreeMap<u32, (String, Node<'a>)> = BTreeMap::new();
+    let mut out: BTreeMap<u32, Node<'a>> = BTreeMap::new();
     for (key, value) in map {
         let text = key_text(key);
         let path = join(&node.path, &text);
@@ -768,12 +769,9 @@ fn instance_configs<'a>(node: &Node<'a>) -> Result<Vec<(u32, String, Node<'a>)>>
         if out.contains_key(&instance) {
             return fail(&path, format!("instance {instance} is given twice"));
         }
-        out.insert(instance, (path.clone(), Node { path, value }));
+        out.insert(instance, Node { path, value });
     }
-    Ok(out
-        .into_iter()
-        .map(|(i, (path, node))| (i, path, node))
-        .collect())
+    Ok(out)
 }
 
 /// Peloton's `SlaConfig`; also whether it makes every task revocable.
