@@ -272,7 +272,7 @@ async fn a_stateful_instance_keeps_its_data_and_its_host_through_restarts_drains
         let t = cluster.task(&id, 0).await?;
         let run = t.current.as_ref()?;
         let waiting = matches!(run.state(), T::Pending | T::Ready | T::Placing);
-        (run.run_id == 4 && waiting && !t.pending_reason.is_empty()).then_some(t)
+        (run.run_id == 4 && waiting && t.pending_reason.contains("pinned")).then_some(t)
     })
     .await;
     assert_eq!(t.pinned_host, host, "{t:#?}");
@@ -641,7 +641,7 @@ async fn a_stateful_instance_survives_a_server_crash_and_waits_for_its_lost_host
         let t = cluster.task(&id, 0).await?;
         let run = t.current.as_ref()?;
         let waiting = matches!(run.state(), T::Pending | T::Ready | T::Placing);
-        (run.run_id == 3 && waiting && !t.pending_reason.is_empty()).then_some(t)
+        (run.run_id == 3 && waiting && t.pending_reason.contains("pinned")).then_some(t)
     })
     .await;
     assert_eq!(t.history[0].state(), T::Lost, "{t:#?}");
