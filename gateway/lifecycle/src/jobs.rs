@@ -168,6 +168,21 @@ impl Lifecycle {
                 "daemon jobs cannot have volumes",
             ));
         }
+        if plan.kind == JobKind::Application {
+            let driver = plan.app.is_some_and(|a| a.driver_in_job);
+            if plan.app.is_none() || plan.instance_count != u32::from(driver) {
+                return Err(Error::invalid(
+                    "spec.instance_count",
+                    "an application job starts with its driver only (1 instance); its executors follow the target its driver sets",
+                ));
+            }
+            if plan.gang > 1 || plan.default.volume.is_some() {
+                return Err(Error::invalid(
+                    "spec.type",
+                    "an application job has no gangs or volumes",
+                ));
+            }
+        }
         let key = JobKey(self.next_key);
         self.next_key += 1;
         // A daemon's instances follow the hosts (added just below).
@@ -191,6 +206,7 @@ impl Lifecycle {
             config: 1,
             old_configs: Default::default(),
             updates: Default::default(),
+            app: Default::default(),
         };
         job.counts[S::Initialized as usize] = n;
         self.jobs.insert(key, job);
@@ -278,6 +294,11 @@ impl Lifecycle {
             JobAction::Scale(_) if job.plan.kind == JobKind::Daemon => {
                 return Err(Error::Precondition(format!(
                     "job {id} is a daemon job: its instance count follows the hosts it matches"
+                )));
+            }
+            JobAction::Scale(_) | JobAction::Restart if job.plan.kind == JobKind::Application => {
+                return Err(Error::Precondition(format!(
+                    "job {id} is an application: its executors follow the target its driver sets"
                 )));
             }
             JobAction::Scale(count) => self.scale(engine, k, id, count, fx)?,
@@ -529,6 +550,11 @@ impl Lifecycle {
                 instance: bad,
                 count: n,
             });
+        }
+        if restart && instances.iter().any(|&i| self.is_executor(k, i)) {
+            return Err(Error::Precondition(format!(
+                "job {job_id} is an application: an executor runs once (kill it; the target brings a new one)"
+            )));
         }
         if restart && self.jobs[&k].kill_requested {
             return Err(Error::Precondition(format!(

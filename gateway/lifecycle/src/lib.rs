@@ -19,6 +19,7 @@
 //! broken invariant is a crash, not a log line.
 
 mod admissible;
+mod apps;
 mod effects;
 mod error;
 mod hosts;
@@ -49,7 +50,7 @@ pub use admissible::never_admitted_reason;
 pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey};
 pub use error::Error;
 pub use model::{
-    Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId, N_STATES,
+    AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId, N_STATES,
     RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume, VolumePolicy,
     VolumeTemplate, legal,
 };
@@ -259,6 +260,37 @@ pub enum Input {
         /// Volume id.
         id: String,
     },
+    /// Cluster mode: the driver of an application job (its instance 0)
+    /// registers the executor's template.
+    AppRegister {
+        /// Job id.
+        id: String,
+        /// The executor.
+        executor: Box<TaskTemplate>,
+        /// At most this many executors at once.
+        max_executors: u32,
+    },
+    /// An application's executor target.
+    AppTarget {
+        /// Job id.
+        id: String,
+        /// Generation (a lower one than the current is dropped).
+        generation: u64,
+        /// Executors wanted.
+        total: u32,
+    },
+    /// Kill executors of an application.
+    AppKill {
+        /// Job id.
+        id: String,
+        /// Their instances.
+        instances: Vec<u32>,
+    },
+    /// An application ends.
+    AppUnregister {
+        /// Job id.
+        id: String,
+    },
     /// Run a scheduling cycle (entitlement, admission, placement,
     /// preemption).
     Cycle,
@@ -277,6 +309,15 @@ pub enum Answer {
     Job(JobKey),
     /// The job is gone.
     JobDeleted,
+    /// An application's target in force after a new one was offered.
+    Target {
+        /// The offered target was applied (or was the current one again).
+        applied: bool,
+        /// Target in force.
+        target: u32,
+        /// Its generation.
+        generation: u64,
+    },
 }
 
 /// Settings of the core.
@@ -382,6 +423,9 @@ pub struct Lifecycle {
     pin_dirty: FxHashSet<(JobKey, u32)>,
     /// Daemon jobs.
     daemon_jobs: std::collections::BTreeSet<JobKey>,
+    /// Application jobs whose target, executors or driver changed in this
+    /// step (reconciled at its end).
+    app_dirty: FxHashSet<JobKey>,
     /// Since when hosts holding volumes are seen down.
     down_since: FxHashMap<HostSlot, u64>,
     /// When a relocating job's volume may be given up next (kept by
@@ -419,6 +463,7 @@ impl Lifecycle {
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
             daemon_jobs: Default::default(),
+            app_dirty: FxHashSet::default(),
             down_since: FxHashMap::default(),
             volume_deadline: None,
             needs_cycle: true,
@@ -495,6 +540,18 @@ impl Lifecycle {
             Input::UpdateJob(request) => self.create_update(engine, *request, fx),
             Input::UpdateAction { id, action } => self.update_action(engine, &id, action, fx),
             Input::DeleteVolume { id } => self.delete_volume(engine, &id, fx),
+            Input::AppRegister {
+                id,
+                executor,
+                max_executors,
+            } => self.app_register(&id, *executor, max_executors, fx),
+            Input::AppTarget {
+                id,
+                generation,
+                total,
+            } => self.app_target(&id, generation, total),
+            Input::AppKill { id, instances } => self.app_kill(engine, &id, &instances, fx),
+            Input::AppUnregister { id } => self.app_unregister(engine, &id, fx),
             Input::Cycle => {
                 self.reconcile_daemons(engine, fx);
                 self.check_volume_hosts(engine, fx);
@@ -519,6 +576,7 @@ impl Lifecycle {
                 self.check_volume_hosts(engine, fx);
             }
         }
+        self.reconcile_apps(engine, fx);
         self.fill_all(engine, fx);
         self.sync_reservations(engine);
         self.derive_job_states(fx);

@@ -223,6 +223,10 @@ pub enum JobKind {
     /// A service with one instance on every host that matches its
     /// constraint: the instance count follows the cluster.
     Daemon,
+    /// A framework's application: executors (instances that run once)
+    /// follow a target the driver sets; an ended executor is replaced by a
+    /// new instance. Optionally instance 0 is the driver itself.
+    Application,
 }
 
 impl JobKind {
@@ -364,6 +368,38 @@ pub struct JobPlan {
     pub strategy: Strategy,
     /// Instances with a volume whose host is down.
     pub volume_policy: VolumePolicy,
+    /// Application jobs: how executors are kept.
+    pub app: Option<AppPlan>,
+}
+
+/// What an application job's plan says of its executors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppPlan {
+    /// At most this many executors not ended at once.
+    pub max_executors: u32,
+    /// Instance 0 is the driver (cluster mode); executors are 1, 2, …
+    pub driver_in_job: bool,
+    /// The executor's template is known (the default task): executors may
+    /// start. A cluster-mode job gets it when its driver registers.
+    pub registered: bool,
+}
+
+impl AppPlan {
+    /// The first executor's instance.
+    pub fn first_executor(&self) -> u32 {
+        u32::from(self.driver_in_job)
+    }
+}
+
+/// An application's state: the driver's target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppState {
+    /// Executors wanted (not ended).
+    pub target: u32,
+    /// Generation of the target (a lower one is stale).
+    pub generation: u64,
+    /// Unregistered (or its driver ended): no executor starts again.
+    pub closed: bool,
 }
 
 impl JobPlan {
@@ -525,6 +561,8 @@ pub struct Job {
     pub old_configs: std::collections::BTreeMap<u64, JobPlan>,
     /// The job's updates, oldest first (bounded).
     pub updates: VecDeque<Arc<str>>,
+    /// Application jobs: the target.
+    pub app: AppState,
 }
 
 impl Job {
@@ -599,4 +637,6 @@ pub struct JobRow {
     pub config: u64,
     /// The latest update.
     pub update: Option<Arc<str>>,
+    /// Application jobs: the target.
+    pub app: AppState,
 }

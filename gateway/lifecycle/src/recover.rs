@@ -236,6 +236,7 @@ impl Lifecycle {
             config: row.config,
             old_configs: rec.old_configs.into_iter().collect(),
             updates: Default::default(),
+            app: row.app,
         };
         // Runs whose end their host had not confirmed: (host, instance,
         // launch, restart once confirmed).
@@ -398,6 +399,7 @@ impl Lifecycle {
         for i in restart_now {
             let t = &self.jobs[&key].tasks[i as usize];
             if !self.jobs[&key].kill_requested
+                && !self.is_executor(key, i)
                 && matches!(t.state, S::Killed | S::Succeeded | S::Failed | S::Backoff)
             {
                 self.new_run(key, i, fx);
@@ -418,9 +420,14 @@ impl Lifecycle {
             if self.jobs[&key].kill_requested {
                 self.transition(key, i, S::Initialized, None, fx);
                 self.transition(key, i, S::Killed, None, fx);
+            } else if self.is_executor(key, i) {
+                self.retire_executor(key, i, fx);
             } else {
                 self.new_run(key, i, fx);
             }
+        }
+        if self.jobs[&key].plan.kind == super::JobKind::Application {
+            self.app_dirty.insert(key);
         }
         self.dirty_jobs.insert(key);
     }
@@ -437,6 +444,7 @@ impl Lifecycle {
             kill_requested: job.kill_requested,
             config: job.config,
             update: job.latest_update().cloned(),
+            app: job.app,
         })
     }
 

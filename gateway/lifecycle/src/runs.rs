@@ -87,6 +87,10 @@ impl Lifecycle {
             // this member, may let waiting instances go.
             self.need_fill.insert(k);
         }
+        if to.is_terminal() && job.plan.kind == JobKind::Application {
+            // An executor to replace, or a driver that ended.
+            self.app_dirty.insert(k);
+        }
         if let Some(r) = reason {
             t.reason = Some(r.into());
         }
@@ -607,6 +611,11 @@ impl Lifecycle {
         i: u32,
         fx: &mut Effects,
     ) {
+        if self.is_executor(k, i) {
+            // An executor runs once: a new instance replaces it.
+            self.retire_executor(k, i, fx);
+            return;
+        }
         self.new_run(k, i, fx);
         self.stop_gang(engine, k, i, true, fx);
     }
@@ -799,6 +808,15 @@ pub(super) fn derive(job: &Job) -> JobState {
             JobState::Pending
         };
     }
+    if job.plan.kind == JobKind::Application && !job.kill_requested && !job.app.closed {
+        // An application lives until it unregisters (or its driver ends),
+        // with or without executors.
+        return if c[S::Running as usize] > 0 || job.started {
+            JobState::Running
+        } else {
+            JobState::Pending
+        };
+    }
     if terminal == n && job.held > 0 {
         // Ended in our books; a host still has to confirm.
         if job.kill_requested {
@@ -809,6 +827,15 @@ pub(super) fn derive(job: &Job) -> JobState {
     } else if terminal == n {
         if job.kill_requested {
             JobState::Killed
+        } else if job.plan.kind == JobKind::Application {
+            // Unregistered: its driver's end is the application's (its
+            // executors were stopped on purpose).
+            let driver = job.plan.app.is_some_and(|a| a.driver_in_job);
+            match job.tasks.first().map(|t| t.state) {
+                Some(S::Failed) if driver => JobState::Failed,
+                Some(S::Killed) if driver => JobState::Killed,
+                _ => JobState::Succeeded,
+            }
         } else if c[S::Failed as usize] > 0 {
             JobState::Failed
         } else if c[S::Killed as usize] > 0 {

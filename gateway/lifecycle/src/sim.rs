@@ -182,6 +182,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         max_unavailable: 1,
         strategy: Strategy::FirstFit,
         volume_policy: crate::VolumePolicy::default(),
+        app: None,
     }
 }
 
