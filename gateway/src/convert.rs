@@ -210,7 +210,9 @@ pub fn pool_path(field: &str, value: &str) -> Result<(), Status> {
     bounded(field, value, MAX_POOL_PATH_BYTES)
 }
 
-use crate::lifecycle::{Health, JobKind, JobState, LaunchId, RunRecord, TaskState, VolumePolicy};
+use crate::lifecycle::{
+    AppPlan, Health, JobKind, JobState, LaunchId, RunRecord, TaskState, VolumePolicy,
+};
 pub use crate::lifecycle::{JobPlan, RestartPolicy, TaskTemplate};
 
 fn amount(field: &str, value: f64, scale: f64) -> Result<u64, Status> {
@@ -386,6 +388,11 @@ fn list(field: &str, len: usize, limits: &Limits) -> Result<(), Status> {
     Ok(())
 }
 
+/// Signals a task may ask to be stopped with (before SIGKILL).
+pub const STOP_SIGNALS: [&str; 7] = [
+    "SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGPWR",
+];
+
 /// Validates a task spec (`field` is its path in the request).
 pub fn task_template(
     field: &str,
@@ -409,6 +416,22 @@ pub fn task_template(
     }
     string(&format!("{field}.command"), &spec.command, limits)?;
     string(&format!("{field}.shell"), &spec.shell, limits)?;
+    if !spec.stop_signal.is_empty() && !STOP_SIGNALS.contains(&spec.stop_signal.as_str()) {
+        return Err(invalid(
+            &format!("{field}.stop_signal"),
+            format!(
+                "{} is not one of {}",
+                shown(&spec.stop_signal),
+                STOP_SIGNALS.join(", ")
+            ),
+        ));
+    }
+    if pb::MemoryLimit::try_from(spec.memory_limit).is_err() {
+        return Err(invalid(
+            &format!("{field}.memory_limit"),
+            format!("unknown kind {}", spec.memory_limit),
+        ));
+    }
     list(&format!("{field}.args"), spec.args.len(), limits)?;
     for (i, a) in spec.args.iter().enumerate() {
         string(&format!("{field}.args[{i}]"), a, limits)?;
@@ -817,6 +840,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         // A stateful job is a service whose instances own volumes.
         Ok(pb::JobType::Service | pb::JobType::Stateful) => JobKind::Service,
         Ok(pb::JobType::Daemon) => JobKind::Daemon,
+        Ok(pb::JobType::Application) => JobKind::Application,
         Err(_) => {
             return Err(invalid(
                 "spec.type",
@@ -835,7 +859,19 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     }
     pool_path("spec.pool", &spec.pool)?;
     let daemon = kind == JobKind::Daemon;
-    if spec.instance_count == 0 && !daemon {
+    let application = kind == JobKind::Application;
+    let app = if application {
+        Some(app_plan(spec, limits)?)
+    } else {
+        if spec.application.is_some() {
+            return Err(invalid(
+                "spec.application",
+                "only application jobs (type APPLICATION) have one",
+            ));
+        }
+        None
+    };
+    if spec.instance_count == 0 && !daemon && !application {
         return Err(invalid("spec.instance_count", "must be at least 1"));
     }
     if spec.instance_count > limits.max_instances_per_job {
@@ -907,7 +943,9 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             limits,
         )?;
         t.constraint = with_host_pool(&t.constraint, host_pool);
-        if t.revocable != default.revocable || t.controller != default.controller {
+        // An application's driver (instance 0) differs from its executors.
+        let driver = app.is_some_and(|a| a.driver_in_job) && o.instance == 0;
+        if !driver && (t.revocable != default.revocable || t.controller != default.controller) {
             return Err(invalid(
                 &format!("spec.overrides[{i}].spec"),
                 "revocable and controller must match the default task",
@@ -922,7 +960,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     }
     let sla = spec.sla.unwrap_or_default();
     let gang = sla.min_running_instances.max(1);
-    if gang > spec.instance_count && !daemon {
+    if gang > spec.instance_count && !daemon && !application {
         return Err(invalid(
             "spec.sla.min_running_instances",
             format!(
@@ -992,6 +1030,50 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             },
             relocate: stateful.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
         },
+        app,
+    })
+}
+
+/// Executors of an application when it names no bound.
+pub const DEFAULT_MAX_EXECUTORS: u32 = 1000;
+
+/// An application job's plan. A job created through `JobService.Create`
+/// is a cluster-mode job: its one instance is the driver, and it is
+/// registered once the driver gave its URL (and executor).
+fn app_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<AppPlan, Status> {
+    let a = spec.application.clone().unwrap_or_default();
+    bounded("spec.application.driver_url", &a.driver_url, MAX_NAME_BYTES)?;
+    if a.max_executors > limits.max_instances_per_job {
+        return Err(invalid(
+            "spec.application.max_executors",
+            format!(
+                "{} is more than the limit of {} instances per job",
+                a.max_executors, limits.max_instances_per_job
+            ),
+        ));
+    }
+    let max_executors = if a.max_executors == 0 {
+        DEFAULT_MAX_EXECUTORS.min(limits.max_instances_per_job)
+    } else {
+        a.max_executors
+    };
+    let registered = !a.driver_url.is_empty();
+    if a.driver_in_job && !registered && spec.instance_count != 1 {
+        return Err(invalid(
+            "spec.instance_count",
+            "an application job starts with one instance, its driver; its executors follow the target the driver sets",
+        ));
+    }
+    if !a.driver_in_job && !registered {
+        return Err(invalid(
+            "spec.application.driver_url",
+            "an application without a driver task is made by ApplicationService.Register",
+        ));
+    }
+    Ok(AppPlan {
+        max_executors,
+        driver_in_job: a.driver_in_job,
+        registered,
     })
 }
 

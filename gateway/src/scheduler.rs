@@ -16,6 +16,7 @@
 //! A failed commit stops the process: memory is ahead of the store and a
 //! restart recovers from the store. The clock is read here and passed in.
 
+mod apps;
 mod hostpools;
 mod persist;
 mod reads;
@@ -44,12 +45,16 @@ pub use crate::lifecycle::JobAction;
 /// A reply channel.
 pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
 
+pub use apps::AppCommand;
+
 /// Events of one commit, as published to watchers.
 pub type EventBatch = Arc<Vec<pb::Event>>;
 
 /// A request to the loop.
 #[derive(Debug)]
 pub enum Command {
+    /// An application command.
+    App(AppCommand),
     /// Create a pool.
     CreatePool {
         /// Path.
@@ -803,6 +808,7 @@ impl Scheduler {
 
     fn handle(&mut self, c: Command) {
         match c {
+            Command::App(c) => self.handle_app(c),
             Command::CreatePool {
                 path,
                 config,

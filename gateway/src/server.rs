@@ -150,6 +150,9 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
     health_reporter
         .set_serving::<pb::volume_service_server::VolumeServiceServer<Api>>()
         .await;
+    health_reporter
+        .set_serving::<pb::application_service_server::ApplicationServiceServer<Api>>()
+        .await;
     // Both reflection protocols: released grpcurl, grpc_cli and Python
     // tools still ask v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
@@ -197,6 +200,11 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         ))
         .add_service(public!(
             pb::host_pool_service_server::HostPoolServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ))
+        .add_service(public!(
+            pb::application_service_server::ApplicationServiceServer::new(api.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ))
         .add_service(public!(

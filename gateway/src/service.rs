@@ -26,6 +26,8 @@ use crate::metrics::Metrics;
 use crate::scheduler::{Command, JobAction, Reply};
 use crate::store::Store;
 
+mod apps;
+
 /// Handlers of every service.
 #[derive(Clone, Debug)]
 pub struct Api {
@@ -250,6 +252,7 @@ impl JobService for Api {
             .into_inner()
             .spec
             .ok_or_else(|| convert::invalid("spec", "missing"))?;
+        let spec = apps::cluster_mode_spec(spec)?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         let job = self
             .call(|reply| Command::CreateJob {

@@ -497,7 +497,11 @@ mod tests {
         // The driver exits: its executors are stopped, the job succeeds.
         let (host, key) = sim.current("d", 0).expect("driver");
         sim.end_run(&host, key.launch, RunPhase::Succeeded, 0);
-        assert_eq!(job_state(&sim, "d"), JobState::Running, "executors stopping");
+        assert_eq!(
+            job_state(&sim, "d"),
+            JobState::Running,
+            "executors stopping"
+        );
         sim.confirm_kills(None);
         assert_eq!(job_state(&sim, "d"), JobState::Succeeded);
         assert_eq!(

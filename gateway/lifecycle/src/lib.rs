@@ -50,9 +50,9 @@ pub use admissible::never_admitted_reason;
 pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey};
 pub use error::Error;
 pub use model::{
-    AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId, N_STATES,
-    RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume, VolumePolicy,
-    VolumeTemplate, legal,
+    AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId,
+    N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume,
+    VolumePolicy, VolumeTemplate, legal,
 };
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};

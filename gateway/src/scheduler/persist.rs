@@ -10,8 +10,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::convert::{self, Limits};
 use crate::lifecycle::{
-    Event, EventKind, JobKey, JobRow, LaunchId, Lifecycle, Recovered, RecoveredHost, RecoveredJob,
-    RecoveredVolume, RowKey, TaskRow,
+    AppState, Event, EventKind, JobKey, JobKind, JobRow, LaunchId, Lifecycle, Recovered,
+    RecoveredHost, RecoveredJob, RecoveredVolume, RowKey, TaskRow,
 };
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
@@ -202,7 +202,11 @@ pub(super) fn rows(
             }
             RowKey::Config(k, v) => {
                 let Some(job) = core.job(k) else { continue };
-                if let Some(spec) = specs.get(&k).and_then(|s| s.get(&v)) {
+                if let Some(spec) = specs.get_mut(&k).and_then(|s| s.get_mut(&v)) {
+                    if job.plan.kind == JobKind::Application && v == job.config {
+                        // Its executors are its instances: the count grows.
+                        spec.instance_count = job.plan.instance_count;
+                    }
                     batch
                         .configs
                         .push(((job.id.clone(), v), Some(spec.encode_to_vec())));
@@ -381,6 +385,14 @@ pub(super) fn recovered(
                 kill_requested: status.kill_requested,
                 config,
                 update: (!status.update_id.is_empty()).then(|| status.update_id.as_str().into()),
+                app: status
+                    .application
+                    .map(|a| AppState {
+                        target: a.target,
+                        generation: a.generation,
+                        closed: a.unregistered,
+                    })
+                    .unwrap_or_default(),
             },
             plan,
             old_configs,

@@ -172,10 +172,13 @@ pub(super) fn job_to_pb(
 ) -> pb::Job {
     let job = core.job(k).expect("live job");
     let mut spec = specs.and_then(|s| s.get(&job.config)).cloned();
-    if job.plan.kind == crate::lifecycle::JobKind::Daemon
-        && let Some(s) = &mut spec
+    if matches!(
+        job.plan.kind,
+        crate::lifecycle::JobKind::Daemon | crate::lifecycle::JobKind::Application
+    ) && let Some(s) = &mut spec
     {
-        // A daemon's count follows the hosts it matches.
+        // A daemon's count follows the hosts it matches, an application's
+        // its executors.
         s.instance_count = job.plan.instance_count;
     }
     if let (Some(spec), Some(secrets)) = (spec.as_mut(), secrets) {
@@ -204,6 +207,12 @@ pub(super) fn job_to_pb(
                 .latest_update()
                 .map(|u| u.to_string())
                 .unwrap_or_default(),
+            application: job.plan.app.map(|a| pb::ApplicationStatus {
+                target: job.app.target,
+                generation: job.app.generation,
+                registered: a.registered,
+                unregistered: job.app.closed,
+            }),
         }),
         version: job.version,
     }
@@ -499,7 +508,7 @@ pub(super) fn get_task(
     Ok(task)
 }
 
-fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String {
+pub(super) fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String {
     let report = engine.report();
     match t.state {
         S::Initialized => {

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use pb::application_service_client::ApplicationServiceClient;
 use pb::host_pool_service_client::HostPoolServiceClient;
 use pb::host_service_client::HostServiceClient;
 use pb::job_service_client::JobServiceClient;
@@ -35,6 +36,7 @@ pub struct Clients {
     pub watch: WatchServiceClient<Channel>,
     pub updates: UpdateServiceClient<Channel>,
     pub host_pools: HostPoolServiceClient<Channel>,
+    pub apps: ApplicationServiceClient<Channel>,
 }
 
 impl Clients {
@@ -59,6 +61,7 @@ impl Clients {
             hosts: HostServiceClient::new(channel.clone()),
             updates: UpdateServiceClient::new(channel.clone()),
             host_pools: HostPoolServiceClient::new(channel.clone()),
+            apps: ApplicationServiceClient::new(channel.clone()),
             watch: WatchServiceClient::new(channel),
         }
     }

@@ -211,6 +211,21 @@ pub(crate) fn signal_all(pids: &[u32], signal: Signal) {
 }
 
 /// SIGKILL to each pid.
+/// Resident memory of these processes in all, in bytes (from
+/// `/proc/PID/statm`; processes gone meanwhile count nothing).
+pub(crate) fn resident_bytes(pids: &[u32]) -> u64 {
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| u64::try_from(p).ok())
+        .unwrap_or(4096);
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/statm")).ok())
+        .filter_map(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages.saturating_mul(page))
+        .sum()
+}
+
 pub(crate) fn kill_all(pids: &[u32]) {
     signal_all(pids, Signal::SIGKILL);
 }

@@ -231,6 +231,17 @@ pub(crate) struct RunRecord {
     /// the task's `kill_grace_period_ms` (records older than it: the API's default).
     #[serde(default = "default_kill_grace_ms")]
     pub(crate) kill_grace_ms: u64,
+    /// The signal that asks the task to stop before SIGKILL (`None`:
+    /// SIGTERM): the task's `stop_signal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) stop_signal: Option<i32>,
+    /// Resident memory the agent lets the task's processes use in all
+    /// (rlimit isolation with `MEMORY_LIMIT_RESIDENT`), in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) resident_limit_bytes: Option<u64>,
+    /// The agent killed the run itself, and why (its memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) killed_by_agent: Option<String>,
 }
 
 /// The API's kill grace period when a task sets none.
@@ -374,6 +385,9 @@ mod tests {
             volume: None,
             generation: 0,
             kill_grace_ms: DEFAULT_KILL_GRACE_MS,
+            stop_signal: None,
+            resident_limit_bytes: None,
+            killed_by_agent: None,
         };
         write_run(dir.path(), &mut record).unwrap();
         record.kill_requested = true;

@@ -505,6 +505,13 @@ impl Supervisor {
                     0 => DEFAULT_KILL_GRACE_MS,
                     ms => ms,
                 },
+                stop_signal: launch
+                    .spec
+                    .as_ref()
+                    .and_then(|s| stop_signal(&s.stop_signal))
+                    .map(|sig| sig as i32),
+                resident_limit_bytes: None,
+                killed_by_agent: None,
             },
             dir,
         );
@@ -631,6 +638,11 @@ impl Supervisor {
             cgroup: None,
         };
         match &self.config.isolation {
+            Isolation::Rlimit if spec.memory_limit == v1::MemoryLimit::Resident as i32 => {
+                // A JVM reserves far more address space than it uses: the
+                // agent watches what it really holds instead.
+                run.record.resident_limit_bytes = isolation::memory_bytes(resources.memory_mb);
+            }
             Isolation::Rlimit => {
                 plan.address_space_bytes = isolation::memory_bytes(resources.memory_mb);
             }
@@ -822,7 +834,14 @@ impl Supervisor {
         }
         match record::read_json::<ExitRecord>(&run.dir.join(EXIT_FILE)) {
             Ok(exit) => {
-                let report = final_report(&exit, run.record.kill_requested);
+                let mut report = final_report(&exit, run.record.kill_requested);
+                if let Some(why) = &run.record.killed_by_agent
+                    && report.phase != Phase::Succeeded
+                {
+                    report.phase = Phase::Failed;
+                    report.oom_killed = true;
+                    report.reason = why.clone();
+                }
                 self.end(run, report);
                 return;
             }
@@ -846,6 +865,25 @@ impl Supervisor {
             };
             self.end(run, report);
             return;
+        }
+        if !run.record.kill_requested
+            && run.record.killed_by_agent.is_none()
+            && let Some(limit) = run.record.resident_limit_bytes
+            && let Some(wrapper) = run.record.wrapper
+        {
+            let pids = procs.get().descendants(wrapper.pid);
+            let used = proc::resident_bytes(&pids);
+            if used > limit {
+                let why = format!(
+                    "memory limit exceeded: its processes held {} MiB resident, above its memory_mb {}",
+                    used >> 20,
+                    limit >> 20
+                );
+                tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
+                run.record.killed_by_agent = Some(why);
+                persist(run);
+                proc::kill_all(&pids);
+            }
         }
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
             sweep(run, now, procs);
@@ -1139,11 +1177,31 @@ fn terminate(run: &Run, procs: &mut LazySnapshot) {
     let Some(wrapper) = run.record.wrapper.filter(ProcessIdentity::is_alive) else {
         return;
     };
-    wrapper.signal_group(Signal::SIGTERM);
-    proc::signal_all(&procs.get().descendants(wrapper.pid), Signal::SIGTERM);
+    let signal = run
+        .record
+        .stop_signal
+        .and_then(|n| Signal::try_from(n).ok())
+        .unwrap_or(Signal::SIGTERM);
+    // The wrapper blocks every stop signal; the task gets it.
+    wrapper.signal_group(signal);
+    proc::signal_all(&procs.get().descendants(wrapper.pid), signal);
     if let Some(cgroup) = &run.record.cgroup {
-        proc::signal_all(&isolation::cgroup_pids(cgroup), Signal::SIGTERM);
+        proc::signal_all(&isolation::cgroup_pids(cgroup), signal);
     }
+}
+
+/// A task's `stop_signal` (empty: none, so SIGTERM). The server accepts
+/// only these names.
+fn stop_signal(name: &str) -> Option<Signal> {
+    Some(match name {
+        "SIGINT" => Signal::SIGINT,
+        "SIGQUIT" => Signal::SIGQUIT,
+        "SIGHUP" => Signal::SIGHUP,
+        "SIGUSR1" => Signal::SIGUSR1,
+        "SIGUSR2" => Signal::SIGUSR2,
+        "SIGPWR" => Signal::SIGPWR,
+        _ => return None,
+    })
 }
 
 /// SIGKILL to everything of the run but its wrapper — its cgroup, the

@@ -99,7 +99,17 @@ fn supervise(sandbox: &Path) -> ExitRecord {
         );
     }
     let mut blocked = SigSet::empty();
-    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    // Every signal a task may be stopped with (`stop_signal`): the wrapper
+    // must outlive the task to record its exit.
+    for signal in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGPWR,
+    ] {
         blocked.add(signal);
     }
     if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None) {

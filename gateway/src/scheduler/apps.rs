@@ -1,0 +1,299 @@
+//! The application API on the loop thread: registration (a new job, or the
+//! driver's own job in cluster mode), targets, kills, unregistration, and
+//! an application as the API shows it.
+
+use peloton_proto::v1 as pb;
+use tonic::Status;
+
+use super::{Reply, Scheduler, Specs, reads};
+use crate::convert::{self, TaskTemplate};
+use crate::lifecycle::{Answer, Input, JobKey, JobKind, TaskState as S};
+use crate::status::status;
+
+/// At most this many executors are listed in an application.
+pub const MAX_LISTED_EXECUTORS: usize = 1000;
+
+/// An application command, validated by the service.
+#[derive(Debug)]
+pub enum AppCommand {
+    /// A new application job (client mode).
+    Create {
+        /// Its job spec (type APPLICATION, no instances).
+        spec: Box<pb::JobSpec>,
+        /// Validated.
+        plan: Box<convert::JobPlan>,
+        /// Reply.
+        reply: Reply<pb::Application>,
+    },
+    /// The driver of an application job registers (cluster mode).
+    Attach {
+        /// The job.
+        id: String,
+        /// The executor as sent.
+        executor: Box<pb::TaskSpec>,
+        /// Validated.
+        template: Box<TaskTemplate>,
+        /// The driver's URL.
+        driver_url: String,
+        /// Bound on executors.
+        max_executors: u32,
+        /// Reply.
+        reply: Reply<pb::Application>,
+    },
+    /// Read one.
+    Get {
+        /// The job.
+        id: String,
+        /// Reply.
+        reply: Reply<pb::Application>,
+    },
+    /// A new target.
+    Target {
+        /// The job.
+        id: String,
+        /// Generation.
+        generation: u64,
+        /// Executors wanted.
+        total: u32,
+        /// Reply.
+        reply: Reply<pb::SetExecutorTargetResponse>,
+    },
+    /// Kill executors by id.
+    Kill {
+        /// The job.
+        id: String,
+        /// Executor ids as sent.
+        executor_ids: Vec<String>,
+        /// Reply.
+        reply: Reply<pb::KillExecutorsResponse>,
+    },
+    /// The application ends.
+    Unregister {
+        /// The job.
+        id: String,
+        /// Reply.
+        reply: Reply<pb::Application>,
+    },
+}
+
+impl Scheduler {
+    pub(super) fn handle_app(&mut self, c: AppCommand) {
+        match c {
+            AppCommand::Create { spec, plan, reply } => {
+                let r = self
+                    .create_job(*spec, *plan)
+                    .and_then(|job| self.app_of(&job.id));
+                self.defer(reply, r);
+            }
+            AppCommand::Attach {
+                id,
+                executor,
+                template,
+                driver_url,
+                max_executors,
+                reply,
+            } => {
+                let r = self
+                    .attach(&id, *executor, *template, driver_url, max_executors)
+                    .and_then(|()| self.app_of(&id));
+                self.defer(reply, r);
+            }
+            AppCommand::Get { id, reply } => {
+                let r = self.app_of(&id);
+                self.defer(reply, r);
+            }
+            AppCommand::Target {
+                id,
+                generation,
+                total,
+                reply,
+            } => {
+                let r = self
+                    .apply(Input::AppTarget {
+                        id,
+                        generation,
+                        total,
+                    })
+                    .map(|a| match a {
+                        Answer::Target {
+                            applied,
+                            target,
+                            generation,
+                        } => pb::SetExecutorTargetResponse {
+                            applied,
+                            target,
+                            generation,
+                        },
+                        other => unreachable!("a target answers Target, not {other:?}"),
+                    });
+                self.defer(reply, r);
+            }
+            AppCommand::Kill {
+                id,
+                executor_ids,
+                reply,
+            } => {
+                let r = self.kill_executors(id, executor_ids);
+                self.defer(reply, r);
+            }
+            AppCommand::Unregister { id, reply } => {
+                let r = self
+                    .apply(Input::AppUnregister { id: id.clone() })
+                    .and_then(|_| self.app_of(&id));
+                self.defer(reply, r);
+            }
+        }
+    }
+
+    fn app_key(&self, id: &str) -> Result<JobKey, Status> {
+        let k = self.core.job_key(id).map_err(status)?;
+        if self
+            .core
+            .job(k)
+            .is_some_and(|j| j.plan.kind != JobKind::Application)
+        {
+            return Err(Status::failed_precondition(format!(
+                "job {} is not an application job",
+                convert::shown(id)
+            )));
+        }
+        Ok(k)
+    }
+
+    /// Cluster mode: the driver's job takes the executor; its stored spec
+    /// keeps the driver as instance 0's own task.
+    fn attach(
+        &mut self,
+        id: &str,
+        executor: pb::TaskSpec,
+        template: TaskTemplate,
+        driver_url: String,
+        max_executors: u32,
+    ) -> Result<(), Status> {
+        let k = self.app_key(id)?;
+        let max_executors = if max_executors == 0 {
+            convert::DEFAULT_MAX_EXECUTORS.min(self.core.config().max_instances_per_job)
+        } else {
+            max_executors
+        };
+        self.apply(Input::AppRegister {
+            id: id.to_string(),
+            executor: Box::new(template),
+            max_executors,
+        })?;
+        let config = self.core.job(k).expect("live").config;
+        let spec = self
+            .specs
+            .get_mut(&k)
+            .and_then(|s| s.get_mut(&config))
+            .expect("a live job has its spec");
+        let app = spec.application.get_or_insert_with(Default::default);
+        if app.driver_url.is_empty() {
+            let driver = spec.default_task.take();
+            spec.overrides.retain(|o| o.instance != 0);
+            spec.overrides.push(pb::InstanceOverride {
+                instance: 0,
+                spec: driver,
+            });
+        }
+        let app = spec.application.get_or_insert_with(Default::default);
+        app.driver_url = driver_url;
+        app.max_executors = max_executors;
+        app.driver_in_job = true;
+        spec.default_task = Some(executor);
+        Ok(())
+    }
+
+    fn kill_executors(
+        &mut self,
+        id: String,
+        executor_ids: Vec<String>,
+    ) -> Result<pb::KillExecutorsResponse, Status> {
+        let k = self.app_key(&id)?;
+        let job = self.core.job(k).expect("live");
+        let first = job.plan.app.map_or(0, |a| a.first_executor());
+        let n = job.tasks.len() as u32;
+        let mut out = pb::KillExecutorsResponse::default();
+        let mut instances = Vec::new();
+        for e in executor_ids {
+            match e.parse::<u32>() {
+                Ok(i) if i >= first && i < n && e == i.to_string() => {
+                    instances.push(i);
+                    out.killed.push(e);
+                }
+                _ => out.unknown.push(convert::shown(&e)),
+            }
+        }
+        if !instances.is_empty() {
+            self.apply(Input::AppKill { id, instances })?;
+        }
+        Ok(out)
+    }
+
+    /// An application as the API shows it.
+    pub(super) fn app_of(&self, id: &str) -> Result<pb::Application, Status> {
+        let k = self.app_key(id)?;
+        Ok(app_to_pb(
+            &self.engine,
+            &self.core,
+            k,
+            self.specs.get(&k),
+            self.core.revision(),
+        ))
+    }
+}
+
+fn app_to_pb(
+    engine: &peloton_engine::Engine,
+    core: &crate::lifecycle::Lifecycle,
+    k: JobKey,
+    specs: Option<&Specs>,
+    revision: u64,
+) -> pb::Application {
+    let job = core.job(k).expect("live");
+    let plan = job.plan.app.unwrap_or_default();
+    let spec = specs.and_then(|s| s.get(&job.config));
+    let driver_url = spec
+        .and_then(|s| s.application.as_ref())
+        .map(|a| a.driver_url.clone())
+        .unwrap_or_default();
+    let mut app = pb::Application {
+        id: job.id.to_string(),
+        name: spec.map(|s| s.name.clone()).unwrap_or_default(),
+        pool: job.plan.pool.to_string(),
+        driver_url,
+        target: job.app.target,
+        generation: job.app.generation,
+        max_executors: plan.max_executors,
+        registered: plan.registered,
+        unregistered: job.app.closed,
+        state: convert::job_state_to_pb(job.state) as i32,
+        revision,
+        driver_in_job: plan.driver_in_job,
+        ..Default::default()
+    };
+    for i in plan.first_executor()..job.tasks.len() as u32 {
+        let t = &job.tasks[i as usize];
+        if t.state.is_terminal() {
+            app.exited += 1;
+            continue;
+        }
+        if t.state == S::Running {
+            app.running += 1;
+        } else {
+            app.pending += 1;
+        }
+        if app.executors.len() < MAX_LISTED_EXECUTORS {
+            app.executors.push(pb::Executor {
+                id: i.to_string(),
+                state: convert::task_state_to_pb(t.state) as i32,
+                host: t
+                    .host
+                    .map(|h| core.host_name(h).to_string())
+                    .unwrap_or_default(),
+                pending_reason: reads::pending_reason(engine, job, i, t),
+            });
+        }
+    }
+    app
+}
