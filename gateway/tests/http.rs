@@ -582,7 +582,8 @@ async fn every_route_reaches_its_service() {
             .replace("{id}", "nope")
             .replace("{job_id}", "nope")
             .replace("{name}", "nope")
-            .replace("{to}", "nope");
+            .replace("{to}", "nope")
+            .replace("{app_id}", "nope");
         assert!(!path.contains('{'), "{path}");
         let body = (verb == "POST" || verb == "PUT").then(|| json!({}));
         let a = http.call(verb, &path, body).await;

@@ -8,6 +8,7 @@
 mod e2e;
 mod history;
 mod launch;
+mod spark;
 mod trace;
 mod update;
 
@@ -223,6 +224,28 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Spark-like executors through the application API: a target jump
+    /// 0 → N on a fresh application, on simulated hosts (time to the first
+    /// and to all N running) and on local agents with this bench as the
+    /// driver (time to the first and all N executors registered back over
+    /// TCP); then unregister and check every executor ended.
+    Spark {
+        /// Simulated hosts of the first part (0 skips it).
+        #[arg(long, default_value_t = 100)]
+        hosts: u32,
+        /// Local agents of the second part (0 skips it).
+        #[arg(long, default_value_t = 3)]
+        agents: u32,
+        /// The executor target.
+        #[arg(long, default_value_t = 100)]
+        executors: u32,
+        /// Longest wait of any phase, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_s: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -382,6 +405,24 @@ fn main() -> Result<()> {
                 batch_size,
             }))?;
             print(&report, json, "update");
+        }
+        Command::Spark {
+            hosts,
+            agents,
+            executors,
+            timeout_s,
+            json,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(spark::run(spark::SparkOptions {
+                hosts,
+                agents,
+                executors,
+                timeout: Duration::from_secs(timeout_s),
+            }))?;
+            print(&report, json, "spark");
         }
         Command::Demo { common } => {
             if !common.json {

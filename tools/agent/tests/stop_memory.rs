@@ -1,0 +1,96 @@
+//! A task's `stop_signal` and `memory_limit: RESIDENT` on real agents:
+//! a kill sends the task its own signal first (Spark executors
+//! decommission on SIGPWR), and a task held to its resident memory runs a
+//! JVM that an address-space limit would not let start, and is killed
+//! when what it really holds goes above its `memory_mb`.
+
+mod common;
+
+use common::{Cluster, eventually, job, task_spec};
+use peloton_proto::v1 as pb;
+use pb::TaskState as T;
+
+/// Whether `java` can be run here (CI installs a JDK; a machine without one
+/// skips the JVM case unless `PELOTON_REQUIRE_SPARK` is set).
+fn have_java() -> bool {
+    let ok = std::process::Command::new("java")
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok && std::env::var_os("PELOTON_REQUIRE_SPARK").is_some() {
+        panic!("java is required (PELOTON_REQUIRE_SPARK is set) but cannot be run");
+    }
+    ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_sends_the_tasks_own_stop_signal_before_sigkill() {
+    let mut cluster = Cluster::start(1).await;
+    cluster.wait_hosts_up(1).await;
+    let mut task = task_spec(
+        "exec perl -e '$| = 1; $SIG{PWR} = sub { print \"decommissioning\\n\"; exit 0 }; \
+         $SIG{TERM} = sub { print \"term\\n\"; exit 0 }; print \"ready\\n\"; sleep 1 while 1'",
+    );
+    task.stop_signal = "SIGPWR".into();
+    task.kill_grace_period_ms = 60_000;
+    let id = cluster.create(job("pwr", 1, task)).await;
+    eventually("the task ready", async || {
+        cluster.logs(&id, 0, false).await.contains("ready").then_some(())
+    })
+    .await;
+    let started = std::time::Instant::now();
+    cluster.kill_job(&id).await;
+    cluster.wait_job(&id, pb::JobState::Killed).await;
+    // It ended on its own signal, long before the grace period.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let out = cluster.logs(&id, 0, false).await;
+    assert!(out.contains("decommissioning"), "{out}");
+    assert!(!out.contains("term"), "{out}");
+    let _ = &mut cluster;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resident_limit_lets_a_jvm_start_and_stops_a_task_that_holds_too_much() {
+    let mut cluster = Cluster::start(1).await;
+    cluster.wait_hosts_up(1).await;
+    let isolation = cluster.hosts().await[0].isolation.clone();
+
+    // Holds 300 MiB for real under a limit of 128 MiB: killed, FAILED, and
+    // the reason says so.
+    let mut hog = task_spec(
+        "exec perl -e '$x = \"a\" x (300 * 1024 * 1024); print \"holding\\n\"; sleep 60'",
+    );
+    hog.resources.as_mut().expect("resources").memory_mb = 128.0;
+    hog.memory_limit = pb::MemoryLimit::Resident as i32;
+    let id = cluster.create(job("hog", 1, hog)).await;
+    cluster.wait_job(&id, pb::JobState::Failed).await;
+    let t = cluster.task(&id, 0).await.expect("task");
+    let run = t.current.expect("run");
+    assert_eq!(run.state(), T::Failed, "{run:?}");
+    if isolation.starts_with("rlimit") {
+        assert!(
+            run.reason.contains("memory limit exceeded"),
+            "{isolation}: {run:?}"
+        );
+    }
+
+    if !have_java() {
+        eprintln!("SKIPPED the JVM half: no java here");
+        return;
+    }
+    // A JVM under 256 MiB: RESIDENT runs it; an address-space limit (the
+    // rlimit default) does not even let it start.
+    let java = "exec java -Xmx64m -XX:+UseSerialGC -version";
+    let mut jvm = task_spec(java);
+    jvm.memory_limit = pb::MemoryLimit::Resident as i32;
+    let id = cluster.create(job("jvm", 1, jvm)).await;
+    cluster.wait_job(&id, pb::JobState::Succeeded).await;
+    let err = cluster.logs(&id, 0, true).await;
+    assert!(err.contains("version"), "{err}");
+    if isolation.starts_with("rlimit") {
+        let mut spec = job("jvm-as", 1, task_spec(java));
+        spec.default_task.as_mut().expect("task").restart = None;
+        let id = cluster.create(spec).await;
+        cluster.wait_job(&id, pb::JobState::Failed).await;
+    }
+}
