@@ -16,7 +16,11 @@
 //!    - `sim_first_running_s` / `sim_all_running_s`: to the first / the N-th
 //!      distinct `launched` event of the stream (an executor is RUNNING);
 //!    - `sim_executors_per_s`: N / `sim_all_running_s`;
-//!    - `sim_target_call_ms`: the `SetExecutorTarget` call itself.
+//!    - `sim_target_call_ms`: the `SetExecutorTarget` call itself;
+//!    - `sim_pending_events`: `pending` events seen on the way;
+//!    - `sim_unregister_all_exited_s`: from the `Unregister` call until every
+//!      executor has an `exited` event (KILLED) and `Get` shows none running
+//!      or pending.
 //! 2. Local agents (`local_*`, skipped with `--agents 0`): `pelotond` without
 //!    simulated hosts plus `--agents` `peloton-agent` processes on fresh
 //!    temporary work dirs, each offered an equal share of this machine's
@@ -32,7 +36,11 @@
 //!      the N-th distinct id received by the driver (TCP);
 //!    - `local_registered_per_s`: N / `local_all_registered_s`;
 //!    - `local_first_running_s` / `local_all_running_s`: the same from the
-//!      stream's `launched` events;
+//!      stream's `launched` events (an agent sees a run has started at its
+//!      next look, `--poll-interval-ms`, 200 ms by default: these trail the
+//!      registrations by about that much);
+//!    - `local_target_call_ms`, `local_pending_events`: as above;
+//!    - `local_agent_resources`: what each agent offered;
 //!    - `local_unregister_all_exited_s`: from the `Unregister` call until
 //!      every executor has an `exited` event and every driver connection
 //!      is closed (then `Get` must show none running or pending);
@@ -43,7 +51,8 @@
 //! A wait longer than `--timeout-s` fails the run with what was seen (and
 //! the last pending reason); an executor that exits while the target rises
 //! fails it too. Started processes are stopped (SIGTERM, then SIGKILL) and
-//! temporary dirs removed, whatever happens.
+//! temporary dirs removed on success and on error; if the bench itself is
+//! killed, the agents still stop their executors (`--exit-with-parent`).
 //!
 //! ```sh
 //! cargo build --release -p peloton-gateway -p peloton-agent -p peloton-bench
@@ -91,6 +100,9 @@ pub async fn run(o: SparkOptions) -> Result<Value> {
         o.hosts > 0 || o.agents > 0,
         "--hosts 0 and --agents 0: nothing to measure"
     );
+    if o.agents > 0 {
+        agent_share(&o)?;
+    }
     let mut report = Map::new();
     report.insert("benchmark".into(), json!("spark"));
     report.insert("executors".into(), json!(o.executors));
@@ -165,8 +177,10 @@ async fn simulated(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<
     Ok(())
 }
 
-/// Part 2: local agents, the bench being the driver.
-async fn local(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> {
+/// What each local agent offers (cpu, MiB): an equal share of this
+/// machine's cores and of half its memory; an error if the executors do
+/// not fit.
+fn agent_share(o: &SparkOptions) -> Result<(f64, f64)> {
     let cores = std::thread::available_parallelism().map_or(2, |c| c.get()) as f64;
     let memory_mb = mem_total_mb().unwrap_or(8192.0) / 2.0;
     let agent_cpu = cores / f64::from(o.agents);
@@ -175,11 +189,19 @@ async fn local(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> 
     let per_agent = ((agent_cpu / LOCAL_CPU + 1e-9).floor()).min(agent_mem / LOCAL_MEMORY_MB);
     ensure!(
         per_agent * f64::from(o.agents) >= f64::from(o.executors),
-        "{} executors of {LOCAL_CPU} cpu and {LOCAL_MEMORY_MB} MiB do not fit on {} agents \
-         of {agent_cpu:.2} cpu and {agent_mem} MiB each (this machine's cores and half its memory)",
+        "--executors {}: executors of {LOCAL_CPU} cpu and {LOCAL_MEMORY_MB} MiB do not fit on {} \
+         local agents of {agent_cpu:.2} cpu and {agent_mem} MiB each (this machine's cores and \
+         half its memory; at most {} executors)",
         o.executors,
-        o.agents
+        o.agents,
+        per_agent * f64::from(o.agents)
     );
+    Ok((agent_cpu, agent_mem))
+}
+
+/// Part 2: local agents, the bench being the driver.
+async fn local(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> {
+    let (agent_cpu, agent_mem) = agent_share(o)?;
     let token = "bench-token";
     // Dropped last (declared first): the agents' work dirs.
     let work = tempfile::tempdir()?;
