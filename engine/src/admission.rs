@@ -275,8 +275,6 @@ pub enum Ceiling {
     /// Non-revocable work: the entitlement of a STATIC pool (the pool or
     /// an ancestor, named by `pool`) is exactly its reservation.
     StaticReservation,
-    /// Controller work: `controller_limit_pct` of the largest entitlement.
-    ControllerLimit,
     /// Revocable work: the pool's limit and slack limit, compounded down
     /// the path from the root.
     SlackLimit,
@@ -289,7 +287,6 @@ impl Ceiling {
             Ceiling::Reservation => "reservation",
             Ceiling::Limit => "limit",
             Ceiling::StaticReservation => "reservation (a STATIC pool)",
-            Ceiling::ControllerLimit => "controller limit",
             Ceiling::SlackLimit => "slack limit",
         }
     }
@@ -319,8 +316,10 @@ pub struct NeverAdmitted {
 /// `Some` when a task or gang of `flags` summing to `total` can never be
 /// admitted in the leaf pool `pool`. The bounds: an entitlement never
 /// exceeds the limits on the pool's path, nor a STATIC pool's reservation;
-/// the controller cap is a percentage of the entitlement; the slack cap is
-/// the pool's limit and its slack percentage of its parent's slack cap.
+/// the slack cap is the pool's limit and its slack percentage of its
+/// parent's slack cap. The controller limit never makes a single task
+/// unadmittable: a pool's first controller is admitted whatever the limit
+/// (a gang of controllers still has to fit it).
 pub fn never_admitted(
     tree: &PoolTree,
     pool: PoolId,
@@ -332,13 +331,7 @@ pub fn never_admitted(
         field: "pool",
         problem: e.to_string(),
     })?;
-    Ok(never_admitted_in(
-        tree,
-        pool,
-        class,
-        flags.controller,
-        total,
-    ))
+    Ok(never_admitted_in(tree, pool, class, total))
 }
 
 /// [`never_admitted`] for a checked pool and class: what admission calls
@@ -347,7 +340,6 @@ pub(crate) fn never_admitted_in(
     tree: &PoolTree,
     pool: PoolId,
     class: TaskClass,
-    controller: bool,
     total: &Resources,
 ) -> Option<NeverAdmitted> {
     // The path from the pool up to the root (at most MAX_DEPTH + 1 pools),
@@ -423,15 +415,6 @@ pub(crate) fn never_admitted_in(
             request: total[d],
             cap,
         });
-    }
-    if controller {
-        let cap = std::array::from_fn(|d| {
-            (
-                crate::resources::percent_of(ent[d].0, config.controller_limit_pct),
-                pool,
-            )
-        });
-        return over(Ceiling::ControllerLimit, &cap);
     }
     None
 }
@@ -841,7 +824,7 @@ impl PoolQueues {
             let Some((class, item)) = best else { break };
             let entry = &self.entries[item.entry as usize];
             if let Some((kind, dim, cap, allocated)) = check(caps, &self.allocation, entry) {
-                if never_admitted_in(tree, pool, class, entry.controller, &entry.total).is_some() {
+                if never_admitted_in(tree, pool, class, &entry.total).is_some() {
                     self.heaps[class as usize].pop();
                     self.skipped.push((class, item));
                     continue;
@@ -963,8 +946,14 @@ fn check(
                     .flatten()
             })
             .or_else(|| {
-                entry
-                    .controller
+                // At least one controller runs, whatever the limit (as YARN
+                // always lets one application master run): the cap is a
+                // share of the entitlement, which follows demand, so a lone
+                // driver would otherwise wait forever for the demand of the
+                // executors it has not started yet.
+                let lone_first =
+                    allocation.controller.is_zero() && matches!(entry.members, Members::One(_));
+                (entry.controller && !lone_first)
                     .then(|| {
                         over(
                             BlockKind::ControllerLimit,

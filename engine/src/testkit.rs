@@ -907,9 +907,13 @@ pub fn check_admission(rm: &ResourceManager, result: &AdmissionResult) {
             );
         }
         if admitted[TaskClass::Controller as usize] {
+            // Within the limit, or the pool's first controller (admitted
+            // whatever the limit).
             let cap = e.percent(cfg.controller_limit_pct);
+            let controllers =
+                a.held(TaskClass::Controller, true).1 + a.held(TaskClass::NonPreemptible, true).1;
             assert!(
-                a.controller.fits_in(&cap),
+                a.controller.fits_in(&cap) || controllers == 1,
                 "{path}: within controller limit"
             );
         }

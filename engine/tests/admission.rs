@@ -109,22 +109,37 @@ impl Env {
 fn priority_then_arrival_and_blocked_queues_do_not_block_others() {
     let mut env = Env::new();
     let a = env.pool("/a", PoolConfig::default().with_controller_limit_pct(25.0));
-    env.submit(a, 1, NORMAL, &[3000]); // t1
-    env.submit(a, 5, NORMAL, &[2000]); // t2: higher priority, admitted first
-    env.submit(a, 1, NORMAL, &[1000]); // t3: same priority as t1, later
-    env.submit(a, 9, CONTROLLER, &[4000]); // t4: over the 25% controller limit
-    env.submit(a, 0, CONTROLLER, &[500]); // t5: behind t4 in the controller queue
-    // Capacity 5000: t2, t1 fit; t3 would not (6000); t4 exceeds the controller limit.
-    env.check_cycle(
-        5000,
-        0,
-        expect![[r#"
-            admit t2 /a normal cpu=2000
-            admit t1 /a normal cpu=3000
-            blocked /a: controller queue: controller limit reached in cpu: needs 4000 millicores, 0 of 1250 in use (2 task(s) waiting)
-            blocked /a: normal queue: entitlement exhausted in cpu: needs 1000 millicores, 5000 of 5000 in use (1 task(s) waiting)
-        "#]],
-    );
+    env.submit(a, 9, CONTROLLER, &[1000]); // t1: the pool's first controller
+    env.submit(a, 1, NORMAL, &[3000]); // t2
+    env.submit(a, 5, NORMAL, &[2000]); // t3: higher priority, admitted first
+    env.submit(a, 1, NORMAL, &[1000]); // t4: same priority as t2, later
+    env.submit(a, 8, CONTROLLER, &[4000]); // t5: over the 25% controller limit
+    env.submit(a, 0, CONTROLLER, &[500]); // t6: behind t5 in the controller queue
+    // Capacity 6000: t1, t3, t2 fit; t4 would not (7000); t5 exceeds the
+    // controller limit (1500).
+    env.check_cycle(6000, 0, expect![[r#"
+        admit t1 /a controller cpu=1000
+        admit t3 /a normal cpu=2000
+        admit t2 /a normal cpu=3000
+        blocked /a: controller queue: controller limit reached in cpu: needs 4000 millicores, 1000 of 1500 in use (2 task(s) waiting)
+        blocked /a: normal queue: entitlement exhausted in cpu: needs 1000 millicores, 6000 of 6000 in use (1 task(s) waiting)
+    "#]]);
+}
+
+#[test]
+fn a_pools_first_controller_runs_whatever_the_limit_and_the_next_waits() {
+    // The cap is a share of the pool's entitlement, which shrinks as other
+    // pools ask for more: a driver above it, alone in its pool, would wait
+    // forever (with the executors it would start). Like YARN's first
+    // application master, the first controller runs; the next one waits.
+    let mut env = Env::new();
+    let a = env.pool("/a", PoolConfig::default().with_controller_limit_pct(25.0));
+    env.submit(a, 0, CONTROLLER, &[4000]); // t1: above 25% of 10000, alone
+    env.submit(a, 0, CONTROLLER, &[1000]); // t2: a second driver
+    env.check_cycle(10_000, 0, expect![[r#"
+        admit t1 /a controller cpu=4000
+        blocked /a: controller queue: controller limit reached in cpu: needs 1000 millicores, 4000 of 2500 in use (1 task(s) waiting)
+    "#]]);
 }
 
 #[test]
@@ -583,7 +598,12 @@ fn work_above_what_its_pool_could_ever_give_its_class_is_named() {
         ("normal at the parent's limit", team, NORMAL, 20_000),
         ("normal above it", team, NORMAL, 20_001),
         ("controller at 25% of the limit", team, CONTROLLER, 5000),
-        ("controller above it", team, CONTROLLER, 5001),
+        (
+            "controller above it (a first one runs anyway)",
+            team,
+            CONTROLLER,
+            5001,
+        ),
         ("revocable at 50% of /org's 20", team, REVOCABLE, 10_000),
         ("revocable above it", team, REVOCABLE, 10_001),
         ("normal under a STATIC pool", fixed, NORMAL, 3000),
@@ -602,7 +622,7 @@ fn work_above_what_its_pool_could_ever_give_its_class_is_named() {
         normal at the parent's limit: ok
         normal above it: Limit of /org/team in cpu: 20001 > 20000
         controller at 25% of the limit: ok
-        controller above it: ControllerLimit of /org/team in cpu: 5001 > 5000
+        controller above it (a first one runs anyway): ok
         revocable at 50% of /org's 20: ok
         revocable above it: SlackLimit of /org/team in cpu: 10001 > 10000
         normal under a STATIC pool: ok

@@ -330,7 +330,17 @@ async fn a_preempted_executor_is_not_the_applications_fault_and_is_replaced() {
 async fn cluster_mode_the_driver_is_a_controller_task_of_the_job() {
     let s = TestServer::start(2).await;
     let mut c = s.clients.clone();
-    create_pool(&mut c, "/spark", pool_spec(0.0, 0.0)).await;
+    // Drivers may hold 1% of the pool: the first runs anyway (else a lone
+    // driver would wait forever), the next waits.
+    create_pool(
+        &mut c,
+        "/spark",
+        pb::PoolSpec {
+            controller_limit_pct: 1.0,
+            ..Default::default()
+        },
+    )
+    .await;
     let mut spec = job_spec("/spark", 1, 0.5, 3_600_000);
     spec.r#type = pb::JobType::Application as i32;
     spec.sla = Some(pb::Sla {
@@ -348,13 +358,31 @@ async fn cluster_mode_the_driver_is_a_controller_task_of_the_job() {
         Code::InvalidArgument,
         "spec.instance_count",
     );
-    let job = create_job(&mut c, spec).await;
+    let job = create_job(&mut c, spec.clone()).await;
     wait_job_where(&c, &job.id, "the driver running", |j| {
         count_in(j, pb::TaskState::Running) == 1
     })
     .await;
     let a = get_app(&mut c, &job.id).await;
     assert!(a.driver_in_job && !a.registered, "{a:#?}");
+    let second = create_job(&mut c, spec.clone()).await;
+    let waiting = eventually("the second driver waiting", TIMEOUT, async || {
+        let t = get_task(&mut c.clone(), &second.id, 0).await;
+        if t.pending_reason.contains("controller limit") {
+            Ok(t)
+        } else {
+            Err(format!("{t:#?}"))
+        }
+    })
+    .await;
+    assert_eq!(task_state(&waiting), pb::TaskState::Pending);
+    c.jobs
+        .kill(pb::KillJobRequest {
+            id: second.id.clone(),
+            version: 0,
+        })
+        .await
+        .expect("kill the second driver");
 
     // The driver registers from inside its job.
     let mut r = register_request("", 1.0);

@@ -59,9 +59,6 @@ fn describe(engine: &Engine, n: &NeverAdmitted) -> String {
         Ceiling::StaticReservation => {
             "a STATIC pool is entitled to exactly its reservation: raise it, or ask for less"
         }
-        Ceiling::ControllerLimit => {
-            "controller tasks may hold only controller_limit_pct of their pool's entitlement"
-        }
         Ceiling::SlackLimit => {
             "revocable work may hold at most its pool's limit and slack_limit_pct of its parent's slack"
         }

@@ -7,8 +7,8 @@
 mod common;
 
 use common::{Cluster, eventually, job, task_spec};
-use peloton_proto::v1 as pb;
 use pb::TaskState as T;
+use peloton_proto::v1 as pb;
 
 /// Whether `java` can be run here (CI installs a JDK; a machine without one
 /// skips the JVM case unless `PELOTON_REQUIRE_SPARK` is set).
@@ -35,7 +35,11 @@ async fn a_kill_sends_the_tasks_own_stop_signal_before_sigkill() {
     task.kill_grace_period_ms = 60_000;
     let id = cluster.create(job("pwr", 1, task)).await;
     eventually("the task ready", async || {
-        cluster.logs(&id, 0, false).await.contains("ready").then_some(())
+        cluster
+            .logs(&id, 0, false)
+            .await
+            .contains("ready")
+            .then_some(())
     })
     .await;
     let started = std::time::Instant::now();

@@ -74,6 +74,7 @@ pub struct Clients {
     pub hosts: pb::host_service_client::HostServiceClient<Channel>,
     pub watch: pb::watch_service_client::WatchServiceClient<Channel>,
     pub volumes: pb::volume_service_client::VolumeServiceClient<Channel>,
+    pub apps: pb::application_service_client::ApplicationServiceClient<Channel>,
 }
 
 impl Clients {
@@ -89,7 +90,8 @@ impl Clients {
             tasks: pb::task_service_client::TaskServiceClient::new(channel.clone()),
             hosts: pb::host_service_client::HostServiceClient::new(channel.clone()),
             watch: pb::watch_service_client::WatchServiceClient::new(channel.clone()),
-            volumes: pb::volume_service_client::VolumeServiceClient::new(channel),
+            volumes: pb::volume_service_client::VolumeServiceClient::new(channel.clone()),
+            apps: pb::application_service_client::ApplicationServiceClient::new(channel),
         }
     }
 }

@@ -1,0 +1,664 @@
+//! Spark on Peloton, for real: pyspark drivers (the pinned `pyspark` from
+//! PyPI, `tools/spark/PYSPARK_VERSION`) with the plugin of `tools/spark`
+//! (built here with the system JDK), JVM executors run by three real
+//! agents, and the scheduler's own API read to check what happened:
+//!
+//! - dynamic allocation grows to its maximum while there is work and
+//!   shrinks to nothing once idle, and the result is right;
+//! - a second application in a small pool waits, with a reason, and
+//!   finishes once the first lets its executors go;
+//! - an executor's host dies mid-job: Spark gets a replacement and the
+//!   result is right;
+//! - executors preempted by a higher-priority pool are not counted as task
+//!   failures (`spark.task.maxFailures=1` would fail the job otherwise);
+//! - cluster mode: drivers are controller tasks of their jobs, and a pool
+//!   full of them still runs their executors.
+//!
+//! Needs `java`/`javac` and `python3` with pyspark; without them these
+//! tests say so and pass, unless `PELOTON_REQUIRE_SPARK` is set (as CI does
+//! after installing them).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{Cluster, kill_processes_with_env};
+use peloton_proto::v1 as pb;
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+/// One Spark test at a time: each runs several JVMs on a small machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long a driver may take.
+const DRIVER_TIMEOUT: Duration = Duration::from_secs(300);
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn wordcount() -> PathBuf {
+    repo().join("tools/spark/python/wordcount.py")
+}
+
+/// The Python interpreter that has pyspark (its real path: tasks run with
+/// a bare environment, where a shim may not work).
+fn python() -> Option<String> {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys, pyspark; print(sys.executable)"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The plugin's jar, built once per test binary; `None` (with a note)
+/// where Spark's side is missing and not required.
+fn plugin() -> Option<(PathBuf, String)> {
+    static JAR: OnceLock<Option<(PathBuf, String)>> = OnceLock::new();
+    JAR.get_or_init(|| {
+        let required = std::env::var_os("PELOTON_REQUIRE_SPARK").is_some();
+        let missing = |what: &str| {
+            assert!(!required, "{what} (PELOTON_REQUIRE_SPARK is set)");
+            eprintln!(
+                "SKIPPED: {what}; install a JDK and `pip install pyspark` to run the Spark tests"
+            );
+            None
+        };
+        let Some(python) = python() else {
+            return missing("python3 with pyspark not found");
+        };
+        let out_dir = repo().join("target/spark-test");
+        let built = std::process::Command::new("bash")
+            .arg(repo().join("tools/spark/build.sh"))
+            .arg(&out_dir)
+            .output();
+        match built {
+            Ok(o) if o.status.success() => Some((out_dir.join("peloton-spark.jar"), python)),
+            Ok(o) => missing(&format!(
+                "the plugin does not build: {}",
+                String::from_utf8_lossy(&o.stderr)
+            )),
+            Err(e) => missing(&format!("cannot run tools/spark/build.sh: {e}")),
+        }
+    })
+    .clone()
+}
+
+fn master(cluster: &Cluster) -> String {
+    format!("peloton://127.0.0.1:{}", cluster.port)
+}
+
+/// A driver (client mode) started on this machine.
+fn driver(
+    cluster: &Cluster,
+    jar: &Path,
+    python: &str,
+    pool: &str,
+    args: &[&str],
+) -> tokio::process::Child {
+    Command::new(python)
+        .arg(wordcount())
+        .arg(master(cluster))
+        .arg(jar)
+        .arg(pool)
+        .args(["--local", "--conf", "spark.peloton.executor.cpus=1"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 starts")
+}
+
+/// Waits for a driver; its stdout, which must show the right result.
+async fn finished(mut child: tokio::process::Child, what: &str) -> String {
+    let mut out = String::new();
+    let mut err = String::new();
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let status = tokio::time::timeout(DRIVER_TIMEOUT, async {
+        let (a, b) = tokio::join!(
+            stdout.read_to_string(&mut out),
+            stderr.read_to_string(&mut err)
+        );
+        a.and(b).expect("driver output");
+        child.wait().await.expect("wait")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: the driver did not finish in {DRIVER_TIMEOUT:?}"));
+    let tail: String = err
+        .lines()
+        .rev()
+        .take(60)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        status.success(),
+        "{what}: driver {status}\n{out}\n--- stderr (end) ---\n{tail}"
+    );
+    let line = |key: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key).map(str::to_owned))
+            .unwrap_or_else(|| panic!("{what}: no {key} in\n{out}\n{tail}"))
+    };
+    assert_eq!(line("RESULT "), line("EXPECTED "), "{what}");
+    out
+}
+
+async fn create_pool(cluster: &Cluster, path: &str, spec: pb::PoolSpec) {
+    let mut pools = cluster.c.pools.clone();
+    pools
+        .create(pb::CreatePoolRequest {
+            path: path.into(),
+            spec: Some(spec),
+        })
+        .await
+        .expect("pool");
+}
+
+fn cpu_mem(cpu: f64, memory_mb: f64) -> Option<pb::Resources> {
+    Some(pb::Resources {
+        cpu,
+        memory_mb,
+        ..Default::default()
+    })
+}
+
+async fn app(cluster: &Cluster, id: &str) -> pb::Application {
+    let mut apps = cluster.c.apps.clone();
+    apps.get(pb::GetAppRequest { app_id: id.into() })
+        .await
+        .expect("get app")
+        .into_inner()
+        .app
+        .expect("app")
+}
+
+/// The application registered in `pool` (waits for its driver to register).
+async fn app_in(cluster: &Cluster, pool: &str) -> String {
+    let mut jobs = cluster.c.jobs.clone();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let found = jobs
+            .query(pb::QueryJobsRequest {
+                pool: pool.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("query")
+            .into_inner()
+            .jobs
+            .into_iter()
+            .find(|j| {
+                j.spec
+                    .as_ref()
+                    .is_some_and(|s| s.r#type == pb::JobType::Application as i32)
+            });
+        if let Some(j) = found {
+            return j.id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no application registered in {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls the application until `ok`, up to `secs`.
+async fn wait_app(
+    cluster: &Cluster,
+    id: &str,
+    secs: u64,
+    what: &str,
+    ok: impl Fn(&pb::Application) -> bool,
+) -> pb::Application {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let a = app(cluster, id).await;
+        if ok(&a) {
+            return a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {a:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_allocation_grows_to_its_maximum_and_shrinks_to_zero() {
+    let Some((jar, python)) = plugin() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(3).await;
+    create_pool(&cluster, "/spark", pb::PoolSpec::default()).await;
+    let child = driver(
+        &cluster,
+        &jar,
+        &python,
+        "/spark",
+        &[
+            "--dynamic",
+            "--max-executors",
+            "4",
+            "--idle-timeout",
+            "3s",
+            "--partitions",
+            "16",
+            "--sleep",
+            "1.5",
+            "--linger",
+            "90",
+        ],
+    );
+    let id = app_in(&cluster, "/spark").await;
+    // While it works: four executors, read from the scheduler.
+    let a = wait_app(&cluster, &id, 120, "4 executors running", |a| {
+        a.running == 4
+    })
+    .await;
+    assert!(a.executors.iter().all(|e| !e.host.is_empty()), "{a:#?}");
+    // Idle: none left, the application still registered (its driver
+    // lingers).
+    let a = wait_app(&cluster, &id, 120, "no executor once idle", |a| {
+        a.running == 0 && a.pending == 0
+    })
+    .await;
+    assert!(!a.unregistered, "{a:#?}");
+    assert!(a.exited >= 4, "{a:#?}");
+    let out = finished(child, "dynamic allocation").await;
+    assert!(out.contains("EXECUTORS_AFTER_IDLE 0"), "{out}");
+    let a = wait_app(&cluster, &id, 30, "unregistered", |a| a.unregistered).await;
+    assert_eq!(a.state(), pb::JobState::Succeeded, "{a:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_application_waits_with_a_reason_and_finishes_when_the_first_lets_go() {
+    let Some((jar, python)) = plugin() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(3).await;
+    // Room for four executors of 1 core.
+    create_pool(
+        &cluster,
+        "/small",
+        pb::PoolSpec {
+            limit: cpu_mem(4.0, 8192.0),
+            ..Default::default()
+        },
+    )
+    .await;
+    let dynamic = [
+        "--dynamic",
+        "--max-executors",
+        "4",
+        "--idle-timeout",
+        "3s",
+        "--partitions",
+        "12",
+        "--sleep",
+        "2",
+    ];
+    let first = driver(&cluster, &jar, &python, "/small", &dynamic);
+    let first_id = app_in(&cluster, "/small").await;
+    wait_app(
+        &cluster,
+        &first_id,
+        120,
+        "the first with 4 executors",
+        |a| a.running == 4,
+    )
+    .await;
+    let second = driver(&cluster, &jar, &python, "/small", &dynamic);
+    let second_id = {
+        let mut jobs = cluster.c.jobs.clone();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let ids: Vec<String> = jobs
+                .query(pb::QueryJobsRequest {
+                    pool: "/small".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("query")
+                .into_inner()
+                .jobs
+                .into_iter()
+                .map(|j| j.id)
+                .filter(|j| *j != first_id)
+                .collect();
+            if let Some(id) = ids.into_iter().next() {
+                break id;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the second application never registered"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    // Its executors wait, saying why, never refused.
+    let a = wait_app(
+        &cluster,
+        &second_id,
+        120,
+        "the second's executors waiting",
+        |a| a.pending > 0 && a.executors.iter().any(|e| !e.pending_reason.is_empty()),
+    )
+    .await;
+    let reason = &a
+        .executors
+        .iter()
+        .find(|e| !e.pending_reason.is_empty())
+        .expect("one")
+        .pending_reason;
+    assert!(
+        reason.contains("entitlement") || reason.contains("limit"),
+        "{reason}"
+    );
+    finished(first, "the first application").await;
+    wait_app(
+        &cluster,
+        &second_id,
+        120,
+        "the second running executors",
+        |a| a.running > 0,
+    )
+    .await;
+    finished(second, "the second application").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executors_host_dies_mid_job_and_spark_gets_a_replacement() {
+    let Some((jar, python)) = plugin() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start(3).await;
+    create_pool(&cluster, "/spark", pb::PoolSpec::default()).await;
+    let child = driver(
+        &cluster,
+        &jar,
+        &python,
+        "/spark",
+        &["--executors", "3", "--partitions", "24", "--sleep", "1.5"],
+    );
+    let id = app_in(&cluster, "/spark").await;
+    let a = wait_app(&cluster, &id, 120, "3 executors running", |a| {
+        a.running == 3
+    })
+    .await;
+    // The host of one executor dies: its agent and every process it ran.
+    let host = a.executors[0].host.clone();
+    let work = cluster.work_dir(&host);
+    cluster.sigkill_agent(&host).await;
+    kill_processes_with_env(&format!("PELOTON_SANDBOX={}", work.display()));
+    // The server calls the host lost; the lost executors end, and new ones
+    // (new ids) replace them elsewhere.
+    let a = wait_app(&cluster, &id, 120, "replacements running", |a| {
+        a.running == 3 && a.executors.iter().all(|e| e.host != host)
+    })
+    .await;
+    assert!(a.exited >= 1, "{a:#?}");
+    finished(child, "a host lost mid-job").await;
+    let mut tasks = cluster.c.tasks.clone();
+    let lost = tasks
+        .list(pb::ListTasksRequest {
+            job_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+        .into_inner()
+        .tasks
+        .into_iter()
+        .filter(|t| t.current.as_ref().is_some_and(|r| r.host == host))
+        .count();
+    assert!(lost >= 1, "an executor ran on {host}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempted_executors_are_not_the_applications_failures() {
+    let Some((jar, python)) = plugin() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(3).await;
+    // Production reserves the whole cluster (3 × 4 cores); Spark has none.
+    create_pool(
+        &cluster,
+        "/prod",
+        pb::PoolSpec {
+            reservation: cpu_mem(12.0, 12_288.0),
+            ..Default::default()
+        },
+    )
+    .await;
+    create_pool(&cluster, "/spark", pb::PoolSpec::default()).await;
+    let child = driver(
+        &cluster,
+        &jar,
+        &python,
+        "/spark",
+        &[
+            "--executors",
+            "4",
+            "--partitions",
+            "32",
+            "--sleep",
+            "1.5",
+            // One failure of a task would fail the job: a preemption must
+            // not count as one.
+            "--conf",
+            "spark.task.maxFailures=1",
+            "--conf",
+            "spark.decommission.enabled=true",
+            "--conf",
+            "spark.peloton.executor.killGraceMs=5000",
+        ],
+    );
+    let id = app_in(&cluster, "/spark").await;
+    wait_app(&cluster, &id, 120, "4 executors running", |a| {
+        a.running == 4
+    })
+    .await;
+    // Production claims 10 of the 12 cores for 20 s, non-preemptible.
+    let mut jobs = cluster.c.jobs.clone();
+    let prod = jobs
+        .create(pb::CreateJobRequest {
+            spec: Some(pb::JobSpec {
+                name: "prod".into(),
+                pool: "/prod".into(),
+                instance_count: 10,
+                default_task: Some(pb::TaskSpec {
+                    shell: "sleep 20".into(),
+                    resources: cpu_mem(1.0, 64.0),
+                    ..Default::default()
+                }),
+                sla: Some(pb::Sla {
+                    priority: 100,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("prod job")
+        .into_inner()
+        .job
+        .expect("job")
+        .id;
+    let a = wait_app(&cluster, &id, 120, "executors preempted", |a| a.exited >= 2).await;
+    let mut tasks = cluster.c.tasks.clone();
+    let preempted = tasks
+        .list(pb::ListTasksRequest {
+            job_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+        .into_inner()
+        .tasks
+        .into_iter()
+        .filter(|t| {
+            t.current
+                .as_ref()
+                .is_some_and(|r| r.reason.contains("preempt") || r.reason.contains("make room"))
+        })
+        .count();
+    assert!(preempted >= 2, "{a:#?}");
+    finished(child, "preempted executors").await;
+    let mut jobs = cluster.c.jobs.clone();
+    let _ = jobs
+        .kill(pb::KillJobRequest {
+            id: prod,
+            version: 0,
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_mode_drivers_are_controller_tasks_and_cannot_starve_their_executors() {
+    let Some((jar, python)) = plugin() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(3).await;
+    // Six cores; drivers (controllers) may hold a quarter of them: one
+    // driver of 1 core at a time, the rest for executors.
+    create_pool(
+        &cluster,
+        "/drivers",
+        pb::PoolSpec {
+            limit: cpu_mem(6.0, 12_288.0),
+            controller_limit_pct: 25.0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let shell = format!(
+        "exec {python} {} {} {} - --local --executors 2 --partitions 6 --sleep 0.5 \
+         --conf spark.peloton.executor.cpus=1",
+        wordcount().display(),
+        master(&cluster),
+        jar.display()
+    );
+    let mut ids = Vec::new();
+    let mut jobs = cluster.c.jobs.clone();
+    for i in 0..3 {
+        let spec = pb::JobSpec {
+            name: format!("driver-{i}"),
+            r#type: pb::JobType::Application as i32,
+            pool: "/drivers".into(),
+            instance_count: 1,
+            default_task: Some(pb::TaskSpec {
+                shell: shell.clone(),
+                env: [("PATH".to_owned(), std::env::var("PATH").unwrap_or_default())]
+                    .into_iter()
+                    .collect(),
+                resources: cpu_mem(1.0, 2048.0),
+                controller: true,
+                memory_limit: pb::MemoryLimit::Resident as i32,
+                ..Default::default()
+            }),
+            sla: Some(pb::Sla {
+                preemptible: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let job = jobs
+            .create(pb::CreateJobRequest { spec: Some(spec) })
+            .await
+            .expect("driver job")
+            .into_inner()
+            .job
+            .expect("job");
+        ids.push(job.id);
+    }
+    // Never more than one driver at a time; all three finish right.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut saw_waiting_driver = false;
+    loop {
+        let mut running_drivers = 0;
+        let mut done = 0;
+        for id in &ids {
+            let j = cluster.job(id).await.expect("job");
+            let state = j.status.as_ref().expect("status").state();
+            assert_ne!(
+                state,
+                pb::JobState::Failed,
+                "{j:#?}\n{}",
+                cluster.logs(id, 0, true).await
+            );
+            if state == pb::JobState::Succeeded {
+                done += 1;
+                continue;
+            }
+            let t = cluster.task(id, 0).await.expect("driver");
+            match t.current.as_ref().map(|r| r.state()) {
+                Some(pb::TaskState::Running) => running_drivers += 1,
+                Some(pb::TaskState::Pending) if t.pending_reason.contains("controller") => {
+                    saw_waiting_driver = true;
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            running_drivers <= 1,
+            "more drivers than the controller limit"
+        );
+        if done == ids.len() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let mut seen = String::new();
+            for id in &ids {
+                let t = cluster.task(id, 0).await;
+                let launched = t
+                    .as_ref()
+                    .and_then(|t| t.current.as_ref())
+                    .is_some_and(|r| !r.host.is_empty());
+                let err = if launched {
+                    cluster.logs(id, 0, true).await
+                } else {
+                    String::new()
+                };
+                let tail: Vec<&str> = err.lines().rev().take(30).collect();
+                seen.push_str(&format!(
+                    "driver {id}: {t:#?}\n{}\n{:#?}\n",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+                    app(&cluster, id).await
+                ));
+            }
+            panic!("the drivers did not all finish:\n{seen}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        saw_waiting_driver,
+        "a driver waited for the controller limit"
+    );
+    for id in &ids {
+        let out = cluster.logs(id, 0, false).await;
+        let result = out.lines().find_map(|l| l.strip_prefix("RESULT "));
+        let expected = out.lines().find_map(|l| l.strip_prefix("EXPECTED "));
+        assert!(result.is_some() && result == expected, "{out}");
+        // Its executors were instances 1, 2, … of its own job.
+        let a = app(&cluster, id).await;
+        assert!(a.driver_in_job && a.registered && a.exited >= 2, "{a:#?}");
+    }
+}
