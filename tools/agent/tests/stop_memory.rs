@@ -25,7 +25,7 @@ fn have_java() -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_sends_the_tasks_own_stop_signal_before_sigkill() {
-    let mut cluster = Cluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     cluster.wait_hosts_up(1).await;
     let mut task = task_spec(
         "exec perl -e '$| = 1; $SIG{PWR} = sub { print \"decommissioning\\n\"; exit 0 }; \
@@ -50,12 +50,11 @@ async fn a_kill_sends_the_tasks_own_stop_signal_before_sigkill() {
     let out = cluster.logs(&id, 0, false).await;
     assert!(out.contains("decommissioning"), "{out}");
     assert!(!out.contains("term"), "{out}");
-    let _ = &mut cluster;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resident_limit_lets_a_jvm_start_and_stops_a_task_that_holds_too_much() {
-    let mut cluster = Cluster::start(1).await;
+    let cluster = Cluster::start(1).await;
     cluster.wait_hosts_up(1).await;
     let isolation = cluster.hosts().await[0].isolation.clone();
 

@@ -149,6 +149,8 @@ pub enum JobTypeName {
     Service,
     Stateful,
     Daemon,
+    /// A Spark-style application in cluster mode: one instance, its driver.
+    Application,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -215,6 +217,22 @@ pub struct TaskFile {
     /// A persistent volume; the instance is pinned to its host.
     #[serde(default, skip_serializing_if = "is_default")]
     pub volume: Option<VolumeFile>,
+    /// Signal asking the task to stop before SIGKILL (default SIGTERM;
+    /// e.g. SIGPWR, SIGINT).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub stop_signal: String,
+    /// `resident`: hold the task to its memory by resident memory, not
+    /// address space (for JVMs; matters only without cgroup v2).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub memory_limit: MemoryLimitName,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryLimitName {
+    #[default]
+    Default,
+    Resident,
 }
 
 /// A health check: exactly one of `command`, `http` or `tcp_port`.
@@ -323,6 +341,7 @@ impl JobFile {
             JobTypeName::Service => JobType::Service,
             JobTypeName::Stateful => JobType::Stateful,
             JobTypeName::Daemon => JobType::Daemon,
+            JobTypeName::Application => JobType::Application,
         };
         let placement = match self.placement {
             PlacementName::Pack => PlacementStrategy::Pack,
@@ -400,6 +419,11 @@ impl TaskFile {
                 size_mb: v.size_mb,
                 path: v.path,
             }),
+            stop_signal: self.stop_signal,
+            memory_limit: match self.memory_limit {
+                MemoryLimitName::Default => peloton_proto::v1::MemoryLimit::Default,
+                MemoryLimitName::Resident => peloton_proto::v1::MemoryLimit::Resident,
+            } as i32,
         }
     }
 }
