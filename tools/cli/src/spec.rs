@@ -835,6 +835,28 @@ overrides:
     }
 
     #[test]
+    fn an_application_driver_with_its_stop_signal_and_resident_memory() {
+        let spec = job(
+            "name: d\ntype: application\ntask:\n  shell: python3 driver.py\n  controller: true\n  stop_signal: SIGPWR\n  memory_limit: resident\n",
+        );
+        assert_eq!(spec.r#type(), JobType::Application);
+        let task = spec.default_task.unwrap_or_default();
+        assert!(task.controller);
+        assert_eq!(task.stop_signal, "SIGPWR");
+        assert_eq!(
+            task.memory_limit,
+            peloton_proto::v1::MemoryLimit::Resident as i32
+        );
+        let defaults = job("name: t\ntask: {shell: 'true'}\n")
+            .default_task
+            .unwrap_or_default();
+        assert_eq!(
+            (defaults.stop_signal.as_str(), defaults.memory_limit),
+            ("", 0)
+        );
+    }
+
+    #[test]
     fn host_pool_is_read() {
         assert_eq!(job("name: t\ntask: {shell: 'true'}\n").host_pool, "");
         let spec = job("name: t\nhost_pool: gpu-a\ntask: {shell: 'true'}\n");
