@@ -185,7 +185,7 @@ async fn executors_follow_the_target_and_the_stream_tells_their_story() {
         .expect("kill")
         .into_inner();
     assert_eq!(k.killed, ["0", "2"]);
-    assert_eq!(k.unknown, ["\"99\"", "\"x\""]);
+    assert_eq!(k.unknown, ["99", "x"]);
     collect(&mut stream, &mut events, |e| exits(e).len() == 2).await;
     for (_, x) in exits(&events) {
         assert_eq!(x.cause(), Cause::Killed, "{x:?}");
@@ -215,6 +215,14 @@ async fn executors_follow_the_target_and_the_stream_tells_their_story() {
         })
     })
     .await;
+    // Reasons told as they change are not history: revision 0.
+    for e in &events {
+        if let Some(Kind::Pending(p)) = &e.kind
+            && p.reason.contains("needs")
+        {
+            assert_eq!(e.revision, 0, "{e:?}");
+        }
+    }
     // Back down: the waiting ones go, newest first; running ones stay.
     assert!(set_target(&mut c, &app.id, 4, total).await.applied);
     let a = wait_app(&mut c, &app.id, "no executor waiting", |a| a.pending == 0).await;
@@ -313,6 +321,18 @@ async fn a_preempted_executor_is_not_the_applications_fault_and_is_replaced() {
             .filter(|e| e.host.is_empty())
             .all(|e| !e.pending_reason.is_empty()),
         "{a:#?}"
+    );
+    // A preempted executor's end is told once, with nothing after it.
+    collect(&mut stream, &mut events, |e| {
+        e.iter()
+            .any(|e| e.executor_id != id && matches!(e.kind, Some(Kind::Pending(_))))
+    })
+    .await;
+    let after: Vec<_> = events.iter().filter(|e| e.executor_id == id).collect();
+    assert_eq!(
+        after.len(),
+        3,
+        "launched, pending first, exited: {after:#?}"
     );
     // Production leaves: the replacements run.
     c.jobs
@@ -417,7 +437,7 @@ async fn cluster_mode_the_driver_is_a_controller_task_of_the_job() {
         .await
         .expect("kill")
         .into_inner();
-    assert_eq!(k.unknown, ["\"0\""]);
+    assert_eq!(k.unknown, ["0"]);
     // Kept across a restart; the driver's end ends the application.
     let s = s.restart().await;
     let mut c = s.clients.clone();
@@ -462,6 +482,12 @@ async fn bad_requests_name_the_field_and_change_nothing() {
         ),
         (register_request("", 1.0), Code::InvalidArgument, "pool"),
         (
+            // Bigger than any host: never admitted, so refused now.
+            register_request("/spark", 1000.0),
+            Code::InvalidArgument,
+            "executor.resources.cpu",
+        ),
+        (
             pb::RegisterAppRequest {
                 executor: Some(pb::TaskSpec {
                     stop_signal: "SIGSTOP".into(),
@@ -493,6 +519,20 @@ async fn bad_requests_name_the_field_and_change_nothing() {
         .into_inner();
     assert!(q.jobs.is_empty(), "nothing was created: {:?}", q.jobs.pop());
 
+    // A cluster-mode driver must be a controller task.
+    let mut driver = job_spec("/spark", 1, 0.5, 600_000);
+    driver.r#type = pb::JobType::Application as i32;
+    driver.sla = Some(pb::Sla {
+        preemptible: true,
+        ..Default::default()
+    });
+    assert_status(
+        c.jobs
+            .create(pb::CreateJobRequest { spec: Some(driver) })
+            .await,
+        Code::InvalidArgument,
+        "spec.default_task.controller",
+    );
     let r = c
         .apps
         .get(pb::GetAppRequest {
@@ -535,5 +575,50 @@ async fn bad_requests_name_the_field_and_change_nothing() {
         })
         .await;
     assert_status(r, Code::FailedPrecondition, "application");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executors_that_fail_say_their_code_and_stop_being_replaced() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/spark", pool_spec(0.0, 0.0)).await;
+    let mut r = register_request("/spark", 1.0);
+    // Each executor "runs" 20 ms and exits 3 (say, it cannot reach its
+    // driver).
+    r.executor.as_mut().expect("executor").sim = Some(pb::SimSpec {
+        duration_ms: 20,
+        exit_code: 3,
+    });
+    let app = register(&mut c, r).await;
+    let mut stream = c
+        .apps
+        .watch_executors(pb::WatchExecutorsRequest {
+            app_id: app.id.clone(),
+            from_revision: 0,
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut events = Vec::new();
+    set_target(&mut c, &app.id, 1, 1).await;
+    collect(&mut stream, &mut events, |e| !exits(e).is_empty()).await;
+    let (_, x) = exits(&events)[0];
+    assert_eq!(
+        (x.cause(), x.exit_code, x.caused_by_app),
+        (Cause::Failed, 3, true),
+        "{x:?}"
+    );
+    // Replaced until 3 failed in a row (twice the target, at least 3); then
+    // none starts, and the application says why.
+    let a = wait_app(&mut c, &app.id, "replacements stopped", |a| {
+        !a.stalled.is_empty() && a.running + a.pending == 0
+    })
+    .await;
+    assert_eq!(a.exited, 3, "{a:#?}");
+    assert!(a.stalled.contains("failed in a row"), "{}", a.stalled);
+    // A new target tries again.
+    set_target(&mut c, &app.id, 2, 1).await;
+    wait_app(&mut c, &app.id, "a new try", |a| a.exited > 3).await;
     s.shutdown().await;
 }

@@ -82,10 +82,13 @@ impl Lifecycle {
         count: u32,
     ) -> Result<(), Error> {
         // A daemon's instances are all alike (and it may have none yet).
-        let count = if plan.kind == JobKind::Daemon {
-            1
-        } else {
-            count
+        let count = match (plan.kind, plan.app) {
+            (JobKind::Daemon, _) => 1,
+            // An application's executor (the default task) is checked
+            // before any runs: a target must never ask for what can never
+            // be admitted.
+            (JobKind::Application, Some(app)) => count.max(app.first_executor() + 1),
+            _ => count,
         };
         // Each distinct template in use, with the field it came from.
         let mut templates: Vec<(String, &TaskTemplate)> = Vec::new();

@@ -17,6 +17,9 @@ use super::{Answer, Effects, Error, Lifecycle, RowKey};
 
 /// Why executors beyond a lowered target stop.
 pub const REASON_TARGET: &str = "not needed: the application lowered its executor target";
+/// An executor that ran this long before it failed starts the count of
+/// failures in a row over.
+pub const LONG_RUN_MS: u64 = 60_000;
 /// Why executors stop when the application ends.
 pub const REASON_UNREGISTERED: &str = "the application unregistered";
 
@@ -36,6 +39,7 @@ impl Lifecycle {
     /// the executor's template (again, after a restart of the driver).
     pub(super) fn app_register(
         &mut self,
+        engine: &Engine,
         id: &str,
         executor: TaskTemplate,
         max_executors: u32,
@@ -63,14 +67,18 @@ impl Lifecycle {
                 ),
             ));
         }
-        let job = self.job_mut(k);
+        // The executor must be admissible in the job's pool.
+        let mut plan = job.plan.clone();
         if !app.registered {
-            // The driver keeps its template as instance 0's own.
-            let driver = std::mem::replace(&mut job.plan.default, executor);
-            job.plan.overrides.insert(0, driver);
+            let driver = std::mem::replace(&mut plan.default, executor);
+            plan.overrides.insert(0, driver);
         } else {
-            job.plan.default = executor;
+            plan.default = executor;
         }
+        plan.app.as_mut().expect("application").registered = true;
+        self.check_admissible(engine, job.pool, &plan, 2)?;
+        let job = self.job_mut(k);
+        job.plan = plan;
         let plan_app = job.plan.app.as_mut().expect("application");
         plan_app.registered = true;
         plan_app.max_executors = max_executors;
@@ -102,6 +110,8 @@ impl Lifecycle {
             let job = self.job_mut(k);
             job.app.target = total;
             job.app.generation = generation;
+            // A new target tries again after failures.
+            job.app.failures = 0;
             self.dirty_jobs.insert(k);
             self.app_dirty.insert(k);
             true
@@ -223,6 +233,11 @@ impl Lifecycle {
                 .collect();
             let want = job.app.target.min(app.max_executors);
             let alive_n = alive.len() as u32;
+            if alive_n < want && job.app.stalled(app.max_executors) {
+                // Executors keep failing (a bad command, a driver gone):
+                // no more until the target changes.
+                continue;
+            }
             if alive_n < want {
                 let room = self.config.max_instances_per_job.saturating_sub(n);
                 let add = (want - alive_n).min(room);
@@ -507,6 +522,78 @@ mod tests {
         assert_eq!(
             states(&sim, "d"),
             vec![(0, S::Succeeded), (1, S::Killed), (2, S::Killed)]
+        );
+    }
+
+    #[test]
+    fn executors_that_keep_failing_stop_being_replaced_until_the_target_changes() {
+        let mut sim = sim(2);
+        create(&mut sim, "a", app_plan(false));
+        target(&mut sim, "a", 1, 2);
+        let limit = {
+            let k = sim.core.job_key("a").expect("job");
+            let job = sim.core.job(k).expect("job");
+            job.app
+                .failure_limit(job.plan.app.expect("app").max_executors)
+        };
+        assert_eq!(limit, 4);
+        // Every executor fails at once (a bad command): replaced until 4
+        // failed in a row, then no more.
+        for _ in 0..10 {
+            for i in alive(&sim, "a") {
+                if let Some((host, key)) = sim.current("a", i) {
+                    sim.end_run(&host, key.launch, RunPhase::Failed, 127);
+                }
+            }
+            sim.step(Input::Cycle).expect("cycle");
+        }
+        let failed = states(&sim, "a")
+            .iter()
+            .filter(|(_, s)| *s == S::Failed)
+            .count();
+        assert!(
+            (4..=5).contains(&failed),
+            "{failed} failed: {:?}",
+            states(&sim, "a")
+        );
+        assert!(alive(&sim, "a").is_empty());
+        // A new target tries again.
+        target(&mut sim, "a", 2, 2);
+        assert_eq!(alive(&sim, "a").len(), 2);
+        let k = sim.core.job_key("a").expect("job");
+        assert_eq!(sim.core.job(k).expect("job").app.failures, 0);
+        // One that failed after running a good while starts the count over.
+        sim.now += super::LONG_RUN_MS;
+        let i = alive(&sim, "a")[0];
+        let (host, key) = sim.current("a", i).expect("placed");
+        sim.end_run(&host, key.launch, RunPhase::Failed, 1);
+        assert_eq!(sim.core.job(k).expect("job").app.failures, 1);
+    }
+
+    #[test]
+    fn an_executor_that_could_never_be_admitted_is_refused_at_registration() {
+        let mut sim = sim(1);
+        create(&mut sim, "d", app_plan(true));
+        let e = sim
+            .step(Input::AppRegister {
+                id: "d".into(),
+                executor: Box::new(template(64_000, 128)),
+                max_executors: 10,
+            })
+            .expect_err("bigger than any host");
+        assert!(
+            e.to_string().contains("spec.default_task.resources.cpu"),
+            "{e}"
+        );
+        let k = sim.core.job_key("d").expect("job");
+        assert!(
+            !sim.core
+                .job(k)
+                .expect("job")
+                .plan
+                .app
+                .expect("app")
+                .registered
         );
     }
 

@@ -544,7 +544,7 @@ impl Lifecycle {
                 id,
                 executor,
                 max_executors,
-            } => self.app_register(&id, *executor, max_executors, fx),
+            } => self.app_register(engine, &id, *executor, max_executors, fx),
             Input::AppTarget {
                 id,
                 generation,

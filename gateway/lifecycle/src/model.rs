@@ -400,6 +400,23 @@ pub struct AppState {
     pub generation: u64,
     /// Unregistered (or its driver ended): no executor starts again.
     pub closed: bool,
+    /// Executors that failed in a row (one that ran a minute first starts
+    /// the count over; not stored: a restart of the server tries again).
+    pub failures: u32,
+}
+
+impl AppState {
+    /// Executors may fail this many times in a row before no replacement
+    /// starts until the target changes (Spark's own default on YARN:
+    /// twice the executors wanted, at least 3).
+    pub fn failure_limit(&self, max_executors: u32) -> u32 {
+        self.target.min(max_executors).saturating_mul(2).max(3)
+    }
+
+    /// Replacements have stopped: too many executors failed in a row.
+    pub fn stalled(&self, max_executors: u32) -> bool {
+        self.failures >= self.failure_limit(max_executors)
+    }
 }
 
 impl JobPlan {

@@ -82,14 +82,29 @@ impl Lifecycle {
         job.counts[from as usize] -= 1;
         job.counts[to as usize] += 1;
         t.state = to;
+        let started_at = t.started_at;
         if to.is_terminal() || matches!(from, S::Initialized | S::Backoff) {
             // Room under max_running_instances, or a gang that waited for
             // this member, may let waiting instances go.
             self.need_fill.insert(k);
         }
-        if to.is_terminal() && job.plan.kind == JobKind::Application {
-            // An executor to replace, or a driver that ended.
-            self.app_dirty.insert(k);
+        if job.plan.kind == JobKind::Application {
+            if to.is_terminal() {
+                // An executor to replace, or a driver that ended.
+                self.app_dirty.insert(k);
+            }
+            if to == S::Failed && job.plan.app.is_some_and(|a| i >= a.first_executor()) {
+                // Failures in a row; one that ran a good while first starts
+                // the count over (a driver that is gone, a bad command or
+                // image fail at once, again and again).
+                let ran = started_at != 0
+                    && self.now.saturating_sub(started_at) >= super::apps::LONG_RUN_MS;
+                job.app.failures = if ran {
+                    1
+                } else {
+                    job.app.failures.saturating_add(1)
+                };
+            }
         }
         if let Some(r) = reason {
             t.reason = Some(r.into());

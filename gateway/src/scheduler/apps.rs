@@ -221,6 +221,8 @@ impl Scheduler {
                     instances.push(i);
                     out.killed.push(e);
                 }
+                // As sent, unless too long to echo.
+                _ if e.len() <= 64 => out.unknown.push(e),
                 _ => out.unknown.push(convert::shown(&e)),
             }
         }
@@ -272,7 +274,25 @@ fn app_to_pb(
         driver_in_job: plan.driver_in_job,
         ..Default::default()
     };
-    for i in plan.first_executor()..job.tasks.len() as u32 {
+    let n = job.tasks.len() as u32;
+    let alive = (plan.first_executor()..n)
+        .filter(|&i| !job.tasks[i as usize].state.is_terminal())
+        .count() as u32;
+    let want = job.app.target.min(plan.max_executors);
+    if alive < want && !job.app.closed && plan.registered {
+        if job.app.stalled(plan.max_executors) {
+            app.stalled = format!(
+                "{} executors failed in a row with none running; no new one starts until the target changes (see the exited executors' reasons)",
+                job.app.failures
+            );
+        } else if n >= core.config().max_instances_per_job {
+            app.stalled = format!(
+                "the application used all {n} instance ids a job may have ({} executors started in all); register it again as a new application",
+                n - plan.first_executor()
+            );
+        }
+    }
+    for i in plan.first_executor()..n {
         let t = &job.tasks[i as usize];
         if t.state.is_terminal() {
             app.exited += 1;

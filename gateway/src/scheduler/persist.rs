@@ -391,6 +391,7 @@ pub(super) fn recovered(
                         target: a.target,
                         generation: a.generation,
                         closed: a.unregistered,
+                        failures: 0,
                     })
                     .unwrap_or_default(),
             },

@@ -37,6 +37,20 @@ impl Api {
     }
 }
 
+/// An error about the job spec Register builds, in the request's own
+/// field names (`spec.default_task.resources.cpu` → `executor.resources.cpu`).
+fn register_fields(s: Status) -> Status {
+    let m = s.message();
+    let renamed = if let Some(rest) = m.strip_prefix("spec.default_task") {
+        format!("executor{rest}")
+    } else if let Some(rest) = m.strip_prefix("spec.") {
+        rest.to_string()
+    } else {
+        return s;
+    };
+    Status::new(s.code(), renamed)
+}
+
 /// The executor as the application's job runs it: validated, and run once.
 fn executor_spec(
     e: Option<pb::TaskSpec>,
@@ -61,6 +75,12 @@ fn executor_spec(
 pub(super) fn cluster_mode_spec(mut spec: pb::JobSpec) -> Result<pb::JobSpec, Status> {
     if spec.r#type != pb::JobType::Application as i32 {
         return Ok(spec);
+    }
+    if !spec.default_task.as_ref().is_some_and(|t| t.controller) {
+        return Err(convert::invalid(
+            "spec.default_task.controller",
+            "an application job's task is its driver, and must be a controller task (so the pool's controller limit keeps drivers from starving their executors)",
+        ));
     }
     let app = spec.application.get_or_insert_with(Default::default);
     if !app.driver_url.is_empty() {
@@ -129,7 +149,7 @@ impl ApplicationService for Api {
                 }),
                 ..Default::default()
             };
-            let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+            let plan = Box::new(convert::job_plan(&spec, &self.limits).map_err(register_fields)?);
             self.call(|reply| {
                 Command::App(AppCommand::Create {
                     spec: Box::new(spec),
@@ -137,7 +157,8 @@ impl ApplicationService for Api {
                     reply,
                 })
             })
-            .await?
+            .await
+            .map_err(register_fields)?
         } else {
             check_id("job_id", &r.job_id)?;
             self.call(|reply| {
@@ -150,7 +171,8 @@ impl ApplicationService for Api {
                     reply,
                 })
             })
-            .await?
+            .await
+            .map_err(register_fields)?
         };
         Ok(Response::new(pb::RegisterAppResponse { app: Some(app) }))
     }
@@ -283,7 +305,9 @@ impl Follow {
             if self.pending.get(&i) != Some(&e.pending_reason) {
                 self.pending.insert(i, e.pending_reason.clone());
                 out.push(pb::ExecutorEvent {
-                    revision: app.revision,
+                    // Not an event of the history: no revision to resume
+                    // from (a client keeps its own place in the watch).
+                    revision: 0,
                     time_ms: now,
                     executor_id: e.id.clone(),
                     kind: Some(pb::executor_event::Kind::Pending(pb::ExecutorPending {
@@ -324,7 +348,9 @@ impl Follow {
                 })
             }
             pb::TaskState::Pending | pb::TaskState::Initialized if t.run_id == 1 => {
-                if self.pending.contains_key(&t.instance) {
+                // A retired executor passes through Initialized on its way
+                // to its end: not a new wait.
+                if self.pending.contains_key(&t.instance) || self.exited.contains_key(&t.instance) {
                     return None;
                 }
                 let reason = "waiting for admission in its pool".to_string();
@@ -351,6 +377,37 @@ impl Follow {
             executor_id: t.instance.to_string(),
             kind: Some(kind),
         })
+    }
+}
+
+/// Fills in the exit codes of executors that ended by themselves (the
+/// watch's task events carry states, not codes): read from each task.
+async fn exit_codes(api: &Api, id: &str, events: &mut [pb::ExecutorEvent]) {
+    for e in events {
+        let Some(pb::executor_event::Kind::Exited(x)) = &mut e.kind else {
+            continue;
+        };
+        if !matches!(
+            x.cause(),
+            pb::ExecutorExitCause::Failed | pb::ExecutorExitCause::Exited
+        ) {
+            continue;
+        }
+        let Ok(instance) = e.executor_id.parse() else {
+            continue;
+        };
+        let task = api
+            .call(|reply| Command::GetTask {
+                job_id: id.to_string(),
+                instance,
+                reply,
+            })
+            .await;
+        if let Ok(t) = task
+            && let Some(run) = t.current
+        {
+            x.exit_code = run.exit_code;
+        }
     }
 }
 
@@ -382,14 +439,20 @@ async fn follow_app(
                     let _ = tx.send(Err(e)).await;
                     return;
                 }
-                Some(Ok(batch)) => batch
-                    .events
-                    .iter()
-                    .filter_map(|e| match &e.kind {
-                        Some(pb::event::Kind::Task(t)) => follow.task_event(e.revision, e.time_ms, t),
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>(),
+                Some(Ok(batch)) => {
+                    let mut events: Vec<pb::ExecutorEvent> = batch
+                        .events
+                        .iter()
+                        .filter_map(|e| match &e.kind {
+                            Some(pb::event::Kind::Task(t)) => {
+                                follow.task_event(e.revision, e.time_ms, t)
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    exit_codes(&api, &id, &mut events).await;
+                    events
+                }
             },
             _ = poll.tick() => match api.app(id.clone()).await {
                 Ok(app) => follow.pending_changes(&app),

@@ -211,8 +211,11 @@ pub(crate) fn signal_all(pids: &[u32], signal: Signal) {
 }
 
 /// SIGKILL to each pid.
-/// Resident memory of these processes in all, in bytes (from
-/// `/proc/PID/statm`; processes gone meanwhile count nothing).
+/// Memory these processes really hold, in bytes: the sum of their
+/// proportional set sizes (`Pss` of `/proc/PID/smaps_rollup`, so pages
+/// shared between them — a forked worker's copy-on-write pages — count
+/// once), or their resident sizes where the kernel has no rollup.
+/// Processes gone meanwhile count nothing.
 pub(crate) fn resident_bytes(pids: &[u32]) -> u64 {
     let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
         .ok()
@@ -220,9 +223,21 @@ pub(crate) fn resident_bytes(pids: &[u32]) -> u64 {
         .and_then(|p| u64::try_from(p).ok())
         .unwrap_or(4096);
     pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/statm")).ok())
-        .filter_map(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map(|pages| pages.saturating_mul(page))
+        .map(|pid| {
+            if let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+                let pss_kb = rollup
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Pss:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok());
+                if let Some(kb) = pss_kb {
+                    return kb.saturating_mul(1024);
+                }
+            }
+            std::fs::read_to_string(format!("/proc/{pid}/statm"))
+                .ok()
+                .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .map_or(0, |pages| pages.saturating_mul(page))
+        })
         .sum()
 }
 

@@ -867,22 +867,27 @@ impl Supervisor {
             return;
         }
         if !run.record.kill_requested
-            && run.record.killed_by_agent.is_none()
             && let Some(limit) = run.record.resident_limit_bytes
             && let Some(wrapper) = run.record.wrapper
         {
             let pids = procs.get().descendants(wrapper.pid);
-            let used = proc::resident_bytes(&pids);
-            if used > limit {
-                let why = format!(
-                    "memory limit exceeded: its processes held {} MiB resident, above its memory_mb {}",
-                    used >> 20,
-                    limit >> 20
-                );
-                tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
-                run.record.killed_by_agent = Some(why);
-                persist(run);
+            if run.record.killed_by_agent.is_some() {
+                // Killed already: anything left (forked meanwhile, or an
+                // agent restart between the record and the kill) goes too.
                 proc::kill_all(&pids);
+            } else {
+                let used = proc::resident_bytes(&pids);
+                if used > limit {
+                    let why = format!(
+                        "memory limit exceeded: its processes held {} MiB, above its memory_mb {}",
+                        used >> 20,
+                        limit >> 20
+                    );
+                    tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
+                    run.record.killed_by_agent = Some(why);
+                    persist(run);
+                    proc::kill_all(&pids);
+                }
             }
         }
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
@@ -1177,12 +1182,28 @@ fn terminate(run: &Run, procs: &mut LazySnapshot) {
     let Some(wrapper) = run.record.wrapper.filter(ProcessIdentity::is_alive) else {
         return;
     };
-    let signal = run
+    let custom = run
         .record
         .stop_signal
-        .and_then(|n| Signal::try_from(n).ok())
-        .unwrap_or(Signal::SIGTERM);
-    // The wrapper blocks every stop signal; the task gets it.
+        .and_then(|n| Signal::try_from(n).ok());
+    if let Some(signal) = custom
+        && let Ok(started) = record::read_json::<StartedRecord>(&run.dir.join(STARTED_FILE))
+        && proc::read_stat(started.pid).is_some_and(|s| s.ppid == wrapper.pid)
+    {
+        // A task's own stop signal is a request to its main process (as a
+        // container's stop signal goes to its first process): helpers it
+        // forked may not handle it (pyspark's Python workers die of
+        // SIGPWR while their executor decommissions). SIGKILL after the
+        // grace takes the whole tree.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(started.pid).unwrap_or(i32::MAX)),
+            signal,
+        );
+        return;
+    }
+    let signal = custom.unwrap_or(Signal::SIGTERM);
+    // The wrapper blocks every stop signal; the task gets it (one that
+    // arrives before the task exists ends the run at once).
     wrapper.signal_group(signal);
     proc::signal_all(&procs.get().descendants(wrapper.pid), signal);
     if let Some(cgroup) = &run.record.cgroup {

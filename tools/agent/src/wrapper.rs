@@ -87,6 +87,20 @@ fn start_failure(reason: String) -> ExitRecord {
     }
 }
 
+/// Every signal a task may be stopped with (`stop_signal`; SIGHUP comes
+/// with a closing terminal too): the wrapper blocks them, since it must
+/// outlive the task to record its exit, and one that arrives before the
+/// task exists ends the run at once.
+const STOP_SIGNALS: [Signal; 7] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGPWR,
+];
+
 fn supervise(sandbox: &Path) -> ExitRecord {
     let plan: TaskPlan = match record::read_json(&sandbox.join(TASK_FILE)) {
         Ok(plan) => plan,
@@ -99,17 +113,7 @@ fn supervise(sandbox: &Path) -> ExitRecord {
         );
     }
     let mut blocked = SigSet::empty();
-    // Every signal a task may be stopped with (`stop_signal`): the wrapper
-    // must outlive the task to record its exit.
-    for signal in [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGUSR1,
-        Signal::SIGUSR2,
-        Signal::SIGPWR,
-    ] {
+    for signal in STOP_SIGNALS {
         blocked.add(signal);
     }
     if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None) {
@@ -118,7 +122,7 @@ fn supervise(sandbox: &Path) -> ExitRecord {
     // A kill that arrived before the task exists would otherwise sit
     // pending (blocked) and never reach it.
     let pending = proc::shared_pending_signals();
-    for signal in [Signal::SIGTERM, Signal::SIGINT] {
+    for signal in STOP_SIGNALS.into_iter().filter(|&s| s != Signal::SIGHUP) {
         let number = signal as i32;
         if pending & (1u64 << (number - 1)) != 0 {
             return ExitRecord {

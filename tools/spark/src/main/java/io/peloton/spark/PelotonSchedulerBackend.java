@@ -84,6 +84,8 @@ public class PelotonSchedulerBackend extends CoarseGrainedSchedulerBackend {
   private final AtomicBoolean stopped = new AtomicBoolean(false);
   private final long lossReasonWaitMs;
   private final long stopWaitMs;
+  /** The executors' kill grace period (their stop signal to SIGKILL). */
+  private final long killGraceMs;
 
   /** The registered application's id (its job's id); null until {@link #start()} registered. */
   private volatile String appId;
@@ -96,6 +98,13 @@ public class PelotonSchedulerBackend extends CoarseGrainedSchedulerBackend {
 
   /** Executors whose connection dropped, awaiting their exit event: their fallback timers. */
   private final Map<String, ScheduledFuture<?>> awaitingExit = new ConcurrentHashMap<>();
+
+  /**
+   * Executors Peloton stopped for reasons not the application's (preemption, a lost host) whose
+   * connection has not dropped yet: a preempted executor may still be decommissioning, so Spark
+   * keeps it until it disconnects, and then learns this cause.
+   */
+  private final Map<String, ExecutorLossReason> exitCauses = new ConcurrentHashMap<>();
 
   /** Runs the fallbacks of {@link #awaitingExit} and kill retries. */
   private final ScheduledExecutorService timers =
@@ -138,6 +147,8 @@ public class PelotonSchedulerBackend extends CoarseGrainedSchedulerBackend {
     this.lossReasonWaitMs =
         sc.conf().getLong(Conf.LOSS_REASON_WAIT_MS, Conf.DEFAULT_LOSS_REASON_WAIT_MS);
     this.stopWaitMs = sc.conf().getLong(Conf.STOP_WAIT_MS, Conf.DEFAULT_STOP_WAIT_MS);
+    this.killGraceMs =
+        sc.conf().getLong(Conf.EXECUTOR_KILL_GRACE_MS, Conf.DEFAULT_KILL_GRACE_MS);
   }
 
   // ---------------------------------------------------------------- lifecycle
@@ -515,6 +526,25 @@ public class PelotonSchedulerBackend extends CoarseGrainedSchedulerBackend {
     if (fallback != null) {
       fallback.cancel(false);
       removeExecutor(executorId, loss);
+    } else if (knownToSpark(executorId) && !causedByApp) {
+      // Still connected: Peloton decides a stop before its signal and grace period run out
+      // (a preempted executor decommissions meanwhile). Spark keeps it until it disconnects, or
+      // until the grace period and the loss-reason wait have passed.
+      exitCauses.put(executorId, loss);
+      try {
+        timers.schedule(
+            () -> {
+              ExecutorLossReason left = exitCauses.remove(executorId);
+              if (left != null && knownToSpark(executorId)) {
+                removeExecutor(executorId, left);
+              }
+            },
+            killGraceMs + lossReasonWaitMs,
+            TimeUnit.MILLISECONDS);
+      } catch (RuntimeException stopping) {
+        exitCauses.remove(executorId);
+        removeExecutor(executorId, loss);
+      }
     } else if (knownToSpark(executorId)) {
       removeExecutor(executorId, loss);
     }
@@ -604,6 +634,12 @@ public class PelotonSchedulerBackend extends CoarseGrainedSchedulerBackend {
         return;
       }
       String id = executorId.get();
+      ExecutorLossReason known = exitCauses.remove(id);
+      if (known != null) {
+        // Peloton said why already (it stopped the executor for others).
+        removeExecutor(id, known);
+        return;
+      }
       // disableExecutor: true for an active executor or one the driver is killing; false for one
       // already on its way out (decommissioned, or disabled before), which Spark removes now.
       if (disableExecutor(id)) {
