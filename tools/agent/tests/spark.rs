@@ -457,9 +457,9 @@ async fn preempted_executors_are_not_the_applications_failures() {
             "--executors",
             "4",
             "--partitions",
-            "32",
+            "48",
             "--sleep",
-            "1.5",
+            "2",
             // One failure of a task would fail the job: a preemption must
             // not count as one.
             "--conf",
@@ -471,10 +471,23 @@ async fn preempted_executors_are_not_the_applications_failures() {
         ],
     );
     let id = app_in(&cluster, "/spark").await;
-    wait_app(&cluster, &id, 120, "4 executors running", |a| {
+    let a = wait_app(&cluster, &id, 120, "4 executors running", |a| {
         a.running == 4
     })
     .await;
+    // Every executor's JVM is up and working (it runs a Spark task).
+    for e in &a.executors {
+        let i: u32 = e.id.parse().expect("id");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !cluster
+            .logs(&id, i, true)
+            .await
+            .contains("Got assigned task")
+        {
+            assert!(Instant::now() < deadline, "executor {i} never ran a task");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     // Production claims 10 of the 12 cores for 20 s, non-preemptible.
     let mut jobs = cluster.c.jobs.clone();
     let prod = jobs
@@ -518,8 +531,29 @@ async fn preempted_executors_are_not_the_applications_failures() {
                 .as_ref()
                 .is_some_and(|r| r.reason.contains("preempt") || r.reason.contains("make room"))
         })
-        .count();
-    assert!(preempted >= 2, "{a:#?}");
+        .map(|t| t.instance)
+        .collect::<Vec<u32>>();
+    assert!(preempted.len() >= 2, "{a:#?}");
+    // Each got SIGPWR and decommissioned (its own log says so) before it
+    // was stopped for good.
+    for &i in &preempted {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let err = cluster.logs(&id, i, true).await;
+            if err.contains("Decommission executor") {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let t = cluster.task(&id, i).await;
+                let tail: Vec<&str> = err.lines().rev().take(25).collect();
+                panic!(
+                    "executor {i} did not decommission: {t:#?}\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     finished(child, "preempted executors").await;
     let mut jobs = cluster.c.jobs.clone();
     let _ = jobs
