@@ -54,6 +54,10 @@ pub struct Config {
     pub job_retention_s: u64,
     /// At most this many finished jobs are kept; the oldest go first.
     pub max_finished_jobs: usize,
+    /// A client-mode application whose driver is not heard from (no open
+    /// executor stream, no call) for this long is unregistered: its
+    /// executors stop and its job ends.
+    pub app_lease_ms: u64,
 }
 
 impl Default for Config {
@@ -78,6 +82,7 @@ impl Default for Config {
             host_lost_after_ms: 10_000,
             job_retention_s: 7 * 24 * 3600,
             max_finished_jobs: 10_000,
+            app_lease_ms: 60_000,
         }
     }
 }
@@ -122,6 +127,10 @@ impl Config {
         anyhow::ensure!(
             self.job_retention_s <= 100 * 365 * 24 * 3600,
             "job_retention_s: at most 100 years"
+        );
+        anyhow::ensure!(
+            (100..=86_400_000).contains(&self.app_lease_ms),
+            "app_lease_ms: must be 100–86400000"
         );
         anyhow::ensure!(
             self.max_finished_jobs <= 100_000_000,

@@ -53,6 +53,11 @@ struct Args {
     /// Finished jobs kept at most (the oldest are removed first).
     #[arg(long)]
     max_finished_jobs: Option<usize>,
+    /// Milliseconds a client-mode application's driver may go unheard (no
+    /// executor stream open, no call) before the application is
+    /// unregistered.
+    #[arg(long)]
+    app_lease_ms: Option<u64>,
     /// Events kept in the store for resuming watches.
     #[arg(long)]
     event_retention: Option<u64>,
@@ -125,6 +130,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(v) = args.max_finished_jobs {
         c.max_finished_jobs = v;
+    }
+    if let Some(v) = args.app_lease_ms {
+        c.app_lease_ms = v;
     }
     if let Some(v) = args.event_retention {
         c.event_retention = v;
@@ -208,6 +216,7 @@ fn command() -> clap::Command {
         ("host_lost_after_ms", d.host_lost_after_ms.to_string()),
         ("job_retention_s", d.job_retention_s.to_string()),
         ("max_finished_jobs", d.max_finished_jobs.to_string()),
+        ("app_lease_ms", d.app_lease_ms.to_string()),
         ("event_retention", d.event_retention.to_string()),
         ("store_cache_mb", d.store_cache_mb.to_string()),
     ];

@@ -331,6 +331,9 @@ pub struct LoopConfig {
     pub job_retention: Duration,
     /// At most this many finished jobs are kept (the oldest go first).
     pub max_finished_jobs: usize,
+    /// A client-mode application not heard from for this long is
+    /// unregistered.
+    pub app_lease: Duration,
 }
 
 impl Default for LoopConfig {
@@ -345,6 +348,7 @@ impl Default for LoopConfig {
             host_lost_after: Duration::from_secs(10),
             job_retention: Duration::from_millis(CoreConfig::default().retention_ms),
             max_finished_jobs: CoreConfig::default().max_finished_jobs,
+            app_lease: Duration::from_secs(60),
         }
     }
 }
@@ -398,6 +402,11 @@ pub struct Scheduler {
     hub: Option<Arc<crate::agents::AgentHub>>,
     started_at: u64,
     last_lost_check: u64,
+    /// Client-mode applications and when their drivers were last heard
+    /// from (any call about them; an open executor stream calls every
+    /// second).
+    app_seen: FxHashMap<JobKey, u64>,
+    last_lease_check: u64,
     last_trim: u64,
     last_cycle: Option<Instant>,
     last_pool_metrics: Option<Instant>,
@@ -459,7 +468,16 @@ impl Scheduler {
         let mut batch = WriteBatch::default();
         let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
         metrics.jobs.set(core.n_jobs() as i64);
+        // Recovered client-mode applications: their drivers have a lease
+        // from now to come back.
+        let app_seen = core
+            .jobs_by_id("")
+            .filter(|(_, j)| apps::leased(j))
+            .map(|(k, _)| (k, now))
+            .collect();
         Ok(Scheduler {
+            app_seen,
+            last_lease_check: 0,
             engine,
             core,
             store,
@@ -539,6 +557,10 @@ impl Scheduler {
             let next = self.last_lost_check + LOST_CHECK_INTERVAL_MS;
             ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
         }
+        if !self.app_seen.is_empty() {
+            let next = self.last_lease_check + apps::LEASE_CHECK_INTERVAL_MS;
+            ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
+        }
         if let Some(t) = ms_deadline {
             until = until.min(now + Duration::from_millis(t.saturating_sub(wall)));
         }
@@ -586,6 +608,7 @@ impl Scheduler {
             self.step(Input::Tick);
         }
         self.check_lost_hosts();
+        self.check_app_leases();
         if now_dispatch {
             // Kills issued while applying updates and timers.
             self.dispatch();

@@ -89,6 +89,7 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         event_retention: config.event_retention,
         job_retention: Duration::from_secs(config.job_retention_s),
         max_finished_jobs: config.max_finished_jobs,
+        app_lease: Duration::from_millis(config.app_lease_ms),
         ..LoopConfig::default()
     };
     let n_jobs = snapshot.jobs.len();

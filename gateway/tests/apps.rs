@@ -622,3 +622,55 @@ async fn executors_that_fail_say_their_code_and_stop_being_replaced() {
     wait_app(&mut c, &app.id, "a new try", |a| a.exited > 3).await;
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_not_heard_from_for_its_lease_loses_its_application() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = common::config(dir.path(), 2);
+    config.app_lease_ms = 2500;
+    let server = within(
+        "the server to start",
+        peloton_gateway::server::start(&config),
+    )
+    .await
+    .expect("server starts");
+    let mut c = Clients::connect(server.addr).await;
+    create_pool(&mut c, "/spark", pool_spec(0.0, 0.0)).await;
+    // One driver follows its executors (the stream keeps it heard from);
+    // the other goes silent after its target.
+    let kept = register(&mut c, register_request("/spark", 1.0)).await;
+    let mut stream = c
+        .apps
+        .watch_executors(pb::WatchExecutorsRequest {
+            app_id: kept.id.clone(),
+            from_revision: 0,
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    set_target(&mut c, &kept.id, 1, 1).await;
+    let silent = register(&mut c, register_request("/spark", 1.0)).await;
+    set_target(&mut c, &silent.id, 1, 1).await;
+    let started = std::time::Instant::now();
+    let j = wait_job(&c, &silent.id, pb::JobState::Succeeded).await;
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(2000),
+        "unregistered before its lease ran out"
+    );
+    assert_eq!(count_in(&j, pb::TaskState::Killed), 1, "{j:#?}");
+    let t = get_task(&mut c, &silent.id, 0).await;
+    assert!(
+        t.current.expect("run").reason.contains("not heard from"),
+        "the executor says why"
+    );
+    // The followed one lives on, well past the lease.
+    tokio::time::sleep(std::time::Duration::from_millis(3000)).await;
+    let a = get_app(&mut c, &kept.id).await;
+    assert!(!a.unregistered && a.running == 1, "{a:#?}");
+    let mut got = Vec::new();
+    collect(&mut stream, &mut got, |e| !launched(e).is_empty()).await;
+    drop(stream);
+    within("graceful shutdown", server.shutdown())
+        .await
+        .expect("shutdown");
+}

@@ -22,6 +22,9 @@ pub const REASON_TARGET: &str = "not needed: the application lowered its executo
 pub const LONG_RUN_MS: u64 = 60_000;
 /// Why executors stop when the application ends.
 pub const REASON_UNREGISTERED: &str = "the application unregistered";
+/// Why executors stop when the driver went silent.
+pub const REASON_LAPSED: &str =
+    "the application's driver was not heard from for its lease; the application was unregistered";
 
 impl Lifecycle {
     fn app_job(&self, id: &str) -> Result<JobKey, Error> {
@@ -158,10 +161,16 @@ impl Lifecycle {
         &mut self,
         engine: &mut Engine,
         id: &str,
+        lapsed: bool,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
         let k = self.app_job(id)?;
-        self.close_app(engine, k, REASON_UNREGISTERED, fx);
+        let reason = if lapsed {
+            REASON_LAPSED
+        } else {
+            REASON_UNREGISTERED
+        };
+        self.close_app(engine, k, reason, fx);
         Ok(Answer::Job(k))
     }
 
@@ -396,8 +405,11 @@ mod tests {
             .expect_err("no such executor");
         assert!(e.to_string().contains("9 is not an executor"), "{e}");
         // Unregistered, the job ends.
-        sim.step(Input::AppUnregister { id: "a".into() })
-            .expect("unregister");
+        sim.step(Input::AppUnregister {
+            id: "a".into(),
+            lapsed: false,
+        })
+        .expect("unregister");
         assert_eq!(job_state(&sim, "a"), JobState::Succeeded);
         let e = sim
             .step(Input::AppTarget {

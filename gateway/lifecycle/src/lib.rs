@@ -290,6 +290,9 @@ pub enum Input {
     AppUnregister {
         /// Job id.
         id: String,
+        /// Its driver's lease lapsed (it was not heard from), rather than
+        /// it unregistered.
+        lapsed: bool,
     },
     /// Run a scheduling cycle (entitlement, admission, placement,
     /// preemption).
@@ -551,7 +554,7 @@ impl Lifecycle {
                 total,
             } => self.app_target(&id, generation, total),
             Input::AppKill { id, instances } => self.app_kill(engine, &id, &instances, fx),
-            Input::AppUnregister { id } => self.app_unregister(engine, &id, fx),
+            Input::AppUnregister { id, lapsed } => self.app_unregister(engine, &id, lapsed, fx),
             Input::Cycle => {
                 self.reconcile_daemons(engine, fx);
                 self.check_volume_hosts(engine, fx);
