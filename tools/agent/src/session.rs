@@ -88,7 +88,9 @@ async fn with_supervisor<T: Send + 'static>(
     {
         Ok(value) => value,
         // A broken invariant in the supervisor: crash, do not limp on.
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: the runtime is shutting down, and this task with it.
+        Err(_) => std::future::pending().await,
     }
 }
 
