@@ -569,7 +569,10 @@ async fn a_daemon_job_with_a_zone_constraint_runs_only_on_that_zone() {
 /// Like `APPENDING_TASK`, but it ignores SIGTERM (a stop lasts its whole
 /// grace period) and records in the volume when each run started and was
 /// last alive (`start-<task id>`, `alive-<task id>`, in ns).
-const RECORDING_TASK: &str = r#"trap '' TERM; v="$PELOTON_VOLUME"; echo "$PELOTON_TASK_ID" >> "$v/log"; date +%s%N > "$v/start-$PELOTON_TASK_ID"; while true; do date +%s%N > "$v/alive-$PELOTON_TASK_ID"; sleep 0.1; done"#;
+///
+/// Writes are renames: a SIGKILL between a truncating `>` and its write
+/// would leave an empty record.
+const RECORDING_TASK: &str = r#"trap '' TERM; v="$PELOTON_VOLUME"; t="$v/.tmp-$PELOTON_TASK_ID"; echo "$PELOTON_TASK_ID" >> "$v/log"; date +%s%N > "$t" && mv "$t" "$v/start-$PELOTON_TASK_ID"; while true; do date +%s%N > "$t" && mv "$t" "$v/alive-$PELOTON_TASK_ID"; sleep 0.1; done"#;
 
 fn recording_stateful(name: &str) -> pb::JobSpec {
     let mut spec = stateful(name);
