@@ -94,6 +94,18 @@ async fn wait_app(
     .await
 }
 
+/// The application's executor events, from now.
+async fn watch(c: &mut Clients, id: &str) -> tonic::Streaming<pb::WatchExecutorsResponse> {
+    c.apps
+        .watch_executors(pb::WatchExecutorsRequest {
+            app_id: id.into(),
+            from_revision: 0,
+        })
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
 /// Executor events until `done` holds for those collected.
 async fn collect(
     stream: &mut tonic::Streaming<pb::WatchExecutorsResponse>,
@@ -144,15 +156,7 @@ async fn executors_follow_the_target_and_the_stream_tells_their_story() {
         pb::JobType::Application as i32
     );
 
-    let mut stream = c
-        .apps
-        .watch_executors(pb::WatchExecutorsRequest {
-            app_id: app.id.clone(),
-            from_revision: 0,
-        })
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stream = watch(&mut c, &app.id).await;
     let mut events = Vec::new();
 
     // Up to 3: three executors launch, with ids 0, 1, 2.
@@ -273,15 +277,7 @@ async fn a_preempted_executor_is_not_the_applications_fault_and_is_replaced() {
     create_pool(&mut c, "/spark", pool_spec(0.0, 0.0)).await;
     let n = total.cpu as u32;
     let app = register(&mut c, register_request("/spark", 1.0)).await;
-    let mut stream = c
-        .apps
-        .watch_executors(pb::WatchExecutorsRequest {
-            app_id: app.id.clone(),
-            from_revision: 0,
-        })
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stream = watch(&mut c, &app.id).await;
     let mut events = Vec::new();
     set_target(&mut c, &app.id, 1, n).await;
     collect(&mut stream, &mut events, |e| {
@@ -591,15 +587,7 @@ async fn executors_that_fail_say_their_code_and_stop_being_replaced() {
         exit_code: 3,
     });
     let app = register(&mut c, r).await;
-    let mut stream = c
-        .apps
-        .watch_executors(pb::WatchExecutorsRequest {
-            app_id: app.id.clone(),
-            from_revision: 0,
-        })
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stream = watch(&mut c, &app.id).await;
     let mut events = Vec::new();
     set_target(&mut c, &app.id, 1, 1).await;
     collect(&mut stream, &mut events, |e| !exits(e).is_empty()).await;
@@ -639,15 +627,7 @@ async fn a_driver_not_heard_from_for_its_lease_loses_its_application() {
     // One driver follows its executors (the stream keeps it heard from);
     // the other goes silent after its target.
     let kept = register(&mut c, register_request("/spark", 1.0)).await;
-    let mut stream = c
-        .apps
-        .watch_executors(pb::WatchExecutorsRequest {
-            app_id: kept.id.clone(),
-            from_revision: 0,
-        })
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stream = watch(&mut c, &kept.id).await;
     set_target(&mut c, &kept.id, 1, 1).await;
     let silent = register(&mut c, register_request("/spark", 1.0)).await;
     set_target(&mut c, &silent.id, 1, 1).await;

@@ -140,9 +140,7 @@ impl Lifecycle {
     ) -> Result<Answer, Error> {
         let k = self.app_job(id)?;
         let job = &self.jobs[&k];
-        let first = job.plan.app.expect("application").first_executor();
-        let n = job.tasks.len() as u32;
-        if let Some(&bad) = instances.iter().find(|&&i| i < first || i >= n) {
+        if let Some(&bad) = instances.iter().find(|&&i| !job.is_executor(i)) {
             return Err(Error::invalid(
                 "executor_ids",
                 format!("{bad} is not an executor of application {id}"),
@@ -179,13 +177,12 @@ impl Lifecycle {
         if job.app.closed {
             return;
         }
-        let first = job.plan.app.expect("application").first_executor();
-        let n = job.tasks.len() as u32;
+        let executors = job.executors();
         let job = self.job_mut(k);
         job.app.closed = true;
         job.version += 1;
         self.dirty_jobs.insert(k);
-        for i in first..n {
+        for i in executors {
             self.end_run(engine, k, i, S::Killed, reason, fx);
         }
     }
@@ -193,9 +190,7 @@ impl Lifecycle {
     /// An executor whose run was lost or preempted ends (its replacement is
     /// a new instance); the driver of a cluster-mode job runs again.
     pub(super) fn is_executor(&self, k: JobKey, i: u32) -> bool {
-        let job = &self.jobs[&k];
-        job.plan.kind == JobKind::Application
-            && job.plan.app.is_some_and(|a| i >= a.first_executor())
+        self.jobs[&k].is_executor(i)
     }
 
     /// Ends an executor whose run was lost or preempted: the instance is
@@ -235,12 +230,12 @@ impl Lifecycle {
             if !app.registered {
                 continue;
             }
-            let first = app.first_executor();
             let n = job.tasks.len() as u32;
-            let alive: Vec<u32> = (first..n)
+            let alive: Vec<u32> = job
+                .executors()
                 .filter(|&i| !job.tasks[i as usize].state.is_terminal())
                 .collect();
-            let want = job.app.target.min(app.max_executors);
+            let want = job.executors_wanted();
             let alive_n = alive.len() as u32;
             if alive_n < want && job.app.stalled(app.max_executors) {
                 // Executors keep failing (a bad command, a driver gone):

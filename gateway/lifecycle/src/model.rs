@@ -600,6 +600,29 @@ impl Job {
         }
     }
 
+    /// An application job's executors: its instances after the driver's
+    /// (none for other jobs).
+    pub fn executors(&self) -> std::ops::Range<u32> {
+        match self.plan.app {
+            Some(a) if self.plan.kind == JobKind::Application => {
+                a.first_executor()..self.tasks.len() as u32
+            }
+            _ => 0..0,
+        }
+    }
+
+    /// Whether instance `i` is one of the application's executors.
+    pub fn is_executor(&self, i: u32) -> bool {
+        self.executors().contains(&i)
+    }
+
+    /// Executors the application wants now: its target, within its bound.
+    pub fn executors_wanted(&self) -> u32 {
+        self.plan
+            .app
+            .map_or(0, |a| self.app.target.min(a.max_executors))
+    }
+
     /// The job's latest update.
     pub fn latest_update(&self) -> Option<&Arc<str>> {
         self.updates.back()

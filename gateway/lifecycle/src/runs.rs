@@ -72,6 +72,7 @@ impl Lifecycle {
         fx: &mut Effects,
     ) {
         let job = self.jobs.get_mut(&k).expect("live job");
+        let executor = job.is_executor(i);
         let t = &mut job.tasks[i as usize];
         let from = t.state;
         assert!(
@@ -93,7 +94,7 @@ impl Lifecycle {
                 // An executor to replace, or a driver that ended.
                 self.app_dirty.insert(k);
             }
-            if to == S::Failed && job.plan.app.is_some_and(|a| i >= a.first_executor()) {
+            if to == S::Failed && executor {
                 // Failures in a row; one that ran a good while first starts
                 // the count over (a driver that is gone, a bad command or
                 // image fail at once, again and again).

@@ -252,7 +252,12 @@ impl Scheduler {
             .and_then(|s| s.get_mut(&config))
             .expect("a live job has its spec");
         let app = spec.application.get_or_insert_with(Default::default);
-        if app.driver_url.is_empty() {
+        let first = app.driver_url.is_empty();
+        app.driver_url = driver_url;
+        app.max_executors = max_executors;
+        app.driver_in_job = true;
+        if first {
+            // The driver keeps its task as instance 0's own.
             let driver = spec.default_task.take();
             spec.overrides.retain(|o| o.instance != 0);
             spec.overrides.push(pb::InstanceOverride {
@@ -260,10 +265,6 @@ impl Scheduler {
                 spec: driver,
             });
         }
-        let app = spec.application.get_or_insert_with(Default::default);
-        app.driver_url = driver_url;
-        app.max_executors = max_executors;
-        app.driver_in_job = true;
         spec.default_task = Some(executor);
         Ok(())
     }
@@ -275,13 +276,11 @@ impl Scheduler {
     ) -> Result<pb::KillExecutorsResponse, Status> {
         let k = self.app_key(&id)?;
         let job = self.core.job(k).expect("live");
-        let first = job.plan.app.map_or(0, |a| a.first_executor());
-        let n = job.tasks.len() as u32;
         let mut out = pb::KillExecutorsResponse::default();
         let mut instances = Vec::new();
         for e in executor_ids {
             match e.parse::<u32>() {
-                Ok(i) if i >= first && i < n && e == i.to_string() => {
+                Ok(i) if job.is_executor(i) && e == i.to_string() => {
                     instances.push(i);
                     out.killed.push(e);
                 }
@@ -338,25 +337,7 @@ fn app_to_pb(
         driver_in_job: plan.driver_in_job,
         ..Default::default()
     };
-    let n = job.tasks.len() as u32;
-    let alive = (plan.first_executor()..n)
-        .filter(|&i| !job.tasks[i as usize].state.is_terminal())
-        .count() as u32;
-    let want = job.app.target.min(plan.max_executors);
-    if alive < want && !job.app.closed && plan.registered {
-        if job.app.stalled(plan.max_executors) {
-            app.stalled = format!(
-                "{} executors failed in a row with none running; no new one starts until the target changes (see the exited executors' reasons)",
-                job.app.failures
-            );
-        } else if n >= core.config().max_instances_per_job {
-            app.stalled = format!(
-                "the application used all {n} instance ids a job may have ({} executors started in all); register it again as a new application",
-                n - plan.first_executor()
-            );
-        }
-    }
-    for i in plan.first_executor()..n {
+    for i in job.executors() {
         let t = &job.tasks[i as usize];
         if t.state.is_terminal() {
             app.exited += 1;
@@ -377,6 +358,21 @@ fn app_to_pb(
                     .unwrap_or_default(),
                 pending_reason: reads::pending_reason(engine, job, i, t),
             });
+        }
+    }
+    let alive = app.running + app.pending;
+    if alive < job.executors_wanted() && !job.app.closed && plan.registered {
+        let n = job.tasks.len() as u32;
+        if job.app.stalled(plan.max_executors) {
+            app.stalled = format!(
+                "{} executors failed in a row with none running; no new one starts until the target changes (see the exited executors' reasons)",
+                job.app.failures
+            );
+        } else if n >= core.config().max_instances_per_job {
+            app.stalled = format!(
+                "the application used all {n} instance ids a job may have ({} executors started in all); register it again as a new application",
+                job.executors().len()
+            );
         }
     }
     app

@@ -3,7 +3,7 @@
 //! event stream is the job's watch, read as executor events, plus the
 //! pending reasons of waiting executors as they change.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -262,7 +262,7 @@ impl ApplicationService for Api {
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         let mut follow = Follow {
             first,
-            exited: HashMap::new(),
+            exited: HashSet::new(),
             pending: HashMap::new(),
         };
         // The first message at once: the executors waiting now, and why.
@@ -287,7 +287,7 @@ impl ApplicationService for Api {
 struct Follow {
     first: u32,
     /// Executors whose end was reported (their later events are echoes).
-    exited: HashMap<u32, ()>,
+    exited: HashSet<u32>,
     /// The last pending reason reported per waiting executor.
     pending: HashMap<u32, String>,
 }
@@ -296,7 +296,7 @@ impl Follow {
     /// Pending events for waiting executors whose reason changed.
     fn pending_changes(&mut self, app: &pb::Application) -> Vec<pb::ExecutorEvent> {
         let mut out = Vec::new();
-        let now = now_ms();
+        let now = crate::scheduler::now_ms();
         for e in &app.executors {
             let Ok(i) = e.id.parse::<u32>() else { continue };
             if e.state == pb::TaskState::Running as i32 || e.pending_reason.is_empty() {
@@ -350,7 +350,7 @@ impl Follow {
             pb::TaskState::Pending | pb::TaskState::Initialized if t.run_id == 1 => {
                 // A retired executor passes through Initialized on its way
                 // to its end: not a new wait.
-                if self.pending.contains_key(&t.instance) || self.exited.contains_key(&t.instance) {
+                if self.pending.contains_key(&t.instance) || self.exited.contains(&t.instance) {
                     return None;
                 }
                 let reason = "waiting for admission in its pool".to_string();
@@ -366,7 +366,7 @@ impl Follow {
         };
         if matches!(kind, pb::executor_event::Kind::Exited(_)) {
             self.pending.remove(&t.instance);
-            if self.exited.insert(t.instance, ()).is_some() {
+            if !self.exited.insert(t.instance) {
                 // Its end was told already (a lost executor is then killed).
                 return None;
             }
@@ -409,12 +409,6 @@ async fn exit_codes(api: &Api, id: &str, events: &mut [pb::ExecutorEvent]) {
             x.exit_code = run.exit_code;
         }
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Feeds one client: the job's watch read as executor events, and every

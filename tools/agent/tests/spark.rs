@@ -185,6 +185,11 @@ async fn app(cluster: &Cluster, id: &str) -> pb::Application {
 
 /// The application registered in `pool` (waits for its driver to register).
 async fn app_in(cluster: &Cluster, pool: &str) -> String {
+    app_in_other_than(cluster, pool, "").await
+}
+
+/// An application registered in `pool` other than `known`.
+async fn app_in_other_than(cluster: &Cluster, pool: &str, known: &str) -> String {
     let mut jobs = cluster.c.jobs.clone();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -199,9 +204,10 @@ async fn app_in(cluster: &Cluster, pool: &str) -> String {
             .jobs
             .into_iter()
             .find(|j| {
-                j.spec
-                    .as_ref()
-                    .is_some_and(|s| s.r#type == pb::JobType::Application as i32)
+                j.id != known
+                    && j.spec
+                        .as_ref()
+                        .is_some_and(|s| s.r#type == pb::JobType::Application as i32)
             });
         if let Some(j) = found {
             return j.id;
@@ -323,33 +329,7 @@ async fn a_second_application_waits_with_a_reason_and_finishes_when_the_first_le
     )
     .await;
     let second = driver(&cluster, &jar, &python, "/small", &dynamic);
-    let second_id = {
-        let mut jobs = cluster.c.jobs.clone();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let ids: Vec<String> = jobs
-                .query(pb::QueryJobsRequest {
-                    pool: "/small".into(),
-                    ..Default::default()
-                })
-                .await
-                .expect("query")
-                .into_inner()
-                .jobs
-                .into_iter()
-                .map(|j| j.id)
-                .filter(|j| *j != first_id)
-                .collect();
-            if let Some(id) = ids.into_iter().next() {
-                break id;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the second application never registered"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
+    let second_id = app_in_other_than(&cluster, "/small", &first_id).await;
     // Its executors wait, saying why, never refused.
     let a = wait_app(
         &cluster,
@@ -414,16 +394,9 @@ async fn an_executors_host_dies_mid_job_and_spark_gets_a_replacement() {
     .await;
     assert!(a.exited >= 1, "{a:#?}");
     finished(child, "a host lost mid-job").await;
-    let mut tasks = cluster.c.tasks.clone();
-    let lost = tasks
-        .list(pb::ListTasksRequest {
-            job_id: id.clone(),
-            ..Default::default()
-        })
+    let lost = cluster
+        .tasks(&id)
         .await
-        .expect("tasks")
-        .into_inner()
-        .tasks
         .into_iter()
         .filter(|t| t.current.as_ref().is_some_and(|r| r.host == host))
         .count();
@@ -515,16 +488,9 @@ async fn preempted_executors_are_not_the_applications_failures() {
         .expect("job")
         .id;
     let a = wait_app(&cluster, &id, 120, "executors preempted", |a| a.exited >= 2).await;
-    let mut tasks = cluster.c.tasks.clone();
-    let preempted = tasks
-        .list(pb::ListTasksRequest {
-            job_id: id.clone(),
-            ..Default::default()
-        })
+    let preempted = cluster
+        .tasks(&id)
         .await
-        .expect("tasks")
-        .into_inner()
-        .tasks
         .into_iter()
         .filter(|t| {
             t.current

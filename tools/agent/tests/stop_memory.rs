@@ -34,6 +34,8 @@ async fn a_kill_sends_the_tasks_own_stop_signal_before_sigkill() {
     task.stop_signal = "SIGPWR".into();
     task.kill_grace_period_ms = 60_000;
     let id = cluster.create(job("pwr", 1, task)).await;
+    // Its logs can be read once it runs.
+    cluster.wait_running(&id, 1).await;
     eventually("the task ready", async || {
         cluster
             .logs(&id, 0, false)

@@ -32,13 +32,41 @@ pub struct LaunchOptions {
     pub agents_dir: Option<std::path::PathBuf>,
 }
 
-/// A child process stopped with SIGTERM (then SIGKILL) when dropped.
-struct Process(Child);
+/// A child process stopped with SIGTERM (then SIGKILL after its patience)
+/// when dropped.
+pub(crate) struct Process(pub(crate) Child, pub(crate) Duration);
 
 impl Drop for Process {
     fn drop(&mut self) {
-        crate::e2e::stop_child(&mut self.0, Duration::from_secs(10));
+        crate::e2e::stop_child(&mut self.0, self.1);
     }
+}
+
+/// How long a stopped child of `launch` may take before SIGKILL.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Starts a local `peloton-agent` of server `addr` on work dir `work`, its
+/// output discarded; `extra` adds options.
+pub(crate) fn spawn_agent(
+    bin: &std::path::Path,
+    addr: &str,
+    token: &str,
+    work: &std::path::Path,
+    host: &str,
+    resources: &str,
+    extra: &[String],
+) -> Result<Child> {
+    std::fs::create_dir_all(work)?;
+    std::process::Command::new(bin)
+        .args(["--server", addr, "--token", token])
+        .arg("--work-dir")
+        .arg(work)
+        .args(["--host", host, "--resources", resources])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start peloton-agent")
 }
 
 fn sibling(name: &str) -> Result<std::path::PathBuf> {
@@ -116,7 +144,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .spawn()
         .context("cannot start pelotond")?;
     let stdout = server.stdout.take().context("no stdout")?;
-    let server = Process(server);
+    let server = Process(server, PATIENCE);
     let mut lines = std::io::BufReader::new(stdout).lines();
     let addr = loop {
         let Some(line) = lines.next() else {
@@ -136,19 +164,16 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     };
     let mut agents = Vec::new();
     for i in 0..o.agents {
-        let work = agents_root.path().join(format!("agent-{i}"));
-        std::fs::create_dir_all(&work)?;
-        let child = std::process::Command::new(&agent_bin)
-            .args(["--server", &addr, "--token", token])
-            .arg("--work-dir")
-            .arg(&work)
-            .args(["--host", &format!("bench-{i}")])
-            .args(["--resources", &format!("cpu={cores},mem=4096,disk=100000")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start peloton-agent")?;
-        agents.push(Process(child));
+        let child = spawn_agent(
+            &agent_bin,
+            &addr,
+            token,
+            &agents_root.path().join(format!("agent-{i}")),
+            &format!("bench-{i}"),
+            &format!("cpu={cores},mem=4096,disk=100000"),
+            &[],
+        )?;
+        agents.push(Process(child, PATIENCE));
     }
     let channel = Channel::from_shared(addr.clone())?.connect().await?;
     let mut hosts = pb::host_service_client::HostServiceClient::new(channel.clone());

@@ -60,7 +60,6 @@
 //! ```
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
@@ -71,6 +70,8 @@ use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
+
+use crate::launch::Process;
 
 /// Options of one run.
 #[derive(Debug, Clone)]
@@ -222,25 +223,21 @@ async fn local(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> 
     )?;
     let mut agents = Vec::new();
     for i in 0..o.agents {
-        let dir = work.path().join(format!("agent-{i}"));
-        std::fs::create_dir_all(&dir)?;
         // Spawned from this (the main) thread: --exit-with-parent follows it.
-        let child = std::process::Command::new(&agent_bin)
-            .args(["--server", &addr, "--token", token])
-            .arg("--work-dir")
-            .arg(&dir)
-            .args(["--host", &format!("spark-bench-{i}")])
-            .args([
-                "--resources",
-                &format!("cpu={agent_cpu:.3},mem={agent_mem},disk=10000"),
-            ])
-            .arg("--stop-tasks-on-exit")
-            .args(["--exit-with-parent", &std::process::id().to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start peloton-agent")?;
-        agents.push(Process(child));
+        let child = crate::launch::spawn_agent(
+            &agent_bin,
+            &addr,
+            token,
+            &work.path().join(format!("agent-{i}")),
+            &format!("spark-bench-{i}"),
+            &format!("cpu={agent_cpu:.3},mem={agent_mem},disk=10000"),
+            &[
+                "--stop-tasks-on-exit".into(),
+                "--exit-with-parent".into(),
+                std::process::id().to_string(),
+            ],
+        )?;
+        agents.push(Process(child, AGENT_PATIENCE));
     }
     let channel = connect(&addr).await?;
     wait_hosts(&channel, o.agents, o.timeout).await?;
@@ -744,16 +741,10 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A child process stopped with SIGTERM (then SIGKILL) when dropped. An
-/// agent with `--stop-tasks-on-exit` stops its executors first (their kill
-/// grace is 2 s), hence the patience.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        crate::e2e::stop_child(&mut self.0, Duration::from_secs(30));
-    }
-}
+/// How long a stopped agent may take before SIGKILL: with
+/// `--stop-tasks-on-exit` it stops its executors first (their kill grace is
+/// 2 s), hence the patience.
+const AGENT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Kills executor processes (their command line holds `marker`) that
 /// outlived their agents.
