@@ -643,14 +643,33 @@ impl HostArena {
         request: &Resources,
         ports: u32,
     ) -> Result<GpuGrant, Misfit> {
+        self.allocate_on(slot, request, ports, None)
+    }
+
+    /// [`HostArena::allocate`], a fractional GPU request going to the
+    /// lowest device with exactly `device_free` free milli-GPUs when there is
+    /// one that fits (else the usual choice).
+    pub fn allocate_on(
+        &mut self,
+        slot: usize,
+        request: &Resources,
+        ports: u32,
+        device_free: Option<u16>,
+    ) -> Result<GpuGrant, Misfit> {
         self.fits(slot, request, ports)?;
-        let grant = if request[Dim::Gpu] > 0 {
-            gpu_choice(
-                &self.gpu_free[slot],
-                self.gpu_devices[slot],
-                request[Dim::Gpu],
-            )
-            .expect("fits() checked the devices")
+        let milli = request[Dim::Gpu];
+        let n = usize::from(self.gpu_devices[slot]);
+        let chosen = device_free
+            .filter(|&f| milli > 0 && milli < MILLI_GPUS_PER_DEVICE && u64::from(f) >= milli)
+            .and_then(|f| self.gpu_free[slot][..n].iter().position(|&d| d == f));
+        let grant = if let Some(i) = chosen {
+            GpuGrant {
+                devices: 1 << i,
+                milli_per_device: milli as u16,
+            }
+        } else if milli > 0 {
+            gpu_choice(&self.gpu_free[slot], self.gpu_devices[slot], milli)
+                .expect("fits() checked the devices")
         } else {
             GpuGrant::default()
         };

@@ -14,6 +14,7 @@ pub mod admission;
 pub mod constraint;
 pub mod engine;
 pub mod entitlement;
+pub mod gpufrag;
 pub mod host;
 pub mod intern;
 pub mod manager;

@@ -63,6 +63,10 @@ pub struct PlacementConfig {
     /// placer has threads (default 4,096; smaller sets cost more to split
     /// than they save).
     pub parallel_min_candidates: u64,
+    /// GPU tasks with the `pack` strategy are placed by `gpu_frag` once a
+    /// workload mix is known (default: yes; `gpu_frag` beats the GPU-aware
+    /// pack on every GPU trace we replay).
+    pub gpu_frag_for_gpu_tasks: bool,
 }
 
 impl Default for PlacementConfig {
@@ -71,6 +75,7 @@ impl Default for PlacementConfig {
             allow_cpu_tasks_on_gpu_hosts: false,
             gpu_aware: true,
             parallel_min_candidates: PARALLEL_MIN_CANDIDATES,
+            gpu_frag_for_gpu_tasks: true,
         }
     }
 }
@@ -298,6 +303,11 @@ pub struct Placer {
     /// Scratch for parallel scans: candidate slots and their scores.
     slots: Vec<u32>,
     scored: Vec<Option<Reverse<(u64, u32)>>>,
+    /// The `gpu_frag` score's compiled mix and memo.
+    frag: crate::gpufrag::FragModel,
+    /// The mix set by the caller (none: learned from placed tasks).
+    given_mix: Option<crate::gpufrag::GpuMix>,
+    learner: crate::gpufrag::MixLearner,
 }
 
 impl Placer {
@@ -322,6 +332,57 @@ impl Placer {
             )
         });
         self
+    }
+
+    /// Sets the workload mix the `gpu_frag` score measures fragmentation
+    /// against (`None`: learn it from the tasks placed, the default).
+    pub fn set_gpu_mix(&mut self, mix: Option<crate::gpufrag::GpuMix>) {
+        self.given_mix = mix;
+        self.learner.since_built = u64::MAX;
+    }
+
+    /// The mix the `gpu_frag` score used in the last batch.
+    pub fn gpu_mix(&self) -> &crate::gpufrag::GpuMix {
+        self.frag.mix()
+    }
+
+    /// Brings the `gpu_frag` model up to date for a batch: the given mix, or
+    /// the learned one rebuilt after every 1,000 observations; and which
+    /// hosts each of its types may use.
+    fn refresh_gpu_mix(&mut self, hosts: &HostArena, constraints: &ConstraintTable) {
+        if self.learner.since_built >= 1000
+            || (self.frag.is_empty() && self.learner.since_built > 0)
+        {
+            let mix = match &self.given_mix {
+                Some(mix) => mix.clone(),
+                None => self.learner.mix(),
+            };
+            self.frag.set_mix(&mix);
+            self.learner.since_built = 0;
+        }
+        if self.frag.is_empty() {
+            return;
+        }
+        let cache = &mut self.cache;
+        self.frag.set_eligible(|id| match constraints.get(id) {
+            None | Some(crate::constraint::Constraint::True) => None,
+            Some(c) => Some(cache.evaluate(c, hosts).clone()),
+        });
+    }
+
+    /// The strategy a class is placed with: `pack` GPU tasks use `gpu_frag`
+    /// when configured and a mix is known.
+    fn effective(&self, mut key: ClassKey) -> ClassKey {
+        if key.strategy == Strategy::GpuFrag && self.frag.is_empty() {
+            key.strategy = Strategy::Pack;
+        } else if key.strategy == Strategy::Pack
+            && self.config.gpu_frag_for_gpu_tasks
+            && key.request[Dim::Gpu] > 0
+            && !self.frag.is_empty()
+        {
+            key.strategy = Strategy::GpuFrag;
+        }
+        key
     }
 
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
@@ -401,6 +462,7 @@ impl Placer {
         // to one flat slice ordered by class (a counting sort), in the
         // batch's scratch arena, which is reset for the next batch.
         self.cache.clear();
+        self.refresh_gpu_mix(hosts, constraints);
         self.classes.clear();
         self.class_keys.clear();
         self.gangs.clear();
@@ -427,7 +489,7 @@ impl Placer {
                 self.gangs[g].1.push(task);
                 continue;
             }
-            let key = Self::key_of(&spec);
+            let key = self.key_of(&spec);
             let n_classes = self.class_keys.len();
             let class = *self.classes.entry(key).or_insert(n_classes);
             if class == n_classes {
@@ -536,13 +598,13 @@ impl Placer {
         hosts
             .fits(slot as usize, &spec.request, u32::from(spec.ports))
             .map_err(|m| format!("does not fit on the host: {m:?}"))?;
-        let key = Self::key_of(&spec);
+        let key = self.key_of(&spec);
         self.commit(hosts, tasks, task, slot, &key, now_ms);
         Ok(())
     }
 
-    fn key_of(spec: &crate::task::TaskSpec) -> ClassKey {
-        ClassKey {
+    fn key_of(&self, spec: &crate::task::TaskSpec) -> ClassKey {
+        self.effective(ClassKey {
             request: spec.request,
             ports: spec.ports,
             constraint: spec.constraint,
@@ -555,7 +617,7 @@ impl Placer {
             max_per_host: spec.max_per_host,
             may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
             desired_host: spec.desired_host,
-        }
+        })
     }
 
     /// Places one task with a desired host, using what is reserved for its
@@ -575,7 +637,7 @@ impl Placer {
         out: &mut PlacementResult,
     ) {
         let spec = tasks.spec(task).expect("validated");
-        let key = Self::key_of(&spec);
+        let key = self.key_of(&spec);
         let slot = spec.desired_host;
         let owner = (spec.job, spec.instance);
         let reserved = match reservations.get(&owner) {
@@ -720,7 +782,7 @@ impl Placer {
     }
 
     fn score(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> f64 {
-        score_for(hosts, slot, key, self.config.gpu_aware)
+        score_for(hosts, slot, key, self.config.gpu_aware, &self.frag)
     }
 
     /// Fills the heap with the candidates that fit, keyed by (score, slot).
@@ -730,11 +792,16 @@ impl Placer {
     fn build_heap(&mut self, hosts: &HostArena, candidates: &RoaringBitmap, key: &ClassKey) {
         let counts = self.job_host.get(&key.limit_key);
         let gpu_aware = self.config.gpu_aware;
+        let frag = &self.frag;
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         entries.clear();
         let score_one = |slot: u32| -> Option<Reverse<(u64, u32)>> {
-            fits_for(hosts, slot, key, counts)
-                .then(|| Reverse((score_key(score_for(hosts, slot, key, gpu_aware)), slot)))
+            fits_for(hosts, slot, key, counts).then(|| {
+                Reverse((
+                    score_key(score_for(hosts, slot, key, gpu_aware, frag)),
+                    slot,
+                ))
+            })
         };
         match &self.threads {
             Some(threads) if candidates.len() >= self.config.parallel_min_candidates => {
@@ -766,9 +833,20 @@ impl Placer {
         key: &ClassKey,
         now_ms: u64,
     ) -> Placed {
+        let device = if key.strategy == Strategy::GpuFrag {
+            self.frag.delta(hosts, slot as usize, &key.request).1
+        } else {
+            None
+        };
         let gpu = hosts
-            .allocate(slot as usize, &key.request, u32::from(key.ports))
+            .allocate_on(slot as usize, &key.request, u32::from(key.ports), device)
             .expect("the host was checked to fit");
+        if key.request[Dim::Gpu] > 0 || hosts.capacity_column(Dim::Gpu)[slot as usize] > 0 {
+            self.learner.observe(crate::gpufrag::MixKey {
+                request: key.request,
+                constraint: key.constraint,
+            });
+        }
         if key.max_per_host > 0 {
             *self
                 .job_host
@@ -819,7 +897,7 @@ impl Placer {
                     }
                 }
             }
-            Strategy::Pack | Strategy::Spread => {
+            Strategy::Pack | Strategy::Spread | Strategy::GpuFrag => {
                 self.build_heap(hosts, &candidates, &key);
                 while next < members.len() {
                     let Some(Reverse((_, slot))) = self.heap.pop() else {
@@ -864,7 +942,7 @@ impl Placer {
             .map(|&t| tasks.state(t).expect("validated"))
             .collect();
         for &task in members {
-            let key = Self::key_of(&tasks.spec(task).expect("validated"));
+            let key = self.key_of(&tasks.spec(task).expect("validated"));
             let candidates = self.candidates(hosts, constraints, &key);
             let mut best: Option<(u64, u32)> = None;
             for slot in candidates.iter() {
@@ -1060,9 +1138,21 @@ fn fits_for(
 }
 
 /// The class's score on the host in `slot` (lower is better).
-fn score_for(hosts: &HostArena, slot: u32, key: &ClassKey, gpu_aware: bool) -> f64 {
+fn score_for(
+    hosts: &HostArena,
+    slot: u32,
+    key: &ClassKey,
+    gpu_aware: bool,
+    frag: &crate::gpufrag::FragModel,
+) -> f64 {
     let slot = slot as usize;
     match key.strategy {
+        Strategy::GpuFrag => {
+            // The growth of fragmentation (GPUs, may be negative), offset to
+            // stay positive; ties go to the tighter fit.
+            let (delta, _) = frag.delta(hosts, slot, &key.request);
+            (FRAG_OFFSET + delta).max(0.0) + 1e-4 * pack_score(hosts, slot, &key.request, false)
+        }
         Strategy::FirstFit => slot as f64,
         Strategy::Spread => {
             let mut allocated = 0.0;
@@ -1077,6 +1167,10 @@ fn score_for(hosts: &HostArena, slot: u32, key: &ClassKey, gpu_aware: bool) -> f
         Strategy::Pack => pack_score(hosts, slot, &key.request, gpu_aware),
     }
 }
+
+/// Added to `gpu_frag`'s fragmentation growth (at most a few GPUs either
+/// way) so scores stay non-negative.
+const FRAG_OFFSET: f64 = 1000.0;
 
 /// Orders non-negative scores as integers (IEEE-754 bits of non-negative
 /// floats sort like the values).

@@ -64,6 +64,10 @@ pub enum Strategy {
     Spread,
     /// Lowest host slot that fits.
     FirstFit,
+    /// GPU packing by capacity-aware fragmentation descent
+    /// ([`crate::gpufrag`]): the host whose fragmentation against the
+    /// workload mix grows least.
+    GpuFrag,
 }
 
 impl Strategy {
@@ -73,6 +77,7 @@ impl Strategy {
             Strategy::Pack => "pack",
             Strategy::Spread => "spread",
             Strategy::FirstFit => "first_fit",
+            Strategy::GpuFrag => "gpu_frag",
         }
     }
 }

@@ -392,6 +392,9 @@ impl Reference {
                     .sum()
             }
             Strategy::Pack => pack_score(&self.hosts, slot, &spec.request, self.config.gpu_aware),
+            Strategy::GpuFrag => {
+                unreachable!("the reference placer covers pack, spread, first_fit")
+            }
         }
     }
 
@@ -478,7 +481,7 @@ proptest! {
         gpu_aware in any::<bool>(),
     ) {
         let mut rng = Rng::new(seed);
-        let config = PlacementConfig { gpu_aware, ..Default::default() };
+        let config = PlacementConfig { gpu_aware, gpu_frag_for_gpu_tasks: false, ..Default::default() };
         let mut hosts = HostArena::new(HostLimits::default());
         let mut reference = Reference { hosts: HostArena::new(HostLimits::default()), per_host: HashMap::new(), config };
         for i in 0..n_hosts {

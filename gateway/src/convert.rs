@@ -995,6 +995,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         Ok(pb::PlacementStrategy::Pack) => Strategy::Pack,
         Ok(pb::PlacementStrategy::Spread) => Strategy::Spread,
         Ok(pb::PlacementStrategy::FirstFit) => Strategy::FirstFit,
+        Ok(pb::PlacementStrategy::GpuFrag) => Strategy::GpuFrag,
         Err(_) => {
             return Err(invalid(
                 "spec.placement",

@@ -95,7 +95,7 @@ enum Command {
         /// Tasks to place.
         #[arg(long, default_value_t = 1_000_000)]
         tasks: usize,
-        /// pack, spread or first_fit.
+        /// pack, spread, first_fit or gpu_frag.
         #[arg(long, default_value = "pack")]
         strategy: String,
         /// Use the plain pack score (no GPU fragmentation term).
@@ -104,20 +104,33 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Replay the Alibaba GPU trace (ATC '23 fragmentation methodology) with
-    /// the plain pack score and with the GPU-aware one.
+    /// Replay the Alibaba GPU trace (openb) as the ATC '23 fragmentation
+    /// paper does, with each placement strategy, and report the paper's
+    /// metric: unallocated GPU % at 100 % arrived, per seed and the mean.
+    /// The paper's cluster is the GPU-node list,
+    /// openb_node_list_gpu_node.csv (1,213 nodes, 6,212 GPUs).
     TraceGpu {
-        /// Node list CSV (openb_node_list_all_node.csv).
+        /// Node list CSV: the paper's cluster is
+        /// ../shared/traces/alibaba-gpu-v2023-openb/openb_node_list_gpu_node.csv.
         #[arg(long)]
         nodes: PathBuf,
-        /// Pod list CSV (e.g. openb_pod_list_default.csv).
+        /// Pod list CSV (e.g. openb_pod_list_default.csv; any openb list).
         #[arg(long)]
         pods: PathBuf,
         /// Stop when the requested GPUs reach this multiple of the capacity.
         #[arg(long, default_value_t = 1.3)]
         inflate: f64,
-        #[command(flatten)]
-        common: Common,
+        /// Seeds, as FIRST..LAST (inclusive) or one number; the paper
+        /// reports the mean over 42..51.
+        #[arg(long, default_value = "42..51")]
+        seeds: String,
+        /// Comma-separated strategies: gpu_frag, gpu_frag_learned,
+        /// pack_gpu_aware, pack, spread, first_fit (default: all).
+        #[arg(long)]
+        strategies: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// The whole service through gRPC: start (or connect to) a server with
     /// simulated hosts, submit jobs from concurrent clients, wait for every
@@ -293,32 +306,71 @@ fn main() -> Result<()> {
             nodes,
             pods,
             inflate,
-            common,
+            seeds,
+            strategies,
+            json,
         } => {
             if !(inflate > 0.0 && inflate <= 10.0) {
                 bail!("--inflate must be in (0, 10]");
             }
+            let seeds = parse_seeds(&seeds)?;
+            let strategies = match strategies {
+                None => trace::TraceStrategy::ALL.to_vec(),
+                Some(list) => list
+                    .split(',')
+                    .map(|s| trace::TraceStrategy::parse(s.trim()))
+                    .collect::<Result<Vec<_>>>()?,
+            };
             let node_specs = trace::read_nodes(&nodes)?;
             let pod_list = trace::read_pods(&pods)?;
-            let pack = trace::replay(&node_specs, &pod_list, inflate, common.seed, false)?;
-            let aware = trace::replay(&node_specs, &pod_list, inflate, common.seed, true)?;
-            let report = json!({
-                "benchmark": "trace-gpu",
-                "nodes": node_specs.len(),
-                "pods_in_trace": pod_list.len(),
-                "inflate": inflate,
-                "seed": common.seed,
-                "gpu_alloc_rate_first_failure": aware.gpu_alloc_rate_first_failure,
-                "gpu_alloc_rate_end": aware.gpu_alloc_rate_end,
-                "unallocated_gpus": aware.unallocated_gpus,
-                "pack": serde_json::to_value(&pack)?,
-                "gpu_aware": serde_json::to_value(&aware)?,
-            });
-            print(
-                &report,
-                common.json,
-                "trace-gpu (top-level figures: GPU-aware score)",
-            );
+            let mut results = Vec::new();
+            for &strategy in &strategies {
+                let mut runs = Vec::new();
+                for &seed in &seeds {
+                    let run = trace::replay(&node_specs, &pod_list, inflate, seed, strategy)?;
+                    if !json {
+                        println!(
+                            "{:<17} seed {:>4}: unallocated at 100% arrived {:>6.2}%  (first GPU failure at {:.2}% allocated, end {:.2}%)  {:.2} s",
+                            strategy.name(),
+                            seed,
+                            run.unallocated_pct_at_100,
+                            100.0 * run.gpu_alloc_rate_first_failure,
+                            100.0 * run.gpu_alloc_rate_end,
+                            run.run_seconds
+                        );
+                    }
+                    runs.push(run);
+                }
+                let n = runs.len() as f64;
+                let mean = runs.iter().map(|r| r.unallocated_pct_at_100).sum::<f64>() / n;
+                let seconds = runs.iter().map(|r| r.run_seconds).sum::<f64>();
+                if !json {
+                    println!(
+                        "{:<17} mean over {} seeds: unallocated at 100% arrived {:.2}%  ({:.1} s in all)",
+                        strategy.name(),
+                        runs.len(),
+                        mean,
+                        seconds
+                    );
+                }
+                results.push(json!({
+                    "strategy": strategy.name(),
+                    "mean_unallocated_pct_at_100": mean,
+                    "run_seconds": seconds,
+                    "runs": serde_json::to_value(&runs)?,
+                }));
+            }
+            if json {
+                let report = json!({
+                    "benchmark": "trace-gpu",
+                    "nodes": node_specs.len(),
+                    "pods_in_trace": pod_list.len(),
+                    "inflate": inflate,
+                    "seeds": seeds,
+                    "strategies": results,
+                });
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            }
         }
         Command::E2e {
             hosts,
@@ -640,7 +692,8 @@ fn placement(
         "pack" => Strategy::Pack,
         "spread" => Strategy::Spread,
         "first_fit" => Strategy::FirstFit,
-        other => bail!("--strategy must be pack, spread or first_fit, not {other:?}"),
+        "gpu_frag" => Strategy::GpuFrag,
+        other => bail!("--strategy must be pack, spread, first_fit or gpu_frag, not {other:?}"),
     };
     let start = Instant::now();
     let mut w =
@@ -790,4 +843,27 @@ fn print(report: &Value, as_json: bool, title: &str) {
         };
         println!("  {key:<width$} | {shown}");
     }
+}
+
+/// Parses `--seeds`: `FIRST..LAST` (inclusive) or one number.
+fn parse_seeds(text: &str) -> Result<Vec<u64>> {
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<u64>()
+            .with_context(|| format!("--seeds: {s:?} is not a number"))
+    };
+    let seeds: Vec<u64> = match text.split_once("..") {
+        Some((a, b)) => {
+            let (a, b) = (parse(a)?, parse(b.trim_start_matches('='))?);
+            if b < a {
+                bail!("--seeds: {a}..{b} is empty");
+            }
+            (a..=b).collect()
+        }
+        None => vec![parse(text)?],
+    };
+    if seeds.len() > 1000 {
+        bail!("--seeds: at most 1000 seeds");
+    }
+    Ok(seeds)
 }

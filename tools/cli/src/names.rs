@@ -114,7 +114,7 @@ proto_enum!(
     PlacementStrategy,
     "PLACEMENT_STRATEGY_",
     "placement strategy",
-    [Pack, Spread, FirstFit,]
+    [Pack, Spread, FirstFit, GpuFrag,]
 );
 
 /// The CLI name of `value`: `running`, `first_fit`.

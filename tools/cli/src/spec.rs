@@ -160,6 +160,7 @@ pub enum PlacementName {
     Pack,
     Spread,
     FirstFit,
+    GpuFrag,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -347,6 +348,7 @@ impl JobFile {
             PlacementName::Pack => PlacementStrategy::Pack,
             PlacementName::Spread => PlacementStrategy::Spread,
             PlacementName::FirstFit => PlacementStrategy::FirstFit,
+            PlacementName::GpuFrag => PlacementStrategy::GpuFrag,
         };
         JobSpec {
             name: self.name,
