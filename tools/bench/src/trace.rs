@@ -308,7 +308,7 @@ impl TraceStrategy {
             .find(|s| s.name() == name)
             .with_context(|| {
                 format!(
-                    "unknown strategy {name:?} (one of {})",
+                    "--strategies: unknown strategy {name:?} (one of {})",
                     TraceStrategy::ALL.map(|s| s.name()).join(", ")
                 )
             })

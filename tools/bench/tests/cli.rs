@@ -154,18 +154,91 @@ fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
         pods.to_str().unwrap(),
         "--inflate",
         "1.3",
+        "--seeds",
+        "42..43",
         "--json",
     ]);
     assert_eq!(report["nodes"], 3);
     assert_eq!(report["pods_in_trace"], 4);
-    for run in ["pack", "gpu_aware"] {
-        let rate = report[run]["gpu_alloc_rate_end"].as_f64().unwrap();
-        assert!(rate > 0.0 && rate <= 1.0, "{run}: {rate}");
-        let unallocated = report[run]["unallocated_gpus"].as_f64().unwrap();
+    let strategies = report["strategies"].as_array().unwrap();
+    assert_eq!(strategies.len(), 6, "every strategy by default");
+    for strategy in strategies {
+        let name = strategy["strategy"].as_str().unwrap();
+        let runs = strategy["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2, "{name}: one run per seed");
+        let mut sum = 0.0;
+        for run in runs {
+            let rate = run["gpu_alloc_rate_end"].as_f64().unwrap();
+            assert!(rate > 0.0 && rate <= 1.0, "{name}: {rate}");
+            let unallocated = run["unallocated_gpus"].as_f64().unwrap();
+            assert!(
+                (unallocated - 10.0 * (1.0 - rate)).abs() < 1e-6,
+                "{name}: consistent with 10 GPUs"
+            );
+            let at_100 = run["unallocated_pct_at_100"].as_f64().unwrap();
+            assert!((0.0..=100.0).contains(&at_100), "{name}: {at_100}");
+            sum += at_100;
+        }
+        let mean = strategy["mean_unallocated_pct_at_100"].as_f64().unwrap();
         assert!(
-            (unallocated - 10.0 * (1.0 - rate)).abs() < 1e-6,
-            "{run}: consistent with 10 GPUs"
+            (mean - sum / 2.0).abs() < 1e-9,
+            "{name}: the mean of the runs"
         );
+    }
+    // The five-column multi-GPU lists load, and gpu_spec confines a pod to
+    // nodes of its models: no V100M32 node here, so nothing is allocated.
+    std::fs::write(
+        &pods,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,2,1000\np1,1000,1024,1,300\n",
+    )
+    .unwrap();
+    let report = json(&[
+        "trace-gpu",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seeds",
+        "1",
+        "--strategies",
+        "gpu_frag,pack",
+        "--json",
+    ]);
+    assert_eq!(report["pods_in_trace"], 2);
+    assert_eq!(report["strategies"].as_array().unwrap().len(), 2);
+    std::fs::write(
+        &pods,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,1024,1,1000,V100M32\n",
+    )
+    .unwrap();
+    let report = json(&[
+        "trace-gpu",
+        "--nodes",
+        nodes.to_str().unwrap(),
+        "--pods",
+        pods.to_str().unwrap(),
+        "--seeds",
+        "1",
+        "--strategies",
+        "gpu_frag",
+        "--json",
+    ]);
+    let run = &report["strategies"][0]["runs"][0];
+    assert_eq!(run["pods_placed"], 0, "{run}");
+    assert_eq!(run["gpu_alloc_rate_end"].as_f64(), Some(0.0));
+    // An unknown strategy or seed range is refused.
+    for bad in [["--strategies", "fgd"], ["--seeds", "9..3"]] {
+        let out = bench(&[
+            "trace-gpu",
+            "--nodes",
+            nodes.to_str().unwrap(),
+            "--pods",
+            pods.to_str().unwrap(),
+            bad[0],
+            bad[1],
+        ]);
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains(bad[0].trim_start_matches("--")));
     }
     // A malformed file is a clear error.
     std::fs::write(&pods, "name,cpu_milli\np0,abc\n").unwrap();
