@@ -122,7 +122,7 @@ fn placement_places_and_explains_the_rest() {
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr)
-            .contains("--strategy must be pack, spread or first_fit")
+            .contains("--strategy must be pack, spread, first_fit or gpu_frag")
     );
 }
 
