@@ -59,6 +59,9 @@ pub enum Command {
     /// Hosts and their maintenance.
     #[command(subcommand)]
     Host(HostCommand),
+    /// The cluster as a whole.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Rolling updates of services.
     #[command(subcommand)]
     Update(UpdateCommand),
@@ -348,6 +351,20 @@ pub enum TaskCommand {
         /// An earlier run (default: the current or latest launched run).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         run: Option<u32>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Write a snapshot of hosts and tasks as Arrow IPC files, for
+    /// notebooks, capacity planning and replay: DIR/hosts.arrow (one row per
+    /// host: state, pool, capacity and free resources) and DIR/tasks.arrow
+    /// (one row per task of every job: state, host, request, pending
+    /// reason). Read them with pyarrow.ipc.open_file or any Arrow reader.
+    Snapshot {
+        /// Directory to write into (created if missing; existing files of
+        /// the same names are replaced).
+        dir: std::path::PathBuf,
     },
 }
 

@@ -1,6 +1,7 @@
 //! The commands: each connects through one shared channel, makes its calls
 //! and prints the result in the chosen format.
 
+mod cluster;
 mod convert;
 mod host;
 mod hostpool;
@@ -81,6 +82,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Job(command) => job::run(&ctx, command).await,
         Command::Task(command) => task::run(&ctx, command).await,
         Command::Host(command) => host::run(&ctx, command).await,
+        Command::Cluster(command) => cluster::run(&ctx, command).await,
         Command::Update(command) => update::run(&ctx, command).await,
         Command::Volume(command) => volume::run(&ctx, command).await,
         Command::Hostpool(command) => hostpool::run(&ctx, command).await,
