@@ -22,7 +22,7 @@
 //! has many hosts in the same few states.
 //!
 //! The mix is either given ([`GpuMix::from_counts`], as a replay of a known
-//! workload does) or learned from the tasks placed ([`MixLearner`]).
+//! workload does) or learned from the tasks placement sees ([`MixLearner`]).
 
 use std::sync::Mutex;
 
@@ -39,6 +39,8 @@ pub const MAX_MIX_TYPES: usize = 64;
 pub const MIX_COVERAGE: f64 = 0.95;
 /// Weight of FGD's fits-at-all measure beside the capacity-aware one.
 pub const FGD_WEIGHT: f64 = 3.0;
+/// Most task arrivals remembered by the learner.
+const MAX_SEEN: usize = 1 << 20;
 /// Most memoised host states before the memo is cleared.
 const MAX_MEMO: usize = 1 << 20;
 /// A learned mix halves its counts past this many observations, so it
@@ -102,7 +104,8 @@ impl GpuMix {
     }
 }
 
-/// Counts the request types of placed tasks, with a half-life, to learn the
+/// Counts the request types of the tasks placement sees (each once, placed
+/// or not), with a half-life, to learn the
 /// mix when none is given.
 #[derive(Clone, Debug, Default)]
 pub struct MixLearner {
@@ -110,9 +113,20 @@ pub struct MixLearner {
     total: f64,
     /// Observations since the mix was last built.
     pub(crate) since_built: u64,
+    /// Arrival numbers of the tasks counted (cleared past a bound, so a
+    /// task retried after that may count twice).
+    seen: rustc_hash::FxHashSet<u64>,
 }
 
 impl MixLearner {
+    /// True the first time a task's arrival number is seen.
+    pub(crate) fn first_sight(&mut self, arrival: u64) -> bool {
+        if self.seen.len() >= MAX_SEEN {
+            self.seen.clear();
+        }
+        self.seen.insert(arrival)
+    }
+
     /// Counts one task of this type.
     pub fn observe(&mut self, key: MixKey) {
         *self.counts.entry(key).or_insert(0.0) += 1.0;
@@ -125,6 +139,13 @@ impl MixLearner {
             });
             self.total = self.counts.values().sum();
         }
+    }
+
+    /// Whether the mix should be rebuilt: after a tenth more observations
+    /// while it is young (so early placements see an early mix), then every
+    /// 1,000.
+    pub(crate) fn due(&self) -> bool {
+        self.since_built as f64 >= (self.total / 10.0).clamp(16.0, 1000.0)
     }
 
     /// The mix learned so far.

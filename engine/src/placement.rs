@@ -305,7 +305,7 @@ pub struct Placer {
     scored: Vec<Option<Reverse<(u64, u32)>>>,
     /// The `gpu_frag` score's compiled mix and memo.
     frag: crate::gpufrag::FragModel,
-    /// The mix set by the caller (none: learned from placed tasks).
+    /// The mix set by the caller (none: learned from the tasks seen).
     given_mix: Option<crate::gpufrag::GpuMix>,
     learner: crate::gpufrag::MixLearner,
 }
@@ -335,7 +335,7 @@ impl Placer {
     }
 
     /// Sets the workload mix the `gpu_frag` score measures fragmentation
-    /// against (`None`: learn it from the tasks placed, the default).
+    /// against (`None`: learn it from the tasks seen, the default).
     pub fn set_gpu_mix(&mut self, mix: Option<crate::gpufrag::GpuMix>) {
         self.given_mix = mix;
         self.learner.since_built = u64::MAX;
@@ -347,12 +347,10 @@ impl Placer {
     }
 
     /// Brings the `gpu_frag` model up to date for a batch: the given mix, or
-    /// the learned one rebuilt after every 1,000 observations; and which
+    /// the learned one rebuilt as it grows (`MixLearner::due`); and which
     /// hosts each of its types may use.
     fn refresh_gpu_mix(&mut self, hosts: &HostArena, constraints: &ConstraintTable) {
-        if self.learner.since_built >= 1000
-            || (self.frag.is_empty() && self.learner.since_built > 0)
-        {
+        if self.learner.due() || (self.frag.is_empty() && self.learner.since_built > 0) {
             let mix = match &self.given_mix {
                 Some(mix) => mix.clone(),
                 None => self.learner.mix(),
@@ -475,6 +473,20 @@ impl Placer {
         self.min_request = (u64::MAX, u64::MAX);
         for (i, &task) in batch.iter().enumerate() {
             let spec = tasks.spec(task).expect("validated");
+            // The mix is learned from the tasks that ask for GPU hosts, each
+            // counted once (by arrival number), placed or not.
+            if (spec.request[Dim::Gpu] > 0
+                || self.config.allow_cpu_tasks_on_gpu_hosts
+                || spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0)
+                && self
+                    .learner
+                    .first_sight(tasks.arrival(task).expect("validated"))
+            {
+                self.learner.observe(crate::gpufrag::MixKey {
+                    request: spec.request,
+                    constraint: spec.constraint,
+                });
+            }
             self.min_request.0 = self.min_request.0.min(spec.request[Dim::Cpu]);
             self.min_request.1 = self.min_request.1.min(spec.request[Dim::Memory]);
             if spec.desired_host != NO_HOST && spec.gang == NO_GANG {
@@ -841,12 +853,7 @@ impl Placer {
         let gpu = hosts
             .allocate_on(slot as usize, &key.request, u32::from(key.ports), device)
             .expect("the host was checked to fit");
-        if key.request[Dim::Gpu] > 0 || hosts.capacity_column(Dim::Gpu)[slot as usize] > 0 {
-            self.learner.observe(crate::gpufrag::MixKey {
-                request: key.request,
-                constraint: key.constraint,
-            });
-        }
+
         if key.max_per_host > 0 {
             *self
                 .job_host
