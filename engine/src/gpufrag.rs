@@ -105,8 +105,7 @@ impl GpuMix {
 }
 
 /// Counts the request types of the tasks placement sees (each once, placed
-/// or not), with a half-life, to learn the
-/// mix when none is given.
+/// or not), with a half-life, to learn the mix when none is given.
 #[derive(Clone, Debug, Default)]
 pub struct MixLearner {
     counts: FxHashMap<MixKey, f64>,

@@ -337,8 +337,9 @@ impl Placer {
     /// Sets the workload mix the `gpu_frag` score measures fragmentation
     /// against (`None`: learn it from the tasks seen, the default).
     pub fn set_gpu_mix(&mut self, mix: Option<crate::gpufrag::GpuMix>) {
+        let compiled = mix.clone().unwrap_or_else(|| self.learner.mix());
+        self.frag.set_mix(&compiled);
         self.given_mix = mix;
-        self.learner.since_built = u64::MAX;
     }
 
     /// The mix the `gpu_frag` score used in the last batch.
@@ -346,21 +347,21 @@ impl Placer {
         self.frag.mix()
     }
 
-    /// Brings the `gpu_frag` model up to date for a batch: the given mix, or
-    /// the learned one rebuilt as it grows (`MixLearner::due`); and which
-    /// hosts each of its types may use.
-    fn refresh_gpu_mix(&mut self, hosts: &HostArena, constraints: &ConstraintTable) {
-        if self.learner.due() || (self.frag.is_empty() && self.learner.since_built > 0) {
-            let mix = match &self.given_mix {
-                Some(mix) => mix.clone(),
-                None => self.learner.mix(),
-            };
-            self.frag.set_mix(&mix);
+    /// Rebuilds the learned mix as it grows (`MixLearner::due`); a given
+    /// mix was compiled when it was set.
+    fn refresh_gpu_mix(&mut self) {
+        if self.given_mix.is_none()
+            && (self.learner.due() || (self.frag.is_empty() && self.learner.since_built > 0))
+        {
+            self.frag.set_mix(&self.learner.mix());
             self.learner.since_built = 0;
         }
-        if self.frag.is_empty() {
-            return;
-        }
+    }
+
+    /// Sets which hosts each type of the mix may use, for a batch that
+    /// places by `gpu_frag` (constraints are evaluated through the batch's
+    /// cache).
+    fn refresh_gpu_eligibility(&mut self, hosts: &HostArena, constraints: &ConstraintTable) {
         let cache = &mut self.cache;
         self.frag.set_eligible(|id| match constraints.get(id) {
             None | Some(crate::constraint::Constraint::True) => None,
@@ -368,19 +369,21 @@ impl Placer {
         });
     }
 
-    /// The strategy a class is placed with: `pack` GPU tasks use `gpu_frag`
-    /// when configured and a mix is known.
-    fn effective(&self, mut key: ClassKey) -> ClassKey {
-        if key.strategy == Strategy::GpuFrag && self.frag.is_empty() {
-            key.strategy = Strategy::Pack;
-        } else if key.strategy == Strategy::Pack
-            && self.config.gpu_frag_for_gpu_tasks
-            && key.request[Dim::Gpu] > 0
-            && !self.frag.is_empty()
-        {
-            key.strategy = Strategy::GpuFrag;
+    /// The strategy a task is placed with: `pack` GPU tasks use `gpu_frag`
+    /// when configured and a mix is known; without a mix `gpu_frag` is
+    /// `pack`.
+    fn effective(&self, strategy: Strategy, request: &Resources) -> Strategy {
+        match strategy {
+            Strategy::GpuFrag if self.frag.is_empty() => Strategy::Pack,
+            Strategy::Pack
+                if self.config.gpu_frag_for_gpu_tasks
+                    && request[Dim::Gpu] > 0
+                    && !self.frag.is_empty() =>
+            {
+                Strategy::GpuFrag
+            }
+            other => other,
         }
-        key
     }
 
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
@@ -460,7 +463,8 @@ impl Placer {
         // to one flat slice ordered by class (a counting sort), in the
         // batch's scratch arena, which is reset for the next batch.
         self.cache.clear();
-        self.refresh_gpu_mix(hosts, constraints);
+        self.refresh_gpu_mix();
+        let mut uses_frag = false;
         self.classes.clear();
         self.class_keys.clear();
         self.gangs.clear();
@@ -473,11 +477,13 @@ impl Placer {
         self.min_request = (u64::MAX, u64::MAX);
         for (i, &task) in batch.iter().enumerate() {
             let spec = tasks.spec(task).expect("validated");
-            // The mix is learned from the tasks that ask for GPU hosts, each
-            // counted once (by arrival number), placed or not.
-            if (spec.request[Dim::Gpu] > 0
-                || self.config.allow_cpu_tasks_on_gpu_hosts
-                || spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0)
+            uses_frag |= self.effective(spec.strategy, &spec.request) == Strategy::GpuFrag;
+            // Without a given mix, it is learned from the tasks that ask for
+            // GPU hosts, each counted once (by arrival number), placed or not.
+            if self.given_mix.is_none()
+                && (spec.request[Dim::Gpu] > 0
+                    || self.config.allow_cpu_tasks_on_gpu_hosts
+                    || spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0)
                 && self
                     .learner
                     .first_sight(tasks.arrival(task).expect("validated"))
@@ -529,6 +535,9 @@ impl Placer {
             }
         }
 
+        if uses_frag {
+            self.refresh_gpu_eligibility(hosts, constraints);
+        }
         self.open.clear();
         for slot in hosts.in_state(HostState::Up).iter() {
             if self.is_open(hosts, slot) {
@@ -616,11 +625,11 @@ impl Placer {
     }
 
     fn key_of(&self, spec: &crate::task::TaskSpec) -> ClassKey {
-        self.effective(ClassKey {
+        ClassKey {
             request: spec.request,
             ports: spec.ports,
             constraint: spec.constraint,
-            strategy: spec.strategy,
+            strategy: self.effective(spec.strategy, &spec.request),
             limit_key: if spec.max_per_host > 0 {
                 spec.limit_key
             } else {
@@ -629,7 +638,7 @@ impl Placer {
             max_per_host: spec.max_per_host,
             may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
             desired_host: spec.desired_host,
-        })
+        }
     }
 
     /// Places one task with a desired host, using what is reserved for its
@@ -853,7 +862,6 @@ impl Placer {
         let gpu = hosts
             .allocate_on(slot as usize, &key.request, u32::from(key.ports), device)
             .expect("the host was checked to fit");
-
         if key.max_per_host > 0 {
             *self
                 .job_host

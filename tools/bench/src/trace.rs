@@ -270,7 +270,7 @@ pub enum TraceStrategy {
     PackGpuAware,
     /// `gpu_frag` with the trace's mix given (as FGD is given it).
     GpuFrag,
-    /// `gpu_frag` learning the mix from the pods placed so far.
+    /// `gpu_frag` learning the mix from the pods seen so far.
     GpuFragLearned,
     /// `spread`.
     Spread,
