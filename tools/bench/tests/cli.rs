@@ -146,18 +146,20 @@ fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
          p3,1000,2048,1,250,,LS,Running,0,10,0\n",
     )
     .unwrap();
-    let report = json(&[
-        "trace-gpu",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
+    // `trace-gpu --nodes … --pods …` and then `extra`.
+    let (nodes_arg, pods_arg) = (nodes.to_str().unwrap(), pods.to_str().unwrap());
+    let trace_args = |extra: &[&'static str]| {
+        let mut args = vec!["trace-gpu", "--nodes", nodes_arg, "--pods", pods_arg];
+        args.extend_from_slice(extra);
+        args
+    };
+    let report = json(&trace_args(&[
         "--inflate",
         "1.3",
         "--seeds",
         "42..43",
         "--json",
-    ]);
+    ]));
     assert_eq!(report["nodes"], 3);
     assert_eq!(report["pods_in_trace"], 4);
     let strategies = report["strategies"].as_array().unwrap();
@@ -192,18 +194,13 @@ fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,2,1000\np1,1000,1024,1,300\n",
     )
     .unwrap();
-    let report = json(&[
-        "trace-gpu",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
+    let report = json(&trace_args(&[
         "--seeds",
         "1",
         "--strategies",
         "gpu_frag,pack",
         "--json",
-    ]);
+    ]));
     assert_eq!(report["pods_in_trace"], 2);
     assert_eq!(report["strategies"].as_array().unwrap().len(), 2);
     std::fs::write(
@@ -211,44 +208,25 @@ fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,1024,1,1000,V100M32\n",
     )
     .unwrap();
-    let report = json(&[
-        "trace-gpu",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
+    let report = json(&trace_args(&[
         "--seeds",
         "1",
         "--strategies",
         "gpu_frag",
         "--json",
-    ]);
+    ]));
     let run = &report["strategies"][0]["runs"][0];
     assert_eq!(run["pods_placed"], 0, "{run}");
     assert_eq!(run["gpu_alloc_rate_end"].as_f64(), Some(0.0));
     // An unknown strategy or seed range is refused.
     for bad in [["--strategies", "fgd"], ["--seeds", "9..3"]] {
-        let out = bench(&[
-            "trace-gpu",
-            "--nodes",
-            nodes.to_str().unwrap(),
-            "--pods",
-            pods.to_str().unwrap(),
-            bad[0],
-            bad[1],
-        ]);
+        let out = bench(&trace_args(&bad));
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains(bad[0].trim_start_matches("--")));
     }
     // A malformed file is a clear error.
     std::fs::write(&pods, "name,cpu_milli\np0,abc\n").unwrap();
-    let out = bench(&[
-        "trace-gpu",
-        "--nodes",
-        nodes.to_str().unwrap(),
-        "--pods",
-        pods.to_str().unwrap(),
-    ]);
+    let out = bench(&trace_args(&[]));
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("pods.csv"),

@@ -9,17 +9,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use arrow_array::builder::{
-    BooleanBuilder, Float64Builder, StringBuilder, UInt32Builder, UInt64Builder,
-};
-use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_array::builder::{Float64Builder, StringBuilder, UInt32Builder, UInt64Builder};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, StringArray, UInt64Array};
 use peloton_proto::v1::host_service_client::HostServiceClient;
 use peloton_proto::v1::job_service_client::JobServiceClient;
 use peloton_proto::v1::task_service_client::TaskServiceClient;
-use peloton_proto::v1::{
-    HostState, ListHostsRequest, ListTasksRequest, QueryJobsRequest, Resources, TaskState,
-};
+use peloton_proto::v1::{HostState, ListTasksRequest, QueryJobsRequest, Resources, TaskState};
 use serde_json::json;
 
 use super::{Ctx, Outcome};
@@ -106,81 +101,70 @@ impl ResourceColumns {
         }
     }
 
-    fn finish(mut self, prefix: &str, fields: &mut Vec<Field>, columns: &mut Vec<ArrayRef>) {
+    fn finish(mut self, prefix: &str, columns: &mut Vec<(String, ArrayRef, bool)>) {
         for (b, name) in self
             .0
             .iter_mut()
             .zip(["cpu", "memory_mb", "disk_mb", "gpu"])
         {
-            fields.push(Field::new(
-                format!("{prefix}{name}"),
-                DataType::Float64,
-                false,
-            ));
-            columns.push(Arc::new(b.finish()));
+            columns.push((format!("{prefix}{name}"), Arc::new(b.finish()), false));
         }
     }
+}
+
+/// A batch of named columns (name, values, nullable); the schema follows
+/// from the arrays.
+fn batch(columns: Vec<(String, ArrayRef, bool)>) -> Result<RecordBatch> {
+    Ok(RecordBatch::try_from_iter_with_nullable(columns)?)
 }
 
 async fn read_hosts(
     client: &mut HostServiceClient<tonic::transport::Channel>,
 ) -> Result<(RecordBatch, usize)> {
-    let mut name = StringBuilder::new();
+    let hosts = super::host::list_all(client).await?;
     let mut state = StringBuilder::new();
-    let mut pool = StringBuilder::new();
-    let mut connected = BooleanBuilder::new();
-    let mut tasks = UInt64Builder::new();
-    let mut last_seen = UInt64Builder::new();
     let mut capacity = ResourceColumns::default();
     let mut free = ResourceColumns::default();
-    let mut after = String::new();
-    let mut n = 0;
-    for _ in 0..MAX_PAGES {
-        let page = client
-            .list(ListHostsRequest {
-                after: after.clone(),
-                limit: 0,
-            })
-            .await?
-            .into_inner();
-        for host in &page.hosts {
-            name.append_value(&host.name);
-            state.append_value(name_of::<HostState>(host.state));
-            pool.append_value(&host.host_pool);
-            connected.append_value(host.connected);
-            tasks.append_value(host.tasks_total);
-            last_seen.append_value(host.last_seen_ms);
-            capacity.push(host.capacity.as_ref());
-            free.push(host.free.as_ref());
-            n += 1;
-        }
-        if page.next_after.is_empty() || page.next_after <= after {
-            break;
-        }
-        after = page.next_after;
+    for host in &hosts {
+        state.append_value(name_of::<HostState>(host.state));
+        capacity.push(host.capacity.as_ref());
+        free.push(host.free.as_ref());
     }
-    let mut fields = vec![
-        Field::new("name", DataType::Utf8, false),
-        Field::new("state", DataType::Utf8, false),
-        Field::new("host_pool", DataType::Utf8, false),
-        Field::new("connected", DataType::Boolean, false),
-        Field::new("tasks", DataType::UInt64, false),
-        Field::new("last_seen_ms", DataType::UInt64, false),
+    let column = |name: &str, values: ArrayRef| (name.to_owned(), values, false);
+    let mut columns = vec![
+        column(
+            "name",
+            Arc::new(StringArray::from_iter_values(hosts.iter().map(|h| &h.name))),
+        ),
+        column("state", Arc::new(state.finish())),
+        column(
+            "host_pool",
+            Arc::new(StringArray::from_iter_values(
+                hosts.iter().map(|h| &h.host_pool),
+            )),
+        ),
+        column(
+            "connected",
+            Arc::new(BooleanArray::from_iter(
+                hosts.iter().map(|h| Some(h.connected)),
+            )),
+        ),
+        column(
+            "tasks",
+            Arc::new(UInt64Array::from_iter_values(
+                hosts.iter().map(|h| h.tasks_total),
+            )),
+        ),
+        column(
+            "last_seen_ms",
+            Arc::new(UInt64Array::from_iter_values(
+                hosts.iter().map(|h| h.last_seen_ms),
+            )),
+        ),
     ];
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(name.finish()),
-        Arc::new(state.finish()),
-        Arc::new(pool.finish()),
-        Arc::new(connected.finish()),
-        Arc::new(tasks.finish()),
-        Arc::new(last_seen.finish()),
-    ];
-    capacity.finish("capacity_", &mut fields, &mut columns);
-    free.finish("free_", &mut fields, &mut columns);
-    Ok((
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?,
-        n,
-    ))
+    capacity.finish("capacity_", &mut columns);
+    free.finish("free_", &mut columns);
+    Ok((batch(columns)?, hosts.len()))
 }
 
 async fn read_tasks(
@@ -264,34 +248,19 @@ async fn read_tasks(
         }
         token = page.next_page_token;
     }
-    let mut fields = vec![
-        Field::new("job_id", DataType::Utf8, false),
-        Field::new("job_name", DataType::Utf8, false),
-        Field::new("pool", DataType::Utf8, false),
-        Field::new("instance", DataType::UInt32, false),
-        Field::new("state", DataType::Utf8, false),
-        Field::new("host", DataType::Utf8, true),
-        Field::new("run_id", DataType::UInt32, false),
-        Field::new("placed_at_ms", DataType::UInt64, true),
-        Field::new("started_at_ms", DataType::UInt64, true),
-        Field::new("pending_reason", DataType::Utf8, true),
+    let column = |name: &str, values: ArrayRef, nullable: bool| (name.to_owned(), values, nullable);
+    let mut columns = vec![
+        column("job_id", Arc::new(job_id.finish()), false),
+        column("job_name", Arc::new(job_name.finish()), false),
+        column("pool", Arc::new(pool.finish()), false),
+        column("instance", Arc::new(instance.finish()), false),
+        column("state", Arc::new(state.finish()), false),
+        column("host", Arc::new(host.finish()), true),
+        column("run_id", Arc::new(run_id.finish()), false),
+        column("placed_at_ms", Arc::new(placed_at.finish()), true),
+        column("started_at_ms", Arc::new(started_at.finish()), true),
+        column("pending_reason", Arc::new(pending.finish()), true),
     ];
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(job_id.finish()),
-        Arc::new(job_name.finish()),
-        Arc::new(pool.finish()),
-        Arc::new(instance.finish()),
-        Arc::new(state.finish()),
-        Arc::new(host.finish()),
-        Arc::new(run_id.finish()),
-        Arc::new(placed_at.finish()),
-        Arc::new(started_at.finish()),
-        Arc::new(pending.finish()),
-    ];
-    request.finish("request_", &mut fields, &mut columns);
-    Ok((
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)?,
-        n_jobs,
-        n_tasks,
-    ))
+    request.finish("request_", &mut columns);
+    Ok((batch(columns)?, n_jobs, n_tasks))
 }

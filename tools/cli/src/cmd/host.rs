@@ -15,28 +15,36 @@ use crate::output::{
     print_out,
 };
 
+/// Every host, page by page (in name order).
+pub(super) async fn list_all(
+    client: &mut HostServiceClient<tonic::transport::Channel>,
+) -> Result<Vec<Host>> {
+    let mut hosts = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = client
+            .list(ListHostsRequest {
+                after: after.clone(),
+                limit: 0,
+            })
+            .await?
+            .into_inner();
+        hosts.extend(page.hosts);
+        // A server that does not move forward would loop forever.
+        if page.next_after.is_empty() || page.next_after <= after {
+            break;
+        }
+        after = page.next_after;
+    }
+    Ok(hosts)
+}
+
 pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
     let mut client = HostServiceClient::new(ctx.connect().await?)
         .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
     match command {
         HostCommand::List => {
-            let mut hosts = Vec::new();
-            let mut after = String::new();
-            loop {
-                let page = client
-                    .list(ListHostsRequest {
-                        after: after.clone(),
-                        limit: 0,
-                    })
-                    .await?
-                    .into_inner();
-                hosts.extend(page.hosts);
-                // A server that does not move forward would loop forever.
-                if page.next_after.is_empty() || page.next_after <= after {
-                    break;
-                }
-                after = page.next_after;
-            }
+            let hosts = list_all(&mut client).await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&host_table(&hosts))?,
                 OutputFormat::Json => print_json(&json!({
