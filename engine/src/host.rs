@@ -349,6 +349,11 @@ impl HostArena {
         self.ports_free[slot]
     }
 
+    /// Free dynamic ports column, indexed by slot.
+    pub fn ports_free_column(&self) -> &[u32] {
+        &self.ports_free
+    }
+
     /// Attributes of the host in `slot`.
     pub fn attributes(&self, slot: usize) -> &[(Sym, Sym)] {
         &self.attributes[slot]

@@ -22,6 +22,7 @@ pub mod placement;
 pub mod pool;
 pub mod preemption;
 pub mod resources;
+pub mod scan;
 pub mod task;
 pub mod testkit;
 

@@ -300,9 +300,25 @@ pub struct Placer {
     heap: BinaryHeap<Reverse<(u64, u32)>>,
     /// The engine-owned pool for parallel candidate scans (none: one thread).
     threads: Option<std::sync::Arc<rayon::ThreadPool>>,
-    /// Scratch for parallel scans: candidate slots and their scores.
-    slots: Vec<u32>,
-    scored: Vec<Option<Reverse<(u64, u32)>>>,
+    /// Dense forms (one bit per host slot, see [`crate::scan`]) of the
+    /// batch's host sets: open hosts (kept in step with `open`), exclusive
+    /// hosts, GPU hosts, and each constraint's hosts.
+    words: usize,
+    open_words: Vec<u64>,
+    exclusive_words: Vec<u64>,
+    gpu_words: Vec<u64>,
+    constraint_words: FxHashMap<u32, Vec<u64>>,
+    /// Scratch: one class's candidate hosts, as words.
+    mask: Vec<u64>,
+    /// Live and up hosts, as words (for reasons).
+    live_words: Vec<u64>,
+    up_words: Vec<u64>,
+    /// Scratch for parallel scans: each range's fitting hosts and scores.
+    parts: Vec<Vec<Reverse<(u64, u32)>>>,
+    /// Scratch: the batch's tasks for the GPU mix learner.
+    learn: Vec<TaskHandle>,
+    /// Scratch: task indices seen in the batch being validated.
+    seen: Vec<u64>,
     /// The `gpu_frag` score's compiled mix and memo.
     frag: crate::gpufrag::FragModel,
     /// The mix set by the caller (none: learned from the tasks seen).
@@ -331,6 +347,13 @@ impl Placer {
                     .expect("placement thread pool starts"),
             )
         });
+        self
+    }
+
+    /// The same placer scanning on `pool` (the engine's own; `None`: one
+    /// thread), so the engine runs one pool rather than one per part.
+    pub fn with_pool(mut self, pool: Option<std::sync::Arc<rayon::ThreadPool>>) -> Self {
+        self.threads = pool;
         self
     }
 
@@ -440,28 +463,14 @@ impl Placer {
         if batch.len() > MAX_BATCH {
             return Err(PlacementError::BatchTooLarge { n: batch.len() });
         }
-        let mut seen = RoaringBitmap::new();
-        for (index, &task) in batch.iter().enumerate() {
-            let invalid = |problem: String| PlacementError::InvalidTask { index, problem };
-            let spec = tasks.spec(task).map_err(|e| invalid(e.to_string()))?;
-            if tasks.state(task) == Ok(TaskState::Placed) {
-                return Err(invalid("already placed".into()));
-            }
-            if !seen.insert(task.idx() as u32) {
-                return Err(invalid("listed twice in the batch".into()));
-            }
-            crate::host::validate_gpu_request(spec.request[Dim::Gpu]).map_err(invalid)?;
-            if spec.request[Dim::Cpu] == 0 && spec.request[Dim::Memory] == 0 {
-                return Err(invalid("a task must request some cpu or memory".into()));
-            }
-            if constraints.get(spec.constraint).is_none() {
-                return Err(invalid(format!("unknown constraint {}", spec.constraint)));
-            }
+        // Validate and group in one pass: gangs by gang number, the rest by
+        // class. Class members go to one flat slice ordered by class (a
+        // counting sort), in the batch's scratch arena, which is reset for
+        // the next batch. A refused batch changes only scratch state.
+        let top = batch.iter().map(|t| t.idx()).max().unwrap_or(0);
+        if self.seen.len() <= top / 64 {
+            self.seen.resize(top / 64 + 1, 0);
         }
-
-        // Group: gangs by gang number, the rest by class. Class members go
-        // to one flat slice ordered by class (a counting sort), in the
-        // batch's scratch arena, which is reset for the next batch.
         self.cache.clear();
         self.refresh_gpu_mix();
         let mut uses_frag = false;
@@ -475,8 +484,19 @@ impl Placer {
         let mut pinned = std::mem::take(&mut self.pinned);
         pinned.clear();
         self.min_request = (u64::MAX, u64::MAX);
+        // Tasks for the mix learner, observed once the batch is valid.
+        let mut learn = std::mem::take(&mut self.learn);
+        learn.clear();
+        let mut last: Option<(ClassKey, u32)> = None;
+        let mut refused = None;
         for (i, &task) in batch.iter().enumerate() {
-            let spec = tasks.spec(task).expect("validated");
+            let spec = match self.check_task(tasks, constraints, i, task) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            };
             uses_frag |= self.effective(spec.strategy, &spec.request) == Strategy::GpuFrag;
             // Without a given mix, it is learned from the tasks that ask for
             // GPU hosts, each counted once (by arrival number), placed or not.
@@ -484,14 +504,8 @@ impl Placer {
                 && (spec.request[Dim::Gpu] > 0
                     || self.config.allow_cpu_tasks_on_gpu_hosts
                     || spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0)
-                && self
-                    .learner
-                    .first_sight(tasks.arrival(task).expect("validated"))
             {
-                self.learner.observe(crate::gpufrag::MixKey {
-                    request: spec.request,
-                    constraint: spec.constraint,
-                });
+                learn.push(task);
             }
             self.min_request.0 = self.min_request.0.min(spec.request[Dim::Cpu]);
             self.min_request.1 = self.min_request.1.min(spec.request[Dim::Memory]);
@@ -508,13 +522,45 @@ impl Placer {
                 continue;
             }
             let key = self.key_of(&spec);
-            let n_classes = self.class_keys.len();
-            let class = *self.classes.entry(key).or_insert(n_classes);
-            if class == n_classes {
-                self.class_keys.push(key);
-            }
+            // Tasks of a job come together: most share the previous class.
+            let class = match last {
+                Some((k, c)) if k == key => c as usize,
+                _ => {
+                    let n_classes = self.class_keys.len();
+                    let class = *self.classes.entry(key).or_insert(n_classes);
+                    if class == n_classes {
+                        self.class_keys.push(key);
+                    }
+                    last = Some((key, class as u32));
+                    class
+                }
+            };
             class_of[i] = class as u32;
         }
+        // The seen-set is emptied whether or not the batch was valid.
+        for &task in batch {
+            crate::scan::set_bit(&mut self.seen, task.idx() as u32, false);
+        }
+        if let Some(e) = refused {
+            self.learn = learn;
+            self.bump = bump;
+            self.pinned = pinned;
+            self.gangs.clear();
+            return Err(e);
+        }
+        for &task in learn.iter() {
+            if self
+                .learner
+                .first_sight(tasks.arrival(task).expect("validated"))
+            {
+                let spec = tasks.spec(task).expect("validated");
+                self.learner.observe(crate::gpufrag::MixKey {
+                    request: spec.request,
+                    constraint: spec.constraint,
+                });
+            }
+        }
+        self.learn = learn;
         let n_classes = self.class_keys.len();
         let offsets: &mut [u32] = bump.alloc_slice_fill_copy(n_classes + 1, 0);
         for &c in class_of.iter().filter(|&&c| c != u32::MAX) {
@@ -538,12 +584,30 @@ impl Placer {
         if uses_frag {
             self.refresh_gpu_eligibility(hosts, constraints);
         }
+        self.words = crate::scan::n_words(hosts.n_slots());
         self.open.clear();
+        self.open_words.clear();
+        self.open_words.resize(self.words, 0);
         for slot in hosts.in_state(HostState::Up).iter() {
             if self.is_open(hosts, slot) {
                 self.open.insert(slot);
+                crate::scan::set_bit(&mut self.open_words, slot, true);
             }
         }
+        let no_hosts = RoaringBitmap::new();
+        crate::scan::to_words(
+            hosts.exclusive_hosts().unwrap_or(&no_hosts),
+            self.words,
+            &mut self.exclusive_words,
+        );
+        crate::scan::to_words(hosts.gpu_hosts(), self.words, &mut self.gpu_words);
+        crate::scan::to_words(hosts.live_hosts(), self.words, &mut self.live_words);
+        crate::scan::to_words(
+            hosts.in_state(HostState::Up),
+            self.words,
+            &mut self.up_words,
+        );
+        self.constraint_words.clear();
         for &task in pinned.iter() {
             self.place_pinned(hosts, tasks, constraints, reservations, task, now_ms, out);
         }
@@ -560,6 +624,35 @@ impl Placer {
         }
         self.bump = bump;
         Ok(())
+    }
+
+    /// Checks task `index` of the batch (live, not placed, listed once, a
+    /// valid request and a known constraint), marking it in `seen`.
+    fn check_task(
+        &mut self,
+        tasks: &TaskArena,
+        constraints: &ConstraintTable,
+        index: usize,
+        task: TaskHandle,
+    ) -> Result<crate::task::TaskSpec, PlacementError> {
+        let invalid = |problem: String| PlacementError::InvalidTask { index, problem };
+        let spec = tasks.spec(task).map_err(|e| invalid(e.to_string()))?;
+        if tasks.state(task) == Ok(TaskState::Placed) {
+            return Err(invalid("already placed".into()));
+        }
+        let i = task.idx() as u32;
+        if crate::scan::bit(&self.seen, i) {
+            return Err(invalid("listed twice in the batch".into()));
+        }
+        crate::scan::set_bit(&mut self.seen, i, true);
+        crate::host::validate_gpu_request(spec.request[Dim::Gpu]).map_err(invalid)?;
+        if spec.request[Dim::Cpu] == 0 && spec.request[Dim::Memory] == 0 {
+            return Err(invalid("a task must request some cpu or memory".into()));
+        }
+        if constraints.get(spec.constraint).is_none() {
+            return Err(invalid(format!("unknown constraint {}", spec.constraint)));
+        }
+        Ok(spec)
     }
 
     /// Takes a placed task off its host (it ended or was preempted): frees
@@ -592,6 +685,7 @@ impl Placer {
         }
         if hosts.in_state(HostState::Up).contains(host) && self.is_open(hosts, host) {
             self.open.insert(host);
+            crate::scan::set_bit(&mut self.open_words, host, true);
         }
         tasks.set_unplaced(task, TaskState::Admitted)?;
         Ok(())
@@ -693,10 +787,8 @@ impl Placer {
                     .expect("nothing was taken since it was released");
             }
         }
-        let candidates = self.candidates(hosts, constraints, &key);
         let reason = out.reasons.len() as u32;
-        out.reasons
-            .push(self.reason(hosts, constraints, &key, &candidates));
+        out.reasons.push(self.reason(hosts, constraints, &key));
         out.unplaced.push(Unplaced { task, reason });
     }
 
@@ -773,75 +865,145 @@ impl Placer {
             && hosts.free_column(Dim::Memory)[s] >= self.min_request.1
     }
 
-    /// Hosts a class may use at all (state, constraint, exclusivity, GPU
-    /// hosts); resources are checked per host.
-    fn candidates(
-        &mut self,
-        hosts: &HostArena,
-        constraints: &ConstraintTable,
-        key: &ClassKey,
-    ) -> RoaringBitmap {
+    /// Sets `mask` to the hosts a class may use at all: open (so up),
+    /// matching its constraint, not exclusive to others, not GPU hosts kept
+    /// for GPU work, below its job's per-host limit. Resources are left to
+    /// the fit kernel.
+    fn class_mask(&mut self, hosts: &HostArena, constraints: &ConstraintTable, key: &ClassKey) {
         let constraint = constraints.get(key.constraint).expect("validated");
-        let evaluated = self.cache.evaluate(constraint, hosts);
-        let mut matching = if key.desired_host == NO_HOST {
-            evaluated.clone()
-        } else {
-            pinned_to(evaluated, key.desired_host)
-        };
-        matching &= &self.open;
-        self.apply_host_rules(
-            hosts,
-            constraint,
-            matching,
-            key.request,
-            key.may_use_gpu_hosts,
-        )
+        let names_exclusive = hosts
+            .interner()
+            .get(EXCLUSIVE_KEY)
+            .is_some_and(|k| constraint.mentions(k));
+        let gpu_hosts_out = key.request[Dim::Gpu] == 0
+            && !self.config.allow_cpu_tasks_on_gpu_hosts
+            && !key.may_use_gpu_hosts;
+        let everywhere = matches!(constraint, crate::constraint::Constraint::True);
+        self.ensure_constraint_words(hosts, constraint, key.constraint);
+        let mask = &mut self.mask;
+        mask.clear();
+        mask.extend_from_slice(&self.open_words);
+        if !everywhere {
+            for (m, c) in mask.iter_mut().zip(&self.constraint_words[&key.constraint]) {
+                *m &= c;
+            }
+        }
+        if !names_exclusive {
+            for (m, x) in mask.iter_mut().zip(&self.exclusive_words) {
+                *m &= !x;
+            }
+        }
+        if gpu_hosts_out {
+            for (m, g) in mask.iter_mut().zip(&self.gpu_words) {
+                *m &= !g;
+            }
+        }
+        if key.desired_host != NO_HOST {
+            let keep = crate::scan::bit(mask, key.desired_host);
+            mask.fill(0);
+            crate::scan::set_bit(mask, key.desired_host, keep);
+        }
+        if key.max_per_host > 0
+            && let Some(counts) = self.job_host.get(&key.limit_key)
+        {
+            for (&slot, &n) in counts {
+                if n >= key.max_per_host {
+                    crate::scan::set_bit(mask, slot, false);
+                }
+            }
+        }
     }
 
     fn host_fits(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> bool {
-        fits_for(hosts, slot, key, self.job_host.get(&key.limit_key))
+        if key.max_per_host > 0
+            && self
+                .job_host
+                .get(&key.limit_key)
+                .and_then(|c| c.get(&slot))
+                .is_some_and(|&n| n >= key.max_per_host)
+        {
+            return false;
+        }
+        crate::scan::FitColumns::of(hosts).fits_slot(
+            slot as usize,
+            &key.request,
+            u32::from(key.ports),
+        ) && (key.request[Dim::Gpu] == 0
+            || hosts
+                .fits(slot as usize, &key.request, u32::from(key.ports))
+                .is_ok())
     }
 
     fn score(&self, hosts: &HostArena, slot: u32, key: &ClassKey) -> f64 {
         score_for(hosts, slot, key, self.config.gpu_aware, &self.frag)
     }
 
-    /// Fills the heap with the candidates that fit, keyed by (score, slot).
-    /// Large candidate sets are scored in parallel over contiguous ranges of
-    /// hosts and concatenated in range order, so the heap's contents do not
-    /// depend on the number of threads.
-    fn build_heap(&mut self, hosts: &HostArena, candidates: &RoaringBitmap, key: &ClassKey) {
-        let counts = self.job_host.get(&key.limit_key);
+    /// Fills the heap with the `k` best hosts of `mask` that fit, keyed by
+    /// (score, slot). The fit test runs as a column kernel over 64 hosts at
+    /// a time; only hosts that pass it are scored. Large sets are scanned in
+    /// parallel over contiguous ranges of hosts and concatenated in range
+    /// order; the `k` best are then the same set whatever the number of
+    /// threads, and keys are unique, so the heap pops in the same order.
+    ///
+    /// Keeping only `k` hosts (the class's task count) loses nothing: each
+    /// task changes only the host it lands on, so after `t < k` tasks at
+    /// least one of the first `k` is still in the heap, untouched, and
+    /// scores no worse than any host left out.
+    fn fill_heap(&mut self, hosts: &HostArena, key: &ClassKey, k: usize) {
         let gpu_aware = self.config.gpu_aware;
         let frag = &self.frag;
+        let mask = &self.mask;
+        let columns = crate::scan::FitColumns::of(hosts);
+        let ports = u32::from(key.ports);
+        let check_devices = key.request[Dim::Gpu] > 0;
+        let scan = |words: std::ops::Range<usize>, out: &mut Vec<Reverse<(u64, u32)>>| {
+            for w in words {
+                if mask[w] == 0 {
+                    continue;
+                }
+                let mut bits = mask[w] & columns.fit_word(w, &key.request, ports);
+                while bits != 0 {
+                    let slot = (w * 64) as u32 + bits.trailing_zeros();
+                    bits &= bits - 1;
+                    if check_devices && hosts.fits(slot as usize, &key.request, ports).is_err() {
+                        continue;
+                    }
+                    let score = score_for(hosts, slot, key, gpu_aware, frag);
+                    out.push(Reverse((score_key(score), slot)));
+                }
+            }
+        };
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         entries.clear();
-        let score_one = |slot: u32| -> Option<Reverse<(u64, u32)>> {
-            fits_for(hosts, slot, key, counts).then(|| {
-                Reverse((
-                    score_key(score_for(hosts, slot, key, gpu_aware, frag)),
-                    slot,
-                ))
-            })
-        };
-        match &self.threads {
-            Some(threads) if candidates.len() >= self.config.parallel_min_candidates => {
-                self.slots.clear();
-                self.slots.extend(candidates.iter());
-                let slots = &self.slots;
-                let scored = &mut self.scored;
+        let n_words = mask.len();
+        let parallel = self.threads.as_ref().filter(|_| {
+            let n: u64 = mask.iter().map(|w| u64::from(w.count_ones())).sum();
+            n >= self.config.parallel_min_candidates
+        });
+        match parallel {
+            Some(threads) => {
+                let n_parts = threads.current_num_threads() * 4;
+                let per = n_words.div_ceil(n_parts).max(1);
+                let parts = &mut self.parts;
+                parts.resize_with(n_parts, Vec::new);
                 threads.install(|| {
-                    slots
-                        .par_iter()
-                        .with_min_len(1024)
-                        .map(|&slot| score_one(slot))
-                        .collect_into_vec(scored);
+                    parts.par_iter_mut().enumerate().for_each(|(i, part)| {
+                        part.clear();
+                        let lo = (i * per).min(n_words);
+                        scan(lo..(lo + per).min(n_words), part);
+                    });
                 });
-                entries.extend(self.scored.iter().flatten().copied());
+                for part in &self.parts {
+                    entries.extend_from_slice(part);
+                }
             }
-            _ => entries.extend(candidates.iter().filter_map(score_one)),
+            None => scan(0..n_words, &mut entries),
         }
-        // Heapify in O(n) rather than n pushes.
+        if entries.len() > k && k > 0 {
+            entries.select_nth_unstable_by(k, |a, b| a.0.cmp(&b.0));
+            entries.truncate(k);
+        }
+        // Heapify in O(k) rather than k pushes.
         self.heap = BinaryHeap::from(entries);
     }
 
@@ -872,6 +1034,7 @@ impl Placer {
         }
         if !self.is_open(hosts, slot) {
             self.open.remove(slot);
+            crate::scan::set_bit(&mut self.open_words, slot, false);
         }
         tasks
             .set_placed(task, slot, gpu, now_ms)
@@ -897,41 +1060,35 @@ impl Placer {
         now_ms: u64,
         out: &mut PlacementResult,
     ) {
-        let candidates = self.candidates(hosts, constraints, &key);
+        self.class_mask(hosts, constraints, &key);
         let mut next = 0;
         match key.strategy {
             Strategy::FirstFit => {
-                for slot in candidates.iter() {
-                    while next < members.len() && self.host_fits(hosts, slot, &key) {
-                        let placed = self.commit(hosts, tasks, members[next], slot, &key, now_ms);
-                        out.placed.push(placed);
-                        next += 1;
-                    }
-                    if next == members.len() {
-                        break;
+                'hosts: for w in 0..self.mask.len() {
+                    let mut bits = self.mask[w];
+                    while bits != 0 {
+                        let slot = (w * 64) as u32 + bits.trailing_zeros();
+                        bits &= bits - 1;
+                        while next < members.len() && self.host_fits(hosts, slot, &key) {
+                            let placed =
+                                self.commit(hosts, tasks, members[next], slot, &key, now_ms);
+                            out.placed.push(placed);
+                            next += 1;
+                        }
+                        if next == members.len() {
+                            break 'hosts;
+                        }
                     }
                 }
             }
             Strategy::Pack | Strategy::Spread | Strategy::GpuFrag => {
-                self.build_heap(hosts, &candidates, &key);
-                while next < members.len() {
-                    let Some(Reverse((_, slot))) = self.heap.pop() else {
-                        break;
-                    };
-                    let placed = self.commit(hosts, tasks, members[next], slot, &key, now_ms);
-                    out.placed.push(placed);
-                    next += 1;
-                    if self.host_fits(hosts, slot, &key) {
-                        let score = self.score(hosts, slot, &key);
-                        self.heap.push(Reverse((score_key(score), slot)));
-                    }
-                }
+                self.fill_heap(hosts, &key, members.len());
+                next = self.take_from_heap(hosts, tasks, &key, members, now_ms, out);
             }
         }
         if next < members.len() {
             let reason = out.reasons.len() as u32;
-            out.reasons
-                .push(self.reason(hosts, constraints, &key, &candidates));
+            out.reasons.push(self.reason(hosts, constraints, &key));
             out.unplaced.extend(
                 members[next..]
                     .iter()
@@ -940,6 +1097,45 @@ impl Placer {
         }
     }
 
+    /// Places `members` one by one on the best host of the heap, putting
+    /// the host back with its new score while it still fits; returns how
+    /// many were placed (the rest found no host).
+    fn take_from_heap(
+        &mut self,
+        hosts: &mut HostArena,
+        tasks: &mut TaskArena,
+        key: &ClassKey,
+        members: &[TaskHandle],
+        now_ms: u64,
+        out: &mut PlacementResult,
+    ) -> usize {
+        // The best host is rescored in place at the top of the heap and
+        // sifted down once (for `pack` it usually stays on top), rather than
+        // popped and pushed.
+        let mut heap = std::mem::take(&mut self.heap);
+        let mut placed_all = members.len();
+        for (n, &task) in members.iter().enumerate() {
+            let Some(mut top) = heap.peek_mut() else {
+                placed_all = n;
+                break;
+            };
+            let slot = top.0.1;
+            let placed = self.commit(hosts, tasks, task, slot, key, now_ms);
+            out.placed.push(placed);
+            if self.host_fits(hosts, slot, key) {
+                top.0.0 = score_key(self.score(hosts, slot, key));
+            } else {
+                std::collections::binary_heap::PeekMut::pop(top);
+            }
+        }
+        self.heap = heap;
+        placed_all
+    }
+
+    /// Places a gang whole or not at all. Its members are grouped by class
+    /// (in order of first appearance; a gang is usually one class), and each
+    /// group is placed as a class is, from one scan; if a member finds no
+    /// host, every member placed so far is taken back, in O(members).
     fn place_gang(
         &mut self,
         hosts: &mut HostArena,
@@ -950,56 +1146,46 @@ impl Placer {
         out: &mut PlacementResult,
     ) {
         let start = out.placed.len();
-        let mut failed: Option<(ClassKey, RoaringBitmap)> = None;
-        // States before placement, to restore exactly on rollback.
-        let before: Vec<TaskState> = members
-            .iter()
-            .map(|&t| tasks.state(t).expect("validated"))
-            .collect();
+        let mut groups: Vec<(ClassKey, Vec<TaskHandle>)> = Vec::new();
+        let mut group_of: FxHashMap<ClassKey, usize> = FxHashMap::default();
+        // States other than Admitted before placement, restored on rollback.
+        let mut before: Vec<(TaskHandle, TaskState)> = Vec::new();
         for &task in members {
             let key = self.key_of(&tasks.spec(task).expect("validated"));
-            let candidates = self.candidates(hosts, constraints, &key);
-            let mut best: Option<(u64, u32)> = None;
-            for slot in candidates.iter() {
-                if self.host_fits(hosts, slot, &key) {
-                    let k = (score_key(self.score(hosts, slot, &key)), slot);
-                    if best.is_none_or(|b| k < b) {
-                        best = Some(k);
-                        if key.strategy == Strategy::FirstFit {
-                            break;
-                        }
-                    }
-                }
-            }
-            match best {
-                Some((_, slot)) => {
-                    let placed = self.commit(hosts, tasks, task, slot, &key, now_ms);
-                    out.placed.push(placed);
-                }
-                None => {
-                    failed = Some((key, candidates));
-                    break;
-                }
+            let g = *group_of.entry(key).or_insert_with(|| {
+                groups.push((key, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(task);
+            let state = tasks.state(task).expect("validated");
+            if state != TaskState::Admitted {
+                before.push((task, state));
             }
         }
-        let Some((key, candidates)) = failed else {
+        let mut failed = None;
+        for (key, group) in &groups {
+            self.class_mask(hosts, constraints, key);
+            self.fill_heap(hosts, key, group.len());
+            if self.take_from_heap(hosts, tasks, key, group, now_ms, out) < group.len() {
+                failed = Some(*key);
+                break;
+            }
+        }
+        let Some(key) = failed else {
             return;
         };
         // The reason is taken before the rollback: why this member found no
         // host with the members before it in place.
-        let mut reason = self.reason(hosts, constraints, &key, &candidates);
+        let mut reason = self.reason(hosts, constraints, &key);
         reason.gang_size = members.len() as u32;
         // Roll back: nothing of a partial gang stays reserved.
-        for placed in out.placed.drain(start..).collect::<Vec<_>>() {
-            self.unplace(hosts, tasks, placed.task)
-                .expect("just placed");
-            let i = members
-                .iter()
-                .position(|&m| m == placed.task)
-                .expect("a member");
-            if before[i] != TaskState::Admitted {
-                tasks.set_state(placed.task, before[i]).expect("live");
-            }
+        for i in start..out.placed.len() {
+            let task = out.placed[i].task;
+            self.unplace(hosts, tasks, task).expect("just placed");
+        }
+        out.placed.truncate(start);
+        for (task, state) in before {
+            tasks.set_state(task, state).expect("live");
         }
         out.reasons.push(reason);
         let reason = out.reasons.len() as u32 - 1;
@@ -1007,83 +1193,102 @@ impl Placer {
             .extend(members.iter().map(|&task| Unplaced { task, reason }));
     }
 
+    /// Why the class's tasks find no host: each live host counted once, at
+    /// the first check it fails. Whole groups of hosts are counted with word
+    /// operations (state, constraint, exclusivity, GPU hosts, then each
+    /// resource column as a kernel); only GPU device fragmentation is looked
+    /// at host by host.
     fn reason(
-        &self,
+        &mut self,
         hosts: &HostArena,
         constraints: &ConstraintTable,
         key: &ClassKey,
-        candidates: &RoaringBitmap,
     ) -> Reason {
         let constraint = constraints.get(key.constraint).expect("validated");
         let names_exclusive = hosts
             .interner()
             .get(EXCLUSIVE_KEY)
             .is_some_and(|k| constraint.mentions(k));
-        // Evaluated (and cached) when the class's candidates were computed.
-        let evaluated;
-        let matching = match self.cache.get(constraint) {
-            Some(bitmap) => bitmap,
-            None => {
-                evaluated = constraint.evaluate(hosts);
-                &evaluated
-            }
-        };
-        let empty = RoaringBitmap::new();
-        let exclusive = if names_exclusive {
-            &empty
-        } else {
-            hosts.exclusive_hosts().unwrap_or(&empty)
-        };
-        // Whole groups of hosts are counted with set algebra; only the hosts
-        // left after every attribute check are looked at one by one.
-        let live = hosts.live_hosts();
-        let up = hosts.in_state(HostState::Up);
-        let mut counts = [0u32; N_CHECKS];
-        let n_hosts = live.len() as u32;
-        let mut live = live.clone();
-        if key.desired_host != NO_HOST {
-            let pinned_here = live.remove(key.desired_host);
-            counts[Check::Pinned.index()] = live.len() as u32;
-            live.clear();
-            if pinned_here {
-                live.insert(key.desired_host);
-            }
-        }
-        let up = &(up & &live);
-        counts[Check::HostNotUp.index()] = (&live - up).len() as u32;
-        let mut rest = up & matching;
-        counts[Check::Constraint.index()] = (up.len() - rest.len()) as u32;
-        let before = rest.len();
-        rest -= exclusive;
-        counts[Check::Exclusive.index()] = (before - rest.len()) as u32;
-        if key.request[Dim::Gpu] == 0
+        let gpu_hosts_out = key.request[Dim::Gpu] == 0
             && !self.config.allow_cpu_tasks_on_gpu_hosts
-            && !key.may_use_gpu_hosts
-        {
-            let before = rest.len();
-            rest -= hosts.gpu_hosts();
-            counts[Check::GpuHostReserved.index()] = (before - rest.len()) as u32;
+            && !key.may_use_gpu_hosts;
+        self.ensure_constraint_words(hosts, constraint, key.constraint);
+        let everywhere = matches!(constraint, crate::constraint::Constraint::True);
+        let words = self.words;
+        let mut counts = [0u32; N_CHECKS];
+        let ones = |x: u64| x.count_ones();
+        let mut n_hosts = 0;
+        // The hosts left after the attribute checks, into `mask`.
+        self.mask.clear();
+        self.mask.resize(words, 0);
+        for w in 0..words {
+            let mut l = self.live_words[w];
+            n_hosts += ones(l);
+            if key.desired_host != NO_HOST {
+                let pin = if key.desired_host as usize / 64 == w {
+                    1u64 << (key.desired_host % 64)
+                } else {
+                    0
+                };
+                counts[Check::Pinned.index()] += ones(l & !pin);
+                l &= pin;
+            }
+            let u = l & self.up_words[w];
+            counts[Check::HostNotUp.index()] += ones(l & !u);
+            let mut r = if everywhere {
+                u
+            } else {
+                u & self.constraint_words[&key.constraint][w]
+            };
+            counts[Check::Constraint.index()] += ones(u & !r);
+            if !names_exclusive {
+                let x = r & self.exclusive_words[w];
+                counts[Check::Exclusive.index()] += ones(x);
+                r &= !x;
+            }
+            if gpu_hosts_out {
+                let g = r & self.gpu_words[w];
+                counts[Check::GpuHostReserved.index()] += ones(g);
+                r &= !g;
+            }
+            self.mask[w] = r;
         }
         if key.max_per_host > 0
             && let Some(job_counts) = self.job_host.get(&key.limit_key)
         {
             for (&slot, &n) in job_counts {
-                if n >= key.max_per_host && rest.remove(slot) {
+                if n >= key.max_per_host && crate::scan::bit(&self.mask, slot) {
+                    crate::scan::set_bit(&mut self.mask, slot, false);
                     counts[Check::PerHostLimit.index()] += 1;
                 }
             }
         }
-        for slot in rest.iter() {
-            let check = match hosts.fits(slot as usize, &key.request, u32::from(key.ports)) {
-                Err(Misfit::Insufficient(d)) => Check::Insufficient(d),
-                Err(Misfit::GpuFragmented) => Check::GpuFragmented,
-                Err(Misfit::Ports) => Check::Ports,
-                Err(Misfit::InvalidGpuRequest) => Check::GpuFragmented,
-                Ok(()) => continue,
-            };
-            counts[check.index()] += 1;
+        let columns = crate::scan::FitColumns::of(hosts);
+        for w in 0..words {
+            let mut r = self.mask[w];
+            if r == 0 {
+                continue;
+            }
+            for d in Dim::ALL {
+                let short = r & !columns.has_word(w, d, key.request[d]);
+                counts[Check::Insufficient(d).index()] += ones(short);
+                r &= !short;
+            }
+            let short = r & !columns.ports_word(w, u32::from(key.ports));
+            counts[Check::Ports.index()] += ones(short);
+            r &= !short;
+            if key.request[Dim::Gpu] > 0 {
+                while r != 0 {
+                    let slot = w * 64 + r.trailing_zeros() as usize;
+                    r &= r - 1;
+                    if let Err(Misfit::GpuFragmented | Misfit::InvalidGpuRequest) =
+                        hosts.fits(slot, &key.request, u32::from(key.ports))
+                    {
+                        counts[Check::GpuFragmented.index()] += 1;
+                    }
+                }
+            }
         }
-        debug_assert!(candidates.is_subset(matching));
         let mut counts: Vec<(Check, u32)> = Check::ALL
             .iter()
             .map(|&c| (c, counts[c.index()]))
@@ -1095,6 +1300,27 @@ impl Placer {
             counts,
             constraint: key.constraint,
             gang_size: 0,
+        }
+    }
+
+    /// Makes sure `constraint_words` holds constraint `id`'s hosts (not
+    /// needed for the constraint that matches every host).
+    fn ensure_constraint_words(
+        &mut self,
+        hosts: &HostArena,
+        constraint: &crate::constraint::Constraint,
+        id: u32,
+    ) {
+        if !matches!(constraint, crate::constraint::Constraint::True)
+            && !self.constraint_words.contains_key(&id)
+        {
+            let mut words = Vec::new();
+            crate::scan::to_words(
+                self.cache.evaluate(constraint, hosts),
+                self.words,
+                &mut words,
+            );
+            self.constraint_words.insert(id, words);
         }
     }
 }

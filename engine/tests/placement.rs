@@ -561,9 +561,11 @@ proptest! {
         };
         prop_assert_eq!(hosts_of(&out, &batch), hosts_of(&out2, &batch2), "one and two threads agree");
 
-        // The reference, in the documented order: gangs in batch order, then
-        // classes by first appearance, tasks of a class in batch order.
+        // The reference, in the documented order: gangs in batch order (a
+        // gang's members grouped by class, classes by first appearance),
+        // then classes by first appearance, tasks of a class in batch order.
         let mut expected: HashMap<usize, Option<u32>> = HashMap::new();
+        let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.limit_key } else { u32::MAX }, s.max_per_host, s.flags & flags::MAY_USE_GPU_HOSTS);
         let mut gang_order: Vec<u32> = Vec::new();
         for s in &specs {
             if s.gang != NO_GANG && !gang_order.contains(&s.gang) {
@@ -571,7 +573,14 @@ proptest! {
             }
         }
         for g in gang_order {
-            let members: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].gang == g).collect();
+            let mut members: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].gang == g).collect();
+            let mut keys = Vec::new();
+            for &i in &members {
+                if !keys.contains(&key(&specs[i])) {
+                    keys.push(key(&specs[i]));
+                }
+            }
+            members.sort_by_key(|&i| keys.iter().position(|k| *k == key(&specs[i])).unwrap());
             let mut placed = Vec::new();
             let mut ok = true;
             for &i in &members {
@@ -597,7 +606,6 @@ proptest! {
             }
         }
         let mut class_order: Vec<(Resources, u16, u32, Strategy, u32, u16, u8)> = Vec::new();
-        let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.limit_key } else { u32::MAX }, s.max_per_host, s.flags & flags::MAY_USE_GPU_HOSTS);
         for s in specs.iter().filter(|s| s.gang == NO_GANG) {
             if !class_order.contains(&key(s)) {
                 class_order.push(key(s));

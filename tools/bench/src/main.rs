@@ -702,7 +702,8 @@ fn placement(
     let mut placer = Placer::new(PlacementConfig {
         gpu_aware,
         ..Default::default()
-    });
+    })
+    .with_threads(common.threads);
     let mut out = PlacementResult::default();
     out.placed.reserve(n_tasks);
     let start = Instant::now();

@@ -1,0 +1,228 @@
+//! Column kernels for placement: host sets as dense bit words (one bit per
+//! host slot) and the fit test run over 64 contiguous hosts at a time.
+//!
+//! The placer works on classes of identical tasks. For each class it needs
+//! every candidate host that fits the request, with its score. Walking a
+//! roaring bitmap and testing hosts one by one costs a few branches and
+//! cache misses per host; here a class's candidate set is a handful of word
+//! ANDs (`base & constraint & !excluded`), and the fit test is a branch-free
+//! compare of five columns over a block of 64 slots that the compiler turns
+//! into vector code. Only hosts that pass it are scored.
+
+use roaring::RoaringBitmap;
+
+use crate::host::HostArena;
+use crate::resources::{Dim, Resources};
+
+/// Words needed for `n_slots` bits.
+pub fn n_words(n_slots: usize) -> usize {
+    n_slots.div_ceil(64)
+}
+
+/// Writes `set` into `out` as dense words (`out` is resized to `words`).
+pub fn to_words(set: &RoaringBitmap, words: usize, out: &mut Vec<u64>) {
+    out.clear();
+    out.resize(words, 0);
+    for slot in set.iter() {
+        let slot = slot as usize;
+        if slot / 64 < words {
+            out[slot / 64] |= 1 << (slot % 64);
+        }
+    }
+}
+
+/// Sets or clears one bit.
+#[inline]
+pub fn set_bit(words: &mut [u64], slot: u32, on: bool) {
+    let (w, b) = (slot as usize / 64, slot % 64);
+    if let Some(word) = words.get_mut(w) {
+        if on {
+            *word |= 1 << b;
+        } else {
+            *word &= !(1 << b);
+        }
+    }
+}
+
+/// Whether a bit is set.
+#[inline]
+pub fn bit(words: &[u64], slot: u32) -> bool {
+    words
+        .get(slot as usize / 64)
+        .is_some_and(|w| w >> (slot % 64) & 1 == 1)
+}
+
+/// The columns the fit test reads.
+#[derive(Clone, Copy, Debug)]
+pub struct FitColumns<'a> {
+    free: [&'a [u64]; 4],
+    ports: &'a [u32],
+}
+
+impl<'a> FitColumns<'a> {
+    /// The arena's free columns.
+    pub fn of(hosts: &'a HostArena) -> Self {
+        FitColumns {
+            free: Dim::ALL.map(|d| hosts.free_column(d)),
+            ports: hosts.ports_free_column(),
+        }
+    }
+
+    /// Bit `j` set when host `64 * word + j` has `request` and `ports` free
+    /// in every column (GPU devices are not looked at: a request that fits
+    /// here may still find its GPUs fragmented).
+    #[inline]
+    pub fn fit_word(&self, word: usize, request: &Resources, ports: u32) -> u64 {
+        let lo = word * 64;
+        let hi = (lo + 64).min(self.ports.len());
+        if hi - lo == 64 {
+            fit_block::<64>(
+                [0, 1, 2, 3].map(|d| self.free[d][lo..hi].try_into().expect("64 slots")),
+                self.ports[lo..hi].try_into().expect("64 slots"),
+                request,
+                ports,
+            )
+        } else {
+            let mut bits = 0u64;
+            for s in lo..hi {
+                let ok = (0..4).all(|d| self.free[d][s] >= request.0[d]) && self.ports[s] >= ports;
+                bits |= u64::from(ok) << (s - lo);
+            }
+            bits
+        }
+    }
+}
+
+impl FitColumns<'_> {
+    /// Bit `j` set when host `64 * word + j` has `amount` of `dim` free.
+    pub fn has_word(&self, word: usize, dim: Dim, amount: u64) -> u64 {
+        at_least(block(self.free[dim.idx()], word), amount)
+    }
+
+    /// Bit `j` set when host `64 * word + j` has `ports` ports free.
+    pub fn ports_word(&self, word: usize, ports: u32) -> u64 {
+        at_least(block(self.ports, word), ports)
+    }
+
+    /// Whether the host in `slot` has `request` and `ports` free in every
+    /// column (GPU devices not looked at).
+    #[inline]
+    pub fn fits_slot(&self, slot: usize, request: &Resources, ports: u32) -> bool {
+        (self.free[0][slot] >= request.0[0])
+            & (self.free[1][slot] >= request.0[1])
+            & (self.free[2][slot] >= request.0[2])
+            & (self.free[3][slot] >= request.0[3])
+            & (self.ports[slot] >= ports)
+    }
+}
+
+/// The up to 64 entries of `column` in block `word`.
+#[inline]
+fn block<T>(column: &[T], word: usize) -> &[T] {
+    let lo = word * 64;
+    &column[lo..(lo + 64).min(column.len())]
+}
+
+/// Bit `j` set when `values[j] >= amount`; vectorised for full blocks.
+#[inline]
+fn at_least<T: Copy + PartialOrd>(values: &[T], amount: T) -> u64 {
+    let mut bits = 0u64;
+    if let Ok(full) = <&[T; 64]>::try_from(values) {
+        for (j, &v) in full.iter().enumerate() {
+            bits |= u64::from(v >= amount) << j;
+        }
+    } else {
+        for (j, &v) in values.iter().enumerate() {
+            bits |= u64::from(v >= amount) << j;
+        }
+    }
+    bits
+}
+
+/// The fit test over one full block, written without branches so it
+/// vectorises.
+#[inline]
+fn fit_block<const N: usize>(
+    free: [&[u64; N]; 4],
+    ports: &[u32; N],
+    request: &Resources,
+    want_ports: u32,
+) -> u64 {
+    let [c, m, d, g] = free;
+    let [rc, rm, rd, rg] = request.0;
+    let mut bits = 0u64;
+    for j in 0..N {
+        let ok =
+            (c[j] >= rc) & (m[j] >= rm) & (d[j] >= rd) & (g[j] >= rg) & (ports[j] >= want_ports);
+        bits |= u64::from(ok) << j;
+    }
+    bits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{HostLimits, HostSpec};
+
+    #[test]
+    fn fit_word_agrees_with_fits() {
+        let mut rng = crate::testkit::Rng::new(5);
+        let mut hosts = HostArena::new(HostLimits { max_hosts: 300 });
+        for i in 0..150 {
+            let gpus = if rng.chance(0.3) { 4 } else { 0 };
+            hosts
+                .add(&HostSpec {
+                    name: format!("h{i}"),
+                    capacity: Resources::new(
+                        rng.range(1, 8) * 1000,
+                        rng.range(1, 8) * 1024,
+                        rng.range(0, 3) * 100,
+                        gpus * 1000,
+                    ),
+                    gpu_devices: gpus as u8,
+                    ports: rng.range(0, 4) as u32,
+                    attributes: vec![],
+                })
+                .unwrap();
+        }
+        let cols = FitColumns::of(&hosts);
+        for _ in 0..200 {
+            let request = Resources::new(
+                rng.range(0, 8) * 1000,
+                rng.range(0, 8) * 1024,
+                rng.range(0, 3) * 100,
+                rng.range(0, 3) * 1000,
+            );
+            let ports = rng.range(0, 4) as u32;
+            for w in 0..n_words(hosts.n_slots()) {
+                let bits = cols.fit_word(w, &request, ports);
+                for j in 0..64 {
+                    let s = w * 64 + j;
+                    if s < hosts.n_slots() {
+                        assert_eq!(
+                            bits >> j & 1 == 1,
+                            hosts.fits(s, &request, ports).is_ok(),
+                            "slot {s}"
+                        );
+                    } else {
+                        assert_eq!(bits >> j & 1, 0);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn words_round_trip() {
+        let set: RoaringBitmap = [0u32, 5, 63, 64, 200].into_iter().collect();
+        let mut w = Vec::new();
+        to_words(&set, n_words(201), &mut w);
+        assert_eq!(w.len(), 4);
+        for s in 0..256 {
+            assert_eq!(bit(&w, s), set.contains(s));
+        }
+        set_bit(&mut w, 5, false);
+        set_bit(&mut w, 7, true);
+        assert!(!bit(&w, 5) && bit(&w, 7));
+    }
+}
