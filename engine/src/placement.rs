@@ -210,6 +210,21 @@ pub struct Unplaced {
     pub reason: u32,
 }
 
+/// What one placement call did (for benchmarks and tuning).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlacementStats {
+    /// Classes (and gang groups) placed from a heap.
+    pub heap_classes: u64,
+    /// Shape prefixes built (each a scan of the open hosts).
+    pub shape_builds: u64,
+    /// Classes that scanned every candidate (past their shape's prefix).
+    pub full_scans: u64,
+    /// Changed hosts scored afresh for classes.
+    pub changed_scored: u64,
+    /// Reasons computed.
+    pub reasons: u64,
+}
+
 /// Output of one placement call; reuse it across calls.
 #[derive(Clone, Debug, Default)]
 pub struct PlacementResult {
@@ -271,6 +286,36 @@ struct ClassKey {
     desired_host: u32,
 }
 
+/// What a class's candidate scores depend on: classes of one shape differ
+/// only by constraint and per-host limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ShapeKey {
+    request: Resources,
+    ports: u16,
+    strategy: Strategy,
+    gpu_hosts_out: bool,
+    names_exclusive: bool,
+}
+
+/// What a reason's counts depend on, besides the per-host limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ReasonKey {
+    request: Resources,
+    ports: u16,
+    constraint: u32,
+    gpu_hosts_out: bool,
+    desired_host: u32,
+}
+
+/// A shape's best hosts when it was built (log position `built_at`),
+/// sorted by (score, slot); `complete` if that was every fitting host.
+#[derive(Debug, Default)]
+struct Shape {
+    built_at: u32,
+    complete: bool,
+    prefix: Vec<(u64, u32)>,
+}
+
 /// Resources held on a host for an instance that has no task there (its
 /// volume, or its resources while it restarts): (job, instance) → (host
 /// slot, amount). A task of that instance placed on that host uses them
@@ -313,8 +358,24 @@ pub struct Placer {
     /// Live and up hosts, as words (for reasons).
     live_words: Vec<u64>,
     up_words: Vec<u64>,
-    /// Scratch for parallel scans: each range's fitting hosts and scores.
-    parts: Vec<Vec<Reverse<(u64, u32)>>>,
+    /// Per shape of class (see `fill_heap`): its best hosts, sorted.
+    shapes: FxHashMap<ShapeKey, Shape>,
+    /// Hosts changed in this batch, in order (a host at most once between
+    /// two `fill_heap` calls); per host, 1 + the index of its latest entry
+    /// (0: unchanged), and the `class_no` it was last logged in.
+    change_log: Vec<u32>,
+    changed_at: Vec<u32>,
+    stamp: Vec<u32>,
+    /// Counts `fill_heap` calls.
+    class_no: u32,
+    /// Counts host changes in the batch (memoised reasons hold while it
+    /// stays the same).
+    changes: u64,
+    reason_memo: FxHashMap<ReasonKey, (u64, [u32; N_CHECKS], u32)>,
+    stats: PlacementStats,
+    /// Scratch for shapes: their host mask and scored hosts.
+    shape_mask: Vec<u64>,
+    scored: Vec<Reverse<(u64, u32)>>,
     /// Scratch: the batch's tasks for the GPU mix learner.
     learn: Vec<TaskHandle>,
     /// Scratch: task indices seen in the batch being validated.
@@ -407,6 +468,11 @@ impl Placer {
             }
             other => other,
         }
+    }
+
+    /// What the last batch did.
+    pub fn stats(&self) -> PlacementStats {
+        self.stats
     }
 
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
@@ -608,6 +674,15 @@ impl Placer {
             &mut self.up_words,
         );
         self.constraint_words.clear();
+        self.shapes.clear();
+        self.change_log.clear();
+        self.changed_at.clear();
+        self.changed_at.resize(hosts.n_slots(), 0);
+        self.stamp.clear();
+        self.stamp.resize(hosts.n_slots(), 0);
+        self.class_no = 1;
+        self.reason_memo.clear();
+        self.stats = PlacementStats::default();
         for &task in pinned.iter() {
             self.place_pinned(hosts, tasks, constraints, reservations, task, now_ms, out);
         }
@@ -669,6 +744,7 @@ impl Placer {
         };
         let gpu = tasks.gpu(task)?;
         hosts.release(host as usize, &spec.request, u32::from(spec.ports), gpu);
+        self.touch(host);
         if spec.max_per_host > 0 {
             let job_hosts = self
                 .job_host
@@ -765,6 +841,7 @@ impl Placer {
         if self.pin_allowed(hosts, constraints, &key) {
             if let Some(amount) = reserved {
                 hosts.unreserve(slot as usize, &amount);
+                self.touch(slot);
             }
             if fits_for(hosts, slot, &key, self.job_host.get(&key.limit_key)) {
                 let placed = self.commit(hosts, tasks, task, slot, &key, now_ms);
@@ -938,21 +1015,163 @@ impl Placer {
         score_for(hosts, slot, key, self.config.gpu_aware, &self.frag)
     }
 
-    /// Fills the heap with the `k` best hosts of `mask` that fit, keyed by
-    /// (score, slot). The fit test runs as a column kernel over 64 hosts at
-    /// a time; only hosts that pass it are scored. Large sets are scanned in
-    /// parallel over contiguous ranges of hosts and concatenated in range
-    /// order; the `k` best are then the same set whatever the number of
-    /// threads, and keys are unique, so the heap pops in the same order.
+    /// Fills the heap with the `k` best hosts of `mask` (the class's
+    /// candidates) that fit, keyed by (score, slot).
     ///
     /// Keeping only `k` hosts (the class's task count) loses nothing: each
     /// task changes only the host it lands on, so after `t < k` tasks at
     /// least one of the first `k` is still in the heap, untouched, and
     /// scores no worse than any host left out.
-    fn fill_heap(&mut self, hosts: &HostArena, key: &ClassKey, k: usize) {
+    ///
+    /// The `k` best come from the class's shape (request, ports, strategy
+    /// and host rules; classes differ from it only by constraint and per-host
+    /// limit): a sorted prefix of the shape's best hosts, scored when it was
+    /// built, gives its hosts that have not changed since, in order; hosts
+    /// changed since (the batch's change log) are scored afresh. The best
+    /// unchanged candidates and the best changed ones hold the `k` best of
+    /// all. A shape is rebuilt once the log has grown past a sixteenth of
+    /// the hosts since it was built, and a class that runs off the end of
+    /// its prefix scans every candidate instead. Either way the result is
+    /// exactly what a scan of every candidate gives.
+    fn fill_heap(
+        &mut self,
+        hosts: &HostArena,
+        constraints: &ConstraintTable,
+        key: &ClassKey,
+        k: usize,
+    ) {
+        self.class_no = self.class_no.wrapping_add(1);
+        self.stats.heap_classes += 1;
+        let names_exclusive = hosts.interner().get(EXCLUSIVE_KEY).is_some_and(|x| {
+            constraints
+                .get(key.constraint)
+                .expect("validated")
+                .mentions(x)
+        });
+        let mut entries = std::mem::take(&mut self.heap).into_vec();
+        entries.clear();
+        let shape_key = ShapeKey {
+            request: key.request,
+            ports: key.ports,
+            strategy: key.strategy,
+            gpu_hosts_out: self.gpu_hosts_out(key),
+            names_exclusive,
+        };
+        let log_len = self.change_log.len() as u32;
+        let stale = self.shapes.get(&shape_key).is_none_or(|shape| {
+            (log_len - shape.built_at) as usize > (self.words * 64 / 16).max(64)
+        });
+        if stale {
+            self.build_shape(hosts, key, shape_key, k);
+        }
+        let shape = &self.shapes[&shape_key];
+        let (built_at, complete) = (shape.built_at, shape.complete);
+        let mask = &self.mask;
+        let changed_at = &self.changed_at;
+        let changed_since =
+            |slot: u32| changed_at.get(slot as usize).is_some_and(|&c| c > built_at);
+        for &(score, slot) in &shape.prefix {
+            if entries.len() == k {
+                break;
+            }
+            if !changed_since(slot) && crate::scan::bit(mask, slot) {
+                entries.push(Reverse((score, slot)));
+            }
+        }
+        if entries.len() < k && !complete {
+            // Past the prefix: every candidate is scanned.
+            self.stats.full_scans += 1;
+            entries.clear();
+            self.scan_into(hosts, key, &self.mask, &mut entries);
+        } else {
+            // Hosts changed since the prefix was built, each once (at its
+            // latest log entry).
+            for i in built_at as usize..self.change_log.len() {
+                let slot = self.change_log[i];
+                if self.changed_at[slot as usize] as usize != i + 1
+                    || !crate::scan::bit(&self.mask, slot)
+                    || !self.host_fits(hosts, slot, key)
+                {
+                    continue;
+                }
+                entries.push(Reverse((score_key(self.score(hosts, slot, key)), slot)));
+                self.stats.changed_scored += 1;
+            }
+        }
+        if entries.len() > k && k > 0 {
+            entries.select_nth_unstable_by(k, |a, b| a.0.cmp(&b.0));
+            entries.truncate(k);
+        }
+        // Heapify in O(k) rather than k pushes.
+        self.heap = BinaryHeap::from(entries);
+    }
+
+    /// Whether GPU hosts are kept from the class (it requests no GPU).
+    fn gpu_hosts_out(&self, key: &ClassKey) -> bool {
+        key.request[Dim::Gpu] == 0
+            && !self.config.allow_cpu_tasks_on_gpu_hosts
+            && !key.may_use_gpu_hosts
+    }
+
+    /// Scores every open host the shape's host rules allow, and keeps the
+    /// best (at least 4,096, and four times the class's tasks) sorted.
+    fn build_shape(&mut self, hosts: &HostArena, key: &ClassKey, shape_key: ShapeKey, k: usize) {
+        self.stats.shape_builds += 1;
+        let mut mask = std::mem::take(&mut self.shape_mask);
+        mask.clear();
+        mask.extend_from_slice(&self.open_words);
+        if !shape_key.names_exclusive {
+            for (m, x) in mask.iter_mut().zip(&self.exclusive_words) {
+                *m &= !x;
+            }
+        }
+        if shape_key.gpu_hosts_out {
+            for (m, g) in mask.iter_mut().zip(&self.gpu_words) {
+                *m &= !g;
+            }
+        }
+        let mut shape = self.shapes.remove(&shape_key).unwrap_or_default();
+        let mut entries = std::mem::take(&mut shape.prefix);
+        entries.clear();
+        let mut scored = std::mem::take(&mut self.scored);
+        scored.clear();
+        // The shape's hosts, whatever the constraint and per-host limit.
+        let shape_class = ClassKey {
+            constraint: 0,
+            limit_key: u32::MAX,
+            max_per_host: 0,
+            ..*key
+        };
+        self.scan_into(hosts, &shape_class, &mask, &mut scored);
+        let keep = (4 * k).max(4096);
+        shape.complete = scored.len() <= keep;
+        if !shape.complete {
+            scored.select_nth_unstable_by(keep, |a, b| a.0.cmp(&b.0));
+            scored.truncate(keep);
+        }
+        scored.sort_unstable_by_key(|a| a.0);
+        entries.extend(scored.iter().map(|r| r.0));
+        shape.prefix = entries;
+        shape.built_at = self.change_log.len() as u32;
+        self.shapes.insert(shape_key, shape);
+        self.scored = scored;
+        self.shape_mask = mask;
+    }
+
+    /// Every host of `mask` that fits the class, with its score, in slot
+    /// order. The fit test runs as a column kernel over 64 hosts at a time;
+    /// only hosts that pass it are scored. Large sets are scanned in
+    /// parallel over contiguous ranges of hosts and concatenated in range
+    /// order, so the result does not depend on the number of threads.
+    fn scan_into(
+        &self,
+        hosts: &HostArena,
+        key: &ClassKey,
+        mask: &[u64],
+        entries: &mut Vec<Reverse<(u64, u32)>>,
+    ) {
         let gpu_aware = self.config.gpu_aware;
         let frag = &self.frag;
-        let mask = &self.mask;
         let columns = crate::scan::FitColumns::of(hosts);
         let ports = u32::from(key.ports);
         let check_devices = key.request[Dim::Gpu] > 0;
@@ -973,8 +1192,6 @@ impl Placer {
                 }
             }
         };
-        let mut entries = std::mem::take(&mut self.heap).into_vec();
-        entries.clear();
         let n_words = mask.len();
         let parallel = self.threads.as_ref().filter(|_| {
             let n: u64 = mask.iter().map(|w| u64::from(w.count_ones())).sum();
@@ -984,27 +1201,40 @@ impl Placer {
             Some(threads) => {
                 let n_parts = threads.current_num_threads() * 4;
                 let per = n_words.div_ceil(n_parts).max(1);
-                let parts = &mut self.parts;
-                parts.resize_with(n_parts, Vec::new);
-                threads.install(|| {
-                    parts.par_iter_mut().enumerate().for_each(|(i, part)| {
-                        part.clear();
-                        let lo = (i * per).min(n_words);
-                        scan(lo..(lo + per).min(n_words), part);
-                    });
+                let parts: Vec<Vec<Reverse<(u64, u32)>>> = threads.install(|| {
+                    (0..n_parts)
+                        .into_par_iter()
+                        .map(|i| {
+                            let mut part = Vec::new();
+                            let lo = (i * per).min(n_words);
+                            scan(lo..(lo + per).min(n_words), &mut part);
+                            part
+                        })
+                        .collect()
                 });
-                for part in &self.parts {
+                for part in &parts {
                     entries.extend_from_slice(part);
                 }
             }
-            None => scan(0..n_words, &mut entries),
+            None => scan(0..n_words, entries),
         }
-        if entries.len() > k && k > 0 {
-            entries.select_nth_unstable_by(k, |a, b| a.0.cmp(&b.0));
-            entries.truncate(k);
+    }
+
+    /// Notes that the host in `slot` changed in this batch (for the shapes'
+    /// change log), once per class.
+    fn touch(&mut self, slot: u32) {
+        let s = slot as usize;
+        self.changes += 1;
+        if s >= self.changed_at.len() {
+            return;
         }
-        // Heapify in O(k) rather than k pushes.
-        self.heap = BinaryHeap::from(entries);
+        // No shape is built between two `fill_heap` calls, so one entry
+        // per host between them is enough.
+        if self.stamp[s] != self.class_no {
+            self.stamp[s] = self.class_no;
+            self.change_log.push(slot);
+            self.changed_at[s] = self.change_log.len() as u32;
+        }
     }
 
     fn commit(
@@ -1032,6 +1262,7 @@ impl Placer {
                 .entry(slot)
                 .or_insert(0) += 1;
         }
+        self.touch(slot);
         if !self.is_open(hosts, slot) {
             self.open.remove(slot);
             crate::scan::set_bit(&mut self.open_words, slot, false);
@@ -1082,7 +1313,7 @@ impl Placer {
                 }
             }
             Strategy::Pack | Strategy::Spread | Strategy::GpuFrag => {
-                self.fill_heap(hosts, &key, members.len());
+                self.fill_heap(hosts, constraints, &key, members.len());
                 next = self.take_from_heap(hosts, tasks, &key, members, now_ms, out);
             }
         }
@@ -1165,7 +1396,7 @@ impl Placer {
         let mut failed = None;
         for (key, group) in &groups {
             self.class_mask(hosts, constraints, key);
-            self.fill_heap(hosts, key, group.len());
+            self.fill_heap(hosts, constraints, key, group.len());
             if self.take_from_heap(hosts, tasks, key, group, now_ms, out) < group.len() {
                 failed = Some(*key);
                 break;
@@ -1204,7 +1435,93 @@ impl Placer {
         constraints: &ConstraintTable,
         key: &ClassKey,
     ) -> Reason {
+        self.stats.reasons += 1;
         let constraint = constraints.get(key.constraint).expect("validated");
+        let memo_key = ReasonKey {
+            request: key.request,
+            ports: key.ports,
+            constraint: key.constraint,
+            gpu_hosts_out: self.gpu_hosts_out(key),
+            desired_host: key.desired_host,
+        };
+        // Counts without the per-host limit: the same for every class of
+        // this key while no host changes.
+        let (mut counts, n_hosts) = match self.reason_memo.get(&memo_key) {
+            Some(&(at, counts, n_hosts)) if at == self.changes => (counts, n_hosts),
+            _ => {
+                let (counts, n_hosts) = self.reason_counts(hosts, constraint, key);
+                self.reason_memo
+                    .insert(memo_key, (self.changes, counts, n_hosts));
+                (counts, n_hosts)
+            }
+        };
+        if key.max_per_host > 0
+            && let Some(job_counts) = self.job_host.get(&key.limit_key)
+        {
+            // A host at the limit that passed the attribute checks counts
+            // as at the limit, not at the resource check it fails.
+            for (&slot, &n) in job_counts {
+                if n >= key.max_per_host && self.passes_attributes(hosts, constraint, key, slot) {
+                    counts[Check::PerHostLimit.index()] += 1;
+                    let check = match hosts.fits(slot as usize, &key.request, u32::from(key.ports))
+                    {
+                        Err(Misfit::Insufficient(d)) => Some(Check::Insufficient(d)),
+                        Err(Misfit::GpuFragmented | Misfit::InvalidGpuRequest) => {
+                            Some(Check::GpuFragmented)
+                        }
+                        Err(Misfit::Ports) => Some(Check::Ports),
+                        Ok(()) => None,
+                    };
+                    if let Some(check) = check {
+                        counts[check.index()] -= 1;
+                    }
+                }
+            }
+        }
+        let mut counts: Vec<(Check, u32)> = Check::ALL
+            .iter()
+            .map(|&c| (c, counts[c.index()]))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Reason {
+            n_hosts,
+            counts,
+            constraint: key.constraint,
+            gang_size: 0,
+        }
+    }
+
+    /// Whether the host in `slot` passes the class's attribute checks (live,
+    /// pinned host, up, constraint, exclusivity, GPU hosts).
+    fn passes_attributes(
+        &self,
+        hosts: &HostArena,
+        constraint: &crate::constraint::Constraint,
+        key: &ClassKey,
+        slot: u32,
+    ) -> bool {
+        let names_exclusive = hosts
+            .interner()
+            .get(EXCLUSIVE_KEY)
+            .is_some_and(|k| constraint.mentions(k));
+        crate::scan::bit(&self.live_words, slot)
+            && (key.desired_host == NO_HOST || key.desired_host == slot)
+            && crate::scan::bit(&self.up_words, slot)
+            && (matches!(constraint, crate::constraint::Constraint::True)
+                || crate::scan::bit(&self.constraint_words[&key.constraint], slot))
+            && (names_exclusive || !crate::scan::bit(&self.exclusive_words, slot))
+            && !(self.gpu_hosts_out(key) && crate::scan::bit(&self.gpu_words, slot))
+    }
+
+    /// A reason's counts, per check, and the live hosts, leaving out the
+    /// per-host limit.
+    fn reason_counts(
+        &mut self,
+        hosts: &HostArena,
+        constraint: &crate::constraint::Constraint,
+        key: &ClassKey,
+    ) -> ([u32; N_CHECKS], u32) {
         let names_exclusive = hosts
             .interner()
             .get(EXCLUSIVE_KEY)
@@ -1253,16 +1570,6 @@ impl Placer {
             }
             self.mask[w] = r;
         }
-        if key.max_per_host > 0
-            && let Some(job_counts) = self.job_host.get(&key.limit_key)
-        {
-            for (&slot, &n) in job_counts {
-                if n >= key.max_per_host && crate::scan::bit(&self.mask, slot) {
-                    crate::scan::set_bit(&mut self.mask, slot, false);
-                    counts[Check::PerHostLimit.index()] += 1;
-                }
-            }
-        }
         let columns = crate::scan::FitColumns::of(hosts);
         for w in 0..words {
             let mut r = self.mask[w];
@@ -1289,18 +1596,7 @@ impl Placer {
                 }
             }
         }
-        let mut counts: Vec<(Check, u32)> = Check::ALL
-            .iter()
-            .map(|&c| (c, counts[c.index()]))
-            .filter(|&(_, n)| n > 0)
-            .collect();
-        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        Reason {
-            n_hosts,
-            counts,
-            constraint: key.constraint,
-            gang_size: 0,
-        }
+        (counts, n_hosts)
     }
 
     /// Makes sure `constraint_words` holds constraint `id`'s hosts (not

@@ -5,9 +5,11 @@ use std::collections::HashMap;
 
 use expect_test::{Expect, expect};
 use peloton_engine::constraint::ConstraintTable;
-use peloton_engine::host::{EXCLUSIVE_KEY, GpuGrant, HostArena, HostLimits, HostSpec, HostState};
+use peloton_engine::host::{
+    EXCLUSIVE_KEY, GpuGrant, HostArena, HostLimits, HostSpec, HostState, Misfit,
+};
 use peloton_engine::placement::{
-    PlacementConfig, PlacementResult, Placer, check_host_accounting, pack_score,
+    Check, PlacementConfig, PlacementResult, Placer, check_host_accounting, pack_score,
 };
 use peloton_engine::task::{NO_GANG, Strategy, TaskArena, TaskHandle, TaskSpec, flags};
 use peloton_engine::testkit::{Rng, host_spec};
@@ -398,6 +400,55 @@ impl Reference {
         }
     }
 
+    /// Why `spec` finds no host: each live host counted at the first check
+    /// it fails, most common first (ties in check order).
+    fn reason(&self, constraints: &ConstraintTable, spec: &TaskSpec) -> Vec<(Check, u32)> {
+        let mut counts: HashMap<Check, u32> = HashMap::new();
+        let c = constraints.get(spec.constraint).unwrap();
+        let exclusive = self.hosts.interner().get(EXCLUSIVE_KEY);
+        for slot in 0..self.hosts.n_slots() {
+            let Some(id) = self.hosts.lookup_slot(slot) else {
+                continue;
+            };
+            let attributes = self.hosts.attributes(slot);
+            let check = if self.hosts.state(id) != HostState::Up {
+                Check::HostNotUp
+            } else if !c.matches(attributes) {
+                Check::Constraint
+            } else if exclusive
+                .is_some_and(|key| attributes.iter().any(|(k, _)| *k == key) && !c.mentions(key))
+            {
+                Check::Exclusive
+            } else if spec.request[Dim::Gpu] == 0
+                && self.hosts.capacity(slot)[Dim::Gpu] > 0
+                && !self.config.allow_cpu_tasks_on_gpu_hosts
+                && spec.flags & flags::MAY_USE_GPU_HOSTS == 0
+            {
+                Check::GpuHostReserved
+            } else if spec.max_per_host > 0
+                && self
+                    .per_host
+                    .get(&(spec.limit_key, slot as u32))
+                    .copied()
+                    .unwrap_or(0)
+                    >= spec.max_per_host
+            {
+                Check::PerHostLimit
+            } else {
+                match self.hosts.fits(slot, &spec.request, u32::from(spec.ports)) {
+                    Ok(()) => continue,
+                    Err(Misfit::Insufficient(d)) => Check::Insufficient(d),
+                    Err(Misfit::Ports) => Check::Ports,
+                    Err(_) => Check::GpuFragmented,
+                }
+            };
+            *counts.entry(check).or_default() += 1;
+        }
+        let mut counts: Vec<(Check, u32)> = counts.into_iter().collect();
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        counts
+    }
+
     fn place_one(
         &mut self,
         constraints: &ConstraintTable,
@@ -565,6 +616,9 @@ proptest! {
         // gang's members grouped by class, classes by first appearance),
         // then classes by first appearance, tasks of a class in batch order.
         let mut expected: HashMap<usize, Option<u32>> = HashMap::new();
+        // The reason each unplaced task should carry (for a gang: its
+        // first unplaceable member's, with the members before it placed).
+        let mut expected_reason: HashMap<usize, Vec<(Check, u32)>> = HashMap::new();
         let key = |s: &TaskSpec| (s.request, s.ports, s.constraint, s.strategy, if s.max_per_host > 0 { s.limit_key } else { u32::MAX }, s.max_per_host, s.flags & flags::MAY_USE_GPU_HOSTS);
         let mut gang_order: Vec<u32> = Vec::new();
         for s in &specs {
@@ -587,6 +641,10 @@ proptest! {
                 match reference.place_one(&constraints, &specs[i]) {
                     Some((slot, grant)) => placed.push((i, slot, grant)),
                     None => {
+                        let why = reference.reason(&constraints, &specs[i]);
+                        for &m in &members {
+                            expected_reason.insert(m, why.clone());
+                        }
                         ok = false;
                         break;
                     }
@@ -614,6 +672,9 @@ proptest! {
         for k in class_order {
             for i in (0..specs.len()).filter(|&i| specs[i].gang == NO_GANG && key(&specs[i]) == k) {
                 let slot = reference.place_one(&constraints, &specs[i]).map(|(slot, _)| slot);
+                if slot.is_none() {
+                    expected_reason.insert(i, reference.reason(&constraints, &specs[i]));
+                }
                 expected.insert(i, slot);
             }
         }
@@ -622,7 +683,11 @@ proptest! {
             got.insert(batch.iter().position(|&t| t == p.task).unwrap(), Some(p.host));
         }
         for u in &out.unplaced {
-            got.insert(batch.iter().position(|&t| t == u.task).unwrap(), None);
+            let i = batch.iter().position(|&t| t == u.task).unwrap();
+            got.insert(i, None);
+            if let Some(want) = expected_reason.get(&i) {
+                prop_assert_eq!(&out.reason_of(u).counts, want, "reason of task {}", i);
+            }
         }
         prop_assert_eq!(got.len(), batch.len(), "every task is placed or has a reason");
         for i in 0..batch.len() {

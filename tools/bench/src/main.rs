@@ -711,6 +711,7 @@ fn placement(
     let mut placed = 0;
     let mut unplaced = 0;
     let mut example_reason = None;
+    let mut stats = Vec::new();
     for chunk in w.batch.chunks(MAX_BATCH) {
         placer
             .place(
@@ -724,6 +725,7 @@ fn placement(
             .context("placing a batch")?;
         placed += out.placed.len();
         unplaced += out.unplaced.len();
+        stats.push(placer.stats());
         if example_reason.is_none() {
             example_reason = out
                 .unplaced
@@ -754,6 +756,7 @@ fn placement(
         "gpu_alloc_rate": if gpu_capacity > 0 { (gpu_capacity - gpu_free) as f64 / gpu_capacity as f64 } else { 0.0 },
         "example_reason": example_reason,
         "peak_rss_mb": peak_rss_mb(),
+        "batches": stats.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>(),
     }))
 }
 
