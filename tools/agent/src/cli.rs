@@ -3,8 +3,8 @@
 //! [`AgentConfig`], everything resolved — token file read, host name and
 //! undeclared resources detected, isolation chosen.
 //!
-//! The hidden wrapper modes (`peloton-agent exec` and `exec-task`) are not
-//! part of [`Args`]: the binary recognises them by their first argument
+//! The hidden wrapper mode (`peloton-agent exec`) is not part of
+//! [`Args`]: the binary recognises it by its first argument
 //! before anything else happens, so they never start an async runtime and
 //! never show up in `--help`.
 

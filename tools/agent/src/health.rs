@@ -35,7 +35,7 @@ use nix::unistd::Pid;
 use peloton_proto::v1;
 use serde::{Deserialize, Serialize};
 
-use crate::record::{self, AssignedPort, HEALTH_OUTPUT_FILE, RunId, TASK_FILE, TaskPlan};
+use crate::record::{self, AssignedPort, HEALTH_OUTPUT_FILE, RunId};
 
 /// `interval_ms` when the spec says 0.
 pub(crate) const DEFAULT_INTERVAL_MS: u64 = 10_000;
@@ -401,9 +401,9 @@ fn check_loop(
 }
 
 fn task_env(dir: &Path) -> Result<Vec<(String, String)>, String> {
-    record::read_json::<TaskPlan>(&dir.join(TASK_FILE))
+    record::read_plan(dir)
         .map(|plan| plan.env)
-        .map_err(|e| format!("cannot read the task's environment from {TASK_FILE}: {e}"))
+        .map_err(|e| format!("cannot read the task's environment from its plan: {e}"))
 }
 
 fn port_of(target: &CheckTarget, name: &str) -> Result<u16, String> {

@@ -5,8 +5,8 @@
 //! and the agent can create its parent cgroup (`/sys/fs/cgroup/peloton` by
 //! default), enable both controllers for its children and create a child
 //! that has `memory.max` and `cpu.max`. Anything less (cgroup v1, a hybrid
-//! mount, no permission) falls back to rlimits set on the task process by
-//! the trampoline just before it executes the task: RLIMIT_AS from the
+//! mount, no permission) falls back to rlimits set on the task process
+//! just before it executes the task (in the wrapper's forked child): RLIMIT_AS from the
 //! memory request and RLIMIT_NOFILE. The parent cgroup holds no process
 //! itself (cgroup v2 forbids processes in a cgroup whose controllers are
 //! enabled for its children); each run gets `<parent>/<sandbox name>`, which
@@ -222,7 +222,7 @@ pub(crate) fn remove_cgroup(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// Moves the calling process into the cgroup (the trampoline, just before
+/// Moves the calling process into the cgroup (the wrapper's forked child, just before
 /// it executes the task, so that the whole task tree is inside).
 pub(crate) fn join_cgroup(dir: &Path) -> io::Result<()> {
     fs::write(dir.join("cgroup.procs"), std::process::id().to_string())

@@ -45,4 +45,4 @@ pub use supervisor::{
     SupervisorConfig, SupervisorError,
 };
 pub use volumes::VolumeDeletion;
-pub use wrapper::{run_trampoline, run_wrapper};
+pub use wrapper::run_wrapper;

@@ -1,9 +1,8 @@
 //! `peloton-agent`: the host agent binary (see `peloton-agent --help`).
 //!
-//! The same binary is also each run's wrapper (`peloton-agent exec`) and
-//! the trampoline that executes a task (`peloton-agent exec-task`); those
-//! hidden modes are recognised by the first argument before anything else,
-//! and run without an async runtime or logging setup.
+//! The same binary is also each run's wrapper (`peloton-agent exec`); that
+//! hidden mode is recognised by the first argument before anything else,
+//! and runs without an async runtime or logging setup.
 //!
 //! SIGTERM and SIGINT stop the agent with exit code 0 and leave its tasks
 //! running: they belong to their wrappers, not to the agent, and an agent
@@ -20,15 +19,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use peloton_agent::{Args, Supervisor, run_session, run_trampoline, run_wrapper};
+use peloton_agent::{Args, Supervisor, run_session, run_wrapper};
 
 fn main() -> ExitCode {
     let mut argv = std::env::args_os();
     let mode = argv.nth(1);
-    match mode.as_ref().and_then(|m| m.to_str()) {
-        Some("exec") => return hidden_mode(argv.collect(), run_wrapper),
-        Some("exec-task") => return hidden_mode(argv.collect(), run_trampoline),
-        _ => {}
+    if mode.as_ref().and_then(|m| m.to_str()) == Some("exec") {
+        return hidden_mode(argv.collect(), run_wrapper);
     }
     let args = Args::parse();
     init_logging(args.log_json);
@@ -42,15 +39,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// `exec --sandbox DIR` / `exec-task --sandbox DIR` (internal: only the
-/// agent and the wrapper call them).
+/// `exec --sandbox DIR` (internal: only the agent calls it).
 fn hidden_mode(rest: Vec<OsString>, mode: fn(&std::path::Path) -> i32) -> ExitCode {
     let [flag, dir] = rest.as_slice() else {
-        eprintln!("usage (internal): peloton-agent exec|exec-task --sandbox DIR");
+        eprintln!("usage (internal): peloton-agent exec --sandbox DIR");
         return ExitCode::from(2);
     };
     if flag != "--sandbox" {
-        eprintln!("usage (internal): peloton-agent exec|exec-task --sandbox DIR");
+        eprintln!("usage (internal): peloton-agent exec --sandbox DIR");
         return ExitCode::from(2);
     }
     let code = mode(&PathBuf::from(dir));

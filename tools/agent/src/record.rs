@@ -2,14 +2,30 @@
 //!
 //! A run lives in `WORK_DIR/sandboxes/<job_id>-<instance>-<run_id>-<launch_id>/`.
 //! Everything the agent must remember about it across a restart is in that
-//! directory, so the directory *is* the run: the agent writes `run.json`
-//! (the run's record) and `task.json` (what to execute); the wrapper writes
-//! `started` and `exit.json`; the task writes `stdout` and `stderr`; command
-//! health checks write `health-check.out`. A run may also have its secrets
+//! directory, so the directory *is* the run. A launch creates four inodes:
+//! the directory, `stdout` and `stderr` (the task's output, also the
+//! wrapper's standard output and error) and `run.json`, the run's journal:
+//! JSON lines, only ever appended to, by the agent (its record of the run,
+//! a new generation per change, and the resolved task plan) and by the
+//! wrapper (`started`, then `exit`). Command health checks write
+//! `health-check.out`; a wrapper with something to say writes
+//! `wrapper.log`; neither exists otherwise. A run may also have its secrets
 //! in `.peloton-secrets/` (until it ends, see `secrets`) and a symbolic link
-//! to its volume, which lives outside the sandbox (see `volumes`). Every JSON file is written to a
-//! temporary name, synced and renamed, so a reader (or a restarted agent)
-//! sees the old version or the new one, never half of one.
+//! to its volume, which lives outside the sandbox (see `volumes`).
+//!
+//! Appends instead of one file per record, and instead of temporary files
+//! renamed into place: creating inodes was most of a launch's cost (ext4's
+//! allocator crawls past recently deleted inodes), and every rename freed
+//! one. Each entry is one `write` of `\n<json>\n` on an `O_APPEND`
+//! descriptor, so the agent's and the wrapper's entries never interleave,
+//! and an entry torn by a crash (a prefix left) is a line that does not
+//! parse and is skipped, without touching the entries before it or, thanks
+//! to the leading newline, the next one. Readers take the newest whole
+//! entry of each kind (the highest generation for the agent's record).
+//!
+//! Runs started by an older agent (`RunRecord::journal` false) keep their
+//! wrapper's `started` and `exit.json` files and a second record copy in
+//! `run.json.b`; those are still read.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -24,13 +40,18 @@ use crate::health::HealthCheckPlan;
 use crate::proc::ProcessIdentity;
 
 pub(crate) const SANDBOXES_DIR: &str = "sandboxes";
+/// The run's journal (see the module documentation).
 pub(crate) const RUN_FILE: &str = "run.json";
-/// The second copy of a run's record (see [`write_run`]).
+/// The second copy of the record of a run started by an older agent.
 pub(crate) const RUN_FILE_B: &str = "run.json.b";
+/// The task plan of a run started by an older agent.
 pub(crate) const TASK_FILE: &str = "task.json";
+/// The wrapper's start record, from an older agent's wrapper.
 pub(crate) const STARTED_FILE: &str = "started";
+/// The wrapper's exit record, from an older agent's wrapper.
 pub(crate) const EXIT_FILE: &str = "exit.json";
-/// Written by the trampoline when `exec` of the task fails.
+/// Written by an older agent's trampoline when `exec` of the task failed
+/// (reserved: never written any more).
 pub(crate) const START_ERROR_FILE: &str = "start-error";
 pub(crate) const STDOUT_FILE: &str = "stdout";
 pub(crate) const STDERR_FILE: &str = "stderr";
@@ -242,6 +263,11 @@ pub(crate) struct RunRecord {
     /// The agent killed the run itself, and why (its memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) killed_by_agent: Option<String>,
+    /// The run's wrapper appends its `started` and `exit` entries to the
+    /// journal; false for runs started by an older agent, whose wrapper
+    /// writes the files `started` and `exit.json`.
+    #[serde(default)]
+    pub(crate) journal: bool,
 }
 
 /// The API's kill grace period when a task sets none.
@@ -251,7 +277,8 @@ fn default_kill_grace_ms() -> u64 {
     DEFAULT_KILL_GRACE_MS
 }
 
-/// `task.json`: what the wrapper runs, fully resolved by the agent.
+/// The journal's `plan` entry: what the wrapper runs, fully resolved by
+/// the agent (`task.json` for runs of an older agent).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TaskPlan {
     pub(crate) program: String,
@@ -266,14 +293,15 @@ pub(crate) struct TaskPlan {
     pub(crate) cgroup: Option<PathBuf>,
 }
 
-/// `started`: the task process exists.
+/// The journal's `started` entry: the task process exists.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct StartedRecord {
     pub(crate) pid: u32,
     pub(crate) time_ms: u64,
 }
 
-/// `exit.json`: how the task ended, from the wrapper that waited for it.
+/// The journal's `exit` entry: how the task ended, from the wrapper that
+/// waited for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ExitRecord {
     /// The exit code, or 128 + signal when a signal ended it.
@@ -287,66 +315,180 @@ pub(crate) struct ExitRecord {
     pub(crate) reason: String,
 }
 
-/// Writes `value` as JSON to `path` so that readers see the old or the new
-/// content, whole: temporary file, then rename.
+/// The entries of a journal other than the agent's record, each written
+/// as `{"<kind>": ...}` (the agent's record is a bare object, as the whole
+/// `run.json` of older agents was).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Entry<'a> {
+    Plan(&'a TaskPlan),
+    Started(&'a StartedRecord),
+    Exit(&'a ExitRecord),
+}
+
+#[derive(Deserialize)]
+struct PlanEntry {
+    plan: TaskPlan,
+}
+
+#[derive(Deserialize)]
+struct StartedEntry {
+    started: StartedRecord,
+}
+
+#[derive(Deserialize)]
+struct ExitEntry {
+    exit: ExitRecord,
+}
+
+/// Appends `\n<json>\n` for `value` to `out` (see the module
+/// documentation: the leading newline ends a line torn by a crash).
+fn push_entry<T: Serialize>(out: &mut Vec<u8>, value: &T) -> io::Result<()> {
+    out.push(b'\n');
+    serde_json::to_writer(&mut *out, value).map_err(io::Error::other)?;
+    out.push(b'\n');
+    Ok(())
+}
+
+/// The journal of the sandbox `dir`, opened for appending (created if
+/// missing).
 ///
 /// No fsync: the records must survive the *agent* dying (the page cache
 /// has them), not the host, since a host crash ends every task with it.
 /// After a reboot, runs whose wrapper is gone are reported as ended, and a
 /// final report re-sent because its acknowledgement was lost is ignored by
-/// the server (it matches no current run). Syncing each of a run's
-/// half-dozen writes cost more than the task itself (launches were bound at
-/// about 150 per second on this VM's disk).
-pub(crate) fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
-    let bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    write_atomic(path, &bytes)
+/// the server (it matches no current run). Syncing each of a run's writes
+/// cost more than the task itself (launches were bound at about 150 per
+/// second on this VM's disk).
+pub(crate) fn open_journal(dir: &Path) -> io::Result<File> {
+    fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(dir.join(RUN_FILE))
 }
 
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    drop(file);
-    fs::rename(&tmp, path)
+/// Appends, in one write, the task plan (if any) and the next generation of
+/// the run's record to its journal.
+pub(crate) fn write_run(
+    dir: &Path,
+    record: &mut RunRecord,
+    plan: Option<&TaskPlan>,
+) -> io::Result<()> {
+    record.generation += 1;
+    let mut bytes = Vec::with_capacity(1024);
+    if let Some(plan) = plan {
+        push_entry(&mut bytes, &Entry::Plan(plan))?;
+    }
+    push_entry(&mut bytes, record)?;
+    open_journal(dir)?.write_all(&bytes)
 }
 
-/// Reads a run's record from its sandbox: the newer whole copy.
-pub(crate) fn read_run(dir: &Path) -> io::Result<RunRecord> {
-    let a = read_json::<RunRecord>(&dir.join(RUN_FILE));
-    let b = read_json::<RunRecord>(&dir.join(RUN_FILE_B));
-    match (a, b) {
-        (Ok(a), Ok(b)) => Ok(if b.generation > a.generation { b } else { a }),
-        (Ok(a), Err(_)) => Ok(a),
-        (Err(_), Ok(b)) => Ok(b),
-        (Err(e), Err(_)) => Err(e),
+/// Appends the wrapper's `started` entry to an open journal.
+pub(crate) fn append_started(journal: &mut File, started: &StartedRecord) -> io::Result<()> {
+    append(journal, &Entry::Started(started))
+}
+
+/// Appends the wrapper's `exit` entry to an open journal.
+pub(crate) fn append_exit(journal: &mut File, exit: &ExitRecord) -> io::Result<()> {
+    append(journal, &Entry::Exit(exit))
+}
+
+fn append(journal: &mut File, entry: &Entry<'_>) -> io::Result<()> {
+    let mut bytes = Vec::with_capacity(256);
+    push_entry(&mut bytes, entry)?;
+    journal.write_all(&bytes)
+}
+
+/// The whole entries of a journal's bytes, as lines.
+fn lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    bytes
+        .split(|&b| b == b'\n')
+        .filter(|line| line.first() == Some(&b'{'))
+}
+
+fn newest_record(bytes: &[u8]) -> Option<RunRecord> {
+    lines(bytes)
+        .filter(|line| line.starts_with(b"{\"key\""))
+        .filter_map(|line| serde_json::from_slice::<RunRecord>(line).ok())
+        .max_by_key(|record| record.generation)
+}
+
+/// What the wrapper has written about a run so far.
+#[derive(Debug, Default)]
+pub(crate) struct WrapperNews {
+    pub(crate) started: Option<StartedRecord>,
+    pub(crate) exit: Option<ExitRecord>,
+}
+
+/// Reads the wrapper's entries of the run in `dir` (`journal`: the run's
+/// record says its wrapper writes to the journal; else the files of an
+/// older wrapper). A missing or unreadable file is no news; an exit entry
+/// or file that does not parse is `InvalidData`.
+pub(crate) fn read_wrapper_news(dir: &Path, journal: bool) -> io::Result<WrapperNews> {
+    let mut news = WrapperNews::default();
+    if !journal {
+        news.started = read_json(&dir.join(STARTED_FILE)).ok();
+        match read_json(&dir.join(EXIT_FILE)) {
+            Ok(exit) => news.exit = Some(exit),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        return Ok(news);
+    }
+    let bytes = match fs::read(dir.join(RUN_FILE)) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(news),
+        Err(e) => return Err(e),
+    };
+    for line in lines(&bytes) {
+        if line.starts_with(b"{\"started\"") {
+            if let Ok(entry) = serde_json::from_slice::<StartedEntry>(line) {
+                news.started = Some(entry.started);
+            }
+        } else if line.starts_with(b"{\"exit\"") {
+            // Written once, last, by a wrapper that then exits: one that
+            // does not parse was torn (the wrapper was killed writing it).
+            match serde_json::from_slice::<ExitEntry>(line) {
+                Ok(entry) => news.exit = Some(entry.exit),
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+        }
+    }
+    Ok(news)
+}
+
+/// The task plan of the run in `dir`: the journal's `plan` entry, or an
+/// older agent's `task.json`.
+pub(crate) fn read_plan(dir: &Path) -> io::Result<TaskPlan> {
+    let bytes = fs::read(dir.join(RUN_FILE))?;
+    let plan = lines(&bytes)
+        .filter(|line| line.starts_with(b"{\"plan\""))
+        .find_map(|line| serde_json::from_slice::<PlanEntry>(line).ok());
+    match plan {
+        Some(entry) => Ok(entry.plan),
+        None => read_json(&dir.join(TASK_FILE)),
     }
 }
 
-/// Writes a run's record in place, alternating between two copies (odd
-/// generations in `run.json`, even ones in `run.json.b`), so that a write
-/// torn by a crash leaves the previous generation whole in the other copy.
-///
-/// Not temp-file-and-rename: a run's record is rewritten about five times,
-/// and every rename freed an inode that ext4's allocator then had to skip
-/// as recently deleted. Creating inodes was a third of the agent's CPU and
-/// bound launches per second; two fixed files per run create none after
-/// the first two writes.
-pub(crate) fn write_run(dir: &Path, record: &mut RunRecord) -> io::Result<()> {
-    record.generation += 1;
-    let name = if record.generation % 2 == 1 {
-        RUN_FILE
-    } else {
-        RUN_FILE_B
+/// Reads a run's record from its sandbox: the newest whole generation in
+/// its journal (or, for a run of an older agent, in either of its copies).
+pub(crate) fn read_run(dir: &Path) -> io::Result<RunRecord> {
+    let journal = fs::read(dir.join(RUN_FILE));
+    let newest = match journal.as_deref().ok().and_then(newest_record) {
+        Some(record) if record.journal => return Ok(record),
+        other => other,
     };
-    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(dir.join(name))?;
-    file.write_all(&bytes)
+    // An older agent's run: two copies, written alternately.
+    let b = read_json::<RunRecord>(&dir.join(RUN_FILE_B)).ok();
+    match (newest, b) {
+        (Some(a), Some(b)) => Ok(if b.generation > a.generation { b } else { a }),
+        (Some(a), None) => Ok(a),
+        (None, Some(b)) => Ok(b),
+        (None, None) => Err(match journal {
+            Err(e) => e,
+            Ok(_) => io::Error::new(io::ErrorKind::InvalidData, "no whole run record"),
+        }),
+    }
 }
 
 /// Reads a JSON file; a malformed one is `InvalidData`.
@@ -368,11 +510,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_torn_record_write_leaves_the_previous_generation() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut record = RunRecord {
-            key: id("job"),
+    fn record(key: RunId) -> RunRecord {
+        RunRecord {
+            key,
             created_ms: 1,
             wrapper: None,
             ports: Vec::new(),
@@ -388,23 +528,133 @@ mod tests {
             stop_signal: None,
             resident_limit_bytes: None,
             killed_by_agent: None,
-        };
-        write_run(dir.path(), &mut record).unwrap();
+            journal: true,
+        }
+    }
+
+    fn plan() -> TaskPlan {
+        TaskPlan {
+            program: "/bin/true".to_owned(),
+            args: vec!["a b".to_owned()],
+            env: vec![("K".to_owned(), "v\nw".to_owned())],
+            address_space_bytes: Some(1 << 30),
+            open_files: Some(1024),
+            cgroup: None,
+        }
+    }
+
+    fn exit() -> ExitRecord {
+        ExitRecord {
+            exit_code: 3,
+            signal: 0,
+            oom_killed: false,
+            start_failed: false,
+            time_ms: 9,
+            reason: "exited with code 3".to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_torn_record_write_leaves_the_previous_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut record = record(id("job"));
+        write_run(dir.path(), &mut record, Some(&plan())).unwrap();
         record.kill_requested = true;
-        write_run(dir.path(), &mut record).unwrap();
+        write_run(dir.path(), &mut record, None).unwrap();
         record.acked = true;
-        write_run(dir.path(), &mut record).unwrap();
+        write_run(dir.path(), &mut record, None).unwrap();
         let back = read_run(dir.path()).unwrap();
         assert_eq!((back.generation, back.acked), (3, true));
-        // Generation 3 went to run.json; a crash tearing it (a prefix is
-        // left) falls back to generation 2 in run.json.b.
-        let full = fs::read(dir.path().join(RUN_FILE)).unwrap();
-        fs::write(dir.path().join(RUN_FILE), &full[..full.len() / 2]).unwrap();
+        // A crash tearing generation 3 (a prefix of it is left) falls back
+        // to generation 2.
+        let path = dir.path().join(RUN_FILE);
+        let full = fs::read(&path).unwrap();
+        let last = full[..full.len() - 1]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .unwrap();
+        let torn = &full[..last + (full.len() - last) / 2];
+        fs::write(&path, torn).unwrap();
         let back = read_run(dir.path()).unwrap();
         assert_eq!(
             (back.generation, back.kill_requested, back.acked),
             (2, true, false)
         );
+        // The next entry, by the agent or the wrapper, is whole again: the
+        // leading newline ends the torn line.
+        let mut journal = open_journal(dir.path()).unwrap();
+        append_exit(&mut journal, &exit()).unwrap();
+        record.generation = 3;
+        write_run(dir.path(), &mut record, None).unwrap();
+        let back = read_run(dir.path()).unwrap();
+        assert_eq!((back.generation, back.acked), (4, true));
+        let news = read_wrapper_news(dir.path(), true).unwrap();
+        assert_eq!(news.exit, Some(exit()));
+        assert_eq!(read_plan(dir.path()).unwrap().env, plan().env);
+    }
+
+    #[test]
+    fn a_torn_exit_entry_is_invalid_data_and_other_torn_lines_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut journal = open_journal(dir.path()).unwrap();
+        append_started(&mut journal, &StartedRecord { pid: 5, time_ms: 6 }).unwrap();
+        let news = read_wrapper_news(dir.path(), true).unwrap();
+        assert_eq!(news.started.map(|s| (s.pid, s.time_ms)), Some((5, 6)));
+        assert_eq!(news.exit, None);
+        // A torn started entry is no news (the wrapper was killed: its
+        // liveness tells the rest).
+        fs::write(dir.path().join(RUN_FILE), "\n{\"started\":{\"pid\":5,").unwrap();
+        let news = read_wrapper_news(dir.path(), true).unwrap();
+        assert!(news.started.is_none() && news.exit.is_none());
+        fs::write(dir.path().join(RUN_FILE), "\n{\"exit\":{\"exit_code\":0,").unwrap();
+        let torn = read_wrapper_news(dir.path(), true).expect_err("torn exit");
+        assert_eq!(torn.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn runs_of_an_older_agent_are_read_from_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = record(id("job"));
+        old.journal = false;
+        // An older agent's record: one bare object per copy, no newline.
+        old.generation = 2;
+        fs::write(
+            dir.path().join(RUN_FILE_B),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        old.generation = 1;
+        fs::write(dir.path().join(RUN_FILE), serde_json::to_vec(&old).unwrap()).unwrap();
+        fs::write(
+            dir.path().join(TASK_FILE),
+            serde_json::to_vec_pretty(&plan()).unwrap(),
+        )
+        .unwrap();
+        fs::write(
+            dir.path().join(STARTED_FILE),
+            serde_json::to_vec_pretty(&StartedRecord { pid: 7, time_ms: 8 }).unwrap(),
+        )
+        .unwrap();
+        let mut back = read_run(dir.path()).unwrap();
+        assert_eq!((back.generation, back.journal), (2, false));
+        assert_eq!(read_plan(dir.path()).unwrap().program, "/bin/true");
+        let news = read_wrapper_news(dir.path(), false).unwrap();
+        assert_eq!(news.started.map(|s| s.pid), Some(7));
+        assert_eq!(news.exit, None);
+        fs::write(
+            dir.path().join(EXIT_FILE),
+            serde_json::to_vec_pretty(&exit()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            read_wrapper_news(dir.path(), false).unwrap().exit,
+            Some(exit())
+        );
+        // A newer agent appends its generations to the old run.json.
+        back.acked = true;
+        write_run(dir.path(), &mut back, None).unwrap();
+        let again = read_run(dir.path()).unwrap();
+        assert_eq!((again.generation, again.acked), (3, true));
     }
 
     #[test]
@@ -419,13 +669,24 @@ mod tests {
     }
 
     #[test]
-    fn atomic_write_round_trips() {
+    fn journal_entries_round_trip() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("x.json");
-        let started = StartedRecord { pid: 5, time_ms: 6 };
-        write_json_atomic(&path, &started).expect("write");
-        let back: StartedRecord = read_json(&path).expect("read");
-        assert_eq!((back.pid, back.time_ms), (5, 6));
-        assert!(!dir.path().join("x.json.tmp").exists());
+        let mut record = record(id("job"));
+        write_run(dir.path(), &mut record, Some(&plan())).expect("write");
+        let mut journal = open_journal(dir.path()).expect("open");
+        append_started(&mut journal, &StartedRecord { pid: 5, time_ms: 6 }).expect("append");
+        append_exit(&mut journal, &exit()).expect("append");
+        let back = read_plan(dir.path()).expect("plan");
+        assert_eq!((back.program, back.args), (plan().program, plan().args));
+        let news = read_wrapper_news(dir.path(), true).expect("news");
+        assert_eq!(news.started.map(|s| (s.pid, s.time_ms)), Some((5, 6)));
+        assert_eq!(news.exit, Some(exit()));
+        assert_eq!(read_run(dir.path()).expect("record").generation, 1);
+        // Nothing but the journal was written.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![RUN_FILE]);
     }
 }

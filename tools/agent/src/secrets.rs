@@ -3,7 +3,7 @@
 //! wider, not even for a moment), written before the task starts; the
 //! directory's absolute path is the task's `PELOTON_SECRETS`.
 //!
-//! Their values are written nowhere else: not in `task.json` (only the
+//! Their values are written nowhere else: not in the task plan (only the
 //! directory's path is in the environment), not in `run.json`, not in a
 //! log. The directory is removed when the run's end is observed, so
 //! secrets do not linger in the sandbox until garbage collection.

@@ -3,16 +3,19 @@
 //! A plain synchronous struct, usable (and tested) without gRPC or an async
 //! runtime: the session calls its methods and sends what comes out of
 //! [`Supervisor::take_reports`]. It never waits for a process. Each run is
-//! observed by [`Supervisor::poll`] through its files (`started`,
-//! `exit.json`) and its wrapper's liveness in `/proc`, the same way whether
-//! the agent spawned the wrapper or re-adopted it after a restart — so there
-//! is one code path, and a restarted agent is no special case. Kill grace
-//! periods are deadlines checked by `poll`, never sleeps.
+//! observed by [`Supervisor::poll`] through its journal (the wrapper's
+//! `started` and `exit` entries, see `record`) and its wrapper's liveness
+//! (`waitid` while the wrapper is this agent's child, else `/proc`), the
+//! same way whether the agent spawned the wrapper or re-adopted it after a
+//! restart — so there is one code path, and a restarted agent is no special
+//! case. A running run's journal is read only once its wrapper has gone
+//! (the wrapper records the exit, then exits). Kill grace periods are
+//! deadlines checked by `poll`, never sleeps.
 //!
-//! Every change of a run is written to its record (`run.json` /
-//! `run.json.b`, see `record::write_run`) before it is reported, so a
-//! report is never ahead of the disk; RUNNING is the exception, its durable
-//! record being the wrapper's `started` file. Reports wait in an
+//! Every change of a run is appended to its record (a new generation in
+//! `run.json`, see `record::write_run`) before it is reported, so a report
+//! is never ahead of the disk; RUNNING is the exception, its durable record
+//! being the wrapper's `started` entry. Reports wait in an
 //! outbox that keeps only the latest report per run (it is bounded by the
 //! number of runs, itself bounded by `max_runs`).
 //!
@@ -42,9 +45,8 @@ use crate::isolation::{self, Isolation};
 use crate::ports::{self, PortAllocator, PortRange};
 use crate::proc::{self, LazySnapshot, ProcessIdentity};
 use crate::record::{
-    self, AssignedPort, DEFAULT_KILL_GRACE_MS, EXIT_FILE, ExitRecord, Phase, PhaseReport, RUN_FILE,
-    RunId, RunRecord, SANDBOXES_DIR, STARTED_FILE, STDERR_FILE, STDOUT_FILE, StartedRecord,
-    TASK_FILE, TaskPlan, WRAPPER_LOG_FILE,
+    self, AssignedPort, DEFAULT_KILL_GRACE_MS, ExitRecord, Phase, PhaseReport, RUN_FILE, RunId,
+    RunRecord, SANDBOXES_DIR, STDERR_FILE, STDOUT_FILE, TaskPlan,
 };
 use crate::secrets;
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
@@ -120,8 +122,11 @@ pub enum SupervisorError {
 struct Run {
     record: RunRecord,
     dir: PathBuf,
-    /// The wrapper, when this agent spawned it (to reap it).
+    /// The wrapper, when this agent spawned it (to reap it): while it is
+    /// not reaped, it is alive.
     child: Option<Child>,
+    /// The task plan, until the first record writes it to the journal.
+    plan: Option<TaskPlan>,
     /// The health checker, from RUNNING on (kept, stopped, once the run
     /// has ended or is being killed: its last verdict is still reported).
     checker: Option<HealthChecker>,
@@ -133,6 +138,7 @@ impl Run {
             record,
             dir,
             child: None,
+            plan: None,
             checker: None,
         }
     }
@@ -336,6 +342,16 @@ impl Supervisor {
             }
         })?;
         config.work_dir = work_dir;
+        if let Ok((_, hard)) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            && config.open_files > hard
+        {
+            tracing::info!(
+                open_files = config.open_files,
+                hard_limit = hard,
+                "tasks get RLIMIT_NOFILE {hard} (this process's hard limit) where it cannot be raised"
+            );
+        }
         let sandboxes = config.work_dir.join(SANDBOXES_DIR);
         let volumes = config.work_dir.join(VOLUMES_DIR);
         let mut supervisor = Supervisor {
@@ -481,12 +497,15 @@ impl Supervisor {
                 .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
             return;
         }
-        if let Err(e) = create_sandbox(&dir) {
-            let reason = format!("cannot create the sandbox {}: {e}", dir.display());
-            self.outbox
-                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
-            return;
-        }
+        let output = match create_sandbox(&dir) {
+            Ok(output) => output,
+            Err(e) => {
+                let reason = format!("cannot create the sandbox {}: {e}", dir.display());
+                self.outbox
+                    .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+                return;
+            }
+        };
         let mut run = Run::new(
             RunRecord {
                 key: key.clone(),
@@ -512,6 +531,7 @@ impl Supervisor {
                     .map(|sig| sig as i32),
                 resident_limit_bytes: None,
                 killed_by_agent: None,
+                journal: true,
             },
             dir,
         );
@@ -524,7 +544,7 @@ impl Supervisor {
                 // a sandbox is only collected after the age limit).
                 let started = secrets::write(&run.dir, &launch.secrets)
                     .map_err(|e| format!("cannot write the secrets into the sandbox: {e}"))
-                    .and_then(|()| self.spawn_wrapper(&mut run));
+                    .and_then(|()| self.spawn_wrapper(&mut run, output));
                 if let Err(reason) = started {
                     self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
                 }
@@ -535,7 +555,8 @@ impl Supervisor {
     }
 
     /// Checks the spec, takes ports, creates the cgroup, sets up the volume
-    /// and the secrets, writes `task.json`.
+    /// and the secrets, resolves the task plan (written to the journal with
+    /// the run's first record).
     fn prepare(&mut self, run: &mut Run, launch: &v1::LaunchRun) -> Result<(), String> {
         let default_spec = v1::TaskSpec::default();
         let spec = launch.spec.as_ref().unwrap_or(&default_spec);
@@ -622,7 +643,7 @@ impl Supervisor {
         }
         if !launch.secrets.is_empty() {
             // The values go to their files only (see `launch_one`); the
-            // environment, and so task.json, gets the directory.
+            // environment, and so the journal's plan, gets the directory.
             env.insert(
                 "PELOTON_SECRETS".to_owned(),
                 secrets::dir(&run.dir).to_string_lossy().into_owned(),
@@ -653,18 +674,17 @@ impl Supervisor {
                 plan.cgroup = Some(cgroup);
             }
         }
-        record::write_json_atomic(&run.dir.join(TASK_FILE), &plan)
-            .map_err(|e| format!("cannot write {TASK_FILE}: {e}"))
+        run.plan = Some(plan);
+        Ok(())
     }
 
-    /// Starts the wrapper as the leader of a new process group.
-    fn spawn_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(run.dir.join(WRAPPER_LOG_FILE))
-            .and_then(|log| Ok((log.try_clone()?, log)))
-            .map_err(|e| format!("cannot open {WRAPPER_LOG_FILE}: {e}"))?;
+    /// Starts the wrapper as the leader of a new process group, with the
+    /// run's `stdout` and `stderr` as its own (the task inherits them).
+    fn spawn_wrapper(
+        &mut self,
+        run: &mut Run,
+        (stdout, stderr): (File, File),
+    ) -> Result<(), String> {
         let child = Command::new(&self.config.wrapper_exe)
             .arg("exec")
             .arg("--sandbox")
@@ -678,8 +698,8 @@ impl Supervisor {
             .current_dir(&run.dir)
             .process_group(0)
             .stdin(Stdio::null())
-            .stdout(log.0)
-            .stderr(log.1)
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .map_err(|e| {
                 format!(
@@ -820,20 +840,32 @@ impl Supervisor {
         if run.record.report.phase.is_final() {
             return;
         }
-        // Liveness first, then exit.json: the wrapper writes exit.json
-        // before it exits, so "dead and no exit.json" is really lost.
-        let alive = run.record.wrapper.is_some_and(|w| w.is_alive());
+        // Liveness first, then the exit entry: the wrapper writes it before
+        // it exits, so "dead and no exit entry" is really lost. A child not
+        // reaped above is alive, without a look at /proc.
+        let alive = run.child.is_some() || run.record.wrapper.is_some_and(|w| w.is_alive());
+        let news = if run.record.report.phase == Phase::Starting || !alive {
+            record::read_wrapper_news(&run.dir, run.record.journal)
+        } else {
+            // Running and its wrapper alive: whatever it wrote, it will
+            // have written it when it is gone.
+            Ok(record::WrapperNews::default())
+        };
+        let (started, exit) = match news {
+            Ok(news) => (news.started, Ok(news.exit)),
+            Err(e) => (None, Err(e)),
+        };
         if run.record.report.phase == Phase::Starting
-            && let Ok(started) = record::read_json::<StartedRecord>(&run.dir.join(STARTED_FILE))
+            && let Some(started) = started
         {
             run.record.report = PhaseReport::new(Phase::Running, started.time_ms);
-            // Reported, not written: `started` is the durable record of it
-            // (a restarted agent finds it again), and one write less per
-            // run is measurable in launches per second.
+            // Reported, not written: the wrapper's `started` entry is the
+            // durable record of it (a restarted agent finds it again), and
+            // one write less per run is measurable in launches per second.
             self.outbox.push(&run.record.key, run.report());
         }
-        match record::read_json::<ExitRecord>(&run.dir.join(EXIT_FILE)) {
-            Ok(exit) => {
+        match exit {
+            Ok(Some(exit)) => {
                 let mut report = final_report(&exit, run.record.kill_requested);
                 if let Some(why) = &run.record.killed_by_agent
                     && report.phase != Phase::Succeeded
@@ -845,10 +877,10 @@ impl Supervisor {
                 self.end(run, report);
                 return;
             }
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                tracing::warn!(run = %run.record.key.sandbox_name(), error = %e, "unreadable exit.json");
+            Err(e) => {
+                tracing::warn!(run = %run.record.key.sandbox_name(), error = %e, "unreadable exit record");
             }
-            Err(_) => {}
+            Ok(None) => {}
         }
         if !alive {
             // Whatever the wrapper left behind goes with it.
@@ -1133,16 +1165,21 @@ fn remove_secrets(key: &RunId, dir: &Path) {
 }
 
 /// `stdout` and `stderr` exist from the start, so a log read never has to
-/// tell "not yet written" from "no such run".
-fn create_sandbox(dir: &Path) -> io::Result<()> {
+/// tell "not yet written" from "no such run"; returned open for appending,
+/// for the wrapper.
+fn create_sandbox(dir: &Path) -> io::Result<(File, File)> {
     fs::create_dir(dir)?;
-    File::create(dir.join(STDOUT_FILE))?;
-    File::create(dir.join(STDERR_FILE))?;
-    Ok(())
+    let output = |name| {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(name))
+    };
+    Ok((output(STDOUT_FILE)?, output(STDERR_FILE)?))
 }
 
 fn persist(run: &mut Run) {
-    if let Err(e) = record::write_run(&run.dir, &mut run.record) {
+    if let Err(e) = record::write_run(&run.dir, &mut run.record, run.plan.take().as_ref()) {
         tracing::error!(
             run = %run.record.key.sandbox_name(),
             error = %e,
@@ -1187,7 +1224,10 @@ fn terminate(run: &Run, procs: &mut LazySnapshot) {
         .stop_signal
         .and_then(|n| Signal::try_from(n).ok());
     if let Some(signal) = custom
-        && let Ok(started) = record::read_json::<StartedRecord>(&run.dir.join(STARTED_FILE))
+        && let Ok(record::WrapperNews {
+            started: Some(started),
+            ..
+        }) = record::read_wrapper_news(&run.dir, run.record.journal)
         && proc::read_stat(started.pid).is_some_and(|s| s.ppid == wrapper.pid)
     {
         // A task's own stop signal is a request to its main process (as a
@@ -1239,7 +1279,7 @@ fn sweep(run: &Run, now: u64, procs: &mut LazySnapshot) {
     let mut victims = wrapper.map_or_else(Vec::new, |w| snapshot.descendants(w.pid));
     victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
     // The wrapper carries the marker too; it is spared here so that it can
-    // still write exit.json (and killed with its group below if it hangs).
+    // still record the exit (and killed with its group below if it hangs).
     if let Some(w) = wrapper {
         victims.retain(|&pid| pid != w.pid);
     }

@@ -1,36 +1,39 @@
-//! The per-run supervisor process ("wrapper") and the trampoline it starts
-//! the task through: `peloton-agent exec` and `peloton-agent exec-task`.
+//! The per-run supervisor process ("wrapper"): `peloton-agent exec`.
 //!
 //! The agent never waits for a task itself: it starts the wrapper (its own
 //! binary in this mode) as the leader of a new process group, and the
 //! wrapper starts and waits for the task. So a task outlives an agent
-//! restart, and its exit status is never lost: the wrapper writes it to
-//! `exit.json` whether or not an agent is there to read it. The wrapper is a
-//! child subreaper, so every process the task leaves behind is reparented to
-//! it and killed once the task has exited. It blocks SIGTERM, SIGINT and
-//! SIGHUP for itself — a kill's SIGTERM to the group reaches the task, not
-//! the process that records how the task ended. A signal mask is inherited
-//! across fork and exec, and std's `Command` does *not* reset it (a test
-//! showed tasks starting with SIGTERM blocked), so the trampoline below
-//! empties the mask just before it executes the task, and sets every signal
-//! back to its default action (an ignored signal, e.g. SIGHUP under `nohup`,
-//! would otherwise survive exec); a test checks `SigBlk` and `SigIgn` of a
-//! task.
+//! restart, and its exit status is never lost: the wrapper appends it to
+//! the run's journal (`record`) whether or not an agent is there to read
+//! it. The wrapper is a child subreaper, so every process the task leaves
+//! behind is reparented to it and killed once the task has exited. It
+//! blocks the stop signals for itself — a kill's SIGTERM to the group
+//! reaches the task, not the process that records how the task ended.
 //!
-//! Limits (rlimits, joining the run's cgroup) are applied by a trampoline,
-//! the agent binary once more in `exec-task` mode, which then `exec`s the
-//! task in place (same pid, same process group). Setting them in the
-//! wrapper before spawning would constrain the wrapper too: a memory
-//! request below the wrapper's own address space would make the spawn, or
-//! the wrapper's later bookkeeping, fail. Whether the program exists is
-//! checked by the wrapper first, so the common start failures ("No such
-//! file or directory") are reported without the task ever having run; the
-//! rest come back from the trampoline in `start-error`.
+//! The wrapper's standard output and error are the task's `stdout` and
+//! `stderr` files (opened by the agent), which the task inherits; the
+//! wrapper's own notes go to `wrapper.log`, created only when there is one.
 //!
-//! Both modes are plain single-threaded code (no async runtime): signal
-//! masks are per thread, and they must hold for the whole process.
+//! Limits (rlimits, joining the run's cgroup) and the signal state of the
+//! task are set in the forked child just before it executes the task
+//! ([`prepare_child`]); setting them in the wrapper itself would constrain
+//! the wrapper too (a memory request below its own address space would make
+//! its bookkeeping fail). A signal mask is inherited across fork and exec,
+//! so the child empties it, and sets every signal back to its default
+//! action (an ignored signal, e.g. SIGHUP under `nohup`, would otherwise
+//! survive exec); a test checks `SigBlk` and `SigIgn` of a task. Whether
+//! the program exists is checked by the wrapper first, so the common start
+//! failures ("No such file or directory") are reported without the task
+//! ever having run; an `exec` that fails anyway comes back from the spawn.
+//!
+//! Plain single-threaded code (no async runtime): signal masks are per
+//! thread, and they must hold for the whole process; and the child of a
+//! fork of a single-threaded process may allocate and take locks before it
+//! executes the task (no other thread can have held them at the fork).
+//! This used to be a second process, a trampoline (the agent binary again,
+//! executed between fork and the task's exec): one fork and exec of this
+//! binary per launch, gone.
 
-use std::fmt::Write as _;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -47,10 +50,7 @@ use nix::unistd::{Pid, geteuid};
 
 use crate::isolation;
 use crate::proc;
-use crate::record::{
-    self, EXIT_FILE, ExitRecord, START_ERROR_FILE, STARTED_FILE, STDERR_FILE, STDOUT_FILE,
-    StartedRecord, TASK_FILE, TaskPlan, WRAPPER_LOG_FILE,
-};
+use crate::record::{self, ExitRecord, StartedRecord, TaskPlan, WRAPPER_LOG_FILE};
 
 /// The exit code of a task that could not be started (as in shells).
 pub(crate) const EXIT_CANNOT_START: i32 = 127;
@@ -62,21 +62,28 @@ pub(crate) const DEFAULT_PATH: &str =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// `peloton-agent exec --sandbox DIR`: runs the task of the sandbox, waits
-/// for it, cleans up after it and writes `exit.json`. Returns the wrapper's
-/// own exit code (0 once `exit.json` is written).
+/// for it, cleans up after it and appends its `exit` entry to the journal.
+/// Returns the wrapper's own exit code (0 once the entry is written).
 pub fn run_wrapper(sandbox: &Path) -> i32 {
-    let exit = supervise(sandbox);
-    match record::write_json_atomic(&sandbox.join(EXIT_FILE), &exit) {
+    let mut journal = match record::open_journal(sandbox) {
+        Ok(journal) => journal,
+        Err(e) => {
+            note(sandbox, &format!("cannot open the run's journal: {e}"));
+            return 1;
+        }
+    };
+    let exit = supervise(sandbox, &mut journal);
+    match record::append_exit(&mut journal, &exit) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("peloton-agent exec: cannot write {EXIT_FILE}: {e}");
+            note(sandbox, &format!("cannot record the exit: {e}"));
             1
         }
     }
 }
 
-fn start_failure(reason: String) -> ExitRecord {
-    eprintln!("peloton-agent exec: {reason}");
+fn start_failure(sandbox: &Path, reason: String) -> ExitRecord {
+    note(sandbox, &reason);
     ExitRecord {
         exit_code: EXIT_CANNOT_START,
         signal: 0,
@@ -101,15 +108,18 @@ const STOP_SIGNALS: [Signal; 7] = [
     Signal::SIGPWR,
 ];
 
-fn supervise(sandbox: &Path) -> ExitRecord {
-    let plan: TaskPlan = match record::read_json(&sandbox.join(TASK_FILE)) {
+fn supervise(sandbox: &Path, journal: &mut File) -> ExitRecord {
+    let plan: TaskPlan = match record::read_plan(sandbox) {
         Ok(plan) => plan,
-        Err(e) => return start_failure(format!("cannot read the task plan {TASK_FILE}: {e}")),
+        Err(e) => return start_failure(sandbox, format!("cannot read the task plan: {e}")),
     };
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        eprintln!(
-            "peloton-agent exec: cannot become a child subreaper ({e}); \
-             orphaned task processes are found by their environment only"
+        note(
+            sandbox,
+            &format!(
+                "cannot become a child subreaper ({e}); \
+                 orphaned task processes are found by their environment only"
+            ),
         );
     }
     let mut blocked = SigSet::empty();
@@ -117,7 +127,7 @@ fn supervise(sandbox: &Path) -> ExitRecord {
         blocked.add(signal);
     }
     if let Err(e) = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None) {
-        eprintln!("peloton-agent exec: cannot block termination signals: {e}");
+        note(sandbox, &format!("cannot block termination signals: {e}"));
     }
     // A kill that arrived before the task exists would otherwise sit
     // pending (blocked) and never reach it.
@@ -136,36 +146,36 @@ fn supervise(sandbox: &Path) -> ExitRecord {
         }
     }
     if let Err(e) = check_program(&plan.program, &plan.env, sandbox) {
-        return start_failure(format!("cannot start {:?}: {e}", plan.program));
+        return start_failure(sandbox, format!("cannot start {:?}: {e}", plan.program));
     }
-    let open = |name: &str| -> io::Result<File> {
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(sandbox.join(name))
-    };
-    let (stdout, stderr) = match (open(STDOUT_FILE), open(STDERR_FILE)) {
-        (Ok(stdout), Ok(stderr)) => (stdout, stderr),
-        (Err(e), _) | (_, Err(e)) => {
-            return start_failure(format!("cannot open the sandbox's output files: {e}"));
-        }
-    };
-    // `/proc/self/exe` is this very binary even if the file on disk was
-    // replaced by an upgrade since the wrapper started.
-    let spawned = Command::new("/proc/self/exe")
-        .arg("exec-task")
-        .arg("--sandbox")
-        .arg(sandbox)
+    let mut command = Command::new(&plan.program);
+    command
+        .args(&plan.args)
         .env_clear()
         .envs(plan.env.iter().map(|(k, v)| (k, v)))
         .current_dir(sandbox)
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr)
-        .spawn();
-    let child = match spawned {
+        // The agent gave the wrapper /dev/null and the run's output files.
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    let child_plan = ChildPlan::new(&plan, sandbox);
+    // SAFETY: the closure runs in the child between fork and exec. This
+    // process is single-threaded (no runtime, no thread is ever started),
+    // so the child's memory and locks are in a consistent state and it may
+    // allocate (before the address-space limit, which comes last).
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || child_plan.apply());
+    }
+    let child = match command.spawn() {
         Ok(child) => child,
-        Err(e) => return start_failure(format!("cannot start {:?}: {e}", plan.program)),
+        Err(e) => {
+            let reason = match ChildFailure::decode(&e) {
+                Some(failure) => failure.reason(&plan),
+                None => format!("cannot start {:?}: {e}", plan.program),
+            };
+            return start_failure(sandbox, reason);
+        }
     };
     let task_pid = child.id();
     // The child is waited for with waitpid(-1) below, which also reaps the
@@ -175,17 +185,17 @@ fn supervise(sandbox: &Path) -> ExitRecord {
         pid: task_pid,
         time_ms: record::now_ms(),
     };
-    if let Err(e) = record::write_json_atomic(&sandbox.join(STARTED_FILE), &started) {
-        eprintln!("peloton-agent exec: cannot write {STARTED_FILE}: {e}");
+    if let Err(e) = record::append_started(journal, &started) {
+        note(sandbox, &format!("cannot record the start: {e}"));
     }
-    let (exit_code, signal) = wait_for(task_pid);
+    let (exit_code, signal) = wait_for(task_pid, sandbox);
     let time_ms = record::now_ms();
     let marker = plan
         .env
         .iter()
         .find(|(k, _)| k == "PELOTON_SANDBOX")
         .map(|(k, v)| format!("{k}={v}").into_bytes());
-    kill_leftovers(plan.cgroup.as_deref(), marker.as_deref());
+    kill_leftovers(plan.cgroup.as_deref(), marker.as_deref(), sandbox);
     let oom_killed = plan
         .cgroup
         .as_deref()
@@ -193,17 +203,7 @@ fn supervise(sandbox: &Path) -> ExitRecord {
     if let Some(cgroup) = &plan.cgroup
         && let Err(e) = isolation::remove_cgroup(cgroup)
     {
-        eprintln!(
-            "peloton-agent exec: cannot remove {}: {e}",
-            cgroup.display()
-        );
-    }
-    let start_error = fs::read_to_string(sandbox.join(START_ERROR_FILE)).ok();
-    if let (EXIT_CANNOT_START, Some(reason)) = (exit_code, start_error) {
-        return ExitRecord {
-            time_ms,
-            ..start_failure(reason)
-        };
+        note(sandbox, &format!("cannot remove {}: {e}", cgroup.display()));
     }
     let reason = match (signal, oom_killed) {
         (0, false) if exit_code >= 0 => format!("exited with code {exit_code}"),
@@ -224,10 +224,148 @@ fn supervise(sandbox: &Path) -> ExitRecord {
     }
 }
 
+/// What the child sets up before it executes the task, prepared by the
+/// wrapper.
+struct ChildPlan {
+    cgroup: Option<PathBuf>,
+    open_files: Option<u64>,
+    address_space_bytes: Option<u64>,
+    /// `wrapper.log`, for notes about limits that could not be set (the
+    /// child's stderr is the task's, not the place for them).
+    log: PathBuf,
+}
+
+impl ChildPlan {
+    fn new(plan: &TaskPlan, sandbox: &Path) -> ChildPlan {
+        let open_files = plan.open_files.map(|open_files| {
+            match getrlimit(Resource::RLIMIT_NOFILE) {
+                // Only root may raise a hard limit.
+                Ok((_, hard)) if !geteuid().is_root() => open_files.min(hard),
+                _ => open_files,
+            }
+        });
+        ChildPlan {
+            cgroup: plan.cgroup.clone(),
+            open_files,
+            address_space_bytes: plan.address_space_bytes,
+            log: sandbox.join(WRAPPER_LOG_FILE),
+        }
+    }
+
+    /// In the child: joins the cgroup, sets the rlimits, resets every
+    /// signal's disposition and the mask. A failure that must stop the
+    /// start comes back to the wrapper's spawn as a [`ChildFailure`] code.
+    fn apply(&self) -> io::Result<()> {
+        if let Some(cgroup) = &self.cgroup
+            && let Err(e) = isolation::join_cgroup(cgroup)
+        {
+            return Err(ChildFailure::Cgroup(e.raw_os_error().unwrap_or(0)).encode());
+        }
+        if let Some(limit) = self.open_files
+            && let Err(e) = set_open_files(limit)
+        {
+            child_note(
+                &self.log,
+                &format!("cannot set RLIMIT_NOFILE to {limit}: {e}"),
+            );
+        }
+        // Ignored signals survive exec: an agent started under `nohup`, or
+        // by a script that ignores SIGINT, would pass them on to every
+        // task. The task starts with every disposition at its default.
+        if let Err(signal) = reset_signal_dispositions() {
+            return Err(ChildFailure::Signal(signal, Errno::last_raw()).encode());
+        }
+        // The wrapper's blocked stop signals were inherited; the task must
+        // start with nothing blocked. Signals pending for the wrapper are
+        // not inherited; one sent to the group since the fork is delivered
+        // here and ends the child, as it should.
+        if let Err(e) = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None) {
+            child_note(&self.log, &format!("cannot clear the signal mask: {e}"));
+        }
+        // Last: nothing is allocated after it (std executes the program
+        // with the argument and environment arrays it prepared before the
+        // fork), and a limit below what this process already maps would
+        // make any allocation fail.
+        if let Some(bytes) = self.address_space_bytes
+            && let Err(e) = setrlimit(Resource::RLIMIT_AS, bytes, bytes)
+        {
+            // Not set: nothing limits the allocation of the note.
+            child_note(&self.log, &format!("cannot set RLIMIT_AS to {bytes}: {e}"));
+        }
+        Ok(())
+    }
+}
+
+/// Sets RLIMIT_NOFILE to `limit`, or to the hard limit where `limit` is
+/// above it and cannot be raised (root without CAP_SYS_RESOURCE, as in
+/// most containers: the agent logs that once, at start). Silent then: a
+/// note is a file, and that would be one more per run.
+fn set_open_files(limit: u64) -> nix::Result<()> {
+    match setrlimit(Resource::RLIMIT_NOFILE, limit, limit) {
+        Err(Errno::EPERM) => {
+            let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+            let limit = limit.min(hard);
+            setrlimit(Resource::RLIMIT_NOFILE, limit, limit)
+        }
+        other => other,
+    }
+}
+
+/// Why the child could not get to the task's `exec`, carried to the
+/// wrapper as the error code of its spawn (std passes the child's error
+/// code, any `i32`, through its exec-failure pipe): above every errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChildFailure {
+    /// Joining the cgroup failed with this errno.
+    Cgroup(i32),
+    /// Resetting this signal's disposition failed with this errno.
+    Signal(i32, i32),
+}
+
+impl ChildFailure {
+    const CGROUP: i32 = 1 << 24;
+    const SIGNAL: i32 = 2 << 24;
+    const ERRNO_MASK: i32 = 0xfff;
+
+    fn encode(self) -> io::Error {
+        let code = match self {
+            ChildFailure::Cgroup(errno) => Self::CGROUP | (errno & Self::ERRNO_MASK),
+            ChildFailure::Signal(signal, errno) => {
+                Self::SIGNAL | ((signal & 0xff) << 12) | (errno & Self::ERRNO_MASK)
+            }
+        };
+        io::Error::from_raw_os_error(code)
+    }
+
+    fn decode(error: &io::Error) -> Option<ChildFailure> {
+        let code = error.raw_os_error()?;
+        let errno = code & Self::ERRNO_MASK;
+        match code & !0xff_ffff {
+            Self::CGROUP => Some(ChildFailure::Cgroup(errno)),
+            Self::SIGNAL => Some(ChildFailure::Signal((code >> 12) & 0xff, errno)),
+            _ => None,
+        }
+    }
+
+    fn reason(self, plan: &TaskPlan) -> String {
+        match self {
+            ChildFailure::Cgroup(errno) => format!(
+                "cannot join the cgroup {}: {}",
+                plan.cgroup.as_deref().unwrap_or(Path::new("")).display(),
+                io::Error::from_raw_os_error(errno)
+            ),
+            ChildFailure::Signal(signal, errno) => format!(
+                "cannot reset signal {signal} to its default action: {}",
+                Errno::from_raw(errno)
+            ),
+        }
+    }
+}
+
 /// Waits for the task, reaping inherited orphans on the way. Returns (exit
 /// code, signal), with code 128 + signal for a signal, (-1, 0) if the task
 /// cannot be waited for (it never is not: it is our child).
-fn wait_for(task_pid: u32) -> (i32, i32) {
+fn wait_for(task_pid: u32, sandbox: &Path) -> (i32, i32) {
     let task = Pid::from_raw(i32::try_from(task_pid).unwrap_or(i32::MAX));
     loop {
         match waitpid(Pid::from_raw(-1), None) {
@@ -238,7 +376,7 @@ fn wait_for(task_pid: u32) -> (i32, i32) {
             }
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
-                eprintln!("peloton-agent exec: waiting for the task: {e}");
+                note(sandbox, &format!("waiting for the task: {e}"));
                 return (-1, 0);
             }
         }
@@ -257,7 +395,7 @@ fn reap_exited() {
 /// SIGKILLs what the task left behind until nothing is left: its cgroup,
 /// this subreaper's descendants, and any process carrying the run's
 /// environment marker.
-fn kill_leftovers(cgroup: Option<&Path>, marker: Option<&[u8]>) {
+fn kill_leftovers(cgroup: Option<&Path>, marker: Option<&[u8]>, sandbox: &Path) {
     let me = std::process::id();
     for _ in 0..CLEANUP_ROUNDS {
         reap_exited();
@@ -285,7 +423,10 @@ fn kill_leftovers(cgroup: Option<&Path>, marker: Option<&[u8]>) {
         proc::kill_all(&victims);
         std::thread::sleep(CLEANUP_PAUSE);
     }
-    eprintln!("peloton-agent exec: task processes were still appearing after cleanup; giving up");
+    note(
+        sandbox,
+        "task processes were still appearing after cleanup; giving up",
+    );
     reap_exited();
 }
 
@@ -327,100 +468,8 @@ fn check_program(program: &str, env: &[(String, String)], cwd: &Path) -> io::Res
     Err(io::Error::from_raw_os_error(errno as i32))
 }
 
-/// `peloton-agent exec-task --sandbox DIR`: joins the run's cgroup, sets the
-/// rlimits and executes the task in place. Returns only if that fails, with
-/// the exit code to use (the reason is in `start-error`).
-pub fn run_trampoline(sandbox: &Path) -> i32 {
-    let error_path = sandbox.join(START_ERROR_FILE);
-    let plan: TaskPlan = match record::read_json(&sandbox.join(TASK_FILE)) {
-        Ok(plan) => plan,
-        Err(e) => {
-            let _ = fs::write(&error_path, format!("cannot read the task plan: {e}"));
-            return EXIT_CANNOT_START;
-        }
-    };
-    if let Some(cgroup) = &plan.cgroup
-        && let Err(e) = isolation::join_cgroup(cgroup)
-    {
-        let _ = fs::write(
-            &error_path,
-            format!("cannot join the cgroup {}: {e}", cgroup.display()),
-        );
-        return EXIT_CANNOT_START;
-    }
-    let root = geteuid().is_root();
-    if let Some(open_files) = plan.open_files {
-        let limit = match getrlimit(Resource::RLIMIT_NOFILE) {
-            // Only root may raise a hard limit.
-            Ok((_, hard)) if !root => open_files.min(hard),
-            _ => open_files,
-        };
-        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, limit, limit) {
-            note(
-                sandbox,
-                &format!("cannot set RLIMIT_NOFILE to {limit}: {e}"),
-            );
-        }
-    }
-    // Resetting signal dispositions (below) is sound only in a process of
-    // one thread: checked here, while reading /proc may still allocate.
-    if let Err(e) = check_single_threaded() {
-        let _ = fs::write(&error_path, e);
-        return EXIT_CANNOT_START;
-    }
-    // Everything that needs memory is prepared before the address-space
-    // limit, which may be below what this process already uses.
-    let mut command = Command::new(&plan.program);
-    command.args(&plan.args);
-    let mut message = String::with_capacity(4096);
-    if let Some(bytes) = plan.address_space_bytes
-        && let Err(e) = setrlimit(Resource::RLIMIT_AS, bytes, bytes)
-    {
-        note(sandbox, &format!("cannot set RLIMIT_AS to {bytes}: {e}"));
-    }
-    // Ignored signals survive exec: an agent started under `nohup`, or by
-    // a script that ignores SIGINT, would pass them on to every task. The
-    // task starts with every disposition at its default.
-    if let Err(signal) = reset_signal_dispositions() {
-        let _ = write!(
-            message,
-            "cannot reset signal {signal} to its default action: {}",
-            Errno::last()
-        );
-        let _ = fs::write(&error_path, message.as_bytes());
-        return EXIT_CANNOT_START;
-    }
-    // The wrapper's blocked SIGTERM, SIGINT and SIGHUP were inherited;
-    // the task must start with nothing blocked. A SIGTERM that arrived
-    // meanwhile is delivered here and ends the trampoline, as it should.
-    if let Err(e) = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None) {
-        note(sandbox, &format!("cannot clear the signal mask: {e}"));
-    }
-    let error = command.exec();
-    let _ = write!(message, "cannot start {:?}: {error}", plan.program);
-    let _ = fs::write(&error_path, message.as_bytes());
-    EXIT_CANNOT_START
-}
-
 /// The number of the kernel's signals (`_NSIG`): 1..=64 on Linux.
 const SIGNAL_COUNT: i32 = 64;
-
-/// Refuses to go on in a process of more than one thread: the reset below
-/// also sets the C library's own real-time signals (32 and 33: thread
-/// cancellation, set*id across threads) to their default action, which
-/// would end the process if another thread used them.
-fn check_single_threaded() -> Result<(), String> {
-    let threads = fs::read_dir("/proc/self/task")
-        .map_err(|e| format!("cannot count this process's threads in /proc/self/task: {e}"))?
-        .count();
-    if threads == 1 {
-        Ok(())
-    } else {
-        Err(format!(
-            "the task trampoline must be single-threaded to reset signal dispositions (found {threads} threads)"
-        ))
-    }
-}
 
 /// Sets every signal 1..=64 (standard and real-time; SIGKILL and SIGSTOP
 /// cannot change) back to its default action, or returns the first signal
@@ -447,9 +496,10 @@ fn reset_signal_dispositions() -> Result<(), i32> {
         // SAFETY: `default_action` is a valid, zeroed kernel sigaction
         // (SIG_DFL: no code of ours runs in a signal context), read by the
         // kernel only; the old action is not asked for (null); 8 is the
-        // kernel's sigset size for 64 signals. The process is
-        // single-threaded and about to exec, so no other code relies on a
-        // disposition set earlier, the C library's own signals included.
+        // kernel's sigset size for 64 signals. The process (a fork's
+        // child) is single-threaded and about to exec, so no other code
+        // relies on a disposition set earlier, the C library's own signals
+        // included.
         #[allow(unsafe_code)]
         let result = unsafe {
             libc::syscall(
@@ -467,22 +517,61 @@ fn reset_signal_dispositions() -> Result<(), i32> {
     Ok(())
 }
 
-/// A line in the sandbox's `wrapper.log` (the trampoline's stderr is the
-/// task's, which is not the place for the agent's notes).
+/// A line in the sandbox's `wrapper.log`, created by the first one (the
+/// wrapper's stderr is the task's, which is not the place for the agent's
+/// notes).
 fn note(sandbox: &Path, line: &str) {
+    child_note(&sandbox.join(WRAPPER_LOG_FILE), &format!("exec: {line}"));
+}
+
+fn child_note(log: &Path, line: &str) {
     use std::io::Write as _;
-    if let Ok(mut log) = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(sandbox.join(WRAPPER_LOG_FILE))
-    {
-        let _ = writeln!(log, "peloton-agent exec-task: {line}");
+    if let Ok(mut log) = OpenOptions::new().create(true).append(true).open(log) {
+        let _ = writeln!(log, "peloton-agent {line}");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failure in the forked child reaches the wrapper's spawn whole:
+    /// std carries the child's error code, whatever it is, to the parent.
+    #[test]
+    fn child_failures_come_back_through_the_spawn() {
+        let plan = TaskPlan {
+            program: "/bin/true".to_owned(),
+            args: Vec::new(),
+            env: Vec::new(),
+            address_space_bytes: None,
+            open_files: None,
+            cgroup: Some(PathBuf::from("/sys/fs/cgroup/peloton/x")),
+        };
+        for failure in [
+            ChildFailure::Cgroup(Errno::EACCES as i32),
+            ChildFailure::Signal(33, Errno::EINVAL as i32),
+        ] {
+            let mut command = Command::new("/bin/true");
+            // SAFETY: the closure only builds an error value.
+            #[allow(unsafe_code)]
+            unsafe {
+                command.pre_exec(move || Err(failure.encode()));
+            }
+            let error = command.spawn().expect_err("the child fails");
+            assert_eq!(ChildFailure::decode(&error), Some(failure));
+        }
+        assert_eq!(
+            ChildFailure::Cgroup(Errno::EACCES as i32).reason(&plan),
+            "cannot join the cgroup /sys/fs/cgroup/peloton/x: Permission denied (os error 13)"
+        );
+        assert_eq!(
+            ChildFailure::Signal(33, Errno::EINVAL as i32).reason(&plan),
+            "cannot reset signal 33 to its default action: EINVAL: Invalid argument"
+        );
+        // Plain errors of the exec are not mistaken for them.
+        let missing = io::Error::from_raw_os_error(Errno::ENOENT as i32);
+        assert_eq!(ChildFailure::decode(&missing), None);
+    }
 
     #[test]
     fn program_lookup_messages() {

@@ -494,13 +494,15 @@ async fn a_refused_agent_says_so_and_keeps_trying() {
     stop(child).await;
 }
 
-/// The agent's record of a run: the newer whole one of its two copies
-/// (`run.json` and `run.json.b`, written alternately).
+/// The agent's record of a run: the newest whole generation in its
+/// journal (`run.json`: JSON lines, appended to; the wrapper's entries are
+/// `{"started": ...}` and `{"exit": ...}`).
 fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
-    ["run.json", "run.json.b"]
-        .iter()
-        .filter_map(|f| std::fs::read(sandbox.join(f)).ok())
-        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    std::fs::read(sandbox.join("run.json"))
+        .expect("a journal")
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+        .filter(|v| v.get("generation").is_some())
         .max_by_key(|v| v["generation"].as_u64().unwrap_or(0))
         .expect("a run record")
 }

@@ -701,13 +701,76 @@ fn the_detected_isolation_runs_tasks() {
     assert_eq!(processes_of(&h.sandbox(&k2)), Vec::<u32>::new());
 }
 
-/// The agent's record of a run: the newer whole one of its two copies
-/// (`run.json` and `run.json.b`, written alternately).
-fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
-    ["run.json", "run.json.b"]
+/// A launch creates its directory, its output files and its journal, and
+/// nothing else: the agent's record generations, the task plan and the
+/// wrapper's `started` and `exit` entries are all lines of `run.json`.
+#[test]
+fn a_run_is_its_journal_and_its_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-files", 0);
+    h.supervisor
+        .launch(&[launch(&k, shell("echo out; echo err >&2; exit 3"))]);
+    let failed = h.wait_for(&k, P::Failed);
+    assert_eq!(
+        (failed.exit_code, failed.reason.as_str()),
+        (3, "exited with code 3")
+    );
+    assert!(failed.started_ms > 0);
+    h.supervisor.ack(std::slice::from_ref(&k));
+    let sandbox = h.sandbox(&k);
+    let mut names: Vec<String> = std::fs::read_dir(&sandbox)
+        .expect("sandbox")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["run.json", "stderr", "stdout"]);
+    assert_eq!(
+        std::fs::read_to_string(sandbox.join("stdout")).unwrap(),
+        "out\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(sandbox.join("stderr")).unwrap(),
+        "err\n"
+    );
+    let journal = std::fs::read(sandbox.join("run.json")).expect("journal");
+    let entries: Vec<serde_json::Value> = journal
+        .split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| serde_json::from_slice(line).expect("whole entries only"))
+        .collect();
+    let kinds: Vec<&str> = entries
         .iter()
-        .filter_map(|f| std::fs::read(sandbox.join(f)).ok())
-        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .map(|e| {
+            ["plan", "started", "exit"]
+                .into_iter()
+                .find(|kind| e.get(*kind).is_some())
+                .unwrap_or("run")
+        })
+        .collect();
+    // Plan and first record in one write, the wrapper's identity, the
+    // wrapper's start, its exit, the end, the acknowledgement.
+    assert_eq!(
+        kinds,
+        ["plan", "run", "run", "started", "exit", "run", "run"]
+    );
+    assert!(entries[3]["started"]["pid"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(entries[4]["exit"]["exit_code"], 3);
+    let record = run_record(&sandbox);
+    assert_eq!(record["generation"], 4);
+    assert_eq!(record["acked"], true);
+    assert_eq!(record["journal"], true);
+}
+
+/// The agent's record of a run: the newest whole generation in its
+/// journal (`run.json`: JSON lines, appended to; the wrapper's entries are
+/// `{"started": ...}` and `{"exit": ...}`).
+fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
+    std::fs::read(sandbox.join("run.json"))
+        .expect("a journal")
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+        .filter(|v| v.get("generation").is_some())
         .max_by_key(|v| v["generation"].as_u64().unwrap_or(0))
         .expect("a run record")
 }

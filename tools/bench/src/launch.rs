@@ -9,7 +9,13 @@
 //! - `server_cpu_ms_per_task`: the server's CPU time (user + system, from
 //!   /proc) spent in that window, per task;
 //! - `agents_cpu_ms_per_task`: the same for the agent processes (not the
-//!   per-task wrappers and tasks they start).
+//!   per-task wrappers and tasks they start);
+//! - `wrappers_cpu_ms_per_task`: the CPU time of the processes the agents
+//!   started and reaped in that window (the per-task wrappers, with the
+//!   tasks they waited for), per task;
+//! - `machine_cpu_ms_per_task`: every CPU's busy time (from /proc/stat) in
+//!   that window, per task: the three above, and whatever else the
+//!   machine ran meanwhile (so only meaningful on a quiet machine).
 
 use std::io::BufRead;
 use std::process::{Child, Stdio};
@@ -78,6 +84,36 @@ pub(crate) fn cpu_s(pid: u32) -> f64 {
     stat_cpu_s(&format!("/proc/{pid}/stat"))
 }
 
+/// CPU seconds (user + system) of the children a process has waited for
+/// (and theirs), from /proc/PID/stat.
+fn children_cpu_s(pid: u32) -> f64 {
+    stat_fields_s(&format!("/proc/{pid}/stat"), 16, 17)
+}
+
+/// Busy CPU seconds of the whole machine (every CPU; all but idle and
+/// iowait), from /proc/stat.
+fn machine_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    // user nice system idle iowait irq softirq steal (guest time is
+    // already in user).
+    let ticks: Vec<f64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let busy: f64 = ticks
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != 3 && i != 4)
+        .map(|(_, t)| t)
+        .sum();
+    busy / 100.0
+}
+
 /// CPU seconds (user + system) of the thread of process `pid` named `name`
 /// (from /proc/PID/task/TID/stat; 0 if there is none).
 pub(crate) fn thread_cpu_s(pid: u32, name: &str) -> f64 {
@@ -94,6 +130,12 @@ pub(crate) fn thread_cpu_s(pid: u32, name: &str) -> f64 {
 }
 
 fn stat_cpu_s(path: &str) -> f64 {
+    // utime (14) + stime (15).
+    stat_fields_s(path, 14, 15)
+}
+
+/// Fields `a` + `b` (1-based, clock ticks) of a stat file, in seconds.
+fn stat_fields_s(path: &str, a: usize, b: usize) -> f64 {
     let Ok(stat) = std::fs::read_to_string(path) else {
         return 0.0;
     };
@@ -105,8 +147,8 @@ fn stat_cpu_s(path: &str) -> f64 {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    // utime (14) + stime (15); the kernel's USER_HZ is 100 on Linux.
-    (ticks(14) + ticks(15)) / 100.0
+    // The kernel's USER_HZ is 100 on Linux.
+    (ticks(a) + ticks(b)) / 100.0
 }
 
 /// The file system type holding `path` (from /proc/mounts: the longest
@@ -228,6 +270,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let agent_pids: Vec<u32> = agents.iter().map(|a| a.0.id()).collect();
     let cpu0 = cpu_s(server_pid);
     let agents_cpu0: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum();
+    let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| children_cpu_s(p)).sum();
+    let machine_cpu0 = machine_cpu_s();
     let start = Instant::now();
     let job = jobs
         .create(pb::CreateJobRequest { spec: Some(spec) })
@@ -258,6 +302,9 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let elapsed = start.elapsed().as_secs_f64();
     let server_cpu = cpu_s(server_pid) - cpu0;
     let agents_cpu: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum::<f64>() - agents_cpu0;
+    let wrappers_cpu: f64 =
+        agent_pids.iter().map(|&p| children_cpu_s(p)).sum::<f64>() - wrappers_cpu0;
+    let machine_cpu = machine_cpu_s() - machine_cpu0;
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
         "the job ended {}",
@@ -274,5 +321,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "tasks_per_s": (n / elapsed).round(),
         "server_cpu_ms_per_task": (server_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
         "agents_cpu_ms_per_task": (agents_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
+        "wrappers_cpu_ms_per_task": (wrappers_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
+        "machine_cpu_ms_per_task": (machine_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
     }))
 }
