@@ -201,12 +201,16 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Self {
         let max_tasks = config.resources.admission.max_queued_total.max(1)
             + crate::task::DEFAULT_MAX_TASKS.min(10_000_000);
+        // One pool of threads for the whole engine: entitlement, admission
+        // and placement never run at the same time.
+        let rm = ResourceManager::new(config.resources);
+        let placer = Placer::new(config.placement).with_pool(rm.thread_pool());
         Engine {
-            rm: ResourceManager::new(config.resources),
+            rm,
             hosts: HostArena::new(config.hosts),
             tasks: TaskArena::new(max_tasks.min(u32::MAX as usize - 1)),
             constraints: ConstraintTable::new(),
-            placer: Placer::new(config.placement).with_threads(config.resources.threads),
+            placer,
             waiting: Vec::new(),
             queued: Default::default(),
             queued_members: Default::default(),

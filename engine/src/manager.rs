@@ -95,18 +95,26 @@ pub struct ResourceManager {
     calculator: EntitlementCalculator,
     input: EntitlementInput,
     entitlements: Entitlements,
-    threads: Option<rayon::ThreadPool>,
+    threads: Option<std::sync::Arc<rayon::ThreadPool>>,
 }
 
 impl ResourceManager {
+    /// The engine's thread pool (none: one thread), shared with placement
+    /// so the engine runs one pool.
+    pub fn thread_pool(&self) -> Option<std::sync::Arc<rayon::ThreadPool>> {
+        self.threads.clone()
+    }
+
     /// A manager with only the root pool.
     pub fn new(config: ResourceManagerConfig) -> Self {
         let threads = (config.threads > 1).then(|| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(config.threads)
-                .thread_name(|i| format!("peloton-engine-{i}"))
-                .build()
-                .expect("engine thread pool starts")
+            std::sync::Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(config.threads)
+                    .thread_name(|i| format!("peloton-engine-{i}"))
+                    .build()
+                    .expect("engine thread pool starts"),
+            )
         });
         let tree = PoolTree::new(config.pools);
         let mut manager = ResourceManager {
@@ -452,7 +460,7 @@ impl ResourceManager {
             &self.tree,
             &self.input,
             &mut self.entitlements,
-            self.threads.as_ref(),
+            self.threads.as_deref(),
         );
     }
 

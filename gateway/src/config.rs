@@ -28,7 +28,9 @@ pub struct Config {
     pub command_queue: usize,
     /// Instances of one job.
     pub max_instances_per_job: u32,
-    /// Threads of the engine's parallel scans.
+    /// Threads of the engine's parallel scans (one pool, shared by
+    /// entitlement, admission and placement; default: the machine's cores,
+    /// at most 16).
     pub engine_threads: usize,
     /// Generated simulated hosts.
     pub sim_hosts: u32,
@@ -71,7 +73,7 @@ impl Default for Config {
             max_batch: 1024,
             command_queue: 4096,
             max_instances_per_job: 100_000,
-            engine_threads: 1,
+            engine_threads: default_engine_threads(),
             sim_hosts: 0,
             sim_hosts_file: None,
             metrics_max_pools: 256,
@@ -353,4 +355,13 @@ mod tests {
         let e = hosts_from_file(&path).unwrap_err().to_string();
         assert!(e.contains("hosts[0].cpu"), "{e}");
     }
+}
+
+/// The engine's threads by default: the machine's cores, at most 16 (results
+/// are the same for any number).
+pub fn default_engine_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16)
 }
