@@ -313,6 +313,15 @@ pub fn hosts_from_file(path: &Path) -> anyhow::Result<Vec<HostSpec>> {
     Ok(out)
 }
 
+/// The engine's threads by default: the machine's cores, at most 16 (results
+/// are the same for any number).
+pub fn default_engine_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,13 +364,4 @@ mod tests {
         let e = hosts_from_file(&path).unwrap_err().to_string();
         assert!(e.contains("hosts[0].cpu"), "{e}");
     }
-}
-
-/// The engine's threads by default: the machine's cores, at most 16 (results
-/// are the same for any number).
-pub fn default_engine_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 16)
 }
