@@ -121,3 +121,51 @@ fn a_manager_cycle_does_not_allocate_once_warm() {
     assert_eq!(allocations() - before, 0, "a warm cycle allocated");
     rm.check_invariants();
 }
+
+#[test]
+fn a_warm_placement_batch_allocates_per_class_not_per_task() {
+    use peloton_engine::placement::{PlacementConfig, PlacementResult, Placer};
+    use peloton_engine::task::Strategy;
+    use peloton_engine::testkit::placement_workload;
+    for strategy in [Strategy::Pack, Strategy::Spread, Strategy::FirstFit] {
+        let mut w = placement_workload(2_000, 60_000, strategy, 5);
+        let mut placer = Placer::new(PlacementConfig::default());
+        let mut out = PlacementResult::default();
+        let mut batch = |placer: &mut Placer, out: &mut PlacementResult| {
+            placer
+                .place(&mut w.hosts, &mut w.tasks, &w.constraints, &w.batch, 0, out)
+                .unwrap();
+            for p in out.placed.clone() {
+                placer.unplace(&mut w.hosts, &mut w.tasks, p.task).unwrap();
+            }
+        };
+        // Warm-up: scratch, output lists and per-host task lists reach their
+        // sizes.
+        for _ in 0..2 {
+            batch(&mut placer, &mut out);
+        }
+        out.placed.reserve(60_000);
+        let before = allocations();
+        placer
+            .place(
+                &mut w.hosts,
+                &mut w.tasks,
+                &w.constraints,
+                &w.batch,
+                0,
+                &mut out,
+            )
+            .unwrap();
+        let allocated = allocations() - before;
+        let stats = placer.stats();
+        let per_class = stats.heap_classes + stats.shape_builds + stats.reasons;
+        assert!(out.placed.len() > 10_000, "{strategy:?}: a real batch");
+        // Classes, shapes and reasons allocate (maps, prefixes, reason
+        // lists); tasks do not: 60,000 tasks, a few hundred classes.
+        assert!(
+            allocated <= 16 * per_class + 160,
+            "{strategy:?}: {allocated} allocations for {} tasks and {stats:?}",
+            out.placed.len() + out.unplaced.len()
+        );
+    }
+}
