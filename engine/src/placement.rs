@@ -122,6 +122,15 @@ impl Check {
         Check::Pinned,
     ];
 
+    /// The check a host fails when its resources do not fit.
+    fn of(misfit: Misfit) -> Check {
+        match misfit {
+            Misfit::Insufficient(d) => Check::Insufficient(d),
+            Misfit::GpuFragmented | Misfit::InvalidGpuRequest => Check::GpuFragmented,
+            Misfit::Ports => Check::Ports,
+        }
+    }
+
     fn index(self) -> usize {
         match self {
             Check::HostNotUp => 0,
@@ -330,9 +339,6 @@ pub struct Placer {
     /// Per job with a per-host limit: instances per host slot.
     job_host: FxHashMap<u32, FxHashMap<u32, u16>>,
     cache: ConstraintCache,
-    /// Hosts that can still take the smallest request of the batch; full
-    /// hosts leave it and stay out of every later scan.
-    open: RoaringBitmap,
     /// Smallest cpu and memory request of the batch.
     min_request: (u64, u64),
     classes: FxHashMap<ClassKey, usize>,
@@ -346,8 +352,9 @@ pub struct Placer {
     /// The engine-owned pool for parallel candidate scans (none: one thread).
     threads: Option<std::sync::Arc<rayon::ThreadPool>>,
     /// Dense forms (one bit per host slot, see [`crate::scan`]) of the
-    /// batch's host sets: open hosts (kept in step with `open`), exclusive
-    /// hosts, GPU hosts, and each constraint's hosts.
+    /// batch's host sets: open hosts (up, and able to take the batch's
+    /// smallest request; full hosts leave it and stay out of every later
+    /// scan), exclusive hosts, GPU hosts, and each constraint's hosts.
     words: usize,
     open_words: Vec<u64>,
     exclusive_words: Vec<u64>,
@@ -651,12 +658,10 @@ impl Placer {
             self.refresh_gpu_eligibility(hosts, constraints);
         }
         self.words = crate::scan::n_words(hosts.n_slots());
-        self.open.clear();
         self.open_words.clear();
         self.open_words.resize(self.words, 0);
         for slot in hosts.in_state(HostState::Up).iter() {
             if self.is_open(hosts, slot) {
-                self.open.insert(slot);
                 crate::scan::set_bit(&mut self.open_words, slot, true);
             }
         }
@@ -760,7 +765,6 @@ impl Placer {
             }
         }
         if hosts.in_state(HostState::Up).contains(host) && self.is_open(hosts, host) {
-            self.open.insert(host);
             crate::scan::set_bit(&mut self.open_words, host, true);
         }
         tasks.set_unplaced(task, TaskState::Admitted)?;
@@ -843,7 +847,7 @@ impl Placer {
                 hosts.unreserve(slot as usize, &amount);
                 self.touch(slot);
             }
-            if fits_for(hosts, slot, &key, self.job_host.get(&key.limit_key)) {
+            if self.host_fits(hosts, slot, &key) {
                 let placed = self.commit(hosts, tasks, task, slot, &key, now_ms);
                 out.placed.push(placed);
                 if let Some(amount) = reserved {
@@ -878,16 +882,8 @@ impl Placer {
         key: &ClassKey,
     ) -> bool {
         let constraint = constraints.get(key.constraint).expect("validated");
-        let matching = pinned_to(self.cache.evaluate(constraint, hosts), key.desired_host);
-        !self
-            .apply_host_rules(
-                hosts,
-                constraint,
-                matching,
-                key.request,
-                key.may_use_gpu_hosts,
-            )
-            .is_empty()
+        self.ensure_constraint_words(hosts, constraint, key.constraint);
+        self.passes_attributes(hosts, constraint, key, key.desired_host)
     }
 
     /// Hosts a task may use at all, before resources: up, matching its
@@ -919,14 +915,10 @@ impl Placer {
         may_use_gpu_hosts: bool,
     ) -> RoaringBitmap {
         out &= hosts.in_state(HostState::Up);
-        if let Some(exclusive) = hosts.exclusive_hosts() {
-            let names_it = hosts
-                .interner()
-                .get(EXCLUSIVE_KEY)
-                .is_some_and(|k| constraint.mentions(k));
-            if !names_it {
-                out -= exclusive;
-            }
+        if let Some(exclusive) = hosts.exclusive_hosts()
+            && !names_exclusive(hosts, constraint)
+        {
+            out -= exclusive;
         }
         if request[Dim::Gpu] == 0 && !self.config.allow_cpu_tasks_on_gpu_hosts && !may_use_gpu_hosts
         {
@@ -946,47 +938,61 @@ impl Placer {
     /// matching its constraint, not exclusive to others, not GPU hosts kept
     /// for GPU work, below its job's per-host limit. Resources are left to
     /// the fit kernel.
-    fn class_mask(&mut self, hosts: &HostArena, constraints: &ConstraintTable, key: &ClassKey) {
+    /// Returns the class's shape.
+    fn class_mask(
+        &mut self,
+        hosts: &HostArena,
+        constraints: &ConstraintTable,
+        key: &ClassKey,
+    ) -> ShapeKey {
         let constraint = constraints.get(key.constraint).expect("validated");
-        let names_exclusive = hosts
-            .interner()
-            .get(EXCLUSIVE_KEY)
-            .is_some_and(|k| constraint.mentions(k));
-        let gpu_hosts_out = key.request[Dim::Gpu] == 0
-            && !self.config.allow_cpu_tasks_on_gpu_hosts
-            && !key.may_use_gpu_hosts;
+        let shape = ShapeKey {
+            request: key.request,
+            ports: key.ports,
+            strategy: key.strategy,
+            gpu_hosts_out: self.gpu_hosts_out(key),
+            names_exclusive: names_exclusive(hosts, constraint),
+        };
         let everywhere = matches!(constraint, crate::constraint::Constraint::True);
         self.ensure_constraint_words(hosts, constraint, key.constraint);
-        let mask = &mut self.mask;
-        mask.clear();
-        mask.extend_from_slice(&self.open_words);
+        let mut mask = std::mem::take(&mut self.mask);
+        self.open_by_rules(&shape, &mut mask);
         if !everywhere {
             for (m, c) in mask.iter_mut().zip(&self.constraint_words[&key.constraint]) {
                 *m &= c;
             }
         }
-        if !names_exclusive {
-            for (m, x) in mask.iter_mut().zip(&self.exclusive_words) {
-                *m &= !x;
-            }
-        }
-        if gpu_hosts_out {
-            for (m, g) in mask.iter_mut().zip(&self.gpu_words) {
-                *m &= !g;
-            }
-        }
         if key.desired_host != NO_HOST {
-            let keep = crate::scan::bit(mask, key.desired_host);
+            let keep = crate::scan::bit(&mask, key.desired_host);
             mask.fill(0);
-            crate::scan::set_bit(mask, key.desired_host, keep);
+            crate::scan::set_bit(&mut mask, key.desired_host, keep);
         }
         if key.max_per_host > 0
             && let Some(counts) = self.job_host.get(&key.limit_key)
         {
             for (&slot, &n) in counts {
                 if n >= key.max_per_host {
-                    crate::scan::set_bit(mask, slot, false);
+                    crate::scan::set_bit(&mut mask, slot, false);
                 }
+            }
+        }
+        self.mask = mask;
+        shape
+    }
+
+    /// Sets `mask` to the open hosts the shape's host rules allow: not
+    /// exclusive to others, not GPU hosts kept for GPU work.
+    fn open_by_rules(&self, shape: &ShapeKey, mask: &mut Vec<u64>) {
+        mask.clear();
+        mask.extend_from_slice(&self.open_words);
+        if !shape.names_exclusive {
+            for (m, x) in mask.iter_mut().zip(&self.exclusive_words) {
+                *m &= !x;
+            }
+        }
+        if shape.gpu_hosts_out {
+            for (m, g) in mask.iter_mut().zip(&self.gpu_words) {
+                *m &= !g;
             }
         }
     }
@@ -1033,30 +1039,11 @@ impl Placer {
     /// the hosts since it was built, and a class that runs off the end of
     /// its prefix scans every candidate instead. Either way the result is
     /// exactly what a scan of every candidate gives.
-    fn fill_heap(
-        &mut self,
-        hosts: &HostArena,
-        constraints: &ConstraintTable,
-        key: &ClassKey,
-        k: usize,
-    ) {
+    fn fill_heap(&mut self, hosts: &HostArena, key: &ClassKey, shape_key: ShapeKey, k: usize) {
         self.class_no = self.class_no.wrapping_add(1);
         self.stats.heap_classes += 1;
-        let names_exclusive = hosts.interner().get(EXCLUSIVE_KEY).is_some_and(|x| {
-            constraints
-                .get(key.constraint)
-                .expect("validated")
-                .mentions(x)
-        });
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         entries.clear();
-        let shape_key = ShapeKey {
-            request: key.request,
-            ports: key.ports,
-            strategy: key.strategy,
-            gpu_hosts_out: self.gpu_hosts_out(key),
-            names_exclusive,
-        };
         let log_len = self.change_log.len() as u32;
         let stale = self.shapes.get(&shape_key).is_none_or(|shape| {
             (log_len - shape.built_at) as usize > (self.words * 64 / 16).max(64)
@@ -1118,18 +1105,7 @@ impl Placer {
     fn build_shape(&mut self, hosts: &HostArena, key: &ClassKey, shape_key: ShapeKey, k: usize) {
         self.stats.shape_builds += 1;
         let mut mask = std::mem::take(&mut self.shape_mask);
-        mask.clear();
-        mask.extend_from_slice(&self.open_words);
-        if !shape_key.names_exclusive {
-            for (m, x) in mask.iter_mut().zip(&self.exclusive_words) {
-                *m &= !x;
-            }
-        }
-        if shape_key.gpu_hosts_out {
-            for (m, g) in mask.iter_mut().zip(&self.gpu_words) {
-                *m &= !g;
-            }
-        }
+        self.open_by_rules(&shape_key, &mut mask);
         let mut shape = self.shapes.remove(&shape_key).unwrap_or_default();
         let mut entries = std::mem::take(&mut shape.prefix);
         entries.clear();
@@ -1264,7 +1240,6 @@ impl Placer {
         }
         self.touch(slot);
         if !self.is_open(hosts, slot) {
-            self.open.remove(slot);
             crate::scan::set_bit(&mut self.open_words, slot, false);
         }
         tasks
@@ -1291,7 +1266,7 @@ impl Placer {
         now_ms: u64,
         out: &mut PlacementResult,
     ) {
-        self.class_mask(hosts, constraints, &key);
+        let shape = self.class_mask(hosts, constraints, &key);
         let mut next = 0;
         match key.strategy {
             Strategy::FirstFit => {
@@ -1313,7 +1288,7 @@ impl Placer {
                 }
             }
             Strategy::Pack | Strategy::Spread | Strategy::GpuFrag => {
-                self.fill_heap(hosts, constraints, &key, members.len());
+                self.fill_heap(hosts, &key, shape, members.len());
                 next = self.take_from_heap(hosts, tasks, &key, members, now_ms, out);
             }
         }
@@ -1395,8 +1370,8 @@ impl Placer {
         }
         let mut failed = None;
         for (key, group) in &groups {
-            self.class_mask(hosts, constraints, key);
-            self.fill_heap(hosts, constraints, key, group.len());
+            let shape = self.class_mask(hosts, constraints, key);
+            self.fill_heap(hosts, key, shape, group.len());
             if self.take_from_heap(hosts, tasks, key, group, now_ms, out) < group.len() {
                 failed = Some(*key);
                 break;
@@ -1463,17 +1438,10 @@ impl Placer {
             for (&slot, &n) in job_counts {
                 if n >= key.max_per_host && self.passes_attributes(hosts, constraint, key, slot) {
                     counts[Check::PerHostLimit.index()] += 1;
-                    let check = match hosts.fits(slot as usize, &key.request, u32::from(key.ports))
+                    if let Err(misfit) =
+                        hosts.fits(slot as usize, &key.request, u32::from(key.ports))
                     {
-                        Err(Misfit::Insufficient(d)) => Some(Check::Insufficient(d)),
-                        Err(Misfit::GpuFragmented | Misfit::InvalidGpuRequest) => {
-                            Some(Check::GpuFragmented)
-                        }
-                        Err(Misfit::Ports) => Some(Check::Ports),
-                        Ok(()) => None,
-                    };
-                    if let Some(check) = check {
-                        counts[check.index()] -= 1;
+                        counts[Check::of(misfit).index()] -= 1;
                     }
                 }
             }
@@ -1501,16 +1469,13 @@ impl Placer {
         key: &ClassKey,
         slot: u32,
     ) -> bool {
-        let names_exclusive = hosts
-            .interner()
-            .get(EXCLUSIVE_KEY)
-            .is_some_and(|k| constraint.mentions(k));
         crate::scan::bit(&self.live_words, slot)
             && (key.desired_host == NO_HOST || key.desired_host == slot)
             && crate::scan::bit(&self.up_words, slot)
             && (matches!(constraint, crate::constraint::Constraint::True)
                 || crate::scan::bit(&self.constraint_words[&key.constraint], slot))
-            && (names_exclusive || !crate::scan::bit(&self.exclusive_words, slot))
+            && (names_exclusive(hosts, constraint)
+                || !crate::scan::bit(&self.exclusive_words, slot))
             && !(self.gpu_hosts_out(key) && crate::scan::bit(&self.gpu_words, slot))
     }
 
@@ -1522,13 +1487,8 @@ impl Placer {
         constraint: &crate::constraint::Constraint,
         key: &ClassKey,
     ) -> ([u32; N_CHECKS], u32) {
-        let names_exclusive = hosts
-            .interner()
-            .get(EXCLUSIVE_KEY)
-            .is_some_and(|k| constraint.mentions(k));
-        let gpu_hosts_out = key.request[Dim::Gpu] == 0
-            && !self.config.allow_cpu_tasks_on_gpu_hosts
-            && !key.may_use_gpu_hosts;
+        let names_exclusive = names_exclusive(hosts, constraint);
+        let gpu_hosts_out = self.gpu_hosts_out(key);
         self.ensure_constraint_words(hosts, constraint, key.constraint);
         let everywhere = matches!(constraint, crate::constraint::Constraint::True);
         let words = self.words;
@@ -1588,10 +1548,9 @@ impl Placer {
                 while r != 0 {
                     let slot = w * 64 + r.trailing_zeros() as usize;
                     r &= r - 1;
-                    if let Err(Misfit::GpuFragmented | Misfit::InvalidGpuRequest) =
-                        hosts.fits(slot, &key.request, u32::from(key.ports))
-                    {
-                        counts[Check::GpuFragmented.index()] += 1;
+                    if let Err(misfit) = hosts.fits(slot, &key.request, u32::from(key.ports)) {
+                        // Every column has room: the devices do not.
+                        counts[Check::of(misfit).index()] += 1;
                     }
                 }
             }
@@ -1619,6 +1578,15 @@ impl Placer {
             self.constraint_words.insert(id, words);
         }
     }
+}
+
+/// Whether `constraint` names the `exclusive` attribute (so exclusive hosts
+/// are open to it).
+fn names_exclusive(hosts: &HostArena, constraint: &crate::constraint::Constraint) -> bool {
+    hosts
+        .interner()
+        .get(EXCLUSIVE_KEY)
+        .is_some_and(|k| constraint.mentions(k))
 }
 
 /// The one desired host of `matching` (empty if it does not match), without
@@ -1655,24 +1623,6 @@ pub(crate) fn keep_unused_reservation(
 
 /// Default size from which candidate sets are scored in parallel.
 const PARALLEL_MIN_CANDIDATES: u64 = 4096;
-
-/// Whether the class's request fits the host in `slot`, its job's per-host
-/// count included.
-fn fits_for(
-    hosts: &HostArena,
-    slot: u32,
-    key: &ClassKey,
-    counts: Option<&FxHashMap<u32, u16>>,
-) -> bool {
-    if key.max_per_host > 0
-        && counts.and_then(|c| c.get(&slot)).copied().unwrap_or(0) >= key.max_per_host
-    {
-        return false;
-    }
-    hosts
-        .fits(slot as usize, &key.request, u32::from(key.ports))
-        .is_ok()
-}
 
 /// The class's score on the host in `slot` (lower is better).
 fn score_for(
