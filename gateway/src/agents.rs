@@ -39,6 +39,26 @@ pub const MAX_RUNS_PER_MESSAGE: usize = 1000;
 pub const MAX_RUNS_PER_REGISTRATION: usize = 100_000;
 /// Most reports in one message.
 pub const MAX_REPORTS_PER_MESSAGE: usize = 10_000;
+/// Most volume ids an agent may list when it registers.
+pub const MAX_VOLUMES_PER_REGISTRATION: usize = 100_000;
+/// Most ports a host may hand out: every TCP port there is.
+pub const MAX_HOST_PORTS: u32 = 65_535;
+/// Most cores a host may offer.
+pub const MAX_HOST_CPUS: f64 = 65_536.0;
+/// Most memory a host may offer: 128 TiB.
+pub const MAX_HOST_MEMORY_MB: f64 = (1u64 << 27) as f64;
+/// Most disk a host may offer: 1 PiB.
+pub const MAX_HOST_DISK_MB: f64 = (1u64 << 30) as f64;
+/// Longest isolation name, agent version or agent id.
+pub const MAX_AGENT_WORD_BYTES: usize = 256;
+/// Longest agent token compared (a longer one is refused unread).
+pub const MAX_TOKEN_BYTES: usize = 4096;
+/// Most ports one run report may name.
+pub const MAX_PORTS_PER_REPORT: usize = 64;
+/// A host whose session is connected may be taken over by an agent of
+/// another identity once it has been silent for this many heartbeat
+/// intervals (its connection is then presumed dead).
+pub const TAKEOVER_AFTER_HEARTBEATS: u64 = 3;
 
 /// State shared by the session handlers, the log readers and the loop.
 #[derive(Debug)]
@@ -79,6 +99,18 @@ impl AgentHub {
         }
     }
 
+    /// How long a connected host must be silent before an agent of another
+    /// identity may take it over.
+    pub fn takeover_after_ms(&self) -> u64 {
+        self.heartbeat_interval_ms * TAKEOVER_AFTER_HEARTBEATS
+    }
+
+    /// Whether `token` is the agents' token, in time that depends on the
+    /// server's token's length only (see [`tokens_equal`]).
+    pub fn token_matches(&self, token: &str) -> bool {
+        tokens_equal(self.token.as_bytes(), token.as_bytes())
+    }
+
     /// When the host was last heard from (since this process started).
     pub fn last_seen(&self, host: &str) -> Option<u64> {
         self.last_seen
@@ -115,11 +147,28 @@ impl AgentHub {
     }
 }
 
+/// Whether `given` equals `expected`, without an early exit: every byte
+/// of `expected` is compared whatever differs first, so the time taken
+/// tells nothing of how much of a guess was right. The length of
+/// `expected` (the server's token) is the only thing it depends on.
+pub fn tokens_equal(expected: &[u8], given: &[u8]) -> bool {
+    // Folded into the accumulator rather than returned early.
+    let mut differ = u8::from(expected.len() != given.len());
+    for (i, e) in expected.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(!*e);
+        differ |= std::hint::black_box(e ^ g);
+    }
+    std::hint::black_box(differ) == 0
+}
+
 /// One connected agent, as the loop sees it.
 #[derive(Debug, Clone)]
 pub struct Session {
     /// Unique per connection.
     pub id: u64,
+    /// The agent's identity (`AgentRegister.agent_id`; empty from agents
+    /// that do not send one).
+    pub agent_id: Arc<str>,
     /// Its outbound messages.
     pub tx: Outbox,
 }
@@ -166,15 +215,22 @@ impl AgentBackend {
     }
 
     /// Makes `session` the host's session (replacing an older one, whose
-    /// stream then ends).
+    /// stream then ends). The loop has checked that the new session may
+    /// take the host (`Scheduler::agent_registered`).
     pub fn attach(&mut self, host: Arc<str>, session: Session) {
-        if let Some(old) = self.sessions.insert(host, session) {
+        if let Some(old) = self.sessions.insert(host.clone(), session) {
             // Ends the old stream even if a log reader still holds its
             // outbox (an error item ends a gRPC response stream).
-            let _ = old.tx.try_send(Err(Status::aborted(
-                "replaced by a newer session of this agent",
-            )));
+            let _ = old.tx.try_send(Err(Status::aborted(format!(
+                "host {host}: this session was replaced by a newer registration of the host"
+            ))));
         }
+    }
+
+    /// Whether `id` is the host's current session (reports of a session
+    /// that was replaced are not the host's).
+    pub fn is_current(&self, host: &str, id: u64) -> bool {
+        self.sessions.get(host).is_some_and(|s| s.id == id)
     }
 
     /// Forgets the host's session if it is still `id`.
@@ -332,21 +388,106 @@ impl AgentApi {
     }
 }
 
+/// A count above its limit, naming the field.
+fn too_many(field: &str, n: usize, max: usize) -> Result<(), Status> {
+    if n > max {
+        return Err(crate::convert::invalid(
+            field,
+            format!("{n} entries; the limit is {max}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Every field of a registration within its bounds (checked on tokio,
+/// before the loop sees it), each refusal naming its field.
 fn check_register(r: &pb::AgentRegister) -> Result<(), Status> {
+    use crate::convert::{bounded, id, invalid};
+    use peloton_engine::host::{MAX_ATTRIBUTE_LEN, MAX_ATTRIBUTES, validate_attribute_word};
     if r.host.is_empty() {
-        return Err(Status::invalid_argument("register.host: must not be empty"));
+        return Err(invalid("register.host", "must not be empty"));
     }
-    crate::convert::id("register.host", &r.host)?;
-    if let Err(problem) = peloton_engine::host::validate_attribute_word(&r.host) {
-        return Err(Status::invalid_argument(format!(
-            "register.host: {problem}"
-        )));
+    id("register.host", &r.host)?;
+    if let Err(problem) = validate_attribute_word(&r.host) {
+        return Err(invalid("register.host", problem));
     }
-    if r.runs.len() > MAX_RUNS_PER_REGISTRATION {
-        return Err(Status::invalid_argument(format!(
-            "register.runs: {} runs; the limit is {MAX_RUNS_PER_REGISTRATION}",
-            r.runs.len()
-        )));
+    bounded("register.agent_id", &r.agent_id, MAX_AGENT_WORD_BYTES)?;
+    bounded("register.isolation", &r.isolation, MAX_AGENT_WORD_BYTES)?;
+    bounded(
+        "register.agent_version",
+        &r.agent_version,
+        MAX_AGENT_WORD_BYTES,
+    )?;
+    if r.ports > MAX_HOST_PORTS {
+        return Err(invalid(
+            "register.ports",
+            format!("{} ports; a host has at most {MAX_HOST_PORTS}", r.ports),
+        ));
+    }
+    if let Some(res) = &r.resources {
+        for (field, value, max) in [
+            ("register.resources.cpu", res.cpu, MAX_HOST_CPUS),
+            (
+                "register.resources.memory_mb",
+                res.memory_mb,
+                MAX_HOST_MEMORY_MB,
+            ),
+            ("register.resources.disk_mb", res.disk_mb, MAX_HOST_DISK_MB),
+        ] {
+            if !value.is_finite() || !(0.0..=max).contains(&value) {
+                return Err(invalid(field, format!("must be 0–{max} (got {value})")));
+            }
+        }
+        // The GPU count is checked where the host is built (a whole number
+        // of devices, 0–16).
+    }
+    // The server adds `host` and `peloton.host_pool` to the host's own.
+    too_many(
+        "register.attributes",
+        r.attributes.len(),
+        MAX_ATTRIBUTES - 2,
+    )?;
+    for (k, v) in &r.attributes {
+        // Quoted by its first characters: the key may be long.
+        let field = format!("register.attributes.{}", crate::convert::shown(k));
+        if k.len() > MAX_ATTRIBUTE_LEN || v.len() > MAX_ATTRIBUTE_LEN {
+            return Err(invalid(
+                &field,
+                format!("keys and values are at most {MAX_ATTRIBUTE_LEN} bytes"),
+            ));
+        }
+        for word in [k, v] {
+            validate_attribute_word(word).map_err(|p| invalid(&field, p))?;
+        }
+    }
+    too_many(
+        "register.volumes",
+        r.volumes.len(),
+        MAX_VOLUMES_PER_REGISTRATION,
+    )?;
+    for (i, v) in r.volumes.iter().enumerate() {
+        id(&format!("register.volumes[{i}]"), v)?;
+    }
+    too_many("register.runs", r.runs.len(), MAX_RUNS_PER_REGISTRATION)?;
+    for (i, run) in r.runs.iter().enumerate() {
+        check_report(&format!("register.runs[{i}]"), run)?;
+    }
+    Ok(())
+}
+
+/// A run report's key and port names within bounds (its free text is cut
+/// where it comes in, `convert::agent_text`).
+fn check_report(field: &str, r: &pb::RunReport) -> Result<(), Status> {
+    if let Some(key) = &r.key {
+        crate::convert::id(&format!("{field}.key.job_id"), &key.job_id)?;
+    }
+    too_many(
+        &format!("{field}.ports"),
+        r.ports.len(),
+        MAX_PORTS_PER_REPORT,
+    )?;
+    for name in r.ports.keys() {
+        crate::convert::id(&format!("{field}.ports"), name)?;
     }
     Ok(())
 }
@@ -394,7 +535,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
                 "the first message of a session must be a register",
             ));
         };
-        if register.token != self.hub.token {
+        if register.token.len() > MAX_TOKEN_BYTES || !self.hub.token_matches(&register.token) {
             let host = crate::convert::shown(&register.host);
             tracing::warn!(%host, "agent refused: wrong token");
             return Err(Status::unauthenticated(format!(
@@ -412,12 +553,14 @@ impl pb::agent_service_server::AgentService for AgentApi {
         .await
         .map_err(|_| Status::internal("outbox closed"))?;
         let id = self.hub.next_id();
-        self.hub.touch(&host);
+        // The loop touches the host once it accepts the registration: a
+        // refused agent must not keep the holder's host looking alive.
         let (reply_tx, reply_rx) = oneshot::channel();
+        let agent_id: Arc<str> = Arc::from(register.agent_id.as_str());
         self.commands
             .send(Command::AgentRegister {
                 registration: Box::new(Registration {
-                    session: Session { id, tx },
+                    session: Session { id, agent_id, tx },
                     register,
                 }),
                 reply: reply_tx,
@@ -451,8 +594,12 @@ impl pb::agent_service_server::AgentService for AgentApi {
                     Some(pb::agent_message::Kind::Reports(r)) => {
                         let mut reports = r.reports;
                         reports.truncate(MAX_REPORTS_PER_MESSAGE);
+                        // A report out of bounds is dropped (the agent
+                        // lists the run again when it registers).
+                        reports.retain(|r| check_report("reports", r).is_ok());
                         let c = Command::AgentReports {
                             host: host.clone(),
+                            session: id,
                             reports,
                         };
                         if commands.send(c).await.is_err() {
@@ -494,6 +641,26 @@ mod tests {
             "stream closed",
         ))));
         status
+    }
+
+    #[test]
+    fn tokens_are_equal_only_when_every_byte_and_the_length_agree() {
+        assert!(tokens_equal(b"secret", b"secret"));
+        assert!(tokens_equal(b"", b""));
+        for given in [
+            &b"secreT"[..],
+            b"secre",
+            b"secrets",
+            b"",
+            b"Secret",
+            b"\0ecret",
+        ] {
+            assert!(!tokens_equal(b"secret", given), "{given:?}");
+        }
+        // A byte that happens to equal the complement of the expected one
+        // past the end cannot make a shorter guess match.
+        assert!(!tokens_equal(b"ab", b"a"));
+        assert!(!tokens_equal(b"", b"x"));
     }
 
     #[test]

@@ -222,9 +222,12 @@ pub enum Command {
     },
     /// Run reports from an agent.
     AgentReports {
-        /// Host name (the reports carry launch ids, so whichever session
-        /// of the host they came on, they apply).
+        /// Host name.
         host: Arc<str>,
+        /// The session they came on: reports of a session that was
+        /// replaced are dropped (a newer registration of the same agent
+        /// listed its runs again; another agent's runs are not the host's).
+        session: u64,
         /// The reports.
         reports: Vec<pb::RunReport>,
     },
@@ -1014,7 +1017,19 @@ impl Scheduler {
                 let r = self.agent_registered(*registration);
                 self.defer(reply, r);
             }
-            Command::AgentReports { host, reports } => {
+            Command::AgentReports {
+                host,
+                session,
+                reports,
+            } => {
+                if !self
+                    .backend
+                    .agents()
+                    .is_some_and(|a| a.is_current(&host, session))
+                {
+                    tracing::debug!(%host, session, "reports of a replaced session dropped");
+                    return;
+                }
                 let reports = reports.into_iter().filter_map(run_report).collect();
                 self.step(Input::AgentReports { host, reports });
             }
@@ -1245,6 +1260,54 @@ impl Scheduler {
         Ok(self.job_to_pb(k))
     }
 
+    /// Whether `session` may take `host`: yes if no session holds it, if
+    /// the holder is the same agent (`agent_id`: restarted on its work
+    /// directory, its old connection not yet seen to close), or if the
+    /// holder has been silent for `AgentHub::takeover_after_ms` (its
+    /// connection is presumed dead). Otherwise two agents claim one host
+    /// name: the holder keeps it and the newcomer is refused, or each
+    /// registration would mark the other's runs lost and launch them again.
+    fn check_takeover(
+        &mut self,
+        host: &str,
+        session: &crate::agents::Session,
+    ) -> Result<(), Status> {
+        let now = self.now;
+        let Some(hub) = self.hub.clone() else {
+            return Ok(());
+        };
+        let Some(holder) = self.backend.agents().and_then(|a| a.session(host)) else {
+            return Ok(());
+        };
+        if !holder.agent_id.is_empty() && holder.agent_id == session.agent_id {
+            return Ok(());
+        }
+        let silent_ms = now.saturating_sub(hub.last_seen(host).unwrap_or(0));
+        let after_ms = hub.takeover_after_ms();
+        if silent_ms > after_ms {
+            tracing::warn!(
+                %host,
+                silent_ms,
+                holder = %holder.agent_id,
+                agent = %session.agent_id,
+                "host taken over from a silent session by another agent"
+            );
+            return Ok(());
+        }
+        tracing::warn!(
+            %host,
+            holder = %holder.agent_id,
+            agent = %session.agent_id,
+            "registration refused: another agent holds the host"
+        );
+        Err(crate::status::contract(Status::already_exists(format!(
+            "host {host} is held by another agent (agent id {:?}, connected, heard from {silent_ms} ms ago); \
+             this agent (agent id {:?}) may take it only once that one has been silent for {after_ms} ms \
+             — give each agent its own --host",
+            &*holder.agent_id, &*session.agent_id
+        ))))
+    }
+
     fn agent_registered(&mut self, reg: Registration) -> Result<(), Status> {
         if self.backend.agents().is_none() {
             return Err(Status::failed_precondition(
@@ -1261,20 +1324,35 @@ impl Scheduler {
         let mut spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
         self.host_pools.tag(&mut spec);
         let host: Arc<str> = Arc::from(r.host.as_str());
+        self.check_takeover(&host, &reg.session)?;
+        if let Some(hub) = &self.hub {
+            hub.touch(&host);
+        }
         // The session is attached before the step, so that acknowledgements
         // of the reports it carries go to it.
+        let session = reg.session.id;
         self.backend
             .agents()
             .expect("checked")
-            .attach(host, reg.session);
+            .attach(host.clone(), reg.session);
         let registration = HostRegistration {
             spec,
             isolation: convert::agent_text(r.isolation),
             runs: r.runs.into_iter().filter_map(run_report).collect(),
             volumes: r.volumes,
         };
-        self.apply(Input::AgentRegistered(Box::new(registration)))
-            .map(|_| ())
+        let r = self
+            .apply(Input::AgentRegistered(Box::new(registration)))
+            .map(|_| ());
+        if r.is_err() {
+            // Refused: its stream ends with the error, so no goodbye will
+            // come to detach it.
+            self.backend
+                .agents()
+                .expect("checked")
+                .detach(&host, session);
+        }
+        r
     }
 }
 

@@ -20,7 +20,13 @@
 //! 100 ms to 5 s; a server that refuses the agent (UNAUTHENTICATED, e.g. a
 //! wrong token, or INVALID_ARGUMENT) is logged as an error and retried
 //! every 30 s — the agent keeps supervising its runs meanwhile rather than
-//! exiting and leaving them unwatched.
+//! exiting and leaving them unwatched. A server that says another agent
+//! holds this host name (ALREADY_EXISTS: two agents given one `--host`) is
+//! logged as an error naming the host, and asked again after a back-off
+//! from 1 s to 30 s: the server hands the host over once the holder has
+//! gone silent, and never while it is alive.
+
+mod identity;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,6 +55,8 @@ const MAX_INBOUND_MESSAGE_BYTES: usize = 16 << 20;
 const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
+/// Back-off while another agent holds this host name.
+const HELD_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping agent waits for the server to close the session.
@@ -113,6 +121,18 @@ pub enum OnExit {
 /// (see the crate documentation) or stops them.
 pub async fn run(config: SessionConfig, mut supervisor: Supervisor, mut stop: mpsc::Receiver<()>) {
     let sandboxes = supervisor.sandboxes_dir().to_path_buf();
+    // The work directory holds the sandboxes; the supervisor holds its lock,
+    // so no other agent draws an id for it at the same time.
+    let work_dir = sandboxes.parent().unwrap_or(&sandboxes).to_path_buf();
+    let agent_id = match identity::load_or_create(&work_dir) {
+        Ok(id) => id,
+        Err(e) => {
+            // Without a kept id the agent still works; after a restart it
+            // waits for its old session to close, as another agent would.
+            tracing::warn!(work_dir = %work_dir.display(), error = %e, "cannot keep the agent id");
+            identity::drawn().unwrap_or_default()
+        }
+    };
     let volumes = supervisor.volumes_dir().to_path_buf();
     let changed = Arc::new(Notify::new());
     // A health checker's verdict goes out at once, not at the next poll.
@@ -126,7 +146,13 @@ pub async fn run(config: SessionConfig, mut supervisor: Supervisor, mut stop: mp
     ));
     let collector = tokio::spawn(gc_loop(sandboxes, volumes, config.gc, config.gc_interval));
     let (closing_tx, closing) = watch::channel(false);
-    let mut sessions = std::pin::pin!(connect_loop(&config, &supervisor, &changed, closing));
+    let mut sessions = std::pin::pin!(connect_loop(
+        &config,
+        &agent_id,
+        &supervisor,
+        &changed,
+        closing
+    ));
     tokio::select! {
         _ = stop.recv() => {}
         () = &mut sessions => {}
@@ -261,25 +287,55 @@ enum SessionEnd {
     Failed(String),
     /// The server refused the agent.
     Refused(String),
+    /// Another agent holds this host name.
+    HostHeld(String),
 }
 
 /// Sessions, one after the other, until `closing` turns true.
 async fn connect_loop(
     config: &SessionConfig,
+    agent_id: &str,
     supervisor: &Shared,
     changed: &Arc<Notify>,
     mut closing: watch::Receiver<bool>,
 ) {
     let mut backoff = BACKOFF_INITIAL;
     let mut failures: u64 = 0;
+    let mut held_backoff = HELD_BACKOFF_INITIAL;
+    let mut held: u64 = 0;
     loop {
-        let wait = match session(config, supervisor, changed, &mut closing).await {
+        let end = session(config, agent_id, supervisor, changed, &mut closing).await;
+        if !matches!(end, SessionEnd::HostHeld(_)) {
+            held_backoff = HELD_BACKOFF_INITIAL;
+            held = 0;
+        }
+        let wait = match end {
             SessionEnd::Closed => return,
             SessionEnd::Broke(why) => {
                 tracing::warn!(server = %config.server, %why, "session ended; reconnecting");
                 backoff = BACKOFF_INITIAL;
                 failures = 0;
                 backoff
+            }
+            SessionEnd::HostHeld(why) => {
+                held += 1;
+                let wait = held_backoff;
+                held_backoff = (held_backoff * 2).min(REFUSED_RETRY);
+                // The 1st, 2nd, 4th, 8th... refusal at error, the others at
+                // debug: the cause is a configuration to fix, not a flood.
+                if held.is_power_of_two() {
+                    tracing::error!(
+                        server = %config.server,
+                        host = %config.host,
+                        %why,
+                        refusals = held,
+                        retry_in_ms = wait.as_millis() as u64,
+                        "another agent holds this host name; give each agent its own --host"
+                    );
+                } else {
+                    tracing::debug!(host = %config.host, %why, refusals = held, "host still held by another agent");
+                }
+                wait
             }
             SessionEnd::Failed(why) => {
                 failures += 1;
@@ -317,6 +373,7 @@ fn classify(status: &tonic::Status) -> SessionEnd {
         Code::Unauthenticated | Code::InvalidArgument | Code::PermissionDenied => {
             SessionEnd::Refused(why)
         }
+        Code::AlreadyExists => SessionEnd::HostHeld(why),
         _ => SessionEnd::Failed(why),
     }
 }
@@ -329,7 +386,11 @@ type Registered = (
 );
 
 /// Connects and registers.
-async fn register(config: &SessionConfig, supervisor: &Shared) -> Result<Registered, SessionEnd> {
+async fn register(
+    config: &SessionConfig,
+    agent_id: &str,
+    supervisor: &Shared,
+) -> Result<Registered, SessionEnd> {
     let endpoint = match Endpoint::from_shared(config.server.clone()) {
         Ok(endpoint) => endpoint
             .connect_timeout(CONNECT_TIMEOUT)
@@ -344,7 +405,7 @@ async fn register(config: &SessionConfig, supervisor: &Shared) -> Result<Registe
     let mut client =
         AgentServiceClient::new(channel).max_decoding_message_size(MAX_INBOUND_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<v1::AgentMessage>(OUTBOUND_CAPACITY);
-    let register = registration(config, supervisor).await;
+    let register = registration(config, agent_id, supervisor).await;
     let runs = register.runs.len();
     if tx
         .send(message(v1::agent_message::Kind::Register(register)))
@@ -398,12 +459,13 @@ async fn register(config: &SessionConfig, supervisor: &Shared) -> Result<Registe
 
 async fn session(
     config: &SessionConfig,
+    agent_id: &str,
     supervisor: &Shared,
     changed: &Arc<Notify>,
     closing: &mut watch::Receiver<bool>,
 ) -> SessionEnd {
     let registered = tokio::select! {
-        registered = register(config, supervisor) => registered,
+        registered = register(config, agent_id, supervisor) => registered,
         // Not registered yet: nothing to say goodbye to.
         _ = closing.wait_for(|closing| *closing) => return SessionEnd::Closed,
     };
@@ -480,7 +542,11 @@ async fn send(
         .map_err(|_| "the stream to the server closed".to_owned())
 }
 
-async fn registration(config: &SessionConfig, supervisor: &Shared) -> v1::AgentRegister {
+async fn registration(
+    config: &SessionConfig,
+    agent_id: &str,
+    supervisor: &Shared,
+) -> v1::AgentRegister {
     let (isolation, runs, ports, volumes) = with_supervisor(supervisor, |s| {
         s.poll();
         (
@@ -494,6 +560,7 @@ async fn registration(config: &SessionConfig, supervisor: &Shared) -> v1::AgentR
     v1::AgentRegister {
         token: config.token.clone(),
         host: config.host.clone(),
+        agent_id: agent_id.to_owned(),
         resources: Some(config.resources),
         attributes: config.attributes.clone(),
         isolation: isolation.to_owned(),

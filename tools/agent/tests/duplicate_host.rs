@@ -1,0 +1,103 @@
+//! Two real agents given one `--host`: the second is refused while the
+//! first is connected (it says so on its log and asks again with a
+//! back-off), the first keeps its host and its runs (no run is lost or
+//! started again), and the second takes the host once the first is gone.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use peloton_proto::v1 as pb;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_with_a_held_host_name_is_refused_and_the_first_keeps_its_runs() {
+    let mut cluster = Cluster::start(1).await;
+    let id = cluster.create(job("held", 1, task_spec("sleep 300"))).await;
+    let before = cluster.wait_running(&id, 1).await;
+    let run_before = before[0].current.clone().expect("current run");
+
+    // The twin: another work directory, the same host name.
+    let twin_dir = cluster.work_dir("a0-twin");
+    std::fs::create_dir_all(&twin_dir).expect("work dir");
+    let mut twin = Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
+        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+        .arg("--work-dir")
+        .arg(&twin_dir)
+        .args(["--host", "a0", "--token", TOKEN])
+        .args(["--resources", "cpu=4,mem=4096,disk=10000"])
+        .args(["--ports", "19000-19009"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("twin starts");
+    let mut lines = BufReader::new(twin.stderr.take().expect("stderr")).lines();
+    let refusal = within("the twin to report its refusal", async {
+        while let Some(line) = lines.next_line().await.expect("stderr") {
+            if line.contains("another agent holds this host name") {
+                return line;
+            }
+        }
+        panic!("the twin exited without reporting a refusal");
+    })
+    .await;
+    assert!(refusal.contains("ERROR"), "{refusal}");
+    assert!(refusal.contains("AlreadyExists"), "{refusal}");
+    assert!(refusal.contains("host a0 is held by another agent"), "{refusal}");
+    let (log_tx, mut log_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = log_tx.send(line);
+        }
+    });
+
+    // Meanwhile (the twin keeps asking, with a back-off) the first agent
+    // keeps the host and its run: same run, still running, nothing launched
+    // on the twin.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let task = cluster.task(&id, 0).await.expect("task");
+    let run = task.current.expect("current run");
+    assert_eq!(run.state(), pb::TaskState::Running, "{run:?}");
+    assert_eq!(run.run_id, run_before.run_id, "the run was started again");
+    assert_eq!(run.launch_id, run_before.launch_id);
+    let hosts = cluster.hosts().await;
+    assert_eq!(hosts.len(), 1, "{hosts:?}");
+    assert!(hosts[0].connected);
+    let twin_sandboxes = std::fs::read_dir(twin_dir.join("sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(twin_sandboxes, 0, "the twin launched something");
+    // Back-off: 1 s, 2 s, 4 s... so at most 3 refusals in 4 s after the
+    // first, logged at the 2nd (and 4th): no hammering.
+    let mut more = 0;
+    while let Ok(line) = log_rx.try_recv() {
+        if line.contains("another agent holds this host name") {
+            more += 1;
+        }
+    }
+    assert!(more <= 2, "{more} more refusals logged in 4 s");
+    assert!(twin.try_wait().expect("wait").is_none(), "the twin gave up");
+
+    // The first agent goes (its connection closes): the twin takes the host
+    // at its next try, and the run the first left behind is lost and
+    // started again on the twin.
+    cluster.sigkill_agent("a0").await;
+    let again = eventually("the run to start again on the twin", async || {
+        let t = cluster.task(&id, 0).await?;
+        let r = t.current?;
+        (r.state() == pb::TaskState::Running && r.run_id > run_before.run_id).then_some(r)
+    })
+    .await;
+    assert_eq!(again.run_id, run_before.run_id + 1, "{again:?}");
+    let twin_sandboxes = std::fs::read_dir(twin_dir.join("sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(twin_sandboxes, 1);
+    cluster.agents.insert("a0".into(), twin);
+}
