@@ -12,6 +12,7 @@ pub mod demo;
 pub use peloton_lifecycle as lifecycle;
 pub mod http;
 pub mod metrics;
+pub mod reopening;
 pub mod scheduler;
 pub mod server;
 pub mod service;

@@ -63,6 +63,9 @@ pub struct Metrics {
     pub watch_streams: Gauge,
     /// Events waiting in watch streams' buffers for their clients.
     pub watch_buffered_events: Gauge,
+    /// 1 while the store cannot write (a commit failed and is retried;
+    /// writes are refused), else 0.
+    pub store_unwritable: Gauge,
     /// Most pools that get per-pool series.
     pub max_pools: usize,
 }
@@ -90,6 +93,7 @@ impl Metrics {
             hosts_up: Gauge::default(),
             watch_streams: Gauge::default(),
             watch_buffered_events: Gauge::default(),
+            store_unwritable: Gauge::default(),
             max_pools,
         };
         registry.register(
@@ -151,6 +155,11 @@ impl Metrics {
         );
         registry.register("jobs", "Jobs known to the server", m.jobs.clone());
         registry.register("hosts_up", "Hosts that take new tasks", m.hosts_up.clone());
+        registry.register(
+            "store_unwritable",
+            "1 while the store cannot write: writes are refused, the failed commit is retried",
+            m.store_unwritable.clone(),
+        );
         *m.registry.lock().expect("not poisoned") = registry;
         m
     }

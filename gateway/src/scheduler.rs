@@ -13,8 +13,13 @@
 //!    dispatch launches, kills and acknowledgements, answer, and publish
 //!    the events.
 //!
-//! A failed commit stops the process: memory is ahead of the store and a
-//! restart recovers from the store. The clock is read here and passed in.
+//! A failed commit (a full disk) does not stop the process: the batch and
+//! everything that waits for it (answers, launches, kills, acknowledgements,
+//! events) are kept and the commit is tried again with a back-off; until it
+//! lands nothing is stepped, mutating commands are refused at once with
+//! UNAVAILABLE, reads are answered from memory, agents' heartbeats go on and
+//! their reports are held ([`Outage`]). The clock is read here and passed
+//! in.
 
 mod apps;
 mod hostpools;
@@ -368,6 +373,39 @@ pub(crate) fn now_ms() -> u64 {
 const RECONNECT_SLACK_MS: u64 = 10_000;
 /// How often silent hosts are looked for.
 const LOST_CHECK_INTERVAL_MS: u64 = 500;
+/// First wait before a failed commit is tried again; it doubles up to
+/// [`RETRY_COMMIT_MAX_MS`].
+const RETRY_COMMIT_FIRST_MS: u64 = 100;
+/// Longest wait between two tries of a failed commit: writes resume at
+/// most this long after space returns.
+const RETRY_COMMIT_MAX_MS: u64 = 2_000;
+/// Agent commands (reports, goodbyes) held while the store cannot write.
+/// Past it an agent's reports are dropped and its session closed: it
+/// registers again, listing its runs, once the store writes.
+const MAX_HELD_AGENT_COMMANDS: usize = 16_384;
+
+/// While a commit has failed (see the module documentation).
+#[derive(Debug, Default)]
+struct Outage {
+    /// The failed commit, kept until a retry writes it (`Scheduler::batch`
+    /// holds its rows, `fx` and `deferred` what waits for it).
+    failed: Option<FailedCommit>,
+    /// Agent commands that came meanwhile, applied once the batch is
+    /// written.
+    held: Vec<Command>,
+}
+
+#[derive(Debug)]
+struct FailedCommit {
+    /// The batch's events, published once it is written.
+    events: Vec<pb::Event>,
+    /// The last error.
+    error: String,
+    since_ms: u64,
+    attempts: u64,
+    delay_ms: u64,
+    next_try_ms: u64,
+}
 
 type Deferred = Box<dyn FnOnce() + Send>;
 
@@ -414,6 +452,8 @@ pub struct Scheduler {
     last_cycle: Option<Instant>,
     last_pool_metrics: Option<Instant>,
     now: u64,
+    /// Set while the store cannot write.
+    outage: Outage,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -504,6 +544,7 @@ impl Scheduler {
             last_cycle: None,
             last_pool_metrics: None,
             now,
+            outage: Outage::default(),
         })
     }
 
@@ -545,6 +586,10 @@ impl Scheduler {
     }
 
     fn time_to_next_deadline(&self) -> Duration {
+        if let Some(failed) = &self.outage.failed {
+            // Nothing else moves until the failed batch is written.
+            return Duration::from_millis(failed.next_try_ms.saturating_sub(now_ms()));
+        }
         let now = Instant::now();
         let mut until = match self.last_cycle {
             None => now,
@@ -578,8 +623,12 @@ impl Scheduler {
         debug_assert!(r.is_ok(), "{r:?}");
     }
 
-    /// Cycles, backend updates, timers and lost hosts.
+    /// Cycles, backend updates, timers and lost hosts (none while a failed
+    /// commit waits for its retry).
     fn work(&mut self) {
+        if !self.retry_commit() {
+            return;
+        }
         let due = match self.last_cycle {
             None => true,
             Some(last) => {
@@ -682,6 +731,10 @@ impl Scheduler {
     }
 
     fn finish_iteration(&mut self) {
+        if self.outage.failed.is_some() {
+            // Nothing was stepped: the failed batch is all there is.
+            return;
+        }
         let events = persist::events_to_pb(&self.fx.events);
         self.fx.events.clear();
         persist::rows(
@@ -712,14 +765,35 @@ impl Scheduler {
             let start = Instant::now();
             self.batch.revision = self.core.revision();
             if let Err(e) = self.store.commit(&self.batch) {
-                tracing::error!(error = %e, "store commit failed; stopping so that a restart recovers");
-                std::process::exit(70);
+                // Memory is ahead of the store: keep the batch and all that
+                // waits for it, refuse writes, retry (`retry_commit`).
+                tracing::error!(
+                    error = %e,
+                    "store commit failed: writes are refused and the batch is retried until it lands; reads are served"
+                );
+                let now = now_ms();
+                self.outage.failed = Some(FailedCommit {
+                    events,
+                    error: e.to_string(),
+                    since_ms: now,
+                    attempts: 1,
+                    delay_ms: RETRY_COMMIT_FIRST_MS,
+                    next_try_ms: now + RETRY_COMMIT_FIRST_MS,
+                });
+                self.metrics.store_unwritable.set(1);
+                return;
             }
             self.metrics
                 .commit_seconds
                 .observe(start.elapsed().as_secs_f64());
             self.batch = WriteBatch::default();
         }
+        self.release(events);
+    }
+
+    /// What waited for a commit, once it is durable: dispatches, answers,
+    /// events.
+    fn release(&mut self, events: Vec<pb::Event>) {
         // Real hosts hear of launches and kills only once they are durable:
         // a crash before the commit must not leave a run the store does not
         // know (it would run twice), nor a kill it does not know of. (For
@@ -733,6 +807,129 @@ impl Scheduler {
         if !events.is_empty() {
             // No receivers is fine.
             let _ = self.events_tx.send(Arc::new(events));
+        }
+    }
+
+    /// Tries the failed commit again once its time has come. True when no
+    /// commit is outstanding (any more): then what waited for it has been
+    /// released and the agent commands held meanwhile applied.
+    fn retry_commit(&mut self) -> bool {
+        let Some(failed) = self.outage.failed.as_mut() else {
+            return true;
+        };
+        let now = now_ms();
+        if now < failed.next_try_ms {
+            return false;
+        }
+        let start = Instant::now();
+        if let Err(e) = self.store.commit(&self.batch) {
+            failed.attempts += 1;
+            failed.error = e.to_string();
+            failed.delay_ms = (failed.delay_ms * 2).min(RETRY_COMMIT_MAX_MS);
+            failed.next_try_ms = now + failed.delay_ms;
+            // The 1st, 2nd, 4th, 8th... failure: a long outage does not
+            // flood the log.
+            if failed.attempts.is_power_of_two() {
+                tracing::error!(
+                    error = %e,
+                    attempts = failed.attempts,
+                    failing_for_ms = now - failed.since_ms,
+                    "the store still cannot write; writes stay refused"
+                );
+            }
+            return false;
+        }
+        self.metrics
+            .commit_seconds
+            .observe(start.elapsed().as_secs_f64());
+        self.metrics.store_unwritable.set(0);
+        self.batch = WriteBatch::default();
+        let failed = self.outage.failed.take().expect("outstanding");
+        tracing::warn!(
+            attempts = failed.attempts,
+            failed_for_ms = now - failed.since_ms,
+            held_agent_commands = self.outage.held.len(),
+            "the store writes again: the failed batch is written, its answers released"
+        );
+        self.release(failed.events);
+        // Agents that went silent meanwhile get the reconnect slack a
+        // restart gives them before they are declared lost.
+        self.started_at = now;
+        for c in std::mem::take(&mut self.outage.held) {
+            self.handle(c);
+        }
+        true
+    }
+
+    /// While the store cannot write: refuses a mutating command at once,
+    /// holds an agent's reports or goodbye for later, and gives back a read
+    /// (answered from memory).
+    fn while_unwritable(&mut self, c: Command) -> Option<Command> {
+        fn refuse<T>(reply: Reply<T>, status: &Status) -> Option<Command> {
+            let _ = reply.send(Err(status.clone()));
+            None
+        }
+        let failed = self.outage.failed.as_ref().expect("in an outage");
+        let status = crate::status::contract(Status::unavailable(format!(
+            "the store cannot write ({}), for {} s now: writes are refused until it can and \
+             are retried by the server every {} s; reads are served",
+            failed.error,
+            self.now.saturating_sub(failed.since_ms) / 1000,
+            RETRY_COMMIT_MAX_MS / 1000,
+        )));
+        match c {
+            Command::CreatePool { reply, .. } | Command::UpdatePool { reply, .. } => {
+                refuse(reply, &status)
+            }
+            Command::DeletePool { reply, .. } => refuse(reply, &status),
+            Command::CreateJob { reply, .. } => refuse(reply, &status),
+            Command::JobAction { reply, .. } => refuse(reply, &status),
+            Command::TaskAction { reply, .. } => refuse(reply, &status),
+            Command::CreateHostPool { reply, .. } => refuse(reply, &status),
+            Command::DeleteHostPool { reply, .. } => refuse(reply, &status),
+            Command::MoveHosts { reply, .. } => refuse(reply, &status),
+            Command::Maintenance { reply, .. } => refuse(reply, &status),
+            Command::AgentRegister { reply, .. } => refuse(reply, &status),
+            Command::UpdateJob { reply, .. } => refuse(reply, &status),
+            Command::UpdateAction { reply, .. } => refuse(reply, &status),
+            Command::DeleteVolume { reply, .. } => refuse(reply, &status),
+            Command::App(app) => match app {
+                AppCommand::Create { reply, .. } | AppCommand::Attach { reply, .. } => {
+                    refuse(reply, &status)
+                }
+                AppCommand::Target { reply, .. } => refuse(reply, &status),
+                AppCommand::Kill { reply, .. } => refuse(reply, &status),
+                AppCommand::Unregister { reply, .. } => refuse(reply, &status),
+                read @ AppCommand::Get { .. } => Some(Command::App(read)),
+            },
+            Command::AgentReports { host, session, .. }
+                if self.outage.held.len() >= MAX_HELD_AGENT_COMMANDS =>
+            {
+                tracing::warn!(%host, "too many agent reports held while the store cannot write; closing the agent's session");
+                if let Some(a) = self.backend.agents() {
+                    a.detach(&host, session);
+                }
+                None
+            }
+            held @ (Command::AgentReports { .. } | Command::AgentGone { .. }) => {
+                self.outage.held.push(held);
+                None
+            }
+            read @ (Command::GetPool { .. }
+            | Command::ListPools { .. }
+            | Command::GetJob { .. }
+            | Command::QueryJobs { .. }
+            | Command::ListTasks { .. }
+            | Command::GetTask { .. }
+            | Command::ListHosts { .. }
+            | Command::ListHostPools { .. }
+            | Command::Watch { .. }
+            | Command::LogTarget { .. }
+            | Command::GetUpdate { .. }
+            | Command::ListUpdates { .. }
+            | Command::ListVolumes { .. }
+            | Command::GetVolume { .. }
+            | Command::Shutdown) => Some(read),
         }
     }
 
@@ -814,10 +1011,15 @@ impl Scheduler {
 
     /// Answers after this iteration's commit, so that an answer never shows
     /// a change that is not durable yet. Errors change nothing: at once.
+    /// While the store cannot write only reads get here, answered at once
+    /// from memory.
     fn defer<T: Send + 'static>(&mut self, reply: Reply<T>, value: Result<T, Status>) {
         match value {
             Err(e) => {
                 let _ = reply.send(Err(e));
+            }
+            Ok(v) if self.outage.failed.is_some() => {
+                let _ = reply.send(Ok(v));
             }
             Ok(v) => self.deferred.push(Box::new(move || {
                 let _ = reply.send(Ok(v));
@@ -833,6 +1035,13 @@ impl Scheduler {
     }
 
     fn handle(&mut self, c: Command) {
+        let c = match self.outage.failed.is_some() {
+            true => match self.while_unwritable(c) {
+                Some(read) => read,
+                None => return,
+            },
+            false => c,
+        };
         match c {
             Command::App(c) => self.handle_app(c),
             Command::CreatePool {
@@ -1007,7 +1216,8 @@ impl Scheduler {
             Command::Watch { reply } => {
                 // Committed revision: events of this iteration are not yet
                 // committed and will be broadcast after the commit.
-                let committed = self.core.revision() - self.fx.events.len() as u64;
+                let unwritten = self.outage.failed.as_ref().map_or(0, |f| f.events.len());
+                let committed = self.core.revision() - (self.fx.events.len() + unwritten) as u64;
                 let _ = reply.send((committed, self.events_tx.subscribe()));
             }
             Command::AgentRegister {

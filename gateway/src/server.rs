@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::convert::Limits;
 use crate::http::Mirror;
 use crate::metrics::Metrics;
+use crate::reopening::ReopeningStore;
 use crate::scheduler::{Command, LoopConfig, Scheduler};
 use crate::service::Api;
 use crate::status::Contract;
@@ -59,10 +60,12 @@ pub struct Server {
 /// Opens the store, recovers, and starts serving.
 pub async fn start(config: &Config) -> anyhow::Result<Server> {
     config.validate()?;
-    let store: Arc<dyn Store> = Arc::new(RedbStore::open_with_cache(
-        &config.data_dir,
-        config.store_cache_mb << 20,
-    )?);
+    // Reopened after a failed commit (a full disk): the loop keeps serving
+    // reads and retries the write until it lands.
+    let (data_dir, cache_bytes) = (config.data_dir.clone(), config.store_cache_mb << 20);
+    let store: Arc<dyn Store> = Arc::new(ReopeningStore::open(Box::new(move || {
+        RedbStore::open_with_cache(&data_dir, cache_bytes).map(|s| Box::new(s) as Box<dyn Store>)
+    }))?);
     let snapshot = {
         let s = store.clone();
         tokio::task::spawn_blocking(move || s.load()).await??

@@ -51,8 +51,9 @@ const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets"
 
 const META_REVISION: &str = "revision";
 
-/// A storage failure. The loop treats a failed commit as fatal: its memory
-/// is ahead of the store, and a restart recovers from the store.
+/// A storage failure. A failed commit is not fatal: the loop keeps the
+/// batch, refuses writes and tries it again until it lands (see
+/// `scheduler.rs` and `reopening.rs`).
 #[derive(Debug, thiserror::Error)]
 #[error("store: {0}")]
 pub struct StoreError(String);
