@@ -49,7 +49,10 @@ async fn a_second_agent_with_a_held_host_name_is_refused_and_the_first_keeps_its
     .await;
     assert!(refusal.contains("ERROR"), "{refusal}");
     assert!(refusal.contains("AlreadyExists"), "{refusal}");
-    assert!(refusal.contains("host a0 is held by another agent"), "{refusal}");
+    assert!(
+        refusal.contains("host a0 is held by another agent"),
+        "{refusal}"
+    );
     let (log_tx, mut log_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
