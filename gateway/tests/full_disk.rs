@@ -389,3 +389,98 @@ async fn agents_heartbeats_are_served_through_a_full_disk_and_no_host_is_lost() 
         .await
         .expect("shutdown");
 }
+
+/// Starts the `pelotond` binary on `data_dir` with simulated hosts.
+async fn spawn_daemon(data_dir: &Path) -> (tokio::process::Child, std::net::SocketAddr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pelotond"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--no-metrics",
+            "--sim-hosts",
+            "4",
+        ])
+        .args(["--store-cache-mb", "4"])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("pelotond starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = within("pelotond to serve", async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            if let Some(url) = line.strip_prefix("pelotond: serving gRPC on http://") {
+                return url.trim().parse().expect("address");
+            }
+        }
+        panic!("pelotond exited before serving (on a full disk?)");
+    })
+    .await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_during_an_outage_starts_again_on_the_still_full_disk() {
+    let disk = match SmallDisk::mount(24) {
+        Ok(d) => d,
+        Err(why) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run the full-disk test, but a tmpfs cannot be mounted: {why}"
+            );
+            eprintln!("SKIPPED: a tmpfs cannot be mounted here (needs root): {why}");
+            return;
+        }
+    };
+    let data = disk.mount.join("data");
+    let (mut daemon, addr) = spawn_daemon(&data).await;
+    let mut c = Clients::connect(addr).await;
+    create_reserved_pool(&mut c, "/a").await;
+    let mut acknowledged = vec![create_job(&mut c, job_spec("/a", 2, 0.1, 0)).await];
+
+    disk.fill();
+    let (more, _waiting, _) = write_until_refused(&c, 0).await;
+    acknowledged.extend(more);
+    // Killed while its store is closed after a failed commit (the file as
+    // the failed transaction left it), on a disk that is still full.
+    daemon.kill().await.expect("SIGKILL");
+    let (mut daemon, addr) = spawn_daemon(&data).await;
+    let mut c = Clients::connect(addr).await;
+    for job in &acknowledged {
+        get_job(&mut c, &job.id)
+            .await
+            .unwrap_or_else(|e| panic!("acknowledged job {} lost: {e:?}", job.id));
+    }
+    let (more, waiting, _) = write_until_refused(&c, 100).await;
+    acknowledged.extend(more);
+    disk.free();
+    for call in waiting {
+        acknowledged.push(
+            within("a held call to be answered", call)
+                .await
+                .expect("call")
+                .expect("a held write lands once space returns"),
+        );
+    }
+    acknowledged.push(
+        eventually("writes to resume", TIMEOUT, async || {
+            create(&c, job_spec("/a", 1, 0.1, 0))
+                .await
+                .map_err(|s| format!("{s:?}"))
+        })
+        .await,
+    );
+    daemon.kill().await.expect("SIGKILL");
+    let (_daemon, addr) = spawn_daemon(&data).await;
+    let mut c = Clients::connect(addr).await;
+    for job in &acknowledged {
+        get_job(&mut c, &job.id)
+            .await
+            .unwrap_or_else(|e| panic!("acknowledged job {} lost: {e:?}", job.id));
+    }
+}
