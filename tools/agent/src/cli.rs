@@ -49,6 +49,8 @@ pub struct Args {
     #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
     pub token: Option<String>,
     /// This host's name in the cluster (default: the machine's host name).
+    /// Unique: while an agent holds a name, the server refuses another
+    /// (one with another work directory) until the holder goes silent.
     #[arg(long, value_name = "NAME")]
     pub host: Option<String>,
     /// Resources offered to tasks, any subset of cpu=CORES,mem=MIB,disk=MIB,gpu=N;
