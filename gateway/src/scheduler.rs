@@ -379,10 +379,11 @@ const RETRY_COMMIT_FIRST_MS: u64 = 100;
 /// Longest wait between two tries of a failed commit: writes resume at
 /// most this long after space returns.
 const RETRY_COMMIT_MAX_MS: u64 = 2_000;
-/// Agent commands (reports, goodbyes) held while the store cannot write.
-/// Past it an agent's reports are dropped and its session closed: it
-/// registers again, listing its runs, once the store writes.
-const MAX_HELD_AGENT_COMMANDS: usize = 16_384;
+/// Agents' run reports held while the store cannot write (a message
+/// carries at most `agents::MAX_REPORTS_PER_MESSAGE`). Past it a message's
+/// reports are dropped and its agent's session closed: the agent registers
+/// again, listing its runs, once the store writes.
+const MAX_HELD_REPORTS: usize = 100_000;
 
 /// While a commit has failed (see the module documentation).
 #[derive(Debug, Default)]
@@ -390,9 +391,11 @@ struct Outage {
     /// The failed commit, kept until a retry writes it (`Scheduler::batch`
     /// holds its rows, `fx` and `deferred` what waits for it).
     failed: Option<FailedCommit>,
-    /// Agent commands that came meanwhile, applied once the batch is
-    /// written.
+    /// Agent commands that came meanwhile (reports, goodbyes), applied
+    /// once the batch is written.
     held: Vec<Command>,
+    /// Reports in `held`.
+    held_reports: usize,
 }
 
 #[derive(Debug)]
@@ -855,6 +858,7 @@ impl Scheduler {
         // Agents that went silent meanwhile get the reconnect slack a
         // restart gives them before they are declared lost.
         self.started_at = now;
+        self.outage.held_reports = 0;
         for c in std::mem::take(&mut self.outage.held) {
             self.handle(c);
         }
@@ -902,9 +906,11 @@ impl Scheduler {
                 AppCommand::Unregister { reply, .. } => refuse(reply, &status),
                 read @ AppCommand::Get { .. } => Some(Command::App(read)),
             },
-            Command::AgentReports { host, session, .. }
-                if self.outage.held.len() >= MAX_HELD_AGENT_COMMANDS =>
-            {
+            Command::AgentReports {
+                host,
+                session,
+                reports,
+            } if self.outage.held_reports + reports.len() > MAX_HELD_REPORTS => {
                 tracing::warn!(%host, "too many agent reports held while the store cannot write; closing the agent's session");
                 if let Some(a) = self.backend.agents() {
                     a.detach(&host, session);
@@ -912,6 +918,9 @@ impl Scheduler {
                 None
             }
             held @ (Command::AgentReports { .. } | Command::AgentGone { .. }) => {
+                if let Command::AgentReports { reports, .. } = &held {
+                    self.outage.held_reports += reports.len();
+                }
                 self.outage.held.push(held);
                 None
             }
