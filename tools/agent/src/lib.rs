@@ -29,6 +29,7 @@ mod proc;
 mod record;
 mod secrets;
 mod session;
+mod spawner;
 mod supervisor;
 mod volumes;
 mod wrapper;
@@ -40,6 +41,7 @@ pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
 pub use ports::PortRange;
 pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, run as run_session};
+pub use spawner::run_spawner;
 pub use supervisor::{
     DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, StopGrace, Supervisor,
     SupervisorConfig, SupervisorError,

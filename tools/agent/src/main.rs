@@ -19,13 +19,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use peloton_agent::{Args, Supervisor, run_session, run_wrapper};
+use peloton_agent::{Args, Supervisor, run_session, run_spawner, run_wrapper};
 
 fn main() -> ExitCode {
     let mut argv = std::env::args_os();
     let mode = argv.nth(1);
-    if mode.as_ref().and_then(|m| m.to_str()) == Some("exec") {
-        return hidden_mode(argv.collect(), run_wrapper);
+    match mode.as_ref().and_then(|m| m.to_str()) {
+        Some("exec") => return hidden_mode(argv.collect(), run_wrapper),
+        // Started once by the agent; forks the wrappers (`spawner`).
+        Some("spawner") => return ExitCode::from(u8::try_from(run_spawner()).unwrap_or(1)),
+        _ => {}
     }
     let args = Args::parse();
     init_logging(args.log_json);

@@ -62,7 +62,7 @@ pub(crate) fn read_stat(pid: u32) -> Option<ProcStat> {
 }
 
 /// A process named so that pid reuse is detected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub(crate) struct ProcessIdentity {
     pub(crate) pid: u32,
     pub(crate) start_ticks: u64,

@@ -49,6 +49,7 @@ use crate::record::{
     RunRecord, SANDBOXES_DIR, STDERR_FILE, STDOUT_FILE, TaskPlan,
 };
 use crate::secrets;
+use crate::spawner::{SpawnError, Spawner};
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
 use crate::wrapper::DEFAULT_PATH;
 
@@ -65,6 +66,9 @@ const MAX_OUTBOX: usize = 65_536;
 /// before it is killed too (and the run is reported from the agent's
 /// knowledge alone).
 const WRAPPER_KILL_AFTER_MS: u64 = 2_000;
+/// After the spawner failed to start, how long wrappers are executed
+/// directly before it is tried again.
+const SPAWNER_RETRY_MS: u64 = 10_000;
 /// Variables of the agent's environment that tasks inherit (nothing else:
 /// the agent's environment may hold its token).
 const INHERITED_ENV: [&str; 3] = ["PATH", "LANG", "TZ"];
@@ -117,14 +121,28 @@ pub enum SupervisorError {
     Locked { path: PathBuf },
 }
 
+/// How the agent learns that a run's wrapper has gone.
+#[derive(Debug)]
+enum WrapperWatch {
+    /// Through `/proc` (the recorded identity): a re-adopted run's wrapper,
+    /// or one whose spawner died. No wrapper recorded: none alive.
+    Proc,
+    /// A child of the agent's spawner: alive until the spawner says it
+    /// has exited.
+    Spawner,
+    /// The agent's own child (started without the spawner): alive until
+    /// reaped.
+    Child(Child),
+    /// It has exited.
+    Gone,
+}
+
 /// One run the supervisor holds.
 #[derive(Debug)]
 struct Run {
     record: RunRecord,
     dir: PathBuf,
-    /// The wrapper, when this agent spawned it (to reap it): while it is
-    /// not reaped, it is alive.
-    child: Option<Child>,
+    watch: WrapperWatch,
     /// The task plan, until the first record writes it to the journal.
     plan: Option<TaskPlan>,
     /// The health checker, from RUNNING on (kept, stopped, once the run
@@ -137,7 +155,7 @@ impl Run {
         Run {
             record,
             dir,
-            child: None,
+            watch: WrapperWatch::Proc,
             plan: None,
             checker: None,
         }
@@ -269,6 +287,11 @@ impl LogSource {
             Ok(n) => n.min(MAX_LOG_CHUNK_BYTES),
         };
         match read_range(file, offset, max) {
+            // The output files are created with the wrapper: a run that
+            // failed before it has none, and nothing to show.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && dir.join(RUN_FILE).exists() => {
+                chunk.eof = ended;
+            }
             Ok((data, len)) => {
                 chunk.eof = ended && offset.saturating_add(data.len() as u64) >= len;
                 chunk.data = data;
@@ -308,6 +331,14 @@ pub struct Supervisor {
     outbox: Outbox,
     /// Wrappers of forgotten runs not yet reaped.
     unreaped: Vec<Child>,
+    /// Forks the wrappers (see `spawner`); started at the first launch,
+    /// and again after it died.
+    spawner: Option<Spawner>,
+    /// When the spawner last failed to start (ms): wrappers are executed
+    /// directly until `SPAWNER_RETRY_MS` later.
+    spawner_failed_ms: Option<u64>,
+    /// Runs by their wrapper, for the spawner's exit news.
+    spawned: HashMap<ProcessIdentity, RunId>,
     /// Runs whose health changed, posted by checker threads.
     health_changes: Arc<HealthInbox>,
     /// Held for the supervisor's life: one agent per work directory.
@@ -363,6 +394,9 @@ impl Supervisor {
             runs: HashMap::new(),
             outbox: Outbox::default(),
             unreaped: Vec::new(),
+            spawner: None,
+            spawner_failed_ms: None,
+            spawned: HashMap::new(),
             health_changes: Arc::new(HealthInbox::default()),
             _lock: lock,
         };
@@ -497,15 +531,12 @@ impl Supervisor {
                 .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
             return;
         }
-        let output = match create_sandbox(&dir) {
-            Ok(output) => output,
-            Err(e) => {
-                let reason = format!("cannot create the sandbox {}: {e}", dir.display());
-                self.outbox
-                    .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
-                return;
-            }
-        };
+        if let Err(e) = fs::create_dir(&dir) {
+            let reason = format!("cannot create the sandbox {}: {e}", dir.display());
+            self.outbox
+                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+            return;
+        }
         let mut run = Run::new(
             RunRecord {
                 key: key.clone(),
@@ -544,7 +575,7 @@ impl Supervisor {
                 // a sandbox is only collected after the age limit).
                 let started = secrets::write(&run.dir, &launch.secrets)
                     .map_err(|e| format!("cannot write the secrets into the sandbox: {e}"))
-                    .and_then(|()| self.spawn_wrapper(&mut run, output));
+                    .and_then(|()| self.spawn_wrapper(&mut run));
                 if let Err(reason) = started {
                     self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
                 }
@@ -679,12 +710,30 @@ impl Supervisor {
     }
 
     /// Starts the wrapper as the leader of a new process group, with the
-    /// run's `stdout` and `stderr` as its own (the task inherits them).
-    fn spawn_wrapper(
-        &mut self,
-        run: &mut Run,
-        (stdout, stderr): (File, File),
-    ) -> Result<(), String> {
+    /// run's `stdout` and `stderr` (created now) as its own (the task
+    /// inherits them): forked by the spawner, or executed by the agent when
+    /// there is no spawner.
+    fn spawn_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
+        if let Some(spawner) = self.spawner() {
+            match spawner.spawn(&run.dir) {
+                Ok(identity) => {
+                    run.record.wrapper = Some(identity);
+                    run.watch = WrapperWatch::Spawner;
+                    self.spawned.insert(identity, run.record.key.clone());
+                    self.commit(run);
+                    return Ok(());
+                }
+                Err(SpawnError::Refused(e)) => {
+                    return Err(format!("cannot start the wrapper: {e}"));
+                }
+                Err(SpawnError::Gone(e)) => {
+                    tracing::warn!(error = %e, "the spawner is gone; starting the wrapper directly");
+                    self.lose_spawner();
+                }
+            }
+        }
+        let (stdout, stderr) = open_output(&run.dir)
+            .map_err(|e| format!("cannot create the run's output files: {e}"))?;
         let child = Command::new(&self.config.wrapper_exe)
             .arg("exec")
             .arg("--sandbox")
@@ -710,9 +759,72 @@ impl Supervisor {
         // Not yet waited for, so the pid cannot have been reused: at worst
         // it is a zombie, whose start time is still readable.
         run.record.wrapper = ProcessIdentity::of(child.id());
-        run.child = Some(child);
+        run.watch = WrapperWatch::Child(child);
         self.commit(run);
         Ok(())
+    }
+
+    /// The spawner, started if there is none (and it has not just failed
+    /// to start).
+    fn spawner(&mut self) -> Option<&mut Spawner> {
+        if self.spawner.is_none() {
+            let now = record::now_ms();
+            if self
+                .spawner_failed_ms
+                .is_some_and(|failed| now < failed.saturating_add(SPAWNER_RETRY_MS))
+            {
+                return None;
+            }
+            match Spawner::start(&self.config.wrapper_exe) {
+                Ok(spawner) => {
+                    tracing::debug!(pid = spawner.pid(), "spawner started");
+                    self.spawner = Some(spawner);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "cannot start the spawner; executing wrappers directly for now"
+                    );
+                    self.spawner_failed_ms = Some(now);
+                }
+            }
+        }
+        self.spawner.as_mut()
+    }
+
+    /// The spawner died or broke: its wrappers are watched through `/proc`
+    /// from now on; the next launch starts another.
+    fn lose_spawner(&mut self) {
+        self.spawner = None;
+        self.spawned.clear();
+        for run in self.runs.values_mut() {
+            if matches!(run.watch, WrapperWatch::Spawner) {
+                run.watch = WrapperWatch::Proc;
+            }
+        }
+    }
+
+    /// Takes the spawner's news: which of its wrappers have exited.
+    fn take_spawner_news(&mut self) {
+        let Some(spawner) = &mut self.spawner else {
+            return;
+        };
+        match spawner.take_exited() {
+            Ok(exited) => {
+                for identity in exited {
+                    if let Some(key) = self.spawned.remove(&identity)
+                        && let Some(run) = self.runs.get_mut(&key)
+                        && matches!(run.watch, WrapperWatch::Spawner)
+                    {
+                        run.watch = WrapperWatch::Gone;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the spawner is gone; a new one starts with the next launch");
+                self.lose_spawner();
+            }
+        }
     }
 
     /// Writes the run's record and queues its report.
@@ -772,10 +884,13 @@ impl Supervisor {
         let now = record::now_ms();
         self.unreaped
             .retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_)) | Err(_)));
+        self.take_spawner_news();
         let keys: Vec<RunId> = self
             .runs
             .iter()
-            .filter(|(_, run)| !run.record.report.phase.is_final() || run.child.is_some())
+            .filter(|(_, run)| {
+                !run.record.report.phase.is_final() || matches!(run.watch, WrapperWatch::Child(_))
+            })
             .map(|(key, _)| key.clone())
             .collect();
         let mut procs = LazySnapshot::default();
@@ -832,18 +947,23 @@ impl Supervisor {
     }
 
     fn observe(&mut self, run: &mut Run, now: u64, procs: &mut LazySnapshot) {
-        if let Some(child) = &mut run.child
+        if let WrapperWatch::Child(child) = &mut run.watch
             && !matches!(child.try_wait(), Ok(None))
         {
-            run.child = None;
+            run.watch = WrapperWatch::Gone;
         }
         if run.record.report.phase.is_final() {
             return;
         }
         // Liveness first, then the exit entry: the wrapper writes it before
-        // it exits, so "dead and no exit entry" is really lost. A child not
-        // reaped above is alive, without a look at /proc.
-        let alive = run.child.is_some() || run.record.wrapper.is_some_and(|w| w.is_alive());
+        // it exits, so "dead and no exit entry" is really lost. A child
+        // (the agent's or the spawner's) not known to have exited is alive,
+        // without a look at /proc.
+        let alive = match run.watch {
+            WrapperWatch::Child(_) | WrapperWatch::Spawner => true,
+            WrapperWatch::Gone => false,
+            WrapperWatch::Proc => run.record.wrapper.is_some_and(|w| w.is_alive()),
+        };
         let news = if run.record.report.phase == Phase::Starting || !alive {
             record::read_wrapper_news(&run.dir, run.record.journal)
         } else {
@@ -1034,7 +1154,7 @@ impl Supervisor {
             persist(run);
             self.outbox.remove(&key);
             if let Some(run) = self.runs.remove(&key)
-                && let Some(child) = run.child
+                && let WrapperWatch::Child(child) = run.watch
             {
                 self.unreaped.push(child);
             }
@@ -1164,11 +1284,9 @@ fn remove_secrets(key: &RunId, dir: &Path) {
     }
 }
 
-/// `stdout` and `stderr` exist from the start, so a log read never has to
-/// tell "not yet written" from "no such run"; returned open for appending,
-/// for the wrapper.
-fn create_sandbox(dir: &Path) -> io::Result<(File, File)> {
-    fs::create_dir(dir)?;
+/// The run's `stdout` and `stderr`, created, open for appending, for the
+/// wrapper.
+fn open_output(dir: &Path) -> io::Result<(File, File)> {
     let output = |name| {
         OpenOptions::new()
             .create(true)

@@ -11,8 +11,9 @@
 //! - `agents_cpu_ms_per_task`: the same for the agent processes (not the
 //!   per-task wrappers and tasks they start);
 //! - `wrappers_cpu_ms_per_task`: the CPU time of the processes the agents
-//!   started and reaped in that window (the per-task wrappers, with the
-//!   tasks they waited for), per task;
+//!   started (each agent's spawner, the per-task wrappers it forks, and
+//!   the tasks they waited for), per task: what the agents' children and
+//!   their reaped descendants used in that window;
 //! - `machine_cpu_ms_per_task`: every CPU's busy time (from /proc/stat) in
 //!   that window, per task: the three above, and whatever else the
 //!   machine ran meanwhile (so only meaningful on a quiet machine).
@@ -88,6 +89,33 @@ pub(crate) fn cpu_s(pid: u32) -> f64 {
 /// (and theirs), from /proc/PID/stat.
 fn children_cpu_s(pid: u32) -> f64 {
     stat_fields_s(&format!("/proc/{pid}/stat"), 16, 17)
+}
+
+/// CPU seconds of what process `pid` started: its reaped children (and
+/// theirs), and its live children with what they have reaped (an agent's
+/// spawner reaps the wrappers, and is only reaped when the agent exits).
+fn descendants_cpu_s(pid: u32) -> f64 {
+    let live: f64 = children_of(pid)
+        .into_iter()
+        .map(|child| cpu_s(child) + children_cpu_s(child))
+        .sum();
+    children_cpu_s(pid) + live
+}
+
+/// The live children of `pid` (from /proc/PID/task/*/children).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// Busy CPU seconds of the whole machine (every CPU; all but idle and
@@ -270,7 +298,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let agent_pids: Vec<u32> = agents.iter().map(|a| a.0.id()).collect();
     let cpu0 = cpu_s(server_pid);
     let agents_cpu0: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum();
-    let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| children_cpu_s(p)).sum();
+    let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum();
     let machine_cpu0 = machine_cpu_s();
     let start = Instant::now();
     let job = jobs
@@ -303,7 +331,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let server_cpu = cpu_s(server_pid) - cpu0;
     let agents_cpu: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum::<f64>() - agents_cpu0;
     let wrappers_cpu: f64 =
-        agent_pids.iter().map(|&p| children_cpu_s(p)).sum::<f64>() - wrappers_cpu0;
+        agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum::<f64>() - wrappers_cpu0;
     let machine_cpu = machine_cpu_s() - machine_cpu0;
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
