@@ -289,12 +289,15 @@ async fn a_full_disk_refuses_writes_serves_reads_and_resumes_by_itself() {
 
 const TOKEN: &str = "full-disk-agent-token";
 
+/// A stand-in agent's two halves.
+type AgentSession = (
+    tonic::Streaming<pb::ServerMessage>,
+    tokio::sync::mpsc::Sender<pb::AgentMessage>,
+);
+
 /// Registers a stand-in agent for `host` that heartbeats every 50 ms for
 /// as long as the returned stream is held.
-async fn agent(
-    addr: std::net::SocketAddr,
-    host: &str,
-) -> Result<tonic::Streaming<pb::ServerMessage>, tonic::Status> {
+async fn agent(addr: std::net::SocketAddr, host: &str) -> Result<AgentSession, tonic::Status> {
     let mut client =
         pb::agent_service_client::AgentServiceClient::connect(format!("http://{addr}"))
             .await
@@ -315,15 +318,16 @@ async fn agent(
         .session(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await?
         .into_inner();
+    let beats = tx.clone();
     tokio::spawn(async move {
         let beat = pb::AgentMessage {
             kind: Some(pb::agent_message::Kind::Heartbeat(pb::AgentHeartbeat {})),
         };
-        while tx.send(beat.clone()).await.is_ok() {
+        while beats.send(beat.clone()).await.is_ok() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    Ok(stream)
+    Ok((stream, tx))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -348,8 +352,18 @@ async fn agents_heartbeats_are_served_through_a_full_disk_and_no_host_is_lost() 
         .await
         .expect("server starts");
     let mut c = Clients::connect(server.addr).await;
-    let _a1 = agent(server.addr, "a1").await.expect("a1 registers");
+    let (mut a1, a1_tx) = agent(server.addr, "a1").await.expect("a1 registers");
     create_reserved_pool(&mut c, "/a").await;
+    let job = create_job(&mut c, job_spec("/a", 1, 0.1, 0)).await;
+    let key = within("a launch on a1", async {
+        loop {
+            let m = a1.message().await.expect("stream").expect("open");
+            if let Some(pb::server_message::Kind::Launch(l)) = m.kind {
+                return l.runs[0].key.clone().expect("key");
+            }
+        }
+    })
+    .await;
 
     disk.fill();
     let (_, waiting, _) = write_until_refused(&c, 0).await;
@@ -365,6 +379,33 @@ async fn agents_heartbeats_are_served_through_a_full_disk_and_no_host_is_lost() 
         Code::Unavailable,
         "the store cannot write",
     );
+    // A report that comes now is held, not lost: it is applied once the
+    // store writes.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    a1_tx
+        .send(pb::AgentMessage {
+            kind: Some(pb::agent_message::Kind::Reports(pb::AgentReports {
+                reports: vec![pb::RunReport {
+                    key: Some(key),
+                    phase: pb::RunPhase::Running as i32,
+                    time_ms: now_ms,
+                    started_ms: now_ms,
+                    ..Default::default()
+                }],
+            })),
+        })
+        .await
+        .expect("report sent");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let task = get_task(&mut c, &job.id, 0).await;
+    assert_ne!(
+        task_state(&task),
+        pb::TaskState::Running,
+        "a report was applied while the store could not write it"
+    );
 
     disk.free();
     for call in waiting {
@@ -375,6 +416,13 @@ async fn agents_heartbeats_are_served_through_a_full_disk_and_no_host_is_lost() 
     }
     let _a2 = eventually("a new agent to register", TIMEOUT, async || {
         agent(server.addr, "a2").await.map_err(|s| format!("{s:?}"))
+    })
+    .await;
+    eventually("the held report to be applied", TIMEOUT, async || {
+        let task = get_task(&mut c.clone(), &job.id, 0).await;
+        (task_state(&task) == pb::TaskState::Running)
+            .then_some(())
+            .ok_or_else(|| format!("{task:?}"))
     })
     .await;
     // Past the lost-host delay after the outage, a1 is still up.
