@@ -25,12 +25,15 @@ fn key(job_id: &str, instance: u32) -> v1::RunKey {
     }
 }
 
-/// Waits for a `go` file in its sandbox, then prints `bye`.
+/// Waits for a `go` file in its sandbox (at most about a minute: a test
+/// that failed leaves nothing running for long), then prints `bye`.
 fn waits_for_go(key: &v1::RunKey) -> v1::LaunchRun {
     v1::LaunchRun {
         key: Some(key.clone()),
         spec: Some(v1::TaskSpec {
-            shell: "while [ ! -f go ]; do sleep 0.02; done; echo bye".to_owned(),
+            shell: "i=0; while [ ! -f go ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done; \
+                    echo bye"
+                .to_owned(),
             ..v1::TaskSpec::default()
         }),
         ..Default::default()
