@@ -362,6 +362,9 @@ impl Default for LoopConfig {
 }
 
 /// Wall-clock milliseconds since the epoch.
+/// An iteration at least this long is logged with its phases.
+const SLOW_ITERATION: Duration = Duration::from_millis(250);
+
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -401,7 +404,7 @@ struct Outage {
 #[derive(Debug)]
 struct FailedCommit {
     /// The batch's events, published once it is written.
-    events: Vec<pb::Event>,
+    events: Vec<crate::lifecycle::Event>,
     /// The last error.
     error: String,
     since_ms: u64,
@@ -554,8 +557,24 @@ impl Scheduler {
     /// Runs until a [`Command::Shutdown`] or until every sender is gone.
     pub fn run(mut self, mut rx: mpsc::Receiver<Command>, rt: tokio::runtime::Handle) {
         let mut commands = Vec::with_capacity(self.config.max_batch);
-        // Commit what recovery changed before serving.
+        // What recovery changed and the first cycle go in one commit: a
+        // restart writes each instance it starts again once.
+        let began = Instant::now();
+        self.now = now_ms();
+        let recovered_at = self.core.revision() - self.fx.events.len() as u64;
+        self.work();
+        let worked = began.elapsed();
+        let (events, rows) = (self.fx.events.len(), self.fx.rows.len());
         self.finish_iteration();
+        tracing::info!(
+            recovered_revision = recovered_at,
+            revision = self.core.revision(),
+            events,
+            rows,
+            work_ms = worked.as_millis() as u64,
+            "recovery and the first cycle committed in {} ms",
+            began.elapsed().as_millis()
+        );
         loop {
             let wait = self.time_to_next_deadline();
             let first = rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
@@ -572,6 +591,8 @@ impl Scheduler {
                 }
             }
             self.now = now_ms();
+            let began = Instant::now();
+            let n_commands = commands.len();
             for c in commands.drain(..) {
                 if matches!(c, Command::Shutdown) {
                     stop = true;
@@ -579,8 +600,22 @@ impl Scheduler {
                 }
                 self.handle(c);
             }
+            let handled = began.elapsed();
             self.work();
+            let worked = began.elapsed();
             self.finish_iteration();
+            let took = began.elapsed();
+            if took >= SLOW_ITERATION {
+                tracing::info!(
+                    commands = n_commands,
+                    handle_ms = handled.as_millis() as u64,
+                    work_ms = (worked - handled).as_millis() as u64,
+                    commit_ms = (took - worked).as_millis() as u64,
+                    revision = self.core.revision(),
+                    "slow iteration: {} ms",
+                    took.as_millis()
+                );
+            }
             if stop {
                 tracing::info!(revision = self.core.revision(), "scheduling loop stopped");
                 return;
@@ -738,8 +773,7 @@ impl Scheduler {
             // Nothing was stepped: the failed batch is all there is.
             return;
         }
-        let events = persist::events_to_pb(&self.fx.events);
-        self.fx.events.clear();
+        let events = std::mem::take(&mut self.fx.events);
         persist::rows(
             &mut self.core,
             &self.engine,
@@ -796,7 +830,7 @@ impl Scheduler {
 
     /// What waited for a commit, once it is durable: dispatches, answers,
     /// events.
-    fn release(&mut self, events: Vec<pb::Event>) {
+    fn release(&mut self, events: Vec<crate::lifecycle::Event>) {
         // Real hosts hear of launches and kills only once they are durable:
         // a crash before the commit must not leave a run the store does not
         // know (it would run twice), nor a kill it does not know of. (For
@@ -808,8 +842,13 @@ impl Scheduler {
             d();
         }
         if !events.is_empty() {
-            // No receivers is fine.
-            let _ = self.events_tx.send(Arc::new(events));
+            // Built only for watchers (a commit may carry a million);
+            // no receivers is fine.
+            if self.events_tx.receiver_count() > 0 {
+                let _ = self
+                    .events_tx
+                    .send(Arc::new(persist::events_to_pb(&events)));
+            }
         }
     }
 

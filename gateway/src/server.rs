@@ -66,10 +66,12 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
     let store: Arc<dyn Store> = Arc::new(ReopeningStore::open(Box::new(move || {
         RedbStore::open_with_cache(&data_dir, cache_bytes).map(|s| Box::new(s) as Box<dyn Store>)
     }))?);
+    let began = std::time::Instant::now();
     let snapshot = {
         let s = store.clone();
         tokio::task::spawn_blocking(move || s.load()).await??
     };
+    let loaded_ms = began.elapsed().as_millis() as u64;
     let mut engine_config = EngineConfig::default();
     engine_config.resources.threads = config.engine_threads;
     let mut engine = Engine::new(engine_config);
@@ -118,7 +120,13 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         snapshot,
         hub.clone(),
     )?;
-    tracing::info!(jobs = n_jobs, data_dir = %config.data_dir.display(), "recovered");
+    tracing::info!(
+        jobs = n_jobs,
+        data_dir = %config.data_dir.display(),
+        load_ms = loaded_ms,
+        recover_ms = began.elapsed().as_millis() as u64 - loaded_ms,
+        "recovered"
+    );
     let (tx, rx) = mpsc::channel(config.command_queue);
     let rt = tokio::runtime::Handle::current();
     let loop_thread = std::thread::Builder::new()

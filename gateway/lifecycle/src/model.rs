@@ -506,6 +506,10 @@ pub struct Task {
     pub history: Option<Box<Vec<RunRecord>>>,
     /// Queued for a store write in this step.
     pub dirty: bool,
+    /// Recovered waiting, as it was before the restart: its moves within
+    /// the queue (Pending, Ready, Placing) are no news to watchers (no
+    /// events); cleared when it leaves the queue.
+    pub requeued: bool,
 }
 
 impl Task {
@@ -533,6 +537,7 @@ impl Task {
             gave_way: false,
             history: None,
             dirty: false,
+            requeued: false,
         }
     }
 }

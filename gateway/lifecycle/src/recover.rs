@@ -300,6 +300,12 @@ impl Lifecycle {
             match t.state {
                 S::Initialized | S::Pending | S::Ready | S::Placing => {
                     // Initialized instances are exactly the waiting ones.
+                    // They are queued again without events: a restart does
+                    // not repeat an event per waiting instance (a million
+                    // of them would cost seconds), so a watcher keeps the
+                    // last event it had of each (Pending, Ready or Placing
+                    // before the restart); reads show Pending.
+                    t.requeued = true;
                     t.state = S::Initialized;
                     t.host = None;
                     job.waiting.push_back(i);

@@ -83,6 +83,11 @@ impl Lifecycle {
         job.counts[from as usize] -= 1;
         job.counts[to as usize] += 1;
         t.state = to;
+        // A recovered waiting instance moves within the queue silently; it
+        // is news again once it leaves it.
+        let queued = matches!(to, S::Pending | S::Ready | S::Placing);
+        let quiet = t.requeued && queued;
+        t.requeued &= queued;
         let started_at = t.started_at;
         if to.is_terminal() || matches!(from, S::Initialized | S::Backoff) {
             // Room under max_running_instances, or a gang that waited for
@@ -125,7 +130,9 @@ impl Lifecycle {
         }
         self.dirty_jobs.insert(k);
         self.pin_changed(k, i);
-        self.task_event(k, i, reason.unwrap_or_default(), fx);
+        if !quiet {
+            self.task_event(k, i, reason.unwrap_or_default(), fx);
+        }
     }
 
     /// An event with the instance's current state, host and health.
@@ -289,7 +296,11 @@ impl Lifecycle {
                 S::Failed
             };
         }
-        let history = t.history.get_or_insert_with(Default::default);
+        // Most instances restart rarely: room for one run at first (a
+        // default Vec takes four).
+        let history = t
+            .history
+            .get_or_insert_with(|| Box::new(Vec::with_capacity(1)));
         history.insert(0, run);
         history.truncate(max_history);
         t.run += 1;

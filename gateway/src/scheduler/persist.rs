@@ -95,19 +95,145 @@ pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
         .collect()
 }
 
-/// One commit's events as a stored `WatchResponse` (its events as field 1,
-/// encoded in place): (first revision, bytes).
-pub(super) fn encode_events(events: &[pb::Event]) -> (u64, Vec<u8>) {
+/// One commit's events as a stored `WatchResponse` (its events as field 1):
+/// (first revision, bytes). Encoded straight from the core's events, with
+/// the API message's field numbers and proto3's rules (default values
+/// left out), so no `pb::Event` (three strings each) is built per event;
+/// `events_to_pb` + prost give the same bytes (tested).
+pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
     let first = events[0].revision;
-    let len: usize = events
-        .iter()
-        .map(|e| prost::encoding::message::encoded_len(1, e))
-        .sum();
-    let mut bytes = Vec::with_capacity(len);
+    let len: usize = events.iter().map(|e| framed_len(1, event_len(e))).sum();
+    let mut out = Vec::with_capacity(len);
     for e in events {
-        prost::encoding::message::encode(1, e, &mut bytes);
+        key(&mut out, 1, LEN);
+        varint(&mut out, event_len(e) as u64);
+        uint(&mut out, 1, e.revision);
+        uint(&mut out, 2, e.time_ms);
+        match &e.kind {
+            EventKind::Task {
+                job,
+                instance,
+                run,
+                state,
+                host,
+                reason,
+                health,
+            } => {
+                key(&mut out, 4, LEN);
+                varint(&mut out, task_event_len(&e.kind) as u64);
+                string(&mut out, 1, job);
+                uint(&mut out, 2, u64::from(*instance));
+                uint(&mut out, 3, u64::from(*run));
+                uint(&mut out, 4, convert::task_state_to_pb(*state) as u64);
+                string(&mut out, 5, host);
+                string(&mut out, 6, reason);
+                uint(&mut out, 7, convert::health_to_pb(*health) as u64);
+            }
+            EventKind::Job {
+                job,
+                state,
+                deleted,
+                reason,
+            } => {
+                key(&mut out, 3, LEN);
+                varint(&mut out, task_event_len(&e.kind) as u64);
+                string(&mut out, 1, job);
+                uint(&mut out, 2, convert::job_state_to_pb(*state) as u64);
+                uint(&mut out, 3, u64::from(*deleted));
+                string(&mut out, 4, reason);
+            }
+        }
     }
-    (first, bytes)
+    debug_assert_eq!(out.len(), len);
+    (first, out)
+}
+
+const VARINT: u8 = 0;
+const LEN: u8 = 2;
+
+fn varint_len(v: u64) -> usize {
+    prost::encoding::encoded_len_varint(v)
+}
+
+fn varint(out: &mut Vec<u8>, v: u64) {
+    prost::encoding::encode_varint(v, out);
+}
+
+fn key(out: &mut Vec<u8>, tag: u32, wire: u8) {
+    varint(out, u64::from(tag << 3 | u32::from(wire)));
+}
+
+/// A scalar field (left out when 0). Tags here are below 16: one byte.
+fn uint(out: &mut Vec<u8>, tag: u32, v: u64) {
+    if v != 0 {
+        key(out, tag, VARINT);
+        varint(out, v);
+    }
+}
+
+fn uint_len(v: u64) -> usize {
+    if v == 0 { 0 } else { 1 + varint_len(v) }
+}
+
+/// A string field (left out when empty).
+fn string(out: &mut Vec<u8>, tag: u32, v: &str) {
+    if !v.is_empty() {
+        key(out, tag, LEN);
+        varint(out, v.len() as u64);
+        out.extend_from_slice(v.as_bytes());
+    }
+}
+
+fn string_len(v: &str) -> usize {
+    if v.is_empty() {
+        0
+    } else {
+        framed_len(1, v.len())
+    }
+}
+
+/// A length-delimited field of `len` bytes with a one-byte key.
+fn framed_len(_tag: u32, len: usize) -> usize {
+    1 + varint_len(len as u64) + len
+}
+
+/// The inner message's length (`TaskEvent` or `JobEvent`).
+fn task_event_len(kind: &EventKind) -> usize {
+    match kind {
+        EventKind::Task {
+            job,
+            instance,
+            run,
+            state,
+            host,
+            reason,
+            health,
+        } => {
+            string_len(job)
+                + uint_len(u64::from(*instance))
+                + uint_len(u64::from(*run))
+                + uint_len(convert::task_state_to_pb(*state) as u64)
+                + string_len(host)
+                + string_len(reason)
+                + uint_len(convert::health_to_pb(*health) as u64)
+        }
+        EventKind::Job {
+            job,
+            state,
+            deleted,
+            reason,
+        } => {
+            string_len(job)
+                + uint_len(convert::job_state_to_pb(*state) as u64)
+                + uint_len(u64::from(*deleted))
+                + string_len(reason)
+        }
+    }
+}
+
+/// An `Event`'s length.
+fn event_len(e: &Event) -> usize {
+    uint_len(e.revision) + uint_len(e.time_ms) + framed_len(3, task_event_len(&e.kind))
 }
 
 /// A task row as stored.
@@ -403,4 +529,103 @@ pub(super) fn recovered(
         specs.push((id.clone(), versions, from_row));
     }
     Ok((rec, specs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::{Health, JobState, TaskState};
+
+    /// The hand-written encoder gives prost's bytes for every kind, state,
+    /// health and size of field (empty, one-byte and multi-byte lengths,
+    /// zero and large numbers).
+    #[test]
+    fn events_encode_as_prost_does() {
+        let task_states = [
+            TaskState::Initialized,
+            TaskState::Pending,
+            TaskState::Ready,
+            TaskState::Placing,
+            TaskState::Placed,
+            TaskState::Launching,
+            TaskState::Running,
+            TaskState::Succeeded,
+            TaskState::Failed,
+            TaskState::Lost,
+            TaskState::Killed,
+            TaskState::Preempted,
+            TaskState::Backoff,
+        ];
+        let healths = [
+            Health::None,
+            Health::Unknown,
+            Health::Healthy,
+            Health::Unhealthy,
+        ];
+        let job_states = [
+            JobState::Initialized,
+            JobState::Pending,
+            JobState::Running,
+            JobState::Succeeded,
+            JobState::Failed,
+            JobState::Killing,
+            JobState::Killed,
+        ];
+        let strings = ["", "a", &"j".repeat(127), &"ü".repeat(300)];
+        let numbers = [0u64, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX];
+        let mut events = Vec::new();
+        let mut n = 0usize;
+        for (si, s) in strings.iter().enumerate() {
+            for (ni, &v) in numbers.iter().enumerate() {
+                n += 1;
+                let state = task_states[n % task_states.len()];
+                events.push(Event {
+                    revision: v,
+                    time_ms: numbers[(ni + 1) % numbers.len()],
+                    kind: EventKind::Task {
+                        job: Arc::from(*s),
+                        instance: v as u32,
+                        run: (v >> 1) as u32,
+                        state,
+                        host: Arc::from(strings[(si + 1) % strings.len()]),
+                        reason: strings[(si + 2) % strings.len()].into(),
+                        health: healths[n % healths.len()],
+                    },
+                });
+                events.push(Event {
+                    revision: v ^ 1,
+                    time_ms: v,
+                    kind: EventKind::Job {
+                        job: Arc::from(*s),
+                        state: job_states[n % job_states.len()],
+                        deleted: n.is_multiple_of(2),
+                        reason: strings[(si + 3) % strings.len()].into(),
+                    },
+                });
+            }
+        }
+        for s in task_states {
+            events.push(Event {
+                revision: 5,
+                time_ms: 6,
+                kind: EventKind::Task {
+                    job: "j".into(),
+                    instance: 0,
+                    run: 1,
+                    state: s,
+                    host: "".into(),
+                    reason: "".into(),
+                    health: Health::None,
+                },
+            });
+        }
+        let (first, bytes) = encode_events(&events);
+        assert_eq!(first, events[0].revision);
+        let via_prost = pb::WatchResponse {
+            events: events_to_pb(&events),
+        };
+        assert_eq!(bytes, via_prost.encode_to_vec());
+        let decoded = pb::WatchResponse::decode(bytes.as_slice()).unwrap();
+        assert_eq!(decoded.events, events_to_pb(&events));
+    }
 }

@@ -42,19 +42,29 @@ pub struct E2eOptions {
 
 pub(crate) struct Spawned {
     pub(crate) child: Child,
-    dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Spawned {
     /// The server's data directory.
     pub(crate) fn data_dir(&self) -> &std::path::Path {
-        self.dir.path()
+        self.dir.as_ref().expect("kept until dropped").path()
+    }
+
+    /// SIGKILL (a crash, nothing flushed or stopped in order); the data
+    /// directory is kept for the next server.
+    pub(crate) fn crash(mut self) -> Result<tempfile::TempDir> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(self.dir.take().expect("kept until dropped"))
     }
 }
 
 impl Drop for Spawned {
     fn drop(&mut self) {
-        stop_child(&mut self.child, Duration::from_secs(30));
+        if self.dir.is_some() {
+            stop_child(&mut self.child, Duration::from_secs(30));
+        }
     }
 }
 
@@ -97,8 +107,16 @@ pub(crate) fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
 
 /// A server with `hosts` simulated hosts and these further flags.
 pub(crate) fn spawn_server_with(hosts: u32, flags: &[String]) -> Result<(Spawned, String)> {
+    spawn_server_in(tempfile::tempdir()?, hosts, flags)
+}
+
+/// A server on the data directory `dir` (new or one a server used before).
+pub(crate) fn spawn_server_in(
+    dir: tempfile::TempDir,
+    hosts: u32,
+    flags: &[String],
+) -> Result<(Spawned, String)> {
     let bin = sibling_binary("pelotond", "-p peloton-gateway")?;
-    let dir = tempfile::tempdir()?;
     let mut child = std::process::Command::new(&bin)
         .arg("--data-dir")
         .arg(dir.path())
@@ -106,7 +124,7 @@ pub(crate) fn spawn_server_with(hosts: u32, flags: &[String]) -> Result<(Spawned
         .arg(hosts.to_string())
         .args(flags)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(server_log()?)
         .spawn()
         .with_context(|| format!("cannot start {}", bin.display()))?;
     let stdout = child.stdout.take().context("no stdout")?;
@@ -122,7 +140,27 @@ pub(crate) fn spawn_server_with(hosts: u32, flags: &[String]) -> Result<(Spawned
     };
     // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Ok((Spawned { child, dir }, addr))
+    Ok((
+        Spawned {
+            child,
+            dir: Some(dir),
+        },
+        addr,
+    ))
+}
+
+/// The server's log: appended to the file `PELOTON_BENCH_SERVER_LOG`
+/// names, else dropped.
+fn server_log() -> Result<Stdio> {
+    Ok(match std::env::var_os("PELOTON_BENCH_SERVER_LOG") {
+        Some(path) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("PELOTON_BENCH_SERVER_LOG: cannot open {path:?}"))?
+            .into(),
+        None => Stdio::null(),
+    })
 }
 
 fn wall_ms() -> u64 {
@@ -186,80 +224,21 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         .await
         .with_context(|| format!("cannot create pool {pool}"))?;
     let total = u64::from(opts.jobs) * u64::from(opts.tasks_per_job);
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let start = Instant::now();
-    let mut clients = Vec::new();
-    for c in 0..opts.clients.max(1) {
-        let channel: Channel = channels[c % channels.len()].clone();
-        let next = next.clone();
-        let (jobs, per_job) = (opts.jobs, opts.tasks_per_job);
-        let pool = pool.clone();
-        clients.push(tokio::spawn(async move {
-            let mut client = JobServiceClient::new(channel)
-                .max_decoding_message_size(16 << 20)
-                .max_encoding_message_size(16 << 20);
-            let mut submitted = Vec::new();
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= jobs {
-                    break;
-                }
-                let at = wall_ms();
-                let job = client
-                    .create(pb::CreateJobRequest {
-                        spec: Some(job_spec(&pool, i, per_job)),
-                    })
-                    .await?
-                    .into_inner()
-                    .job
-                    .context("no job in the answer")?;
-                submitted.push((job.id, at));
-            }
-            Ok::<_, anyhow::Error>(submitted)
-        }));
-    }
-    let mut submitted = Vec::new();
-    for c in clients {
-        submitted.extend(c.await??);
-    }
+    let submitted = submit(
+        &channels,
+        &pool,
+        opts.jobs,
+        opts.tasks_per_job,
+        opts.clients,
+    )
+    .await?;
     let accept_s = start.elapsed().as_secs_f64();
     // Wait until every task is placed.
     let mut jobs_client = JobServiceClient::new(channels[0].clone());
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let mut placed = 0u64;
-        let mut token = String::new();
-        loop {
-            let page = jobs_client
-                .query(pb::QueryJobsRequest {
-                    pool: pool.clone(),
-                    page_size: 1000,
-                    page_token: token.clone(),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            for j in &page.jobs {
-                for c in &j
-                    .status
-                    .as_ref()
-                    .map(|s| s.task_counts.clone())
-                    .unwrap_or_default()
-                {
-                    let s = pb::TaskState::try_from(c.state).unwrap_or_default();
-                    if matches!(
-                        s,
-                        pb::TaskState::Placed | pb::TaskState::Launching | pb::TaskState::Running
-                    ) {
-                        placed += u64::from(c.count);
-                    }
-                }
-            }
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            token = page.next_page_token;
-        }
+        let placed = count_placed(&mut jobs_client, &pool).await?;
         if placed >= total {
             break;
         }
@@ -326,4 +305,90 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         "server_rss_mb": rss,
         "server_rss_now_mb": rss_now,
     }))
+}
+
+/// Submits `jobs` jobs of `per_job` instances to `pool` from `clients`
+/// concurrent clients; each job's id and the wall time its submission began.
+pub(crate) async fn submit(
+    channels: &[Channel],
+    pool: &str,
+    jobs: u32,
+    per_job: u32,
+    clients: usize,
+) -> Result<Vec<(String, u64)>> {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..clients.max(1) {
+        let channel: Channel = channels[c % channels.len()].clone();
+        let next = next.clone();
+        let pool = pool.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut client = JobServiceClient::new(channel)
+                .max_decoding_message_size(16 << 20)
+                .max_encoding_message_size(16 << 20);
+            let mut submitted = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= jobs {
+                    break;
+                }
+                let at = wall_ms();
+                let job = client
+                    .create(pb::CreateJobRequest {
+                        spec: Some(job_spec(&pool, i, per_job)),
+                    })
+                    .await?
+                    .into_inner()
+                    .job
+                    .context("no job in the answer")?;
+                submitted.push((job.id, at));
+            }
+            Ok::<_, anyhow::Error>(submitted)
+        }));
+    }
+    let mut submitted = Vec::new();
+    for t in tasks {
+        submitted.extend(t.await??);
+    }
+    Ok(submitted)
+}
+
+/// Instances of `pool`'s jobs in these states, from the jobs' task counts.
+pub(crate) async fn count_in(
+    jobs: &mut JobServiceClient<Channel>,
+    pool: &str,
+    states: &[pb::TaskState],
+) -> Result<u64> {
+    let mut n = 0u64;
+    let mut token = String::new();
+    loop {
+        let page = jobs
+            .query(pb::QueryJobsRequest {
+                pool: pool.to_string(),
+                page_size: 1000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        for j in &page.jobs {
+            for c in j.status.iter().flat_map(|s| &s.task_counts) {
+                let s = pb::TaskState::try_from(c.state).unwrap_or_default();
+                if states.contains(&s) {
+                    n += u64::from(c.count);
+                }
+            }
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(n);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Instances of `pool`'s jobs placed or further on (placed, launching,
+/// running).
+pub(crate) async fn count_placed(jobs: &mut JobServiceClient<Channel>, pool: &str) -> Result<u64> {
+    use pb::TaskState as S;
+    count_in(jobs, pool, &[S::Placed, S::Launching, S::Running]).await
 }

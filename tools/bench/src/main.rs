@@ -8,6 +8,7 @@
 mod e2e;
 mod history;
 mod launch;
+mod recovery;
 mod spark;
 mod trace;
 mod update;
@@ -154,6 +155,28 @@ enum Command {
         /// With --server: its process id, to report its memory.
         #[arg(long)]
         server_pid: Option<u32>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A crash and restart: a server with `jobs × tasks_per_job` stored
+    /// instances, as many running as the simulated hosts hold, is SIGKILLed
+    /// and started again on its data dir; how soon it serves, schedules
+    /// again, and runs everything it ran.
+    Recovery {
+        /// Simulated hosts (each holds 160 or 320 of these tasks: 1,000
+        /// hosts hold 200,000).
+        #[arg(long, default_value_t = 1_000)]
+        hosts: u32,
+        /// Jobs to submit.
+        #[arg(long, default_value_t = 1_000)]
+        jobs: u32,
+        /// Instances per job.
+        #[arg(long, default_value_t = 1_000)]
+        tasks_per_job: u32,
+        /// Concurrent submitting clients.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -393,6 +416,24 @@ fn main() -> Result<()> {
                 server_pid,
             }))?;
             print(&report, json, "e2e");
+        }
+        Command::Recovery {
+            hosts,
+            jobs,
+            tasks_per_job,
+            clients,
+            json,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(recovery::run(recovery::RecoveryOptions {
+                hosts,
+                jobs,
+                tasks_per_job,
+                clients,
+            }))?;
+            print(&report, json, "recovery");
         }
         Command::History {
             hosts,
