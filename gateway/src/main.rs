@@ -231,6 +231,13 @@ fn command() -> clap::Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // No transparent huge pages: with the kernel's usual `defrag=madvise`,
+    // each fault on the allocator's huge-page-advised memory may compact
+    // memory synchronously, and a restart that builds a million tasks
+    // spent more than half its time there (`peloton-bench recovery`: the
+    // restart to first placement went from 5.2–6.4 s to 3.3–4.0 s without).
+    // Best effort: a kernel without the call keeps its own setting.
+    let _ = nix::sys::prctl::set_thp_disable(true);
     let args = match Args::from_arg_matches(&command().get_matches()) {
         Ok(args) => args,
         Err(e) => e.exit(),

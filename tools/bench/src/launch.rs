@@ -330,8 +330,11 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let elapsed = start.elapsed().as_secs_f64();
     let server_cpu = cpu_s(server_pid) - cpu0;
     let agents_cpu: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum::<f64>() - agents_cpu0;
-    let wrappers_cpu: f64 =
-        agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum::<f64>() - wrappers_cpu0;
+    let wrappers_cpu: f64 = agent_pids
+        .iter()
+        .map(|&p| descendants_cpu_s(p))
+        .sum::<f64>()
+        - wrappers_cpu0;
     let machine_cpu = machine_cpu_s() - machine_cpu0;
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
