@@ -676,6 +676,51 @@ fn a_restarted_server_adopts_the_runs_its_agents_report() {
 }
 
 #[test]
+fn a_restart_queues_waiting_instances_again_without_events_until_they_leave_the_queue() {
+    // j/1 and j/2 wait (pending, then placing) before the crash; after it
+    // they are queued again silently: no event until j/1 is placed.
+    check(
+        r"
+        host h1
+        job j pool=/ n=3 cpu=3
+        cycle
+        crash
+        register h1
+        cycle
+        exit j/0 0
+        cycle
+        ",
+        expect![[r#"
+            > host h1
+            > job j pool=/ n=3 cpu=3
+            j/0#1 pending
+            j/1#1 pending
+            j/2#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > crash
+            > register h1
+            > cycle
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            job j pending
+            > cycle
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+              launch j/1#1 @h1 config 1
+            j/1#1 running @h1
+            job j running
+        "#]],
+    );
+}
+
+#[test]
 fn a_drained_host_goes_down_once_its_runs_are_confirmed_gone() {
     check(
         r"
