@@ -361,10 +361,10 @@ impl Default for LoopConfig {
     }
 }
 
-/// Wall-clock milliseconds since the epoch.
 /// An iteration at least this long is logged with its phases.
 const SLOW_ITERATION: Duration = Duration::from_millis(250);
 
+/// Wall-clock milliseconds since the epoch.
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1083,12 +1083,13 @@ impl Scheduler {
     }
 
     fn handle(&mut self, c: Command) {
-        let c = match self.outage.failed.is_some() {
-            true => match self.while_unwritable(c) {
+        let c = if self.outage.failed.is_some() {
+            match self.while_unwritable(c) {
                 Some(read) => read,
                 None => return,
-            },
-            false => c,
+            }
+        } else {
+            c
         };
         match c {
             Command::App(c) => self.handle_app(c),

@@ -102,11 +102,20 @@ pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
 /// `events_to_pb` + prost give the same bytes (tested).
 pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
     let first = events[0].revision;
-    let len: usize = events.iter().map(|e| framed_len(1, event_len(e))).sum();
+    // Each event's inner and whole length, worked out once.
+    let lens: Vec<(usize, usize)> = events
+        .iter()
+        .map(|e| {
+            let inner = kind_len(&e.kind);
+            let whole = uint_len(e.revision) + uint_len(e.time_ms) + framed_len(inner);
+            (inner, whole)
+        })
+        .collect();
+    let len: usize = lens.iter().map(|&(_, whole)| framed_len(whole)).sum();
     let mut out = Vec::with_capacity(len);
-    for e in events {
+    for (e, &(inner, whole)) in events.iter().zip(&lens) {
         key(&mut out, 1, LEN);
-        varint(&mut out, event_len(e) as u64);
+        varint(&mut out, whole as u64);
         uint(&mut out, 1, e.revision);
         uint(&mut out, 2, e.time_ms);
         match &e.kind {
@@ -120,7 +129,7 @@ pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
                 health,
             } => {
                 key(&mut out, 4, LEN);
-                varint(&mut out, task_event_len(&e.kind) as u64);
+                varint(&mut out, inner as u64);
                 string(&mut out, 1, job);
                 uint(&mut out, 2, u64::from(*instance));
                 uint(&mut out, 3, u64::from(*run));
@@ -136,7 +145,7 @@ pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
                 reason,
             } => {
                 key(&mut out, 3, LEN);
-                varint(&mut out, task_event_len(&e.kind) as u64);
+                varint(&mut out, inner as u64);
                 string(&mut out, 1, job);
                 uint(&mut out, 2, convert::job_state_to_pb(*state) as u64);
                 uint(&mut out, 3, u64::from(*deleted));
@@ -163,7 +172,7 @@ fn key(out: &mut Vec<u8>, tag: u32, wire: u8) {
     varint(out, u64::from(tag << 3 | u32::from(wire)));
 }
 
-/// A scalar field (left out when 0). Tags here are below 16: one byte.
+/// A scalar field (left out when 0).
 fn uint(out: &mut Vec<u8>, tag: u32, v: u64) {
     if v != 0 {
         key(out, tag, VARINT);
@@ -185,20 +194,17 @@ fn string(out: &mut Vec<u8>, tag: u32, v: &str) {
 }
 
 fn string_len(v: &str) -> usize {
-    if v.is_empty() {
-        0
-    } else {
-        framed_len(1, v.len())
-    }
+    if v.is_empty() { 0 } else { framed_len(v.len()) }
 }
 
-/// A length-delimited field of `len` bytes with a one-byte key.
-fn framed_len(_tag: u32, len: usize) -> usize {
+/// A length-delimited field of `len` bytes with a one-byte key (every tag
+/// here is below 16).
+fn framed_len(len: usize) -> usize {
     1 + varint_len(len as u64) + len
 }
 
 /// The inner message's length (`TaskEvent` or `JobEvent`).
-fn task_event_len(kind: &EventKind) -> usize {
+fn kind_len(kind: &EventKind) -> usize {
     match kind {
         EventKind::Task {
             job,
@@ -229,11 +235,6 @@ fn task_event_len(kind: &EventKind) -> usize {
                 + string_len(reason)
         }
     }
-}
-
-/// An `Event`'s length.
-fn event_len(e: &Event) -> usize {
-    uint_len(e.revision) + uint_len(e.time_ms) + framed_len(3, task_event_len(&e.kind))
 }
 
 /// A task row as stored.
