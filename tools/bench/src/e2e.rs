@@ -17,7 +17,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use pb::job_service_client::JobServiceClient;
-use pb::resource_pool_service_client::ResourcePoolServiceClient;
 use pb::task_service_client::TaskServiceClient;
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
@@ -215,14 +214,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
     // A pool of this run's own, so that a server used before (--server)
     // does not count earlier jobs.
     let pool = format!("/bench-{}", wall_ms());
-    let mut pools = ResourcePoolServiceClient::new(channels[0].clone());
-    pools
-        .create(pb::CreatePoolRequest {
-            path: pool.clone(),
-            spec: None,
-        })
-        .await
-        .with_context(|| format!("cannot create pool {pool}"))?;
+    create_pool(&channels[0], &pool).await?;
     let total = u64::from(opts.jobs) * u64::from(opts.tasks_per_job);
     let start = Instant::now();
     let submitted = submit(
@@ -305,6 +297,18 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         "server_rss_mb": rss,
         "server_rss_now_mb": rss_now,
     }))
+}
+
+/// Creates the pool `path` with the default spec.
+pub(crate) async fn create_pool(channel: &Channel, path: &str) -> Result<()> {
+    pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone())
+        .create(pb::CreatePoolRequest {
+            path: path.into(),
+            spec: None,
+        })
+        .await
+        .with_context(|| format!("ResourcePoolService.Create {path}"))?;
+    Ok(())
 }
 
 /// Submits `jobs` jobs of `per_job` instances to `pool` from `clients`

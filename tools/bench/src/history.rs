@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pb::job_service_client::JobServiceClient;
-use pb::resource_pool_service_client::ResourcePoolServiceClient;
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -146,13 +145,7 @@ pub async fn run(o: HistoryOptions) -> Result<Value> {
     let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())?;
     let channel = endpoint.connect().await.context("cannot connect")?;
     let pool = "/history".to_string();
-    ResourcePoolServiceClient::new(channel.clone())
-        .create(pb::CreatePoolRequest {
-            path: pool.clone(),
-            spec: None,
-        })
-        .await
-        .context("cannot create the pool")?;
+    crate::e2e::create_pool(&channel, &pool).await?;
     let n_jobs = u32::try_from(o.tasks / u64::from(o.job_size)).context("too many jobs")?;
     let total = u64::from(n_jobs) * u64::from(o.job_size);
     let per_client = (o.window as usize / o.clients.max(1)).max(1);

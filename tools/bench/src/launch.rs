@@ -247,9 +247,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     }
     let channel = Channel::from_shared(addr.clone())?.connect().await?;
     let mut hosts = pb::host_service_client::HostServiceClient::new(channel.clone());
-    let mut pools =
-        pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone());
-    let mut jobs = pb::job_service_client::JobServiceClient::new(channel);
+    let mut jobs = pb::job_service_client::JobServiceClient::new(channel.clone());
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let up = hosts
@@ -268,12 +266,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    pools
-        .create(pb::CreatePoolRequest {
-            path: "/bench".into(),
-            spec: Some(pb::PoolSpec::default()),
-        })
-        .await?;
+    crate::e2e::create_pool(&channel, "/bench").await?;
     let spec = pb::JobSpec {
         name: "launch-bench".into(),
         owner: "peloton-bench".into(),

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pb::job_service_client::JobServiceClient;
-use pb::resource_pool_service_client::ResourcePoolServiceClient;
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -48,13 +47,7 @@ pub async fn run(opts: RecoveryOptions) -> Result<Value> {
         .await
         .context("cannot connect")?;
     let pool = "/bench".to_string();
-    ResourcePoolServiceClient::new(channel.clone())
-        .create(pb::CreatePoolRequest {
-            path: pool.clone(),
-            spec: None,
-        })
-        .await
-        .context("cannot create the pool")?;
+    e2e::create_pool(&channel, &pool).await?;
     let total = u64::from(opts.jobs) * u64::from(opts.tasks_per_job);
     let loaded = Instant::now();
     e2e::submit(

@@ -133,7 +133,7 @@ async fn simulated(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<
     let (server, addr) = crate::e2e::spawn_server(o.hosts)?;
     let channel = connect(&addr).await?;
     let pool = "/spark-sim";
-    create_pool(&channel, pool).await?;
+    crate::e2e::create_pool(&channel, pool).await?;
     let executor = pb::TaskSpec {
         command: "/bin/true".into(),
         resources: Some(pb::Resources {
@@ -242,7 +242,7 @@ async fn local(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> 
     let channel = connect(&addr).await?;
     wait_hosts(&channel, o.agents, o.timeout).await?;
     let pool = "/spark-local";
-    create_pool(&channel, pool).await?;
+    crate::e2e::create_pool(&channel, pool).await?;
 
     // The driver: one task per connection; an id when it registers, and
     // its end when the connection closes.
@@ -367,17 +367,6 @@ async fn connect(addr: &str) -> Result<Channel> {
         .connect()
         .await
         .with_context(|| format!("cannot connect to {addr}"))
-}
-
-async fn create_pool(channel: &Channel, path: &str) -> Result<()> {
-    pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone())
-        .create(pb::CreatePoolRequest {
-            path: path.into(),
-            spec: Some(pb::PoolSpec::default()),
-        })
-        .await
-        .with_context(|| format!("ResourcePoolService.Create {path}"))?;
-    Ok(())
 }
 
 /// Waits until `n` agent hosts are connected and up.

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pb::job_service_client::JobServiceClient;
-use pb::resource_pool_service_client::ResourcePoolServiceClient;
 use pb::update_service_client::UpdateServiceClient;
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
@@ -91,15 +90,9 @@ pub async fn run(o: UpdateOptions) -> Result<Value> {
         .connect()
         .await
         .context("cannot connect")?;
-    let mut pools = ResourcePoolServiceClient::new(channel.clone());
     let mut jobs = JobServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20);
-    let mut updates = UpdateServiceClient::new(channel);
-    pools
-        .create(pb::CreatePoolRequest {
-            path: "/bench".into(),
-            spec: None,
-        })
-        .await?;
+    let mut updates = UpdateServiceClient::new(channel.clone());
+    crate::e2e::create_pool(&channel, "/bench").await?;
     let job = jobs
         .create(pb::CreateJobRequest {
             spec: Some(service("/bench", o.instances, "1")),
