@@ -139,6 +139,32 @@ async fn write_until_refused(
     panic!("writes never failed on a full disk");
 }
 
+/// The calls a failed commit held: each is answered once space returns.
+async fn held_calls_answered(
+    waiting: Vec<tokio::task::JoinHandle<Result<pb::Job, tonic::Status>>>,
+) -> Vec<pb::Job> {
+    let mut jobs = Vec::new();
+    for call in waiting {
+        jobs.push(
+            within("a held call to be answered", call)
+                .await
+                .expect("call")
+                .expect("a held write lands once space returns"),
+        );
+    }
+    jobs
+}
+
+/// A small job, created as soon as writes are accepted again.
+async fn created_once_writable(c: &Clients, what: &str) -> pb::Job {
+    eventually(what, TIMEOUT, async || {
+        create(c, job_spec("/a", 1, 0.1, 0))
+            .await
+            .map_err(|s| format!("{s:?}"))
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_writes_serves_reads_and_resumes_by_itself() {
     let disk = match SmallDisk::mount(24) {
@@ -206,20 +232,8 @@ async fn a_full_disk_refuses_writes_serves_reads_and_resumes_by_itself() {
     // Space returns: the failed batch lands by itself, its calls are
     // answered, and writes are accepted again.
     disk.free();
-    for call in waiting {
-        let job = within("a held call to be answered", call)
-            .await
-            .expect("call")
-            .expect("a held write lands once space returns");
-        acknowledged.push(job);
-    }
-    let after = eventually("writes to be accepted again", TIMEOUT, async || {
-        create(&c, job_spec("/a", 1, 0.1, 0))
-            .await
-            .map_err(|s| format!("{s:?}"))
-    })
-    .await;
-    acknowledged.push(after);
+    acknowledged.extend(held_calls_answered(waiting).await);
+    acknowledged.push(created_once_writable(&c, "writes to be accepted again").await);
     acknowledged.push(before);
     let n_before_restart = acknowledged.len();
 
@@ -256,20 +270,8 @@ async fn a_full_disk_refuses_writes_serves_reads_and_resumes_by_itself() {
     assert!(refused.message().contains("the store cannot write"));
     assert!(get_job(&mut c, &acknowledged[0].id).await.is_ok());
     disk.free();
-    for call in waiting {
-        let job = within("a held call to be answered", call)
-            .await
-            .expect("call")
-            .expect("a held write lands once space returns");
-        acknowledged.push(job);
-    }
-    let last = eventually("writes to resume after the restart", TIMEOUT, async || {
-        create(&c, job_spec("/a", 1, 0.1, 0))
-            .await
-            .map_err(|s| format!("{s:?}"))
-    })
-    .await;
-    acknowledged.push(last);
+    acknowledged.extend(held_calls_answered(waiting).await);
+    acknowledged.push(created_once_writable(&c, "writes to resume after the restart").await);
     assert!(acknowledged.len() > n_before_restart);
 
     // Everything acknowledged is there after a last restart.
@@ -408,12 +410,7 @@ async fn agents_heartbeats_are_served_through_a_full_disk_and_no_host_is_lost() 
     );
 
     disk.free();
-    for call in waiting {
-        within("a held call to be answered", call)
-            .await
-            .expect("call")
-            .expect("a held write lands once space returns");
-    }
+    held_calls_answered(waiting).await;
     let _a2 = eventually("a new agent to register", TIMEOUT, async || {
         agent(server.addr, "a2").await.map_err(|s| format!("{s:?}"))
     })
@@ -507,22 +504,8 @@ async fn a_server_killed_during_an_outage_starts_again_on_the_still_full_disk() 
     let (more, waiting, _) = write_until_refused(&c, 100).await;
     acknowledged.extend(more);
     disk.free();
-    for call in waiting {
-        acknowledged.push(
-            within("a held call to be answered", call)
-                .await
-                .expect("call")
-                .expect("a held write lands once space returns"),
-        );
-    }
-    acknowledged.push(
-        eventually("writes to resume", TIMEOUT, async || {
-            create(&c, job_spec("/a", 1, 0.1, 0))
-                .await
-                .map_err(|s| format!("{s:?}"))
-        })
-        .await,
-    );
+    acknowledged.extend(held_calls_answered(waiting).await);
+    acknowledged.push(created_once_writable(&c, "writes to resume").await);
     daemon.kill().await.expect("SIGKILL");
     let (_daemon, addr) = spawn_daemon(&data).await;
     let mut c = Clients::connect(addr).await;
