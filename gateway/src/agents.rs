@@ -379,12 +379,25 @@ impl HostBackend for AgentBackend {
 pub struct AgentApi {
     hub: Arc<AgentHub>,
     commands: mpsc::Sender<Command>,
+    /// This server's standing (PostgreSQL store): sessions end when it
+    /// stops leading, so agents look for the leader.
+    role: Option<Arc<crate::leader::Role>>,
 }
 
 impl AgentApi {
     /// A handler feeding `commands`.
     pub fn new(hub: Arc<AgentHub>, commands: mpsc::Sender<Command>) -> Self {
-        AgentApi { hub, commands }
+        AgentApi {
+            hub,
+            commands,
+            role: None,
+        }
+    }
+
+    /// Ends sessions when `role` stops leading.
+    pub fn with_role(mut self, role: Arc<crate::leader::Role>) -> Self {
+        self.role = Some(role);
+        self
     }
 }
 
@@ -545,6 +558,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
         check_register(&register)?;
         let host: Arc<str> = Arc::from(register.host.as_str());
         let (tx, rx) = mpsc::channel(OUTBOX_LEN);
+        let outbox = tx.clone();
         tx.send(Ok(pb::ServerMessage {
             kind: Some(pb::server_message::Kind::Registered(pb::Registered {
                 heartbeat_interval_ms: self.hub.heartbeat_interval_ms,
@@ -573,9 +587,31 @@ impl pb::agent_service_server::AgentService for AgentApi {
         tracing::info!(%host, session = id, "agent registered");
         let hub = self.hub.clone();
         let commands = self.commands.clone();
+        let role = self.role.clone();
+        let mut leading = role.as_ref().map(|r| r.watch_leading());
         tokio::spawn(async move {
             loop {
-                let msg = match inbound.message().await {
+                let next = async {
+                    match leading.as_mut() {
+                        Some(l) => {
+                            let _ = l.wait_for(|leading| !leading).await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                let message = tokio::select! {
+                    m = inbound.message() => m,
+                    () = next => {
+                        let why = role
+                            .as_ref()
+                            .and_then(|r| r.refusal())
+                            .map_or_else(|| "not the leader".to_owned(), |r| r.0);
+                        tracing::warn!(%host, session = id, "ending the agent's session: {why}");
+                        let _ = outbox.send(Err(Status::unavailable(why))).await;
+                        break;
+                    }
+                };
+                let msg = match message {
                     Ok(Some(m)) => m,
                     Ok(None) => break,
                     // An agent process that exited (or a connection reset)

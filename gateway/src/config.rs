@@ -12,8 +12,19 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Where the embedded store keeps its file.
+    /// Where the embedded store keeps its file (and local agents their
+    /// work dirs).
     pub data_dir: PathBuf,
+    /// The store: unset for the embedded one in `data_dir`, or a
+    /// PostgreSQL URL (`postgres://user:password@host:port/db`), which
+    /// several servers may share: one leads, the others stand by.
+    pub store: Option<String>,
+    /// With a PostgreSQL store: the leader's lease. A standby takes over
+    /// within about this long of the leader's death.
+    pub lease_ms: u64,
+    /// With a PostgreSQL store: the URL clients use to reach this server,
+    /// named by standbys (default: `http://` and the listen address).
+    pub advertise: Option<String>,
     /// gRPC address (port 0 picks a free port).
     pub listen: SocketAddr,
     /// Prometheus `/metrics` address; none to disable.
@@ -66,6 +77,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: PathBuf::from("peloton-data"),
+            store: None,
+            lease_ms: 5000,
+            advertise: None,
             listen: "127.0.0.1:5391".parse().expect("valid"),
             metrics_listen: Some("127.0.0.1:9391".parse().expect("valid")),
             cycle_interval_ms: 20,
@@ -100,6 +114,26 @@ impl Config {
     /// Checks bounds.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.max_batch >= 1, "max_batch: must be at least 1");
+        if let Some(url) = &self.store {
+            anyhow::ensure!(
+                url.starts_with("postgres://") || url.starts_with("postgresql://"),
+                "store: must be a postgres:// or postgresql:// URL (unset for the embedded store), not {:?}",
+                crate::pgstore::redact(url)
+            );
+            url.parse::<postgres::Config>()
+                .map_err(|e| anyhow::anyhow!("store: {e}"))?;
+        }
+        anyhow::ensure!(
+            (300..=600_000).contains(&self.lease_ms),
+            "lease_ms: must be 300–600000"
+        );
+        if let Some(a) = &self.advertise {
+            anyhow::ensure!(
+                (a.starts_with("http://") || a.starts_with("https://"))
+                    && a.parse::<axum::http::Uri>().is_ok(),
+                "advertise: must be an http:// or https:// URL, not {a:?}"
+            );
+        }
         anyhow::ensure!(self.command_queue >= 1, "command_queue: must be at least 1");
         anyhow::ensure!(
             (1..=1_000_000).contains(&self.max_instances_per_job),

@@ -11,7 +11,10 @@ pub mod demo;
 /// redb even by accident).
 pub use peloton_lifecycle as lifecycle;
 pub mod http;
+pub mod leader;
+pub mod local_pg;
 pub mod metrics;
+pub mod pgstore;
 pub mod reopening;
 pub mod scheduler;
 pub mod server;

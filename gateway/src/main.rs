@@ -20,6 +20,19 @@ struct Args {
     /// Data directory of the embedded store.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// The store: a PostgreSQL URL (postgres://user:password@host/db),
+    /// which several pelotond may share (one leads, the others stand by);
+    /// default: the embedded store in DATA_DIR.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// With a PostgreSQL store: the leader's lease, in milliseconds (a
+    /// standby takes over about this long after the leader dies).
+    #[arg(long)]
+    lease_ms: Option<u64>,
+    /// With a PostgreSQL store: the URL clients use to reach this server,
+    /// which standbys name (default: http:// and the listen address).
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
     /// gRPC listen address (port 0 picks a free port).
     #[arg(long)]
     listen: Option<SocketAddr>,
@@ -99,6 +112,15 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(v) = args.listen {
         c.listen = v;
+    }
+    if let Some(v) = &args.store {
+        c.store = Some(v.clone());
+    }
+    if let Some(v) = args.lease_ms {
+        c.lease_ms = v;
+    }
+    if let Some(v) = &args.advertise {
+        c.advertise = Some(v.clone());
     }
     if let Some(v) = args.metrics_listen {
         c.metrics_listen = Some(v);

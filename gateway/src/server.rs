@@ -15,7 +15,9 @@ use crate::backend::{HostBackend, SimBackend};
 use crate::config::Config;
 use crate::convert::Limits;
 use crate::http::Mirror;
+use crate::leader::{Gate, Lease, LeaseConfig, Role, Standing};
 use crate::metrics::Metrics;
+use crate::pgstore::PgStore;
 use crate::reopening::ReopeningStore;
 use crate::scheduler::{Command, LoopConfig, Scheduler};
 use crate::service::Api;
@@ -50,22 +52,106 @@ pub struct Server {
     /// Where `/metrics` is served.
     pub metrics_addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
-    serve: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    serve: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
     metrics_task: Option<tokio::task::JoinHandle<()>>,
     tx: mpsc::Sender<Command>,
     loop_thread: Option<std::thread::JoinHandle<()>>,
     store: Arc<dyn Store>,
+    /// The leader's lease (PostgreSQL store), released at shutdown.
+    lease: Option<Lease>,
 }
 
-/// Opens the store, recovers, and starts serving.
+/// Listens, opens the store (with a PostgreSQL store: once this server
+/// holds the leader's lease, standing by until then), recovers, and
+/// serves. Until it serves, every call is answered UNAVAILABLE (naming
+/// the leader while it stands by).
 pub async fn start(config: &Config) -> anyhow::Result<Server> {
     config.validate()?;
-    // Reopened after a failed commit (a full disk): the loop keeps serving
-    // reads and retries the write until it lands.
-    let (data_dir, cache_bytes) = (config.data_dir.clone(), config.store_cache_mb << 20);
-    let store: Arc<dyn Store> = Arc::new(ReopeningStore::open(Box::new(move || {
-        RedbStore::open_with_cache(&data_dir, cache_bytes).map(|s| Box::new(s) as Box<dyn Store>)
-    }))?);
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let role = Role::new();
+    let gate = Gate::new(role.clone());
+    // HTTP/1.1 is accepted beside HTTP/2 so that plain HTTP clients reach
+    // the mirror on the gRPC port.
+    let router = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .add_routes(tonic::service::Routes::from(gate.router()));
+    // No Nagle delay: small answers must not wait for the client's ACK.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serve = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stopped.await;
+    }));
+    match opened(config, addr, role.clone(), &gate).await {
+        Ok(mut server) => {
+            server.stop = Some(stop);
+            server.serve = Some(serve);
+            Ok(server)
+        }
+        Err(e) => {
+            let _ = stop.send(());
+            let _ = serve.await;
+            Err(e)
+        }
+    }
+}
+
+/// Opens the store, taking the lease first if it is PostgreSQL.
+fn open_store(
+    config: &Config,
+    addr: SocketAddr,
+    role: &Role,
+) -> anyhow::Result<(Arc<dyn Store>, Option<Lease>)> {
+    let Some(url) = config.store.clone() else {
+        // Reopened after a failed commit (a full disk): the loop keeps
+        // serving reads and retries the write until it lands.
+        let (data_dir, cache_bytes) = (config.data_dir.clone(), config.store_cache_mb << 20);
+        let store = ReopeningStore::open(Box::new(move || {
+            RedbStore::open_with_cache(&data_dir, cache_bytes)
+                .map(|s| Box::new(s) as Box<dyn Store>)
+        }))?;
+        return Ok((Arc::new(store), None));
+    };
+    let lease = Lease::acquire(
+        LeaseConfig {
+            url: url.clone(),
+            address: config
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{addr}")),
+            lease: Duration::from_millis(config.lease_ms),
+        },
+        role,
+    )?;
+    role.set(Standing::Starting);
+    let epoch = lease.epoch;
+    // Reopened after a failed commit (the database restarted): fenced by
+    // this server's epoch every time.
+    let store = ReopeningStore::open(Box::new(move || {
+        PgStore::open_fenced(
+            &url,
+            epoch,
+            Box::new(|f| crate::leader::deposed(&f.to_string())),
+        )
+        .map(|s| Box::new(s) as Box<dyn Store>)
+    }))?;
+    Ok((Arc::new(store), Some(lease)))
+}
+
+async fn opened(
+    config: &Config,
+    addr: SocketAddr,
+    role: Arc<Role>,
+    gate: &Gate,
+) -> anyhow::Result<Server> {
+    let (store, lease) = {
+        let (config, role) = (config.clone(), role.clone());
+        tokio::task::spawn_blocking(move || open_store(&config, addr, &role)).await??
+    };
     let began = std::time::Instant::now();
     let snapshot = {
         let s = store.clone();
@@ -175,11 +261,6 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
-    let addr = listener.local_addr()?;
-    let (stop, stopped) = oneshot::channel::<()>();
     let grpc = tonic::service::Routes::new(public!(health))
         .add_service(public!(reflection))
         .add_service(public!(reflection_v1alpha))
@@ -229,24 +310,14 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
     let mut routes = grpc;
     if let Some(hub) = hub {
         routes = routes.add_service(public!(
-            pb::agent_service_server::AgentServiceServer::new(AgentApi::new(hub, tx.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            pb::agent_service_server::AgentServiceServer::new(
+                AgentApi::new(hub, tx.clone()).with_role(role.clone())
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ));
     }
-    let routes = tonic::service::Routes::from(mirror.mount(routes.into_axum_router()));
-    // HTTP/1.1 is accepted beside HTTP/2 so that plain HTTP clients reach
-    // the mirror on the gRPC port.
-    let router = tonic::transport::Server::builder()
-        .accept_http1(true)
-        .add_routes(routes);
-    // No Nagle delay: small answers must not wait for the client's ACK.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(60)));
-    let serve = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
-        let _ = stopped.await;
-    }));
+    gate.open(mirror.mount(routes.into_axum_router()));
     let (metrics_addr, metrics_task) = match config.metrics_listen {
         Some(at) => {
             let listener = tokio::net::TcpListener::bind(at)
@@ -278,16 +349,22 @@ pub async fn start(config: &Config) -> anyhow::Result<Server> {
         }
         None => (None, None),
     };
-    tracing::info!(%addr, metrics = ?metrics_addr, "serving");
+    role.set(Standing::Leading);
+    let lease = lease.map(|mut l| {
+        l.keep(role.clone());
+        l
+    });
+    tracing::info!(%addr, metrics = ?metrics_addr, epoch = lease.as_ref().map(|l| l.epoch), "serving");
     Ok(Server {
         addr,
         metrics_addr,
-        stop: Some(stop),
-        serve,
+        stop: None,
+        serve: None,
         metrics_task,
         tx,
         loop_thread: Some(loop_thread),
         store,
+        lease,
     })
 }
 
@@ -312,11 +389,17 @@ impl Server {
                 .await?
                 .map_err(|_| anyhow::anyhow!("the scheduling loop panicked"))?;
         }
-        match tokio::time::timeout(Duration::from_secs(10), &mut self.serve).await {
-            Ok(r) => r??,
-            Err(_) => {
-                tracing::warn!("connections still open after 10 s; closing them");
-                self.serve.abort();
+        // The last batch is committed: a standby may take over at once.
+        if let Some(lease) = self.lease.take() {
+            tokio::task::spawn_blocking(move || lease.release()).await?;
+        }
+        if let Some(mut serve) = self.serve.take() {
+            match tokio::time::timeout(Duration::from_secs(10), &mut serve).await {
+                Ok(r) => r??,
+                Err(_) => {
+                    tracing::warn!("connections still open after 10 s; closing them");
+                    serve.abort();
+                }
             }
         }
         // Watch streams still replaying hold the store; the file stays

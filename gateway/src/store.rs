@@ -62,6 +62,11 @@ impl StoreError {
     fn from<E: std::fmt::Display>(e: E) -> Self {
         StoreError(e.to_string())
     }
+
+    /// An error with this message.
+    pub fn msg(message: impl Into<String>) -> Self {
+        StoreError(message.into())
+    }
 }
 
 /// Key of a config row: (job id, config version).

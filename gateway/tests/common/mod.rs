@@ -78,15 +78,65 @@ pub struct TestServer {
 }
 
 /// The configuration of a test server: a free port, no metrics, fast cycles.
+/// With `PELOTON_TEST_STORE=postgres` its store is a database of this test
+/// binary's throwaway PostgreSQL server, one per data directory (so a
+/// restart on the same directory finds its state): the same suite on the
+/// second backend.
 pub fn config(data_dir: &Path, sim_hosts: u32) -> Config {
+    let store = on_postgres().then(|| database_for(data_dir));
     Config {
         data_dir: data_dir.to_path_buf(),
         listen: "127.0.0.1:0".parse().expect("valid"),
         metrics_listen: None,
         sim_hosts,
         cycle_interval_ms: 5,
+        store,
+        lease_ms: 1000,
         ..Config::default()
     }
+}
+
+/// Whether this run puts test servers on PostgreSQL.
+pub fn on_postgres() -> bool {
+    match std::env::var("PELOTON_TEST_STORE").as_deref() {
+        Ok("postgres") => true,
+        Ok("redb") | Ok("") | Err(_) => false,
+        Ok(other) => panic!("PELOTON_TEST_STORE={other}: expected postgres or redb"),
+    }
+}
+
+/// The URL of a database of [`local_postgres`] named after `data_dir`
+/// (created on first use).
+pub fn database_for(data_dir: &Path) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    data_dir.hash(&mut h);
+    local_postgres()
+        .create_db(&format!("t{:016x}", h.finish()))
+        .unwrap_or_else(|e| panic!("create a test database: {e:#}"))
+}
+
+/// This test binary's PostgreSQL server (started on first use, from the
+/// system's packages; see `peloton_gateway::local_pg`). It fails the test
+/// when PostgreSQL is missing: tests never pass by skipping it.
+pub fn local_postgres() -> &'static peloton_gateway::local_pg::LocalPostgres {
+    static PG: std::sync::OnceLock<peloton_gateway::local_pg::LocalPostgres> =
+        std::sync::OnceLock::new();
+    PG.get_or_init(|| {
+        // Started from a thread that never ends: the server dies with the
+        // thread that started it (and so with this process), not with
+        // the test that happened to start it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(peloton_gateway::local_pg::LocalPostgres::start(false));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv()
+            .expect("the PostgreSQL starter")
+            .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e:#}"))
+    })
 }
 
 impl TestServer {

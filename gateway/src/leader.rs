@@ -1,0 +1,443 @@
+//! Leader election on PostgreSQL: one lease row with a fencing epoch.
+//!
+//! Several `pelotond`s share one database (`store: postgres://…`). The
+//! lease row (`peloton_leader`, created by the store's migrations) names
+//! the holder, the address its clients use, and when the lease expires on
+//! the database's clock. A server takes the lease when it has expired,
+//! adding one to the epoch; the leader renews it every third of its
+//! length. Until a server leads it is a standby: it answers every call
+//! with UNAVAILABLE naming the leader (see [`Gate`]).
+//!
+//! Safety rests on the epoch, not on clocks: every commit of the leader
+//! checks the epoch under a share lock of the lease row in the commit's
+//! own transaction (`pgstore.rs`), so a server deposed while it slept
+//! (SIGSTOP, a long pause, a partition) cannot write once another took the
+//! lease, and the new leader reads the state only after any commit in
+//! flight has ended. A deposed leader stops its process ([`deposed`]):
+//! its memory is stale, and a supervisor starts it again as a standby.
+//!
+//! Liveness: a leader that cannot renew for a whole lease *lapses*: it
+//! answers calls with UNAVAILABLE and ends agents' sessions so they look
+//! for the new leader, and leads again if it renews before anyone took the
+//! lease (same epoch: nobody else has written). A standby takes over
+//! within one lease plus one poll of the leader's death or partition.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use tower::ServiceExt;
+
+use crate::pgstore;
+
+/// Exit status of a server that found another leader had taken over.
+pub const EXIT_DEPOSED: i32 = 75;
+
+/// Response metadata (and HTTP header) naming the leader's URL.
+pub const LEADER_HEADER: &str = "peloton-leader";
+
+/// Where this server stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Starting up (recovering the state) before it serves.
+    Starting,
+    /// Waiting for the lease; `leader` is the current holder's address.
+    Standby {
+        /// The leader's URL, if a live one is known.
+        leader: Option<String>,
+    },
+    /// Leading: calls are served.
+    Leading,
+    /// Leading, but the lease could not be renewed for a whole lease:
+    /// calls are refused until it is renewed (or the server is deposed).
+    Lapsed,
+}
+
+/// This server's standing, shared by the gate, the lease keeper and the
+/// agents' sessions.
+#[derive(Debug)]
+pub struct Role {
+    standing: Mutex<Standing>,
+    leading: tokio::sync::watch::Sender<bool>,
+}
+
+impl Role {
+    /// A role starting up.
+    pub fn new() -> Arc<Role> {
+        Arc::new(Role {
+            standing: Mutex::new(Standing::Starting),
+            leading: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    /// The standing now.
+    pub fn standing(&self) -> Standing {
+        self.standing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Changes the standing.
+    pub fn set(&self, standing: Standing) {
+        let leading = standing == Standing::Leading;
+        *self.standing.lock().unwrap_or_else(|e| e.into_inner()) = standing;
+        self.leading.send_if_modified(|l| {
+            let changed = *l != leading;
+            *l = leading;
+            changed
+        });
+    }
+
+    /// Whether calls are served.
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Follows whether calls are served (agents' sessions end when it
+    /// turns false).
+    pub fn watch_leading(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.leading.subscribe()
+    }
+
+    /// Why a call is refused now (`None`: it is served), and the leader's
+    /// address to name.
+    pub fn refusal(&self) -> Option<(String, Option<String>)> {
+        match self.standing() {
+            Standing::Leading => None,
+            Standing::Starting => Some((
+                "starting: the server is recovering its state; try again shortly".into(),
+                None,
+            )),
+            Standing::Standby { leader: Some(l) } => {
+                Some((format!("not the leader: the leader is at {l}"), Some(l)))
+            }
+            Standing::Standby { leader: None } => {
+                Some(("not the leader: no leader is known yet".into(), None))
+            }
+            Standing::Lapsed => Some((
+                "not the leader: this server's lease lapsed (it cannot reach the database)".into(),
+                None,
+            )),
+        }
+    }
+}
+
+/// Stops the process: another server holds the lease now.
+pub fn deposed(why: &str) -> ! {
+    tracing::error!(
+        reason = why,
+        "deposed: another server leads now; stopping (start again to stand by)"
+    );
+    eprintln!("pelotond: deposed: {why}");
+    std::process::exit(EXIT_DEPOSED)
+}
+
+/// The router every connection reaches: the service's routes once this
+/// server leads, a refusal naming the leader before (and while lapsed).
+#[derive(Clone, Debug)]
+pub struct Gate {
+    role: Arc<Role>,
+    routes: Arc<OnceLock<axum::Router>>,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new(role: Arc<Role>) -> Gate {
+        Gate {
+            role,
+            routes: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Serves `routes` from now on (while leading).
+    pub fn open(&self, routes: axum::Router) {
+        let _ = self.routes.set(routes);
+    }
+
+    /// The router to serve.
+    pub fn router(&self) -> axum::Router {
+        let gate = self.clone();
+        axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let gate = gate.clone();
+            async move { gate.handle(request).await }
+        })
+    }
+
+    async fn handle(&self, request: axum::extract::Request) -> axum::response::Response {
+        let refusal = self.role.refusal();
+        if refusal.is_none()
+            && let Some(routes) = self.routes.get()
+        {
+            return match routes.clone().oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+        }
+        let (message, leader) = refusal.unwrap_or_else(|| ("starting".into(), None));
+        let grpc = request
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        if grpc {
+            let mut status = tonic::Status::unavailable(message);
+            if let Some(l) = &leader
+                && let Ok(v) = l.parse()
+            {
+                status.metadata_mut().insert(LEADER_HEADER, v);
+            }
+            return status.into_http::<Body>();
+        }
+        // The HTTP mirror: its error shape, and a redirect to the leader
+        // when it is known.
+        let code = if leader.is_some() {
+            axum::http::StatusCode::TEMPORARY_REDIRECT
+        } else {
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        };
+        let body = serde_json::json!({
+            "error": {"code": code.as_u16(), "status": "UNAVAILABLE", "message": message}
+        });
+        let mut response = (
+            code,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            format!("{body}\n"),
+        )
+            .into_response();
+        if let Some(l) = leader {
+            let target = format!(
+                "{}{}",
+                l.trim_end_matches('/'),
+                request.uri().path_and_query().map_or("/", |p| p.as_str())
+            );
+            let headers = response.headers_mut();
+            if let Ok(v) = target.parse() {
+                headers.insert(axum::http::header::LOCATION, v);
+            }
+            if let Ok(v) = l.parse() {
+                headers.insert(LEADER_HEADER, v);
+            }
+        }
+        response
+    }
+}
+
+/// How to hold the lease.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// The database.
+    pub url: String,
+    /// This server's URL for clients (named by standbys).
+    pub address: String,
+    /// The lease's length.
+    pub lease: Duration,
+}
+
+/// The lease this server holds.
+#[derive(Debug)]
+pub struct Lease {
+    config: LeaseConfig,
+    /// Unique per process.
+    holder: String,
+    /// The epoch it leads under.
+    pub epoch: i64,
+    stop: Arc<AtomicBool>,
+    keeper: Option<std::thread::JoinHandle<()>>,
+}
+
+fn holder_id() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    format!(
+        "{host}/{}/{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+fn lease_ms(lease: Duration) -> f64 {
+    lease.as_millis() as f64
+}
+
+/// Takes the lease if it has expired: the new epoch, or `None` with the
+/// live holder's address (`""`: none).
+fn try_acquire(
+    client: &mut postgres::Client,
+    holder: &str,
+    config: &LeaseConfig,
+) -> Result<Result<i64, String>, postgres::Error> {
+    let taken = client.query_opt(
+        "UPDATE peloton_leader \
+         SET epoch = epoch + 1, holder = $1, address = $2, \
+             expires_at = now() + $3 * interval '1 millisecond' \
+         WHERE id = 1 AND expires_at < now() \
+         RETURNING epoch",
+        &[&holder, &config.address, &lease_ms(config.lease)],
+    )?;
+    if let Some(row) = taken {
+        return Ok(Ok(row.get(0)));
+    }
+    let row = client.query_one(
+        "SELECT address FROM peloton_leader WHERE id = 1 AND expires_at >= now()",
+        &[],
+    );
+    Ok(Err(row.map(|r| r.get(0)).unwrap_or_default()))
+}
+
+/// Extends the lease of `epoch`: false when another server took it.
+fn renew(
+    client: &mut postgres::Client,
+    epoch: i64,
+    lease: Duration,
+) -> Result<bool, postgres::Error> {
+    Ok(client
+        .query_opt(
+            "UPDATE peloton_leader SET expires_at = now() + $2 * interval '1 millisecond' \
+             WHERE id = 1 AND epoch = $1 RETURNING epoch",
+            &[&epoch, &lease_ms(lease)],
+        )?
+        .is_some())
+}
+
+impl Lease {
+    /// Waits until this server holds the lease, telling `role` who leads
+    /// meanwhile. Blocking: call from a blocking thread.
+    pub fn acquire(config: LeaseConfig, role: &Role) -> anyhow::Result<Lease> {
+        let holder = holder_id();
+        // Migrations create the lease row.
+        {
+            let mut c = pgstore::connect(&config.url)?;
+            pgstore::migrate(&mut c)?;
+        }
+        let poll = (config.lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(2));
+        let mut client: Option<postgres::Client> = None;
+        let mut said: Option<String> = None;
+        loop {
+            let attempt = match client.as_mut() {
+                Some(c) => try_acquire(c, &holder, &config).map_err(|e| e.to_string()),
+                None => match pgstore::connect(&config.url) {
+                    Ok(c) => {
+                        client = Some(c);
+                        continue;
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            match attempt {
+                Ok(Ok(epoch)) => {
+                    tracing::info!(epoch, holder, "leading: took the lease");
+                    return Ok(Lease {
+                        config,
+                        holder,
+                        epoch,
+                        stop: Arc::new(AtomicBool::new(false)),
+                        keeper: None,
+                    });
+                }
+                Ok(Err(leader)) => {
+                    let leader = (!leader.is_empty()).then_some(leader);
+                    if said != leader {
+                        tracing::info!(leader = ?leader, "standing by");
+                        said = leader.clone();
+                    }
+                    role.set(Standing::Standby { leader });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "standing by: cannot reach the database");
+                    client = None;
+                    role.set(Standing::Standby { leader: None });
+                }
+            }
+            std::thread::sleep(poll);
+        }
+    }
+
+    /// Renews the lease every third of its length on a thread of its own
+    /// until [`Lease::release`]: lapses `role` when it cannot for a whole
+    /// lease, and stops the process when another server took it.
+    pub fn keep(&mut self, role: Arc<Role>) {
+        let (config, epoch, stop) = (self.config.clone(), self.epoch, self.stop.clone());
+        let every = config.lease / 3;
+        let keeper = std::thread::Builder::new()
+            .name("peloton-lease".into())
+            .spawn(move || {
+                let mut client: Option<postgres::Client> = None;
+                // The last renewal began here: the lease runs at least a
+                // lease from then on the database's clock.
+                let mut renewed_at = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(every);
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let began = Instant::now();
+                    let result = match client.as_mut() {
+                        Some(c) => renew(c, epoch, config.lease).map_err(|e| e.to_string()),
+                        None => match pgstore::connect(&config.url) {
+                            Ok(mut c) => {
+                                let r = renew(&mut c, epoch, config.lease).map_err(|e| e.to_string());
+                                client = Some(c);
+                                r
+                            }
+                            Err(e) => Err(e.to_string()),
+                        },
+                    };
+                    match result {
+                        Ok(true) => {
+                            renewed_at = began;
+                            if role.standing() == Standing::Lapsed {
+                                tracing::warn!(epoch, "the lease is renewed: leading again");
+                                role.set(Standing::Leading);
+                            }
+                        }
+                        Ok(false) => deposed(&format!(
+                            "the lease of epoch {epoch} was taken by another server"
+                        )),
+                        Err(e) => {
+                            client = None;
+                            let silent = renewed_at.elapsed();
+                            tracing::warn!(error = %e, silent_ms = silent.as_millis() as u64, "cannot renew the lease");
+                            if silent >= config.lease && role.standing() == Standing::Leading {
+                                tracing::error!(
+                                    epoch,
+                                    "the lease lapsed: refusing calls until it is renewed"
+                                );
+                                role.set(Standing::Lapsed);
+                            }
+                        }
+                    }
+                }
+            })
+            .expect("spawn the lease keeper");
+        self.keeper = Some(keeper);
+    }
+
+    /// Stops renewing and gives the lease up at once (a graceful stop), so
+    /// that a standby takes over without waiting for it to expire.
+    pub fn release(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(k) = self.keeper.take() {
+            k.thread().unpark();
+            let _ = k.join();
+        }
+        match pgstore::connect(&self.config.url) {
+            Ok(mut c) => {
+                let r = c.execute(
+                    "UPDATE peloton_leader SET expires_at = 'epoch' \
+                     WHERE id = 1 AND epoch = $1 AND holder = $2",
+                    &[&self.epoch, &self.holder],
+                );
+                match r {
+                    Ok(_) => tracing::info!(epoch = self.epoch, "lease released"),
+                    Err(e) => tracing::warn!(error = %e, "cannot release the lease"),
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot release the lease"),
+        }
+    }
+}

@@ -1,0 +1,595 @@
+//! The [`Store`] on PostgreSQL, for a service whose state lives in a
+//! database the operator already runs and backs up, shared by a leader and
+//! its standbys (see `leader.rs`).
+//!
+//! The tables mirror the embedded store's (`store.rs`), one per redb table,
+//! named `peloton_*`, keys as columns (text in byte order: `COLLATE "C"`)
+//! and values as the same protobuf bytes. The service creates and migrates
+//! its schema itself: `peloton_migrations` records the versions applied,
+//! each applied once in its own transaction under an advisory lock (two
+//! servers starting together do not race), and a server refuses a database
+//! migrated by a newer one.
+//!
+//! Semantics are the embedded store's: a batch is one transaction (group
+//! commit) and an answer waits for its commit, which PostgreSQL makes
+//! durable (`synchronous_commit` as the server is configured; its default
+//! is on). With a fencing epoch ([`PgStore::open_fenced`]) every commit
+//! first takes a share lock on the lease row and checks the epoch: a
+//! server that has lost the lease cannot write, and one that takes the
+//! lease waits for any commit in flight before it reads the state.
+//!
+//! Connections: one for the loop (load and commits), one for watch replays
+//! (`events_from`); a broken connection fails the call and the service's
+//! `ReopeningStore` opens the store again on the next try, which is how a
+//! restarted database is waited for.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use postgres::{Client, NoTls, Statement, Transaction};
+
+use crate::store::{Snapshot, Store, StoreError, WriteBatch};
+
+/// Rows per statement of a large batch (bounds one message's size).
+const CHUNK: usize = 10_000;
+
+/// Advisory lock key serialising migrations ("peloton" in ASCII).
+const MIGRATION_LOCK: i64 = 0x7065_6c6f_746f_6e;
+
+/// The schema, by version: each applied once, in order.
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    r#"
+CREATE TABLE peloton_pools (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE peloton_jobs (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE peloton_tasks (
+    job text COLLATE "C" NOT NULL,
+    instance bigint NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (job, instance)
+);
+CREATE TABLE peloton_hosts (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE peloton_configs (
+    job text COLLATE "C" NOT NULL,
+    version bigint NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (job, version)
+);
+CREATE TABLE peloton_updates (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE peloton_volumes (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE peloton_secrets (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE peloton_host_pools (key text COLLATE "C" PRIMARY KEY);
+CREATE TABLE peloton_host_pool_members (
+    key text COLLATE "C" PRIMARY KEY,
+    pool text COLLATE "C" NOT NULL
+);
+-- One row per commit that had events: its first revision, the epoch of
+-- the leader that wrote it (0: no fencing) and the encoded WatchResponse.
+CREATE TABLE peloton_events (
+    first bigint PRIMARY KEY,
+    epoch bigint NOT NULL,
+    value bytea NOT NULL
+);
+CREATE TABLE peloton_meta (key text COLLATE "C" PRIMARY KEY, value bigint NOT NULL);
+-- The leader's lease: one row. `epoch` grows by one at every change of
+-- leader and fences writes; `expires_at` is on the database's clock.
+CREATE TABLE peloton_leader (
+    id integer PRIMARY KEY CHECK (id = 1),
+    epoch bigint NOT NULL,
+    holder text NOT NULL,
+    address text NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+INSERT INTO peloton_leader VALUES (1, 0, '', '', 'epoch');
+"#,
+)];
+
+/// Tables keyed by one text column, as (name, store field).
+const KV_TABLES: [&str; 7] = [
+    "peloton_pools",
+    "peloton_jobs",
+    "peloton_hosts",
+    "peloton_updates",
+    "peloton_volumes",
+    "peloton_secrets",
+    "peloton_host_pools",
+];
+
+/// Connects with the timeouts a store needs: a dead or partitioned
+/// database fails calls within seconds instead of hanging the loop.
+pub fn connect(url: &str) -> Result<Client, StoreError> {
+    let mut config: postgres::Config = url
+        .parse()
+        .map_err(|e| StoreError::msg(format!("store URL {}: {e}", redact(url))))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(5));
+    }
+    config
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(5))
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(15));
+    config
+        .connect(NoTls)
+        .map_err(|e| StoreError::msg(format!("cannot connect to {}: {e}", redact(url))))
+}
+
+/// `url` without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn pg_err(what: &str) -> impl Fn(postgres::Error) -> StoreError + '_ {
+    move |e| {
+        // The server's own message (a constraint, a full disk) says more
+        // than "db error".
+        let detail = e
+            .as_db_error()
+            .map(|d| d.message().to_owned())
+            .unwrap_or_else(|| e.to_string());
+        StoreError::msg(format!("{what}: {detail}"))
+    }
+}
+
+/// Creates or migrates the schema. Errors when the database was migrated
+/// by a newer server.
+pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    let mut tx = client.transaction().map_err(pg_err("migrate"))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .map_err(pg_err("migration lock"))?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS peloton_migrations (
+            version integer PRIMARY KEY,
+            applied_at timestamptz NOT NULL DEFAULT now()
+        )",
+    )
+    .map_err(pg_err("migrations table"))?;
+    let current: i32 = tx
+        .query_one(
+            "SELECT COALESCE(max(version), 0) FROM peloton_migrations",
+            &[],
+        )
+        .map_err(pg_err("schema version"))?
+        .get(0);
+    let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > newest {
+        return Err(StoreError::msg(format!(
+            "the database's schema is version {current}, newer than this pelotond knows ({newest}): \
+             run a pelotond at least as new as the one that migrated it"
+        )));
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        tx.batch_execute(sql)
+            .map_err(pg_err(&format!("migration {version}")))?;
+        tx.execute(
+            "INSERT INTO peloton_migrations (version) VALUES ($1)",
+            &[version],
+        )
+        .map_err(pg_err("record migration"))?;
+        tracing::info!(version, "store schema migrated");
+    }
+    tx.commit().map_err(pg_err("migrate"))
+}
+
+/// Prepared statements of the loop's connection.
+struct Prepared {
+    kv_put: Vec<Statement>,
+    kv_del: Vec<Statement>,
+    task_put: Statement,
+    task_del: Statement,
+    tasks_of_del: Statement,
+    config_put: Statement,
+    config_del: Statement,
+    configs_of_del: Statement,
+    member_put: Statement,
+    member_del: Statement,
+    event_put: Statement,
+    events_trim: Statement,
+    revision_put: Statement,
+    fence: Statement,
+}
+
+impl Prepared {
+    fn new(client: &mut Client) -> Result<Self, StoreError> {
+        let mut prepare = |sql: &str| client.prepare(sql).map_err(pg_err("prepare"));
+        let mut kv_put = Vec::new();
+        let mut kv_del = Vec::new();
+        for table in KV_TABLES {
+            kv_put.push(if table == "peloton_host_pools" {
+                prepare(&format!(
+                    "INSERT INTO {table} (key) SELECT * FROM unnest($1::text[]) ON CONFLICT DO NOTHING"
+                ))?
+            } else {
+                prepare(&format!(
+                    "INSERT INTO {table} (key, value) SELECT * FROM unnest($1::text[], $2::bytea[]) \
+                     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+                ))?
+            });
+            kv_del.push(prepare(&format!(
+                "DELETE FROM {table} WHERE key = ANY($1::text[])"
+            ))?);
+        }
+        Ok(Prepared {
+            kv_put,
+            kv_del,
+            task_put: prepare(
+                "INSERT INTO peloton_tasks (job, instance, value) \
+                 SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[]) \
+                 ON CONFLICT (job, instance) DO UPDATE SET value = EXCLUDED.value",
+            )?,
+            task_del: prepare(
+                "DELETE FROM peloton_tasks t USING unnest($1::text[], $2::int8[]) AS d(job, instance) \
+                 WHERE t.job = d.job AND t.instance = d.instance",
+            )?,
+            tasks_of_del: prepare("DELETE FROM peloton_tasks WHERE job = ANY($1::text[])")?,
+            config_put: prepare(
+                "INSERT INTO peloton_configs (job, version, value) \
+                 SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[]) \
+                 ON CONFLICT (job, version) DO UPDATE SET value = EXCLUDED.value",
+            )?,
+            config_del: prepare(
+                "DELETE FROM peloton_configs c USING unnest($1::text[], $2::int8[]) AS d(job, version) \
+                 WHERE c.job = d.job AND c.version = d.version",
+            )?,
+            configs_of_del: prepare("DELETE FROM peloton_configs WHERE job = ANY($1::text[])")?,
+            member_put: prepare(
+                "INSERT INTO peloton_host_pool_members (key, pool) \
+                 SELECT * FROM unnest($1::text[], $2::text[]) \
+                 ON CONFLICT (key) DO UPDATE SET pool = EXCLUDED.pool",
+            )?,
+            member_del: prepare(
+                "DELETE FROM peloton_host_pool_members WHERE key = ANY($1::text[])",
+            )?,
+            event_put: prepare(
+                "INSERT INTO peloton_events (first, epoch, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (first) DO UPDATE SET epoch = EXCLUDED.epoch, value = EXCLUDED.value",
+            )?,
+            events_trim: prepare("DELETE FROM peloton_events WHERE first < $1")?,
+            revision_put: prepare(
+                "INSERT INTO peloton_meta (key, value) VALUES ('revision', $1) \
+                 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            )?,
+            fence: prepare("SELECT epoch FROM peloton_leader WHERE id = 1 FOR SHARE")?,
+        })
+    }
+}
+
+/// A commit refused because another server holds the lease now. The
+/// caller must stop acting as the leader (see `leader::deposed`).
+#[derive(Debug, thiserror::Error)]
+#[error("fenced: this server's epoch {ours} was superseded by epoch {current}")]
+pub struct Fenced {
+    /// The epoch this server led under.
+    pub ours: i64,
+    /// The lease's epoch now.
+    pub current: i64,
+}
+
+/// What a fenced commit does: by default nothing but fail (tests); the
+/// service stops the process (`leader::deposed`).
+pub type OnFenced = Box<dyn Fn(&Fenced) + Send + Sync>;
+
+/// See the module documentation.
+pub struct PgStore {
+    url: String,
+    writer: Mutex<(Client, Prepared)>,
+    reader: Mutex<Client>,
+    /// The epoch every commit must still hold the lease under.
+    epoch: Option<i64>,
+    on_fenced: Option<OnFenced>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("url", &redact(&self.url))
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Opens the store at `url` (creating or migrating its schema), with
+    /// unfenced commits: for one server alone on the database.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        Self::open_inner(url, None, None)
+    }
+
+    /// Opens the store for the leader of `epoch`: a commit made after
+    /// another server took the lease fails (and calls `on_fenced`).
+    pub fn open_fenced(url: &str, epoch: i64, on_fenced: OnFenced) -> Result<Self, StoreError> {
+        Self::open_inner(url, Some(epoch), Some(on_fenced))
+    }
+
+    fn open_inner(
+        url: &str,
+        epoch: Option<i64>,
+        on_fenced: Option<OnFenced>,
+    ) -> Result<Self, StoreError> {
+        let mut writer = connect(url)?;
+        migrate(&mut writer)?;
+        let prepared = Prepared::new(&mut writer)?;
+        let reader = connect(url)?;
+        Ok(PgStore {
+            url: url.to_owned(),
+            writer: Mutex::new((writer, prepared)),
+            reader: Mutex::new(reader),
+            epoch,
+            on_fenced,
+        })
+    }
+}
+
+/// The last write of each key wins; `(puts, deletes)` in first-seen order.
+fn last_wins<'a, K: std::hash::Hash + Eq + Clone, V: ?Sized>(
+    rows: impl Iterator<Item = (K, Option<&'a V>)>,
+) -> (Vec<(K, &'a V)>, Vec<K>) {
+    let mut order: Vec<K> = Vec::new();
+    let mut last: HashMap<K, Option<&'a V>> = HashMap::new();
+    for (k, v) in rows {
+        if last.insert(k.clone(), v).is_none() {
+            order.push(k);
+        }
+    }
+    let (mut puts, mut dels) = (Vec::new(), Vec::new());
+    for k in order {
+        match last[&k] {
+            Some(v) => puts.push((k, v)),
+            None => dels.push(k),
+        }
+    }
+    (puts, dels)
+}
+
+fn put_kv(
+    tx: &mut Transaction<'_>,
+    put: &Statement,
+    del: &Statement,
+    rows: &[(String, Option<Vec<u8>>)],
+) -> Result<(), StoreError> {
+    let (puts, dels) = last_wins(rows.iter().map(|(k, v)| (k.as_str(), v.as_deref())));
+    for chunk in puts.chunks(CHUNK) {
+        let keys: Vec<&str> = chunk.iter().map(|r| r.0).collect();
+        let values: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
+        tx.execute(put, &[&keys, &values])
+            .map_err(pg_err("write rows"))?;
+    }
+    for chunk in dels.chunks(CHUNK) {
+        tx.execute(del, &[&chunk]).map_err(pg_err("delete rows"))?;
+    }
+    Ok(())
+}
+
+fn put_pairs(
+    tx: &mut Transaction<'_>,
+    put: &Statement,
+    del: &Statement,
+    rows: impl Iterator<Item = ((String, i64), Option<Vec<u8>>)>,
+) -> Result<(), StoreError> {
+    let rows: Vec<_> = rows.collect();
+    let (puts, dels) = last_wins(rows.iter().map(|(k, v)| (k.clone(), v.as_deref())));
+    for chunk in puts.chunks(CHUNK) {
+        let jobs: Vec<&str> = chunk.iter().map(|r| r.0.0.as_str()).collect();
+        let seconds: Vec<i64> = chunk.iter().map(|r| r.0.1).collect();
+        let values: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
+        tx.execute(put, &[&jobs, &seconds, &values])
+            .map_err(pg_err("write rows"))?;
+    }
+    for chunk in dels.chunks(CHUNK) {
+        let jobs: Vec<&str> = chunk.iter().map(|r| r.0.as_str()).collect();
+        let seconds: Vec<i64> = chunk.iter().map(|r| r.1).collect();
+        tx.execute(del, &[&jobs, &seconds])
+            .map_err(pg_err("delete rows"))?;
+    }
+    Ok(())
+}
+
+impl PgStore {
+    fn commit_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        p: &Prepared,
+        batch: &WriteBatch,
+    ) -> Result<(), StoreError> {
+        if let Some(ours) = self.epoch {
+            let current: i64 = tx.query_one(&p.fence, &[]).map_err(pg_err("fence"))?.get(0);
+            if current != ours {
+                let fenced = Fenced { ours, current };
+                if let Some(f) = &self.on_fenced {
+                    f(&fenced);
+                }
+                return Err(StoreError::msg(fenced.to_string()));
+            }
+        }
+        let kv: [&[(String, Option<Vec<u8>>)]; 6] = [
+            &batch.pools,
+            &batch.jobs,
+            &batch.hosts,
+            &batch.updates,
+            &batch.volumes,
+            &batch.secrets,
+        ];
+        for (i, rows) in kv.into_iter().enumerate() {
+            put_kv(tx, &p.kv_put[i], &p.kv_del[i], rows)?;
+        }
+        // Host pools: existence only.
+        let (puts, dels) = last_wins(
+            batch
+                .host_pools
+                .iter()
+                .map(|(k, exists)| (k.as_str(), exists.then_some(&()))),
+        );
+        if !puts.is_empty() {
+            let keys: Vec<&str> = puts.iter().map(|r| r.0).collect();
+            tx.execute(&p.kv_put[6], &[&keys])
+                .map_err(pg_err("write host pools"))?;
+        }
+        if !dels.is_empty() {
+            tx.execute(&p.kv_del[6], &[&dels])
+                .map_err(pg_err("delete host pools"))?;
+        }
+        let (puts, dels) = last_wins(
+            batch
+                .host_pool_members
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_deref())),
+        );
+        if !puts.is_empty() {
+            let keys: Vec<&str> = puts.iter().map(|r| r.0).collect();
+            let pools: Vec<&str> = puts.iter().map(|r| r.1).collect();
+            tx.execute(&p.member_put, &[&keys, &pools])
+                .map_err(pg_err("write host pool members"))?;
+        }
+        if !dels.is_empty() {
+            tx.execute(&p.member_del, &[&dels])
+                .map_err(pg_err("delete host pool members"))?;
+        }
+        // A job's rows all go before this batch's rows of the job land.
+        if !batch.delete_tasks_of.is_empty() {
+            let jobs: Vec<&str> = batch.delete_tasks_of.iter().map(String::as_str).collect();
+            tx.execute(&p.tasks_of_del, &[&jobs])
+                .map_err(pg_err("delete tasks"))?;
+            tx.execute(&p.configs_of_del, &[&jobs])
+                .map_err(pg_err("delete configs"))?;
+        }
+        put_pairs(
+            tx,
+            &p.task_put,
+            &p.task_del,
+            batch
+                .tasks
+                .iter()
+                .map(|((job, i), v)| ((job.to_string(), i64::from(*i)), v.clone())),
+        )?;
+        put_pairs(
+            tx,
+            &p.config_put,
+            &p.config_del,
+            batch
+                .configs
+                .iter()
+                .map(|((job, v), row)| ((job.to_string(), *v as i64), row.clone())),
+        )?;
+        if let Some((first, bytes)) = &batch.events {
+            tx.execute(
+                &p.event_put,
+                &[
+                    &(*first as i64),
+                    &self.epoch.unwrap_or(0),
+                    &bytes.as_slice(),
+                ],
+            )
+            .map_err(pg_err("write events"))?;
+        }
+        if let Some(before) = batch.trim_events_before {
+            tx.execute(&p.events_trim, &[&(before as i64)])
+                .map_err(pg_err("trim events"))?;
+        }
+        tx.execute(&p.revision_put, &[&(batch.revision as i64)])
+            .map_err(pg_err("write revision"))?;
+        Ok(())
+    }
+}
+
+fn read_kv(client: &mut Client, table: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+    let rows = client
+        .query(&format!("SELECT key, value FROM {table} ORDER BY key"), &[])
+        .map_err(pg_err("load"))?;
+    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+impl Store for PgStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let client = &mut guard.0;
+        // One snapshot of the whole database.
+        client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .map_err(pg_err("load"))?;
+        let result = (|| {
+            let mut snap = Snapshot {
+                pools: read_kv(client, "peloton_pools")?,
+                jobs: read_kv(client, "peloton_jobs")?,
+                hosts: read_kv(client, "peloton_hosts")?,
+                updates: read_kv(client, "peloton_updates")?,
+                volumes: read_kv(client, "peloton_volumes")?,
+                secrets: read_kv(client, "peloton_secrets")?,
+                ..Snapshot::default()
+            };
+            for r in client
+                .query("SELECT key FROM peloton_host_pools ORDER BY key", &[])
+                .map_err(pg_err("load"))?
+            {
+                snap.host_pools.push(r.get(0));
+            }
+            for r in client
+                .query(
+                    "SELECT key, pool FROM peloton_host_pool_members ORDER BY key",
+                    &[],
+                )
+                .map_err(pg_err("load"))?
+            {
+                snap.host_pool_members.push((r.get(0), r.get(1)));
+            }
+            for r in client
+                .query(
+                    "SELECT job, version, value FROM peloton_configs ORDER BY job, version",
+                    &[],
+                )
+                .map_err(pg_err("load"))?
+            {
+                let version: i64 = r.get(1);
+                snap.configs.push(((r.get(0), version as u64), r.get(2)));
+            }
+            let rows = client
+                .query(
+                    "SELECT job, instance, value FROM peloton_tasks ORDER BY job, instance",
+                    &[],
+                )
+                .map_err(pg_err("load"))?;
+            snap.tasks.reserve(rows.len());
+            for r in rows {
+                let instance: i64 = r.get(1);
+                snap.tasks.push(((r.get(0), instance as u32), r.get(2)));
+            }
+            snap.revision = client
+                .query_opt("SELECT value FROM peloton_meta WHERE key = 'revision'", &[])
+                .map_err(pg_err("load"))?
+                .map_or(0, |r| r.get::<_, i64>(0) as u64);
+            Ok(snap)
+        })();
+        // Read only: ending it cannot lose anything.
+        let _ = client.batch_execute("COMMIT");
+        result
+    }
+
+    fn commit(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        let mut guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let (client, prepared) = &mut *guard;
+        let mut tx = client.transaction().map_err(pg_err("begin"))?;
+        self.commit_in(&mut tx, prepared, batch)?;
+        tx.commit().map_err(pg_err("commit"))
+    }
+
+    fn events_from(&self, from: u64, max_rows: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut client = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        let rows = client
+            .query(
+                "SELECT value FROM peloton_events \
+                 WHERE first >= COALESCE((SELECT max(first) FROM peloton_events WHERE first <= $1), $1) \
+                 ORDER BY first LIMIT $2",
+                &[&(from as i64), &(max_rows as i64)],
+            )
+            .map_err(pg_err("read events"))?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+}
