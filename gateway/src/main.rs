@@ -241,6 +241,7 @@ fn command() -> clap::Command {
         ("app_lease_ms", d.app_lease_ms.to_string()),
         ("event_retention", d.event_retention.to_string()),
         ("store_cache_mb", d.store_cache_mb.to_string()),
+        ("lease_ms", d.lease_ms.to_string()),
     ];
     let mut command = Args::command();
     for (id, value) in defaults {

@@ -278,11 +278,44 @@ pub struct Fenced {
 /// service stops the process (`leader::deposed`).
 pub type OnFenced = Box<dyn Fn(&Fenced) + Send + Sync>;
 
+/// A connection that may be dropped anywhere: the blocking client's drop
+/// runs a runtime of its own, which panics on an async thread (the store
+/// is shared with async handlers and may go last on one), so it is dropped
+/// on a thread of its own.
+struct Conn(Option<Client>);
+
+impl std::ops::Deref for Conn {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        self.0.as_ref().expect("open until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Client {
+        self.0.as_mut().expect("open until dropped")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                let _ = std::thread::Builder::new()
+                    .name("peloton-pg-close".into())
+                    .spawn(move || drop(client));
+            } else {
+                drop(client);
+            }
+        }
+    }
+}
+
 /// See the module documentation.
 pub struct PgStore {
     url: String,
-    writer: Mutex<(Client, Prepared)>,
-    reader: Mutex<Client>,
+    writer: Mutex<(Conn, Prepared)>,
+    reader: Mutex<Conn>,
     /// The epoch every commit must still hold the lease under.
     epoch: Option<i64>,
     on_fenced: Option<OnFenced>,
@@ -321,8 +354,8 @@ impl PgStore {
         let reader = connect(url)?;
         Ok(PgStore {
             url: url.to_owned(),
-            writer: Mutex::new((writer, prepared)),
-            reader: Mutex::new(reader),
+            writer: Mutex::new((Conn(Some(writer)), prepared)),
+            reader: Mutex::new(Conn(Some(reader))),
             epoch,
             on_fenced,
         })
@@ -510,7 +543,7 @@ fn read_kv(client: &mut Client, table: &str) -> Result<Vec<(String, Vec<u8>)>, S
 impl Store for PgStore {
     fn load(&self) -> Result<Snapshot, StoreError> {
         let mut guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let client = &mut guard.0;
+        let client: &mut Client = &mut guard.0;
         // One snapshot of the whole database.
         client
             .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")

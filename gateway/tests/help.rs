@@ -53,6 +53,8 @@ fn every_flag_with_a_value_shows_its_default() {
         ("sim-hosts-file", ""),
         ("agent-token", "default: kept in DATA_DIR/agent-token"),
         ("agent-bin", "default: `peloton-agent` next to this binary"),
+        ("store", "default: the embedded store in DATA_DIR"),
+        ("advertise", "default: http:// and the listen address"),
     ];
     let flags = flags(&help);
     assert!(flags.len() > 15, "{help}");

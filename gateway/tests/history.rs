@@ -11,7 +11,7 @@ use common::*;
 use pb::JobState as J;
 use peloton_gateway::config::Config;
 use peloton_gateway::server;
-use peloton_gateway::store::{RedbStore, Store, WriteBatch};
+use peloton_gateway::store::WriteBatch;
 use peloton_proto::v1 as pb;
 use prost::Message;
 
@@ -101,7 +101,7 @@ async fn a_finished_job_past_its_retention_is_gone_also_after_a_restart() {
     // The store: no row of the removed job; the live job's row has no spec,
     // its config row has it.
     {
-        let store = RedbStore::open(dir.path()).expect("store opens");
+        let store = open_store(dir.path());
         let snap = store.load().expect("load");
         let ids: Vec<&str> = snap.jobs.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, [long.id.as_str()]);
@@ -170,7 +170,7 @@ async fn job_rows_written_with_their_spec_still_recover() {
     {
         // As stores written before the spec left the job row: the spec in
         // the row, no config row.
-        let store = RedbStore::open(dir.path()).expect("store opens");
+        let store = open_store(dir.path());
         let snap = store.load().expect("load");
         let (id, bytes) = &snap.jobs[0];
         let mut row = pb::Job::decode(bytes.as_slice()).expect("a job row");
@@ -190,8 +190,7 @@ async fn job_rows_written_with_their_spec_still_recover() {
     stop(s).await;
     {
         // Its spec moved to the configs table; the row lost it.
-        let snap = RedbStore::open(dir.path())
-            .expect("store opens")
+        let snap = open_store(dir.path())
             .load()
             .expect("load");
         let row = pb::Job::decode(snap.jobs[0].1.as_slice()).expect("a job row");

@@ -74,9 +74,60 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Every value (bytes and text columns) of every table of the PostgreSQL
+/// store, by table name without its `peloton_` prefix.
+fn pg_store_values(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
+    let url = database_for(dir);
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let columns = c
+            .query(
+                "SELECT table_name::text, column_name::text, data_type::text \
+                 FROM information_schema.columns \
+                 WHERE table_name LIKE 'peloton\\_%' AND data_type IN ('bytea', 'text')",
+                &[],
+            )
+            .expect("columns");
+        let mut out = Vec::new();
+        for col in columns {
+            let (table, column, kind): (String, String, String) =
+                (col.get(0), col.get(1), col.get(2));
+            let name: &'static str = Box::leak(
+                table
+                    .trim_start_matches("peloton_")
+                    .to_string()
+                    .into_boxed_str(),
+            );
+            for row in c
+                .query(&format!("SELECT {column} FROM {table}"), &[])
+                .expect("rows")
+            {
+                let value = if kind == "bytea" {
+                    row.get::<_, Vec<u8>>(0)
+                } else {
+                    row.get::<_, String>(0).into_bytes()
+                };
+                // Keys are compared as values too: a secret in a key
+                // would be as visible.
+                if column == "value" || kind == "bytea" {
+                    out.push((name, value));
+                } else {
+                    out.push(("keys", value));
+                }
+            }
+        }
+        out
+    })
+    .join()
+    .expect("read the database")
+}
+
 /// Every value of every table of the store, by table name (the store must
 /// be closed).
 fn store_values(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
+    if on_postgres() {
+        return pg_store_values(dir);
+    }
     let db = redb::Database::open(dir.join("peloton.redb")).expect("open the store");
     let txn = db.begin_read().expect("read");
     let mut out = Vec::new();

@@ -111,9 +111,65 @@ pub fn database_for(data_dir: &Path) -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     data_dir.hash(&mut h);
-    local_postgres()
-        .create_db(&format!("t{:016x}", h.finish()))
-        .unwrap_or_else(|e| panic!("create a test database: {e:#}"))
+    let name = format!("t{:016x}", h.finish());
+    // The blocking client may not run on an async test's thread.
+    std::thread::scope(|s| {
+        s.spawn(|| local_postgres().create_db(&name))
+            .join()
+            .expect("create a test database")
+    })
+    .unwrap_or_else(|e| panic!("create a test database: {e:#}"))
+}
+
+/// The store of a (stopped) test server on `data_dir`, on the backend
+/// this run uses.
+pub fn open_store(data_dir: &Path) -> Box<dyn peloton_gateway::store::Store> {
+    Box::new(OffThread(open_store_here(data_dir)))
+}
+
+/// A store whose calls run on a thread of their own: PostgreSQL's blocking
+/// client may not run on an async test's thread.
+#[derive(Debug)]
+struct OffThread(Box<dyn peloton_gateway::store::Store>);
+
+impl peloton_gateway::store::Store for OffThread {
+    fn load(
+        &self,
+    ) -> Result<peloton_gateway::store::Snapshot, peloton_gateway::store::StoreError> {
+        std::thread::scope(|s| s.spawn(|| self.0.load()).join().expect("load"))
+    }
+    fn commit(
+        &self,
+        batch: &peloton_gateway::store::WriteBatch,
+    ) -> Result<(), peloton_gateway::store::StoreError> {
+        std::thread::scope(|s| s.spawn(|| self.0.commit(batch)).join().expect("commit"))
+    }
+    fn events_from(
+        &self,
+        from: u64,
+        max_rows: usize,
+    ) -> Result<Vec<Vec<u8>>, peloton_gateway::store::StoreError> {
+        std::thread::scope(|s| {
+            s.spawn(|| self.0.events_from(from, max_rows))
+                .join()
+                .expect("events")
+        })
+    }
+}
+
+fn open_store_here(data_dir: &Path) -> Box<dyn peloton_gateway::store::Store> {
+    if on_postgres() {
+        let url = database_for(data_dir);
+        // Opened off any async thread (the blocking client's rule).
+        std::thread::spawn(move || {
+            Box::new(peloton_gateway::pgstore::PgStore::open(&url).expect("store opens"))
+                as Box<dyn peloton_gateway::store::Store>
+        })
+        .join()
+        .expect("open the store")
+    } else {
+        Box::new(peloton_gateway::store::RedbStore::open(data_dir).expect("store opens"))
+    }
 }
 
 /// This test binary's PostgreSQL server (started on first use, from the
