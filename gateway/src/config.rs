@@ -8,6 +8,26 @@ use peloton_engine::host::HostSpec;
 use peloton_engine::{Dim, Resources};
 use serde::Deserialize;
 
+/// Writes `token` to `path` (mode 0600) by a rename, creating `dir`.
+fn write_private(dir: &Path, path: &Path, token: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
+    writeln!(f, "{token}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
 /// Everything `pelotond` can be told.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -201,30 +221,31 @@ impl Config {
             return Ok(t.clone());
         }
         let path = self.data_dir.join("agent-token");
+        if let Some(url) = &self.store {
+            // Shared by every server of the database (an agent registers
+            // with whichever leads), kept in the data dir too for local
+            // agents and operators.
+            // On a thread of its own: the blocking client may not run on
+            // an async thread, and this is called from both kinds.
+            let token = std::thread::scope(|s| {
+                s.spawn(|| crate::pgstore::shared_agent_token(url))
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("reading the agent token panicked"))
+            })??;
+            let current = std::fs::read_to_string(&path).unwrap_or_default();
+            if current.trim() != token {
+                write_private(&self.data_dir, &path, &token)?;
+            }
+            return Ok(token);
+        }
         match std::fs::read_to_string(&path) {
             Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
         }
-        std::fs::create_dir_all(&self.data_dir)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", self.data_dir.display()))?;
         let token = uuid::Uuid::new_v4().simple().to_string();
-        let tmp = path.with_extension("tmp");
-        {
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", tmp.display()))?;
-            writeln!(f, "{token}")?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, &path)?;
+        write_private(&self.data_dir, &path, &token)?;
         Ok(token)
     }
 

@@ -306,7 +306,21 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
     // From the start: a Ctrl-C while the agents start or the demo runs
     // stops everything in order too.
     let mut signals = StopSignals::listen()?;
-    let server = peloton_gateway::server::start(&config).await?;
+    let shared = config.store.is_some();
+    let starting = peloton_gateway::server::start_with(&config, |addr| {
+        if shared {
+            // A standby listens (answering UNAVAILABLE with the leader's
+            // address) long before it serves.
+            println!("pelotond: listening on http://{addr} (standing by until it leads)");
+        }
+    });
+    let server = tokio::select! {
+        server = starting => server?,
+        () = signals.recv() => {
+            say(format_args!("pelotond: stopped before it served"));
+            return Ok(());
+        }
+    };
     // Tests and scripts read this line to find the port.
     println!("pelotond: serving gRPC on http://{}", server.addr);
     println!(

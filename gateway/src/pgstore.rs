@@ -82,6 +82,8 @@ CREATE TABLE peloton_leader (
     expires_at timestamptz NOT NULL
 );
 INSERT INTO peloton_leader VALUES (1, 0, '', '', 'epoch');
+-- Settings every server of the database shares (the agents' token).
+CREATE TABLE peloton_settings (key text COLLATE "C" PRIMARY KEY, value text NOT NULL);
 "#,
 )];
 
@@ -178,6 +180,25 @@ pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
         tracing::info!(version, "store schema migrated");
     }
     tx.commit().map_err(pg_err("migrate"))
+}
+
+/// The agents' token all servers of the database share: created once
+/// (random) by the first server that needs it.
+pub fn shared_agent_token(url: &str) -> Result<String, StoreError> {
+    let mut c = connect(url)?;
+    let fresh = uuid::Uuid::new_v4().simple().to_string();
+    c.execute(
+        "INSERT INTO peloton_settings (key, value) VALUES ('agent_token', $1) ON CONFLICT DO NOTHING",
+        &[&fresh],
+    )
+    .map_err(pg_err("agent token"))?;
+    let row = c
+        .query_one(
+            "SELECT value FROM peloton_settings WHERE key = 'agent_token'",
+            &[],
+        )
+        .map_err(pg_err("agent token"))?;
+    Ok(row.get(0))
 }
 
 /// Prepared statements of the loop's connection.

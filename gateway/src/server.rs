@@ -66,11 +66,21 @@ pub struct Server {
 /// serves. Until it serves, every call is answered UNAVAILABLE (naming
 /// the leader while it stands by).
 pub async fn start(config: &Config) -> anyhow::Result<Server> {
+    start_with(config, |_| {}).await
+}
+
+/// [`start`], calling `on_listening` with the address as soon as it
+/// listens (before it leads, recovers and serves).
+pub async fn start_with(
+    config: &Config,
+    on_listening: impl FnOnce(SocketAddr),
+) -> anyhow::Result<Server> {
     config.validate()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr()?;
+    on_listening(addr);
     let role = Role::new();
     let gate = Gate::new(role.clone());
     // HTTP/1.1 is accepted beside HTTP/2 so that plain HTTP clients reach

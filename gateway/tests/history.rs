@@ -190,9 +190,7 @@ async fn job_rows_written_with_their_spec_still_recover() {
     stop(s).await;
     {
         // Its spec moved to the configs table; the row lost it.
-        let snap = open_store(dir.path())
-            .load()
-            .expect("load");
+        let snap = open_store(dir.path()).load().expect("load");
         let row = pb::Job::decode(snap.jobs[0].1.as_slice()).expect("a job row");
         assert_eq!(row.spec, None);
         assert_eq!(snap.configs.len(), 1);

@@ -133,9 +133,7 @@ pub fn open_store(data_dir: &Path) -> Box<dyn peloton_gateway::store::Store> {
 struct OffThread(Box<dyn peloton_gateway::store::Store>);
 
 impl peloton_gateway::store::Store for OffThread {
-    fn load(
-        &self,
-    ) -> Result<peloton_gateway::store::Snapshot, peloton_gateway::store::StoreError> {
+    fn load(&self) -> Result<peloton_gateway::store::Snapshot, peloton_gateway::store::StoreError> {
         std::thread::scope(|s| s.spawn(|| self.0.load()).join().expect("load"))
     }
     fn commit(
