@@ -29,7 +29,10 @@ Exit codes:
     after_help = EXIT_CODES
 )]
 pub struct Cli {
-    /// Address of the Peloton server (`http://` is assumed when no scheme is given).
+    /// Address of the Peloton server (`http://` is assumed when no scheme is
+    /// given), or several, comma-separated: the first that accepts a
+    /// connection is used, and a call a standby refuses ("not the leader")
+    /// goes to the leader it names, else to the next address.
     #[arg(
         long,
         global = true,

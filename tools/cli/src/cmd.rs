@@ -12,13 +12,11 @@ mod update;
 mod volume;
 mod watch;
 
-use std::time::Duration;
-
-use tonic::transport::{Channel, Endpoint};
-
+use crate::channel::LeaderChannel;
 use crate::cli::{Cli, Command};
-use crate::error::{ConnectError, EXIT_JOB_NOT_SUCCEEDED, UsageError};
+use crate::error::EXIT_JOB_NOT_SUCCEEDED;
 use crate::output::OutputFormat;
+use crate::servers::parse_servers;
 
 /// How a command that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,10 +46,12 @@ struct Ctx {
 }
 
 impl Ctx {
-    /// Connects to the server. Commands call it after reading their input
-    /// files, so a bad file is reported without needing a server.
-    async fn connect(&self) -> anyhow::Result<Channel> {
-        connect(&self.server).await
+    /// Connects to the first server that accepts (see [`LeaderChannel`]).
+    /// Commands call it after reading their input files, so a bad file is
+    /// reported without needing a server.
+    async fn connect(&self) -> anyhow::Result<LeaderChannel> {
+        let servers = parse_servers(&self.server)?;
+        Ok(LeaderChannel::connect(servers).await?)
     }
 }
 
@@ -96,37 +96,5 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
 fn print_notes(file: &std::path::Path, notes: &[crate::peloton_yaml::Note]) {
     for note in notes {
         eprintln!("note: {}: {note}", file.display());
-    }
-}
-
-/// The server's URI: `http://` is assumed when `address` has no scheme.
-pub fn server_uri(address: &str) -> String {
-    if address.contains("://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    }
-}
-
-async fn connect(address: &str) -> anyhow::Result<Channel> {
-    let uri = server_uri(address);
-    let endpoint = Endpoint::from_shared(uri.clone())
-        .map_err(|err| UsageError(format!("invalid server address `{address}`: {err}")))?
-        .connect_timeout(Duration::from_secs(5));
-    let channel = endpoint.connect().await.map_err(|source| ConnectError {
-        address: uri,
-        source,
-    })?;
-    Ok(channel)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scheme_is_added_when_missing() {
-        assert_eq!(server_uri("127.0.0.1:5391"), "http://127.0.0.1:5391");
-        assert_eq!(server_uri("http://peloton:80"), "http://peloton:80");
     }
 }

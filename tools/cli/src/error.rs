@@ -27,30 +27,30 @@ impl fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
-/// The server at `address` could not be reached.
+/// None of the servers could be reached: each with why.
 #[derive(Debug)]
 pub struct ConnectError {
-    pub address: String,
-    pub source: tonic::transport::Error,
+    pub failures: Vec<(String, tonic::transport::Error)>,
 }
 
 impl fmt::Display for ConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "cannot connect to the Peloton server at {}",
-            self.address
-        )?;
         // The transport error's own text is generic ("transport error"); the
         // useful part ("Connection refused") is at the bottom of its chain.
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&self.source);
-        let mut last = None;
-        while let Some(err) = cause {
-            last = Some(err);
-            cause = err.source();
-        }
-        if let Some(root) = last {
-            write!(f, ": {root}")?;
+        let why = |source: &tonic::transport::Error| crate::channel::root_cause(source);
+        match self.failures.as_slice() {
+            [(address, source)] => write!(
+                f,
+                "cannot connect to the Peloton server at {address}: {}",
+                why(source)
+            )?,
+            failures => {
+                f.write_str("cannot connect to any of the Peloton servers: ")?;
+                for (i, (address, source)) in failures.iter().enumerate() {
+                    let separator = if i == 0 { "" } else { "; " };
+                    write!(f, "{separator}{address}: {}", why(source))?;
+                }
+            }
         }
         write!(f, " (set --server or PELOTON_SERVER)")
     }

@@ -18,6 +18,7 @@ use peloton_proto::v1::{HostState, ListTasksRequest, QueryJobsRequest, Resources
 use serde_json::json;
 
 use super::{Ctx, Outcome};
+use crate::channel::LeaderChannel;
 use crate::cli::ClusterCommand;
 use crate::names::name_of;
 use crate::output::{OutputFormat, print_json};
@@ -118,9 +119,7 @@ fn batch(columns: Vec<(String, ArrayRef, bool)>) -> Result<RecordBatch> {
     Ok(RecordBatch::try_from_iter_with_nullable(columns)?)
 }
 
-async fn read_hosts(
-    client: &mut HostServiceClient<tonic::transport::Channel>,
-) -> Result<(RecordBatch, usize)> {
+async fn read_hosts(client: &mut HostServiceClient<LeaderChannel>) -> Result<(RecordBatch, usize)> {
     let hosts = super::host::list_all(client).await?;
     let mut state = StringBuilder::new();
     let mut capacity = ResourceColumns::default();
@@ -168,8 +167,8 @@ async fn read_hosts(
 }
 
 async fn read_tasks(
-    jobs: &mut JobServiceClient<tonic::transport::Channel>,
-    tasks: &mut TaskServiceClient<tonic::transport::Channel>,
+    jobs: &mut JobServiceClient<LeaderChannel>,
+    tasks: &mut TaskServiceClient<LeaderChannel>,
 ) -> Result<(RecordBatch, usize, usize)> {
     let mut job_id = StringBuilder::new();
     let mut job_name = StringBuilder::new();

@@ -8,6 +8,7 @@ use peloton_proto::v1::{
 use serde_json::json;
 
 use super::{Ctx, Outcome};
+use crate::channel::LeaderChannel;
 use crate::cli::HostCommand;
 use crate::names::name_of;
 use crate::output::{
@@ -16,9 +17,7 @@ use crate::output::{
 };
 
 /// Every host, page by page (in name order).
-pub(super) async fn list_all(
-    client: &mut HostServiceClient<tonic::transport::Channel>,
-) -> Result<Vec<Host>> {
+pub(super) async fn list_all(client: &mut HostServiceClient<LeaderChannel>) -> Result<Vec<Host>> {
     let mut hosts = Vec::new();
     let mut after = String::new();
     loop {

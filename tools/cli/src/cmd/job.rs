@@ -11,9 +11,9 @@ use peloton_proto::v1::{
     PlacementStrategy, QueryJobsRequest, RestartJobRequest, ScaleJobRequest, TaskState,
 };
 use serde_json::json;
-use tonic::transport::Channel;
 
 use super::{Ctx, Outcome};
+use crate::channel::LeaderChannel;
 use crate::cli::{JobCommand, QueryArgs};
 use crate::names::{is_terminal_job_state, name_of};
 use crate::output::{
@@ -27,7 +27,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// Largest page the server serves.
 const MAX_PAGE_SIZE: u32 = 1000;
 
-type Client = JobServiceClient<Channel>;
+type Client = JobServiceClient<LeaderChannel>;
 
 pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
     match command {

@@ -7,9 +7,9 @@ use peloton_proto::v1::{
     UpdatePoolRequest,
 };
 use serde_json::json;
-use tonic::transport::Channel;
 
 use super::{Ctx, Outcome};
+use crate::channel::LeaderChannel;
 use crate::cli::RespoolCommand;
 use crate::error::UsageError;
 use crate::names::name_of;
@@ -129,7 +129,7 @@ fn load(target: &crate::cli::PoolAndFile) -> Result<Vec<PoolEntry>> {
     Ok(loaded.value.into_iter().map(PoolFile::into_entry).collect())
 }
 
-type Client = ResourcePoolServiceClient<Channel>;
+type Client = ResourcePoolServiceClient<LeaderChannel>;
 
 async fn connect(ctx: &Ctx) -> Result<Client> {
     Ok(ResourcePoolServiceClient::new(ctx.connect().await?)

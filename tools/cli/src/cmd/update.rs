@@ -11,9 +11,9 @@ use peloton_proto::v1::{
     UpdateSpec, UpdateState,
 };
 use serde_json::{Value, json};
-use tonic::transport::Channel;
 
 use super::{Ctx, Outcome};
+use crate::channel::LeaderChannel;
 use crate::cli::{UpdateArgs, UpdateCommand};
 use crate::names::name_of;
 use crate::output::{
@@ -24,7 +24,7 @@ use crate::spec::load_job_file;
 /// How often the progress bar asks for the update.
 const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
-type Client = UpdateServiceClient<Channel>;
+type Client = UpdateServiceClient<LeaderChannel>;
 
 async fn connect(ctx: &Ctx) -> Result<Client> {
     Ok(UpdateServiceClient::new(ctx.connect().await?))

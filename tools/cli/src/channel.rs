@@ -1,0 +1,190 @@
+//! [`LeaderChannel`]: the channel under every command's client. It connects
+//! to the first `--server` address that accepts, and follows the leader:
+//! a call refused by a standby (`not the leader`) is sent again to the
+//! leader it names, or to the next address; so is a call that could not be
+//! sent, and a read whose connection broke. The decisions are
+//! [`crate::servers::Route`]'s; this module only sends.
+//!
+//! Each request's body is kept until its answer has come (a few KiB of
+//! protobuf; at most [`crate::MAX_MESSAGE_BYTES`]), so that it can be sent
+//! again. A refusal is recognised in the answer's headers: a server's
+//! refusal carries no body (gRPC's trailers-only answer), which is how
+//! tonic answers any error returned before a response starts.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full, Limited};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Bytes, Service, StdError, http};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::ConnectError;
+use crate::servers::{self, Failure, Route};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A gRPC channel to whichever of the servers leads.
+#[derive(Debug, Clone)]
+pub struct LeaderChannel {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    servers: Vec<String>,
+    /// Where calls go first: the server that took the last one.
+    current: Mutex<(String, Channel)>,
+}
+
+impl LeaderChannel {
+    /// Connects to the first of `servers` (URIs) that accepts a connection.
+    pub async fn connect(servers: Vec<String>) -> Result<LeaderChannel, ConnectError> {
+        assert!(!servers.is_empty(), "at least one server");
+        let mut failures = Vec::new();
+        for server in &servers {
+            match connect(server).await {
+                Ok(channel) => {
+                    let current = Mutex::new((server.clone(), channel));
+                    let shared = Arc::new(Shared { servers, current });
+                    return Ok(LeaderChannel { shared });
+                }
+                Err(source) => failures.push((server.clone(), source)),
+            }
+        }
+        Err(ConnectError { failures })
+    }
+}
+
+async fn connect(uri: &str) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(uri.to_owned())?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .connect()
+        .await
+}
+
+impl Service<http::Request<Body>> for LeaderChannel {
+    type Response = http::Response<Body>;
+    type Error = StdError;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Each call waits for the channel it picks.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let shared = self.shared.clone();
+        Box::pin(async move { shared.call(request).await })
+    }
+}
+
+impl Shared {
+    fn current(&self) -> (String, Channel) {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn call(&self, request: http::Request<Body>) -> Result<http::Response<Body>, StdError> {
+        let (parts, body) = request.into_parts();
+        let body = Limited::new(body, crate::MAX_MESSAGE_BYTES)
+            .collect()
+            .await
+            .map_err(|err| Status::internal(format!("reading the request to send: {err}")))?
+            .to_bytes();
+        let read = servers::is_read(parts.uri.path());
+        let (mut server, mut channel) = self.current();
+        let mut route = Route::new(&self.servers, &server, read);
+        loop {
+            let (mut failure, mut said) = match send(&mut channel, &parts, body.clone()).await {
+                Ok(response) => {
+                    let refusal = Status::from_header_map(response.headers())
+                        .and_then(|status| servers::not_leader(&status));
+                    match refusal {
+                        None => {
+                            *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
+                                (server, channel);
+                            return Ok(response);
+                        }
+                        Some(refusal) => (
+                            Failure::NotLeader {
+                                leader: refusal.leader,
+                            },
+                            refusal.message,
+                        ),
+                    }
+                }
+                Err(err) if never_sent(&*err) => (
+                    Failure::Unreachable,
+                    format!("cannot connect: {}", root_cause(&*err)),
+                ),
+                // It may have been applied: the caller hears of it as before.
+                Err(err) if !read => return Err(err),
+                Err(err) => (
+                    Failure::Broken,
+                    format!("connection lost: {}", root_cause(&*err)),
+                ),
+            };
+            loop {
+                let Some(next) = route.next(&failure, said) else {
+                    return Err(route.give_up().into());
+                };
+                let next = next.to_owned();
+                match connect(&next).await {
+                    Ok(connected) => {
+                        server = next;
+                        channel = connected;
+                        break;
+                    }
+                    Err(err) => {
+                        failure = Failure::Unreachable;
+                        said = format!("cannot connect: {}", root_cause(&err));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sends a copy of the request (`parts` and `body`) on `channel`.
+async fn send(
+    channel: &mut Channel,
+    parts: &http::request::Parts,
+    body: Bytes,
+) -> Result<http::Response<Body>, StdError> {
+    std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
+    let mut request = http::Request::new(Body::new(Full::new(body)));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = parts.uri.clone();
+    *request.version_mut() = parts.version;
+    *request.headers_mut() = parts.headers.clone();
+    *request.extensions_mut() = parts.extensions.clone();
+    Ok(channel.call(request).await?)
+}
+
+/// Whether the call failed before it was sent: the channel could not
+/// (re)connect.
+fn never_sent(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(err);
+    while let Some(err) = cause {
+        if err.is::<tonic::ConnectError>() {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
+}
+
+/// The last error of the chain: tonic's own ("transport error") says little,
+/// the bottom one ("Connection refused") is the news.
+pub fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = err;
+    while let Some(source) = last.source() {
+        last = source;
+    }
+    last.to_string()
+}
