@@ -32,9 +32,13 @@ const RESOURCE_KEYS: &str = "cpu, mem, disk, gpu";
 #[derive(Debug, Parser)]
 #[command(name = "peloton-agent", version)]
 pub struct Args {
-    /// The server's gRPC address, e.g. http://10.0.0.1:5000.
-    #[arg(long, value_name = "URL", value_parser = parse_server)]
-    pub server: String,
+    /// The server's gRPC address, e.g. http://10.0.0.1:5000; or several,
+    /// comma-separated (servers sharing one database, one leading): they
+    /// are tried in turn when a connection fails or a session breaks, and a
+    /// standby's refusal ("not the leader") sends the agent to the leader
+    /// it names. The tasks keep running across the switch.
+    #[arg(long, value_name = "URL[,URL...]", value_parser = parse_server_list)]
+    pub server: ServerList,
     /// Holds the sandboxes of runs and the agent's state (one agent per
     /// directory).
     #[arg(long, value_name = "DIR")]
@@ -130,17 +134,12 @@ pub struct ResourceOverrides {
     pub gpu: Option<f64>,
 }
 
-fn parse_server(text: &str) -> Result<String, String> {
-    // The workspace builds tonic without TLS.
-    let rest = text
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{text:?} must start with http:// (TLS is not supported)"))?;
-    if rest.is_empty() {
-        return Err(format!("{text:?} names no host"));
-    }
-    tonic::transport::Endpoint::from_shared(text.to_owned())
-        .map_err(|e| format!("{text:?} is not a valid address: {e}"))?;
-    Ok(text.to_owned())
+/// `--server`: the addresses in the order they are tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerList(pub Vec<String>);
+
+fn parse_server_list(text: &str) -> Result<ServerList, String> {
+    crate::session::parse_servers(text).map(ServerList)
 }
 
 fn parse_max_runs(text: &str) -> Result<usize, String> {
@@ -285,7 +284,7 @@ impl Args {
             open_files: self.open_files,
         };
         let session = SessionConfig {
-            server: self.server,
+            servers: self.server.0,
             token,
             host,
             resources,
@@ -422,6 +421,29 @@ mod tests {
         assert_eq!(parsed.ports.map(|p| p.len()), Some(1000));
         assert_eq!(parsed.gc_max_age_s, 604_800);
         assert_eq!(parsed.gc_max_disk_mb, 10_240);
+    }
+
+    #[test]
+    fn server_takes_a_comma_separated_list() {
+        let parse = |server: &str| {
+            Args::try_parse_from(["peloton-agent", "--server", server, "--work-dir", "d"])
+                .map(|args| args.server.0)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            parse("http://127.0.0.1:5391").expect("one"),
+            ["http://127.0.0.1:5391"]
+        );
+        assert_eq!(
+            parse("http://10.0.0.1:5000, http://10.0.0.2:5000").expect("two"),
+            ["http://10.0.0.1:5000", "http://10.0.0.2:5000"]
+        );
+        let error = parse("http://10.0.0.1:5000,10.0.0.2:5000").expect_err("no scheme");
+        assert!(error.contains("--server"), "{error}");
+        assert!(
+            error.contains("\"10.0.0.2:5000\" must start with http://"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -25,8 +25,16 @@
 //! logged as an error naming the host, and asked again after a back-off
 //! from 1 s to 30 s: the server hands the host over once the holder has
 //! gone silent, and never while it is alive.
+//!
+//! `--server` may list several servers, one leading: a session that cannot
+//! be made or that breaks moves on to the next address at once (the
+//! back-off above applies once per pass over the list), and a standby's
+//! refusal (`not the leader`) sends the agent at once to the leader it
+//! names (see `servers.rs`). The runs are the agent's, not the server's:
+//! the new leader gets them all with the registration, as after a restart.
 
 mod identity;
+mod servers;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,6 +47,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 use tonic::transport::Endpoint;
 
+pub use self::servers::parse_servers;
+use self::servers::{Go, Servers};
 use crate::gc::{self, GcPolicy};
 use crate::supervisor::{StopGrace, Supervisor};
 
@@ -67,7 +77,8 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 /// What the session needs.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    pub server: String,
+    /// The servers' addresses, in the order they are tried (at least one).
+    pub servers: Vec<String>,
     pub token: String,
     pub host: String,
     pub resources: v1::Resources,
@@ -289,6 +300,13 @@ enum SessionEnd {
     Refused(String),
     /// Another agent holds this host name.
     HostHeld(String),
+    /// A standby refused it (`not the leader`), naming the leader or not;
+    /// at registration, or later (a leader that lost its lease).
+    NotLeader {
+        why: String,
+        leader: Option<String>,
+        registered: bool,
+    },
 }
 
 /// Sessions, one after the other, until `closing` turns true.
@@ -303,8 +321,10 @@ async fn connect_loop(
     let mut failures: u64 = 0;
     let mut held_backoff = HELD_BACKOFF_INITIAL;
     let mut held: u64 = 0;
+    let mut servers = Servers::new(config.servers.clone());
     loop {
-        let end = session(config, agent_id, supervisor, changed, &mut closing).await;
+        let server = servers.current().to_owned();
+        let end = session(config, &server, agent_id, supervisor, changed, &mut closing).await;
         if !matches!(end, SessionEnd::HostHeld(_)) {
             held_backoff = HELD_BACKOFF_INITIAL;
             held = 0;
@@ -312,10 +332,43 @@ async fn connect_loop(
         let wait = match end {
             SessionEnd::Closed => return,
             SessionEnd::Broke(why) => {
-                tracing::warn!(server = %config.server, %why, "session ended; reconnecting");
+                // It had registered; the next server may be the new leader.
+                servers.registered();
+                let _ = servers.advance();
+                tracing::warn!(%server, %why, next = %servers.current(), "session ended; reconnecting");
                 backoff = BACKOFF_INITIAL;
                 failures = 0;
                 backoff
+            }
+            SessionEnd::NotLeader {
+                why,
+                leader,
+                registered,
+            } => {
+                if registered {
+                    servers.registered();
+                }
+                match servers.refused_by_standby(leader.as_deref()) {
+                    Go::AtOnce => {
+                        if leader.is_some() {
+                            tracing::info!(%server, %why, next = %servers.current(), "not the leader; going to the leader it names");
+                        } else {
+                            tracing::debug!(%server, %why, next = %servers.current(), "not the leader; trying the next server");
+                        }
+                        Duration::ZERO
+                    }
+                    Go::AfterBackoff => {
+                        failures += 1;
+                        if failures.is_power_of_two() {
+                            tracing::warn!(%server, %why, failures, next = %servers.current(), "no leader found yet; retrying");
+                        } else {
+                            tracing::debug!(%server, %why, failures, "no leader found yet");
+                        }
+                        let wait = backoff;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        wait
+                    }
+                }
             }
             SessionEnd::HostHeld(why) => {
                 held += 1;
@@ -325,7 +378,7 @@ async fn connect_loop(
                 // debug: the cause is a configuration to fix, not a flood.
                 if held.is_power_of_two() {
                     tracing::error!(
-                        server = %config.server,
+                        %server,
                         host = %config.host,
                         %why,
                         refusals = held,
@@ -339,20 +392,27 @@ async fn connect_loop(
             }
             SessionEnd::Failed(why) => {
                 failures += 1;
+                let go = servers.advance();
                 // Every failure at debug; the 1st, 2nd, 4th, 8th... at warn,
                 // so a long outage does not flood the log.
                 if failures.is_power_of_two() {
-                    tracing::warn!(server = %config.server, %why, failures, "cannot reach the server; retrying");
+                    tracing::warn!(%server, %why, failures, next = %servers.current(), "cannot reach the server; retrying");
                 } else {
-                    tracing::debug!(server = %config.server, %why, failures, "cannot reach the server");
+                    tracing::debug!(%server, %why, failures, "cannot reach the server");
                 }
-                let wait = backoff;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                wait
+                match go {
+                    // The other addresses of the list first.
+                    Go::AtOnce => Duration::ZERO,
+                    Go::AfterBackoff => {
+                        let wait = backoff;
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        wait
+                    }
+                }
             }
             SessionEnd::Refused(why) => {
                 tracing::error!(
-                    server = %config.server,
+                    %server,
                     %why,
                     retry_in_s = REFUSED_RETRY.as_secs(),
                     "the server refused this agent (check --token and --host)"
@@ -369,6 +429,13 @@ async fn connect_loop(
 
 fn classify(status: &tonic::Status) -> SessionEnd {
     let why = format!("{:?}: {}", status.code(), status.message());
+    if let Some(leader) = servers::not_leader(status) {
+        return SessionEnd::NotLeader {
+            why,
+            leader,
+            registered: false,
+        };
+    }
     match status.code() {
         Code::Unauthenticated | Code::InvalidArgument | Code::PermissionDenied => {
             SessionEnd::Refused(why)
@@ -385,13 +452,14 @@ type Registered = (
     Duration,
 );
 
-/// Connects and registers.
+/// Connects to `server` and registers.
 async fn register(
     config: &SessionConfig,
+    server: &str,
     agent_id: &str,
     supervisor: &Shared,
 ) -> Result<Registered, SessionEnd> {
-    let endpoint = match Endpoint::from_shared(config.server.clone()) {
+    let endpoint = match Endpoint::from_shared(server.to_owned()) {
         Ok(endpoint) => endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(Duration::from_secs(30))
@@ -448,7 +516,7 @@ async fn register(
         }
     };
     tracing::info!(
-        server = %config.server,
+        %server,
         host = %config.host,
         runs,
         heartbeat_ms = heartbeat_every.as_millis(),
@@ -459,13 +527,14 @@ async fn register(
 
 async fn session(
     config: &SessionConfig,
+    server: &str,
     agent_id: &str,
     supervisor: &Shared,
     changed: &Arc<Notify>,
     closing: &mut watch::Receiver<bool>,
 ) -> SessionEnd {
     let registered = tokio::select! {
-        registered = register(config, agent_id, supervisor) => registered,
+        registered = register(config, server, agent_id, supervisor) => registered,
         // Not registered yet: nothing to say goodbye to.
         _ = closing.wait_for(|closing| *closing) => return SessionEnd::Closed,
     };
@@ -485,6 +554,11 @@ async fn session(
                 Ok(None) => return SessionEnd::Broke("the server closed the session".to_owned()),
                 Err(status) => return match classify(&status) {
                     SessionEnd::Failed(why) => SessionEnd::Broke(why),
+                    SessionEnd::NotLeader { why, leader, .. } => SessionEnd::NotLeader {
+                        why,
+                        leader,
+                        registered: true,
+                    },
                     other => other,
                 },
             },

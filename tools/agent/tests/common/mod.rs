@@ -178,11 +178,21 @@ impl Cluster {
 
     /// An agent with host attributes (`KEY=VALUE`) besides its rack.
     pub async fn start_agent_with(&mut self, host: &str, attributes: &[&str]) {
+        let server = format!("http://127.0.0.1:{}", self.port);
+        self.spawn_agent(host, &server, attributes);
+    }
+
+    /// An agent given `servers` as its `--server` (a list, say).
+    pub async fn start_agent_at(&mut self, host: &str, servers: &str) {
+        self.spawn_agent(host, servers, &[]);
+    }
+
+    fn spawn_agent(&mut self, host: &str, servers: &str, attributes: &[&str]) {
         let work = self.work_dir(host);
         std::fs::create_dir_all(&work).expect("work dir");
         let mut command = Command::new(env!("CARGO_BIN_EXE_peloton-agent"));
         command
-            .args(["--server", &format!("http://127.0.0.1:{}", self.port)])
+            .args(["--server", servers])
             .arg("--work-dir")
             .arg(&work)
             .args(["--host", host, "--token", TOKEN])
