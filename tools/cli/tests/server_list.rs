@@ -1,7 +1,10 @@
 //! `--server` with several addresses, against real servers on 127.0.0.1:
 //! a dead address is skipped, one that never answers names every address,
-//! and a channel whose server went away finds it at its next address (the
-//! same data directory served from another port, as a new leader would).
+//! a channel whose server went away finds it at its next address (the
+//! same data directory served from another port, as a new leader would),
+//! and two servers on one PostgreSQL (from the system's packages): a
+//! standby sends the CLI to the leader, and once the leader has gone the
+//! CLI finds the standby that took over.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -151,4 +154,131 @@ async fn a_write_goes_to_the_next_address_when_its_server_has_gone() {
             .unwrap_or_else(|e| panic!("{path}: {e}"));
     }
     second.shutdown().await.expect("shutdown");
+}
+
+/// A throwaway PostgreSQL for this test binary, from the system's packages
+/// (started from a thread that never ends: the server dies with that
+/// thread). Fails the test when PostgreSQL is missing.
+fn local_postgres() -> &'static peloton_gateway::local_pg::LocalPostgres {
+    static PG: std::sync::OnceLock<peloton_gateway::local_pg::LocalPostgres> =
+        std::sync::OnceLock::new();
+    PG.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(peloton_gateway::local_pg::LocalPostgres::start(false));
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv()
+            .expect("the PostgreSQL starter")
+            .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e:#}"))
+    })
+}
+
+/// A server on the shared database `store`; it leads, or stands by until
+/// it may (then `start` returns only once it leads).
+fn shared_config(data_dir: &Path, listen: &str, store: &str) -> Config {
+    Config {
+        data_dir: data_dir.to_path_buf(),
+        listen: listen.parse().expect("address"),
+        metrics_listen: None,
+        sim_hosts: 4,
+        cycle_interval_ms: 5,
+        store: Some(store.to_owned()),
+        lease_ms: 1000,
+        ..Config::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_sends_the_cli_to_the_leader_and_a_new_leader_is_found() {
+    let store = tokio::task::spawn_blocking(|| local_postgres().create_db("cli_standby"))
+        .await
+        .expect("create_db")
+        .expect("database");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let leader = peloton_gateway::server::start(&shared_config(
+        &dir.path().join("a"),
+        "127.0.0.1:0",
+        &store,
+    ))
+    .await
+    .expect("the first server leads");
+    let leader_url = format!("http://{}", leader.addr);
+    let standby_port = free_port();
+    let standby_url = format!("http://127.0.0.1:{standby_port}");
+    let standby = tokio::spawn({
+        let config = shared_config(
+            &dir.path().join("b"),
+            &format!("127.0.0.1:{standby_port}"),
+            &store,
+        );
+        async move { peloton_gateway::server::start(&config).await }
+    });
+    // Until it stands by (listening, the lease seen taken) it says so.
+    let refusal = format!("not the leader: the leader is at {leader_url}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let said = match tonic::transport::Endpoint::from_shared(standby_url.clone())
+            .expect("uri")
+            .connect()
+            .await
+        {
+            Ok(channel) => ResourcePoolServiceClient::new(channel)
+                .get(GetPoolRequest { path: "/".into() })
+                .await
+                .map(|_| "served".to_owned())
+                .unwrap_or_else(|status| status.message().to_owned()),
+            Err(e) => e.to_string(),
+        };
+        if said == refusal {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the standby never named the leader; last: {said}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // The standby alone is enough: it names the leader, the CLI goes there.
+    let pools = examples().join("pools.yaml");
+    let out = peloton(
+        &standby_url,
+        &["respool", "create", &pools.to_string_lossy()],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let both = format!("{standby_url},{leader_url}");
+    let hello = examples().join("hello.yaml");
+    let out = peloton(
+        &both,
+        &["job", "create", &hello.to_string_lossy(), "--wait"],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    // The leader goes (its lease released); the standby takes over and
+    // serves what the first one stored.
+    leader.shutdown().await.expect("shutdown");
+    let new_leader = tokio::time::timeout(std::time::Duration::from_secs(60), standby)
+        .await
+        .expect("the standby leads in time")
+        .expect("joined")
+        .expect("the standby starts");
+    let out = peloton(&both, &["-o", "json", "job", "query", "--name", "hello"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let jobs: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(jobs["jobs"][0]["status"]["state"], "succeeded", "{jobs}");
+    // Listed the other way round: the old leader's address is dead.
+    let other_way = format!("{leader_url},{standby_url}");
+    let out = peloton(&other_way, &["job", "query", "--name", "hello"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    new_leader.shutdown().await.expect("shutdown");
 }
