@@ -1,0 +1,603 @@
+//! Two `pelotond` processes on one real PostgreSQL (from the system's
+//! packages): one leads, the other stands by and names it; the leader
+//! killed with SIGKILL ten times in a row under load, a standby leads and
+//! places again within 10 s each time, no acknowledged job is lost and no
+//! instance runs twice at once (real agents, real processes holding a
+//! lock per instance); a leader frozen past its lease (SIGSTOP) and woken
+//! (SIGCONT) writes nothing and stops; the database restarted under load
+//! loses no acknowledged job.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{Clients, TIMEOUT, database_for, eventually};
+use peloton_proto::v1 as pb;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::Code;
+
+const TOKEN: &str = "failover-test-token";
+const LEASE_MS: u64 = 1500;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A `pelotond` process on the shared database.
+struct Pelotond {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Pelotond {
+    /// Starts a server on `port` and waits until it listens (it may stand
+    /// by).
+    async fn start(dir: &Path, name: &str, port: u16, db: &str, sim_hosts: u32) -> Pelotond {
+        let data = dir.join(name);
+        let log = dir.join(format!("{name}.log"));
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pelotond"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--store", db, "--lease-ms", &LEASE_MS.to_string()])
+            .args(["--no-metrics", "--agent-token", TOKEN])
+            .args(["--cycle-interval-ms", "5", "--host-lost-after-ms", "20000"])
+            .args(["--sim-hosts", &sim_hosts.to_string()])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("pelotond starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        tokio::time::timeout(TIMEOUT, async {
+            while let Some(line) = lines.next_line().await.expect("stdout") {
+                if line.starts_with("pelotond: listening on") {
+                    return;
+                }
+            }
+            panic!("pelotond {name} exited before listening");
+        })
+        .await
+        .expect("pelotond listens");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Pelotond { child, port, log }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id().expect("running") as i32)
+    }
+
+    fn signal(&self, s: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid(), s).expect("signal");
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Clients of one server, without retries.
+async fn clients(port: u16) -> Clients {
+    Clients::connect(format!("127.0.0.1:{port}").parse().expect("addr")).await
+}
+
+/// Whether the server on `port` serves (leads): a read answers.
+async fn serves(port: u16) -> Result<(), tonic::Status> {
+    let mut c = clients(port).await;
+    c.hosts
+        .list(pb::ListHostsRequest::default())
+        .await
+        .map(drop)
+}
+
+/// Waits until one of `ports` serves; returns it.
+async fn leader(ports: &[u16]) -> u16 {
+    eventually("a leader", TIMEOUT, async || {
+        let mut said = Vec::new();
+        for &p in ports {
+            match serves(p).await {
+                Ok(()) => return Ok(p),
+                Err(e) => said.push(format!("{p}: {}", e.message())),
+            }
+        }
+        Err(said.join("; "))
+    })
+    .await
+}
+
+async fn create_pool(port: u16) {
+    let mut c = clients(port).await;
+    c.pools
+        .create(pb::CreatePoolRequest {
+            path: "/t".into(),
+            spec: Some(pb::PoolSpec {
+                reservation: Some(pb::Resources {
+                    cpu: 1.0,
+                    memory_mb: 512.0,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("pool");
+}
+
+fn job(name: &str, n: u32, task: pb::TaskSpec) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.into(),
+        pool: "/t".into(),
+        instance_count: n,
+        default_task: Some(task),
+        sla: Some(pb::Sla {
+            preemptible: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn sim_task(duration_ms: u64) -> pb::TaskSpec {
+    pb::TaskSpec {
+        command: "/bin/true".into(),
+        resources: Some(common::res(0.1, 64.0)),
+        sim: Some(pb::SimSpec {
+            duration_ms,
+            exit_code: 0,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Submits `spec` to `port`: the job id if acknowledged.
+async fn submit(port: u16, spec: pb::JobSpec) -> Result<String, tonic::Status> {
+    let mut c = clients(port).await;
+    Ok(c.jobs
+        .create(pb::CreateJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .job
+        .expect("job")
+        .id)
+}
+
+async fn job_state(port: u16, id: &str) -> Result<pb::Job, tonic::Status> {
+    let mut c = clients(port).await;
+    Ok(c.jobs
+        .get(pb::GetJobRequest { id: id.into() })
+        .await?
+        .into_inner()
+        .job
+        .expect("job"))
+}
+
+fn running(job: &pb::Job) -> u32 {
+    common::count_in(job, pb::TaskState::Running) + common::count_in(job, pb::TaskState::Succeeded)
+}
+
+/// The lease row: (epoch, address).
+fn lease_row(db: &str) -> (i64, String) {
+    let db = db.to_owned();
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&db, postgres::NoTls).expect("connect");
+        let r = c
+            .query_one("SELECT epoch, address FROM peloton_leader", &[])
+            .expect("lease");
+        (r.get(0), r.get(1))
+    })
+    .join()
+    .expect("lease row")
+}
+
+/// Epochs of the event rows from revision `from` on.
+fn event_epochs_from(db: &str, from: i64) -> Vec<i64> {
+    let db = db.to_owned();
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&db, postgres::NoTls).expect("connect");
+        c.query(
+            "SELECT DISTINCT epoch FROM peloton_events WHERE first >= $1 ORDER BY epoch",
+            &[&from],
+        )
+        .expect("events")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    })
+    .join()
+    .expect("events")
+}
+
+fn last_revision(db: &str) -> i64 {
+    let db = db.to_owned();
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&db, postgres::NoTls).expect("connect");
+        c.query_opt("SELECT value FROM peloton_meta WHERE key = 'revision'", &[])
+            .expect("meta")
+            .map_or(0, |r| r.get(0))
+    })
+    .join()
+    .expect("revision")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_names_the_leader_over_grpc_and_http_and_takes_over_a_graceful_stop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    let a = Pelotond::start(dir.path(), "a", free_port(), &db, 2).await;
+    assert_eq!(leader(&[a.port]).await, a.port);
+    let b = Pelotond::start(dir.path(), "b", free_port(), &db, 2).await;
+    // gRPC: UNAVAILABLE naming the leader (once the standby has looked),
+    // in the message and metadata.
+    let mut c = clients(b.port).await;
+    let err = eventually("the standby to name the leader", TIMEOUT, async || {
+        let err = c
+            .jobs
+            .create(pb::CreateJobRequest {
+                spec: Some(job("refused", 1, sim_task(10))),
+            })
+            .await
+            .expect_err("a standby refuses writes");
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+        if err
+            .message()
+            .starts_with("not the leader: the leader is at")
+        {
+            Ok(err)
+        } else {
+            Err(err.message().to_string())
+        }
+    })
+    .await;
+    assert_eq!(
+        err.message(),
+        format!("not the leader: the leader is at {}", a.url())
+    );
+    assert_eq!(
+        err.metadata()
+            .get("peloton-leader")
+            .and_then(|v| v.to_str().ok()),
+        Some(a.url().as_str())
+    );
+    // The HTTP mirror: a redirect to the same path on the leader.
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let resp = agent
+        .get(&format!("{}/v1/jobs?x=1", b.url()))
+        .call()
+        .expect("http");
+    assert_eq!(resp.status().as_u16(), 307);
+    assert_eq!(
+        resp.headers().get("location").and_then(|v| v.to_str().ok()),
+        Some(format!("{}/v1/jobs?x=1", a.url()).as_str())
+    );
+    // Nothing was written by the refused call.
+    create_pool(a.port).await;
+    let id = submit(a.port, job("kept", 3, sim_task(60_000)))
+        .await
+        .expect("the leader accepts");
+    // A graceful stop gives the lease up: the standby leads at once.
+    let (epoch_a, _) = lease_row(&db);
+    a.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopped = Instant::now();
+    let mut a = a;
+    let status = tokio::time::timeout(TIMEOUT, a.child.wait())
+        .await
+        .expect("a stops")
+        .expect("wait");
+    assert!(status.success(), "{status}: {}", a.log_text());
+    assert_eq!(leader(&[b.port]).await, b.port);
+    let took = stopped.elapsed();
+    assert!(
+        took < Duration::from_millis(LEASE_MS),
+        "a released lease is taken before it would expire: {took:?}"
+    );
+    let (epoch_b, address) = lease_row(&db);
+    assert_eq!((epoch_b, address), (epoch_a + 1, b.url()));
+    let got = job_state(b.port, &id).await.expect("the job survived");
+    assert_eq!(got.spec.expect("spec").instance_count, 3);
+    let jobs = c
+        .jobs
+        .query(pb::QueryJobsRequest::default())
+        .await
+        .expect("query")
+        .into_inner();
+    assert_eq!(jobs.jobs.len(), 1, "the refused job was never created");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_and_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    let a = Pelotond::start(dir.path(), "a", free_port(), &db, 4).await;
+    leader(&[a.port]).await;
+    let b = Pelotond::start(dir.path(), "b", free_port(), &db, 4).await;
+    create_pool(a.port).await;
+    // Work that keeps the leader writing: short tasks, retried jobs.
+    for i in 0..5 {
+        submit(a.port, job(&format!("busy-{i}"), 50, sim_task(50)))
+            .await
+            .expect("accepted");
+    }
+    let (epoch_a, _) = lease_row(&db);
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let frozen = Instant::now();
+    assert_eq!(leader(&[b.port]).await, b.port);
+    let took_over = frozen.elapsed();
+    let (epoch_b, _) = lease_row(&db);
+    assert_eq!(epoch_b, epoch_a + 1);
+    let takeover_revision = last_revision(&db);
+    let id = submit(b.port, job("after", 20, sim_task(100)))
+        .await
+        .expect("the new leader accepts");
+    // Wake the old leader: it must not write, and stops.
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+    let mut a = a;
+    let status = tokio::time::timeout(TIMEOUT, a.child.wait())
+        .await
+        .expect("the deposed leader stops")
+        .expect("wait");
+    assert_eq!(status.code(), Some(75), "{}", a.log_text());
+    assert!(a.log_text().contains("deposed"), "{}", a.log_text());
+    // Every commit since the takeover was the new leader's.
+    assert_eq!(event_epochs_from(&db, takeover_revision + 1), [epoch_b]);
+    let got = eventually("the new leader's job to finish", TIMEOUT, async || {
+        let j = job_state(b.port, &id).await.map_err(|e| e.to_string())?;
+        (common::count_in(&j, pb::TaskState::Succeeded) == 20)
+            .then_some(j)
+            .ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    assert_eq!(got.spec.expect("spec").instance_count, 20);
+    eprintln!("takeover after SIGSTOP: {took_over:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A server of its own: restarting it must not disturb other tests.
+    let pg = {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(peloton_gateway::local_pg::LocalPostgres::start(false));
+            loop {
+                std::thread::park();
+            }
+        });
+        std::sync::Arc::new(std::sync::Mutex::new(
+            rx.recv().expect("starter").expect("PostgreSQL starts"),
+        ))
+    };
+    let db = {
+        let pg = pg.clone();
+        std::thread::spawn(move || pg.lock().expect("pg").create_db("restart"))
+            .join()
+            .expect("create db")
+            .expect("create db")
+    };
+    let a = Pelotond::start(dir.path(), "a", free_port(), &db, 4).await;
+    leader(&[a.port]).await;
+    create_pool(a.port).await;
+    let port = a.port;
+    let load = async move {
+        let mut acked = Vec::new();
+        let mut refused = 0;
+        let until = Instant::now() + Duration::from_secs(8);
+        let mut i = 0;
+        while Instant::now() < until {
+            i += 1;
+            let spec = job(&format!("load-{i}"), 10, sim_task(20));
+            match submit(port, spec).await {
+                Ok(id) => acked.push(id),
+                Err(e) => {
+                    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+                    refused += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        (acked, refused)
+    };
+    let restart = {
+        let pg = pg.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::task::spawn_blocking(move || {
+                let mut pg = pg.lock().expect("pg");
+                pg.kill();
+                std::thread::sleep(Duration::from_millis(500));
+                pg.restart().expect("PostgreSQL restarts")
+            })
+            .await
+            .expect("restart")
+        }
+    };
+    let ((acked, refused), ()) = tokio::join!(load, restart);
+    assert!(acked.len() > 20, "{} acknowledged", acked.len());
+    eprintln!(
+        "{} jobs acknowledged, {refused} refused while the database restarted",
+        acked.len()
+    );
+    // The service carries on, and every acknowledged job is there.
+    leader(&[a.port]).await;
+    for id in &acked {
+        job_state(a.port, id)
+            .await
+            .unwrap_or_else(|e| panic!("acknowledged job {id} lost: {e:?}"));
+    }
+    // Also across a restart of the server itself (from the database only).
+    let mut a = a;
+    a.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = a.child.wait().await;
+    let a2 = Pelotond::start(dir.path(), "a2", free_port(), &db, 4).await;
+    leader(&[a2.port]).await;
+    for id in &acked {
+        job_state(a2.port, id)
+            .await
+            .unwrap_or_else(|e| panic!("acknowledged job {id} lost after a restart: {e:?}"));
+    }
+    drop(pg);
+}
+
+/// Counts instances of a job in Running or Succeeded.
+async fn placed(port: u16, id: &str) -> Result<u32, String> {
+    job_state(port, id)
+        .await
+        .map(|j| running(&j))
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_ten_times_under_load_loses_nothing_and_runs_nothing_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    let ports = [free_port(), free_port()];
+    let mut servers: Vec<Option<Pelotond>> = vec![
+        Some(Pelotond::start(dir.path(), "s0", ports[0], &db, 0).await),
+        None,
+    ];
+    let first = leader(&ports[..1]).await;
+    servers[1] = Some(Pelotond::start(dir.path(), "s1", ports[1], &db, 0).await);
+    // Real agents that follow the leader through the list.
+    let agent_bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
+    assert!(
+        agent_bin.exists(),
+        "{} not found: build the workspace's binaries first (cargo test --workspace does)",
+        agent_bin.display()
+    );
+    let list = format!(
+        "http://127.0.0.1:{},http://127.0.0.1:{}",
+        ports[0], ports[1]
+    );
+    let mut agents = Vec::new();
+    for (i, range) in ["31000-31049", "31050-31099"].iter().enumerate() {
+        let work = dir.path().join(format!("agent-{i}"));
+        std::fs::create_dir_all(&work).expect("work dir");
+        agents.push(
+            Command::new(&agent_bin)
+                .args(["--server", &list])
+                .arg("--work-dir")
+                .arg(&work)
+                .args(["--host", &format!("h{i}"), "--token", TOKEN])
+                .args(["--resources", "cpu=8,mem=8192,disk=10000"])
+                .args(["--ports", range])
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("agent starts"),
+        );
+    }
+    eventually("both agents registered", TIMEOUT, async || {
+        let mut c = clients(first).await;
+        let n = c
+            .hosts
+            .list(pb::ListHostsRequest::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner()
+            .hosts
+            .len();
+        (n == 2).then_some(()).ok_or(format!("{n} hosts"))
+    })
+    .await;
+    create_pool(first).await;
+    // Each run holds a lock on its instance for its whole life: a second
+    // run of the same instance while the first lives records "twice".
+    let locks = dir.path().join("locks");
+    std::fs::create_dir_all(&locks).expect("locks dir");
+    let shell = format!(
+        "exec 9>{locks}/$PELOTON_JOB_ID-$PELOTON_INSTANCE_ID; \
+         flock -n 9 || echo \"$PELOTON_TASK_ID\" >> {locks}/twice; sleep 2",
+        locks = locks.display()
+    );
+    let task = pb::TaskSpec {
+        shell: shell.clone(),
+        resources: Some(common::res(0.1, 32.0)),
+        ..Default::default()
+    };
+    let mut acked: Vec<String> = Vec::new();
+    let mut took = Vec::new();
+    let mut current = first;
+    for round in 0..10 {
+        // Load: jobs acknowledged by the leader before it dies.
+        for j in 0..3 {
+            let id = submit(current, job(&format!("r{round}-{j}"), 4, task.clone()))
+                .await
+                .expect("the leader accepts");
+            acked.push(id);
+        }
+        let which = usize::from(current == ports[1]);
+        let mut dead = servers[which].take().expect("the leader's process");
+        dead.child.kill().await.expect("SIGKILL");
+        let killed = Instant::now();
+        let next = ports[1 - which];
+        // Time to the next placement: a probe job placed by the new
+        // leader.
+        let probe = eventually("the standby to accept a job", TIMEOUT, async || {
+            submit(next, job(&format!("probe-{round}"), 1, task.clone()))
+                .await
+                .map_err(|e| e.message().to_string())
+        })
+        .await;
+        eventually("the probe to be placed", TIMEOUT, async || {
+            let n = placed(next, &probe).await?;
+            (n >= 1).then_some(()).ok_or(format!("{n} placed"))
+        })
+        .await;
+        let t = killed.elapsed();
+        took.push(t);
+        acked.push(probe);
+        assert!(
+            t <= Duration::from_secs(10),
+            "round {round}: placing again took {t:?}"
+        );
+        // The killed server comes back as a standby.
+        servers[which] =
+            Some(Pelotond::start(dir.path(), &format!("s{which}"), ports[which], &db, 0).await);
+        current = next;
+    }
+    eprintln!("time from SIGKILL of the leader to the next placement: {took:?}");
+    // Every acknowledged job is there and finishes; nothing ran twice.
+    for id in &acked {
+        eventually(
+            &format!("job {id} to succeed"),
+            Duration::from_secs(90),
+            async || {
+                let j = job_state(current, id).await.map_err(|e| e.to_string())?;
+                let done = common::count_in(&j, pb::TaskState::Succeeded);
+                (done == j.spec.as_ref().map_or(0, |s| s.instance_count))
+                    .then_some(())
+                    .ok_or(format!("{done} succeeded"))
+            },
+        )
+        .await;
+    }
+    let twice = std::fs::read_to_string(locks.join("twice")).unwrap_or_default();
+    assert!(twice.is_empty(), "instances ran twice at once: {twice}");
+    drop(agents);
+}
