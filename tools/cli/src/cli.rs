@@ -36,6 +36,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        value_name = "ADDRESS[,ADDRESS...]",
         env = "PELOTON_SERVER",
         hide_env_values = true,
         default_value = DEFAULT_SERVER
