@@ -244,6 +244,8 @@ pub struct Lease {
     holder: String,
     /// The epoch it leads under.
     pub epoch: i64,
+    /// When the attempt that took it began.
+    acquired_at: Instant,
     stop: Arc<AtomicBool>,
     keeper: Option<std::thread::JoinHandle<()>>,
 }
@@ -318,6 +320,7 @@ impl Lease {
         let mut client: Option<postgres::Client> = None;
         let mut said: Option<String> = None;
         loop {
+            let began = Instant::now();
             let attempt = match client.as_mut() {
                 Some(c) => try_acquire(c, &holder, &config).map_err(|e| e.to_string()),
                 None => match pgstore::connect(&config.url) {
@@ -335,6 +338,7 @@ impl Lease {
                         config,
                         holder,
                         epoch,
+                        acquired_at: began,
                         stop: Arc::new(AtomicBool::new(false)),
                         keeper: None,
                     });
@@ -358,18 +362,44 @@ impl Lease {
     }
 
     /// Renews the lease every third of its length on a thread of its own
-    /// until [`Lease::release`]: lapses `role` when it cannot for a whole
-    /// lease, and stops the process when another server took it.
+    /// until [`Lease::release`] (from right after it is taken: recovery
+    /// may take longer than a lease). A watchdog lapses `role` when no
+    /// renewal has succeeded for a whole lease, even while a renewal hangs
+    /// on a partitioned connection; a renewal that finds the lease taken
+    /// stops the process.
     pub fn keep(&mut self, role: Arc<Role>) {
         let (config, epoch, stop) = (self.config.clone(), self.epoch, self.stop.clone());
         let every = config.lease / 3;
+        // When the last successful renewal (or the acquisition) began: the
+        // lease runs at least a lease from then on the database's clock.
+        let renewed_at = Arc::new(Mutex::new(self.acquired_at));
+        let (watch_role, watch_renewed, watch_stop) =
+            (role.clone(), renewed_at.clone(), stop.clone());
+        let lease = config.lease;
+        std::thread::Builder::new()
+            .name("peloton-lease-watch".into())
+            .spawn(move || {
+                while !watch_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let since = watch_renewed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .elapsed();
+                    if since >= lease && watch_role.standing() == Standing::Leading {
+                        tracing::error!(
+                            epoch,
+                            silent_ms = since.as_millis() as u64,
+                            "the lease lapsed: refusing calls until it is renewed"
+                        );
+                        watch_role.set(Standing::Lapsed);
+                    }
+                }
+            })
+            .expect("spawn the lease watchdog");
         let keeper = std::thread::Builder::new()
             .name("peloton-lease".into())
             .spawn(move || {
                 let mut client: Option<postgres::Client> = None;
-                // The last renewal began here: the lease runs at least a
-                // lease from then on the database's clock.
-                let mut renewed_at = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     std::thread::park_timeout(every);
                     if stop.load(Ordering::Relaxed) {
@@ -380,7 +410,8 @@ impl Lease {
                         Some(c) => renew(c, epoch, config.lease).map_err(|e| e.to_string()),
                         None => match pgstore::connect(&config.url) {
                             Ok(mut c) => {
-                                let r = renew(&mut c, epoch, config.lease).map_err(|e| e.to_string());
+                                let r =
+                                    renew(&mut c, epoch, config.lease).map_err(|e| e.to_string());
                                 client = Some(c);
                                 r
                             }
@@ -389,7 +420,7 @@ impl Lease {
                     };
                     match result {
                         Ok(true) => {
-                            renewed_at = began;
+                            *renewed_at.lock().unwrap_or_else(|e| e.into_inner()) = began;
                             if role.standing() == Standing::Lapsed {
                                 tracing::warn!(epoch, "the lease is renewed: leading again");
                                 role.set(Standing::Leading);
@@ -400,15 +431,7 @@ impl Lease {
                         )),
                         Err(e) => {
                             client = None;
-                            let silent = renewed_at.elapsed();
-                            tracing::warn!(error = %e, silent_ms = silent.as_millis() as u64, "cannot renew the lease");
-                            if silent >= config.lease && role.standing() == Standing::Leading {
-                                tracing::error!(
-                                    epoch,
-                                    "the lease lapsed: refusing calls until it is renewed"
-                                );
-                                role.set(Standing::Lapsed);
-                            }
+                            tracing::warn!(error = %e, "cannot renew the lease");
                         }
                     }
                 }
@@ -421,9 +444,9 @@ impl Lease {
     /// that a standby takes over without waiting for it to expire.
     pub fn release(mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        // Not joined: a renewal may hang on a partitioned connection.
         if let Some(k) = self.keeper.take() {
             k.thread().unpark();
-            let _ = k.join();
         }
         match pgstore::connect(&self.config.url) {
             Ok(mut c) => {

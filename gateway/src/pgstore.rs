@@ -35,7 +35,7 @@ use crate::store::{Snapshot, Store, StoreError, WriteBatch};
 const CHUNK: usize = 10_000;
 
 /// Advisory lock key serialising migrations ("peloton" in ASCII).
-const MIGRATION_LOCK: i64 = 0x7065_6c6f_746f_6e;
+const MIGRATION_LOCK: i64 = 0x0070_656c_6f74_6f6e;
 
 /// The schema, by version: each applied once, in order.
 const MIGRATIONS: &[(i32, &str)] = &[(
@@ -404,11 +404,14 @@ fn last_wins<'a, K: std::hash::Hash + Eq + Clone, V: ?Sized>(
     (puts, dels)
 }
 
+/// A row of a text-keyed table (`None` deletes).
+type KvRow = (String, Option<Vec<u8>>);
+
 fn put_kv(
     tx: &mut Transaction<'_>,
     put: &Statement,
     del: &Statement,
-    rows: &[(String, Option<Vec<u8>>)],
+    rows: &[KvRow],
 ) -> Result<(), StoreError> {
     let (puts, dels) = last_wins(rows.iter().map(|(k, v)| (k.as_str(), v.as_deref())));
     for chunk in puts.chunks(CHUNK) {
@@ -464,7 +467,7 @@ impl PgStore {
                 return Err(StoreError::msg(fenced.to_string()));
             }
         }
-        let kv: [&[(String, Option<Vec<u8>>)]; 6] = [
+        let kv: [&[KvRow]; 6] = [
             &batch.pools,
             &batch.jobs,
             &batch.hosts,

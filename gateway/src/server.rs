@@ -114,7 +114,7 @@ pub async fn start_with(
 fn open_store(
     config: &Config,
     addr: SocketAddr,
-    role: &Role,
+    role: &Arc<Role>,
 ) -> anyhow::Result<(Arc<dyn Store>, Option<Lease>)> {
     let Some(url) = config.store.clone() else {
         // Reopened after a failed commit (a full disk): the loop keeps
@@ -138,6 +138,8 @@ fn open_store(
         role,
     )?;
     role.set(Standing::Starting);
+    let mut lease = lease;
+    lease.keep(role.clone());
     let epoch = lease.epoch;
     // Reopened after a failed commit (the database restarted): fenced by
     // this server's epoch every time.
@@ -360,10 +362,6 @@ async fn opened(
         None => (None, None),
     };
     role.set(Standing::Leading);
-    let lease = lease.map(|mut l| {
-        l.keep(role.clone());
-        l
-    });
     tracing::info!(%addr, metrics = ?metrics_addr, epoch = lease.as_ref().map(|l| l.epoch), "serving");
     Ok(Server {
         addr,

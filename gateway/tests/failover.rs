@@ -428,10 +428,10 @@ async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
                 let mut pg = pg.lock().expect("pg");
                 pg.kill();
                 std::thread::sleep(Duration::from_millis(500));
-                pg.restart().expect("PostgreSQL restarts")
+                pg.restart().expect("PostgreSQL restarts");
             })
             .await
-            .expect("restart")
+            .expect("restart");
         }
     };
     let ((acked, refused), ()) = tokio::join!(load, restart);
@@ -600,4 +600,190 @@ async fn the_leader_killed_ten_times_under_load_loses_nothing_and_runs_nothing_t
     let twice = std::fs::read_to_string(locks.join("twice")).unwrap_or_default();
     assert!(twice.is_empty(), "instances ran twice at once: {twice}");
     drop(agents);
+}
+
+/// A TCP proxy that can black-hole its connections (a network partition:
+/// bytes stop flowing, sockets stay open) and heal.
+struct Proxy {
+    port: u16,
+    blocked: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    async fn start(to: u16) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let blocked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let b = blocked.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    // New connections hang too while partitioned.
+                    while b.load(Ordering::Relaxed) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let pump =
+                        |mut r: tokio::net::tcp::OwnedReadHalf,
+                         mut w: tokio::net::tcp::OwnedWriteHalf,
+                         b: std::sync::Arc<std::sync::atomic::AtomicBool>| async move {
+                            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                            let mut buf = vec![0u8; 64 * 1024];
+                            loop {
+                                let n = match r.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => n,
+                                };
+                                while b.load(Ordering::Relaxed) {
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                }
+                                if w.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        };
+                    tokio::spawn(pump(cr, sw, b.clone()));
+                    tokio::spawn(pump(sr, cw, b));
+                });
+            }
+        });
+        Proxy { port, blocked }
+    }
+
+    fn set_blocked(&self, blocked: bool) {
+        self.blocked
+            .store(blocked, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_stops_when_healed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    let pg_port: u16 = db
+        .rsplit_once(':')
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|p| p.parse().ok())
+        .expect("port in the URL");
+    let proxy = Proxy::start(pg_port).await;
+    let through_proxy = db.replace(&format!(":{pg_port}/"), &format!(":{}/", proxy.port));
+    let ports = [free_port(), free_port()];
+    let a = Pelotond::start(dir.path(), "a", ports[0], &through_proxy, 0).await;
+    leader(&ports[..1]).await;
+    let b = Pelotond::start(dir.path(), "b", ports[1], &db, 0).await;
+    let agent_bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
+    let list = format!(
+        "http://127.0.0.1:{},http://127.0.0.1:{}",
+        ports[0], ports[1]
+    );
+    let work = dir.path().join("agent");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let _agent = Command::new(&agent_bin)
+        .args(["--server", &list])
+        .arg("--work-dir")
+        .arg(&work)
+        .args(["--host", "h0", "--token", TOKEN])
+        .args(["--resources", "cpu=8,mem=8192,disk=10000"])
+        .args(["--ports", "31100-31149"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("agent starts");
+    eventually("the agent registered", TIMEOUT, async || {
+        let mut c = clients(ports[0]).await;
+        let n = c
+            .hosts
+            .list(pb::ListHostsRequest::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner()
+            .hosts
+            .len();
+        (n == 1).then_some(()).ok_or(format!("{n} hosts"))
+    })
+    .await;
+    create_pool(ports[0]).await;
+    let task = pb::TaskSpec {
+        shell: "sleep 600".into(),
+        resources: Some(common::res(0.1, 32.0)),
+        ..Default::default()
+    };
+    let id = submit(ports[0], job("long", 2, task))
+        .await
+        .expect("accepted");
+    eventually("both instances running", TIMEOUT, async || {
+        let j = job_state(ports[0], &id).await.map_err(|e| e.to_string())?;
+        let n = common::count_in(&j, pb::TaskState::Running);
+        (n == 2).then_some(()).ok_or(format!("{n} running"))
+    })
+    .await;
+    proxy.set_blocked(true);
+    let cut = Instant::now();
+    // The standby leads; the agent moves to it and its tasks keep running
+    // (adopted, not started again).
+    assert_eq!(leader(&ports[1..]).await, ports[1]);
+    let took = cut.elapsed();
+    eventually(
+        "the running instances adopted by the new leader",
+        TIMEOUT,
+        async || {
+            let j = job_state(ports[1], &id).await.map_err(|e| e.to_string())?;
+            let n = common::count_in(&j, pb::TaskState::Running);
+            let mut c = clients(ports[1]).await;
+            let up = c
+                .hosts
+                .list(pb::ListHostsRequest::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner()
+                .hosts
+                .iter()
+                .filter(|h| h.state() == pb::HostState::Up)
+                .count();
+            (n == 2 && up == 1)
+                .then_some(())
+                .ok_or(format!("{n} running, {up} hosts up"))
+        },
+    )
+    .await;
+    let mut c = clients(ports[1]).await;
+    let tasks = c
+        .tasks
+        .list(pb::ListTasksRequest {
+            job_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("tasks")
+        .into_inner()
+        .tasks;
+    for t in &tasks {
+        let run = t.current.as_ref().expect("run");
+        assert_eq!(run.run_id, 1, "not started again: {t:?}");
+    }
+    // The partitioned leader refuses calls meanwhile.
+    let err = serves(ports[0]).await.expect_err("a lapsed leader refuses");
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.message().starts_with("not the leader"), "{err:?}");
+    // Healed: it finds the lease taken and stops.
+    proxy.set_blocked(false);
+    let mut a = a;
+    let status = tokio::time::timeout(TIMEOUT, a.child.wait())
+        .await
+        .expect("the deposed leader stops")
+        .expect("wait");
+    assert_eq!(status.code(), Some(75), "{}", a.log_text());
+    eprintln!("partition to the standby serving: {took:?}");
+    drop(b);
 }
