@@ -110,6 +110,25 @@ pub async fn start_with(
     }
 }
 
+/// The URL standbys name for this server when `advertise` is not set:
+/// the listen address, or the host's name when it listens on every
+/// address (0.0.0.0 or ::, which no client can dial).
+fn default_advertise(addr: SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into());
+        tracing::warn!(
+            %host,
+            "listening on every address without --advertise: standbys will name this server by its host name"
+        );
+        format!("http://{host}:{}", addr.port())
+    } else {
+        format!("http://{addr}")
+    }
+}
+
 /// Opens the store, taking the lease first if it is PostgreSQL.
 fn open_store(
     config: &Config,
@@ -132,7 +151,7 @@ fn open_store(
             address: config
                 .advertise
                 .clone()
-                .unwrap_or_else(|| format!("http://{addr}")),
+                .unwrap_or_else(|| default_advertise(addr)),
             lease: Duration::from_millis(config.lease_ms),
         },
         role,

@@ -37,6 +37,10 @@ pub struct E2eOptions {
     pub server: Option<String>,
     /// With `server`: its process id, to read its RSS.
     pub server_pid: Option<u32>,
+    /// The started server's store (a PostgreSQL URL).
+    pub store: Option<String>,
+    /// Start a throwaway PostgreSQL for the started server's store.
+    pub postgres: bool,
 }
 
 pub(crate) struct Spawned {
@@ -198,10 +202,38 @@ fn job_spec(pool: &str, i: u32, tasks: u32) -> pb::JobSpec {
 
 /// Runs the benchmark.
 pub async fn run(opts: E2eOptions) -> Result<Value> {
+    // Kept until the run ends.
+    let local_pg = if opts.postgres {
+        Some(
+            tokio::task::spawn_blocking(|| {
+                peloton_gateway::local_pg::LocalPostgres::start(true)
+                    .context("cannot start PostgreSQL")
+            })
+            .await??,
+        )
+    } else {
+        None
+    };
+    let store = match local_pg {
+        Some(pg) => {
+            let (pg, url) = tokio::task::spawn_blocking(move || {
+                let url = pg.create_db("bench");
+                (pg, url)
+            })
+            .await?;
+            (Some(pg), Some(url?))
+        }
+        None => (None, opts.store.clone()),
+    };
+    let (_local_pg, store) = store;
     let (spawned, addr, pid) = match &opts.server {
         Some(a) => (None, a.clone(), opts.server_pid),
         None => {
-            let (s, a) = spawn_server(opts.hosts)?;
+            let flags: Vec<String> = store
+                .iter()
+                .flat_map(|url| ["--store".to_owned(), url.clone()])
+                .collect();
+            let (s, a) = spawn_server_with(opts.hosts, &flags)?;
             let pid = s.child.id();
             (Some(s), a, Some(pid))
         }
@@ -283,6 +315,13 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
     Ok(json!({
         "benchmark": "e2e",
         "server": addr,
+        "store": if opts.server.is_some() {
+            "as the server has it"
+        } else if store.is_some() {
+            "postgres"
+        } else {
+            "embedded (redb)"
+        },
         "hosts": opts.hosts,
         "jobs": opts.jobs,
         "tasks_per_job": opts.tasks_per_job,

@@ -155,6 +155,14 @@ enum Command {
         /// With --server: its process id, to report its memory.
         #[arg(long)]
         server_pid: Option<u32>,
+        /// The started server's store: a PostgreSQL URL (default: the
+        /// embedded store in a temporary directory).
+        #[arg(long, value_name = "URL", conflicts_with_all = ["server", "postgres"])]
+        store: Option<String>,
+        /// Start a throwaway PostgreSQL (from the system's packages, fsync
+        /// on) and put the started server's store on it.
+        #[arg(long, conflicts_with = "server")]
+        postgres: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -402,6 +410,8 @@ fn main() -> Result<()> {
             clients,
             server,
             server_pid,
+            store,
+            postgres,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -414,6 +424,8 @@ fn main() -> Result<()> {
                 clients,
                 server,
                 server_pid,
+                store,
+                postgres,
             }))?;
             print(&report, json, "e2e");
         }
