@@ -10,7 +10,7 @@
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running throwaway server. Dropping it stops it.
@@ -19,7 +19,9 @@ pub struct LocalPostgres {
     bin: PathBuf,
     dir: tempfile::TempDir,
     port: u16,
-    child: Option<Child>,
+    /// The running server: its pid and the thread that started it and
+    /// waits for it (the server dies with that thread: see `run`).
+    child: Option<(i32, std::thread::JoinHandle<()>)>,
     /// Run as this user (root only).
     user: Option<(u32, u32)>,
     fsync: bool,
@@ -189,10 +191,11 @@ impl LocalPostgres {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe. The server dies with the
-        // thread that forked it; `start` is called from a thread that lives
-        // as long as the server is needed (tests keep it in a static or
-        // drop it before their thread ends).
+        // SAFETY: prctl is async-signal-safe. The server gets SIGQUIT
+        // when the thread that forked it ends: that thread is one of its
+        // own, which waits for the server, so the server lives until it is
+        // stopped or this process dies (a thread of a pool, such as
+        // `spawn_blocking`'s, would end while the server is still needed).
         #[allow(unsafe_code)]
         unsafe {
             c.pre_exec(|| {
@@ -200,19 +203,31 @@ impl LocalPostgres {
                     .map_err(std::io::Error::from)
             });
         }
-        self.child = Some(c.spawn()?);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::Builder::new()
+            .name("postgres-waiter".into())
+            .spawn(move || match c.spawn() {
+                Ok(mut child) => {
+                    let _ = tx.send(Ok(child.id() as i32));
+                    let _ = child.wait();
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            })?;
+        let pid = rx
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the postgres starter thread died"))??;
+        self.child = Some((pid, waiter));
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if postgres::Client::connect(&self.url_of("postgres"), postgres::NoTls).is_ok() {
                 return Ok(());
             }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            if self.child.as_ref().is_some_and(|c| c.1.is_finished()) {
+                self.child = None;
                 anyhow::bail!(
-                    "postgres exited ({status}): {}",
+                    "postgres exited: {}",
                     std::fs::read_to_string(self.dir.path().join("postgres.log"))
                         .unwrap_or_default()
                 );
@@ -249,12 +264,13 @@ impl LocalPostgres {
     /// Stops the server at once (SIGQUIT: immediate shutdown, as a crash
     /// of the database would) and waits for it.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGQUIT,
-            );
-            let _ = child.wait();
+        self.stop(nix::sys::signal::Signal::SIGQUIT);
+    }
+
+    fn stop(&mut self, signal: nix::sys::signal::Signal) {
+        if let Some((pid, waiter)) = self.child.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+            let _ = waiter.join();
         }
     }
 
@@ -272,13 +288,7 @@ impl LocalPostgres {
 
 impl Drop for LocalPostgres {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SIGINT: fast shutdown.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGINT,
-            );
-            let _ = child.wait();
-        }
+        // SIGINT: fast shutdown.
+        self.stop(nix::sys::signal::Signal::SIGINT);
     }
 }

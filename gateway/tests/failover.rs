@@ -378,18 +378,12 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_and_stops()
 async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
     let dir = tempfile::tempdir().expect("tempdir");
     // A server of its own: restarting it must not disturb other tests.
-    let pg = {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(peloton_gateway::local_pg::LocalPostgres::start(false));
-            loop {
-                std::thread::park();
-            }
-        });
-        std::sync::Arc::new(std::sync::Mutex::new(
-            rx.recv().expect("starter").expect("PostgreSQL starts"),
-        ))
-    };
+    let pg = std::sync::Arc::new(std::sync::Mutex::new(
+        std::thread::spawn(|| peloton_gateway::local_pg::LocalPostgres::start(false))
+            .join()
+            .expect("starter")
+            .expect("PostgreSQL starts"),
+    ));
     let db = {
         let pg = pg.clone();
         std::thread::spawn(move || pg.lock().expect("pg").create_db("restart"))

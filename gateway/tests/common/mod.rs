@@ -177,17 +177,10 @@ pub fn local_postgres() -> &'static peloton_gateway::local_pg::LocalPostgres {
     static PG: std::sync::OnceLock<peloton_gateway::local_pg::LocalPostgres> =
         std::sync::OnceLock::new();
     PG.get_or_init(|| {
-        // Started from a thread that never ends: the server dies with the
-        // thread that started it (and so with this process), not with
-        // the test that happened to start it.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(peloton_gateway::local_pg::LocalPostgres::start(false));
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv()
+        // Started off the (maybe async) test's thread: the blocking client
+        // that waits for it may not run there. It dies with this process.
+        std::thread::spawn(|| peloton_gateway::local_pg::LocalPostgres::start(false))
+            .join()
             .expect("the PostgreSQL starter")
             .unwrap_or_else(|e| panic!("cannot start PostgreSQL for the tests: {e:#}"))
     })
