@@ -167,8 +167,9 @@ impl Gate {
     }
 
     async fn handle(&self, request: axum::extract::Request) -> axum::response::Response {
-        let refusal = self.role.refusal();
-        if refusal.is_none()
+        // The common case reads one flag; the standing (under a lock) is
+        // looked at only to refuse.
+        if self.role.is_leading()
             && let Some(routes) = self.routes.get()
         {
             return match routes.clone().oneshot(request).await {
@@ -176,7 +177,10 @@ impl Gate {
                 Err(never) => match never {},
             };
         }
-        let (message, leader) = refusal.unwrap_or_else(|| ("starting".into(), None));
+        let (message, leader) = self
+            .role
+            .refusal()
+            .unwrap_or_else(|| ("starting: try again shortly".into(), None));
         let grpc = request
             .headers()
             .get(axum::http::header::CONTENT_TYPE)
