@@ -238,6 +238,11 @@ pub struct LeaseConfig {
     pub address: String,
     /// The lease's length.
     pub lease: Duration,
+    /// This server's lasting identity (kept in its data dir): a server
+    /// started again after a crash takes the lease its previous process
+    /// held at once instead of waiting for it to expire. Safe either way:
+    /// were that process still alive, its next write would be fenced.
+    pub server_id: String,
 }
 
 /// The lease this server holds.
@@ -254,13 +259,15 @@ pub struct Lease {
     keeper: Option<std::thread::JoinHandle<()>>,
 }
 
-fn holder_id() -> String {
+/// `SERVER_ID/HOST/PID/RANDOM`: unique per process, and starting with the
+/// server's lasting identity (see [`LeaseConfig::server_id`]).
+fn holder_id(server_id: &str) -> String {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default();
     format!(
-        "{host}/{}/{}",
+        "{server_id}/{host}/{}/{}",
         std::process::id(),
         uuid::Uuid::new_v4().simple()
     )
@@ -270,29 +277,62 @@ fn lease_ms(lease: Duration) -> f64 {
     lease.as_millis() as f64
 }
 
-/// Takes the lease if it has expired: the new epoch, or `None` with the
-/// live holder's address (`""`: none).
+/// Whether `holder` is an earlier process of this server (same identity,
+/// same host) that is no longer alive: its lease can be taken at once.
+fn dead_predecessor(holder: &str, server_id: &str) -> bool {
+    let mut parts = holder.split('/');
+    let (Some(id), Some(host), Some(pid)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let our_host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    let Ok(pid) = pid.parse::<i32>() else {
+        return false;
+    };
+    !server_id.is_empty()
+        && id == server_id
+        && host == our_host
+        && pid != std::process::id() as i32
+        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH)
+}
+
+/// Takes the lease if it has expired (or its holder was this server's
+/// previous process, now dead): the new epoch, or `Err` with the live
+/// holder's address (`""`: none).
 fn try_acquire(
     client: &mut postgres::Client,
     holder: &str,
     config: &LeaseConfig,
 ) -> Result<Result<i64, String>, postgres::Error> {
+    let current = client.query_one(
+        "SELECT holder, address, expires_at >= now() FROM peloton_leader WHERE id = 1",
+        &[],
+    )?;
+    let (previous, address, live): (String, String, bool) =
+        (current.get(0), current.get(1), current.get(2));
+    let own_dead: Option<String> =
+        (live && dead_predecessor(&previous, &config.server_id)).then(|| previous.clone());
     let taken = client.query_opt(
         "UPDATE peloton_leader \
          SET epoch = epoch + 1, holder = $1, address = $2, \
              expires_at = now() + $3 * interval '1 millisecond' \
-         WHERE id = 1 AND expires_at < now() \
+         WHERE id = 1 AND (expires_at < now() OR holder = $4) \
          RETURNING epoch",
-        &[&holder, &config.address, &lease_ms(config.lease)],
+        &[&holder, &config.address, &lease_ms(config.lease), &own_dead],
     )?;
     if let Some(row) = taken {
+        if own_dead.is_some() {
+            tracing::info!(
+                previous,
+                "took over the lease of this server's previous process"
+            );
+        }
         return Ok(Ok(row.get(0)));
     }
-    let row = client.query_one(
-        "SELECT address FROM peloton_leader WHERE id = 1 AND expires_at >= now()",
-        &[],
-    );
-    Ok(Err(row.map(|r| r.get(0)).unwrap_or_default()))
+    Ok(Err(if live { address } else { String::new() }))
 }
 
 /// Extends the lease of `epoch`: false when another server took it.
@@ -314,7 +354,7 @@ impl Lease {
     /// Waits until this server holds the lease, telling `role` who leads
     /// meanwhile. Blocking: call from a blocking thread.
     pub fn acquire(config: LeaseConfig, role: &Role) -> anyhow::Result<Lease> {
-        let holder = holder_id();
+        let holder = holder_id(&config.server_id);
         // Migrations create the lease row.
         {
             let mut c = pgstore::connect(&config.url)?;

@@ -129,6 +129,25 @@ fn default_advertise(addr: SocketAddr) -> String {
     }
 }
 
+/// This server's lasting identity, kept in `DATA_DIR/server-id` (created
+/// once): a restart after a crash takes its own lease back at once.
+fn server_id(data_dir: &std::path::Path) -> anyhow::Result<String> {
+    let path = data_dir.join("server-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+    }
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", data_dir.display()))?;
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{id}\n"))?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(id)
+}
+
 /// Opens the store, taking the lease first if it is PostgreSQL.
 fn open_store(
     config: &Config,
@@ -153,6 +172,7 @@ fn open_store(
                 .clone()
                 .unwrap_or_else(|| default_advertise(addr)),
             lease: Duration::from_millis(config.lease_ms),
+            server_id: server_id(&config.data_dir)?,
         },
         role,
     )?;

@@ -41,6 +41,17 @@ impl Pelotond {
     /// Starts a server on `port` and waits until it listens (it may stand
     /// by).
     async fn start(dir: &Path, name: &str, port: u16, db: &str, sim_hosts: u32) -> Pelotond {
+        Self::start_with_lease(dir, name, port, db, sim_hosts, LEASE_MS).await
+    }
+
+    async fn start_with_lease(
+        dir: &Path,
+        name: &str,
+        port: u16,
+        db: &str,
+        sim_hosts: u32,
+        lease_ms: u64,
+    ) -> Pelotond {
         let data = dir.join(name);
         let log = dir.join(format!("{name}.log"));
         let stderr = std::fs::OpenOptions::new()
@@ -52,7 +63,7 @@ impl Pelotond {
             .arg("--data-dir")
             .arg(&data)
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--store", db, "--lease-ms", &LEASE_MS.to_string()])
+            .args(["--store", db, "--lease-ms", &lease_ms.to_string()])
             .args(["--no-metrics", "--agent-token", TOKEN])
             .args(["--cycle-interval-ms", "5", "--host-lost-after-ms", "20000"])
             .args(["--sim-hosts", &sim_hosts.to_string()])
@@ -780,4 +791,39 @@ async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_st
     assert_eq!(status.code(), Some(75), "{}", a.log_text());
     eprintln!("partition to the standby serving: {took:?}");
     drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    // A long lease: waiting for it to expire would show.
+    let lease_ms = 60_000;
+    let port = free_port();
+    let a = Pelotond::start_with_lease(dir.path(), "a", port, &db, 2, lease_ms).await;
+    leader(&[port]).await;
+    create_pool(port).await;
+    let id = submit(port, job("kept", 2, sim_task(60_000)))
+        .await
+        .expect("accepted");
+    let (epoch, _) = lease_row(&db);
+    let mut a = a;
+    a.child.kill().await.expect("SIGKILL");
+    let killed = Instant::now();
+    // Another server (its own data dir) must still wait for the lease.
+    let other =
+        Pelotond::start_with_lease(dir.path(), "other", free_port(), &db, 2, lease_ms).await;
+    // The same server (same data dir) takes it back at once.
+    let again = Pelotond::start_with_lease(dir.path(), "a", port, &db, 2, lease_ms).await;
+    leader(&[again.port]).await;
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_millis(lease_ms / 2),
+        "took {took:?} with a {lease_ms} ms lease"
+    );
+    assert_eq!(lease_row(&db).0, epoch + 1);
+    job_state(again.port, &id).await.expect("the job survived");
+    let err = serves(other.port).await.expect_err("the other stands by");
+    assert!(err.message().starts_with("not the leader"), "{err:?}");
+    eprintln!("restart to serving with a {lease_ms} ms lease: {took:?}");
 }
