@@ -99,11 +99,20 @@ impl Shared {
         let read = servers::is_read(parts.uri.path());
         let (mut server, mut channel) = self.current();
         let mut route = Route::new(&self.servers, &server, read);
+        // A server that has just taken the lead answers `starting` while it
+        // recovers (the call was not applied): wait for it, a while.
+        let starting_until = std::time::Instant::now() + servers::STARTING_PATIENCE;
         loop {
             let (mut failure, mut said) = match send(&mut channel, &parts, body.clone()).await {
                 Ok(response) => {
-                    let refusal = Status::from_header_map(response.headers())
-                        .and_then(|status| servers::not_leader(&status));
+                    let status = Status::from_header_map(response.headers());
+                    if status.as_ref().is_some_and(servers::is_starting)
+                        && std::time::Instant::now() < starting_until
+                    {
+                        tokio::time::sleep(servers::STARTING_RETRY).await;
+                        continue;
+                    }
+                    let refusal = status.and_then(|status| servers::not_leader(&status));
                     match refusal {
                         None => {
                             *self.current.lock().unwrap_or_else(PoisonError::into_inner) =

@@ -17,6 +17,19 @@ use crate::error::UsageError;
 pub const LEADER_HEADER: &str = "peloton-leader";
 /// How the message of a standby's refusal starts.
 pub const NOT_LEADER: &str = "not the leader";
+/// How the message of a server still recovering (it leads, or will) starts.
+pub const STARTING: &str = "starting:";
+/// How long a call waits for a server that is starting.
+pub const STARTING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// Between two tries of a server that is starting.
+pub const STARTING_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Whether `status` says the server is still starting (recovering its
+/// state): the call was not applied and may be sent again.
+pub fn is_starting(status: &Status) -> bool {
+    status.code() == Code::Unavailable && status.message().starts_with(STARTING)
+}
+
 /// Most addresses `--server` may list.
 pub const MAX_SERVERS: usize = 32;
 
@@ -258,6 +271,11 @@ mod tests {
                 leader: Some("http://10.0.0.2:5000".to_owned()),
             })
         );
+        assert!(is_starting(&Status::unavailable(
+            "starting: the server is recovering its state; try again shortly"
+        )));
+        assert!(!is_starting(&Status::unavailable("the store cannot write")));
+        assert!(!is_starting(&Status::failed_precondition("starting: x")));
         let unknown = refusal("not the leader: no leader is known yet", None);
         assert_eq!(not_leader(&unknown).and_then(|n| n.leader), None);
         // A leader named without a scheme, or not as an address.
