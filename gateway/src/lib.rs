@@ -5,6 +5,7 @@
 pub mod agents;
 pub mod backend;
 pub mod config;
+pub mod console;
 pub mod convert;
 pub mod demo;
 /// The lifecycle core (its own crate: it cannot reach tonic, prost, tokio or

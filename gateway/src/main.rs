@@ -327,6 +327,7 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
         "pelotond: JSON over HTTP on the same port: curl http://{}/v1",
         server.addr
     );
+    println!("pelotond: console on http://{}/ui/", server.addr);
     if let Some(m) = server.metrics_addr {
         println!("pelotond: metrics on http://{m}/metrics");
     }

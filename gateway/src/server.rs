@@ -368,7 +368,9 @@ async fn opened(
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ));
     }
-    gate.open(mirror.mount(routes.into_axum_router()));
+    gate.open(crate::console::mount(
+        mirror.mount(routes.into_axum_router()),
+    ));
     let (metrics_addr, metrics_task) = match config.metrics_listen {
         Some(at) => {
             let listener = tokio::net::TcpListener::bind(at)

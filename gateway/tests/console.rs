@@ -1,0 +1,475 @@
+//! The web console in a real browser: headless Chromium (from the system's
+//! packages) driven over the DevTools protocol against a real server in
+//! process. The assertions are on what the page shows after live updates
+//! (no reloads): a job created through the API after the page loaded
+//! appears in the jobs list, a pool appears in the pools tree, a pending
+//! task's page says why it waits, a host's row shows its allocation.
+//!
+//! Chromium must be installed (`apt-get install -y chromium`): a run
+//! without it fails, it is never skipped. Screenshots of each page go to
+//! `$TMPDIR/peloton-console-shots/` (the path is printed).
+
+mod common;
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::TestServer;
+use serde_json::{Value as Json, json};
+
+/// How long the page may take to show something.
+const PAGE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Time between two looks at the page.
+const PAGE_POLL: Duration = Duration::from_millis(100);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_cluster_live() {
+    let chromium = find_chromium();
+    let s = TestServer::start(3).await;
+    let addr = s.server.as_ref().expect("running").addr;
+    // The browser and the blocking HTTP client run off the async workers.
+    tokio::task::spawn_blocking(move || scenario(&chromium, addr))
+        .await
+        .expect("the browser scenario");
+    s.shutdown().await;
+}
+
+fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
+    let base = format!("http://{addr}");
+    let api = Api::new(&base);
+    let shots = shots_dir();
+    let mut b = Browser::launch(chromium);
+
+    // `/` leads to the console, which opens on the cluster page.
+    b.navigate(&format!("{base}/"));
+    b.wait_for(
+        "the hosts table",
+        "document.querySelectorAll('#hosts tr[data-host]').length === 3",
+    );
+    b.wait_for(
+        "the live stream",
+        "document.getElementById('live').textContent.includes('live')",
+    );
+    assert!(b.text("document.location.pathname").ends_with("/ui/"));
+    let row = b.text("document.querySelector('tr[data-host=\"sim-00000\"]').innerText");
+    assert!(
+        row.contains("UP") && row.contains("zone=z1"),
+        "host row: {row}"
+    );
+    b.screenshot(&shots.join("cluster.png"));
+
+    // The jobs page, loaded before the pool and the job exist.
+    b.navigate(&format!("{base}/ui/#/jobs"));
+    b.wait_for("the jobs page", "document.getElementById('jobs') !== null && document.getElementById('jobs').innerText.includes('of 0 jobs')");
+    api.post(
+        "/v1/pools",
+        json!({"path": "/web", "spec": {"reservation": {"cpu": 6, "memoryMb": 4096}}}),
+    );
+    let small = api.post("/v1/jobs", job("frontend", "/web", 2, 1.0))["job"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // Three tasks of 2 cores: what is left of the reservation of 6 admits
+    // two; the third waits.
+    let big = api.post("/v1/jobs", job("batch-report", "/web", 3, 2.0))["job"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // Live: the list shows both without a reload, running and pending.
+    b.wait_for(
+        "the new jobs in the list",
+        &format!(
+            "(() => {{ const r = document.querySelector('tr[data-job=\"{small}\"]'); \
+             return r && r.innerText.includes('frontend') && r.innerText.includes('RUNNING'); }})()"
+        ),
+    );
+    b.wait_for(
+        "the job with a pending task",
+        &format!("!!document.querySelector('tr[data-job=\"{big}\"]')"),
+    );
+    b.screenshot(&shots.join("jobs.png"));
+
+    // Searching narrows the list.
+    b.eval("(() => { const i = document.getElementById('job-filter'); i.value = 'frontend'; i.dispatchEvent(new Event('input')); })()");
+    b.wait_for(
+        "the search to keep only frontend",
+        &format!(
+            "!!document.querySelector('tr[data-job=\"{small}\"]') && !document.querySelector('tr[data-job=\"{big}\"]')"
+        ),
+    );
+
+    // A job's page (a deep link): its instances and its spec.
+    b.navigate(&format!("{base}/ui/#/jobs/{big}"));
+    b.wait_for(
+        "the instance grid",
+        "document.querySelectorAll('#instances .cell').length === 3",
+    );
+    b.wait_for(
+        "a pending instance and running ones",
+        "document.querySelectorAll('#instances .cell.s-pending').length === 1 && document.querySelectorAll('#instances .cell.s-running').length === 2",
+    );
+    let spec = b.text("document.getElementById('spec').innerText");
+    assert!(
+        spec.contains("name: batch-report") && spec.contains("pool: /web"),
+        "spec: {spec}"
+    );
+    b.screenshot(&shots.join("job.png"));
+
+    // The pending task's page says why it waits.
+    let pending = b.text("document.querySelector('#instances .cell.s-pending').dataset.instance");
+    b.navigate(&format!("{base}/ui/#/tasks/{big}/{pending}"));
+    b.wait_for(
+        "the pending reason",
+        "(document.getElementById('pending-reason') || {innerText: ''}).innerText.includes('reservation')",
+    );
+    let head = b.text("document.getElementById('view').innerText");
+    assert!(head.contains("PENDING"), "task page: {head}");
+    b.screenshot(&shots.join("task-pending.png"));
+
+    // Kill the small job from its page, after the confirmation; the page
+    // follows it to KILLED live.
+    b.navigate(&format!("{base}/ui/#/jobs/{small}"));
+    b.wait_for(
+        "the running instances",
+        "document.querySelectorAll('#instances .cell.s-running').length === 2",
+    );
+    b.eval(
+        "window.confirm = (m) => { window.asked = m; return true; }; document.getElementById('kill').click()",
+    );
+    b.wait_for(
+        "the instances killed",
+        "document.querySelectorAll('#instances .cell.s-killed').length === 2",
+    );
+    assert!(b.text("window.asked").contains("Kill job frontend"));
+    // Its resources went back to the pool: the pending task of the other
+    // job runs now, and its page (opened live) shows where.
+    b.navigate(&format!("{base}/ui/#/tasks/{big}/{pending}"));
+    b.wait_for(
+        "the task placed and running",
+        "document.querySelector('h1') && document.querySelector('h1').innerText.includes('RUNNING') && !document.getElementById('pending-reason')",
+    );
+    let page = b.text("document.getElementById('view').innerText");
+    assert!(
+        page.contains("sim-0000"),
+        "task page names its host: {page}"
+    );
+    b.screenshot(&shots.join("task-running.png"));
+
+    // The pools page: the tree with the new pool's row and its figures.
+    b.navigate(&format!("{base}/ui/#/pools"));
+    b.wait_for(
+        "the pool's row",
+        "(() => { const r = document.querySelector('tr[data-pool=\"/web\"]'); return r && r.innerText.includes('4'); })()",
+    );
+    let rows = b
+        .text("[...document.querySelectorAll('tr[data-pool]')].map(r => r.dataset.pool).join(',')");
+    assert!(rows.starts_with("/,"), "the root first: {rows}");
+    b.screenshot(&shots.join("pools.png"));
+
+    // A host filter on the cluster page.
+    b.navigate(&format!("{base}/ui/#/cluster"));
+    b.wait_for(
+        "the hosts table",
+        "document.querySelectorAll('#hosts tr[data-host]').length === 3",
+    );
+    // The running tasks (the killed job's cores went back): some host
+    // shows cores allocated of its 16.
+    b.wait_for(
+        "the hosts' allocation",
+        r"[...document.querySelectorAll('#hosts tr[data-host]')].some(r => /[1-9]\d* \/ 16/.test(r.innerText))",
+    );
+    b.screenshot(&shots.join("cluster-busy.png"));
+    b.eval("(() => { const i = document.getElementById('host-filter'); i.value = 'zone=z2'; i.dispatchEvent(new Event('input')); })()");
+    b.wait_for(
+        "one host left",
+        "document.querySelectorAll('#hosts tr[data-host]').length === 1 && !!document.querySelector('tr[data-host=\"sim-00001\"]')",
+    );
+    println!("console screenshots: {}", shots.display());
+}
+
+fn job(name: &str, pool: &str, instances: u32, cpu: f64) -> Json {
+    json!({"spec": {
+        "name": name,
+        "owner": "console-test",
+        "type": "JOB_TYPE_BATCH",
+        "pool": pool,
+        "instanceCount": instances,
+        "defaultTask": {
+            "command": "/bin/true",
+            "resources": {"cpu": cpu, "memoryMb": 256},
+            "sim": {"durationMs": 600_000, "exitCode": 0},
+        },
+    }})
+}
+
+fn shots_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join("peloton-console-shots");
+    std::fs::create_dir_all(&dir).expect("the screenshots' directory");
+    dir
+}
+
+/// The system's Chromium, or a failure that says how to install it.
+fn find_chromium() -> PathBuf {
+    if let Some(p) = std::env::var_os("PELOTON_CHROMIUM") {
+        return PathBuf::from(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        for name in ["chromium", "chromium-browser", "google-chrome"] {
+            let p = dir.join(name);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!(
+        "the console tests need Chromium: none of chromium, chromium-browser, google-chrome is on \
+         PATH (install it with `apt-get install -y chromium`, or set PELOTON_CHROMIUM)"
+    );
+}
+
+/// A blocking JSON client of the server's HTTP API.
+struct Api {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Api {
+    fn new(base: &str) -> Api {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(common::TIMEOUT))
+            .build()
+            .into();
+        Api {
+            base: base.to_string(),
+            agent,
+        }
+    }
+
+    fn post(&self, path: &str, body: Json) -> Json {
+        let url = format!("{}{path}", self.base);
+        let mut resp = self
+            .agent
+            .post(&url)
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().expect("body");
+        assert_eq!(status, 200, "POST {url}: {text}");
+        serde_json::from_str(&text).expect("JSON")
+    }
+}
+
+/// Headless Chromium driven over the DevTools protocol on a pipe
+/// (`--remote-debugging-pipe`: commands on its fd 3, answers and events on
+/// its fd 4, each message JSON ending with a NUL byte). The protocol needs
+/// no more than a few commands here, so no client crate: `Target` to open a
+/// page, `Page.navigate`, `Runtime.evaluate`, `Page.captureScreenshot`.
+struct Browser {
+    child: Child,
+    to_browser: ChildStdin,
+    from_browser: mpsc::Receiver<Json>,
+    next_id: u64,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn launch(chromium: &Path) -> Browser {
+        let profile = tempfile::tempdir().expect("a browser profile directory");
+        // The shell puts our pipes on the descriptors the protocol uses.
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"exec "$0" "$@" 3<&0 4>&1 0</dev/null 1>/dev/null"#)
+            .arg(chromium)
+            .args([
+                "--headless",
+                "--remote-debugging-pipe",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--window-size=1440,900",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", chromium.display()));
+        let to_browser = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, from_browser) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            loop {
+                let mut message = Vec::new();
+                match reader.read_until(0, &mut message) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                message.pop_if(|b| *b == 0);
+                let Ok(json) = serde_json::from_slice::<Json>(&message) else {
+                    continue;
+                };
+                if tx.send(json).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut b = Browser {
+            child,
+            to_browser,
+            from_browser,
+            next_id: 0,
+            session: String::new(),
+            _profile: profile,
+        };
+        let target = b.call("Target.createTarget", json!({"url": "about:blank"}));
+        let target_id = target["targetId"].as_str().expect("targetId").to_string();
+        let attached = b.call(
+            "Target.attachToTarget",
+            json!({"targetId": target_id, "flatten": true}),
+        );
+        b.session = attached["sessionId"]
+            .as_str()
+            .expect("sessionId")
+            .to_string();
+        b.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": 1440, "height": 900, "deviceScaleFactor": 1, "mobile": false}),
+        );
+        b
+    }
+
+    /// One command (on the page's session once there is one); its result.
+    fn call(&mut self, method: &str, params: Json) -> Json {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut message = json!({"id": id, "method": method, "params": params});
+        if !self.session.is_empty() {
+            message["sessionId"] = json!(self.session);
+        }
+        let mut bytes = message.to_string().into_bytes();
+        bytes.push(0);
+        self.to_browser
+            .write_all(&bytes)
+            .and_then(|()| self.to_browser.flush())
+            .unwrap_or_else(|e| panic!("{method}: the browser's pipe: {e}"));
+        let deadline = Instant::now() + PAGE_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let answer = self
+                .from_browser
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("{method}: no answer from the browser: {e}"));
+            // Events (no id) are not needed: the page is polled instead.
+            if answer["id"].as_u64() != Some(id) {
+                continue;
+            }
+            if let Some(error) = answer.get("error") {
+                panic!("{method}: {error}");
+            }
+            return answer["result"].clone();
+        }
+    }
+
+    fn navigate(&mut self, url: &str) {
+        let r = self.call("Page.navigate", json!({"url": url}));
+        assert!(r.get("errorText").is_none(), "navigate to {url}: {r}");
+    }
+
+    /// Evaluates `expression` in the page (awaiting a promise); its value.
+    fn eval(&mut self, expression: &str) -> Json {
+        let r = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+        );
+        if let Some(e) = r.get("exceptionDetails") {
+            return json!({"exception": e});
+        }
+        r["result"]["value"].clone()
+    }
+
+    /// `expression`'s value as text.
+    fn text(&mut self, expression: &str) -> String {
+        match self.eval(expression) {
+            Json::String(s) => s,
+            other => panic!("{expression}: not text: {other}"),
+        }
+    }
+
+    /// Polls `condition` until it is true; on timeout, fails with what the
+    /// page shows (and a screenshot of it).
+    fn wait_for(&mut self, what: &str, condition: &str) {
+        let deadline = Instant::now() + PAGE_TIMEOUT;
+        loop {
+            if self.eval(condition) == Json::Bool(true) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let shot = shots_dir().join("failure.png");
+                self.screenshot(&shot);
+                let text = self.eval("document.body ? document.body.innerText : ''");
+                panic!(
+                    "timed out after {PAGE_TIMEOUT:?} waiting for {what} ({condition}); the page \
+                     ({}) shows: {text}",
+                    shot.display()
+                );
+            }
+            std::thread::sleep(PAGE_POLL);
+        }
+    }
+
+    fn screenshot(&mut self, path: &Path) {
+        let r = self.call("Page.captureScreenshot", json!({"format": "png"}));
+        let png = base64_decode(r["data"].as_str().expect("screenshot data"));
+        std::fs::write(path, png).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Standard base64 (the protocol's encoding of binary results).
+fn base64_decode(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in text.bytes() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            b'=' => break,
+            _ => continue,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+#[test]
+fn base64_decodes() {
+    assert_eq!(base64_decode("aGVsbG8="), b"hello");
+    assert_eq!(base64_decode("aGk="), b"hi");
+}
