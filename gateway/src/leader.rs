@@ -80,10 +80,27 @@ impl Role {
             .clone()
     }
 
-    /// Changes the standing.
+    /// Changes the standing (the flag follows under the same lock, so
+    /// the two never disagree).
     pub fn set(&self, standing: Standing) {
-        let leading = standing == Standing::Leading;
-        *self.standing.lock().unwrap_or_else(|e| e.into_inner()) = standing;
+        let mut current = self.standing.lock().unwrap_or_else(|e| e.into_inner());
+        self.apply(&mut current, standing);
+    }
+
+    /// Changes the standing to `to` only if it is `from` now: true if it
+    /// did (the lease's keeper and watchdog race each other).
+    pub fn transition(&self, from: &Standing, to: Standing) -> bool {
+        let mut current = self.standing.lock().unwrap_or_else(|e| e.into_inner());
+        if *current != *from {
+            return false;
+        }
+        self.apply(&mut current, to);
+        true
+    }
+
+    fn apply(&self, current: &mut Standing, to: Standing) {
+        let leading = to == Standing::Leading;
+        *current = to;
         self.leading.send_if_modified(|l| {
             let changed = *l != leading;
             *l = leading;
@@ -302,40 +319,64 @@ fn dead_predecessor(holder: &str, server_id: &str) -> bool {
 /// Takes the lease if it has expired (or its holder was this server's
 /// previous process, now dead): the new epoch, or `Err` with the live
 /// holder's address (`""`: none).
+///
+/// One transaction: the lease row (`peloton_lease`: epoch, expiry) is
+/// updated first, then the fenced row (`peloton_leader`), which waits for
+/// any commit of the old leader in flight (its share lock). The wait is
+/// bounded by `lock_timeout`: a leader frozen inside a transaction holds
+/// the lock until the database ends its session
+/// (`idle_in_transaction_session_timeout`, set by the store), and the
+/// standby tries again meanwhile.
 fn try_acquire(
     client: &mut postgres::Client,
     holder: &str,
     config: &LeaseConfig,
 ) -> Result<Result<i64, String>, postgres::Error> {
-    let current = client.query_one(
-        "SELECT holder, address, expires_at >= now() FROM peloton_leader WHERE id = 1",
+    let mut tx = client.transaction()?;
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = {}",
+        config.lease.as_millis().max(1)
+    ))?;
+    let current = tx.query_one(
+        "SELECT l.holder, l.address, x.expires_at >= now() \
+         FROM peloton_leader l, peloton_lease x WHERE l.id = 1 AND x.id = 1",
         &[],
     )?;
     let (previous, address, live): (String, String, bool) =
         (current.get(0), current.get(1), current.get(2));
     let own_dead: Option<String> =
         (live && dead_predecessor(&previous, &config.server_id)).then(|| previous.clone());
-    let taken = client.query_opt(
-        "UPDATE peloton_leader \
-         SET epoch = epoch + 1, holder = $1, address = $2, \
-             expires_at = now() + $3 * interval '1 millisecond' \
-         WHERE id = 1 AND (expires_at < now() OR holder = $4) \
+    let taken = tx.query_opt(
+        "UPDATE peloton_lease \
+         SET epoch = epoch + 1, expires_at = now() + $1 * interval '1 millisecond' \
+         WHERE id = 1 AND (expires_at < now() \
+             OR (SELECT holder FROM peloton_leader WHERE id = 1) = $2) \
          RETURNING epoch",
-        &[&holder, &config.address, &lease_ms(config.lease), &own_dead],
+        &[&lease_ms(config.lease), &own_dead],
     )?;
-    if let Some(row) = taken {
-        if own_dead.is_some() {
-            tracing::info!(
-                previous,
-                "took over the lease of this server's previous process"
-            );
-        }
-        return Ok(Ok(row.get(0)));
+    let Some(row) = taken else {
+        drop(tx);
+        return Ok(Err(if live { address } else { String::new() }));
+    };
+    let epoch: i64 = row.get(0);
+    tx.execute(
+        "UPDATE peloton_leader SET epoch = $1, holder = $2, address = $3 WHERE id = 1",
+        &[&epoch, &holder, &config.address],
+    )?;
+    tx.commit()?;
+    if own_dead.is_some() {
+        tracing::info!(
+            previous,
+            "took over the lease of this server's previous process"
+        );
     }
-    Ok(Err(if live { address } else { String::new() }))
+    Ok(Ok(epoch))
 }
 
-/// Extends the lease of `epoch`: false when another server took it.
+/// Extends the lease of `epoch`: false when another server took it. It
+/// touches only the lease row, so it never waits behind a commit (which
+/// holds a share lock on the fenced row). A released lease (expiry set to
+/// the epoch of time) is not extended again.
 fn renew(
     client: &mut postgres::Client,
     epoch: i64,
@@ -343,8 +384,8 @@ fn renew(
 ) -> Result<bool, postgres::Error> {
     Ok(client
         .query_opt(
-            "UPDATE peloton_leader SET expires_at = now() + $2 * interval '1 millisecond' \
-             WHERE id = 1 AND epoch = $1 RETURNING epoch",
+            "UPDATE peloton_lease SET expires_at = now() + $2 * interval '1 millisecond' \
+             WHERE id = 1 AND epoch = $1 AND expires_at > 'epoch' RETURNING epoch",
             &[&epoch, &lease_ms(lease)],
         )?
         .is_some())
@@ -419,7 +460,7 @@ impl Lease {
         let renewed_at = Arc::new(Mutex::new(self.acquired_at));
         let (watch_role, watch_renewed, watch_stop) =
             (role.clone(), renewed_at.clone(), stop.clone());
-        let lease = config.lease;
+        let lapse_after = config.lease - (config.lease / 10).max(Duration::from_millis(100));
         std::thread::Builder::new()
             .name("peloton-lease-watch".into())
             .spawn(move || {
@@ -429,13 +470,16 @@ impl Lease {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .elapsed();
-                    if since >= lease && watch_role.standing() == Standing::Leading {
+                    // A margin before the database's expiry: the lease
+                    // ran from the renewal's start on its clock.
+                    if since >= lapse_after
+                        && watch_role.transition(&Standing::Leading, Standing::Lapsed)
+                    {
                         tracing::error!(
                             epoch,
                             silent_ms = since.as_millis() as u64,
                             "the lease lapsed: refusing calls until it is renewed"
                         );
-                        watch_role.set(Standing::Lapsed);
                     }
                 }
             })
@@ -465,9 +509,8 @@ impl Lease {
                     match result {
                         Ok(true) => {
                             *renewed_at.lock().unwrap_or_else(|e| e.into_inner()) = began;
-                            if role.standing() == Standing::Lapsed {
+                            if role.transition(&Standing::Lapsed, Standing::Leading) {
                                 tracing::warn!(epoch, "the lease is renewed: leading again");
-                                role.set(Standing::Leading);
                             }
                         }
                         Ok(false) => deposed(&format!(
@@ -495,12 +538,13 @@ impl Lease {
         match pgstore::connect(&self.config.url) {
             Ok(mut c) => {
                 let r = c.execute(
-                    "UPDATE peloton_leader SET expires_at = 'epoch' \
-                     WHERE id = 1 AND epoch = $1 AND holder = $2",
-                    &[&self.epoch, &self.holder],
+                    "UPDATE peloton_lease SET expires_at = 'epoch' WHERE id = 1 AND epoch = $1",
+                    &[&self.epoch],
                 );
                 match r {
-                    Ok(_) => tracing::info!(epoch = self.epoch, "lease released"),
+                    Ok(_) => {
+                        tracing::info!(epoch = self.epoch, holder = %self.holder, "lease released");
+                    }
                     Err(e) => tracing::warn!(error = %e, "cannot release the lease"),
                 }
             }

@@ -162,6 +162,8 @@ impl LocalPostgres {
 
     fn command(bin: &Path, name: &str, user: Option<(u32, u32)>) -> Command {
         let mut c = Command::new(bin.join(name));
+        // The caller's directory may be unreadable by the `postgres` user.
+        c.current_dir(std::env::temp_dir());
         if let Some((uid, gid)) = user {
             c.uid(uid).gid(gid);
         }

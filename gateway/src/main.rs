@@ -22,8 +22,15 @@ struct Args {
     data_dir: Option<PathBuf>,
     /// The store: a PostgreSQL URL (postgres://user:password@host/db),
     /// which several pelotond may share (one leads, the others stand by);
-    /// default: the embedded store in DATA_DIR.
-    #[arg(long, value_name = "URL")]
+    /// default: the embedded store in DATA_DIR. Prefer the environment
+    /// variable or the config file for a URL with a password (the command
+    /// line shows in every user's process list).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "PELOTON_STORE",
+        hide_env_values = true
+    )]
     store: Option<String>,
     /// With a PostgreSQL store: the leader's lease, in milliseconds (a
     /// standby takes over about this long after the leader dies).
@@ -293,7 +300,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(config, &args)) {
+    let result = rt.block_on(serve(config, &args));
+    // Everything was stopped in order; a standby stopped while it waits
+    // for the lease leaves that wait on a blocking thread, which must not
+    // hold the exit up.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pelotond: {e:#}");

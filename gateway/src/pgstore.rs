@@ -76,16 +76,24 @@ CREATE TABLE peloton_events (
 -- than writing them).
 ALTER TABLE peloton_events ALTER COLUMN value SET STORAGE EXTERNAL;
 CREATE TABLE peloton_meta (key text COLLATE "C" PRIMARY KEY, value bigint NOT NULL);
--- The leader's lease: one row. `epoch` grows by one at every change of
--- leader and fences writes; `expires_at` is on the database's clock.
+-- The leader: one row, changed only when the lead changes hands. `epoch`
+-- grows by one at every change and fences writes (every commit holds a
+-- share lock on this row while it checks the epoch).
 CREATE TABLE peloton_leader (
     id integer PRIMARY KEY CHECK (id = 1),
     epoch bigint NOT NULL,
     holder text NOT NULL,
-    address text NOT NULL,
+    address text NOT NULL
+);
+INSERT INTO peloton_leader VALUES (1, 0, '', '');
+-- The lease: its epoch and expiry on the database's clock, renewed apart
+-- from the fenced row so that renewals never wait behind commits.
+CREATE TABLE peloton_lease (
+    id integer PRIMARY KEY CHECK (id = 1),
+    epoch bigint NOT NULL,
     expires_at timestamptz NOT NULL
 );
-INSERT INTO peloton_leader VALUES (1, 0, '', '', 'epoch');
+INSERT INTO peloton_lease VALUES (1, 0, 'epoch');
 -- Settings every server of the database shares (the agents' token).
 CREATE TABLE peloton_settings (key text COLLATE "C" PRIMARY KEY, value text NOT NULL);
 "#,
@@ -117,20 +125,46 @@ pub fn connect(url: &str) -> Result<Client, StoreError> {
         .keepalives_interval(Duration::from_secs(2))
         .keepalives_retries(3)
         .tcp_user_timeout(Duration::from_secs(15));
+    // The database's side of the connection notices a vanished client as
+    // soon, so the locks of a dead server's session do not outlive it.
+    let server_side = "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 \
+                       -c tcp_keepalives_count=3 -c tcp_user_timeout=15000";
+    let options = match config.get_options() {
+        Some(o) if !o.is_empty() => format!("{o} {server_side}"),
+        _ => server_side.to_owned(),
+    };
+    config.options(&options);
     config
         .connect(NoTls)
         .map_err(|e| StoreError::msg(format!("cannot connect to {}: {e}", redact(url))))
 }
 
-/// `url` without its password, for messages.
+/// `url` without its password (in the user info or a `password=`
+/// parameter), for messages.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];
             let user = userinfo.split(':').next().unwrap_or("");
             format!("{}{user}{}", &url[..scheme + 3], &url[at..])
         }
         _ => url.to_owned(),
+    };
+    match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| {
+                    if kv.to_ascii_lowercase().starts_with("password=") {
+                        "password=***".to_owned()
+                    } else {
+                        kv.to_owned()
+                    }
+                })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+        None => url,
     }
 }
 
@@ -363,18 +397,35 @@ impl PgStore {
     }
 
     /// Opens the store for the leader of `epoch`: a commit made after
-    /// another server took the lease fails (and calls `on_fenced`).
-    pub fn open_fenced(url: &str, epoch: i64, on_fenced: OnFenced) -> Result<Self, StoreError> {
-        Self::open_inner(url, Some(epoch), Some(on_fenced))
+    /// another server took the lease fails (and calls `on_fenced`). A
+    /// commit transaction left idle for `stuck_after` (this process frozen
+    /// or cut off in the middle of one) is ended by the database, so that
+    /// its share lock on the lease row does not hold a takeover up.
+    pub fn open_fenced(
+        url: &str,
+        epoch: i64,
+        stuck_after: Duration,
+        on_fenced: OnFenced,
+    ) -> Result<Self, StoreError> {
+        Self::open_inner(url, Some((epoch, stuck_after)), Some(on_fenced))
     }
 
     fn open_inner(
         url: &str,
-        epoch: Option<i64>,
+        fence: Option<(i64, Duration)>,
         on_fenced: Option<OnFenced>,
     ) -> Result<Self, StoreError> {
+        let epoch = fence.map(|f| f.0);
         let mut writer = connect(url)?;
         migrate(&mut writer)?;
+        if let Some((_, stuck_after)) = fence {
+            writer
+                .batch_execute(&format!(
+                    "SET idle_in_transaction_session_timeout = {}",
+                    stuck_after.as_millis().max(1)
+                ))
+                .map_err(pg_err("session settings"))?;
+        }
         let prepared = Prepared::new(&mut writer)?;
         let reader = connect(url)?;
         Ok(PgStore {

@@ -448,6 +448,10 @@ pub struct Scheduler {
     /// The hub agents' last-seen times are read from.
     hub: Option<Arc<crate::agents::AgentHub>>,
     started_at: u64,
+    /// Whether this server leads (PostgreSQL store): while it does not
+    /// (its lease lapsed), agents cannot reach it and no host is declared
+    /// lost; they get the reconnect slack of a restart when it leads again.
+    leading: Option<tokio::sync::watch::Receiver<bool>>,
     last_lost_check: u64,
     /// Client-mode applications and when their drivers were last heard
     /// from (any call about them; an open executor stream calls every
@@ -545,6 +549,7 @@ impl Scheduler {
             updates: Vec::new(),
             hub,
             started_at: now,
+            leading: None,
             last_lost_check: 0,
             last_trim: revision,
             last_cycle: None,
@@ -734,10 +739,22 @@ impl Scheduler {
         self.backend.kill(self.now, &mut self.kills);
     }
 
+    /// Follows whether this server leads (see `leading`).
+    pub fn with_leading(mut self, leading: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.leading = Some(leading);
+        self
+    }
+
     fn check_lost_hosts(&mut self) {
         let Some(hub) = self.hub.clone() else {
             return;
         };
+        if let Some(leading) = &self.leading
+            && !*leading.borrow()
+        {
+            self.started_at = self.now;
+            return;
+        }
         if self.now < self.last_lost_check + LOST_CHECK_INTERVAL_MS {
             return;
         }

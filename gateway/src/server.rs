@@ -180,12 +180,14 @@ fn open_store(
     let mut lease = lease;
     lease.keep(role.clone());
     let epoch = lease.epoch;
+    let stuck_after = (Duration::from_millis(config.lease_ms) / 2).max(Duration::from_millis(200));
     // Reopened after a failed commit (the database restarted): fenced by
     // this server's epoch every time.
     let store = ReopeningStore::open(Box::new(move || {
         PgStore::open_fenced(
             &url,
             epoch,
+            stuck_after,
             Box::new(|f| crate::leader::deposed(&f.to_string())),
         )
         .map(|s| Box::new(s) as Box<dyn Store>)
@@ -256,7 +258,8 @@ async fn opened(
         metrics.clone(),
         snapshot,
         hub.clone(),
-    )?;
+    )?
+    .with_leading(role.watch_leading());
     tracing::info!(
         jobs = n_jobs,
         data_dir = %config.data_dir.display(),
@@ -402,7 +405,7 @@ async fn opened(
         }
         None => (None, None),
     };
-    role.set(Standing::Leading);
+    role.transition(&Standing::Starting, Standing::Leading);
     tracing::info!(%addr, metrics = ?metrics_addr, epoch = lease.as_ref().map(|l| l.epoch), "serving");
     Ok(Server {
         addr,

@@ -254,9 +254,11 @@ fn last_revision(db: &str) -> i64 {
 async fn a_standby_names_the_leader_over_grpc_and_http_and_takes_over_a_graceful_stop() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = database_for(dir.path());
-    let a = Pelotond::start(dir.path(), "a", free_port(), &db, 2).await;
+    // A long lease: taking over before it would expire shows the release.
+    let lease_ms = 20_000;
+    let a = Pelotond::start_with_lease(dir.path(), "a", free_port(), &db, 2, lease_ms).await;
     assert_eq!(leader(&[a.port]).await, a.port);
-    let b = Pelotond::start(dir.path(), "b", free_port(), &db, 2).await;
+    let b = Pelotond::start_with_lease(dir.path(), "b", free_port(), &db, 2, lease_ms).await;
     // gRPC: UNAVAILABLE naming the leader (once the standby has looked),
     // in the message and metadata.
     let mut c = clients(b.port).await;
@@ -322,7 +324,7 @@ async fn a_standby_names_the_leader_over_grpc_and_http_and_takes_over_a_graceful
     assert_eq!(leader(&[b.port]).await, b.port);
     let took = stopped.elapsed();
     assert!(
-        took < Duration::from_millis(LEASE_MS),
+        took < Duration::from_millis(lease_ms / 2),
         "a released lease is taken before it would expire: {took:?}"
     );
     let (epoch_b, address) = lease_row(&db);
@@ -357,6 +359,10 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_and_stops()
     let frozen = Instant::now();
     assert_eq!(leader(&[b.port]).await, b.port);
     let took_over = frozen.elapsed();
+    assert!(
+        took_over <= Duration::from_secs(10),
+        "took over after {took_over:?}"
+    );
     let (epoch_b, _) = lease_row(&db);
     assert_eq!(epoch_b, epoch_a + 1);
     let takeover_revision = last_revision(&db);
@@ -789,6 +795,7 @@ async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_st
         .expect("the deposed leader stops")
         .expect("wait");
     assert_eq!(status.code(), Some(75), "{}", a.log_text());
+    assert!(took <= Duration::from_secs(10), "took over after {took:?}");
     eprintln!("partition to the standby serving: {took:?}");
     drop(b);
 }
@@ -826,4 +833,21 @@ async fn a_server_restarted_after_a_crash_takes_its_own_lease_back_at_once() {
     let err = serves(other.port).await.expect_err("the other stands by");
     assert!(err.message().starts_with("not the leader"), "{err:?}");
     eprintln!("restart to serving with a {lease_ms} ms lease: {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_stopped_before_it_leads_exits_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    let a = Pelotond::start(dir.path(), "a", free_port(), &db, 1).await;
+    leader(&[a.port]).await;
+    let mut b = Pelotond::start(dir.path(), "b", free_port(), &db, 1).await;
+    b.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(10), b.child.wait())
+        .await
+        .expect("a stopped standby exits")
+        .expect("wait");
+    assert!(status.success(), "{status}: {}", b.log_text());
+    // The leader was not disturbed.
+    serves(a.port).await.expect("the leader serves");
 }

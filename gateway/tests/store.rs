@@ -299,8 +299,13 @@ fn a_batch_larger_than_a_statement_lands_whole() {
 fn take_lease(url: &str, epoch: i64) {
     let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connect");
     c.execute(
-        "UPDATE peloton_leader SET epoch = $1, holder = 'other', address = 'http://other:1', \
-         expires_at = now() + interval '1 minute' WHERE id = 1",
+        "UPDATE peloton_leader SET epoch = $1, holder = 'other', address = 'http://other:1' \
+         WHERE id = 1",
+        &[&epoch],
+    )
+    .expect("take the lease");
+    c.execute(
+        "UPDATE peloton_lease SET epoch = $1, expires_at = now() + interval '1 minute' WHERE id = 1",
         &[&epoch],
     )
     .expect("take the lease");
@@ -316,6 +321,7 @@ fn a_fenced_commit_after_another_server_took_the_lease_is_refused_and_not_applie
     let store = PgStore::open_fenced(
         &url,
         7,
+        std::time::Duration::from_secs(5),
         Box::new(move |f| {
             assert_eq!((f.ours, f.current), (7, 8));
             seen.fetch_add(1, Ordering::Relaxed);
@@ -394,6 +400,9 @@ fn a_bad_url_or_an_unreachable_database_is_a_clear_error() {
         !text.contains("secret"),
         "the password is not shown: {text}"
     );
+    let err = PgStore::open("postgres://nobody@127.0.0.1:1/db?password=hunter2")
+        .expect_err("unreachable");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
     let err = PgStore::open("postgres://x@h/d?bogus=1").expect_err("bad option");
     assert!(err.to_string().contains("store URL"), "{err}");
 }

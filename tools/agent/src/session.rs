@@ -462,8 +462,14 @@ async fn register(
     let endpoint = match Endpoint::from_shared(server.to_owned()) {
         Ok(endpoint) => endpoint
             .connect_timeout(CONNECT_TIMEOUT)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10)),
+            // A server that vanished without closing the connection (its
+            // machine died or froze, a partition) is noticed within about
+            // 10 s, well before a new leader declares this host lost
+            // (reconnect slack plus host_lost_after, 20 s by default), so
+            // the agent reaches it first and its runs are adopted, never
+            // started a second time elsewhere.
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5)),
         Err(e) => return Err(SessionEnd::Failed(e.to_string())),
     };
     let channel = match endpoint.connect().await {
