@@ -102,6 +102,7 @@ impl Shared {
         // A server that has just taken the lead answers `starting` while it
         // recovers (the call was not applied): wait for it, a while.
         let starting_until = std::time::Instant::now() + servers::STARTING_PATIENCE;
+        let mut refused_by_standby = false;
         loop {
             let (mut failure, mut said) = match send(&mut channel, &parts, body.clone()).await {
                 Ok(response) => {
@@ -138,8 +139,31 @@ impl Shared {
                     format!("connection lost: {}", root_cause(&*err)),
                 ),
             };
+            if matches!(failure, Failure::NotLeader { .. }) {
+                refused_by_standby = true;
+            }
             loop {
                 let Some(next) = route.next(&failure, said) else {
+                    // Every server tried, and some standby answered: the
+                    // lead is changing hands (the leader died and the lease
+                    // has not expired yet). Start over, a while.
+                    if refused_by_standby && std::time::Instant::now() < starting_until {
+                        tokio::time::sleep(servers::STARTING_RETRY).await;
+                        route = Route::new(&self.servers, &self.servers[0], read);
+                        failure = Failure::Unreachable;
+                        refused_by_standby = false;
+                        server = self.servers[0].clone();
+                        match connect(&server).await {
+                            Ok(connected) => {
+                                channel = connected;
+                                break;
+                            }
+                            Err(err) => {
+                                said = format!("cannot connect: {}", root_cause(&err));
+                                continue;
+                            }
+                        }
+                    }
                     return Err(route.give_up().into());
                 };
                 let next = next.to_owned();
