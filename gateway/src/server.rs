@@ -275,7 +275,8 @@ async fn opened(
 
     let api = Api::new(tx.clone(), limits, store.clone())
         .with_hub(hub.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_role(role.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     let health = health.max_encoding_message_size(MAX_MESSAGE_BYTES);
     health_reporter

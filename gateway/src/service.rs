@@ -36,6 +36,9 @@ pub struct Api {
     store: Arc<dyn Store>,
     hub: Option<Arc<AgentHub>>,
     metrics: Option<Arc<Metrics>>,
+    /// This server's standing (PostgreSQL store): watch streams end with
+    /// UNAVAILABLE when it stops leading, so clients look for the leader.
+    role: Option<Arc<crate::leader::Role>>,
 }
 
 /// Largest log chunk asked of an agent.
@@ -58,7 +61,14 @@ impl Api {
             store,
             hub: None,
             metrics: None,
+            role: None,
         }
+    }
+
+    /// Handlers whose watch streams end when `role` stops leading.
+    pub fn with_role(mut self, role: Arc<crate::leader::Role>) -> Self {
+        self.role = Some(role);
+        self
     }
 
     /// Handlers that count their watch streams and buffers in `metrics`.
@@ -1132,10 +1142,37 @@ impl WatchService for Api {
             live,
             queue.clone(),
         ));
-        let stream = futures::stream::unfold(ClientEnd(queue), |end| async move {
-            let item = end.0.take().await?;
-            Some((item, end))
-        });
+        // A lapsed leader's events stop: its watchers are told so and go
+        // to the leader (from the revision they last saw).
+        let role = self.role.clone();
+        let leading = role.as_ref().map(|r| r.watch_leading());
+        let stream = futures::stream::unfold(
+            (Some(ClientEnd(queue)), leading),
+            move |(end, mut leading)| {
+                let role = role.clone();
+                async move {
+                    let end = end?;
+                    let lapsed = async {
+                        match leading.as_mut() {
+                            Some(l) => {
+                                let _ = l.wait_for(|leading| !leading).await;
+                            }
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        item = end.0.take() => Some((item?, (Some(end), leading))),
+                        () = lapsed => {
+                            let why = role
+                                .as_ref()
+                                .and_then(|r| r.refusal())
+                                .map_or_else(|| "not the leader".to_owned(), |r| r.0);
+                            Some((Err(Status::unavailable(why)), (None, leading)))
+                        }
+                    }
+                }
+            },
+        );
         Ok(Response::new(Box::pin(stream)))
     }
 }

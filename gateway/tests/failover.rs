@@ -739,6 +739,14 @@ async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_st
         (n == 2).then_some(()).ok_or(format!("{n} running"))
     })
     .await;
+    // A watch on the leader before the partition.
+    let mut watch = clients(ports[0])
+        .await
+        .watch
+        .watch(pb::WatchRequest::default())
+        .await
+        .expect("watch")
+        .into_inner();
     proxy.set_blocked(true);
     let cut = Instant::now();
     // The standby leads; the agent moves to it and its tasks keep running
@@ -783,6 +791,20 @@ async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_st
         let run = t.current.as_ref().expect("run");
         assert_eq!(run.run_id, 1, "not started again: {t:?}");
     }
+    // Its watch ended, telling the watcher to look for the leader.
+    let ended = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch ends");
+    let err = ended.expect_err("the watch ends with an error");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().starts_with("not the leader"), "{err:?}");
     // The partitioned leader refuses calls meanwhile.
     let err = serves(ports[0]).await.expect_err("a lapsed leader refuses");
     assert_eq!(err.code(), Code::Unavailable);
