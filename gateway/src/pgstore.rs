@@ -481,23 +481,22 @@ fn put_kv(
     Ok(())
 }
 
-fn put_pairs(
+fn put_pairs<'a>(
     tx: &mut Transaction<'_>,
     put: &Statement,
     del: &Statement,
-    rows: impl Iterator<Item = ((String, i64), Option<Vec<u8>>)>,
+    rows: impl Iterator<Item = ((&'a str, i64), Option<&'a [u8]>)>,
 ) -> Result<(), StoreError> {
-    let rows: Vec<_> = rows.collect();
-    let (puts, dels) = last_wins(rows.iter().map(|(k, v)| (k.clone(), v.as_deref())));
+    let (puts, dels) = last_wins(rows);
     for chunk in puts.chunks(CHUNK) {
-        let jobs: Vec<&str> = chunk.iter().map(|r| r.0.0.as_str()).collect();
+        let jobs: Vec<&str> = chunk.iter().map(|r| r.0.0).collect();
         let seconds: Vec<i64> = chunk.iter().map(|r| r.0.1).collect();
         let values: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
         tx.execute(put, &[&jobs, &seconds, &values])
             .map_err(pg_err("write rows"))?;
     }
     for chunk in dels.chunks(CHUNK) {
-        let jobs: Vec<&str> = chunk.iter().map(|r| r.0.as_str()).collect();
+        let jobs: Vec<&str> = chunk.iter().map(|r| r.0).collect();
         let seconds: Vec<i64> = chunk.iter().map(|r| r.1).collect();
         tx.execute(del, &[&jobs, &seconds])
             .map_err(pg_err("delete rows"))?;
@@ -580,7 +579,7 @@ impl PgStore {
             batch
                 .tasks
                 .iter()
-                .map(|((job, i), v)| ((job.to_string(), i64::from(*i)), v.clone())),
+                .map(|((job, i), v)| ((&**job, i64::from(*i)), v.as_deref())),
         )?;
         put_pairs(
             tx,
@@ -589,7 +588,7 @@ impl PgStore {
             batch
                 .configs
                 .iter()
-                .map(|((job, v), row)| ((job.to_string(), *v as i64), row.clone())),
+                .map(|((job, v), row)| ((&**job, *v as i64), row.as_deref())),
         )?;
         if let Some((first, bytes)) = &batch.events {
             tx.execute(
