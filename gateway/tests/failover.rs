@@ -137,21 +137,56 @@ async fn leader(ports: &[u16]) -> u16 {
 }
 
 async fn create_pool(port: u16) {
-    let mut c = clients(port).await;
-    c.pools
-        .create(pb::CreatePoolRequest {
-            path: "/t".into(),
-            spec: Some(pb::PoolSpec {
-                reservation: Some(pb::Resources {
-                    cpu: 1.0,
-                    memory_mb: 512.0,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("pool");
+    common::create_pool(
+        &mut clients(port).await,
+        "/t",
+        common::pool_spec(1.0, 512.0),
+    )
+    .await;
+}
+
+/// A real `peloton-agent` named `host` (work dir `DIR/agent-HOST`) given
+/// the server list `servers`, offering `ports`.
+fn spawn_agent(dir: &Path, host: &str, servers: &str, ports: &str) -> Child {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
+    assert!(
+        bin.exists(),
+        "{} not found: build the workspace's binaries first (cargo test --workspace does)",
+        bin.display()
+    );
+    let work = dir.join(format!("agent-{host}"));
+    std::fs::create_dir_all(&work).expect("work dir");
+    Command::new(&bin)
+        .args(["--server", servers])
+        .arg("--work-dir")
+        .arg(&work)
+        .args(["--host", host, "--token", TOKEN])
+        .args(["--resources", "cpu=8,mem=8192,disk=10000"])
+        .args(["--ports", ports])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("agent starts")
+}
+
+/// Waits until the server on `port` lists `n` hosts.
+async fn wait_hosts(port: u16, n: usize) {
+    eventually(&format!("{n} agents registered"), TIMEOUT, async || {
+        let mut c = clients(port).await;
+        let got = c
+            .hosts
+            .list(pb::ListHostsRequest::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner()
+            .hosts
+            .len();
+        (got == n).then_some(()).ok_or(format!("{got} hosts"))
+    })
+    .await;
 }
 
 fn job(name: &str, n: u32, task: pb::TaskSpec) -> pb::JobSpec {
@@ -193,13 +228,7 @@ async fn submit(port: u16, spec: pb::JobSpec) -> Result<String, tonic::Status> {
 }
 
 async fn job_state(port: u16, id: &str) -> Result<pb::Job, tonic::Status> {
-    let mut c = clients(port).await;
-    Ok(c.jobs
-        .get(pb::GetJobRequest { id: id.into() })
-        .await?
-        .into_inner()
-        .job
-        .expect("job"))
+    common::get_job(&mut clients(port).await, id).await
 }
 
 fn running(job: &pb::Job) -> u32 {
@@ -492,50 +521,15 @@ async fn the_leader_killed_ten_times_under_load_loses_nothing_and_runs_nothing_t
     let first = leader(&ports[..1]).await;
     servers[1] = Some(Pelotond::start(dir.path(), "s1", ports[1], &db, 0).await);
     // Real agents that follow the leader through the list.
-    let agent_bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
-    assert!(
-        agent_bin.exists(),
-        "{} not found: build the workspace's binaries first (cargo test --workspace does)",
-        agent_bin.display()
-    );
     let list = format!(
         "http://127.0.0.1:{},http://127.0.0.1:{}",
         ports[0], ports[1]
     );
-    let mut agents = Vec::new();
-    for (i, range) in ["31000-31049", "31050-31099"].iter().enumerate() {
-        let work = dir.path().join(format!("agent-{i}"));
-        std::fs::create_dir_all(&work).expect("work dir");
-        agents.push(
-            Command::new(&agent_bin)
-                .args(["--server", &list])
-                .arg("--work-dir")
-                .arg(&work)
-                .args(["--host", &format!("h{i}"), "--token", TOKEN])
-                .args(["--resources", "cpu=8,mem=8192,disk=10000"])
-                .args(["--ports", range])
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("agent starts"),
-        );
-    }
-    eventually("both agents registered", TIMEOUT, async || {
-        let mut c = clients(first).await;
-        let n = c
-            .hosts
-            .list(pb::ListHostsRequest::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .into_inner()
-            .hosts
-            .len();
-        (n == 2).then_some(()).ok_or(format!("{n} hosts"))
-    })
-    .await;
+    let agents = [
+        spawn_agent(dir.path(), "h0", &list, "31000-31049"),
+        spawn_agent(dir.path(), "h1", &list, "31050-31099"),
+    ];
+    wait_hosts(first, 2).await;
     create_pool(first).await;
     // Each run holds a lock on its instance for its whole life: a second
     // run of the same instance while the first lives records "twice".
@@ -690,40 +684,12 @@ async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_st
     let a = Pelotond::start(dir.path(), "a", ports[0], &through_proxy, 0).await;
     leader(&ports[..1]).await;
     let b = Pelotond::start(dir.path(), "b", ports[1], &db, 0).await;
-    let agent_bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
     let list = format!(
         "http://127.0.0.1:{},http://127.0.0.1:{}",
         ports[0], ports[1]
     );
-    let work = dir.path().join("agent");
-    std::fs::create_dir_all(&work).expect("work dir");
-    let _agent = Command::new(&agent_bin)
-        .args(["--server", &list])
-        .arg("--work-dir")
-        .arg(&work)
-        .args(["--host", "h0", "--token", TOKEN])
-        .args(["--resources", "cpu=8,mem=8192,disk=10000"])
-        .args(["--ports", "31100-31149"])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("agent starts");
-    eventually("the agent registered", TIMEOUT, async || {
-        let mut c = clients(ports[0]).await;
-        let n = c
-            .hosts
-            .list(pb::ListHostsRequest::default())
-            .await
-            .map_err(|e| e.to_string())?
-            .into_inner()
-            .hosts
-            .len();
-        (n == 1).then_some(()).ok_or(format!("{n} hosts"))
-    })
-    .await;
+    let _agent = spawn_agent(dir.path(), "h0", &list, "31100-31149");
+    wait_hosts(ports[0], 1).await;
     create_pool(ports[0]).await;
     let task = pb::TaskSpec {
         shell: "sleep 600".into(),
