@@ -281,11 +281,6 @@ impl LocalPostgres {
         self.kill();
         self.run()
     }
-
-    /// The server's log so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
-    }
 }
 
 impl Drop for LocalPostgres {

@@ -673,11 +673,7 @@ impl Proxy {
 async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_stops_when_healed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = database_for(dir.path());
-    let pg_port: u16 = db
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .expect("port in the URL");
+    let pg_port = common::local_postgres().port();
     let proxy = Proxy::start(pg_port).await;
     let through_proxy = db.replace(&format!(":{pg_port}/"), &format!(":{}/", proxy.port));
     let ports = [free_port(), free_port()];
