@@ -79,32 +79,95 @@ export const listTasks = (jobId) =>
     (j) => j.nextInstance,
   );
 
-// A run's log (stdout, or stderr), as text: the stream's JSON lines, each
-// with base64 `data`, read to its end (no follow). At most `maxBytes`.
-export async function readLog(jobId, instance, runId, stderr, maxBytes = 1 << 20) {
+export const post = (path, body) => call("POST", path, body);
+
+// Reads a stream of JSON lines (the mirror's answer to a server-streaming
+// call) as it arrives: `onJson(object)` for each line, until the stream
+// ends (resolves) or fails (rejects with an ApiError; an error before the
+// stream started is the HTTP answer's, after it a last `{"error"}` line).
+// `signal` (an AbortSignal) stops it quietly.
+export async function streamLines(path, onJson, signal) {
+  let response;
+  try {
+    response = await fetch(path, { signal, headers: { Accept: "application/x-ndjson" } });
+  } catch (e) {
+    if (signal && signal.aborted) return;
+    throw new ApiError(0, `${path}: ${e.message}`);
+  }
+  if (!response.ok) {
+    const text = await response.text();
+    let message = `HTTP ${response.status}`;
+    try {
+      const json = JSON.parse(text);
+      if (json.error) message = `${json.error.status}: ${json.error.message}`;
+    } catch {
+      // not JSON: keep the status
+    }
+    throw new ApiError(response.status, message);
+  }
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffered = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffered += decoder.decode(value, { stream: true });
+      let nl;
+      while ((nl = buffered.indexOf("\n")) >= 0) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        if (!line.trim()) continue;
+        const json = JSON.parse(line);
+        if (json.error) throw new ApiError(json.error.code || 500, `${json.error.status}: ${json.error.message}`);
+        onJson(json);
+      }
+    }
+  } catch (e) {
+    if (signal && signal.aborted) return;
+    throw e;
+  }
+}
+
+// Base64 (the JSON mapping of bytes) to bytes.
+export function bytesOf(base64) {
+  return Uint8Array.from(atob(base64 || ""), (c) => c.charCodeAt(0));
+}
+
+// Follows a run's log (stdout, or stderr) from byte `offset` while the run
+// goes on (the Logs call with `follow`, which ends when the run ends):
+// `onBytes(bytes, nextOffset)` for each chunk as it comes.
+export function followLog(jobId, instance, runId, stderr, offset, onBytes, signal) {
   const path =
     `/v1/jobs/${encodeURIComponent(jobId)}/tasks/${instance}/logs` +
-    `?runId=${runId}&stderr=${stderr ? "true" : "false"}`;
-  const response = await fetch(path);
-  const text = await response.text();
-  const bytes = [];
-  let total = 0;
-  for (const line of text.split("\n")) {
-    if (!line.trim()) continue;
-    const json = JSON.parse(line);
-    if (json.error) throw new ApiError(json.error.code || response.status, `${json.error.status}: ${json.error.message}`);
-    const chunk = Uint8Array.from(atob(json.data || ""), (c) => c.charCodeAt(0));
-    bytes.push(chunk);
-    total += chunk.length;
-    if (total >= maxBytes) break;
+    `?runId=${runId}&stderr=${stderr ? "true" : "false"}&offset=${offset}&follow=true`;
+  return streamLines(path, (json) => {
+    const bytes = bytesOf(json.data);
+    onBytes(bytes, Number(json.offset || 0) + bytes.length);
+  }, signal);
+}
+
+// A job's events from the oldest kept on, then live: the watch filtered to
+// the job. `onEvents(events)` for each batch. When the oldest revisions
+// are no longer kept, starts again from the oldest that is.
+export async function jobEvents(jobId, onEvents, signal) {
+  let from = 1;
+  for (let attempt = 0; ; attempt += 1) {
+    const path = `/v1/watch?jobId=${encodeURIComponent(jobId)}&fromRevision=${from}`;
+    try {
+      await streamLines(path, (json) => {
+        if (json.events && json.events.length) {
+          from = Number(json.events[json.events.length - 1].revision) + 1;
+          onEvents(json.events);
+        }
+      }, signal);
+      return;
+    } catch (e) {
+      const oldest = /oldest(?: kept)? is (\d+)/.exec(e.message || "");
+      if (!oldest || attempt >= 3) throw e;
+      from = Number(oldest[1]);
+    }
   }
-  const joined = new Uint8Array(total);
-  let at = 0;
-  for (const b of bytes) {
-    joined.set(b, at);
-    at += b.length;
-  }
-  return new TextDecoder().decode(joined.slice(0, maxBytes));
 }
 
 // Follows /v1/watch from now on as server-sent events. `onEvents(events)`

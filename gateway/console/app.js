@@ -8,6 +8,8 @@ import * as views from "./views.js";
 // Live updates arrive in bursts (a job's creation is one event per
 // instance): the page is read again at most this often.
 const REFRESH_MIN_INTERVAL_MS = 300;
+// Changes the watch stream does not carry are read this often.
+const POLL_INTERVAL_MS = 5000;
 
 const ROUTES = [
   [/^#\/cluster$/, views.cluster, "cluster"],
@@ -42,6 +44,8 @@ function show() {
   generation += 1;
   document.title = `${r.view.title} · Peloton`;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === r.nav);
+  // A view's streams (a job's events, a log being followed) end with it.
+  if (refresh && refresh.close) refresh.close();
   refresh = r.view.mount(root, r.params);
   update();
 }
@@ -89,6 +93,15 @@ api.watch(
     live.dataset.was = state;
   },
 );
+
+// Some changes bring no event on the stream (an update created or paused,
+// a pool edited, a host drained with no tasks, an agent that connects):
+// the page is also read again every few seconds while it is visible, and
+// at once after the console itself changed something.
+setInterval(() => {
+  if (!document.hidden) soon();
+}, POLL_INTERVAL_MS);
+window.addEventListener("peloton:changed", () => soon());
 
 window.addEventListener("hashchange", show);
 show();

@@ -72,12 +72,21 @@ function truncatedNote(truncated) {
   return truncated ? message(`Only the first ${api.MAX_LIST_ITEMS} are shown.`, "warn") : null;
 }
 
+// Tells the shell that the console changed something: the page is read
+// again at once (some changes bring no event on the watch stream).
+export function changed() {
+  window.dispatchEvent(new Event("peloton:changed"));
+}
+
 // Replaces `el`'s children.
 function fill(el, ...children) {
   el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 }
 
 // ---------------------------------------------------------------- Cluster
+
+// Task refs shown in a host's row before "+N more".
+const HOST_TASKS_SHOWN = 8;
 
 export const cluster = {
   title: "Cluster",
@@ -87,9 +96,30 @@ export const cluster = {
       ...["UP", "DRAINING", "DOWN"].map((s) => h("option", { value: s }, s)));
     const text = h("input", { id: "host-filter", type: "search", placeholder: "filter: name or attribute (zone=z1)" });
     const body = h("div", { id: "hosts" });
+    const note = h("p", { class: "error", id: "host-error" });
     let hosts = [];
+    let names = new Map();
     let truncated = false;
-    const draw = () => {
+    // Hosts whose full task list is open (kept across refreshes).
+    const expanded = new Set();
+    let draw = () => {};
+    // Drain (maintenance start) or up (maintenance complete), after a
+    // confirmation that says what happens to the host's tasks.
+    const act = async (host, drain) => {
+      const n = Number(host.tasksTotal || 0);
+      const question = drain
+        ? `Drain host ${host.name}? Its ${n} task(s) are stopped and placed elsewhere, and nothing new is placed on it.`
+        : `Bring host ${host.name} up? New tasks may be placed on it again.`;
+      if (!confirm(question)) return;
+      try {
+        await api.post(`/v1/hosts/maintenance/${drain ? "start" : "complete"}`, { hosts: [host.name] });
+        note.textContent = "";
+        changed();
+      } catch (e) {
+        note.textContent = `${drain ? "Drain" : "Up"} of ${host.name} failed: ${e.message}`;
+      }
+    };
+    draw = () => {
       const want = state.value;
       const words = text.value.trim().toLowerCase().split(/\s+/).filter(Boolean);
       const shown = hosts.filter((host) => {
@@ -99,42 +129,98 @@ export const cluster = {
           .toLowerCase();
         return words.every((w) => hay.includes(w));
       });
+      const row = (host) => hostRow(host, names, expanded.has(host.name), act, () => {
+        if (expanded.has(host.name)) expanded.delete(host.name);
+        else expanded.add(host.name);
+        draw();
+      });
       fill(body,
         message(`${shown.length} of ${hosts.length} hosts`),
         truncatedNote(truncated),
         h("table", { class: "grid" },
           h("thead", {}, h("tr", {},
-            ["Host", "State", "Pool", ...DIMENSIONS.map(([, n]) => `${n} allocated / capacity`), "Tasks", "Attributes"]
+            ["Host", "State", "Agent", "Pool", ...DIMENSIONS.filter(([k]) => k !== "gpu").map(([, n]) => `${n} allocated / capacity`),
+              "GPU devices", "Tasks", "Attributes", ""]
               .map((c) => h("th", {}, c)))),
-          h("tbody", {}, shown.map(hostRow))));
+          h("tbody", {}, shown.map(row))));
     };
     state.addEventListener("change", draw);
     text.addEventListener("input", draw);
-    fill(root, h("h1", {}, "Cluster"), h("div", { class: "filters" }, state, text), body);
+    fill(root, h("h1", {}, "Cluster"), h("div", { class: "filters" }, state, text), note, body);
     return async () => {
-      ({ items: hosts, truncated } = await api.listHosts());
+      const [h1, j] = await Promise.all([api.listHosts(), api.listJobs()]);
+      ({ items: hosts, truncated } = h1);
+      names = new Map(j.items.map((x) => [x.id, x.spec?.name || x.id]));
       draw();
     };
   },
 };
 
-function hostRow(host) {
+// A host's agent: connected or not (and when it was last heard from), or
+// a simulated host.
+function agentCell(host) {
+  if (host.isolation === "simulated") return h("span", { class: "muted", "data-agent": "simulated" }, "simulated");
+  const seen = Number(host.lastSeenMs || 0);
+  const title = seen ? `last heard from ${time(seen)}${host.isolation ? `; isolation ${host.isolation}` : ""}` : "";
+  return host.connected
+    ? h("span", { class: "state s-up", title, "data-agent": "connected" }, "connected")
+    : h("span", { class: "state s-down", title, "data-agent": "disconnected" }, "disconnected");
+}
+
+// A host's GPUs as one square per device, filled for what is allocated
+// (GPUs may be shared in fractions: a partly used device is half-filled).
+function gpuCell(host) {
+  const total = Math.round(host.capacity?.gpu || 0);
+  if (!total) return h("span", { class: "muted" }, "—");
+  const used = Math.max(0, (host.capacity?.gpu || 0) - (host.free?.gpu || 0));
+  const devices = [];
+  for (let i = 0; i < total; i += 1) {
+    const part = Math.max(0, Math.min(1, used - i));
+    devices.push(h("span", { class: `gpu ${part >= 1 ? "full" : part > 0 ? "part" : ""}` }));
+  }
+  return h("div", { class: "gpus", title: `${round(used)} of ${total} GPU(s) allocated` },
+    devices, h("span", { class: "small muted" }, ` ${round(used)}/${total}`));
+}
+
+function hostRow(host, names, expanded, act, toggle) {
   const cap = host.capacity || {};
   const free = host.free || {};
+  const refs = host.tasks || [];
+  const total = Number(host.tasksTotal || refs.length);
+  const shown = expanded ? refs : refs.slice(0, HOST_TASKS_SHOWN);
+  const st = stateName(host.state);
   return h("tr", { "data-host": host.name },
-    h("td", {}, host.name, host.connected ? h("span", { class: "muted", title: "agent connected" }, " ●") : null),
+    h("td", {}, host.name),
     h("td", {}, stateBadge(host.state)),
+    h("td", {}, agentCell(host)),
     h("td", {}, host.hostPool),
-    DIMENSIONS.map(([k, , f]) => {
+    DIMENSIONS.filter(([k]) => k !== "gpu").map(([k, , f]) => {
       const c = cap[k] || 0;
       const used = Math.max(0, c - (free[k] || 0));
       return h("td", {}, c > 0 ? bar(used, c, `${f(used)} / ${f(c)}`) : h("span", { class: "muted" }, "—"));
     }),
-    h("td", { class: "num" }, host.tasksTotal),
-    h("td", { class: "attrs" }, Object.entries(host.attributes || {}).map(([k, v]) => h("code", {}, `${k}=${v}`))));
+    h("td", {}, gpuCell(host)),
+    h("td", { class: "host-tasks" },
+      h("span", { class: "count" }, total),
+      shown.map((r) => h("a", {
+        class: "task-ref",
+        href: `#/tasks/${encodeURIComponent(r.jobId)}/${r.instance}`,
+        title: `${r.jobId} instance ${r.instance}`,
+      }, `${names.get(r.jobId) || r.jobId}/${r.instance}`)),
+      refs.length > HOST_TASKS_SHOWN
+        ? h("button", { class: "link", onclick: toggle }, expanded ? "fewer" : `+${refs.length - HOST_TASKS_SHOWN} more`)
+        : null,
+      total > refs.length && expanded ? h("span", { class: "muted small" }, ` (${total - refs.length} not listed)`) : null),
+    h("td", { class: "attrs" }, Object.entries(host.attributes || {}).map(([k, v]) => h("code", {}, `${k}=${v}`))),
+    h("td", {}, st === "UP"
+      ? h("button", { class: "drain", onclick: () => act(host, true) }, "Drain")
+      : h("button", { class: "up", onclick: () => act(host, false) }, "Up")));
 }
 
 // ---------------------------------------------------------------- Pools
+
+// Pending tasks shown per pool queue.
+const QUEUE_SHOWN = 10;
 
 export const pools = {
   title: "Pools",
@@ -142,16 +228,26 @@ export const pools = {
     const body = h("div", { id: "pools" });
     fill(root, h("h1", {}, "Pools"),
       message("Each bar is drawn against the largest of the pool's figures in that dimension; " +
-        "allocation above reservation is borrowed, entitlement below demand is waiting."),
+        "allocation above reservation is borrowed, entitlement below demand is waiting. " +
+        "Share is the pool's weight for capacity beyond reservations."),
       body);
     return async () => {
       const { items, truncated } = await api.listPools();
       const byPath = new Map(items.map((p) => [p.path, p]));
+      // Queues of the pools that have pending tasks, read in parallel.
+      const queues = new Map(await Promise.all(items
+        .filter((p) => Number(p.status?.pendingTasks || 0) > 0)
+        .map(async (p) => [p.path, await poolQueue(p.path)])));
       const rows = [];
+      const add = (pool, depth) => {
+        rows.push(poolRows(pool, depth));
+        const q = queues.get(pool.path);
+        if (q) rows.push(queueRow(pool, q, depth));
+      };
       const walk = (path, depth) => {
         const pool = byPath.get(path);
         if (!pool || depth > 64) return;
-        rows.push(poolRows(pool, depth));
+        add(pool, depth);
         for (const child of [...(pool.children || [])].sort()) walk(child, depth + 1);
       };
       walk("/", 0);
@@ -159,14 +255,65 @@ export const pools = {
       const reached = new Set();
       const mark = (p, d) => { const pool = byPath.get(p); if (!pool || d > 64) return; reached.add(p); (pool.children || []).forEach((c) => mark(c, d + 1)); };
       mark("/", 0);
-      for (const p of items) if (!reached.has(p.path)) rows.push(poolRows(p, 0));
+      for (const p of items) if (!reached.has(p.path)) add(p, 0);
       fill(body, truncatedNote(truncated),
         h("table", { class: "grid pools" },
-          h("thead", {}, h("tr", {}, ["Pool", "Pending", "Running", "Dimension", "Reservation", "Limit", "Entitlement", "Allocation", "Demand"].map((c) => h("th", {}, c)))),
+          h("thead", {}, h("tr", {}, ["Pool", "Share", "Pending", "Running", "Dimension", "Reservation", "Limit", "Entitlement", "Allocation", "Demand"].map((c) => h("th", {}, c)))),
           h("tbody", {}, rows)));
     };
   },
 };
+
+// A pool's queue as the API shows it: the pending (queued, not admitted)
+// tasks of its jobs, oldest job first, then by instance — the order in
+// which they were queued unless some were queued again (a restart goes
+// to the back) — and the reason of the first, which says what holds the
+// queue. At most 100 jobs and QUEUE_SHOWN tasks are read.
+async function poolQueue(path) {
+  const { jobs = [] } = await api.get(`/v1/jobs?pool=${encodeURIComponent(path)}&pageSize=100`);
+  const pendingOf = (j) => (j.status?.taskCounts || []).find((c) => stateName(c.state) === "PENDING")?.count || 0;
+  const waiting = jobs.filter((j) => pendingOf(j) > 0)
+    .sort((a, b) => Number(a.status?.createdAtMs || 0) - Number(b.status?.createdAtMs || 0) || (a.id < b.id ? -1 : 1));
+  const tasks = [];
+  for (const j of waiting) {
+    if (tasks.length >= QUEUE_SHOWN) break;
+    const { tasks: ts = [] } = await api.get(
+      `/v1/jobs/${encodeURIComponent(j.id)}/tasks?states=TASK_STATE_PENDING&limit=${QUEUE_SHOWN}`);
+    for (const t of ts) tasks.push({ job: j, task: t });
+  }
+  const queue = tasks.slice(0, QUEUE_SHOWN);
+  // Lists carry no reasons: the head's is read on its own.
+  if (queue.length) {
+    const { job: j, task: t } = queue[0];
+    const { task } = await api.get(`/v1/jobs/${encodeURIComponent(j.id)}/tasks/${t.instance}`);
+    queue[0] = { job: j, task };
+  }
+  return queue;
+}
+
+function queueRow(pool, queue, depth) {
+  const pending = Number(pool.status?.pendingTasks || 0);
+  const head = queue[0];
+  return h("tr", { class: "queue", "data-queue": pool.path },
+    h("td", { colspan: 10, style: `padding-left:${1.5 + depth * 1.2}rem` },
+      h("div", { class: "small" },
+        h("strong", {}, `Queue (${pending} pending): `),
+        queue.length ? queue.map(({ job: j, task: t }, i) => [i ? " → " : "", h("a", {
+          class: "task-ref",
+          href: `#/tasks/${encodeURIComponent(j.id)}/${t.instance}`,
+        }, `${j.spec?.name || j.id}/${t.instance}`)]) : h("span", { class: "muted" }, "(none of its jobs lists a pending task yet)"),
+        pending > queue.length && queue.length ? h("span", { class: "muted" }, ` … ${pending - queue.length} more`) : null),
+      head?.task.pendingReason ? h("div", { class: "pending small queue-head" }, h("strong", {}, "Head: "), head.task.pendingReason) : null));
+}
+
+// A pool's share: one weight, or one per dimension when they differ.
+function shareText(pool) {
+  const shares = pool.spec?.shares;
+  if (shares && DIMENSIONS.some(([k]) => (shares[k] || 0) > 0)) {
+    return DIMENSIONS.map(([k, label]) => `${label} ${round(shares[k] || 1)}`).join(", ");
+  }
+  return round(pool.spec?.share || 1);
+}
 
 const POOL_FIGURES = [
   ["reservation", (p) => p.spec?.reservation, "b-res"],
@@ -188,6 +335,7 @@ function poolRows(pool, depth) {
       i === 0 ? [
         h("td", { rowspan: dims.length, class: "pool-name", style: `padding-left:${0.5 + depth * 1.2}rem`, title: pool.path },
           name, h("div", { class: "muted small" }, pool.path)),
+        h("td", { rowspan: dims.length, class: "num share" }, shareText(pool)),
         h("td", { rowspan: dims.length, class: "num" }, pool.status?.pendingTasks ?? 0),
         h("td", { rowspan: dims.length, class: "num" }, pool.status?.runningTasks ?? 0),
       ] : null,
@@ -270,6 +418,11 @@ export function yamlish(value, indent = "") {
   return String(value);
 }
 
+// Events shown on a job's page (the newest).
+const JOB_EVENTS_SHOWN = 200;
+
+const UPDATE_DONE = ["SUCCEEDED", "FAILED", "ROLLED_BACK", "ABORTED"];
+
 export const job = {
   title: "Job",
   mount(root, [id]) {
@@ -278,35 +431,86 @@ export const job = {
     const spec = h("pre", { id: "spec", class: "spec" });
     const format = h("select", { id: "spec-format" }, h("option", { value: "yaml" }, "YAML"), h("option", { value: "json" }, "JSON"));
     const note = h("p", { class: "error", id: "job-error" });
+    const updateBox = h("div", { id: "update" });
+    const eventsBox = h("div", { id: "events" }, message("reading the job's events…"));
     let current = null;
     const drawSpec = () => {
       if (!current) return;
       spec.textContent = format.value === "json" ? JSON.stringify(current.spec, null, 2) : yamlish(current.spec).replace(/^\n/, "");
     };
     format.addEventListener("change", drawSpec);
+    // A call that changes the job, sent with the version the page shows
+    // (a stale one is refused by the server: someone else changed the job).
+    const act = async (what, path, body) => {
+      try {
+        await api.post(path, body);
+        note.textContent = "";
+        changed();
+      } catch (e) {
+        note.textContent = `${what} failed: ${e.message}`;
+      }
+    };
+    const name = () => current?.spec?.name || id;
     const kill = h("button", { id: "kill", class: "danger", onclick: async () => {
       if (!current) return;
-      const name = current.spec?.name || id;
-      if (!confirm(`Kill job ${name} (${id})? Its running tasks are stopped.`)) return;
-      try {
-        await api.call("POST", `/v1/jobs/${encodeURIComponent(id)}/kill`, { version: current.version });
-        note.textContent = "";
-      } catch (e) {
-        note.textContent = `Kill failed: ${e.message}`;
-      }
+      if (!confirm(`Kill job ${name()} (${id})? Its running tasks are stopped.`)) return;
+      await act("Kill", `/v1/jobs/${encodeURIComponent(id)}/kill`, { version: current.version });
     } }, "Kill job");
-    fill(root, h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), head, note,
+    const restart = h("button", { id: "restart", onclick: async () => {
+      if (!current) return;
+      if (!confirm(`Restart every instance of ${name()} (${id})? Each is stopped and started again.`)) return;
+      await act("Restart", `/v1/jobs/${encodeURIComponent(id)}/restart`, { version: current.version });
+    } }, "Restart");
+    const count = h("input", { id: "scale-count", type: "number", min: "0", step: "1", style: "width:6rem" });
+    const scale = h("button", { id: "scale", onclick: async () => {
+      if (!current) return;
+      const n = Number(count.value);
+      if (!Number.isInteger(n) || n < 0) {
+        note.textContent = `Scale: instance count must be a whole number ≥ 0 (got ${JSON.stringify(count.value)})`;
+        return;
+      }
+      if (!confirm(`Scale ${name()} (${id}) from ${current.spec?.instanceCount} to ${n} instance(s)?`)) return;
+      await act("Scale", `/v1/jobs/${encodeURIComponent(id)}/scale`, { instanceCount: n, version: current.version });
+    } }, "Scale");
+    const actions = h("div", { class: "actions" }, restart, " ", h("label", {}, "instances ", count), " ", scale);
+
+    // The job's event history, then its new events, on one stream for as
+    // long as the page is open.
+    const events = [];
+    const aborter = new AbortController();
+    const drawEvents = () => fill(eventsBox, events.length ? [
+      message(events.length >= JOB_EVENTS_SHOWN ? `The newest ${JOB_EVENTS_SHOWN} events:` : `${events.length} event(s), newest first:`, "muted small"),
+      h("table", { class: "grid events" },
+        h("thead", {}, h("tr", {}, ["Revision", "Time", "What", "Instance", "Run", "State", "Host", "Reason"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, [...events].reverse().map(eventRow))),
+    ] : message("no events"));
+    api.jobEvents(id, (batch) => {
+      events.push(...batch);
+      if (events.length > JOB_EVENTS_SHOWN) events.splice(0, events.length - JOB_EVENTS_SHOWN);
+      drawEvents();
+    }, aborter.signal).then(() => {
+      if (!aborter.signal.aborted) eventsBox.append(message("the event stream ended; reload to follow again", "warn"));
+    }, (e) => eventsBox.append(message(`events: ${e.message}`, "error")));
+
+    fill(root, h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), head, note, actions,
+      updateBox,
       h("h2", {}, "Instances"), grid,
+      h("h2", {}, "Events"), eventsBox,
       h("h2", {}, "Spec ", format), spec);
-    return async () => {
+    const refresh = async () => {
       const [{ job: j }, { items: tasks, truncated }] = await Promise.all([
         api.get(`/v1/jobs/${encodeURIComponent(id)}`),
         api.listTasks(id),
       ]);
+      const update = j.status?.updateId ? (await api.get(`/v1/updates/${encodeURIComponent(j.status.updateId)}`)).update : null;
+      const first = current === null;
       current = j;
       const s = j.spec || {};
+      if (first || document.activeElement !== count) count.value = s.instanceCount ?? 0;
       const done = ["SUCCEEDED", "FAILED", "KILLED"].includes(stateName(j.status?.state));
       kill.disabled = done || j.status?.killRequested;
+      restart.disabled = done || j.status?.killRequested;
+      scale.disabled = done || j.status?.killRequested;
       fill(head,
         h("h1", {}, s.name || id, " ", stateBadge(j.status?.state), " ", kill),
         h("dl", { class: "facts" },
@@ -315,6 +519,7 @@ export const job = {
           fact("created", time(j.status?.createdAtMs)), j.status?.completedAtMs !== "0" ? fact("completed", time(j.status?.completedAtMs)) : null,
           j.status?.killRequested ? fact("kill", "requested") : null),
         h("div", {}, taskCounts(j)));
+      fill(updateBox, update ? updateView(update, act) : null);
       fill(grid, truncatedNote(truncated), h("div", { class: "cells" }, tasks.map((t) => {
         const st = stateName(t.current?.state);
         return h("a", {
@@ -326,8 +531,64 @@ export const job = {
       })), h("div", { class: "legend small muted" }, "Each square is an instance, colored by state; hover for its host or reason, click for its page."));
       drawSpec();
     };
+    refresh.close = () => aborter.abort();
+    return refresh;
   },
 };
+
+function eventRow(e) {
+  const t = e.task;
+  const j = e.job;
+  return h("tr", { "data-revision": e.revision },
+    h("td", { class: "num small" }, e.revision),
+    h("td", { class: "small" }, time(e.timeMs)),
+    h("td", {}, t ? "task" : "job"),
+    h("td", { class: "num" }, t ? t.instance : ""),
+    h("td", { class: "num" }, t ? t.runId : ""),
+    h("td", {}, stateBadge(t ? t.state : j?.state), j?.deleted ? " deleted" : "",
+      t?.health && !/(UNKNOWN|NONE)$/.test(t.health) ? h("span", { class: "muted small" }, ` ${String(t.health).replace(/^HEALTH_/, "").toLowerCase()}`) : null),
+    h("td", {}, t?.host || ""),
+    h("td", { class: "small" }, (t ? t.reason : j?.reason) || ""));
+}
+
+// The job's latest update: state, progress, and the actions its state
+// allows.
+function updateView(u, act) {
+  const st = u.status || {};
+  const state = stateName(st.state);
+  const total = Number(st.instancesTotal || 0);
+  const doneN = Number(st.instancesDone || 0);
+  const path = (verb) => `/v1/updates/${encodeURIComponent(u.id)}/${verb}`;
+  const finished = UPDATE_DONE.includes(state);
+  const button = (verb, label, enabled, question) => h("button", {
+    id: `update-${verb}`,
+    disabled: !enabled,
+    onclick: async () => {
+      if (question && !confirm(question)) return;
+      await act(label, path(verb), {});
+    },
+  }, label);
+  return [
+    h("h2", {}, finished ? "Last update " : "Update in progress ", stateBadge(state),
+      state === "PAUSED" && st.pausedFrom ? h("span", { class: "muted small" }, ` (from ${stateName(st.pausedFrom)})`) : null),
+    h("div", { class: "update-progress" },
+      bar(doneN, total, `${doneN} / ${total} instances updated`, "b-alloc"),
+      h("dl", { class: "facts" },
+        fact("update", u.id),
+        fact("config version", `${u.fromVersion} → ${u.toVersion}`),
+        fact("in progress", (st.instancesInProgress || []).join(", ") || "—"),
+        (st.instancesFailed || []).length ? fact("failed", st.instancesFailed.join(", ")) : null,
+        fact("started", time(st.createdAtMs)),
+        Number(st.completedAtMs || 0) ? fact("completed", time(st.completedAtMs)) : null,
+        st.reason ? fact("reason", st.reason) : null)),
+    finished ? null : h("div", { class: "actions" },
+      button("pause", "Pause", state !== "PAUSED"),
+      " ", button("resume", "Resume", state === "PAUSED"),
+      " ", button("abort", "Abort", true, `Abort update ${u.id}? Instances keep the spec they run now.`),
+      " ", button("rollback", "Rollback", state !== "ROLLING_BACKWARD" && st.pausedFrom !== "UPDATE_STATE_ROLLING_BACKWARD",
+        `Roll update ${u.id} back? Instances move back to config version ${u.fromVersion}.`)),
+  ];
+}
 
 function fact(k, v) {
   if (v === undefined || v === null || v === "") return null;
@@ -335,6 +596,36 @@ function fact(k, v) {
 }
 
 // ---------------------------------------------------------------- Task
+
+// The engine's per-check host counts in a placement reason ("not placed:
+// it needs cpu 8 cores; 0/3 hosts: 2 insufficient cpu, 1 constraint zone
+// == "z1" not met"): each host is counted once, at the first check it
+// failed. Returns { hosts, checks: [{ count, check }] } or null.
+export function placementChecks(reason) {
+  const m = /0\/(\d+) hosts:\s*(.*)$/s.exec(reason || "");
+  if (!m) return null;
+  const checks = m[2].split(/, (?=\d+ )/).map((part) => {
+    const c = /^(\d+) (.*)$/s.exec(part.trim());
+    return c ? { count: Number(c[1]), check: c[2] } : null;
+  }).filter(Boolean);
+  return { hosts: Number(m[1]), checks };
+}
+
+function checksTable(reason) {
+  const parsed = placementChecks(reason);
+  if (!parsed || !parsed.checks.length) return null;
+  return h("div", { id: "checks" },
+    h("p", { class: "small" }, `No host of ${parsed.hosts} fits; hosts failing each check (each host counted once, at the first check it fails):`),
+    h("table", { class: "grid checks" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Check"), h("th", {}, "Hosts"), h("th", {}, ""))),
+      h("tbody", {}, parsed.checks.map((c) => h("tr", { "data-check": c.check },
+        h("td", {}, c.check),
+        h("td", { class: "num" }, c.count),
+        h("td", {}, bar(c.count, parsed.hosts, `${c.count} of ${parsed.hosts}`, "b-demand")))))));
+}
+
+// Most of a followed log kept on the page (older text is dropped).
+const LOG_KEEP_CHARS = 1 << 20;
 
 export const task = {
   title: "Task",
@@ -344,24 +635,63 @@ export const task = {
     const logs = h("div", { id: "logs" });
     const stream = h("select", { id: "log-stream" }, h("option", { value: "stdout" }, "stdout"), h("option", { value: "stderr" }, "stderr"));
     const out = h("pre", { id: "log", class: "log" });
+    const logState = h("span", { id: "log-state", class: "muted small" });
+    // The log being followed: which run and stream, up to which offset;
+    // `live` while its stream is open. A new run, or another stream,
+    // starts again from the beginning.
+    let follow = null;
     let runId = 0;
-    const drawLog = async () => {
-      try {
-        const text = await api.readLog(id, instance, runId, stream.value === "stderr");
-        out.textContent = text || "(empty)";
+    let running = false;
+    const startFollow = () => {
+      if (follow && follow.live) return;
+      if (!runId) return;
+      const key = `${runId}/${stream.value}`;
+      if (!follow || follow.key !== key) {
+        if (follow) follow.aborter.abort();
+        follow = { key, offset: 0, aborter: new AbortController(), live: false, decoder: new TextDecoder(), text: "" };
+        out.textContent = "";
         out.classList.remove("error");
-      } catch (e) {
-        out.textContent = e.message;
-        out.classList.add("error");
+      } else if (!running) {
+        return; // read to its end, and the run is over: nothing more comes
       }
+      const f = follow;
+      f.live = true;
+      logState.textContent = "following…";
+      api.followLog(id, instance, runId, stream.value === "stderr", f.offset, (bytes, next) => {
+        if (f !== follow) return;
+        f.offset = next;
+        const atBottom = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
+        out.append(f.decoder.decode(bytes, { stream: true }));
+        if (out.textContent.length > LOG_KEEP_CHARS) out.textContent = out.textContent.slice(-LOG_KEEP_CHARS);
+        if (atBottom) out.scrollTop = out.scrollHeight;
+      }, f.aborter.signal).then(() => {
+        if (f !== follow) return;
+        f.live = false;
+        logState.textContent = `${f.offset} bytes${running ? "" : "; the run has ended"}`;
+        if (!out.textContent) out.textContent = "(empty)";
+      }, (e) => {
+        if (f !== follow) return;
+        f.live = false;
+        // Not followed to the end: the next refresh tries again from here.
+        logState.textContent = e.message;
+        if (!out.textContent) {
+          out.textContent = e.message;
+          out.classList.add("error");
+        }
+      });
     };
-    stream.addEventListener("change", drawLog);
-    fill(logs, h("h2", {}, "Logs ", stream), out);
+    stream.addEventListener("change", () => {
+      if (follow) follow.aborter.abort();
+      follow = null;
+      startFollow();
+    });
+    fill(logs, h("h2", {}, "Logs ", stream, " ", logState), out);
     fill(root, h("p", {}, h("a", { href: `#/jobs/${encodeURIComponent(id)}` }, "← Job")), head, runs, logs);
-    return async () => {
+    const refresh = async () => {
       const { task: t } = await api.get(`/v1/jobs/${encodeURIComponent(id)}/tasks/${encodeURIComponent(instance)}`);
       const c = t.current || {};
-      runId = c.runId || 0;
+      runId = c.launchId && c.launchId !== "0" ? c.runId || 0 : 0;
+      running = !c.finishedAtMs || c.finishedAtMs === "0";
       fill(head,
         h("h1", {}, `Instance ${t.instance} `, stateBadge(c.state)),
         h("dl", { class: "facts" },
@@ -369,7 +699,8 @@ export const task = {
           fact("failures", t.failureCount), fact("config version", t.configVersion),
           c.reason ? fact("reason", c.reason) : null,
           t.stopping ? fact("stopping", `on ${t.stoppingHost}`) : null),
-        t.pendingReason ? h("div", { class: "pending", id: "pending-reason" }, h("strong", {}, "Why it waits: "), t.pendingReason) : null);
+        t.pendingReason ? h("div", { class: "pending", id: "pending-reason" }, h("strong", {}, "Why it waits: "), t.pendingReason,
+          checksTable(t.pendingReason)) : null);
       const all = [c, ...(t.history || [])];
       fill(runs, h("h2", {}, "Runs"), h("table", { class: "grid" },
         h("thead", {}, h("tr", {}, ["Run", "State", "Host", "Exit code", "Created", "Started", "Finished", "Reason"].map((x) => h("th", {}, x)))),
@@ -378,7 +709,18 @@ export const task = {
           h("td", { class: "num" }, r.finishedAtMs && r.finishedAtMs !== "0" ? r.exitCode : ""),
           h("td", { class: "small" }, time(r.createdAtMs)), h("td", { class: "small" }, time(r.startedAtMs)),
           h("td", { class: "small" }, time(r.finishedAtMs)), h("td", {}, r.reason))))));
-      await drawLog();
+      if (!runId) {
+        if (follow) follow.aborter.abort();
+        follow = null;
+        out.textContent = "(not launched yet)";
+        logState.textContent = "";
+      } else {
+        startFollow();
+      }
     };
+    refresh.close = () => {
+      if (follow) follow.aborter.abort();
+    };
+    return refresh;
   },
 };

@@ -66,7 +66,7 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
     b.wait_for("the jobs page", "document.getElementById('jobs') !== null && document.getElementById('jobs').innerText.includes('of 0 jobs')");
     api.post(
         "/v1/pools",
-        json!({"path": "/web", "spec": {"reservation": {"cpu": 6, "memoryMb": 4096}}}),
+        json!({"path": "/web", "spec": {"reservation": {"cpu": 6, "memoryMb": 4096}, "share": 3}}),
     );
     let small = api.post("/v1/jobs", job("frontend", "/web", 2, 1.0))["job"]["id"]
         .as_str()
@@ -129,12 +129,191 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
     assert!(head.contains("PENDING"), "task page: {head}");
     b.screenshot(&shots.join("task-pending.png"));
 
+    // The pools page: /web's share, and its queue — the pending task, with
+    // the head's reason (what holds the queue).
+    b.navigate(&format!("{base}/ui/#/pools"));
+    b.wait_for(
+        "the pool's queue with its head's reason",
+        &format!(
+            "(() => {{ const q = document.querySelector('tr[data-queue=\"/web\"]'); \
+             return !!q && q.innerText.includes('Queue (1 pending)') && q.innerText.includes('batch-report/{pending}') \
+             && q.querySelector('.queue-head').innerText.includes('reservation'); }})()"
+        ),
+    );
+    let share = b.text("document.querySelector('tr[data-pool=\"/web\"] td.share').innerText");
+    assert_eq!(share, "3", "/web's share");
+    let root_share = b.text("document.querySelector('tr[data-pool=\"/\"] td.share').innerText");
+    assert_eq!(root_share, "1", "the root's share (the default)");
+    assert!(
+        b.eval("document.querySelector('tr[data-queue=\"/\"]') === null") == Json::Bool(true),
+        "no queue row for a pool without pending tasks"
+    );
+    b.screenshot(&shots.join("pools-queue.png"));
+
+    // The engine's per-check host counts: two tasks of 10 cores that only
+    // zone z1 (one host) may take; the second finds no host — two fail the
+    // constraint, one has too little cpu left.
+    api.post(
+        "/v1/pools",
+        json!({"path": "/place", "spec": {"reservation": {"cpu": 24, "memoryMb": 4096}}}),
+    );
+    let mut pinned_spec = job("pinned", "/place", 2, 10.0);
+    pinned_spec["spec"]["defaultTask"]["constraint"] = json!("zone == \"z1\"");
+    let pinned = api.post("/v1/jobs", pinned_spec)["job"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    // (Lists carry no pending reasons; the task's page reads its own.)
+    let unplaced = api.wait_task_where(&pinned, "an admitted, unplaced instance", |t| {
+        matches!(
+            t["current"]["state"].as_str(),
+            Some("TASK_STATE_READY" | "TASK_STATE_PLACING")
+        )
+    });
+    let instance = unplaced["instance"].as_u64().expect("instance");
+    b.navigate(&format!("{base}/ui/#/tasks/{pinned}/{instance}"));
+    b.wait_for(
+        "the per-check host counts",
+        "document.querySelectorAll('#checks tr[data-check]').length === 2",
+    );
+    let checks = b.text(
+        "[...document.querySelectorAll('#checks tr[data-check]')].map(r => r.dataset.check.split(' ')[0] + '=' + r.cells[1].innerText).sort().join(';')",
+    );
+    assert_eq!(checks, "constraint=2;insufficient=1", "per-check counts");
+    assert!(
+        b.text("document.getElementById('checks').innerText")
+            .contains("No host of 3 fits"),
+        "the checks' heading"
+    );
+    b.screenshot(&shots.join("task-checks.png"));
+
+    // A service with an update: created paused, the job's page shows it with
+    // its progress and controls; Resume rolls it forward to the end, live.
+    api.post(
+        "/v1/pools",
+        json!({"path": "/svc", "spec": {"reservation": {"cpu": 4, "memoryMb": 4096}}}),
+    );
+    let mut svc_spec = job("web-svc", "/svc", 2, 0.5);
+    svc_spec["spec"]["type"] = json!("JOB_TYPE_SERVICE");
+    let svc = api.post("/v1/jobs", svc_spec.clone())["job"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    b.navigate(&format!("{base}/ui/#/jobs/{svc}"));
+    b.wait_for(
+        "the service running",
+        "document.querySelectorAll('#instances .cell.s-running').length === 2",
+    );
+    let mut next = svc_spec["spec"].clone();
+    next["labels"] = json!({"release": "2"});
+    let update = api.post(
+        &format!("/v1/jobs/{svc}/updates"),
+        json!({"spec": next, "update": {"batchSize": 1, "startPaused": true}}),
+    )["update"]["id"]
+        .as_str()
+        .expect("update id")
+        .to_string();
+    b.wait_for(
+        "the paused update with its controls",
+        "(() => { const u = document.getElementById('update'); return !!u && u.innerText.includes('Update in progress') \
+         && u.innerText.includes('PAUSED') && u.innerText.includes('0 / 2 instances updated') \
+         && !document.getElementById('update-resume').disabled && document.getElementById('update-pause').disabled; })()",
+    );
+    assert!(
+        b.text("document.getElementById('update').innerText")
+            .contains(&update)
+    );
+    b.screenshot(&shots.join("job-update-paused.png"));
+    b.eval("document.getElementById('update-resume').click()");
+    b.wait_for(
+        "the update rolled forward to the end",
+        "(() => { const u = document.getElementById('update'); return !!u && u.innerText.includes('Last update') \
+         && u.innerText.includes('SUCCEEDED') && u.innerText.includes('2 / 2 instances updated') \
+         && !document.getElementById('update-abort'); })()",
+    );
+    // A second update, aborted from the page after its confirmation.
+    next["labels"] = json!({"release": "3"});
+    api.post(
+        &format!("/v1/jobs/{svc}/updates"),
+        json!({"spec": next, "update": {"batchSize": 1, "startPaused": true}}),
+    );
+    b.wait_for(
+        "the second update, paused",
+        "!!document.getElementById('update-abort') && document.getElementById('update').innerText.includes('PAUSED')",
+    );
+    b.eval("window.confirm = (m) => { window.asked = m; return true; }; document.getElementById('update-abort').click()");
+    b.wait_for(
+        "the update aborted",
+        "document.getElementById('update').innerText.includes('ABORTED')",
+    );
+    assert!(b.text("window.asked").starts_with("Abort update"));
+
+    // Scale from the page: the request carries the job's version as the
+    // page shows it, and the instance grid grows live.
+    let version = b.text(
+        "(() => { const d = [...document.querySelectorAll('dl.facts dt')].find(t => t.innerText === 'version'); return d.nextElementSibling.innerText; })()",
+    );
+    b.eval(
+        "(() => { window.sent = []; const f = window.fetch; window.fetch = (u, i) => { if (i && i.body) window.sent.push([String(u), i.body]); return f(u, i); }; \
+         const c = document.getElementById('scale-count'); c.value = '3'; document.getElementById('scale').click(); })()",
+    );
+    b.wait_for(
+        "three instances",
+        "document.querySelectorAll('#instances .cell').length === 3 && document.querySelectorAll('#instances .cell.s-running').length === 3",
+    );
+    let sent = b.eval("window.sent");
+    let scale_call = sent
+        .as_array()
+        .and_then(|calls| {
+            calls
+                .iter()
+                .find(|c| c[0].as_str().is_some_and(|u| u.ends_with("/scale")))
+        })
+        .unwrap_or_else(|| panic!("no scale request among {sent}"));
+    let body: Json =
+        serde_json::from_str(scale_call[1].as_str().expect("body")).expect("JSON body");
+    assert_eq!(body["instanceCount"], json!(3), "scale body: {body}");
+    assert_eq!(
+        body["version"],
+        json!(version),
+        "the scale names the job's version: {body}"
+    );
+    assert!(b.text("window.asked").contains("from 2 to 3 instance(s)"));
+    // Restart from the page: every instance gets a new run, which the
+    // events (the job's history, live) show.
+    b.eval(
+        "window.before = Math.max(0, ...[...document.querySelectorAll('#events tr[data-revision]')].map(r => Number(r.dataset.revision))); \
+         document.getElementById('restart').click()",
+    );
+    b.wait_for(
+        "the restarted runs in the events",
+        "new Set([...document.querySelectorAll('#events tr[data-revision]')] \
+         .filter(r => Number(r.dataset.revision) > window.before && r.cells[5].innerText.includes('RUNNING')) \
+         .map(r => r.cells[3].innerText)).size === 3",
+    );
+    assert!(
+        b.text("window.asked")
+            .starts_with("Restart every instance of web-svc")
+    );
+    let restart_call = b.eval("window.sent.find(c => c[0].endsWith('/restart'))");
+    let body: Json =
+        serde_json::from_str(restart_call[1].as_str().expect("restart body")).expect("JSON");
+    assert!(
+        body["version"].is_string(),
+        "the restart names the job's version: {body}"
+    );
+    b.screenshot(&shots.join("job-service.png"));
+
     // Kill the small job from its page, after the confirmation; the page
-    // follows it to KILLED live.
+    // follows it to KILLED live, and its events say so.
     b.navigate(&format!("{base}/ui/#/jobs/{small}"));
     b.wait_for(
         "the running instances",
         "document.querySelectorAll('#instances .cell.s-running').length === 2",
+    );
+    b.wait_for(
+        "the job's events from its history",
+        "[...document.querySelectorAll('#events tr[data-revision]')].filter(r => r.innerText.includes('RUNNING') && r.innerText.includes('sim-0000')).length >= 2",
     );
     b.eval(
         "window.confirm = (m) => { window.asked = m; return true; }; document.getElementById('kill').click()",
@@ -144,6 +323,10 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
         "document.querySelectorAll('#instances .cell.s-killed').length === 2",
     );
     assert!(b.text("window.asked").contains("Kill job frontend"));
+    b.wait_for(
+        "the kill in the events, live",
+        "[...document.querySelectorAll('#events tr[data-revision]')].filter(r => r.innerText.includes('KILLED')).length >= 2",
+    );
     // Its resources went back to the pool: the pending task of the other
     // job runs now, and its page (opened live) shows where.
     b.navigate(&format!("{base}/ui/#/tasks/{big}/{pending}"));
@@ -160,9 +343,12 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
 
     // The pools page: the tree with the new pool's row and its figures.
     b.navigate(&format!("{base}/ui/#/pools"));
+    // Its three tasks run (the killed job's cores went back), none waits,
+    // so its queue row is gone.
     b.wait_for(
         "the pool's row",
-        "(() => { const r = document.querySelector('tr[data-pool=\"/web\"]'); return r && r.innerText.includes('4'); })()",
+        "(() => { const r = document.querySelector('tr[data-pool=\"/web\"]'); return !!r && r.cells[1].innerText === '3' \
+         && r.cells[2].innerText === '0' && r.cells[3].innerText === '3' && !document.querySelector('tr[data-queue=\"/web\"]'); })()",
     );
     let rows = b
         .text("[...document.querySelectorAll('tr[data-pool]')].map(r => r.dataset.pool).join(',')");
@@ -247,6 +433,38 @@ impl Api {
         Api {
             base: base.to_string(),
             agent,
+        }
+    }
+
+    fn get(&self, path: &str) -> Json {
+        let url = format!("{}{path}", self.base);
+        let mut resp = self
+            .agent
+            .get(&url)
+            .call()
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().expect("body");
+        assert_eq!(status, 200, "GET {url}: {text}");
+        serde_json::from_str(&text).expect("JSON")
+    }
+
+    /// Polls the job's tasks until one matches; that task.
+    fn wait_task_where(&self, job: &str, what: &str, matches: impl Fn(&Json) -> bool) -> Json {
+        let deadline = Instant::now() + PAGE_TIMEOUT;
+        loop {
+            let tasks = self.get(&format!("/v1/jobs/{job}/tasks"));
+            if let Some(t) = tasks["tasks"]
+                .as_array()
+                .and_then(|ts| ts.iter().find(|t| matches(t)))
+            {
+                return t.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what} of job {job}: {tasks}"
+            );
+            std::thread::sleep(PAGE_POLL);
         }
     }
 
