@@ -190,7 +190,7 @@ function hostRow(host, names, expanded, act, toggle) {
   const shown = expanded ? refs : refs.slice(0, HOST_TASKS_SHOWN);
   const st = stateName(host.state);
   return h("tr", { "data-host": host.name },
-    h("td", {}, host.name),
+    h("td", { class: "nowrap" }, host.name),
     h("td", {}, stateBadge(host.state)),
     h("td", {}, agentCell(host)),
     h("td", {}, host.hostPool),
@@ -716,6 +716,9 @@ export const task = {
         logState.textContent = "";
       } else {
         startFollow();
+        if (follow && !follow.live && !running && !logState.textContent.includes("ended") && follow.offset >= 0) {
+          logState.textContent = `${follow.offset} bytes; the run has ended`;
+        }
       }
     };
     refresh.close = () => {

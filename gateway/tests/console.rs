@@ -1,9 +1,15 @@
 //! The web console in a real browser: headless Chromium (from the system's
 //! packages) driven over the DevTools protocol against a real server in
 //! process. The assertions are on what the page shows after live updates
-//! (no reloads): a job created through the API after the page loaded
-//! appears in the jobs list, a pool appears in the pools tree, a pending
-//! task's page says why it waits, a host's row shows its allocation.
+//! (no reloads). On simulated hosts: a job created through the API after
+//! the page loaded appears in the jobs list, a pool in the pools tree with
+//! its share and its queue's head reason, a pending task's page says why it
+//! waits (with the engine's per-check host counts), a job's page shows its
+//! events, its update (resumed and aborted from the page), scale and
+//! restart (sent with the job's version), a host's row its allocation. On
+//! real `peloton-agent` processes (built beside `pelotond`): a task's log
+//! followed while it runs, a host drained from the page and its tasks seen
+//! on another host, GPU devices, an agent's connection.
 //!
 //! Chromium must be installed (`apt-get install -y chromium`): a run
 //! without it fails, it is never skipped. Screenshots of each page go to
@@ -18,6 +24,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::TestServer;
+use peloton_gateway::server;
 use serde_json::{Value as Json, json};
 
 /// How long the page may take to show something.
@@ -25,8 +32,13 @@ const PAGE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Time between two looks at the page.
 const PAGE_POLL: Duration = Duration::from_millis(100);
 
+/// One browser scenario at a time: each has its server, its browser and
+/// (one) its agents, on what may be a 2-core machine.
+static ONE_SCENARIO: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_the_cluster_live() {
+    let _one = ONE_SCENARIO.lock().await;
     let chromium = find_chromium();
     let s = TestServer::start(3).await;
     let addr = s.server.as_ref().expect("running").addr;
@@ -376,6 +388,305 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
     println!("console screenshots: {}", shots.display());
 }
 
+/// The agents' token for the real-agent scenario.
+const AGENT_TOKEN: &str = "console-test-agent-token";
+/// How long real agents and their runs may take to show on the page.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The console on a local cluster of real `peloton-agent` processes: a
+/// task's log followed while it runs (the later lines appear without a
+/// reload), a host drained from the console (click, confirm) and its tasks
+/// seen on another host, then brought up again; GPU devices, each host's
+/// tasks and the agent's connection as the cluster page shows them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_on_real_agents_follows_logs_and_drains_hosts() {
+    let _one = ONE_SCENARIO.lock().await;
+    let chromium = find_chromium();
+    let agent = agent_binary();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut config = common::config(dir.path(), 0);
+    config.agent_token = Some(AGENT_TOKEN.into());
+    let server = common::within("the server to start", server::start(&config))
+        .await
+        .unwrap_or_else(|e| panic!("server does not start: {e:#}"));
+    let addr = server.addr;
+    let work = dir.path().to_path_buf();
+    tokio::task::spawn_blocking(move || agents_scenario(&chromium, &agent, addr, &work))
+        .await
+        .expect("the browser scenario on real agents");
+    common::within("graceful shutdown", server.shutdown())
+        .await
+        .expect("graceful shutdown");
+}
+
+fn agents_scenario(chromium: &Path, agent: &Path, addr: std::net::SocketAddr, work: &Path) {
+    let base = format!("http://{addr}");
+    let api = Api::new(&base);
+    let shots = shots_dir();
+    let mut agents = Agents::default();
+    for (host, resources, zone) in [
+        ("agent-a", "cpu=4,mem=4096,disk=10000", "a"),
+        ("agent-b", "cpu=4,mem=4096,disk=10000", "b"),
+        ("agent-gpu", "cpu=2,mem=2048,disk=10000,gpu=2", "g"),
+    ] {
+        agents.spawn(agent, addr, work, host, resources, zone);
+    }
+    let mut b = Browser::launch(chromium);
+    b.navigate(&format!("{base}/ui/#/cluster"));
+    b.wait_for_within(
+        "three agents connected",
+        "document.querySelectorAll('#hosts tr[data-host] [data-agent=\"connected\"]').length === 3",
+        AGENT_TIMEOUT,
+    );
+    api.post(
+        "/v1/pools",
+        json!({"path": "/real", "spec": {"reservation": {"cpu": 6, "memoryMb": 2048, "gpu": 1}}}),
+    );
+
+    // A task that prints three lines, waits for a file, then prints five
+    // more: its page shows the first lines, then the rest as they come.
+    let go = work.join("go");
+    let printer = api.post(
+        "/v1/jobs",
+        real_job(
+            "printer",
+            1,
+            &format!(
+                "echo 'line 1'; echo 'line 2'; echo 'line 3'; while [ ! -e '{}' ]; do sleep 0.1; done; \
+                 for i in 4 5 6 7 8; do echo \"line $i\"; sleep 0.3; done",
+                go.display()
+            ),
+            0.0,
+        ),
+    )["job"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    b.navigate(&format!("{base}/ui/#/tasks/{printer}/0"));
+    b.wait_for_within(
+        "the first lines of the log",
+        "(document.getElementById('log') || {textContent: ''}).textContent.includes('line 3')",
+        AGENT_TIMEOUT,
+    );
+    b.wait_for_within(
+        "the task shown running",
+        "document.querySelector('h1').innerText.includes('RUNNING')",
+        AGENT_TIMEOUT,
+    );
+    // It waits for the file: nothing more than its first lines yet.
+    let first = b.text("document.getElementById('log').textContent");
+    assert_eq!(first, "line 1\nline 2\nline 3\n", "the log so far");
+    b.eval("window.samePage = 'yes'");
+    std::fs::write(&go, b"").expect("the go file");
+    b.wait_for_within(
+        "the later lines, without a reload",
+        "document.getElementById('log').textContent.includes('line 8') && document.querySelector('h1').innerText.includes('SUCCEEDED')",
+        AGENT_TIMEOUT,
+    );
+    let log = b.text("document.getElementById('log').textContent");
+    let want: String = (1..=8).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(log, want, "the whole log, each line once");
+    assert_eq!(
+        b.text("window.samePage"),
+        "yes",
+        "the page was not reloaded"
+    );
+    b.screenshot(&shots.join("task-logs.png"));
+
+    // A GPU task on the GPU host: its devices, one allocated.
+    api.post("/v1/jobs", real_job("trainer", 1, "sleep 600", 1.0));
+    // Two tasks to move: the host of the first is drained from the console
+    // (DRAINING while its tasks stop, DOWN for maintenance once empty).
+    let sleeper = api.post("/v1/jobs", real_job("sleeper", 2, "sleep 600", 0.0))["job"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let tasks = api.wait_tasks(&sleeper, "both sleepers running", |ts| {
+        ts.len() == 2
+            && ts
+                .iter()
+                .all(|t| t["current"]["state"] == json!("TASK_STATE_RUNNING"))
+    });
+    let drained = tasks[0]["current"]["host"]
+        .as_str()
+        .expect("host")
+        .to_string();
+    let moved: Vec<String> = tasks
+        .iter()
+        .filter(|t| t["current"]["host"] == json!(drained))
+        .map(|t| format!("sleeper/{}", t["instance"]))
+        .collect();
+    b.navigate(&format!("{base}/ui/#/cluster"));
+    let row = format!("document.querySelector('tr[data-host=\"{drained}\"]')");
+    b.wait_for_within(
+        "the sleepers on their host's row",
+        &format!(
+            "(() => {{ const r = {row}; return !!r && {moved:?}.every(m => [...r.querySelectorAll('a.task-ref')].some(a => a.innerText === m)); }})()"
+        ),
+        AGENT_TIMEOUT,
+    );
+    b.wait_for_within(
+        "the GPU host's devices, one allocated",
+        "(() => { const r = document.querySelector('tr[data-host=\"agent-gpu\"]'); return !!r && r.querySelectorAll('.gpu').length === 2 \
+         && r.querySelectorAll('.gpu.full').length === 1 && [...r.querySelectorAll('a.task-ref')].some(a => a.innerText === 'trainer/0'); })()",
+        AGENT_TIMEOUT,
+    );
+    b.screenshot(&shots.join("cluster-agents.png"));
+    b.eval(&format!(
+        "window.confirm = (m) => {{ window.asked = m; return true; }}; {row}.querySelector('button.drain').click()"
+    ));
+    b.wait_for_within(
+        "the drained host empty and its tasks on another host",
+        &format!(
+            "(() => {{ const r = {row}; if (!r || !/DRAINING|DOWN/.test(r.cells[1].innerText)) return false; \
+             if ([...r.querySelectorAll('a.task-ref')].some(a => a.innerText.startsWith('sleeper/'))) return false; \
+             const others = [...document.querySelectorAll('tr[data-host]:not([data-host=\"{drained}\"]) a.task-ref')].map(a => a.innerText); \
+             return {moved:?}.every(m => others.includes(m)); }})()"
+        ),
+        AGENT_TIMEOUT,
+    );
+    let asked = b.text("window.asked");
+    assert!(
+        asked.starts_with(&format!("Drain host {drained}?")),
+        "the confirmation: {asked}"
+    );
+    // The API agrees: the sleepers run elsewhere.
+    let now = api.wait_tasks(&sleeper, "the sleepers running elsewhere", |ts| {
+        ts.iter().all(|t| {
+            t["current"]["state"] == json!("TASK_STATE_RUNNING")
+                && t["current"]["host"] != json!(drained)
+        })
+    });
+    assert_eq!(now.len(), 2);
+    b.screenshot(&shots.join("cluster-drained.png"));
+    // Up again, after its confirmation.
+    b.eval(&format!("{row}.querySelector('button.up').click()"));
+    b.wait_for_within(
+        "the host up again",
+        &format!("(() => {{ const r = {row}; return !!r && r.innerText.includes('UP') && !!r.querySelector('button.drain'); }})()"),
+        AGENT_TIMEOUT,
+    );
+    assert!(
+        b.text("window.asked")
+            .starts_with(&format!("Bring host {drained} up?"))
+    );
+
+    // An agent that stops: its host shows disconnected.
+    agents.stop("agent-gpu");
+    b.wait_for_within(
+        "the stopped agent's host disconnected",
+        "(() => { const r = document.querySelector('tr[data-host=\"agent-gpu\"]'); return !!r && !!r.querySelector('[data-agent=\"disconnected\"]'); })()",
+        AGENT_TIMEOUT,
+    );
+    b.screenshot(&shots.join("cluster-disconnected.png"));
+    drop(b);
+    drop(agents);
+}
+
+/// A batch job of real commands in /real (`gpu` GPUs per task).
+fn real_job(name: &str, instances: u32, shell: &str, gpu: f64) -> Json {
+    json!({"spec": {
+        "name": name,
+        "owner": "console-test",
+        "type": "JOB_TYPE_BATCH",
+        "pool": "/real",
+        "instanceCount": instances,
+        "defaultTask": {
+            "shell": shell,
+            "resources": {"cpu": 0.5, "memoryMb": 64, "gpu": gpu},
+            "killGracePeriodMs": 2000,
+        },
+    }})
+}
+
+/// The `peloton-agent` binary next to `pelotond` (the workspace's build).
+fn agent_binary() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
+    assert!(
+        bin.exists(),
+        "{} not found: build the workspace's binaries first (`cargo test --workspace` does, or \
+         `cargo build -p peloton-agent`)",
+        bin.display()
+    );
+    bin
+}
+
+/// Real agents as child processes. Each stops its tasks when it stops
+/// (`--stop-tasks-on-exit`), and stops when this process does
+/// (`--exit-with-parent`); dropping them stops each (SIGTERM, then SIGKILL
+/// after 20 s).
+#[derive(Default)]
+struct Agents(Vec<(String, Child)>);
+
+impl Agents {
+    fn spawn(
+        &mut self,
+        bin: &Path,
+        addr: std::net::SocketAddr,
+        dir: &Path,
+        host: &str,
+        resources: &str,
+        zone: &str,
+    ) {
+        let work = dir.join(format!("agent-{host}"));
+        std::fs::create_dir_all(&work).expect("work dir");
+        let child = Command::new(bin)
+            .args(["--server", &format!("http://{addr}")])
+            .arg("--work-dir")
+            .arg(&work)
+            .args(["--host", host, "--token", AGENT_TOKEN])
+            .args(["--resources", resources])
+            .args(["--attr", &format!("zone={zone}")])
+            .args(["--isolation", "rlimit", "--stop-tasks-on-exit"])
+            .args(["--exit-with-parent", &std::process::id().to_string()])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+        self.0.push((host.to_string(), child));
+    }
+
+    /// Stops the agent of `host` and waits for it to exit.
+    fn stop(&mut self, host: &str) {
+        let i = self
+            .0
+            .iter()
+            .position(|(h, _)| h == host)
+            .expect("a known agent");
+        let (_, mut child) = self.0.remove(i);
+        stop_child(&mut child);
+    }
+}
+
+/// SIGTERM to the child (by its id), then SIGKILL if it has not exited
+/// within 20 s.
+fn stop_child(child: &mut Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            stop_child(child);
+        }
+    }
+}
+
 fn job(name: &str, pool: &str, instances: u32, cpu: f64) -> Json {
     json!({"spec": {
         "name": name,
@@ -463,6 +774,23 @@ impl Api {
             assert!(
                 Instant::now() < deadline,
                 "timed out waiting for {what} of job {job}: {tasks}"
+            );
+            std::thread::sleep(PAGE_POLL);
+        }
+    }
+
+    /// Polls the job's tasks until `done` holds for them; the tasks.
+    fn wait_tasks(&self, job: &str, what: &str, done: impl Fn(&[Json]) -> bool) -> Vec<Json> {
+        let deadline = Instant::now() + AGENT_TIMEOUT;
+        loop {
+            let tasks = self.get(&format!("/v1/jobs/{job}/tasks"));
+            let list = tasks["tasks"].as_array().cloned().unwrap_or_default();
+            if done(&list) {
+                return list;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what} (job {job}): {tasks}"
             );
             std::thread::sleep(PAGE_POLL);
         }
@@ -629,7 +957,12 @@ impl Browser {
     /// Polls `condition` until it is true; on timeout, fails with what the
     /// page shows (and a screenshot of it).
     fn wait_for(&mut self, what: &str, condition: &str) {
-        let deadline = Instant::now() + PAGE_TIMEOUT;
+        self.wait_for_within(what, condition, PAGE_TIMEOUT);
+    }
+
+    /// `wait_for` with its own timeout.
+    fn wait_for_within(&mut self, what: &str, condition: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
         loop {
             if self.eval(condition) == Json::Bool(true) {
                 return;
@@ -639,7 +972,7 @@ impl Browser {
                 self.screenshot(&shot);
                 let text = self.eval("document.body ? document.body.innerText : ''");
                 panic!(
-                    "timed out after {PAGE_TIMEOUT:?} waiting for {what} ({condition}); the page \
+                    "timed out after {timeout:?} waiting for {what} ({condition}); the page \
                      ({}) shows: {text}",
                     shot.display()
                 );
