@@ -149,24 +149,36 @@ export function followLog(jobId, instance, runId, stderr, offset, onBytes, signa
 
 // A job's events from the oldest kept on, then live: the watch filtered to
 // the job. `onEvents(events)` for each batch. When the oldest revisions
-// are no longer kept, starts again from the oldest that is.
-export async function jobEvents(jobId, onEvents, signal) {
+// are no longer kept, starts again from the oldest that is; when the
+// stream breaks (a server restart, a new leader), goes on from the next
+// revision after a pause (1 s, doubling to 10 s), until `signal` aborts.
+// `onState(message)` says why it waits ("" once it streams again).
+export async function jobEvents(jobId, onEvents, signal, onState = () => {}) {
   let from = 1;
-  for (let attempt = 0; ; attempt += 1) {
+  let pause = 1000;
+  while (!(signal && signal.aborted)) {
     const path = `/v1/watch?jobId=${encodeURIComponent(jobId)}&fromRevision=${from}`;
     try {
       await streamLines(path, (json) => {
+        pause = 1000;
+        onState("");
         if (json.events && json.events.length) {
           from = Number(json.events[json.events.length - 1].revision) + 1;
           onEvents(json.events);
         }
       }, signal);
-      return;
+      if (signal && signal.aborted) return;
+      onState("the event stream ended; following again…");
     } catch (e) {
       const oldest = /oldest(?: kept)? is (\d+)/.exec(e.message || "");
-      if (!oldest || attempt >= 3) throw e;
-      from = Number(oldest[1]);
+      if (oldest && Number(oldest[1]) > from) {
+        from = Number(oldest[1]);
+        continue;
+      }
+      onState(`events: ${e.message}; trying again…`);
     }
+    await new Promise((resolve) => setTimeout(resolve, pause));
+    pause = Math.min(10000, pause * 2);
   }
 }
 

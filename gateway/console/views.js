@@ -484,18 +484,19 @@ export const job = {
         h("thead", {}, h("tr", {}, ["Revision", "Time", "What", "Instance", "Run", "State", "Host", "Reason"].map((c) => h("th", {}, c)))),
         h("tbody", {}, [...events].reverse().map(eventRow))),
     ] : message("no events"));
+    const eventsState = h("span", { id: "events-state", class: "warn small" });
     api.jobEvents(id, (batch) => {
       events.push(...batch);
       if (events.length > JOB_EVENTS_SHOWN) events.splice(0, events.length - JOB_EVENTS_SHOWN);
       drawEvents();
-    }, aborter.signal).then(() => {
-      if (!aborter.signal.aborted) eventsBox.append(message("the event stream ended; reload to follow again", "warn"));
-    }, (e) => eventsBox.append(message(`events: ${e.message}`, "error")));
+    }, aborter.signal, (why) => {
+      eventsState.textContent = why ? ` ${why}` : "";
+    });
 
     fill(root, h("p", {}, h("a", { href: "#/jobs" }, "← Jobs")), head, note, actions,
       updateBox,
       h("h2", {}, "Instances"), grid,
-      h("h2", {}, "Events"), eventsBox,
+      h("h2", {}, "Events", eventsState), eventsBox,
       h("h2", {}, "Spec ", format), spec);
     const refresh = async () => {
       const [{ job: j }, { items: tasks, truncated }] = await Promise.all([
