@@ -148,9 +148,15 @@ export const cluster = {
     text.addEventListener("input", draw);
     fill(root, h("h1", {}, "Cluster"), h("div", { class: "filters" }, state, text), note, body);
     return async () => {
-      const [h1, j] = await Promise.all([api.listHosts(), api.listJobs()]);
-      ({ items: hosts, truncated } = h1);
-      names = new Map(j.items.map((x) => [x.id, x.spec?.name || x.id]));
+      ({ items: hosts, truncated } = await api.listHosts());
+      // Job names for the hosts' task links: the job list is read again
+      // only when a host names a job not seen yet.
+      if (hosts.some((host) => (host.tasks || []).some((r) => !names.has(r.jobId)))) {
+        const { items } = await api.listJobs();
+        names = new Map(items.map((x) => [x.id, x.spec?.name || x.id]));
+        // Not in the list (past its bound, or just deleted): the id.
+        for (const host of hosts) for (const r of host.tasks || []) if (!names.has(r.jobId)) names.set(r.jobId, r.jobId);
+      }
       draw();
     };
   },
@@ -221,6 +227,8 @@ function hostRow(host, names, expanded, act, toggle) {
 
 // Pending tasks shown per pool queue.
 const QUEUE_SHOWN = 10;
+// Pools whose queues are read on one refresh (each is a few calls).
+const QUEUE_POOLS_READ = 50;
 
 export const pools = {
   title: "Pools",
@@ -235,8 +243,8 @@ export const pools = {
       const { items, truncated } = await api.listPools();
       const byPath = new Map(items.map((p) => [p.path, p]));
       // Queues of the pools that have pending tasks, read in parallel.
-      const queues = new Map(await Promise.all(items
-        .filter((p) => Number(p.status?.pendingTasks || 0) > 0)
+      const waiting = items.filter((p) => Number(p.status?.pendingTasks || 0) > 0);
+      const queues = new Map(await Promise.all(waiting.slice(0, QUEUE_POOLS_READ)
         .map(async (p) => [p.path, await poolQueue(p.path)])));
       const rows = [];
       const add = (pool, depth) => {
@@ -257,6 +265,9 @@ export const pools = {
       mark("/", 0);
       for (const p of items) if (!reached.has(p.path)) add(p, 0);
       fill(body, truncatedNote(truncated),
+        waiting.length > QUEUE_POOLS_READ
+          ? message(`${waiting.length} pools have pending tasks; the queues of the first ${QUEUE_POOLS_READ} are shown.`, "warn")
+          : null,
         h("table", { class: "grid pools" },
           h("thead", {}, h("tr", {}, ["Pool", "Share", "Pending", "Running", "Dimension", "Reservation", "Limit", "Entitlement", "Allocation", "Demand"].map((c) => h("th", {}, c)))),
           h("tbody", {}, rows)));
@@ -447,7 +458,10 @@ export const job = {
         note.textContent = "";
         changed();
       } catch (e) {
+        // Refused (a stale version: someone else changed the job): the
+        // page reads the job again, so a second try names its version.
         note.textContent = `${what} failed: ${e.message}`;
+        changed();
       }
     };
     const name = () => current?.spec?.name || id;

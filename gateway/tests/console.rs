@@ -260,14 +260,55 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
     );
     assert!(b.text("window.asked").starts_with("Abort update"));
 
-    // Scale from the page: the request carries the job's version as the
-    // page shows it, and the instance grid grows live.
-    let version = b.text(
-        "(() => { const d = [...document.querySelectorAll('dl.facts dt')].find(t => t.innerText === 'version'); return d.nextElementSibling.innerText; })()",
+    // Optimistic concurrency through the page: while the page cannot read
+    // the job again (its reads of the job are held back), the job changes
+    // through the API; the page's scale names the version it showed, which
+    // is stale now, and the server refuses it — the page says so.
+    let shown_version = "(() => { const d = [...document.querySelectorAll('dl.facts dt')].find(t => t.innerText === 'version'); return d.nextElementSibling.innerText; })()";
+    let stale = b.text(shown_version);
+    b.eval(&format!(
+        "(() => {{ window.sent = []; window.holdJob = true; const f = window.fetch; window.fetch = (u, i) => {{ \
+         if (i && i.body) window.sent.push([String(u), i.body]); \
+         if (window.holdJob && String(u).endsWith('/v1/jobs/{svc}') && !(i && i.method && i.method !== 'GET')) return Promise.reject(new Error('held by the test')); \
+         return f(u, i); }}; }})()"
+    ));
+    let changed = api.post(
+        &format!("/v1/jobs/{svc}/scale"),
+        json!({"instanceCount": 4, "version": "0"}),
     );
+    let version = changed["job"]["version"]
+        .as_str()
+        .expect("version")
+        .to_string();
+    assert_ne!(version, stale, "the API's scale changed the version");
     b.eval(
-        "(() => { window.sent = []; const f = window.fetch; window.fetch = (u, i) => { if (i && i.body) window.sent.push([String(u), i.body]); return f(u, i); }; \
-         const c = document.getElementById('scale-count'); c.value = '3'; document.getElementById('scale').click(); })()",
+        "(() => { const c = document.getElementById('scale-count'); c.value = '3'; document.getElementById('scale').click(); })()",
+    );
+    b.wait_for(
+        "the stale scale refused",
+        "document.getElementById('job-error').innerText.includes('Scale failed: FAILED_PRECONDITION')",
+    );
+    let refused = b.eval(
+        "window.sent.filter(c => c[0].endsWith('/scale')).map(c => JSON.parse(c[1]).version)",
+    );
+    assert_eq!(
+        refused,
+        json!([stale]),
+        "the refused scale named the version the page showed"
+    );
+    // Once it reads the job again, the page shows the new version and a
+    // scale from it goes through.
+    b.eval("window.holdJob = false");
+    b.wait_for(
+        "the new version and four instances",
+        &format!(
+            "{shown_version} === '{version}' && document.querySelectorAll('#instances .cell').length === 4"
+        ),
+    );
+    // Scale from the page: the request carries the job's version as the
+    // page shows it, and the instance grid follows live.
+    b.eval(
+        "(() => { window.sent = []; const c = document.getElementById('scale-count'); c.value = '3'; document.getElementById('scale').click(); })()",
     );
     b.wait_for(
         "three instances",
@@ -290,7 +331,12 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
         json!(version),
         "the scale names the job's version: {body}"
     );
-    assert!(b.text("window.asked").contains("from 2 to 3 instance(s)"));
+    assert!(b.text("window.asked").contains("from 4 to 3 instance(s)"));
+    assert!(
+        b.text("document.getElementById('job-error').innerText")
+            .is_empty(),
+        "the error is gone once the scale went through"
+    );
     // Restart from the page: every instance gets a new run, which the
     // events (the job's history, live) show.
     b.eval(
