@@ -24,6 +24,7 @@
 mod apps;
 mod hostpools;
 mod persist;
+pub(crate) use persist::decode_event_row;
 mod reads;
 
 use std::sync::Arc;

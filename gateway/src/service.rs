@@ -922,8 +922,7 @@ impl Watcher {
             }
             let before = self.next;
             for (n, row) in rows.into_iter().enumerate() {
-                let batch = pb::WatchResponse::decode(row.as_slice())
-                    .map_err(|e| Status::internal(e.to_string()))?;
+                let batch = crate::scheduler::decode_event_row(&row).map_err(Status::internal)?;
                 // Rows are contiguous, so the first row of every fetch
                 // starts at or before `next` unless the retention trimmed
                 // it meanwhile: never skip events silently.
@@ -1086,8 +1085,8 @@ impl Api {
         // No row at all: everything up to the committed revision was
         // trimmed (the caller asks only for committed revisions).
         let oldest = match rows.first() {
-            Some(row) => pb::WatchResponse::decode(row.as_slice())
-                .map_err(|e| Status::internal(e.to_string()))?
+            Some(row) => crate::scheduler::decode_event_row(row)
+                .map_err(Status::internal)?
                 .events
                 .first()
                 .map_or(from, |e| e.revision),

@@ -95,29 +95,41 @@ pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
         .collect()
 }
 
-/// One commit's events as a stored `WatchResponse` (its events as field 1):
-/// (first revision, bytes). Encoded straight from the core's events, with
-/// the API message's field numbers and proto3's rules (default values
-/// left out), so no `pb::Event` (three strings each) is built per event;
-/// `events_to_pb` + prost give the same bytes (tested).
+/// First bytes of a compact event row (see [`encode_events`]). A protobuf
+/// `WatchResponse` never starts with a 0 byte (field number 0 does not
+/// exist), so rows written before the compact form are told apart.
+const COMPACT_EVENTS: [u8; 2] = [0, 1];
+const KIND_TASK: u8 = 1;
+const KIND_JOB: u8 = 2;
+
+/// One commit's events as a stored row: (first revision, bytes).
+///
+/// The row is compact rather than a `WatchResponse`: a commit can carry a
+/// million events, nearly all naming one of a few job ids and hosts, and
+/// writing them out as protobuf (≈ 77 bytes each, 36 of them the job id)
+/// made the row the largest part of a commit's bytes and time. Here each
+/// distinct string is written once per row and events name it by index;
+/// numbers are varints, revision and time as deltas, states as the API's
+/// enum numbers. About 12 bytes per event; [`decode_event_row`] turns it
+/// back into exactly what `events_to_pb` gives (tested).
+///
+/// Layout: `00 01`, first revision, string count, strings (length, bytes;
+/// string 0 is ""), event count, then per event: revision delta, time
+/// delta (zigzag), kind (1 task, 2 job) and its fields in `TaskEvent` /
+/// `JobEvent` order, strings as indices.
 pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
     let first = events[0].revision;
-    // Each event's inner and whole length, worked out once.
-    let lens: Vec<(usize, usize)> = events
-        .iter()
-        .map(|e| {
-            let inner = kind_len(&e.kind);
-            let whole = uint_len(e.revision) + uint_len(e.time_ms) + framed_len(inner);
-            (inner, whole)
-        })
-        .collect();
-    let len: usize = lens.iter().map(|&(_, whole)| framed_len(whole)).sum();
-    let mut out = Vec::with_capacity(len);
-    for (e, &(inner, whole)) in events.iter().zip(&lens) {
-        key(&mut out, 1, LEN);
-        varint(&mut out, whole as u64);
-        uint(&mut out, 1, e.revision);
-        uint(&mut out, 2, e.time_ms);
+    let mut strings = Strings {
+        list: vec![""],
+        ..Strings::default()
+    };
+    let mut body = Vec::with_capacity(events.len() * 12);
+    let (mut revision, mut time) = (first, 0u64);
+    for e in events {
+        varint(&mut body, e.revision.wrapping_sub(revision));
+        revision = e.revision;
+        varint(&mut body, zigzag(e.time_ms.wrapping_sub(time) as i64));
+        time = e.time_ms;
         match &e.kind {
             EventKind::Task {
                 job,
@@ -128,15 +140,14 @@ pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
                 reason,
                 health,
             } => {
-                key(&mut out, 4, LEN);
-                varint(&mut out, inner as u64);
-                string(&mut out, 1, job);
-                uint(&mut out, 2, u64::from(*instance));
-                uint(&mut out, 3, u64::from(*run));
-                uint(&mut out, 4, convert::task_state_to_pb(*state) as u64);
-                string(&mut out, 5, host);
-                string(&mut out, 6, reason);
-                uint(&mut out, 7, convert::health_to_pb(*health) as u64);
+                body.push(KIND_TASK);
+                varint(&mut body, strings.shared(job));
+                varint(&mut body, u64::from(*instance));
+                varint(&mut body, u64::from(*run));
+                varint(&mut body, convert::task_state_to_pb(*state) as u64);
+                varint(&mut body, strings.shared(host));
+                varint(&mut body, strings.text(reason));
+                varint(&mut body, convert::health_to_pb(*health) as u64);
             }
             EventKind::Job {
                 job,
@@ -144,97 +155,158 @@ pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
                 deleted,
                 reason,
             } => {
-                key(&mut out, 3, LEN);
-                varint(&mut out, inner as u64);
-                string(&mut out, 1, job);
-                uint(&mut out, 2, convert::job_state_to_pb(*state) as u64);
-                uint(&mut out, 3, u64::from(*deleted));
-                string(&mut out, 4, reason);
+                body.push(KIND_JOB);
+                varint(&mut body, strings.shared(job));
+                varint(&mut body, convert::job_state_to_pb(*state) as u64);
+                varint(&mut body, u64::from(*deleted));
+                varint(&mut body, strings.text(reason));
             }
         }
     }
-    debug_assert_eq!(out.len(), len);
+    let table: usize = strings.list.iter().map(|s| 10 + s.len()).sum();
+    let mut out = Vec::with_capacity(2 + 30 + table + body.len());
+    out.extend_from_slice(&COMPACT_EVENTS);
+    varint(&mut out, first);
+    varint(&mut out, strings.list.len() as u64);
+    for s in &strings.list {
+        varint(&mut out, s.len() as u64);
+        out.extend_from_slice(s.as_bytes());
+    }
+    varint(&mut out, events.len() as u64);
+    out.extend_from_slice(&body);
     (first, out)
 }
 
-const VARINT: u8 = 0;
-const LEN: u8 = 2;
+/// A stored event row as the API's message: the compact form
+/// [`encode_events`] writes, or a `WatchResponse` (rows written before it).
+/// A row that is neither is an error naming what is wrong.
+pub(crate) fn decode_event_row(row: &[u8]) -> Result<pb::WatchResponse, String> {
+    let Some(mut r) = row.strip_prefix(&COMPACT_EVENTS[..]) else {
+        return pb::WatchResponse::decode(row).map_err(|e| format!("event row: {e}"));
+    };
+    let r = &mut r;
+    let mut revision = read_varint(r)?;
+    let n_strings = read_varint(r)? as usize;
+    if n_strings == 0 || n_strings > r.len() {
+        return Err(format!(
+            "event row: {n_strings} strings in {} bytes",
+            r.len()
+        ));
+    }
+    let mut strings = Vec::with_capacity(n_strings);
+    for _ in 0..n_strings {
+        let len = read_varint(r)? as usize;
+        if len > r.len() {
+            return Err("event row: a string runs past the row".into());
+        }
+        let (s, rest) = r.split_at(len);
+        strings.push(std::str::from_utf8(s).map_err(|e| format!("event row: {e}"))?);
+        *r = rest;
+    }
+    let string = |i: u64| -> Result<String, String> {
+        strings
+            .get(i as usize)
+            .map(|s| s.to_string())
+            .ok_or_else(|| format!("event row: string {i} of {n_strings}"))
+    };
+    let n_events = read_varint(r)? as usize;
+    // Every event takes at least 3 bytes: a count beyond that is corrupt.
+    if n_events > r.len() / 3 + 1 {
+        return Err(format!("event row: {n_events} events in {} bytes", r.len()));
+    }
+    let mut events = Vec::with_capacity(n_events);
+    let mut time = 0u64;
+    for _ in 0..n_events {
+        revision = revision.wrapping_add(read_varint(r)?);
+        time = time.wrapping_add(unzigzag(read_varint(r)?) as u64);
+        let (&kind, rest) = r.split_first().ok_or("event row: an event is cut short")?;
+        *r = rest;
+        let kind = match kind {
+            KIND_TASK => pb::event::Kind::Task(pb::TaskEvent {
+                job_id: string(read_varint(r)?)?,
+                instance: read_u32(r)?,
+                run_id: read_u32(r)?,
+                state: read_u32(r)? as i32,
+                host: string(read_varint(r)?)?,
+                reason: string(read_varint(r)?)?,
+                health: read_u32(r)? as i32,
+            }),
+            KIND_JOB => pb::event::Kind::Job(pb::JobEvent {
+                job_id: string(read_varint(r)?)?,
+                state: read_u32(r)? as i32,
+                deleted: read_varint(r)? != 0,
+                reason: string(read_varint(r)?)?,
+            }),
+            other => return Err(format!("event row: unknown event kind {other}")),
+        };
+        events.push(pb::Event {
+            revision,
+            time_ms: time,
+            kind: Some(kind),
+        });
+    }
+    if !r.is_empty() {
+        return Err(format!("event row: {} bytes after the last event", r.len()));
+    }
+    Ok(pb::WatchResponse { events })
+}
 
-fn varint_len(v: u64) -> usize {
-    prost::encoding::encoded_len_varint(v)
+/// A row's string table while it is written: shared strings (job ids,
+/// hosts) are found by address first, so the common case hashes a pointer;
+/// other text by content. Index 0 is "".
+#[derive(Default)]
+struct Strings<'a> {
+    list: Vec<&'a str>,
+    by_addr: FxHashMap<(usize, usize), u64>,
+    by_text: FxHashMap<&'a str, u64>,
+}
+
+impl<'a> Strings<'a> {
+    fn shared(&mut self, s: &'a Arc<str>) -> u64 {
+        if s.is_empty() {
+            return 0;
+        }
+        let addr = (s.as_ptr() as usize, s.len());
+        if let Some(&i) = self.by_addr.get(&addr) {
+            return i;
+        }
+        let i = self.text(s);
+        self.by_addr.insert(addr, i);
+        i
+    }
+
+    fn text(&mut self, s: &'a str) -> u64 {
+        if s.is_empty() {
+            return 0;
+        }
+        let next = self.list.len() as u64;
+        let i = *self.by_text.entry(s).or_insert(next);
+        if i == next {
+            self.list.push(s);
+        }
+        i
+    }
 }
 
 fn varint(out: &mut Vec<u8>, v: u64) {
     prost::encoding::encode_varint(v, out);
 }
 
-fn key(out: &mut Vec<u8>, tag: u32, wire: u8) {
-    varint(out, u64::from(tag << 3 | u32::from(wire)));
+fn read_varint(r: &mut &[u8]) -> Result<u64, String> {
+    prost::encoding::decode_varint(r).map_err(|e| format!("event row: {e}"))
 }
 
-/// A scalar field (left out when 0).
-fn uint(out: &mut Vec<u8>, tag: u32, v: u64) {
-    if v != 0 {
-        key(out, tag, VARINT);
-        varint(out, v);
-    }
+fn read_u32(r: &mut &[u8]) -> Result<u32, String> {
+    let v = read_varint(r)?;
+    u32::try_from(v).map_err(|_| format!("event row: {v} is out of range"))
 }
 
-fn uint_len(v: u64) -> usize {
-    if v == 0 { 0 } else { 1 + varint_len(v) }
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
 }
 
-/// A string field (left out when empty).
-fn string(out: &mut Vec<u8>, tag: u32, v: &str) {
-    if !v.is_empty() {
-        key(out, tag, LEN);
-        varint(out, v.len() as u64);
-        out.extend_from_slice(v.as_bytes());
-    }
-}
-
-fn string_len(v: &str) -> usize {
-    if v.is_empty() { 0 } else { framed_len(v.len()) }
-}
-
-/// A length-delimited field of `len` bytes with a one-byte key (every tag
-/// here is below 16).
-fn framed_len(len: usize) -> usize {
-    1 + varint_len(len as u64) + len
-}
-
-/// The inner message's length (`TaskEvent` or `JobEvent`).
-fn kind_len(kind: &EventKind) -> usize {
-    match kind {
-        EventKind::Task {
-            job,
-            instance,
-            run,
-            state,
-            host,
-            reason,
-            health,
-        } => {
-            string_len(job)
-                + uint_len(u64::from(*instance))
-                + uint_len(u64::from(*run))
-                + uint_len(convert::task_state_to_pb(*state) as u64)
-                + string_len(host)
-                + string_len(reason)
-                + uint_len(convert::health_to_pb(*health) as u64)
-        }
-        EventKind::Job {
-            job,
-            state,
-            deleted,
-            reason,
-        } => {
-            string_len(job)
-                + uint_len(convert::job_state_to_pb(*state) as u64)
-                + uint_len(u64::from(*deleted))
-                + string_len(reason)
-        }
-    }
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
 /// A task row as stored.
@@ -537,11 +609,14 @@ mod tests {
     use super::*;
     use crate::lifecycle::{Health, JobState, TaskState};
 
-    /// The hand-written encoder gives prost's bytes for every kind, state,
-    /// health and size of field (empty, one-byte and multi-byte lengths,
-    /// zero and large numbers).
+    /// A compact event row decodes to exactly the API's events, for every
+    /// kind, state, health and size of field (empty, one-byte and
+    /// multi-byte lengths, zero and large numbers, revisions and times that
+    /// go backwards); a row written as a `WatchResponse` (before the
+    /// compact form) still decodes; a cut or damaged row is an error, never
+    /// a panic.
     #[test]
-    fn events_encode_as_prost_does() {
+    fn event_rows_decode_to_the_api_events() {
         let task_states = [
             TaskState::Initialized,
             TaskState::Pending,
@@ -622,11 +697,42 @@ mod tests {
         }
         let (first, bytes) = encode_events(&events);
         assert_eq!(first, events[0].revision);
-        let via_prost = pb::WatchResponse {
+        let want = pb::WatchResponse {
             events: events_to_pb(&events),
         };
-        assert_eq!(bytes, via_prost.encode_to_vec());
-        let decoded = pb::WatchResponse::decode(bytes.as_slice()).unwrap();
-        assert_eq!(decoded.events, events_to_pb(&events));
+        assert_eq!(decode_event_row(&bytes).unwrap(), want);
+        // Each distinct string once: far smaller than protobuf.
+        assert!(
+            bytes.len() < want.encoded_len() / 2,
+            "{} bytes",
+            bytes.len()
+        );
+        // Rows of older servers.
+        assert_eq!(decode_event_row(&want.encode_to_vec()).unwrap(), want);
+        // No strings at all.
+        let bare = [Event {
+            revision: 9,
+            time_ms: 0,
+            kind: EventKind::Job {
+                job: "".into(),
+                state: JobState::Running,
+                deleted: false,
+                reason: "".into(),
+            },
+        }];
+        assert_eq!(
+            decode_event_row(&encode_events(&bare).1).unwrap().events,
+            events_to_pb(&bare)
+        );
+        for cut in 2..bytes.len() {
+            assert!(decode_event_row(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = bytes.clone();
+        bad.push(0);
+        assert!(
+            decode_event_row(&bad)
+                .unwrap_err()
+                .contains("after the last event")
+        );
     }
 }
