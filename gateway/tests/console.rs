@@ -362,6 +362,43 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
     );
     b.screenshot(&shots.join("job-service.png"));
 
+    // An update that cannot finish: its new spec needs 4 cores an instance,
+    // and the pool's reservation of 4 (for non-preemptible work) has the
+    // other instances' cores in use, so the first instance it moves waits.
+    // Paused from the page while it rolls forward, then rolled back from
+    // the page (after its confirmation): the instance gets its old spec
+    // back and runs.
+    next["labels"] = json!({"release": "4"});
+    next["instanceCount"] = json!(3);
+    next["defaultTask"]["resources"]["cpu"] = json!(4.0);
+    api.post(
+        &format!("/v1/jobs/{svc}/updates"),
+        json!({"spec": next, "update": {"batchSize": 1}}),
+    );
+    b.wait_for(
+        "the update rolling forward, one instance in progress",
+        "(() => { const u = document.getElementById('update'); return !!u && u.innerText.includes('ROLLING_FORWARD') \
+         && u.innerText.includes('0 / 3 instances updated') && /in progress\\s*\\d/.test(u.innerText) \
+         && !document.getElementById('update-pause').disabled && document.getElementById('update-resume').disabled; })()",
+    );
+    b.eval("document.getElementById('update-pause').click()");
+    b.wait_for(
+        "the update paused",
+        "(() => { const u = document.getElementById('update'); return !!u && u.innerText.includes('PAUSED') \
+         && u.innerText.includes('from ROLLING_FORWARD') && !document.getElementById('update-resume').disabled; })()",
+    );
+    b.screenshot(&shots.join("job-update-stuck.png"));
+    b.eval("document.getElementById('update-rollback').click()");
+    b.wait_for(
+        "the update rolled back",
+        "(() => { const u = document.getElementById('update'); return !!u && u.innerText.includes('Last update') && u.innerText.includes('ROLLED_BACK'); })()",
+    );
+    assert!(b.text("window.asked").starts_with("Roll update"));
+    b.wait_for(
+        "every instance running again",
+        "document.querySelectorAll('#instances .cell.s-running').length === 3",
+    );
+
     // Kill the small job from its page, after the confirmation; the page
     // follows it to KILLED live, and its events say so.
     b.navigate(&format!("{base}/ui/#/jobs/{small}"));
