@@ -548,7 +548,7 @@ fn agents_scenario(chromium: &Path, agent: &Path, addr: std::net::SocketAddr, wo
     b.navigate(&format!("{base}/ui/#/tasks/{printer}/0"));
     b.wait_for_within(
         "the first lines of the log",
-        "(document.getElementById('log') || {textContent: ''}).textContent.includes('line 3')",
+        "(document.getElementById('log') || {textContent: ''}).textContent.includes('line 3\\n')",
         AGENT_TIMEOUT,
     );
     b.wait_for_within(
@@ -563,7 +563,7 @@ fn agents_scenario(chromium: &Path, agent: &Path, addr: std::net::SocketAddr, wo
     std::fs::write(&go, b"").expect("the go file");
     b.wait_for_within(
         "the later lines, without a reload",
-        "document.getElementById('log').textContent.includes('line 8') && document.querySelector('h1').innerText.includes('SUCCEEDED')",
+        "document.getElementById('log').textContent.includes('line 8\\n') && document.querySelector('h1').innerText.includes('SUCCEEDED')",
         AGENT_TIMEOUT,
     );
     let log = b.text("document.getElementById('log').textContent");
