@@ -651,6 +651,12 @@ export const task = {
     const stream = h("select", { id: "log-stream" }, h("option", { value: "stdout" }, "stdout"), h("option", { value: "stderr" }, "stderr"));
     const out = h("pre", { id: "log", class: "log" });
     const logState = h("span", { id: "log-state", class: "muted small" });
+    // A note in place of the log while there is none.
+    const placeholder = (text, error) => {
+      out.textContent = text;
+      out.classList.toggle("error", error);
+      out.dataset.placeholder = "1";
+    };
     // The log being followed: which run and stream, up to which offset;
     // `live` while its stream is open. A new run, or another stream,
     // starts again from the beginning.
@@ -663,18 +669,27 @@ export const task = {
       const key = `${runId}/${stream.value}`;
       if (!follow || follow.key !== key) {
         if (follow) follow.aborter.abort();
-        follow = { key, offset: 0, aborter: new AbortController(), live: false, decoder: new TextDecoder(), text: "" };
+        follow = { key, offset: 0, aborter: new AbortController(), live: false, done: false, decoder: new TextDecoder() };
         out.textContent = "";
         out.classList.remove("error");
+        delete out.dataset.placeholder;
       } else if (!running) {
         return; // read to its end, and the run is over: nothing more comes
       }
       const f = follow;
       f.live = true;
+      f.done = false;
       logState.textContent = "following…";
       api.followLog(id, instance, runId, stream.value === "stderr", f.offset, (bytes, next) => {
         if (f !== follow) return;
         f.offset = next;
+        // A note shown while there was no output ("(empty)", an error)
+        // gives way to the output.
+        if (out.dataset.placeholder) {
+          out.textContent = "";
+          out.classList.remove("error");
+          delete out.dataset.placeholder;
+        }
         const atBottom = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
         out.append(f.decoder.decode(bytes, { stream: true }));
         if (out.textContent.length > LOG_KEEP_CHARS) out.textContent = out.textContent.slice(-LOG_KEEP_CHARS);
@@ -682,17 +697,15 @@ export const task = {
       }, f.aborter.signal).then(() => {
         if (f !== follow) return;
         f.live = false;
+        f.done = true;
         logState.textContent = `${f.offset} bytes${running ? "" : "; the run has ended"}`;
-        if (!out.textContent) out.textContent = "(empty)";
+        if (!out.textContent) placeholder("(empty)", false);
       }, (e) => {
         if (f !== follow) return;
         f.live = false;
         // Not followed to the end: the next refresh tries again from here.
         logState.textContent = e.message;
-        if (!out.textContent) {
-          out.textContent = e.message;
-          out.classList.add("error");
-        }
+        if (!out.textContent || out.dataset.placeholder) placeholder(e.message, true);
       });
     };
     stream.addEventListener("change", () => {
@@ -727,13 +740,12 @@ export const task = {
       if (!runId) {
         if (follow) follow.aborter.abort();
         follow = null;
-        out.textContent = "(not launched yet)";
+        placeholder("(not launched yet)", false);
         logState.textContent = "";
       } else {
         startFollow();
-        if (follow && !follow.live && !running && !logState.textContent.includes("ended") && follow.offset >= 0) {
-          logState.textContent = `${follow.offset} bytes; the run has ended`;
-        }
+        // Followed to its end before the page saw the run end.
+        if (follow && follow.done && !running) logState.textContent = `${follow.offset} bytes; the run has ended`;
       }
     };
     refresh.close = () => {
