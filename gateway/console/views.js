@@ -109,7 +109,8 @@ export const cluster = {
       const n = Number(host.tasksTotal || 0);
       const question = drain
         ? `Drain host ${host.name}? Its ${n} task(s) are stopped and placed elsewhere, and nothing new is placed on it.`
-        : `Bring host ${host.name} up? New tasks may be placed on it again.`;
+        : `Bring host ${host.name} up? New tasks may be placed on it again.` +
+          (host.isolation !== "simulated" && !host.connected ? " Its agent is not connected: it comes up when its agent registers." : "");
       if (!confirm(question)) return;
       try {
         await api.post(`/v1/hosts/maintenance/${drain ? "start" : "complete"}`, { hosts: [host.name] });
