@@ -665,6 +665,13 @@ pub(crate) struct PoolCaps {
 }
 
 impl PoolQueues {
+    /// Room for `n` more queued entries of `class`.
+    pub(crate) fn reserve(&mut self, class: TaskClass, n: usize) {
+        self.entries
+            .reserve(n.saturating_sub(self.free_entries.len()));
+        self.heaps[class as usize].reserve(n);
+    }
+
     pub(crate) fn reset(&mut self) {
         *self = PoolQueues::default();
     }

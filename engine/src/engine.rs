@@ -188,12 +188,56 @@ pub struct Engine {
     /// by one: ending a large job would be quadratic).
     waiting: Vec<TaskHandle>,
     /// Queued gangs by task, to withdraw them.
-    queued: rustc_hash::FxHashMap<TaskHandle, crate::admission::PendingId>,
+    queued: QueuedIndex,
     queued_members: rustc_hash::FxHashMap<crate::admission::PendingId, Vec<TaskHandle>>,
     next_gang: u32,
     report: CycleReport,
     /// Resources held on hosts for instances without a task there.
     reservations: crate::placement::Reservations,
+}
+
+/// Queued tasks' admission entries by task slot: a column written in
+/// order as tasks are queued, where a hash map took a cache miss per task.
+/// Each entry keeps its task's handle, so a slot reused by another task
+/// does not match.
+#[derive(Debug, Default)]
+struct QueuedIndex {
+    by_slot: Vec<Option<(TaskHandle, crate::admission::PendingId)>>,
+}
+
+impl QueuedIndex {
+    fn get(&self, task: TaskHandle) -> Option<&(TaskHandle, crate::admission::PendingId)> {
+        self.by_slot
+            .get(task.idx())
+            .and_then(Option::as_ref)
+            .filter(|(h, _)| *h == task)
+    }
+
+    fn insert(&mut self, task: TaskHandle, pending: crate::admission::PendingId) {
+        let i = task.idx();
+        if i >= self.by_slot.len() {
+            self.by_slot.resize(i + 1, None);
+        }
+        self.by_slot[i] = Some((task, pending));
+    }
+
+    fn remove(&mut self, task: TaskHandle) -> Option<crate::admission::PendingId> {
+        let entry = self.by_slot.get_mut(task.idx())?;
+        match entry {
+            Some((h, p)) if *h == task => {
+                let p = *p;
+                *entry = None;
+                Some(p)
+            }
+            _ => None,
+        }
+    }
+
+    /// Room for slots up to `slots`.
+    fn reserve(&mut self, slots: usize) {
+        self.by_slot
+            .reserve(slots.saturating_sub(self.by_slot.len()));
+    }
 }
 
 impl Engine {
@@ -258,6 +302,9 @@ impl Engine {
     /// Submits a gang (one task is a gang of one): validated whole, then
     /// queued as one admission entry. On error nothing changes.
     pub fn submit(&mut self, gang: &[NewTask]) -> Result<Vec<TaskHandle>, EngineError> {
+        if let [one] = gang {
+            return Ok(vec![self.submit_one(one)?]);
+        }
         let Some(first) = gang.first() else {
             return Err(EngineError::InvalidTask {
                 field: "tasks",
@@ -275,14 +322,7 @@ impl Engine {
         }
         TaskClass::of(first.flags)?;
         for t in gang {
-            if let Some(h) = t.desired_host
-                && !self.hosts.contains(h)
-            {
-                return Err(EngineError::InvalidTask {
-                    field: "desired_host",
-                    problem: "not a live host".into(),
-                });
-            }
+            self.check_desired_host(t)?;
         }
         let mut constraint_ids = Vec::with_capacity(gang.len());
         for t in gang {
@@ -291,13 +331,8 @@ impl Engine {
                     .intern(&t.constraint, self.hosts.interner_mut())?,
             );
         }
-        let gang_id = if gang.len() > 1 {
-            let id = self.next_gang;
-            self.next_gang = (self.next_gang + 1) % NO_GANG;
-            id
-        } else {
-            NO_GANG
-        };
+        let gang_id = self.next_gang;
+        self.next_gang = (self.next_gang + 1) % NO_GANG;
         let mut handles = Vec::with_capacity(gang.len());
         for (t, &constraint) in gang.iter().zip(&constraint_ids) {
             match self.tasks.add(&task_spec(t, gang_id, constraint)) {
@@ -335,6 +370,90 @@ impl Engine {
                 }
                 Err(e.into())
             }
+        }
+    }
+
+    /// Makes room for `additional` more queued tasks at once (a restart
+    /// knows how many it will queue), rather than growing columns by
+    /// doubling as they come.
+    pub fn reserve_tasks(&mut self, additional: usize) {
+        self.tasks.reserve(additional);
+        self.queued.reserve(self.tasks.n_slots() + additional);
+    }
+
+    /// Makes room in `pool`'s admission queue for `n` more tasks that are
+    /// each a gang of one, with these flags.
+    pub fn reserve_queue(&mut self, pool: PoolId, flags: TaskFlags, n: usize) {
+        self.rm.reserve_queue(pool, flags, n);
+    }
+
+    /// Submits tasks that are each a gang of one, appending their handles
+    /// to `out` in order: what calling [`Engine::submit`] once per task
+    /// does, without a call's allocations (a restart queues a million
+    /// instances this way). All are queued, or on error none is: the ones
+    /// queued before the failing one are withdrawn again.
+    pub fn submit_each(
+        &mut self,
+        tasks: &[NewTask],
+        out: &mut Vec<TaskHandle>,
+    ) -> Result<(), EngineError> {
+        for t in tasks {
+            check_request(t)?;
+            TaskClass::of(t.flags)?;
+            self.check_desired_host(t)?;
+        }
+        let start = out.len();
+        out.reserve(tasks.len());
+        for t in tasks {
+            match self.submit_one(t) {
+                Ok(h) => out.push(h),
+                Err(e) => {
+                    for h in out.drain(start..).rev() {
+                        self.cancel(h).expect("just queued");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A gang of one: no gang number and no member list (its handle is its
+    /// own list, see [`Engine::queued_gang`]).
+    fn submit_one(&mut self, t: &NewTask) -> Result<TaskHandle, EngineError> {
+        check_request(t)?;
+        TaskClass::of(t.flags)?;
+        self.check_desired_host(t)?;
+        let constraint = self
+            .constraints
+            .intern(&t.constraint, self.hosts.interner_mut())?;
+        let h = self.tasks.add(&task_spec(t, NO_GANG, constraint))?;
+        let member = PendingTask {
+            id: TaskId(h.to_u64()),
+            request: t.request,
+        };
+        match self
+            .rm
+            .enqueue(t.pool, t.priority, t.flags, std::slice::from_ref(&member))
+        {
+            Ok(pending) => {
+                self.queued.insert(h, pending);
+                Ok(h)
+            }
+            Err(e) => {
+                self.tasks.remove(h).expect("just added");
+                Err(e.into())
+            }
+        }
+    }
+
+    fn check_desired_host(&self, t: &NewTask) -> Result<(), EngineError> {
+        match t.desired_host {
+            Some(h) if !self.hosts.contains(h) => Err(EngineError::InvalidTask {
+                field: "desired_host",
+                problem: "not a live host".into(),
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -452,7 +571,7 @@ impl Engine {
         self.rm.admit(&mut self.report.admission);
         for a in &self.report.admission.admitted {
             let handle = TaskHandle::from_u64(a.task.0);
-            if let Some(pending) = self.queued.remove(&handle) {
+            if let Some(pending) = self.queued.remove(handle) {
                 self.queued_members.remove(&pending);
             }
             self.tasks
@@ -553,16 +672,20 @@ impl Engine {
     /// The members of the queued gang `task` belongs to (empty if it is not
     /// queued for admission).
     pub fn queued_gang(&self, task: TaskHandle) -> &[TaskHandle] {
-        self.queued
-            .get(&task)
-            .and_then(|p| self.queued_members.get(p))
-            .map_or(&[], |m| m.as_slice())
+        match self.queued.get(task) {
+            // A gang of one has no member list: it is its own.
+            Some((h, p)) => self
+                .queued_members
+                .get(p)
+                .map_or(std::slice::from_ref(h), |m| m.as_slice()),
+            None => &[],
+        }
     }
 
     /// Withdraws a task still queued for admission, with the rest of its
     /// gang. Returns the tasks withdrawn.
     pub fn cancel(&mut self, task: TaskHandle) -> Result<Vec<TaskHandle>, EngineError> {
-        let Some(&pending) = self.queued.get(&task) else {
+        let Some(&(_, pending)) = self.queued.get(task) else {
             return Err(EngineError::InvalidTask {
                 field: "task",
                 problem: "not queued for admission".into(),
@@ -572,9 +695,9 @@ impl Engine {
         let members = self
             .queued_members
             .remove(&pending)
-            .expect("recorded with the entry");
+            .unwrap_or_else(|| vec![task]);
         for &m in &members {
-            self.queued.remove(&m);
+            self.queued.remove(m);
             self.tasks.remove(m)?;
         }
         Ok(members)

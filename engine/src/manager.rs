@@ -253,6 +253,15 @@ impl ResourceManager {
         crate::admission::never_admitted(&self.tree, pool, flags, total)
     }
 
+    /// Makes room in `pool`'s queue for `n` more entries with these flags
+    /// (a restart knows how many it will queue). Unknown pools and flags
+    /// are ignored: [`ResourceManager::enqueue`] reports them.
+    pub fn reserve_queue(&mut self, pool: PoolId, flags: TaskFlags, n: usize) {
+        if let (Ok(class), Some(queue)) = (TaskClass::of(flags), self.queues.get_mut(pool.idx())) {
+            queue.reserve(class, n);
+        }
+    }
+
     /// Queues a task or a gang (all members share pool, priority and flags;
     /// admitted together or not at all). Validates everything first; on error
     /// nothing is queued.

@@ -283,6 +283,8 @@ impl TaskArena {
             request,
             ports,
             max_per_host,
+            limit_key,
+            desired_host,
             flags,
             strategy,
             state,

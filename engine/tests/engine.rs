@@ -224,3 +224,86 @@ fn adopted_tasks_hold_their_host_and_pool_until_finished() {
         0
     );
 }
+
+/// `submit_each` queues as many one-task submits would: the same handles,
+/// the same admissions and placements; each is its own gang; and a batch
+/// refused part-way (a bad task, a full queue) leaves nothing queued.
+#[test]
+fn a_batch_of_single_tasks_is_queued_as_one_by_one() {
+    let mut config = EngineConfig::default();
+    config.resources.admission.max_queued_per_pool = 40;
+    let setup = |config: &EngineConfig| {
+        let mut engine = Engine::new(*config);
+        for i in 0..3 {
+            let spec = HostSpec {
+                name: format!("h{i}"),
+                capacity: cores(8),
+                ..Default::default()
+            };
+            engine.hosts_mut().add(&spec).unwrap();
+        }
+        let pool = engine
+            .resources_mut()
+            .create_pool("/a", PoolConfig::default())
+            .unwrap();
+        (engine, pool)
+    };
+    let tasks = |pool: PoolId| -> Vec<NewTask> {
+        (0..30u32)
+            .map(|i| NewTask {
+                instance: i,
+                ..task(pool, 1 + i % 3, 1 + u64::from(i % 2))
+            })
+            .collect()
+    };
+    let (mut one_by_one, pool) = setup(&config);
+    let mut want = Vec::new();
+    for t in tasks(pool) {
+        want.extend(one_by_one.submit(&[t]).unwrap());
+    }
+    let (mut batched, pool) = setup(&config);
+    let mut got = Vec::new();
+    batched.submit_each(&tasks(pool), &mut got).unwrap();
+    assert_eq!(got, want);
+    for &h in &got {
+        assert_eq!(batched.queued_gang(h), &[h]);
+    }
+    // A single withdrawn from the batch takes only itself.
+    assert_eq!(batched.cancel(got[7]).unwrap(), vec![got[7]]);
+    assert_eq!(one_by_one.cancel(want[7]).unwrap(), vec![want[7]]);
+    assert!(batched.queued_gang(got[7]).is_empty());
+    let a = one_by_one.cycle(1).clone();
+    let b = batched.cycle(1).clone();
+    assert_eq!(a.admitted(), b.admitted());
+    assert_eq!(a.placed(), b.placed());
+    assert_eq!(a.unplaced().len(), b.unplaced().len());
+    batched.check_invariants();
+
+    // Refused part-way: nothing of the batch stays queued.
+    let (mut engine, pool) = setup(&config);
+    let live = engine.tasks().len();
+    let mut bad = tasks(pool);
+    bad[12].request = Resources::ZERO;
+    let mut out = Vec::new();
+    let err = engine.submit_each(&bad, &mut out).unwrap_err();
+    assert!(matches!(err, EngineError::InvalidTask { .. }), "{err}");
+    assert!(out.is_empty());
+    assert_eq!(engine.tasks().len(), live);
+    // 30 fit the queue of 40; 30 more do not: the first 10 of them were
+    // queued before the queue filled, and are withdrawn again.
+    engine.submit_each(&tasks(pool), &mut out).unwrap();
+    let err = engine.submit_each(&tasks(pool), &mut out).unwrap_err();
+    assert!(err.to_string().contains("queue"), "{err}");
+    assert_eq!(out.len(), 30);
+    assert_eq!(engine.tasks().len(), live + 30);
+    engine.check_invariants();
+    // The same as 30 submitted one by one and nothing refused.
+    let fresh = {
+        let (mut e, p) = setup(&config);
+        for t in tasks(p) {
+            e.submit(&[t]).unwrap();
+        }
+        e.cycle(1).placed().to_vec()
+    };
+    assert_eq!(engine.cycle(1).placed(), fresh.as_slice());
+}

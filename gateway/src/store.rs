@@ -296,7 +296,11 @@ impl Store for RedbStore {
                     .retain_in((job.as_str(), 0)..=(job.as_str(), u32::MAX), |_, _| false)
                     .map_err(StoreError::from)?;
             }
-            for ((job, instance), v) in &batch.tasks {
+            // In key order (stable: the last write of a key still wins),
+            // so the B-tree is walked once rather than jumped around in.
+            let mut order: Vec<&(TaskKey, Option<Vec<u8>>)> = batch.tasks.iter().collect();
+            order.sort_by(|a, b| (&*a.0.0, a.0.1).cmp(&(&*b.0.0, b.0.1)));
+            for ((job, instance), v) in order {
                 match v {
                     Some(v) => tasks.insert((&**job, *instance), v.as_slice()).map(drop),
                     None => tasks.remove((&**job, *instance)).map(drop),

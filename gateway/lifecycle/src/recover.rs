@@ -148,6 +148,20 @@ impl Lifecycle {
             }))
             .collect();
         core.pin_dirty.extend(pinned);
+        // A restart queues every waiting instance at once: room first.
+        engine.reserve_tasks(core.jobs.values().map(|j| j.waiting.len()).sum());
+        let mut per_pool: rustc_hash::FxHashMap<_, usize> = Default::default();
+        for job in core.jobs.values().filter(|j| j.plan.gang == 1) {
+            let flags = peloton_engine::TaskFlags {
+                preemptible: job.plan.preemptible,
+                controller: false,
+                revocable: false,
+            };
+            *per_pool.entry((job.pool, flags)).or_default() += job.waiting.len();
+        }
+        for ((pool, flags), n) in per_pool {
+            engine.reserve_queue(pool, flags, n);
+        }
         core.fill_all(engine, fx);
         core.sync_reservations(engine);
         core.derive_job_states(fx);

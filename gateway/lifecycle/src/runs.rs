@@ -26,6 +26,9 @@ pub(super) fn engine_request(t: &super::TaskTemplate) -> peloton_engine::Resourc
 /// The engine task of instance `i` of job `k`, pinned to `pin` if given
 /// (its volume's or daemon's host). A task with a volume asks for the
 /// volume's disk too: the volume lives on the host it is placed on.
+/// Instances of one job submitted to the engine in one call.
+const FILL_BATCH: usize = 4096;
+
 pub(super) fn new_task(
     engine: &Engine,
     job: &Job,
@@ -348,6 +351,10 @@ impl Lifecycle {
         }
         let mut gang = Vec::new();
         let mut members = Vec::new();
+        let mut handles = Vec::new();
+        // Instances that are not gangs go to the engine in batches; after
+        // a refused batch, one by one (what fits is queued).
+        let mut batches = true;
         loop {
             let job = &self.jobs[&k];
             if job.waiting.is_empty() {
@@ -358,6 +365,41 @@ impl Lifecycle {
             } else {
                 job.plan.max_running.saturating_sub(job.active)
             };
+            if batches && job.plan.gang == 1 && room > 1 && job.waiting.len() > 1 {
+                let n = (room as usize).min(job.waiting.len()).min(FILL_BATCH);
+                members.clear();
+                gang.clear();
+                for &i in job.waiting.iter().take(n) {
+                    // The one-by-one path below handles an instance that
+                    // must wait.
+                    let pin = self.pin_of(k, i);
+                    if self.held.contains_key(&(k, i))
+                        || pin.is_some_and(|s| engine.hosts().lookup_slot(s.idx()).is_none())
+                    {
+                        break;
+                    }
+                    members.push(i);
+                    gang.push(new_task(engine, job, k, i, pin));
+                }
+                if !members.is_empty() {
+                    handles.clear();
+                    if engine.submit_each(&gang, &mut handles).is_ok() {
+                        let job = self.job_mut(k);
+                        job.waiting.drain(..members.len());
+                        job.active += members.len() as u32;
+                        for (&i, &h) in members.iter().zip(&handles) {
+                            job.tasks[i as usize].handle = Some(h);
+                            job.tasks[i as usize].gang = None;
+                        }
+                        for &i in &members {
+                            self.transition(k, i, S::Pending, None, fx);
+                        }
+                        self.needs_cycle = true;
+                        continue;
+                    }
+                    batches = false;
+                }
+            }
             let size = (job.plan.gang as usize).min(job.waiting.len());
             if size < job.plan.gang as usize
                 && (job.counts[S::Backoff as usize] > 0 || job.held > 0)
