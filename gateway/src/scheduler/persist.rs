@@ -727,7 +727,7 @@ mod tests {
         for cut in 2..bytes.len() {
             assert!(decode_event_row(&bytes[..cut]).is_err(), "cut at {cut}");
         }
-        let mut bad = bytes.clone();
+        let mut bad = bytes;
         bad.push(0);
         assert!(
             decode_event_row(&bad)
