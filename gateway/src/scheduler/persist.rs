@@ -141,11 +141,11 @@ pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
                 health,
             } => {
                 body.push(KIND_TASK);
-                varint(&mut body, strings.shared(job));
+                varint(&mut body, strings.shared(job, JOB));
                 varint(&mut body, u64::from(*instance));
                 varint(&mut body, u64::from(*run));
                 varint(&mut body, convert::task_state_to_pb(*state) as u64);
-                varint(&mut body, strings.shared(host));
+                varint(&mut body, strings.shared(host, HOST));
                 varint(&mut body, strings.text(reason));
                 varint(&mut body, convert::health_to_pb(*health) as u64);
             }
@@ -156,7 +156,7 @@ pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
                 reason,
             } => {
                 body.push(KIND_JOB);
-                varint(&mut body, strings.shared(job));
+                varint(&mut body, strings.shared(job, JOB));
                 varint(&mut body, convert::job_state_to_pb(*state) as u64);
                 varint(&mut body, u64::from(*deleted));
                 varint(&mut body, strings.text(reason));
@@ -259,19 +259,34 @@ struct Strings<'a> {
     list: Vec<&'a str>,
     by_addr: FxHashMap<(usize, usize), u64>,
     by_text: FxHashMap<&'a str, u64>,
+    /// The last string each field named: runs of events of one job (or
+    /// host) skip the map.
+    last: [((usize, usize), u64); 2],
 }
 
+/// Fields [`Strings::shared`] remembers the last string of.
+const JOB: usize = 0;
+const HOST: usize = 1;
+
 impl<'a> Strings<'a> {
-    fn shared(&mut self, s: &'a Arc<str>) -> u64 {
+    fn shared(&mut self, s: &'a Arc<str>, field: usize) -> u64 {
         if s.is_empty() {
             return 0;
         }
         let addr = (s.as_ptr() as usize, s.len());
-        if let Some(&i) = self.by_addr.get(&addr) {
+        let (last, i) = self.last[field];
+        if last == addr && i != 0 {
             return i;
         }
-        let i = self.text(s);
-        self.by_addr.insert(addr, i);
+        let i = match self.by_addr.get(&addr) {
+            Some(&i) => i,
+            None => {
+                let i = self.text(s);
+                self.by_addr.insert(addr, i);
+                i
+            }
+        };
+        self.last[field] = (addr, i);
         i
     }
 
