@@ -584,6 +584,28 @@ impl Allocation {
     }
 }
 
+/// Most entries [`crate::ResourceManager::queue_order`] returns.
+pub const MAX_QUEUE_READ: usize = 100;
+
+/// One entry of a pool's queues, as a read of the order admission takes
+/// them in ([`crate::ResourceManager::queue_order`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueuedEntry {
+    /// Its queue.
+    pub class: TaskClass,
+    /// Its priority (higher first).
+    pub priority: u32,
+    /// Its arrival number in the pool (smaller: queued earlier; a task
+    /// queued again gets a new one).
+    pub seq: u64,
+    /// The task, or the first member of a gang.
+    pub head: TaskId,
+    /// Tasks in the entry (1, or the gang's size).
+    pub n_tasks: u32,
+    /// Summed request.
+    pub total: Resources,
+}
+
 #[derive(Clone, Debug)]
 enum Members {
     One(PendingTask),
@@ -871,6 +893,52 @@ impl PoolQueues {
         for (class, item) in self.skipped.drain(..) {
             self.heaps[class as usize].push(item);
         }
+    }
+
+    /// The first `limit` live entries in the order admission takes them:
+    /// the four queues merged by priority (higher first), then arrival —
+    /// the order [`PoolQueues::admit`] follows while everything fits (a
+    /// head that does not fit stops only its own queue). A read: one pass
+    /// over the heaps keeping the best `limit` items (O(n log limit)),
+    /// nothing moves.
+    pub(crate) fn first_in_order(&self, limit: usize) -> Vec<QueuedEntry> {
+        use std::cmp::Reverse;
+        if limit == 0 {
+            return Vec::new();
+        }
+        // A min-heap of the best items seen so far: its top is the worst.
+        let mut best: BinaryHeap<Reverse<(QueueItem, u8)>> = BinaryHeap::with_capacity(limit + 1);
+        for class in TaskClass::ALL {
+            for &item in self.heaps[class as usize].iter() {
+                if self.entries[item.entry as usize].seq != item.seq {
+                    continue; // cancelled
+                }
+                if best.len() == limit {
+                    if best.peek().is_some_and(|Reverse((w, _))| item <= *w) {
+                        continue;
+                    }
+                    best.pop();
+                }
+                best.push(Reverse((item, class as u8)));
+            }
+        }
+        let mut items: Vec<(QueueItem, u8)> = best.into_iter().map(|Reverse(x)| x).collect();
+        items.sort_unstable_by_key(|x| Reverse(x.0));
+        items
+            .into_iter()
+            .map(|(item, class)| {
+                let e = &self.entries[item.entry as usize];
+                let members = e.members.as_slice();
+                QueuedEntry {
+                    class: TaskClass::ALL[class as usize],
+                    priority: item.priority,
+                    seq: item.seq,
+                    head: members[0].id,
+                    n_tasks: u32::try_from(members.len()).unwrap_or(u32::MAX),
+                    total: e.total,
+                }
+            })
+            .collect()
     }
 
     /// Panics if the queue accounting disagrees with the entries.

@@ -28,7 +28,8 @@ pub mod testkit;
 
 pub use admission::{
     AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, BlockKind, Blocked,
-    Ceiling, NeverAdmitted, PendingId, PendingTask, TaskClass, TaskFlags, TaskId,
+    Ceiling, MAX_QUEUE_READ, NeverAdmitted, PendingId, PendingTask, QueuedEntry, TaskClass,
+    TaskFlags, TaskId,
 };
 pub use engine::{CycleReport, Engine, EngineConfig, EngineError, NewTask};
 pub use entitlement::{

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 
 use crate::admission::{
     AdmissionError, AdmissionLimits, AdmissionResult, Admitted, Allocation, NeverAdmitted,
-    PendingId, PendingTask, PoolCaps, PoolQueues, TaskClass, TaskFlags,
+    PendingId, PendingTask, PoolCaps, PoolQueues, QueuedEntry, TaskClass, TaskFlags,
 };
 use crate::entitlement::{EntitlementCalculator, EntitlementInput, Entitlements};
 use crate::pool::{PoolConfig, PoolError, PoolId, PoolTree, PoolTreeLimits};
@@ -230,6 +230,15 @@ impl ResourceManager {
     pub fn n_queued_in(&self, id: PoolId, class: TaskClass) -> Result<u64, PoolError> {
         self.tree.check(id)?;
         Ok(self.queues[id.idx()].n_queued_in(class))
+    }
+
+    /// The first `limit` (at most [`crate::admission::MAX_QUEUE_READ`])
+    /// entries queued in a live pool, in the order admission takes them
+    /// (priority, then arrival, over its four queues). A pool with children
+    /// queues nothing. Read-only.
+    pub fn queue_order(&self, id: PoolId, limit: usize) -> Result<Vec<QueuedEntry>, PoolError> {
+        self.tree.check(id)?;
+        Ok(self.queues[id.idx()].first_in_order(limit.min(crate::admission::MAX_QUEUE_READ)))
     }
 
     /// Queue items held in a live pool's heaps, cancelled ones not yet

@@ -716,3 +716,85 @@ fn what_is_refused_is_never_admitted_in_random_trees() {
         "{refused} refused, {accepted} accepted"
     );
 }
+
+#[test]
+fn queue_order_is_the_order_admission_takes_and_reading_it_changes_nothing() {
+    let mut env = Env::new();
+    let parent = env.pool("/p", PoolConfig::default().with_reservation(cpu(1000)));
+    let a = env.pool("/p/a", PoolConfig::default().with_reservation(cpu(1000)));
+    env.submit(a, 1, NORMAL, &[1000]); // t1
+    env.submit(a, 5, NORMAL, &[1000]); // t2
+    env.submit(a, 5, NON_PREEMPTIBLE, &[500]); // t3
+    env.submit(a, 9, CONTROLLER, &[500]); // t4
+    env.submit(a, 1, REVOCABLE, &[100]); // t5
+    env.submit(a, 5, NORMAL, &[100, 100, 100]); // t6..t8: a gang
+    let cancelled = env
+        .rm
+        .enqueue(
+            a,
+            7,
+            NORMAL,
+            &[PendingTask {
+                id: TaskId(100),
+                request: cpu(1),
+            }],
+        )
+        .unwrap();
+    env.submit(a, 0, NORMAL, &[1000]); // t9
+    env.rm.cancel(cancelled).unwrap();
+
+    let order = |env: &Env, limit| -> Vec<String> {
+        env.rm
+            .queue_order(a, limit)
+            .unwrap()
+            .iter()
+            .map(|e| format!("t{}x{} p{} {}", e.head.0, e.n_tasks, e.priority, e.class))
+            .collect()
+    };
+    let all = order(&env, 1000);
+    assert_eq!(
+        all,
+        [
+            "t4x1 p9 controller",
+            "t2x1 p5 normal",
+            "t3x1 p5 non_preemptible",
+            "t6x3 p5 normal",
+            "t1x1 p1 normal",
+            "t5x1 p1 revocable",
+            "t9x1 p0 normal",
+        ]
+    );
+    // A prefix for a smaller limit; reading twice gives the same answer.
+    assert_eq!(order(&env, 3), all[..3]);
+    assert_eq!(order(&env, 1000), all);
+    assert!(order(&env, 0).is_empty());
+    // Capped at MAX_QUEUE_READ.
+    for _ in 0..peloton_engine::MAX_QUEUE_READ {
+        env.submit(a, 0, NORMAL, &[1]);
+    }
+    assert_eq!(order(&env, 10_000).len(), peloton_engine::MAX_QUEUE_READ);
+    assert_eq!(order(&env, 10_000)[..all.len()], all);
+    // A parent queues nothing; a deleted pool is an error.
+    assert!(env.rm.queue_order(parent, 10).unwrap().is_empty());
+    let b = env.pool("/b", PoolConfig::default());
+    env.rm.delete_pool(b).unwrap();
+    assert!(env.rm.queue_order(b, 10).is_err());
+
+    // With room for everything, admission takes the entries in that order.
+    env.rm.recompute_entitlement(cpu(1_000_000), cpu(1_000_000));
+    env.rm.admit(&mut env.out);
+    env.rm.check_invariants();
+    let mut admitted: Vec<String> = Vec::new();
+    for x in &env.out.admitted {
+        let t = format!("t{}", x.task.0);
+        if ["t7", "t8"].contains(&t.as_str()) {
+            continue; // the gang's other members
+        }
+        admitted.push(t);
+    }
+    let heads: Vec<String> = all
+        .iter()
+        .map(|s| s.split('x').next().unwrap().to_string())
+        .collect();
+    assert_eq!(admitted[..heads.len()], heads);
+}

@@ -276,46 +276,52 @@ export const pools = {
   },
 };
 
-// A pool's queue as the API shows it: the pending (queued, not admitted)
-// tasks of its jobs, oldest job first, then by instance — the order in
-// which they were queued unless some were queued again (a restart goes
-// to the back) — and the reason of the first, which says what holds the
-// queue. At most 100 jobs and QUEUE_SHOWN tasks are read.
+// A pool's queue in the engine's admission order (ListQueue: priority,
+// then arrival, over the pool's four queues; a task queued again is at the
+// back of its priority): its first QUEUE_SHOWN entries, each named by its
+// job's name (read once per job and kept), and the head's reason, which
+// says what holds the queue (lists carry no reasons: it is read on its own).
+const jobNames = new Map();
 async function poolQueue(path) {
-  const { jobs = [] } = await api.get(`/v1/jobs?pool=${encodeURIComponent(path)}&pageSize=100`);
-  const pendingOf = (j) => (j.status?.taskCounts || []).find((c) => stateName(c.state) === "PENDING")?.count || 0;
-  const waiting = jobs.filter((j) => pendingOf(j) > 0)
-    .sort((a, b) => Number(a.status?.createdAtMs || 0) - Number(b.status?.createdAtMs || 0) || (a.id < b.id ? -1 : 1));
-  const tasks = [];
-  for (const j of waiting) {
-    if (tasks.length >= QUEUE_SHOWN) break;
-    const { tasks: ts = [] } = await api.get(
-      `/v1/jobs/${encodeURIComponent(j.id)}/tasks?states=TASK_STATE_PENDING&limit=${QUEUE_SHOWN}`);
-    for (const t of ts) tasks.push({ job: j, task: t });
+  const segments = path.split("/").filter(Boolean).map(encodeURIComponent).join("/");
+  const { entries = [], queuedTasks = 0 } = await api.get(`/v1/queues/${segments}?limit=${QUEUE_SHOWN}`);
+  const unknown = [...new Set(entries.map((e) => e.task?.jobId).filter((id) => id && !jobNames.has(id)))];
+  await Promise.all(unknown.map(async (id) => {
+    try {
+      const { job } = await api.get(`/v1/jobs/${encodeURIComponent(id)}`);
+      jobNames.set(id, job.spec?.name || id);
+    } catch {
+      // Gone since: shown by id.
+    }
+  }));
+  let head = null;
+  if (entries[0]?.task) {
+    const t = entries[0].task;
+    ({ task: head } = await api.get(`/v1/jobs/${encodeURIComponent(t.jobId)}/tasks/${t.instance}`));
   }
-  const queue = tasks.slice(0, QUEUE_SHOWN);
-  // Lists carry no reasons: the head's is read on its own.
-  if (queue.length) {
-    const { job: j, task: t } = queue[0];
-    const { task } = await api.get(`/v1/jobs/${encodeURIComponent(j.id)}/tasks/${t.instance}`);
-    queue[0] = { job: j, task };
-  }
-  return queue;
+  return { entries, queuedTasks: Number(queuedTasks), head };
 }
 
 function queueRow(pool, queue, depth) {
-  const pending = Number(pool.status?.pendingTasks || 0);
-  const head = queue[0];
+  const { entries, queuedTasks, head } = queue;
+  const shown = entries.reduce((n, e) => n + Number(e.tasks || 1), 0);
   return h("tr", { class: "queue", "data-queue": pool.path },
     h("td", { colspan: 10, style: `padding-left:${1.5 + depth * 1.2}rem` },
       h("div", { class: "small" },
-        h("strong", {}, `Queue (${pending} pending): `),
-        queue.length ? queue.map(({ job: j, task: t }, i) => [i ? " → " : "", h("a", {
-          class: "task-ref",
-          href: `#/tasks/${encodeURIComponent(j.id)}/${t.instance}`,
-        }, `${j.spec?.name || j.id}/${t.instance}`)]) : h("span", { class: "muted" }, "(none of its jobs lists a pending task yet)"),
-        pending > queue.length && queue.length ? h("span", { class: "muted" }, ` … ${pending - queue.length} more`) : null),
-      head?.task.pendingReason ? h("div", { class: "pending small queue-head" }, h("strong", {}, "Head: "), head.task.pendingReason) : null));
+        h("strong", {}, `Queue (${queuedTasks} pending, in admission order): `),
+        entries.length ? entries.map((e, i) => {
+          const t = e.task || {};
+          const gang = Number(e.tasks || 1) > 1 ? ` +${Number(e.tasks) - 1} (gang)` : "";
+          return [i ? " → " : "", h("a", {
+            class: "task-ref",
+            "data-entry": `${t.jobId}/${t.instance}`,
+            title: `priority ${e.priority || 0}, ${e.taskClass} queue`,
+            href: `#/tasks/${encodeURIComponent(t.jobId)}/${t.instance}`,
+          }, `${jobNames.get(t.jobId) || t.jobId}/${t.instance}${gang}`),
+          h("span", { class: "muted" }, ` p${e.priority || 0}`)];
+        }) : h("span", { class: "muted" }, "(nothing queued for admission)"),
+        queuedTasks > shown && entries.length ? h("span", { class: "muted" }, ` … ${queuedTasks - shown} more`) : null),
+      head?.pendingReason ? h("div", { class: "pending small queue-head" }, h("strong", {}, "Head: "), head.pendingReason) : null));
 }
 
 // A pool's share: one weight, or one per dimension when they differ.
@@ -613,31 +619,28 @@ function fact(k, v) {
 
 // ---------------------------------------------------------------- Task
 
-// The engine's per-check host counts in a placement reason ("not placed:
-// it needs cpu 8 cores; 0/3 hosts: 2 insufficient cpu, 1 constraint zone
-// == "z1" not met"): each host is counted once, at the first check it
-// failed. Returns { hosts, checks: [{ count, check }] } or null.
-export function placementChecks(reason) {
-  const m = /0\/(\d+) hosts:\s*(.*)$/s.exec(reason || "");
-  if (!m) return null;
-  const checks = m[2].split(/, (?=\d+ )/).map((part) => {
-    const c = /^(\d+) (.*)$/s.exec(part.trim());
-    return c ? { count: Number(c[1]), check: c[2] } : null;
-  }).filter(Boolean);
-  return { hosts: Number(m[1]), checks };
+// The engine's per-check host counts of a task the placer found no host
+// for (`Task.pendingChecks`, with `pendingHosts` hosts considered): each
+// host is counted once, at the first check it failed.
+function checkName(c) {
+  const kind = String(c.check || "").replace(/^PLACEMENT_CHECK_/, "").toLowerCase();
+  return c.dimension ? `${kind} ${c.dimension}` : kind;
 }
 
-function checksTable(reason) {
-  const parsed = placementChecks(reason);
-  if (!parsed || !parsed.checks.length) return null;
+function checksTable(t) {
+  const checks = t.pendingChecks || [];
+  if (!checks.length) return null;
+  const hosts = Number(t.pendingHosts || 0);
+  const gang = Number(t.pendingGangSize || 0);
   return h("div", { id: "checks" },
-    h("p", { class: "small" }, `No host of ${parsed.hosts} fits; hosts failing each check (each host counted once, at the first check it fails):`),
+    h("p", { class: "small" }, `No host of ${hosts} fits${gang ? ` (a gang of ${gang}: counts for its first member without a host)` : ""}; ` +
+      "hosts failing each check (each host counted once, at the first check it fails):"),
     h("table", { class: "grid checks" },
       h("thead", {}, h("tr", {}, h("th", {}, "Check"), h("th", {}, "Hosts"), h("th", {}, ""))),
-      h("tbody", {}, parsed.checks.map((c) => h("tr", { "data-check": c.check },
-        h("td", {}, c.check),
-        h("td", { class: "num" }, c.count),
-        h("td", {}, bar(c.count, parsed.hosts, `${c.count} of ${parsed.hosts}`, "b-demand")))))));
+      h("tbody", {}, checks.map((c) => h("tr", { "data-check": checkName(c) },
+        h("td", {}, c.description || checkName(c)),
+        h("td", { class: "num" }, c.hosts),
+        h("td", {}, bar(c.hosts, hosts, `${c.hosts} of ${hosts}`, "b-demand")))))));
 }
 
 // Most of a followed log kept on the page (older text is dropped).
@@ -729,7 +732,7 @@ export const task = {
           c.reason ? fact("reason", c.reason) : null,
           t.stopping ? fact("stopping", `on ${t.stoppingHost}`) : null),
         t.pendingReason ? h("div", { class: "pending", id: "pending-reason" }, h("strong", {}, "Why it waits: "), t.pendingReason,
-          checksTable(t.pendingReason)) : null);
+          checksTable(t)) : null);
       const all = [c, ...(t.history || [])];
       fill(runs, h("h2", {}, "Runs"), h("table", { class: "grid" },
         h("thead", {}, h("tr", {}, ["Run", "State", "Host", "Exit code", "Created", "Started", "Finished", "Reason"].map((x) => h("th", {}, x)))),

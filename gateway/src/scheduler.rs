@@ -104,6 +104,15 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::ListPoolsResponse>,
     },
+    /// Read the first entries of a pool's queues in admission order.
+    ListQueue {
+        /// Path.
+        path: String,
+        /// At most this many (0: the default; checked by the service).
+        limit: u32,
+        /// Reply.
+        reply: Reply<pb::ListQueueResponse>,
+    },
     /// Create a job.
     CreateJob {
         /// As sent.
@@ -983,6 +992,7 @@ impl Scheduler {
             }
             read @ (Command::GetPool { .. }
             | Command::ListPools { .. }
+            | Command::ListQueue { .. }
             | Command::GetJob { .. }
             | Command::QueryJobs { .. }
             | Command::ListTasks { .. }
@@ -1156,6 +1166,10 @@ impl Scheduler {
             }
             Command::ListPools { request, reply } => {
                 let r = reads::list_pools(&self.engine, &self.core, &request);
+                self.defer(reply, r);
+            }
+            Command::ListQueue { path, limit, reply } => {
+                let r = reads::list_queue(&self.engine, &self.core, &path, limit);
                 self.defer(reply, r);
             }
             Command::CreateJob { spec, plan, reply } => {

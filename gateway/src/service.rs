@@ -220,6 +220,32 @@ impl ResourcePoolService for Api {
             .await?;
         Ok(Response::new(out))
     }
+
+    async fn list_queue(
+        &self,
+        request: Request<pb::ListQueueRequest>,
+    ) -> Result<Response<pb::ListQueueResponse>, Status> {
+        let r = request.into_inner();
+        check_path(&r.path)?;
+        if r.limit as usize > peloton_engine::MAX_QUEUE_READ {
+            return Err(convert::invalid(
+                "limit",
+                format!(
+                    "{} is above the most entries read at once, {}",
+                    r.limit,
+                    peloton_engine::MAX_QUEUE_READ
+                ),
+            ));
+        }
+        let out = self
+            .call(|reply| Command::ListQueue {
+                path: r.path,
+                limit: r.limit,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(out))
+    }
 }
 
 impl Api {

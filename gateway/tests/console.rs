@@ -148,7 +148,7 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
         "the pool's queue with its head's reason",
         &format!(
             "(() => {{ const q = document.querySelector('tr[data-queue=\"/web\"]'); \
-             return !!q && q.innerText.includes('Queue (1 pending)') && q.innerText.includes('batch-report/{pending}') \
+             return !!q && q.innerText.includes('Queue (1 pending, in admission order)') && q.innerText.includes('batch-report/{pending}') \
              && q.querySelector('.queue-head').innerText.includes('reservation'); }})()"
         ),
     );
@@ -161,6 +161,31 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
         "no queue row for a pool without pending tasks"
     );
     b.screenshot(&shots.join("pools-queue.png"));
+
+    // The queue in the engine's order: a job created later with a higher
+    // priority is ahead of batch-report (ListQueue, not creation order).
+    let mut urgent_spec = job("urgent", "/web", 1, 2.0);
+    urgent_spec["spec"]["sla"] = json!({"priority": 10});
+    let urgent = api.post("/v1/jobs", urgent_spec)["job"]["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    b.wait_for(
+        "the later, higher-priority job at the head of the queue",
+        &format!(
+            "(() => {{ const q = document.querySelector('tr[data-queue=\"/web\"]'); \
+             if (!q || !q.innerText.includes('Queue (2 pending, in admission order)')) return false; \
+             const e = [...q.querySelectorAll('a[data-entry]')].map(a => a.dataset.entry).join(' '); \
+             return e === '{urgent}/0 {big}/{pending}' && q.innerText.includes('urgent/0 p10'); }})()"
+        ),
+    );
+    b.screenshot(&shots.join("pools-queue-order.png"));
+    api.post(&format!("/v1/jobs/{urgent}/kill"), json!({}));
+    b.wait_for(
+        "the queue without the killed job",
+        "(() => { const q = document.querySelector('tr[data-queue=\"/web\"]'); \
+         return !!q && q.innerText.includes('Queue (1 pending, in admission order)'); })()",
+    );
 
     // The engine's per-check host counts: two tasks of 10 cores that only
     // zone z1 (one host) may take; the second finds no host — two fail the
@@ -189,9 +214,17 @@ fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
         "document.querySelectorAll('#checks tr[data-check]').length === 2",
     );
     let checks = b.text(
-        "[...document.querySelectorAll('#checks tr[data-check]')].map(r => r.dataset.check.split(' ')[0] + '=' + r.cells[1].innerText).sort().join(';')",
+        "[...document.querySelectorAll('#checks tr[data-check]')].map(r => r.dataset.check + '=' + r.cells[1].innerText).sort().join(';')",
     );
-    assert_eq!(checks, "constraint=2;insufficient=1", "per-check counts");
+    assert_eq!(
+        checks, "constraint=2;insufficient cpu=1",
+        "per-check counts"
+    );
+    let words = b.text("document.getElementById('checks').innerText");
+    assert!(
+        words.contains("zone==z1") && words.contains("insufficient cpu"),
+        "each check in words: {words}"
+    );
     assert!(
         b.text("document.getElementById('checks').innerText")
             .contains("No host of 3 fits"),

@@ -582,3 +582,83 @@ async fn max_running_time_kills_a_long_task() {
     }
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unplaced_task_carries_the_placers_per_check_host_counts() {
+    // Three hosts of 16 cores in zones z1, z2, z3. Two tasks of 10 cores
+    // that only z1 may take: one runs there, the other finds no host — two
+    // hosts fail the constraint, z1 has too little cpu left.
+    let s = TestServer::start(3).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/place", pool_spec(24.0, 4096.0)).await;
+    let mut spec = job_spec("/place", 2, 10.0, 600_000);
+    task_of(&mut spec).constraint = "zone == \"z1\"".into();
+    let job = create_job(&mut c, spec).await;
+    let mut cc = c.clone();
+    let id = job.id.clone();
+    let (placed, unplaced) = eventually("one placed, one with checks", TIMEOUT, async || {
+        let a = get_task(&mut cc, &id, 0).await;
+        let b = get_task(&mut cc, &id, 1).await;
+        let (placed, unplaced) = if a.pending_checks.is_empty() {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        if unplaced.pending_checks.is_empty() || placed.current.as_ref().unwrap().host.is_empty() {
+            return Err(format!("{placed:?} {unplaced:?}"));
+        }
+        Ok((placed, unplaced))
+    })
+    .await;
+    assert!(matches!(task_state(&unplaced), T::Ready | T::Placing));
+    assert_eq!(unplaced.pending_hosts, 3, "{unplaced:?}");
+    assert_eq!(unplaced.pending_gang_size, 0);
+    let checks: Vec<(pb::PlacementCheck, &str, u32, &str)> = unplaced
+        .pending_checks
+        .iter()
+        .map(|k| {
+            (
+                k.check(),
+                k.dimension.as_str(),
+                k.hosts,
+                k.description.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        checks,
+        [
+            (
+                pb::PlacementCheck::Constraint,
+                "",
+                2,
+                // (The server adds the host pool to a job's constraint.)
+                "constraint (zone==z1 && peloton.host_pool==default) not met"
+            ),
+            (
+                pb::PlacementCheck::Insufficient,
+                "cpu",
+                1,
+                "insufficient cpu"
+            ),
+        ],
+        "{unplaced:?}"
+    );
+    // The sentence says the same.
+    assert!(
+        unplaced.pending_reason.contains("0/3 hosts: 2 constraint"),
+        "{}",
+        unplaced.pending_reason
+    );
+    assert!(
+        unplaced.pending_reason.contains("1 insufficient cpu"),
+        "{}",
+        unplaced.pending_reason
+    );
+    // A placed task has none, and lists carry none.
+    assert!(placed.pending_checks.is_empty() && placed.pending_hosts == 0);
+    for t in list_tasks(&mut c, &job.id).await {
+        assert!(t.pending_checks.is_empty() && t.pending_hosts == 0, "{t:?}");
+    }
+    s.shutdown().await;
+}

@@ -291,3 +291,115 @@ async fn pools_survive_a_restart_with_their_versions() {
     assert_eq!(before, after);
     s.shutdown().await;
 }
+
+fn queue(path: &str, limit: u32) -> pb::ListQueueRequest {
+    pb::ListQueueRequest {
+        path: path.into(),
+        limit,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_queue_is_listed_in_admission_order_priority_then_arrival() {
+    // One host of 16 cores, all reserved by /q and taken by a blocker: the
+    // jobs after it wait in /q's (non-preemptible) queue.
+    let s = TestServer::start(1).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/q", pool_spec(16.0, 4096.0)).await;
+    let blocker = create_job(&mut c, job_spec("/q", 1, 16.0, 600_000)).await;
+    wait_job(&c, &blocker.id, pb::JobState::Running).await;
+    let with_priority = |instances, priority| {
+        let mut spec = job_spec("/q", instances, 1.0, 600_000);
+        spec.sla = Some(pb::Sla {
+            priority,
+            ..Default::default()
+        });
+        spec
+    };
+    // Created low, high, low: admitted high first, then the lows by arrival.
+    let low = create_job(&mut c, with_priority(2, 1)).await;
+    let high = create_job(&mut c, with_priority(2, 5)).await;
+    let later = create_job(&mut c, with_priority(1, 1)).await;
+    let mut cc = c.clone();
+    let entries = eventually("five queued tasks", TIMEOUT, async || {
+        let r = cc
+            .pools
+            .list_queue(queue("/q", 0))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        if r.entries.len() == 5 && r.queued_tasks == 5 {
+            Ok(r.entries)
+        } else {
+            Err(format!("{r:?}"))
+        }
+    })
+    .await;
+    let order: Vec<(String, u32, u32)> = entries
+        .iter()
+        .map(|e| {
+            let t = e.task.as_ref().expect("task");
+            (t.job_id.clone(), t.instance, e.priority)
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            (high.id.clone(), 0, 5),
+            (high.id.clone(), 1, 5),
+            (low.id.clone(), 0, 1),
+            (low.id.clone(), 1, 1),
+            (later.id.clone(), 0, 1),
+        ]
+    );
+    for e in &entries {
+        assert_eq!(e.tasks, 1);
+        assert_eq!(e.task_class, "non_preemptible");
+        assert_eq!(e.request.as_ref().expect("request").cpu, 1.0);
+    }
+    // A limit reads the front of it; the root (a parent) queues nothing.
+    let front = c
+        .pools
+        .list_queue(queue("/q", 2))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(front.entries, entries[..2]);
+    assert_eq!(front.queued_tasks, 5);
+    let root = c
+        .pools
+        .list_queue(queue("/", 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        root.entries.is_empty() && root.queued_tasks == 0,
+        "{root:?}"
+    );
+    // Refusals name the field.
+    assert_status(
+        c.pools.list_queue(queue("/q", 101)).await,
+        Code::InvalidArgument,
+        "limit",
+    );
+    assert_status(
+        c.pools.list_queue(queue("", 0)).await,
+        Code::InvalidArgument,
+        "path",
+    );
+    assert_status(
+        c.pools.list_queue(queue("/nope", 0)).await,
+        Code::NotFound,
+        "/nope",
+    );
+    // Once the blocker goes, the high-priority job runs first.
+    c.jobs
+        .kill(pb::KillJobRequest {
+            id: blocker.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("kill");
+    wait_job(&c, &high.id, pb::JobState::Running).await;
+    s.shutdown().await;
+}

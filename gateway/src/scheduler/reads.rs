@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use peloton_engine::admission::{BlockKind, TaskClass, TaskFlags};
 use peloton_engine::host::{HostArena, HostSpec, HostState};
+use peloton_engine::placement::{self, Check};
 use peloton_engine::{Dim, Engine, PoolId, Resources};
 use peloton_proto::v1 as pb;
 use prost::Message;
@@ -384,6 +385,10 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
             .pin_of(k, i)
             .map(|s| core.host_name(s).to_string())
             .unwrap_or_default(),
+        // Set by `get_task` (as the pending reason).
+        pending_checks: Vec::new(),
+        pending_hosts: 0,
+        pending_gang_size: 0,
     }
 }
 
@@ -505,7 +510,129 @@ pub(super) fn get_task(
     };
     let mut task = task_to_pb(core, k, job, instance);
     task.pending_reason = pending_reason(engine, job, instance, t);
+    if let Some(r) = placement_reason(engine, t) {
+        task.pending_hosts = r.n_hosts;
+        task.pending_gang_size = r.gang_size;
+        task.pending_checks = pending_checks(engine, r);
+    }
     Ok(task)
+}
+
+/// Why the last placement found no host for a task admitted but not
+/// placed; `None` for any other task.
+fn placement_reason<'e>(engine: &'e Engine, t: &Task) -> Option<&'e placement::Reason> {
+    if !matches!(t.state, S::Ready | S::Placing) {
+        return None;
+    }
+    let h = t.handle?;
+    let report = &engine.report().placement;
+    let u = report.unplaced.iter().find(|u| u.task == h)?;
+    Some(report.reason_of(u))
+}
+
+/// The placer's per-check host counts (`Task.pending_checks`), in the
+/// reason's order (most common first), each with the words
+/// `Reason::describe` uses for it.
+fn pending_checks(engine: &Engine, r: &placement::Reason) -> Vec<pb::PendingCheck> {
+    use pb::PlacementCheck as P;
+    r.counts
+        .iter()
+        .map(|&(check, hosts)| {
+            let (kind, dimension, description) = match check {
+                Check::HostNotUp => (P::HostNotUp, "", "not up".to_owned()),
+                Check::Constraint => (
+                    P::Constraint,
+                    "",
+                    engine.constraints().get(r.constraint).map_or_else(
+                        || "constraint not met".to_owned(),
+                        |c| {
+                            format!(
+                                "constraint {} not met",
+                                c.display(engine.hosts().interner())
+                            )
+                        },
+                    ),
+                ),
+                Check::Exclusive => (P::Exclusive, "", "exclusive to other work".to_owned()),
+                Check::GpuHostReserved => (
+                    P::GpuHostReserved,
+                    "",
+                    "GPU hosts kept for GPU tasks".to_owned(),
+                ),
+                Check::PerHostLimit => (
+                    P::PerHostLimit,
+                    "",
+                    "per-host instance limit reached".to_owned(),
+                ),
+                Check::Insufficient(d) => (P::Insufficient, d.name(), format!("insufficient {d}")),
+                Check::GpuFragmented => {
+                    (P::GpuFragmented, "", "GPU free but fragmented".to_owned())
+                }
+                Check::Ports => (P::Ports, "", "insufficient ports".to_owned()),
+                Check::Pinned => (
+                    P::Pinned,
+                    "",
+                    "not the host the task is pinned to".to_owned(),
+                ),
+            };
+            pb::PendingCheck {
+                check: kind as i32,
+                dimension: dimension.to_owned(),
+                hosts,
+                description,
+            }
+        })
+        .collect()
+}
+
+/// Default and largest `ListQueueRequest.limit`.
+const QUEUE_READ_DEFAULT: u32 = 20;
+
+/// The first entries of a pool's queues in admission order
+/// (`ResourcePoolService.ListQueue`; the limit is checked by the service).
+pub(super) fn list_queue(
+    engine: &Engine,
+    core: &Lifecycle,
+    path: &str,
+    limit: u32,
+) -> Result<pb::ListQueueResponse, Status> {
+    let rm = engine.resources();
+    let id = rm
+        .tree()
+        .resolve(path)
+        .map_err(|e| status(crate::lifecycle::Error::Pool(e)))?;
+    let limit = if limit == 0 {
+        QUEUE_READ_DEFAULT
+    } else {
+        limit
+    };
+    let entries = rm
+        .queue_order(id, limit as usize)
+        .map_err(|e| status(crate::lifecycle::Error::Pool(e)))?;
+    let mut out = pb::ListQueueResponse {
+        entries: Vec::with_capacity(entries.len()),
+        queued_tasks: rm.usage(id).map_or(0, |u| u.n_queued),
+    };
+    for e in entries {
+        let h = peloton_engine::task::TaskHandle::from_u64(e.head.0);
+        // Every queued entry is a live instance's; a miss would be a bug,
+        // not worth failing the read for.
+        let Some((k, i)) = core.instance_of(engine, h) else {
+            debug_assert!(false, "queued task {h:?} has no instance");
+            continue;
+        };
+        out.entries.push(pb::QueueEntry {
+            task: Some(pb::TaskRef {
+                job_id: core.job(k).expect("live").id.to_string(),
+                instance: i,
+            }),
+            tasks: e.n_tasks,
+            task_class: e.class.name().to_owned(),
+            priority: e.priority,
+            request: Some(convert::resources_to_pb(e.total)),
+        });
+    }
+    Ok(out)
 }
 
 pub(super) fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String {
