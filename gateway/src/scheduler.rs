@@ -381,6 +381,9 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Most events whose list's room an iteration keeps for the next.
+const KEPT_EVENT_ROOM: usize = 1 << 18;
+
 /// Agents of a restarted server need time to notice and reconnect (their
 /// back-off reaches 5 s).
 const RECONNECT_SLACK_MS: u64 = 10_000;
@@ -850,7 +853,7 @@ impl Scheduler {
             self.metrics
                 .commit_seconds
                 .observe(start.elapsed().as_secs_f64());
-            self.batch = WriteBatch::default();
+            self.batch.clear();
         }
         self.release(events);
     }
@@ -876,6 +879,16 @@ impl Scheduler {
                     .events_tx
                     .send(Arc::new(persist::events_to_pb(&events)));
             }
+        }
+        // The list's room serves the next iteration's events (up to a
+        // bound: one huge commit, a restart's, does not pin its memory).
+        if self.fx.events.is_empty()
+            && events.capacity() > self.fx.events.capacity()
+            && events.capacity() <= KEPT_EVENT_ROOM
+        {
+            let mut events = events;
+            events.clear();
+            self.fx.events = events;
         }
     }
 
