@@ -376,7 +376,9 @@ impl Engine {
     /// Makes room for `additional` more queued tasks at once (a restart
     /// knows how many it will queue), rather than growing columns by
     /// doubling as they come.
+    /// At most what the arena may still hold is reserved.
     pub fn reserve_tasks(&mut self, additional: usize) {
+        let additional = additional.min(self.tasks.limit().saturating_sub(self.tasks.len()));
         self.tasks.reserve(additional);
         self.queued.reserve(self.tasks.n_slots() + additional);
     }

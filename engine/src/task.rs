@@ -263,6 +263,11 @@ impl TaskArena {
         self.n_live == 0
     }
 
+    /// Most live tasks the arena holds.
+    pub fn limit(&self) -> usize {
+        self.max_tasks
+    }
+
     /// Slots (live or free).
     pub fn n_slots(&self) -> usize {
         self.live.len()

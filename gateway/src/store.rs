@@ -75,6 +75,9 @@ pub type ConfigKey = (Arc<str>, u64);
 /// Key of a task row: (job id, instance).
 pub type TaskKey = (Arc<str>, u32);
 
+/// Most task (and job) rows whose room [`WriteBatch::clear`] keeps.
+const KEPT_BATCH_ROWS: usize = 1 << 18;
+
 /// Rows changed by one group of commands; `None` deletes.
 #[derive(Debug, Default)]
 pub struct WriteBatch {
@@ -117,6 +120,9 @@ impl WriteBatch {
         self.pools.clear();
         self.jobs.clear();
         self.tasks.clear();
+        // Bounded: one huge commit (a restart's) does not pin its room.
+        self.jobs.shrink_to(KEPT_BATCH_ROWS);
+        self.tasks.shrink_to(KEPT_BATCH_ROWS);
         self.delete_tasks_of.clear();
         self.configs.clear();
         self.updates.clear();

@@ -148,8 +148,21 @@ impl Lifecycle {
             }))
             .collect();
         core.pin_dirty.extend(pinned);
-        // A restart queues every waiting instance at once: room first.
-        engine.reserve_tasks(core.jobs.values().map(|j| j.waiting.len()).sum());
+        // A restart queues every waiting instance it may at once: room
+        // first (what a job's running limit or a kill keeps waiting is not
+        // counted; the engine caps the total at what it may hold).
+        let queued = |j: &super::Job| -> usize {
+            if j.kill_requested {
+                0
+            } else if j.plan.max_running == 0 {
+                j.waiting.len()
+            } else {
+                j.waiting
+                    .len()
+                    .min(j.plan.max_running.saturating_sub(j.active) as usize)
+            }
+        };
+        engine.reserve_tasks(core.jobs.values().map(queued).sum());
         let mut per_pool: rustc_hash::FxHashMap<_, usize> = Default::default();
         for job in core.jobs.values().filter(|j| j.plan.gang == 1) {
             let flags = peloton_engine::TaskFlags {
@@ -157,7 +170,7 @@ impl Lifecycle {
                 controller: false,
                 revocable: false,
             };
-            *per_pool.entry((job.pool, flags)).or_default() += job.waiting.len();
+            *per_pool.entry((job.pool, flags)).or_default() += queued(job);
         }
         for ((pool, flags), n) in per_pool {
             engine.reserve_queue(pool, flags, n);

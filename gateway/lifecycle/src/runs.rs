@@ -23,12 +23,12 @@ pub(super) fn engine_request(t: &super::TaskTemplate) -> peloton_engine::Resourc
     request
 }
 
-/// The engine task of instance `i` of job `k`, pinned to `pin` if given
-/// (its volume's or daemon's host). A task with a volume asks for the
-/// volume's disk too: the volume lives on the host it is placed on.
 /// Instances of one job submitted to the engine in one call.
 const FILL_BATCH: usize = 4096;
 
+/// The engine task of instance `i` of job `k`, pinned to `pin` if given
+/// (its volume's or daemon's host). A task with a volume asks for the
+/// volume's disk too: the volume lives on the host it is placed on.
 pub(super) fn new_task(
     engine: &Engine,
     job: &Job,

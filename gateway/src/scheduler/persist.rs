@@ -210,8 +210,9 @@ pub(crate) fn decode_event_row(row: &[u8]) -> Result<pb::WatchResponse, String> 
             .ok_or_else(|| format!("event row: string {i} of {n_strings}"))
     };
     let n_events = read_varint(r)? as usize;
-    // Every event takes at least 3 bytes: a count beyond that is corrupt.
-    if n_events > r.len() / 3 + 1 {
+    // Every event takes at least 7 bytes (a job event: two deltas, kind
+    // and four fields): a count beyond that is corrupt.
+    if n_events > r.len() / 7 + 1 {
         return Err(format!("event row: {n_events} events in {} bytes", r.len()));
     }
     let mut events = Vec::with_capacity(n_events);

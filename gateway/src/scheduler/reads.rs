@@ -585,7 +585,7 @@ fn pending_checks(engine: &Engine, r: &placement::Reason) -> Vec<pb::PendingChec
         .collect()
 }
 
-/// Default and largest `ListQueueRequest.limit`.
+/// Default `ListQueueRequest.limit` (the largest is `MAX_QUEUE_READ`).
 const QUEUE_READ_DEFAULT: u32 = 20;
 
 /// The first entries of a pool's queues in admission order
