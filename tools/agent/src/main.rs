@@ -115,7 +115,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         let _runtime = runtime.enter();
         StopSignals::listen()
     };
-    runtime.spawn(forward_stop_signals(signals, stop_tx.clone()));
+    runtime.spawn(forward_stop_signals(
+        signals,
+        stop_tx.clone(),
+        exit_with_parent.is_some(),
+    ));
     if let Some(parent) = exit_with_parent
         && !stop_with_parent(parent)?
     {
@@ -161,9 +165,24 @@ impl StopSignals {
     }
 }
 
+/// How long after a SIGTERM further ones are taken for the same parent's
+/// death (see [`forward_stop_signals`]).
+const PARENT_DEATH_ECHO: Duration = Duration::from_secs(1);
+
 /// Every SIGTERM or SIGINT becomes a stop request (the first stops the
 /// agent; with `--stop-tasks-on-exit` a second kills the tasks at once).
-async fn forward_stop_signals(mut signals: StopSignals, stop: tokio::sync::mpsc::Sender<()>) {
+///
+/// With `--exit-with-parent`, SIGTERMs that follow one within
+/// [`PARENT_DEATH_ECHO`] are dropped: when a multi-threaded parent dies,
+/// the kernel sends the parent-death signal each time the child passes to
+/// another of the parent's exiting threads, so one death can arrive as
+/// several SIGTERMs, and the second would kill the tasks before they had
+/// their grace period.
+async fn forward_stop_signals(
+    mut signals: StopSignals,
+    stop: tokio::sync::mpsc::Sender<()>,
+    parent_death: bool,
+) {
     async fn next(signal: Option<&mut tokio::signal::unix::Signal>) -> bool {
         match signal {
             Some(signal) => signal.recv().await.is_some(),
@@ -174,12 +193,24 @@ async fn forward_stop_signals(mut signals: StopSignals, stop: tokio::sync::mpsc:
         // No signal can be listened for: nothing will ever stop us.
         return;
     }
+    let mut last_term: Option<std::time::Instant> = None;
     loop {
-        let received = tokio::select! {
-            received = next(signals.terminate.as_mut()) => received,
-            received = next(signals.interrupt.as_mut()) => received,
+        let (received, term) = tokio::select! {
+            received = next(signals.terminate.as_mut()) => (received, true),
+            received = next(signals.interrupt.as_mut()) => (received, false),
         };
-        if !received || stop.send(()).await.is_err() {
+        if !received {
+            return;
+        }
+        if term && parent_death {
+            let now = std::time::Instant::now();
+            let echo = last_term.is_some_and(|t| now.duration_since(t) < PARENT_DEATH_ECHO);
+            last_term = Some(now);
+            if echo {
+                continue;
+            }
+        }
+        if stop.send(()).await.is_err() {
             return;
         }
     }
