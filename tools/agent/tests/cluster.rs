@@ -357,9 +357,13 @@ async fn a_restart_waiting_for_the_old_run_survives_a_server_crash() {
     .await;
     assert!(!t.stopping);
     // The sandboxes' own records: run 2 started after run 1's last sign
-    // of life.
-    let runs = run_intervals(&cluster, &id);
-    let mut rs = runs[&0].clone();
+    // of life. (Running is reported once its process runs; its shell
+    // writes its first records a moment later.)
+    let mut rs = eventually("both runs' records", async || {
+        let rs = run_intervals(&cluster, &id).remove(&0)?;
+        (rs.len() >= 2).then_some(rs)
+    })
+    .await;
     rs.sort();
     assert_eq!(rs.len(), 2, "{rs:?}");
     assert!(rs[0].1 < rs[1].0, "ran twice at once: {rs:?}");
