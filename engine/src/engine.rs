@@ -407,7 +407,7 @@ impl Engine {
         let start = out.len();
         out.reserve(tasks.len());
         for t in tasks {
-            match self.submit_one(t) {
+            match self.queue_one(t) {
                 Ok(h) => out.push(h),
                 Err(e) => {
                     for h in out.drain(start..).rev() {
@@ -426,6 +426,11 @@ impl Engine {
         check_request(t)?;
         TaskClass::of(t.flags)?;
         self.check_desired_host(t)?;
+        self.queue_one(t)
+    }
+
+    /// [`Engine::submit_one`] after its checks (done by the caller).
+    fn queue_one(&mut self, t: &NewTask) -> Result<TaskHandle, EngineError> {
         let constraint = self
             .constraints
             .intern(&t.constraint, self.hosts.interner_mut())?;

@@ -588,6 +588,15 @@ pub struct Job {
 }
 
 impl Job {
+    /// How many more instances its running limit lets it queue.
+    pub(crate) fn room(&self) -> u32 {
+        if self.plan.max_running == 0 {
+            u32::MAX
+        } else {
+            self.plan.max_running.saturating_sub(self.active)
+        }
+    }
+
     /// The template instance `i` runs: from the plan of its config version.
     pub fn template(&self, i: u32) -> &TaskTemplate {
         let config = self.tasks.get(i as usize).map_or(self.config, |t| t.config);

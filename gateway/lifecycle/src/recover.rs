@@ -154,12 +154,8 @@ impl Lifecycle {
         let queued = |j: &super::Job| -> usize {
             if j.kill_requested {
                 0
-            } else if j.plan.max_running == 0 {
-                j.waiting.len()
             } else {
-                j.waiting
-                    .len()
-                    .min(j.plan.max_running.saturating_sub(j.active) as usize)
+                j.waiting.len().min(j.room() as usize)
             }
         };
         engine.reserve_tasks(core.jobs.values().map(queued).sum());

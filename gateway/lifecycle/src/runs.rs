@@ -360,11 +360,7 @@ impl Lifecycle {
             if job.waiting.is_empty() {
                 return;
             }
-            let room = if job.plan.max_running == 0 {
-                u32::MAX
-            } else {
-                job.plan.max_running.saturating_sub(job.active)
-            };
+            let room = job.room();
             if batches && job.plan.gang == 1 && room > 1 && job.waiting.len() > 1 {
                 let n = (room as usize).min(job.waiting.len()).min(FILL_BATCH);
                 members.clear();
