@@ -19,6 +19,9 @@
 
 use std::fmt;
 
+#[cfg(any(test, feature = "testkit"))]
+pub mod fuzzing;
+
 /// A role, from least to most.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
@@ -372,7 +375,10 @@ mod tests {
 
         let admin = p(&[(Role::PoolAdmin, "/a")]);
         assert!(admin.allows(Permission::PoolsWrite, "/a/x"));
-        assert!(!admin.allows(Permission::PoolsWrite, "/a"), "its own pool is its parent's");
+        assert!(
+            !admin.allows(Permission::PoolsWrite, "/a"),
+            "its own pool is its parent's"
+        );
         assert!(admin.allows(Permission::JobsWrite, "/a"));
         assert!(!admin.allows(Permission::TokensAdmin, "/"));
 
@@ -398,7 +404,10 @@ mod tests {
         let e = p(&[(Role::Submitter, "/a")])
             .check_cluster(Permission::HostsWrite)
             .unwrap_err();
-        assert_eq!(e.to_string(), "t lacks permission hosts.write (cluster-wide)");
+        assert_eq!(
+            e.to_string(),
+            "t lacks permission hosts.write (cluster-wide)"
+        );
     }
 
     #[test]
