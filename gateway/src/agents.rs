@@ -382,6 +382,10 @@ pub struct AgentApi {
     /// This server's standing (PostgreSQL store): sessions end when it
     /// stops leading, so agents look for the leader.
     role: Option<Arc<crate::leader::Role>>,
+    /// A secure server's agents present a client certificate (checked by
+    /// the TLS layer against the agents' CA) that names the host they
+    /// register.
+    require_cert: bool,
 }
 
 impl AgentApi {
@@ -391,7 +395,14 @@ impl AgentApi {
             hub,
             commands,
             role: None,
+            require_cert: false,
         }
+    }
+
+    /// Agents must present a certificate naming their host.
+    pub fn requiring_certificates(mut self, require: bool) -> Self {
+        self.require_cert = require;
+        self
     }
 
     /// Ends sessions when `role` stops leading.
@@ -536,6 +547,10 @@ impl pb::agent_service_server::AgentService for AgentApi {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        // The first certificate of the chain is the agent's own.
+        let cert = request
+            .peer_certs()
+            .and_then(|c| c.first().map(|c| c.as_ref().to_vec()));
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(Duration::from_secs(30), inbound.message())
             .await
@@ -556,6 +571,23 @@ impl pb::agent_service_server::AgentService for AgentApi {
             )));
         }
         check_register(&register)?;
+        if self.require_cert {
+            let host = crate::convert::shown(&register.host);
+            let Some(cert) = cert else {
+                tracing::warn!(%host, "agent refused: no client certificate");
+                return Err(Status::unauthenticated(format!(
+                    "agent {host}: this server wants a client certificate naming the host \
+                     (peloton-agent --cert-file/--key-file)"
+                )));
+            };
+            if !peloton_tls::cert_allows_host(&cert, &register.host) {
+                let names = peloton_tls::cert_names(&cert).unwrap_or_default();
+                tracing::warn!(%host, ?names, "agent refused: its certificate names another host");
+                return Err(Status::permission_denied(format!(
+                    "agent {host}: its certificate names {names:?}, not this host"
+                )));
+            }
+        }
         let host: Arc<str> = Arc::from(register.host.as_str());
         let (tx, rx) = mpsc::channel(OUTBOX_LEN);
         let outbox = tx.clone();

@@ -91,6 +91,25 @@ pub struct Config {
     /// executor stream, no call) for this long is unregistered: its
     /// executors stop and its job ends.
     pub app_lease_ms: u64,
+    /// Serve TLS only, want a bearer token on every call, check it against
+    /// its roles and audit every mutating call (see `access.rs`).
+    pub secure: bool,
+    /// Secure: the server's certificate chain (PEM). Unset (with `tls_key`
+    /// unset too): issued by a private CA kept in `<data_dir>/tls/`
+    /// (created once), for localhost, the loopback addresses, this host's
+    /// name and the listen address.
+    pub tls_cert: Option<PathBuf>,
+    /// Secure: the server's private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// Secure: the CA agents' client certificates must be signed by
+    /// (default: the private CA in `<data_dir>/tls/`, or none when
+    /// `tls_cert` is given). An agent registers only the host its
+    /// certificate names.
+    pub tls_client_ca: Option<PathBuf>,
+    /// Secure: the bootstrap admin token (a cluster admin named "admin").
+    /// Unset: read from `<data_dir>/admin-token`, created with a random
+    /// token if missing.
+    pub admin_token: Option<String>,
 }
 
 impl Default for Config {
@@ -119,6 +138,11 @@ impl Default for Config {
             job_retention_s: 7 * 24 * 3600,
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
+            secure: false,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            admin_token: None,
         }
     }
 }
@@ -134,6 +158,17 @@ impl Config {
     /// Checks bounds.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.max_batch >= 1, "max_batch: must be at least 1");
+        anyhow::ensure!(
+            self.tls_cert.is_some() == self.tls_key.is_some(),
+            "tls_cert and tls_key: give both or neither"
+        );
+        anyhow::ensure!(
+            self.secure
+                || (self.tls_cert.is_none()
+                    && self.tls_client_ca.is_none()
+                    && self.admin_token.is_none()),
+            "tls_cert, tls_key, tls_client_ca and admin_token need secure: true"
+        );
         if let Some(url) = &self.store {
             anyhow::ensure!(
                 url.starts_with("postgres://") || url.starts_with("postgresql://"),
@@ -245,6 +280,28 @@ impl Config {
             Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
         }
         let token = uuid::Uuid::new_v4().simple().to_string();
+        write_private(&self.data_dir, &path, &token)?;
+        Ok(token)
+    }
+
+    /// The bootstrap admin token: configured, or kept in the data dir
+    /// (created on first use, readable only by the owner).
+    pub fn resolve_admin_token(&self) -> anyhow::Result<String> {
+        if let Some(t) = &self.admin_token {
+            anyhow::ensure!(
+                (16..=512).contains(&t.len()),
+                "admin_token: must be 16–512 characters"
+            );
+            return Ok(t.clone());
+        }
+        let path = self.data_dir.join("admin-token");
+        match std::fs::read_to_string(&path) {
+            Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
+        }
+        let token = crate::access::new_secret();
         write_private(&self.data_dir, &path, &token)?;
         Ok(token)
     }

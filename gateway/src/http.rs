@@ -304,7 +304,11 @@ impl Mirror {
         let request = HealthCheckRequest { service };
         let answer = async {
             let mut frames = self
-                .invoke_path("/grpc.health.v1.Health/Check", request.encode_to_vec())
+                .invoke_path(
+                    "/grpc.health.v1.Health/Check",
+                    request.encode_to_vec(),
+                    None,
+                )
                 .await?;
             let message = frames
                 .next()
@@ -392,7 +396,10 @@ impl Mirror {
         let request = build_request(binding, &body, parts.uri.query(), vars)?;
         drop(body);
         let sse = accepts_sse(&parts.headers);
-        let mut frames = self.invoke(binding, request.encode_to_vec()).await?;
+        // The caller's token goes with the call (checked by the services'
+        // own authentication layer).
+        let auth = parts.headers.get(header::AUTHORIZATION).cloned();
+        let mut frames = self.invoke(binding, request.encode_to_vec(), auth).await?;
         drop(_budget);
         if binding.streaming {
             // An error that comes at once answers with its own status.
@@ -418,18 +425,32 @@ impl Mirror {
 
     /// Sends one encoded request to the gRPC service and returns its answer
     /// frames.
-    async fn invoke(&self, binding: &Binding, message: Vec<u8>) -> Result<Frames, Failure> {
-        self.invoke_path(&binding.grpc_path, message).await
+    async fn invoke(
+        &self,
+        binding: &Binding,
+        message: Vec<u8>,
+        auth: Option<HeaderValue>,
+    ) -> Result<Frames, Failure> {
+        self.invoke_path(&binding.grpc_path, message, auth).await
     }
 
-    async fn invoke_path(&self, grpc_path: &str, message: Vec<u8>) -> Result<Frames, Failure> {
+    async fn invoke_path(
+        &self,
+        grpc_path: &str,
+        message: Vec<u8>,
+        auth: Option<HeaderValue>,
+    ) -> Result<Frames, Failure> {
         let len = u32::try_from(message.len())
             .map_err(|_| Failure::new(Code::ResourceExhausted, "the request is too large"))?;
         let mut framed = BytesMut::with_capacity(5 + message.len());
         framed.put_u8(0);
         framed.put_u32(len);
         framed.put_slice(&message);
-        let req = Request::builder()
+        let mut req = Request::builder();
+        if let Some(auth) = auth {
+            req = req.header(header::AUTHORIZATION, auth);
+        }
+        let req = req
             .method(Method::POST)
             .uri(grpc_path)
             .version(axum::http::Version::HTTP_2)

@@ -2,6 +2,7 @@
 //! that owns the engine, durable storage, job and task lifecycle, and the
 //! host manager's backends. See ARCHITECTURE.md for the map.
 
+pub mod access;
 pub mod agents;
 pub mod backend;
 pub mod config;

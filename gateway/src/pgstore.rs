@@ -38,9 +38,10 @@ const CHUNK: usize = 10_000;
 const MIGRATION_LOCK: i64 = 0x0070_656c_6f74_6f6e;
 
 /// The schema, by version: each applied once, in order.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    r#"
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        r#"
 CREATE TABLE peloton_pools (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
 CREATE TABLE peloton_jobs (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
 CREATE TABLE peloton_tasks (
@@ -97,18 +98,30 @@ INSERT INTO peloton_lease VALUES (1, 0, 'epoch');
 -- Settings every server of the database shares (the agents' token).
 CREATE TABLE peloton_settings (key text COLLATE "C" PRIMARY KEY, value text NOT NULL);
 "#,
-)];
+    ),
+    (
+        2,
+        r#"
+CREATE TABLE peloton_tokens (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+CREATE TABLE peloton_audit (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+"#,
+    ),
+];
 
 /// Tables keyed by one text column, as (name, store field).
-const KV_TABLES: [&str; 7] = [
+const KV_TABLES: [&str; 9] = [
     "peloton_pools",
     "peloton_jobs",
     "peloton_hosts",
     "peloton_updates",
     "peloton_volumes",
     "peloton_secrets",
+    "peloton_tokens",
+    "peloton_audit",
     "peloton_host_pools",
 ];
+/// Index in [`KV_TABLES`] of the host pools' table (keys only).
+const HOST_POOLS_KV: usize = 8;
 
 /// Connects with the timeouts a store needs: a dead or partitioned
 /// database fails calls within seconds instead of hanging the loop.
@@ -521,13 +534,15 @@ impl PgStore {
                 return Err(StoreError::msg(fenced.to_string()));
             }
         }
-        let kv: [&[KvRow]; 6] = [
+        let kv: [&[KvRow]; HOST_POOLS_KV] = [
             &batch.pools,
             &batch.jobs,
             &batch.hosts,
             &batch.updates,
             &batch.volumes,
             &batch.secrets,
+            &batch.tokens,
+            &batch.audit,
         ];
         for (i, rows) in kv.into_iter().enumerate() {
             put_kv(tx, &p.kv_put[i], &p.kv_del[i], rows)?;
@@ -541,11 +556,11 @@ impl PgStore {
         );
         if !puts.is_empty() {
             let keys: Vec<&str> = puts.iter().map(|r| r.0).collect();
-            tx.execute(&p.kv_put[6], &[&keys])
+            tx.execute(&p.kv_put[HOST_POOLS_KV], &[&keys])
                 .map_err(pg_err("write host pools"))?;
         }
         if !dels.is_empty() {
-            tx.execute(&p.kv_del[6], &[&dels])
+            tx.execute(&p.kv_del[HOST_POOLS_KV], &[&dels])
                 .map_err(pg_err("delete host pools"))?;
         }
         let (puts, dels) = last_wins(
@@ -634,6 +649,8 @@ impl Store for PgStore {
                 updates: read_kv(client, "peloton_updates")?,
                 volumes: read_kv(client, "peloton_volumes")?,
                 secrets: read_kv(client, "peloton_secrets")?,
+                tokens: read_kv(client, "peloton_tokens")?,
+                audit: read_kv(client, "peloton_audit")?,
                 ..Snapshot::default()
             };
             for r in client

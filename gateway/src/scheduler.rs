@@ -21,6 +21,7 @@
 //! their reports are held ([`Outage`]). The clock is read here and passed
 //! in.
 
+mod access;
 mod apps;
 mod hostpools;
 mod persist;
@@ -61,6 +62,36 @@ pub type EventBatch = Arc<Vec<pb::Event>>;
 pub enum Command {
     /// An application command.
     App(AppCommand),
+    /// Create a token (the caller, name and grants are checked).
+    CreateToken {
+        /// As listed (its creation time is set here).
+        token: pb::Token,
+        /// Its secret's digest.
+        digest: crate::access::Digest32,
+        /// Reply.
+        reply: Reply<pb::Token>,
+    },
+    /// Revoke a token.
+    RevokeToken {
+        /// Its name.
+        name: String,
+        /// Reply.
+        reply: Reply<()>,
+    },
+    /// List the stored tokens.
+    ListTokens {
+        /// Reply.
+        reply: Reply<Vec<pb::Token>>,
+    },
+    /// Append to the audit log (its sequence number and time are set here).
+    Audit(Box<pb::AuditEntry>),
+    /// Read the audit log.
+    ListAudit {
+        /// Filters.
+        request: pb::ListAuditRequest,
+        /// Reply.
+        reply: Reply<pb::ListAuditResponse>,
+    },
     /// Create a pool.
     CreatePool {
         /// Path.
@@ -101,6 +132,8 @@ pub enum Command {
     ListPools {
         /// The page.
         request: pb::ListPoolsRequest,
+        /// Only the pools this caller may read (none: all).
+        viewer: Option<Arc<crate::access::Caller>>,
         /// Reply.
         reply: Reply<pb::ListPoolsResponse>,
     },
@@ -133,6 +166,8 @@ pub enum Command {
     QueryJobs {
         /// Filters and page.
         request: pb::QueryJobsRequest,
+        /// Only the jobs this caller may read (none: all).
+        viewer: Option<Arc<crate::access::Caller>>,
         /// Reply.
         reply: Reply<pb::QueryJobsResponse>,
     },
@@ -477,6 +512,8 @@ pub struct Scheduler {
     now: u64,
     /// Set while the store cannot write.
     outage: Outage,
+    /// Tokens and the audit log.
+    access: access::AccessState,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -533,6 +570,7 @@ impl Scheduler {
         }
         let mut batch = WriteBatch::default();
         let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
+        let access = access::AccessState::recover(&snapshot)?;
         metrics.jobs.set(core.n_jobs() as i64);
         // Recovered client-mode applications: their drivers have a lease
         // from now to come back.
@@ -569,6 +607,7 @@ impl Scheduler {
             last_pool_metrics: None,
             now,
             outage: Outage::default(),
+            access,
         })
     }
 
@@ -752,6 +791,16 @@ impl Scheduler {
         self.backend.kill(self.now, &mut self.kills);
     }
 
+    /// Publishes tokens and jobs' pools to `access` (a secure server):
+    /// tokens are created and revoked, and the audit log kept, only then.
+    pub fn with_access(mut self, access: Arc<crate::access::Access>) -> Self {
+        if access.is_secure() {
+            self.access.attach(access);
+            self.publish_all_jobs();
+        }
+        self
+    }
+
     /// Follows whether this server leads (see `leading`).
     pub fn with_leading(mut self, leading: tokio::sync::watch::Receiver<bool>) -> Self {
         self.leading = Some(leading);
@@ -861,6 +910,9 @@ impl Scheduler {
     /// What waited for a commit, once it is durable: dispatches, answers,
     /// events.
     fn release(&mut self, events: Vec<crate::lifecycle::Event>) {
+        // Handlers check a job's pool before they ask the loop anything:
+        // they know of a job before its creator hears of it.
+        self.publish_jobs(&events);
         // Real hosts hear of launches and kills only once they are durable:
         // a crash before the commit must not leave a run the store does not
         // know (it would run twice), nor a kill it does not know of. (For
@@ -976,6 +1028,20 @@ impl Scheduler {
             Command::UpdateJob { reply, .. } => refuse(reply, &status),
             Command::UpdateAction { reply, .. } => refuse(reply, &status),
             Command::DeleteVolume { reply, .. } => refuse(reply, &status),
+            Command::CreateToken { reply, .. } => refuse(reply, &status),
+            Command::RevokeToken { reply, .. } => refuse(reply, &status),
+            // Kept for the commit that ends the outage, up to a bound.
+            Command::Audit(entry) => {
+                if self.outage.held.len() < MAX_HELD_REPORTS {
+                    self.outage.held.push(Command::Audit(entry));
+                } else {
+                    tracing::warn!(
+                        ?entry,
+                        "audit entry dropped: too many held while the store cannot write"
+                    );
+                }
+                None
+            }
             Command::App(app) => match app {
                 AppCommand::Create { reply, .. } | AppCommand::Attach { reply, .. } => {
                     refuse(reply, &status)
@@ -1018,6 +1084,8 @@ impl Scheduler {
             | Command::ListUpdates { .. }
             | Command::ListVolumes { .. }
             | Command::GetVolume { .. }
+            | Command::ListTokens { .. }
+            | Command::ListAudit { .. }
             | Command::Shutdown) => Some(read),
         }
     }
@@ -1134,6 +1202,19 @@ impl Scheduler {
         };
         match c {
             Command::App(c) => self.handle_app(c),
+            Command::CreateToken {
+                token,
+                digest,
+                reply,
+            } => self.create_token(token, digest, reply),
+            Command::RevokeToken { name, reply } => self.revoke_token(name, reply),
+            Command::ListTokens { reply } => {
+                let _ = reply.send(Ok(self.list_tokens()));
+            }
+            Command::Audit(entry) => self.audit(*entry),
+            Command::ListAudit { request, reply } => {
+                let _ = reply.send(self.list_audit(&request));
+            }
             Command::CreatePool {
                 path,
                 config,
@@ -1177,8 +1258,13 @@ impl Scheduler {
                     .map(|id| reads::pool_to_pb(&self.engine, &self.core, id));
                 self.defer(reply, r);
             }
-            Command::ListPools { request, reply } => {
-                let r = reads::list_pools(&self.engine, &self.core, &request);
+            Command::ListPools {
+                request,
+                viewer,
+                reply,
+            } => {
+                let viewer = viewer.as_ref().map(|c| &c.principal);
+                let r = reads::list_pools(&self.engine, &self.core, &request, viewer);
                 self.defer(reply, r);
             }
             Command::ListQueue { path, limit, reply } => {
@@ -1197,12 +1283,17 @@ impl Scheduler {
                     .map(|k| self.job_to_pb(k));
                 self.defer(reply, r);
             }
-            Command::QueryJobs { request, reply } => {
+            Command::QueryJobs {
+                request,
+                viewer,
+                reply,
+            } => {
                 let r = Ok(reads::query_jobs(
                     &self.core,
                     &self.specs,
                     &self.secrets,
                     &request,
+                    viewer.as_ref().map(|c| &c.principal),
                 ));
                 self.defer(reply, r);
             }

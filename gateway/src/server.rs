@@ -10,6 +10,7 @@ use peloton_engine::{Engine, EngineConfig};
 use peloton_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::access::Access;
 use crate::agents::{AgentApi, AgentBackend, AgentHub};
 use crate::backend::{HostBackend, SimBackend};
 use crate::config::Config;
@@ -89,13 +90,21 @@ pub async fn start_with(
         .accept_http1(true)
         .add_routes(tonic::service::Routes::from(gate.router()));
     // No Nagle delay: small answers must not wait for the client's ACK.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(60)));
     let (stop, stopped) = oneshot::channel::<()>();
-    let serve = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+    let stopped = async {
         let _ = stopped.await;
-    }));
+    };
+    let serve = match tls_config(config, addr)? {
+        Some(tls) => tokio::spawn(
+            router.serve_with_incoming_shutdown(peloton_tls::tls_incoming(listener, tls), stopped),
+        ),
+        None => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(Duration::from_secs(60)));
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
+    };
     match opened(config, addr, role.clone(), &gate).await {
         Ok(mut server) => {
             server.stop = Some(stop);
@@ -108,6 +117,49 @@ pub async fn start_with(
             Err(e)
         }
     }
+}
+
+/// A secure server's TLS: its configured certificate, or one issued by
+/// the private CA in `DATA_DIR/tls` (created once); agents' certificates
+/// are checked against `tls_client_ca` or that CA.
+fn tls_config(
+    config: &Config,
+    addr: SocketAddr,
+) -> anyhow::Result<Option<Arc<peloton_tls::rustls::ServerConfig>>> {
+    if !config.secure {
+        return Ok(None);
+    }
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))
+    };
+    let client_ca = match &config.tls_client_ca {
+        Some(p) => Some(read(p)?),
+        None => None,
+    };
+    let (pair, client_ca) = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => (peloton_tls::load_pem_files(cert, key)?, client_ca),
+        _ => {
+            let pki = peloton_tls::ensure_local_ca(&config.data_dir.join("tls"))?;
+            let mut names = vec![
+                "localhost".to_owned(),
+                "127.0.0.1".to_owned(),
+                "::1".to_owned(),
+            ];
+            if let Some(h) = nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+            {
+                names.push(h);
+            }
+            if !addr.ip().is_unspecified() && !addr.ip().is_loopback() {
+                names.push(addr.ip().to_string());
+            }
+            let pair = pki.ensure_server(&names)?;
+            (pair, client_ca.or(Some(pki.ca_cert_pem.clone())))
+        }
+    };
+    let tls = peloton_tls::server_config(&pair.cert_pem, &pair.key_pem, client_ca.as_deref())?;
+    Ok(Some(tls))
 }
 
 /// The URL standbys name for this server when `advertise` is not set:
@@ -237,6 +289,11 @@ async fn opened(
         ..LoopConfig::default()
     };
     let n_jobs = snapshot.jobs.len();
+    let access = Arc::new(if config.secure {
+        Access::secure(&config.resolve_admin_token()?)
+    } else {
+        Access::insecure()
+    });
     let (backend, hub): (Box<dyn HostBackend>, _) = if config.simulated() {
         (Box::new(SimBackend::new()), None)
     } else {
@@ -259,7 +316,8 @@ async fn opened(
         snapshot,
         hub.clone(),
     )?
-    .with_leading(role.watch_leading());
+    .with_leading(role.watch_leading())
+    .with_access(access.clone());
     tracing::info!(
         jobs = n_jobs,
         data_dir = %config.data_dir.display(),
@@ -276,7 +334,8 @@ async fn opened(
     let api = Api::new(tx.clone(), limits, store.clone())
         .with_hub(hub.clone())
         .with_metrics(metrics.clone())
-        .with_role(role.clone());
+        .with_role(role.clone())
+        .with_access(access.clone());
     let (health_reporter, health) = tonic_health::server::health_reporter();
     let health = health.max_encoding_message_size(MAX_MESSAGE_BYTES);
     health_reporter
@@ -356,9 +415,24 @@ async fn opened(
                 .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ))
         .add_service(public!(
+            pb::access_service_server::AccessServiceServer::new(api.clone())
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ))
+        .add_service(public!(
             pb::watch_service_server::WatchServiceServer::new(api)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ));
+    // Every public call (the mirror's too) is authenticated, and mutating
+    // ones audited, by one layer.
+    let grpc = tonic::service::Routes::from(grpc.into_axum_router().layer(
+        axum::middleware::from_fn_with_state(
+            crate::access::LayerState {
+                access: access.clone(),
+                tx: tx.clone(),
+            },
+            crate::access::layer,
+        ),
+    ));
     // The JSON/HTTP mirror calls the public services in process (through
     // the same `Contract` wrappers); agents' sessions are gRPC only.
     let mirror = Mirror::new(pb::FILE_DESCRIPTOR_SET, grpc.clone())?;
@@ -366,7 +440,9 @@ async fn opened(
     if let Some(hub) = hub {
         routes = routes.add_service(public!(
             pb::agent_service_server::AgentServiceServer::new(
-                AgentApi::new(hub, tx.clone()).with_role(role.clone())
+                AgentApi::new(hub, tx.clone())
+                    .with_role(role.clone())
+                    .requiring_certificates(config.secure)
             )
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)

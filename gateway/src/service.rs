@@ -19,13 +19,16 @@ use prost::Message;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
+use crate::access::{self, Access, Caller};
 use crate::agents::AgentHub;
 use crate::convert::{self, Limits};
 use crate::lifecycle::{UpdateAction, UpdateSpec};
 use crate::metrics::Metrics;
 use crate::scheduler::{Command, JobAction, Reply};
 use crate::store::Store;
+use peloton_authz::Permission;
 
+mod access_service;
 mod apps;
 
 /// Handlers of every service.
@@ -39,6 +42,8 @@ pub struct Api {
     /// This server's standing (PostgreSQL store): watch streams end with
     /// UNAVAILABLE when it stops leading, so clients look for the leader.
     role: Option<Arc<crate::leader::Role>>,
+    /// Tokens and jobs' pools.
+    access: Arc<Access>,
 }
 
 /// Largest log chunk asked of an agent.
@@ -62,7 +67,31 @@ impl Api {
             hub: None,
             metrics: None,
             role: None,
+            access: Arc::new(Access::insecure()),
         }
+    }
+
+    /// Handlers checking callers against `access`.
+    pub fn with_access(mut self, access: Arc<Access>) -> Self {
+        self.access = access;
+        self
+    }
+
+    /// The caller, if reads must be filtered for it (it does not see
+    /// everything).
+    fn viewer<T>(request: &Request<T>) -> Result<Option<Arc<Caller>>, Status> {
+        let c = access::caller(request)?;
+        Ok((!c.principal.sees_everything()).then_some(c))
+    }
+
+    /// Checks `permission` on the job's pool (see [`access::require_job`]).
+    fn on_job<T>(
+        &self,
+        request: &Request<T>,
+        permission: Permission,
+        job: &str,
+    ) -> Result<(), Status> {
+        access::require_job(&self.access, request, permission, job).map(drop)
     }
 
     /// Handlers whose watch streams end when `role` stops leading.
@@ -148,6 +177,8 @@ impl ResourcePoolService for Api {
         &self,
         request: Request<pb::CreatePoolRequest>,
     ) -> Result<Response<pb::CreatePoolResponse>, Status> {
+        let path = request.get_ref().path.clone();
+        access::require(&request, Permission::PoolsWrite, &path, path.clone())?;
         let r = request.into_inner();
         check_path(&r.path)?;
         let config = convert::pool_config(r.spec.as_ref())?;
@@ -165,6 +196,8 @@ impl ResourcePoolService for Api {
         &self,
         request: Request<pb::GetPoolRequest>,
     ) -> Result<Response<pb::GetPoolResponse>, Status> {
+        let path = request.get_ref().path.clone();
+        access::require(&request, Permission::PoolsRead, &path, path.clone())?;
         let r = request.into_inner();
         check_path(&r.path)?;
         let pool = self
@@ -180,6 +213,8 @@ impl ResourcePoolService for Api {
         &self,
         request: Request<pb::UpdatePoolRequest>,
     ) -> Result<Response<pb::UpdatePoolResponse>, Status> {
+        let path = request.get_ref().path.clone();
+        access::require(&request, Permission::PoolsWrite, &path, path.clone())?;
         let r = request.into_inner();
         check_path(&r.path)?;
         let config = convert::pool_config(r.spec.as_ref())?;
@@ -198,6 +233,8 @@ impl ResourcePoolService for Api {
         &self,
         request: Request<pb::DeletePoolRequest>,
     ) -> Result<Response<pb::DeletePoolResponse>, Status> {
+        let path = request.get_ref().path.clone();
+        access::require(&request, Permission::PoolsWrite, &path, path.clone())?;
         let r = request.into_inner();
         check_path(&r.path)?;
         self.call(|reply| Command::DeletePool {
@@ -213,10 +250,15 @@ impl ResourcePoolService for Api {
         &self,
         request: Request<pb::ListPoolsRequest>,
     ) -> Result<Response<pb::ListPoolsResponse>, Status> {
+        let viewer = Self::viewer(&request)?;
         let request = request.into_inner();
         convert::page_token_key("page_token", convert::PageKind::Pools, &request.page_token)?;
         let out = self
-            .call(|reply| Command::ListPools { request, reply })
+            .call(|reply| Command::ListPools {
+                request,
+                viewer,
+                reply,
+            })
             .await?;
         Ok(Response::new(out))
     }
@@ -225,6 +267,8 @@ impl ResourcePoolService for Api {
         &self,
         request: Request<pb::ListQueueRequest>,
     ) -> Result<Response<pb::ListQueueResponse>, Status> {
+        let path = request.get_ref().path.clone();
+        access::require(&request, Permission::PoolsRead, &path, path.clone())?;
         let r = request.into_inner();
         check_path(&r.path)?;
         if r.limit as usize > peloton_engine::MAX_QUEUE_READ {
@@ -249,6 +293,13 @@ impl ResourcePoolService for Api {
 }
 
 impl Api {
+    /// `caller` may do `permission` on `job`'s pool (the job is known: its
+    /// record was just read).
+    fn allow_job(&self, caller: &Caller, permission: Permission, job: &str) -> Result<(), Status> {
+        let pool = self.access.job_pool(job).unwrap_or_else(|| "/".into());
+        access::allow(caller, permission, &pool)
+    }
+
     /// Refuses a list of instances longer than a job may have.
     fn check_instances(&self, instances: &[u32]) -> Result<(), Status> {
         let max = self.limits.max_instances_per_job as usize;
@@ -284,6 +335,15 @@ impl JobService for Api {
         &self,
         request: Request<pb::CreateJobRequest>,
     ) -> Result<Response<pb::CreateJobResponse>, Status> {
+        if let Some(spec) = &request.get_ref().spec {
+            let (pool, name) = (spec.pool.clone(), spec.name.clone());
+            access::require(
+                &request,
+                Permission::JobsWrite,
+                &pool,
+                format!("{pool} {name}"),
+            )?;
+        }
         let spec = request
             .into_inner()
             .spec
@@ -304,6 +364,7 @@ impl JobService for Api {
         &self,
         request: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::GetJobResponse>, Status> {
+        self.on_job(&request, Permission::JobsRead, &request.get_ref().id)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
         let job = self.call(|reply| Command::GetJob { id, reply }).await?;
@@ -314,6 +375,7 @@ impl JobService for Api {
         &self,
         request: Request<pb::QueryJobsRequest>,
     ) -> Result<Response<pb::QueryJobsResponse>, Status> {
+        let viewer = Self::viewer(&request)?;
         let request = request.into_inner();
         if !request.pool.is_empty() {
             convert::pool_path("pool", &request.pool)?;
@@ -324,7 +386,11 @@ impl JobService for Api {
         convert::labels("labels", &request.labels, &self.limits)?;
         convert::page_token_key("page_token", convert::PageKind::Jobs, &request.page_token)?;
         let out = self
-            .call(|reply| Command::QueryJobs { request, reply })
+            .call(|reply| Command::QueryJobs {
+                request,
+                viewer,
+                reply,
+            })
             .await?;
         Ok(Response::new(out))
     }
@@ -333,6 +399,7 @@ impl JobService for Api {
         &self,
         request: Request<pb::KillJobRequest>,
     ) -> Result<Response<pb::KillJobResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
         let r = request.into_inner();
         let job = self.job_action(r.id, r.version, JobAction::Kill).await?;
         Ok(Response::new(pb::KillJobResponse { job }))
@@ -342,6 +409,7 @@ impl JobService for Api {
         &self,
         request: Request<pb::DeleteJobRequest>,
     ) -> Result<Response<pb::DeleteJobResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
         let r = request.into_inner();
         self.job_action(r.id, r.version, JobAction::Delete).await?;
         Ok(Response::new(pb::DeleteJobResponse {}))
@@ -351,6 +419,7 @@ impl JobService for Api {
         &self,
         request: Request<pb::ScaleJobRequest>,
     ) -> Result<Response<pb::ScaleJobResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
         let r = request.into_inner();
         let job = self
             .job_action(r.id, r.version, JobAction::Scale(r.instance_count))
@@ -362,6 +431,7 @@ impl JobService for Api {
         &self,
         request: Request<pb::RestartJobRequest>,
     ) -> Result<Response<pb::RestartJobResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
         let r = request.into_inner();
         let job = self.job_action(r.id, r.version, JobAction::Restart).await?;
         Ok(Response::new(pb::RestartJobResponse { job }))
@@ -378,6 +448,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::TaskLogsRequest>,
     ) -> Result<Response<LogStream>, Status> {
+        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let Some(hub) = self.hub.clone() else {
@@ -466,6 +537,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
         let request = request.into_inner();
         check_id("job_id", &request.job_id)?;
         check_enum_filter::<pb::TaskState>("states", &request.states, "task state")?;
@@ -479,6 +551,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let task = self
@@ -495,6 +568,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::KillTaskRequest>,
     ) -> Result<Response<pb::KillTaskResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().job_id)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         self.check_instances(&r.instances)?;
@@ -513,6 +587,7 @@ impl TaskService for Api {
         &self,
         request: Request<pb::RestartTaskRequest>,
     ) -> Result<Response<pb::RestartTaskResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().job_id)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         self.check_instances(&r.instances)?;
@@ -534,6 +609,7 @@ impl HostService for Api {
         &self,
         request: Request<pb::ListHostsRequest>,
     ) -> Result<Response<pb::ListHostsResponse>, Status> {
+        access::require(&request, Permission::HostsRead, "/", "")?;
         let request = request.into_inner();
         convert::id("after", &request.after)?;
         let out = self
@@ -546,6 +622,8 @@ impl HostService for Api {
         &self,
         request: Request<pb::StartMaintenanceRequest>,
     ) -> Result<Response<pb::StartMaintenanceResponse>, Status> {
+        let target = request.get_ref().hosts.join(",");
+        access::require(&request, Permission::HostsWrite, "/", target)?;
         let hosts = request.into_inner().hosts;
         check_hosts("hosts", &hosts)?;
         self.call(|reply| Command::Maintenance {
@@ -561,6 +639,8 @@ impl HostService for Api {
         &self,
         request: Request<pb::CompleteMaintenanceRequest>,
     ) -> Result<Response<pb::CompleteMaintenanceResponse>, Status> {
+        let target = request.get_ref().hosts.join(",");
+        access::require(&request, Permission::HostsWrite, "/", target)?;
         let hosts = request.into_inner().hosts;
         check_hosts("hosts", &hosts)?;
         self.call(|reply| Command::Maintenance {
@@ -579,6 +659,8 @@ impl HostPoolService for Api {
         &self,
         request: Request<pb::CreateHostPoolRequest>,
     ) -> Result<Response<pb::CreateHostPoolResponse>, Status> {
+        let target = request.get_ref().name.clone();
+        access::require(&request, Permission::HostsWrite, "/", target)?;
         let name = request.into_inner().name;
         convert::host_pool_name("name", &name)?;
         let pool = self
@@ -593,6 +675,8 @@ impl HostPoolService for Api {
         &self,
         request: Request<pb::DeleteHostPoolRequest>,
     ) -> Result<Response<pb::DeleteHostPoolResponse>, Status> {
+        let target = request.get_ref().name.clone();
+        access::require(&request, Permission::HostsWrite, "/", target)?;
         let name = request.into_inner().name;
         convert::host_pool_name("name", &name)?;
         self.call(|reply| Command::DeleteHostPool { name, reply })
@@ -604,6 +688,7 @@ impl HostPoolService for Api {
         &self,
         request: Request<pb::ListHostPoolsRequest>,
     ) -> Result<Response<pb::ListHostPoolsResponse>, Status> {
+        access::require(&request, Permission::HostsRead, "/", "")?;
         let request = request.into_inner();
         convert::page_token_key(
             "page_token",
@@ -620,6 +705,12 @@ impl HostPoolService for Api {
         &self,
         request: Request<pb::MoveHostsRequest>,
     ) -> Result<Response<pb::MoveHostsResponse>, Status> {
+        let target = format!(
+            "{} -> {}",
+            request.get_ref().hosts.join(","),
+            request.get_ref().to
+        );
+        access::require(&request, Permission::HostsWrite, "/", target)?;
         let r = request.into_inner();
         convert::host_pool_name("to", &r.to)?;
         if r.hosts.is_empty() {
@@ -1135,6 +1226,11 @@ impl WatchService for Api {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let mut viewer = Self::viewer(&request)?;
+        if !request.get_ref().job_id.is_empty() {
+            self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+            viewer = None;
+        }
         let r = request.into_inner();
         convert::id("job_id", &r.job_id)?;
         let (reply, answer) = oneshot::channel();
@@ -1198,6 +1294,29 @@ impl WatchService for Api {
                 }
             },
         );
+        let Some(viewer) = viewer else {
+            return Ok(Response::new(Box::pin(stream)));
+        };
+        // A caller that sees part of the cluster gets its jobs' events
+        // only (revisions then have gaps; messages left empty are dropped).
+        let access = self.access.clone();
+        let stream = futures::StreamExt::filter_map(stream, move |item| {
+            let out = match item {
+                Ok(mut m) => {
+                    m.events.retain(|e| {
+                        let job = match &e.kind {
+                            Some(pb::event::Kind::Job(j)) => &j.job_id,
+                            Some(pb::event::Kind::Task(t)) => &t.job_id,
+                            None => return false,
+                        };
+                        access.sees_job(&viewer, job)
+                    });
+                    (!m.events.is_empty()).then_some(Ok(m))
+                }
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(out)
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 }
@@ -1231,8 +1350,18 @@ impl Api {
         request: Request<pb::UpdateActionRequest>,
         action: UpdateAction,
     ) -> Result<Response<pb::UpdateActionResponse>, Status> {
+        access::note(&request, request.get_ref().id.clone());
+        let caller = access::caller(&request)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
+        // An update's job never changes: its pool is checked first.
+        let current = self
+            .call(|reply| Command::GetUpdate {
+                id: id.clone(),
+                reply,
+            })
+            .await?;
+        self.allow_job(&caller, Permission::JobsWrite, &current.job_id)?;
         let update = self
             .call(|reply| Command::UpdateAction { id, action, reply })
             .await?;
@@ -1248,6 +1377,7 @@ impl UpdateService for Api {
         &self,
         request: Request<pb::UpdateJobRequest>,
     ) -> Result<Response<pb::UpdateJobResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().job_id)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let spec = r.spec.ok_or_else(|| convert::invalid("spec", "missing"))?;
@@ -1273,9 +1403,11 @@ impl UpdateService for Api {
         &self,
         request: Request<pb::GetUpdateRequest>,
     ) -> Result<Response<pb::GetUpdateResponse>, Status> {
+        let caller = access::caller(&request)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
         let update = self.call(|reply| Command::GetUpdate { id, reply }).await?;
+        self.allow_job(&caller, Permission::JobsRead, &update.job_id)?;
         Ok(Response::new(pb::GetUpdateResponse {
             update: Some(update),
         }))
@@ -1285,6 +1417,7 @@ impl UpdateService for Api {
         &self,
         request: Request<pb::ListUpdatesRequest>,
     ) -> Result<Response<pb::ListUpdatesResponse>, Status> {
+        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
         let job_id = request.into_inner().job_id;
         check_id("job_id", &job_id)?;
         let updates = self
@@ -1328,6 +1461,10 @@ impl VolumeService for Api {
         &self,
         request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
+        let viewer = Self::viewer(&request)?;
+        if viewer.is_some() && !request.get_ref().job_id.is_empty() {
+            self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+        }
         let request = request.into_inner();
         convert::id("job_id", &request.job_id)?;
         convert::id("host", &request.host)?;
@@ -1339,6 +1476,12 @@ impl VolumeService for Api {
         let out = self
             .call(|reply| Command::ListVolumes { request, reply })
             .await?;
+        let mut out = out;
+        if let Some(v) = viewer {
+            // A page may hold fewer volumes than asked: follow its token.
+            out.volumes
+                .retain(|vol| self.access.sees_job(&v, &vol.job_id));
+        }
         Ok(Response::new(out))
     }
 
@@ -1346,9 +1489,11 @@ impl VolumeService for Api {
         &self,
         request: Request<pb::GetVolumeRequest>,
     ) -> Result<Response<pb::GetVolumeResponse>, Status> {
+        let caller = access::caller(&request)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
         let volume = self.call(|reply| Command::GetVolume { id, reply }).await?;
+        self.allow_job(&caller, Permission::JobsRead, &volume.job_id)?;
         Ok(Response::new(pb::GetVolumeResponse {
             volume: Some(volume),
         }))
@@ -1358,8 +1503,18 @@ impl VolumeService for Api {
         &self,
         request: Request<pb::DeleteVolumeRequest>,
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
+        access::note(&request, request.get_ref().id.clone());
+        let caller = access::caller(&request)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
+        // A volume's job never changes: its pool is checked first.
+        let volume = self
+            .call(|reply| Command::GetVolume {
+                id: id.clone(),
+                reply,
+            })
+            .await?;
+        self.allow_job(&caller, Permission::JobsWrite, &volume.job_id)?;
         self.call(|reply| Command::DeleteVolume { id, reply })
             .await?;
         Ok(Response::new(pb::DeleteVolumeResponse {}))

@@ -28,6 +28,10 @@
 //!   "default" (a host without a row is in "default");
 //! - `secrets`: job id → the job's secrets (`StoredSecrets`), kept apart
 //!   from the job and config rows, which never hold them;
+//! - `tokens`: token name → `StoredToken` (the token as listed and the
+//!   SHA-256 digest of its secret; never the secret);
+//! - `audit`: sequence number (20 decimal digits, so text order is number
+//!   order) → `AuditEntry`, trimmed to the last 100,000;
 //! - `meta`: counters (the last revision).
 
 use std::path::Path;
@@ -48,6 +52,8 @@ const HOST_POOLS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("host_
 const HOST_POOL_MEMBERS: TableDefinition<'_, &str, &str> =
     TableDefinition::new("host_pool_members");
 const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
+const TOKENS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("tokens");
+const AUDIT: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("audit");
 
 const META_REVISION: &str = "revision";
 
@@ -67,6 +73,12 @@ impl StoreError {
     pub fn msg(message: impl Into<String>) -> Self {
         StoreError(message.into())
     }
+}
+
+/// Key of the audit row of sequence number `seq`: 20 decimal digits, so
+/// that key order (byte order, in both stores) is number order.
+pub fn audit_key(seq: u64) -> String {
+    format!("{seq:020}")
 }
 
 /// Key of a config row: (job id, config version).
@@ -103,6 +115,10 @@ pub struct WriteBatch {
     pub host_pool_members: Vec<(String, Option<String>)>,
     /// Secrets rows by job id (`None` deletes).
     pub secrets: Vec<(String, Option<Vec<u8>>)>,
+    /// Token rows by name (`None` deletes).
+    pub tokens: Vec<(String, Option<Vec<u8>>)>,
+    /// Audit rows by [`audit_key`] (`None` deletes).
+    pub audit: Vec<(String, Option<Vec<u8>>)>,
     /// This commit's events: (first revision, encoded `WatchResponse`).
     pub events: Option<(u64, Vec<u8>)>,
     /// The last revision after this commit.
@@ -131,6 +147,8 @@ impl WriteBatch {
         self.host_pools.clear();
         self.host_pool_members.clear();
         self.secrets.clear();
+        self.tokens.clear();
+        self.audit.clear();
         self.events = None;
         self.revision = 0;
         self.trim_events_before = None;
@@ -149,6 +167,8 @@ impl WriteBatch {
             && self.host_pools.is_empty()
             && self.host_pool_members.is_empty()
             && self.secrets.is_empty()
+            && self.tokens.is_empty()
+            && self.audit.is_empty()
             && self.events.is_none()
             && self.trim_events_before.is_none()
     }
@@ -177,6 +197,10 @@ pub struct Snapshot {
     pub host_pool_members: Vec<(String, String)>,
     /// Secrets rows by job id.
     pub secrets: Vec<(String, Vec<u8>)>,
+    /// Token rows by name.
+    pub tokens: Vec<(String, Vec<u8>)>,
+    /// Audit rows in sequence order.
+    pub audit: Vec<(String, Vec<u8>)>,
     /// The last revision.
     pub revision: u64,
 }
@@ -231,6 +255,8 @@ impl RedbStore {
             txn.open_table(HOST_POOL_MEMBERS)
                 .map_err(StoreError::from)?;
             txn.open_table(SECRETS).map_err(StoreError::from)?;
+            txn.open_table(TOKENS).map_err(StoreError::from)?;
+            txn.open_table(AUDIT).map_err(StoreError::from)?;
         }
         txn.commit().map_err(StoreError::from)?;
         Ok(RedbStore { db })
@@ -264,6 +290,8 @@ impl Store for RedbStore {
                 .map(|(k, _)| k)
                 .collect(),
             secrets: read_all(&txn, SECRETS)?,
+            tokens: read_all(&txn, TOKENS)?,
+            audit: read_all(&txn, AUDIT)?,
             ..Snapshot::default()
         };
         let members = txn
@@ -390,13 +418,19 @@ impl Store for RedbStore {
                 }
                 .map_err(StoreError::from)?;
             }
-            let mut secrets = txn.open_table(SECRETS).map_err(StoreError::from)?;
-            for (k, v) in &batch.secrets {
-                match v {
-                    Some(v) => secrets.insert(k.as_str(), v.as_slice()).map(drop),
-                    None => secrets.remove(k.as_str()).map(drop),
+            for (def, rows) in [
+                (SECRETS, &batch.secrets),
+                (TOKENS, &batch.tokens),
+                (AUDIT, &batch.audit),
+            ] {
+                let mut table = txn.open_table(def).map_err(StoreError::from)?;
+                for (k, v) in rows {
+                    match v {
+                        Some(v) => table.insert(k.as_str(), v.as_slice()).map(drop),
+                        None => table.remove(k.as_str()).map(drop),
+                    }
+                    .map_err(StoreError::from)?;
                 }
-                .map_err(StoreError::from)?;
             }
             let mut events = txn.open_table(EVENTS).map_err(StoreError::from)?;
             if let Some((first, bytes)) = &batch.events {

@@ -90,6 +90,7 @@ pub(super) fn list_pools(
     engine: &Engine,
     core: &Lifecycle,
     r: &pb::ListPoolsRequest,
+    viewer: Option<&peloton_authz::Principal>,
 ) -> Result<pb::ListPoolsResponse, Status> {
     let after = convert::page_token_key("page_token", convert::PageKind::Pools, &r.page_token)?;
     let page = if r.page_size == 0 {
@@ -99,7 +100,10 @@ pub(super) fn list_pools(
     };
     let tree = engine.resources().tree();
     let mut ids = tree.list();
-    ids.retain(|&id| tree.path(id) > after);
+    ids.retain(|&id| {
+        tree.path(id) > after
+            && viewer.is_none_or(|v| v.allows(peloton_authz::Permission::PoolsRead, tree.path(id)))
+    });
     ids.sort_by(|a, b| tree.path(*a).cmp(tree.path(*b)));
     let mut out = pb::ListPoolsResponse::default();
     let mut bytes = PageBytes::default();
@@ -300,6 +304,7 @@ pub(super) fn query_jobs(
     specs: &FxHashMap<JobKey, super::Specs>,
     secrets: &super::Secrets,
     r: &pb::QueryJobsRequest,
+    viewer: Option<&peloton_authz::Principal>,
 ) -> pb::QueryJobsResponse {
     let page = match r.page_size {
         0 => 100,
@@ -318,6 +323,7 @@ pub(super) fn query_jobs(
         };
         let state = convert::job_state_to_pb(job.state) as i32;
         if (!r.pool.is_empty() && s.pool != r.pool)
+            || viewer.is_some_and(|v| !v.allows(peloton_authz::Permission::JobsRead, &s.pool))
             || (!r.states.is_empty() && !r.states.contains(&state))
             || (!r.name.is_empty() && !s.name.contains(&r.name))
             || (!r.owner.is_empty() && s.owner != r.owner)

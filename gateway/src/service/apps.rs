@@ -15,8 +15,10 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
 use super::{Api, check_id};
+use crate::access;
 use crate::convert;
 use crate::scheduler::{AppCommand, Command};
+use peloton_authz::Permission;
 
 /// Most executor ids in one kill.
 pub const MAX_KILL_IDS: usize = 10_000;
@@ -99,6 +101,15 @@ impl ApplicationService for Api {
         &self,
         request: Request<pb::RegisterAppRequest>,
     ) -> Result<Response<pb::RegisterAppResponse>, Status> {
+        let (job, pool) = (
+            request.get_ref().job_id.clone(),
+            request.get_ref().pool.clone(),
+        );
+        if job.is_empty() {
+            access::require(&request, Permission::JobsWrite, &pool, pool.clone())?;
+        } else {
+            self.on_job(&request, Permission::JobsWrite, &job)?;
+        }
         let r = request.into_inner();
         if r.driver_url.is_empty() {
             return Err(convert::invalid(
@@ -181,6 +192,7 @@ impl ApplicationService for Api {
         &self,
         request: Request<pb::GetAppRequest>,
     ) -> Result<Response<pb::GetAppResponse>, Status> {
+        self.on_job(&request, Permission::JobsRead, &request.get_ref().app_id)?;
         let id = request.into_inner().app_id;
         check_id("app_id", &id)?;
         let app = self.app(id).await?;
@@ -191,6 +203,7 @@ impl ApplicationService for Api {
         &self,
         request: Request<pb::SetExecutorTargetRequest>,
     ) -> Result<Response<pb::SetExecutorTargetResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().app_id)?;
         let r = request.into_inner();
         check_id("app_id", &r.app_id)?;
         let answer = self
@@ -210,6 +223,7 @@ impl ApplicationService for Api {
         &self,
         request: Request<pb::KillExecutorsRequest>,
     ) -> Result<Response<pb::KillExecutorsResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().app_id)?;
         let r = request.into_inner();
         check_id("app_id", &r.app_id)?;
         if r.executor_ids.len() > MAX_KILL_IDS {
@@ -234,6 +248,7 @@ impl ApplicationService for Api {
         &self,
         request: Request<pb::UnregisterAppRequest>,
     ) -> Result<Response<pb::UnregisterAppResponse>, Status> {
+        self.on_job(&request, Permission::JobsWrite, &request.get_ref().app_id)?;
         let id = request.into_inner().app_id;
         check_id("app_id", &id)?;
         let app = self
@@ -248,15 +263,21 @@ impl ApplicationService for Api {
         &self,
         request: Request<pb::WatchExecutorsRequest>,
     ) -> Result<Response<Self::WatchExecutorsStream>, Status> {
+        self.on_job(&request, Permission::JobsRead, &request.get_ref().app_id)?;
+        let caller = access::caller(&request)?;
         let r = request.into_inner();
         check_id("app_id", &r.app_id)?;
         let app = self.app(r.app_id.clone()).await?;
         let first = u32::from(app.driver_in_job);
         let watch = self
-            .watch(Request::new(pb::WatchRequest {
-                from_revision: r.from_revision,
-                job_id: r.app_id.clone(),
-            }))
+            .watch({
+                let mut w = Request::new(pb::WatchRequest {
+                    from_revision: r.from_revision,
+                    job_id: r.app_id.clone(),
+                });
+                w.extensions_mut().insert(caller);
+                w
+            })
             .await?
             .into_inner();
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);

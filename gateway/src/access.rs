@@ -1,0 +1,545 @@
+//! Who is calling, and whether they may: the service's side of
+//! `peloton-authz`.
+//!
+//! - [`Access`] is shared by the gRPC handlers, the loop and the
+//!   authentication layer: whether the server is secure, the bootstrap
+//!   admin token, the digests of the stored tokens (the loop changes them
+//!   after its commit, before it answers, so a revoked token is refused
+//!   from the next call on), and each job's pool (handlers check a job's
+//!   permission before they send the loop anything).
+//! - [`layer`] wraps every public gRPC service (and so the JSON/HTTP
+//!   mirror, which calls them in process): it reads the bearer token,
+//!   refuses a call without a valid one (UNAUTHENTICATED), hands the
+//!   [`Caller`] to the handler, and writes every mutating call to the
+//!   audit log with its outcome.
+//! - Handlers call [`Access::allow`] (or its job form) with the permission
+//!   the call needs; a refusal is PERMISSION_DENIED naming it.
+//!
+//! Secrets: a token's secret is shown once, at creation; the server keeps
+//! its SHA-256 digest only (tokens are 256 random bits, so a plain digest
+//! is as strong as a slow hash would be).
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use peloton_authz::{Grant, Permission, Principal, Role};
+use peloton_proto::v1 as pb;
+use rustc_hash::FxHashMap;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::scheduler::Command;
+
+/// Name of the bootstrap admin token.
+pub const ADMIN: &str = "admin";
+/// Name the audit log gives calls without a valid token.
+pub const UNAUTHENTICATED: &str = "unauthenticated";
+/// Name of every caller of an insecure server.
+pub const ANONYMOUS: &str = "anonymous";
+/// What every token's secret starts with (so a leaked one is recognisable).
+pub const SECRET_PREFIX: &str = "pel_";
+/// Longest authorization header read.
+const MAX_TOKEN_BYTES: usize = 512;
+/// Most grants in one token.
+pub const MAX_GRANTS: usize = 64;
+/// Most tokens stored.
+pub const MAX_TOKENS: usize = 10_000;
+/// Longest audit target kept (longer ones are cut).
+const MAX_TARGET_BYTES: usize = 512;
+/// Longest audit message kept.
+const MAX_AUDIT_MESSAGE_BYTES: usize = 1024;
+
+/// A token's digest.
+pub type Digest32 = [u8; 32];
+
+/// The SHA-256 digest of a token's secret.
+pub fn digest(secret: &str) -> Digest32 {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// A new random secret: the prefix and 256 random bits in hex.
+pub fn new_secret() -> String {
+    format!(
+        "{SECRET_PREFIX}{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Who is calling: its token as listed and its grants.
+#[derive(Debug)]
+pub struct Caller {
+    /// Name and grants.
+    pub principal: Principal,
+    /// The token as the API shows it.
+    pub token: pb::Token,
+}
+
+impl Caller {
+    /// The caller holding `token` (its grants already checked).
+    pub fn from_token(token: pb::Token) -> Result<Caller, Status> {
+        let grants = grants_from_pb("grants", &token.grants)?;
+        Ok(Caller {
+            principal: Principal::new(token.name.clone(), grants),
+            token,
+        })
+    }
+
+    /// The bootstrap admin, or an insecure server's anonymous caller.
+    fn admin(name: &str) -> Caller {
+        Caller::from_token(pb::Token {
+            name: name.to_owned(),
+            grants: vec![pb::Grant {
+                role: pb::Role::ClusterAdmin as i32,
+                pool: "/".into(),
+            }],
+            created_at_ms: 0,
+            created_by: String::new(),
+        })
+        .expect("a valid grant")
+    }
+}
+
+/// The API's grants as the model's, refusing a bad one with the field.
+pub fn grants_from_pb(field: &str, grants: &[pb::Grant]) -> Result<Vec<Grant>, Status> {
+    if grants.len() > MAX_GRANTS {
+        return Err(crate::convert::invalid(
+            field,
+            format!("{} grants; the limit is {MAX_GRANTS}", grants.len()),
+        ));
+    }
+    grants
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let role = match pb::Role::try_from(g.role) {
+                Ok(pb::Role::Viewer) => Role::Viewer,
+                Ok(pb::Role::Submitter) => Role::Submitter,
+                Ok(pb::Role::PoolAdmin) => Role::PoolAdmin,
+                Ok(pb::Role::ClusterAdmin) => Role::ClusterAdmin,
+                _ => {
+                    return Err(crate::convert::invalid(
+                        &format!("{field}[{i}].role"),
+                        "must be VIEWER, SUBMITTER, POOL_ADMIN or CLUSTER_ADMIN",
+                    ));
+                }
+            };
+            Grant::new(role, &g.pool)
+                .map_err(|e| crate::convert::invalid(&format!("{field}[{i}].pool"), e.0))
+        })
+        .collect()
+}
+
+/// A token's name: 1–64 characters of `[A-Za-z0-9._-]`.
+pub fn check_token_name(field: &str, name: &str) -> Result<(), Status> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(crate::convert::invalid(field, "must be 1–64 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(crate::convert::invalid(
+            field,
+            "may hold only letters, digits, '.', '_' and '-'",
+        ));
+    }
+    if [ADMIN, UNAUTHENTICATED, ANONYMOUS].contains(&name) {
+        return Err(crate::convert::invalid(
+            field,
+            format!("{name:?} is reserved"),
+        ));
+    }
+    Ok(())
+}
+
+/// Access control state shared by the layer, the handlers and the loop.
+#[derive(Debug)]
+pub struct Access {
+    secure: bool,
+    admin: Option<(Digest32, Arc<Caller>)>,
+    anonymous: Arc<Caller>,
+    tokens: RwLock<FxHashMap<Digest32, Arc<Caller>>>,
+    job_pools: RwLock<FxHashMap<Arc<str>, Arc<str>>>,
+}
+
+impl Access {
+    /// Access of an insecure server: every call is the anonymous cluster
+    /// admin.
+    pub fn insecure() -> Access {
+        Access {
+            secure: false,
+            admin: None,
+            anonymous: Arc::new(Caller::admin(ANONYMOUS)),
+            tokens: RwLock::default(),
+            job_pools: RwLock::default(),
+        }
+    }
+
+    /// Access of a secure server whose bootstrap admin token is
+    /// `admin_secret`.
+    pub fn secure(admin_secret: &str) -> Access {
+        Access {
+            secure: true,
+            admin: Some((digest(admin_secret), Arc::new(Caller::admin(ADMIN)))),
+            ..Access::insecure()
+        }
+    }
+
+    /// Whether calls need a token.
+    pub fn is_secure(&self) -> bool {
+        self.secure
+    }
+
+    /// The caller presenting `secret`, if it is a valid token.
+    pub fn lookup(&self, secret: &str) -> Option<Arc<Caller>> {
+        let d = digest(secret);
+        if let Some((admin, caller)) = &self.admin
+            && *admin == d
+        {
+            return Some(caller.clone());
+        }
+        self.tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&d)
+            .cloned()
+    }
+
+    /// Who sends `headers`: a valid bearer token's caller, the anonymous
+    /// admin of an insecure server, or why not.
+    pub fn authenticate(&self, headers: &axum::http::HeaderMap) -> Result<Arc<Caller>, Status> {
+        if !self.secure {
+            return Ok(self.anonymous.clone());
+        }
+        let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
+            return Err(Status::unauthenticated(
+                "no token: send `authorization: Bearer <token>` (the CLI reads it from \
+                 PELOTON_TOKEN, PELOTON_TOKEN_FILE or its config file)",
+            ));
+        };
+        let secret = value
+            .to_str()
+            .ok()
+            .filter(|v| v.len() <= MAX_TOKEN_BYTES)
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or_else(|| {
+                Status::unauthenticated("the authorization header must be `Bearer <token>`")
+            })?;
+        self.lookup(secret)
+            .ok_or_else(|| Status::unauthenticated("the token is not valid (unknown or revoked)"))
+    }
+
+    /// The stored tokens from now on (the loop, at start).
+    pub fn set_tokens(&self, tokens: impl IntoIterator<Item = (Digest32, Arc<Caller>)>) {
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = tokens.into_iter().collect();
+    }
+
+    /// A token is valid from now on.
+    pub fn add_token(&self, digest: Digest32, caller: Arc<Caller>) {
+        self.tokens
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(digest, caller);
+    }
+
+    /// A token is refused from now on.
+    pub fn remove_token(&self, digest: &Digest32) {
+        self.tokens
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(digest);
+    }
+
+    /// The pool of every live job from now on (the loop, at start).
+    pub fn set_job_pools(&self, jobs: impl IntoIterator<Item = (Arc<str>, Arc<str>)>) {
+        *self.job_pools.write().unwrap_or_else(|e| e.into_inner()) = jobs.into_iter().collect();
+    }
+
+    /// Jobs created and deleted by a commit.
+    pub fn change_jobs(
+        &self,
+        created: impl IntoIterator<Item = (Arc<str>, Arc<str>)>,
+        deleted: impl IntoIterator<Item = Arc<str>>,
+    ) {
+        let mut m = self.job_pools.write().unwrap_or_else(|e| e.into_inner());
+        m.extend(created);
+        for d in deleted {
+            m.remove(&d);
+        }
+    }
+
+    /// Whether the job is known.
+    pub fn knows_job(&self, job: &str) -> bool {
+        self.job_pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(job)
+    }
+
+    /// A job's pool.
+    pub fn job_pool(&self, job: &str) -> Option<Arc<str>> {
+        self.job_pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(job)
+            .cloned()
+    }
+
+    /// Whether `caller` may read the job `job` (false for an unknown job
+    /// unless it reads everything).
+    pub fn sees_job(&self, caller: &Caller, job: &str) -> bool {
+        if caller.principal.sees_everything() {
+            return true;
+        }
+        self.job_pool(job)
+            .is_some_and(|p| caller.principal.allows(Permission::JobsRead, &p))
+    }
+}
+
+/// The caller of a request that passed [`layer`]. A secure server's
+/// request without one (it did not come through the layer) is refused.
+pub fn caller<T>(request: &tonic::Request<T>) -> Result<Arc<Caller>, Status> {
+    request
+        .extensions()
+        .get::<Arc<Caller>>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("the call carries no identity"))
+}
+
+/// Records what a call named, for its audit entry.
+pub fn note<T>(request: &tonic::Request<T>, target: impl Into<String>) {
+    if let Some(n) = request.extensions().get::<AuditNote>() {
+        let mut target: String = target.into();
+        if target.len() > MAX_TARGET_BYTES {
+            let mut cut = MAX_TARGET_BYTES;
+            while !target.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            target.truncate(cut);
+        }
+        *n.0.lock().unwrap_or_else(|e| e.into_inner()) = target;
+    }
+}
+
+/// `caller` may do `permission` on `pool` (a cluster permission ignores
+/// it), or PERMISSION_DENIED naming what it lacked.
+pub fn allow(caller: &Caller, permission: Permission, pool: &str) -> Result<(), Status> {
+    caller
+        .principal
+        .check(permission, pool)
+        .map_err(|d| Status::permission_denied(d.to_string()))
+}
+
+/// Checks a request's caller for `permission` on `pool` and notes
+/// `target` for the audit log.
+pub fn require<T>(
+    request: &tonic::Request<T>,
+    permission: Permission,
+    pool: &str,
+    target: impl Into<String>,
+) -> Result<Arc<Caller>, Status> {
+    note(request, target);
+    let c = caller(request)?;
+    allow(&c, permission, pool)?;
+    Ok(c)
+}
+
+/// Checks a request's caller for `permission` on the job `job`'s pool.
+/// An unknown job is NOT_FOUND for a caller that could not act on it
+/// anywhere; for one that could, the loop answers (it knows the job or
+/// says NOT_FOUND itself).
+pub fn require_job<T>(
+    access: &Access,
+    request: &tonic::Request<T>,
+    permission: Permission,
+    job: &str,
+) -> Result<Arc<Caller>, Status> {
+    note(request, job);
+    let c = caller(request)?;
+    match access.job_pool(job) {
+        Some(pool) => allow(&c, permission, &pool)?,
+        None if c.principal.allows(permission, "/") => {}
+        None => return Err(Status::not_found(format!("job {job} not found"))),
+    }
+    Ok(c)
+}
+
+/// What a call named, filled in by its handler (see [`note`]).
+#[derive(Clone, Debug, Default)]
+pub struct AuditNote(Arc<Mutex<String>>);
+
+/// The state [`layer`] runs with.
+#[derive(Clone, Debug)]
+pub struct LayerState {
+    /// Tokens and callers.
+    pub access: Arc<Access>,
+    /// Where audit entries go (the loop).
+    pub tx: mpsc::Sender<Command>,
+}
+
+/// Whether a gRPC method changes something (and is audited): every method
+/// but reads.
+pub fn is_mutating(path: &str) -> bool {
+    let method = path.rsplit('/').next().unwrap_or("");
+    !(method.starts_with("Get")
+        || method.starts_with("List")
+        || method.starts_with("Query")
+        || method.starts_with("Watch")
+        || method == "Logs"
+        || method == "WhoAmI"
+        || method == "Check")
+}
+
+/// Whether a gRPC path is served without a token: health checks and
+/// reflection (the schema is public).
+fn is_open(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/") || path.starts_with("/grpc.reflection.")
+}
+
+/// Authenticates every call to the public services and audits mutating
+/// ones.
+pub async fn layer(State(state): State<LayerState>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    if is_open(&path) {
+        return next.run(request).await;
+    }
+    let audited = state.access.is_secure() && is_mutating(&path);
+    let caller = match state.access.authenticate(request.headers()) {
+        Ok(c) => c,
+        Err(status) => {
+            if audited {
+                audit(&state, UNAUTHENTICATED, &path, String::new(), &status).await;
+            }
+            return status.into_http();
+        }
+    };
+    let note = AuditNote::default();
+    request.extensions_mut().insert(caller.clone());
+    request.extensions_mut().insert(note.clone());
+    let response = next.run(request).await;
+    if audited {
+        // A unary call's refusal comes in the headers (trailers-only); an
+        // answer without a status there succeeded.
+        let status = Status::from_header_map(response.headers()).unwrap_or_else(|| Status::ok(""));
+        let target = std::mem::take(&mut *note.0.lock().unwrap_or_else(|e| e.into_inner()));
+        audit(&state, caller.principal.name(), &path, target, &status).await;
+    }
+    response
+}
+
+async fn audit(state: &LayerState, who: &str, method: &str, target: String, status: &Status) {
+    let mut message = status.message().to_owned();
+    if message.len() > MAX_AUDIT_MESSAGE_BYTES {
+        let mut cut = MAX_AUDIT_MESSAGE_BYTES;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    let entry = pb::AuditEntry {
+        seq: 0,
+        time_ms: 0,
+        principal: who.to_owned(),
+        method: method.to_owned(),
+        target,
+        code: status.code() as i32,
+        message,
+    };
+    // Waits when the loop's queue is full (backpressure); a stopping loop
+    // loses it.
+    let _ = state.tx.send(Command::Audit(Box::new(entry))).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_are_not_audited_and_everything_else_is() {
+        for read in [
+            "/peloton.v1.JobService/Get",
+            "/peloton.v1.JobService/Query",
+            "/peloton.v1.TaskService/Logs",
+            "/peloton.v1.WatchService/Watch",
+            "/peloton.v1.AccessService/ListAudit",
+            "/peloton.v1.AccessService/WhoAmI",
+            "/peloton.v1.ResourcePoolService/ListQueue",
+        ] {
+            assert!(!is_mutating(read), "{read}");
+        }
+        for write in [
+            "/peloton.v1.JobService/Kill",
+            "/peloton.v1.JobService/Create",
+            "/peloton.v1.HostService/StartMaintenance",
+            "/peloton.v1.AccessService/RevokeToken",
+            "/peloton.v1.UpdateService/Pause",
+        ] {
+            assert!(is_mutating(write), "{write}");
+        }
+    }
+
+    #[test]
+    fn only_a_valid_bearer_token_authenticates() {
+        let access = Access::secure("pel_root");
+        let mut h = axum::http::HeaderMap::new();
+        assert_eq!(
+            access.authenticate(&h).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        h.insert("authorization", "Bearer pel_root".parse().unwrap());
+        assert_eq!(access.authenticate(&h).unwrap().principal.name(), ADMIN);
+        h.insert("authorization", "Basic pel_root".parse().unwrap());
+        assert!(access.authenticate(&h).is_err());
+        let token = pb::Token {
+            name: "alice".into(),
+            grants: vec![pb::Grant {
+                role: pb::Role::Submitter as i32,
+                pool: "/a".into(),
+            }],
+            ..Default::default()
+        };
+        let d = digest("pel_alice");
+        access.add_token(d, Arc::new(Caller::from_token(token).unwrap()));
+        h.insert("authorization", "Bearer pel_alice".parse().unwrap());
+        assert_eq!(access.authenticate(&h).unwrap().principal.name(), "alice");
+        access.remove_token(&d);
+        assert!(access.authenticate(&h).is_err());
+        // An insecure server needs nothing.
+        let open = Access::insecure();
+        assert!(open.authenticate(&axum::http::HeaderMap::new()).is_ok());
+    }
+
+    #[test]
+    fn token_names_and_grants_are_checked_with_the_field() {
+        assert!(check_token_name("name", "ci-bot.1").is_ok());
+        for bad in ["", "a b", "admin", "é", &"x".repeat(65)] {
+            assert!(check_token_name("name", bad).is_err(), "{bad:?}");
+        }
+        let e = grants_from_pb(
+            "grants",
+            &[pb::Grant {
+                role: pb::Role::ClusterAdmin as i32,
+                pool: "/a".into(),
+            }],
+        )
+        .unwrap_err();
+        assert!(e.message().contains("grants[0].pool"), "{e}");
+        let e = grants_from_pb(
+            "grants",
+            &[pb::Grant {
+                role: 0,
+                pool: "/".into(),
+            }],
+        )
+        .unwrap_err();
+        assert!(e.message().contains("grants[0].role"), "{e}");
+    }
+}
