@@ -12,17 +12,19 @@ use peloton_proto::v1 as pb;
 
 /// Runs the demo against `addr`; returns the job's final state. `real`:
 /// the hosts are agents (the tasks run for real and their output is shown).
-pub async fn run(addr: std::net::SocketAddr, real: bool) -> anyhow::Result<pb::JobState> {
-    let url = format!("http://{addr}");
-    let channel = tonic::transport::Endpoint::from_shared(url)?
-        .connect()
-        .await?;
+pub async fn run(
+    config: &crate::config::Config,
+    addr: std::net::SocketAddr,
+    real: bool,
+) -> anyhow::Result<pb::JobState> {
+    let channel = crate::client::connect_local(config, addr).await?;
     let mut pools = ResourcePoolServiceClient::new(channel.clone());
     let mut jobs = JobServiceClient::new(channel.clone());
     let mut watch = WatchServiceClient::new(channel.clone());
+    let channel_for_hosts = channel.clone();
     let mut tasks = TaskServiceClient::new(channel);
     if real {
-        wait_for_hosts(addr).await?;
+        wait_for_hosts(channel_for_hosts.clone()).await?;
     }
     let pool = pb::CreatePoolRequest {
         path: "/quickstart".into(),
@@ -108,9 +110,8 @@ const HELLO: &str = "echo \"hello, world from $PELOTON_TASK_ID\"; sleep 1";
 
 /// Waits until at least one host is up (agents register right after the
 /// server starts).
-async fn wait_for_hosts(addr: std::net::SocketAddr) -> anyhow::Result<()> {
-    let mut hosts =
-        pb::host_service_client::HostServiceClient::connect(format!("http://{addr}")).await?;
+async fn wait_for_hosts(channel: crate::client::Authed) -> anyhow::Result<()> {
+    let mut hosts = pb::host_service_client::HostServiceClient::new(channel);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let list = hosts
@@ -137,7 +138,7 @@ async fn wait_for_hosts(addr: std::net::SocketAddr) -> anyhow::Result<()> {
 
 /// A task's whole stdout, through `TaskService.Logs`.
 pub async fn read_log(
-    tasks: &mut TaskServiceClient<tonic::transport::Channel>,
+    tasks: &mut TaskServiceClient<crate::client::Authed>,
     job_id: &str,
     instance: u32,
 ) -> anyhow::Result<String> {

@@ -5,6 +5,7 @@
 pub mod access;
 pub mod agents;
 pub mod backend;
+pub mod client;
 pub mod config;
 pub mod console;
 pub mod convert;

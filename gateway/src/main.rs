@@ -98,6 +98,23 @@ struct Args {
     /// this binary).
     #[arg(long)]
     agent_bin: Option<PathBuf>,
+    /// Serve TLS only, want a bearer token on every call (roles per pool
+    /// subtree, an audit log; agents need client certificates naming their
+    /// hosts). The bootstrap admin token is kept in DATA_DIR/admin-token
+    /// and the private CA, unless --tls-cert is given, in DATA_DIR/tls.
+    #[arg(long)]
+    secure: bool,
+    /// Secure: the server's certificate chain (PEM; default: issued by the
+    /// private CA in DATA_DIR/tls).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// Secure: the private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Secure: the CA (PEM) agents' client certificates are signed by
+    /// (default: the private CA in DATA_DIR/tls).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -169,6 +186,23 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     if let Some(v) = args.store_cache_mb {
         c.store_cache_mb = v;
     }
+    if args.secure {
+        c.secure = true;
+    }
+    if let Some(v) = &args.tls_cert {
+        c.tls_cert = Some(v.clone());
+    }
+    if let Some(v) = &args.tls_key {
+        c.tls_key = Some(v.clone());
+    }
+    if let Some(v) = &args.tls_client_ca {
+        c.tls_client_ca = Some(v.clone());
+    }
+    anyhow::ensure!(
+        args.local_agents == 0 || !c.secure || c.tls_cert.is_none(),
+        "--local-agents with --tls-cert: local agents get certificates from the private CA only \
+         (start agents yourself with --ca-file, --cert-file and --key-file)"
+    );
     anyhow::ensure!(
         args.local_agents == 0 || !c.simulated(),
         "--local-agents: not with simulated hosts (--sim-hosts, --sim-hosts-file)"
@@ -334,12 +368,24 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
         }
     };
     // Tests and scripts read this line to find the port.
-    println!("pelotond: serving gRPC on http://{}", server.addr);
-    println!(
-        "pelotond: JSON over HTTP on the same port: curl http://{}/v1",
-        server.addr
-    );
-    println!("pelotond: console on http://{}/ui/", server.addr);
+    let url = peloton_gateway::client::url(config.secure, server.addr);
+    println!("pelotond: serving gRPC on {url}");
+    if config.secure {
+        let tls = config.data_dir.join("tls");
+        println!(
+            "pelotond: TLS only, with tokens: the admin token is in {}; the CA in {}",
+            config.data_dir.join("admin-token").display(),
+            tls.join("ca.pem").display()
+        );
+        println!(
+            "pelotond: JSON over HTTP on the same port: curl --cacert {} -H \"authorization: Bearer $(cat {})\" {url}/v1/jobs",
+            tls.join("ca.pem").display(),
+            config.data_dir.join("admin-token").display()
+        );
+    } else {
+        println!("pelotond: JSON over HTTP on the same port: curl {url}/v1");
+    }
+    println!("pelotond: console on {url}/ui/");
     if let Some(m) = server.metrics_addr {
         println!("pelotond: metrics on http://{m}/metrics");
     }
@@ -366,7 +412,7 @@ async fn run_until_stopped(
     if args.demo {
         let real = !config.simulated();
         let state = tokio::select! {
-            state = peloton_gateway::demo::run(server.addr, real) => state?,
+            state = peloton_gateway::demo::run(config, server.addr, real) => state?,
             () = signals.recv() => return Ok(()),
         };
         println!("demo: finished: {}", state.as_str_name());
@@ -482,6 +528,13 @@ mod local {
         );
         let bin = agent_bin(args)?;
         let token_file = token_file(config)?;
+        // Secure: each agent gets a certificate naming its host, from the
+        // private CA.
+        let pki = if config.secure {
+            Some(peloton_tls::ensure_local_ca(&config.data_dir.join("tls"))?)
+        } else {
+            None
+        };
         let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
         let (cpu, mem) = share(cores, memory_mb(), n);
         let mut children = Vec::new();
@@ -490,9 +543,21 @@ mod local {
             std::fs::create_dir_all(&dir)?;
             let log = std::fs::File::create(dir.with_extension("log"))?;
             let mut command = Command::new(&bin);
+            if let Some(pki) = &pki {
+                let (cert, key) = (dir.join("agent.pem"), dir.join("agent.key"));
+                pki.issue_client(&format!("local-{i}"))?
+                    .write(&cert, &key)?;
+                command
+                    .arg("--ca-file")
+                    .arg(pki.dir.join("ca.pem"))
+                    .arg("--cert-file")
+                    .arg(cert)
+                    .arg("--key-file")
+                    .arg(key);
+            }
             command
                 .arg("--server")
-                .arg(format!("http://{addr}"))
+                .arg(peloton_gateway::client::url(config.secure, addr))
                 .arg("--work-dir")
                 .arg(&dir)
                 .arg("--host")

@@ -165,7 +165,8 @@ fn tls_config(
 /// The URL standbys name for this server when `advertise` is not set:
 /// the listen address, or the host's name when it listens on every
 /// address (0.0.0.0 or ::, which no client can dial).
-fn default_advertise(addr: SocketAddr) -> String {
+fn default_advertise(addr: SocketAddr, secure: bool) -> String {
+    let scheme = if secure { "https" } else { "http" };
     if addr.ip().is_unspecified() {
         let host = nix::unistd::gethostname()
             .ok()
@@ -175,9 +176,9 @@ fn default_advertise(addr: SocketAddr) -> String {
             %host,
             "listening on every address without --advertise: standbys will name this server by its host name"
         );
-        format!("http://{host}:{}", addr.port())
+        format!("{scheme}://{host}:{}", addr.port())
     } else {
-        format!("http://{addr}")
+        format!("{scheme}://{addr}")
     }
 }
 
@@ -222,7 +223,7 @@ fn open_store(
             address: config
                 .advertise
                 .clone()
-                .unwrap_or_else(|| default_advertise(addr)),
+                .unwrap_or_else(|| default_advertise(addr, config.secure)),
             lease: Duration::from_millis(config.lease_ms),
             server_id: server_id(&config.data_dir)?,
         },

@@ -52,6 +52,18 @@ pub struct Args {
     /// process list: prefer --token-file).
     #[arg(long, value_name = "TOKEN", conflicts_with = "token_file")]
     pub token: Option<String>,
+    /// The CA (PEM) that signed a secure server's certificate: needed for
+    /// https:// servers (`pelotond` keeps its private CA in
+    /// DATA_DIR/tls/ca.pem).
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// This agent's client certificate (PEM), naming its host: a secure
+    /// server accepts an agent only for the host its certificate names.
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --cert-file.
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
     /// This host's name in the cluster (default: the machine's host name).
     /// Unique: while an agent holds a name, the server refuses another
     /// (one with another work directory) until the holder goes silent.
@@ -228,6 +240,16 @@ pub enum ConfigError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error("{flag} {path}: {error}")]
+    TlsFile {
+        flag: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error(
+        "--server {0}: an https:// server needs --ca-file (the CA that signed its certificate)"
+    )]
+    NoCa(String),
     #[error("cannot tell the host name ({0}); pass --host")]
     HostName(String),
     #[error("--isolation cgroup-v2: {0}")]
@@ -254,6 +276,28 @@ impl Args {
             (Some(token), None) => token.clone(),
             (None, None) => String::new(),
         };
+        let read = |flag: &'static str, path: &PathBuf| {
+            std::fs::read_to_string(path).map_err(|error| ConfigError::TlsFile {
+                flag,
+                path: path.clone(),
+                error,
+            })
+        };
+        let tls = match &self.ca_file {
+            Some(ca) => Some(crate::session::AgentTls {
+                ca_pem: read("--ca-file", ca)?,
+                identity: match (&self.cert_file, &self.key_file) {
+                    (Some(c), Some(k)) => Some((read("--cert-file", c)?, read("--key-file", k)?)),
+                    _ => None,
+                },
+            }),
+            None => None,
+        };
+        if tls.is_none()
+            && let Some(s) = self.server.0.iter().find(|s| s.starts_with("https://"))
+        {
+            return Err(ConfigError::NoCa(s.clone()));
+        }
         std::fs::create_dir_all(&self.work_dir).map_err(|error| ConfigError::WorkDir {
             path: self.work_dir.clone(),
             error,
@@ -286,6 +330,7 @@ impl Args {
         let session = SessionConfig {
             servers: self.server.0,
             token,
+            tls,
             host,
             resources,
             attributes: self.attributes.into_iter().collect::<HashMap<_, _>>(),

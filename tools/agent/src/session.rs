@@ -74,12 +74,31 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Used when the server asks for heartbeats every 0 ms.
 const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 
+/// How an agent reaches a secure server.
+#[derive(Clone)]
+pub struct AgentTls {
+    /// The CA that signed the server's certificate (PEM).
+    pub ca_pem: String,
+    /// This agent's certificate and key (PEM), naming its host.
+    pub identity: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for AgentTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentTls")
+            .field("identity", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// What the session needs.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     /// The servers' addresses, in the order they are tried (at least one).
     pub servers: Vec<String>,
     pub token: String,
+    /// TLS for https:// servers.
+    pub tls: Option<AgentTls>,
     pub host: String,
     pub resources: v1::Resources,
     pub attributes: HashMap<String, String>,
@@ -471,6 +490,21 @@ async fn register(
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5)),
         Err(e) => return Err(SessionEnd::Failed(e.to_string())),
+    };
+    let endpoint = match (&config.tls, server.starts_with("https://")) {
+        (Some(tls), true) => {
+            let mut c = tonic::transport::ClientTlsConfig::new().ca_certificate(
+                tonic::transport::Certificate::from_pem(tls.ca_pem.as_bytes()),
+            );
+            if let Some((cert, key)) = &tls.identity {
+                c = c.identity(tonic::transport::Identity::from_pem(cert, key));
+            }
+            match endpoint.tls_config(c) {
+                Ok(e) => e,
+                Err(e) => return Err(SessionEnd::Failed(format!("tls: {}", with_causes(&e)))),
+            }
+        }
+        _ => endpoint,
     };
     let channel = match endpoint.connect().await {
         Ok(channel) => channel,

@@ -14,12 +14,13 @@ pub const NOT_LEADER: &str = "not the leader";
 /// Most addresses `--server` may list.
 pub const MAX_SERVERS: usize = 32;
 
-/// One server address: `http://HOST:PORT` (the workspace builds tonic
-/// without TLS).
+/// One server address: `http://HOST:PORT`, or `https://HOST:PORT` for a
+/// secure server.
 pub fn parse_server(text: &str) -> Result<String, String> {
     let rest = text
         .strip_prefix("http://")
-        .ok_or_else(|| format!("{text:?} must start with http:// (TLS is not supported)"))?;
+        .or_else(|| text.strip_prefix("https://"))
+        .ok_or_else(|| format!("{text:?} must start with http:// or https://"))?;
     if rest.is_empty() {
         return Err(format!("{text:?} names no host"));
     }
@@ -174,7 +175,7 @@ mod tests {
             ("http://a:1,,http://b:2", "has an empty address"),
             ("http://a:1,", "has an empty address"),
             ("http://a:1,b:2", "\"b:2\" must start with http://"),
-            ("http://a:1,https://b:2", "must start with http://"),
+            ("http://a:1,ftp://b:2", "must start with http://"),
             ("http://", "names no host"),
         ] {
             let err = parse_servers(text).expect_err(text);
@@ -214,9 +215,13 @@ mod tests {
             not_leader(&bare),
             Some(Some("http://10.0.0.2:5000".to_owned()))
         );
-        // Named, but not where this agent can go (TLS).
         let tls = refusal("not the leader", Some("https://10.0.0.2:5000"));
-        assert_eq!(not_leader(&tls), Some(None));
+        assert_eq!(
+            not_leader(&tls),
+            Some(Some("https://10.0.0.2:5000".to_owned()))
+        );
+        let odd = refusal("not the leader", Some("ftp://10.0.0.2:5000"));
+        assert_eq!(not_leader(&odd), Some(None));
         assert_eq!(not_leader(&Status::unavailable("store unavailable")), None);
         assert_eq!(not_leader(&Status::unauthenticated("not the leader")), None);
     }
