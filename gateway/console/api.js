@@ -5,6 +5,33 @@
 // lists stop after this many items and say so.
 export const MAX_LIST_ITEMS = 5000;
 
+// A secure server wants a bearer token on every call. The console keeps
+// the one typed in for this tab only (sessionStorage: gone when the tab
+// closes) and sends it as the `authorization` header; never in a URL.
+const TOKEN_KEY = "peloton-token";
+
+export function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+export function setToken(value) {
+  if (value) sessionStorage.setItem(TOKEN_KEY, value.trim());
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+// Headers every call carries.
+function authHeaders(extra = {}) {
+  const t = token();
+  return t ? { ...extra, Authorization: `Bearer ${t}` } : extra;
+}
+
+// Called with the error when the server refuses the token (HTTP 401):
+// the shell asks for one.
+let onUnauthenticated = () => {};
+export function whenUnauthenticated(f) {
+  onUnauthenticated = f;
+}
+
 export class ApiError extends Error {
   constructor(status, message) {
     super(message);
@@ -14,7 +41,7 @@ export class ApiError extends Error {
 
 // One call; the answer's JSON, or an ApiError with the server's message.
 export async function call(method, path, body) {
-  const init = { method, headers: {} };
+  const init = { method, headers: authHeaders() };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -29,7 +56,9 @@ export async function call(method, path, body) {
   }
   if (!response.ok || json.error) {
     const message = json.error ? `${json.error.status}: ${json.error.message}` : `HTTP ${response.status}`;
-    throw new ApiError(response.status, message);
+    const error = new ApiError(response.status, message);
+    if (response.status === 401) onUnauthenticated(error);
+    throw error;
   }
   return json;
 }
@@ -85,11 +114,12 @@ export const post = (path, body) => call("POST", path, body);
 // call) as it arrives: `onJson(object)` for each line, until the stream
 // ends (resolves) or fails (rejects with an ApiError; an error before the
 // stream started is the HTTP answer's, after it a last `{"error"}` line).
-// `signal` (an AbortSignal) stops it quietly.
-export async function streamLines(path, onJson, signal) {
+// `signal` (an AbortSignal) stops it quietly; `onOpen()` is called once
+// the server accepted the call.
+export async function streamLines(path, onJson, signal, onOpen = () => {}) {
   let response;
   try {
-    response = await fetch(path, { signal, headers: { Accept: "application/x-ndjson" } });
+    response = await fetch(path, { signal, headers: authHeaders({ Accept: "application/x-ndjson" }) });
   } catch (e) {
     if (signal && signal.aborted) return;
     throw new ApiError(0, `${path}: ${e.message}`);
@@ -103,8 +133,11 @@ export async function streamLines(path, onJson, signal) {
     } catch {
       // not JSON: keep the status
     }
-    throw new ApiError(response.status, message);
+    const error = new ApiError(response.status, message);
+    if (response.status === 401) onUnauthenticated(error);
+    throw error;
   }
+  onOpen();
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffered = "";
@@ -182,22 +215,34 @@ export async function jobEvents(jobId, onEvents, signal, onState = () => {}) {
   }
 }
 
-// Follows /v1/watch from now on as server-sent events. `onEvents(events)`
-// gets each batch; `onState("live" | "reconnecting")` the stream's state.
-// The browser's EventSource reconnects by itself after an error.
+// Follows /v1/watch from now on (JSON lines through fetch, so that it
+// carries the token like every other call). `onEvents(events)` gets each
+// batch; `onState("live" | "reconnecting")` the stream's state. A broken
+// stream is followed again from now after a pause (1 s, doubling to 10 s):
+// the page is read again then, so nothing missed meanwhile stays unseen.
+// Returns an object whose close() stops it.
 export function watch(onEvents, onState) {
-  const source = new EventSource("/v1/watch");
-  source.onopen = () => onState("live");
-  source.onerror = () => onState("reconnecting");
-  source.onmessage = (m) => {
-    onState("live");
-    let json;
-    try {
-      json = JSON.parse(m.data);
-    } catch {
-      return;
+  const stop = new AbortController();
+  (async () => {
+    let pause = 1000;
+    while (!stop.signal.aborted) {
+      try {
+        await streamLines("/v1/watch", (json) => {
+          pause = 1000;
+          onState("live");
+          if (json.events && json.events.length) onEvents(json.events);
+        }, stop.signal, () => {
+          pause = 1000;
+          onState("live");
+        });
+      } catch {
+        // reported as the state below
+      }
+      if (stop.signal.aborted) return;
+      onState("reconnecting");
+      await new Promise((resolve) => setTimeout(resolve, pause));
+      pause = Math.min(10000, pause * 2);
     }
-    if (json.events && json.events.length) onEvents(json.events);
-  };
-  return source;
+  })();
+  return { close: () => stop.abort() };
 }

@@ -83,16 +83,64 @@ function soon() {
 }
 
 const live = document.getElementById("live");
-api.watch(
-  () => soon(),
-  (state) => {
-    live.textContent = state === "live" ? "● live" : "○ reconnecting";
-    live.className = state;
-    // Whatever happened while the stream was down is read again.
-    if (state === "live" && live.dataset.was === "reconnecting") soon();
-    live.dataset.was = state;
-  },
-);
+let stream = null;
+function follow() {
+  if (stream) stream.close();
+  stream = api.watch(
+    () => soon(),
+    (state) => {
+      live.textContent = state === "live" ? "● live" : "○ reconnecting";
+      live.className = state;
+      // Whatever happened while the stream was down is read again.
+      if (state === "live" && live.dataset.was === "reconnecting") soon();
+      live.dataset.was = state;
+    },
+  );
+}
+follow();
+
+// A secure server refuses calls without a valid token (401): the sign-in
+// form asks for one; the page and the stream start again with it.
+const signin = document.getElementById("signin");
+const who = document.getElementById("who");
+api.whenUnauthenticated(() => {
+  signin.hidden = false;
+  who.textContent = "";
+});
+signin.addEventListener("submit", (e) => {
+  e.preventDefault();
+  const input = document.getElementById("token");
+  api.setToken(input.value);
+  input.value = "";
+  signin.hidden = true;
+  status.textContent = "";
+  greet();
+  follow();
+  show();
+});
+
+// Who the console acts as (nothing on an insecure server), and sign-out.
+async function greet() {
+  try {
+    const me = await api.get("/v1/whoami");
+    const name = me.token && me.token.name;
+    who.textContent = "";
+    if (!name || name === "anonymous") return;
+    who.append(`${name} `);
+    const out = document.createElement("a");
+    out.href = "#";
+    out.textContent = "sign out";
+    out.addEventListener("click", (ev) => {
+      ev.preventDefault();
+      api.setToken("");
+      location.reload();
+    });
+    who.append(out);
+  } catch {
+    // a 401 shows the form
+  }
+}
+greet();
 
 // Some changes bring no event on the stream (an update created or paused,
 // a pool edited, a host drained with no tasks, an agent that connects):
