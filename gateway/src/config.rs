@@ -92,7 +92,9 @@ pub struct Config {
     /// executors stop and its job ends.
     pub app_lease_ms: u64,
     /// Serve TLS only, want a bearer token on every call, check it against
-    /// its roles and audit every mutating call (see `access.rs`).
+    /// its roles and audit every mutating call (see `access.rs`). On by
+    /// default; `false` (`pelotond --insecure`) serves plaintext to anyone
+    /// who reaches the port, for experiments on a closed machine.
     pub secure: bool,
     /// Secure: the server's certificate chain (PEM). Unset (with `tls_key`
     /// unset too): issued by a private CA kept in `<data_dir>/tls/`
@@ -138,7 +140,7 @@ impl Default for Config {
             job_retention_s: 7 * 24 * 3600,
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
-            secure: false,
+            secure: true,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -167,7 +169,7 @@ impl Config {
                 || (self.tls_cert.is_none()
                     && self.tls_client_ca.is_none()
                     && self.admin_token.is_none()),
-            "tls_cert, tls_key, tls_client_ca and admin_token need secure: true"
+            "tls_cert, tls_key, tls_client_ca and admin_token not with secure: false (--insecure)"
         );
         if let Some(url) = &self.store {
             anyhow::ensure!(

@@ -98,12 +98,15 @@ struct Args {
     /// this binary).
     #[arg(long)]
     agent_bin: Option<PathBuf>,
-    /// Serve TLS only, want a bearer token on every call (roles per pool
-    /// subtree, an audit log; agents need client certificates naming their
-    /// hosts). The bootstrap admin token is kept in DATA_DIR/admin-token
-    /// and the private CA, unless --tls-cert is given, in DATA_DIR/tls.
-    #[arg(long)]
-    secure: bool,
+    /// Serve plaintext to anyone who reaches the port: no TLS, no tokens,
+    /// no roles, no audit (for experiments on a closed machine). By
+    /// default the server is secure: TLS only, a bearer token on every
+    /// call (roles per pool subtree, an audit log), agents with client
+    /// certificates naming their hosts; the bootstrap admin token is kept
+    /// in DATA_DIR/admin-token and the private CA, unless --tls-cert is
+    /// given, in DATA_DIR/tls.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_client_ca"])]
+    insecure: bool,
     /// Secure: the server's certificate chain (PEM; default: issued by the
     /// private CA in DATA_DIR/tls).
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -186,8 +189,8 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     if let Some(v) = args.store_cache_mb {
         c.store_cache_mb = v;
     }
-    if args.secure {
-        c.secure = true;
+    if args.insecure {
+        c.secure = false;
     }
     if let Some(v) = &args.tls_cert {
         c.tls_cert = Some(v.clone());
@@ -420,8 +423,17 @@ async fn run_until_stopped(
             return Ok(());
         }
         println!(
-            "pelotond: still serving; try `cargo run -p peloton-cli -- --server http://{} job query`; Ctrl-C stops",
-            server.addr
+            "pelotond: still serving; try `cargo run -p peloton-cli -- --server {} job query`{}; Ctrl-C stops",
+            peloton_gateway::client::url(config.secure, server.addr),
+            if config.secure {
+                format!(
+                    " with PELOTON_CA_FILE={} and PELOTON_TOKEN_FILE={}",
+                    config.data_dir.join("tls/ca.pem").display(),
+                    config.data_dir.join("admin-token").display()
+                )
+            } else {
+                String::new()
+            }
         );
     }
     signals.recv().await;

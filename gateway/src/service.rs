@@ -610,11 +610,19 @@ impl HostService for Api {
         request: Request<pb::ListHostsRequest>,
     ) -> Result<Response<pb::ListHostsResponse>, Status> {
         access::require(&request, Permission::HostsRead, "/", "")?;
+        let viewer = Self::viewer(&request)?;
         let request = request.into_inner();
         convert::id("after", &request.after)?;
-        let out = self
+        let mut out = self
             .call(|reply| Command::ListHosts { request, reply })
             .await?;
+        if let Some(v) = viewer {
+            // Hosts are everyone's; the tasks on them only their owners'
+            // (`tasks_total` still counts every task).
+            for h in &mut out.hosts {
+                h.tasks.retain(|t| self.access.sees_job(&v, &t.job_id));
+            }
+        }
         Ok(Response::new(out))
     }
 

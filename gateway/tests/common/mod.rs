@@ -16,10 +16,51 @@ use pb::resource_pool_service_client::ResourcePoolServiceClient;
 use pb::task_service_client::TaskServiceClient;
 use pb::update_service_client::UpdateServiceClient;
 use pb::watch_service_client::WatchServiceClient;
+use peloton_gateway::client::{Authed, Bearer};
 use peloton_gateway::config::Config;
 use peloton_gateway::server::{self, Server};
 use peloton_proto::v1 as pb;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+/// The bootstrap admin token of every test server.
+pub const ADMIN_TOKEN: &str = "pel_test_admin_token_of_the_gateway_suites";
+
+/// An HTTPS channel to a test server (trusting the tests' CA), without a
+/// token.
+pub async fn tls_channel(addr: std::net::SocketAddr) -> Result<Channel, String> {
+    let pki = peloton_tls::testkit::shared();
+    let ca = std::fs::read_to_string(&pki.ca_file).map_err(|e| e.to_string())?;
+    tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .map_err(|e| e.to_string())?
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .domain_name("localhost"),
+        )
+        .map_err(|e| e.to_string())?
+        // A hung call fails the test instead of hanging it (for a watch
+        // this bounds only the wait for its headers).
+        .timeout(TIMEOUT)
+        .connect()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `channel` sending `token` on every call.
+pub fn with_token(channel: Channel, token: &str) -> Authed {
+    InterceptedService::new(channel, Bearer::new(Some(token)).expect("an ASCII token"))
+}
+
+/// An HTTPS channel to a test server as its admin, retrying until it
+/// accepts.
+pub async fn admin_channel(addr: std::net::SocketAddr) -> Authed {
+    let channel = eventually(&format!("connect to {addr}"), TIMEOUT, async || {
+        tls_channel(addr).await
+    })
+    .await;
+    with_token(channel, ADMIN_TOKEN)
+}
 
 /// How long any condition may take before the test fails.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -29,31 +70,25 @@ pub const POLL: Duration = Duration::from_millis(20);
 /// Every client of one server (cheap to clone: one shared channel).
 #[derive(Clone, Debug)]
 pub struct Clients {
-    pub pools: ResourcePoolServiceClient<Channel>,
-    pub jobs: JobServiceClient<Channel>,
-    pub tasks: TaskServiceClient<Channel>,
-    pub hosts: HostServiceClient<Channel>,
-    pub watch: WatchServiceClient<Channel>,
-    pub updates: UpdateServiceClient<Channel>,
-    pub host_pools: HostPoolServiceClient<Channel>,
-    pub apps: ApplicationServiceClient<Channel>,
+    pub pools: ResourcePoolServiceClient<Authed>,
+    pub jobs: JobServiceClient<Authed>,
+    pub tasks: TaskServiceClient<Authed>,
+    pub hosts: HostServiceClient<Authed>,
+    pub watch: WatchServiceClient<Authed>,
+    pub updates: UpdateServiceClient<Authed>,
+    pub host_pools: HostPoolServiceClient<Authed>,
+    pub apps: ApplicationServiceClient<Authed>,
 }
 
 impl Clients {
-    /// Connects to `addr`, retrying until the server accepts.
+    /// Connects to `addr` over TLS as the admin, retrying until the
+    /// server accepts.
     pub async fn connect(addr: std::net::SocketAddr) -> Clients {
-        let url = format!("http://{addr}");
-        let channel = eventually(&format!("connect to {url}"), TIMEOUT, async || {
-            tonic::transport::Endpoint::from_shared(url.clone())
-                .expect("valid url")
-                // A hung call fails the test instead of hanging it (for a
-                // watch this bounds only the wait for its headers).
-                .timeout(TIMEOUT)
-                .connect()
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await;
+        Clients::with_channel(admin_channel(addr).await)
+    }
+
+    /// Clients on `channel`.
+    pub fn with_channel(channel: Authed) -> Clients {
         Clients {
             pools: ResourcePoolServiceClient::new(channel.clone()),
             jobs: JobServiceClient::new(channel.clone()),
@@ -77,7 +112,9 @@ pub struct TestServer {
     _dir: Option<tempfile::TempDir>,
 }
 
-/// The configuration of a test server: a free port, no metrics, fast cycles.
+/// The configuration of a test server: a free port, no metrics, fast cycles;
+/// secure (TLS with the tests' CA and server certificate, the admin token
+/// [`ADMIN_TOKEN`]), as every server is by default.
 /// With `PELOTON_TEST_STORE=postgres` its store is a database of this test
 /// binary's throwaway PostgreSQL server, one per data directory (so a
 /// restart on the same directory finds its state): the same suite on the
@@ -92,6 +129,19 @@ pub fn config(data_dir: &Path, sim_hosts: u32) -> Config {
         cycle_interval_ms: 5,
         store,
         lease_ms: 1000,
+        ..secure_config()
+    }
+}
+
+/// The default configuration with the tests' certificates and admin token.
+pub fn secure_config() -> Config {
+    let pki = peloton_tls::testkit::shared();
+    Config {
+        secure: true,
+        tls_cert: Some(pki.server_cert.clone()),
+        tls_key: Some(pki.server_key.clone()),
+        tls_client_ca: Some(pki.ca_file.clone()),
+        admin_token: Some(ADMIN_TOKEN.to_owned()),
         ..Config::default()
     }
 }

@@ -25,6 +25,8 @@ mod config;
 mod incoming;
 mod names;
 mod pki;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use config::{client_config, load_pem_files, server_config};
 pub use incoming::{HANDSHAKE_TIMEOUT, MAX_CONCURRENT_HANDSHAKES, tls_incoming};
