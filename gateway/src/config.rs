@@ -96,6 +96,10 @@ pub struct Config {
     /// default; `false` (`pelotond --insecure`) serves plaintext to anyone
     /// who reaches the port, for experiments on a closed machine.
     pub secure: bool,
+    /// Secure: serve `/metrics` over TLS too (with the server's
+    /// certificate; no token: scrapers authenticate by network). Off by
+    /// default: Prometheus scrapes a private address in plaintext.
+    pub metrics_tls: bool,
     /// Secure: the server's certificate chain (PEM). Unset (with `tls_key`
     /// unset too): issued by a private CA kept in `<data_dir>/tls/`
     /// (created once), for localhost, the loopback addresses, this host's
@@ -141,6 +145,7 @@ impl Default for Config {
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
             secure: true,
+            metrics_tls: false,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -168,7 +173,8 @@ impl Config {
             self.secure
                 || (self.tls_cert.is_none()
                     && self.tls_client_ca.is_none()
-                    && self.admin_token.is_none()),
+                    && self.admin_token.is_none()
+                    && !self.metrics_tls),
             "tls_cert, tls_key, tls_client_ca and admin_token not with secure: false (--insecure)"
         );
         if let Some(url) = &self.store {

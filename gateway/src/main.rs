@@ -114,6 +114,10 @@ struct Args {
     /// Secure: the private key (PEM) of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Secure: serve /metrics over TLS too (default: plaintext, for
+    /// Prometheus on a private address).
+    #[arg(long)]
+    metrics_tls: bool,
     /// Secure: the CA (PEM) agents' client certificates are signed by
     /// (default: the private CA in DATA_DIR/tls).
     #[arg(long, value_name = "FILE")]
@@ -197,6 +201,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(v) = &args.tls_key {
         c.tls_key = Some(v.clone());
+    }
+    if args.metrics_tls {
+        c.metrics_tls = true;
     }
     if let Some(v) = &args.tls_client_ca {
         c.tls_client_ca = Some(v.clone());

@@ -162,6 +162,51 @@ fn tls_config(
     Ok(Some(tls))
 }
 
+type TlsStream = peloton_tls::tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// `tls_incoming`'s connections as an axum listener (the metrics endpoint
+/// over TLS).
+struct TlsListener {
+    incoming: std::pin::Pin<Box<dyn futures::Stream<Item = std::io::Result<TlsStream>> + Send>>,
+    addr: SocketAddr,
+}
+
+impl TlsListener {
+    fn new(
+        incoming: impl futures::Stream<Item = std::io::Result<TlsStream>> + Send + 'static,
+        addr: SocketAddr,
+    ) -> Self {
+        TlsListener {
+            incoming: Box::pin(incoming),
+            addr,
+        }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TlsStream, SocketAddr) {
+        use futures::StreamExt as _;
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(s)) => {
+                    let peer = s.get_ref().0.peer_addr().unwrap_or(self.addr);
+                    return (s, peer);
+                }
+                // Failed handshakes are dropped inside `tls_incoming`.
+                Some(Err(_)) => continue,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
+
 /// The URL standbys name for this server when `advertise` is not set:
 /// the listen address, or the host's name when it listens on every
 /// address (0.0.0.0 or ::, which no client can dial).
@@ -474,8 +519,22 @@ async fn opened(
                     }
                 }),
             );
+            let tls = match config.metrics_tls {
+                true => tls_config(config, addr)?,
+                false => None,
+            };
             let task = tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
+                let served = match tls {
+                    Some(tls) => {
+                        // HTTP/1.1 only: the endpoint is axum's HTTP/1 server.
+                        let mut tls = (*tls).clone();
+                        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+                        let incoming = peloton_tls::tls_incoming(listener, Arc::new(tls));
+                        axum::serve(TlsListener::new(incoming, addr), app).await
+                    }
+                    None => axum::serve(listener, app).await,
+                };
+                if let Err(e) = served {
                     tracing::error!(error = %e, "metrics server failed");
                 }
             });
