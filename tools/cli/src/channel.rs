@@ -10,6 +10,10 @@
 //! again. A refusal is recognised in the answer's headers: a server's
 //! refusal carries no body (gRPC's trailers-only answer), which is how
 //! tonic answers any error returned before a response starts.
+//!
+//! The connection's [`Security`] goes with every call and every retry:
+//! TLS to `https://` servers (trusting the configured CA) and the bearer
+//! token, set as the `authorization` header of each request it sends.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
@@ -19,10 +23,10 @@ use http_body_util::{BodyExt, Full, Limited};
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Bytes, Service, StdError, http};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::error::ConnectError;
-use crate::servers::{self, Failure, Route};
+use crate::servers::{self, Failure, Route, Scheme};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -35,20 +39,86 @@ pub struct LeaderChannel {
 #[derive(Debug)]
 struct Shared {
     servers: Vec<String>,
+    security: Security,
     /// Where calls go first: the server that took the last one.
     current: Mutex<(String, Channel)>,
 }
 
+/// How calls are secured: the CA that `https://` servers' certificates
+/// must chain to, and the bearer token sent with every call.
+#[derive(Clone, Default)]
+pub struct Security {
+    /// The CA certificate (PEM) and the file it came from; none: `https://`
+    /// servers cannot be reached.
+    pub ca: Option<(Certificate, String)>,
+    /// `Bearer <token>`, marked sensitive; none: no `authorization` header.
+    pub authorization: Option<http::HeaderValue>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("Security")
+            .field("ca_file", &self.ca.as_ref().map(|(_, file)| file))
+            .field("token", &self.authorization.as_ref().map(|_| "<token>"))
+            .finish()
+    }
+}
+
+impl Security {
+    /// The scheme assumed for an address without one: `https://` once a CA
+    /// is configured.
+    pub fn scheme(&self) -> Scheme {
+        if self.ca.is_some() {
+            Scheme::Https
+        } else {
+            Scheme::Http
+        }
+    }
+
+    /// `authorization: Bearer <token>` from now on. The token must be
+    /// printable ASCII (no blanks), as an HTTP header value.
+    pub fn with_token(mut self, token: &str) -> Result<Security, String> {
+        if token.is_empty() {
+            return Err("the token is empty".to_owned());
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(
+                "the token is not printable ASCII (no blanks or control characters)".to_owned(),
+            );
+        }
+        let mut value = http::HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| "the token is not printable ASCII".to_owned())?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
+    }
+}
+
 impl LeaderChannel {
-    /// Connects to the first of `servers` (URIs) that accepts a connection.
+    /// Connects to the first of `servers` (URIs) that accepts a connection,
+    /// without a CA or a token (`http://` servers of an insecure cluster).
     pub async fn connect(servers: Vec<String>) -> Result<LeaderChannel, ConnectError> {
+        LeaderChannel::connect_with(servers, Security::default()).await
+    }
+
+    /// Connects to the first of `servers` (URIs) that accepts a connection;
+    /// every call goes with `security`.
+    pub async fn connect_with(
+        servers: Vec<String>,
+        security: Security,
+    ) -> Result<LeaderChannel, ConnectError> {
         assert!(!servers.is_empty(), "at least one server");
         let mut failures = Vec::new();
         for server in &servers {
-            match connect(server).await {
+            match connect(server, &security).await {
                 Ok(channel) => {
                     let current = Mutex::new((server.clone(), channel));
-                    let shared = Arc::new(Shared { servers, current });
+                    let shared = Arc::new(Shared {
+                        servers,
+                        security,
+                        current,
+                    });
                     return Ok(LeaderChannel { shared });
                 }
                 Err(source) => failures.push((server.clone(), source)),
@@ -58,11 +128,37 @@ impl LeaderChannel {
     }
 }
 
-async fn connect(uri: &str) -> Result<Channel, tonic::transport::Error> {
-    Endpoint::from_shared(uri.to_owned())?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .connect()
-        .await
+async fn connect(uri: &str, security: &Security) -> Result<Channel, StdError> {
+    let mut endpoint = Endpoint::from_shared(uri.to_owned())?.connect_timeout(CONNECT_TIMEOUT);
+    if uri.starts_with("https://") {
+        let Some((ca, _)) = &security.ca else {
+            return Err(crate::error::UsageError(no_ca_file(uri)).into());
+        };
+        endpoint = endpoint.tls_config(ClientTlsConfig::new().ca_certificate(ca.clone()))?;
+    }
+    Ok(endpoint.connect().await?)
+}
+
+/// After a connection to an `http://` server broke: a secure server
+/// serves TLS only, which a plain-text HTTP/2 client hears as a broken
+/// connection.
+fn tls_hint(server: &str) -> &'static str {
+    if server.starts_with("http://") {
+        "; if the server is secure (TLS only), give its address as https:// with its CA file \
+         (--ca-file)"
+    } else {
+        ""
+    }
+}
+
+/// Why an `https://` server cannot be reached without a CA file, naming the
+/// three ways to give one.
+pub fn no_ca_file(uri: &str) -> String {
+    format!(
+        "{uri}: an https:// server needs the CA certificate its certificate is signed \
+         with: give it with --ca-file FILE, the PELOTON_CA_FILE environment variable or \
+         `ca_file:` in the config file"
+    )
 }
 
 impl Service<http::Request<Body>> for LeaderChannel {
@@ -90,7 +186,13 @@ impl Shared {
     }
 
     async fn call(&self, request: http::Request<Body>) -> Result<http::Response<Body>, StdError> {
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        // Every try below sends these headers.
+        if let Some(authorization) = &self.security.authorization {
+            parts
+                .headers
+                .insert(http::header::AUTHORIZATION, authorization.clone());
+        }
         let body = Limited::new(body, crate::MAX_MESSAGE_BYTES)
             .collect()
             .await
@@ -113,7 +215,8 @@ impl Shared {
                         tokio::time::sleep(servers::STARTING_RETRY).await;
                         continue;
                     }
-                    let refusal = status.and_then(|status| servers::not_leader(&status));
+                    let refusal = status
+                        .and_then(|status| servers::not_leader(&status, self.security.scheme()));
                     match refusal {
                         None => {
                             *self.current.lock().unwrap_or_else(PoisonError::into_inner) =
@@ -132,11 +235,22 @@ impl Shared {
                     Failure::Unreachable,
                     format!("cannot connect: {}", root_cause(&*err)),
                 ),
-                // It may have been applied: the caller hears of it as before.
-                Err(err) if !read => return Err(err),
+                // It may have been applied: not tried again.
+                Err(err) if !read => {
+                    return Err(Status::unavailable(format!(
+                        "{server}: connection lost: {} (the call may have been applied){}",
+                        root_cause(&*err),
+                        tls_hint(&server)
+                    ))
+                    .into());
+                }
                 Err(err) => (
                     Failure::Broken,
-                    format!("connection lost: {}", root_cause(&*err)),
+                    format!(
+                        "connection lost: {}{}",
+                        root_cause(&*err),
+                        tls_hint(&server)
+                    ),
                 ),
             };
             if matches!(failure, Failure::NotLeader { .. }) {
@@ -153,13 +267,13 @@ impl Shared {
                         failure = Failure::Unreachable;
                         refused_by_standby = false;
                         server = self.servers[0].clone();
-                        match connect(&server).await {
+                        match connect(&server, &self.security).await {
                             Ok(connected) => {
                                 channel = connected;
                                 break;
                             }
                             Err(err) => {
-                                said = format!("cannot connect: {}", root_cause(&err));
+                                said = format!("cannot connect: {}", root_cause(&*err));
                                 continue;
                             }
                         }
@@ -167,7 +281,7 @@ impl Shared {
                     return Err(route.give_up().into());
                 };
                 let next = next.to_owned();
-                match connect(&next).await {
+                match connect(&next, &self.security).await {
                     Ok(connected) => {
                         server = next;
                         channel = connected;
@@ -175,7 +289,7 @@ impl Shared {
                     }
                     Err(err) => {
                         failure = Failure::Unreachable;
-                        said = format!("cannot connect: {}", root_cause(&err));
+                        said = format!("cannot connect: {}", root_cause(&*err));
                     }
                 }
             }

@@ -5,43 +5,82 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use peloton_proto::v1::{JobState, TaskState};
+use peloton_proto::v1::{Grant, JobState, Role, TaskState};
 
 use crate::names;
 use crate::output::OutputFormat;
 
-pub const DEFAULT_SERVER: &str = "http://127.0.0.1:5391";
+const AFTER_HELP: &str = "\
+Secure servers (TLS and bearer tokens):
+  An https:// server's certificate is checked against the CA file given by --ca-file,
+  PELOTON_CA_FILE or `ca_file:` in the config file (pelotond, secure unless --insecure, keeps
+  its private CA in DATA_DIR/tls/ca.pem). Once a CA file is configured, an address without a scheme is
+  https://; otherwise it is http://.
+  The token is never a flag. The first found of: PELOTON_TOKEN, PELOTON_TOKEN_FILE (a file
+  holding it), the config file's `token_file`, the config file's `token`. It is sent as
+  `authorization: Bearer <token>` with every call (the bootstrap admin token is in
+  DATA_DIR/admin-token).
 
-const EXIT_CODES: &str = "\
+Config file:
+  --config FILE or PELOTON_CONFIG, else $XDG_CONFIG_HOME/peloton/config.yaml (default
+  ~/.config/peloton/config.yaml) if it exists. YAML with the keys server, ca_file,
+  token_file and token; relative paths are relative to the file's directory. Flags beat
+  environment variables, which beat the file. Keep a file holding `token:` private
+  (chmod 600).
+
 Exit codes:
   0  success
   1  the server returned an error or could not be reached
   2  bad command line or spec file
   3  `job create --wait`: the job ended but did not succeed;
      `job update`: the update ended but did not succeed
-  130  `job create --wait` interrupted (the job keeps running)";
+  130  `job create --wait` interrupted (the job keeps running)
+Refusals of a secure server (unauthenticated: no, unknown or revoked token; permission
+denied: the token's grants do not cover the call) are server errors: exit 1.";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "peloton",
     version,
     about = "Command-line client for the Peloton scheduler",
-    after_help = EXIT_CODES
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
-    /// Address of the Peloton server (`http://` is assumed when no scheme is
-    /// given), or several, comma-separated: the first that accepts a
-    /// connection is used, and a call a standby refuses ("not the leader")
-    /// goes to the leader it names, else to the next address.
+    /// Address of the Peloton server, or several, comma-separated: the
+    /// first that accepts a connection is used, and a call a standby refuses
+    /// ("not the leader") goes to the leader it names, else to the next
+    /// address. Without a scheme, `http://` is assumed, or `https://` when a
+    /// CA file is configured. Default: the config file's `server`, else
+    /// 127.0.0.1:5391.
     #[arg(
         long,
         global = true,
         value_name = "ADDRESS[,ADDRESS...]",
         env = "PELOTON_SERVER",
-        hide_env_values = true,
-        default_value = DEFAULT_SERVER
+        hide_env_values = true
     )]
-    pub server: String,
+    pub server: Option<String>,
+    /// The CA certificate (PEM) that https:// servers' certificates must be
+    /// signed with. Default: the config file's `ca_file`.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PELOTON_CA_FILE",
+        hide_env_values = true
+    )]
+    pub ca_file: Option<PathBuf>,
+    /// The config file (YAML: server, ca_file, token_file, token). Default:
+    /// $XDG_CONFIG_HOME/peloton/config.yaml or ~/.config/peloton/config.yaml,
+    /// if it exists.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PELOTON_CONFIG",
+        hide_env_values = true
+    )]
+    pub config: Option<PathBuf>,
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
@@ -77,6 +116,14 @@ pub enum Command {
     Hostpool(HostPoolCommand),
     /// Print job and task events as they happen, until interrupted.
     Watch(WatchArgs),
+    /// Access tokens of a secure server (cluster admins).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Show the caller: the token's name and grants.
+    Whoami,
+    /// The audit log of a secure server: every mutating call, allowed or
+    /// not, newest first (cluster admins).
+    Audit(AuditArgs),
     /// Print the native YAML of a job or pool file in Peloton's format.
     #[command(
         override_usage = "peloton convert [RESPOOL] <FILE>",
@@ -406,6 +453,45 @@ pub enum HostPoolCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token; its secret is printed this once (the server keeps
+    /// only its digest).
+    Create {
+        /// Unique; 1-64 characters of [A-Za-z0-9._-].
+        name: String,
+        /// A role on a pool subtree (repeatable, at least one): ROLE is
+        /// viewer, submitter, pool-admin or cluster-admin (on / only);
+        /// POOL is an absolute path, covering the pools below it.
+        #[arg(
+            long = "grant",
+            value_name = "ROLE:POOL",
+            required = true,
+            value_parser = parse_grant
+        )]
+        grants: Vec<Grant>,
+    },
+    /// List the tokens (never their secrets).
+    List,
+    /// Revoke a token: its next call is refused.
+    Revoke { name: String },
+}
+
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only this token's entries ("unauthenticated": calls without a valid
+    /// token).
+    #[arg(long, value_name = "NAME")]
+    pub principal: Option<String>,
+    /// At most this many entries.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+    /// Only entries before this sequence number (to page back from the
+    /// oldest one shown).
+    #[arg(long, value_name = "SEQ", value_parser = clap::value_parser!(u64).range(1..))]
+    pub before: Option<u64>,
+}
+
 #[derive(Debug, Args)]
 pub struct WatchArgs {
     /// Only this job's events.
@@ -430,6 +516,59 @@ fn parse_revision(text: &str) -> Result<u64, String> {
         Ok(revision) => Ok(revision),
         Err(_) => Err(format!("{text:?} is not a revision (a whole number, 1 or more)")),
     }
+}
+
+/// The CLI's names of roles, as `--grant` takes them.
+pub const ROLES: &[(Role, &str)] = &[
+    (Role::Viewer, "viewer"),
+    (Role::Submitter, "submitter"),
+    (Role::PoolAdmin, "pool-admin"),
+    (Role::ClusterAdmin, "cluster-admin"),
+];
+
+/// A role by its CLI name, case-insensitive, `_` for `-` allowed
+/// (`pool-admin`, `POOL_ADMIN`).
+pub fn parse_role(text: &str) -> Result<Role, String> {
+    let wanted = text.replace('_', "-");
+    ROLES
+        .iter()
+        .find(|(_, name)| name.eq_ignore_ascii_case(&wanted))
+        .map(|(role, _)| *role)
+        .ok_or_else(|| {
+            let names: Vec<&str> = ROLES.iter().map(|(_, name)| *name).collect();
+            format!(
+                "unknown role `{text}` (expected one of: {})",
+                names.join(", ")
+            )
+        })
+}
+
+/// The CLI name of a raw role (`unknown(9)` for one this client does not
+/// know).
+pub fn role_name(raw: i32) -> String {
+    ROLES
+        .iter()
+        .find(|(role, _)| *role as i32 == raw)
+        .map_or_else(|| format!("unknown({raw})"), |(_, name)| (*name).to_owned())
+}
+
+/// `ROLE:POOL`, e.g. `submitter:/a`.
+pub fn parse_grant(text: &str) -> Result<Grant, String> {
+    let Some((role, pool)) = text.split_once(':') else {
+        return Err(format!(
+            "expected ROLE:POOL (e.g. submitter:/a), got `{text}`"
+        ));
+    };
+    let role = parse_role(role)?;
+    if !pool.starts_with('/') {
+        return Err(format!(
+            "`{text}`: the pool must be an absolute path such as /a (or / for every pool)"
+        ));
+    }
+    Ok(Grant {
+        role: role as i32,
+        pool: pool.to_owned(),
+    })
 }
 
 /// Parses `key=value`; the value may contain `=`, the key may not be empty.
@@ -496,6 +635,63 @@ mod tests {
             "{err}"
         );
         assert!(Cli::try_parse_from(["peloton", "job", "create", "/a", "b", "c"]).is_err());
+    }
+
+    #[test]
+    fn grants_parse() {
+        let grant = |role: Role, pool: &str| Grant {
+            role: role as i32,
+            pool: pool.to_owned(),
+        };
+        assert_eq!(
+            parse_grant("submitter:/a"),
+            Ok(grant(Role::Submitter, "/a"))
+        );
+        assert_eq!(parse_grant("Viewer:/"), Ok(grant(Role::Viewer, "/")));
+        assert_eq!(
+            parse_grant("POOL_ADMIN:/a/b"),
+            Ok(grant(Role::PoolAdmin, "/a/b"))
+        );
+        assert_eq!(
+            parse_grant("cluster-admin:/"),
+            Ok(grant(Role::ClusterAdmin, "/"))
+        );
+        let err = parse_grant("owner:/a").unwrap_err();
+        assert!(
+            err.contains("unknown role `owner`") && err.contains("pool-admin"),
+            "{err}"
+        );
+        assert!(
+            parse_grant("viewer:a")
+                .unwrap_err()
+                .contains("absolute path")
+        );
+        assert!(parse_grant("viewer").unwrap_err().contains("ROLE:POOL"));
+        for (role, name) in ROLES {
+            assert_eq!(role_name(*role as i32), *name);
+        }
+        assert_eq!(role_name(99), "unknown(99)");
+        let cli = Cli::try_parse_from([
+            "peloton",
+            "token",
+            "create",
+            "alice",
+            "--grant",
+            "submitter:/a",
+            "--grant",
+            "viewer:/",
+        ])
+        .unwrap_or_else(|err| panic!("{err}"));
+        let Command::Token(TokenCommand::Create { name, grants }) = cli.command else {
+            panic!("parsed as {:?}", cli.command);
+        };
+        assert_eq!(name, "alice");
+        assert_eq!(
+            grants,
+            [grant(Role::Submitter, "/a"), grant(Role::Viewer, "/")]
+        );
+        // At least one grant.
+        assert!(Cli::try_parse_from(["peloton", "token", "create", "alice"]).is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The commands: each connects through one shared channel, makes its calls
 //! and prints the result in the chosen format.
 
+mod access;
 mod cluster;
 mod convert;
 mod host;
@@ -16,7 +17,7 @@ use crate::channel::LeaderChannel;
 use crate::cli::{Cli, Command};
 use crate::error::EXIT_JOB_NOT_SUCCEEDED;
 use crate::output::OutputFormat;
-use crate::servers::parse_servers;
+use crate::settings::{self, Options};
 
 /// How a command that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,17 +42,21 @@ impl Outcome {
 /// What every command needs.
 #[derive(Debug)]
 struct Ctx {
-    server: String,
+    /// Where to connect, and how: the flags and their variables (the config
+    /// file and the token are read when connecting).
+    options: Options,
     output: OutputFormat,
 }
 
 impl Ctx {
-    /// Connects to the first server that accepts (see [`LeaderChannel`]).
-    /// Commands call it after reading their input files, so a bad file is
-    /// reported without needing a server.
+    /// Connects to the first server that accepts (see [`LeaderChannel`]),
+    /// with the CA and token configured (see [`settings`]). Commands call
+    /// it after reading their input files, so a bad file is reported
+    /// without needing a server; commands without a server (`convert`)
+    /// never read the config file.
     async fn connect(&self) -> anyhow::Result<LeaderChannel> {
-        let servers = parse_servers(&self.server)?;
-        Ok(LeaderChannel::connect(servers).await?)
+        let resolved = settings::resolve(&self.options, &settings::process_env)?;
+        Ok(LeaderChannel::connect_with(resolved.servers, resolved.security).await?)
     }
 }
 
@@ -74,7 +79,11 @@ async fn until_interrupted<T>(
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let ctx = Ctx {
-        server: cli.server,
+        options: Options {
+            server: cli.server,
+            config: cli.config,
+            ca_file: cli.ca_file,
+        },
         output: cli.output,
     };
     match cli.command {
@@ -87,6 +96,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Volume(command) => volume::run(&ctx, command).await,
         Command::Hostpool(command) => hostpool::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
+        Command::Token(command) => access::token(&ctx, command).await,
+        Command::Whoami => access::whoami(&ctx).await,
+        Command::Audit(args) => access::audit(&ctx, args).await,
         Command::Convert(target) => convert::run(&target),
     }
 }

@@ -30,14 +30,14 @@ impl std::error::Error for UsageError {}
 /// None of the servers could be reached: each with why.
 #[derive(Debug)]
 pub struct ConnectError {
-    pub failures: Vec<(String, tonic::transport::Error)>,
+    pub failures: Vec<(String, tonic::codegen::StdError)>,
 }
 
 impl fmt::Display for ConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The transport error's own text is generic ("transport error"); the
         // useful part ("Connection refused") is at the bottom of its chain.
-        let why = |source: &tonic::transport::Error| crate::channel::root_cause(source);
+        let why = |source: &tonic::codegen::StdError| crate::channel::root_cause(&**source);
         match self.failures.as_slice() {
             [(address, source)] => write!(
                 f,
@@ -52,7 +52,10 @@ impl fmt::Display for ConnectError {
                 }
             }
         }
-        write!(f, " (set --server or PELOTON_SERVER)")
+        write!(
+            f,
+            " (set --server, PELOTON_SERVER or `server:` in the config file)"
+        )
     }
 }
 
@@ -124,9 +127,16 @@ pub fn report(err: &anyhow::Error) -> (String, u8) {
 /// Whether the failure is stdout closed by its reader (`peloton ... | head`),
 /// which is not worth a message.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain()
-        .filter_map(|e| e.downcast_ref::<io::Error>())
-        .any(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    // A connection to the server that broke ends in a broken pipe too: that
+    // one is a failure.
+    let from_server = err
+        .chain()
+        .any(|e| e.is::<Status>() || e.is::<ConnectError>() || e.is::<tonic::transport::Error>());
+    !from_server
+        && err
+            .chain()
+            .filter_map(|e| e.downcast_ref::<io::Error>())
+            .any(|e| e.kind() == io::ErrorKind::BrokenPipe)
 }
 
 #[cfg(test)]
@@ -168,6 +178,15 @@ mod tests {
         let (message, code) = report(&anyhow::Error::from(spec));
         assert!(message.starts_with("job.yaml: "), "{message}");
         assert_eq!(code, EXIT_USAGE);
+    }
+
+    #[test]
+    fn only_a_closed_stdout_is_a_quiet_broken_pipe() {
+        let pipe = || io::Error::from(io::ErrorKind::BrokenPipe);
+        assert!(is_broken_pipe(&anyhow::Error::from(pipe())));
+        // The server's connection broke: tonic's status carries the cause.
+        let status = Status::from_error(Box::new(pipe()));
+        assert!(!is_broken_pipe(&anyhow::Error::from(status)));
     }
 
     #[test]

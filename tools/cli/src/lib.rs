@@ -3,7 +3,8 @@
 //!
 //! It holds no scheduling logic and validates only the shape of its input
 //! files; what values mean is the server's to judge. Given several servers
-//! (one leading), it finds the leader by itself ([`servers`], [`channel`]). The binary
+//! (one leading), it finds the leader by itself ([`servers`], [`channel`]);
+//! to a secure server it speaks TLS and sends a bearer token ([`settings`]). The binary
 //! (`src/main.rs`) is a thin shell around [`cmd::run`]; everything else lives
 //! here so it can be unit-tested without a server.
 
@@ -15,6 +16,7 @@ pub mod names;
 pub mod output;
 pub mod peloton_yaml;
 pub mod servers;
+pub mod settings;
 pub mod spec;
 
 /// Largest answer the CLI accepts (a host list of a large cluster, a job

@@ -33,12 +33,32 @@ pub fn is_starting(status: &Status) -> bool {
 /// Most addresses `--server` may list.
 pub const MAX_SERVERS: usize = 32;
 
-/// The server's URI: `http://` is assumed when `address` has no scheme.
-pub fn server_uri(address: &str) -> String {
+/// The scheme assumed for an address given without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scheme {
+    /// `http://`: no CA file is configured.
+    #[default]
+    Http,
+    /// `https://`: a CA file is configured (`--ca-file`, `PELOTON_CA_FILE`
+    /// or the config file's `ca_file`).
+    Https,
+}
+
+impl Scheme {
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Scheme::Http => "http://",
+            Scheme::Https => "https://",
+        }
+    }
+}
+
+/// The server's URI: `scheme` is assumed when `address` has none.
+pub fn server_uri(address: &str, scheme: Scheme) -> String {
     if address.contains("://") {
         address.to_owned()
     } else {
-        format!("http://{address}")
+        format!("{}{address}", scheme.prefix())
     }
 }
 
@@ -46,6 +66,11 @@ pub fn server_uri(address: &str) -> String {
 /// they are tried; blanks around commas are ignored, a repeated address is
 /// kept once.
 pub fn parse_servers(text: &str) -> Result<Vec<String>, UsageError> {
+    parse_servers_as(text, Scheme::Http)
+}
+
+/// [`parse_servers`], assuming `scheme` for addresses without one.
+pub fn parse_servers_as(text: &str, scheme: Scheme) -> Result<Vec<String>, UsageError> {
     let mut servers: Vec<String> = Vec::new();
     for item in text.split(',') {
         let item = item.trim();
@@ -54,7 +79,7 @@ pub fn parse_servers(text: &str) -> Result<Vec<String>, UsageError> {
                 "invalid server list `{text}`: an empty address (expected HOST:PORT,HOST:PORT,...)"
             )));
         }
-        let uri = server_uri(item);
+        let uri = server_uri(item, scheme);
         tonic::transport::Endpoint::from_shared(uri.clone())
             .map_err(|err| UsageError(format!("invalid server address `{item}`: {err}")))?;
         if !servers.contains(&uri) {
@@ -80,8 +105,9 @@ pub struct NotLeader {
     pub leader: Option<String>,
 }
 
-/// `Some` when `status` is a standby's refusal.
-pub fn not_leader(status: &Status) -> Option<NotLeader> {
+/// `Some` when `status` is a standby's refusal (a leader named without a
+/// scheme is taken to have `scheme`).
+pub fn not_leader(status: &Status, scheme: Scheme) -> Option<NotLeader> {
     if status.code() != Code::Unavailable || !status.message().starts_with(NOT_LEADER) {
         return None;
     }
@@ -91,7 +117,7 @@ pub fn not_leader(status: &Status) -> Option<NotLeader> {
         .and_then(|value| value.to_str().ok())
         .map(str::trim)
         .filter(|leader| !leader.is_empty())
-        .map(server_uri)
+        .map(|leader| server_uri(leader, scheme))
         .filter(|uri| tonic::transport::Endpoint::from_shared(uri.clone()).is_ok());
     Some(NotLeader {
         message: status.message().to_owned(),
@@ -108,6 +134,7 @@ pub fn is_read(path: &str) -> bool {
         || method.starts_with("Query")
         || method.starts_with("Watch")
         || method == "Logs"
+        || method == "WhoAmI"
 }
 
 /// How one try of a call failed.
@@ -219,8 +246,22 @@ mod tests {
 
     #[test]
     fn scheme_is_added_when_missing() {
-        assert_eq!(server_uri("127.0.0.1:5391"), "http://127.0.0.1:5391");
-        assert_eq!(server_uri("http://peloton:80"), "http://peloton:80");
+        assert_eq!(
+            server_uri("127.0.0.1:5391", Scheme::Http),
+            "http://127.0.0.1:5391"
+        );
+        assert_eq!(
+            server_uri("127.0.0.1:5391", Scheme::Https),
+            "https://127.0.0.1:5391"
+        );
+        assert_eq!(
+            server_uri("http://peloton:80", Scheme::Https),
+            "http://peloton:80"
+        );
+        assert_eq!(
+            parse_servers_as("a:1,http://b:2", Scheme::Https).expect("valid"),
+            ["https://a:1", "http://b:2"]
+        );
     }
 
     #[test]
@@ -265,7 +306,7 @@ mod tests {
             Some("http://10.0.0.2:5000"),
         );
         assert_eq!(
-            not_leader(&named),
+            not_leader(&named, Scheme::Http),
             Some(NotLeader {
                 message: "not the leader: the leader is at http://10.0.0.2:5000".to_owned(),
                 leader: Some("http://10.0.0.2:5000".to_owned()),
@@ -277,19 +318,27 @@ mod tests {
         assert!(!is_starting(&Status::unavailable("the store cannot write")));
         assert!(!is_starting(&Status::failed_precondition("starting: x")));
         let unknown = refusal("not the leader: no leader is known yet", None);
-        assert_eq!(not_leader(&unknown).and_then(|n| n.leader), None);
+        assert_eq!(
+            not_leader(&unknown, Scheme::Http).and_then(|n| n.leader),
+            None
+        );
         // A leader named without a scheme, or not as an address.
         let bare = refusal("not the leader", Some("10.0.0.2:5000"));
         assert_eq!(
-            not_leader(&bare).and_then(|n| n.leader).as_deref(),
+            not_leader(&bare, Scheme::Http)
+                .and_then(|n| n.leader)
+                .as_deref(),
             Some("http://10.0.0.2:5000")
         );
         let junk = refusal("not the leader", Some("not an address"));
-        assert_eq!(not_leader(&junk).and_then(|n| n.leader), None);
+        assert_eq!(not_leader(&junk, Scheme::Http).and_then(|n| n.leader), None);
         // Anything else is not a refusal: the store's outage, other codes.
-        assert_eq!(not_leader(&Status::unavailable("store unavailable")), None);
         assert_eq!(
-            not_leader(&Status::failed_precondition("not the leader")),
+            not_leader(&Status::unavailable("store unavailable"), Scheme::Http),
+            None
+        );
+        assert_eq!(
+            not_leader(&Status::failed_precondition("not the leader"), Scheme::Http),
             None
         );
     }
@@ -303,6 +352,8 @@ mod tests {
             "/peloton.v1.TaskService/Logs",
             "/peloton.v1.WatchService/Watch",
             "/peloton.v1.ApplicationService/WatchExecutors",
+            "/peloton.v1.AccessService/WhoAmI",
+            "/peloton.v1.AccessService/ListAudit",
         ] {
             assert!(is_read(path), "{path}");
         }
@@ -312,6 +363,7 @@ mod tests {
             "/peloton.v1.HostService/StartMaintenance",
             "/peloton.v1.UpdateService/Rollback",
             "/peloton.v1.HostPoolService/MoveHosts",
+            "/peloton.v1.AccessService/CreateToken",
         ] {
             assert!(!is_read(path), "{path}");
         }

@@ -30,6 +30,8 @@ async fn start_server(
         metrics_listen: None,
         sim_hosts,
         cycle_interval_ms: 5,
+        // Plain http:// (tests/secure.rs covers TLS and tokens).
+        secure: false,
         ..Config::default()
     })
     .await

@@ -186,7 +186,14 @@ impl QuickStart {
     }
 
     async fn peloton(&self, args: &[&str]) -> Output {
+        // pelotond is secure: TLS with the CA it made, and its admin token,
+        // as the README has a new user set them.
         Command::new(env!("CARGO_BIN_EXE_peloton"))
+            .env_remove("PELOTON_CONFIG")
+            .env_remove("PELOTON_TOKEN")
+            .env("XDG_CONFIG_HOME", &self.data)
+            .env("PELOTON_CA_FILE", self.data.join("tls").join("ca.pem"))
+            .env("PELOTON_TOKEN_FILE", self.data.join("admin-token"))
             .args(["--server", &self.url])
             .args(args)
             .output()

@@ -49,9 +49,16 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// `server`: an address, or a config file (`*.yaml`) naming the server,
+/// its CA and token (the secure quick start's).
 async fn peloton(server: &str, args: &[&str]) -> Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_peloton"));
-    cmd.arg("--server").arg(server).args(args);
+    let flag = if server.ends_with(".yaml") {
+        "--config"
+    } else {
+        "--server"
+    };
+    cmd.arg(flag).arg(server).args(args);
     cmd.output().await.expect("the CLI runs")
 }
 
@@ -95,6 +102,7 @@ async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, Str
 struct QuickStart {
     dir: tempfile::TempDir,
     server: std::process::Child,
+    /// The CLI's config file for this cluster (see [`peloton`]).
     url: String,
 }
 
@@ -128,10 +136,21 @@ impl QuickStart {
             .stderr(log)
             .spawn()
             .expect("pelotond starts");
+        // pelotond is secure: the CLI reads where it is, its CA and its admin
+        // token from a config file (paths relative to the file).
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "server: 127.0.0.1:{port}\nca_file: data/tls/ca.pem\n\
+                 token_file: data/admin-token\n"
+            ),
+        )
+        .expect("config file");
         let cluster = QuickStart {
             dir,
             server,
-            url: format!("http://127.0.0.1:{port}"),
+            url: config.to_string_lossy().into_owned(),
         };
         let url = cluster.url.clone();
         eventually("three agent hosts up", async || {
@@ -369,6 +388,8 @@ async fn sim_server(dir: &Path) -> peloton_gateway::server::Server {
         metrics_listen: None,
         sim_hosts: 4,
         cycle_interval_ms: 5,
+        // Plain http:// (tests/secure.rs covers TLS and tokens).
+        secure: false,
         ..Config::default()
     })
     .await

@@ -43,6 +43,8 @@ async fn start_server(data_dir: &Path, listen: &str) -> peloton_gateway::server:
         metrics_listen: None,
         sim_hosts: 4,
         cycle_interval_ms: 5,
+        // Plain http:// (tests/secure.rs covers TLS and tokens).
+        secure: false,
         ..Config::default()
     })
     .await
@@ -187,6 +189,8 @@ fn shared_config(data_dir: &Path, listen: &str, store: &str) -> Config {
         cycle_interval_ms: 5,
         store: Some(store.to_owned()),
         lease_ms: 1000,
+        // Plain http:// (tests/secure.rs covers TLS and tokens).
+        secure: false,
         ..Config::default()
     }
 }

@@ -43,6 +43,8 @@ async fn snapshot_writes_hosts_and_tasks_as_arrow() {
         metrics_listen: None,
         sim_hosts: 3,
         cycle_interval_ms: 5,
+        // Plain http:// (tests/secure.rs covers TLS and tokens).
+        secure: false,
         ..Config::default()
     })
     .await

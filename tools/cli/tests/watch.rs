@@ -80,6 +80,8 @@ async fn watch_follows_from_now_or_replays_from_a_revision() {
         metrics_listen: None,
         sim_hosts: 4,
         cycle_interval_ms: 5,
+        // Plain http:// (tests/secure.rs covers TLS and tokens).
+        secure: false,
         ..Config::default()
     })
     .await

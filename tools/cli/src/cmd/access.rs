@@ -1,0 +1,292 @@
+//! `peloton token ...`, `peloton whoami` and `peloton audit`: who may call a
+//! secure server, who the caller is, and what was called.
+
+use anyhow::{Context, Result};
+use peloton_proto::v1::access_service_client::AccessServiceClient;
+use peloton_proto::v1::{
+    AuditEntry, CreateTokenRequest, Grant, ListAuditRequest, ListTokensRequest, RevokeTokenRequest,
+    Token, WhoAmIRequest,
+};
+use serde_json::{Value, json};
+use tonic::Code;
+
+use super::{Ctx, Outcome};
+use crate::channel::LeaderChannel;
+use crate::cli::{AuditArgs, TokenCommand, role_name};
+use crate::error::code_name;
+use crate::output::{
+    Align, OutputFormat, Table, fmt_time_ms, or_dash, print_json, print_out, render_fields,
+};
+
+/// Most entries the server returns in one answer.
+const AUDIT_PAGE: u32 = 1000;
+
+async fn client(ctx: &Ctx) -> Result<AccessServiceClient<LeaderChannel>> {
+    Ok(AccessServiceClient::new(ctx.connect().await?)
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES))
+}
+
+pub(super) async fn token(ctx: &Ctx, command: TokenCommand) -> Result<Outcome> {
+    let mut client = client(ctx).await?;
+    match command {
+        TokenCommand::Create { name, grants } => {
+            let created = client
+                .create_token(CreateTokenRequest { name, grants })
+                .await?
+                .into_inner();
+            let token = created.token.context("the server returned no token")?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&format!(
+                    "created token {}\n{}\nSECRET: {}",
+                    token.name,
+                    token_table(std::slice::from_ref(&token)),
+                    created.secret
+                ))?,
+                OutputFormat::Json => print_json(&json!({
+                    "token": token_json(&token),
+                    "secret": created.secret,
+                }))?,
+            }
+            eprintln!(
+                "note: the secret is not shown again (the server keeps only its digest); \
+                 store it now, e.g. in a private file named by PELOTON_TOKEN_FILE"
+            );
+        }
+        TokenCommand::List => {
+            let mut tokens = client
+                .list_tokens(ListTokensRequest {})
+                .await?
+                .into_inner()
+                .tokens;
+            tokens.sort_by(|a, b| a.name.cmp(&b.name));
+            match ctx.output {
+                OutputFormat::Table => print_out(&token_table(&tokens))?,
+                OutputFormat::Json => print_json(&json!({
+                    "tokens": tokens.iter().map(token_json).collect::<Vec<_>>(),
+                }))?,
+            }
+        }
+        TokenCommand::Revoke { name } => {
+            client
+                .revoke_token(RevokeTokenRequest { name: name.clone() })
+                .await?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&format!("revoked token {name}"))?,
+                OutputFormat::Json => print_json(&json!({ "revoked": name }))?,
+            }
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+pub(super) async fn whoami(ctx: &Ctx) -> Result<Outcome> {
+    let token = client(ctx)
+        .await?
+        .who_am_i(WhoAmIRequest {})
+        .await?
+        .into_inner()
+        .token
+        .context("the server returned no token")?;
+    match ctx.output {
+        OutputFormat::Table => print_out(&render_fields(&[
+            ("NAME", token.name.clone()),
+            ("GRANTS", fmt_grants(&token.grants)),
+            ("CREATED", fmt_time_ms(token.created_at_ms)),
+            ("CREATED BY", or_dash(&token.created_by)),
+        ]))?,
+        OutputFormat::Json => print_json(&json!({ "token": token_json(&token) }))?,
+    }
+    Ok(Outcome::Success)
+}
+
+pub(super) async fn audit(ctx: &Ctx, args: AuditArgs) -> Result<Outcome> {
+    let mut client = client(ctx).await?;
+    let principal = args.principal.unwrap_or_default();
+    let mut entries: Vec<AuditEntry> = Vec::new();
+    let mut before_seq = args.before.unwrap_or(0);
+    // Newest first, a page at a time, until --limit or the oldest entry.
+    while entries.len() < args.limit as usize {
+        let want = (args.limit - entries.len() as u32).min(AUDIT_PAGE);
+        let page = client
+            .list_audit(ListAuditRequest {
+                before_seq,
+                limit: want,
+                principal: principal.clone(),
+            })
+            .await?
+            .into_inner()
+            .entries;
+        let got = page.len();
+        let Some(last) = page.last() else { break };
+        before_seq = last.seq;
+        entries.extend(page.into_iter().take(want as usize));
+        if got < want as usize || before_seq <= 1 {
+            break;
+        }
+    }
+    match ctx.output {
+        OutputFormat::Table => print_out(&audit_table(&entries))?,
+        OutputFormat::Json => print_json(&json!({
+            "entries": entries.iter().map(audit_json).collect::<Vec<_>>(),
+        }))?,
+    }
+    Ok(Outcome::Success)
+}
+
+/// `submitter:/a, viewer:/`; `-` for none.
+fn fmt_grants(grants: &[Grant]) -> String {
+    if grants.is_empty() {
+        return "-".to_owned();
+    }
+    let grants: Vec<String> = grants
+        .iter()
+        .map(|g| format!("{}:{}", role_name(g.role), g.pool))
+        .collect();
+    grants.join(", ")
+}
+
+fn token_table(tokens: &[Token]) -> String {
+    let mut table = Table::new(&[
+        ("NAME", Align::Left),
+        ("GRANTS", Align::Left),
+        ("CREATED", Align::Left),
+        ("CREATED BY", Align::Left),
+    ]);
+    for token in tokens {
+        table.row(vec![
+            token.name.clone(),
+            fmt_grants(&token.grants),
+            fmt_time_ms(token.created_at_ms),
+            or_dash(&token.created_by),
+        ]);
+    }
+    table.render()
+}
+
+fn token_json(token: &Token) -> Value {
+    json!({
+        "name": token.name,
+        "grants": token
+            .grants
+            .iter()
+            .map(|g| json!({"role": role_name(g.role), "pool": g.pool}))
+            .collect::<Vec<_>>(),
+        "created_at_ms": token.created_at_ms,
+        "created_by": token.created_by,
+    })
+}
+
+/// A status code as one word: `ok`, `permission_denied`.
+fn fmt_code(code: i32) -> String {
+    code_name(Code::from_i32(code)).replace(' ', "_")
+}
+
+/// `/peloton.v1.JobService/Kill` as `JobService/Kill`.
+fn short_method(method: &str) -> &str {
+    method
+        .strip_prefix('/')
+        .and_then(|m| m.strip_prefix("peloton.v1."))
+        .unwrap_or(method)
+}
+
+/// One line per cell: newlines and tabs become blanks.
+fn one_line(text: &str) -> String {
+    or_dash(&text.replace(['\n', '\r', '\t'], " "))
+}
+
+fn audit_table(entries: &[AuditEntry]) -> String {
+    let mut table = Table::new(&[
+        ("SEQ", Align::Right),
+        ("TIME", Align::Left),
+        ("PRINCIPAL", Align::Left),
+        ("METHOD", Align::Left),
+        ("TARGET", Align::Left),
+        ("CODE", Align::Left),
+        ("MESSAGE", Align::Left),
+    ]);
+    for e in entries {
+        table.row(vec![
+            e.seq.to_string(),
+            fmt_time_ms(e.time_ms),
+            one_line(&e.principal),
+            short_method(&e.method).to_owned(),
+            one_line(&e.target),
+            fmt_code(e.code),
+            one_line(&e.message),
+        ]);
+    }
+    table.render()
+}
+
+fn audit_json(e: &AuditEntry) -> Value {
+    json!({
+        "seq": e.seq,
+        "time_ms": e.time_ms,
+        "principal": e.principal,
+        "method": e.method,
+        "target": e.target,
+        "code": e.code,
+        "message": e.message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use peloton_proto::v1::Role;
+
+    use super::*;
+
+    #[test]
+    fn audit_rows_are_one_line_each() {
+        let entry = AuditEntry {
+            seq: 12,
+            time_ms: 1_709_210_096_000,
+            principal: "alice".to_owned(),
+            method: "/peloton.v1.JobService/Create".to_owned(),
+            target: "/b".to_owned(),
+            code: Code::PermissionDenied as i32,
+            message: "alice lacks permission jobs.write\non pool /b".to_owned(),
+        };
+        let table = audit_table(&[entry]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 2, "{table}");
+        assert!(lines[0].starts_with("SEQ  TIME"), "{table}");
+        for cell in [
+            "12",
+            "2024-02-29 12:34:56",
+            "alice",
+            "JobService/Create",
+            "/b",
+            "permission_denied",
+            "alice lacks permission jobs.write on pool /b",
+        ] {
+            assert!(lines[1].contains(cell), "{cell}: {table}");
+        }
+        assert_eq!(fmt_code(0), "ok");
+        assert_eq!(short_method("Other"), "Other");
+    }
+
+    #[test]
+    fn tokens_show_their_grants_by_cli_names() {
+        let token = Token {
+            name: "alice".to_owned(),
+            grants: vec![
+                Grant {
+                    role: Role::Submitter as i32,
+                    pool: "/a".to_owned(),
+                },
+                Grant {
+                    role: Role::PoolAdmin as i32,
+                    pool: "/b".to_owned(),
+                },
+            ],
+            created_at_ms: 0,
+            created_by: "admin".to_owned(),
+        };
+        assert_eq!(fmt_grants(&token.grants), "submitter:/a, pool-admin:/b");
+        let json = token_json(&token);
+        assert_eq!(json["grants"][1]["role"], "pool-admin");
+        assert_eq!(json["created_by"], "admin");
+        assert!(token_table(&[token]).contains("alice  submitter:/a, pool-admin:/b  -"));
+    }
+}
