@@ -9,7 +9,10 @@
 //! restart (sent with the job's version), a host's row its allocation. On
 //! real `peloton-agent` processes (built beside `pelotond`): a task's log
 //! followed while it runs, a host drained from the page and its tasks seen
-//! on another host, GPU devices, an agent's connection.
+//! on another host, GPU devices, an agent's connection. Those servers are
+//! insecure (`--insecure`: plaintext, no tokens). On a secure one (TLS,
+//! bearer tokens): sign-in, a viewer's view of its pools only, a refused
+//! kill, sign-out.
 //!
 //! Chromium must be installed (`apt-get install -y chromium`): a run
 //! without it fails, it is never skipped. Screenshots of each page go to
@@ -23,9 +26,12 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use peloton_gateway::server;
+use peloton_proto::v1::access_service_client::AccessServiceClient;
+use peloton_proto::v1::job_service_client::JobServiceClient;
+use peloton_proto::v1::resource_pool_service_client::ResourcePoolServiceClient;
 use serde_json::{Value as Json, json};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// How long the page may take to show something.
 const PAGE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -40,13 +46,34 @@ static ONE_SCENARIO: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn the_console_shows_the_cluster_live() {
     let _one = ONE_SCENARIO.lock().await;
     let chromium = find_chromium();
-    let s = TestServer::start(3).await;
-    let addr = s.server.as_ref().expect("running").addr;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = common::within(
+        "the server to start",
+        server::start(&insecure_config(dir.path(), 3)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("server does not start: {e:#}"));
+    let addr = server.addr;
     // The browser and the blocking HTTP client run off the async workers.
     tokio::task::spawn_blocking(move || scenario(&chromium, addr))
         .await
         .expect("the browser scenario");
-    s.shutdown().await;
+    common::within("graceful shutdown", server.shutdown())
+        .await
+        .expect("graceful shutdown");
+}
+
+/// The configuration of an insecure test server (`pelotond --insecure`:
+/// plaintext, no tokens), where the console needs no sign-in.
+fn insecure_config(data_dir: &Path, sim_hosts: u32) -> peloton_gateway::config::Config {
+    peloton_gateway::config::Config {
+        secure: false,
+        tls_cert: None,
+        tls_key: None,
+        tls_client_ca: None,
+        admin_token: None,
+        ..common::config(data_dir, sim_hosts)
+    }
 }
 
 fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
@@ -520,7 +547,7 @@ async fn the_console_on_real_agents_follows_logs_and_drains_hosts() {
     let chromium = find_chromium();
     let agent = agent_binary();
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut config = common::config(dir.path(), 0);
+    let mut config = insecure_config(dir.path(), 0);
     config.agent_token = Some(AGENT_TOKEN.into());
     let server = common::within("the server to start", server::start(&config))
         .await
@@ -697,6 +724,388 @@ fn agents_scenario(chromium: &Path, agent: &Path, addr: std::net::SocketAddr, wo
     b.screenshot(&shots.join("cluster-disconnected.png"));
     drop(b);
     drop(agents);
+}
+
+/// The bootstrap admin token of the secure scenario's server.
+const SECURE_ADMIN_TOKEN: &str = "console-test-admin-token-0123456789";
+
+/// The console on a secure server (TLS only, bearer tokens): the page
+/// asks for a token (the server answers 401 without one) and refuses a
+/// wrong one; signed in with a viewer token of /a it shows /a's job and
+/// not /b's, who it acts as, and follows the watch live with the token; a
+/// kill from the page is refused (PERMISSION_DENIED naming jobs.write) and
+/// changes nothing; signing out asks for a token again. Chromium trusts
+/// only this server's certificate (its key's SPKI digest), not every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_secure_console_signs_in_and_shows_what_the_token_may_see() {
+    use peloton_proto::v1 as pb;
+    let _one = ONE_SCENARIO.lock().await;
+    let chromium = find_chromium();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Its own private CA in DATA_DIR/tls, whatever the suite's defaults.
+    let config = peloton_gateway::config::Config {
+        secure: true,
+        tls_cert: None,
+        tls_key: None,
+        tls_client_ca: None,
+        admin_token: Some(SECURE_ADMIN_TOKEN.into()),
+        ..common::config(dir.path(), 3)
+    };
+    let server = common::within("the secure server to start", server::start(&config))
+        .await
+        .unwrap_or_else(|e| panic!("secure server does not start: {e:#}"));
+    let addr = server.addr;
+    let tls = dir.path().join("tls");
+    let ca_pem = std::fs::read_to_string(tls.join("ca.pem")).expect("the server's CA");
+    let server_pem = std::fs::read_to_string(tls.join("server.pem")).expect("the server's cert");
+    let channel = tls_channel(addr, &ca_pem).await;
+
+    // As the admin: pools /a and /b, a job in each, a viewer token on /a.
+    let mut pools = ResourcePoolServiceClient::new(channel.clone());
+    for path in ["/a", "/b"] {
+        pools
+            .create(as_admin(pb::CreatePoolRequest {
+                path: path.into(),
+                spec: Some(common::pool_spec(4.0, 2048.0)),
+            }))
+            .await
+            .unwrap_or_else(|e| panic!("create pool {path}: {e:?}"));
+    }
+    let mut jobs = JobServiceClient::new(channel.clone());
+    let mut ids = Vec::new();
+    for (name, pool) in [("alpha", "/a"), ("bravo", "/b")] {
+        let mut spec = common::job_spec(pool, 2, 0.5, 600_000);
+        spec.name = name.into();
+        let job = jobs
+            .create(as_admin(pb::CreateJobRequest { spec: Some(spec) }))
+            .await
+            .unwrap_or_else(|e| panic!("create job {name}: {e:?}"))
+            .into_inner()
+            .job
+            .expect("job");
+        ids.push(job.id);
+    }
+    let [job_a, job_b] = <[String; 2]>::try_from(ids).expect("two jobs");
+    for id in [&job_a, &job_b] {
+        common::eventually("the job running", common::TIMEOUT, async || {
+            let job = admin_get_job(&channel, id).await;
+            let state = job.status.as_ref().map(|s| s.state);
+            (state == Some(pb::JobState::Running as i32))
+                .then_some(())
+                .ok_or(format!("{job:?}"))
+        })
+        .await;
+    }
+    let viewer = AccessServiceClient::new(channel.clone())
+        .create_token(as_admin(pb::CreateTokenRequest {
+            name: "viewer-a".into(),
+            grants: vec![pb::Grant {
+                role: pb::Role::Viewer as i32,
+                pool: "/a".into(),
+            }],
+        }))
+        .await
+        .expect("create the viewer token")
+        .into_inner()
+        .secret;
+
+    let spki = spki_sha256_base64(&server_pem);
+    let admin = BlockingAdmin {
+        rt: tokio::runtime::Handle::current(),
+        channel: channel.clone(),
+    };
+    let (a, b) = (job_a.clone(), job_b.clone());
+    tokio::task::spawn_blocking(move || {
+        secure_scenario(&chromium, addr, &spki, &viewer, &a, &b, &admin);
+    })
+    .await
+    .expect("the browser scenario on a secure server");
+
+    // Nothing the viewer tried changed either job.
+    for id in [&job_a, &job_b] {
+        let job = admin_get_job(&channel, id).await;
+        let status = job.status.expect("status");
+        assert_eq!(
+            status.state,
+            pb::JobState::Running as i32,
+            "{id}: {status:?}"
+        );
+        assert!(!status.kill_requested, "{id}: {status:?}");
+    }
+    common::within("graceful shutdown", server.shutdown())
+        .await
+        .expect("graceful shutdown");
+}
+
+fn secure_scenario(
+    chromium: &Path,
+    addr: std::net::SocketAddr,
+    spki: &str,
+    viewer: &str,
+    job_a: &str,
+    job_b: &str,
+    admin: &BlockingAdmin,
+) {
+    let shots = shots_dir();
+    let mut b = Browser::launch_with(
+        chromium,
+        &[format!("--ignore-certificate-errors-spki-list={spki}")],
+    );
+    let signin_shown = "!document.getElementById('signin').hidden";
+    let signed_out = "document.getElementById('who').textContent === '' \
+         && document.querySelectorAll('tr[data-host], tr[data-job], tr[data-pool]').length === 0";
+
+    // Without a token: the server answers 401, the page asks for one and
+    // shows no data.
+    b.navigate(&format!("https://127.0.0.1:{}/ui/", addr.port()));
+    b.wait_for(
+        "the sign-in form",
+        &format!(
+            "{signin_shown} && document.getElementById('status').innerText.includes('UNAUTHENTICATED') && {signed_out}"
+        ),
+    );
+    assert_eq!(
+        b.eval("fetch('/v1/hosts').then(r => r.status)"),
+        json!(401),
+        "the API without a token"
+    );
+    assert_ne!(
+        b.text("document.getElementById('live').textContent"),
+        "● live"
+    );
+    b.screenshot(&shots.join("secure-signin.png"));
+
+    // A wrong token: refused, the form again.
+    let submit = |b: &mut Browser, token: &str| {
+        b.eval(&format!(
+            "(() => {{ document.getElementById('token').value = {}; \
+             document.querySelector('#signin button[type=submit]').click(); }})()",
+            json!(token)
+        ));
+    };
+    submit(&mut b, "pel_not_a_token_of_this_server");
+    b.wait_for(
+        "the wrong token refused",
+        &format!(
+            "{signin_shown} && document.getElementById('status').innerText.includes('UNAUTHENTICATED') && {signed_out}"
+        ),
+    );
+
+    // The viewer of /a: who it is, the watch live, /a's job only.
+    submit(&mut b, viewer);
+    b.eval("location.hash = '#/jobs'");
+    b.wait_for(
+        "the viewer signed in, following the watch",
+        "document.getElementById('signin').hidden && document.getElementById('who').innerText.includes('viewer-a') \
+         && document.querySelector('#who a').innerText === 'sign out' \
+         && document.getElementById('live').textContent === '● live'",
+    );
+    b.wait_for(
+        "/a's job in the list, alone",
+        &format!(
+            "(() => {{ const r = document.querySelector('tr[data-job=\"{job_a}\"]'); \
+             return !!r && r.innerText.includes('alpha') && r.innerText.includes('RUNNING') \
+             && document.getElementById('jobs').innerText.includes('1 of 1 jobs'); }})()"
+        ),
+    );
+    assert!(
+        b.eval(&format!(
+            "document.querySelector('tr[data-job=\"{job_b}\"]') === null && !document.body.innerText.includes('bravo')"
+        )) == Json::Bool(true),
+        "/b's job is not shown to a viewer of /a"
+    );
+    assert_eq!(
+        b.text("document.getElementById('status').innerText"),
+        "",
+        "no error once signed in"
+    );
+    b.screenshot(&shots.join("secure-jobs-viewer.png"));
+
+    // The pools page: /a, not /b.
+    b.eval("location.hash = '#/pools'");
+    b.wait_for(
+        "/a in the pools tree, not /b",
+        "!!document.querySelector('tr[data-pool=\"/a\"]') && !document.querySelector('tr[data-pool=\"/b\"]')",
+    );
+
+    // /a's job page: its events from the job's watch (streamed with the
+    // token), live: the admin scales the job and the new instance's events
+    // appear (the events are never polled).
+    b.eval(&format!("location.hash = '#/jobs/{job_a}'"));
+    b.wait_for(
+        "the job's running instances and its events",
+        "document.querySelectorAll('#instances .cell.s-running').length === 2 && !document.getElementById('kill').disabled \
+         && [...document.querySelectorAll('#events tr[data-revision]')].filter(r => r.innerText.includes('RUNNING')).length >= 2",
+    );
+    b.eval(
+        "window.before = Math.max(...[...document.querySelectorAll('#events tr[data-revision]')].map(r => Number(r.dataset.revision)))",
+    );
+    admin.scale(job_a, 3);
+    b.wait_for(
+        "the new instance's events, live",
+        "[...document.querySelectorAll('#events tr[data-revision]')].some(r => Number(r.dataset.revision) > window.before \
+         && r.cells[3].innerText === '2' && r.cells[5].innerText.includes('RUNNING')) \
+         && document.querySelectorAll('#instances .cell.s-running').length === 3",
+    );
+    b.eval(
+        "window.confirm = (m) => { window.asked = m; return true; }; document.getElementById('kill').click()",
+    );
+    b.wait_for(
+        "the kill refused",
+        "document.getElementById('job-error').innerText.includes('Kill failed: PERMISSION_DENIED')",
+    );
+    let refusal = b.text("document.getElementById('job-error').innerText");
+    assert!(
+        refusal.contains("viewer-a") && refusal.contains("jobs.write") && refusal.contains("/a"),
+        "the refusal names who, the permission and the pool: {refusal}"
+    );
+    assert!(b.text("window.asked").starts_with("Kill job alpha"));
+    let job = admin.job(job_a);
+    let status = job.status.expect("status");
+    assert_eq!(
+        status.state,
+        peloton_proto::v1::JobState::Running as i32,
+        "the job still runs: {status:?}"
+    );
+    assert!(!status.kill_requested, "no kill requested: {status:?}");
+    b.screenshot(&shots.join("secure-kill-refused.png"));
+
+    // A deep link to /b's job: refused, nothing of it shown.
+    b.eval(&format!("location.hash = '#/jobs/{job_b}'"));
+    b.wait_for(
+        "/b's job refused",
+        "document.getElementById('status').innerText.includes('PERMISSION_DENIED') \
+         && document.getElementById('status').innerText.includes('jobs.read') \
+         && document.getElementById('spec').textContent === ''",
+    );
+
+    // Signing out forgets the token: the form again, nothing shown.
+    b.eval("window.beforeSignOut = true; document.querySelector('#who a').click()");
+    b.wait_for(
+        "the sign-in form after signing out",
+        &format!(
+            "window.beforeSignOut === undefined && {signin_shown} && {signed_out} \
+             && sessionStorage.getItem('peloton-token') === null"
+        ),
+    );
+    println!("console screenshots: {}", shots.display());
+}
+
+/// A request carrying the bootstrap admin's bearer token.
+fn as_admin<T>(message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {SECURE_ADMIN_TOKEN}")
+            .parse()
+            .expect("an ASCII header value"),
+    );
+    r
+}
+
+/// The admin's calls from the browser scenario's (blocking) thread.
+struct BlockingAdmin {
+    rt: tokio::runtime::Handle,
+    channel: Channel,
+}
+
+impl BlockingAdmin {
+    fn job(&self, id: &str) -> peloton_proto::v1::Job {
+        self.rt.block_on(admin_get_job(&self.channel, id))
+    }
+
+    fn scale(&self, id: &str, instances: u32) {
+        let mut jobs = JobServiceClient::new(self.channel.clone());
+        self.rt
+            .block_on(jobs.scale(as_admin(peloton_proto::v1::ScaleJobRequest {
+                id: id.into(),
+                instance_count: instances,
+                version: 0,
+            })))
+            .unwrap_or_else(|e| panic!("scale {id}: {e:?}"));
+    }
+}
+
+/// The job `id` as the admin sees it.
+async fn admin_get_job(channel: &Channel, id: &str) -> peloton_proto::v1::Job {
+    JobServiceClient::new(channel.clone())
+        .get(as_admin(peloton_proto::v1::GetJobRequest { id: id.into() }))
+        .await
+        .unwrap_or_else(|e| panic!("get job {id}: {e:?}"))
+        .into_inner()
+        .job
+        .expect("job")
+}
+
+/// A TLS channel to `addr` trusting only `ca_pem` (the server's private
+/// CA), retried until the server accepts.
+async fn tls_channel(addr: std::net::SocketAddr, ca_pem: &str) -> Channel {
+    let url = format!("https://{addr}");
+    common::eventually(&format!("connect to {url}"), common::TIMEOUT, async || {
+        Endpoint::from_shared(url.clone())
+            .expect("valid url")
+            .timeout(common::TIMEOUT)
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(ca_pem))
+                    .domain_name("localhost"),
+            )
+            .map_err(|e| format!("{e:?}"))?
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))
+    })
+    .await
+}
+
+/// The base64 SHA-256 of the SubjectPublicKeyInfo of the first certificate
+/// in `pem`: how Chromium's `--ignore-certificate-errors-spki-list` names
+/// the one key it accepts despite an unknown issuer.
+fn spki_sha256_base64(pem: &str) -> String {
+    use sha2::Digest as _;
+    let body = pem
+        .split("-----BEGIN CERTIFICATE-----")
+        .nth(1)
+        .and_then(|rest| rest.split("-----END CERTIFICATE-----").next())
+        .expect("a PEM certificate");
+    let der = base64_decode(body);
+    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version
+    // OPTIONAL, serialNumber, signature, issuer, validity, subject,
+    // subjectPublicKeyInfo, ... }, ... }
+    let (_, cert, _) = der_split(&der);
+    let (_, mut tbs, _) = der_split(cert);
+    if tbs[0] == 0xa0 {
+        tbs = der_split(tbs).2;
+    }
+    for _ in 0..5 {
+        tbs = der_split(tbs).2;
+    }
+    let (spki, _, _) = der_split(tbs);
+    // A SEQUENCE naming the EC public key algorithm (1.2.840.10045.2.1).
+    assert_eq!(spki[0], 0x30, "SubjectPublicKeyInfo");
+    assert!(
+        spki.windows(9)
+            .any(|w| w == [0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01]),
+        "an EC key's SubjectPublicKeyInfo"
+    );
+    base64_encode(&sha2::Sha256::digest(spki))
+}
+
+/// The first DER element of `bytes`: the whole element, its contents and
+/// what follows it.
+fn der_split(bytes: &[u8]) -> (&[u8], &[u8], &[u8]) {
+    let first = bytes[1];
+    let (len, header) = if first < 0x80 {
+        (usize::from(first), 2)
+    } else {
+        let n = usize::from(first & 0x7f);
+        let len = bytes[2..2 + n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, 2 + n)
+    };
+    let end = header + len;
+    (&bytes[..end], &bytes[header..end], &bytes[end..])
 }
 
 /// A batch job of real commands in /real (`gpu` GPUs per task).
@@ -943,6 +1352,11 @@ struct Browser {
 
 impl Browser {
     fn launch(chromium: &Path) -> Browser {
+        Browser::launch_with(chromium, &[])
+    }
+
+    /// [`Browser::launch`] with more command-line flags.
+    fn launch_with(chromium: &Path, flags: &[String]) -> Browser {
         let profile = tempfile::tempdir().expect("a browser profile directory");
         // The shell puts our pipes on the descriptors the protocol uses.
         let mut child = Command::new("sh")
@@ -962,6 +1376,7 @@ impl Browser {
                 "--window-size=1440,900",
             ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(flags)
             .arg("about:blank")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1015,6 +1430,13 @@ impl Browser {
 
     /// One command (on the page's session once there is one); its result.
     fn call(&mut self, method: &str, params: Json) -> Json {
+        self.try_call(method, params)
+            .unwrap_or_else(|error| panic!("{method}: {error}"))
+    }
+
+    /// [`Browser::call`], with the protocol's error as an `Err` (such as
+    /// no execution context while the page reloads).
+    fn try_call(&mut self, method: &str, params: Json) -> Result<Json, Json> {
         self.next_id += 1;
         let id = self.next_id;
         let mut message = json!({"id": id, "method": method, "params": params});
@@ -1039,9 +1461,9 @@ impl Browser {
                 continue;
             }
             if let Some(error) = answer.get("error") {
-                panic!("{method}: {error}");
+                return Err(error.clone());
             }
-            return answer["result"].clone();
+            return Ok(answer["result"].clone());
         }
     }
 
@@ -1051,11 +1473,16 @@ impl Browser {
     }
 
     /// Evaluates `expression` in the page (awaiting a promise); its value.
+    /// A protocol error (no page to evaluate in, while one reloads) is
+    /// returned as an exception too.
     fn eval(&mut self, expression: &str) -> Json {
-        let r = self.call(
+        let r = match self.try_call(
             "Runtime.evaluate",
             json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
-        );
+        ) {
+            Ok(r) => r,
+            Err(error) => return json!({"exception": error}),
+        };
         if let Some(e) = r.get("exceptionDetails") {
             return json!({"exception": e});
         }
@@ -1135,8 +1562,36 @@ fn base64_decode(text: &str) -> Vec<u8> {
     out
 }
 
+/// Standard base64, padded.
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn base64_decodes() {
     assert_eq!(base64_decode("aGVsbG8="), b"hello");
     assert_eq!(base64_decode("aGk="), b"hi");
+}
+
+#[test]
+fn base64_encodes() {
+    assert_eq!(base64_encode(b"hello"), "aGVsbG8=");
+    assert_eq!(base64_encode(b"hi"), "aGk=");
+    assert_eq!(base64_encode(b"abc"), "YWJj");
+    assert_eq!(base64_encode(b""), "");
 }
