@@ -49,6 +49,9 @@ pub const MAX_GRANTS: usize = 64;
 pub const MAX_TOKENS: usize = 10_000;
 /// Longest audit target kept (longer ones are cut).
 const MAX_TARGET_BYTES: usize = 512;
+/// Deleted jobs whose pool is remembered for filtering reads (their last
+/// events reach their viewers' watches after the job is gone).
+const REMEMBERED_DELETED_JOBS: usize = 100_000;
 /// Longest audit message kept.
 const MAX_AUDIT_MESSAGE_BYTES: usize = 1024;
 
@@ -76,6 +79,41 @@ pub struct Caller {
     pub principal: Principal,
     /// The token as the API shows it.
     pub token: pb::Token,
+    /// Set when the token is revoked: streams it opened end.
+    revoked: std::sync::atomic::AtomicBool,
+}
+
+/// The message a stream ends with when its token is revoked.
+pub const REVOKED: &str = "the token was revoked";
+
+/// `stream`, ended with UNAUTHENTICATED at its next message once `caller`'s
+/// token is revoked (a revoked token stops working at once, open streams
+/// included).
+pub fn until_revoked<T>(
+    stream: impl futures::Stream<Item = Result<T, Status>> + Send + 'static,
+    caller: Arc<Caller>,
+) -> impl futures::Stream<Item = Result<T, Status>> + Send + 'static
+where
+    T: Send + 'static,
+{
+    use futures::StreamExt as _;
+    let mut ended = false;
+    stream
+        .map(move |item| {
+            if caller.is_revoked() {
+                Err(Status::unauthenticated(REVOKED))
+            } else {
+                item
+            }
+        })
+        .take_while(move |item| {
+            let go = !ended;
+            if matches!(item, Err(e) if e.code() == tonic::Code::Unauthenticated && e.message() == REVOKED)
+            {
+                ended = true;
+            }
+            std::future::ready(go)
+        })
 }
 
 impl Caller {
@@ -85,7 +123,13 @@ impl Caller {
         Ok(Caller {
             principal: Principal::new(token.name.clone(), grants),
             token,
+            revoked: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Whether its token was revoked.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The bootstrap admin, or an insecure server's anonymous caller.
@@ -164,6 +208,16 @@ pub struct Access {
     anonymous: Arc<Caller>,
     tokens: RwLock<FxHashMap<Digest32, Arc<Caller>>>,
     job_pools: RwLock<FxHashMap<Arc<str>, Arc<str>>>,
+    /// The pools of the jobs deleted last (bounded), oldest first: for
+    /// filtering events, never for authorizing a call.
+    deleted: RwLock<Deleted>,
+}
+
+/// Recently deleted jobs' pools, bounded.
+#[derive(Debug, Default)]
+struct Deleted {
+    pools: FxHashMap<Arc<str>, Arc<str>>,
+    order: std::collections::VecDeque<Arc<str>>,
 }
 
 impl Access {
@@ -176,6 +230,7 @@ impl Access {
             anonymous: Arc::new(Caller::admin(ANONYMOUS)),
             tokens: RwLock::default(),
             job_pools: RwLock::default(),
+            deleted: RwLock::default(),
         }
     }
 
@@ -250,12 +305,16 @@ impl Access {
             .insert(digest, caller);
     }
 
-    /// A token is refused from now on.
+    /// A token is refused from now on (and the streams it opened end).
     pub fn remove_token(&self, digest: &Digest32) {
-        self.tokens
+        let gone = self
+            .tokens
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(digest);
+        if let Some(c) = gone {
+            c.revoked.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The pool of every live job from now on (the loop, at start).
@@ -271,8 +330,16 @@ impl Access {
     ) {
         let mut m = self.job_pools.write().unwrap_or_else(|e| e.into_inner());
         m.extend(created);
+        let mut gone = self.deleted.write().unwrap_or_else(|e| e.into_inner());
         for d in deleted {
-            m.remove(&d);
+            if let Some(pool) = m.remove(&d) {
+                gone.order.push_back(d.clone());
+                gone.pools.insert(d, pool);
+                while gone.order.len() > REMEMBERED_DELETED_JOBS {
+                    let old = gone.order.pop_front().expect("not empty");
+                    gone.pools.remove(&old);
+                }
+            }
         }
     }
 
@@ -299,8 +366,15 @@ impl Access {
         if caller.principal.sees_everything() {
             return true;
         }
-        self.job_pool(job)
-            .is_some_and(|p| caller.principal.allows(Permission::JobsRead, &p))
+        let pool = self.job_pool(job).or_else(|| {
+            self.deleted
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .pools
+                .get(job)
+                .cloned()
+        });
+        pool.is_some_and(|p| caller.principal.allows(Permission::JobsRead, &p))
     }
 }
 

@@ -155,7 +155,7 @@ fn tls_config(
                 names.push(addr.ip().to_string());
             }
             let pair = pki.ensure_server(&names)?;
-            (pair, client_ca.or(Some(pki.ca_cert_pem.clone())))
+            (pair, client_ca.or(Some(pki.ca_cert_pem)))
         }
     };
     let tls = peloton_tls::server_config(&pair.cert_pem, &pair.key_pem, client_ca.as_deref())?;

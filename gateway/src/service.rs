@@ -1234,6 +1234,7 @@ impl WatchService for Api {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = access::caller(&request)?;
         let mut viewer = Self::viewer(&request)?;
         if !request.get_ref().job_id.is_empty() {
             self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
@@ -1302,6 +1303,7 @@ impl WatchService for Api {
                 }
             },
         );
+        let stream = access::until_revoked(stream, caller);
         let Some(viewer) = viewer else {
             return Ok(Response::new(Box::pin(stream)));
         };

@@ -5,8 +5,6 @@
 //! events are filtered), the audit log of every mutating call, all of it
 //! surviving a restart, and the JSON/HTTP mirror over TLS.
 //!
-//! The two `#[ignore]`d tests at the end each show a server bug (named in
-//! its reason) and pass once it is fixed: `-- --include-ignored`.
 
 mod common;
 
@@ -1455,8 +1453,6 @@ async fn the_json_mirror_over_tls_wants_a_token_and_filters_alike() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: WhoAmI answers created_at_ms 0 until a restart (scheduler/access.rs \
-            create_token builds the Caller from the token before setting created_at_ms)"]
 async fn whoami_shows_the_token_as_listed() {
     let s = Secure::start().await;
     let admin = s.admin();
@@ -1482,8 +1478,6 @@ async fn whoami_shows_the_token_as_listed() {
 /// A viewer's watch must carry the deletion of its own pool's job (the
 /// admin's does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: the deletion event of a job is filtered out of a partial viewer's \
-            watch (the job's pool is forgotten before the event is filtered)"]
 async fn a_viewer_sees_the_deletion_of_its_pools_job() {
     let s = Secure::start().await;
     let admin = s.admin();

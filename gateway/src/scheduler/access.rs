@@ -111,6 +111,8 @@ impl Scheduler {
             ))));
             return;
         }
+        let mut token = token;
+        token.created_at_ms = self.now;
         let caller = match Caller::from_token(token.clone()) {
             Ok(c) => Arc::new(c),
             Err(e) => {
@@ -118,8 +120,6 @@ impl Scheduler {
                 return;
             }
         };
-        let mut token = token;
-        token.created_at_ms = self.now;
         a.tokens.insert(token.name.clone(), (token.clone(), digest));
         self.batch.tokens.push((
             token.name.clone(),
