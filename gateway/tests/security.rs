@@ -1505,3 +1505,36 @@ async fn a_viewer_sees_the_deletion_of_its_pools_job() {
     collect_events(&mut live, deleted).await;
     s.shutdown().await;
 }
+
+/// A revoked token's open watch ends at its next message, UNAUTHENTICATED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_ends_its_open_watch() {
+    let s = Secure::start().await;
+    let admin = s.admin();
+    create_pools_a_and_b(&admin).await;
+    let view = s.as_token(&create_token(&admin, "view-a", pb::Role::Viewer, "/a").await);
+    let mut live = view.watch(0, "").await.expect("viewer watches");
+    let first = admin.create_job(short_job("/a")).await.expect("job in /a");
+    collect_events(&mut live, |events| {
+        events.iter().any(|e| job_of(e) == first.id)
+    })
+    .await;
+    admin.revoke("view-a").await.expect("revoke");
+    admin
+        .create_job(short_job("/a"))
+        .await
+        .expect("another job in /a");
+    let end = within("the watch to end", async {
+        loop {
+            match live.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    let e = end.expect_err("the stream ends with an error");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains("revoked"), "{e:?}");
+    s.shutdown().await;
+}
