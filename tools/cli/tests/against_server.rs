@@ -1,6 +1,8 @@
 //! The `peloton` binary against a real server on 127.0.0.1 (port 0) with
 //! simulated hosts: the examples run end to end, and errors are readable
-//! with the right exit codes.
+//! with the right exit codes. The server is secure (see `common`).
+
+mod common;
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -13,7 +15,7 @@ fn examples() -> PathBuf {
 }
 
 async fn peloton(server: &str, args: &[&str]) -> Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_peloton"));
+    let mut cmd = common::cli();
     cmd.arg("--server").arg(server).args(args);
     cmd.output().await.expect("the CLI runs")
 }
@@ -30,9 +32,7 @@ async fn start_server(
         metrics_listen: None,
         sim_hosts,
         cycle_interval_ms: 5,
-        // Plain http:// (tests/secure.rs covers TLS and tokens).
-        secure: false,
-        ..Config::default()
+        ..common::secure_config()
     })
     .await
     .unwrap()
@@ -60,7 +60,7 @@ async fn ok_json(server: &str, args: &[&str]) -> Value {
 async fn examples_run_end_to_end_and_errors_are_readable() {
     let dir = tempfile::tempdir().unwrap();
     let server = start_server(dir.path(), 16).await;
-    let url = format!("http://{}", server.addr);
+    let url = common::url(server.addr);
     let ex = examples();
     let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
 
@@ -174,7 +174,7 @@ async fn examples_run_end_to_end_and_errors_are_readable() {
 async fn the_service_example_rolls_to_v2_through_the_cli() {
     let dir = tempfile::tempdir().unwrap();
     let server = start_server(dir.path(), 4).await;
-    let url = format!("http://{}", server.addr);
+    let url = common::url(server.addr);
     let ex = examples();
     let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
     let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;
@@ -253,7 +253,7 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
 async fn host_pools_through_the_cli() {
     let dir = tempfile::tempdir().unwrap();
     let server = start_server(dir.path(), 4).await;
-    let url = format!("http://{}", server.addr);
+    let url = common::url(server.addr);
     let ex = examples();
     let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
     let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;
@@ -353,7 +353,7 @@ async fn host_pools_through_the_cli() {
 async fn secrets_volumes_and_daemons_through_the_cli() {
     let dir = tempfile::tempdir().unwrap();
     let server = start_server(dir.path(), 3).await;
-    let url = format!("http://{}", server.addr);
+    let url = common::url(server.addr);
     let ex = examples();
     let ex = |f: &str| ex.join(f).to_string_lossy().into_owned();
     let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;

@@ -9,6 +9,9 @@
 //! The quick-start test runs `pelotond` and `peloton-agent` found next to
 //! the `peloton` binary: `cargo test --workspace` builds them; for this
 //! target alone, `cargo build -p peloton-gateway -p peloton-agent` first.
+//! The simulated-host server is secure (see `common`).
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -49,14 +52,14 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// `server`: an address, or a config file (`*.yaml`) naming the server,
-/// its CA and token (the secure quick start's).
+/// `server`: an address of a test server (trusting the test CA, with the
+/// admin token), or a config file (`*.yaml`) naming the server, its CA and
+/// token (the secure quick start's).
 async fn peloton(server: &str, args: &[&str]) -> Output {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_peloton"));
-    let flag = if server.ends_with(".yaml") {
-        "--config"
+    let (mut cmd, flag) = if server.ends_with(".yaml") {
+        (common::bare_cli(), "--config")
     } else {
-        "--server"
+        (common::cli(), "--server")
     };
     cmd.arg(flag).arg(server).args(args);
     cmd.output().await.expect("the CLI runs")
@@ -388,9 +391,7 @@ async fn sim_server(dir: &Path) -> peloton_gateway::server::Server {
         metrics_listen: None,
         sim_hosts: 4,
         cycle_interval_ms: 5,
-        // Plain http:// (tests/secure.rs covers TLS and tokens).
-        secure: false,
-        ..Config::default()
+        ..common::secure_config()
     })
     .await
     .expect("server starts")
@@ -420,7 +421,7 @@ fn lowercase_keys(yaml: &str) -> String {
 async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = sim_server(dir.path()).await;
-    let url = format!("http://{}", server.addr);
+    let url = common::url(server.addr);
     let url = url.as_str();
     ok(
         url,

@@ -4,13 +4,17 @@
 //! same data directory served from another port, as a new leader would),
 //! and two servers on one PostgreSQL (from the system's packages): a
 //! standby sends the CLI to the leader, and once the leader has gone the
-//! CLI finds the standby that took over.
+//! CLI finds the standby that took over. Every server is secure (see
+//! `common`): addresses without a scheme are `https://`, and standbys name
+//! the leader by its `https://` URL.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use peloton_cli::channel::LeaderChannel;
-use peloton_cli::servers::parse_servers;
+use peloton_cli::servers::{Scheme, parse_servers_as};
 use peloton_gateway::config::Config;
 use peloton_proto::v1::resource_pool_service_client::ResourcePoolServiceClient;
 use peloton_proto::v1::{CreatePoolRequest, GetPoolRequest, PoolSpec};
@@ -24,7 +28,7 @@ fn examples() -> PathBuf {
 }
 
 async fn peloton(servers: &str, args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_peloton"))
+    common::cli()
         .env("PELOTON_SERVER", servers)
         .args(args)
         .output()
@@ -43,9 +47,7 @@ async fn start_server(data_dir: &Path, listen: &str) -> peloton_gateway::server:
         metrics_listen: None,
         sim_hosts: 4,
         cycle_interval_ms: 5,
-        // Plain http:// (tests/secure.rs covers TLS and tokens).
-        secure: false,
-        ..Config::default()
+        ..common::secure_config()
     })
     .await
     .expect("server starts")
@@ -63,7 +65,7 @@ fn free_port() -> u16 {
 async fn a_dead_first_address_is_skipped_for_writes_and_reads() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = start_server(dir.path(), "127.0.0.1:0").await;
-    let servers = format!("{DEAD}, http://{}", server.addr);
+    let servers = format!("{DEAD}, {}", common::url(server.addr));
     let pools = examples().join("pools.yaml");
     let hello = examples().join("hello.yaml");
 
@@ -103,11 +105,11 @@ async fn no_server_reachable_names_each_address_and_exits_1() {
     let stderr = text(&out.stderr);
     assert!(
         stderr.starts_with(
-            "error: cannot connect to any of the Peloton servers: http://127.0.0.1:1: "
+            "error: cannot connect to any of the Peloton servers: https://127.0.0.1:1: "
         ),
         "{stderr}"
     );
-    assert!(stderr.contains("; http://127.0.0.1:2: "), "{stderr}");
+    assert!(stderr.contains("; https://127.0.0.1:2: "), "{stderr}");
     assert!(stderr.contains("Connection refused"), "{stderr}");
 
     // A bad list is a usage error, found before any connection.
@@ -125,9 +127,14 @@ async fn a_write_goes_to_the_next_address_when_its_server_has_gone() {
     let dir = tempfile::tempdir().expect("temp dir");
     let first = start_server(dir.path(), "127.0.0.1:0").await;
     let second_port = free_port();
-    let servers =
-        parse_servers(&format!("{},127.0.0.1:{second_port}", first.addr)).expect("valid list");
-    let channel = LeaderChannel::connect(servers).await.expect("connects");
+    let servers = parse_servers_as(
+        &format!("{},127.0.0.1:{second_port}", first.addr),
+        Scheme::Https,
+    )
+    .expect("valid list");
+    let channel = LeaderChannel::connect_with(servers, common::security())
+        .await
+        .expect("connects");
     let mut pools = ResourcePoolServiceClient::new(channel);
     let create = |path: &str| CreatePoolRequest {
         path: path.to_owned(),
@@ -189,9 +196,7 @@ fn shared_config(data_dir: &Path, listen: &str, store: &str) -> Config {
         cycle_interval_ms: 5,
         store: Some(store.to_owned()),
         lease_ms: 1000,
-        // Plain http:// (tests/secure.rs covers TLS and tokens).
-        secure: false,
-        ..Config::default()
+        ..common::secure_config()
     }
 }
 
@@ -209,9 +214,9 @@ async fn a_standby_sends_the_cli_to_the_leader_and_a_new_leader_is_found() {
     ))
     .await
     .expect("the first server leads");
-    let leader_url = format!("http://{}", leader.addr);
+    let leader_url = common::url(leader.addr);
     let standby_port = free_port();
-    let standby_url = format!("http://127.0.0.1:{standby_port}");
+    let standby_url = format!("https://127.0.0.1:{standby_port}");
     let standby = tokio::spawn({
         let config = shared_config(
             &dir.path().join("b"),
@@ -224,13 +229,9 @@ async fn a_standby_sends_the_cli_to_the_leader_and_a_new_leader_is_found() {
     let refusal = format!("not the leader: the leader is at {leader_url}");
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let said = match tonic::transport::Endpoint::from_shared(standby_url.clone())
-            .expect("uri")
-            .connect()
-            .await
-        {
+        let said = match common::endpoint(&standby_url).connect().await {
             Ok(channel) => ResourcePoolServiceClient::new(channel)
-                .get(GetPoolRequest { path: "/".into() })
+                .get(common::authed(GetPoolRequest { path: "/".into() }))
                 .await
                 .map(|_| "served".to_owned())
                 .unwrap_or_else(|status| status.message().to_owned()),

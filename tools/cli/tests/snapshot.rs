@@ -1,5 +1,8 @@
 //! `peloton cluster snapshot DIR` against a real server with simulated
-//! hosts: the Arrow IPC files hold every host and every task.
+//! hosts: the Arrow IPC files hold every host and every task. The server
+//! is secure (see `common`).
+
+mod common;
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -8,7 +11,7 @@ use arrow_array::{Array, Float64Array, RecordBatch, StringArray, UInt32Array};
 use peloton_gateway::config::Config;
 
 async fn peloton(server: &str, args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_peloton"))
+    common::cli()
         .arg("--server")
         .arg(server)
         .args(args)
@@ -43,13 +46,11 @@ async fn snapshot_writes_hosts_and_tasks_as_arrow() {
         metrics_listen: None,
         sim_hosts: 3,
         cycle_interval_ms: 5,
-        // Plain http:// (tests/secure.rs covers TLS and tokens).
-        secure: false,
-        ..Config::default()
+        ..common::secure_config()
     })
     .await
     .unwrap();
-    let url = format!("http://{}", server.addr);
+    let url = common::url(server.addr);
     let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     let ex = |f: &str| examples.join(f).to_string_lossy().into_owned();
     let out = peloton(&url, &["respool", "create", &ex("pools.yaml")]).await;

@@ -1,7 +1,10 @@
 //! `peloton watch` against a real server (simulated hosts): without
 //! `--from` it shows events from now on, `--from 1` replays from the first
 //! event kept, `--from N` from revision N, and `--from 0` is refused with a
-//! message that says what to use instead.
+//! message that says what to use instead. The server is secure (see
+//! `common`).
+
+mod common;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -18,7 +21,7 @@ fn examples() -> std::path::PathBuf {
 }
 
 fn peloton(server: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peloton"));
+    let mut cmd = common::cli();
     cmd.arg("--server").arg(server);
     cmd
 }
@@ -80,13 +83,11 @@ async fn watch_follows_from_now_or_replays_from_a_revision() {
         metrics_listen: None,
         sim_hosts: 4,
         cycle_interval_ms: 5,
-        // Plain http:// (tests/secure.rs covers TLS and tokens).
-        secure: false,
-        ..Config::default()
+        ..common::secure_config()
     })
     .await
     .unwrap();
-    let url = format!("http://{}", server.addr);
+    let url = common::url(server.addr);
     let out = peloton(&url)
         .args(["respool", "create"])
         .arg(examples().join("pools.yaml"))
