@@ -15,7 +15,6 @@ use common::*;
 use pb::JobState as J;
 use pb::TaskState as T;
 use peloton_proto::v1 as pb;
-use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hello_world_output_is_readable_through_the_api_and_the_cli() {
@@ -39,8 +38,8 @@ async fn hello_world_output_is_readable_through_the_api_and_the_cli() {
         assert_eq!(cluster.logs(&id, i, true).await, "oops\n");
     }
     // The CLI reads the same bytes.
-    let out = Command::new(sibling("peloton"))
-        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+    let out = cluster
+        .cli()
         .args(["task", "logs", &id, "2"])
         .output()
         .await
@@ -50,8 +49,8 @@ async fn hello_world_output_is_readable_through_the_api_and_the_cli() {
         String::from_utf8_lossy(&out.stdout),
         format!("hello from {id}-2-1\n")
     );
-    let out = Command::new(sibling("peloton"))
-        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+    let out = cluster
+        .cli()
         .args(["task", "logs", &id, "2", "--stderr"])
         .output()
         .await

@@ -24,7 +24,10 @@ async fn a_second_agent_with_a_held_host_name_is_refused_and_the_first_keeps_its
     let twin_dir = cluster.work_dir("a0-twin");
     std::fs::create_dir_all(&twin_dir).expect("work dir");
     let mut twin = Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
-        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+        .args(["--server", &cluster.url()])
+        // A certificate naming a0 too: the host name is refused for being
+        // held, not for the certificate.
+        .args(cluster.agent_tls_args("a0"))
         .arg("--work-dir")
         .arg(&twin_dir)
         .args(["--host", "a0", "--token", TOKEN])

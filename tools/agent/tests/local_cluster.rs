@@ -5,7 +5,10 @@
 //! next start, whose agents take them over. SIGHUP stops the cluster as
 //! Ctrl-C does; if the server dies (SIGKILL), its agents stop their tasks
 //! and exit all the same. The agents share the machine's cores and memory
-//! and get the token by file, not on their command line.
+//! and get the token by file, not on their command line. The server is
+//! secure, as by default: it makes its CA in its data dir, gives each agent
+//! a certificate naming its host, and the tests' clients use TLS with its
+//! admin token.
 
 mod common;
 
@@ -61,7 +64,7 @@ impl LocalCluster {
             let out = stdout.lock().unwrap().clone();
             let port = out
                 .lines()
-                .find_map(|l| l.strip_prefix("pelotond: serving gRPC on http://"))?
+                .find_map(|l| l.strip_prefix("pelotond: serving gRPC on https://"))?
                 .rsplit(':')
                 .next()?
                 .parse::<u16>()
@@ -84,7 +87,8 @@ impl LocalCluster {
             stdout,
             agents,
             stopped: false,
-            c: Clients::new(port),
+            // The server made its CA and admin token in its data dir.
+            c: Clients::of_data_dir(port, data),
         };
         eventually("3 local hosts up", async || {
             let mut hosts = cluster.c.hosts.clone();
@@ -306,6 +310,12 @@ async fn ctrl_c_on_the_local_cluster_stops_its_tasks_and_agents_quietly() {
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         assert!(!cmdline.contains(token), "{name}: {cmdline}");
         assert!(cmdline.contains("--token-file"), "{name}: {cmdline}");
+        // Its own certificate, from the server's CA, for its host.
+        let cert = data.join("agents").join(name).join("agent.pem");
+        assert!(
+            cmdline.contains(&format!("--cert-file {}", cert.display())),
+            "{name}: {cmdline}"
+        );
     }
 
     // The agents share the machine: together they offer its cores and

@@ -2,7 +2,9 @@
 //! local cluster, runs the hello-world job for real and prints each task's
 //! output read back through the API (here with `--exit-after-demo`, twice
 //! on one data dir, as a user re-running the quick start would: the second
-//! time the agents re-open their work dirs).
+//! time the agents re-open their work dirs). Secure, as by default: TLS,
+//! the agents with certificates from the server's CA, the demo as the
+//! admin.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -31,6 +33,17 @@ fn the_quick_start_runs_hello_world_on_local_agents_and_shows_its_output() {
         );
         assert!(
             stdout.contains("demo: finished: JOB_STATE_SUCCEEDED"),
+            "round {round}: {stdout}"
+        );
+        assert!(
+            stdout.contains("pelotond: serving gRPC on https://127.0.0.1:"),
+            "round {round}: {stdout}"
+        );
+        assert!(
+            stdout.contains(&format!(
+                "the admin token is in {}",
+                dir.path().join("admin-token").display()
+            )),
             "round {round}: {stdout}"
         );
         for i in 0..4 {

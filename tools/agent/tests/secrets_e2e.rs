@@ -118,12 +118,7 @@ async fn a_secret_reaches_only_its_tasks_sandbox() {
         value: Vec::new(),
         size: 0,
     }];
-    let mut updates = pb::update_service_client::UpdateServiceClient::connect(format!(
-        "http://127.0.0.1:{}",
-        cluster.port
-    ))
-    .await
-    .expect("connect");
+    let mut updates = pb::update_service_client::UpdateServiceClient::new(cluster.channel());
     updates
         .create(pb::UpdateJobRequest {
             job_id: id.clone(),

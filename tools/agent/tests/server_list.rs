@@ -14,8 +14,8 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::{
-    Clients, Cluster, TOKEN, eventually, free_port, job, kill_processes_with_env, sibling,
-    task_spec, within,
+    Clients, Cluster, TOKEN, agent_tls_args, eventually, free_port, job, kill_processes_with_env,
+    pki, sibling, task_spec, url, within,
 };
 use peloton_proto::v1 as pb;
 use peloton_proto::v1::JobState;
@@ -27,10 +27,7 @@ async fn the_agent_skips_a_dead_address_and_follows_the_server_to_the_next() {
     let mut cluster = Cluster::start(0).await;
     let next_port = free_port();
     // Nothing listens on port 1: connections are refused.
-    let servers = format!(
-        "http://127.0.0.1:1,http://127.0.0.1:{},http://127.0.0.1:{next_port}",
-        cluster.port
-    );
+    let servers = format!("{},{},{}", url(1), url(cluster.port), url(next_port));
     cluster.start_agent_at("a0", &servers).await;
     cluster.wait_hosts_up(1).await;
     let id = cluster.create(job("moves", 1, task_spec("sleep 3"))).await;
@@ -40,7 +37,6 @@ async fn the_agent_skips_a_dead_address_and_follows_the_server_to_the_next() {
     let server = cluster.server.as_mut().expect("server");
     server.kill().await.expect("SIGKILL the server");
     cluster.port = next_port;
-    cluster.c = Clients::new(next_port);
     cluster.start_server().await;
 
     cluster.wait_job(&id, JobState::Succeeded).await;
@@ -73,12 +69,28 @@ fn local_postgres() -> &'static peloton_gateway::local_pg::LocalPostgres {
     })
 }
 
-/// A `pelotond` on the shared database `store`, on `port`; returns once
-/// its stdout has printed a line starting with `wait_for`.
+/// The bootstrap admin token of both servers on the shared database: it is
+/// each server's configuration (not stored), so the pair is given the same.
+const ADMIN_TOKEN: &str = "pel_test_admin_token_of_the_failover_pair";
+
+/// A `pelotond` on the shared database `store`, on `port`, secure with the
+/// test certificates and [`ADMIN_TOKEN`]; returns once its stdout has
+/// printed a line starting with `wait_for`.
 async fn pelotond(dir: &Path, name: &str, port: u16, store: &str, wait_for: &str) -> Child {
+    let config = dir.join(format!("{name}.yaml"));
+    std::fs::write(&config, format!("admin_token: {ADMIN_TOKEN}\n")).expect("config file");
+    let pki = pki();
     let mut child = Command::new(sibling("pelotond"))
+        .arg("--config")
+        .arg(&config)
         .arg("--data-dir")
         .arg(dir.join(name))
+        .arg("--tls-cert")
+        .arg(&pki.server_cert)
+        .arg("--tls-key")
+        .arg(&pki.server_key)
+        .arg("--tls-client-ca")
+        .arg(&pki.ca_file)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--store", store, "--lease-ms", "1500"])
         .args(["--no-metrics", "--agent-token", TOKEN])
@@ -128,7 +140,7 @@ async fn the_agent_registers_through_a_standby_and_follows_the_leader_over_a_fai
         "pelotond: listening on",
     )
     .await;
-    let leader = Clients::new(first_port);
+    let leader = Clients::new(first_port, &pki().ca_file, ADMIN_TOKEN);
     leader
         .pools
         .clone()
@@ -152,8 +164,9 @@ async fn the_agent_registers_through_a_standby_and_follows_the_leader_over_a_fai
     let _agent = Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
         .args([
             "--server",
-            &format!("http://127.0.0.1:{second_port},http://127.0.0.1:{first_port}"),
+            &format!("{},{}", url(second_port), url(first_port)),
         ])
+        .args(agent_tls_args(&dir.path().join("certs"), "a0"))
         .arg("--work-dir")
         .arg(&work)
         .args(["--host", "a0", "--token", TOKEN])
@@ -211,7 +224,7 @@ async fn the_agent_registers_through_a_standby_and_follows_the_leader_over_a_fai
     // The leader dies; the standby takes the lease, and the agent, whose
     // session broke, finds it and hands the running task over.
     first.kill().await.expect("SIGKILL the leader");
-    let new_leader = Clients::new(second_port);
+    let new_leader = Clients::new(second_port, &pki().ca_file, ADMIN_TOKEN);
     eventually("a0 up at the new leader", async || {
         host_up(&new_leader).await
     })

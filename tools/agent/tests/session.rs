@@ -4,10 +4,14 @@
 //! agent, acknowledgements, and a refused token.
 //!
 //! The stand-in only records what the agent says and lets the test speak
-//! for the server; the real server's side is tested with `pelotond`.
+//! for the server; the real server's side is tested with `pelotond`. Like
+//! a secure `pelotond` (the default), it serves TLS only (peloton-tls's
+//! acceptor, the test CA's server certificate) and wants a client
+//! certificate naming the agent's host.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use peloton_proto::v1;
@@ -15,7 +19,7 @@ use peloton_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use v1::RunPhase as P;
 
@@ -42,6 +46,9 @@ impl AgentService for StandIn {
         &self,
         request: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        let cert = request
+            .peer_certs()
+            .and_then(|c| c.first().map(|c| c.as_ref().to_vec()));
         let mut inbound = request.into_inner();
         let first = inbound.message().await?;
         let Some(v1::AgentMessage {
@@ -52,6 +59,9 @@ impl AgentService for StandIn {
         };
         if register.token != TOKEN {
             return Err(Status::unauthenticated("wrong token"));
+        }
+        if !cert.is_some_and(|c| peloton_tls::cert_allows_host(&c, &register.host)) {
+            return Err(Status::permission_denied("no certificate naming the host"));
         }
         let (to_agent, rx) = mpsc::channel(64);
         to_agent
@@ -163,19 +173,49 @@ async fn start_stand_in() -> (u16, mpsc::UnboundedReceiver<Session>) {
         .await
         .expect("bind");
     let port = listener.local_addr().expect("addr").port();
+    let pki = peloton_tls::testkit::shared();
+    let read = |p: &Path| std::fs::read_to_string(p).expect("test certificate");
+    let tls = peloton_tls::server_config(
+        &read(&pki.server_cert),
+        &read(&pki.server_key),
+        Some(&pki.pki.ca_cert_pem),
+    )
+    .expect("TLS config");
     let (sessions, rx) = mpsc::unbounded_channel();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(AgentServiceServer::new(StandIn { sessions }))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
+            .serve_with_incoming(peloton_tls::tls_incoming(listener, tls)),
     );
     (port, rx)
 }
 
+/// The agents' `--cert-file` and `--key-file`: a certificate naming h1,
+/// made once per test process.
+fn h1_certificate() -> &'static (PathBuf, PathBuf) {
+    static FILES: OnceLock<(tempfile::TempDir, (PathBuf, PathBuf))> = OnceLock::new();
+    &FILES
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let files = peloton_tls::testkit::shared()
+                .client_files("h1", dir.path())
+                .expect("agent certificate");
+            (dir, files)
+        })
+        .1
+}
+
 /// Starts an agent; its log goes to the test's stderr unless `capture`.
 fn agent(port: u16, work_dir: &Path, token: &str, capture: bool) -> Child {
+    let (cert, key) = h1_certificate();
     Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
-        .args(["--server", &format!("http://127.0.0.1:{port}")])
+        .args(["--server", &format!("https://127.0.0.1:{port}")])
+        .arg("--ca-file")
+        .arg(&peloton_tls::testkit::shared().ca_file)
+        .arg("--cert-file")
+        .arg(cert)
+        .arg("--key-file")
+        .arg(key)
         .arg("--work-dir")
         .arg(work_dir)
         .args(["--host", "h1", "--token", token])

@@ -70,7 +70,8 @@ async fn an_agent_started_with_signals_ignored_gives_tasks_default_dispositions(
         agent.pre_exec(|| IGNORED.iter().try_for_each(|&signal| ignore(signal)));
     }
     let agent = agent
-        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+        .args(["--server", &cluster.url()])
+        .args(cluster.agent_tls_args("nohup"))
         .arg("--work-dir")
         .arg(&work)
         .args(["--host", "nohup", "--token", TOKEN])

@@ -14,6 +14,12 @@
 //! - cluster mode: drivers are controller tasks of their jobs, and a pool
 //!   full of them still runs their executors.
 //!
+//! The server is secure, as by default: drivers reach its JSON/HTTP mirror
+//! over https, trusting the test CA (`spark.peloton.caFile` or
+//! `PELOTON_CA_FILE`), with a SUBMITTER token for their pool only (from
+//! `spark.peloton.tokenFile`, `PELOTON_TOKEN_FILE` or `PELOTON_TOKEN`; a
+//! cluster-mode driver gets its token as a job secret).
+//!
 //! Needs `java`/`javac` and `python3` with pyspark; without them these
 //! tests say so and pass, unless `PELOTON_REQUIRE_SPARK` is set (as CI does
 //! after installing them).
@@ -25,7 +31,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{Cluster, kill_processes_with_env};
+use common::{Cluster, kill_processes_with_env, pki};
 use peloton_proto::v1 as pb;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
@@ -93,20 +99,102 @@ fn master(cluster: &Cluster) -> String {
     format!("peloton://127.0.0.1:{}", cluster.port)
 }
 
-/// A driver (client mode) started on this machine.
-fn driver(
+/// A new token `name`, SUBMITTER on `pool`'s subtree (all a driver needs);
+/// its secret.
+async fn submitter_token(cluster: &Cluster, name: &str, pool: &str) -> String {
+    let mut access = pb::access_service_client::AccessServiceClient::new(cluster.channel());
+    access
+        .create_token(pb::CreateTokenRequest {
+            name: name.into(),
+            grants: vec![pb::Grant {
+                role: pb::Role::Submitter as i32,
+                pool: pool.into(),
+            }],
+        })
+        .await
+        .expect("create token")
+        .into_inner()
+        .secret
+}
+
+/// [`submitter_token`] in a file only its owner may read; the file.
+async fn submitter_token_file(cluster: &Cluster, name: &str, pool: &str) -> PathBuf {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let secret = submitter_token(cluster, name, pool).await;
+    let path = cluster.dir.path().join(format!("{name}.token"));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .expect("token file");
+    writeln!(file, "{secret}").expect("token file");
+    path
+}
+
+/// How a driver learns the server's CA and its token.
+enum Credentials {
+    /// `spark.peloton.caFile` and `spark.peloton.tokenFile` (a file).
+    Conf(PathBuf),
+    /// `PELOTON_CA_FILE` and `PELOTON_TOKEN` (the token itself).
+    Env(String),
+    /// `PELOTON_CA_FILE` only, no token.
+    CaOnly,
+}
+
+/// A driver (client mode) started on this machine, for `pool`, with a
+/// SUBMITTER token named `token` on it.
+async fn driver(
     cluster: &Cluster,
     jar: &Path,
     python: &str,
     pool: &str,
+    token: &str,
     args: &[&str],
 ) -> tokio::process::Child {
-    Command::new(python)
+    let credentials = Credentials::Conf(submitter_token_file(cluster, token, pool).await);
+    driver_with(cluster, jar, python, pool, credentials, args)
+}
+
+fn driver_with(
+    cluster: &Cluster,
+    jar: &Path,
+    python: &str,
+    pool: &str,
+    credentials: Credentials,
+    args: &[&str],
+) -> tokio::process::Child {
+    let mut command = Command::new(python);
+    command
         .arg(wordcount())
         .arg(master(cluster))
         .arg(jar)
         .arg(pool)
         .args(["--local", "--conf", "spark.peloton.executor.cpus=1"])
+        // Nothing from the environment of whoever runs the tests.
+        .env_remove("PELOTON_CA_FILE")
+        .env_remove("PELOTON_TOKEN")
+        .env_remove("PELOTON_TOKEN_FILE");
+    match credentials {
+        Credentials::Conf(token_file) => {
+            let conf = |key: &str, path: &Path| format!("{key}={}", path.display());
+            command
+                .arg("--conf")
+                .arg(conf("spark.peloton.caFile", &pki().ca_file))
+                .arg("--conf")
+                .arg(conf("spark.peloton.tokenFile", &token_file));
+        }
+        Credentials::Env(token) => {
+            command
+                .env("PELOTON_CA_FILE", &pki().ca_file)
+                .env("PELOTON_TOKEN", token);
+        }
+        Credentials::CaOnly => {
+            command.env("PELOTON_CA_FILE", &pki().ca_file);
+        }
+    }
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -255,6 +343,7 @@ async fn dynamic_allocation_grows_to_its_maximum_and_shrinks_to_zero() {
         &jar,
         &python,
         "/spark",
+        "dynamic",
         &[
             "--dynamic",
             "--max-executors",
@@ -268,7 +357,8 @@ async fn dynamic_allocation_grows_to_its_maximum_and_shrinks_to_zero() {
             "--linger",
             "90",
         ],
-    );
+    )
+    .await;
     let id = app_in(&cluster, "/spark").await;
     // While it works: four executors, read from the scheduler.
     let a = wait_app(&cluster, &id, 120, "4 executors running", |a| {
@@ -318,7 +408,7 @@ async fn a_second_application_waits_with_a_reason_and_finishes_when_the_first_le
         "--sleep",
         "2",
     ];
-    let first = driver(&cluster, &jar, &python, "/small", &dynamic);
+    let first = driver(&cluster, &jar, &python, "/small", "first", &dynamic).await;
     let first_id = app_in(&cluster, "/small").await;
     wait_app(
         &cluster,
@@ -328,7 +418,16 @@ async fn a_second_application_waits_with_a_reason_and_finishes_when_the_first_le
         |a| a.running == 4,
     )
     .await;
-    let second = driver(&cluster, &jar, &python, "/small", &dynamic);
+    // This one reads the CA and the token from the environment.
+    let token = submitter_token(&cluster, "second", "/small").await;
+    let second = driver_with(
+        &cluster,
+        &jar,
+        &python,
+        "/small",
+        Credentials::Env(token),
+        &dynamic,
+    );
     let second_id = app_in_other_than(&cluster, "/small", &first_id).await;
     // Its executors wait, saying why, never refused.
     let a = wait_app(
@@ -374,8 +473,10 @@ async fn an_executors_host_dies_mid_job_and_spark_gets_a_replacement() {
         &jar,
         &python,
         "/spark",
+        "host-lost",
         &["--executors", "3", "--partitions", "24", "--sleep", "1.5"],
-    );
+    )
+    .await;
     let id = app_in(&cluster, "/spark").await;
     let a = wait_app(&cluster, &id, 120, "3 executors running", |a| {
         a.running == 3
@@ -426,6 +527,7 @@ async fn preempted_executors_are_not_the_applications_failures() {
         &jar,
         &python,
         "/spark",
+        "preempted",
         &[
             "--executors",
             "4",
@@ -442,7 +544,8 @@ async fn preempted_executors_are_not_the_applications_failures() {
             "--conf",
             "spark.peloton.executor.killGraceMs=5000",
         ],
-    );
+    )
+    .await;
     let id = app_in(&cluster, "/spark").await;
     let a = wait_app(&cluster, &id, 120, "4 executors running", |a| {
         a.running == 4
@@ -549,8 +652,12 @@ async fn cluster_mode_drivers_are_controller_tasks_and_cannot_starve_their_execu
         },
     )
     .await;
+    // The driver's token comes as a job secret (a file in its sandbox,
+    // never in the spec's reads), the CA from the host's disk.
+    let token = submitter_token(&cluster, "drivers", "/drivers").await;
     let shell = format!(
-        "exec {python} {} {} {} - --local --executors 2 --partitions 6 --sleep 0.5 \
+        "PELOTON_TOKEN_FILE=\"$PELOTON_SECRETS/peloton-token\" \
+         exec {python} {} {} {} - --local --executors 2 --partitions 6 --sleep 0.5 \
          --conf spark.peloton.executor.cpus=1",
         wordcount().display(),
         master(&cluster),
@@ -566,9 +673,15 @@ async fn cluster_mode_drivers_are_controller_tasks_and_cannot_starve_their_execu
             instance_count: 1,
             default_task: Some(pb::TaskSpec {
                 shell: shell.clone(),
-                env: [("PATH".to_owned(), std::env::var("PATH").unwrap_or_default())]
-                    .into_iter()
-                    .collect(),
+                env: [
+                    ("PATH".to_owned(), std::env::var("PATH").unwrap_or_default()),
+                    (
+                        "PELOTON_CA_FILE".to_owned(),
+                        pki().ca_file.display().to_string(),
+                    ),
+                ]
+                .into_iter()
+                .collect(),
                 resources: cpu_mem(1.0, 2048.0),
                 controller: true,
                 memory_limit: pb::MemoryLimit::Resident as i32,
@@ -578,6 +691,11 @@ async fn cluster_mode_drivers_are_controller_tasks_and_cannot_starve_their_execu
                 preemptible: true,
                 ..Default::default()
             }),
+            secrets: vec![pb::Secret {
+                name: "peloton-token".into(),
+                value: token.clone().into_bytes(),
+                size: 0,
+            }],
             ..Default::default()
         };
         let job = jobs
@@ -661,4 +779,40 @@ async fn cluster_mode_drivers_are_controller_tasks_and_cannot_starve_their_execu
         let a = app(&cluster, id).await;
         assert!(a.driver_in_job && a.registered && a.exited >= 2, "{a:#?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_without_a_token_or_with_one_in_its_conf_is_refused_saying_why() {
+    let Some((jar, python)) = plugin() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(0).await;
+    create_pool(&cluster, "/spark", pb::PoolSpec::default()).await;
+    let failed = async |child: tokio::process::Child| {
+        let out = tokio::time::timeout(DRIVER_TIMEOUT, child.wait_with_output())
+            .await
+            .expect("the driver to fail in time")
+            .expect("driver output");
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // The CA but no token: the server refuses the registration.
+    let child = driver_with(&cluster, &jar, &python, "/spark", Credentials::CaOnly, &[]);
+    let err = failed(child).await;
+    assert!(err.contains("UNAUTHENTICATED"), "{err}");
+    assert!(err.contains("https://127.0.0.1:"), "{err}");
+    // A token in Spark's configuration (shown in its UI) is not read.
+    let token = submitter_token(&cluster, "in-conf", "/spark").await;
+    let child = driver_with(
+        &cluster,
+        &jar,
+        &python,
+        "/spark",
+        Credentials::Conf(cluster.admin_token_file()),
+        &["--conf", &format!("spark.peloton.token={token}")],
+    );
+    let err = failed(child).await;
+    assert!(err.contains("spark.peloton.token is not read"), "{err}");
+    assert!(!err.contains(&token), "the token is shown: {err}");
 }

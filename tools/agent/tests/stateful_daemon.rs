@@ -29,7 +29,6 @@ use common::*;
 use pb::JobState as J;
 use pb::TaskState as T;
 use peloton_proto::v1 as pb;
-use tokio::process::Command;
 
 fn quick_restarts() -> Option<pb::RestartPolicy> {
     Some(pb::RestartPolicy {
@@ -231,8 +230,8 @@ async fn a_stateful_instance_keeps_its_data_and_its_host_through_restarts_drains
     let h = host_named(&cluster, &host).await.expect("host");
     assert_eq!(h.volumes_disk_mb, 64, "{h:#?}");
     // The CLI lists it too.
-    let out = Command::new(sibling("peloton"))
-        .args(["--server", &format!("http://127.0.0.1:{}", cluster.port)])
+    let out = cluster
+        .cli()
         .args(["--output", "json", "volume", "list", "--job", &id])
         .output()
         .await

@@ -28,10 +28,10 @@ use pb::TaskState as T;
 use pb::UpdateState as U;
 use pb::health_check::Kind;
 use pb::update_service_client::UpdateServiceClient;
+use peloton_gateway::client::Authed;
 use peloton_proto::v1 as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
-use tonic::transport::Channel;
 
 /// Writes `$VERSION` where the server serves it, then serves the sandbox.
 const SERVE: &str = "printf %s \"$VERSION\" > version && \
@@ -90,15 +90,12 @@ fn rolling(batch_size: u32) -> pb::UpdateSpec {
     }
 }
 
-fn updates(cluster: &Cluster) -> UpdateServiceClient<Channel> {
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", cluster.port))
-        .expect("url")
-        .connect_lazy();
-    UpdateServiceClient::new(channel)
+fn updates(cluster: &Cluster) -> UpdateServiceClient<Authed> {
+    UpdateServiceClient::new(cluster.channel())
 }
 
 async fn create_update(
-    updates: &UpdateServiceClient<Channel>,
+    updates: &UpdateServiceClient<Authed>,
     job_id: &str,
     spec: pb::JobSpec,
     how: pb::UpdateSpec,
@@ -119,7 +116,7 @@ async fn create_update(
 }
 
 /// The update, or None while the server does not answer.
-async fn get_update(updates: &UpdateServiceClient<Channel>, id: &str) -> Option<pb::Update> {
+async fn get_update(updates: &UpdateServiceClient<Authed>, id: &str) -> Option<pb::Update> {
     updates
         .clone()
         .get(pb::GetUpdateRequest { id: id.into() })
@@ -129,7 +126,7 @@ async fn get_update(updates: &UpdateServiceClient<Channel>, id: &str) -> Option<
 }
 
 async fn act(
-    updates: &UpdateServiceClient<Channel>,
+    updates: &UpdateServiceClient<Authed>,
     id: &str,
     action: &str,
 ) -> Result<pb::Update, tonic::Status> {
@@ -149,7 +146,7 @@ fn status(u: &pb::Update) -> pb::UpdateStatus {
 }
 
 /// Polls the update until `want`; any other end state fails the test.
-async fn wait_update(updates: &UpdateServiceClient<Channel>, id: &str, want: U) -> pb::Update {
+async fn wait_update(updates: &UpdateServiceClient<Authed>, id: &str, want: U) -> pb::Update {
     eventually(&format!("update {id} {want:?}"), async || {
         let u = get_update(updates, id).await?;
         let state = status(&u).state();
@@ -167,7 +164,7 @@ async fn wait_update(updates: &UpdateServiceClient<Channel>, id: &str, want: U) 
 }
 
 /// Polls the update until `done` of its instances are done.
-async fn wait_done(updates: &UpdateServiceClient<Channel>, id: &str, done: u32) -> pb::Update {
+async fn wait_done(updates: &UpdateServiceClient<Authed>, id: &str, done: u32) -> pb::Update {
     eventually(
         &format!("{done} instances of update {id} done"),
         async || {

@@ -3,7 +3,11 @@
 //! Starts `pelotond` (the release binary next to this one, on a fresh
 //! temporary data dir with simulated hosts) or connects to `--server`,
 //! creates a pool, and submits `jobs × tasks_per_job` task instances from
-//! several concurrent clients. Reports:
+//! several concurrent clients. The started server is secure, as servers
+//! are by default (TLS, a bearer token on every call, roles checked, the
+//! audit log written): the clients trust the CA it makes in its data dir
+//! and send its admin token; `--insecure` measures without all that.
+//! Reports:
 //! - `tasks_per_s`: instances acknowledged (durably stored) per second,
 //!   from the first submission to the last acknowledgement;
 //! - `placed_p50_ms` / `placed_p99_ms`: from the client starting a job's
@@ -12,15 +16,17 @@
 //! - `server_rss_mb`: the server's peak resident set (VmHWM).
 
 use std::io::BufRead;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use pb::job_service_client::JobServiceClient;
 use pb::task_service_client::TaskServiceClient;
+use peloton_gateway::client::{Authed, Bearer};
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
-use tonic::transport::Channel;
+use tonic::service::interceptor::InterceptedService;
 
 /// Options of one run.
 #[derive(Debug, Clone)]
@@ -41,6 +47,118 @@ pub struct E2eOptions {
     pub store: Option<String>,
     /// Start a throwaway PostgreSQL for the started server's store.
     pub postgres: bool,
+    /// Start the server with `--insecure` (plaintext, no tokens).
+    pub insecure: bool,
+    /// With `server` (https): the CA its certificate is signed by.
+    pub ca_file: Option<PathBuf>,
+    /// With `server`: a file holding the bearer token.
+    pub token_file: Option<PathBuf>,
+}
+
+/// How the clients reach a server: its URL and, for a secure one
+/// (https), the CA that signed its certificate and the bearer token they
+/// send on every call.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) url: String,
+    ca_file: Option<PathBuf>,
+    token: Option<String>,
+}
+
+impl Target {
+    /// A server given by the user: `url`, its CA file (https) and token.
+    pub(crate) fn given(
+        url: &str,
+        ca_file: Option<&Path>,
+        token_file: Option<&Path>,
+    ) -> Result<Target> {
+        let token = match token_file {
+            Some(path) => Some(read_token(path)?),
+            None => None,
+        };
+        anyhow::ensure!(
+            !url.starts_with("https://") || ca_file.is_some(),
+            "--server {url}: an https server needs --ca-file (the CA that signed its certificate)"
+        );
+        anyhow::ensure!(
+            url.starts_with("https://") || token.is_none(),
+            "--server {url}: a token is not sent over plain http"
+        );
+        Ok(Target {
+            url: url.to_owned(),
+            ca_file: ca_file.map(Path::to_path_buf),
+            token,
+        })
+    }
+
+    /// A server this bench started on `data_dir`, serving at `url`: when
+    /// secure (https), it keeps its private CA in `DATA_DIR/tls/ca.pem`
+    /// and its admin token in `DATA_DIR/admin-token`.
+    pub(crate) fn started(url: String, data_dir: &Path) -> Result<Target> {
+        if !url.starts_with("https://") {
+            return Ok(Target {
+                url,
+                ca_file: None,
+                token: None,
+            });
+        }
+        Ok(Target {
+            url,
+            ca_file: Some(data_dir.join("tls").join("ca.pem")),
+            token: Some(read_token(&data_dir.join("admin-token"))?),
+        })
+    }
+
+    /// A new connection (over TLS with the token when secure).
+    pub(crate) async fn connect(&self) -> Result<Authed> {
+        let channel = peloton_gateway::client::endpoint(&self.url, self.ca_file.as_deref())?
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {}", self.url))?;
+        Ok(InterceptedService::new(
+            channel,
+            Bearer::new(self.token.as_deref())?,
+        ))
+    }
+}
+
+fn read_token(path: &Path) -> Result<String> {
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the token in {}", path.display()))?;
+    let token = token.trim();
+    anyhow::ensure!(!token.is_empty(), "{}: no token", path.display());
+    Ok(token.to_owned())
+}
+
+/// `--ca-file`, `--cert-file` and `--key-file` for an agent registering
+/// `host` with the secure server on `data_dir`: a certificate naming the
+/// host from the server's private CA (as `pelotond --local-agents` gives
+/// its agents), written into `dir`. Nothing for an insecure server.
+pub(crate) fn agent_tls_args(
+    target: &Target,
+    data_dir: &Path,
+    host: &str,
+    dir: &Path,
+) -> Result<Vec<String>> {
+    let Some(ca_file) = &target.ca_file else {
+        return Ok(Vec::new());
+    };
+    let pki = peloton_tls::ensure_local_ca(&data_dir.join("tls"))?;
+    std::fs::create_dir_all(dir)?;
+    let (cert, key) = (
+        dir.join(format!("{host}.pem")),
+        dir.join(format!("{host}.key")),
+    );
+    pki.issue_client(host)?.write(&cert, &key)?;
+    Ok([
+        "--ca-file".into(),
+        ca_file.display().to_string(),
+        "--cert-file".into(),
+        cert.display().to_string(),
+        "--key-file".into(),
+        key.display().to_string(),
+    ]
+    .to_vec())
 }
 
 pub(crate) struct Spawned {
@@ -104,27 +222,36 @@ pub(crate) fn sibling_binary(name: &str, packages: &str) -> Result<std::path::Pa
     Ok(bin)
 }
 
-pub(crate) fn spawn_server(hosts: u32) -> Result<(Spawned, String)> {
-    spawn_server_with(hosts, &[])
+/// A server with `hosts` simulated hosts; secure unless `insecure`.
+pub(crate) fn spawn_server(hosts: u32, insecure: bool) -> Result<(Spawned, Target)> {
+    spawn_server_with(hosts, &[], insecure)
 }
 
 /// A server with `hosts` simulated hosts and these further flags.
-pub(crate) fn spawn_server_with(hosts: u32, flags: &[String]) -> Result<(Spawned, String)> {
-    spawn_server_in(tempfile::tempdir()?, hosts, flags)
+pub(crate) fn spawn_server_with(
+    hosts: u32,
+    flags: &[String],
+    insecure: bool,
+) -> Result<(Spawned, Target)> {
+    spawn_server_in(tempfile::tempdir()?, hosts, flags, insecure)
 }
 
-/// A server on the data directory `dir` (new or one a server used before).
+/// A server on the data directory `dir` (new or one a server used before):
+/// secure (the default: TLS with the private CA it makes in `dir`, its
+/// admin token), or with `--insecure`.
 pub(crate) fn spawn_server_in(
     dir: tempfile::TempDir,
     hosts: u32,
     flags: &[String],
-) -> Result<(Spawned, String)> {
+    insecure: bool,
+) -> Result<(Spawned, Target)> {
     let bin = sibling_binary("pelotond", "-p peloton-gateway")?;
     let mut child = std::process::Command::new(&bin)
         .arg("--data-dir")
         .arg(dir.path())
         .args(["--listen", "127.0.0.1:0", "--no-metrics", "--sim-hosts"])
         .arg(hosts.to_string())
+        .args(insecure.then_some("--insecure"))
         .args(flags)
         .stdout(Stdio::piped())
         .stderr(server_log()?)
@@ -143,13 +270,12 @@ pub(crate) fn spawn_server_in(
     };
     // Keep draining stdout so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Ok((
-        Spawned {
-            child,
-            dir: Some(dir),
-        },
-        addr,
-    ))
+    let spawned = Spawned {
+        child,
+        dir: Some(dir),
+    };
+    let target = Target::started(addr, spawned.data_dir())?;
+    Ok((spawned, target))
 }
 
 /// The server's log: appended to the file `PELOTON_BENCH_SERVER_LOG`
@@ -226,22 +352,26 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         None => (None, opts.store.clone()),
     };
     let (_local_pg, store) = store;
-    let (spawned, addr, pid) = match &opts.server {
-        Some(a) => (None, a.clone(), opts.server_pid),
+    let (spawned, target, pid) = match &opts.server {
+        Some(a) => (
+            None,
+            Target::given(a, opts.ca_file.as_deref(), opts.token_file.as_deref())?,
+            opts.server_pid,
+        ),
         None => {
             let flags: Vec<String> = store
                 .iter()
                 .flat_map(|url| ["--store".to_owned(), url.clone()])
                 .collect();
-            let (s, a) = spawn_server_with(opts.hosts, &flags)?;
+            let (s, t) = spawn_server_with(opts.hosts, &flags, opts.insecure)?;
             let pid = s.child.id();
-            (Some(s), a, Some(pid))
+            (Some(s), t, Some(pid))
         }
     };
-    let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())?;
+    let addr = target.url.clone();
     let mut channels = Vec::new();
     for _ in 0..opts.clients.clamp(1, 4) {
-        channels.push(endpoint.connect().await.context("cannot connect")?);
+        channels.push(target.connect().await?);
     }
     // A pool of this run's own, so that a server used before (--server)
     // does not count earlier jobs.
@@ -339,7 +469,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
 }
 
 /// Creates the pool `path` with the default spec.
-pub(crate) async fn create_pool(channel: &Channel, path: &str) -> Result<()> {
+pub(crate) async fn create_pool(channel: &Authed, path: &str) -> Result<()> {
     pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone())
         .create(pb::CreatePoolRequest {
             path: path.into(),
@@ -353,7 +483,7 @@ pub(crate) async fn create_pool(channel: &Channel, path: &str) -> Result<()> {
 /// Submits `jobs` jobs of `per_job` instances to `pool` from `clients`
 /// concurrent clients; each job's id and the wall time its submission began.
 pub(crate) async fn submit(
-    channels: &[Channel],
+    channels: &[Authed],
     pool: &str,
     jobs: u32,
     per_job: u32,
@@ -362,7 +492,7 @@ pub(crate) async fn submit(
     let next = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let mut tasks = Vec::new();
     for c in 0..clients.max(1) {
-        let channel: Channel = channels[c % channels.len()].clone();
+        let channel: Authed = channels[c % channels.len()].clone();
         let next = next.clone();
         let pool = pool.to_string();
         tasks.push(tokio::spawn(async move {
@@ -398,7 +528,7 @@ pub(crate) async fn submit(
 
 /// Instances of `pool`'s jobs in these states, from the jobs' task counts.
 pub(crate) async fn count_in(
-    jobs: &mut JobServiceClient<Channel>,
+    jobs: &mut JobServiceClient<Authed>,
     pool: &str,
     states: &[pb::TaskState],
 ) -> Result<u64> {
@@ -431,7 +561,7 @@ pub(crate) async fn count_in(
 
 /// Instances of `pool`'s jobs placed or further on (placed, launching,
 /// running).
-pub(crate) async fn count_placed(jobs: &mut JobServiceClient<Channel>, pool: &str) -> Result<u64> {
+pub(crate) async fn count_placed(jobs: &mut JobServiceClient<Authed>, pool: &str) -> Result<u64> {
     use pb::TaskState as S;
     count_in(jobs, pool, &[S::Placed, S::Launching, S::Running]).await
 }

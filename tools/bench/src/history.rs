@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use pb::job_service_client::JobServiceClient;
+use peloton_gateway::client::Authed;
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
-use tonic::transport::Channel;
 
 /// Options of one run.
 #[derive(Debug, Clone)]
@@ -56,6 +56,8 @@ pub struct HistoryOptions {
     pub settle_every_million: bool,
     /// Further flags for the server.
     pub server_args: Vec<String>,
+    /// Start the server with `--insecure` (plaintext, no tokens).
+    pub insecure: bool,
 }
 
 fn job_spec(pool: &str, i: u32, tasks: u32, sim_ms: u64) -> pb::JobSpec {
@@ -87,7 +89,7 @@ fn job_spec(pool: &str, i: u32, tasks: u32, sim_ms: u64) -> pb::JobSpec {
 
 /// Whether a job finished (or was already removed, which only happens to
 /// finished jobs).
-async fn finished(client: &mut JobServiceClient<Channel>, id: &str) -> Result<bool> {
+async fn finished(client: &mut JobServiceClient<Authed>, id: &str) -> Result<bool> {
     match client.get(pb::GetJobRequest { id: id.into() }).await {
         Ok(r) => {
             let state = r
@@ -139,11 +141,10 @@ pub async fn run(o: HistoryOptions) -> Result<Value> {
         flags.extend(["--event-retention".to_string(), e.to_string()]);
     }
     flags.extend(o.server_args.iter().cloned());
-    let (spawned, addr) = crate::e2e::spawn_server_with(o.hosts, &flags)?;
+    let (spawned, target) = crate::e2e::spawn_server_with(o.hosts, &flags, o.insecure)?;
     let pid = spawned.child.id().to_string();
     let store_file = spawned.data_dir().join("peloton.redb");
-    let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())?;
-    let channel = endpoint.connect().await.context("cannot connect")?;
+    let channel = target.connect().await?;
     let pool = "/history".to_string();
     crate::e2e::create_pool(&channel, &pool).await?;
     let n_jobs = u32::try_from(o.tasks / u64::from(o.job_size)).context("too many jobs")?;

@@ -3,7 +3,10 @@
 //! Starts `pelotond` and `--agents` local `peloton-agent`s (the release
 //! binaries next to this one, on fresh temporary directories), waits for
 //! every host, then submits one job of `--tasks` instances of `/bin/true`
-//! and waits until it SUCCEEDS. Reports:
+//! and waits until it SUCCEEDS. The server is secure (the default): the
+//! agents present certificates naming their hosts from its private CA, the
+//! client uses TLS and the admin token; `--insecure` measures without.
+//! Reports:
 //! - `tasks_per_s`: instances launched and finished per second, from the
 //!   submission to the job's success;
 //! - `server_cpu_ms_per_task`: the server's CPU time (user + system, from
@@ -25,7 +28,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
-use tonic::transport::Channel;
 
 /// Options of one run.
 #[derive(Debug, Clone)]
@@ -37,6 +39,9 @@ pub struct LaunchOptions {
     /// Where the agents' work dirs go (default: the run's temporary dir,
     /// next to the server's store).
     pub agents_dir: Option<std::path::PathBuf>,
+    /// Start the server with `--insecure` (plaintext, no tokens, agents
+    /// without certificates).
+    pub insecure: bool,
 }
 
 /// A child process stopped with SIGTERM (then SIGKILL after its patience)
@@ -53,7 +58,8 @@ impl Drop for Process {
 const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Starts a local `peloton-agent` of server `addr` on work dir `work`, its
-/// output discarded; `extra` adds options.
+/// output discarded; `extra` adds options (TLS ones for a secure server:
+/// [`crate::e2e::agent_tls_args`]).
 pub(crate) fn spawn_agent(
     bin: &std::path::Path,
     addr: &str,
@@ -203,12 +209,14 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "--tasks: between 1 and 100000"
     );
     let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("server");
     let token = "bench-token";
     let mut server = std::process::Command::new(sibling("pelotond")?)
         .arg("--data-dir")
-        .arg(dir.path().join("server"))
+        .arg(&data_dir)
         .args(["--listen", "127.0.0.1:0", "--no-metrics"])
         .args(["--agent-token", token])
+        .args(o.insecure.then_some("--insecure"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -225,6 +233,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         }
     };
     std::thread::spawn(move || for _ in lines {});
+    let target = crate::e2e::Target::started(addr, &data_dir)?;
     let agent_bin = sibling("peloton-agent")?;
     let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
     let agents_root = match &o.agents_dir {
@@ -234,18 +243,20 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     };
     let mut agents = Vec::new();
     for i in 0..o.agents {
+        let host = format!("bench-{i}");
+        let tls = crate::e2e::agent_tls_args(&target, &data_dir, &host, &dir.path().join("certs"))?;
         let child = spawn_agent(
             &agent_bin,
-            &addr,
+            &target.url,
             token,
             &agents_root.path().join(format!("agent-{i}")),
-            &format!("bench-{i}"),
+            &host,
             &format!("cpu={cores},mem=4096,disk=100000"),
-            &[],
+            &tls,
         )?;
         agents.push(Process(child, PATIENCE));
     }
-    let channel = Channel::from_shared(addr.clone())?.connect().await?;
+    let channel = target.connect().await?;
     let mut hosts = pb::host_service_client::HostServiceClient::new(channel.clone());
     let mut jobs = pb::job_service_client::JobServiceClient::new(channel.clone());
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -149,9 +149,18 @@ enum Command {
         /// Concurrent submitting clients.
         #[arg(long, default_value_t = 8)]
         clients: usize,
-        /// Use this server (e.g. http://127.0.0.1:5391) instead of starting one.
+        /// Use this server (e.g. https://127.0.0.1:5391) instead of starting one.
         #[arg(long)]
         server: Option<String>,
+        /// With an https --server: the CA (PEM) that signed its
+        /// certificate (a pelotond keeps its private CA in
+        /// DATA_DIR/tls/ca.pem).
+        #[arg(long, value_name = "FILE", requires = "server")]
+        ca_file: Option<PathBuf>,
+        /// With --server: a file holding the bearer token to send (e.g.
+        /// DATA_DIR/admin-token); never on the command line.
+        #[arg(long, value_name = "FILE", requires = "server")]
+        token_file: Option<PathBuf>,
         /// With --server: its process id, to report its memory.
         #[arg(long)]
         server_pid: Option<u32>,
@@ -163,6 +172,12 @@ enum Command {
         /// on) and put the started server's store on it.
         #[arg(long, conflicts_with = "server")]
         postgres: bool,
+        /// Start the server with --insecure: plaintext, no tokens, no
+        /// roles or audit (to measure what security costs). By default it
+        /// is secure, as pelotond is: TLS with the private CA it makes in
+        /// its data dir, whose admin token the clients send.
+        #[arg(long, conflicts_with = "server")]
+        insecure: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -185,6 +200,12 @@ enum Command {
         /// Concurrent submitting clients.
         #[arg(long, default_value_t = 8)]
         clients: usize,
+        /// Start the server with --insecure: plaintext, no tokens, no
+        /// roles or audit (to measure what security costs). By default it
+        /// is secure, as pelotond is: TLS with the private CA it makes in
+        /// its data dir, whose admin token the clients send.
+        #[arg(long)]
+        insecure: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -228,6 +249,12 @@ enum Command {
         /// `--server-arg=--store-cache-mb=8`.
         #[arg(long = "server-arg", allow_hyphen_values = true)]
         server_args: Vec<String>,
+        /// Start the server with --insecure: plaintext, no tokens, no
+        /// roles or audit (to measure what security costs). By default it
+        /// is secure, as pelotond is: TLS with the private CA it makes in
+        /// its data dir, whose admin token the clients send.
+        #[arg(long)]
+        insecure: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -246,6 +273,12 @@ enum Command {
         /// a tmpfs (default: next to the server's store, on the temp dir).
         #[arg(long)]
         agents_dir: Option<PathBuf>,
+        /// Start the server with --insecure: plaintext, no tokens, no
+        /// roles or audit (to measure what security costs). By default it
+        /// is secure, as pelotond is: TLS with the private CA it makes in
+        /// its data dir, whose admin token the clients send, and the agents present certificates naming their hosts from that CA.
+        #[arg(long)]
+        insecure: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -264,6 +297,12 @@ enum Command {
         /// Instances updated at once.
         #[arg(long, default_value_t = 500)]
         batch_size: u32,
+        /// Start the server with --insecure: plaintext, no tokens, no
+        /// roles or audit (to measure what security costs). By default it
+        /// is secure, as pelotond is: TLS with the private CA it makes in
+        /// its data dir, whose admin token the clients send.
+        #[arg(long)]
+        insecure: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -286,6 +325,12 @@ enum Command {
         /// Longest wait of any phase, in seconds.
         #[arg(long, default_value_t = 300)]
         timeout_s: u64,
+        /// Start the server with --insecure: plaintext, no tokens, no
+        /// roles or audit (to measure what security costs). By default it
+        /// is secure, as pelotond is: TLS with the private CA it makes in
+        /// its data dir, whose admin token the clients send, and the agents present certificates naming their hosts from that CA.
+        #[arg(long)]
+        insecure: bool,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -409,9 +454,12 @@ fn main() -> Result<()> {
             tasks_per_job,
             clients,
             server,
+            ca_file,
+            token_file,
             server_pid,
             store,
             postgres,
+            insecure,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -426,6 +474,9 @@ fn main() -> Result<()> {
                 server_pid,
                 store,
                 postgres,
+                insecure,
+                ca_file,
+                token_file,
             }))?;
             print(&report, json, "e2e");
         }
@@ -434,6 +485,7 @@ fn main() -> Result<()> {
             jobs,
             tasks_per_job,
             clients,
+            insecure,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -444,6 +496,7 @@ fn main() -> Result<()> {
                 jobs,
                 tasks_per_job,
                 clients,
+                insecure,
             }))?;
             print(&report, json, "recovery");
         }
@@ -459,6 +512,7 @@ fn main() -> Result<()> {
             event_retention,
             settle_every_million,
             server_args,
+            insecure,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -476,6 +530,7 @@ fn main() -> Result<()> {
                 event_retention,
                 settle_every_million,
                 server_args,
+                insecure,
             }))?;
             print(&report, json, "history");
         }
@@ -483,6 +538,7 @@ fn main() -> Result<()> {
             agents,
             tasks,
             agents_dir,
+            insecure,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -492,6 +548,7 @@ fn main() -> Result<()> {
                 agents,
                 tasks,
                 agents_dir,
+                insecure,
             }))?;
             print(&report, json, "launch");
         }
@@ -499,6 +556,7 @@ fn main() -> Result<()> {
             hosts,
             instances,
             batch_size,
+            insecure,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -508,6 +566,7 @@ fn main() -> Result<()> {
                 hosts,
                 instances,
                 batch_size,
+                insecure,
             }))?;
             print(&report, json, "update");
         }
@@ -516,6 +575,7 @@ fn main() -> Result<()> {
             agents,
             executors,
             timeout_s,
+            insecure,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -526,6 +586,7 @@ fn main() -> Result<()> {
                 agents,
                 executors,
                 timeout: Duration::from_secs(timeout_s),
+                insecure,
             }))?;
             print(&report, json, "spark");
         }

@@ -11,8 +11,9 @@
 //!   schedules);
 //! - `all_running_s`: until as many instances run as before the crash.
 //!
-//! Times are measured from outside, through the public API, with the
-//! polling interval (`poll_ms`) as their resolution.
+//! Times are measured from outside, through the public API (over TLS with
+//! the server's admin token, unless `--insecure`), with the polling
+//! interval (`poll_ms`) as their resolution.
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,8 @@ pub struct RecoveryOptions {
     pub tasks_per_job: u32,
     /// Concurrent submitting clients.
     pub clients: usize,
+    /// Start the servers with `--insecure` (plaintext, no tokens).
+    pub insecure: bool,
 }
 
 const POLL: Duration = Duration::from_millis(20);
@@ -41,11 +44,8 @@ const POLL: Duration = Duration::from_millis(20);
 /// Runs the benchmark.
 pub async fn run(opts: RecoveryOptions) -> Result<Value> {
     use pb::TaskState as S;
-    let (spawned, addr) = e2e::spawn_server(opts.hosts)?;
-    let channel = tonic::transport::Endpoint::from_shared(addr.clone())?
-        .connect()
-        .await
-        .context("cannot connect")?;
+    let (spawned, target) = e2e::spawn_server(opts.hosts, opts.insecure)?;
+    let channel = target.connect().await?;
     let pool = "/bench".to_string();
     e2e::create_pool(&channel, &pool).await?;
     let total = u64::from(opts.jobs) * u64::from(opts.tasks_per_job);
@@ -91,9 +91,9 @@ pub async fn run(opts: RecoveryOptions) -> Result<Value> {
         anyhow::ensure!(status.success(), "cannot copy the data dir to {copy:?}");
     }
     let restarted = Instant::now();
-    let (spawned, addr) = e2e::spawn_server_in(dir, opts.hosts, &[])?;
+    let (spawned, target) = e2e::spawn_server_in(dir, opts.hosts, &[], opts.insecure)?;
     let serving_s = restarted.elapsed().as_secs_f64();
-    let channel = tonic::transport::Endpoint::from_shared(addr)?
+    let channel = target
         .connect()
         .await
         .context("cannot connect to the restarted server")?;

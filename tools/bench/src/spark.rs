@@ -48,6 +48,11 @@
 //!      MARKER) still alive after the agents and the server stopped; must
 //!      be 0 (they are killed and the run fails otherwise).
 //!
+//! Both servers are secure (the default): the bench's gRPC clients use
+//! TLS with the CA each makes in its data dir and its admin token, and the
+//! agents present certificates naming their hosts from that CA;
+//! `--insecure` starts them plaintext instead.
+//!
 //! A wait longer than `--timeout-s` fails the run with what was seen (and
 //! the last pending reason); an executor that exits while the target rises
 //! fails it too. Started processes are stopped (SIGTERM, then SIGKILL) and
@@ -65,11 +70,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use pb::application_service_client::ApplicationServiceClient;
 use pb::executor_event::Kind;
+use peloton_gateway::client::Authed;
 use peloton_proto::v1 as pb;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
-use tonic::transport::Channel;
 
 use crate::launch::Process;
 
@@ -84,6 +89,9 @@ pub struct SparkOptions {
     pub executors: u32,
     /// Longest wait of any phase.
     pub timeout: Duration,
+    /// Start the servers with `--insecure` (plaintext, no tokens, agents
+    /// without certificates).
+    pub insecure: bool,
 }
 
 /// Executor resources on local agents.
@@ -130,8 +138,8 @@ fn secs(d: Duration) -> f64 {
 
 /// Part 1: simulated hosts.
 async fn simulated(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> {
-    let (server, addr) = crate::e2e::spawn_server(o.hosts)?;
-    let channel = connect(&addr).await?;
+    let (server, target) = crate::e2e::spawn_server(o.hosts, o.insecure)?;
+    let channel = target.connect().await?;
     let pool = "/spark-sim";
     crate::e2e::create_pool(&channel, pool).await?;
     let executor = pb::TaskSpec {
@@ -216,30 +224,39 @@ async fn local(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> 
     let reaper = Reaper {
         marker: marker.clone(),
     };
-    let (server, addr) = crate::e2e::spawn_server_with(0, &["--agent-token".into(), token.into()])?;
+    let (server, target) =
+        crate::e2e::spawn_server_with(0, &["--agent-token".into(), token.into()], o.insecure)?;
     let agent_bin = crate::e2e::sibling_binary(
         "peloton-agent",
         "-p peloton-gateway -p peloton-agent -p peloton-bench",
     )?;
     let mut agents = Vec::new();
     for i in 0..o.agents {
+        let host = format!("spark-bench-{i}");
+        let mut extra = crate::e2e::agent_tls_args(
+            &target,
+            server.data_dir(),
+            &host,
+            &work.path().join("certs"),
+        )?;
+        extra.extend([
+            "--stop-tasks-on-exit".into(),
+            "--exit-with-parent".into(),
+            std::process::id().to_string(),
+        ]);
         // Spawned from this (the main) thread: --exit-with-parent follows it.
         let child = crate::launch::spawn_agent(
             &agent_bin,
-            &addr,
+            &target.url,
             token,
             &work.path().join(format!("agent-{i}")),
-            &format!("spark-bench-{i}"),
+            &host,
             &format!("cpu={agent_cpu:.3},mem={agent_mem},disk=10000"),
-            &[
-                "--stop-tasks-on-exit".into(),
-                "--exit-with-parent".into(),
-                std::process::id().to_string(),
-            ],
+            &extra,
         )?;
         agents.push(Process(child, AGENT_PATIENCE));
     }
-    let channel = connect(&addr).await?;
+    let channel = target.connect().await?;
     wait_hosts(&channel, o.agents, o.timeout).await?;
     let pool = "/spark-local";
     crate::e2e::create_pool(&channel, pool).await?;
@@ -362,15 +379,8 @@ async fn local(o: &SparkOptions, report: &mut Map<String, Value>) -> Result<()> 
     Ok(())
 }
 
-async fn connect(addr: &str) -> Result<Channel> {
-    Channel::from_shared(addr.to_string())?
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))
-}
-
 /// Waits until `n` agent hosts are connected and up.
-async fn wait_hosts(channel: &Channel, n: u32, timeout: Duration) -> Result<()> {
+async fn wait_hosts(channel: &Authed, n: u32, timeout: Duration) -> Result<()> {
     let mut hosts = pb::host_service_client::HostServiceClient::new(channel.clone());
     let deadline = Instant::now() + timeout.min(Duration::from_secs(60));
     loop {
@@ -393,7 +403,7 @@ async fn wait_hosts(channel: &Channel, n: u32, timeout: Duration) -> Result<()> 
 }
 
 async fn register(
-    apps: &mut ApplicationServiceClient<Channel>,
+    apps: &mut ApplicationServiceClient<Authed>,
     pool: &str,
     driver_url: &str,
     executor: pb::TaskSpec,
@@ -432,7 +442,7 @@ type Events = mpsc::UnboundedReceiver<Result<Timed, tonic::Status>>;
 /// its first message, and reads it on a task of its own (so that every
 /// event is timed as it arrives).
 async fn watch(
-    apps: &mut ApplicationServiceClient<Channel>,
+    apps: &mut ApplicationServiceClient<Authed>,
     app: &pb::Application,
 ) -> Result<Events> {
     let mut stream = apps
@@ -478,7 +488,7 @@ async fn watch(
 /// Sets the target to `total` (generation 1); the time just before the
 /// call and the call's duration in seconds.
 async fn raise_target(
-    apps: &mut ApplicationServiceClient<Channel>,
+    apps: &mut ApplicationServiceClient<Authed>,
     id: &str,
     total: u32,
 ) -> Result<(Instant, f64)> {
@@ -583,7 +593,7 @@ impl Seen {
 /// an exited event (and, with the driver, every connection is closed); then
 /// `Get` must show none running or pending.
 async fn unregister_and_wait(
-    apps: &mut ApplicationServiceClient<Channel>,
+    apps: &mut ApplicationServiceClient<Authed>,
     id: &str,
     events: &mut Events,
     seen: &mut Seen,

@@ -9,7 +9,8 @@
 //! - `loop_cpu_ms_per_instance`: the scheduling loop thread's CPU time
 //!   (user + system, /proc) during the update, per instance updated;
 //! - `server_cpu_ms_per_instance`: the same for the whole server process
-//!   (gRPC handlers and the polling included).
+//!   (gRPC handlers and the polling included; over TLS with tokens and the
+//!   audit log, unless `--insecure`).
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,8 @@ pub struct UpdateOptions {
     pub instances: u32,
     /// Instances updated at once.
     pub batch_size: u32,
+    /// Start the server with `--insecure` (plaintext, no tokens).
+    pub insecure: bool,
 }
 
 fn service(pool: &str, instances: u32, version: &str) -> pb::JobSpec {
@@ -63,7 +66,10 @@ fn service(pool: &str, instances: u32, version: &str) -> pb::JobSpec {
     }
 }
 
-async fn running(jobs: &mut JobServiceClient<tonic::transport::Channel>, id: &str) -> Result<u32> {
+async fn running(
+    jobs: &mut JobServiceClient<peloton_gateway::client::Authed>,
+    id: &str,
+) -> Result<u32> {
     let job = jobs
         .get(pb::GetJobRequest { id: id.into() })
         .await?
@@ -84,12 +90,9 @@ async fn running(jobs: &mut JobServiceClient<tonic::transport::Channel>, id: &st
 
 /// Runs the benchmark.
 pub async fn run(o: UpdateOptions) -> Result<Value> {
-    let (spawned, addr) = crate::e2e::spawn_server(o.hosts)?;
+    let (spawned, target) = crate::e2e::spawn_server(o.hosts, o.insecure)?;
     let pid = spawned.child.id();
-    let channel = tonic::transport::Endpoint::from_shared(addr.clone())?
-        .connect()
-        .await
-        .context("cannot connect")?;
+    let channel = target.connect().await?;
     let mut jobs = JobServiceClient::new(channel.clone()).max_decoding_message_size(64 << 20);
     let mut updates = UpdateServiceClient::new(channel.clone());
     crate::e2e::create_pool(&channel, "/bench").await?;

@@ -235,3 +235,66 @@ fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A binary the service benchmarks start, next to this one (built by
+/// `cargo test --workspace`); `None`, with a note, when it was not built.
+fn sibling(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(env!("CARGO_BIN_EXE_peloton-bench")).with_file_name(name);
+    if path.exists() {
+        Some(path)
+    } else {
+        eprintln!(
+            "SKIPPED: {} not built (cargo test --workspace builds it)",
+            path.display()
+        );
+        None
+    }
+}
+
+#[test]
+fn e2e_measures_a_secure_server_by_default_and_a_plaintext_one_with_insecure() {
+    if sibling("pelotond").is_none() {
+        return;
+    }
+    let args = [
+        "e2e",
+        "--hosts",
+        "20",
+        "--jobs",
+        "4",
+        "--tasks-per-job",
+        "10",
+        "--clients",
+        "2",
+        "--json",
+    ];
+    let report = json(&args);
+    assert_eq!(report["benchmark"], "e2e");
+    assert_eq!(report["tasks"], 40);
+    let server = report["server"].as_str().unwrap();
+    assert!(server.starts_with("https://127.0.0.1:"), "{report}");
+    let mut insecure = args.to_vec();
+    insecure.push("--insecure");
+    let report = json(&insecure);
+    assert_eq!(report["tasks"], 40);
+    let server = report["server"].as_str().unwrap();
+    assert!(server.starts_with("http://127.0.0.1:"), "{report}");
+    // A server of one's own over https needs its CA.
+    let out = bench(&["e2e", "--server", "https://127.0.0.1:1", "--jobs", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs --ca-file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn launch_runs_real_tasks_on_agents_with_certificates() {
+    if sibling("pelotond").is_none() || sibling("peloton-agent").is_none() {
+        return;
+    }
+    let report = json(&["launch", "--agents", "2", "--tasks", "6", "--json"]);
+    assert_eq!(report["tasks"], 6);
+    assert!(report["tasks_per_s"].as_f64().unwrap() > 0.0, "{report}");
+}

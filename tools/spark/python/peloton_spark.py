@@ -27,6 +27,9 @@ def session(master, jar, conf=None, submit_args=()):
 
     ``jar``: the plugin (``tools/spark/build.sh`` prints its path).
     ``conf``: Spark settings (``spark.peloton.pool`` and the like; values are turned into strings).
+    A secure server (the default) wants ``spark.peloton.caFile`` (or ``PELOTON_CA_FILE``) and a
+    token from ``spark.peloton.tokenFile``, ``PELOTON_TOKEN`` or ``PELOTON_TOKEN_FILE``, never
+    the token itself in ``conf`` (tools/spark/README.md, "Security").
     ``submit_args``: extra spark-submit options for the driver JVM itself (``--driver-memory 2g``),
     which SparkConf can no longer change once the JVM runs.
 

@@ -4,6 +4,12 @@
 //! (a `Cluster` SIGKILLs its server, its agents and every process carrying
 //! one of its sandboxes in `PELOTON_SANDBOX` when dropped, also on a panic).
 //!
+//! Every server is secure, as servers are by default: TLS only with the
+//! test CA's server certificate (`peloton_tls::testkit`, one CA per test
+//! process), agents' client certificates checked against that CA, each
+//! agent with a certificate naming its `--host`, and the tests' clients
+//! (gRPC and the `peloton` CLI) on TLS with the server's admin token.
+//!
 //! `pelotond` and `peloton` are found next to this package's agent binary
 //! (`cargo test --workspace` builds every binary of the workspace; a single
 //! test target needs `cargo build -p peloton-gateway` first).
@@ -11,17 +17,19 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use pb::JobState as J;
 use pb::TaskState as T;
+use peloton_gateway::client::{Authed, Bearer};
 use peloton_proto::v1 as pb;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tonic::transport::Channel;
+use tonic::service::interceptor::InterceptedService;
 
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 pub const TOKEN: &str = "cluster-test-token";
@@ -66,22 +74,81 @@ pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>
     .await
 }
 
+/// The test CA and the server certificate every test server uses (for
+/// 127.0.0.1, localhost and ::1); the CA signs the agents' certificates.
+pub fn pki() -> &'static peloton_tls::testkit::TestPki {
+    peloton_tls::testkit::shared()
+}
+
+/// The URL of a test server on `port` (TLS only).
+pub fn url(port: u16) -> String {
+    format!("https://127.0.0.1:{port}")
+}
+
+/// The bootstrap admin token a server keeps in `DATA_DIR/admin-token`
+/// (written before it serves).
+pub fn admin_token(data_dir: &Path) -> String {
+    let path = data_dir.join("admin-token");
+    let token = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the admin token {}: {e}", path.display()));
+    token.trim().to_owned()
+}
+
+/// An HTTPS channel to the server on `port` trusting `ca_file`, sending
+/// `token` on every call (connected on first use).
+pub fn channel(port: u16, ca_file: &Path, token: &str) -> Authed {
+    let channel = peloton_gateway::client::endpoint(&url(port), Some(ca_file))
+        .expect("an https endpoint")
+        .connect_lazy();
+    InterceptedService::new(channel, Bearer::new(Some(token)).expect("an ASCII token"))
+}
+
+/// `--ca-file`, `--cert-file` and `--key-file` for an agent registering
+/// `host`: the test CA and a certificate naming `host`, written under
+/// `dir`.
+pub fn agent_tls_args(dir: &Path, host: &str) -> Vec<OsString> {
+    std::fs::create_dir_all(dir).expect("certificates dir");
+    let (cert, key) = pki().client_files(host, dir).expect("agent certificate");
+    vec![
+        "--ca-file".into(),
+        pki().ca_file.clone().into(),
+        "--cert-file".into(),
+        cert.into(),
+        "--key-file".into(),
+        key.into(),
+    ]
+}
+
 #[derive(Clone)]
 pub struct Clients {
-    pub pools: pb::resource_pool_service_client::ResourcePoolServiceClient<Channel>,
-    pub jobs: pb::job_service_client::JobServiceClient<Channel>,
-    pub tasks: pb::task_service_client::TaskServiceClient<Channel>,
-    pub hosts: pb::host_service_client::HostServiceClient<Channel>,
-    pub watch: pb::watch_service_client::WatchServiceClient<Channel>,
-    pub volumes: pb::volume_service_client::VolumeServiceClient<Channel>,
-    pub apps: pb::application_service_client::ApplicationServiceClient<Channel>,
+    pub pools: pb::resource_pool_service_client::ResourcePoolServiceClient<Authed>,
+    pub jobs: pb::job_service_client::JobServiceClient<Authed>,
+    pub tasks: pb::task_service_client::TaskServiceClient<Authed>,
+    pub hosts: pb::host_service_client::HostServiceClient<Authed>,
+    pub watch: pb::watch_service_client::WatchServiceClient<Authed>,
+    pub volumes: pb::volume_service_client::VolumeServiceClient<Authed>,
+    pub apps: pb::application_service_client::ApplicationServiceClient<Authed>,
 }
 
 impl Clients {
-    pub fn new(port: u16) -> Self {
-        let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
-            .expect("url")
-            .connect_lazy();
+    /// The clients of the server on `port` (its CA in `ca_file`), as the
+    /// holder of `token`.
+    pub fn new(port: u16, ca_file: &Path, token: &str) -> Self {
+        Clients::with_channel(channel(port, ca_file, token))
+    }
+
+    /// The clients of a server that keeps its own CA and admin token in
+    /// its data dir (`DATA_DIR/tls/ca.pem`, `DATA_DIR/admin-token`), as
+    /// its admin.
+    pub fn of_data_dir(port: u16, data_dir: &Path) -> Self {
+        Clients::new(
+            port,
+            &data_dir.join("tls").join("ca.pem"),
+            &admin_token(data_dir),
+        )
+    }
+
+    pub fn with_channel(channel: Authed) -> Self {
         Clients {
             pools: pb::resource_pool_service_client::ResourcePoolServiceClient::new(
                 channel.clone(),
@@ -101,7 +168,51 @@ pub struct Cluster {
     pub port: u16,
     pub server: Option<Child>,
     pub agents: BTreeMap<String, Child>,
+    /// As the server's admin.
     pub c: Clients,
+}
+
+/// Starts `pelotond` on `data_dir` and `port` with the test certificates;
+/// returns once it serves, with its admin's clients.
+pub async fn start_pelotond(data_dir: &Path, port: u16) -> (Child, Clients) {
+    let pki = pki();
+    let mut child = Command::new(sibling("pelotond"))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--tls-cert")
+        .arg(&pki.server_cert)
+        .arg("--tls-key")
+        .arg(&pki.server_key)
+        .arg("--tls-client-ca")
+        .arg(&pki.ca_file)
+        .args(["--no-metrics", "--agent-token", TOKEN])
+        .args(["--host-lost-after-ms", &HOST_LOST_AFTER_MS.to_string()])
+        .args(["--cycle-interval-ms", "5"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("pelotond starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    within("pelotond to serve", async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            if line.starts_with("pelotond: serving gRPC on") {
+                assert!(
+                    line.ends_with(&url(port)),
+                    "a secure server serves https: {line}"
+                );
+                return;
+            }
+        }
+        panic!("pelotond exited before serving");
+    })
+    .await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let clients = Clients::new(port, &pki.ca_file, &admin_token(data_dir));
+    (child, clients)
 }
 
 impl Cluster {
@@ -109,14 +220,14 @@ impl Cluster {
     pub async fn start(n: usize) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
+        let (server, c) = start_pelotond(&dir.path().join("server"), port).await;
         let mut cluster = Cluster {
             dir,
             port,
-            server: None,
+            server: Some(server),
             agents: BTreeMap::new(),
-            c: Clients::new(port),
+            c,
         };
-        cluster.start_server().await;
         for i in 0..n {
             cluster.start_agent(&format!("a{i}")).await;
         }
@@ -139,33 +250,56 @@ impl Cluster {
         cluster
     }
 
+    /// (Re)starts the server on the cluster's data dir and `port`, and
+    /// connects its clients.
     pub async fn start_server(&mut self) {
-        let mut child = Command::new(sibling("pelotond"))
-            .arg("--data-dir")
-            .arg(self.dir.path().join("server"))
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
-            .args(["--no-metrics", "--agent-token", TOKEN])
-            .args(["--host-lost-after-ms", &HOST_LOST_AFTER_MS.to_string()])
-            .args(["--cycle-interval-ms", "5"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("pelotond starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        within("pelotond to serve", async {
-            while let Some(line) = lines.next_line().await.expect("stdout") {
-                if line.starts_with("pelotond: serving gRPC on") {
-                    return;
-                }
-            }
-            panic!("pelotond exited before serving");
-        })
-        .await;
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        self.server = Some(child);
+        let (server, c) = start_pelotond(&self.data_dir(), self.port).await;
+        self.server = Some(server);
+        self.c = c;
+    }
+
+    /// The server's data dir.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("server")
+    }
+
+    /// The file holding the server's admin token.
+    pub fn admin_token_file(&self) -> PathBuf {
+        self.data_dir().join("admin-token")
+    }
+
+    /// A channel to the server, as its admin.
+    pub fn channel(&self) -> Authed {
+        channel(self.port, &pki().ca_file, &admin_token(&self.data_dir()))
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        url(self.port)
+    }
+
+    /// The `peloton` CLI on this cluster as its admin: `--server` and
+    /// `--ca-file`, the token by file (`PELOTON_TOKEN_FILE`), and nothing
+    /// from the environment or the config file of whoever runs the tests.
+    pub fn cli(&self) -> Command {
+        let mut command = Command::new(sibling("peloton"));
+        command
+            .args(["--server", &self.url()])
+            .arg("--ca-file")
+            .arg(&pki().ca_file)
+            .env_remove("PELOTON_SERVER")
+            .env_remove("PELOTON_CA_FILE")
+            .env_remove("PELOTON_TOKEN")
+            .env_remove("PELOTON_CONFIG")
+            .env("XDG_CONFIG_HOME", self.dir.path().join("no-config"))
+            .env("PELOTON_TOKEN_FILE", self.admin_token_file());
+        command
+    }
+
+    /// `--ca-file`, `--cert-file` and `--key-file` for an agent of this
+    /// cluster registering `host`.
+    pub fn agent_tls_args(&self, host: &str) -> Vec<OsString> {
+        agent_tls_args(&self.dir.path().join("certs"), host)
     }
 
     pub fn work_dir(&self, host: &str) -> PathBuf {
@@ -178,11 +312,12 @@ impl Cluster {
 
     /// An agent with host attributes (`KEY=VALUE`) besides its rack.
     pub async fn start_agent_with(&mut self, host: &str, attributes: &[&str]) {
-        let server = format!("http://127.0.0.1:{}", self.port);
+        let server = self.url();
         self.spawn_agent(host, &server, attributes);
     }
 
-    /// An agent given `servers` as its `--server` (a list, say).
+    /// An agent given `servers` as its `--server` (a list, say, of
+    /// https:// URLs).
     pub async fn start_agent_at(&mut self, host: &str, servers: &str) {
         self.spawn_agent(host, servers, &[]);
     }
@@ -193,6 +328,7 @@ impl Cluster {
         let mut command = Command::new(env!("CARGO_BIN_EXE_peloton-agent"));
         command
             .args(["--server", servers])
+            .args(self.agent_tls_args(host))
             .arg("--work-dir")
             .arg(&work)
             .args(["--host", host, "--token", TOKEN])

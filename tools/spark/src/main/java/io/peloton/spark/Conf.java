@@ -4,6 +4,19 @@ package io.peloton.spark;
 final class Conf {
   private Conf() {}
 
+  /**
+   * The CA (PEM) that signed the server's certificate; default {@code $PELOTON_CA_FILE}. With a
+   * CA the server is reached over https (see {@link PelotonAccess}).
+   */
+  static final String CA_FILE = "spark.peloton.caFile";
+  /**
+   * A file holding the bearer token; default {@code $PELOTON_TOKEN}, else the file {@code
+   * $PELOTON_TOKEN_FILE}.
+   */
+  static final String TOKEN_FILE = "spark.peloton.tokenFile";
+  /** Refused: a token in Spark's configuration would show in its UI and event logs. */
+  static final String TOKEN_FORBIDDEN = "spark.peloton.token";
+
   /** The leaf pool of a new application job; required unless the driver runs in its job. */
   static final String POOL = "spark.peloton.pool";
   /**

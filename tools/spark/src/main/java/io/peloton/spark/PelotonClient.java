@@ -30,6 +30,9 @@ import java.util.concurrent.ExecutionException;
  * the server's HTTP status, gRPC status name and message. The executor event stream is a sequence
  * of JSON lines, read through {@link EventStream}.
  *
+ * <p>A secure server (the default) is reached over https with the CA and bearer token of a
+ * {@link PelotonAccess}: every request carries {@code Authorization: Bearer <token>}.
+ *
  * <p>Thread-safe: {@link HttpClient} is, and the object mapper is only used to read and write
  * trees.
  */
@@ -44,26 +47,39 @@ final class PelotonClient {
   private final URI base;
   private final HttpClient http;
   private final ObjectMapper json;
+  /** {@code Bearer <token>}, or null to send none. */
+  private final String authorization;
 
-  PelotonClient(URI base, ObjectMapper json) {
-    this.base = base;
+  /**
+   * A client of the server of {@code masterUrl} ({@code peloton://HOST:PORT}): https with the
+   * access's CA and token if it has a CA, else plain http.
+   *
+   * @throws IllegalArgumentException if the URL is not of that form
+   */
+  PelotonClient(String masterUrl, PelotonAccess access, ObjectMapper json) {
+    this.base = baseUri(masterUrl, access.secure());
     this.json = json;
-    // HTTP/1.1: the mirror shares its port with gRPC; an h2c upgrade would buy nothing.
-    this.http =
+    this.authorization = access.authorization();
+    // HTTP/1.1: the mirror shares its port with gRPC; an h2c upgrade would buy nothing (and
+    // over TLS, HTTP/1.1 keeps the event stream on a connection of its own).
+    HttpClient.Builder http =
         HttpClient.newBuilder()
             .version(HttpClient.Version.HTTP_1_1)
             .connectTimeout(CONNECT_TIMEOUT)
-            .followRedirects(HttpClient.Redirect.NEVER)
-            .build();
+            .followRedirects(HttpClient.Redirect.NEVER);
+    if (access.secure()) {
+      http.sslContext(access.ssl());
+    }
+    this.http = http.build();
   }
 
   /**
    * The server's base URI of a master URL {@code peloton://HOST:PORT} (an optional trailing
-   * slash is allowed): {@code http://HOST:PORT}.
+   * slash is allowed): {@code https://HOST:PORT} if {@code secure}, else {@code http://HOST:PORT}.
    *
    * @throws IllegalArgumentException if the URL is not of that form
    */
-  static URI baseUri(String masterUrl) {
+  static URI baseUri(String masterUrl, boolean secure) {
     String prefix = PelotonClusterManager.URL_PREFIX;
     if (masterUrl == null || !masterUrl.startsWith(prefix)) {
       throw new IllegalArgumentException(
@@ -74,7 +90,7 @@ final class PelotonClient {
       authority = authority.substring(0, authority.length() - 1);
     }
     try {
-      URI uri = new URI("http://" + authority);
+      URI uri = new URI((secure ? "https://" : "http://") + authority);
       if (uri.getHost() == null
           || uri.getPort() < 0
           || !uri.getRawPath().isEmpty()
@@ -89,7 +105,7 @@ final class PelotonClient {
     }
   }
 
-  /** The server's HTTP base, for messages. */
+  /** The server's base URI (http or https), for messages. */
   URI base() {
     return base;
   }
@@ -146,7 +162,9 @@ final class PelotonClient {
       throws IOException, InterruptedException {
     String call = "watch executor events";
     HttpRequest request =
-        HttpRequest.newBuilder(base.resolve(appPath(appId, "/events?fromRevision=" + fromRevision)))
+        authorized(
+                HttpRequest.newBuilder(
+                    base.resolve(appPath(appId, "/events?fromRevision=" + fromRevision))))
             .header("Accept", "application/x-ndjson")
             .timeout(CALL_TIMEOUT) // until the headers; the body may stay open for ever
             .GET()
@@ -226,7 +244,7 @@ final class PelotonClient {
   private CompletableFuture<JsonNode> callAsync(
       String what, String method, String path, JsonNode body) {
     HttpRequest.Builder request =
-        HttpRequest.newBuilder(base.resolve(path))
+        authorized(HttpRequest.newBuilder(base.resolve(path)))
             .timeout(CALL_TIMEOUT)
             .header("Accept", "application/json");
     if (body == null) {
@@ -264,6 +282,11 @@ final class PelotonClient {
                         "could not " + what + ": unreadable answer: " + quote(response.body()), e));
               }
             });
+  }
+
+  /** {@code request} with the bearer token, if there is one. */
+  private HttpRequest.Builder authorized(HttpRequest.Builder request) {
+    return authorization == null ? request : request.header("Authorization", authorization);
   }
 
   /** The exception for an error answer: parsed from the mirror's JSON error if it is one. */

@@ -143,7 +143,21 @@ public class PelotonSchedulerBackend extends CoarseGrainedSchedulerBackend {
   public PelotonSchedulerBackend(TaskSchedulerImpl scheduler, SparkContext sc, String masterUrl) {
     super(scheduler, sc.env().rpcEnv());
     this.sc = sc;
-    this.client = new PelotonClient(PelotonClient.baseUri(masterUrl), json);
+    PelotonAccess access;
+    try {
+      access = PelotonAccess.from(sc.conf(), System.getenv());
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("Peloton cluster manager: " + e.getMessage(), e);
+    }
+    this.client = new PelotonClient(masterUrl, access, json);
+    if (access.tokenWithheld()) {
+      LOG.warn(
+          "Peloton at {}: a token is configured but not sent over plain http; set {} (or"
+              + " PELOTON_CA_FILE) to the server's CA to reach a secure server over https",
+          client.base(),
+          Conf.CA_FILE);
+    }
+    LOG.info("Peloton at {}: {}", client.base(), access.describe());
     this.lossReasonWaitMs =
         sc.conf().getLong(Conf.LOSS_REASON_WAIT_MS, Conf.DEFAULT_LOSS_REASON_WAIT_MS);
     this.stopWaitMs = sc.conf().getLong(Conf.STOP_WAIT_MS, Conf.DEFAULT_STOP_WAIT_MS);
@@ -185,6 +199,8 @@ public class PelotonSchedulerBackend extends CoarseGrainedSchedulerBackend {
       throw new IllegalStateException(
           "Peloton cluster manager (spark.master "
               + sc.master()
+              + ", Peloton at "
+              + client.base()
               + "): "
               + PelotonClient.describe(e),
           e);
