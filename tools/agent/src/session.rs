@@ -434,7 +434,7 @@ async fn connect_loop(
                     %server,
                     %why,
                     retry_in_s = REFUSED_RETRY.as_secs(),
-                    "the server refused this agent (check --token and --host)"
+                    "the server refused this agent (check --token, --host, and --cert-file: a secure server accepts only the host its certificate names)"
                 );
                 REFUSED_RETRY
             }
