@@ -15,7 +15,6 @@ use peloton_proto::v1 as pb;
 use prost::Message;
 use tonic::Code;
 use tonic::codec::CompressionEncoding::Gzip;
-use tonic::transport::Channel;
 
 /// What every status message must stay within (`status::MAX_MESSAGE_BYTES`).
 const MAX_MESSAGE_BYTES: usize = 1024;
@@ -50,12 +49,10 @@ fn addr(s: &TestServer) -> std::net::SocketAddr {
     s.server.as_ref().expect("running").addr
 }
 
-async fn channel(addr: std::net::SocketAddr) -> Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .expect("url")
-        .connect()
-        .await
-        .expect("connect")
+/// A channel to `addr` as the admin: TLS with the tests' CA and the admin
+/// token.
+async fn channel(addr: std::net::SocketAddr) -> peloton_gateway::client::Authed {
+    admin_channel(addr).await
 }
 
 fn preemptible(mut spec: pb::JobSpec) -> pb::JobSpec {
@@ -376,7 +373,8 @@ async fn gzip_requests_are_accepted_and_answers_compressed_on_every_service() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_reflection_answers_both_v1_and_v1alpha() {
     let s = TestServer::start(1).await;
-    let ch = channel(addr(&s)).await;
+    // TLS without a token: the schema is public.
+    let ch = tls_channel(addr(&s)).await.expect("connect over TLS");
     let want = [
         "peloton.v1.JobService",
         "peloton.v1.ResourcePoolService",
@@ -983,18 +981,18 @@ async fn a_watch_that_is_never_read_ends_resource_exhausted_and_frees_its_buffer
     // connection window), with HTTP/2's default 64 KiB windows (hyper's
     // are megabytes, which would take all the events into the client's
     // memory instead): a watch nobody reads.
-    let small_windows = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .expect("url")
+    let small_windows = tls_endpoint(server.addr)
         .initial_stream_window_size(65_535)
         .initial_connection_window_size(65_535)
         .connect()
         .await
         .expect("connect");
-    let mut stalled = pb::watch_service_client::WatchServiceClient::new(small_windows)
-        .watch(pb::WatchRequest::default())
-        .await
-        .expect("watch")
-        .into_inner();
+    let mut stalled =
+        pb::watch_service_client::WatchServiceClient::new(with_token(small_windows, ADMIN_TOKEN))
+            .watch(pb::WatchRequest::default())
+            .await
+            .expect("watch")
+            .into_inner();
     // A watch that reads everything, as a well-behaved client.
     let mut reader = c
         .watch
@@ -1309,22 +1307,15 @@ async fn a_watch_from_a_trimmed_revision_is_refused_before_the_stream_starts() {
     assert!(oldest > 1, "{message}");
 
     // HTTP: the answer's status says so.
-    let answer = {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(server.addr)
-            .await
-            .expect("connect");
-        s.write_all(
-            b"GET /v1/watch?fromRevision=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    let answer = https_request(
+        server.addr,
+        format!(
+            "GET /v1/watch?fromRevision=1 HTTP/1.1\r\nHost: x\r\n{}Connection: close\r\n\r\n",
+            admin_header()
         )
-        .await
-        .expect("send");
-        let mut text = String::new();
-        within("the HTTP answer", s.read_to_string(&mut text))
-            .await
-            .expect("read");
-        text
-    };
+        .as_bytes(),
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("OUT_OF_RANGE"), "{answer}");
 

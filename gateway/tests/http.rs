@@ -1,11 +1,11 @@
-//! The JSON/HTTP mirror, driven with a plain HTTP client (ureq, HTTP/1.1)
-//! against a real server: the same scenarios through gRPC and through HTTP
-//! give the same answers, errors carry the gRPC code name and the matching
-//! HTTP status, and streams arrive as JSON lines or server-sent events.
+//! The JSON/HTTP mirror, driven with a minimal HTTP/1.1 client over TLS
+//! (with the admin's bearer token) against a real, secure server: the
+//! same scenarios through gRPC and through HTTP give the same answers,
+//! errors carry the gRPC code name and the matching HTTP status, and
+//! streams arrive as JSON lines or server-sent events.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use common::*;
@@ -13,11 +13,12 @@ use peloton_proto::v1 as pb;
 use prost_reflect::{DescriptorPool, DynamicMessage};
 use serde_json::{Value as Json, json};
 
-/// A plain HTTP client of one server.
+/// An HTTP/1.1 client of one server, over TLS (as the secure server
+/// wants), one connection per call, sending a bearer token.
 #[derive(Clone)]
 struct Http {
-    base: String,
-    agent: ureq::Agent,
+    addr: std::net::SocketAddr,
+    token: Option<String>,
 }
 
 /// An HTTP answer: status and JSON body.
@@ -44,59 +45,111 @@ impl Answer {
     }
 }
 
+/// An answer's head: status, headers (names in lower case) and what came
+/// after them.
+fn split_head(raw: &str) -> (u16, Vec<(String, String)>, &str) {
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers in: {raw:.2000}"));
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP/1.1 status line: {status_line:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, body)
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A chunked body's content.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = body
+            .split_once("\r\n")
+            .unwrap_or_else(|| panic!("a chunk without its size line: {body:.200}"));
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or_default().trim(), 16)
+            .unwrap_or_else(|e| panic!("chunk size {size:?}: {e}"));
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..]
+            .strip_prefix("\r\n")
+            .expect("a chunk ends with CRLF");
+    }
+}
+
 impl Http {
+    /// A client sending the admin token.
     fn new(addr: std::net::SocketAddr) -> Http {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(TIMEOUT))
-            .build()
-            .into();
         Http {
-            base: format!("http://{addr}"),
-            agent,
+            addr,
+            token: Some(ADMIN_TOKEN.to_string()),
         }
     }
 
-    /// One call; blocking, so tests run it on a blocking thread.
+    /// A client sending no token.
+    fn anonymous(addr: std::net::SocketAddr) -> Http {
+        Http { addr, token: None }
+    }
+
+    /// The request line and headers of a call (body excluded).
+    fn head(&self, method: &str, path: &str, extra: &str) -> String {
+        let auth = self
+            .token
+            .as_ref()
+            .map(|t| format!("authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}{extra}Connection: close\r\n\r\n"
+        )
+    }
+
+    /// One call with a JSON body (or none).
     async fn call(&self, method: &str, path: &str, body: Option<Json>) -> Answer {
-        let this = self.clone();
-        let (method, path) = (method.to_string(), path.to_string());
-        tokio::task::spawn_blocking(move || {
-            this.call_blocking(&method, &path, body.map(|b| b.to_string()))
-        })
-        .await
-        .expect("http call")
+        self.send(method, path, body.map(|b| b.to_string())).await
     }
 
+    /// One call with `body` as it is.
     async fn raw(&self, method: &str, path: &str, body: String) -> Answer {
-        let this = self.clone();
-        let (method, path) = (method.to_string(), path.to_string());
-        tokio::task::spawn_blocking(move || this.call_blocking(&method, &path, Some(body)))
-            .await
-            .expect("http call")
+        self.send(method, path, Some(body)).await
     }
 
-    fn call_blocking(&self, method: &str, path: &str, body: Option<String>) -> Answer {
-        let url = format!("{}{path}", self.base);
-        let req = ureq::http::Request::builder().method(method).uri(&url);
-        let mut resp = match body {
-            Some(b) => self.agent.run(
-                req.header("content-type", "application/json")
-                    .body(b)
-                    .expect("request"),
+    async fn send(&self, method: &str, path: &str, body: Option<String>) -> Answer {
+        let extra = match &body {
+            Some(b) => format!(
+                "content-type: application/json\r\ncontent-length: {}\r\n",
+                b.len()
             ),
-            None => self.agent.run(req.body(()).expect("request")),
+            None => String::new(),
+        };
+        let mut request = self.head(method, path, &extra).into_bytes();
+        if let Some(b) = body {
+            request.extend_from_slice(b.as_bytes());
         }
-        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-        let status = resp.status().as_u16();
-        let text = resp
-            .body_mut()
-            .with_config()
-            .limit(64 << 20)
-            .read_to_string()
-            .expect("body");
-        let body =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {url}: {e}: {text}"));
+        let raw = https_request(self.addr, &request).await;
+        let (status, headers, rest) = split_head(&raw);
+        let text = if header(&headers, "transfer-encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+        {
+            dechunk(rest)
+        } else {
+            rest.to_string()
+        };
+        let body = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}: {text:.2000}"));
         Answer { status, body }
     }
 }
@@ -334,6 +387,12 @@ async fn http_errors_name_the_code_and_the_status() {
 
     let a = http.call("GET", "/v1/nothing-here", None).await;
     assert_eq!((a.status, a.error().0), (404, "NOT_FOUND"));
+    // A call without a token is refused before its service sees it.
+    let a = Http::anonymous(http.addr)
+        .call("GET", "/v1/jobs", None)
+        .await;
+    assert_eq!((a.status, a.error().0), (401, "UNAUTHENTICATED"), "{a:?}");
+    assert!(a.error().1.contains("no token"), "{a:?}");
     let a = http.call("PATCH", "/v1/jobs", None).await;
     assert_eq!((a.status, a.error().0), (405, "UNIMPLEMENTED"));
     let a = http.raw("POST", "/v1/jobs", "{not json".into()).await;
@@ -428,45 +487,87 @@ async fn http_errors_name_the_code_and_the_status() {
     s.shutdown().await;
 }
 
-/// Reads a streaming answer line by line on a blocking thread until
-/// `want` holds for the collected lines.
-fn read_stream(
+/// Reads a streaming answer line by line until `want` holds for the
+/// collected lines; returns its content type and the lines as JSON.
+async fn read_stream(
     http: &Http,
     path: &str,
     sse: bool,
     want: impl Fn(&[Json]) -> bool,
 ) -> (String, Vec<Json>) {
-    let url = format!("{}{path}", http.base);
-    let mut req = http.agent.get(&url);
-    if sse {
-        req = req.header("accept", "text/event-stream");
-    }
-    let resp = req.call().unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    assert_eq!(resp.status().as_u16(), 200);
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    let reader = BufReader::new(resp.into_body().into_reader());
-    let mut items = Vec::new();
-    for line in reader.lines() {
-        let line = line.expect("line");
-        let text = if sse {
-            match line.strip_prefix("data: ") {
-                Some(t) => t.to_string(),
-                None => continue,
-            }
-        } else {
-            line
-        };
-        items.push(serde_json::from_str(&text).expect("json line"));
-        if want(&items) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let accept = if sse {
+        "accept: text/event-stream\r\n"
+    } else {
+        ""
+    };
+    let mut stream = https_connect(http.addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect over TLS: {e}"));
+    stream
+        .write_all(http.head("GET", path, accept).as_bytes())
+        .await
+        .expect("send");
+    stream.flush().await.expect("send");
+    let mut reader = tokio::io::BufReader::new(stream);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).await.expect("a header line");
+        assert!(
+            !line.is_empty(),
+            "GET {path}: the answer ended in its headers: {head}"
+        );
+        if line == "\r\n" {
             break;
         }
+        head.push_str(&line);
     }
-    (content_type, items)
+    head.push_str("\r\n");
+    let (status, headers, _) = split_head(&head);
+    assert_eq!(status, 200, "GET {path}: {head}");
+    let content_type = header(&headers, "content-type")
+        .unwrap_or_default()
+        .to_string();
+    let chunked =
+        header(&headers, "transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked"));
+    // The body as it comes, cut into lines.
+    let mut pending = Vec::new();
+    let mut items = Vec::new();
+    loop {
+        if chunked {
+            let mut size = String::new();
+            reader.read_line(&mut size).await.expect("a chunk's size");
+            let size = usize::from_str_radix(size.split(';').next().unwrap_or_default().trim(), 16)
+                .unwrap_or_else(|e| panic!("chunk size {size:?}: {e}"));
+            assert!(size > 0, "GET {path}: the stream ended after {items:?}");
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).await.expect("a chunk");
+            pending.extend_from_slice(&chunk[..size]);
+        } else {
+            let mut buf = [0u8; 4096];
+            let n = reader.read(&mut buf).await.expect("the body");
+            assert!(n > 0, "GET {path}: the stream ended after {items:?}");
+            pending.extend_from_slice(&buf[..n]);
+        }
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let line = String::from_utf8(line).expect("UTF-8");
+            let line = line.trim_end_matches(['\r', '\n']);
+            let text = if sse {
+                match line.strip_prefix("data: ") {
+                    Some(t) => t,
+                    None => continue,
+                }
+            } else {
+                line
+            };
+            items.push(serde_json::from_str(text).expect("json line"));
+            if want(&items) {
+                return (content_type, items);
+            }
+        }
+    }
 }
 
 fn saw_task_state(items: &[Json], state: &str) -> bool {
@@ -490,13 +591,13 @@ async fn watch_streams_json_lines_and_server_sent_events() {
 
     let h = http.clone();
     let path = format!("/v1/watch?fromRevision=1&jobId={id}");
-    let (ct, items) = tokio::task::spawn_blocking(move || {
+    let (ct, items) = within(
+        "the watch over HTTP",
         read_stream(&h, &path, false, |items| {
             saw_task_state(items, "TASK_STATE_SUCCEEDED")
-        })
-    })
-    .await
-    .expect("watch");
+        }),
+    )
+    .await;
     assert_eq!(ct, "application/x-ndjson");
     assert!(saw_task_state(&items, "TASK_STATE_PENDING"), "{items:?}");
     // Every event is this job's, in revision order.
@@ -521,19 +622,19 @@ async fn watch_streams_json_lines_and_server_sent_events() {
 
     let h = http.clone();
     let path = format!("/v1/watch?from_revision=1&job_id={id}");
-    let (ct, items) = tokio::task::spawn_blocking(move || {
+    let (ct, items) = within(
+        "the watch as server-sent events",
         read_stream(&h, &path, true, |items| {
             saw_task_state(items, "TASK_STATE_SUCCEEDED")
-        })
-    })
-    .await
-    .expect("sse watch");
+        }),
+    )
+    .await;
     assert_eq!(ct, "text/event-stream");
     assert!(saw_task_state(&items, "TASK_STATE_SUCCEEDED"));
 
     // A live watch sees a job created after it opened.
     let h = http.clone();
-    let live = tokio::task::spawn_blocking(move || {
+    let live = tokio::spawn(async move {
         read_stream(&h, "/v1/watch", false, |items| {
             items.iter().any(|m| {
                 m["events"].as_array().is_some_and(|evs| {
@@ -542,6 +643,7 @@ async fn watch_streams_json_lines_and_server_sent_events() {
                 })
             })
         })
+        .await
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let job = http

@@ -1,8 +1,12 @@
-//! `/metrics` of a real server: Prometheus text with the documented series
-//! after a job ran.
+//! `/metrics` of a real (secure) server: Prometheus text with the
+//! documented series after a job ran, in plaintext by default and over TLS
+//! when asked.
+
+mod common;
 
 use std::time::{Duration, Instant};
 
+use peloton_gateway::client::Authed;
 use peloton_gateway::config::Config;
 use peloton_proto::v1 as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -12,33 +16,26 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
+    // Bytes, whatever they are (a TLS endpoint answers with no HTTP).
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A real server on `dir` (metrics on a free port if `metrics`) and a
-/// channel to it.
+/// A real (secure) server on `dir` (metrics on a free port if `metrics`)
+/// and a channel to it as the admin.
 async fn start(
     dir: &std::path::Path,
     sim_hosts: u32,
     metrics: bool,
-) -> (peloton_gateway::server::Server, tonic::transport::Channel) {
+) -> (peloton_gateway::server::Server, Authed) {
     let server = peloton_gateway::server::start(&Config {
-        data_dir: dir.to_path_buf(),
-        listen: "127.0.0.1:0".parse().unwrap(),
         metrics_listen: metrics.then(|| "127.0.0.1:0".parse().unwrap()),
-        sim_hosts,
-        cycle_interval_ms: 5,
-        ..Config::default()
+        ..common::config(dir, sim_hosts)
     })
     .await
     .unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = common::admin_channel(server.addr).await;
     (server, channel)
 }
 
@@ -192,5 +189,32 @@ async fn shutdown_ends_open_watch_streams_and_answers_what_it_received() {
         .get(pb::GetPoolRequest { path: "/w".into() })
         .await
         .expect("the pool survived the restart");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_over_tls_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = peloton_gateway::server::start(&Config {
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        metrics_tls: true,
+        ..common::config(dir.path(), 2)
+    })
+    .await
+    .unwrap();
+    let at = server.metrics_addr.unwrap();
+    // With the server's certificate (the tests' CA trusts it); no token.
+    let text = common::https_request(
+        at,
+        b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("peloton_hosts_up 2"), "{text}");
+    // Plaintext gets no HTTP answer.
+    let plain = tokio::time::timeout(Duration::from_secs(30), scrape(at))
+        .await
+        .expect("the plaintext attempt ends");
+    assert!(!plain.starts_with("HTTP/"), "plaintext answered: {plain}");
     server.shutdown().await.unwrap();
 }

@@ -646,3 +646,148 @@ pub async fn create_reserved_pool(c: &mut Clients, path: &str) -> pb::Pool {
     let total = cluster_capacity(c).await;
     create_pool(c, path, pool_spec(total.cpu, total.memory_mb)).await
 }
+
+/// A TLS connection to a test server speaking HTTP/1.1 (ALPN `http/1.1`),
+/// trusting the tests' CA, for raw HTTP requests.
+pub async fn https_connect(
+    addr: std::net::SocketAddr,
+) -> std::io::Result<peloton_tls::tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let pki = peloton_tls::testkit::shared();
+    let ca = std::fs::read_to_string(&pki.ca_file)?;
+    let mut tls = peloton_tls::client_config(&ca, None).map_err(std::io::Error::other)?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = peloton_tls::tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = peloton_tls::rustls::pki_types::ServerName::try_from("localhost")
+        .expect("a valid name")
+        .to_owned();
+    connector.connect(name, tcp).await
+}
+
+/// The header line that authenticates a raw HTTP request as the admin.
+pub fn admin_header() -> String {
+    format!("authorization: Bearer {ADMIN_TOKEN}\r\n")
+}
+
+/// Sends `request` (raw HTTP/1.1 bytes, which should say `Connection:
+/// close`) to a test server over TLS and returns everything it answers
+/// until it closes the connection. The request is written while the
+/// answer is read, so a server that answers before reading a large body
+/// (and closes) still has its answer read.
+pub async fn https_request(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = within("a TLS connection", https_connect(addr))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr} over TLS: {e}"));
+    let (mut read, mut write) = tokio::io::split(stream);
+    let send = async {
+        // A server that answered early may close before it all went out.
+        let _ = write.write_all(request).await;
+        let _ = write.flush().await;
+        write
+    };
+    let receive = async {
+        let mut answer = Vec::new();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match read.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+                // A peer closing without TLS's close_notify, after its
+                // answer: the answer is complete.
+                Err(e) if !answer.is_empty() => {
+                    let _ = e;
+                    break;
+                }
+                Err(e) => panic!("read the answer from {addr}: {e}"),
+            }
+        }
+        answer
+    };
+    let (_write, answer) = within("the HTTP answer", async { tokio::join!(send, receive) }).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A TLS channel (no token: agents authenticate by their agent token)
+/// presenting a client certificate from the tests' CA naming `host`, as an
+/// agent of `host` does.
+pub async fn agent_channel(addr: std::net::SocketAddr, host: &str) -> Result<Channel, String> {
+    let pki = peloton_tls::testkit::shared();
+    let ca = std::fs::read_to_string(&pki.ca_file).map_err(|e| e.to_string())?;
+    let pair = pki.pki.issue_client(host).map_err(|e| format!("{e:#}"))?;
+    tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .map_err(|e| e.to_string())?
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .identity(tonic::transport::Identity::from_pem(
+                    pair.cert_pem,
+                    pair.key_pem,
+                ))
+                .domain_name("localhost"),
+        )
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The flags that make a `pelotond` started by a test secure the way
+/// [`config`] makes in-process servers: the tests' server certificate, the
+/// tests' CA for agents' certificates, and a configuration file giving the
+/// admin token [`ADMIN_TOKEN`] (so nothing is generated in its data
+/// directory and any client of this process can connect with
+/// [`Clients::connect`]).
+pub fn pelotond_secure_args() -> Vec<std::ffi::OsString> {
+    static CONFIG: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    let (_, file) = CONFIG.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a directory for pelotond's configuration");
+        let file = dir.path().join("pelotond.yaml");
+        std::fs::write(&file, format!("admin_token: {ADMIN_TOKEN}\n"))
+            .expect("write pelotond's configuration");
+        (dir, file)
+    });
+    let pki = peloton_tls::testkit::shared();
+    vec![
+        "--config".into(),
+        file.into(),
+        "--tls-cert".into(),
+        pki.server_cert.clone().into(),
+        "--tls-key".into(),
+        pki.server_key.clone().into(),
+        "--tls-client-ca".into(),
+        pki.ca_file.clone().into(),
+    ]
+}
+
+/// The flags of a `peloton-agent` started by a test for `host`: the tests'
+/// CA and a client certificate naming `host` (written to `dir`).
+pub fn agent_tls_args(host: &str, dir: &Path) -> Vec<std::ffi::OsString> {
+    let pki = peloton_tls::testkit::shared();
+    let (cert, key) = pki
+        .client_files(host, dir)
+        .unwrap_or_else(|e| panic!("a client certificate for {host}: {e:#}"));
+    vec![
+        "--ca-file".into(),
+        pki.ca_file.clone().into(),
+        "--cert-file".into(),
+        cert.into(),
+        "--key-file".into(),
+        key.into(),
+    ]
+}
+
+/// An HTTPS endpoint of a test server trusting the tests' CA, to be
+/// tuned before it connects.
+pub fn tls_endpoint(addr: std::net::SocketAddr) -> tonic::transport::Endpoint {
+    let pki = peloton_tls::testkit::shared();
+    let ca = std::fs::read_to_string(&pki.ca_file).expect("the tests' CA");
+    tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+        .expect("a valid URL")
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .domain_name("localhost"),
+        )
+        .expect("a valid TLS configuration")
+}
