@@ -4,7 +4,8 @@
 //! set it), and an agent host keeps its host pool across a restart; a
 //! second agent claiming a connected host is refused (the holder keeps it)
 //! unless it is the same agent or the holder went silent; registrations
-//! out of bounds are refused naming their field.
+//! out of bounds are refused naming their field; an agent registers only
+//! the host its client certificate names.
 
 mod common;
 
@@ -58,14 +59,28 @@ async fn register(
     register_with(addr, registration(host, attributes)).await
 }
 
+/// Registers `register` over TLS with a client certificate naming its
+/// host (as a secure server wants; for a name no certificate can carry,
+/// one naming "h").
 async fn register_with(
     addr: std::net::SocketAddr,
     register: pb::AgentRegister,
 ) -> Result<FakeAgent, tonic::Status> {
-    let mut client =
-        pb::agent_service_client::AgentServiceClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect");
+    let host = if register.host.len() <= 63 {
+        register.host.clone()
+    } else {
+        "h".to_string()
+    };
+    let channel = agent_channel(addr, &host).await.expect("connect");
+    register_on(channel, register).await
+}
+
+/// Registers `register` on `channel`.
+async fn register_on(
+    channel: tonic::transport::Channel,
+    register: pb::AgentRegister,
+) -> Result<FakeAgent, tonic::Status> {
+    let mut client = pb::agent_service_client::AgentServiceClient::new(channel);
     let (tx, rx) = mpsc::channel(16);
     tx.send(pb::AgentMessage {
         kind: Some(pb::agent_message::Kind::Register(register)),
@@ -216,6 +231,40 @@ async fn launches_carry_secrets_and_agent_hosts_keep_their_host_pool() {
     assert_eq!(hosts[0].host_pool, "p");
     assert!(hosts[0].connected);
     drop(_a1);
+    within("shutdown", server.shutdown())
+        .await
+        .expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_registers_only_the_host_its_certificate_names() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (server, mut c) = start(dir.path()).await;
+    // A certificate of the right CA, for another host: refused, naming
+    // what the certificate vouches for.
+    let other = agent_channel(server.addr, "other").await.expect("connect");
+    let refused = register_on(other, registration("h", &[]))
+        .await
+        .map(|_| ())
+        .expect_err("a certificate for another host");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("its certificate names [\"other\"]"),
+        "{refused:?}"
+    );
+    // No certificate at all (TLS, the right agent token): refused.
+    let bare = tls_channel(server.addr).await.expect("connect");
+    let refused = register_on(bare, registration("h", &[])).await.map(|_| ());
+    assert_status(refused, Code::Unauthenticated, "client certificate");
+    assert!(list_hosts(&mut c).await.is_empty());
+    // Its own certificate: registered.
+    let h = register(server.addr, "h", &[]).await.expect("h registers");
+    let hosts = list_hosts(&mut c).await;
+    assert_eq!(hosts.len(), 1);
+    assert_eq!(hosts[0].name, "h");
+    drop(h);
     within("shutdown", server.shutdown())
         .await
         .expect("shutdown");

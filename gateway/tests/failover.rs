@@ -59,7 +59,9 @@ impl Pelotond {
             .append(true)
             .open(&log)
             .expect("log file");
+        // Secure, as every server: the tests' certificates and admin token.
         let mut child = Command::new(env!("CARGO_BIN_EXE_pelotond"))
+            .args(common::pelotond_secure_args())
             .arg("--data-dir")
             .arg(&data)
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -90,8 +92,9 @@ impl Pelotond {
         Pelotond { child, port, log }
     }
 
+    /// The URL it advertises (https: it is secure).
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("https://127.0.0.1:{}", self.port)
     }
 
     fn pid(&self) -> nix::unistd::Pid {
@@ -158,6 +161,7 @@ fn spawn_agent(dir: &Path, host: &str, servers: &str, ports: &str) -> Child {
     std::fs::create_dir_all(&work).expect("work dir");
     Command::new(&bin)
         .args(["--server", servers])
+        .args(common::agent_tls_args(host, dir))
         .arg("--work-dir")
         .arg(&work)
         .args(["--host", host, "--token", TOKEN])
@@ -321,19 +325,30 @@ async fn a_standby_names_the_leader_over_grpc_and_http_and_takes_over_a_graceful
         Some(a.url().as_str())
     );
     // The HTTP mirror: a redirect to the same path on the leader.
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .max_redirects(0)
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let resp = agent
-        .get(&format!("{}/v1/jobs?x=1", b.url()))
-        .call()
-        .expect("http");
-    assert_eq!(resp.status().as_u16(), 307);
+    let answer = common::https_request(
+        format!("127.0.0.1:{}", b.port).parse().expect("addr"),
+        format!(
+            "GET /v1/jobs?x=1 HTTP/1.1\r\nHost: localhost\r\n{}Connection: close\r\n\r\n",
+            common::admin_header()
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 307"), "{answer}");
+    let location = answer
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("location"))
+                .map(|(_, v)| v.trim().to_string())
+        });
     assert_eq!(
-        resp.headers().get("location").and_then(|v| v.to_str().ok()),
-        Some(format!("{}/v1/jobs?x=1", a.url()).as_str())
+        location.as_deref(),
+        Some(format!("{}/v1/jobs?x=1", a.url()).as_str()),
+        "{answer}"
     );
     // Nothing was written by the refused call.
     create_pool(a.port).await;
@@ -522,7 +537,7 @@ async fn the_leader_killed_ten_times_under_load_loses_nothing_and_runs_nothing_t
     servers[1] = Some(Pelotond::start(dir.path(), "s1", ports[1], &db, 0).await);
     // Real agents that follow the leader through the list.
     let list = format!(
-        "http://127.0.0.1:{},http://127.0.0.1:{}",
+        "https://127.0.0.1:{},https://127.0.0.1:{}",
         ports[0], ports[1]
     );
     let agents = [
@@ -681,7 +696,7 @@ async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_st
     leader(&ports[..1]).await;
     let b = Pelotond::start(dir.path(), "b", ports[1], &db, 0).await;
     let list = format!(
-        "http://127.0.0.1:{},http://127.0.0.1:{}",
+        "https://127.0.0.1:{},https://127.0.0.1:{}",
         ports[0], ports[1]
     );
     let _agent = spawn_agent(dir.path(), "h0", &list, "31100-31149");

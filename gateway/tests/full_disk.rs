@@ -300,10 +300,10 @@ type AgentSession = (
 /// Registers a stand-in agent for `host` that heartbeats every 50 ms for
 /// as long as the returned stream is held.
 async fn agent(addr: std::net::SocketAddr, host: &str) -> Result<AgentSession, tonic::Status> {
-    let mut client =
-        pb::agent_service_client::AgentServiceClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connect");
+    // TLS with a certificate naming its host, as a secure server wants.
+    let mut client = pb::agent_service_client::AgentServiceClient::new(
+        agent_channel(addr, host).await.expect("connect"),
+    );
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tx.send(pb::AgentMessage {
         kind: Some(pb::agent_message::Kind::Register(pb::AgentRegister {
@@ -438,7 +438,10 @@ async fn agents_heartbeats_are_served_through_a_full_disk_and_no_host_is_lost() 
 /// Starts the `pelotond` binary on `data_dir` with simulated hosts.
 async fn spawn_daemon(data_dir: &Path) -> (tokio::process::Child, std::net::SocketAddr) {
     use tokio::io::AsyncBufReadExt;
+    // Secure with the tests' certificates and admin token (nothing to
+    // generate in the data directory, which is on the full disk).
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pelotond"))
+        .args(pelotond_secure_args())
         .arg("--data-dir")
         .arg(data_dir)
         .args([
@@ -458,7 +461,7 @@ async fn spawn_daemon(data_dir: &Path) -> (tokio::process::Child, std::net::Sock
     let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
     let addr = within("pelotond to serve", async {
         while let Some(line) = lines.next_line().await.expect("stdout") {
-            if let Some(url) = line.strip_prefix("pelotond: serving gRPC on http://") {
+            if let Some(url) = line.strip_prefix("pelotond: serving gRPC on https://") {
                 return url.trim().parse().expect("address");
             }
         }

@@ -47,6 +47,17 @@ fn every_flag_with_a_value_shows_its_default() {
         assert!(help.contains(&expected), "{expected} missing from:\n{help}");
     }
     assert!(help.contains("127.0.0.1:5391"), "{help}");
+    // Secure by default: the opt-out is a flag, and says what it gives up.
+    assert!(d.secure);
+    let insecure = flags(&help)
+        .into_iter()
+        .find(|(name, _)| name == "insecure")
+        .unwrap_or_else(|| panic!("no --insecure in:\n{help}"));
+    assert!(
+        insecure.1.contains("no TLS, no tokens"),
+        "--insecure: {}",
+        insecure.1
+    );
     // Flags whose default is "none" or a sentence say so in words.
     let in_words = [
         ("config", ""),
@@ -55,6 +66,12 @@ fn every_flag_with_a_value_shows_its_default() {
         ("agent-bin", "default: `peloton-agent` next to this binary"),
         ("store", "default: the embedded store in DATA_DIR"),
         ("advertise", "default: http:// and the listen address"),
+        (
+            "tls-cert",
+            "default: issued by the private CA in DATA_DIR/tls",
+        ),
+        ("tls-key", "the private key (PEM) of --tls-cert"),
+        ("tls-client-ca", "default: the private CA in DATA_DIR/tls"),
     ];
     let flags = flags(&help);
     assert!(flags.len() > 15, "{help}");

@@ -19,7 +19,9 @@ const SIM_HOSTS: u32 = 4;
 /// Starts `pelotond` on `data_dir` and returns it with its gRPC address,
 /// read from the line it prints once serving.
 async fn spawn_daemon(data_dir: &Path) -> (Child, std::net::SocketAddr) {
+    // Secure, as every server: the tests' certificates and admin token.
     let mut child = Command::new(env!("CARGO_BIN_EXE_pelotond"))
+        .args(pelotond_secure_args())
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--listen", "127.0.0.1:0", "--no-metrics"])
@@ -35,7 +37,7 @@ async fn spawn_daemon(data_dir: &Path) -> (Child, std::net::SocketAddr) {
     let mut lines = BufReader::new(stdout).lines();
     let addr = within("pelotond to print its address", async {
         while let Some(line) = lines.next_line().await.expect("read stdout") {
-            if let Some(url) = line.strip_prefix("pelotond: serving gRPC on http://") {
+            if let Some(url) = line.strip_prefix("pelotond: serving gRPC on https://") {
                 return url.trim().parse().expect("address");
             }
         }
