@@ -139,6 +139,8 @@ fn store_values(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
         "host_pools",
         "secrets",
         "volumes",
+        "tokens",
+        "audit",
     ] {
         let t = txn
             .open_table(TableDefinition::<&str, &[u8]>::new(name))
@@ -185,6 +187,7 @@ fn store_values(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
     assert_eq!(
         tables,
         [
+            "audit",
             "configs",
             "events",
             "host_pool_members",
@@ -195,6 +198,7 @@ fn store_values(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
             "pools",
             "secrets",
             "tasks",
+            "tokens",
             "updates",
             "volumes"
         ]
