@@ -43,7 +43,8 @@ pub struct Config {
     /// within about this long of the leader's death.
     pub lease_ms: u64,
     /// With a PostgreSQL store: the URL clients use to reach this server,
-    /// named by standbys (default: `http://` and the listen address).
+    /// named by standbys (default: `https://` and the listen address;
+    /// `http://` when not secure).
     pub advertise: Option<String>,
     /// gRPC address (port 0 picks a free port).
     pub listen: SocketAddr,
@@ -175,7 +176,7 @@ impl Config {
                     && self.tls_client_ca.is_none()
                     && self.admin_token.is_none()
                     && !self.metrics_tls),
-            "tls_cert, tls_key, tls_client_ca and admin_token not with secure: false (--insecure)"
+            "tls_cert, tls_key, tls_client_ca, admin_token and metrics_tls: not with secure: false (--insecure)"
         );
         if let Some(url) = &self.store {
             anyhow::ensure!(

@@ -37,7 +37,8 @@ struct Args {
     #[arg(long)]
     lease_ms: Option<u64>,
     /// With a PostgreSQL store: the URL clients use to reach this server,
-    /// which standbys name (default: http:// and the listen address).
+    /// which standbys name (default: https:// and the listen address;
+    /// http:// with --insecure).
     #[arg(long, value_name = "URL")]
     advertise: Option<String>,
     /// gRPC listen address (port 0 picks a free port).
@@ -363,11 +364,15 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
     // stops everything in order too.
     let mut signals = StopSignals::listen()?;
     let shared = config.store.is_some();
+    let secure = config.secure;
     let starting = peloton_gateway::server::start_with(&config, |addr| {
         if shared {
             // A standby listens (answering UNAVAILABLE with the leader's
             // address) long before it serves.
-            println!("pelotond: listening on http://{addr} (standing by until it leads)");
+            println!(
+                "pelotond: listening on {} (standing by until it leads)",
+                peloton_gateway::client::url(secure, addr)
+            );
         }
     });
     let server = tokio::select! {
@@ -381,17 +386,27 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
     let url = peloton_gateway::client::url(config.secure, server.addr);
     println!("pelotond: serving gRPC on {url}");
     if config.secure {
-        let tls = config.data_dir.join("tls");
-        println!(
-            "pelotond: TLS only, with tokens: the admin token is in {}; the CA in {}",
-            config.data_dir.join("admin-token").display(),
-            tls.join("ca.pem").display()
-        );
-        println!(
-            "pelotond: JSON over HTTP on the same port: curl --cacert {} -H \"authorization: Bearer $(cat {})\" {url}/v1/jobs",
-            tls.join("ca.pem").display(),
-            config.data_dir.join("admin-token").display()
-        );
+        // Where the admin token and the CA are, when the server keeps them
+        // (a configured admin_token or --tls-cert keeps them elsewhere).
+        let token_file = config.data_dir.join("admin-token");
+        let ca_file = config.data_dir.join("tls").join("ca.pem");
+        let token = match config.admin_token {
+            Some(_) => "set by admin_token".to_owned(),
+            None => format!("in {}", token_file.display()),
+        };
+        let ca = match (&config.tls_cert, &config.tls_client_ca) {
+            (None, _) => format!("in {}", ca_file.display()),
+            (Some(_), Some(ca)) => format!("in {} (if it signed --tls-cert)", ca.display()),
+            (Some(_), None) => "the one that signed --tls-cert".to_owned(),
+        };
+        println!("pelotond: TLS only, with tokens: the admin token is {token}; the CA is {ca}");
+        if config.admin_token.is_none() && config.tls_cert.is_none() {
+            println!(
+                "pelotond: JSON over HTTP on the same port: curl --cacert {} -H \"authorization: Bearer $(cat {})\" {url}/v1/jobs",
+                ca_file.display(),
+                token_file.display()
+            );
+        }
     } else {
         println!("pelotond: JSON over HTTP on the same port: curl {url}/v1");
     }

@@ -65,7 +65,7 @@ fn every_flag_with_a_value_shows_its_default() {
         ("agent-token", "default: kept in DATA_DIR/agent-token"),
         ("agent-bin", "default: `peloton-agent` next to this binary"),
         ("store", "default: the embedded store in DATA_DIR"),
-        ("advertise", "default: http:// and the listen address"),
+        ("advertise", "default: https:// and the listen address"),
         (
             "tls-cert",
             "default: issued by the private CA in DATA_DIR/tls",
