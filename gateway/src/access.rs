@@ -281,8 +281,8 @@ impl Access {
             .ok()
             .filter(|v| v.len() <= MAX_TOKEN_BYTES)
             .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
+                let (scheme, rest) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(rest)
             })
             .map(str::trim)
             .ok_or_else(|| {
@@ -360,21 +360,27 @@ impl Access {
             .cloned()
     }
 
-    /// Whether `caller` may read the job `job` (false for an unknown job
-    /// unless it reads everything).
-    pub fn sees_job(&self, caller: &Caller, job: &str) -> bool {
-        if caller.principal.sees_everything() {
-            return true;
-        }
-        let pool = self.job_pool(job).or_else(|| {
+    /// A job's pool, live or among the recently deleted (for objects that
+    /// outlive their job, such as volumes).
+    pub fn job_pool_or_deleted(&self, job: &str) -> Option<Arc<str>> {
+        self.job_pool(job).or_else(|| {
             self.deleted
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .pools
                 .get(job)
                 .cloned()
-        });
-        pool.is_some_and(|p| caller.principal.allows(Permission::JobsRead, &p))
+        })
+    }
+
+    /// Whether `caller` may read the job `job` (false for an unknown job
+    /// unless it reads everything).
+    pub fn sees_job(&self, caller: &Caller, job: &str) -> bool {
+        if caller.principal.sees_everything() {
+            return true;
+        }
+        self.job_pool_or_deleted(job)
+            .is_some_and(|p| caller.principal.allows(Permission::JobsRead, &p))
     }
 }
 
@@ -391,15 +397,7 @@ pub fn caller<T>(request: &tonic::Request<T>) -> Result<Arc<Caller>, Status> {
 /// Records what a call named, for its audit entry.
 pub fn note<T>(request: &tonic::Request<T>, target: impl Into<String>) {
     if let Some(n) = request.extensions().get::<AuditNote>() {
-        let mut target: String = target.into();
-        if target.len() > MAX_TARGET_BYTES {
-            let mut cut = MAX_TARGET_BYTES;
-            while !target.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            target.truncate(cut);
-        }
-        *n.0.lock().unwrap_or_else(|e| e.into_inner()) = target;
+        *n.0.lock().unwrap_or_else(|e| e.into_inner()) = cut(target.into(), MAX_TARGET_BYTES);
     }
 }
 
@@ -457,7 +455,46 @@ pub struct LayerState {
     pub access: Arc<Access>,
     /// Where audit entries go (the loop).
     pub tx: mpsc::Sender<Command>,
+    /// Bounds the audit entries of calls without a valid token (anyone can
+    /// make those: they must not flush the log's history).
+    pub strangers: Arc<StrangerLimit>,
 }
+
+/// Audit entries of unauthenticated calls kept per second; the rest are
+/// counted and the next kept entry says how many were not logged.
+pub const MAX_UNAUTHENTICATED_AUDITS_PER_S: u64 = 20;
+
+/// A per-second budget for unauthenticated calls' audit entries.
+#[derive(Debug, Default)]
+pub struct StrangerLimit {
+    /// (second, entries kept in it, entries dropped since the last kept).
+    state: Mutex<(u64, u64, u64)>,
+}
+
+impl StrangerLimit {
+    /// Whether an entry may be written now, and how many were dropped
+    /// before it.
+    fn admit(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.0 != now {
+            s.0 = now;
+            s.1 = 0;
+        }
+        if s.1 >= MAX_UNAUTHENTICATED_AUDITS_PER_S {
+            s.2 += 1;
+            return None;
+        }
+        s.1 += 1;
+        Some(std::mem::take(&mut s.2))
+    }
+}
+
+/// Longest method name an audit entry keeps (a request path is the
+/// caller's to choose).
+const MAX_AUDIT_METHOD_BYTES: usize = 128;
 
 /// Whether a gRPC method changes something (and is audited): every method
 /// but reads.
@@ -489,8 +526,12 @@ pub async fn layer(State(state): State<LayerState>, mut request: Request, next: 
     let caller = match state.access.authenticate(request.headers()) {
         Ok(c) => c,
         Err(status) => {
-            if audited {
-                audit(&state, UNAUTHENTICATED, &path, String::new(), &status).await;
+            if audited && let Some(dropped) = state.strangers.admit() {
+                let target = match dropped {
+                    0 => String::new(),
+                    n => format!("({n} unauthenticated calls before this one were not logged)"),
+                };
+                audit(&state, UNAUTHENTICATED, &path, target, &status).await;
             }
             return status.into_http();
         }
@@ -509,20 +550,26 @@ pub async fn layer(State(state): State<LayerState>, mut request: Request, next: 
     response
 }
 
-async fn audit(state: &LayerState, who: &str, method: &str, target: String, status: &Status) {
-    let mut message = status.message().to_owned();
-    if message.len() > MAX_AUDIT_MESSAGE_BYTES {
-        let mut cut = MAX_AUDIT_MESSAGE_BYTES;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
+/// `text` cut to at most `max` bytes (at a character boundary).
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut at = max;
+        while !text.is_char_boundary(at) {
+            at -= 1;
         }
-        message.truncate(cut);
+        text.truncate(at);
     }
+    text
+}
+
+async fn audit(state: &LayerState, who: &str, method: &str, target: String, status: &Status) {
+    let message = cut(status.message().to_owned(), MAX_AUDIT_MESSAGE_BYTES);
+    let method = cut(method.to_owned(), MAX_AUDIT_METHOD_BYTES);
     let entry = pb::AuditEntry {
         seq: 0,
         time_ms: 0,
         principal: who.to_owned(),
-        method: method.to_owned(),
+        method,
         target,
         code: status.code() as i32,
         message,

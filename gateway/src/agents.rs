@@ -66,7 +66,9 @@ pub struct AgentHub {
     token: String,
     heartbeat_interval_ms: u64,
     last_seen: Mutex<FxHashMap<Arc<str>, u64>>,
-    logs: Mutex<FxHashMap<u64, oneshot::Sender<pb::LogChunk>>>,
+    /// Log requests waiting for their chunk, with the session (its outbox)
+    /// they were sent to: a chunk from any other session is dropped.
+    logs: Mutex<FxHashMap<u64, (oneshot::Sender<pb::LogChunk>, Outbox)>>,
     next_id: AtomicU64,
 }
 
@@ -121,12 +123,12 @@ impl AgentHub {
     }
 
     /// Registers a log request; the agent's answer arrives on the receiver.
-    pub fn expect_log(&self, request_id: u64) -> oneshot::Receiver<pb::LogChunk> {
+    pub fn expect_log(&self, request_id: u64, from: &Outbox) -> oneshot::Receiver<pb::LogChunk> {
         let (tx, rx) = oneshot::channel();
         self.logs
             .lock()
             .expect("not poisoned")
-            .insert(request_id, tx);
+            .insert(request_id, (tx, from.clone()));
         rx
     }
 
@@ -135,13 +137,18 @@ impl AgentHub {
         self.logs.lock().expect("not poisoned").remove(&request_id);
     }
 
-    fn deliver_log(&self, chunk: pb::LogChunk) {
-        let waiter = self
-            .logs
-            .lock()
-            .expect("not poisoned")
-            .remove(&chunk.request_id);
-        if let Some(w) = waiter {
+    /// A chunk from the session whose outbox is `from`: delivered only if
+    /// its request was sent to that session (an agent cannot answer
+    /// another host's log request).
+    fn deliver_log(&self, chunk: pb::LogChunk, from: &Outbox) {
+        let mut logs = self.logs.lock().expect("not poisoned");
+        let ours = logs
+            .get(&chunk.request_id)
+            .is_some_and(|(_, asked)| asked.same_channel(from));
+        if !ours {
+            return;
+        }
+        if let Some((w, _)) = logs.remove(&chunk.request_id) {
             let _ = w.send(chunk);
         }
     }
@@ -580,8 +587,10 @@ impl pb::agent_service_server::AgentService for AgentApi {
                      (peloton-agent --cert-file/--key-file)"
                 )));
             };
-            if !peloton_tls::cert_allows_host(&cert, &register.host) {
-                let names = peloton_tls::cert_names(&cert).unwrap_or_default();
+            // Exactly the name (hosts are exact keys here, so a certificate
+            // for `host-a` must not register `HOST-A` as another host).
+            let names = peloton_tls::cert_names(&cert).unwrap_or_default();
+            if !names.iter().any(|n| *n == register.host) {
                 tracing::warn!(%host, ?names, "agent refused: its certificate names another host");
                 return Err(Status::permission_denied(format!(
                     "agent {host}: its certificate names {names:?}, not this host"
@@ -674,7 +683,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
                             break;
                         }
                     }
-                    Some(pb::agent_message::Kind::Log(chunk)) => hub.deliver_log(chunk),
+                    Some(pb::agent_message::Kind::Log(chunk)) => hub.deliver_log(chunk, &outbox),
                     Some(pb::agent_message::Kind::Heartbeat(_)) | None => {}
                     Some(pb::agent_message::Kind::Register(_)) => {
                         tracing::warn!(%host, "agent registered twice on one session; ignored");
@@ -696,6 +705,26 @@ impl pb::agent_service_server::AgentService for AgentApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_chunk_reaches_its_request_only_from_the_session_asked() {
+        let hub = AgentHub::new("t".into(), 1000);
+        let (asked, _a) = mpsc::channel(1);
+        let (other, _b) = mpsc::channel(1);
+        let id = hub.next_id();
+        let mut answer = hub.expect_log(id, &asked);
+        let chunk = |data: &[u8]| pb::LogChunk {
+            request_id: id,
+            data: data.to_vec(),
+            ..Default::default()
+        };
+        // Another host's agent answering the request (its id guessed) is
+        // ignored, and the request still waits.
+        hub.deliver_log(chunk(b"forged"), &other);
+        assert!(answer.try_recv().is_err());
+        hub.deliver_log(chunk(b"real"), &asked);
+        assert_eq!(answer.try_recv().expect("delivered").data, b"real");
+    }
 
     /// `error` as the cause of a stream error, one level down as hyper
     /// wraps the connection's I/O error.

@@ -109,9 +109,9 @@ pub struct Config {
     /// Secure: the server's private key (PEM).
     pub tls_key: Option<PathBuf>,
     /// Secure: the CA agents' client certificates must be signed by
-    /// (default: the private CA in `<data_dir>/tls/`, or none when
-    /// `tls_cert` is given). An agent registers only the host its
-    /// certificate names.
+    /// (default: the private CA in `<data_dir>/tls/`; none when `tls_cert`
+    /// is given, so set it whenever agents connect). An agent registers
+    /// only the host its certificate names.
     pub tls_client_ca: Option<PathBuf>,
     /// Secure: the bootstrap admin token (a cluster admin named "admin").
     /// Unset: read from `<data_dir>/admin-token`, created with a random
@@ -305,7 +305,15 @@ impl Config {
         }
         let path = self.data_dir.join("admin-token");
         match std::fs::read_to_string(&path) {
-            Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+            Ok(t) if !t.trim().is_empty() => {
+                let t = t.trim();
+                anyhow::ensure!(
+                    (16..=512).contains(&t.len()),
+                    "{}: the admin token must be 16–512 characters",
+                    path.display()
+                );
+                return Ok(t.to_string());
+            }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),

@@ -120,7 +120,8 @@ struct Args {
     #[arg(long)]
     metrics_tls: bool,
     /// Secure: the CA (PEM) agents' client certificates are signed by
-    /// (default: the private CA in DATA_DIR/tls).
+    /// (default: the private CA in DATA_DIR/tls; none with --tls-cert, so
+    /// give it whenever agents connect).
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
     /// Log as JSON lines instead of text.
@@ -210,9 +211,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
         c.tls_client_ca = Some(v.clone());
     }
     anyhow::ensure!(
-        args.local_agents == 0 || !c.secure || c.tls_cert.is_none(),
-        "--local-agents with --tls-cert: local agents get certificates from the private CA only \
-         (start agents yourself with --ca-file, --cert-file and --key-file)"
+        args.local_agents == 0 || !c.secure || (c.tls_cert.is_none() && c.tls_client_ca.is_none()),
+        "--local-agents with --tls-cert or --tls-client-ca: local agents get certificates from the \
+         private CA only (start agents yourself with --ca-file, --cert-file and --key-file)"
     );
     anyhow::ensure!(
         args.local_agents == 0 || !c.simulated(),
@@ -412,7 +413,8 @@ async fn serve(config: Config, args: &Args) -> anyhow::Result<()> {
     }
     println!("pelotond: console on {url}/ui/");
     if let Some(m) = server.metrics_addr {
-        println!("pelotond: metrics on http://{m}/metrics");
+        let scheme = if config.metrics_tls { "https" } else { "http" };
+        println!("pelotond: metrics on {scheme}://{m}/metrics");
     }
     let agents = match local::start_agents(&config, args, server.addr).await {
         Ok(a) => a,

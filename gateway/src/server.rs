@@ -475,6 +475,7 @@ async fn opened(
             crate::access::LayerState {
                 access: access.clone(),
                 tx: tx.clone(),
+                strangers: Arc::default(),
             },
             crate::access::layer,
         ),
@@ -497,6 +498,11 @@ async fn opened(
     gate.open(crate::console::mount(
         mirror.mount(routes.into_axum_router()),
     ));
+    // The server's own certificate (made for the gRPC address).
+    let metrics_tls = match config.metrics_tls {
+        true => tls_config(config, addr)?,
+        false => None,
+    };
     let (metrics_addr, metrics_task) = match config.metrics_listen {
         Some(at) => {
             let listener = tokio::net::TcpListener::bind(at)
@@ -519,10 +525,7 @@ async fn opened(
                     }
                 }),
             );
-            let tls = match config.metrics_tls {
-                true => tls_config(config, addr)?,
-                false => None,
-            };
+            let tls = metrics_tls;
             let task = tokio::spawn(async move {
                 let served = match tls {
                     Some(tls) => {

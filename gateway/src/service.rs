@@ -296,7 +296,10 @@ impl Api {
     /// `caller` may do `permission` on `job`'s pool (the job is known: its
     /// record was just read).
     fn allow_job(&self, caller: &Caller, permission: Permission, job: &str) -> Result<(), Status> {
-        let pool = self.access.job_pool(job).unwrap_or_else(|| "/".into());
+        let pool = self
+            .access
+            .job_pool_or_deleted(job)
+            .unwrap_or_else(|| "/".into());
         access::allow(caller, permission, &pool)
     }
 
@@ -449,6 +452,7 @@ impl TaskService for Api {
         request: Request<pb::TaskLogsRequest>,
     ) -> Result<Response<LogStream>, Status> {
         self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+        let caller = access::caller(&request)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let Some(hub) = self.hub.clone() else {
@@ -480,7 +484,7 @@ impl TaskService for Api {
                 let (key, outbox) = &current;
                 let run_id = key.run_id;
                 let id = hub.next_id();
-                let answer = hub.expect_log(id);
+                let answer = hub.expect_log(id, outbox);
                 let ask = pb::ServerMessage {
                     kind: Some(pb::server_message::Kind::ReadLog(pb::ReadLog {
                         request_id: id,
@@ -528,9 +532,10 @@ impl TaskService for Api {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(Box::pin(access::until_revoked(
             tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+            caller,
+        ))))
     }
 
     async fn list(

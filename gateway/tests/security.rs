@@ -1538,3 +1538,53 @@ async fn a_revoked_token_ends_its_open_watch() {
     assert!(e.message().contains("revoked"), "{e:?}");
     s.shutdown().await;
 }
+
+/// Calls without a token are audited at a bounded rate: anyone can make
+/// them, and they must not flush the log's history. The next kept entry
+/// counts those not logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_calls_cannot_flood_the_audit_log() {
+    let s = Secure::start().await;
+    let admin = s.admin();
+    create_pools_a_and_b(&admin).await;
+    let stranger = s.client(None);
+    for _ in 0..200 {
+        let e = stranger
+            .create_job(short_job("/a"))
+            .await
+            .expect_err("refused");
+        assert_eq!(e.code(), Code::Unauthenticated);
+    }
+    let entries = admin
+        .audit("unauthenticated", 1000, 0)
+        .await
+        .expect("audit");
+    // 20 a second at most; the calls may straddle a second or two.
+    assert!(
+        entries.len() <= 3 * peloton_gateway::access::MAX_UNAUTHENTICATED_AUDITS_PER_S as usize,
+        "{} entries",
+        entries.len()
+    );
+    // Later, one entry says how many were not logged.
+    eventually(
+        "an entry counting the calls not logged",
+        TIMEOUT,
+        async || {
+            let _ = stranger.create_job(short_job("/a")).await;
+            let entries = admin
+                .audit("unauthenticated", 1000, 0)
+                .await
+                .map_err(|e| e.to_string())?;
+            entries
+                .iter()
+                .find(|e| e.target.contains("were not logged"))
+                .map(|_| ())
+                .ok_or_else(|| "no entry counts the dropped ones yet".to_owned())
+        },
+    )
+    .await;
+    // The admin's own entries are all still there.
+    let mine = admin.audit("admin", 1000, 0).await.expect("audit");
+    assert!(mine.len() >= 2, "{mine:?}");
+    s.shutdown().await;
+}

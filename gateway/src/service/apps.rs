@@ -265,6 +265,7 @@ impl ApplicationService for Api {
     ) -> Result<Response<Self::WatchExecutorsStream>, Status> {
         self.on_job(&request, Permission::JobsRead, &request.get_ref().app_id)?;
         let caller = access::caller(&request)?;
+        let caller_for_end = caller.clone();
         let r = request.into_inner();
         check_id("app_id", &r.app_id)?;
         let app = self.app(r.app_id.clone()).await?;
@@ -300,6 +301,7 @@ impl ApplicationService for Api {
             let item = rx.recv().await?;
             Some((item, rx))
         });
+        let stream = access::until_revoked(stream, caller_for_end);
         Ok(Response::new(Box::pin(stream)))
     }
 }
