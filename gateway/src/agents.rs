@@ -590,7 +590,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
             // Exactly the name (hosts are exact keys here, so a certificate
             // for `host-a` must not register `HOST-A` as another host).
             let names = peloton_tls::cert_names(&cert).unwrap_or_default();
-            if !names.iter().any(|n| *n == register.host) {
+            if !names.contains(&register.host) {
                 tracing::warn!(%host, ?names, "agent refused: its certificate names another host");
                 return Err(Status::permission_denied(format!(
                     "agent {host}: its certificate names {names:?}, not this host"
