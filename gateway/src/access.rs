@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::scheduler::Command;
+use crate::status::truncate;
 
 /// Name of the bootstrap admin token.
 pub const ADMIN: &str = "admin";
@@ -397,7 +398,9 @@ pub fn caller<T>(request: &tonic::Request<T>) -> Result<Arc<Caller>, Status> {
 /// Records what a call named, for its audit entry.
 pub fn note<T>(request: &tonic::Request<T>, target: impl Into<String>) {
     if let Some(n) = request.extensions().get::<AuditNote>() {
-        *n.0.lock().unwrap_or_else(|e| e.into_inner()) = cut(target.into(), MAX_TARGET_BYTES);
+        let target: String = target.into();
+        *n.0.lock().unwrap_or_else(|e| e.into_inner()) =
+            truncate(&target, MAX_TARGET_BYTES).into_owned();
     }
 }
 
@@ -550,21 +553,9 @@ pub async fn layer(State(state): State<LayerState>, mut request: Request, next: 
     response
 }
 
-/// `text` cut to at most `max` bytes (at a character boundary).
-fn cut(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut at = max;
-        while !text.is_char_boundary(at) {
-            at -= 1;
-        }
-        text.truncate(at);
-    }
-    text
-}
-
 async fn audit(state: &LayerState, who: &str, method: &str, target: String, status: &Status) {
-    let message = cut(status.message().to_owned(), MAX_AUDIT_MESSAGE_BYTES);
-    let method = cut(method.to_owned(), MAX_AUDIT_METHOD_BYTES);
+    let message = truncate(status.message(), MAX_AUDIT_MESSAGE_BYTES).into_owned();
+    let method = truncate(method, MAX_AUDIT_METHOD_BYTES).into_owned();
     let entry = pb::AuditEntry {
         seq: 0,
         time_ms: 0,

@@ -282,15 +282,21 @@ impl Config {
             }
             return Ok(token);
         }
-        match std::fs::read_to_string(&path) {
+        self.kept_secret(&path, || uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// The secret kept in `path` (trimmed), or a new one from `make`,
+    /// written there readable only by the owner.
+    fn kept_secret(&self, path: &Path, make: impl FnOnce() -> String) -> anyhow::Result<String> {
+        match std::fs::read_to_string(path) {
             Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
         }
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        write_private(&self.data_dir, &path, &token)?;
-        Ok(token)
+        let secret = make();
+        write_private(&self.data_dir, path, &secret)?;
+        Ok(secret)
     }
 
     /// The bootstrap admin token: configured, or kept in the data dir
@@ -304,22 +310,12 @@ impl Config {
             return Ok(t.clone());
         }
         let path = self.data_dir.join("admin-token");
-        match std::fs::read_to_string(&path) {
-            Ok(t) if !t.trim().is_empty() => {
-                let t = t.trim();
-                anyhow::ensure!(
-                    (16..=512).contains(&t.len()),
-                    "{}: the admin token must be 16–512 characters",
-                    path.display()
-                );
-                return Ok(t.to_string());
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => anyhow::bail!("cannot read {}: {e}", path.display()),
-        }
-        let token = crate::access::new_secret();
-        write_private(&self.data_dir, &path, &token)?;
+        let token = self.kept_secret(&path, crate::access::new_secret)?;
+        anyhow::ensure!(
+            (16..=512).contains(&token.len()),
+            "{}: the admin token must be 16–512 characters",
+            path.display()
+        );
         Ok(token)
     }
 

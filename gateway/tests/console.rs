@@ -31,7 +31,7 @@ use peloton_proto::v1::access_service_client::AccessServiceClient;
 use peloton_proto::v1::job_service_client::JobServiceClient;
 use peloton_proto::v1::resource_pool_service_client::ResourcePoolServiceClient;
 use serde_json::{Value as Json, json};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::Channel;
 
 /// How long the page may take to show something.
 const PAGE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -758,7 +758,7 @@ async fn the_secure_console_signs_in_and_shows_what_the_token_may_see() {
     let tls = dir.path().join("tls");
     let ca_pem = std::fs::read_to_string(tls.join("ca.pem")).expect("the server's CA");
     let server_pem = std::fs::read_to_string(tls.join("server.pem")).expect("the server's cert");
-    let channel = tls_channel(addr, &ca_pem).await;
+    let channel = common::tls_channel_to(addr, &ca_pem).await;
 
     // As the admin: pools /a and /b, a job in each, a viewer token on /a.
     let mut pools = ResourcePoolServiceClient::new(channel.clone());
@@ -1035,27 +1035,6 @@ async fn admin_get_job(channel: &Channel, id: &str) -> peloton_proto::v1::Job {
         .into_inner()
         .job
         .expect("job")
-}
-
-/// A TLS channel to `addr` trusting only `ca_pem` (the server's private
-/// CA), retried until the server accepts.
-async fn tls_channel(addr: std::net::SocketAddr, ca_pem: &str) -> Channel {
-    let url = format!("https://{addr}");
-    common::eventually(&format!("connect to {url}"), common::TIMEOUT, async || {
-        Endpoint::from_shared(url.clone())
-            .expect("valid url")
-            .timeout(common::TIMEOUT)
-            .tls_config(
-                ClientTlsConfig::new()
-                    .ca_certificate(Certificate::from_pem(ca_pem))
-                    .domain_name("localhost"),
-            )
-            .map_err(|e| format!("{e:?}"))?
-            .connect()
-            .await
-            .map_err(|e| format!("{e:?}"))
-    })
-    .await
 }
 
 /// The base64 SHA-256 of the SubjectPublicKeyInfo of the first certificate

@@ -84,7 +84,7 @@ impl Secure {
             .unwrap_or_else(|e| panic!("secure server does not start: {e:#}"));
         let ca_pem = std::fs::read_to_string(data_dir.join("tls").join("ca.pem"))
             .expect("the server wrote its CA to DATA_DIR/tls/ca.pem");
-        let channel = tls_channel(server.addr, &ca_pem).await;
+        let channel = common::tls_channel_to(server.addr, &ca_pem).await;
         Secure {
             addr: server.addr,
             server: Some(server),
@@ -130,27 +130,6 @@ impl Secure {
                 .expect("graceful shutdown");
         }
     }
-}
-
-/// A TLS channel to `addr` trusting only `ca_pem`, retried until the
-/// server accepts.
-async fn tls_channel(addr: SocketAddr, ca_pem: &str) -> Channel {
-    let url = format!("https://{addr}");
-    eventually(&format!("connect to {url}"), TIMEOUT, async || {
-        Endpoint::from_shared(url.clone())
-            .expect("valid url")
-            .timeout(TIMEOUT)
-            .tls_config(
-                ClientTlsConfig::new()
-                    .ca_certificate(Certificate::from_pem(ca_pem))
-                    .domain_name("localhost"),
-            )
-            .map_err(|e| format!("{e:?}"))?
-            .connect()
-            .await
-            .map_err(|e| format!("{e:?}"))
-    })
-    .await
 }
 
 // ---------------------------------------------------------------- clients
@@ -845,7 +824,7 @@ async fn tokens_are_created_listed_without_secrets_checked_and_revoked_at_once()
 
     // Revoking stops a token at once: its next call on a connection that
     // is already open is refused.
-    let bob_channel = tls_channel(s.addr, &s.ca_pem).await;
+    let bob_channel = common::tls_channel_to(s.addr, &s.ca_pem).await;
     let b = Api::new(bob_channel, Some(&bearer(&bob)));
     assert_eq!(b.who_am_i().await.expect("bob whoami").name, "bob");
     b.job_ids().await.expect("bob reads");

@@ -31,11 +31,28 @@ pub const ADMIN_TOKEN: &str = "pel_test_admin_token_of_the_gateway_suites";
 pub async fn tls_channel(addr: std::net::SocketAddr) -> Result<Channel, String> {
     let pki = peloton_tls::testkit::shared();
     let ca = std::fs::read_to_string(&pki.ca_file).map_err(|e| e.to_string())?;
+    tls_channel_trusting(addr, &ca).await
+}
+
+/// An HTTPS channel to a server trusting only `ca_pem` (a server that made
+/// its own private CA), retried until the server accepts.
+pub async fn tls_channel_to(addr: std::net::SocketAddr, ca_pem: &str) -> Channel {
+    eventually(&format!("connect to {addr}"), TIMEOUT, async || {
+        tls_channel_trusting(addr, ca_pem).await
+    })
+    .await
+}
+
+/// An HTTPS channel to a server trusting only `ca_pem`, without a token.
+pub async fn tls_channel_trusting(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+) -> Result<Channel, String> {
     tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
         .map_err(|e| e.to_string())?
         .tls_config(
             tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
                 .domain_name("localhost"),
         )
         .map_err(|e| e.to_string())?
