@@ -237,25 +237,19 @@ fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
 }
 
 /// A binary the service benchmarks start, next to this one (built by
-/// `cargo test --workspace`); `None`, with a note, when it was not built.
-fn sibling(name: &str) -> Option<std::path::PathBuf> {
+/// `cargo test --workspace`): the test fails, never skips, without it.
+fn require_sibling(name: &str) {
     let path = std::path::Path::new(env!("CARGO_BIN_EXE_peloton-bench")).with_file_name(name);
-    if path.exists() {
-        Some(path)
-    } else {
-        eprintln!(
-            "SKIPPED: {} not built (cargo test --workspace builds it)",
-            path.display()
-        );
-        None
-    }
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo test --workspace` (or build it first)",
+        path.display()
+    );
 }
 
 #[test]
 fn e2e_measures_a_secure_server_by_default_and_a_plaintext_one_with_insecure() {
-    if sibling("pelotond").is_none() {
-        return;
-    }
+    require_sibling("pelotond");
     let args = [
         "e2e",
         "--hosts",
@@ -291,9 +285,8 @@ fn e2e_measures_a_secure_server_by_default_and_a_plaintext_one_with_insecure() {
 
 #[test]
 fn launch_runs_real_tasks_on_agents_with_certificates() {
-    if sibling("pelotond").is_none() || sibling("peloton-agent").is_none() {
-        return;
-    }
+    require_sibling("pelotond");
+    require_sibling("peloton-agent");
     let report = json(&["launch", "--agents", "2", "--tasks", "6", "--json"]);
     assert_eq!(report["tasks"], 6);
     assert!(report["tasks_per_s"].as_f64().unwrap() > 0.0, "{report}");
