@@ -61,7 +61,34 @@ pub type Digest32 = [u8; 32];
 
 /// The SHA-256 digest of a token's secret.
 pub fn digest(secret: &str) -> Digest32 {
-    Sha256::digest(secret.as_bytes()).into()
+    digest_bytes(secret.as_bytes())
+}
+
+/// The SHA-256 digest of bytes (a certificate's DER: its fingerprint).
+pub fn digest_bytes(bytes: &[u8]) -> Digest32 {
+    Sha256::digest(bytes).into()
+}
+
+/// A digest as lowercase hex (how fingerprints are shown).
+pub fn hex(d: &Digest32) -> String {
+    use std::fmt::Write as _;
+    d.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// A fingerprint from its hex form, or INVALID_ARGUMENT naming `field`.
+pub fn parse_hex(field: &str, text: &str) -> Result<Digest32, Status> {
+    let bad = || crate::convert::invalid(field, "must be 64 hex digits (a SHA-256 fingerprint)");
+    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
 }
 
 /// A new random secret: the prefix and 256 random bits in hex.
@@ -72,6 +99,11 @@ pub fn new_secret() -> String {
         uuid::Uuid::new_v4().simple()
     )
 }
+
+/// What tonic records of a TLS connection (its client certificates among
+/// it); the JSON mirror copies it to the calls it makes in process.
+pub type TlsInfo =
+    tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>;
 
 /// Who is calling: its token as listed and its grants.
 #[derive(Debug)]
@@ -118,8 +150,10 @@ where
 }
 
 impl Caller {
-    /// The caller holding `token` (its grants already checked).
-    pub fn from_token(token: pb::Token) -> Result<Caller, Status> {
+    /// The caller holding `token` (its grants already checked). Its
+    /// certificates are not kept (they change; the loop lists them).
+    pub fn from_token(mut token: pb::Token) -> Result<Caller, Status> {
+        token.certificates.clear();
         let grants = grants_from_pb("grants", &token.grants)?;
         Ok(Caller {
             principal: Principal::new(token.name.clone(), grants),
@@ -143,6 +177,7 @@ impl Caller {
             }],
             created_at_ms: 0,
             created_by: String::new(),
+            certificates: Vec::new(),
         })
         .expect("a valid grant")
     }
@@ -208,6 +243,11 @@ pub struct Access {
     admin: Option<(Digest32, Arc<Caller>)>,
     anonymous: Arc<Caller>,
     tokens: RwLock<FxHashMap<Digest32, Arc<Caller>>>,
+    /// Client certificates recorded with tokens, by the SHA-256 of their
+    /// DER: each is its token's caller.
+    certs: RwLock<FxHashMap<Digest32, Arc<Caller>>>,
+    /// The CA that signs user certificates, when the server holds its key.
+    signer: Option<Arc<peloton_tls::Pki>>,
     job_pools: RwLock<FxHashMap<Arc<str>, Arc<str>>>,
     /// The pools of the jobs deleted last (bounded), oldest first: for
     /// filtering events, never for authorizing a call.
@@ -230,19 +270,28 @@ impl Access {
             admin: None,
             anonymous: Arc::new(Caller::admin(ANONYMOUS)),
             tokens: RwLock::default(),
+            certs: RwLock::default(),
+            signer: None,
             job_pools: RwLock::default(),
             deleted: RwLock::default(),
         }
     }
 
     /// Access of a secure server whose bootstrap admin token is
-    /// `admin_secret`.
-    pub fn secure(admin_secret: &str) -> Access {
+    /// `admin_secret`; `signer` signs user certificates (none: the server
+    /// cannot issue them).
+    pub fn secure(admin_secret: &str, signer: Option<Arc<peloton_tls::Pki>>) -> Access {
         Access {
             secure: true,
             admin: Some((digest(admin_secret), Arc::new(Caller::admin(ADMIN)))),
+            signer,
             ..Access::insecure()
         }
+    }
+
+    /// The CA that signs user certificates, if the server holds its key.
+    pub fn signer(&self) -> Option<&peloton_tls::Pki> {
+        self.signer.as_deref()
     }
 
     /// Whether calls need a token.
@@ -265,16 +314,38 @@ impl Access {
             .cloned()
     }
 
-    /// Who sends `headers`: a valid bearer token's caller, the anonymous
-    /// admin of an insecure server, or why not.
-    pub fn authenticate(&self, headers: &axum::http::HeaderMap) -> Result<Arc<Caller>, Status> {
+    /// Who sends `headers` over a connection whose client certificate (DER)
+    /// is `peer_cert`: a valid bearer token's caller; without a bearer
+    /// header, the caller of the token the certificate is recorded with;
+    /// an insecure server's anonymous admin; or why not.
+    pub fn authenticate(
+        &self,
+        headers: &axum::http::HeaderMap,
+        peer_cert: Option<&[u8]>,
+    ) -> Result<Arc<Caller>, Status> {
         if !self.secure {
             return Ok(self.anonymous.clone());
         }
         let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
+            if let Some(der) = peer_cert {
+                return self
+                    .certs
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&digest_bytes(der))
+                    .cloned()
+                    .ok_or_else(|| {
+                        Status::unauthenticated(
+                            "the client certificate is not recorded with any token (a cluster \
+                             admin issues one with `peloton token cert NAME`; revoked and \
+                             expired ones are refused)",
+                        )
+                    });
+            }
             return Err(Status::unauthenticated(
                 "no token: send `authorization: Bearer <token>` (the CLI reads it from \
-                 PELOTON_TOKEN, PELOTON_TOKEN_FILE or its config file)",
+                 PELOTON_TOKEN, PELOTON_TOKEN_FILE or its config file) or a client \
+                 certificate issued for a token",
             ));
         };
         let secret = value
@@ -306,15 +377,57 @@ impl Access {
             .insert(digest, caller);
     }
 
-    /// A token is refused from now on (and the streams it opened end).
-    pub fn remove_token(&self, digest: &Digest32) {
+    /// A token is refused from now on, and so are its certificates
+    /// (`certs`, by fingerprint); the streams it opened end.
+    pub fn remove_token(&self, digest: &Digest32, certs: &[Digest32]) {
         let gone = self
             .tokens
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(digest);
+        self.remove_certs(certs);
         if let Some(c) = gone {
             c.revoked.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The certificates recorded with stored tokens from now on (the
+    /// loop, at start): each fingerprint with its token's digest.
+    pub fn set_certs(&self, certs: impl IntoIterator<Item = (Digest32, Digest32)>) {
+        let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
+        let map = certs
+            .into_iter()
+            .filter_map(|(fp, token)| Some((fp, tokens.get(&token)?.clone())))
+            .collect();
+        *self.certs.write().unwrap_or_else(|e| e.into_inner()) = map;
+    }
+
+    /// A certificate acts as the token whose digest is `token` from now on
+    /// (nothing if that token is gone).
+    pub fn add_cert(&self, fingerprint: Digest32, token: &Digest32) {
+        let caller = self
+            .tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned();
+        if let Some(caller) = caller {
+            self.certs
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(fingerprint, caller);
+        }
+    }
+
+    /// Certificates refused from now on (streams they opened go on until
+    /// their token is revoked).
+    pub fn remove_certs(&self, fingerprints: &[Digest32]) {
+        if fingerprints.is_empty() {
+            return;
+        }
+        let mut m = self.certs.write().unwrap_or_else(|e| e.into_inner());
+        for fp in fingerprints {
+            m.remove(fp);
         }
     }
 
@@ -526,7 +639,16 @@ pub async fn layer(State(state): State<LayerState>, mut request: Request, next: 
         return next.run(request).await;
     }
     let audited = state.access.is_secure() && is_mutating(&path);
-    let caller = match state.access.authenticate(request.headers()) {
+    let peer_certs = request
+        .extensions()
+        .get::<TlsInfo>()
+        .and_then(|info| info.peer_certs());
+    // The first certificate of the chain is the client's own.
+    let peer_cert = peer_certs
+        .as_ref()
+        .and_then(|c| c.first())
+        .map(|c| c.as_ref());
+    let caller = match state.access.authenticate(request.headers(), peer_cert) {
         Ok(c) => c,
         Err(status) => {
             if audited && let Some(dropped) = state.strangers.admit() {
@@ -600,16 +722,19 @@ mod tests {
 
     #[test]
     fn only_a_valid_bearer_token_authenticates() {
-        let access = Access::secure("pel_root");
+        let access = Access::secure("pel_root", None);
         let mut h = axum::http::HeaderMap::new();
         assert_eq!(
-            access.authenticate(&h).unwrap_err().code(),
+            access.authenticate(&h, None).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
         h.insert("authorization", "Bearer pel_root".parse().unwrap());
-        assert_eq!(access.authenticate(&h).unwrap().principal.name(), ADMIN);
+        assert_eq!(
+            access.authenticate(&h, None).unwrap().principal.name(),
+            ADMIN
+        );
         h.insert("authorization", "Basic pel_root".parse().unwrap());
-        assert!(access.authenticate(&h).is_err());
+        assert!(access.authenticate(&h, None).is_err());
         let token = pb::Token {
             name: "alice".into(),
             grants: vec![pb::Grant {
@@ -621,12 +746,59 @@ mod tests {
         let d = digest("pel_alice");
         access.add_token(d, Arc::new(Caller::from_token(token).unwrap()));
         h.insert("authorization", "Bearer pel_alice".parse().unwrap());
-        assert_eq!(access.authenticate(&h).unwrap().principal.name(), "alice");
-        access.remove_token(&d);
-        assert!(access.authenticate(&h).is_err());
+        assert_eq!(
+            access.authenticate(&h, None).unwrap().principal.name(),
+            "alice"
+        );
+        // A recorded certificate acts as its token when no header is sent;
+        // a header wins over it; an unrecorded one is refused.
+        let (cert, other) = (b"alice's certificate".as_slice(), b"another".as_slice());
+        access.add_cert(digest_bytes(cert), &d);
+        let none = axum::http::HeaderMap::new();
+        assert_eq!(
+            access
+                .authenticate(&none, Some(cert))
+                .unwrap()
+                .principal
+                .name(),
+            "alice"
+        );
+        let e = access.authenticate(&none, Some(other)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        assert!(e.message().contains("not recorded"), "{e}");
+        let mut admin = axum::http::HeaderMap::new();
+        admin.insert("authorization", "Bearer pel_root".parse().unwrap());
+        assert_eq!(
+            access
+                .authenticate(&admin, Some(cert))
+                .unwrap()
+                .principal
+                .name(),
+            ADMIN
+        );
+        // Revoking the token refuses both.
+        access.remove_token(&d, &[digest_bytes(cert)]);
+        assert!(access.authenticate(&h, None).is_err());
+        assert!(access.authenticate(&none, Some(cert)).is_err());
         // An insecure server needs nothing.
         let open = Access::insecure();
-        assert!(open.authenticate(&axum::http::HeaderMap::new()).is_ok());
+        assert!(
+            open.authenticate(&axum::http::HeaderMap::new(), None)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn fingerprints_round_trip_through_hex() {
+        let d = digest_bytes(b"x");
+        let text = hex(&d);
+        assert_eq!(text.len(), 64);
+        assert_eq!(parse_hex("fingerprint", &text).unwrap(), d);
+        assert_eq!(parse_hex("fingerprint", &text.to_uppercase()).unwrap(), d);
+        for bad in ["", "zz", &"0".repeat(63), &"g".repeat(64)] {
+            let e = parse_hex("fingerprint", bad).unwrap_err();
+            assert!(e.message().contains("fingerprint"), "{e}");
+        }
     }
 
     #[test]

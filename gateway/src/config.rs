@@ -111,8 +111,13 @@ pub struct Config {
     /// Secure: the CA agents' client certificates must be signed by
     /// (default: the private CA in `<data_dir>/tls/`; none when `tls_cert`
     /// is given, so set it whenever agents connect). An agent registers
-    /// only the host its certificate names.
+    /// only the host its certificate names. API clients may present a
+    /// user certificate signed by it and recorded with their token.
     pub tls_client_ca: Option<PathBuf>,
+    /// Secure: the private key (PEM) of `tls_client_ca`, so the server can
+    /// sign user certificates (`AccessService.IssueCertificate`). Not
+    /// needed with the private CA, whose key the server holds.
+    pub tls_client_ca_key: Option<PathBuf>,
     /// Secure: the bootstrap admin token (a cluster admin named "admin").
     /// Unset: read from `<data_dir>/admin-token`, created with a random
     /// token if missing.
@@ -150,6 +155,7 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            tls_client_ca_key: None,
             admin_token: None,
         }
     }
@@ -171,12 +177,17 @@ impl Config {
             "tls_cert and tls_key: give both or neither"
         );
         anyhow::ensure!(
+            self.tls_client_ca_key.is_none() || self.tls_client_ca.is_some(),
+            "tls_client_ca_key: only with tls_client_ca (the private CA's key is the server's already)"
+        );
+        anyhow::ensure!(
             self.secure
                 || (self.tls_cert.is_none()
                     && self.tls_client_ca.is_none()
+                    && self.tls_client_ca_key.is_none()
                     && self.admin_token.is_none()
                     && !self.metrics_tls),
-            "tls_cert, tls_key, tls_client_ca, admin_token and metrics_tls: not with secure: false (--insecure)"
+            "tls_cert, tls_key, tls_client_ca, tls_client_ca_key, admin_token and metrics_tls: not with secure: false (--insecure)"
         );
         if let Some(url) = &self.store {
             anyhow::ensure!(

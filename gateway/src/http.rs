@@ -307,7 +307,7 @@ impl Mirror {
                 .invoke_path(
                     "/grpc.health.v1.Health/Check",
                     request.encode_to_vec(),
-                    None,
+                    Credentials::default(),
                 )
                 .await?;
             let message = frames
@@ -398,7 +398,11 @@ impl Mirror {
         let sse = accepts_sse(&parts.headers);
         // The caller's token goes with the call (checked by the services'
         // own authentication layer).
-        let auth = parts.headers.get(header::AUTHORIZATION).cloned();
+        // So does its client certificate.
+        let auth = Credentials {
+            header: parts.headers.get(header::AUTHORIZATION).cloned(),
+            tls: parts.extensions.get::<crate::access::TlsInfo>().cloned(),
+        };
         let mut frames = self.invoke(binding, request.encode_to_vec(), auth).await?;
         drop(_budget);
         if binding.streaming {
@@ -429,7 +433,7 @@ impl Mirror {
         &self,
         binding: &Binding,
         message: Vec<u8>,
-        auth: Option<HeaderValue>,
+        auth: Credentials,
     ) -> Result<Frames, Failure> {
         self.invoke_path(&binding.grpc_path, message, auth).await
     }
@@ -438,7 +442,7 @@ impl Mirror {
         &self,
         grpc_path: &str,
         message: Vec<u8>,
-        auth: Option<HeaderValue>,
+        auth: Credentials,
     ) -> Result<Frames, Failure> {
         let len = u32::try_from(message.len())
             .map_err(|_| Failure::new(Code::ResourceExhausted, "the request is too large"))?;
@@ -447,8 +451,11 @@ impl Mirror {
         framed.put_u32(len);
         framed.put_slice(&message);
         let mut req = Request::builder();
-        if let Some(auth) = auth {
-            req = req.header(header::AUTHORIZATION, auth);
+        if let Some(header) = auth.header {
+            req = req.header(header::AUTHORIZATION, header);
+        }
+        if let Some(tls) = auth.tls {
+            req = req.extension(tls);
         }
         let req = req
             .method(Method::POST)
@@ -906,6 +913,16 @@ fn json_response(status: StatusCode, json: &Json) -> Response<Body> {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// What the mirror passes on of an HTTP request's credentials to the
+/// gRPC call it makes in process: the bearer header and the TLS
+/// connection's record (its client certificate), which the services'
+/// authentication layer reads.
+#[derive(Clone, Default)]
+struct Credentials {
+    header: Option<HeaderValue>,
+    tls: Option<crate::access::TlsInfo>,
 }
 
 #[cfg(test)]

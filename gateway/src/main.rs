@@ -106,7 +106,7 @@ struct Args {
     /// certificates naming their hosts; the bootstrap admin token is kept
     /// in DATA_DIR/admin-token and the private CA, unless --tls-cert is
     /// given, in DATA_DIR/tls.
-    #[arg(long, conflicts_with_all = ["tls_cert", "tls_client_ca"])]
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_client_ca", "tls_client_ca_key"])]
     insecure: bool,
     /// Secure: the server's certificate chain (PEM; default: issued by the
     /// private CA in DATA_DIR/tls).
@@ -124,6 +124,11 @@ struct Args {
     /// give it whenever agents connect).
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
+    /// Secure: the private key (PEM) of --tls-client-ca, so the server can
+    /// sign user certificates (`peloton token cert`); the private CA's key
+    /// is the server's already.
+    #[arg(long, value_name = "FILE", requires = "tls_client_ca")]
+    tls_client_ca_key: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long)]
     log_json: bool,
@@ -209,6 +214,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(v) = &args.tls_client_ca {
         c.tls_client_ca = Some(v.clone());
+    }
+    if let Some(v) = &args.tls_client_ca_key {
+        c.tls_client_ca_key = Some(v.clone());
     }
     anyhow::ensure!(
         args.local_agents == 0 || !c.secure || (c.tls_cert.is_none() && c.tls_client_ca.is_none()),

@@ -78,6 +78,24 @@ pub enum Command {
         /// Reply.
         reply: Reply<()>,
     },
+    /// Record a client certificate (signed by the handler) with a token.
+    IssueCertificate {
+        /// The token's name.
+        name: String,
+        /// Its fingerprint and expiry (the issue time is set here).
+        certificate: pb::TokenCertificate,
+        /// Reply.
+        reply: Reply<pb::TokenCertificate>,
+    },
+    /// Forget one client certificate of a token.
+    RevokeCertificate {
+        /// The token's name.
+        name: String,
+        /// The certificate's fingerprint.
+        fingerprint: crate::access::Digest32,
+        /// Reply.
+        reply: Reply<()>,
+    },
     /// List the stored tokens.
     ListTokens {
         /// Reply.
@@ -1030,6 +1048,8 @@ impl Scheduler {
             Command::DeleteVolume { reply, .. } => refuse(reply, &status),
             Command::CreateToken { reply, .. } => refuse(reply, &status),
             Command::RevokeToken { reply, .. } => refuse(reply, &status),
+            Command::IssueCertificate { reply, .. } => refuse(reply, &status),
+            Command::RevokeCertificate { reply, .. } => refuse(reply, &status),
             // Kept for the commit that ends the outage, up to a bound.
             Command::Audit(entry) => {
                 if self.outage.held.len() < MAX_HELD_REPORTS {
@@ -1208,6 +1228,16 @@ impl Scheduler {
                 reply,
             } => self.create_token(token, digest, reply),
             Command::RevokeToken { name, reply } => self.revoke_token(name, reply),
+            Command::IssueCertificate {
+                name,
+                certificate,
+                reply,
+            } => self.issue_certificate(name, certificate, reply),
+            Command::RevokeCertificate {
+                name,
+                fingerprint,
+                reply,
+            } => self.revoke_certificate(name, fingerprint, reply),
             Command::ListTokens { reply } => {
                 let _ = reply.send(Ok(self.list_tokens()));
             }

@@ -94,7 +94,11 @@ pub async fn start_with(
     let stopped = async {
         let _ = stopped.await;
     };
-    let serve = match tls_config(config, addr)? {
+    let (tls, signer) = match tls_config(config, addr)? {
+        Some((tls, signer)) => (Some(tls), signer),
+        None => (None, None),
+    };
+    let serve = match tls {
         Some(tls) => tokio::spawn(
             router.serve_with_incoming_shutdown(peloton_tls::tls_incoming(listener, tls), stopped),
         ),
@@ -105,7 +109,7 @@ pub async fn start_with(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
     };
-    match opened(config, addr, role.clone(), &gate).await {
+    match opened(config, addr, role.clone(), &gate, signer).await {
         Ok(mut server) => {
             server.stop = Some(stop);
             server.serve = Some(serve);
@@ -119,13 +123,18 @@ pub async fn start_with(
     }
 }
 
+/// A secure server's TLS configuration, and the CA that signs user
+/// certificates when the server holds its key.
+type TlsSetup = (
+    Arc<peloton_tls::rustls::ServerConfig>,
+    Option<Arc<peloton_tls::Pki>>,
+);
+
 /// A secure server's TLS: its configured certificate, or one issued by
-/// the private CA in `DATA_DIR/tls` (created once); agents' certificates
-/// are checked against `tls_client_ca` or that CA.
-fn tls_config(
-    config: &Config,
-    addr: SocketAddr,
-) -> anyhow::Result<Option<Arc<peloton_tls::rustls::ServerConfig>>> {
+/// the private CA in `DATA_DIR/tls` (created once); client certificates
+/// (agents', users') are checked against `tls_client_ca` or that CA. With
+/// it, the CA that signs user certificates, when the server holds its key.
+fn tls_config(config: &Config, addr: SocketAddr) -> anyhow::Result<Option<TlsSetup>> {
     if !config.secure {
         return Ok(None);
     }
@@ -135,6 +144,10 @@ fn tls_config(
     let client_ca = match &config.tls_client_ca {
         Some(p) => Some(read(p)?),
         None => None,
+    };
+    let mut signer = match (&config.tls_client_ca, &config.tls_client_ca_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(peloton_tls::Pki::load(cert, key)?)),
+        _ => None,
     };
     let (pair, client_ca) = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => (peloton_tls::load_pem_files(cert, key)?, client_ca),
@@ -155,11 +168,18 @@ fn tls_config(
                 names.push(addr.ip().to_string());
             }
             let pair = pki.ensure_server(&names)?;
-            (pair, client_ca.or(Some(pki.ca_cert_pem)))
+            match client_ca {
+                Some(ca) => (pair, Some(ca)),
+                None => {
+                    let ca = pki.ca_cert_pem.clone();
+                    signer = Some(Arc::new(pki));
+                    (pair, Some(ca))
+                }
+            }
         }
     };
     let tls = peloton_tls::server_config(&pair.cert_pem, &pair.key_pem, client_ca.as_deref())?;
-    Ok(Some(tls))
+    Ok(Some((tls, signer)))
 }
 
 type TlsStream = peloton_tls::tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
@@ -298,6 +318,7 @@ async fn opened(
     addr: SocketAddr,
     role: Arc<Role>,
     gate: &Gate,
+    signer: Option<Arc<peloton_tls::Pki>>,
 ) -> anyhow::Result<Server> {
     let (store, lease) = {
         let (config, role) = (config.clone(), role.clone());
@@ -336,7 +357,7 @@ async fn opened(
     };
     let n_jobs = snapshot.jobs.len();
     let access = Arc::new(if config.secure {
-        Access::secure(&config.resolve_admin_token()?)
+        Access::secure(&config.resolve_admin_token()?, signer)
     } else {
         Access::insecure()
     });
@@ -500,7 +521,7 @@ async fn opened(
     ));
     // The server's own certificate (made for the gRPC address).
     let metrics_tls = match config.metrics_tls {
-        true => tls_config(config, addr)?,
+        true => tls_config(config, addr)?.map(|(tls, _)| tls),
         false => None,
     };
     let (metrics_addr, metrics_task) = match config.metrics_listen {

@@ -254,6 +254,19 @@ async fn an_agent_registers_only_the_host_its_certificate_names() {
             .contains("its certificate names [\"other\"]"),
         "{refused:?}"
     );
+    // A user's certificate (CN=user:h), signed by the same CA: never an
+    // agent's, even for a host of that very name.
+    let pki = peloton_tls::testkit::shared();
+    let csr = peloton_tls::user_csr("h").expect("a request");
+    let user = pki.pki.sign_user_csr("h", &csr.csr_pem, 1).expect("signed");
+    let ca = std::fs::read_to_string(&pki.ca_file).expect("the test CA");
+    let as_user = tls_channel_as(server.addr, &ca, &user.cert_pem, &csr.key_pem)
+        .await
+        .expect("connect");
+    let refused = register_on(as_user, registration("user:h", &[]))
+        .await
+        .map(|_| ());
+    assert_status(refused, Code::PermissionDenied, "a user certificate");
     // No certificate at all (TLS, the right agent token): refused.
     let bare = tls_channel(server.addr).await.expect("connect");
     let refused = register_on(bare, registration("h", &[])).await.map(|_| ());

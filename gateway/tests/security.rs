@@ -488,7 +488,19 @@ struct Answer {
 /// One HTTP/1.1 call over TLS (ALPN `http/1.1`, trusting only the server's
 /// CA), with `authorization: Bearer <token>` when given.
 async fn https(s: &Secure, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
-    let mut config = peloton_tls::client_config(&s.ca_pem, None).expect("client TLS config");
+    https_as(s, None, method, path, token, body).await
+}
+
+/// [`https`], presenting the client certificate `identity` when given.
+async fn https_as(
+    s: &Secure,
+    identity: Option<&peloton_tls::CertPair>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Answer {
+    let mut config = peloton_tls::client_config(&s.ca_pem, identity).expect("client TLS config");
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = TlsConnector::from(Arc::new(config));
     let raw = within(&format!("HTTPS {method} {path}"), async {
@@ -698,7 +710,9 @@ async fn tokens_are_created_listed_without_secrets_checked_and_revoked_at_once()
             grants,
             created_at_ms,
             created_by,
+            certificates,
         } = t;
+        assert!(certificates.is_empty(), "{name}: certificates");
         assert_eq!(created_by, "admin", "{name}");
         assert!(*created_at_ms > 0, "{name}: created_at_ms");
         let want = match name.as_str() {
@@ -1565,5 +1579,266 @@ async fn unauthenticated_calls_cannot_flood_the_audit_log() {
     // The admin's own entries are all still there.
     let mine = admin.audit("admin", 1000, 0).await.expect("audit");
     assert!(mine.len() >= 2, "{mine:?}");
+    s.shutdown().await;
+}
+
+// ------------------------------------------------ client certificates
+
+/// Asks the server (as `api`) to sign a new key's request for the token
+/// `name`; the answer and the key (PEM).
+async fn issue_cert(
+    api: &Api,
+    name: &str,
+    days: u32,
+) -> Result<(pb::IssueCertificateResponse, String), tonic::Status> {
+    let csr = peloton_tls::user_csr(name).expect("a key and a request");
+    let issued = api
+        .access
+        .clone()
+        .issue_certificate(pb::IssueCertificateRequest {
+            name: name.into(),
+            csr_pem: csr.csr_pem,
+            valid_days: days,
+        })
+        .await?
+        .into_inner();
+    Ok((issued, csr.key_pem))
+}
+
+/// Clients presenting a client certificate (and no bearer header), on a
+/// connection of their own.
+async fn as_cert(s: &Secure, cert_pem: &str, key_pem: &str) -> Api {
+    let channel = tls_channel_as(s.addr, &s.ca_pem, cert_pem, key_pem)
+        .await
+        .expect("a TLS connection with a client certificate");
+    Api::new(channel, None)
+}
+
+/// The fingerprints listed with the token `name`.
+async fn listed_certs(admin: &Api, name: &str) -> Vec<String> {
+    admin
+        .list_tokens()
+        .await
+        .expect("tokens")
+        .into_iter()
+        .find(|t| t.name == name)
+        .map(|t| t.certificates.into_iter().map(|c| c.fingerprint).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_issued_for_a_token_acts_as_it_until_revoked() {
+    let s = Secure::start().await;
+    let admin = s.admin();
+    create_pools_a_and_b(&admin).await;
+    let alice = create_token(&admin, "alice", pb::Role::Submitter, "/a").await;
+
+    // Issued: signed by the server's CA, recorded with the token.
+    let (first, first_key) = issue_cert(&admin, "alice", 0).await.expect("issue");
+    assert_eq!(first.ca_pem, s.ca_pem);
+    let c1 = first.certificate.clone().expect("certificate");
+    assert_eq!(c1.fingerprint.len(), 64, "{c1:?}");
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let days = (c1.not_after_ms - now_ms) as f64 / 86_400_000.0;
+    assert!(
+        (89.9..=90.1).contains(&days),
+        "default validity: {days} days"
+    );
+    assert!(c1.issued_at_ms > 0 && c1.issued_at_ms <= now_ms + 1000);
+    assert_eq!(
+        listed_certs(&admin, "alice").await,
+        vec![c1.fingerprint.clone()]
+    );
+
+    // With it and no header, a call is alice's: her grants, her audit entries.
+    let by_cert = as_cert(&s, &first.certificate_pem, &first_key).await;
+    let me = by_cert.who_am_i().await.expect("whoami with a certificate");
+    assert_eq!(me.name, "alice");
+    assert_eq!(me.grants, vec![grant(pb::Role::Submitter, "/a")]);
+    by_cert
+        .create_job(short_job("/a"))
+        .await
+        .expect("alice's job in /a, by certificate");
+    assert_denied(
+        by_cert.create_job(short_job("/b")).await,
+        "alice",
+        "jobs.write",
+        "/b",
+    );
+    let newest = admin.audit("alice", 2, 0).await.expect("audit");
+    assert_eq!(newest.len(), 2, "{newest:#?}");
+    assert_eq!(newest[0].code, Code::PermissionDenied as i32);
+    assert_eq!(newest[1].method, "/peloton.v1.JobService/Create");
+    assert_eq!(newest[1].code, Code::Ok as i32);
+    // A bearer header wins over the certificate.
+    let channel = tls_channel_as(s.addr, &s.ca_pem, &first.certificate_pem, &first_key)
+        .await
+        .expect("connect");
+    let both = Api::new(channel, Some(&bearer(ADMIN_TOKEN)));
+    assert_eq!(both.who_am_i().await.expect("admin").name, "admin");
+    // The JSON mirror takes the certificate alike.
+    let pair = peloton_tls::CertPair {
+        cert_pem: first.certificate_pem.clone(),
+        key_pem: first_key.clone(),
+    };
+    let a = https_as(&s, Some(&pair), "GET", "/v1/whoami", None, "").await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body["token"]["name"], "alice", "{a:?}");
+    let a = https_as(&s, Some(&pair), "GET", "/v1/tokens", None, "").await;
+    assert_eq!(a.status, 403, "{a:?}");
+
+    // Bad requests name the field and change nothing.
+    assert_status(
+        issue_cert(&s.as_token(&alice), "alice", 0).await,
+        Code::PermissionDenied,
+        "alice lacks permission tokens.admin",
+    );
+    assert_status(
+        issue_cert(&admin, "nobody", 0).await,
+        Code::NotFound,
+        "token nobody",
+    );
+    assert_status(
+        issue_cert(&admin, "alice", 366).await,
+        Code::InvalidArgument,
+        "valid_days",
+    );
+    assert_status(
+        issue_cert(&admin, "admin", 0).await,
+        Code::FailedPrecondition,
+        "bootstrap admin",
+    );
+    let junk = admin
+        .access
+        .clone()
+        .issue_certificate(pb::IssueCertificateRequest {
+            name: "alice".into(),
+            csr_pem: "-----BEGIN CERTIFICATE REQUEST-----\nnot base64\n".into(),
+            valid_days: 0,
+        })
+        .await;
+    assert_status(junk, Code::InvalidArgument, "csr_pem");
+    let revoke = |name: &str, fingerprint: &str| {
+        let mut access = admin.access.clone();
+        let r = pb::RevokeCertificateRequest {
+            name: name.into(),
+            fingerprint: fingerprint.into(),
+        };
+        async move { access.revoke_certificate(r).await }
+    };
+    assert_status(
+        revoke("alice", "xyz").await,
+        Code::InvalidArgument,
+        "fingerprint",
+    );
+    assert_status(
+        revoke("alice", &"0".repeat(64)).await,
+        Code::NotFound,
+        "no certificate",
+    );
+    assert_status(
+        revoke("nobody", &c1.fingerprint).await,
+        Code::NotFound,
+        "token nobody",
+    );
+    assert_eq!(
+        listed_certs(&admin, "alice").await,
+        vec![c1.fingerprint.clone()]
+    );
+
+    // A certificate the server's own CA signed for "user:alice" but that was
+    // never issued through the API is not alice: only recorded ones count.
+    let ca = peloton_tls::ensure_local_ca(&s.data_dir.join("tls")).expect("the server's CA");
+    let forged_csr = peloton_tls::user_csr("alice").expect("a request");
+    let forged = ca
+        .sign_user_csr("alice", &forged_csr.csr_pem, 1)
+        .expect("signed");
+    let unrecorded = as_cert(&s, &forged.cert_pem, &forged_csr.key_pem).await;
+    assert_status(
+        unrecorded.who_am_i().await,
+        Code::Unauthenticated,
+        "not recorded",
+    );
+    // One from another CA does not get through the TLS handshake.
+    let other_ca = tempfile::tempdir().expect("temp dir");
+    let other = peloton_tls::ensure_local_ca(other_ca.path()).expect("another CA");
+    let stranger = other
+        .sign_user_csr("alice", &forged_csr.csr_pem, 1)
+        .expect("signed");
+    let handshake = async {
+        let channel =
+            tls_channel_as(s.addr, &s.ca_pem, &stranger.cert_pem, &forged_csr.key_pem).await?;
+        Api::new(channel, None)
+            .who_am_i()
+            .await
+            .map_err(|e| e.to_string())
+    };
+    assert!(
+        handshake.await.is_err(),
+        "a certificate of another CA was accepted"
+    );
+
+    // A second certificate; revoking the first refuses it at once, on its
+    // open connection, and leaves the second working.
+    let (second, second_key) = issue_cert(&admin, "alice", 7).await.expect("issue");
+    let c2 = second.certificate.clone().expect("certificate");
+    let by_second = as_cert(&s, &second.certificate_pem, &second_key).await;
+    assert_eq!(by_second.who_am_i().await.expect("second").name, "alice");
+    revoke("alice", &c1.fingerprint)
+        .await
+        .expect("revoke the first");
+    assert_status(
+        by_cert.who_am_i().await,
+        Code::Unauthenticated,
+        "not recorded",
+    );
+    assert_eq!(by_second.who_am_i().await.expect("second").name, "alice");
+    assert_eq!(
+        listed_certs(&admin, "alice").await,
+        vec![c2.fingerprint.clone()]
+    );
+    let audit = admin.audit("admin", 1, 0).await.expect("audit");
+    assert_eq!(
+        audit[0].method,
+        "/peloton.v1.AccessService/RevokeCertificate"
+    );
+    assert_eq!(audit[0].target, format!("alice {}", c1.fingerprint));
+
+    // Kept across a restart.
+    let s = s.restart().await;
+    let admin = s.admin();
+    let by_second = as_cert(&s, &second.certificate_pem, &second_key).await;
+    assert_eq!(
+        by_second.who_am_i().await.expect("after restart").name,
+        "alice"
+    );
+    let by_first = as_cert(&s, &first.certificate_pem, &first_key).await;
+    assert_status(
+        by_first.who_am_i().await,
+        Code::Unauthenticated,
+        "not recorded",
+    );
+
+    // Revoking the token refuses its certificates at once; a new token of
+    // the same name does not bring them back.
+    admin.revoke("alice").await.expect("revoke alice");
+    assert_status(
+        by_second.who_am_i().await,
+        Code::Unauthenticated,
+        "not recorded",
+    );
+    create_token(&admin, "alice", pb::Role::Viewer, "/").await;
+    assert_status(
+        by_second.who_am_i().await,
+        Code::Unauthenticated,
+        "not recorded",
+    );
+    assert!(listed_certs(&admin, "alice").await.is_empty());
     s.shutdown().await;
 }

@@ -76,8 +76,33 @@ impl AccessState {
                 }
             }
         }));
+        access.set_certs(self.tokens.values().flat_map(|(token, digest)| {
+            token
+                .certificates
+                .iter()
+                .filter_map(|c| Some((fingerprint(c)?, *digest)))
+        }));
         self.shared = Some(access);
     }
+}
+
+/// Client certificates recorded per token (expired ones are dropped when
+/// another is issued).
+pub const MAX_CERTS_PER_TOKEN: usize = 16;
+
+/// A recorded certificate's fingerprint (a stored one that does not parse
+/// is skipped: it never authenticates).
+fn fingerprint(c: &pb::TokenCertificate) -> Option<Digest32> {
+    crate::access::parse_hex("fingerprint", &c.fingerprint).ok()
+}
+
+/// A token's stored row.
+fn stored_row(token: &pb::Token, digest: &Digest32) -> Vec<u8> {
+    StoredToken {
+        token: Some(token.clone()),
+        digest: digest.to_vec(),
+    }
+    .encode_to_vec()
 }
 
 impl Scheduler {
@@ -121,16 +146,9 @@ impl Scheduler {
             }
         };
         a.tokens.insert(token.name.clone(), (token.clone(), digest));
-        self.batch.tokens.push((
-            token.name.clone(),
-            Some(
-                StoredToken {
-                    token: Some(token.clone()),
-                    digest: digest.to_vec(),
-                }
-                .encode_to_vec(),
-            ),
-        ));
+        self.batch
+            .tokens
+            .push((token.name.clone(), Some(stored_row(&token, &digest))));
         self.deferred.push(Box::new(move || {
             shared.add_token(digest, caller);
             let _ = reply.send(Ok(token));
@@ -140,13 +158,88 @@ impl Scheduler {
     /// Revokes a token: refused from the answer on.
     pub(super) fn revoke_token(&mut self, name: String, reply: Reply<()>) {
         let a = &mut self.access;
-        let (Some(shared), Some((_, digest))) = (a.shared.clone(), a.tokens.remove(&name)) else {
+        let (Some(shared), Some((token, digest))) = (a.shared.clone(), a.tokens.remove(&name))
+        else {
             let _ = reply.send(Err(Status::not_found(format!("token {name} not found"))));
             return;
         };
+        let certs: Vec<Digest32> = token.certificates.iter().filter_map(fingerprint).collect();
         self.batch.tokens.push((name, None));
         self.deferred.push(Box::new(move || {
-            shared.remove_token(&digest);
+            shared.remove_token(&digest, &certs);
+            let _ = reply.send(Ok(()));
+        }));
+    }
+
+    /// Records a client certificate (signed by the handler) with the token
+    /// `name`: it authenticates as the token from the answer on. Expired
+    /// certificates of the token are dropped first.
+    pub(super) fn issue_certificate(
+        &mut self,
+        name: String,
+        mut cert: pb::TokenCertificate,
+        reply: Reply<pb::TokenCertificate>,
+    ) {
+        let now = self.now;
+        let a = &mut self.access;
+        let (Some(shared), Some((token, digest))) = (a.shared.clone(), a.tokens.get_mut(&name))
+        else {
+            let _ = reply.send(Err(Status::not_found(format!("token {name} not found"))));
+            return;
+        };
+        let Some(fp) = fingerprint(&cert) else {
+            let _ = reply.send(Err(Status::internal("a malformed fingerprint")));
+            return;
+        };
+        let expired: Vec<Digest32> = token
+            .certificates
+            .iter()
+            .filter(|c| c.not_after_ms <= now)
+            .filter_map(fingerprint)
+            .collect();
+        if token.certificates.len() - expired.len() >= MAX_CERTS_PER_TOKEN {
+            let _ = reply.send(Err(Status::resource_exhausted(format!(
+                "token {name} has {MAX_CERTS_PER_TOKEN} certificates that have not expired; \
+                 revoke one first (RevokeCertificate)"
+            ))));
+            return;
+        }
+        token.certificates.retain(|c| c.not_after_ms > now);
+        cert.issued_at_ms = now;
+        token.certificates.push(cert.clone());
+        let (row, digest) = (stored_row(token, digest), *digest);
+        self.batch.tokens.push((name, Some(row)));
+        self.deferred.push(Box::new(move || {
+            shared.remove_certs(&expired);
+            shared.add_cert(fp, &digest);
+            let _ = reply.send(Ok(cert));
+        }));
+    }
+
+    /// Forgets one client certificate of the token `name`: refused from
+    /// the answer on.
+    pub(super) fn revoke_certificate(&mut self, name: String, fp: Digest32, reply: Reply<()>) {
+        let a = &mut self.access;
+        let (Some(shared), Some((token, digest))) = (a.shared.clone(), a.tokens.get_mut(&name))
+        else {
+            let _ = reply.send(Err(Status::not_found(format!("token {name} not found"))));
+            return;
+        };
+        let before = token.certificates.len();
+        token
+            .certificates
+            .retain(|c| fingerprint(c).is_none_or(|f| f != fp));
+        if token.certificates.len() == before {
+            let _ = reply.send(Err(Status::not_found(format!(
+                "token {name} has no certificate {}",
+                crate::access::hex(&fp)
+            ))));
+            return;
+        }
+        let row = stored_row(token, digest);
+        self.batch.tokens.push((name, Some(row)));
+        self.deferred.push(Box::new(move || {
+            shared.remove_certs(&[fp]);
             let _ = reply.send(Ok(()));
         }));
     }

@@ -9,6 +9,18 @@ use super::Api;
 use crate::access;
 use crate::scheduler::Command;
 
+/// A token name that may hold certificates: the bootstrap admin's is
+/// configuration and has none.
+fn check_certificate_name(name: &str) -> Result<(), Status> {
+    if name == access::ADMIN {
+        return Err(Status::failed_precondition(
+            "name: the bootstrap admin token is configuration and holds no certificates; \
+             create a cluster-admin token and issue its certificate",
+        ));
+    }
+    access::check_token_name("name", name)
+}
+
 #[tonic::async_trait]
 impl pb::access_service_server::AccessService for Api {
     async fn create_token(
@@ -32,6 +44,7 @@ impl pb::access_service_server::AccessService for Api {
             grants: r.grants,
             created_at_ms: 0,
             created_by: caller.principal.name().to_owned(),
+            certificates: Vec::new(),
         };
         let digest = access::digest(&secret);
         let token = self
@@ -63,6 +76,85 @@ impl pb::access_service_server::AccessService for Api {
         self.call(|reply| Command::RevokeToken { name, reply })
             .await?;
         Ok(Response::new(pb::RevokeTokenResponse {}))
+    }
+
+    async fn issue_certificate(
+        &self,
+        request: Request<pb::IssueCertificateRequest>,
+    ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
+        let name = request.get_ref().name.clone();
+        access::require(&request, Permission::TokensAdmin, "/", name)?;
+        let r = request.into_inner();
+        check_certificate_name(&r.name)?;
+        let Some(signer) = self.access.signer() else {
+            return Err(Status::failed_precondition(
+                "this server does not hold its client CA's key, so it cannot sign certificates \
+                 (with --tls-client-ca, give --tls-client-ca-key too)",
+            ));
+        };
+        let days = match r.valid_days {
+            0 => peloton_tls::DEFAULT_USER_CERT_DAYS,
+            d if d > peloton_tls::MAX_USER_CERT_DAYS => {
+                return Err(crate::convert::invalid(
+                    "valid_days",
+                    format!("{d}; at most {}", peloton_tls::MAX_USER_CERT_DAYS),
+                ));
+            }
+            d => d,
+        };
+        if r.csr_pem.len() > peloton_tls::MAX_CSR_PEM_BYTES {
+            return Err(crate::convert::invalid(
+                "csr_pem",
+                format!(
+                    "{} bytes; at most {}",
+                    r.csr_pem.len(),
+                    peloton_tls::MAX_CSR_PEM_BYTES
+                ),
+            ));
+        }
+        // Signing takes a fraction of a millisecond: done here, not in the
+        // loop. A certificate the loop does not record is never returned.
+        let cert = signer
+            .sign_user_csr(&r.name, &r.csr_pem, days)
+            .map_err(|e| crate::convert::invalid("csr_pem", format!("{e:#}")))?;
+        let certificate = pb::TokenCertificate {
+            fingerprint: access::hex(&access::digest_bytes(&cert.der)),
+            issued_at_ms: 0,
+            not_after_ms: u64::try_from(cert.not_after_unix_s)
+                .unwrap_or(0)
+                .saturating_mul(1000),
+        };
+        let certificate = self
+            .call(|reply| Command::IssueCertificate {
+                name: r.name,
+                certificate,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::IssueCertificateResponse {
+            certificate_pem: cert.cert_pem,
+            ca_pem: signer.ca_cert_pem.clone(),
+            certificate: Some(certificate),
+        }))
+    }
+
+    async fn revoke_certificate(
+        &self,
+        request: Request<pb::RevokeCertificateRequest>,
+    ) -> Result<Response<pb::RevokeCertificateResponse>, Status> {
+        let r = request.get_ref();
+        let target = format!("{} {}", r.name, r.fingerprint);
+        access::require(&request, Permission::TokensAdmin, "/", target)?;
+        let r = request.into_inner();
+        check_certificate_name(&r.name)?;
+        let fingerprint = access::parse_hex("fingerprint", &r.fingerprint)?;
+        self.call(|reply| Command::RevokeCertificate {
+            name: r.name,
+            fingerprint,
+            reply,
+        })
+        .await?;
+        Ok(Response::new(pb::RevokeCertificateResponse {}))
     }
 
     async fn list_tokens(

@@ -732,18 +732,27 @@ pub async fn agent_channel(addr: std::net::SocketAddr, host: &str) -> Result<Cha
     let pki = peloton_tls::testkit::shared();
     let ca = std::fs::read_to_string(&pki.ca_file).map_err(|e| e.to_string())?;
     let pair = pki.pki.issue_client(host).map_err(|e| format!("{e:#}"))?;
+    tls_channel_as(addr, &ca, &pair.cert_pem, &pair.key_pem).await
+}
+
+/// An HTTPS channel to `addr` trusting only `ca_pem`, presenting the client
+/// certificate `cert_pem` with its key `key_pem`.
+pub async fn tls_channel_as(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<Channel, String> {
     tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
         .map_err(|e| e.to_string())?
         .tls_config(
             tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
-                .identity(tonic::transport::Identity::from_pem(
-                    pair.cert_pem,
-                    pair.key_pem,
-                ))
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
+                .identity(tonic::transport::Identity::from_pem(cert_pem, key_pem))
                 .domain_name("localhost"),
         )
         .map_err(|e| e.to_string())?
+        .timeout(TIMEOUT)
         .connect()
         .await
         .map_err(|e| e.to_string())

@@ -18,7 +18,8 @@
 //! client certificates reach `tonic::Request::peer_certs`.
 //!
 //! Client certificates are optional on the server: agents present one
-//! naming their host, API clients may present none. Authorisation is the
+//! naming their host, API clients may present a user certificate
+//! ([`user_csr`], [`Pki::sign_user_csr`]) or none. Authorisation is the
 //! caller's decision, with [`cert_allows_host`].
 
 mod config;
@@ -27,11 +28,16 @@ mod names;
 mod pki;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod user;
 
 pub use config::{client_config, load_pem_files, server_config};
 pub use incoming::{HANDSHAKE_TIMEOUT, MAX_CONCURRENT_HANDSHAKES, tls_incoming};
 pub use names::{cert_allows_host, cert_names};
 pub use pki::{CA_COMMON_NAME, CertPair, Pki, ensure_local_ca};
+pub use user::{
+    DEFAULT_USER_CERT_DAYS, MAX_CSR_PEM_BYTES, MAX_USER_CERT_DAYS, USER_PREFIX, UserCert, UserCsr,
+    is_user_cert, user_csr,
+};
 
 /// The rustls this crate builds on, so callers name the same types.
 pub use rustls;

@@ -28,7 +28,7 @@ const LEAF_VALIDITY_DAYS: i64 = 730;
 /// [`Pki::ensure_server`] reissues a stored certificate this close to expiry.
 const RENEW_BEFORE_DAYS: i64 = 30;
 /// Certificates start this long before now, for peers whose clocks lag.
-const CLOCK_SKEW_HOURS: i64 = 1;
+pub(crate) const CLOCK_SKEW_HOURS: i64 = 1;
 
 const KEY_FILE_MODE: u32 = 0o600;
 const CERT_FILE_MODE: u32 = 0o644;
@@ -108,6 +108,19 @@ pub fn ensure_local_ca(dir: &Path) -> anyhow::Result<Pki> {
 }
 
 impl Pki {
+    /// Loads a CA from its certificate and key files (PEM), for example a
+    /// client CA an operator made, so the server can sign user
+    /// certificates with it. The key must be the certificate's.
+    pub fn load(cert_path: &Path, key_path: &Path) -> anyhow::Result<Pki> {
+        let dir = cert_path.parent().unwrap_or(Path::new(".")).to_owned();
+        load_ca(&dir, cert_path, key_path)
+    }
+
+    /// The CA key, PEM (for signing inside this crate).
+    pub(crate) fn ca_key_pem(&self) -> &str {
+        &self.ca_key_pem
+    }
+
     /// Issues a server certificate signed by the CA, for `names`: each is a
     /// SAN, an IP address when it parses as one (`127.0.0.1`, `::1`, no
     /// brackets) and a DNS name otherwise. The caller chooses the names,
@@ -293,7 +306,7 @@ fn load_ca(dir: &Path, cert_path: &Path, key_path: &Path) -> anyhow::Result<Pki>
     })
 }
 
-fn common_name_only(common_name: &str) -> DistinguishedName {
+pub(crate) fn common_name_only(common_name: &str) -> DistinguishedName {
     let mut name = DistinguishedName::new();
     name.push(DnType::CommonName, common_name);
     name

@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tonic::Status;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Bytes, Service, StdError, http};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::error::ConnectError;
 use crate::servers::{self, Failure, Route, Scheme};
@@ -51,6 +51,9 @@ pub struct Security {
     /// The CA certificate (PEM) and the file it came from; none: `https://`
     /// servers cannot be reached.
     pub ca: Option<(Certificate, String)>,
+    /// A client certificate and key presented to `https://` servers, and
+    /// the certificate's file.
+    pub identity: Option<(Identity, String)>,
     /// `Bearer <token>`, marked sensitive; none: no `authorization` header.
     pub authorization: Option<http::HeaderValue>,
 }
@@ -60,6 +63,7 @@ impl std::fmt::Debug for Security {
         // Never the token.
         f.debug_struct("Security")
             .field("ca_file", &self.ca.as_ref().map(|(_, file)| file))
+            .field("cert_file", &self.identity.as_ref().map(|(_, file)| file))
             .field("token", &self.authorization.as_ref().map(|_| "<token>"))
             .finish()
     }
@@ -134,7 +138,11 @@ async fn connect(uri: &str, security: &Security) -> Result<Channel, StdError> {
         let Some((ca, _)) = &security.ca else {
             return Err(crate::error::UsageError(no_ca_file(uri)).into());
         };
-        endpoint = endpoint.tls_config(ClientTlsConfig::new().ca_certificate(ca.clone()))?;
+        let mut tls = ClientTlsConfig::new().ca_certificate(ca.clone());
+        if let Some((identity, _)) = &security.identity {
+            tls = tls.identity(identity.clone());
+        }
+        endpoint = endpoint.tls_config(tls)?;
     }
     Ok(endpoint.connect().await?)
 }

@@ -20,11 +20,14 @@ Secure servers (TLS and bearer tokens):
   holding it), the config file's `token_file`, the config file's `token`. It is sent as
   `authorization: Bearer <token>` with every call (the bootstrap admin token is in
   DATA_DIR/admin-token).
+  Instead of a token, a client certificate issued for one (`peloton token cert NAME`):
+  --cert-file and --key-file, PELOTON_CERT_FILE and PELOTON_KEY_FILE, or `cert_file:` and
+  `key_file:` in the config file. A token, when one is found, is sent too and wins.
 
 Config file:
   --config FILE or PELOTON_CONFIG, else $XDG_CONFIG_HOME/peloton/config.yaml (default
   ~/.config/peloton/config.yaml) if it exists. YAML with the keys server, ca_file,
-  token_file and token; relative paths are relative to the file's directory. Flags beat
+  cert_file, key_file, token_file and token; relative paths are relative to the file's directory. Flags beat
   environment variables, which beat the file. Keep a file holding `token:` private
   (chmod 600).
 
@@ -70,7 +73,29 @@ pub struct Cli {
         hide_env_values = true
     )]
     pub ca_file: Option<PathBuf>,
-    /// The config file (YAML: server, ca_file, token_file, token). Default:
+    /// A client certificate (PEM) to authenticate with instead of a token
+    /// (`peloton token cert NAME` makes one). Default: the config file's
+    /// `cert_file`.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PELOTON_CERT_FILE",
+        hide_env_values = true
+    )]
+    pub cert_file: Option<PathBuf>,
+    /// The private key (PEM) of --cert-file. Default: the config file's
+    /// `key_file`.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "PELOTON_KEY_FILE",
+        hide_env_values = true
+    )]
+    pub key_file: Option<PathBuf>,
+    /// The config file (YAML: server, ca_file, cert_file, key_file,
+    /// token_file, token). Default:
     /// $XDG_CONFIG_HOME/peloton/config.yaml or ~/.config/peloton/config.yaml,
     /// if it exists.
     #[arg(
@@ -471,10 +496,28 @@ pub enum TokenCommand {
         )]
         grants: Vec<Grant>,
     },
-    /// List the tokens (never their secrets).
+    /// List the tokens (never their secrets) and their certificates.
     List,
-    /// Revoke a token: its next call is refused.
+    /// Revoke a token: its next call is refused, and so is every call
+    /// with its certificates.
     Revoke { name: String },
+    /// Make a client certificate for a token: a key is made here and never
+    /// leaves this machine; the server signs a request for it and records
+    /// the certificate with the token. Writes DIR/NAME.pem and DIR/NAME.key
+    /// (mode 0600); use them with --cert-file and --key-file.
+    Cert {
+        /// The token the certificate acts as.
+        name: String,
+        /// Where to write the certificate and its key.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Days it is valid (at most 365; default 90).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=365))]
+        days: Option<u32>,
+    },
+    /// Revoke one client certificate of a token (by its fingerprint, as
+    /// `token list -o json` or `token cert` shows it).
+    CertRevoke { name: String, fingerprint: String },
 }
 
 #[derive(Debug, Args)]

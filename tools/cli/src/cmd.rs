@@ -83,6 +83,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             server: cli.server,
             config: cli.config,
             ca_file: cli.ca_file,
+            cert_file: cli.cert_file,
+            key_file: cli.key_file,
         },
         output: cli.output,
     };

@@ -6,6 +6,9 @@
 //! - servers: `--server`, `PELOTON_SERVER`, the file's `server`, else
 //!   127.0.0.1:5391;
 //! - CA file: `--ca-file`, `PELOTON_CA_FILE`, the file's `ca_file`;
+//! - client certificate and key (instead of, or beside, a token):
+//!   `--cert-file`/`--key-file`, `PELOTON_CERT_FILE`/`PELOTON_KEY_FILE`,
+//!   the file's `cert_file`/`key_file`;
 //! - token (never a flag, so that it stays out of shell histories and
 //!   process lists): `PELOTON_TOKEN`, `PELOTON_TOKEN_FILE` (the file's
 //!   content, trimmed), the file's `token_file`, the file's `token`.
@@ -19,7 +22,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use tonic::transport::Certificate;
+use tonic::transport::{Certificate, Identity};
 
 use crate::channel::{self, Security};
 use crate::error::UsageError;
@@ -30,7 +33,14 @@ use crate::servers;
 pub const DEFAULT_ADDRESS: &str = "127.0.0.1:5391";
 
 /// The keys a config file may hold.
-pub const CONFIG_KEYS: &[&str] = &["server", "ca_file", "token_file", "token"];
+pub const CONFIG_KEYS: &[&str] = &[
+    "server",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "token_file",
+    "token",
+];
 
 /// What reads the environment: `std::env` in the binary, a map in tests.
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
@@ -46,6 +56,8 @@ pub struct ConfigFile {
     pub path: PathBuf,
     pub server: Option<String>,
     pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     pub token: Option<String>,
 }
@@ -97,6 +109,8 @@ impl ConfigFile {
             match key.as_str() {
                 "server" => config.server = Some(value),
                 "ca_file" => config.ca_file = Some(dir.join(value)),
+                "cert_file" => config.cert_file = Some(dir.join(value)),
+                "key_file" => config.key_file = Some(dir.join(value)),
                 "token_file" => config.token_file = Some(dir.join(value)),
                 "token" => config.token = Some(value),
                 _ => unreachable!("the keys are checked above"),
@@ -159,6 +173,10 @@ pub struct Options {
     pub config: Option<PathBuf>,
     /// `--ca-file` / `PELOTON_CA_FILE`.
     pub ca_file: Option<PathBuf>,
+    /// `--cert-file` / `PELOTON_CERT_FILE`.
+    pub cert_file: Option<PathBuf>,
+    /// `--key-file` / `PELOTON_KEY_FILE`.
+    pub key_file: Option<PathBuf>,
 }
 
 /// Where and how to connect.
@@ -197,6 +215,35 @@ pub fn resolve(options: &Options, env: Env<'_>) -> Result<Resolved, UsageError> 
         security.ca = Some((read_ca(&ca_file)?, ca_file.display().to_string()));
     }
 
+    let cert_file = options
+        .cert_file
+        .clone()
+        .or_else(|| file.and_then(|f| f.cert_file.clone()));
+    let key_file = options
+        .key_file
+        .clone()
+        .or_else(|| file.and_then(|f| f.key_file.clone()));
+    match (cert_file, key_file) {
+        (Some(cert), Some(key)) => {
+            security.identity = Some((read_identity(&cert, &key)?, cert.display().to_string()));
+        }
+        (None, None) => {}
+        (Some(cert), None) => {
+            return Err(UsageError(format!(
+                "client certificate {}: give its key too (--key-file, PELOTON_KEY_FILE or \
+                 `key_file:` in the config file)",
+                cert.display()
+            )));
+        }
+        (None, Some(key)) => {
+            return Err(UsageError(format!(
+                "client key {}: give its certificate too (--cert-file, PELOTON_CERT_FILE or \
+                 `cert_file:` in the config file)",
+                key.display()
+            )));
+        }
+    }
+
     if let Some((token, source)) = token(env, file)? {
         security = security
             .with_token(&token)
@@ -232,6 +279,24 @@ fn read_ca(path: &Path) -> Result<Certificate, UsageError> {
         )));
     }
     Ok(Certificate::from_pem(pem))
+}
+
+/// A client certificate and its key (PEM files).
+fn read_identity(cert: &Path, key: &Path) -> Result<Identity, UsageError> {
+    let read = |path: &Path, what: &str, marker: &str| {
+        let pem = std::fs::read(path)
+            .map_err(|err| UsageError(format!("cannot read {what} {}: {err}", path.display())))?;
+        if !String::from_utf8_lossy(&pem).contains(marker) {
+            return Err(UsageError(format!(
+                "{what} {}: no PEM {marker} in it",
+                path.display()
+            )));
+        }
+        Ok(pem)
+    };
+    let cert = read(cert, "client certificate", "-----BEGIN CERTIFICATE-----")?;
+    let key = read(key, "client key", "PRIVATE KEY-----")?;
+    Ok(Identity::from_pem(cert, key))
 }
 
 /// The token (trimmed) and where it came from, first found of
@@ -288,7 +353,8 @@ mod tests {
     #[test]
     fn config_file_keys_and_relative_paths() {
         let config = parse(
-            "server: peloton:5391\nca_file: tls/ca.pem\ntoken_file: /secrets/token\ntoken: abc\n",
+            "server: peloton:5391\nca_file: tls/ca.pem\ncert_file: me.pem\nkey_file: /k/me.key\n\
+             token_file: /secrets/token\ntoken: abc\n",
         )
         .expect("valid");
         assert_eq!(
@@ -298,6 +364,8 @@ mod tests {
                 server: Some("peloton:5391".to_owned()),
                 // Relative to the file's directory; absolute stays.
                 ca_file: Some(PathBuf::from("/etc/peloton/tls/ca.pem")),
+                cert_file: Some(PathBuf::from("/etc/peloton/me.pem")),
+                key_file: Some(PathBuf::from("/k/me.key")),
                 token_file: Some(PathBuf::from("/secrets/token")),
                 token: Some("abc".to_owned()),
             }

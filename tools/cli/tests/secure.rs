@@ -19,6 +19,8 @@ const CLI_VARS: &[&str] = &[
     "PELOTON_CONFIG",
     "PELOTON_TOKEN",
     "PELOTON_TOKEN_FILE",
+    "PELOTON_CERT_FILE",
+    "PELOTON_KEY_FILE",
 ];
 
 /// A secure server and where its CLI runs.
@@ -459,4 +461,105 @@ async fn an_insecure_server_still_works_over_http() {
         .unwrap();
     let me = json(&out);
     assert_eq!(me["token"]["name"], "anonymous", "{me}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_made_by_token_cert_stands_for_the_token() {
+    let c = Cluster::start().await;
+    let ca = c.ca.to_str().unwrap().to_owned();
+    ok(&c
+        .as_token(ADMIN, &["token", "create", "carol", "--grant", "viewer:/"])
+        .await);
+    let out_dir = c.path("certs");
+    let out_dir = out_dir.to_str().unwrap();
+
+    // The key is made here; the server signs and records the certificate.
+    let issued = json(
+        &c.as_token(
+            ADMIN,
+            &[
+                "-o", "json", "token", "cert", "carol", "--out", out_dir, "--days", "3",
+            ],
+        )
+        .await,
+    );
+    let fingerprint = issued["certificate"]["fingerprint"]
+        .as_str()
+        .expect("a fingerprint")
+        .to_owned();
+    assert_eq!(fingerprint.len(), 64, "{issued}");
+    let cert = c.path("certs/carol.pem");
+    let key = c.path("certs/carol.key");
+    assert_eq!(issued["certificate_file"], cert.to_str().unwrap());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the key's mode");
+    }
+    let listed = json(&c.as_token(ADMIN, &["-o", "json", "token", "list"]).await);
+    assert_eq!(
+        listed["tokens"][0]["certificates"][0]["fingerprint"], fingerprint,
+        "{listed}"
+    );
+    // The files are not overwritten.
+    fails(
+        &c.as_token(ADMIN, &["token", "cert", "carol", "--out", out_dir])
+            .await,
+        2,
+        &["exists"],
+    );
+
+    // With the certificate and no token: carol.
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let by_cert = [
+        ("PELOTON_SERVER", c.url.as_str()),
+        ("PELOTON_CA_FILE", ca.as_str()),
+        ("PELOTON_CERT_FILE", cert),
+        ("PELOTON_KEY_FILE", key),
+    ];
+    let me = json(&c.run(&by_cert, &["-o", "json", "whoami"]).await);
+    assert_eq!(me["token"]["name"], "carol", "{me}");
+    // A viewer: reads, but changes nothing.
+    ok(&c.run(&by_cert, &["respool", "list"]).await);
+    fails(
+        &c.run(&by_cert, &["token", "list"]).await,
+        1,
+        &["permission denied", "carol"],
+    );
+    // The flags work as the variables do; half a pair is a usage error.
+    let me = ok(&c
+        .run(
+            &[("PELOTON_SERVER", c.url.as_str()), ("PELOTON_CA_FILE", &ca)],
+            &["--cert-file", cert, "--key-file", key, "whoami"],
+        )
+        .await);
+    assert!(me.contains("carol"), "{me}");
+    fails(
+        &c.run(
+            &[("PELOTON_SERVER", c.url.as_str()), ("PELOTON_CA_FILE", &ca)],
+            &["--cert-file", cert, "whoami"],
+        )
+        .await,
+        2,
+        &["give its key too"],
+    );
+    // A made-up name or a non-admin caller: refused, and no key is left.
+    fails(
+        &c.as_token(ADMIN, &["token", "cert", "nobody", "--out", out_dir])
+            .await,
+        1,
+        &["not found", "nobody"],
+    );
+    assert!(!c.path("certs/nobody.key").exists());
+
+    // Revoked: the next call with it is refused.
+    ok(&c
+        .as_token(ADMIN, &["token", "cert-revoke", "carol", &fingerprint])
+        .await);
+    fails(
+        &c.run(&by_cert, &["whoami"]).await,
+        1,
+        &["unauthenticated", "not recorded"],
+    );
 }

@@ -1,11 +1,14 @@
 //! `peloton token ...`, `peloton whoami` and `peloton audit`: who may call a
 //! secure server, who the caller is, and what was called.
 
+use std::path::Path;
+
 use anyhow::{Context, Result};
 use peloton_proto::v1::access_service_client::AccessServiceClient;
 use peloton_proto::v1::{
-    AuditEntry, CreateTokenRequest, Grant, ListAuditRequest, ListTokensRequest, RevokeTokenRequest,
-    Token, WhoAmIRequest,
+    AuditEntry, CreateTokenRequest, Grant, IssueCertificateRequest, ListAuditRequest,
+    ListTokensRequest, RevokeCertificateRequest, RevokeTokenRequest, Token, TokenCertificate,
+    WhoAmIRequest,
 };
 use serde_json::{Value, json};
 use tonic::Code;
@@ -75,8 +78,108 @@ pub(super) async fn token(ctx: &Ctx, command: TokenCommand) -> Result<Outcome> {
                 OutputFormat::Json => print_json(&json!({ "revoked": name }))?,
             }
         }
+        TokenCommand::Cert { name, out, days } => {
+            return issue_certificate(ctx, &mut client, name, &out, days).await;
+        }
+        TokenCommand::CertRevoke { name, fingerprint } => {
+            client
+                .revoke_certificate(RevokeCertificateRequest {
+                    name: name.clone(),
+                    fingerprint: fingerprint.clone(),
+                })
+                .await?;
+            match ctx.output {
+                OutputFormat::Table => print_out(&format!(
+                    "revoked certificate {fingerprint} of token {name}"
+                ))?,
+                OutputFormat::Json => print_json(&json!({
+                    "revoked": {"name": name, "fingerprint": fingerprint},
+                }))?,
+            }
+        }
     }
     Ok(Outcome::Success)
+}
+
+/// `token cert`: a key made here, a request the server signs, both files
+/// written (the key before the server is asked, so a certificate is never
+/// recorded for a key that was lost).
+async fn issue_certificate(
+    ctx: &Ctx,
+    client: &mut AccessServiceClient<LeaderChannel>,
+    name: String,
+    out: &Path,
+    days: Option<u32>,
+) -> Result<Outcome> {
+    let cert_path = out.join(format!("{name}.pem"));
+    let key_path = out.join(format!("{name}.key"));
+    for path in [&cert_path, &key_path] {
+        if path.exists() {
+            return Err(crate::error::UsageError(format!(
+                "{} exists: choose another --out directory or remove it",
+                path.display()
+            ))
+            .into());
+        }
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let request = peloton_tls::user_csr(&name).context("making a key and a request")?;
+    write_private(&key_path, request.key_pem.as_bytes())?;
+    let issued = client
+        .issue_certificate(IssueCertificateRequest {
+            name: name.clone(),
+            csr_pem: request.csr_pem,
+            valid_days: days.unwrap_or(0),
+        })
+        .await;
+    let issued = match issued {
+        Ok(issued) => issued.into_inner(),
+        Err(status) => {
+            // No certificate: the key is of no use.
+            let _ = std::fs::remove_file(&key_path);
+            return Err(status.into());
+        }
+    };
+    std::fs::write(&cert_path, issued.certificate_pem.as_bytes())
+        .with_context(|| format!("writing {}", cert_path.display()))?;
+    let certificate = issued.certificate.unwrap_or_default();
+    match ctx.output {
+        OutputFormat::Table => print_out(&render_fields(&[
+            ("TOKEN", name.clone()),
+            ("CERTIFICATE", cert_path.display().to_string()),
+            ("KEY", key_path.display().to_string()),
+            ("FINGERPRINT", certificate.fingerprint.clone()),
+            ("EXPIRES", fmt_time_ms(certificate.not_after_ms)),
+        ]))?,
+        OutputFormat::Json => print_json(&json!({
+            "name": name,
+            "certificate_file": cert_path,
+            "key_file": key_path,
+            "certificate": certificate_json(&certificate),
+        }))?,
+    }
+    eprintln!(
+        "note: use them with --cert-file {} --key-file {} (or PELOTON_CERT_FILE and \
+         PELOTON_KEY_FILE); revoking the token revokes them too",
+        cert_path.display(),
+        key_path.display()
+    );
+    Ok(Outcome::Success)
+}
+
+/// Writes a private file: created new with mode 0600.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 pub(super) async fn whoami(ctx: &Ctx) -> Result<Outcome> {
@@ -151,6 +254,7 @@ fn token_table(tokens: &[Token]) -> String {
         ("GRANTS", Align::Left),
         ("CREATED", Align::Left),
         ("CREATED BY", Align::Left),
+        ("CERTS", Align::Right),
     ]);
     for token in tokens {
         table.row(vec![
@@ -158,6 +262,7 @@ fn token_table(tokens: &[Token]) -> String {
             fmt_grants(&token.grants),
             fmt_time_ms(token.created_at_ms),
             or_dash(&token.created_by),
+            token.certificates.len().to_string(),
         ]);
     }
     table.render()
@@ -173,6 +278,15 @@ fn token_json(token: &Token) -> Value {
             .collect::<Vec<_>>(),
         "created_at_ms": token.created_at_ms,
         "created_by": token.created_by,
+        "certificates": token.certificates.iter().map(certificate_json).collect::<Vec<_>>(),
+    })
+}
+
+fn certificate_json(c: &TokenCertificate) -> Value {
+    json!({
+        "fingerprint": c.fingerprint,
+        "issued_at_ms": c.issued_at_ms,
+        "not_after_ms": c.not_after_ms,
     })
 }
 
@@ -282,11 +396,16 @@ mod tests {
             ],
             created_at_ms: 0,
             created_by: "admin".to_owned(),
+            certificates: Vec::new(),
         };
         assert_eq!(fmt_grants(&token.grants), "submitter:/a, pool-admin:/b");
         let json = token_json(&token);
         assert_eq!(json["grants"][1]["role"], "pool-admin");
         assert_eq!(json["created_by"], "admin");
-        assert!(token_table(&[token]).contains("alice  submitter:/a, pool-admin:/b  -"));
+        assert!(
+            token_table(&[token]).contains("alice  submitter:/a, pool-admin:/b  -"),
+            "{}",
+            token_table(&[])
+        );
     }
 }

@@ -86,6 +86,7 @@ pub fn ca_certificate() -> Certificate {
 pub fn security() -> Security {
     Security {
         ca: Some((ca_certificate(), ca_file().display().to_string())),
+        identity: None,
         authorization: None,
     }
     .with_token(ADMIN_TOKEN)

@@ -1,0 +1,189 @@
+//! Client certificates for API users: the request a client makes
+//! ([`user_csr`]) and the certificate the server's CA signs for it
+//! ([`Pki::sign_user_csr`]).
+//!
+//! A user certificate names one thing, `CN=user:<name>`, and may be used
+//! for client authentication only. The server does not trust the name: it
+//! accepts a certificate for API calls only when its fingerprint is
+//! recorded with a token (the name is for people reading it). Agents'
+//! certificates name hosts; a certificate naming a `user:` is never taken
+//! for an agent's ([`is_user_cert`]).
+
+use anyhow::{Context, anyhow, bail};
+use rcgen::{
+    CertificateParams, CertificateSigningRequestParams, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
+};
+use time::{Duration, OffsetDateTime};
+
+use crate::names::cert_names;
+use crate::pki::{CLOCK_SKEW_HOURS, Pki, common_name_only};
+
+/// What a user certificate's common name starts with.
+pub const USER_PREFIX: &str = "user:";
+/// Days a user certificate is valid when the request does not say.
+pub const DEFAULT_USER_CERT_DAYS: u32 = 90;
+/// Most days a user certificate may be valid.
+pub const MAX_USER_CERT_DAYS: u32 = 365;
+/// Longest certificate request read.
+pub const MAX_CSR_PEM_BYTES: usize = 16 * 1024;
+
+/// A new key pair and a certificate request for `CN=user:<name>`, both PEM.
+#[derive(Clone)]
+pub struct UserCsr {
+    /// The private key (PKCS#8): stays with the client.
+    pub key_pem: String,
+    /// The request to send to the server.
+    pub csr_pem: String,
+}
+
+impl std::fmt::Debug for UserCsr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserCsr")
+            .field("csr_pem", &self.csr_pem)
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Makes an ECDSA P-256 key and a certificate request for `name`'s user
+/// certificate.
+pub fn user_csr(name: &str) -> anyhow::Result<UserCsr> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("generating a key")?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = common_name_only(&format!("{USER_PREFIX}{name}"));
+    let csr = params
+        .serialize_request(&key)
+        .context("making the certificate request")?;
+    Ok(UserCsr {
+        key_pem: key.serialize_pem(),
+        csr_pem: csr.pem().context("encoding the certificate request")?,
+    })
+}
+
+/// A user certificate the CA signed.
+#[derive(Clone, Debug)]
+pub struct UserCert {
+    /// The certificate, PEM.
+    pub cert_pem: String,
+    /// The certificate, DER (what a TLS peer presents; its digest is the
+    /// fingerprint).
+    pub der: Vec<u8>,
+    /// When it stops being valid, in seconds since the epoch.
+    pub not_after_unix_s: i64,
+}
+
+impl Pki {
+    /// Signs a user certificate for `name` with the public key of
+    /// `csr_pem` (whose self-signature must verify), valid for `days`
+    /// (1 to [`MAX_USER_CERT_DAYS`]). Nothing else of the request is used:
+    /// the subject is `CN=user:<name>`, there are no alternative names, and
+    /// the only extended key usage is clientAuth. The error says what is
+    /// wrong with the request.
+    pub fn sign_user_csr(&self, name: &str, csr_pem: &str, days: u32) -> anyhow::Result<UserCert> {
+        if !(1..=MAX_USER_CERT_DAYS).contains(&days) {
+            bail!("{days} days: must be 1 to {MAX_USER_CERT_DAYS}");
+        }
+        if csr_pem.len() > MAX_CSR_PEM_BYTES {
+            bail!(
+                "{} bytes: a certificate request is at most {MAX_CSR_PEM_BYTES}",
+                csr_pem.len()
+            );
+        }
+        let request = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| anyhow!("not a valid PEM certificate request (PKCS#10): {e}"))?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = common_name_only(&format!("{USER_PREFIX}{name}"));
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now - Duration::hours(CLOCK_SKEW_HOURS);
+        params.not_after = now + Duration::days(i64::from(days));
+        let not_after_unix_s = params.not_after.unix_timestamp();
+        let signing = CertificateSigningRequestParams {
+            params,
+            public_key: request.public_key,
+        };
+        let ca_key = KeyPair::from_pem(self.ca_key_pem()).context("the CA key")?;
+        let issuer =
+            Issuer::from_ca_cert_pem(&self.ca_cert_pem, ca_key).context("the CA certificate")?;
+        let cert = signing
+            .signed_by(&issuer)
+            .with_context(|| format!("signing a certificate for user {name:?}"))?;
+        Ok(UserCert {
+            cert_pem: cert.pem(),
+            der: cert.der().to_vec(),
+            not_after_unix_s,
+        })
+    }
+}
+
+/// Whether a DER certificate names a user (`user:…`): such a certificate
+/// never identifies an agent. An unreadable certificate is not a user's.
+pub fn is_user_cert(der: &[u8]) -> bool {
+    cert_names(der).is_ok_and(|names| names.iter().any(|n| n.starts_with(USER_PREFIX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ensure_local_ca;
+
+    #[test]
+    fn signs_only_the_public_key_of_a_request() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pki = ensure_local_ca(tmp.path()).unwrap();
+        // A request asking for more (another name, a host's SAN) gets a
+        // user certificate and nothing else.
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = CertificateParams::new(vec!["local-1".to_owned()]).unwrap();
+        params.distinguished_name = common_name_only("local-1");
+        params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+        let cert = pki.sign_user_csr("alice", &csr, 30).unwrap();
+        assert_eq!(cert_names(&cert.der).unwrap(), ["user:alice"]);
+        assert!(is_user_cert(&cert.der));
+        let (_, parsed) = x509_parser::parse_x509_certificate(&cert.der).unwrap();
+        assert!(!parsed.is_ca());
+        assert_eq!(
+            parsed.public_key().subject_public_key.data.as_ref(),
+            key.public_key_raw()
+        );
+        let eku = parsed.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.client_auth && !eku.server_auth);
+        let days = (cert.not_after_unix_s - OffsetDateTime::now_utc().unix_timestamp()) / 86_400;
+        assert!((29..=30).contains(&days), "{days}");
+    }
+
+    #[test]
+    fn user_csr_round_trips_and_bad_requests_say_why() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pki = ensure_local_ca(tmp.path()).unwrap();
+        let csr = user_csr("bob").unwrap();
+        let cert = pki.sign_user_csr("bob", &csr.csr_pem, 1).unwrap();
+        assert_eq!(cert_names(&cert.der).unwrap(), ["user:bob"]);
+        let e = pki.sign_user_csr("bob", "junk", 1).unwrap_err();
+        assert!(e.to_string().contains("certificate request"), "{e}");
+        let e = pki.sign_user_csr("bob", &csr.csr_pem, 0).unwrap_err();
+        assert!(e.to_string().contains("1 to 365"), "{e}");
+        let e = pki
+            .sign_user_csr("bob", &csr.csr_pem, MAX_USER_CERT_DAYS + 1)
+            .unwrap_err();
+        assert!(e.to_string().contains("1 to 365"), "{e}");
+        // A request whose signature does not verify (its key is not the
+        // requester's) is refused.
+        let mut tampered = csr.csr_pem.into_bytes();
+        let mid = tampered.len() / 2;
+        tampered[mid] = if tampered[mid] == b'A' { b'B' } else { b'A' };
+        assert!(
+            pki.sign_user_csr("bob", std::str::from_utf8(&tampered).unwrap(), 1)
+                .is_err()
+        );
+        // An agent's certificate is not a user's.
+        let host = pki.issue_client("local-1").unwrap();
+        let der = crate::config::first_cert_der(&host.cert_pem, "host").unwrap();
+        assert!(!is_user_cert(&der));
+    }
+}
