@@ -8,8 +8,9 @@
 //!   from the next call on), and each job's pool (handlers check a job's
 //!   permission before they send the loop anything).
 //! - [`layer`] wraps every public gRPC service (and so the JSON/HTTP
-//!   mirror, which calls them in process): it reads the bearer token,
-//!   refuses a call without a valid one (UNAUTHENTICATED), hands the
+//!   mirror, which calls them in process): it reads the bearer token, or
+//!   without one the connection's client certificate (recorded with a
+//!   token), refuses a call without a valid one (UNAUTHENTICATED), hands the
 //!   [`Caller`] to the handler, and writes every mutating call to the
 //!   audit log with its outcome.
 //! - Handlers call [`Access::allow`] (or its job form) with the permission
@@ -162,7 +163,17 @@ impl Caller {
         })
     }
 
-    /// Whether its token was revoked.
+    /// Another caller of the same token, with a revoked flag of its own
+    /// (a certificate's).
+    fn same_token(&self) -> Caller {
+        Caller {
+            principal: self.principal.clone(),
+            token: self.token.clone(),
+            revoked: std::sync::atomic::AtomicBool::new(self.is_revoked()),
+        }
+    }
+
+    /// Whether its token (or certificate) was revoked.
     pub fn is_revoked(&self) -> bool {
         self.revoked.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -244,8 +255,10 @@ pub struct Access {
     anonymous: Arc<Caller>,
     tokens: RwLock<FxHashMap<Digest32, Arc<Caller>>>,
     /// Client certificates recorded with tokens, by the SHA-256 of their
-    /// DER: each is its token's caller.
-    certs: RwLock<FxHashMap<Digest32, Arc<Caller>>>,
+    /// DER: each has a caller of its own (its token's name and grants, and
+    /// a revoked flag of its own, so revoking one certificate ends the
+    /// streams it opened) and its expiry (ms since the epoch).
+    certs: RwLock<FxHashMap<Digest32, (Arc<Caller>, u64)>>,
     /// The CA that signs user certificates, when the server holds its key.
     signer: Option<Arc<peloton_tls::Pki>>,
     job_pools: RwLock<FxHashMap<Arc<str>, Arc<str>>>,
@@ -328,19 +341,23 @@ impl Access {
         }
         let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
             if let Some(der) = peer_cert {
-                return self
-                    .certs
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&digest_bytes(der))
-                    .cloned()
-                    .ok_or_else(|| {
-                        Status::unauthenticated(
-                            "the client certificate is not recorded with any token (a cluster \
-                             admin issues one with `peloton token cert NAME`; revoked and \
-                             expired ones are refused)",
-                        )
-                    });
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                let certs = self.certs.read().unwrap_or_else(|e| e.into_inner());
+                return match certs.get(&digest_bytes(der)) {
+                    // TLS checked its validity at the handshake; a resumed
+                    // session is not checked again, so the expiry is here too.
+                    Some((caller, not_after_ms)) if now_ms < *not_after_ms => Ok(caller.clone()),
+                    Some(_) => Err(Status::unauthenticated(
+                        "the client certificate has expired",
+                    )),
+                    None => Err(Status::unauthenticated(
+                        "the client certificate is not recorded with any token (a cluster \
+                         admin issues one with `peloton token cert NAME`; revoked ones are \
+                         refused)",
+                    )),
+                };
             }
             return Err(Status::unauthenticated(
                 "no token: send `authorization: Bearer <token>` (the CLI reads it from \
@@ -392,42 +409,49 @@ impl Access {
     }
 
     /// The certificates recorded with stored tokens from now on (the
-    /// loop, at start): each fingerprint with its token's digest.
-    pub fn set_certs(&self, certs: impl IntoIterator<Item = (Digest32, Digest32)>) {
+    /// loop, at start): each fingerprint with its token's digest and its
+    /// expiry.
+    pub fn set_certs(&self, certs: impl IntoIterator<Item = (Digest32, Digest32, u64)>) {
         let tokens = self.tokens.read().unwrap_or_else(|e| e.into_inner());
         let map = certs
             .into_iter()
-            .filter_map(|(fp, token)| Some((fp, tokens.get(&token)?.clone())))
+            .filter_map(|(fp, token, not_after_ms)| {
+                let caller = tokens.get(&token)?;
+                Some((fp, (Arc::new(caller.same_token()), not_after_ms)))
+            })
             .collect();
         *self.certs.write().unwrap_or_else(|e| e.into_inner()) = map;
     }
 
-    /// A certificate acts as the token whose digest is `token` from now on
-    /// (nothing if that token is gone).
-    pub fn add_cert(&self, fingerprint: Digest32, token: &Digest32) {
+    /// A certificate acts as the token whose digest is `token` from now on,
+    /// until `not_after_ms` (nothing if that token is gone).
+    pub fn add_cert(&self, fingerprint: Digest32, token: &Digest32, not_after_ms: u64) {
         let caller = self
             .tokens
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(token)
-            .cloned();
+            .map(|c| Arc::new(c.same_token()));
         if let Some(caller) = caller {
             self.certs
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(fingerprint, caller);
+                .insert(fingerprint, (caller, not_after_ms));
         }
     }
 
-    /// Certificates refused from now on (streams they opened go on until
-    /// their token is revoked).
+    /// Certificates refused from now on; the streams they opened end.
     pub fn remove_certs(&self, fingerprints: &[Digest32]) {
         if fingerprints.is_empty() {
             return;
         }
         let mut m = self.certs.write().unwrap_or_else(|e| e.into_inner());
         for fp in fingerprints {
-            m.remove(fp);
+            if let Some((caller, _)) = m.remove(fp) {
+                caller
+                    .revoked
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
 
@@ -563,6 +587,19 @@ pub fn require_job<T>(
 /// What a call named, filled in by its handler (see [`note`]).
 #[derive(Clone, Debug, Default)]
 pub struct AuditNote(Arc<Mutex<String>>);
+
+impl AuditNote {
+    /// Replaces what the call named (for what only its answer tells).
+    pub fn set(&self, target: &str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) =
+            truncate(target, MAX_TARGET_BYTES).into_owned();
+    }
+}
+
+/// The request's audit note, to fill in after the request is consumed.
+pub fn note_handle<T>(request: &tonic::Request<T>) -> Option<AuditNote> {
+    request.extensions().get::<AuditNote>().cloned()
+}
 
 /// The state [`layer`] runs with.
 #[derive(Clone, Debug)]
@@ -753,7 +790,10 @@ mod tests {
         // A recorded certificate acts as its token when no header is sent;
         // a header wins over it; an unrecorded one is refused.
         let (cert, other) = (b"alice's certificate".as_slice(), b"another".as_slice());
-        access.add_cert(digest_bytes(cert), &d);
+        access.add_cert(digest_bytes(cert), &d, u64::MAX);
+        let by_cert = access
+            .authenticate(&axum::http::HeaderMap::new(), Some(cert))
+            .unwrap();
         let none = axum::http::HeaderMap::new();
         assert_eq!(
             access
@@ -776,10 +816,26 @@ mod tests {
                 .name(),
             ADMIN
         );
-        // Revoking the token refuses both.
+        // Revoking the token refuses both, and marks the certificate's
+        // caller revoked (its streams end).
         access.remove_token(&d, &[digest_bytes(cert)]);
         assert!(access.authenticate(&h, None).is_err());
         assert!(access.authenticate(&none, Some(cert)).is_err());
+        assert!(by_cert.is_revoked());
+        // An expired certificate is refused even if still recorded.
+        let d2 = digest("pel_bob");
+        let bob = pb::Token {
+            name: "bob".into(),
+            grants: vec![pb::Grant {
+                role: pb::Role::Viewer as i32,
+                pool: "/".into(),
+            }],
+            ..Default::default()
+        };
+        access.add_token(d2, Arc::new(Caller::from_token(bob).unwrap()));
+        access.add_cert(digest_bytes(other), &d2, 1);
+        let e = access.authenticate(&none, Some(other)).unwrap_err();
+        assert!(e.message().contains("expired"), "{e}");
         // An insecure server needs nothing.
         let open = Access::insecure();
         assert!(

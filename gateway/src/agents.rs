@@ -587,14 +587,14 @@ impl pb::agent_service_server::AgentService for AgentApi {
                      (peloton-agent --cert-file/--key-file)"
                 )));
             };
-            // Exactly the name (hosts are exact keys here, so a certificate
-            // for `host-a` must not register `HOST-A` as another host).
             if peloton_tls::is_user_cert(&cert) {
                 tracing::warn!(%host, "agent refused: it presented a user certificate");
                 return Err(Status::permission_denied(format!(
                     "agent {host}: a user certificate (CN=user:...) cannot register an agent"
                 )));
             }
+            // Exactly the name (hosts are exact keys here, so a certificate
+            // for `host-a` must not register `HOST-A` as another host).
             let names = peloton_tls::cert_names(&cert).unwrap_or_default();
             if !names.contains(&register.host) {
                 tracing::warn!(%host, ?names, "agent refused: its certificate names another host");

@@ -398,10 +398,17 @@ impl Mirror {
         let sse = accepts_sse(&parts.headers);
         // The caller's token goes with the call (checked by the services'
         // own authentication layer).
-        // So does its client certificate.
+        // So does its client certificate, but not a browser's: a browser
+        // presents a certificate it holds on any page's requests, so a
+        // certificate would let another site's page act as its owner.
+        // Browsers use tokens (the console does).
         let auth = Credentials {
             header: parts.headers.get(header::AUTHORIZATION).cloned(),
-            tls: parts.extensions.get::<crate::access::TlsInfo>().cloned(),
+            tls: if from_a_browser(&parts.headers) {
+                None
+            } else {
+                parts.extensions.get::<crate::access::TlsInfo>().cloned()
+            },
         };
         let mut frames = self.invoke(binding, request.encode_to_vec(), auth).await?;
         drop(_budget);
@@ -913,6 +920,17 @@ fn json_response(status: StatusCode, json: &Json) -> Response<Body> {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// Whether a request comes from a web browser: browsers send `Origin` on
+/// every request that can change something and `Sec-Fetch-Site` on all of
+/// them (`none` only for what the user typed in the address bar); other
+/// clients send neither.
+fn from_a_browser(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::ORIGIN)
+        || headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() != b"none")
 }
 
 /// What the mirror passes on of an HTTP request's credentials to the

@@ -124,9 +124,9 @@ struct Args {
     /// give it whenever agents connect).
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
-    /// Secure: the private key (PEM) of --tls-client-ca, so the server can
-    /// sign user certificates (`peloton token cert`); the private CA's key
-    /// is the server's already.
+    /// Secure: the private key (PEM) of --tls-client-ca (PKCS#8), so the
+    /// server can sign user certificates (`peloton token cert`); the
+    /// private CA's key is the server's already.
     #[arg(long, value_name = "FILE", requires = "tls_client_ca")]
     tls_client_ca_key: Option<PathBuf>,
     /// Log as JSON lines instead of text.

@@ -72,6 +72,10 @@ fn every_flag_with_a_value_shows_its_default() {
         ),
         ("tls-key", "the private key (PEM) of --tls-cert"),
         ("tls-client-ca", "default: the private CA in DATA_DIR/tls"),
+        (
+            "tls-client-ca-key",
+            "the private key (PEM) of --tls-client-ca",
+        ),
     ];
     let flags = flags(&help);
     assert!(flags.len() > 15, "{help}");

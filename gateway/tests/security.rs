@@ -3,7 +3,9 @@
 //! a cluster admin, per-pool-subtree roles (refusals are PERMISSION_DENIED
 //! naming the permission and the pool, and change nothing; reads and watch
 //! events are filtered), the audit log of every mutating call, all of it
-//! surviving a restart, and the JSON/HTTP mirror over TLS.
+//! surviving a restart, the JSON/HTTP mirror over TLS, and client
+//! certificates issued for tokens (recorded, revoked with their token or
+//! alone).
 //!
 
 mod common;
@@ -488,13 +490,14 @@ struct Answer {
 /// One HTTP/1.1 call over TLS (ALPN `http/1.1`, trusting only the server's
 /// CA), with `authorization: Bearer <token>` when given.
 async fn https(s: &Secure, method: &str, path: &str, token: Option<&str>, body: &str) -> Answer {
-    https_as(s, None, method, path, token, body).await
+    https_as(s, None, &[], method, path, token, body).await
 }
 
 /// [`https`], presenting the client certificate `identity` when given.
 async fn https_as(
     s: &Secure,
     identity: Option<&peloton_tls::CertPair>,
+    headers: &[(&str, &str)],
     method: &str,
     path: &str,
     token: Option<&str>,
@@ -517,6 +520,9 @@ async fn https_as(
         );
         if let Some(t) = token {
             request.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
         }
         request.push_str("\r\n");
         request.push_str(body);
@@ -1655,6 +1661,12 @@ async fn a_client_certificate_issued_for_a_token_acts_as_it_until_revoked() {
         listed_certs(&admin, "alice").await,
         vec![c1.fingerprint.clone()]
     );
+    let audit = admin.audit("admin", 1, 0).await.expect("audit");
+    assert_eq!(
+        audit[0].method,
+        "/peloton.v1.AccessService/IssueCertificate"
+    );
+    assert_eq!(audit[0].target, format!("alice {}", c1.fingerprint));
 
     // With it and no header, a call is alice's: her grants, her audit entries.
     let by_cert = as_cert(&s, &first.certificate_pem, &first_key).await;
@@ -1687,11 +1699,20 @@ async fn a_client_certificate_issued_for_a_token_acts_as_it_until_revoked() {
         cert_pem: first.certificate_pem.clone(),
         key_pem: first_key.clone(),
     };
-    let a = https_as(&s, Some(&pair), "GET", "/v1/whoami", None, "").await;
+    let a = https_as(&s, Some(&pair), &[], "GET", "/v1/whoami", None, "").await;
     assert_eq!(a.status, 200, "{a:?}");
     assert_eq!(a.body["token"]["name"], "alice", "{a:?}");
-    let a = https_as(&s, Some(&pair), "GET", "/v1/tokens", None, "").await;
+    let a = https_as(&s, Some(&pair), &[], "GET", "/v1/tokens", None, "").await;
     assert_eq!(a.status, 403, "{a:?}");
+    // But not from a browser: another site's page could use a certificate
+    // the browser holds (a forged request), so browsers need a token.
+    for header in [
+        ("Origin", "https://elsewhere.example"),
+        ("Sec-Fetch-Site", "cross-site"),
+    ] {
+        let a = https_as(&s, Some(&pair), &[header], "POST", "/v1/jobs", None, "{}").await;
+        assert_eq!(a.status, 401, "{header:?}: {a:?}");
+    }
 
     // Bad requests name the field and change nothing.
     assert_status(
@@ -1790,9 +1811,32 @@ async fn a_client_certificate_issued_for_a_token_acts_as_it_until_revoked() {
     let c2 = second.certificate.clone().expect("certificate");
     let by_second = as_cert(&s, &second.certificate_pem, &second_key).await;
     assert_eq!(by_second.who_am_i().await.expect("second").name, "alice");
+    // Both watch; revoking the first ends its watch, not the second's.
+    let mut live_first = by_cert.watch(0, "").await.expect("watch by the first");
+    let mut live_second = by_second.watch(0, "").await.expect("watch by the second");
     revoke("alice", &c1.fingerprint)
         .await
         .expect("revoke the first");
+    let marker = admin
+        .create_job(short_job("/a"))
+        .await
+        .expect("a job in /a");
+    let end = within("the first's watch to end", async {
+        loop {
+            match live_first.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    let e = end.expect_err("the stream ends with an error");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    collect_events(&mut live_second, |events| {
+        events.iter().any(|e| job_of(e) == marker.id)
+    })
+    .await;
+    drop(live_second);
     assert_status(
         by_cert.who_am_i().await,
         Code::Unauthenticated,
@@ -1803,12 +1847,28 @@ async fn a_client_certificate_issued_for_a_token_acts_as_it_until_revoked() {
         listed_certs(&admin, "alice").await,
         vec![c2.fingerprint.clone()]
     );
-    let audit = admin.audit("admin", 1, 0).await.expect("audit");
+    // (the marker job came after the revocation)
+    let audit = admin.audit("admin", 2, 0).await.expect("audit");
     assert_eq!(
-        audit[0].method,
+        audit[1].method,
         "/peloton.v1.AccessService/RevokeCertificate"
     );
-    assert_eq!(audit[0].target, format!("alice {}", c1.fingerprint));
+    assert_eq!(audit[1].target, format!("alice {}", c1.fingerprint));
+
+    // At most 16 unexpired certificates per token; the 17th is refused
+    // and changes nothing.
+    for _ in 1..16 {
+        issue_cert(&admin, "alice", 1)
+            .await
+            .expect("under the limit");
+    }
+    assert_eq!(listed_certs(&admin, "alice").await.len(), 16);
+    assert_status(
+        issue_cert(&admin, "alice", 1).await,
+        Code::ResourceExhausted,
+        "16 certificates",
+    );
+    assert_eq!(listed_certs(&admin, "alice").await.len(), 16);
 
     // Kept across a restart.
     let s = s.restart().await;
@@ -1841,4 +1901,56 @@ async fn a_client_certificate_issued_for_a_token_acts_as_it_until_revoked() {
     );
     assert!(listed_certs(&admin, "alice").await.is_empty());
     s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_its_own_client_ca_signs_only_when_given_its_key() {
+    // The tests' CA plays an operator's client CA (--tls-client-ca).
+    let pki = peloton_tls::testkit::shared();
+    let ca_pem = std::fs::read_to_string(&pki.ca_file).expect("the test CA");
+    for with_key in [false, true] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = Config {
+            tls_client_ca_key: with_key.then(|| pki.pki.dir.join("ca.key")),
+            ..common::config(dir.path(), SIM_HOSTS)
+        };
+        let server = within("start", server::start(&config))
+            .await
+            .expect("starts");
+        let mut admin = AccessServiceClient::new(common::admin_channel(server.addr).await);
+        admin
+            .create_token(pb::CreateTokenRequest {
+                name: "dave".into(),
+                grants: vec![grant(pb::Role::Viewer, "/")],
+            })
+            .await
+            .expect("token");
+        let csr = peloton_tls::user_csr("dave").expect("a request");
+        let issued = admin
+            .issue_certificate(pb::IssueCertificateRequest {
+                name: "dave".into(),
+                csr_pem: csr.csr_pem,
+                valid_days: 1,
+            })
+            .await;
+        if with_key {
+            let issued = issued.expect("signed with the configured key").into_inner();
+            assert_eq!(issued.ca_pem, ca_pem);
+            let channel =
+                tls_channel_as(server.addr, &ca_pem, &issued.certificate_pem, &csr.key_pem)
+                    .await
+                    .expect("connect");
+            let me = AccessServiceClient::new(channel)
+                .who_am_i(pb::WhoAmIRequest {})
+                .await
+                .expect("whoami by certificate")
+                .into_inner();
+            assert_eq!(me.token.expect("token").name, "dave");
+        } else {
+            assert_status(issued, Code::FailedPrecondition, "--tls-client-ca-key");
+        }
+        within("shutdown", server.shutdown())
+            .await
+            .expect("shutdown");
+    }
 }

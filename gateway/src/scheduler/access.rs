@@ -80,7 +80,7 @@ impl AccessState {
             token
                 .certificates
                 .iter()
-                .filter_map(|c| Some((fingerprint(c)?, *digest)))
+                .filter_map(|c| Some((fingerprint(c)?, *digest, c.not_after_ms)))
         }));
         self.shared = Some(access);
     }
@@ -209,9 +209,10 @@ impl Scheduler {
         token.certificates.push(cert.clone());
         let (row, digest) = (stored_row(token, digest), *digest);
         self.batch.tokens.push((name, Some(row)));
+        let not_after_ms = cert.not_after_ms;
         self.deferred.push(Box::new(move || {
             shared.remove_certs(&expired);
-            shared.add_cert(fp, &digest);
+            shared.add_cert(fp, &digest, not_after_ms);
             let _ = reply.send(Ok(cert));
         }));
     }

@@ -84,12 +84,18 @@ impl pb::access_service_server::AccessService for Api {
     ) -> Result<Response<pb::IssueCertificateResponse>, Status> {
         let name = request.get_ref().name.clone();
         access::require(&request, Permission::TokensAdmin, "/", name)?;
+        let note = access::note_handle(&request);
         let r = request.into_inner();
         check_certificate_name(&r.name)?;
+        if !self.access.is_secure() {
+            return Err(Status::failed_precondition(
+                "this server is insecure (--insecure): it has no tokens and checks no certificates",
+            ));
+        }
         let Some(signer) = self.access.signer() else {
             return Err(Status::failed_precondition(
                 "this server does not hold its client CA's key, so it cannot sign certificates \
-                 (with --tls-client-ca, give --tls-client-ca-key too)",
+                 (give --tls-client-ca and its key, --tls-client-ca-key, a PKCS#8 PEM file)",
             ));
         };
         let days = match r.valid_days {
@@ -116,7 +122,13 @@ impl pb::access_service_server::AccessService for Api {
         // loop. A certificate the loop does not record is never returned.
         let cert = signer
             .sign_user_csr(&r.name, &r.csr_pem, days)
-            .map_err(|e| crate::convert::invalid("csr_pem", format!("{e:#}")))?;
+            .map_err(|e| match e {
+                peloton_tls::SignError::Request(why) => crate::convert::invalid("csr_pem", why),
+                peloton_tls::SignError::Ca(why) => {
+                    tracing::error!(error = %why, "cannot sign a user certificate");
+                    Status::internal(format!("the server's CA cannot sign: {why}"))
+                }
+            })?;
         let certificate = pb::TokenCertificate {
             fingerprint: access::hex(&access::digest_bytes(&cert.der)),
             issued_at_ms: 0,
@@ -126,11 +138,14 @@ impl pb::access_service_server::AccessService for Api {
         };
         let certificate = self
             .call(|reply| Command::IssueCertificate {
-                name: r.name,
+                name: r.name.clone(),
                 certificate,
                 reply,
             })
             .await?;
+        if let Some(note) = note {
+            note.set(&format!("{} {}", r.name, certificate.fingerprint));
+        }
         Ok(Response::new(pb::IssueCertificateResponse {
             certificate_pem: cert.cert_pem,
             ca_pem: signer.ca_cert_pem.clone(),

@@ -9,7 +9,7 @@
 //! certificates name hosts; a certificate naming a `user:` is never taken
 //! for an agent's ([`is_user_cert`]).
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use rcgen::{
     CertificateParams, CertificateSigningRequestParams, ExtendedKeyUsagePurpose, IsCa, Issuer,
     KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
@@ -80,24 +80,37 @@ impl Pki {
     /// the subject is `CN=user:<name>`, there are no alternative names, and
     /// the only extended key usage is clientAuth. The error says what is
     /// wrong with the request.
-    pub fn sign_user_csr(&self, name: &str, csr_pem: &str, days: u32) -> anyhow::Result<UserCert> {
+    pub fn sign_user_csr(
+        &self,
+        name: &str,
+        csr_pem: &str,
+        days: u32,
+    ) -> Result<UserCert, SignError> {
+        let bad = |why: String| SignError::Request(why);
         if !(1..=MAX_USER_CERT_DAYS).contains(&days) {
-            bail!("{days} days: must be 1 to {MAX_USER_CERT_DAYS}");
+            return Err(bad(format!(
+                "{days} days: must be 1 to {MAX_USER_CERT_DAYS}"
+            )));
         }
         if csr_pem.len() > MAX_CSR_PEM_BYTES {
-            bail!(
+            return Err(bad(format!(
                 "{} bytes: a certificate request is at most {MAX_CSR_PEM_BYTES}",
                 csr_pem.len()
-            );
+            )));
         }
-        let request = CertificateSigningRequestParams::from_pem(csr_pem)
-            .map_err(|e| anyhow!("not a valid PEM certificate request (PKCS#10): {e}"))?;
+        let request = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| {
+            bad(format!(
+                "not a valid PEM certificate request (PKCS#10): {e}"
+            ))
+        })?;
+        let requested_key = requested_key_der(csr_pem).map_err(|e| bad(format!("{e:#}")))?;
         let mut params = CertificateParams::default();
         params.distinguished_name = common_name_only(&format!("{USER_PREFIX}{name}"));
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.use_authority_key_identifier_extension = true;
+        params.serial_number = Some(random_serial().map_err(SignError::Ca)?);
         let now = OffsetDateTime::now_utc();
         params.not_before = now - Duration::hours(CLOCK_SKEW_HOURS);
         params.not_after = now + Duration::days(i64::from(days));
@@ -106,18 +119,75 @@ impl Pki {
             params,
             public_key: request.public_key,
         };
-        let ca_key = KeyPair::from_pem(self.ca_key_pem()).context("the CA key")?;
-        let issuer =
-            Issuer::from_ca_cert_pem(&self.ca_cert_pem, ca_key).context("the CA certificate")?;
+        let ca = || -> anyhow::Result<_> {
+            let ca_key = KeyPair::from_pem(self.ca_key_pem()).context("the CA key")?;
+            Issuer::from_ca_cert_pem(&self.ca_cert_pem, ca_key).context("the CA certificate")
+        };
+        let issuer = ca().map_err(|e| SignError::Ca(format!("{e:#}")))?;
         let cert = signing
             .signed_by(&issuer)
-            .with_context(|| format!("signing a certificate for user {name:?}"))?;
+            .map_err(|e| bad(format!("cannot sign a certificate for its key: {e}")))?;
+        // The library rebuilds the key from the request's signature
+        // algorithm; a key of another kind than that algorithm's (a P-256 key
+        // signed with SHA-384, say) would come out as another key.
+        let (_, issued) = x509_parser::parse_x509_certificate(cert.der())
+            .map_err(|e| SignError::Ca(format!("the signed certificate does not parse: {e}")))?;
+        if issued.public_key().raw != requested_key.as_slice() {
+            return Err(bad(
+                "its key does not match its signature algorithm (use ECDSA P-256 with SHA-256, \
+                 P-384 with SHA-384, Ed25519 or RSA)"
+                    .to_owned(),
+            ));
+        }
         Ok(UserCert {
             cert_pem: cert.pem(),
             der: cert.der().to_vec(),
             not_after_unix_s,
         })
     }
+}
+
+/// Why a user certificate was not signed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignError {
+    /// The request (or the validity asked) is at fault: the words say how.
+    Request(String),
+    /// The CA could not sign (its key or certificate): the server's fault.
+    Ca(String),
+}
+
+impl std::fmt::Display for SignError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SignError::Request(why) | SignError::Ca(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for SignError {}
+
+/// The subject public key info (DER) of a PEM certificate request.
+fn requested_key_der(csr_pem: &str) -> anyhow::Result<Vec<u8>> {
+    use x509_parser::prelude::FromDer;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
+        .map_err(|e| anyhow!("not PEM: {e}"))?;
+    let (_, csr) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
+            .map_err(|e| anyhow!("not a certificate request: {e}"))?;
+    Ok(csr.certification_request_info.subject_pki.raw.to_vec())
+}
+
+/// 16 random bytes, positive (RFC 5280 wants unique positive serials of at
+/// most 20 bytes).
+fn random_serial() -> Result<rcgen::SerialNumber, String> {
+    let mut bytes = [0u8; 16];
+    rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .map_err(|_| "no randomness for a serial number".to_owned())?;
+    bytes[0] &= 0x7f;
+    bytes[0] |= 0x01;
+    Ok(rcgen::SerialNumber::from_slice(&bytes))
 }
 
 /// Whether a DER certificate names a user (`user:…`): such a certificate
@@ -165,7 +235,18 @@ mod tests {
         let cert = pki.sign_user_csr("bob", &csr.csr_pem, 1).unwrap();
         assert_eq!(cert_names(&cert.der).unwrap(), ["user:bob"]);
         let e = pki.sign_user_csr("bob", "junk", 1).unwrap_err();
+        assert!(matches!(e, SignError::Request(_)), "{e:?}");
         assert!(e.to_string().contains("certificate request"), "{e}");
+        // Two certificates for one request: two serial numbers.
+        let again = pki.sign_user_csr("bob", &csr.csr_pem, 1).unwrap();
+        let serial = |der: &[u8]| {
+            x509_parser::parse_x509_certificate(der)
+                .unwrap()
+                .1
+                .raw_serial()
+                .to_vec()
+        };
+        assert_ne!(serial(&cert.der), serial(&again.der));
         let e = pki.sign_user_csr("bob", &csr.csr_pem, 0).unwrap_err();
         assert!(e.to_string().contains("1 to 365"), "{e}");
         let e = pki

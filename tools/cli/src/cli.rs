@@ -22,7 +22,8 @@ Secure servers (TLS and bearer tokens):
   DATA_DIR/admin-token).
   Instead of a token, a client certificate issued for one (`peloton token cert NAME`):
   --cert-file and --key-file, PELOTON_CERT_FILE and PELOTON_KEY_FILE, or `cert_file:` and
-  `key_file:` in the config file. A token, when one is found, is sent too and wins.
+  `key_file:` in the config file. A certificate from a flag or variable replaces any token; one
+  from the config file is used when no token is found (a token found is sent and wins).
 
 Config file:
   --config FILE or PELOTON_CONFIG, else $XDG_CONFIG_HOME/peloton/config.yaml (default

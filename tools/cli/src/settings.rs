@@ -6,9 +6,11 @@
 //! - servers: `--server`, `PELOTON_SERVER`, the file's `server`, else
 //!   127.0.0.1:5391;
 //! - CA file: `--ca-file`, `PELOTON_CA_FILE`, the file's `ca_file`;
-//! - client certificate and key (instead of, or beside, a token):
-//!   `--cert-file`/`--key-file`, `PELOTON_CERT_FILE`/`PELOTON_KEY_FILE`,
-//!   the file's `cert_file`/`key_file`;
+//! - client certificate and key: `--cert-file`/`--key-file`,
+//!   `PELOTON_CERT_FILE`/`PELOTON_KEY_FILE`, the file's
+//!   `cert_file`/`key_file`. One from the command line (flag or variable)
+//!   replaces the token; one from the file is sent beside a token found,
+//!   and the server takes the token;
 //! - token (never a flag, so that it stays out of shell histories and
 //!   process lists): `PELOTON_TOKEN`, `PELOTON_TOKEN_FILE` (the file's
 //!   content, trimmed), the file's `token_file`, the file's `token`.
@@ -215,6 +217,9 @@ pub fn resolve(options: &Options, env: Env<'_>) -> Result<Resolved, UsageError> 
         security.ca = Some((read_ca(&ca_file)?, ca_file.display().to_string()));
     }
 
+    // A certificate from the command line (a flag or its variable) is the
+    // caller's identity, whatever token a lower source holds.
+    let cert_from_command_line = options.cert_file.is_some() || options.key_file.is_some();
     let cert_file = options
         .cert_file
         .clone()
@@ -244,7 +249,12 @@ pub fn resolve(options: &Options, env: Env<'_>) -> Result<Resolved, UsageError> 
         }
     }
 
-    if let Some((token, source)) = token(env, file)? {
+    let token = if cert_from_command_line {
+        None
+    } else {
+        token(env, file)?
+    };
+    if let Some((token, source)) = token {
         security = security
             .with_token(&token)
             .map_err(|why| UsageError(format!("{source}: {why}")))?;

@@ -544,7 +544,30 @@ async fn a_client_certificate_made_by_token_cert_stands_for_the_token() {
         2,
         &["give its key too"],
     );
-    // A made-up name or a non-admin caller: refused, and no key is left.
+    // A certificate from the command line replaces a token from anywhere.
+    let mut with_token = by_cert.to_vec();
+    with_token.push(("PELOTON_TOKEN", ADMIN));
+    let me = json(&c.run(&with_token, &["-o", "json", "whoami"]).await);
+    assert_eq!(me["token"]["name"], "carol", "{me}");
+    // A non-admin caller: refused, and no key is left.
+    let other_dir = c.path("other");
+    fails(
+        &c.run(
+            &by_cert,
+            &[
+                "token",
+                "cert",
+                "carol",
+                "--out",
+                other_dir.to_str().unwrap(),
+            ],
+        )
+        .await,
+        1,
+        &["permission denied", "tokens.admin"],
+    );
+    assert!(!c.path("other/carol.key").exists());
+    // A made-up name: refused, and no key is left.
     fails(
         &c.as_token(ADMIN, &["token", "cert", "nobody", "--out", out_dir])
             .await,

@@ -135,13 +135,23 @@ async fn issue_certificate(
     let issued = match issued {
         Ok(issued) => issued.into_inner(),
         Err(status) => {
-            // No certificate: the key is of no use.
-            let _ = std::fs::remove_file(&key_path);
+            // A refusal: no certificate, so the key is of no use. Another
+            // failure (the connection broke, say) may follow a certificate
+            // the server recorded: the key stays, and the error says so.
+            if refused_outright(status.code()) {
+                let _ = std::fs::remove_file(&key_path);
+            } else {
+                eprintln!(
+                    "note: the server may have recorded a certificate before this error; \
+                     `peloton token list -o json` shows it (revoke it with `token cert-revoke`); \
+                     the key {} is kept",
+                    key_path.display()
+                );
+            }
             return Err(status.into());
         }
     };
-    std::fs::write(&cert_path, issued.certificate_pem.as_bytes())
-        .with_context(|| format!("writing {}", cert_path.display()))?;
+    write_new(&cert_path, issued.certificate_pem.as_bytes(), 0o644)?;
     let certificate = issued.certificate.unwrap_or_default();
     match ctx.output {
         OutputFormat::Table => print_out(&render_fields(&[
@@ -167,18 +177,45 @@ async fn issue_certificate(
     Ok(Outcome::Success)
 }
 
-/// Writes a private file: created new with mode 0600.
+/// Whether a refusal means the server recorded nothing.
+fn refused_outright(code: Code) -> bool {
+    matches!(
+        code,
+        Code::InvalidArgument
+            | Code::NotFound
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::FailedPrecondition
+            | Code::ResourceExhausted
+            | Code::AlreadyExists
+            | Code::Unimplemented
+    )
+}
+
+/// Writes a private file (mode 0600), which must not exist yet; a file
+/// half written is removed.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_new(path, bytes, 0o600)
+}
+
+/// Writes a new file with `mode` (never one that exists); a file half
+/// written is removed.
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
     use std::io::Write as _;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+    #[cfg(not(unix))]
+    let _ = mode;
     let mut file = options
         .open(path)
         .with_context(|| format!("creating {}", path.display()))?;
-    file.write_all(bytes)
-        .with_context(|| format!("writing {}", path.display()))?;
+    if let Err(e) = file.write_all(bytes).and_then(|()| file.sync_all()) {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+        return Err(e).with_context(|| format!("writing {}", path.display()));
+    }
     Ok(())
 }
 
