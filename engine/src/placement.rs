@@ -67,7 +67,15 @@ pub struct PlacementConfig {
     /// workload mix is known (default: yes; `gpu_frag` beats the GPU-aware
     /// pack on every GPU trace we replay).
     pub gpu_frag_for_gpu_tasks: bool,
+    /// Fewest best hosts a class's shape keeps between scans (default
+    /// 4,096; it keeps four times the class's tasks when that is more).
+    /// Results do not depend on it, only the work does; tests set it low so
+    /// that small clusters take the paths of large ones.
+    pub shape_prefix_min: usize,
 }
+
+/// Default of [`PlacementConfig::shape_prefix_min`].
+pub const SHAPE_PREFIX_MIN: usize = 4096;
 
 impl Default for PlacementConfig {
     fn default() -> Self {
@@ -76,6 +84,7 @@ impl Default for PlacementConfig {
             gpu_aware: true,
             parallel_min_candidates: PARALLEL_MIN_CANDIDATES,
             gpu_frag_for_gpu_tasks: true,
+            shape_prefix_min: SHAPE_PREFIX_MIN,
         }
     }
 }
@@ -226,6 +235,8 @@ pub struct PlacementStats {
     pub heap_classes: u64,
     /// Shape prefixes built (each a scan of the open hosts).
     pub shape_builds: u64,
+    /// Shape prefixes brought up to date from the change log (no scan).
+    pub shape_refreshes: u64,
     /// Classes that scanned every candidate (past their shape's prefix).
     pub full_scans: u64,
     /// Changed hosts scored afresh for classes.
@@ -316,13 +327,19 @@ struct ReasonKey {
     desired_host: u32,
 }
 
-/// A shape's best hosts when it was built (log position `built_at`),
-/// sorted by (score, slot); `complete` if that was every fitting host.
+/// A shape's best hosts as of log position `built_at`, sorted by (score,
+/// slot): every fitting host of the shape that is not in `prefix` has a
+/// key above `bound` (`complete`: `prefix` is every fitting host). A
+/// refresh keeps it so as hosts change (see `Placer::refresh_shape`).
 #[derive(Debug, Default)]
 struct Shape {
     built_at: u32,
     complete: bool,
     prefix: Vec<(u64, u32)>,
+    /// The last key kept when it was built.
+    bound: (u64, u32),
+    /// Hosts kept when it was built.
+    built_len: usize,
 }
 
 /// Resources held on a host for an instance that has no task there (its
@@ -382,6 +399,8 @@ pub struct Placer {
     stats: PlacementStats,
     /// Scratch for shapes: their host mask and scored hosts.
     shape_mask: Vec<u64>,
+    /// Scratch: a refreshed prefix being merged.
+    merged: Vec<(u64, u32)>,
     scored: Vec<Reverse<(u64, u32)>>,
     /// Scratch: the batch's tasks for the GPU mix learner.
     learn: Vec<TaskHandle>,
@@ -1031,59 +1050,80 @@ impl Placer {
     ///
     /// The `k` best come from the class's shape (request, ports, strategy
     /// and host rules; classes differ from it only by constraint and per-host
-    /// limit): a sorted prefix of the shape's best hosts, scored when it was
-    /// built, gives its hosts that have not changed since, in order; hosts
-    /// changed since (the batch's change log) are scored afresh. The best
-    /// unchanged candidates and the best changed ones hold the `k` best of
-    /// all. A shape is rebuilt once the log has grown past a sixteenth of
-    /// the hosts since it was built, and a class that runs off the end of
-    /// its prefix scans every candidate instead. Either way the result is
-    /// exactly what a scan of every candidate gives.
+    /// limit): a sorted prefix of the shape's best hosts as of a point in
+    /// the batch's change log, such that every fitting host not in it scores
+    /// worse than all of it. Its hosts unchanged since, that the class may
+    /// use, come in order; hosts changed since are scored afresh; the best
+    /// `k` of the two hold the `k` best of all. Once enough hosts changed,
+    /// they are folded into the prefix ([`Placer::refresh_shape`], no scan).
+    /// A shape is built (a scan of every open host) when first used, and
+    /// again when it has run short: fewer than `k` usable hosts left, after
+    /// hosts it held filled up or when a class wants more than it kept. A
+    /// class that still runs off its end (a narrow constraint) scans every
+    /// candidate instead. Either way the result is exactly what a scan of
+    /// every candidate gives.
     fn fill_heap(&mut self, hosts: &HostArena, key: &ClassKey, shape_key: ShapeKey, k: usize) {
         self.class_no = self.class_no.wrapping_add(1);
         self.stats.heap_classes += 1;
         let mut entries = std::mem::take(&mut self.heap).into_vec();
-        entries.clear();
-        let log_len = self.change_log.len() as u32;
-        let stale = self.shapes.get(&shape_key).is_none_or(|shape| {
-            (log_len - shape.built_at) as usize > (self.words * 64 / 16).max(64)
-        });
-        if stale {
-            self.build_shape(hosts, key, shape_key, k);
-        }
-        let shape = &self.shapes[&shape_key];
-        let (built_at, complete) = (shape.built_at, shape.complete);
-        let mask = &self.mask;
-        let changed_at = &self.changed_at;
-        let changed_since =
-            |slot: u32| changed_at.get(slot as usize).is_some_and(|&c| c > built_at);
-        for &(score, slot) in &shape.prefix {
-            if entries.len() == k {
-                break;
+        let mut built = false;
+        match self.shapes.get(&shape_key) {
+            None => {
+                self.build_shape(hosts, key, shape_key, k);
+                built = true;
             }
-            if !changed_since(slot) && crate::scan::bit(mask, slot) {
-                entries.push(Reverse((score, slot)));
+            // Changed hosts are rescored for every class until there are
+            // enough of them to fold into the prefix once.
+            Some(shape)
+                if self.change_log.len() - shape.built_at as usize
+                    > (shape.prefix.len() / 8).max(self.config.shape_prefix_min / 64) =>
+            {
+                self.refresh_shape(hosts, key, shape_key);
             }
+            Some(_) => {}
         }
-        if entries.len() < k && !complete {
-            // Past the prefix: every candidate is scanned.
-            self.stats.full_scans += 1;
+        loop {
             entries.clear();
-            self.scan_into(hosts, key, &self.mask, &mut entries);
-        } else {
-            // Hosts changed since the prefix was built, each once (at its
-            // latest log entry).
-            for i in built_at as usize..self.change_log.len() {
-                let slot = self.change_log[i];
-                if self.changed_at[slot as usize] as usize != i + 1
-                    || !crate::scan::bit(&self.mask, slot)
-                    || !self.host_fits(hosts, slot, key)
-                {
+            let shape = &self.shapes[&shape_key];
+            let (built_at, complete) = (shape.built_at, shape.complete);
+            let mask = &self.mask;
+            let changed_at = &self.changed_at;
+            for &(score, slot) in &shape.prefix {
+                if entries.len() == k {
+                    break;
+                }
+                if changed_at[slot as usize] <= built_at && crate::scan::bit(mask, slot) {
+                    entries.push(Reverse((score, slot)));
+                }
+            }
+            if entries.len() < k && !complete {
+                let ran_down = shape.prefix.len() < shape.built_len / 2;
+                let too_short = shape.built_len < 4 * k;
+                if !built && (ran_down || too_short) {
+                    self.build_shape(hosts, key, shape_key, k);
+                    built = true;
                     continue;
                 }
-                entries.push(Reverse((score_key(self.score(hosts, slot, key)), slot)));
-                self.stats.changed_scored += 1;
+                // Past the prefix: every candidate is scanned.
+                self.stats.full_scans += 1;
+                entries.clear();
+                self.scan_into(hosts, key, &self.mask, &mut entries);
+            } else {
+                // Hosts changed since the prefix was brought up to date,
+                // each once (at its latest log entry).
+                for i in built_at as usize..self.change_log.len() {
+                    let slot = self.change_log[i];
+                    if self.changed_at[slot as usize] as usize != i + 1
+                        || !crate::scan::bit(&self.mask, slot)
+                        || !self.host_fits(hosts, slot, key)
+                    {
+                        continue;
+                    }
+                    entries.push(Reverse((score_key(self.score(hosts, slot, key)), slot)));
+                    self.stats.changed_scored += 1;
+                }
             }
+            break;
         }
         if entries.len() > k && k > 0 {
             entries.select_nth_unstable_by(k, |a, b| a.0.cmp(&b.0));
@@ -1091,6 +1131,89 @@ impl Placer {
         }
         // Heapify in O(k) rather than k pushes.
         self.heap = BinaryHeap::from(entries);
+    }
+
+    /// Brings a shape up to date with the hosts changed since it was built
+    /// or last refreshed, without a scan: each changed host leaves the
+    /// prefix and comes back, rescored, if it is still open, allowed and
+    /// fitting, and scores no worse than the prefix's bound. Hosts outside
+    /// the prefix that did not change still score above the bound, so the
+    /// prefix keeps its promise. Costs O(prefix + changes).
+    fn refresh_shape(&mut self, hosts: &HostArena, key: &ClassKey, shape_key: ShapeKey) {
+        let log_len = self.change_log.len() as u32;
+        let mut shape = self.shapes.remove(&shape_key).expect("the shape exists");
+        if shape.built_at == log_len {
+            self.shapes.insert(shape_key, shape);
+            return;
+        }
+        self.stats.shape_refreshes += 1;
+        let built_at = shape.built_at;
+        let changed_at = &self.changed_at;
+        shape
+            .prefix
+            .retain(|&(_, slot)| changed_at[slot as usize] <= built_at);
+        let mut rules = std::mem::take(&mut self.shape_mask);
+        self.open_by_rules(&shape_key, &mut rules);
+        let shape_class = ClassKey {
+            constraint: 0,
+            limit_key: u32::MAX,
+            max_per_host: 0,
+            ..*key
+        };
+        let mut fresh = std::mem::take(&mut self.scored);
+        fresh.clear();
+        for i in built_at as usize..log_len as usize {
+            let slot = self.change_log[i];
+            // Each host once, at its latest entry.
+            if self.changed_at[slot as usize] as usize != i + 1
+                || !crate::scan::bit(&rules, slot)
+                || !self.host_fits(hosts, slot, &shape_class)
+            {
+                continue;
+            }
+            let entry = (score_key(self.score(hosts, slot, &shape_class)), slot);
+            if shape.complete || entry <= shape.bound {
+                fresh.push(Reverse(entry));
+            }
+            self.stats.changed_scored += 1;
+        }
+        if !fresh.is_empty() {
+            fresh.sort_unstable_by_key(|r| r.0);
+            let old = std::mem::take(&mut shape.prefix);
+            // The merge goes to the scratch list; the old prefix becomes
+            // the next scratch (no allocation once both have grown).
+            let mut merged = std::mem::take(&mut self.merged);
+            merged.clear();
+            let (mut a, mut b) = (old.iter().peekable(), fresh.iter().map(|r| r.0).peekable());
+            loop {
+                match (a.peek(), b.peek()) {
+                    (Some(&&x), Some(&y)) => {
+                        if x <= y {
+                            merged.push(x);
+                            a.next();
+                        } else {
+                            merged.push(y);
+                            b.next();
+                        }
+                    }
+                    (Some(&&x), None) => {
+                        merged.push(x);
+                        a.next();
+                    }
+                    (None, Some(&y)) => {
+                        merged.push(y);
+                        b.next();
+                    }
+                    (None, None) => break,
+                }
+            }
+            shape.prefix = merged;
+            self.merged = old;
+        }
+        shape.built_at = log_len;
+        self.scored = fresh;
+        self.shape_mask = rules;
+        self.shapes.insert(shape_key, shape);
     }
 
     /// Whether GPU hosts are kept from the class (it requests no GPU).
@@ -1101,7 +1224,8 @@ impl Placer {
     }
 
     /// Scores every open host the shape's host rules allow, and keeps the
-    /// best (at least 4,096, and four times the class's tasks) sorted.
+    /// best (at least `shape_prefix_min`, and four times the class's tasks)
+    /// sorted.
     fn build_shape(&mut self, hosts: &HostArena, key: &ClassKey, shape_key: ShapeKey, k: usize) {
         self.stats.shape_builds += 1;
         let mut mask = std::mem::take(&mut self.shape_mask);
@@ -1119,7 +1243,7 @@ impl Placer {
             ..*key
         };
         self.scan_into(hosts, &shape_class, &mask, &mut scored);
-        let keep = (4 * k).max(4096);
+        let keep = (4 * k).max(self.config.shape_prefix_min.max(1));
         shape.complete = scored.len() <= keep;
         if !shape.complete {
             scored.select_nth_unstable_by(keep, |a, b| a.0.cmp(&b.0));
@@ -1127,6 +1251,8 @@ impl Placer {
         }
         scored.sort_unstable_by_key(|a| a.0);
         entries.extend(scored.iter().map(|r| r.0));
+        shape.bound = entries.last().copied().unwrap_or((u64::MAX, u32::MAX));
+        shape.built_len = entries.len();
         shape.prefix = entries;
         shape.built_at = self.change_log.len() as u32;
         self.shapes.insert(shape_key, shape);

@@ -532,7 +532,11 @@ proptest! {
         gpu_aware in any::<bool>(),
     ) {
         let mut rng = Rng::new(seed);
-        let config = PlacementConfig { gpu_aware, gpu_frag_for_gpu_tasks: false, ..Default::default() };
+        // Shapes keep few hosts (as on a cluster of thousands), so they run
+        // short, are refreshed from the change log, rebuilt, and passed by
+        // full scans; or the default, where they hold every host.
+        let shape_prefix_min = [1, 2, 3, 5, 8, 4096][rng.below(6) as usize];
+        let config = PlacementConfig { gpu_aware, gpu_frag_for_gpu_tasks: false, shape_prefix_min, ..Default::default() };
         let mut hosts = HostArena::new(HostLimits::default());
         let mut reference = Reference { hosts: HostArena::new(HostLimits::default()), per_host: HashMap::new(), config };
         for i in 0..n_hosts {
