@@ -1506,6 +1506,20 @@ async fn a_viewer_sees_the_deletion_of_its_pools_job() {
 }
 
 /// A revoked token's open watch ends at its next message, UNAUTHENTICATED.
+/// Reads a watch until it ends; the error it must end with.
+async fn watch_end(live: &mut tonic::Streaming<pb::WatchResponse>) -> tonic::Status {
+    let end = within("the watch to end", async {
+        loop {
+            match live.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    end.expect_err("the stream ends with an error")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_token_ends_its_open_watch() {
     let s = Secure::start().await;
@@ -1523,16 +1537,7 @@ async fn a_revoked_token_ends_its_open_watch() {
         .create_job(short_job("/a"))
         .await
         .expect("another job in /a");
-    let end = within("the watch to end", async {
-        loop {
-            match live.message().await {
-                Ok(Some(_)) => continue,
-                other => return other,
-            }
-        }
-    })
-    .await;
-    let e = end.expect_err("the stream ends with an error");
+    let e = watch_end(&mut live).await;
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(e.message().contains("revoked"), "{e:?}");
     s.shutdown().await;
@@ -1821,16 +1826,7 @@ async fn a_client_certificate_issued_for_a_token_acts_as_it_until_revoked() {
         .create_job(short_job("/a"))
         .await
         .expect("a job in /a");
-    let end = within("the first's watch to end", async {
-        loop {
-            match live_first.message().await {
-                Ok(Some(_)) => continue,
-                other => return other,
-            }
-        }
-    })
-    .await;
-    let e = end.expect_err("the stream ends with an error");
+    let e = watch_end(&mut live_first).await;
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     collect_events(&mut live_second, |events| {
         events.iter().any(|e| job_of(e) == marker.id)
