@@ -306,6 +306,19 @@ struct ClassKey {
     desired_host: u32,
 }
 
+impl ClassKey {
+    /// The class with its shape's host rules only: no constraint, no
+    /// per-host limit (what a shape's hosts are fitted and scored as).
+    fn shape_class(&self) -> ClassKey {
+        ClassKey {
+            constraint: 0,
+            limit_key: u32::MAX,
+            max_per_host: 0,
+            ..*self
+        }
+    }
+}
+
 /// What a class's candidate scores depend on: classes of one shape differ
 /// only by constraint and per-host limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -1154,12 +1167,7 @@ impl Placer {
             .retain(|&(_, slot)| changed_at[slot as usize] <= built_at);
         let mut rules = std::mem::take(&mut self.shape_mask);
         self.open_by_rules(&shape_key, &mut rules);
-        let shape_class = ClassKey {
-            constraint: 0,
-            limit_key: u32::MAX,
-            max_per_host: 0,
-            ..*key
-        };
+        let shape_class = key.shape_class();
         let mut fresh = std::mem::take(&mut self.scored);
         fresh.clear();
         for i in built_at as usize..log_len as usize {
@@ -1236,12 +1244,7 @@ impl Placer {
         let mut scored = std::mem::take(&mut self.scored);
         scored.clear();
         // The shape's hosts, whatever the constraint and per-host limit.
-        let shape_class = ClassKey {
-            constraint: 0,
-            limit_key: u32::MAX,
-            max_per_host: 0,
-            ..*key
-        };
+        let shape_class = key.shape_class();
         self.scan_into(hosts, &shape_class, &mask, &mut scored);
         let keep = (4 * k).max(self.config.shape_prefix_min.max(1));
         shape.complete = scored.len() <= keep;

@@ -341,9 +341,7 @@ impl Access {
         }
         let Some(value) = headers.get(axum::http::header::AUTHORIZATION) else {
             if let Some(der) = peer_cert {
-                let now_ms = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                let now_ms = crate::scheduler::now_ms();
                 let certs = self.certs.read().unwrap_or_else(|e| e.into_inner());
                 return match certs.get(&digest_bytes(der)) {
                     // TLS checked its validity at the handshake; a resumed
@@ -535,9 +533,7 @@ pub fn caller<T>(request: &tonic::Request<T>) -> Result<Arc<Caller>, Status> {
 /// Records what a call named, for its audit entry.
 pub fn note<T>(request: &tonic::Request<T>, target: impl Into<String>) {
     if let Some(n) = request.extensions().get::<AuditNote>() {
-        let target: String = target.into();
-        *n.0.lock().unwrap_or_else(|e| e.into_inner()) =
-            truncate(&target, MAX_TARGET_BYTES).into_owned();
+        n.set(&target.into());
     }
 }
 

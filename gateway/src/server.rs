@@ -98,7 +98,7 @@ pub async fn start_with(
         Some((tls, signer)) => (Some(tls), signer),
         None => (None, None),
     };
-    let serve = match tls {
+    let serve = match tls.clone() {
         Some(tls) => tokio::spawn(
             router.serve_with_incoming_shutdown(peloton_tls::tls_incoming(listener, tls), stopped),
         ),
@@ -109,7 +109,7 @@ pub async fn start_with(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
     };
-    match opened(config, addr, role.clone(), &gate, signer).await {
+    match opened(config, addr, role.clone(), &gate, tls, signer).await {
         Ok(mut server) => {
             server.stop = Some(stop);
             server.serve = Some(serve);
@@ -318,6 +318,7 @@ async fn opened(
     addr: SocketAddr,
     role: Arc<Role>,
     gate: &Gate,
+    tls: Option<Arc<peloton_tls::rustls::ServerConfig>>,
     signer: Option<Arc<peloton_tls::Pki>>,
 ) -> anyhow::Result<Server> {
     let (store, lease) = {
@@ -520,10 +521,7 @@ async fn opened(
         mirror.mount(routes.into_axum_router()),
     ));
     // The server's own certificate (made for the gRPC address).
-    let metrics_tls = match config.metrics_tls {
-        true => tls_config(config, addr)?.map(|(tls, _)| tls),
-        false => None,
-    };
+    let metrics_tls = tls.filter(|_| config.metrics_tls);
     let (metrics_addr, metrics_task) = match config.metrics_listen {
         Some(at) => {
             let listener = tokio::net::TcpListener::bind(at)

@@ -108,16 +108,6 @@ impl pb::access_service_server::AccessService for Api {
             }
             d => d,
         };
-        if r.csr_pem.len() > peloton_tls::MAX_CSR_PEM_BYTES {
-            return Err(crate::convert::invalid(
-                "csr_pem",
-                format!(
-                    "{} bytes; at most {}",
-                    r.csr_pem.len(),
-                    peloton_tls::MAX_CSR_PEM_BYTES
-                ),
-            ));
-        }
         // Signing takes a fraction of a millisecond: done here, not in the
         // loop. A certificate the loop does not record is never returned.
         let cert = signer

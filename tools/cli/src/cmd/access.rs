@@ -124,7 +124,7 @@ async fn issue_certificate(
     }
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let request = peloton_tls::user_csr(&name).context("making a key and a request")?;
-    write_private(&key_path, request.key_pem.as_bytes())?;
+    write_new(&key_path, request.key_pem.as_bytes(), 0o600)?;
     let issued = client
         .issue_certificate(IssueCertificateRequest {
             name: name.clone(),
@@ -190,12 +190,6 @@ fn refused_outright(code: Code) -> bool {
             | Code::AlreadyExists
             | Code::Unimplemented
     )
-}
-
-/// Writes a private file (mode 0600), which must not exist yet; a file
-/// half written is removed.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_new(path, bytes, 0o600)
 }
 
 /// Writes a new file with `mode` (never one that exists); a file half
