@@ -224,6 +224,14 @@ pub struct HostArena {
     by_state: [RoaringBitmap; 3],
     gpu_hosts: RoaringBitmap,
     live_hosts: RoaringBitmap,
+    /// Which arena this is (0: made by `default`), so that a placer keeping
+    /// state between batches knows the hosts it saw.
+    id: u64,
+    /// Slots changed since the last [`HostArena::take_changes`] (free
+    /// resources, devices, ports, state, attributes, liveness), each once;
+    /// at most one entry per slot.
+    changed: Vec<u32>,
+    changed_bits: Vec<u64>,
 }
 
 impl HostArena {
@@ -233,10 +241,43 @@ impl HostArena {
             limits.max_hosts <= u32::MAX as usize,
             "max_hosts fits in u32"
         );
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         HostArena {
             limits,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..Default::default()
         }
+    }
+
+    /// This arena's identity (unique per [`HostArena::new`]; 0 for one made
+    /// by `default`).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Notes that the host in `slot` changed (see [`HostArena::take_changes`]).
+    #[inline]
+    fn mark(&mut self, slot: usize) {
+        let (w, b) = (slot / 64, slot % 64);
+        if self.changed_bits.len() <= w {
+            self.changed_bits.resize(w + 1, 0);
+        }
+        if self.changed_bits[w] >> b & 1 == 0 {
+            self.changed_bits[w] |= 1 << b;
+            self.changed.push(slot as u32);
+        }
+    }
+
+    /// Hands each slot changed since the last call to `each` (in the order
+    /// of their first change, each once) and forgets them: what a placer
+    /// keeping scored hosts between batches must look at again.
+    pub fn take_changes(&mut self, mut each: impl FnMut(u32)) {
+        for &slot in &self.changed {
+            let (w, b) = (slot as usize / 64, slot % 64);
+            self.changed_bits[w] &= !(1 << b);
+            each(slot);
+        }
+        self.changed.clear();
     }
 
     /// Number of live hosts.
@@ -470,6 +511,7 @@ impl HostArena {
         self.by_name.insert(spec.name.as_str().into(), slot);
         self.n_live += 1;
         self.index_insert(i);
+        self.mark(i);
         Ok(self.id_of(slot))
     }
 
@@ -533,6 +575,7 @@ impl HostArena {
         self.ports_free[i] = spec.ports - ports_in_use;
         self.attributes[i] = attributes;
         self.index_insert(i);
+        self.mark(i);
         Ok(())
     }
 
@@ -542,6 +585,7 @@ impl HostArena {
         self.by_state[self.state[i] as usize].remove(i as u32);
         self.state[i] = state;
         self.by_state[state as usize].insert(i as u32);
+        self.mark(i);
         Ok(())
     }
 
@@ -558,6 +602,7 @@ impl HostArena {
         self.index_remove(i);
         self.by_name.remove(&self.name[i]);
         self.live[i] = false;
+        self.mark(i);
         self.name[i] = "".into();
         self.attributes[i] = Box::new([]);
         for d in 0..N_DIMS {
@@ -687,6 +732,7 @@ impl HostArena {
             self.free[d][slot] -= request.0[d];
         }
         self.ports_free[slot] -= ports;
+        self.mark(slot);
         Ok(grant)
     }
 
@@ -714,6 +760,7 @@ impl HostArena {
             self.free[d][slot] -= amount.0[d];
         }
         self.reserved[slot].add_assign(amount);
+        self.mark(slot);
         Ok(())
     }
 
@@ -728,6 +775,7 @@ impl HostArena {
         for d in 0..N_DIMS {
             self.free[d][slot] += amount.0[d];
         }
+        self.mark(slot);
     }
 
     /// Returns what [`HostArena::allocate`] took. Panics if it was not taken
@@ -754,6 +802,7 @@ impl HostArena {
             }
         }
         assert_eq!(returned, request[Dim::Gpu], "the grant matches the request");
+        self.mark(slot);
     }
 
     fn intern_attributes(&mut self, spec: &HostSpec) -> Box<[(Sym, Sym)]> {

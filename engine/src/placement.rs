@@ -72,6 +72,10 @@ pub struct PlacementConfig {
     /// Results do not depend on it, only the work does; tests set it low so
     /// that small clusters take the paths of large ones.
     pub shape_prefix_min: usize,
+    /// Shapes are kept from one batch to the next, brought up to date with
+    /// the hosts changed in between (default: yes). Results do not depend
+    /// on it, only the work does.
+    pub keep_shapes: bool,
 }
 
 /// Default of [`PlacementConfig::shape_prefix_min`].
@@ -85,6 +89,7 @@ impl Default for PlacementConfig {
             parallel_min_candidates: PARALLEL_MIN_CANDIDATES,
             gpu_frag_for_gpu_tasks: true,
             shape_prefix_min: SHAPE_PREFIX_MIN,
+            keep_shapes: true,
         }
     }
 }
@@ -395,10 +400,14 @@ pub struct Placer {
     /// Live and up hosts, as words (for reasons).
     live_words: Vec<u64>,
     up_words: Vec<u64>,
-    /// Per shape of class (see `fill_heap`): its best hosts, sorted.
+    /// Per shape of class (see `fill_heap`): its best hosts, sorted. Kept
+    /// between batches for the arena `arena` (0: none).
     shapes: FxHashMap<ShapeKey, Shape>,
-    /// Hosts changed in this batch, in order (a host at most once between
-    /// two `fill_heap` calls); per host, 1 + the index of its latest entry
+    arena: u64,
+    /// Hosts changed, in order (a host at most once between two `fill_heap`
+    /// calls), since the shapes were last all dropped (kept between batches
+    /// with the shapes; the hosts changed between batches are appended at
+    /// the start of a batch); per host, 1 + the index of its latest entry
     /// (0: unchanged), and the `class_no` it was last logged in.
     change_log: Vec<u32>,
     changed_at: Vec<u32>,
@@ -412,13 +421,18 @@ pub struct Placer {
     stats: PlacementStats,
     /// Scratch for shapes: their host mask and scored hosts.
     shape_mask: Vec<u64>,
-    /// Scratch: a refreshed prefix being merged.
-    merged: Vec<(u64, u32)>,
     scored: Vec<Reverse<(u64, u32)>>,
+    /// Scratch: one list per part of a parallel scan, kept (with their
+    /// room) between scans so that a scan allocates nothing.
+    parts: Vec<Vec<Reverse<(u64, u32)>>>,
+    /// Prefix lists of the last batch's shapes, reused by this batch's.
+    spare_prefixes: Vec<Vec<(u64, u32)>>,
     /// Scratch: the batch's tasks for the GPU mix learner.
     learn: Vec<TaskHandle>,
     /// Scratch: task indices seen in the batch being validated.
     seen: Vec<u64>,
+    /// Scratch: hosts changed between batches.
+    seen_hosts: Vec<u32>,
     /// The `gpu_frag` score's compiled mix and memo.
     frag: crate::gpufrag::FragModel,
     /// The mix set by the caller (none: learned from the tasks seen).
@@ -462,7 +476,21 @@ impl Placer {
     pub fn set_gpu_mix(&mut self, mix: Option<crate::gpufrag::GpuMix>) {
         let compiled = mix.clone().unwrap_or_else(|| self.learner.mix());
         self.frag.set_mix(&compiled);
+        self.drop_frag_shapes();
         self.given_mix = mix;
+    }
+
+    /// Drops the shapes scored by `gpu_frag` (their scores depend on the
+    /// mix, which changed).
+    fn drop_frag_shapes(&mut self) {
+        let spare = &mut self.spare_prefixes;
+        self.shapes.retain(|key, shape| {
+            if key.strategy == Strategy::GpuFrag {
+                spare.push(std::mem::take(&mut shape.prefix));
+                return false;
+            }
+            true
+        });
     }
 
     /// The mix the `gpu_frag` score used in the last batch.
@@ -477,6 +505,7 @@ impl Placer {
             && (self.learner.due() || (self.frag.is_empty() && self.learner.since_built > 0))
         {
             self.frag.set_mix(&self.learner.mix());
+            self.drop_frag_shapes();
             self.learner.since_built = 0;
         }
     }
@@ -711,13 +740,7 @@ impl Placer {
             &mut self.up_words,
         );
         self.constraint_words.clear();
-        self.shapes.clear();
-        self.change_log.clear();
-        self.changed_at.clear();
-        self.changed_at.resize(hosts.n_slots(), 0);
-        self.stamp.clear();
-        self.stamp.resize(hosts.n_slots(), 0);
-        self.class_no = 1;
+        self.start_change_log(hosts);
         self.reason_memo.clear();
         self.stats = PlacementStats::default();
         for &task in pinned.iter() {
@@ -735,7 +758,65 @@ impl Placer {
             self.place_class(hosts, tasks, constraints, key, members, now_ms, out);
         }
         self.bump = bump;
+        // Every change this batch made went through `touch`, so the
+        // arena's list of changes holds nothing the log does not.
+        let changed_at = &self.changed_at;
+        hosts.take_changes(|slot| {
+            debug_assert!(
+                changed_at.get(slot as usize).is_none_or(|&at| at > 0),
+                "host {slot} changed in the batch without a log entry"
+            );
+        });
+        self.arena = hosts.id();
         Ok(())
+    }
+
+    /// Readies the change log for a batch. Shapes are kept when they were
+    /// made for these hosts (and the options allow): the hosts changed since
+    /// the last batch are logged, as changes within a batch are, so each
+    /// shape is brought up to date when next used. Otherwise every shape is
+    /// dropped and the log starts empty. A long log is cut by half, dropping
+    /// the shapes older than the cut.
+    fn start_change_log(&mut self, hosts: &mut HostArena) {
+        let n_slots = hosts.n_slots();
+        let keep = self.config.keep_shapes && self.arena != 0 && self.arena == hosts.id();
+        if !keep {
+            // Their lists are kept for the next shapes.
+            self.spare_prefixes
+                .extend(self.shapes.drain().map(|(_, shape)| shape.prefix));
+            self.change_log.clear();
+            self.changed_at.clear();
+            self.stamp.clear();
+            self.class_no = 1;
+            hosts.take_changes(|_| {});
+        } else if self.change_log.len() > LOG_CUT_AT.max(16 * n_slots) {
+            let cut = (self.change_log.len() / 2) as u32;
+            let spare = &mut self.spare_prefixes;
+            self.shapes.retain(|_, shape| {
+                if shape.built_at < cut {
+                    spare.push(std::mem::take(&mut shape.prefix));
+                    return false;
+                }
+                shape.built_at -= cut;
+                true
+            });
+            self.change_log.drain(..cut as usize);
+            for at in &mut self.changed_at {
+                *at = at.saturating_sub(cut);
+            }
+        }
+        self.changed_at
+            .resize(n_slots.max(self.changed_at.len()), 0);
+        self.stamp.resize(n_slots.max(self.stamp.len()), 0);
+        // A new window: each host changed since the last batch gets an entry.
+        self.class_no = self.class_no.wrapping_add(1);
+        let mut changed = std::mem::take(&mut self.seen_hosts);
+        changed.clear();
+        hosts.take_changes(|slot| changed.push(slot));
+        for &slot in &changed {
+            self.touch(slot);
+        }
+        self.seen_hosts = changed;
     }
 
     /// Checks task `index` of the batch (live, not placed, listed once, a
@@ -1085,6 +1166,15 @@ impl Placer {
                 self.build_shape(hosts, key, shape_key, k);
                 built = true;
             }
+            // After many more changes than hosts (a shape kept from batches
+            // ago) a scan costs less than going through them.
+            Some(shape)
+                if self.change_log.len() - shape.built_at as usize
+                    > (2 * hosts.n_slots()).max(STALE_MIN) =>
+            {
+                self.build_shape(hosts, key, shape_key, k);
+                built = true;
+            }
             // Changed hosts are rescored for every class until there are
             // enough of them to fold into the prefix once.
             Some(shape)
@@ -1120,7 +1210,9 @@ impl Placer {
                 // Past the prefix: every candidate is scanned.
                 self.stats.full_scans += 1;
                 entries.clear();
-                self.scan_into(hosts, key, &self.mask, &mut entries);
+                let mut parts = std::mem::take(&mut self.parts);
+                self.scan_into(hosts, key, &self.mask, &mut entries, &mut parts);
+                self.parts = parts;
             } else {
                 // Hosts changed since the prefix was brought up to date,
                 // each once (at its latest log entry).
@@ -1187,36 +1279,33 @@ impl Placer {
         }
         if !fresh.is_empty() {
             fresh.sort_unstable_by_key(|r| r.0);
-            let old = std::mem::take(&mut shape.prefix);
-            // The merge goes to the scratch list; the old prefix becomes
-            // the next scratch (no allocation once both have grown).
-            let mut merged = std::mem::take(&mut self.merged);
-            merged.clear();
-            let (mut a, mut b) = (old.iter().peekable(), fresh.iter().map(|r| r.0).peekable());
-            loop {
-                match (a.peek(), b.peek()) {
-                    (Some(&&x), Some(&y)) => {
-                        if x <= y {
-                            merged.push(x);
-                            a.next();
-                        } else {
-                            merged.push(y);
-                            b.next();
-                        }
-                    }
-                    (Some(&&x), None) => {
-                        merged.push(x);
-                        a.next();
-                    }
-                    (None, Some(&y)) => {
-                        merged.push(y);
-                        b.next();
-                    }
-                    (None, None) => break,
+            // Merged in place from the back: the prefix grows by the fresh
+            // entries and nothing else is allocated. Keys are unique (a
+            // changed host left the prefix above), so the order is total.
+            let prefix = &mut shape.prefix;
+            let (mut i, mut j) = (prefix.len(), fresh.len());
+            prefix.resize(i + j, (0, 0));
+            let mut at = prefix.len();
+            while j > 0 {
+                at -= 1;
+                if i > 0 && prefix[i - 1] > fresh[j - 1].0 {
+                    prefix[at] = prefix[i - 1];
+                    i -= 1;
+                } else {
+                    prefix[at] = fresh[j - 1].0;
+                    j -= 1;
                 }
             }
-            shape.prefix = merged;
-            self.merged = old;
+            // Hosts that got better (a task lowers a `pack` score) join the
+            // prefix; past twice its built size it is cut back to that size.
+            // Every host cut scores above the new bound, and every host
+            // outside scored above the old one, so the promise holds.
+            let keep = shape.built_len.max(1);
+            if prefix.len() > 2 * keep {
+                prefix.truncate(keep);
+                shape.bound = prefix[keep - 1];
+                shape.complete = false;
+            }
         }
         shape.built_at = log_len;
         self.scored = fresh;
@@ -1238,14 +1327,19 @@ impl Placer {
         self.stats.shape_builds += 1;
         let mut mask = std::mem::take(&mut self.shape_mask);
         self.open_by_rules(&shape_key, &mut mask);
-        let mut shape = self.shapes.remove(&shape_key).unwrap_or_default();
+        let mut shape = self.shapes.remove(&shape_key).unwrap_or_else(|| Shape {
+            prefix: self.spare_prefixes.pop().unwrap_or_default(),
+            ..Shape::default()
+        });
         let mut entries = std::mem::take(&mut shape.prefix);
         entries.clear();
         let mut scored = std::mem::take(&mut self.scored);
         scored.clear();
         // The shape's hosts, whatever the constraint and per-host limit.
         let shape_class = key.shape_class();
-        self.scan_into(hosts, &shape_class, &mask, &mut scored);
+        let mut parts = std::mem::take(&mut self.parts);
+        self.scan_into(hosts, &shape_class, &mask, &mut scored, &mut parts);
+        self.parts = parts;
         let keep = (4 * k).max(self.config.shape_prefix_min.max(1));
         shape.complete = scored.len() <= keep;
         if !shape.complete {
@@ -1274,6 +1368,7 @@ impl Placer {
         key: &ClassKey,
         mask: &[u64],
         entries: &mut Vec<Reverse<(u64, u32)>>,
+        parts: &mut Vec<Vec<Reverse<(u64, u32)>>>,
     ) {
         let gpu_aware = self.config.gpu_aware;
         let frag = &self.frag;
@@ -1306,18 +1401,18 @@ impl Placer {
             Some(threads) => {
                 let n_parts = threads.current_num_threads() * 4;
                 let per = n_words.div_ceil(n_parts).max(1);
-                let parts: Vec<Vec<Reverse<(u64, u32)>>> = threads.install(|| {
-                    (0..n_parts)
-                        .into_par_iter()
-                        .map(|i| {
-                            let mut part = Vec::new();
+                parts.resize_with(n_parts, Vec::new);
+                threads.install(|| {
+                    parts[..n_parts]
+                        .par_iter_mut()
+                        .enumerate()
+                        .for_each(|(i, part)| {
+                            part.clear();
                             let lo = (i * per).min(n_words);
-                            scan(lo..(lo + per).min(n_words), &mut part);
-                            part
-                        })
-                        .collect()
+                            scan(lo..(lo + per).min(n_words), part);
+                        });
                 });
-                for part in &parts {
+                for part in &parts[..n_parts] {
                     entries.extend_from_slice(part);
                 }
             }
@@ -1749,6 +1844,14 @@ pub(crate) fn keep_unused_reservation(
         reservations.insert(owner, (slot, rest));
     }
 }
+
+/// A change log longer than this (or four entries per host slot) is cut
+/// by half at the start of a batch.
+const LOG_CUT_AT: usize = 1 << 22;
+
+/// Fewest changes after which a shape is built again rather than brought
+/// up to date (for small clusters, where both are cheap).
+const STALE_MIN: usize = 4096;
 
 /// Default size from which candidate sets are scored in parallel.
 const PARALLEL_MIN_CANDIDATES: u64 = 4096;

@@ -727,3 +727,174 @@ fn placement_is_identical_on_one_and_two_threads() {
         assert_eq!(one, two, "{strategy}");
     }
 }
+
+/// One world of the kept-shapes test: hosts, tasks and a placer.
+struct World {
+    hosts: HostArena,
+    tasks: TaskArena,
+    constraints: ConstraintTable,
+    ids: Vec<u32>,
+    placer: Placer,
+    placed: Vec<TaskHandle>,
+}
+
+impl World {
+    fn new(seed: u64, n_hosts: usize, config: PlacementConfig) -> World {
+        let mut rng = Rng::new(seed);
+        let mut hosts = HostArena::new(HostLimits::default());
+        for i in 0..n_hosts {
+            hosts.add(&random_host(&mut rng, i)).unwrap();
+        }
+        let mut constraints = ConstraintTable::new();
+        let ids = CONSTRAINTS
+            .iter()
+            .map(|c| constraints.intern(c, hosts.interner_mut()).unwrap())
+            .collect();
+        World {
+            hosts,
+            tasks: TaskArena::new(100_000),
+            constraints,
+            ids,
+            placer: Placer::new(config),
+            placed: Vec::new(),
+        }
+    }
+
+    /// Places a batch of these specs: where each task went (or its
+    /// reason's counts).
+    fn place(&mut self, specs: &[TaskSpec]) -> Vec<Result<u32, Vec<(Check, u32)>>> {
+        let batch: Vec<TaskHandle> = specs.iter().map(|s| self.tasks.add(s).unwrap()).collect();
+        let mut out = PlacementResult::default();
+        self.placer
+            .place(
+                &mut self.hosts,
+                &mut self.tasks,
+                &self.constraints,
+                &batch,
+                0,
+                &mut out,
+            )
+            .unwrap();
+        check_invariants(&self.hosts, &self.tasks);
+        let mut got = vec![Err(Vec::new()); batch.len()];
+        for p in &out.placed {
+            got[batch.iter().position(|&t| t == p.task).unwrap()] = Ok(p.host);
+            self.placed.push(p.task);
+        }
+        for u in &out.unplaced {
+            got[batch.iter().position(|&t| t == u.task).unwrap()] =
+                Err(out.reason_of(u).counts.clone());
+        }
+        got
+    }
+
+    /// Applies one change between batches, drawn from `op`.
+    fn change(&mut self, op: u64, pick: u64, n: u64) {
+        let n_slots = self.hosts.n_slots();
+        let slot = (pick as usize) % n_slots.max(1);
+        match op {
+            // A placed task ends.
+            0..=3 if !self.placed.is_empty() => {
+                let task = self.placed.swap_remove(pick as usize % self.placed.len());
+                self.placer
+                    .unplace(&mut self.hosts, &mut self.tasks, task)
+                    .unwrap();
+            }
+            4 | 10 | 11 => {
+                if let Some(id) = self.hosts.lookup_slot(slot) {
+                    let state =
+                        [HostState::Up, HostState::Draining, HostState::Down][n as usize % 3];
+                    self.hosts.set_state(id, state).unwrap();
+                }
+            }
+            5 => {
+                // New capacity or attributes (refused while in use).
+                if let Some(id) = self.hosts.lookup_slot(slot) {
+                    let mut spec = random_host(&mut Rng::new(n), slot);
+                    spec.name = self.hosts.name(id).to_owned();
+                    let _ = self.hosts.update(id, &spec);
+                }
+            }
+            6 => {
+                let _ = self
+                    .hosts
+                    .add(&random_host(&mut Rng::new(n), 1000 + n as usize % 50));
+            }
+            7 => {
+                if let Some(id) = self.hosts.lookup_slot(slot) {
+                    let _ = self.hosts.remove(id);
+                }
+            }
+            8 => {
+                if self.hosts.lookup_slot(slot).is_some() {
+                    let _ = self
+                        .hosts
+                        .reserve(slot, &Resources::new(500 * (n % 4), 512 * (n % 3), 0, 0));
+                }
+            }
+            _ => {
+                let reserved = self.hosts.reserved(slot);
+                if self.hosts.lookup_slot(slot).is_some() && !reserved.is_zero() {
+                    self.hosts.unreserve(slot, &reserved);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Shapes kept from batch to batch, brought up to date with the hosts
+    /// that changed in between (tasks ending, hosts going down, changing,
+    /// coming and going, reservations), place exactly as shapes made afresh
+    /// for every batch (which the test above checks against the brute-force
+    /// reference), for every strategy, with and without `gpu_frag`.
+    #[test]
+    fn kept_shapes_place_as_fresh_ones_across_batches(
+        seed in any::<u64>(),
+        n_hosts in 1usize..40,
+        rounds in 2usize..8,
+        gpu_frag in any::<bool>(),
+    ) {
+        let mut rng = Rng::new(seed);
+        let shape_prefix_min = [1, 2, 3, 5, 8, 4096][rng.below(6) as usize];
+        let config = PlacementConfig { gpu_frag_for_gpu_tasks: gpu_frag, shape_prefix_min, ..Default::default() };
+        let mut kept = World::new(seed, n_hosts, config);
+        let mut fresh = World::new(seed, n_hosts, PlacementConfig { keep_shapes: false, ..config });
+        let shapes: Vec<TaskSpec> = (0..6).map(|job| TaskSpec {
+            job,
+            limit_key: job,
+            request: Resources::new(rng.range(1, 8) * 500, rng.range(1, 16) * 512, 0,
+                if rng.chance(0.3) { [250, 500, 1000, 2000][rng.below(4) as usize] } else { 0 }),
+            ports: rng.range(0, 2) as u16,
+            constraint: kept.ids[rng.below(kept.ids.len() as u64) as usize],
+            strategy: [Strategy::Pack, Strategy::Spread, Strategy::FirstFit, Strategy::GpuFrag][rng.below(4) as usize],
+            max_per_host: if rng.chance(0.2) { 1 } else { 0 },
+            flags: if rng.chance(0.2) { flags::MAY_USE_GPU_HOSTS } else { 0 },
+            gang: NO_GANG,
+            ..Default::default()
+        }).collect();
+        let mut instance = 0;
+        for round in 0..rounds {
+            let n_tasks = rng.range(1, 60) as usize;
+            let specs: Vec<TaskSpec> = (0..n_tasks).map(|_| {
+                let mut spec = shapes[rng.below(shapes.len() as u64) as usize];
+                spec.instance = instance;
+                instance += 1;
+                if rng.chance(0.03) {
+                    spec.gang = rng.below(3) as u32;
+                }
+                spec
+            }).collect();
+            let want = fresh.place(&specs);
+            let got = kept.place(&specs);
+            prop_assert_eq!(got, want, "round {}", round);
+            for _ in 0..rng.range(0, 40) {
+                let (op, pick, n) = (rng.below(12), rng.below(1 << 20), rng.below(1 << 20));
+                kept.change(op, pick, n);
+                fresh.change(op, pick, n);
+            }
+        }
+    }
+}
