@@ -1179,7 +1179,7 @@ impl Placer {
             // enough of them to fold into the prefix once.
             Some(shape)
                 if self.change_log.len() - shape.built_at as usize
-                    > (shape.prefix.len() / 8).max(self.config.shape_prefix_min / 64) =>
+                    > (shape.prefix.len() / 4).max(self.config.shape_prefix_min / 64) =>
             {
                 self.refresh_shape(hosts, key, shape_key);
             }
@@ -1760,12 +1760,13 @@ impl Placer {
             if r == 0 {
                 continue;
             }
+            let has = columns.has_words(w, &key.request, u32::from(key.ports));
             for d in Dim::ALL {
-                let short = r & !columns.has_word(w, d, key.request[d]);
+                let short = r & !has[d.idx()];
                 counts[Check::Insufficient(d).index()] += ones(short);
                 r &= !short;
             }
-            let short = r & !columns.ports_word(w, u32::from(key.ports));
+            let short = r & !has[4];
             counts[Check::Ports.index()] += ones(short);
             r &= !short;
             if key.request[Dim::Gpu] > 0 {

@@ -100,6 +100,36 @@ impl<'a> FitColumns<'a> {
 }
 
 impl FitColumns<'_> {
+    /// Per column — cpu, memory, disk, GPU, then ports — bit `j` set when
+    /// host `64 * word + j` has the request's amount free: all five masks
+    /// from one pass over the block (what a reason counts).
+    #[inline]
+    pub fn has_words(&self, word: usize, request: &Resources, ports: u32) -> [u64; 5] {
+        let lo = word * 64;
+        let hi = (lo + 64).min(self.ports.len());
+        if hi - lo == 64 {
+            let free = [0, 1, 2, 3].map(|d| self.free[d][lo..hi].try_into().expect("64 slots"));
+            let ports_free = self.ports[lo..hi].try_into().expect("64 slots");
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                #[allow(unsafe_code)]
+                // SAFETY: the CPU has AVX2 (checked at run time), all the
+                // function's target feature asks for.
+                return unsafe { has_block_avx2(free, ports_free, request, ports) };
+            }
+            has_block_portable(free, ports_free, request, ports)
+        } else {
+            let mut out = [0u64; 5];
+            for s in lo..hi {
+                for (d, column) in self.free.iter().enumerate() {
+                    out[d] |= u64::from(column[s] >= request.0[d]) << (s - lo);
+                }
+                out[4] |= u64::from(self.ports[s] >= ports) << (s - lo);
+            }
+            out
+        }
+    }
+
     /// Bit `j` set when host `64 * word + j` has `amount` of `dim` free.
     pub fn has_word(&self, word: usize, dim: Dim, amount: u64) -> u64 {
         at_least(block(self.free[dim.idx()], word), amount)
@@ -207,6 +237,32 @@ fn fit_block_avx2<const N: usize>(
     fit_block_portable(free, ports, request, want_ports)
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn has_block_avx2(
+    free: [&[u64; 64]; 4],
+    ports: &[u32; 64],
+    request: &Resources,
+    want_ports: u32,
+) -> [u64; 5] {
+    has_block_portable(free, ports, request, want_ports)
+}
+
+#[inline(always)]
+fn has_block_portable(
+    free: [&[u64; 64]; 4],
+    ports: &[u32; 64],
+    request: &Resources,
+    want_ports: u32,
+) -> [u64; 5] {
+    let mut out = [0u64; 5];
+    for (d, column) in free.iter().enumerate() {
+        out[d] = at_least_block(column, request.0[d]);
+    }
+    out[4] = at_least_block(ports, want_ports);
+    out
+}
+
 #[inline(always)]
 fn fit_block_portable<const N: usize>(
     free: [&[u64; N]; 4],
@@ -254,6 +310,13 @@ mod tests {
                 fit_block(free, &small, &request, a32),
                 fit_block_portable(free, &small, &request, a32)
             );
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2() {
+                #[allow(unsafe_code)]
+                // SAFETY: the CPU has AVX2.
+                let vector = unsafe { has_block_avx2(free, &small, &request, a32) };
+                assert_eq!(vector, has_block_portable(free, &small, &request, a32));
+            }
         }
     }
 
@@ -289,6 +352,11 @@ mod tests {
             let ports = rng.range(0, 4) as u32;
             for w in 0..n_words(hosts.n_slots()) {
                 let bits = cols.fit_word(w, &request, ports);
+                let has = cols.has_words(w, &request, ports);
+                for d in Dim::ALL {
+                    assert_eq!(has[d.idx()], cols.has_word(w, d, request[d]));
+                }
+                assert_eq!(has[4], cols.ports_word(w, ports));
                 for j in 0..64 {
                     let s = w * 64 + j;
                     if s < hosts.n_slots() {
