@@ -624,12 +624,14 @@ impl Placer {
         let mut last: Option<(ClassKey, u32)> = None;
         let mut refused = None;
         for (i, &task) in batch.iter().enumerate() {
-            let spec = match self.check_task(tasks, constraints, i, task) {
-                Ok(spec) => spec,
-                Err(e) => {
-                    refused = Some(e);
-                    break;
-                }
+            // The checks of `check_task` without building its error; it
+            // runs only to say what is wrong.
+            let Some(spec) = self.task_ok(tasks, constraints, task) else {
+                refused = Some(
+                    self.check_task(tasks, constraints, i, task)
+                        .expect_err("task_ok found a problem"),
+                );
+                break;
             };
             uses_frag |= self.effective(spec.strategy, &spec.request) == Strategy::GpuFrag;
             // Without a given mix, it is learned from the tasks that ask for
@@ -817,6 +819,31 @@ impl Placer {
             self.touch(slot);
         }
         self.seen_hosts = changed;
+    }
+
+    /// The task's spec if it passes every check of [`Placer::check_task`]
+    /// (marking it in `seen`); `None`, marking nothing, if it fails one.
+    #[inline]
+    fn task_ok(
+        &mut self,
+        tasks: &TaskArena,
+        constraints: &ConstraintTable,
+        task: TaskHandle,
+    ) -> Option<crate::task::TaskSpec> {
+        let spec = tasks.spec(task).ok()?;
+        let i = task.idx() as u32;
+        let gpu = spec.request[Dim::Gpu];
+        let ok = tasks.state(task) != Ok(TaskState::Placed)
+            && !crate::scan::bit(&self.seen, i)
+            && (gpu <= MILLI_GPUS_PER_DEVICE || gpu.is_multiple_of(MILLI_GPUS_PER_DEVICE))
+            && gpu <= MAX_GPU_DEVICES as u64 * MILLI_GPUS_PER_DEVICE
+            && (spec.request[Dim::Cpu] > 0 || spec.request[Dim::Memory] > 0)
+            && constraints.get(spec.constraint).is_some();
+        if !ok {
+            return None;
+        }
+        crate::scan::set_bit(&mut self.seen, i, true);
+        Some(spec)
     }
 
     /// Checks task `index` of the batch (live, not placed, listed once, a
