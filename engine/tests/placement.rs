@@ -728,6 +728,106 @@ fn placement_is_identical_on_one_and_two_threads() {
     }
 }
 
+#[test]
+fn every_bad_task_refuses_the_batch_naming_it_and_changes_nothing() {
+    let mut env = Env::new();
+    env.host("a cpu=4 mem=8");
+    let good = env.tasks("3 x cpu=1 mem=1");
+    let placed = env.tasks("1 x cpu=1 mem=1");
+    env.place(&placed);
+    assert_eq!(env.hosts.free(0)[Dim::Cpu], 3000);
+    let bad = |env: &mut Env, spec: TaskSpec| {
+        let t = env.tasks.add(&spec).unwrap();
+        env.tasks
+            .set_state(t, peloton_engine::task::TaskState::Admitted)
+            .unwrap();
+        t
+    };
+    let base = TaskSpec {
+        request: Resources::new(1000, 1024, 0, 0),
+        ..Default::default()
+    };
+    let gone = bad(&mut env, base);
+    env.tasks.remove(gone).unwrap();
+    // Each goes second in a batch of the good tasks (the first of which
+    // it repeats, for the second case).
+    let cases: Vec<(TaskHandle, &str)> = vec![
+        (placed[0], "already placed"),
+        (good[0], "listed twice in the batch"),
+        (
+            bad(
+                &mut env,
+                TaskSpec {
+                    request: Resources::new(1000, 0, 0, 1500),
+                    ..base
+                },
+            ),
+            "1500 milli-GPUs: a request above one GPU",
+        ),
+        (
+            bad(
+                &mut env,
+                TaskSpec {
+                    request: Resources::new(1000, 0, 0, 17000),
+                    ..base
+                },
+            ),
+            "exceed the 16 devices",
+        ),
+        (
+            bad(
+                &mut env,
+                TaskSpec {
+                    request: Resources::new(0, 0, 0, 0),
+                    ..base
+                },
+            ),
+            "must request some cpu or memory",
+        ),
+        (
+            bad(
+                &mut env,
+                TaskSpec {
+                    constraint: 77,
+                    ..base
+                },
+            ),
+            "unknown constraint 77",
+        ),
+        (gone, ""),
+    ];
+    let free = env.hosts.free(0);
+    for (task, words) in cases {
+        let mut batch = good.clone();
+        batch.insert(1, task);
+        let mut out = PlacementResult::default();
+        let err = env
+            .placer
+            .place(
+                &mut env.hosts,
+                &mut env.tasks,
+                &env.constraints,
+                &batch,
+                0,
+                &mut out,
+            )
+            .expect_err(words);
+        match &err {
+            peloton_engine::placement::PlacementError::InvalidTask { index, problem } => {
+                assert_eq!(*index, 1, "{err}");
+                assert!(problem.contains(words), "{problem:?} should say {words:?}");
+            }
+            other => panic!("unexpected {other}"),
+        }
+        assert!(out.placed.is_empty() && out.unplaced.is_empty());
+        assert_eq!(env.hosts.free(0), free, "a refused batch changes nothing");
+    }
+    // The good tasks still place, each once (nothing stays marked as seen).
+    env.place(&good);
+    assert_eq!(env.hosts.free(0)[Dim::Cpu], 0);
+    check_invariants(&env.hosts, &env.tasks);
+}
+
 /// One world of the kept-shapes test: hosts, tasks and a placer.
 struct World {
     hosts: HostArena,
