@@ -633,7 +633,8 @@ impl Placer {
                 );
                 break;
             };
-            uses_frag |= self.effective(spec.strategy, &spec.request) == Strategy::GpuFrag;
+            let strategy = self.effective(spec.strategy, &spec.request);
+            uses_frag |= strategy == Strategy::GpuFrag;
             // Without a given mix, it is learned from the tasks that ask for
             // GPU hosts, each counted once (by arrival number), placed or not.
             if self.given_mix.is_none()
@@ -657,7 +658,7 @@ impl Placer {
                 self.gangs[g].1.push(task);
                 continue;
             }
-            let key = self.key_of(&spec);
+            let key = class_key(&spec, strategy);
             // Tasks of a job come together: most share the previous class.
             let class = match last {
                 Some((k, c)) if k == key => c as usize,
@@ -939,20 +940,7 @@ impl Placer {
     }
 
     fn key_of(&self, spec: &crate::task::TaskSpec) -> ClassKey {
-        ClassKey {
-            request: spec.request,
-            ports: spec.ports,
-            constraint: spec.constraint,
-            strategy: self.effective(spec.strategy, &spec.request),
-            limit_key: if spec.max_per_host > 0 {
-                spec.limit_key
-            } else {
-                u32::MAX
-            },
-            max_per_host: spec.max_per_host,
-            may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
-            desired_host: spec.desired_host,
-        }
+        class_key(spec, self.effective(spec.strategy, &spec.request))
     }
 
     /// Places one task with a desired host, using what is reserved for its
@@ -1749,6 +1737,7 @@ impl Placer {
         // The hosts left after the attribute checks, into `mask`.
         self.mask.clear();
         self.mask.resize(words, 0);
+        let constraint_words = (!everywhere).then(|| &self.constraint_words[&key.constraint]);
         for w in 0..words {
             let mut l = self.live_words[w];
             n_hosts += ones(l);
@@ -1763,10 +1752,9 @@ impl Placer {
             }
             let u = l & self.up_words[w];
             counts[Check::HostNotUp.index()] += ones(l & !u);
-            let mut r = if everywhere {
-                u
-            } else {
-                u & self.constraint_words[&key.constraint][w]
+            let mut r = match constraint_words {
+                None => u,
+                Some(c) => u & c[w],
             };
             counts[Check::Constraint.index()] += ones(u & !r);
             if !names_exclusive {
@@ -1829,6 +1817,25 @@ impl Placer {
             );
             self.constraint_words.insert(id, words);
         }
+    }
+}
+
+/// The class of a task placed with `strategy` (its effective one).
+#[inline]
+fn class_key(spec: &crate::task::TaskSpec, strategy: Strategy) -> ClassKey {
+    ClassKey {
+        request: spec.request,
+        ports: spec.ports,
+        constraint: spec.constraint,
+        strategy,
+        limit_key: if spec.max_per_host > 0 {
+            spec.limit_key
+        } else {
+            u32::MAX
+        },
+        max_per_host: spec.max_per_host,
+        may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
+        desired_host: spec.desired_host,
     }
 }
 
