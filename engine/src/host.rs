@@ -270,7 +270,10 @@ impl HostArena {
 
     /// Hands each slot changed since the last call to `each` (in the order
     /// of their first change, each once) and forgets them: what a placer
-    /// keeping scored hosts between batches must look at again.
+    /// keeping scored hosts between batches must look at again. There is one
+    /// consumer: the placer that places on this arena (the engine's). Two
+    /// placers taking changes from one arena would each miss what the
+    /// other took.
     pub fn take_changes(&mut self, mut each: impl FnMut(u32)) {
         for &slot in &self.changed {
             let (w, b) = (slot as usize / 64, slot % 64);

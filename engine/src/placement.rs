@@ -367,7 +367,10 @@ struct Shape {
 pub type Reservations = FxHashMap<(u32, u32), (u32, Resources)>;
 
 /// Placement state kept between batches: per-host instance counts of jobs
-/// with a per-host limit, and the constraint cache.
+/// with a per-host limit, the constraint cache, and the shapes (scored
+/// hosts) with the change log that keeps them exact. A placer keeps shapes
+/// only for the last arena it placed on, and must be the only placer on
+/// that arena (it consumes [`HostArena::take_changes`]).
 #[derive(Debug, Default)]
 pub struct Placer {
     config: PlacementConfig,
@@ -486,7 +489,7 @@ impl Placer {
         let spare = &mut self.spare_prefixes;
         self.shapes.retain(|key, shape| {
             if key.strategy == Strategy::GpuFrag {
-                spare.push(std::mem::take(&mut shape.prefix));
+                keep_spare(spare, std::mem::take(&mut shape.prefix));
                 return false;
             }
             true
@@ -785,8 +788,9 @@ impl Placer {
         let keep = self.config.keep_shapes && self.arena != 0 && self.arena == hosts.id();
         if !keep {
             // Their lists are kept for the next shapes.
-            self.spare_prefixes
-                .extend(self.shapes.drain().map(|(_, shape)| shape.prefix));
+            for (_, shape) in self.shapes.drain() {
+                keep_spare(&mut self.spare_prefixes, shape.prefix);
+            }
             self.change_log.clear();
             self.changed_at.clear();
             self.stamp.clear();
@@ -797,7 +801,7 @@ impl Placer {
             let spare = &mut self.spare_prefixes;
             self.shapes.retain(|_, shape| {
                 if shape.built_at < cut {
-                    spare.push(std::mem::take(&mut shape.prefix));
+                    keep_spare(spare, std::mem::take(&mut shape.prefix));
                     return false;
                 }
                 shape.built_at -= cut;
@@ -808,11 +812,22 @@ impl Placer {
                 *at = at.saturating_sub(cut);
             }
         }
+        // Shapes too stale to be brought up to date would be built again
+        // when used: they are dropped now rather than kept in memory.
+        let (log_len, stale) = (self.change_log.len(), stale_after(n_slots));
+        let spare = &mut self.spare_prefixes;
+        self.shapes.retain(|_, shape| {
+            if log_len - shape.built_at as usize > stale {
+                keep_spare(spare, std::mem::take(&mut shape.prefix));
+                return false;
+            }
+            true
+        });
         self.changed_at
             .resize(n_slots.max(self.changed_at.len()), 0);
         self.stamp.resize(n_slots.max(self.stamp.len()), 0);
         // A new window: each host changed since the last batch gets an entry.
-        self.class_no = self.class_no.wrapping_add(1);
+        self.next_window();
         let mut changed = std::mem::take(&mut self.seen_hosts);
         changed.clear();
         hosts.take_changes(|slot| changed.push(slot));
@@ -1172,7 +1187,7 @@ impl Placer {
     /// candidate instead. Either way the result is exactly what a scan of
     /// every candidate gives.
     fn fill_heap(&mut self, hosts: &HostArena, key: &ClassKey, shape_key: ShapeKey, k: usize) {
-        self.class_no = self.class_no.wrapping_add(1);
+        self.next_window();
         self.stats.heap_classes += 1;
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         let mut built = false;
@@ -1185,7 +1200,7 @@ impl Placer {
             // ago) a scan costs less than going through them.
             Some(shape)
                 if self.change_log.len() - shape.built_at as usize
-                    > (2 * hosts.n_slots()).max(STALE_MIN) =>
+                    > stale_after(hosts.n_slots()) =>
             {
                 self.build_shape(hosts, key, shape_key, k);
                 built = true;
@@ -1432,6 +1447,18 @@ impl Placer {
                 }
             }
             None => scan(0..n_words, entries),
+        }
+    }
+
+    /// Starts a new window of the change log (between two `fill_heap`
+    /// calls, a host gets at most one entry). Window numbers wrap: at 0 every
+    /// host's stamp is cleared, so an old stamp is never taken for the
+    /// current window.
+    fn next_window(&mut self) {
+        self.class_no = self.class_no.wrapping_add(1);
+        if self.class_no == 0 {
+            self.stamp.fill(0);
+            self.class_no = 1;
         }
     }
 
@@ -1880,13 +1907,29 @@ pub(crate) fn keep_unused_reservation(
     }
 }
 
-/// A change log longer than this (or four entries per host slot) is cut
-/// by half at the start of a batch.
+/// A change log longer than this (or 16 entries per host slot) is cut by
+/// half at the start of a batch.
 const LOG_CUT_AT: usize = 1 << 22;
 
-/// Fewest changes after which a shape is built again rather than brought
-/// up to date (for small clusters, where both are cheap).
-const STALE_MIN: usize = 4096;
+/// Changes since a shape was built after which it is built again rather
+/// than brought up to date: twice the host slots, and at least 4,096 (for
+/// small clusters, where both are cheap).
+fn stale_after(n_slots: usize) -> usize {
+    (2 * n_slots).max(4096)
+}
+
+/// Spare prefix lists kept for later shapes: at most this many, each of at
+/// most `SPARE_MAX_LEN` entries' room (a huge class's list is freed).
+const SPARE_MAX: usize = 512;
+const SPARE_MAX_LEN: usize = 1 << 16;
+
+/// Keeps a dropped shape's list for a later shape, within the bounds.
+fn keep_spare(spare: &mut Vec<Vec<(u64, u32)>>, mut list: Vec<(u64, u32)>) {
+    if spare.len() < SPARE_MAX && list.capacity() <= SPARE_MAX_LEN {
+        list.clear();
+        spare.push(list);
+    }
+}
 
 /// Default size from which candidate sets are scored in parallel.
 const PARALLEL_MIN_CANDIDATES: u64 = 4096;
