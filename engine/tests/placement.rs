@@ -486,6 +486,39 @@ impl Reference {
     }
 }
 
+/// A random job's task spec (request, ports, one of `constraints`, one of
+/// `strategies`), asking for GPUs and limited to one per host with the
+/// chances given.
+fn random_job_shape(
+    rng: &mut Rng,
+    job: u32,
+    constraints: &[u32],
+    strategies: &[Strategy],
+    (gpu_chance, limit_chance): (f64, f64),
+) -> TaskSpec {
+    let gpu = if rng.chance(gpu_chance) {
+        [250, 500, 1000, 2000][rng.below(4) as usize]
+    } else {
+        0
+    };
+    TaskSpec {
+        job,
+        limit_key: job,
+        request: Resources::new(rng.range(1, 8) * 500, rng.range(1, 16) * 512, 0, gpu),
+        ports: rng.range(0, 2) as u16,
+        constraint: constraints[rng.below(constraints.len() as u64) as usize],
+        strategy: strategies[rng.below(strategies.len() as u64) as usize],
+        max_per_host: if rng.chance(limit_chance) { 1 } else { 0 },
+        flags: if rng.chance(0.2) {
+            flags::MAY_USE_GPU_HOSTS
+        } else {
+            0
+        },
+        gang: NO_GANG,
+        ..Default::default()
+    }
+}
+
 fn random_host(rng: &mut Rng, i: usize) -> HostSpec {
     let gpus = if rng.chance(0.2) {
         rng.range(1, 8) as u8
@@ -558,19 +591,8 @@ proptest! {
         let mut batch = Vec::new();
         let mut specs = Vec::new();
         // A few job shapes, repeated, so classes have many tasks.
-        let shapes: Vec<TaskSpec> = (0..8).map(|job| TaskSpec {
-            job,
-            limit_key: job,
-            request: Resources::new(rng.range(1, 8) * 500, rng.range(1, 16) * 512, 0,
-                if rng.chance(0.25) { [250, 500, 1000, 2000][rng.below(4) as usize] } else { 0 }),
-            ports: rng.range(0, 2) as u16,
-            constraint: ids[rng.below(ids.len() as u64) as usize],
-            strategy: [Strategy::Pack, Strategy::Spread, Strategy::FirstFit][rng.below(3) as usize],
-            max_per_host: if rng.chance(0.3) { 1 } else { 0 },
-                flags: if rng.chance(0.2) { flags::MAY_USE_GPU_HOSTS } else { 0 },
-            gang: NO_GANG,
-            ..Default::default()
-        }).collect();
+        let strategies = [Strategy::Pack, Strategy::Spread, Strategy::FirstFit];
+        let shapes: Vec<TaskSpec> = (0..8).map(|job| random_job_shape(&mut rng, job, &ids, &strategies, (0.25, 0.3))).collect();
         for i in 0..n_tasks {
             let mut spec = shapes[rng.below(shapes.len() as u64) as usize];
             spec.instance = i as u32;
@@ -962,19 +984,8 @@ proptest! {
         let config = PlacementConfig { gpu_frag_for_gpu_tasks: gpu_frag, shape_prefix_min, ..Default::default() };
         let mut kept = World::new(seed, n_hosts, config);
         let mut fresh = World::new(seed, n_hosts, PlacementConfig { keep_shapes: false, ..config });
-        let shapes: Vec<TaskSpec> = (0..6).map(|job| TaskSpec {
-            job,
-            limit_key: job,
-            request: Resources::new(rng.range(1, 8) * 500, rng.range(1, 16) * 512, 0,
-                if rng.chance(0.3) { [250, 500, 1000, 2000][rng.below(4) as usize] } else { 0 }),
-            ports: rng.range(0, 2) as u16,
-            constraint: kept.ids[rng.below(kept.ids.len() as u64) as usize],
-            strategy: [Strategy::Pack, Strategy::Spread, Strategy::FirstFit, Strategy::GpuFrag][rng.below(4) as usize],
-            max_per_host: if rng.chance(0.2) { 1 } else { 0 },
-            flags: if rng.chance(0.2) { flags::MAY_USE_GPU_HOSTS } else { 0 },
-            gang: NO_GANG,
-            ..Default::default()
-        }).collect();
+        let strategies = [Strategy::Pack, Strategy::Spread, Strategy::FirstFit, Strategy::GpuFrag];
+        let shapes: Vec<TaskSpec> = (0..6).map(|job| random_job_shape(&mut rng, job, &kept.ids, &strategies, (0.3, 0.2))).collect();
         let mut instance = 0;
         for round in 0..rounds {
             let n_tasks = rng.range(1, 60) as usize;
