@@ -513,6 +513,12 @@ impl Lease {
                                 tracing::warn!(epoch, "the lease is renewed: leading again");
                             }
                         }
+                        // A graceful stop sets `stop` before it gives the
+                        // lease up, so a renewal that lost the lease to
+                        // the server taking over after it sees `stop` and
+                        // ends quietly (it is no deposition: an in-process
+                        // restart, in tests, would otherwise exit).
+                        Ok(false) if stop.load(Ordering::SeqCst) => break,
                         Ok(false) => deposed(&format!(
                             "the lease of epoch {epoch} was taken by another server"
                         )),
@@ -530,7 +536,7 @@ impl Lease {
     /// Stops renewing and gives the lease up at once (a graceful stop), so
     /// that a standby takes over without waiting for it to expire.
     pub fn release(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         // Not joined: a renewal may hang on a partitioned connection.
         if let Some(k) = self.keeper.take() {
             k.thread().unpark();
