@@ -165,18 +165,25 @@ pub enum Misfit {
 /// A task's GPU request in milli-GPUs, validated: up to one GPU (shared on
 /// one device) or a whole number of GPUs (whole devices).
 pub fn validate_gpu_request(milli: u64) -> Result<(), String> {
-    if milli <= MILLI_GPUS_PER_DEVICE || milli.is_multiple_of(MILLI_GPUS_PER_DEVICE) {
-        if milli > MAX_GPU_DEVICES as u64 * MILLI_GPUS_PER_DEVICE {
-            return Err(format!(
-                "{milli} milli-GPUs exceed the {MAX_GPU_DEVICES} devices a host can have"
-            ));
-        }
+    if gpu_request_ok(milli) {
         Ok(())
+    } else if milli <= MILLI_GPUS_PER_DEVICE || milli.is_multiple_of(MILLI_GPUS_PER_DEVICE) {
+        Err(format!(
+            "{milli} milli-GPUs exceed the {MAX_GPU_DEVICES} devices a host can have"
+        ))
     } else {
         Err(format!(
             "{milli} milli-GPUs: a request above one GPU must be a whole number of GPUs (a multiple of 1000)"
         ))
     }
+}
+
+/// Whether [`validate_gpu_request`] accepts `milli`, without wording why
+/// not (the placer checks every task of a batch with it).
+#[inline]
+pub fn gpu_request_ok(milli: u64) -> bool {
+    (milli <= MILLI_GPUS_PER_DEVICE || milli.is_multiple_of(MILLI_GPUS_PER_DEVICE))
+        && milli <= MAX_GPU_DEVICES as u64 * MILLI_GPUS_PER_DEVICE
 }
 
 /// Bounds of a host arena.

@@ -848,11 +848,9 @@ impl Placer {
     ) -> Option<crate::task::TaskSpec> {
         let spec = tasks.spec(task).ok()?;
         let i = task.idx() as u32;
-        let gpu = spec.request[Dim::Gpu];
         let ok = tasks.state(task) != Ok(TaskState::Placed)
             && !crate::scan::bit(&self.seen, i)
-            && (gpu <= MILLI_GPUS_PER_DEVICE || gpu.is_multiple_of(MILLI_GPUS_PER_DEVICE))
-            && gpu <= MAX_GPU_DEVICES as u64 * MILLI_GPUS_PER_DEVICE
+            && crate::host::gpu_request_ok(spec.request[Dim::Gpu])
             && (spec.request[Dim::Cpu] > 0 || spec.request[Dim::Memory] > 0)
             && constraints.get(spec.constraint).is_some();
         if !ok {
