@@ -225,8 +225,17 @@ pub(crate) struct AssignedPort {
 pub(crate) struct RunRecord {
     pub(crate) key: RunId,
     pub(crate) created_ms: u64,
-    /// The wrapper (also the run's process group id); `None` until spawned.
+    /// The run's own wrapper process (also the run's process group id),
+    /// when the agent started one (`peloton-agent exec`, when it has no
+    /// keeper); `None` otherwise.
     pub(crate) wrapper: Option<ProcessIdentity>,
+    /// The task (also the run's process group id), when the agent's keeper
+    /// started it; `None` until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) task: Option<ProcessIdentity>,
+    /// The keeper that started the task and records its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) keeper: Option<ProcessIdentity>,
     pub(crate) ports: Vec<AssignedPort>,
     /// The run's cgroup, when isolation is cgroup v2.
     pub(crate) cgroup: Option<PathBuf>,
@@ -515,6 +524,8 @@ mod tests {
             key,
             created_ms: 1,
             wrapper: None,
+            task: None,
+            keeper: None,
             ports: Vec::new(),
             cgroup: None,
             kill_requested: false,

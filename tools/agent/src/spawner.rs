@@ -1,86 +1,93 @@
-//! The spawner: one small process per agent that forks each run's wrapper,
-//! without executing anything.
+//! The keeper: one small process per agent that starts every task and
+//! records how each one ended.
 //!
-//! Executing the agent's binary once per run, as the wrapper, cost about
-//! 0.84 ms of CPU (the loader maps and relocates a large binary and probes
-//! the CPU), a third of what launching a short task cost in all. The agent
-//! cannot fork a wrapper and run the wrapper's code in the child itself: it
-//! is multi-threaded, and the child of a multi-threaded process may not
-//! allocate or take a lock before it executes something. So the agent
-//! executes its binary once, as `peloton-agent spawner`, a process that
-//! never starts a thread; it forks a wrapper per request, and the child
-//! runs [`run_wrapper`] as an executed wrapper would. The child is made the
-//! same process an executed wrapper was: the leader of a new process group,
-//! /dev/null as its standard input and the run's `stdout` and `stderr`
-//! (opened by the spawner) as its output, the sandbox as its working
-//! directory, its signal mask empty, and `PELOTON_SANDBOX=<sandbox>` in
-//! its `/proc/PID/environ` — the marker by which a restarted agent finds a
-//! wrapper whose pid it never recorded. A forked process keeps its parent's
-//! environment block, so the agent starts the spawner with that variable
-//! padded to `MARKER_CAPACITY` bytes, and each child writes its sandbox
-//! over the padding in place (as `setproctitle` does with the arguments).
+//! A per-run wrapper process (forked for each run, which then forked the
+//! task and waited for it) cost as much CPU again as a short task itself:
+//! two forks that copy page tables, the copy-on-write faults after them,
+//! and two process exits. The agent cannot start tasks itself and keep
+//! their exits safe: if it dies its children's exit statuses are gone, and
+//! it is multi-threaded. So it executes its binary once, as `peloton-agent
+//! spawner`, a single-threaded process (no runtime, no thread) that:
+//! - starts each task like `posix_spawn` does — a child that shares the
+//!   keeper's memory (`CLONE_VM | CLONE_VFORK`: no page table copied) and
+//!   only makes system calls until it executes the task: a process group
+//!   of its own, /dev/null and the run's `stdout`/`stderr`, the sandbox as
+//!   working directory, the run's cgroup, RLIMIT_NOFILE and RLIMIT_AS
+//!   (last), every signal at its default action and none blocked;
+//! - is a child subreaper: tasks and every process they leave behind are
+//!   its children;
+//! - when a task exits, SIGKILLs its process group (while the unreaped task
+//!   still holds the group's id), then what is left of the run outside the
+//!   group (its cgroup; processes carrying the run's `PELOTON_SANDBOX`
+//!   marker, looked for only when the keeper has children that are not
+//!   tasks), and only then appends the run's `exit` entry to its journal
+//!   and tells the agent;
+//! - outlives the agent: when the agent's end of the socket closes (it
+//!   stopped, or died), the keeper goes on recording the ends of its tasks
+//!   and exits after the last one. A restarted agent watches those runs
+//!   through `/proc` (the task's and the keeper's identities are in the
+//!   run's record) and reads their ends from the journals; new launches go
+//!   to a new keeper.
 //!
-//! The spawner is the wrappers' parent: it reaps them, tells the agent
-//! which ones have exited (pid and start time: a reused pid is never taken
-//! for the old process) and sends the agent SIGCHLD, which the session
-//! already polls on. Nothing about a run is known only to the spawner: the
-//! agent records the wrapper's identity in the run's journal, so if the
-//! spawner dies its wrappers are watched through `/proc` (as re-adopted
-//! ones are) and the next launch starts a new spawner. The spawner exits
-//! when the agent's end of its socket closes (the agent stopped or died);
-//! its wrappers carry on, reparented, exactly as when an agent dies.
+//! What this costs in safety: a task's exit status lives in its keeper
+//! until it is recorded. A keeper killed outright (SIGKILL, the OOM killer)
+//! loses the statuses of the tasks it had running; they carry on, and are
+//! reported FAILED ("lost the run's exit status") when they end. A wrapper
+//! had the same weakness, for one run. The agent starts a wrapper per run
+//! (`peloton-agent exec`, see `wrapper`) only when no keeper can start.
 //!
-//! The protocol, on a Unix stream socket that is the spawner's standard
+//! The protocol, on a Unix stream socket that is the keeper's standard
 //! input: the agent sends `u32` length + sandbox path (little-endian); the
-//! spawner answers each request in order with a [`Message`], and sends
-//! `Exited` messages whenever wrappers end. Every message is 16 bytes.
+//! keeper reads the task plan from the run's journal and answers each
+//! request in order with a [`Message`], and sends `Exited` messages
+//! whenever a task's end has been recorded. Every message is 16 bytes.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::fs::{File, OpenOptions};
+use std::ffi::{CString, OsStr};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::resource::{Resource, getrlimit};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, killpg, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{ForkResult, Pid, fork, getppid, setpgid};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
+use nix::unistd::{Pid, geteuid, getppid, setpgid};
 
-use crate::proc::ProcessIdentity;
-use crate::record::{STDERR_FILE, STDOUT_FILE};
-use crate::wrapper::run_wrapper;
+use crate::isolation;
+use crate::proc::{self, ProcSnapshot, ProcessIdentity};
+use crate::record::{self, STDERR_FILE, STDOUT_FILE, TaskPlan};
+use crate::wrapper;
 
-/// The environment variable that marks a run's processes (see `proc`).
-const MARKER_VAR: &str = "PELOTON_SANDBOX";
-/// Bytes of the marker's value in the spawner's environment: the longest
-/// sandbox path a wrapper can be marked with (a path's limit, `PATH_MAX`).
-const MARKER_CAPACITY: usize = 4096;
-/// The padding byte of the spawner's marker (a value no sandbox has).
-const MARKER_PADDING: u8 = b'#';
 /// How long the agent waits for the spawner to answer a request: far more
 /// than a fork takes; a spawner that does not answer is replaced.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a dropped [`Spawner`] gets to exit before it is killed.
 const EXIT_PATIENCE: Duration = Duration::from_secs(2);
-/// Longest request accepted (a sandbox path).
-const MAX_REQUEST_BYTES: usize = MARKER_CAPACITY;
+/// Longest request accepted (a sandbox path: `PATH_MAX`).
+const MAX_REQUEST_BYTES: usize = 4096;
 
 /// A message from the spawner to the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Message {
-    /// The answer to a request: the wrapper's identity.
+    /// The answer to a request: the task's identity.
     Spawned(ProcessIdentity),
-    /// The answer to a request: no wrapper (an errno).
+    /// The answer to a request: nothing started or recorded (an errno).
     Refused(i32),
-    /// A wrapper has exited (and been reaped).
+    /// The answer to a request: the task could not start, and the run's
+    /// journal says why.
+    StartFailed,
+    /// A task's end has been recorded (it was reaped, and nothing of its
+    /// run is left).
     Exited(ProcessIdentity),
 }
 
@@ -92,6 +99,7 @@ impl Message {
             Message::Spawned(id) => (1u32, id.pid, id.start_ticks),
             Message::Refused(errno) => (2, 0, u64::from(errno.unsigned_abs())),
             Message::Exited(id) => (3, id.pid, id.start_ticks),
+            Message::StartFailed => (4, 0, 0),
         };
         let mut bytes = [0; Self::BYTES];
         bytes[0..4].copy_from_slice(&kind.to_le_bytes());
@@ -115,74 +123,82 @@ impl Message {
             1 => Some(Message::Spawned(identity)),
             2 => Some(Message::Refused(i32::try_from(value).ok()?)),
             3 => Some(Message::Exited(identity)),
+            4 => Some(Message::StartFailed),
             _ => None,
         }
     }
 }
 
-/// Why [`Spawner::spawn`] started no wrapper.
+/// Why [`Spawner::spawn`] started no task.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SpawnError {
-    /// The spawner could not start this run's wrapper (its output files,
-    /// a fork): the run fails with this.
-    #[error("the spawner could not start the wrapper: {0}")]
+    /// The keeper could not start this run's task and recorded nothing
+    /// (its output files, a clone): the run fails with this.
+    #[error("the keeper could not start the task: {0}")]
     Refused(io::Error),
-    /// The spawner is gone or broken: start the wrapper another way.
-    #[error("the spawner is gone: {0}")]
+    /// The keeper is gone or broken: start the run another way.
+    #[error("the keeper is gone: {0}")]
     Gone(io::Error),
 }
 
-/// The agent's handle on its spawner (see the module documentation).
+/// The agent's handle on its keeper (see the module documentation).
 #[derive(Debug)]
 pub(crate) struct Spawner {
-    /// Non-blocking; the spawner's standard input.
+    /// Non-blocking; the keeper's standard input.
     socket: UnixStream,
-    process: Child,
+    /// `None` once handed back by [`Spawner::close`].
+    process: Option<Child>,
+    identity: ProcessIdentity,
     /// Bytes received and not yet a whole message.
     inbox: Vec<u8>,
-    /// Wrappers the spawner said have exited, not yet taken.
+    /// Tasks the keeper said have ended, not yet taken.
     exited: Vec<ProcessIdentity>,
+    /// Tasks started and not yet reported ended.
+    live: usize,
 }
 
 impl Spawner {
     /// Starts `exe spawner`, in a process group of its own (a terminal's
     /// Ctrl-C is for the agent, which stops in order) and with nothing of
-    /// the agent's environment (which may hold its token) but the marker's
-    /// padding.
+    /// the agent's environment (which may hold its token).
     pub(crate) fn start(exe: &Path) -> io::Result<Spawner> {
         let (ours, theirs) = UnixStream::pair()?;
         ours.set_nonblocking(true)?;
-        let padding =
-            String::from_utf8(vec![MARKER_PADDING; MARKER_CAPACITY]).map_err(io::Error::other)?;
         let process = Command::new(exe)
             .arg("spawner")
             .env_clear()
-            .env(MARKER_VAR, padding)
             .process_group(0)
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()?;
+        // Not waited for yet: its stat is readable.
+        let identity = ProcessIdentity::of(process.id()).unwrap_or(ProcessIdentity {
+            pid: process.id(),
+            start_ticks: 0,
+        });
         Ok(Spawner {
             socket: ours,
-            process,
+            process: Some(process),
+            identity,
             inbox: Vec::with_capacity(64 * Message::BYTES),
             exited: Vec::new(),
+            live: 0,
         })
     }
 
-    /// The spawner's pid.
-    pub(crate) fn pid(&self) -> u32 {
-        self.process.id()
+    /// The keeper's identity (recorded with each run it starts).
+    pub(crate) fn identity(&self) -> ProcessIdentity {
+        self.identity
     }
 
-    /// Forks the wrapper of the run in `sandbox` (an absolute path, whose
-    /// `stdout` and `stderr` the spawner opens for appending). Returns the
-    /// wrapper's identity once it exists, as the leader of its own process
-    /// group.
-    pub(crate) fn spawn(&mut self, sandbox: &Path) -> Result<ProcessIdentity, SpawnError> {
+    /// Starts the task of the run in `sandbox` (an absolute path whose
+    /// journal holds the task plan). Returns the task's identity once it
+    /// has executed, as the leader of its own process group, or `None` if
+    /// it could not start (the journal's `exit` entry says why).
+    pub(crate) fn spawn(&mut self, sandbox: &Path) -> Result<Option<ProcessIdentity>, SpawnError> {
         let path = sandbox.as_os_str().as_bytes();
-        if path.len() >= MARKER_CAPACITY {
+        if path.len() >= MAX_REQUEST_BYTES {
             return Err(SpawnError::Refused(io::Error::from_raw_os_error(
                 Errno::ENAMETOOLONG as i32,
             )));
@@ -194,7 +210,11 @@ impl Spawner {
         let deadline = Instant::now() + ANSWER_TIMEOUT;
         loop {
             match self.receive().map_err(SpawnError::Gone)? {
-                Some(Message::Spawned(identity)) => return Ok(identity),
+                Some(Message::Spawned(identity)) => {
+                    self.live += 1;
+                    return Ok(Some(identity));
+                }
+                Some(Message::StartFailed) => return Ok(None),
                 Some(Message::Refused(errno)) => {
                     return Err(SpawnError::Refused(io::Error::from_raw_os_error(errno)));
                 }
@@ -205,26 +225,34 @@ impl Spawner {
             if left.is_zero() {
                 return Err(SpawnError::Gone(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "the spawner did not answer",
+                    "the keeper did not answer",
                 )));
             }
             wait_readable(&self.socket, left).map_err(SpawnError::Gone)?;
         }
     }
 
-    /// Reads what the spawner has sent (without waiting) and returns the
-    /// wrappers it has reaped since the last call. An error means the
-    /// spawner is gone (the wrappers it had not reported are still alive,
-    /// or unknown: watch them another way).
+    /// Reads what the keeper has sent (without waiting) and returns the
+    /// tasks whose ends it has recorded since the last call. An error means
+    /// the keeper is gone or broken (the tasks it had not reported are
+    /// still alive, or unknown: watch them another way).
     pub(crate) fn take_exited(&mut self) -> io::Result<Vec<ProcessIdentity>> {
         if let Some(message) = self.receive()? {
             // Nothing was asked, so nothing is answered.
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("the spawner sent an answer to no request: {message:?}"),
+                format!("the keeper sent an answer to no request: {message:?}"),
             ));
         }
+        self.live = self.live.saturating_sub(self.exited.len());
         Ok(std::mem::take(&mut self.exited))
+    }
+
+    /// Closes the agent's end (the keeper goes on until its tasks have
+    /// ended) and hands back the process, to be reaped when it exits.
+    pub(crate) fn close(mut self) -> Option<Child> {
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        self.process.take()
     }
 
     fn send(&mut self, mut bytes: &[u8]) -> io::Result<()> {
@@ -275,19 +303,24 @@ impl Spawner {
 }
 
 impl Drop for Spawner {
-    /// Closes the socket, which ends the spawner (not its wrappers), and
-    /// reaps it.
+    /// Closes the socket. A keeper with no task left then exits, and is
+    /// given a moment to (so that an agent that stops leaves no process
+    /// behind); one with tasks carries on without the agent.
     fn drop(&mut self) {
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        let Some(process) = &mut self.process else {
+            return;
+        };
+        if self.live > 0 {
+            return;
+        }
         let deadline = Instant::now() + EXIT_PATIENCE;
         while Instant::now() < deadline {
-            match self.process.try_wait() {
+            match process.try_wait() {
                 Ok(None) => std::thread::sleep(Duration::from_millis(1)),
                 Ok(Some(_)) | Err(_) => return,
             }
         }
-        let _ = self.process.kill();
-        let _ = self.process.wait();
     }
 }
 
@@ -304,8 +337,9 @@ fn wait_readable(socket: &UnixStream, within: Duration) -> io::Result<()> {
 }
 
 /// `peloton-agent spawner` (internal: only the agent starts it): serves
-/// the agent on the socket that is its standard input until the agent
-/// closes it. Returns the process's exit code.
+/// the agent on the socket that is its standard input, and keeps every task
+/// it started until the task has ended and its end is recorded — after the
+/// agent has closed the socket too. Returns the process's exit code.
 pub fn run_spawner() -> i32 {
     match serve() {
         Ok(()) => 0,
@@ -316,61 +350,112 @@ pub fn run_spawner() -> i32 {
     }
 }
 
-/// The spawner's state.
+/// Bytes of stack the task's child runs on until it executes the task
+/// (it calls a few system calls and nothing else).
+const CHILD_STACK_BYTES: usize = 64 * 1024;
+/// How often a run whose processes are not all gone is looked at again.
+const CLEANUP_PAUSE: Duration = Duration::from_millis(10);
+/// Rounds of "find what is left of the run, SIGKILL it" before its end is
+/// recorded anyway.
+const CLEANUP_ROUNDS: u32 = 500;
+/// A task that ran longer than this is cleaned up after by a full scan of
+/// `/proc` (see [`Serving::orphans`]).
+const SHORT_TASK: Duration = Duration::from_secs(10);
+
+/// A task the keeper started and has not yet reaped.
+struct Task {
+    identity: ProcessIdentity,
+    sandbox: PathBuf,
+    cgroup: Option<PathBuf>,
+    started: Instant,
+}
+
+/// A reaped task whose run may still have processes; its end is recorded
+/// once they are gone.
+struct Cleanup {
+    task: Task,
+    exit_code: i32,
+    signal: i32,
+    rounds: u32,
+}
+
+/// The keeper's state.
 struct Serving {
-    socket: UnixStream,
+    /// `None` once the agent has closed its end.
+    socket: Option<UnixStream>,
     /// SIGCHLD, blocked and read from here, so one `poll` waits for both.
     child_exits: SignalFd,
     devnull: File,
-    marker: MarkerSlot,
-    /// Wrappers not yet reaped, by pid.
-    wrappers: HashMap<u32, ProcessIdentity>,
+    /// Tasks not yet reaped, by pid.
+    tasks: HashMap<u32, Task>,
+    cleanups: Vec<Cleanup>,
     agent: Pid,
+    me: u32,
+    /// The pid of the newest task (to tell whether pids wrapped since an
+    /// older one started).
+    newest_pid: u32,
     inbox: Vec<u8>,
+    stack: Vec<u8>,
+    /// `/proc/self/task/<pid>/children`, where the kernel has it.
+    children_file: Option<PathBuf>,
 }
 
 fn serve() -> io::Result<()> {
     let agent = getppid();
     let socket = UnixStream::from(io::stdin().as_fd().try_clone_to_owned()?);
-    let marker = MarkerSlot::find().ok_or_else(|| {
-        io::Error::other(format!(
-            "started without the {MARKER_VAR} padding (only the agent starts the spawner)"
-        ))
-    })?;
+    // Every task the keeper starts, and every process such a task leaves
+    // behind, is the keeper's to reap: orphans come here, not to init.
+    nix::sys::prctl::set_child_subreaper(true)?;
     let mut sigchld = SigSet::empty();
     sigchld.add(Signal::SIGCHLD);
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&sigchld), None)?;
     let child_exits =
         SignalFd::with_flags(&sigchld, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
+    let me = std::process::id();
+    let children_file = PathBuf::from(format!("/proc/self/task/{me}/children"));
     let mut serving = Serving {
-        socket,
+        socket: Some(socket),
         child_exits,
         devnull: File::open("/dev/null")?,
-        marker,
-        wrappers: HashMap::new(),
+        tasks: HashMap::new(),
+        cleanups: Vec::new(),
         agent,
+        me,
+        newest_pid: 0,
         inbox: Vec::with_capacity(MAX_REQUEST_BYTES + 4),
+        stack: vec![0; CHILD_STACK_BYTES],
+        children_file: children_file.exists().then_some(children_file),
     };
     loop {
+        if serving.socket.is_none() && serving.tasks.is_empty() && serving.cleanups.is_empty() {
+            return Ok(());
+        }
+        let wait = if serving.cleanups.is_empty() {
+            PollTimeout::NONE
+        } else {
+            timeout(CLEANUP_PAUSE)
+        };
         let (requests, exits) = {
-            let mut fds = [
-                PollFd::new(serving.socket.as_fd(), PollFlags::POLLIN),
-                PollFd::new(serving.child_exits.as_fd(), PollFlags::POLLIN),
-            ];
-            match poll(&mut fds, PollTimeout::NONE) {
+            let mut fds = vec![PollFd::new(serving.child_exits.as_fd(), PollFlags::POLLIN)];
+            if let Some(socket) = &serving.socket {
+                fds.push(PollFd::new(socket.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, wait) {
                 Ok(_) => {}
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             }
             let ready = |fd: &PollFd<'_>| fd.revents().is_some_and(|r| !r.is_empty());
-            (ready(&fds[0]), ready(&fds[1]))
+            (fds.get(1).is_some_and(ready), ready(&fds[0]))
         };
         if exits {
-            serving.reap()?;
+            serving.reap();
         }
+        serving.clean_up();
         if requests && !serving.read_requests()? {
-            // The agent closed its end: it stopped, or died.
-            return Ok(());
+            // The agent closed its end (it stopped, or died): the tasks
+            // carry on, and their ends are still recorded.
+            serving.socket = None;
         }
     }
 }
@@ -378,11 +463,15 @@ fn serve() -> io::Result<()> {
 impl Serving {
     /// Reads and serves whole requests. False at the end of the stream.
     fn read_requests(&mut self) -> io::Result<bool> {
+        let Some(socket) = &mut self.socket else {
+            return Ok(false);
+        };
         let mut buffer = [0u8; 8192];
-        let n = match self.socket.read(&mut buffer) {
+        let n = match socket.read(&mut buffer) {
             Ok(0) => return Ok(false),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(false),
             Err(e) => return Err(e),
         };
         self.inbox.extend_from_slice(&buffer[..n]);
@@ -401,41 +490,52 @@ impl Serving {
             }
             let sandbox = PathBuf::from(OsStr::from_bytes(&self.inbox[4..4 + len]));
             self.inbox.drain(..4 + len);
-            let answer = match self.fork_wrapper(&sandbox) {
-                Ok(identity) => Message::Spawned(identity),
+            let answer = match self.start_task(&sandbox) {
+                Ok(Some(identity)) => Message::Spawned(identity),
+                Ok(None) => Message::StartFailed,
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
             };
-            self.socket.write_all(&answer.encode())?;
+            if !self.tell(&answer.encode()) {
+                return Ok(false);
+            }
         }
         Ok(true)
     }
 
-    /// Reaps every exited wrapper, tells the agent, and wakes it.
-    fn reap(&mut self) -> io::Result<()> {
-        while let Ok(Some(_)) = self.child_exits.read_signal() {}
-        let mut news = Vec::new();
-        loop {
-            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _)) => {
-                    let pid = u32::try_from(pid.as_raw()).unwrap_or(0);
-                    if let Some(identity) = self.wrappers.remove(&pid) {
-                        news.extend_from_slice(&Message::Exited(identity).encode());
-                    }
-                }
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(_) => {}
-            }
+    /// Sends bytes to the agent; false if it is gone.
+    fn tell(&mut self, bytes: &[u8]) -> bool {
+        let Some(socket) = &mut self.socket else {
+            return false;
+        };
+        if socket.write_all(bytes).is_err() {
+            self.socket = None;
+            return false;
         }
-        if !news.is_empty() {
-            self.socket.write_all(&news)?;
-            // The session polls on SIGCHLD; these are, after all, the
-            // agent's grandchildren.
-            let _ = kill(self.agent, Signal::SIGCHLD);
-        }
-        Ok(())
+        true
     }
 
-    fn fork_wrapper(&mut self, sandbox: &Path) -> io::Result<ProcessIdentity> {
+    /// Starts the task of the run in `sandbox`: its own process group,
+    /// /dev/null and the run's output files, the sandbox as its working
+    /// directory, its cgroup and limits, every signal at its default and
+    /// none blocked. `Ok(None)`: it could not start, and the journal says
+    /// why (an `exit` entry). An error: nothing was started or recorded.
+    fn start_task(&mut self, sandbox: &Path) -> io::Result<Option<ProcessIdentity>> {
+        let plan = match record::read_plan(sandbox) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let reason = format!("cannot read the task plan: {e}");
+                self.record_start_failure(sandbox, reason)?;
+                return Ok(None);
+            }
+        };
+        let program = match wrapper::find_program(&plan.program, &plan.env, sandbox) {
+            Ok(path) => path,
+            Err(e) => {
+                let reason = format!("cannot start {:?}: {e}", plan.program);
+                self.record_start_failure(sandbox, reason)?;
+                return Ok(None);
+            }
+        };
         let output = |name| {
             OpenOptions::new()
                 .create(true)
@@ -444,135 +544,432 @@ impl Serving {
         };
         let stdout = output(STDOUT_FILE)?;
         let stderr = output(STDERR_FILE)?;
-        // SAFETY: this process never starts a thread (it is `peloton-agent
-        // spawner`: no runtime, no logging, no thread), so the child may
-        // allocate and run any code; it never returns into the spawner's
-        // loop (it exits, also on a panic).
-        #[allow(unsafe_code)]
-        let forked = unsafe { fork() }?;
-        match forked {
-            ForkResult::Child => {
-                let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    self.become_wrapper(sandbox, &stdout, &stderr)
-                }))
-                .unwrap_or(1);
-                std::process::exit(code);
-            }
-            ForkResult::Parent { child } => {
-                // Also in the child: whichever runs first, the group exists
-                // before the agent hears of the wrapper (and may signal it).
-                let _ = setpgid(child, child);
-                let pid = u32::try_from(child.as_raw()).unwrap_or(0);
-                // Not reaped yet: at worst a zombie, whose stat is readable.
-                let identity = ProcessIdentity::of(pid).unwrap_or(ProcessIdentity {
-                    pid,
-                    start_ticks: 0,
+        let cstring = |bytes: &[u8]| {
+            CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(Errno::EINVAL as i32))
+        };
+        let program_c = cstring(program.as_os_str().as_bytes())?;
+        let args_c = std::iter::once(plan.program.as_bytes())
+            .chain(plan.args.iter().map(|a| a.as_bytes()))
+            .map(cstring)
+            .collect::<io::Result<Vec<CString>>>()?;
+        let env_c = plan
+            .env
+            .iter()
+            .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
+            .collect::<io::Result<Vec<CString>>>()?;
+        let argv: Vec<*const nix::libc::c_char> = args_c
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        let envp: Vec<*const nix::libc::c_char> = env_c
+            .iter()
+            .map(|e| e.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        let dir_c = cstring(sandbox.as_os_str().as_bytes())?;
+        let cgroup_procs = plan
+            .cgroup
+            .as_ref()
+            .map(|c| cstring(c.join("cgroup.procs").as_os_str().as_bytes()))
+            .transpose()?;
+        let open_files = plan
+            .open_files
+            .map(|limit| match getrlimit(Resource::RLIMIT_NOFILE) {
+                // Only root may raise a hard limit.
+                Ok((_, hard)) if !geteuid().is_root() => limit.min(hard),
+                _ => limit,
+            });
+        let child = ChildPlan {
+            program: program_c.as_ptr(),
+            argv: argv.as_ptr(),
+            envp: envp.as_ptr(),
+            dir: dir_c.as_ptr(),
+            stdin: self.devnull.as_raw_fd(),
+            stdout: stdout.as_raw_fd(),
+            stderr: stderr.as_raw_fd(),
+            cgroup_procs: cgroup_procs
+                .as_ref()
+                .map_or(std::ptr::null(), |c| c.as_ptr()),
+            open_files: open_files.unwrap_or(NO_LIMIT),
+            address_space: plan.address_space_bytes.unwrap_or(NO_LIMIT),
+            failure: AtomicU64::new(0),
+        };
+        let pid = spawn_child(&child, &mut self.stack)?;
+        let failure = child.failure.load(Ordering::Acquire);
+        if failure != 0 {
+            // It exited without executing the task: reap it here.
+            let _ = waitpid(Pid::from_raw(pid), None);
+            let reason = ChildFailure::decode(failure).reason(&plan, &program);
+            self.record_start_failure(sandbox, reason)?;
+            return Ok(None);
+        }
+        // Also in the child: whichever runs first, the group exists before
+        // the agent hears of the task (and may signal it).
+        let _ = setpgid(Pid::from_raw(pid), Pid::from_raw(pid));
+        let pid = u32::try_from(pid).unwrap_or(0);
+        // Not reaped yet: at worst a zombie, whose stat is readable.
+        let identity = ProcessIdentity::of(pid).unwrap_or(ProcessIdentity {
+            pid,
+            start_ticks: 0,
+        });
+        self.newest_pid = pid;
+        self.tasks.insert(
+            pid,
+            Task {
+                identity,
+                sandbox: sandbox.to_path_buf(),
+                cgroup: plan.cgroup,
+                started: Instant::now(),
+            },
+        );
+        Ok(Some(identity))
+    }
+
+    fn record_start_failure(&mut self, sandbox: &Path, reason: String) -> io::Result<()> {
+        let exit = wrapper::start_failure(sandbox, reason);
+        let mut journal = record::open_journal(sandbox)?;
+        record::append_exit(&mut journal, &exit)
+    }
+
+    /// Reaps every exited child. A task is reaped only after a SIGKILL to
+    /// its process group, sent while the unreaped task still holds the
+    /// group's id (so the id cannot be anyone else's yet); its run is then
+    /// cleaned up after before its end is recorded.
+    fn reap(&mut self) {
+        while let Ok(Some(_)) = self.child_exits.read_signal() {}
+        let peek = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        loop {
+            let (pid, exit_code, signal) = match waitid(Id::All, peek) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, code, 0),
+                Ok(WaitStatus::Signaled(pid, signal, _)) => {
+                    let number = signal as i32;
+                    (pid, 128 + number, number)
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(other) => {
+                    // Not asked for (stops are not reported); reap whatever
+                    // it is so that the loop moves on.
+                    if let Some(pid) = other.pid() {
+                        let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                    }
+                    continue;
+                }
+            };
+            let number = u32::try_from(pid.as_raw()).unwrap_or(0);
+            if let Some(task) = self.tasks.remove(&number) {
+                let _ = killpg(pid, Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                self.cleanups.push(Cleanup {
+                    task,
+                    exit_code,
+                    signal,
+                    rounds: 0,
                 });
-                self.wrappers.insert(pid, identity);
-                Ok(identity)
+            } else {
+                // An orphan some task left behind, reparented here.
+                let _ = waitpid(pid, None);
             }
         }
     }
 
-    /// In the forked child: becomes the run's wrapper (see the module
-    /// documentation) and runs it. Returns its exit code.
-    fn become_wrapper(&mut self, sandbox: &Path, stdout: &File, stderr: &File) -> i32 {
-        let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
-        let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-        self.marker.write(sandbox.as_os_str().as_bytes());
-        let redirected = [
-            (self.devnull.as_raw_fd(), 0),
-            (stdout.as_raw_fd(), 1),
-            (stderr.as_raw_fd(), 2),
-        ]
-        .into_iter()
-        .try_for_each(|(from, to)| dup2_raw(from, to));
-        if let Err(e) = redirected.and_then(|()| std::env::set_current_dir(sandbox)) {
-            // The agent hears of it as a wrapper that vanished without an
-            // exit entry (FAILED, "lost the run's exit status").
-            eprintln!(
-                "peloton-agent spawner: cannot prepare the wrapper of {}: {e}",
-                sandbox.display()
-            );
-            return 1;
+    /// Looks at every run being cleaned up after: once nothing of it is
+    /// left, records its end and tells the agent.
+    fn clean_up(&mut self) {
+        if self.cleanups.is_empty() {
+            return;
         }
-        // The socket (now only a copy of fd 0's old self, replaced above),
-        // the signalfd and the spawner's other descriptors close on the
-        // task's exec; the wrapper itself must not hold the socket, or the
-        // agent would not see the spawner's end.
-        close_raw(self.socket.as_raw_fd());
-        close_raw(self.child_exits.as_fd().as_raw_fd());
-        self.wrappers.clear();
-        run_wrapper(sandbox)
+        let mut news = Vec::new();
+        let mut snapshot: Option<ProcSnapshot> = None;
+        for mut cleanup in std::mem::take(&mut self.cleanups) {
+            cleanup.rounds += 1;
+            let done = self.is_clean(&cleanup, &mut snapshot)
+                || cleanup.rounds >= CLEANUP_ROUNDS && {
+                    wrapper::note(
+                        &cleanup.task.sandbox,
+                        "task processes were still appearing after cleanup; giving up",
+                    );
+                    true
+                };
+            if done {
+                self.record_end(&cleanup);
+                news.extend_from_slice(&Message::Exited(cleanup.task.identity).encode());
+            } else {
+                self.cleanups.push(cleanup);
+            }
+        }
+        if !news.is_empty() && self.tell(&news) {
+            // The session polls on SIGCHLD; these are, after all, the
+            // agent's grandchildren.
+            let _ = kill(self.agent, Signal::SIGCHLD);
+        }
+    }
+
+    /// True if nothing of the run is left; else SIGKILLs what is.
+    fn is_clean(&self, cleanup: &Cleanup, snapshot: &mut Option<ProcSnapshot>) -> bool {
+        let task = &cleanup.task;
+        let mut clean = true;
+        if let Some(cgroup) = &task.cgroup
+            && !isolation::cgroup_pids(cgroup).is_empty()
+        {
+            isolation::kill_cgroup(cgroup);
+            clean = false;
+        }
+        // The group was SIGKILLed as the task was reaped; its members are
+        // gone once reaped here (a member's exit reparents what it forked
+        // to the keeper, where the check below finds it). A probe only:
+        // the id may be someone else's by now.
+        let group = Pid::from_raw(i32::try_from(task.identity.pid).unwrap_or(i32::MAX));
+        if killpg(group, None).is_ok() {
+            return false;
+        }
+        if self.orphans(task) {
+            let snapshot = snapshot.get_or_insert_with(ProcSnapshot::take);
+            let marker = proc::sandbox_marker(&task.sandbox);
+            let mut victims = snapshot.marked(&marker);
+            let below: Vec<u32> = victims
+                .iter()
+                .flat_map(|&pid| snapshot.descendants(pid))
+                .collect();
+            victims.extend(below);
+            if !victims.is_empty() {
+                proc::kill_all(&victims);
+                clean = false;
+            }
+        }
+        clean
+    }
+
+    /// Whether the keeper may have children that are not its tasks: what a
+    /// task left outside its process group. Read from the kernel's list of
+    /// the keeper's children where it has one; else from the processes
+    /// started after `task` (everything it left was), or all of them for a
+    /// task that is old or whose pid the counter has wrapped past.
+    fn orphans(&self, task: &Task) -> bool {
+        let is_orphan = |pid: u32| pid != self.me && !self.tasks.contains_key(&pid);
+        if let Some(file) = &self.children_file {
+            return fs::read_to_string(file).map_or(true, |text| {
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .any(is_orphan)
+            });
+        }
+        let recent = task.started.elapsed() < SHORT_TASK && self.newest_pid >= task.identity.pid;
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return true;
+        };
+        entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| !recent || pid > task.identity.pid)
+            .filter(|&pid| is_orphan(pid))
+            .any(|pid| proc::read_stat(pid).is_some_and(|stat| stat.ppid == self.me))
+    }
+
+    /// Appends the run's `exit` entry (after removing its cgroup).
+    fn record_end(&self, cleanup: &Cleanup) {
+        let task = &cleanup.task;
+        let oom_killed = task
+            .cgroup
+            .as_deref()
+            .is_some_and(isolation::cgroup_oom_killed);
+        if let Some(cgroup) = &task.cgroup
+            && let Err(e) = isolation::remove_cgroup(cgroup)
+        {
+            wrapper::note(
+                &task.sandbox,
+                &format!("cannot remove {}: {e}", cgroup.display()),
+            );
+        }
+        let exit = wrapper::exit_record(cleanup.exit_code, cleanup.signal, oom_killed);
+        let written = record::open_journal(&task.sandbox)
+            .and_then(|mut journal| record::append_exit(&mut journal, &exit));
+        if let Err(e) = written {
+            wrapper::note(&task.sandbox, &format!("cannot record the exit: {e}"));
+        }
     }
 }
 
-fn dup2_raw(from: i32, to: i32) -> io::Result<()> {
-    // SAFETY: plain descriptor numbers; `to` (0, 1, 2) is replaced
-    // atomically, and nothing in this process holds an owned handle on
-    // it (the standard streams are used by number).
+/// "No limit" in [`ChildPlan`].
+const NO_LIMIT: u64 = u64::MAX;
+
+/// Everything the task's child needs, prepared by the keeper: the child
+/// shares the keeper's memory until it executes the task, and may not
+/// allocate or take a lock (the keeper is suspended meanwhile, at any
+/// point of its own code).
+struct ChildPlan {
+    program: *const nix::libc::c_char,
+    argv: *const *const nix::libc::c_char,
+    envp: *const *const nix::libc::c_char,
+    dir: *const nix::libc::c_char,
+    stdin: RawFd,
+    stdout: RawFd,
+    stderr: RawFd,
+    /// Null: no cgroup.
+    cgroup_procs: *const nix::libc::c_char,
+    open_files: u64,
+    address_space: u64,
+    /// Set by a child that could not execute the task ([`ChildFailure`]).
+    failure: AtomicU64,
+}
+
+/// Why the task's child did not get to execute the task: a stage and an
+/// errno, packed into [`ChildPlan::failure`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChildFailure {
+    /// Its descriptors or working directory.
+    Setup(i32),
+    Cgroup(i32),
+    /// Resetting this signal's disposition.
+    Signal(i32, i32),
+    Exec(i32),
+}
+
+impl ChildFailure {
+    fn encode(self) -> u64 {
+        let (stage, detail, errno) = match self {
+            ChildFailure::Setup(errno) => (1u64, 0, errno),
+            ChildFailure::Cgroup(errno) => (2, 0, errno),
+            ChildFailure::Signal(signal, errno) => (3, signal, errno),
+            ChildFailure::Exec(errno) => (4, 0, errno),
+        };
+        (stage << 48)
+            | (u64::from(detail.unsigned_abs() & 0xffff) << 32)
+            | u64::from(errno.unsigned_abs())
+    }
+
+    fn decode(code: u64) -> ChildFailure {
+        let errno = i32::try_from(code & 0xffff_ffff).unwrap_or(0);
+        let detail = i32::try_from((code >> 32) & 0xffff).unwrap_or(0);
+        match code >> 48 {
+            2 => ChildFailure::Cgroup(errno),
+            3 => ChildFailure::Signal(detail, errno),
+            4 => ChildFailure::Exec(errno),
+            _ => ChildFailure::Setup(errno),
+        }
+    }
+
+    fn reason(self, plan: &TaskPlan, program: &Path) -> String {
+        let error = |errno| io::Error::from_raw_os_error(errno);
+        match self {
+            ChildFailure::Setup(errno) => format!(
+                "cannot give the task its output files and working directory: {}",
+                error(errno)
+            ),
+            ChildFailure::Cgroup(errno) => format!(
+                "cannot join the cgroup {}: {}",
+                plan.cgroup.as_deref().unwrap_or(Path::new("")).display(),
+                error(errno)
+            ),
+            ChildFailure::Signal(signal, errno) => format!(
+                "cannot reset signal {signal} to its default action: {}",
+                Errno::from_raw(errno)
+            ),
+            ChildFailure::Exec(errno) => format!(
+                "cannot start {:?} ({}): {}",
+                plan.program,
+                program.display(),
+                error(errno)
+            ),
+        }
+    }
+}
+
+/// Starts the task's child on `stack`, sharing this process's memory, and
+/// returns once the child has executed the task or given up (then
+/// `plan.failure` says why): what `posix_spawn` does, with the cgroup and
+/// the limits it cannot set. No page table is copied, which is most of what
+/// a fork costs.
+fn spawn_child(plan: &ChildPlan, stack: &mut [u8]) -> io::Result<i32> {
+    use nix::libc;
+    // The stack grows down from its 16-byte aligned top.
+    let top = stack.as_mut_ptr_range().end as usize & !15;
+    // SAFETY: `child_main` gets a pointer to `plan`, which outlives the
+    // child's use of it: with CLONE_VFORK this thread is suspended until
+    // the child has executed the task or exited. The child runs on its own
+    // stack (`stack`, unused by anyone else meanwhile), only makes system
+    // calls (no allocation, no lock: this process is single-threaded and
+    // suspended, but its heap may be mid-update), and has its own copy of
+    // the signal handlers (no CLONE_SIGHAND), which it resets first.
     #[allow(unsafe_code)]
-    let result = unsafe { nix::libc::dup2(from, to) };
-    if result < 0 {
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::from_ref(plan).cast_mut().cast(),
+        )
+    };
+    if pid < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    Ok(pid)
 }
 
-fn close_raw(fd: i32) {
-    // SAFETY: in the forked child, just before it becomes the wrapper:
-    // the owner of `fd` (the spawner's state) is never used or dropped
-    // again in this process (it exits without returning to it).
+/// The task's child, between the clone and the task's exec (see
+/// [`spawn_child`]).
+extern "C" fn child_main(arg: *mut nix::libc::c_void) -> nix::libc::c_int {
+    use nix::libc;
+    // SAFETY: `arg` is the `ChildPlan` that `spawn_child` passed, alive and
+    // unchanged while this runs; its pointers are NUL-terminated strings
+    // and null-terminated arrays of them, kept alive by the keeper.
     #[allow(unsafe_code)]
     unsafe {
-        nix::libc::close(fd);
-    }
-}
-
-/// The value of `PELOTON_SANDBOX` in this process's environment block:
-/// the bytes `/proc/PID/environ` shows, overwritten in place.
-struct MarkerSlot {
-    value: *mut u8,
-    capacity: usize,
-}
-
-impl MarkerSlot {
-    fn find() -> Option<MarkerSlot> {
-        let name = c"PELOTON_SANDBOX";
-        debug_assert_eq!(name.to_bytes(), MARKER_VAR.as_bytes());
-        // SAFETY: `getenv` with a NUL-terminated name; this process is
-        // single-threaded and never changes its environment.
-        #[allow(unsafe_code)]
-        let value = unsafe { nix::libc::getenv(name.as_ptr()) };
-        if value.is_null() {
-            return None;
+        let plan = &*arg.cast::<ChildPlan>();
+        let fail = |failure: ChildFailure| -> ! {
+            plan.failure.store(failure.encode(), Ordering::Release);
+            libc::_exit(wrapper::EXIT_CANNOT_START)
+        };
+        let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        // Ignored signals survive exec, and the keeper's own dispositions
+        // must not apply here: every one goes back to its default first.
+        if let Err(signal) = wrapper::reset_signal_dispositions() {
+            fail(ChildFailure::Signal(signal, errno()));
         }
-        // SAFETY: `getenv` returned a NUL-terminated string.
-        #[allow(unsafe_code)]
-        let bytes = unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes();
-        if bytes.len() < MARKER_CAPACITY - 1 || bytes.iter().any(|&b| b != MARKER_PADDING) {
-            return None;
+        libc::setpgid(0, 0);
+        for (from, to) in [(plan.stdin, 0), (plan.stdout, 1), (plan.stderr, 2)] {
+            if libc::dup2(from, to) < 0 {
+                fail(ChildFailure::Setup(errno()));
+            }
         }
-        Some(MarkerSlot {
-            value: value.cast(),
-            capacity: bytes.len(),
-        })
-    }
-
-    /// Writes `path` over the value, NUL-padded (so the entry reads as
-    /// `PELOTON_SANDBOX=<path>`). Paths that do not fit were refused by
-    /// the agent.
-    fn write(&mut self, path: &[u8]) {
-        assert!(path.len() < self.capacity, "the agent checks the length");
-        // SAFETY: `value` points to `capacity` writable bytes of this
-        // process's environment block (the initial stack, found by
-        // `find`), which nothing else refers to or changes: the process is
-        // single-threaded and never reads its environment again.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::ptr::copy_nonoverlapping(path.as_ptr(), self.value, path.len());
-            std::ptr::write_bytes(self.value.add(path.len()), 0, self.capacity - path.len());
+        if libc::chdir(plan.dir) != 0 {
+            fail(ChildFailure::Setup(errno()));
         }
+        if !plan.cgroup_procs.is_null() {
+            // "0" is the writing process.
+            let fd = libc::open(plan.cgroup_procs, libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 || libc::write(fd, c"0".as_ptr().cast(), 1) != 1 {
+                fail(ChildFailure::Cgroup(errno()));
+            }
+            libc::close(fd);
+        }
+        if plan.open_files != NO_LIMIT {
+            let mut limit = libc::rlimit {
+                rlim_cur: plan.open_files,
+                rlim_max: plan.open_files,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0
+                && libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0
+            {
+                // Above the hard limit, without the right to raise it (root
+                // without CAP_SYS_RESOURCE, as in most containers).
+                limit.rlim_cur = limit.rlim_max.min(plan.open_files);
+                limit.rlim_max = limit.rlim_cur;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        // Last: nothing is allocated after it.
+        if plan.address_space != NO_LIMIT {
+            let limit = libc::rlimit {
+                rlim_cur: plan.address_space,
+                rlim_max: plan.address_space,
+            };
+            libc::setrlimit(libc::RLIMIT_AS, &limit);
+        }
+        libc::execve(plan.program, plan.argv, plan.envp);
+        fail(ChildFailure::Exec(errno()))
     }
 }
 
@@ -589,10 +986,24 @@ mod tests {
         for message in [
             Message::Spawned(identity),
             Message::Refused(Errno::ENOENT as i32),
+            Message::StartFailed,
             Message::Exited(identity),
         ] {
             assert_eq!(Message::decode(&message.encode()), Some(message));
         }
         assert_eq!(Message::decode(&[0; Message::BYTES]), None);
+    }
+
+    #[test]
+    fn child_failures_round_trip() {
+        for failure in [
+            ChildFailure::Setup(Errno::EBADF as i32),
+            ChildFailure::Cgroup(Errno::EACCES as i32),
+            ChildFailure::Signal(33, Errno::EINVAL as i32),
+            ChildFailure::Exec(Errno::ENOEXEC as i32),
+        ] {
+            assert_ne!(failure.encode(), 0, "zero means no failure");
+            assert_eq!(ChildFailure::decode(failure.encode()), failure);
+        }
     }
 }

@@ -542,6 +542,8 @@ impl Supervisor {
                 key: key.clone(),
                 created_ms: now,
                 wrapper: None,
+                task: None,
+                keeper: None,
                 ports: Vec::new(),
                 cgroup: None,
                 kill_requested: false,
@@ -715,19 +717,36 @@ impl Supervisor {
     /// there is no spawner.
     fn spawn_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
         if let Some(spawner) = self.spawner() {
+            let keeper = spawner.identity();
             match spawner.spawn(&run.dir) {
-                Ok(identity) => {
-                    run.record.wrapper = Some(identity);
+                Ok(Some(task)) => {
+                    run.record.task = Some(task);
+                    run.record.keeper = Some(keeper);
                     run.watch = WrapperWatch::Spawner;
-                    self.spawned.insert(identity, run.record.key.clone());
+                    self.spawned.insert(task, run.record.key.clone());
+                    // The task has executed: it runs (a `started` entry
+                    // would say no more than this record does).
+                    run.record.report = PhaseReport::new(Phase::Running, record::now_ms());
                     self.commit(run);
                     return Ok(());
                 }
+                Ok(None) => {
+                    // It could not start; the keeper recorded why.
+                    run.record.keeper = Some(keeper);
+                    run.watch = WrapperWatch::Gone;
+                    let exit = record::read_wrapper_news(&run.dir, true)
+                        .map_err(|e| format!("cannot read why the task did not start: {e}"))?
+                        .exit
+                        .ok_or_else(|| "the task did not start (no reason recorded)".to_owned())?;
+                    let report = final_report(&exit, run.record.kill_requested);
+                    self.end(run, report);
+                    return Ok(());
+                }
                 Err(SpawnError::Refused(e)) => {
-                    return Err(format!("cannot start the wrapper: {e}"));
+                    return Err(format!("cannot start the task: {e}"));
                 }
                 Err(SpawnError::Gone(e)) => {
-                    tracing::warn!(error = %e, "the spawner is gone; starting the wrapper directly");
+                    tracing::warn!(error = %e, "the keeper is gone; starting a wrapper for the run");
                     self.lose_spawner();
                 }
             }
@@ -777,7 +796,7 @@ impl Supervisor {
             }
             match Spawner::start(&self.config.wrapper_exe) {
                 Ok(spawner) => {
-                    tracing::debug!(pid = spawner.pid(), "spawner started");
+                    tracing::debug!(pid = spawner.identity().pid, "keeper started");
                     self.spawner = Some(spawner);
                 }
                 Err(e) => {
@@ -795,7 +814,10 @@ impl Supervisor {
     /// The spawner died or broke: its wrappers are watched through `/proc`
     /// from now on; the next launch starts another.
     fn lose_spawner(&mut self) {
-        self.spawner = None;
+        if let Some(child) = self.spawner.take().and_then(Spawner::close) {
+            // It exits once its tasks have ended (it may be broken, not dead).
+            self.unreaped.push(child);
+        }
         self.spawned.clear();
         for run in self.runs.values_mut() {
             if matches!(run.watch, WrapperWatch::Spawner) {
@@ -962,7 +984,10 @@ impl Supervisor {
         let alive = match run.watch {
             WrapperWatch::Child(_) | WrapperWatch::Spawner => true,
             WrapperWatch::Gone => false,
-            WrapperWatch::Proc => run.record.wrapper.is_some_and(|w| w.is_alive()),
+            WrapperWatch::Proc => match run.record.task {
+                Some(task) => task.is_alive(),
+                None => run.record.wrapper.is_some_and(|w| w.is_alive()),
+            },
         };
         let news = if run.record.report.phase == Phase::Starting || !alive {
             record::read_wrapper_news(&run.dir, run.record.journal)
@@ -1002,6 +1027,15 @@ impl Supervisor {
             }
             Ok(None) => {}
         }
+        if !alive
+            && matches!(run.watch, WrapperWatch::Proc)
+            && run.record.task.is_some()
+            && run.record.keeper.is_some_and(|k| k.is_alive())
+        {
+            // The task is gone and its keeper has yet to record the end
+            // (it is cleaning up after it): the entry comes.
+            return;
+        }
         if !alive {
             // Whatever the wrapper left behind goes with it.
             sweep(run, now, procs);
@@ -1020,9 +1054,12 @@ impl Supervisor {
         }
         if !run.record.kill_requested
             && let Some(limit) = run.record.resident_limit_bytes
-            && let Some(wrapper) = run.record.wrapper
+            && let Some(root) = run.record.task.or(run.record.wrapper)
         {
-            let pids = procs.get().descendants(wrapper.pid);
+            let mut pids = procs.get().descendants(root.pid);
+            if run.record.task.is_some() {
+                pids.push(root.pid);
+            }
             if run.record.killed_by_agent.is_some() {
                 // Killed already: anything left (forked meanwhile, or an
                 // agent restart between the record and the kill) goes too.
@@ -1334,13 +1371,36 @@ fn final_report(exit: &ExitRecord, kill_requested: bool) -> PhaseReport {
 /// SIGTERM to the run's process group, to every descendant of its wrapper
 /// (some may have left the group) and to its cgroup.
 fn terminate(run: &Run, procs: &mut LazySnapshot) {
-    let Some(wrapper) = run.record.wrapper.filter(ProcessIdentity::is_alive) else {
-        return;
-    };
     let custom = run
         .record
         .stop_signal
         .and_then(|n| Signal::try_from(n).ok());
+    if let Some(task) = run.record.task {
+        // Started by the keeper: the task leads the run's group.
+        if !task.is_alive() {
+            // Ended; the keeper kills what is left and records the end.
+            return;
+        }
+        let signal = custom.unwrap_or(Signal::SIGTERM);
+        if custom.is_some() {
+            // Its own stop signal goes to its main process only (see
+            // below); SIGKILL after the grace takes the whole tree.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(task.pid).unwrap_or(i32::MAX)),
+                signal,
+            );
+            return;
+        }
+        task.signal_group(signal);
+        proc::signal_all(&procs.get().descendants(task.pid), signal);
+        if let Some(cgroup) = &run.record.cgroup {
+            proc::signal_all(&isolation::cgroup_pids(cgroup), signal);
+        }
+        return;
+    }
+    let Some(wrapper) = run.record.wrapper.filter(ProcessIdentity::is_alive) else {
+        return;
+    };
     if let Some(signal) = custom
         && let Ok(record::WrapperNews {
             started: Some(started),
@@ -1393,6 +1453,15 @@ fn sweep(run: &Run, now: u64, procs: &mut LazySnapshot) {
         isolation::kill_cgroup(cgroup);
     }
     let snapshot = procs.get();
+    if let Some(task) = run.record.task.filter(ProcessIdentity::is_alive) {
+        // Started by the keeper, which records the end once all is gone.
+        let mut victims = snapshot.descendants(task.pid);
+        victims.push(task.pid);
+        victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
+        proc::kill_all(&victims);
+        task.signal_group(Signal::SIGKILL);
+        return;
+    }
     let wrapper = run.record.wrapper.filter(ProcessIdentity::is_alive);
     let mut victims = wrapper.map_or_else(Vec::new, |w| snapshot.descendants(w.pid));
     victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));

@@ -82,7 +82,7 @@ pub fn run_wrapper(sandbox: &Path) -> i32 {
     }
 }
 
-fn start_failure(sandbox: &Path, reason: String) -> ExitRecord {
+pub(crate) fn start_failure(sandbox: &Path, reason: String) -> ExitRecord {
     note(sandbox, &reason);
     ExitRecord {
         exit_code: EXIT_CANNOT_START,
@@ -205,6 +205,14 @@ fn supervise(sandbox: &Path, journal: &mut File) -> ExitRecord {
     {
         note(sandbox, &format!("cannot remove {}: {e}", cgroup.display()));
     }
+    let mut exit = exit_record(exit_code, signal, oom_killed);
+    exit.time_ms = time_ms;
+    exit
+}
+
+/// The `exit` entry of a task that ended with (exit code, signal) — code
+/// 128 + signal for a signal, -1 if its status was lost — now.
+pub(crate) fn exit_record(exit_code: i32, signal: i32, oom_killed: bool) -> ExitRecord {
     let reason = match (signal, oom_killed) {
         (0, false) if exit_code >= 0 => format!("exited with code {exit_code}"),
         (0, true) if exit_code >= 0 => {
@@ -219,7 +227,7 @@ fn supervise(sandbox: &Path, journal: &mut File) -> ExitRecord {
         signal,
         oom_killed,
         start_failed: false,
-        time_ms,
+        time_ms: record::now_ms(),
         reason,
     }
 }
@@ -434,6 +442,17 @@ fn kill_leftovers(cgroup: Option<&Path>, marker: Option<&[u8]>, sandbox: &Path) 
 /// the task's environment, paths with a `/` against the sandbox), so that
 /// the usual start failures get the usual message.
 fn check_program(program: &str, env: &[(String, String)], cwd: &Path) -> io::Result<()> {
+    find_program(program, env, cwd).map(drop)
+}
+
+/// The file `execvp` would execute for `program`: relative names are
+/// looked up in `PATH` of the task's environment, paths with a `/` are
+/// taken against the sandbox.
+pub(crate) fn find_program(
+    program: &str,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> io::Result<PathBuf> {
     let candidates: Vec<PathBuf> = if program.contains('/') {
         vec![cwd.join(program)]
     } else {
@@ -455,7 +474,7 @@ fn check_program(program: &str, env: &[(String, String)], cwd: &Path) -> io::Res
     for candidate in candidates {
         if let Ok(meta) = fs::metadata(&candidate) {
             if meta.is_file() && meta.permissions().mode() & 0o111 != 0 {
-                return Ok(());
+                return Ok(candidate);
             }
             not_executable = true;
         }
@@ -479,7 +498,7 @@ const SIGNAL_COUNT: i32 = 64;
 /// ignored 32 or 33 would still reach the task. Allocation-free (it runs
 /// under the task's address-space limit); the caller has checked that the
 /// process has one thread ([`check_single_threaded`]).
-fn reset_signal_dispositions() -> Result<(), i32> {
+pub(crate) fn reset_signal_dispositions() -> Result<(), i32> {
     use nix::libc;
     // The kernel's `struct sigaction` starts with the handler; SIG_DFL is
     // 0 and no flag, restorer or mask is wanted, so all zeros is the
@@ -520,7 +539,7 @@ fn reset_signal_dispositions() -> Result<(), i32> {
 /// A line in the sandbox's `wrapper.log`, created by the first one (the
 /// wrapper's stderr is the task's, which is not the place for the agent's
 /// notes).
-fn note(sandbox: &Path, line: &str) {
+pub(crate) fn note(sandbox: &Path, line: &str) {
     child_note(&sandbox.join(WRAPPER_LOG_FILE), &format!("exec: {line}"));
 }
 

@@ -1,10 +1,12 @@
-//! The spawner, with real processes: the per-agent process that forks each
-//! run's wrapper without an exec. A forked wrapper must be the process an
-//! executed one was (group leader, output files, working directory, the
-//! run's marker in its environment, no descriptor of the spawner's), the
-//! spawner must end with its supervisor while the wrappers carry on, and a
-//! spawner that dies must cost no run: its wrappers are watched through
-//! /proc and the next launch starts another spawner.
+//! The keeper (`peloton-agent spawner`), with real processes: the per-agent
+//! process that starts every task and records its end. A task must be the
+//! process its spec asks for (its own group leader, output files, working
+//! directory, its own environment with the run's marker, nothing blocked,
+//! no descriptor of the keeper's); what it leaves behind is killed before
+//! its end is recorded; the keeper must outlive its agent and record the
+//! ends of its tasks for the next one; and a keeper that is killed costs
+//! only its running tasks' exit statuses (the runs end, FAILED) and is
+//! replaced at the next launch.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -106,16 +108,27 @@ fn is_alive(pid: u32) -> bool {
     stat(pid).is_some_and(|(_, _, state)| !matches!(state, 'Z' | 'X'))
 }
 
-/// The wrapper's pid, from the run's journal (the newest record with one).
-fn wrapper_of(sandbox: &Path) -> u32 {
+/// A field's pid in the run's journal (the newest record with one):
+/// "task" or "keeper".
+fn recorded(sandbox: &Path, field: &str) -> u32 {
     let journal = std::fs::read(sandbox.join("run.json")).expect("journal");
     journal
         .split(|&b| b == b'\n')
         .rev()
         .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
-        .find_map(|v| v.get("wrapper")?.get("pid")?.as_u64())
+        .find_map(|v| v.get(field)?.get("pid")?.as_u64())
         .and_then(|pid| u32::try_from(pid).ok())
-        .expect("a recorded wrapper")
+        .unwrap_or_else(|| panic!("no recorded {field}"))
+}
+
+/// A `/proc/PID/status` field.
+fn status_field(pid: u32, name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
+        .unwrap_or_default()
 }
 
 fn cmdline(pid: u32) -> Vec<String> {
@@ -151,7 +164,7 @@ fn descriptors(pid: u32) -> Vec<(u32, PathBuf)> {
 }
 
 #[test]
-fn wrappers_are_forked_by_one_spawner_as_the_processes_an_exec_made() {
+fn tasks_are_started_by_one_keeper_as_group_leaders_with_nothing_of_the_agent() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
     let keys = [key("job-s", 0), key("job-s", 1)];
@@ -161,35 +174,53 @@ fn wrappers_are_forked_by_one_spawner_as_the_processes_an_exec_made() {
         h.wait_for(k, P::Running);
     }
     let sandboxes: Vec<PathBuf> = keys.iter().map(|k| h.supervisor.sandbox_dir(k)).collect();
-    let wrappers: Vec<u32> = sandboxes.iter().map(|s| wrapper_of(s)).collect();
-    let spawner = stat(wrappers[0]).expect("wrapper alive").0;
-    assert_eq!(cmdline(spawner)[1..], ["spawner"]);
-    assert_eq!(stat(spawner).expect("spawner").0, std::process::id());
-    for (sandbox, &wrapper) in sandboxes.iter().zip(&wrappers) {
-        let (ppid, pgid, _) = stat(wrapper).expect("wrapper alive");
-        assert_eq!(ppid, spawner, "one spawner forks every wrapper");
-        assert_eq!(pgid, wrapper, "the wrapper leads its run's process group");
+    let tasks: Vec<u32> = sandboxes.iter().map(|s| recorded(s, "task")).collect();
+    let keeper = recorded(&sandboxes[0], "keeper");
+    assert_eq!(recorded(&sandboxes[1], "keeper"), keeper);
+    assert_eq!(cmdline(keeper)[1..], ["spawner"]);
+    assert_eq!(stat(keeper).expect("keeper").0, std::process::id());
+    assert_eq!(
+        status_field(keeper, "Threads"),
+        "1",
+        "the keeper is single-threaded"
+    );
+    for (sandbox, &task) in sandboxes.iter().zip(&tasks) {
+        let (ppid, pgid, _) = stat(task).expect("task alive");
+        assert_eq!(ppid, keeper, "one keeper starts every task");
+        assert_eq!(pgid, task, "the task leads its run's process group");
+        // The keeper hears of the task as its exec replaces its memory
+        // (the vfork is then done), before the kernel has set up the
+        // arguments that /proc shows.
+        wait_until("the task's exec completes", || cmdline(task).len() == 3);
+        assert_eq!(cmdline(task)[..2], ["/bin/sh", "-c"]);
         assert_eq!(
-            std::fs::read_link(format!("/proc/{wrapper}/cwd")).expect("cwd"),
+            std::fs::read_link(format!("/proc/{task}/cwd")).expect("cwd"),
             *sandbox
         );
-        // The marker a restarted agent finds the wrapper by, and nothing
-        // of the agent's environment.
-        assert_eq!(
-            environ(wrapper),
-            [format!("PELOTON_SANDBOX={}", sandbox.display())]
+        // Its own environment (with the run's marker), nothing of the
+        // agent's or the keeper's.
+        let env = environ(task);
+        assert!(
+            env.contains(&format!("PELOTON_SANDBOX={}", sandbox.display())),
+            "{env:?}"
         );
-        // Standard input /dev/null, output the run's files; no socket of
-        // the spawner (the agent would not see the spawner's end).
-        let fds = descriptors(wrapper);
+        assert!(!env.iter().any(|e| e.starts_with("CARGO")), "{env:?}");
+        // Standard input /dev/null, output the run's files; no descriptor
+        // of the keeper's (its socket, its signalfd).
+        let fds = descriptors(task);
         assert_eq!(fds[0], (0, PathBuf::from("/dev/null")), "{fds:?}");
         assert_eq!(fds[1], (1, sandbox.join("stdout")), "{fds:?}");
         assert_eq!(fds[2], (2, sandbox.join("stderr")), "{fds:?}");
         assert!(
-            fds.iter()
-                .all(|(_, to)| !to.to_string_lossy().starts_with("socket:")),
+            fds.iter().all(|(_, to)| {
+                let to = to.to_string_lossy();
+                !to.starts_with("socket:") && !to.contains("signalfd")
+            }),
             "{fds:?}"
         );
+        // The keeper blocks SIGCHLD and is a subreaper; the task starts
+        // with nothing blocked.
+        assert_eq!(status_field(task, "SigBlk"), "0000000000000000");
     }
     for (k, sandbox) in keys.iter().zip(&sandboxes) {
         std::fs::write(sandbox.join("go"), "").expect("go");
@@ -200,65 +231,154 @@ fn wrappers_are_forked_by_one_spawner_as_the_processes_an_exec_made() {
             "bye\n"
         );
     }
-    // The spawner reaped its wrappers.
-    for &wrapper in &wrappers {
-        wait_until("the wrapper is reaped", || stat(wrapper).is_none());
+    // The keeper reaped its tasks.
+    for &task in &tasks {
+        wait_until("the task is reaped", || stat(task).is_none());
     }
 }
 
 #[test]
-fn a_dead_spawner_costs_no_run_and_is_replaced() {
+fn a_task_that_cannot_execute_fails_with_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(dir.path());
+    // Executable, but neither a binary nor a script with `#!`: only the
+    // exec itself can refuse it.
+    let program = dir.path().join("not-a-program");
+    std::fs::write(&program, [0u8, 1, 2, 3, 4, 5, 6, 7]).expect("write");
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let k = key("job-x", 0);
+    h.supervisor.launch(&[v1::LaunchRun {
+        key: Some(k.clone()),
+        spec: Some(v1::TaskSpec {
+            command: program.display().to_string(),
+            ..v1::TaskSpec::default()
+        }),
+        ..Default::default()
+    }]);
+    let failed = h.wait_for(&k, P::Failed);
+    assert_eq!(failed.exit_code, 127, "{failed:?}");
+    assert!(
+        failed.reason.contains("Exec format error"),
+        "{}",
+        failed.reason
+    );
+    let k = key("job-x", 1);
+    h.supervisor.launch(&[v1::LaunchRun {
+        key: Some(k.clone()),
+        spec: Some(v1::TaskSpec {
+            command: "no-such-program-here".to_owned(),
+            ..v1::TaskSpec::default()
+        }),
+        ..Default::default()
+    }]);
+    let failed = h.wait_for(&k, P::Failed);
+    assert!(
+        failed.reason.contains("No such file or directory"),
+        "{}",
+        failed.reason
+    );
+}
+
+#[test]
+fn a_task_left_processes_are_killed_before_its_end_is_recorded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(dir.path());
+    let k = key("job-l", 0);
+    // One in the task's group, one that left it; the task itself exits.
+    h.supervisor.launch(&[v1::LaunchRun {
+        key: Some(k.clone()),
+        spec: Some(v1::TaskSpec {
+            shell: "sleep 600 & setsid sleep 601 & echo started; exit 3".to_owned(),
+            ..v1::TaskSpec::default()
+        }),
+        ..Default::default()
+    }]);
+    let failed = h.wait_for(&k, P::Failed);
+    assert_eq!(failed.exit_code, 3, "{failed:?}");
+    let sandbox = h.supervisor.sandbox_dir(&k);
+    let marker = format!("PELOTON_SANDBOX={}", sandbox.display());
+    let left: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| is_alive(pid) && environ(pid).contains(&marker))
+        .collect();
+    assert_eq!(left, Vec::<u32>::new(), "the run left processes behind");
+}
+
+#[test]
+fn the_keeper_outlives_its_agent_and_records_the_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = key("job-e", 0);
+    let (sandbox, task, keeper) = {
+        let mut h = Harness::open(dir.path());
+        h.supervisor.launch(&[waits_for_go(&k)]);
+        h.wait_for(&k, P::Running);
+        let sandbox = h.supervisor.sandbox_dir(&k);
+        let task = recorded(&sandbox, "task");
+        let keeper = recorded(&sandbox, "keeper");
+        (sandbox, task, keeper)
+    };
+    // The agent is gone (its supervisor dropped, the keeper's socket
+    // closed); the keeper and its task carry on.
+    assert!(is_alive(keeper));
+    assert!(is_alive(task));
+    let mut h = Harness::open(dir.path());
+    std::fs::write(sandbox.join("go"), "").expect("go");
+    let done = h.wait_for(&k, P::Succeeded);
+    assert_eq!(done.exit_code, 0);
+    // It recorded the end, then left: it had no task and no agent.
+    wait_until("the old keeper exits", || !is_alive(keeper));
+    // New launches go to a new keeper.
+    let second = key("job-e", 1);
+    h.supervisor.launch(&[waits_for_go(&second)]);
+    h.wait_for(&second, P::Running);
+    let sandbox = h.supervisor.sandbox_dir(&second);
+    assert_ne!(recorded(&sandbox, "keeper"), keeper);
+    std::fs::write(sandbox.join("go"), "").expect("go");
+    h.wait_for(&second, P::Succeeded);
+}
+
+#[test]
+fn a_killed_keeper_costs_only_its_tasks_exit_statuses_and_is_replaced() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
     let first = key("job-d", 0);
     h.supervisor.launch(&[waits_for_go(&first)]);
     h.wait_for(&first, P::Running);
     let sandbox = h.supervisor.sandbox_dir(&first);
-    let wrapper = wrapper_of(&sandbox);
-    let spawner = stat(wrapper).expect("wrapper").0;
+    let task = recorded(&sandbox, "task");
+    let keeper = recorded(&sandbox, "keeper");
     let status = std::process::Command::new("kill")
-        .args(["-KILL", &spawner.to_string()])
+        .args(["-KILL", &keeper.to_string()])
         .status()
         .expect("kill runs");
     assert!(status.success());
-    wait_until("the wrapper is reparented", || {
-        stat(wrapper).is_some_and(|(ppid, _, _)| ppid != spawner)
+    wait_until("the task is reparented", || {
+        stat(task).is_some_and(|(ppid, _, _)| ppid != keeper)
     });
-    // Watched through /proc now: its end is still seen.
+    // The task runs on, watched through /proc; its end is seen, but its
+    // exit status died with the keeper.
     h.supervisor.poll();
+    assert!(is_alive(task));
     std::fs::write(sandbox.join("go"), "").expect("go");
-    let done = h.wait_for(&first, P::Succeeded);
-    assert_eq!(done.exit_code, 0);
-    // The next launch starts another spawner.
+    let done = h.wait_for(&first, P::Failed);
+    assert!(
+        done.reason.contains("lost the run's exit status"),
+        "{done:?}"
+    );
+    // The next launch starts another keeper.
     let second = key("job-d", 1);
     h.supervisor.launch(&[waits_for_go(&second)]);
     h.wait_for(&second, P::Running);
     let sandbox = h.supervisor.sandbox_dir(&second);
-    let next = stat(wrapper_of(&sandbox)).expect("wrapper").0;
-    assert_ne!(next, spawner);
+    let next = recorded(&sandbox, "keeper");
+    assert_ne!(next, keeper);
     assert_eq!(cmdline(next)[1..], ["spawner"]);
     std::fs::write(sandbox.join("go"), "").expect("go");
     h.wait_for(&second, P::Succeeded);
-}
-
-#[test]
-fn the_spawner_ends_with_its_supervisor_and_the_wrappers_carry_on() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let k = key("job-e", 0);
-    let (sandbox, wrapper, spawner) = {
-        let mut h = Harness::open(dir.path());
-        h.supervisor.launch(&[waits_for_go(&k)]);
-        h.wait_for(&k, P::Running);
-        let sandbox = h.supervisor.sandbox_dir(&k);
-        let wrapper = wrapper_of(&sandbox);
-        (sandbox, wrapper, stat(wrapper).expect("wrapper").0)
-    };
-    // Dropping the supervisor closed the spawner's socket: it has exited
-    // (and was reaped); the wrapper has not.
-    assert!(!is_alive(spawner));
-    assert!(is_alive(wrapper));
-    let mut h = Harness::open(dir.path());
-    std::fs::write(sandbox.join("go"), "").expect("go");
-    let done = h.wait_for(&k, P::Succeeded);
-    assert_eq!(done.exit_code, 0);
 }

@@ -195,13 +195,16 @@ fn shell_task_succeeds_with_its_output_and_environment() {
     spec.env.insert("MY_VAR".to_owned(), "my value".to_owned());
     h.supervisor.launch(&[launch(&k, spec)]);
     // Taken before any poll: later phases would replace it in the outbox.
+    // The keeper answers once the task has executed, so a launch that
+    // returns has a RUNNING run.
     h.drain();
     let done = h.wait_for(&k, P::Succeeded);
     assert_eq!(done.exit_code, 0);
     assert_eq!(done.signal, 0);
     assert!(done.time_ms > 0);
     let reports = h.reports(&k);
-    assert_eq!(reports[0].phase(), P::Starting);
+    assert_eq!(reports[0].phase(), P::Running);
+    assert!(reports[0].started_ms > 0);
     assert_in_order(&reports);
 
     let sandbox = h.sandbox(&k);
@@ -466,21 +469,33 @@ fn a_second_supervisor_readopts_live_runs() {
 }
 
 #[test]
-fn a_run_whose_wrapper_vanished_is_failed_and_cleaned_up() {
+fn a_run_whose_keeper_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(config(dir.path()));
     let k = key("job-g", 0);
-    h.supervisor.launch(&[launch(&k, shell("sleep 600"))]);
+    h.supervisor
+        .launch(&[launch(&k, shell("sleep 600 & sleep 601; exit 0"))]);
     h.wait_for(&k, P::Running);
     let sandbox = h.sandbox(&k);
     let run = run_record(&sandbox);
-    let wrapper = run["wrapper"]["pid"].as_u64().expect("wrapper pid");
-    // SIGKILL to the wrapper alone: it cannot write exit.json.
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &wrapper.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    let keeper = run["keeper"]["pid"].as_u64().expect("keeper pid");
+    let task = run["task"]["pid"].as_u64().expect("task pid");
+    // SIGKILL to the keeper alone: nobody can record the task's exit.
+    let kill = |pid: u64| {
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    };
+    kill(keeper);
+    // The task runs on, and so does its run.
+    for _ in 0..10 {
+        h.supervisor.poll();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(h.reports(&k).last().map(|r| r.phase()), Some(P::Running));
+    kill(task);
     let failed = h.wait_for(&k, P::Failed);
     assert_eq!(failed.reason, "agent lost the run's exit status");
     wait_until("the orphaned sleep is killed", || {
@@ -748,22 +763,13 @@ fn a_run_is_its_journal_and_its_output() {
                 .unwrap_or("run")
         })
         .collect();
-    // Plan and first record in one write; then the wrapper's identity
-    // (written by the agent after the fork) and the wrapper's start
-    // (written by the wrapper itself), which race each other; then its
-    // exit, the end, the acknowledgement.
-    let wrapper_first = ["plan", "run", "started", "run", "exit", "run", "run"];
-    let agent_first = ["plan", "run", "run", "started", "exit", "run", "run"];
-    assert!(
-        kinds == wrapper_first || kinds == agent_first,
-        "journal entries in an unexpected order: {kinds:?}"
-    );
-    let started = entries
-        .iter()
-        .find_map(|e| e.get("started"))
-        .expect("a started entry");
-    assert!(started["pid"].as_u64().unwrap_or(0) > 0);
-    assert_eq!(entries[4]["exit"]["exit_code"], 3);
+    // Plan and first record in one write; then the task's and keeper's
+    // identities with RUNNING (written by the agent once the task has
+    // executed); the keeper's exit entry; the end; the acknowledgement.
+    assert_eq!(kinds, ["plan", "run", "run", "exit", "run", "run"]);
+    assert!(entries[2]["task"]["pid"].as_u64().unwrap_or(0) > 0);
+    assert!(entries[2]["keeper"]["pid"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(entries[3]["exit"]["exit_code"], 3);
     let record = run_record(&sandbox);
     assert_eq!(record["generation"], 4);
     assert_eq!(record["acked"], true);
