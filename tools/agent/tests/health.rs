@@ -564,11 +564,12 @@ fn ports_appear_in_every_report_from_starting_on() {
     let mut spec = shell("echo $PELOTON_PORT_HTTP $PELOTON_PORT_ADMIN");
     spec.ports = vec![port("http"), port("admin")];
     h.supervisor.launch(&[launch(&k, spec)]);
-    // Taken before any poll: later phases would replace it in the outbox.
+    // Taken before any poll: later phases would replace it in the outbox
+    // (the launch returns once the task has executed: RUNNING).
     h.drain();
     h.wait_for(&k, P::Succeeded);
     let reports = h.reports(&k);
-    assert_eq!(reports[0].phase(), P::Starting);
+    assert_eq!(reports[0].phase(), P::Running);
     let out = std::fs::read_to_string(h.sandbox(&k).join("stdout")).expect("stdout");
     let given: Vec<u32> = out
         .split_whitespace()

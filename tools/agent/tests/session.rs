@@ -412,7 +412,9 @@ async fn health_verdicts_and_ports_reach_the_server() {
         }],
     }))
     .await;
-    let starting = s.report(&k, P::Starting).await;
+    // The first report: RUNNING (the keeper answers once the task has
+    // executed), with the assigned port.
+    let starting = s.report(&k, P::Running).await;
     let assigned = starting.ports.get("http").copied().expect("the http port");
     assert!((47300..=47309).contains(&assigned), "{starting:?}");
     let unhealthy = s

@@ -299,7 +299,7 @@ async fn check_answers(tasks: &[pb::Task]) {
 }
 
 /// The most instances of a job seen down at once (not `up`) in
-/// TaskService.List, sampled every ~50 ms from a task of its own until
+/// TaskService.List, sampled every ~10 ms from a task of its own until
 /// dropped, and the tasks of that sample.
 struct DownSampler {
     worst: Arc<Mutex<(usize, Vec<pb::Task>)>>,
@@ -327,7 +327,9 @@ impl DownSampler {
                         *worst = (down, tasks);
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Often: a replaced instance is down only from its kill to
+                // its new task's exec, tens of milliseconds.
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         });
         DownSampler { worst, reader }
