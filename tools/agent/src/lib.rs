@@ -2,8 +2,9 @@
 //!
 //! The agent holds one gRPC stream to the server (`session`), and a
 //! [`Supervisor`] that owns the runs: each run is a sandbox directory, a
-//! wrapper process that starts, waits for and cleans up after the task
-//! (`wrapper`), and the records on disk that let a restarted agent take its
+//! task started, waited for and cleaned up after by the agent's keeper
+//! process (`spawner`; a per-run wrapper, `wrapper`, when no keeper can
+//! start), and the records on disk that let a restarted agent take its
 //! runs back (`record`). The design rule is that the disk, not the agent's
 //! memory, is the truth about a run: the agent may die at any moment, its
 //! tasks keep running, their exit statuses are still recorded, and the

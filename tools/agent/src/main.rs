@@ -1,11 +1,13 @@
 //! `peloton-agent`: the host agent binary (see `peloton-agent --help`).
 //!
-//! The same binary is also each run's wrapper (`peloton-agent exec`); that
-//! hidden mode is recognised by the first argument before anything else,
-//! and runs without an async runtime or logging setup.
+//! The same binary is also the agent's keeper (`peloton-agent spawner`,
+//! which starts every task and records its end) and, when no keeper can
+//! start, a run's wrapper (`peloton-agent exec`); those hidden modes are
+//! recognised by the first argument before anything else, and run without
+//! an async runtime or logging setup.
 //!
 //! SIGTERM and SIGINT stop the agent with exit code 0 and leave its tasks
-//! running: they belong to their wrappers, not to the agent, and an agent
+//! running: they belong to the keeper, not to the agent, and an agent
 //! started again on the same `--work-dir` re-adopts them. With
 //! `--stop-tasks-on-exit` the agent stops them first (a second signal kills
 //! them at once). With `--exit-with-parent PID` the end of that process

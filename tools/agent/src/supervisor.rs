@@ -331,13 +331,13 @@ pub struct Supervisor {
     outbox: Outbox,
     /// Wrappers of forgotten runs not yet reaped.
     unreaped: Vec<Child>,
-    /// Forks the wrappers (see `spawner`); started at the first launch,
+    /// Starts the tasks (the keeper, see `spawner`); started at the first launch,
     /// and again after it died.
     spawner: Option<Spawner>,
     /// When the spawner last failed to start (ms): wrappers are executed
     /// directly until `SPAWNER_RETRY_MS` later.
     spawner_failed_ms: Option<u64>,
-    /// Runs by their wrapper, for the spawner's exit news.
+    /// Runs by their task, for the keeper's exit news.
     spawned: HashMap<ProcessIdentity, RunId>,
     /// Runs whose health changed, posted by checker threads.
     health_changes: Arc<HealthInbox>,

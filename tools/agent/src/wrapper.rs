@@ -1,5 +1,10 @@
 //! The per-run supervisor process ("wrapper"): `peloton-agent exec`.
 //!
+//! Used only while the agent has no keeper (see `spawner`: the keeper
+//! starts tasks and records their ends for all runs, without a process per
+//! run); the keeper shares this module's start-failure and exit records,
+//! program lookup and signal reset.
+//!
 //! The agent never waits for a task itself: it starts the wrapper (its own
 //! binary in this mode) as the leader of a new process group, and the
 //! wrapper starts and waits for the task. So a task outlives an agent
