@@ -391,9 +391,6 @@ struct Serving {
     cleanups: Vec<Cleanup>,
     agent: Pid,
     me: u32,
-    /// The pid of the newest task (to tell whether pids wrapped since an
-    /// older one started).
-    newest_pid: u32,
     inbox: Vec<u8>,
     stack: Vec<u8>,
     /// `/proc/self/task/<pid>/children`, where the kernel has it.
@@ -421,7 +418,6 @@ fn serve() -> io::Result<()> {
         cleanups: Vec::new(),
         agent,
         me,
-        newest_pid: 0,
         inbox: Vec::with_capacity(MAX_REQUEST_BYTES + 4),
         stack: vec![0; CHILD_STACK_BYTES],
         children_file: children_file.exists().then_some(children_file),
@@ -613,7 +609,6 @@ impl Serving {
             pid,
             start_ticks: 0,
         });
-        self.newest_pid = pid;
         self.tasks.insert(
             pid,
             Task {
@@ -742,11 +737,14 @@ impl Serving {
 
     /// Whether the keeper may have children that are not its tasks: what a
     /// task left outside its process group. Read from the kernel's list of
-    /// the keeper's children where it has one; else from the processes
-    /// started after `task` (everything it left was), or all of them for a
-    /// task that is old or whose pid the counter has wrapped past.
+    /// the keeper's children where it has one. Else every pid handed out
+    /// since `task` started is asked (everything the task left was started
+    /// after it) — a `waitid` that fails with ECHILD for anyone but the
+    /// keeper's own children, no file read — or, for a task that is old or
+    /// that saw many processes start, every pid in `/proc`.
     fn orphans(&self, task: &Task) -> bool {
-        let is_orphan = |pid: u32| pid != self.me && !self.tasks.contains_key(&pid);
+        let is_orphan =
+            |pid: u32| pid != self.me && !self.tasks.contains_key(&pid) && is_child(pid);
         if let Some(file) = &self.children_file {
             return fs::read_to_string(file).map_or(true, |text| {
                 text.split_whitespace()
@@ -754,15 +752,22 @@ impl Serving {
                     .any(is_orphan)
             });
         }
-        let recent = task.started.elapsed() < SHORT_TASK && self.newest_pid >= task.identity.pid;
+        let first = task.identity.pid.saturating_add(1);
+        // Short-lived, so the pid counter cannot have wrapped round to
+        // beyond it again (that takes millions of processes).
+        if task.started.elapsed() < SHORT_TASK
+            && let Some(last) = last_pid()
+            && last >= task.identity.pid
+            && last - task.identity.pid <= MAX_PID_PROBES
+        {
+            return (first..=last).any(is_orphan);
+        }
         let Ok(entries) = fs::read_dir("/proc") else {
             return true;
         };
         entries
             .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|&pid| !recent || pid > task.identity.pid)
-            .filter(|&pid| is_orphan(pid))
-            .any(|pid| proc::read_stat(pid).is_some_and(|stat| stat.ppid == self.me))
+            .any(is_orphan)
     }
 
     /// Appends the run's `exit` entry (after removing its cgroup).
@@ -787,6 +792,40 @@ impl Serving {
             wrapper::note(&task.sandbox, &format!("cannot record the exit: {e}"));
         }
     }
+}
+
+/// Most pids [`Serving::orphans`] asks one by one before it lists `/proc`.
+const MAX_PID_PROBES: u32 = 4096;
+
+/// Whether `pid` is a child of this process (alive or a zombie).
+fn is_child(pid: u32) -> bool {
+    let Ok(raw) = i32::try_from(pid) else {
+        return false;
+    };
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    !matches!(
+        waitid(Id::Pid(Pid::from_raw(raw)), flags),
+        Err(Errno::ECHILD)
+    )
+}
+
+/// The newest pid handed out in this pid namespace (the last field of
+/// `/proc/loadavg`).
+fn last_pid() -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    thread_local! {
+        static LOADAVG: Option<File> = File::open("/proc/loadavg").ok();
+    }
+    LOADAVG.with(|file| {
+        let mut buffer = [0u8; 256];
+        let n = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
+        std::str::from_utf8(&buffer[..n])
+            .ok()?
+            .split_whitespace()
+            .nth(4)?
+            .parse()
+            .ok()
+    })
 }
 
 /// "No limit" in [`ChildPlan`].
