@@ -299,6 +299,17 @@ async fn restart_task(cluster: &Cluster, id: &str) {
 const STUBBORN_TASK: &str = "trap '' TERM; date +%s%N > start; \
      while true; do date +%s%N > alive; sleep 0.1; done";
 
+/// Waits until the stubborn task has recorded its start, so it ignores
+/// SIGTERM: RUNNING is reported as soon as its shell is executed, before
+/// the shell has run its `trap`.
+async fn wait_stubborn(cluster: &Cluster, id: &str) {
+    eventually("the stubborn task ignores SIGTERM", async || {
+        let rs = run_intervals(cluster, id).remove(&0)?;
+        (!rs.is_empty()).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_wins_over_a_restart_still_waiting_for_the_old_run() {
     let cluster = Cluster::start(1).await;
@@ -306,6 +317,7 @@ async fn a_kill_wins_over_a_restart_still_waiting_for_the_old_run() {
     spec.kill_grace_period_ms = 2000;
     let id = cluster.create(job("stubborn", 1, spec)).await;
     cluster.wait_running(&id, 1).await;
+    wait_stubborn(&cluster, &id).await;
     restart_task(&cluster, &id).await;
     // The old run is stopping; the new one waits for it.
     let t = cluster.task(&id, 0).await.expect("task");
@@ -343,6 +355,7 @@ async fn a_restart_waiting_for_the_old_run_survives_a_server_crash() {
     spec.kill_grace_period_ms = 3000;
     let id = cluster.create(job("stubborn", 1, spec)).await;
     cluster.wait_running(&id, 1).await;
+    wait_stubborn(&cluster, &id).await;
     restart_task(&cluster, &id).await;
     // Acknowledged, so stored: the crash must not lose the restart.
     let server = cluster.server.as_mut().expect("server");

@@ -446,6 +446,7 @@ async fn a_daemon_job_runs_one_instance_per_host_as_hosts_join_drain_and_leave()
     let other = cluster.create(job("other-work", 1, spec)).await;
     let t = cluster.wait_running(&other, 1).await.remove(0);
     assert_eq!(run_of(&t).host, "a3");
+    wait_exec(&format!("PELOTON_JOB_ID={other}"), "sleep").await;
     maintenance(&cluster, "a3", true).await;
     let daemon_then = eventually("the other work stopping", async || {
         // Read the daemon first: if the other run is still stopping after,

@@ -549,6 +549,27 @@ fn agent_port_range() -> String {
     format!("{first}-{}", first + PORTS_PER_AGENT - 1)
 }
 
+/// Waits until a process with `needle` in its environment runs `program`
+/// (its first argument): a task that executes it after `trap '' TERM`
+/// ignores SIGTERM only from then on, and RUNNING is reported as soon as
+/// its shell is executed.
+#[allow(dead_code)]
+pub async fn wait_exec(needle: &str, program: &str) {
+    eventually(&format!("{program} executed"), async || {
+        processes_with_env(needle)
+            .into_iter()
+            .any(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .unwrap_or_default()
+                    .split(|&b| b == 0)
+                    .next()
+                    .is_some_and(|arg| arg == program.as_bytes())
+            })
+            .then_some(())
+    })
+    .await;
+}
+
 /// Pids of processes whose environment has a variable starting with
 /// `needle` (our tasks carry their sandbox path in PELOTON_SANDBOX).
 pub fn processes_with_env(needle: &str) -> Vec<u32> {
