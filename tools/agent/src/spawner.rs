@@ -37,10 +37,11 @@
 //! (`peloton-agent exec`, see `wrapper`) only when no keeper can start.
 //!
 //! The protocol, on a Unix stream socket that is the keeper's standard
-//! input: the agent sends `u32` length + sandbox path (little-endian); the
-//! keeper reads the task plan from the run's journal and answers each
-//! request in order with a [`Message`], and sends `Exited` messages
-//! whenever a task's end has been recorded. Every message is 16 bytes.
+//! input: the agent sends `u32` length + sandbox path, `u32` length + the
+//! task plan as JSON (little-endian; an empty plan is read from the run's
+//! journal); the keeper answers each request in order with a [`Message`],
+//! and sends `Exited` messages, with the exit status, whenever a task's end
+//! has been recorded. Every message is 40 bytes.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -73,10 +74,34 @@ use crate::wrapper;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a dropped [`Spawner`] gets to exit before it is killed.
 const EXIT_PATIENCE: Duration = Duration::from_secs(2);
-/// Longest request accepted (a sandbox path: `PATH_MAX`).
+/// Longest sandbox path a request may name (`PATH_MAX`).
 const MAX_REQUEST_BYTES: usize = 4096;
+/// Longest task plan a request may carry (a longer one is read from the
+/// run's journal instead).
+const MAX_PLAN_BYTES: usize = 1 << 20;
 
-/// A message from the spawner to the agent.
+/// How a task ended, as its `exit` entry says (the keeper sends it with
+/// the news, so the agent need not read the journal back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ended {
+    pub(crate) task: ProcessIdentity,
+    /// 128 + signal for a signal.
+    pub(crate) exit_code: i32,
+    pub(crate) signal: i32,
+    pub(crate) oom_killed: bool,
+    pub(crate) time_ms: u64,
+}
+
+impl Ended {
+    /// The `exit` entry the keeper wrote for it.
+    pub(crate) fn exit_record(&self) -> record::ExitRecord {
+        let mut exit = wrapper::exit_record(self.exit_code, self.signal, self.oom_killed);
+        exit.time_ms = self.time_ms;
+        exit
+    }
+}
+
+/// A message from the keeper to the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Message {
     /// The answer to a request: the task's identity.
@@ -88,23 +113,40 @@ enum Message {
     StartFailed,
     /// A task's end has been recorded (it was reaped, and nothing of its
     /// run is left).
-    Exited(ProcessIdentity),
+    Exited(Ended),
 }
 
 impl Message {
-    const BYTES: usize = 16;
+    const BYTES: usize = 40;
 
     fn encode(self) -> [u8; Self::BYTES] {
-        let (kind, pid, value) = match self {
-            Message::Spawned(id) => (1u32, id.pid, id.start_ticks),
-            Message::Refused(errno) => (2, 0, u64::from(errno.unsigned_abs())),
-            Message::Exited(id) => (3, id.pid, id.start_ticks),
-            Message::StartFailed => (4, 0, 0),
+        let none = ProcessIdentity {
+            pid: 0,
+            start_ticks: 0,
+        };
+        let (kind, identity, ended) = match self {
+            Message::Spawned(id) => (1u32, id, None),
+            Message::Refused(errno) => (
+                2,
+                ProcessIdentity {
+                    pid: 0,
+                    start_ticks: u64::from(errno.unsigned_abs()),
+                },
+                None,
+            ),
+            Message::Exited(ended) => (3, ended.task, Some(ended)),
+            Message::StartFailed => (4, none, None),
         };
         let mut bytes = [0; Self::BYTES];
         bytes[0..4].copy_from_slice(&kind.to_le_bytes());
-        bytes[4..8].copy_from_slice(&pid.to_le_bytes());
-        bytes[8..16].copy_from_slice(&value.to_le_bytes());
+        bytes[4..8].copy_from_slice(&identity.pid.to_le_bytes());
+        bytes[8..16].copy_from_slice(&identity.start_ticks.to_le_bytes());
+        if let Some(ended) = ended {
+            bytes[16..20].copy_from_slice(&ended.exit_code.to_le_bytes());
+            bytes[20..24].copy_from_slice(&ended.signal.to_le_bytes());
+            bytes[24..28].copy_from_slice(&u32::from(ended.oom_killed).to_le_bytes());
+            bytes[28..36].copy_from_slice(&ended.time_ms.to_le_bytes());
+        }
         bytes
     }
 
@@ -112,17 +154,25 @@ impl Message {
         let word = |at: usize| {
             u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
         };
-        let mut value = [0; 8];
-        value.copy_from_slice(&bytes[8..16]);
-        let value = u64::from_le_bytes(value);
+        let long = |at: usize| {
+            let mut value = [0; 8];
+            value.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(value)
+        };
         let identity = ProcessIdentity {
             pid: word(4),
-            start_ticks: value,
+            start_ticks: long(8),
         };
         match word(0) {
             1 => Some(Message::Spawned(identity)),
-            2 => Some(Message::Refused(i32::try_from(value).ok()?)),
-            3 => Some(Message::Exited(identity)),
+            2 => Some(Message::Refused(i32::try_from(long(8)).ok()?)),
+            3 => Some(Message::Exited(Ended {
+                task: identity,
+                exit_code: word(16).cast_signed(),
+                signal: word(20).cast_signed(),
+                oom_killed: word(24) != 0,
+                time_ms: long(28),
+            })),
             4 => Some(Message::StartFailed),
             _ => None,
         }
@@ -152,7 +202,7 @@ pub(crate) struct Spawner {
     /// Bytes received and not yet a whole message.
     inbox: Vec<u8>,
     /// Tasks the keeper said have ended, not yet taken.
-    exited: Vec<ProcessIdentity>,
+    exited: Vec<Ended>,
     /// Tasks started and not yet reported ended.
     live: usize,
 }
@@ -196,16 +246,29 @@ impl Spawner {
     /// journal holds the task plan). Returns the task's identity once it
     /// has executed, as the leader of its own process group, or `None` if
     /// it could not start (the journal's `exit` entry says why).
-    pub(crate) fn spawn(&mut self, sandbox: &Path) -> Result<Option<ProcessIdentity>, SpawnError> {
+    pub(crate) fn spawn(
+        &mut self,
+        sandbox: &Path,
+        plan: Option<&TaskPlan>,
+    ) -> Result<Option<ProcessIdentity>, SpawnError> {
         let path = sandbox.as_os_str().as_bytes();
         if path.len() >= MAX_REQUEST_BYTES {
             return Err(SpawnError::Refused(io::Error::from_raw_os_error(
                 Errno::ENAMETOOLONG as i32,
             )));
         }
-        let mut request = Vec::with_capacity(4 + path.len());
-        request.extend_from_slice(&u32::try_from(path.len()).unwrap_or(u32::MAX).to_le_bytes());
+        // The plan saves the keeper reading it back from the journal
+        // (where the agent has just written it); too long, it is left out.
+        let plan = plan
+            .and_then(|plan| serde_json::to_vec(plan).ok())
+            .filter(|bytes| bytes.len() <= MAX_PLAN_BYTES)
+            .unwrap_or_default();
+        let mut request = Vec::with_capacity(8 + path.len() + plan.len());
+        let length = |len: usize| u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes();
+        request.extend_from_slice(&length(path.len()));
         request.extend_from_slice(path);
+        request.extend_from_slice(&length(plan.len()));
+        request.extend_from_slice(&plan);
         self.send(&request).map_err(SpawnError::Gone)?;
         let deadline = Instant::now() + ANSWER_TIMEOUT;
         loop {
@@ -236,7 +299,7 @@ impl Spawner {
     /// tasks whose ends it has recorded since the last call. An error means
     /// the keeper is gone or broken (the tasks it had not reported are
     /// still alive, or unknown: watch them another way).
-    pub(crate) fn take_exited(&mut self) -> io::Result<Vec<ProcessIdentity>> {
+    pub(crate) fn take_exited(&mut self) -> io::Result<Vec<Ended>> {
         if let Some(message) = self.receive()? {
             // Nothing was asked, so nothing is answered.
             return Err(io::Error::new(
@@ -280,7 +343,7 @@ impl Spawner {
                 bytes.copy_from_slice(&self.inbox[..Message::BYTES]);
                 self.inbox.drain(..Message::BYTES);
                 match Message::decode(&bytes) {
-                    Some(Message::Exited(identity)) => self.exited.push(identity),
+                    Some(Message::Exited(ended)) => self.exited.push(ended),
                     Some(answer) => return Ok(Some(answer)),
                     None => {
                         return Err(io::Error::new(
@@ -400,6 +463,15 @@ struct Serving {
 fn serve() -> io::Result<()> {
     let agent = getppid();
     let socket = UnixStream::from(io::stdin().as_fd().try_clone_to_owned()?);
+    let devnull = File::open("/dev/null")?;
+    // The socket's only handle is `socket` from now on, so that dropping it
+    // closes the agent's connection (the keeper may outlive it).
+    // SAFETY: descriptor 0 is replaced atomically; nothing holds an owned
+    // handle on it (standard input is only used by number).
+    #[allow(unsafe_code)]
+    if unsafe { nix::libc::dup2(devnull.as_raw_fd(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
     // Every task the keeper starts, and every process such a task leaves
     // behind, is the keeper's to reap: orphans come here, not to init.
     nix::sys::prctl::set_child_subreaper(true)?;
@@ -413,7 +485,7 @@ fn serve() -> io::Result<()> {
     let mut serving = Serving {
         socket: Some(socket),
         child_exits,
-        devnull: File::open("/dev/null")?,
+        devnull,
         tasks: HashMap::new(),
         cleanups: Vec::new(),
         agent,
@@ -448,10 +520,18 @@ fn serve() -> io::Result<()> {
             serving.reap();
         }
         serving.clean_up();
-        if requests && !serving.read_requests()? {
-            // The agent closed its end (it stopped, or died): the tasks
-            // carry on, and their ends are still recorded.
-            serving.socket = None;
+        if requests {
+            match serving.read_requests() {
+                Ok(true) => {}
+                // The agent closed its end (it stopped, or died): the
+                // tasks carry on, and their ends are still recorded.
+                Ok(false) => serving.socket = None,
+                Err(e) => {
+                    // Not the agent's protocol: drop it, keep the tasks.
+                    eprintln!("peloton-agent spawner: {e}; closing the agent's socket");
+                    serving.socket = None;
+                }
+            }
         }
     }
 }
@@ -471,22 +551,42 @@ impl Serving {
             Err(e) => return Err(e),
         };
         self.inbox.extend_from_slice(&buffer[..n]);
-        while self.inbox.len() >= 4 {
-            let len =
-                u32::from_le_bytes([self.inbox[0], self.inbox[1], self.inbox[2], self.inbox[3]]);
+        let length = |bytes: &[u8], at: usize| -> io::Result<Option<usize>> {
+            let Some(word) = bytes.get(at..at + 4) else {
+                return Ok(None);
+            };
+            let len = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
             let len = usize::try_from(len).unwrap_or(usize::MAX);
-            if len > MAX_REQUEST_BYTES {
+            if len > MAX_PLAN_BYTES {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     "request too long",
                 ));
             }
-            if self.inbox.len() < 4 + len {
+            Ok(Some(len))
+        };
+        loop {
+            let Some(path_len) = length(&self.inbox, 0)? else {
+                break;
+            };
+            if path_len > MAX_REQUEST_BYTES {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "path too long"));
+            }
+            let Some(plan_len) = length(&self.inbox, 4 + path_len)? else {
+                break;
+            };
+            let end = 8 + path_len + plan_len;
+            if self.inbox.len() < end {
                 break;
             }
-            let sandbox = PathBuf::from(OsStr::from_bytes(&self.inbox[4..4 + len]));
-            self.inbox.drain(..4 + len);
-            let answer = match self.start_task(&sandbox) {
+            let sandbox = PathBuf::from(OsStr::from_bytes(&self.inbox[4..4 + path_len]));
+            let plan = match plan_len {
+                // Not sent: it is in the journal.
+                0 => None,
+                _ => serde_json::from_slice::<TaskPlan>(&self.inbox[8 + path_len..end]).ok(),
+            };
+            self.inbox.drain(..end);
+            let answer = match self.start_task(&sandbox, plan) {
                 Ok(Some(identity)) => Message::Spawned(identity),
                 Ok(None) => Message::StartFailed,
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
@@ -515,8 +615,12 @@ impl Serving {
     /// directory, its cgroup and limits, every signal at its default and
     /// none blocked. `Ok(None)`: it could not start, and the journal says
     /// why (an `exit` entry). An error: nothing was started or recorded.
-    fn start_task(&mut self, sandbox: &Path) -> io::Result<Option<ProcessIdentity>> {
-        let plan = match record::read_plan(sandbox) {
+    fn start_task(
+        &mut self,
+        sandbox: &Path,
+        plan: Option<TaskPlan>,
+    ) -> io::Result<Option<ProcessIdentity>> {
+        let plan = match plan.map_or_else(|| record::read_plan(sandbox), Ok) {
             Ok(plan) => plan,
             Err(e) => {
                 let reason = format!("cannot read the task plan: {e}");
@@ -687,8 +791,8 @@ impl Serving {
                     true
                 };
             if done {
-                self.record_end(&cleanup);
-                news.extend_from_slice(&Message::Exited(cleanup.task.identity).encode());
+                let ended = self.record_end(&cleanup);
+                news.extend_from_slice(&Message::Exited(ended).encode());
             } else {
                 self.cleanups.push(cleanup);
             }
@@ -771,7 +875,7 @@ impl Serving {
     }
 
     /// Appends the run's `exit` entry (after removing its cgroup).
-    fn record_end(&self, cleanup: &Cleanup) {
+    fn record_end(&self, cleanup: &Cleanup) -> Ended {
         let task = &cleanup.task;
         let oom_killed = task
             .cgroup
@@ -790,6 +894,13 @@ impl Serving {
             .and_then(|mut journal| record::append_exit(&mut journal, &exit));
         if let Err(e) = written {
             wrapper::note(&task.sandbox, &format!("cannot record the exit: {e}"));
+        }
+        Ended {
+            task: task.identity,
+            exit_code: exit.exit_code,
+            signal: exit.signal,
+            oom_killed: exit.oom_killed,
+            time_ms: exit.time_ms,
         }
     }
 }
@@ -1026,7 +1137,20 @@ mod tests {
             Message::Spawned(identity),
             Message::Refused(Errno::ENOENT as i32),
             Message::StartFailed,
-            Message::Exited(identity),
+            Message::Exited(Ended {
+                task: identity,
+                exit_code: 137,
+                signal: 9,
+                oom_killed: true,
+                time_ms: u64::MAX - 7,
+            }),
+            Message::Exited(Ended {
+                task: identity,
+                exit_code: -1,
+                signal: 0,
+                oom_killed: false,
+                time_ms: 1,
+            }),
         ] {
             assert_eq!(Message::decode(&message.encode()), Some(message));
         }

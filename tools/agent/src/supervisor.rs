@@ -148,6 +148,9 @@ struct Run {
     /// The health checker, from RUNNING on (kept, stopped, once the run
     /// has ended or is being killed: its last verdict is still reported).
     checker: Option<HealthChecker>,
+    /// The `exit` entry the keeper reported writing (so the journal is
+    /// not read back for it).
+    exit: Option<ExitRecord>,
 }
 
 impl Run {
@@ -158,6 +161,7 @@ impl Run {
             watch: WrapperWatch::Proc,
             plan: None,
             checker: None,
+            exit: None,
         }
     }
 
@@ -508,21 +512,15 @@ impl Supervisor {
             return;
         }
         let dir = self.sandboxes.join(key.sandbox_name());
-        if self.runs.contains_key(&key) || dir.join(RUN_FILE).exists() {
+        if self.runs.contains_key(&key) {
             tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
             return;
         }
-        if dir.exists() {
-            // An agent died creating it, before the record that a wrapper's
-            // start always follows: nothing runs there, start afresh.
-            if let Err(e) = fs::remove_dir_all(&dir) {
-                let reason = format!("cannot clear the sandbox {}: {e}", dir.display());
-                self.outbox
-                    .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+        if self.runs.len() >= self.config.max_runs {
+            if dir.join(RUN_FILE).exists() {
+                tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
                 return;
             }
-        }
-        if self.runs.len() >= self.config.max_runs {
             let reason = format!(
                 "the agent already holds {} runs (its --max-runs)",
                 self.runs.len()
@@ -531,7 +529,20 @@ impl Supervisor {
                 .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
             return;
         }
-        if let Err(e) = fs::create_dir(&dir) {
+        // Created first: a sandbox that exists already is looked at only
+        // then (a launch seldom finds one), which saves two lookups a run.
+        let mut created = fs::create_dir(&dir);
+        if matches!(&created, Err(e) if e.kind() == io::ErrorKind::AlreadyExists) {
+            if dir.join(RUN_FILE).exists() {
+                // An acknowledged run (the server resent the launch).
+                tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
+                return;
+            }
+            // An agent died creating it, before the record that a task's
+            // start always follows: nothing runs there, start afresh.
+            created = fs::remove_dir_all(&dir).and_then(|()| fs::create_dir(&dir));
+        }
+        if let Err(e) = created {
             let reason = format!("cannot create the sandbox {}: {e}", dir.display());
             self.outbox
                 .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
@@ -571,13 +582,15 @@ impl Supervisor {
         tracing::info!(run = %key.sandbox_name(), "launching");
         match self.prepare(&mut run, launch) {
             Ok(()) => {
+                // Recorded with the first record, and sent to the keeper.
+                let plan = run.plan.clone();
                 self.commit(&mut run);
                 // Secrets are written once the run is on record, so that a
                 // crash cannot leave them in a sandbox no record owns (such
                 // a sandbox is only collected after the age limit).
                 let started = secrets::write(&run.dir, &launch.secrets)
                     .map_err(|e| format!("cannot write the secrets into the sandbox: {e}"))
-                    .and_then(|()| self.spawn_wrapper(&mut run));
+                    .and_then(|()| self.spawn_wrapper(&mut run, plan.as_ref()));
                 if let Err(reason) = started {
                     self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
                 }
@@ -715,10 +728,10 @@ impl Supervisor {
     /// run's `stdout` and `stderr` (created now) as its own (the task
     /// inherits them): forked by the spawner, or executed by the agent when
     /// there is no spawner.
-    fn spawn_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
+    fn spawn_wrapper(&mut self, run: &mut Run, plan: Option<&TaskPlan>) -> Result<(), String> {
         if let Some(spawner) = self.spawner() {
             let keeper = spawner.identity();
-            match spawner.spawn(&run.dir) {
+            match spawner.spawn(&run.dir, plan) {
                 Ok(Some(task)) => {
                     run.record.task = Some(task);
                     run.record.keeper = Some(keeper);
@@ -833,12 +846,13 @@ impl Supervisor {
         };
         match spawner.take_exited() {
             Ok(exited) => {
-                for identity in exited {
-                    if let Some(key) = self.spawned.remove(&identity)
+                for ended in exited {
+                    if let Some(key) = self.spawned.remove(&ended.task)
                         && let Some(run) = self.runs.get_mut(&key)
                         && matches!(run.watch, WrapperWatch::Spawner)
                     {
                         run.watch = WrapperWatch::Gone;
+                        run.exit = Some(ended.exit_record());
                     }
                 }
             }
@@ -989,7 +1003,12 @@ impl Supervisor {
                 None => run.record.wrapper.is_some_and(|w| w.is_alive()),
             },
         };
-        let news = if run.record.report.phase == Phase::Starting || !alive {
+        let news = if let Some(exit) = run.exit.take() {
+            Ok(record::WrapperNews {
+                started: None,
+                exit: Some(exit),
+            })
+        } else if run.record.report.phase == Phase::Starting || !alive {
             record::read_wrapper_news(&run.dir, run.record.journal)
         } else {
             // Running and its wrapper alive: whatever it wrote, it will
@@ -1455,11 +1474,13 @@ fn sweep(run: &Run, now: u64, procs: &mut LazySnapshot) {
     let snapshot = procs.get();
     if let Some(task) = run.record.task.filter(ProcessIdentity::is_alive) {
         // Started by the keeper, which records the end once all is gone.
+        // The task and its group first: a task that outlived its children
+        // by a moment would end on its own, not killed.
         let mut victims = snapshot.descendants(task.pid);
-        victims.push(task.pid);
         victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
-        proc::kill_all(&victims);
         task.signal_group(Signal::SIGKILL);
+        proc::kill_all(&[task.pid]);
+        proc::kill_all(&victims);
         return;
     }
     let wrapper = run.record.wrapper.filter(ProcessIdentity::is_alive);

@@ -392,3 +392,65 @@ fn a_killed_keeper_costs_only_its_tasks_exit_statuses_and_is_replaced() {
     std::fs::write(sandbox.join("go"), "").expect("go");
     h.wait_for(&second, P::Succeeded);
 }
+
+/// The keeper's own protocol, spoken raw: a request without a plan makes
+/// it read the plan from the run's journal; a request it cannot parse costs
+/// only the agent's socket — the task started before carries on and its
+/// end is still recorded.
+#[test]
+fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
+    use std::io::{Read, Write};
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sandbox = dir.path().canonicalize().expect("canonical").join("run");
+    std::fs::create_dir(&sandbox).expect("sandbox");
+    let plan = serde_json::json!({"plan": {
+        "program": "/bin/sh",
+        "args": ["-c", "while [ ! -f go ]; do sleep 0.01; done; exit 7"],
+        "env": [["PELOTON_SANDBOX", sandbox.display().to_string()]],
+        "address_space_bytes": null,
+        "open_files": null,
+        "cgroup": null,
+    }});
+    std::fs::write(sandbox.join("run.json"), format!("\n{plan}\n")).expect("journal");
+    let (mut ours, theirs) = UnixStream::pair().expect("pair");
+    let mut keeper = std::process::Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
+        .arg("spawner")
+        .env_clear()
+        .stdin(std::process::Stdio::from(OwnedFd::from(theirs)))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("keeper");
+    let path = sandbox.as_os_str().as_encoded_bytes();
+    let mut request = Vec::new();
+    request.extend_from_slice(&u32::try_from(path.len()).unwrap().to_le_bytes());
+    request.extend_from_slice(path);
+    request.extend_from_slice(&0u32.to_le_bytes());
+    ours.write_all(&request).expect("request");
+    let mut message = [0u8; 40];
+    ours.read_exact(&mut message).expect("answer");
+    assert_eq!(message[0..4], 1u32.to_le_bytes(), "spawned");
+    let task = u32::from_le_bytes(message[4..8].try_into().unwrap());
+    assert!(is_alive(task));
+    // Garbage: a path longer than any the agent sends.
+    ours.write_all(&u32::MAX.to_le_bytes()).expect("garbage");
+    let mut rest = Vec::new();
+    ours.read_to_end(&mut rest)
+        .expect("the keeper closes its end");
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(is_alive(task));
+    std::fs::write(sandbox.join("go"), "").expect("go");
+    // The keeper records the end, then exits: no agent, no task.
+    let status = keeper.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+    let journal = std::fs::read_to_string(sandbox.join("run.json")).expect("journal");
+    let exit = journal
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find_map(|v| v.get("exit").cloned())
+        .expect("an exit entry");
+    assert_eq!(exit["exit_code"], 7, "{exit}");
+    assert_eq!(exit["reason"], "exited with code 7");
+}
