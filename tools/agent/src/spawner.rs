@@ -565,10 +565,7 @@ impl Serving {
             }
             Ok(Some(len))
         };
-        loop {
-            let Some(path_len) = length(&self.inbox, 0)? else {
-                break;
-            };
+        while let Some(path_len) = length(&self.inbox, 0)? {
             if path_len > MAX_REQUEST_BYTES {
                 return Err(io::Error::new(io::ErrorKind::InvalidData, "path too long"));
             }
