@@ -20,8 +20,8 @@
 //!   still holds the group's id), then what is left of the run outside the
 //!   group (its cgroup; processes carrying the run's `PELOTON_SANDBOX`
 //!   marker, looked for only when the keeper has children that are not
-//!   tasks), and only then appends the run's `exit` entry to its journal
-//!   and tells the agent;
+//!   tasks; at most 5 s), and only then appends the run's `exit` entry to
+//!   its journal and tells the agent, with the exit status;
 //! - outlives the agent: when the agent's end of the socket closes (it
 //!   stopped, or died), the keeper goes on recording the ends of its tasks
 //!   and exits after the last one. A restarted agent watches those runs
@@ -186,9 +186,14 @@ pub(crate) enum SpawnError {
     /// (its output files, a clone): the run fails with this.
     #[error("the keeper could not start the task: {0}")]
     Refused(io::Error),
-    /// The keeper is gone or broken: start the run another way.
+    /// The keeper is gone or broken, and never got the request: start the
+    /// run another way.
     #[error("the keeper is gone: {0}")]
     Gone(io::Error),
+    /// The keeper is gone or broken after it got (some of) the request: it
+    /// may have started the task, so the run must not be started again.
+    #[error("the keeper did not answer: {0}")]
+    Lost(io::Error),
 }
 
 /// The agent's handle on its keeper (see the module documentation).
@@ -269,10 +274,16 @@ impl Spawner {
         request.extend_from_slice(path);
         request.extend_from_slice(&length(plan.len()));
         request.extend_from_slice(&plan);
-        self.send(&request).map_err(SpawnError::Gone)?;
         let deadline = Instant::now() + ANSWER_TIMEOUT;
+        self.send(&request, deadline).map_err(|(e, sent_any)| {
+            if sent_any {
+                SpawnError::Lost(e)
+            } else {
+                SpawnError::Gone(e)
+            }
+        })?;
         loop {
-            match self.receive().map_err(SpawnError::Gone)? {
+            match self.receive().map_err(SpawnError::Lost)? {
                 Some(Message::Spawned(identity)) => {
                     self.live += 1;
                     return Ok(Some(identity));
@@ -286,12 +297,12 @@ impl Spawner {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(SpawnError::Gone(io::Error::new(
+                return Err(SpawnError::Lost(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the keeper did not answer",
                 )));
             }
-            wait_readable(&self.socket, left).map_err(SpawnError::Gone)?;
+            wait_readable(&self.socket, left).map_err(SpawnError::Lost)?;
         }
     }
 
@@ -318,20 +329,61 @@ impl Spawner {
         self.process.take()
     }
 
-    fn send(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+    /// Sends a whole request by `deadline`, taking in what the keeper
+    /// sends meanwhile (a keeper blocked writing its news would otherwise
+    /// never read the request). The error says whether any of it went.
+    fn send(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), (io::Error, bool)> {
+        let total = bytes.len();
+        let sent_any = |left: &[u8]| left.len() < total;
         while !bytes.is_empty() {
             match self.socket.write(bytes) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(0) => return Err((io::ErrorKind::WriteZero.into(), sent_any(bytes))),
                 Ok(n) => bytes = &bytes[n..],
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let mut fds = [PollFd::new(self.socket.as_fd(), PollFlags::POLLOUT)];
-                    poll(&mut fds, timeout(ANSWER_TIMEOUT))?;
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        let e = io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the keeper did not take the request",
+                        );
+                        return Err((e, sent_any(bytes)));
+                    }
+                    let readable = {
+                        let mut fds = [PollFd::new(
+                            self.socket.as_fd(),
+                            PollFlags::POLLOUT | PollFlags::POLLIN,
+                        )];
+                        match poll(&mut fds, timeout(left)) {
+                            Ok(_) | Err(Errno::EINTR) => {}
+                            Err(e) => return Err((e.into(), sent_any(bytes))),
+                        }
+                        fds[0]
+                            .revents()
+                            .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP))
+                    };
+                    if readable {
+                        self.pull().map_err(|e| (e, sent_any(bytes)))?;
+                    }
                 }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err((e, sent_any(bytes))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what is there into the inbox, without waiting.
+    fn pull(&mut self) -> io::Result<()> {
+        let mut buffer = [0u8; 64 * Message::BYTES];
+        loop {
+            match self.socket.read(&mut buffer) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => self.inbox.extend_from_slice(&buffer[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
     }
 
     /// The next answer received, if one is there; `Exited` messages on
@@ -353,13 +405,10 @@ impl Spawner {
                     }
                 }
             }
-            let mut buffer = [0u8; 64 * Message::BYTES];
-            match self.socket.read(&mut buffer) {
-                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => self.inbox.extend_from_slice(&buffer[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+            let before = self.inbox.len();
+            self.pull()?;
+            if self.inbox.len() == before {
+                return Ok(None);
             }
         }
     }
@@ -407,7 +456,8 @@ pub fn run_spawner() -> i32 {
     match serve() {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("peloton-agent spawner: {e}");
+            // Not `eprintln!`: it panics when the agent's stderr is gone.
+            let _ = writeln!(io::stderr(), "peloton-agent spawner: {e}");
             1
         }
     }
@@ -418,19 +468,15 @@ pub fn run_spawner() -> i32 {
 const CHILD_STACK_BYTES: usize = 64 * 1024;
 /// How often a run whose processes are not all gone is looked at again.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(10);
-/// Rounds of "find what is left of the run, SIGKILL it" before its end is
-/// recorded anyway.
-const CLEANUP_ROUNDS: u32 = 500;
-/// A task that ran longer than this is cleaned up after by a full scan of
-/// `/proc` (see [`Serving::orphans`]).
-const SHORT_TASK: Duration = Duration::from_secs(10);
+/// How long the keeper goes on finding and SIGKILLing what is left of a run
+/// before it records the run's end anyway.
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A task the keeper started and has not yet reaped.
 struct Task {
     identity: ProcessIdentity,
     sandbox: PathBuf,
     cgroup: Option<PathBuf>,
-    started: Instant,
 }
 
 /// A reaped task whose run may still have processes; its end is recorded
@@ -439,7 +485,13 @@ struct Cleanup {
     task: Task,
     exit_code: i32,
     signal: i32,
-    rounds: u32,
+    /// Its end is recorded by then even if something of it is left.
+    deadline: Instant,
+    /// When it is looked at next.
+    next: Instant,
+    /// The task's process group was seen empty (it cannot fill again, and
+    /// its id may be another group's from then on).
+    group_gone: bool,
 }
 
 /// The keeper's state.
@@ -528,7 +580,10 @@ fn serve() -> io::Result<()> {
                 Ok(false) => serving.socket = None,
                 Err(e) => {
                     // Not the agent's protocol: drop it, keep the tasks.
-                    eprintln!("peloton-agent spawner: {e}; closing the agent's socket");
+                    let _ = writeln!(
+                        io::stderr(),
+                        "peloton-agent spawner: {e}; closing the agent's socket"
+                    );
                     serving.socket = None;
                 }
             }
@@ -659,6 +714,14 @@ impl Serving {
             .map(|a| a.as_ptr())
             .chain(std::iter::once(std::ptr::null()))
             .collect();
+        // A file the kernel cannot execute (no `#!`) is run by the shell,
+        // as `execvp` does: `/bin/sh FILE ARGS…`.
+        let shell = c"/bin/sh";
+        let shell_argv: Vec<*const nix::libc::c_char> = [shell.as_ptr(), program_c.as_ptr()]
+            .into_iter()
+            .chain(args_c.iter().skip(1).map(|a| a.as_ptr()))
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
         let envp: Vec<*const nix::libc::c_char> = env_c
             .iter()
             .map(|e| e.as_ptr())
@@ -680,6 +743,8 @@ impl Serving {
         let child = ChildPlan {
             program: program_c.as_ptr(),
             argv: argv.as_ptr(),
+            shell: shell.as_ptr(),
+            shell_argv: shell_argv.as_ptr(),
             envp: envp.as_ptr(),
             dir: dir_c.as_ptr(),
             stdin: self.devnull.as_raw_fd(),
@@ -716,7 +781,6 @@ impl Serving {
                 identity,
                 sandbox: sandbox.to_path_buf(),
                 cgroup: plan.cgroup,
-                started: Instant::now(),
             },
         );
         Ok(Some(identity))
@@ -756,11 +820,14 @@ impl Serving {
             if let Some(task) = self.tasks.remove(&number) {
                 let _ = killpg(pid, Signal::SIGKILL);
                 let _ = waitpid(pid, None);
+                let now = Instant::now();
                 self.cleanups.push(Cleanup {
                     task,
                     exit_code,
                     signal,
-                    rounds: 0,
+                    deadline: now + CLEANUP_PATIENCE,
+                    next: now,
+                    group_gone: false,
                 });
             } else {
                 // An orphan some task left behind, reparented here.
@@ -777,10 +844,15 @@ impl Serving {
         }
         let mut news = Vec::new();
         let mut snapshot: Option<ProcSnapshot> = None;
+        let now = Instant::now();
         for mut cleanup in std::mem::take(&mut self.cleanups) {
-            cleanup.rounds += 1;
-            let done = self.is_clean(&cleanup, &mut snapshot)
-                || cleanup.rounds >= CLEANUP_ROUNDS && {
+            if now < cleanup.next {
+                self.cleanups.push(cleanup);
+                continue;
+            }
+            cleanup.next = now + CLEANUP_PAUSE;
+            let done = self.is_clean(&mut cleanup, &mut snapshot)
+                || now >= cleanup.deadline && {
                     wrapper::note(
                         &cleanup.task.sandbox,
                         "task processes were still appearing after cleanup; giving up",
@@ -802,7 +874,7 @@ impl Serving {
     }
 
     /// True if nothing of the run is left; else SIGKILLs what is.
-    fn is_clean(&self, cleanup: &Cleanup, snapshot: &mut Option<ProcSnapshot>) -> bool {
+    fn is_clean(&self, cleanup: &mut Cleanup, snapshot: &mut Option<ProcSnapshot>) -> bool {
         let task = &cleanup.task;
         let mut clean = true;
         if let Some(cgroup) = &task.cgroup
@@ -813,13 +885,18 @@ impl Serving {
         }
         // The group was SIGKILLed as the task was reaped; its members are
         // gone once reaped here (a member's exit reparents what it forked
-        // to the keeper, where the check below finds it). A probe only:
-        // the id may be someone else's by now.
-        let group = Pid::from_raw(i32::try_from(task.identity.pid).unwrap_or(i32::MAX));
-        if killpg(group, None).is_ok() {
-            return false;
+        // to the keeper, where the search below finds it). A probe only,
+        // until it first finds the group empty: after that the id may be
+        // another group's.
+        if !cleanup.group_gone {
+            let group = Pid::from_raw(i32::try_from(task.identity.pid).unwrap_or(i32::MAX));
+            if killpg(group, None).is_ok() {
+                clean = false;
+            } else {
+                cleanup.group_gone = true;
+            }
         }
-        if self.orphans(task) {
+        if self.orphans() {
             let snapshot = snapshot.get_or_insert_with(ProcSnapshot::take);
             let marker = proc::sandbox_marker(&task.sandbox);
             let mut victims = snapshot.marked(&marker);
@@ -836,14 +913,12 @@ impl Serving {
         clean
     }
 
-    /// Whether the keeper may have children that are not its tasks: what a
-    /// task left outside its process group. Read from the kernel's list of
-    /// the keeper's children where it has one. Else every pid handed out
-    /// since `task` started is asked (everything the task left was started
-    /// after it) — a `waitid` that fails with ECHILD for anyone but the
-    /// keeper's own children, no file read — or, for a task that is old or
-    /// that saw many processes start, every pid in `/proc`.
-    fn orphans(&self, task: &Task) -> bool {
+    /// Whether the keeper has children that are not its tasks: what tasks
+    /// left outside their process groups. Read from the kernel's list of
+    /// the keeper's children where it has one; else every pid in `/proc` is
+    /// asked with a `waitid` that fails with ECHILD for anyone but the
+    /// keeper's own children (no file read per process).
+    fn orphans(&self) -> bool {
         let is_orphan =
             |pid: u32| pid != self.me && !self.tasks.contains_key(&pid) && is_child(pid);
         if let Some(file) = &self.children_file {
@@ -852,16 +927,6 @@ impl Serving {
                     .filter_map(|p| p.parse::<u32>().ok())
                     .any(is_orphan)
             });
-        }
-        let first = task.identity.pid.saturating_add(1);
-        // Short-lived, so the pid counter cannot have wrapped round to
-        // beyond it again (that takes millions of processes).
-        if task.started.elapsed() < SHORT_TASK
-            && let Some(last) = last_pid()
-            && last >= task.identity.pid
-            && last - task.identity.pid <= MAX_PID_PROBES
-        {
-            return (first..=last).any(is_orphan);
         }
         let Ok(entries) = fs::read_dir("/proc") else {
             return true;
@@ -902,9 +967,6 @@ impl Serving {
     }
 }
 
-/// Most pids [`Serving::orphans`] asks one by one before it lists `/proc`.
-const MAX_PID_PROBES: u32 = 4096;
-
 /// Whether `pid` is a child of this process (alive or a zombie).
 fn is_child(pid: u32) -> bool {
     let Ok(raw) = i32::try_from(pid) else {
@@ -917,25 +979,6 @@ fn is_child(pid: u32) -> bool {
     )
 }
 
-/// The newest pid handed out in this pid namespace (the last field of
-/// `/proc/loadavg`).
-fn last_pid() -> Option<u32> {
-    use std::os::unix::fs::FileExt;
-    thread_local! {
-        static LOADAVG: Option<File> = File::open("/proc/loadavg").ok();
-    }
-    LOADAVG.with(|file| {
-        let mut buffer = [0u8; 256];
-        let n = file.as_ref()?.read_at(&mut buffer, 0).ok()?;
-        std::str::from_utf8(&buffer[..n])
-            .ok()?
-            .split_whitespace()
-            .nth(4)?
-            .parse()
-            .ok()
-    })
-}
-
 /// "No limit" in [`ChildPlan`].
 const NO_LIMIT: u64 = u64::MAX;
 
@@ -946,6 +989,9 @@ const NO_LIMIT: u64 = u64::MAX;
 struct ChildPlan {
     program: *const nix::libc::c_char,
     argv: *const *const nix::libc::c_char,
+    /// `/bin/sh` and `/bin/sh PROGRAM ARGS…`, for a program without `#!`.
+    shell: *const nix::libc::c_char,
+    shell_argv: *const *const nix::libc::c_char,
     envp: *const *const nix::libc::c_char,
     dir: *const nix::libc::c_char,
     stdin: RawFd,
@@ -1116,7 +1162,11 @@ extern "C" fn child_main(arg: *mut nix::libc::c_void) -> nix::libc::c_int {
             libc::setrlimit(libc::RLIMIT_AS, &limit);
         }
         libc::execve(plan.program, plan.argv, plan.envp);
-        fail(ChildFailure::Exec(errno()))
+        let error = errno();
+        if error == libc::ENOEXEC {
+            libc::execve(plan.shell, plan.shell_argv, plan.envp);
+        }
+        fail(ChildFailure::Exec(error))
     }
 }
 

@@ -762,6 +762,15 @@ impl Supervisor {
                     tracing::warn!(error = %e, "the keeper is gone; starting a wrapper for the run");
                     self.lose_spawner();
                 }
+                Err(SpawnError::Lost(e)) => {
+                    // It may have started the task (or may yet): never a
+                    // second one. Whatever of it runs now is killed.
+                    tracing::warn!(error = %e, "the keeper did not answer; failing the run");
+                    self.lose_spawner();
+                    let marker = proc::sandbox_marker(&run.dir);
+                    proc::kill_all(&proc::ProcSnapshot::take().marked(&marker));
+                    return Err(format!("the keeper did not start the task: {e}"));
+                }
             }
         }
         let (stdout, stderr) = open_output(&run.dir)
@@ -1003,6 +1012,13 @@ impl Supervisor {
                 None => run.record.wrapper.is_some_and(|w| w.is_alive()),
             },
         };
+        // Before the journal is read, as for the wrapper: a keeper that is
+        // alive now has either written the exit entry the read finds, or
+        // will write it (it is cleaning up after the task).
+        let keeper_recording = !alive
+            && matches!(run.watch, WrapperWatch::Proc)
+            && run.record.task.is_some()
+            && run.record.keeper.is_some_and(|k| k.is_alive());
         let news = if let Some(exit) = run.exit.take() {
             Ok(record::WrapperNews {
                 started: None,
@@ -1046,11 +1062,7 @@ impl Supervisor {
             }
             Ok(None) => {}
         }
-        if !alive
-            && matches!(run.watch, WrapperWatch::Proc)
-            && run.record.task.is_some()
-            && run.record.keeper.is_some_and(|k| k.is_alive())
-        {
+        if keeper_recording {
             // The task is gone and its keeper has yet to record the end
             // (it is cleaning up after it): the entry comes.
             return;
@@ -1073,7 +1085,11 @@ impl Supervisor {
         }
         if !run.record.kill_requested
             && let Some(limit) = run.record.resident_limit_bytes
-            && let Some(root) = run.record.task.or(run.record.wrapper)
+            && let Some(root) = match run.record.task {
+                // Reaped and its pid maybe another's: its end is coming.
+                Some(task) => task.is_alive().then_some(task),
+                None => run.record.wrapper,
+            }
         {
             let mut pids = procs.get().descendants(root.pid);
             if run.record.task.is_some() {

@@ -467,11 +467,9 @@ pub(crate) fn find_program(
             .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
         path.split(':')
             .map(|dir| {
-                if dir.is_empty() {
-                    cwd.join(program)
-                } else {
-                    Path::new(dir).join(program)
-                }
+                // Relative entries (`.`, `bin`) are the task's, in its
+                // working directory; an absolute one replaces `cwd`.
+                cwd.join(dir).join(program)
             })
             .collect()
     };

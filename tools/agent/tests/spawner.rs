@@ -237,48 +237,54 @@ fn tasks_are_started_by_one_keeper_as_group_leaders_with_nothing_of_the_agent() 
 }
 
 #[test]
-fn a_task_that_cannot_execute_fails_with_the_reason() {
+fn programs_start_as_execvp_starts_them_or_fail_with_the_reason() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
-    // Executable, but neither a binary nor a script with `#!`: only the
-    // exec itself can refuse it.
-    let program = dir.path().join("not-a-program");
-    std::fs::write(&program, [0u8, 1, 2, 3, 4, 5, 6, 7]).expect("write");
-    std::fs::set_permissions(
-        &program,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    let k = key("job-x", 0);
-    h.supervisor.launch(&[v1::LaunchRun {
+    let program = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        path.display().to_string()
+    };
+    let command = |k: &v1::RunKey, command: String| v1::LaunchRun {
         key: Some(k.clone()),
         spec: Some(v1::TaskSpec {
-            command: program.display().to_string(),
+            command,
             ..v1::TaskSpec::default()
         }),
         ..Default::default()
-    }]);
+    };
+    // Its interpreter is missing: only the exec itself can say so.
+    let k = key("job-x", 0);
+    let missing = program("missing-interpreter", "#!/no/such/interpreter\necho hi\n");
+    h.supervisor.launch(&[command(&k, missing)]);
     let failed = h.wait_for(&k, P::Failed);
     assert_eq!(failed.exit_code, 127, "{failed:?}");
     assert!(
-        failed.reason.contains("Exec format error"),
+        failed.reason.contains("No such file or directory"),
         "{}",
         failed.reason
     );
+    // Not found in PATH.
     let k = key("job-x", 1);
-    h.supervisor.launch(&[v1::LaunchRun {
-        key: Some(k.clone()),
-        spec: Some(v1::TaskSpec {
-            command: "no-such-program-here".to_owned(),
-            ..v1::TaskSpec::default()
-        }),
-        ..Default::default()
-    }]);
+    h.supervisor
+        .launch(&[command(&k, "no-such-program-here".to_owned())]);
     let failed = h.wait_for(&k, P::Failed);
     assert!(
         failed.reason.contains("No such file or directory"),
         "{}",
         failed.reason
+    );
+    // No `#!`: the shell runs it, as execvp would.
+    let k = key("job-x", 2);
+    let script = program("no-shebang", "echo from the shell; exit 4\n");
+    h.supervisor.launch(&[command(&k, script)]);
+    let failed = h.wait_for(&k, P::Failed);
+    assert_eq!(failed.exit_code, 4, "{failed:?}");
+    assert_eq!(
+        std::fs::read_to_string(h.supervisor.sandbox_dir(&k).join("stdout")).expect("stdout"),
+        "from the shell\n"
     );
 }
 
