@@ -638,6 +638,13 @@ impl Serving {
                 _ => serde_json::from_slice::<TaskPlan>(&self.inbox[8 + path_len..end]).ok(),
             };
             self.inbox.drain(..end);
+            if self.agent_hung_up() {
+                // The agent closed its end after sending this: it gave up
+                // waiting (and failed the run) or died. Started now, the
+                // task would run with no one to report it.
+                self.inbox.clear();
+                return Ok(false);
+            }
             let answer = match self.start_task(&sandbox, plan) {
                 Ok(Some(identity)) => Message::Spawned(identity),
                 Ok(None) => Message::StartFailed,
@@ -648,6 +655,25 @@ impl Serving {
             }
         }
         Ok(true)
+    }
+
+    /// Whether the agent has shut its end of the socket (what it sent
+    /// before may still be unread).
+    fn agent_hung_up(&self) -> bool {
+        let Some(socket) = &self.socket else {
+            return true;
+        };
+        use nix::libc;
+        let mut fd = libc::pollfd {
+            fd: socket.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for a descriptor this process owns;
+        // no waiting.
+        #[allow(unsafe_code)]
+        let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+        ready > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP) != 0
     }
 
     /// Sends bytes to the agent; false if it is gone.

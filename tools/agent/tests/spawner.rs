@@ -460,3 +460,60 @@ fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
     assert_eq!(exit["exit_code"], 7, "{exit}");
     assert_eq!(exit["reason"], "exited with code 7");
 }
+
+/// A keeper that takes a request and does not answer (stopped here; in
+/// life, an exec hanging on a dead mount): the agent fails that run after
+/// its answer timeout instead of starting it a second time, and the keeper,
+/// once it goes on, sees the agent has hung up and does not start it
+/// either. The next launch gets a new keeper.
+#[test]
+fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(dir.path());
+    let first = key("job-h", 0);
+    h.supervisor.launch(&[waits_for_go(&first)]);
+    h.wait_for(&first, P::Running);
+    let first_sandbox = h.supervisor.sandbox_dir(&first);
+    let keeper = recorded(&first_sandbox, "keeper");
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &keeper.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    };
+    signal("-STOP");
+    let k = key("job-h", 1);
+    h.supervisor.launch(&[waits_for_go(&k)]);
+    let failed = h.wait_for(&k, P::Failed);
+    assert!(
+        failed.reason.contains("the keeper did not start the task"),
+        "{failed:?}"
+    );
+    signal("-CONT");
+    let sandbox = h.supervisor.sandbox_dir(&k);
+    let marker = format!("PELOTON_SANDBOX={}", sandbox.display());
+    // It records the first run's end once that ends, then exits; the
+    // failed run's task never existed.
+    std::fs::write(first_sandbox.join("go"), "").expect("go");
+    wait_until("the old keeper exits", || !is_alive(keeper));
+    let started: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| is_alive(pid) && environ(pid).contains(&marker))
+        .collect();
+    assert_eq!(started, Vec::<u32>::new());
+    assert!(!sandbox.join("stdout").exists(), "the task was started");
+    // The first run's end was still recorded, by the old keeper.
+    let done = h.wait_for(&first, P::Succeeded);
+    assert_eq!(done.exit_code, 0);
+    // A new keeper for the next launch.
+    let next = key("job-h", 2);
+    h.supervisor.launch(&[waits_for_go(&next)]);
+    h.wait_for(&next, P::Running);
+    let next_sandbox = h.supervisor.sandbox_dir(&next);
+    assert_ne!(recorded(&next_sandbox, "keeper"), keeper);
+    std::fs::write(next_sandbox.join("go"), "").expect("go");
+    h.wait_for(&next, P::Succeeded);
+}
