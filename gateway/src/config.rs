@@ -50,7 +50,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Prometheus `/metrics` address; none to disable.
     pub metrics_listen: Option<SocketAddr>,
-    /// Least time between two scheduling cycles while work arrives.
+    /// Least time between two scheduling cycles while work arrives (a
+    /// cycle also waits at least as long as the last one took).
     pub cycle_interval_ms: u64,
     /// A cycle runs at least this often.
     pub idle_cycle_interval_ms: u64,
@@ -133,7 +134,7 @@ impl Default for Config {
             advertise: None,
             listen: "127.0.0.1:5391".parse().expect("valid"),
             metrics_listen: Some("127.0.0.1:9391".parse().expect("valid")),
-            cycle_interval_ms: 20,
+            cycle_interval_ms: 2,
             idle_cycle_interval_ms: 1000,
             max_batch: 1024,
             command_queue: 4096,

@@ -410,7 +410,7 @@ pub struct LoopConfig {
 impl Default for LoopConfig {
     fn default() -> Self {
         LoopConfig {
-            cycle_interval: Duration::from_millis(20),
+            cycle_interval: Duration::from_millis(2),
             idle_cycle_interval: Duration::from_millis(1000),
             max_batch: 1024,
             limits: Limits::default(),
@@ -426,6 +426,13 @@ impl Default for LoopConfig {
 
 /// An iteration at least this long is logged with its phases.
 const SLOW_ITERATION: Duration = Duration::from_millis(250);
+
+/// Least time between the starts of two cycles while work arrives: the
+/// configured interval, or the last cycle's length if longer, never more
+/// than the idle interval (at which a cycle runs anyway).
+fn cycle_spacing(interval: Duration, last_took: Duration, idle: Duration) -> Duration {
+    interval.max(last_took).min(idle.max(interval))
+}
 
 /// Wall-clock milliseconds since the epoch.
 pub(crate) fn now_ms() -> u64 {
@@ -526,6 +533,9 @@ pub struct Scheduler {
     last_lease_check: u64,
     last_trim: u64,
     last_cycle: Option<Instant>,
+    /// How long the last cycle took: the next one waits at least as long
+    /// (see [`Scheduler::cycle_spacing`]).
+    last_cycle_took: Duration,
     last_pool_metrics: Option<Instant>,
     now: u64,
     /// Set while the store cannot write.
@@ -622,6 +632,7 @@ impl Scheduler {
             last_lost_check: 0,
             last_trim: revision,
             last_cycle: None,
+            last_cycle_took: Duration::ZERO,
             last_pool_metrics: None,
             now,
             outage: Outage::default(),
@@ -698,6 +709,19 @@ impl Scheduler {
         }
     }
 
+    /// Least time from one cycle's start to the next's while work arrives:
+    /// the configured interval (a few milliseconds: a freed slot waits for
+    /// the next cycle, so short tasks are bound by it), and at least as long
+    /// as the last cycle took, so that cycles never take more than about
+    /// half of the loop's time from the requests, however large they get.
+    fn cycle_spacing(&self) -> Duration {
+        cycle_spacing(
+            self.config.cycle_interval,
+            self.last_cycle_took,
+            self.config.idle_cycle_interval,
+        )
+    }
+
     fn time_to_next_deadline(&self) -> Duration {
         if let Some(failed) = &self.outage.failed {
             // Nothing else moves until the failed batch is written.
@@ -706,7 +730,7 @@ impl Scheduler {
         let now = Instant::now();
         let mut until = match self.last_cycle {
             None => now,
-            Some(last) if self.core.wants_cycle() => last + self.config.cycle_interval,
+            Some(last) if self.core.wants_cycle() => last + self.cycle_spacing(),
             Some(last) => last + self.config.idle_cycle_interval,
         };
         let wall = now_ms();
@@ -746,7 +770,7 @@ impl Scheduler {
             None => true,
             Some(last) => {
                 let since = last.elapsed();
-                (self.core.wants_cycle() && since >= self.config.cycle_interval)
+                (self.core.wants_cycle() && since >= self.cycle_spacing())
                     || since >= self.config.idle_cycle_interval
             }
         };
@@ -754,9 +778,10 @@ impl Scheduler {
             let start = Instant::now();
             self.step(Input::Cycle);
             self.last_cycle = Some(start);
+            self.last_cycle_took = start.elapsed();
             self.metrics
                 .cycle_seconds
-                .observe(start.elapsed().as_secs_f64());
+                .observe(self.last_cycle_took.as_secs_f64());
             self.update_pool_metrics();
         }
         let now_dispatch = !self.backend.dispatch_after_commit();
@@ -1812,4 +1837,26 @@ fn run_report(r: pb::RunReport) -> Option<RunReport> {
         health_detail: convert::agent_text(r.health_detail),
         ports,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cycles_are_spaced_by_the_interval_or_the_last_cycle_whichever_is_longer() {
+        let ms = Duration::from_millis;
+        // Cheap cycles: the configured interval.
+        assert_eq!(cycle_spacing(ms(2), ms(0), ms(1000)), ms(2));
+        assert_eq!(
+            cycle_spacing(ms(2), Duration::from_micros(300), ms(1000)),
+            ms(2)
+        );
+        // A long cycle holds the next one back as long as it took, so
+        // cycles take at most about half of the loop's time.
+        assert_eq!(cycle_spacing(ms(2), ms(35), ms(1000)), ms(35));
+        // Never beyond the idle interval, at which a cycle runs anyway.
+        assert_eq!(cycle_spacing(ms(2), ms(5000), ms(1000)), ms(1000));
+        assert_eq!(cycle_spacing(ms(50), ms(0), ms(20)), ms(50));
+    }
 }
