@@ -23,6 +23,9 @@ use anyhow::Context;
 use clap::Parser;
 use peloton_agent::{Args, Supervisor, run_session, run_spawner, run_wrapper};
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let mut argv = std::env::args_os();
     let mode = argv.nth(1);
@@ -105,8 +108,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         runs = supervisor.run_count(),
         "runs taken over from the work directory"
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread for the session's little async work (a gRPC stream, timers,
+    // signals); the supervisor's file and process work runs on blocking
+    // threads. Two worker threads woke each other for every message, and
+    // a thread switch is the agent's largest cost per short task.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

@@ -602,8 +602,8 @@ async fn session(
                     other => other,
                 },
             },
-            _ = heartbeat.tick() => send(&tx, v1::agent_message::Kind::Heartbeat(v1::AgentHeartbeat {})).await,
-            () = changed.notified() => Ok(()),
+            _ = heartbeat.tick() => send(&tx, v1::agent_message::Kind::Heartbeat(v1::AgentHeartbeat {})).await.map(|()| true),
+            () = changed.notified() => Ok(true),
             _ = closing.wait_for(|closing| *closing) => {
                 // Ends the stream (log reads in flight hold clones until
                 // they finish); the server then ends its side.
@@ -612,9 +612,11 @@ async fn session(
                 return SessionEnd::Closed;
             }
         };
-        // Every turn may have produced reports (launches, kills, polls).
+        // A turn may have left reports (polls, health changes, or more than
+        // one message's worth).
         let flushed = match result {
-            Ok(()) => flush_reports(supervisor, &tx).await,
+            Ok(true) => flush_reports(supervisor, &tx).await,
+            Ok(false) => Ok(()),
             Err(e) => Err(e),
         };
         if let Err(e) = flushed {
@@ -692,46 +694,85 @@ async fn flush_reports(
     loop {
         let reports =
             with_supervisor(supervisor, |s| s.take_reports(MAX_REPORTS_PER_MESSAGE)).await;
-        if reports.is_empty() {
+        if !send_reports(tx, reports).await? {
             return Ok(());
         }
-        // Taken reports are gone from the outbox; if this send fails the
-        // next registration carries the runs' phases instead.
-        send(
-            tx,
-            v1::agent_message::Kind::Reports(v1::AgentReports { reports }),
-        )
-        .await?;
     }
 }
 
+/// Runs `f` on the supervisor and takes the reports queued by then in the
+/// same trip to a blocking thread (each trip is two thread switches, the
+/// agent's largest cost per short task), and sends them. True if there
+/// may be more to send (a full message's worth was taken).
+async fn with_supervisor_then_send<T: Send + 'static>(
+    supervisor: &Shared,
+    tx: &mpsc::Sender<v1::AgentMessage>,
+    f: impl FnOnce(&mut Supervisor) -> T + Send + 'static,
+) -> Result<(T, bool), String> {
+    let (value, reports) = with_supervisor(supervisor, move |s| {
+        let value = f(s);
+        (value, s.take_reports(MAX_REPORTS_PER_MESSAGE))
+    })
+    .await;
+    Ok((value, send_reports(tx, reports).await?))
+}
+
+/// Sends `reports` (if any) in one message. True if they were a full
+/// message's worth (more may be waiting).
+async fn send_reports(
+    tx: &mpsc::Sender<v1::AgentMessage>,
+    reports: Vec<v1::RunReport>,
+) -> Result<bool, String> {
+    if reports.is_empty() {
+        return Ok(false);
+    }
+    let full = reports.len() >= MAX_REPORTS_PER_MESSAGE;
+    // Taken reports are gone from the outbox; if this send fails the next
+    // registration carries the runs' phases instead.
+    send(
+        tx,
+        v1::agent_message::Kind::Reports(v1::AgentReports { reports }),
+    )
+    .await?;
+    Ok(full)
+}
+
+/// Handles one message from the server. True if reports may be waiting
+/// (the caller sends them); the calls that change runs send what they
+/// queued themselves, in the same trip to the supervisor.
 async fn handle(
     msg: v1::ServerMessage,
     supervisor: &Shared,
     tx: &mpsc::Sender<v1::AgentMessage>,
     log_reads: &Arc<Semaphore>,
     heartbeat: &mut tokio::time::Interval,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     use v1::server_message::Kind;
     match msg.kind {
         Some(Kind::Launch(launch)) => {
             tracing::debug!(runs = launch.runs.len(), "launch");
             let mut runs = launch.runs.into_iter();
+            let mut more = false;
             loop {
                 let chunk: Vec<v1::LaunchRun> = runs.by_ref().take(LAUNCHES_PER_LOCK).collect();
                 if chunk.is_empty() {
-                    break;
+                    return Ok(more);
                 }
-                with_supervisor(supervisor, move |s| s.launch(&chunk)).await;
-                flush_reports(supervisor, tx).await?;
+                more = with_supervisor_then_send(supervisor, tx, move |s| s.launch(&chunk))
+                    .await?
+                    .1;
             }
         }
         Some(Kind::Kill(kill)) => {
             tracing::debug!(runs = kill.runs.len(), "kill");
-            with_supervisor(supervisor, move |s| s.kill(&kill.runs)).await;
+            let (_, more) =
+                with_supervisor_then_send(supervisor, tx, move |s| s.kill(&kill.runs)).await?;
+            return Ok(more);
         }
         Some(Kind::Ack(ack)) => {
-            with_supervisor(supervisor, move |s| s.ack(&ack.keys)).await;
+            let (_, more) =
+                with_supervisor_then_send(supervisor, tx, move |s| s.ack(&ack.keys)).await?;
+            return Ok(more);
         }
         Some(Kind::DeleteVolumes(delete)) => {
             tracing::debug!(volumes = delete.ids.len(), "delete volumes");
@@ -777,5 +818,5 @@ async fn handle(
         }
         None => {}
     }
-    Ok(())
+    Ok(true)
 }

@@ -151,6 +151,10 @@ struct Run {
     /// The `exit` entry the keeper reported writing (so the journal is
     /// not read back for it).
     exit: Option<ExitRecord>,
+    /// Whether the sandbox may hold secrets to remove at the end: false
+    /// only for a run this agent launched without any (a run adopted after
+    /// a restart may have some).
+    may_hold_secrets: bool,
 }
 
 impl Run {
@@ -162,6 +166,7 @@ impl Run {
             plan: None,
             checker: None,
             exit: None,
+            may_hold_secrets: true,
         }
     }
 
@@ -584,6 +589,7 @@ impl Supervisor {
             Ok(()) => {
                 // Recorded with the first record, and sent to the keeper.
                 let plan = run.plan.clone();
+                run.may_hold_secrets = !launch.secrets.is_empty();
                 self.commit(&mut run);
                 // Secrets are written once the run is on record, so that a
                 // crash cannot leave them in a sandbox no record owns (such
@@ -896,7 +902,9 @@ impl Supervisor {
         run.stop_checks();
         // Before the end is recorded: a crash in between leaves a live
         // record, whose end is observed (and this done) again.
-        remove_secrets(&run.record.key, &run.dir);
+        if run.may_hold_secrets {
+            remove_secrets(&run.record.key, &run.dir);
+        }
         self.ports.release(run.record.ports.iter().map(|p| p.port));
         if let Some(cgroup) = &run.record.cgroup {
             isolation::kill_cgroup(cgroup);

@@ -802,3 +802,44 @@ fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
         .max_by_key(|v| v["generation"].as_u64().unwrap_or(0))
         .expect("a run record")
 }
+
+/// A run's secrets are gone from its sandbox once it has ended: launched
+/// by this supervisor, or taken over by another one after a restart (which
+/// cannot know whether the run had secrets, so it always looks).
+#[test]
+fn secrets_are_removed_when_the_run_ends_even_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let with_secret = |key: &v1::RunKey, line: &str| v1::LaunchRun {
+        secrets: vec![v1::Secret {
+            name: "token".to_owned(),
+            value: b"s3cret".to_vec(),
+            size: 0,
+        }],
+        ..launch(key, shell(line))
+    };
+    let quick = key("job-s", 0);
+    let waits = key("job-s", 1);
+    let secret_of = |h: &Harness, k: &v1::RunKey| h.sandbox(k).join(".peloton-secrets/token");
+    {
+        let mut first = Harness::open(config(dir.path()));
+        first.supervisor.launch(&[
+            with_secret(&quick, "cat \"$PELOTON_SECRETS/token\""),
+            with_secret(&waits, "while [ ! -f go ]; do sleep 0.05; done"),
+        ]);
+        first.wait_for(&quick, P::Succeeded);
+        assert_eq!(
+            std::fs::read_to_string(first.sandbox(&quick).join("stdout")).expect("stdout"),
+            "s3cret"
+        );
+        assert!(!secret_of(&first, &quick).exists(), "removed at the end");
+        first.wait_for(&waits, P::Running);
+        assert!(secret_of(&first, &waits).exists(), "there while it runs");
+    }
+    let mut second = Harness::open(config(dir.path()));
+    std::fs::write(second.sandbox(&waits).join("go"), "").expect("touch go");
+    second.wait_for(&waits, P::Succeeded);
+    assert!(
+        !secret_of(&second, &waits).exists(),
+        "removed by the supervisor that took the run over"
+    );
+}
