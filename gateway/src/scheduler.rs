@@ -427,11 +427,18 @@ impl Default for LoopConfig {
 /// An iteration at least this long is logged with its phases.
 const SLOW_ITERATION: Duration = Duration::from_millis(250);
 
-/// Least time between the starts of two cycles while work arrives: the
-/// configured interval, or the last cycle's length if longer, never more
-/// than the idle interval (at which a cycle runs anyway).
-fn cycle_spacing(interval: Duration, last_took: Duration, idle: Duration) -> Duration {
-    interval.max(last_took).min(idle.max(interval))
+/// Least time between the starts of two cycles. While work arrives
+/// (`wanted`): the configured interval, or twice the last cycle's length if
+/// longer, so that cycles take at most half of the loop's time, however
+/// long they get. Otherwise the idle interval (or that, if longer).
+fn cycle_spacing(
+    interval: Duration,
+    last_took: Duration,
+    wanted: bool,
+    idle: Duration,
+) -> Duration {
+    let busy = interval.max(last_took.saturating_mul(2));
+    if wanted { busy } else { idle.max(busy) }
 }
 
 /// Wall-clock milliseconds since the epoch.
@@ -709,15 +716,17 @@ impl Scheduler {
         }
     }
 
-    /// Least time from one cycle's start to the next's while work arrives:
-    /// the configured interval (a few milliseconds: a freed slot waits for
-    /// the next cycle, so short tasks are bound by it), and at least as long
-    /// as the last cycle took, so that cycles never take more than about
-    /// half of the loop's time from the requests, however large they get.
+    /// Least time from one cycle's start to the next's: while work
+    /// arrives, the configured interval (a few milliseconds: a freed slot
+    /// waits for the next cycle, so short tasks are bound by it), and at
+    /// least twice what the last cycle took, so that cycles never take more
+    /// than half of the loop's time from the requests, however large they
+    /// get; else the idle interval.
     fn cycle_spacing(&self) -> Duration {
         cycle_spacing(
             self.config.cycle_interval,
             self.last_cycle_took,
+            self.core.wants_cycle(),
             self.config.idle_cycle_interval,
         )
     }
@@ -730,8 +739,7 @@ impl Scheduler {
         let now = Instant::now();
         let mut until = match self.last_cycle {
             None => now,
-            Some(last) if self.core.wants_cycle() => last + self.cycle_spacing(),
-            Some(last) => last + self.config.idle_cycle_interval,
+            Some(last) => last + self.cycle_spacing(),
         };
         let wall = now_ms();
         let mut ms_deadline = self.core.next_deadline();
@@ -768,11 +776,7 @@ impl Scheduler {
         }
         let due = match self.last_cycle {
             None => true,
-            Some(last) => {
-                let since = last.elapsed();
-                (self.core.wants_cycle() && since >= self.cycle_spacing())
-                    || since >= self.config.idle_cycle_interval
-            }
+            Some(last) => last.elapsed() >= self.cycle_spacing(),
         };
         if due {
             let start = Instant::now();
@@ -1844,19 +1848,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cycles_are_spaced_by_the_interval_or_the_last_cycle_whichever_is_longer() {
+    fn cycles_are_spaced_by_the_interval_or_twice_the_last_cycle() {
         let ms = Duration::from_millis;
-        // Cheap cycles: the configured interval.
-        assert_eq!(cycle_spacing(ms(2), ms(0), ms(1000)), ms(2));
+        let idle = ms(1000);
+        // Cheap cycles while work arrives: the configured interval.
+        assert_eq!(cycle_spacing(ms(2), ms(0), true, idle), ms(2));
         assert_eq!(
-            cycle_spacing(ms(2), Duration::from_micros(300), ms(1000)),
+            cycle_spacing(ms(2), Duration::from_micros(300), true, idle),
             ms(2)
         );
-        // A long cycle holds the next one back as long as it took, so
-        // cycles take at most about half of the loop's time.
-        assert_eq!(cycle_spacing(ms(2), ms(35), ms(1000)), ms(35));
-        // Never beyond the idle interval, at which a cycle runs anyway.
-        assert_eq!(cycle_spacing(ms(2), ms(5000), ms(1000)), ms(1000));
-        assert_eq!(cycle_spacing(ms(50), ms(0), ms(20)), ms(50));
+        // A long cycle holds the next one back twice as long as it took
+        // (start to start), so cycles take at most half of the loop.
+        assert_eq!(cycle_spacing(ms(2), ms(35), true, idle), ms(70));
+        assert_eq!(cycle_spacing(ms(2), ms(5000), true, idle), ms(10_000));
+        // Nothing to do: the idle interval, unless cycles are that long.
+        assert_eq!(cycle_spacing(ms(2), ms(1), false, idle), idle);
+        assert_eq!(cycle_spacing(ms(2), ms(800), false, idle), ms(1600));
+        assert_eq!(cycle_spacing(ms(50), ms(0), true, ms(20)), ms(50));
     }
 }

@@ -99,22 +99,20 @@ pub(crate) fn spawn_agent(
 fn spread_subdirectories(dir: &std::path::Path) -> std::io::Result<()> {
     use nix::libc;
     use std::os::fd::AsRawFd;
-    /// `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` (`_IOR/_IOW('f', 1/2, long)`;
-    /// the kernel reads and writes an `int`) and `FS_TOPDIR_FL`.
-    const GET_FLAGS: libc::c_ulong = 0x8008_6601;
-    const SET_FLAGS: libc::c_ulong = 0x4008_6602;
+    /// `FS_TOPDIR_FL` (linux/fs.h). The flags ioctls read and write an
+    /// `int`, whatever their encoded size says.
     const TOPDIR: libc::c_int = 0x0002_0000;
     let dir = std::fs::File::open(dir)?;
     let mut flags: libc::c_int = 0;
     // SAFETY: an open descriptor and an int the call fills.
     #[allow(unsafe_code)]
-    if unsafe { libc::ioctl(dir.as_raw_fd(), GET_FLAGS as _, &mut flags) } < 0 {
+    if unsafe { libc::ioctl(dir.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
     flags |= TOPDIR;
     // SAFETY: as above; the call reads the int.
     #[allow(unsafe_code)]
-    if unsafe { libc::ioctl(dir.as_raw_fd(), SET_FLAGS as _, &flags) } < 0 {
+    if unsafe { libc::ioctl(dir.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
