@@ -84,7 +84,12 @@ impl Pelotond {
                     return;
                 }
             }
-            panic!("pelotond {name} exited before listening");
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = said.lines().rev().take(20).collect();
+            panic!(
+                "pelotond {name} exited before listening; the end of its log:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         })
         .await
         .expect("pelotond listens");
@@ -528,12 +533,15 @@ async fn placed(port: u16, id: &str) -> Result<u32, String> {
 async fn the_leader_killed_ten_times_under_load_loses_nothing_and_runs_nothing_twice() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = database_for(dir.path());
-    let ports = [free_port(), free_port()];
+    // Each port is picked just before its server binds it: picked early,
+    // it could meanwhile become the source port of another connection.
+    let first_port = free_port();
     let mut servers: Vec<Option<Pelotond>> = vec![
-        Some(Pelotond::start(dir.path(), "s0", ports[0], &db, 0).await),
+        Some(Pelotond::start(dir.path(), "s0", first_port, &db, 0).await),
         None,
     ];
-    let first = leader(&ports[..1]).await;
+    let first = leader(&[first_port]).await;
+    let ports = [first_port, free_port()];
     servers[1] = Some(Pelotond::start(dir.path(), "s1", ports[1], &db, 0).await);
     // Real agents that follow the leader through the list.
     let list = format!(
@@ -691,9 +699,12 @@ async fn a_leader_partitioned_from_the_database_lapses_its_agents_move_and_it_st
     let pg_port = common::local_postgres().port();
     let proxy = Proxy::start(pg_port).await;
     let through_proxy = db.replace(&format!(":{pg_port}/"), &format!(":{}/", proxy.port));
-    let ports = [free_port(), free_port()];
-    let a = Pelotond::start(dir.path(), "a", ports[0], &through_proxy, 0).await;
-    leader(&ports[..1]).await;
+    // Each port is picked just before its server binds it: picked early,
+    // it could meanwhile become the source port of another connection.
+    let a_port = free_port();
+    let a = Pelotond::start(dir.path(), "a", a_port, &through_proxy, 0).await;
+    leader(&[a_port]).await;
+    let ports = [a_port, free_port()];
     let b = Pelotond::start(dir.path(), "b", ports[1], &db, 0).await;
     let list = format!(
         "https://127.0.0.1:{},https://127.0.0.1:{}",
