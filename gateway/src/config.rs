@@ -50,8 +50,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Prometheus `/metrics` address; none to disable.
     pub metrics_listen: Option<SocketAddr>,
-    /// Least time between two scheduling cycles while work arrives (a
-    /// cycle also waits at least as long as the last one took).
+    /// Least time between two scheduling cycles while work arrives (start
+    /// to start, a cycle also waits at least twice as long as the last took).
     pub cycle_interval_ms: u64,
     /// A cycle runs at least this often.
     pub idle_cycle_interval_ms: u64,

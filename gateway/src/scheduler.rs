@@ -540,8 +540,7 @@ pub struct Scheduler {
     last_lease_check: u64,
     last_trim: u64,
     last_cycle: Option<Instant>,
-    /// How long the last cycle took: the next one waits at least as long
-    /// (see [`Scheduler::cycle_spacing`]).
+    /// How long the last cycle took (see [`cycle_spacing`]).
     last_cycle_took: Duration,
     last_pool_metrics: Option<Instant>,
     now: u64,
@@ -716,12 +715,9 @@ impl Scheduler {
         }
     }
 
-    /// Least time from one cycle's start to the next's: while work
-    /// arrives, the configured interval (a few milliseconds: a freed slot
-    /// waits for the next cycle, so short tasks are bound by it), and at
-    /// least twice what the last cycle took, so that cycles never take more
-    /// than half of the loop's time from the requests, however large they
-    /// get; else the idle interval.
+    /// Least time from one cycle's start to the next's ([`cycle_spacing`]).
+    /// The configured interval is a few milliseconds: a freed slot waits
+    /// for the next cycle, so short tasks are bound by it.
     fn cycle_spacing(&self) -> Duration {
         cycle_spacing(
             self.config.cycle_interval,

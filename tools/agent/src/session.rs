@@ -691,38 +691,24 @@ async fn flush_reports(
     supervisor: &Shared,
     tx: &mpsc::Sender<v1::AgentMessage>,
 ) -> Result<(), String> {
-    loop {
-        let reports =
-            with_supervisor(supervisor, |s| s.take_reports(MAX_REPORTS_PER_MESSAGE)).await;
-        if !send_reports(tx, reports).await? {
-            return Ok(());
-        }
-    }
+    while with_supervisor_then_send(supervisor, tx, |_| ()).await? {}
+    Ok(())
 }
 
 /// Runs `f` on the supervisor and takes the reports queued by then in the
 /// same trip to a blocking thread (each trip is two thread switches, the
-/// agent's largest cost per short task), and sends them. True if there
-/// may be more to send (a full message's worth was taken).
-async fn with_supervisor_then_send<T: Send + 'static>(
+/// agent's largest cost per short task), and sends them in one message.
+/// True if there may be more to send (a full message's worth was taken).
+async fn with_supervisor_then_send(
     supervisor: &Shared,
     tx: &mpsc::Sender<v1::AgentMessage>,
-    f: impl FnOnce(&mut Supervisor) -> T + Send + 'static,
-) -> Result<(T, bool), String> {
-    let (value, reports) = with_supervisor(supervisor, move |s| {
-        let value = f(s);
-        (value, s.take_reports(MAX_REPORTS_PER_MESSAGE))
+    f: impl FnOnce(&mut Supervisor) + Send + 'static,
+) -> Result<bool, String> {
+    let reports = with_supervisor(supervisor, move |s| {
+        f(s);
+        s.take_reports(MAX_REPORTS_PER_MESSAGE)
     })
     .await;
-    Ok((value, send_reports(tx, reports).await?))
-}
-
-/// Sends `reports` (if any) in one message. True if they were a full
-/// message's worth (more may be waiting).
-async fn send_reports(
-    tx: &mpsc::Sender<v1::AgentMessage>,
-    reports: Vec<v1::RunReport>,
-) -> Result<bool, String> {
     if reports.is_empty() {
         return Ok(false);
     }
@@ -758,21 +744,15 @@ async fn handle(
                 if chunk.is_empty() {
                     return Ok(more);
                 }
-                more = with_supervisor_then_send(supervisor, tx, move |s| s.launch(&chunk))
-                    .await?
-                    .1;
+                more = with_supervisor_then_send(supervisor, tx, move |s| s.launch(&chunk)).await?;
             }
         }
         Some(Kind::Kill(kill)) => {
             tracing::debug!(runs = kill.runs.len(), "kill");
-            let (_, more) =
-                with_supervisor_then_send(supervisor, tx, move |s| s.kill(&kill.runs)).await?;
-            return Ok(more);
+            return with_supervisor_then_send(supervisor, tx, move |s| s.kill(&kill.runs)).await;
         }
         Some(Kind::Ack(ack)) => {
-            let (_, more) =
-                with_supervisor_then_send(supervisor, tx, move |s| s.ack(&ack.keys)).await?;
-            return Ok(more);
+            return with_supervisor_then_send(supervisor, tx, move |s| s.ack(&ack.keys)).await;
         }
         Some(Kind::DeleteVolumes(delete)) => {
             tracing::debug!(volumes = delete.ids.len(), "delete volumes");

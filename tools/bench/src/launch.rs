@@ -92,7 +92,7 @@ pub(crate) fn spawn_agent(
 /// there. A run creates four inodes per task and deletes them all when it
 /// ends, next to where the following run would create its own: run back to
 /// back, the second run's agents spent 2–3× the CPU per task in the
-/// allocator (0.37–0.62 ms instead of 0.18–0.19) and launched at 1,100–1,400
+/// allocator (0.37–0.62 ms instead of 0.18–0.19) and launched at 1,087–1,380
 /// tasks/s instead of 2,000. That measures the previous run's clean-up,
 /// not launching; an agent on a real host deletes its sandboxes one by one
 /// over days. Other file systems ignore or refuse the flag.
