@@ -1,10 +1,12 @@
 //! The agent's conversation with the server: one `AgentService.Session`
 //! stream at a time, re-established for ever.
 //!
-//! The supervisor is shared behind a `std::sync::Mutex` and only ever
-//! locked inside `spawn_blocking`, because its methods do blocking work
-//! (spawning processes, fsyncs, `/proc` scans): the async tasks wait for
-//! it, the runtime's workers never do. Three tasks use it: a poller (every
+//! The agent runs on a single-threaded runtime. The supervisor is shared
+//! behind a `std::sync::Mutex`, locked only for one synchronous call at a
+//! time (never across an `.await`), on the runtime's thread itself: its
+//! calls block briefly (the keeper's answers, journal appends, `/proc`
+//! scans), and a trip to a blocking thread and back cost more than most of
+//! them (see `with_supervisor`). Three tasks use it: a poller (every
 //! `poll_interval`, wakes the session when reports are waiting), the
 //! garbage collector (every `gc_interval`, without the lock: it reads only
 //! the disk) and the session loop (registration, heartbeats, reports,
@@ -110,25 +112,25 @@ pub struct SessionConfig {
 
 type Shared = Arc<Mutex<Supervisor>>;
 
-/// Runs `f` on the supervisor on a blocking thread.
-async fn with_supervisor<T: Send + 'static>(
-    supervisor: &Shared,
-    f: impl FnOnce(&mut Supervisor) -> T + Send + 'static,
-) -> T {
-    let supervisor = supervisor.clone();
-    match tokio::task::spawn_blocking(move || {
-        // A panic while holding the lock is a bug that already crashed the
-        // agent (see below); no half-updated state is ever used after it.
-        let mut guard = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
-        f(&mut guard)
-    })
-    .await
-    {
+/// Runs `f` on the supervisor, on the calling thread.
+///
+/// The supervisor's calls block (the keeper's answer, journal appends,
+/// `/proc` scans), yet they run on the runtime's one thread rather than on
+/// a blocking thread: each trip to another thread was two context switches,
+/// which on a VM cost more than the agent's whole share of a short task,
+/// and the session loop waited for the answer either way. What waits
+/// meanwhile is this agent's own network traffic and timers, for as long
+/// as one call takes (a launch chunk: `LAUNCHES_PER_LOCK` keeper round
+/// trips). Garbage collection, volume deletion and log reads, whose time
+/// grows with the data, keep to blocking threads and never take the lock.
+fn with_supervisor<T>(supervisor: &Shared, f: impl FnOnce(&mut Supervisor) -> T) -> T {
+    let mut guard = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut guard))) {
         Ok(value) => value,
-        // A broken invariant in the supervisor: crash, do not limp on.
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        // Cancelled: the runtime is shutting down, and this task with it.
-        Err(_) => std::future::pending().await,
+        // A broken invariant in the supervisor: crash, do not limp on (a
+        // panic in a spawned task would only end that task). The panic
+        // hook has printed the message.
+        Err(_) => std::process::abort(),
     }
 }
 
@@ -213,21 +215,20 @@ pub async fn run(config: SessionConfig, mut supervisor: Supervisor, mut stop: mp
 /// Kills every run (each with its own grace period; at once after a
 /// second stop request) and waits until all have ended.
 async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Duration) {
-    let live = with_supervisor(supervisor, |s| s.live_runs()).await;
+    let live = with_supervisor(supervisor, |s| s.live_runs());
     if live > 0 {
         tracing::info!(
             runs = live,
             "stopping the runs (SIGTERM, SIGKILL after each one's kill grace period; stop again to kill them now)"
         );
     }
-    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own)).await;
+    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own));
     let mut killed_now = false;
     loop {
         let live = with_supervisor(supervisor, |s| {
             s.poll();
             s.live_runs()
-        })
-        .await;
+        });
         if live == 0 {
             tracing::info!("every run has ended");
             return;
@@ -237,7 +238,7 @@ async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Du
             Some(()) = stop.recv(), if !killed_now => {
                 killed_now = true;
                 tracing::info!(runs = live, "killing the runs now");
-                with_supervisor(supervisor, |s| s.kill_all(StopGrace::Now)).await;
+                with_supervisor(supervisor, |s| s.kill_all(StopGrace::Now));
             }
         }
     }
@@ -267,8 +268,7 @@ async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
         let waiting = with_supervisor(&supervisor, |s| {
             s.poll();
             s.pending_reports()
-        })
-        .await;
+        });
         if waiting > 0 {
             changed.notify_one();
         }
@@ -671,8 +671,7 @@ async fn registration(
             s.port_count(),
             s.volumes(),
         )
-    })
-    .await;
+    });
     v1::AgentRegister {
         token: config.token.clone(),
         host: config.host.clone(),
@@ -695,20 +694,18 @@ async fn flush_reports(
     Ok(())
 }
 
-/// Runs `f` on the supervisor and takes the reports queued by then in the
-/// same trip to a blocking thread (each trip is two thread switches, the
-/// agent's largest cost per short task), and sends them in one message.
+/// Runs `f` on the supervisor, takes the reports queued by then, and sends
+/// them in one message.
 /// True if there may be more to send (a full message's worth was taken).
 async fn with_supervisor_then_send(
     supervisor: &Shared,
     tx: &mpsc::Sender<v1::AgentMessage>,
-    f: impl FnOnce(&mut Supervisor) + Send + 'static,
+    f: impl FnOnce(&mut Supervisor),
 ) -> Result<bool, String> {
     let reports = with_supervisor(supervisor, move |s| {
         f(s);
         s.take_reports(MAX_REPORTS_PER_MESSAGE)
-    })
-    .await;
+    });
     if reports.is_empty() {
         return Ok(false);
     }
@@ -725,7 +722,7 @@ async fn with_supervisor_then_send(
 
 /// Handles one message from the server. True if reports may be waiting
 /// (the caller sends them); the calls that change runs send what they
-/// queued themselves, in the same trip to the supervisor.
+/// queued themselves, in the same call to the supervisor.
 async fn handle(
     msg: v1::ServerMessage,
     supervisor: &Shared,
@@ -745,6 +742,10 @@ async fn handle(
                     return Ok(more);
                 }
                 more = with_supervisor_then_send(supervisor, tx, move |s| s.launch(&chunk)).await?;
+                if runs.len() > 0 {
+                    // Polls and log reads get their turn between chunks.
+                    tokio::task::yield_now().await;
+                }
             }
         }
         Some(Kind::Kill(kill)) => {
@@ -756,8 +757,7 @@ async fn handle(
         }
         Some(Kind::DeleteVolumes(delete)) => {
             tracing::debug!(volumes = delete.ids.len(), "delete volumes");
-            let deletion =
-                with_supervisor(supervisor, move |s| s.delete_volumes(&delete.ids)).await;
+            let deletion = with_supervisor(supervisor, move |s| s.delete_volumes(&delete.ids));
             // The data goes without the supervisor's lock and without
             // holding up the session: a large volume takes a while.
             if !deletion.is_empty() {
@@ -778,8 +778,7 @@ async fn handle(
                 let chunk = with_supervisor(&supervisor, move |s| {
                     let key = read.key.clone().unwrap_or_default();
                     s.log_source(&key, read.stderr)
-                })
-                .await;
+                });
                 let chunk = tokio::task::spawn_blocking(move || {
                     chunk.read(read.request_id, read.offset, read.max_bytes)
                 })
