@@ -377,19 +377,28 @@ pub(crate) fn open_journal(dir: &Path) -> io::Result<File> {
 }
 
 /// Appends, in one write, the task plan (if any) and the next generation of
-/// the run's record to its journal.
+/// the run's record to its journal (the supervisor does the same on a
+/// journal it keeps open).
+#[cfg(test)]
 pub(crate) fn write_run(
     dir: &Path,
     record: &mut RunRecord,
     plan: Option<&TaskPlan>,
 ) -> io::Result<()> {
+    let bytes = run_entries(record, plan)?;
+    open_journal(dir)?.write_all(&bytes)
+}
+
+/// The bytes of one append of the run's record: the task plan (if any)
+/// and the record's next generation (its generation from now on).
+pub(crate) fn run_entries(record: &mut RunRecord, plan: Option<&TaskPlan>) -> io::Result<Vec<u8>> {
     record.generation += 1;
     let mut bytes = Vec::with_capacity(1024);
     if let Some(plan) = plan {
         push_entry(&mut bytes, &Entry::Plan(plan))?;
     }
     push_entry(&mut bytes, record)?;
-    open_journal(dir)?.write_all(&bytes)
+    Ok(bytes)
 }
 
 /// Appends the wrapper's `started` entry to an open journal.

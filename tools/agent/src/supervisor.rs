@@ -13,7 +13,7 @@
 //! deadlines checked by `poll`, never sleeps.
 //!
 //! Every change of a run is appended to its record (a new generation in
-//! `run.json`, see `record::write_run`) before it is reported, so a report
+//! `run.json`, see `persist`) before it is reported, so a report
 //! is never ahead of the disk; RUNNING is the exception, its durable record
 //! being the wrapper's `started` entry. Reports wait in an
 //! outbox that keeps only the latest report per run (it is bounded by the
@@ -29,11 +29,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
@@ -155,6 +156,8 @@ struct Run {
     /// only for a run this agent launched without any (a run adopted after
     /// a restart may have some).
     may_hold_secrets: bool,
+    /// The journal, open (see [`OpenJournal`]).
+    journal: Option<OpenJournal>,
 }
 
 impl Run {
@@ -167,6 +170,7 @@ impl Run {
             checker: None,
             exit: None,
             may_hold_secrets: true,
+            journal: None,
         }
     }
 
@@ -350,6 +354,8 @@ pub struct Supervisor {
     spawned: HashMap<ProcessIdentity, RunId>,
     /// Runs whose health changed, posted by checker threads.
     health_changes: Arc<HealthInbox>,
+    /// Runs' journals held open (see [`OpenJournal`]).
+    open_journals: Arc<AtomicUsize>,
     /// Held for the supervisor's life: one agent per work directory.
     _lock: Flock<File>,
 }
@@ -407,6 +413,7 @@ impl Supervisor {
             spawner_failed_ms: None,
             spawned: HashMap::new(),
             health_changes: Arc::new(HealthInbox::default()),
+            open_journals: Arc::new(AtomicUsize::new(0)),
             _lock: lock,
         };
         supervisor.adopt_all().map_err(work_dir_error)?;
@@ -584,7 +591,8 @@ impl Supervisor {
             },
             dir,
         );
-        tracing::info!(run = %key.sandbox_name(), "launching");
+        // Debug: the end of the run is logged at info, with its outcome.
+        tracing::debug!(run = %key.sandbox_name(), "launching");
         match self.prepare(&mut run, launch) {
             Ok(()) => {
                 // Recorded with the first record, and sent to the keeper.
@@ -880,7 +888,7 @@ impl Supervisor {
 
     /// Writes the run's record and queues its report.
     fn commit(&mut self, run: &mut Run) {
-        persist(run);
+        persist(run, &self.open_journals);
         self.outbox.push(&run.record.key, run.report());
     }
 
@@ -1117,7 +1125,7 @@ impl Supervisor {
                     );
                     tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
                     run.record.killed_by_agent = Some(why);
-                    persist(run);
+                    persist(run, &self.open_journals);
                     proc::kill_all(&pids);
                 }
             }
@@ -1177,7 +1185,7 @@ impl Supervisor {
             run.stop_checks();
             // Durable before any signal: a restarted agent must know that
             // this run's end is a KILLED, not a FAILED.
-            persist(&mut run);
+            persist(&mut run, &self.open_journals);
             tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
             terminate(&run, procs);
             self.observe(&mut run, now, procs);
@@ -1231,7 +1239,7 @@ impl Supervisor {
                 continue;
             }
             run.record.acked = true;
-            persist(run);
+            persist(run, &self.open_journals);
             self.outbox.remove(&key);
             if let Some(run) = self.runs.remove(&key)
                 && let WrapperWatch::Child(child) = run.watch
@@ -1376,8 +1384,46 @@ fn open_output(dir: &Path) -> io::Result<(File, File)> {
     Ok((output(STDOUT_FILE)?, output(STDERR_FILE)?))
 }
 
-fn persist(run: &mut Run) {
-    if let Err(e) = record::write_run(&run.dir, &mut run.record, run.plan.take().as_ref()) {
+/// A run's journal, kept open from its first append to its last (its
+/// acknowledgement): four appends a short run, each of which opened and
+/// closed the file before. At most `MAX_OPEN_JOURNALS` at once; past that,
+/// a run's appends open the file each time, as before.
+#[derive(Debug)]
+struct OpenJournal {
+    file: File,
+    /// The supervisor's count of open journals, which this holds one of.
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for OpenJournal {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Journals held open at once, at most (see [`OpenJournal`]): far below
+/// the usual limit of 1024 descriptors.
+const MAX_OPEN_JOURNALS: usize = 256;
+
+/// Appends the run's next record (and its plan, the first time) to its
+/// journal, in one write.
+fn persist(run: &mut Run, open_journals: &Arc<AtomicUsize>) {
+    let written =
+        record::run_entries(&mut run.record, run.plan.take().as_ref()).and_then(|bytes| {
+            if run.journal.is_none() && open_journals.load(Ordering::Relaxed) < MAX_OPEN_JOURNALS {
+                let file = record::open_journal(&run.dir)?;
+                open_journals.fetch_add(1, Ordering::Relaxed);
+                run.journal = Some(OpenJournal {
+                    file,
+                    open: open_journals.clone(),
+                });
+            }
+            match &mut run.journal {
+                Some(journal) => journal.file.write_all(&bytes),
+                None => record::open_journal(&run.dir)?.write_all(&bytes),
+            }
+        });
+    if let Err(e) = written {
         tracing::error!(
             run = %run.record.key.sandbox_name(),
             error = %e,

@@ -48,6 +48,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::libc;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -502,7 +503,42 @@ const SIGNAL_COUNT: i32 = 64;
 /// under the task's address-space limit); the caller has checked that the
 /// process has one thread ([`check_single_threaded`]).
 pub(crate) fn reset_signal_dispositions() -> Result<(), i32> {
-    use nix::libc;
+    reset_signals((1..=SIGNAL_COUNT).filter(|&n| n != libc::SIGKILL && n != libc::SIGSTOP))
+}
+
+/// The signals whose action in this process is not the default (ignored,
+/// or handled by this process's code), in the order of their numbers: what
+/// [`reset_signals`] must reset in a child for all to be at their default,
+/// as long as this process sets no action after asking.
+pub(crate) fn non_default_signals() -> Vec<i32> {
+    (1..=SIGNAL_COUNT)
+        .filter(|&number| {
+            let mut old = [0u64; 4];
+            // SAFETY: asks only (no new action); `old` has room for the
+            // largest kernel sigaction (see `reset_signals`); 8 is the
+            // kernel's sigset size.
+            #[allow(unsafe_code)]
+            let result = unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    libc::c_long::from(number),
+                    std::ptr::null::<u64>(),
+                    old.as_mut_ptr(),
+                    8 as libc::c_long,
+                )
+            };
+            // The handler is the first word; SIG_DFL is 0. A signal the
+            // kernel will not tell about (none on Linux) counts as set.
+            result != 0 || old[0] != 0
+        })
+        .filter(|&n| n != libc::SIGKILL && n != libc::SIGSTOP)
+        .collect()
+}
+
+/// Sets each of `signals` back to its default action, or returns the first
+/// the kernel refused (see [`reset_signal_dispositions`]). Allocation-free
+/// and async-signal-safe: only system calls.
+pub(crate) fn reset_signals(signals: impl IntoIterator<Item = i32>) -> Result<(), i32> {
     // The kernel's `struct sigaction` starts with the handler; SIG_DFL is
     // 0 and no flag, restorer or mask is wanted, so all zeros is the
     // default action whatever the architecture's layout. Four words cover
@@ -511,10 +547,7 @@ pub(crate) fn reset_signal_dispositions() -> Result<(), i32> {
     const _: () = assert!(libc::SIG_DFL == 0);
     // The kernel's sigset: 64 bits.
     let sigset_bytes: libc::c_long = 8;
-    for number in 1..=SIGNAL_COUNT {
-        if number == libc::SIGKILL || number == libc::SIGSTOP {
-            continue;
-        }
+    for number in signals {
         // SAFETY: `default_action` is a valid, zeroed kernel sigaction
         // (SIG_DFL: no code of ours runs in a signal context), read by the
         // kernel only; the old action is not asked for (null); 8 is the
@@ -556,6 +589,21 @@ fn child_note(log: &Path, line: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The keeper's list of signals to reset names what Rust's runtime set
+    /// up in this process (SIGPIPE ignored, SIGSEGV handled for stack
+    /// overflows) and none of the signals left at their default.
+    #[test]
+    fn non_default_signals_are_those_ignored_or_handled() {
+        let signals = non_default_signals();
+        assert!(signals.contains(&libc::SIGPIPE), "{signals:?}");
+        assert!(signals.contains(&libc::SIGSEGV), "{signals:?}");
+        for default in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR2, libc::SIGCHLD] {
+            assert!(!signals.contains(&default), "{default}: {signals:?}");
+        }
+        assert!(!signals.contains(&libc::SIGKILL) && !signals.contains(&libc::SIGSTOP));
+        assert!(signals.is_sorted(), "{signals:?}");
+    }
 
     /// A failure in the forked child reaches the wrapper's spawn whole:
     /// std carries the child's error code, whatever it is, to the parent.

@@ -547,6 +547,59 @@ fn acknowledged_runs_are_never_reported_again() {
     assert_eq!(h.reports(&acked), Vec::new());
 }
 
+/// The journals of this process open under `dir` (kept open between a
+/// run's appends, at most 256 at once).
+fn open_journals_under(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.starts_with(dir) && target.ends_with("run.json"))
+        .count()
+}
+
+#[test]
+fn journals_held_open_are_bounded_and_closed_by_the_acknowledgement() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = std::fs::canonicalize(dir.path()).expect("canonical");
+    let mut config = config(&work);
+    config.max_runs = 300;
+    let keys: Vec<_> = (0..300).map(|i| key("job-fd", i)).collect();
+    {
+        let mut h = Harness::open(config.clone());
+        let sleep = v1::TaskSpec {
+            command: "sleep".to_owned(),
+            args: vec!["60".to_owned()],
+            ..v1::TaskSpec::default()
+        };
+        let launches: Vec<_> = keys.iter().map(|k| launch(k, sleep.clone())).collect();
+        h.supervisor.launch(&launches);
+        for k in &keys {
+            h.wait_for(k, P::Running);
+        }
+        let open = open_journals_under(&work);
+        assert!((1..=256).contains(&open), "{open} journals open");
+        let kills: Vec<_> = keys
+            .iter()
+            .map(|k| v1::KillRun {
+                key: Some(k.clone()),
+                grace_ms: 5_000,
+            })
+            .collect();
+        h.supervisor.kill(&kills);
+        for k in &keys {
+            h.wait_for(k, P::Killed);
+        }
+        h.supervisor.ack(&keys);
+        assert_eq!(h.supervisor.run_count(), 0);
+        assert_eq!(open_journals_under(&work), 0);
+    }
+    // Every acknowledgement is on disk, whether its journal was held open
+    // or opened for the append.
+    let mut h = Harness::open(config);
+    assert_eq!(h.supervisor.registration_runs(), Vec::new());
+}
+
 #[test]
 fn gc_removes_only_old_acknowledged_sandboxes() {
     let dir = tempfile::tempdir().expect("tempdir");
