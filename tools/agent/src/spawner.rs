@@ -514,6 +514,9 @@ struct Serving {
     /// the start (the keeper sets none after): a task's child resets these
     /// only, instead of all 64 (about 20 µs a task on a VM).
     non_default_signals: Vec<i32>,
+    /// The highest RLIMIT_NOFILE a task may get: this process's hard
+    /// limit, unless it runs as root (which may raise it). Asked once.
+    open_files_ceiling: Option<u64>,
 }
 
 fn serve() -> io::Result<()> {
@@ -550,6 +553,10 @@ fn serve() -> io::Result<()> {
         stack: vec![0; CHILD_STACK_BYTES],
         children_file: children_file.exists().then_some(children_file),
         non_default_signals: wrapper::non_default_signals(),
+        open_files_ceiling: match getrlimit(Resource::RLIMIT_NOFILE) {
+            Ok((_, hard)) if !geteuid().is_root() => Some(hard),
+            _ => None,
+        },
     };
     loop {
         if serving.socket.is_none() && serving.tasks.is_empty() && serving.cleanups.is_empty() {
@@ -764,13 +771,10 @@ impl Serving {
             .as_ref()
             .map(|c| cstring(c.join("cgroup.procs").as_os_str().as_bytes()))
             .transpose()?;
-        let open_files = plan
-            .open_files
-            .map(|limit| match getrlimit(Resource::RLIMIT_NOFILE) {
-                // Only root may raise a hard limit.
-                Ok((_, hard)) if !geteuid().is_root() => limit.min(hard),
-                _ => limit,
-            });
+        let open_files = plan.open_files.map(|limit| {
+            self.open_files_ceiling
+                .map_or(limit, |hard| limit.min(hard))
+        });
         let child = ChildPlan {
             program: program_c.as_ptr(),
             argv: argv.as_ptr(),
@@ -956,11 +960,20 @@ impl Serving {
         let is_orphan =
             |pid: u32| pid != self.me && !self.tasks.contains_key(&pid) && is_child(pid);
         if let Some(file) = &self.children_file {
-            return fs::read_to_string(file).map_or(true, |text| {
-                text.split_whitespace()
-                    .filter_map(|p| p.parse::<u32>().ok())
-                    .any(is_orphan)
-            });
+            // Read once per task that ends: in one `read` while the list
+            // is short (about 500 children), whole otherwise.
+            let mut buffer = [0u8; 4096];
+            let text = match proc::read_small(file, &mut buffer) {
+                Ok(bytes) => String::from_utf8_lossy(bytes),
+                Err(_) => match fs::read_to_string(file) {
+                    Ok(text) => text.into(),
+                    Err(_) => return true,
+                },
+            };
+            return text
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .any(is_orphan);
         }
         let Ok(entries) = fs::read_dir("/proc") else {
             return true;

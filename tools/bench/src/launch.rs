@@ -17,6 +17,9 @@
 //!   started (each agent's spawner, the per-task wrappers it forks, and
 //!   the tasks they waited for), per task: what the agents' children and
 //!   their reaped descendants used in that window;
+//! - `keepers_cpu_ms_per_task`: the part of that used by the agents'
+//!   spawners themselves (their own CPU time, not their children's): what
+//!   starting and watching a task costs besides the task;
 //! - `machine_cpu_ms_per_task`: every CPU's busy time (from /proc/stat) in
 //!   that window, per task: the three above, and whatever else the
 //!   machine ran meanwhile (so only meaningful on a quiet machine).
@@ -142,6 +145,12 @@ fn descendants_cpu_s(pid: u32) -> f64 {
         .map(|child| cpu_s(child) + children_cpu_s(child))
         .sum();
     children_cpu_s(pid) + live
+}
+
+/// CPU seconds of the live children of `pid` themselves (an agent's
+/// spawner, without the tasks it has reaped).
+fn live_children_cpu_s(pid: u32) -> f64 {
+    children_of(pid).into_iter().map(cpu_s).sum()
 }
 
 /// The live children of `pid` (from /proc/PID/task/*/children).
@@ -348,6 +357,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let cpu0 = cpu_s(server_pid);
     let agents_cpu0: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum();
     let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum();
+    let keepers_cpu0: f64 = agent_pids.iter().map(|&p| live_children_cpu_s(p)).sum();
     let machine_cpu0 = machine_cpu_s();
     let start = Instant::now();
     let job = jobs
@@ -384,6 +394,11 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .map(|&p| descendants_cpu_s(p))
         .sum::<f64>()
         - wrappers_cpu0;
+    let keepers_cpu: f64 = agent_pids
+        .iter()
+        .map(|&p| live_children_cpu_s(p))
+        .sum::<f64>()
+        - keepers_cpu0;
     let machine_cpu = machine_cpu_s() - machine_cpu0;
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
@@ -402,6 +417,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "server_cpu_ms_per_task": (server_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
         "agents_cpu_ms_per_task": (agents_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
         "wrappers_cpu_ms_per_task": (wrappers_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
+        "keepers_cpu_ms_per_task": (keepers_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
         "machine_cpu_ms_per_task": (machine_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
     }))
 }
