@@ -882,6 +882,8 @@ impl Serving {
         }
         let mut news = Vec::new();
         let mut snapshot: Option<ProcSnapshot> = None;
+        // Asked once a pass, for however many runs end in it.
+        let mut orphans: Option<bool> = None;
         let now = Instant::now();
         for mut cleanup in std::mem::take(&mut self.cleanups) {
             if now < cleanup.next {
@@ -889,7 +891,7 @@ impl Serving {
                 continue;
             }
             cleanup.next = now + CLEANUP_PAUSE;
-            let done = self.is_clean(&mut cleanup, &mut snapshot)
+            let done = self.is_clean(&mut cleanup, &mut orphans, &mut snapshot)
                 || now >= cleanup.deadline && {
                     wrapper::note(
                         &cleanup.task.sandbox,
@@ -912,7 +914,12 @@ impl Serving {
     }
 
     /// True if nothing of the run is left; else SIGKILLs what is.
-    fn is_clean(&self, cleanup: &mut Cleanup, snapshot: &mut Option<ProcSnapshot>) -> bool {
+    fn is_clean(
+        &self,
+        cleanup: &mut Cleanup,
+        orphans: &mut Option<bool>,
+        snapshot: &mut Option<ProcSnapshot>,
+    ) -> bool {
         let task = &cleanup.task;
         let mut clean = true;
         if let Some(cgroup) = &task.cgroup
@@ -934,7 +941,7 @@ impl Serving {
                 cleanup.group_gone = true;
             }
         }
-        if self.orphans() {
+        if *orphans.get_or_insert_with(|| self.orphans()) {
             let snapshot = snapshot.get_or_insert_with(ProcSnapshot::take);
             let marker = proc::sandbox_marker(&task.sandbox);
             let mut victims = snapshot.marked(&marker);

@@ -417,6 +417,10 @@ impl Supervisor {
             _lock: lock,
         };
         supervisor.adopt_all().map_err(work_dir_error)?;
+        // Started now rather than by the first launch, which would wait
+        // for it (a few milliseconds); one that fails to start is retried
+        // by a later launch.
+        supervisor.spawner();
         Ok(supervisor)
     }
 
