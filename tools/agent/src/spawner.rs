@@ -794,7 +794,9 @@ impl Serving {
             signal_count: self.non_default_signals.len(),
             failure: AtomicU64::new(0),
         };
+        let before = proc::boottime_ns();
         let pid = spawn_child(&child, &mut self.stack)?;
+        let after = proc::boottime_ns();
         let failure = child.failure.load(Ordering::Acquire);
         if failure != 0 {
             // It exited without executing the task: reap it here.
@@ -808,11 +810,15 @@ impl Serving {
         // group exists before the agent hears of the task (and may signal
         // it). A second `setpgid` from here would fail (EACCES) anyway.
         let pid = u32::try_from(pid).unwrap_or(0);
-        // Not reaped yet: at worst a zombie, whose stat is readable.
-        let identity = ProcessIdentity::of(pid).unwrap_or(ProcessIdentity {
-            pid,
-            start_ticks: 0,
-        });
+        // From the clock around the clone when it tells; else from /proc
+        // (not reaped yet: at worst a zombie, whose stat is readable).
+        let identity = match proc::start_ticks_between(before, after) {
+            Some(start_ticks) => ProcessIdentity { pid, start_ticks },
+            None => ProcessIdentity::of(pid).unwrap_or(ProcessIdentity {
+                pid,
+                start_ticks: 0,
+            }),
+        };
         self.tasks.insert(
             pid,
             Task {
