@@ -108,10 +108,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         runs = supervisor.run_count(),
         "runs taken over from the work directory"
     );
-    // One thread for the session's little async work (a gRPC stream, timers,
-    // signals); the supervisor's file and process work runs on blocking
-    // threads. Two worker threads woke each other for every message, and
-    // a thread switch is the agent's largest cost per short task.
+    // One thread for everything: the session's async work (a gRPC stream,
+    // timers, signals) and the supervisor's calls, made on that thread (see
+    // `session::with_supervisor`); only garbage collection, volume deletion
+    // and log reads go to blocking threads. Two worker threads woke each
+    // other for every message, and a thread switch cost more than most of
+    // the agent's work for a short task.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -135,7 +137,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         let _ = stop_tx.try_send(());
     }
     runtime.block_on(run_session(config.session, supervisor, stop_rx));
-    // Blocking work in flight (a launch, a log read) gets a moment to finish.
+    // Blocking work in flight (a log read, a volume deletion) gets a moment
+    // to finish.
     runtime.shutdown_timeout(Duration::from_secs(5));
     Ok(())
 }

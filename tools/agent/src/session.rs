@@ -121,8 +121,13 @@ type Shared = Arc<Mutex<Supervisor>>;
 /// and the session loop waited for the answer either way. What waits
 /// meanwhile is this agent's own network traffic and timers, for as long
 /// as one call takes (a launch chunk: `LAUNCHES_PER_LOCK` keeper round
-/// trips). Garbage collection, volume deletion and log reads, whose time
-/// grows with the data, keep to blocking threads and never take the lock.
+/// trips, milliseconds). The price is paid in a pathological stall: a
+/// keeper that does not answer holds the thread up to its 10 s answer
+/// timeout, and the HTTP/2 keep-alive (5 s) may then end the session; the
+/// agent reconnects and registers again, with every run (nothing is lost,
+/// and the session loop was as stuck before). Garbage collection, volume
+/// deletion and log reads, whose time grows with the data, keep to
+/// blocking threads and never take the lock.
 fn with_supervisor<T>(supervisor: &Shared, f: impl FnOnce(&mut Supervisor) -> T) -> T {
     let mut guard = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut guard))) {

@@ -515,7 +515,9 @@ struct Serving {
     /// only, instead of all 64 (about 20 µs a task on a VM).
     non_default_signals: Vec<i32>,
     /// The highest RLIMIT_NOFILE a task may get: this process's hard
-    /// limit, unless it runs as root (which may raise it). Asked once.
+    /// limit, unless it runs as root (which may raise it). Asked once (a
+    /// hard limit lowered later from outside, with `prlimit`, makes the
+    /// child fall back to it: see `child_main`).
     open_files_ceiling: Option<u64>,
 }
 
@@ -973,20 +975,14 @@ impl Serving {
         let is_orphan =
             |pid: u32| pid != self.me && !self.tasks.contains_key(&pid) && is_child(pid);
         if let Some(file) = &self.children_file {
-            // Read once per task that ends: in one `read` while the list
-            // is short (about 500 children), whole otherwise.
-            let mut buffer = [0u8; 4096];
-            let text = match proc::read_small(file, &mut buffer) {
-                Ok(bytes) => String::from_utf8_lossy(bytes),
-                Err(_) => match fs::read_to_string(file) {
-                    Ok(text) => text.into(),
-                    Err(_) => return true,
-                },
-            };
-            return text
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok())
-                .any(is_orphan);
+            // Read to its end: the list is one record per child, and a
+            // read returns only the records that fit (the newest orphans
+            // are at its end).
+            return fs::read_to_string(file).map_or(true, |text| {
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                    .any(is_orphan)
+            });
         }
         let Ok(entries) = fs::read_dir("/proc") else {
             return true;

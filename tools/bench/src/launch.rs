@@ -19,7 +19,8 @@
 //!   their reaped descendants used in that window;
 //! - `keepers_cpu_ms_per_task`: the part of that used by the agents'
 //!   spawners themselves (their own CPU time, not their children's): what
-//!   starting and watching a task costs besides the task;
+//!   starting and watching a task costs besides the task (a spawner that
+//!   exits within the window drops out of it);
 //! - `machine_cpu_ms_per_task`: every CPU's busy time (from /proc/stat) in
 //!   that window, per task: the three above, and whatever else the
 //!   machine ran meanwhile (so only meaningful on a quiet machine).
@@ -147,10 +148,17 @@ fn descendants_cpu_s(pid: u32) -> f64 {
     children_cpu_s(pid) + live
 }
 
-/// CPU seconds of the live children of `pid` themselves (an agent's
-/// spawner, without the tasks it has reaped).
+/// CPU seconds of the spawners (`peloton-agent spawner`) among the live
+/// children of `pid`, themselves, without the tasks they have reaped.
 fn live_children_cpu_s(pid: u32) -> f64 {
-    children_of(pid).into_iter().map(cpu_s).sum()
+    children_of(pid)
+        .into_iter()
+        .filter(|child| {
+            std::fs::read(format!("/proc/{child}/cmdline"))
+                .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).nth(1) == Some(b"spawner"))
+        })
+        .map(cpu_s)
+        .sum()
 }
 
 /// The live children of `pid` (from /proc/PID/task/*/children).
