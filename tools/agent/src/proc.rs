@@ -97,7 +97,7 @@ pub(crate) fn start_ticks_between(before_ns: u64, after_ns: u64) -> Option<u64> 
 }
 
 /// Room for a `/proc/<pid>/stat` line, whose longest is about 700 bytes.
-pub(crate) const SMALL_PROC_FILE: usize = 2048;
+const SMALL_PROC_FILE: usize = 2048;
 
 /// The contents of a single-record `/proc` file (such as `stat`) that fits
 /// in `buffer` (else an error): the kernel renders such a file whole and
@@ -106,7 +106,7 @@ pub(crate) const SMALL_PROC_FILE: usize = 2048;
 /// which asks for the size first and reads until a read returns nothing.
 /// Not for files of many records (`children`, `maps`, …): a read returns
 /// only the records that fit in a page, so a short read is not the end.
-pub(crate) fn read_small<'b>(path: &Path, buffer: &'b mut [u8]) -> std::io::Result<&'b [u8]> {
+fn read_small<'b>(path: &Path, buffer: &'b mut [u8]) -> std::io::Result<&'b [u8]> {
     use std::io::Read as _;
     let n = fs::File::open(path)?.read(buffer)?;
     if n == buffer.len() {

@@ -518,7 +518,7 @@ async fn register(
     let mut client =
         AgentServiceClient::new(channel).max_decoding_message_size(MAX_INBOUND_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<v1::AgentMessage>(OUTBOUND_CAPACITY);
-    let register = registration(config, agent_id, supervisor).await;
+    let register = registration(config, agent_id, supervisor);
     let runs = register.runs.len();
     if tx
         .send(message(v1::agent_message::Kind::Register(register)))
@@ -663,11 +663,7 @@ async fn send(
         .map_err(|_| "the stream to the server closed".to_owned())
 }
 
-async fn registration(
-    config: &SessionConfig,
-    agent_id: &str,
-    supervisor: &Shared,
-) -> v1::AgentRegister {
+fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> v1::AgentRegister {
     let (isolation, runs, ports, volumes) = with_supervisor(supervisor, |s| {
         s.poll();
         (

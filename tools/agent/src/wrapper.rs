@@ -503,7 +503,12 @@ const SIGNAL_COUNT: i32 = 64;
 /// under the task's address-space limit); the caller has checked that the
 /// process has one thread ([`check_single_threaded`]).
 pub(crate) fn reset_signal_dispositions() -> Result<(), i32> {
-    reset_signals((1..=SIGNAL_COUNT).filter(|&n| n != libc::SIGKILL && n != libc::SIGSTOP))
+    reset_signals(changeable_signals())
+}
+
+/// Signals 1..=64 but SIGKILL and SIGSTOP, whose action cannot change.
+fn changeable_signals() -> impl Iterator<Item = i32> {
+    (1..=SIGNAL_COUNT).filter(|&n| n != libc::SIGKILL && n != libc::SIGSTOP)
 }
 
 /// The signals whose action in this process is not the default (ignored,
@@ -511,7 +516,7 @@ pub(crate) fn reset_signal_dispositions() -> Result<(), i32> {
 /// [`reset_signals`] must reset in a child for all to be at their default,
 /// as long as this process sets no action after asking.
 pub(crate) fn non_default_signals() -> Vec<i32> {
-    (1..=SIGNAL_COUNT)
+    changeable_signals()
         .filter(|&number| {
             let mut old = [0u64; 4];
             // SAFETY: asks only (no new action); `old` has room for the
@@ -531,7 +536,6 @@ pub(crate) fn non_default_signals() -> Vec<i32> {
             // kernel will not tell about (none on Linux) counts as set.
             result != 0 || old[0] != 0
         })
-        .filter(|&n| n != libc::SIGKILL && n != libc::SIGSTOP)
         .collect()
 }
 

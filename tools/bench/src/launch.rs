@@ -150,7 +150,7 @@ fn descendants_cpu_s(pid: u32) -> f64 {
 
 /// CPU seconds of the spawners (`peloton-agent spawner`) among the live
 /// children of `pid`, themselves, without the tasks they have reaped.
-fn live_children_cpu_s(pid: u32) -> f64 {
+fn keepers_cpu_s(pid: u32) -> f64 {
     children_of(pid)
         .into_iter()
         .filter(|child| {
@@ -365,7 +365,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let cpu0 = cpu_s(server_pid);
     let agents_cpu0: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum();
     let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum();
-    let keepers_cpu0: f64 = agent_pids.iter().map(|&p| live_children_cpu_s(p)).sum();
+    let keepers_cpu0: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum();
     let machine_cpu0 = machine_cpu_s();
     let start = Instant::now();
     let job = jobs
@@ -402,11 +402,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .map(|&p| descendants_cpu_s(p))
         .sum::<f64>()
         - wrappers_cpu0;
-    let keepers_cpu: f64 = agent_pids
-        .iter()
-        .map(|&p| live_children_cpu_s(p))
-        .sum::<f64>()
-        - keepers_cpu0;
+    let keepers_cpu: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum::<f64>() - keepers_cpu0;
     let machine_cpu = machine_cpu_s() - machine_cpu0;
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
@@ -416,16 +412,18 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     drop(agents);
     drop(server);
     let n = f64::from(o.tasks);
+    // CPU seconds as milliseconds per task, to the microsecond.
+    let per_task_ms = |seconds: f64| (seconds * 1000.0 / n * 1000.0).round() / 1000.0;
     Ok(json!({
         "agents_dir_fs": fs_type(agents_root.path()),
         "agents": o.agents,
         "tasks": o.tasks,
         "seconds": (elapsed * 1000.0).round() / 1000.0,
         "tasks_per_s": (n / elapsed).round(),
-        "server_cpu_ms_per_task": (server_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
-        "agents_cpu_ms_per_task": (agents_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
-        "wrappers_cpu_ms_per_task": (wrappers_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
-        "keepers_cpu_ms_per_task": (keepers_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
-        "machine_cpu_ms_per_task": (machine_cpu * 1000.0 / n * 1000.0).round() / 1000.0,
+        "server_cpu_ms_per_task": per_task_ms(server_cpu),
+        "agents_cpu_ms_per_task": per_task_ms(agents_cpu),
+        "wrappers_cpu_ms_per_task": per_task_ms(wrappers_cpu),
+        "keepers_cpu_ms_per_task": per_task_ms(keepers_cpu),
+        "machine_cpu_ms_per_task": per_task_ms(machine_cpu),
     }))
 }
