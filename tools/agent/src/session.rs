@@ -120,8 +120,8 @@ type Shared = Arc<Mutex<Supervisor>>;
 /// which on a VM cost more than the agent's whole share of a short task,
 /// and the session loop waited for the answer either way. What waits
 /// meanwhile is this agent's own network traffic and timers, for as long
-/// as one call takes (a launch chunk: `LAUNCHES_PER_LOCK` keeper round
-/// trips, milliseconds). The price is paid in a pathological stall: a
+/// as one call takes (a launch chunk: `LAUNCHES_PER_LOCK` tasks started
+/// by the keeper in one batch, milliseconds). The price is paid in a pathological stall: a
 /// keeper that does not answer holds the thread up to its 10 s answer
 /// timeout, and the HTTP/2 keep-alive (5 s) may then end the session; the
 /// agent reconnects and registers again, with every run (nothing is lost,

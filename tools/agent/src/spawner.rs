@@ -39,9 +39,11 @@
 //! The protocol, on a Unix stream socket that is the keeper's standard
 //! input: the agent sends `u32` length + sandbox path, `u32` length + the
 //! task plan as JSON (little-endian; an empty plan is read from the run's
-//! journal); the keeper answers each request in order with a [`Message`],
-//! and sends `Exited` messages, with the exit status, whenever a task's end
-//! has been recorded. Every message is 40 bytes.
+//! journal); the keeper answers each request in order with a [`Message`]
+//! (the answers to the requests of one read go in one write: the agent
+//! sends a launch batch's requests together), and sends `Exited` messages,
+//! with the exit status, whenever a task's end has been recorded. Every
+//! message is 40 bytes.
 
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
@@ -179,7 +181,7 @@ impl Message {
     }
 }
 
-/// Why [`Spawner::spawn`] started no task.
+/// Why [`Spawner::spawn_many`] started no task for a run.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SpawnError {
     /// The keeper could not start this run's task and recorded nothing
@@ -247,63 +249,109 @@ impl Spawner {
         self.identity
     }
 
-    /// Starts the task of the run in `sandbox` (an absolute path whose
-    /// journal holds the task plan). Returns the task's identity once it
-    /// has executed, as the leader of its own process group, or `None` if
-    /// it could not start (the journal's `exit` entry says why).
-    pub(crate) fn spawn(
+    /// Starts the tasks of runs, each given by its sandbox (an absolute
+    /// path whose journal holds the task plan) and, to save the keeper
+    /// reading it back, its plan. One result a run, in order: the task's
+    /// identity once it has executed, as the leader of its own process
+    /// group, or `None` if it could not start (the journal's `exit` entry
+    /// says why). The requests go in one write and the keeper answers them
+    /// together: a round trip, two context switches, for the batch rather
+    /// than for each run. A request the keeper never got is `Gone`; one it
+    /// got (even in part) and did not answer is `Lost`.
+    pub(crate) fn spawn_many(
         &mut self,
-        sandbox: &Path,
-        plan: Option<&TaskPlan>,
-    ) -> Result<Option<ProcessIdentity>, SpawnError> {
-        let path = sandbox.as_os_str().as_bytes();
-        if path.len() >= MAX_REQUEST_BYTES {
-            return Err(SpawnError::Refused(io::Error::from_raw_os_error(
-                Errno::ENAMETOOLONG as i32,
-            )));
-        }
-        // The plan saves the keeper reading it back from the journal
-        // (where the agent has just written it); too long, it is left out.
-        let plan = plan
-            .and_then(|plan| serde_json::to_vec(plan).ok())
-            .filter(|bytes| bytes.len() <= MAX_PLAN_BYTES)
-            .unwrap_or_default();
-        let mut request = Vec::with_capacity(8 + path.len() + plan.len());
+        runs: &[(&Path, Option<&TaskPlan>)],
+    ) -> Vec<Result<Option<ProcessIdentity>, SpawnError>> {
+        let mut results: Vec<Option<Result<Option<ProcessIdentity>, SpawnError>>> =
+            Vec::with_capacity(runs.len());
+        // Where each request sent starts in `batch`, and its index.
+        let mut sent: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
+        let mut batch = Vec::new();
         let length = |len: usize| u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes();
-        request.extend_from_slice(&length(path.len()));
-        request.extend_from_slice(path);
-        request.extend_from_slice(&length(plan.len()));
-        request.extend_from_slice(&plan);
-        let deadline = Instant::now() + ANSWER_TIMEOUT;
-        self.send(&request, deadline).map_err(|(e, sent_any)| {
-            if sent_any {
-                SpawnError::Lost(e)
-            } else {
-                SpawnError::Gone(e)
+        for (index, (sandbox, plan)) in runs.iter().enumerate() {
+            let path = sandbox.as_os_str().as_bytes();
+            if path.len() >= MAX_REQUEST_BYTES {
+                results.push(Some(Err(SpawnError::Refused(
+                    io::Error::from_raw_os_error(Errno::ENAMETOOLONG as i32),
+                ))));
+                continue;
             }
-        })?;
-        loop {
-            match self.receive().map_err(SpawnError::Lost)? {
-                Some(Message::Spawned(identity)) => {
-                    self.live += 1;
-                    return Ok(Some(identity));
-                }
-                Some(Message::StartFailed) => return Ok(None),
-                Some(Message::Refused(errno)) => {
-                    return Err(SpawnError::Refused(io::Error::from_raw_os_error(errno)));
-                }
-                Some(Message::Exited(_)) => unreachable!("receive keeps exits"),
-                None => {}
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(SpawnError::Lost(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the keeper did not answer",
-                )));
-            }
-            wait_readable(&self.socket, left).map_err(SpawnError::Lost)?;
+            results.push(None);
+            sent.push((batch.len(), index));
+            // The plan saves the keeper reading it back from the journal
+            // (where the agent has just written it); too long, it is left
+            // out.
+            let plan = plan
+                .and_then(|plan| serde_json::to_vec(plan).ok())
+                .filter(|bytes| bytes.len() <= MAX_PLAN_BYTES)
+                .unwrap_or_default();
+            batch.extend_from_slice(&length(path.len()));
+            batch.extend_from_slice(path);
+            batch.extend_from_slice(&length(plan.len()));
+            batch.extend_from_slice(&plan);
         }
+        let answered = if sent.is_empty() {
+            Ok(())
+        } else {
+            self.send(&batch, Instant::now() + ANSWER_TIMEOUT)
+                .and_then(|()| self.answers(&sent, &mut results, batch.len()))
+        };
+        if let Err((e, delivered)) = answered {
+            // Every request not answered: lost if any of it reached the
+            // keeper, else gone.
+            for &(start, index) in &sent {
+                if results[index].is_some() {
+                    continue;
+                }
+                let copy = io::Error::new(e.kind(), e.to_string());
+                results[index] = Some(if start < delivered {
+                    Err(SpawnError::Lost(copy))
+                } else {
+                    Err(SpawnError::Gone(copy))
+                });
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| result.expect("every request has a result"))
+            .collect()
+    }
+
+    /// Takes the keeper's answers to the requests `sent` (in order), each
+    /// within [`ANSWER_TIMEOUT`] of the one before. An error carries `all`,
+    /// the bytes of the batch (the keeper had every one).
+    fn answers(
+        &mut self,
+        sent: &[(usize, usize)],
+        results: &mut [Option<Result<Option<ProcessIdentity>, SpawnError>>],
+        all: usize,
+    ) -> Result<(), (io::Error, usize)> {
+        for &(_, index) in sent {
+            let deadline = Instant::now() + ANSWER_TIMEOUT;
+            let answer = loop {
+                if let Some(message) = self.receive().map_err(|e| (e, all))? {
+                    break message;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    let e = io::Error::new(io::ErrorKind::TimedOut, "the keeper did not answer");
+                    return Err((e, all));
+                }
+                wait_readable(&self.socket, left).map_err(|e| (e, all))?;
+            };
+            results[index] = Some(match answer {
+                Message::Spawned(identity) => {
+                    self.live += 1;
+                    Ok(Some(identity))
+                }
+                Message::StartFailed => Ok(None),
+                Message::Refused(errno) => {
+                    Err(SpawnError::Refused(io::Error::from_raw_os_error(errno)))
+                }
+                Message::Exited(_) => unreachable!("receive keeps exits"),
+            });
+        }
+        Ok(())
     }
 
     /// Reads what the keeper has sent (without waiting) and returns the
@@ -331,13 +379,13 @@ impl Spawner {
 
     /// Sends a whole request by `deadline`, taking in what the keeper
     /// sends meanwhile (a keeper blocked writing its news would otherwise
-    /// never read the request). The error says whether any of it went.
-    fn send(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), (io::Error, bool)> {
+    /// never read the request). The error says how many bytes went.
+    fn send(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), (io::Error, usize)> {
         let total = bytes.len();
-        let sent_any = |left: &[u8]| left.len() < total;
+        let delivered = |left: &[u8]| total - left.len();
         while !bytes.is_empty() {
             match self.socket.write(bytes) {
-                Ok(0) => return Err((io::ErrorKind::WriteZero.into(), sent_any(bytes))),
+                Ok(0) => return Err((io::ErrorKind::WriteZero.into(), delivered(bytes))),
                 Ok(n) => bytes = &bytes[n..],
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -346,7 +394,7 @@ impl Spawner {
                             io::ErrorKind::TimedOut,
                             "the keeper did not take the request",
                         );
-                        return Err((e, sent_any(bytes)));
+                        return Err((e, delivered(bytes)));
                     }
                     let readable = {
                         let mut fds = [PollFd::new(
@@ -355,18 +403,18 @@ impl Spawner {
                         )];
                         match poll(&mut fds, timeout(left)) {
                             Ok(_) | Err(Errno::EINTR) => {}
-                            Err(e) => return Err((e.into(), sent_any(bytes))),
+                            Err(e) => return Err((e.into(), delivered(bytes))),
                         }
                         fds[0]
                             .revents()
                             .is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP))
                     };
                     if readable {
-                        self.pull().map_err(|e| (e, sent_any(bytes)))?;
+                        self.pull().map_err(|e| (e, delivered(bytes)))?;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err((e, sent_any(bytes))),
+                Err(e) => return Err((e, delivered(bytes))),
             }
         }
         Ok(())
@@ -620,6 +668,9 @@ impl Serving {
             Err(e) => return Err(e),
         };
         self.inbox.extend_from_slice(&buffer[..n]);
+        // Sent together once every whole request read is served: the agent
+        // sends its launches in batches, and waits for all their answers.
+        let mut answers = Vec::new();
         let length = |bytes: &[u8], at: usize| -> io::Result<Option<usize>> {
             let Some(word) = bytes.get(at..at + 4) else {
                 return Ok(None);
@@ -664,11 +715,9 @@ impl Serving {
                 Ok(None) => Message::StartFailed,
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
             };
-            if !self.tell(&answer.encode()) {
-                return Ok(false);
-            }
+            answers.extend_from_slice(&answer.encode());
         }
-        Ok(true)
+        Ok(answers.is_empty() || self.tell(&answers))
     }
 
     /// Whether the agent has shut its end of the socket (what it sent

@@ -509,33 +509,48 @@ impl Supervisor {
     /// Starts runs. A run whose sandbox already exists was launched before:
     /// the launch is ignored (launches are idempotent).
     pub fn launch(&mut self, runs: &[v1::LaunchRun]) {
+        // Runs on record and ready, whose tasks start together.
+        let mut ready = Vec::new();
         for run in runs {
             let Some(key) = &run.key else {
                 tracing::warn!("launch without a run key ignored");
                 continue;
             };
-            self.launch_one(RunId::from_proto(key), run);
+            if let Some(run) = self.launch_one(RunId::from_proto(key), run, &ready) {
+                ready.push(run);
+            }
         }
+        self.start_tasks(ready);
     }
 
-    fn launch_one(&mut self, key: RunId, launch: &v1::LaunchRun) {
+    /// Takes a run in: its sandbox made and its first record written, it
+    /// is returned with its task plan to have its task started (by
+    /// [`Supervisor::start_tasks`]), unless it is a known run or has
+    /// failed already (then it is in `self.runs`, if anywhere). `pending`:
+    /// runs taken in and not yet in `self.runs`.
+    fn launch_one(
+        &mut self,
+        key: RunId,
+        launch: &v1::LaunchRun,
+        pending: &[(Run, Option<TaskPlan>)],
+    ) -> Option<(Run, Option<TaskPlan>)> {
         let now = record::now_ms();
         if let Err(problem) = key.validate() {
             // No sandbox can be named after it, so this failure is not
             // durable: the server learns of it once.
             self.outbox
                 .push(&key, PhaseReport::failed(now, problem).to_proto(&key));
-            return;
+            return None;
         }
         let dir = self.sandboxes.join(key.sandbox_name());
-        if self.runs.contains_key(&key) {
+        if self.runs.contains_key(&key) || pending.iter().any(|(run, _)| run.record.key == key) {
             tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
-            return;
+            return None;
         }
-        if self.runs.len() >= self.config.max_runs {
+        if self.runs.len() + pending.len() >= self.config.max_runs {
             if dir.join(RUN_FILE).exists() {
                 tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
-                return;
+                return None;
             }
             let reason = format!(
                 "the agent already holds {} runs (its --max-runs)",
@@ -543,7 +558,7 @@ impl Supervisor {
             );
             self.outbox
                 .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
-            return;
+            return None;
         }
         // Created first: a sandbox that exists already is looked at only
         // then (a launch seldom finds one), which saves two lookups a run.
@@ -552,7 +567,7 @@ impl Supervisor {
             if dir.join(RUN_FILE).exists() {
                 // An acknowledged run (the server resent the launch).
                 tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
-                return;
+                return None;
             }
             // An agent died creating it, before the record that a task's
             // start always follows: nothing runs there, start afresh.
@@ -562,7 +577,7 @@ impl Supervisor {
             let reason = format!("cannot create the sandbox {}: {e}", dir.display());
             self.outbox
                 .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
-            return;
+            return None;
         }
         let mut run = Run::new(
             RunRecord {
@@ -606,16 +621,18 @@ impl Supervisor {
                 // Secrets are written once the run is on record, so that a
                 // crash cannot leave them in a sandbox no record owns (such
                 // a sandbox is only collected after the age limit).
-                let started = secrets::write(&run.dir, &launch.secrets)
-                    .map_err(|e| format!("cannot write the secrets into the sandbox: {e}"))
-                    .and_then(|()| self.spawn_wrapper(&mut run, plan.as_ref()));
-                if let Err(reason) = started {
-                    self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+                match secrets::write(&run.dir, &launch.secrets) {
+                    Ok(()) => return Some((run, plan)),
+                    Err(e) => {
+                        let reason = format!("cannot write the secrets into the sandbox: {e}");
+                        self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+                    }
                 }
             }
             Err(reason) => self.end(&mut run, PhaseReport::failed(now, reason)),
         }
         self.runs.insert(key, run);
+        None
     }
 
     /// Checks the spec, takes ports, creates the cgroup, sets up the volume
@@ -742,55 +759,91 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Starts the wrapper as the leader of a new process group, with the
-    /// run's `stdout` and `stderr` (created now) as its own (the task
-    /// inherits them): forked by the spawner, or executed by the agent when
-    /// there is no spawner.
-    fn spawn_wrapper(&mut self, run: &mut Run, plan: Option<&TaskPlan>) -> Result<(), String> {
-        if let Some(spawner) = self.spawner() {
-            let keeper = spawner.identity();
-            match spawner.spawn(&run.dir, plan) {
-                Ok(Some(task)) => {
-                    run.record.task = Some(task);
-                    run.record.keeper = Some(keeper);
-                    run.watch = WrapperWatch::Spawner;
-                    self.spawned.insert(task, run.record.key.clone());
-                    // The task has executed: it runs (a `started` entry
-                    // would say no more than this record does).
-                    run.record.report = PhaseReport::new(Phase::Running, record::now_ms());
-                    self.commit(run);
-                    return Ok(());
+    /// Starts the tasks of runs taken in by [`Supervisor::launch_one`], in
+    /// order, and keeps the runs: all through the keeper in one batch of
+    /// requests, or a wrapper each when there is no keeper.
+    fn start_tasks(&mut self, ready: Vec<(Run, Option<TaskPlan>)>) {
+        if ready.is_empty() {
+            return;
+        }
+        let mut answers = self.spawner().map(|spawner| {
+            let requests: Vec<(&Path, Option<&TaskPlan>)> = ready
+                .iter()
+                .map(|(run, plan)| (run.dir.as_path(), plan.as_ref()))
+                .collect();
+            (
+                spawner.identity(),
+                spawner.spawn_many(&requests).into_iter(),
+            )
+        });
+        for (mut run, _) in ready {
+            let started = match &mut answers {
+                Some((keeper, answers)) => {
+                    let answer = answers.next().expect("one answer a request");
+                    self.keeper_started(&mut run, *keeper, answer)
                 }
-                Ok(None) => {
-                    // It could not start; the keeper recorded why.
-                    run.record.keeper = Some(keeper);
-                    run.watch = WrapperWatch::Gone;
-                    let exit = record::read_wrapper_news(&run.dir, true)
-                        .map_err(|e| format!("cannot read why the task did not start: {e}"))?
-                        .exit
-                        .ok_or_else(|| "the task did not start (no reason recorded)".to_owned())?;
-                    let report = final_report(&exit, run.record.kill_requested);
-                    self.end(run, report);
-                    return Ok(());
-                }
-                Err(SpawnError::Refused(e)) => {
-                    return Err(format!("cannot start the task: {e}"));
-                }
-                Err(SpawnError::Gone(e)) => {
-                    tracing::warn!(error = %e, "the keeper is gone; starting a wrapper for the run");
-                    self.lose_spawner();
-                }
-                Err(SpawnError::Lost(e)) => {
-                    // It may have started the task (or may yet): never a
-                    // second one. Whatever of it runs now is killed.
-                    tracing::warn!(error = %e, "the keeper did not answer; failing the run");
-                    self.lose_spawner();
-                    let marker = proc::sandbox_marker(&run.dir);
-                    proc::kill_all(&proc::ProcSnapshot::take().marked(&marker));
-                    return Err(format!("the keeper did not start the task: {e}"));
-                }
+                None => self.start_wrapper(&mut run),
+            };
+            if let Err(reason) = started {
+                self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+            }
+            self.runs.insert(run.record.key.clone(), run);
+        }
+    }
+
+    /// Takes in the keeper's answer to the request to start `run`'s task.
+    fn keeper_started(
+        &mut self,
+        run: &mut Run,
+        keeper: ProcessIdentity,
+        answer: Result<Option<ProcessIdentity>, SpawnError>,
+    ) -> Result<(), String> {
+        match answer {
+            Ok(Some(task)) => {
+                run.record.task = Some(task);
+                run.record.keeper = Some(keeper);
+                run.watch = WrapperWatch::Spawner;
+                self.spawned.insert(task, run.record.key.clone());
+                // The task has executed: it runs (a `started` entry
+                // would say no more than this record does).
+                run.record.report = PhaseReport::new(Phase::Running, record::now_ms());
+                self.commit(run);
+                Ok(())
+            }
+            Ok(None) => {
+                // It could not start; the keeper recorded why.
+                run.record.keeper = Some(keeper);
+                run.watch = WrapperWatch::Gone;
+                let exit = record::read_wrapper_news(&run.dir, true)
+                    .map_err(|e| format!("cannot read why the task did not start: {e}"))?
+                    .exit
+                    .ok_or_else(|| "the task did not start (no reason recorded)".to_owned())?;
+                let report = final_report(&exit, run.record.kill_requested);
+                self.end(run, report);
+                Ok(())
+            }
+            Err(SpawnError::Refused(e)) => Err(format!("cannot start the task: {e}")),
+            Err(SpawnError::Gone(e)) => {
+                tracing::warn!(error = %e, "the keeper is gone; starting a wrapper for the run");
+                self.lose_spawner();
+                self.start_wrapper(run)
+            }
+            Err(SpawnError::Lost(e)) => {
+                // It may have started the task (or may yet): never a
+                // second one. Whatever of it runs now is killed.
+                tracing::warn!(error = %e, "the keeper did not answer; failing the run");
+                self.lose_spawner();
+                let marker = proc::sandbox_marker(&run.dir);
+                proc::kill_all(&proc::ProcSnapshot::take().marked(&marker));
+                Err(format!("the keeper did not start the task: {e}"))
             }
         }
+    }
+
+    /// Starts the run's wrapper (`peloton-agent exec`), when there is no
+    /// keeper: the leader of a new process group, with the run's `stdout`
+    /// and `stderr` (created now) as its own (the task inherits them).
+    fn start_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
         let (stdout, stderr) = open_output(&run.dir)
             .map_err(|e| format!("cannot create the run's output files: {e}"))?;
         let child = Command::new(&self.config.wrapper_exe)

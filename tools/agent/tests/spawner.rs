@@ -483,28 +483,34 @@ fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
         assert!(status.success());
     };
     signal("-STOP");
-    let k = key("job-h", 1);
-    h.supervisor.launch(&[waits_for_go(&k)]);
-    let failed = h.wait_for(&k, P::Failed);
-    assert!(
-        failed.reason.contains("the keeper did not start the task"),
-        "{failed:?}"
-    );
+    // A batch of two: both requests are delivered, neither is answered.
+    let batch = [key("job-h", 1), key("job-h", 3)];
+    h.supervisor
+        .launch(&[waits_for_go(&batch[0]), waits_for_go(&batch[1])]);
+    for k in &batch {
+        let failed = h.wait_for(k, P::Failed);
+        assert!(
+            failed.reason.contains("the keeper did not start the task"),
+            "{failed:?}"
+        );
+    }
     signal("-CONT");
-    let sandbox = h.supervisor.sandbox_dir(&k);
-    let marker = format!("PELOTON_SANDBOX={}", sandbox.display());
     // It records the first run's end once that ends, then exits; the
-    // failed run's task never existed.
+    // failed runs' tasks never existed.
     std::fs::write(first_sandbox.join("go"), "").expect("go");
     wait_until("the old keeper exits", || !is_alive(keeper));
-    let started: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("proc")
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| is_alive(pid) && environ(pid).contains(&marker))
-        .collect();
-    assert_eq!(started, Vec::<u32>::new());
-    assert!(!sandbox.join("stdout").exists(), "the task was started");
+    for k in &batch {
+        let sandbox = h.supervisor.sandbox_dir(k);
+        let marker = format!("PELOTON_SANDBOX={}", sandbox.display());
+        let started: Vec<u32> = std::fs::read_dir("/proc")
+            .expect("proc")
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| is_alive(pid) && environ(pid).contains(&marker))
+            .collect();
+        assert_eq!(started, Vec::<u32>::new());
+        assert!(!sandbox.join("stdout").exists(), "the task was started");
+    }
     // The first run's end was still recorded, by the old keeper.
     let done = h.wait_for(&first, P::Succeeded);
     assert_eq!(done.exit_code, 0);
@@ -516,4 +522,105 @@ fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
     assert_ne!(recorded(&next_sandbox, "keeper"), keeper);
     std::fs::write(next_sandbox.join("go"), "").expect("go");
     h.wait_for(&next, P::Succeeded);
+}
+
+/// One launch call is one batch of requests to the keeper: every run in it
+/// starts (in order, each its own task, all from the one keeper), a run
+/// named twice in the batch starts once and keeps its sandbox, and a run
+/// that fails before its request (no command) fails alone.
+#[test]
+fn a_launch_batch_starts_each_run_once_from_one_keeper() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(dir.path());
+    let keys: Vec<v1::RunKey> = (0..5).map(|i| key("job-b", i)).collect();
+    let mut batch: Vec<v1::LaunchRun> = keys.iter().map(waits_for_go).collect();
+    // The third run again, with another command: ignored.
+    let mut again = waits_for_go(&keys[2]);
+    again.spec.as_mut().expect("spec").shell = "echo twice".to_owned();
+    batch.insert(3, again);
+    let bad = key("job-b", 9);
+    batch.insert(
+        1,
+        v1::LaunchRun {
+            key: Some(bad.clone()),
+            spec: Some(v1::TaskSpec::default()),
+            ..Default::default()
+        },
+    );
+    h.supervisor.launch(&batch);
+    let failed = h.wait_for(&bad, P::Failed);
+    assert!(
+        failed.reason.contains("neither command nor shell"),
+        "{failed:?}"
+    );
+    for k in &keys {
+        h.wait_for(k, P::Running);
+    }
+    let sandboxes: Vec<PathBuf> = keys.iter().map(|k| h.supervisor.sandbox_dir(k)).collect();
+    let tasks: Vec<u32> = sandboxes.iter().map(|s| recorded(s, "task")).collect();
+    let keeper = recorded(&sandboxes[0], "keeper");
+    for sandbox in &sandboxes {
+        assert_eq!(recorded(sandbox, "keeper"), keeper);
+    }
+    let mut distinct = tasks.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), tasks.len(), "{tasks:?}");
+    // Started in the batch's order (start times, in clock ticks, never
+    // go down; pids may wrap around).
+    let started: Vec<u64> = tasks
+        .iter()
+        .map(|&task| {
+            let text = std::fs::read_to_string(format!("/proc/{task}/stat")).expect("stat");
+            let rest: Vec<&str> = text[text.rfind(')').unwrap() + 1..]
+                .split_whitespace()
+                .collect();
+            rest[19].parse().expect("start time")
+        })
+        .collect();
+    assert!(started.windows(2).all(|w| w[0] <= w[1]), "{started:?}");
+    for (k, sandbox) in keys.iter().zip(&sandboxes) {
+        std::fs::write(sandbox.join("go"), "").expect("go");
+        h.wait_for(k, P::Succeeded);
+        assert_eq!(
+            std::fs::read_to_string(sandbox.join("stdout")).expect("stdout"),
+            "bye\n",
+            "{k:?} ran once, its first command"
+        );
+    }
+}
+
+/// A batch sent to a keeper that died (its socket closed, nothing of the
+/// batch delivered) is started another way: a wrapper each, and every run
+/// succeeds.
+#[test]
+fn a_batch_for_a_dead_keeper_is_started_by_wrappers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(dir.path());
+    let first = key("job-g", 0);
+    h.supervisor.launch(&[waits_for_go(&first)]);
+    h.wait_for(&first, P::Running);
+    let first_sandbox = h.supervisor.sandbox_dir(&first);
+    let keeper = recorded(&first_sandbox, "keeper");
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &keeper.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    wait_until("the keeper is dead", || !is_alive(keeper));
+    // No poll in between: the supervisor learns of it from the batch.
+    let keys: Vec<v1::RunKey> = (1..4).map(|i| key("job-g", i)).collect();
+    let batch: Vec<v1::LaunchRun> = keys.iter().map(waits_for_go).collect();
+    h.supervisor.launch(&batch);
+    for k in &keys {
+        h.wait_for(k, P::Running);
+        let sandbox = h.supervisor.sandbox_dir(k);
+        // A wrapper's run: the wrapper is on record, no keeper.
+        recorded(&sandbox, "wrapper");
+        std::fs::write(sandbox.join("go"), "").expect("go");
+        let done = h.wait_for(k, P::Succeeded);
+        assert_eq!(done.exit_code, 0);
+    }
+    std::fs::write(first_sandbox.join("go"), "").expect("go");
+    h.wait_for(&first, P::Failed);
 }
