@@ -59,6 +59,10 @@ struct Args {
     /// Least milliseconds between scheduling cycles.
     #[arg(long)]
     cycle_interval_ms: Option<u64>,
+    /// Group commit: least milliseconds from a commit to the next under
+    /// load (0: commit every iteration at once).
+    #[arg(long)]
+    commit_spacing_ms: Option<u64>,
     /// Threads of the engine's parallel scans.
     #[arg(long)]
     engine_threads: Option<usize>,
@@ -175,6 +179,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     if let Some(v) = args.cycle_interval_ms {
         c.cycle_interval_ms = v;
         c.idle_cycle_interval_ms = c.idle_cycle_interval_ms.max(v);
+    }
+    if let Some(v) = args.commit_spacing_ms {
+        c.commit_spacing_ms = v;
     }
     if let Some(v) = args.engine_threads {
         c.engine_threads = v;
@@ -295,6 +302,7 @@ fn command() -> clap::Command {
         ),
         ("sim_hosts", d.sim_hosts.to_string()),
         ("cycle_interval_ms", d.cycle_interval_ms.to_string()),
+        ("commit_spacing_ms", d.commit_spacing_ms.to_string()),
         ("engine_threads", d.engine_threads.to_string()),
         ("host_lost_after_ms", d.host_lost_after_ms.to_string()),
         ("job_retention_s", d.job_retention_s.to_string()),

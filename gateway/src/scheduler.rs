@@ -390,6 +390,9 @@ pub struct LoopConfig {
     pub idle_cycle_interval: Duration,
     /// Most commands applied in one iteration (one commit).
     pub max_batch: usize,
+    /// Least time from one commit to the start of the next iteration that
+    /// has commands (see `Config::commit_spacing_ms`).
+    pub commit_spacing: Duration,
     /// Request limits.
     pub limits: Limits,
     /// Events kept in the store for resuming watches.
@@ -413,6 +416,7 @@ impl Default for LoopConfig {
             cycle_interval: Duration::from_millis(2),
             idle_cycle_interval: Duration::from_millis(1000),
             max_batch: 1024,
+            commit_spacing: Duration::ZERO,
             limits: Limits::default(),
             event_retention: 5_000_000,
             max_history: 8,
@@ -667,6 +671,7 @@ impl Scheduler {
             "recovery and the first cycle committed in {} ms",
             began.elapsed().as_millis()
         );
+        let mut last_commit = Instant::now();
         loop {
             let wait = self.time_to_next_deadline();
             let first = rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
@@ -675,6 +680,13 @@ impl Scheduler {
                 Ok(Some(c)) => commands.push(c),
                 Ok(None) => stop = true,
                 Err(_) => {}
+            }
+            // Group commit: under load, what arrives within the spacing
+            // goes in one commit (a lone command after a quiet spell is
+            // committed at once).
+            let since = last_commit.elapsed();
+            if !commands.is_empty() && since < self.config.commit_spacing {
+                std::thread::sleep(self.config.commit_spacing - since);
             }
             while commands.len() < self.config.max_batch {
                 match rx.try_recv() {
@@ -696,6 +708,7 @@ impl Scheduler {
             self.work();
             let worked = began.elapsed();
             self.finish_iteration();
+            last_commit = Instant::now();
             let took = began.elapsed();
             if took >= SLOW_ITERATION {
                 tracing::info!(

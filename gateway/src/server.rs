@@ -349,6 +349,7 @@ async fn opened(
         cycle_interval: Duration::from_millis(config.cycle_interval_ms),
         idle_cycle_interval: Duration::from_millis(config.idle_cycle_interval_ms),
         max_batch: config.max_batch,
+        commit_spacing: Duration::from_millis(config.commit_spacing_ms),
         limits,
         event_retention: config.event_retention,
         job_retention: Duration::from_secs(config.job_retention_s),

@@ -218,3 +218,68 @@ async fn metrics_are_served_over_tls_when_asked() {
     assert!(!plain.starts_with("HTTP/"), "plaintext answered: {plain}");
     server.shutdown().await.unwrap();
 }
+
+/// The commits counted so far (`peloton_store_commit_duration_seconds`).
+async fn commits(addr: std::net::SocketAddr) -> u64 {
+    let text = scrape(addr).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix("peloton_store_commit_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no commit count in:\n{text}"))
+}
+
+/// Group commit (`commit_spacing_ms`): writes that arrive together while
+/// the loop waits out the spacing share one commit, and every one of them
+/// is answered, and durable, after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_puts_writes_that_arrive_together_in_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |dir: &std::path::Path| Config {
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        commit_spacing_ms: 400,
+        // No cycle commits anything in between.
+        idle_cycle_interval_ms: 60_000,
+        ..common::config(dir, 0)
+    };
+    let server = peloton_gateway::server::start(&config(dir.path()))
+        .await
+        .unwrap();
+    let channel = common::admin_channel(server.addr).await;
+    let metrics = server.metrics_addr.unwrap();
+    let pools = pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel);
+    let create = |path: String| {
+        let mut pools = pools.clone();
+        async move {
+            pools
+                .create(pb::CreatePoolRequest { path, spec: None })
+                .await
+        }
+    };
+    // One write opens a spacing window (it is committed at once, after a
+    // quiet spell); sixteen more sent now all land within it.
+    create("/g".into()).await.unwrap();
+    let before = commits(metrics).await;
+    let answers = futures::future::join_all((0..16).map(|i| create(format!("/g/p{i}")))).await;
+    for answer in answers {
+        answer.expect("every write is answered");
+    }
+    let after = commits(metrics).await;
+    assert_eq!(after - before, 1, "sixteen writes in one commit");
+    server.shutdown().await.unwrap();
+    // Durable: all there after a restart.
+    let server = peloton_gateway::server::start(&config(dir.path()))
+        .await
+        .unwrap();
+    let mut pools = pb::resource_pool_service_client::ResourcePoolServiceClient::new(
+        common::admin_channel(server.addr).await,
+    );
+    for i in 0..16 {
+        pools
+            .get(pb::GetPoolRequest {
+                path: format!("/g/p{i}"),
+            })
+            .await
+            .expect("the pool survived the restart");
+    }
+    server.shutdown().await.unwrap();
+}

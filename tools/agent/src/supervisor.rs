@@ -953,12 +953,18 @@ impl Supervisor {
     /// record, report.
     fn end(&mut self, run: &mut Run, report: PhaseReport) {
         debug_assert!(report.phase.is_final());
-        tracing::info!(
-            run = %run.record.key.sandbox_name(),
-            phase = ?report.phase,
-            reason = %report.reason,
-            "run ended"
-        );
+        // A success is the common case (thousands a second on a busy
+        // host): at debug. Failures and kills stay at info.
+        if report.phase == Phase::Succeeded {
+            tracing::debug!(run = %run.record.key.sandbox_name(), "run succeeded");
+        } else {
+            tracing::info!(
+                run = %run.record.key.sandbox_name(),
+                phase = ?report.phase,
+                reason = %report.reason,
+                "run ended"
+            );
+        }
         let started_ms = run.record.report.started_ms;
         run.record.report = PhaseReport {
             started_ms: report.started_ms.max(started_ms),

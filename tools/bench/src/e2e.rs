@@ -47,6 +47,8 @@ pub struct E2eOptions {
     pub store: Option<String>,
     /// Start a throwaway PostgreSQL for the started server's store.
     pub postgres: bool,
+    /// Further flags for the started server.
+    pub server_args: Vec<String>,
     /// Start the server with `--insecure` (plaintext, no tokens).
     pub insecure: bool,
     /// With `server` (https): the CA its certificate is signed by.
@@ -362,6 +364,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
             let flags: Vec<String> = store
                 .iter()
                 .flat_map(|url| ["--store".to_owned(), url.clone()])
+                .chain(opts.server_args.iter().cloned())
                 .collect();
             let (s, t) = spawn_server_with(opts.hosts, &flags, opts.insecure)?;
             let pid = s.child.id();

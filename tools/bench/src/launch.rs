@@ -43,6 +43,8 @@ pub struct LaunchOptions {
     /// Where the agents' work dirs go (default: the run's temporary dir,
     /// next to the server's store).
     pub agents_dir: Option<std::path::PathBuf>,
+    /// Further flags for the server.
+    pub server_args: Vec<String>,
     /// Start the server with `--insecure` (plaintext, no tokens, agents
     /// without certificates).
     pub insecure: bool,
@@ -270,6 +272,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .args(["--listen", "127.0.0.1:0", "--no-metrics"])
         .args(["--agent-token", token])
         .args(o.insecure.then_some("--insecure"))
+        .args(&o.server_args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -416,6 +419,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let per_task_ms = |seconds: f64| (seconds * 1000.0 / n * 1000.0).round() / 1000.0;
     Ok(json!({
         "agents_dir_fs": fs_type(agents_root.path()),
+        "server_args": o.server_args,
         "agents": o.agents,
         "tasks": o.tasks,
         "seconds": (elapsed * 1000.0).round() / 1000.0,

@@ -172,6 +172,14 @@ enum Command {
         /// on) and put the started server's store on it.
         #[arg(long, conflicts_with = "server")]
         postgres: bool,
+        /// A further flag for the started server (repeatable), e.g.
+        /// `--server-arg=--commit-spacing-ms=0`.
+        #[arg(
+            long = "server-arg",
+            allow_hyphen_values = true,
+            conflicts_with = "server"
+        )]
+        server_args: Vec<String>,
         /// Start the server with --insecure: plaintext, no tokens, no
         /// roles or audit (to measure what security costs). By default it
         /// is secure, as pelotond is: TLS with the private CA it makes in
@@ -273,6 +281,10 @@ enum Command {
         /// a tmpfs (default: next to the server's store, on the temp dir).
         #[arg(long)]
         agents_dir: Option<PathBuf>,
+        /// A further flag for the server (repeatable), e.g.
+        /// `--server-arg=--commit-spacing-ms=0`.
+        #[arg(long = "server-arg", allow_hyphen_values = true)]
+        server_args: Vec<String>,
         /// Start the server with --insecure: plaintext, no tokens, no
         /// roles or audit (to measure what security costs). By default it
         /// is secure, as pelotond is: TLS with the private CA it makes in
@@ -465,6 +477,7 @@ fn main() -> Result<()> {
             server_pid,
             store,
             postgres,
+            server_args,
             insecure,
             json,
         } => {
@@ -480,6 +493,7 @@ fn main() -> Result<()> {
                 server_pid,
                 store,
                 postgres,
+                server_args,
                 insecure,
                 ca_file,
                 token_file,
@@ -544,6 +558,7 @@ fn main() -> Result<()> {
             agents,
             tasks,
             agents_dir,
+            server_args,
             insecure,
             json,
         } => {
@@ -554,6 +569,7 @@ fn main() -> Result<()> {
                 agents,
                 tasks,
                 agents_dir,
+                server_args,
                 insecure,
             }))?;
             print(&report, json, "launch");
