@@ -23,7 +23,10 @@
 //!   exits within the window drops out of it);
 //! - `machine_cpu_ms_per_task`: every CPU's busy time (from /proc/stat) in
 //!   that window, per task: the three above, and whatever else the
-//!   machine ran meanwhile (so only meaningful on a quiet machine).
+//!   machine ran meanwhile (so only meaningful on a quiet machine);
+//! - `machine_steal_s`: of that busy time, the seconds the hypervisor gave
+//!   to other guests (a VM's CPUs stolen during the run: its rate falls, and
+//!   every CPU figure above rises, for reasons outside the machine).
 
 use std::io::BufRead;
 use std::process::{Child, Stdio};
@@ -180,11 +183,11 @@ fn children_of(pid: u32) -> Vec<u32> {
 }
 
 /// Busy CPU seconds of the whole machine (every CPU; all but idle and
-/// iowait), from /proc/stat.
-fn machine_cpu_s() -> f64 {
+/// iowait), from /proc/stat, and the part of them stolen by the hypervisor.
+fn machine_cpu_s() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return 0.0;
+        return (0.0, 0.0);
     };
     // user nice system idle iowait irq softirq steal (guest time is
     // already in user).
@@ -200,7 +203,8 @@ fn machine_cpu_s() -> f64 {
         .filter(|&(i, _)| i != 3 && i != 4)
         .map(|(_, t)| t)
         .sum();
-    busy / 100.0
+    let steal = ticks.get(7).copied().unwrap_or(0.0);
+    (busy / 100.0, steal / 100.0)
 }
 
 /// CPU seconds (user + system) of the thread of process `pid` named `name`
@@ -406,7 +410,10 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .sum::<f64>()
         - wrappers_cpu0;
     let keepers_cpu: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum::<f64>() - keepers_cpu0;
-    let machine_cpu = machine_cpu_s() - machine_cpu0;
+    let (machine_cpu, steal) = {
+        let (busy, steal) = machine_cpu_s();
+        (busy - machine_cpu0.0, steal - machine_cpu0.1)
+    };
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
         "the job ended {}",
@@ -429,5 +436,6 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "wrappers_cpu_ms_per_task": per_task_ms(wrappers_cpu),
         "keepers_cpu_ms_per_task": per_task_ms(keepers_cpu),
         "machine_cpu_ms_per_task": per_task_ms(machine_cpu),
+        "machine_steal_s": (steal * 100.0).round() / 100.0,
     }))
 }
