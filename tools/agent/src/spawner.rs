@@ -74,6 +74,9 @@ use crate::wrapper;
 /// How long the agent waits for the spawner to answer a request: far more
 /// than a fork takes; a spawner that does not answer is replaced.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest the keeper holds an answer back to send it with the next ones
+/// (far less than [`ANSWER_TIMEOUT`], however many requests a read holds).
+const ANSWER_HOLD: Duration = Duration::from_millis(20);
 /// How long a dropped [`Spawner`] gets to exit before it is killed.
 const EXIT_PATIENCE: Duration = Duration::from_secs(2);
 /// Longest sandbox path a request may name (`PATH_MAX`).
@@ -668,9 +671,12 @@ impl Serving {
             Err(e) => return Err(e),
         };
         self.inbox.extend_from_slice(&buffer[..n]);
-        // Sent together once every whole request read is served: the agent
-        // sends its launches in batches, and waits for all their answers.
+        // Sent together once every whole request read is served (the agent
+        // sends its launches in batches, and waits for all their answers),
+        // or sooner when starts are slow (an exec from a slow mount): no
+        // answer waits more than `ANSWER_HOLD` for the ones after it.
         let mut answers = Vec::new();
+        let mut held_since = Instant::now();
         let length = |bytes: &[u8], at: usize| -> io::Result<Option<usize>> {
             let Some(word) = bytes.get(at..at + 4) else {
                 return Ok(None);
@@ -716,6 +722,13 @@ impl Serving {
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
             };
             answers.extend_from_slice(&answer.encode());
+            if held_since.elapsed() >= ANSWER_HOLD {
+                if !self.tell(&answers) {
+                    return Ok(false);
+                }
+                answers.clear();
+                held_since = Instant::now();
+            }
         }
         Ok(answers.is_empty() || self.tell(&answers))
     }
