@@ -121,9 +121,10 @@ type Shared = Arc<Mutex<Supervisor>>;
 /// and the session loop waited for the answer either way. What waits
 /// meanwhile is this agent's own network traffic and timers, for as long
 /// as one call takes (a launch chunk: `LAUNCHES_PER_LOCK` tasks started
-/// by the keeper in one batch, milliseconds). The price is paid in a pathological stall: a
-/// keeper that does not answer holds the thread up to its 10 s answer
-/// timeout, and the HTTP/2 keep-alive (5 s) may then end the session; the
+/// by the keeper in one batch, milliseconds). The price is paid in a
+/// pathological stall: a keeper that does not answer holds the thread up
+/// to its 10 s answer timeout (then one `/proc` scan for the batch's
+/// runs), and the HTTP/2 keep-alive (5 s) may then end the session; the
 /// agent reconnects and registers again, with every run (nothing is lost,
 /// and the session loop was as stuck before). Garbage collection, volume
 /// deletion and log reads, whose time grows with the data, keep to

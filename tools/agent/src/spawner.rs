@@ -40,8 +40,9 @@
 //! input: the agent sends `u32` length + sandbox path, `u32` length + the
 //! task plan as JSON (little-endian; an empty plan is read from the run's
 //! journal); the keeper answers each request in order with a [`Message`]
-//! (the answers to the requests of one read go in one write: the agent
-//! sends a launch batch's requests together), and sends `Exited` messages,
+//! (the answers to the requests of one read go in one write, or sooner
+//! once one has waited [`ANSWER_HOLD`]: the agent sends a launch batch's
+//! requests together), and sends `Exited` messages,
 //! with the exit status, whenever a task's end has been recorded. Every
 //! message is 40 bytes.
 
@@ -71,12 +72,13 @@ use crate::proc::{self, ProcSnapshot, ProcessIdentity};
 use crate::record::{self, STDERR_FILE, STDOUT_FILE, TaskPlan};
 use crate::wrapper;
 
-/// How long the agent waits for the spawner to answer a request: far more
-/// than a fork takes; a spawner that does not answer is replaced.
+/// How long the agent waits for the keeper to take more of a batch of
+/// requests, and for each answer after the one before: far more than a
+/// start takes; a keeper that does not answer is replaced.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest the keeper holds an answer back to send it with the next ones
-/// (far less than [`ANSWER_TIMEOUT`], however many requests a read holds).
-const ANSWER_HOLD: Duration = Duration::from_millis(20);
+/// Once an answer has been held back this long, to go with the next ones,
+/// the keeper sends what it holds before it starts another task.
+const ANSWER_HOLD: Duration = Duration::from_millis(2);
 /// How long a dropped [`Spawner`] gets to exit before it is killed.
 const EXIT_PATIENCE: Duration = Duration::from_secs(2);
 /// Longest sandbox path a request may name (`PATH_MAX`).
@@ -296,8 +298,13 @@ impl Spawner {
         let answered = if sent.is_empty() {
             Ok(())
         } else {
-            self.send(&batch, Instant::now() + ANSWER_TIMEOUT)
-                .and_then(|()| self.answers(&sent, &mut results, batch.len()))
+            match self.send(&batch) {
+                Ok(()) => self.answers(&sent, &mut results, batch.len()),
+                Err(failed) => {
+                    self.answers_received(&sent, &mut results);
+                    Err(failed)
+                }
+            }
         };
         if let Err((e, delivered)) = answered {
             // Every request not answered: lost if any of it reached the
@@ -342,19 +349,40 @@ impl Spawner {
                 }
                 wait_readable(&self.socket, left).map_err(|e| (e, all))?;
             };
-            results[index] = Some(match answer {
-                Message::Spawned(identity) => {
-                    self.live += 1;
-                    Ok(Some(identity))
-                }
-                Message::StartFailed => Ok(None),
-                Message::Refused(errno) => {
-                    Err(SpawnError::Refused(io::Error::from_raw_os_error(errno)))
-                }
-                Message::Exited(_) => unreachable!("receive keeps exits"),
-            });
+            results[index] = Some(self.result_of(answer));
         }
         Ok(())
+    }
+
+    /// Takes the answers already received (without waiting), in order,
+    /// for the first of the requests `sent` (a batch whose sending failed:
+    /// the keeper may have answered its first requests meanwhile).
+    fn answers_received(
+        &mut self,
+        sent: &[(usize, usize)],
+        results: &mut [Option<Result<Option<ProcessIdentity>, SpawnError>>],
+    ) {
+        for &(_, index) in sent {
+            match self.receive() {
+                Ok(Some(answer)) => results[index] = Some(self.result_of(answer)),
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    /// What an answer says of its request.
+    fn result_of(&mut self, answer: Message) -> Result<Option<ProcessIdentity>, SpawnError> {
+        match answer {
+            Message::Spawned(identity) => {
+                self.live += 1;
+                Ok(Some(identity))
+            }
+            Message::StartFailed => Ok(None),
+            Message::Refused(errno) => {
+                Err(SpawnError::Refused(io::Error::from_raw_os_error(errno)))
+            }
+            Message::Exited(_) => unreachable!("receive keeps exits"),
+        }
     }
 
     /// Reads what the keeper has sent (without waiting) and returns the
@@ -380,16 +408,22 @@ impl Spawner {
         self.process.take()
     }
 
-    /// Sends a whole request by `deadline`, taking in what the keeper
-    /// sends meanwhile (a keeper blocked writing its news would otherwise
-    /// never read the request). The error says how many bytes went.
-    fn send(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), (io::Error, usize)> {
+    /// Sends a batch of requests whole, taking in what the keeper sends
+    /// meanwhile (a keeper blocked writing its news would otherwise never
+    /// read the requests). The error says how many bytes went.
+    fn send(&mut self, mut bytes: &[u8]) -> Result<(), (io::Error, usize)> {
         let total = bytes.len();
         let delivered = |left: &[u8]| total - left.len();
+        // The keeper takes a batch as it starts its tasks: it has
+        // `ANSWER_TIMEOUT` from each write that went to take more.
+        let mut deadline = Instant::now() + ANSWER_TIMEOUT;
         while !bytes.is_empty() {
             match self.socket.write(bytes) {
                 Ok(0) => return Err((io::ErrorKind::WriteZero.into(), delivered(bytes))),
-                Ok(n) => bytes = &bytes[n..],
+                Ok(n) => {
+                    bytes = &bytes[n..];
+                    deadline = Instant::now() + ANSWER_TIMEOUT;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -671,12 +705,22 @@ impl Serving {
             Err(e) => return Err(e),
         };
         self.inbox.extend_from_slice(&buffer[..n]);
-        // Sent together once every whole request read is served (the agent
-        // sends its launches in batches, and waits for all their answers),
-        // or sooner when starts are slow (an exec from a slow mount): no
-        // answer waits more than `ANSWER_HOLD` for the ones after it.
-        let mut answers = Vec::new();
-        let mut held_since = Instant::now();
+        let mut held = Vec::new();
+        let served = self.serve_requests(&mut held);
+        // What was started is answered, even when a later request is not
+        // the agent's protocol.
+        let told = held.is_empty() || self.tell(&held);
+        served.map(|open| open && told)
+    }
+
+    /// Serves the whole requests in the inbox, adding their answers to
+    /// `held`. The answers go together (the agent sends its launches in
+    /// batches and waits for all their answers): in one write at the end
+    /// of the read (by the caller), or before the next start once the
+    /// oldest has waited [`ANSWER_HOLD`] (so an answer waits at most that
+    /// and one start — which may hang, on an exec from a dead mount).
+    fn serve_requests(&mut self, held: &mut Vec<u8>) -> io::Result<bool> {
+        let mut held_since: Option<Instant> = None;
         let length = |bytes: &[u8], at: usize| -> io::Result<Option<usize>> {
             let Some(word) = bytes.get(at..at + 4) else {
                 return Ok(None);
@@ -716,21 +760,22 @@ impl Serving {
                 self.inbox.clear();
                 return Ok(false);
             }
+            if held_since.is_some_and(|since| since.elapsed() >= ANSWER_HOLD) {
+                if !self.tell(held) {
+                    return Ok(false);
+                }
+                held.clear();
+                held_since = None;
+            }
             let answer = match self.start_task(&sandbox, plan) {
                 Ok(Some(identity)) => Message::Spawned(identity),
                 Ok(None) => Message::StartFailed,
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
             };
-            answers.extend_from_slice(&answer.encode());
-            if held_since.elapsed() >= ANSWER_HOLD {
-                if !self.tell(&answers) {
-                    return Ok(false);
-                }
-                answers.clear();
-                held_since = Instant::now();
-            }
+            held.extend_from_slice(&answer.encode());
+            held_since.get_or_insert_with(Instant::now);
         }
-        Ok(answers.is_empty() || self.tell(&answers))
+        Ok(true)
     }
 
     /// Whether the agent has shut its end of the socket (what it sent

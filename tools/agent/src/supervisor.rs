@@ -509,31 +509,30 @@ impl Supervisor {
     /// Starts runs. A run whose sandbox already exists was launched before:
     /// the launch is ignored (launches are idempotent).
     pub fn launch(&mut self, runs: &[v1::LaunchRun]) {
-        // Runs on record and ready, whose tasks start together.
+        // Runs on record and ready (in `self.runs` already), whose tasks
+        // start together.
         let mut ready = Vec::new();
         for run in runs {
             let Some(key) = &run.key else {
                 tracing::warn!("launch without a run key ignored");
                 continue;
             };
-            if let Some(run) = self.launch_one(RunId::from_proto(key), run, &ready) {
+            if let Some(run) = self.launch_one(RunId::from_proto(key), run) {
                 ready.push(run);
             }
         }
         self.start_tasks(ready);
     }
 
-    /// Takes a run in: its sandbox made and its first record written, it
-    /// is returned with its task plan to have its task started (by
-    /// [`Supervisor::start_tasks`]), unless it is a known run or has
-    /// failed already (then it is in `self.runs`, if anywhere). `pending`:
-    /// runs taken in and not yet in `self.runs`.
+    /// Takes a run in (into `self.runs`, unless it is a known run): its
+    /// sandbox made and its first record written, its key is returned with
+    /// its task plan to have its task started (by
+    /// [`Supervisor::start_tasks`]), unless it has failed already.
     fn launch_one(
         &mut self,
         key: RunId,
         launch: &v1::LaunchRun,
-        pending: &[(Run, Option<TaskPlan>)],
-    ) -> Option<(Run, Option<TaskPlan>)> {
+    ) -> Option<(RunId, Option<TaskPlan>)> {
         let now = record::now_ms();
         if let Err(problem) = key.validate() {
             // No sandbox can be named after it, so this failure is not
@@ -543,11 +542,11 @@ impl Supervisor {
             return None;
         }
         let dir = self.sandboxes.join(key.sandbox_name());
-        if self.runs.contains_key(&key) || pending.iter().any(|(run, _)| run.record.key == key) {
+        if self.runs.contains_key(&key) {
             tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
             return None;
         }
-        if self.runs.len() + pending.len() >= self.config.max_runs {
+        if self.runs.len() >= self.config.max_runs {
             if dir.join(RUN_FILE).exists() {
                 tracing::debug!(run = %key.sandbox_name(), "launch of a known run ignored");
                 return None;
@@ -622,7 +621,10 @@ impl Supervisor {
                 // crash cannot leave them in a sandbox no record owns (such
                 // a sandbox is only collected after the age limit).
                 match secrets::write(&run.dir, &launch.secrets) {
-                    Ok(()) => return Some((run, plan)),
+                    Ok(()) => {
+                        self.runs.insert(key.clone(), run);
+                        return Some((key, plan));
+                    }
                     Err(e) => {
                         let reason = format!("cannot write the secrets into the sandbox: {e}");
                         self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
@@ -760,34 +762,44 @@ impl Supervisor {
     }
 
     /// Starts the tasks of runs taken in by [`Supervisor::launch_one`], in
-    /// order, and keeps the runs: all through the keeper in one batch of
-    /// requests, or a wrapper each when there is no keeper.
-    fn start_tasks(&mut self, ready: Vec<(Run, Option<TaskPlan>)>) {
+    /// order: all through the keeper in one batch of requests, or a
+    /// wrapper each when there is no keeper.
+    fn start_tasks(&mut self, ready: Vec<(RunId, Option<TaskPlan>)>) {
         if ready.is_empty() {
             return;
         }
+        let dirs: Vec<PathBuf> = ready
+            .iter()
+            .map(|(key, _)| self.sandboxes.join(key.sandbox_name()))
+            .collect();
         let mut answers = self.spawner().map(|spawner| {
-            let requests: Vec<(&Path, Option<&TaskPlan>)> = ready
+            let requests: Vec<(&Path, Option<&TaskPlan>)> = dirs
                 .iter()
-                .map(|(run, plan)| (run.dir.as_path(), plan.as_ref()))
+                .zip(&ready)
+                .map(|(dir, (_, plan))| (dir.as_path(), plan.as_ref()))
                 .collect();
             (
                 spawner.identity(),
                 spawner.spawn_many(&requests).into_iter(),
             )
         });
-        for (mut run, _) in ready {
+        // Taken once for every run of the batch the keeper lost.
+        let mut lost_snapshot = None;
+        for (key, _) in ready {
+            let Some(mut run) = self.runs.remove(&key) else {
+                continue;
+            };
             let started = match &mut answers {
                 Some((keeper, answers)) => {
                     let answer = answers.next().expect("one answer a request");
-                    self.keeper_started(&mut run, *keeper, answer)
+                    self.keeper_started(&mut run, *keeper, answer, &mut lost_snapshot)
                 }
                 None => self.start_wrapper(&mut run),
             };
             if let Err(reason) = started {
                 self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
             }
-            self.runs.insert(run.record.key.clone(), run);
+            self.runs.insert(key, run);
         }
     }
 
@@ -797,6 +809,7 @@ impl Supervisor {
         run: &mut Run,
         keeper: ProcessIdentity,
         answer: Result<Option<ProcessIdentity>, SpawnError>,
+        lost_snapshot: &mut Option<proc::ProcSnapshot>,
     ) -> Result<(), String> {
         match answer {
             Ok(Some(task)) => {
@@ -831,10 +844,12 @@ impl Supervisor {
             Err(SpawnError::Lost(e)) => {
                 // It may have started the task (or may yet): never a
                 // second one. Whatever of it runs now is killed.
-                tracing::warn!(error = %e, "the keeper did not answer; failing the run");
-                self.lose_spawner();
-                let marker = proc::sandbox_marker(&run.dir);
-                proc::kill_all(&proc::ProcSnapshot::take().marked(&marker));
+                if lost_snapshot.is_none() {
+                    tracing::warn!(error = %e, "the keeper did not answer; failing its runs");
+                    self.lose_spawner();
+                }
+                let snapshot = lost_snapshot.get_or_insert_with(proc::ProcSnapshot::take);
+                proc::kill_all(&snapshot.marked(&proc::sandbox_marker(&run.dir)));
                 Err(format!("the keeper did not start the task: {e}"))
             }
         }

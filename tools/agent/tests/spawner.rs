@@ -461,11 +461,11 @@ fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
     assert_eq!(exit["reason"], "exited with code 7");
 }
 
-/// A keeper that takes a request and does not answer (stopped here; in
-/// life, an exec hanging on a dead mount): the agent fails that run after
-/// its answer timeout instead of starting it a second time, and the keeper,
-/// once it goes on, sees the agent has hung up and does not start it
-/// either. The next launch gets a new keeper.
+/// A keeper that takes a batch of requests and does not answer (stopped
+/// here; in life, an exec hanging on a dead mount): the agent fails those
+/// runs after its answer timeout instead of starting them a second time,
+/// and the keeper, once it goes on, sees the agent has hung up and starts
+/// none of them either. The next launch gets a new keeper.
 #[test]
 fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -623,4 +623,31 @@ fn a_batch_for_a_dead_keeper_is_started_by_wrappers() {
     }
     std::fs::write(first_sandbox.join("go"), "").expect("go");
     h.wait_for(&first, P::Failed);
+}
+
+/// `--max-runs` counts the runs of a batch taken in before it: of five
+/// launched together on an agent that holds at most three, the first three
+/// start and the last two fail with the reason.
+#[test]
+fn max_runs_counts_the_runs_of_one_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = config(dir.path());
+    config.max_runs = 3;
+    let mut h = Harness {
+        supervisor: Supervisor::open(config).expect("supervisor"),
+        latest: HashMap::new(),
+    };
+    let keys: Vec<v1::RunKey> = (0..5).map(|i| key("job-m", i)).collect();
+    let batch: Vec<v1::LaunchRun> = keys.iter().map(waits_for_go).collect();
+    h.supervisor.launch(&batch);
+    for k in &keys[3..] {
+        let failed = h.wait_for(k, P::Failed);
+        assert!(failed.reason.contains("--max-runs"), "{failed:?}");
+    }
+    for k in &keys[..3] {
+        h.wait_for(k, P::Running);
+        let sandbox = h.supervisor.sandbox_dir(k);
+        std::fs::write(sandbox.join("go"), "").expect("go");
+        h.wait_for(k, P::Succeeded);
+    }
 }
