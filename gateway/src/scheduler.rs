@@ -671,6 +671,7 @@ impl Scheduler {
             "recovery and the first cycle committed in {} ms",
             began.elapsed().as_millis()
         );
+        // When the last iteration with commands committed.
         let mut last_commit = Instant::now();
         loop {
             let wait = self.time_to_next_deadline();
@@ -708,7 +709,9 @@ impl Scheduler {
             self.work();
             let worked = began.elapsed();
             self.finish_iteration();
-            last_commit = Instant::now();
+            if n_commands > 0 {
+                last_commit = Instant::now();
+            }
             let took = began.elapsed();
             if took >= SLOW_ITERATION {
                 tracing::info!(
