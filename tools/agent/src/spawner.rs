@@ -299,9 +299,12 @@ impl Spawner {
             Ok(())
         } else {
             match self.send(&batch) {
-                Ok(()) => self.answers(&sent, &mut results, batch.len()),
+                // The keeper had every byte of the batch.
+                Ok(()) => self
+                    .answers(&sent, &mut results, true)
+                    .map_err(|e| (e, batch.len())),
                 Err(failed) => {
-                    self.answers_received(&sent, &mut results);
+                    let _ = self.answers(&sent, &mut results, false);
                     Err(failed)
                 }
             }
@@ -328,46 +331,36 @@ impl Spawner {
     }
 
     /// Takes the keeper's answers to the requests `sent` (in order), each
-    /// within [`ANSWER_TIMEOUT`] of the one before. An error carries `all`,
-    /// the bytes of the batch (the keeper had every one).
+    /// within [`ANSWER_TIMEOUT`] of the one before; or, without `wait`, only
+    /// those already received (for a batch whose sending failed: the
+    /// keeper may have answered its first requests meanwhile).
     fn answers(
         &mut self,
         sent: &[(usize, usize)],
         results: &mut [Option<Result<Option<ProcessIdentity>, SpawnError>>],
-        all: usize,
-    ) -> Result<(), (io::Error, usize)> {
+        wait: bool,
+    ) -> io::Result<()> {
         for &(_, index) in sent {
             let deadline = Instant::now() + ANSWER_TIMEOUT;
             let answer = loop {
-                if let Some(message) = self.receive().map_err(|e| (e, all))? {
+                if let Some(message) = self.receive()? {
                     break message;
+                }
+                if !wait {
+                    return Ok(());
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    let e = io::Error::new(io::ErrorKind::TimedOut, "the keeper did not answer");
-                    return Err((e, all));
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the keeper did not answer",
+                    ));
                 }
-                wait_readable(&self.socket, left).map_err(|e| (e, all))?;
+                wait_readable(&self.socket, left)?;
             };
             results[index] = Some(self.result_of(answer));
         }
         Ok(())
-    }
-
-    /// Takes the answers already received (without waiting), in order,
-    /// for the first of the requests `sent` (a batch whose sending failed:
-    /// the keeper may have answered its first requests meanwhile).
-    fn answers_received(
-        &mut self,
-        sent: &[(usize, usize)],
-        results: &mut [Option<Result<Option<ProcessIdentity>, SpawnError>>],
-    ) {
-        for &(_, index) in sent {
-            match self.receive() {
-                Ok(Some(answer)) => results[index] = Some(self.result_of(answer)),
-                Ok(None) | Err(_) => return,
-            }
-        }
     }
 
     /// What an answer says of its request.

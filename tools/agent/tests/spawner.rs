@@ -54,8 +54,12 @@ struct Harness {
 
 impl Harness {
     fn open(dir: &Path) -> Harness {
+        Harness::with(config(dir))
+    }
+
+    fn with(config: SupervisorConfig) -> Harness {
         Harness {
-            supervisor: Supervisor::open(config(dir)).expect("supervisor"),
+            supervisor: Supervisor::open(config).expect("supervisor"),
             latest: HashMap::new(),
         }
     }
@@ -85,6 +89,15 @@ impl Harness {
     }
 }
 
+/// Sends `pid` a signal with `kill` (`-KILL`, `-STOP`, …).
+fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([name, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {name} {pid}");
+}
+
 fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
     while !check() {
@@ -95,13 +108,23 @@ fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
 
 /// (ppid, pgid, state) of a process, from /proc/PID/stat.
 fn stat(pid: u32) -> Option<(u32, u32, char)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    let rest = stat_fields(pid)?;
     Some((
         rest.get(1)?.parse().ok()?,
         rest.get(2)?.parse().ok()?,
         rest.first()?.chars().next()?,
     ))
+}
+
+/// The fields of /proc/PID/stat after the command name (field 3 first).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(
+        text[text.rfind(')')? + 1..]
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
 fn is_alive(pid: u32) -> bool {
@@ -369,11 +392,7 @@ fn a_killed_keeper_costs_only_its_tasks_exit_statuses_and_is_replaced() {
     let sandbox = h.supervisor.sandbox_dir(&first);
     let task = recorded(&sandbox, "task");
     let keeper = recorded(&sandbox, "keeper");
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &keeper.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    signal(keeper, "-KILL");
     wait_until("the task is reparented", || {
         stat(task).is_some_and(|(ppid, _, _)| ppid != keeper)
     });
@@ -475,14 +494,7 @@ fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
     h.wait_for(&first, P::Running);
     let first_sandbox = h.supervisor.sandbox_dir(&first);
     let keeper = recorded(&first_sandbox, "keeper");
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &keeper.to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success());
-    };
-    signal("-STOP");
+    signal(keeper, "-STOP");
     // A batch of two: both requests are delivered, neither is answered.
     let batch = [key("job-h", 1), key("job-h", 3)];
     h.supervisor
@@ -494,7 +506,7 @@ fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
             "{failed:?}"
         );
     }
-    signal("-CONT");
+    signal(keeper, "-CONT");
     // It records the first run's end once that ends, then exits; the
     // failed runs' tasks never existed.
     std::fs::write(first_sandbox.join("go"), "").expect("go");
@@ -571,11 +583,9 @@ fn a_launch_batch_starts_each_run_once_from_one_keeper() {
     let started: Vec<u64> = tasks
         .iter()
         .map(|&task| {
-            let text = std::fs::read_to_string(format!("/proc/{task}/stat")).expect("stat");
-            let rest: Vec<&str> = text[text.rfind(')').unwrap() + 1..]
-                .split_whitespace()
-                .collect();
-            rest[19].parse().expect("start time")
+            stat_fields(task).expect("stat")[19]
+                .parse()
+                .expect("start time")
         })
         .collect();
     assert!(started.windows(2).all(|w| w[0] <= w[1]), "{started:?}");
@@ -602,11 +612,7 @@ fn a_batch_for_a_dead_keeper_is_started_by_wrappers() {
     h.wait_for(&first, P::Running);
     let first_sandbox = h.supervisor.sandbox_dir(&first);
     let keeper = recorded(&first_sandbox, "keeper");
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &keeper.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    signal(keeper, "-KILL");
     wait_until("the keeper is dead", || !is_alive(keeper));
     // No poll in between: the supervisor learns of it from the batch.
     let keys: Vec<v1::RunKey> = (1..4).map(|i| key("job-g", i)).collect();
@@ -633,10 +639,7 @@ fn max_runs_counts_the_runs_of_one_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut config = config(dir.path());
     config.max_runs = 3;
-    let mut h = Harness {
-        supervisor: Supervisor::open(config).expect("supervisor"),
-        latest: HashMap::new(),
-    };
+    let mut h = Harness::with(config);
     let keys: Vec<v1::RunKey> = (0..5).map(|i| key("job-m", i)).collect();
     let batch: Vec<v1::LaunchRun> = keys.iter().map(waits_for_go).collect();
     h.supervisor.launch(&batch);
