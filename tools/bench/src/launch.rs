@@ -24,6 +24,9 @@
 //! - `machine_cpu_ms_per_task`: every CPU's busy time (from /proc/stat) in
 //!   that window, per task: the three above, and whatever else the
 //!   machine ran meanwhile (so only meaningful on a quiet machine);
+//! - `agents_dir_places_passed_over`: agent work dirs the file system put
+//!   where this bench's runs of the last minutes deleted their files, and
+//!   that were made again elsewhere (see `place_work_dir`);
 //! - `machine_steal_s`: of that busy time, the seconds the hypervisor gave
 //!   to other guests (a VM's CPUs stolen during the run: its rate falls, and
 //!   every CPU figure above rises, for reasons outside the machine).
@@ -125,6 +128,133 @@ fn spread_subdirectories(dir: &std::path::Path) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Inode numbers that share this many low bits' worth of neighbourhood:
+/// ext4's default flexible block group (16 groups of 8,192 inodes), within
+/// which a directory's files and subdirectories are allocated.
+const NEIGHBOURHOOD_SHIFT: u32 = 17;
+
+/// How long the neighbourhoods of a run's agents are avoided by later runs:
+/// ext4 without a journal steps over an inode deleted in the last 60 s, or
+/// the last 300 s while its inode table block is not yet written back.
+const RECENT_S: u64 = 360;
+
+/// Tries at placing one agent's work dir away from recent neighbourhoods.
+const PLACEMENT_TRIES: u32 = 8;
+
+/// Where this bench remembers its recent runs' neighbourhoods.
+fn neighbourhoods_file() -> std::path::PathBuf {
+    std::env::temp_dir().join("peloton-bench-launch-neighbourhoods")
+}
+
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A neighbourhood: a file system (its device number) and a range of its
+/// inode numbers.
+type Place = (u64, u64);
+
+/// The neighbourhoods of the agents of this bench's runs that ended in the
+/// last [`RECENT_S`] (lines `TIME DEVICE NEIGHBOURHOOD` in
+/// [`neighbourhoods_file`]), with the lines still recent.
+fn recent_neighbourhoods(now_s: u64) -> (std::collections::BTreeSet<Place>, Vec<String>) {
+    let text = std::fs::read_to_string(neighbourhoods_file()).unwrap_or_default();
+    let mut recent = std::collections::BTreeSet::new();
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .map_while(|f| f.parse().ok())
+            .collect();
+        if let [time, device, place] = fields[..]
+            && time.saturating_add(RECENT_S) > now_s
+        {
+            recent.insert((device, place));
+            lines.push(line.to_owned());
+        }
+    }
+    (recent, lines)
+}
+
+/// Remembers this run's neighbourhoods, as its files go.
+fn remember_neighbourhoods(places: &[Place]) {
+    let now = unix_s();
+    let (_, mut lines) = recent_neighbourhoods(now);
+    lines.extend(
+        places
+            .iter()
+            .map(|(device, place)| format!("{now} {device} {place}")),
+    );
+    let file = neighbourhoods_file();
+    let staged = file.with_extension(format!("{}", std::process::id()));
+    // A lost update (two benches at once) only costs a later run its care.
+    if std::fs::write(&staged, lines.join("\n") + "\n").is_ok() {
+        let _ = std::fs::rename(&staged, &file);
+    }
+}
+
+/// Creates an agent's work dir `root/name`, away from the neighbourhoods in
+/// `avoid` if the file system lets it. Returns the dir, its neighbourhood
+/// and how many places were passed over.
+///
+/// Why: a run deletes all of its agents' files when it ends (about four
+/// inodes a task). ext4 without a journal (this machine's disk) then steps
+/// over each of those inodes, one by one, every time it allocates an inode
+/// in their block group, for one to several minutes: creating a sandbox
+/// and its three files there cost 1.3 ms right after 2,800 deletions, and
+/// 0.26 ms a minute later, against 0.065 ms on fresh ground (measured with a
+/// C loop of `mkdir` and `open(O_CREAT)`). [`spread_subdirectories`] has
+/// ext4 place each agent dir in a block group of its own choosing, but it
+/// often chooses one the previous runs used (it prefers the groups with the
+/// fewest directories, which theirs are once emptied): in back-to-back runs,
+/// six of eighteen then spent twice the CPU per task in the agents and
+/// their keepers (0.12–0.19 ms each instead of 0.06–0.08) and launched
+/// 1,900–2,150 tasks/s instead of 2,300–2,700. That measures this bench's
+/// own clean-up, not launching: an agent on a real host keeps its sandboxes
+/// for days. So a dir that lands in a recent run's neighbourhood is left
+/// there (empty, removed with the run) and the next is made; the allocator,
+/// counting the one left, places it elsewhere. Deletions by anything else
+/// (a build, another program) are not known here, and can still slow a run.
+fn place_work_dir(
+    root: &std::path::Path,
+    name: &str,
+    avoid: &std::collections::BTreeSet<Place>,
+) -> Result<(std::path::PathBuf, Place, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut passed = 0;
+    loop {
+        let dir = root.join(match passed {
+            0 => name.to_owned(),
+            n => format!("{name}-{n}"),
+        });
+        std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let meta = std::fs::metadata(&dir)?;
+        let place = (meta.dev(), meta.ino() >> NEIGHBOURHOOD_SHIFT);
+        if !avoid.contains(&place) || passed + 1 >= PLACEMENT_TRIES {
+            return Ok((dir, place, passed));
+        }
+        passed += 1;
+    }
+}
+
+/// Deletes the agents' work dirs, has the deletions written to disk, and
+/// remembers where they were (`places`, see [`place_work_dir`]). Written
+/// out, the deleted inodes are avoided by the allocator for a minute; not
+/// yet written, for up to six.
+fn clear_away(agents_root: tempfile::TempDir, places: &[Place]) {
+    let parent = agents_root
+        .path()
+        .parent()
+        .map(std::path::Path::to_path_buf);
+    let _ = agents_root.close();
+    if let Some(dir) = parent.and_then(|p| std::fs::File::open(p).ok()) {
+        let _ = nix::unistd::syncfs(&dir);
+    }
+    remember_neighbourhoods(places);
 }
 
 fn sibling(name: &str) -> Result<std::path::PathBuf> {
@@ -310,15 +440,22 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .file_name()
         .map(|n| n.to_string_lossy().trim_start_matches('.').to_owned())
         .unwrap_or_default();
+    let (avoid, _) = recent_neighbourhoods(unix_s());
+    let mut places = Vec::new();
+    let mut passed_over = 0;
     let mut agents = Vec::new();
     for i in 0..o.agents {
         let host = format!("bench-{i}");
         let tls = crate::e2e::agent_tls_args(&target, &data_dir, &host, &dir.path().join("certs"))?;
+        let (work, place, passed) =
+            place_work_dir(agents_root.path(), &format!("agent-{i}-{run_tag}"), &avoid)?;
+        places.push(place);
+        passed_over += passed;
         let child = spawn_agent(
             &agent_bin,
             &target.url,
             token,
-            &agents_root.path().join(format!("agent-{i}-{run_tag}")),
+            &work,
             &host,
             &format!("cpu={cores},mem=4096,disk=100000"),
             &tls,
@@ -414,18 +551,21 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         let (busy, steal) = machine_cpu_s();
         (busy - machine_cpu0.0, steal - machine_cpu0.1)
     };
+    drop(agents);
+    drop(server);
+    let agents_fs = fs_type(agents_root.path());
+    clear_away(agents_root, &places);
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
         "the job ended {}",
         state.as_str_name()
     );
-    drop(agents);
-    drop(server);
     let n = f64::from(o.tasks);
     // CPU seconds as milliseconds per task, to the microsecond.
     let per_task_ms = |seconds: f64| (seconds * 1000.0 / n * 1000.0).round() / 1000.0;
     Ok(json!({
-        "agents_dir_fs": fs_type(agents_root.path()),
+        "agents_dir_fs": agents_fs,
+        "agents_dir_places_passed_over": passed_over,
         "server_args": o.server_args,
         "agents": o.agents,
         "tasks": o.tasks,
