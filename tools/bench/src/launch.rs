@@ -27,6 +27,7 @@
 //! - `agents_dir_places_passed_over`: agent work dirs the file system put
 //!   where this bench's runs of the last minutes deleted their files, and
 //!   that were made again elsewhere (see `place_work_dir`);
+//!   `agents_dirs_in_recent_places`: agents whose every try landed there;
 //! - `machine_steal_s`: of that busy time, the seconds the hypervisor gave
 //!   to other guests (a VM's CPUs stolen during the run: its rate falls, and
 //!   every CPU figure above rises, for reasons outside the machine).
@@ -130,14 +131,18 @@ fn spread_subdirectories(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Inode numbers that share this many low bits' worth of neighbourhood:
-/// ext4's default flexible block group (16 groups of 8,192 inodes), within
-/// which a directory's files and subdirectories are allocated.
+/// Inode numbers (less one: they start at 1) that share their bits above
+/// these are one neighbourhood: ext4's default flexible block group, 16
+/// groups of 8,192 inodes, within which a directory's files and
+/// subdirectories are allocated. Assumed, not read from the file system
+/// (that takes its raw device): on another layout a neighbourhood is only
+/// a coarser or finer range of inodes.
 const NEIGHBOURHOOD_SHIFT: u32 = 17;
 
 /// How long the neighbourhoods of a run's agents are avoided by later runs:
 /// ext4 without a journal steps over an inode deleted in the last 60 s, or
-/// the last 300 s while its inode table block is not yet written back.
+/// the last 360 s (60 + 300) while its inode table block is not yet
+/// written back.
 const RECENT_S: u64 = 360;
 
 /// Tries at placing one agent's work dir away from recent neighbourhoods.
@@ -157,6 +162,10 @@ fn unix_s() -> u64 {
 /// A neighbourhood: a file system (its device number) and a range of its
 /// inode numbers.
 type Place = (u64, u64);
+
+fn place_of(device: u64, inode: u64) -> Place {
+    (device, inode.saturating_sub(1) >> NEIGHBOURHOOD_SHIFT)
+}
 
 /// The neighbourhoods of the agents of this bench's runs that ended in the
 /// last [`RECENT_S`] (lines `TIME DEVICE NEIGHBOURHOOD` in
@@ -186,7 +195,8 @@ fn recent_in(text: &str, now_s: u64) -> (std::collections::BTreeSet<Place>, Vec<
 }
 
 /// Remembers this run's neighbourhoods, as its files go.
-fn remember_neighbourhoods(places: &[Place]) {
+fn remember_neighbourhoods(places: &std::collections::BTreeSet<Place>) {
+    use std::io::Write;
     let now = unix_s();
     let (_, mut lines) = recent_neighbourhoods(now);
     lines.extend(
@@ -195,10 +205,18 @@ fn remember_neighbourhoods(places: &[Place]) {
             .map(|(device, place)| format!("{now} {device} {place}")),
     );
     let file = neighbourhoods_file();
-    let staged = file.with_extension(format!("{}", std::process::id()));
-    // A lost update (two benches at once) only costs a later run its care.
-    if std::fs::write(&staged, lines.join("\n") + "\n").is_ok() {
-        let _ = std::fs::rename(&staged, &file);
+    // Staged under a name of its own, then renamed over the old file: a
+    // reader sees one or the other whole. A lost update (two benches at
+    // once) only costs a later run its care.
+    let Some(dir) = file.parent() else {
+        return;
+    };
+    if let Ok(mut staged) = tempfile::NamedTempFile::new_in(dir)
+        && staged
+            .write_all((lines.join("\n") + "\n").as_bytes())
+            .is_ok()
+    {
+        let _ = staged.persist(&file);
     }
 }
 
@@ -207,23 +225,26 @@ fn remember_neighbourhoods(places: &[Place]) {
 /// and how many places were passed over.
 ///
 /// Why: a run deletes all of its agents' files when it ends (about four
-/// inodes a task). ext4 without a journal (this machine's disk) then steps
-/// over each of those inodes, one by one, every time it allocates an inode
-/// in their block group, for one to several minutes: creating a sandbox
-/// and its three files there cost 1.3 ms right after 2,800 deletions, and
-/// 0.26 ms a minute later, against 0.065 ms on fresh ground (measured with a
-/// C loop of `mkdir` and `open(O_CREAT)`). [`spread_subdirectories`] has
-/// ext4 place each agent dir in a block group of its own choosing, but it
-/// often chooses one the previous runs used (it prefers the groups with the
-/// fewest directories, which theirs are once emptied): in back-to-back runs,
-/// six of eighteen then spent twice the CPU per task in the agents and
-/// their keepers (0.12–0.19 ms each instead of 0.06–0.08) and launched
-/// 1,900–2,150 tasks/s instead of 2,300–2,700. That measures this bench's
-/// own clean-up, not launching: an agent on a real host keeps its sandboxes
-/// for days. So a dir that lands in a recent run's neighbourhood is left
-/// there (empty, removed with the run) and the next is made; the allocator,
-/// counting the one left, places it elsewhere. Deletions by anything else
-/// (a build, another program) are not known here, and can still slow a run.
+/// inodes a task). ext4 without a journal (this machine's disk; a journaled
+/// ext4 never does this) then steps over each of those inodes, one by one,
+/// every time it allocates an inode in their block group, for one to six
+/// minutes: creating a sandbox and its three files there cost 1.3 ms right
+/// after 2,800 deletions, and 0.26 ms a minute later, against 0.065 ms on
+/// fresh ground (measured with a C loop of `mkdir` and `open(O_CREAT)`).
+/// [`spread_subdirectories`] has ext4 place each agent dir in a block group
+/// of its own choosing, but it often chooses one the previous runs used (it
+/// prefers the groups with the fewest directories, which theirs are once
+/// emptied): in back-to-back runs without this care, four of sixteen spent
+/// about twice the CPU per task in the agents and their keepers (0.135–0.185
+/// ms each instead of 0.065–0.095) and launched 1,915–2,067 tasks/s instead
+/// of 2,180–2,620. That measures this bench's own clean-up, not launching,
+/// so the bench measures on fresh inode ground: a dir that lands in a recent
+/// run's neighbourhood is left there (empty, removed with the run) and the
+/// next is made; the allocator, counting the one left, places it elsewhere.
+/// Deletions by anything else (a build, another program) are not known
+/// here, and can still slow a run. (A host's own sandbox collection, once
+/// it deletes as fast as it creates, would put a busy agent on a disk
+/// without a journal on that slow path for good: see ARCHITECTURE.md.)
 fn place_work_dir(
     root: &std::path::Path,
     name: &str,
@@ -238,7 +259,7 @@ fn place_work_dir(
         });
         std::fs::create_dir(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let meta = std::fs::metadata(&dir)?;
-        let place = (meta.dev(), meta.ino() >> NEIGHBOURHOOD_SHIFT);
+        let place = place_of(meta.dev(), meta.ino());
         if !avoid.contains(&place) || passed + 1 >= PLACEMENT_TRIES {
             return Ok((dir, place, passed));
         }
@@ -246,21 +267,97 @@ fn place_work_dir(
     }
 }
 
-/// Deletes the agents' work dirs, has the deletions written to disk, and
-/// remembers where they were (`places`, see [`place_work_dir`]). Written
-/// out, the deleted inodes are avoided by the allocator for a minute; not
-/// yet written, for up to six.
-fn clear_away(agents_root: tempfile::TempDir, places: &[Place]) {
-    let parent = agents_root
-        .path()
-        .parent()
-        .map(std::path::Path::to_path_buf);
-    let _ = agents_root.close();
-    if let Some(dir) = parent.and_then(|p| std::fs::File::open(p).ok()) {
-        let _ = nix::unistd::syncfs(&dir);
+/// Every neighbourhood the entries under `dir` (not following links) are
+/// in, `dir`'s own too.
+fn neighbourhoods_under(dir: &std::path::Path) -> std::collections::BTreeSet<Place> {
+    use std::os::unix::fs::{DirEntryExt, MetadataExt};
+    let mut places = std::collections::BTreeSet::new();
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return places;
+    };
+    let device = meta.dev();
+    places.insert(place_of(device, meta.ino()));
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            places.insert(place_of(device, entry.ino()));
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(entry.path());
+            }
+        }
     }
-    if !places.is_empty() {
-        remember_neighbourhoods(places);
+    places
+}
+
+/// Whether the file system at `path` steps over recently deleted inodes:
+/// ext2/3/4 (driven by ext4) without a journal.
+fn steps_over_deletions(path: &std::path::Path) -> bool {
+    let Some((source, fs)) = mount_of(path) else {
+        return false;
+    };
+    let Some(device) = source.strip_prefix("/dev/") else {
+        return false;
+    };
+    let device = device.replace('/', "!");
+    let journaled = std::fs::read_dir("/proc/fs/jbd2").is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.strip_prefix(device.as_str())
+                    .is_some_and(|r| r.starts_with('-'))
+            })
+        })
+    });
+    fs.starts_with("ext") && !journaled
+}
+
+/// The agents' work dirs' root. Dropped (when a run ends, or fails), it
+/// deletes them and, where the file system steps over recent deletions,
+/// has the deletions written out (`syncfs`: the allocator then steps over
+/// them for a minute, not up to six) and remembers every neighbourhood
+/// they used, for [`place_work_dir`] to avoid.
+struct AgentsGround {
+    root: Option<tempfile::TempDir>,
+    careful: bool,
+}
+
+impl AgentsGround {
+    fn new(root: tempfile::TempDir) -> AgentsGround {
+        let careful = steps_over_deletions(root.path());
+        AgentsGround {
+            root: Some(root),
+            careful,
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.root.as_ref().expect("held until dropped").path()
+    }
+
+    /// What this run's agents should stay away from.
+    fn avoid(&self) -> std::collections::BTreeSet<Place> {
+        match self.careful {
+            true => recent_neighbourhoods(unix_s()).0,
+            false => Default::default(),
+        }
+    }
+}
+
+impl Drop for AgentsGround {
+    fn drop(&mut self) {
+        let Some(root) = self.root.take() else {
+            return;
+        };
+        if !self.careful {
+            let _ = root.close();
+            return;
+        }
+        let places = neighbourhoods_under(root.path());
+        let parent = root.path().parent().map(std::path::Path::to_path_buf);
+        let _ = root.close();
+        if let Some(dir) = parent.and_then(|p| std::fs::File::open(p).ok()) {
+            let _ = nix::unistd::syncfs(&dir);
+        }
+        remember_neighbourhoods(&places);
     }
 }
 
@@ -384,17 +481,23 @@ fn stat_fields_s(path: &str, a: usize, b: usize) -> f64 {
 /// The file system type holding `path` (from /proc/mounts: the longest
 /// mount point that prefixes it).
 fn fs_type(path: &std::path::Path) -> String {
+    mount_of(path).map_or_else(|| "unknown".into(), |(_, fs)| fs)
+}
+
+/// The source and file system type of the mount `path` is on.
+fn mount_of(path: &std::path::Path) -> Option<(String, String)> {
     let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     mounts
         .lines()
         .filter_map(|l| {
             let mut f = l.split_whitespace();
-            let (_, at, fs) = (f.next()?, f.next()?, f.next()?);
-            path.starts_with(at).then(|| (at.len(), fs.to_string()))
+            let (source, at, fs) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with(at)
+                .then(|| (at.len(), source.to_owned(), fs.to_owned()))
         })
         .max()
-        .map_or_else(|| "unknown".into(), |(_, fs)| fs)
+        .map(|(_, source, fs)| (source, fs))
 }
 
 /// Runs the benchmark.
@@ -433,11 +536,11 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let target = crate::e2e::Target::started(addr, &data_dir)?;
     let agent_bin = sibling("peloton-agent")?;
     let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
-    let agents_root = match &o.agents_dir {
+    let agents_root = AgentsGround::new(match &o.agents_dir {
         Some(root) => tempfile::tempdir_in(root)
             .with_context(|| format!("--agents-dir {}", root.display()))?,
         None => tempfile::tempdir_in(dir.path())?,
-    };
+    });
     // Each run's agents on fresh ground: see `spread_subdirectories`. The
     // names differ from run to run (the temporary directory's random part),
     // as ext4 starts its search for a group at a hash of the name.
@@ -448,25 +551,18 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .map(|n| n.to_string_lossy().trim_start_matches('.').to_owned())
         .unwrap_or_default();
     let agents_fs = fs_type(agents_root.path());
-    // Only ext file systems step over recently deleted inodes (and number
-    // them by block group): elsewhere, nothing is avoided or remembered.
-    let careful = agents_fs.starts_with("ext");
-    let avoid = match careful {
-        true => recent_neighbourhoods(unix_s()).0,
-        false => Default::default(),
-    };
-    let mut places = Vec::new();
+    // Empty where the file system does not step over recent deletions.
+    let avoid = agents_root.avoid();
     let mut passed_over = 0;
+    let mut left_in_recent = 0;
     let mut agents = Vec::new();
     for i in 0..o.agents {
         let host = format!("bench-{i}");
         let tls = crate::e2e::agent_tls_args(&target, &data_dir, &host, &dir.path().join("certs"))?;
         let (work, place, passed) =
             place_work_dir(agents_root.path(), &format!("agent-{i}-{run_tag}"), &avoid)?;
-        if careful {
-            places.push(place);
-        }
         passed_over += passed;
+        left_in_recent += u32::from(avoid.contains(&place));
         let child = spawn_agent(
             &agent_bin,
             &target.url,
@@ -569,7 +665,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     };
     drop(agents);
     drop(server);
-    clear_away(agents_root, &places);
+    // The agents' dirs go now, before the figures are reported.
+    drop(agents_root);
     anyhow::ensure!(
         state == pb::JobState::Succeeded,
         "the job ended {}",
@@ -581,6 +678,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     Ok(json!({
         "agents_dir_fs": agents_fs,
         "agents_dir_places_passed_over": passed_over,
+        "agents_dirs_in_recent_places": left_in_recent,
         "server_args": o.server_args,
         "agents": o.agents,
         "tasks": o.tasks,
@@ -614,27 +712,54 @@ mod tests {
         assert_eq!(kept.len(), 2);
     }
 
+    fn place_at(path: &std::path::Path) -> Place {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path).unwrap();
+        place_of(meta.dev(), meta.ino())
+    }
+
     #[test]
     fn a_work_dir_is_not_placed_in_an_avoided_neighbourhood_while_tries_last() {
         // Not spread: the file system puts the dirs near their parent, so
-        // every try tends to land where the first did.
+        // tries tend to land where the first did.
         let root = tempfile::tempdir().unwrap();
         let none = std::collections::BTreeSet::new();
         let (first, place, passed) = place_work_dir(root.path(), "a", &none).unwrap();
-        assert_eq!((first, passed), (root.path().join("a"), 0));
+        assert_eq!((first.clone(), passed), (root.path().join("a"), 0));
+        assert_eq!(place_at(&first), place);
         let avoid = [place].into_iter().collect();
         let (dir, again, passed) = place_work_dir(root.path(), "b", &avoid).unwrap();
+        let tries: Vec<std::path::PathBuf> = std::iter::once(root.path().join("b"))
+            .chain((1..=passed).map(|n| root.path().join(format!("b-{n}"))))
+            .collect();
+        assert_eq!(&dir, tries.last().unwrap());
+        assert_eq!(place_at(&dir), again);
+        // Every try before the last landed in an avoided place, and was
+        // left there, empty, for the allocator to count.
+        for passed_over in &tries[..tries.len() - 1] {
+            assert!(avoid.contains(&place_at(passed_over)), "{passed_over:?}");
+        }
         assert!(
-            again != place || passed == PLACEMENT_TRIES - 1,
+            !avoid.contains(&again) || passed == PLACEMENT_TRIES - 1,
             "{again:?} after {passed} tries"
         );
-        let expected = match passed {
-            0 => root.path().join("b"),
-            n => root.path().join(format!("b-{n}")),
-        };
-        assert_eq!(dir, expected);
-        // Every place passed over is left, empty, for the allocator to count.
         let made = std::fs::read_dir(root.path()).unwrap().count();
         assert_eq!(made, 2 + passed as usize);
+    }
+
+    #[test]
+    fn the_neighbourhoods_under_a_dir_are_its_own_and_its_entries() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("s/run")).unwrap();
+        std::fs::write(root.path().join("s/run/stdout"), b"").unwrap();
+        let places = neighbourhoods_under(root.path());
+        for path in ["", "s", "s/run", "s/run/stdout"] {
+            assert!(
+                places.contains(&place_at(&root.path().join(path))),
+                "{path}"
+            );
+        }
+        // Nothing outside ext steps over recent deletions.
+        assert!(!steps_over_deletions(std::path::Path::new("/proc")));
     }
 }
