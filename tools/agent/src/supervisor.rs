@@ -526,13 +526,13 @@ impl Supervisor {
 
     /// Takes a run in (into `self.runs`, unless it is a known run): its
     /// sandbox made and its first record written, its key is returned with
-    /// its task plan to have its task started (by
+    /// its sandbox and task plan to have its task started (by
     /// [`Supervisor::start_tasks`]), unless it has failed already.
     fn launch_one(
         &mut self,
         key: RunId,
         launch: &v1::LaunchRun,
-    ) -> Option<(RunId, Option<TaskPlan>)> {
+    ) -> Option<(RunId, PathBuf, Option<TaskPlan>)> {
         let now = record::now_ms();
         if let Err(problem) = key.validate() {
             // No sandbox can be named after it, so this failure is not
@@ -622,8 +622,9 @@ impl Supervisor {
                 // a sandbox is only collected after the age limit).
                 match secrets::write(&run.dir, &launch.secrets) {
                     Ok(()) => {
+                        let dir = run.dir.clone();
                         self.runs.insert(key.clone(), run);
-                        return Some((key, plan));
+                        return Some((key, dir, plan));
                     }
                     Err(e) => {
                         let reason = format!("cannot write the secrets into the sandbox: {e}");
@@ -764,19 +765,14 @@ impl Supervisor {
     /// Starts the tasks of runs taken in by [`Supervisor::launch_one`], in
     /// order: all through the keeper in one batch of requests, or a
     /// wrapper each when there is no keeper.
-    fn start_tasks(&mut self, ready: Vec<(RunId, Option<TaskPlan>)>) {
+    fn start_tasks(&mut self, ready: Vec<(RunId, PathBuf, Option<TaskPlan>)>) {
         if ready.is_empty() {
             return;
         }
-        let dirs: Vec<PathBuf> = ready
-            .iter()
-            .map(|(key, _)| self.sandboxes.join(key.sandbox_name()))
-            .collect();
         let mut answers = self.spawner().map(|spawner| {
-            let requests: Vec<(&Path, Option<&TaskPlan>)> = dirs
+            let requests: Vec<(&Path, Option<&TaskPlan>)> = ready
                 .iter()
-                .zip(&ready)
-                .map(|(dir, (_, plan))| (dir.as_path(), plan.as_ref()))
+                .map(|(_, dir, plan)| (dir.as_path(), plan.as_ref()))
                 .collect();
             (
                 spawner.identity(),
@@ -785,7 +781,7 @@ impl Supervisor {
         });
         // Taken once for every run of the batch the keeper lost.
         let mut lost_snapshot = None;
-        for (key, _) in ready {
+        for (key, _, _) in ready {
             let Some(mut run) = self.runs.remove(&key) else {
                 continue;
             };

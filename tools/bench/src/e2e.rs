@@ -294,7 +294,8 @@ fn server_log() -> Result<Stdio> {
     })
 }
 
-fn wall_ms() -> u64 {
+/// Milliseconds since the Unix epoch.
+pub(crate) fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -154,9 +154,7 @@ fn neighbourhoods_file() -> std::path::PathBuf {
 }
 
 fn unix_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::e2e::wall_ms() / 1000
 }
 
 /// A neighbourhood: a file system (its device number) and a range of its
@@ -289,23 +287,28 @@ fn neighbourhoods_under(dir: &std::path::Path) -> std::collections::BTreeSet<Pla
     places
 }
 
-/// Whether the file system at `path` steps over recently deleted inodes:
-/// ext2/3/4 (driven by ext4) without a journal.
-fn steps_over_deletions(path: &std::path::Path) -> bool {
-    let Some((source, fs)) = mount_of(path) else {
-        return false;
-    };
+/// The journals the kernel runs (`/proc/fs/jbd2`'s entries).
+fn jbd2_journals() -> Vec<String> {
+    std::fs::read_dir("/proc/fs/jbd2")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect()
+}
+
+/// Whether a mount of `source` with file system `fs` steps over recently
+/// deleted inodes: ext2/3/4 (driven by ext4) without a journal, given the
+/// journals in `/proc/fs/jbd2` (named `DEVICE-INODE`, a `/` in the
+/// device's name written `!`).
+fn journal_less_ext(source: &str, fs: &str, journals: &[String]) -> bool {
     let Some(device) = source.strip_prefix("/dev/") else {
         return false;
     };
     let device = device.replace('/', "!");
-    let journaled = std::fs::read_dir("/proc/fs/jbd2").is_ok_and(|entries| {
-        entries.flatten().any(|e| {
-            e.file_name().to_str().is_some_and(|n| {
-                n.strip_prefix(device.as_str())
-                    .is_some_and(|r| r.starts_with('-'))
-            })
-        })
+    let journaled = journals.iter().any(|name| {
+        name.strip_prefix(device.as_str())
+            .is_some_and(|rest| rest.starts_with('-'))
     });
     fs.starts_with("ext") && !journaled
 }
@@ -317,15 +320,20 @@ fn steps_over_deletions(path: &std::path::Path) -> bool {
 /// they used, for [`place_work_dir`] to avoid.
 struct AgentsGround {
     root: Option<tempfile::TempDir>,
+    /// Its file system's type.
+    fs: String,
     careful: bool,
 }
 
 impl AgentsGround {
     fn new(root: tempfile::TempDir) -> AgentsGround {
-        let careful = steps_over_deletions(root.path());
+        let mount = mount_of(root.path());
         AgentsGround {
             root: Some(root),
-            careful,
+            careful: mount
+                .as_ref()
+                .is_some_and(|(source, fs)| journal_less_ext(source, fs, &jbd2_journals())),
+            fs: mount.map_or_else(|| "unknown".into(), |(_, fs)| fs),
         }
     }
 
@@ -478,13 +486,8 @@ fn stat_fields_s(path: &str, a: usize, b: usize) -> f64 {
     (ticks(a) + ticks(b)) / 100.0
 }
 
-/// The file system type holding `path` (from /proc/mounts: the longest
-/// mount point that prefixes it).
-fn fs_type(path: &std::path::Path) -> String {
-    mount_of(path).map_or_else(|| "unknown".into(), |(_, fs)| fs)
-}
-
-/// The source and file system type of the mount `path` is on.
+/// The source and file system type of the mount holding `path` (from
+/// /proc/mounts: the longest mount point that prefixes it).
 fn mount_of(path: &std::path::Path) -> Option<(String, String)> {
     let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
@@ -550,7 +553,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .file_name()
         .map(|n| n.to_string_lossy().trim_start_matches('.').to_owned())
         .unwrap_or_default();
-    let agents_fs = fs_type(agents_root.path());
+    let agents_fs = agents_root.fs.clone();
     // Empty where the file system does not step over recent deletions.
     let avoid = agents_root.avoid();
     let mut passed_over = 0;
@@ -759,7 +762,28 @@ mod tests {
                 "{path}"
             );
         }
-        // Nothing outside ext steps over recent deletions.
-        assert!(!steps_over_deletions(std::path::Path::new("/proc")));
+    }
+
+    #[test]
+    fn only_ext_without_a_journal_steps_over_recent_deletions() {
+        let journals = |names: &[&str]| names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>();
+        assert!(journal_less_ext("/dev/vda", "ext4", &journals(&[])));
+        assert!(journal_less_ext("/dev/vda", "ext2", &journals(&["vdb-8"])));
+        // Another device's journal whose name starts like this one's.
+        assert!(journal_less_ext("/dev/vda", "ext4", &journals(&["vda1-8"])));
+        assert!(journal_less_ext(
+            "/dev/mapper/x",
+            "ext4",
+            &journals(&["mapper-8"])
+        ));
+        assert!(!journal_less_ext("/dev/vda", "ext4", &journals(&["vda-8"])));
+        assert!(!journal_less_ext(
+            "/dev/mapper/x",
+            "ext4",
+            &journals(&["mapper!x-8"])
+        ));
+        assert!(!journal_less_ext("/dev/vda", "xfs", &journals(&[])));
+        assert!(!journal_less_ext("tmpfs", "tmpfs", &journals(&[])));
+        assert!(!journal_less_ext("proc", "proc", &journals(&[])));
     }
 }
