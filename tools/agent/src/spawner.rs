@@ -108,11 +108,22 @@ impl Ended {
     }
 }
 
+/// A task the keeper started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Started {
+    pub(crate) task: ProcessIdentity,
+    /// The keeper's wall clock (ms) just after the task executed: the
+    /// clock its `exit` entry is stamped with, so a run is never seen to
+    /// end before it started (the agent takes the answer in later, after
+    /// the rest of its batch, when a short task may have ended already).
+    pub(crate) time_ms: u64,
+}
+
 /// A message from the keeper to the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Message {
-    /// The answer to a request: the task's identity.
-    Spawned(ProcessIdentity),
+    /// The answer to a request: the task's identity and start.
+    Spawned(Started),
     /// The answer to a request: nothing started or recorded (an errno).
     Refused(i32),
     /// The answer to a request: the task could not start, and the run's
@@ -131,18 +142,19 @@ impl Message {
             pid: 0,
             start_ticks: 0,
         };
-        let (kind, identity, ended) = match self {
-            Message::Spawned(id) => (1u32, id, None),
+        let (kind, identity, time_ms, ended) = match self {
+            Message::Spawned(started) => (1u32, started.task, started.time_ms, None),
             Message::Refused(errno) => (
                 2,
                 ProcessIdentity {
                     pid: 0,
                     start_ticks: u64::from(errno.unsigned_abs()),
                 },
+                0,
                 None,
             ),
-            Message::Exited(ended) => (3, ended.task, Some(ended)),
-            Message::StartFailed => (4, none, None),
+            Message::Exited(ended) => (3, ended.task, ended.time_ms, Some(ended)),
+            Message::StartFailed => (4, none, 0, None),
         };
         let mut bytes = [0; Self::BYTES];
         bytes[0..4].copy_from_slice(&kind.to_le_bytes());
@@ -152,8 +164,8 @@ impl Message {
             bytes[16..20].copy_from_slice(&ended.exit_code.to_le_bytes());
             bytes[20..24].copy_from_slice(&ended.signal.to_le_bytes());
             bytes[24..28].copy_from_slice(&u32::from(ended.oom_killed).to_le_bytes());
-            bytes[28..36].copy_from_slice(&ended.time_ms.to_le_bytes());
         }
+        bytes[28..36].copy_from_slice(&time_ms.to_le_bytes());
         bytes
     }
 
@@ -171,7 +183,10 @@ impl Message {
             start_ticks: long(8),
         };
         match word(0) {
-            1 => Some(Message::Spawned(identity)),
+            1 => Some(Message::Spawned(Started {
+                task: identity,
+                time_ms: long(28),
+            })),
             2 => Some(Message::Refused(i32::try_from(long(8)).ok()?)),
             3 => Some(Message::Exited(Ended {
                 task: identity,
@@ -266,8 +281,8 @@ impl Spawner {
     pub(crate) fn spawn_many(
         &mut self,
         runs: &[(&Path, Option<&TaskPlan>)],
-    ) -> Vec<Result<Option<ProcessIdentity>, SpawnError>> {
-        let mut results: Vec<Option<Result<Option<ProcessIdentity>, SpawnError>>> =
+    ) -> Vec<Result<Option<Started>, SpawnError>> {
+        let mut results: Vec<Option<Result<Option<Started>, SpawnError>>> =
             Vec::with_capacity(runs.len());
         // Where each request sent starts in `batch`, and its index.
         let mut sent: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
@@ -337,7 +352,7 @@ impl Spawner {
     fn answers(
         &mut self,
         sent: &[(usize, usize)],
-        results: &mut [Option<Result<Option<ProcessIdentity>, SpawnError>>],
+        results: &mut [Option<Result<Option<Started>, SpawnError>>],
         wait: bool,
     ) -> io::Result<()> {
         for &(_, index) in sent {
@@ -364,11 +379,11 @@ impl Spawner {
     }
 
     /// What an answer says of its request.
-    fn result_of(&mut self, answer: Message) -> Result<Option<ProcessIdentity>, SpawnError> {
+    fn result_of(&mut self, answer: Message) -> Result<Option<Started>, SpawnError> {
         match answer {
-            Message::Spawned(identity) => {
+            Message::Spawned(started) => {
                 self.live += 1;
-                Ok(Some(identity))
+                Ok(Some(started))
             }
             Message::StartFailed => Ok(None),
             Message::Refused(errno) => {
@@ -761,7 +776,7 @@ impl Serving {
                 held_since = None;
             }
             let answer = match self.start_task(&sandbox, plan) {
-                Ok(Some(identity)) => Message::Spawned(identity),
+                Ok(Some(started)) => Message::Spawned(started),
                 Ok(None) => Message::StartFailed,
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
             };
@@ -811,7 +826,7 @@ impl Serving {
         &mut self,
         sandbox: &Path,
         plan: Option<TaskPlan>,
-    ) -> io::Result<Option<ProcessIdentity>> {
+    ) -> io::Result<Option<Started>> {
         let plan = match plan.map_or_else(|| record::read_plan(sandbox), Ok) {
             Ok(plan) => plan,
             Err(e) => {
@@ -899,6 +914,8 @@ impl Serving {
         let before = proc::boottime_ns();
         let pid = spawn_child(&child, &mut self.stack)?;
         let after = proc::boottime_ns();
+        // The clock the run's `exit` entry will be stamped with.
+        let started_ms = record::now_ms();
         let failure = child.failure.load(Ordering::Acquire);
         if failure != 0 {
             // It exited without executing the task: reap it here.
@@ -929,7 +946,10 @@ impl Serving {
                 cgroup: plan.cgroup,
             },
         );
-        Ok(Some(identity))
+        Ok(Some(Started {
+            task: identity,
+            time_ms: started_ms,
+        }))
     }
 
     fn record_start_failure(&mut self, sandbox: &Path, reason: String) -> io::Result<()> {
@@ -1342,7 +1362,10 @@ mod tests {
             start_ticks: u64::MAX - 3,
         };
         for message in [
-            Message::Spawned(identity),
+            Message::Spawned(Started {
+                task: identity,
+                time_ms: u64::MAX - 5,
+            }),
             Message::Refused(Errno::ENOENT as i32),
             Message::StartFailed,
             Message::Exited(Ended {

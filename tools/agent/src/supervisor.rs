@@ -50,7 +50,7 @@ use crate::record::{
     RunRecord, SANDBOXES_DIR, STDERR_FILE, STDOUT_FILE, TaskPlan,
 };
 use crate::secrets;
-use crate::spawner::{SpawnError, Spawner};
+use crate::spawner::{SpawnError, Spawner, Started};
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
 use crate::wrapper::DEFAULT_PATH;
 
@@ -804,18 +804,20 @@ impl Supervisor {
         &mut self,
         run: &mut Run,
         keeper: ProcessIdentity,
-        answer: Result<Option<ProcessIdentity>, SpawnError>,
+        answer: Result<Option<Started>, SpawnError>,
         lost_snapshot: &mut Option<proc::ProcSnapshot>,
     ) -> Result<(), String> {
         match answer {
-            Ok(Some(task)) => {
+            Ok(Some(Started { task, time_ms })) => {
                 run.record.task = Some(task);
                 run.record.keeper = Some(keeper);
                 run.watch = WrapperWatch::Spawner;
                 self.spawned.insert(task, run.record.key.clone());
                 // The task has executed: it runs (a `started` entry
-                // would say no more than this record does).
-                run.record.report = PhaseReport::new(Phase::Running, record::now_ms());
+                // would say no more than this record does), since the
+                // keeper's clock said so, not since this answer was taken
+                // in (a short task may have ended meanwhile).
+                run.record.report = PhaseReport::new(Phase::Running, time_ms);
                 self.commit(run);
                 Ok(())
             }

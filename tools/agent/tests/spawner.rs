@@ -654,3 +654,37 @@ fn max_runs_counts_the_runs_of_one_batch() {
         h.wait_for(k, P::Succeeded);
     }
 }
+
+/// A task that ends at once never ends before it started: its RUNNING
+/// time is the keeper's clock when it started the task, not the agent's
+/// when it took in the answer (which, for a batch of short tasks, came
+/// after the keeper had already recorded some of their ends).
+#[test]
+fn a_short_task_is_reported_started_before_it_ended() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(dir.path());
+    let keys: Vec<v1::RunKey> = (0..64).map(|i| key("job-t", i)).collect();
+    let batch: Vec<v1::LaunchRun> = keys
+        .iter()
+        .map(|k| v1::LaunchRun {
+            key: Some(k.clone()),
+            spec: Some(v1::TaskSpec {
+                command: "/bin/true".to_owned(),
+                ..v1::TaskSpec::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    h.supervisor.launch(&batch);
+    for k in &keys {
+        let done = h.wait_for(k, P::Succeeded);
+        assert!(
+            before <= done.started_ms && done.started_ms <= done.time_ms,
+            "launched at {before}: {done:?}"
+        );
+    }
+}
