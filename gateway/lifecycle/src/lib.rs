@@ -712,7 +712,12 @@ impl Lifecycle {
             created_at: t.created_at,
             placed_at: t.placed_at,
             started_at: t.started_at,
-            finished_at: t.finished_at,
+            // Never before its start: a start from the agent's clock and an
+            // end from the server's (a lost host, a deadline) may disagree.
+            finished_at: match t.finished_at {
+                0 => 0,
+                at => at.max(t.started_at),
+            },
             exit_code: t.exit_code,
             reason: t.reason.clone(),
             launch: t.launch,

@@ -14,8 +14,9 @@
 //!
 //! Every change of a run is appended to its record (a new generation in
 //! `run.json`, see `persist`) before it is reported, so a report
-//! is never ahead of the disk; RUNNING is the exception, its durable record
-//! being the wrapper's `started` entry. Reports wait in an
+//! is never ahead of the disk; RUNNING of a run a wrapper started (not the
+//! keeper) is the exception, its durable record being the wrapper's
+//! `started` entry. Reports wait in an
 //! outbox that keeps only the latest report per run (it is bounded by the
 //! number of runs, itself bounded by `max_runs`).
 //!
@@ -817,7 +818,11 @@ impl Supervisor {
                 // would say no more than this record does), since the
                 // keeper's clock said so, not since this answer was taken
                 // in (a short task may have ended meanwhile).
-                run.record.report = PhaseReport::new(Phase::Running, time_ms);
+                // (0 only from a keeper that sends no time; never later
+                // than now, whatever the clock did.)
+                let now = record::now_ms();
+                let started = if time_ms == 0 { now } else { time_ms.min(now) };
+                run.record.report = PhaseReport::new(Phase::Running, started);
                 self.commit(run);
                 Ok(())
             }
@@ -978,9 +983,13 @@ impl Supervisor {
                 "run ended"
             );
         }
-        let started_ms = run.record.report.started_ms;
+        let started_ms = report.started_ms.max(run.record.report.started_ms);
         run.record.report = PhaseReport {
-            started_ms: report.started_ms.max(started_ms),
+            started_ms,
+            // Never before its start: the two may come from different
+            // readings of a clock (a wrapper's `started` entry after the
+            // `now` of the poll that saw it gone) or a clock stepped back.
+            time_ms: report.time_ms.max(started_ms),
             ..report
         };
         run.stop_checks();

@@ -297,20 +297,31 @@ fn jbd2_journals() -> Vec<String> {
         .collect()
 }
 
-/// Whether a mount of `source` with file system `fs` steps over recently
-/// deleted inodes: ext2/3/4 (driven by ext4) without a journal, given the
-/// journals in `/proc/fs/jbd2` (named `DEVICE-INODE`, a `/` in the
-/// device's name written `!`).
-fn journal_less_ext(source: &str, fs: &str, journals: &[String]) -> bool {
-    let Some(device) = source.strip_prefix("/dev/") else {
+/// Whether a file system of type `fs` on the block device the kernel
+/// names `device` (`vda`, `vda1`, `dm-0`; `None`: no block device) steps
+/// over recently deleted inodes: ext2/3/4 (driven by ext4) without a
+/// journal, given the journals in `/proc/fs/jbd2` (named `DEVICE-INODE`
+/// after the kernel's name of the device, whatever path it was mounted by).
+fn journal_less_ext(device: Option<&str>, fs: &str, journals: &[String]) -> bool {
+    let Some(device) = device else {
         return false;
     };
-    let device = device.replace('/', "!");
     let journaled = journals.iter().any(|name| {
-        name.strip_prefix(device.as_str())
+        name.strip_prefix(device)
             .is_some_and(|rest| rest.starts_with('-'))
     });
     fs.starts_with("ext") && !journaled
+}
+
+/// The kernel's name of the block device holding `path` (from
+/// `/sys/dev/block/MAJOR:MINOR`, which links to it: `vda1`, `dm-0`), or
+/// `None` if it is on none (tmpfs, proc, …).
+fn block_device_of(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let target = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    Some(target.file_name()?.to_string_lossy().into_owned())
 }
 
 /// The agents' work dirs' root. Dropped (when a run ends, or fails), it
@@ -327,13 +338,12 @@ struct AgentsGround {
 
 impl AgentsGround {
     fn new(root: tempfile::TempDir) -> AgentsGround {
-        let mount = mount_of(root.path());
+        let fs = fs_type_of(root.path()).unwrap_or_else(|| "unknown".into());
+        let device = block_device_of(root.path());
         AgentsGround {
             root: Some(root),
-            careful: mount
-                .as_ref()
-                .is_some_and(|(source, fs)| journal_less_ext(source, fs, &jbd2_journals())),
-            fs: mount.map_or_else(|| "unknown".into(), |(_, fs)| fs),
+            careful: journal_less_ext(device.as_deref(), &fs, &jbd2_journals()),
+            fs,
         }
     }
 
@@ -486,21 +496,27 @@ fn stat_fields_s(path: &str, a: usize, b: usize) -> f64 {
     (ticks(a) + ticks(b)) / 100.0
 }
 
-/// The source and file system type of the mount holding `path` (from
-/// /proc/mounts: the longest mount point that prefixes it).
-fn mount_of(path: &std::path::Path) -> Option<(String, String)> {
+/// The file system type of the mount holding `path` (from /proc/mounts:
+/// the longest mount point that prefixes it; of mounts on one point, the
+/// last, which hides the others).
+fn fs_type_of(path: &std::path::Path) -> Option<String> {
     let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    fs_type_in(&mounts, &path)
+}
+
+/// [`fs_type_of`] in the text of /proc/mounts.
+fn fs_type_in(mounts: &str, path: &std::path::Path) -> Option<String> {
     mounts
         .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (source, at, fs) = (f.next()?, f.next()?, f.next()?);
-            path.starts_with(at)
-                .then(|| (at.len(), source.to_owned(), fs.to_owned()))
+        .enumerate()
+        .filter_map(|(line, text)| {
+            let mut f = text.split_whitespace();
+            let (_source, at, fs) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with(at).then_some(((at.len(), line), fs))
         })
-        .max()
-        .map(|(_, source, fs)| (source, fs))
+        .max_by_key(|&(rank, _)| rank)
+        .map(|(_, fs)| fs.to_owned())
 }
 
 /// Runs the benchmark.
@@ -767,23 +783,56 @@ mod tests {
     #[test]
     fn only_ext_without_a_journal_steps_over_recent_deletions() {
         let journals = |names: &[&str]| names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>();
-        assert!(journal_less_ext("/dev/vda", "ext4", &journals(&[])));
-        assert!(journal_less_ext("/dev/vda", "ext2", &journals(&["vdb-8"])));
+        assert!(journal_less_ext(Some("vda"), "ext4", &journals(&[])));
+        assert!(journal_less_ext(Some("vda"), "ext2", &journals(&["vdb-8"])));
         // Another device's journal whose name starts like this one's.
-        assert!(journal_less_ext("/dev/vda", "ext4", &journals(&["vda1-8"])));
         assert!(journal_less_ext(
-            "/dev/mapper/x",
+            Some("vda"),
             "ext4",
-            &journals(&["mapper-8"])
+            &journals(&["vda1-8"])
         ));
-        assert!(!journal_less_ext("/dev/vda", "ext4", &journals(&["vda-8"])));
+        assert!(journal_less_ext(
+            Some("dm-1"),
+            "ext4",
+            &journals(&["dm-10-8"])
+        ));
         assert!(!journal_less_ext(
-            "/dev/mapper/x",
+            Some("vda"),
             "ext4",
-            &journals(&["mapper!x-8"])
+            &journals(&["vda-8"])
         ));
-        assert!(!journal_less_ext("/dev/vda", "xfs", &journals(&[])));
-        assert!(!journal_less_ext("tmpfs", "tmpfs", &journals(&[])));
-        assert!(!journal_less_ext("proc", "proc", &journals(&[])));
+        assert!(!journal_less_ext(
+            Some("dm-0"),
+            "ext4",
+            &journals(&["dm-0-8"])
+        ));
+        assert!(!journal_less_ext(Some("vda"), "xfs", &journals(&[])));
+        assert!(!journal_less_ext(None, "tmpfs", &journals(&[])));
+        assert!(!journal_less_ext(None, "ext4", &journals(&[])));
+    }
+
+    #[test]
+    fn the_block_device_is_the_kernels_name_for_it() {
+        // Whatever holds the temporary directory: a device name the kernel
+        // lists in /sys/block (a disk, or a partition of one), or none.
+        let dir = tempfile::tempdir().unwrap();
+        if let Some(name) = block_device_of(dir.path()) {
+            let listed = std::path::Path::new("/sys/class/block").join(&name);
+            assert!(listed.exists(), "{name}");
+        }
+        assert_eq!(block_device_of(std::path::Path::new("/proc")), None);
+    }
+
+    #[test]
+    fn the_file_system_is_the_last_longest_mount_over_the_path() {
+        let mounts = "/dev/vda / ext4 rw 0 0\n\
+                      tmpfs /tmp tmpfs rw 0 0\n\
+                      /dev/vdb /tmp xfs rw 0 0\n\
+                      tmpfs /tmpx tmpfs rw 0 0\n";
+        let at = |p: &str| fs_type_in(mounts, std::path::Path::new(p));
+        assert_eq!(at("/tmp/a").as_deref(), Some("xfs"));
+        assert_eq!(at("/tmpx").as_deref(), Some("tmpfs"));
+        assert_eq!(at("/home").as_deref(), Some("ext4"));
+        assert_eq!(fs_type_in("", std::path::Path::new("/")), None);
     }
 }
