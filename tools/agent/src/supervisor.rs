@@ -815,11 +815,10 @@ impl Supervisor {
                 run.watch = WrapperWatch::Spawner;
                 self.spawned.insert(task, run.record.key.clone());
                 // The task has executed: it runs (a `started` entry
-                // would say no more than this record does), since the
+                // would say no more than this record does) since the
                 // keeper's clock said so, not since this answer was taken
-                // in (a short task may have ended meanwhile).
-                // (0 only from a keeper that sends no time; never later
-                // than now, whatever the clock did.)
+                // in (a short task may have ended meanwhile). Never later
+                // than now; 0 only from a keeper that sends no time.
                 let now = record::now_ms();
                 let started = if time_ms == 0 { now } else { time_ms.min(now) };
                 run.record.report = PhaseReport::new(Phase::Running, started);
