@@ -19,6 +19,15 @@ use crate::resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};
 /// Below this many queued tasks, admission runs on the calling thread.
 const PARALLEL_MIN_QUEUED: u64 = 4096;
 
+/// Pools one admission task takes at least (rayon's `with_min_len`).
+const ADMIT_POOLS_PER_TASK: usize = 4;
+
+/// Below this many pools, admission runs on the calling thread: with fewer
+/// than two tasks' worth nothing runs in parallel, and handing the one
+/// task to the pool costs two thread wake-ups and its workers' idle spin
+/// (a tenth of the server's CPU when one big job waits for slots).
+const PARALLEL_MIN_POOLS: usize = 2 * ADMIT_POOLS_PER_TASK;
+
 /// The caps admission enforces for the pool in `slot`, or `None` when it
 /// has nothing queued (or the slot is free).
 fn pool_caps(
@@ -494,12 +503,15 @@ impl ResourceManager {
         let tree = &self.tree;
         let entitlements = &self.entitlements;
         match &self.threads {
-            Some(threads) if self.n_queued_total >= PARALLEL_MIN_QUEUED => {
+            Some(threads)
+                if self.n_queued_total >= PARALLEL_MIN_QUEUED
+                    && self.queues.len() >= PARALLEL_MIN_POOLS =>
+            {
                 threads.install(|| {
                     self.queues
                         .par_iter_mut()
                         .enumerate()
-                        .with_min_len(4)
+                        .with_min_len(ADMIT_POOLS_PER_TASK)
                         .for_each(|(slot, queue)| {
                             let mut own = std::mem::take(&mut queue.cycle_out);
                             own.clear();

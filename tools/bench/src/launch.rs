@@ -30,7 +30,17 @@
 //!   `agents_dirs_in_recent_places`: agents whose every try landed there;
 //! - `machine_steal_s`: of that busy time, the seconds the hypervisor gave
 //!   to other guests (a VM's CPUs stolen during the run: its rate falls, and
-//!   every CPU figure above rises, for reasons outside the machine).
+//!   every CPU figure above rises, for reasons outside the machine);
+//! - `bare_execs_per_s`: the machine's bound of the minute, for the same
+//!   task: `/bin/true` started and waited for by a bare loop on every CPU
+//!   at once (`posix_spawn`, nothing else per task), measured just before
+//!   the job and just after it (`bare_execs_per_s_around`; the first
+//!   figure is the mean of the two), and the machine's CPU per such exec
+//!   (`bare_exec_machine_cpu_ms`). `of_bare_execs` is `tasks_per_s` over
+//!   it: how close the whole system comes to a launcher that does nothing
+//!   but exec. A VM's cost of an exec varies from one minute to the next
+//!   (by a third, seen here), and the launch rate with it: this is what to
+//!   read a rate against.
 
 use std::io::BufRead;
 use std::process::{Child, Stdio};
@@ -55,6 +65,9 @@ pub struct LaunchOptions {
     /// Start the server with `--insecure` (plaintext, no tokens, agents
     /// without certificates).
     pub insecure: bool,
+    /// Bare execs of `/bin/true` measured just before the job and again
+    /// just after it (see [`bare_execs`]); 0: none.
+    pub bare_execs: u32,
 }
 
 /// A child process stopped with SIGTERM (then SIGKILL after its patience)
@@ -383,6 +396,68 @@ fn sibling(name: &str) -> Result<std::path::PathBuf> {
     crate::e2e::sibling_binary(name, "-p peloton-gateway -p peloton-agent")
 }
 
+/// What a bare loop of `/bin/true` execs did: see [`bare_execs`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct BareExecs {
+    /// Execs started and waited for per second, by all loops together.
+    per_s: f64,
+    /// The machine's busy CPU time per exec, in milliseconds.
+    machine_cpu_ms: f64,
+}
+
+impl BareExecs {
+    /// The mean of the figures measured (None if neither was).
+    fn mean(a: Option<BareExecs>, b: Option<BareExecs>) -> Option<BareExecs> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(BareExecs {
+                per_s: (a.per_s + b.per_s) / 2.0,
+                machine_cpu_ms: (a.machine_cpu_ms + b.machine_cpu_ms) / 2.0,
+            }),
+            (one, None) | (None, one) => one,
+        }
+    }
+}
+
+/// Runs `total` execs of `/bin/true`, split over `loops` threads that each
+/// start one (`posix_spawn`, as `std::process::Command` does it with no
+/// extra setup) and wait for it: the fastest a launcher that does nothing
+/// else could go on this machine in this minute. None for `total` 0.
+fn bare_execs(total: u32, loops: usize) -> Result<Option<BareExecs>> {
+    if total == 0 {
+        return Ok(None);
+    }
+    let loops = u32::try_from(loops.max(1)).unwrap_or(1).min(total);
+    let (busy0, _) = machine_cpu_s();
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..loops)
+            .map(|i| {
+                // Whole execs each; the first loops take the remainder.
+                let n = total / loops + u32::from(i < total % loops);
+                scope.spawn(move || -> Result<()> {
+                    for _ in 0..n {
+                        let status = std::process::Command::new("/bin/true")
+                            .status()
+                            .context("cannot run /bin/true")?;
+                        anyhow::ensure!(status.success(), "/bin/true exited {status}");
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .map_err(|_| anyhow::anyhow!("an exec loop panicked"))?
+        })
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    let (busy1, _) = machine_cpu_s();
+    Ok(Some(BareExecs {
+        per_s: f64::from(total) / seconds,
+        machine_cpu_ms: (busy1 - busy0) * 1000.0 / f64::from(total),
+    }))
+}
+
 /// CPU seconds (user + system) a process has used, from /proc/PID/stat.
 pub(crate) fn cpu_s(pid: u32) -> f64 {
     stat_cpu_s(&format!("/proc/{pid}/stat"))
@@ -635,6 +710,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         }),
         ..Default::default()
     };
+    let bare_before = tokio::task::block_in_place(|| bare_execs(o.bare_execs, cores))?;
     let server_pid = server.0.id();
     let agent_pids: Vec<u32> = agents.iter().map(|a| a.0.id()).collect();
     let cpu0 = cpu_s(server_pid);
@@ -682,6 +758,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         let (busy, steal) = machine_cpu_s();
         (busy - machine_cpu0.0, steal - machine_cpu0.1)
     };
+    // Before the agents stop: the same company as before the job.
+    let bare_after = tokio::task::block_in_place(|| bare_execs(o.bare_execs, cores))?;
     drop(agents);
     drop(server);
     // The agents' dirs go now, before the figures are reported.
@@ -694,6 +772,9 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let n = f64::from(o.tasks);
     // CPU seconds as milliseconds per task, to the microsecond.
     let per_task_ms = |seconds: f64| (seconds * 1000.0 / n * 1000.0).round() / 1000.0;
+    let tasks_per_s = n / elapsed;
+    let bare = BareExecs::mean(bare_before, bare_after);
+    let rate = |r: Option<BareExecs>| r.map(|r| r.per_s.round());
     Ok(json!({
         "agents_dir_fs": agents_fs,
         "agents_dir_places_passed_over": passed_over,
@@ -702,7 +783,11 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "agents": o.agents,
         "tasks": o.tasks,
         "seconds": (elapsed * 1000.0).round() / 1000.0,
-        "tasks_per_s": (n / elapsed).round(),
+        "tasks_per_s": tasks_per_s.round(),
+        "bare_execs_per_s": rate(bare),
+        "bare_execs_per_s_around": [rate(bare_before), rate(bare_after)],
+        "bare_exec_machine_cpu_ms": bare.map(|b| (b.machine_cpu_ms * 1000.0).round() / 1000.0),
+        "of_bare_execs": bare.map(|b| (tasks_per_s / b.per_s * 100.0).round() / 100.0),
         "server_cpu_ms_per_task": per_task_ms(server_cpu),
         "agents_cpu_ms_per_task": per_task_ms(agents_cpu),
         "wrappers_cpu_ms_per_task": per_task_ms(wrappers_cpu),
@@ -715,6 +800,30 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bare_execs_run_every_exec_asked_for() {
+        assert_eq!(bare_execs(0, 2).unwrap(), None);
+        // More loops than execs: one exec a loop, none idle-spun.
+        let measured = bare_execs(3, 8).unwrap().unwrap();
+        assert!(
+            measured.per_s > 0.0 && measured.per_s.is_finite(),
+            "{measured:?}"
+        );
+        assert!(measured.machine_cpu_ms >= 0.0, "{measured:?}");
+        let a = BareExecs {
+            per_s: 2000.0,
+            machine_cpu_ms: 0.8,
+        };
+        let b = BareExecs {
+            per_s: 2400.0,
+            machine_cpu_ms: 0.6,
+        };
+        let mean = BareExecs::mean(Some(a), Some(b)).unwrap();
+        assert!((mean.per_s - 2200.0).abs() < 1e-9 && (mean.machine_cpu_ms - 0.7).abs() < 1e-9);
+        assert_eq!(BareExecs::mean(None, Some(b)), Some(b));
+        assert_eq!(BareExecs::mean(None, None), None);
+    }
 
     #[test]
     fn only_recent_well_formed_neighbourhoods_are_avoided() {

@@ -291,6 +291,11 @@ enum Command {
         /// its data dir, whose admin token the clients send, and the agents present certificates naming their hosts from that CA.
         #[arg(long)]
         insecure: bool,
+        /// Bare execs of `/bin/true` (a loop on every CPU) measured just
+        /// before the job and again just after it: the machine's bound of
+        /// the minute to read the launch rate against (0: none).
+        #[arg(long, default_value_t = 1_000)]
+        bare_execs: u32,
         /// Print one JSON object instead of a table.
         #[arg(long)]
         json: bool,
@@ -560,6 +565,7 @@ fn main() -> Result<()> {
             agents_dir,
             server_args,
             insecure,
+            bare_execs,
             json,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -571,6 +577,7 @@ fn main() -> Result<()> {
                 agents_dir,
                 server_args,
                 insecure,
+                bare_execs,
             }))?;
             print(&report, json, "launch");
         }
