@@ -28,6 +28,10 @@
 //!   where this bench's runs of the last minutes deleted their files, and
 //!   that were made again elsewhere (see `place_work_dir`);
 //!   `agents_dirs_in_recent_places`: agents whose every try landed there;
+//! - `client_cpu_ms_per_task`: this process's CPU in that window (its gRPC
+//!   client polling the job); `kernel_threads_cpu_ms_per_task`: the
+//!   kernel's threads' (writeback, block I/O, deferred soft interrupts):
+//!   with the above, most of the machine's figure;
 //! - `machine_steal_s`: of that busy time, the seconds the hypervisor gave
 //!   to other guests (a VM's CPUs stolen during the run: its rate falls, and
 //!   every CPU figure above rises, for reasons outside the machine);
@@ -493,6 +497,14 @@ fn keepers_cpu_s(pid: u32) -> f64 {
         .sum()
 }
 
+/// CPU seconds of the kernel's own threads (kthreadd and its children:
+/// writeback, block I/O, soft interrupts run late, RCU), from /proc.
+fn kernel_threads_cpu_s() -> f64 {
+    let mut total = cpu_s(2);
+    total += children_of(2).into_iter().map(cpu_s).sum::<f64>();
+    total
+}
+
 /// The live children of `pid` (from /proc/PID/task/*/children).
 fn children_of(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -717,6 +729,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let agents_cpu0: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum();
     let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum();
     let keepers_cpu0: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum();
+    let client_cpu0 = cpu_s(std::process::id());
+    let kernel_cpu0 = kernel_threads_cpu_s();
     let machine_cpu0 = machine_cpu_s();
     let start = Instant::now();
     let job = jobs
@@ -754,6 +768,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         .sum::<f64>()
         - wrappers_cpu0;
     let keepers_cpu: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum::<f64>() - keepers_cpu0;
+    let client_cpu = cpu_s(std::process::id()) - client_cpu0;
+    let kernel_cpu = kernel_threads_cpu_s() - kernel_cpu0;
     let (machine_cpu, steal) = {
         let (busy, steal) = machine_cpu_s();
         (busy - machine_cpu0.0, steal - machine_cpu0.1)
@@ -793,6 +809,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "wrappers_cpu_ms_per_task": per_task_ms(wrappers_cpu),
         "keepers_cpu_ms_per_task": per_task_ms(keepers_cpu),
         "machine_cpu_ms_per_task": per_task_ms(machine_cpu),
+        "client_cpu_ms_per_task": per_task_ms(client_cpu),
+        "kernel_threads_cpu_ms_per_task": per_task_ms(kernel_cpu),
         "machine_steal_s": (steal * 100.0).round() / 100.0,
     }))
 }
