@@ -22,7 +22,8 @@ const PARALLEL_MIN_QUEUED: u64 = 4096;
 /// Pools one admission task takes at least (rayon's `with_min_len`).
 const ADMIT_POOLS_PER_TASK: usize = 4;
 
-/// Below this many pools, admission runs on the calling thread: with fewer
+/// Below this many pool slots (inner and free ones too: what the parallel
+/// iterator splits), admission runs on the calling thread: with fewer
 /// than two tasks' worth nothing runs in parallel, and handing the one
 /// task to the pool costs two thread wake-ups and its workers' idle spin
 /// (a tenth of the server's CPU when one big job waits for slots).
@@ -495,8 +496,9 @@ impl ResourceManager {
     /// the rules against the last computed entitlements. `out` is cleared
     /// first; for every queue left non-empty it says why.
     ///
-    /// Pools are independent, so with an engine thread pool they are
-    /// admitted in parallel into per-pool buffers that are then appended in
+    /// Pools are independent, so with an engine thread pool (and at least
+    /// `PARALLEL_MIN_QUEUED` queued tasks and `PARALLEL_MIN_POOLS` pool
+    /// slots, counting inner and free ones) they are admitted in parallel into per-pool buffers that are then appended in
     /// slot order: the result is the same for any number of threads.
     pub fn admit(&mut self, out: &mut AdmissionResult) {
         out.clear();

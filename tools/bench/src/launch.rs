@@ -29,23 +29,29 @@
 //!   that were made again elsewhere (see `place_work_dir`);
 //!   `agents_dirs_in_recent_places`: agents whose every try landed there;
 //! - `client_cpu_ms_per_task`: this process's CPU in that window (its gRPC
-//!   client polling the job); `kernel_threads_cpu_ms_per_task`: the
-//!   kernel's threads' (writeback, block I/O, deferred soft interrupts):
-//!   with the above, most of the machine's figure;
+//!   client polling the job, and the thread draining the server's output);
+//!   `kernel_threads_cpu_ms_per_task`: the kernel's threads' (writeback,
+//!   block I/O, deferred soft interrupts; a floor: a worker thread that
+//!   ends in the window takes its time with it; null where the kernel's
+//!   threads are not in this /proc): with the above, most of the machine's
+//!   figure;
 //! - `machine_steal_s`: of that busy time, the seconds the hypervisor gave
 //!   to other guests (a VM's CPUs stolen during the run: its rate falls, and
 //!   every CPU figure above rises, for reasons outside the machine);
 //! - `bare_execs_per_s`: the machine's bound of the minute, for the same
 //!   task: `/bin/true` started and waited for by a bare loop on every CPU
 //!   at once (`posix_spawn`, nothing else per task), measured just before
-//!   the job and just after it (`bare_execs_per_s_around`; the first
-//!   figure is the mean of the two), and the machine's CPU per such exec
+//!   the job and just after it (both in `bare_execs_per_s_around`, whose
+//!   arithmetic mean `bare_execs_per_s` is; the one after starts as the
+//!   job succeeds, while the server and agents may still be finishing up
+//!   its last reports and writes), and the machine's CPU per such exec
 //!   (`bare_exec_machine_cpu_ms`). `of_bare_execs` is `tasks_per_s` over
 //!   it: how close the whole system comes to a launcher that does nothing
 //!   but exec. A VM's cost of an exec varies from one minute to the next
-//!   (by a third, seen here), and the launch rate with it: this is what to
-//!   read a rate against.
+//!   (by a fifth within an hour here, and by more over a day), and the
+//!   launch rate with it: this is what to read a rate against.
 
+use std::collections::HashMap;
 use std::io::BufRead;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -430,36 +436,56 @@ fn bare_execs(total: u32, loops: usize) -> Result<Option<BareExecs>> {
     if total == 0 {
         return Ok(None);
     }
-    let loops = u32::try_from(loops.max(1)).unwrap_or(1).min(total);
     let (busy0, _) = machine_cpu_s();
     let start = Instant::now();
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..loops)
-            .map(|i| {
-                // Whole execs each; the first loops take the remainder.
-                let n = total / loops + u32::from(i < total % loops);
-                scope.spawn(move || -> Result<()> {
+    let ran: u32 = std::thread::scope(|scope| {
+        let workers: Vec<_> = split(total, loops)
+            .into_iter()
+            .map(|n| {
+                scope.spawn(move || -> Result<u32> {
                     for _ in 0..n {
+                        // Standard streams inherited (`/bin/true` writes
+                        // nothing): no open of /dev/null per exec.
                         let status = std::process::Command::new("/bin/true")
                             .status()
                             .context("cannot run /bin/true")?;
                         anyhow::ensure!(status.success(), "/bin/true exited {status}");
                     }
-                    Ok(())
+                    Ok(n)
                 })
             })
             .collect();
-        workers.into_iter().try_for_each(|w| {
-            w.join()
-                .map_err(|_| anyhow::anyhow!("an exec loop panicked"))?
+        workers.into_iter().try_fold(0, |sum, w| {
+            let n = w
+                .join()
+                .map_err(|_| anyhow::anyhow!("an exec loop panicked"))??;
+            Ok::<u32, anyhow::Error>(sum + n)
         })
     })?;
+    anyhow::ensure!(ran == total, "{ran} of {total} bare execs ran");
     let seconds = start.elapsed().as_secs_f64();
     let (busy1, _) = machine_cpu_s();
     Ok(Some(BareExecs {
-        per_s: f64::from(total) / seconds,
-        machine_cpu_ms: (busy1 - busy0) * 1000.0 / f64::from(total),
+        per_s: f64::from(ran) / seconds,
+        machine_cpu_ms: (busy1 - busy0) * 1000.0 / f64::from(ran),
     }))
+}
+
+/// `total` execs split over at most `loops` loops (at least one): whole
+/// execs each, none empty, the first loops taking the remainder.
+fn split(total: u32, loops: usize) -> Vec<u32> {
+    let loops = u32::try_from(loops.max(1)).unwrap_or(u32::MAX).min(total);
+    (0..loops)
+        .map(|i| total / loops + u32::from(i < total % loops))
+        .collect()
+}
+
+/// Field `n` (1-based, as in proc(5)) of a /proc stat file, from 3 on.
+fn stat_field(path: &str, n: usize) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // After the command, which may hold spaces and parentheses.
+    let rest = stat.rsplit(')').next()?;
+    rest.split_whitespace().nth(n.checked_sub(3)?)?.parse().ok()
 }
 
 /// CPU seconds (user + system) a process has used, from /proc/PID/stat.
@@ -497,12 +523,39 @@ fn keepers_cpu_s(pid: u32) -> f64 {
         .sum()
 }
 
-/// CPU seconds of the kernel's own threads (kthreadd and its children:
-/// writeback, block I/O, soft interrupts run late, RCU), from /proc.
-fn kernel_threads_cpu_s() -> f64 {
-    let mut total = cpu_s(2);
-    total += children_of(2).into_iter().map(cpu_s).sum::<f64>();
-    total
+/// The kernel's own threads (kthreadd and its children: writeback, block
+/// I/O, soft interrupts run late, RCU) as (pid, start time) → CPU seconds,
+/// from /proc. None where pid 2 is not kthreadd (a PID namespace of its
+/// own, as in a container: the kernel's threads are not in its /proc).
+fn kernel_threads() -> Option<HashMap<(u32, u64), f64>> {
+    let comm = std::fs::read_to_string("/proc/2/comm").ok()?;
+    if comm.trim() != "kthreadd" {
+        return None;
+    }
+    let start = |pid: u32| stat_field(&format!("/proc/{pid}/stat"), 22).unwrap_or(0);
+    Some(
+        std::iter::once(2)
+            .chain(children_of(2))
+            .map(|pid| ((pid, start(pid)), cpu_s(pid)))
+            .collect(),
+    )
+}
+
+/// CPU seconds the kernel's threads used between two [`kernel_threads`]
+/// readings: of each thread alive at the end, what it used since the first
+/// (all of it if it is new). A thread that ended in between is missed (its
+/// time is gone with it), so this is a floor.
+fn kernel_threads_cpu_s(
+    before: Option<&HashMap<(u32, u64), f64>>,
+    after: Option<&HashMap<(u32, u64), f64>>,
+) -> Option<f64> {
+    let (before, after) = (before?, after?);
+    Some(
+        after
+            .iter()
+            .map(|(key, &cpu)| (cpu - before.get(key).copied().unwrap_or(0.0)).max(0.0))
+            .sum(),
+    )
 }
 
 /// The live children of `pid` (from /proc/PID/task/*/children).
@@ -730,7 +783,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum();
     let keepers_cpu0: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum();
     let client_cpu0 = cpu_s(std::process::id());
-    let kernel_cpu0 = kernel_threads_cpu_s();
+    let kernel_threads0 = kernel_threads();
     let machine_cpu0 = machine_cpu_s();
     let start = Instant::now();
     let job = jobs
@@ -769,7 +822,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         - wrappers_cpu0;
     let keepers_cpu: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum::<f64>() - keepers_cpu0;
     let client_cpu = cpu_s(std::process::id()) - client_cpu0;
-    let kernel_cpu = kernel_threads_cpu_s() - kernel_cpu0;
+    let kernel_cpu = kernel_threads_cpu_s(kernel_threads0.as_ref(), kernel_threads().as_ref());
     let (machine_cpu, steal) = {
         let (busy, steal) = machine_cpu_s();
         (busy - machine_cpu0.0, steal - machine_cpu0.1)
@@ -810,7 +863,7 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "keepers_cpu_ms_per_task": per_task_ms(keepers_cpu),
         "machine_cpu_ms_per_task": per_task_ms(machine_cpu),
         "client_cpu_ms_per_task": per_task_ms(client_cpu),
-        "kernel_threads_cpu_ms_per_task": per_task_ms(kernel_cpu),
+        "kernel_threads_cpu_ms_per_task": kernel_cpu.map(per_task_ms),
         "machine_steal_s": (steal * 100.0).round() / 100.0,
     }))
 }
@@ -822,13 +875,30 @@ mod tests {
     #[test]
     fn bare_execs_run_every_exec_asked_for() {
         assert_eq!(bare_execs(0, 2).unwrap(), None);
-        // More loops than execs: one exec a loop, none idle-spun.
+        for (total, loops) in [(7, 3), (3, 8), (1000, 2), (5, 0), (4, 4)] {
+            let parts = split(total, loops);
+            assert_eq!(
+                parts.iter().sum::<u32>(),
+                total,
+                "{total} over {loops}: {parts:?}"
+            );
+            assert!(
+                parts.len() <= loops.max(1),
+                "{total} over {loops}: {parts:?}"
+            );
+            let (least, most) = (parts.iter().min().unwrap(), parts.iter().max().unwrap());
+            assert!(
+                *least > 0 && most - least <= 1,
+                "{total} over {loops}: {parts:?}"
+            );
+        }
+        // More loops than execs: one exec a loop (the count is checked
+        // inside against what the loops say they ran).
         let measured = bare_execs(3, 8).unwrap().unwrap();
         assert!(
             measured.per_s > 0.0 && measured.per_s.is_finite(),
             "{measured:?}"
         );
-        assert!(measured.machine_cpu_ms >= 0.0, "{measured:?}");
         let a = BareExecs {
             per_s: 2000.0,
             machine_cpu_ms: 0.8,
@@ -841,6 +911,21 @@ mod tests {
         assert!((mean.per_s - 2200.0).abs() < 1e-9 && (mean.machine_cpu_ms - 0.7).abs() < 1e-9);
         assert_eq!(BareExecs::mean(None, Some(b)), Some(b));
         assert_eq!(BareExecs::mean(None, None), None);
+    }
+
+    #[test]
+    fn kernel_threads_count_what_the_live_ones_used_since() {
+        let before = HashMap::from([((10, 5), 1.0), ((11, 6), 2.0), ((12, 7), 4.0)]);
+        // 10 used 0.5 more; 11 ended; 12 is another thread on the same pid
+        // (another start time): all its time is new; 13 is new.
+        let after = HashMap::from([((10, 5), 1.5), ((12, 9), 0.25), ((13, 8), 0.125)]);
+        let used = kernel_threads_cpu_s(Some(&before), Some(&after)).unwrap();
+        assert!((used - 0.875).abs() < 1e-9, "{used}");
+        assert_eq!(kernel_threads_cpu_s(None, Some(&after)), None);
+        if let Some(now) = kernel_threads() {
+            // kthreadd itself, alive for as long as the machine.
+            assert!(now.keys().any(|&(pid, _)| pid == 2), "{now:?}");
+        }
     }
 
     #[test]
