@@ -498,8 +498,9 @@ impl ResourceManager {
     ///
     /// Pools are independent, so with an engine thread pool (and at least
     /// `PARALLEL_MIN_QUEUED` queued tasks and `PARALLEL_MIN_POOLS` pool
-    /// slots, counting inner and free ones) they are admitted in parallel into per-pool buffers that are then appended in
-    /// slot order: the result is the same for any number of threads.
+    /// slots, counting inner and free ones) they are admitted in parallel
+    /// into per-pool buffers that are then appended in slot order: the
+    /// result is the same for any number of threads.
     pub fn admit(&mut self, out: &mut AdmissionResult) {
         out.clear();
         let tree = &self.tree;
