@@ -3,7 +3,9 @@
 //! reports hosts and finished tasks, and calls [`Engine::cycle`] at its own
 //! pace; everything here is synchronous and deterministic.
 //!
-//! A cycle: capacity = what up hosts offer; slack = capacity minus what
+//! A cycle: capacity = what up hosts offer, plus what tasks hold on hosts
+//! that take no new work (draining, or down with tasks still on them: an
+//! agent away but not yet declared lost); slack = capacity minus what
 //! non-revocable tasks hold (idle now, usable by revocable work until its
 //! owners need it); entitlement from demand; admission; placement of every
 //! admitted task still without a host; inter-pool victims for pools now
@@ -564,10 +566,7 @@ impl Engine {
     /// Runs one cycle at time `now_ms`; chooses inter-pool victims only if
     /// `victims` (a caller that would not act on them saves the scan).
     pub fn cycle_with(&mut self, now_ms: u64, victims: bool) -> &CycleReport {
-        let mut capacity = Resources::ZERO;
-        for slot in self.hosts.in_state(HostState::Up).iter() {
-            capacity.add_assign(&self.hosts.capacity(slot as usize));
-        }
+        let capacity = self.entitled_capacity();
         // Reserved resources stay in the capacity pools are entitled to:
         // the instance a reservation is for must be admitted again in its
         // own pool when it restarts, and cannot be if its reservation were
@@ -609,6 +608,27 @@ impl Engine {
             inter_pool_victims(&self.rm, &self.tasks, &mut self.report.victims);
         }
         &self.report
+    }
+
+    /// The capacity pools are entitled to: what up hosts offer, plus what
+    /// the tasks on hosts that take no new work hold there. A host that
+    /// stops taking work (draining, or down while its tasks are still on
+    /// it, as when its agent's session dropped and the host is not yet
+    /// declared lost) keeps counting what its tasks use: withdrawing it
+    /// would leave their pools over an entitlement that shrank under them,
+    /// and preempt healthy tasks elsewhere for a host that only blinked.
+    /// Its unused rest is not counted (no new work can go there).
+    pub fn entitled_capacity(&self) -> Resources {
+        let mut capacity = Resources::ZERO;
+        for slot in self.hosts.in_state(HostState::Up).iter() {
+            capacity.add_assign(&self.hosts.capacity(slot as usize));
+        }
+        for state in [HostState::Draining, HostState::Down] {
+            for slot in self.hosts.in_state(state).iter() {
+                capacity.add_assign(&self.hosts.held(slot as usize));
+            }
+        }
+        capacity
     }
 
     /// Eviction plans for admitted tasks still without a host after the last

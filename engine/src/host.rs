@@ -375,6 +375,14 @@ impl HostArena {
         Err(largest)
     }
 
+    /// What the tasks placed on the host in `slot` hold: its capacity less
+    /// what is free and what is reserved for no task.
+    pub fn held(&self, slot: usize) -> Resources {
+        self.capacity(slot)
+            .saturating_sub(&self.free(slot))
+            .saturating_sub(&self.reserved[slot])
+    }
+
     /// Free resources of the host in `slot`.
     pub fn free(&self, slot: usize) -> Resources {
         Resources(std::array::from_fn(|d| self.free[d][slot]))

@@ -307,3 +307,67 @@ fn a_batch_of_single_tasks_is_queued_as_one_by_one() {
     };
     assert_eq!(engine.cycle(1).placed(), fresh.as_slice());
 }
+
+/// A host that takes no new work — down with its tasks still on it (an
+/// agent whose session dropped, not yet declared lost) or draining — keeps
+/// counting what its tasks hold: its pools stay entitled to it, so nothing
+/// is preempted anywhere for a host that only blinked, and nothing more is
+/// admitted against its unused rest. Once its tasks are gone, so is its
+/// share of the capacity.
+#[test]
+fn a_host_taking_no_new_work_keeps_what_its_tasks_hold_in_the_capacity() {
+    use peloton_engine::host::HostState;
+    let mut engine = engine_with_hosts(2, 2);
+    let pool = engine
+        .resources_mut()
+        .create_pool("/a", PoolConfig::default())
+        .unwrap();
+    let mut t = task(pool, 1, 0);
+    t.request = Resources::new(450, 0, 0, 0);
+    t.flags.preemptible = true;
+    t.strategy = Strategy::Spread;
+    for _ in 0..8 {
+        engine.submit(std::slice::from_ref(&t)).unwrap();
+    }
+    assert_eq!(engine.cycle(1).placed().len(), 8);
+    let h1 = engine.hosts().lookup("h1").unwrap();
+    let on_h1: Vec<_> = engine
+        .tasks()
+        .placed_views()
+        .filter(|v| v.host == h1.idx() as u32)
+        .map(|v| v.task)
+        .collect();
+    assert_eq!(on_h1.len(), 4, "spread over both hosts");
+    for (i, state) in [HostState::Down, HostState::Draining]
+        .into_iter()
+        .enumerate()
+    {
+        engine.hosts_mut().set_state(h1, state).unwrap();
+        let report = engine.cycle(2 + i as u64);
+        assert!(
+            report.victims.is_empty(),
+            "h1 {state:?}: nothing is preempted, {:?}",
+            report.victims
+        );
+        // 2000 offered by h0 + 1800 held on h1.
+        assert_eq!(engine.entitled_capacity().0[0], 3800, "{state:?}");
+        engine.check_invariants();
+    }
+    // Nothing is admitted against h1's unused 200: 3600 + 450 > 3800.
+    let extra = engine.submit(std::slice::from_ref(&t)).unwrap()[0];
+    let report = engine.cycle(10);
+    assert_eq!(report.admitted(), 0);
+    assert!(report.victims.is_empty());
+    assert_eq!(engine.tasks().state(extra).unwrap(), TaskState::Pending);
+    // Its tasks end (the host was declared lost): what it held leaves the
+    // capacity with them, and the pool, now holding 1800 of 2000, is still
+    // within its entitlement.
+    engine.hosts_mut().set_state(h1, HostState::Down).unwrap();
+    for task in on_h1 {
+        engine.finish(task).unwrap();
+    }
+    let report = engine.cycle(11);
+    assert!(report.victims.is_empty());
+    assert_eq!(engine.entitled_capacity().0[0], 2000);
+    engine.check_invariants();
+}

@@ -53,6 +53,11 @@ pub enum Standing {
     /// Leading, but the lease could not be renewed for a whole lease:
     /// calls are refused until it is renewed (or the server is deposed).
     Lapsed,
+    /// Stopping (a graceful stop): its last batch is committed and its
+    /// lease given up; calls are refused and agents' sessions end, naming
+    /// no leader, so that clients and agents go on to the next server at
+    /// once rather than wait for the process to exit.
+    Stopping,
 }
 
 /// This server's standing, shared by the gate, the lease keeper and the
@@ -138,6 +143,7 @@ impl Role {
                 "not the leader: this server's lease lapsed (it cannot reach the database)".into(),
                 None,
             )),
+            Standing::Stopping => Some(("not the leader: this server is stopping".into(), None)),
         }
     }
 }

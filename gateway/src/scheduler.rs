@@ -1790,6 +1790,15 @@ impl Scheduler {
         let mut spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
         self.host_pools.tag(&mut spec);
         let host: Arc<str> = Arc::from(r.host.as_str());
+        // Refused before the session is attached: a refusal leaves the
+        // holder's session (and its runs) as they were.
+        let agent_id = reg.session.agent_id.clone();
+        self.core
+            .check_agent_identity(&self.engine, &host, &agent_id)
+            .map_err(|e| {
+                tracing::warn!(%host, agent = %agent_id, "registration refused: {e}");
+                crate::status::status(e)
+            })?;
         self.check_takeover(&host, &reg.session)?;
         if let Some(hub) = &self.hub {
             hub.touch(&host);
@@ -1806,6 +1815,7 @@ impl Scheduler {
             isolation: convert::agent_text(r.isolation),
             runs: r.runs.into_iter().filter_map(run_report).collect(),
             volumes: r.volumes,
+            agent_id,
         };
         let r = self
             .apply(Input::AgentRegistered(Box::new(registration)))

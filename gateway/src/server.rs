@@ -60,6 +60,8 @@ pub struct Server {
     store: Arc<dyn Store>,
     /// The leader's lease (PostgreSQL store), released at shutdown.
     lease: Option<Lease>,
+    /// Its standing: `Stopping` once shutdown has committed the last batch.
+    role: Arc<Role>,
 }
 
 /// Listens, opens the store (with a PostgreSQL store: once this server
@@ -577,6 +579,7 @@ async fn opened(
         loop_thread: Some(loop_thread),
         store,
         lease,
+        role,
     })
 }
 
@@ -605,6 +608,12 @@ impl Server {
         if let Some(lease) = self.lease.take() {
             tokio::task::spawn_blocking(move || lease.release()).await?;
         }
+        // Hand the agents over now, not when the process exits: their
+        // sessions end with "not the leader" (they go on to the next server
+        // of their list, or come back to a restarted one), and so do calls
+        // still arriving. A new leader measures their reconnect slack from
+        // when it leads; agents held here meanwhile would eat into it.
+        self.role.set(Standing::Stopping);
         if let Some(mut serve) = self.serve.take() {
             match tokio::time::timeout(Duration::from_secs(10), &mut serve).await {
                 Ok(r) => r??,

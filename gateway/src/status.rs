@@ -33,6 +33,7 @@ pub fn code(e: &Error) -> Code {
         Error::Invalid { .. } => Code::InvalidArgument,
         Error::Exhausted(_) => Code::ResourceExhausted,
         Error::Unavailable(_) => Code::Unavailable,
+        Error::HostHeld { .. } => Code::AlreadyExists,
     }
 }
 
@@ -203,6 +204,15 @@ mod tests {
                 "full",
             ),
             (Error::Unavailable("away".into()), Code::Unavailable, "away"),
+            (
+                Error::HostHeld {
+                    host: "h".into(),
+                    holder: "a1".into(),
+                    agent: "a2".into(),
+                },
+                Code::AlreadyExists,
+                "",
+            ),
         ];
         for (e, c, message) in cases {
             let s = status(e);

@@ -52,6 +52,18 @@ impl Pelotond {
         sim_hosts: u32,
         lease_ms: u64,
     ) -> Pelotond {
+        Self::start_opts(dir, name, port, db, sim_hosts, lease_ms, 20_000).await
+    }
+
+    async fn start_opts(
+        dir: &Path,
+        name: &str,
+        port: u16,
+        db: &str,
+        sim_hosts: u32,
+        lease_ms: u64,
+        host_lost_after_ms: u64,
+    ) -> Pelotond {
         let data = dir.join(name);
         let log = dir.join(format!("{name}.log"));
         let stderr = std::fs::OpenOptions::new()
@@ -67,7 +79,8 @@ impl Pelotond {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--store", db, "--lease-ms", &lease_ms.to_string()])
             .args(["--no-metrics", "--agent-token", TOKEN])
-            .args(["--cycle-interval-ms", "5", "--host-lost-after-ms", "20000"])
+            .args(["--cycle-interval-ms", "5"])
+            .args(["--host-lost-after-ms", &host_lost_after_ms.to_string()])
             .args(["--sim-hosts", &sim_hosts.to_string()])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -860,4 +873,204 @@ async fn a_standby_stopped_before_it_leads_exits_at_once() {
     assert!(status.success(), "{status}: {}", b.log_text());
     // The leader was not disturbed.
     serves(a.port).await.expect("the leader serves");
+}
+
+/// Per instance of job `id` on the server at `port`: its current run's id
+/// and state, and the states of its earlier runs.
+async fn runs_of(
+    port: u16,
+    id: &str,
+    n: u32,
+) -> Result<Vec<(u32, pb::TaskState, Vec<pb::TaskState>)>, String> {
+    let mut c = clients(port).await;
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = c
+            .tasks
+            .get(pb::GetTaskRequest {
+                job_id: id.into(),
+                instance: i,
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner()
+            .task
+            .ok_or("no task")?;
+        let current = t.current.ok_or("no current run")?;
+        out.push((
+            current.run_id,
+            current.state(),
+            t.history.iter().map(|r| r.state()).collect(),
+        ));
+    }
+    Ok(out)
+}
+
+fn shell_task(shell: &str, cpu: f64) -> pb::TaskSpec {
+    pb::TaskSpec {
+        shell: shell.into(),
+        resources: Some(common::res(cpu, 64.0)),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_lease_changes_nothing_that_runs_and_finished_runs_keep_their_result() {
+    // One server on a database of its own, stopped for more than twice the
+    // lease: the lease lapses, the agent's session ends, writes fail. Once
+    // the database is back the server leads again and its agent returns:
+    // every running task is still on its first run (nothing preempted for
+    // the hosts that looked gone), and tasks that exited 0 meanwhile are
+    // SUCCEEDED on their first run, not preempted and run again.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = std::sync::Arc::new(std::sync::Mutex::new(
+        std::thread::spawn(|| peloton_gateway::local_pg::LocalPostgres::start(false))
+            .join()
+            .expect("starter")
+            .expect("PostgreSQL starts"),
+    ));
+    let db = {
+        let pg = pg.clone();
+        std::thread::spawn(move || pg.lock().expect("pg").create_db("lapse"))
+            .join()
+            .expect("create db")
+            .expect("create db")
+    };
+    let a = Pelotond::start(dir.path(), "a", free_port(), &db, 0).await;
+    leader(&[a.port]).await;
+    let _agent = spawn_agent(dir.path(), "h0", &a.url(), "31200-31249");
+    wait_hosts(a.port, 1).await;
+    create_pool(a.port).await;
+    let long = submit(a.port, job("long", 6, shell_task("sleep 300", 1.0)))
+        .await
+        .expect("accepted");
+    let short = submit(a.port, job("short", 2, shell_task("sleep 3", 1.0)))
+        .await
+        .expect("accepted");
+    eventually("8 tasks running", TIMEOUT, async || {
+        let runs = [
+            runs_of(a.port, &long, 6).await?,
+            runs_of(a.port, &short, 2).await?,
+        ];
+        runs.iter()
+            .flatten()
+            .all(|(_, s, _)| *s == pb::TaskState::Running)
+            .then_some(())
+            .ok_or_else(|| format!("{runs:?}"))
+    })
+    .await;
+    // Stopped for 4 s (the lease is 1.5 s); the short tasks end meanwhile.
+    {
+        let pg = pg.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut pg = pg.lock().expect("pg");
+            pg.kill();
+            std::thread::sleep(Duration::from_secs(4));
+            pg.restart().expect("PostgreSQL restarts");
+        })
+        .await
+        .expect("restart");
+    }
+    leader(&[a.port]).await;
+    let short_runs = eventually("the short tasks to be recorded", TIMEOUT, async || {
+        let runs = runs_of(a.port, &short, 2).await?;
+        runs.iter()
+            .all(|(_, s, _)| *s != pb::TaskState::Running)
+            .then_some(runs.clone())
+            .ok_or_else(|| format!("{runs:?}"))
+    })
+    .await;
+    for (run, state, history) in &short_runs {
+        assert_eq!(
+            (*run, *state),
+            (1, pb::TaskState::Succeeded),
+            "{short_runs:?}"
+        );
+        assert!(history.is_empty(), "{short_runs:?}");
+    }
+    // Give a wrong verdict time to show (cycles every 5 ms).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let long_runs = runs_of(a.port, &long, 6).await.expect("tasks");
+    for (run, state, history) in &long_runs {
+        assert_eq!((*run, *state), (1, pb::TaskState::Running), "{long_runs:?}");
+        assert!(history.is_empty(), "{long_runs:?}");
+    }
+    assert!(
+        a.log_text().contains("the lease lapsed"),
+        "the lease did lapse: {}",
+        a.log_text()
+    );
+    drop(pg);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gracefully_stopping_leader_hands_its_agents_over_at_once() {
+    // Two servers; a real agent knowing both; hosts are lost after 5 s.
+    // SIGTERM the leader: it exits promptly (it used to keep the agent's
+    // session until it exited 20 s later), the agent moves to the new
+    // leader at once with its runs, and the new leader, which gives agents
+    // their reconnect time from when it leads, loses no host and no run.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    let (pa, pb_) = (free_port(), free_port());
+    let a = Pelotond::start_opts(dir.path(), "a", pa, &db, 0, LEASE_MS, 5_000).await;
+    leader(&[pa]).await;
+    let b = Pelotond::start_opts(dir.path(), "b", pb_, &db, 0, LEASE_MS, 5_000).await;
+    let list = format!("{},{}", a.url(), b.url());
+    let _agent = spawn_agent(dir.path(), "h0", &list, "31250-31299");
+    wait_hosts(pa, 1).await;
+    create_pool(pa).await;
+    let id = submit(pa, job("kept", 3, shell_task("sleep 300", 1.0)))
+        .await
+        .expect("accepted");
+    eventually("3 tasks running", TIMEOUT, async || {
+        let runs = runs_of(pa, &id, 3).await?;
+        runs.iter()
+            .all(|(_, s, _)| *s == pb::TaskState::Running)
+            .then_some(())
+            .ok_or_else(|| format!("{runs:?}"))
+    })
+    .await;
+    a.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopped = Instant::now();
+    let mut a = a;
+    let status = tokio::time::timeout(TIMEOUT, a.child.wait())
+        .await
+        .expect("a stops")
+        .expect("wait");
+    let exited_after = stopped.elapsed();
+    assert!(status.success(), "{status}: {}", a.log_text());
+    assert!(
+        exited_after < Duration::from_secs(5),
+        "a server with a connected agent took {exited_after:?} to stop: {}",
+        a.log_text()
+    );
+    assert_eq!(leader(&[pb_]).await, pb_);
+    eventually("the agent on the new leader", TIMEOUT, async || {
+        let mut c = clients(pb_).await;
+        let hosts = c
+            .hosts
+            .list(pb::ListHostsRequest::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner()
+            .hosts;
+        hosts
+            .iter()
+            .any(|h| h.name == "h0" && h.connected)
+            .then_some(())
+            .ok_or_else(|| format!("{hosts:?}"))
+    })
+    .await;
+    let moved_after = stopped.elapsed();
+    // Past the new leader's reconnect slack and lost timeout (10 + 5 s
+    // from when it led): nothing was lost or started again.
+    tokio::time::sleep(Duration::from_secs(16).saturating_sub(moved_after)).await;
+    let runs = runs_of(pb_, &id, 3).await.expect("tasks");
+    for (run, state, history) in &runs {
+        assert_eq!((*run, *state), (1, pb::TaskState::Running), "{runs:?}");
+        assert!(history.is_empty(), "{runs:?}");
+    }
+    eprintln!("graceful stop: exited after {exited_after:?}, agent moved after {moved_after:?}");
+    drop(b);
 }

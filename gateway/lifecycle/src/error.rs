@@ -61,6 +61,21 @@ pub enum Error {
     /// Something the request needs is not reachable now.
     #[error("{0}")]
     Unavailable(String),
+    /// A host is bound to another agent: an agent may take a host bound
+    /// to another only once the host has been declared lost.
+    #[error(
+        "host {host} belongs to another agent (agent id {holder:?}) and is not lost; this agent \
+         (agent id {agent:?}) may take it only once that one has stayed away past the host-lost \
+         timeout — give each agent its own --host"
+    )]
+    HostHeld {
+        /// Host name.
+        host: String,
+        /// The agent it is bound to.
+        holder: String,
+        /// The agent that asked.
+        agent: String,
+    },
 }
 
 impl Error {

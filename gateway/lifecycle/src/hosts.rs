@@ -372,6 +372,7 @@ impl Lifecycle {
             ));
         }
         let spec = &reg.spec;
+        self.check_agent_identity(engine, &spec.name, &reg.agent_id)?;
         let slot = match engine.hosts().lookup(&spec.name) {
             Some(id) => {
                 // Runs placed there may hold more than it now offers: then
@@ -408,6 +409,7 @@ impl Lifecycle {
                 lost: false,
                 isolation: reg.isolation.clone(),
                 connected: true,
+                agent_id: reg.agent_id.clone(),
             },
         );
         fx.rows.push(RowKey::Host(slot));

@@ -150,6 +150,10 @@ pub struct HostRegistration {
     pub runs: Vec<RunReport>,
     /// Ids of the volumes on its disk.
     pub volumes: Vec<String>,
+    /// The agent's identity (drawn once per work directory; empty from
+    /// agents that send none). A host is bound to the identity that
+    /// registered it until it is declared lost.
+    pub agent_id: Arc<str>,
 }
 
 /// One input of a step.
@@ -385,6 +389,8 @@ pub struct AgentHost {
     pub isolation: String,
     /// Registered since this process started and not disconnected.
     pub connected: bool,
+    /// The agent the host is bound to (empty: any agent may take it).
+    pub agent_id: Arc<str>,
 }
 
 /// The lifecycle core's state.
@@ -671,6 +677,35 @@ impl Lifecycle {
     }
 
     /// Agent hosts not declared lost, by name.
+    /// Whether the agent `agent_id` may register `host` now: a host is
+    /// bound to the agent that registered it (its identity comes from its
+    /// work directory, so its runs come with it) until the host is
+    /// declared lost; another agent given the same `--host` is refused
+    /// meanwhile, so it can never take over, and start again, the runs of
+    /// an agent that is only restarting. An empty identity (an agent that
+    /// sends none) binds nothing.
+    pub fn check_agent_identity(
+        &self,
+        engine: &Engine,
+        host: &str,
+        agent_id: &str,
+    ) -> Result<(), Error> {
+        let Some(id) = engine.hosts().lookup(host) else {
+            return Ok(());
+        };
+        let Some(h) = self.agent_hosts.get(&HostSlot(id.idx() as u32)) else {
+            return Ok(());
+        };
+        if h.lost || h.agent_id.is_empty() || agent_id.is_empty() || *h.agent_id == *agent_id {
+            return Ok(());
+        }
+        Err(Error::HostHeld {
+            host: host.to_string(),
+            holder: h.agent_id.to_string(),
+            agent: agent_id.to_string(),
+        })
+    }
+
     pub fn watched_agent_hosts(&self) -> impl Iterator<Item = &Arc<str>> + '_ {
         self.agent_hosts
             .iter()

@@ -5,6 +5,7 @@
 
 use std::cmp::Reverse;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use peloton_engine::host::{HostSpec, HostState};
 use peloton_engine::{Engine, PoolConfig};
@@ -27,6 +28,8 @@ pub struct RecoveredHost {
     pub maintenance: bool,
     /// How it isolated tasks.
     pub isolation: String,
+    /// The agent it is bound to (empty: none recorded).
+    pub agent_id: Arc<str>,
 }
 
 /// A job as stored.
@@ -200,6 +203,7 @@ impl Lifecycle {
                         lost: false,
                         isolation: host.isolation.clone(),
                         connected: false,
+                        agent_id: host.agent_id.clone(),
                     },
                 );
                 id

@@ -84,7 +84,7 @@ pub struct StoreModel {
     /// Pools: configuration and version.
     pub pools: BTreeMap<String, (PoolConfig, u64)>,
     /// Hosts: registration and maintenance.
-    pub hosts: BTreeMap<String, (HostSpec, bool)>,
+    pub hosts: BTreeMap<String, (HostSpec, bool, Arc<str>)>,
     /// Jobs: row and plan.
     pub jobs: BTreeMap<Arc<str>, (JobRow, JobPlan)>,
     /// Task rows.
@@ -184,6 +184,11 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         volume_policy: crate::VolumePolicy::default(),
         app: None,
     }
+}
+
+/// The identity of a simulated host's agent (one agent per host name).
+pub fn agent_id_of(host: &str) -> Arc<str> {
+    format!("agent-{host}").into()
 }
 
 /// A host's registration: `cpu` cores, `mem` MiB.
@@ -536,7 +541,12 @@ impl Sim {
                     let name = self.core.host_name(slot).to_string();
                     let spec = self.agents[name.as_str()].spec.clone().expect("registered");
                     let maintenance = self.core.in_maintenance(slot);
-                    self.store.hosts.insert(name, (spec, maintenance));
+                    let agent = self
+                        .core
+                        .agent_host(slot)
+                        .map(|a| a.agent_id.clone())
+                        .unwrap_or_default();
+                    self.store.hosts.insert(name, (spec, maintenance, agent));
                 }
             }
         }
@@ -623,11 +633,13 @@ impl Sim {
         agent.stalled = false;
         agent.runs.clear();
         agent.volumes.clear();
+        let agent_id = agent_id_of(&spec.name);
         self.step(Input::AgentRegistered(Box::new(HostRegistration {
             spec,
             isolation: "test".into(),
             runs: Vec::new(),
             volumes: Vec::new(),
+            agent_id,
         })))
     }
 
@@ -655,6 +667,20 @@ impl Sim {
             isolation: "test".into(),
             runs,
             volumes,
+            agent_id: agent_id_of(name),
+        })))
+    }
+
+    /// Another agent (another work directory, so another identity) given
+    /// a known host's name registers it, with no runs.
+    pub fn register_twin(&mut self, name: &str) -> Result<Answer, Error> {
+        let spec = self.agents[name].spec.clone().expect("spec");
+        self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            spec,
+            isolation: "test".into(),
+            runs: Vec::new(),
+            volumes: Vec::new(),
+            agent_id: format!("twin-of-{name}").into(),
         })))
     }
 
@@ -769,12 +795,13 @@ impl Sim {
         for (path, (config, version)) in &self.store.pools {
             rec.pools.push((path.clone(), *config, *version));
         }
-        for (name, (spec, maintenance)) in &self.store.hosts {
+        for (name, (spec, maintenance, agent_id)) in &self.store.hosts {
             rec.hosts.push(RecoveredHost {
                 name: name.clone(),
                 spec: Some(spec.clone()),
                 maintenance: *maintenance,
                 isolation: "test".into(),
+                agent_id: agent_id.clone(),
             });
         }
         for (id, (row, plan)) in &self.store.jobs {

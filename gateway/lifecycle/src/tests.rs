@@ -18,6 +18,8 @@
 //!   `drain H`, `up H`, `delete J`;
 //! - `crash` — the server restarts from its store (agents keep their
 //!   runs); `register H` — H's agent registers again, listing its runs;
+//!   `disconnect H` — H's agent's session ends (its runs go on);
+//!   `twin H` — another agent (another identity) registers H, with no runs;
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
 //!   and the rows the store holds for them.
@@ -116,6 +118,12 @@ impl Env {
             }),
             "register" => {
                 let _ = self.sim.register(words[1]);
+            }
+            "disconnect" => {
+                let _ = self.sim.disconnect(words[1]);
+            }
+            "twin" => {
+                let _ = self.sim.register_twin(words[1]);
             }
             "pool" => self.step(Input::CreatePool {
                 path: words[1].into(),
@@ -2915,6 +2923,147 @@ fn work_that_could_never_be_admitted_is_refused_when_submitted() {
             > job p pool=/a n=1 cpu=3 preemptible
             p/0#1 pending
             job p pending
+        "#]],
+    );
+}
+
+#[test]
+fn an_agent_that_blinks_keeps_its_hosts_capacity_and_nothing_is_preempted() {
+    // Two hosts full of one pool's preemptible work. h2's agent loses its
+    // session (restarting): h2 takes no new work, but its tasks still hold
+    // what they hold, so the pool's entitlement does not shrink under them
+    // — nothing is preempted, on h2 or on the healthy h1. Its agent comes
+    // back with its runs: kept as they were. Only a host declared lost
+    // gives its runs up.
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        job j pool=/ n=4 cpu=1 preemptible
+        cycle
+        disconnect h2
+        cycle
+        tick 5000
+        cycle
+        job more pool=/ n=1 cpu=1
+        cycle          # no room: h2's unused rest is not offered either
+        register h2
+        cycle
+        disconnect h2
+        lost-host h2
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > job j pool=/ n=4 cpu=1 preemptible
+            j/0#1 pending
+            j/1#1 pending
+            j/2#1 pending
+            j/3#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/2#1 ready
+            j/3#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+            j/2#1 placed @h2
+            j/2#1 launching @h2
+            j/3#1 placed @h2
+            j/3#1 launching @h2
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
+              launch j/2#1 @h2 config 1
+              launch j/3#1 @h2 config 1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            job j running
+            j/2#1 running @h2
+            j/3#1 running @h2
+            > disconnect h2
+            > cycle
+            > tick 5000
+            > cycle
+            > job more pool=/ n=1 cpu=1
+            more/0#1 pending
+            job more pending
+            > cycle
+            > register h2
+            > cycle
+            > disconnect h2
+            > lost-host h2
+            j/2#1 lost @h2 (host h2 lost: no heartbeat for 10000 ms)
+            j/2#2 initialized
+            j/3#1 lost @h2 (host h2 lost: no heartbeat for 10000 ms)
+            j/3#2 initialized
+            j/2#2 pending
+            j/3#2 pending
+            > cycle
+        "#]],
+    );
+}
+
+#[test]
+fn a_host_is_bound_to_its_agent_until_it_is_lost() {
+    // Another agent given h1's name (another work directory, so another
+    // identity) is refused while h1 is not lost — even while h1's own
+    // agent is away restarting — and nothing of h1 changes; h1's agent
+    // comes back to its runs. Once h1 is declared lost the other agent may
+    // take the name (the runs were lost and started again).
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        job j pool=/ n=1 cpu=1
+        cycle
+        twin h1
+        disconnect h1
+        twin h1
+        cycle
+        register h1
+        cycle
+        disconnect h1
+        lost-host h1
+        twin h1
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > twin h1
+            error: host h1 belongs to another agent (agent id "agent-h1") and is not lost; this agent (agent id "twin-of-h1") may take it only once that one has stayed away past the host-lost timeout — give each agent its own --host
+            > disconnect h1
+            > twin h1
+            error: host h1 belongs to another agent (agent id "agent-h1") and is not lost; this agent (agent id "twin-of-h1") may take it only once that one has stayed away past the host-lost timeout — give each agent its own --host
+            > cycle
+            > register h1
+            > cycle
+            > disconnect h1
+            > lost-host h1
+            j/0#1 lost @h1 (host h1 lost: no heartbeat for 10000 ms)
+            j/0#2 initialized
+            j/0#2 pending
+            job j pending
+            > twin h1
+            > cycle
+            j/0#2 ready
+            j/0#2 placed @h1
+            j/0#2 launching @h1
+              launch j/0#2 @h1 config 1
         "#]],
     );
 }

@@ -496,6 +496,7 @@ pub(super) fn recovered(
             spec,
             maintenance: host.state() != pb::HostState::Up,
             isolation: host.isolation,
+            agent_id: host.agent_id.as_str().into(),
         });
     }
     let mut tasks_by_job: FxHashMap<&str, Vec<(u32, TaskRow)>> = FxHashMap::default();

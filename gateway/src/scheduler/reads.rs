@@ -857,6 +857,7 @@ pub(super) fn list_hosts(
                 None => "simulated".into(),
             },
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
+            agent_id: agent.map(|h| h.agent_id.to_string()).unwrap_or_default(),
         };
         // A page also ends before its encoded size passes MAX_PAGE_BYTES
         // (hosts with many tasks are large).
@@ -893,6 +894,10 @@ pub(super) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Opt
         isolation: core
             .agent_host(slot)
             .map(|a| a.isolation.clone())
+            .unwrap_or_default(),
+        agent_id: core
+            .agent_host(slot)
+            .map(|a| a.agent_id.to_string())
             .unwrap_or_default(),
         ..Default::default()
     })

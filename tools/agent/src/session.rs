@@ -397,6 +397,29 @@ async fn connect_loop(
             }
             SessionEnd::HostHeld(why) => {
                 held += 1;
+                // The host name is bound to another agent, which the server
+                // allows only once this one's host was declared lost: its
+                // runs were lost with it and run elsewhere now (or on that
+                // agent). Left alone they would run twice, and for good:
+                // no server will ever ask this agent to stop them.
+                let live = {
+                    let mut s = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
+                    let live = s.live_runs();
+                    if live > 0 {
+                        s.kill_all(StopGrace::Own);
+                    }
+                    live
+                };
+                if live > 0 {
+                    tracing::error!(
+                        %server,
+                        host = %config.host,
+                        runs = live,
+                        "the host name belongs to another agent now: stopping this agent's runs, \
+                         which the server declared lost and started again"
+                    );
+                    changed.notify_one();
+                }
                 let wait = held_backoff;
                 held_backoff = (held_backoff * 2).min(REFUSED_RETRY);
                 // The 1st, 2nd, 4th, 8th... refusal at error, the others at

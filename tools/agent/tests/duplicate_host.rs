@@ -1,7 +1,10 @@
 //! Two real agents given one `--host`: the second is refused while the
-//! first is connected (it says so on its log and asks again with a
+//! first holds the host (it says so on its log and asks again with a
 //! back-off), the first keeps its host and its runs (no run is lost or
-//! started again), and the second takes the host once the first is gone.
+//! started again) — also while it is away, until the host is declared
+//! lost; only then may the second take the name. The first, back on its
+//! own work directory after that, is refused and stops the runs it still
+//! has (they were declared lost and run on the second now).
 
 mod common;
 
@@ -15,7 +18,16 @@ use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_with_a_held_host_name_is_refused_and_the_first_keeps_its_runs() {
-    let mut cluster = Cluster::start(1).await;
+    // A host-lost timeout longer than the twin's back-off after 4 s of
+    // refusals (1, 2, 4 s…), so that it asks while the first is away.
+    let mut cluster = Cluster::start_with(
+        1,
+        ClusterOptions {
+            host_lost_after_ms: 9_000,
+            ..Default::default()
+        },
+    )
+    .await;
     let id = cluster.create(job("held", 1, task_spec("sleep 300"))).await;
     let before = cluster.wait_running(&id, 1).await;
     let run_before = before[0].current.clone().expect("current run");
@@ -53,7 +65,7 @@ async fn a_second_agent_with_a_held_host_name_is_refused_and_the_first_keeps_its
     assert!(refusal.contains("ERROR"), "{refusal}");
     assert!(refusal.contains("AlreadyExists"), "{refusal}");
     assert!(
-        refusal.contains("host a0 is held by another agent"),
+        refusal.contains("host a0 belongs to another agent"),
         "{refusal}"
     );
     let (log_tx, mut log_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -90,10 +102,39 @@ async fn a_second_agent_with_a_held_host_name_is_refused_and_the_first_keeps_its
     assert!(more <= 2, "{more} more refusals logged in 4 s");
     assert!(twin.try_wait().expect("wait").is_none(), "the twin gave up");
 
-    // The first agent goes (its connection closes): the twin takes the host
-    // at its next try, and the run the first left behind is lost and
-    // started again on the twin.
+    let holder_id = cluster.hosts().await[0].agent_id.clone();
+    assert!(
+        !holder_id.is_empty(),
+        "the host names the agent it is bound to"
+    );
+
+    // The first agent goes (its connection closes; its task runs on). Its
+    // host is not lost yet: the twin, asking again meanwhile, is refused,
+    // and the run is still the first's.
     cluster.sigkill_agent("a0").await;
+    let killed_at = std::time::Instant::now();
+    within("the twin to ask again while a0 is away", async {
+        loop {
+            let line = log_rx.recv().await.expect("the twin's log");
+            if line.contains("host a0 belongs to another agent") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        killed_at.elapsed() < Duration::from_millis(9_000),
+        "the twin asked only after the host-lost timeout"
+    );
+    let task = cluster.task(&id, 0).await.expect("task");
+    let run = task.current.expect("current run");
+    assert_eq!(run.run_id, run_before.run_id, "the twin took the runs over");
+    let hosts = cluster.hosts().await;
+    assert_eq!(hosts[0].agent_id, holder_id, "{hosts:?}");
+    assert!(!hosts[0].connected);
+
+    // Once the host is declared lost the twin may take its name: the run
+    // the first left behind is lost and started again on the twin.
     let again = eventually("the run to start again on the twin", async || {
         let t = cluster.task(&id, 0).await?;
         let r = t.current?;
@@ -105,5 +146,36 @@ async fn a_second_agent_with_a_held_host_name_is_refused_and_the_first_keeps_its
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(twin_sandboxes, 1);
-    cluster.agents.insert("a0".into(), twin);
+    assert_ne!(cluster.hosts().await[0].agent_id, holder_id);
+
+    // The first agent back on its own work directory: refused (the name is
+    // the twin's now), it stops the run it still had, which would
+    // otherwise run beside its replacement for good.
+    let first_runs = format!("PELOTON_SANDBOX={}/", cluster.work_dir("a0").display());
+    // (Each task is its shell and the sleep it starts.)
+    assert!(
+        !processes_with_env(&first_runs).is_empty(),
+        "a0's old task lives on"
+    );
+    let twin_runs = format!("PELOTON_SANDBOX={}/", twin_dir.display());
+    let twin_processes = processes_with_env(&twin_runs);
+    assert!(!twin_processes.is_empty());
+    let twin_child = twin;
+    cluster.start_agent("a0").await;
+    eventually("a0's old run to be stopped", async || {
+        processes_with_env(&first_runs).is_empty().then_some(())
+    })
+    .await;
+    let t = cluster.task(&id, 0).await.expect("task");
+    let r = t.current.expect("current");
+    assert_eq!(r.run_id, again.run_id);
+    assert_eq!(r.state(), pb::TaskState::Running);
+    assert_eq!(
+        processes_with_env(&twin_runs),
+        twin_processes,
+        "the twin's run goes on"
+    );
+    let first = cluster.agents.remove("a0").expect("a0");
+    drop(first);
+    cluster.agents.insert("a0".into(), twin_child);
 }

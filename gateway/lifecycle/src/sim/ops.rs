@@ -856,7 +856,7 @@ impl Driver {
                     };
                     let agent = self.sim.agents.get_mut(&host).and_then(|a| a.spec.as_mut());
                     set(agent.expect("a registered host"));
-                    if let Some((spec, _)) = self.sim.store.hosts.get_mut(&*host) {
+                    if let Some((spec, _, _)) = self.sim.store.hosts.get_mut(&*host) {
                         set(spec);
                     }
                     self.zones.insert(host, zone);

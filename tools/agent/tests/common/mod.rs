@@ -170,11 +170,39 @@ pub struct Cluster {
     pub agents: BTreeMap<String, Child>,
     /// As the server's admin.
     pub c: Clients,
+    pub options: ClusterOptions,
+}
+
+/// How a test cluster's server and agents are started.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// The server's `--host-lost-after-ms`.
+    pub host_lost_after_ms: u64,
+    /// Each agent's `--resources`.
+    pub agent_resources: String,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            host_lost_after_ms: HOST_LOST_AFTER_MS,
+            agent_resources: "cpu=4,mem=4096,disk=10000".into(),
+        }
+    }
 }
 
 /// Starts `pelotond` on `data_dir` and `port` with the test certificates;
 /// returns once it serves, with its admin's clients.
 pub async fn start_pelotond(data_dir: &Path, port: u16) -> (Child, Clients) {
+    start_pelotond_losing_hosts_after(data_dir, port, HOST_LOST_AFTER_MS).await
+}
+
+/// [`start_pelotond`] with its `--host-lost-after-ms`.
+pub async fn start_pelotond_losing_hosts_after(
+    data_dir: &Path,
+    port: u16,
+    host_lost_after_ms: u64,
+) -> (Child, Clients) {
     let pki = pki();
     let mut child = Command::new(sibling("pelotond"))
         .arg("--data-dir")
@@ -187,7 +215,7 @@ pub async fn start_pelotond(data_dir: &Path, port: u16) -> (Child, Clients) {
         .arg("--tls-client-ca")
         .arg(&pki.ca_file)
         .args(["--no-metrics", "--agent-token", TOKEN])
-        .args(["--host-lost-after-ms", &HOST_LOST_AFTER_MS.to_string()])
+        .args(["--host-lost-after-ms", &host_lost_after_ms.to_string()])
         .args(["--cycle-interval-ms", "5"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
@@ -218,15 +246,26 @@ pub async fn start_pelotond(data_dir: &Path, port: u16) -> (Child, Clients) {
 impl Cluster {
     /// A server and `n` agents named a0, a1, …, every host up.
     pub async fn start(n: usize) -> Cluster {
+        Self::start_with(n, ClusterOptions::default()).await
+    }
+
+    /// [`Cluster::start`] with these options.
+    pub async fn start_with(n: usize, options: ClusterOptions) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
-        let (server, c) = start_pelotond(&dir.path().join("server"), port).await;
+        let (server, c) = start_pelotond_losing_hosts_after(
+            &dir.path().join("server"),
+            port,
+            options.host_lost_after_ms,
+        )
+        .await;
         let mut cluster = Cluster {
             dir,
             port,
             server: Some(server),
             agents: BTreeMap::new(),
             c,
+            options,
         };
         for i in 0..n {
             cluster.start_agent(&format!("a{i}")).await;
@@ -253,7 +292,12 @@ impl Cluster {
     /// (Re)starts the server on the cluster's data dir and `port`, and
     /// connects its clients.
     pub async fn start_server(&mut self) {
-        let (server, c) = start_pelotond(&self.data_dir(), self.port).await;
+        let (server, c) = start_pelotond_losing_hosts_after(
+            &self.data_dir(),
+            self.port,
+            self.options.host_lost_after_ms,
+        )
+        .await;
         self.server = Some(server);
         self.c = c;
     }
@@ -332,7 +376,7 @@ impl Cluster {
             .arg("--work-dir")
             .arg(&work)
             .args(["--host", host, "--token", TOKEN])
-            .args(["--resources", "cpu=4,mem=4096,disk=10000"])
+            .args(["--resources", &self.options.agent_resources])
             .args(["--attr", &format!("rack=r-{host}")]);
         for a in attributes {
             command.args(["--attr", a]);
