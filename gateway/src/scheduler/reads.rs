@@ -35,7 +35,9 @@ pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
     let rm = engine.resources();
     let tree = rm.tree();
     let path = tree.path(id).to_string();
-    let usage = rm.usage(id).expect("live pool");
+    // A parent pool holds what its subtree holds (tasks live in leaves),
+    // as its demand and entitlement cover its subtree.
+    let usage = rm.subtree_usage(id).expect("live pool");
     let ent = rm.entitlements();
     let slot = id.idx();
     let alloc = usage
@@ -133,7 +135,7 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
     for id in ids.into_iter().take(metrics.max_pools) {
         let path = tree.path(id).to_string();
         let slot = id.idx();
-        let usage = rm.usage(id).expect("listed pool");
+        let usage = rm.subtree_usage(id).expect("listed pool");
         metrics
             .pending_tasks
             .get_or_create(&PoolLabels { pool: path.clone() })
