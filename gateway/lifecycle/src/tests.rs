@@ -15,7 +15,7 @@
 //! - `confirm` — agents confirm every kill they were sent;
 //! - `tick MS` — time passes, timers fire;
 //! - `kill J`, `restart J`, `scale J N`, `kill J/I`, `restart J/I`,
-//!   `drain H`, `up H`, `delete J`;
+//!   `drain H`, `up H`, `delete J`; `hosts H...` — the hosts' states;
 //! - `crash` — the server restarts from its store (agents keep their
 //!   runs); `register H` — H's agent registers again, listing its runs;
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
@@ -87,6 +87,18 @@ impl Env {
                 let f = self.sim.engine.hosts().free(slot);
                 self.sim
                     .say(format!("  reserved @{}: {r}; free: {f}", words[1]));
+            }
+            "hosts" => {
+                // `hosts H...`: the named hosts' states.
+                let hosts = self.sim.engine.hosts();
+                let states: Vec<String> = words[1..]
+                    .iter()
+                    .map(|&name| {
+                        let id = hosts.lookup(name).expect("host");
+                        format!("{name}={:?}", hosts.state(id))
+                    })
+                    .collect();
+                self.sim.say(format!("  hosts: {}", states.join(" ")));
             }
             "volumes" => {
                 let lines: Vec<String> = self
@@ -1292,6 +1304,153 @@ fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
             s/2#2 running @h2
             > healthy s/2
             s/2#2 running @h2 [Healthy]
+        "#]],
+    );
+}
+
+#[test]
+fn a_drain_stops_every_instance_pinned_to_its_host() {
+    // Both instances' volumes are on h1: stopped, they can only wait for
+    // h1, so the SLA (one down at a time) cannot be kept by waiting for
+    // the first to come back; the drain stops both and h1 goes down. They
+    // return to their volumes when h1 is up.
+    check(
+        r"
+        host h1 cpu=4 disk=10000
+        job s pool=/ n=2 cpu=1 disk=100 volume=1000 service
+        cycle
+        host h2 cpu=4 disk=10000
+        drain h1
+        confirm
+        cycle             # h2 has room, but not their volumes
+        hosts h1 h2
+        tick 75000
+        up h1
+        cycle
+        hosts h1 h2
+        volumes
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=10000
+            > job s pool=/ n=2 cpu=1 disk=100 volume=1000 service
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#1 @h1 config 1 volume s-1-8 1000MiB
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > host h2 cpu=4 disk=10000
+            > drain h1
+            s/0#1 preempted @h1 (host h1 drained for maintenance)
+            s/1#1 preempted @h1 (host h1 drained for maintenance)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > cycle
+            s/0#2 ready
+            s/1#2 ready
+            s/0#2 placing
+            s/1#2 placing
+            > hosts h1 h2
+              hosts: h1=Down h2=Up
+            > tick 75000
+            > up h1
+            > cycle
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/0#2 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#2 @h1 config 1 volume s-1-8 1000MiB
+            s/0#2 running @h1
+            s/1#2 running @h1
+            > hosts h1 h2
+              hosts: h1=Up h2=Up
+            > volumes
+              volume s-0-6 @h1 1000MiB in use
+              volume s-1-8 @h1 1000MiB in use
+        "#]],
+    );
+}
+
+#[test]
+fn a_drain_of_pinned_instances_waits_for_the_rest_of_the_job() {
+    // s/2, on h2, is not healthy yet: the job is at its SLA's limit, so
+    // the drain of h1 stops nothing until it is; then both instances
+    // pinned to h1 go.
+    check(
+        r"
+        host h1 cpu=2 disk=10000
+        job s pool=/ n=2 cpu=1 disk=100 volume=1000 service health
+        cycle
+        healthy s/0
+        healthy s/1
+        host h2 cpu=4 disk=10000
+        scale s 3         # h1 is full: s/2 goes to h2
+        cycle
+        drain h1          # s/2 is not healthy yet: nothing stops
+        healthy s/2       # now both of h1's go
+        confirm
+        hosts h1
+        ",
+        expect![[r#"
+            > host h1 cpu=2 disk=10000
+            > job s pool=/ n=2 cpu=1 disk=100 volume=1000 service health
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#1 @h1 config 1 volume s-1-8 1000MiB
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > host h2 cpu=4 disk=10000
+            > scale s 3
+            s/2#1 pending
+            > cycle
+            s/2#1 ready
+            s/2#1 placed @h2
+            s/2#1 launching @h2
+              launch s/2#1 @h2 config 1 volume s-2-17 1000MiB
+            s/2#1 running @h2
+            > drain h1
+            > healthy s/2
+            s/2#1 running @h2 [Healthy]
+            s/0#1 preempted @h1 (host h1 drained for maintenance)
+            s/1#1 preempted @h1 (host h1 drained for maintenance)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > hosts h1
+              hosts: h1=Down
         "#]],
     );
 }
