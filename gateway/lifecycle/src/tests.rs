@@ -16,6 +16,7 @@
 //! - `tick MS` — time passes, timers fire;
 //! - `kill J`, `restart J`, `scale J N`, `kill J/I`, `restart J/I`,
 //!   `drain H`, `up H`, `delete J`; `hosts H...` — the hosts' states;
+//! - `update-status U` — an update's record as the API reads it;
 //! - `crash` — the server restarts from its store (agents keep their
 //!   runs); `register H` — H's agent registers again, listing its runs;
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
@@ -235,6 +236,28 @@ impl Env {
                         start_paused: flag("paused"),
                     },
                 })));
+            }
+            "update-status" => {
+                let line = match self.sim.core.update(words[1]) {
+                    Some(u) => {
+                        let counts = self.sim.core.update_counts(u);
+                        format!(
+                            "  update {} {} done={}/{} failed={:?} failed_back={:?}{}",
+                            u.id,
+                            u.state.name(),
+                            counts.done,
+                            counts.total,
+                            u.failed,
+                            u.failed_back,
+                            u.reason
+                                .as_deref()
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default()
+                        )
+                    }
+                    None => format!("  no update {}", words[1]),
+                };
+                self.sim.say(line);
             }
             "pause" | "resume" | "abort" | "rollback" => {
                 let action = match words[0] {
@@ -1024,7 +1047,7 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
               launch s/0#3 @h1 config 2
             s/0#3 running @h1
             > unhealthy s/0
-            update u1 v1->v2 rolling_backward cursor=1 batch={0} failed={} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            update u1 v1->v2 rolling_backward cursor=1 batch={0} failed={0} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
             s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
             s/0#3 failed @h1 (unhealthy: check failed)
             s/0#3 backoff @h1 (unhealthy: check failed)
@@ -1040,7 +1063,7 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
               launch s/0#4 @h1 config 1
             s/0#4 running @h1
             > healthy s/0
-            update u1 v1->v2 rolled_back cursor=2 batch={} failed={} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            update u1 v1->v2 rolled_back cursor=2 batch={} failed={0} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
             s/0#4 running @h1 [Healthy]
         "#]],
     );
@@ -1304,6 +1327,255 @@ fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
             s/2#2 running @h2
             > healthy s/2
             s/2#2 running @h2 [Healthy]
+        "#]],
+    );
+}
+
+#[test]
+fn a_finished_updates_record_is_history() {
+    // Once an update ends, its counts are frozen: later updates move the
+    // instances on, but u1 still reads 2/2 and u2 (rolled back) 2/2 with
+    // the instance that failed on its new spec, as its reason says; so do
+    // they after a restart.
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=2 service health backoff=100
+        cycle
+        healthy s/0
+        healthy s/1
+        update s u1 batch=2
+        confirm
+        cycle
+        healthy s/0
+        healthy s/1       # u1 succeeded
+        update s u2 batch=1 rollback
+        confirm
+        cycle
+        unhealthy s/0     # failed on the new spec: u2 rolls back
+        confirm
+        tick 100
+        cycle
+        healthy s/0       # u2 rolled back
+        update s u3 batch=2
+        confirm
+        cycle
+        healthy s/0
+        healthy s/1       # u3 succeeded
+        update-status u1
+        update-status u2
+        update-status u3
+        crash
+        register h1
+        update-status u1
+        update-status u2
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=2 service health backoff=100
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > update s u1 batch=2
+            update u1 v1->v2 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+            s/1#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > cycle
+            s/0#2 ready
+            s/1#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/0#2 @h1 config 2
+              launch s/1#2 @h1 config 2
+            s/0#2 running @h1
+            s/1#2 running @h1
+            > healthy s/0
+            update u1 v1->v2 rolling_forward cursor=2 batch={1} failed={} done=1
+            s/0#2 running @h1 [Healthy]
+            > healthy s/1
+            update u1 v1->v2 succeeded cursor=2 batch={} failed={} done=2
+            s/1#2 running @h1 [Healthy]
+            > update s u2 batch=1 rollback
+            update u2 v2->v3 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#2 killed @h1 (updated to a new spec)
+              kill s/0#2 @h1
+            > confirm
+            s/0#3 initialized
+            s/0#3 pending
+            > cycle
+            s/0#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+              launch s/0#3 @h1 config 3
+            s/0#3 running @h1
+            > unhealthy s/0
+            update u2 v2->v3 rolling_backward cursor=1 batch={0} failed={0} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#3 failed @h1 (unhealthy: check failed)
+            s/0#3 backoff @h1 (unhealthy: check failed)
+              kill s/0#3 @h1
+            > confirm
+            s/0#4 initialized
+            s/0#4 pending
+            > tick 100
+            > cycle
+            s/0#4 ready
+            s/0#4 placed @h1
+            s/0#4 launching @h1
+              launch s/0#4 @h1 config 2
+            s/0#4 running @h1
+            > healthy s/0
+            update u2 v2->v3 rolled_back cursor=2 batch={} failed={0} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#4 running @h1 [Healthy]
+            > update s u3 batch=2
+            update u3 v2->v4 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            s/0#4 killed @h1 (updated to a new spec)
+            s/1#2 killed @h1 (updated to a new spec)
+              kill s/0#4 @h1
+              kill s/1#2 @h1
+            > confirm
+            s/1#3 initialized
+            s/0#5 initialized
+            s/0#5 pending
+            s/1#3 pending
+            > cycle
+            s/0#5 ready
+            s/1#3 ready
+            s/0#5 placed @h1
+            s/0#5 launching @h1
+            s/1#3 placed @h1
+            s/1#3 launching @h1
+              launch s/0#5 @h1 config 4
+              launch s/1#3 @h1 config 4
+            s/0#5 running @h1
+            s/1#3 running @h1
+            > healthy s/0
+            update u3 v2->v4 rolling_forward cursor=2 batch={1} failed={} done=1
+            s/0#5 running @h1 [Healthy]
+            > healthy s/1
+            update u3 v2->v4 succeeded cursor=2 batch={} failed={} done=2
+            s/1#3 running @h1 [Healthy]
+            > update-status u1
+              update u1 succeeded done=2/2 failed={} failed_back={}
+            > update-status u2
+              update u2 rolled_back done=2/2 failed={0} failed_back={} (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            > update-status u3
+              update u3 succeeded done=2/2 failed={} failed_back={}
+            > crash
+            > register h1
+            > update-status u1
+              update u1 succeeded done=2/2 failed={} failed_back={}
+            > update-status u2
+              update u2 rolled_back done=2/2 failed={0} failed_back={} (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+        "#]],
+    );
+}
+
+#[test]
+fn a_rollback_that_fails_lists_what_failed_each_way() {
+    // s/0 fails on the new spec (u1 rolls back), then on the old one: the
+    // update fails, listing it once for each spec, as its reasons say.
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=2 service health backoff=100
+        cycle
+        healthy s/0
+        healthy s/1
+        update s u1 batch=1 rollback
+        confirm
+        cycle
+        unhealthy s/0     # failed on the new spec: u1 rolls back
+        confirm
+        tick 100
+        cycle
+        unhealthy s/0     # and on the old one: u1 fails
+        update-status u1
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=2 service health backoff=100
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > update s u1 batch=1 rollback
+            update u1 v1->v2 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+              launch s/0#2 @h1 config 2
+            s/0#2 running @h1
+            > unhealthy s/0
+            update u1 v1->v2 rolling_backward cursor=1 batch={0} failed={0} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#2 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#2 failed @h1 (unhealthy: check failed)
+            s/0#2 backoff @h1 (unhealthy: check failed)
+              kill s/0#2 @h1
+            > confirm
+            s/0#3 initialized
+            s/0#3 pending
+            > tick 100
+            > cycle
+            s/0#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+              launch s/0#3 @h1 config 1
+            s/0#3 running @h1
+            > unhealthy s/0
+            update u1 v1->v2 failed cursor=1 batch={} failed={0} failed_back={0} done=1 (1 instance(s) failed on the old spec while rolling back (more than max_failed_instances 0))
+            s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#3 failed @h1 (unhealthy: check failed)
+            s/0#3 backoff @h1 (unhealthy: check failed)
+              kill s/0#3 @h1
+            > update-status u1
+              update u1 failed done=1/2 failed={0} failed_back={0} (1 instance(s) failed on the old spec while rolling back (more than max_failed_instances 0))
         "#]],
     );
 }
