@@ -503,6 +503,28 @@ impl Allocation {
         self.n_tasks += 1;
     }
 
+    /// Adds what another allocation holds (summing a subtree's pools);
+    /// amounts saturate (many pools' allocations may pass 2^64).
+    pub(crate) fn absorb(&mut self, other: &Allocation) {
+        let add = |mine: &mut Resources, theirs: &Resources| *mine = mine.saturating_add(theirs);
+        add(&mut self.total, &other.total);
+        add(&mut self.non_preemptible, &other.non_preemptible);
+        add(&mut self.controller, &other.controller);
+        add(&mut self.revocable, &other.revocable);
+        add(
+            &mut self.non_preemptible_controller,
+            &other.non_preemptible_controller,
+        );
+        for (mine, theirs) in self.by_class.iter_mut().zip(&other.by_class) {
+            add(mine, theirs);
+        }
+        self.n_tasks += other.n_tasks;
+        for (mine, theirs) in self.n_by_class.iter_mut().zip(&other.n_by_class) {
+            *mine += theirs;
+        }
+        self.n_non_preemptible_controller += other.n_non_preemptible_controller;
+    }
+
     /// What tasks of this class (and controller flag) hold, and how many
     /// there are: what one release may return at most.
     pub fn held(&self, class: TaskClass, controller: bool) -> (Resources, u64) {

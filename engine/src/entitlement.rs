@@ -478,7 +478,11 @@ fn aggregate_demand(
     // Children sit after their parent in breadth-first order, so walking
     // inner pools backwards finishes every child before its parent. Each
     // pool's children are one contiguous run: a sum over a slice, not a
-    // scatter into the parent (which would serialise on one address).
+    // scatter into the parent (which would serialise on one address). Both
+    // sums saturate: each term is at most MAX_AMOUNT (2^50), but a pool may
+    // have more than 2^14 children, and a wrapped sum would read as no
+    // demand (the parent would lose even its reservation); the cap at the
+    // pool's limit then brings it back below MAX_AMOUNT.
     for &pos in plan.inner.iter().rev() {
         let pos = pos as usize;
         let kids = plan.children(pos);
@@ -490,7 +494,7 @@ fn aggregate_demand(
                 let fixed = &is_static[kids][..k];
                 (0..k)
                     .map(|i| if fixed[i] { reserved[i] } else { own[i] })
-                    .sum()
+                    .fold(0u64, u64::saturating_add)
             }
             None => demand[kids].iter().fold(0u64, |a, &b| a.saturating_add(b)),
         };

@@ -229,6 +229,26 @@ impl ResourceManager {
         })
     }
 
+    /// Usage of a live pool and every pool below it, together. Tasks queue
+    /// and run only in leaf pools, so an inner pool's own [`usage`] is
+    /// always empty; this is what it holds as a pool, the way its demand
+    /// and entitlement cover its subtree. `O(pools in the subtree)`.
+    ///
+    /// [`usage`]: ResourceManager::usage
+    pub fn subtree_usage(&self, id: PoolId) -> Result<PoolUsage, PoolError> {
+        let mut sum = self.usage(id)?;
+        let mut stack: Vec<PoolId> = self.tree.children(id).collect();
+        while let Some(p) = stack.pop() {
+            let q = &self.queues[p.idx()];
+            sum.allocation.absorb(&q.allocation);
+            sum.queued = sum.queued.saturating_add(&q.queued(false));
+            sum.queued_revocable = sum.queued_revocable.saturating_add(&q.queued(true));
+            sum.n_queued += q.n_queued_tasks();
+            stack.extend(self.tree.children(p));
+        }
+        Ok(sum)
+    }
+
     /// What non-revocable tasks hold in all pools together.
     pub fn total_allocation(&self) -> Resources {
         self.queues.iter().fold(Resources::ZERO, |sum, q| {

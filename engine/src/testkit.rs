@@ -318,6 +318,23 @@ pub fn check_entitlement_invariants(tree: &PoolTree, input: &EntitlementInput, e
                 continue;
             }
             let kids: Vec<PoolId> = tree.children(p).collect();
+            // Sums over children saturate: a pool may have more children
+            // than 2^64 / MAX_AMOUNT.
+            let kids_demand = kids
+                .iter()
+                .map(|&c| {
+                    let cfg = &tree.config(c).dims[d];
+                    match cfg.kind {
+                        PoolKind::Static => cfg.reservation,
+                        PoolKind::Elastic => col.demand[c.idx()],
+                    }
+                })
+                .fold(0u64, u64::saturating_add);
+            assert_eq!(
+                col.demand[p.idx()],
+                kids_demand.min(cfg_p.limit),
+                "{path}: demand is its children's, capped at its limit"
+            );
             let sum: u64 = kids.iter().map(|c| col.entitlement[c.idx()]).sum();
             let upper: u64 = kids
                 .iter()
@@ -329,7 +346,7 @@ pub fn check_entitlement_invariants(tree: &PoolTree, input: &EntitlementInput, e
                         cfg.limit
                     }
                 })
-                .sum();
+                .fold(0u64, u64::saturating_add);
             assert_eq!(
                 sum,
                 e_p.min(upper),
@@ -350,7 +367,10 @@ pub fn check_entitlement_invariants(tree: &PoolTree, input: &EntitlementInput, e
                 );
             }
             let slack_sum: u64 = kids.iter().map(|c| col.slack_entitlement[c.idx()]).sum();
-            let slack_caps: u64 = kids.iter().map(|c| col.slack_cap[c.idx()]).sum();
+            let slack_caps: u64 = kids
+                .iter()
+                .map(|c| col.slack_cap[c.idx()])
+                .fold(0u64, u64::saturating_add);
             assert_eq!(
                 slack_sum,
                 col.slack_entitlement[p.idx()].min(slack_caps),

@@ -4,8 +4,8 @@
 use expect_test::{Expect, expect};
 use peloton_engine::testkit::{Rng, check_entitlement_invariants};
 use peloton_engine::{
-    DimConfig, EntitlementCalculator, EntitlementInput, Entitlements, N_DIMS, PoolConfig, PoolKind,
-    PoolTree, PoolTreeLimits, Resources,
+    DimConfig, EntitlementCalculator, EntitlementInput, Entitlements, MAX_AMOUNT, N_DIMS,
+    PoolConfig, PoolKind, PoolTree, PoolTreeLimits, Resources,
 };
 use proptest::prelude::*;
 
@@ -673,4 +673,42 @@ fn one_child_capped_per_round_takes_the_sorting_path() {
             tree.path(id)
         );
     }
+}
+
+#[test]
+fn a_parent_of_many_leaves_at_the_maximum_keeps_its_reservation() {
+    // 2^14 leaves each demanding MAX_AMOUNT (2^50) sum to 2^64: a sum that
+    // wrapped would read as no demand at all, and /p would lose even its
+    // reservation to /q. Saturated, /p demands its limit and gets its
+    // reservation (/q, with its own, takes the rest).
+    let n_leaves = 1 << 14;
+    let mut tree = PoolTree::new(PoolTreeLimits {
+        max_pools: n_leaves + 3,
+    });
+    let cpu =
+        |reservation| PoolConfig::default().with_reservation(Resources::new(reservation, 0, 0, 0));
+    let p = tree.create("/p", cpu(100)).unwrap();
+    let q = tree.create("/q", cpu(100)).unwrap();
+    let mut leaves = Vec::with_capacity(n_leaves);
+    for i in 0..n_leaves {
+        leaves.push(
+            tree.create(&format!("/p/l{i}"), PoolConfig::default())
+                .unwrap(),
+        );
+    }
+    let mut input = EntitlementInput::with_slots(tree.n_slots());
+    input.capacity = Resources::new(300, 0, 0, 0);
+    for &leaf in &leaves {
+        input.demand[0][leaf.idx()] = MAX_AMOUNT;
+    }
+    input.demand[0][q.idx()] = 1000;
+    let mut out = Entitlements::default();
+    EntitlementCalculator::new().compute(&tree, &input, &mut out, None);
+    check_entitlement_invariants(&tree, &input, &out);
+    let cpu = &out.dims[0];
+    assert_eq!(cpu.demand[p.idx()], MAX_AMOUNT, "capped at /p's limit");
+    assert_eq!(cpu.demand[tree.root().idx()], MAX_AMOUNT);
+    // Guarantees first (100 each), then the 100 left by share (1:1).
+    assert_eq!(cpu.entitlement[p.idx()], 150);
+    assert_eq!(cpu.entitlement[q.idx()], 150);
 }

@@ -582,6 +582,8 @@ function updateView(u, act) {
   const doneN = Number(st.instancesDone || 0);
   const path = (verb) => `/v1/updates/${encodeURIComponent(u.id)}/${verb}`;
   const finished = UPDATE_DONE.includes(state);
+  const backward = state === "ROLLING_BACKWARD" || state === "ROLLED_BACK"
+    || (state === "PAUSED" && stateName(st.pausedFrom) === "ROLLING_BACKWARD");
   const button = (verb, label, enabled, question) => h("button", {
     id: `update-${verb}`,
     disabled: !enabled,
@@ -594,12 +596,15 @@ function updateView(u, act) {
     h("h2", {}, finished ? "Last update " : "Update in progress ", stateBadge(state),
       state === "PAUSED" && st.pausedFrom ? h("span", { class: "muted small" }, ` (from ${stateName(st.pausedFrom)})`) : null),
     h("div", { class: "update-progress" },
-      bar(doneN, total, `${doneN} / ${total} instances updated`, "b-alloc"),
+      // Counts are of instances on the update's goal: the old version once
+      // it turned back; frozen once it ended.
+      bar(doneN, total, `${doneN} / ${total} instances ${backward ? `back on version ${u.fromVersion}` : "updated"}`, "b-alloc"),
       h("dl", { class: "facts" },
         fact("update", u.id),
         fact("config version", `${u.fromVersion} → ${u.toVersion}`),
         fact("in progress", (st.instancesInProgress || []).join(", ") || "—"),
         (st.instancesFailed || []).length ? fact("failed", st.instancesFailed.join(", ")) : null,
+        (st.instancesFailedRollingBack || []).length ? fact("failed rolling back", st.instancesFailedRollingBack.join(", ")) : null,
         fact("started", time(st.createdAtMs)),
         Number(st.completedAtMs || 0) ? fact("completed", time(st.completedAtMs)) : null,
         st.reason ? fact("reason", st.reason) : null)),

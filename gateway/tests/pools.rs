@@ -292,6 +292,62 @@ async fn pools_survive_a_restart_with_their_versions() {
     s.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_pool_holds_what_its_children_hold() {
+    // Tasks queue and run in leaf pools: /a's allocation, running and
+    // pending tasks are those of /a/b and /a/c together, the root's those of
+    // every pool, as the demand is (list and get read the same figures).
+    let s = TestServer::start(1).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/a", pool_spec(4.0, 1024.0)).await;
+    create_pool(&mut c, "/a/b", pool_spec(2.0, 512.0)).await;
+    create_pool(&mut c, "/a/c", pool_spec(2.0, 256.0)).await;
+    let b = create_job(&mut c, job_spec("/a/b", 2, 1.0, 600_000)).await;
+    let cc = create_job(&mut c, job_spec("/a/c", 1, 2.0, 600_000)).await;
+    wait_job(&c, &b.id, pb::JobState::Running).await;
+    wait_job(&c, &cc.id, pb::JobState::Running).await;
+    // /a/c's reservation is taken: one more task waits in its queue.
+    create_job(&mut c, job_spec("/a/c", 1, 1.0, 600_000)).await;
+    // A pool's status figures, as `respool list` shows them.
+    let figures = |p: &pb::Pool| {
+        let st = p.status.expect("status");
+        let alloc = st.allocation.expect("allocation");
+        format!(
+            "{} cpu={} mem={} running={} pending={}",
+            p.path, alloc.cpu, alloc.memory_mb, st.running_tasks, st.pending_tasks
+        )
+    };
+    let mut cl = c.clone();
+    let pools = eventually("every task allocated", TIMEOUT, async || {
+        let pools = list_pools(&mut cl).await;
+        let leaf = pools.iter().find(|p| p.path == "/a/c").expect("/a/c");
+        if leaf
+            .status
+            .is_some_and(|st| st.running_tasks == 1 && st.pending_tasks == 1)
+        {
+            Ok(pools)
+        } else {
+            Err(format!("{pools:?}"))
+        }
+    })
+    .await;
+    let listed: Vec<String> = pools.iter().map(figures).collect();
+    assert_eq!(
+        listed,
+        [
+            "/ cpu=4 mem=768 running=3 pending=1",
+            "/a cpu=4 mem=768 running=3 pending=1",
+            "/a/b cpu=2 mem=512 running=2 pending=0",
+            "/a/c cpu=2 mem=256 running=1 pending=1",
+        ]
+    );
+    assert_eq!(
+        figures(&get_pool(&mut c, "/a").await),
+        "/a cpu=4 mem=768 running=3 pending=1"
+    );
+    s.shutdown().await;
+}
+
 fn queue(path: &str, limit: u32) -> pb::ListQueueRequest {
     pb::ListQueueRequest {
         path: path.into(),

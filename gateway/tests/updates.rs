@@ -272,6 +272,76 @@ async fn an_update_pauses_resumes_aborts_and_resumes_after_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_updates_record_stays_as_it_ended_also_after_a_restart() {
+    let mut s = TestServer::start(2).await;
+    create_reserved_pool(&mut s.clients, "/web").await;
+    let v1 = service("/web", 3);
+    let job = create_job(&mut s.clients, v1.clone()).await;
+    wait_running(&s.clients, &job.id, 3).await;
+    let all = |batch_size| pb::UpdateSpec {
+        batch_size,
+        ..Default::default()
+    };
+
+    // u1 succeeds: 3/3 on v2.
+    let u1 = update(&mut s.clients, &job.id, version(v1.clone(), "2"), all(3))
+        .await
+        .expect("u1");
+    let u1 = wait_update(&s.clients, &u1.id, pb::UpdateState::Succeeded).await;
+    let st = u1.status.clone().expect("status");
+    assert_eq!((st.instances_done, st.instances_total), (3, 3), "{st:?}");
+
+    // u2's spec exits at once: its first instance fails and it rolls back,
+    // listing the instance its reason counts.
+    let mut v3 = version(v1.clone(), "3");
+    task_of(&mut v3).sim = Some(pb::SimSpec {
+        duration_ms: 0,
+        exit_code: 1,
+    });
+    let u2 = update(
+        &mut s.clients,
+        &job.id,
+        v3,
+        pb::UpdateSpec {
+            batch_size: 1,
+            rollback_on_failure: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("u2");
+    let u2 = wait_update(&s.clients, &u2.id, pb::UpdateState::RolledBack).await;
+    let st = u2.status.clone().expect("status");
+    assert_eq!(st.instances_failed, [0], "{st:?}");
+    assert!(
+        st.reason
+            .starts_with("1 instance(s) failed on the new spec"),
+        "{st:?}"
+    );
+    assert!(st.instances_failed_rolling_back.is_empty(), "{st:?}");
+    wait_running(&s.clients, &job.id, 3).await;
+
+    // u3 moves every instance on to v4: u1 and u2 read as they ended.
+    let u3 = update(&mut s.clients, &job.id, version(v1.clone(), "4"), all(3))
+        .await
+        .expect("u3");
+    wait_update(&s.clients, &u3.id, pb::UpdateState::Succeeded).await;
+    for ended in [&u1, &u2] {
+        assert_eq!(&get_update(&mut s.clients, &ended.id).await, ended);
+    }
+    let s = s.restart().await;
+    let mut c = s.clients.clone();
+    for ended in [&u1, &u2] {
+        assert_eq!(
+            &get_update(&mut c, &ended.id).await,
+            ended,
+            "after a restart"
+        );
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_updates_are_refused_and_change_nothing() {
     let mut s = TestServer::start(2).await;
     create_reserved_pool(&mut s.clients, "/web").await;

@@ -166,6 +166,15 @@ impl Lifecycle {
     /// and a service's instances only while fewer than its
     /// `max_unavailable` instances are down or unhealthy (replacements must
     /// be healthy elsewhere before more go).
+    ///
+    /// Instances pinned to this host (their volume is here) are not counted
+    /// in that: they can only run here, so whether they are down waiting
+    /// for the host or stopped by the drain, none can be back before the
+    /// drain ends. Waiting for them would hold the drain forever; so the
+    /// drain stops all of a job's instances pinned here once the rest of
+    /// the job is within its SLA, and they come back when the host is up
+    /// (or elsewhere, if the job relocates after `host_down_timeout_ms`).
+    /// They still count for the job's instances elsewhere (other drains).
     fn drain(&mut self, engine: &mut Engine, slot: HostSlot, fx: &mut Effects) {
         let mut on_it = self.instances_on(engine, slot);
         on_it.sort_unstable();
@@ -186,7 +195,9 @@ impl Lifecycle {
                 continue;
             }
             if job.plan.kind == JobKind::Service {
-                let down = *unavailable.entry(k).or_insert_with(|| self.unavailable(k));
+                let down = *unavailable
+                    .entry(k)
+                    .or_insert_with(|| self.unavailable_beside(k, slot));
                 if down >= self.jobs[&k].plan.max_unavailable {
                     continue;
                 }
@@ -215,12 +226,17 @@ impl Lifecycle {
         }
     }
 
-    /// Instances of a job that are not running healthy (instances a user
-    /// stopped for good do not count: they are not coming back).
-    fn unavailable(&self, k: JobKey) -> u32 {
+    /// Instances of a job that are not running healthy, but for those
+    /// pinned to the draining host `draining` (see [`Lifecycle::drain`];
+    /// instances a user stopped for good do not count either: they are not
+    /// coming back).
+    fn unavailable_beside(&self, k: JobKey, draining: HostSlot) -> u32 {
         let job = &self.jobs[&k];
         (0..job.tasks.len() as u32)
             .filter(|&i| {
+                if self.pin_of(k, i) == Some(draining) {
+                    return false;
+                }
                 let t = &job.tasks[i as usize];
                 let stopped = t.state == S::Killed && !self.held.contains_key(&(k, i));
                 let available = t.state == S::Running

@@ -150,6 +150,10 @@ impl Lifecycle {
                 "update {id}: rolling set"
             );
             assert!(u.from < u.to, "update {id}: versions");
+            assert!(
+                u.final_counts.is_none() || u.state.is_terminal(),
+                "update {id}: only an ended update's counts are frozen"
+            );
         }
         for (k, job) in &self.jobs {
             for (i, t) in job.tasks.iter().enumerate() {

@@ -57,7 +57,7 @@ pub use model::{
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
 pub use updates::{
-    MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateRequest, UpdateSpec, UpdateState,
+    MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateCounts, UpdateRequest, UpdateSpec, UpdateState,
 };
 
 /// What to do to a job.

@@ -477,14 +477,19 @@ impl Sim {
                     if let Some(u) = self.core.update(&id) {
                         let job = self.core.job(u.job).expect("live").id.clone();
                         let line = format!(
-                            "update {id} v{}->v{} {} cursor={} batch={:?} failed={:?} done={}{}",
+                            "update {id} v{}->v{} {} cursor={} batch={:?} failed={:?}{} done={}{}",
                             u.from,
                             u.to,
                             u.state.name(),
                             u.cursor,
                             u.in_progress,
                             u.failed,
-                            self.core.update_done(u),
+                            if u.failed_back.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" failed_back={:?}", u.failed_back)
+                            },
+                            self.core.update_counts(u).done,
                             u.reason
                                 .as_deref()
                                 .map(|r| format!(" ({r})"))

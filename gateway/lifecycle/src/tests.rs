@@ -15,7 +15,8 @@
 //! - `confirm` — agents confirm every kill they were sent;
 //! - `tick MS` — time passes, timers fire;
 //! - `kill J`, `restart J`, `scale J N`, `kill J/I`, `restart J/I`,
-//!   `drain H`, `up H`, `delete J`;
+//!   `drain H`, `up H`, `delete J`; `hosts H...` — the hosts' states;
+//! - `update-status U` — an update's record as the API reads it;
 //! - `crash` — the server restarts from its store (agents keep their
 //!   runs); `register H` — H's agent registers again, listing its runs;
 //!   `disconnect H` — H's agent's session ends (its runs go on);
@@ -89,6 +90,18 @@ impl Env {
                 let f = self.sim.engine.hosts().free(slot);
                 self.sim
                     .say(format!("  reserved @{}: {r}; free: {f}", words[1]));
+            }
+            "hosts" => {
+                // `hosts H...`: the named hosts' states.
+                let hosts = self.sim.engine.hosts();
+                let states: Vec<String> = words[1..]
+                    .iter()
+                    .map(|&name| {
+                        let id = hosts.lookup(name).expect("host");
+                        format!("{name}={:?}", hosts.state(id))
+                    })
+                    .collect();
+                self.sim.say(format!("  hosts: {}", states.join(" ")));
             }
             "volumes" => {
                 let lines: Vec<String> = self
@@ -231,6 +244,28 @@ impl Env {
                         start_paused: flag("paused"),
                     },
                 })));
+            }
+            "update-status" => {
+                let line = match self.sim.core.update(words[1]) {
+                    Some(u) => {
+                        let counts = self.sim.core.update_counts(u);
+                        format!(
+                            "  update {} {} done={}/{} failed={:?} failed_back={:?}{}",
+                            u.id,
+                            u.state.name(),
+                            counts.done,
+                            counts.total,
+                            u.failed,
+                            u.failed_back,
+                            u.reason
+                                .as_deref()
+                                .map(|r| format!(" ({r})"))
+                                .unwrap_or_default()
+                        )
+                    }
+                    None => format!("  no update {}", words[1]),
+                };
+                self.sim.say(line);
             }
             "pause" | "resume" | "abort" | "rollback" => {
                 let action = match words[0] {
@@ -1020,7 +1055,7 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
               launch s/0#3 @h1 config 2
             s/0#3 running @h1
             > unhealthy s/0
-            update u1 v1->v2 rolling_backward cursor=1 batch={0} failed={} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            update u1 v1->v2 rolling_backward cursor=1 batch={0} failed={0} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
             s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
             s/0#3 failed @h1 (unhealthy: check failed)
             s/0#3 backoff @h1 (unhealthy: check failed)
@@ -1036,7 +1071,7 @@ fn an_update_whose_instances_fail_rolls_back_by_itself() {
               launch s/0#4 @h1 config 1
             s/0#4 running @h1
             > healthy s/0
-            update u1 v1->v2 rolled_back cursor=2 batch={} failed={} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            update u1 v1->v2 rolled_back cursor=2 batch={} failed={0} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
             s/0#4 running @h1 [Healthy]
         "#]],
     );
@@ -1300,6 +1335,402 @@ fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
             s/2#2 running @h2
             > healthy s/2
             s/2#2 running @h2 [Healthy]
+        "#]],
+    );
+}
+
+#[test]
+fn a_finished_updates_record_is_history() {
+    // Once an update ends, its counts are frozen: later updates move the
+    // instances on, but u1 still reads 2/2 and u2 (rolled back) 2/2 with
+    // the instance that failed on its new spec, as its reason says; so do
+    // they after a restart.
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=2 service health backoff=100
+        cycle
+        healthy s/0
+        healthy s/1
+        update s u1 batch=2
+        confirm
+        cycle
+        healthy s/0
+        healthy s/1       # u1 succeeded
+        update s u2 batch=1 rollback
+        confirm
+        cycle
+        unhealthy s/0     # failed on the new spec: u2 rolls back
+        confirm
+        tick 100
+        cycle
+        healthy s/0       # u2 rolled back
+        update s u3 batch=2
+        confirm
+        cycle
+        healthy s/0
+        healthy s/1       # u3 succeeded
+        update-status u1
+        update-status u2
+        update-status u3
+        crash
+        register h1
+        update-status u1
+        update-status u2
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=2 service health backoff=100
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > update s u1 batch=2
+            update u1 v1->v2 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+            s/1#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > cycle
+            s/0#2 ready
+            s/1#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/0#2 @h1 config 2
+              launch s/1#2 @h1 config 2
+            s/0#2 running @h1
+            s/1#2 running @h1
+            > healthy s/0
+            update u1 v1->v2 rolling_forward cursor=2 batch={1} failed={} done=1
+            s/0#2 running @h1 [Healthy]
+            > healthy s/1
+            update u1 v1->v2 succeeded cursor=2 batch={} failed={} done=2
+            s/1#2 running @h1 [Healthy]
+            > update s u2 batch=1 rollback
+            update u2 v2->v3 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#2 killed @h1 (updated to a new spec)
+              kill s/0#2 @h1
+            > confirm
+            s/0#3 initialized
+            s/0#3 pending
+            > cycle
+            s/0#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+              launch s/0#3 @h1 config 3
+            s/0#3 running @h1
+            > unhealthy s/0
+            update u2 v2->v3 rolling_backward cursor=1 batch={0} failed={0} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#3 failed @h1 (unhealthy: check failed)
+            s/0#3 backoff @h1 (unhealthy: check failed)
+              kill s/0#3 @h1
+            > confirm
+            s/0#4 initialized
+            s/0#4 pending
+            > tick 100
+            > cycle
+            s/0#4 ready
+            s/0#4 placed @h1
+            s/0#4 launching @h1
+              launch s/0#4 @h1 config 2
+            s/0#4 running @h1
+            > healthy s/0
+            update u2 v2->v3 rolled_back cursor=2 batch={} failed={0} done=2 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#4 running @h1 [Healthy]
+            > update s u3 batch=2
+            update u3 v2->v4 rolling_forward cursor=2 batch={0, 1} failed={} done=0
+            s/0#4 killed @h1 (updated to a new spec)
+            s/1#2 killed @h1 (updated to a new spec)
+              kill s/0#4 @h1
+              kill s/1#2 @h1
+            > confirm
+            s/1#3 initialized
+            s/0#5 initialized
+            s/0#5 pending
+            s/1#3 pending
+            > cycle
+            s/0#5 ready
+            s/1#3 ready
+            s/0#5 placed @h1
+            s/0#5 launching @h1
+            s/1#3 placed @h1
+            s/1#3 launching @h1
+              launch s/0#5 @h1 config 4
+              launch s/1#3 @h1 config 4
+            s/0#5 running @h1
+            s/1#3 running @h1
+            > healthy s/0
+            update u3 v2->v4 rolling_forward cursor=2 batch={1} failed={} done=1
+            s/0#5 running @h1 [Healthy]
+            > healthy s/1
+            update u3 v2->v4 succeeded cursor=2 batch={} failed={} done=2
+            s/1#3 running @h1 [Healthy]
+            > update-status u1
+              update u1 succeeded done=2/2 failed={} failed_back={}
+            > update-status u2
+              update u2 rolled_back done=2/2 failed={0} failed_back={} (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            > update-status u3
+              update u3 succeeded done=2/2 failed={} failed_back={}
+            > crash
+            > register h1
+            > update-status u1
+              update u1 succeeded done=2/2 failed={} failed_back={}
+            > update-status u2
+              update u2 rolled_back done=2/2 failed={0} failed_back={} (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+        "#]],
+    );
+}
+
+#[test]
+fn a_rollback_that_fails_lists_what_failed_each_way() {
+    // s/0 fails on the new spec (u1 rolls back), then on the old one: the
+    // update fails, listing it once for each spec, as its reasons say.
+    check(
+        r"
+        host h1 cpu=8
+        job s pool=/ n=2 service health backoff=100
+        cycle
+        healthy s/0
+        healthy s/1
+        update s u1 batch=1 rollback
+        confirm
+        cycle
+        unhealthy s/0     # failed on the new spec: u1 rolls back
+        confirm
+        tick 100
+        cycle
+        unhealthy s/0     # and on the old one: u1 fails
+        update-status u1
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job s pool=/ n=2 service health backoff=100
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > update s u1 batch=1 rollback
+            update u1 v1->v2 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/0#2 pending
+            > cycle
+            s/0#2 ready
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+              launch s/0#2 @h1 config 2
+            s/0#2 running @h1
+            > unhealthy s/0
+            update u1 v1->v2 rolling_backward cursor=1 batch={0} failed={0} done=1 (1 instance(s) failed on the new spec (more than max_failed_instances 0))
+            s/0#2 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#2 failed @h1 (unhealthy: check failed)
+            s/0#2 backoff @h1 (unhealthy: check failed)
+              kill s/0#2 @h1
+            > confirm
+            s/0#3 initialized
+            s/0#3 pending
+            > tick 100
+            > cycle
+            s/0#3 ready
+            s/0#3 placed @h1
+            s/0#3 launching @h1
+              launch s/0#3 @h1 config 1
+            s/0#3 running @h1
+            > unhealthy s/0
+            update u1 v1->v2 failed cursor=1 batch={} failed={0} failed_back={0} done=1 (1 instance(s) failed on the old spec while rolling back (more than max_failed_instances 0))
+            s/0#3 running @h1 [Unhealthy] (unhealthy: check failed)
+            s/0#3 failed @h1 (unhealthy: check failed)
+            s/0#3 backoff @h1 (unhealthy: check failed)
+              kill s/0#3 @h1
+            > update-status u1
+              update u1 failed done=1/2 failed={0} failed_back={0} (1 instance(s) failed on the old spec while rolling back (more than max_failed_instances 0))
+        "#]],
+    );
+}
+
+#[test]
+fn a_drain_stops_every_instance_pinned_to_its_host() {
+    // Both instances' volumes are on h1: stopped, they can only wait for
+    // h1, so the SLA (one down at a time) cannot be kept by waiting for
+    // the first to come back; the drain stops both and h1 goes down. They
+    // return to their volumes when h1 is up.
+    check(
+        r"
+        host h1 cpu=4 disk=10000
+        job s pool=/ n=2 cpu=1 disk=100 volume=1000 service
+        cycle
+        host h2 cpu=4 disk=10000
+        drain h1
+        confirm
+        cycle             # h2 has room, but not their volumes
+        hosts h1 h2
+        tick 75000
+        up h1
+        cycle
+        hosts h1 h2
+        volumes
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=10000
+            > job s pool=/ n=2 cpu=1 disk=100 volume=1000 service
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#1 @h1 config 1 volume s-1-8 1000MiB
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > host h2 cpu=4 disk=10000
+            > drain h1
+            s/0#1 preempted @h1 (host h1 drained for maintenance)
+            s/1#1 preempted @h1 (host h1 drained for maintenance)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > cycle
+            s/0#2 ready
+            s/1#2 ready
+            s/0#2 placing
+            s/1#2 placing
+            > hosts h1 h2
+              hosts: h1=Down h2=Up
+            > tick 75000
+            > up h1
+            > cycle
+            s/0#2 placed @h1
+            s/0#2 launching @h1
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/0#2 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#2 @h1 config 1 volume s-1-8 1000MiB
+            s/0#2 running @h1
+            s/1#2 running @h1
+            > hosts h1 h2
+              hosts: h1=Up h2=Up
+            > volumes
+              volume s-0-6 @h1 1000MiB in use
+              volume s-1-8 @h1 1000MiB in use
+        "#]],
+    );
+}
+
+#[test]
+fn a_drain_of_pinned_instances_waits_for_the_rest_of_the_job() {
+    // s/2, on h2, is not healthy yet: the job is at its SLA's limit, so
+    // the drain of h1 stops nothing until it is; then both instances
+    // pinned to h1 go.
+    check(
+        r"
+        host h1 cpu=2 disk=10000
+        job s pool=/ n=2 cpu=1 disk=100 volume=1000 service health
+        cycle
+        healthy s/0
+        healthy s/1
+        host h2 cpu=4 disk=10000
+        scale s 3         # h1 is full: s/2 goes to h2
+        cycle
+        drain h1          # s/2 is not healthy yet: nothing stops
+        healthy s/2       # now both of h1's go
+        confirm
+        hosts h1
+        ",
+        expect![[r#"
+            > host h1 cpu=2 disk=10000
+            > job s pool=/ n=2 cpu=1 disk=100 volume=1000 service health
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#1 @h1 config 1 volume s-1-8 1000MiB
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > healthy s/0
+            s/0#1 running @h1 [Healthy]
+            > healthy s/1
+            s/1#1 running @h1 [Healthy]
+            > host h2 cpu=4 disk=10000
+            > scale s 3
+            s/2#1 pending
+            > cycle
+            s/2#1 ready
+            s/2#1 placed @h2
+            s/2#1 launching @h2
+              launch s/2#1 @h2 config 1 volume s-2-17 1000MiB
+            s/2#1 running @h2
+            > drain h1
+            > healthy s/2
+            s/2#1 running @h2 [Healthy]
+            s/0#1 preempted @h1 (host h1 drained for maintenance)
+            s/1#1 preempted @h1 (host h1 drained for maintenance)
+              kill s/0#1 @h1
+              kill s/1#1 @h1
+            > confirm
+            s/0#2 initialized
+            s/1#2 initialized
+            s/0#2 pending
+            s/1#2 pending
+            > hosts h1
+              hosts: h1=Down
         "#]],
     );
 }

@@ -7,6 +7,12 @@
 //! Progress is a cursor over the instances plus the set being moved now; the
 //! instances' config versions are stored with their tasks, and the update
 //! with its own row, so a restarted server resumes where it was.
+//!
+//! A finished update's record is history: its counts (instances on its goal,
+//! instances in all) are frozen when it ends ([`UpdateCounts`]), so later
+//! updates of the job do not rewrite them, and the instances that failed on
+//! the new spec stay listed through a rollback (those that fail on the way
+//! back are listed apart).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -133,8 +139,14 @@ pub struct Update {
     pub cursor: u32,
     /// Instances being moved now.
     pub in_progress: BTreeSet<u32>,
-    /// Instances that failed on the new spec.
+    /// Instances that failed on the new spec (kept through a rollback: its
+    /// reason counts them).
     pub failed: BTreeSet<u32>,
+    /// Instances that failed on the old spec while rolling back.
+    pub failed_back: BTreeSet<u32>,
+    /// Its counts when it ended (`None` while it runs, or for an ended
+    /// update recovered from a row without them: then they are derived).
+    pub final_counts: Option<UpdateCounts>,
     /// Created.
     pub created_at: u64,
     /// Ended (0: not).
@@ -162,6 +174,40 @@ impl Update {
             UpdateState::RollingForward | UpdateState::RollingBackward
         )
     }
+
+    /// Moving instances back to `from` (or paused while doing so).
+    fn backward(&self) -> bool {
+        self.state == UpdateState::RollingBackward
+            || (self.state == UpdateState::Paused
+                && self.paused_from == Some(UpdateState::RollingBackward))
+    }
+
+    /// The instances that failed on the spec they are being moved to now:
+    /// the ones the update's limits and batch count.
+    pub fn failed_now(&self) -> &BTreeSet<u32> {
+        if self.backward() {
+            &self.failed_back
+        } else {
+            &self.failed
+        }
+    }
+
+    fn failed_now_mut(&mut self) -> &mut BTreeSet<u32> {
+        if self.backward() {
+            &mut self.failed_back
+        } else {
+            &mut self.failed
+        }
+    }
+}
+
+/// An update's instance counts as the API shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UpdateCounts {
+    /// Instances running the update's goal spec, healthy.
+    pub done: u32,
+    /// The job's instances.
+    pub total: u32,
 }
 
 /// Updates kept per job (the oldest ended ones go first).
@@ -189,16 +235,43 @@ impl Lifecycle {
             .is_some_and(|u| !u.state.is_terminal() && u.in_progress.contains(&i))
     }
 
-    /// Instances of the update's job that run its goal spec and are
-    /// healthy (running, without a health check).
-    pub fn update_done(&self, u: &Update) -> u32 {
+    /// An update's counts: frozen when it ended; while it runs (or for an
+    /// ended update recovered without them), the instances of its job that
+    /// run its goal spec and are healthy (running, without a health check),
+    /// of all its instances.
+    pub fn update_counts(&self, u: &Update) -> UpdateCounts {
+        if let Some(frozen) = u.final_counts {
+            return frozen;
+        }
         let Some(job) = self.jobs.get(&u.job) else {
-            return 0;
+            return UpdateCounts::default();
         };
         let goal = u.goal();
-        (0..job.tasks.len() as u32)
-            .filter(|&i| self.instance_done(u.job, i, goal))
-            .count() as u32
+        UpdateCounts {
+            done: (0..job.tasks.len() as u32)
+                .filter(|&i| self.instance_done(u.job, i, goal))
+                .count() as u32,
+            total: job.tasks.len() as u32,
+        }
+    }
+
+    /// Ends an update in `state` (terminal): its counts are frozen as they
+    /// are now (against the goal it was moving to), and `reason`, if given,
+    /// says why.
+    fn end_update(&mut self, id: &str, state: UpdateState, reason: Option<&str>) {
+        debug_assert!(state.is_terminal());
+        let u = &self.updates[id];
+        let counts = self.update_counts(u);
+        let now = self.now;
+        let u = self.updates.get_mut(id).expect("live update");
+        u.state = state;
+        u.paused_from = None;
+        u.completed_at = now;
+        if let Some(reason) = reason {
+            u.reason = Some(reason.into());
+        }
+        u.final_counts = Some(counts);
+        self.rolling.remove(id);
     }
 
     fn instance_done(&self, k: JobKey, i: u32, goal: u64) -> bool {
@@ -330,6 +403,8 @@ impl Lifecycle {
             cursor: 0,
             in_progress: BTreeSet::new(),
             failed: BTreeSet::new(),
+            failed_back: BTreeSet::new(),
+            final_counts: None,
             created_at: now,
             completed_at: 0,
             reason: None,
@@ -365,17 +440,12 @@ impl Lifecycle {
         let Some(id) = self.jobs[&k].latest_update().cloned() else {
             return BTreeSet::new();
         };
-        let now = self.now;
-        let u = self.updates.get_mut(&id).expect("kept");
+        let u = &self.updates[&id];
         if u.state.is_terminal() {
             return BTreeSet::new();
         }
         let moving = u.in_progress.clone();
-        u.state = UpdateState::Aborted;
-        u.paused_from = None;
-        u.completed_at = now;
-        u.reason = Some(reason.into());
-        self.rolling.remove(&id);
+        self.end_update(&id, UpdateState::Aborted, Some(reason));
         fx.rows.push(RowKey::Update(id));
         moving
     }
@@ -478,10 +548,7 @@ impl Lifecycle {
                 if state.is_terminal() {
                     return refuse("be aborted");
                 }
-                u.state = UpdateState::Aborted;
-                u.paused_from = None;
-                u.completed_at = self.now;
-                u.reason = Some("aborted by request".into());
+                self.end_update(id, UpdateState::Aborted, Some("aborted by request"));
             }
             UpdateAction::Rollback => {
                 let backward = state == UpdateState::RollingBackward
@@ -509,9 +576,12 @@ impl Lifecycle {
         u.paused_from = None;
         u.cursor = 0;
         // The instances being moved are down: they go back first, and count
-        // in the batch of the way back.
+        // in the batch of the way back. Those that failed on the new spec
+        // stay listed (the reason counts them); the way back counts its own.
         let moving = std::mem::take(&mut u.in_progress);
-        u.failed.clear();
+        u.failed_back.clear();
+        // An ended update rolled back runs again: its counts are live.
+        u.final_counts = None;
         u.completed_at = 0;
         u.reason = Some(reason.into());
         self.rolling.insert(Arc::from(id));
@@ -591,13 +661,18 @@ impl Lifecycle {
         }
         for i in failed_now {
             u.in_progress.remove(&i);
-            u.failed.insert(i);
+            u.failed_now_mut().insert(i);
             changed = true;
         }
-        let n_failed = u.failed.len() as u32;
+        let n_failed = u.failed_now().len() as u32;
         if n_failed > spec.max_failed_instances {
+            let on = if backward {
+                "the old spec while rolling back"
+            } else {
+                "the new spec"
+            };
             let reason = format!(
-                "{n_failed} instance(s) failed on the new spec (more than max_failed_instances {})",
+                "{n_failed} instance(s) failed on {on} (more than max_failed_instances {})",
                 spec.max_failed_instances
             );
             if spec.rollback_on_failure && !backward {
@@ -605,12 +680,8 @@ impl Lifecycle {
                 fx.rows.push(RowKey::Update(id.clone()));
                 return self.advance(engine, id, fx);
             }
-            let u = self.updates.get_mut(id).expect("live");
-            u.state = UpdateState::Failed;
-            u.completed_at = self.now;
-            u.reason = Some(reason.into());
+            self.end_update(id, UpdateState::Failed, Some(&reason));
             fx.rows.push(RowKey::Update(id.clone()));
-            self.rolling.remove(id);
             self.gc_configs(k, fx);
             return;
         }
@@ -618,7 +689,7 @@ impl Lifecycle {
         // spec and are still down count against it too (but not once their
         // user stopped them: the update does not wait for those).
         let failed_down = self.updates[id]
-            .failed
+            .failed_now()
             .iter()
             .filter(|&&i| i < n && !self.instance_done(k, i, goal) && !self.stopped_by_user(k, i))
             .count() as u32;
@@ -632,7 +703,7 @@ impl Lifecycle {
             u.cursor += 1;
             changed = true;
             let t = &self.jobs[&k].tasks[i as usize];
-            if t.config == goal || u.failed.contains(&i) {
+            if t.config == goal || u.failed_now().contains(&i) {
                 continue;
             }
             let stopped_by_user = self.stopped_by_user(k, i);
@@ -654,15 +725,13 @@ impl Lifecycle {
         }
         let u = &self.updates[id];
         if u.in_progress.is_empty() && u.cursor >= n {
-            let u = self.updates.get_mut(id).expect("live");
-            u.state = if backward {
+            let state = if backward {
                 UpdateState::RolledBack
             } else {
                 UpdateState::Succeeded
             };
-            u.completed_at = self.now;
+            self.end_update(id, state, None);
             changed = true;
-            self.rolling.remove(id);
             self.gc_configs(k, fx);
         }
         if changed {

@@ -35,7 +35,9 @@ pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
     let rm = engine.resources();
     let tree = rm.tree();
     let path = tree.path(id).to_string();
-    let usage = rm.usage(id).expect("live pool");
+    // A parent pool holds what its subtree holds (tasks live in leaves),
+    // as its demand and entitlement cover its subtree.
+    let usage = rm.subtree_usage(id).expect("live pool");
     let ent = rm.entitlements();
     let slot = id.idx();
     let alloc = usage
@@ -133,7 +135,7 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
     for id in ids.into_iter().take(metrics.max_pools) {
         let path = tree.path(id).to_string();
         let slot = id.idx();
-        let usage = rm.usage(id).expect("listed pool");
+        let usage = rm.subtree_usage(id).expect("listed pool");
         metrics
             .pending_tasks
             .get_or_create(&PoolLabels { pool: path.clone() })
@@ -227,6 +229,7 @@ pub(super) fn job_to_pb(
 pub(super) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
     let state =
         |s: UpdateState| pb::UpdateState::try_from(s as i32).expect("same numbering") as i32;
+    let counts = core.update_counts(u);
     pb::Update {
         id: u.id.to_string(),
         job_id: core
@@ -245,20 +248,21 @@ pub(super) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
         status: Some(pb::UpdateStatus {
             state: state(u.state),
             paused_from: u.paused_from.map_or(0, state),
-            instances_total: core.job(u.job).map_or(0, |j| j.tasks.len() as u32),
-            instances_done: core.update_done(u),
+            instances_total: counts.total,
+            instances_done: counts.done,
             instances_in_progress: u.in_progress.iter().copied().collect(),
             instances_failed: u.failed.iter().copied().collect(),
             created_at_ms: u.created_at,
             completed_at_ms: u.completed_at,
             reason: u.reason.as_deref().unwrap_or_default().to_string(),
+            instances_failed_rolling_back: u.failed_back.iter().copied().collect(),
         }),
     }
 }
 
 /// A stored update as the core's.
 pub(super) fn update_from_pb(u: &pb::Update) -> Update {
-    let state = |raw: i32| {
+    let state_of = |raw: i32| {
         [
             UpdateState::Initialized,
             UpdateState::RollingForward,
@@ -274,6 +278,16 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
     };
     let spec = u.spec.unwrap_or_default();
     let status = u.status.clone().unwrap_or_default();
+    let state = state_of(status.state).unwrap_or(UpdateState::Aborted);
+    // An ended update's row was last written when it ended: its counts are
+    // the ones it ended with. A row without them (no instances counted) has
+    // them derived again.
+    let final_counts = (state.is_terminal() && status.instances_total > 0).then_some(
+        crate::lifecycle::UpdateCounts {
+            done: status.instances_done,
+            total: status.instances_total,
+        },
+    );
     Update {
         id: u.id.as_str().into(),
         job: JobKey(u32::MAX), // set by recovery
@@ -286,13 +300,19 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
         },
         from: u.from_version,
         to: u.to_version,
-        state: state(status.state).unwrap_or(UpdateState::Aborted),
-        paused_from: state(status.paused_from),
+        state,
+        paused_from: state_of(status.paused_from),
         // Instances already on the goal are skipped again: the cursor need
         // not be stored.
         cursor: 0,
         in_progress: status.instances_in_progress.iter().copied().collect(),
         failed: status.instances_failed.iter().copied().collect(),
+        failed_back: status
+            .instances_failed_rolling_back
+            .iter()
+            .copied()
+            .collect(),
+        final_counts,
         created_at: status.created_at_ms,
         completed_at: status.completed_at_ms,
         reason: (!status.reason.is_empty()).then(|| status.reason.as_str().into()),

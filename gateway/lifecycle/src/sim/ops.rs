@@ -2052,7 +2052,7 @@ impl Driver {
                         let stuck = u.in_progress.iter().any(|&i| self.waits_for_room(k, i));
                         let under_limit = limit != 0
                             && active >= limit
-                            && u.in_progress.iter().chain(&u.failed).any(|&i| {
+                            && u.in_progress.iter().chain(u.failed_now()).any(|&i| {
                                 job.tasks
                                     .get(i as usize)
                                     .is_some_and(|t| t.state == TaskState::Initialized)

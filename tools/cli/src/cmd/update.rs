@@ -238,6 +238,7 @@ pub fn update_json(u: &Update) -> Value {
             "instances_done": status.instances_done,
             "instances_in_progress": status.instances_in_progress,
             "instances_failed": status.instances_failed,
+            "instances_failed_rolling_back": status.instances_failed_rolling_back,
             "created_at_ms": status.created_at_ms,
             "completed_at_ms": status.completed_at_ms,
             "reason": status.reason,
@@ -264,6 +265,10 @@ fn print_update(output: OutputFormat, u: &Update) -> std::io::Result<()> {
                 ),
                 ("MOVING", format!("{:?}", status.instances_in_progress)),
                 ("FAILED", format!("{:?}", status.instances_failed)),
+                (
+                    "FAILED BACK",
+                    format!("{:?}", status.instances_failed_rolling_back),
+                ),
                 ("BATCH SIZE", spec.batch_size.to_string()),
                 ("CREATED", fmt_time_ms(status.created_at_ms)),
                 ("COMPLETED", fmt_time_ms(status.completed_at_ms)),
