@@ -4,9 +4,12 @@
 //! processes), in the README's order (after `examples/pools.yaml` and a
 //! job still running in /demo), where the jobs run to the end (services:
 //! running and healthy); and, on a server with simulated hosts, the conversion round
-//! trip, refusals that name the field, and keys in either case.
+//! trip, refusals that name the field, and keys in either case. And
+//! uber/peloton's own files (tests/data/uber-peloton/): what each one
+//! gives, as a table, and a sample of its batch jobs run on the quick
+//! start's cluster to SUCCEEDED.
 //!
-//! The quick-start test runs `pelotond` and `peloton-agent` found next to
+//! The quick-start tests run `pelotond` and `peloton-agent` found next to
 //! the `peloton` binary: `cargo test --workspace` builds them; for this
 //! target alone, `cargo build -p peloton-gateway -p peloton-agent` first.
 //! The simulated-host server is secure (see `common`).
@@ -111,6 +114,12 @@ struct QuickStart {
 
 impl QuickStart {
     async fn start() -> QuickStart {
+        QuickStart::start_with(3).await
+    }
+
+    /// The quick start with `agents` local agents, which share this
+    /// machine's cores and memory.
+    async fn start_with(agents: u32) -> QuickStart {
         let cli = PathBuf::from(env!("CARGO_BIN_EXE_peloton"));
         let [pelotond, agent] = ["pelotond", "peloton-agent"].map(|name| {
             let p = cli.with_file_name(name);
@@ -132,7 +141,7 @@ impl QuickStart {
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args(["--listen", &format!("127.0.0.1:{port}"), "--no-metrics"])
-            .args(["--local-agents", "3", "--agent-bin"])
+            .args(["--local-agents", &agents.to_string(), "--agent-bin"])
             .arg(agent)
             .env("RUST_LOG", "warn")
             .stdout(log.try_clone().expect("log file"))
@@ -156,14 +165,14 @@ impl QuickStart {
             url: config.to_string_lossy().into_owned(),
         };
         let url = cluster.url.clone();
-        eventually("three agent hosts up", async || {
+        eventually("every agent host up", async || {
             let out = peloton(&url, &["--output", "json", "host", "list"]).await;
             let hosts: Value =
                 serde_json::from_slice(&out.stdout).map_err(|_| text(&out.stderr))?;
             let up = hosts["hosts"]
                 .as_array()
                 .map_or(0, |h| h.iter().filter(|h| h["state"] == "up").count());
-            if up == 3 {
+            if up == agents as usize {
                 Ok(())
             } else {
                 Err(hosts.to_string())
@@ -836,4 +845,78 @@ fn uber_peloton_files_are_accepted_or_refused_by_name() {
             );
         }
     }
+}
+
+/// A sample of uber/peloton's batch jobs that [`UBER_PELOTON`] accepts,
+/// run unchanged on the quick start's cluster in Peloton's own pools, to
+/// the end: every task SUCCEEDED. The sample is what can run here and
+/// soon: the commands exist on any host (`echo`, `sleep`), and the memory
+/// is more than a shell needs (most of Peloton's files ask for 0.1 or
+/// 2 MB). Peloton's other short batch jobs need a few GB of memory per
+/// task, 50,000 tasks, or a host named `peloton-mesos-agent0`; the rest
+/// sleep for minutes.
+///
+/// These files ask for a whole core per task: the cluster has at most one
+/// agent per core (the quick start's three on three cores or more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uber_peloton_batch_jobs_run_to_success_on_the_quick_start_cluster() {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let cluster = QuickStart::start_with(cores.clamp(1, 3) as u32).await;
+    let url = cluster.url.clone();
+    let url = url.as_str();
+    let root = uber_peloton().join("tests/integration/test_configs");
+    // Peloton's pools for these jobs, as its integration tests create
+    // them (under the root, named by their `name`).
+    for pool in ["test_respool.yaml", "test_hostreservation_pool.yaml"] {
+        ok(url, &["respool", "create", &path_str(&root.join(pool))]).await;
+    }
+    let sample = [
+        // 100 × `echo` (shell: false; `arguments[0]` is argv[0]).
+        (
+            "test_job_no_container.yaml",
+            "/TestPelotonResPool_integration",
+        ),
+        // 3 × 1 GB, `echo … && sleep 30`.
+        (
+            "test_hostreservation_job_large.yaml",
+            "/TestPelotonResPool_hostreservation",
+        ),
+    ];
+    let mut jobs = Vec::new();
+    for (file, pool) in sample {
+        let file = path_str(&root.join(file));
+        let created = ok(url, &["--output", "json", "job", "create", pool, &file]).await;
+        // fdLimit, said on stderr.
+        assert!(
+            text(&created.stderr).contains("fdLimit: ignored"),
+            "{}",
+            text(&created.stderr)
+        );
+        let job: Value = serde_json::from_slice(&created.stdout).expect("JSON");
+        let id = job["job"]["id"].as_str().expect("id").to_owned();
+        jobs.push((file, id));
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for (file, id) in &jobs {
+        loop {
+            let state = job_state(url, id).await;
+            if matches!(state.as_str(), "succeeded" | "failed" | "killed") {
+                let tasks = ok_json(url, &["task", "list", id]).await;
+                assert_eq!(state, "succeeded", "{file}: {tasks}");
+                let tasks = tasks["tasks"].as_array().expect("tasks");
+                assert!(!tasks.is_empty(), "{file}");
+                for t in tasks {
+                    assert_eq!(t["current"]["state"], "succeeded", "{file}: {t}");
+                }
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{file}: still {state} after 300 s: {}",
+                ok_json(url, &["task", "list", id]).await
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    assert!(cluster.task_pids().is_empty(), "tasks left running");
 }
