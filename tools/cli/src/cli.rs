@@ -169,9 +169,10 @@ pool's policy must be PriorityFIFO (or UNKNOWN), what every pool does here. A jo
 ldapGroups and description become the labels peloton.owning_team, peloton.ldap_groups and
 peloton.description; a task's name is ignored; noted on stderr: changeLog and a pool's
 owningTeam, ldapGroups and description (ignored), fdLimit (tasks get the agent's open-file
-limit), killOnPreempt (a preempted task runs again), a controller instance 0 of a larger job
-(an ordinary task: controller is per job here), preemptibility that differs between instances
-(the job is non-preemptible), a key given twice (the last is taken). MB (memLimitMb, diskLimitMb, a
+limit), a batch job's killOnPreempt (a preempted task runs again; a service may not set it), a
+controller instance 0 of a larger job (an ordinary task: controller is per job here),
+preemptibility that differs between instances (the job is non-preemptible), a key given twice
+(the last is taken). MB (memLimitMb, diskLimitMb, a
 pool's memory and disk) are taken as MiB; cpu is cores. Where Peloton reads 0 as none (a pool's
 limit, a kind the pool does not list, maxPercent), the smallest amount stands for it, as 0 means
 no limit here. RESPOOL, as in Peloton's CLI, is the job's pool (`job create /demo job.yaml`) or

@@ -870,7 +870,7 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
         &runs,
         instances,
         default_runner,
-        daemon,
+        job_type,
         sla.preemptible,
         &mut notes,
     )?;
@@ -949,15 +949,16 @@ impl fmt::Display for Who {
 /// preempted, which is what those that asked for it were promised; the
 /// others are admitted only within the pool's reservation.
 /// `killOnPreempt` has no equivalent (a preempted task runs again here): a
-/// note says so.
+/// note says so; a service may not set it, as in Peloton.
 fn job_wide(
     runs: &[(Who, &TaskOut)],
     instances: u32,
     default_runner: Option<u32>,
-    daemon: bool,
+    job_type: JobTypeName,
     sla_preemptible: bool,
     notes: &mut Vec<Note>,
 ) -> Result<(bool, bool)> {
+    let daemon = job_type == JobTypeName::Daemon;
     let mut controller = false;
     for (who, out) in runs {
         let Some(at) = &out.controller else {
@@ -1032,18 +1033,22 @@ fn job_wide(
         );
     }
     for (_, out) in runs {
-        if let Some(at) = &out.kill_on_preempt {
-            note(
-                notes,
-                at,
-                if preemptible {
-                    "a preempted task runs again here once there is room (Peloton ends a \
-                     preempted batch task as PREEMPTED, and kills a service's for good)"
-                } else {
-                    "no effect: this job is non-preemptible"
-                },
-            );
+        let Some(at) = &out.kill_on_preempt else {
+            continue;
+        };
+        if job_type != JobTypeName::Batch {
+            return fail(at, "must be false but for a batch job, as in Peloton");
         }
+        note(
+            notes,
+            at,
+            if preemptible {
+                "a preempted task runs again here once there is room (Peloton ends a \
+                 preempted batch task as PREEMPTED)"
+            } else {
+                "no effect: this job is non-preemptible"
+            },
+        );
     }
     Ok((controller, preemptible))
 }
@@ -2571,9 +2576,16 @@ instanceConfig:
             notes_text(&notes),
             [
                 "defaultConfig.preemptionPolicy.killOnPreempt: a preempted task runs again here once \
-              there is room (Peloton ends a preempted batch task as PREEMPTED, and kills a \
-              service's for good)"
+                 there is room (Peloton ends a preempted batch task as PREEMPTED)"
             ]
+        );
+        let err = job_error(
+            "name: x\ntype: SERVICE\ninstanceCount: 1\ndefaultConfig:\n  command: {value: run}\n  \
+             preemptionPolicy: {killOnPreempt: true}\n",
+        );
+        assert_eq!(
+            err,
+            "defaultConfig.preemptionPolicy.killOnPreempt: must be false but for a batch job, as in Peloton"
         );
     }
 
