@@ -162,12 +162,17 @@ const PELOTON_FORMAT: &str = "\
 Peloton's format (uber/peloton's v0 job config and resource pool config, keys in any case) is
 read as well as ours, told apart by its keys (instanceCount, defaultConfig, resources, ...).
 Every field is mapped, or refused with its YAML path and the reason (e.g. container: no Docker
-images; static ports; HTTP health checks on a fixed port; URIs to fetch; fdLimit: every task
-gets its agent's open-file limit). A health check with enabled: false is no health check; a
+images; static ports; HTTP health checks on a fixed port; URIs to fetch). As in Peloton, the
+config each instance runs (instanceConfig merged over defaultConfig) is what is checked, and only
+instance 0 may be a controller. A health check with enabled: false is no health check; a
 pool's policy must be PriorityFIFO (or UNKNOWN), what every pool does here. A job's owningTeam,
 ldapGroups and description become the labels peloton.owning_team, peloton.ldap_groups and
-peloton.description; a task's name is ignored; changeLog and a pool's owningTeam, ldapGroups
-and description are ignored with a note on stderr. MB (memLimitMb, diskLimitMb, a
+peloton.description; a task's name is ignored; noted on stderr: changeLog and a pool's
+owningTeam, ldapGroups and description (ignored), fdLimit (tasks get the agent's open-file
+limit), a batch job's killOnPreempt (a preempted task runs again; a service may not set it), a
+controller instance 0 of a larger job (an ordinary task: controller is per job here),
+preemptibility that differs between instances (the job is non-preemptible), a key given twice
+(the last is taken). MB (memLimitMb, diskLimitMb, a
 pool's memory and disk) are taken as MiB; cpu is cores. Where Peloton reads 0 as none (a pool's
 limit, a kind the pool does not list, maxPercent), the smallest amount stands for it, as 0 means
 no limit here. RESPOOL, as in Peloton's CLI, is the job's pool (`job create /demo job.yaml`) or

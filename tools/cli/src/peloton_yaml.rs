@@ -114,6 +114,147 @@ pub const DESCRIPTION_LABEL: &str = "peloton.description";
 
 // ---------------------------------------------------------------- reading
 
+/// Reads YAML as Peloton's loader (Go's yaml.v2) does: a key given twice in
+/// one mapping is taken from its last occurrence (Peloton's own
+/// test_stateless_job.yaml gives `changeLog` twice). Returns the value and
+/// the paths of the keys given twice (for notes; the native format refuses
+/// them).
+pub fn load(text: &str) -> std::result::Result<(Value, Vec<String>), serde_norway::Error> {
+    use serde::de::DeserializeSeed;
+    let twice = std::cell::RefCell::new(Vec::new());
+    let seed = Lenient {
+        path: String::new(),
+        twice: &twice,
+    };
+    let value = seed.deserialize(serde_norway::Deserializer::from_str(text))?;
+    Ok((value, twice.into_inner()))
+}
+
+/// A note for each key given twice (see [`load`]).
+pub fn twice_notes(paths: &[String]) -> Vec<Note> {
+    paths
+        .iter()
+        .map(|path| Note {
+            path: path.clone(),
+            text: "given twice: the last one is taken, as Peloton's loader takes it".to_owned(),
+        })
+        .collect()
+}
+
+/// A YAML value at `path`, keys given twice recorded in `twice`.
+struct Lenient<'t> {
+    path: String,
+    twice: &'t std::cell::RefCell<Vec<String>>,
+}
+
+impl<'t> Lenient<'t> {
+    fn at(&self, path: String) -> Lenient<'t> {
+        Lenient {
+            path,
+            twice: self.twice,
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Lenient<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Lenient<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E>(self, b: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E>(self, i: i64) -> std::result::Result<Value, E> {
+        Ok(Value::Number(i.into()))
+    }
+
+    fn visit_u64<E>(self, u: u64) -> std::result::Result<Value, E> {
+        Ok(Value::Number(u.into()))
+    }
+
+    fn visit_f64<E>(self, f: f64) -> std::result::Result<Value, E> {
+        Ok(Value::Number(f.into()))
+    }
+
+    fn visit_str<E>(self, s: &str) -> std::result::Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+
+    fn visit_string<E>(self, s: String) -> std::result::Result<Value, E> {
+        Ok(Value::String(s))
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) =
+            seq.next_element_seed(self.at(format!("{}[{}]", self.path, items.len())))?
+        {
+            items.push(item);
+        }
+        Ok(Value::Sequence(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut mapping = serde_norway::Mapping::new();
+        while let Some(key) = map.next_key_seed(self.at(self.path.clone()))? {
+            let path = join(&self.path, &key_text(&key));
+            let value = map.next_value_seed(self.at(path.clone()))?;
+            if mapping.insert(key, value).is_some() {
+                self.twice.borrow_mut().push(path);
+            }
+        }
+        Ok(Value::Mapping(mapping))
+    }
+
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(
+        self,
+        data: A,
+    ) -> std::result::Result<Value, A::Error> {
+        use serde::de::VariantAccess;
+        let (tag, contents) = data.variant::<String>()?;
+        let value = contents.newtype_variant_seed(self)?;
+        Ok(Value::Tagged(Box::new(serde_norway::value::TaggedValue {
+            tag: serde_norway::value::Tag::new(tag),
+            value,
+        })))
+    }
+}
+
 fn key_text(key: &Value) -> String {
     match key {
         Value::String(s) => s.clone(),
@@ -407,9 +548,28 @@ fn format_of(root: &Value, native: &[&str], peloton: &[&str]) -> Result<Format> 
     }
 }
 
+/// Refuses an Aurora job update request (`taskConfig`, `instanceCount`,
+/// `settings`), what Peloton's Aurora bridge takes: its `instanceCount`
+/// would otherwise pass it for a Peloton job config with no name.
+fn not_aurora_update(root: &Value) -> Result<()> {
+    let keys = top_keys(root);
+    if first_of(&keys, &["taskconfig"]).is_some()
+        && first_of(&keys, &["name", "defaultconfig", "resources"]).is_none()
+    {
+        return fail(
+            "",
+            "this is an Aurora job update request (taskConfig, instanceCount, settings), what \
+             Peloton's Aurora bridge takes, not a Peloton job config (name, instanceCount, \
+             defaultConfig, …): write the job as a job config",
+        );
+    }
+    Ok(())
+}
+
 /// Which format a job file is in, from its top-level keys (a file with
 /// neither format's own keys is read as native, whose errors then apply).
 pub fn job_format(root: &Value) -> Result<Format> {
+    not_aurora_update(root)?;
     let format = format_of(root, &NATIVE_JOB_KEYS, &PELOTON_JOB_KEYS)?;
     // Peloton's labels are a list of {key, value}; ours a mapping.
     let listed_labels = root
@@ -435,6 +595,7 @@ pub fn pool_format(root: &Value) -> Result<Format> {
 /// What a Peloton-format file describes (for `peloton convert`); an error
 /// if it is in the native format or could be either.
 pub fn kind(root: &Value) -> Result<Kind> {
+    not_aurora_update(root)?;
     let keys = top_keys(root);
     if let Some(k) = first_of(&keys, &NATIVE_JOB_KEYS).or(first_of(&keys, &NATIVE_POOL_KEYS)) {
         return fail(
@@ -555,6 +716,7 @@ fn pool_path(node: &Node<'_>) -> Result<(String, String)> {
 
 /// Reads Peloton's job config into the native structs.
 pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
+    not_aurora_update(root)?;
     let mut notes = Vec::new();
     let mut f = Node::root(root).fields(JOB_CONFIG)?;
     if let Some(n) = f.take("defaultspec") {
@@ -631,7 +793,17 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
     let instances = match instance_count {
         Some(n) => n,
         None if daemon => 0,
-        None => return fail(&count_path, "missing: the number of instances"),
+        None => {
+            // What the task config lacks first: it matters whatever the
+            // count (Peloton's templates leave the count to a script).
+            if let Some(config) = &default_config {
+                task(&TaskView::read(config)?, &mut notes)?;
+            }
+            return fail(
+                &count_path,
+                "missing: the number of instances (a job here runs at least one)",
+            );
+        }
     };
     let (mut sla, sla_revocable) = match sla {
         Some(n) => sla_config(&n, &mut notes)?,
@@ -644,43 +816,82 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
         );
     };
     let default_view = TaskView::read(&default_config)?;
-    let mut default = task(&default_view, &mut notes)?;
-    let preemptible = default
-        .preemptible
-        .as_ref()
-        .map_or(sla.preemptible, |p| p.0);
+    let configs = match &instance_config {
+        Some(n) => instance_configs(n)?,
+        None => BTreeMap::new(),
+    };
+    for (instance, node) in &configs {
+        if daemon {
+            return fail(
+                &node.path,
+                "a daemon job runs one alike instance per host: it has no instance configs",
+            );
+        }
+        if *instance >= instances {
+            return fail(
+                &node.path,
+                format!("instance {instance} is not below instanceCount {instances}"),
+            );
+        }
+    }
+    // As Peloton does, what is checked is the config each instance runs:
+    // the default config where it has none of its own, else the two merged.
+    // A default config that no instance runs is not checked (the fields
+    // every instance overrides may be placeholders), and the job's task is
+    // then instance 0's.
+    let runs_default = daemon || configs.len() < instances as usize;
+    let default = match task(&default_view, &mut notes) {
+        Ok(out) => Some(out),
+        Err(e) if runs_default => return Err(e),
+        Err(_) => None,
+    };
+    let mut own: Vec<(u32, TaskOut)> = Vec::with_capacity(configs.len());
+    for (instance, node) in &configs {
+        let view = default_view.merged(&TaskView::read(node)?)?;
+        own.push((*instance, task(&view, &mut notes)?));
+    }
+    let mut default = match default {
+        Some(default) if runs_default => default,
+        // Every instance has a config of its own, so instance 0 has one.
+        _ => own.remove(0).1,
+    };
+    // Each config that runs, with the instances it is for.
+    let mut runs: Vec<(Who, &TaskOut)> = vec![(
+        if runs_default {
+            Who::Default
+        } else {
+            Who::One(0)
+        },
+        &default,
+    )];
+    runs.extend(own.iter().map(|(i, out)| (Who::One(*i), out)));
+    let default_runner = (1..instances).find(|i| !configs.contains_key(i));
+    let (controller, preemptible) = job_wide(
+        &runs,
+        instances,
+        default_runner,
+        job_type,
+        sla.preemptible,
+        &mut notes,
+    )?;
+    for (instance, out) in &own {
+        same_for_every_instance(&configs[instance].path, &default, out)?;
+    }
     sla.preemptible = preemptible;
-    default.task.revocable |= sla_revocable;
+    for out in std::iter::once(&mut default).chain(own.iter_mut().map(|(_, out)| out)) {
+        out.task.controller = controller;
+        out.task.revocable |= sla_revocable;
+    }
     for (key, value, path) in &default.labels {
         labels.add(key, value.clone(), path)?;
     }
-
-    let mut overrides = Vec::new();
-    if let Some(n) = instance_config {
-        for (instance, node) in instance_configs(&n)? {
-            let path = &node.path;
-            if daemon {
-                return fail(
-                    path,
-                    "a daemon job runs one alike instance per host: it has no instance configs",
-                );
-            }
-            if instance >= instances {
-                return fail(
-                    path,
-                    format!("instance {instance} is not below instanceCount {instances}"),
-                );
-            }
-            let view = default_view.merged(&TaskView::read(&node)?)?;
-            let mut out = task(&view, &mut notes)?;
-            out.task.revocable |= sla_revocable;
-            same_for_every_instance(path, &default, &out, preemptible)?;
-            overrides.push(OverrideFile {
-                instance,
-                task: out.task,
-            });
-        }
-    }
+    let overrides = own
+        .into_iter()
+        .map(|(instance, out)| OverrideFile {
+            instance,
+            task: out.task,
+        })
+        .collect();
     let job_type = if job_type == JobTypeName::Service && default.task.volume.is_some() {
         // A service whose instances own volumes.
         JobTypeName::Stateful
@@ -704,44 +915,160 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
     Ok((file, notes))
 }
 
-/// What our API sets once per job must not differ between instances.
-fn same_for_every_instance(
-    path: &str,
-    default: &TaskOut,
-    instance: &TaskOut,
-    job_preemptible: bool,
-) -> Result<()> {
-    if instance.labels != default.labels {
+/// The instances a task config is run by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    /// One instance, by its own config.
+    One(u32),
+    /// Those without a config of their own, by the default config.
+    Default,
+}
+
+impl fmt::Display for Who {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Who::One(i) => write!(f, "instance {i}"),
+            Who::Default => f.write_str("the instances without a config of their own"),
+        }
+    }
+}
+
+/// Whether the job's tasks are controllers, and whether the job is
+/// preemptible: set once per job here, per task in Peloton.
+/// `default_runner` is the first instance but 0 that runs the default config.
+///
+/// Controller: only instance 0 may be one, as in Peloton. A job of one
+/// instance is then a controller job. In a larger job instance 0 runs as an
+/// ordinary task, said in a note: here every instance of a job is a
+/// controller or none is, and instance 0 as a controller would cap its
+/// other instances by the pool's controller limit.
+///
+/// Preemptible: a task's `preemptionPolicy.type` over the job's
+/// `sla.preemptible`. Where they differ between instances, the job is
+/// non-preemptible (a note names the instances): none of them is then
+/// preempted, which is what those that asked for it were promised; the
+/// others are admitted only within the pool's reservation.
+/// `killOnPreempt` has no equivalent (a preempted task runs again here): a
+/// note says so; a service may not set it, as in Peloton.
+fn job_wide(
+    runs: &[(Who, &TaskOut)],
+    instances: u32,
+    default_runner: Option<u32>,
+    job_type: JobTypeName,
+    sla_preemptible: bool,
+    notes: &mut Vec<Note>,
+) -> Result<(bool, bool)> {
+    let daemon = job_type == JobTypeName::Daemon;
+    let mut controller = false;
+    for (who, out) in runs {
+        let Some(at) = &out.controller else {
+            continue;
+        };
+        match who {
+            _ if daemon => controller = true,
+            Who::One(0) => {}
+            Who::One(_) => {
+                return fail(
+                    at,
+                    "only instance 0 can be a controller task, as in Peloton",
+                );
+            }
+            Who::Default => {
+                if let Some(one) = default_runner {
+                    return fail(
+                        at,
+                        format!(
+                            "only instance 0 can be a controller task, as in Peloton, and instance {one} runs the default config"
+                        ),
+                    );
+                }
+            }
+        }
+        if daemon {
+            continue;
+        }
+        if instances == 1 {
+            controller = true;
+        } else {
+            note(
+                notes,
+                at,
+                "instance 0 runs as an ordinary task: every instance of a job here is a \
+                 controller or none is, so it is not held to the pool's controller limit, and \
+                 the job ends when all its instances have (in Peloton, as instance 0 ends)",
+            );
+        }
+    }
+
+    let preemptible_of = |out: &TaskOut| out.preemptible.as_ref().map_or(sla_preemptible, |p| p.0);
+    let preemptible = runs.iter().all(|(_, out)| preemptible_of(out));
+    let fixed: Vec<&(Who, &TaskOut)> = runs
+        .iter()
+        .filter(|(_, out)| !preemptible_of(out))
+        .collect();
+    if let Some((_, first)) = fixed.first()
+        && fixed.len() < runs.len()
+    {
+        const SHOWN: usize = 8;
+        let mut who: Vec<String> = fixed
+            .iter()
+            .take(SHOWN)
+            .map(|(w, _)| w.to_string())
+            .collect();
+        if fixed.len() > SHOWN {
+            who.push(format!("{} more", fixed.len() - SHOWN));
+        }
+        let at = first
+            .preemptible
+            .as_ref()
+            .map_or("sla.preemptible", |p| p.1.as_str());
+        note(
+            notes,
+            at,
+            &format!(
+                "non-preemptible for {}, and preemptibility is per job here: every instance of \
+                 this job is non-preemptible (never preempted; admitted within the pool's reservation)",
+                who.join(", ")
+            ),
+        );
+    }
+    for (_, out) in runs {
+        let Some(at) = &out.kill_on_preempt else {
+            continue;
+        };
+        if job_type != JobTypeName::Batch {
+            return fail(at, "must be false but for a batch job, as in Peloton");
+        }
+        note(
+            notes,
+            at,
+            if preemptible {
+                "a preempted task runs again here once there is room (Peloton ends a \
+                 preempted batch task as PREEMPTED)"
+            } else {
+                "no effect: this job is non-preemptible"
+            },
+        );
+    }
+    Ok((controller, preemptible))
+}
+
+/// What our API sets once per job must not differ between instances: an
+/// instance's labels and revocability are the job task's.
+fn same_for_every_instance(path: &str, job_task: &TaskOut, instance: &TaskOut) -> Result<()> {
+    if instance.labels != job_task.labels {
         return fail(
             &join(path, "labels"),
             "per-instance labels have no equivalent here (labels belong to the job): give this instance the default config's labels, or none",
         );
     }
-    for (field, mine, theirs) in [
-        (
-            "controller",
-            instance.task.controller,
-            default.task.controller,
-        ),
-        ("revocable", instance.task.revocable, default.task.revocable),
-    ] {
-        if mine != theirs {
-            return fail(
-                &join(path, field),
-                format!(
-                    "{mine} here (an instance config that leaves it out sets it to false, as in Peloton) \
-                     but {theirs} in the default config: every instance of a job has the same {field} here"
-                ),
-            );
-        }
-    }
-    if let Some((p, at)) = &instance.preemptible
-        && *p != job_preemptible
-    {
+    let (mine, theirs) = (instance.task.revocable, job_task.task.revocable);
+    if mine != theirs {
         return fail(
-            at,
+            &join(path, "revocable"),
             format!(
-                "preemptible is {p} here but {job_preemptible} for the job: preemptibility is per job here (sla.preemptible)"
+                "{mine} here (an instance config that leaves it out sets it to false, as in Peloton) \
+                 but {theirs} for the job: every instance of a job has the same revocable here"
             ),
         );
     }
@@ -884,13 +1211,17 @@ impl<'a> TaskView<'a> {
 }
 
 /// One task config, mapped.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct TaskOut {
     task: TaskFile,
     /// Key, value, path.
     labels: Vec<(String, String, String)>,
     /// `preemptionPolicy.type`, if it says, and its path.
     preemptible: Option<(bool, String)>,
+    /// The path of `preemptionPolicy.killOnPreempt` where it is true.
+    kill_on_preempt: Option<String>,
+    /// The path of `controller` where it is true.
+    controller: Option<String>,
 }
 
 /// `PELOTON_PORT_<NAME>`, as the agent names a port's variable: the name
@@ -959,10 +1290,14 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
             gpu: number("gpulimit")?.unwrap_or_default(),
         };
         if let Some(fd) = f.take("fdlimit") {
-            return fail(
+            fd.count()?;
+            // Peloton never passes it to Mesos (its host manager has no
+            // such resource).
+            note(
+                notes,
                 &fd.path,
-                "a per-task open-file limit is not supported: every task gets its agent's \
-                 limit (RLIMIT_NOFILE, the agent's --open-files); remove `fdLimit`",
+                "ignored, as Peloton ignores it (it never reaches Mesos): every task gets its agent's open-file limit \
+                 (RLIMIT_NOFILE, the agent's --open-files, 65,536 by default)",
             );
         }
         f.finish()?;
@@ -1052,6 +1387,7 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
         });
     }
     let mut preemptible = None;
+    let mut kill_on_preempt = None;
     if let Some(n) = view.get("preemptionpolicy") {
         let mut f = n.fields("Peloton's PreemptionPolicy")?;
         if let Some(t) = f.take("type") {
@@ -1064,14 +1400,12 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
         if let Some(k) = f.take("killonpreempt")
             && k.boolean()?
         {
-            return fail(
-                &k.path,
-                "a preempted task always starts again here: there is no kill-on-preempt",
-            );
+            kill_on_preempt = Some(k.path);
         }
         f.finish()?;
     }
-    task.controller = view.get("controller").map_or(Ok(false), Node::boolean)?;
+    let controller = view.get("controller");
+    task.controller = controller.map_or(Ok(false), Node::boolean)?;
     task.revocable = view.get("revocable").map_or(Ok(false), Node::boolean)?;
     // Peloton's default grace period is 30 s.
     let grace_s = view
@@ -1079,9 +1413,13 @@ fn task(view: &TaskView<'_>, notes: &mut Vec<Note>) -> Result<TaskOut> {
         .map_or(Ok(0), Node::count)?;
     task.kill_grace_period_ms = u64::from(if grace_s == 0 { 30 } else { grace_s }) * 1000;
     Ok(TaskOut {
+        controller: controller
+            .filter(|_| task.controller)
+            .map(|n| n.path.clone()),
         task,
         labels,
         preemptible,
+        kill_on_preempt,
     })
 }
 
@@ -2104,10 +2442,10 @@ instanceConfig:
         let base = "name: x\ninstanceCount: 2\ndefaultConfig:\n  command: {value: 'true'}\n  resource: {cpuLimit: 1}\n";
         // Booleans come from the instance config: left out, they are false.
         let err = job_error(&format!(
-            "{base}  controller: true\ninstanceConfig:\n  1: {{command: {{value: 'echo'}}}}\n"
+            "{base}  revocable: true\ninstanceConfig:\n  1: {{command: {{value: 'echo'}}}}\n"
         ));
         assert!(
-            err.starts_with("instanceConfig.1.controller: false here"),
+            err.starts_with("instanceConfig.1.revocable: false here"),
             "{err}"
         );
         let err = job_error(&format!(
@@ -2124,13 +2462,6 @@ instanceConfig:
             err.starts_with("instanceConfig.1.labels: per-instance labels have no equivalent"),
             "{err}"
         );
-        let err = job_error(&format!(
-            "{base}instanceConfig:\n  1: {{preemptionPolicy: {{type: 1}}}}\n"
-        ));
-        assert!(
-            err.starts_with("instanceConfig.1.preemptionPolicy.type: preemptible is true here but false for the job"),
-            "{err}"
-        );
         let err = job_error(&format!("{base}instanceConfig:\n  2: {{name: x}}\n"));
         assert_eq!(
             err,
@@ -2141,6 +2472,163 @@ instanceConfig:
             err.starts_with("instanceConfig.one: instance configs are keyed"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn fd_limits_are_noted_not_refused() {
+        let (file, notes) = job_of(
+            "name: x\ninstanceCount: 1\ndefaultConfig:\n  command: {value: 'true'}\n  \
+             resource: {cpuLimit: 1, fdLimit: 10}\n",
+        );
+        assert_eq!(file.task.resources.cpu, 1.0);
+        assert_eq!(
+            notes_text(&notes),
+            [
+                "defaultConfig.resource.fdLimit: ignored, as Peloton ignores it (it never reaches \
+              Mesos): every task gets its agent's open-file limit (RLIMIT_NOFILE, the agent's \
+              --open-files, 65,536 by default)"
+            ]
+        );
+    }
+
+    #[test]
+    fn only_instance_0_may_be_a_controller() {
+        let job = |count: u32, default: &str, instances: &str| {
+            format!(
+                "name: x\ninstanceCount: {count}\ndefaultConfig:\n  command: {{value: 'true'}}\n{default}\
+                 instanceConfig:\n{instances}"
+            )
+        };
+        // Instance 0 of a larger job: an ordinary task here, said in a note.
+        for text in [
+            job(3, "", "  0: {controller: true}\n"),
+            job(
+                3,
+                "  controller: true\n",
+                "  1: {name: a}\n  2: {name: b}\n",
+            ),
+        ] {
+            let (file, notes) = job_of(&text);
+            assert!(!file.task.controller, "{text}");
+            assert!(file.overrides.iter().all(|o| !o.task.controller), "{text}");
+            let notes = notes_text(&notes);
+            assert_eq!(notes.len(), 1, "{notes:?}");
+            assert!(
+                notes[0].contains(".controller: instance 0 runs as an ordinary task"),
+                "{notes:?}"
+            );
+        }
+        // A job of one instance is a controller job.
+        let (file, notes) = job_of(&job(1, "", "  0: {controller: true}\n"));
+        assert!(notes.is_empty(), "{notes:?}");
+        assert!(file.task.controller);
+        assert!(file.overrides.iter().all(|o| o.task.controller));
+        let err = job_error(&job(3, "", "  2: {controller: true}\n"));
+        assert_eq!(
+            err,
+            "instanceConfig.2.controller: only instance 0 can be a controller task, as in Peloton"
+        );
+        let err = job_error(&job(3, "  controller: true\n", "  1: {name: a}\n"));
+        assert_eq!(
+            err,
+            "defaultConfig.controller: only instance 0 can be a controller task, as in Peloton, \
+             and instance 2 runs the default config"
+        );
+    }
+
+    #[test]
+    fn preemptibility_that_differs_per_instance_makes_the_job_non_preemptible() {
+        // As in Peloton's test_preemptible_job_preemption_override.yaml.
+        let (file, notes) = job_of(
+            "name: x\ninstanceCount: 4\nsla: {preemptible: true}\ndefaultConfig:\n  \
+             command: {value: 'true'}\n  preemptionPolicy: {killOnPreempt: true}\n\
+             instanceConfig:\n  0: {preemptionPolicy: {type: 2}}\n  2: {preemptionPolicy: {type: 2}}\n",
+        );
+        assert!(!file.sla.preemptible);
+        assert_eq!(
+            notes_text(&notes),
+            [
+                "instanceConfig.0.preemptionPolicy.type: non-preemptible for instance 0, \
+                 instance 2, and preemptibility is per job here: every instance of this job is \
+                 non-preemptible (never preempted; admitted within the pool's reservation)",
+                "defaultConfig.preemptionPolicy.killOnPreempt: no effect: this job is non-preemptible",
+            ]
+        );
+        // The job's own sla.preemptible, where an instance says otherwise.
+        let (file, notes) = job_of(
+            "name: x\ninstanceCount: 2\nsla: {preemptible: false}\ndefaultConfig: {command: {value: 'true'}}\n\
+             instanceConfig:\n  1: {preemptionPolicy: {type: TYPE_PREEMPTIBLE}}\n",
+        );
+        assert!(!file.sla.preemptible);
+        assert!(
+            notes_text(&notes)[0].starts_with(
+                "sla.preemptible: non-preemptible for the instances without a config of their own,"
+            ),
+            "{notes:?}"
+        );
+        // Kill-on-preempt on a preemptible task: preempted, it runs again.
+        let (file, notes) = job_of(
+            "name: x\ninstanceCount: 2\nsla: {preemptible: true}\ndefaultConfig:\n  \
+             command: {value: 'true'}\n  preemptionPolicy: {killOnPreempt: true}\n",
+        );
+        assert!(file.sla.preemptible);
+        assert_eq!(
+            notes_text(&notes),
+            [
+                "defaultConfig.preemptionPolicy.killOnPreempt: a preempted task runs again here once \
+                 there is room (Peloton ends a preempted batch task as PREEMPTED)"
+            ]
+        );
+        let err = job_error(
+            "name: x\ntype: SERVICE\ninstanceCount: 1\ndefaultConfig:\n  command: {value: run}\n  \
+             preemptionPolicy: {killOnPreempt: true}\n",
+        );
+        assert_eq!(
+            err,
+            "defaultConfig.preemptionPolicy.killOnPreempt: must be false but for a batch job, as in Peloton"
+        );
+    }
+
+    #[test]
+    fn a_default_config_that_no_instance_runs_is_not_checked() {
+        // As in Peloton's example/testjob_with_health_check.yaml: every
+        // instance has a health check of its own.
+        let text = |count: u32| {
+            format!(
+                "name: x\ntype: SERVICE\ninstanceCount: {count}\ndefaultConfig:\n  command: {{value: run}}\n  \
+                 healthCheck: {{type: 1, commandCheck: {{command: ''}}}}\ninstanceConfig:\n  \
+                 0: {{healthCheck: {{commandCheck: {{command: check0}}}}}}\n  \
+                 1: {{healthCheck: {{commandCheck: {{command: check1}}}}}}\n"
+            )
+        };
+        let (file, _) = job_of(&text(2));
+        let check = |task: &TaskFile| task.health_check.as_ref().and_then(|h| h.command.clone());
+        // The job's task is instance 0's; instance 1 overrides it.
+        assert_eq!(check(&file.task).as_deref(), Some("check0"));
+        assert_eq!(file.task.shell, "run");
+        assert_eq!(file.overrides.len(), 1);
+        assert_eq!(file.overrides[0].instance, 1);
+        assert_eq!(check(&file.overrides[0].task).as_deref(), Some("check1"));
+        // Instance 2 runs the default config: checked.
+        let err = job_error(&text(3));
+        assert_eq!(
+            err,
+            "defaultConfig.healthCheck.commandCheck.command: missing: the command to run"
+        );
+    }
+
+    #[test]
+    fn aurora_update_requests_are_not_job_configs() {
+        let text = "taskConfig:\n  job: {role: test, environment: dc, name: labrat}\n  isService: true\n\
+                    instanceCount: 3\nsettings: {updateGroupSize: 1}\n";
+        let want = "this is an Aurora job update request (taskConfig, instanceCount, settings)";
+        for err in [
+            job_error(text),
+            job_format(&value(text)).unwrap_err().to_string(),
+            kind(&value(text)).unwrap_err().to_string(),
+        ] {
+            assert!(err.starts_with(want), "{err}");
+        }
     }
 
     #[test]
@@ -2197,13 +2685,8 @@ instanceConfig:
                 "defaultConfig.healthCheck.port: unknown field of Peloton's HealthCheckConfig",
             ),
             (
-                "  resource: {cpuLimit: 1, fdLimit: 100}\n",
-                "defaultConfig.resource.fdLimit: a per-task open-file limit is not supported: \
-                 every task gets its agent's limit",
-            ),
-            (
-                "  preemptionPolicy: {killOnPreempt: true}\n",
-                "defaultConfig.preemptionPolicy.killOnPreempt: a preempted task always starts again here",
+                "  resource: {cpuLimit: 1, fdLimit: -1}\n",
+                "defaultConfig.resource.fdLimit: must not be negative (got -1)",
             ),
             (
                 "  volume: {containerPath: data, sizeMB: 10, extra: 1}\n",

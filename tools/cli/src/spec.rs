@@ -457,11 +457,11 @@ pub struct Loaded<T> {
 /// Parses a job file, native or Peloton's (detected from its keys);
 /// `origin` names the text's source in errors.
 pub fn parse_job_file(text: &str, origin: &str) -> Result<Loaded<JobFile>, SpecError> {
-    let value: serde_norway::Value = from_yaml(text, origin)?;
+    let (value, twice) = lenient_yaml(text, origin)?;
     match peloton_yaml::job_format(&value).map_err(|e| peloton_error(e, origin))? {
         // Parsed again from the text, so errors keep serde's line numbers.
         Format::Native => Ok(Loaded {
-            value: from_yaml(text, origin)?,
+            value: native(text, origin, &twice)?,
             format: Format::Native,
             notes: Vec::new(),
         }),
@@ -470,10 +470,39 @@ pub fn parse_job_file(text: &str, origin: &str) -> Result<Loaded<JobFile>, SpecE
             Ok(Loaded {
                 value,
                 format: Format::Peloton,
-                notes,
+                notes: with_twice(&twice, notes),
             })
         }
     }
+}
+
+/// A file's YAML, read as Peloton's loader reads it (a key given twice is
+/// taken from its last occurrence), and the paths of keys given twice.
+fn lenient_yaml(text: &str, origin: &str) -> Result<(serde_norway::Value, Vec<String>), SpecError> {
+    peloton_yaml::load(text).map_err(|err| SpecError {
+        origin: origin.to_owned(),
+        kind: SpecErrorKind::Yaml(err),
+    })
+}
+
+/// A native file: a key given twice is refused.
+fn native<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+    twice: &[String],
+) -> Result<T, SpecError> {
+    if !twice.is_empty() {
+        // YAML's own error, with its line.
+        from_yaml::<serde_norway::Value>(text, origin)?;
+    }
+    from_yaml(text, origin)
+}
+
+/// The notes of a Peloton-format file, keys given twice first.
+fn with_twice(twice: &[String], notes: Vec<Note>) -> Vec<Note> {
+    let mut all = peloton_yaml::twice_notes(twice);
+    all.extend(notes);
+    all
 }
 
 /// Parses a job spec (either format) into the API's message.
@@ -574,7 +603,7 @@ pub fn parse_pool_file(
 ) -> Result<Loaded<Vec<PoolFile>>, SpecError> {
     // Peek at the top-level keys first, then parse the text again with the
     // right struct, so errors keep serde's field names and line numbers.
-    let peek: serde_norway::Value = from_yaml(text, origin)?;
+    let (peek, twice) = lenient_yaml(text, origin)?;
     let format = peloton_yaml::pool_format(&peek).map_err(|e| peloton_error(e, origin))?;
     if format == Format::Peloton {
         let (pool, notes) =
@@ -582,9 +611,10 @@ pub fn parse_pool_file(
         return Ok(Loaded {
             value: vec![pool],
             format,
-            notes,
+            notes: with_twice(&twice, notes),
         });
     }
+    native::<serde_norway::Value>(text, origin, &twice)?;
     let is_tree = peek.as_mapping().is_some_and(|m| m.contains_key("pools"));
     let mut pools: Vec<PoolFile> = if is_tree {
         if let Some(path) = path {
@@ -645,7 +675,7 @@ fn path_depth(path: &str) -> usize {
 /// file, headed by comments (its origin and notes). `pool` (the command
 /// line's pool path) is the job's pool, or the pool's own path.
 pub fn convert(text: &str, origin: &str, pool: Option<&str>) -> Result<String, SpecError> {
-    let value: serde_norway::Value = from_yaml(text, origin)?;
+    let (value, twice) = lenient_yaml(text, origin)?;
     let rendered = match peloton_yaml::kind(&value).map_err(|e| peloton_error(e, origin))? {
         peloton_yaml::Kind::Job => {
             let (mut job, notes) =
@@ -653,12 +683,12 @@ pub fn convert(text: &str, origin: &str, pool: Option<&str>) -> Result<String, S
             if let Some(pool) = pool {
                 job.pool = pool.to_owned();
             }
-            peloton_yaml::render(&job, "A job", origin, &notes)
+            peloton_yaml::render(&job, "A job", origin, &with_twice(&twice, notes))
         }
         peloton_yaml::Kind::Pool => {
             let (pool, notes) =
                 peloton_yaml::pool(&value, pool).map_err(|e| peloton_error(e, origin))?;
-            peloton_yaml::render(&pool, "A resource pool", origin, &notes)
+            peloton_yaml::render(&pool, "A resource pool", origin, &with_twice(&twice, notes))
         }
     };
     rendered.map_err(|err| SpecError {
@@ -984,6 +1014,50 @@ overrides:
             err.starts_with("bad.yaml: defaultConfig.container: container images"),
             "{err}"
         );
+    }
+
+    /// As Peloton's loader, a key given twice in a Peloton file is taken
+    /// from its last occurrence (said in a note); the native format refuses
+    /// it, as before.
+    #[test]
+    fn a_key_given_twice_is_taken_last_in_peloton_files_only() {
+        let text = "changeLog: null\nname: x\ninstanceCount: 1\ndefaultConfig:\n  command: {value: 'true'}\n  \
+                    resource: {cpuLimit: 1, cpuLimit: 2}\nchangeLog: {version: 1}\n";
+        let loaded = parse_job_file(text, "twice.yaml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.value.task.resources.cpu, 2.0);
+        let notes: Vec<String> = loaded.notes.iter().map(Note::to_string).collect();
+        assert_eq!(
+            notes[..2],
+            [
+                "defaultConfig.resource.cpuLimit: given twice: the last one is taken, as Peloton's loader takes it",
+                "changeLog: given twice: the last one is taken, as Peloton's loader takes it",
+            ]
+        );
+        let converted = convert(text, "twice.yaml", Some("/p")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            converted.contains("#   changeLog: given twice"),
+            "{converted}"
+        );
+        for native in [
+            "name: x\ntask: {shell: 'true'}\nname: y\n",
+            "name: x\ntask: {shell: 'true'}\nlabels: {a: b, a: c}\n",
+        ] {
+            let err = parse_job_file(native, "native.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("duplicate entry"), "{err}");
+        }
+        let err = parse_pool_file("path: /a\nshare: 1\nshare: 2\n", "pool.yaml", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("duplicate entry"), "{err}");
+        let pool = parse_pool_file(
+            "name: p\nresources: [{kind: cpu, limit: 1, limit: 3}]\n",
+            "pool.yaml",
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pool.value[0].limit.cpu, 3.0);
     }
 
     fn peloton_examples() -> Vec<std::path::PathBuf> {

@@ -4,9 +4,12 @@
 //! processes), in the README's order (after `examples/pools.yaml` and a
 //! job still running in /demo), where the jobs run to the end (services:
 //! running and healthy); and, on a server with simulated hosts, the conversion round
-//! trip, refusals that name the field, and keys in either case.
+//! trip, refusals that name the field, and keys in either case. And
+//! uber/peloton's own files (tests/data/uber-peloton/): what each one
+//! gives, as a table, and a sample of its batch jobs run on the quick
+//! start's cluster to SUCCEEDED.
 //!
-//! The quick-start test runs `pelotond` and `peloton-agent` found next to
+//! The quick-start tests run `pelotond` and `peloton-agent` found next to
 //! the `peloton` binary: `cargo test --workspace` builds them; for this
 //! target alone, `cargo build -p peloton-gateway -p peloton-agent` first.
 //! The simulated-host server is secure (see `common`).
@@ -111,6 +114,12 @@ struct QuickStart {
 
 impl QuickStart {
     async fn start() -> QuickStart {
+        QuickStart::start_with(3).await
+    }
+
+    /// The quick start with `agents` local agents, which share this
+    /// machine's cores and memory.
+    async fn start_with(agents: u32) -> QuickStart {
         let cli = PathBuf::from(env!("CARGO_BIN_EXE_peloton"));
         let [pelotond, agent] = ["pelotond", "peloton-agent"].map(|name| {
             let p = cli.with_file_name(name);
@@ -132,7 +141,7 @@ impl QuickStart {
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args(["--listen", &format!("127.0.0.1:{port}"), "--no-metrics"])
-            .args(["--local-agents", "3", "--agent-bin"])
+            .args(["--local-agents", &agents.to_string(), "--agent-bin"])
             .arg(agent)
             .env("RUST_LOG", "warn")
             .stdout(log.try_clone().expect("log file"))
@@ -156,14 +165,14 @@ impl QuickStart {
             url: config.to_string_lossy().into_owned(),
         };
         let url = cluster.url.clone();
-        eventually("three agent hosts up", async || {
+        eventually("every agent host up", async || {
             let out = peloton(&url, &["--output", "json", "host", "list"]).await;
             let hosts: Value =
                 serde_json::from_slice(&out.stdout).map_err(|_| text(&out.stderr))?;
             let up = hosts["hosts"]
                 .as_array()
                 .map_or(0, |h| h.iter().filter(|h| h["state"] == "up").count());
-            if up == 3 {
+            if up == agents as usize {
                 Ok(())
             } else {
                 Err(hosts.to_string())
@@ -549,4 +558,365 @@ async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
     let job = ok_json(url, &["job", "create", "/batch/adhoc", &hello]).await;
     assert_eq!(job["job"]["spec"]["pool"], "/batch/adhoc");
     server.shutdown().await.expect("shutdown");
+}
+
+/// uber/peloton's own files (see tests/data/uber-peloton/README.md).
+fn uber_peloton() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/uber-peloton")
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("readable directory") {
+        let path = entry.expect("readable directory").path();
+        if path.is_dir() {
+            yaml_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "yaml") {
+            out.push(path);
+        }
+    }
+}
+
+/// What converting a file of uber/peloton gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Job,
+    Pool,
+    /// Refused: the start of the error after the file's name (its field's
+    /// path and why).
+    Refused(&'static str),
+}
+
+const IMAGES: &str = "container images (Docker or Mesos) are not supported";
+
+/// Every file of tests/data/uber-peloton/ and what it gives: a file refused
+/// that is not listed here (or listed otherwise) fails the test.
+const UBER_PELOTON: &[(&str, Expect)] = {
+    use Expect::*;
+    &[
+        ("example/default_respool.yaml", Pool),
+        (
+            "example/helloworld_job.yaml",
+            Refused("defaultconfig.container: "),
+        ),
+        ("example/helloworld_pool.yaml", Pool),
+        // A template: Peloton's generate_instance_config.py adds the count.
+        (
+            "example/performance/testjob_base.yaml",
+            Refused("instanceCount: missing: the number of instances"),
+        ),
+        ("example/performance/testjob_base_100k.yaml", Job),
+        ("example/performance/testjob_base_50k.yaml", Job),
+        ("example/performance/testjob_large_long.yaml", Job),
+        ("example/performance/testjob_large_short.yaml", Job),
+        ("example/performance/testjob_xlarge_short.yaml", Job),
+        (
+            "example/test_http_health.yaml",
+            Refused("defaultconfig.command.uris: fetching URIs into the sandbox is not supported"),
+        ),
+        ("example/test_http_no_container.yaml", Job),
+        // Instance 0 a controller; fdlimit.
+        ("example/testjob.yaml", Job),
+        (
+            "example/testjob_docker.yaml",
+            Refused("defaultconfig.container: "),
+        ),
+        (
+            "example/testjob_gpu_mesos_containerizer.yaml",
+            Refused("defaultconfig.container: "),
+        ),
+        ("example/testjob_host_affinity_constraint.yaml", Job),
+        (
+            "example/testjob_persistent_volume_docker.yaml",
+            Refused("defaultconfig.container: "),
+        ),
+        ("example/testjob_revocable.yaml", Job),
+        ("example/testjob_stateless_preemptible.yaml", Job),
+        ("example/testjob_stateless_revocable.yaml", Job),
+        ("example/testjob_stateless_service.yaml", Job),
+        ("example/testjob_stateless_service_host_limit.yaml", Job),
+        (
+            "example/testjob_unified.yaml",
+            Refused("defaultconfig.container: "),
+        ),
+        // A default health check with an empty command that every instance
+        // overrides.
+        ("example/testjob_with_health_check.yaml", Job),
+        ("pkg/cli/testdata/test_respool_parent.yaml", Pool),
+        (
+            "tests/integration/aurorabridge_test/test_configs/test_dc_labrat.yaml",
+            Refused("this is an Aurora job update request"),
+        ),
+        ("tests/integration/test_configs/long_running_job.yaml", Job),
+        (
+            "tests/integration/test_configs/long_running_job_update_instances.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_canary_respool.yaml",
+            Pool,
+        ),
+        (
+            "tests/integration/test_configs/test_controller_job.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_hostreservation_job_large.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_hostreservation_job_median.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_hostreservation_pool.yaml",
+            Pool,
+        ),
+        (
+            "tests/integration/test_configs/test_job.yaml",
+            Refused("defaultConfig.container: "),
+        ),
+        (
+            "tests/integration/test_configs/test_job_fail.yaml",
+            Refused("defaultConfig.container: "),
+        ),
+        (
+            "tests/integration/test_configs/test_job_host_affinity_constraint.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_job_no_container.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_job_revocable.yaml",
+            Refused("defaultConfig.container: "),
+        ),
+        (
+            "tests/integration/test_configs/test_job_succecced_controller_task.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_non_preemptible_job.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_preemptible_job.yaml",
+            Job,
+        ),
+        // killOnPreempt; even instances non-preemptible.
+        (
+            "tests/integration/test_configs/test_preemptible_job_preemption_override.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_preemptible_job_preemption_policy.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_preemptible_job_preemption_restart_policy.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_preemption_pool_A.yaml",
+            Pool,
+        ),
+        (
+            "tests/integration/test_configs/test_preemption_pool_B.yaml",
+            Pool,
+        ),
+        ("tests/integration/test_configs/test_respool.yaml", Pool),
+        (
+            "tests/integration/test_configs/test_respool_controller_limit.yaml",
+            Pool,
+        ),
+        (
+            "tests/integration/test_configs/test_stateful_job.yaml",
+            Refused("defaultConfig.container: "),
+        ),
+        // changeLog given twice.
+        (
+            "tests/integration/test_configs/test_stateless_job.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_stateless_job_failed_health_check_config.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_stateless_job_host_limit_1.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_stateless_job_large.yaml",
+            Job,
+        ),
+        (
+            "tests/integration/test_configs/test_stateless_respool.yaml",
+            Pool,
+        ),
+        // Its count is set by the test that uses it.
+        (
+            "tests/integration/test_configs/test_task.yaml",
+            Refused("defaultConfig.container: "),
+        ),
+        (
+            "tests/integration/test_configs/test_update_stateless_job_large.yaml",
+            Job,
+        ),
+    ]
+};
+
+/// Each file as `peloton convert` and `job create` / `respool create` read
+/// it: accepted or refused as [`UBER_PELOTON`] says, and what is accepted
+/// passes the server's own checks of a job or pool spec.
+#[test]
+fn uber_peloton_files_are_accepted_or_refused_by_name() {
+    let root = uber_peloton();
+    let mut files = Vec::new();
+    yaml_files(&root, &mut files);
+    let mut found: Vec<String> = files
+        .iter()
+        .map(|f| {
+            f.strip_prefix(&root)
+                .expect("under root")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    found.sort();
+    let listed: Vec<String> = UBER_PELOTON.iter().map(|(f, _)| (*f).to_owned()).collect();
+    assert_eq!(found, listed, "the table lists every file, in order");
+    let mut failures = Vec::new();
+    for (rel, expect) in UBER_PELOTON {
+        let file = root.join(rel);
+        let origin = file.display().to_string();
+        let got = match peloton_cli::spec::convert_file(&file, None) {
+            Err(e) => {
+                let text = e.to_string();
+                let reason = text
+                    .strip_prefix(&format!("{origin}: "))
+                    .unwrap_or(&text)
+                    .to_owned();
+                match expect {
+                    Expect::Refused(start) if reason.starts_with(start) => continue,
+                    _ => format!("refused: {reason}"),
+                }
+            }
+            Ok(_) if matches!(expect, Expect::Refused(_)) => "accepted".to_owned(),
+            Ok(_) if *expect == Expect::Pool => {
+                let pools = peloton_cli::spec::load_pool_file(&file, None)
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .value;
+                let entry = pools[0].clone().into_entry();
+                match peloton_gateway::convert::pool_config(Some(&entry.spec)) {
+                    Ok(_) => continue,
+                    Err(e) => format!("a pool the server refuses: {}", e.message()),
+                }
+            }
+            Ok(_) => {
+                let mut spec =
+                    peloton_cli::spec::load_job_spec(&file).unwrap_or_else(|e| panic!("{e}"));
+                if spec.pool.is_empty() {
+                    spec.pool = "/p".into();
+                }
+                match peloton_gateway::convert::job_plan(&spec, &Default::default()) {
+                    Ok(_) if *expect == Expect::Job => continue,
+                    Ok(_) => "a job".to_owned(),
+                    Err(e) => format!("a job the server refuses: {}", e.message()),
+                }
+            }
+        };
+        failures.push(format!("{rel}: expected {expect:?}, got {got}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Refused only for container images, fetched URIs, a count left to a
+    // script, and not being a job config at all.
+    for (rel, expect) in UBER_PELOTON {
+        if let Expect::Refused(start) = expect {
+            let text = peloton_cli::spec::convert_file(&root.join(rel), None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                text.contains(IMAGES)
+                    || text.contains("URIs")
+                    || text.contains("instanceCount: missing")
+                    || text.contains("Aurora"),
+                "{rel}: {start}: {text}"
+            );
+        }
+    }
+}
+
+/// A sample of uber/peloton's batch jobs that [`UBER_PELOTON`] accepts,
+/// run unchanged on the quick start's cluster in Peloton's own pools, to
+/// the end: every task SUCCEEDED. The sample is what can run here and
+/// soon: the commands exist on any host (`echo`, `sleep`), and the memory
+/// is more than a shell needs (most of Peloton's files ask for 0.1 or
+/// 2 MB). Peloton's other short batch jobs need a few GB of memory per
+/// task, 50,000 tasks, or a host named `peloton-mesos-agent0`; the rest
+/// sleep for minutes.
+///
+/// These files ask for a whole core per task: the cluster has at most one
+/// agent per core (the quick start's three on three cores or more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uber_peloton_batch_jobs_run_to_success_on_the_quick_start_cluster() {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let cluster = QuickStart::start_with(cores.clamp(1, 3) as u32).await;
+    let url = cluster.url.clone();
+    let url = url.as_str();
+    let root = uber_peloton().join("tests/integration/test_configs");
+    // Peloton's pools for these jobs, as its integration tests create
+    // them (under the root, named by their `name`).
+    for pool in ["test_respool.yaml", "test_hostreservation_pool.yaml"] {
+        ok(url, &["respool", "create", &path_str(&root.join(pool))]).await;
+    }
+    let sample = [
+        // 100 × `echo` (shell: false; `arguments[0]` is argv[0]).
+        (
+            "test_job_no_container.yaml",
+            "/TestPelotonResPool_integration",
+        ),
+        // 3 × 1 GB, `echo … && sleep 30`.
+        (
+            "test_hostreservation_job_large.yaml",
+            "/TestPelotonResPool_hostreservation",
+        ),
+    ];
+    let mut jobs = Vec::new();
+    for (file, pool) in sample {
+        let file = path_str(&root.join(file));
+        let created = ok(url, &["--output", "json", "job", "create", pool, &file]).await;
+        // fdLimit, said on stderr.
+        assert!(
+            text(&created.stderr).contains("fdLimit: ignored"),
+            "{}",
+            text(&created.stderr)
+        );
+        let job: Value = serde_json::from_slice(&created.stdout).expect("JSON");
+        let id = job["job"]["id"].as_str().expect("id").to_owned();
+        jobs.push((file, id));
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for (file, id) in &jobs {
+        loop {
+            let state = job_state(url, id).await;
+            if matches!(state.as_str(), "succeeded" | "failed" | "killed") {
+                let tasks = ok_json(url, &["task", "list", id]).await;
+                assert_eq!(state, "succeeded", "{file}: {tasks}");
+                let tasks = tasks["tasks"].as_array().expect("tasks");
+                assert!(!tasks.is_empty(), "{file}");
+                for t in tasks {
+                    assert_eq!(t["current"]["state"], "succeeded", "{file}: {t}");
+                }
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{file}: still {state} after 300 s: {}",
+                ok_json(url, &["task", "list", id]).await
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    assert!(cluster.task_pids().is_empty(), "tasks left running");
 }
