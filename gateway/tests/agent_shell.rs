@@ -2,8 +2,8 @@
 //! protocol: launches carry the job's secrets (to the agent running its
 //! task), agent hosts are tagged with their host pool (an agent may not
 //! set it), and an agent host keeps its host pool across a restart; a
-//! second agent claiming a connected host is refused (the holder keeps it)
-//! unless it is the same agent or the holder went silent; registrations
+//! second agent claiming a host is refused (the holder keeps it) unless it
+//! is the same agent or the host was declared lost; registrations
 //! out of bounds are refused naming their field; an agent registers only
 //! the host its client certificate names.
 
@@ -287,6 +287,7 @@ async fn start_with_heartbeat(dir: &Path, heartbeat_ms: u64) -> (Server, Clients
     let mut config = config(dir, 0);
     config.agent_token = Some(TOKEN.into());
     config.agent_heartbeat_ms = heartbeat_ms;
+    config.host_lost_after_ms = 1_000.max(2 * heartbeat_ms);
     let server = within("the server to start", server::start(&config))
         .await
         .expect("server starts");
@@ -304,7 +305,8 @@ fn with_id(host: &str, agent_id: &str) -> pb::AgentRegister {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_agent_claiming_a_connected_host_is_refused_and_the_first_keeps_it() {
     let dir = tempfile::tempdir().expect("temp dir");
-    // Heartbeats every 100 ms: a silent holder may be taken over after 300.
+    // Heartbeats every 100 ms; a host silent for 1 s is lost (once the
+    // server's 10 s reconnect slack after its start has passed).
     let (server, mut c) = start_with_heartbeat(dir.path(), 100).await;
     let mut first = register_with(server.addr, with_id("h", "agent-a"))
         .await
@@ -324,7 +326,7 @@ async fn a_second_agent_claiming_a_connected_host_is_refused_and_the_first_keeps
                 .await
                 .map(|_| ()),
             Code::AlreadyExists,
-            "host h is held by another agent",
+            "host h belongs to another agent",
         );
     }
     // An agent that sends no id is another agent too.
@@ -367,17 +369,43 @@ async fn a_second_agent_claiming_a_connected_host_is_refused_and_the_first_keeps
     let beating = again.keep_alive();
     assert!(again.quiet_for(200).await.is_ok());
 
-    // Once the holder is silent for three heartbeat intervals, another
-    // agent may take the host (the holder's connection is presumed dead).
+    // A silent holder (its connection open) is still the host's holder
+    // until the host is declared lost: another agent is refused meanwhile
+    // and the run is not started again; once the host is lost, another
+    // agent may take it (the run was lost with it).
+    // (The fake agent listed no runs when it came back: its run was lost
+    // and a new one went to it.)
+    let current = get_task(&mut c, &job.id, 0)
+        .await
+        .current
+        .expect("current")
+        .run_id;
     beating.abort();
-    let taken = eventually("a silent holder to be taken over", TIMEOUT, async || {
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_status(
+        register_with(server.addr, with_id("h", "agent-b"))
+            .await
+            .map(|_| ()),
+        Code::AlreadyExists,
+        "host h belongs to another agent",
+    );
+    let task = get_task(&mut c, &job.id, 0).await;
+    assert_eq!(task.current.expect("current").run_id, current);
+    let taken = eventually("the lost host to be taken", TIMEOUT, async || {
         register_with(server.addr, with_id("h", "agent-b"))
             .await
             .map_err(|s| format!("{s:?}"))
     })
     .await;
     let ended = again.ended().await;
-    assert_eq!(ended.code(), Code::Aborted, "{ended:?}");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    let task = get_task(&mut c, &job.id, 0).await;
+    assert!(
+        task.history
+            .iter()
+            .any(|r| r.state() == pb::TaskState::Lost && r.run_id == current),
+        "{task:?}"
+    );
     drop(taken);
     within("shutdown", server.shutdown())
         .await
