@@ -265,8 +265,8 @@ pub(crate) struct RunRecord {
     /// SIGTERM): the task's `stop_signal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) stop_signal: Option<i32>,
-    /// Resident memory the agent lets the task's processes use in all
-    /// (rlimit isolation with `MEMORY_LIMIT_RESIDENT`), in bytes.
+    /// Resident memory the agent lets the task's processes hold in all
+    /// (rlimit isolation with a memory request), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) resident_limit_bytes: Option<u64>,
     /// The agent killed the run itself, and why (its memory).
@@ -294,8 +294,6 @@ pub(crate) struct TaskPlan {
     pub(crate) args: Vec<String>,
     /// The task's whole environment.
     pub(crate) env: Vec<(String, String)>,
-    /// RLIMIT_AS in bytes (rlimit isolation with a memory request).
-    pub(crate) address_space_bytes: Option<u64>,
     /// RLIMIT_NOFILE.
     pub(crate) open_files: Option<u64>,
     /// The cgroup the task joins before it executes (cgroup v2 isolation).
@@ -557,7 +555,6 @@ mod tests {
             program: "/bin/true".to_owned(),
             args: vec!["a b".to_owned()],
             env: vec![("K".to_owned(), "v\nw".to_owned())],
-            address_space_bytes: Some(1 << 30),
             open_files: Some(1024),
             cgroup: None,
         }

@@ -71,6 +71,10 @@ const WRAPPER_KILL_AFTER_MS: u64 = 2_000;
 /// After the spawner failed to start, how long wrappers are executed
 /// directly before it is tried again.
 const SPAWNER_RETRY_MS: u64 = 10_000;
+/// How often polls look at the memory of runs without a cgroup, at most:
+/// a `/proc` scan and a `smaps_rollup` read per process each time, however
+/// often polls come (every exit of a wrapper brings one).
+const MEMORY_WATCH_INTERVAL_MS: u64 = 200;
 /// Variables of the agent's environment that tasks inherit (nothing else:
 /// the agent's environment may hold its token).
 const INHERITED_ENV: [&str; 3] = ["PATH", "LANG", "TZ"];
@@ -357,6 +361,8 @@ pub struct Supervisor {
     health_changes: Arc<HealthInbox>,
     /// Runs' journals held open (see [`OpenJournal`]).
     open_journals: Arc<AtomicUsize>,
+    /// When the memory of runs without a cgroup was last looked at (ms).
+    memory_watched_ms: u64,
     /// Held for the supervisor's life: one agent per work directory.
     _lock: Flock<File>,
 }
@@ -415,6 +421,7 @@ impl Supervisor {
             spawned: HashMap::new(),
             health_changes: Arc::new(HealthInbox::default()),
             open_journals: Arc::new(AtomicUsize::new(0)),
+            memory_watched_ms: 0,
             _lock: lock,
         };
         supervisor.adopt_all().map_err(work_dir_error)?;
@@ -739,18 +746,15 @@ impl Supervisor {
             program,
             args,
             env: env.into_iter().collect(),
-            address_space_bytes: None,
             open_files: Some(self.config.open_files),
             cgroup: None,
         };
+        // The memory limit (at least `MEMORY_LIMIT_MIN_BYTES`) limits what
+        // the task's processes hold, never the address space they map:
+        // `memory.max`, or the agent's watch (either `memory_limit`).
         match &self.config.isolation {
-            Isolation::Rlimit if spec.memory_limit == v1::MemoryLimit::Resident as i32 => {
-                // A JVM reserves far more address space than it uses: the
-                // agent watches what it really holds instead.
-                run.record.resident_limit_bytes = isolation::memory_bytes(resources.memory_mb);
-            }
             Isolation::Rlimit => {
-                plan.address_space_bytes = isolation::memory_bytes(resources.memory_mb);
+                run.record.resident_limit_bytes = isolation::memory_limit_bytes(resources.memory_mb);
             }
             Isolation::CgroupV2 { parent } => {
                 let cgroup = isolation::create_run_cgroup(parent, &key.sandbox_name(), &resources)
@@ -1039,14 +1043,62 @@ impl Supervisor {
             .map(|(key, _)| key.clone())
             .collect();
         let mut procs = LazySnapshot::default();
+        let watch_memory = now >= self.memory_watched_ms.saturating_add(MEMORY_WATCH_INTERVAL_MS);
+        if watch_memory {
+            self.memory_watched_ms = now;
+        }
         for key in keys {
             let Some(mut run) = self.runs.remove(&key) else {
                 continue;
             };
             self.observe(&mut run, now, &mut procs);
+            if watch_memory {
+                self.watch_memory(&mut run, &mut procs);
+            }
             self.runs.insert(key, run);
         }
         self.report_health_changes();
+    }
+
+    /// Holds a run without a cgroup to its memory limit: SIGKILL to the
+    /// task and its descendants once what they hold (their PSS) is above
+    /// it; the run ends FAILED, "memory limit exceeded".
+    fn watch_memory(&self, run: &mut Run, procs: &mut LazySnapshot) {
+        let Some(limit) = run.record.resident_limit_bytes else {
+            return;
+        };
+        if run.record.kill_requested || run.record.report.phase.is_final() {
+            return;
+        }
+        let Some(root) = (match run.record.task {
+            // Reaped and its pid maybe another's: its end is coming.
+            Some(task) => task.is_alive().then_some(task),
+            None => run.record.wrapper,
+        }) else {
+            return;
+        };
+        let mut pids = procs.get().descendants(root.pid);
+        if run.record.task.is_some() {
+            pids.push(root.pid);
+        }
+        if run.record.killed_by_agent.is_some() {
+            // Killed already: anything left (forked meanwhile, or an
+            // agent restart between the record and the kill) goes too.
+            proc::kill_all(&pids);
+            return;
+        }
+        let used = proc::resident_bytes(&pids);
+        if used > limit {
+            let why = format!(
+                "memory limit exceeded: its processes held {} MiB, above its limit of {} MiB",
+                used >> 20,
+                limit >> 20
+            );
+            tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
+            run.record.killed_by_agent = Some(why);
+            persist(run, &self.open_journals);
+            proc::kill_all(&pids);
+        }
     }
 
     /// Queues a RUNNING report for every run whose health changed (it
@@ -1182,37 +1234,6 @@ impl Supervisor {
             };
             self.end(run, report);
             return;
-        }
-        if !run.record.kill_requested
-            && let Some(limit) = run.record.resident_limit_bytes
-            && let Some(root) = match run.record.task {
-                // Reaped and its pid maybe another's: its end is coming.
-                Some(task) => task.is_alive().then_some(task),
-                None => run.record.wrapper,
-            }
-        {
-            let mut pids = procs.get().descendants(root.pid);
-            if run.record.task.is_some() {
-                pids.push(root.pid);
-            }
-            if run.record.killed_by_agent.is_some() {
-                // Killed already: anything left (forked meanwhile, or an
-                // agent restart between the record and the kill) goes too.
-                proc::kill_all(&pids);
-            } else {
-                let used = proc::resident_bytes(&pids);
-                if used > limit {
-                    let why = format!(
-                        "memory limit exceeded: its processes held {} MiB, above its memory_mb {}",
-                        used >> 20,
-                        limit >> 20
-                    );
-                    tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
-                    run.record.killed_by_agent = Some(why);
-                    persist(run, &self.open_journals);
-                    proc::kill_all(&pids);
-                }
-            }
         }
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
             sweep(run, now, procs);

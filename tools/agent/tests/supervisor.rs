@@ -98,6 +98,25 @@ impl Harness {
         }
     }
 
+    /// Polls until the run has ended, however it ended.
+    fn wait_for_final(&mut self, key: &v1::RunKey) -> v1::RunReport {
+        let start = Instant::now();
+        loop {
+            self.supervisor.poll();
+            if let Some(report) = self.latest(key)
+                && matches!(report.phase(), P::Succeeded | P::Failed | P::Killed)
+            {
+                return report;
+            }
+            assert!(
+                start.elapsed() < TIMEOUT,
+                "run {key:?} did not end; reports: {:?}",
+                self.reports(key)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn sandbox(&self, key: &v1::RunKey) -> PathBuf {
         self.supervisor.sandbox_dir(key)
     }
@@ -719,24 +738,63 @@ fn ports_are_distinct_in_range_and_exposed_to_tasks() {
     assert!(failed.reason.contains("port"), "{}", failed.reason);
 }
 
+/// RLIMIT_NOFILE is set on the task; its memory request limits what it
+/// holds, never its address space (under 2 MiB of address space a shell
+/// cannot even map libc: "failed to map segment", exit 127).
 #[test]
-fn rlimits_apply_to_the_task_only() {
+fn rlimits_apply_to_the_task_only_and_memory_is_not_address_space() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut c = config(dir.path());
     c.open_files = 1000;
     let mut h = Harness::open(c);
     let k = key("job-k", 0);
     let mut spec = shell("ulimit -v; ulimit -n");
-    // Far below the wrapper's own address space: only the task gets it.
     spec.resources = Some(v1::Resources {
         cpu: 0.5,
-        memory_mb: 16.0,
+        memory_mb: 2.0,
         ..v1::Resources::default()
     });
     h.supervisor.launch(&[launch(&k, spec)]);
-    h.wait_for(&k, P::Succeeded);
+    let ended = h.wait_for_final(&k);
     let out = std::fs::read_to_string(h.sandbox(&k).join("stdout")).expect("stdout");
-    assert_eq!(out, format!("{}\n1000\n", 16 * 1024));
+    assert_eq!((ended.phase(), ended.exit_code), (P::Succeeded, 0), "{ended:?} {out:?}");
+    // What this test process has: the task inherits the agent's own.
+    let inherited = std::process::Command::new("/bin/sh")
+        .args(["-c", "ulimit -v"])
+        .output()
+        .expect("sh");
+    let inherited = String::from_utf8_lossy(&inherited.stdout).into_owned();
+    assert_eq!(out, format!("{inherited}1000\n"));
+}
+
+/// Without a cgroup the agent holds a task to its memory request by what
+/// its processes hold: above it they are killed (FAILED, "memory limit
+/// exceeded"); a request below 32 MiB is raised to 32 MiB, so a task that
+/// holds 8 MiB under `memory_mb: 2` runs to its end.
+#[test]
+fn without_a_cgroup_memory_is_watched_with_a_floor_of_32_mib() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let hold = |mib: u32, memory_mb: f64| {
+        let mut spec = shell(&format!(
+            "exec perl -e '$x = \"a\" x ({mib} * 1024 * 1024); print \"holding\\n\"; sleep 2'"
+        ));
+        spec.resources = Some(v1::Resources {
+            memory_mb,
+            ..v1::Resources::default()
+        });
+        spec
+    };
+    let hog = key("job-mem", 0);
+    let small = key("job-mem", 1);
+    h.supervisor
+        .launch(&[launch(&hog, hold(200, 64.0)), launch(&small, hold(8, 2.0))]);
+    let ended = h.wait_for_final(&hog);
+    assert_eq!(ended.phase(), P::Failed, "{ended:?}");
+    assert!(ended.reason.contains("memory limit exceeded"), "{ended:?}");
+    let ended = h.wait_for_final(&small);
+    let out = std::fs::read_to_string(h.sandbox(&small).join("stdout")).expect("stdout");
+    assert_eq!((ended.phase(), out.as_str()), (P::Succeeded, "holding\n"), "{ended:?}");
 }
 
 #[test]

@@ -222,8 +222,9 @@ pub struct TaskFile {
     /// e.g. SIGPWR, SIGINT).
     #[serde(default, skip_serializing_if = "is_default")]
     pub stop_signal: String,
-    /// `resident`: hold the task to its memory by resident memory, not
-    /// address space (for JVMs; matters only without cgroup v2).
+    /// `resident`: the same as the default now (memory is always limited
+    /// by what the task holds, not its address space); kept for the files
+    /// that name it.
     #[serde(default, skip_serializing_if = "is_default")]
     pub memory_limit: MemoryLimitName,
 }
