@@ -243,6 +243,10 @@ pub(crate) struct RunRecord {
     /// When a requested kill turns to SIGKILL (ms since the epoch; kept on
     /// disk so that a restarted agent finishes a kill it had begun).
     pub(crate) kill_deadline_ms: u64,
+    /// When a requested kill's stop signal is due (ms since the epoch): the
+    /// kill came with a deregistration delay. None once it is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) stop_signal_due_ms: Option<u64>,
     /// The latest phase (final once the run has ended).
     pub(crate) report: PhaseReport,
     /// The server has recorded the final phase: never report it again.
@@ -537,6 +541,7 @@ mod tests {
             cgroup: None,
             kill_requested: false,
             kill_deadline_ms: 0,
+            stop_signal_due_ms: None,
             report: PhaseReport::new(Phase::Starting, 1),
             acked: false,
             health_check: None,

@@ -109,6 +109,14 @@ impl SupervisorConfig {
     }
 }
 
+/// When a kill's signals go: the stop signal `delay_ms` after the kill,
+/// SIGKILL `grace_ms` after that.
+#[derive(Debug, Clone, Copy)]
+struct KillTiming {
+    delay_ms: u64,
+    grace_ms: u64,
+}
+
 /// How long [`Supervisor::kill_all`] lets tasks end after SIGTERM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopGrace {
@@ -597,6 +605,7 @@ impl Supervisor {
                 cgroup: None,
                 kill_requested: false,
                 kill_deadline_ms: 0,
+                stop_signal_due_ms: None,
                 report: PhaseReport::new(Phase::Starting, now),
                 acked: false,
                 health_check: None,
@@ -754,7 +763,8 @@ impl Supervisor {
         // `memory.max`, or the agent's watch (either `memory_limit`).
         match &self.config.isolation {
             Isolation::Rlimit => {
-                run.record.resident_limit_bytes = isolation::memory_limit_bytes(resources.memory_mb);
+                run.record.resident_limit_bytes =
+                    isolation::memory_limit_bytes(resources.memory_mb);
             }
             Isolation::CgroupV2 { parent } => {
                 let cgroup = isolation::create_run_cgroup(parent, &key.sandbox_name(), &resources)
@@ -1043,7 +1053,10 @@ impl Supervisor {
             .map(|(key, _)| key.clone())
             .collect();
         let mut procs = LazySnapshot::default();
-        let watch_memory = now >= self.memory_watched_ms.saturating_add(MEMORY_WATCH_INTERVAL_MS);
+        let watch_memory = now
+            >= self
+                .memory_watched_ms
+                .saturating_add(MEMORY_WATCH_INTERVAL_MS);
         if watch_memory {
             self.memory_watched_ms = now;
         }
@@ -1235,16 +1248,28 @@ impl Supervisor {
             self.end(run, report);
             return;
         }
+        if run.record.kill_requested
+            && let Some(due) = run.record.stop_signal_due_ms
+            && now >= due
+        {
+            run.record.stop_signal_due_ms = None;
+            persist(run, &self.open_journals);
+            tracing::info!(run = %run.record.key.sandbox_name(), "deregistration delay over: stopping");
+            terminate(run, procs);
+        }
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
             sweep(run, now, procs);
         }
         self.start_checks(run);
     }
 
-    /// Stops runs: SIGTERM now, SIGKILL to the whole tree once `grace_ms`
-    /// has passed (see [`Supervisor::poll`]). An unknown run is reported
-    /// KILLED at once; an ended one has its final phase reported again; an
-    /// acknowledged one stays silent (it is never reported again).
+    /// Stops runs: SIGTERM once `delay_ms` (the task's deregistration
+    /// delay) has passed — now, without one — and SIGKILL to the whole tree
+    /// `grace_ms` after it (see [`Supervisor::poll`]). A second kill of a
+    /// run never puts its signals off: each goes at the earliest time any
+    /// kill asked for. An unknown run is reported KILLED at once; an ended
+    /// one has its final phase reported again; an acknowledged one stays
+    /// silent (it is never reported again).
     pub fn kill(&mut self, requests: &[v1::KillRun]) {
         let mut procs = LazySnapshot::default();
         for request in requests {
@@ -1252,11 +1277,15 @@ impl Supervisor {
                 tracing::warn!("kill without a run key ignored");
                 continue;
             };
-            self.kill_one(RunId::from_proto(key), request.grace_ms, &mut procs);
+            let timing = KillTiming {
+                delay_ms: request.delay_ms,
+                grace_ms: request.grace_ms,
+            };
+            self.kill_one(RunId::from_proto(key), timing, &mut procs);
         }
     }
 
-    fn kill_one(&mut self, key: RunId, grace_ms: u64, procs: &mut LazySnapshot) {
+    fn kill_one(&mut self, key: RunId, timing: KillTiming, procs: &mut LazySnapshot) {
         let now = record::now_ms();
         let Some(mut run) = self.runs.remove(&key) else {
             let acked_on_disk = key.validate().is_ok()
@@ -1281,18 +1310,37 @@ impl Supervisor {
         if run.record.report.phase.is_final() {
             self.outbox.push(&key, run.report());
         } else {
-            let deadline = now.saturating_add(grace_ms);
+            let KillTiming { delay_ms, grace_ms } = timing;
+            let asked = now.saturating_add(delay_ms);
+            let due = match (run.record.kill_requested, run.record.stop_signal_due_ms) {
+                (false, _) => asked,
+                (true, Some(waiting)) => waiting.min(asked),
+                // Sent already: again now, as a repeated kill always did.
+                (true, None) => now,
+            };
+            let deadline = due.saturating_add(grace_ms);
             if !run.record.kill_requested || deadline < run.record.kill_deadline_ms {
                 run.record.kill_deadline_ms = deadline;
             }
             run.record.kill_requested = true;
+            run.record.stop_signal_due_ms = (due > now).then_some(due);
             // The server has decided; no verdict can change that.
             run.stop_checks();
             // Durable before any signal: a restarted agent must know that
-            // this run's end is a KILLED, not a FAILED.
+            // this run's end is a KILLED, not a FAILED (and when to signal
+            // it, during a deregistration delay).
             persist(&mut run, &self.open_journals);
-            tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
-            terminate(&run, procs);
+            if due > now {
+                tracing::info!(
+                    run = %key.sandbox_name(),
+                    delay_ms = due - now,
+                    grace_ms,
+                    "killing after its deregistration delay"
+                );
+            } else {
+                tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
+                terminate(&run, procs);
+            }
             self.observe(&mut run, now, procs);
         }
         self.runs.insert(key, run);
@@ -1304,21 +1352,26 @@ impl Supervisor {
     /// next session. Used when the agent stops with its tasks
     /// (`--stop-tasks-on-exit`). Returns how many runs are still alive.
     pub fn kill_all(&mut self, grace: StopGrace) -> usize {
-        let live: Vec<(RunId, u64)> = self
+        let live: Vec<(RunId, KillTiming)> = self
             .runs
             .iter()
             .filter(|(_, run)| !run.record.report.phase.is_final())
             .map(|(key, run)| {
+                // The agent is going away: no deregistration delay.
                 let grace_ms = match grace {
                     StopGrace::Own => run.record.kill_grace_ms,
                     StopGrace::Now => 0,
                 };
-                (key.clone(), grace_ms)
+                let timing = KillTiming {
+                    delay_ms: 0,
+                    grace_ms,
+                };
+                (key.clone(), timing)
             })
             .collect();
         let mut procs = LazySnapshot::default();
-        for (key, grace_ms) in live {
-            self.kill_one(key, grace_ms, &mut procs);
+        for (key, timing) in live {
+            self.kill_one(key, timing, &mut procs);
         }
         self.live_runs()
     }

@@ -78,7 +78,9 @@ async fn memory_limits_hold_what_a_task_holds_not_its_address_space() {
         );
         hog.resources.as_mut().expect("resources").memory_mb = 128.0;
         hog.memory_limit = kind as i32;
-        let id = cluster.create(job(&format!("hog-{}", kind as i32), 1, hog)).await;
+        let id = cluster
+            .create(job(&format!("hog-{}", kind as i32), 1, hog))
+            .await;
         cluster.wait_job(&id, pb::JobState::Failed).await;
         let t = cluster.task(&id, 0).await.expect("task");
         let run = t.current.expect("run");
@@ -100,7 +102,9 @@ async fn memory_limits_hold_what_a_task_holds_not_its_address_space() {
     for kind in [pb::MemoryLimit::Default, pb::MemoryLimit::Resident] {
         let mut jvm = task_spec("exec java -Xmx64m -XX:+UseSerialGC -version");
         jvm.memory_limit = kind as i32;
-        let id = cluster.create(job(&format!("jvm-{}", kind as i32), 1, jvm)).await;
+        let id = cluster
+            .create(job(&format!("jvm-{}", kind as i32), 1, jvm))
+            .await;
         cluster.wait_job(&id, pb::JobState::Succeeded).await;
         let err = cluster.logs(&id, 0, true).await;
         assert!(err.contains("version"), "{err}");

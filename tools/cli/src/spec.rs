@@ -208,6 +208,10 @@ pub struct TaskFile {
     pub controller: bool,
     #[serde(default, skip_serializing_if = "is_default")]
     pub kill_grace_period_ms: u64,
+    /// Deregistration delay: a run told to stop is shown stopping at once
+    /// and signalled this long after (at most 600000).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub shutdown_delay_ms: u64,
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_instances_per_host: u32,
     #[serde(default, skip_serializing_if = "is_default")]
@@ -412,6 +416,7 @@ impl TaskFile {
             revocable: self.revocable,
             controller: self.controller,
             kill_grace_period_ms: self.kill_grace_period_ms,
+            shutdown_delay_ms: self.shutdown_delay_ms,
             sim: Some(SimSpec {
                 duration_ms: self.sim.duration_ms,
                 exit_code: self.sim.exit_code,
@@ -738,6 +743,7 @@ task:
   revocable: true
   controller: true
   kill_grace_period_ms: 10000
+  shutdown_delay_ms: 5000
   max_instances_per_host: 1
   sim: {duration_ms: 2000, exit_code: 7}
 overrides:
@@ -810,6 +816,7 @@ overrides:
         );
         assert!(task.revocable && task.controller);
         assert_eq!(task.kill_grace_period_ms, 10000);
+        assert_eq!(task.shutdown_delay_ms, 5000);
         assert_eq!(task.max_instances_per_host, 1);
         assert_eq!(
             task.sim,
