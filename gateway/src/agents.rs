@@ -344,6 +344,7 @@ impl HostBackend for AgentBackend {
                 .push(pb::KillRun {
                     key: Some(run_key(&k.job_id, k.run)),
                     grace_ms: k.grace_ms,
+                    delay_ms: k.delay_ms,
                 });
         }
         let mut hosts: Vec<_> = by_host.into_iter().collect();

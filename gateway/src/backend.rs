@@ -203,6 +203,7 @@ mod tests {
                 host,
                 job_id: job,
                 grace_ms: 0,
+                delay_ms: 0,
             }],
         );
         let mut out = Vec::new();

@@ -432,6 +432,15 @@ pub fn task_template(
             format!("unknown kind {}", spec.memory_limit),
         ));
     }
+    if spec.shutdown_delay_ms > MAX_SHUTDOWN_DELAY_MS {
+        return Err(invalid(
+            &format!("{field}.shutdown_delay_ms"),
+            format!(
+                "{} is above the limit of {MAX_SHUTDOWN_DELAY_MS} (10 minutes)",
+                spec.shutdown_delay_ms
+            ),
+        ));
+    }
     list(&format!("{field}.args"), spec.args.len(), limits)?;
     for (i, a) in spec.args.iter().enumerate() {
         string(&format!("{field}.args[{i}]"), a, limits)?;
@@ -535,6 +544,7 @@ pub fn task_template(
         } else {
             spec.kill_grace_period_ms
         },
+        shutdown_delay_ms: spec.shutdown_delay_ms,
         health_check: spec.health_check.is_some(),
         volume: spec
             .volume
@@ -545,6 +555,9 @@ pub fn task_template(
         sim_exit_code: sim.exit_code,
     })
 }
+
+/// Longest deregistration delay (`TaskSpec.shutdown_delay_ms`): 10 minutes.
+pub const MAX_SHUTDOWN_DELAY_MS: u64 = 600_000;
 
 /// Volumes in one list answer.
 pub const MAX_LISTED_VOLUMES: usize = 10_000;
@@ -1287,6 +1300,20 @@ mod tests {
         let mut s = good_job();
         s.default_task.as_mut().unwrap().constraint = "zone ==".into();
         assert!(error_of(&s).1.starts_with("spec.default_task.constraint: "));
+        let mut s = good_job();
+        s.default_task.as_mut().unwrap().shutdown_delay_ms = MAX_SHUTDOWN_DELAY_MS;
+        assert_eq!(
+            job_plan(&s, &Limits::default())
+                .unwrap()
+                .default
+                .shutdown_delay_ms,
+            MAX_SHUTDOWN_DELAY_MS
+        );
+        s.default_task.as_mut().unwrap().shutdown_delay_ms = MAX_SHUTDOWN_DELAY_MS + 1;
+        assert_eq!(
+            error_of(&s).1,
+            "spec.default_task.shutdown_delay_ms: 600001 is above the limit of 600000 (10 minutes)"
+        );
         let mut s = good_job();
         s.r#type = pb::JobType::Stateful as i32;
         assert_eq!(

@@ -81,6 +81,8 @@ pub struct Kill {
     pub job_id: Arc<str>,
     /// SIGTERM to SIGKILL.
     pub grace_ms: u64,
+    /// The kill to SIGTERM (the task's deregistration delay).
+    pub delay_ms: u64,
 }
 
 /// A run as agents name it.

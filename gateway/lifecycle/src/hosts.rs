@@ -28,6 +28,7 @@ impl Lifecycle {
     pub(super) fn stop_on_host(&mut self, k: JobKey, i: u32, preempted: bool, fx: &mut Effects) {
         let job = self.jobs.get_mut(&k).expect("live job");
         let grace_ms = job.template(i).kill_grace_ms;
+        let delay_ms = job.template(i).shutdown_delay_ms;
         let job_id = job.id.clone();
         let t = &mut job.tasks[i as usize];
         let handle = t.handle.take();
@@ -64,11 +65,17 @@ impl Lifecycle {
             unreachable!("{job_id}/{i}: a second held run ({old:?})");
         }
         if let Some(h) = host {
+            if delay_ms > 0 {
+                // News before the signal: clients stop sending it requests.
+                let reason = format!("stopping: deregistration delay {delay_ms} ms");
+                self.task_event(k, i, &reason, fx);
+            }
             fx.kills.push(Kill {
                 run,
                 host: self.host_names[h.idx()].clone(),
                 job_id,
                 grace_ms,
+                delay_ms,
             });
         }
     }
@@ -512,6 +519,7 @@ impl Lifecycle {
             host: self.host_names[slot.idx()].clone(),
             job_id: job.id.clone(),
             grace_ms: job.template(i).kill_grace_ms,
+            delay_ms: 0,
         });
         if matches!(state, S::Pending | S::Ready | S::Placing) {
             // Queued for this host: back to wait for the old run's end.
@@ -561,7 +569,7 @@ impl Lifecycle {
         }
         let i = key.instance;
         let job_key = self.by_id.get(&*key.job_id).copied();
-        let kill = |fx: &mut Effects, job: JobKey| {
+        let kill = |fx: &mut Effects, job: JobKey, delay_ms: u64| {
             fx.kills.push(Kill {
                 run: RunRef {
                     job,
@@ -572,11 +580,12 @@ impl Lifecycle {
                 host: host.clone(),
                 job_id: key.job_id.clone(),
                 grace_ms: 10_000,
+                delay_ms,
             });
         };
         let Some(k) = job_key else {
             if !ended {
-                kill(fx, JobKey(u32::MAX));
+                kill(fx, JobKey(u32::MAX), 0);
             }
             return;
         };
@@ -592,9 +601,12 @@ impl Lifecycle {
             .is_some_and(|h| h.launch == run.launch && h.host == Some(slot))
         {
             if ended {
-                self.confirm_end(engine, k, i, fx);
+                self.held_run_ended(engine, k, i, report.time_ms, fx);
             } else {
-                kill(fx, k);
+                // Told again, with its delay: the agent keeps the earlier
+                // time its stop signal is due.
+                let delay_ms = self.jobs[&k].template(i).shutdown_delay_ms;
+                kill(fx, k, delay_ms);
             }
             return;
         }
@@ -618,6 +630,7 @@ impl Lifecycle {
                         host: host.clone(),
                         job_id: key.job_id.clone(),
                         grace_ms: grace,
+                        delay_ms: 0,
                     });
                 }
             }

@@ -328,6 +328,9 @@ pub struct TaskTemplate {
     pub restart: RestartPolicy,
     /// SIGTERM to SIGKILL.
     pub kill_grace_ms: u64,
+    /// Deregistration delay: a run told to stop is shown stopping at once,
+    /// and its host sends the stop signal this long after.
+    pub shutdown_delay_ms: u64,
     /// The task has a health check (its runs start with an unknown health).
     pub health_check: bool,
     /// Its persistent volume.

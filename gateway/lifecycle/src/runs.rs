@@ -257,6 +257,8 @@ impl Lifecycle {
         {
             job.waiting.remove(at);
         }
+        // Until its host confirms the end (`held_run_ended`), a run on a
+        // host ended when it was told to stop.
         job.tasks[i as usize].finished_at = self.now;
         self.release(engine, k, i, fx);
         if state == S::Backoff || state == S::Initialized {
@@ -591,7 +593,7 @@ impl Lifecycle {
             .is_some_and(|h| h.launch == u.run.launch)
         {
             if !matches!(u.status, RunStatus::Running) {
-                self.confirm_end(engine, k, i, fx);
+                self.held_run_ended(engine, k, i, u.time_ms, fx);
             }
             return;
         }
@@ -665,6 +667,33 @@ impl Lifecycle {
                 self.restart_after_loss(engine, k, i, fx);
             }
         }
+    }
+
+    /// The host reports that the held run of instance `i` ended at
+    /// `time_ms` (by its clock): that is when the run ended, not when it
+    /// was told to stop (a deregistration delay and the grace period lie
+    /// between), if it is still the instance's current run (a held run's
+    /// instance starts no other run until then; an instance scaled away
+    /// and added back has another launch).
+    pub(super) fn held_run_ended(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        time_ms: u64,
+        fx: &mut Effects,
+    ) {
+        let launch = self.held.get(&(k, i)).map(|h| h.launch);
+        if let Some(t) = self
+            .jobs
+            .get_mut(&k)
+            .and_then(|job| job.tasks.get_mut(i as usize))
+            && Some(t.launch) == launch
+            && time_ms > 0
+        {
+            t.finished_at = time_ms;
+        }
+        self.confirm_end(engine, k, i, fx);
     }
 
     /// A new run of an instance whose run was lost or preempted (not its

@@ -144,6 +144,9 @@ pub fn config() -> CoreConfig {
     }
 }
 
+/// The simulated clock's first reading (ms).
+pub const START_MS: u64 = 1_000_000;
+
 /// A task template of `cpu` millicores and `mem` MiB, no retries.
 pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
     TaskTemplate {
@@ -159,6 +162,7 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
             max_backoff_ms: 8000,
         },
         kill_grace_ms: 1000,
+        shutdown_delay_ms: 0,
         health_check: false,
         volume: None,
         sim_duration_ms: 0,
@@ -221,7 +225,7 @@ impl Sim {
         Sim {
             engine,
             core,
-            now: 1_000_000,
+            now: START_MS,
             fx: Effects::default(),
             store: StoreModel::default(),
             agents: BTreeMap::new(),
@@ -389,8 +393,16 @@ impl Sim {
         for k in std::mem::take(&mut self.fx.kills) {
             self.n_kills += 1;
             self.say(format!(
-                "  kill {}/{}#{} @{}",
-                k.job_id, k.run.instance, k.run.run, k.host
+                "  kill {}/{}#{} @{}{}",
+                k.job_id,
+                k.run.instance,
+                k.run.run,
+                k.host,
+                if k.delay_ms > 0 {
+                    format!(" after {} ms", k.delay_ms)
+                } else {
+                    String::new()
+                }
             ));
             // A kill for a host without a session is lost; the server
             // kills again when the agent registers.

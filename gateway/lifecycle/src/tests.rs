@@ -23,7 +23,9 @@
 //!   `twin H` — another agent (another identity) registers H, with no runs;
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
-//!   and the rows the store holds for them.
+//!   and the rows the store holds for them;
+//! - `task J/I` — the instance's run: state, times (ms since the script
+//!   began) and whether its host has yet to confirm its end.
 
 use expect_test::{Expect, expect};
 use peloton_engine::{PoolConfig, Resources};
@@ -163,6 +165,7 @@ impl Env {
                 p.default.restart.max_failures = num("max_failures", 0) as u32;
                 p.default.restart.backoff_ms = num("backoff", 1000);
                 p.default.health_check = flag("health");
+                p.default.shutdown_delay_ms = num("shutdown_delay", 0);
                 p.default.request.0[2] = num("disk", 0);
                 if flag("service") {
                     p.kind = JobKind::Service;
@@ -305,6 +308,26 @@ impl Env {
                 hosts: vec![words[1].into()],
                 start: words[0] == "drain",
             }),
+            "task" => {
+                let (job, i) = words[1].split_once('/').expect("J/I");
+                let k = self.sim.core.job_key(job).expect("job");
+                let i: u32 = i.parse().expect("instance");
+                let t = &self.sim.core.job(k).expect("job").tasks[i as usize];
+                let since = |ms: u64| ms.saturating_sub(crate::sim::START_MS);
+                let line = format!(
+                    "  {job}/{i}#{} {} started {} finished {}{}",
+                    t.run,
+                    t.state.name(),
+                    since(t.started_at),
+                    since(t.finished_at),
+                    if self.sim.core.held(k, i).is_some() {
+                        " stopping"
+                    } else {
+                        ""
+                    }
+                );
+                self.sim.say(line);
+            }
             "crash" => self.sim.crash(),
             "retention" => {
                 assert_eq!(self.sim.core.n_jobs(), 0, "retention comes first");
@@ -487,6 +510,77 @@ fn a_service_runs_again_after_any_exit_until_it_is_killed() {
               kill s/0#2 @h1
             > confirm
             job s killed
+        "#]],
+    );
+}
+
+/// A deregistration delay: a run told to stop is shown stopping at once
+/// (an event before its end in the books), its host is told to signal it
+/// only after the delay, and the run ended when its host says it did, not
+/// when it was told to stop. A restart starts the next run after that.
+#[test]
+fn a_shutdown_delay_shows_the_run_stopping_first_and_it_ends_when_its_host_says() {
+    check(
+        r"
+        host h1
+        job s pool=/ n=2 service shutdown_delay=5000
+        cycle
+        tick 1000
+        kill s/0       # stopping now; the host signals it 5 s later
+        task s/0
+        tick 5000      # the delay
+        tick 200       # SIGTERM to its exit
+        confirm
+        task s/0       # ended 6.2 s in, not 1 s in
+        restart s/1
+        tick 5200
+        confirm        # the next run starts once the old one is gone
+        cycle
+        ",
+        expect![[r#"
+            > host h1
+            > job s pool=/ n=2 service shutdown_delay=5000
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1
+              launch s/1#1 @h1 config 1
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > tick 1000
+            > kill s/0
+            s/0#1 running @h1 (stopping: deregistration delay 5000 ms)
+            s/0#1 killed @h1 (killed by request)
+              kill s/0#1 @h1 after 5000 ms
+            > task s/0
+              s/0#1 killed started 0 finished 1000 stopping
+            > tick 5000
+            > tick 200
+            > confirm
+            > task s/0
+              s/0#1 killed started 0 finished 6200
+            > restart s/1
+            s/1#1 running @h1 (stopping: deregistration delay 5000 ms)
+            s/1#1 killed @h1 (restarted)
+              kill s/1#1 @h1 after 5000 ms
+            > tick 5200
+            > confirm
+            s/1#2 initialized
+            s/1#2 pending
+            > cycle
+            s/1#2 ready
+            s/1#2 placed @h1
+            s/1#2 launching @h1
+              launch s/1#2 @h1 config 1
+            s/1#2 running @h1
         "#]],
     );
 }

@@ -5,9 +5,15 @@
 //! and the agent can create its parent cgroup (`/sys/fs/cgroup/peloton` by
 //! default), enable both controllers for its children and create a child
 //! that has `memory.max` and `cpu.max`. Anything less (cgroup v1, a hybrid
-//! mount, no permission) falls back to rlimits set on the task process
-//! just before it executes the task (in the wrapper's forked child): RLIMIT_AS from the
-//! memory request and RLIMIT_NOFILE. The parent cgroup holds no process
+//! mount, no permission) falls back to RLIMIT_NOFILE set on the task
+//! process just before it executes the task, and a watch on the resident
+//! memory of the task's processes (the supervisor's, at most every
+//! `MEMORY_WATCH_INTERVAL_MS`). Memory is never limited by address space
+//! (RLIMIT_AS): what a process maps is not what it uses — a dynamically
+//! linked `/bin/true` cannot even map libc under 2 MiB, and a JVM reserves
+//! gigabytes it never touches. Either way a task's memory limit is at least
+//! [`MEMORY_LIMIT_MIN_BYTES`], as Mesos never gives a container less than
+//! 32 MB. The parent cgroup holds no process
 //! itself (cgroup v2 forbids processes in a cgroup whose controllers are
 //! enabled for its children); each run gets `<parent>/<sandbox name>`, which
 //! only the task tree joins — the wrapper stays outside, so `cgroup.kill`
@@ -26,12 +32,17 @@ pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 const CPU_PERIOD_US: u64 = 100_000;
 /// The smallest quota the kernel accepts.
 const CPU_QUOTA_MIN_US: u64 = 1_000;
+/// The floor of a task's memory limit: a smaller `memory_mb` (the API
+/// accepts any) is raised to it where the limit is applied, so that a
+/// shell, a dynamic loader and libc always fit (Mesos's floor is 32 MB).
+pub(crate) const MEMORY_LIMIT_MIN_BYTES: u64 = 32 << 20;
 
 /// The isolation in effect for every run of this agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Isolation {
-    /// RLIMIT_AS (memory) and RLIMIT_NOFILE on the task process; cpu, disk
-    /// and GPUs are not enforced.
+    /// RLIMIT_NOFILE on the task process and the agent's watch on the
+    /// resident memory of its processes; cpu, disk and GPUs are not
+    /// enforced.
     Rlimit,
     /// One cgroup per run under `parent` (memory.max, cpu.max, cgroup.kill).
     CgroupV2 { parent: PathBuf },
@@ -50,12 +61,13 @@ impl Isolation {
     pub fn summary(&self, open_files: u64) -> String {
         match self {
             Isolation::Rlimit => format!(
-                "rlimit: memory as RLIMIT_AS per process (virtual memory, from memory_mb), \
+                "rlimit: memory by the agent's watch on the resident memory (PSS) of each \
+                 run's processes (from memory_mb, at least 32 MiB; killed above it), \
                  open files as RLIMIT_NOFILE {open_files}; cpu, disk and gpu are NOT enforced; \
-                 OOM is not detected; kills find a run's processes through /proc"
+                 kills find a run's processes through /proc"
             ),
             Isolation::CgroupV2 { parent } => format!(
-                "cgroup-v2 under {}: memory.max from memory_mb, cpu.max from cpu, \
+                "cgroup-v2 under {}: memory.max from memory_mb (at least 32 MiB), cpu.max from cpu, \
                  open files as RLIMIT_NOFILE {open_files}, OOM kills from memory.events, \
                  kills with cgroup.kill; disk and gpu are NOT enforced",
                 parent.display()
@@ -148,7 +160,8 @@ pub(crate) fn create_run_cgroup(
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
     }
-    let memory = memory_bytes(resources.memory_mb).map_or("max".to_owned(), |b| b.to_string());
+    let memory =
+        memory_limit_bytes(resources.memory_mb).map_or("max".to_owned(), |b| b.to_string());
     fs::write(dir.join("memory.max"), memory)?;
     // Without this the kernel swaps instead of enforcing memory.max; not
     // every kernel has swap accounting, so failure is fine.
@@ -172,8 +185,9 @@ fn cpu_max(cpu: f64) -> String {
     }
 }
 
-/// A memory request in bytes, when it sets a limit.
-pub(crate) fn memory_bytes(memory_mb: f64) -> Option<u64> {
+/// The memory limit a request sets, in bytes: `memory_mb`, and never less
+/// than [`MEMORY_LIMIT_MIN_BYTES`]; none for no request.
+pub(crate) fn memory_limit_bytes(memory_mb: f64) -> Option<u64> {
     if memory_mb.is_finite() && memory_mb > 0.0 {
         #[expect(
             clippy::cast_possible_truncation,
@@ -181,7 +195,7 @@ pub(crate) fn memory_bytes(memory_mb: f64) -> Option<u64> {
             reason = "finite, positive, and clamped below"
         )]
         let bytes = (memory_mb * 1024.0 * 1024.0).ceil().min(9e18) as u64;
-        Some(bytes)
+        Some(bytes.max(MEMORY_LIMIT_MIN_BYTES))
     } else {
         None
     }
@@ -238,8 +252,13 @@ mod tests {
         assert_eq!(cpu_max(0.001), "1000 100000");
         assert_eq!(cpu_max(0.0), "max 100000");
         assert_eq!(cpu_max(f64::NAN), "max 100000");
-        assert_eq!(memory_bytes(1.0), Some(1 << 20));
-        assert_eq!(memory_bytes(0.0), None);
-        assert_eq!(memory_bytes(-3.0), None);
+        assert_eq!(memory_limit_bytes(64.0), Some(64 << 20));
+        assert_eq!(memory_limit_bytes(32.5), Some((32 << 20) + (1 << 19)));
+        // The floor: a shell and libc always fit.
+        assert_eq!(memory_limit_bytes(2.0), Some(32 << 20));
+        assert_eq!(memory_limit_bytes(0.1), Some(32 << 20));
+        assert_eq!(memory_limit_bytes(0.0), None);
+        assert_eq!(memory_limit_bytes(-3.0), None);
+        assert_eq!(memory_limit_bytes(f64::NAN), None);
     }
 }

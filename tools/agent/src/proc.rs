@@ -267,7 +267,6 @@ pub(crate) fn signal_all(pids: &[u32], signal: Signal) {
     }
 }
 
-/// SIGKILL to each pid.
 /// Memory these processes really hold, in bytes: the sum of their
 /// proportional set sizes (`Pss` of `/proc/PID/smaps_rollup`, so pages
 /// shared between them — a forked worker's copy-on-write pages — count
@@ -298,6 +297,7 @@ pub(crate) fn resident_bytes(pids: &[u32]) -> u64 {
         .sum()
 }
 
+/// SIGKILL to each pid.
 pub(crate) fn kill_all(pids: &[u32]) {
     signal_all(pids, Signal::SIGKILL);
 }

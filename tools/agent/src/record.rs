@@ -243,6 +243,10 @@ pub(crate) struct RunRecord {
     /// When a requested kill turns to SIGKILL (ms since the epoch; kept on
     /// disk so that a restarted agent finishes a kill it had begun).
     pub(crate) kill_deadline_ms: u64,
+    /// When a requested kill's stop signal is due (ms since the epoch): the
+    /// kill came with a deregistration delay. None once it is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) stop_signal_due_ms: Option<u64>,
     /// The latest phase (final once the run has ended).
     pub(crate) report: PhaseReport,
     /// The server has recorded the final phase: never report it again.
@@ -265,8 +269,8 @@ pub(crate) struct RunRecord {
     /// SIGTERM): the task's `stop_signal`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) stop_signal: Option<i32>,
-    /// Resident memory the agent lets the task's processes use in all
-    /// (rlimit isolation with `MEMORY_LIMIT_RESIDENT`), in bytes.
+    /// Resident memory the agent lets the task's processes hold in all
+    /// (rlimit isolation with a memory request), in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) resident_limit_bytes: Option<u64>,
     /// The agent killed the run itself, and why (its memory).
@@ -294,8 +298,6 @@ pub(crate) struct TaskPlan {
     pub(crate) args: Vec<String>,
     /// The task's whole environment.
     pub(crate) env: Vec<(String, String)>,
-    /// RLIMIT_AS in bytes (rlimit isolation with a memory request).
-    pub(crate) address_space_bytes: Option<u64>,
     /// RLIMIT_NOFILE.
     pub(crate) open_files: Option<u64>,
     /// The cgroup the task joins before it executes (cgroup v2 isolation).
@@ -539,6 +541,7 @@ mod tests {
             cgroup: None,
             kill_requested: false,
             kill_deadline_ms: 0,
+            stop_signal_due_ms: None,
             report: PhaseReport::new(Phase::Starting, 1),
             acked: false,
             health_check: None,
@@ -557,7 +560,6 @@ mod tests {
             program: "/bin/true".to_owned(),
             args: vec!["a b".to_owned()],
             env: vec![("K".to_owned(), "v\nw".to_owned())],
-            address_space_bytes: Some(1 << 30),
             open_files: Some(1024),
             cgroup: None,
         }

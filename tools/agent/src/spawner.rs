@@ -12,8 +12,8 @@
 //!   keeper's memory (`CLONE_VM | CLONE_VFORK`: no page table copied) and
 //!   only makes system calls until it executes the task: a process group
 //!   of its own, /dev/null and the run's `stdout`/`stderr`, the sandbox as
-//!   working directory, the run's cgroup, RLIMIT_NOFILE and RLIMIT_AS
-//!   (last), every signal at its default action and none blocked;
+//!   working directory, the run's cgroup, RLIMIT_NOFILE, every signal at
+//!   its default action and none blocked;
 //! - is a child subreaper: tasks and every process they leave behind are
 //!   its children;
 //! - when a task exits, SIGKILLs its process group (while the unreaped task
@@ -906,7 +906,6 @@ impl Serving {
                 .as_ref()
                 .map_or(std::ptr::null(), |c| c.as_ptr()),
             open_files: open_files.unwrap_or(NO_LIMIT),
-            address_space: plan.address_space_bytes.unwrap_or(NO_LIMIT),
             signals: self.non_default_signals.as_ptr(),
             signal_count: self.non_default_signals.len(),
             failure: AtomicU64::new(0),
@@ -1176,7 +1175,6 @@ struct ChildPlan {
     /// Null: no cgroup.
     cgroup_procs: *const nix::libc::c_char,
     open_files: u64,
-    address_space: u64,
     /// The signals to set back to their default action.
     signals: *const i32,
     signal_count: usize,
@@ -1334,14 +1332,6 @@ extern "C" fn child_main(arg: *mut nix::libc::c_void) -> nix::libc::c_int {
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        // Last: nothing is allocated after it.
-        if plan.address_space != NO_LIMIT {
-            let limit = libc::rlimit {
-                rlim_cur: plan.address_space,
-                rlim_max: plan.address_space,
-            };
-            libc::setrlimit(libc::RLIMIT_AS, &limit);
-        }
         libc::execve(plan.program, plan.argv, plan.envp);
         let error = errno();
         if error == libc::ENOEXEC {

@@ -71,6 +71,10 @@ const WRAPPER_KILL_AFTER_MS: u64 = 2_000;
 /// After the spawner failed to start, how long wrappers are executed
 /// directly before it is tried again.
 const SPAWNER_RETRY_MS: u64 = 10_000;
+/// How often polls look at the memory of runs without a cgroup, at most:
+/// a `/proc` scan and a `smaps_rollup` read per process each time, however
+/// often polls come (every exit of a wrapper brings one).
+const MEMORY_WATCH_INTERVAL_MS: u64 = 200;
 /// Variables of the agent's environment that tasks inherit (nothing else:
 /// the agent's environment may hold its token).
 const INHERITED_ENV: [&str; 3] = ["PATH", "LANG", "TZ"];
@@ -103,6 +107,14 @@ impl SupervisorConfig {
             open_files: DEFAULT_OPEN_FILES,
         }
     }
+}
+
+/// When a kill's signals go: the stop signal `delay_ms` after the kill,
+/// SIGKILL `grace_ms` after that.
+#[derive(Debug, Clone, Copy)]
+struct KillTiming {
+    delay_ms: u64,
+    grace_ms: u64,
 }
 
 /// How long [`Supervisor::kill_all`] lets tasks end after SIGTERM.
@@ -357,6 +369,8 @@ pub struct Supervisor {
     health_changes: Arc<HealthInbox>,
     /// Runs' journals held open (see [`OpenJournal`]).
     open_journals: Arc<AtomicUsize>,
+    /// When the memory of runs without a cgroup was last looked at (ms).
+    memory_watched_ms: u64,
     /// Held for the supervisor's life: one agent per work directory.
     _lock: Flock<File>,
 }
@@ -415,6 +429,7 @@ impl Supervisor {
             spawned: HashMap::new(),
             health_changes: Arc::new(HealthInbox::default()),
             open_journals: Arc::new(AtomicUsize::new(0)),
+            memory_watched_ms: 0,
             _lock: lock,
         };
         supervisor.adopt_all().map_err(work_dir_error)?;
@@ -590,6 +605,7 @@ impl Supervisor {
                 cgroup: None,
                 kill_requested: false,
                 kill_deadline_ms: 0,
+                stop_signal_due_ms: None,
                 report: PhaseReport::new(Phase::Starting, now),
                 acked: false,
                 health_check: None,
@@ -739,18 +755,16 @@ impl Supervisor {
             program,
             args,
             env: env.into_iter().collect(),
-            address_space_bytes: None,
             open_files: Some(self.config.open_files),
             cgroup: None,
         };
+        // The memory limit (at least `MEMORY_LIMIT_MIN_BYTES`) limits what
+        // the task's processes hold, never the address space they map:
+        // `memory.max`, or the agent's watch (either `memory_limit`).
         match &self.config.isolation {
-            Isolation::Rlimit if spec.memory_limit == v1::MemoryLimit::Resident as i32 => {
-                // A JVM reserves far more address space than it uses: the
-                // agent watches what it really holds instead.
-                run.record.resident_limit_bytes = isolation::memory_bytes(resources.memory_mb);
-            }
             Isolation::Rlimit => {
-                plan.address_space_bytes = isolation::memory_bytes(resources.memory_mb);
+                run.record.resident_limit_bytes =
+                    isolation::memory_limit_bytes(resources.memory_mb);
             }
             Isolation::CgroupV2 { parent } => {
                 let cgroup = isolation::create_run_cgroup(parent, &key.sandbox_name(), &resources)
@@ -1039,14 +1053,65 @@ impl Supervisor {
             .map(|(key, _)| key.clone())
             .collect();
         let mut procs = LazySnapshot::default();
+        let watch_memory = now
+            >= self
+                .memory_watched_ms
+                .saturating_add(MEMORY_WATCH_INTERVAL_MS);
+        if watch_memory {
+            self.memory_watched_ms = now;
+        }
         for key in keys {
             let Some(mut run) = self.runs.remove(&key) else {
                 continue;
             };
             self.observe(&mut run, now, &mut procs);
+            if watch_memory {
+                self.watch_memory(&mut run, &mut procs);
+            }
             self.runs.insert(key, run);
         }
         self.report_health_changes();
+    }
+
+    /// Holds a run without a cgroup to its memory limit: SIGKILL to the
+    /// task and its descendants once what they hold (their PSS) is above
+    /// it; the run ends FAILED, "memory limit exceeded".
+    fn watch_memory(&self, run: &mut Run, procs: &mut LazySnapshot) {
+        let Some(limit) = run.record.resident_limit_bytes else {
+            return;
+        };
+        if run.record.kill_requested || run.record.report.phase.is_final() {
+            return;
+        }
+        let Some(root) = (match run.record.task {
+            // Reaped and its pid maybe another's: its end is coming.
+            Some(task) => task.is_alive().then_some(task),
+            None => run.record.wrapper,
+        }) else {
+            return;
+        };
+        let mut pids = procs.get().descendants(root.pid);
+        if run.record.task.is_some() {
+            pids.push(root.pid);
+        }
+        if run.record.killed_by_agent.is_some() {
+            // Killed already: anything left (forked meanwhile, or an
+            // agent restart between the record and the kill) goes too.
+            proc::kill_all(&pids);
+            return;
+        }
+        let used = proc::resident_bytes(&pids);
+        if used > limit {
+            let why = format!(
+                "memory limit exceeded: its processes held {} MiB, above its limit of {} MiB",
+                used >> 20,
+                limit >> 20
+            );
+            tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
+            run.record.killed_by_agent = Some(why);
+            persist(run, &self.open_journals);
+            proc::kill_all(&pids);
+        }
     }
 
     /// Queues a RUNNING report for every run whose health changed (it
@@ -1183,36 +1248,14 @@ impl Supervisor {
             self.end(run, report);
             return;
         }
-        if !run.record.kill_requested
-            && let Some(limit) = run.record.resident_limit_bytes
-            && let Some(root) = match run.record.task {
-                // Reaped and its pid maybe another's: its end is coming.
-                Some(task) => task.is_alive().then_some(task),
-                None => run.record.wrapper,
-            }
+        if run.record.kill_requested
+            && let Some(due) = run.record.stop_signal_due_ms
+            && now >= due
         {
-            let mut pids = procs.get().descendants(root.pid);
-            if run.record.task.is_some() {
-                pids.push(root.pid);
-            }
-            if run.record.killed_by_agent.is_some() {
-                // Killed already: anything left (forked meanwhile, or an
-                // agent restart between the record and the kill) goes too.
-                proc::kill_all(&pids);
-            } else {
-                let used = proc::resident_bytes(&pids);
-                if used > limit {
-                    let why = format!(
-                        "memory limit exceeded: its processes held {} MiB, above its memory_mb {}",
-                        used >> 20,
-                        limit >> 20
-                    );
-                    tracing::warn!(run = %run.record.key.sandbox_name(), %why, "killing");
-                    run.record.killed_by_agent = Some(why);
-                    persist(run, &self.open_journals);
-                    proc::kill_all(&pids);
-                }
-            }
+            run.record.stop_signal_due_ms = None;
+            persist(run, &self.open_journals);
+            tracing::info!(run = %run.record.key.sandbox_name(), "deregistration delay over: stopping");
+            terminate(run, procs);
         }
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
             sweep(run, now, procs);
@@ -1220,10 +1263,13 @@ impl Supervisor {
         self.start_checks(run);
     }
 
-    /// Stops runs: SIGTERM now, SIGKILL to the whole tree once `grace_ms`
-    /// has passed (see [`Supervisor::poll`]). An unknown run is reported
-    /// KILLED at once; an ended one has its final phase reported again; an
-    /// acknowledged one stays silent (it is never reported again).
+    /// Stops runs: SIGTERM once `delay_ms` (the task's deregistration
+    /// delay) has passed — now, without one — and SIGKILL to the whole tree
+    /// `grace_ms` after it (see [`Supervisor::poll`]). A second kill of a
+    /// run never puts its signals off: each goes at the earliest time any
+    /// kill asked for. An unknown run is reported KILLED at once; an ended
+    /// one has its final phase reported again; an acknowledged one stays
+    /// silent (it is never reported again).
     pub fn kill(&mut self, requests: &[v1::KillRun]) {
         let mut procs = LazySnapshot::default();
         for request in requests {
@@ -1231,11 +1277,15 @@ impl Supervisor {
                 tracing::warn!("kill without a run key ignored");
                 continue;
             };
-            self.kill_one(RunId::from_proto(key), request.grace_ms, &mut procs);
+            let timing = KillTiming {
+                delay_ms: request.delay_ms,
+                grace_ms: request.grace_ms,
+            };
+            self.kill_one(RunId::from_proto(key), timing, &mut procs);
         }
     }
 
-    fn kill_one(&mut self, key: RunId, grace_ms: u64, procs: &mut LazySnapshot) {
+    fn kill_one(&mut self, key: RunId, timing: KillTiming, procs: &mut LazySnapshot) {
         let now = record::now_ms();
         let Some(mut run) = self.runs.remove(&key) else {
             let acked_on_disk = key.validate().is_ok()
@@ -1260,18 +1310,37 @@ impl Supervisor {
         if run.record.report.phase.is_final() {
             self.outbox.push(&key, run.report());
         } else {
-            let deadline = now.saturating_add(grace_ms);
+            let KillTiming { delay_ms, grace_ms } = timing;
+            let asked = now.saturating_add(delay_ms);
+            let due = match (run.record.kill_requested, run.record.stop_signal_due_ms) {
+                (false, _) => asked,
+                (true, Some(waiting)) => waiting.min(asked),
+                // Sent already: again now, as a repeated kill always did.
+                (true, None) => now,
+            };
+            let deadline = due.saturating_add(grace_ms);
             if !run.record.kill_requested || deadline < run.record.kill_deadline_ms {
                 run.record.kill_deadline_ms = deadline;
             }
             run.record.kill_requested = true;
+            run.record.stop_signal_due_ms = (due > now).then_some(due);
             // The server has decided; no verdict can change that.
             run.stop_checks();
             // Durable before any signal: a restarted agent must know that
-            // this run's end is a KILLED, not a FAILED.
+            // this run's end is a KILLED, not a FAILED (and when to signal
+            // it, during a deregistration delay).
             persist(&mut run, &self.open_journals);
-            tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
-            terminate(&run, procs);
+            if due > now {
+                tracing::info!(
+                    run = %key.sandbox_name(),
+                    delay_ms = due - now,
+                    grace_ms,
+                    "killing after its deregistration delay"
+                );
+            } else {
+                tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
+                terminate(&run, procs);
+            }
             self.observe(&mut run, now, procs);
         }
         self.runs.insert(key, run);
@@ -1283,21 +1352,26 @@ impl Supervisor {
     /// next session. Used when the agent stops with its tasks
     /// (`--stop-tasks-on-exit`). Returns how many runs are still alive.
     pub fn kill_all(&mut self, grace: StopGrace) -> usize {
-        let live: Vec<(RunId, u64)> = self
+        let live: Vec<(RunId, KillTiming)> = self
             .runs
             .iter()
             .filter(|(_, run)| !run.record.report.phase.is_final())
             .map(|(key, run)| {
+                // The agent is going away: no deregistration delay.
                 let grace_ms = match grace {
                     StopGrace::Own => run.record.kill_grace_ms,
                     StopGrace::Now => 0,
                 };
-                (key.clone(), grace_ms)
+                let timing = KillTiming {
+                    delay_ms: 0,
+                    grace_ms,
+                };
+                (key.clone(), timing)
             })
             .collect();
         let mut procs = LazySnapshot::default();
-        for (key, grace_ms) in live {
-            self.kill_one(key, grace_ms, &mut procs);
+        for (key, timing) in live {
+            self.kill_one(key, timing, &mut procs);
         }
         self.live_runs()
     }

@@ -22,8 +22,8 @@
 //! Limits (rlimits, joining the run's cgroup) and the signal state of the
 //! task are set in the forked child just before it executes the task
 //! ([`prepare_child`]); setting them in the wrapper itself would constrain
-//! the wrapper too (a memory request below its own address space would make
-//! its bookkeeping fail). A signal mask is inherited across fork and exec,
+//! the wrapper too (and its cgroup would take it with the task in an OOM
+//! kill or a `cgroup.kill`). A signal mask is inherited across fork and exec,
 //! so the child empties it, and sets every signal back to its default
 //! action (an ignored signal, e.g. SIGHUP under `nohup`, would otherwise
 //! survive exec); a test checks `SigBlk` and `SigIgn` of a task. Whether
@@ -168,7 +168,7 @@ fn supervise(sandbox: &Path, journal: &mut File) -> ExitRecord {
     // SAFETY: the closure runs in the child between fork and exec. This
     // process is single-threaded (no runtime, no thread is ever started),
     // so the child's memory and locks are in a consistent state and it may
-    // allocate (before the address-space limit, which comes last).
+    // allocate.
     #[allow(unsafe_code)]
     unsafe {
         command.pre_exec(move || child_plan.apply());
@@ -243,7 +243,6 @@ pub(crate) fn exit_record(exit_code: i32, signal: i32, oom_killed: bool) -> Exit
 struct ChildPlan {
     cgroup: Option<PathBuf>,
     open_files: Option<u64>,
-    address_space_bytes: Option<u64>,
     /// `wrapper.log`, for notes about limits that could not be set (the
     /// child's stderr is the task's, not the place for them).
     log: PathBuf,
@@ -261,7 +260,6 @@ impl ChildPlan {
         ChildPlan {
             cgroup: plan.cgroup.clone(),
             open_files,
-            address_space_bytes: plan.address_space_bytes,
             log: sandbox.join(WRAPPER_LOG_FILE),
         }
     }
@@ -295,16 +293,6 @@ impl ChildPlan {
         // here and ends the child, as it should.
         if let Err(e) = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None) {
             child_note(&self.log, &format!("cannot clear the signal mask: {e}"));
-        }
-        // Last: nothing is allocated after it (std executes the program
-        // with the argument and environment arrays it prepared before the
-        // fork), and a limit below what this process already maps would
-        // make any allocation fail.
-        if let Some(bytes) = self.address_space_bytes
-            && let Err(e) = setrlimit(Resource::RLIMIT_AS, bytes, bytes)
-        {
-            // Not set: nothing limits the allocation of the note.
-            child_note(&self.log, &format!("cannot set RLIMIT_AS to {bytes}: {e}"));
         }
         Ok(())
     }
@@ -499,9 +487,9 @@ const SIGNAL_COUNT: i32 = 64;
 /// the kernel refused. Handlers are reset by exec anyway; "ignore" is not.
 /// The raw `rt_sigaction` system call, because the C library's `signal`
 /// and `sigaction` refuse 32 and 33, which it keeps for itself, and an
-/// ignored 32 or 33 would still reach the task. Allocation-free (it runs
-/// under the task's address-space limit); the caller has checked that the
-/// process has one thread ([`check_single_threaded`]).
+/// ignored 32 or 33 would still reach the task. Allocation-free; the
+/// caller has checked that the process has one thread
+/// ([`check_single_threaded`]).
 pub(crate) fn reset_signal_dispositions() -> Result<(), i32> {
     reset_signals(changeable_signals())
 }
@@ -638,7 +626,6 @@ mod tests {
             program: "/bin/true".to_owned(),
             args: Vec::new(),
             env: Vec::new(),
-            address_space_bytes: None,
             open_files: None,
             cgroup: Some(PathBuf::from("/sys/fs/cgroup/peloton/x")),
         };

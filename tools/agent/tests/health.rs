@@ -173,6 +173,7 @@ impl Harness {
         self.supervisor.kill(&[v1::KillRun {
             key: Some(key.clone()),
             grace_ms: 1_000,
+            delay_ms: 0,
         }]);
         self.wait_for(key, P::Killed);
     }
@@ -196,6 +197,7 @@ impl Drop for Harness {
             .map(|key| v1::KillRun {
                 key: Some(key.clone()),
                 grace_ms: 0,
+                delay_ms: 0,
             })
             .collect();
         self.supervisor.kill(&kills);

@@ -438,3 +438,59 @@ async fn killing_a_service_kills_every_instance_and_closes_its_ports() {
     let job = cluster.job(&id).await.expect("job");
     assert_eq!(job.status.expect("status").state(), J::Killed);
 }
+
+/// A deregistration delay on a real cluster: killed, the instance is shown
+/// stopping at once (KILLED in the books, `stopping`, a "deregistration
+/// delay" event) while its server still answers; its agent sends SIGTERM
+/// only after the delay, and the run's `finished_at_ms` is when it really
+/// ended, not when it was told to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_delay_shows_the_instance_stopping_before_its_port_closes() {
+    let cluster = Cluster::start(1).await;
+    let delay_ms = 5_000;
+    let mut task = http_server(Kind::TcpPort("http".into()));
+    task.shutdown_delay_ms = delay_ms;
+    let id = cluster.create(service("draining", 1, task)).await;
+    let watch = JobWatch::start(&cluster, &id).await;
+    let tasks = wait_healthy(&cluster, &id, 1).await;
+    let port = http_port(&tasks[0]);
+    let killed_ms = epoch_ms();
+    cluster.kill_job(&id).await;
+    let t = cluster.task(&id, 0).await.expect("task");
+    let run = t.current.as_ref().expect("run");
+    assert_eq!(run.state(), T::Killed, "{t:?}");
+    assert!(t.stopping, "shown stopping at once: {t:?}");
+    // Clients that have not caught up yet are still served.
+    let status = http_get(port).await;
+    assert!(
+        status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
+        "closed before its delay: {status:?}"
+    );
+    cluster.wait_job(&id, J::Killed).await;
+    assert!(http_get(port).await.is_err(), "port {port} still answers");
+    let t = cluster.task(&id, 0).await.expect("task");
+    let run = t.current.as_ref().expect("run");
+    assert!(!t.stopping, "{t:?}");
+    assert!(
+        run.finished_at_ms >= killed_ms + delay_ms,
+        "finished {} ms after the kill, within its delay: {t:?}",
+        run.finished_at_ms.saturating_sub(killed_ms)
+    );
+    let events = watch.task_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == format!("stopping: deregistration delay {delay_ms} ms")),
+        "{events:#?}"
+    );
+}
+
+/// Milliseconds since the epoch, the clock servers and agents date with.
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis()
+        .try_into()
+        .expect("fits")
+}

@@ -301,6 +301,7 @@ async fn launch_report_log_restart_ack() {
         runs: vec![v1::KillRun {
             key: Some(stranger.clone()),
             grace_ms: 0,
+            delay_ms: 0,
         }],
     }))
     .await;
@@ -441,6 +442,7 @@ async fn health_verdicts_and_ports_reach_the_server() {
         runs: vec![v1::KillRun {
             key: Some(k.clone()),
             grace_ms: 1_000,
+            delay_ms: 0,
         }],
     }))
     .await;

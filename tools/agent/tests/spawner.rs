@@ -435,7 +435,6 @@ fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
         "program": "/bin/sh",
         "args": ["-c", "while [ ! -f go ]; do sleep 0.01; done; exit 7"],
         "env": [["PELOTON_SANDBOX", sandbox.display().to_string()]],
-        "address_space_bytes": null,
         "open_files": null,
         "cgroup": null,
     }});

@@ -98,6 +98,25 @@ impl Harness {
         }
     }
 
+    /// Polls until the run has ended, however it ended.
+    fn wait_for_final(&mut self, key: &v1::RunKey) -> v1::RunReport {
+        let start = Instant::now();
+        loop {
+            self.supervisor.poll();
+            if let Some(report) = self.latest(key)
+                && matches!(report.phase(), P::Succeeded | P::Failed | P::Killed)
+            {
+                return report;
+            }
+            assert!(
+                start.elapsed() < TIMEOUT,
+                "run {key:?} did not end; reports: {:?}",
+                self.reports(key)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn sandbox(&self, key: &v1::RunKey) -> PathBuf {
         self.supervisor.sandbox_dir(key)
     }
@@ -348,6 +367,7 @@ fn kill_removes_the_whole_tree_even_setsid_processes() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k.clone()),
         grace_ms: 5_000,
+        delay_ms: 0,
     }]);
     let killed = h.wait_for(&k, P::Killed);
     assert!(
@@ -370,6 +390,7 @@ fn kill_removes_the_whole_tree_even_setsid_processes() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k.clone()),
         grace_ms: 0,
+        delay_ms: 0,
     }]);
     assert_eq!(phases(&h.reports(&k)), vec![P::Killed]);
 }
@@ -394,6 +415,7 @@ fn kill_escalates_to_sigkill_when_sigterm_is_ignored() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k.clone()),
         grace_ms: 300,
+        delay_ms: 0,
     }]);
     let killed = h.wait_for(&k, P::Killed);
     assert_eq!(killed.signal, 9, "{killed:?}");
@@ -401,6 +423,53 @@ fn kill_escalates_to_sigkill_when_sigterm_is_ignored() {
         assert!(!is_alive(*pid), "pid {pid} survived the kill");
     }
     assert_eq!(processes_in(&sandbox), Vec::<u32>::new());
+}
+
+/// A kill with a deregistration delay: the task gets SIGTERM only once the
+/// delay has passed (it writes down when, by the clock the agent reports
+/// with), and its end is reported at its real end, after that. A second
+/// kill with a longer delay does not put the signal off.
+#[test]
+fn a_kill_with_a_delay_signals_the_task_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-delay", 0);
+    h.supervisor.launch(&[launch(
+        &k,
+        shell("trap 'date +%s%3N > term; exit 0' TERM; touch ready; while :; do sleep 0.02; done"),
+    )]);
+    h.wait_for(&k, P::Running);
+    let sandbox = h.sandbox(&k);
+    wait_until("the trap set", || sandbox.join("ready").exists());
+    let delay_ms = 1_500;
+    let killed_ms = peloton_now_ms();
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(k.clone()),
+        grace_ms: 30_000,
+        delay_ms,
+    }]);
+    h.supervisor.kill(&[v1::KillRun {
+        key: Some(k.clone()),
+        grace_ms: 30_000,
+        delay_ms: 600_000,
+    }]);
+    let ended = h.wait_for(&k, P::Killed);
+    let term_ms: u64 = std::fs::read_to_string(sandbox.join("term"))
+        .expect("the task got SIGTERM")
+        .trim()
+        .parse()
+        .expect("ms");
+    assert!(
+        term_ms >= killed_ms + delay_ms,
+        "SIGTERM {} ms after the kill, before its delay of {delay_ms} ms",
+        term_ms - killed_ms
+    );
+    assert!(
+        ended.time_ms >= term_ms,
+        "reported ended at {}, before its SIGTERM at {term_ms}",
+        ended.time_ms
+    );
+    assert_eq!(ended.exit_code, 0, "{ended:?}");
 }
 
 #[test]
@@ -411,6 +480,7 @@ fn kill_of_an_unknown_run_is_reported_at_once() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k.clone()),
         grace_ms: 1000,
+        delay_ms: 0,
     }]);
     let report = h.latest(&k).expect("reported");
     assert_eq!(report.phase(), P::Killed);
@@ -463,6 +533,7 @@ fn a_second_supervisor_readopts_live_runs() {
     second.supervisor.kill(&[v1::KillRun {
         key: Some(killed_later.clone()),
         grace_ms: 200,
+        delay_ms: 0,
     }]);
     second.wait_for(&killed_later, P::Killed);
     assert_eq!(processes_of(&other), Vec::<u32>::new());
@@ -542,6 +613,7 @@ fn acknowledged_runs_are_never_reported_again() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(acked.clone()),
         grace_ms: 0,
+        delay_ms: 0,
     }]);
     h.supervisor.poll();
     assert_eq!(h.reports(&acked), Vec::new());
@@ -584,6 +656,7 @@ fn journals_held_open_are_bounded_and_closed_by_the_acknowledgement() {
             .map(|k| v1::KillRun {
                 key: Some(k.clone()),
                 grace_ms: 5_000,
+                delay_ms: 0,
             })
             .collect();
         h.supervisor.kill(&kills);
@@ -655,6 +728,7 @@ fn gc_removes_only_old_acknowledged_sandboxes() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(live.clone()),
         grace_ms: 0,
+        delay_ms: 0,
     }]);
     h.wait_for(&live, P::Killed);
 }
@@ -719,24 +793,71 @@ fn ports_are_distinct_in_range_and_exposed_to_tasks() {
     assert!(failed.reason.contains("port"), "{}", failed.reason);
 }
 
+/// RLIMIT_NOFILE is set on the task; its memory request limits what it
+/// holds, never its address space (under 2 MiB of address space a shell
+/// cannot even map libc: "failed to map segment", exit 127).
 #[test]
-fn rlimits_apply_to_the_task_only() {
+fn rlimits_apply_to_the_task_only_and_memory_is_not_address_space() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut c = config(dir.path());
     c.open_files = 1000;
     let mut h = Harness::open(c);
     let k = key("job-k", 0);
     let mut spec = shell("ulimit -v; ulimit -n");
-    // Far below the wrapper's own address space: only the task gets it.
     spec.resources = Some(v1::Resources {
         cpu: 0.5,
-        memory_mb: 16.0,
+        memory_mb: 2.0,
         ..v1::Resources::default()
     });
     h.supervisor.launch(&[launch(&k, spec)]);
-    h.wait_for(&k, P::Succeeded);
+    let ended = h.wait_for_final(&k);
     let out = std::fs::read_to_string(h.sandbox(&k).join("stdout")).expect("stdout");
-    assert_eq!(out, format!("{}\n1000\n", 16 * 1024));
+    assert_eq!(
+        (ended.phase(), ended.exit_code),
+        (P::Succeeded, 0),
+        "{ended:?} {out:?}"
+    );
+    // What this test process has: the task inherits the agent's own.
+    let inherited = std::process::Command::new("/bin/sh")
+        .args(["-c", "ulimit -v"])
+        .output()
+        .expect("sh");
+    let inherited = String::from_utf8_lossy(&inherited.stdout).into_owned();
+    assert_eq!(out, format!("{inherited}1000\n"));
+}
+
+/// Without a cgroup the agent holds a task to its memory request by what
+/// its processes hold: above it they are killed (FAILED, "memory limit
+/// exceeded"); a request below 32 MiB is raised to 32 MiB, so a task that
+/// holds 8 MiB under `memory_mb: 2` runs to its end.
+#[test]
+fn without_a_cgroup_memory_is_watched_with_a_floor_of_32_mib() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let hold = |mib: u32, memory_mb: f64| {
+        let mut spec = shell(&format!(
+            "exec perl -e '$x = \"a\" x ({mib} * 1024 * 1024); print \"holding\\n\"; sleep 2'"
+        ));
+        spec.resources = Some(v1::Resources {
+            memory_mb,
+            ..v1::Resources::default()
+        });
+        spec
+    };
+    let hog = key("job-mem", 0);
+    let small = key("job-mem", 1);
+    h.supervisor
+        .launch(&[launch(&hog, hold(200, 64.0)), launch(&small, hold(8, 2.0))]);
+    let ended = h.wait_for_final(&hog);
+    assert_eq!(ended.phase(), P::Failed, "{ended:?}");
+    assert!(ended.reason.contains("memory limit exceeded"), "{ended:?}");
+    let ended = h.wait_for_final(&small);
+    let out = std::fs::read_to_string(h.sandbox(&small).join("stdout")).expect("stdout");
+    assert_eq!(
+        (ended.phase(), out.as_str()),
+        (P::Succeeded, "holding\n"),
+        "{ended:?}"
+    );
 }
 
 #[test]
@@ -764,6 +885,7 @@ fn the_detected_isolation_runs_tasks() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k2.clone()),
         grace_ms: 100,
+        delay_ms: 0,
     }]);
     h.wait_for(&k2, P::Killed);
     assert_eq!(processes_of(&h.sandbox(&k2)), Vec::<u32>::new());

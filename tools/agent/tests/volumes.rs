@@ -285,6 +285,7 @@ fn a_volume_in_use_is_not_deleted() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k.clone()),
         grace_ms: 0,
+        delay_ms: 0,
     }]);
     h.wait_for(&k, P::Killed);
     h.supervisor.delete_volumes(&[VOLUME.to_owned()]).finish();
@@ -393,6 +394,7 @@ fn secrets_of_a_readopted_run_are_removed_when_it_ends() {
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k.clone()),
         grace_ms: 0,
+        delay_ms: 0,
     }]);
     h.wait_for(&k, P::Killed);
     assert!(!secrets.exists());

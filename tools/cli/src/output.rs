@@ -306,6 +306,7 @@ pub fn task_spec_json(spec: Option<&TaskSpec>) -> Value {
         "revocable": spec.revocable,
         "controller": spec.controller,
         "kill_grace_period_ms": spec.kill_grace_period_ms,
+        "shutdown_delay_ms": spec.shutdown_delay_ms,
         "sim": {"duration_ms": sim.duration_ms, "exit_code": sim.exit_code},
         "max_instances_per_host": spec.max_instances_per_host,
         "health_check": spec.health_check.as_ref().map(health_check_json),

@@ -208,6 +208,10 @@ pub struct TaskFile {
     pub controller: bool,
     #[serde(default, skip_serializing_if = "is_default")]
     pub kill_grace_period_ms: u64,
+    /// Deregistration delay: a run told to stop is shown stopping at once
+    /// and signalled this long after (at most 600000).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub shutdown_delay_ms: u64,
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_instances_per_host: u32,
     #[serde(default, skip_serializing_if = "is_default")]
@@ -222,8 +226,9 @@ pub struct TaskFile {
     /// e.g. SIGPWR, SIGINT).
     #[serde(default, skip_serializing_if = "is_default")]
     pub stop_signal: String,
-    /// `resident`: hold the task to its memory by resident memory, not
-    /// address space (for JVMs; matters only without cgroup v2).
+    /// `resident`: the same as the default now (memory is always limited
+    /// by what the task holds, not its address space); kept for the files
+    /// that name it.
     #[serde(default, skip_serializing_if = "is_default")]
     pub memory_limit: MemoryLimitName,
 }
@@ -411,6 +416,7 @@ impl TaskFile {
             revocable: self.revocable,
             controller: self.controller,
             kill_grace_period_ms: self.kill_grace_period_ms,
+            shutdown_delay_ms: self.shutdown_delay_ms,
             sim: Some(SimSpec {
                 duration_ms: self.sim.duration_ms,
                 exit_code: self.sim.exit_code,
@@ -767,6 +773,7 @@ task:
   revocable: true
   controller: true
   kill_grace_period_ms: 10000
+  shutdown_delay_ms: 5000
   max_instances_per_host: 1
   sim: {duration_ms: 2000, exit_code: 7}
 overrides:
@@ -839,6 +846,7 @@ overrides:
         );
         assert!(task.revocable && task.controller);
         assert_eq!(task.kill_grace_period_ms, 10000);
+        assert_eq!(task.shutdown_delay_ms, 5000);
         assert_eq!(task.max_instances_per_host, 1);
         assert_eq!(
             task.sim,
