@@ -601,7 +601,8 @@ impl Lifecycle {
             .is_some_and(|h| h.launch == run.launch && h.host == Some(slot))
         {
             if ended {
-                self.held_run_ended(engine, k, i, report.time_ms, fx);
+                let exited_0 = phase == RunPhase::Succeeded;
+                self.held_run_ended(engine, k, i, report.time_ms, exited_0, fx);
             } else {
                 // Told again, with its delay: the agent keeps the earlier
                 // time its stop signal is due.

@@ -159,6 +159,9 @@ pub fn legal(from: TaskState, to: TaskState) -> bool {
                 Running | Succeeded | Failed | Killed | Preempted | Lost
             )
             | (Running, Succeeded | Failed | Killed | Preempted | Lost)
+            // A preempted batch run that exited 0 before the kill reached
+            // it keeps its result.
+            | (Preempted, Succeeded)
             // A service's run that ended (any code) backs off too.
             | (Failed | Succeeded, Backoff)
             | (Failed, Initialized)

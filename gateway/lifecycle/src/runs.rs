@@ -593,7 +593,8 @@ impl Lifecycle {
             .is_some_and(|h| h.launch == u.run.launch)
         {
             if !matches!(u.status, RunStatus::Running) {
-                self.held_run_ended(engine, k, i, u.time_ms, fx);
+                let exited_0 = matches!(u.status, RunStatus::Exited(0));
+                self.held_run_ended(engine, k, i, u.time_ms, exited_0, fx);
             }
             return;
         }
@@ -675,23 +676,55 @@ impl Lifecycle {
     /// between), if it is still the instance's current run (a held run's
     /// instance starts no other run until then; an instance scaled away
     /// and added back has another launch).
+    ///
+    /// A preempted batch run that the host says exited 0 by itself (it
+    /// finished before the kill reached it) keeps its result: SUCCEEDED,
+    /// not run again — work that is done is not done twice.
     pub(super) fn held_run_ended(
         &mut self,
         engine: &mut Engine,
         k: JobKey,
         i: u32,
         time_ms: u64,
+        exited_0: bool,
         fx: &mut Effects,
     ) {
-        let launch = self.held.get(&(k, i)).map(|h| h.launch);
-        if let Some(t) = self
-            .jobs
-            .get_mut(&k)
-            .and_then(|job| job.tasks.get_mut(i as usize))
-            && Some(t.launch) == launch
-            && time_ms > 0
+        let Some(held) = self.held.get(&(k, i)).map(|h| (h.launch, h.preempted)) else {
+            return;
+        };
+        let (launch, preempted) = held;
+        let executor = self.is_executor(k, i);
+        let mut finished_itself = false;
+        if let Some(job) = self.jobs.get_mut(&k)
+            && let Some(t) = job.tasks.get_mut(i as usize)
+            && t.launch == launch
         {
-            t.finished_at = time_ms;
+            if time_ms > 0 {
+                t.finished_at = time_ms;
+            }
+            finished_itself = exited_0
+                && preempted
+                && t.state == S::Preempted
+                && job.plan.kind == JobKind::Batch
+                && job.plan.gang <= 1
+                && !job.kill_requested
+                && !executor;
+            if finished_itself {
+                t.exit_code = 0;
+                t.gave_way = false;
+            }
+        }
+        if finished_itself {
+            if let Some(h) = self.held.get_mut(&(k, i)) {
+                h.restart = false;
+            }
+            self.transition(
+                k,
+                i,
+                S::Succeeded,
+                Some("exited 0 before its preemption reached it: its result stands"),
+                fx,
+            );
         }
         self.confirm_end(engine, k, i, fx);
     }

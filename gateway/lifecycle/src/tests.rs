@@ -3592,3 +3592,63 @@ fn a_host_is_bound_to_its_agent_until_it_is_lost() {
         "#]],
     );
 }
+
+#[test]
+fn a_preempted_run_that_exited_0_before_the_kill_keeps_its_result() {
+    // low/0 is chosen as a victim, but its host reports that it exited 0
+    // by itself before the kill reached it: it is SUCCEEDED, and no second
+    // run of finished work is started. (A victim that was killed starts
+    // again, as before.)
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1
+        cycle
+        job high pool=/ n=1 cpu=2 preemptible priority=5
+        cycle          # low/0 is evicted from h1
+        exit low/0 0   # ... but had finished by itself
+        cycle
+        exit low/1 0
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1
+            low/0#1 pending
+            low/1#1 pending
+            job low pending
+            > cycle
+            low/0#1 ready
+            low/1#1 ready
+            low/0#1 placed @h1
+            low/0#1 launching @h1
+            low/1#1 placed @h2
+            low/1#1 launching @h2
+              launch low/0#1 @h1 config 1
+              launch low/1#1 @h2 config 1
+            low/0#1 running @h1
+            job low running
+            low/1#1 running @h2
+            > job high pool=/ n=1 cpu=2 preemptible priority=5
+            high/0#1 pending
+            job high pending
+            > cycle
+            high/0#1 ready
+            high/0#1 placing
+            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1)
+              kill low/0#1 @h1
+            > exit low/0 0
+            low/0#1 succeeded @h1 (exited 0 before its preemption reached it: its result stands)
+            > cycle
+            high/0#1 placed @h1
+            high/0#1 launching @h1
+              launch high/0#1 @h1 config 1
+            high/0#1 running @h1
+            job high running
+            > exit low/1 0
+            low/1#1 succeeded @h2
+            job low succeeded
+        "#]],
+    );
+}
