@@ -1,0 +1,607 @@
+//! `WatchService`: every committed event from a revision on, replayed from
+//! the store while a watch is behind and live once it has caught up, through
+//! a bounded buffer per watch.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use pb::watch_service_server::WatchService;
+use peloton_proto::v1 as pb;
+use prost::Message;
+use tokio::sync::{broadcast, oneshot};
+use tonic::{Request, Response, Status};
+
+use super::{Api, gone};
+use crate::access;
+use crate::convert;
+use crate::metrics::Metrics;
+use crate::scheduler::Command;
+use crate::store::Store;
+use peloton_authz::Permission;
+
+pub(super) type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+
+/// Most events in one streamed message.
+const MAX_EVENTS_PER_MESSAGE: usize = 1024;
+
+/// A streamed message ends once its events reach this many encoded bytes
+/// (1 MiB; an event is small: its strings are bounded, an agent's text to
+/// `convert::MAX_AGENT_TEXT_BYTES`), well within a client's 4 MiB.
+const MAX_BYTES_PER_MESSAGE: usize = 1 << 20;
+
+/// Most events a watch buffers for its client (its memory bound). A watch
+/// whose buffer is full stops taking events into memory and catches up
+/// from the store once its client reads again.
+pub const MAX_WATCH_BUFFERED_EVENTS: usize = 16 * 1024;
+
+/// A watch whose buffer is full and whose client took nothing while this
+/// many commits brought it events is ended with RESOURCE_EXHAUSTED: its
+/// client does not read (a client that reads, however bursty the events,
+/// takes something between commits).
+pub const MAX_WATCH_STALLED_COMMITS: u32 = 64;
+
+/// A watch more than this many of its events behind the newest commit is
+/// ended with RESOURCE_EXHAUSTED: its client reads more slowly than events
+/// come and could never catch up.
+pub const MAX_WATCH_LAG_EVENTS: usize = 1_000_000;
+
+/// What a watch's pump has queued and its client has not taken yet.
+#[derive(Debug, Default)]
+struct Buffer {
+    items: std::collections::VecDeque<Result<pb::WatchResponse, Status>>,
+    /// Events in `items`.
+    events: usize,
+    /// Messages the client has taken.
+    taken: u64,
+    /// Nothing more will come after `items`.
+    done: bool,
+    /// The client's end was dropped.
+    client_gone: bool,
+}
+
+/// The bounded buffer between a watch's pump (which reads the store and
+/// the live events) and its client's stream.
+#[derive(Debug)]
+struct WatchQueue {
+    buffer: std::sync::Mutex<Buffer>,
+    /// The client took something, or left.
+    wake_pump: tokio::sync::Notify,
+    /// Something to take, or the end.
+    wake_client: tokio::sync::Notify,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// How a push went.
+#[derive(Debug, PartialEq, Eq)]
+enum Pushed {
+    Sent,
+    /// The buffer is full: nothing was queued.
+    Full,
+    ClientGone,
+}
+
+impl WatchQueue {
+    fn new(metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+        if let Some(m) = &metrics {
+            m.watch_streams.inc();
+        }
+        Arc::new(WatchQueue {
+            buffer: std::sync::Mutex::default(),
+            wake_pump: tokio::sync::Notify::new(),
+            wake_client: tokio::sync::Notify::new(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
+        self.buffer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, delta: i64) {
+        if let Some(m) = &self.metrics {
+            m.watch_buffered_events.inc_by(delta);
+        }
+    }
+
+    /// Queues a message if there is room (always, into an empty buffer).
+    fn push(&self, message: pb::WatchResponse) -> Pushed {
+        let n = message.events.len();
+        let mut b = self.lock();
+        if b.client_gone {
+            return Pushed::ClientGone;
+        }
+        if !b.items.is_empty() && b.events + n > MAX_WATCH_BUFFERED_EVENTS {
+            return Pushed::Full;
+        }
+        b.items.push_back(Ok(message));
+        b.events += n;
+        drop(b);
+        self.count(n as i64);
+        self.wake_client.notify_one();
+        Pushed::Sent
+    }
+
+    /// Messages the client has taken so far.
+    fn taken(&self) -> u64 {
+        self.lock().taken
+    }
+
+    /// Ends the stream after `error`, dropping what is buffered (the
+    /// client is told where to watch again from).
+    fn abandon(&self, error: Status) {
+        let mut b = self.lock();
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        b.items.push_back(Err(crate::status::contract(error)));
+        b.done = true;
+        drop(b);
+        drop(dropped);
+        self.count(-(n as i64));
+        self.wake_client.notify_one();
+    }
+
+    /// Ends the stream after what is buffered, then `error` if given.
+    fn finish(&self, error: Option<Status>) {
+        let mut b = self.lock();
+        if !b.done {
+            if let Some(e) = error {
+                b.items.push_back(Err(crate::status::contract(e)));
+            }
+            b.done = true;
+        }
+        drop(b);
+        self.wake_client.notify_one();
+    }
+
+    /// Resolves when the client took something or left (callers check
+    /// which).
+    async fn client_moved(&self) {
+        self.wake_pump.notified().await;
+    }
+
+    fn client_gone(&self) -> bool {
+        self.lock().client_gone
+    }
+
+    /// The client's next message; `None` at the end.
+    async fn take(&self) -> Option<Result<pb::WatchResponse, Status>> {
+        loop {
+            let more = self.wake_client.notified();
+            {
+                let mut b = self.lock();
+                if let Some(item) = b.items.pop_front() {
+                    let n = item.as_ref().map_or(0, |m| m.events.len());
+                    b.events -= n;
+                    b.taken += 1;
+                    drop(b);
+                    self.count(-(n as i64));
+                    self.wake_pump.notify_one();
+                    return Some(item);
+                }
+                if b.done {
+                    return None;
+                }
+            }
+            more.await;
+        }
+    }
+}
+
+/// The client's end of a watch: dropping it tells the pump and frees what
+/// is buffered.
+#[derive(Debug)]
+struct ClientEnd(Arc<WatchQueue>);
+
+impl Drop for ClientEnd {
+    fn drop(&mut self) {
+        let q = &self.0;
+        let mut b = q.lock();
+        b.client_gone = true;
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        drop(b);
+        drop(dropped);
+        q.count(-(n as i64));
+        if let Some(m) = &q.metrics {
+            m.watch_streams.dec();
+        }
+        q.wake_pump.notify_one();
+    }
+}
+
+/// How filling a watch's buffer went.
+#[derive(Debug, PartialEq, Eq)]
+enum Filled {
+    /// Everything asked for is queued.
+    All,
+    /// The buffer is full; `next` is the first revision not queued.
+    Full,
+    ClientGone,
+}
+
+/// Where a watch is: the next revision its client needs, its filter, its
+/// buffer.
+struct Watcher {
+    next: u64,
+    job: String,
+    out: Arc<WatchQueue>,
+}
+
+impl Watcher {
+    fn keeps(&self, e: &pb::Event) -> bool {
+        e.revision >= self.next
+            && (self.job.is_empty()
+                || match &e.kind {
+                    Some(pb::event::Kind::Job(j)) => j.job_id == self.job,
+                    Some(pb::event::Kind::Task(t)) => t.job_id == self.job,
+                    None => false,
+                })
+    }
+
+    /// Queues the events it keeps (in revision order), in messages of at
+    /// most [`MAX_EVENTS_PER_MESSAGE`] and about [`MAX_BYTES_PER_MESSAGE`],
+    /// and moves past them; stops at a full buffer with `next` at the first
+    /// event not queued. Returns the outcome and how many events were
+    /// queued.
+    fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> (Filled, usize) {
+        let mut chunk: Vec<pb::Event> = Vec::new();
+        let mut chunk_bytes = 0;
+        let mut queued = 0;
+        let mut last = None;
+        for e in events {
+            last = Some(e.revision);
+            if self.keeps(&e) {
+                // The event, its field tag and its length.
+                chunk_bytes += e.encoded_len() + 4;
+                chunk.push(e);
+                if chunk.len() == MAX_EVENTS_PER_MESSAGE || chunk_bytes >= MAX_BYTES_PER_MESSAGE {
+                    chunk_bytes = 0;
+                    match self.flush(&mut chunk) {
+                        Ok(n) => queued += n,
+                        Err(stop) => return (stop, queued),
+                    }
+                }
+            }
+        }
+        if !chunk.is_empty() {
+            match self.flush(&mut chunk) {
+                Ok(n) => queued += n,
+                Err(stop) => return (stop, queued),
+            }
+        }
+        if let Some(l) = last {
+            self.next = self.next.max(l + 1);
+        }
+        (Filled::All, queued)
+    }
+
+    /// Queues one message of events; on a full buffer `next` goes back to
+    /// its first event (what was skipped before it is skipped again).
+    fn flush(&mut self, chunk: &mut Vec<pb::Event>) -> Result<usize, Filled> {
+        let first = chunk.first().map_or(self.next, |e| e.revision);
+        let n = chunk.len();
+        match self.out.push(pb::WatchResponse {
+            events: std::mem::take(chunk),
+        }) {
+            Pushed::Sent => Ok(n),
+            Pushed::Full => {
+                self.next = first;
+                Err(Filled::Full)
+            }
+            Pushed::ClientGone => Err(Filled::ClientGone),
+        }
+    }
+
+    /// Queues stored events from `next` up to `upto` (inclusive; None: to
+    /// the end of the store), a few rows at a time, until the buffer is
+    /// full. Err when the start is no longer stored.
+    async fn fill(
+        &mut self,
+        store: &Arc<dyn Store>,
+        upto: Option<u64>,
+    ) -> Result<(Filled, usize), Status> {
+        let mut queued = 0;
+        loop {
+            if upto.is_some_and(|u| self.next > u) {
+                return Ok((Filled::All, queued));
+            }
+            let s = store.clone();
+            let from = self.next;
+            let rows = tokio::task::spawn_blocking(move || s.events_from(from, 4))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::internal(e.to_string()))?;
+            // Nothing stored from `next` on, though it is committed: the
+            // retention trimmed it (never wait for it silently).
+            if rows.is_empty() && upto.is_some_and(|u| self.next <= u) {
+                return Err(Status::out_of_range(format!(
+                    "revision {} is no longer kept: list the current state and watch from there",
+                    self.next
+                )));
+            }
+            let before = self.next;
+            for (n, row) in rows.into_iter().enumerate() {
+                let batch = crate::scheduler::decode_event_row(&row).map_err(Status::internal)?;
+                // Rows are contiguous, so the first row of every fetch
+                // starts at or before `next` unless the retention trimmed
+                // it meanwhile: never skip events silently.
+                if let Some(first) = batch.events.first()
+                    && n == 0
+                    && first.revision > self.next
+                {
+                    return Err(Status::out_of_range(format!(
+                        "revision {} is no longer kept; the oldest is {}: list the current state and watch from there",
+                        self.next, first.revision
+                    )));
+                }
+                let events = batch
+                    .events
+                    .into_iter()
+                    .filter(|e| upto.is_none_or(|u| e.revision <= u));
+                let (filled, n) = self.send(events);
+                queued += n;
+                if filled != Filled::All {
+                    return Ok((filled, queued));
+                }
+            }
+            if self.next == before {
+                return Ok((Filled::All, queued));
+            }
+        }
+    }
+}
+
+/// Streams events with revision ≥ `next` into the watch's buffer: from the
+/// store while it is behind, live once it has caught up. The buffer is
+/// bounded ([`MAX_WATCH_BUFFERED_EVENTS`]); while it is full, live events
+/// are not kept (they are in the store: the watch catches up from there
+/// once its client reads) and only counted, and a watch whose client stops
+/// reading ([`MAX_WATCH_STALLED_COMMITS`]) or falls hopelessly behind
+/// ([`MAX_WATCH_LAG_EVENTS`]) is ended with RESOURCE_EXHAUSTED, its buffer
+/// freed. The pump always drains the live channel, so a slow watch never
+/// holds the other watches' events in memory.
+async fn pump(
+    store: Arc<dyn Store>,
+    next: u64,
+    committed: u64,
+    job: String,
+    mut live: broadcast::Receiver<crate::scheduler::EventBatch>,
+    out: Arc<WatchQueue>,
+) {
+    let mut w = Watcher { next, job, out };
+    // The newest revision known to be committed (None: unknown, after the
+    // live channel lagged: read the store to its end).
+    let mut head = Some(committed);
+    // Events this watch keeps that came live and are not queued yet.
+    let mut lag: usize = 0;
+    // Events before this revision are history the client asked for, not
+    // lag.
+    let live_from = committed + 1;
+    // Commits that brought events while the buffer was full and the client
+    // took nothing.
+    let mut stalled: u32 = 0;
+    let mut taken = w.out.taken();
+    loop {
+        if head.is_none_or(|h| w.next <= h) {
+            let from = w.next;
+            match w.fill(&store, head).await {
+                Ok((filled, queued)) => {
+                    if from >= live_from || w.next > live_from {
+                        lag = lag.saturating_sub(queued);
+                    }
+                    match filled {
+                        Filled::All => {
+                            head = Some(head.unwrap_or(w.next.saturating_sub(1)));
+                            if w.next > head.unwrap_or_default() {
+                                lag = 0;
+                            }
+                        }
+                        Filled::Full => {}
+                        Filled::ClientGone => return,
+                    }
+                }
+                Err(e) => return w.out.finish(Some(e)),
+            }
+        }
+        let batch = tokio::select! {
+            r = live.recv() => r,
+            () = w.out.client_moved() => {
+                if w.out.client_gone() {
+                    return;
+                }
+                continue;
+            }
+        };
+        match batch {
+            Ok(batch) => {
+                let Some(last) = batch.last().map(|e| e.revision) else {
+                    continue;
+                };
+                let caught_up = head.is_some_and(|h| w.next > h);
+                head = head.map(|h| h.max(last));
+                if caught_up {
+                    // Clone only what this watcher keeps.
+                    let kept: Vec<pb::Event> =
+                        batch.iter().filter(|e| w.keeps(e)).cloned().collect();
+                    let n = kept.len();
+                    match w.send(kept.into_iter()) {
+                        (Filled::All, _) => {
+                            w.next = w.next.max(last + 1);
+                            continue;
+                        }
+                        (Filled::Full, queued) => lag += n - queued,
+                        (Filled::ClientGone, _) => return,
+                    }
+                } else {
+                    let n = batch.iter().filter(|e| w.keeps(e)).count();
+                    if n == 0 {
+                        continue;
+                    }
+                    lag += n;
+                }
+                // Behind, with a full buffer: is the client still reading?
+                let now_taken = w.out.taken();
+                if now_taken == taken {
+                    stalled += 1;
+                } else {
+                    (stalled, taken) = (0, now_taken);
+                }
+                let why = if stalled >= MAX_WATCH_STALLED_COMMITS {
+                    Some(format!(
+                        "its client read nothing while {stalled} commits brought it events"
+                    ))
+                } else if lag > MAX_WATCH_LAG_EVENTS {
+                    Some(format!(
+                        "its client is more than {MAX_WATCH_LAG_EVENTS} events behind"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return w.out.abandon(Status::resource_exhausted(format!(
+                        "watch ended: {why} ({MAX_WATCH_BUFFERED_EVENTS} events buffered at most); watch again from revision {}",
+                        w.next
+                    )));
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => head = None,
+            Err(broadcast::error::RecvError::Closed) => return w.out.finish(Some(gone())),
+        }
+    }
+}
+
+impl Api {
+    /// Refuses, as the call's status (before the stream starts, so HTTP
+    /// clients get it as theirs too), a watch from a revision older than
+    /// the oldest kept. The pump checks again as it reads: the retention
+    /// may trim events meanwhile.
+    async fn check_kept(&self, from: u64, committed: u64) -> Result<(), Status> {
+        let store = self.store.clone();
+        let rows = tokio::task::spawn_blocking(move || store.events_from(from, 1))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(e.to_string()))?;
+        // No row at all: everything up to the committed revision was
+        // trimmed (the caller asks only for committed revisions).
+        let oldest = match rows.first() {
+            Some(row) => crate::scheduler::decode_event_row(row)
+                .map_err(Status::internal)?
+                .events
+                .first()
+                .map_or(from, |e| e.revision),
+            None => committed + 1,
+        };
+        if oldest > from {
+            return Err(Status::out_of_range(format!(
+                "from_revision: {from} is no longer kept; the oldest kept is {oldest}: list the current state and watch from there"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl WatchService for Api {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = access::caller(&request)?;
+        let mut viewer = Self::viewer(&request)?;
+        if !request.get_ref().job_id.is_empty() {
+            self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+            viewer = None;
+        }
+        let r = request.into_inner();
+        convert::id("job_id", &r.job_id)?;
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Command::Watch { reply })
+            .await
+            .map_err(|_| gone())?;
+        let (committed, live) = answer.await.map_err(|_| gone())?;
+        if r.from_revision > committed + 1 {
+            return Err(Status::out_of_range(format!(
+                "from_revision: {} is ahead of the current revision {committed}; watch from {} at most (0: from now)",
+                r.from_revision,
+                committed + 1
+            )));
+        }
+        let next = if r.from_revision == 0 {
+            committed + 1
+        } else {
+            r.from_revision
+        };
+        if next <= committed {
+            self.check_kept(next, committed).await?;
+        }
+        let queue = WatchQueue::new(self.metrics.clone());
+        tokio::spawn(pump(
+            self.store.clone(),
+            next,
+            committed,
+            r.job_id,
+            live,
+            queue.clone(),
+        ));
+        // A lapsed leader's events stop: its watchers are told so and go
+        // to the leader (from the revision they last saw).
+        let role = self.role.clone();
+        let leading = role.as_ref().map(|r| r.watch_leading());
+        let stream = futures::stream::unfold(
+            (Some(ClientEnd(queue)), leading),
+            move |(end, mut leading)| {
+                let role = role.clone();
+                async move {
+                    let end = end?;
+                    let lapsed = async {
+                        match leading.as_mut() {
+                            Some(l) => {
+                                let _ = l.wait_for(|leading| !leading).await;
+                            }
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        item = end.0.take() => Some((item?, (Some(end), leading))),
+                        () = lapsed => {
+                            let why = role
+                                .as_ref()
+                                .and_then(|r| r.refusal())
+                                .map_or_else(|| "not the leader".to_owned(), |r| r.0);
+                            Some((Err(Status::unavailable(why)), (None, leading)))
+                        }
+                    }
+                }
+            },
+        );
+        let stream = access::until_revoked(stream, caller);
+        let Some(viewer) = viewer else {
+            return Ok(Response::new(Box::pin(stream)));
+        };
+        // A caller that sees part of the cluster gets its jobs' events
+        // only (revisions then have gaps; messages left empty are dropped).
+        let access = self.access.clone();
+        let stream = futures::StreamExt::filter_map(stream, move |item| {
+            let out = match item {
+                Ok(mut m) => {
+                    m.events.retain(|e| {
+                        let job = match &e.kind {
+                            Some(pb::event::Kind::Job(j)) => &j.job_id,
+                            Some(pb::event::Kind::Task(t)) => &t.job_id,
+                            None => return false,
+                        };
+                        access.sees_job(&viewer, job)
+                    });
+                    (!m.events.is_empty()).then_some(Ok(m))
+                }
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(out)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
