@@ -401,6 +401,11 @@ async fn opened(
         .spawn(move || scheduler.run(rx, rt))?;
 
     let api = Api::new(tx.clone(), limits, store.clone())
+        .with_watch_memory(crate::service::WatchMemory::new(
+            config.watch_memory_mb << 20,
+            config.watch_buffer_kb << 10,
+            Some(metrics.clone()),
+        ))
         .with_hub(hub.clone())
         .with_metrics(metrics.clone())
         .with_role(role.clone())

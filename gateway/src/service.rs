@@ -31,6 +31,7 @@ mod apps;
 mod watch;
 
 use watch::WatchStream;
+pub use watch::{DEFAULT_WATCH_BUFFER_BYTES, DEFAULT_WATCH_MEMORY_BYTES, WatchMemory};
 
 /// Handlers of every service.
 #[derive(Clone, Debug)]
@@ -45,6 +46,8 @@ pub struct Api {
     role: Option<Arc<crate::leader::Role>>,
     /// Tokens and jobs' pools.
     access: Arc<Access>,
+    /// What every watch's buffer holds, bounded.
+    watch_memory: Arc<WatchMemory>,
 }
 
 /// Largest log chunk asked of an agent.
@@ -69,7 +72,18 @@ impl Api {
             metrics: None,
             role: None,
             access: Arc::new(Access::insecure()),
+            watch_memory: WatchMemory::new(
+                DEFAULT_WATCH_MEMORY_BYTES,
+                DEFAULT_WATCH_BUFFER_BYTES,
+                None,
+            ),
         }
+    }
+
+    /// Handlers whose watches' buffers share `memory`.
+    pub fn with_watch_memory(mut self, memory: Arc<WatchMemory>) -> Self {
+        self.watch_memory = memory;
+        self
     }
 
     /// Handlers checking callers against `access`.

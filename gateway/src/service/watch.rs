@@ -25,15 +25,21 @@ pub(super) type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse
 /// Most events in one streamed message.
 const MAX_EVENTS_PER_MESSAGE: usize = 1024;
 
-/// A streamed message ends once its events reach this many encoded bytes
-/// (1 MiB; an event is small: its strings are bounded, an agent's text to
-/// `convert::MAX_AGENT_TEXT_BYTES`), well within a client's 4 MiB.
+/// A streamed message ends once its events reach this many bytes (as
+/// [`charge`] counts them, at least their encoded size: 1 MiB; an event is
+/// small: its strings are bounded, an agent's text to
+/// `convert::MAX_AGENT_TEXT_BYTES`), well within a client's 4 MiB, or half
+/// a watch's buffer if that is less.
 const MAX_BYTES_PER_MESSAGE: usize = 1 << 20;
 
-/// Most events a watch buffers for its client (its memory bound). A watch
-/// whose buffer is full stops taking events into memory and catches up
-/// from the store once its client reads again.
-pub const MAX_WATCH_BUFFERED_EVENTS: usize = 16 * 1024;
+/// What every watch's buffer holds together, at most, by default
+/// (`watch_memory_mb`).
+pub const DEFAULT_WATCH_MEMORY_BYTES: usize = 64 << 20;
+
+/// What one watch's buffer holds, at most, by default (`watch_buffer_kb`;
+/// some 5,000 events). A watch whose buffer is full stops taking events
+/// into memory and catches up from the store once its client reads again.
+pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 1 << 20;
 
 /// A watch whose buffer is full and whose client took nothing while this
 /// many commits brought it events is ended with RESOURCE_EXHAUSTED: its
@@ -46,14 +52,188 @@ pub const MAX_WATCH_STALLED_COMMITS: u32 = 64;
 /// come and could never catch up.
 pub const MAX_WATCH_LAG_EVENTS: usize = 1_000_000;
 
+/// What a buffered event costs in memory, about: its struct and its
+/// encoded size (which counts its strings' bytes).
+fn charge(e: &pb::Event) -> usize {
+    std::mem::size_of::<pb::Event>() + e.encoded_len()
+}
+
+/// `n` bytes for a message: whole KiB, or MiB when exact.
+fn shown_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{} KiB", n.div_ceil(1024))
+    }
+}
+
+/// The memory of every watch's buffer together: each buffer holds at most
+/// `per_watch` bytes, all of them at most `limit`. A watch that needs room
+/// while its own buffer is empty (its client has taken everything) closes
+/// the watch holding the most (the one whose client took least of what it
+/// was given) with RESOURCE_EXHAUSTED until the room is there; one whose
+/// buffer holds something waits for its client instead, as with a full
+/// buffer. So the total never exceeds `limit`, and readers are served while
+/// watches nobody reads are closed.
+#[derive(Debug)]
+pub struct WatchMemory {
+    limit: usize,
+    per_watch: usize,
+    holders: std::sync::Mutex<Holders>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// The open watches and what each holds.
+#[derive(Debug, Default)]
+struct Holders {
+    /// Bytes reserved by every buffer together (at least what they hold:
+    /// reserved before a message is queued, released after it is taken).
+    used: usize,
+    next_id: u64,
+    watches: std::collections::HashMap<u64, Holder>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    queue: std::sync::Weak<WatchQueue>,
+    bytes: usize,
+}
+
+impl WatchMemory {
+    /// At most `limit` bytes for every watch together, `per_watch` for
+    /// one (the configuration checks `per_watch <= limit`).
+    pub fn new(limit: usize, per_watch: usize, metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+        Arc::new(WatchMemory {
+            limit,
+            per_watch: per_watch.min(limit),
+            holders: std::sync::Mutex::default(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Holders> {
+        self.holders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes every watch holds together.
+    pub fn used(&self) -> usize {
+        self.lock().used
+    }
+
+    /// Where a message of a watch ends: [`MAX_BYTES_PER_MESSAGE`], or half
+    /// a buffer (so that a message always fits one).
+    fn message_bytes(&self) -> usize {
+        MAX_BYTES_PER_MESSAGE.min(self.per_watch / 2)
+    }
+
+    fn register(&self, queue: &Arc<WatchQueue>) -> u64 {
+        let mut h = self.lock();
+        let id = h.next_id;
+        h.next_id += 1;
+        h.watches.insert(
+            id,
+            Holder {
+                queue: Arc::downgrade(queue),
+                bytes: 0,
+            },
+        );
+        id
+    }
+
+    /// Forgets a watch whose buffer was emptied.
+    fn unregister(&self, id: u64) {
+        self.lock().watches.remove(&id);
+    }
+
+    fn show(&self, h: &Holders) {
+        if let Some(m) = &self.metrics {
+            m.watch_buffered_bytes.set(h.used as i64);
+        }
+    }
+
+    /// Takes `n` bytes if they fit; otherwise, when `evict`, names the
+    /// watch (other than `id`) holding the most, to be closed.
+    fn reserve(&self, id: u64, n: usize, evict: bool) -> Reserved {
+        let mut h = self.lock();
+        if h.used + n <= self.limit {
+            h.used += n;
+            self.show(&h);
+            return Reserved::Done;
+        }
+        if !evict {
+            return Reserved::Short;
+        }
+        let victim = h
+            .watches
+            .iter()
+            .filter(|(other, w)| **other != id && w.bytes > 0)
+            .max_by_key(|(other, w)| (w.bytes, std::cmp::Reverse(**other)))
+            .and_then(|(_, w)| w.queue.upgrade());
+        match victim {
+            Some(q) => Reserved::Evict(q),
+            None => Reserved::Short,
+        }
+    }
+
+    /// Gives back `n` reserved bytes that were not queued.
+    fn unreserve(&self, n: usize) {
+        let mut h = self.lock();
+        h.used -= n;
+        self.show(&h);
+    }
+
+    /// `n` reserved bytes are queued in watch `id`'s buffer (called under
+    /// its buffer's lock, so what a holder shows is what its buffer holds).
+    fn hold(&self, id: u64, n: usize) {
+        if let Some(w) = self.lock().watches.get_mut(&id) {
+            w.bytes += n;
+        }
+    }
+
+    /// `n` bytes left watch `id`'s buffer (called under its lock).
+    fn release(&self, id: u64, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut h = self.lock();
+        h.used -= n;
+        if let Some(w) = h.watches.get_mut(&id) {
+            w.bytes -= n;
+        }
+        self.show(&h);
+    }
+}
+
+/// How a reservation went.
+enum Reserved {
+    Done,
+    /// No room, and none to make.
+    Short,
+    /// No room: close this watch to make some.
+    Evict(Arc<WatchQueue>),
+}
+
 /// What a watch's pump has queued and its client has not taken yet.
 #[derive(Debug, Default)]
 struct Buffer {
-    items: std::collections::VecDeque<Result<pb::WatchResponse, Status>>,
+    /// Messages and their bytes ([`charge`]), or the status that ends the
+    /// stream.
+    items: std::collections::VecDeque<(Result<pb::WatchResponse, Status>, usize)>,
     /// Events in `items`.
     events: usize,
+    /// Their bytes ([`charge`]).
+    bytes: usize,
     /// Messages the client has taken.
     taken: u64,
+    /// The first revision the client's stream has not taken: one past the
+    /// last event it took (the watch's first revision before that). What
+    /// the stream took is on its way to the client, ahead of any status
+    /// (tonic sends a stream's error as trailers after the data it took,
+    /// and h2 sends a stream's frames in order), so a watch ended from
+    /// here tells its client to watch again from this revision: it never
+    /// skips what was not delivered (and repeats nothing, but for events
+    /// a job filter or a partial viewer hid).
+    resume: u64,
     /// Nothing more will come after `items`.
     done: bool,
     /// The client's end was dropped.
@@ -65,10 +245,13 @@ struct Buffer {
 #[derive(Debug)]
 struct WatchQueue {
     buffer: std::sync::Mutex<Buffer>,
-    /// The client took something, or left.
+    /// The client took something, left, or the watch was ended.
     wake_pump: tokio::sync::Notify,
     /// Something to take, or the end.
     wake_client: tokio::sync::Notify,
+    memory: Arc<WatchMemory>,
+    /// This watch in `memory`.
+    id: std::sync::OnceLock<u64>,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -76,22 +259,36 @@ struct WatchQueue {
 #[derive(Debug, PartialEq, Eq)]
 enum Pushed {
     Sent,
-    /// The buffer is full: nothing was queued.
+    /// The buffer is full, or the watches' memory is and this buffer holds
+    /// something: nothing was queued.
     Full,
-    ClientGone,
+    /// The client left, or the watch was ended.
+    Closed,
 }
 
 impl WatchQueue {
-    fn new(metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+    /// A watch's buffer, its first revision `from`.
+    fn new(memory: Arc<WatchMemory>, from: u64, metrics: Option<Arc<Metrics>>) -> Arc<Self> {
         if let Some(m) = &metrics {
             m.watch_streams.inc();
         }
-        Arc::new(WatchQueue {
-            buffer: std::sync::Mutex::default(),
+        let q = Arc::new(WatchQueue {
+            buffer: std::sync::Mutex::new(Buffer {
+                resume: from,
+                ..Buffer::default()
+            }),
             wake_pump: tokio::sync::Notify::new(),
             wake_client: tokio::sync::Notify::new(),
+            memory: memory.clone(),
+            id: std::sync::OnceLock::new(),
             metrics,
-        })
+        });
+        let _ = q.id.set(memory.register(&q));
+        q
+    }
+
+    fn id(&self) -> u64 {
+        self.id.get().copied().unwrap_or(u64::MAX)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
@@ -104,18 +301,56 @@ impl WatchQueue {
         }
     }
 
-    /// Queues a message if there is room (always, into an empty buffer).
+    /// Queues a message if there is room: in its buffer (always, into an
+    /// empty one) and in the watches' memory, closing the watches that
+    /// hold the most if this buffer is empty.
     fn push(&self, message: pb::WatchResponse) -> Pushed {
         let n = message.events.len();
+        let bytes: usize = message.events.iter().map(charge).sum();
+        let empty = {
+            let b = self.lock();
+            if b.client_gone || b.done {
+                return Pushed::Closed;
+            }
+            if !b.items.is_empty() && b.bytes + bytes > self.memory.per_watch {
+                return Pushed::Full;
+            }
+            b.items.is_empty()
+        };
+        loop {
+            match self.memory.reserve(self.id(), bytes, empty) {
+                Reserved::Done => break,
+                Reserved::Short if !empty => return Pushed::Full,
+                // Nothing else holds memory, and this watch needs more than
+                // there is (a message is at most half a buffer: only with
+                // the limits set below one event).
+                Reserved::Short => {
+                    self.abandon(&format!(
+                        "one message of {} is more than the watches' memory ({})",
+                        shown_bytes(bytes),
+                        shown_bytes(self.memory.limit)
+                    ));
+                    return Pushed::Closed;
+                }
+                // Each eviction frees what that watch held (more than
+                // nothing), so this ends.
+                Reserved::Evict(q) => q.abandon(&format!(
+                    "the watches' buffers hold at most {} together and this one held the most, {} its client had not taken",
+                    shown_bytes(self.memory.limit),
+                    shown_bytes(q.lock().bytes)
+                )),
+            }
+        }
         let mut b = self.lock();
-        if b.client_gone {
-            return Pushed::ClientGone;
+        if b.client_gone || b.done {
+            drop(b);
+            self.memory.unreserve(bytes);
+            return Pushed::Closed;
         }
-        if !b.items.is_empty() && b.events + n > MAX_WATCH_BUFFERED_EVENTS {
-            return Pushed::Full;
-        }
-        b.items.push_back(Ok(message));
+        b.items.push_back((Ok(message), bytes));
         b.events += n;
+        b.bytes += bytes;
+        self.memory.hold(self.id(), bytes);
         drop(b);
         self.count(n as i64);
         self.wake_client.notify_one();
@@ -127,18 +362,31 @@ impl WatchQueue {
         self.lock().taken
     }
 
-    /// Ends the stream after `error`, dropping what is buffered (the
-    /// client is told where to watch again from).
-    fn abandon(&self, error: Status) {
+    /// Ends the stream with RESOURCE_EXHAUSTED saying `why` and where to
+    /// watch again from (the first revision its stream did not take),
+    /// dropping what is buffered (also after a status that was to end it:
+    /// the client meets that one again when it watches again). Does nothing
+    /// once the client has left.
+    fn abandon(&self, why: &str) {
         let mut b = self.lock();
+        if b.client_gone {
+            return;
+        }
         let dropped = std::mem::take(&mut b.items);
         let n = std::mem::take(&mut b.events);
-        b.items.push_back(Err(crate::status::contract(error)));
+        let bytes = std::mem::take(&mut b.bytes);
+        self.memory.release(self.id(), bytes);
+        let error = Status::resource_exhausted(format!(
+            "watch ended: {why}; watch again from revision {}",
+            b.resume
+        ));
+        b.items.push_back((Err(crate::status::contract(error)), 0));
         b.done = true;
         drop(b);
         drop(dropped);
         self.count(-(n as i64));
         self.wake_client.notify_one();
+        self.wake_pump.notify_one();
     }
 
     /// Ends the stream after what is buffered, then `error` if given.
@@ -146,7 +394,7 @@ impl WatchQueue {
         let mut b = self.lock();
         if !b.done {
             if let Some(e) = error {
-                b.items.push_back(Err(crate::status::contract(e)));
+                b.items.push_back((Err(crate::status::contract(e)), 0));
             }
             b.done = true;
         }
@@ -154,14 +402,16 @@ impl WatchQueue {
         self.wake_client.notify_one();
     }
 
-    /// Resolves when the client took something or left (callers check
-    /// which).
+    /// Resolves when the client took something or left, or the watch was
+    /// ended (callers check which).
     async fn client_moved(&self) {
         self.wake_pump.notified().await;
     }
 
-    fn client_gone(&self) -> bool {
-        self.lock().client_gone
+    /// The client left, or the watch was ended: the pump stops.
+    fn closed(&self) -> bool {
+        let b = self.lock();
+        b.client_gone || b.done
     }
 
     /// The client's next message; `None` at the end.
@@ -170,10 +420,20 @@ impl WatchQueue {
             let more = self.wake_client.notified();
             {
                 let mut b = self.lock();
-                if let Some(item) = b.items.pop_front() {
-                    let n = item.as_ref().map_or(0, |m| m.events.len());
+                if let Some((item, bytes)) = b.items.pop_front() {
+                    let n = match &item {
+                        Ok(m) => {
+                            if let Some(last) = m.events.last() {
+                                b.resume = last.revision + 1;
+                            }
+                            m.events.len()
+                        }
+                        Err(_) => 0,
+                    };
                     b.events -= n;
+                    b.bytes -= bytes;
                     b.taken += 1;
+                    self.memory.release(self.id(), bytes);
                     drop(b);
                     self.count(-(n as i64));
                     self.wake_pump.notify_one();
@@ -189,7 +449,7 @@ impl WatchQueue {
 }
 
 /// The client's end of a watch: dropping it tells the pump and frees what
-/// is buffered.
+/// is buffered at once.
 #[derive(Debug)]
 struct ClientEnd(Arc<WatchQueue>);
 
@@ -200,6 +460,9 @@ impl Drop for ClientEnd {
         b.client_gone = true;
         let dropped = std::mem::take(&mut b.items);
         let n = std::mem::take(&mut b.events);
+        let bytes = std::mem::take(&mut b.bytes);
+        q.memory.release(q.id(), bytes);
+        q.memory.unregister(q.id());
         drop(b);
         drop(dropped);
         q.count(-(n as i64));
@@ -217,7 +480,8 @@ enum Filled {
     All,
     /// The buffer is full; `next` is the first revision not queued.
     Full,
-    ClientGone,
+    /// The client left, or the watch was ended.
+    Closed,
 }
 
 /// Where a watch is: the next revision its client needs, its filter, its
@@ -240,8 +504,8 @@ impl Watcher {
     }
 
     /// Queues the events it keeps (in revision order), in messages of at
-    /// most [`MAX_EVENTS_PER_MESSAGE`] and about [`MAX_BYTES_PER_MESSAGE`],
-    /// and moves past them; stops at a full buffer with `next` at the first
+    /// most [`MAX_EVENTS_PER_MESSAGE`] and about
+    /// [`WatchMemory::message_bytes`], and moves past them; stops at a full buffer with `next` at the first
     /// event not queued. Returns the outcome and how many events were
     /// queued.
     fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> (Filled, usize) {
@@ -249,13 +513,14 @@ impl Watcher {
         let mut chunk_bytes = 0;
         let mut queued = 0;
         let mut last = None;
+        let message_bytes = self.out.memory.message_bytes();
         for e in events {
             last = Some(e.revision);
             if self.keeps(&e) {
-                // The event, its field tag and its length.
-                chunk_bytes += e.encoded_len() + 4;
+                // More than the event, its field tag and its length.
+                chunk_bytes += charge(&e);
                 chunk.push(e);
-                if chunk.len() == MAX_EVENTS_PER_MESSAGE || chunk_bytes >= MAX_BYTES_PER_MESSAGE {
+                if chunk.len() == MAX_EVENTS_PER_MESSAGE || chunk_bytes >= message_bytes {
                     chunk_bytes = 0;
                     match self.flush(&mut chunk) {
                         Ok(n) => queued += n,
@@ -289,7 +554,7 @@ impl Watcher {
                 self.next = first;
                 Err(Filled::Full)
             }
-            Pushed::ClientGone => Err(Filled::ClientGone),
+            Pushed::Closed => Err(Filled::Closed),
         }
     }
 
@@ -354,8 +619,7 @@ impl Watcher {
 
 /// Streams events with revision ≥ `next` into the watch's buffer: from the
 /// store while it is behind, live once it has caught up. The buffer is
-/// bounded ([`MAX_WATCH_BUFFERED_EVENTS`]); while it is full, live events
-/// are not kept (they are in the store: the watch catches up from there
+/// bounded ([`WatchMemory`]); while it is full, live events are not kept (they are in the store: the watch catches up from there
 /// once its client reads) and only counted, and a watch whose client stops
 /// reading ([`MAX_WATCH_STALLED_COMMITS`]) or falls hopelessly behind
 /// ([`MAX_WATCH_LAG_EVENTS`]) is ended with RESOURCE_EXHAUSTED, its buffer
@@ -398,7 +662,7 @@ async fn pump(
                             }
                         }
                         Filled::Full => {}
-                        Filled::ClientGone => return,
+                        Filled::Closed => return,
                     }
                 }
                 Err(e) => return w.out.finish(Some(e)),
@@ -407,7 +671,7 @@ async fn pump(
         let batch = tokio::select! {
             r = live.recv() => r,
             () = w.out.client_moved() => {
-                if w.out.client_gone() {
+                if w.out.closed() {
                     return;
                 }
                 continue;
@@ -431,7 +695,7 @@ async fn pump(
                             continue;
                         }
                         (Filled::Full, queued) => lag += n - queued,
-                        (Filled::ClientGone, _) => return,
+                        (Filled::Closed, _) => return,
                     }
                 } else {
                     let n = batch.iter().filter(|e| w.keeps(e)).count();
@@ -459,10 +723,10 @@ async fn pump(
                     None
                 };
                 if let Some(why) = why {
-                    return w.out.abandon(Status::resource_exhausted(format!(
-                        "watch ended: {why} ({MAX_WATCH_BUFFERED_EVENTS} events buffered at most); watch again from revision {}",
-                        w.next
-                    )));
+                    return w.out.abandon(&format!(
+                        "{why} ({} buffered at most)",
+                        shown_bytes(w.out.memory.per_watch)
+                    ));
                 }
             }
             Err(broadcast::error::RecvError::Lagged(_)) => head = None,
@@ -538,7 +802,7 @@ impl WatchService for Api {
         if next <= committed {
             self.check_kept(next, committed).await?;
         }
-        let queue = WatchQueue::new(self.metrics.clone());
+        let queue = WatchQueue::new(self.watch_memory.clone(), next, self.metrics.clone());
         tokio::spawn(pump(
             self.store.clone(),
             next,
