@@ -459,3 +459,153 @@ async fn a_slow_watch_cut_off_resumes_from_what_its_client_got_without_a_gap() {
         .await
         .expect("shutdown");
 }
+
+/// Many watches nobody reads cannot make the watches' buffers hold more
+/// than the server's watch memory together: those holding the most are
+/// ended (told where to watch again from, without a gap) while a watch
+/// that reads is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_watches_stay_within_the_watch_memory_while_a_reader_is_served() {
+    const LIMIT: i64 = 1 << 20;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (server, metrics, mut c) = start_with_metrics(dir.path(), |config| {
+        config.watch_memory_mb = 1;
+        config.watch_buffer_kb = 256;
+    })
+    .await;
+    create_reserved_pool(&mut c, "/w").await;
+    let mut slow = Vec::new();
+    for _ in 0..12 {
+        slow.push(small_window_watch(server.addr, 0).await);
+    }
+    let mut reader = watch(&mut c, 0, "").await;
+    let mut jobs = vec![create_job(&mut c, tiny_job(1)).await.id];
+    // Each slow watch reads one message, then nothing.
+    let mut got = Vec::new();
+    for s in &mut slow {
+        let m = within("a first message", s.message())
+            .await
+            .expect("a message")
+            .expect("not the end");
+        got.push(m.events);
+    }
+    // About 18,000 events: more than the slow watches' buffers (256 KiB
+    // each, 3 MiB in all) and their connections can take.
+    jobs.push(create_job(&mut c, tiny_job(3000)).await.id);
+    let big = jobs[1].clone();
+    let reading = tokio::spawn(async move {
+        let events = collect_events(&mut reader, |e| has_job_state(e, &big, J::Succeeded)).await;
+        (reader, events)
+    });
+    let mut most = 0;
+    while !reading.is_finished() {
+        let bytes = metric(metrics, "peloton_watch_buffered_bytes")
+            .await
+            .expect("the gauge");
+        assert!(
+            bytes <= LIMIT,
+            "the watches' buffers hold {bytes} bytes; the limit is {LIMIT}"
+        );
+        most = most.max(bytes);
+        tokio::time::sleep(POLL).await;
+    }
+    let (reader, events) = reading.await.expect("the reader");
+    assert_gap_free(&events, "the reading watch");
+    assert!(most > LIMIT / 2, "the buffers held {most} bytes at most");
+
+    // The slow watches drained: the ones ended resume without a gap.
+    let head = head_after(&mut c, &jobs).await;
+    let mut ended = Vec::new();
+    for (mut s, mut events) in slow.into_iter().zip(got) {
+        let (rest, end) = drain(&mut s, head).await;
+        events.extend(rest);
+        assert_gap_free(&events, "a slow watch");
+        if let Some(end) = end {
+            let resume = resume_from(&end);
+            let last = events.last().expect("events").revision;
+            assert!(
+                resume <= last + 1,
+                "told to watch again from {resume} after {last}: {end:?}"
+            );
+            ended.push(end.message().to_owned());
+        }
+    }
+    assert!(
+        ended
+            .iter()
+            .any(|m| m.contains("hold at most 1 MiB together")),
+        "no slow watch was ended for the watches' memory: {ended:#?}"
+    );
+    drop(reader);
+    eventually("every buffer freed", TIMEOUT, async || {
+        match (
+            metric(metrics, "peloton_watch_streams").await?,
+            metric(metrics, "peloton_watch_buffered_bytes").await?,
+        ) {
+            (0, 0) => Ok(()),
+            other => Err(format!("(streams, bytes) = {other:?}")),
+        }
+    })
+    .await;
+    within("graceful shutdown", server.shutdown())
+        .await
+        .expect("shutdown");
+}
+
+/// A watch's buffer is freed as soon as its client goes, not at the next
+/// commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_watch_frees_its_buffer_at_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (server, metrics, mut c) = start_with_metrics(dir.path(), |_| {}).await;
+    create_reserved_pool(&mut c, "/w").await;
+    // About 18,000 stored events, then no more commits.
+    let job = create_job(&mut c, tiny_job(3000)).await.id;
+    let head = head_after(&mut c, std::slice::from_ref(&job)).await;
+    // A replay from the first revision that nobody reads fills its buffer.
+    let slow = small_window_watch(server.addr, 1).await;
+    eventually(
+        "the unread watch's buffer to fill",
+        TIMEOUT,
+        async || match metric(metrics, "peloton_watch_buffered_events").await? {
+            n if n > 1000 => Ok(()),
+            n => Err(format!("{n} events buffered")),
+        },
+    )
+    .await;
+    drop(slow);
+    eventually(
+        "the closed watch's buffer to be freed",
+        TIMEOUT,
+        async || {
+            let now = (
+                metric(metrics, "peloton_watch_streams").await?,
+                metric(metrics, "peloton_watch_buffered_events").await?,
+                metric(metrics, "peloton_watch_buffered_bytes").await?,
+            );
+            if now == (0, 0, 0) {
+                Ok(())
+            } else {
+                Err(format!("(streams, events, bytes) = {now:?}"))
+            }
+        },
+    )
+    .await;
+    // No commit came meanwhile: the current revision is still the head.
+    let after = c
+        .watch
+        .watch(pb::WatchRequest {
+            from_revision: head + 2,
+            job_id: String::new(),
+        })
+        .await
+        .map(drop);
+    assert_status(
+        after,
+        tonic::Code::OutOfRange,
+        &format!("current revision {head}"),
+    );
+    within("graceful shutdown", server.shutdown())
+        .await
+        .expect("shutdown");
+}
