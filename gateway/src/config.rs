@@ -524,6 +524,28 @@ mod tests {
     }
 
     #[test]
+    fn a_watch_buffer_is_at_most_the_watch_memory() {
+        let e = Config {
+            watch_memory_mb: 1,
+            watch_buffer_kb: 2048,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("watch_buffer_kb: must be 64–1024"), "{e}");
+        let e = Config {
+            watch_memory_mb: 0,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("watch_memory_mb: must be 1–65536"), "{e}");
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
     fn host_files_expand_counts_and_name_bad_fields() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h.yaml");

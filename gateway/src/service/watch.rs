@@ -37,7 +37,7 @@ const MAX_BYTES_PER_MESSAGE: usize = 1 << 20;
 pub const DEFAULT_WATCH_MEMORY_BYTES: usize = 64 << 20;
 
 /// What one watch's buffer holds, at most, by default (`watch_buffer_kb`;
-/// some 5,000 events). A watch whose buffer is full stops taking events
+/// about 6,000 events). A watch whose buffer is full stops taking events
 /// into memory and catches up from the store once its client reads again.
 pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 1 << 20;
 
@@ -301,12 +301,12 @@ impl WatchQueue {
         }
     }
 
-    /// Queues a message if there is room: in its buffer (always, into an
-    /// empty one) and in the watches' memory, closing the watches that
-    /// hold the most if this buffer is empty.
-    fn push(&self, message: pb::WatchResponse) -> Pushed {
+    /// Queues a message of `bytes` (its events' [`charge`]) if there is
+    /// room: in its buffer (always, into an empty one) and in the watches'
+    /// memory, closing the watches that hold the most if this buffer is
+    /// empty.
+    fn push(&self, message: pb::WatchResponse, bytes: usize) -> Pushed {
         let n = message.events.len();
-        let bytes: usize = message.events.iter().map(charge).sum();
         let empty = {
             let b = self.lock();
             if b.client_gone || b.done {
@@ -521,8 +521,7 @@ impl Watcher {
                 chunk_bytes += charge(&e);
                 chunk.push(e);
                 if chunk.len() == MAX_EVENTS_PER_MESSAGE || chunk_bytes >= message_bytes {
-                    chunk_bytes = 0;
-                    match self.flush(&mut chunk) {
+                    match self.flush(&mut chunk, std::mem::take(&mut chunk_bytes)) {
                         Ok(n) => queued += n,
                         Err(stop) => return (stop, queued),
                     }
@@ -530,7 +529,7 @@ impl Watcher {
             }
         }
         if !chunk.is_empty() {
-            match self.flush(&mut chunk) {
+            match self.flush(&mut chunk, chunk_bytes) {
                 Ok(n) => queued += n,
                 Err(stop) => return (stop, queued),
             }
@@ -541,14 +540,16 @@ impl Watcher {
         (Filled::All, queued)
     }
 
-    /// Queues one message of events; on a full buffer `next` goes back to
-    /// its first event (what was skipped before it is skipped again).
-    fn flush(&mut self, chunk: &mut Vec<pb::Event>) -> Result<usize, Filled> {
+    /// Queues one message of events (`bytes` of them, [`charge`]); on a
+    /// full buffer `next` goes back to its first event (what was skipped
+    /// before it is skipped again).
+    fn flush(&mut self, chunk: &mut Vec<pb::Event>, bytes: usize) -> Result<usize, Filled> {
         let first = chunk.first().map_or(self.next, |e| e.revision);
         let n = chunk.len();
-        match self.out.push(pb::WatchResponse {
+        let message = pb::WatchResponse {
             events: std::mem::take(chunk),
-        }) {
+        };
+        match self.out.push(message, bytes) {
             Pushed::Sent => Ok(n),
             Pushed::Full => {
                 self.next = first;
@@ -867,5 +868,114 @@ impl WatchService for Api {
             std::future::ready(out)
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(revision: u64) -> pb::Event {
+        pb::Event {
+            revision,
+            time_ms: 1_700_000_000_000,
+            kind: Some(pb::event::Kind::Task(pb::TaskEvent {
+                job_id: "0f8e1c2a-5b7d-4e3f-9a61-2c4b8d0e6f13".into(),
+                instance: 7,
+                run_id: 1,
+                state: pb::TaskState::Running as i32,
+                host: "sim-00012".into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// Ten events from `from`, and their bytes.
+    fn message(from: u64) -> (pb::WatchResponse, usize) {
+        let events: Vec<pb::Event> = (from..from + 10).map(event).collect();
+        let bytes = events.iter().map(charge).sum();
+        (pb::WatchResponse { events }, bytes)
+    }
+
+    fn push(q: &WatchQueue, from: u64) -> Pushed {
+        let (m, bytes) = message(from);
+        q.push(m, bytes)
+    }
+
+    fn take(q: &WatchQueue) -> Result<pb::WatchResponse, Status> {
+        futures::executor::block_on(q.take()).expect("not the end")
+    }
+
+    /// What the buffers hold, as the memory and the queues count it.
+    fn held(memory: &WatchMemory, queues: &[&WatchQueue]) -> usize {
+        let total: usize = queues.iter().map(|q| q.lock().bytes).sum();
+        assert_eq!(memory.used(), total);
+        assert!(total <= memory.limit, "{total} > {}", memory.limit);
+        total
+    }
+
+    #[test]
+    fn a_typical_event_is_charged_under_200_bytes() {
+        // What the docs' "about 6,000 events" in a 1 MiB buffer rests on.
+        let c = charge(&event(123_456_789));
+        assert!((150..=200).contains(&c), "{c} bytes");
+    }
+
+    #[test]
+    fn buffers_stay_within_their_share_and_the_memory_closing_the_largest() {
+        let b = message(1).1;
+        let memory = WatchMemory::new(3 * b, 2 * b, None);
+        let x = WatchQueue::new(memory.clone(), 1, None);
+        let y = WatchQueue::new(memory.clone(), 1, None);
+        let z = WatchQueue::new(memory.clone(), 1, None);
+        let all = [&*x, &*y, &*z];
+        // A buffer holds two messages at most.
+        assert_eq!(push(&x, 1), Pushed::Sent);
+        assert_eq!(push(&x, 11), Pushed::Sent);
+        assert_eq!(push(&x, 21), Pushed::Full);
+        assert_eq!(push(&y, 1), Pushed::Sent);
+        assert_eq!(held(&memory, &all), 3 * b);
+        // The memory is full: y, holding something, waits for its client.
+        assert_eq!(push(&y, 11), Pushed::Full);
+        // z, holding nothing, closes the watch holding the most.
+        assert_eq!(push(&z, 1), Pushed::Sent);
+        assert_eq!(held(&memory, &all), 2 * b);
+        let end = take(&x).expect_err("x was ended");
+        assert_eq!(end.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            end.message().contains("held the most")
+                && end.message().ends_with("watch again from revision 1"),
+            "{}",
+            end.message()
+        );
+        assert_eq!(push(&x, 21), Pushed::Closed);
+        assert_eq!(push(&z, 11), Pushed::Sent);
+        assert_eq!(push(&y, 11), Pushed::Full);
+        assert_eq!(held(&memory, &all), 3 * b);
+        // A client takes: room for one message.
+        assert_eq!(take(&z).expect("a message").events[0].revision, 1);
+        assert_eq!(held(&memory, &all), 2 * b);
+        assert_eq!(push(&y, 11), Pushed::Sent);
+        // A client that leaves frees its buffer at once.
+        drop(ClientEnd(y.clone()));
+        assert_eq!(held(&memory, &all), b);
+        assert_eq!(push(&y, 21), Pushed::Closed);
+    }
+
+    #[test]
+    fn an_ended_watch_resumes_at_the_first_revision_its_stream_did_not_take() {
+        let memory = WatchMemory::new(1 << 20, 1 << 16, None);
+        let q = WatchQueue::new(memory.clone(), 100, None);
+        assert_eq!(push(&q, 100), Pushed::Sent);
+        assert_eq!(push(&q, 110), Pushed::Sent);
+        assert_eq!(take(&q).expect("a message").events[9].revision, 109);
+        q.abandon("its client read nothing");
+        let end = take(&q).expect_err("ended");
+        assert_eq!(
+            end.message(),
+            "watch ended: its client read nothing; watch again from revision 110"
+        );
+        assert_eq!(memory.used(), 0);
+        assert!(futures::executor::block_on(q.take()).is_none());
     }
 }
