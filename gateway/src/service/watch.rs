@@ -58,7 +58,7 @@ fn charge(e: &pb::Event) -> usize {
     std::mem::size_of::<pb::Event>() + e.encoded_len()
 }
 
-/// `n` bytes for a message: whole KiB, or MiB when exact.
+/// `n` bytes as messages show them: whole KiB, or MiB when exact.
 fn shown_bytes(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
