@@ -82,7 +82,7 @@ pub struct Config {
     /// Page cache of the embedded store, in MiB.
     pub store_cache_mb: usize,
     /// Memory of every watch stream's buffer together, in MiB: past it,
-    /// the watches holding the most (their clients read least) are ended
+    /// the watches whose clients left a message untaken longest are ended
     /// with RESOURCE_EXHAUSTED.
     pub watch_memory_mb: usize,
     /// Memory of one watch stream's buffer, in KiB (at most

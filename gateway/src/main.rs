@@ -90,7 +90,7 @@ struct Args {
     #[arg(long)]
     store_cache_mb: Option<usize>,
     /// Memory of every watch stream's buffer together, in MiB (past it,
-    /// the watches whose clients read least are ended).
+    /// the watches whose clients left a message untaken longest are ended).
     #[arg(long)]
     watch_memory_mb: Option<usize>,
     /// Memory of one watch stream's buffer, in KiB.

@@ -70,11 +70,12 @@ fn shown_bytes(n: usize) -> String {
 /// The memory of every watch's buffer together: each buffer holds at most
 /// `per_watch` bytes, all of them at most `limit`. A watch that needs room
 /// while its own buffer is empty (its client has taken everything) closes
-/// the watch holding the most (the one whose client took least of what it
-/// was given) with RESOURCE_EXHAUSTED until the room is there; one whose
-/// buffer holds something waits for its client instead, as with a full
-/// buffer. So the total never exceeds `limit`, and readers are served while
-/// watches nobody reads are closed.
+/// the slowest watch with RESOURCE_EXHAUSTED until the room is there: the
+/// one whose client has left a message untaken the longest (not the one
+/// holding the most: a reader's buffer may hold a large message for a
+/// moment). One whose buffer holds something waits for its client instead,
+/// as with a full buffer. So the total never exceeds `limit`, and readers
+/// are served while watches nobody reads are closed.
 #[derive(Debug)]
 pub struct WatchMemory {
     limit: usize,
@@ -97,6 +98,10 @@ struct Holders {
 struct Holder {
     queue: std::sync::Weak<WatchQueue>,
     bytes: usize,
+    /// Since when the first message of its buffer waits for its client:
+    /// queued then into an empty buffer, or the one before it was taken
+    /// then (None: empty).
+    waits_since: Option<std::time::Instant>,
 }
 
 impl WatchMemory {
@@ -135,6 +140,7 @@ impl WatchMemory {
             Holder {
                 queue: Arc::downgrade(queue),
                 bytes: 0,
+                waits_since: None,
             },
         );
         id
@@ -152,7 +158,8 @@ impl WatchMemory {
     }
 
     /// Takes `n` bytes if they fit; otherwise, when `evict`, names the
-    /// watch (other than `id`) holding the most, to be closed.
+    /// watch (other than `id`) whose client has left a message untaken the
+    /// longest, to be closed.
     fn reserve(&self, id: u64, n: usize, evict: bool) -> Reserved {
         let mut h = self.lock();
         if h.used + n <= self.limit {
@@ -167,7 +174,7 @@ impl WatchMemory {
             .watches
             .iter()
             .filter(|(other, w)| **other != id && w.bytes > 0)
-            .max_by_key(|(other, w)| (w.bytes, std::cmp::Reverse(**other)))
+            .min_by_key(|(other, w)| (w.waits_since, **other))
             .and_then(|(_, w)| w.queue.upgrade());
         match victim {
             Some(q) => Reserved::Evict(q),
@@ -182,25 +189,37 @@ impl WatchMemory {
         self.show(&h);
     }
 
-    /// `n` reserved bytes are queued in watch `id`'s buffer (called under
-    /// its buffer's lock, so what a holder shows is what its buffer holds).
-    fn hold(&self, id: u64, n: usize) {
+    /// `n` reserved bytes are queued in watch `id`'s buffer, which was
+    /// `empty` before (called under its buffer's lock, so what a holder
+    /// shows is what its buffer holds).
+    fn hold(&self, id: u64, n: usize, empty: bool) {
         if let Some(w) = self.lock().watches.get_mut(&id) {
             w.bytes += n;
+            if empty {
+                w.waits_since = Some(std::time::Instant::now());
+            }
         }
     }
 
-    /// `n` bytes left watch `id`'s buffer (called under its lock).
-    fn release(&self, id: u64, n: usize) {
-        if n == 0 {
-            return;
-        }
+    /// `n` bytes left watch `id`'s buffer, which holds `more` after them
+    /// (called under its lock).
+    fn release(&self, id: u64, n: usize, more: bool) {
         let mut h = self.lock();
         h.used -= n;
         if let Some(w) = h.watches.get_mut(&id) {
             w.bytes -= n;
+            w.waits_since = more.then(std::time::Instant::now);
         }
         self.show(&h);
+    }
+
+    /// How long watch `id`'s client has left its first message untaken.
+    fn waiting(&self, id: u64) -> std::time::Duration {
+        self.lock()
+            .watches
+            .get(&id)
+            .and_then(|w| w.waits_since)
+            .map_or(std::time::Duration::ZERO, |t| t.elapsed())
     }
 }
 
@@ -335,8 +354,9 @@ impl WatchQueue {
                 // Each eviction frees what that watch held (more than
                 // nothing), so this ends.
                 Reserved::Evict(q) => q.abandon(&format!(
-                    "the watches' buffers hold at most {} together and this one held the most, {} its client had not taken",
+                    "the watches' buffers hold at most {} together and its client left a message untaken longest ({} ms; {} buffered)",
                     shown_bytes(self.memory.limit),
+                    self.memory.waiting(q.id()).as_millis(),
                     shown_bytes(q.lock().bytes)
                 )),
             }
@@ -350,7 +370,7 @@ impl WatchQueue {
         b.items.push_back((Ok(message), bytes));
         b.events += n;
         b.bytes += bytes;
-        self.memory.hold(self.id(), bytes);
+        self.memory.hold(self.id(), bytes, b.items.len() == 1);
         drop(b);
         self.count(n as i64);
         self.wake_client.notify_one();
@@ -375,7 +395,7 @@ impl WatchQueue {
         let dropped = std::mem::take(&mut b.items);
         let n = std::mem::take(&mut b.events);
         let bytes = std::mem::take(&mut b.bytes);
-        self.memory.release(self.id(), bytes);
+        self.memory.release(self.id(), bytes, false);
         let error = Status::resource_exhausted(format!(
             "watch ended: {why}; watch again from revision {}",
             b.resume
@@ -433,7 +453,7 @@ impl WatchQueue {
                     b.events -= n;
                     b.bytes -= bytes;
                     b.taken += 1;
-                    self.memory.release(self.id(), bytes);
+                    self.memory.release(self.id(), bytes, b.bytes > 0);
                     drop(b);
                     self.count(-(n as i64));
                     self.wake_pump.notify_one();
@@ -461,7 +481,7 @@ impl Drop for ClientEnd {
         let dropped = std::mem::take(&mut b.items);
         let n = std::mem::take(&mut b.events);
         let bytes = std::mem::take(&mut b.bytes);
-        q.memory.release(q.id(), bytes);
+        q.memory.release(q.id(), bytes, false);
         q.memory.unregister(q.id());
         drop(b);
         drop(dropped);
@@ -922,44 +942,45 @@ mod tests {
     }
 
     #[test]
-    fn buffers_stay_within_their_share_and_the_memory_closing_the_largest() {
+    fn buffers_stay_within_their_share_and_the_memory_closing_the_slowest() {
         let b = message(1).1;
         let memory = WatchMemory::new(3 * b, 2 * b, None);
         let x = WatchQueue::new(memory.clone(), 1, None);
         let y = WatchQueue::new(memory.clone(), 1, None);
         let z = WatchQueue::new(memory.clone(), 1, None);
         let all = [&*x, &*y, &*z];
-        // A buffer holds two messages at most.
+        // y's client leaves a message waiting; x's buffer fills: a buffer
+        // holds two messages at most.
+        assert_eq!(push(&y, 1), Pushed::Sent);
         assert_eq!(push(&x, 1), Pushed::Sent);
         assert_eq!(push(&x, 11), Pushed::Sent);
         assert_eq!(push(&x, 21), Pushed::Full);
-        assert_eq!(push(&y, 1), Pushed::Sent);
         assert_eq!(held(&memory, &all), 3 * b);
         // The memory is full: y, holding something, waits for its client.
         assert_eq!(push(&y, 11), Pushed::Full);
-        // z, holding nothing, closes the watch holding the most.
+        // z, holding nothing, closes the watch whose client left a message
+        // untaken longest: y, though x holds more.
         assert_eq!(push(&z, 1), Pushed::Sent);
-        assert_eq!(held(&memory, &all), 2 * b);
-        let end = take(&x).expect_err("x was ended");
+        assert_eq!(held(&memory, &all), 3 * b);
+        let end = take(&y).expect_err("y was ended");
         assert_eq!(end.code(), tonic::Code::ResourceExhausted);
         assert!(
-            end.message().contains("held the most")
+            end.message().contains("left a message untaken longest")
                 && end.message().ends_with("watch again from revision 1"),
             "{}",
             end.message()
         );
-        assert_eq!(push(&x, 21), Pushed::Closed);
+        assert_eq!(push(&y, 11), Pushed::Closed);
+        // x's client takes: room for one message, which z, holding
+        // something, takes; x waits.
+        assert_eq!(take(&x).expect("a message").events[0].revision, 1);
         assert_eq!(push(&z, 11), Pushed::Sent);
-        assert_eq!(push(&y, 11), Pushed::Full);
+        assert_eq!(push(&x, 21), Pushed::Full);
         assert_eq!(held(&memory, &all), 3 * b);
-        // A client takes: room for one message.
-        assert_eq!(take(&z).expect("a message").events[0].revision, 1);
-        assert_eq!(held(&memory, &all), 2 * b);
-        assert_eq!(push(&y, 11), Pushed::Sent);
         // A client that leaves frees its buffer at once.
-        drop(ClientEnd(y.clone()));
-        assert_eq!(held(&memory, &all), b);
-        assert_eq!(push(&y, 21), Pushed::Closed);
+        drop(ClientEnd(x.clone()));
+        assert_eq!(held(&memory, &all), 2 * b);
+        assert_eq!(push(&x, 21), Pushed::Closed);
     }
 
     #[test]
