@@ -81,6 +81,14 @@ pub struct Config {
     pub event_retention: u64,
     /// Page cache of the embedded store, in MiB.
     pub store_cache_mb: usize,
+    /// Memory of every watch stream's buffer together, in MiB: past it,
+    /// the watches whose clients left a message untaken longest are ended
+    /// with RESOURCE_EXHAUSTED.
+    pub watch_memory_mb: usize,
+    /// Memory of one watch stream's buffer, in KiB (at most
+    /// `watch_memory_mb`): a watch whose buffer is full catches up from
+    /// the store once its client reads again.
+    pub watch_buffer_kb: usize,
     /// The token agents must present. Unset: read from
     /// `<data_dir>/agent-token`, created with a random token if missing.
     pub agent_token: Option<String>,
@@ -152,6 +160,8 @@ impl Default for Config {
             metrics_max_pools: 256,
             event_retention: 5_000_000,
             store_cache_mb: 64,
+            watch_memory_mb: crate::service::DEFAULT_WATCH_MEMORY_BYTES >> 20,
+            watch_buffer_kb: crate::service::DEFAULT_WATCH_BUFFER_BYTES >> 10,
             agent_token: None,
             agent_heartbeat_ms: 1000,
             host_lost_after_ms: 10_000,
@@ -238,6 +248,15 @@ impl Config {
         anyhow::ensure!(
             (1..=65_536).contains(&self.store_cache_mb),
             "store_cache_mb: must be 1–65536"
+        );
+        anyhow::ensure!(
+            (1..=65_536).contains(&self.watch_memory_mb),
+            "watch_memory_mb: must be 1–65536"
+        );
+        anyhow::ensure!(
+            (64..=self.watch_memory_mb * 1024).contains(&self.watch_buffer_kb),
+            "watch_buffer_kb: must be 64–{} (at most watch_memory_mb)",
+            self.watch_memory_mb * 1024
         );
         anyhow::ensure!(
             (10..=60_000).contains(&self.agent_heartbeat_ms),
@@ -502,6 +521,28 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("commit_spacing_ms: must be 0–1000"), "{e}");
+    }
+
+    #[test]
+    fn a_watch_buffer_is_at_most_the_watch_memory() {
+        let e = Config {
+            watch_memory_mb: 1,
+            watch_buffer_kb: 2048,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("watch_buffer_kb: must be 64–1024"), "{e}");
+        let e = Config {
+            watch_memory_mb: 0,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("watch_memory_mb: must be 1–65536"), "{e}");
+        Config::default().validate().unwrap();
     }
 
     #[test]

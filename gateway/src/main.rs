@@ -89,6 +89,13 @@ struct Args {
     /// Page cache of the embedded store, in MiB.
     #[arg(long)]
     store_cache_mb: Option<usize>,
+    /// Memory of every watch stream's buffer together, in MiB (past it,
+    /// the watches whose clients left a message untaken longest are ended).
+    #[arg(long)]
+    watch_memory_mb: Option<usize>,
+    /// Memory of one watch stream's buffer, in KiB.
+    #[arg(long)]
+    watch_buffer_kb: Option<usize>,
     /// Start this many `peloton-agent`s on this machine (a local cluster;
     /// work dirs under DATA_DIR/agents), sharing its cores and memory.
     /// They stop with the server (Ctrl-C, SIGTERM, SIGHUP, or its death),
@@ -207,6 +214,12 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     if let Some(v) = args.store_cache_mb {
         c.store_cache_mb = v;
     }
+    if let Some(v) = args.watch_memory_mb {
+        c.watch_memory_mb = v;
+    }
+    if let Some(v) = args.watch_buffer_kb {
+        c.watch_buffer_kb = v;
+    }
     if args.insecure {
         c.secure = false;
     }
@@ -310,6 +323,8 @@ fn command() -> clap::Command {
         ("app_lease_ms", d.app_lease_ms.to_string()),
         ("event_retention", d.event_retention.to_string()),
         ("store_cache_mb", d.store_cache_mb.to_string()),
+        ("watch_memory_mb", d.watch_memory_mb.to_string()),
+        ("watch_buffer_kb", d.watch_buffer_kb.to_string()),
         ("lease_ms", d.lease_ms.to_string()),
     ];
     let mut command = Args::command();

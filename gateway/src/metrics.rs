@@ -63,6 +63,9 @@ pub struct Metrics {
     pub watch_streams: Gauge,
     /// Events waiting in watch streams' buffers for their clients.
     pub watch_buffered_events: Gauge,
+    /// Bytes of watch streams' buffers (all watches' together at most
+    /// `watch_memory_mb`).
+    pub watch_buffered_bytes: Gauge,
     /// 1 while the store cannot write (a commit failed and is retried;
     /// writes are refused), else 0.
     pub store_unwritable: Gauge,
@@ -93,6 +96,7 @@ impl Metrics {
             hosts_up: Gauge::default(),
             watch_streams: Gauge::default(),
             watch_buffered_events: Gauge::default(),
+            watch_buffered_bytes: Gauge::default(),
             store_unwritable: Gauge::default(),
             max_pools,
         };
@@ -105,6 +109,11 @@ impl Metrics {
             "watch_buffered_events",
             "Events waiting in watch streams' buffers for their clients",
             m.watch_buffered_events.clone(),
+        );
+        registry.register(
+            "watch_buffered_bytes",
+            "Bytes of the events waiting in watch streams' buffers (at most watch_memory_mb together)",
+            m.watch_buffered_bytes.clone(),
         );
         registry.register(
             "cycle_duration_seconds",

@@ -32,6 +32,61 @@ use crate::store::{RedbStore, Store};
 /// makes a larger answer).
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
+/// Most metadata (header names and values, counted as HTTP/2 does: 32
+/// bytes more per entry) a request may carry; a call with more fails alone
+/// with RESOURCE_EXHAUSTED (an HTTP request: 431).
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
+
+/// The header list HTTP/2 accepts (advertised as
+/// SETTINGS_MAX_HEADER_LIST_SIZE), well above [`MAX_METADATA_BYTES`] so
+/// that a call over that limit reaches [`refuse_large_metadata`] and fails
+/// alone. Past it h2 refuses the stream itself (HTTP 431, which clients
+/// show as UNKNOWN), and it closes the whole connection (GOAWAY
+/// ENHANCE_YOUR_CALM) for a list of more than four times it decoded, or
+/// sent in more CONTINUATION frames than 1.25 times it over the frame size
+/// (16 KiB): past about 1.25 MiB as sent. That is h2's guard against
+/// header floods, which no setting turns off; with hyper's default list
+/// (16 KiB) it closed the connection past 64 KiB. A connection decodes
+/// one header block at a time, so this bounds what that takes; a call
+/// keeps at most [`MAX_METADATA_BYTES`].
+const MAX_HEADER_LIST_BYTES: u32 = 1 << 20;
+
+/// Refuses a request whose metadata is over [`MAX_METADATA_BYTES`]: a gRPC
+/// call with RESOURCE_EXHAUSTED, an HTTP request with 431.
+async fn refuse_large_metadata(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let size: usize = request
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 32)
+        .sum();
+    if size <= MAX_METADATA_BYTES {
+        return next.run(request).await;
+    }
+    let message = format!(
+        "request metadata: {size} bytes (names and values, 32 more per entry); the limit is {MAX_METADATA_BYTES}"
+    );
+    let grpc = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if grpc {
+        return tonic::Status::resource_exhausted(message).into_http::<axum::body::Body>();
+    }
+    let code = axum::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    let body = serde_json::json!({
+        "error": {"code": code.as_u16(), "status": "RESOURCE_EXHAUSTED", "message": message}
+    });
+    axum::response::IntoResponse::into_response((
+        code,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    ))
+}
+
 /// A service as every client sees it: gzip-compressed requests accepted,
 /// answers compressed for clients that accept gzip, and errors that keep
 /// the contract ([`Contract`]).
@@ -90,7 +145,11 @@ pub async fn start_with(
     // the mirror on the gRPC port.
     let router = tonic::transport::Server::builder()
         .accept_http1(true)
-        .add_routes(tonic::service::Routes::from(gate.router()));
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .add_routes(tonic::service::Routes::from(
+            gate.router()
+                .layer(axum::middleware::from_fn(refuse_large_metadata)),
+        ));
     // No Nagle delay: small answers must not wait for the client's ACK.
     let (stop, stopped) = oneshot::channel::<()>();
     let stopped = async {
@@ -403,6 +462,11 @@ async fn opened(
         .spawn(move || scheduler.run(rx, rt))?;
 
     let api = Api::new(tx.clone(), limits, store.clone())
+        .with_watch_memory(crate::service::WatchMemory::new(
+            config.watch_memory_mb << 20,
+            config.watch_buffer_kb << 10,
+            Some(metrics.clone()),
+        ))
         .with_hub(hub.clone())
         .with_metrics(metrics.clone())
         .with_role(role.clone())

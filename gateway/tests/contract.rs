@@ -1339,3 +1339,80 @@ async fn a_watch_from_a_trimmed_revision_is_refused_before_the_stream_starts() {
         .expect("shutdown in time")
         .expect("shutdown");
 }
+
+/// A call with more metadata than the server takes (64 KiB) fails alone,
+/// with RESOURCE_EXHAUSTED naming the limit: the connection stays up (a
+/// watch open on it goes on) and the next call on it succeeds. (Above
+/// about 1 MiB h2 itself refuses the stream, with 431, and above about
+/// 1.25 MiB as sent it closes the connection: see
+/// `server::MAX_HEADER_LIST_BYTES`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_metadata_fails_the_call_not_the_connection() {
+    let s = TestServer::start(1).await;
+    let addr = s.server.as_ref().expect("running").addr;
+    // One connection for everything below.
+    let channel = tls_endpoint(addr).connect().await.expect("connect");
+    let mut c = Clients::with_channel(with_token(channel, ADMIN_TOKEN));
+    let mut watch = c
+        .watch
+        .watch(pb::WatchRequest::default())
+        .await
+        .expect("watch")
+        .into_inner();
+    // One large entry, then many small ones (not compressible to less
+    // than the limit on the wire: HPACK's Huffman code packs letters).
+    let text = |n: usize| -> String {
+        (0..n)
+            .map(|i| char::from(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"[i * 7 % 46]))
+            .collect()
+    };
+    let large: Vec<Vec<(String, String)>> = vec![
+        vec![("x-padding".into(), text(100 * 1024))],
+        vec![("x-padding".into(), text(900 * 1024))],
+        (0..2000)
+            .map(|i| (format!("x-padding-{i}"), text(64)))
+            .collect(),
+    ];
+    for (n, entries) in large.iter().enumerate() {
+        let mut request = tonic::Request::new(pb::ListHostsRequest::default());
+        for (k, v) in entries {
+            request.metadata_mut().insert(
+                tonic::metadata::MetadataKey::from_bytes(k.as_bytes()).expect("a key"),
+                v.parse().expect("a value"),
+            );
+        }
+        let answer = c.hosts.list(request).await.map(drop);
+        assert_status(answer, Code::ResourceExhausted, "request metadata");
+        // The next call on the connection succeeds.
+        c.hosts
+            .list(pb::ListHostsRequest::default())
+            .await
+            .unwrap_or_else(|e| panic!("the call after oversize metadata #{n}: {e:?}"));
+    }
+    // Over HTTP/1.1, 431 in the mirror's error shape.
+    let answer = https_request(
+        addr,
+        format!(
+            "GET /v1/hosts HTTP/1.1\r\nHost: localhost\r\n{}X-Padding: {}\r\nConnection: close\r\n\r\n",
+            admin_header(),
+            text(100 * 1024)
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert!(
+        answer.starts_with("HTTP/1.1 431 ") && answer.contains("request metadata: "),
+        "{answer}"
+    );
+    // The watch opened before is still up: it sees a new job.
+    create_reserved_pool(&mut c, "/m").await;
+    let job = create_job(&mut c, job_spec("/m", 1, 0.1, 0)).await;
+    collect_events(&mut watch, |events| {
+        events
+            .iter()
+            .any(|e| matches!(&e.kind, Some(pb::event::Kind::Job(j)) if j.job_id == job.id))
+    })
+    .await;
+    drop(watch);
+    s.shutdown().await;
+}

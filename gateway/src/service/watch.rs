@@ -1,0 +1,1002 @@
+//! `WatchService`: every committed event from a revision on, replayed from
+//! the store while a watch is behind and live once it has caught up, through
+//! a bounded buffer per watch.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use pb::watch_service_server::WatchService;
+use peloton_proto::v1 as pb;
+use prost::Message;
+use tokio::sync::{broadcast, oneshot};
+use tonic::{Request, Response, Status};
+
+use super::{Api, gone};
+use crate::access;
+use crate::convert;
+use crate::metrics::Metrics;
+use crate::scheduler::Command;
+use crate::store::Store;
+use peloton_authz::Permission;
+
+pub(super) type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
+
+/// Most events in one streamed message.
+const MAX_EVENTS_PER_MESSAGE: usize = 1024;
+
+/// A streamed message ends once its events reach this many bytes (as
+/// [`charge`] counts them, at least their encoded size: 1 MiB; an event is
+/// small: its strings are bounded, an agent's text to
+/// `convert::MAX_AGENT_TEXT_BYTES`), well within a client's 4 MiB, or half
+/// a watch's buffer if that is less.
+const MAX_BYTES_PER_MESSAGE: usize = 1 << 20;
+
+/// What every watch's buffer holds together, at most, by default
+/// (`watch_memory_mb`).
+pub const DEFAULT_WATCH_MEMORY_BYTES: usize = 64 << 20;
+
+/// What one watch's buffer holds, at most, by default (`watch_buffer_kb`;
+/// about 6,000 events). A watch whose buffer is full stops taking events
+/// into memory and catches up from the store once its client reads again.
+pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 1 << 20;
+
+/// A watch whose buffer is full and whose client took nothing while this
+/// many commits brought it events is ended with RESOURCE_EXHAUSTED: its
+/// client does not read (a client that reads, however bursty the events,
+/// takes something between commits).
+pub const MAX_WATCH_STALLED_COMMITS: u32 = 64;
+
+/// A watch more than this many of its events behind the newest commit is
+/// ended with RESOURCE_EXHAUSTED: its client reads more slowly than events
+/// come and could never catch up.
+pub const MAX_WATCH_LAG_EVENTS: usize = 1_000_000;
+
+/// What a buffered event costs in memory, about: its struct and its
+/// encoded size (which counts its strings' bytes).
+fn charge(e: &pb::Event) -> usize {
+    std::mem::size_of::<pb::Event>() + e.encoded_len()
+}
+
+/// `n` bytes as messages show them: whole KiB, or MiB when exact.
+fn shown_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{} KiB", n.div_ceil(1024))
+    }
+}
+
+/// The memory of every watch's buffer together: each buffer holds at most
+/// `per_watch` bytes, all of them at most `limit`. A watch that needs room
+/// while its own buffer is empty (its client has taken everything) closes
+/// the slowest watch with RESOURCE_EXHAUSTED until the room is there: the
+/// one whose client has left a message untaken the longest (not the one
+/// holding the most: a reader's buffer may hold a large message for a
+/// moment). One whose buffer holds something waits for its client instead,
+/// as with a full buffer. So the total never exceeds `limit`, and readers
+/// are served while watches nobody reads are closed.
+#[derive(Debug)]
+pub struct WatchMemory {
+    limit: usize,
+    per_watch: usize,
+    holders: std::sync::Mutex<Holders>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// The open watches and what each holds.
+#[derive(Debug, Default)]
+struct Holders {
+    /// Bytes reserved by every buffer together (at least what they hold:
+    /// reserved before a message is queued, released after it is taken).
+    used: usize,
+    next_id: u64,
+    watches: std::collections::HashMap<u64, Holder>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    queue: std::sync::Weak<WatchQueue>,
+    bytes: usize,
+    /// Since when the first message of its buffer waits for its client:
+    /// queued then into an empty buffer, or the one before it was taken
+    /// then (None: empty).
+    waits_since: Option<std::time::Instant>,
+}
+
+impl WatchMemory {
+    /// At most `limit` bytes for every watch together, `per_watch` for
+    /// one (the configuration checks `per_watch <= limit`).
+    pub fn new(limit: usize, per_watch: usize, metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+        Arc::new(WatchMemory {
+            limit,
+            per_watch: per_watch.min(limit),
+            holders: std::sync::Mutex::default(),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Holders> {
+        self.holders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes every watch holds together.
+    pub fn used(&self) -> usize {
+        self.lock().used
+    }
+
+    /// Where a message of a watch ends: [`MAX_BYTES_PER_MESSAGE`], or half
+    /// a buffer (so that a message always fits one).
+    fn message_bytes(&self) -> usize {
+        MAX_BYTES_PER_MESSAGE.min(self.per_watch / 2)
+    }
+
+    fn register(&self, queue: &Arc<WatchQueue>) -> u64 {
+        let mut h = self.lock();
+        let id = h.next_id;
+        h.next_id += 1;
+        h.watches.insert(
+            id,
+            Holder {
+                queue: Arc::downgrade(queue),
+                bytes: 0,
+                waits_since: None,
+            },
+        );
+        id
+    }
+
+    /// Forgets a watch whose buffer was emptied.
+    fn unregister(&self, id: u64) {
+        self.lock().watches.remove(&id);
+    }
+
+    fn show(&self, h: &Holders) {
+        if let Some(m) = &self.metrics {
+            m.watch_buffered_bytes.set(h.used as i64);
+        }
+    }
+
+    /// Takes `n` bytes if they fit; otherwise, when `evict`, names the
+    /// watch (other than `id`) whose client has left a message untaken the
+    /// longest, to be closed.
+    fn reserve(&self, id: u64, n: usize, evict: bool) -> Reserved {
+        let mut h = self.lock();
+        if h.used + n <= self.limit {
+            h.used += n;
+            self.show(&h);
+            return Reserved::Done;
+        }
+        if !evict {
+            return Reserved::Short;
+        }
+        let victim = h
+            .watches
+            .iter()
+            .filter(|(other, w)| **other != id && w.bytes > 0)
+            .min_by_key(|(other, w)| (w.waits_since, **other))
+            .and_then(|(_, w)| w.queue.upgrade());
+        match victim {
+            Some(q) => Reserved::Evict(q),
+            None => Reserved::Short,
+        }
+    }
+
+    /// Gives back `n` reserved bytes that were not queued.
+    fn unreserve(&self, n: usize) {
+        let mut h = self.lock();
+        h.used -= n;
+        self.show(&h);
+    }
+
+    /// `n` reserved bytes are queued in watch `id`'s buffer, which was
+    /// `empty` before (called under its buffer's lock, so what a holder
+    /// shows is what its buffer holds).
+    fn hold(&self, id: u64, n: usize, empty: bool) {
+        if let Some(w) = self.lock().watches.get_mut(&id) {
+            w.bytes += n;
+            if empty {
+                w.waits_since = Some(std::time::Instant::now());
+            }
+        }
+    }
+
+    /// `n` bytes left watch `id`'s buffer, which holds `more` after them
+    /// (called under its lock).
+    fn release(&self, id: u64, n: usize, more: bool) {
+        let mut h = self.lock();
+        h.used -= n;
+        if let Some(w) = h.watches.get_mut(&id) {
+            w.bytes -= n;
+            w.waits_since = more.then(std::time::Instant::now);
+        }
+        self.show(&h);
+    }
+
+    /// How long watch `id`'s client has left its first message untaken.
+    fn waiting(&self, id: u64) -> std::time::Duration {
+        self.lock()
+            .watches
+            .get(&id)
+            .and_then(|w| w.waits_since)
+            .map_or(std::time::Duration::ZERO, |t| t.elapsed())
+    }
+}
+
+/// How a reservation went.
+enum Reserved {
+    Done,
+    /// No room, and none to make.
+    Short,
+    /// No room: close this watch to make some.
+    Evict(Arc<WatchQueue>),
+}
+
+/// What a watch's pump has queued and its client has not taken yet.
+#[derive(Debug, Default)]
+struct Buffer {
+    /// Messages and their bytes ([`charge`]), or the status that ends the
+    /// stream.
+    items: std::collections::VecDeque<(Result<pb::WatchResponse, Status>, usize)>,
+    /// Events in `items`.
+    events: usize,
+    /// Their bytes ([`charge`]).
+    bytes: usize,
+    /// Messages the client has taken.
+    taken: u64,
+    /// The first revision the client's stream has not taken: one past the
+    /// last event it took (the watch's first revision before that). What
+    /// the stream took is on its way to the client, ahead of any status
+    /// (tonic sends a stream's error as trailers after the data it took,
+    /// and h2 sends a stream's frames in order), so a watch ended from
+    /// here tells its client to watch again from this revision: it never
+    /// skips what was not delivered (and repeats nothing, but for events
+    /// a job filter or a partial viewer hid).
+    resume: u64,
+    /// Nothing more will come after `items`.
+    done: bool,
+    /// The client's end was dropped.
+    client_gone: bool,
+}
+
+/// The bounded buffer between a watch's pump (which reads the store and
+/// the live events) and its client's stream.
+#[derive(Debug)]
+struct WatchQueue {
+    buffer: std::sync::Mutex<Buffer>,
+    /// The client took something, left, or the watch was ended.
+    wake_pump: tokio::sync::Notify,
+    /// Something to take, or the end.
+    wake_client: tokio::sync::Notify,
+    memory: Arc<WatchMemory>,
+    /// This watch in `memory`.
+    id: std::sync::OnceLock<u64>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// How a push went.
+#[derive(Debug, PartialEq, Eq)]
+enum Pushed {
+    Sent,
+    /// The buffer is full, or the watches' memory is and this buffer holds
+    /// something: nothing was queued.
+    Full,
+    /// The client left, or the watch was ended.
+    Closed,
+}
+
+impl WatchQueue {
+    /// A watch's buffer, its first revision `from`.
+    fn new(memory: Arc<WatchMemory>, from: u64, metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+        if let Some(m) = &metrics {
+            m.watch_streams.inc();
+        }
+        let q = Arc::new(WatchQueue {
+            buffer: std::sync::Mutex::new(Buffer {
+                resume: from,
+                ..Buffer::default()
+            }),
+            wake_pump: tokio::sync::Notify::new(),
+            wake_client: tokio::sync::Notify::new(),
+            memory: memory.clone(),
+            id: std::sync::OnceLock::new(),
+            metrics,
+        });
+        let _ = q.id.set(memory.register(&q));
+        q
+    }
+
+    fn id(&self) -> u64 {
+        self.id.get().copied().unwrap_or(u64::MAX)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buffer> {
+        self.buffer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, delta: i64) {
+        if let Some(m) = &self.metrics {
+            m.watch_buffered_events.inc_by(delta);
+        }
+    }
+
+    /// Queues a message of `bytes` (its events' [`charge`]) if there is
+    /// room: in its buffer (always, into an empty one) and in the watches'
+    /// memory, closing the watches that hold the most if this buffer is
+    /// empty.
+    fn push(&self, message: pb::WatchResponse, bytes: usize) -> Pushed {
+        let n = message.events.len();
+        let empty = {
+            let b = self.lock();
+            if b.client_gone || b.done {
+                return Pushed::Closed;
+            }
+            if !b.items.is_empty() && b.bytes + bytes > self.memory.per_watch {
+                return Pushed::Full;
+            }
+            b.items.is_empty()
+        };
+        loop {
+            match self.memory.reserve(self.id(), bytes, empty) {
+                Reserved::Done => break,
+                Reserved::Short if !empty => return Pushed::Full,
+                // Nothing else holds memory, and this watch needs more than
+                // there is (a message is at most half a buffer: only with
+                // the limits set below one event).
+                Reserved::Short => {
+                    self.abandon(&format!(
+                        "one message of {} is more than the watches' memory ({})",
+                        shown_bytes(bytes),
+                        shown_bytes(self.memory.limit)
+                    ));
+                    return Pushed::Closed;
+                }
+                // Each eviction frees what that watch held (more than
+                // nothing), so this ends.
+                Reserved::Evict(q) => q.abandon(&format!(
+                    "the watches' buffers hold at most {} together and its client left a message untaken longest ({} ms; {} buffered)",
+                    shown_bytes(self.memory.limit),
+                    self.memory.waiting(q.id()).as_millis(),
+                    shown_bytes(q.lock().bytes)
+                )),
+            }
+        }
+        let mut b = self.lock();
+        if b.client_gone || b.done {
+            drop(b);
+            self.memory.unreserve(bytes);
+            return Pushed::Closed;
+        }
+        b.items.push_back((Ok(message), bytes));
+        b.events += n;
+        b.bytes += bytes;
+        self.memory.hold(self.id(), bytes, b.items.len() == 1);
+        drop(b);
+        self.count(n as i64);
+        self.wake_client.notify_one();
+        Pushed::Sent
+    }
+
+    /// Messages the client has taken so far.
+    fn taken(&self) -> u64 {
+        self.lock().taken
+    }
+
+    /// Ends the stream with RESOURCE_EXHAUSTED saying `why` and where to
+    /// watch again from (the first revision its stream did not take),
+    /// dropping what is buffered (also after a status that was to end it:
+    /// the client meets that one again when it watches again). Does nothing
+    /// once the client has left.
+    fn abandon(&self, why: &str) {
+        let mut b = self.lock();
+        if b.client_gone {
+            return;
+        }
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        let bytes = std::mem::take(&mut b.bytes);
+        self.memory.release(self.id(), bytes, false);
+        let error = Status::resource_exhausted(format!(
+            "watch ended: {why}; watch again from revision {}",
+            b.resume
+        ));
+        b.items.push_back((Err(crate::status::contract(error)), 0));
+        b.done = true;
+        drop(b);
+        drop(dropped);
+        self.count(-(n as i64));
+        self.wake_client.notify_one();
+        self.wake_pump.notify_one();
+    }
+
+    /// Ends the stream after what is buffered, then `error` if given.
+    fn finish(&self, error: Option<Status>) {
+        let mut b = self.lock();
+        if !b.done {
+            if let Some(e) = error {
+                b.items.push_back((Err(crate::status::contract(e)), 0));
+            }
+            b.done = true;
+        }
+        drop(b);
+        self.wake_client.notify_one();
+    }
+
+    /// Resolves when the client took something or left, or the watch was
+    /// ended (callers check which).
+    async fn client_moved(&self) {
+        self.wake_pump.notified().await;
+    }
+
+    /// The client left, or the watch was ended: the pump stops.
+    fn closed(&self) -> bool {
+        let b = self.lock();
+        b.client_gone || b.done
+    }
+
+    /// The client's next message; `None` at the end.
+    async fn take(&self) -> Option<Result<pb::WatchResponse, Status>> {
+        loop {
+            let more = self.wake_client.notified();
+            {
+                let mut b = self.lock();
+                if let Some((item, bytes)) = b.items.pop_front() {
+                    let n = match &item {
+                        Ok(m) => {
+                            if let Some(last) = m.events.last() {
+                                b.resume = last.revision + 1;
+                            }
+                            m.events.len()
+                        }
+                        Err(_) => 0,
+                    };
+                    b.events -= n;
+                    b.bytes -= bytes;
+                    b.taken += 1;
+                    self.memory.release(self.id(), bytes, b.bytes > 0);
+                    drop(b);
+                    self.count(-(n as i64));
+                    self.wake_pump.notify_one();
+                    return Some(item);
+                }
+                if b.done {
+                    return None;
+                }
+            }
+            more.await;
+        }
+    }
+}
+
+/// The client's end of a watch: dropping it tells the pump and frees what
+/// is buffered at once.
+#[derive(Debug)]
+struct ClientEnd(Arc<WatchQueue>);
+
+impl Drop for ClientEnd {
+    fn drop(&mut self) {
+        let q = &self.0;
+        let mut b = q.lock();
+        b.client_gone = true;
+        let dropped = std::mem::take(&mut b.items);
+        let n = std::mem::take(&mut b.events);
+        let bytes = std::mem::take(&mut b.bytes);
+        q.memory.release(q.id(), bytes, false);
+        q.memory.unregister(q.id());
+        drop(b);
+        drop(dropped);
+        q.count(-(n as i64));
+        if let Some(m) = &q.metrics {
+            m.watch_streams.dec();
+        }
+        q.wake_pump.notify_one();
+    }
+}
+
+/// How filling a watch's buffer went.
+#[derive(Debug, PartialEq, Eq)]
+enum Filled {
+    /// Everything asked for is queued.
+    All,
+    /// The buffer is full; `next` is the first revision not queued.
+    Full,
+    /// The client left, or the watch was ended.
+    Closed,
+}
+
+/// Where a watch is: the next revision its client needs, its filter, its
+/// buffer.
+struct Watcher {
+    next: u64,
+    job: String,
+    out: Arc<WatchQueue>,
+}
+
+impl Watcher {
+    fn keeps(&self, e: &pb::Event) -> bool {
+        e.revision >= self.next
+            && (self.job.is_empty()
+                || match &e.kind {
+                    Some(pb::event::Kind::Job(j)) => j.job_id == self.job,
+                    Some(pb::event::Kind::Task(t)) => t.job_id == self.job,
+                    None => false,
+                })
+    }
+
+    /// Queues the events it keeps (in revision order), in messages of at
+    /// most [`MAX_EVENTS_PER_MESSAGE`] and about
+    /// [`WatchMemory::message_bytes`], and moves past them; stops at a full buffer with `next` at the first
+    /// event not queued. Returns the outcome and how many events were
+    /// queued.
+    fn send(&mut self, events: impl Iterator<Item = pb::Event>) -> (Filled, usize) {
+        let mut chunk: Vec<pb::Event> = Vec::new();
+        let mut chunk_bytes = 0;
+        let mut queued = 0;
+        let mut last = None;
+        let message_bytes = self.out.memory.message_bytes();
+        for e in events {
+            last = Some(e.revision);
+            if self.keeps(&e) {
+                // More than the event, its field tag and its length.
+                chunk_bytes += charge(&e);
+                chunk.push(e);
+                if chunk.len() == MAX_EVENTS_PER_MESSAGE || chunk_bytes >= message_bytes {
+                    match self.flush(&mut chunk, std::mem::take(&mut chunk_bytes)) {
+                        Ok(n) => queued += n,
+                        Err(stop) => return (stop, queued),
+                    }
+                }
+            }
+        }
+        if !chunk.is_empty() {
+            match self.flush(&mut chunk, chunk_bytes) {
+                Ok(n) => queued += n,
+                Err(stop) => return (stop, queued),
+            }
+        }
+        if let Some(l) = last {
+            self.next = self.next.max(l + 1);
+        }
+        (Filled::All, queued)
+    }
+
+    /// Queues one message of events (`bytes` of them, [`charge`]); on a
+    /// full buffer `next` goes back to its first event (what was skipped
+    /// before it is skipped again).
+    fn flush(&mut self, chunk: &mut Vec<pb::Event>, bytes: usize) -> Result<usize, Filled> {
+        let first = chunk.first().map_or(self.next, |e| e.revision);
+        let n = chunk.len();
+        let message = pb::WatchResponse {
+            events: std::mem::take(chunk),
+        };
+        match self.out.push(message, bytes) {
+            Pushed::Sent => Ok(n),
+            Pushed::Full => {
+                self.next = first;
+                Err(Filled::Full)
+            }
+            Pushed::Closed => Err(Filled::Closed),
+        }
+    }
+
+    /// Queues stored events from `next` up to `upto` (inclusive; None: to
+    /// the end of the store), a few rows at a time, until the buffer is
+    /// full. Err when the start is no longer stored.
+    async fn fill(
+        &mut self,
+        store: &Arc<dyn Store>,
+        upto: Option<u64>,
+    ) -> Result<(Filled, usize), Status> {
+        let mut queued = 0;
+        loop {
+            if upto.is_some_and(|u| self.next > u) {
+                return Ok((Filled::All, queued));
+            }
+            let s = store.clone();
+            let from = self.next;
+            let rows = tokio::task::spawn_blocking(move || s.events_from(from, 4))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::internal(e.to_string()))?;
+            // Nothing stored from `next` on, though it is committed: the
+            // retention trimmed it (never wait for it silently).
+            if rows.is_empty() && upto.is_some_and(|u| self.next <= u) {
+                return Err(Status::out_of_range(format!(
+                    "revision {} is no longer kept: list the current state and watch from there",
+                    self.next
+                )));
+            }
+            let before = self.next;
+            for (n, row) in rows.into_iter().enumerate() {
+                let batch = crate::scheduler::decode_event_row(&row).map_err(Status::internal)?;
+                // Rows are contiguous, so the first row of every fetch
+                // starts at or before `next` unless the retention trimmed
+                // it meanwhile: never skip events silently.
+                if let Some(first) = batch.events.first()
+                    && n == 0
+                    && first.revision > self.next
+                {
+                    return Err(Status::out_of_range(format!(
+                        "revision {} is no longer kept; the oldest is {}: list the current state and watch from there",
+                        self.next, first.revision
+                    )));
+                }
+                let events = batch
+                    .events
+                    .into_iter()
+                    .filter(|e| upto.is_none_or(|u| e.revision <= u));
+                let (filled, n) = self.send(events);
+                queued += n;
+                if filled != Filled::All {
+                    return Ok((filled, queued));
+                }
+            }
+            if self.next == before {
+                return Ok((Filled::All, queued));
+            }
+        }
+    }
+}
+
+/// Streams events with revision ≥ `next` into the watch's buffer: from the
+/// store while it is behind, live once it has caught up. The buffer is
+/// bounded ([`WatchMemory`]); while it is full, live events are not kept (they are in the store: the watch catches up from there
+/// once its client reads) and only counted, and a watch whose client stops
+/// reading ([`MAX_WATCH_STALLED_COMMITS`]) or falls hopelessly behind
+/// ([`MAX_WATCH_LAG_EVENTS`]) is ended with RESOURCE_EXHAUSTED, its buffer
+/// freed. The pump always drains the live channel, so a slow watch never
+/// holds the other watches' events in memory.
+async fn pump(
+    store: Arc<dyn Store>,
+    next: u64,
+    committed: u64,
+    job: String,
+    mut live: broadcast::Receiver<crate::scheduler::EventBatch>,
+    out: Arc<WatchQueue>,
+) {
+    let mut w = Watcher { next, job, out };
+    // The newest revision known to be committed (None: unknown, after the
+    // live channel lagged: read the store to its end).
+    let mut head = Some(committed);
+    // Events this watch keeps that came live and are not queued yet.
+    let mut lag: usize = 0;
+    // Events before this revision are history the client asked for, not
+    // lag.
+    let live_from = committed + 1;
+    // Commits that brought events while the buffer was full and the client
+    // took nothing.
+    let mut stalled: u32 = 0;
+    let mut taken = w.out.taken();
+    loop {
+        if head.is_none_or(|h| w.next <= h) {
+            let from = w.next;
+            match w.fill(&store, head).await {
+                Ok((filled, queued)) => {
+                    if from >= live_from || w.next > live_from {
+                        lag = lag.saturating_sub(queued);
+                    }
+                    match filled {
+                        Filled::All => {
+                            head = Some(head.unwrap_or(w.next.saturating_sub(1)));
+                            if w.next > head.unwrap_or_default() {
+                                lag = 0;
+                            }
+                        }
+                        Filled::Full => {}
+                        Filled::Closed => return,
+                    }
+                }
+                Err(e) => return w.out.finish(Some(e)),
+            }
+        }
+        let batch = tokio::select! {
+            r = live.recv() => r,
+            () = w.out.client_moved() => {
+                if w.out.closed() {
+                    return;
+                }
+                continue;
+            }
+        };
+        match batch {
+            Ok(batch) => {
+                let Some(last) = batch.last().map(|e| e.revision) else {
+                    continue;
+                };
+                let caught_up = head.is_some_and(|h| w.next > h);
+                head = head.map(|h| h.max(last));
+                if caught_up {
+                    // Clone only what this watcher keeps.
+                    let kept: Vec<pb::Event> =
+                        batch.iter().filter(|e| w.keeps(e)).cloned().collect();
+                    let n = kept.len();
+                    match w.send(kept.into_iter()) {
+                        (Filled::All, _) => {
+                            w.next = w.next.max(last + 1);
+                            continue;
+                        }
+                        (Filled::Full, queued) => lag += n - queued,
+                        (Filled::Closed, _) => return,
+                    }
+                } else {
+                    let n = batch.iter().filter(|e| w.keeps(e)).count();
+                    if n == 0 {
+                        continue;
+                    }
+                    lag += n;
+                }
+                // Behind, with a full buffer: is the client still reading?
+                let now_taken = w.out.taken();
+                if now_taken == taken {
+                    stalled += 1;
+                } else {
+                    (stalled, taken) = (0, now_taken);
+                }
+                let why = if stalled >= MAX_WATCH_STALLED_COMMITS {
+                    Some(format!(
+                        "its client read nothing while {stalled} commits brought it events"
+                    ))
+                } else if lag > MAX_WATCH_LAG_EVENTS {
+                    Some(format!(
+                        "its client is more than {MAX_WATCH_LAG_EVENTS} events behind"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return w.out.abandon(&format!(
+                        "{why} ({} buffered at most)",
+                        shown_bytes(w.out.memory.per_watch)
+                    ));
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => head = None,
+            Err(broadcast::error::RecvError::Closed) => return w.out.finish(Some(gone())),
+        }
+    }
+}
+
+impl Api {
+    /// Refuses, as the call's status (before the stream starts, so HTTP
+    /// clients get it as theirs too), a watch from a revision older than
+    /// the oldest kept. The pump checks again as it reads: the retention
+    /// may trim events meanwhile.
+    async fn check_kept(&self, from: u64, committed: u64) -> Result<(), Status> {
+        let store = self.store.clone();
+        let rows = tokio::task::spawn_blocking(move || store.events_from(from, 1))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(e.to_string()))?;
+        // No row at all: everything up to the committed revision was
+        // trimmed (the caller asks only for committed revisions).
+        let oldest = match rows.first() {
+            Some(row) => crate::scheduler::decode_event_row(row)
+                .map_err(Status::internal)?
+                .events
+                .first()
+                .map_or(from, |e| e.revision),
+            None => committed + 1,
+        };
+        if oldest > from {
+            return Err(Status::out_of_range(format!(
+                "from_revision: {from} is no longer kept; the oldest kept is {oldest}: list the current state and watch from there"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl WatchService for Api {
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = access::caller(&request)?;
+        let mut viewer = Self::viewer(&request)?;
+        if !request.get_ref().job_id.is_empty() {
+            self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+            viewer = None;
+        }
+        let r = request.into_inner();
+        convert::id("job_id", &r.job_id)?;
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Command::Watch { reply })
+            .await
+            .map_err(|_| gone())?;
+        let (committed, live) = answer.await.map_err(|_| gone())?;
+        if r.from_revision > committed + 1 {
+            return Err(Status::out_of_range(format!(
+                "from_revision: {} is ahead of the current revision {committed}; watch from {} at most (0: from now)",
+                r.from_revision,
+                committed + 1
+            )));
+        }
+        let next = if r.from_revision == 0 {
+            committed + 1
+        } else {
+            r.from_revision
+        };
+        if next <= committed {
+            self.check_kept(next, committed).await?;
+        }
+        let queue = WatchQueue::new(self.watch_memory.clone(), next, self.metrics.clone());
+        tokio::spawn(pump(
+            self.store.clone(),
+            next,
+            committed,
+            r.job_id,
+            live,
+            queue.clone(),
+        ));
+        // A lapsed leader's events stop: its watchers are told so and go
+        // to the leader (from the revision they last saw).
+        let role = self.role.clone();
+        let leading = role.as_ref().map(|r| r.watch_leading());
+        let stream = futures::stream::unfold(
+            (Some(ClientEnd(queue)), leading),
+            move |(end, mut leading)| {
+                let role = role.clone();
+                async move {
+                    let end = end?;
+                    let lapsed = async {
+                        match leading.as_mut() {
+                            Some(l) => {
+                                let _ = l.wait_for(|leading| !leading).await;
+                            }
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        item = end.0.take() => Some((item?, (Some(end), leading))),
+                        () = lapsed => {
+                            let why = role
+                                .as_ref()
+                                .and_then(|r| r.refusal())
+                                .map_or_else(|| "not the leader".to_owned(), |r| r.0);
+                            Some((Err(Status::unavailable(why)), (None, leading)))
+                        }
+                    }
+                }
+            },
+        );
+        let stream = access::until_revoked(stream, caller);
+        let Some(viewer) = viewer else {
+            return Ok(Response::new(Box::pin(stream)));
+        };
+        // A caller that sees part of the cluster gets its jobs' events
+        // only (revisions then have gaps; messages left empty are dropped).
+        let access = self.access.clone();
+        let stream = futures::StreamExt::filter_map(stream, move |item| {
+            let out = match item {
+                Ok(mut m) => {
+                    m.events.retain(|e| {
+                        let job = match &e.kind {
+                            Some(pb::event::Kind::Job(j)) => &j.job_id,
+                            Some(pb::event::Kind::Task(t)) => &t.job_id,
+                            None => return false,
+                        };
+                        access.sees_job(&viewer, job)
+                    });
+                    (!m.events.is_empty()).then_some(Ok(m))
+                }
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(out)
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(revision: u64) -> pb::Event {
+        pb::Event {
+            revision,
+            time_ms: 1_700_000_000_000,
+            kind: Some(pb::event::Kind::Task(pb::TaskEvent {
+                job_id: "0f8e1c2a-5b7d-4e3f-9a61-2c4b8d0e6f13".into(),
+                instance: 7,
+                run_id: 1,
+                state: pb::TaskState::Running as i32,
+                host: "sim-00012".into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// Ten events from `from`, and their bytes.
+    fn message(from: u64) -> (pb::WatchResponse, usize) {
+        let events: Vec<pb::Event> = (from..from + 10).map(event).collect();
+        let bytes = events.iter().map(charge).sum();
+        (pb::WatchResponse { events }, bytes)
+    }
+
+    fn push(q: &WatchQueue, from: u64) -> Pushed {
+        let (m, bytes) = message(from);
+        q.push(m, bytes)
+    }
+
+    fn take(q: &WatchQueue) -> Result<pb::WatchResponse, Status> {
+        futures::executor::block_on(q.take()).expect("not the end")
+    }
+
+    /// What the buffers hold, as the memory and the queues count it.
+    fn held(memory: &WatchMemory, queues: &[&WatchQueue]) -> usize {
+        let total: usize = queues.iter().map(|q| q.lock().bytes).sum();
+        assert_eq!(memory.used(), total);
+        assert!(total <= memory.limit, "{total} > {}", memory.limit);
+        total
+    }
+
+    #[test]
+    fn a_typical_event_is_charged_under_200_bytes() {
+        // What the docs' "about 6,000 events" in a 1 MiB buffer rests on.
+        let c = charge(&event(123_456_789));
+        assert!((150..=200).contains(&c), "{c} bytes");
+    }
+
+    #[test]
+    fn buffers_stay_within_their_share_and_the_memory_closing_the_slowest() {
+        let b = message(1).1;
+        let memory = WatchMemory::new(3 * b, 2 * b, None);
+        let x = WatchQueue::new(memory.clone(), 1, None);
+        let y = WatchQueue::new(memory.clone(), 1, None);
+        let z = WatchQueue::new(memory.clone(), 1, None);
+        let all = [&*x, &*y, &*z];
+        // y's client leaves a message waiting; x's buffer fills: a buffer
+        // holds two messages at most.
+        assert_eq!(push(&y, 1), Pushed::Sent);
+        assert_eq!(push(&x, 1), Pushed::Sent);
+        assert_eq!(push(&x, 11), Pushed::Sent);
+        assert_eq!(push(&x, 21), Pushed::Full);
+        assert_eq!(held(&memory, &all), 3 * b);
+        // The memory is full: y, holding something, waits for its client.
+        assert_eq!(push(&y, 11), Pushed::Full);
+        // z, holding nothing, closes the watch whose client left a message
+        // untaken longest: y, though x holds more.
+        assert_eq!(push(&z, 1), Pushed::Sent);
+        assert_eq!(held(&memory, &all), 3 * b);
+        let end = take(&y).expect_err("y was ended");
+        assert_eq!(end.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            end.message().contains("left a message untaken longest")
+                && end.message().ends_with("watch again from revision 1"),
+            "{}",
+            end.message()
+        );
+        assert_eq!(push(&y, 11), Pushed::Closed);
+        // x's client takes: room for one message, which z, holding
+        // something, takes; x waits.
+        assert_eq!(take(&x).expect("a message").events[0].revision, 1);
+        assert_eq!(push(&z, 11), Pushed::Sent);
+        assert_eq!(push(&x, 21), Pushed::Full);
+        assert_eq!(held(&memory, &all), 3 * b);
+        // A client that leaves frees its buffer at once.
+        drop(ClientEnd(x.clone()));
+        assert_eq!(held(&memory, &all), 2 * b);
+        assert_eq!(push(&x, 21), Pushed::Closed);
+    }
+
+    #[test]
+    fn an_ended_watch_resumes_at_the_first_revision_its_stream_did_not_take() {
+        let memory = WatchMemory::new(1 << 20, 1 << 16, None);
+        let q = WatchQueue::new(memory.clone(), 100, None);
+        assert_eq!(push(&q, 100), Pushed::Sent);
+        assert_eq!(push(&q, 110), Pushed::Sent);
+        assert_eq!(take(&q).expect("a message").events[9].revision, 109);
+        q.abandon("its client read nothing");
+        let end = take(&q).expect_err("ended");
+        assert_eq!(
+            end.message(),
+            "watch ended: its client read nothing; watch again from revision 110"
+        );
+        assert_eq!(memory.used(), 0);
+        assert!(futures::executor::block_on(q.take()).is_none());
+    }
+}
