@@ -3755,6 +3755,8 @@ fn a_controller_that_succeeds_stops_the_others_and_the_job_succeeds() {
         job j pool=/ n=3 cpu=1 controller
         cycle
         exit j/0 0    # the workers still run: they are stopped
+        crash         # what the store holds says so too
+        register h1
         confirm
         task j/1
         ",
@@ -3786,6 +3788,10 @@ fn a_controller_that_succeeds_stops_the_others_and_the_job_succeeds() {
             j/0#1 succeeded @h1
             j/1#1 killed @h1 (the job's controller task (instance 0) succeeded)
             j/2#1 killed @h1 (the job's controller task (instance 0) succeeded)
+              kill j/1#1 @h1
+              kill j/2#1 @h1
+            > crash
+            > register h1
               kill j/1#1 @h1
               kill j/2#1 @h1
             > confirm
