@@ -556,6 +556,44 @@ pub fn task_template(
     })
 }
 
+/// Checks that an instance's override (`field`) keeps the default task's
+/// queue: revocability and the controller flag are the job's, except that a
+/// batch job's instance 0 may be its controller task (as in Peloton: a
+/// driver whose end is the job's; the lifecycle stops the other instances
+/// then).
+fn override_classes(
+    field: &str,
+    kind: JobKind,
+    instance: u32,
+    t: &TaskTemplate,
+    default: &TaskTemplate,
+) -> Result<(), Status> {
+    if t.revocable != default.revocable {
+        return Err(invalid(
+            &format!("{field}.revocable"),
+            format!(
+                "{} where the default task's is {}: revocability is the job's",
+                t.revocable, default.revocable
+            ),
+        ));
+    }
+    if t.controller == default.controller {
+        return Ok(());
+    }
+    let controller_task = kind == JobKind::Batch && instance == 0 && t.controller;
+    if controller_task {
+        return Ok(());
+    }
+    let why = if default.controller {
+        "the default task is a controller task, and so is every instance"
+    } else if instance == 0 {
+        "only a batch job's instance 0 may be a controller task apart from its default task"
+    } else {
+        "only instance 0 may be a controller task (a batch job's, as in Peloton)"
+    };
+    Err(invalid(&format!("{field}.controller"), why))
+}
+
 /// Longest deregistration delay (`TaskSpec.shutdown_delay_ms`): 10 minutes.
 pub const MAX_SHUTDOWN_DELAY_MS: u64 = 600_000;
 
@@ -958,11 +996,14 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         t.constraint = with_host_pool(&t.constraint, host_pool);
         // An application's driver (instance 0) differs from its executors.
         let driver = app.is_some_and(|a| a.driver_in_job) && o.instance == 0;
-        if !driver && (t.revocable != default.revocable || t.controller != default.controller) {
-            return Err(invalid(
+        if !driver {
+            override_classes(
                 &format!("spec.overrides[{i}].spec"),
-                "revocable and controller must match the default task",
-            ));
+                kind,
+                o.instance,
+                &t,
+                &default,
+            )?;
         }
         if overrides.insert(o.instance, t).is_some() {
             return Err(invalid(
@@ -973,6 +1014,22 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     }
     let sla = spec.sla.unwrap_or_default();
     let gang = sla.min_running_instances.max(1);
+    if gang > 1
+        && kind == JobKind::Batch
+        && !default.controller
+        && let Some(i) = spec
+            .overrides
+            .iter()
+            .position(|o| overrides.get(&o.instance).is_some_and(|t| t.controller))
+    {
+        return Err(invalid(
+            &format!("spec.overrides[{i}].spec.controller"),
+            format!(
+                "a gang job (spec.sla.min_running_instances {gang}) cannot have a controller task: \
+                 a gang is queued as one entry of one class"
+            ),
+        ));
+    }
     if gang > spec.instance_count && !daemon && !application {
         return Err(invalid(
             "spec.sla.min_running_instances",
@@ -1258,6 +1315,60 @@ mod tests {
         assert_eq!(plan.default.restart.backoff(1), 1000);
         assert_eq!(plan.default.restart.backoff(3), 4000);
         assert_eq!(plan.default.restart.backoff(30), 60_000);
+    }
+
+    #[test]
+    fn a_batch_jobs_instance_0_alone_may_be_its_controller_task() {
+        let with_override = |kind: pb::JobType, instance: u32, controller: bool| {
+            let mut s = good_job();
+            s.r#type = kind as i32;
+            let mut t = s.default_task.clone().unwrap();
+            t.controller = controller;
+            s.overrides.push(pb::InstanceOverride {
+                instance,
+                spec: Some(t),
+            });
+            s
+        };
+        let plan = job_plan(
+            &with_override(pb::JobType::Batch, 0, true),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert!(plan.overrides[&0].controller && !plan.default.controller);
+        assert!(plan.has_controller_instance());
+        assert_eq!(
+            error_of(&with_override(pb::JobType::Batch, 1, true)).1,
+            "spec.overrides[0].spec.controller: only instance 0 may be a controller task (a batch job's, as in Peloton)"
+        );
+        assert_eq!(
+            error_of(&with_override(pb::JobType::Service, 0, true)).1,
+            "spec.overrides[0].spec.controller: only a batch job's instance 0 may be a controller task apart from its default task"
+        );
+        // A controller default makes every instance one.
+        let mut s = with_override(pb::JobType::Batch, 0, false);
+        s.default_task.as_mut().unwrap().controller = true;
+        assert_eq!(
+            error_of(&s).1,
+            "spec.overrides[0].spec.controller: the default task is a controller task, and so is every instance"
+        );
+        // A gang is one queue entry: it cannot hold a controller task.
+        let mut s = with_override(pb::JobType::Batch, 0, true);
+        s.sla = Some(pb::Sla {
+            min_running_instances: 3,
+            ..Default::default()
+        });
+        assert_eq!(
+            error_of(&s).1,
+            "spec.overrides[0].spec.controller: a gang job (spec.sla.min_running_instances 3) cannot have a controller task: a gang is queued as one entry of one class"
+        );
+        // Revocability stays the job's.
+        let mut s = with_override(pb::JobType::Batch, 2, false);
+        s.overrides[0].spec.as_mut().unwrap().revocable = true;
+        assert_eq!(
+            error_of(&s).1,
+            "spec.overrides[0].spec.revocable: true where the default task's is false: revocability is the job's"
+        );
     }
 
     #[test]

@@ -662,3 +662,60 @@ async fn an_unplaced_task_carries_the_placers_per_check_host_counts() {
     }
     s.shutdown().await;
 }
+
+/// A batch job whose instance 0 is its controller task (Peloton's): when it
+/// ends, the other instances, still running, are stopped, and the job ends
+/// as the controller did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_task_ends_its_job_as_it_ends_and_stops_the_others() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    // Workers that would run ten minutes; a controller of 200 ms that ends
+    // with `exit_code`.
+    let with_controller = |exit_code: i32| {
+        let mut spec = job_spec("/a", 3, 1.0, 600_000);
+        let mut controller = spec.default_task.clone().expect("default task");
+        controller.controller = true;
+        controller.sim = Some(pb::SimSpec {
+            duration_ms: 200,
+            exit_code,
+        });
+        spec.overrides.push(pb::InstanceOverride {
+            instance: 0,
+            spec: Some(controller),
+        });
+        spec
+    };
+    for (exit_code, job_state, controller_state) in
+        [(0, J::Succeeded, T::Succeeded), (3, J::Failed, T::Failed)]
+    {
+        let job = create_job(&mut c, with_controller(exit_code)).await;
+        let done = wait_job(&c, &job.id, job_state).await;
+        assert_eq!(count_in(&done, T::Killed), 2, "{done:?}");
+        let run = get_task(&mut c, &job.id, 0).await.current.expect("run");
+        assert_eq!(run.state(), controller_state, "{run:?}");
+        for i in 1..3 {
+            let run = get_task(&mut c, &job.id, i).await.current.expect("run");
+            assert_eq!(run.state(), T::Killed, "instance {i}: {run:?}");
+            assert!(
+                run.reason.contains("controller task (instance 0)"),
+                "instance {i}: {run:?}"
+            );
+        }
+    }
+    // Only instance 0 may be one.
+    let mut spec = with_controller(0);
+    spec.overrides[0].instance = 1;
+    assert_status(
+        c.jobs
+            .create(pb::CreateJobRequest { spec: Some(spec) })
+            .await,
+        Code::InvalidArgument,
+        "spec.overrides[0].spec.controller: only instance 0 may be a controller task",
+    );
+    for h in list_hosts(&mut c).await {
+        assert_eq!(h.free, h.capacity, "host {} still holds resources", h.name);
+    }
+    s.shutdown().await;
+}

@@ -435,6 +435,9 @@ pub struct Lifecycle {
     /// Application jobs whose target, executors or driver changed in this
     /// step (reconciled at its end).
     app_dirty: FxHashSet<JobKey>,
+    /// Batch jobs whose controller instance (0) reached a terminal state in
+    /// this step: the others are stopped at its end if it is still there.
+    controller_ended: FxHashSet<JobKey>,
     /// Since when hosts holding volumes are seen down.
     down_since: FxHashMap<HostSlot, u64>,
     /// When a relocating job's volume may be given up next (kept by
@@ -473,6 +476,7 @@ impl Lifecycle {
             pin_dirty: FxHashSet::default(),
             daemon_jobs: Default::default(),
             app_dirty: FxHashSet::default(),
+            controller_ended: FxHashSet::default(),
             down_since: FxHashMap::default(),
             volume_deadline: None,
             needs_cycle: true,
@@ -586,6 +590,7 @@ impl Lifecycle {
             }
         }
         self.reconcile_apps(engine, fx);
+        self.stop_after_controllers(engine, fx);
         self.fill_all(engine, fx);
         self.sync_reservations(engine);
         self.derive_job_states(fx);

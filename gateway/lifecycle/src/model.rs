@@ -430,6 +430,16 @@ impl JobPlan {
     pub fn template(&self, instance: u32) -> &TaskTemplate {
         self.overrides.get(&instance).unwrap_or(&self.default)
     }
+
+    /// A batch job whose instance 0 alone is a controller task (Peloton's
+    /// controller task: a driver that the other instances work for). It is
+    /// queued and capped as a controller, the others as ordinary tasks; once
+    /// it ends for good the others are stopped and the job ends as it did.
+    pub fn has_controller_instance(&self) -> bool {
+        self.kind == JobKind::Batch
+            && !self.default.controller
+            && self.overrides.get(&0).is_some_and(|t| t.controller)
+    }
 }
 
 /// One finished earlier run, kept in a task's history.

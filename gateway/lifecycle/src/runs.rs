@@ -97,6 +97,11 @@ impl Lifecycle {
             // this member, may let waiting instances go.
             self.need_fill.insert(k);
         }
+        if i == 0 && to.is_terminal() && job.plan.has_controller_instance() {
+            // The job's controller may have ended for good (a failed run
+            // may still back off): seen at the end of the step.
+            self.controller_ended.insert(k);
+        }
         if job.plan.kind == JobKind::Application {
             if to.is_terminal() {
                 // An executor to replace, or a driver that ended.
@@ -889,6 +894,38 @@ impl Lifecycle {
         }
     }
 
+    /// Batch jobs whose controller task (instance 0) ended for good in this
+    /// step: their other instances are stopped (killed, as by a job kill,
+    /// though the job is not killed: it ends as its controller did). Not
+    /// again later: an instance restarted after its controller ended runs.
+    pub(super) fn stop_after_controllers(&mut self, engine: &mut Engine, fx: &mut Effects) {
+        if self.controller_ended.is_empty() {
+            return;
+        }
+        let mut ended: Vec<JobKey> = self.controller_ended.drain().collect();
+        ended.sort_unstable();
+        for k in ended {
+            let Some(job) = self.jobs.get(&k) else {
+                continue;
+            };
+            let Some(controller) = job.tasks.first().map(|t| t.state) else {
+                continue;
+            };
+            if job.kill_requested || !controller.is_terminal() {
+                // Killed as a whole already, or backing off to run again.
+                continue;
+            }
+            let reason = format!(
+                "the job's controller task (instance 0) {}",
+                controller.name()
+            );
+            let others = job.instances_where(|t| !t.state.is_terminal());
+            for i in others {
+                self.end_run(engine, k, i, S::Killed, &reason, fx);
+            }
+        }
+    }
+
     /// Job states from their counts, for jobs changed in this step.
     pub(super) fn derive_job_states(&mut self, fx: &mut Effects) {
         let mut seen: Vec<JobKey> = self.dirty_jobs.drain().collect();
@@ -954,6 +991,14 @@ pub(super) fn derive(job: &Job) -> JobState {
     } else if terminal == n {
         if job.kill_requested {
             JobState::Killed
+        } else if job.plan.has_controller_instance() {
+            // Its controller's end is the job's (as in Peloton): the others
+            // may have failed, or been stopped because it ended.
+            match job.tasks[0].state {
+                S::Failed => JobState::Failed,
+                S::Killed => JobState::Killed,
+                _ => JobState::Succeeded,
+            }
         } else if job.plan.kind == JobKind::Application {
             // Unregistered: its driver's end is the application's (its
             // executors were stopped on purpose).

@@ -4,10 +4,13 @@
 //!
 //! Script lines (one input each; `#` starts a comment):
 //! - `host NAME cpu=C mem=M` — an agent registers an empty host;
-//! - `pool PATH [cpu=C]` — a pool with that cpu reservation;
+//! - `pool PATH [cpu=C] [controller_limit=PCT]` — a pool with that cpu
+//!   reservation (and controller limit);
 //! - `job NAME pool=P n=N cpu=C [mem=M] [gang=G] [service] [health]
 //!   [max_failures=F] [backoff=MS] [priority=P] [preemptible]
-//!   [max_running=N]` — submit a job (its id is NAME);
+//!   [max_running=N] [controller]` — submit a job (its id is NAME);
+//!   `controller`: instance 0 is its controller task (an override);
+//! - `queue P` — pool P's queue (instance and class of each entry);
 //! - `cycle` — a scheduling cycle; launches are started at once by their
 //!   agents (a RUNNING report);
 //! - `exit J/I CODE` — the current run exits; `lost-host H` — a host goes
@@ -142,13 +145,29 @@ impl Env {
             }
             "pool" => self.step(Input::CreatePool {
                 path: words[1].into(),
-                config: PoolConfig::default().with_reservation(Resources::new(
-                    num("cpu", 0) * 1000,
-                    num("mem", 0),
-                    0,
-                    0,
-                )),
+                config: PoolConfig::default()
+                    .with_reservation(Resources::new(num("cpu", 0) * 1000, num("mem", 0), 0, 0))
+                    .with_controller_limit_pct(num("controller_limit", 100) as f64),
             }),
+            "queue" => {
+                let engine = &self.sim.engine;
+                let pool = engine.resources().tree().lookup(words[1]).expect("pool");
+                let entries = engine
+                    .resources()
+                    .queue_order(pool, 100)
+                    .expect("live pool");
+                let shown: Vec<String> = entries
+                    .iter()
+                    .map(|e| {
+                        let h = peloton_engine::task::TaskHandle::from_u64(e.head.0);
+                        let (k, i) = self.sim.core.instance_of(engine, h).expect("queued");
+                        let job = &self.sim.core.job(k).expect("live").id;
+                        format!("{job}/{i} {}", e.class.name())
+                    })
+                    .collect();
+                self.sim
+                    .say(format!("  queue {}: {}", words[1], shown.join(", ")));
+            }
             "job" => {
                 let mut p = plan(
                     arg("pool").expect("pool="),
@@ -181,6 +200,11 @@ impl Env {
                         size_mb: mb.parse().expect("MiB"),
                         path: "data".into(),
                     });
+                }
+                if flag("controller") {
+                    let mut t = p.default.clone();
+                    t.controller = true;
+                    p.overrides.insert(0, t);
                 }
                 if let Some(ms) = arg("relocate") {
                     p.volume_policy = VolumePolicy {
@@ -3649,6 +3673,272 @@ fn a_preempted_run_that_exited_0_before_the_kill_keeps_its_result() {
             > exit low/1 0
             low/1#1 succeeded @h2
             job low succeeded
+        "#]],
+    );
+}
+
+#[test]
+fn a_batch_jobs_controller_instance_is_queued_and_capped_as_a_controller() {
+    // Instance 0 alone goes to the controller queue; a pool's first
+    // controller runs whatever the limit, a second waits for room under it
+    // while the workers of both jobs run.
+    check(
+        r"
+        host h1 cpu=8
+        pool /p controller_limit=10
+        job a pool=/p n=2 cpu=1 preemptible controller
+        job b pool=/p n=2 cpu=1 preemptible controller
+        queue /p
+        cycle
+        task b/0
+        exit a/0 0
+        confirm
+        cycle
+        task b/0
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > pool /p controller_limit=10
+            > job a pool=/p n=2 cpu=1 preemptible controller
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > job b pool=/p n=2 cpu=1 preemptible controller
+            b/0#1 pending
+            b/1#1 pending
+            job b pending
+            > queue /p
+              queue /p: a/0 controller, a/1 normal, b/0 controller, b/1 normal
+            > cycle
+            a/0#1 ready
+            a/1#1 ready
+            b/1#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            a/1#1 placed @h1
+            a/1#1 launching @h1
+            b/1#1 placed @h1
+            b/1#1 launching @h1
+              launch a/0#1 @h1 config 1
+              launch a/1#1 @h1 config 1
+              launch b/1#1 @h1 config 1
+            a/0#1 running @h1
+            a/1#1 running @h1
+            b/1#1 running @h1
+            job a running
+            job b running
+            > task b/0
+              b/0#1 pending started 0 finished 0
+            > exit a/0 0
+            a/0#1 succeeded @h1
+            a/1#1 killed @h1 (the job's controller task (instance 0) succeeded)
+              kill a/1#1 @h1
+            > confirm
+            job a succeeded
+            > cycle
+            b/0#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+              launch b/0#1 @h1 config 1
+            b/0#1 running @h1
+            > task b/0
+              b/0#1 running started 0 finished 0
+        "#]],
+    );
+}
+
+#[test]
+fn a_controller_that_succeeds_stops_the_others_and_the_job_succeeds() {
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=3 cpu=1 controller
+        cycle
+        exit j/0 0    # the workers still run: they are stopped
+        crash         # what the store holds says so too
+        register h1
+        confirm
+        task j/1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=3 cpu=1 controller
+            j/0#1 pending
+            j/1#1 pending
+            j/2#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/2#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+            j/2#1 placed @h1
+            j/2#1 launching @h1
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
+              launch j/2#1 @h1 config 1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            j/2#1 running @h1
+            job j running
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            j/1#1 killed @h1 (the job's controller task (instance 0) succeeded)
+            j/2#1 killed @h1 (the job's controller task (instance 0) succeeded)
+              kill j/1#1 @h1
+              kill j/2#1 @h1
+            > crash
+            > register h1
+              kill j/1#1 @h1
+              kill j/2#1 @h1
+            > confirm
+            job j succeeded
+            > task j/1
+              j/1#1 killed started 0 finished 0
+        "#]],
+    );
+}
+
+#[test]
+fn a_controller_decides_the_jobs_end_whatever_its_workers_did() {
+    // Peloton's test_job_succecced_controller_task: the workers fail, the
+    // controller succeeds, the job succeeds.
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=3 cpu=1 controller
+        cycle
+        exit j/1 1
+        exit j/2 1
+        exit j/0 0
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=3 cpu=1 controller
+            j/0#1 pending
+            j/1#1 pending
+            j/2#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/2#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+            j/2#1 placed @h1
+            j/2#1 launching @h1
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
+              launch j/2#1 @h1 config 1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            j/2#1 running @h1
+            job j running
+            > exit j/1 1
+            j/1#1 failed @h1 (exited with code 1)
+            > exit j/2 1
+            j/2#1 failed @h1 (exited with code 1)
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            job j succeeded
+        "#]],
+    );
+}
+
+#[test]
+fn a_controller_that_fails_for_good_stops_the_others_and_the_job_fails() {
+    // A failure it retries stops nothing; the one it gives up on does.
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=2 cpu=1 controller max_failures=1 backoff=1000
+        cycle
+        exit j/0 3
+        tick 1000
+        cycle
+        exit j/0 3
+        confirm
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=2 cpu=1 controller max_failures=1 backoff=1000
+            j/0#1 pending
+            j/1#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            job j running
+            > exit j/0 3
+            j/0#1 failed @h1 (exited with code 3)
+            j/0#1 backoff @h1 (exited with code 3)
+            > tick 1000
+            j/0#2 initialized
+            j/0#2 pending
+            > cycle
+            j/0#2 ready
+            j/0#2 placed @h1
+            j/0#2 launching @h1
+              launch j/0#2 @h1 config 1
+            j/0#2 running @h1
+            > exit j/0 3
+            j/0#2 failed @h1 (exited with code 3)
+            j/1#1 killed @h1 (the job's controller task (instance 0) failed)
+              kill j/1#1 @h1
+            > confirm
+            job j failed
+        "#]],
+    );
+}
+
+#[test]
+fn killing_the_controller_instance_kills_the_job() {
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=2 cpu=1 controller
+        cycle
+        kill j/0
+        confirm
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=2 cpu=1 controller
+            j/0#1 pending
+            j/1#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            job j running
+            > kill j/0
+            j/0#1 killed @h1 (killed by request)
+            j/1#1 killed @h1 (the job's controller task (instance 0) killed)
+              kill j/0#1 @h1
+              kill j/1#1 @h1
+            > confirm
+            job j killed
         "#]],
     );
 }

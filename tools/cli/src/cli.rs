@@ -164,13 +164,14 @@ read as well as ours, told apart by its keys (instanceCount, defaultConfig, reso
 Every field is mapped, or refused with its YAML path and the reason (e.g. container: no Docker
 images; static ports; HTTP health checks on a fixed port; URIs to fetch). As in Peloton, the
 config each instance runs (instanceConfig merged over defaultConfig) is what is checked, and only
-instance 0 may be a controller. A health check with enabled: false is no health check; a
+instance 0 may be a controller (in a larger batch job, its controller task: when it ends the
+other instances are stopped and the job ends as it did). A health check with enabled: false is no health check; a
 pool's policy must be PriorityFIFO (or UNKNOWN), what every pool does here. A job's owningTeam,
 ldapGroups and description become the labels peloton.owning_team, peloton.ldap_groups and
 peloton.description; a task's name is ignored; noted on stderr: changeLog and a pool's
 owningTeam, ldapGroups and description (ignored), fdLimit (tasks get the agent's open-file
 limit), a batch job's killOnPreempt (a preempted task runs again; a service may not set it), a
-controller instance 0 of a larger job (an ordinary task: controller is per job here),
+a controller instance 0 of a larger service (an ordinary task),
 preemptibility that differs between instances (the job is non-preemptible), a key given twice
 (the last is taken). MB (memLimitMb, diskLimitMb, a
 pool's memory and disk) are taken as MiB; cpu is cores. Where Peloton reads 0 as none (a pool's

@@ -866,32 +866,40 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
     )];
     runs.extend(own.iter().map(|(i, out)| (Who::One(*i), out)));
     let default_runner = (1..instances).find(|i| !configs.contains_key(i));
-    let (controller, preemptible) = job_wide(
-        &runs,
-        instances,
-        default_runner,
-        job_type,
-        sla.preemptible,
-        &mut notes,
-    )?;
+    let (controller, preemptible) =
+        job_wide(&runs, instances, default_runner, job_type, &sla, &mut notes)?;
     for (instance, out) in &own {
         same_for_every_instance(&configs[instance].path, &default, out)?;
     }
     sla.preemptible = preemptible;
     for out in std::iter::once(&mut default).chain(own.iter_mut().map(|(_, out)| out)) {
-        out.task.controller = controller;
+        out.task.controller = controller == Controller::Job;
         out.task.revocable |= sla_revocable;
     }
     for (key, value, path) in &default.labels {
         labels.add(key, value.clone(), path)?;
     }
-    let overrides = own
+    let mut overrides: Vec<OverrideFile> = own
         .into_iter()
         .map(|(instance, out)| OverrideFile {
             instance,
             task: out.task,
         })
         .collect();
+    if controller == Controller::Instance0 {
+        // Instance 0 is the controller task, through its override (one
+        // made from the default task if it runs that).
+        if overrides.first().is_none_or(|o| o.instance != 0) {
+            overrides.insert(
+                0,
+                OverrideFile {
+                    instance: 0,
+                    task: default.task.clone(),
+                },
+            );
+        }
+        overrides[0].task.controller = true;
+    }
     let job_type = if job_type == JobTypeName::Service && default.task.volume.is_some() {
         // A service whose instances own volumes.
         JobTypeName::Stateful
@@ -933,15 +941,29 @@ impl fmt::Display for Who {
     }
 }
 
-/// Whether the job's tasks are controllers, and whether the job is
-/// preemptible: set once per job here, per task in Peloton.
-/// `default_runner` is the first instance but 0 that runs the default config.
+/// Which of a job's tasks are controllers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Controller {
+    /// None.
+    None,
+    /// Every instance (the default task is one): a job of one instance, or
+    /// a daemon's.
+    Job,
+    /// Instance 0 alone, through its override: a batch job's controller
+    /// task, whose end is the job's.
+    Instance0,
+}
+
+/// Which tasks are controllers, and whether the job is preemptible: set
+/// once per job here, per task in Peloton. `default_runner` is the first
+/// instance but 0 that runs the default config.
 ///
 /// Controller: only instance 0 may be one, as in Peloton. A job of one
-/// instance is then a controller job. In a larger job instance 0 runs as an
-/// ordinary task, said in a note: here every instance of a job is a
-/// controller or none is, and instance 0 as a controller would cap its
-/// other instances by the pool's controller limit.
+/// instance is then a controller job; a larger batch job has instance 0 as
+/// its controller task (queued and capped as a controller, the others as
+/// ordinary tasks; when it ends the others are stopped and the job ends as
+/// it did). A larger service's instance 0 runs as an ordinary task (a
+/// note), and a gang job cannot have one (a gang is queued as one entry).
 ///
 /// Preemptible: a task's `preemptionPolicy.type` over the job's
 /// `sla.preemptible`. Where they differ between instances, the job is
@@ -955,17 +977,18 @@ fn job_wide(
     instances: u32,
     default_runner: Option<u32>,
     job_type: JobTypeName,
-    sla_preemptible: bool,
+    sla: &SlaFile,
     notes: &mut Vec<Note>,
-) -> Result<(bool, bool)> {
+) -> Result<(Controller, bool)> {
+    let sla_preemptible = sla.preemptible;
     let daemon = job_type == JobTypeName::Daemon;
-    let mut controller = false;
+    let mut controller = Controller::None;
     for (who, out) in runs {
         let Some(at) = &out.controller else {
             continue;
         };
         match who {
-            _ if daemon => controller = true,
+            _ if daemon => controller = Controller::Job,
             Who::One(0) => {}
             Who::One(_) => {
                 return fail(
@@ -988,15 +1011,25 @@ fn job_wide(
             continue;
         }
         if instances == 1 {
-            controller = true;
-        } else {
+            controller = Controller::Job;
+        } else if job_type != JobTypeName::Batch {
             note(
                 notes,
                 at,
-                "instance 0 runs as an ordinary task: every instance of a job here is a \
-                 controller or none is, so it is not held to the pool's controller limit, and \
-                 the job ends when all its instances have (in Peloton, as instance 0 ends)",
+                "instance 0 runs as an ordinary task: only a batch job's instance 0 may be a \
+                 controller task here",
             );
+        } else if sla.gang_size > 1 {
+            return fail(
+                at,
+                format!(
+                    "a gang job (sla.minimumRunningInstances {}) cannot have a controller task \
+                     here: a gang is queued as one entry of one class",
+                    sla.gang_size
+                ),
+            );
+        } else {
+            controller = Controller::Instance0;
         }
     }
 
@@ -2499,7 +2532,8 @@ instanceConfig:
                  instanceConfig:\n{instances}"
             )
         };
-        // Instance 0 of a larger job: an ordinary task here, said in a note.
+        // Instance 0 of a larger batch job: its controller task, through
+        // its override (made from the default config if it runs that).
         for text in [
             job(3, "", "  0: {controller: true}\n"),
             job(
@@ -2509,15 +2543,39 @@ instanceConfig:
             ),
         ] {
             let (file, notes) = job_of(&text);
+            assert!(notes.is_empty(), "{notes:?}");
             assert!(!file.task.controller, "{text}");
-            assert!(file.overrides.iter().all(|o| !o.task.controller), "{text}");
-            let notes = notes_text(&notes);
-            assert_eq!(notes.len(), 1, "{notes:?}");
-            assert!(
-                notes[0].contains(".controller: instance 0 runs as an ordinary task"),
-                "{notes:?}"
-            );
+            let controllers: Vec<u32> = file
+                .overrides
+                .iter()
+                .filter(|o| o.task.controller)
+                .map(|o| o.instance)
+                .collect();
+            assert_eq!(controllers, [0], "{text}");
+            assert_eq!(file.overrides[0].task.shell, "true", "{text}");
         }
+        // A service's: an ordinary task, said in a note.
+        let (file, notes) = job_of(&format!(
+            "type: SERVICE\n{}",
+            job(3, "", "  0: {controller: true}\n")
+        ));
+        assert!(file.overrides.iter().all(|o| !o.task.controller));
+        let notes = notes_text(&notes);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(".controller: instance 0 runs as an ordinary task"),
+            "{notes:?}"
+        );
+        // A gang is one queue entry: no controller task in it.
+        let err = job_error(&format!(
+            "sla: {{minimumRunningInstances: 3}}\n{}",
+            job(3, "", "  0: {controller: true}\n")
+        ));
+        assert_eq!(
+            err,
+            "instanceConfig.0.controller: a gang job (sla.minimumRunningInstances 3) cannot \
+             have a controller task here: a gang is queued as one entry of one class"
+        );
         // A job of one instance is a controller job.
         let (file, notes) = job_of(&job(1, "", "  0: {controller: true}\n"));
         assert!(notes.is_empty(), "{notes:?}");

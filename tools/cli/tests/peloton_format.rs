@@ -580,6 +580,8 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Expect {
     Job,
+    /// A batch job whose instance 0 is its controller task (its override).
+    ControllerJob,
     Pool,
     /// Refused: the start of the error after the file's name (its field's
     /// path and why).
@@ -615,7 +617,7 @@ const UBER_PELOTON: &[(&str, Expect)] = {
         ),
         ("example/test_http_no_container.yaml", Job),
         // Instance 0 a controller; fdlimit.
-        ("example/testjob.yaml", Job),
+        ("example/testjob.yaml", ControllerJob),
         (
             "example/testjob_docker.yaml",
             Refused("defaultconfig.container: "),
@@ -693,7 +695,7 @@ const UBER_PELOTON: &[(&str, Expect)] = {
         ),
         (
             "tests/integration/test_configs/test_job_succecced_controller_task.yaml",
-            Job,
+            ControllerJob,
         ),
         (
             "tests/integration/test_configs/test_non_preemptible_job.yaml",
@@ -820,8 +822,11 @@ fn uber_peloton_files_are_accepted_or_refused_by_name() {
                     spec.pool = "/p".into();
                 }
                 match peloton_gateway::convert::job_plan(&spec, &Default::default()) {
-                    Ok(_) if *expect == Expect::Job => continue,
-                    Ok(_) => "a job".to_owned(),
+                    Ok(plan) => match (expect, plan.has_controller_instance()) {
+                        (Expect::Job, false) | (Expect::ControllerJob, true) => continue,
+                        (_, false) => "a job".to_owned(),
+                        (_, true) => "a job whose instance 0 is its controller task".to_owned(),
+                    },
                     Err(e) => format!("a job the server refuses: {}", e.message()),
                 }
             }
@@ -858,6 +863,10 @@ fn uber_peloton_files_are_accepted_or_refused_by_name() {
 ///
 /// These files ask for a whole core per task: the cluster has at most one
 /// agent per core (the quick start's three on three cores or more).
+///
+/// Peloton's `test_job_succecced_controller_task.yaml` runs too: its
+/// workers (`sleep 1; exit 1`) fail, its controller task (instance 0,
+/// `sleep 2; echo …`) succeeds, and the job SUCCEEDED, as in Peloton.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uber_peloton_batch_jobs_run_to_success_on_the_quick_start_cluster() {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
@@ -870,20 +879,30 @@ async fn uber_peloton_batch_jobs_run_to_success_on_the_quick_start_cluster() {
     for pool in ["test_respool.yaml", "test_hostreservation_pool.yaml"] {
         ok(url, &["respool", "create", &path_str(&root.join(pool))]).await;
     }
+    // Each file, its pool, and whether its instance 0 is a controller task
+    // (the job ends as that task does, whatever the others did).
     let sample = [
         // 100 × `echo` (shell: false; `arguments[0]` is argv[0]).
         (
             "test_job_no_container.yaml",
             "/TestPelotonResPool_integration",
+            false,
         ),
         // 3 × 1 GB, `echo … && sleep 30`.
         (
             "test_hostreservation_job_large.yaml",
             "/TestPelotonResPool_hostreservation",
+            false,
+        ),
+        // 3 × 0.1 core.
+        (
+            "test_job_succecced_controller_task.yaml",
+            "/TestPelotonResPool_integration",
+            true,
         ),
     ];
     let mut jobs = Vec::new();
-    for (file, pool) in sample {
+    for (file, pool, controller) in sample {
         let file = path_str(&root.join(file));
         let created = ok(url, &["--output", "json", "job", "create", pool, &file]).await;
         // fdLimit, said on stderr.
@@ -894,10 +913,10 @@ async fn uber_peloton_batch_jobs_run_to_success_on_the_quick_start_cluster() {
         );
         let job: Value = serde_json::from_slice(&created.stdout).expect("JSON");
         let id = job["job"]["id"].as_str().expect("id").to_owned();
-        jobs.push((file, id));
+        jobs.push((file, id, controller));
     }
     let deadline = Instant::now() + Duration::from_secs(300);
-    for (file, id) in &jobs {
+    for (file, id, controller) in &jobs {
         loop {
             let state = job_state(url, id).await;
             if matches!(state.as_str(), "succeeded" | "failed" | "killed") {
@@ -906,7 +925,13 @@ async fn uber_peloton_batch_jobs_run_to_success_on_the_quick_start_cluster() {
                 let tasks = tasks["tasks"].as_array().expect("tasks");
                 assert!(!tasks.is_empty(), "{file}");
                 for t in tasks {
-                    assert_eq!(t["current"]["state"], "succeeded", "{file}: {t}");
+                    let state = &t["current"]["state"];
+                    if *controller && t["instance"] != 0 {
+                        // Failed, or stopped if the controller ended first.
+                        assert!(state == "failed" || state == "killed", "{file}: {t}");
+                    } else {
+                        assert_eq!(state, "succeeded", "{file}: {t}");
+                    }
                 }
                 break;
             }
