@@ -243,8 +243,15 @@ export const pools = {
     return async () => {
       const { items, truncated } = await api.listPools();
       const byPath = new Map(items.map((p) => [p.path, p]));
-      // Queues of the pools that have pending tasks, read in parallel.
-      const waiting = items.filter((p) => Number(p.status?.pendingTasks || 0) > 0);
+      // Queues of the leaf pools that have pending tasks, read in parallel
+      // (a parent's pending count is its subtree's; work queues in leaves).
+      const parentOf = (path) => {
+        const i = path.lastIndexOf("/");
+        return i <= 0 ? "/" : path.slice(0, i);
+      };
+      const parents = new Set(items.filter((p) => p.path !== "/").map((p) => parentOf(p.path)));
+      const waiting = items.filter((p) => !parents.has(p.path)
+        && Number(p.status?.pendingTasks || 0) > 0);
       const queues = new Map(await Promise.all(waiting.slice(0, QUEUE_POOLS_READ)
         .map(async (p) => [p.path, await poolQueue(p.path)])));
       const rows = [];

@@ -148,6 +148,15 @@ impl Role {
     }
 }
 
+/// Whether a request is a gRPC call (else an HTTP one, of the mirror).
+pub fn is_grpc(request: &axum::extract::Request) -> bool {
+    request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
 /// Stops the process: another server holds the lease now.
 pub fn deposed(why: &str) -> ! {
     tracing::error!(
@@ -204,12 +213,7 @@ impl Gate {
             .role
             .refusal()
             .unwrap_or_else(|| ("starting: try again shortly".into(), None));
-        let grpc = request
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/grpc"));
-        if grpc {
+        if is_grpc(&request) {
             let mut status = tonic::Status::unavailable(message);
             if let Some(l) = &leader
                 && let Ok(v) = l.parse()

@@ -68,12 +68,7 @@ async fn refuse_large_metadata(
     let message = format!(
         "request metadata: {size} bytes (names and values, 32 more per entry); the limit is {MAX_METADATA_BYTES}"
     );
-    let grpc = request
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if grpc {
+    if crate::leader::is_grpc(&request) {
         return tonic::Status::resource_exhausted(message).into_http::<axum::body::Body>();
     }
     let code = axum::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;

@@ -457,19 +457,7 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_and_stops()
 async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
     let dir = tempfile::tempdir().expect("tempdir");
     // A server of its own: restarting it must not disturb other tests.
-    let pg = std::sync::Arc::new(std::sync::Mutex::new(
-        std::thread::spawn(|| peloton_gateway::local_pg::LocalPostgres::start(false))
-            .join()
-            .expect("starter")
-            .expect("PostgreSQL starts"),
-    ));
-    let db = {
-        let pg = pg.clone();
-        std::thread::spawn(move || pg.lock().expect("pg").create_db("restart"))
-            .join()
-            .expect("create db")
-            .expect("create db")
-    };
+    let (pg, db) = own_postgres("restart");
     let a = Pelotond::start(dir.path(), "a", free_port(), &db, 4).await;
     leader(&[a.port]).await;
     create_pool(a.port).await;
@@ -532,6 +520,23 @@ async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
             .unwrap_or_else(|e| panic!("acknowledged job {id} lost after a restart: {e:?}"));
     }
     drop(pg);
+}
+
+/// A PostgreSQL server of the test's own (stopping it disturbs no other
+/// test) and the URL of a new database `name` on it.
+fn own_postgres(
+    name: &'static str,
+) -> (
+    std::sync::Arc<std::sync::Mutex<peloton_gateway::local_pg::LocalPostgres>>,
+    String,
+) {
+    std::thread::spawn(move || {
+        let pg = peloton_gateway::local_pg::LocalPostgres::start(false).expect("PostgreSQL starts");
+        let db = pg.create_db(name).expect("create db");
+        (std::sync::Arc::new(std::sync::Mutex::new(pg)), db)
+    })
+    .join()
+    .expect("starter")
 }
 
 /// Counts instances of a job in Running or Succeeded.
@@ -923,19 +928,7 @@ async fn a_lapsed_lease_changes_nothing_that_runs_and_finished_runs_keep_their_r
     // the hosts that looked gone), and tasks that exited 0 meanwhile are
     // SUCCEEDED on their first run, not preempted and run again.
     let dir = tempfile::tempdir().expect("tempdir");
-    let pg = std::sync::Arc::new(std::sync::Mutex::new(
-        std::thread::spawn(|| peloton_gateway::local_pg::LocalPostgres::start(false))
-            .join()
-            .expect("starter")
-            .expect("PostgreSQL starts"),
-    ));
-    let db = {
-        let pg = pg.clone();
-        std::thread::spawn(move || pg.lock().expect("pg").create_db("lapse"))
-            .join()
-            .expect("create db")
-            .expect("create db")
-    };
+    let (pg, db) = own_postgres("lapse");
     let a = Pelotond::start(dir.path(), "a", free_port(), &db, 0).await;
     leader(&[a.port]).await;
     let _agent = spawn_agent(dir.path(), "h0", &a.url(), "31200-31249");
