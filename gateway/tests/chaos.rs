@@ -332,7 +332,7 @@ impl Cluster {
 
     async fn start_server(&mut self, i: usize) {
         let (name, port) = (self.servers[i].name.clone(), self.servers[i].port);
-        let child = spawn_server(&self.dir().to_path_buf(), &name, port, &self.db).await;
+        let child = spawn_server(self.dir(), &name, port, &self.db).await;
         self.servers[i].child = Some(child);
     }
 
@@ -685,7 +685,7 @@ async fn short_jobs(
             &format!("short-{i}"),
             n,
             sleep_task(&format!("sleep {secs}"), SHORT_CPU),
-            i % 4 != 0,
+            !i.is_multiple_of(4),
         );
         while !stop.load(Ordering::Relaxed) {
             let port = hint.load(Ordering::Relaxed);
