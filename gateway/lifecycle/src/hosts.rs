@@ -443,17 +443,19 @@ impl Lifecycle {
             reported.insert(report.key.launch);
             self.agent_report(engine, slot, &host, report, fx);
         }
-        // What the agent does not have: runs never launched there (the
-        // launch was lost with the old session) or lost with the agent.
+        // What the agent does not have: runs whose launch never reached
+        // it (sent again: see `launch_again_or_lose`), or runs lost with
+        // the agent. Instances the engine holds first: an orphan taken
+        // over below joins them.
         let reason = format!("host {host}: its agent does not have the run");
-        for (k, i) in self.orphans.remove(&slot).unwrap_or_default() {
-            self.lose_run(engine, k, i, slot, &reason, fx);
-        }
         for (k, i) in self.instances_on(engine, slot) {
             let launch = self.jobs[&k].tasks[i as usize].launch;
             if !reported.contains(&launch.0) {
-                self.lose_run(engine, k, i, slot, &reason, fx);
+                self.launch_again_or_lose(engine, k, i, slot, &reason, fx);
             }
+        }
+        for (k, i) in self.orphans.remove(&slot).unwrap_or_default() {
+            self.launch_again_or_lose(engine, k, i, slot, &reason, fx);
         }
         let mut gone: Vec<(JobKey, u32)> = self
             .held
@@ -791,6 +793,41 @@ impl Lifecycle {
             list.retain(|&x| x != (k, i));
         }
         Ok(())
+    }
+
+    /// A run its host's agent registered without. One the agent never
+    /// reported running (placed or launching) never started there: its
+    /// launch went to a session that had already ended (the server had not
+    /// heard yet, or heard only once its store could write again), or the
+    /// server stopped between the commit and the send. It is launched
+    /// again — the same run and launch id, so the instance keeps its run
+    /// and nothing counts as lost — unless its job is being killed or its
+    /// host drained. A run the agent had reported running and no longer
+    /// has was lost with it (its work directory, say).
+    fn launch_again_or_lose(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        slot: HostSlot,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        let job = &self.jobs[&k];
+        let Some(t) = job.tasks.get(i as usize) else {
+            return;
+        };
+        let never_started = matches!(t.state, S::Placed | S::Launching) && t.host == Some(slot);
+        if never_started
+            && !job.kill_requested
+            && !self.maintenance.contains(&slot)
+            && (t.handle.is_some() || self.adopt(engine, k, i, slot).is_ok())
+        {
+            let launch = self.launch_of(k, i, slot, fx);
+            fx.launches.push(launch);
+            return;
+        }
+        self.lose_run(engine, k, i, slot, reason, fx);
     }
 
     fn lose_run(

@@ -488,38 +488,18 @@ impl Lifecycle {
             };
             let host = super::HostSlot(p.host);
             let now = self.now;
-            let job = self.job_mut(k);
-            let tmpl = job.template(i);
-            let (duration, code) = (tmpl.sim_duration_ms, tmpl.sim_exit_code);
-            let t = &mut job.tasks[i as usize];
+            let t = &mut self.job_mut(k).tasks[i as usize];
             t.host = Some(host);
             t.placed_at = now;
             t.gave_way = false;
-            let run = t.run;
             self.transition(k, i, S::Placed, None, fx);
             // The Placed event's revision names the launch: unique for the
             // store's whole life, so also across restarts.
             let launch = LaunchId(self.revision);
-            let job = self.job_mut(k);
-            job.tasks[i as usize].launch = launch;
-            let job_id = job.id.clone();
-            let config = job.tasks[i as usize].config;
+            self.job_mut(k).tasks[i as usize].launch = launch;
             self.transition(k, i, S::Launching, None, fx);
-            let volume = self.volume_at_placement(k, i, host, fx);
-            fx.launches.push(Launch {
-                run: RunRef {
-                    job: k,
-                    instance: i,
-                    run,
-                    launch,
-                },
-                host: self.host_names[host.idx()].clone(),
-                job_id,
-                config,
-                sim_duration_ms: duration,
-                sim_exit_code: code,
-                volume,
-            });
+            let launch = self.launch_of(k, i, host, fx);
+            fx.launches.push(launch);
         }
         fx.counters.placements += n_placed as u64;
         let n_unplaced = engine.report().placement.unplaced.len();
@@ -584,6 +564,36 @@ impl Lifecycle {
                     self.restart_after_loss(engine, k, i, fx);
                 }
             }
+        }
+    }
+
+    /// The launch of instance `i`'s current run on `host`, with the
+    /// instance's volume if its task has one (made at the first launch;
+    /// the same one again for a launch sent again).
+    pub(super) fn launch_of(
+        &mut self,
+        k: JobKey,
+        i: u32,
+        host: super::HostSlot,
+        fx: &mut Effects,
+    ) -> Launch {
+        let volume = self.volume_at_placement(k, i, host, fx);
+        let job = &self.jobs[&k];
+        let tmpl = job.template(i);
+        let t = &job.tasks[i as usize];
+        Launch {
+            run: RunRef {
+                job: k,
+                instance: i,
+                run: t.run,
+                launch: t.launch,
+            },
+            host: self.host_names[host.idx()].clone(),
+            job_id: job.id.clone(),
+            config: t.config,
+            sim_duration_ms: tmpl.sim_duration_ms,
+            sim_exit_code: tmpl.sim_exit_code,
+            volume,
         }
     }
 

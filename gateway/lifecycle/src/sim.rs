@@ -778,6 +778,13 @@ impl Sim {
         }
     }
 
+    /// An agent's session breaks before the server hears of it (its
+    /// goodbye is on the way, or held while the store cannot write): what
+    /// the server sends meanwhile is lost with the session.
+    pub fn cut(&mut self, name: &str) {
+        self.agents.get_mut(name).expect("host").connected = false;
+    }
+
     /// An agent's session ends; its runs go on.
     pub fn disconnect(&mut self, name: &str) -> Result<Answer, Error> {
         let agent = self.agents.get_mut(name).expect("host");

@@ -23,6 +23,8 @@
 //! - `crash` — the server restarts from its store (agents keep their
 //!   runs); `register H` — H's agent registers again, listing its runs;
 //!   `disconnect H` — H's agent's session ends (its runs go on);
+//!   `cut H` — H's session breaks before the server hears of it (what
+//!   the server sends meanwhile is lost);
 //!   `twin H` — another agent (another identity) registers H, with no runs;
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
@@ -143,6 +145,7 @@ impl Env {
             "twin" => {
                 let _ = self.sim.register_twin(words[1]);
             }
+            "cut" => self.sim.cut(words[1]),
             "pool" => self.step(Input::CreatePool {
                 path: words[1].into(),
                 config: PoolConfig::default()
@@ -3939,6 +3942,63 @@ fn killing_the_controller_instance_kills_the_job() {
               kill j/1#1 @h1
             > confirm
             job j killed
+        "#]],
+    );
+}
+
+#[test]
+fn a_launch_that_never_reached_its_agent_is_sent_again_when_it_registers() {
+    // h1's session breaks before the server hears of it (as when a lapsed
+    // lease ends every session while the store cannot write, and the
+    // launches committed before go out once it can): the launch of j/0 is
+    // lost with the session. Its agent registers again without the run,
+    // which never started: the same launch goes again, the run stays run
+    // 1, nothing is lost. The same after a restart of the server between
+    // the commit and the send (k/0, recovered as an orphan).
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=1 cpu=1
+        cut h1
+        cycle            # the launch is lost with the session
+        disconnect h1
+        register h1      # sent again
+        job k pool=/ n=1 cpu=1
+        cut h1
+        cycle
+        crash
+        register h1      # j/0 is there; k/0 is sent again
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > cut h1
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            > disconnect h1
+            > register h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > job k pool=/ n=1 cpu=1
+            k/0#1 pending
+            job k pending
+            > cut h1
+            > cycle
+            k/0#1 ready
+            k/0#1 placed @h1
+            k/0#1 launching @h1
+              launch k/0#1 @h1 config 1
+            > crash
+            > register h1
+              launch k/0#1 @h1 config 1
+            k/0#1 running @h1
+            job k running
         "#]],
     );
 }
