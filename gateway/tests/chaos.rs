@@ -27,17 +27,15 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Clients, TIMEOUT};
+use common::{Clients, TIMEOUT, free_port, tail};
 use peloton_gateway::local_pg::LocalPostgres;
 use peloton_proto::v1 as pb;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const TOKEN: &str = "chaos-test-token";
 const LEASE_MS: u64 = 1500;
@@ -114,14 +112,6 @@ impl Rng {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 fn addr(port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -146,89 +136,38 @@ async fn serves(port: u16) -> Result<(), String> {
         .map_err(|e| e.message().to_string())
 }
 
-/// The last `n` lines of a file.
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
 /// A `pelotond` on `db` (its data dir `DIR/NAME`, its log `DIR/NAME.log`,
 /// appended across restarts), once it listens (it may stand by).
 async fn spawn_server(dir: &Path, name: &str, port: u16, db: &str) -> Child {
-    let log = dir.join(format!("{name}.log"));
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .expect("log file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pelotond"))
-        .args(common::pelotond_secure_args())
-        .arg("--data-dir")
-        .arg(dir.join(name))
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--store", db, "--lease-ms", &LEASE_MS.to_string()])
-        .args(["--no-metrics", "--agent-token", TOKEN])
-        .args(["--cycle-interval-ms", "5"])
-        .args(["--host-lost-after-ms", &HOST_LOST_AFTER_MS.to_string()])
-        .args(["--sim-hosts", "0"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("pelotond starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    tokio::time::timeout(TIMEOUT, async {
-        while let Some(line) = lines.next_line().await.expect("stdout") {
-            if line.starts_with("pelotond: listening on") {
-                return;
-            }
-        }
-        panic!(
-            "pelotond {name} exited before listening; the end of its log:\n{}",
-            tail(&log, 20)
-        );
-    })
+    common::spawn_pelotond(
+        dir,
+        name,
+        port,
+        &common::PgServer {
+            db,
+            agent_token: TOKEN,
+            lease_ms: LEASE_MS,
+            host_lost_after_ms: HOST_LOST_AFTER_MS,
+            sim_hosts: 0,
+        },
+    )
     .await
-    .expect("pelotond listens");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
 }
 
 /// A real `peloton-agent` for `host` (work dir `DIR/agent-HOST`, log
 /// `DIR/agent-HOST.log`) given the server list `servers`.
 fn spawn_agent(dir: &Path, host: &str, servers: &str, ports: &str) -> Child {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
-    assert!(
-        bin.exists(),
-        "{} not found: build it first (cargo build -p peloton-agent)",
-        bin.display()
-    );
-    let work = dir.join(format!("agent-{host}"));
-    std::fs::create_dir_all(&work).expect("work dir");
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("agent-{host}.log")))
-        .expect("agent log");
-    Command::new(&bin)
-        .args(["--server", servers])
-        .args(common::agent_tls_args(host, dir))
-        .arg("--work-dir")
-        .arg(&work)
-        .args(["--host", host, "--token", TOKEN])
-        .args(["--resources", AGENT_RESOURCES])
-        .args(["--ports", ports])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("agent starts")
+    common::spawn_agent(
+        dir,
+        host,
+        &common::AgentProcess {
+            servers,
+            agent_token: TOKEN,
+            resources: AGENT_RESOURCES,
+            ports,
+            log_file: true,
+        },
+    )
 }
 
 fn pid_of(child: &Child) -> nix::unistd::Pid {
@@ -957,13 +896,7 @@ async fn faults_in_a_loop_under_load_preempt_lose_and_rerun_nothing() {
         .tempdir()
         .expect("tempdir");
     // A database server of its own: stopping it disturbs no other test.
-    let pg = std::thread::spawn(|| LocalPostgres::start(false))
-        .join()
-        .expect("starter")
-        .expect("PostgreSQL starts");
-    let db = std::thread::scope(|s| s.spawn(|| pg.create_db("chaos")).join())
-        .expect("create db")
-        .expect("create db");
+    let (pg, db) = common::own_postgres("chaos");
     let ports = [free_port(), free_port()];
     let servers_list = format!(
         "https://127.0.0.1:{},https://127.0.0.1:{}",
@@ -972,7 +905,7 @@ async fn faults_in_a_loop_under_load_preempt_lose_and_rerun_nothing() {
     let base = 32_000 + (std::process::id() % 40) as usize * 150;
     let mut cluster = Cluster {
         dir: Some(dir),
-        pg: Arc::new(Mutex::new(pg)),
+        pg,
         db,
         servers: ["a", "b"]
             .iter()

@@ -10,25 +10,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{Clients, TIMEOUT, database_for, eventually};
+use common::{Clients, TIMEOUT, database_for, eventually, free_port};
 use peloton_proto::v1 as pb;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tonic::Code;
 
 const TOKEN: &str = "failover-test-token";
 const LEASE_MS: u64 = 1500;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 /// A `pelotond` process on the shared database.
 struct Pelotond {
@@ -64,49 +54,20 @@ impl Pelotond {
         lease_ms: u64,
         host_lost_after_ms: u64,
     ) -> Pelotond {
-        let data = dir.join(name);
+        let child = common::spawn_pelotond(
+            dir,
+            name,
+            port,
+            &common::PgServer {
+                db,
+                agent_token: TOKEN,
+                lease_ms,
+                host_lost_after_ms,
+                sim_hosts,
+            },
+        )
+        .await;
         let log = dir.join(format!("{name}.log"));
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("log file");
-        // Secure, as every server: the tests' certificates and admin token.
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pelotond"))
-            .args(common::pelotond_secure_args())
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--store", db, "--lease-ms", &lease_ms.to_string()])
-            .args(["--no-metrics", "--agent-token", TOKEN])
-            .args(["--cycle-interval-ms", "5"])
-            .args(["--host-lost-after-ms", &host_lost_after_ms.to_string()])
-            .args(["--sim-hosts", &sim_hosts.to_string()])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("pelotond starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        tokio::time::timeout(TIMEOUT, async {
-            while let Some(line) = lines.next_line().await.expect("stdout") {
-                if line.starts_with("pelotond: listening on") {
-                    return;
-                }
-            }
-            let said = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = said.lines().rev().take(20).collect();
-            panic!(
-                "pelotond {name} exited before listening; the end of its log:\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        })
-        .await
-        .expect("pelotond listens");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Pelotond { child, port, log }
     }
 
@@ -169,29 +130,17 @@ async fn create_pool(port: u16) {
 /// A real `peloton-agent` named `host` (work dir `DIR/agent-HOST`) given
 /// the server list `servers`, offering `ports`.
 fn spawn_agent(dir: &Path, host: &str, servers: &str, ports: &str) -> Child {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
-    assert!(
-        bin.exists(),
-        "{} not found: build the workspace's binaries first (cargo test --workspace does)",
-        bin.display()
-    );
-    let work = dir.join(format!("agent-{host}"));
-    std::fs::create_dir_all(&work).expect("work dir");
-    Command::new(&bin)
-        .args(["--server", servers])
-        .args(common::agent_tls_args(host, dir))
-        .arg("--work-dir")
-        .arg(&work)
-        .args(["--host", host, "--token", TOKEN])
-        .args(["--resources", "cpu=8,mem=8192,disk=10000"])
-        .args(["--ports", ports])
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("agent starts")
+    common::spawn_agent(
+        dir,
+        host,
+        &common::AgentProcess {
+            servers,
+            agent_token: TOKEN,
+            resources: "cpu=8,mem=8192,disk=10000",
+            ports,
+            log_file: false,
+        },
+    )
 }
 
 /// Waits until the server on `port` lists `n` hosts.
@@ -457,7 +406,7 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_and_stops()
 async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
     let dir = tempfile::tempdir().expect("tempdir");
     // A server of its own: restarting it must not disturb other tests.
-    let (pg, db) = own_postgres("restart");
+    let (pg, db) = common::own_postgres("restart");
     let a = Pelotond::start(dir.path(), "a", free_port(), &db, 4).await;
     leader(&[a.port]).await;
     create_pool(a.port).await;
@@ -520,23 +469,6 @@ async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
             .unwrap_or_else(|e| panic!("acknowledged job {id} lost after a restart: {e:?}"));
     }
     drop(pg);
-}
-
-/// A PostgreSQL server of the test's own (stopping it disturbs no other
-/// test) and the URL of a new database `name` on it.
-fn own_postgres(
-    name: &'static str,
-) -> (
-    std::sync::Arc<std::sync::Mutex<peloton_gateway::local_pg::LocalPostgres>>,
-    String,
-) {
-    std::thread::spawn(move || {
-        let pg = peloton_gateway::local_pg::LocalPostgres::start(false).expect("PostgreSQL starts");
-        let db = pg.create_db(name).expect("create db");
-        (std::sync::Arc::new(std::sync::Mutex::new(pg)), db)
-    })
-    .join()
-    .expect("starter")
 }
 
 /// Counts instances of a job in Running or Succeeded.
@@ -928,7 +860,7 @@ async fn a_lapsed_lease_changes_nothing_that_runs_and_finished_runs_keep_their_r
     // the hosts that looked gone), and tasks that exited 0 meanwhile are
     // SUCCEEDED on their first run, not preempted and run again.
     let dir = tempfile::tempdir().expect("tempdir");
-    let (pg, db) = own_postgres("lapse");
+    let (pg, db) = common::own_postgres("lapse");
     let a = Pelotond::start(dir.path(), "a", free_port(), &db, 0).await;
     leader(&[a.port]).await;
     let _agent = spawn_agent(dir.path(), "h0", &a.url(), "31200-31249");

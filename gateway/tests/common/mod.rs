@@ -817,3 +817,152 @@ pub fn tls_endpoint(addr: std::net::SocketAddr) -> tonic::transport::Endpoint {
         )
         .expect("a valid TLS configuration")
 }
+
+/// A free TCP port on 127.0.0.1 (pick it just before binding it: picked
+/// early, it could meanwhile become the source port of a connection).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// The last `n` lines of a file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A PostgreSQL server of the test's own (stopping it disturbs no other
+/// test) and the URL of a new database `name` on it.
+pub fn own_postgres(
+    name: &'static str,
+) -> (
+    std::sync::Arc<std::sync::Mutex<peloton_gateway::local_pg::LocalPostgres>>,
+    String,
+) {
+    std::thread::spawn(move || {
+        let pg = peloton_gateway::local_pg::LocalPostgres::start(false).expect("PostgreSQL starts");
+        let db = pg.create_db(name).expect("create db");
+        (std::sync::Arc::new(std::sync::Mutex::new(pg)), db)
+    })
+    .join()
+    .expect("starter")
+}
+
+/// How the multi-process tests (failover, chaos) start a `pelotond` on a
+/// PostgreSQL store.
+pub struct PgServer<'a> {
+    /// The store's URL.
+    pub db: &'a str,
+    /// The agents' token.
+    pub agent_token: &'a str,
+    pub lease_ms: u64,
+    pub host_lost_after_ms: u64,
+    pub sim_hosts: u32,
+}
+
+/// Starts the `pelotond` binary (secure: the tests' certificates and admin
+/// token) on `port`, its data dir `DIR/NAME` and its log `DIR/NAME.log`
+/// (appended across restarts); returns once it listens (it may stand by).
+pub async fn spawn_pelotond(
+    dir: &Path,
+    name: &str,
+    port: u16,
+    s: &PgServer<'_>,
+) -> tokio::process::Child {
+    use tokio::io::AsyncBufReadExt;
+    let log = dir.join(format!("{name}.log"));
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .expect("log file");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pelotond"))
+        .args(pelotond_secure_args())
+        .arg("--data-dir")
+        .arg(dir.join(name))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--store", s.db, "--lease-ms", &s.lease_ms.to_string()])
+        .args(["--no-metrics", "--agent-token", s.agent_token])
+        .args(["--cycle-interval-ms", "5"])
+        .args(["--host-lost-after-ms", &s.host_lost_after_ms.to_string()])
+        .args(["--sim-hosts", &s.sim_hosts.to_string()])
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("pelotond starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    tokio::time::timeout(TIMEOUT, async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            if line.starts_with("pelotond: listening on") {
+                return;
+            }
+        }
+        panic!(
+            "pelotond {name} exited before listening; the end of its log:\n{}",
+            tail(&log, 20)
+        );
+    })
+    .await
+    .expect("pelotond listens");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+/// How a multi-process test starts a real `peloton-agent`.
+pub struct AgentProcess<'a> {
+    /// The server list (`--server`).
+    pub servers: &'a str,
+    pub agent_token: &'a str,
+    /// `--resources`.
+    pub resources: &'a str,
+    /// `--ports`.
+    pub ports: &'a str,
+    /// Its log to `DIR/agent-HOST.log` (appended, at info) rather than the
+    /// test's stderr (at warn).
+    pub log_file: bool,
+}
+
+/// A real `peloton-agent` named `host`, work dir `DIR/agent-HOST`.
+pub fn spawn_agent(dir: &Path, host: &str, a: &AgentProcess<'_>) -> tokio::process::Child {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_pelotond")).with_file_name("peloton-agent");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (cargo build -p peloton-agent; cargo test --workspace does)",
+        bin.display()
+    );
+    let work = dir.join(format!("agent-{host}"));
+    std::fs::create_dir_all(&work).expect("work dir");
+    let (stderr, level) = if a.log_file {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("agent-{host}.log")))
+            .expect("agent log");
+        (std::process::Stdio::from(log), "info")
+    } else {
+        (std::process::Stdio::inherit(), "warn")
+    };
+    tokio::process::Command::new(&bin)
+        .args(["--server", a.servers])
+        .args(agent_tls_args(host, dir))
+        .arg("--work-dir")
+        .arg(&work)
+        .args(["--host", host, "--token", a.agent_token])
+        .args(["--resources", a.resources])
+        .args(["--ports", a.ports])
+        .env("RUST_LOG", level)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("agent starts")
+}
