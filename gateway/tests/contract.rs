@@ -947,25 +947,6 @@ async fn a_pending_tasks_reason_is_about_that_task_in_cores_and_mib() {
     s.shutdown().await;
 }
 
-/// The value of an unlabelled series in Prometheus text.
-async fn metric(addr: std::net::SocketAddr, name: &str) -> Result<i64, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)
-        .await
-        .map_err(|e| e.to_string())?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("no {name} in the metrics"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_that_is_never_read_ends_resource_exhausted_and_frees_its_buffer() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1024,7 +1005,7 @@ async fn a_watch_that_is_never_read_ends_resource_exhausted_and_frees_its_buffer
     eventually(
         "the stalled watch's buffer to be dropped",
         TIMEOUT,
-        async || match metric(metrics, "peloton_watch_buffered_events").await? {
+        async || match common::metric(metrics, "peloton_watch_buffered_events").await? {
             0 => Ok(()),
             n => Err(format!("{n} events buffered")),
         },
@@ -1071,14 +1052,14 @@ async fn a_watch_that_is_never_read_ends_resource_exhausted_and_frees_its_buffer
     eventually(
         "every watch stream to be gone",
         TIMEOUT,
-        async || match metric(metrics, "peloton_watch_streams").await? {
+        async || match common::metric(metrics, "peloton_watch_streams").await? {
             0 => Ok(()),
             n => Err(format!("{n} streams")),
         },
     )
     .await;
     assert_eq!(
-        metric(metrics, "peloton_watch_buffered_events").await,
+        common::metric(metrics, "peloton_watch_buffered_events").await,
         Ok(0)
     );
     tokio::time::timeout(Duration::from_secs(30), server.shutdown())

@@ -251,25 +251,6 @@ async fn a_restart_right_after_shutdown_finds_the_store_free() {
     }
 }
 
-/// The value of an unlabelled series in Prometheus text.
-async fn metric(addr: std::net::SocketAddr, name: &str) -> Result<i64, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)
-        .await
-        .map_err(|e| e.to_string())?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("no {name} in the metrics"))
-}
-
 /// An in-process server with `/metrics`, as `config` changes it, and its
 /// clients.
 async fn start_with_metrics(
@@ -415,7 +396,7 @@ async fn a_slow_watch_cut_off_resumes_from_what_its_client_got_without_a_gap() {
     eventually(
         "the slow watch to be cut off (nothing buffered for it)",
         TIMEOUT,
-        async || match metric(metrics, "peloton_watch_buffered_events").await? {
+        async || match common::metric(metrics, "peloton_watch_buffered_events").await? {
             0 => Ok(()),
             n => {
                 jobs.push(create_job(&mut c, tiny_job(1)).await.id);
@@ -475,7 +456,7 @@ async fn bytes_within<T>(
     let mut work = std::pin::pin!(work);
     let mut most = 0;
     loop {
-        let bytes = metric(metrics, "peloton_watch_buffered_bytes")
+        let bytes = common::metric(metrics, "peloton_watch_buffered_bytes")
             .await
             .expect("the gauge");
         assert!(
@@ -563,8 +544,8 @@ async fn slow_watches_stay_within_the_watch_memory_while_a_reader_is_served() {
     drop(reader);
     eventually("every buffer freed", TIMEOUT, async || {
         match (
-            metric(metrics, "peloton_watch_streams").await?,
-            metric(metrics, "peloton_watch_buffered_bytes").await?,
+            common::metric(metrics, "peloton_watch_streams").await?,
+            common::metric(metrics, "peloton_watch_buffered_bytes").await?,
         ) {
             (0, 0) => Ok(()),
             other => Err(format!("(streams, bytes) = {other:?}")),
@@ -591,7 +572,7 @@ async fn a_closed_watch_frees_its_buffer_at_once() {
     eventually(
         "the unread watch's buffer to fill",
         TIMEOUT,
-        async || match metric(metrics, "peloton_watch_buffered_events").await? {
+        async || match common::metric(metrics, "peloton_watch_buffered_events").await? {
             n if n > 1000 => Ok(()),
             n => Err(format!("{n} events buffered")),
         },
@@ -603,9 +584,9 @@ async fn a_closed_watch_frees_its_buffer_at_once() {
         TIMEOUT,
         async || {
             let now = (
-                metric(metrics, "peloton_watch_streams").await?,
-                metric(metrics, "peloton_watch_buffered_events").await?,
-                metric(metrics, "peloton_watch_buffered_bytes").await?,
+                common::metric(metrics, "peloton_watch_streams").await?,
+                common::metric(metrics, "peloton_watch_buffered_events").await?,
+                common::metric(metrics, "peloton_watch_buffered_bytes").await?,
             );
             if now == (0, 0, 0) {
                 Ok(())

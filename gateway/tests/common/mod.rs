@@ -966,3 +966,22 @@ pub fn spawn_agent(dir: &Path, host: &str, a: &AgentProcess<'_>) -> tokio::proce
         .spawn()
         .expect("agent starts")
 }
+
+/// The value of an unlabelled series in Prometheus text.
+pub async fn metric(addr: std::net::SocketAddr, name: &str) -> Result<i64, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .await
+        .map_err(|e| e.to_string())?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no {name} in the metrics"))
+}
