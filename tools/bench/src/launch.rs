@@ -265,7 +265,7 @@ fn remember_neighbourhoods(places: &std::collections::BTreeSet<Place>) {
 /// Deletions by anything else (a build, another program) are not known
 /// here, and can still slow a run. (A host's own sandbox collection, once
 /// it deletes as fast as it creates, would put a busy agent on a disk
-/// without a journal on that slow path for good: see ARCHITECTURE.md.)
+/// without a journal on that slow path for good: see docs/performance.md.)
 fn place_work_dir(
     root: &std::path::Path,
     name: &str,

@@ -34,7 +34,7 @@
 //!   seeded random renaming; the engine takes the lowest slot (with a small
 //!   best-fit term first, for `gpu_frag`);
 //! - the FGD policy itself is not replayed here: its published figures are
-//!   quoted for comparison (see ARCHITECTURE.md for our replication).
+//!   quoted for comparison (see docs/performance.md for our replication).
 //!
 //! We also report the allocation when the first GPU pod failed and at the
 //! end (130 %). The CSVs are read with arrow's CSV reader into record
