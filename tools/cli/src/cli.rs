@@ -170,7 +170,7 @@ pool's policy must be PriorityFIFO (or UNKNOWN), what every pool does here. A jo
 ldapGroups and description become the labels peloton.owning_team, peloton.ldap_groups and
 peloton.description; a task's name is ignored; noted on stderr: changeLog and a pool's
 owningTeam, ldapGroups and description (ignored), fdLimit (tasks get the agent's open-file
-limit), a batch job's killOnPreempt (a preempted task runs again; a service may not set it), a
+limit), a batch job's killOnPreempt (a preempted task runs again; a service may not set it),
 a controller instance 0 of a larger service (an ordinary task),
 preemptibility that differs between instances (the job is non-preemptible), a key given twice
 (the last is taken). MB (memLimitMb, diskLimitMb, a
