@@ -9,15 +9,18 @@ use peloton_gateway::config::Config;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// The Peloton scheduler service: gRPC API, embedded store, and hosts run by
-/// `peloton-agent`s (or simulated ones, for tests and benchmarks at scale).
+/// The Peloton scheduler service: gRPC API (and JSON over HTTP on the same
+/// port), its store (embedded, or PostgreSQL shared with standbys), and hosts
+/// run by `peloton-agent`s (or simulated ones, for tests and benchmarks at
+/// scale).
 #[derive(Debug, Parser)]
 #[command(name = "pelotond", version)]
 struct Args {
     /// YAML configuration file; flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Data directory of the embedded store.
+    /// Data directory: the embedded store, the private CA (tls/), the admin
+    /// and agent tokens, and the work dirs of --local-agents.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// The store: a PostgreSQL URL (postgres://user:password@host/db),
