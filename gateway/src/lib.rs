@@ -6,6 +6,7 @@ pub mod access;
 pub mod agents;
 pub mod backend;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod console;
 pub mod convert;

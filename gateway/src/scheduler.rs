@@ -27,6 +27,8 @@ mod hostpools;
 mod persist;
 pub(crate) use persist::decode_event_row;
 mod reads;
+#[cfg(test)]
+mod shell_tests;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,6 +41,7 @@ use tonic::Status;
 
 use crate::agents::{Outbox, Registration};
 use crate::backend::{HostBackend, Kill, Launch, TaskUpdate};
+use crate::clock::Now;
 use crate::convert::{self, JobPlan, Limits};
 use crate::lifecycle::{
     Answer, CoreConfig, Effects, HostRegistration, Input, JobKey, Lifecycle, RunPhase, RunReport,
@@ -445,12 +448,7 @@ fn cycle_spacing(
     if wanted { busy } else { idle.max(busy) }
 }
 
-/// Wall-clock milliseconds since the epoch.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub(crate) use crate::clock::wall_ms as now_ms;
 
 /// Most events whose list's room an iteration keeps for the next.
 const KEPT_EVENT_ROOM: usize = 1 << 18;
@@ -547,7 +545,11 @@ pub struct Scheduler {
     /// How long the last cycle took (see [`cycle_spacing`]).
     last_cycle_took: Duration,
     last_pool_metrics: Option<Instant>,
+    /// The iteration's clock reading ([`Scheduler::iterate`]): wall
+    /// milliseconds for the core, the store and agents...
     now: u64,
+    /// ...and the same moment on the monotonic clock, for pacing.
+    now_at: Instant,
     /// Set while the store cannot write.
     outage: Outage,
     /// Tokens and the audit log.
@@ -645,36 +647,34 @@ impl Scheduler {
             last_cycle_took: Duration::ZERO,
             last_pool_metrics: None,
             now,
+            now_at: Instant::now(),
             outage: Outage::default(),
             access,
         })
     }
 
-    /// Runs until a [`Command::Shutdown`] or until every sender is gone.
+    /// Runs until a [`Command::Shutdown`] or until every sender is gone:
+    /// waits for a command or the next deadline ([`Scheduler::next_wake`]),
+    /// drains up to `max_batch` commands, reads the clock once and runs an
+    /// [`Scheduler::iterate`]. Waiting is the only thing done here; all
+    /// else is in the iteration, which tests drive with their own clock.
     pub fn run(mut self, mut rx: mpsc::Receiver<Command>, rt: tokio::runtime::Handle) {
         let mut commands = Vec::with_capacity(self.config.max_batch);
         // What recovery changed and the first cycle go in one commit: a
         // restart writes each instance it starts again once.
         let began = Instant::now();
-        self.now = now_ms();
         let recovered_at = self.core.revision() - self.fx.events.len() as u64;
-        self.work();
-        let worked = began.elapsed();
-        let (events, rows) = (self.fx.events.len(), self.fx.rows.len());
-        self.finish_iteration();
+        self.iterate(Now::read(), &mut commands);
         tracing::info!(
             recovered_revision = recovered_at,
             revision = self.core.revision(),
-            events,
-            rows,
-            work_ms = worked.as_millis() as u64,
             "recovery and the first cycle committed in {} ms",
             began.elapsed().as_millis()
         );
         // When the last iteration with commands committed.
         let mut last_commit = Instant::now();
         loop {
-            let wait = self.time_to_next_deadline();
+            let wait = self.next_wake().saturating_duration_since(Instant::now());
             let first = rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
             let mut stop = false;
             match first {
@@ -695,40 +695,55 @@ impl Scheduler {
                     Err(_) => break,
                 }
             }
-            self.now = now_ms();
-            let began = Instant::now();
-            let n_commands = commands.len();
-            for c in commands.drain(..) {
-                if matches!(c, Command::Shutdown) {
-                    stop = true;
-                    continue;
-                }
-                self.handle(c);
-            }
-            let handled = began.elapsed();
-            self.work();
-            let worked = began.elapsed();
-            self.finish_iteration();
-            if n_commands > 0 {
+            let had_commands = !commands.is_empty();
+            let now = Now::read();
+            stop |= self.iterate(now, &mut commands);
+            if had_commands {
                 last_commit = Instant::now();
-            }
-            let took = began.elapsed();
-            if took >= SLOW_ITERATION {
-                tracing::info!(
-                    commands = n_commands,
-                    handle_ms = handled.as_millis() as u64,
-                    work_ms = (worked - handled).as_millis() as u64,
-                    commit_ms = (took - worked).as_millis() as u64,
-                    revision = self.core.revision(),
-                    "slow iteration: {} ms",
-                    took.as_millis()
-                );
             }
             if stop {
                 tracing::info!(revision = self.core.revision(), "scheduling loop stopped");
                 return;
             }
         }
+    }
+
+    /// One iteration at `now`: applies `commands` (drained), steps what is
+    /// due (a cycle, the backend's updates, timers, lost hosts and lapsed
+    /// leases), commits once, and only then answers, dispatches to real
+    /// hosts and publishes events. True when one of the commands was
+    /// [`Command::Shutdown`] (the others are applied first).
+    pub fn iterate(&mut self, now: Now, commands: &mut Vec<Command>) -> bool {
+        self.now = now.ms;
+        self.now_at = now.at;
+        // A stopwatch for the slow-iteration log, not a decision.
+        let began = Instant::now();
+        let n_commands = commands.len();
+        let mut stop = false;
+        for c in commands.drain(..) {
+            if matches!(c, Command::Shutdown) {
+                stop = true;
+                continue;
+            }
+            self.handle(c);
+        }
+        let handled = began.elapsed();
+        self.work();
+        let worked = began.elapsed();
+        self.finish_iteration();
+        let took = began.elapsed();
+        if took >= SLOW_ITERATION {
+            tracing::info!(
+                commands = n_commands,
+                handle_ms = handled.as_millis() as u64,
+                work_ms = (worked - handled).as_millis() as u64,
+                commit_ms = (took - worked).as_millis() as u64,
+                revision = self.core.revision(),
+                "slow iteration: {} ms",
+                took.as_millis()
+            );
+        }
+        stop
     }
 
     /// Least time from one cycle's start to the next's ([`cycle_spacing`]).
@@ -743,17 +758,20 @@ impl Scheduler {
         )
     }
 
-    fn time_to_next_deadline(&self) -> Duration {
+    /// When the loop must run again if no command comes first: the next
+    /// cycle, core timer, simulated run end, lost-host or lease check, or
+    /// (while a commit has failed) its retry. Computed from the last
+    /// iteration's clock reading.
+    pub fn next_wake(&self) -> Instant {
+        let now = Now::at(self.now, self.now_at);
         if let Some(failed) = &self.outage.failed {
             // Nothing else moves until the failed batch is written.
-            return Duration::from_millis(failed.next_try_ms.saturating_sub(now_ms()));
+            return now.instant_of(failed.next_try_ms);
         }
-        let now = Instant::now();
         let mut until = match self.last_cycle {
-            None => now,
+            None => now.at,
             Some(last) => last + self.cycle_spacing(),
         };
-        let wall = now_ms();
         let mut ms_deadline = self.core.next_deadline();
         if let Some(b) = self.backend.next_deadline() {
             ms_deadline = Some(ms_deadline.map_or(b, |t| t.min(b)));
@@ -767,9 +785,9 @@ impl Scheduler {
             ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
         }
         if let Some(t) = ms_deadline {
-            until = until.min(now + Duration::from_millis(t.saturating_sub(wall)));
+            until = until.min(now.instant_of(t));
         }
-        until.saturating_duration_since(now)
+        until
     }
 
     /// Steps an input the loop itself makes (these cannot be refused).
@@ -788,12 +806,13 @@ impl Scheduler {
         }
         let due = match self.last_cycle {
             None => true,
-            Some(last) => last.elapsed() >= self.cycle_spacing(),
+            Some(last) => self.now_at.saturating_duration_since(last) >= self.cycle_spacing(),
         };
         if due {
+            // A stopwatch: how long cycles take paces them.
             let start = Instant::now();
             self.step(Input::Cycle);
-            self.last_cycle = Some(start);
+            self.last_cycle = Some(self.now_at);
             self.last_cycle_took = start.elapsed();
             self.metrics
                 .cycle_seconds
@@ -804,7 +823,6 @@ impl Scheduler {
         if now_dispatch {
             self.dispatch();
         }
-        self.now = now_ms();
         self.backend.poll(self.now, &mut self.updates);
         if !self.updates.is_empty() {
             let updates = std::mem::take(&mut self.updates);
@@ -946,7 +964,7 @@ impl Scheduler {
                     error = %e,
                     "store commit failed: writes are refused and the batch is retried until it lands; reads are served"
                 );
-                let now = now_ms();
+                let now = self.now;
                 self.outage.failed = Some(FailedCommit {
                     events,
                     error: e.to_string(),
@@ -972,6 +990,10 @@ impl Scheduler {
         // Handlers check a job's pool before they ask the loop anything:
         // they know of a job before its creator hears of it.
         self.publish_jobs(&events);
+        // Answers first: their callers wait on them.
+        for d in self.deferred.drain(..) {
+            d();
+        }
         // Real hosts hear of launches and kills only once they are durable:
         // a crash before the commit must not leave a run the store does not
         // know (it would run twice), nor a kill it does not know of. (For
@@ -979,9 +1001,6 @@ impl Scheduler {
         self.dispatch();
         self.send_acks();
         self.send_volume_deletes();
-        for d in self.deferred.drain(..) {
-            d();
-        }
         if !events.is_empty() {
             // Built only for watchers (a commit may carry a million);
             // no receivers is fine.
@@ -1010,7 +1029,7 @@ impl Scheduler {
         let Some(failed) = self.outage.failed.as_mut() else {
             return true;
         };
-        let now = now_ms();
+        let now = self.now;
         if now < failed.next_try_ms {
             return false;
         }
@@ -1216,11 +1235,11 @@ impl Scheduler {
     fn update_pool_metrics(&mut self) {
         if self
             .last_pool_metrics
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+            .is_some_and(|t| self.now_at.saturating_duration_since(t) < Duration::from_secs(1))
         {
             return;
         }
-        self.last_pool_metrics = Some(Instant::now());
+        self.last_pool_metrics = Some(self.now_at);
         reads::pool_metrics(&self.engine, &self.metrics);
         self.metrics.jobs.set(self.core.n_jobs() as i64);
     }
