@@ -159,88 +159,71 @@ fn config(args: &Args) -> anyhow::Result<Config> {
         Some(path) => Config::from_file(path)?,
         None => Config::default(),
     };
-    if let Some(v) = &args.data_dir {
-        c.data_dir = v.clone();
+    apply_flags(args, &mut c);
+    check_local_agents(args, &c)?;
+    c.validate()?;
+    Ok(c)
+}
+
+/// The flags given override the configuration file's values.
+fn apply_flags(args: &Args, c: &mut Config) {
+    // `field`: a value; `Some field`: an optional value given.
+    macro_rules! given {
+        ($($field:ident),*) => {
+            $(if let Some(v) = &args.$field {
+                c.$field = v.clone();
+            })*
+        };
+        (Some $($field:ident),*) => {
+            $(if let Some(v) = &args.$field {
+                c.$field = Some(v.clone());
+            })*
+        };
     }
-    if let Some(v) = args.listen {
-        c.listen = v;
-    }
-    if let Some(v) = &args.store {
-        c.store = Some(v.clone());
-    }
-    if let Some(v) = args.lease_ms {
-        c.lease_ms = v;
-    }
-    if let Some(v) = &args.advertise {
-        c.advertise = Some(v.clone());
-    }
-    if let Some(v) = args.metrics_listen {
-        c.metrics_listen = Some(v);
-    }
+    given!(
+        data_dir,
+        listen,
+        lease_ms,
+        sim_hosts,
+        commit_spacing_ms,
+        engine_threads,
+        host_lost_after_ms,
+        job_retention_s,
+        max_finished_jobs,
+        app_lease_ms,
+        event_retention,
+        store_cache_mb,
+        watch_memory_mb,
+        watch_buffer_kb
+    );
+    given!(
+        Some store,
+        advertise,
+        metrics_listen,
+        sim_hosts_file,
+        agent_token,
+        tls_cert,
+        tls_key,
+        tls_client_ca,
+        tls_client_ca_key
+    );
     if args.no_metrics {
         c.metrics_listen = None;
-    }
-    if let Some(v) = args.sim_hosts {
-        c.sim_hosts = v;
-    }
-    if let Some(v) = &args.sim_hosts_file {
-        c.sim_hosts_file = Some(v.clone());
     }
     if let Some(v) = args.cycle_interval_ms {
         c.cycle_interval_ms = v;
         c.idle_cycle_interval_ms = c.idle_cycle_interval_ms.max(v);
     }
-    if let Some(v) = args.commit_spacing_ms {
-        c.commit_spacing_ms = v;
-    }
-    if let Some(v) = args.engine_threads {
-        c.engine_threads = v;
-    }
-    if let Some(v) = &args.agent_token {
-        c.agent_token = Some(v.clone());
-    }
-    if let Some(v) = args.host_lost_after_ms {
-        c.host_lost_after_ms = v;
-    }
-    if let Some(v) = args.job_retention_s {
-        c.job_retention_s = v;
-    }
-    if let Some(v) = args.max_finished_jobs {
-        c.max_finished_jobs = v;
-    }
-    if let Some(v) = args.app_lease_ms {
-        c.app_lease_ms = v;
-    }
-    if let Some(v) = args.event_retention {
-        c.event_retention = v;
-    }
-    if let Some(v) = args.store_cache_mb {
-        c.store_cache_mb = v;
-    }
-    if let Some(v) = args.watch_memory_mb {
-        c.watch_memory_mb = v;
-    }
-    if let Some(v) = args.watch_buffer_kb {
-        c.watch_buffer_kb = v;
-    }
     if args.insecure {
         c.secure = false;
-    }
-    if let Some(v) = &args.tls_cert {
-        c.tls_cert = Some(v.clone());
-    }
-    if let Some(v) = &args.tls_key {
-        c.tls_key = Some(v.clone());
     }
     if args.metrics_tls {
         c.metrics_tls = true;
     }
-    if let Some(v) = &args.tls_client_ca {
-        c.tls_client_ca = Some(v.clone());
-    }
-    if let Some(v) = &args.tls_client_ca_key {
-        c.tls_client_ca_key = Some(v.clone());
-    }
+}
+
+/// `--local-agents` and the flags it cannot go with.
+fn check_local_agents(args: &Args, c: &Config) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.local_agents == 0 || !c.secure || (c.tls_cert.is_none() && c.tls_client_ca.is_none()),
         "--local-agents with --tls-cert or --tls-client-ca: local agents get certificates from the \
@@ -259,8 +242,7 @@ fn config(args: &Args) -> anyhow::Result<Config> {
         "--local-agents: at most 64 (got {})",
         args.local_agents
     );
-    c.validate()?;
-    Ok(c)
+    Ok(())
 }
 
 /// SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed), as many

@@ -472,6 +472,46 @@ fn last_wins<'a, K: std::hash::Hash + Eq + Clone, V: ?Sized>(
     (puts, dels)
 }
 
+/// Host pools (existence only) and their members.
+fn write_host_pools(
+    tx: &mut Transaction<'_>,
+    p: &Prepared,
+    batch: &WriteBatch,
+) -> Result<(), StoreError> {
+    let (puts, dels) = last_wins(
+        batch
+            .host_pools
+            .iter()
+            .map(|(k, exists)| (k.as_str(), exists.then_some(&()))),
+    );
+    if !puts.is_empty() {
+        let keys: Vec<&str> = puts.iter().map(|r| r.0).collect();
+        tx.execute(&p.kv_put[HOST_POOLS_KV], &[&keys])
+            .map_err(pg_err("write host pools"))?;
+    }
+    if !dels.is_empty() {
+        tx.execute(&p.kv_del[HOST_POOLS_KV], &[&dels])
+            .map_err(pg_err("delete host pools"))?;
+    }
+    let (puts, dels) = last_wins(
+        batch
+            .host_pool_members
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref())),
+    );
+    if !puts.is_empty() {
+        let keys: Vec<&str> = puts.iter().map(|r| r.0).collect();
+        let pools: Vec<&str> = puts.iter().map(|r| r.1).collect();
+        tx.execute(&p.member_put, &[&keys, &pools])
+            .map_err(pg_err("write host pool members"))?;
+    }
+    if !dels.is_empty() {
+        tx.execute(&p.member_del, &[&dels])
+            .map_err(pg_err("delete host pool members"))?;
+    }
+    Ok(())
+}
+
 /// A row of a text-keyed table (`None` deletes).
 type KvRow = (String, Option<Vec<u8>>);
 
@@ -518,12 +558,9 @@ fn put_pairs<'a>(
 }
 
 impl PgStore {
-    fn commit_in(
-        &self,
-        tx: &mut Transaction<'_>,
-        p: &Prepared,
-        batch: &WriteBatch,
-    ) -> Result<(), StoreError> {
+    /// Refuses the commit when another server took the lease (its epoch
+    /// is newer than ours).
+    fn check_fence(&self, tx: &mut Transaction<'_>, p: &Prepared) -> Result<(), StoreError> {
         if let Some(ours) = self.epoch {
             let current: i64 = tx.query_one(&p.fence, &[]).map_err(pg_err("fence"))?.get(0);
             if current != ours {
@@ -534,6 +571,16 @@ impl PgStore {
                 return Err(StoreError::msg(fenced.to_string()));
             }
         }
+        Ok(())
+    }
+
+    fn commit_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        p: &Prepared,
+        batch: &WriteBatch,
+    ) -> Result<(), StoreError> {
+        self.check_fence(tx, p)?;
         let kv: [&[KvRow]; HOST_POOLS_KV] = [
             &batch.pools,
             &batch.jobs,
@@ -547,38 +594,7 @@ impl PgStore {
         for (i, rows) in kv.into_iter().enumerate() {
             put_kv(tx, &p.kv_put[i], &p.kv_del[i], rows)?;
         }
-        // Host pools: existence only.
-        let (puts, dels) = last_wins(
-            batch
-                .host_pools
-                .iter()
-                .map(|(k, exists)| (k.as_str(), exists.then_some(&()))),
-        );
-        if !puts.is_empty() {
-            let keys: Vec<&str> = puts.iter().map(|r| r.0).collect();
-            tx.execute(&p.kv_put[HOST_POOLS_KV], &[&keys])
-                .map_err(pg_err("write host pools"))?;
-        }
-        if !dels.is_empty() {
-            tx.execute(&p.kv_del[HOST_POOLS_KV], &[&dels])
-                .map_err(pg_err("delete host pools"))?;
-        }
-        let (puts, dels) = last_wins(
-            batch
-                .host_pool_members
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_deref())),
-        );
-        if !puts.is_empty() {
-            let keys: Vec<&str> = puts.iter().map(|r| r.0).collect();
-            let pools: Vec<&str> = puts.iter().map(|r| r.1).collect();
-            tx.execute(&p.member_put, &[&keys, &pools])
-                .map_err(pg_err("write host pool members"))?;
-        }
-        if !dels.is_empty() {
-            tx.execute(&p.member_del, &[&dels])
-                .map_err(pg_err("delete host pool members"))?;
-        }
+        write_host_pools(tx, p, batch)?;
         // A job's rows all go before this batch's rows of the job land.
         if !batch.delete_tasks_of.is_empty() {
             let jobs: Vec<&str> = batch.delete_tasks_of.iter().map(String::as_str).collect();

@@ -276,6 +276,85 @@ fn read_all(
     Ok(out)
 }
 
+/// Writes (`Some`) or deletes (`None`) rows of a table keyed by string.
+fn write_rows(
+    txn: &redb::WriteTransaction,
+    def: TableDefinition<'_, &str, &[u8]>,
+    rows: &[(String, Option<Vec<u8>>)],
+) -> Result<(), StoreError> {
+    let mut table = txn.open_table(def).map_err(StoreError::from)?;
+    for (k, v) in rows {
+        match v {
+            Some(v) => table.insert(k.as_str(), v.as_slice()).map(drop),
+            None => table.remove(k.as_str()).map(drop),
+        }
+        .map_err(StoreError::from)?;
+    }
+    Ok(())
+}
+
+/// Task and config rows: a deleted job's go first, then the batch's, task
+/// rows in key order (stable: the last write of a key still wins), so the
+/// B-tree is walked once rather than jumped around in.
+fn write_tasks_and_configs(
+    txn: &redb::WriteTransaction,
+    batch: &WriteBatch,
+) -> Result<(), StoreError> {
+    let mut tasks = txn.open_table(TASKS).map_err(StoreError::from)?;
+    for job in &batch.delete_tasks_of {
+        tasks
+            .retain_in((job.as_str(), 0)..=(job.as_str(), u32::MAX), |_, _| false)
+            .map_err(StoreError::from)?;
+    }
+    let mut order: Vec<&(TaskKey, Option<Vec<u8>>)> = batch.tasks.iter().collect();
+    order.sort_by(|a, b| (&*a.0.0, a.0.1).cmp(&(&*b.0.0, b.0.1)));
+    for ((job, instance), v) in order {
+        match v {
+            Some(v) => tasks.insert((&**job, *instance), v.as_slice()).map(drop),
+            None => tasks.remove((&**job, *instance)).map(drop),
+        }
+        .map_err(StoreError::from)?;
+    }
+    let mut configs = txn.open_table(CONFIGS).map_err(StoreError::from)?;
+    for job in &batch.delete_tasks_of {
+        configs
+            .retain_in((job.as_str(), 0)..=(job.as_str(), u64::MAX), |_, _| false)
+            .map_err(StoreError::from)?;
+    }
+    for ((job, version), v) in &batch.configs {
+        match v {
+            Some(v) => configs.insert((&**job, *version), v.as_slice()).map(drop),
+            None => configs.remove((&**job, *version)).map(drop),
+        }
+        .map_err(StoreError::from)?;
+    }
+    Ok(())
+}
+
+/// Host pools (a name's presence) and their members (host → pool).
+fn write_host_pools(txn: &redb::WriteTransaction, batch: &WriteBatch) -> Result<(), StoreError> {
+    let mut host_pools = txn.open_table(HOST_POOLS).map_err(StoreError::from)?;
+    for (k, exists) in &batch.host_pools {
+        if *exists {
+            host_pools.insert(k.as_str(), &[][..]).map(drop)
+        } else {
+            host_pools.remove(k.as_str()).map(drop)
+        }
+        .map_err(StoreError::from)?;
+    }
+    let mut members = txn
+        .open_table(HOST_POOL_MEMBERS)
+        .map_err(StoreError::from)?;
+    for (k, v) in &batch.host_pool_members {
+        match v {
+            Some(v) => members.insert(k.as_str(), v.as_str()).map(drop),
+            None => members.remove(k.as_str()).map(drop),
+        }
+        .map_err(StoreError::from)?;
+    }
+    Ok(())
+}
+
 impl Store for RedbStore {
     fn load(&self) -> Result<Snapshot, StoreError> {
         let txn = self.db.begin_read().map_err(StoreError::from)?;
@@ -328,110 +407,21 @@ impl Store for RedbStore {
         let mut txn = self.db.begin_write().map_err(StoreError::from)?;
         txn.set_durability(Durability::Immediate)
             .map_err(StoreError::from)?;
+        for (def, rows) in [
+            (POOLS, &batch.pools),
+            (JOBS, &batch.jobs),
+            (UPDATES, &batch.updates),
+            (VOLUMES, &batch.volumes),
+            (HOSTS, &batch.hosts),
+            (SECRETS, &batch.secrets),
+            (TOKENS, &batch.tokens),
+            (AUDIT, &batch.audit),
+        ] {
+            write_rows(&txn, def, rows)?;
+        }
+        write_tasks_and_configs(&txn, batch)?;
+        write_host_pools(&txn, batch)?;
         {
-            let mut pools = txn.open_table(POOLS).map_err(StoreError::from)?;
-            for (k, v) in &batch.pools {
-                match v {
-                    Some(v) => pools.insert(k.as_str(), v.as_slice()).map(drop),
-                    None => pools.remove(k.as_str()).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut jobs = txn.open_table(JOBS).map_err(StoreError::from)?;
-            for (k, v) in &batch.jobs {
-                match v {
-                    Some(v) => jobs.insert(k.as_str(), v.as_slice()).map(drop),
-                    None => jobs.remove(k.as_str()).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut tasks = txn.open_table(TASKS).map_err(StoreError::from)?;
-            for job in &batch.delete_tasks_of {
-                tasks
-                    .retain_in((job.as_str(), 0)..=(job.as_str(), u32::MAX), |_, _| false)
-                    .map_err(StoreError::from)?;
-            }
-            // In key order (stable: the last write of a key still wins),
-            // so the B-tree is walked once rather than jumped around in.
-            let mut order: Vec<&(TaskKey, Option<Vec<u8>>)> = batch.tasks.iter().collect();
-            order.sort_by(|a, b| (&*a.0.0, a.0.1).cmp(&(&*b.0.0, b.0.1)));
-            for ((job, instance), v) in order {
-                match v {
-                    Some(v) => tasks.insert((&**job, *instance), v.as_slice()).map(drop),
-                    None => tasks.remove((&**job, *instance)).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut configs = txn.open_table(CONFIGS).map_err(StoreError::from)?;
-            for job in &batch.delete_tasks_of {
-                configs
-                    .retain_in((job.as_str(), 0)..=(job.as_str(), u64::MAX), |_, _| false)
-                    .map_err(StoreError::from)?;
-            }
-            for ((job, version), v) in &batch.configs {
-                match v {
-                    Some(v) => configs.insert((&**job, *version), v.as_slice()).map(drop),
-                    None => configs.remove((&**job, *version)).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut updates = txn.open_table(UPDATES).map_err(StoreError::from)?;
-            for (k, v) in &batch.updates {
-                match v {
-                    Some(v) => updates.insert(k.as_str(), v.as_slice()).map(drop),
-                    None => updates.remove(k.as_str()).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut volumes = txn.open_table(VOLUMES).map_err(StoreError::from)?;
-            for (k, v) in &batch.volumes {
-                match v {
-                    Some(v) => volumes.insert(k.as_str(), v.as_slice()).map(drop),
-                    None => volumes.remove(k.as_str()).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut hosts = txn.open_table(HOSTS).map_err(StoreError::from)?;
-            for (k, v) in &batch.hosts {
-                match v {
-                    Some(v) => hosts.insert(k.as_str(), v.as_slice()).map(drop),
-                    None => hosts.remove(k.as_str()).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut host_pools = txn.open_table(HOST_POOLS).map_err(StoreError::from)?;
-            for (k, exists) in &batch.host_pools {
-                if *exists {
-                    host_pools.insert(k.as_str(), &[][..]).map(drop)
-                } else {
-                    host_pools.remove(k.as_str()).map(drop)
-                }
-                .map_err(StoreError::from)?;
-            }
-            let mut members = txn
-                .open_table(HOST_POOL_MEMBERS)
-                .map_err(StoreError::from)?;
-            for (k, v) in &batch.host_pool_members {
-                match v {
-                    Some(v) => members.insert(k.as_str(), v.as_str()).map(drop),
-                    None => members.remove(k.as_str()).map(drop),
-                }
-                .map_err(StoreError::from)?;
-            }
-            for (def, rows) in [
-                (SECRETS, &batch.secrets),
-                (TOKENS, &batch.tokens),
-                (AUDIT, &batch.audit),
-            ] {
-                let mut table = txn.open_table(def).map_err(StoreError::from)?;
-                for (k, v) in rows {
-                    match v {
-                        Some(v) => table.insert(k.as_str(), v.as_slice()).map(drop),
-                        None => table.remove(k.as_str()).map(drop),
-                    }
-                    .map_err(StoreError::from)?;
-                }
-            }
             let mut events = txn.open_table(EVENTS).map_err(StoreError::from)?;
             if let Some((first, bytes)) = &batch.events {
                 events

@@ -646,6 +646,40 @@ impl Watcher {
 /// ([`MAX_WATCH_LAG_EVENTS`]) is ended with RESOURCE_EXHAUSTED, its buffer
 /// freed. The pump always drains the live channel, so a slow watch never
 /// holds the other watches' events in memory.
+/// Whether a watch that is behind with a full buffer is still read.
+struct Stall {
+    /// Commits that brought events while the buffer was full and the
+    /// client took nothing.
+    stalled: u32,
+    /// What the client had taken at the last look.
+    taken: u64,
+}
+
+impl Stall {
+    /// After a commit brought events the buffer had no room for (`lag`
+    /// kept, the client having taken `taken` so far): why the watch is
+    /// given up, if it is.
+    fn behind(&mut self, taken: u64, lag: usize) -> Option<String> {
+        if taken == self.taken {
+            self.stalled += 1;
+        } else {
+            (self.stalled, self.taken) = (0, taken);
+        }
+        if self.stalled >= MAX_WATCH_STALLED_COMMITS {
+            Some(format!(
+                "its client read nothing while {} commits brought it events",
+                self.stalled
+            ))
+        } else if lag > MAX_WATCH_LAG_EVENTS {
+            Some(format!(
+                "its client is more than {MAX_WATCH_LAG_EVENTS} events behind"
+            ))
+        } else {
+            None
+        }
+    }
+}
+
 async fn pump(
     store: Arc<dyn Store>,
     next: u64,
@@ -663,10 +697,10 @@ async fn pump(
     // Events before this revision are history the client asked for, not
     // lag.
     let live_from = committed + 1;
-    // Commits that brought events while the buffer was full and the client
-    // took nothing.
-    let mut stalled: u32 = 0;
-    let mut taken = w.out.taken();
+    let mut stall = Stall {
+        stalled: 0,
+        taken: w.out.taken(),
+    };
     loop {
         if head.is_none_or(|h| w.next <= h) {
             let from = w.next;
@@ -725,25 +759,7 @@ async fn pump(
                     }
                     lag += n;
                 }
-                // Behind, with a full buffer: is the client still reading?
-                let now_taken = w.out.taken();
-                if now_taken == taken {
-                    stalled += 1;
-                } else {
-                    (stalled, taken) = (0, now_taken);
-                }
-                let why = if stalled >= MAX_WATCH_STALLED_COMMITS {
-                    Some(format!(
-                        "its client read nothing while {stalled} commits brought it events"
-                    ))
-                } else if lag > MAX_WATCH_LAG_EVENTS {
-                    Some(format!(
-                        "its client is more than {MAX_WATCH_LAG_EVENTS} events behind"
-                    ))
-                } else {
-                    None
-                };
-                if let Some(why) = why {
+                if let Some(why) = stall.behind(w.out.taken(), lag) {
                     return w.out.abandon(&format!(
                         "{why} ({} buffered at most)",
                         shown_bytes(w.out.memory.per_watch)
