@@ -520,8 +520,6 @@ pub struct Scheduler {
     /// Jobs' secrets by job id, kept apart from their specs (which never
     /// hold them): stored in their own table, sent only with launches.
     secrets: Secrets,
-    /// Host pools and their members.
-    host_pools: hostpools::HostPools,
     fx: Effects,
     batch: WriteBatch,
     deferred: Vec<Deferred>,
@@ -587,12 +585,9 @@ impl Scheduler {
         };
         let now = now_ms();
         let revision = snapshot.revision;
-        let host_pools = hostpools::HostPools::recover(&snapshot);
-        // The simulated hosts (agent hosts are tagged as they are
-        // recovered or register).
-        host_pools.tag_all(&mut engine)?;
-        let (recovered, specs_by_id) =
-            persist::recovered(&snapshot, core_config.agent_mode, &host_pools)?;
+        let (mut recovered, specs_by_id) = persist::recovered(&snapshot, core_config.agent_mode)?;
+        recovered.host_pools = snapshot.host_pools.clone();
+        recovered.host_pool_members = snapshot.host_pool_members.clone();
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
@@ -628,7 +623,6 @@ impl Scheduler {
             metrics,
             specs,
             secrets,
-            host_pools,
             fx,
             batch,
             deferred: Vec::new(),
@@ -912,6 +906,7 @@ impl Scheduler {
             return;
         }
         let events = std::mem::take(&mut self.fx.events);
+        persist::state_rows(&self.core, &mut self.fx.state_rows, &mut self.batch);
         persist::rows(
             &mut self.core,
             &self.engine,
@@ -1441,24 +1436,23 @@ impl Scheduler {
             }
             Command::CreateHostPool { name, reply } => {
                 let r = self
-                    .host_pools
-                    .create(&name, &mut self.batch)
-                    .map(|()| pb::HostPool {
+                    .apply(Input::CreateHostPool { name: name.clone() })
+                    .map(|_| pb::HostPool {
                         name,
                         hosts: Vec::new(),
                     });
                 self.defer(reply, r);
             }
             Command::DeleteHostPool { name, reply } => {
-                let r = self.delete_host_pool(&name);
+                let r = self.apply(Input::DeleteHostPool { name }).map(|_| ());
                 self.defer(reply, r);
             }
             Command::ListHostPools { request, reply } => {
-                let r = self.host_pools.list(&self.engine, &request);
+                let r = hostpools::list(self.core.host_pools(), &self.engine, &request);
                 self.defer(reply, r);
             }
             Command::MoveHosts { hosts, to, reply } => {
-                let r = self.move_hosts(hosts, to);
+                let r = self.apply(Input::MoveHosts { hosts, to }).map(|_| ());
                 self.defer(reply, r);
             }
             Command::Maintenance {
@@ -1599,7 +1593,6 @@ impl Scheduler {
         plan: JobPlan,
         update: crate::lifecycle::UpdateSpec,
     ) -> Result<(pb::Update, pb::Job), Status> {
-        self.check_host_pool(&spec)?;
         // The new set replaces the job's; an empty value keeps the current
         // value of its name. Checked before anything changes.
         let current = self
@@ -1661,56 +1654,7 @@ impl Scheduler {
         self.batch.secrets.push((job_id.to_string(), Some(row)));
     }
 
-    /// A job's host pool must exist (checked here, where host pools are
-    /// known).
-    fn check_host_pool(&self, spec: &pb::JobSpec) -> Result<(), Status> {
-        let pool = convert::job_host_pool(spec);
-        if !self.host_pools.exists(pool) {
-            return Err(convert::invalid(
-                "spec.host_pool",
-                format!(
-                    "host pool {pool:?} does not exist (create it with `peloton hostpool create`)"
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    fn delete_host_pool(&mut self, name: &str) -> Result<(), Status> {
-        self.host_pools.check_delete(name)?;
-        for (k, job) in self.core.jobs_by_id("") {
-            if job.state.is_terminal() {
-                continue;
-            }
-            let names_it = self.specs.get(&k).is_some_and(|versions| {
-                versions.values().any(|s| convert::job_host_pool(s) == name)
-            });
-            if names_it {
-                return Err(Status::failed_precondition(format!(
-                    "host pool {name:?} is named by job {} which is not terminal",
-                    job.id
-                )));
-            }
-        }
-        self.host_pools.delete(name, &mut self.batch);
-        Ok(())
-    }
-
-    fn move_hosts(&mut self, hosts: Vec<String>, to: String) -> Result<(), Status> {
-        if !self.host_pools.exists(&to) {
-            return Err(Status::not_found(format!("host pool {to:?} not found")));
-        }
-        self.apply(Input::SetHostAttribute {
-            hosts: hosts.clone(),
-            key: convert::HOST_POOL_ATTRIBUTE.to_string(),
-            value: to.clone(),
-        })?;
-        self.host_pools.moved(&hosts, &to, &mut self.batch);
-        Ok(())
-    }
-
     fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Status> {
-        self.check_host_pool(&spec)?;
         let secrets = convert::resolve_secrets(std::mem::take(&mut spec.secrets), &[])?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::CreateJob {
@@ -1781,14 +1725,9 @@ impl Scheduler {
             ));
         }
         let r = reg.register;
-        if r.attributes.contains_key(convert::HOST_POOL_ATTRIBUTE) {
-            return Err(convert::invalid(
-                &format!("register.attributes.{}", convert::HOST_POOL_ATTRIBUTE),
-                "is set by the server from the host's host pool; an agent may not set it",
-            ));
-        }
-        let mut spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
-        self.host_pools.tag(&mut spec);
+        let spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
+        // Refused before the session is attached (the core checks it again).
+        crate::lifecycle::check_registration_attributes(&spec.attributes).map_err(status)?;
         let host: Arc<str> = Arc::from(r.host.as_str());
         // Refused before the session is attached: a refusal leaves the
         // holder's session (and its runs) as they were.

@@ -21,7 +21,9 @@ pub fn code(e: &Error) -> Code {
         | Error::NoInstance { .. }
         | Error::HostNotFound(_)
         | Error::VolumeNotFound(_)
-        | Error::UpdateNotFound(_) => Code::NotFound,
+        | Error::UpdateNotFound(_)
+        | Error::HostPoolNotFound(_) => Code::NotFound,
+        Error::AlreadyExists(_) => Code::AlreadyExists,
         Error::JobPool(_) => Code::NotFound,
         Error::Stale { .. } | Error::Precondition(_) => Code::FailedPrecondition,
         Error::Pool(p) => match p {

@@ -144,6 +144,7 @@ impl Lifecycle {
         plan: JobPlan,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
+        self.check_job_host_pool(&plan.host_pool)?;
         let pool = self.resolve_job_pool(engine, &plan.pool)?;
         if self.by_id.contains_key(&id) {
             return Err(Error::Precondition(format!("job {id} exists already")));

@@ -22,6 +22,7 @@ mod admissible;
 mod apps;
 mod effects;
 mod error;
+mod hostpools;
 mod hosts;
 mod invariants;
 mod jobs;
@@ -47,8 +48,14 @@ use peloton_engine::{Engine, PoolConfig, PoolId};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 pub use admissible::never_admitted_reason;
-pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey};
+pub use effects::{
+    AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
+};
 pub use error::Error;
+pub use hostpools::{
+    DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE, HostPools, MAX_HOST_POOLS,
+    check_registration_attributes,
+};
 pub use model::{
     AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId,
     N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume,
@@ -216,8 +223,26 @@ pub enum Input {
         /// Start or complete.
         start: bool,
     },
+    /// Create a host pool.
+    CreateHostPool {
+        /// Its name (validated by the shell).
+        name: String,
+    },
+    /// Delete a host pool (empty, and named by no job that runs).
+    DeleteHostPool {
+        /// Its name.
+        name: String,
+    },
+    /// Move live hosts into a host pool; runs placed there stay.
+    MoveHosts {
+        /// Host names (all must exist, or nothing changes).
+        hosts: Vec<String>,
+        /// The host pool.
+        to: String,
+    },
     /// Set one attribute of live hosts (its value replaced, or added);
-    /// runs placed there stay. The shell keeps host pools this way.
+    /// runs placed there stay. Not the host pool's (see
+    /// [`Input::MoveHosts`]).
     SetHostAttribute {
         /// Host names (all must exist, or nothing changes).
         hosts: Vec<String>,
@@ -430,6 +455,8 @@ pub struct Lifecycle {
     /// Pinned instances whose host reservation may have to change (synced
     /// at the end of the step).
     pin_dirty: FxHashSet<(JobKey, u32)>,
+    /// Host pools and their members.
+    host_pools: HostPools,
     /// Daemon jobs.
     daemon_jobs: std::collections::BTreeSet<JobKey>,
     /// Application jobs whose target, executors or driver changed in this
@@ -474,6 +501,7 @@ impl Lifecycle {
             volumes: BTreeMap::new(),
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
+            host_pools: HostPools::default(),
             daemon_jobs: Default::default(),
             app_dirty: FxHashSet::default(),
             controller_ended: FxHashSet::default(),
@@ -528,6 +556,9 @@ impl Lifecycle {
                 restart,
             } => self.task_action(engine, &job_id, &instances, version, restart, fx),
             Input::Maintenance { hosts, start } => self.maintenance(engine, &hosts, start, fx),
+            Input::CreateHostPool { name } => self.create_host_pool(&name, fx),
+            Input::DeleteHostPool { name } => self.delete_host_pool(&name, fx),
+            Input::MoveHosts { hosts, to } => self.move_hosts(engine, &hosts, &to, fx),
             Input::SetHostAttribute { hosts, key, value } => {
                 self.set_host_attribute(engine, &hosts, &key, &value)
             }

@@ -80,6 +80,10 @@ pub struct Recovered {
     pub jobs: Vec<RecoveredJob>,
     /// Volumes.
     pub volumes: Vec<RecoveredVolume>,
+    /// Host pools besides "default".
+    pub host_pools: Vec<String>,
+    /// Hosts outside "default": host name, host pool.
+    pub host_pool_members: Vec<(String, String)>,
 }
 
 impl Lifecycle {
@@ -111,6 +115,9 @@ impl Lifecycle {
             }
             core.pool_versions.insert(path, version);
         }
+        core.recover_host_pools(rec.host_pools, rec.host_pool_members, fx);
+        // The simulated hosts (agent hosts are tagged as they are added).
+        core.tag_all_hosts(engine);
         for host in rec.hosts {
             core.recover_host(engine, host)?;
         }
@@ -186,9 +193,12 @@ impl Lifecycle {
     fn recover_host(&mut self, engine: &mut Engine, host: RecoveredHost) -> Result<(), String> {
         let id = match &host.spec {
             Some(spec) if self.config.agent_mode => {
+                // Its stored host pool (the attribute is not in its row).
+                let mut spec = spec.clone();
+                self.host_pools.tag(&mut spec);
                 let id = engine
                     .hosts_mut()
-                    .add(spec)
+                    .add(&spec)
                     .map_err(|e| format!("stored host {}: {e}", host.name))?;
                 // Down until its agent registers.
                 engine

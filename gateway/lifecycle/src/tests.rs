@@ -29,6 +29,9 @@
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
 //!   and the rows the store holds for them;
+//! - `hostpool create|delete P`, `move P H...` (hosts into host pool P),
+//!   `hostpools` — the host pools, their members, every host's tag and
+//!   the stored rows; `job … host_pool=P` runs in host pool P;
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -146,6 +149,59 @@ impl Env {
                 let _ = self.sim.register_twin(words[1]);
             }
             "cut" => self.sim.cut(words[1]),
+            "hostpool" => {
+                let name = words[2].to_string();
+                self.step(match words[1] {
+                    "create" => Input::CreateHostPool { name },
+                    "delete" => Input::DeleteHostPool { name },
+                    other => panic!("hostpool {other}?"),
+                });
+            }
+            "move" => self.step(Input::MoveHosts {
+                hosts: words[2..].iter().map(|h| h.to_string()).collect(),
+                to: words[1].into(),
+            }),
+            "hostpools" => {
+                let core = &self.sim.core;
+                let pools = core.host_pools();
+                let members: Vec<String> =
+                    pools.members().map(|(h, p)| format!("{h}={p}")).collect();
+                let hosts = self.sim.engine.hosts();
+                let tags: Vec<String> = hosts
+                    .live_hosts()
+                    .iter()
+                    .map(|slot| {
+                        let spec = hosts
+                            .spec(hosts.lookup_slot(slot as usize).expect("live"))
+                            .expect("live");
+                        format!(
+                            "{}={}",
+                            spec.name,
+                            crate::hostpools::host_pool_attribute(&spec).unwrap_or("-")
+                        )
+                    })
+                    .collect();
+                let store = &self.sim.store;
+                let line = format!(
+                    "  host pools: {} | members: {} | tags: {} | stored: {} {}",
+                    pools.names().collect::<Vec<_>>().join(" "),
+                    members.join(" "),
+                    tags.join(" "),
+                    store
+                        .host_pools
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    store
+                        .host_pool_members
+                        .iter()
+                        .map(|(h, p)| format!("{h}={p}"))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                );
+                self.sim.say(line);
+            }
             "pool" => self.step(Input::CreatePool {
                 path: words[1].into(),
                 config: PoolConfig::default()
@@ -197,6 +253,15 @@ impl Env {
                 }
                 if let Some(c) = arg("constraint") {
                     p.default.constraint = c.replace('_', " ");
+                }
+                if let Some(hp) = arg("host_pool") {
+                    // As the shell's validation ANDs it in.
+                    p.host_pool = hp.into();
+                    let tag = format!("{HOST_POOL_ATTRIBUTE} == \"{hp}\"");
+                    p.default.constraint = match p.default.constraint.as_str() {
+                        "" => tag,
+                        c => format!("({c}) and {tag}"),
+                    };
                 }
                 if let Some(mb) = arg("volume") {
                     p.default.volume = Some(VolumeTemplate {
@@ -4001,4 +4066,147 @@ fn a_launch_that_never_reached_its_agent_is_sent_again_when_it_registers() {
             job k running
         "#]],
     );
+}
+
+#[test]
+fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
+    check(
+        "
+        hostpool create gpu
+        hostpool create gpu            # exists
+        host h1 cpu=4
+        host h2 cpu=4
+        hostpools
+        job g pool=/ n=1 cpu=1 host_pool=gpu
+        job d pool=/ n=1 cpu=1
+        job x pool=/ n=1 cpu=1 host_pool=nope
+        cycle                          # g waits: no host in gpu
+        move gpu h2 nope               # all or nothing
+        move nowhere h2
+        move gpu h2
+        cycle
+        move gpu h1                    # d's run on h1 stays
+        hostpools
+        hostpool delete default
+        hostpool delete nope
+        hostpool delete gpu            # has hosts
+        move default h1 h2
+        hostpool delete gpu            # g still runs there
+        kill g
+        confirm
+        crash
+        hostpools
+        register h1
+        register h2
+        hostpool delete gpu
+        hostpools
+        ",
+        expect![[r#"
+            > hostpool create gpu
+              row host pool gpu
+            > hostpool create gpu
+            error: host pool "gpu" already exists
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > hostpools
+              host pools: gpu | members:  | tags: h1=default h2=default | stored: gpu 
+            > job g pool=/ n=1 cpu=1 host_pool=gpu
+            g/0#1 pending
+            job g pending
+            > job d pool=/ n=1 cpu=1
+            d/0#1 pending
+            job d pending
+            > job x pool=/ n=1 cpu=1 host_pool=nope
+            error: spec.host_pool: host pool "nope" does not exist (create it with `peloton hostpool create`)
+            > cycle
+            g/0#1 ready
+            d/0#1 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+            g/0#1 placing
+              launch d/0#1 @h1 config 1
+            d/0#1 running @h1
+            job d running
+            > move gpu h2 nope
+            error: host nope not found
+            > move nowhere h2
+            error: host pool "nowhere" not found
+            > move gpu h2
+              row host h2 in gpu
+            > cycle
+            g/0#1 placed @h2
+            g/0#1 launching @h2
+              launch g/0#1 @h2 config 1
+            g/0#1 running @h2
+            job g running
+            > move gpu h1
+              row host h1 in gpu
+            > hostpools
+              host pools: gpu | members: h1=gpu h2=gpu | tags: h1=gpu h2=gpu | stored: gpu h1=gpu h2=gpu
+            > hostpool delete default
+            error: host pool "default" cannot be deleted
+            > hostpool delete nope
+            error: host pool "nope" not found
+            > hostpool delete gpu
+            error: host pool "gpu" still has 2 host(s) (h1, h2); move them to another host pool first
+            > move default h1 h2
+              row host h1 in default
+              row host h2 in default
+            > hostpool delete gpu
+            error: host pool "gpu" is named by job g which is not terminal
+            > kill g
+            g/0#1 killed @h2 (job killed)
+            job g killing
+              kill g/0#1 @h2
+            > confirm
+            job g killed
+            > crash
+            > hostpools
+              host pools: gpu | members:  | tags: h1=default h2=default | stored: gpu 
+            > register h1
+            > register h2
+            > hostpool delete gpu
+              row host pool gpu deleted
+            > hostpools
+              host pools:  | members:  | tags: h1=default h2=default | stored:  
+        "#]],
+    );
+}
+
+#[test]
+fn host_pools_survive_a_restart_and_an_agent_cannot_name_its_own() {
+    check(
+        "
+        hostpool create a
+        host h1 cpu=4
+        move a h1
+        crash
+        hostpools
+        register h1
+        hostpools
+        ",
+        expect![[r#"
+            > hostpool create a
+              row host pool a
+            > host h1 cpu=4
+            > move a h1
+              row host h1 in a
+            > crash
+            > hostpools
+              host pools: a | members: h1=a | tags: h1=a | stored: a h1=a
+            > register h1
+            > hostpools
+              host pools: a | members: h1=a | tags: h1=a | stored: a h1=a
+        "#]],
+    );
+    let mut sim = Sim::new();
+    let mut spec = crate::sim::host_spec("h9", 4, 4096);
+    spec.attributes
+        .push((HOST_POOL_ATTRIBUTE.into(), "default".into()));
+    let e = sim.add_host_spec(spec).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "register.attributes.peloton.host_pool: is set by the server from the host's host pool; an agent may not set it"
+    );
+    assert!(sim.engine.hosts().lookup("h9").is_none());
 }

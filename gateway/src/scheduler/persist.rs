@@ -470,7 +470,6 @@ pub(super) type RecoveredSpecs = (String, super::Specs, Option<u64>);
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
-    host_pools: &super::hostpools::HostPools,
 ) -> anyhow::Result<(Recovered, Vec<RecoveredSpecs>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
@@ -482,11 +481,10 @@ pub(super) fn recovered(
     for (name, bytes) in &snap.hosts {
         let host = pb::Host::decode(bytes.as_slice())?;
         let spec = if agent_mode {
-            let mut spec =
-                reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
-                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
-            // Its stored host pool (the attribute is not in the row).
-            host_pools.tag(&mut spec);
+            // (The core sets its stored host pool: the attribute is not in
+            // the row.)
+            let spec = reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
+                .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
             Some(spec)
         } else {
             None
@@ -619,6 +617,32 @@ pub(super) fn recovered(
         specs.push((id.clone(), versions, from_row));
     }
     Ok((rec, specs))
+}
+
+/// Encodes the rows of the tables beside the jobs (host pools, access,
+/// secrets) that the core marked into `batch`, from the core's state:
+/// what is no longer there is deleted.
+pub(super) fn state_rows(
+    core: &Lifecycle,
+    rows: &mut Vec<crate::lifecycle::StateRow>,
+    batch: &mut WriteBatch,
+) {
+    use crate::lifecycle::StateRow;
+    for row in rows.drain(..) {
+        match row {
+            StateRow::HostPool(name) => {
+                let exists = core.host_pools().exists(&name);
+                batch.host_pools.push((name.to_string(), exists));
+            }
+            StateRow::HostPoolMember(host) => {
+                let pools = core.host_pools();
+                let pool = pools
+                    .is_member(&host)
+                    .then(|| pools.pool_of(&host).to_string());
+                batch.host_pool_members.push((host.to_string(), pool));
+            }
+        }
+    }
 }
 
 #[cfg(test)]
