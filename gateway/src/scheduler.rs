@@ -535,11 +535,6 @@ pub struct Scheduler {
     /// lost; they get the reconnect slack of a restart when it leads again.
     leading: Option<tokio::sync::watch::Receiver<bool>>,
     last_lost_check: u64,
-    /// Client-mode applications and when their drivers were last heard
-    /// from (any call about them; an open executor stream calls every
-    /// second).
-    app_seen: FxHashMap<JobKey, u64>,
-    last_lease_check: u64,
     last_trim: u64,
     last_cycle: Option<Instant>,
     /// How long the last cycle took (see [`cycle_spacing`]).
@@ -582,6 +577,7 @@ impl Scheduler {
             agent_mode: hub.is_some(),
             retention_ms: config.job_retention.as_millis() as u64,
             max_finished_jobs: config.max_finished_jobs,
+            app_lease_ms: config.app_lease.as_millis() as u64,
         };
         let now = now_ms();
         let revision = snapshot.revision;
@@ -605,16 +601,7 @@ impl Scheduler {
         let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
         let access = access::AccessState::recover(&snapshot)?;
         metrics.jobs.set(core.n_jobs() as i64);
-        // Recovered client-mode applications: their drivers have a lease
-        // from now to come back.
-        let app_seen = core
-            .jobs_by_id("")
-            .filter(|(_, j)| apps::leased(j))
-            .map(|(k, _)| (k, now))
-            .collect();
         Ok(Scheduler {
-            app_seen,
-            last_lease_check: 0,
             engine,
             core,
             store,
@@ -756,10 +743,6 @@ impl Scheduler {
             let next = self.last_lost_check + LOST_CHECK_INTERVAL_MS;
             ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
         }
-        if !self.app_seen.is_empty() {
-            let next = self.last_lease_check + apps::LEASE_CHECK_INTERVAL_MS;
-            ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
-        }
         if let Some(t) = ms_deadline {
             until = until.min(now + Duration::from_millis(t.saturating_sub(wall)));
         }
@@ -808,7 +791,6 @@ impl Scheduler {
             self.step(Input::Tick);
         }
         self.check_lost_hosts();
-        self.check_app_leases();
         if now_dispatch {
             // Kills issued while applying updates and timers.
             self.dispatch();

@@ -181,5 +181,6 @@ impl Lifecycle {
         );
         assert_eq!(self.by_id.len(), self.jobs.len());
         self.check_host_pool_invariants(engine);
+        self.check_lease_invariants();
     }
 }

@@ -244,6 +244,8 @@ impl Lifecycle {
         if !daemon {
             fx.counters.tasks_accepted += u64::from(n);
         }
+        // A client-mode application's driver holds a lease from now.
+        self.app_heard(key);
         Ok(Answer::Job(key))
     }
 

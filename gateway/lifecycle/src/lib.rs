@@ -26,6 +26,7 @@ mod hostpools;
 mod hosts;
 mod invariants;
 mod jobs;
+mod leases;
 mod model;
 mod pinned;
 mod recover;
@@ -56,6 +57,7 @@ pub use hostpools::{
     DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE, HostPools, MAX_HOST_POOLS,
     check_registration_attributes,
 };
+pub use leases::leased;
 pub use model::{
     AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId,
     N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume,
@@ -315,6 +317,12 @@ pub enum Input {
         /// Their instances.
         instances: Vec<u32>,
     },
+    /// The driver of a client-mode application was heard from (any call
+    /// about it): its lease starts again. Nothing for other jobs.
+    AppHeard {
+        /// Job id.
+        id: String,
+    },
     /// An application ends.
     AppUnregister {
         /// Job id.
@@ -366,6 +374,9 @@ pub struct CoreConfig {
     pub retention_ms: u64,
     /// At most this many finished jobs are kept (the oldest go first).
     pub max_finished_jobs: usize,
+    /// A client-mode application whose driver was not heard from for this
+    /// long is unregistered.
+    pub app_lease_ms: u64,
 }
 
 impl Default for CoreConfig {
@@ -376,6 +387,7 @@ impl Default for CoreConfig {
             agent_mode: false,
             retention_ms: 7 * 24 * 3600 * 1000,
             max_finished_jobs: 10_000,
+            app_lease_ms: 60_000,
         }
     }
 }
@@ -465,6 +477,9 @@ pub struct Lifecycle {
     /// Batch jobs whose controller instance (0) reached a terminal state in
     /// this step: the others are stopped at its end if it is still there.
     controller_ended: FxHashSet<JobKey>,
+    /// Client-mode applications by when their drivers were last heard
+    /// from (their leases).
+    app_seen: FxHashMap<JobKey, u64>,
     /// Since when hosts holding volumes are seen down.
     down_since: FxHashMap<HostSlot, u64>,
     /// When a relocating job's volume may be given up next (kept by
@@ -505,6 +520,7 @@ impl Lifecycle {
             daemon_jobs: Default::default(),
             app_dirty: FxHashSet::default(),
             controller_ended: FxHashSet::default(),
+            app_seen: FxHashMap::default(),
             down_since: FxHashMap::default(),
             volume_deadline: None,
             needs_cycle: true,
@@ -596,6 +612,11 @@ impl Lifecycle {
             } => self.app_target(&id, generation, total),
             Input::AppKill { id, instances } => self.app_kill(engine, &id, &instances, fx),
             Input::AppUnregister { id, lapsed } => self.app_unregister(engine, &id, lapsed, fx),
+            Input::AppHeard { id } => {
+                let k = self.job_key(&id)?;
+                self.app_heard(k);
+                Ok(Answer::Done)
+            }
             Input::Cycle => {
                 self.reconcile_daemons(engine, fx);
                 self.check_volume_hosts(engine, fx);
@@ -607,6 +628,7 @@ impl Lifecycle {
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
+                self.expire_leases(engine, fx);
                 self.apply_retention(engine, fx);
                 self.check_volume_hosts(engine, fx);
                 Ok(Answer::Done)
@@ -621,6 +643,7 @@ impl Lifecycle {
             }
         }
         self.reconcile_apps(engine, fx);
+        self.forget_leases();
         self.stop_after_controllers(engine, fx);
         self.fill_all(engine, fx);
         self.sync_reservations(engine);
@@ -644,13 +667,19 @@ impl Lifecycle {
     }
 
     /// When a [`Input::Tick`] is next due: the earliest timer, the
-    /// retention of finished jobs, or a volume to give up, if any.
+    /// retention of finished jobs, a volume to give up or an application's
+    /// lease, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
-        [timer, self.retention_deadline(), self.volume_deadline]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            timer,
+            self.retention_deadline(),
+            self.volume_deadline,
+            self.lease_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The core's settings.

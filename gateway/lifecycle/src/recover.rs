@@ -181,6 +181,17 @@ impl Lifecycle {
         for ((pool, flags), n) in per_pool {
             engine.reserve_queue(pool, flags, n);
         }
+        // Recovered client-mode applications: their drivers have a lease
+        // from now to come back.
+        let leased: Vec<super::JobKey> = core
+            .jobs
+            .iter()
+            .filter(|(_, j)| super::leases::leased(j))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in leased {
+            core.app_heard(k);
+        }
         core.fill_all(engine, fx);
         core.sync_reservations(engine);
         core.derive_job_states(fx);

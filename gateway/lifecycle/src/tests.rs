@@ -32,6 +32,9 @@
 //! - `hostpool create|delete P`, `move P H...` (hosts into host pool P),
 //!   `hostpools` — the host pools, their members, every host's tag and
 //!   the stored rows; `job … host_pool=P` runs in host pool P;
+//! - `app A` — a client-mode application registers; `target A N` — its
+//!   executor target; `heard A` — its driver calls; `lease A` — when it
+//!   was last heard from;
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -284,6 +287,37 @@ impl Env {
                     id: words[1].into(),
                     plan: Box::new(p),
                 });
+            }
+            "app" => {
+                // A client-mode application (registered, no executors yet).
+                let mut p = plan(arg("pool").unwrap_or("/"), 0, 1000);
+                p.kind = JobKind::Application;
+                p.preemptible = true;
+                p.app = Some(AppPlan {
+                    max_executors: 10,
+                    driver_in_job: false,
+                    registered: true,
+                });
+                self.step(Input::CreateJob {
+                    id: words[1].into(),
+                    plan: Box::new(p),
+                });
+            }
+            "target" => self.step(Input::AppTarget {
+                id: words[1].into(),
+                generation: num("generation", 1),
+                total: words[2].parse().expect("executors"),
+            }),
+            "heard" => self.step(Input::AppHeard {
+                id: words[1].into(),
+            }),
+            "lease" => {
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let line = match self.sim.core.app_last_heard(k) {
+                    Some(at) => format!("  lease {}: heard {} ms ago", words[1], self.sim.now - at),
+                    None => format!("  lease {}: none", words[1]),
+                };
+                self.sim.say(line);
             }
             "cycle" => self.step(Input::Cycle),
             "tick" => {
@@ -4209,4 +4243,63 @@ fn host_pools_survive_a_restart_and_an_agent_cannot_name_its_own() {
         "register.attributes.peloton.host_pool: is set by the server from the host's host pool; an agent may not set it"
     );
     assert!(sim.engine.hosts().lookup("h9").is_none());
+}
+
+#[test]
+fn a_client_mode_application_whose_driver_goes_silent_is_unregistered() {
+    check(
+        "
+        host h1 cpu=4
+        app a
+        target a 1
+        cycle
+        tick 30000
+        heard a                 # the driver calls: the lease starts again
+        tick 40000              # 70 s since it registered, 40 s since heard
+        lease a
+        crash                   # a restart gives the lease again
+        register h1
+        tick 59000
+        lease a
+        tick 2000               # 61 s silent: unregistered
+        lease a
+        confirm
+        heard a                 # too late: no lease any more
+        lease a
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > app a
+            job a pending
+            > target a 1
+            a/0#1 pending
+            > cycle
+            a/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+            a/0#1 running @h1
+            job a running
+            > tick 30000
+            > heard a
+            > tick 40000
+            > lease a
+              lease a: heard 40000 ms ago
+            > crash
+            > register h1
+            > tick 59000
+            > lease a
+              lease a: heard 59000 ms ago
+            > tick 2000
+            a/0#1 killed @h1 (the application's driver was not heard from for its lease; the application was unregistered)
+              kill a/0#1 @h1
+            > lease a
+              lease a: none
+            > confirm
+            job a succeeded
+            > heard a
+            > lease a
+              lease a: none
+        "#]],
+    );
 }

@@ -76,56 +76,7 @@ pub enum AppCommand {
     },
 }
 
-/// How often drivers' leases are checked.
-pub const LEASE_CHECK_INTERVAL_MS: u64 = 1000;
-
-/// An application whose driver holds a lease: client mode, registered, not
-/// ended (a cluster-mode driver is a task of the job: its end ends it).
-pub(super) fn leased(job: &crate::lifecycle::Job) -> bool {
-    job.plan.kind == JobKind::Application
-        && job.plan.app.is_some_and(|a| !a.driver_in_job)
-        && !job.app.closed
-        && !job.kill_requested
-}
-
 impl Scheduler {
-    /// The driver of application `id` was heard from.
-    fn seen(&mut self, id: &str) {
-        if let Ok(k) = self.core.job_key(id)
-            && self.core.job(k).is_some_and(leased)
-        {
-            self.app_seen.insert(k, self.now);
-        }
-    }
-
-    /// Unregisters client-mode applications whose drivers have not been
-    /// heard from for the lease (a driver killed outright).
-    pub(super) fn check_app_leases(&mut self) {
-        if self.app_seen.is_empty() || self.now < self.last_lease_check + LEASE_CHECK_INTERVAL_MS {
-            return;
-        }
-        self.last_lease_check = self.now;
-        let lease = self.config.app_lease.as_millis() as u64;
-        let mut lapsed = Vec::new();
-        let core = &self.core;
-        self.app_seen.retain(|&k, &mut seen| match core.job(k) {
-            Some(job) if leased(job) => {
-                if self.now.saturating_sub(seen) > lease {
-                    lapsed.push(job.id.to_string());
-                    false
-                } else {
-                    true
-                }
-            }
-            _ => false,
-        });
-        lapsed.sort_unstable();
-        for id in lapsed {
-            tracing::warn!(app = %id, lease_ms = lease, "application unregistered: its driver was not heard from");
-            self.step(Input::AppUnregister { id, lapsed: true });
-        }
-    }
-
     pub(super) fn handle_app(&mut self, c: AppCommand) {
         match &c {
             AppCommand::Create { .. } => {}
@@ -134,16 +85,21 @@ impl Scheduler {
             | AppCommand::Target { id, .. }
             | AppCommand::Kill { id, .. }
             | AppCommand::Unregister { id, .. } => {
-                let id = id.clone();
-                self.seen(&id);
+                // Any call about it renews its driver's lease (an open
+                // executor stream calls every second).
+                let _ = self.core.step(
+                    &mut self.engine,
+                    Input::AppHeard { id: id.clone() },
+                    self.now,
+                    &mut self.fx,
+                );
             }
         }
         match c {
             AppCommand::Create { spec, plan, reply } => {
-                let r = self.create_job(*spec, *plan).and_then(|job| {
-                    self.seen(&job.id);
-                    self.app_of(&job.id)
-                });
+                let r = self
+                    .create_job(*spec, *plan)
+                    .and_then(|job| self.app_of(&job.id));
                 self.defer(reply, r);
             }
             AppCommand::Attach {
