@@ -543,8 +543,9 @@ pub struct Scheduler {
     now: u64,
     /// Set while the store cannot write.
     outage: Outage,
-    /// Tokens and the audit log.
-    access: access::AccessState,
+    /// The authentication table tokens are published to (a secure
+    /// server's; none: tokens are refused and no audit log is kept).
+    shared_access: Option<Arc<crate::access::Access>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -578,12 +579,14 @@ impl Scheduler {
             retention_ms: config.job_retention.as_millis() as u64,
             max_finished_jobs: config.max_finished_jobs,
             app_lease_ms: config.app_lease.as_millis() as u64,
+            ..CoreConfig::default()
         };
         let now = now_ms();
         let revision = snapshot.revision;
         let (mut recovered, specs_by_id) = persist::recovered(&snapshot, core_config.agent_mode)?;
         recovered.host_pools = snapshot.host_pools.clone();
         recovered.host_pool_members = snapshot.host_pool_members.clone();
+        (recovered.tokens, recovered.audit) = persist::recovered_access(&snapshot)?;
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
@@ -599,7 +602,6 @@ impl Scheduler {
         }
         let mut batch = WriteBatch::default();
         let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
-        let access = access::AccessState::recover(&snapshot)?;
         metrics.jobs.set(core.n_jobs() as i64);
         Ok(Scheduler {
             engine,
@@ -627,7 +629,7 @@ impl Scheduler {
             last_pool_metrics: None,
             now,
             outage: Outage::default(),
-            access,
+            shared_access: None,
         })
     }
 
@@ -830,7 +832,7 @@ impl Scheduler {
     /// tokens are created and revoked, and the audit log kept, only then.
     pub fn with_access(mut self, access: Arc<crate::access::Access>) -> Self {
         if access.is_secure() {
-            self.access.attach(access);
+            self.attach_access(access);
             self.publish_all_jobs();
         }
         self
@@ -949,6 +951,7 @@ impl Scheduler {
         // Handlers check a job's pool before they ask the loop anything:
         // they know of a job before its creator hears of it.
         self.publish_jobs(&events);
+        self.publish_access();
         // Real hosts hear of launches and kills only once they are durable:
         // a crash before the commit must not leave a run the store does not
         // know (it would run twice), nor a kill it does not know of. (For

@@ -22,7 +22,8 @@ pub fn code(e: &Error) -> Code {
         | Error::HostNotFound(_)
         | Error::VolumeNotFound(_)
         | Error::UpdateNotFound(_)
-        | Error::HostPoolNotFound(_) => Code::NotFound,
+        | Error::HostPoolNotFound(_)
+        | Error::NotFound(_) => Code::NotFound,
         Error::AlreadyExists(_) => Code::AlreadyExists,
         Error::JobPool(_) => Code::NotFound,
         Error::Stale { .. } | Error::Precondition(_) => Code::FailedPrecondition,

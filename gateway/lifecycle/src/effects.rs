@@ -139,6 +139,10 @@ pub enum StateRow {
     HostPool(Arc<str>),
     /// A host's membership in a host pool other than "default", by host.
     HostPoolMember(Arc<str>),
+    /// A token, by name.
+    Token(Arc<str>),
+    /// An audit entry, by sequence number.
+    Audit(u64),
 }
 
 /// Counters for the metrics.
@@ -165,6 +169,8 @@ pub struct Effects {
     pub rows: Vec<RowKey>,
     /// Rows of the tables beside the jobs to write.
     pub state_rows: Vec<StateRow>,
+    /// What the shell's authentication table learns after the commit.
+    pub access: Vec<super::access::AccessChange>,
     /// Runs to start, after the commit.
     pub launches: Vec<Launch>,
     /// Runs to stop, after the commit.

@@ -31,6 +31,9 @@ pub enum Error {
     /// No host pool with this name.
     #[error("host pool {0:?} not found")]
     HostPoolNotFound(String),
+    /// Something else the input names does not exist.
+    #[error("{0}")]
+    NotFound(String),
     /// Something of this name exists already.
     #[error("{0}")]
     AlreadyExists(String),

@@ -182,5 +182,6 @@ impl Lifecycle {
         assert_eq!(self.by_id.len(), self.jobs.len());
         self.check_host_pool_invariants(engine);
         self.check_lease_invariants();
+        self.check_access_invariants();
     }
 }

@@ -18,6 +18,7 @@
 //! After every step `check_invariants` runs in debug builds and tests: a
 //! broken invariant is a crash, not a log line.
 
+mod access;
 mod admissible;
 mod apps;
 mod effects;
@@ -48,6 +49,10 @@ use peloton_engine::task::TaskHandle;
 use peloton_engine::{Engine, PoolConfig, PoolId};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+pub use access::{
+    AccessChange, AccessState, AuditEntry, Certificate, Digest32, MAX_AUDIT_ENTRIES,
+    MAX_CERTS_PER_TOKEN, MAX_TOKENS, Token, hex as digest_hex,
+};
 pub use admissible::never_admitted_reason;
 pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
@@ -331,6 +336,31 @@ pub enum Input {
         /// it unregistered.
         lapsed: bool,
     },
+    /// Store a token (a secure server's; its name, grants and secret
+    /// checked by the shell; its creation time is set here).
+    CreateToken(Box<Token>),
+    /// Revoke a token.
+    RevokeToken {
+        /// Its name.
+        name: String,
+    },
+    /// Record a client certificate (signed by the shell) with a token.
+    IssueCertificate {
+        /// The token's name.
+        name: String,
+        /// The certificate (its issue time is set here).
+        certificate: Certificate,
+    },
+    /// Forget one client certificate of a token.
+    RevokeCertificate {
+        /// The token's name.
+        name: String,
+        /// The certificate's fingerprint.
+        fingerprint: Digest32,
+    },
+    /// Append to the audit log (its sequence number and time are set
+    /// here).
+    Audit(Box<AuditEntry>),
     /// Run a scheduling cycle (entitlement, admission, placement,
     /// preemption).
     Cycle,
@@ -377,6 +407,8 @@ pub struct CoreConfig {
     /// A client-mode application whose driver was not heard from for this
     /// long is unregistered.
     pub app_lease_ms: u64,
+    /// Audit entries kept (the oldest beyond go).
+    pub max_audit_entries: usize,
 }
 
 impl Default for CoreConfig {
@@ -388,6 +420,7 @@ impl Default for CoreConfig {
             retention_ms: 7 * 24 * 3600 * 1000,
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
+            max_audit_entries: MAX_AUDIT_ENTRIES,
         }
     }
 }
@@ -469,6 +502,8 @@ pub struct Lifecycle {
     pin_dirty: FxHashSet<(JobKey, u32)>,
     /// Host pools and their members.
     host_pools: HostPools,
+    /// Tokens and the audit log.
+    access: AccessState,
     /// Daemon jobs.
     daemon_jobs: std::collections::BTreeSet<JobKey>,
     /// Application jobs whose target, executors or driver changed in this
@@ -517,6 +552,7 @@ impl Lifecycle {
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
             host_pools: HostPools::default(),
+            access: AccessState::default(),
             daemon_jobs: Default::default(),
             app_dirty: FxHashSet::default(),
             controller_ended: FxHashSet::default(),
@@ -617,6 +653,15 @@ impl Lifecycle {
                 self.app_heard(k);
                 Ok(Answer::Done)
             }
+            Input::CreateToken(token) => self.create_token(*token, fx),
+            Input::RevokeToken { name } => self.revoke_token(&name, fx),
+            Input::IssueCertificate { name, certificate } => {
+                self.issue_certificate(&name, certificate, fx)
+            }
+            Input::RevokeCertificate { name, fingerprint } => {
+                self.revoke_certificate(&name, fingerprint, fx)
+            }
+            Input::Audit(entry) => Ok(self.audit(*entry, fx)),
             Input::Cycle => {
                 self.reconcile_daemons(engine, fx);
                 self.check_volume_hosts(engine, fx);

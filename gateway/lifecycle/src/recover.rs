@@ -84,6 +84,10 @@ pub struct Recovered {
     pub host_pools: Vec<String>,
     /// Hosts outside "default": host name, host pool.
     pub host_pool_members: Vec<(String, String)>,
+    /// Tokens.
+    pub tokens: Vec<super::Token>,
+    /// The audit log.
+    pub audit: Vec<super::AuditEntry>,
 }
 
 impl Lifecycle {
@@ -116,6 +120,7 @@ impl Lifecycle {
             core.pool_versions.insert(path, version);
         }
         core.recover_host_pools(rec.host_pools, rec.host_pool_members, fx);
+        core.recover_access(rec.tokens, rec.audit, fx);
         // The simulated hosts (agent hosts are tagged as they are added).
         core.tag_all_hosts(engine);
         for host in rec.hosts {

@@ -99,6 +99,10 @@ pub struct StoreModel {
     pub host_pools: std::collections::BTreeSet<Arc<str>>,
     /// Hosts outside "default", with their host pool.
     pub host_pool_members: BTreeMap<Arc<str>, String>,
+    /// Tokens by name.
+    pub tokens: BTreeMap<Arc<str>, crate::Token>,
+    /// The audit log by sequence number.
+    pub audit: BTreeMap<u64, crate::AuditEntry>,
 }
 
 /// The core, its engine, agents and store.
@@ -577,6 +581,37 @@ impl Sim {
 
     /// The rows of the tables beside the jobs, as the shell writes them.
     fn write_state_rows(&mut self) {
+        for change in std::mem::take(&mut self.fx.access) {
+            let line = match change {
+                crate::AccessChange::TokenCreated(name) => format!("token {name} created"),
+                crate::AccessChange::TokenRevoked {
+                    digest,
+                    certificates,
+                } => format!(
+                    "token {:02x} revoked with {} certificates",
+                    digest[0],
+                    certificates.len()
+                ),
+                crate::AccessChange::CertificateIssued {
+                    fingerprint,
+                    digest,
+                    not_after_ms,
+                } => format!(
+                    "certificate {:02x} of {:02x} until {}",
+                    fingerprint[0],
+                    digest[0],
+                    not_after_ms.saturating_sub(START_MS)
+                ),
+                crate::AccessChange::CertificatesRemoved(fps) => format!(
+                    "certificates removed: {}",
+                    fps.iter()
+                        .map(|f| format!("{:02x}", f[0]))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+            };
+            self.say(format!("  access: {line}"));
+        }
         for row in std::mem::take(&mut self.fx.state_rows) {
             match row {
                 StateRow::HostPool(name) => {
@@ -588,6 +623,29 @@ impl Sim {
                         self.store.host_pools.remove(&name);
                     }
                 }
+                StateRow::Token(name) => match self.core.access().token(&name).cloned() {
+                    Some(t) => {
+                        self.say(format!(
+                            "  row token {name} certificates={}",
+                            t.certificates.len()
+                        ));
+                        self.store.tokens.insert(name, t);
+                    }
+                    None => {
+                        self.say(format!("  row token {name} deleted"));
+                        self.store.tokens.remove(&name);
+                    }
+                },
+                StateRow::Audit(seq) => match self.core.access().audit_entry(seq).cloned() {
+                    Some(e) => {
+                        self.say(format!("  row audit {seq} {} {}", e.principal, e.method));
+                        self.store.audit.insert(seq, e);
+                    }
+                    None => {
+                        self.say(format!("  row audit {seq} deleted"));
+                        self.store.audit.remove(&seq);
+                    }
+                },
                 StateRow::HostPoolMember(host) => {
                     let pools = self.core.host_pools();
                     if pools.is_member(&host) {
@@ -905,6 +963,8 @@ impl Sim {
             .iter()
             .map(|(h, p)| (h.to_string(), p.clone()))
             .collect();
+        rec.tokens = self.store.tokens.values().cloned().collect();
+        rec.audit = self.store.audit.values().cloned().collect();
         self.engine = engine();
         let revision = self.core.revision();
         self.fx = Effects::default();

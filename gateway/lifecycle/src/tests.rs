@@ -35,6 +35,10 @@
 //! - `app A` — a client-mode application registers; `target A N` — its
 //!   executor target; `heard A` — its driver calls; `lease A` — when it
 //!   was last heard from;
+//! - `token create|revoke T [digest=N]`, `cert issue|revoke T fp=N
+//!   [until=MS]` (a certificate valid until MS after the start),
+//!   `audit PRINCIPAL METHOD`, `audit-bound max=N` (first line only),
+//!   `access` — the tokens, their certificates, the audit log and the rows;
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -317,6 +321,80 @@ impl Env {
                     Some(at) => format!("  lease {}: heard {} ms ago", words[1], self.sim.now - at),
                     None => format!("  lease {}: none", words[1]),
                 };
+                self.sim.say(line);
+            }
+            "token" => {
+                let name = words[2].to_string();
+                self.step(match words[1] {
+                    "create" => Input::CreateToken(Box::new(Token {
+                        name,
+                        grants: vec![
+                            peloton_authz::Grant::new(peloton_authz::Role::Viewer, "/")
+                                .expect("a grant"),
+                        ],
+                        created_at_ms: 0,
+                        created_by: "admin".into(),
+                        digest: [num("digest", 1) as u8; 32],
+                        certificates: Vec::new(),
+                    })),
+                    "revoke" => Input::RevokeToken { name },
+                    other => panic!("token {other}?"),
+                });
+            }
+            "cert" => {
+                let name = words[2].to_string();
+                let fingerprint = [num("fp", 1) as u8; 32];
+                self.step(match words[1] {
+                    "issue" => Input::IssueCertificate {
+                        name,
+                        certificate: Certificate {
+                            fingerprint,
+                            issued_at_ms: 0,
+                            not_after_ms: crate::sim::START_MS + num("until", 1000),
+                        },
+                    },
+                    "revoke" => Input::RevokeCertificate { name, fingerprint },
+                    other => panic!("cert {other}?"),
+                });
+            }
+            "audit" => self.step(Input::Audit(Box::new(AuditEntry {
+                principal: words[1].into(),
+                method: words[2].into(),
+                ..AuditEntry::default()
+            }))),
+            "audit-bound" => {
+                assert_eq!(self.sim.core.n_jobs(), 0, "audit-bound comes first");
+                self.sim = Sim::with_config(CoreConfig {
+                    max_audit_entries: num("max", 3) as usize,
+                    ..crate::sim::config()
+                });
+                self.sim.say(format!("> {line}"));
+            }
+            "access" => {
+                let a = self.sim.core.access();
+                let tokens: Vec<String> = a
+                    .tokens()
+                    .map(|t| {
+                        let certs: Vec<String> = t
+                            .certificates
+                            .iter()
+                            .map(|c| format!("{:02x}", c.fingerprint[0]))
+                            .collect();
+                        format!("{}[{}]", t.name, certs.join(","))
+                    })
+                    .collect();
+                let audit: Vec<String> = a
+                    .audit_newest_first()
+                    .map(|e| format!("{}:{}", e.seq, e.principal))
+                    .collect();
+                let store = &self.sim.store;
+                let line = format!(
+                    "  tokens: {} | audit (newest first): {} | stored: {} tokens, audit {:?}",
+                    tokens.join(" "),
+                    audit.join(" "),
+                    store.tokens.len(),
+                    store.audit.keys().collect::<Vec<_>>()
+                );
                 self.sim.say(line);
             }
             "cycle" => self.step(Input::Cycle),
@@ -4300,6 +4378,103 @@ fn a_client_mode_application_whose_driver_goes_silent_is_unregistered() {
             > heard a
             > lease a
               lease a: none
+        "#]],
+    );
+}
+
+#[test]
+fn tokens_and_certificates_are_kept_and_published_after_their_commit() {
+    check(
+        "
+        token create ci digest=7
+        token create ci digest=8      # exists
+        cert issue ci fp=1 until=1000
+        cert issue ci fp=2 until=5000
+        cert issue nope fp=3
+        tick 2000                     # fp 1 expires
+        cert issue ci fp=3 until=9000 # the expired one goes first
+        cert revoke ci fp=9
+        cert revoke ci fp=2
+        access
+        crash
+        access
+        token revoke ci
+        token revoke ci
+        access
+        ",
+        expect![[r#"
+            > token create ci digest=7
+              access: token ci created
+              row token ci certificates=0
+            > token create ci digest=8
+            error: token ci already exists (revoke it first)
+            > cert issue ci fp=1 until=1000
+              access: certificate 01 of 07 until 1000
+              row token ci certificates=1
+            > cert issue ci fp=2 until=5000
+              access: certificate 02 of 07 until 5000
+              row token ci certificates=2
+            > cert issue nope fp=3
+            error: token nope not found
+            > tick 2000
+            > cert issue ci fp=3 until=9000
+              access: certificates removed: 01
+              access: certificate 03 of 07 until 9000
+              row token ci certificates=2
+            > cert revoke ci fp=9
+            error: token ci has no certificate 0909090909090909090909090909090909090909090909090909090909090909
+            > cert revoke ci fp=2
+              access: certificates removed: 02
+              row token ci certificates=1
+            > access
+              tokens: ci[03] | audit (newest first):  | stored: 1 tokens, audit []
+            > crash
+            > access
+              tokens: ci[03] | audit (newest first):  | stored: 1 tokens, audit []
+            > token revoke ci
+              access: token 07 revoked with 1 certificates
+              row token ci deleted
+            > token revoke ci
+            error: token ci not found
+            > access
+              tokens:  | audit (newest first):  | stored: 0 tokens, audit []
+        "#]],
+    );
+}
+
+#[test]
+fn the_audit_log_keeps_its_newest_entries_and_never_reuses_a_number() {
+    check(
+        "
+        audit-bound max=3
+        audit ci /a
+        audit ci /b
+        audit admin /c
+        audit ci /d                   # the first goes
+        access
+        crash
+        audit ci /e
+        access
+        ",
+        expect![[r#"
+            > audit-bound max=3
+            > audit ci /a
+              row audit 1 ci /a
+            > audit ci /b
+              row audit 2 ci /b
+            > audit admin /c
+              row audit 3 admin /c
+            > audit ci /d
+              row audit 4 ci /d
+              row audit 1 deleted
+            > access
+              tokens:  | audit (newest first): 4:ci 3:admin 2:ci | stored: 0 tokens, audit [2, 3, 4]
+            > crash
+            > audit ci /e
+              row audit 5 ci /e
+              row audit 2 deleted
+            > access
+              tokens:  | audit (newest first): 5:ci 4:ci 3:admin | stored: 0 tokens, audit [3, 4, 5]
         "#]],
     );
 }

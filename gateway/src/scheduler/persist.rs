@@ -619,6 +619,48 @@ pub(super) fn recovered(
     Ok((rec, specs))
 }
 
+/// A token as stored: as listed, and its secret's digest.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredToken {
+    #[prost(message, optional, tag = "1")]
+    token: Option<pb::Token>,
+    #[prost(bytes = "vec", tag = "2")]
+    digest: Vec<u8>,
+}
+
+/// The stored tokens and audit entries. A token whose grants are no
+/// longer valid is left out (and logged): it could never authenticate.
+pub(super) fn recovered_access(
+    snap: &Snapshot,
+) -> anyhow::Result<(
+    Vec<crate::lifecycle::Token>,
+    Vec<crate::lifecycle::AuditEntry>,
+)> {
+    let mut tokens = Vec::with_capacity(snap.tokens.len());
+    for (name, bytes) in &snap.tokens {
+        let stored = StoredToken::decode(bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("stored token {name}: {e}"))?;
+        let digest: crate::access::Digest32 = stored
+            .digest
+            .as_slice()
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("stored token {name}: its digest is not 32 bytes"))?;
+        match super::access::token_from_pb(stored.token.unwrap_or_default(), digest) {
+            Ok(t) => tokens.push(t),
+            Err(e) => {
+                tracing::error!(token = %name, error = %e.message(), "a stored token's grants are not valid: it is refused");
+            }
+        }
+    }
+    let mut audit = Vec::with_capacity(snap.audit.len());
+    for (key, bytes) in &snap.audit {
+        let e = pb::AuditEntry::decode(bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("audit entry {key}: {e}"))?;
+        audit.push(super::access::audit_from_pb(e));
+    }
+    Ok((tokens, audit))
+}
+
 /// Encodes the rows of the tables beside the jobs (host pools, access,
 /// secrets) that the core marked into `batch`, from the core's state:
 /// what is no longer there is deleted.
@@ -633,6 +675,23 @@ pub(super) fn state_rows(
             StateRow::HostPool(name) => {
                 let exists = core.host_pools().exists(&name);
                 batch.host_pools.push((name.to_string(), exists));
+            }
+            StateRow::Token(name) => {
+                let row = core.access().token(&name).map(|t| {
+                    StoredToken {
+                        token: Some(super::access::token_to_pb(t)),
+                        digest: t.digest.to_vec(),
+                    }
+                    .encode_to_vec()
+                });
+                batch.tokens.push((name.to_string(), row));
+            }
+            StateRow::Audit(seq) => {
+                let row = core
+                    .access()
+                    .audit_entry(seq)
+                    .map(|e| super::access::audit_to_pb(e).encode_to_vec());
+                batch.audit.push((crate::store::audit_key(seq), row));
             }
             StateRow::HostPoolMember(host) => {
                 let pools = core.host_pools();
