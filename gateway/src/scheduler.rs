@@ -40,11 +40,12 @@ use tonic::Status;
 use crate::agents::{Outbox, Registration};
 use crate::backend::{HostBackend, Kill, Launch, TaskUpdate};
 use crate::convert::{self, JobPlan, Limits};
+use crate::lifecycle::Error;
 use crate::lifecycle::{
     Answer, CoreConfig, Effects, HostRegistration, Input, JobKey, Lifecycle, RunPhase, RunReport,
 };
 use crate::metrics::Metrics;
-use crate::status::status;
+use crate::refused::Refused;
 use crate::store::{Snapshot, Store, WriteBatch};
 
 pub use crate::lifecycle::JobAction;
@@ -1044,13 +1045,11 @@ impl Scheduler {
             None
         }
         let failed = self.outage.failed.as_ref().expect("in an outage");
-        let status = crate::status::contract(Status::unavailable(format!(
-            "the store cannot write ({}), for {} s now: writes are refused until it can and \
-             are retried by the server every {} s; reads are served",
-            failed.error,
-            self.now.saturating_sub(failed.since_ms) / 1000,
-            RETRY_COMMIT_MAX_MS / 1000,
-        )));
+        let status = crate::status::refused(Refused::StoreUnwritable {
+            error: failed.error.clone(),
+            for_s: self.now.saturating_sub(failed.since_ms) / 1000,
+            retry_s: RETRY_COMMIT_MAX_MS / 1000,
+        });
         match c {
             Command::CreatePool { reply, .. } | Command::UpdatePool { reply, .. } => {
                 refuse(reply, &status)
@@ -1211,10 +1210,11 @@ impl Scheduler {
     /// a change that is not durable yet. Errors change nothing: at once.
     /// While the store cannot write only reads get here, answered at once
     /// from memory.
-    fn defer<T: Send + 'static>(&mut self, reply: Reply<T>, value: Result<T, Status>) {
+    /// The one place a refusal becomes the answer's status.
+    fn defer<T: Send + 'static, E: Into<Refused>>(&mut self, reply: Reply<T>, value: Result<T, E>) {
         match value {
             Err(e) => {
-                let _ = reply.send(Err(e));
+                let _ = reply.send(Err(crate::status::refused(e.into())));
             }
             Ok(v) if self.outage.failed.is_some() => {
                 let _ = reply.send(Ok(v));
@@ -1226,10 +1226,9 @@ impl Scheduler {
     }
 
     /// Steps a user's input.
-    fn apply(&mut self, input: Input) -> Result<Answer, Status> {
+    fn apply(&mut self, input: Input) -> Result<Answer, Error> {
         self.core
             .step(&mut self.engine, input, self.now, &mut self.fx)
-            .map_err(status)
     }
 
     fn handle(&mut self, c: Command) {
@@ -1264,7 +1263,8 @@ impl Scheduler {
             }
             Command::Audit(entry) => self.audit(*entry),
             Command::ListAudit { request, reply } => {
-                let _ = reply.send(self.list_audit(&request));
+                let r = self.list_audit(&request);
+                self.defer(reply, r);
             }
             Command::CreatePool {
                 path,
@@ -1305,7 +1305,7 @@ impl Scheduler {
                     .resources()
                     .tree()
                     .resolve(&path)
-                    .map_err(|e| status(crate::lifecycle::Error::Pool(e)))
+                    .map_err(Error::Pool)
                     .map(|id| reads::pool_to_pb(&self.engine, &self.core, id));
                 self.defer(reply, r);
             }
@@ -1327,11 +1327,7 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::GetJob { id, reply } => {
-                let r = self
-                    .core
-                    .job_key(&id)
-                    .map_err(status)
-                    .map(|k| self.job_to_pb(k));
+                let r = self.core.job_key(&id).map(|k| self.job_to_pb(k));
                 self.defer(reply, r);
             }
             Command::QueryJobs {
@@ -1339,7 +1335,7 @@ impl Scheduler {
                 viewer,
                 reply,
             } => {
-                let r = Ok(reads::query_jobs(
+                let r = Ok::<_, Refused>(reads::query_jobs(
                     &self.core,
                     &self.specs,
                     &self.secrets,
@@ -1411,7 +1407,7 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::ListHosts { request, reply } => {
-                let r = Ok(reads::list_hosts(
+                let r = Ok::<_, Refused>(reads::list_hosts(
                     &self.engine,
                     &self.core,
                     self.hub.as_deref(),
@@ -1491,21 +1487,19 @@ impl Scheduler {
                 run_id,
                 reply,
             } => {
-                let r = reads::log_target(&self.core, &job_id, instance, run_id).and_then(
-                    |(key, host)| {
+                let r = reads::log_target(&self.core, &job_id, instance, run_id)
+                    .map_err(Refused::from)
+                    .and_then(|(key, host)| {
                         let Some(agents) = self.backend.agents() else {
-                            return Err(Status::failed_precondition(
+                            return Err(Refused::SimulatedHosts(
                                 "runs on simulated hosts have no logs",
                             ));
                         };
                         let Some(session) = agents.session(&host) else {
-                            return Err(Status::unavailable(format!(
-                                "the agent of host {host} is not connected"
-                            )));
+                            return Err(Refused::AgentNotConnected(host.to_string()));
                         };
                         Ok((key, session.tx.clone()))
-                    },
-                );
+                    });
                 self.defer(reply, r);
             }
             Command::UpdateJob {
@@ -1524,11 +1518,11 @@ impl Scheduler {
                     .core
                     .update(&id)
                     .map(|u| reads::update_to_pb(&self.core, u))
-                    .ok_or_else(|| status(crate::lifecycle::Error::UpdateNotFound(id)));
+                    .ok_or(Error::UpdateNotFound(id));
                 self.defer(reply, r);
             }
             Command::ListUpdates { job_id, reply } => {
-                let r = self.core.job_key(&job_id).map_err(status).map(|k| {
+                let r = self.core.job_key(&job_id).map(|k| {
                     let job = self.core.job(k).expect("live");
                     job.updates
                         .iter()
@@ -1559,7 +1553,7 @@ impl Scheduler {
                     .core
                     .volume(&id)
                     .map(|v| reads::volume_to_pb(&self.core, v))
-                    .ok_or_else(|| status(crate::lifecycle::Error::VolumeNotFound(id)));
+                    .ok_or(Error::VolumeNotFound(id));
                 self.defer(reply, r);
             }
             Command::DeleteVolume { id, reply } => {
@@ -1577,7 +1571,7 @@ impl Scheduler {
         mut spec: pb::JobSpec,
         plan: JobPlan,
         update: crate::lifecycle::UpdateSpec,
-    ) -> Result<(pb::Update, pb::Job), Status> {
+    ) -> Result<(pb::Update, pb::Job), Refused> {
         // The new set replaces the job's; an empty value keeps the current
         // value of its name. Checked before anything changes.
         let current = self
@@ -1639,7 +1633,7 @@ impl Scheduler {
         self.batch.secrets.push((job_id.to_string(), Some(row)));
     }
 
-    fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Status> {
+    fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Refused> {
         let secrets = convert::resolve_secrets(std::mem::take(&mut spec.secrets), &[])?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::CreateJob {
@@ -1666,7 +1660,7 @@ impl Scheduler {
         &mut self,
         host: &str,
         session: &crate::agents::Session,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Refused> {
         let now = self.now;
         let Some(hub) = self.hub.clone() else {
             return Ok(());
@@ -1695,24 +1689,25 @@ impl Scheduler {
             agent = %session.agent_id,
             "registration refused: another agent holds the host"
         );
-        Err(crate::status::contract(Status::already_exists(format!(
-            "host {host} is held by another agent (agent id {:?}, connected, heard from {silent_ms} ms ago); \
-             this agent (agent id {:?}) may take it only once that one has been silent for {after_ms} ms \
-             — give each agent its own --host",
-            &*holder.agent_id, &*session.agent_id
-        ))))
+        Err(Refused::HostHeldBySession {
+            host: host.to_string(),
+            holder: holder.agent_id.to_string(),
+            agent: session.agent_id.to_string(),
+            silent_ms,
+            after_ms,
+        })
     }
 
-    fn agent_registered(&mut self, reg: Registration) -> Result<(), Status> {
+    fn agent_registered(&mut self, reg: Registration) -> Result<(), Refused> {
         if self.backend.agents().is_none() {
-            return Err(Status::failed_precondition(
+            return Err(Refused::SimulatedHosts(
                 "this server runs simulated hosts and accepts no agents",
             ));
         }
         let r = reg.register;
         let spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
         // Refused before the session is attached (the core checks it again).
-        crate::lifecycle::check_registration_attributes(&spec.attributes).map_err(status)?;
+        crate::lifecycle::check_registration_attributes(&spec.attributes)?;
         let host: Arc<str> = Arc::from(r.host.as_str());
         // Refused before the session is attached: a refusal leaves the
         // holder's session (and its runs) as they were.
@@ -1721,7 +1716,7 @@ impl Scheduler {
             .check_agent_identity(&self.engine, &host, &agent_id)
             .map_err(|e| {
                 tracing::warn!(%host, agent = %agent_id, "registration refused: {e}");
-                crate::status::status(e)
+                e
             })?;
         self.check_takeover(&host, &reg.session)?;
         if let Some(hub) = &self.hub {
@@ -1743,7 +1738,8 @@ impl Scheduler {
         };
         let r = self
             .apply(Input::AgentRegistered(Box::new(registration)))
-            .map(|_| ());
+            .map(|_| ())
+            .map_err(Refused::from);
         if r.is_err() {
             // Refused: its stream ends with the error, so no goodbye will
             // come to detach it.

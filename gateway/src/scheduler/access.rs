@@ -13,7 +13,7 @@ use tonic::Status;
 use super::{Reply, Scheduler};
 use crate::access::{Access, Caller, Digest32};
 use crate::lifecycle::{AccessChange, AuditEntry, Certificate, Error, Input, Token};
-use crate::status::status;
+use crate::refused::Refused;
 
 /// Most audit entries one read returns.
 pub const MAX_AUDIT_READ: u32 = 1000;
@@ -103,11 +103,14 @@ pub(super) fn audit_from_pb(e: pb::AuditEntry) -> AuditEntry {
     }
 }
 
-/// What an insecure server answers to token commands.
-fn insecure() -> Status {
-    status(Error::Precondition(
-        "this server is insecure (--insecure): it has no tokens".into(),
-    ))
+/// What an insecure server answers to a new token.
+fn insecure() -> Error {
+    Error::Precondition("this server is insecure (--insecure): it has no tokens".into())
+}
+
+/// What an insecure server answers to commands about a token.
+fn no_token(name: &str) -> Error {
+    Error::NotFound(format!("token {name} not found"))
 }
 
 impl Scheduler {
@@ -172,26 +175,24 @@ impl Scheduler {
         reply: Reply<pb::Token>,
     ) {
         if self.shared_access.is_none() {
-            let _ = reply.send(Err(insecure()));
-            return;
+            return self.defer(reply, Err(insecure()));
         }
         let name = token.name.clone();
-        let r = token_from_pb(token, digest).and_then(|t| {
-            self.apply(Input::CreateToken(Box::new(t)))?;
-            Ok(token_to_pb(
-                self.core.access().token(&name).expect("created"),
-            ))
-        });
+        let r = token_from_pb(token, digest)
+            .map_err(Refused::from)
+            .and_then(|t| {
+                self.apply(Input::CreateToken(Box::new(t)))?;
+                Ok(token_to_pb(
+                    self.core.access().token(&name).expect("created"),
+                ))
+            });
         self.defer(reply, r);
     }
 
     /// Revokes a token: refused from the answer on.
     pub(super) fn revoke_token(&mut self, name: String, reply: Reply<()>) {
         if self.shared_access.is_none() {
-            let _ = reply.send(Err(status(Error::NotFound(format!(
-                "token {name} not found"
-            )))));
-            return;
+            return self.defer(reply, Err(no_token(&name)));
         }
         let r = self.apply(Input::RevokeToken { name }).map(|_| ());
         self.defer(reply, r);
@@ -207,29 +208,28 @@ impl Scheduler {
         reply: Reply<pb::TokenCertificate>,
     ) {
         if self.shared_access.is_none() {
-            let _ = reply.send(Err(status(Error::NotFound(format!(
-                "token {name} not found"
-            )))));
-            return;
+            return self.defer(reply, Err(no_token(&name)));
         }
-        let r = crate::access::parse_hex("fingerprint", &cert.fingerprint).and_then(|fp| {
-            let certificate = Certificate {
-                fingerprint: fp,
-                issued_at_ms: 0,
-                not_after_ms: cert.not_after_ms,
-            };
-            self.apply(Input::IssueCertificate {
-                name: name.clone(),
-                certificate,
-            })?;
-            let token = self.core.access().token(&name).expect("issued");
-            let c = token.certificates.last().expect("issued");
-            Ok(pb::TokenCertificate {
-                fingerprint: cert.fingerprint,
-                issued_at_ms: c.issued_at_ms,
-                not_after_ms: c.not_after_ms,
-            })
-        });
+        let r = crate::access::parse_hex("fingerprint", &cert.fingerprint)
+            .map_err(Refused::from)
+            .and_then(|fp| {
+                let certificate = Certificate {
+                    fingerprint: fp,
+                    issued_at_ms: 0,
+                    not_after_ms: cert.not_after_ms,
+                };
+                self.apply(Input::IssueCertificate {
+                    name: name.clone(),
+                    certificate,
+                })?;
+                let token = self.core.access().token(&name).expect("issued");
+                let c = token.certificates.last().expect("issued");
+                Ok(pb::TokenCertificate {
+                    fingerprint: cert.fingerprint,
+                    issued_at_ms: c.issued_at_ms,
+                    not_after_ms: c.not_after_ms,
+                })
+            });
         self.defer(reply, r);
     }
 
@@ -237,10 +237,7 @@ impl Scheduler {
     /// the answer on.
     pub(super) fn revoke_certificate(&mut self, name: String, fp: Digest32, reply: Reply<()>) {
         if self.shared_access.is_none() {
-            let _ = reply.send(Err(status(Error::NotFound(format!(
-                "token {name} not found"
-            )))));
-            return;
+            return self.defer(reply, Err(no_token(&name)));
         }
         let r = self
             .apply(Input::RevokeCertificate {
@@ -267,9 +264,9 @@ impl Scheduler {
     pub(super) fn list_audit(
         &self,
         request: &pb::ListAuditRequest,
-    ) -> Result<pb::ListAuditResponse, Status> {
+    ) -> Result<pb::ListAuditResponse, Error> {
         if request.limit > MAX_AUDIT_READ {
-            return Err(crate::convert::invalid(
+            return Err(Error::invalid(
                 "limit",
                 format!("{}; the limit is {MAX_AUDIT_READ}", request.limit),
             ));

@@ -3,12 +3,10 @@
 //! an application as the API shows it.
 
 use peloton_proto::v1 as pb;
-use tonic::Status;
 
 use super::{Reply, Scheduler, Specs, reads};
 use crate::convert::{self, TaskTemplate};
-use crate::lifecycle::{Answer, Input, JobKey, JobKind, TaskState as S};
-use crate::status::status;
+use crate::lifecycle::{Answer, Error, Input, JobKey, JobKind, TaskState as S};
 
 /// At most this many executors are listed in an application.
 pub const MAX_LISTED_EXECUTORS: usize = 1000;
@@ -99,7 +97,7 @@ impl Scheduler {
             AppCommand::Create { spec, plan, reply } => {
                 let r = self
                     .create_job(*spec, *plan)
-                    .and_then(|job| self.app_of(&job.id));
+                    .and_then(|job| Ok(self.app_of(&job.id)?));
                 self.defer(reply, r);
             }
             AppCommand::Attach {
@@ -165,14 +163,14 @@ impl Scheduler {
         }
     }
 
-    fn app_key(&self, id: &str) -> Result<JobKey, Status> {
-        let k = self.core.job_key(id).map_err(status)?;
+    fn app_key(&self, id: &str) -> Result<JobKey, Error> {
+        let k = self.core.job_key(id)?;
         if self
             .core
             .job(k)
             .is_some_and(|j| j.plan.kind != JobKind::Application)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::Precondition(format!(
                 "job {} is not an application job",
                 convert::shown(id)
             )));
@@ -189,7 +187,7 @@ impl Scheduler {
         template: TaskTemplate,
         driver_url: String,
         max_executors: u32,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Error> {
         let k = self.app_key(id)?;
         let max_executors = if max_executors == 0 {
             convert::DEFAULT_MAX_EXECUTORS.min(self.core.config().max_instances_per_job)
@@ -229,7 +227,7 @@ impl Scheduler {
         &mut self,
         id: String,
         executor_ids: Vec<String>,
-    ) -> Result<pb::KillExecutorsResponse, Status> {
+    ) -> Result<pb::KillExecutorsResponse, Error> {
         let k = self.app_key(&id)?;
         let job = self.core.job(k).expect("live");
         let mut out = pb::KillExecutorsResponse::default();
@@ -252,7 +250,7 @@ impl Scheduler {
     }
 
     /// An application as the API shows it.
-    pub(super) fn app_of(&self, id: &str) -> Result<pb::Application, Status> {
+    pub(super) fn app_of(&self, id: &str) -> Result<pb::Application, Error> {
         let k = self.app_key(id)?;
         Ok(app_to_pb(
             &self.engine,
