@@ -48,7 +48,7 @@ const MAX_TOKEN_BYTES: usize = 512;
 /// Most grants in one token.
 pub const MAX_GRANTS: usize = 64;
 /// Most tokens stored.
-pub const MAX_TOKENS: usize = 10_000;
+pub use crate::lifecycle::MAX_TOKENS;
 /// Longest audit target kept (longer ones are cut).
 const MAX_TARGET_BYTES: usize = 512;
 /// Deleted jobs whose pool is remembered for filtering reads (their last
@@ -57,8 +57,8 @@ const REMEMBERED_DELETED_JOBS: usize = 100_000;
 /// Longest audit message kept.
 const MAX_AUDIT_MESSAGE_BYTES: usize = 1024;
 
-/// A token's digest.
-pub type Digest32 = [u8; 32];
+/// A token's digest (and a certificate's fingerprint).
+pub use crate::lifecycle::Digest32;
 
 /// The SHA-256 digest of a token's secret.
 pub fn digest(secret: &str) -> Digest32 {
@@ -71,13 +71,7 @@ pub fn digest_bytes(bytes: &[u8]) -> Digest32 {
 }
 
 /// A digest as lowercase hex (how fingerprints are shown).
-pub fn hex(d: &Digest32) -> String {
-    use std::fmt::Write as _;
-    d.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
+pub use crate::lifecycle::digest_hex as hex;
 
 /// A fingerprint from its hex form, or INVALID_ARGUMENT naming `field`.
 pub fn parse_hex(field: &str, text: &str) -> Result<Digest32, Status> {

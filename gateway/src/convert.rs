@@ -721,12 +721,11 @@ fn health_check(
     Ok(())
 }
 
-/// The host attribute that holds a host's host pool (set by the server;
-/// agents may not set it). Hidden from `Host.attributes` in reads.
-pub const HOST_POOL_ATTRIBUTE: &str = "peloton.host_pool";
-/// The host pool that always exists and takes every host not moved
+/// The host attribute that holds a host's host pool (set by the core;
+/// agents may not set it; hidden from `Host.attributes` in reads), and
+/// the host pool that always exists and takes every host not moved
 /// elsewhere (and jobs that name none).
-pub const DEFAULT_HOST_POOL: &str = "default";
+pub use crate::lifecycle::{DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE};
 
 /// Validates a host pool name: 1–64 of `[A-Za-z0-9._-]`.
 pub fn host_pool_name(field: &str, name: &str) -> Result<(), Status> {
@@ -1083,6 +1082,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     Ok(JobPlan {
         kind,
         pool: spec.pool.as_str().into(),
+        host_pool: host_pool.into(),
         instance_count: spec.instance_count,
         default,
         overrides,

@@ -19,6 +19,7 @@ pub mod leader;
 pub mod local_pg;
 pub mod metrics;
 pub mod pgstore;
+pub mod refused;
 pub mod reopening;
 pub mod scheduler;
 pub mod server;

@@ -43,11 +43,12 @@ use crate::agents::{Outbox, Registration};
 use crate::backend::{HostBackend, Kill, Launch, TaskUpdate};
 use crate::clock::Now;
 use crate::convert::{self, JobPlan, Limits};
+use crate::lifecycle::Error;
 use crate::lifecycle::{
     Answer, CoreConfig, Effects, HostRegistration, Input, JobKey, Lifecycle, RunPhase, RunReport,
 };
 use crate::metrics::Metrics;
-use crate::status::status;
+use crate::refused::Refused;
 use crate::store::{Snapshot, Store, WriteBatch};
 
 pub use crate::lifecycle::JobAction;
@@ -518,8 +519,6 @@ pub struct Scheduler {
     /// Jobs' secrets by job id, kept apart from their specs (which never
     /// hold them): stored in their own table, sent only with launches.
     secrets: Secrets,
-    /// Host pools and their members.
-    host_pools: hostpools::HostPools,
     fx: Effects,
     batch: WriteBatch,
     deferred: Vec<Deferred>,
@@ -535,11 +534,6 @@ pub struct Scheduler {
     /// lost; they get the reconnect slack of a restart when it leads again.
     leading: Option<tokio::sync::watch::Receiver<bool>>,
     last_lost_check: u64,
-    /// Client-mode applications and when their drivers were last heard
-    /// from (any call about them; an open executor stream calls every
-    /// second).
-    app_seen: FxHashMap<JobKey, u64>,
-    last_lease_check: u64,
     last_trim: u64,
     last_cycle: Option<Instant>,
     /// How long the last cycle took (see [`cycle_spacing`]).
@@ -552,8 +546,9 @@ pub struct Scheduler {
     now_at: Instant,
     /// Set while the store cannot write.
     outage: Outage,
-    /// Tokens and the audit log.
-    access: access::AccessState,
+    /// The authentication table tokens are published to (a secure
+    /// server's; none: tokens are refused and no audit log is kept).
+    shared_access: Option<Arc<crate::access::Access>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -586,15 +581,15 @@ impl Scheduler {
             agent_mode: hub.is_some(),
             retention_ms: config.job_retention.as_millis() as u64,
             max_finished_jobs: config.max_finished_jobs,
+            app_lease_ms: config.app_lease.as_millis() as u64,
+            ..CoreConfig::default()
         };
         let now = now_ms();
         let revision = snapshot.revision;
-        let host_pools = hostpools::HostPools::recover(&snapshot);
-        // The simulated hosts (agent hosts are tagged as they are
-        // recovered or register).
-        host_pools.tag_all(&mut engine)?;
-        let (recovered, specs_by_id) =
-            persist::recovered(&snapshot, core_config.agent_mode, &host_pools)?;
+        let (mut recovered, specs_by_id) = persist::recovered(&snapshot, core_config.agent_mode)?;
+        recovered.host_pools = snapshot.host_pools.clone();
+        recovered.host_pool_members = snapshot.host_pool_members.clone();
+        (recovered.tokens, recovered.audit) = persist::recovered_access(&snapshot)?;
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
@@ -610,18 +605,8 @@ impl Scheduler {
         }
         let mut batch = WriteBatch::default();
         let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
-        let access = access::AccessState::recover(&snapshot)?;
         metrics.jobs.set(core.n_jobs() as i64);
-        // Recovered client-mode applications: their drivers have a lease
-        // from now to come back.
-        let app_seen = core
-            .jobs_by_id("")
-            .filter(|(_, j)| apps::leased(j))
-            .map(|(k, _)| (k, now))
-            .collect();
         Ok(Scheduler {
-            app_seen,
-            last_lease_check: 0,
             engine,
             core,
             store,
@@ -630,7 +615,6 @@ impl Scheduler {
             metrics,
             specs,
             secrets,
-            host_pools,
             fx,
             batch,
             deferred: Vec::new(),
@@ -649,7 +633,7 @@ impl Scheduler {
             now,
             now_at: Instant::now(),
             outage: Outage::default(),
-            access,
+            shared_access: None,
         })
     }
 
@@ -780,10 +764,6 @@ impl Scheduler {
             let next = self.last_lost_check + LOST_CHECK_INTERVAL_MS;
             ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
         }
-        if !self.app_seen.is_empty() {
-            let next = self.last_lease_check + apps::LEASE_CHECK_INTERVAL_MS;
-            ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
-        }
         if let Some(t) = ms_deadline {
             until = until.min(now.instant_of(t));
         }
@@ -832,7 +812,6 @@ impl Scheduler {
             self.step(Input::Tick);
         }
         self.check_lost_hosts();
-        self.check_app_leases();
         if now_dispatch {
             // Kills issued while applying updates and timers.
             self.dispatch();
@@ -872,7 +851,7 @@ impl Scheduler {
     /// tokens are created and revoked, and the audit log kept, only then.
     pub fn with_access(mut self, access: Arc<crate::access::Access>) -> Self {
         if access.is_secure() {
-            self.access.attach(access);
+            self.attach_access(access);
             self.publish_all_jobs();
         }
         self
@@ -930,6 +909,7 @@ impl Scheduler {
             return;
         }
         let events = std::mem::take(&mut self.fx.events);
+        persist::state_rows(&self.core, &mut self.fx.state_rows, &mut self.batch);
         persist::rows(
             &mut self.core,
             &self.engine,
@@ -990,6 +970,7 @@ impl Scheduler {
         // Handlers check a job's pool before they ask the loop anything:
         // they know of a job before its creator hears of it.
         self.publish_jobs(&events);
+        self.publish_access();
         // Answers first: their callers wait on them.
         for d in self.deferred.drain(..) {
             d();
@@ -1083,13 +1064,11 @@ impl Scheduler {
             None
         }
         let failed = self.outage.failed.as_ref().expect("in an outage");
-        let status = crate::status::contract(Status::unavailable(format!(
-            "the store cannot write ({}), for {} s now: writes are refused until it can and \
-             are retried by the server every {} s; reads are served",
-            failed.error,
-            self.now.saturating_sub(failed.since_ms) / 1000,
-            RETRY_COMMIT_MAX_MS / 1000,
-        )));
+        let status = crate::status::refused(Refused::StoreUnwritable {
+            error: failed.error.clone(),
+            for_s: self.now.saturating_sub(failed.since_ms) / 1000,
+            retry_s: RETRY_COMMIT_MAX_MS / 1000,
+        });
         match c {
             Command::CreatePool { reply, .. } | Command::UpdatePool { reply, .. } => {
                 refuse(reply, &status)
@@ -1250,10 +1229,11 @@ impl Scheduler {
     /// a change that is not durable yet. Errors change nothing: at once.
     /// While the store cannot write only reads get here, answered at once
     /// from memory.
-    fn defer<T: Send + 'static>(&mut self, reply: Reply<T>, value: Result<T, Status>) {
+    /// The one place a refusal becomes the answer's status.
+    fn defer<T: Send + 'static, E: Into<Refused>>(&mut self, reply: Reply<T>, value: Result<T, E>) {
         match value {
             Err(e) => {
-                let _ = reply.send(Err(e));
+                let _ = reply.send(Err(crate::status::refused(e.into())));
             }
             Ok(v) if self.outage.failed.is_some() => {
                 let _ = reply.send(Ok(v));
@@ -1265,10 +1245,9 @@ impl Scheduler {
     }
 
     /// Steps a user's input.
-    fn apply(&mut self, input: Input) -> Result<Answer, Status> {
+    fn apply(&mut self, input: Input) -> Result<Answer, Error> {
         self.core
             .step(&mut self.engine, input, self.now, &mut self.fx)
-            .map_err(status)
     }
 
     fn handle(&mut self, c: Command) {
@@ -1303,7 +1282,8 @@ impl Scheduler {
             }
             Command::Audit(entry) => self.audit(*entry),
             Command::ListAudit { request, reply } => {
-                let _ = reply.send(self.list_audit(&request));
+                let r = self.list_audit(&request);
+                self.defer(reply, r);
             }
             Command::CreatePool {
                 path,
@@ -1344,7 +1324,7 @@ impl Scheduler {
                     .resources()
                     .tree()
                     .resolve(&path)
-                    .map_err(|e| status(crate::lifecycle::Error::Pool(e)))
+                    .map_err(Error::Pool)
                     .map(|id| reads::pool_to_pb(&self.engine, &self.core, id));
                 self.defer(reply, r);
             }
@@ -1366,11 +1346,7 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::GetJob { id, reply } => {
-                let r = self
-                    .core
-                    .job_key(&id)
-                    .map_err(status)
-                    .map(|k| self.job_to_pb(k));
+                let r = self.core.job_key(&id).map(|k| self.job_to_pb(k));
                 self.defer(reply, r);
             }
             Command::QueryJobs {
@@ -1378,7 +1354,7 @@ impl Scheduler {
                 viewer,
                 reply,
             } => {
-                let r = Ok(reads::query_jobs(
+                let r = Ok::<_, Refused>(reads::query_jobs(
                     &self.core,
                     &self.specs,
                     &self.secrets,
@@ -1450,7 +1426,7 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::ListHosts { request, reply } => {
-                let r = Ok(reads::list_hosts(
+                let r = Ok::<_, Refused>(reads::list_hosts(
                     &self.engine,
                     &self.core,
                     self.hub.as_deref(),
@@ -1460,24 +1436,23 @@ impl Scheduler {
             }
             Command::CreateHostPool { name, reply } => {
                 let r = self
-                    .host_pools
-                    .create(&name, &mut self.batch)
-                    .map(|()| pb::HostPool {
+                    .apply(Input::CreateHostPool { name: name.clone() })
+                    .map(|_| pb::HostPool {
                         name,
                         hosts: Vec::new(),
                     });
                 self.defer(reply, r);
             }
             Command::DeleteHostPool { name, reply } => {
-                let r = self.delete_host_pool(&name);
+                let r = self.apply(Input::DeleteHostPool { name }).map(|_| ());
                 self.defer(reply, r);
             }
             Command::ListHostPools { request, reply } => {
-                let r = self.host_pools.list(&self.engine, &request);
+                let r = hostpools::list(self.core.host_pools(), &self.engine, &request);
                 self.defer(reply, r);
             }
             Command::MoveHosts { hosts, to, reply } => {
-                let r = self.move_hosts(hosts, to);
+                let r = self.apply(Input::MoveHosts { hosts, to }).map(|_| ());
                 self.defer(reply, r);
             }
             Command::Maintenance {
@@ -1531,21 +1506,19 @@ impl Scheduler {
                 run_id,
                 reply,
             } => {
-                let r = reads::log_target(&self.core, &job_id, instance, run_id).and_then(
-                    |(key, host)| {
+                let r = reads::log_target(&self.core, &job_id, instance, run_id)
+                    .map_err(Refused::from)
+                    .and_then(|(key, host)| {
                         let Some(agents) = self.backend.agents() else {
-                            return Err(Status::failed_precondition(
+                            return Err(Refused::SimulatedHosts(
                                 "runs on simulated hosts have no logs",
                             ));
                         };
                         let Some(session) = agents.session(&host) else {
-                            return Err(Status::unavailable(format!(
-                                "the agent of host {host} is not connected"
-                            )));
+                            return Err(Refused::AgentNotConnected(host.to_string()));
                         };
                         Ok((key, session.tx.clone()))
-                    },
-                );
+                    });
                 self.defer(reply, r);
             }
             Command::UpdateJob {
@@ -1564,11 +1537,11 @@ impl Scheduler {
                     .core
                     .update(&id)
                     .map(|u| reads::update_to_pb(&self.core, u))
-                    .ok_or_else(|| status(crate::lifecycle::Error::UpdateNotFound(id)));
+                    .ok_or(Error::UpdateNotFound(id));
                 self.defer(reply, r);
             }
             Command::ListUpdates { job_id, reply } => {
-                let r = self.core.job_key(&job_id).map_err(status).map(|k| {
+                let r = self.core.job_key(&job_id).map(|k| {
                     let job = self.core.job(k).expect("live");
                     job.updates
                         .iter()
@@ -1599,7 +1572,7 @@ impl Scheduler {
                     .core
                     .volume(&id)
                     .map(|v| reads::volume_to_pb(&self.core, v))
-                    .ok_or_else(|| status(crate::lifecycle::Error::VolumeNotFound(id)));
+                    .ok_or(Error::VolumeNotFound(id));
                 self.defer(reply, r);
             }
             Command::DeleteVolume { id, reply } => {
@@ -1617,8 +1590,7 @@ impl Scheduler {
         mut spec: pb::JobSpec,
         plan: JobPlan,
         update: crate::lifecycle::UpdateSpec,
-    ) -> Result<(pb::Update, pb::Job), Status> {
-        self.check_host_pool(&spec)?;
+    ) -> Result<(pb::Update, pb::Job), Refused> {
         // The new set replaces the job's; an empty value keeps the current
         // value of its name. Checked before anything changes.
         let current = self
@@ -1680,56 +1652,7 @@ impl Scheduler {
         self.batch.secrets.push((job_id.to_string(), Some(row)));
     }
 
-    /// A job's host pool must exist (checked here, where host pools are
-    /// known).
-    fn check_host_pool(&self, spec: &pb::JobSpec) -> Result<(), Status> {
-        let pool = convert::job_host_pool(spec);
-        if !self.host_pools.exists(pool) {
-            return Err(convert::invalid(
-                "spec.host_pool",
-                format!(
-                    "host pool {pool:?} does not exist (create it with `peloton hostpool create`)"
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    fn delete_host_pool(&mut self, name: &str) -> Result<(), Status> {
-        self.host_pools.check_delete(name)?;
-        for (k, job) in self.core.jobs_by_id("") {
-            if job.state.is_terminal() {
-                continue;
-            }
-            let names_it = self.specs.get(&k).is_some_and(|versions| {
-                versions.values().any(|s| convert::job_host_pool(s) == name)
-            });
-            if names_it {
-                return Err(Status::failed_precondition(format!(
-                    "host pool {name:?} is named by job {} which is not terminal",
-                    job.id
-                )));
-            }
-        }
-        self.host_pools.delete(name, &mut self.batch);
-        Ok(())
-    }
-
-    fn move_hosts(&mut self, hosts: Vec<String>, to: String) -> Result<(), Status> {
-        if !self.host_pools.exists(&to) {
-            return Err(Status::not_found(format!("host pool {to:?} not found")));
-        }
-        self.apply(Input::SetHostAttribute {
-            hosts: hosts.clone(),
-            key: convert::HOST_POOL_ATTRIBUTE.to_string(),
-            value: to.clone(),
-        })?;
-        self.host_pools.moved(&hosts, &to, &mut self.batch);
-        Ok(())
-    }
-
-    fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Status> {
-        self.check_host_pool(&spec)?;
+    fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Refused> {
         let secrets = convert::resolve_secrets(std::mem::take(&mut spec.secrets), &[])?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::CreateJob {
@@ -1756,7 +1679,7 @@ impl Scheduler {
         &mut self,
         host: &str,
         session: &crate::agents::Session,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Refused> {
         let now = self.now;
         let Some(hub) = self.hub.clone() else {
             return Ok(());
@@ -1785,29 +1708,25 @@ impl Scheduler {
             agent = %session.agent_id,
             "registration refused: another agent holds the host"
         );
-        Err(crate::status::contract(Status::already_exists(format!(
-            "host {host} is held by another agent (agent id {:?}, connected, heard from {silent_ms} ms ago); \
-             this agent (agent id {:?}) may take it only once that one has been silent for {after_ms} ms \
-             — give each agent its own --host",
-            &*holder.agent_id, &*session.agent_id
-        ))))
+        Err(Refused::HostHeldBySession {
+            host: host.to_string(),
+            holder: holder.agent_id.to_string(),
+            agent: session.agent_id.to_string(),
+            silent_ms,
+            after_ms,
+        })
     }
 
-    fn agent_registered(&mut self, reg: Registration) -> Result<(), Status> {
+    fn agent_registered(&mut self, reg: Registration) -> Result<(), Refused> {
         if self.backend.agents().is_none() {
-            return Err(Status::failed_precondition(
+            return Err(Refused::SimulatedHosts(
                 "this server runs simulated hosts and accepts no agents",
             ));
         }
         let r = reg.register;
-        if r.attributes.contains_key(convert::HOST_POOL_ATTRIBUTE) {
-            return Err(convert::invalid(
-                &format!("register.attributes.{}", convert::HOST_POOL_ATTRIBUTE),
-                "is set by the server from the host's host pool; an agent may not set it",
-            ));
-        }
-        let mut spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
-        self.host_pools.tag(&mut spec);
+        let spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
+        // Refused before the session is attached (the core checks it again).
+        crate::lifecycle::check_registration_attributes(&spec.attributes)?;
         let host: Arc<str> = Arc::from(r.host.as_str());
         // Refused before the session is attached: a refusal leaves the
         // holder's session (and its runs) as they were.
@@ -1816,7 +1735,7 @@ impl Scheduler {
             .check_agent_identity(&self.engine, &host, &agent_id)
             .map_err(|e| {
                 tracing::warn!(%host, agent = %agent_id, "registration refused: {e}");
-                crate::status::status(e)
+                e
             })?;
         self.check_takeover(&host, &reg.session)?;
         if let Some(hub) = &self.hub {
@@ -1838,7 +1757,8 @@ impl Scheduler {
         };
         let r = self
             .apply(Input::AgentRegistered(Box::new(registration)))
-            .map(|_| ());
+            .map(|_| ())
+            .map_err(Refused::from);
         if r.is_err() {
             // Refused: its stream ends with the error, so no goodbye will
             // come to detach it.

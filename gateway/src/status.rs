@@ -13,6 +13,7 @@ use tonic::codegen::{Service, http};
 use tonic::{Code, Status};
 
 use crate::lifecycle::Error;
+use crate::refused::Refused;
 
 /// The gRPC code of a refusal.
 pub fn code(e: &Error) -> Code {
@@ -21,7 +22,10 @@ pub fn code(e: &Error) -> Code {
         | Error::NoInstance { .. }
         | Error::HostNotFound(_)
         | Error::VolumeNotFound(_)
-        | Error::UpdateNotFound(_) => Code::NotFound,
+        | Error::UpdateNotFound(_)
+        | Error::HostPoolNotFound(_)
+        | Error::NotFound(_) => Code::NotFound,
+        Error::AlreadyExists(_) => Code::AlreadyExists,
         Error::JobPool(_) => Code::NotFound,
         Error::Stale { .. } | Error::Precondition(_) => Code::FailedPrecondition,
         Error::Pool(p) => match p {
@@ -40,6 +44,22 @@ pub fn code(e: &Error) -> Code {
 /// A refusal as a gRPC status.
 pub fn status(e: Error) -> Status {
     contract(Status::new(code(&e), e.to_string()))
+}
+
+/// A refusal of the scheduling loop as a gRPC status.
+pub fn refused(r: Refused) -> Status {
+    match r {
+        Refused::Core(e) => status(e),
+        Refused::Request(s) => contract(s),
+        other => {
+            let code = match &other {
+                Refused::HostHeldBySession { .. } => Code::AlreadyExists,
+                Refused::SimulatedHosts(_) => Code::FailedPrecondition,
+                _ => Code::Unavailable,
+            };
+            contract(Status::new(code, other.to_string()))
+        }
+    }
 }
 
 /// Longest status message sent, in bytes. Messages name the field and the

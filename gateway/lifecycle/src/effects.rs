@@ -130,6 +130,21 @@ pub enum RowKey {
     VolumeDeleted(Arc<str>),
 }
 
+/// A row of the tables kept beside the jobs (host pools, access, secrets):
+/// the shell encodes it from the core's state (what is no longer there is
+/// deleted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateRow {
+    /// A host pool (besides "default"), by name.
+    HostPool(Arc<str>),
+    /// A host's membership in a host pool other than "default", by host.
+    HostPoolMember(Arc<str>),
+    /// A token, by name.
+    Token(Arc<str>),
+    /// An audit entry, by sequence number.
+    Audit(u64),
+}
+
 /// Counters for the metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -152,6 +167,10 @@ pub struct Effects {
     pub events: Vec<Event>,
     /// Rows to write (the shell encodes them from the core's state).
     pub rows: Vec<RowKey>,
+    /// Rows of the tables beside the jobs to write.
+    pub state_rows: Vec<StateRow>,
+    /// What the shell's authentication table learns after the commit.
+    pub access: Vec<super::access::AccessChange>,
     /// Runs to start, after the commit.
     pub launches: Vec<Launch>,
     /// Runs to stop, after the commit.
@@ -170,6 +189,6 @@ pub struct Effects {
 impl Effects {
     /// Nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.rows.is_empty()
+        self.events.is_empty() && self.rows.is_empty() && self.state_rows.is_empty()
     }
 }

@@ -28,6 +28,15 @@ pub enum Error {
     /// No host with this name.
     #[error("host {0} not found")]
     HostNotFound(String),
+    /// No host pool with this name.
+    #[error("host pool {0:?} not found")]
+    HostPoolNotFound(String),
+    /// Something else the input names does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// Something of this name exists already.
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The caller's version is not the current one.
     #[error("{what}: version {given} is stale; the current version is {current}")]
     Stale {

@@ -349,6 +349,23 @@ impl Lifecycle {
         key: &str,
         value: &str,
     ) -> Result<Answer, Error> {
+        if key == super::hostpools::HOST_POOL_ATTRIBUTE {
+            return Err(Error::invalid(
+                "attribute",
+                format!("{key} is the host's host pool: move the host instead"),
+            ));
+        }
+        self.set_attribute(engine, names, key, value)
+    }
+
+    /// Sets one attribute of live hosts (all exist, or nothing changes).
+    pub(super) fn set_attribute(
+        &mut self,
+        engine: &mut Engine,
+        names: &[String],
+        key: &str,
+        value: &str,
+    ) -> Result<Answer, Error> {
         peloton_engine::host::validate_attribute_word(key)
             .and_then(|()| peloton_engine::host::validate_attribute_word(value))
             .map_err(|p| Error::invalid("attribute", p))?;
@@ -394,7 +411,10 @@ impl Lifecycle {
                 "this server runs simulated hosts and accepts no agents".into(),
             ));
         }
-        let spec = &reg.spec;
+        super::hostpools::check_registration_attributes(&reg.spec.attributes)?;
+        let mut spec = reg.spec.clone();
+        self.host_pools.tag(&mut spec);
+        let spec = &spec;
         self.check_agent_identity(engine, &spec.name, &reg.agent_id)?;
         let slot = match engine.hosts().lookup(&spec.name) {
             Some(id) => {

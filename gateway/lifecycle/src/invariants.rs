@@ -180,5 +180,8 @@ impl Lifecycle {
             "every engine task belongs to a current or held run"
         );
         assert_eq!(self.by_id.len(), self.jobs.len());
+        self.check_host_pool_invariants(engine);
+        self.check_lease_invariants();
+        self.check_access_invariants();
     }
 }

@@ -144,6 +144,7 @@ impl Lifecycle {
         plan: JobPlan,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
+        self.check_job_host_pool(&plan.host_pool)?;
         let pool = self.resolve_job_pool(engine, &plan.pool)?;
         if self.by_id.contains_key(&id) {
             return Err(Error::Precondition(format!("job {id} exists already")));
@@ -243,6 +244,8 @@ impl Lifecycle {
         if !daemon {
             fx.counters.tasks_accepted += u64::from(n);
         }
+        // A client-mode application's driver holds a lease from now.
+        self.app_heard(key);
         Ok(Answer::Job(key))
     }
 

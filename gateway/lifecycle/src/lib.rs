@@ -18,13 +18,16 @@
 //! After every step `check_invariants` runs in debug builds and tests: a
 //! broken invariant is a crash, not a log line.
 
+mod access;
 mod admissible;
 mod apps;
 mod effects;
 mod error;
+mod hostpools;
 mod hosts;
 mod invariants;
 mod jobs;
+mod leases;
 mod model;
 mod pinned;
 mod recover;
@@ -46,9 +49,20 @@ use peloton_engine::task::TaskHandle;
 use peloton_engine::{Engine, PoolConfig, PoolId};
 use rustc_hash::{FxHashMap, FxHashSet};
 
+pub use access::{
+    AccessChange, AccessState, AuditEntry, Certificate, Digest32, MAX_AUDIT_ENTRIES,
+    MAX_CERTS_PER_TOKEN, MAX_TOKENS, Token, hex as digest_hex,
+};
 pub use admissible::never_admitted_reason;
-pub use effects::{AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey};
+pub use effects::{
+    AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
+};
 pub use error::Error;
+pub use hostpools::{
+    DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE, HostPools, MAX_HOST_POOLS,
+    check_registration_attributes,
+};
+pub use leases::leased;
 pub use model::{
     AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId,
     N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume,
@@ -216,8 +230,26 @@ pub enum Input {
         /// Start or complete.
         start: bool,
     },
+    /// Create a host pool.
+    CreateHostPool {
+        /// Its name (validated by the shell).
+        name: String,
+    },
+    /// Delete a host pool (empty, and named by no job that runs).
+    DeleteHostPool {
+        /// Its name.
+        name: String,
+    },
+    /// Move live hosts into a host pool; runs placed there stay.
+    MoveHosts {
+        /// Host names (all must exist, or nothing changes).
+        hosts: Vec<String>,
+        /// The host pool.
+        to: String,
+    },
     /// Set one attribute of live hosts (its value replaced, or added);
-    /// runs placed there stay. The shell keeps host pools this way.
+    /// runs placed there stay. Not the host pool's (see
+    /// [`Input::MoveHosts`]).
     SetHostAttribute {
         /// Host names (all must exist, or nothing changes).
         hosts: Vec<String>,
@@ -290,6 +322,12 @@ pub enum Input {
         /// Their instances.
         instances: Vec<u32>,
     },
+    /// The driver of a client-mode application was heard from (any call
+    /// about it): its lease starts again. Nothing for other jobs.
+    AppHeard {
+        /// Job id.
+        id: String,
+    },
     /// An application ends.
     AppUnregister {
         /// Job id.
@@ -298,6 +336,31 @@ pub enum Input {
         /// it unregistered.
         lapsed: bool,
     },
+    /// Store a token (a secure server's; its name, grants and secret
+    /// checked by the shell; its creation time is set here).
+    CreateToken(Box<Token>),
+    /// Revoke a token.
+    RevokeToken {
+        /// Its name.
+        name: String,
+    },
+    /// Record a client certificate (signed by the shell) with a token.
+    IssueCertificate {
+        /// The token's name.
+        name: String,
+        /// The certificate (its issue time is set here).
+        certificate: Certificate,
+    },
+    /// Forget one client certificate of a token.
+    RevokeCertificate {
+        /// The token's name.
+        name: String,
+        /// The certificate's fingerprint.
+        fingerprint: Digest32,
+    },
+    /// Append to the audit log (its sequence number and time are set
+    /// here).
+    Audit(Box<AuditEntry>),
     /// Run a scheduling cycle (entitlement, admission, placement,
     /// preemption).
     Cycle,
@@ -341,6 +404,11 @@ pub struct CoreConfig {
     pub retention_ms: u64,
     /// At most this many finished jobs are kept (the oldest go first).
     pub max_finished_jobs: usize,
+    /// A client-mode application whose driver was not heard from for this
+    /// long is unregistered.
+    pub app_lease_ms: u64,
+    /// Audit entries kept (the oldest beyond go).
+    pub max_audit_entries: usize,
 }
 
 impl Default for CoreConfig {
@@ -351,6 +419,8 @@ impl Default for CoreConfig {
             agent_mode: false,
             retention_ms: 7 * 24 * 3600 * 1000,
             max_finished_jobs: 10_000,
+            app_lease_ms: 60_000,
+            max_audit_entries: MAX_AUDIT_ENTRIES,
         }
     }
 }
@@ -430,6 +500,10 @@ pub struct Lifecycle {
     /// Pinned instances whose host reservation may have to change (synced
     /// at the end of the step).
     pin_dirty: FxHashSet<(JobKey, u32)>,
+    /// Host pools and their members.
+    host_pools: HostPools,
+    /// Tokens and the audit log.
+    access: AccessState,
     /// Daemon jobs.
     daemon_jobs: std::collections::BTreeSet<JobKey>,
     /// Application jobs whose target, executors or driver changed in this
@@ -438,6 +512,9 @@ pub struct Lifecycle {
     /// Batch jobs whose controller instance (0) reached a terminal state in
     /// this step: the others are stopped at its end if it is still there.
     controller_ended: FxHashSet<JobKey>,
+    /// Client-mode applications by when their drivers were last heard
+    /// from (their leases).
+    app_seen: FxHashMap<JobKey, u64>,
     /// Since when hosts holding volumes are seen down.
     down_since: FxHashMap<HostSlot, u64>,
     /// When a relocating job's volume may be given up next (kept by
@@ -474,9 +551,12 @@ impl Lifecycle {
             volumes: BTreeMap::new(),
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
+            host_pools: HostPools::default(),
+            access: AccessState::default(),
             daemon_jobs: Default::default(),
             app_dirty: FxHashSet::default(),
             controller_ended: FxHashSet::default(),
+            app_seen: FxHashMap::default(),
             down_since: FxHashMap::default(),
             volume_deadline: None,
             needs_cycle: true,
@@ -528,6 +608,9 @@ impl Lifecycle {
                 restart,
             } => self.task_action(engine, &job_id, &instances, version, restart, fx),
             Input::Maintenance { hosts, start } => self.maintenance(engine, &hosts, start, fx),
+            Input::CreateHostPool { name } => self.create_host_pool(&name, fx),
+            Input::DeleteHostPool { name } => self.delete_host_pool(&name, fx),
+            Input::MoveHosts { hosts, to } => self.move_hosts(engine, &hosts, &to, fx),
             Input::SetHostAttribute { hosts, key, value } => {
                 self.set_host_attribute(engine, &hosts, &key, &value)
             }
@@ -565,6 +648,20 @@ impl Lifecycle {
             } => self.app_target(&id, generation, total),
             Input::AppKill { id, instances } => self.app_kill(engine, &id, &instances, fx),
             Input::AppUnregister { id, lapsed } => self.app_unregister(engine, &id, lapsed, fx),
+            Input::AppHeard { id } => {
+                let k = self.job_key(&id)?;
+                self.app_heard(k);
+                Ok(Answer::Done)
+            }
+            Input::CreateToken(token) => self.create_token(*token, fx),
+            Input::RevokeToken { name } => self.revoke_token(&name, fx),
+            Input::IssueCertificate { name, certificate } => {
+                self.issue_certificate(&name, certificate, fx)
+            }
+            Input::RevokeCertificate { name, fingerprint } => {
+                self.revoke_certificate(&name, fingerprint, fx)
+            }
+            Input::Audit(entry) => Ok(self.audit(*entry, fx)),
             Input::Cycle => {
                 self.reconcile_daemons(engine, fx);
                 self.check_volume_hosts(engine, fx);
@@ -576,6 +673,7 @@ impl Lifecycle {
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
+                self.expire_leases(engine, fx);
                 self.apply_retention(engine, fx);
                 self.check_volume_hosts(engine, fx);
                 Ok(Answer::Done)
@@ -590,6 +688,7 @@ impl Lifecycle {
             }
         }
         self.reconcile_apps(engine, fx);
+        self.forget_leases();
         self.stop_after_controllers(engine, fx);
         self.fill_all(engine, fx);
         self.sync_reservations(engine);
@@ -613,13 +712,19 @@ impl Lifecycle {
     }
 
     /// When a [`Input::Tick`] is next due: the earliest timer, the
-    /// retention of finished jobs, or a volume to give up, if any.
+    /// retention of finished jobs, a volume to give up or an application's
+    /// lease, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
-        [timer, self.retention_deadline(), self.volume_deadline]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            timer,
+            self.retention_deadline(),
+            self.volume_deadline,
+            self.lease_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The core's settings.

@@ -351,6 +351,8 @@ pub struct JobPlan {
     pub kind: JobKind,
     /// The pool's path.
     pub pool: Arc<str>,
+    /// The host pool its tasks run in (ANDed into their constraints).
+    pub host_pool: Arc<str>,
     /// Instances.
     pub instance_count: u32,
     /// The default task.

@@ -80,6 +80,14 @@ pub struct Recovered {
     pub jobs: Vec<RecoveredJob>,
     /// Volumes.
     pub volumes: Vec<RecoveredVolume>,
+    /// Host pools besides "default".
+    pub host_pools: Vec<String>,
+    /// Hosts outside "default": host name, host pool.
+    pub host_pool_members: Vec<(String, String)>,
+    /// Tokens.
+    pub tokens: Vec<super::Token>,
+    /// The audit log.
+    pub audit: Vec<super::AuditEntry>,
 }
 
 impl Lifecycle {
@@ -111,6 +119,10 @@ impl Lifecycle {
             }
             core.pool_versions.insert(path, version);
         }
+        core.recover_host_pools(rec.host_pools, rec.host_pool_members, fx);
+        core.recover_access(rec.tokens, rec.audit, fx);
+        // The simulated hosts (agent hosts are tagged as they are added).
+        core.tag_all_hosts(engine);
         for host in rec.hosts {
             core.recover_host(engine, host)?;
         }
@@ -174,6 +186,17 @@ impl Lifecycle {
         for ((pool, flags), n) in per_pool {
             engine.reserve_queue(pool, flags, n);
         }
+        // Recovered client-mode applications: their drivers have a lease
+        // from now to come back.
+        let leased: Vec<super::JobKey> = core
+            .jobs
+            .iter()
+            .filter(|(_, j)| super::leases::leased(j))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in leased {
+            core.app_heard(k);
+        }
         core.fill_all(engine, fx);
         core.sync_reservations(engine);
         core.derive_job_states(fx);
@@ -186,9 +209,12 @@ impl Lifecycle {
     fn recover_host(&mut self, engine: &mut Engine, host: RecoveredHost) -> Result<(), String> {
         let id = match &host.spec {
             Some(spec) if self.config.agent_mode => {
+                // Its stored host pool (the attribute is not in its row).
+                let mut spec = spec.clone();
+                self.host_pools.tag(&mut spec);
                 let id = engine
                     .hosts_mut()
-                    .add(spec)
+                    .add(&spec)
                     .map_err(|e| format!("stored host {}: {e}", host.name))?;
                 // Down until its agent registers.
                 engine

@@ -29,8 +29,8 @@ use rustc_hash::FxHashMap;
 
 use crate::{
     AgentRunKey, Answer, CoreConfig, Effects, Error, EventKind, Health, HostRegistration, Input,
-    JobKind, JobPlan, JobRow, Lifecycle, RestartPolicy, RowKey, RunPhase, RunReport, TaskRow,
-    TaskState, TaskTemplate, Update,
+    JobKind, JobPlan, JobRow, Lifecycle, RestartPolicy, RowKey, RunPhase, RunReport, StateRow,
+    TaskRow, TaskState, TaskTemplate, Update,
 };
 use crate::{Recovered, RecoveredHost, RecoveredJob, RecoveredVolume};
 
@@ -95,6 +95,14 @@ pub struct StoreModel {
     pub updates: BTreeMap<Arc<str>, (Arc<str>, Update)>,
     /// Volumes by id.
     pub volumes: BTreeMap<Arc<str>, RecoveredVolume>,
+    /// Host pools besides "default".
+    pub host_pools: std::collections::BTreeSet<Arc<str>>,
+    /// Hosts outside "default", with their host pool.
+    pub host_pool_members: BTreeMap<Arc<str>, String>,
+    /// Tokens by name.
+    pub tokens: BTreeMap<Arc<str>, crate::Token>,
+    /// The audit log by sequence number.
+    pub audit: BTreeMap<u64, crate::AuditEntry>,
 }
 
 /// The core, its engine, agents and store.
@@ -175,6 +183,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
     JobPlan {
         kind: JobKind::Batch,
         pool: pool.into(),
+        host_pool: crate::DEFAULT_HOST_POOL.into(),
         instance_count: n,
         default: template(cpu, 64),
         overrides: FxHashMap::default(),
@@ -459,6 +468,7 @@ impl Sim {
     }
 
     fn write_rows(&mut self) {
+        self.write_state_rows();
         let mut updates_seen = std::collections::BTreeSet::new();
         for row in std::mem::take(&mut self.fx.rows) {
             match row {
@@ -564,6 +574,88 @@ impl Sim {
                         .map(|a| a.agent_id.clone())
                         .unwrap_or_default();
                     self.store.hosts.insert(name, (spec, maintenance, agent));
+                }
+            }
+        }
+    }
+
+    /// The rows of the tables beside the jobs, as the shell writes them.
+    fn write_state_rows(&mut self) {
+        for change in std::mem::take(&mut self.fx.access) {
+            let line = match change {
+                crate::AccessChange::TokenCreated(name) => format!("token {name} created"),
+                crate::AccessChange::TokenRevoked {
+                    digest,
+                    certificates,
+                } => format!(
+                    "token {:02x} revoked with {} certificates",
+                    digest[0],
+                    certificates.len()
+                ),
+                crate::AccessChange::CertificateIssued {
+                    fingerprint,
+                    digest,
+                    not_after_ms,
+                } => format!(
+                    "certificate {:02x} of {:02x} until {}",
+                    fingerprint[0],
+                    digest[0],
+                    not_after_ms.saturating_sub(START_MS)
+                ),
+                crate::AccessChange::CertificatesRemoved(fps) => format!(
+                    "certificates removed: {}",
+                    fps.iter()
+                        .map(|f| format!("{:02x}", f[0]))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ),
+            };
+            self.say(format!("  access: {line}"));
+        }
+        for row in std::mem::take(&mut self.fx.state_rows) {
+            match row {
+                StateRow::HostPool(name) => {
+                    if self.core.host_pools().exists(&name) {
+                        self.say(format!("  row host pool {name}"));
+                        self.store.host_pools.insert(name);
+                    } else {
+                        self.say(format!("  row host pool {name} deleted"));
+                        self.store.host_pools.remove(&name);
+                    }
+                }
+                StateRow::Token(name) => match self.core.access().token(&name).cloned() {
+                    Some(t) => {
+                        self.say(format!(
+                            "  row token {name} certificates={}",
+                            t.certificates.len()
+                        ));
+                        self.store.tokens.insert(name, t);
+                    }
+                    None => {
+                        self.say(format!("  row token {name} deleted"));
+                        self.store.tokens.remove(&name);
+                    }
+                },
+                StateRow::Audit(seq) => match self.core.access().audit_entry(seq).cloned() {
+                    Some(e) => {
+                        self.say(format!("  row audit {seq} {} {}", e.principal, e.method));
+                        self.store.audit.insert(seq, e);
+                    }
+                    None => {
+                        self.say(format!("  row audit {seq} deleted"));
+                        self.store.audit.remove(&seq);
+                    }
+                },
+                StateRow::HostPoolMember(host) => {
+                    let pools = self.core.host_pools();
+                    if pools.is_member(&host) {
+                        let pool = pools.pool_of(&host).to_string();
+                        self.say(format!("  row host {host} in {pool}"));
+                        self.store.host_pool_members.insert(host, pool);
+                    } else {
+                        self.say(format!("  row host {host} in default"));
+                        self.store.host_pool_members.remove(&host);
+                    }
                 }
             }
         }
@@ -859,6 +951,20 @@ impl Sim {
             });
         }
         rec.volumes = self.store.volumes.values().cloned().collect();
+        rec.host_pools = self
+            .store
+            .host_pools
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        rec.host_pool_members = self
+            .store
+            .host_pool_members
+            .iter()
+            .map(|(h, p)| (h.to_string(), p.clone()))
+            .collect();
+        rec.tokens = self.store.tokens.values().cloned().collect();
+        rec.audit = self.store.audit.values().cloned().collect();
         self.engine = engine();
         let revision = self.core.revision();
         self.fx = Effects::default();

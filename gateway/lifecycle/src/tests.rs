@@ -29,6 +29,16 @@
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
 //!   and the rows the store holds for them;
+//! - `hostpool create|delete P`, `move P H...` (hosts into host pool P),
+//!   `hostpools` — the host pools, their members, every host's tag and
+//!   the stored rows; `job … host_pool=P` runs in host pool P;
+//! - `app A` — a client-mode application registers; `target A N` — its
+//!   executor target; `heard A` — its driver calls; `lease A` — when it
+//!   was last heard from;
+//! - `token create|revoke T [digest=N]`, `cert issue|revoke T fp=N
+//!   [until=MS]` (a certificate valid until MS after the start),
+//!   `audit PRINCIPAL METHOD`, `audit-bound max=N` (first line only),
+//!   `access` — the tokens, their certificates, the audit log and the rows;
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -146,6 +156,59 @@ impl Env {
                 let _ = self.sim.register_twin(words[1]);
             }
             "cut" => self.sim.cut(words[1]),
+            "hostpool" => {
+                let name = words[2].to_string();
+                self.step(match words[1] {
+                    "create" => Input::CreateHostPool { name },
+                    "delete" => Input::DeleteHostPool { name },
+                    other => panic!("hostpool {other}?"),
+                });
+            }
+            "move" => self.step(Input::MoveHosts {
+                hosts: words[2..].iter().map(|h| h.to_string()).collect(),
+                to: words[1].into(),
+            }),
+            "hostpools" => {
+                let core = &self.sim.core;
+                let pools = core.host_pools();
+                let members: Vec<String> =
+                    pools.members().map(|(h, p)| format!("{h}={p}")).collect();
+                let hosts = self.sim.engine.hosts();
+                let tags: Vec<String> = hosts
+                    .live_hosts()
+                    .iter()
+                    .map(|slot| {
+                        let spec = hosts
+                            .spec(hosts.lookup_slot(slot as usize).expect("live"))
+                            .expect("live");
+                        format!(
+                            "{}={}",
+                            spec.name,
+                            crate::hostpools::host_pool_attribute(&spec).unwrap_or("-")
+                        )
+                    })
+                    .collect();
+                let store = &self.sim.store;
+                let line = format!(
+                    "  host pools: {} | members: {} | tags: {} | stored: {} {}",
+                    pools.names().collect::<Vec<_>>().join(" "),
+                    members.join(" "),
+                    tags.join(" "),
+                    store
+                        .host_pools
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    store
+                        .host_pool_members
+                        .iter()
+                        .map(|(h, p)| format!("{h}={p}"))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                );
+                self.sim.say(line);
+            }
             "pool" => self.step(Input::CreatePool {
                 path: words[1].into(),
                 config: PoolConfig::default()
@@ -198,6 +261,15 @@ impl Env {
                 if let Some(c) = arg("constraint") {
                     p.default.constraint = c.replace('_', " ");
                 }
+                if let Some(hp) = arg("host_pool") {
+                    // As the shell's validation ANDs it in.
+                    p.host_pool = hp.into();
+                    let tag = format!("{HOST_POOL_ATTRIBUTE} == \"{hp}\"");
+                    p.default.constraint = match p.default.constraint.as_str() {
+                        "" => tag,
+                        c => format!("({c}) and {tag}"),
+                    };
+                }
                 if let Some(mb) = arg("volume") {
                     p.default.volume = Some(VolumeTemplate {
                         size_mb: mb.parse().expect("MiB"),
@@ -219,6 +291,111 @@ impl Env {
                     id: words[1].into(),
                     plan: Box::new(p),
                 });
+            }
+            "app" => {
+                // A client-mode application (registered, no executors yet).
+                let mut p = plan(arg("pool").unwrap_or("/"), 0, 1000);
+                p.kind = JobKind::Application;
+                p.preemptible = true;
+                p.app = Some(AppPlan {
+                    max_executors: 10,
+                    driver_in_job: false,
+                    registered: true,
+                });
+                self.step(Input::CreateJob {
+                    id: words[1].into(),
+                    plan: Box::new(p),
+                });
+            }
+            "target" => self.step(Input::AppTarget {
+                id: words[1].into(),
+                generation: num("generation", 1),
+                total: words[2].parse().expect("executors"),
+            }),
+            "heard" => self.step(Input::AppHeard {
+                id: words[1].into(),
+            }),
+            "lease" => {
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let line = match self.sim.core.app_last_heard(k) {
+                    Some(at) => format!("  lease {}: heard {} ms ago", words[1], self.sim.now - at),
+                    None => format!("  lease {}: none", words[1]),
+                };
+                self.sim.say(line);
+            }
+            "token" => {
+                let name = words[2].to_string();
+                self.step(match words[1] {
+                    "create" => Input::CreateToken(Box::new(Token {
+                        name,
+                        grants: vec![
+                            peloton_authz::Grant::new(peloton_authz::Role::Viewer, "/")
+                                .expect("a grant"),
+                        ],
+                        created_at_ms: 0,
+                        created_by: "admin".into(),
+                        digest: [num("digest", 1) as u8; 32],
+                        certificates: Vec::new(),
+                    })),
+                    "revoke" => Input::RevokeToken { name },
+                    other => panic!("token {other}?"),
+                });
+            }
+            "cert" => {
+                let name = words[2].to_string();
+                let fingerprint = [num("fp", 1) as u8; 32];
+                self.step(match words[1] {
+                    "issue" => Input::IssueCertificate {
+                        name,
+                        certificate: Certificate {
+                            fingerprint,
+                            issued_at_ms: 0,
+                            not_after_ms: crate::sim::START_MS + num("until", 1000),
+                        },
+                    },
+                    "revoke" => Input::RevokeCertificate { name, fingerprint },
+                    other => panic!("cert {other}?"),
+                });
+            }
+            "audit" => self.step(Input::Audit(Box::new(AuditEntry {
+                principal: words[1].into(),
+                method: words[2].into(),
+                ..AuditEntry::default()
+            }))),
+            "audit-bound" => {
+                assert_eq!(self.sim.core.n_jobs(), 0, "audit-bound comes first");
+                self.sim = Sim::with_config(CoreConfig {
+                    max_audit_entries: num("max", 3) as usize,
+                    ..crate::sim::config()
+                });
+                self.sim.say(format!("> {line}"));
+            }
+            "access" => {
+                let a = self.sim.core.access();
+                let tokens: Vec<String> = a
+                    .tokens()
+                    .map(|t| {
+                        let certs: Vec<String> = t
+                            .certificates
+                            .iter()
+                            .map(|c| format!("{:02x}", c.fingerprint[0]))
+                            .collect();
+                        format!("{}[{}]", t.name, certs.join(","))
+                    })
+                    .collect();
+                let audit: Vec<String> = a
+                    .audit_newest_first()
+                    .map(|e| format!("{}:{}", e.seq, e.principal))
+                    .collect();
+                let store = &self.sim.store;
+                let line = format!(
+                    "  tokens: {} | audit (newest first): {} | stored: {} tokens, audit {:?}",
+                    tokens.join(" "),
+                    audit.join(" "),
+                    store.tokens.len(),
+                    store.audit.keys().collect::<Vec<_>>()
+                );
+                self.sim.say(line);
             }
             "cycle" => self.step(Input::Cycle),
             "tick" => {
@@ -3999,6 +4176,305 @@ fn a_launch_that_never_reached_its_agent_is_sent_again_when_it_registers() {
               launch k/0#1 @h1 config 1
             k/0#1 running @h1
             job k running
+        "#]],
+    );
+}
+
+#[test]
+fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
+    check(
+        "
+        hostpool create gpu
+        hostpool create gpu            # exists
+        host h1 cpu=4
+        host h2 cpu=4
+        hostpools
+        job g pool=/ n=1 cpu=1 host_pool=gpu
+        job d pool=/ n=1 cpu=1
+        job x pool=/ n=1 cpu=1 host_pool=nope
+        cycle                          # g waits: no host in gpu
+        move gpu h2 nope               # all or nothing
+        move nowhere h2
+        move gpu h2
+        cycle
+        move gpu h1                    # d's run on h1 stays
+        hostpools
+        hostpool delete default
+        hostpool delete nope
+        hostpool delete gpu            # has hosts
+        move default h1 h2
+        hostpool delete gpu            # g still runs there
+        kill g
+        confirm
+        crash
+        hostpools
+        register h1
+        register h2
+        hostpool delete gpu
+        hostpools
+        ",
+        expect![[r#"
+            > hostpool create gpu
+              row host pool gpu
+            > hostpool create gpu
+            error: host pool "gpu" already exists
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > hostpools
+              host pools: gpu | members:  | tags: h1=default h2=default | stored: gpu 
+            > job g pool=/ n=1 cpu=1 host_pool=gpu
+            g/0#1 pending
+            job g pending
+            > job d pool=/ n=1 cpu=1
+            d/0#1 pending
+            job d pending
+            > job x pool=/ n=1 cpu=1 host_pool=nope
+            error: spec.host_pool: host pool "nope" does not exist (create it with `peloton hostpool create`)
+            > cycle
+            g/0#1 ready
+            d/0#1 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+            g/0#1 placing
+              launch d/0#1 @h1 config 1
+            d/0#1 running @h1
+            job d running
+            > move gpu h2 nope
+            error: host nope not found
+            > move nowhere h2
+            error: host pool "nowhere" not found
+            > move gpu h2
+              row host h2 in gpu
+            > cycle
+            g/0#1 placed @h2
+            g/0#1 launching @h2
+              launch g/0#1 @h2 config 1
+            g/0#1 running @h2
+            job g running
+            > move gpu h1
+              row host h1 in gpu
+            > hostpools
+              host pools: gpu | members: h1=gpu h2=gpu | tags: h1=gpu h2=gpu | stored: gpu h1=gpu h2=gpu
+            > hostpool delete default
+            error: host pool "default" cannot be deleted
+            > hostpool delete nope
+            error: host pool "nope" not found
+            > hostpool delete gpu
+            error: host pool "gpu" still has 2 host(s) (h1, h2); move them to another host pool first
+            > move default h1 h2
+              row host h1 in default
+              row host h2 in default
+            > hostpool delete gpu
+            error: host pool "gpu" is named by job g which is not terminal
+            > kill g
+            g/0#1 killed @h2 (job killed)
+            job g killing
+              kill g/0#1 @h2
+            > confirm
+            job g killed
+            > crash
+            > hostpools
+              host pools: gpu | members:  | tags: h1=default h2=default | stored: gpu 
+            > register h1
+            > register h2
+            > hostpool delete gpu
+              row host pool gpu deleted
+            > hostpools
+              host pools:  | members:  | tags: h1=default h2=default | stored:  
+        "#]],
+    );
+}
+
+#[test]
+fn host_pools_survive_a_restart_and_an_agent_cannot_name_its_own() {
+    check(
+        "
+        hostpool create a
+        host h1 cpu=4
+        move a h1
+        crash
+        hostpools
+        register h1
+        hostpools
+        ",
+        expect![[r#"
+            > hostpool create a
+              row host pool a
+            > host h1 cpu=4
+            > move a h1
+              row host h1 in a
+            > crash
+            > hostpools
+              host pools: a | members: h1=a | tags: h1=a | stored: a h1=a
+            > register h1
+            > hostpools
+              host pools: a | members: h1=a | tags: h1=a | stored: a h1=a
+        "#]],
+    );
+    let mut sim = Sim::new();
+    let mut spec = crate::sim::host_spec("h9", 4, 4096);
+    spec.attributes
+        .push((HOST_POOL_ATTRIBUTE.into(), "default".into()));
+    let e = sim.add_host_spec(spec).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "register.attributes.peloton.host_pool: is set by the server from the host's host pool; an agent may not set it"
+    );
+    assert!(sim.engine.hosts().lookup("h9").is_none());
+}
+
+#[test]
+fn a_client_mode_application_whose_driver_goes_silent_is_unregistered() {
+    check(
+        "
+        host h1 cpu=4
+        app a
+        target a 1
+        cycle
+        tick 30000
+        heard a                 # the driver calls: the lease starts again
+        tick 40000              # 70 s since it registered, 40 s since heard
+        lease a
+        crash                   # a restart gives the lease again
+        register h1
+        tick 59000
+        lease a
+        tick 2000               # 61 s silent: unregistered
+        lease a
+        confirm
+        heard a                 # too late: no lease any more
+        lease a
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > app a
+            job a pending
+            > target a 1
+            a/0#1 pending
+            > cycle
+            a/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+            a/0#1 running @h1
+            job a running
+            > tick 30000
+            > heard a
+            > tick 40000
+            > lease a
+              lease a: heard 40000 ms ago
+            > crash
+            > register h1
+            > tick 59000
+            > lease a
+              lease a: heard 59000 ms ago
+            > tick 2000
+            a/0#1 killed @h1 (the application's driver was not heard from for its lease; the application was unregistered)
+              kill a/0#1 @h1
+            > lease a
+              lease a: none
+            > confirm
+            job a succeeded
+            > heard a
+            > lease a
+              lease a: none
+        "#]],
+    );
+}
+
+#[test]
+fn tokens_and_certificates_are_kept_and_published_after_their_commit() {
+    check(
+        "
+        token create ci digest=7
+        token create ci digest=8      # exists
+        cert issue ci fp=1 until=1000
+        cert issue ci fp=2 until=5000
+        cert issue nope fp=3
+        tick 2000                     # fp 1 expires
+        cert issue ci fp=3 until=9000 # the expired one goes first
+        cert revoke ci fp=9
+        cert revoke ci fp=2
+        access
+        crash
+        access
+        token revoke ci
+        token revoke ci
+        access
+        ",
+        expect![[r#"
+            > token create ci digest=7
+              access: token ci created
+              row token ci certificates=0
+            > token create ci digest=8
+            error: token ci already exists (revoke it first)
+            > cert issue ci fp=1 until=1000
+              access: certificate 01 of 07 until 1000
+              row token ci certificates=1
+            > cert issue ci fp=2 until=5000
+              access: certificate 02 of 07 until 5000
+              row token ci certificates=2
+            > cert issue nope fp=3
+            error: token nope not found
+            > tick 2000
+            > cert issue ci fp=3 until=9000
+              access: certificates removed: 01
+              access: certificate 03 of 07 until 9000
+              row token ci certificates=2
+            > cert revoke ci fp=9
+            error: token ci has no certificate 0909090909090909090909090909090909090909090909090909090909090909
+            > cert revoke ci fp=2
+              access: certificates removed: 02
+              row token ci certificates=1
+            > access
+              tokens: ci[03] | audit (newest first):  | stored: 1 tokens, audit []
+            > crash
+            > access
+              tokens: ci[03] | audit (newest first):  | stored: 1 tokens, audit []
+            > token revoke ci
+              access: token 07 revoked with 1 certificates
+              row token ci deleted
+            > token revoke ci
+            error: token ci not found
+            > access
+              tokens:  | audit (newest first):  | stored: 0 tokens, audit []
+        "#]],
+    );
+}
+
+#[test]
+fn the_audit_log_keeps_its_newest_entries_and_never_reuses_a_number() {
+    check(
+        "
+        audit-bound max=3
+        audit ci /a
+        audit ci /b
+        audit admin /c
+        audit ci /d                   # the first goes
+        access
+        crash
+        audit ci /e
+        access
+        ",
+        expect![[r#"
+            > audit-bound max=3
+            > audit ci /a
+              row audit 1 ci /a
+            > audit ci /b
+              row audit 2 ci /b
+            > audit admin /c
+              row audit 3 admin /c
+            > audit ci /d
+              row audit 4 ci /d
+              row audit 1 deleted
+            > access
+              tokens:  | audit (newest first): 4:ci 3:admin 2:ci | stored: 0 tokens, audit [2, 3, 4]
+            > crash
+            > audit ci /e
+              row audit 5 ci /e
+              row audit 2 deleted
+            > access
+              tokens:  | audit (newest first): 5:ci 4:ci 3:admin | stored: 0 tokens, audit [3, 4, 5]
         "#]],
     );
 }

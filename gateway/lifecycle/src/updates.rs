@@ -297,6 +297,7 @@ impl Lifecycle {
             spec,
         } = request;
         let job_id = job_id.as_str();
+        self.check_job_host_pool(&plan.host_pool)?;
         let k = self.job_key(job_id)?;
         let job = &self.jobs[&k];
         if version != 0 && version != job.version {

@@ -3,12 +3,10 @@
 //! an application as the API shows it.
 
 use peloton_proto::v1 as pb;
-use tonic::Status;
 
 use super::{Reply, Scheduler, Specs, reads};
 use crate::convert::{self, TaskTemplate};
-use crate::lifecycle::{Answer, Input, JobKey, JobKind, TaskState as S};
-use crate::status::status;
+use crate::lifecycle::{Answer, Error, Input, JobKey, JobKind, TaskState as S};
 
 /// At most this many executors are listed in an application.
 pub const MAX_LISTED_EXECUTORS: usize = 1000;
@@ -76,56 +74,7 @@ pub enum AppCommand {
     },
 }
 
-/// How often drivers' leases are checked.
-pub const LEASE_CHECK_INTERVAL_MS: u64 = 1000;
-
-/// An application whose driver holds a lease: client mode, registered, not
-/// ended (a cluster-mode driver is a task of the job: its end ends it).
-pub(super) fn leased(job: &crate::lifecycle::Job) -> bool {
-    job.plan.kind == JobKind::Application
-        && job.plan.app.is_some_and(|a| !a.driver_in_job)
-        && !job.app.closed
-        && !job.kill_requested
-}
-
 impl Scheduler {
-    /// The driver of application `id` was heard from.
-    fn seen(&mut self, id: &str) {
-        if let Ok(k) = self.core.job_key(id)
-            && self.core.job(k).is_some_and(leased)
-        {
-            self.app_seen.insert(k, self.now);
-        }
-    }
-
-    /// Unregisters client-mode applications whose drivers have not been
-    /// heard from for the lease (a driver killed outright).
-    pub(super) fn check_app_leases(&mut self) {
-        if self.app_seen.is_empty() || self.now < self.last_lease_check + LEASE_CHECK_INTERVAL_MS {
-            return;
-        }
-        self.last_lease_check = self.now;
-        let lease = self.config.app_lease.as_millis() as u64;
-        let mut lapsed = Vec::new();
-        let core = &self.core;
-        self.app_seen.retain(|&k, &mut seen| match core.job(k) {
-            Some(job) if leased(job) => {
-                if self.now.saturating_sub(seen) > lease {
-                    lapsed.push(job.id.to_string());
-                    false
-                } else {
-                    true
-                }
-            }
-            _ => false,
-        });
-        lapsed.sort_unstable();
-        for id in lapsed {
-            tracing::warn!(app = %id, lease_ms = lease, "application unregistered: its driver was not heard from");
-            self.step(Input::AppUnregister { id, lapsed: true });
-        }
-    }
-
     pub(super) fn handle_app(&mut self, c: AppCommand) {
         match &c {
             AppCommand::Create { .. } => {}
@@ -134,16 +83,21 @@ impl Scheduler {
             | AppCommand::Target { id, .. }
             | AppCommand::Kill { id, .. }
             | AppCommand::Unregister { id, .. } => {
-                let id = id.clone();
-                self.seen(&id);
+                // Any call about it renews its driver's lease (an open
+                // executor stream calls every second).
+                let _ = self.core.step(
+                    &mut self.engine,
+                    Input::AppHeard { id: id.clone() },
+                    self.now,
+                    &mut self.fx,
+                );
             }
         }
         match c {
             AppCommand::Create { spec, plan, reply } => {
-                let r = self.create_job(*spec, *plan).and_then(|job| {
-                    self.seen(&job.id);
-                    self.app_of(&job.id)
-                });
+                let r = self
+                    .create_job(*spec, *plan)
+                    .and_then(|job| Ok(self.app_of(&job.id)?));
                 self.defer(reply, r);
             }
             AppCommand::Attach {
@@ -209,14 +163,14 @@ impl Scheduler {
         }
     }
 
-    fn app_key(&self, id: &str) -> Result<JobKey, Status> {
-        let k = self.core.job_key(id).map_err(status)?;
+    fn app_key(&self, id: &str) -> Result<JobKey, Error> {
+        let k = self.core.job_key(id)?;
         if self
             .core
             .job(k)
             .is_some_and(|j| j.plan.kind != JobKind::Application)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::Precondition(format!(
                 "job {} is not an application job",
                 convert::shown(id)
             )));
@@ -233,7 +187,7 @@ impl Scheduler {
         template: TaskTemplate,
         driver_url: String,
         max_executors: u32,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Error> {
         let k = self.app_key(id)?;
         let max_executors = if max_executors == 0 {
             convert::DEFAULT_MAX_EXECUTORS.min(self.core.config().max_instances_per_job)
@@ -273,7 +227,7 @@ impl Scheduler {
         &mut self,
         id: String,
         executor_ids: Vec<String>,
-    ) -> Result<pb::KillExecutorsResponse, Status> {
+    ) -> Result<pb::KillExecutorsResponse, Error> {
         let k = self.app_key(&id)?;
         let job = self.core.job(k).expect("live");
         let mut out = pb::KillExecutorsResponse::default();
@@ -296,7 +250,7 @@ impl Scheduler {
     }
 
     /// An application as the API shows it.
-    pub(super) fn app_of(&self, id: &str) -> Result<pb::Application, Status> {
+    pub(super) fn app_of(&self, id: &str) -> Result<pb::Application, Error> {
         let k = self.app_key(id)?;
         Ok(app_to_pb(
             &self.engine,

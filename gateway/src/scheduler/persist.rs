@@ -470,7 +470,6 @@ pub(super) type RecoveredSpecs = (String, super::Specs, Option<u64>);
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
-    host_pools: &super::hostpools::HostPools,
 ) -> anyhow::Result<(Recovered, Vec<RecoveredSpecs>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
@@ -482,11 +481,10 @@ pub(super) fn recovered(
     for (name, bytes) in &snap.hosts {
         let host = pb::Host::decode(bytes.as_slice())?;
         let spec = if agent_mode {
-            let mut spec =
-                reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
-                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
-            // Its stored host pool (the attribute is not in the row).
-            host_pools.tag(&mut spec);
+            // (The core sets its stored host pool: the attribute is not in
+            // the row.)
+            let spec = reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
+                .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
             Some(spec)
         } else {
             None
@@ -619,6 +617,91 @@ pub(super) fn recovered(
         specs.push((id.clone(), versions, from_row));
     }
     Ok((rec, specs))
+}
+
+/// A token as stored: as listed, and its secret's digest.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredToken {
+    #[prost(message, optional, tag = "1")]
+    token: Option<pb::Token>,
+    #[prost(bytes = "vec", tag = "2")]
+    digest: Vec<u8>,
+}
+
+/// The stored tokens and audit entries. A token whose grants are no
+/// longer valid is left out (and logged): it could never authenticate.
+pub(super) fn recovered_access(
+    snap: &Snapshot,
+) -> anyhow::Result<(
+    Vec<crate::lifecycle::Token>,
+    Vec<crate::lifecycle::AuditEntry>,
+)> {
+    let mut tokens = Vec::with_capacity(snap.tokens.len());
+    for (name, bytes) in &snap.tokens {
+        let stored = StoredToken::decode(bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("stored token {name}: {e}"))?;
+        let digest: crate::access::Digest32 = stored
+            .digest
+            .as_slice()
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("stored token {name}: its digest is not 32 bytes"))?;
+        match super::access::token_from_pb(stored.token.unwrap_or_default(), digest) {
+            Ok(t) => tokens.push(t),
+            Err(e) => {
+                tracing::error!(token = %name, error = %e.message(), "a stored token's grants are not valid: it is refused");
+            }
+        }
+    }
+    let mut audit = Vec::with_capacity(snap.audit.len());
+    for (key, bytes) in &snap.audit {
+        let e = pb::AuditEntry::decode(bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("audit entry {key}: {e}"))?;
+        audit.push(super::access::audit_from_pb(e));
+    }
+    Ok((tokens, audit))
+}
+
+/// Encodes the rows of the tables beside the jobs (host pools, access,
+/// secrets) that the core marked into `batch`, from the core's state:
+/// what is no longer there is deleted.
+pub(super) fn state_rows(
+    core: &Lifecycle,
+    rows: &mut Vec<crate::lifecycle::StateRow>,
+    batch: &mut WriteBatch,
+) {
+    use crate::lifecycle::StateRow;
+    for row in rows.drain(..) {
+        match row {
+            StateRow::HostPool(name) => {
+                let exists = core.host_pools().exists(&name);
+                batch.host_pools.push((name.to_string(), exists));
+            }
+            StateRow::Token(name) => {
+                let row = core.access().token(&name).map(|t| {
+                    StoredToken {
+                        token: Some(super::access::token_to_pb(t)),
+                        digest: t.digest.to_vec(),
+                    }
+                    .encode_to_vec()
+                });
+                batch.tokens.push((name.to_string(), row));
+            }
+            StateRow::Audit(seq) => {
+                let row = core
+                    .access()
+                    .audit_entry(seq)
+                    .map(|e| super::access::audit_to_pb(e).encode_to_vec());
+                batch.audit.push((crate::store::audit_key(seq), row));
+            }
+            StateRow::HostPoolMember(host) => {
+                let pools = core.host_pools();
+                let pool = pools
+                    .is_member(&host)
+                    .then(|| pools.pool_of(&host).to_string());
+                batch.host_pool_members.push((host.to_string(), pool));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,89 @@
+//! Why the scheduling loop refused a command, as data: the core's typed
+//! [`Error`], what only the shell can tell (the store cannot write, a
+//! host's session, logs of simulated runs), or a read request its
+//! validation refused. The loop builds no gRPC status: `crate::status`
+//! maps each kind to a code, in one place, as the answer leaves the loop.
+
+use crate::lifecycle::Error;
+
+/// A command the loop refused. Every refusal changes nothing.
+#[derive(Debug)]
+pub enum Refused {
+    /// The core refused the input.
+    Core(Error),
+    /// The store cannot write: writes are refused until it can.
+    StoreUnwritable {
+        /// The store's last error.
+        error: String,
+        /// For how long it has failed, in seconds.
+        for_s: u64,
+        /// How often the server retries, in seconds.
+        retry_s: u64,
+    },
+    /// Another agent's live session holds the host.
+    HostHeldBySession {
+        /// Host name.
+        host: String,
+        /// The holder's agent id.
+        holder: String,
+        /// The newcomer's agent id.
+        agent: String,
+        /// How long the holder has been silent.
+        silent_ms: u64,
+        /// How long it must be silent to be taken over.
+        after_ms: u64,
+    },
+    /// This server runs simulated hosts: no agents, no logs.
+    SimulatedHosts(&'static str),
+    /// The agent of a host is not connected.
+    AgentNotConnected(String),
+    /// A read's request was refused by its validation (paging tokens,
+    /// filters), which answers with a status of its own.
+    Request(tonic::Status),
+}
+
+impl From<Error> for Refused {
+    fn from(e: Error) -> Self {
+        Refused::Core(e)
+    }
+}
+
+impl From<tonic::Status> for Refused {
+    fn from(s: tonic::Status) -> Self {
+        Refused::Request(s)
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Core(e) => write!(f, "{e}"),
+            Refused::StoreUnwritable {
+                error,
+                for_s,
+                retry_s,
+            } => write!(
+                f,
+                "the store cannot write ({error}), for {for_s} s now: writes are refused until it can and \
+                 are retried by the server every {retry_s} s; reads are served"
+            ),
+            Refused::HostHeldBySession {
+                host,
+                holder,
+                agent,
+                silent_ms,
+                after_ms,
+            } => write!(
+                f,
+                "host {host} is held by another agent (agent id {holder:?}, connected, heard from {silent_ms} ms ago); \
+                 this agent (agent id {agent:?}) may take it only once that one has been silent for {after_ms} ms \
+                 — give each agent its own --host"
+            ),
+            Refused::SimulatedHosts(what) => write!(f, "{what}"),
+            Refused::AgentNotConnected(host) => {
+                write!(f, "the agent of host {host} is not connected")
+            }
+            Refused::Request(s) => write!(f, "{}", s.message()),
+        }
+    }
+}
