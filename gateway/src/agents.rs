@@ -25,7 +25,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::{HostBackend, Kill, Launch, RunRef, TaskUpdate};
-use crate::scheduler::{Command, now_ms};
+use crate::clock::wall_ms as now_ms;
+use crate::command::Command;
 
 /// Messages to one agent.
 pub type Outbox = mpsc::Sender<Result<pb::ServerMessage, Status>>;

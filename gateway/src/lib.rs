@@ -3,10 +3,12 @@
 //! host manager's backends. See ARCHITECTURE.md for the map.
 
 pub mod access;
+pub mod access_layer;
 pub mod agents;
 pub mod backend;
 pub mod client;
 pub mod clock;
+pub mod command;
 pub mod config;
 pub mod console;
 pub mod convert;

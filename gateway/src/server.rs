@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::access::Access;
 use crate::agents::{AgentApi, AgentBackend, AgentHub};
 use crate::backend::{HostBackend, SimBackend};
+use crate::command::Command;
 use crate::config::Config;
 use crate::convert::Limits;
 use crate::http::Mirror;
@@ -20,7 +21,7 @@ use crate::leader::{Gate, Lease, LeaseConfig, Role, Standing};
 use crate::metrics::Metrics;
 use crate::pgstore::PgStore;
 use crate::reopening::ReopeningStore;
-use crate::scheduler::{Command, LoopConfig, Scheduler};
+use crate::scheduler::{LoopConfig, Scheduler};
 use crate::service::Api;
 use crate::status::Contract;
 use crate::store::{RedbStore, Store};
@@ -556,12 +557,12 @@ async fn opened(
     // ones audited, by one layer.
     let grpc = tonic::service::Routes::from(grpc.into_axum_router().layer(
         axum::middleware::from_fn_with_state(
-            crate::access::LayerState {
+            crate::access_layer::LayerState {
                 access: access.clone(),
                 tx: tx.clone(),
                 strangers: Arc::default(),
             },
-            crate::access::layer,
+            crate::access_layer::layer,
         ),
     ));
     // The JSON/HTTP mirror calls the public services in process (through

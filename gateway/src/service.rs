@@ -19,10 +19,11 @@ use tonic::{Request, Response, Status};
 
 use crate::access::{self, Access, Caller};
 use crate::agents::AgentHub;
+use crate::command::{Command, Reply};
 use crate::convert::{self, Limits};
+use crate::lifecycle::JobAction;
 use crate::lifecycle::{UpdateAction, UpdateSpec};
 use crate::metrics::Metrics;
-use crate::scheduler::{Command, JobAction, Reply};
 use crate::store::Store;
 use peloton_authz::Permission;
 

@@ -4,75 +4,12 @@
 
 use peloton_proto::v1 as pb;
 
-use super::{Reply, Scheduler, Specs, reads};
+use super::{AppCommand, Scheduler, Specs, reads};
 use crate::convert::{self, TaskTemplate};
 use crate::lifecycle::{Answer, Error, Input, JobKey, JobKind, TaskState as S};
 
 /// At most this many executors are listed in an application.
 pub const MAX_LISTED_EXECUTORS: usize = 1000;
-
-/// An application command, validated by the service.
-#[derive(Debug)]
-pub enum AppCommand {
-    /// A new application job (client mode).
-    Create {
-        /// Its job spec (type APPLICATION, no instances).
-        spec: Box<pb::JobSpec>,
-        /// Validated.
-        plan: Box<convert::JobPlan>,
-        /// Reply.
-        reply: Reply<pb::Application>,
-    },
-    /// The driver of an application job registers (cluster mode).
-    Attach {
-        /// The job.
-        id: String,
-        /// The executor as sent.
-        executor: Box<pb::TaskSpec>,
-        /// Validated.
-        template: Box<TaskTemplate>,
-        /// The driver's URL.
-        driver_url: String,
-        /// Bound on executors.
-        max_executors: u32,
-        /// Reply.
-        reply: Reply<pb::Application>,
-    },
-    /// Read one.
-    Get {
-        /// The job.
-        id: String,
-        /// Reply.
-        reply: Reply<pb::Application>,
-    },
-    /// A new target.
-    Target {
-        /// The job.
-        id: String,
-        /// Generation.
-        generation: u64,
-        /// Executors wanted.
-        total: u32,
-        /// Reply.
-        reply: Reply<pb::SetExecutorTargetResponse>,
-    },
-    /// Kill executors by id.
-    Kill {
-        /// The job.
-        id: String,
-        /// Executor ids as sent.
-        executor_ids: Vec<String>,
-        /// Reply.
-        reply: Reply<pb::KillExecutorsResponse>,
-    },
-    /// The application ends.
-    Unregister {
-        /// The job.
-        id: String,
-        /// Reply.
-        reply: Reply<pb::Application>,
-    },
-}
 
 impl Scheduler {
     pub(super) fn handle_app(&mut self, c: AppCommand) {

@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::Api;
 use crate::access;
-use crate::scheduler::Command;
+use crate::command::Command;
 
 /// A token name that may hold certificates: the bootstrap admin's is
 /// configuration and has none.

@@ -16,8 +16,8 @@ use tonic::{Request, Response, Status};
 
 use super::{Api, check_id};
 use crate::access;
+use crate::command::{AppCommand, Command};
 use crate::convert;
-use crate::scheduler::{AppCommand, Command};
 use peloton_authz::Permission;
 
 /// Most executor ids in one kill.
@@ -319,7 +319,7 @@ impl Follow {
     /// Pending events for waiting executors whose reason changed.
     fn pending_changes(&mut self, app: &pb::Application) -> Vec<pb::ExecutorEvent> {
         let mut out = Vec::new();
-        let now = crate::scheduler::now_ms();
+        let now = crate::clock::wall_ms();
         for e in &app.executors {
             let Ok(i) = e.id.parse::<u32>() else { continue };
             if e.state == pb::TaskState::Running as i32 || e.pending_reason.is_empty() {

@@ -14,9 +14,9 @@ use tonic::{Request, Response, Status};
 
 use super::{Api, gone};
 use crate::access;
+use crate::command::Command;
 use crate::convert;
 use crate::metrics::Metrics;
-use crate::scheduler::Command;
 use crate::store::Store;
 use peloton_authz::Permission;
 
@@ -685,7 +685,7 @@ async fn pump(
     next: u64,
     committed: u64,
     job: String,
-    mut live: broadcast::Receiver<crate::scheduler::EventBatch>,
+    mut live: broadcast::Receiver<crate::command::EventBatch>,
     out: Arc<WatchQueue>,
 ) {
     let mut w = Watcher { next, job, out };
