@@ -928,6 +928,11 @@ impl Scheduler {
         } else {
             c
         };
+        self.handle_access(c);
+    }
+
+    /// Applications, tokens, certificates and the audit log.
+    fn handle_access(&mut self, c: Command) {
         match c {
             Command::App(c) => self.handle_app(c),
             Command::CreateToken {
@@ -954,6 +959,13 @@ impl Scheduler {
                 let r = self.list_audit(&request);
                 self.defer(reply, r);
             }
+            c => self.handle_pools(c),
+        }
+    }
+
+    /// Resource pools and their queues.
+    fn handle_pools(&mut self, c: Command) {
+        match c {
             Command::CreatePool {
                 path,
                 config,
@@ -1010,6 +1022,13 @@ impl Scheduler {
                 let r = reads::list_queue(&self.engine, &self.core, &path, limit);
                 self.defer(reply, r);
             }
+            c => self.handle_jobs(c),
+        }
+    }
+
+    /// Jobs and tasks.
+    fn handle_jobs(&mut self, c: Command) {
+        match c {
             Command::CreateJob { spec, plan, reply } => {
                 let r = self.create_job(*spec, *plan);
                 self.defer(reply, r);
@@ -1094,6 +1113,13 @@ impl Scheduler {
                     .map(|_| ());
                 self.defer(reply, r);
             }
+            c => self.handle_hosts(c),
+        }
+    }
+
+    /// Hosts, host pools, maintenance and watches.
+    fn handle_hosts(&mut self, c: Command) {
+        match c {
             Command::ListHosts { request, reply } => {
                 let r = Ok::<_, Refused>(reads::list_hosts(
                     &self.engine,
@@ -1139,6 +1165,13 @@ impl Scheduler {
                 let committed = self.core.revision() - (self.fx.events.len() + unwritten) as u64;
                 let _ = reply.send((committed, self.events_tx.subscribe()));
             }
+            c => self.handle_agents(c),
+        }
+    }
+
+    /// Agents' sessions and the logs they serve.
+    fn handle_agents(&mut self, c: Command) {
+        match c {
             Command::AgentRegister {
                 registration,
                 reply,
@@ -1190,6 +1223,13 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
+            c => self.handle_updates(c),
+        }
+    }
+
+    /// Updates and volumes (and the stop, which the iteration acts on).
+    fn handle_updates(&mut self, c: Command) {
+        match c {
             Command::UpdateJob {
                 job_id,
                 version,
@@ -1249,6 +1289,9 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::Shutdown => {}
+            // Each group above passes on what is not its own, so nothing
+            // else comes this far.
+            other => unreachable!("{other:?} is handled by an earlier group"),
         }
     }
 
