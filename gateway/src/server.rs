@@ -370,24 +370,8 @@ fn open_store(
     Ok((Arc::new(store), Some(lease)))
 }
 
-async fn opened(
-    config: &Config,
-    addr: SocketAddr,
-    role: Arc<Role>,
-    gate: &Gate,
-    tls: Option<Arc<peloton_tls::rustls::ServerConfig>>,
-    signer: Option<Arc<peloton_tls::Pki>>,
-) -> anyhow::Result<Server> {
-    let (store, lease) = {
-        let (config, role) = (config.clone(), role.clone());
-        tokio::task::spawn_blocking(move || open_store(&config, addr, &role)).await??
-    };
-    let began = std::time::Instant::now();
-    let snapshot = {
-        let s = store.clone();
-        tokio::task::spawn_blocking(move || s.load()).await??
-    };
-    let loaded_ms = began.elapsed().as_millis() as u64;
+/// The engine, with the configured simulated hosts.
+fn new_engine(config: &Config) -> anyhow::Result<Engine> {
     let mut engine_config = EngineConfig::default();
     engine_config.resources.threads = config.engine_threads;
     let mut engine = Engine::new(engine_config);
@@ -397,12 +381,12 @@ async fn opened(
             .add(&spec)
             .map_err(|e| anyhow::anyhow!("simulated host: {e}"))?;
     }
-    let limits = Limits {
-        max_instances_per_job: config.max_instances_per_job,
-        ..Limits::default()
-    };
-    let metrics = Arc::new(Metrics::new(config.metrics_max_pools));
-    let loop_config = LoopConfig {
+    Ok(engine)
+}
+
+/// The loop's options from the server's configuration.
+fn loop_config(config: &Config, limits: Limits) -> LoopConfig {
+    LoopConfig {
         cycle_interval: Duration::from_millis(config.cycle_interval_ms),
         idle_cycle_interval: Duration::from_millis(config.idle_cycle_interval_ms),
         max_batch: config.max_batch,
@@ -412,63 +396,60 @@ async fn opened(
         job_retention: Duration::from_secs(config.job_retention_s),
         max_finished_jobs: config.max_finished_jobs,
         app_lease: Duration::from_millis(config.app_lease_ms),
-        ..LoopConfig::default()
-    };
-    let n_jobs = snapshot.jobs.len();
-    let access = Arc::new(if config.secure {
-        Access::secure(&config.resolve_admin_token()?, signer)
-    } else {
-        Access::insecure()
-    });
-    let (backend, hub): (Box<dyn HostBackend>, _) = if config.simulated() {
-        (Box::new(SimBackend::new()), None)
-    } else {
-        let token = config.resolve_agent_token()?;
-        (
-            Box::new(AgentBackend::new()),
-            Some(Arc::new(AgentHub::new(token, config.agent_heartbeat_ms))),
-        )
-    };
-    let loop_config = LoopConfig {
         host_lost_after: Duration::from_millis(config.host_lost_after_ms),
-        ..loop_config
-    };
-    let scheduler = Scheduler::new(
-        engine,
-        store.clone(),
-        backend,
-        loop_config,
-        metrics.clone(),
-        snapshot,
-        hub.clone(),
-    )?
-    .with_leading(role.watch_leading())
-    .with_access(access.clone());
-    tracing::info!(
-        jobs = n_jobs,
-        data_dir = %config.data_dir.display(),
-        load_ms = loaded_ms,
-        recover_ms = began.elapsed().as_millis() as u64 - loaded_ms,
-        "recovered"
-    );
-    let (tx, rx) = mpsc::channel(config.command_queue);
-    let rt = tokio::runtime::Handle::current();
-    let loop_thread = std::thread::Builder::new()
-        .name("peloton-loop".into())
-        .spawn(move || scheduler.run(rx, rt))?;
+        ..LoopConfig::default()
+    }
+}
 
-    let api = Api::new(tx.clone(), limits, store.clone())
-        .with_watch_memory(crate::service::WatchMemory::new(
-            config.watch_memory_mb << 20,
-            config.watch_buffer_kb << 10,
-            Some(metrics.clone()),
-        ))
-        .with_hub(hub.clone())
-        .with_metrics(metrics.clone())
-        .with_role(role.clone())
-        .with_access(access.clone());
+/// Opens the gate on every route: the public services behind the layer
+/// that authenticates and audits, their JSON/HTTP mirror, the console and
+/// (with agents) the agent service.
+fn mount(
+    gate: &Gate,
+    grpc: tonic::service::Routes,
+    access: &Arc<Access>,
+    tx: &mpsc::Sender<Command>,
+    hub: Option<Arc<AgentHub>>,
+    role: &Arc<Role>,
+    secure: bool,
+) -> anyhow::Result<()> {
+    // Every public call (the mirror's too) is authenticated, and mutating
+    // ones audited, by one layer.
+    let grpc = tonic::service::Routes::from(grpc.into_axum_router().layer(
+        axum::middleware::from_fn_with_state(
+            crate::access_layer::LayerState {
+                access: access.clone(),
+                tx: tx.clone(),
+                strangers: Arc::default(),
+            },
+            crate::access_layer::layer,
+        ),
+    ));
+    // The JSON/HTTP mirror calls the public services in process (through
+    // the same `Contract` wrappers); agents' sessions are gRPC only.
+    let mirror = Mirror::new(pb::FILE_DESCRIPTOR_SET, grpc.clone())?;
+    let mut routes = grpc;
+    if let Some(hub) = hub {
+        routes = routes.add_service(public!(
+            pb::agent_service_server::AgentServiceServer::new(
+                AgentApi::new(hub, tx.clone())
+                    .with_role(role.clone())
+                    .requiring_certificates(secure)
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        ));
+    }
+    gate.open(crate::console::mount(
+        mirror.mount(routes.into_axum_router()),
+    ));
+    Ok(())
+}
+
+/// The health service, every public service marked serving.
+async fn health_service()
+-> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    let health = health.max_encoding_message_size(MAX_MESSAGE_BYTES);
     health_reporter
         .set_serving::<pb::job_service_server::JobServiceServer<Api>>()
         .await;
@@ -496,6 +477,17 @@ async fn opened(
     health_reporter
         .set_serving::<pb::application_service_server::ApplicationServiceServer<Api>>()
         .await;
+    health.max_encoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// The public gRPC services (health, reflection and the API), each
+/// behind the contract wrapper.
+fn public_routes(
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    api: Api,
+) -> anyhow::Result<tonic::service::Routes> {
     // Both reflection protocols: released grpcurl, grpc_cli and Python
     // tools still ask v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
@@ -553,39 +545,18 @@ async fn opened(
             pb::watch_service_server::WatchServiceServer::new(api)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES)
         ));
-    // Every public call (the mirror's too) is authenticated, and mutating
-    // ones audited, by one layer.
-    let grpc = tonic::service::Routes::from(grpc.into_axum_router().layer(
-        axum::middleware::from_fn_with_state(
-            crate::access_layer::LayerState {
-                access: access.clone(),
-                tx: tx.clone(),
-                strangers: Arc::default(),
-            },
-            crate::access_layer::layer,
-        ),
-    ));
-    // The JSON/HTTP mirror calls the public services in process (through
-    // the same `Contract` wrappers); agents' sessions are gRPC only.
-    let mirror = Mirror::new(pb::FILE_DESCRIPTOR_SET, grpc.clone())?;
-    let mut routes = grpc;
-    if let Some(hub) = hub {
-        routes = routes.add_service(public!(
-            pb::agent_service_server::AgentServiceServer::new(
-                AgentApi::new(hub, tx.clone())
-                    .with_role(role.clone())
-                    .requiring_certificates(config.secure)
-            )
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
-        ));
-    }
-    gate.open(crate::console::mount(
-        mirror.mount(routes.into_axum_router()),
-    ));
+    Ok(grpc)
+}
+
+/// The metrics endpoint, if one is configured: its address and task.
+async fn serve_metrics(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    tls: Option<Arc<peloton_tls::rustls::ServerConfig>>,
+) -> anyhow::Result<(Option<SocketAddr>, Option<tokio::task::JoinHandle<()>>)> {
     // The server's own certificate (made for the gRPC address).
     let metrics_tls = tls.filter(|_| config.metrics_tls);
-    let (metrics_addr, metrics_task) = match config.metrics_listen {
+    Ok(match config.metrics_listen {
         Some(at) => {
             let listener = tokio::net::TcpListener::bind(at)
                 .await
@@ -626,7 +597,87 @@ async fn opened(
             (Some(addr), Some(task))
         }
         None => (None, None),
+    })
+}
+
+async fn opened(
+    config: &Config,
+    addr: SocketAddr,
+    role: Arc<Role>,
+    gate: &Gate,
+    tls: Option<Arc<peloton_tls::rustls::ServerConfig>>,
+    signer: Option<Arc<peloton_tls::Pki>>,
+) -> anyhow::Result<Server> {
+    let (store, lease) = {
+        let (config, role) = (config.clone(), role.clone());
+        tokio::task::spawn_blocking(move || open_store(&config, addr, &role)).await??
     };
+    let began = std::time::Instant::now();
+    let snapshot = {
+        let s = store.clone();
+        tokio::task::spawn_blocking(move || s.load()).await??
+    };
+    let loaded_ms = began.elapsed().as_millis() as u64;
+    let engine = new_engine(config)?;
+    let limits = Limits {
+        max_instances_per_job: config.max_instances_per_job,
+        ..Limits::default()
+    };
+    let metrics = Arc::new(Metrics::new(config.metrics_max_pools));
+    let loop_config = loop_config(config, limits);
+    let n_jobs = snapshot.jobs.len();
+    let access = Arc::new(if config.secure {
+        Access::secure(&config.resolve_admin_token()?, signer)
+    } else {
+        Access::insecure()
+    });
+    let (backend, hub): (Box<dyn HostBackend>, _) = if config.simulated() {
+        (Box::new(SimBackend::new()), None)
+    } else {
+        let token = config.resolve_agent_token()?;
+        (
+            Box::new(AgentBackend::new()),
+            Some(Arc::new(AgentHub::new(token, config.agent_heartbeat_ms))),
+        )
+    };
+    let scheduler = Scheduler::new(
+        engine,
+        store.clone(),
+        backend,
+        loop_config,
+        metrics.clone(),
+        snapshot,
+        hub.clone(),
+    )?
+    .with_leading(role.watch_leading())
+    .with_access(access.clone());
+    tracing::info!(
+        jobs = n_jobs,
+        data_dir = %config.data_dir.display(),
+        load_ms = loaded_ms,
+        recover_ms = began.elapsed().as_millis() as u64 - loaded_ms,
+        "recovered"
+    );
+    let (tx, rx) = mpsc::channel(config.command_queue);
+    let rt = tokio::runtime::Handle::current();
+    let loop_thread = std::thread::Builder::new()
+        .name("peloton-loop".into())
+        .spawn(move || scheduler.run(rx, rt))?;
+
+    let api = Api::new(tx.clone(), limits, store.clone())
+        .with_watch_memory(crate::service::WatchMemory::new(
+            config.watch_memory_mb << 20,
+            config.watch_buffer_kb << 10,
+            Some(metrics.clone()),
+        ))
+        .with_hub(hub.clone())
+        .with_metrics(metrics.clone())
+        .with_role(role.clone())
+        .with_access(access.clone());
+    let health = health_service().await;
+    let grpc = public_routes(health, api)?;
+    mount(gate, grpc, &access, &tx, hub, &role, config.secure)?;
+    let (metrics_addr, metrics_task) = serve_metrics(config, &metrics, tls).await?;
     role.transition(&Standing::Starting, Standing::Leading);
     tracing::info!(%addr, metrics = ?metrics_addr, epoch = lease.as_ref().map(|l| l.epoch), "serving");
     Ok(Server {
