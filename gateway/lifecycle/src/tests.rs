@@ -39,6 +39,8 @@
 //!   [until=MS]` (a certificate valid until MS after the start),
 //!   `audit PRINCIPAL METHOD`, `audit-bound max=N` (first line only),
 //!   `access` — the tokens, their certificates, the audit log and the rows;
+//! - `secrets J NAME=VALUE...` — replace job J's secrets (an empty value
+//!   keeps the current one); `show-secrets J`;
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -396,6 +398,37 @@ impl Env {
                     store.audit.keys().collect::<Vec<_>>()
                 );
                 self.sim.say(line);
+            }
+            "secrets" => {
+                let secrets = words[2..]
+                    .iter()
+                    .map(|w| {
+                        let (name, value) = w.split_once('=').expect("name=value");
+                        Secret {
+                            name: name.into(),
+                            value: value.as_bytes().to_vec(),
+                        }
+                    })
+                    .collect();
+                self.step(Input::SetSecrets {
+                    job_id: words[1].into(),
+                    secrets,
+                });
+            }
+            "show-secrets" => {
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let shown: Vec<String> = self
+                    .sim
+                    .core
+                    .secrets_of(k)
+                    .map(|s| {
+                        s.iter()
+                            .map(|s| format!("{}={}", s.name, String::from_utf8_lossy(&s.value)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.sim
+                    .say(format!("  secrets {}: {}", words[1], shown.join(" ")));
             }
             "cycle" => self.step(Input::Cycle),
             "tick" => {
@@ -4475,6 +4508,62 @@ fn the_audit_log_keeps_its_newest_entries_and_never_reuses_a_number() {
               row audit 2 deleted
             > access
               tokens:  | audit (newest first): 5:ci 4:ci 3:admin | stored: 0 tokens, audit [3, 4, 5]
+        "#]],
+    );
+}
+
+#[test]
+fn a_jobs_secrets_are_replaced_as_a_set_and_go_with_the_job() {
+    check(
+        "
+        host h1 cpu=4
+        job j pool=/ n=1 cpu=1
+        secrets j a=1 b=2
+        secrets j a= c=3          # a kept, b dropped
+        show-secrets j
+        secrets j d=              # nothing to keep: refused, nothing changes
+        show-secrets j
+        secrets nope a=1
+        crash
+        show-secrets j
+        register h1
+        cycle
+        exit j/0 0
+        delete j                  # its secrets and their row go with it
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > secrets j a=1 b=2
+              row secrets j: a b
+            > secrets j a= c=3
+              row secrets j: a c
+            > show-secrets j
+              secrets j: a=1 c=3
+            > secrets j d=
+            error: spec.secrets[0].value: empty, and the job has no secret "d" to keep (an empty value keeps the current one in an update)
+            > show-secrets j
+              secrets j: a=1 c=3
+            > secrets nope a=1
+            error: job nope not found
+            > crash
+            > show-secrets j
+              secrets j: a=1 c=3
+            > register h1
+            > cycle
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            job j succeeded
+            > delete j
+              row secrets j deleted
+            job j succeeded deleted
         "#]],
     );
 }
