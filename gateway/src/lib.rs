@@ -4,8 +4,10 @@
 
 pub mod access;
 pub mod agents;
+pub mod audit;
 pub mod backend;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod console;
 pub mod convert;

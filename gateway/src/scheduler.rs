@@ -447,12 +447,7 @@ fn cycle_spacing(
     if wanted { busy } else { idle.max(busy) }
 }
 
-/// Wall-clock milliseconds since the epoch.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub(crate) use crate::clock::now_ms;
 
 /// Most events whose list's room an iteration keeps for the next.
 const KEPT_EVENT_ROOM: usize = 1 << 18;

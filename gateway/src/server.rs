@@ -556,12 +556,12 @@ async fn opened(
     // ones audited, by one layer.
     let grpc = tonic::service::Routes::from(grpc.into_axum_router().layer(
         axum::middleware::from_fn_with_state(
-            crate::access::LayerState {
+            crate::audit::LayerState {
                 access: access.clone(),
                 tx: tx.clone(),
                 strangers: Arc::default(),
             },
-            crate::access::layer,
+            crate::audit::layer,
         ),
     ));
     // The JSON/HTTP mirror calls the public services in process (through
