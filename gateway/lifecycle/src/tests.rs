@@ -4567,3 +4567,37 @@ fn a_jobs_secrets_are_replaced_as_a_set_and_go_with_the_job() {
         "#]],
     );
 }
+
+/// The new state's invariants are checked: a host whose host pool tag was
+/// changed outside a step is caught.
+#[test]
+#[should_panic(expected = "carries its host pool")]
+fn a_host_pool_tag_changed_outside_a_step_breaks_an_invariant() {
+    let mut sim = Sim::new();
+    sim.add_host("h1", 4, 4096).unwrap();
+    let id = sim.engine.hosts().lookup("h1").unwrap();
+    let mut spec = sim.engine.hosts().spec(id).unwrap();
+    spec.attributes.retain(|(k, _)| k != HOST_POOL_ATTRIBUTE);
+    spec.attributes
+        .push((HOST_POOL_ATTRIBUTE.into(), "gpu".into()));
+    sim.engine.hosts_mut().update(id, &spec).unwrap();
+    sim.core.check_invariants(&sim.engine);
+}
+
+/// Only a host pool move sets the host pool attribute.
+#[test]
+fn the_host_pool_attribute_is_set_by_moves_only() {
+    let mut sim = Sim::new();
+    sim.add_host("h1", 4, 4096).unwrap();
+    let e = sim
+        .step(Input::SetHostAttribute {
+            hosts: vec!["h1".into()],
+            key: HOST_POOL_ATTRIBUTE.into(),
+            value: "gpu".into(),
+        })
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "attribute: peloton.host_pool is the host's host pool: move the host instead"
+    );
+}
