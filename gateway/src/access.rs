@@ -7,7 +7,7 @@
 //!   after its commit, before it answers, so a revoked token is refused
 //!   from the next call on), and each job's pool (handlers check a job's
 //!   permission before they send the loop anything).
-//! - [`crate::access_layer`] wraps every public gRPC service (and so the JSON/HTTP
+//! - `crate::audit::layer` wraps every public gRPC service (and so the JSON/HTTP
 //!   mirror, which calls them in process): it reads the bearer token, or
 //!   without one the connection's client certificate (recorded with a
 //!   token), refuses a call without a valid one (UNAUTHENTICATED), hands the
@@ -572,15 +572,15 @@ pub fn require_job<T>(
 pub struct AuditNote(Arc<Mutex<String>>);
 
 impl AuditNote {
-    /// What the call named, taken out.
-    pub fn take(&self) -> String {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
     /// Replaces what the call named (for what only its answer tells).
     pub fn set(&self, target: &str) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) =
             truncate(target, MAX_TARGET_BYTES).into_owned();
+    }
+
+    /// Takes what the call named (the layer, once the call is answered).
+    pub fn take(&self) -> String {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 

@@ -769,11 +769,12 @@ fn with_host_pool(constraint: &str, host_pool: &str) -> String {
 pub const MAX_SECRETS: usize = 32;
 /// Largest value of one secret, bytes.
 pub const MAX_SECRET_BYTES: usize = 64 * 1024;
-/// Largest sum of a job's secret values, bytes.
-pub const MAX_SECRETS_TOTAL_BYTES: usize = 256 * 1024;
+/// Largest sum of a job's secret values, bytes (checked by the core).
+pub use crate::lifecycle::MAX_SECRETS_TOTAL_BYTES;
 
-/// Validates secret names, count and sizes (values left empty are checked
-/// by [`resolve_secrets`], which knows the job's current ones).
+/// Validates secret names, count and sizes (values left empty, and the
+/// total, are checked by the core, which knows the job's current ones:
+/// `Lifecycle::resolve_secrets`).
 fn check_secrets(secrets: &[pb::Secret]) -> Result<(), Status> {
     if secrets.len() > MAX_SECRETS {
         return Err(invalid(
@@ -813,42 +814,6 @@ fn check_secrets(secrets: &[pb::Secret]) -> Result<(), Status> {
         }
     }
     Ok(())
-}
-
-/// A job's secrets as they will be kept: `new` (validated by
-/// [`job_plan`]) with each empty value taken from `current` (the job's
-/// secrets before an update; empty at creation), sizes set, and the total
-/// within its limit.
-pub fn resolve_secrets(
-    new: Vec<pb::Secret>,
-    current: &[pb::Secret],
-) -> Result<Vec<pb::Secret>, Status> {
-    let mut out = Vec::with_capacity(new.len());
-    let mut total = 0;
-    for (i, mut s) in new.into_iter().enumerate() {
-        if s.value.is_empty() {
-            let Some(old) = current.iter().find(|c| c.name == s.name) else {
-                return Err(invalid(
-                    &format!("spec.secrets[{i}].value"),
-                    format!(
-                        "empty, and the job has no secret {:?} to keep (an empty value keeps the current one in an update)",
-                        s.name
-                    ),
-                ));
-            };
-            s.value = old.value.clone();
-        }
-        total += s.value.len();
-        s.size = s.value.len() as u32;
-        out.push(s);
-    }
-    if total > MAX_SECRETS_TOTAL_BYTES {
-        return Err(invalid(
-            "spec.secrets",
-            format!("{total} bytes in all; the limit is {MAX_SECRETS_TOTAL_BYTES}"),
-        ));
-    }
-    Ok(out)
 }
 
 /// Secrets as reads show them: names and sizes, no values.

@@ -3,8 +3,8 @@
 //! host manager's backends. See ARCHITECTURE.md for the map.
 
 pub mod access;
-pub mod access_layer;
 pub mod agents;
+pub mod audit;
 pub mod backend;
 pub mod client;
 pub mod clock;

@@ -27,6 +27,7 @@ mod hostpools;
 mod persist;
 pub(crate) use persist::decode_event_row;
 mod reads;
+mod secrets;
 #[cfg(test)]
 mod shell_tests;
 
@@ -170,9 +171,6 @@ type Deferred = Box<dyn FnOnce() + Send>;
 /// A job's specs by config version.
 pub(crate) type Specs = std::collections::BTreeMap<u64, pb::JobSpec>;
 
-/// Jobs' secrets (with their values) by job id.
-pub(crate) type Secrets = FxHashMap<Arc<str>, Arc<[pb::Secret]>>;
-
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
 /// on its own thread.
 pub struct Scheduler {
@@ -185,9 +183,6 @@ pub struct Scheduler {
     /// Job specs as users sent them, by config version (the core keeps
     /// their plans).
     specs: FxHashMap<JobKey, Specs>,
-    /// Jobs' secrets by job id, kept apart from their specs (which never
-    /// hold them): stored in their own table, sent only with launches.
-    secrets: Secrets,
     fx: Effects,
     batch: WriteBatch,
     deferred: Vec<Deferred>,
@@ -259,6 +254,7 @@ impl Scheduler {
         recovered.host_pools = snapshot.host_pools.clone();
         recovered.host_pool_members = snapshot.host_pool_members.clone();
         (recovered.tokens, recovered.audit) = persist::recovered_access(&snapshot)?;
+        recovered.secrets = persist::recovered_secrets(&snapshot)?;
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
@@ -272,8 +268,7 @@ impl Scheduler {
                 fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
             }
         }
-        let mut batch = WriteBatch::default();
-        let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
+        let batch = WriteBatch::default();
         metrics.jobs.set(core.n_jobs() as i64);
         Ok(Scheduler {
             engine,
@@ -283,7 +278,6 @@ impl Scheduler {
             config,
             metrics,
             specs,
-            secrets,
             fx,
             batch,
             deferred: Vec::new(),
@@ -496,7 +490,9 @@ impl Scheduler {
                 .flatten()
                 .map(|s| Arc::new(reads::instance_spec(s, l.run.instance).clone()));
             let secrets = if wants_specs {
-                self.secrets.get(&l.job_id).cloned()
+                self.core
+                    .secrets_of(l.run.job)
+                    .map(|s| secrets::to_pb(s).into())
             } else {
                 None
             };
@@ -583,7 +579,6 @@ impl Scheduler {
             &mut self.core,
             &self.engine,
             &mut self.specs,
-            &mut self.secrets,
             &mut self.fx.rows,
             &mut self.batch,
             &self.metrics,
@@ -1045,7 +1040,6 @@ impl Scheduler {
                 let r = Ok::<_, Refused>(reads::query_jobs(
                     &self.core,
                     &self.specs,
-                    &self.secrets,
                     &request,
                     viewer.as_ref().map(|c| &c.principal),
                 ));
@@ -1305,15 +1299,9 @@ impl Scheduler {
     ) -> Result<(pb::Update, pb::Job), Refused> {
         // The new set replaces the job's; an empty value keeps the current
         // value of its name. Checked before anything changes.
-        let current = self
-            .core
-            .job_key(&job_id)
-            .ok()
-            .and_then(|k| self.core.job(k))
-            .and_then(|j| self.secrets.get(&j.id).cloned());
-        let secrets = convert::resolve_secrets(
-            std::mem::take(&mut spec.secrets),
-            current.as_deref().unwrap_or(&[]),
+        let secrets = self.core.resolve_secrets(
+            self.core.job_key(&job_id).ok(),
+            secrets::from_pb(std::mem::take(&mut spec.secrets)),
         )?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::UpdateJob(Box::new(
@@ -1328,8 +1316,8 @@ impl Scheduler {
         let Answer::Job(k) = answer else {
             unreachable!("an update answers its job");
         };
-        let job_id = self.core.job(k).expect("live").id.clone();
-        self.set_secrets(&job_id, secrets);
+        let job_id = self.core.job(k).expect("live").id.to_string();
+        self.step(Input::SetSecrets { job_id, secrets });
         let u = self.core.update(&id).expect("created");
         self.specs.entry(k).or_default().insert(u.to, spec);
         Ok((reads::update_to_pb(&self.core, u), self.job_to_pb(k)))
@@ -1343,35 +1331,25 @@ impl Scheduler {
     }
 
     fn job_to_pb(&self, k: JobKey) -> pb::Job {
-        let secrets = self
-            .core
-            .job(k)
-            .and_then(|j| self.secrets.get(&j.id))
-            .map(|s| &s[..]);
-        reads::job_to_pb(&self.core, k, self.specs.get(&k), secrets)
-    }
-
-    /// A job's secrets from now on (kept, stored; none: its row goes).
-    fn set_secrets(&mut self, job_id: &Arc<str>, secrets: Vec<pb::Secret>) {
-        if secrets.is_empty() {
-            if self.secrets.remove(job_id).is_some() {
-                self.batch.secrets.push((job_id.to_string(), None));
-            }
-            return;
-        }
-        let row = persist::encode_secrets(&secrets);
-        self.secrets.insert(job_id.clone(), secrets.into());
-        self.batch.secrets.push((job_id.to_string(), Some(row)));
+        let secrets = self.core.secrets_of(k).map(|s| secrets::to_pb(s));
+        reads::job_to_pb(&self.core, k, self.specs.get(&k), secrets.as_deref())
     }
 
     fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Refused> {
-        let secrets = convert::resolve_secrets(std::mem::take(&mut spec.secrets), &[])?;
+        let secrets = self
+            .core
+            .resolve_secrets(None, secrets::from_pb(std::mem::take(&mut spec.secrets)))?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::CreateJob {
             id: id.clone(),
             plan: Box::new(plan),
         })?;
-        self.set_secrets(&id, secrets);
+        if !secrets.is_empty() {
+            self.step(Input::SetSecrets {
+                job_id: id.to_string(),
+                secrets,
+            });
+        }
         let Answer::Job(k) = answer else {
             unreachable!("job creation answers the job");
         };

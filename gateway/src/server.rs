@@ -417,12 +417,12 @@ fn mount(
     // ones audited, by one layer.
     let grpc = tonic::service::Routes::from(grpc.into_axum_router().layer(
         axum::middleware::from_fn_with_state(
-            crate::access_layer::LayerState {
+            crate::audit::LayerState {
                 access: access.clone(),
                 tx: tx.clone(),
                 strangers: Arc::default(),
             },
-            crate::access_layer::layer,
+            crate::audit::layer,
         ),
     ));
     // The JSON/HTTP mirror calls the public services in process (through

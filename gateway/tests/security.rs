@@ -1565,8 +1565,7 @@ async fn unauthenticated_calls_cannot_flood_the_audit_log() {
         .expect("audit");
     // 20 a second at most; the calls may straddle a second or two.
     assert!(
-        entries.len()
-            <= 3 * peloton_gateway::access_layer::MAX_UNAUTHENTICATED_AUDITS_PER_S as usize,
+        entries.len() <= 3 * peloton_gateway::audit::MAX_UNAUTHENTICATED_AUDITS_PER_S as usize,
         "{} entries",
         entries.len()
     );

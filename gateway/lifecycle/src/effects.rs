@@ -143,6 +143,8 @@ pub enum StateRow {
     Token(Arc<str>),
     /// An audit entry, by sequence number.
     Audit(u64),
+    /// A job's secrets, by job id.
+    Secrets(Arc<str>),
 }
 
 /// Counters for the metrics.

@@ -357,6 +357,7 @@ impl Lifecycle {
             self.rolling.remove(u);
             fx.rows.push(RowKey::UpdateDeleted(u.clone()));
         }
+        self.forget_secrets(k, &job.id, fx);
         fx.rows.push(RowKey::JobDeleted(k, job.id));
     }
 

@@ -33,6 +33,7 @@ mod pinned;
 mod recover;
 mod retention;
 mod runs;
+mod secrets;
 #[cfg(any(test, feature = "testkit"))]
 pub mod sim;
 #[cfg(test)]
@@ -70,6 +71,7 @@ pub use model::{
 };
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
+pub use secrets::{MAX_SECRETS_TOTAL_BYTES, Secret};
 pub use updates::{
     MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateCounts, UpdateRequest, UpdateSpec, UpdateState,
 };
@@ -336,6 +338,14 @@ pub enum Input {
         /// it unregistered.
         lapsed: bool,
     },
+    /// Replace a job's secrets (an empty value keeps the current value of
+    /// its name; an empty set removes them).
+    SetSecrets {
+        /// Job id.
+        job_id: String,
+        /// The new set.
+        secrets: Vec<Secret>,
+    },
     /// Store a token (a secure server's; its name, grants and secret
     /// checked by the shell; its creation time is set here).
     CreateToken(Box<Token>),
@@ -504,6 +514,8 @@ pub struct Lifecycle {
     host_pools: HostPools,
     /// Tokens and the audit log.
     access: AccessState,
+    /// Jobs' secrets.
+    secrets: FxHashMap<JobKey, Arc<[Secret]>>,
     /// Daemon jobs.
     daemon_jobs: std::collections::BTreeSet<JobKey>,
     /// Application jobs whose target, executors or driver changed in this
@@ -553,6 +565,7 @@ impl Lifecycle {
             pin_dirty: FxHashSet::default(),
             host_pools: HostPools::default(),
             access: AccessState::default(),
+            secrets: FxHashMap::default(),
             daemon_jobs: Default::default(),
             app_dirty: FxHashSet::default(),
             controller_ended: FxHashSet::default(),
@@ -653,6 +666,7 @@ impl Lifecycle {
                 self.app_heard(k);
                 Ok(Answer::Done)
             }
+            Input::SetSecrets { job_id, secrets } => self.set_secrets(&job_id, secrets, fx),
             Input::CreateToken(token) => self.create_token(*token, fx),
             Input::RevokeToken { name } => self.revoke_token(&name, fx),
             Input::IssueCertificate { name, certificate } => {

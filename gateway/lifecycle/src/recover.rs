@@ -88,6 +88,8 @@ pub struct Recovered {
     pub tokens: Vec<super::Token>,
     /// The audit log.
     pub audit: Vec<super::AuditEntry>,
+    /// Jobs' secrets, by job id.
+    pub secrets: Vec<(String, Vec<super::Secret>)>,
 }
 
 impl Lifecycle {
@@ -129,6 +131,7 @@ impl Lifecycle {
         for job in rec.jobs {
             core.recover_job(engine, job, fx);
         }
+        core.recover_secrets(rec.secrets, fx);
         for v in rec.volumes {
             let (Ok(k), Some(host)) = (core.job_key(&v.job_id), engine.hosts().lookup(&v.host))
             else {

@@ -103,6 +103,8 @@ pub struct StoreModel {
     pub tokens: BTreeMap<Arc<str>, crate::Token>,
     /// The audit log by sequence number.
     pub audit: BTreeMap<u64, crate::AuditEntry>,
+    /// Jobs' secrets by job id.
+    pub secrets: BTreeMap<Arc<str>, Vec<crate::Secret>>,
 }
 
 /// The core, its engine, agents and store.
@@ -646,6 +648,25 @@ impl Sim {
                         self.store.audit.remove(&seq);
                     }
                 },
+                StateRow::Secrets(id) => {
+                    let secrets = self
+                        .core
+                        .job_key(&id)
+                        .ok()
+                        .and_then(|k| self.core.secrets_of(k))
+                        .map(|s| s.to_vec());
+                    match secrets {
+                        Some(s) => {
+                            let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
+                            self.say(format!("  row secrets {id}: {}", names.join(" ")));
+                            self.store.secrets.insert(id, s);
+                        }
+                        None => {
+                            self.say(format!("  row secrets {id} deleted"));
+                            self.store.secrets.remove(&id);
+                        }
+                    }
+                }
                 StateRow::HostPoolMember(host) => {
                     let pools = self.core.host_pools();
                     if pools.is_member(&host) {
@@ -965,6 +986,12 @@ impl Sim {
             .collect();
         rec.tokens = self.store.tokens.values().cloned().collect();
         rec.audit = self.store.audit.values().cloned().collect();
+        rec.secrets = self
+            .store
+            .secrets
+            .iter()
+            .map(|(id, s)| (id.to_string(), s.clone()))
+            .collect();
         self.engine = engine();
         let revision = self.core.revision();
         self.fx = Effects::default();

@@ -39,6 +39,8 @@
 //!   [until=MS]` (a certificate valid until MS after the start),
 //!   `audit PRINCIPAL METHOD`, `audit-bound max=N` (first line only),
 //!   `access` — the tokens, their certificates, the audit log and the rows;
+//! - `secrets J NAME=VALUE...` — replace job J's secrets (an empty value
+//!   keeps the current one); `show-secrets J`;
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -396,6 +398,37 @@ impl Env {
                     store.audit.keys().collect::<Vec<_>>()
                 );
                 self.sim.say(line);
+            }
+            "secrets" => {
+                let secrets = words[2..]
+                    .iter()
+                    .map(|w| {
+                        let (name, value) = w.split_once('=').expect("name=value");
+                        Secret {
+                            name: name.into(),
+                            value: value.as_bytes().to_vec(),
+                        }
+                    })
+                    .collect();
+                self.step(Input::SetSecrets {
+                    job_id: words[1].into(),
+                    secrets,
+                });
+            }
+            "show-secrets" => {
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let shown: Vec<String> = self
+                    .sim
+                    .core
+                    .secrets_of(k)
+                    .map(|s| {
+                        s.iter()
+                            .map(|s| format!("{}={}", s.name, String::from_utf8_lossy(&s.value)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.sim
+                    .say(format!("  secrets {}: {}", words[1], shown.join(" ")));
             }
             "cycle" => self.step(Input::Cycle),
             "tick" => {
@@ -4476,5 +4509,95 @@ fn the_audit_log_keeps_its_newest_entries_and_never_reuses_a_number() {
             > access
               tokens:  | audit (newest first): 5:ci 4:ci 3:admin | stored: 0 tokens, audit [3, 4, 5]
         "#]],
+    );
+}
+
+#[test]
+fn a_jobs_secrets_are_replaced_as_a_set_and_go_with_the_job() {
+    check(
+        "
+        host h1 cpu=4
+        job j pool=/ n=1 cpu=1
+        secrets j a=1 b=2
+        secrets j a= c=3          # a kept, b dropped
+        show-secrets j
+        secrets j d=              # nothing to keep: refused, nothing changes
+        show-secrets j
+        secrets nope a=1
+        crash
+        show-secrets j
+        register h1
+        cycle
+        exit j/0 0
+        delete j                  # its secrets and their row go with it
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > secrets j a=1 b=2
+              row secrets j: a b
+            > secrets j a= c=3
+              row secrets j: a c
+            > show-secrets j
+              secrets j: a=1 c=3
+            > secrets j d=
+            error: spec.secrets[0].value: empty, and the job has no secret "d" to keep (an empty value keeps the current one in an update)
+            > show-secrets j
+              secrets j: a=1 c=3
+            > secrets nope a=1
+            error: job nope not found
+            > crash
+            > show-secrets j
+              secrets j: a=1 c=3
+            > register h1
+            > cycle
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            job j succeeded
+            > delete j
+              row secrets j deleted
+            job j succeeded deleted
+        "#]],
+    );
+}
+
+/// The new state's invariants are checked: a host whose host pool tag was
+/// changed outside a step is caught.
+#[test]
+#[should_panic(expected = "carries its host pool")]
+fn a_host_pool_tag_changed_outside_a_step_breaks_an_invariant() {
+    let mut sim = Sim::new();
+    sim.add_host("h1", 4, 4096).unwrap();
+    let id = sim.engine.hosts().lookup("h1").unwrap();
+    let mut spec = sim.engine.hosts().spec(id).unwrap();
+    spec.attributes.retain(|(k, _)| k != HOST_POOL_ATTRIBUTE);
+    spec.attributes
+        .push((HOST_POOL_ATTRIBUTE.into(), "gpu".into()));
+    sim.engine.hosts_mut().update(id, &spec).unwrap();
+    sim.core.check_invariants(&sim.engine);
+}
+
+/// Only a host pool move sets the host pool attribute.
+#[test]
+fn the_host_pool_attribute_is_set_by_moves_only() {
+    let mut sim = Sim::new();
+    sim.add_host("h1", 4, 4096).unwrap();
+    let e = sim
+        .step(Input::SetHostAttribute {
+            hosts: vec!["h1".into()],
+            key: HOST_POOL_ATTRIBUTE.into(),
+            value: "gpu".into(),
+        })
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "attribute: peloton.host_pool is the host's host pool: move the host instead"
     );
 }

@@ -26,32 +26,19 @@ struct StoredSecrets {
     secrets: Vec<pb::Secret>,
 }
 
-/// A job's secrets as their stored row.
-pub(super) fn encode_secrets(secrets: &[pb::Secret]) -> Vec<u8> {
-    StoredSecrets {
-        secrets: secrets.to_vec(),
-    }
-    .encode_to_vec()
-}
-
-/// The stored secrets of the recovered jobs; rows of jobs that are gone
-/// are deleted in `batch`.
+/// The stored secrets by job id (the core drops those of jobs that are
+/// gone, and their rows).
 pub(super) fn recovered_secrets(
     snap: &Snapshot,
-    core: &Lifecycle,
-    batch: &mut WriteBatch,
-) -> anyhow::Result<super::Secrets> {
-    let mut out = super::Secrets::default();
-    for (id, bytes) in &snap.secrets {
-        let Some(job) = core.job_key(id).ok().and_then(|k| core.job(k)) else {
-            batch.secrets.push((id.clone(), None));
-            continue;
-        };
-        let stored = StoredSecrets::decode(bytes.as_slice())
-            .map_err(|e| anyhow::anyhow!("stored secrets of job {id}: {e}"))?;
-        out.insert(job.id.clone(), stored.secrets.into());
-    }
-    Ok(out)
+) -> anyhow::Result<Vec<(String, Vec<crate::lifecycle::Secret>)>> {
+    snap.secrets
+        .iter()
+        .map(|(id, bytes)| {
+            let stored = StoredSecrets::decode(bytes.as_slice())
+                .map_err(|e| anyhow::anyhow!("stored secrets of job {id}: {e}"))?;
+            Ok((id.clone(), super::secrets::from_pb(stored.secrets)))
+        })
+        .collect()
 }
 
 /// Events as the API's messages.
@@ -367,7 +354,6 @@ pub(super) fn rows(
     core: &mut Lifecycle,
     engine: &peloton_engine::Engine,
     specs: &mut FxHashMap<JobKey, super::Specs>,
-    secrets: &mut super::Secrets,
     rows: &mut Vec<RowKey>,
     batch: &mut WriteBatch,
     metrics: &Metrics,
@@ -390,10 +376,6 @@ pub(super) fn rows(
                 specs.remove(&k);
                 batch.jobs.push((id.to_string(), None));
                 batch.delete_tasks_of.push(id.to_string());
-                // However the job went (deleted, or by retention), its
-                // secrets go with it.
-                secrets.remove(&id);
-                batch.secrets.push((id.to_string(), None));
             }
             RowKey::Task(k, i) => {
                 let Some(row) = core.take_task_row(k, i) else {
@@ -692,6 +674,19 @@ pub(super) fn state_rows(
                     .audit_entry(seq)
                     .map(|e| super::access::audit_to_pb(e).encode_to_vec());
                 batch.audit.push((crate::store::audit_key(seq), row));
+            }
+            StateRow::Secrets(id) => {
+                let row = core
+                    .job_key(&id)
+                    .ok()
+                    .and_then(|k| core.secrets_of(k))
+                    .map(|s| {
+                        StoredSecrets {
+                            secrets: super::secrets::to_pb(s),
+                        }
+                        .encode_to_vec()
+                    });
+                batch.secrets.push((id.to_string(), row));
             }
             StateRow::HostPoolMember(host) => {
                 let pools = core.host_pools();

@@ -322,7 +322,6 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
 pub(super) fn query_jobs(
     core: &Lifecycle,
     specs: &FxHashMap<JobKey, super::Specs>,
-    secrets: &super::Secrets,
     r: &pb::QueryJobsRequest,
     viewer: Option<&peloton_authz::Principal>,
 ) -> pb::QueryJobsResponse {
@@ -353,12 +352,8 @@ pub(super) fn query_jobs(
         }
         let full = out.jobs.len() == page;
         let j = (!full).then(|| {
-            job_to_pb(
-                core,
-                k,
-                Some(versions),
-                secrets.get(&job.id).map(|s| &s[..]),
-            )
+            let secrets = core.secrets_of(k).map(|s| super::secrets::to_pb(s));
+            job_to_pb(core, k, Some(versions), secrets.as_deref())
         });
         match j {
             Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),

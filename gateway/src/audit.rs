@@ -1,9 +1,10 @@
-//! The middleware around every public gRPC service (and so the JSON/HTTP
-//! mirror, which calls them in process): it reads the bearer token, or
-//! without one the connection's client certificate, refuses a call without
-//! a valid one (UNAUTHENTICATED), hands the [`Caller`] to the handler, and
-//! writes every mutating call to the audit log (through the loop) with its
-//! outcome. The table it checks against is [`crate::access`].
+//! The authentication layer: wraps every public gRPC service (and so the
+//! JSON/HTTP mirror, which calls them in process). It reads the bearer
+//! token, or without one the connection's client certificate (recorded
+//! with a token), refuses a call without a valid one (UNAUTHENTICATED),
+//! hands the [`Caller`] to the handler, and sends every mutating call to the
+//! loop's audit log with its outcome. Apart from the access table
+//! ([`crate::access`]), which the loop also uses: no import circle.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +18,9 @@ use tonic::Status;
 use crate::access::{Access, AuditNote, TlsInfo, UNAUTHENTICATED};
 use crate::command::Command;
 use crate::status::truncate;
+
+/// Longest audit message kept.
+const MAX_AUDIT_MESSAGE_BYTES: usize = 1024;
 
 /// The state [`layer`] runs with.
 #[derive(Clone, Debug)]
@@ -65,8 +69,6 @@ impl StrangerLimit {
 /// Longest method name an audit entry keeps (a request path is the
 /// caller's to choose).
 const MAX_AUDIT_METHOD_BYTES: usize = 128;
-/// Longest status message kept in an audit entry.
-const MAX_AUDIT_MESSAGE_BYTES: usize = 1024;
 
 /// Whether a gRPC method changes something (and is audited): every method
 /// but reads.
