@@ -2,11 +2,14 @@
 //! validation of everything a user sends. Every error names the field and
 //! the problem; validation happens before anything changes.
 
+use std::sync::Arc;
+
 use peloton_engine::constraint::Constraint;
 use peloton_engine::intern::Interner;
 use peloton_engine::task::Strategy;
 use peloton_engine::{Dim, DimConfig, MAX_AMOUNT, PoolConfig, PoolKind, Resources};
 use peloton_proto::v1 as pb;
+use prost::Message;
 use rustc_hash::FxHashMap;
 use tonic::Status;
 
@@ -553,6 +556,7 @@ pub fn task_template(
             .transpose()?,
         sim_duration_ms: sim.duration_ms,
         sim_exit_code: sim.exit_code,
+        spec: spec.encode_to_vec().into(),
     })
 }
 
@@ -1005,7 +1009,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
                 &default,
             )?;
         }
-        if overrides.insert(o.instance, t).is_some() {
+        if overrides.insert(o.instance, Arc::new(t)).is_some() {
             return Err(invalid(
                 &format!("spec.overrides[{i}].instance"),
                 format!("instance {} is overridden twice", o.instance),
@@ -1084,7 +1088,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         kind,
         pool: spec.pool.as_str().into(),
         instance_count: spec.instance_count,
-        default,
+        default: Arc::new(default),
         overrides,
         priority: sla.priority,
         preemptible: sla.preemptible,
@@ -1463,6 +1467,7 @@ mod tests {
                 .unwrap()
                 .default
                 .volume
+                .clone()
                 .unwrap()
                 .path
                 .as_ref(),

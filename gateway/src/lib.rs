@@ -3,6 +3,8 @@
 //! host manager's backends. See ARCHITECTURE.md for the map.
 
 pub mod access;
+pub mod agent_backend;
+pub mod agent_hub;
 pub mod agents;
 pub mod backend;
 pub mod client;

@@ -37,8 +37,8 @@ use rustc_hash::FxHashMap;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
-use crate::agents::{Outbox, Registration};
-use crate::backend::{HostBackend, Kill, Launch, TaskUpdate};
+use crate::agent_hub::{AgentHub, Outbox, Registration};
+use crate::backend::{HostBackend, Kill, TaskUpdate};
 use crate::convert::{self, JobPlan, Limits};
 use crate::lifecycle::{
     Answer, CoreConfig, Effects, HostRegistration, Input, JobKey, Lifecycle, RunPhase, RunReport,
@@ -502,8 +502,7 @@ type Deferred = Box<dyn FnOnce() + Send>;
 /// A job's specs by config version.
 pub(crate) type Specs = std::collections::BTreeMap<u64, pb::JobSpec>;
 
-/// Jobs' secrets (with their values) by job id.
-pub(crate) type Secrets = FxHashMap<Arc<str>, Arc<[pb::Secret]>>;
+pub(crate) use crate::backend::Secrets;
 
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
 /// on its own thread.
@@ -526,11 +525,10 @@ pub struct Scheduler {
     batch: WriteBatch,
     deferred: Vec<Deferred>,
     events_tx: broadcast::Sender<EventBatch>,
-    launches: Vec<Launch>,
     kills: Vec<Kill>,
     updates: Vec<TaskUpdate>,
     /// The hub agents' last-seen times are read from.
-    hub: Option<Arc<crate::agents::AgentHub>>,
+    hub: Option<Arc<AgentHub>>,
     started_at: u64,
     /// Whether this server leads (PostgreSQL store): while it does not
     /// (its lease lapsed), agents cannot reach it and no host is declared
@@ -573,7 +571,7 @@ impl Scheduler {
         config: LoopConfig,
         metrics: Arc<Metrics>,
         snapshot: Snapshot,
-        hub: Option<Arc<crate::agents::AgentHub>>,
+        hub: Option<Arc<AgentHub>>,
     ) -> anyhow::Result<Self> {
         // Bounded by commits; a watcher that falls further behind catches up
         // from the store.
@@ -633,7 +631,6 @@ impl Scheduler {
             batch,
             deferred: Vec::new(),
             events_tx,
-            launches: Vec::new(),
             kills: Vec::new(),
             updates: Vec::new(),
             hub,
@@ -823,30 +820,9 @@ impl Scheduler {
 
     /// Hands the effects' launches and kills to the backend.
     fn dispatch(&mut self) {
-        let wants_specs = self.backend.wants_specs();
-        for l in self.fx.launches.drain(..) {
-            let spec = wants_specs
-                .then(|| self.specs.get(&l.run.job).and_then(|s| s.get(&l.config)))
-                .flatten()
-                .map(|s| Arc::new(reads::instance_spec(s, l.run.instance).clone()));
-            let secrets = if wants_specs {
-                self.secrets.get(&l.job_id).cloned()
-            } else {
-                None
-            };
-            self.launches.push(Launch {
-                run: l.run,
-                host: l.host,
-                job_id: l.job_id,
-                spec,
-                secrets,
-                sim_duration_ms: l.sim_duration_ms,
-                sim_exit_code: l.sim_exit_code,
-                volume: l.volume,
-            });
-        }
         self.kills.append(&mut self.fx.kills);
-        self.backend.launch(self.now, &mut self.launches);
+        self.backend
+            .launch(self.now, &mut self.fx.launches, &self.secrets);
         self.backend.kill(self.now, &mut self.kills);
     }
 
@@ -894,10 +870,8 @@ impl Scheduler {
         lost.sort_unstable();
         for (host, silent_ms) in lost {
             tracing::warn!(%host, "host lost: no heartbeat for {silent_ms} ms");
-            if let Some(a) = self.backend.agents()
-                && let Some(s) = a.session(&host).map(|s| s.id)
-            {
-                a.detach(&host, s);
+            if let Some(s) = hub.session(&host).map(|s| s.id) {
+                hub.detach(&host, s);
             }
             self.step(Input::HostLost {
                 host,
@@ -1118,8 +1092,8 @@ impl Scheduler {
                 reports,
             } if self.outage.held_reports + reports.len() > MAX_HELD_REPORTS => {
                 tracing::warn!(%host, "too many agent reports held while the store cannot write; closing the agent's session");
-                if let Some(a) = self.backend.agents() {
-                    a.detach(&host, session);
+                if let Some(hub) = &self.hub {
+                    hub.detach(&host, session);
                 }
                 None
             }
@@ -1195,14 +1169,14 @@ impl Scheduler {
         if by_host.is_empty() {
             return;
         }
-        let Some(agents) = self.backend.agents() else {
+        let Some(hub) = &self.hub else {
             return;
         };
         for (host, items) in by_host {
-            let Some(session) = agents.session(&host) else {
+            let Some(session) = hub.session(&host) else {
                 continue;
             };
-            for chunk in items.chunks(crate::agents::MAX_RUNS_PER_MESSAGE) {
+            for chunk in items.chunks(crate::agent_hub::MAX_RUNS_PER_MESSAGE) {
                 let msg = pb::ServerMessage {
                     kind: Some(message(chunk.to_vec())),
                 };
@@ -1489,8 +1463,8 @@ impl Scheduler {
                 reports,
             } => {
                 if !self
-                    .backend
-                    .agents()
+                    .hub
+                    .as_ref()
                     .is_some_and(|a| a.is_current(&host, session))
                 {
                     tracing::debug!(%host, session, "reports of a replaced session dropped");
@@ -1500,7 +1474,7 @@ impl Scheduler {
                 self.step(Input::AgentReports { host, reports });
             }
             Command::AgentGone { host, session } => {
-                if let Some(a) = self.backend.agents()
+                if let Some(a) = &self.hub
                     && a.detach(&host, session)
                 {
                     self.step(Input::AgentDisconnected { host });
@@ -1514,7 +1488,7 @@ impl Scheduler {
             } => {
                 let r = reads::log_target(&self.core, &job_id, instance, run_id).and_then(
                     |(key, host)| {
-                        let Some(agents) = self.backend.agents() else {
+                        let Some(agents) = &self.hub else {
                             return Err(Status::failed_precondition(
                                 "runs on simulated hosts have no logs",
                             ));
@@ -1524,7 +1498,7 @@ impl Scheduler {
                                 "the agent of host {host} is not connected"
                             )));
                         };
-                        Ok((key, session.tx.clone()))
+                        Ok((key, session.tx))
                     },
                 );
                 self.defer(reply, r);
@@ -1736,13 +1710,13 @@ impl Scheduler {
     fn check_takeover(
         &mut self,
         host: &str,
-        session: &crate::agents::Session,
+        session: &crate::agent_hub::Session,
     ) -> Result<(), Status> {
         let now = self.now;
         let Some(hub) = self.hub.clone() else {
             return Ok(());
         };
-        let Some(holder) = self.backend.agents().and_then(|a| a.session(host)) else {
+        let Some(holder) = hub.session(host) else {
             return Ok(());
         };
         if !holder.agent_id.is_empty() && holder.agent_id == session.agent_id {
@@ -1775,11 +1749,11 @@ impl Scheduler {
     }
 
     fn agent_registered(&mut self, reg: Registration) -> Result<(), Status> {
-        if self.backend.agents().is_none() {
+        let Some(hub) = self.hub.clone() else {
             return Err(Status::failed_precondition(
                 "this server runs simulated hosts and accepts no agents",
             ));
-        }
+        };
         let r = reg.register;
         if r.attributes.contains_key(convert::HOST_POOL_ATTRIBUTE) {
             return Err(convert::invalid(
@@ -1800,16 +1774,11 @@ impl Scheduler {
                 crate::status::status(e)
             })?;
         self.check_takeover(&host, &reg.session)?;
-        if let Some(hub) = &self.hub {
-            hub.touch(&host);
-        }
+        hub.touch(&host, self.now);
         // The session is attached before the step, so that acknowledgements
         // of the reports it carries go to it.
         let session = reg.session.id;
-        self.backend
-            .agents()
-            .expect("checked")
-            .attach(host.clone(), reg.session);
+        hub.attach(host.clone(), reg.session);
         let registration = HostRegistration {
             spec,
             isolation: convert::agent_text(r.isolation),
@@ -1823,10 +1792,7 @@ impl Scheduler {
         if r.is_err() {
             // Refused: its stream ends with the error, so no goodbye will
             // come to detach it.
-            self.backend
-                .agents()
-                .expect("checked")
-                .detach(&host, session);
+            hub.detach(&host, session);
         }
         r
     }

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
 use crate::access::{self, Access, Caller};
-use crate::agents::AgentHub;
+use crate::agent_hub::AgentHub;
 use crate::convert::{self, Limits};
 use crate::lifecycle::{UpdateAction, UpdateSpec};
 use crate::metrics::Metrics;

@@ -10,6 +10,8 @@
 //! to kill. Every change is made by [`Lifecycle::reconcile_apps`] at the end
 //! of the step that called for it.
 
+use std::sync::Arc;
+
 use peloton_engine::Engine;
 
 use super::model::{JobKey, JobKind, TaskState as S, TaskTemplate};
@@ -44,7 +46,7 @@ impl Lifecycle {
         &mut self,
         engine: &Engine,
         id: &str,
-        executor: TaskTemplate,
+        executor: Arc<TaskTemplate>,
         max_executors: u32,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
@@ -288,8 +290,8 @@ mod tests {
             registered: !driver,
         });
         if driver {
-            p.default = template(500, 64);
-            p.default.controller = true;
+            p.default = Arc::new(template(500, 64));
+            p.default_mut().controller = true;
         }
         p
     }
@@ -495,7 +497,7 @@ mod tests {
         assert_eq!(states(&sim, "d").len(), 1);
         sim.step(Input::AppRegister {
             id: "d".into(),
-            executor: Box::new(template(1000, 128)),
+            executor: Arc::new(template(1000, 128)),
             max_executors: 10,
         })
         .expect("register");
@@ -584,7 +586,7 @@ mod tests {
         let e = sim
             .step(Input::AppRegister {
                 id: "d".into(),
-                executor: Box::new(template(64_000, 128)),
+                executor: Arc::new(template(64_000, 128)),
                 max_executors: 10,
             })
             .expect_err("bigger than any host");
@@ -631,7 +633,7 @@ mod tests {
         assert!(
             sim.step(Input::AppRegister {
                 id: "a".into(),
-                executor: Box::new(template(1000, 128)),
+                executor: Arc::new(template(1000, 128)),
                 max_executors: 10,
             })
             .is_err()

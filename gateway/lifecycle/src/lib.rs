@@ -270,7 +270,7 @@ pub enum Input {
         /// Job id.
         id: String,
         /// The executor.
-        executor: Box<TaskTemplate>,
+        executor: Arc<TaskTemplate>,
         /// At most this many executors at once.
         max_executors: u32,
     },
@@ -557,7 +557,7 @@ impl Lifecycle {
                 id,
                 executor,
                 max_executors,
-            } => self.app_register(engine, &id, *executor, max_executors, fx),
+            } => self.app_register(engine, &id, executor, max_executors, fx),
             Input::AppTarget {
                 id,
                 generation,

@@ -167,6 +167,7 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
         volume: None,
         sim_duration_ms: 0,
         sim_exit_code: 0,
+        spec: Arc::from(&[][..]),
     }
 }
 
@@ -176,7 +177,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         kind: JobKind::Batch,
         pool: pool.into(),
         instance_count: n,
-        default: template(cpu, 64),
+        default: Arc::new(template(cpu, 64)),
         overrides: FxHashMap::default(),
         priority: 0,
         preemptible: false,

@@ -242,7 +242,7 @@ impl Scheduler {
         };
         self.apply(Input::AppRegister {
             id: id.to_string(),
-            executor: Box::new(template),
+            executor: std::sync::Arc::new(template),
             max_executors,
         })?;
         let config = self.core.job(k).expect("live").config;

@@ -20,17 +20,6 @@ use crate::lifecycle::{
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::status::status;
 
-/// The spec an instance runs: its override, or the job's default task.
-pub(super) fn instance_spec(spec: &pb::JobSpec, instance: u32) -> &pb::TaskSpec {
-    static EMPTY: std::sync::OnceLock<pb::TaskSpec> = std::sync::OnceLock::new();
-    spec.overrides
-        .iter()
-        .find(|o| o.instance == instance)
-        .and_then(|o| o.spec.as_ref())
-        .or(spec.default_task.as_ref())
-        .unwrap_or_else(|| EMPTY.get_or_init(pb::TaskSpec::default))
-}
-
 pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
     let rm = engine.resources();
     let tree = rm.tree();
@@ -818,7 +807,7 @@ fn task_ref_order(a: &pb::TaskRef, b: &pb::TaskRef) -> std::cmp::Ordering {
 pub(super) fn list_hosts(
     engine: &Engine,
     core: &Lifecycle,
-    hub: Option<&crate::agents::AgentHub>,
+    hub: Option<&crate::agent_hub::AgentHub>,
     r: &pb::ListHostsRequest,
 ) -> pb::ListHostsResponse {
     let limit = match r.limit {
