@@ -1106,7 +1106,23 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             relocate: stateful.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
         },
         app,
+        spec: encoded_spec(spec),
     })
+}
+
+/// A job spec as the core keeps it: encoded, without its secrets (which
+/// are kept apart and never shown).
+fn encoded_spec(spec: &pb::JobSpec) -> Arc<[u8]> {
+    if spec.secrets.is_empty() {
+        spec.encode_to_vec().into()
+    } else {
+        pb::JobSpec {
+            secrets: Vec::new(),
+            ..spec.clone()
+        }
+        .encode_to_vec()
+        .into()
+    }
 }
 
 /// Executors of an application when it names no bound.

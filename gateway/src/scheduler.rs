@@ -499,9 +499,6 @@ struct FailedCommit {
 
 type Deferred = Box<dyn FnOnce() + Send>;
 
-/// A job's specs by config version.
-pub(crate) type Specs = std::collections::BTreeMap<u64, pb::JobSpec>;
-
 pub(crate) use crate::backend::Secrets;
 
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
@@ -513,9 +510,6 @@ pub struct Scheduler {
     backend: Box<dyn HostBackend>,
     config: LoopConfig,
     metrics: Arc<Metrics>,
-    /// Job specs as users sent them, by config version (the core keeps
-    /// their plans).
-    specs: FxHashMap<JobKey, Specs>,
     /// Jobs' secrets by job id, kept apart from their specs (which never
     /// hold them): stored in their own table, sent only with launches.
     secrets: Secrets,
@@ -589,20 +583,16 @@ impl Scheduler {
         // The simulated hosts (agent hosts are tagged as they are
         // recovered or register).
         host_pools.tag_all(&mut engine)?;
-        let (recovered, specs_by_id) =
+        let (recovered, specs_in_rows) =
             persist::recovered(&snapshot, core_config.agent_mode, &host_pools)?;
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
-        let mut specs = FxHashMap::default();
-        for (id, versions, from_row) in specs_by_id {
+        for (id, v) in specs_in_rows {
+            // An older store kept the spec in the job row only: it goes to
+            // the configs table before the row loses it.
             let key = core.job_key(&id).expect("recovered");
-            specs.insert(key, versions);
-            if let Some(v) = from_row {
-                // An older store kept the spec in the job row only: it goes
-                // to the configs table before the row loses it.
-                fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
-            }
+            fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
         }
         let mut batch = WriteBatch::default();
         let secrets = persist::recovered_secrets(&snapshot, &core, &mut batch)?;
@@ -624,7 +614,6 @@ impl Scheduler {
             backend,
             config,
             metrics,
-            specs,
             secrets,
             host_pools,
             fx,
@@ -886,11 +875,15 @@ impl Scheduler {
             return;
         }
         let events = std::mem::take(&mut self.fx.events);
+        // A job that went (deleted, or by retention) takes its secrets.
+        for row in &self.fx.rows {
+            if let crate::lifecycle::RowKey::JobDeleted(_, id) = row {
+                self.secrets.remove(id);
+            }
+        }
         persist::rows(
             &mut self.core,
             &self.engine,
-            &mut self.specs,
-            &mut self.secrets,
             &mut self.fx.rows,
             &mut self.batch,
             &self.metrics,
@@ -1335,7 +1328,6 @@ impl Scheduler {
             } => {
                 let r = Ok(reads::query_jobs(
                     &self.core,
-                    &self.specs,
                     &self.secrets,
                     &request,
                     viewer.as_ref().map(|c| &c.principal),
@@ -1355,20 +1347,10 @@ impl Scheduler {
                         action,
                     })
                     .map(|a| match a {
-                        Answer::Job(k) => {
-                            let config = self.core.job(k).expect("live").config;
-                            if let JobAction::Scale(count) = action
-                                && let Some(spec) =
-                                    self.specs.get_mut(&k).and_then(|s| s.get_mut(&config))
-                            {
-                                spec.instance_count = count;
-                                // A stored spec must stay valid.
-                                spec.overrides.retain(|o| o.instance < count);
-                            }
-                            Some(self.job_to_pb(k))
-                        }
+                        // A scaled job's spec shows its new count: reads
+                        // derive it from the plan.
+                        Answer::Job(k) => Some(self.job_to_pb(k)),
                         _ => {
-                            // Its specs go when its deletion is written.
                             self.metrics.jobs.set(self.core.n_jobs() as i64);
                             None
                         }
@@ -1602,7 +1584,6 @@ impl Scheduler {
         let job_id = self.core.job(k).expect("live").id.clone();
         self.set_secrets(&job_id, secrets);
         let u = self.core.update(&id).expect("created");
-        self.specs.entry(k).or_default().insert(u.to, spec);
         Ok((reads::update_to_pb(&self.core, u), self.job_to_pb(k)))
     }
 
@@ -1619,7 +1600,7 @@ impl Scheduler {
             .job(k)
             .and_then(|j| self.secrets.get(&j.id))
             .map(|s| &s[..]);
-        reads::job_to_pb(&self.core, k, self.specs.get(&k), secrets)
+        reads::job_to_pb(&self.core, k, secrets)
     }
 
     /// A job's secrets from now on (kept, stored; none: its row goes).
@@ -1652,13 +1633,13 @@ impl Scheduler {
 
     fn delete_host_pool(&mut self, name: &str) -> Result<(), Status> {
         self.host_pools.check_delete(name)?;
-        for (k, job) in self.core.jobs_by_id("") {
+        for (_, job) in self.core.jobs_by_id("") {
             if job.state.is_terminal() {
                 continue;
             }
-            let names_it = self.specs.get(&k).is_some_and(|versions| {
-                versions.values().any(|s| convert::job_host_pool(s) == name)
-            });
+            let names_it = std::iter::once(&job.plan)
+                .chain(job.old_configs.values())
+                .any(|plan| reads::JobSpecHead::of(plan).host_pool() == name);
             if names_it {
                 return Err(Status::failed_precondition(format!(
                     "host pool {name:?} is named by job {} which is not terminal",
@@ -1695,7 +1676,6 @@ impl Scheduler {
         let Answer::Job(k) = answer else {
             unreachable!("job creation answers the job");
         };
-        self.specs.insert(k, Specs::from([(1, spec)]));
         self.metrics.jobs.set(self.core.n_jobs() as i64);
         Ok(self.job_to_pb(k))
     }

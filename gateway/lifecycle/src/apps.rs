@@ -48,6 +48,7 @@ impl Lifecycle {
         id: &str,
         executor: Arc<TaskTemplate>,
         max_executors: u32,
+        spec: Arc<[u8]>,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
         let k = self.app_job(id)?;
@@ -81,6 +82,7 @@ impl Lifecycle {
             plan.default = executor;
         }
         plan.app.as_mut().expect("application").registered = true;
+        plan.spec = spec;
         self.check_admissible(engine, job.pool, &plan, 2)?;
         let job = self.job_mut(k);
         job.plan = plan;
@@ -499,6 +501,7 @@ mod tests {
             id: "d".into(),
             executor: Arc::new(template(1000, 128)),
             max_executors: 10,
+            spec: Arc::from(&[][..]),
         })
         .expect("register");
         sim.step(Input::Cycle).expect("cycle");
@@ -588,6 +591,7 @@ mod tests {
                 id: "d".into(),
                 executor: Arc::new(template(64_000, 128)),
                 max_executors: 10,
+                spec: Arc::from(&[][..]),
             })
             .expect_err("bigger than any host");
         assert!(
@@ -635,6 +639,7 @@ mod tests {
                 id: "a".into(),
                 executor: Arc::new(template(1000, 128)),
                 max_executors: 10,
+                spec: Arc::from(&[][..]),
             })
             .is_err()
         );

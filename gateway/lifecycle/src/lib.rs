@@ -273,6 +273,9 @@ pub enum Input {
         executor: Arc<TaskTemplate>,
         /// At most this many executors at once.
         max_executors: u32,
+        /// The job's spec from now on, as the shell encodes it (the
+        /// executor its default task, the driver instance 0's own).
+        spec: Arc<[u8]>,
     },
     /// An application's executor target.
     AppTarget {
@@ -557,7 +560,8 @@ impl Lifecycle {
                 id,
                 executor,
                 max_executors,
-            } => self.app_register(engine, &id, executor, max_executors, fx),
+                spec,
+            } => self.app_register(engine, &id, executor, max_executors, spec, fx),
             Input::AppTarget {
                 id,
                 generation,

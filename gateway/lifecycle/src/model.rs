@@ -383,6 +383,12 @@ pub struct JobPlan {
     pub volume_policy: VolumePolicy,
     /// Application jobs: how executors are kept.
     pub app: Option<AppPlan>,
+    /// The job's spec of this config version as its user sent it (its
+    /// secrets taken out), encoded by the shell: opaque to the core, kept
+    /// for reads and the store. What the core changes without a new version
+    /// (the instance count, an application's executor) the shell's reads
+    /// derive from the plan.
+    pub spec: Arc<[u8]>,
 }
 
 /// What an application job's plan says of its executors.

@@ -188,6 +188,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         strategy: Strategy::FirstFit,
         volume_policy: crate::VolumePolicy::default(),
         app: None,
+        spec: Arc::from(&[][..]),
     }
 }
 

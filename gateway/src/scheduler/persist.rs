@@ -2,6 +2,7 @@
 //! become protobuf rows of a [`WriteBatch`]; and, at start, the store's
 //! rows become the core's [`Recovered`] input.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use peloton_proto::v1 as pb;
@@ -10,8 +11,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::convert::{self, Limits};
 use crate::lifecycle::{
-    AppState, Event, EventKind, JobKey, JobKind, JobRow, LaunchId, Lifecycle, Recovered,
-    RecoveredHost, RecoveredJob, RecoveredVolume, RowKey, TaskRow,
+    AppState, Event, EventKind, JobRow, LaunchId, Lifecycle, Recovered, RecoveredHost,
+    RecoveredJob, RecoveredVolume, RowKey, TaskRow,
 };
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
@@ -354,8 +355,8 @@ pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
 /// row is rewritten at every change of the job's state, and a large spec
 /// must not be rewritten with it). No task counts either: recovery counts
 /// the tasks.
-pub(super) fn job_row_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
-    let mut row = reads::job_to_pb(core, k, None, None);
+pub(super) fn job_row_to_pb(job: &crate::lifecycle::Job) -> pb::Job {
+    let mut row = reads::job_without_spec(job);
     if let Some(status) = row.status.as_mut() {
         status.task_counts.clear();
     }
@@ -363,11 +364,10 @@ pub(super) fn job_row_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
 }
 
 /// Encodes the rows the core marked into `batch` (each job row once).
+/// Reads the shell's state, never changes it.
 pub(super) fn rows(
     core: &mut Lifecycle,
     engine: &peloton_engine::Engine,
-    specs: &mut FxHashMap<JobKey, super::Specs>,
-    secrets: &mut super::Secrets,
     rows: &mut Vec<RowKey>,
     batch: &mut WriteBatch,
     metrics: &Metrics,
@@ -383,16 +383,13 @@ pub(super) fn rows(
                 let id = job.id.to_string();
                 batch
                     .jobs
-                    .push((id, Some(job_row_to_pb(core, k).encode_to_vec())));
+                    .push((id, Some(job_row_to_pb(job).encode_to_vec())));
             }
-            RowKey::JobDeleted(k, id) => {
-                // Everything the shell keeps of the job goes with it.
-                specs.remove(&k);
+            RowKey::JobDeleted(_, id) => {
                 batch.jobs.push((id.to_string(), None));
                 batch.delete_tasks_of.push(id.to_string());
                 // However the job went (deleted, or by retention), its
                 // secrets go with it.
-                secrets.remove(&id);
                 batch.secrets.push((id.to_string(), None));
             }
             RowKey::Task(k, i) => {
@@ -417,24 +414,12 @@ pub(super) fn rows(
             }
             RowKey::Config(k, v) => {
                 let Some(job) = core.job(k) else { continue };
-                if let Some(spec) = specs.get_mut(&k).and_then(|s| s.get_mut(&v)) {
-                    if job.plan.kind == JobKind::Application && v == job.config {
-                        // Its executors are its instances: the count grows.
-                        spec.instance_count = job.plan.instance_count;
-                    }
-                    batch
-                        .configs
-                        .push(((job.id.clone(), v), Some(spec.encode_to_vec())));
-                }
+                let spec = reads::job_spec(job.plan_of(v));
+                batch
+                    .configs
+                    .push(((job.id.clone(), v), Some(spec.encode_to_vec())));
             }
-            RowKey::ConfigDeleted(id, v) => {
-                if let Ok(k) = core.job_key(&id)
-                    && let Some(versions) = specs.get_mut(&k)
-                {
-                    versions.remove(&v);
-                }
-                batch.configs.push(((id, v), None));
-            }
+            RowKey::ConfigDeleted(id, v) => batch.configs.push(((id, v), None)),
             RowKey::Update(id) => {
                 if let Some(u) = core.update(&id) {
                     let row = reads::update_to_pb(core, u).encode_to_vec();
@@ -460,18 +445,18 @@ pub(super) fn rows(
     }
 }
 
-/// A recovered job's specs: its id, its specs by config version, and the
-/// version whose spec only its job row held (an older store's row), to be
-/// written to the configs table before the row is rewritten without it.
-pub(super) type RecoveredSpecs = (String, super::Specs, Option<u64>);
+/// A recovered job's config version whose spec only its job row held (an
+/// older store's row), to be written to the configs table before the row
+/// is rewritten without it: the job's id and the version.
+pub(super) type SpecInJobRow = (String, u64);
 
-/// The store's rows as the core's recovery input, and the jobs' specs by
-/// id.
+/// The store's rows as the core's recovery input (the plans hold their
+/// specs), and the specs still in job rows.
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
     host_pools: &super::hostpools::HostPools,
-) -> anyhow::Result<(Recovered, Vec<RecoveredSpecs>)> {
+) -> anyhow::Result<(Recovered, Vec<SpecInJobRow>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
         let pool = pb::Pool::decode(bytes.as_slice())?;
@@ -548,7 +533,7 @@ pub(super) fn recovered(
         max_string_len: usize::MAX,
         max_overrides: usize::MAX,
     };
-    let mut configs_by_job: FxHashMap<&str, super::Specs> = FxHashMap::default();
+    let mut configs_by_job: FxHashMap<&str, BTreeMap<u64, pb::JobSpec>> = FxHashMap::default();
     for ((job, version), bytes) in &snap.configs {
         configs_by_job
             .entry(job.as_str())
@@ -563,7 +548,7 @@ pub(super) fn recovered(
             .or_default()
             .push(reads::update_from_pb(&u));
     }
-    let mut specs = Vec::new();
+    let mut in_rows = Vec::new();
     for (id, bytes) in &snap.jobs {
         let job = pb::Job::decode(bytes.as_slice())?;
         let status = job.status.clone().unwrap_or_default();
@@ -616,9 +601,11 @@ pub(super) fn recovered(
             updates,
             tasks: tasks_by_job.remove(id.as_str()).unwrap_or_default(),
         });
-        specs.push((id.clone(), versions, from_row));
+        if let Some(v) = from_row {
+            in_rows.push((id.clone(), v));
+        }
     }
-    Ok((rec, specs))
+    Ok((rec, in_rows))
 }
 
 #[cfg(test)]

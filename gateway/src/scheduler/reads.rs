@@ -9,13 +9,13 @@ use peloton_engine::placement::{self, Check};
 use peloton_engine::{Dim, Engine, PoolId, Resources};
 use peloton_proto::v1 as pb;
 use prost::Message;
-use rustc_hash::FxHashMap;
 use tonic::Status;
 
 use crate::convert;
 use crate::lifecycle::units::amount;
 use crate::lifecycle::{
-    HostSlot, Job, JobKey, Lifecycle, Task, TaskState as S, Update, UpdateSpec, UpdateState,
+    HostSlot, Job, JobKey, JobPlan, Lifecycle, Task, TaskState as S, Update, UpdateSpec,
+    UpdateState,
 };
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::status::status;
@@ -155,34 +155,73 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
         .set(engine.hosts().in_state(HostState::Up).len() as i64);
 }
 
-/// A job as the API shows it (and the store keeps it): with the spec of its
-/// current config version.
-///
-/// `secrets`: the job's secrets, shown redacted (names and sizes); `None`
-/// for the stored row, which never holds them.
-pub(super) fn job_to_pb(
-    core: &Lifecycle,
-    k: JobKey,
-    specs: Option<&super::Specs>,
-    secrets: Option<&[pb::Secret]>,
-) -> pb::Job {
+/// A job as the API shows it: with the spec of its current config version
+/// and its secrets, redacted (names and sizes).
+pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, secrets: Option<&[pb::Secret]>) -> pb::Job {
     let job = core.job(k).expect("live job");
-    let mut spec = specs.and_then(|s| s.get(&job.config)).cloned();
-    if matches!(
-        job.plan.kind,
-        crate::lifecycle::JobKind::Daemon | crate::lifecycle::JobKind::Application
-    ) && let Some(s) = &mut spec
-    {
-        // A daemon's count follows the hosts it matches, an application's
-        // its executors.
-        s.instance_count = job.plan.instance_count;
-    }
-    if let (Some(spec), Some(secrets)) = (spec.as_mut(), secrets) {
+    let mut spec = job_spec(&job.plan);
+    if let Some(secrets) = secrets {
         spec.secrets = convert::redact_secrets(secrets);
     }
     pb::Job {
+        spec: Some(spec),
+        ..job_without_spec(job)
+    }
+}
+
+/// A config version's spec as the API shows it: as its user sent it (the
+/// core keeps it encoded), with what the core changed since without a new
+/// version: the instance count (scaled; a daemon's follows the hosts it
+/// matches, an application's its executors) and so the overrides of
+/// instances scaled away.
+pub(super) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
+    let mut spec =
+        pb::JobSpec::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan");
+    spec.instance_count = plan.instance_count;
+    spec.overrides
+        .retain(|o| plan.overrides.contains_key(&o.instance));
+    spec
+}
+
+/// The fields of an encoded `JobSpec` that queries filter on: decoding it
+/// skips the others (the tasks) unread.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(super) struct JobSpecHead {
+    /// `JobSpec.name`.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// `JobSpec.owner`.
+    #[prost(string, tag = "2")]
+    pub owner: String,
+    /// `JobSpec.labels`.
+    #[prost(map = "string, string", tag = "3")]
+    pub labels: std::collections::HashMap<String, String>,
+    /// `JobSpec.host_pool`.
+    #[prost(string, tag = "11")]
+    pub host_pool: String,
+}
+
+impl JobSpecHead {
+    /// The head of a plan's spec.
+    pub(super) fn of(plan: &JobPlan) -> Self {
+        JobSpecHead::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan")
+    }
+
+    /// The host pool the job runs in.
+    pub(super) fn host_pool(&self) -> &str {
+        if self.host_pool.is_empty() {
+            convert::DEFAULT_HOST_POOL
+        } else {
+            &self.host_pool
+        }
+    }
+}
+
+/// A job as the API shows it, without its spec.
+pub(super) fn job_without_spec(job: &Job) -> pb::Job {
+    pb::Job {
         id: job.id.to_string(),
-        spec,
+        spec: None,
         status: Some(pb::JobStatus {
             state: convert::job_state_to_pb(job.state) as i32,
             created_at_ms: job.created_at,
@@ -310,7 +349,6 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
 
 pub(super) fn query_jobs(
     core: &Lifecycle,
-    specs: &FxHashMap<JobKey, super::Specs>,
     secrets: &super::Secrets,
     r: &pb::QueryJobsRequest,
     viewer: Option<&peloton_authz::Principal>,
@@ -324,31 +362,23 @@ pub(super) fn query_jobs(
     let mut out = pb::QueryJobsResponse::default();
     let mut bytes = PageBytes::default();
     for (k, job) in core.jobs_by_id(after) {
-        let Some(versions) = specs.get(&k) else {
-            continue;
-        };
-        let Some(s) = versions.get(&job.config) else {
-            continue;
-        };
+        let pool = &*job.plan.pool;
         let state = convert::job_state_to_pb(job.state) as i32;
-        if (!r.pool.is_empty() && s.pool != r.pool)
-            || viewer.is_some_and(|v| !v.allows(peloton_authz::Permission::JobsRead, &s.pool))
+        if (!r.pool.is_empty() && pool != r.pool)
+            || viewer.is_some_and(|v| !v.allows(peloton_authz::Permission::JobsRead, pool))
             || (!r.states.is_empty() && !r.states.contains(&state))
-            || (!r.name.is_empty() && !s.name.contains(&r.name))
+        {
+            continue;
+        }
+        let s = JobSpecHead::of(&job.plan);
+        if (!r.name.is_empty() && !s.name.contains(&r.name))
             || (!r.owner.is_empty() && s.owner != r.owner)
             || r.labels.iter().any(|(k, v)| s.labels.get(k) != Some(v))
         {
             continue;
         }
         let full = out.jobs.len() == page;
-        let j = (!full).then(|| {
-            job_to_pb(
-                core,
-                k,
-                Some(versions),
-                secrets.get(&job.id).map(|s| &s[..]),
-            )
-        });
+        let j = (!full).then(|| job_to_pb(core, k, secrets.get(&job.id).map(|s| &s[..])));
         match j {
             Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),
             _ => {
