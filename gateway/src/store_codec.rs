@@ -322,3 +322,129 @@ pub fn decode_config(row: &[u8]) -> Result<pb::JobSpec, String> {
     let body = body(row)?.unwrap_or(row);
     pb::JobSpec::decode(body).map_err(|e| format!("stored job config: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::{JobState, TaskState};
+
+    fn run(run: u32, state: TaskState, host: &str, reason: Option<&str>) -> RunRecord {
+        RunRecord {
+            run,
+            state,
+            host: host.into(),
+            created_at: 10,
+            placed_at: 11,
+            started_at: 12,
+            finished_at: 13,
+            exit_code: -3,
+            reason: reason.map(Into::into),
+            launch: LaunchId(99),
+        }
+    }
+
+    #[test]
+    fn task_rows_round_trip_and_start_with_their_version() {
+        let rows = [
+            TaskRow::default(),
+            TaskRow {
+                current: run(3, TaskState::Running, "h1", None),
+                failures: 2,
+                history: vec![
+                    run(2, TaskState::Failed, "h2", Some("exit 3")),
+                    run(1, TaskState::Lost, "", Some("host lost")),
+                ],
+                stopping: Some((LaunchId(7), "h2".into())),
+                restart_when_stopped: true,
+                config: 4,
+                daemon_host: Some("h1".into()),
+            },
+        ];
+        for row in rows {
+            let bytes = encode_task(&row);
+            assert_eq!(bytes[..2], ROW_V1);
+            assert_eq!(decode_task(&bytes).unwrap(), row);
+        }
+    }
+
+    /// Rows written before this codec were the API's messages: they still
+    /// decode, to the same rows.
+    #[test]
+    fn rows_written_as_the_apis_messages_still_decode() {
+        let old_task = pb::Task {
+            current: Some(convert::run_to_pb(&run(2, TaskState::Killed, "h", None))),
+            failure_count: 1,
+            history: vec![convert::run_to_pb(&run(
+                1,
+                TaskState::Failed,
+                "g",
+                Some("x"),
+            ))],
+            stopping: true,
+            restart_when_stopped: true,
+            config_version: 3,
+            pinned_host: "p".into(),
+            ..Default::default()
+        };
+        let task = decode_task(&old_task.encode_to_vec()).unwrap();
+        assert_eq!(task.current, run(2, TaskState::Killed, "h", None));
+        assert_eq!(
+            task.history,
+            vec![run(1, TaskState::Failed, "g", Some("x"))]
+        );
+        // Without a stopping launch of its own, the current run's.
+        assert_eq!(task.stopping, Some((LaunchId(99), "h".into())));
+        assert_eq!((task.failures, task.config), (1, 3));
+        assert!(task.restart_when_stopped);
+        assert_eq!(task.daemon_host.as_deref(), Some("p"));
+
+        let spec = pb::JobSpec {
+            name: "old".into(),
+            pool: "/a".into(),
+            instance_count: 2,
+            ..Default::default()
+        };
+        let old_job = pb::Job {
+            id: "j".into(),
+            spec: Some(spec.clone()),
+            status: Some(pb::JobStatus {
+                state: pb::JobState::Running as i32,
+                created_at_ms: 5,
+                completed_at_ms: 0,
+                kill_requested: true,
+                config_version: 0,
+                update_id: "u".into(),
+                application: Some(pb::ApplicationStatus {
+                    target: 4,
+                    generation: 6,
+                    registered: true,
+                    unregistered: false,
+                }),
+                ..Default::default()
+            }),
+            version: 8,
+        };
+        let (row, in_row) = decode_job("j", &old_job.encode_to_vec()).unwrap();
+        assert_eq!(in_row, Some(spec.clone()));
+        assert_eq!(
+            (row.version, row.state, row.created_at, row.kill_requested),
+            (8, JobState::Running, 5, true)
+        );
+        // Version 0 (before config versions) is the first.
+        assert_eq!(row.config, 1);
+        assert_eq!(row.update.as_deref(), Some("u"));
+        assert_eq!((row.app.target, row.app.generation), (4, 6));
+
+        assert_eq!(decode_config(&spec.encode_to_vec()).unwrap(), spec);
+        let new = encode_config(&spec);
+        assert_eq!(new[..2], ROW_V1);
+        assert_eq!(decode_config(&new).unwrap(), spec);
+    }
+
+    #[test]
+    fn a_row_of_an_unknown_version_is_an_error_naming_it() {
+        let err = decode_task(&[0, 9, 1, 2]).unwrap_err();
+        assert!(err.contains("row version 9"), "{err}");
+        assert!(decode_job("j", &[0, 2]).unwrap_err().contains("version 2"));
+    }
+}

@@ -15,8 +15,8 @@ use peloton_engine::host::HostSpec;
 use peloton_proto::v1 as pb;
 use tonic::Status;
 
-use super::reads::MAX_PAGE_BYTES;
-use crate::convert::{self, DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE, PageKind};
+use crate::convert::{DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE};
+use crate::paging::{self, MAX_PAGE_BYTES, PageKind};
 use crate::store::{Snapshot, WriteBatch};
 
 /// Most host pools (besides "default").
@@ -129,7 +129,7 @@ impl HostPools {
         engine: &Engine,
         r: &pb::ListHostPoolsRequest,
     ) -> Result<pb::ListHostPoolsResponse, Status> {
-        let after = convert::page_token_key("page_token", PageKind::HostPools, &r.page_token)?;
+        let after = paging::page_token_key("page_token", PageKind::HostPools, &r.page_token)?;
         let (after_pool, after_host) = match after.split_once('/') {
             Some((pool, host)) => (pool, Some(host)),
             None => (after, None),
@@ -162,11 +162,7 @@ impl HostPools {
                 }
             }
         }
-        let page = if r.page_size == 0 {
-            usize::MAX
-        } else {
-            r.page_size as usize
-        };
+        let page = paging::page_size(r.page_size, u32::MAX, u32::MAX);
         // Encoded bytes: a pool's field tag, length and name (6 bytes of
         // framing at most), and each host's tag, length (a name is at most
         // 256 bytes: 2 bytes) and name.
@@ -208,7 +204,7 @@ impl HostPools {
             out.pools.push(pool);
         }
         if full {
-            out.next_page_token = convert::page_token(PageKind::HostPools, &position);
+            out.next_page_token = paging::page_token(PageKind::HostPools, &position);
         }
         Ok(out)
     }

@@ -1,5 +1,6 @@
 //! The only place that encodes store rows: the core's row keys and events
-//! become protobuf rows of a [`WriteBatch`]; and, at start, the store's
+//! become rows of a [`WriteBatch`] (jobs, tasks and configs in their own
+//! versioned messages, [`crate::store_codec`]); and, at start, the store's
 //! rows become the core's [`Recovered`] input.
 
 use std::collections::BTreeMap;
@@ -11,11 +12,12 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::convert::{self, Limits};
 use crate::lifecycle::{
-    AppState, Event, EventKind, JobRow, LaunchId, Lifecycle, Recovered, RecoveredHost,
-    RecoveredJob, RecoveredVolume, RowKey, TaskRow,
+    Event, EventKind, Lifecycle, Recovered, RecoveredHost, RecoveredJob, RecoveredVolume, RowKey,
+    TaskRow,
 };
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
+use crate::store_codec;
 
 use super::reads;
 
@@ -326,43 +328,6 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-/// A task row as stored.
-pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
-    pb::Task {
-        current: Some(convert::run_to_pb(&row.current)),
-        failure_count: row.failures,
-        history: row.history.iter().map(convert::run_to_pb).collect(),
-        stopping: row.stopping.is_some(),
-        restart_when_stopped: row.restart_when_stopped,
-        config_version: row.config,
-        stopping_launch_id: row.stopping.as_ref().map_or(0, |s| s.0.0),
-        stopping_host: row
-            .stopping
-            .as_ref()
-            .map(|s| s.1.to_string())
-            .unwrap_or_default(),
-        pinned_host: row
-            .daemon_host
-            .as_deref()
-            .map(str::to_string)
-            .unwrap_or_default(),
-        ..Default::default()
-    }
-}
-
-/// A job's row: its status and versions, without its spec (the specs are
-/// in the configs table, one row per config version, written once: a job
-/// row is rewritten at every change of the job's state, and a large spec
-/// must not be rewritten with it). No task counts either: recovery counts
-/// the tasks.
-pub(super) fn job_row_to_pb(job: &crate::lifecycle::Job) -> pb::Job {
-    let mut row = reads::job_without_spec(job);
-    if let Some(status) = row.status.as_mut() {
-        status.task_counts.clear();
-    }
-    row
-}
-
 /// Encodes the rows the core marked into `batch` (each job row once).
 /// Reads the shell's state, never changes it.
 pub(super) fn rows(
@@ -381,9 +346,7 @@ pub(super) fn rows(
                 }
                 let Some(job) = core.job(k) else { continue };
                 let id = job.id.to_string();
-                batch
-                    .jobs
-                    .push((id, Some(job_row_to_pb(job).encode_to_vec())));
+                batch.jobs.push((id, Some(store_codec::encode_job(job))));
             }
             RowKey::JobDeleted(_, id) => {
                 batch.jobs.push((id.to_string(), None));
@@ -399,7 +362,7 @@ pub(super) fn rows(
                 let id = core.job(k).expect("row exists").id.clone();
                 batch
                     .tasks
-                    .push(((id, i), Some(task_row_to_pb(&row).encode_to_vec())));
+                    .push(((id, i), Some(store_codec::encode_task(&row))));
             }
             RowKey::TaskDeleted(id, i) => batch.tasks.push(((id, i), None)),
             RowKey::Pool(path) => {
@@ -417,7 +380,7 @@ pub(super) fn rows(
                 let spec = reads::job_spec(job.plan_of(v));
                 batch
                     .configs
-                    .push(((job.id.clone(), v), Some(spec.encode_to_vec())));
+                    .push(((job.id.clone(), v), Some(store_codec::encode_config(&spec))));
             }
             RowKey::ConfigDeleted(id, v) => batch.configs.push(((id, v), None)),
             RowKey::Update(id) => {
@@ -486,31 +449,12 @@ pub(super) fn recovered(
     }
     let mut tasks_by_job: FxHashMap<&str, Vec<(u32, TaskRow)>> = FxHashMap::default();
     for ((job, instance), bytes) in &snap.tasks {
-        let row = pb::Task::decode(bytes.as_slice())?;
-        tasks_by_job.entry(job.as_str()).or_default().push((
-            *instance,
-            TaskRow {
-                current: convert::run_from_pb(&row.current.clone().unwrap_or_default()),
-                failures: row.failure_count,
-                history: row.history.iter().map(convert::run_from_pb).collect(),
-                // Rows written before the stopping run was stored apart
-                // describe it as the current run.
-                stopping: row.stopping.then(|| {
-                    let cur = row.current.clone().unwrap_or_default();
-                    if row.stopping_launch_id != 0 {
-                        (
-                            LaunchId(row.stopping_launch_id),
-                            row.stopping_host.as_str().into(),
-                        )
-                    } else {
-                        (LaunchId(cur.launch_id), cur.host.as_str().into())
-                    }
-                }),
-                restart_when_stopped: row.restart_when_stopped,
-                config: row.config_version,
-                daemon_host: (!row.pinned_host.is_empty()).then(|| row.pinned_host.as_str().into()),
-            },
-        ));
+        let row = store_codec::decode_task(bytes)
+            .map_err(|e| anyhow::anyhow!("job {job} instance {instance}: {e}"))?;
+        tasks_by_job
+            .entry(job.as_str())
+            .or_default()
+            .push((*instance, row));
     }
     for (id, bytes) in &snap.volumes {
         let v = pb::Volume::decode(bytes.as_slice())?;
@@ -535,10 +479,11 @@ pub(super) fn recovered(
     };
     let mut configs_by_job: FxHashMap<&str, BTreeMap<u64, pb::JobSpec>> = FxHashMap::default();
     for ((job, version), bytes) in &snap.configs {
-        configs_by_job
-            .entry(job.as_str())
-            .or_default()
-            .insert(*version, pb::JobSpec::decode(bytes.as_slice())?);
+        configs_by_job.entry(job.as_str()).or_default().insert(
+            *version,
+            store_codec::decode_config(bytes)
+                .map_err(|e| anyhow::anyhow!("job {job} config {version}: {e}"))?,
+        );
     }
     let mut updates_by_job: FxHashMap<String, Vec<crate::lifecycle::Update>> = FxHashMap::default();
     for (_, bytes) in &snap.updates {
@@ -550,15 +495,13 @@ pub(super) fn recovered(
     }
     let mut in_rows = Vec::new();
     for (id, bytes) in &snap.jobs {
-        let job = pb::Job::decode(bytes.as_slice())?;
-        let status = job.status.clone().unwrap_or_default();
-        // Stores written before config versions existed hold version 0.
-        let config = status.config_version.max(1);
+        let (row, spec_in_row) = store_codec::decode_job(id, bytes).map_err(anyhow::Error::msg)?;
+        let config = row.config;
         let mut versions = configs_by_job.remove(id.as_str()).unwrap_or_default();
         // The spec is in the configs table; rows written before it moved
         // there carry it themselves (and it wins, as it did then).
-        let from_row = job.spec.is_some().then_some(config);
-        if let Some(spec) = job.spec {
+        let from_row = spec_in_row.is_some().then_some(config);
+        if let Some(spec) = spec_in_row {
             versions.insert(config, spec);
         }
         let spec = versions.get(&config).ok_or_else(|| {
@@ -577,25 +520,7 @@ pub(super) fn recovered(
         let mut updates = updates_by_job.remove(id.as_str()).unwrap_or_default();
         updates.sort_by_key(|u| u.created_at);
         rec.jobs.push(RecoveredJob {
-            row: JobRow {
-                id: Arc::from(id.as_str()),
-                version: job.version,
-                state: convert::job_state_from_pb(status.state()),
-                created_at: status.created_at_ms,
-                completed_at: status.completed_at_ms,
-                kill_requested: status.kill_requested,
-                config,
-                update: (!status.update_id.is_empty()).then(|| status.update_id.as_str().into()),
-                app: status
-                    .application
-                    .map(|a| AppState {
-                        target: a.target,
-                        generation: a.generation,
-                        closed: a.unregistered,
-                        failures: 0,
-                    })
-                    .unwrap_or_default(),
-            },
+            row,
             plan,
             old_configs,
             updates,

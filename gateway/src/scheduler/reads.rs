@@ -18,6 +18,7 @@ use crate::lifecycle::{
     UpdateState,
 };
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
+use crate::paging::{self, PageBytes};
 use crate::status::status;
 
 pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
@@ -51,44 +52,16 @@ pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
     }
 }
 
-/// Most bytes of the items of one page of any list: a page ends early
-/// rather than grow past it, so that every answer (items and the rest)
-/// fits the 4 MiB a gRPC client accepts by default. A single item larger
-/// than this (a job whose spec was sent that large) is a page of its own.
-pub const MAX_PAGE_BYTES: usize = 3 << 20;
-
-/// The bytes a page's items have used.
-#[derive(Debug, Default)]
-struct PageBytes(usize);
-
-impl PageBytes {
-    /// Counts `item` in and says whether it belongs on the page: it does if
-    /// the page is empty or it fits in what is left.
-    fn admits(&mut self, n_on_page: usize, item: &impl Message) -> bool {
-        // The field's tag and length prefix: at most 6 bytes.
-        let cost = item.encoded_len() + 6;
-        if n_on_page > 0 && self.0 + cost > MAX_PAGE_BYTES {
-            return false;
-        }
-        self.0 += cost;
-        true
-    }
-}
-
 /// Pools in path order after the request's page token, up to its page size
-/// (0: no count limit) and [`MAX_PAGE_BYTES`].
+/// (0: no count limit) and [`paging::MAX_PAGE_BYTES`].
 pub(super) fn list_pools(
     engine: &Engine,
     core: &Lifecycle,
     r: &pb::ListPoolsRequest,
     viewer: Option<&peloton_authz::Principal>,
 ) -> Result<pb::ListPoolsResponse, Status> {
-    let after = convert::page_token_key("page_token", convert::PageKind::Pools, &r.page_token)?;
-    let page = if r.page_size == 0 {
-        usize::MAX
-    } else {
-        r.page_size as usize
-    };
+    let after = paging::page_token_key("page_token", paging::PageKind::Pools, &r.page_token)?;
+    let page = paging::page_size(r.page_size, u32::MAX, u32::MAX);
     let tree = engine.resources().tree();
     let mut ids = tree.list();
     ids.retain(|&id| {
@@ -102,7 +75,7 @@ pub(super) fn list_pools(
         let pool = pool_to_pb(engine, core, id);
         if out.pools.len() == page || !bytes.admits(out.pools.len(), &pool) {
             out.next_page_token =
-                convert::page_token(convert::PageKind::Pools, id_before(&out.pools));
+                paging::page_token(paging::PageKind::Pools, id_before(&out.pools));
             break;
         }
         out.pools.push(pool);
@@ -353,11 +326,8 @@ pub(super) fn query_jobs(
     r: &pb::QueryJobsRequest,
     viewer: Option<&peloton_authz::Principal>,
 ) -> pb::QueryJobsResponse {
-    let page = match r.page_size {
-        0 => 100,
-        n => n.min(1000),
-    } as usize;
-    let after = convert::page_token_key("page_token", convert::PageKind::Jobs, &r.page_token)
+    let page = paging::page_size(r.page_size, 100, 1000);
+    let after = paging::page_token_key("page_token", paging::PageKind::Jobs, &r.page_token)
         .unwrap_or_default();
     let mut out = pb::QueryJobsResponse::default();
     let mut bytes = PageBytes::default();
@@ -383,7 +353,7 @@ pub(super) fn query_jobs(
             Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),
             _ => {
                 let last = out.jobs.last().map_or("", |j| j.id.as_str());
-                out.next_page_token = convert::page_token(convert::PageKind::Jobs, last);
+                out.next_page_token = paging::page_token(paging::PageKind::Jobs, last);
                 break;
             }
         }
@@ -455,19 +425,17 @@ pub(super) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb
 }
 
 /// Volumes in id order after the request's page token, filtered by job id
-/// and host, up to its page size and [`MAX_PAGE_BYTES`].
+/// and host, up to its page size and [`paging::MAX_PAGE_BYTES`].
 pub(super) fn list_volumes(
     core: &Lifecycle,
     r: &pb::ListVolumesRequest,
 ) -> Result<pb::ListVolumesResponse, Status> {
-    let after = convert::page_token_key("page_token", convert::PageKind::Volumes, &r.page_token)?;
+    let after = paging::page_token_key("page_token", paging::PageKind::Volumes, &r.page_token)?;
     if !r.job_id.is_empty() {
         core.job_key(&r.job_id).map_err(status)?;
     }
-    let page = match r.page_size {
-        0 => convert::MAX_LISTED_VOLUMES,
-        n => (n as usize).min(convert::MAX_LISTED_VOLUMES),
-    };
+    let max = convert::MAX_LISTED_VOLUMES as u32;
+    let page = paging::page_size(r.page_size, max, max);
     let mut volumes: Vec<&crate::lifecycle::Volume> = core
         .volumes()
         .filter(|v| {
@@ -483,7 +451,7 @@ pub(super) fn list_volumes(
         let volume = volume_to_pb(core, v);
         if out.volumes.len() == page || !bytes.admits(out.volumes.len(), &volume) {
             let last = out.volumes.last().map_or("", |v| v.id.as_str());
-            out.next_page_token = convert::page_token(convert::PageKind::Volumes, last);
+            out.next_page_token = paging::page_token(paging::PageKind::Volumes, last);
             break;
         }
         out.volumes.push(volume);
@@ -497,10 +465,7 @@ pub(super) fn list_tasks(
 ) -> Result<pb::ListTasksResponse, Status> {
     let k = core.job_key(&r.job_id).map_err(status)?;
     let job = core.job(k).expect("live");
-    let limit = match r.limit {
-        0 => 1000,
-        n => n.min(10_000),
-    } as usize;
+    let limit = paging::page_size(r.limit, 1000, 10_000);
     let n = job.tasks.len() as u32;
     if r.from_instance >= n && !(n == 0 && r.from_instance == 0) {
         return Err(Status::out_of_range(format!(
@@ -840,10 +805,7 @@ pub(super) fn list_hosts(
     hub: Option<&crate::agent_hub::AgentHub>,
     r: &pb::ListHostsRequest,
 ) -> pb::ListHostsResponse {
-    let limit = match r.limit {
-        0 => 1000,
-        n => n.min(10_000),
-    } as usize;
+    let limit = paging::page_size(r.limit, 1000, 10_000);
     let hosts = engine.hosts();
     let mut names: Vec<(&str, u32)> = hosts
         .live_hosts()
