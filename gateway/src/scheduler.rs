@@ -467,7 +467,7 @@ const RETRY_COMMIT_FIRST_MS: u64 = 100;
 /// most this long after space returns.
 const RETRY_COMMIT_MAX_MS: u64 = 2_000;
 /// Agents' run reports held while the store cannot write (a message
-/// carries at most `agents::MAX_REPORTS_PER_MESSAGE`). Past it a message's
+/// carries at most `agent_hub::MAX_REPORTS_PER_MESSAGE`). Past it a message's
 /// reports are dropped and its agent's session closed: the agent registers
 /// again, listing its runs, once the store writes.
 const MAX_HELD_REPORTS: usize = 100_000;
