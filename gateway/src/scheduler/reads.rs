@@ -1003,3 +1003,65 @@ pub(super) fn log_target(
     };
     Ok((key, run.host))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::{Limits, job_plan};
+
+    fn task(command: &str) -> pb::TaskSpec {
+        pb::TaskSpec {
+            command: command.into(),
+            resources: Some(pb::Resources {
+                cpu: 0.5,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A spec reads back as sent, without its secrets; what the core
+    /// changes without a new version (a scale: the count, the overrides of
+    /// instances gone) is derived from the plan, and each instance's task
+    /// is its template's.
+    #[test]
+    fn a_spec_reads_back_as_sent_with_the_count_and_overrides_of_the_plan() {
+        let override_of = |instance, command| pb::InstanceOverride {
+            instance,
+            spec: Some(task(command)),
+        };
+        let sent = pb::JobSpec {
+            name: "j".into(),
+            pool: "/a".into(),
+            instance_count: 4,
+            default_task: Some(task("/bin/default")),
+            overrides: vec![override_of(3, "/bin/three"), override_of(0, "/bin/zero")],
+            secrets: vec![pb::Secret {
+                name: "s".into(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut plan = job_plan(&sent, &Limits::default()).expect("valid");
+        let as_sent = pb::JobSpec {
+            secrets: Vec::new(),
+            ..sent
+        };
+        assert_eq!(job_spec(&plan), as_sent);
+        let spec_of = |plan: &JobPlan, i| pb::TaskSpec::decode(&*plan.template(i).spec).unwrap();
+        assert_eq!(spec_of(&plan, 0), task("/bin/zero"));
+        assert_eq!(spec_of(&plan, 1), task("/bin/default"));
+        assert_eq!(spec_of(&plan, 3), task("/bin/three"));
+        // Scaled down to 2, as the core does it.
+        plan.instance_count = 2;
+        plan.overrides.retain(|&i, _| i < 2);
+        let read = job_spec(&plan);
+        assert_eq!(read.instance_count, 2);
+        assert_eq!(read.overrides, vec![override_of(0, "/bin/zero")]);
+        assert_eq!(
+            JobSpecHead::of(&plan).host_pool(),
+            convert::DEFAULT_HOST_POOL
+        );
+    }
+}
