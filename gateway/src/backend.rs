@@ -3,7 +3,7 @@
 //! The scheduling loop hands [`Launch`] and [`Kill`] batches to a
 //! [`HostBackend`] and polls it for [`TaskUpdate`]s. The simulated backend
 //! below runs a task for the time its spec's `sim` section says and ends it
-//! with the exit code it says; [`crate::agents::AgentBackend`] sends them
+//! with the exit code it says; [`crate::agent_backend::AgentBackend`] sends them
 //! to real host agents over their gRPC sessions (whose updates reach the
 //! loop as commands).
 //!
@@ -15,46 +15,28 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap;
 
-pub use crate::lifecycle::{Kill, RunRef, RunStatus, TaskUpdate};
+pub use crate::lifecycle::{Kill, Launch, RunRef, RunStatus, TaskUpdate};
 
-/// Start a run on a host.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Launch {
-    /// The run.
-    pub run: RunRef,
-    /// Host name.
-    pub host: std::sync::Arc<str>,
-    /// The job's id.
-    pub job_id: std::sync::Arc<str>,
-    /// The instance's task spec, for backends that run it for real.
-    pub spec: Option<std::sync::Arc<peloton_proto::v1::TaskSpec>>,
-    /// The job's current secrets, for backends that run it for real.
-    pub secrets: Option<std::sync::Arc<[peloton_proto::v1::Secret]>>,
-    /// How long the simulated run lasts.
-    pub sim_duration_ms: u64,
-    /// How the simulated run ends.
-    pub sim_exit_code: i32,
-    /// The instance's volume (id, MiB), if its task has one.
-    pub volume: Option<(std::sync::Arc<str>, u64)>,
-}
+/// A job's secrets (with their values), as the core keeps them: sent with
+/// launches only.
+pub type Secrets<'a> =
+    &'a dyn Fn(crate::lifecycle::JobKey) -> Option<Arc<[crate::lifecycle::Secret]>>;
 
 /// Where runs happen.
 pub trait HostBackend: Send + std::fmt::Debug {
-    /// Starts runs (placement already reserved their resources).
-    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>);
+    /// Starts runs (placement already reserved their resources); a real
+    /// host gets its job's `secrets` with each run.
+    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>, secrets: Secrets<'_>);
     /// Stops runs; unknown runs are ignored.
     fn kill(&mut self, now_ms: u64, kills: &mut Vec<Kill>);
     /// Appends status changes due by `now_ms`.
     fn poll(&mut self, now_ms: u64, out: &mut Vec<TaskUpdate>);
     /// The earliest time a status change is due, if any.
     fn next_deadline(&self) -> Option<u64>;
-    /// Whether launches need the task spec (real hosts do; the simulator
-    /// only needs its `sim` numbers).
-    fn wants_specs(&self) -> bool {
-        false
-    }
     /// Whether launches and kills may reach hosts only after the commit
     /// that records them. True for real hosts (a crash before the commit
     /// must not leave a run the store does not know); the simulator
@@ -62,10 +44,6 @@ pub trait HostBackend: Send + std::fmt::Debug {
     /// land in the same iteration (one commit instead of two).
     fn dispatch_after_commit(&self) -> bool {
         false
-    }
-    /// The agent session table, for a backend of real hosts.
-    fn agents(&mut self) -> Option<&mut crate::agents::AgentBackend> {
-        None
     }
 }
 
@@ -93,11 +71,12 @@ impl SimBackend {
 }
 
 impl HostBackend for SimBackend {
-    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>) {
+    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>, _secrets: Secrets<'_>) {
         for l in launches.drain(..) {
-            self.live.insert(l.run, l.sim_exit_code);
+            let t = &l.template;
+            self.live.insert(l.run, t.sim_exit_code);
             self.ends
-                .push(Reverse((now_ms.saturating_add(l.sim_duration_ms), l.run)));
+                .push(Reverse((now_ms.saturating_add(t.sim_duration_ms), l.run)));
             self.ready.push(TaskUpdate {
                 run: l.run,
                 status: RunStatus::Running,
@@ -158,44 +137,38 @@ mod tests {
         }
     }
 
+    fn launch(instance: u32, duration_ms: u64, exit_code: i32) -> Launch {
+        let spec = peloton_proto::v1::TaskSpec {
+            command: "true".into(),
+            resources: Some(peloton_proto::v1::Resources {
+                cpu: 1.0,
+                ..Default::default()
+            }),
+            sim: Some(peloton_proto::v1::SimSpec {
+                duration_ms,
+                exit_code,
+            }),
+            ..Default::default()
+        };
+        let template =
+            crate::convert::task_template("t", Some(&spec), &Default::default()).expect("valid");
+        Launch {
+            run: run(instance),
+            host: "h".into(),
+            job_id: "j".into(),
+            config: 1,
+            template: Arc::new(template),
+            volume: None,
+        }
+    }
+
     #[test]
     fn runs_end_after_their_duration_with_their_code_and_kills_win() {
         let mut sim = SimBackend::new();
-        let host: std::sync::Arc<str> = "h".into();
-        let job: std::sync::Arc<str> = "j".into();
-        let mut launches = vec![
-            Launch {
-                volume: None,
-                run: run(0),
-                host: host.clone(),
-                job_id: job.clone(),
-                spec: None,
-                secrets: None,
-                sim_duration_ms: 100,
-                sim_exit_code: 0,
-            },
-            Launch {
-                volume: None,
-                run: run(1),
-                host: host.clone(),
-                job_id: job.clone(),
-                spec: None,
-                secrets: None,
-                sim_duration_ms: 50,
-                sim_exit_code: 3,
-            },
-            Launch {
-                volume: None,
-                run: run(2),
-                host: host.clone(),
-                job_id: job.clone(),
-                spec: None,
-                secrets: None,
-                sim_duration_ms: 10,
-                sim_exit_code: 0,
-            },
-        ];
-        sim.launch(1000, &mut launches);
+        let host: Arc<str> = "h".into();
+        let job: Arc<str> = "j".into();
+        let mut launches = vec![launch(0, 100, 0), launch(1, 50, 3), launch(2, 10, 0)];
+        sim.launch(1000, &mut launches, &|_| None);
         sim.kill(
             1001,
             &mut vec![Kill {

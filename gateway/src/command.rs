@@ -10,7 +10,7 @@ use peloton_proto::v1 as pb;
 use tokio::sync::{broadcast, oneshot};
 use tonic::Status;
 
-use crate::agents::{Outbox, Registration};
+use crate::agent_hub::{Outbox, Registration};
 use crate::convert::{self, JobPlan, TaskTemplate};
 use crate::lifecycle::JobAction;
 

@@ -2,11 +2,14 @@
 //! validation of everything a user sends. Every error names the field and
 //! the problem; validation happens before anything changes.
 
+use std::sync::Arc;
+
 use peloton_engine::constraint::Constraint;
 use peloton_engine::intern::Interner;
 use peloton_engine::task::Strategy;
 use peloton_engine::{Dim, DimConfig, MAX_AMOUNT, PoolConfig, PoolKind, Resources};
 use peloton_proto::v1 as pb;
+use prost::Message;
 use rustc_hash::FxHashMap;
 use tonic::Status;
 
@@ -77,113 +80,6 @@ pub fn bounded(field: &str, value: &str, max: usize) -> Result<(), Status> {
         ));
     }
     Ok(())
-}
-
-/// Longest page token: 2 KiB (a pool list's token holds a pool path of up
-/// to [`MAX_POOL_PATH_BYTES`]).
-pub const MAX_PAGE_TOKEN_BYTES: usize = 2048;
-
-/// What page tokens start with: `p2.<list>.<tag>.<key>`, where the key is
-/// the position of the last item of the page it follows and the tag a
-/// keyed hash of list and key.
-const PAGE_TOKEN_PREFIX: &str = "p2.";
-
-/// The list a page token belongs to: a token of one list is refused by
-/// every other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PageKind {
-    /// `JobService.Query`.
-    Jobs,
-    /// `ResourcePoolService.List`.
-    Pools,
-    /// `VolumeService.List`.
-    Volumes,
-    /// `HostPoolService.List`.
-    HostPools,
-}
-
-impl PageKind {
-    const ALL: [PageKind; 4] = [
-        PageKind::Jobs,
-        PageKind::Pools,
-        PageKind::Volumes,
-        PageKind::HostPools,
-    ];
-
-    /// Its name in tokens and messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            PageKind::Jobs => "jobs",
-            PageKind::Pools => "pools",
-            PageKind::Volumes => "volumes",
-            PageKind::HostPools => "hostpools",
-        }
-    }
-}
-
-/// The tag of a token: SipHash of (list, key) under a key drawn at random
-/// once per process, so a token that was edited, or made up, or given by
-/// another server (or by this one before a restart) does not check.
-fn page_tag(kind: PageKind, key: &str) -> u64 {
-    use std::hash::BuildHasher;
-    static SECRET: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
-    SECRET
-        .get_or_init(std::hash::RandomState::new)
-        .hash_one((kind.name(), key))
-}
-
-/// The token of a page of the list `kind` that follows the position `key`.
-pub fn page_token(kind: PageKind, key: &str) -> String {
-    format!(
-        "{PAGE_TOKEN_PREFIX}{}.{:016x}.{key}",
-        kind.name(),
-        page_tag(kind, key)
-    )
-}
-
-/// The position a page token of the list `kind` holds ("" for none: the
-/// first page). A token this server did not give for this list is
-/// INVALID_ARGUMENT: "not a token of this list", and why.
-pub fn page_token_key<'a>(field: &str, kind: PageKind, token: &'a str) -> Result<&'a str, Status> {
-    if token.is_empty() {
-        return Ok("");
-    }
-    bounded(field, token, MAX_PAGE_TOKEN_BYTES)?;
-    let refuse = |why: String| {
-        invalid(
-            field,
-            format!(
-                "not a token of this list ({why}): pass the previous answer's next_page_token, or nothing for the first page"
-            ),
-        )
-    };
-    let parts = token.strip_prefix(PAGE_TOKEN_PREFIX).and_then(|rest| {
-        let (list, rest) = rest.split_once('.')?;
-        let (tag, key) = rest.split_once('.')?;
-        Some((list, u64::from_str_radix(tag, 16).ok()?, key))
-    });
-    let Some((list, tag, key)) = parts else {
-        return Err(refuse(format!("{} is not a page token", shown(token))));
-    };
-    if list != kind.name() {
-        return Err(refuse(
-            match PageKind::ALL.into_iter().find(|k| k.name() == list) {
-                Some(other) => format!(
-                    "it is a token of the {} list, and this is the {} list",
-                    other.name(),
-                    kind.name()
-                ),
-                None => format!("{} is not a page token", shown(token)),
-            },
-        ));
-    }
-    if key.is_empty() || tag != page_tag(kind, key) {
-        return Err(refuse(
-            "its checksum does not match: it was edited, or given by another server or before a restart"
-                .into(),
-        ));
-    }
-    Ok(key)
 }
 
 /// Most bytes of an agent's free text that reaches the API (a run's
@@ -553,6 +449,7 @@ pub fn task_template(
             .transpose()?,
         sim_duration_ms: sim.duration_ms,
         sim_exit_code: sim.exit_code,
+        spec: spec.encode_to_vec().into(),
     })
 }
 
@@ -969,7 +866,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
                 &default,
             )?;
         }
-        if overrides.insert(o.instance, t).is_some() {
+        if overrides.insert(o.instance, Arc::new(t)).is_some() {
             return Err(invalid(
                 &format!("spec.overrides[{i}].instance"),
                 format!("instance {} is overridden twice", o.instance),
@@ -1049,7 +946,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         pool: spec.pool.as_str().into(),
         host_pool: host_pool.into(),
         instance_count: spec.instance_count,
-        default,
+        default: Arc::new(default),
         overrides,
         priority: sla.priority,
         preemptible: sla.preemptible,
@@ -1067,7 +964,23 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             relocate: stateful.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
         },
         app,
+        spec: encoded_spec(spec),
     })
+}
+
+/// A job spec as the core keeps it: encoded, without its secrets (which
+/// are kept apart and never shown).
+fn encoded_spec(spec: &pb::JobSpec) -> Arc<[u8]> {
+    if spec.secrets.is_empty() {
+        spec.encode_to_vec().into()
+    } else {
+        pb::JobSpec {
+            secrets: Vec::new(),
+            ..spec.clone()
+        }
+        .encode_to_vec()
+        .into()
+    }
 }
 
 /// Executors of an application when it names no bound.
@@ -1428,6 +1341,7 @@ mod tests {
                 .unwrap()
                 .default
                 .volume
+                .clone()
                 .unwrap()
                 .path
                 .as_ref(),

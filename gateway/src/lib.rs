@@ -3,6 +3,8 @@
 //! host manager's backends. See ARCHITECTURE.md for the map.
 
 pub mod access;
+pub mod agent_backend;
+pub mod agent_hub;
 pub mod agents;
 pub mod audit;
 pub mod backend;
@@ -20,6 +22,7 @@ pub mod http;
 pub mod leader;
 pub mod local_pg;
 pub mod metrics;
+pub mod paging;
 pub mod pgstore;
 pub mod refused;
 pub mod reopening;
@@ -28,3 +31,4 @@ pub mod server;
 pub mod service;
 pub mod status;
 pub mod store;
+pub mod store_codec;

@@ -40,8 +40,8 @@ use rustc_hash::FxHashMap;
 use tokio::sync::{broadcast, mpsc};
 use tonic::Status;
 
-use crate::agents::Registration;
-use crate::backend::{HostBackend, Kill, Launch, TaskUpdate};
+use crate::agent_hub::{AgentHub, Registration};
+use crate::backend::{HostBackend, Kill, TaskUpdate};
 use crate::clock::Now;
 use crate::convert::{self, JobPlan, Limits};
 use crate::lifecycle::Error;
@@ -136,7 +136,7 @@ const RETRY_COMMIT_FIRST_MS: u64 = 100;
 /// most this long after space returns.
 const RETRY_COMMIT_MAX_MS: u64 = 2_000;
 /// Agents' run reports held while the store cannot write (a message
-/// carries at most `agents::MAX_REPORTS_PER_MESSAGE`). Past it a message's
+/// carries at most `agent_hub::MAX_REPORTS_PER_MESSAGE`). Past it a message's
 /// reports are dropped and its agent's session closed: the agent registers
 /// again, listing its runs, once the store writes.
 const MAX_HELD_REPORTS: usize = 100_000;
@@ -168,9 +168,6 @@ struct FailedCommit {
 
 type Deferred = Box<dyn FnOnce() + Send>;
 
-/// A job's specs by config version.
-pub(crate) type Specs = std::collections::BTreeMap<u64, pb::JobSpec>;
-
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
 /// on its own thread.
 pub struct Scheduler {
@@ -180,18 +177,14 @@ pub struct Scheduler {
     backend: Box<dyn HostBackend>,
     config: LoopConfig,
     metrics: Arc<Metrics>,
-    /// Job specs as users sent them, by config version (the core keeps
-    /// their plans).
-    specs: FxHashMap<JobKey, Specs>,
     fx: Effects,
     batch: WriteBatch,
     deferred: Vec<Deferred>,
     events_tx: broadcast::Sender<EventBatch>,
-    launches: Vec<Launch>,
     kills: Vec<Kill>,
     updates: Vec<TaskUpdate>,
     /// The hub agents' last-seen times are read from.
-    hub: Option<Arc<crate::agents::AgentHub>>,
+    hub: Option<Arc<AgentHub>>,
     started_at: u64,
     /// Whether this server leads (PostgreSQL store): while it does not
     /// (its lease lapsed), agents cannot reach it and no host is declared
@@ -234,7 +227,7 @@ impl Scheduler {
         config: LoopConfig,
         metrics: Arc<Metrics>,
         snapshot: Snapshot,
-        hub: Option<Arc<crate::agents::AgentHub>>,
+        hub: Option<Arc<AgentHub>>,
     ) -> anyhow::Result<Self> {
         // Bounded by commits; a watcher that falls further behind catches up
         // from the store.
@@ -250,7 +243,7 @@ impl Scheduler {
         };
         let now = now_ms();
         let revision = snapshot.revision;
-        let (mut recovered, specs_by_id) = persist::recovered(&snapshot, core_config.agent_mode)?;
+        let (mut recovered, specs_in_rows) = persist::recovered(&snapshot, core_config.agent_mode)?;
         recovered.host_pools = snapshot.host_pools.clone();
         recovered.host_pool_members = snapshot.host_pool_members.clone();
         (recovered.tokens, recovered.audit) = persist::recovered_access(&snapshot)?;
@@ -258,15 +251,11 @@ impl Scheduler {
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;
-        let mut specs = FxHashMap::default();
-        for (id, versions, from_row) in specs_by_id {
+        for (id, v) in specs_in_rows {
+            // An older store kept the spec in the job row only: it goes to
+            // the configs table before the row loses it.
             let key = core.job_key(&id).expect("recovered");
-            specs.insert(key, versions);
-            if let Some(v) = from_row {
-                // An older store kept the spec in the job row only: it goes
-                // to the configs table before the row loses it.
-                fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
-            }
+            fx.rows.push(crate::lifecycle::RowKey::Config(key, v));
         }
         let batch = WriteBatch::default();
         metrics.jobs.set(core.n_jobs() as i64);
@@ -277,12 +266,10 @@ impl Scheduler {
             backend,
             config,
             metrics,
-            specs,
             fx,
             batch,
             deferred: Vec::new(),
             events_tx,
-            launches: Vec::new(),
             kills: Vec::new(),
             updates: Vec::new(),
             hub,
@@ -483,32 +470,12 @@ impl Scheduler {
 
     /// Hands the effects' launches and kills to the backend.
     fn dispatch(&mut self) {
-        let wants_specs = self.backend.wants_specs();
-        for l in self.fx.launches.drain(..) {
-            let spec = wants_specs
-                .then(|| self.specs.get(&l.run.job).and_then(|s| s.get(&l.config)))
-                .flatten()
-                .map(|s| Arc::new(reads::instance_spec(s, l.run.instance).clone()));
-            let secrets = if wants_specs {
-                self.core
-                    .secrets_of(l.run.job)
-                    .map(|s| secrets::to_pb(s).into())
-            } else {
-                None
-            };
-            self.launches.push(Launch {
-                run: l.run,
-                host: l.host,
-                job_id: l.job_id,
-                spec,
-                secrets,
-                sim_duration_ms: l.sim_duration_ms,
-                sim_exit_code: l.sim_exit_code,
-                volume: l.volume,
-            });
-        }
         self.kills.append(&mut self.fx.kills);
-        self.backend.launch(self.now, &mut self.launches);
+        let core = &self.core;
+        self.backend
+            .launch(self.now, &mut self.fx.launches, &|job| {
+                core.secrets_of(job).cloned()
+            });
         self.backend.kill(self.now, &mut self.kills);
     }
 
@@ -556,10 +523,8 @@ impl Scheduler {
         lost.sort_unstable();
         for (host, silent_ms) in lost {
             tracing::warn!(%host, "host lost: no heartbeat for {silent_ms} ms");
-            if let Some(a) = self.backend.agents()
-                && let Some(s) = a.session(&host).map(|s| s.id)
-            {
-                a.detach(&host, s);
+            if let Some(s) = hub.session(&host).map(|s| s.id) {
+                hub.detach(&host, s);
             }
             self.step(Input::HostLost {
                 host,
@@ -578,7 +543,6 @@ impl Scheduler {
         persist::rows(
             &mut self.core,
             &self.engine,
-            &mut self.specs,
             &mut self.fx.rows,
             &mut self.batch,
             &self.metrics,
@@ -780,8 +744,8 @@ impl Scheduler {
                 reports,
             } if self.outage.held_reports + reports.len() > MAX_HELD_REPORTS => {
                 tracing::warn!(%host, "too many agent reports held while the store cannot write; closing the agent's session");
-                if let Some(a) = self.backend.agents() {
-                    a.detach(&host, session);
+                if let Some(hub) = &self.hub {
+                    hub.detach(&host, session);
                 }
                 None
             }
@@ -857,14 +821,14 @@ impl Scheduler {
         if by_host.is_empty() {
             return;
         }
-        let Some(agents) = self.backend.agents() else {
+        let Some(hub) = &self.hub else {
             return;
         };
         for (host, items) in by_host {
-            let Some(session) = agents.session(&host) else {
+            let Some(session) = hub.session(&host) else {
                 continue;
             };
-            for chunk in items.chunks(crate::agents::MAX_RUNS_PER_MESSAGE) {
+            for chunk in items.chunks(crate::agent_hub::MAX_RUNS_PER_MESSAGE) {
                 let msg = pb::ServerMessage {
                     kind: Some(message(chunk.to_vec())),
                 };
@@ -1039,7 +1003,6 @@ impl Scheduler {
             } => {
                 let r = Ok::<_, Refused>(reads::query_jobs(
                     &self.core,
-                    &self.specs,
                     &request,
                     viewer.as_ref().map(|c| &c.principal),
                 ));
@@ -1058,20 +1021,10 @@ impl Scheduler {
                         action,
                     })
                     .map(|a| match a {
-                        Answer::Job(k) => {
-                            let config = self.core.job(k).expect("live").config;
-                            if let JobAction::Scale(count) = action
-                                && let Some(spec) =
-                                    self.specs.get_mut(&k).and_then(|s| s.get_mut(&config))
-                            {
-                                spec.instance_count = count;
-                                // A stored spec must stay valid.
-                                spec.overrides.retain(|o| o.instance < count);
-                            }
-                            Some(self.job_to_pb(k))
-                        }
+                        // A scaled job's spec shows its new count: reads
+                        // derive it from the plan.
+                        Answer::Job(k) => Some(self.job_to_pb(k)),
                         _ => {
-                            // Its specs go when its deletion is written.
                             self.metrics.jobs.set(self.core.n_jobs() as i64);
                             None
                         }
@@ -1179,8 +1132,8 @@ impl Scheduler {
                 reports,
             } => {
                 if !self
-                    .backend
-                    .agents()
+                    .hub
+                    .as_ref()
                     .is_some_and(|a| a.is_current(&host, session))
                 {
                     tracing::debug!(%host, session, "reports of a replaced session dropped");
@@ -1190,7 +1143,7 @@ impl Scheduler {
                 self.step(Input::AgentReports { host, reports });
             }
             Command::AgentGone { host, session } => {
-                if let Some(a) = self.backend.agents()
+                if let Some(a) = &self.hub
                     && a.detach(&host, session)
                 {
                     self.step(Input::AgentDisconnected { host });
@@ -1205,15 +1158,15 @@ impl Scheduler {
                 let r = reads::log_target(&self.core, &job_id, instance, run_id)
                     .map_err(Refused::from)
                     .and_then(|(key, host)| {
-                        let Some(agents) = self.backend.agents() else {
+                        let Some(hub) = &self.hub else {
                             return Err(Refused::SimulatedHosts(
                                 "runs on simulated hosts have no logs",
                             ));
                         };
-                        let Some(session) = agents.session(&host) else {
+                        let Some(session) = hub.session(&host) else {
                             return Err(Refused::AgentNotConnected(host.to_string()));
                         };
-                        Ok((key, session.tx.clone()))
+                        Ok((key, session.tx))
                     });
                 self.defer(reply, r);
             }
@@ -1319,7 +1272,6 @@ impl Scheduler {
         let job_id = self.core.job(k).expect("live").id.to_string();
         self.step(Input::SetSecrets { job_id, secrets });
         let u = self.core.update(&id).expect("created");
-        self.specs.entry(k).or_default().insert(u.to, spec);
         Ok((reads::update_to_pb(&self.core, u), self.job_to_pb(k)))
     }
 
@@ -1332,7 +1284,7 @@ impl Scheduler {
 
     fn job_to_pb(&self, k: JobKey) -> pb::Job {
         let secrets = self.core.secrets_of(k).map(|s| secrets::to_pb(s));
-        reads::job_to_pb(&self.core, k, self.specs.get(&k), secrets.as_deref())
+        reads::job_to_pb(&self.core, k, secrets.as_deref())
     }
 
     fn create_job(&mut self, mut spec: pb::JobSpec, plan: JobPlan) -> Result<pb::Job, Refused> {
@@ -1353,7 +1305,6 @@ impl Scheduler {
         let Answer::Job(k) = answer else {
             unreachable!("job creation answers the job");
         };
-        self.specs.insert(k, Specs::from([(1, spec)]));
         self.metrics.jobs.set(self.core.n_jobs() as i64);
         Ok(self.job_to_pb(k))
     }
@@ -1368,13 +1319,13 @@ impl Scheduler {
     fn check_takeover(
         &mut self,
         host: &str,
-        session: &crate::agents::Session,
+        session: &crate::agent_hub::Session,
     ) -> Result<(), Refused> {
         let now = self.now;
         let Some(hub) = self.hub.clone() else {
             return Ok(());
         };
-        let Some(holder) = self.backend.agents().and_then(|a| a.session(host)) else {
+        let Some(holder) = hub.session(host) else {
             return Ok(());
         };
         if !holder.agent_id.is_empty() && holder.agent_id == session.agent_id {
@@ -1408,11 +1359,11 @@ impl Scheduler {
     }
 
     fn agent_registered(&mut self, reg: Registration) -> Result<(), Refused> {
-        if self.backend.agents().is_none() {
+        let Some(hub) = self.hub.clone() else {
             return Err(Refused::SimulatedHosts(
                 "this server runs simulated hosts and accepts no agents",
             ));
-        }
+        };
         let r = reg.register;
         let spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
         // Refused before the session is attached (the core checks it again).
@@ -1428,16 +1379,11 @@ impl Scheduler {
                 e
             })?;
         self.check_takeover(&host, &reg.session)?;
-        if let Some(hub) = &self.hub {
-            hub.touch(&host);
-        }
+        hub.touch(&host, self.now);
         // The session is attached before the step, so that acknowledgements
         // of the reports it carries go to it.
         let session = reg.session.id;
-        self.backend
-            .agents()
-            .expect("checked")
-            .attach(host.clone(), reg.session);
+        hub.attach(host.clone(), reg.session);
         let registration = HostRegistration {
             spec,
             isolation: convert::agent_text(r.isolation),
@@ -1452,10 +1398,7 @@ impl Scheduler {
         if r.is_err() {
             // Refused: its stream ends with the error, so no goodbye will
             // come to detach it.
-            self.backend
-                .agents()
-                .expect("checked")
-                .detach(&host, session);
+            hub.detach(&host, session);
         }
         r
     }

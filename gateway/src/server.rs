@@ -11,7 +11,9 @@ use peloton_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::access::Access;
-use crate::agents::{AgentApi, AgentBackend, AgentHub};
+use crate::agent_backend::AgentBackend;
+use crate::agent_hub::AgentHub;
+use crate::agents::AgentApi;
 use crate::backend::{HostBackend, SimBackend};
 use crate::command::Command;
 use crate::config::Config;
@@ -635,10 +637,8 @@ async fn opened(
         (Box::new(SimBackend::new()), None)
     } else {
         let token = config.resolve_agent_token()?;
-        (
-            Box::new(AgentBackend::new()),
-            Some(Arc::new(AgentHub::new(token, config.agent_heartbeat_ms))),
-        )
+        let hub = Arc::new(AgentHub::new(token, config.agent_heartbeat_ms));
+        (Box::new(AgentBackend::new(hub.clone())), Some(hub))
     };
     let scheduler = Scheduler::new(
         engine,

@@ -18,12 +18,13 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
 use crate::access::{self, Access, Caller};
-use crate::agents::AgentHub;
+use crate::agent_hub::AgentHub;
 use crate::command::{Command, Reply};
 use crate::convert::{self, Limits};
 use crate::lifecycle::JobAction;
 use crate::lifecycle::{UpdateAction, UpdateSpec};
 use crate::metrics::Metrics;
+use crate::paging;
 use crate::store::Store;
 use peloton_authz::Permission;
 
@@ -268,7 +269,7 @@ impl ResourcePoolService for Api {
     ) -> Result<Response<pb::ListPoolsResponse>, Status> {
         let viewer = Self::viewer(&request)?;
         let request = request.into_inner();
-        convert::page_token_key("page_token", convert::PageKind::Pools, &request.page_token)?;
+        paging::page_token_key("page_token", paging::PageKind::Pools, &request.page_token)?;
         let out = self
             .call(|reply| Command::ListPools {
                 request,
@@ -403,7 +404,7 @@ impl JobService for Api {
         convert::bounded("name", &request.name, convert::MAX_NAME_BYTES)?;
         convert::bounded("owner", &request.owner, convert::MAX_NAME_BYTES)?;
         convert::labels("labels", &request.labels, &self.limits)?;
-        convert::page_token_key("page_token", convert::PageKind::Jobs, &request.page_token)?;
+        paging::page_token_key("page_token", paging::PageKind::Jobs, &request.page_token)?;
         let out = self
             .call(|reply| Command::QueryJobs {
                 request,
@@ -719,9 +720,9 @@ impl HostPoolService for Api {
     ) -> Result<Response<pb::ListHostPoolsResponse>, Status> {
         access::require(&request, Permission::HostsRead, "/", "")?;
         let request = request.into_inner();
-        convert::page_token_key(
+        paging::page_token_key(
             "page_token",
-            convert::PageKind::HostPools,
+            paging::PageKind::HostPools,
             &request.page_token,
         )?;
         let out = self
@@ -913,11 +914,7 @@ impl VolumeService for Api {
         let request = request.into_inner();
         convert::id("job_id", &request.job_id)?;
         convert::id("host", &request.host)?;
-        convert::page_token_key(
-            "page_token",
-            convert::PageKind::Volumes,
-            &request.page_token,
-        )?;
+        paging::page_token_key("page_token", paging::PageKind::Volumes, &request.page_token)?;
         let out = self
             .call(|reply| Command::ListVolumes { request, reply })
             .await?;

@@ -12,6 +12,7 @@ use pb::JobState as J;
 use peloton_gateway::config::Config;
 use peloton_gateway::server;
 use peloton_gateway::store::WriteBatch;
+use peloton_gateway::store_codec;
 use peloton_proto::v1 as pb;
 use prost::Message;
 
@@ -107,12 +108,13 @@ async fn a_finished_job_past_its_retention_is_gone_also_after_a_restart() {
         assert_eq!(ids, [long.id.as_str()]);
         assert!(snap.tasks.iter().all(|((j, _), _)| *j != short.id));
         assert!(snap.configs.iter().all(|((j, _), _)| *j != short.id));
-        let row = pb::Job::decode(snap.jobs[0].1.as_slice()).expect("a job row");
-        assert_eq!(row.spec, None, "the job row carries no spec");
-        assert_eq!(row.status.expect("status").state(), J::Running);
+        let (id, bytes) = &snap.jobs[0];
+        let (row, spec) = store_codec::decode_job(id, bytes).expect("a job row");
+        assert_eq!(spec, None, "the job row carries no spec");
+        assert_eq!(row.state, peloton_gateway::lifecycle::JobState::Running);
         let ((_, version), bytes) = &snap.configs[0];
         assert_eq!(*version, 1);
-        let spec = pb::JobSpec::decode(bytes.as_slice()).expect("a config row");
+        let spec = store_codec::decode_config(bytes).expect("a config row");
         assert_eq!(spec.name, "long");
     }
 
@@ -156,6 +158,33 @@ async fn finished_jobs_beyond_the_count_go_oldest_first() {
     stop(s).await;
 }
 
+/// A task row as servers before the store codec wrote it: the API's
+/// `Task` message.
+fn old_task_row(bytes: &[u8]) -> Vec<u8> {
+    let row = store_codec::decode_task(bytes).expect("a task row");
+    let run = |r: &peloton_gateway::lifecycle::RunRecord| peloton_gateway::convert::run_to_pb(r);
+    pb::Task {
+        current: Some(run(&row.current)),
+        failure_count: row.failures,
+        history: row.history.iter().map(run).collect(),
+        stopping: row.stopping.is_some(),
+        restart_when_stopped: row.restart_when_stopped,
+        config_version: row.config,
+        stopping_launch_id: row.stopping.as_ref().map_or(0, |s| s.0.0),
+        stopping_host: row
+            .stopping
+            .as_ref()
+            .map(|s| s.1.to_string())
+            .unwrap_or_default(),
+        pinned_host: row.daemon_host.as_deref().unwrap_or_default().into(),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// A store written by servers before the store codec (job and task rows
+/// the API's `Job` and `Task` messages, the spec in the job row, no config
+/// row) recovers, and is rewritten in the codec's rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_rows_written_with_their_spec_still_recover() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -173,10 +202,26 @@ async fn job_rows_written_with_their_spec_still_recover() {
         let store = open_store(dir.path());
         let snap = store.load().expect("load");
         let (id, bytes) = &snap.jobs[0];
-        let mut row = pb::Job::decode(bytes.as_slice()).expect("a job row");
-        row.spec = Some(spec);
+        let (row, _) = store_codec::decode_job(id, bytes).expect("a job row");
+        let old = pb::Job {
+            id: id.clone(),
+            spec: Some(spec),
+            status: Some(pb::JobStatus {
+                state: J::Running as i32,
+                created_at_ms: row.created_at,
+                config_version: row.config,
+                ..Default::default()
+            }),
+            version: row.version,
+        };
+        assert!(!snap.tasks.is_empty());
         let batch = WriteBatch {
-            jobs: vec![(id.clone(), Some(row.encode_to_vec()))],
+            jobs: vec![(id.clone(), Some(old.encode_to_vec()))],
+            tasks: snap
+                .tasks
+                .iter()
+                .map(|((job, i), bytes)| ((job.as_str().into(), *i), Some(old_task_row(bytes))))
+                .collect(),
             configs: vec![((id.as_str().into(), 1), None)],
             revision: snap.revision,
             ..WriteBatch::default()
@@ -187,12 +232,23 @@ async fn job_rows_written_with_their_spec_still_recover() {
     let (s, mut c) = start(&config).await;
     let got = get_job(&mut c, &job.id).await.expect("the job recovers");
     assert_eq!(got.spec.expect("spec").name, "old-format");
+    // Its task too, from its old row: the simulated run did not survive
+    // the restart, so the instance runs again as run 2, with run 1 (from
+    // the old row) in its history.
+    let tasks = list_tasks(&mut c, &job.id).await;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].current.as_ref().expect("run").run_id, 2);
+    let runs: Vec<u32> = tasks[0].history.iter().map(|r| r.run_id).collect();
+    assert_eq!(runs, [1], "{:?}", tasks[0]);
     stop(s).await;
     {
-        // Its spec moved to the configs table; the row lost it.
+        // Its spec moved to the configs table; the row lost it and is the
+        // codec's now.
         let snap = open_store(dir.path()).load().expect("load");
-        let row = pb::Job::decode(snap.jobs[0].1.as_slice()).expect("a job row");
-        assert_eq!(row.spec, None);
+        let (id, bytes) = &snap.jobs[0];
+        assert_eq!(bytes[..2], store_codec::ROW_V1);
+        let (_, spec) = store_codec::decode_job(id, bytes).expect("a job row");
+        assert_eq!(spec, None);
         assert_eq!(snap.configs.len(), 1);
     }
     // And it recovers from there.

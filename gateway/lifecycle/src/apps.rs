@@ -10,6 +10,8 @@
 //! to kill. Every change is made by [`Lifecycle::reconcile_apps`] at the end
 //! of the step that called for it.
 
+use std::sync::Arc;
+
 use peloton_engine::Engine;
 
 use super::model::{JobKey, JobKind, TaskState as S, TaskTemplate};
@@ -44,8 +46,9 @@ impl Lifecycle {
         &mut self,
         engine: &Engine,
         id: &str,
-        executor: TaskTemplate,
+        executor: Arc<TaskTemplate>,
         max_executors: u32,
+        spec: Arc<[u8]>,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
         let k = self.app_job(id)?;
@@ -79,6 +82,7 @@ impl Lifecycle {
             plan.default = executor;
         }
         plan.app.as_mut().expect("application").registered = true;
+        plan.spec = spec;
         self.check_admissible(engine, job.pool, &plan, 2)?;
         let job = self.job_mut(k);
         job.plan = plan;
@@ -288,8 +292,8 @@ mod tests {
             registered: !driver,
         });
         if driver {
-            p.default = template(500, 64);
-            p.default.controller = true;
+            p.default = Arc::new(template(500, 64));
+            p.default_mut().controller = true;
         }
         p
     }
@@ -495,8 +499,9 @@ mod tests {
         assert_eq!(states(&sim, "d").len(), 1);
         sim.step(Input::AppRegister {
             id: "d".into(),
-            executor: Box::new(template(1000, 128)),
+            executor: Arc::new(template(1000, 128)),
             max_executors: 10,
+            spec: Arc::from(&[][..]),
         })
         .expect("register");
         sim.step(Input::Cycle).expect("cycle");
@@ -584,8 +589,9 @@ mod tests {
         let e = sim
             .step(Input::AppRegister {
                 id: "d".into(),
-                executor: Box::new(template(64_000, 128)),
+                executor: Arc::new(template(64_000, 128)),
                 max_executors: 10,
+                spec: Arc::from(&[][..]),
             })
             .expect_err("bigger than any host");
         assert!(
@@ -631,8 +637,9 @@ mod tests {
         assert!(
             sim.step(Input::AppRegister {
                 id: "a".into(),
-                executor: Box::new(template(1000, 128)),
+                executor: Arc::new(template(1000, 128)),
                 max_executors: 10,
+                spec: Arc::from(&[][..]),
             })
             .is_err()
         );

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::model::{Health, HostSlot, JobKey, JobState, RunRef, TaskState};
+use super::model::{Health, HostSlot, JobKey, JobState, RunRef, TaskState, TaskTemplate};
 
 /// One event, with its gap-free revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,8 +51,10 @@ pub enum EventKind {
     },
 }
 
-/// Start a run on a host.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Start a run on a host. The one launch type: from the step's effects
+/// through the shell's backend to the codec that makes the agent's
+/// message.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Launch {
     /// The run.
     pub run: RunRef,
@@ -62,10 +64,9 @@ pub struct Launch {
     pub job_id: Arc<str>,
     /// The job's config version the run runs.
     pub config: u64,
-    /// How long a simulated run lasts.
-    pub sim_duration_ms: u64,
-    /// How a simulated run ends.
-    pub sim_exit_code: i32,
+    /// The instance's resolved task (shared with its plan): what a host
+    /// runs, and how long a simulated run lasts and how it ends.
+    pub template: Arc<TaskTemplate>,
     /// The instance's volume (id, size in MiB), if its task has one.
     pub volume: Option<(Arc<str>, u64)>,
 }

@@ -964,7 +964,7 @@ mod set_attribute_tests {
         sim.add_host("h1", 4, 4096).unwrap();
         sim.add_host("h2", 4, 4096).unwrap();
         let mut p = plan("/", 1, 1000);
-        p.default.constraint = "pool == a".into();
+        p.default_mut().constraint = "pool == a".into();
         sim.step(Input::CreateJob {
             id: "j".into(),
             plan: Box::new(p),

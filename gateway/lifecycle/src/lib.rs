@@ -304,9 +304,12 @@ pub enum Input {
         /// Job id.
         id: String,
         /// The executor.
-        executor: Box<TaskTemplate>,
+        executor: Arc<TaskTemplate>,
         /// At most this many executors at once.
         max_executors: u32,
+        /// The job's spec from now on, as the shell encodes it (the
+        /// executor its default task, the driver instance 0's own).
+        spec: Arc<[u8]>,
     },
     /// An application's executor target.
     AppTarget {
@@ -653,7 +656,8 @@ impl Lifecycle {
                 id,
                 executor,
                 max_executors,
-            } => self.app_register(engine, &id, *executor, max_executors, fx),
+                spec,
+            } => self.app_register(engine, &id, executor, max_executors, spec, fx),
             Input::AppTarget {
                 id,
                 generation,

@@ -312,7 +312,10 @@ impl RestartPolicy {
     }
 }
 
-/// A task spec reduced to what the core and the engine need.
+/// An instance's task, resolved: what the core and the engine need of
+/// it, and the spec a host runs. Plans hold templates shared
+/// (`Arc<TaskTemplate>`): a launch carries its instance's template without
+/// copying it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskTemplate {
     /// Resources in engine units.
@@ -342,6 +345,10 @@ pub struct TaskTemplate {
     pub sim_duration_ms: u64,
     /// Simulated exit code.
     pub sim_exit_code: i32,
+    /// The task's spec as its user sent it, encoded by the shell (the
+    /// API's message, opaque to the core): what a host runs, and what a
+    /// read of the task shows.
+    pub spec: Arc<[u8]>,
 }
 
 /// A validated job spec.
@@ -356,9 +363,9 @@ pub struct JobPlan {
     /// Instances.
     pub instance_count: u32,
     /// The default task.
-    pub default: TaskTemplate,
+    pub default: Arc<TaskTemplate>,
     /// Per-instance replacements.
-    pub overrides: FxHashMap<u32, TaskTemplate>,
+    pub overrides: FxHashMap<u32, Arc<TaskTemplate>>,
     /// Priority.
     pub priority: u32,
     /// Preemptible.
@@ -378,6 +385,12 @@ pub struct JobPlan {
     pub volume_policy: VolumePolicy,
     /// Application jobs: how executors are kept.
     pub app: Option<AppPlan>,
+    /// The job's spec of this config version as its user sent it (its
+    /// secrets taken out), encoded by the shell: opaque to the core, kept
+    /// for reads and the store. What the core changes without a new version
+    /// (the instance count, an application's executor) the shell's reads
+    /// derive from the plan.
+    pub spec: Arc<[u8]>,
 }
 
 /// What an application job's plan says of its executors.
@@ -428,9 +441,15 @@ impl AppState {
 }
 
 impl JobPlan {
-    /// The template of an instance.
-    pub fn template(&self, instance: u32) -> &TaskTemplate {
+    /// The template of an instance: its override, else the default task
+    /// (the one place overrides are resolved).
+    pub fn template(&self, instance: u32) -> &Arc<TaskTemplate> {
         self.overrides.get(&instance).unwrap_or(&self.default)
+    }
+
+    /// The default task, to change (a copy if a launch still holds it).
+    pub fn default_mut(&mut self) -> &mut TaskTemplate {
+        Arc::make_mut(&mut self.default)
     }
 
     /// A batch job whose instance 0 alone is a controller task (Peloton's
@@ -616,7 +635,7 @@ impl Job {
     }
 
     /// The template instance `i` runs: from the plan of its config version.
-    pub fn template(&self, i: u32) -> &TaskTemplate {
+    pub fn template(&self, i: u32) -> &Arc<TaskTemplate> {
         let config = self.tasks.get(i as usize).map_or(self.config, |t| t.config);
         self.plan_of(config).template(i)
     }

@@ -591,8 +591,7 @@ impl Lifecycle {
             host: self.host_names[host.idx()].clone(),
             job_id: job.id.clone(),
             config: t.config,
-            sim_duration_ms: tmpl.sim_duration_ms,
-            sim_exit_code: tmpl.sim_exit_code,
+            template: tmpl.clone(),
             volume,
         }
     }

@@ -177,6 +177,7 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
         volume: None,
         sim_duration_ms: 0,
         sim_exit_code: 0,
+        spec: Arc::from(&[][..]),
     }
 }
 
@@ -187,7 +188,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         pool: pool.into(),
         host_pool: crate::DEFAULT_HOST_POOL.into(),
         instance_count: n,
-        default: template(cpu, 64),
+        default: Arc::new(template(cpu, 64)),
         overrides: FxHashMap::default(),
         priority: 0,
         preemptible: false,
@@ -198,6 +199,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         strategy: Strategy::FirstFit,
         volume_policy: crate::VolumePolicy::default(),
         app: None,
+        spec: Arc::from(&[][..]),
     }
 }
 

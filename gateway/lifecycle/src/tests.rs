@@ -242,18 +242,19 @@ impl Env {
                     num("n", 1) as u32,
                     num("cpu", 1) * 1000,
                 );
-                p.default.request = Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
+                p.default_mut().request =
+                    Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 p.gang = num("gang", 1) as u32;
                 p.priority = num("priority", 0) as u32;
                 p.preemptible = flag("preemptible");
                 p.max_running = num("max_running", 0) as u32;
-                p.default.max_per_host = num("per_host", 0) as u16;
+                p.default_mut().max_per_host = num("per_host", 0) as u16;
                 p.max_unavailable = num("max_unavailable", 1) as u32;
-                p.default.restart.max_failures = num("max_failures", 0) as u32;
-                p.default.restart.backoff_ms = num("backoff", 1000);
-                p.default.health_check = flag("health");
-                p.default.shutdown_delay_ms = num("shutdown_delay", 0);
-                p.default.request.0[2] = num("disk", 0);
+                p.default_mut().restart.max_failures = num("max_failures", 0) as u32;
+                p.default_mut().restart.backoff_ms = num("backoff", 1000);
+                p.default_mut().health_check = flag("health");
+                p.default_mut().shutdown_delay_ms = num("shutdown_delay", 0);
+                p.default_mut().request.0[2] = num("disk", 0);
                 if flag("service") {
                     p.kind = JobKind::Service;
                 }
@@ -261,27 +262,28 @@ impl Env {
                     p.kind = JobKind::Daemon;
                 }
                 if let Some(c) = arg("constraint") {
-                    p.default.constraint = c.replace('_', " ");
+                    p.default_mut().constraint = c.replace('_', " ");
                 }
                 if let Some(hp) = arg("host_pool") {
                     // As the shell's validation ANDs it in.
                     p.host_pool = hp.into();
                     let tag = format!("{HOST_POOL_ATTRIBUTE} == \"{hp}\"");
-                    p.default.constraint = match p.default.constraint.as_str() {
+                    let t = p.default_mut();
+                    t.constraint = match t.constraint.as_str() {
                         "" => tag,
                         c => format!("({c}) and {tag}"),
                     };
                 }
                 if let Some(mb) = arg("volume") {
-                    p.default.volume = Some(VolumeTemplate {
+                    p.default_mut().volume = Some(VolumeTemplate {
                         size_mb: mb.parse().expect("MiB"),
                         path: "data".into(),
                     });
                 }
                 if flag("controller") {
-                    let mut t = p.default.clone();
+                    let mut t = TaskTemplate::clone(&p.default);
                     t.controller = true;
-                    p.overrides.insert(0, t);
+                    p.overrides.insert(0, Arc::new(t));
                 }
                 if let Some(ms) = arg("relocate") {
                     p.volume_policy = VolumePolicy {
@@ -467,9 +469,10 @@ impl Env {
                 let k = self.sim.core.job_key(words[1]).expect("job");
                 let mut p = self.sim.core.job(k).expect("job").plan.clone();
                 p.instance_count = num("n", u64::from(p.instance_count)) as u32;
-                p.default.request = Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
+                p.default_mut().request =
+                    Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 if flag("health") {
-                    p.default.health_check = true;
+                    p.default_mut().health_check = true;
                 }
                 self.step(Input::UpdateJob(Box::new(UpdateRequest {
                     job_id: words[1].into(),

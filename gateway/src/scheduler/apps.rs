@@ -4,7 +4,7 @@
 
 use peloton_proto::v1 as pb;
 
-use super::{AppCommand, Scheduler, Specs, reads};
+use super::{AppCommand, Scheduler, reads};
 use crate::convert::{self, TaskTemplate};
 use crate::lifecycle::{Answer, Error, Input, JobKey, JobKind, TaskState as S};
 
@@ -131,17 +131,7 @@ impl Scheduler {
         } else {
             max_executors
         };
-        self.apply(Input::AppRegister {
-            id: id.to_string(),
-            executor: Box::new(template),
-            max_executors,
-        })?;
-        let config = self.core.job(k).expect("live").config;
-        let spec = self
-            .specs
-            .get_mut(&k)
-            .and_then(|s| s.get_mut(&config))
-            .expect("a live job has its spec");
+        let mut spec = reads::job_spec(&self.core.job(k).expect("live").plan);
         let app = spec.application.get_or_insert_with(Default::default);
         let first = app.driver_url.is_empty();
         app.driver_url = driver_url;
@@ -157,6 +147,12 @@ impl Scheduler {
             });
         }
         spec.default_task = Some(executor);
+        self.apply(Input::AppRegister {
+            id: id.to_string(),
+            executor: std::sync::Arc::new(template),
+            max_executors,
+            spec: prost::Message::encode_to_vec(&spec).into(),
+        })?;
         Ok(())
     }
 
@@ -189,13 +185,7 @@ impl Scheduler {
     /// An application as the API shows it.
     pub(super) fn app_of(&self, id: &str) -> Result<pb::Application, Error> {
         let k = self.app_key(id)?;
-        Ok(app_to_pb(
-            &self.engine,
-            &self.core,
-            k,
-            self.specs.get(&k),
-            self.core.revision(),
-        ))
+        Ok(app_to_pb(&self.engine, &self.core, k, self.core.revision()))
     }
 }
 
@@ -203,19 +193,15 @@ fn app_to_pb(
     engine: &peloton_engine::Engine,
     core: &crate::lifecycle::Lifecycle,
     k: JobKey,
-    specs: Option<&Specs>,
     revision: u64,
 ) -> pb::Application {
     let job = core.job(k).expect("live");
     let plan = job.plan.app.unwrap_or_default();
-    let spec = specs.and_then(|s| s.get(&job.config));
-    let driver_url = spec
-        .and_then(|s| s.application.as_ref())
-        .map(|a| a.driver_url.clone())
-        .unwrap_or_default();
+    let spec = reads::job_spec(&job.plan);
+    let driver_url = spec.application.map(|a| a.driver_url).unwrap_or_default();
     let mut app = pb::Application {
         id: job.id.to_string(),
-        name: spec.map(|s| s.name.clone()).unwrap_or_default(),
+        name: spec.name,
         pool: job.plan.pool.to_string(),
         driver_url,
         target: job.app.target,

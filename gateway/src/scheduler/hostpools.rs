@@ -9,9 +9,9 @@ use peloton_engine::Engine;
 use peloton_proto::v1 as pb;
 use tonic::Status;
 
-use super::reads::MAX_PAGE_BYTES;
-use crate::convert::{self, DEFAULT_HOST_POOL, PageKind};
+use crate::convert::DEFAULT_HOST_POOL;
 use crate::lifecycle::HostPools;
+use crate::paging::{self, MAX_PAGE_BYTES, PageKind};
 
 /// A page of pools with their hosts (the members, and the live hosts of
 /// the engine that are in "default"), both in name order, from the
@@ -24,7 +24,7 @@ pub(super) fn list(
     engine: &Engine,
     r: &pb::ListHostPoolsRequest,
 ) -> Result<pb::ListHostPoolsResponse, Status> {
-    let after = convert::page_token_key("page_token", PageKind::HostPools, &r.page_token)?;
+    let after = paging::page_token_key("page_token", PageKind::HostPools, &r.page_token)?;
     let (after_pool, after_host) = match after.split_once('/') {
         Some((pool, host)) => (pool, Some(host)),
         None => (after, None),
@@ -55,11 +55,7 @@ pub(super) fn list(
             }
         }
     }
-    let page = if r.page_size == 0 {
-        usize::MAX
-    } else {
-        r.page_size as usize
-    };
+    let page = paging::page_size(r.page_size, u32::MAX, u32::MAX);
     // Encoded bytes: a pool's field tag, length and name (6 bytes of
     // framing at most), and each host's tag, length (a name is at most
     // 256 bytes: 2 bytes) and name.
@@ -100,7 +96,7 @@ pub(super) fn list(
         out.pools.push(pool);
     }
     if full {
-        out.next_page_token = convert::page_token(PageKind::HostPools, &position);
+        out.next_page_token = paging::page_token(PageKind::HostPools, &position);
     }
     Ok(out)
 }

@@ -1,7 +1,9 @@
 //! The only place that encodes store rows: the core's row keys and events
-//! become protobuf rows of a [`WriteBatch`]; and, at start, the store's
+//! become rows of a [`WriteBatch`] (jobs, tasks and configs in their own
+//! versioned messages, [`crate::store_codec`]); and, at start, the store's
 //! rows become the core's [`Recovered`] input.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use peloton_proto::v1 as pb;
@@ -10,11 +12,12 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::convert::{self, Limits};
 use crate::lifecycle::{
-    AppState, Event, EventKind, JobKey, JobKind, JobRow, LaunchId, Lifecycle, Recovered,
-    RecoveredHost, RecoveredJob, RecoveredVolume, RowKey, TaskRow,
+    Event, EventKind, Lifecycle, Recovered, RecoveredHost, RecoveredJob, RecoveredVolume, RowKey,
+    TaskRow,
 };
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
+use crate::store_codec;
 
 use super::reads;
 
@@ -312,48 +315,11 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-/// A task row as stored.
-pub(super) fn task_row_to_pb(row: &TaskRow) -> pb::Task {
-    pb::Task {
-        current: Some(convert::run_to_pb(&row.current)),
-        failure_count: row.failures,
-        history: row.history.iter().map(convert::run_to_pb).collect(),
-        stopping: row.stopping.is_some(),
-        restart_when_stopped: row.restart_when_stopped,
-        config_version: row.config,
-        stopping_launch_id: row.stopping.as_ref().map_or(0, |s| s.0.0),
-        stopping_host: row
-            .stopping
-            .as_ref()
-            .map(|s| s.1.to_string())
-            .unwrap_or_default(),
-        pinned_host: row
-            .daemon_host
-            .as_deref()
-            .map(str::to_string)
-            .unwrap_or_default(),
-        ..Default::default()
-    }
-}
-
-/// A job's row: its status and versions, without its spec (the specs are
-/// in the configs table, one row per config version, written once: a job
-/// row is rewritten at every change of the job's state, and a large spec
-/// must not be rewritten with it). No task counts either: recovery counts
-/// the tasks.
-pub(super) fn job_row_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
-    let mut row = reads::job_to_pb(core, k, None, None);
-    if let Some(status) = row.status.as_mut() {
-        status.task_counts.clear();
-    }
-    row
-}
-
 /// Encodes the rows the core marked into `batch` (each job row once).
+/// Reads the shell's state, never changes it.
 pub(super) fn rows(
     core: &mut Lifecycle,
     engine: &peloton_engine::Engine,
-    specs: &mut FxHashMap<JobKey, super::Specs>,
     rows: &mut Vec<RowKey>,
     batch: &mut WriteBatch,
     metrics: &Metrics,
@@ -367,13 +333,9 @@ pub(super) fn rows(
                 }
                 let Some(job) = core.job(k) else { continue };
                 let id = job.id.to_string();
-                batch
-                    .jobs
-                    .push((id, Some(job_row_to_pb(core, k).encode_to_vec())));
+                batch.jobs.push((id, Some(store_codec::encode_job(job))));
             }
-            RowKey::JobDeleted(k, id) => {
-                // Everything the shell keeps of the job goes with it.
-                specs.remove(&k);
+            RowKey::JobDeleted(_, id) => {
                 batch.jobs.push((id.to_string(), None));
                 batch.delete_tasks_of.push(id.to_string());
             }
@@ -384,7 +346,7 @@ pub(super) fn rows(
                 let id = core.job(k).expect("row exists").id.clone();
                 batch
                     .tasks
-                    .push(((id, i), Some(task_row_to_pb(&row).encode_to_vec())));
+                    .push(((id, i), Some(store_codec::encode_task(&row))));
             }
             RowKey::TaskDeleted(id, i) => batch.tasks.push(((id, i), None)),
             RowKey::Pool(path) => {
@@ -399,24 +361,12 @@ pub(super) fn rows(
             }
             RowKey::Config(k, v) => {
                 let Some(job) = core.job(k) else { continue };
-                if let Some(spec) = specs.get_mut(&k).and_then(|s| s.get_mut(&v)) {
-                    if job.plan.kind == JobKind::Application && v == job.config {
-                        // Its executors are its instances: the count grows.
-                        spec.instance_count = job.plan.instance_count;
-                    }
-                    batch
-                        .configs
-                        .push(((job.id.clone(), v), Some(spec.encode_to_vec())));
-                }
+                let spec = reads::job_spec(job.plan_of(v));
+                batch
+                    .configs
+                    .push(((job.id.clone(), v), Some(store_codec::encode_config(&spec))));
             }
-            RowKey::ConfigDeleted(id, v) => {
-                if let Ok(k) = core.job_key(&id)
-                    && let Some(versions) = specs.get_mut(&k)
-                {
-                    versions.remove(&v);
-                }
-                batch.configs.push(((id, v), None));
-            }
+            RowKey::ConfigDeleted(id, v) => batch.configs.push(((id, v), None)),
             RowKey::Update(id) => {
                 if let Some(u) = core.update(&id) {
                     let row = reads::update_to_pb(core, u).encode_to_vec();
@@ -442,17 +392,17 @@ pub(super) fn rows(
     }
 }
 
-/// A recovered job's specs: its id, its specs by config version, and the
-/// version whose spec only its job row held (an older store's row), to be
-/// written to the configs table before the row is rewritten without it.
-pub(super) type RecoveredSpecs = (String, super::Specs, Option<u64>);
+/// A recovered job's config version whose spec only its job row held (an
+/// older store's row), to be written to the configs table before the row
+/// is rewritten without it: the job's id and the version.
+pub(super) type SpecInJobRow = (String, u64);
 
-/// The store's rows as the core's recovery input, and the jobs' specs by
-/// id.
+/// The store's rows as the core's recovery input (the plans hold their
+/// specs), and the specs still in job rows.
 pub(super) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
-) -> anyhow::Result<(Recovered, Vec<RecoveredSpecs>)> {
+) -> anyhow::Result<(Recovered, Vec<SpecInJobRow>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
         let pool = pb::Pool::decode(bytes.as_slice())?;
@@ -481,31 +431,12 @@ pub(super) fn recovered(
     }
     let mut tasks_by_job: FxHashMap<&str, Vec<(u32, TaskRow)>> = FxHashMap::default();
     for ((job, instance), bytes) in &snap.tasks {
-        let row = pb::Task::decode(bytes.as_slice())?;
-        tasks_by_job.entry(job.as_str()).or_default().push((
-            *instance,
-            TaskRow {
-                current: convert::run_from_pb(&row.current.clone().unwrap_or_default()),
-                failures: row.failure_count,
-                history: row.history.iter().map(convert::run_from_pb).collect(),
-                // Rows written before the stopping run was stored apart
-                // describe it as the current run.
-                stopping: row.stopping.then(|| {
-                    let cur = row.current.clone().unwrap_or_default();
-                    if row.stopping_launch_id != 0 {
-                        (
-                            LaunchId(row.stopping_launch_id),
-                            row.stopping_host.as_str().into(),
-                        )
-                    } else {
-                        (LaunchId(cur.launch_id), cur.host.as_str().into())
-                    }
-                }),
-                restart_when_stopped: row.restart_when_stopped,
-                config: row.config_version,
-                daemon_host: (!row.pinned_host.is_empty()).then(|| row.pinned_host.as_str().into()),
-            },
-        ));
+        let row = store_codec::decode_task(bytes)
+            .map_err(|e| anyhow::anyhow!("job {job} instance {instance}: {e}"))?;
+        tasks_by_job
+            .entry(job.as_str())
+            .or_default()
+            .push((*instance, row));
     }
     for (id, bytes) in &snap.volumes {
         let v = pb::Volume::decode(bytes.as_slice())?;
@@ -528,12 +459,13 @@ pub(super) fn recovered(
         max_string_len: usize::MAX,
         max_overrides: usize::MAX,
     };
-    let mut configs_by_job: FxHashMap<&str, super::Specs> = FxHashMap::default();
+    let mut configs_by_job: FxHashMap<&str, BTreeMap<u64, pb::JobSpec>> = FxHashMap::default();
     for ((job, version), bytes) in &snap.configs {
-        configs_by_job
-            .entry(job.as_str())
-            .or_default()
-            .insert(*version, pb::JobSpec::decode(bytes.as_slice())?);
+        configs_by_job.entry(job.as_str()).or_default().insert(
+            *version,
+            store_codec::decode_config(bytes)
+                .map_err(|e| anyhow::anyhow!("job {job} config {version}: {e}"))?,
+        );
     }
     let mut updates_by_job: FxHashMap<String, Vec<crate::lifecycle::Update>> = FxHashMap::default();
     for (_, bytes) in &snap.updates {
@@ -543,17 +475,15 @@ pub(super) fn recovered(
             .or_default()
             .push(reads::update_from_pb(&u));
     }
-    let mut specs = Vec::new();
+    let mut in_rows = Vec::new();
     for (id, bytes) in &snap.jobs {
-        let job = pb::Job::decode(bytes.as_slice())?;
-        let status = job.status.clone().unwrap_or_default();
-        // Stores written before config versions existed hold version 0.
-        let config = status.config_version.max(1);
+        let (row, spec_in_row) = store_codec::decode_job(id, bytes).map_err(anyhow::Error::msg)?;
+        let config = row.config;
         let mut versions = configs_by_job.remove(id.as_str()).unwrap_or_default();
         // The spec is in the configs table; rows written before it moved
         // there carry it themselves (and it wins, as it did then).
-        let from_row = job.spec.is_some().then_some(config);
-        if let Some(spec) = job.spec {
+        let from_row = spec_in_row.is_some().then_some(config);
+        if let Some(spec) = spec_in_row {
             versions.insert(config, spec);
         }
         let spec = versions.get(&config).ok_or_else(|| {
@@ -572,33 +502,17 @@ pub(super) fn recovered(
         let mut updates = updates_by_job.remove(id.as_str()).unwrap_or_default();
         updates.sort_by_key(|u| u.created_at);
         rec.jobs.push(RecoveredJob {
-            row: JobRow {
-                id: Arc::from(id.as_str()),
-                version: job.version,
-                state: convert::job_state_from_pb(status.state()),
-                created_at: status.created_at_ms,
-                completed_at: status.completed_at_ms,
-                kill_requested: status.kill_requested,
-                config,
-                update: (!status.update_id.is_empty()).then(|| status.update_id.as_str().into()),
-                app: status
-                    .application
-                    .map(|a| AppState {
-                        target: a.target,
-                        generation: a.generation,
-                        closed: a.unregistered,
-                        failures: 0,
-                    })
-                    .unwrap_or_default(),
-            },
+            row,
             plan,
             old_configs,
             updates,
             tasks: tasks_by_job.remove(id.as_str()).unwrap_or_default(),
         });
-        specs.push((id.clone(), versions, from_row));
+        if let Some(v) = from_row {
+            in_rows.push((id.clone(), v));
+        }
     }
-    Ok((rec, specs))
+    Ok((rec, in_rows))
 }
 
 /// A token as stored: as listed, and its secret's digest.

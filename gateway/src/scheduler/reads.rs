@@ -9,27 +9,17 @@ use peloton_engine::placement::{self, Check};
 use peloton_engine::{Dim, Engine, PoolId, Resources};
 use peloton_proto::v1 as pb;
 use prost::Message;
-use rustc_hash::FxHashMap;
 use tonic::Status;
 
 use crate::convert;
 use crate::lifecycle::units::amount;
 use crate::lifecycle::{
-    HostSlot, Job, JobKey, Lifecycle, Task, TaskState as S, Update, UpdateSpec, UpdateState,
+    HostSlot, Job, JobKey, JobPlan, Lifecycle, Task, TaskState as S, Update, UpdateSpec,
+    UpdateState,
 };
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
+use crate::paging::{self, PageBytes};
 use crate::status::status;
-
-/// The spec an instance runs: its override, or the job's default task.
-pub(super) fn instance_spec(spec: &pb::JobSpec, instance: u32) -> &pb::TaskSpec {
-    static EMPTY: std::sync::OnceLock<pb::TaskSpec> = std::sync::OnceLock::new();
-    spec.overrides
-        .iter()
-        .find(|o| o.instance == instance)
-        .and_then(|o| o.spec.as_ref())
-        .or(spec.default_task.as_ref())
-        .unwrap_or_else(|| EMPTY.get_or_init(pb::TaskSpec::default))
-}
 
 pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
     let rm = engine.resources();
@@ -62,44 +52,16 @@ pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
     }
 }
 
-/// Most bytes of the items of one page of any list: a page ends early
-/// rather than grow past it, so that every answer (items and the rest)
-/// fits the 4 MiB a gRPC client accepts by default. A single item larger
-/// than this (a job whose spec was sent that large) is a page of its own.
-pub const MAX_PAGE_BYTES: usize = 3 << 20;
-
-/// The bytes a page's items have used.
-#[derive(Debug, Default)]
-struct PageBytes(usize);
-
-impl PageBytes {
-    /// Counts `item` in and says whether it belongs on the page: it does if
-    /// the page is empty or it fits in what is left.
-    fn admits(&mut self, n_on_page: usize, item: &impl Message) -> bool {
-        // The field's tag and length prefix: at most 6 bytes.
-        let cost = item.encoded_len() + 6;
-        if n_on_page > 0 && self.0 + cost > MAX_PAGE_BYTES {
-            return false;
-        }
-        self.0 += cost;
-        true
-    }
-}
-
 /// Pools in path order after the request's page token, up to its page size
-/// (0: no count limit) and [`MAX_PAGE_BYTES`].
+/// (0: no count limit) and [`paging::MAX_PAGE_BYTES`].
 pub(super) fn list_pools(
     engine: &Engine,
     core: &Lifecycle,
     r: &pb::ListPoolsRequest,
     viewer: Option<&peloton_authz::Principal>,
 ) -> Result<pb::ListPoolsResponse, Status> {
-    let after = convert::page_token_key("page_token", convert::PageKind::Pools, &r.page_token)?;
-    let page = if r.page_size == 0 {
-        usize::MAX
-    } else {
-        r.page_size as usize
-    };
+    let after = paging::page_token_key("page_token", paging::PageKind::Pools, &r.page_token)?;
+    let page = paging::page_size(r.page_size, u32::MAX, u32::MAX);
     let tree = engine.resources().tree();
     let mut ids = tree.list();
     ids.retain(|&id| {
@@ -113,7 +75,7 @@ pub(super) fn list_pools(
         let pool = pool_to_pb(engine, core, id);
         if out.pools.len() == page || !bytes.admits(out.pools.len(), &pool) {
             out.next_page_token =
-                convert::page_token(convert::PageKind::Pools, id_before(&out.pools));
+                paging::page_token(paging::PageKind::Pools, id_before(&out.pools));
             break;
         }
         out.pools.push(pool);
@@ -166,34 +128,61 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
         .set(engine.hosts().in_state(HostState::Up).len() as i64);
 }
 
-/// A job as the API shows it (and the store keeps it): with the spec of its
-/// current config version.
-///
-/// `secrets`: the job's secrets, shown redacted (names and sizes); `None`
-/// for the stored row, which never holds them.
-pub(super) fn job_to_pb(
-    core: &Lifecycle,
-    k: JobKey,
-    specs: Option<&super::Specs>,
-    secrets: Option<&[pb::Secret]>,
-) -> pb::Job {
+/// A job as the API shows it: with the spec of its current config version
+/// and its secrets, redacted (names and sizes).
+pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, secrets: Option<&[pb::Secret]>) -> pb::Job {
     let job = core.job(k).expect("live job");
-    let mut spec = specs.and_then(|s| s.get(&job.config)).cloned();
-    if matches!(
-        job.plan.kind,
-        crate::lifecycle::JobKind::Daemon | crate::lifecycle::JobKind::Application
-    ) && let Some(s) = &mut spec
-    {
-        // A daemon's count follows the hosts it matches, an application's
-        // its executors.
-        s.instance_count = job.plan.instance_count;
-    }
-    if let (Some(spec), Some(secrets)) = (spec.as_mut(), secrets) {
+    let mut spec = job_spec(&job.plan);
+    if let Some(secrets) = secrets {
         spec.secrets = convert::redact_secrets(secrets);
     }
     pb::Job {
+        spec: Some(spec),
+        ..job_without_spec(job)
+    }
+}
+
+/// A config version's spec as the API shows it: as its user sent it (the
+/// core keeps it encoded), with what the core changed since without a new
+/// version: the instance count (scaled; a daemon's follows the hosts it
+/// matches, an application's its executors) and so the overrides of
+/// instances scaled away.
+pub(super) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
+    let mut spec =
+        pb::JobSpec::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan");
+    spec.instance_count = plan.instance_count;
+    spec.overrides
+        .retain(|o| plan.overrides.contains_key(&o.instance));
+    spec
+}
+
+/// The fields of an encoded `JobSpec` that queries filter on: decoding it
+/// skips the others (the tasks) unread.
+#[derive(Clone, PartialEq, prost::Message)]
+pub(super) struct JobSpecHead {
+    /// `JobSpec.name`.
+    #[prost(string, tag = "1")]
+    pub name: String,
+    /// `JobSpec.owner`.
+    #[prost(string, tag = "2")]
+    pub owner: String,
+    /// `JobSpec.labels`.
+    #[prost(map = "string, string", tag = "3")]
+    pub labels: std::collections::HashMap<String, String>,
+}
+
+impl JobSpecHead {
+    /// The head of a plan's spec.
+    pub(super) fn of(plan: &JobPlan) -> Self {
+        JobSpecHead::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan")
+    }
+}
+
+/// A job as the API shows it, without its spec.
+pub(super) fn job_without_spec(job: &Job) -> pb::Job {
+    pb::Job {
         id: job.id.to_string(),
-        spec,
+        spec: None,
         status: Some(pb::JobStatus {
             state: convert::job_state_to_pb(job.state) as i32,
             created_at_ms: job.created_at,
@@ -321,30 +310,25 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
 
 pub(super) fn query_jobs(
     core: &Lifecycle,
-    specs: &FxHashMap<JobKey, super::Specs>,
     r: &pb::QueryJobsRequest,
     viewer: Option<&peloton_authz::Principal>,
 ) -> pb::QueryJobsResponse {
-    let page = match r.page_size {
-        0 => 100,
-        n => n.min(1000),
-    } as usize;
-    let after = convert::page_token_key("page_token", convert::PageKind::Jobs, &r.page_token)
+    let page = paging::page_size(r.page_size, 100, 1000);
+    let after = paging::page_token_key("page_token", paging::PageKind::Jobs, &r.page_token)
         .unwrap_or_default();
     let mut out = pb::QueryJobsResponse::default();
     let mut bytes = PageBytes::default();
     for (k, job) in core.jobs_by_id(after) {
-        let Some(versions) = specs.get(&k) else {
-            continue;
-        };
-        let Some(s) = versions.get(&job.config) else {
-            continue;
-        };
+        let pool = &*job.plan.pool;
         let state = convert::job_state_to_pb(job.state) as i32;
-        if (!r.pool.is_empty() && s.pool != r.pool)
-            || viewer.is_some_and(|v| !v.allows(peloton_authz::Permission::JobsRead, &s.pool))
+        if (!r.pool.is_empty() && pool != r.pool)
+            || viewer.is_some_and(|v| !v.allows(peloton_authz::Permission::JobsRead, pool))
             || (!r.states.is_empty() && !r.states.contains(&state))
-            || (!r.name.is_empty() && !s.name.contains(&r.name))
+        {
+            continue;
+        }
+        let s = JobSpecHead::of(&job.plan);
+        if (!r.name.is_empty() && !s.name.contains(&r.name))
             || (!r.owner.is_empty() && s.owner != r.owner)
             || r.labels.iter().any(|(k, v)| s.labels.get(k) != Some(v))
         {
@@ -353,13 +337,13 @@ pub(super) fn query_jobs(
         let full = out.jobs.len() == page;
         let j = (!full).then(|| {
             let secrets = core.secrets_of(k).map(|s| super::secrets::to_pb(s));
-            job_to_pb(core, k, Some(versions), secrets.as_deref())
+            job_to_pb(core, k, secrets.as_deref())
         });
         match j {
             Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),
             _ => {
                 let last = out.jobs.last().map_or("", |j| j.id.as_str());
-                out.next_page_token = convert::page_token(convert::PageKind::Jobs, last);
+                out.next_page_token = paging::page_token(paging::PageKind::Jobs, last);
                 break;
             }
         }
@@ -431,19 +415,17 @@ pub(super) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb
 }
 
 /// Volumes in id order after the request's page token, filtered by job id
-/// and host, up to its page size and [`MAX_PAGE_BYTES`].
+/// and host, up to its page size and [`paging::MAX_PAGE_BYTES`].
 pub(super) fn list_volumes(
     core: &Lifecycle,
     r: &pb::ListVolumesRequest,
 ) -> Result<pb::ListVolumesResponse, Status> {
-    let after = convert::page_token_key("page_token", convert::PageKind::Volumes, &r.page_token)?;
+    let after = paging::page_token_key("page_token", paging::PageKind::Volumes, &r.page_token)?;
     if !r.job_id.is_empty() {
         core.job_key(&r.job_id).map_err(status)?;
     }
-    let page = match r.page_size {
-        0 => convert::MAX_LISTED_VOLUMES,
-        n => (n as usize).min(convert::MAX_LISTED_VOLUMES),
-    };
+    let max = convert::MAX_LISTED_VOLUMES as u32;
+    let page = paging::page_size(r.page_size, max, max);
     let mut volumes: Vec<&crate::lifecycle::Volume> = core
         .volumes()
         .filter(|v| {
@@ -459,7 +441,7 @@ pub(super) fn list_volumes(
         let volume = volume_to_pb(core, v);
         if out.volumes.len() == page || !bytes.admits(out.volumes.len(), &volume) {
             let last = out.volumes.last().map_or("", |v| v.id.as_str());
-            out.next_page_token = convert::page_token(convert::PageKind::Volumes, last);
+            out.next_page_token = paging::page_token(paging::PageKind::Volumes, last);
             break;
         }
         out.volumes.push(volume);
@@ -473,10 +455,7 @@ pub(super) fn list_tasks(
 ) -> Result<pb::ListTasksResponse, Status> {
     let k = core.job_key(&r.job_id).map_err(status)?;
     let job = core.job(k).expect("live");
-    let limit = match r.limit {
-        0 => 1000,
-        n => n.min(10_000),
-    } as usize;
+    let limit = paging::page_size(r.limit, 1000, 10_000);
     let n = job.tasks.len() as u32;
     if r.from_instance >= n && !(n == 0 && r.from_instance == 0) {
         return Err(Status::out_of_range(format!(
@@ -813,13 +792,10 @@ fn task_ref_order(a: &pb::TaskRef, b: &pb::TaskRef) -> std::cmp::Ordering {
 pub(super) fn list_hosts(
     engine: &Engine,
     core: &Lifecycle,
-    hub: Option<&crate::agents::AgentHub>,
+    hub: Option<&crate::agent_hub::AgentHub>,
     r: &pb::ListHostsRequest,
 ) -> pb::ListHostsResponse {
-    let limit = match r.limit {
-        0 => 1000,
-        n => n.min(10_000),
-    } as usize;
+    let limit = paging::page_size(r.limit, 1000, 10_000);
     let hosts = engine.hosts();
     let mut names: Vec<(&str, u32)> = hosts
         .live_hosts()
@@ -1016,4 +992,63 @@ pub(super) fn log_target(
         launch_id: run.launch.0,
     };
     Ok((key, run.host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::{Limits, job_plan};
+
+    fn task(command: &str) -> pb::TaskSpec {
+        pb::TaskSpec {
+            command: command.into(),
+            resources: Some(pb::Resources {
+                cpu: 0.5,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A spec reads back as sent, without its secrets; what the core
+    /// changes without a new version (a scale: the count, the overrides of
+    /// instances gone) is derived from the plan, and each instance's task
+    /// is its template's.
+    #[test]
+    fn a_spec_reads_back_as_sent_with_the_count_and_overrides_of_the_plan() {
+        let override_of = |instance, command| pb::InstanceOverride {
+            instance,
+            spec: Some(task(command)),
+        };
+        let sent = pb::JobSpec {
+            name: "j".into(),
+            pool: "/a".into(),
+            instance_count: 4,
+            default_task: Some(task("/bin/default")),
+            overrides: vec![override_of(3, "/bin/three"), override_of(0, "/bin/zero")],
+            secrets: vec![pb::Secret {
+                name: "s".into(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut plan = job_plan(&sent, &Limits::default()).expect("valid");
+        let as_sent = pb::JobSpec {
+            secrets: Vec::new(),
+            ..sent
+        };
+        assert_eq!(job_spec(&plan), as_sent);
+        let spec_of = |plan: &JobPlan, i| pb::TaskSpec::decode(&*plan.template(i).spec).unwrap();
+        assert_eq!(spec_of(&plan, 0), task("/bin/zero"));
+        assert_eq!(spec_of(&plan, 1), task("/bin/default"));
+        assert_eq!(spec_of(&plan, 3), task("/bin/three"));
+        // Scaled down to 2, as the core does it.
+        plan.instance_count = 2;
+        plan.overrides.retain(|&i, _| i < 2);
+        let read = job_spec(&plan);
+        assert_eq!(read.instance_count, 2);
+        assert_eq!(read.overrides, vec![override_of(0, "/bin/zero")]);
+        assert_eq!(&*plan.host_pool, convert::DEFAULT_HOST_POOL);
+    }
 }

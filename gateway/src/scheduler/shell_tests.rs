@@ -15,7 +15,7 @@ use peloton_proto::v1 as pb;
 use tokio::sync::oneshot;
 
 use super::{Command, LoopConfig, Reply, Scheduler};
-use crate::backend::{HostBackend, Kill, Launch, SimBackend, TaskUpdate};
+use crate::backend::{HostBackend, Kill, Launch, Secrets, SimBackend, TaskUpdate};
 use crate::clock::Now;
 use crate::convert;
 use crate::metrics::Metrics;
@@ -128,7 +128,7 @@ struct TestBackend {
 }
 
 impl HostBackend for TestBackend {
-    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>) {
+    fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>, secrets: Secrets<'_>) {
         for l in launches.iter() {
             let job = self.trace.job(&l.job_id);
             self.trace.push(format!(
@@ -136,7 +136,7 @@ impl HostBackend for TestBackend {
                 l.run.instance, l.run.run, l.host
             ));
         }
-        self.sim.launch(now_ms, launches);
+        self.sim.launch(now_ms, launches, secrets);
     }
 
     fn kill(&mut self, now_ms: u64, kills: &mut Vec<Kill>) {

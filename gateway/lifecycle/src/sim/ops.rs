@@ -672,7 +672,7 @@ fn job_plan(spec: &JobSpec, pool: &str, pinned: Pinned) -> JobPlan {
             // Gang jobs cannot have volumes.
             p.gang = 1;
             p.max_running = u32::from(spec.max_running);
-            p.default.volume = Some(crate::VolumeTemplate {
+            p.default_mut().volume = Some(crate::VolumeTemplate {
                 size_mb: v.size_mb,
                 path: "data".into(),
             });
@@ -688,7 +688,7 @@ fn job_plan(spec: &JobSpec, pool: &str, pinned: Pinned) -> JobPlan {
             p.max_running = 0;
             p.max_running_time_ms = 0;
             if let Some(zone) = Pinned::constraint(c) {
-                p.default.constraint = format!("zone == {zone}");
+                p.default_mut().constraint = format!("zone == {zone}");
             }
         }
     }
@@ -698,7 +698,7 @@ fn job_plan(spec: &JobSpec, pool: &str, pinned: Pinned) -> JobPlan {
 fn unpinned_plan(spec: &JobSpec, pool: &str) -> JobPlan {
     let n = u32::from(spec.instances);
     let mut p = plan(pool, n, 0);
-    p.default.request = Resources::new(if spec.big { 1000 } else { 500 }, 64, 0, 0);
+    p.default_mut().request = Resources::new(if spec.big { 1000 } else { 500 }, 64, 0, 0);
     p.kind = if spec.service {
         JobKind::Service
     } else {
@@ -713,10 +713,10 @@ fn unpinned_plan(spec: &JobSpec, pool: &str) -> JobPlan {
         p.max_running = p.gang;
     }
     p.max_unavailable = u32::from(spec.max_unavailable);
-    p.default.health_check = spec.health;
-    p.default.restart.max_failures = u32::from(spec.max_failures);
-    p.default.restart.backoff_ms = 500;
-    p.default.restart.max_backoff_ms = 4_000;
+    p.default_mut().health_check = spec.health;
+    p.default_mut().restart.max_failures = u32::from(spec.max_failures);
+    p.default_mut().restart.backoff_ms = 500;
+    p.default_mut().restart.max_backoff_ms = 4_000;
     if spec.deadline && !spec.service {
         p.max_running_time_ms = 5_000;
     }
@@ -1339,7 +1339,7 @@ impl Driver {
         };
         if v.change == 0 {
             let cpu = plan.default.request.0[0];
-            plan.default.request.0[0] = if cpu >= 1000 { cpu - 100 } else { cpu + 100 };
+            plan.default_mut().request.0[0] = if cpu >= 1000 { cpu - 100 } else { cpu + 100 };
         }
         plan.instance_count = count;
         let id: Arc<str> = format!("u{}", self.next_update).into();
