@@ -4,7 +4,7 @@
 //! The agent runs on a single-threaded runtime. The supervisor is shared
 //! behind a `std::sync::Mutex`, locked only for one synchronous call at a
 //! time (never across an `.await`), on the runtime's thread itself: its
-//! calls block briefly (the keeper's answers, journal appends, `/proc`
+//! calls block briefly (the launcher's answers, journal appends, `/proc`
 //! scans), and a trip to a blocking thread and back cost more than most of
 //! them (see `with_supervisor`). Three tasks use it: a poller (every
 //! `poll_interval`, wakes the session when reports are waiting), the
@@ -114,15 +114,15 @@ type Shared = Arc<Mutex<Supervisor>>;
 
 /// Runs `f` on the supervisor, on the calling thread.
 ///
-/// The supervisor's calls block (the keeper's answer, journal appends,
+/// The supervisor's calls block (the launcher's answer, journal appends,
 /// `/proc` scans), yet they run on the runtime's one thread rather than on
 /// a blocking thread: each trip to another thread was two context switches,
 /// which on a VM cost more than the agent's whole share of a short task,
 /// and the session loop waited for the answer either way. What waits
 /// meanwhile is this agent's own network traffic and timers, for as long
 /// as one call takes (a launch chunk: `LAUNCHES_PER_LOCK` tasks started
-/// by the keeper in one batch, milliseconds). The price is paid in a
-/// pathological stall: a keeper that does not answer holds the thread up
+/// by the launcher in one batch, milliseconds). The price is paid in a
+/// pathological stall: a launcher that does not answer holds the thread up
 /// to its 10 s answer timeout (then one `/proc` scan for the batch's
 /// runs), and the HTTP/2 keep-alive (5 s) may then end the session; the
 /// agent reconnects and registers again, with every run (nothing is lost,
@@ -253,10 +253,10 @@ async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Du
 async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // A wrapper exits right after recording its task's end: polling on
-    // SIGCHLD reports ends at once instead of up to a tick later (short
-    // tasks are bound by this latency). Wrappers adopted after a restart
-    // are not our children; the tick covers them.
+    // The launcher sends the agent SIGCHLD once it has recorded a task's
+    // end: polling on it reports ends at once instead of up to a tick
+    // later (short tasks are bound by this latency). Runs adopted after a
+    // restart are another launcher's; the tick covers them.
     let mut child_exited =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
     loop {

@@ -2,21 +2,21 @@
 //!
 //! A plain synchronous struct, usable (and tested) without gRPC or an async
 //! runtime: the session calls its methods and sends what comes out of
-//! [`Supervisor::take_reports`]. It never waits for a process. Each run is
-//! observed by [`Supervisor::poll`] through its journal (the wrapper's
-//! `started` and `exit` entries, see `record`) and its wrapper's liveness
-//! (`waitid` while the wrapper is this agent's child, else `/proc`), the
-//! same way whether the agent spawned the wrapper or re-adopted it after a
-//! restart — so there is one code path, and a restarted agent is no special
-//! case. A running run's journal is read only once its wrapper has gone
-//! (the wrapper records the exit, then exits). Kill grace periods are
-//! deadlines checked by `poll`, never sleeps.
+//! [`Supervisor::take_reports`]. It never waits for a process: tasks are
+//! started, watched and stopped through the [`Launcher`] (see `launcher`).
+//! Each run is observed by [`Supervisor::poll`] through the launcher's news
+//! of ended tasks, its journal (the launcher's `exit` entry, see `record`)
+//! and its task's liveness (`/proc` once the current launcher no longer
+//! watches it: a re-adopted run, or one whose launcher died), so a
+//! restarted agent is no special case. A running run's journal is read
+//! only once its task has gone. Kill grace periods are deadlines checked by
+//! `poll`, never sleeps.
 //!
 //! Every change of a run is appended to its record (a new generation in
 //! `run.json`, see `persist`) before it is reported, so a report
-//! is never ahead of the disk; RUNNING of a run a wrapper started (not the
-//! keeper) is the exception, its durable record being the wrapper's
-//! `started` entry. Reports wait in an
+//! is never ahead of the disk (RUNNING of a run an older agent's wrapper
+//! started is the exception, its durable record being the wrapper's
+//! `started` entry). Reports wait in an
 //! outbox that keeps only the latest report per run (it is bounded by the
 //! number of runs, itself bounded by `max_runs`).
 //!
@@ -31,9 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -44,16 +42,15 @@ use peloton_proto::v1;
 use crate::gc::{self, GcOutcome, GcPolicy};
 use crate::health::{CheckTarget, HealthCheckPlan, HealthChecker, HealthInbox, Verdict};
 use crate::isolation::{self, Isolation};
+use crate::launcher::{Launcher, Start, StartRequest};
 use crate::ports::{self, PortAllocator, PortRange};
-use crate::proc::{self, LazySnapshot, ProcessIdentity};
+use crate::proc::{self, LazySnapshot};
 use crate::record::{
-    self, AssignedPort, DEFAULT_KILL_GRACE_MS, ExitRecord, Phase, PhaseReport, RUN_FILE, RunId,
-    RunRecord, SANDBOXES_DIR, STDERR_FILE, STDOUT_FILE, TaskPlan,
+    self, AssignedPort, DEFAULT_KILL_GRACE_MS, DEFAULT_PATH, ExitRecord, Phase, PhaseReport,
+    RUN_FILE, RunId, RunRecord, SANDBOXES_DIR, STDERR_FILE, STDOUT_FILE, TaskPlan,
 };
 use crate::secrets;
-use crate::spawner::{SpawnError, Spawner, Started};
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
-use crate::wrapper::DEFAULT_PATH;
 
 /// Default of `--max-runs`.
 pub const DEFAULT_MAX_RUNS: usize = 4096;
@@ -64,16 +61,9 @@ pub const MAX_LOG_CHUNK_BYTES: usize = 1 << 20;
 /// Reports waiting to be sent, at most (kills of unknown runs are the only
 /// reports not bounded by the number of runs).
 const MAX_OUTBOX: usize = 65_536;
-/// After a kill's SIGKILL, how long the wrapper gets to record the exit
-/// before it is killed too (and the run is reported from the agent's
-/// knowledge alone).
-const WRAPPER_KILL_AFTER_MS: u64 = 2_000;
-/// After the spawner failed to start, how long wrappers are executed
-/// directly before it is tried again.
-const SPAWNER_RETRY_MS: u64 = 10_000;
 /// How often polls look at the memory of runs without a cgroup, at most:
 /// a `/proc` scan and a `smaps_rollup` read per process each time, however
-/// often polls come (every exit of a wrapper brings one).
+/// often polls come (every end the launcher records brings one).
 const MEMORY_WATCH_INTERVAL_MS: u64 = 200;
 /// Variables of the agent's environment that tasks inherit (nothing else:
 /// the agent's environment may hold its token).
@@ -84,8 +74,8 @@ const INHERITED_ENV: [&str; 3] = ["PATH", "LANG", "TZ"];
 pub struct SupervisorConfig {
     /// Holds `sandboxes/`, `volumes/` and the agent's lock file.
     pub work_dir: PathBuf,
-    /// The `peloton-agent` binary (it runs as the wrapper).
-    pub wrapper_exe: PathBuf,
+    /// The `peloton-agent` binary (executed once as the launcher).
+    pub agent_exe: PathBuf,
     pub isolation: Isolation,
     /// Ports handed to tasks.
     pub ports: Option<PortRange>,
@@ -97,10 +87,10 @@ pub struct SupervisorConfig {
 
 impl SupervisorConfig {
     /// Defaults: rlimit isolation, no ports.
-    pub fn new(work_dir: impl Into<PathBuf>, wrapper_exe: impl Into<PathBuf>) -> Self {
+    pub fn new(work_dir: impl Into<PathBuf>, agent_exe: impl Into<PathBuf>) -> Self {
         SupervisorConfig {
             work_dir: work_dir.into(),
-            wrapper_exe: wrapper_exe.into(),
+            agent_exe: agent_exe.into(),
             isolation: Isolation::Rlimit,
             ports: None,
             max_runs: DEFAULT_MAX_RUNS,
@@ -135,34 +125,17 @@ pub enum SupervisorError {
     Locked { path: PathBuf },
 }
 
-/// How the agent learns that a run's wrapper has gone.
-#[derive(Debug)]
-enum WrapperWatch {
-    /// Through `/proc` (the recorded identity): a re-adopted run's wrapper,
-    /// or one whose spawner died. No wrapper recorded: none alive.
-    Proc,
-    /// A child of the agent's spawner: alive until the spawner says it
-    /// has exited.
-    Spawner,
-    /// The agent's own child (started without the spawner): alive until
-    /// reaped.
-    Child(Child),
-    /// It has exited.
-    Gone,
-}
-
 /// One run the supervisor holds.
 #[derive(Debug)]
 struct Run {
     record: RunRecord,
     dir: PathBuf,
-    watch: WrapperWatch,
     /// The task plan, until the first record writes it to the journal.
     plan: Option<TaskPlan>,
     /// The health checker, from RUNNING on (kept, stopped, once the run
     /// has ended or is being killed: its last verdict is still reported).
     checker: Option<HealthChecker>,
-    /// The `exit` entry the keeper reported writing (so the journal is
+    /// The `exit` entry the launcher reported writing (so the journal is
     /// not read back for it).
     exit: Option<ExitRecord>,
     /// Whether the sandbox may hold secrets to remove at the end: false
@@ -178,7 +151,6 @@ impl Run {
         Run {
             record,
             dir,
-            watch: WrapperWatch::Proc,
             plan: None,
             checker: None,
             exit: None,
@@ -313,7 +285,7 @@ impl LogSource {
             Ok(n) => n.min(MAX_LOG_CHUNK_BYTES),
         };
         match read_range(file, offset, max) {
-            // The output files are created with the wrapper: a run that
+            // The output files are created with the task: a run that
             // failed before it has none, and nothing to show.
             Err(e) if e.kind() == io::ErrorKind::NotFound && dir.join(RUN_FILE).exists() => {
                 chunk.eof = ended;
@@ -355,16 +327,8 @@ pub struct Supervisor {
     runs: HashMap<RunId, Run>,
     ports: PortAllocator,
     outbox: Outbox,
-    /// Wrappers of forgotten runs not yet reaped.
-    unreaped: Vec<Child>,
-    /// Starts the tasks (the keeper, see `spawner`); started at the first launch,
-    /// and again after it died.
-    spawner: Option<Spawner>,
-    /// When the spawner last failed to start (ms): wrappers are executed
-    /// directly until `SPAWNER_RETRY_MS` later.
-    spawner_failed_ms: Option<u64>,
-    /// Runs by their task, for the keeper's exit news.
-    spawned: HashMap<ProcessIdentity, RunId>,
+    /// Starts, watches and stops the runs' tasks (see `launcher`).
+    launcher: Launcher,
     /// Runs whose health changed, posted by checker threads.
     health_changes: Arc<HealthInbox>,
     /// Runs' journals held open (see [`OpenJournal`]).
@@ -378,7 +342,7 @@ pub struct Supervisor {
 impl Supervisor {
     /// Locks the work directory, then takes over every run found in it:
     /// live ones are watched again, ended-but-unacknowledged ones will be
-    /// reported again, ones whose wrapper vanished without a word are ended
+    /// reported again, ones whose task vanished without a word are ended
     /// (KILLED if a kill was requested, else FAILED).
     pub fn open(mut config: SupervisorConfig) -> Result<Supervisor, SupervisorError> {
         let given = config.work_dir.clone();
@@ -415,6 +379,7 @@ impl Supervisor {
         }
         let sandboxes = config.work_dir.join(SANDBOXES_DIR);
         let volumes = config.work_dir.join(VOLUMES_DIR);
+        let agent_exe = config.agent_exe.clone();
         let mut supervisor = Supervisor {
             ports: PortAllocator::new(config.ports),
             config,
@@ -423,20 +388,13 @@ impl Supervisor {
             doomed_volumes: Default::default(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
-            unreaped: Vec::new(),
-            spawner: None,
-            spawner_failed_ms: None,
-            spawned: HashMap::new(),
+            launcher: Launcher::new(agent_exe),
             health_changes: Arc::new(HealthInbox::default()),
             open_journals: Arc::new(AtomicUsize::new(0)),
             memory_watched_ms: 0,
             _lock: lock,
         };
         supervisor.adopt_all().map_err(work_dir_error)?;
-        // Started now rather than by the first launch, which would wait
-        // for it (a few milliseconds); one that fails to start is retried
-        // by a later launch.
-        supervisor.spawner();
         Ok(supervisor)
     }
 
@@ -600,7 +558,7 @@ impl Supervisor {
                 created_ms: now,
                 wrapper: None,
                 task: None,
-                keeper: None,
+                launcher: None,
                 ports: Vec::new(),
                 cgroup: None,
                 kill_requested: false,
@@ -630,7 +588,7 @@ impl Supervisor {
         tracing::debug!(run = %key.sandbox_name(), "launching");
         match self.prepare(&mut run, launch) {
             Ok(()) => {
-                // Recorded with the first record, and sent to the keeper.
+                // Recorded with the first record, and sent to the launcher.
                 let plan = run.plan.clone();
                 run.may_hold_secrets = !launch.secrets.is_empty();
                 self.commit(&mut run);
@@ -778,72 +736,60 @@ impl Supervisor {
     }
 
     /// Starts the tasks of runs taken in by [`Supervisor::launch_one`], in
-    /// order: all through the keeper in one batch of requests, or a
-    /// wrapper each when there is no keeper.
+    /// order, through the launcher in one batch of requests.
     fn start_tasks(&mut self, ready: Vec<(RunId, PathBuf, Option<TaskPlan>)>) {
         if ready.is_empty() {
             return;
         }
-        let mut answers = self.spawner().map(|spawner| {
-            let requests: Vec<(&Path, Option<&TaskPlan>)> = ready
-                .iter()
-                .map(|(_, dir, plan)| (dir.as_path(), plan.as_ref()))
-                .collect();
-            (
-                spawner.identity(),
-                spawner.spawn_many(&requests).into_iter(),
-            )
-        });
-        // Taken once for every run of the batch the keeper lost.
-        let mut lost_snapshot = None;
-        for (key, _, _) in ready {
-            let Some(mut run) = self.runs.remove(&key) else {
+        let requests: Vec<StartRequest<'_>> = ready
+            .iter()
+            .map(|(key, dir, plan)| StartRequest {
+                key,
+                dir,
+                plan: plan.as_ref(),
+            })
+            .collect();
+        let starts = self.launcher.start(&requests);
+        for ((key, _, _), start) in ready.iter().zip(starts) {
+            let Some(mut run) = self.runs.remove(key) else {
                 continue;
             };
-            let started = match &mut answers {
-                Some((keeper, answers)) => {
-                    let answer = answers.next().expect("one answer a request");
-                    self.keeper_started(&mut run, *keeper, answer, &mut lost_snapshot)
-                }
-                None => self.start_wrapper(&mut run),
-            };
-            if let Err(reason) = started {
+            if let Err(reason) = self.started(&mut run, start) {
                 self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
             }
-            self.runs.insert(key, run);
+            self.runs.insert(key.clone(), run);
         }
     }
 
-    /// Takes in the keeper's answer to the request to start `run`'s task.
-    fn keeper_started(
-        &mut self,
-        run: &mut Run,
-        keeper: ProcessIdentity,
-        answer: Result<Option<Started>, SpawnError>,
-        lost_snapshot: &mut Option<proc::ProcSnapshot>,
-    ) -> Result<(), String> {
-        match answer {
-            Ok(Some(Started { task, time_ms })) => {
+    /// Takes in what became of the start of `run`'s task.
+    fn started(&mut self, run: &mut Run, start: Start) -> Result<(), String> {
+        match start {
+            Start::Running {
+                task,
+                launcher,
+                started_ms,
+            } => {
                 run.record.task = Some(task);
-                run.record.keeper = Some(keeper);
-                run.watch = WrapperWatch::Spawner;
-                self.spawned.insert(task, run.record.key.clone());
+                run.record.launcher = Some(launcher);
                 // The task has executed: it runs (a `started` entry
                 // would say no more than this record does) since the
-                // keeper's clock said so, not since this answer was taken
+                // launcher's clock said so, not since this answer was taken
                 // in (a short task may have ended meanwhile). Never later
-                // than now; 0 only from a keeper that sends no time.
+                // than now; 0 only from a launcher that sends no time.
                 let now = record::now_ms();
-                let started = if time_ms == 0 { now } else { time_ms.min(now) };
+                let started = if started_ms == 0 {
+                    now
+                } else {
+                    started_ms.min(now)
+                };
                 run.record.report = PhaseReport::new(Phase::Running, started);
                 self.commit(run);
                 Ok(())
             }
-            Ok(None) => {
-                // It could not start; the keeper recorded why.
-                run.record.keeper = Some(keeper);
-                run.watch = WrapperWatch::Gone;
-                let exit = record::read_wrapper_news(&run.dir, true)
+            Start::NotStarted { launcher } => {
+                // It could not start; the launcher recorded why.
+                run.record.launcher = Some(launcher);
+                let exit = record::read_news(&run.dir, true)
                     .map_err(|e| format!("cannot read why the task did not start: {e}"))?
                     .exit
                     .ok_or_else(|| "the task did not start (no reason recorded)".to_owned())?;
@@ -851,125 +797,15 @@ impl Supervisor {
                 self.end(run, report);
                 Ok(())
             }
-            Err(SpawnError::Refused(e)) => Err(format!("cannot start the task: {e}")),
-            Err(SpawnError::Gone(e)) => {
-                tracing::warn!(error = %e, "the keeper is gone; starting a wrapper for the run");
-                self.lose_spawner();
-                self.start_wrapper(run)
-            }
-            Err(SpawnError::Lost(e)) => {
-                // It may have started the task (or may yet): never a
-                // second one. Whatever of it runs now is killed.
-                if lost_snapshot.is_none() {
-                    tracing::warn!(error = %e, "the keeper did not answer; failing its runs");
-                    self.lose_spawner();
-                }
-                let snapshot = lost_snapshot.get_or_insert_with(proc::ProcSnapshot::take);
-                proc::kill_all(&snapshot.marked(&proc::sandbox_marker(&run.dir)));
-                Err(format!("the keeper did not start the task: {e}"))
-            }
+            Start::Failed(reason) => Err(reason),
         }
     }
 
-    /// Starts the run's wrapper (`peloton-agent exec`), when there is no
-    /// keeper: the leader of a new process group, with the run's `stdout`
-    /// and `stderr` (created now) as its own (the task inherits them).
-    fn start_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
-        let (stdout, stderr) = open_output(&run.dir)
-            .map_err(|e| format!("cannot create the run's output files: {e}"))?;
-        let child = Command::new(&self.config.wrapper_exe)
-            .arg("exec")
-            .arg("--sandbox")
-            .arg(&run.dir)
-            // The wrapper needs nothing from the agent's environment, which
-            // may hold the agent's token.
-            .env_clear()
-            // The run's marker: if the agent dies before recording the
-            // wrapper's pid, a restarted agent still finds (and sweeps) it.
-            .env("PELOTON_SANDBOX", &run.dir)
-            .current_dir(&run.dir)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot start the wrapper {}: {e}",
-                    self.config.wrapper_exe.display()
-                )
-            })?;
-        // Not yet waited for, so the pid cannot have been reused: at worst
-        // it is a zombie, whose start time is still readable.
-        run.record.wrapper = ProcessIdentity::of(child.id());
-        run.watch = WrapperWatch::Child(child);
-        self.commit(run);
-        Ok(())
-    }
-
-    /// The spawner, started if there is none (and it has not just failed
-    /// to start).
-    fn spawner(&mut self) -> Option<&mut Spawner> {
-        if self.spawner.is_none() {
-            let now = record::now_ms();
-            if self
-                .spawner_failed_ms
-                .is_some_and(|failed| now < failed.saturating_add(SPAWNER_RETRY_MS))
-            {
-                return None;
-            }
-            match Spawner::start(&self.config.wrapper_exe) {
-                Ok(spawner) => {
-                    tracing::debug!(pid = spawner.identity().pid, "keeper started");
-                    self.spawner = Some(spawner);
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        error = %e,
-                        "cannot start the spawner; executing wrappers directly for now"
-                    );
-                    self.spawner_failed_ms = Some(now);
-                }
-            }
-        }
-        self.spawner.as_mut()
-    }
-
-    /// The spawner died or broke: its wrappers are watched through `/proc`
-    /// from now on; the next launch starts another.
-    fn lose_spawner(&mut self) {
-        if let Some(child) = self.spawner.take().and_then(Spawner::close) {
-            // It exits once its tasks have ended (it may be broken, not dead).
-            self.unreaped.push(child);
-        }
-        self.spawned.clear();
-        for run in self.runs.values_mut() {
-            if matches!(run.watch, WrapperWatch::Spawner) {
-                run.watch = WrapperWatch::Proc;
-            }
-        }
-    }
-
-    /// Takes the spawner's news: which of its wrappers have exited.
-    fn take_spawner_news(&mut self) {
-        let Some(spawner) = &mut self.spawner else {
-            return;
-        };
-        match spawner.take_exited() {
-            Ok(exited) => {
-                for ended in exited {
-                    if let Some(key) = self.spawned.remove(&ended.task)
-                        && let Some(run) = self.runs.get_mut(&key)
-                        && matches!(run.watch, WrapperWatch::Spawner)
-                    {
-                        run.watch = WrapperWatch::Gone;
-                        run.exit = Some(ended.exit_record());
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the spawner is gone; a new one starts with the next launch");
-                self.lose_spawner();
+    /// Takes the launcher's news: which tasks' ends it has recorded.
+    fn take_launcher_news(&mut self) {
+        for (key, exit) in self.launcher.take_ended() {
+            if let Some(run) = self.runs.get_mut(&key) {
+                run.exit = Some(exit);
             }
         }
     }
@@ -1000,7 +836,7 @@ impl Supervisor {
         run.record.report = PhaseReport {
             started_ms,
             // Never before its start: the two may come from different
-            // readings of a clock (a wrapper's `started` entry after the
+            // readings of a clock (a launcher's start time after the
             // `now` of the poll that saw it gone) or a clock stepped back.
             time_ms: report.time_ms.max(started_ms),
             ..report
@@ -1037,19 +873,15 @@ impl Supervisor {
         }
     }
 
-    /// Looks at every live run once: started? exited? wrapper gone? kill
-    /// deadline passed? Also reaps wrappers.
+    /// Looks at every live run once: started? exited? task gone? kill
+    /// deadline passed?
     pub fn poll(&mut self) {
         let now = record::now_ms();
-        self.unreaped
-            .retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_)) | Err(_)));
-        self.take_spawner_news();
+        self.take_launcher_news();
         let keys: Vec<RunId> = self
             .runs
             .iter()
-            .filter(|(_, run)| {
-                !run.record.report.phase.is_final() || matches!(run.watch, WrapperWatch::Child(_))
-            })
+            .filter(|(_, run)| !run.record.report.phase.is_final())
             .map(|(key, _)| key.clone())
             .collect();
         let mut procs = LazySnapshot::default();
@@ -1083,15 +915,11 @@ impl Supervisor {
         if run.record.kill_requested || run.record.report.phase.is_final() {
             return;
         }
-        let Some(root) = (match run.record.task {
-            // Reaped and its pid maybe another's: its end is coming.
-            Some(task) => task.is_alive().then_some(task),
-            None => run.record.wrapper,
-        }) else {
+        let Some((root, with_root)) = self.launcher.memory_root(&run.record) else {
             return;
         };
         let mut pids = procs.get().descendants(root.pid);
-        if run.record.task.is_some() {
+        if with_root {
             pids.push(root.pid);
         }
         if run.record.killed_by_agent.is_some() {
@@ -1157,44 +985,25 @@ impl Supervisor {
     }
 
     fn observe(&mut self, run: &mut Run, now: u64, procs: &mut LazySnapshot) {
-        if let WrapperWatch::Child(child) = &mut run.watch
-            && !matches!(child.try_wait(), Ok(None))
-        {
-            run.watch = WrapperWatch::Gone;
-        }
         if run.record.report.phase.is_final() {
             return;
         }
-        // Liveness first, then the exit entry: the wrapper writes it before
-        // it exits, so "dead and no exit entry" is really lost. A child
-        // (the agent's or the spawner's) not known to have exited is alive,
-        // without a look at /proc.
-        let alive = match run.watch {
-            WrapperWatch::Child(_) | WrapperWatch::Spawner => true,
-            WrapperWatch::Gone => false,
-            WrapperWatch::Proc => match run.record.task {
-                Some(task) => task.is_alive(),
-                None => run.record.wrapper.is_some_and(|w| w.is_alive()),
-            },
-        };
-        // Before the journal is read, as for the wrapper: a keeper that is
-        // alive now has either written the exit entry the read finds, or
-        // will write it (it is cleaning up after the task).
-        let keeper_recording = !alive
-            && matches!(run.watch, WrapperWatch::Proc)
-            && run.record.task.is_some()
-            && run.record.keeper.is_some_and(|k| k.is_alive());
+        // Liveness first, then the exit entry: the launcher writes it
+        // before it forgets the task, so "gone and no exit entry" is really
+        // lost, unless the launcher is still cleaning up after the task.
+        let alive = self.launcher.is_alive(&run.record);
+        let launcher_recording = !alive && self.launcher.is_recording(&run.record);
         let news = if let Some(exit) = run.exit.take() {
-            Ok(record::WrapperNews {
+            Ok(record::JournalNews {
                 started: None,
                 exit: Some(exit),
             })
         } else if run.record.report.phase == Phase::Starting || !alive {
-            record::read_wrapper_news(&run.dir, run.record.journal)
+            record::read_news(&run.dir, run.record.journal)
         } else {
-            // Running and its wrapper alive: whatever it wrote, it will
-            // have written it when it is gone.
-            Ok(record::WrapperNews::default())
+            // Running and its task alive: whatever is written about it
+            // will have been written when it is gone.
+            Ok(record::JournalNews::default())
         };
         let (started, exit) = match news {
             Ok(news) => (news.started, Ok(news.exit)),
@@ -1204,7 +1013,7 @@ impl Supervisor {
             && let Some(started) = started
         {
             run.record.report = PhaseReport::new(Phase::Running, started.time_ms);
-            // Reported, not written: the wrapper's `started` entry is the
+            // An older agent's wrapper: reported, not written, its `started` entry is the
             // durable record of it (a restarted agent finds it again), and
             // one write less per run is measurable in launches per second.
             self.outbox.push(&run.record.key, run.report());
@@ -1227,14 +1036,14 @@ impl Supervisor {
             }
             Ok(None) => {}
         }
-        if keeper_recording {
-            // The task is gone and its keeper has yet to record the end
+        if launcher_recording {
+            // The task is gone and its launcher has yet to record the end
             // (it is cleaning up after it): the entry comes.
             return;
         }
         if !alive {
-            // Whatever the wrapper left behind goes with it.
-            sweep(run, now, procs);
+            // Whatever the task left behind goes with it.
+            self.launcher.sweep(&run.record, &run.dir, now, procs);
             let report = if run.record.kill_requested {
                 PhaseReport {
                     reason: "killed on request".to_owned(),
@@ -1255,10 +1064,10 @@ impl Supervisor {
             run.record.stop_signal_due_ms = None;
             persist(run, &self.open_journals);
             tracing::info!(run = %run.record.key.sandbox_name(), "deregistration delay over: stopping");
-            terminate(run, procs);
+            self.launcher.terminate(&run.record, &run.dir, procs);
         }
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
-            sweep(run, now, procs);
+            self.launcher.sweep(&run.record, &run.dir, now, procs);
         }
         self.start_checks(run);
     }
@@ -1339,7 +1148,7 @@ impl Supervisor {
                 );
             } else {
                 tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
-                terminate(&run, procs);
+                self.launcher.terminate(&run.record, &run.dir, procs);
             }
             self.observe(&mut run, now, procs);
         }
@@ -1399,11 +1208,7 @@ impl Supervisor {
             run.record.acked = true;
             persist(run, &self.open_journals);
             self.outbox.remove(&key);
-            if let Some(run) = self.runs.remove(&key)
-                && let WrapperWatch::Child(child) = run.watch
-            {
-                self.unreaped.push(child);
-            }
+            self.runs.remove(&key);
         }
     }
 
@@ -1530,18 +1335,6 @@ fn remove_secrets(key: &RunId, dir: &Path) {
     }
 }
 
-/// The run's `stdout` and `stderr`, created, open for appending, for the
-/// wrapper.
-fn open_output(dir: &Path) -> io::Result<(File, File)> {
-    let output = |name| {
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(name))
-    };
-    Ok((output(STDOUT_FILE)?, output(STDERR_FILE)?))
-}
-
 /// A run's journal, kept open from its first append to its last (its
 /// acknowledgement): four appends a short run, each of which opened and
 /// closed the file before. At most `MAX_OPEN_JOURNALS` at once; past that,
@@ -1590,7 +1383,7 @@ fn persist(run: &mut Run, open_journals: &Arc<AtomicUsize>) {
     }
 }
 
-/// How a run that the wrapper saw end is reported.
+/// How a run whose `exit` entry says how it ended is reported.
 fn final_report(exit: &ExitRecord, kill_requested: bool) -> PhaseReport {
     let phase = if kill_requested {
         Phase::Killed
@@ -1615,67 +1408,6 @@ fn final_report(exit: &ExitRecord, kill_requested: bool) -> PhaseReport {
     }
 }
 
-/// SIGTERM to the run's process group, to every descendant of its wrapper
-/// (some may have left the group) and to its cgroup.
-fn terminate(run: &Run, procs: &mut LazySnapshot) {
-    let custom = run
-        .record
-        .stop_signal
-        .and_then(|n| Signal::try_from(n).ok());
-    if let Some(task) = run.record.task {
-        // Started by the keeper: the task leads the run's group.
-        if !task.is_alive() {
-            // Ended; the keeper kills what is left and records the end.
-            return;
-        }
-        let signal = custom.unwrap_or(Signal::SIGTERM);
-        if custom.is_some() {
-            // Its own stop signal goes to its main process only (see
-            // below); SIGKILL after the grace takes the whole tree.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(task.pid).unwrap_or(i32::MAX)),
-                signal,
-            );
-            return;
-        }
-        task.signal_group(signal);
-        proc::signal_all(&procs.get().descendants(task.pid), signal);
-        if let Some(cgroup) = &run.record.cgroup {
-            proc::signal_all(&isolation::cgroup_pids(cgroup), signal);
-        }
-        return;
-    }
-    let Some(wrapper) = run.record.wrapper.filter(ProcessIdentity::is_alive) else {
-        return;
-    };
-    if let Some(signal) = custom
-        && let Ok(record::WrapperNews {
-            started: Some(started),
-            ..
-        }) = record::read_wrapper_news(&run.dir, run.record.journal)
-        && proc::read_stat(started.pid).is_some_and(|s| s.ppid == wrapper.pid)
-    {
-        // A task's own stop signal is a request to its main process (as a
-        // container's stop signal goes to its first process): helpers it
-        // forked may not handle it (pyspark's Python workers die of
-        // SIGPWR while their executor decommissions). SIGKILL after the
-        // grace takes the whole tree.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(started.pid).unwrap_or(i32::MAX)),
-            signal,
-        );
-        return;
-    }
-    let signal = custom.unwrap_or(Signal::SIGTERM);
-    // The wrapper blocks every stop signal; the task gets it (one that
-    // arrives before the task exists ends the run at once).
-    wrapper.signal_group(signal);
-    proc::signal_all(&procs.get().descendants(wrapper.pid), signal);
-    if let Some(cgroup) = &run.record.cgroup {
-        proc::signal_all(&isolation::cgroup_pids(cgroup), signal);
-    }
-}
-
 /// A task's `stop_signal` (empty: none, so SIGTERM). The server accepts
 /// only these names.
 fn stop_signal(name: &str) -> Option<Signal> {
@@ -1688,46 +1420,4 @@ fn stop_signal(name: &str) -> Option<Signal> {
         "SIGPWR" => Signal::SIGPWR,
         _ => return None,
     })
-}
-
-/// SIGKILL to everything of the run but its wrapper — its cgroup, the
-/// wrapper's descendants (as a subreaper it inherits every orphan) and any
-/// process carrying the run's environment marker — so the wrapper can still
-/// record the exit. A wrapper that has not done so a while after the
-/// deadline is killed too.
-fn sweep(run: &Run, now: u64, procs: &mut LazySnapshot) {
-    if let Some(cgroup) = &run.record.cgroup {
-        isolation::kill_cgroup(cgroup);
-    }
-    let snapshot = procs.get();
-    if let Some(task) = run.record.task.filter(ProcessIdentity::is_alive) {
-        // Started by the keeper, which records the end once all is gone.
-        // The task and its group first: a task that outlived its children
-        // by a moment would end on its own, not killed.
-        let mut victims = snapshot.descendants(task.pid);
-        victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
-        task.signal_group(Signal::SIGKILL);
-        proc::kill_all(&[task.pid]);
-        proc::kill_all(&victims);
-        return;
-    }
-    let wrapper = run.record.wrapper.filter(ProcessIdentity::is_alive);
-    let mut victims = wrapper.map_or_else(Vec::new, |w| snapshot.descendants(w.pid));
-    victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
-    // The wrapper carries the marker too; it is spared here so that it can
-    // still record the exit (and killed with its group below if it hangs).
-    if let Some(w) = wrapper {
-        victims.retain(|&pid| pid != w.pid);
-    }
-    proc::kill_all(&victims);
-    if let Some(wrapper) = wrapper
-        && run.record.kill_requested
-        && now
-            >= run
-                .record
-                .kill_deadline_ms
-                .saturating_add(WRAPPER_KILL_AFTER_MS)
-    {
-        wrapper.signal_group(Signal::SIGKILL);
-    }
 }

@@ -1,7 +1,7 @@
 //! The run supervisor with real processes and no server: launch, output,
 //! exit statuses, kills of whole process trees, re-adoption by a second
 //! supervisor on the same work directory, acknowledgements, garbage
-//! collection, ports. The wrapper is this package's own binary.
+//! collection, ports. The launcher is this package's own binary.
 //!
 //! Tests wait for phases with generous timeouts and never assert how long
 //! anything took.
@@ -214,7 +214,7 @@ fn shell_task_succeeds_with_its_output_and_environment() {
     spec.env.insert("MY_VAR".to_owned(), "my value".to_owned());
     h.supervisor.launch(&[launch(&k, spec)]);
     // Taken before any poll: later phases would replace it in the outbox.
-    // The keeper answers once the task has executed, so a launch that
+    // The launcher answers once the task has executed, so a launch that
     // returns has a RUNNING run.
     h.drain();
     let done = h.wait_for(&k, P::Succeeded);
@@ -266,8 +266,8 @@ fn shell_task_succeeds_with_its_output_and_environment() {
 
 #[test]
 fn tasks_start_with_no_blocked_or_ignored_signals() {
-    // The wrapper blocks SIGTERM, SIGINT and SIGHUP and the agent's runtime
-    // ignores SIGPIPE; none of it may reach the task. `grep` is executed
+    // The launcher blocks SIGCHLD and the agent's runtime ignores SIGPIPE;
+    // none of it may reach the task. `grep` is executed
     // directly (no shell in between, whose own masking would blur this).
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(config(dir.path()));
@@ -376,7 +376,7 @@ fn kill_removes_the_whole_tree_even_setsid_processes() {
         killed.reason
     );
     // The shell took the SIGTERM (no need to wait for the grace period);
-    // the wrapper then killed what it left behind.
+    // the launcher then killed what it left behind.
     assert_eq!(killed.signal, 15, "{killed:?}");
     for pid in &pids {
         assert!(!is_alive(*pid), "pid {pid} survived the kill");
@@ -540,7 +540,7 @@ fn a_second_supervisor_readopts_live_runs() {
 }
 
 #[test]
-fn a_run_whose_keeper_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
+fn a_run_whose_launcher_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(config(dir.path()));
     let k = key("job-g", 0);
@@ -549,9 +549,10 @@ fn a_run_whose_keeper_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
     h.wait_for(&k, P::Running);
     let sandbox = h.sandbox(&k);
     let run = run_record(&sandbox);
-    let keeper = run["keeper"]["pid"].as_u64().expect("keeper pid");
+    // The launcher, under its earlier name on disk.
+    let launcher = run["keeper"]["pid"].as_u64().expect("launcher pid");
     let task = run["task"]["pid"].as_u64().expect("task pid");
-    // SIGKILL to the keeper alone: nobody can record the task's exit.
+    // SIGKILL to the launcher alone: nobody can record the task's exit.
     let kill = |pid: u64| {
         let status = std::process::Command::new("kill")
             .args(["-KILL", &pid.to_string()])
@@ -559,7 +560,7 @@ fn a_run_whose_keeper_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
             .expect("kill runs");
         assert!(status.success());
     };
-    kill(keeper);
+    kill(launcher);
     // The task runs on, and so does its run.
     for _ in 0..10 {
         h.supervisor.poll();
@@ -893,7 +894,7 @@ fn the_detected_isolation_runs_tasks() {
 
 /// A launch creates its directory, its output files and its journal, and
 /// nothing else: the agent's record generations, the task plan and the
-/// wrapper's `started` and `exit` entries are all lines of `run.json`.
+/// launcher's `exit` entry are all lines of `run.json`.
 #[test]
 fn a_run_is_its_journal_and_its_output() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -938,14 +939,14 @@ fn a_run_is_its_journal_and_its_output() {
                 .unwrap_or("run")
         })
         .collect();
-    // Plan and first record in one write; then the task's and keeper's
+    // Plan and first record in one write; then the task's and launcher's
     // identities with RUNNING (written by the agent once the task has
-    // executed) and the keeper's exit entry, which race each other (the
+    // executed) and the launcher's exit entry, which race each other (the
     // task exits at once); the end; the acknowledgement.
     let agent_first = ["plan", "run", "run", "exit", "run", "run"];
-    let keeper_first = ["plan", "run", "exit", "run", "run", "run"];
+    let launcher_first = ["plan", "run", "exit", "run", "run", "run"];
     assert!(
-        kinds == agent_first || kinds == keeper_first,
+        kinds == agent_first || kinds == launcher_first,
         "journal entries in an unexpected order: {kinds:?}"
     );
     let running = entries
@@ -966,8 +967,8 @@ fn a_run_is_its_journal_and_its_output() {
 }
 
 /// The agent's record of a run: the newest whole generation in its
-/// journal (`run.json`: JSON lines, appended to; the wrapper's entries are
-/// `{"started": ...}` and `{"exit": ...}`).
+/// journal (`run.json`: JSON lines, appended to; the launcher's entry is
+/// `{"exit": ...}`).
 fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
     std::fs::read(sandbox.join("run.json"))
         .expect("a journal")
