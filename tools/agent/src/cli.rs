@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::run::Resources;
 use clap::{Parser, ValueEnum};
-use peloton_proto::v1;
 
 use crate::detect;
 use crate::gc::GcPolicy;
@@ -358,20 +358,17 @@ impl Args {
 
 /// The given dimensions, the rest detected (detection runs only if some
 /// dimension is missing).
-fn merge_resources(
-    given: ResourceOverrides,
-    detect: impl FnOnce() -> v1::Resources,
-) -> v1::Resources {
+fn merge_resources(given: ResourceOverrides, detect: impl FnOnce() -> Resources) -> Resources {
     let all_given = given.cpu.is_some()
         && given.memory_mb.is_some()
         && given.disk_mb.is_some()
         && given.gpu.is_some();
     let detected = if all_given {
-        v1::Resources::default()
+        Resources::default()
     } else {
         detect()
     };
-    v1::Resources {
+    Resources {
         cpu: given.cpu.unwrap_or(detected.cpu),
         memory_mb: given.memory_mb.unwrap_or(detected.memory_mb),
         disk_mb: given.disk_mb.unwrap_or(detected.disk_mb),
@@ -494,7 +491,7 @@ mod tests {
 
     #[test]
     fn given_resources_win_and_the_rest_is_detected() {
-        let detected = || v1::Resources {
+        let detected = || Resources {
             cpu: 8.0,
             memory_mb: 1000.0,
             disk_mb: 50.0,

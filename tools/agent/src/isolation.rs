@@ -24,7 +24,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use peloton_proto::v1;
+use crate::run::Resources;
 
 /// Where cgroup v2 must be mounted for the agent to use it.
 pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
@@ -152,7 +152,7 @@ fn enable_controllers(dir: &Path) -> Result<(), String> {
 pub(crate) fn create_run_cgroup(
     parent: &Path,
     name: &str,
-    resources: &v1::Resources,
+    resources: &Resources,
 ) -> io::Result<PathBuf> {
     let dir = parent.join(name);
     match fs::create_dir(&dir) {

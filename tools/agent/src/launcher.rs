@@ -50,7 +50,8 @@ use self::connection::{Connection, RequestError};
 pub use self::process::run_launcher;
 use crate::isolation;
 use crate::proc::{self, LazySnapshot, ProcSnapshot, ProcessIdentity};
-use crate::record::{self, ExitRecord, RunId, RunRecord, TaskPlan};
+use crate::record::{self, ExitRecord, RunRecord, TaskPlan};
+use crate::run::RunId;
 
 /// After a kill's SIGKILL, how long an older agent's wrapper gets to
 /// record the exit before it is killed too (and the run is reported from

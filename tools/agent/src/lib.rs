@@ -21,6 +21,7 @@
 //! supervisor without a server; it must not know the gateway.
 
 mod cli;
+mod clock;
 mod detect;
 mod gc;
 mod health;
@@ -29,6 +30,7 @@ mod launcher;
 mod ports;
 mod proc;
 mod record;
+mod run;
 mod secrets;
 mod session;
 mod supervisor;
@@ -41,7 +43,11 @@ pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
 pub use launcher::run_launcher;
 pub use ports::PortRange;
-pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, run as run_session};
+pub use run::{
+    AssignedPort, CheckKind, Command, Health, HealthCheckPlan, KillRequest, LogChunk, LogRequest,
+    Phase, PhaseReport, Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
+};
+pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, codec, run as run_session};
 pub use supervisor::{
     DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, StopGrace, Supervisor,
     SupervisorConfig, SupervisorError,

@@ -31,14 +31,12 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use peloton_proto::v1;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::health::HealthCheckPlan;
 use crate::proc::ProcessIdentity;
+use crate::run::{AssignedPort, HealthCheckPlan, PhaseReport, RunId};
 
 pub(crate) const SANDBOXES_DIR: &str = "sandboxes";
 /// The run's journal (see the module documentation).
@@ -62,169 +60,9 @@ pub(crate) const NOTES_FILE: &str = "wrapper.log";
 /// The output of the latest command health check (see `health`).
 pub(crate) const HEALTH_OUTPUT_FILE: &str = "health-check.out";
 
-/// Longest job id the agent accepts (it becomes part of a file name).
-const MAX_JOB_ID_LEN: usize = 128;
-
 /// `PATH` for a task whose environment has none.
 pub(crate) const DEFAULT_PATH: &str =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// Milliseconds since the epoch.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// One launch of one task: the server's `RunKey`, hashable.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct RunId {
-    pub(crate) job_id: String,
-    pub(crate) instance: u32,
-    pub(crate) run_id: u32,
-    pub(crate) launch_id: u64,
-}
-
-impl RunId {
-    pub(crate) fn from_proto(key: &v1::RunKey) -> RunId {
-        RunId {
-            job_id: key.job_id.clone(),
-            instance: key.instance,
-            run_id: key.run_id,
-            launch_id: key.launch_id,
-        }
-    }
-
-    pub(crate) fn to_proto(&self) -> v1::RunKey {
-        v1::RunKey {
-            job_id: self.job_id.clone(),
-            instance: self.instance,
-            run_id: self.run_id,
-            launch_id: self.launch_id,
-        }
-    }
-
-    /// The job id becomes part of a path: only plain file-name characters.
-    pub(crate) fn validate(&self) -> Result<(), String> {
-        let id = &self.job_id;
-        if id.is_empty() || id.len() > MAX_JOB_ID_LEN {
-            return Err(format!("job id must have 1 to {MAX_JOB_ID_LEN} characters"));
-        }
-        if id.starts_with('.')
-            || !id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            return Err(format!(
-                "job id {id:?} is not usable in a file name (letters, digits, '-', '_', '.')"
-            ));
-        }
-        Ok(())
-    }
-
-    /// `<job_id>-<instance>-<run_id>-<launch_id>`: unique, because launch
-    /// ids never repeat.
-    pub(crate) fn sandbox_name(&self) -> String {
-        format!(
-            "{}-{}-{}-{}",
-            self.job_id, self.instance, self.run_id, self.launch_id
-        )
-    }
-
-    /// `PELOTON_TASK_ID`: `<job_id>-<instance>-<run_id>`.
-    pub(crate) fn task_id(&self) -> String {
-        format!("{}-{}-{}", self.job_id, self.instance, self.run_id)
-    }
-}
-
-/// A run's phase, as recorded on disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Phase {
-    Starting,
-    Running,
-    Succeeded,
-    Failed,
-    Killed,
-}
-
-impl Phase {
-    pub(crate) fn is_final(self) -> bool {
-        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Killed)
-    }
-
-    pub(crate) fn to_proto(self) -> v1::RunPhase {
-        match self {
-            Phase::Starting => v1::RunPhase::Starting,
-            Phase::Running => v1::RunPhase::Running,
-            Phase::Succeeded => v1::RunPhase::Succeeded,
-            Phase::Failed => v1::RunPhase::Failed,
-            Phase::Killed => v1::RunPhase::Killed,
-        }
-    }
-}
-
-/// The latest phase of a run with its details: what the agent reports.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct PhaseReport {
-    pub(crate) phase: Phase,
-    pub(crate) time_ms: u64,
-    #[serde(default)]
-    pub(crate) exit_code: i32,
-    #[serde(default)]
-    pub(crate) signal: i32,
-    #[serde(default)]
-    pub(crate) oom_killed: bool,
-    #[serde(default)]
-    pub(crate) reason: String,
-    /// When the task process started (0: never), kept on the final phase.
-    #[serde(default)]
-    pub(crate) started_ms: u64,
-}
-
-impl PhaseReport {
-    pub(crate) fn new(phase: Phase, time_ms: u64) -> PhaseReport {
-        PhaseReport {
-            phase,
-            time_ms,
-            exit_code: 0,
-            signal: 0,
-            oom_killed: false,
-            reason: String::new(),
-            started_ms: if phase == Phase::Running { time_ms } else { 0 },
-        }
-    }
-
-    pub(crate) fn failed(time_ms: u64, reason: String) -> PhaseReport {
-        PhaseReport {
-            reason,
-            ..PhaseReport::new(Phase::Failed, time_ms)
-        }
-    }
-
-    pub(crate) fn to_proto(&self, key: &RunId) -> v1::RunReport {
-        v1::RunReport {
-            key: Some(key.to_proto()),
-            phase: self.phase.to_proto().into(),
-            time_ms: self.time_ms,
-            exit_code: self.exit_code,
-            signal: self.signal,
-            oom_killed: self.oom_killed,
-            reason: self.reason.clone(),
-            started_ms: self.started_ms,
-            // Filled by the supervisor, which knows the run's ports and
-            // health.
-            ..v1::RunReport::default()
-        }
-    }
-}
-
-/// A port handed to a run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct AssignedPort {
-    pub(crate) name: String,
-    pub(crate) port: u16,
-}
 
 /// `run.json`: the agent's durable record of one run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -583,6 +421,7 @@ pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::Phase;
 
     fn id(job_id: &str) -> RunId {
         RunId {

@@ -35,6 +35,7 @@
 //! names (see `servers.rs`). The runs are the agent's, not the server's:
 //! the new leader gets them all with the registration, as after a restart.
 
+pub mod codec;
 mod identity;
 mod servers;
 
@@ -51,7 +52,9 @@ use tonic::transport::Endpoint;
 
 pub use self::servers::parse_servers;
 use self::servers::{Go, Servers};
+use crate::clock;
 use crate::gc::{self, GcPolicy};
+use crate::run::{Resources, RunPlan};
 use crate::supervisor::{StopGrace, Supervisor};
 
 /// Reports in one `AgentReports` message, at most.
@@ -102,7 +105,7 @@ pub struct SessionConfig {
     /// TLS for https:// servers.
     pub tls: Option<AgentTls>,
     pub host: String,
-    pub resources: v1::Resources,
+    pub resources: Resources,
     pub attributes: HashMap<String, String>,
     pub poll_interval: Duration,
     pub gc_interval: Duration,
@@ -297,7 +300,7 @@ async fn gc_loop(
         let outcome = tokio::task::spawn_blocking(move || {
             // Volumes are never collected, only what a deletion left.
             crate::volumes::remove_trash(&trash);
-            gc::collect(&dir, &policy, crate::record::now_ms())
+            gc::collect(&dir, &policy, clock::now_ms())
         })
         .await;
         match outcome {
@@ -692,7 +695,10 @@ fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> 
         s.poll();
         (
             s.isolation().name(),
-            s.registration_runs(),
+            s.registration_runs()
+                .into_iter()
+                .map(codec::report)
+                .collect(),
             s.port_count(),
             s.volumes(),
         )
@@ -701,7 +707,7 @@ fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> 
         token: config.token.clone(),
         host: config.host.clone(),
         agent_id: agent_id.to_owned(),
-        resources: Some(config.resources),
+        resources: Some(codec::resources_to_proto(config.resources)),
         attributes: config.attributes.clone(),
         isolation: isolation.to_owned(),
         runs,
@@ -731,6 +737,7 @@ async fn with_supervisor_then_send(
         f(s);
         s.take_reports(MAX_REPORTS_PER_MESSAGE)
     });
+    let reports: Vec<v1::RunReport> = reports.into_iter().map(codec::report).collect();
     if reports.is_empty() {
         return Ok(false);
     }
@@ -759,15 +766,19 @@ async fn handle(
     match msg.kind {
         Some(Kind::Launch(launch)) => {
             tracing::debug!(runs = launch.runs.len(), "launch");
-            let mut runs = launch.runs.into_iter();
+            let mut runs = launch
+                .runs
+                .into_iter()
+                .filter_map(codec::run_plan)
+                .peekable();
             let mut more = false;
             loop {
-                let chunk: Vec<v1::LaunchRun> = runs.by_ref().take(LAUNCHES_PER_LOCK).collect();
+                let chunk: Vec<RunPlan> = runs.by_ref().take(LAUNCHES_PER_LOCK).collect();
                 if chunk.is_empty() {
                     return Ok(more);
                 }
                 more = with_supervisor_then_send(supervisor, tx, move |s| s.launch(&chunk)).await?;
-                if runs.len() > 0 {
+                if runs.peek().is_some() {
                     // Polls and log reads get their turn between chunks.
                     tokio::task::yield_now().await;
                 }
@@ -775,10 +786,12 @@ async fn handle(
         }
         Some(Kind::Kill(kill)) => {
             tracing::debug!(runs = kill.runs.len(), "kill");
-            return with_supervisor_then_send(supervisor, tx, move |s| s.kill(&kill.runs)).await;
+            let kills: Vec<_> = kill.runs.iter().filter_map(codec::kill_request).collect();
+            return with_supervisor_then_send(supervisor, tx, move |s| s.kill(&kills)).await;
         }
         Some(Kind::Ack(ack)) => {
-            return with_supervisor_then_send(supervisor, tx, move |s| s.ack(&ack.keys)).await;
+            let keys: Vec<_> = ack.keys.iter().map(codec::run_id).collect();
+            return with_supervisor_then_send(supervisor, tx, move |s| s.ack(&keys)).await;
         }
         Some(Kind::DeleteVolumes(delete)) => {
             tracing::debug!(volumes = delete.ids.len(), "delete volumes");
@@ -799,19 +812,18 @@ async fn handle(
                 .map_err(|_| "log reads closed".to_owned())?;
             let supervisor = supervisor.clone();
             let tx = tx.clone();
+            let read = codec::log_request(&read);
             tokio::spawn(async move {
-                let chunk = with_supervisor(&supervisor, move |s| {
-                    let key = read.key.clone().unwrap_or_default();
-                    s.log_source(&key, read.stderr)
-                });
+                let source = with_supervisor(&supervisor, |s| s.log_source(&read.key, read.stderr));
                 let chunk = tokio::task::spawn_blocking(move || {
-                    chunk.read(read.request_id, read.offset, read.max_bytes)
+                    source.read(read.request_id, read.offset, read.max_bytes)
                 })
                 .await;
                 drop(permit);
                 if let Ok(chunk) = chunk {
                     // A closed stream drops the answer; the server's
                     // request failed with the session anyway.
+                    let chunk = codec::log_chunk(chunk);
                     let _ = tx.send(message(v1::agent_message::Kind::Log(chunk))).await;
                 }
             });

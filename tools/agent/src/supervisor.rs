@@ -37,17 +37,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
-use peloton_proto::v1;
 
+use crate::clock;
 use crate::gc::{self, GcOutcome, GcPolicy};
-use crate::health::{CheckTarget, HealthCheckPlan, HealthChecker, HealthInbox, Verdict};
+use crate::health::{CheckTarget, HealthChecker, HealthInbox, Verdict};
 use crate::isolation::{self, Isolation};
 use crate::launcher::{Launcher, Start, StartRequest};
 use crate::ports::{self, PortAllocator, PortRange};
 use crate::proc::{self, LazySnapshot};
 use crate::record::{
-    self, AssignedPort, DEFAULT_KILL_GRACE_MS, DEFAULT_PATH, ExitRecord, Phase, PhaseReport,
-    RUN_FILE, RunId, RunRecord, SANDBOXES_DIR, STDERR_FILE, STDOUT_FILE, TaskPlan,
+    self, DEFAULT_KILL_GRACE_MS, DEFAULT_PATH, ExitRecord, RUN_FILE, RunRecord, SANDBOXES_DIR,
+    STDERR_FILE, STDOUT_FILE, TaskPlan,
+};
+use crate::run::{
+    AssignedPort, Command, Health, KillRequest, LogChunk, LogRequest, Phase, PhaseReport, RunId,
+    RunPlan, RunReport,
 };
 use crate::secrets;
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
@@ -168,19 +172,15 @@ impl Run {
     }
 
     /// The run's report: its phase, ports and health.
-    fn report(&self) -> v1::RunReport {
-        let key = &self.record.key;
-        let mut report = self.record.report.to_proto(key);
-        report.ports = self
-            .record
-            .ports
-            .iter()
-            .map(|p| (p.name.clone(), u32::from(p.port)))
-            .collect();
+    fn report(&self) -> RunReport {
         let verdict = self.verdict();
-        report.health = verdict.health.into();
-        report.health_detail = verdict.detail;
-        report
+        RunReport {
+            key: self.record.key.clone(),
+            phase: self.record.report.clone(),
+            ports: self.record.ports.clone(),
+            health: verdict.health,
+            health_detail: verdict.detail,
+        }
     }
 
     /// Stops health checks (they may go on a moment: see `HealthChecker`).
@@ -195,12 +195,12 @@ impl Run {
 #[derive(Debug, Default)]
 struct Outbox {
     order: VecDeque<RunId>,
-    reports: HashMap<RunId, v1::RunReport>,
+    reports: HashMap<RunId, RunReport>,
     dropped: u64,
 }
 
 impl Outbox {
-    fn push(&mut self, key: &RunId, report: v1::RunReport) {
+    fn push(&mut self, key: &RunId, report: RunReport) {
         if let Some(slot) = self.reports.get_mut(key) {
             *slot = report;
             return;
@@ -225,7 +225,7 @@ impl Outbox {
         self.reports.insert(key.clone(), report);
     }
 
-    fn take(&mut self, max: usize) -> Vec<v1::RunReport> {
+    fn take(&mut self, max: usize) -> Vec<RunReport> {
         let mut out = Vec::new();
         while out.len() < max {
             let Some(key) = self.order.pop_front() else {
@@ -255,11 +255,11 @@ pub struct LogSource {
 impl LogSource {
     /// Reads up to `max_bytes` (0 or more than 1 MiB: 1 MiB) from `offset`.
     /// Blocking file I/O: call it off the async runtime.
-    pub fn read(&self, request_id: u64, offset: u64, max_bytes: u32) -> v1::LogChunk {
-        let mut chunk = v1::LogChunk {
+    pub fn read(&self, request_id: u64, offset: u64, max_bytes: u32) -> LogChunk {
+        let mut chunk = LogChunk {
             request_id,
             offset,
-            ..v1::LogChunk::default()
+            ..LogChunk::default()
         };
         let (dir, file) = match &self.result {
             Ok(paths) => paths,
@@ -476,22 +476,18 @@ impl Supervisor {
     }
 
     /// The sandbox directory of a run (whether or not it exists).
-    pub fn sandbox_dir(&self, key: &v1::RunKey) -> PathBuf {
-        self.sandboxes.join(RunId::from_proto(key).sandbox_name())
+    pub fn sandbox_dir(&self, key: &RunId) -> PathBuf {
+        self.sandboxes.join(key.sandbox_name())
     }
 
     /// Starts runs. A run whose sandbox already exists was launched before:
     /// the launch is ignored (launches are idempotent).
-    pub fn launch(&mut self, runs: &[v1::LaunchRun]) {
+    pub fn launch(&mut self, runs: &[RunPlan]) {
         // Runs on record and ready (in `self.runs` already), whose tasks
         // start together.
         let mut ready = Vec::new();
-        for run in runs {
-            let Some(key) = &run.key else {
-                tracing::warn!("launch without a run key ignored");
-                continue;
-            };
-            if let Some(run) = self.launch_one(RunId::from_proto(key), run) {
+        for plan in runs {
+            if let Some(run) = self.launch_one(plan) {
                 ready.push(run);
             }
         }
@@ -502,17 +498,14 @@ impl Supervisor {
     /// sandbox made and its first record written, its key is returned with
     /// its sandbox and task plan to have its task started (by
     /// [`Supervisor::start_tasks`]), unless it has failed already.
-    fn launch_one(
-        &mut self,
-        key: RunId,
-        launch: &v1::LaunchRun,
-    ) -> Option<(RunId, PathBuf, Option<TaskPlan>)> {
-        let now = record::now_ms();
+    fn launch_one(&mut self, launch: &RunPlan) -> Option<(RunId, PathBuf, Option<TaskPlan>)> {
+        let key = launch.key.clone();
+        let now = clock::now_ms();
         if let Err(problem) = key.validate() {
             // No sandbox can be named after it, so this failure is not
             // durable: the server learns of it once.
             self.outbox
-                .push(&key, PhaseReport::failed(now, problem).to_proto(&key));
+                .push(&key, bare_report(&key, PhaseReport::failed(now, problem)));
             return None;
         }
         let dir = self.sandboxes.join(key.sandbox_name());
@@ -530,7 +523,7 @@ impl Supervisor {
                 self.runs.len()
             );
             self.outbox
-                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+                .push(&key, bare_report(&key, PhaseReport::failed(now, reason)));
             return None;
         }
         // Created first: a sandbox that exists already is looked at only
@@ -549,7 +542,7 @@ impl Supervisor {
         if let Err(e) = created {
             let reason = format!("cannot create the sandbox {}: {e}", dir.display());
             self.outbox
-                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+                .push(&key, bare_report(&key, PhaseReport::failed(now, reason)));
             return None;
         }
         let mut run = Run::new(
@@ -569,15 +562,11 @@ impl Supervisor {
                 health_check: None,
                 volume: None,
                 generation: 0,
-                kill_grace_ms: match launch.spec.as_ref().map_or(0, |s| s.kill_grace_period_ms) {
+                kill_grace_ms: match launch.task.as_ref().map_or(0, |t| t.kill_grace_ms) {
                     0 => DEFAULT_KILL_GRACE_MS,
                     ms => ms,
                 },
-                stop_signal: launch
-                    .spec
-                    .as_ref()
-                    .and_then(|s| stop_signal(&s.stop_signal))
-                    .map(|sig| sig as i32),
+                stop_signal: launch.task.as_ref().ok().and_then(|t| t.stop_signal),
                 resident_limit_bytes: None,
                 killed_by_agent: None,
                 journal: true,
@@ -603,7 +592,7 @@ impl Supervisor {
                     }
                     Err(e) => {
                         let reason = format!("cannot write the secrets into the sandbox: {e}");
-                        self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+                        self.end(&mut run, PhaseReport::failed(clock::now_ms(), reason));
                     }
                 }
             }
@@ -616,26 +605,16 @@ impl Supervisor {
     /// Checks the spec, takes ports, creates the cgroup, sets up the volume
     /// and the secrets, resolves the task plan (written to the journal with
     /// the run's first record).
-    fn prepare(&mut self, run: &mut Run, launch: &v1::LaunchRun) -> Result<(), String> {
-        let default_spec = v1::TaskSpec::default();
-        let spec = launch.spec.as_ref().unwrap_or(&default_spec);
-        let (program, args) = match (spec.command.is_empty(), spec.shell.is_empty()) {
-            (false, true) => (spec.command.clone(), spec.args.clone()),
-            (true, false) => (
-                "/bin/sh".to_owned(),
-                vec!["-c".to_owned(), spec.shell.clone()],
-            ),
-            (true, true) => return Err("the task spec sets neither command nor shell".to_owned()),
-            (false, false) => return Err("the task spec sets both command and shell".to_owned()),
+    fn prepare(&mut self, run: &mut Run, launch: &RunPlan) -> Result<(), String> {
+        let spec = launch.task.as_ref().map_err(Clone::clone)?;
+        let (program, args) = match &spec.command {
+            Command::Exec { program, args } => (program.clone(), args.clone()),
+            Command::Shell(line) => ("/bin/sh".to_owned(), vec!["-c".to_owned(), line.clone()]),
         };
         if program.contains('\0') || args.iter().any(|a| a.contains('\0')) {
             return Err("the task's command contains a NUL byte".to_owned());
         }
-        run.record.health_check = spec
-            .health_check
-            .as_ref()
-            .map(HealthCheckPlan::from_spec)
-            .transpose()?;
+        run.record.health_check.clone_from(&spec.health_check);
         let mut env: std::collections::BTreeMap<String, String> = INHERITED_ENV
             .iter()
             .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
@@ -659,28 +638,26 @@ impl Supervisor {
         );
         // Checked before anything is created for the run.
         let volume = match &launch.volume {
-            Some(mount) if !mount.id.is_empty() => {
-                volumes::validate_id(&mount.id)?;
-                let path = spec.volume.as_ref().map_or("", |v| v.path.as_str());
-                Some((mount.id.clone(), volumes::mount_path(path)?))
+            Some(id) => {
+                volumes::validate_id(id)?;
+                Some((id.clone(), volumes::mount_path(&spec.volume_path)?))
             }
-            _ => None,
+            None => None,
         };
         secrets::validate(&launch.secrets)?;
         let mut port_names = std::collections::BTreeSet::new();
-        for port in &spec.ports {
-            if port.name.is_empty() || !port_names.insert(ports::port_env_name(&port.name)) {
+        for name in &spec.ports {
+            if name.is_empty() || !port_names.insert(ports::port_env_name(name)) {
                 return Err(format!(
-                    "ports: {:?} is empty or names the same variable as another port",
-                    port.name
+                    "ports: {name:?} is empty or names the same variable as another port"
                 ));
             }
         }
         let numbers = self.ports.allocate(spec.ports.len())?;
-        for (spec_port, number) in spec.ports.iter().zip(&numbers) {
-            env.insert(ports::port_env_name(&spec_port.name), number.to_string());
+        for (name, number) in spec.ports.iter().zip(&numbers) {
+            env.insert(ports::port_env_name(name), number.to_string());
             run.record.ports.push(AssignedPort {
-                name: spec_port.name.clone(),
+                name: name.clone(),
                 port: *number,
             });
         }
@@ -708,7 +685,7 @@ impl Supervisor {
                 secrets::dir(&run.dir).to_string_lossy().into_owned(),
             );
         }
-        let resources = spec.resources.unwrap_or_default();
+        let resources = spec.resources;
         let mut plan = TaskPlan {
             program,
             args,
@@ -755,7 +732,7 @@ impl Supervisor {
                 continue;
             };
             if let Err(reason) = self.started(&mut run, start) {
-                self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+                self.end(&mut run, PhaseReport::failed(clock::now_ms(), reason));
             }
             self.runs.insert(key.clone(), run);
         }
@@ -776,7 +753,7 @@ impl Supervisor {
                 // launcher's clock said so, not since this answer was taken
                 // in (a short task may have ended meanwhile). Never later
                 // than now; 0 only from a launcher that sends no time.
-                let now = record::now_ms();
+                let now = clock::now_ms();
                 let started = if started_ms == 0 {
                     now
                 } else {
@@ -876,7 +853,7 @@ impl Supervisor {
     /// Looks at every live run once: started? exited? task gone? kill
     /// deadline passed?
     pub fn poll(&mut self) {
-        let now = record::now_ms();
+        let now = clock::now_ms();
         self.take_launcher_news();
         let keys: Vec<RunId> = self
             .runs
@@ -1079,23 +1056,19 @@ impl Supervisor {
     /// kill asked for. An unknown run is reported KILLED at once; an ended
     /// one has its final phase reported again; an acknowledged one stays
     /// silent (it is never reported again).
-    pub fn kill(&mut self, requests: &[v1::KillRun]) {
+    pub fn kill(&mut self, requests: &[KillRequest]) {
         let mut procs = LazySnapshot::default();
         for request in requests {
-            let Some(key) = &request.key else {
-                tracing::warn!("kill without a run key ignored");
-                continue;
-            };
             let timing = KillTiming {
                 delay_ms: request.delay_ms,
                 grace_ms: request.grace_ms,
             };
-            self.kill_one(RunId::from_proto(key), timing, &mut procs);
+            self.kill_one(request.key.clone(), timing, &mut procs);
         }
     }
 
     fn kill_one(&mut self, key: RunId, timing: KillTiming, procs: &mut LazySnapshot) {
-        let now = record::now_ms();
+        let now = clock::now_ms();
         let Some(mut run) = self.runs.remove(&key) else {
             let acked_on_disk = key.validate().is_ok()
                 && self
@@ -1110,7 +1083,8 @@ impl Supervisor {
                     reason: "not running on this host".to_owned(),
                     ..PhaseReport::new(Phase::Killed, now)
                 };
-                self.outbox.push(&key, report.to_proto(&key));
+                let report = bare_report(&key, report);
+                self.outbox.push(&key, report);
             }
             return;
         };
@@ -1195,10 +1169,9 @@ impl Supervisor {
 
     /// The server has recorded these runs' final phases: mark them on disk
     /// and forget them. Acknowledging a run that has not ended is ignored.
-    pub fn ack(&mut self, keys: &[v1::RunKey]) {
+    pub fn ack(&mut self, keys: &[RunId]) {
         for key in keys {
-            let key = RunId::from_proto(key);
-            let Some(run) = self.runs.get_mut(&key) else {
+            let Some(run) = self.runs.get_mut(key) else {
                 continue;
             };
             if !run.record.report.phase.is_final() {
@@ -1207,8 +1180,8 @@ impl Supervisor {
             }
             run.record.acked = true;
             persist(run, &self.open_journals);
-            self.outbox.remove(&key);
-            self.runs.remove(&key);
+            self.outbox.remove(key);
+            self.runs.remove(key);
         }
     }
 
@@ -1218,14 +1191,14 @@ impl Supervisor {
     }
 
     /// Up to `max` queued reports, oldest first.
-    pub fn take_reports(&mut self, max: usize) -> Vec<v1::RunReport> {
+    pub fn take_reports(&mut self, max: usize) -> Vec<RunReport> {
         self.report_health_changes();
         self.outbox.take(max)
     }
 
     /// The latest report of every run held, for `AgentRegister.runs`. The
     /// queued reports of these runs are dropped: this list supersedes them.
-    pub fn registration_runs(&mut self) -> Vec<v1::RunReport> {
+    pub fn registration_runs(&mut self) -> Vec<RunReport> {
         // Superseded too: the list carries every run's health of now.
         self.health_changes.take();
         let mut reports = Vec::with_capacity(self.runs.len());
@@ -1233,15 +1206,14 @@ impl Supervisor {
             self.outbox.remove(key);
             reports.push(run.report());
         }
-        reports.sort_by_key(|r| r.time_ms);
+        reports.sort_by_key(|r| r.phase.time_ms);
         reports
     }
 
     /// Where to read a run's stdout or stderr. Cheap (no file I/O): the
     /// reading happens in [`LogSource::read`]. A forgotten (acknowledged)
     /// run's log is still readable until its sandbox is collected.
-    pub fn log_source(&self, key: &v1::RunKey, stderr: bool) -> LogSource {
-        let key = RunId::from_proto(key);
+    pub fn log_source(&self, key: &RunId, stderr: bool) -> LogSource {
         if let Err(problem) = key.validate() {
             return LogSource {
                 result: Err(problem),
@@ -1254,15 +1226,14 @@ impl Supervisor {
             result: Ok((dir, file)),
             ended: self
                 .runs
-                .get(&key)
+                .get(key)
                 .map(|run| run.record.report.phase.is_final()),
         }
     }
 
-    /// Answers a `ReadLog` (blocking file I/O).
-    pub fn read_log(&self, request: &v1::ReadLog) -> v1::LogChunk {
-        let key = request.key.clone().unwrap_or_default();
-        self.log_source(&key, request.stderr).read(
+    /// Answers a log read (blocking file I/O).
+    pub fn read_log(&self, request: &LogRequest) -> LogChunk {
+        self.log_source(&request.key, request.stderr).read(
             request.request_id,
             request.offset,
             request.max_bytes,
@@ -1408,16 +1379,14 @@ fn final_report(exit: &ExitRecord, kill_requested: bool) -> PhaseReport {
     }
 }
 
-/// A task's `stop_signal` (empty: none, so SIGTERM). The server accepts
-/// only these names.
-fn stop_signal(name: &str) -> Option<Signal> {
-    Some(match name {
-        "SIGINT" => Signal::SIGINT,
-        "SIGQUIT" => Signal::SIGQUIT,
-        "SIGHUP" => Signal::SIGHUP,
-        "SIGUSR1" => Signal::SIGUSR1,
-        "SIGUSR2" => Signal::SIGUSR2,
-        "SIGPWR" => Signal::SIGPWR,
-        _ => return None,
-    })
+/// The report of a run the agent holds no record of (a launch refused
+/// before its sandbox exists, a kill of an unknown run).
+fn bare_report(key: &RunId, phase: PhaseReport) -> RunReport {
+    RunReport {
+        key: key.clone(),
+        phase,
+        ports: Vec::new(),
+        health: Health::None,
+        health_detail: String::new(),
+    }
 }

@@ -8,12 +8,15 @@
 //! only its running tasks' exit statuses (the runs end, FAILED) and is
 //! replaced at the next launch.
 
+mod supervised;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use peloton_agent::{Supervisor, SupervisorConfig};
+use peloton_agent::SupervisorConfig;
 use peloton_proto::v1;
+use supervised::ProtoSupervisor;
 use v1::RunPhase as P;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,7 +51,7 @@ fn config(dir: &Path) -> SupervisorConfig {
 
 /// A supervisor and the latest report of each of its runs.
 struct Harness {
-    supervisor: Supervisor,
+    supervisor: ProtoSupervisor,
     latest: HashMap<(u32, u64), v1::RunReport>,
 }
 
@@ -59,7 +62,7 @@ impl Harness {
 
     fn with(config: SupervisorConfig) -> Harness {
         Harness {
-            supervisor: Supervisor::open(config).expect("supervisor"),
+            supervisor: ProtoSupervisor::open(config).expect("supervisor"),
             latest: HashMap::new(),
         }
     }

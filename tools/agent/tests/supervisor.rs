@@ -6,12 +6,15 @@
 //! Tests wait for phases with generous timeouts and never assert how long
 //! anything took.
 
+mod supervised;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use peloton_agent::{GcPolicy, Isolation, PortRange, Supervisor, SupervisorConfig};
 use peloton_proto::v1;
+use supervised::ProtoSupervisor;
 use v1::RunPhase as P;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,7 +50,7 @@ fn config(dir: &Path) -> SupervisorConfig {
 
 /// A supervisor and every report it produced, per run.
 struct Harness {
-    supervisor: Supervisor,
+    supervisor: ProtoSupervisor,
     seen: HashMap<(String, u32, u32, u64), Vec<v1::RunReport>>,
 }
 
@@ -58,7 +61,7 @@ fn id(key: &v1::RunKey) -> (String, u32, u32, u64) {
 impl Harness {
     fn open(config: SupervisorConfig) -> Harness {
         Harness {
-            supervisor: Supervisor::open(config).expect("supervisor opens"),
+            supervisor: ProtoSupervisor::open(config).expect("supervisor opens"),
             seen: HashMap::new(),
         }
     }

@@ -32,6 +32,7 @@ use nix::unistd::{Pid, geteuid, getppid};
 
 use super::child::{self, ChildFailure, ChildPlan, NO_LIMIT};
 use super::protocol::{self, ANSWER_HOLD, Ended, MAX_REQUEST_BYTES, Message, Started};
+use crate::clock;
 use crate::isolation;
 use crate::proc::{self, ProcSnapshot, ProcessIdentity};
 use crate::record::{self, ExitRecord, STDERR_FILE, STDOUT_FILE, TaskPlan};
@@ -378,7 +379,7 @@ impl Serving {
         let pid = child::spawn_child(&child, &mut self.stack)?;
         let after = proc::boottime_ns();
         // The clock the run's `exit` entry will be stamped with.
-        let started_ms = record::now_ms();
+        let started_ms = clock::now_ms();
         let failure = child.failure.load(Ordering::Acquire);
         if failure != 0 {
             // It exited without executing the task: reap it here.
@@ -417,7 +418,7 @@ impl Serving {
 
     fn record_start_failure(&mut self, sandbox: &Path, reason: String) -> io::Result<()> {
         record::note(sandbox, &reason);
-        let exit = ExitRecord::start_failure(reason, record::now_ms());
+        let exit = ExitRecord::start_failure(reason, clock::now_ms());
         let mut journal = record::open_journal(sandbox)?;
         record::append_exit(&mut journal, &exit)
     }
@@ -595,7 +596,7 @@ impl Serving {
             cleanup.exit_code,
             cleanup.signal,
             oom_killed,
-            record::now_ms(),
+            clock::now_ms(),
         );
         let written = record::open_journal(&task.sandbox)
             .and_then(|mut journal| record::append_exit(&mut journal, &exit));
