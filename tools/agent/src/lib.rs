@@ -39,6 +39,7 @@ mod volumes;
 pub use cli::{
     AgentConfig, Args, ConfigError, IsolationChoice, ResourceOverrides, parse_resources,
 };
+pub use clock::now_ms;
 pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
 pub use launcher::run_launcher;

@@ -86,7 +86,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         work_dir = %config.supervisor.work_dir.display(),
         "offering"
     );
-    let supervisor = Supervisor::open(config.supervisor)?;
+    let supervisor = Supervisor::open(config.supervisor, peloton_agent::now_ms())?;
     tracing::info!(
         runs = supervisor.run_count(),
         "runs taken over from the work directory"

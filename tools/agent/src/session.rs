@@ -231,11 +231,11 @@ async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Du
             "stopping the runs (SIGTERM, SIGKILL after each one's kill grace period; stop again to kill them now)"
         );
     }
-    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own));
+    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own, clock::now_ms()));
     let mut killed_now = false;
     loop {
         let live = with_supervisor(supervisor, |s| {
-            s.poll();
+            s.poll(clock::now_ms());
             s.live_runs()
         });
         if live == 0 {
@@ -247,7 +247,7 @@ async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Du
             Some(()) = stop.recv(), if !killed_now => {
                 killed_now = true;
                 tracing::info!(runs = live, "killing the runs now");
-                with_supervisor(supervisor, |s| s.kill_all(StopGrace::Now));
+                with_supervisor(supervisor, |s| s.kill_all(StopGrace::Now, clock::now_ms()));
             }
         }
     }
@@ -275,7 +275,7 @@ async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
             }
         }
         let waiting = with_supervisor(&supervisor, |s| {
-            s.poll();
+            s.poll(clock::now_ms());
             s.pending_reports()
         });
         if waiting > 0 {
@@ -409,7 +409,7 @@ async fn connect_loop(
                     let mut s = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
                     let live = s.live_runs();
                     if live > 0 {
-                        s.kill_all(StopGrace::Own);
+                        s.kill_all(StopGrace::Own, clock::now_ms());
                     }
                     live
                 };
@@ -692,7 +692,7 @@ async fn send(
 
 fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> v1::AgentRegister {
     let (isolation, runs, ports, volumes) = with_supervisor(supervisor, |s| {
-        s.poll();
+        s.poll(clock::now_ms());
         (
             s.isolation().name(),
             s.registration_runs()
@@ -777,7 +777,10 @@ async fn handle(
                 if chunk.is_empty() {
                     return Ok(more);
                 }
-                more = with_supervisor_then_send(supervisor, tx, move |s| s.launch(&chunk)).await?;
+                more = with_supervisor_then_send(supervisor, tx, move |s| {
+                    s.launch(&chunk, clock::now_ms());
+                })
+                .await?;
                 if runs.peek().is_some() {
                     // Polls and log reads get their turn between chunks.
                     tokio::task::yield_now().await;
@@ -787,7 +790,10 @@ async fn handle(
         Some(Kind::Kill(kill)) => {
             tracing::debug!(runs = kill.runs.len(), "kill");
             let kills: Vec<_> = kill.runs.iter().filter_map(codec::kill_request).collect();
-            return with_supervisor_then_send(supervisor, tx, move |s| s.kill(&kills)).await;
+            return with_supervisor_then_send(supervisor, tx, move |s| {
+                s.kill(&kills, clock::now_ms());
+            })
+            .await;
         }
         Some(Kind::Ack(ack)) => {
             let keys: Vec<_> = ack.keys.iter().map(codec::run_id).collect();

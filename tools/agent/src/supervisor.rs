@@ -38,7 +38,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
 
-use crate::clock;
 use crate::gc::{self, GcOutcome, GcPolicy};
 use crate::health::{CheckTarget, HealthChecker, HealthInbox, Verdict};
 use crate::isolation::{self, Isolation};
@@ -343,8 +342,8 @@ impl Supervisor {
     /// Locks the work directory, then takes over every run found in it:
     /// live ones are watched again, ended-but-unacknowledged ones will be
     /// reported again, ones whose task vanished without a word are ended
-    /// (KILLED if a kill was requested, else FAILED).
-    pub fn open(mut config: SupervisorConfig) -> Result<Supervisor, SupervisorError> {
+    /// (KILLED if a kill was requested, else FAILED), at `now_ms`.
+    pub fn open(mut config: SupervisorConfig, now_ms: u64) -> Result<Supervisor, SupervisorError> {
         let given = config.work_dir.clone();
         let work_dir_error = |error| SupervisorError::WorkDir {
             path: given.clone(),
@@ -394,11 +393,11 @@ impl Supervisor {
             memory_watched_ms: 0,
             _lock: lock,
         };
-        supervisor.adopt_all().map_err(work_dir_error)?;
+        supervisor.adopt_all(now_ms).map_err(work_dir_error)?;
         Ok(supervisor)
     }
 
-    fn adopt_all(&mut self) -> io::Result<()> {
+    fn adopt_all(&mut self, now_ms: u64) -> io::Result<()> {
         for entry in fs::read_dir(&self.sandboxes)? {
             let dir = entry?.path();
             if !dir.is_dir() {
@@ -444,7 +443,7 @@ impl Supervisor {
             let key = record.key.clone();
             self.runs.insert(key, Run::new(record, dir));
         }
-        self.poll();
+        self.poll(now_ms);
         Ok(())
     }
 
@@ -481,26 +480,30 @@ impl Supervisor {
     }
 
     /// Starts runs. A run whose sandbox already exists was launched before:
-    /// the launch is ignored (launches are idempotent).
-    pub fn launch(&mut self, runs: &[RunPlan]) {
+    /// the launch is ignored (launches are idempotent). `now_ms` is the
+    /// time of the launch (the wall clock, ms).
+    pub fn launch(&mut self, runs: &[RunPlan], now_ms: u64) {
         // Runs on record and ready (in `self.runs` already), whose tasks
         // start together.
         let mut ready = Vec::new();
         for plan in runs {
-            if let Some(run) = self.launch_one(plan) {
+            if let Some(run) = self.launch_one(plan, now_ms) {
                 ready.push(run);
             }
         }
-        self.start_tasks(ready);
+        self.start_tasks(ready, now_ms);
     }
 
     /// Takes a run in (into `self.runs`, unless it is a known run): its
     /// sandbox made and its first record written, its key is returned with
     /// its sandbox and task plan to have its task started (by
     /// [`Supervisor::start_tasks`]), unless it has failed already.
-    fn launch_one(&mut self, launch: &RunPlan) -> Option<(RunId, PathBuf, Option<TaskPlan>)> {
+    fn launch_one(
+        &mut self,
+        launch: &RunPlan,
+        now: u64,
+    ) -> Option<(RunId, PathBuf, Option<TaskPlan>)> {
         let key = launch.key.clone();
-        let now = clock::now_ms();
         if let Err(problem) = key.validate() {
             // No sandbox can be named after it, so this failure is not
             // durable: the server learns of it once.
@@ -592,7 +595,7 @@ impl Supervisor {
                     }
                     Err(e) => {
                         let reason = format!("cannot write the secrets into the sandbox: {e}");
-                        self.end(&mut run, PhaseReport::failed(clock::now_ms(), reason));
+                        self.end(&mut run, PhaseReport::failed(now, reason));
                     }
                 }
             }
@@ -714,7 +717,7 @@ impl Supervisor {
 
     /// Starts the tasks of runs taken in by [`Supervisor::launch_one`], in
     /// order, through the launcher in one batch of requests.
-    fn start_tasks(&mut self, ready: Vec<(RunId, PathBuf, Option<TaskPlan>)>) {
+    fn start_tasks(&mut self, ready: Vec<(RunId, PathBuf, Option<TaskPlan>)>, now_ms: u64) {
         if ready.is_empty() {
             return;
         }
@@ -731,15 +734,15 @@ impl Supervisor {
             let Some(mut run) = self.runs.remove(key) else {
                 continue;
             };
-            if let Err(reason) = self.started(&mut run, start) {
-                self.end(&mut run, PhaseReport::failed(clock::now_ms(), reason));
+            if let Err(reason) = self.started(&mut run, start, now_ms) {
+                self.end(&mut run, PhaseReport::failed(now_ms, reason));
             }
             self.runs.insert(key.clone(), run);
         }
     }
 
     /// Takes in what became of the start of `run`'s task.
-    fn started(&mut self, run: &mut Run, start: Start) -> Result<(), String> {
+    fn started(&mut self, run: &mut Run, start: Start, now_ms: u64) -> Result<(), String> {
         match start {
             Start::Running {
                 task,
@@ -750,15 +753,12 @@ impl Supervisor {
                 run.record.launcher = Some(launcher);
                 // The task has executed: it runs (a `started` entry
                 // would say no more than this record does) since the
-                // launcher's clock said so, not since this answer was taken
-                // in (a short task may have ended meanwhile). Never later
-                // than now; 0 only from a launcher that sends no time.
-                let now = clock::now_ms();
-                let started = if started_ms == 0 {
-                    now
-                } else {
-                    started_ms.min(now)
-                };
+                // launcher's clock said so (the wall clock it stamps the
+                // run's `exit` entry with), not since the launch or this
+                // answer (a short task may have ended meanwhile). 0 only
+                // from a launcher that sends no time. A clock stepped back
+                // meanwhile cannot end the run before it started (`end`).
+                let started = if started_ms == 0 { now_ms } else { started_ms };
                 run.record.report = PhaseReport::new(Phase::Running, started);
                 self.commit(run);
                 Ok(())
@@ -851,9 +851,9 @@ impl Supervisor {
     }
 
     /// Looks at every live run once: started? exited? task gone? kill
-    /// deadline passed?
-    pub fn poll(&mut self) {
-        let now = clock::now_ms();
+    /// deadline passed? `now_ms` is the wall clock (ms) of the look.
+    pub fn poll(&mut self, now_ms: u64) {
+        let now = now_ms;
         self.take_launcher_news();
         let keys: Vec<RunId> = self
             .runs
@@ -1055,20 +1055,20 @@ impl Supervisor {
     /// run never puts its signals off: each goes at the earliest time any
     /// kill asked for. An unknown run is reported KILLED at once; an ended
     /// one has its final phase reported again; an acknowledged one stays
-    /// silent (it is never reported again).
-    pub fn kill(&mut self, requests: &[KillRequest]) {
+    /// silent (it is never reported again). `now_ms` is the time of the
+    /// kill.
+    pub fn kill(&mut self, requests: &[KillRequest], now_ms: u64) {
         let mut procs = LazySnapshot::default();
         for request in requests {
             let timing = KillTiming {
                 delay_ms: request.delay_ms,
                 grace_ms: request.grace_ms,
             };
-            self.kill_one(request.key.clone(), timing, &mut procs);
+            self.kill_one(request.key.clone(), timing, now_ms, &mut procs);
         }
     }
 
-    fn kill_one(&mut self, key: RunId, timing: KillTiming, procs: &mut LazySnapshot) {
-        let now = clock::now_ms();
+    fn kill_one(&mut self, key: RunId, timing: KillTiming, now: u64, procs: &mut LazySnapshot) {
         let Some(mut run) = self.runs.remove(&key) else {
             let acked_on_disk = key.validate().is_ok()
                 && self
@@ -1133,8 +1133,9 @@ impl Supervisor {
     /// SIGKILL once the grace has passed: each run's own kill grace period,
     /// or none with [`StopGrace::Now`]); they end KILLED, reported to the
     /// next session. Used when the agent stops with its tasks
-    /// (`--stop-tasks-on-exit`). Returns how many runs are still alive.
-    pub fn kill_all(&mut self, grace: StopGrace) -> usize {
+    /// (`--stop-tasks-on-exit`), at `now_ms`. Returns how many runs are
+    /// still alive.
+    pub fn kill_all(&mut self, grace: StopGrace, now_ms: u64) -> usize {
         let live: Vec<(RunId, KillTiming)> = self
             .runs
             .iter()
@@ -1154,7 +1155,7 @@ impl Supervisor {
             .collect();
         let mut procs = LazySnapshot::default();
         for (key, timing) in live {
-            self.kill_one(key, timing, &mut procs);
+            self.kill_one(key, timing, now_ms, &mut procs);
         }
         self.live_runs()
     }

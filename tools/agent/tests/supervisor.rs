@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use peloton_agent::{GcPolicy, Isolation, PortRange, Supervisor, SupervisorConfig};
+use peloton_agent::{GcPolicy, Isolation, PortRange, SupervisorConfig};
 use peloton_proto::v1;
 use supervised::ProtoSupervisor;
 use v1::RunPhase as P;
@@ -509,7 +509,7 @@ fn a_second_supervisor_readopts_live_runs() {
         first.wait_for(&killed_later, P::Running);
         sandbox = first.sandbox(&waits);
         // A second agent cannot take the same work directory meanwhile.
-        assert!(Supervisor::open(config(dir.path())).is_err());
+        assert!(ProtoSupervisor::open(config(dir.path())).is_err());
     }
     // The first supervisor is gone (as if the agent restarted); the tasks
     // are not.
@@ -1021,4 +1021,54 @@ fn secrets_are_removed_when_the_run_ends_even_after_a_restart() {
         !secret_of(&second, &waits).exists(),
         "removed by the supervisor that took the run over"
     );
+}
+
+/// A kill's deadlines are kept in the time the supervisor is given, never
+/// read from the clock behind its back: a task that ignores SIGTERM is
+/// still running however long after the kill the clock really is, as long
+/// as the polls say its grace has not passed, and is SIGKILLed by the
+/// first poll that says it has.
+#[test]
+fn kill_deadlines_follow_the_time_the_supervisor_is_given() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-clock", 0);
+    h.supervisor.launch(&[launch(
+        &k,
+        shell("trap '' TERM; touch ready; exec sleep 600"),
+    )]);
+    h.wait_for(&k, P::Running);
+    let ready = h.sandbox(&k).join("ready");
+    wait_until("the task ignores SIGTERM", || ready.exists());
+    let kill_ms = peloton_agent::now_ms();
+    let grace_ms = 60_000;
+    h.supervisor.kill_at(
+        &[v1::KillRun {
+            key: Some(k.clone()),
+            grace_ms,
+            delay_ms: 0,
+        }],
+        kill_ms,
+    );
+    // Past the SIGTERM by the real clock, and a moment short of the
+    // deadline by the given one: it runs on.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..5 {
+        h.supervisor.poll_at(kill_ms + grace_ms - 1);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(h.latest(&k).map(|r| r.phase()), Some(P::Running));
+    // The deadline, by the given clock: SIGKILL, and the run ends KILLED.
+    let start = Instant::now();
+    let killed = loop {
+        h.supervisor.poll_at(kill_ms + grace_ms);
+        if let Some(report) = h.latest(&k)
+            && report.phase() == P::Killed
+        {
+            break report;
+        }
+        assert!(start.elapsed() < TIMEOUT, "not killed: {:?}", h.reports(&k));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(killed.signal, 9, "{killed:?}");
 }

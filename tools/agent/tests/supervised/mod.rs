@@ -1,13 +1,14 @@
 //! The supervisor driven in the server's words: every call that takes or
 //! gives runs goes through the session's codec, as the server's messages
-//! do; everything else is the supervisor's own (through `Deref`).
+//! do, at the wall clock's time of the call; everything else is the
+//! supervisor's own (through `Deref`).
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 
-use peloton_agent::{Supervisor, SupervisorConfig, SupervisorError, codec};
+use peloton_agent::{StopGrace, Supervisor, SupervisorConfig, SupervisorError, codec, now_ms};
 use peloton_proto::v1;
 
 #[derive(Debug)]
@@ -15,17 +16,36 @@ pub struct ProtoSupervisor(Supervisor);
 
 impl ProtoSupervisor {
     pub fn open(config: SupervisorConfig) -> Result<ProtoSupervisor, SupervisorError> {
-        Supervisor::open(config).map(ProtoSupervisor)
+        Supervisor::open(config, now_ms()).map(ProtoSupervisor)
     }
 
     pub fn launch(&mut self, runs: &[v1::LaunchRun]) {
         let plans: Vec<_> = runs.iter().cloned().filter_map(codec::run_plan).collect();
-        self.0.launch(&plans);
+        self.0.launch(&plans, now_ms());
     }
 
     pub fn kill(&mut self, kills: &[v1::KillRun]) {
         let kills: Vec<_> = kills.iter().filter_map(codec::kill_request).collect();
-        self.0.kill(&kills);
+        self.0.kill(&kills, now_ms());
+    }
+
+    pub fn poll(&mut self) {
+        self.0.poll(now_ms());
+    }
+
+    /// A poll as if the wall clock said `now_ms`.
+    pub fn poll_at(&mut self, now_ms: u64) {
+        self.0.poll(now_ms);
+    }
+
+    /// A kill as if the wall clock said `now_ms`.
+    pub fn kill_at(&mut self, kills: &[v1::KillRun], now_ms: u64) {
+        let kills: Vec<_> = kills.iter().filter_map(codec::kill_request).collect();
+        self.0.kill(&kills, now_ms);
+    }
+
+    pub fn kill_all(&mut self, grace: StopGrace) -> usize {
+        self.0.kill_all(grace, now_ms())
     }
 
     pub fn ack(&mut self, keys: &[v1::RunKey]) {
