@@ -3,17 +3,17 @@
 //! [`AgentConfig`], everything resolved — token file read, host name and
 //! undeclared resources detected, isolation chosen.
 //!
-//! The hidden wrapper mode (`peloton-agent exec`) is not part of
-//! [`Args`]: the binary recognises it by its first argument
-//! before anything else happens, so they never start an async runtime and
-//! never show up in `--help`.
+//! The hidden launcher mode (`peloton-agent launcher`, see `launcher`) is
+//! not part of [`Args`]: the binary recognises it by its first argument
+//! before anything else happens, so it never starts an async runtime and
+//! never shows up in `--help`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::run::Resources;
 use clap::{Parser, ValueEnum};
-use peloton_proto::v1;
 
 use crate::detect;
 use crate::gc::GcPolicy;
@@ -26,9 +26,10 @@ const RESOURCE_KEYS: &str = "cpu, mem, disk, gpu";
 
 /// `peloton-agent`: runs Peloton tasks on this machine for a Peloton server.
 ///
-/// SIGTERM or SIGINT stops the agent without stopping its tasks: each runs
-/// under its own wrapper process, and an agent started again on the same
-/// work directory takes them over (unless --stop-tasks-on-exit).
+/// SIGTERM or SIGINT stops the agent without stopping its tasks: they are
+/// children of the agent's launcher process, which outlives the agent and
+/// records how each ends, and an agent started again on the same work
+/// directory takes them over (unless --stop-tasks-on-exit).
 #[derive(Debug, Parser)]
 #[command(name = "peloton-agent", version)]
 pub struct Args {
@@ -257,9 +258,9 @@ pub enum ConfigError {
 }
 
 impl Args {
-    /// Reads the token file, detects what was not given. `wrapper_exe` is
-    /// the binary to run as the per-run wrapper (the agent's own).
-    pub fn resolve(self, wrapper_exe: PathBuf) -> Result<AgentConfig, ConfigError> {
+    /// Reads the token file, detects what was not given. `agent_exe` is
+    /// the agent's own binary (executed once as the launcher).
+    pub fn resolve(self, agent_exe: PathBuf) -> Result<AgentConfig, ConfigError> {
         let token = match (&self.token, &self.token_file) {
             (_, Some(path)) => {
                 let text =
@@ -321,7 +322,7 @@ impl Args {
         };
         let supervisor = SupervisorConfig {
             work_dir: self.work_dir,
-            wrapper_exe,
+            agent_exe,
             isolation,
             ports: self.ports,
             max_runs: self.max_runs,
@@ -357,20 +358,17 @@ impl Args {
 
 /// The given dimensions, the rest detected (detection runs only if some
 /// dimension is missing).
-fn merge_resources(
-    given: ResourceOverrides,
-    detect: impl FnOnce() -> v1::Resources,
-) -> v1::Resources {
+fn merge_resources(given: ResourceOverrides, detect: impl FnOnce() -> Resources) -> Resources {
     let all_given = given.cpu.is_some()
         && given.memory_mb.is_some()
         && given.disk_mb.is_some()
         && given.gpu.is_some();
     let detected = if all_given {
-        v1::Resources::default()
+        Resources::default()
     } else {
         detect()
     };
-    v1::Resources {
+    Resources {
         cpu: given.cpu.unwrap_or(detected.cpu),
         memory_mb: given.memory_mb.unwrap_or(detected.memory_mb),
         disk_mb: given.disk_mb.unwrap_or(detected.disk_mb),
@@ -493,7 +491,7 @@ mod tests {
 
     #[test]
     fn given_resources_win_and_the_rest_is_detected() {
-        let detected = || v1::Resources {
+        let detected = || Resources {
             cpu: 8.0,
             memory_mb: 1000.0,
             disk_mb: 50.0,

@@ -13,14 +13,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use peloton_proto::v1;
+use crate::run::Resources;
 
 const MIB: f64 = 1024.0 * 1024.0;
 const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Every dimension detected.
-pub fn detect_resources(work_dir: &Path) -> v1::Resources {
-    v1::Resources {
+pub fn detect_resources(work_dir: &Path) -> Resources {
+    Resources {
         cpu: cpu_cores(),
         memory_mb: memory_mib().unwrap_or(0.0),
         disk_mb: disk_mib(work_dir).unwrap_or(0.0),

@@ -32,22 +32,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
-use peloton_proto::v1;
-use serde::{Deserialize, Serialize};
 
-use crate::record::{self, AssignedPort, HEALTH_OUTPUT_FILE, RunId};
+use crate::clock;
+use crate::record::{self, HEALTH_OUTPUT_FILE};
+use crate::run::{AssignedPort, CheckKind, Health, HealthCheckPlan, RunId};
 
-/// `interval_ms` when the spec says 0.
-pub(crate) const DEFAULT_INTERVAL_MS: u64 = 10_000;
-/// `timeout_ms` when the spec says 0.
-pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 5_000;
-/// `max_consecutive_failures` when the spec says 0.
-pub(crate) const DEFAULT_MAX_CONSECUTIVE_FAILURES: u32 = 3;
-/// Checks more often than this would be a busy loop of shells.
-const MIN_INTERVAL_MS: u64 = 100;
-/// Longest interval, timeout or initial delay honoured (one day): larger
-/// values are clamped, so deadlines never overflow.
-const MAX_DURATION_MS: u64 = 86_400_000;
 /// The check's output or error kept for `health_detail`, at most.
 const MAX_DETAIL_BYTES: usize = 1024;
 /// Checker threads sleep almost all the time and hold little: a check's
@@ -57,81 +46,10 @@ const CHECKER_STACK_BYTES: usize = 512 << 10;
 /// 1 ms and doubles, so a quick check is seen quickly).
 const COMMAND_POLL_MAX: Duration = Duration::from_millis(50);
 
-/// What to check, resolved from the spec (`run.json` keeps it, so a
-/// restarted agent checks re-adopted runs the same way).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum CheckKind {
-    /// `/bin/sh -c <line>` in the sandbox with the task's environment.
-    Command { line: String },
-    /// GET `http://127.0.0.1:<port named port><path>`.
-    Http { port: String, path: String },
-    /// A TCP connection to `127.0.0.1:<port named port>`.
-    Tcp { port: String },
-}
-
-/// A run's health check with its defaults applied.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct HealthCheckPlan {
-    pub(crate) kind: CheckKind,
-    pub(crate) initial_delay_ms: u64,
-    pub(crate) interval_ms: u64,
-    pub(crate) timeout_ms: u64,
-    pub(crate) max_consecutive_failures: u32,
-}
-
-impl HealthCheckPlan {
-    /// The plan of a spec's check; an error for a check the agent cannot
-    /// run at all (no kind, a NUL byte in the command).
-    pub(crate) fn from_spec(spec: &v1::HealthCheck) -> Result<HealthCheckPlan, String> {
-        use v1::health_check::Kind;
-        let kind = match &spec.kind {
-            None => {
-                return Err(
-                    "the task's health check sets none of command, http and tcp_port".to_owned(),
-                );
-            }
-            Some(Kind::Command(line)) => {
-                if line.trim().is_empty() || line.contains('\0') {
-                    return Err(
-                        "the task's health check command is empty or contains a NUL byte"
-                            .to_owned(),
-                    );
-                }
-                CheckKind::Command { line: line.clone() }
-            }
-            Some(Kind::Http(http)) => CheckKind::Http {
-                port: http.port.clone(),
-                path: if http.path.is_empty() {
-                    "/".to_owned()
-                } else if http.path.starts_with('/') {
-                    http.path.clone()
-                } else {
-                    format!("/{}", http.path)
-                },
-            },
-            Some(Kind::TcpPort(port)) => CheckKind::Tcp { port: port.clone() },
-        };
-        let or_default = |ms: u64, default: u64| if ms == 0 { default } else { ms };
-        Ok(HealthCheckPlan {
-            kind,
-            initial_delay_ms: spec.initial_delay_ms.min(MAX_DURATION_MS),
-            interval_ms: or_default(spec.interval_ms, DEFAULT_INTERVAL_MS)
-                .clamp(MIN_INTERVAL_MS, MAX_DURATION_MS),
-            timeout_ms: or_default(spec.timeout_ms, DEFAULT_TIMEOUT_MS).min(MAX_DURATION_MS),
-            max_consecutive_failures: if spec.max_consecutive_failures == 0 {
-                DEFAULT_MAX_CONSECUTIVE_FAILURES
-            } else {
-                spec.max_consecutive_failures
-            },
-        })
-    }
-}
-
 /// A run's health as reported: `health_detail` is set only when unhealthy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Verdict {
-    pub(crate) health: v1::Health,
+    pub(crate) health: Health,
     pub(crate) detail: String,
 }
 
@@ -139,14 +57,14 @@ impl Verdict {
     /// A run without a check.
     pub(crate) fn none() -> Verdict {
         Verdict {
-            health: v1::Health::None,
+            health: Health::None,
             detail: String::new(),
         }
     }
 
     pub(crate) fn unknown() -> Verdict {
         Verdict {
-            health: v1::Health::Unknown,
+            health: Health::Unknown,
             detail: String::new(),
         }
     }
@@ -157,7 +75,7 @@ impl Verdict {
 /// failures in a row (whether or not a check ever passed).
 #[derive(Debug, Clone)]
 pub(crate) struct HealthTracker {
-    health: v1::Health,
+    health: Health,
     consecutive_failures: u32,
     max_consecutive_failures: u32,
     last_failure: String,
@@ -167,7 +85,7 @@ impl HealthTracker {
     pub(crate) fn new(max_consecutive_failures: u32) -> HealthTracker {
         assert!(max_consecutive_failures > 0, "defaults are applied first");
         HealthTracker {
-            health: v1::Health::Unknown,
+            health: Health::Unknown,
             consecutive_failures: 0,
             max_consecutive_failures,
             last_failure: String::new(),
@@ -181,18 +99,18 @@ impl HealthTracker {
             Ok(()) => {
                 self.consecutive_failures = 0;
                 self.last_failure.clear();
-                self.health = v1::Health::Healthy;
+                self.health = Health::Healthy;
             }
             Err(detail) => {
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1);
                 self.last_failure = detail;
                 if self.consecutive_failures >= self.max_consecutive_failures {
-                    self.health = v1::Health::Unhealthy;
+                    self.health = Health::Unhealthy;
                 }
             }
         }
         debug_assert!(
-            self.health != v1::Health::Unhealthy
+            self.health != Health::Unhealthy
                 || self.consecutive_failures >= self.max_consecutive_failures
         );
         self.health != before
@@ -201,7 +119,7 @@ impl HealthTracker {
     pub(crate) fn verdict(&self) -> Verdict {
         Verdict {
             health: self.health,
-            detail: if self.health == v1::Health::Unhealthy {
+            detail: if self.health == Health::Unhealthy {
                 self.last_failure.clone()
             } else {
                 String::new()
@@ -350,7 +268,7 @@ fn check_loop(
     // Wall-clock, because the start time is: a re-adopted run whose delay
     // has passed is checked at once.
     let first_ms = target.started_ms.saturating_add(plan.initial_delay_ms);
-    let now_ms = record::now_ms();
+    let now_ms = clock::now_ms();
     if first_ms > now_ms && cell.sleep(Duration::from_millis(first_ms - now_ms)) {
         return;
     }
@@ -579,12 +497,12 @@ mod tests {
         assert_eq!(t.verdict(), Verdict::unknown());
         assert!(!t.record(failed("a")));
         assert!(!t.record(failed("b")));
-        assert_eq!(t.verdict().health, v1::Health::Unknown);
+        assert_eq!(t.verdict().health, Health::Unknown);
         assert!(t.record(failed("c")), "the third failure in a row decides");
         assert_eq!(
             t.verdict(),
             Verdict {
-                health: v1::Health::Unhealthy,
+                health: Health::Unhealthy,
                 detail: "c".to_owned()
             }
         );
@@ -595,7 +513,7 @@ mod tests {
         assert_eq!(
             t.verdict(),
             Verdict {
-                health: v1::Health::Healthy,
+                health: Health::Healthy,
                 detail: String::new()
             }
         );
@@ -605,73 +523,16 @@ mod tests {
         assert!(!t.record(Ok(())));
         assert!(!t.record(failed("g")));
         assert!(!t.record(failed("h")));
-        assert_eq!(t.verdict().health, v1::Health::Healthy);
+        assert_eq!(t.verdict().health, Health::Healthy);
         assert!(t.record(failed("i")));
-        assert_eq!(t.verdict().health, v1::Health::Unhealthy);
+        assert_eq!(t.verdict().health, Health::Unhealthy);
     }
 
     #[test]
     fn one_failure_is_enough_when_the_limit_is_one() {
         let mut t = HealthTracker::new(1);
         assert!(t.record(failed("down")));
-        assert_eq!(t.verdict().health, v1::Health::Unhealthy);
-    }
-
-    #[test]
-    fn plans_apply_defaults_and_refuse_what_cannot_run() {
-        let spec = v1::HealthCheck {
-            kind: Some(v1::health_check::Kind::Http(v1::HttpHealthCheck {
-                port: "http".to_owned(),
-                path: String::new(),
-            })),
-            ..v1::HealthCheck::default()
-        };
-        assert_eq!(
-            HealthCheckPlan::from_spec(&spec),
-            Ok(HealthCheckPlan {
-                kind: CheckKind::Http {
-                    port: "http".to_owned(),
-                    path: "/".to_owned()
-                },
-                initial_delay_ms: 0,
-                interval_ms: DEFAULT_INTERVAL_MS,
-                timeout_ms: DEFAULT_TIMEOUT_MS,
-                max_consecutive_failures: DEFAULT_MAX_CONSECUTIVE_FAILURES,
-            })
-        );
-        let spec = v1::HealthCheck {
-            kind: Some(v1::health_check::Kind::Http(v1::HttpHealthCheck {
-                port: "http".to_owned(),
-                path: "ready".to_owned(),
-            })),
-            interval_ms: 1,
-            timeout_ms: u64::MAX,
-            initial_delay_ms: u64::MAX,
-            max_consecutive_failures: 7,
-        };
-        let plan = HealthCheckPlan::from_spec(&spec).expect("valid");
-        assert_eq!(
-            plan.kind,
-            CheckKind::Http {
-                port: "http".to_owned(),
-                path: "/ready".to_owned()
-            }
-        );
-        assert_eq!(
-            (
-                plan.interval_ms,
-                plan.timeout_ms,
-                plan.initial_delay_ms,
-                plan.max_consecutive_failures
-            ),
-            (MIN_INTERVAL_MS, MAX_DURATION_MS, MAX_DURATION_MS, 7)
-        );
-        assert!(HealthCheckPlan::from_spec(&v1::HealthCheck::default()).is_err());
-        let nul = v1::HealthCheck {
-            kind: Some(v1::health_check::Kind::Command("true\0".to_owned())),
-            ..v1::HealthCheck::default()
-        };
-        assert!(HealthCheckPlan::from_spec(&nul).is_err());
+        assert_eq!(t.verdict().health, Health::Unhealthy);
     }
 
     #[test]

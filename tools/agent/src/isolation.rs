@@ -16,14 +16,15 @@
 //! 32 MB. The parent cgroup holds no process
 //! itself (cgroup v2 forbids processes in a cgroup whose controllers are
 //! enabled for its children); each run gets `<parent>/<sandbox name>`, which
-//! only the task tree joins — the wrapper stays outside, so `cgroup.kill`
-//! and the OOM killer never take the process that records the exit status.
+//! only the task tree joins (the task's child joins it before it executes
+//! the task) — the launcher stays outside, so `cgroup.kill` and the OOM
+//! killer never take the process that records the exit status.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use peloton_proto::v1;
+use crate::run::Resources;
 
 /// Where cgroup v2 must be mounted for the agent to use it.
 pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
@@ -151,7 +152,7 @@ fn enable_controllers(dir: &Path) -> Result<(), String> {
 pub(crate) fn create_run_cgroup(
     parent: &Path,
     name: &str,
-    resources: &v1::Resources,
+    resources: &Resources,
 ) -> io::Result<PathBuf> {
     let dir = parent.join(name);
     match fs::create_dir(&dir) {
@@ -234,12 +235,6 @@ pub(crate) fn remove_cgroup(dir: &Path) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
-}
-
-/// Moves the calling process into the cgroup (the wrapper's forked child, just before
-/// it executes the task, so that the whole task tree is inside).
-pub(crate) fn join_cgroup(dir: &Path) -> io::Result<()> {
-    fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
 }
 
 #[cfg(test)]

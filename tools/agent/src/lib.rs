@@ -2,10 +2,10 @@
 //!
 //! The agent holds one gRPC stream to the server (`session`), and a
 //! [`Supervisor`] that owns the runs: each run is a sandbox directory, a
-//! task started, waited for and cleaned up after by the agent's keeper
-//! process (`spawner`; a per-run wrapper, `wrapper`, when no keeper can
-//! start), and the records on disk that let a restarted agent take its
-//! runs back (`record`). The design rule is that the disk, not the agent's
+//! task started, waited for and cleaned up after by the agent's launcher
+//! process (`launcher`: one per agent, it outlives the agent), and the
+//! records on disk that let a restarted agent take its runs back
+//! (`record`). The design rule is that the disk, not the agent's
 //! memory, is the truth about a run: the agent may die at any moment, its
 //! tasks keep running, their exit statuses are still recorded, and the
 //! next agent on the same work directory reports exactly what the server
@@ -21,31 +21,36 @@
 //! supervisor without a server; it must not know the gateway.
 
 mod cli;
+mod clock;
 mod detect;
 mod gc;
 mod health;
 mod isolation;
+mod launcher;
 mod ports;
 mod proc;
 mod record;
+mod run;
 mod secrets;
 mod session;
-mod spawner;
 mod supervisor;
 mod volumes;
-mod wrapper;
 
 pub use cli::{
     AgentConfig, Args, ConfigError, IsolationChoice, ResourceOverrides, parse_resources,
 };
+pub use clock::now_ms;
 pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
+pub use launcher::run_launcher;
 pub use ports::PortRange;
-pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, run as run_session};
-pub use spawner::run_spawner;
+pub use run::{
+    AssignedPort, CheckKind, Command, Health, HealthCheckPlan, KillRequest, LogChunk, LogRequest,
+    Phase, PhaseReport, Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
+};
+pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, codec, run as run_session};
 pub use supervisor::{
     DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, StopGrace, Supervisor,
     SupervisorConfig, SupervisorError,
 };
 pub use volumes::VolumeDeletion;
-pub use wrapper::run_wrapper;

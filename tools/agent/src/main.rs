@@ -1,39 +1,36 @@
 //! `peloton-agent`: the host agent binary (see `peloton-agent --help`).
 //!
-//! The same binary is also the agent's keeper (`peloton-agent spawner`,
-//! which starts every task and records its end) and, when no keeper can
-//! start, a run's wrapper (`peloton-agent exec`); those hidden modes are
-//! recognised by the first argument before anything else, and run without
+//! The same binary is also the agent's launcher (`peloton-agent launcher`,
+//! which starts every task and records its end); that hidden mode is
+//! recognised by the first argument before anything else, and runs without
 //! an async runtime or logging setup.
 //!
 //! SIGTERM and SIGINT stop the agent with exit code 0 and leave its tasks
-//! running: they belong to the keeper, not to the agent, and an agent
+//! running: they belong to the launcher, not to the agent, and an agent
 //! started again on the same `--work-dir` re-adopts them. With
 //! `--stop-tasks-on-exit` the agent stops them first (a second signal kills
 //! them at once). With `--exit-with-parent PID` the end of that process
 //! (its parent, say `pelotond --local-agents`, even SIGKILLed) is such a
 //! SIGTERM.
 
-use std::ffi::OsString;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use peloton_agent::{Args, Supervisor, run_session, run_spawner, run_wrapper};
+use peloton_agent::{Args, Supervisor, run_launcher, run_session};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let mut argv = std::env::args_os();
-    let mode = argv.nth(1);
-    match mode.as_ref().and_then(|m| m.to_str()) {
-        Some("exec") => return hidden_mode(argv.collect(), run_wrapper),
-        // Started once by the agent; forks the wrappers (`spawner`).
-        Some("spawner") => return ExitCode::from(u8::try_from(run_spawner()).unwrap_or(1)),
-        _ => {}
+    // The launcher (started once by the agent, see `launcher`): recognised
+    // before anything else, and run without an async runtime or logging.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|mode| mode == "launcher")
+    {
+        return ExitCode::from(u8::try_from(run_launcher()).unwrap_or(1));
     }
     let args = Args::parse();
     init_logging(args.log_json);
@@ -45,20 +42,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `exec --sandbox DIR` (internal: only the agent calls it).
-fn hidden_mode(rest: Vec<OsString>, mode: fn(&std::path::Path) -> i32) -> ExitCode {
-    let [flag, dir] = rest.as_slice() else {
-        eprintln!("usage (internal): peloton-agent exec --sandbox DIR");
-        return ExitCode::from(2);
-    };
-    if flag != "--sandbox" {
-        eprintln!("usage (internal): peloton-agent exec --sandbox DIR");
-        return ExitCode::from(2);
-    }
-    let code = mode(&PathBuf::from(dir));
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 fn init_logging(json: bool) {
@@ -103,7 +86,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         work_dir = %config.supervisor.work_dir.display(),
         "offering"
     );
-    let supervisor = Supervisor::open(config.supervisor)?;
+    let supervisor = Supervisor::open(config.supervisor, peloton_agent::now_ms())?;
     tracing::info!(
         runs = supervisor.run_count(),
         "runs taken over from the work directory"

@@ -76,7 +76,7 @@ pub(crate) fn boottime_ns() -> u64 {
 /// when both fall in the same tick; `None` otherwise (read it from `/proc`
 /// then). The kernel stamps a process with CLOCK_BOOTTIME as it creates it
 /// and shows that stamp in whole ticks, rounded down; a clone and exec take
-/// well under a tick (10 ms), so this saves the keeper the `/proc` lookup of
+/// well under a tick (10 ms), so this saves the launcher the `/proc` lookup of
 /// nearly every task it starts (its largest single cost per task).
 pub(crate) fn start_ticks_between(before_ns: u64, after_ns: u64) -> Option<u64> {
     static NS_PER_TICK: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -143,7 +143,7 @@ impl ProcessIdentity {
     }
 
     /// Sends `signal` to the process group this process leads (the agent
-    /// starts every wrapper as a group leader), if it is still this process.
+    /// starts every task as a group leader), if it is still this process.
     pub(crate) fn signal_group(&self, signal: Signal) {
         if self.is_alive() {
             // ESRCH (already gone) is the outcome we wanted anyway.
@@ -300,19 +300,6 @@ pub(crate) fn resident_bytes(pids: &[u32]) -> u64 {
 /// SIGKILL to each pid.
 pub(crate) fn kill_all(pids: &[u32]) {
     signal_all(pids, Signal::SIGKILL);
-}
-
-/// The signals pending for this whole process (`ShdPnd` in
-/// `/proc/self/status`) as a bit mask, bit `n - 1` for signal `n`.
-pub(crate) fn shared_pending_signals() -> u64 {
-    let Ok(status) = fs::read_to_string("/proc/self/status") else {
-        return 0;
-    };
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("ShdPnd:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -3,13 +3,14 @@
 //! A run lives in `WORK_DIR/sandboxes/<job_id>-<instance>-<run_id>-<launch_id>/`.
 //! Everything the agent must remember about it across a restart is in that
 //! directory, so the directory *is* the run. A launch creates four inodes:
-//! the directory, `stdout` and `stderr` (the task's output, also the
-//! wrapper's standard output and error) and `run.json`, the run's journal:
-//! JSON lines, only ever appended to, by the agent (its record of the run,
-//! a new generation per change, and the resolved task plan) and by the
-//! wrapper (`started`, then `exit`). Command health checks write
-//! `health-check.out`; a wrapper with something to say writes
-//! `wrapper.log`; neither exists otherwise. A run may also have its secrets
+//! the directory, `stdout` and `stderr` (the task's output) and
+//! `run.json`, the run's journal: JSON lines, only ever appended to, by the
+//! agent (its record of the run, a new generation per change, and the
+//! resolved task plan) and by the launcher (`exit`; an older agent's
+//! per-run wrapper wrote `started` too). Command health checks write
+//! `health-check.out`; the launcher, with something to say about a run,
+//! writes `wrapper.log` (the wrapper's name for it); neither exists
+//! otherwise. A run may also have its secrets
 //! in `.peloton-secrets/` (until it ends, see `secrets`) and a symbolic link
 //! to its volume, which lives outside the sandbox (see `volumes`).
 //!
@@ -17,7 +18,7 @@
 //! renamed into place: creating inodes was most of a launch's cost (ext4's
 //! allocator crawls past recently deleted inodes), and every rename freed
 //! one. Each entry is one `write` of `\n<json>\n` on an `O_APPEND`
-//! descriptor, so the agent's and the wrapper's entries never interleave,
+//! descriptor, so the agent's and the launcher's entries never interleave,
 //! and an entry torn by a crash (a prefix left) is a line that does not
 //! parse and is skipped, without touching the entries before it or, thanks
 //! to the leading newline, the next one. Readers take the newest whole
@@ -30,14 +31,12 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use peloton_proto::v1;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::health::HealthCheckPlan;
 use crate::proc::ProcessIdentity;
+use crate::run::{AssignedPort, HealthCheckPlan, PhaseReport, RunId};
 
 pub(crate) const SANDBOXES_DIR: &str = "sandboxes";
 /// The run's journal (see the module documentation).
@@ -55,170 +54,15 @@ pub(crate) const EXIT_FILE: &str = "exit.json";
 pub(crate) const START_ERROR_FILE: &str = "start-error";
 pub(crate) const STDOUT_FILE: &str = "stdout";
 pub(crate) const STDERR_FILE: &str = "stderr";
-/// The wrapper's own diagnostics (never mixed into the task's output).
-pub(crate) const WRAPPER_LOG_FILE: &str = "wrapper.log";
+/// The launcher's notes about a run (never mixed into the task's output;
+/// named after the per-run wrapper of older agents, which wrote it first).
+pub(crate) const NOTES_FILE: &str = "wrapper.log";
 /// The output of the latest command health check (see `health`).
 pub(crate) const HEALTH_OUTPUT_FILE: &str = "health-check.out";
 
-/// Longest job id the agent accepts (it becomes part of a file name).
-const MAX_JOB_ID_LEN: usize = 128;
-
-/// Milliseconds since the epoch.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// One launch of one task: the server's `RunKey`, hashable.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub(crate) struct RunId {
-    pub(crate) job_id: String,
-    pub(crate) instance: u32,
-    pub(crate) run_id: u32,
-    pub(crate) launch_id: u64,
-}
-
-impl RunId {
-    pub(crate) fn from_proto(key: &v1::RunKey) -> RunId {
-        RunId {
-            job_id: key.job_id.clone(),
-            instance: key.instance,
-            run_id: key.run_id,
-            launch_id: key.launch_id,
-        }
-    }
-
-    pub(crate) fn to_proto(&self) -> v1::RunKey {
-        v1::RunKey {
-            job_id: self.job_id.clone(),
-            instance: self.instance,
-            run_id: self.run_id,
-            launch_id: self.launch_id,
-        }
-    }
-
-    /// The job id becomes part of a path: only plain file-name characters.
-    pub(crate) fn validate(&self) -> Result<(), String> {
-        let id = &self.job_id;
-        if id.is_empty() || id.len() > MAX_JOB_ID_LEN {
-            return Err(format!("job id must have 1 to {MAX_JOB_ID_LEN} characters"));
-        }
-        if id.starts_with('.')
-            || !id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            return Err(format!(
-                "job id {id:?} is not usable in a file name (letters, digits, '-', '_', '.')"
-            ));
-        }
-        Ok(())
-    }
-
-    /// `<job_id>-<instance>-<run_id>-<launch_id>`: unique, because launch
-    /// ids never repeat.
-    pub(crate) fn sandbox_name(&self) -> String {
-        format!(
-            "{}-{}-{}-{}",
-            self.job_id, self.instance, self.run_id, self.launch_id
-        )
-    }
-
-    /// `PELOTON_TASK_ID`: `<job_id>-<instance>-<run_id>`.
-    pub(crate) fn task_id(&self) -> String {
-        format!("{}-{}-{}", self.job_id, self.instance, self.run_id)
-    }
-}
-
-/// A run's phase, as recorded on disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Phase {
-    Starting,
-    Running,
-    Succeeded,
-    Failed,
-    Killed,
-}
-
-impl Phase {
-    pub(crate) fn is_final(self) -> bool {
-        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Killed)
-    }
-
-    pub(crate) fn to_proto(self) -> v1::RunPhase {
-        match self {
-            Phase::Starting => v1::RunPhase::Starting,
-            Phase::Running => v1::RunPhase::Running,
-            Phase::Succeeded => v1::RunPhase::Succeeded,
-            Phase::Failed => v1::RunPhase::Failed,
-            Phase::Killed => v1::RunPhase::Killed,
-        }
-    }
-}
-
-/// The latest phase of a run with its details: what the agent reports.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct PhaseReport {
-    pub(crate) phase: Phase,
-    pub(crate) time_ms: u64,
-    #[serde(default)]
-    pub(crate) exit_code: i32,
-    #[serde(default)]
-    pub(crate) signal: i32,
-    #[serde(default)]
-    pub(crate) oom_killed: bool,
-    #[serde(default)]
-    pub(crate) reason: String,
-    /// When the task process started (0: never), kept on the final phase.
-    #[serde(default)]
-    pub(crate) started_ms: u64,
-}
-
-impl PhaseReport {
-    pub(crate) fn new(phase: Phase, time_ms: u64) -> PhaseReport {
-        PhaseReport {
-            phase,
-            time_ms,
-            exit_code: 0,
-            signal: 0,
-            oom_killed: false,
-            reason: String::new(),
-            started_ms: if phase == Phase::Running { time_ms } else { 0 },
-        }
-    }
-
-    pub(crate) fn failed(time_ms: u64, reason: String) -> PhaseReport {
-        PhaseReport {
-            reason,
-            ..PhaseReport::new(Phase::Failed, time_ms)
-        }
-    }
-
-    pub(crate) fn to_proto(&self, key: &RunId) -> v1::RunReport {
-        v1::RunReport {
-            key: Some(key.to_proto()),
-            phase: self.phase.to_proto().into(),
-            time_ms: self.time_ms,
-            exit_code: self.exit_code,
-            signal: self.signal,
-            oom_killed: self.oom_killed,
-            reason: self.reason.clone(),
-            started_ms: self.started_ms,
-            // Filled by the supervisor, which knows the run's ports and
-            // health.
-            ..v1::RunReport::default()
-        }
-    }
-}
-
-/// A port handed to a run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct AssignedPort {
-    pub(crate) name: String,
-    pub(crate) port: u16,
-}
+/// `PATH` for a task whose environment has none.
+pub(crate) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// `run.json`: the agent's durable record of one run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -226,16 +70,17 @@ pub(crate) struct RunRecord {
     pub(crate) key: RunId,
     pub(crate) created_ms: u64,
     /// The run's own wrapper process (also the run's process group id),
-    /// when the agent started one (`peloton-agent exec`, when it has no
-    /// keeper); `None` otherwise.
+    /// for a run an older agent started with a wrapper per run; `None`
+    /// otherwise (no wrapper is started any more).
     pub(crate) wrapper: Option<ProcessIdentity>,
-    /// The task (also the run's process group id), when the agent's keeper
-    /// started it; `None` until then.
+    /// The task (also the run's process group id), once the agent's
+    /// launcher has started it; `None` until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) task: Option<ProcessIdentity>,
-    /// The keeper that started the task and records its end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) keeper: Option<ProcessIdentity>,
+    /// The launcher that started the task and records its end (`keeper`
+    /// on disk, the launcher's earlier name).
+    #[serde(default, rename = "keeper", skip_serializing_if = "Option::is_none")]
+    pub(crate) launcher: Option<ProcessIdentity>,
     pub(crate) ports: Vec<AssignedPort>,
     /// The run's cgroup, when isolation is cgroup v2.
     pub(crate) cgroup: Option<PathBuf>,
@@ -276,8 +121,8 @@ pub(crate) struct RunRecord {
     /// The agent killed the run itself, and why (its memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) killed_by_agent: Option<String>,
-    /// The run's wrapper appends its `started` and `exit` entries to the
-    /// journal; false for runs started by an older agent, whose wrapper
+    /// The run's `exit` entry (and an older wrapper's `started`) is in the
+    /// journal; false for runs started by a still older agent, whose wrapper
     /// writes the files `started` and `exit.json`.
     #[serde(default)]
     pub(crate) journal: bool,
@@ -290,7 +135,7 @@ fn default_kill_grace_ms() -> u64 {
     DEFAULT_KILL_GRACE_MS
 }
 
-/// The journal's `plan` entry: what the wrapper runs, fully resolved by
+/// The journal's `plan` entry: what the launcher runs, fully resolved by
 /// the agent (`task.json` for runs of an older agent).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TaskPlan {
@@ -311,8 +156,8 @@ pub(crate) struct StartedRecord {
     pub(crate) time_ms: u64,
 }
 
-/// The journal's `exit` entry: how the task ended, from the wrapper that
-/// waited for it.
+/// The journal's `exit` entry: how the task ended, from the launcher that
+/// reaped it (or an older agent's wrapper).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ExitRecord {
     /// The exit code, or 128 + signal when a signal ended it.
@@ -326,6 +171,58 @@ pub(crate) struct ExitRecord {
     pub(crate) reason: String,
 }
 
+impl ExitRecord {
+    /// The `exit` entry of a task that ended with (exit code, signal) —
+    /// code 128 + signal for a signal, -1 if its status was lost — at
+    /// `time_ms`.
+    pub(crate) fn of(exit_code: i32, signal: i32, oom_killed: bool, time_ms: u64) -> ExitRecord {
+        let reason = match (signal, oom_killed) {
+            (0, false) if exit_code >= 0 => format!("exited with code {exit_code}"),
+            (0, true) if exit_code >= 0 => {
+                format!("exited with code {exit_code} (a process of the task ran out of memory)")
+            }
+            (0, _) => "the task's exit status was lost".to_owned(),
+            (signal, false) => format!("killed by signal {signal}"),
+            (signal, true) => format!("killed by signal {signal} (out of memory)"),
+        };
+        ExitRecord {
+            exit_code,
+            signal,
+            oom_killed,
+            start_failed: false,
+            time_ms,
+            reason,
+        }
+    }
+
+    /// The `exit` entry of a task that could not be started, at `time_ms`.
+    pub(crate) fn start_failure(reason: String, time_ms: u64) -> ExitRecord {
+        ExitRecord {
+            exit_code: EXIT_CANNOT_START,
+            signal: 0,
+            oom_killed: false,
+            start_failed: true,
+            time_ms,
+            reason,
+        }
+    }
+}
+
+/// The exit code of a task that could not be started (as in shells).
+pub(crate) const EXIT_CANNOT_START: i32 = 127;
+
+/// A line in the sandbox's notes file ([`NOTES_FILE`], created by the
+/// first one): the task's `stderr` is not the place for the agent's notes.
+pub(crate) fn note(sandbox: &Path, line: &str) {
+    if let Ok(mut log) = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(sandbox.join(NOTES_FILE))
+    {
+        let _ = writeln!(log, "peloton-agent launcher: {line}");
+    }
+}
+
 /// The entries of a journal other than the agent's record, each written
 /// as `{"<kind>": ...}` (the agent's record is a bare object, as the whole
 /// `run.json` of older agents was).
@@ -333,6 +230,7 @@ pub(crate) struct ExitRecord {
 #[serde(rename_all = "snake_case")]
 enum Entry<'a> {
     Plan(&'a TaskPlan),
+    #[cfg(test)]
     Started(&'a StartedRecord),
     Exit(&'a ExitRecord),
 }
@@ -366,7 +264,7 @@ fn push_entry<T: Serialize>(out: &mut Vec<u8>, value: &T) -> io::Result<()> {
 ///
 /// No fsync: the records must survive the *agent* dying (the page cache
 /// has them), not the host, since a host crash ends every task with it.
-/// After a reboot, runs whose wrapper is gone are reported as ended, and a
+/// After a reboot, runs whose task is gone are reported as ended, and a
 /// final report re-sent because its acknowledgement was lost is ignored by
 /// the server (it matches no current run). Syncing each of a run's writes
 /// cost more than the task itself (launches were bound at about 150 per
@@ -403,12 +301,14 @@ pub(crate) fn run_entries(record: &mut RunRecord, plan: Option<&TaskPlan>) -> io
     Ok(bytes)
 }
 
-/// Appends the wrapper's `started` entry to an open journal.
+/// Appends a `started` entry (an older agent's wrapper wrote them) to an
+/// open journal.
+#[cfg(test)]
 pub(crate) fn append_started(journal: &mut File, started: &StartedRecord) -> io::Result<()> {
     append(journal, &Entry::Started(started))
 }
 
-/// Appends the wrapper's `exit` entry to an open journal.
+/// Appends the launcher's `exit` entry to an open journal.
 pub(crate) fn append_exit(journal: &mut File, exit: &ExitRecord) -> io::Result<()> {
     append(journal, &Entry::Exit(exit))
 }
@@ -433,19 +333,20 @@ fn newest_record(bytes: &[u8]) -> Option<RunRecord> {
         .max_by_key(|record| record.generation)
 }
 
-/// What the wrapper has written about a run so far.
+/// What the launcher (or an older agent's wrapper) has written about a run
+/// so far.
 #[derive(Debug, Default)]
-pub(crate) struct WrapperNews {
+pub(crate) struct JournalNews {
     pub(crate) started: Option<StartedRecord>,
     pub(crate) exit: Option<ExitRecord>,
 }
 
-/// Reads the wrapper's entries of the run in `dir` (`journal`: the run's
-/// record says its wrapper writes to the journal; else the files of an
-/// older wrapper). A missing or unreadable file is no news; an exit entry
+/// Reads the launcher's entries of the run in `dir` (`journal`: the run's
+/// record says they are in the journal; else the files of an older
+/// wrapper). A missing or unreadable file is no news; an exit entry
 /// or file that does not parse is `InvalidData`.
-pub(crate) fn read_wrapper_news(dir: &Path, journal: bool) -> io::Result<WrapperNews> {
-    let mut news = WrapperNews::default();
+pub(crate) fn read_news(dir: &Path, journal: bool) -> io::Result<JournalNews> {
+    let mut news = JournalNews::default();
     if !journal {
         news.started = read_json(&dir.join(STARTED_FILE)).ok();
         match read_json(&dir.join(EXIT_FILE)) {
@@ -466,8 +367,8 @@ pub(crate) fn read_wrapper_news(dir: &Path, journal: bool) -> io::Result<Wrapper
                 news.started = Some(entry.started);
             }
         } else if line.starts_with(b"{\"exit\"") {
-            // Written once, last, by a wrapper that then exits: one that
-            // does not parse was torn (the wrapper was killed writing it).
+            // Written once, last: one that does not parse was torn (its
+            // writer was killed writing it).
             match serde_json::from_slice::<ExitEntry>(line) {
                 Ok(entry) => news.exit = Some(entry.exit),
                 Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
@@ -520,6 +421,7 @@ pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::Phase;
 
     fn id(job_id: &str) -> RunId {
         RunId {
@@ -536,7 +438,7 @@ mod tests {
             created_ms: 1,
             wrapper: None,
             task: None,
-            keeper: None,
+            launcher: None,
             ports: Vec::new(),
             cgroup: None,
             kill_requested: false,
@@ -602,7 +504,7 @@ mod tests {
             (back.generation, back.kill_requested, back.acked),
             (2, true, false)
         );
-        // The next entry, by the agent or the wrapper, is whole again: the
+        // The next entry, by the agent or the launcher, is whole again: the
         // leading newline ends the torn line.
         let mut journal = open_journal(dir.path()).unwrap();
         append_exit(&mut journal, &exit()).unwrap();
@@ -610,7 +512,7 @@ mod tests {
         write_run(dir.path(), &mut record, None).unwrap();
         let back = read_run(dir.path()).unwrap();
         assert_eq!((back.generation, back.acked), (4, true));
-        let news = read_wrapper_news(dir.path(), true).unwrap();
+        let news = read_news(dir.path(), true).unwrap();
         assert_eq!(news.exit, Some(exit()));
         assert_eq!(read_plan(dir.path()).unwrap().env, plan().env);
     }
@@ -620,16 +522,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut journal = open_journal(dir.path()).unwrap();
         append_started(&mut journal, &StartedRecord { pid: 5, time_ms: 6 }).unwrap();
-        let news = read_wrapper_news(dir.path(), true).unwrap();
+        let news = read_news(dir.path(), true).unwrap();
         assert_eq!(news.started.map(|s| (s.pid, s.time_ms)), Some((5, 6)));
         assert_eq!(news.exit, None);
         // A torn started entry is no news (the wrapper was killed: its
         // liveness tells the rest).
         fs::write(dir.path().join(RUN_FILE), "\n{\"started\":{\"pid\":5,").unwrap();
-        let news = read_wrapper_news(dir.path(), true).unwrap();
+        let news = read_news(dir.path(), true).unwrap();
         assert!(news.started.is_none() && news.exit.is_none());
         fs::write(dir.path().join(RUN_FILE), "\n{\"exit\":{\"exit_code\":0,").unwrap();
-        let torn = read_wrapper_news(dir.path(), true).expect_err("torn exit");
+        let torn = read_news(dir.path(), true).expect_err("torn exit");
         assert_eq!(torn.kind(), io::ErrorKind::InvalidData);
     }
 
@@ -660,7 +562,7 @@ mod tests {
         let mut back = read_run(dir.path()).unwrap();
         assert_eq!((back.generation, back.journal), (2, false));
         assert_eq!(read_plan(dir.path()).unwrap().program, "/bin/true");
-        let news = read_wrapper_news(dir.path(), false).unwrap();
+        let news = read_news(dir.path(), false).unwrap();
         assert_eq!(news.started.map(|s| s.pid), Some(7));
         assert_eq!(news.exit, None);
         fs::write(
@@ -668,10 +570,7 @@ mod tests {
             serde_json::to_vec_pretty(&exit()).unwrap(),
         )
         .unwrap();
-        assert_eq!(
-            read_wrapper_news(dir.path(), false).unwrap().exit,
-            Some(exit())
-        );
+        assert_eq!(read_news(dir.path(), false).unwrap().exit, Some(exit()));
         // A newer agent appends its generations to the old run.json.
         back.acked = true;
         write_run(dir.path(), &mut back, None).unwrap();
@@ -700,7 +599,7 @@ mod tests {
         append_exit(&mut journal, &exit()).expect("append");
         let back = read_plan(dir.path()).expect("plan");
         assert_eq!((back.program, back.args), (plan().program, plan().args));
-        let news = read_wrapper_news(dir.path(), true).expect("news");
+        let news = read_news(dir.path(), true).expect("news");
         assert_eq!(news.started.map(|s| (s.pid, s.time_ms)), Some((5, 6)));
         assert_eq!(news.exit, Some(exit()));
         assert_eq!(read_run(dir.path()).expect("record").generation, 1);

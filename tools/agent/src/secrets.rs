@@ -14,14 +14,14 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use peloton_proto::v1;
+use crate::run::Secret;
 
 pub(crate) const SECRETS_DIR: &str = ".peloton-secrets";
 const MAX_NAME_LEN: usize = 64;
 
 /// Checks every name before anything is written: `[A-Za-z0-9._-]`, 1 to 64
 /// characters, not starting with '.', no name twice.
-pub(crate) fn validate(secrets: &[v1::Secret]) -> Result<(), String> {
+pub(crate) fn validate(secrets: &[Secret]) -> Result<(), String> {
     let mut seen = HashSet::new();
     for secret in secrets {
         let name = &secret.name;
@@ -51,7 +51,7 @@ pub(crate) fn dir(sandbox: &Path) -> PathBuf {
 
 /// Writes `secrets` (validated) into `sandbox/.peloton-secrets/`; no
 /// secrets, no directory.
-pub(crate) fn write(sandbox: &Path, secrets: &[v1::Secret]) -> io::Result<()> {
+pub(crate) fn write(sandbox: &Path, secrets: &[Secret]) -> io::Result<()> {
     if secrets.is_empty() {
         return Ok(());
     }
@@ -81,11 +81,10 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    fn secret(name: &str, value: &[u8]) -> v1::Secret {
-        v1::Secret {
+    fn secret(name: &str, value: &[u8]) -> Secret {
+        Secret {
             name: name.to_owned(),
             value: value.to_vec(),
-            size: 0,
         }
     }
 

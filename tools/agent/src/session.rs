@@ -4,7 +4,7 @@
 //! The agent runs on a single-threaded runtime. The supervisor is shared
 //! behind a `std::sync::Mutex`, locked only for one synchronous call at a
 //! time (never across an `.await`), on the runtime's thread itself: its
-//! calls block briefly (the keeper's answers, journal appends, `/proc`
+//! calls block briefly (the launcher's answers, journal appends, `/proc`
 //! scans), and a trip to a blocking thread and back cost more than most of
 //! them (see `with_supervisor`). Three tasks use it: a poller (every
 //! `poll_interval`, wakes the session when reports are waiting), the
@@ -35,6 +35,7 @@
 //! names (see `servers.rs`). The runs are the agent's, not the server's:
 //! the new leader gets them all with the registration, as after a restart.
 
+pub mod codec;
 mod identity;
 mod servers;
 
@@ -51,7 +52,9 @@ use tonic::transport::Endpoint;
 
 pub use self::servers::parse_servers;
 use self::servers::{Go, Servers};
+use crate::clock;
 use crate::gc::{self, GcPolicy};
+use crate::run::{Resources, RunPlan};
 use crate::supervisor::{StopGrace, Supervisor};
 
 /// Reports in one `AgentReports` message, at most.
@@ -102,7 +105,7 @@ pub struct SessionConfig {
     /// TLS for https:// servers.
     pub tls: Option<AgentTls>,
     pub host: String,
-    pub resources: v1::Resources,
+    pub resources: Resources,
     pub attributes: HashMap<String, String>,
     pub poll_interval: Duration,
     pub gc_interval: Duration,
@@ -114,15 +117,15 @@ type Shared = Arc<Mutex<Supervisor>>;
 
 /// Runs `f` on the supervisor, on the calling thread.
 ///
-/// The supervisor's calls block (the keeper's answer, journal appends,
+/// The supervisor's calls block (the launcher's answer, journal appends,
 /// `/proc` scans), yet they run on the runtime's one thread rather than on
 /// a blocking thread: each trip to another thread was two context switches,
 /// which on a VM cost more than the agent's whole share of a short task,
 /// and the session loop waited for the answer either way. What waits
 /// meanwhile is this agent's own network traffic and timers, for as long
 /// as one call takes (a launch chunk: `LAUNCHES_PER_LOCK` tasks started
-/// by the keeper in one batch, milliseconds). The price is paid in a
-/// pathological stall: a keeper that does not answer holds the thread up
+/// by the launcher in one batch, milliseconds). The price is paid in a
+/// pathological stall: a launcher that does not answer holds the thread up
 /// to its 10 s answer timeout (then one `/proc` scan for the batch's
 /// runs), and the HTTP/2 keep-alive (5 s) may then end the session; the
 /// agent reconnects and registers again, with every run (nothing is lost,
@@ -228,11 +231,11 @@ async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Du
             "stopping the runs (SIGTERM, SIGKILL after each one's kill grace period; stop again to kill them now)"
         );
     }
-    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own));
+    with_supervisor(supervisor, |s| s.kill_all(StopGrace::Own, clock::now_ms()));
     let mut killed_now = false;
     loop {
         let live = with_supervisor(supervisor, |s| {
-            s.poll();
+            s.poll(clock::now_ms());
             s.live_runs()
         });
         if live == 0 {
@@ -244,7 +247,7 @@ async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Du
             Some(()) = stop.recv(), if !killed_now => {
                 killed_now = true;
                 tracing::info!(runs = live, "killing the runs now");
-                with_supervisor(supervisor, |s| s.kill_all(StopGrace::Now));
+                with_supervisor(supervisor, |s| s.kill_all(StopGrace::Now, clock::now_ms()));
             }
         }
     }
@@ -253,10 +256,10 @@ async fn stop_runs(supervisor: &Shared, stop: &mut mpsc::Receiver<()>, every: Du
 async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // A wrapper exits right after recording its task's end: polling on
-    // SIGCHLD reports ends at once instead of up to a tick later (short
-    // tasks are bound by this latency). Wrappers adopted after a restart
-    // are not our children; the tick covers them.
+    // The launcher sends the agent SIGCHLD once it has recorded a task's
+    // end: polling on it reports ends at once instead of up to a tick
+    // later (short tasks are bound by this latency). Runs adopted after a
+    // restart are another launcher's; the tick covers them.
     let mut child_exited =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).ok();
     loop {
@@ -272,7 +275,7 @@ async fn poll_loop(supervisor: Shared, changed: Arc<Notify>, every: Duration) {
             }
         }
         let waiting = with_supervisor(&supervisor, |s| {
-            s.poll();
+            s.poll(clock::now_ms());
             s.pending_reports()
         });
         if waiting > 0 {
@@ -297,7 +300,7 @@ async fn gc_loop(
         let outcome = tokio::task::spawn_blocking(move || {
             // Volumes are never collected, only what a deletion left.
             crate::volumes::remove_trash(&trash);
-            gc::collect(&dir, &policy, crate::record::now_ms())
+            gc::collect(&dir, &policy, clock::now_ms())
         })
         .await;
         match outcome {
@@ -406,7 +409,7 @@ async fn connect_loop(
                     let mut s = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
                     let live = s.live_runs();
                     if live > 0 {
-                        s.kill_all(StopGrace::Own);
+                        s.kill_all(StopGrace::Own, clock::now_ms());
                     }
                     live
                 };
@@ -689,10 +692,13 @@ async fn send(
 
 fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> v1::AgentRegister {
     let (isolation, runs, ports, volumes) = with_supervisor(supervisor, |s| {
-        s.poll();
+        s.poll(clock::now_ms());
         (
             s.isolation().name(),
-            s.registration_runs(),
+            s.registration_runs()
+                .into_iter()
+                .map(codec::report)
+                .collect(),
             s.port_count(),
             s.volumes(),
         )
@@ -701,7 +707,7 @@ fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> 
         token: config.token.clone(),
         host: config.host.clone(),
         agent_id: agent_id.to_owned(),
-        resources: Some(config.resources),
+        resources: Some(codec::resources_to_proto(config.resources)),
         attributes: config.attributes.clone(),
         isolation: isolation.to_owned(),
         runs,
@@ -731,6 +737,7 @@ async fn with_supervisor_then_send(
         f(s);
         s.take_reports(MAX_REPORTS_PER_MESSAGE)
     });
+    let reports: Vec<v1::RunReport> = reports.into_iter().map(codec::report).collect();
     if reports.is_empty() {
         return Ok(false);
     }
@@ -759,15 +766,22 @@ async fn handle(
     match msg.kind {
         Some(Kind::Launch(launch)) => {
             tracing::debug!(runs = launch.runs.len(), "launch");
-            let mut runs = launch.runs.into_iter();
+            let mut runs = launch
+                .runs
+                .into_iter()
+                .filter_map(codec::run_plan)
+                .peekable();
             let mut more = false;
             loop {
-                let chunk: Vec<v1::LaunchRun> = runs.by_ref().take(LAUNCHES_PER_LOCK).collect();
+                let chunk: Vec<RunPlan> = runs.by_ref().take(LAUNCHES_PER_LOCK).collect();
                 if chunk.is_empty() {
                     return Ok(more);
                 }
-                more = with_supervisor_then_send(supervisor, tx, move |s| s.launch(&chunk)).await?;
-                if runs.len() > 0 {
+                more = with_supervisor_then_send(supervisor, tx, move |s| {
+                    s.launch(&chunk, clock::now_ms());
+                })
+                .await?;
+                if runs.peek().is_some() {
                     // Polls and log reads get their turn between chunks.
                     tokio::task::yield_now().await;
                 }
@@ -775,10 +789,15 @@ async fn handle(
         }
         Some(Kind::Kill(kill)) => {
             tracing::debug!(runs = kill.runs.len(), "kill");
-            return with_supervisor_then_send(supervisor, tx, move |s| s.kill(&kill.runs)).await;
+            let kills: Vec<_> = kill.runs.iter().filter_map(codec::kill_request).collect();
+            return with_supervisor_then_send(supervisor, tx, move |s| {
+                s.kill(&kills, clock::now_ms());
+            })
+            .await;
         }
         Some(Kind::Ack(ack)) => {
-            return with_supervisor_then_send(supervisor, tx, move |s| s.ack(&ack.keys)).await;
+            let keys: Vec<_> = ack.keys.iter().map(codec::run_id).collect();
+            return with_supervisor_then_send(supervisor, tx, move |s| s.ack(&keys)).await;
         }
         Some(Kind::DeleteVolumes(delete)) => {
             tracing::debug!(volumes = delete.ids.len(), "delete volumes");
@@ -799,19 +818,18 @@ async fn handle(
                 .map_err(|_| "log reads closed".to_owned())?;
             let supervisor = supervisor.clone();
             let tx = tx.clone();
+            let read = codec::log_request(&read);
             tokio::spawn(async move {
-                let chunk = with_supervisor(&supervisor, move |s| {
-                    let key = read.key.clone().unwrap_or_default();
-                    s.log_source(&key, read.stderr)
-                });
+                let source = with_supervisor(&supervisor, |s| s.log_source(&read.key, read.stderr));
                 let chunk = tokio::task::spawn_blocking(move || {
-                    chunk.read(read.request_id, read.offset, read.max_bytes)
+                    source.read(read.request_id, read.offset, read.max_bytes)
                 })
                 .await;
                 drop(permit);
                 if let Ok(chunk) = chunk {
                     // A closed stream drops the answer; the server's
                     // request failed with the session anyway.
+                    let chunk = codec::log_chunk(chunk);
                     let _ = tx.send(message(v1::agent_message::Kind::Log(chunk))).await;
                 }
             });

@@ -2,21 +2,21 @@
 //!
 //! A plain synchronous struct, usable (and tested) without gRPC or an async
 //! runtime: the session calls its methods and sends what comes out of
-//! [`Supervisor::take_reports`]. It never waits for a process. Each run is
-//! observed by [`Supervisor::poll`] through its journal (the wrapper's
-//! `started` and `exit` entries, see `record`) and its wrapper's liveness
-//! (`waitid` while the wrapper is this agent's child, else `/proc`), the
-//! same way whether the agent spawned the wrapper or re-adopted it after a
-//! restart — so there is one code path, and a restarted agent is no special
-//! case. A running run's journal is read only once its wrapper has gone
-//! (the wrapper records the exit, then exits). Kill grace periods are
-//! deadlines checked by `poll`, never sleeps.
+//! [`Supervisor::take_reports`]. It never waits for a process: tasks are
+//! started, watched and stopped through the [`Launcher`] (see `launcher`).
+//! Each run is observed by [`Supervisor::poll`] through the launcher's news
+//! of ended tasks, its journal (the launcher's `exit` entry, see `record`)
+//! and its task's liveness (`/proc` once the current launcher no longer
+//! watches it: a re-adopted run, or one whose launcher died), so a
+//! restarted agent is no special case. A running run's journal is read
+//! only once its task has gone. Kill grace periods are deadlines checked by
+//! `poll`, never sleeps.
 //!
 //! Every change of a run is appended to its record (a new generation in
 //! `run.json`, see `persist`) before it is reported, so a report
-//! is never ahead of the disk; RUNNING of a run a wrapper started (not the
-//! keeper) is the exception, its durable record being the wrapper's
-//! `started` entry. Reports wait in an
+//! is never ahead of the disk (RUNNING of a run an older agent's wrapper
+//! started is the exception, its durable record being the wrapper's
+//! `started` entry). Reports wait in an
 //! outbox that keeps only the latest report per run (it is bounded by the
 //! number of runs, itself bounded by `max_runs`).
 //!
@@ -31,29 +31,29 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
-use peloton_proto::v1;
 
 use crate::gc::{self, GcOutcome, GcPolicy};
-use crate::health::{CheckTarget, HealthCheckPlan, HealthChecker, HealthInbox, Verdict};
+use crate::health::{CheckTarget, HealthChecker, HealthInbox, Verdict};
 use crate::isolation::{self, Isolation};
+use crate::launcher::{Launcher, Start, StartRequest};
 use crate::ports::{self, PortAllocator, PortRange};
-use crate::proc::{self, LazySnapshot, ProcessIdentity};
+use crate::proc::{self, LazySnapshot};
 use crate::record::{
-    self, AssignedPort, DEFAULT_KILL_GRACE_MS, ExitRecord, Phase, PhaseReport, RUN_FILE, RunId,
-    RunRecord, SANDBOXES_DIR, STDERR_FILE, STDOUT_FILE, TaskPlan,
+    self, DEFAULT_KILL_GRACE_MS, DEFAULT_PATH, ExitRecord, RUN_FILE, RunRecord, SANDBOXES_DIR,
+    STDERR_FILE, STDOUT_FILE, TaskPlan,
+};
+use crate::run::{
+    AssignedPort, Command, Health, KillRequest, LogChunk, LogRequest, Phase, PhaseReport, RunId,
+    RunPlan, RunReport,
 };
 use crate::secrets;
-use crate::spawner::{SpawnError, Spawner, Started};
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
-use crate::wrapper::DEFAULT_PATH;
 
 /// Default of `--max-runs`.
 pub const DEFAULT_MAX_RUNS: usize = 4096;
@@ -64,16 +64,9 @@ pub const MAX_LOG_CHUNK_BYTES: usize = 1 << 20;
 /// Reports waiting to be sent, at most (kills of unknown runs are the only
 /// reports not bounded by the number of runs).
 const MAX_OUTBOX: usize = 65_536;
-/// After a kill's SIGKILL, how long the wrapper gets to record the exit
-/// before it is killed too (and the run is reported from the agent's
-/// knowledge alone).
-const WRAPPER_KILL_AFTER_MS: u64 = 2_000;
-/// After the spawner failed to start, how long wrappers are executed
-/// directly before it is tried again.
-const SPAWNER_RETRY_MS: u64 = 10_000;
 /// How often polls look at the memory of runs without a cgroup, at most:
 /// a `/proc` scan and a `smaps_rollup` read per process each time, however
-/// often polls come (every exit of a wrapper brings one).
+/// often polls come (every end the launcher records brings one).
 const MEMORY_WATCH_INTERVAL_MS: u64 = 200;
 /// Variables of the agent's environment that tasks inherit (nothing else:
 /// the agent's environment may hold its token).
@@ -84,8 +77,8 @@ const INHERITED_ENV: [&str; 3] = ["PATH", "LANG", "TZ"];
 pub struct SupervisorConfig {
     /// Holds `sandboxes/`, `volumes/` and the agent's lock file.
     pub work_dir: PathBuf,
-    /// The `peloton-agent` binary (it runs as the wrapper).
-    pub wrapper_exe: PathBuf,
+    /// The `peloton-agent` binary (executed once as the launcher).
+    pub agent_exe: PathBuf,
     pub isolation: Isolation,
     /// Ports handed to tasks.
     pub ports: Option<PortRange>,
@@ -97,10 +90,10 @@ pub struct SupervisorConfig {
 
 impl SupervisorConfig {
     /// Defaults: rlimit isolation, no ports.
-    pub fn new(work_dir: impl Into<PathBuf>, wrapper_exe: impl Into<PathBuf>) -> Self {
+    pub fn new(work_dir: impl Into<PathBuf>, agent_exe: impl Into<PathBuf>) -> Self {
         SupervisorConfig {
             work_dir: work_dir.into(),
-            wrapper_exe: wrapper_exe.into(),
+            agent_exe: agent_exe.into(),
             isolation: Isolation::Rlimit,
             ports: None,
             max_runs: DEFAULT_MAX_RUNS,
@@ -135,34 +128,17 @@ pub enum SupervisorError {
     Locked { path: PathBuf },
 }
 
-/// How the agent learns that a run's wrapper has gone.
-#[derive(Debug)]
-enum WrapperWatch {
-    /// Through `/proc` (the recorded identity): a re-adopted run's wrapper,
-    /// or one whose spawner died. No wrapper recorded: none alive.
-    Proc,
-    /// A child of the agent's spawner: alive until the spawner says it
-    /// has exited.
-    Spawner,
-    /// The agent's own child (started without the spawner): alive until
-    /// reaped.
-    Child(Child),
-    /// It has exited.
-    Gone,
-}
-
 /// One run the supervisor holds.
 #[derive(Debug)]
 struct Run {
     record: RunRecord,
     dir: PathBuf,
-    watch: WrapperWatch,
     /// The task plan, until the first record writes it to the journal.
     plan: Option<TaskPlan>,
     /// The health checker, from RUNNING on (kept, stopped, once the run
     /// has ended or is being killed: its last verdict is still reported).
     checker: Option<HealthChecker>,
-    /// The `exit` entry the keeper reported writing (so the journal is
+    /// The `exit` entry the launcher reported writing (so the journal is
     /// not read back for it).
     exit: Option<ExitRecord>,
     /// Whether the sandbox may hold secrets to remove at the end: false
@@ -178,7 +154,6 @@ impl Run {
         Run {
             record,
             dir,
-            watch: WrapperWatch::Proc,
             plan: None,
             checker: None,
             exit: None,
@@ -196,19 +171,15 @@ impl Run {
     }
 
     /// The run's report: its phase, ports and health.
-    fn report(&self) -> v1::RunReport {
-        let key = &self.record.key;
-        let mut report = self.record.report.to_proto(key);
-        report.ports = self
-            .record
-            .ports
-            .iter()
-            .map(|p| (p.name.clone(), u32::from(p.port)))
-            .collect();
+    fn report(&self) -> RunReport {
         let verdict = self.verdict();
-        report.health = verdict.health.into();
-        report.health_detail = verdict.detail;
-        report
+        RunReport {
+            key: self.record.key.clone(),
+            phase: self.record.report.clone(),
+            ports: self.record.ports.clone(),
+            health: verdict.health,
+            health_detail: verdict.detail,
+        }
     }
 
     /// Stops health checks (they may go on a moment: see `HealthChecker`).
@@ -223,12 +194,12 @@ impl Run {
 #[derive(Debug, Default)]
 struct Outbox {
     order: VecDeque<RunId>,
-    reports: HashMap<RunId, v1::RunReport>,
+    reports: HashMap<RunId, RunReport>,
     dropped: u64,
 }
 
 impl Outbox {
-    fn push(&mut self, key: &RunId, report: v1::RunReport) {
+    fn push(&mut self, key: &RunId, report: RunReport) {
         if let Some(slot) = self.reports.get_mut(key) {
             *slot = report;
             return;
@@ -253,7 +224,7 @@ impl Outbox {
         self.reports.insert(key.clone(), report);
     }
 
-    fn take(&mut self, max: usize) -> Vec<v1::RunReport> {
+    fn take(&mut self, max: usize) -> Vec<RunReport> {
         let mut out = Vec::new();
         while out.len() < max {
             let Some(key) = self.order.pop_front() else {
@@ -283,11 +254,11 @@ pub struct LogSource {
 impl LogSource {
     /// Reads up to `max_bytes` (0 or more than 1 MiB: 1 MiB) from `offset`.
     /// Blocking file I/O: call it off the async runtime.
-    pub fn read(&self, request_id: u64, offset: u64, max_bytes: u32) -> v1::LogChunk {
-        let mut chunk = v1::LogChunk {
+    pub fn read(&self, request_id: u64, offset: u64, max_bytes: u32) -> LogChunk {
+        let mut chunk = LogChunk {
             request_id,
             offset,
-            ..v1::LogChunk::default()
+            ..LogChunk::default()
         };
         let (dir, file) = match &self.result {
             Ok(paths) => paths,
@@ -313,7 +284,7 @@ impl LogSource {
             Ok(n) => n.min(MAX_LOG_CHUNK_BYTES),
         };
         match read_range(file, offset, max) {
-            // The output files are created with the wrapper: a run that
+            // The output files are created with the task: a run that
             // failed before it has none, and nothing to show.
             Err(e) if e.kind() == io::ErrorKind::NotFound && dir.join(RUN_FILE).exists() => {
                 chunk.eof = ended;
@@ -355,16 +326,8 @@ pub struct Supervisor {
     runs: HashMap<RunId, Run>,
     ports: PortAllocator,
     outbox: Outbox,
-    /// Wrappers of forgotten runs not yet reaped.
-    unreaped: Vec<Child>,
-    /// Starts the tasks (the keeper, see `spawner`); started at the first launch,
-    /// and again after it died.
-    spawner: Option<Spawner>,
-    /// When the spawner last failed to start (ms): wrappers are executed
-    /// directly until `SPAWNER_RETRY_MS` later.
-    spawner_failed_ms: Option<u64>,
-    /// Runs by their task, for the keeper's exit news.
-    spawned: HashMap<ProcessIdentity, RunId>,
+    /// Starts, watches and stops the runs' tasks (see `launcher`).
+    launcher: Launcher,
     /// Runs whose health changed, posted by checker threads.
     health_changes: Arc<HealthInbox>,
     /// Runs' journals held open (see [`OpenJournal`]).
@@ -378,9 +341,9 @@ pub struct Supervisor {
 impl Supervisor {
     /// Locks the work directory, then takes over every run found in it:
     /// live ones are watched again, ended-but-unacknowledged ones will be
-    /// reported again, ones whose wrapper vanished without a word are ended
-    /// (KILLED if a kill was requested, else FAILED).
-    pub fn open(mut config: SupervisorConfig) -> Result<Supervisor, SupervisorError> {
+    /// reported again, ones whose task vanished without a word are ended
+    /// (KILLED if a kill was requested, else FAILED), at `now_ms`.
+    pub fn open(mut config: SupervisorConfig, now_ms: u64) -> Result<Supervisor, SupervisorError> {
         let given = config.work_dir.clone();
         let work_dir_error = |error| SupervisorError::WorkDir {
             path: given.clone(),
@@ -415,6 +378,7 @@ impl Supervisor {
         }
         let sandboxes = config.work_dir.join(SANDBOXES_DIR);
         let volumes = config.work_dir.join(VOLUMES_DIR);
+        let agent_exe = config.agent_exe.clone();
         let mut supervisor = Supervisor {
             ports: PortAllocator::new(config.ports),
             config,
@@ -423,24 +387,17 @@ impl Supervisor {
             doomed_volumes: Default::default(),
             runs: HashMap::new(),
             outbox: Outbox::default(),
-            unreaped: Vec::new(),
-            spawner: None,
-            spawner_failed_ms: None,
-            spawned: HashMap::new(),
+            launcher: Launcher::new(agent_exe),
             health_changes: Arc::new(HealthInbox::default()),
             open_journals: Arc::new(AtomicUsize::new(0)),
             memory_watched_ms: 0,
             _lock: lock,
         };
-        supervisor.adopt_all().map_err(work_dir_error)?;
-        // Started now rather than by the first launch, which would wait
-        // for it (a few milliseconds); one that fails to start is retried
-        // by a later launch.
-        supervisor.spawner();
+        supervisor.adopt_all(now_ms).map_err(work_dir_error)?;
         Ok(supervisor)
     }
 
-    fn adopt_all(&mut self) -> io::Result<()> {
+    fn adopt_all(&mut self, now_ms: u64) -> io::Result<()> {
         for entry in fs::read_dir(&self.sandboxes)? {
             let dir = entry?.path();
             if !dir.is_dir() {
@@ -486,7 +443,7 @@ impl Supervisor {
             let key = record.key.clone();
             self.runs.insert(key, Run::new(record, dir));
         }
-        self.poll();
+        self.poll(now_ms);
         Ok(())
     }
 
@@ -518,26 +475,23 @@ impl Supervisor {
     }
 
     /// The sandbox directory of a run (whether or not it exists).
-    pub fn sandbox_dir(&self, key: &v1::RunKey) -> PathBuf {
-        self.sandboxes.join(RunId::from_proto(key).sandbox_name())
+    pub fn sandbox_dir(&self, key: &RunId) -> PathBuf {
+        self.sandboxes.join(key.sandbox_name())
     }
 
     /// Starts runs. A run whose sandbox already exists was launched before:
-    /// the launch is ignored (launches are idempotent).
-    pub fn launch(&mut self, runs: &[v1::LaunchRun]) {
+    /// the launch is ignored (launches are idempotent). `now_ms` is the
+    /// time of the launch (the wall clock, ms).
+    pub fn launch(&mut self, runs: &[RunPlan], now_ms: u64) {
         // Runs on record and ready (in `self.runs` already), whose tasks
         // start together.
         let mut ready = Vec::new();
-        for run in runs {
-            let Some(key) = &run.key else {
-                tracing::warn!("launch without a run key ignored");
-                continue;
-            };
-            if let Some(run) = self.launch_one(RunId::from_proto(key), run) {
+        for plan in runs {
+            if let Some(run) = self.launch_one(plan, now_ms) {
                 ready.push(run);
             }
         }
-        self.start_tasks(ready);
+        self.start_tasks(ready, now_ms);
     }
 
     /// Takes a run in (into `self.runs`, unless it is a known run): its
@@ -546,15 +500,15 @@ impl Supervisor {
     /// [`Supervisor::start_tasks`]), unless it has failed already.
     fn launch_one(
         &mut self,
-        key: RunId,
-        launch: &v1::LaunchRun,
+        launch: &RunPlan,
+        now: u64,
     ) -> Option<(RunId, PathBuf, Option<TaskPlan>)> {
-        let now = record::now_ms();
+        let key = launch.key.clone();
         if let Err(problem) = key.validate() {
             // No sandbox can be named after it, so this failure is not
             // durable: the server learns of it once.
             self.outbox
-                .push(&key, PhaseReport::failed(now, problem).to_proto(&key));
+                .push(&key, bare_report(&key, PhaseReport::failed(now, problem)));
             return None;
         }
         let dir = self.sandboxes.join(key.sandbox_name());
@@ -572,7 +526,7 @@ impl Supervisor {
                 self.runs.len()
             );
             self.outbox
-                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+                .push(&key, bare_report(&key, PhaseReport::failed(now, reason)));
             return None;
         }
         // Created first: a sandbox that exists already is looked at only
@@ -591,7 +545,7 @@ impl Supervisor {
         if let Err(e) = created {
             let reason = format!("cannot create the sandbox {}: {e}", dir.display());
             self.outbox
-                .push(&key, PhaseReport::failed(now, reason).to_proto(&key));
+                .push(&key, bare_report(&key, PhaseReport::failed(now, reason)));
             return None;
         }
         let mut run = Run::new(
@@ -600,7 +554,7 @@ impl Supervisor {
                 created_ms: now,
                 wrapper: None,
                 task: None,
-                keeper: None,
+                launcher: None,
                 ports: Vec::new(),
                 cgroup: None,
                 kill_requested: false,
@@ -611,15 +565,11 @@ impl Supervisor {
                 health_check: None,
                 volume: None,
                 generation: 0,
-                kill_grace_ms: match launch.spec.as_ref().map_or(0, |s| s.kill_grace_period_ms) {
+                kill_grace_ms: match launch.task.as_ref().map_or(0, |t| t.kill_grace_ms) {
                     0 => DEFAULT_KILL_GRACE_MS,
                     ms => ms,
                 },
-                stop_signal: launch
-                    .spec
-                    .as_ref()
-                    .and_then(|s| stop_signal(&s.stop_signal))
-                    .map(|sig| sig as i32),
+                stop_signal: launch.task.as_ref().ok().and_then(|t| t.stop_signal),
                 resident_limit_bytes: None,
                 killed_by_agent: None,
                 journal: true,
@@ -630,7 +580,7 @@ impl Supervisor {
         tracing::debug!(run = %key.sandbox_name(), "launching");
         match self.prepare(&mut run, launch) {
             Ok(()) => {
-                // Recorded with the first record, and sent to the keeper.
+                // Recorded with the first record, and sent to the launcher.
                 let plan = run.plan.clone();
                 run.may_hold_secrets = !launch.secrets.is_empty();
                 self.commit(&mut run);
@@ -645,7 +595,7 @@ impl Supervisor {
                     }
                     Err(e) => {
                         let reason = format!("cannot write the secrets into the sandbox: {e}");
-                        self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+                        self.end(&mut run, PhaseReport::failed(now, reason));
                     }
                 }
             }
@@ -658,26 +608,16 @@ impl Supervisor {
     /// Checks the spec, takes ports, creates the cgroup, sets up the volume
     /// and the secrets, resolves the task plan (written to the journal with
     /// the run's first record).
-    fn prepare(&mut self, run: &mut Run, launch: &v1::LaunchRun) -> Result<(), String> {
-        let default_spec = v1::TaskSpec::default();
-        let spec = launch.spec.as_ref().unwrap_or(&default_spec);
-        let (program, args) = match (spec.command.is_empty(), spec.shell.is_empty()) {
-            (false, true) => (spec.command.clone(), spec.args.clone()),
-            (true, false) => (
-                "/bin/sh".to_owned(),
-                vec!["-c".to_owned(), spec.shell.clone()],
-            ),
-            (true, true) => return Err("the task spec sets neither command nor shell".to_owned()),
-            (false, false) => return Err("the task spec sets both command and shell".to_owned()),
+    fn prepare(&mut self, run: &mut Run, launch: &RunPlan) -> Result<(), String> {
+        let spec = launch.task.as_ref().map_err(Clone::clone)?;
+        let (program, args) = match &spec.command {
+            Command::Exec { program, args } => (program.clone(), args.clone()),
+            Command::Shell(line) => ("/bin/sh".to_owned(), vec!["-c".to_owned(), line.clone()]),
         };
         if program.contains('\0') || args.iter().any(|a| a.contains('\0')) {
             return Err("the task's command contains a NUL byte".to_owned());
         }
-        run.record.health_check = spec
-            .health_check
-            .as_ref()
-            .map(HealthCheckPlan::from_spec)
-            .transpose()?;
+        run.record.health_check.clone_from(&spec.health_check);
         let mut env: std::collections::BTreeMap<String, String> = INHERITED_ENV
             .iter()
             .filter_map(|name| Some(((*name).to_owned(), std::env::var(name).ok()?)))
@@ -701,28 +641,26 @@ impl Supervisor {
         );
         // Checked before anything is created for the run.
         let volume = match &launch.volume {
-            Some(mount) if !mount.id.is_empty() => {
-                volumes::validate_id(&mount.id)?;
-                let path = spec.volume.as_ref().map_or("", |v| v.path.as_str());
-                Some((mount.id.clone(), volumes::mount_path(path)?))
+            Some(id) => {
+                volumes::validate_id(id)?;
+                Some((id.clone(), volumes::mount_path(&spec.volume_path)?))
             }
-            _ => None,
+            None => None,
         };
         secrets::validate(&launch.secrets)?;
         let mut port_names = std::collections::BTreeSet::new();
-        for port in &spec.ports {
-            if port.name.is_empty() || !port_names.insert(ports::port_env_name(&port.name)) {
+        for name in &spec.ports {
+            if name.is_empty() || !port_names.insert(ports::port_env_name(name)) {
                 return Err(format!(
-                    "ports: {:?} is empty or names the same variable as another port",
-                    port.name
+                    "ports: {name:?} is empty or names the same variable as another port"
                 ));
             }
         }
         let numbers = self.ports.allocate(spec.ports.len())?;
-        for (spec_port, number) in spec.ports.iter().zip(&numbers) {
-            env.insert(ports::port_env_name(&spec_port.name), number.to_string());
+        for (name, number) in spec.ports.iter().zip(&numbers) {
+            env.insert(ports::port_env_name(name), number.to_string());
             run.record.ports.push(AssignedPort {
-                name: spec_port.name.clone(),
+                name: name.clone(),
                 port: *number,
             });
         }
@@ -750,7 +688,7 @@ impl Supervisor {
                 secrets::dir(&run.dir).to_string_lossy().into_owned(),
             );
         }
-        let resources = spec.resources.unwrap_or_default();
+        let resources = spec.resources;
         let mut plan = TaskPlan {
             program,
             args,
@@ -778,72 +716,57 @@ impl Supervisor {
     }
 
     /// Starts the tasks of runs taken in by [`Supervisor::launch_one`], in
-    /// order: all through the keeper in one batch of requests, or a
-    /// wrapper each when there is no keeper.
-    fn start_tasks(&mut self, ready: Vec<(RunId, PathBuf, Option<TaskPlan>)>) {
+    /// order, through the launcher in one batch of requests.
+    fn start_tasks(&mut self, ready: Vec<(RunId, PathBuf, Option<TaskPlan>)>, now_ms: u64) {
         if ready.is_empty() {
             return;
         }
-        let mut answers = self.spawner().map(|spawner| {
-            let requests: Vec<(&Path, Option<&TaskPlan>)> = ready
-                .iter()
-                .map(|(_, dir, plan)| (dir.as_path(), plan.as_ref()))
-                .collect();
-            (
-                spawner.identity(),
-                spawner.spawn_many(&requests).into_iter(),
-            )
-        });
-        // Taken once for every run of the batch the keeper lost.
-        let mut lost_snapshot = None;
-        for (key, _, _) in ready {
-            let Some(mut run) = self.runs.remove(&key) else {
+        let requests: Vec<StartRequest<'_>> = ready
+            .iter()
+            .map(|(key, dir, plan)| StartRequest {
+                key,
+                dir,
+                plan: plan.as_ref(),
+            })
+            .collect();
+        let starts = self.launcher.start(&requests);
+        for ((key, _, _), start) in ready.iter().zip(starts) {
+            let Some(mut run) = self.runs.remove(key) else {
                 continue;
             };
-            let started = match &mut answers {
-                Some((keeper, answers)) => {
-                    let answer = answers.next().expect("one answer a request");
-                    self.keeper_started(&mut run, *keeper, answer, &mut lost_snapshot)
-                }
-                None => self.start_wrapper(&mut run),
-            };
-            if let Err(reason) = started {
-                self.end(&mut run, PhaseReport::failed(record::now_ms(), reason));
+            if let Err(reason) = self.started(&mut run, start, now_ms) {
+                self.end(&mut run, PhaseReport::failed(now_ms, reason));
             }
-            self.runs.insert(key, run);
+            self.runs.insert(key.clone(), run);
         }
     }
 
-    /// Takes in the keeper's answer to the request to start `run`'s task.
-    fn keeper_started(
-        &mut self,
-        run: &mut Run,
-        keeper: ProcessIdentity,
-        answer: Result<Option<Started>, SpawnError>,
-        lost_snapshot: &mut Option<proc::ProcSnapshot>,
-    ) -> Result<(), String> {
-        match answer {
-            Ok(Some(Started { task, time_ms })) => {
+    /// Takes in what became of the start of `run`'s task.
+    fn started(&mut self, run: &mut Run, start: Start, now_ms: u64) -> Result<(), String> {
+        match start {
+            Start::Running {
+                task,
+                launcher,
+                started_ms,
+            } => {
                 run.record.task = Some(task);
-                run.record.keeper = Some(keeper);
-                run.watch = WrapperWatch::Spawner;
-                self.spawned.insert(task, run.record.key.clone());
+                run.record.launcher = Some(launcher);
                 // The task has executed: it runs (a `started` entry
                 // would say no more than this record does) since the
-                // keeper's clock said so, not since this answer was taken
-                // in (a short task may have ended meanwhile). Never later
-                // than now; 0 only from a keeper that sends no time.
-                let now = record::now_ms();
-                let started = if time_ms == 0 { now } else { time_ms.min(now) };
+                // launcher's clock said so (the wall clock it stamps the
+                // run's `exit` entry with), not since the launch or this
+                // answer (a short task may have ended meanwhile). 0 only
+                // from a launcher that sends no time. A clock stepped back
+                // meanwhile cannot end the run before it started (`end`).
+                let started = if started_ms == 0 { now_ms } else { started_ms };
                 run.record.report = PhaseReport::new(Phase::Running, started);
                 self.commit(run);
                 Ok(())
             }
-            Ok(None) => {
-                // It could not start; the keeper recorded why.
-                run.record.keeper = Some(keeper);
-                run.watch = WrapperWatch::Gone;
-                let exit = record::read_wrapper_news(&run.dir, true)
+            Start::NotStarted { launcher } => {
+                // It could not start; the launcher recorded why.
+                run.record.launcher = Some(launcher);
+                let exit = record::read_news(&run.dir, true)
                     .map_err(|e| format!("cannot read why the task did not start: {e}"))?
                     .exit
                     .ok_or_else(|| "the task did not start (no reason recorded)".to_owned())?;
@@ -851,125 +774,15 @@ impl Supervisor {
                 self.end(run, report);
                 Ok(())
             }
-            Err(SpawnError::Refused(e)) => Err(format!("cannot start the task: {e}")),
-            Err(SpawnError::Gone(e)) => {
-                tracing::warn!(error = %e, "the keeper is gone; starting a wrapper for the run");
-                self.lose_spawner();
-                self.start_wrapper(run)
-            }
-            Err(SpawnError::Lost(e)) => {
-                // It may have started the task (or may yet): never a
-                // second one. Whatever of it runs now is killed.
-                if lost_snapshot.is_none() {
-                    tracing::warn!(error = %e, "the keeper did not answer; failing its runs");
-                    self.lose_spawner();
-                }
-                let snapshot = lost_snapshot.get_or_insert_with(proc::ProcSnapshot::take);
-                proc::kill_all(&snapshot.marked(&proc::sandbox_marker(&run.dir)));
-                Err(format!("the keeper did not start the task: {e}"))
-            }
+            Start::Failed(reason) => Err(reason),
         }
     }
 
-    /// Starts the run's wrapper (`peloton-agent exec`), when there is no
-    /// keeper: the leader of a new process group, with the run's `stdout`
-    /// and `stderr` (created now) as its own (the task inherits them).
-    fn start_wrapper(&mut self, run: &mut Run) -> Result<(), String> {
-        let (stdout, stderr) = open_output(&run.dir)
-            .map_err(|e| format!("cannot create the run's output files: {e}"))?;
-        let child = Command::new(&self.config.wrapper_exe)
-            .arg("exec")
-            .arg("--sandbox")
-            .arg(&run.dir)
-            // The wrapper needs nothing from the agent's environment, which
-            // may hold the agent's token.
-            .env_clear()
-            // The run's marker: if the agent dies before recording the
-            // wrapper's pid, a restarted agent still finds (and sweeps) it.
-            .env("PELOTON_SANDBOX", &run.dir)
-            .current_dir(&run.dir)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot start the wrapper {}: {e}",
-                    self.config.wrapper_exe.display()
-                )
-            })?;
-        // Not yet waited for, so the pid cannot have been reused: at worst
-        // it is a zombie, whose start time is still readable.
-        run.record.wrapper = ProcessIdentity::of(child.id());
-        run.watch = WrapperWatch::Child(child);
-        self.commit(run);
-        Ok(())
-    }
-
-    /// The spawner, started if there is none (and it has not just failed
-    /// to start).
-    fn spawner(&mut self) -> Option<&mut Spawner> {
-        if self.spawner.is_none() {
-            let now = record::now_ms();
-            if self
-                .spawner_failed_ms
-                .is_some_and(|failed| now < failed.saturating_add(SPAWNER_RETRY_MS))
-            {
-                return None;
-            }
-            match Spawner::start(&self.config.wrapper_exe) {
-                Ok(spawner) => {
-                    tracing::debug!(pid = spawner.identity().pid, "keeper started");
-                    self.spawner = Some(spawner);
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        error = %e,
-                        "cannot start the spawner; executing wrappers directly for now"
-                    );
-                    self.spawner_failed_ms = Some(now);
-                }
-            }
-        }
-        self.spawner.as_mut()
-    }
-
-    /// The spawner died or broke: its wrappers are watched through `/proc`
-    /// from now on; the next launch starts another.
-    fn lose_spawner(&mut self) {
-        if let Some(child) = self.spawner.take().and_then(Spawner::close) {
-            // It exits once its tasks have ended (it may be broken, not dead).
-            self.unreaped.push(child);
-        }
-        self.spawned.clear();
-        for run in self.runs.values_mut() {
-            if matches!(run.watch, WrapperWatch::Spawner) {
-                run.watch = WrapperWatch::Proc;
-            }
-        }
-    }
-
-    /// Takes the spawner's news: which of its wrappers have exited.
-    fn take_spawner_news(&mut self) {
-        let Some(spawner) = &mut self.spawner else {
-            return;
-        };
-        match spawner.take_exited() {
-            Ok(exited) => {
-                for ended in exited {
-                    if let Some(key) = self.spawned.remove(&ended.task)
-                        && let Some(run) = self.runs.get_mut(&key)
-                        && matches!(run.watch, WrapperWatch::Spawner)
-                    {
-                        run.watch = WrapperWatch::Gone;
-                        run.exit = Some(ended.exit_record());
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the spawner is gone; a new one starts with the next launch");
-                self.lose_spawner();
+    /// Takes the launcher's news: which tasks' ends it has recorded.
+    fn take_launcher_news(&mut self) {
+        for (key, exit) in self.launcher.take_ended() {
+            if let Some(run) = self.runs.get_mut(&key) {
+                run.exit = Some(exit);
             }
         }
     }
@@ -1000,7 +813,7 @@ impl Supervisor {
         run.record.report = PhaseReport {
             started_ms,
             // Never before its start: the two may come from different
-            // readings of a clock (a wrapper's `started` entry after the
+            // readings of a clock (a launcher's start time after the
             // `now` of the poll that saw it gone) or a clock stepped back.
             time_ms: report.time_ms.max(started_ms),
             ..report
@@ -1037,19 +850,15 @@ impl Supervisor {
         }
     }
 
-    /// Looks at every live run once: started? exited? wrapper gone? kill
-    /// deadline passed? Also reaps wrappers.
-    pub fn poll(&mut self) {
-        let now = record::now_ms();
-        self.unreaped
-            .retain_mut(|child| !matches!(child.try_wait(), Ok(Some(_)) | Err(_)));
-        self.take_spawner_news();
+    /// Looks at every live run once: started? exited? task gone? kill
+    /// deadline passed? `now_ms` is the wall clock (ms) of the look.
+    pub fn poll(&mut self, now_ms: u64) {
+        let now = now_ms;
+        self.take_launcher_news();
         let keys: Vec<RunId> = self
             .runs
             .iter()
-            .filter(|(_, run)| {
-                !run.record.report.phase.is_final() || matches!(run.watch, WrapperWatch::Child(_))
-            })
+            .filter(|(_, run)| !run.record.report.phase.is_final())
             .map(|(key, _)| key.clone())
             .collect();
         let mut procs = LazySnapshot::default();
@@ -1083,15 +892,11 @@ impl Supervisor {
         if run.record.kill_requested || run.record.report.phase.is_final() {
             return;
         }
-        let Some(root) = (match run.record.task {
-            // Reaped and its pid maybe another's: its end is coming.
-            Some(task) => task.is_alive().then_some(task),
-            None => run.record.wrapper,
-        }) else {
+        let Some((root, with_root)) = self.launcher.memory_root(&run.record) else {
             return;
         };
         let mut pids = procs.get().descendants(root.pid);
-        if run.record.task.is_some() {
+        if with_root {
             pids.push(root.pid);
         }
         if run.record.killed_by_agent.is_some() {
@@ -1157,44 +962,25 @@ impl Supervisor {
     }
 
     fn observe(&mut self, run: &mut Run, now: u64, procs: &mut LazySnapshot) {
-        if let WrapperWatch::Child(child) = &mut run.watch
-            && !matches!(child.try_wait(), Ok(None))
-        {
-            run.watch = WrapperWatch::Gone;
-        }
         if run.record.report.phase.is_final() {
             return;
         }
-        // Liveness first, then the exit entry: the wrapper writes it before
-        // it exits, so "dead and no exit entry" is really lost. A child
-        // (the agent's or the spawner's) not known to have exited is alive,
-        // without a look at /proc.
-        let alive = match run.watch {
-            WrapperWatch::Child(_) | WrapperWatch::Spawner => true,
-            WrapperWatch::Gone => false,
-            WrapperWatch::Proc => match run.record.task {
-                Some(task) => task.is_alive(),
-                None => run.record.wrapper.is_some_and(|w| w.is_alive()),
-            },
-        };
-        // Before the journal is read, as for the wrapper: a keeper that is
-        // alive now has either written the exit entry the read finds, or
-        // will write it (it is cleaning up after the task).
-        let keeper_recording = !alive
-            && matches!(run.watch, WrapperWatch::Proc)
-            && run.record.task.is_some()
-            && run.record.keeper.is_some_and(|k| k.is_alive());
+        // Liveness first, then the exit entry: the launcher writes it
+        // before it forgets the task, so "gone and no exit entry" is really
+        // lost, unless the launcher is still cleaning up after the task.
+        let alive = self.launcher.is_alive(&run.record);
+        let launcher_recording = !alive && self.launcher.is_recording(&run.record);
         let news = if let Some(exit) = run.exit.take() {
-            Ok(record::WrapperNews {
+            Ok(record::JournalNews {
                 started: None,
                 exit: Some(exit),
             })
         } else if run.record.report.phase == Phase::Starting || !alive {
-            record::read_wrapper_news(&run.dir, run.record.journal)
+            record::read_news(&run.dir, run.record.journal)
         } else {
-            // Running and its wrapper alive: whatever it wrote, it will
-            // have written it when it is gone.
-            Ok(record::WrapperNews::default())
+            // Running and its task alive: whatever is written about it
+            // will have been written when it is gone.
+            Ok(record::JournalNews::default())
         };
         let (started, exit) = match news {
             Ok(news) => (news.started, Ok(news.exit)),
@@ -1204,7 +990,7 @@ impl Supervisor {
             && let Some(started) = started
         {
             run.record.report = PhaseReport::new(Phase::Running, started.time_ms);
-            // Reported, not written: the wrapper's `started` entry is the
+            // An older agent's wrapper: reported, not written, its `started` entry is the
             // durable record of it (a restarted agent finds it again), and
             // one write less per run is measurable in launches per second.
             self.outbox.push(&run.record.key, run.report());
@@ -1227,14 +1013,14 @@ impl Supervisor {
             }
             Ok(None) => {}
         }
-        if keeper_recording {
-            // The task is gone and its keeper has yet to record the end
+        if launcher_recording {
+            // The task is gone and its launcher has yet to record the end
             // (it is cleaning up after it): the entry comes.
             return;
         }
         if !alive {
-            // Whatever the wrapper left behind goes with it.
-            sweep(run, now, procs);
+            // Whatever the task left behind goes with it.
+            self.launcher.sweep(&run.record, &run.dir, now, procs);
             let report = if run.record.kill_requested {
                 PhaseReport {
                     reason: "killed on request".to_owned(),
@@ -1255,10 +1041,10 @@ impl Supervisor {
             run.record.stop_signal_due_ms = None;
             persist(run, &self.open_journals);
             tracing::info!(run = %run.record.key.sandbox_name(), "deregistration delay over: stopping");
-            terminate(run, procs);
+            self.launcher.terminate(&run.record, &run.dir, procs);
         }
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
-            sweep(run, now, procs);
+            self.launcher.sweep(&run.record, &run.dir, now, procs);
         }
         self.start_checks(run);
     }
@@ -1269,24 +1055,20 @@ impl Supervisor {
     /// run never puts its signals off: each goes at the earliest time any
     /// kill asked for. An unknown run is reported KILLED at once; an ended
     /// one has its final phase reported again; an acknowledged one stays
-    /// silent (it is never reported again).
-    pub fn kill(&mut self, requests: &[v1::KillRun]) {
+    /// silent (it is never reported again). `now_ms` is the time of the
+    /// kill.
+    pub fn kill(&mut self, requests: &[KillRequest], now_ms: u64) {
         let mut procs = LazySnapshot::default();
         for request in requests {
-            let Some(key) = &request.key else {
-                tracing::warn!("kill without a run key ignored");
-                continue;
-            };
             let timing = KillTiming {
                 delay_ms: request.delay_ms,
                 grace_ms: request.grace_ms,
             };
-            self.kill_one(RunId::from_proto(key), timing, &mut procs);
+            self.kill_one(request.key.clone(), timing, now_ms, &mut procs);
         }
     }
 
-    fn kill_one(&mut self, key: RunId, timing: KillTiming, procs: &mut LazySnapshot) {
-        let now = record::now_ms();
+    fn kill_one(&mut self, key: RunId, timing: KillTiming, now: u64, procs: &mut LazySnapshot) {
         let Some(mut run) = self.runs.remove(&key) else {
             let acked_on_disk = key.validate().is_ok()
                 && self
@@ -1301,7 +1083,8 @@ impl Supervisor {
                     reason: "not running on this host".to_owned(),
                     ..PhaseReport::new(Phase::Killed, now)
                 };
-                self.outbox.push(&key, report.to_proto(&key));
+                let report = bare_report(&key, report);
+                self.outbox.push(&key, report);
             }
             return;
         };
@@ -1339,7 +1122,7 @@ impl Supervisor {
                 );
             } else {
                 tracing::info!(run = %key.sandbox_name(), grace_ms, "killing");
-                terminate(&run, procs);
+                self.launcher.terminate(&run.record, &run.dir, procs);
             }
             self.observe(&mut run, now, procs);
         }
@@ -1350,8 +1133,9 @@ impl Supervisor {
     /// SIGKILL once the grace has passed: each run's own kill grace period,
     /// or none with [`StopGrace::Now`]); they end KILLED, reported to the
     /// next session. Used when the agent stops with its tasks
-    /// (`--stop-tasks-on-exit`). Returns how many runs are still alive.
-    pub fn kill_all(&mut self, grace: StopGrace) -> usize {
+    /// (`--stop-tasks-on-exit`), at `now_ms`. Returns how many runs are
+    /// still alive.
+    pub fn kill_all(&mut self, grace: StopGrace, now_ms: u64) -> usize {
         let live: Vec<(RunId, KillTiming)> = self
             .runs
             .iter()
@@ -1371,7 +1155,7 @@ impl Supervisor {
             .collect();
         let mut procs = LazySnapshot::default();
         for (key, timing) in live {
-            self.kill_one(key, timing, &mut procs);
+            self.kill_one(key, timing, now_ms, &mut procs);
         }
         self.live_runs()
     }
@@ -1386,10 +1170,9 @@ impl Supervisor {
 
     /// The server has recorded these runs' final phases: mark them on disk
     /// and forget them. Acknowledging a run that has not ended is ignored.
-    pub fn ack(&mut self, keys: &[v1::RunKey]) {
+    pub fn ack(&mut self, keys: &[RunId]) {
         for key in keys {
-            let key = RunId::from_proto(key);
-            let Some(run) = self.runs.get_mut(&key) else {
+            let Some(run) = self.runs.get_mut(key) else {
                 continue;
             };
             if !run.record.report.phase.is_final() {
@@ -1398,12 +1181,8 @@ impl Supervisor {
             }
             run.record.acked = true;
             persist(run, &self.open_journals);
-            self.outbox.remove(&key);
-            if let Some(run) = self.runs.remove(&key)
-                && let WrapperWatch::Child(child) = run.watch
-            {
-                self.unreaped.push(child);
-            }
+            self.outbox.remove(key);
+            self.runs.remove(key);
         }
     }
 
@@ -1413,14 +1192,14 @@ impl Supervisor {
     }
 
     /// Up to `max` queued reports, oldest first.
-    pub fn take_reports(&mut self, max: usize) -> Vec<v1::RunReport> {
+    pub fn take_reports(&mut self, max: usize) -> Vec<RunReport> {
         self.report_health_changes();
         self.outbox.take(max)
     }
 
     /// The latest report of every run held, for `AgentRegister.runs`. The
     /// queued reports of these runs are dropped: this list supersedes them.
-    pub fn registration_runs(&mut self) -> Vec<v1::RunReport> {
+    pub fn registration_runs(&mut self) -> Vec<RunReport> {
         // Superseded too: the list carries every run's health of now.
         self.health_changes.take();
         let mut reports = Vec::with_capacity(self.runs.len());
@@ -1428,15 +1207,14 @@ impl Supervisor {
             self.outbox.remove(key);
             reports.push(run.report());
         }
-        reports.sort_by_key(|r| r.time_ms);
+        reports.sort_by_key(|r| r.phase.time_ms);
         reports
     }
 
     /// Where to read a run's stdout or stderr. Cheap (no file I/O): the
     /// reading happens in [`LogSource::read`]. A forgotten (acknowledged)
     /// run's log is still readable until its sandbox is collected.
-    pub fn log_source(&self, key: &v1::RunKey, stderr: bool) -> LogSource {
-        let key = RunId::from_proto(key);
+    pub fn log_source(&self, key: &RunId, stderr: bool) -> LogSource {
         if let Err(problem) = key.validate() {
             return LogSource {
                 result: Err(problem),
@@ -1449,15 +1227,14 @@ impl Supervisor {
             result: Ok((dir, file)),
             ended: self
                 .runs
-                .get(&key)
+                .get(key)
                 .map(|run| run.record.report.phase.is_final()),
         }
     }
 
-    /// Answers a `ReadLog` (blocking file I/O).
-    pub fn read_log(&self, request: &v1::ReadLog) -> v1::LogChunk {
-        let key = request.key.clone().unwrap_or_default();
-        self.log_source(&key, request.stderr).read(
+    /// Answers a log read (blocking file I/O).
+    pub fn read_log(&self, request: &LogRequest) -> LogChunk {
+        self.log_source(&request.key, request.stderr).read(
             request.request_id,
             request.offset,
             request.max_bytes,
@@ -1530,18 +1307,6 @@ fn remove_secrets(key: &RunId, dir: &Path) {
     }
 }
 
-/// The run's `stdout` and `stderr`, created, open for appending, for the
-/// wrapper.
-fn open_output(dir: &Path) -> io::Result<(File, File)> {
-    let output = |name| {
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(name))
-    };
-    Ok((output(STDOUT_FILE)?, output(STDERR_FILE)?))
-}
-
 /// A run's journal, kept open from its first append to its last (its
 /// acknowledgement): four appends a short run, each of which opened and
 /// closed the file before. At most `MAX_OPEN_JOURNALS` at once; past that,
@@ -1590,7 +1355,7 @@ fn persist(run: &mut Run, open_journals: &Arc<AtomicUsize>) {
     }
 }
 
-/// How a run that the wrapper saw end is reported.
+/// How a run whose `exit` entry says how it ended is reported.
 fn final_report(exit: &ExitRecord, kill_requested: bool) -> PhaseReport {
     let phase = if kill_requested {
         Phase::Killed
@@ -1615,119 +1380,14 @@ fn final_report(exit: &ExitRecord, kill_requested: bool) -> PhaseReport {
     }
 }
 
-/// SIGTERM to the run's process group, to every descendant of its wrapper
-/// (some may have left the group) and to its cgroup.
-fn terminate(run: &Run, procs: &mut LazySnapshot) {
-    let custom = run
-        .record
-        .stop_signal
-        .and_then(|n| Signal::try_from(n).ok());
-    if let Some(task) = run.record.task {
-        // Started by the keeper: the task leads the run's group.
-        if !task.is_alive() {
-            // Ended; the keeper kills what is left and records the end.
-            return;
-        }
-        let signal = custom.unwrap_or(Signal::SIGTERM);
-        if custom.is_some() {
-            // Its own stop signal goes to its main process only (see
-            // below); SIGKILL after the grace takes the whole tree.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(task.pid).unwrap_or(i32::MAX)),
-                signal,
-            );
-            return;
-        }
-        task.signal_group(signal);
-        proc::signal_all(&procs.get().descendants(task.pid), signal);
-        if let Some(cgroup) = &run.record.cgroup {
-            proc::signal_all(&isolation::cgroup_pids(cgroup), signal);
-        }
-        return;
-    }
-    let Some(wrapper) = run.record.wrapper.filter(ProcessIdentity::is_alive) else {
-        return;
-    };
-    if let Some(signal) = custom
-        && let Ok(record::WrapperNews {
-            started: Some(started),
-            ..
-        }) = record::read_wrapper_news(&run.dir, run.record.journal)
-        && proc::read_stat(started.pid).is_some_and(|s| s.ppid == wrapper.pid)
-    {
-        // A task's own stop signal is a request to its main process (as a
-        // container's stop signal goes to its first process): helpers it
-        // forked may not handle it (pyspark's Python workers die of
-        // SIGPWR while their executor decommissions). SIGKILL after the
-        // grace takes the whole tree.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(started.pid).unwrap_or(i32::MAX)),
-            signal,
-        );
-        return;
-    }
-    let signal = custom.unwrap_or(Signal::SIGTERM);
-    // The wrapper blocks every stop signal; the task gets it (one that
-    // arrives before the task exists ends the run at once).
-    wrapper.signal_group(signal);
-    proc::signal_all(&procs.get().descendants(wrapper.pid), signal);
-    if let Some(cgroup) = &run.record.cgroup {
-        proc::signal_all(&isolation::cgroup_pids(cgroup), signal);
-    }
-}
-
-/// A task's `stop_signal` (empty: none, so SIGTERM). The server accepts
-/// only these names.
-fn stop_signal(name: &str) -> Option<Signal> {
-    Some(match name {
-        "SIGINT" => Signal::SIGINT,
-        "SIGQUIT" => Signal::SIGQUIT,
-        "SIGHUP" => Signal::SIGHUP,
-        "SIGUSR1" => Signal::SIGUSR1,
-        "SIGUSR2" => Signal::SIGUSR2,
-        "SIGPWR" => Signal::SIGPWR,
-        _ => return None,
-    })
-}
-
-/// SIGKILL to everything of the run but its wrapper — its cgroup, the
-/// wrapper's descendants (as a subreaper it inherits every orphan) and any
-/// process carrying the run's environment marker — so the wrapper can still
-/// record the exit. A wrapper that has not done so a while after the
-/// deadline is killed too.
-fn sweep(run: &Run, now: u64, procs: &mut LazySnapshot) {
-    if let Some(cgroup) = &run.record.cgroup {
-        isolation::kill_cgroup(cgroup);
-    }
-    let snapshot = procs.get();
-    if let Some(task) = run.record.task.filter(ProcessIdentity::is_alive) {
-        // Started by the keeper, which records the end once all is gone.
-        // The task and its group first: a task that outlived its children
-        // by a moment would end on its own, not killed.
-        let mut victims = snapshot.descendants(task.pid);
-        victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
-        task.signal_group(Signal::SIGKILL);
-        proc::kill_all(&[task.pid]);
-        proc::kill_all(&victims);
-        return;
-    }
-    let wrapper = run.record.wrapper.filter(ProcessIdentity::is_alive);
-    let mut victims = wrapper.map_or_else(Vec::new, |w| snapshot.descendants(w.pid));
-    victims.extend(snapshot.marked(&proc::sandbox_marker(&run.dir)));
-    // The wrapper carries the marker too; it is spared here so that it can
-    // still record the exit (and killed with its group below if it hangs).
-    if let Some(w) = wrapper {
-        victims.retain(|&pid| pid != w.pid);
-    }
-    proc::kill_all(&victims);
-    if let Some(wrapper) = wrapper
-        && run.record.kill_requested
-        && now
-            >= run
-                .record
-                .kill_deadline_ms
-                .saturating_add(WRAPPER_KILL_AFTER_MS)
-    {
-        wrapper.signal_group(Signal::SIGKILL);
+/// The report of a run the agent holds no record of (a launch refused
+/// before its sandbox exists, a kill of an unknown run).
+fn bare_report(key: &RunId, phase: PhaseReport) -> RunReport {
+    RunReport {
+        key: key.clone(),
+        phase,
+        ports: Vec::new(),
+        health: Health::None,
+        health_detail: String::new(),
     }
 }

@@ -7,12 +7,15 @@
 //! anything took (only that no check ran before its initial delay, a lower
 //! bound the agent promises).
 
+mod supervised;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use peloton_agent::{PortRange, Supervisor, SupervisorConfig};
+use peloton_agent::{PortRange, SupervisorConfig};
 use peloton_proto::v1;
+use supervised::ProtoSupervisor;
 use v1::Health as H;
 use v1::RunPhase as P;
 use v1::health_check::Kind;
@@ -84,14 +87,14 @@ fn config_with_ports(dir: &Path, first: u16) -> SupervisorConfig {
 /// A supervisor, every report it produced per run, and when each report
 /// was taken.
 struct Harness {
-    supervisor: Supervisor,
+    supervisor: ProtoSupervisor,
     seen: HashMap<v1::RunKey, Vec<(u64, v1::RunReport)>>,
 }
 
 impl Harness {
     fn open(config: SupervisorConfig) -> Harness {
         Harness {
-            supervisor: Supervisor::open(config).expect("supervisor opens"),
+            supervisor: ProtoSupervisor::open(config).expect("supervisor opens"),
             seen: HashMap::new(),
         }
     }

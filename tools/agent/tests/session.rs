@@ -413,7 +413,7 @@ async fn health_verdicts_and_ports_reach_the_server() {
         }],
     }))
     .await;
-    // The first report: RUNNING (the keeper answers once the task has
+    // The first report: RUNNING (the launcher answers once the task has
     // executed), with the assigned port.
     let starting = s.report(&k, P::Running).await;
     let assigned = starting.ports.get("http").copied().expect("the http port");
@@ -539,8 +539,8 @@ async fn a_refused_agent_says_so_and_keeps_trying() {
 }
 
 /// The agent's record of a run: the newest whole generation in its
-/// journal (`run.json`: JSON lines, appended to; the wrapper's entries are
-/// `{"started": ...}` and `{"exit": ...}`).
+/// journal (`run.json`: JSON lines, appended to; the launcher's entry is
+/// `{"exit": ...}`).
 fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
     std::fs::read(sandbox.join("run.json"))
         .expect("a journal")

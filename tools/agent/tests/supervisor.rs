@@ -1,17 +1,20 @@
 //! The run supervisor with real processes and no server: launch, output,
 //! exit statuses, kills of whole process trees, re-adoption by a second
 //! supervisor on the same work directory, acknowledgements, garbage
-//! collection, ports. The wrapper is this package's own binary.
+//! collection, ports. The launcher is this package's own binary.
 //!
 //! Tests wait for phases with generous timeouts and never assert how long
 //! anything took.
+
+mod supervised;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use peloton_agent::{GcPolicy, Isolation, PortRange, Supervisor, SupervisorConfig};
+use peloton_agent::{GcPolicy, Isolation, PortRange, SupervisorConfig};
 use peloton_proto::v1;
+use supervised::ProtoSupervisor;
 use v1::RunPhase as P;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -47,7 +50,7 @@ fn config(dir: &Path) -> SupervisorConfig {
 
 /// A supervisor and every report it produced, per run.
 struct Harness {
-    supervisor: Supervisor,
+    supervisor: ProtoSupervisor,
     seen: HashMap<(String, u32, u32, u64), Vec<v1::RunReport>>,
 }
 
@@ -58,7 +61,7 @@ fn id(key: &v1::RunKey) -> (String, u32, u32, u64) {
 impl Harness {
     fn open(config: SupervisorConfig) -> Harness {
         Harness {
-            supervisor: Supervisor::open(config).expect("supervisor opens"),
+            supervisor: ProtoSupervisor::open(config).expect("supervisor opens"),
             seen: HashMap::new(),
         }
     }
@@ -214,7 +217,7 @@ fn shell_task_succeeds_with_its_output_and_environment() {
     spec.env.insert("MY_VAR".to_owned(), "my value".to_owned());
     h.supervisor.launch(&[launch(&k, spec)]);
     // Taken before any poll: later phases would replace it in the outbox.
-    // The keeper answers once the task has executed, so a launch that
+    // The launcher answers once the task has executed, so a launch that
     // returns has a RUNNING run.
     h.drain();
     let done = h.wait_for(&k, P::Succeeded);
@@ -266,8 +269,8 @@ fn shell_task_succeeds_with_its_output_and_environment() {
 
 #[test]
 fn tasks_start_with_no_blocked_or_ignored_signals() {
-    // The wrapper blocks SIGTERM, SIGINT and SIGHUP and the agent's runtime
-    // ignores SIGPIPE; none of it may reach the task. `grep` is executed
+    // The launcher blocks SIGCHLD and the agent's runtime ignores SIGPIPE;
+    // none of it may reach the task. `grep` is executed
     // directly (no shell in between, whose own masking would blur this).
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(config(dir.path()));
@@ -376,7 +379,7 @@ fn kill_removes_the_whole_tree_even_setsid_processes() {
         killed.reason
     );
     // The shell took the SIGTERM (no need to wait for the grace period);
-    // the wrapper then killed what it left behind.
+    // the launcher then killed what it left behind.
     assert_eq!(killed.signal, 15, "{killed:?}");
     for pid in &pids {
         assert!(!is_alive(*pid), "pid {pid} survived the kill");
@@ -506,7 +509,7 @@ fn a_second_supervisor_readopts_live_runs() {
         first.wait_for(&killed_later, P::Running);
         sandbox = first.sandbox(&waits);
         // A second agent cannot take the same work directory meanwhile.
-        assert!(Supervisor::open(config(dir.path())).is_err());
+        assert!(ProtoSupervisor::open(config(dir.path())).is_err());
     }
     // The first supervisor is gone (as if the agent restarted); the tasks
     // are not.
@@ -540,7 +543,7 @@ fn a_second_supervisor_readopts_live_runs() {
 }
 
 #[test]
-fn a_run_whose_keeper_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
+fn a_run_whose_launcher_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(config(dir.path()));
     let k = key("job-g", 0);
@@ -549,9 +552,10 @@ fn a_run_whose_keeper_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
     h.wait_for(&k, P::Running);
     let sandbox = h.sandbox(&k);
     let run = run_record(&sandbox);
-    let keeper = run["keeper"]["pid"].as_u64().expect("keeper pid");
+    // The launcher, under its earlier name on disk.
+    let launcher = run["keeper"]["pid"].as_u64().expect("launcher pid");
     let task = run["task"]["pid"].as_u64().expect("task pid");
-    // SIGKILL to the keeper alone: nobody can record the task's exit.
+    // SIGKILL to the launcher alone: nobody can record the task's exit.
     let kill = |pid: u64| {
         let status = std::process::Command::new("kill")
             .args(["-KILL", &pid.to_string()])
@@ -559,7 +563,7 @@ fn a_run_whose_keeper_vanished_is_failed_when_its_task_ends_and_cleaned_up() {
             .expect("kill runs");
         assert!(status.success());
     };
-    kill(keeper);
+    kill(launcher);
     // The task runs on, and so does its run.
     for _ in 0..10 {
         h.supervisor.poll();
@@ -893,7 +897,7 @@ fn the_detected_isolation_runs_tasks() {
 
 /// A launch creates its directory, its output files and its journal, and
 /// nothing else: the agent's record generations, the task plan and the
-/// wrapper's `started` and `exit` entries are all lines of `run.json`.
+/// launcher's `exit` entry are all lines of `run.json`.
 #[test]
 fn a_run_is_its_journal_and_its_output() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -938,14 +942,14 @@ fn a_run_is_its_journal_and_its_output() {
                 .unwrap_or("run")
         })
         .collect();
-    // Plan and first record in one write; then the task's and keeper's
+    // Plan and first record in one write; then the task's and launcher's
     // identities with RUNNING (written by the agent once the task has
-    // executed) and the keeper's exit entry, which race each other (the
+    // executed) and the launcher's exit entry, which race each other (the
     // task exits at once); the end; the acknowledgement.
     let agent_first = ["plan", "run", "run", "exit", "run", "run"];
-    let keeper_first = ["plan", "run", "exit", "run", "run", "run"];
+    let launcher_first = ["plan", "run", "exit", "run", "run", "run"];
     assert!(
-        kinds == agent_first || kinds == keeper_first,
+        kinds == agent_first || kinds == launcher_first,
         "journal entries in an unexpected order: {kinds:?}"
     );
     let running = entries
@@ -966,8 +970,8 @@ fn a_run_is_its_journal_and_its_output() {
 }
 
 /// The agent's record of a run: the newest whole generation in its
-/// journal (`run.json`: JSON lines, appended to; the wrapper's entries are
-/// `{"started": ...}` and `{"exit": ...}`).
+/// journal (`run.json`: JSON lines, appended to; the launcher's entry is
+/// `{"exit": ...}`).
 fn run_record(sandbox: &std::path::Path) -> serde_json::Value {
     std::fs::read(sandbox.join("run.json"))
         .expect("a journal")
@@ -1017,4 +1021,54 @@ fn secrets_are_removed_when_the_run_ends_even_after_a_restart() {
         !secret_of(&second, &waits).exists(),
         "removed by the supervisor that took the run over"
     );
+}
+
+/// A kill's deadlines are kept in the time the supervisor is given, never
+/// read from the clock behind its back: a task that ignores SIGTERM is
+/// still running however long after the kill the clock really is, as long
+/// as the polls say its grace has not passed, and is SIGKILLed by the
+/// first poll that says it has.
+#[test]
+fn kill_deadlines_follow_the_time_the_supervisor_is_given() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::open(config(dir.path()));
+    let k = key("job-clock", 0);
+    h.supervisor.launch(&[launch(
+        &k,
+        shell("trap '' TERM; touch ready; exec sleep 600"),
+    )]);
+    h.wait_for(&k, P::Running);
+    let ready = h.sandbox(&k).join("ready");
+    wait_until("the task ignores SIGTERM", || ready.exists());
+    let kill_ms = peloton_agent::now_ms();
+    let grace_ms = 60_000;
+    h.supervisor.kill_at(
+        &[v1::KillRun {
+            key: Some(k.clone()),
+            grace_ms,
+            delay_ms: 0,
+        }],
+        kill_ms,
+    );
+    // Past the SIGTERM by the real clock, and a moment short of the
+    // deadline by the given one: it runs on.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..5 {
+        h.supervisor.poll_at(kill_ms + grace_ms - 1);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(h.latest(&k).map(|r| r.phase()), Some(P::Running));
+    // The deadline, by the given clock: SIGKILL, and the run ends KILLED.
+    let start = Instant::now();
+    let killed = loop {
+        h.supervisor.poll_at(kill_ms + grace_ms);
+        if let Some(report) = h.latest(&k)
+            && report.phase() == P::Killed
+        {
+            break report;
+        }
+        assert!(start.elapsed() < TIMEOUT, "not killed: {:?}", h.reports(&k));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(killed.signal, 9, "{killed:?}");
 }

@@ -7,13 +7,16 @@
 //! Tests wait for phases with generous timeouts and never assert how long
 //! anything took.
 
+mod supervised;
+
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use peloton_agent::{GcPolicy, Supervisor, SupervisorConfig};
+use peloton_agent::{GcPolicy, SupervisorConfig};
 use peloton_proto::v1;
+use supervised::ProtoSupervisor;
 use v1::RunPhase as P;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,14 +85,14 @@ fn collect_everything() -> GcPolicy {
 
 /// A supervisor and the latest report of each run.
 struct Harness {
-    supervisor: Supervisor,
+    supervisor: ProtoSupervisor,
     latest: HashMap<v1::RunKey, v1::RunReport>,
 }
 
 impl Harness {
     fn open(dir: &Path) -> Harness {
         Harness {
-            supervisor: Supervisor::open(config(dir)).expect("supervisor opens"),
+            supervisor: ProtoSupervisor::open(config(dir)).expect("supervisor opens"),
             latest: HashMap::new(),
         }
     }

@@ -1,19 +1,22 @@
-//! The keeper (`peloton-agent spawner`), with real processes: the per-agent
-//! process that starts every task and records its end. A task must be the
+//! The launcher (`peloton-agent launcher`), with real processes: the
+//! per-agent process that starts every task and records its end. A task must be the
 //! process its spec asks for (its own group leader, output files, working
 //! directory, its own environment with the run's marker, nothing blocked,
-//! no descriptor of the keeper's); what it leaves behind is killed before
-//! its end is recorded; the keeper must outlive its agent and record the
-//! ends of its tasks for the next one; and a keeper that is killed costs
+//! no descriptor of the launcher's); what it leaves behind is killed before
+//! its end is recorded; the launcher must outlive its agent and record the
+//! ends of its tasks for the next one; and a launcher that is killed costs
 //! only its running tasks' exit statuses (the runs end, FAILED) and is
 //! replaced at the next launch.
+
+mod supervised;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use peloton_agent::{Supervisor, SupervisorConfig};
+use peloton_agent::SupervisorConfig;
 use peloton_proto::v1;
+use supervised::ProtoSupervisor;
 use v1::RunPhase as P;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,7 +51,7 @@ fn config(dir: &Path) -> SupervisorConfig {
 
 /// A supervisor and the latest report of each of its runs.
 struct Harness {
-    supervisor: Supervisor,
+    supervisor: ProtoSupervisor,
     latest: HashMap<(u32, u64), v1::RunReport>,
 }
 
@@ -59,7 +62,7 @@ impl Harness {
 
     fn with(config: SupervisorConfig) -> Harness {
         Harness {
-            supervisor: Supervisor::open(config).expect("supervisor"),
+            supervisor: ProtoSupervisor::open(config).expect("supervisor"),
             latest: HashMap::new(),
         }
     }
@@ -132,7 +135,7 @@ fn is_alive(pid: u32) -> bool {
 }
 
 /// A field's pid in the run's journal (the newest record with one):
-/// "task" or "keeper".
+/// "task" or "keeper" (the launcher, under its earlier name on disk).
 fn recorded(sandbox: &Path, field: &str) -> u32 {
     let journal = std::fs::read(sandbox.join("run.json")).expect("journal");
     journal
@@ -187,7 +190,7 @@ fn descriptors(pid: u32) -> Vec<(u32, PathBuf)> {
 }
 
 #[test]
-fn tasks_are_started_by_one_keeper_as_group_leaders_with_nothing_of_the_agent() {
+fn tasks_are_started_by_one_launcher_as_group_leaders_with_nothing_of_the_agent() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
     let keys = [key("job-s", 0), key("job-s", 1)];
@@ -198,20 +201,20 @@ fn tasks_are_started_by_one_keeper_as_group_leaders_with_nothing_of_the_agent() 
     }
     let sandboxes: Vec<PathBuf> = keys.iter().map(|k| h.supervisor.sandbox_dir(k)).collect();
     let tasks: Vec<u32> = sandboxes.iter().map(|s| recorded(s, "task")).collect();
-    let keeper = recorded(&sandboxes[0], "keeper");
-    assert_eq!(recorded(&sandboxes[1], "keeper"), keeper);
-    assert_eq!(cmdline(keeper)[1..], ["spawner"]);
-    assert_eq!(stat(keeper).expect("keeper").0, std::process::id());
+    let launcher = recorded(&sandboxes[0], "keeper");
+    assert_eq!(recorded(&sandboxes[1], "keeper"), launcher);
+    assert_eq!(cmdline(launcher)[1..], ["launcher"]);
+    assert_eq!(stat(launcher).expect("launcher").0, std::process::id());
     assert_eq!(
-        status_field(keeper, "Threads"),
+        status_field(launcher, "Threads"),
         "1",
-        "the keeper is single-threaded"
+        "the launcher is single-threaded"
     );
     for (sandbox, &task) in sandboxes.iter().zip(&tasks) {
         let (ppid, pgid, _) = stat(task).expect("task alive");
-        assert_eq!(ppid, keeper, "one keeper starts every task");
+        assert_eq!(ppid, launcher, "one launcher starts every task");
         assert_eq!(pgid, task, "the task leads its run's process group");
-        // The keeper hears of the task as its exec replaces its memory
+        // The launcher hears of the task as its exec replaces its memory
         // (the vfork is then done), before the kernel has set up the
         // arguments that /proc shows.
         wait_until("the task's exec completes", || cmdline(task).len() == 3);
@@ -221,7 +224,7 @@ fn tasks_are_started_by_one_keeper_as_group_leaders_with_nothing_of_the_agent() 
             *sandbox
         );
         // Its own environment (with the run's marker), nothing of the
-        // agent's or the keeper's.
+        // agent's or the launcher's.
         let env = environ(task);
         assert!(
             env.contains(&format!("PELOTON_SANDBOX={}", sandbox.display())),
@@ -229,7 +232,7 @@ fn tasks_are_started_by_one_keeper_as_group_leaders_with_nothing_of_the_agent() 
         );
         assert!(!env.iter().any(|e| e.starts_with("CARGO")), "{env:?}");
         // Standard input /dev/null, output the run's files; no descriptor
-        // of the keeper's (its socket, its signalfd).
+        // of the launcher's (its socket, its signalfd).
         let fds = descriptors(task);
         assert_eq!(fds[0], (0, PathBuf::from("/dev/null")), "{fds:?}");
         assert_eq!(fds[1], (1, sandbox.join("stdout")), "{fds:?}");
@@ -253,7 +256,7 @@ fn tasks_are_started_by_one_keeper_as_group_leaders_with_nothing_of_the_agent() 
             "bye\n"
         );
     }
-    // The keeper reaped its tasks.
+    // The launcher reaped its tasks.
     for &task in &tasks {
         wait_until("the task is reaped", || stat(task).is_none());
     }
@@ -350,40 +353,40 @@ fn a_task_left_processes_are_killed_before_its_end_is_recorded() {
 }
 
 #[test]
-fn the_keeper_outlives_its_agent_and_records_the_end() {
+fn the_launcher_outlives_its_agent_and_records_the_end() {
     let dir = tempfile::tempdir().expect("tempdir");
     let k = key("job-e", 0);
-    let (sandbox, task, keeper) = {
+    let (sandbox, task, launcher) = {
         let mut h = Harness::open(dir.path());
         h.supervisor.launch(&[waits_for_go(&k)]);
         h.wait_for(&k, P::Running);
         let sandbox = h.supervisor.sandbox_dir(&k);
         let task = recorded(&sandbox, "task");
-        let keeper = recorded(&sandbox, "keeper");
-        (sandbox, task, keeper)
+        let launcher = recorded(&sandbox, "keeper");
+        (sandbox, task, launcher)
     };
-    // The agent is gone (its supervisor dropped, the keeper's socket
-    // closed); the keeper and its task carry on.
-    assert!(is_alive(keeper));
+    // The agent is gone (its supervisor dropped, the launcher's socket
+    // closed); the launcher and its task carry on.
+    assert!(is_alive(launcher));
     assert!(is_alive(task));
     let mut h = Harness::open(dir.path());
     std::fs::write(sandbox.join("go"), "").expect("go");
     let done = h.wait_for(&k, P::Succeeded);
     assert_eq!(done.exit_code, 0);
     // It recorded the end, then left: it had no task and no agent.
-    wait_until("the old keeper exits", || !is_alive(keeper));
-    // New launches go to a new keeper.
+    wait_until("the old launcher exits", || !is_alive(launcher));
+    // New launches go to a new launcher.
     let second = key("job-e", 1);
     h.supervisor.launch(&[waits_for_go(&second)]);
     h.wait_for(&second, P::Running);
     let sandbox = h.supervisor.sandbox_dir(&second);
-    assert_ne!(recorded(&sandbox, "keeper"), keeper);
+    assert_ne!(recorded(&sandbox, "keeper"), launcher);
     std::fs::write(sandbox.join("go"), "").expect("go");
     h.wait_for(&second, P::Succeeded);
 }
 
 #[test]
-fn a_killed_keeper_costs_only_its_tasks_exit_statuses_and_is_replaced() {
+fn a_killed_launcher_costs_only_its_tasks_exit_statuses_and_is_replaced() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
     let first = key("job-d", 0);
@@ -391,13 +394,13 @@ fn a_killed_keeper_costs_only_its_tasks_exit_statuses_and_is_replaced() {
     h.wait_for(&first, P::Running);
     let sandbox = h.supervisor.sandbox_dir(&first);
     let task = recorded(&sandbox, "task");
-    let keeper = recorded(&sandbox, "keeper");
-    signal(keeper, "-KILL");
+    let launcher = recorded(&sandbox, "keeper");
+    signal(launcher, "-KILL");
     wait_until("the task is reparented", || {
-        stat(task).is_some_and(|(ppid, _, _)| ppid != keeper)
+        stat(task).is_some_and(|(ppid, _, _)| ppid != launcher)
     });
     // The task runs on, watched through /proc; its end is seen, but its
-    // exit status died with the keeper.
+    // exit status died with the launcher.
     h.supervisor.poll();
     assert!(is_alive(task));
     std::fs::write(sandbox.join("go"), "").expect("go");
@@ -406,24 +409,24 @@ fn a_killed_keeper_costs_only_its_tasks_exit_statuses_and_is_replaced() {
         done.reason.contains("lost the run's exit status"),
         "{done:?}"
     );
-    // The next launch starts another keeper.
+    // The next launch starts another launcher.
     let second = key("job-d", 1);
     h.supervisor.launch(&[waits_for_go(&second)]);
     h.wait_for(&second, P::Running);
     let sandbox = h.supervisor.sandbox_dir(&second);
     let next = recorded(&sandbox, "keeper");
-    assert_ne!(next, keeper);
-    assert_eq!(cmdline(next)[1..], ["spawner"]);
+    assert_ne!(next, launcher);
+    assert_eq!(cmdline(next)[1..], ["launcher"]);
     std::fs::write(sandbox.join("go"), "").expect("go");
     h.wait_for(&second, P::Succeeded);
 }
 
-/// The keeper's own protocol, spoken raw: a request without a plan makes
+/// The launcher's own protocol, spoken raw: a request without a plan makes
 /// it read the plan from the run's journal; a request it cannot parse costs
 /// only the agent's socket — the task started before carries on and its
 /// end is still recorded.
 #[test]
-fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
+fn the_launcher_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
     use std::io::{Read, Write};
     use std::os::fd::OwnedFd;
     use std::os::unix::net::UnixStream;
@@ -440,13 +443,13 @@ fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
     }});
     std::fs::write(sandbox.join("run.json"), format!("\n{plan}\n")).expect("journal");
     let (mut ours, theirs) = UnixStream::pair().expect("pair");
-    let mut keeper = std::process::Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
-        .arg("spawner")
+    let mut launcher = std::process::Command::new(env!("CARGO_BIN_EXE_peloton-agent"))
+        .arg("launcher")
         .env_clear()
         .stdin(std::process::Stdio::from(OwnedFd::from(theirs)))
         .stderr(std::process::Stdio::null())
         .spawn()
-        .expect("keeper");
+        .expect("launcher");
     let path = sandbox.as_os_str().as_encoded_bytes();
     let mut request = Vec::new();
     request.extend_from_slice(&u32::try_from(path.len()).unwrap().to_le_bytes());
@@ -462,12 +465,12 @@ fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
     ours.write_all(&u32::MAX.to_le_bytes()).expect("garbage");
     let mut rest = Vec::new();
     ours.read_to_end(&mut rest)
-        .expect("the keeper closes its end");
+        .expect("the launcher closes its end");
     assert!(rest.is_empty(), "{rest:?}");
     assert!(is_alive(task));
     std::fs::write(sandbox.join("go"), "").expect("go");
-    // The keeper records the end, then exits: no agent, no task.
-    let status = keeper.wait().expect("wait");
+    // The launcher records the end, then exits: no agent, no task.
+    let status = launcher.wait().expect("wait");
     assert!(status.success(), "{status:?}");
     let journal = std::fs::read_to_string(sandbox.join("run.json")).expect("journal");
     let exit = journal
@@ -479,21 +482,21 @@ fn the_keeper_reads_a_plan_left_out_from_the_journal_and_survives_garbage() {
     assert_eq!(exit["reason"], "exited with code 7");
 }
 
-/// A keeper that takes a batch of requests and does not answer (stopped
+/// A launcher that takes a batch of requests and does not answer (stopped
 /// here; in life, an exec hanging on a dead mount): the agent fails those
 /// runs after its answer timeout instead of starting them a second time,
-/// and the keeper, once it goes on, sees the agent has hung up and starts
-/// none of them either. The next launch gets a new keeper.
+/// and the launcher, once it goes on, sees the agent has hung up and starts
+/// none of them either. The next launch gets a new launcher.
 #[test]
-fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
+fn a_request_the_launcher_never_answers_fails_its_run_and_is_never_started() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
     let first = key("job-h", 0);
     h.supervisor.launch(&[waits_for_go(&first)]);
     h.wait_for(&first, P::Running);
     let first_sandbox = h.supervisor.sandbox_dir(&first);
-    let keeper = recorded(&first_sandbox, "keeper");
-    signal(keeper, "-STOP");
+    let launcher = recorded(&first_sandbox, "keeper");
+    signal(launcher, "-STOP");
     // A batch of two: both requests are delivered, neither is answered.
     let batch = [key("job-h", 1), key("job-h", 3)];
     h.supervisor
@@ -501,15 +504,17 @@ fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
     for k in &batch {
         let failed = h.wait_for(k, P::Failed);
         assert!(
-            failed.reason.contains("the keeper did not start the task"),
+            failed
+                .reason
+                .contains("the launcher did not start the task"),
             "{failed:?}"
         );
     }
-    signal(keeper, "-CONT");
+    signal(launcher, "-CONT");
     // It records the first run's end once that ends, then exits; the
     // failed runs' tasks never existed.
     std::fs::write(first_sandbox.join("go"), "").expect("go");
-    wait_until("the old keeper exits", || !is_alive(keeper));
+    wait_until("the old launcher exits", || !is_alive(launcher));
     for k in &batch {
         let sandbox = h.supervisor.sandbox_dir(k);
         let marker = format!("PELOTON_SANDBOX={}", sandbox.display());
@@ -522,25 +527,25 @@ fn a_request_the_keeper_never_answers_fails_its_run_and_is_never_started() {
         assert_eq!(started, Vec::<u32>::new());
         assert!(!sandbox.join("stdout").exists(), "the task was started");
     }
-    // The first run's end was still recorded, by the old keeper.
+    // The first run's end was still recorded, by the old launcher.
     let done = h.wait_for(&first, P::Succeeded);
     assert_eq!(done.exit_code, 0);
-    // A new keeper for the next launch.
+    // A new launcher for the next launch.
     let next = key("job-h", 2);
     h.supervisor.launch(&[waits_for_go(&next)]);
     h.wait_for(&next, P::Running);
     let next_sandbox = h.supervisor.sandbox_dir(&next);
-    assert_ne!(recorded(&next_sandbox, "keeper"), keeper);
+    assert_ne!(recorded(&next_sandbox, "keeper"), launcher);
     std::fs::write(next_sandbox.join("go"), "").expect("go");
     h.wait_for(&next, P::Succeeded);
 }
 
-/// One launch call is one batch of requests to the keeper: every run in it
-/// starts (in order, each its own task, all from the one keeper), a run
+/// One launch call is one batch of requests to the launcher: every run in it
+/// starts (in order, each its own task, all from the one launcher), a run
 /// named twice in the batch starts once and keeps its sandbox, and a run
 /// that fails before its request (no command) fails alone.
 #[test]
-fn a_launch_batch_starts_each_run_once_from_one_keeper() {
+fn a_launch_batch_starts_each_run_once_from_one_launcher() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
     let keys: Vec<v1::RunKey> = (0..5).map(|i| key("job-b", i)).collect();
@@ -569,9 +574,9 @@ fn a_launch_batch_starts_each_run_once_from_one_keeper() {
     }
     let sandboxes: Vec<PathBuf> = keys.iter().map(|k| h.supervisor.sandbox_dir(k)).collect();
     let tasks: Vec<u32> = sandboxes.iter().map(|s| recorded(s, "task")).collect();
-    let keeper = recorded(&sandboxes[0], "keeper");
+    let launcher = recorded(&sandboxes[0], "keeper");
     for sandbox in &sandboxes {
-        assert_eq!(recorded(sandbox, "keeper"), keeper);
+        assert_eq!(recorded(sandbox, "keeper"), launcher);
     }
     let mut distinct = tasks.clone();
     distinct.sort_unstable();
@@ -599,29 +604,32 @@ fn a_launch_batch_starts_each_run_once_from_one_keeper() {
     }
 }
 
-/// A batch sent to a keeper that died (its socket closed, nothing of the
-/// batch delivered) is started another way: a wrapper each, and every run
-/// succeeds.
+/// A batch sent to a launcher that died (its socket closed, nothing of the
+/// batch delivered) is started by a new launcher, and every run succeeds.
 #[test]
-fn a_batch_for_a_dead_keeper_is_started_by_wrappers() {
+fn a_batch_for_a_dead_launcher_is_started_by_a_new_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut h = Harness::open(dir.path());
     let first = key("job-g", 0);
     h.supervisor.launch(&[waits_for_go(&first)]);
     h.wait_for(&first, P::Running);
     let first_sandbox = h.supervisor.sandbox_dir(&first);
-    let keeper = recorded(&first_sandbox, "keeper");
-    signal(keeper, "-KILL");
-    wait_until("the keeper is dead", || !is_alive(keeper));
+    let launcher = recorded(&first_sandbox, "keeper");
+    signal(launcher, "-KILL");
+    wait_until("the launcher is dead", || !is_alive(launcher));
     // No poll in between: the supervisor learns of it from the batch.
     let keys: Vec<v1::RunKey> = (1..4).map(|i| key("job-g", i)).collect();
     let batch: Vec<v1::LaunchRun> = keys.iter().map(waits_for_go).collect();
     h.supervisor.launch(&batch);
+    let mut next = None;
     for k in &keys {
         h.wait_for(k, P::Running);
         let sandbox = h.supervisor.sandbox_dir(k);
-        // A wrapper's run: the wrapper is on record, no keeper.
-        recorded(&sandbox, "wrapper");
+        // One new launcher started the whole batch.
+        let by = recorded(&sandbox, "keeper");
+        assert_ne!(by, launcher);
+        assert_eq!(*next.get_or_insert(by), by);
+        assert_eq!(stat(recorded(&sandbox, "task")).expect("task").0, by);
         std::fs::write(sandbox.join("go"), "").expect("go");
         let done = h.wait_for(k, P::Succeeded);
         assert_eq!(done.exit_code, 0);
@@ -655,9 +663,9 @@ fn max_runs_counts_the_runs_of_one_batch() {
 }
 
 /// A task that ends at once never ends before it started: its RUNNING
-/// time is the keeper's clock when it started the task, not the agent's
+/// time is the launcher's clock when it started the task, not the agent's
 /// when it took in the answer (which, for a batch of short tasks, came
-/// after the keeper had already recorded some of their ends).
+/// after the launcher had already recorded some of their ends).
 #[test]
 fn a_short_task_is_reported_started_before_it_ended() {
     let dir = tempfile::tempdir().expect("tempdir");
