@@ -12,14 +12,14 @@
 //! - `server_cpu_ms_per_task`: the server's CPU time (user + system, from
 //!   /proc) spent in that window, per task;
 //! - `agents_cpu_ms_per_task`: the same for the agent processes (not the
-//!   per-task wrappers and tasks they start);
-//! - `wrappers_cpu_ms_per_task`: the CPU time of the processes the agents
-//!   started (each agent's spawner, the per-task wrappers it forks, and
-//!   the tasks they waited for), per task: what the agents' children and
-//!   their reaped descendants used in that window;
-//! - `keepers_cpu_ms_per_task`: the part of that used by the agents'
-//!   spawners themselves (their own CPU time, not their children's): what
-//!   starting and watching a task costs besides the task (a spawner that
+//!   launchers and tasks they start);
+//! - `agents_children_cpu_ms_per_task`: the CPU time of the processes the
+//!   agents started (each agent's launcher and the tasks it started and
+//!   reaped), per task: what the agents' children and their reaped
+//!   descendants used in that window;
+//! - `launchers_cpu_ms_per_task`: the part of that used by the agents'
+//!   launchers themselves (their own CPU time, not their children's): what
+//!   starting and watching a task costs besides the task (a launcher that
 //!   exits within the window drops out of it);
 //! - `machine_cpu_ms_per_task`: every CPU's busy time (from /proc/stat) in
 //!   that window, per task: the three above, and whatever else the
@@ -256,7 +256,7 @@ fn remember_neighbourhoods(places: &std::collections::BTreeSet<Place>) {
 /// of its own choosing, but it often chooses one the previous runs used (it
 /// prefers the groups with the fewest directories, which theirs are once
 /// emptied): in back-to-back runs without this care, four of sixteen spent
-/// about twice the CPU per task in the agents and their keepers (0.135–0.185
+/// about twice the CPU per task in the agents and their launchers (0.135–0.185
 /// ms each instead of 0.065–0.095) and launched 1,915–2,067 tasks/s instead
 /// of 2,180–2,620. That measures this bench's own clean-up, not launching,
 /// so the bench measures on fresh inode ground: a dir that lands in a recent
@@ -490,7 +490,7 @@ fn children_cpu_s(pid: u32) -> f64 {
 
 /// CPU seconds of what process `pid` started: its reaped children (and
 /// theirs), and its live children with what they have reaped (an agent's
-/// spawner reaps the wrappers, and is only reaped when the agent exits).
+/// launcher reaps its tasks, and is only reaped when the agent exits).
 fn descendants_cpu_s(pid: u32) -> f64 {
     let live: f64 = children_of(pid)
         .into_iter()
@@ -499,14 +499,14 @@ fn descendants_cpu_s(pid: u32) -> f64 {
     children_cpu_s(pid) + live
 }
 
-/// CPU seconds of the spawners (`peloton-agent spawner`) among the live
+/// CPU seconds of the launchers (`peloton-agent launcher`) among the live
 /// children of `pid`, themselves, without the tasks they have reaped.
-fn keepers_cpu_s(pid: u32) -> f64 {
+fn launchers_cpu_s(pid: u32) -> f64 {
     children_of(pid)
         .into_iter()
         .filter(|child| {
             std::fs::read(format!("/proc/{child}/cmdline"))
-                .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).nth(1) == Some(b"spawner"))
+                .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).nth(1) == Some(b"launcher"))
         })
         .map(cpu_s)
         .sum()
@@ -786,8 +786,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let agent_pids: Vec<u32> = agents.iter().map(|a| a.0.id()).collect();
     let cpu0 = cpu_s(server_pid);
     let agents_cpu0: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum();
-    let wrappers_cpu0: f64 = agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum();
-    let keepers_cpu0: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum();
+    let tasks_cpu0: f64 = agent_pids.iter().map(|&p| descendants_cpu_s(p)).sum();
+    let launchers_cpu0: f64 = agent_pids.iter().map(|&p| launchers_cpu_s(p)).sum();
     let client_cpu0 = cpu_s(std::process::id());
     let kernel_threads0 = kernel_threads();
     let machine_cpu0 = machine_cpu_s();
@@ -821,12 +821,13 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
     let elapsed = start.elapsed().as_secs_f64();
     let server_cpu = cpu_s(server_pid) - cpu0;
     let agents_cpu: f64 = agent_pids.iter().map(|&p| cpu_s(p)).sum::<f64>() - agents_cpu0;
-    let wrappers_cpu: f64 = agent_pids
+    let tasks_cpu: f64 = agent_pids
         .iter()
         .map(|&p| descendants_cpu_s(p))
         .sum::<f64>()
-        - wrappers_cpu0;
-    let keepers_cpu: f64 = agent_pids.iter().map(|&p| keepers_cpu_s(p)).sum::<f64>() - keepers_cpu0;
+        - tasks_cpu0;
+    let launchers_cpu: f64 =
+        agent_pids.iter().map(|&p| launchers_cpu_s(p)).sum::<f64>() - launchers_cpu0;
     let client_cpu = cpu_s(std::process::id()) - client_cpu0;
     let kernel_cpu = kernel_threads_cpu_s(kernel_threads0.as_ref(), kernel_threads().as_ref());
     let (machine_cpu, steal) = {
@@ -865,8 +866,8 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         "of_bare_execs": bare.map(|b| (tasks_per_s / b.per_s * 100.0).round() / 100.0),
         "server_cpu_ms_per_task": per_task_ms(server_cpu),
         "agents_cpu_ms_per_task": per_task_ms(agents_cpu),
-        "wrappers_cpu_ms_per_task": per_task_ms(wrappers_cpu),
-        "keepers_cpu_ms_per_task": per_task_ms(keepers_cpu),
+        "agents_children_cpu_ms_per_task": per_task_ms(tasks_cpu),
+        "launchers_cpu_ms_per_task": per_task_ms(launchers_cpu),
         "machine_cpu_ms_per_task": per_task_ms(machine_cpu),
         "client_cpu_ms_per_task": per_task_ms(client_cpu),
         "kernel_threads_cpu_ms_per_task": kernel_cpu.map(per_task_ms),
