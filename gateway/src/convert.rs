@@ -1106,6 +1106,30 @@ pub fn run_from_pb(r: &pb::TaskRun) -> RunRecord {
     }
 }
 
+/// A job spec of type APPLICATION sent to `JobService.Create` is a
+/// cluster-mode application: its one instance is the driver, which
+/// registers the application (driver URL, executor) from inside the job.
+pub fn cluster_mode_spec(mut spec: pb::JobSpec) -> Result<pb::JobSpec, Status> {
+    if spec.r#type != pb::JobType::Application as i32 {
+        return Ok(spec);
+    }
+    if !spec.default_task.as_ref().is_some_and(|t| t.controller) {
+        return Err(invalid(
+            "spec.default_task.controller",
+            "an application job's task is its driver, and must be a controller task (so the pool's controller limit keeps drivers from starving their executors)",
+        ));
+    }
+    let app = spec.application.get_or_insert_with(Default::default);
+    if !app.driver_url.is_empty() {
+        return Err(invalid(
+            "spec.application.driver_url",
+            "is set by the driver when it registers (ApplicationService.Register with job_id)",
+        ));
+    }
+    app.driver_in_job = true;
+    Ok(spec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

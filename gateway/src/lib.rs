@@ -10,6 +10,7 @@ pub mod audit;
 pub mod backend;
 pub mod client;
 pub mod clock;
+pub mod codec;
 pub mod command;
 pub mod config;
 pub mod console;
@@ -18,12 +19,15 @@ pub mod demo;
 /// The lifecycle core (its own crate: it cannot reach tonic, prost, tokio or
 /// redb even by accident).
 pub use peloton_lifecycle as lifecycle;
+pub mod hostpools;
 pub mod http;
 pub mod leader;
 pub mod local_pg;
 pub mod metrics;
 pub mod paging;
+pub mod persist;
 pub mod pgstore;
+pub mod reads;
 pub mod refused;
 pub mod reopening;
 pub mod scheduler;

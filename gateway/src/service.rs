@@ -31,9 +31,9 @@ use peloton_authz::Permission;
 mod access_service;
 mod apps;
 mod watch;
+pub mod watch_buffers;
 
-use watch::WatchStream;
-pub use watch::{DEFAULT_WATCH_BUFFER_BYTES, DEFAULT_WATCH_MEMORY_BYTES, WatchMemory};
+pub use watch_buffers::{DEFAULT_WATCH_BUFFER_BYTES, DEFAULT_WATCH_MEMORY_BYTES, WatchMemory};
 
 /// Handlers of every service.
 #[derive(Clone, Debug)]
@@ -368,7 +368,7 @@ impl JobService for Api {
             .into_inner()
             .spec
             .ok_or_else(|| convert::invalid("spec", "missing"))?;
-        let spec = apps::cluster_mode_spec(spec)?;
+        let spec = convert::cluster_mode_spec(spec)?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         let job = self
             .call(|reply| Command::CreateJob {

@@ -6,102 +6,18 @@
 
 use std::sync::Arc;
 
-use peloton_authz::Role;
 use peloton_proto::v1 as pb;
-use tonic::Status;
 
 use super::{Reply, Scheduler};
 use crate::access::{Access, Caller, Digest32};
-use crate::lifecycle::{AccessChange, AuditEntry, Certificate, Error, Input, Token};
+use crate::codec::{audit_from_pb, audit_to_pb, token_from_pb, token_to_pb};
+use crate::lifecycle::{AccessChange, Certificate, Error, Input};
 use crate::refused::Refused;
 
 /// Most audit entries one read returns.
 pub const MAX_AUDIT_READ: u32 = 1000;
 /// Audit entries one read returns by default.
 const DEFAULT_AUDIT_READ: u32 = 100;
-
-/// A token as the API lists it.
-pub(super) fn token_to_pb(t: &Token) -> pb::Token {
-    pb::Token {
-        name: t.name.clone(),
-        grants: t
-            .grants
-            .iter()
-            .map(|g| pb::Grant {
-                role: match g.role() {
-                    Role::Viewer => pb::Role::Viewer,
-                    Role::Submitter => pb::Role::Submitter,
-                    Role::PoolAdmin => pb::Role::PoolAdmin,
-                    Role::ClusterAdmin => pb::Role::ClusterAdmin,
-                } as i32,
-                pool: g.pool().to_string(),
-            })
-            .collect(),
-        created_at_ms: t.created_at_ms,
-        created_by: t.created_by.clone(),
-        certificates: t
-            .certificates
-            .iter()
-            .map(|c| pb::TokenCertificate {
-                fingerprint: crate::access::hex(&c.fingerprint),
-                issued_at_ms: c.issued_at_ms,
-                not_after_ms: c.not_after_ms,
-            })
-            .collect(),
-    }
-}
-
-/// A token from the API's message (its grants checked again) and its
-/// secret's digest; a certificate whose fingerprint does not parse is
-/// skipped (it could never authenticate).
-pub(super) fn token_from_pb(t: pb::Token, digest: Digest32) -> Result<Token, Status> {
-    let grants = crate::access::grants_from_pb("grants", &t.grants)?;
-    let certificates = t
-        .certificates
-        .iter()
-        .filter_map(|c| {
-            Some(Certificate {
-                fingerprint: crate::access::parse_hex("fingerprint", &c.fingerprint).ok()?,
-                issued_at_ms: c.issued_at_ms,
-                not_after_ms: c.not_after_ms,
-            })
-        })
-        .collect();
-    Ok(Token {
-        name: t.name,
-        grants,
-        created_at_ms: t.created_at_ms,
-        created_by: t.created_by,
-        digest,
-        certificates,
-    })
-}
-
-/// An audit entry as the API lists it.
-pub(super) fn audit_to_pb(e: &AuditEntry) -> pb::AuditEntry {
-    pb::AuditEntry {
-        seq: e.seq,
-        time_ms: e.time_ms,
-        principal: e.principal.clone(),
-        method: e.method.clone(),
-        target: e.target.clone(),
-        code: e.code,
-        message: e.message.clone(),
-    }
-}
-
-/// An audit entry from the API's message.
-pub(super) fn audit_from_pb(e: pb::AuditEntry) -> AuditEntry {
-    AuditEntry {
-        seq: e.seq,
-        time_ms: e.time_ms,
-        principal: e.principal,
-        method: e.method,
-        target: e.target,
-        code: e.code,
-        message: e.message,
-    }
-}
 
 /// What an insecure server answers to a new token.
 fn insecure() -> Error {

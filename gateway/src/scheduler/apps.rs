@@ -4,9 +4,10 @@
 
 use peloton_proto::v1 as pb;
 
-use super::{AppCommand, Scheduler, reads};
+use super::{AppCommand, Scheduler};
 use crate::convert::{self, TaskTemplate};
 use crate::lifecycle::{Answer, Error, Input, JobKey, JobKind, TaskState as S};
+use crate::reads;
 
 /// At most this many executors are listed in an application.
 pub const MAX_LISTED_EXECUTORS: usize = 1000;

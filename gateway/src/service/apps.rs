@@ -71,30 +71,6 @@ fn executor_spec(
     Ok((e, t))
 }
 
-/// A job spec of type APPLICATION sent to `JobService.Create` is a
-/// cluster-mode application: its one instance is the driver, which
-/// registers the application (driver URL, executor) from inside the job.
-pub(super) fn cluster_mode_spec(mut spec: pb::JobSpec) -> Result<pb::JobSpec, Status> {
-    if spec.r#type != pb::JobType::Application as i32 {
-        return Ok(spec);
-    }
-    if !spec.default_task.as_ref().is_some_and(|t| t.controller) {
-        return Err(convert::invalid(
-            "spec.default_task.controller",
-            "an application job's task is its driver, and must be a controller task (so the pool's controller limit keeps drivers from starving their executors)",
-        ));
-    }
-    let app = spec.application.get_or_insert_with(Default::default);
-    if !app.driver_url.is_empty() {
-        return Err(convert::invalid(
-            "spec.application.driver_url",
-            "is set by the driver when it registers (ApplicationService.Register with job_id)",
-        ));
-    }
-    app.driver_in_job = true;
-    Ok(spec)
-}
-
 #[tonic::async_trait]
 impl ApplicationService for Api {
     async fn register(
@@ -441,7 +417,7 @@ async fn follow_app(
     api: Api,
     id: String,
     mut follow: Follow,
-    mut watch: super::WatchStream,
+    mut watch: super::watch::WatchStream,
     tx: mpsc::Sender<Result<pb::WatchExecutorsResponse, Status>>,
 ) {
     let mut poll = tokio::time::interval(PENDING_POLL);

@@ -19,7 +19,7 @@ use crate::paging::{self, MAX_PAGE_BYTES, PageKind};
 /// [`MAX_PAGE_BYTES`]: a page may end inside a pool, which then
 /// continues on the next page. The token's position is "P" (after pool
 /// P) or "P/H" (after host H of pool P; pool names have no '/').
-pub(super) fn list(
+pub(crate) fn list(
     pools: &HostPools,
     engine: &Engine,
     r: &pb::ListHostPoolsRequest,

@@ -21,7 +21,7 @@ use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::paging::{self, PageBytes};
 use crate::status::status;
 
-pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
+pub(crate) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
     let rm = engine.resources();
     let tree = rm.tree();
     let path = tree.path(id).to_string();
@@ -54,7 +54,7 @@ pub(super) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
 
 /// Pools in path order after the request's page token, up to its page size
 /// (0: no count limit) and [`paging::MAX_PAGE_BYTES`].
-pub(super) fn list_pools(
+pub(crate) fn list_pools(
     engine: &Engine,
     core: &Lifecycle,
     r: &pb::ListPoolsRequest,
@@ -88,7 +88,7 @@ fn id_before(pools: &[pb::Pool]) -> &str {
     pools.last().map_or("", |p| p.path.as_str())
 }
 
-pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
+pub(crate) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
     let rm = engine.resources();
     let tree = rm.tree();
     let mut ids = tree.list();
@@ -130,7 +130,7 @@ pub(super) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
 
 /// A job as the API shows it: with the spec of its current config version
 /// and its secrets, redacted (names and sizes).
-pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, secrets: Option<&[pb::Secret]>) -> pb::Job {
+pub(crate) fn job_to_pb(core: &Lifecycle, k: JobKey, secrets: Option<&[pb::Secret]>) -> pb::Job {
     let job = core.job(k).expect("live job");
     let mut spec = job_spec(&job.plan);
     if let Some(secrets) = secrets {
@@ -147,7 +147,7 @@ pub(super) fn job_to_pb(core: &Lifecycle, k: JobKey, secrets: Option<&[pb::Secre
 /// version: the instance count (scaled; a daemon's follows the hosts it
 /// matches, an application's its executors) and so the overrides of
 /// instances scaled away.
-pub(super) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
+pub(crate) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
     let mut spec =
         pb::JobSpec::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan");
     spec.instance_count = plan.instance_count;
@@ -159,7 +159,7 @@ pub(super) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
 /// The fields of an encoded `JobSpec` that queries filter on: decoding it
 /// skips the others (the tasks) unread.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(super) struct JobSpecHead {
+pub(crate) struct JobSpecHead {
     /// `JobSpec.name`.
     #[prost(string, tag = "1")]
     pub name: String,
@@ -173,13 +173,13 @@ pub(super) struct JobSpecHead {
 
 impl JobSpecHead {
     /// The head of a plan's spec.
-    pub(super) fn of(plan: &JobPlan) -> Self {
+    pub(crate) fn of(plan: &JobPlan) -> Self {
         JobSpecHead::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan")
     }
 }
 
 /// A job as the API shows it, without its spec.
-pub(super) fn job_without_spec(job: &Job) -> pb::Job {
+pub(crate) fn job_without_spec(job: &Job) -> pb::Job {
     pb::Job {
         id: job.id.to_string(),
         spec: None,
@@ -215,7 +215,7 @@ pub(super) fn job_without_spec(job: &Job) -> pb::Job {
 }
 
 /// An update as the API shows it (and the store keeps it).
-pub(super) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
+pub(crate) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
     let state =
         |s: UpdateState| pb::UpdateState::try_from(s as i32).expect("same numbering") as i32;
     let counts = core.update_counts(u);
@@ -250,7 +250,7 @@ pub(super) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
 }
 
 /// A stored update as the core's.
-pub(super) fn update_from_pb(u: &pb::Update) -> Update {
+pub(crate) fn update_from_pb(u: &pb::Update) -> Update {
     let state_of = |raw: i32| {
         [
             UpdateState::Initialized,
@@ -308,7 +308,7 @@ pub(super) fn update_from_pb(u: &pb::Update) -> Update {
     }
 }
 
-pub(super) fn query_jobs(
+pub(crate) fn query_jobs(
     core: &Lifecycle,
     r: &pb::QueryJobsRequest,
     viewer: Option<&peloton_authz::Principal>,
@@ -336,7 +336,7 @@ pub(super) fn query_jobs(
         }
         let full = out.jobs.len() == page;
         let j = (!full).then(|| {
-            let secrets = core.secrets_of(k).map(|s| super::secrets::to_pb(s));
+            let secrets = core.secrets_of(k).map(|s| crate::codec::to_pb(s));
             job_to_pb(core, k, secrets.as_deref())
         });
         match j {
@@ -398,7 +398,7 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
 }
 
 /// A volume as the API shows it (and the store keeps it).
-pub(super) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb::Volume {
+pub(crate) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb::Volume {
     pb::Volume {
         id: v.id.to_string(),
         job_id: core
@@ -416,7 +416,7 @@ pub(super) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb
 
 /// Volumes in id order after the request's page token, filtered by job id
 /// and host, up to its page size and [`paging::MAX_PAGE_BYTES`].
-pub(super) fn list_volumes(
+pub(crate) fn list_volumes(
     core: &Lifecycle,
     r: &pb::ListVolumesRequest,
 ) -> Result<pb::ListVolumesResponse, Status> {
@@ -449,7 +449,7 @@ pub(super) fn list_volumes(
     Ok(out)
 }
 
-pub(super) fn list_tasks(
+pub(crate) fn list_tasks(
     core: &Lifecycle,
     r: &pb::ListTasksRequest,
 ) -> Result<pb::ListTasksResponse, Status> {
@@ -493,7 +493,7 @@ pub(super) fn list_tasks(
     Ok(out)
 }
 
-pub(super) fn get_task(
+pub(crate) fn get_task(
     engine: &Engine,
     core: &Lifecycle,
     job_id: &str,
@@ -590,7 +590,7 @@ const QUEUE_READ_DEFAULT: u32 = 20;
 
 /// The first entries of a pool's queues in admission order
 /// (`ResourcePoolService.ListQueue`; the limit is checked by the service).
-pub(super) fn list_queue(
+pub(crate) fn list_queue(
     engine: &Engine,
     core: &Lifecycle,
     path: &str,
@@ -635,7 +635,7 @@ pub(super) fn list_queue(
     Ok(out)
 }
 
-pub(super) fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String {
+pub(crate) fn pending_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> String {
     let report = engine.report();
     match t.state {
         S::Initialized => {
@@ -789,7 +789,7 @@ fn task_ref_order(a: &pb::TaskRef, b: &pb::TaskRef) -> std::cmp::Ordering {
     (a.job_id.as_str(), a.instance).cmp(&(b.job_id.as_str(), b.instance))
 }
 
-pub(super) fn list_hosts(
+pub(crate) fn list_hosts(
     engine: &Engine,
     core: &Lifecycle,
     hub: Option<&crate::agent_hub::AgentHub>,
@@ -866,7 +866,7 @@ pub(super) fn list_hosts(
 
 /// A host's stored row: registration and the maintenance state an operator
 /// set.
-pub(super) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Option<pb::Host> {
+pub(crate) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Option<pb::Host> {
     let hosts = engine.hosts();
     let id = hosts.lookup_slot(slot.idx())?;
     let state = if core.in_maintenance(slot) {
@@ -896,7 +896,7 @@ pub(super) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Opt
 
 /// A host's attributes as shown and stored: without its host pool (shown
 /// as `Host.host_pool`, stored in its own table).
-pub(super) fn host_attributes(
+pub(crate) fn host_attributes(
     hosts: &HostArena,
     slot: u32,
 ) -> std::collections::HashMap<String, String> {
@@ -927,7 +927,7 @@ fn host_pool_of(hosts: &HostArena, slot: u32) -> String {
 
 /// An agent's registration as an engine host (without its host pool
 /// attribute, which the caller adds).
-pub(super) fn host_spec(
+pub(crate) fn host_spec(
     name: &str,
     resources: Option<&pb::Resources>,
     attributes: &std::collections::HashMap<String, String>,
@@ -959,7 +959,7 @@ pub(super) fn host_spec(
 }
 
 /// Where a run's logs are: its key and its host.
-pub(super) fn log_target(
+pub(crate) fn log_target(
     core: &Lifecycle,
     job_id: &str,
     instance: u32,

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::store::{Snapshot, WriteBatch};
 use crate::store_codec;
 
-use super::reads;
+use crate::reads;
 
 /// A job's secrets as stored in the `secrets` table (apart from its spec
 /// rows).
@@ -31,7 +31,7 @@ struct StoredSecrets {
 
 /// The stored secrets by job id (the core drops those of jobs that are
 /// gone, and their rows).
-pub(super) fn recovered_secrets(
+pub(crate) fn recovered_secrets(
     snap: &Snapshot,
 ) -> anyhow::Result<Vec<(String, Vec<crate::lifecycle::Secret>)>> {
     snap.secrets
@@ -39,13 +39,13 @@ pub(super) fn recovered_secrets(
         .map(|(id, bytes)| {
             let stored = StoredSecrets::decode(bytes.as_slice())
                 .map_err(|e| anyhow::anyhow!("stored secrets of job {id}: {e}"))?;
-            Ok((id.clone(), super::secrets::from_pb(stored.secrets)))
+            Ok((id.clone(), crate::codec::from_pb(stored.secrets)))
         })
         .collect()
 }
 
 /// Events as the API's messages.
-pub(super) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
+pub(crate) fn events_to_pb(events: &[Event]) -> Vec<pb::Event> {
     events
         .iter()
         .map(|e| pb::Event {
@@ -107,7 +107,7 @@ const KIND_JOB: u8 = 2;
 /// string 0 is ""), event count, then per event: revision delta, time
 /// delta (zigzag), kind (1 task, 2 job) and its fields in `TaskEvent` /
 /// `JobEvent` order, strings as indices.
-pub(super) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
+pub(crate) fn encode_events(events: &[Event]) -> (u64, Vec<u8>) {
     let first = events[0].revision;
     let mut strings = Strings {
         list: vec![""],
@@ -317,7 +317,7 @@ fn unzigzag(v: u64) -> i64 {
 
 /// Encodes the rows the core marked into `batch` (each job row once).
 /// Reads the shell's state, never changes it.
-pub(super) fn rows(
+pub(crate) fn rows(
     core: &mut Lifecycle,
     engine: &peloton_engine::Engine,
     rows: &mut Vec<RowKey>,
@@ -395,11 +395,11 @@ pub(super) fn rows(
 /// A recovered job's config version whose spec only its job row held (an
 /// older store's row), to be written to the configs table before the row
 /// is rewritten without it: the job's id and the version.
-pub(super) type SpecInJobRow = (String, u64);
+pub(crate) type SpecInJobRow = (String, u64);
 
 /// The store's rows as the core's recovery input (the plans hold their
 /// specs), and the specs still in job rows.
-pub(super) fn recovered(
+pub(crate) fn recovered(
     snap: &Snapshot,
     agent_mode: bool,
 ) -> anyhow::Result<(Recovered, Vec<SpecInJobRow>)> {
@@ -526,7 +526,7 @@ struct StoredToken {
 
 /// The stored tokens and audit entries. A token whose grants are no
 /// longer valid is left out (and logged): it could never authenticate.
-pub(super) fn recovered_access(
+pub(crate) fn recovered_access(
     snap: &Snapshot,
 ) -> anyhow::Result<(
     Vec<crate::lifecycle::Token>,
@@ -541,7 +541,7 @@ pub(super) fn recovered_access(
             .as_slice()
             .try_into()
             .map_err(|_| anyhow::anyhow!("stored token {name}: its digest is not 32 bytes"))?;
-        match super::access::token_from_pb(stored.token.unwrap_or_default(), digest) {
+        match crate::codec::token_from_pb(stored.token.unwrap_or_default(), digest) {
             Ok(t) => tokens.push(t),
             Err(e) => {
                 tracing::error!(token = %name, error = %e.message(), "a stored token's grants are not valid: it is refused");
@@ -552,7 +552,7 @@ pub(super) fn recovered_access(
     for (key, bytes) in &snap.audit {
         let e = pb::AuditEntry::decode(bytes.as_slice())
             .map_err(|e| anyhow::anyhow!("audit entry {key}: {e}"))?;
-        audit.push(super::access::audit_from_pb(e));
+        audit.push(crate::codec::audit_from_pb(e));
     }
     Ok((tokens, audit))
 }
@@ -560,7 +560,7 @@ pub(super) fn recovered_access(
 /// Encodes the rows of the tables beside the jobs (host pools, access,
 /// secrets) that the core marked into `batch`, from the core's state:
 /// what is no longer there is deleted.
-pub(super) fn state_rows(
+pub(crate) fn state_rows(
     core: &Lifecycle,
     rows: &mut Vec<crate::lifecycle::StateRow>,
     batch: &mut WriteBatch,
@@ -575,7 +575,7 @@ pub(super) fn state_rows(
             StateRow::Token(name) => {
                 let row = core.access().token(&name).map(|t| {
                     StoredToken {
-                        token: Some(super::access::token_to_pb(t)),
+                        token: Some(crate::codec::token_to_pb(t)),
                         digest: t.digest.to_vec(),
                     }
                     .encode_to_vec()
@@ -586,7 +586,7 @@ pub(super) fn state_rows(
                 let row = core
                     .access()
                     .audit_entry(seq)
-                    .map(|e| super::access::audit_to_pb(e).encode_to_vec());
+                    .map(|e| crate::codec::audit_to_pb(e).encode_to_vec());
                 batch.audit.push((crate::store::audit_key(seq), row));
             }
             StateRow::Secrets(id) => {
@@ -596,7 +596,7 @@ pub(super) fn state_rows(
                     .and_then(|k| core.secrets_of(k))
                     .map(|s| {
                         StoredSecrets {
-                            secrets: super::secrets::to_pb(s),
+                            secrets: crate::codec::to_pb(s),
                         }
                         .encode_to_vec()
                     });

@@ -1,0 +1,162 @@
+//! While the store cannot write: the failed commit kept and retried with a
+//! back-off; mutating commands refused at once, reads answered from
+//! memory, agents' reports held (up to a bound) until the batch lands.
+
+use std::time::Instant;
+
+use tonic::Status;
+
+use crate::refused::Refused;
+use crate::store::WriteBatch;
+
+use super::{MAX_HELD_REPORTS, RETRY_COMMIT_MAX_MS, Scheduler};
+
+use crate::command::{AppCommand, Command, Reply};
+
+impl Scheduler {
+    /// Tries the failed commit again once its time has come. True when no
+    /// commit is outstanding (any more): then what waited for it has been
+    /// released and the agent commands held meanwhile applied.
+    pub(super) fn retry_commit(&mut self) -> bool {
+        let Some(failed) = self.outage.failed.as_mut() else {
+            return true;
+        };
+        let now = self.now;
+        if now < failed.next_try_ms {
+            return false;
+        }
+        let start = Instant::now();
+        if let Err(e) = self.store.commit(&self.batch) {
+            failed.attempts += 1;
+            failed.error = e.to_string();
+            failed.delay_ms = (failed.delay_ms * 2).min(RETRY_COMMIT_MAX_MS);
+            failed.next_try_ms = now + failed.delay_ms;
+            // The 1st, 2nd, 4th, 8th... failure: a long outage does not
+            // flood the log.
+            if failed.attempts.is_power_of_two() {
+                tracing::error!(
+                    error = %e,
+                    attempts = failed.attempts,
+                    failing_for_ms = now - failed.since_ms,
+                    "the store still cannot write; writes stay refused"
+                );
+            }
+            return false;
+        }
+        self.metrics
+            .commit_seconds
+            .observe(start.elapsed().as_secs_f64());
+        self.metrics.store_unwritable.set(0);
+        self.batch = WriteBatch::default();
+        let failed = self.outage.failed.take().expect("outstanding");
+        tracing::warn!(
+            attempts = failed.attempts,
+            failed_for_ms = now - failed.since_ms,
+            held_agent_commands = self.outage.held.len(),
+            "the store writes again: the failed batch is written, its answers released"
+        );
+        self.release(failed.events);
+        // Agents that went silent meanwhile get the reconnect slack a
+        // restart gives them before they are declared lost.
+        self.started_at = now;
+        self.outage.held_reports = 0;
+        for c in std::mem::take(&mut self.outage.held) {
+            self.handle(c);
+        }
+        true
+    }
+
+    /// While the store cannot write: refuses a mutating command at once,
+    /// holds an agent's reports or goodbye for later, and gives back a read
+    /// (answered from memory).
+    pub(super) fn while_unwritable(&mut self, c: Command) -> Option<Command> {
+        fn refuse<T>(reply: Reply<T>, status: &Status) -> Option<Command> {
+            let _ = reply.send(Err(status.clone()));
+            None
+        }
+        let failed = self.outage.failed.as_ref().expect("in an outage");
+        let status = crate::status::refused(Refused::StoreUnwritable {
+            error: failed.error.clone(),
+            for_s: self.now.saturating_sub(failed.since_ms) / 1000,
+            retry_s: RETRY_COMMIT_MAX_MS / 1000,
+        });
+        match c {
+            Command::CreatePool { reply, .. } | Command::UpdatePool { reply, .. } => {
+                refuse(reply, &status)
+            }
+            Command::DeletePool { reply, .. } => refuse(reply, &status),
+            Command::CreateJob { reply, .. } => refuse(reply, &status),
+            Command::JobAction { reply, .. } => refuse(reply, &status),
+            Command::TaskAction { reply, .. } => refuse(reply, &status),
+            Command::CreateHostPool { reply, .. } => refuse(reply, &status),
+            Command::DeleteHostPool { reply, .. } => refuse(reply, &status),
+            Command::MoveHosts { reply, .. } => refuse(reply, &status),
+            Command::Maintenance { reply, .. } => refuse(reply, &status),
+            Command::AgentRegister { reply, .. } => refuse(reply, &status),
+            Command::UpdateJob { reply, .. } => refuse(reply, &status),
+            Command::UpdateAction { reply, .. } => refuse(reply, &status),
+            Command::DeleteVolume { reply, .. } => refuse(reply, &status),
+            Command::CreateToken { reply, .. } => refuse(reply, &status),
+            Command::RevokeToken { reply, .. } => refuse(reply, &status),
+            Command::IssueCertificate { reply, .. } => refuse(reply, &status),
+            Command::RevokeCertificate { reply, .. } => refuse(reply, &status),
+            // Kept for the commit that ends the outage, up to a bound.
+            Command::Audit(entry) => {
+                if self.outage.held.len() < MAX_HELD_REPORTS {
+                    self.outage.held.push(Command::Audit(entry));
+                } else {
+                    tracing::warn!(
+                        ?entry,
+                        "audit entry dropped: too many held while the store cannot write"
+                    );
+                }
+                None
+            }
+            Command::App(app) => match app {
+                AppCommand::Create { reply, .. } | AppCommand::Attach { reply, .. } => {
+                    refuse(reply, &status)
+                }
+                AppCommand::Target { reply, .. } => refuse(reply, &status),
+                AppCommand::Kill { reply, .. } => refuse(reply, &status),
+                AppCommand::Unregister { reply, .. } => refuse(reply, &status),
+                read @ AppCommand::Get { .. } => Some(Command::App(read)),
+            },
+            Command::AgentReports {
+                host,
+                session,
+                reports,
+            } if self.outage.held_reports + reports.len() > MAX_HELD_REPORTS => {
+                tracing::warn!(%host, "too many agent reports held while the store cannot write; closing the agent's session");
+                if let Some(hub) = &self.hub {
+                    hub.detach(&host, session);
+                }
+                None
+            }
+            held @ (Command::AgentReports { .. } | Command::AgentGone { .. }) => {
+                if let Command::AgentReports { reports, .. } = &held {
+                    self.outage.held_reports += reports.len();
+                }
+                self.outage.held.push(held);
+                None
+            }
+            read @ (Command::GetPool { .. }
+            | Command::ListPools { .. }
+            | Command::ListQueue { .. }
+            | Command::GetJob { .. }
+            | Command::QueryJobs { .. }
+            | Command::ListTasks { .. }
+            | Command::GetTask { .. }
+            | Command::ListHosts { .. }
+            | Command::ListHostPools { .. }
+            | Command::Watch { .. }
+            | Command::LogTarget { .. }
+            | Command::GetUpdate { .. }
+            | Command::ListUpdates { .. }
+            | Command::ListVolumes { .. }
+            | Command::GetVolume { .. }
+            | Command::ListTokens { .. }
+            | Command::ListAudit { .. }
+            | Command::Shutdown) => Some(read),
+        }
+    }
+}
