@@ -480,6 +480,18 @@ struct Outage {
     held: Vec<Command>,
     /// Reports in `held`.
     held_reports: usize,
+    /// Applications heard from meanwhile: their leases are renewed once
+    /// the batch is written (at most [`MAX_HELD_REPORTS`]).
+    heard: std::collections::BTreeSet<String>,
+}
+
+impl Outage {
+    /// An application heard from while the store cannot write.
+    fn hold_heard(&mut self, id: &str) {
+        if self.heard.len() < MAX_HELD_REPORTS {
+            self.heard.insert(id.to_string());
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -1020,6 +1032,11 @@ impl Scheduler {
         // restart gives them before they are declared lost.
         self.started_at = now;
         self.outage.held_reports = 0;
+        for id in std::mem::take(&mut self.outage.heard) {
+            let _ = self
+                .core
+                .step(&mut self.engine, Input::AppHeard { id }, now, &mut self.fx);
+        }
         for c in std::mem::take(&mut self.outage.held) {
             self.handle(c);
         }
