@@ -145,6 +145,18 @@ pub(super) struct Outage {
     pub(super) held: Vec<Command>,
     /// Reports in `held`.
     pub(super) held_reports: usize,
+    /// Applications heard from meanwhile: their leases are renewed once
+    /// the batch is written (at most [`MAX_HELD_REPORTS`]).
+    pub(super) heard: std::collections::BTreeSet<String>,
+}
+
+impl Outage {
+    /// An application heard from while the store cannot write.
+    pub(super) fn hold_heard(&mut self, id: &str) {
+        if self.heard.len() < MAX_HELD_REPORTS {
+            self.heard.insert(id.to_string());
+        }
+    }
 }
 
 #[derive(Debug)]

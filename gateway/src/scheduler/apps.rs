@@ -22,13 +22,18 @@ impl Scheduler {
             | AppCommand::Kill { id, .. }
             | AppCommand::Unregister { id, .. } => {
                 // Any call about it renews its driver's lease (an open
-                // executor stream calls every second).
-                let _ = self.core.step(
-                    &mut self.engine,
-                    Input::AppHeard { id: id.clone() },
-                    self.now,
-                    &mut self.fx,
-                );
+                // executor stream calls every second). Nothing is stepped
+                // while the store cannot write: the renewal waits for it.
+                if self.outage.failed.is_some() {
+                    self.outage.hold_heard(id);
+                } else {
+                    let _ = self.core.step(
+                        &mut self.engine,
+                        Input::AppHeard { id: id.clone() },
+                        self.now,
+                        &mut self.fx,
+                    );
+                }
             }
         }
         match c {

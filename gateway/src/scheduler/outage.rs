@@ -10,6 +10,7 @@ use crate::refused::Refused;
 use crate::store::WriteBatch;
 
 use super::{MAX_HELD_REPORTS, RETRY_COMMIT_MAX_MS, Scheduler};
+use crate::lifecycle::Input;
 
 use crate::command::{AppCommand, Command, Reply};
 
@@ -60,6 +61,11 @@ impl Scheduler {
         // restart gives them before they are declared lost.
         self.started_at = now;
         self.outage.held_reports = 0;
+        for id in std::mem::take(&mut self.outage.heard) {
+            let _ = self
+                .core
+                .step(&mut self.engine, Input::AppHeard { id }, now, &mut self.fx);
+        }
         for c in std::mem::take(&mut self.outage.held) {
             self.handle(c);
         }
