@@ -14,11 +14,12 @@ use tonic::Status;
 use crate::convert;
 use crate::lifecycle::units::amount;
 use crate::lifecycle::{
-    HostSlot, Job, JobKey, JobPlan, Lifecycle, Task, TaskState as S, Update, UpdateSpec,
+    Error, HostSlot, Job, JobKey, JobPlan, Lifecycle, Task, TaskState as S, Update, UpdateSpec,
     UpdateState,
 };
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::paging::{self, PageBytes};
+use crate::refused::Refused;
 use crate::status::status;
 
 pub(crate) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
@@ -452,13 +453,13 @@ pub(crate) fn list_volumes(
 pub(crate) fn list_tasks(
     core: &Lifecycle,
     r: &pb::ListTasksRequest,
-) -> Result<pb::ListTasksResponse, Status> {
-    let k = core.job_key(&r.job_id).map_err(status)?;
+) -> Result<pb::ListTasksResponse, Refused> {
+    let k = core.job_key(&r.job_id)?;
     let job = core.job(k).expect("live");
     let limit = paging::page_size(r.limit, 1000, 10_000);
     let n = job.tasks.len() as u32;
     if r.from_instance >= n && !(n == 0 && r.from_instance == 0) {
-        return Err(Status::out_of_range(format!(
+        return Err(Refused::OutOfRange(format!(
             "from_instance: {} is past the job's last instance ({})",
             r.from_instance,
             if n == 0 {
@@ -964,11 +965,11 @@ pub(crate) fn log_target(
     job_id: &str,
     instance: u32,
     run_id: u32,
-) -> Result<(pb::RunKey, Arc<str>), Status> {
-    let k = core.job_key(job_id).map_err(status)?;
+) -> Result<(pb::RunKey, Arc<str>), Error> {
+    let k = core.job_key(job_id)?;
     let job = core.job(k).expect("live");
     let Some(t) = job.tasks.get(instance as usize) else {
-        return Err(Status::not_found(format!(
+        return Err(Error::NotFound(format!(
             "job {job_id} has no instance {instance}"
         )));
     };
@@ -979,7 +980,7 @@ pub(crate) fn log_target(
         .find(|r| r.launch.0 != 0 && (run_id == 0 || r.run == run_id) && !r.host.is_empty())
         .cloned()
         .ok_or_else(|| {
-            Status::not_found(if run_id == 0 {
+            Error::NotFound(if run_id == 0 {
                 format!("{job_id}/{instance} has not been launched yet")
             } else {
                 format!("{job_id}/{instance} has no launched run {run_id}")

@@ -37,6 +37,8 @@ pub enum Refused {
     SimulatedHosts(&'static str),
     /// The agent of a host is not connected.
     AgentNotConnected(String),
+    /// A read asked past the end of what there is (a job's instances).
+    OutOfRange(String),
     /// A read's request was refused by its validation (paging tokens,
     /// filters), which answers with a status of its own.
     Request(tonic::Status),
@@ -83,6 +85,7 @@ impl std::fmt::Display for Refused {
             Refused::AgentNotConnected(host) => {
                 write!(f, "the agent of host {host} is not connected")
             }
+            Refused::OutOfRange(what) => write!(f, "{what}"),
             Refused::Request(s) => write!(f, "{}", s.message()),
         }
     }

@@ -55,6 +55,7 @@ pub fn refused(r: Refused) -> Status {
             let code = match &other {
                 Refused::HostHeldBySession { .. } => Code::AlreadyExists,
                 Refused::SimulatedHosts(_) => Code::FailedPrecondition,
+                Refused::OutOfRange(_) => Code::OutOfRange,
                 _ => Code::Unavailable,
             };
             contract(Status::new(code, other.to_string()))
