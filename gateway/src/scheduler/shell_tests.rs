@@ -15,6 +15,8 @@ use peloton_proto::v1 as pb;
 use tokio::sync::oneshot;
 
 use super::{Command, LoopConfig, Reply, Scheduler};
+use crate::agent_backend::AgentBackend;
+use crate::agent_hub::{AgentHub, Registration, Session};
 use crate::backend::{HostBackend, Kill, Launch, Secrets, SimBackend, TaskUpdate};
 use crate::clock::Now;
 use crate::convert;
@@ -72,10 +74,16 @@ impl Trace {
         format!("j{}", n + 1)
     }
 
+    /// The lines so far, job ids shown by their names.
     fn take(&self) -> String {
         self.poll();
-        let lines = std::mem::take(&mut self.0.lock().unwrap().lines);
-        lines.iter().map(|l| format!("{l}\n")).collect()
+        let mut t = self.0.lock().unwrap();
+        let lines = std::mem::take(&mut t.lines);
+        let mut text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        for (n, id) in t.jobs.iter().enumerate() {
+            text = text.replace(id.as_str(), &format!("j{}", n + 1));
+        }
+        text
     }
 }
 
@@ -123,7 +131,8 @@ impl Store for TestStore {
 /// after the commit that records them; each is written to the trace.
 #[derive(Debug)]
 struct TestBackend {
-    sim: SimBackend,
+    /// The simulator, or real agents' sessions.
+    sim: Box<dyn HostBackend>,
     trace: Trace,
 }
 
@@ -175,6 +184,20 @@ impl Shell {
     /// A loop over two simulated hosts on an empty store, after its first
     /// iteration (recovery and the first cycle).
     fn new() -> Shell {
+        Shell::build(2, None)
+    }
+
+    /// A loop of real agents' hosts (none registered yet), following
+    /// `leading`.
+    fn with_agents(leading: tokio::sync::watch::Receiver<bool>) -> Shell {
+        let hub = Arc::new(AgentHub::new("agent-token".into(), 1000));
+        Shell::build(0, Some((hub, leading)))
+    }
+
+    fn build(
+        sim_hosts: u32,
+        agents: Option<(Arc<AgentHub>, tokio::sync::watch::Receiver<bool>)>,
+    ) -> Shell {
         let dir = tempfile::tempdir().unwrap();
         let trace = Trace::default();
         let fail = Arc::new(AtomicBool::new(false));
@@ -185,23 +208,30 @@ impl Shell {
         };
         let snapshot = store.load().unwrap();
         let mut engine = Engine::new(EngineConfig::default());
-        for spec in crate::config::generated_hosts(2) {
+        for spec in crate::config::generated_hosts(sim_hosts) {
             engine.hosts_mut().add(&spec).unwrap();
         }
+        let hub = agents.as_ref().map(|(hub, _)| hub.clone());
         let backend = TestBackend {
-            sim: SimBackend::new(),
+            sim: match &hub {
+                None => Box::new(SimBackend::new()),
+                Some(hub) => Box::new(AgentBackend::new(hub.clone())),
+            },
             trace: trace.clone(),
         };
-        let scheduler = Scheduler::new(
+        let mut scheduler = Scheduler::new(
             engine,
             Arc::new(store),
             Box::new(backend),
             LoopConfig::default(),
             Arc::new(Metrics::new(16)),
             snapshot,
-            None,
+            hub,
         )
         .unwrap();
+        if let Some((_, leading)) = agents {
+            scheduler = scheduler.with_leading(leading);
+        }
         let mut shell = Shell {
             scheduler,
             now: Now::read(),
@@ -212,6 +242,58 @@ impl Shell {
         shell.iterate(Duration::ZERO, Vec::new());
         shell.trace.take();
         shell
+    }
+
+    /// An agent's registration of `host` (2 cpus) on a session whose
+    /// messages are dropped.
+    fn register(&self, label: &str, host: &str) -> Command {
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        std::mem::forget(rx);
+        let registration = Registration {
+            session: Session {
+                id: 1,
+                agent_id: format!("agent-of-{host}").into(),
+                tx,
+            },
+            register: pb::AgentRegister {
+                host: host.into(),
+                resources: Some(pb::Resources {
+                    cpu: 2.0,
+                    memory_mb: 2048.0,
+                    disk_mb: 1024.0,
+                    ..Default::default()
+                }),
+                ports: 100,
+                agent_id: format!("agent-of-{host}"),
+                ..Default::default()
+            },
+        };
+        self.ask(
+            label,
+            |_: &()| "registered".into(),
+            |reply| Command::AgentRegister {
+                registration: Box::new(registration),
+                reply,
+            },
+        )
+    }
+
+    fn list_hosts(&self, label: &str) -> Command {
+        self.ask(
+            label,
+            |r: &pb::ListHostsResponse| {
+                let hosts: Vec<_> = r
+                    .hosts
+                    .iter()
+                    .map(|h| format!("{} {}", h.name, h.state().as_str_name()))
+                    .collect();
+                hosts.join(", ")
+            },
+            |reply| Command::ListHosts {
+                request: pb::ListHostsRequest::default(),
+                reply,
+            },
+        )
     }
 
     /// A command whose reply is written to the trace as `label: ...` once
@@ -329,6 +411,7 @@ impl Shell {
 }
 
 const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
 
 #[test]
 fn an_iteration_commits_once_then_answers_then_dispatches() {
@@ -429,4 +512,86 @@ fn the_next_wake_is_the_retry_while_a_commit_has_failed_and_the_cycle_otherwise(
     let job = shell.create_job("create job 2", 1);
     shell.iterate(MS, vec![job]);
     assert_eq!(shell.scheduler.next_wake(), shell.now.at + 100 * MS);
+}
+
+#[test]
+fn no_host_is_lost_while_the_server_does_not_lead_and_its_agents_get_slack_when_it_leads_again() {
+    let (lead, leading) = tokio::sync::watch::channel(true);
+    let mut shell = Shell::with_agents(leading);
+    let reg = shell.register("register h1", "h1");
+    shell.iterate(MS, vec![reg]);
+    shell.trace.take();
+
+    // The lease lapses: the agent cannot reach this server, and its
+    // silence is not held against its host however long it lasts.
+    lead.send(true).unwrap();
+    lead.send(false).unwrap();
+    shell.iterate(30 * SECOND, Vec::new());
+    let list = shell.list_hosts("hosts");
+    shell.iterate(MS, vec![list]);
+    shell.check(expect![[r#"
+        -- iteration at +30000 ms, 0 commands
+        -- iteration at +1 ms, 1 commands
+        answer hosts: h1 HOST_STATE_UP
+    "#]]);
+
+    // Leading again: the agent gets the reconnect slack of a restart
+    // (10 s) before it counts as silent, then the lost timeout (10 s);
+    // then its host is down.
+    lead.send(true).unwrap();
+    shell.iterate(15 * SECOND, Vec::new());
+    let list = shell.list_hosts("hosts");
+    shell.iterate(MS, vec![list]);
+    shell.check(expect![[r#"
+        -- iteration at +15000 ms, 0 commands
+        -- iteration at +1 ms, 1 commands
+        answer hosts: h1 HOST_STATE_UP
+    "#]]);
+    shell.iterate(10 * SECOND, Vec::new());
+    let list = shell.list_hosts("hosts");
+    shell.iterate(MS, vec![list]);
+    shell.check(expect![[r#"
+        -- iteration at +10000 ms, 0 commands
+        -- iteration at +1 ms, 1 commands
+        answer hosts: h1 HOST_STATE_DOWN
+    "#]]);
+}
+
+#[test]
+fn refused_reads_are_answered_at_once_with_their_code() {
+    let (_lead, leading) = tokio::sync::watch::channel(true);
+    let mut shell = Shell::with_agents(leading);
+    let pool = shell.create_pool("create /p", "/p");
+    let job = shell.create_job("create job", 1);
+    shell.iterate(MS, vec![pool, job]);
+    let id = shell.trace.0.lock().unwrap().jobs[0].clone();
+    shell.trace.take();
+    let past = shell.ask(
+        "tasks from 5",
+        |r: &pb::ListTasksResponse| format!("{} tasks", r.tasks.len()),
+        |reply| Command::ListTasks {
+            request: pb::ListTasksRequest {
+                job_id: id.clone(),
+                from_instance: 5,
+                ..Default::default()
+            },
+            reply,
+        },
+    );
+    let logs = shell.ask(
+        "logs of instance 0",
+        |_: &(pb::RunKey, crate::agent_hub::Outbox)| "a session".into(),
+        |reply| Command::LogTarget {
+            job_id: id.clone(),
+            instance: 0,
+            run_id: 0,
+            reply,
+        },
+    );
+    shell.iterate(MS, vec![past, logs]);
+    shell.check(expect![[r#"
+        -- iteration at +1 ms, 2 commands
+        answer tasks from 5: OutOfRange from_instance: 5 is past the job's last instance (it has 1, 0–0)
+        answer logs of instance 0: NotFound j1/0 has not been launched yet
+    "#]]);
 }
