@@ -18,9 +18,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::agent_hub::{AgentHub, MAX_REPORTS_PER_MESSAGE, OUTBOX_LEN, Registration, Session};
+use crate::agent_hub::{
+    AgentHub, MAX_REPORTS_PER_MESSAGE, OUTBOX_LEN, Outbox, Registration, Session,
+};
 use crate::clock::wall_ms as now_ms;
 use crate::command::Command;
+use crate::leader::Role;
 
 /// Most runs an agent may list when it registers.
 pub const MAX_RUNS_PER_REGISTRATION: usize = 100_000;
@@ -55,6 +58,46 @@ pub struct AgentApi {
 }
 
 impl AgentApi {
+    /// Whether a registration may open a session: the agent token, the
+    /// message's bounds and (when required) a client certificate naming
+    /// exactly the host.
+    fn admit(&self, register: &pb::AgentRegister, cert: Option<Vec<u8>>) -> Result<(), Status> {
+        if register.token.len() > MAX_TOKEN_BYTES || !self.hub.token_matches(&register.token) {
+            let host = crate::convert::shown(&register.host);
+            tracing::warn!(%host, "agent refused: wrong token");
+            return Err(Status::unauthenticated(format!(
+                "agent {host}: the token does not match the server's agent token"
+            )));
+        }
+        check_register(register)?;
+        if self.require_cert {
+            let host = crate::convert::shown(&register.host);
+            let Some(cert) = cert else {
+                tracing::warn!(%host, "agent refused: no client certificate");
+                return Err(Status::unauthenticated(format!(
+                    "agent {host}: this server wants a client certificate naming the host \
+                     (peloton-agent --cert-file/--key-file)"
+                )));
+            };
+            if peloton_tls::is_user_cert(&cert) {
+                tracing::warn!(%host, "agent refused: it presented a user certificate");
+                return Err(Status::permission_denied(format!(
+                    "agent {host}: a user certificate (CN=user:...) cannot register an agent"
+                )));
+            }
+            // Exactly the name (hosts are exact keys here, so a certificate
+            // for `host-a` must not register `HOST-A` as another host).
+            let names = peloton_tls::cert_names(&cert).unwrap_or_default();
+            if !names.contains(&register.host) {
+                tracing::warn!(%host, ?names, "agent refused: its certificate names another host");
+                return Err(Status::permission_denied(format!(
+                    "agent {host}: its certificate names {names:?}, not this host"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// A handler feeding `commands`.
     pub fn new(hub: Arc<AgentHub>, commands: mpsc::Sender<Command>) -> Self {
         AgentApi {
@@ -229,39 +272,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
                 "the first message of a session must be a register",
             ));
         };
-        if register.token.len() > MAX_TOKEN_BYTES || !self.hub.token_matches(&register.token) {
-            let host = crate::convert::shown(&register.host);
-            tracing::warn!(%host, "agent refused: wrong token");
-            return Err(Status::unauthenticated(format!(
-                "agent {host}: the token does not match the server's agent token"
-            )));
-        }
-        check_register(&register)?;
-        if self.require_cert {
-            let host = crate::convert::shown(&register.host);
-            let Some(cert) = cert else {
-                tracing::warn!(%host, "agent refused: no client certificate");
-                return Err(Status::unauthenticated(format!(
-                    "agent {host}: this server wants a client certificate naming the host \
-                     (peloton-agent --cert-file/--key-file)"
-                )));
-            };
-            if peloton_tls::is_user_cert(&cert) {
-                tracing::warn!(%host, "agent refused: it presented a user certificate");
-                return Err(Status::permission_denied(format!(
-                    "agent {host}: a user certificate (CN=user:...) cannot register an agent"
-                )));
-            }
-            // Exactly the name (hosts are exact keys here, so a certificate
-            // for `host-a` must not register `HOST-A` as another host).
-            let names = peloton_tls::cert_names(&cert).unwrap_or_default();
-            if !names.contains(&register.host) {
-                tracing::warn!(%host, ?names, "agent refused: its certificate names another host");
-                return Err(Status::permission_denied(format!(
-                    "agent {host}: its certificate names {names:?}, not this host"
-                )));
-            }
-        }
+        self.admit(&register, cert)?;
         let host: Arc<str> = Arc::from(register.host.as_str());
         let (tx, rx) = mpsc::channel(OUTBOX_LEN);
         let outbox = tx.clone();
@@ -291,80 +302,97 @@ impl pb::agent_service_server::AgentService for AgentApi {
             .await
             .map_err(|_| Status::unavailable("the server is shutting down"))??;
         tracing::info!(%host, session = id, "agent registered");
-        let hub = self.hub.clone();
-        let commands = self.commands.clone();
-        let role = self.role.clone();
-        let mut leading = role.as_ref().map(|r| r.watch_leading());
-        tokio::spawn(async move {
-            loop {
-                let next = async {
-                    match leading.as_mut() {
-                        Some(l) => {
-                            let _ = l.wait_for(|leading| !leading).await;
-                        }
-                        None => std::future::pending().await,
-                    }
-                };
-                let message = tokio::select! {
-                    m = inbound.message() => m,
-                    () = next => {
-                        let why = role
-                            .as_ref()
-                            .and_then(|r| r.refusal())
-                            .map_or_else(|| "not the leader".to_owned(), |r| r.0);
-                        tracing::warn!(%host, session = id, "ending the agent's session: {why}");
-                        let _ = outbox.send(Err(Status::unavailable(why))).await;
-                        break;
-                    }
-                };
-                let msg = match message {
-                    Ok(Some(m)) => m,
-                    Ok(None) => break,
-                    // An agent process that exited (or a connection reset)
-                    // ends the stream like a goodbye: no error to report.
-                    Err(e) if connection_closed(&e) => {
-                        tracing::debug!(%host, error = %e, "agent connection closed");
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::info!(%host, error = %e, "agent session broke");
-                        break;
-                    }
-                };
-                hub.touch(&host, now_ms());
-                match msg.kind {
-                    Some(pb::agent_message::Kind::Reports(r)) => {
-                        let mut reports = r.reports;
-                        reports.truncate(MAX_REPORTS_PER_MESSAGE);
-                        // A report out of bounds is dropped (the agent
-                        // lists the run again when it registers).
-                        reports.retain(|r| check_report("reports", r).is_ok());
-                        let c = Command::AgentReports {
-                            host: host.clone(),
-                            session: id,
-                            reports,
-                        };
-                        if commands.send(c).await.is_err() {
-                            break;
-                        }
-                    }
-                    Some(pb::agent_message::Kind::Log(chunk)) => hub.deliver_log(chunk, &outbox),
-                    Some(pb::agent_message::Kind::Heartbeat(_)) | None => {}
-                    Some(pb::agent_message::Kind::Register(_)) => {
-                        tracing::warn!(%host, "agent registered twice on one session; ignored");
-                    }
-                }
-            }
-            tracing::info!(%host, session = id, "agent disconnected");
-            let _ = commands
-                .send(Command::AgentGone {
-                    host: host.clone(),
-                    session: id,
-                })
-                .await;
-        });
+        tokio::spawn(relay(
+            inbound,
+            host,
+            id,
+            outbox,
+            self.hub.clone(),
+            self.commands.clone(),
+            self.role.clone(),
+        ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// Relays an admitted agent's messages to the loop until the stream ends,
+/// the agent goes or this server stops leading; then says it is gone.
+async fn relay(
+    mut inbound: Streaming<pb::AgentMessage>,
+    host: Arc<str>,
+    id: u64,
+    outbox: Outbox,
+    hub: Arc<AgentHub>,
+    commands: mpsc::Sender<Command>,
+    role: Option<Arc<Role>>,
+) {
+    let mut leading = role.as_ref().map(|r| r.watch_leading());
+    loop {
+        let next = async {
+            match leading.as_mut() {
+                Some(l) => {
+                    let _ = l.wait_for(|leading| !leading).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let message = tokio::select! {
+            m = inbound.message() => m,
+            () = next => {
+                let why = role
+                    .as_ref()
+                    .and_then(|r| r.refusal())
+                    .map_or_else(|| "not the leader".to_owned(), |r| r.0);
+                tracing::warn!(%host, session = id, "ending the agent's session: {why}");
+                let _ = outbox.send(Err(Status::unavailable(why))).await;
+                break;
+            }
+        };
+        let msg = match message {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            // An agent process that exited (or a connection reset)
+            // ends the stream like a goodbye: no error to report.
+            Err(e) if connection_closed(&e) => {
+                tracing::debug!(%host, error = %e, "agent connection closed");
+                break;
+            }
+            Err(e) => {
+                tracing::info!(%host, error = %e, "agent session broke");
+                break;
+            }
+        };
+        hub.touch(&host, now_ms());
+        match msg.kind {
+            Some(pb::agent_message::Kind::Reports(r)) => {
+                let mut reports = r.reports;
+                reports.truncate(MAX_REPORTS_PER_MESSAGE);
+                // A report out of bounds is dropped (the agent
+                // lists the run again when it registers).
+                reports.retain(|r| check_report("reports", r).is_ok());
+                let c = Command::AgentReports {
+                    host: host.clone(),
+                    session: id,
+                    reports,
+                };
+                if commands.send(c).await.is_err() {
+                    break;
+                }
+            }
+            Some(pb::agent_message::Kind::Log(chunk)) => hub.deliver_log(chunk, &outbox),
+            Some(pb::agent_message::Kind::Heartbeat(_)) | None => {}
+            Some(pb::agent_message::Kind::Register(_)) => {
+                tracing::warn!(%host, "agent registered twice on one session; ignored");
+            }
+        }
+    }
+    tracing::info!(%host, session = id, "agent disconnected");
+    let _ = commands
+        .send(Command::AgentGone {
+            host: host.clone(),
+            session: id,
+        })
+        .await;
 }
 
 #[cfg(test)]

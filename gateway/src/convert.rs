@@ -298,6 +298,62 @@ pub fn task_template(
     let Some(spec) = spec else {
         return Err(invalid(field, "missing"));
     };
+    check_command(field, spec, limits)?;
+    let request = resources(&format!("{field}.resources"), spec.resources.as_ref())?;
+    if request[Dim::Cpu] == 0 && request[Dim::Memory] == 0 {
+        return Err(invalid(
+            &format!("{field}.resources"),
+            "must request some cpu or memory (both are zero or missing)",
+        ));
+    }
+    peloton_engine::host::validate_gpu_request(request[Dim::Gpu])
+        .map_err(|p| invalid(&format!("{field}.resources.gpu"), p))?;
+    let names = port_names(field, spec, limits)?;
+    string(&format!("{field}.constraint"), &spec.constraint, limits)?;
+    if !spec.constraint.is_empty() {
+        Constraint::parse(&spec.constraint, &mut Interner::new())
+            .map_err(|e| invalid(&format!("{field}.constraint"), e))?;
+    }
+    let max_per_host = u16::try_from(spec.max_instances_per_host).map_err(|_| {
+        invalid(
+            &format!("{field}.max_instances_per_host"),
+            format!("at most {}", u16::MAX),
+        )
+    })?;
+    let restart = restart_policy(field, spec)?;
+    if let Some(check) = &spec.health_check {
+        health_check(&format!("{field}.health_check"), check, &names, limits)?;
+    }
+    let sim = spec.sim.unwrap_or_default();
+    Ok(TaskTemplate {
+        request,
+        ports: spec.ports.len() as u16,
+        constraint: spec.constraint.clone(),
+        revocable: spec.revocable,
+        controller: spec.controller,
+        max_per_host,
+        restart,
+        kill_grace_ms: if spec.kill_grace_period_ms == 0 {
+            10_000
+        } else {
+            spec.kill_grace_period_ms
+        },
+        shutdown_delay_ms: spec.shutdown_delay_ms,
+        health_check: spec.health_check.is_some(),
+        volume: spec
+            .volume
+            .as_ref()
+            .map(|v| volume(&format!("{field}.volume"), v))
+            .transpose()?,
+        sim_duration_ms: sim.duration_ms,
+        sim_exit_code: sim.exit_code,
+        spec: spec.encode_to_vec().into(),
+    })
+}
+
+/// A task's command or shell, stop signal, memory limit kind, shutdown
+/// delay, arguments and environment.
+fn check_command(field: &str, spec: &pb::TaskSpec, limits: &Limits) -> Result<(), Status> {
     if spec.command.is_empty() && spec.shell.is_empty() {
         return Err(invalid(
             &format!("{field}.command"),
@@ -352,15 +408,16 @@ pub fn task_template(
         }
         string(&format!("{field}.env.{k}"), v, limits)?;
     }
-    let request = resources(&format!("{field}.resources"), spec.resources.as_ref())?;
-    if request[Dim::Cpu] == 0 && request[Dim::Memory] == 0 {
-        return Err(invalid(
-            &format!("{field}.resources"),
-            "must request some cpu or memory (both are zero or missing)",
-        ));
-    }
-    peloton_engine::host::validate_gpu_request(request[Dim::Gpu])
-        .map_err(|p| invalid(&format!("{field}.resources.gpu"), p))?;
+    Ok(())
+}
+
+/// A task's named ports (bounded, unique ignoring case), by their
+/// upper-cased names.
+fn port_names(
+    field: &str,
+    spec: &pb::TaskSpec,
+    limits: &Limits,
+) -> Result<std::collections::HashSet<String>, Status> {
     if spec.ports.len() > limits.max_ports {
         return Err(invalid(
             &format!("{field}.ports"),
@@ -391,17 +448,11 @@ pub fn task_template(
             ));
         }
     }
-    string(&format!("{field}.constraint"), &spec.constraint, limits)?;
-    if !spec.constraint.is_empty() {
-        Constraint::parse(&spec.constraint, &mut Interner::new())
-            .map_err(|e| invalid(&format!("{field}.constraint"), e))?;
-    }
-    let max_per_host = u16::try_from(spec.max_instances_per_host).map_err(|_| {
-        invalid(
-            &format!("{field}.max_instances_per_host"),
-            format!("at most {}", u16::MAX),
-        )
-    })?;
+    Ok(names)
+}
+
+/// A task's restart policy, its back-offs defaulted (1 s doubling to 60 s).
+fn restart_policy(field: &str, spec: &pb::TaskSpec) -> Result<RestartPolicy, Status> {
     let restart = spec.restart.unwrap_or_default();
     let backoff_ms = if restart.backoff_ms == 0 {
         1000
@@ -419,37 +470,10 @@ pub fn task_template(
             format!("{max_backoff_ms} is less than backoff_ms {backoff_ms}"),
         ));
     }
-    if let Some(check) = &spec.health_check {
-        health_check(&format!("{field}.health_check"), check, &names, limits)?;
-    }
-    let sim = spec.sim.unwrap_or_default();
-    Ok(TaskTemplate {
-        request,
-        ports: spec.ports.len() as u16,
-        constraint: spec.constraint.clone(),
-        revocable: spec.revocable,
-        controller: spec.controller,
-        max_per_host,
-        restart: RestartPolicy {
-            max_failures: restart.max_failures,
-            backoff_ms,
-            max_backoff_ms,
-        },
-        kill_grace_ms: if spec.kill_grace_period_ms == 0 {
-            10_000
-        } else {
-            spec.kill_grace_period_ms
-        },
-        shutdown_delay_ms: spec.shutdown_delay_ms,
-        health_check: spec.health_check.is_some(),
-        volume: spec
-            .volume
-            .as_ref()
-            .map(|v| volume(&format!("{field}.volume"), v))
-            .transpose()?,
-        sim_duration_ms: sim.duration_ms,
-        sim_exit_code: sim.exit_code,
-        spec: spec.encode_to_vec().into(),
+    Ok(RestartPolicy {
+        max_failures: restart.max_failures,
+        backoff_ms,
+        max_backoff_ms,
     })
 }
 
@@ -747,29 +771,8 @@ pub fn labels(
 /// Validates a job spec. The pool's and the host pool's existence are
 /// checked by the loop; so are secrets with empty values.
 pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> {
-    let kind = match pb::JobType::try_from(spec.r#type) {
-        Ok(pb::JobType::Batch) => JobKind::Batch,
-        // A stateful job is a service whose instances own volumes.
-        Ok(pb::JobType::Service | pb::JobType::Stateful) => JobKind::Service,
-        Ok(pb::JobType::Daemon) => JobKind::Daemon,
-        Ok(pb::JobType::Application) => JobKind::Application,
-        Err(_) => {
-            return Err(invalid(
-                "spec.type",
-                format!("unknown type {}", spec.r#type),
-            ));
-        }
-    };
-    if spec.name.is_empty() {
-        return Err(invalid("spec.name", "must not be empty"));
-    }
-    bounded("spec.name", &spec.name, MAX_NAME_BYTES)?;
-    bounded("spec.owner", &spec.owner, MAX_NAME_BYTES)?;
-    labels("spec.labels", &spec.labels, limits)?;
-    if spec.pool.is_empty() {
-        return Err(invalid("spec.pool", "must name a pool, e.g. /batch"));
-    }
-    pool_path("spec.pool", &spec.pool)?;
+    let kind = job_kind(spec)?;
+    check_job_head(spec, limits)?;
     let daemon = kind == JobKind::Daemon;
     let application = kind == JobKind::Application;
     let app = if application {
@@ -809,25 +812,110 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         ));
     }
     if daemon {
-        if default.volume.is_some() {
-            return Err(invalid(
-                "spec.default_task.volume",
-                "daemon jobs cannot have volumes",
-            ));
-        }
-        if !spec.overrides.is_empty() {
-            return Err(invalid(
-                "spec.overrides",
-                "a daemon job's instances are all alike (one per host)",
-            ));
-        }
-        if spec.sla.is_some_and(|s| s.min_running_instances > 1) {
-            return Err(invalid(
-                "spec.sla.min_running_instances",
-                "a daemon job cannot run in gangs",
-            ));
-        }
+        check_daemon(spec, &default)?;
     }
+    let overrides = override_templates(spec, kind, app.as_ref(), &default, host_pool, limits)?;
+    let (sla, gang) = check_sla(spec, kind, &default, &overrides)?;
+    let strategy = placement_strategy(spec)?;
+    let stateful = spec.stateful.unwrap_or_default();
+    if pb::VolumeLossPolicy::try_from(stateful.on_host_down).is_err() {
+        return Err(invalid(
+            "spec.stateful.on_host_down",
+            format!("unknown policy {}", stateful.on_host_down),
+        ));
+    }
+    Ok(JobPlan {
+        kind,
+        pool: spec.pool.as_str().into(),
+        host_pool: host_pool.into(),
+        instance_count: spec.instance_count,
+        default: Arc::new(default),
+        overrides,
+        priority: sla.priority,
+        preemptible: sla.preemptible,
+        max_running: sla.max_running_instances,
+        gang,
+        max_running_time_ms: sla.max_running_time_ms,
+        max_unavailable: sla.max_unavailable_instances.max(1),
+        strategy,
+        volume_policy: VolumePolicy {
+            host_down_timeout_ms: if stateful.host_down_timeout_ms == 0 {
+                crate::lifecycle::DEFAULT_HOST_DOWN_TIMEOUT_MS
+            } else {
+                stateful.host_down_timeout_ms
+            },
+            relocate: stateful.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
+        },
+        app,
+        spec: encoded_spec(spec),
+    })
+}
+
+/// A job's kind from its type.
+fn job_kind(spec: &pb::JobSpec) -> Result<JobKind, Status> {
+    Ok(match pb::JobType::try_from(spec.r#type) {
+        Ok(pb::JobType::Batch) => JobKind::Batch,
+        // A stateful job is a service whose instances own volumes.
+        Ok(pb::JobType::Service | pb::JobType::Stateful) => JobKind::Service,
+        Ok(pb::JobType::Daemon) => JobKind::Daemon,
+        Ok(pb::JobType::Application) => JobKind::Application,
+        Err(_) => {
+            return Err(invalid(
+                "spec.type",
+                format!("unknown type {}", spec.r#type),
+            ));
+        }
+    })
+}
+
+/// A job's name, owner, labels and pool.
+fn check_job_head(spec: &pb::JobSpec, limits: &Limits) -> Result<(), Status> {
+    if spec.name.is_empty() {
+        return Err(invalid("spec.name", "must not be empty"));
+    }
+    bounded("spec.name", &spec.name, MAX_NAME_BYTES)?;
+    bounded("spec.owner", &spec.owner, MAX_NAME_BYTES)?;
+    labels("spec.labels", &spec.labels, limits)?;
+    if spec.pool.is_empty() {
+        return Err(invalid("spec.pool", "must name a pool, e.g. /batch"));
+    }
+    pool_path("spec.pool", &spec.pool)?;
+    Ok(())
+}
+
+/// What a daemon job (one instance per host) may not have.
+fn check_daemon(spec: &pb::JobSpec, default: &TaskTemplate) -> Result<(), Status> {
+    if default.volume.is_some() {
+        return Err(invalid(
+            "spec.default_task.volume",
+            "daemon jobs cannot have volumes",
+        ));
+    }
+    if !spec.overrides.is_empty() {
+        return Err(invalid(
+            "spec.overrides",
+            "a daemon job's instances are all alike (one per host)",
+        ));
+    }
+    if spec.sla.is_some_and(|s| s.min_running_instances > 1) {
+        return Err(invalid(
+            "spec.sla.min_running_instances",
+            "a daemon job cannot run in gangs",
+        ));
+    }
+    Ok(())
+}
+
+/// Each overridden instance's template, the host pool ANDed into its
+/// constraint (overrides resolved once, here).
+fn override_templates(
+    spec: &pb::JobSpec,
+    kind: JobKind,
+    app: Option<&AppPlan>,
+    default: &TaskTemplate,
+    host_pool: &str,
+    limits: &Limits,
+) -> Result<FxHashMap<u32, Arc<TaskTemplate>>, Status> {
     if spec.overrides.len() > limits.max_overrides {
         return Err(invalid(
             "spec.overrides",
@@ -863,7 +951,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
                 kind,
                 o.instance,
                 &t,
-                &default,
+                default,
             )?;
         }
         if overrides.insert(o.instance, Arc::new(t)).is_some() {
@@ -873,6 +961,19 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             ));
         }
     }
+    Ok(overrides)
+}
+
+/// A job's SLA: its gang, running caps and preemptibility, checked
+/// against its kind and templates.
+fn check_sla(
+    spec: &pb::JobSpec,
+    kind: JobKind,
+    default: &TaskTemplate,
+    overrides: &FxHashMap<u32, Arc<TaskTemplate>>,
+) -> Result<(pb::Sla, u32), Status> {
+    let daemon = kind == JobKind::Daemon;
+    let application = kind == JobKind::Application;
     let sla = spec.sla.unwrap_or_default();
     let gang = sla.min_running_instances.max(1);
     if gang > 1
@@ -922,7 +1023,12 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             "revocable tasks must be preemptible",
         ));
     }
-    let strategy = match pb::PlacementStrategy::try_from(spec.placement) {
+    Ok((sla, gang))
+}
+
+/// A job's placement strategy.
+fn placement_strategy(spec: &pb::JobSpec) -> Result<Strategy, Status> {
+    Ok(match pb::PlacementStrategy::try_from(spec.placement) {
         Ok(pb::PlacementStrategy::Pack) => Strategy::Pack,
         Ok(pb::PlacementStrategy::Spread) => Strategy::Spread,
         Ok(pb::PlacementStrategy::FirstFit) => Strategy::FirstFit,
@@ -933,38 +1039,6 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
                 format!("unknown strategy {}", spec.placement),
             ));
         }
-    };
-    let stateful = spec.stateful.unwrap_or_default();
-    if pb::VolumeLossPolicy::try_from(stateful.on_host_down).is_err() {
-        return Err(invalid(
-            "spec.stateful.on_host_down",
-            format!("unknown policy {}", stateful.on_host_down),
-        ));
-    }
-    Ok(JobPlan {
-        kind,
-        pool: spec.pool.as_str().into(),
-        host_pool: host_pool.into(),
-        instance_count: spec.instance_count,
-        default: Arc::new(default),
-        overrides,
-        priority: sla.priority,
-        preemptible: sla.preemptible,
-        max_running: sla.max_running_instances,
-        gang,
-        max_running_time_ms: sla.max_running_time_ms,
-        max_unavailable: sla.max_unavailable_instances.max(1),
-        strategy,
-        volume_policy: VolumePolicy {
-            host_down_timeout_ms: if stateful.host_down_timeout_ms == 0 {
-                crate::lifecycle::DEFAULT_HOST_DOWN_TIMEOUT_MS
-            } else {
-                stateful.host_down_timeout_ms
-            },
-            relocate: stateful.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
-        },
-        app,
-        spec: encoded_spec(spec),
     })
 }
 

@@ -410,25 +410,8 @@ pub(crate) fn recovered(
             .map_err(|e| anyhow::anyhow!("stored pool {path}: {}", e.message()))?;
         rec.pools.push((path.clone(), config, pool.version));
     }
-    for (name, bytes) in &snap.hosts {
-        let host = pb::Host::decode(bytes.as_slice())?;
-        let spec = if agent_mode {
-            // (The core sets its stored host pool: the attribute is not in
-            // the row.)
-            let spec = reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
-                .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
-            Some(spec)
-        } else {
-            None
-        };
-        rec.hosts.push(RecoveredHost {
-            name: name.clone(),
-            spec,
-            maintenance: host.state() != pb::HostState::Up,
-            isolation: host.isolation,
-            agent_id: host.agent_id.as_str().into(),
-        });
-    }
+    rec.hosts = recovered_hosts(snap, agent_mode)?;
+    rec.volumes = recovered_volumes(snap)?;
     let mut tasks_by_job: FxHashMap<&str, Vec<(u32, TaskRow)>> = FxHashMap::default();
     for ((job, instance), bytes) in &snap.tasks {
         let row = store_codec::decode_task(bytes)
@@ -437,18 +420,6 @@ pub(crate) fn recovered(
             .entry(job.as_str())
             .or_default()
             .push((*instance, row));
-    }
-    for (id, bytes) in &snap.volumes {
-        let v = pb::Volume::decode(bytes.as_slice())?;
-        rec.volumes.push(RecoveredVolume {
-            id: id.clone(),
-            job_id: v.job_id,
-            instance: v.instance,
-            host: v.host,
-            size_mb: v.size_mb,
-            path: v.path,
-            created_at: v.created_at_ms,
-        });
     }
     // Stored jobs were valid when accepted; limits configured lower since
     // must not make them unreadable.
@@ -513,6 +484,49 @@ pub(crate) fn recovered(
         }
     }
     Ok((rec, in_rows))
+}
+
+/// The stored hosts (agent hosts with their specs).
+fn recovered_hosts(snap: &Snapshot, agent_mode: bool) -> anyhow::Result<Vec<RecoveredHost>> {
+    let mut out = Vec::with_capacity(snap.hosts.len());
+    for (name, bytes) in &snap.hosts {
+        let host = pb::Host::decode(bytes.as_slice())?;
+        let spec = if agent_mode {
+            // (The core sets its stored host pool: the attribute is not in
+            // the row.)
+            let spec = reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
+                .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
+            Some(spec)
+        } else {
+            None
+        };
+        out.push(RecoveredHost {
+            name: name.clone(),
+            spec,
+            maintenance: host.state() != pb::HostState::Up,
+            isolation: host.isolation,
+            agent_id: host.agent_id.as_str().into(),
+        });
+    }
+    Ok(out)
+}
+
+/// The stored volumes.
+fn recovered_volumes(snap: &Snapshot) -> anyhow::Result<Vec<RecoveredVolume>> {
+    let mut out = Vec::with_capacity(snap.volumes.len());
+    for (id, bytes) in &snap.volumes {
+        let v = pb::Volume::decode(bytes.as_slice())?;
+        out.push(RecoveredVolume {
+            id: id.clone(),
+            job_id: v.job_id,
+            instance: v.instance,
+            host: v.host,
+            size_mb: v.size_mb,
+            path: v.path,
+            created_at: v.created_at_ms,
+        });
+    }
+    Ok(out)
 }
 
 /// A token as stored: as listed, and its secret's digest.
