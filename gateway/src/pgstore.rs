@@ -106,6 +106,14 @@ CREATE TABLE peloton_tokens (key text COLLATE "C" PRIMARY KEY, value bytea NOT N
 CREATE TABLE peloton_audit (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
 "#,
     ),
+    (
+        3,
+        // Job, task and config rows are written in the stored-row codec
+        // (`store_codec`: a version prefix and messages of their own). No
+        // table changes; the version tells an older pelotond, which could
+        // not read them, to refuse the database rather than fail on a row.
+        "SELECT 1;",
+    ),
 ];
 
 /// Tables keyed by one text column, as (name, store field).

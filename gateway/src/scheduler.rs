@@ -10,16 +10,16 @@
 //! 3. step a cycle if one is due, the simulator's updates, the timers and
 //!    the lost hosts;
 //! 4. write the effects' rows and events in one store transaction, then
-//!    dispatch launches, kills and acknowledgements, answer, and publish
-//!    the events.
+//!    answer, dispatch launches and kills, send acknowledgements, and
+//!    publish the events.
 //!
 //! A failed commit (a full disk) does not stop the process: the batch and
 //! everything that waits for it (answers, launches, kills, acknowledgements,
 //! events) are kept and the commit is tried again with a back-off; until it
 //! lands nothing is stepped, mutating commands are refused at once with
 //! UNAVAILABLE, reads are answered from memory, agents' heartbeats go on and
-//! their reports are held ([`Outage`]). The clock is read here and passed
-//! in.
+//! their reports are held ([`Outage`]). The clock is read once per
+//! iteration ([`Scheduler::iterate`]) and passed in.
 
 mod access;
 mod apps;
@@ -522,6 +522,13 @@ impl Scheduler {
                 self.batch.trim_events_before = Some(revision - retention);
                 self.last_trim = revision;
             }
+        }
+        for app in self.fx.lapsed_apps.drain(..) {
+            tracing::warn!(
+                %app,
+                lease_ms = self.config.app_lease.as_millis() as u64,
+                "application unregistered: its driver was not heard from"
+            );
         }
         let c = std::mem::take(&mut self.fx.counters);
         self.metrics.placements.inc_by(c.placements);

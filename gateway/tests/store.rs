@@ -384,7 +384,7 @@ fn the_schema_is_migrated_once_and_a_newer_schema_is_refused() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3]);
     c.execute("INSERT INTO peloton_migrations (version) VALUES (99)", &[])
         .expect("a newer server's migration");
     let err = PgStore::open(&url).expect_err("a newer schema");

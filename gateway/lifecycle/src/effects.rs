@@ -185,6 +185,9 @@ pub struct Effects {
     /// to connected agents after the commit; an agent that is away is told
     /// when it registers again (it lists its volumes).
     pub volume_deletes: Vec<(Arc<str>, Arc<str>)>,
+    /// Client-mode applications unregistered because their drivers went
+    /// silent past their lease (for the shell's log).
+    pub lapsed_apps: Vec<Arc<str>>,
     /// Counters.
     pub counters: Counters,
 }

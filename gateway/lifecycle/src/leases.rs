@@ -56,7 +56,9 @@ impl Lifecycle {
         lapsed.sort_unstable();
         for (id, k) in lapsed {
             self.app_seen.remove(&k);
-            let _ = self.app_unregister(engine, &id, true, fx);
+            if self.app_unregister(engine, &id, true, fx).is_ok() {
+                fx.lapsed_apps.push(id);
+            }
         }
     }
 

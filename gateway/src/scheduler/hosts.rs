@@ -20,6 +20,9 @@ impl Scheduler {
             && !*leading.borrow()
         {
             self.started_at = self.now;
+            // Looked at again after the interval, as when leading (the
+            // next wake counts from it: the loop must not spin).
+            self.last_lost_check = self.now;
             return;
         }
         if self.now < self.last_lost_check + LOST_CHECK_INTERVAL_MS {

@@ -527,6 +527,11 @@ fn no_host_is_lost_while_the_server_does_not_lead_and_its_agents_get_slack_when_
     lead.send(true).unwrap();
     lead.send(false).unwrap();
     shell.iterate(30 * SECOND, Vec::new());
+    // Not leading, the loop still waits between its looks (it spun).
+    assert!(
+        shell.scheduler.next_wake() > shell.now.at,
+        "the loop would spin while not leading"
+    );
     let list = shell.list_hosts("hosts");
     shell.iterate(MS, vec![list]);
     shell.check(expect![[r#"

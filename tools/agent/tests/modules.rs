@@ -45,22 +45,53 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
 }
 
 /// The paths (`a::b::c`, lower-case segments) that follow `prefix` in
-/// `code`.
+/// `code`, each of a group too (`prefix{a, b::c}`).
 fn paths_after<'c>(code: &'c str, prefix: &str) -> Vec<&'c str> {
     let mut found = Vec::new();
     let mut rest = code;
     while let Some(at) = rest.find(prefix) {
         let before = rest[..at].chars().next_back();
         let after = &rest[at + prefix.len()..];
-        let end = after
-            .find(|c: char| !(c.is_ascii_lowercase() || c == '_' || c == ':'))
-            .unwrap_or(after.len());
         if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            found.push(after[..end].trim_end_matches(':'));
+            match after.strip_prefix('{') {
+                Some(group) => found.extend(group_items(group).map(leading_path)),
+                None => found.push(leading_path(after)),
+            }
         }
         rest = after;
     }
     found
+}
+
+/// The path a text starts with.
+fn leading_path(text: &str) -> &str {
+    let end = text
+        .find(|c: char| !(c.is_ascii_lowercase() || c == '_' || c == ':'))
+        .unwrap_or(text.len());
+    text[..end].trim_end_matches(':')
+}
+
+/// The items of a `{...}` group whose opening brace is just before
+/// `group`, split at its own commas.
+fn group_items(group: &str) -> impl Iterator<Item = &str> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[start..i]);
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.into_iter().map(str::trim_start)
 }
 
 /// Whether `code` names its child module `child` by a path of its own
@@ -208,6 +239,18 @@ fn a_circle_is_found() {
         circle(&uses(&known)).is_some(),
         "the circle this issue removed"
     );
+    // Grouped imports are uses too.
+    let known: BTreeMap<String, String> = [
+        ("a", "use crate::{b, c::{X, Y}};"),
+        ("b", ""),
+        ("c", "use crate::{b::Z, a};"),
+    ]
+    .into_iter()
+    .map(|(m, code)| (m.to_owned(), code.to_owned()))
+    .collect();
+    let graph = uses(&known);
+    assert_eq!(graph["a"].iter().collect::<Vec<_>>(), ["b", "c"]);
+    assert!(circle(&graph).is_some(), "a -> c -> a through groups");
     // A parent that names a crate module of the same name as its child
     // does not use the child; one that names the child does.
     let known: BTreeMap<String, String> = [
