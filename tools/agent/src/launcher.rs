@@ -294,11 +294,16 @@ impl Launcher {
                 proc::signal_all(&[task.pid], signal);
                 return;
             }
-            task.signal_group(signal);
-            proc::signal_all(&procs.get().descendants(task.pid), signal);
+            // Who is signalled is settled before the first signal: a task
+            // that handles it may start processes of its own to do so (a
+            // shell's trap running `date > file`), and those must not get
+            // the signal meant for the tree it had when it was asked.
+            let mut tree = procs.get().descendants(task.pid);
             if let Some(cgroup) = &record.cgroup {
-                proc::signal_all(&isolation::cgroup_pids(cgroup), signal);
+                tree.extend(isolation::cgroup_pids(cgroup));
             }
+            task.signal_group(signal);
+            proc::signal_all(&tree, signal);
             return;
         }
         let Some(wrapper) = record.wrapper.filter(ProcessIdentity::is_alive) else {
