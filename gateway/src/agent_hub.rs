@@ -53,6 +53,8 @@ pub struct Registration {
     pub session: Session,
     /// What the agent said.
     pub register: pb::AgentRegister,
+    /// Its host as the engine knows hosts (validated by the agent service).
+    pub spec: peloton_engine::host::HostSpec,
 }
 
 /// State shared by the session handlers, the log readers, the backend and

@@ -273,6 +273,12 @@ impl pb::agent_service_server::AgentService for AgentApi {
             ));
         };
         self.admit(&register, cert)?;
+        let spec = crate::convert::host_spec(
+            &register.host,
+            register.resources.as_ref(),
+            &register.attributes,
+            register.ports,
+        )?;
         let host: Arc<str> = Arc::from(register.host.as_str());
         let (tx, rx) = mpsc::channel(OUTBOX_LEN);
         let outbox = tx.clone();
@@ -293,6 +299,7 @@ impl pb::agent_service_server::AgentService for AgentApi {
                 registration: Box::new(Registration {
                     session: Session { id, agent_id, tx },
                     register,
+                    spec,
                 }),
                 reply: reply_tx,
             })

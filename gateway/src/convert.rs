@@ -1204,6 +1204,39 @@ pub fn cluster_mode_spec(mut spec: pb::JobSpec) -> Result<pb::JobSpec, Status> {
     Ok(spec)
 }
 
+/// An agent's registration as an engine host (without its host pool
+/// attribute, which the caller adds).
+pub fn host_spec(
+    name: &str,
+    resources: Option<&pb::Resources>,
+    attributes: &std::collections::HashMap<String, String>,
+    ports: u32,
+) -> Result<peloton_engine::host::HostSpec, Status> {
+    let capacity = self::resources("register.resources", resources)?;
+    let gpus = resources.map_or(0.0, |r| r.gpu);
+    if gpus.fract() != 0.0 || !(0.0..=16.0).contains(&gpus) {
+        return Err(invalid(
+            "register.resources.gpu",
+            format!("must be a whole number of devices, 0–16 (got {gpus})"),
+        ));
+    }
+    let mut attrs: Vec<(String, String)> = attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !attributes.contains_key("host") {
+        attrs.push(("host".into(), name.to_string()));
+    }
+    attrs.sort_unstable();
+    Ok(peloton_engine::host::HostSpec {
+        name: name.to_string(),
+        capacity,
+        gpu_devices: gpus as u8,
+        ports,
+        attributes: attrs,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

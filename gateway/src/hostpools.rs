@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 
 use peloton_engine::Engine;
 use peloton_proto::v1 as pb;
-use tonic::Status;
 
 use crate::convert::DEFAULT_HOST_POOL;
 use crate::lifecycle::HostPools;
@@ -23,8 +22,10 @@ pub(crate) fn list(
     pools: &HostPools,
     engine: &Engine,
     r: &pb::ListHostPoolsRequest,
-) -> Result<pb::ListHostPoolsResponse, Status> {
-    let after = paging::page_token_key("page_token", PageKind::HostPools, &r.page_token)?;
+) -> pb::ListHostPoolsResponse {
+    // The handler refused a token this server did not give.
+    let after = paging::page_token_key("page_token", PageKind::HostPools, &r.page_token)
+        .unwrap_or_default();
     let (after_pool, after_host) = match after.split_once('/') {
         Some((pool, host)) => (pool, Some(host)),
         None => (after, None),
@@ -98,5 +99,5 @@ pub(crate) fn list(
     if full {
         out.next_page_token = paging::page_token(PageKind::HostPools, &position);
     }
-    Ok(out)
+    out
 }

@@ -494,8 +494,9 @@ fn recovered_hosts(snap: &Snapshot, agent_mode: bool) -> anyhow::Result<Vec<Reco
         let spec = if agent_mode {
             // (The core sets its stored host pool: the attribute is not in
             // the row.)
-            let spec = reads::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
-                .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
+            let spec =
+                convert::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
+                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
             Some(spec)
         } else {
             None

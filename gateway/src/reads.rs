@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use peloton_engine::admission::{BlockKind, TaskClass, TaskFlags};
-use peloton_engine::host::{HostArena, HostSpec, HostState};
+use peloton_engine::host::{HostArena, HostState};
 use peloton_engine::placement::{self, Check};
 use peloton_engine::{Dim, Engine, PoolId, Resources};
 use peloton_proto::v1 as pb;
 use prost::Message;
-use tonic::Status;
 
 use crate::convert;
 use crate::lifecycle::units::amount;
@@ -20,7 +19,6 @@ use crate::lifecycle::{
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::paging::{self, PageBytes};
 use crate::refused::Refused;
-use crate::status::status;
 
 pub(crate) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::Pool {
     let rm = engine.resources();
@@ -60,8 +58,10 @@ pub(crate) fn list_pools(
     core: &Lifecycle,
     r: &pb::ListPoolsRequest,
     viewer: Option<&peloton_authz::Principal>,
-) -> Result<pb::ListPoolsResponse, Status> {
-    let after = paging::page_token_key("page_token", paging::PageKind::Pools, &r.page_token)?;
+) -> pb::ListPoolsResponse {
+    // The handler refused a token this server did not give.
+    let after = paging::page_token_key("page_token", paging::PageKind::Pools, &r.page_token)
+        .unwrap_or_default();
     let page = paging::page_size(r.page_size, u32::MAX, u32::MAX);
     let tree = engine.resources().tree();
     let mut ids = tree.list();
@@ -81,7 +81,7 @@ pub(crate) fn list_pools(
         }
         out.pools.push(pool);
     }
-    Ok(out)
+    out
 }
 
 /// The path of the last pool of a page.
@@ -420,10 +420,12 @@ pub(crate) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb
 pub(crate) fn list_volumes(
     core: &Lifecycle,
     r: &pb::ListVolumesRequest,
-) -> Result<pb::ListVolumesResponse, Status> {
-    let after = paging::page_token_key("page_token", paging::PageKind::Volumes, &r.page_token)?;
+) -> Result<pb::ListVolumesResponse, Error> {
+    // The handler refused a token this server did not give.
+    let after = paging::page_token_key("page_token", paging::PageKind::Volumes, &r.page_token)
+        .unwrap_or_default();
     if !r.job_id.is_empty() {
-        core.job_key(&r.job_id).map_err(status)?;
+        core.job_key(&r.job_id)?;
     }
     let max = convert::MAX_LISTED_VOLUMES as u32;
     let page = paging::page_size(r.page_size, max, max);
@@ -499,15 +501,15 @@ pub(crate) fn get_task(
     core: &Lifecycle,
     job_id: &str,
     instance: u32,
-) -> Result<pb::Task, Status> {
-    let k = core.job_key(job_id).map_err(status)?;
+) -> Result<pb::Task, Error> {
+    let k = core.job_key(job_id)?;
     let job = core.job(k).expect("live");
     let Some(t) = job.tasks.get(instance as usize) else {
-        return Err(status(crate::lifecycle::Error::NoInstance {
+        return Err(Error::NoInstance {
             job: job_id.to_string(),
             instance,
             count: job.tasks.len() as u32,
-        }));
+        });
     };
     let mut task = task_to_pb(core, k, job, instance);
     task.pending_reason = pending_reason(engine, job, instance, t);
@@ -596,20 +598,15 @@ pub(crate) fn list_queue(
     core: &Lifecycle,
     path: &str,
     limit: u32,
-) -> Result<pb::ListQueueResponse, Status> {
+) -> Result<pb::ListQueueResponse, Error> {
     let rm = engine.resources();
-    let id = rm
-        .tree()
-        .resolve(path)
-        .map_err(|e| status(crate::lifecycle::Error::Pool(e)))?;
+    let id = rm.tree().resolve(path).map_err(Error::Pool)?;
     let limit = if limit == 0 {
         QUEUE_READ_DEFAULT
     } else {
         limit
     };
-    let entries = rm
-        .queue_order(id, limit as usize)
-        .map_err(|e| status(crate::lifecycle::Error::Pool(e)))?;
+    let entries = rm.queue_order(id, limit as usize).map_err(Error::Pool)?;
     let mut out = pb::ListQueueResponse {
         entries: Vec::with_capacity(entries.len()),
         queued_tasks: rm.usage(id).map_or(0, |u| u.n_queued),
@@ -924,39 +921,6 @@ fn host_pool_of(hosts: &HostArena, slot: u32) -> String {
         .find(|(k, _)| interner.resolve(*k) == convert::HOST_POOL_ATTRIBUTE)
         .map(|(_, v)| interner.resolve(*v).to_string())
         .unwrap_or_else(|| convert::DEFAULT_HOST_POOL.to_string())
-}
-
-/// An agent's registration as an engine host (without its host pool
-/// attribute, which the caller adds).
-pub(crate) fn host_spec(
-    name: &str,
-    resources: Option<&pb::Resources>,
-    attributes: &std::collections::HashMap<String, String>,
-    ports: u32,
-) -> Result<HostSpec, Status> {
-    let capacity = convert::resources("register.resources", resources)?;
-    let gpus = resources.map_or(0.0, |r| r.gpu);
-    if gpus.fract() != 0.0 || !(0.0..=16.0).contains(&gpus) {
-        return Err(convert::invalid(
-            "register.resources.gpu",
-            format!("must be a whole number of devices, 0–16 (got {gpus})"),
-        ));
-    }
-    let mut attrs: Vec<(String, String)> = attributes
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if !attributes.contains_key("host") {
-        attrs.push(("host".into(), name.to_string()));
-    }
-    attrs.sort_unstable();
-    Ok(HostSpec {
-        name: name.to_string(),
-        capacity,
-        gpu_devices: gpus as u8,
-        ports,
-        attributes: attrs,
-    })
 }
 
 /// Where a run's logs are: its key and its host.

@@ -150,7 +150,12 @@ impl Scheduler {
                 reply,
             } => {
                 let viewer = viewer.as_ref().map(|c| &c.principal);
-                let r = reads::list_pools(&self.engine, &self.core, &request, viewer);
+                let r = Ok::<_, Refused>(reads::list_pools(
+                    &self.engine,
+                    &self.core,
+                    &request,
+                    viewer,
+                ));
                 self.defer(reply, r);
             }
             Command::ListQueue { path, limit, reply } => {
@@ -266,7 +271,11 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::ListHostPools { request, reply } => {
-                let r = hostpools::list(self.core.host_pools(), &self.engine, &request);
+                let r = Ok::<_, Refused>(hostpools::list(
+                    self.core.host_pools(),
+                    &self.engine,
+                    &request,
+                ));
                 self.defer(reply, r);
             }
             Command::MoveHosts { hosts, to, reply } => {
@@ -542,8 +551,7 @@ impl Scheduler {
                 "this server runs simulated hosts and accepts no agents",
             ));
         };
-        let r = reg.register;
-        let spec = reads::host_spec(&r.host, r.resources.as_ref(), &r.attributes, r.ports)?;
+        let (r, spec) = (reg.register, reg.spec);
         // Refused before the session is attached (the core checks it again).
         crate::lifecycle::check_registration_attributes(&spec.attributes)?;
         let host: Arc<str> = Arc::from(r.host.as_str());

@@ -249,24 +249,33 @@ impl Shell {
     fn register(&self, label: &str, host: &str) -> Command {
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
         std::mem::forget(rx);
+        let register = pb::AgentRegister {
+            host: host.into(),
+            resources: Some(pb::Resources {
+                cpu: 2.0,
+                memory_mb: 2048.0,
+                disk_mb: 1024.0,
+                ..Default::default()
+            }),
+            ports: 100,
+            agent_id: format!("agent-of-{host}"),
+            ..Default::default()
+        };
+        let spec = convert::host_spec(
+            host,
+            register.resources.as_ref(),
+            &register.attributes,
+            register.ports,
+        )
+        .unwrap();
         let registration = Registration {
             session: Session {
                 id: 1,
                 agent_id: format!("agent-of-{host}").into(),
                 tx,
             },
-            register: pb::AgentRegister {
-                host: host.into(),
-                resources: Some(pb::Resources {
-                    cpu: 2.0,
-                    memory_mb: 2048.0,
-                    disk_mb: 1024.0,
-                    ..Default::default()
-                }),
-                ports: 100,
-                agent_id: format!("agent-of-{host}"),
-                ..Default::default()
-            },
+            register,
+            spec,
         };
         self.ask(
             label,
