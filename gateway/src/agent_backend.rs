@@ -37,15 +37,7 @@ pub fn launch_run(l: &Launch, secrets: Option<&[crate::lifecycle::Secret]>) -> p
             id: id.to_string(),
             size_mb: *size_mb,
         }),
-        secrets: secrets
-            .unwrap_or_default()
-            .iter()
-            .map(|s| pb::Secret {
-                name: s.name.clone(),
-                value: s.value.clone(),
-                size: s.value.len() as u32,
-            })
-            .collect(),
+        secrets: secrets.map(crate::codec::to_pb).unwrap_or_default(),
     }
 }
 

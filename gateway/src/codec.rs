@@ -35,6 +35,18 @@ pub(crate) fn to_pb(secrets: &[Secret]) -> Vec<pb::Secret> {
         .collect()
 }
 
+/// Secrets as reads show them: names and sizes, never values.
+pub(crate) fn redacted(secrets: &[Secret]) -> Vec<pb::Secret> {
+    secrets
+        .iter()
+        .map(|s| pb::Secret {
+            name: s.name.clone(),
+            value: Vec::new(),
+            size: s.value.len() as u32,
+        })
+        .collect()
+}
+
 /// A token as the API lists it.
 pub(crate) fn token_to_pb(t: &Token) -> pb::Token {
     pb::Token {

@@ -737,18 +737,6 @@ fn check_secrets(secrets: &[pb::Secret]) -> Result<(), Status> {
     Ok(())
 }
 
-/// Secrets as reads show them: names and sizes, no values.
-pub fn redact_secrets(secrets: &[pb::Secret]) -> Vec<pb::Secret> {
-    secrets
-        .iter()
-        .map(|s| pb::Secret {
-            name: s.name.clone(),
-            value: Vec::new(),
-            size: s.value.len() as u32,
-        })
-        .collect()
-}
-
 /// Validates labels (of a spec, or a query's filter): at most
 /// `max_list_len`, keys non-empty and at most [`MAX_ID_BYTES`], values at
 /// most `max_string_len`.

@@ -131,11 +131,11 @@ pub(crate) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
 
 /// A job as the API shows it: with the spec of its current config version
 /// and its secrets, redacted (names and sizes).
-pub(crate) fn job_to_pb(core: &Lifecycle, k: JobKey, secrets: Option<&[pb::Secret]>) -> pb::Job {
+pub(crate) fn job_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
     let job = core.job(k).expect("live job");
     let mut spec = job_spec(&job.plan);
-    if let Some(secrets) = secrets {
-        spec.secrets = convert::redact_secrets(secrets);
+    if let Some(secrets) = core.secrets_of(k) {
+        spec.secrets = crate::codec::redacted(secrets);
     }
     pb::Job {
         spec: Some(spec),
@@ -336,10 +336,7 @@ pub(crate) fn query_jobs(
             continue;
         }
         let full = out.jobs.len() == page;
-        let j = (!full).then(|| {
-            let secrets = core.secrets_of(k).map(|s| crate::codec::to_pb(s));
-            job_to_pb(core, k, secrets.as_deref())
-        });
+        let j = (!full).then(|| job_to_pb(core, k));
         match j {
             Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),
             _ => {

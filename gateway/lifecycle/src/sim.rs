@@ -585,6 +585,8 @@ impl Sim {
 
     /// The rows of the tables beside the jobs, as the shell writes them.
     fn write_state_rows(&mut self) {
+        // Only logged by the shell.
+        self.fx.lapsed_apps.clear();
         for change in std::mem::take(&mut self.fx.access) {
             let line = match change {
                 crate::AccessChange::TokenCreated(name) => format!("token {name} created"),

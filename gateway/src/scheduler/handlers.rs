@@ -466,8 +466,7 @@ impl Scheduler {
     }
 
     pub(super) fn job_to_pb(&self, k: JobKey) -> pb::Job {
-        let secrets = self.core.secrets_of(k).map(|s| secrets::to_pb(s));
-        reads::job_to_pb(&self.core, k, secrets.as_deref())
+        reads::job_to_pb(&self.core, k)
     }
 
     pub(super) fn create_job(
