@@ -118,41 +118,41 @@ const KEPT_EVENT_ROOM: usize = 1 << 18;
 
 /// Agents of a restarted server need time to notice and reconnect (their
 /// back-off reaches 5 s).
-pub(super) const RECONNECT_SLACK_MS: u64 = 10_000;
+const RECONNECT_SLACK_MS: u64 = 10_000;
 /// How often silent hosts are looked for.
-pub(super) const LOST_CHECK_INTERVAL_MS: u64 = 500;
+const LOST_CHECK_INTERVAL_MS: u64 = 500;
 
 /// First wait before a failed commit is tried again; it doubles up to
 /// [`RETRY_COMMIT_MAX_MS`].
-pub(super) const RETRY_COMMIT_FIRST_MS: u64 = 100;
+const RETRY_COMMIT_FIRST_MS: u64 = 100;
 /// Longest wait between two tries of a failed commit: writes resume at
 /// most this long after space returns.
-pub(super) const RETRY_COMMIT_MAX_MS: u64 = 2_000;
+const RETRY_COMMIT_MAX_MS: u64 = 2_000;
 /// Agents' run reports held while the store cannot write (a message
 /// carries at most `agent_hub::MAX_REPORTS_PER_MESSAGE`). Past it a message's
 /// reports are dropped and its agent's session closed: the agent registers
 /// again, listing its runs, once the store writes.
-pub(super) const MAX_HELD_REPORTS: usize = 100_000;
+const MAX_HELD_REPORTS: usize = 100_000;
 
 /// While a commit has failed (see the module documentation).
 #[derive(Debug, Default)]
-pub(super) struct Outage {
+struct Outage {
     /// The failed commit, kept until a retry writes it (`Scheduler::batch`
     /// holds its rows, `fx` and `deferred` what waits for it).
-    pub(super) failed: Option<FailedCommit>,
+    failed: Option<FailedCommit>,
     /// Agent commands that came meanwhile (reports, goodbyes), applied
     /// once the batch is written.
-    pub(super) held: Vec<Command>,
+    held: Vec<Command>,
     /// Reports in `held`.
-    pub(super) held_reports: usize,
+    held_reports: usize,
     /// Applications heard from meanwhile: their leases are renewed once
     /// the batch is written (at most [`MAX_HELD_REPORTS`]).
-    pub(super) heard: std::collections::BTreeSet<String>,
+    heard: std::collections::BTreeSet<String>,
 }
 
 impl Outage {
     /// An application heard from while the store cannot write.
-    pub(super) fn hold_heard(&mut self, id: &str) {
+    fn hold_heard(&mut self, id: &str) {
         if self.heard.len() < MAX_HELD_REPORTS {
             self.heard.insert(id.to_string());
         }
@@ -160,15 +160,15 @@ impl Outage {
 }
 
 #[derive(Debug)]
-pub(super) struct FailedCommit {
+struct FailedCommit {
     /// The batch's events, published once it is written.
-    pub(super) events: Vec<crate::lifecycle::Event>,
+    events: Vec<crate::lifecycle::Event>,
     /// The last error.
-    pub(super) error: String,
-    pub(super) since_ms: u64,
-    pub(super) attempts: u64,
-    pub(super) delay_ms: u64,
-    pub(super) next_try_ms: u64,
+    error: String,
+    since_ms: u64,
+    attempts: u64,
+    delay_ms: u64,
+    next_try_ms: u64,
 }
 
 type Deferred = Box<dyn FnOnce() + Send>;
