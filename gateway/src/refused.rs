@@ -20,19 +20,6 @@ pub enum Refused {
         /// How often the server retries, in seconds.
         retry_s: u64,
     },
-    /// Another agent's live session holds the host.
-    HostHeldBySession {
-        /// Host name.
-        host: String,
-        /// The holder's agent id.
-        holder: String,
-        /// The newcomer's agent id.
-        agent: String,
-        /// How long the holder has been silent.
-        silent_ms: u64,
-        /// How long it must be silent to be taken over.
-        after_ms: u64,
-    },
     /// This server runs simulated hosts: no agents, no logs.
     SimulatedHosts(&'static str),
     /// The agent of a host is not connected.
@@ -68,18 +55,6 @@ impl std::fmt::Display for Refused {
                 f,
                 "the store cannot write ({error}), for {for_s} s now: writes are refused until it can and \
                  are retried by the server every {retry_s} s; reads are served"
-            ),
-            Refused::HostHeldBySession {
-                host,
-                holder,
-                agent,
-                silent_ms,
-                after_ms,
-            } => write!(
-                f,
-                "host {host} is held by another agent (agent id {holder:?}, connected, heard from {silent_ms} ms ago); \
-                 this agent (agent id {agent:?}) may take it only once that one has been silent for {after_ms} ms \
-                 — give each agent its own --host"
             ),
             Refused::SimulatedHosts(what) => write!(f, "{what}"),
             Refused::AgentNotConnected(host) => {

@@ -116,12 +116,6 @@ pub(crate) use crate::clock::wall_ms as now_ms;
 /// Most events whose list's room an iteration keeps for the next.
 const KEPT_EVENT_ROOM: usize = 1 << 18;
 
-/// Agents of a restarted server need time to notice and reconnect (their
-/// back-off reaches 5 s).
-const RECONNECT_SLACK_MS: u64 = 10_000;
-/// How often silent hosts are looked for.
-const LOST_CHECK_INTERVAL_MS: u64 = 500;
-
 /// First wait before a failed commit is tried again; it doubles up to
 /// [`RETRY_COMMIT_MAX_MS`].
 const RETRY_COMMIT_FIRST_MS: u64 = 100;
@@ -190,12 +184,10 @@ pub struct Scheduler {
     updates: Vec<TaskUpdate>,
     /// The hub agents' last-seen times are read from.
     hub: Option<Arc<AgentHub>>,
-    started_at: u64,
     /// Whether this server leads (PostgreSQL store): while it does not
-    /// (its lease lapsed), agents cannot reach it and no host is declared
-    /// lost; they get the reconnect slack of a restart when it leads again.
+    /// (its lease lapsed), agents cannot reach it, and the core is told so
+    /// (`Input::AgentsReachable`).
     leading: Option<tokio::sync::watch::Receiver<bool>>,
-    last_lost_check: u64,
     last_trim: u64,
     last_cycle: Option<Instant>,
     /// How long the last cycle took (see [`cycle_spacing`]).
@@ -244,6 +236,12 @@ impl Scheduler {
             retention_ms: config.job_retention.as_millis() as u64,
             max_finished_jobs: config.max_finished_jobs,
             app_lease_ms: config.app_lease.as_millis() as u64,
+            host_lost_after_ms: config.host_lost_after.as_millis() as u64,
+            takeover_after_ms: hub
+                .as_ref()
+                .map_or(CoreConfig::default().takeover_after_ms, |h| {
+                    h.takeover_after_ms()
+                }),
             ..CoreConfig::default()
         };
         let now = now_ms();
@@ -278,9 +276,7 @@ impl Scheduler {
             kills: Vec::new(),
             updates: Vec::new(),
             hub,
-            started_at: now,
             leading: None,
-            last_lost_check: 0,
             last_trim: revision,
             last_cycle: None,
             last_cycle_took: Duration::ZERO,
@@ -415,8 +411,9 @@ impl Scheduler {
         if let Some(b) = self.backend.next_deadline() {
             ms_deadline = Some(ms_deadline.map_or(b, |t| t.min(b)));
         }
-        if self.hub.is_some() {
-            let next = self.last_lost_check + LOST_CHECK_INTERVAL_MS;
+        if self.hub.is_some()
+            && let Some(next) = self.core.liveness_deadline()
+        {
             ms_deadline = Some(ms_deadline.map_or(next, |t| t.min(next)));
         }
         if let Some(t) = ms_deadline {
@@ -466,7 +463,7 @@ impl Scheduler {
         if self.core.next_deadline().is_some_and(|t| t <= self.now) {
             self.step(Input::Tick);
         }
-        self.check_lost_hosts();
+        self.follow_liveness();
         if now_dispatch {
             // Kills issued while applying updates and timers.
             self.dispatch();

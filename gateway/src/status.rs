@@ -37,7 +37,7 @@ pub fn code(e: &Error) -> Code {
         Error::Invalid { .. } => Code::InvalidArgument,
         Error::Exhausted(_) => Code::ResourceExhausted,
         Error::Unavailable(_) => Code::Unavailable,
-        Error::HostHeld { .. } => Code::AlreadyExists,
+        Error::HostHeld { .. } | Error::HostHeldBySession { .. } => Code::AlreadyExists,
     }
 }
 
@@ -53,7 +53,6 @@ pub fn refused(r: Refused) -> Status {
         Refused::Request(s) => contract(s),
         other => {
             let code = match &other {
-                Refused::HostHeldBySession { .. } => Code::AlreadyExists,
                 Refused::SimulatedHosts(_) => Code::FailedPrecondition,
                 Refused::OutOfRange(_) => Code::OutOfRange,
                 _ => Code::Unavailable,

@@ -188,6 +188,9 @@ pub struct Effects {
     /// Client-mode applications unregistered because their drivers went
     /// silent past their lease (for the shell's log).
     pub lapsed_apps: Vec<Arc<str>>,
+    /// Agent hosts declared lost: the shell ends their sessions (at once;
+    /// their agents register again when they return).
+    pub ended_sessions: Vec<Arc<str>>,
     /// Counters.
     pub counters: Counters,
 }

@@ -85,6 +85,24 @@ pub enum Error {
         /// The agent that asked.
         agent: String,
     },
+    /// Another agent's live session holds the host.
+    #[error(
+        "host {host} is held by another agent (agent id {holder:?}, connected, heard from \
+         {silent_ms} ms ago); this agent (agent id {agent:?}) may take it only once that one has \
+         been silent for {after_ms} ms — give each agent its own --host"
+    )]
+    HostHeldBySession {
+        /// Host name.
+        host: String,
+        /// The holder's agent id.
+        holder: String,
+        /// The newcomer's agent id.
+        agent: String,
+        /// How long the holder has been silent.
+        silent_ms: u64,
+        /// How long it must be silent to be taken over.
+        after_ms: u64,
+    },
 }
 
 impl Error {

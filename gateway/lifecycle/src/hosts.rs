@@ -416,6 +416,7 @@ impl Lifecycle {
         self.host_pools.tag(&mut spec);
         let spec = &spec;
         self.check_agent_identity(engine, &spec.name, &reg.agent_id)?;
+        self.check_takeover(&spec.name, &reg.agent_id, reg.holder.as_ref())?;
         let slot = match engine.hosts().lookup(&spec.name) {
             Some(id) => {
                 // Runs placed there may hold more than it now offers: then

@@ -28,6 +28,7 @@ mod hosts;
 mod invariants;
 mod jobs;
 mod leases;
+mod liveness;
 mod model;
 mod pinned;
 mod recover;
@@ -64,6 +65,7 @@ pub use hostpools::{
     check_registration_attributes,
 };
 pub use leases::leased;
+pub use liveness::{Holder, LIVENESS_CHECK_MS, RECONNECT_SLACK_MS};
 pub use model::{
     AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId,
     N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume,
@@ -170,6 +172,10 @@ pub struct HostRegistration {
     /// agents that send none). A host is bound to the identity that
     /// registered it until it is declared lost.
     pub agent_id: Arc<str>,
+    /// The session that holds the host now, if another does: the
+    /// registration is refused while it is alive (see
+    /// [`liveness`](crate::liveness)).
+    pub holder: Option<Holder>,
 }
 
 /// One input of a step.
@@ -273,6 +279,17 @@ pub enum Input {
     AgentDisconnected {
         /// Host.
         host: Arc<str>,
+    },
+    /// Whether agents can reach this server now (see
+    /// [`liveness`](crate::liveness)): false while it does not lead; true
+    /// (again) when it starts, leads again or its store writes again —
+    /// hosts then get the reconnect slack before their silence counts.
+    AgentsReachable(bool),
+    /// When the watched agent hosts were last heard (ms; 0: not since this
+    /// server started): hosts silent past the timeout are declared lost.
+    AgentsHeard {
+        /// Host, last heard.
+        heard: Vec<(Arc<str>, u64)>,
     },
     /// An agent host was not heard from for too long.
     HostLost {
@@ -422,6 +439,11 @@ pub struct CoreConfig {
     pub app_lease_ms: u64,
     /// Audit entries kept (the oldest beyond go).
     pub max_audit_entries: usize,
+    /// An agent host not heard from for this long is lost.
+    pub host_lost_after_ms: u64,
+    /// A host held by a session silent this long may be taken over by
+    /// another agent.
+    pub takeover_after_ms: u64,
 }
 
 impl Default for CoreConfig {
@@ -434,6 +456,8 @@ impl Default for CoreConfig {
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
             max_audit_entries: MAX_AUDIT_ENTRIES,
+            host_lost_after_ms: 10_000,
+            takeover_after_ms: 3_000,
         }
     }
 }
@@ -535,6 +559,9 @@ pub struct Lifecycle {
     /// When a relocating job's volume may be given up next (kept by
     /// `check_volume_hosts`).
     volume_deadline: Option<u64>,
+    /// Whether agents can reach this server, and when hosts were last
+    /// looked at.
+    liveness: liveness::Liveness,
     needs_cycle: bool,
     now: u64,
 }
@@ -575,6 +602,7 @@ impl Lifecycle {
             app_seen: FxHashMap::default(),
             down_since: FxHashMap::default(),
             volume_deadline: None,
+            liveness: liveness::Liveness::from(0),
             needs_cycle: true,
             now: 0,
         };
@@ -599,6 +627,7 @@ impl Lifecycle {
         let host_change = matches!(
             input,
             Input::HostLost { .. }
+                | Input::AgentsHeard { .. }
                 | Input::Maintenance { .. }
                 | Input::AgentRegistered(_)
                 | Input::AgentDisconnected { .. }
@@ -637,6 +666,14 @@ impl Lifecycle {
             }
             Input::AgentDisconnected { host } => {
                 self.agent_disconnected(engine, &host);
+                Ok(Answer::Done)
+            }
+            Input::AgentsReachable(reachable) => {
+                self.agents_reachable_now(reachable);
+                Ok(Answer::Done)
+            }
+            Input::AgentsHeard { heard } => {
+                self.agents_heard(engine, &heard, fx);
                 Ok(Answer::Done)
             }
             Input::HostLost { host, silent_ms } => {

@@ -106,6 +106,7 @@ impl Lifecycle {
     ) -> Result<Self, String> {
         let mut core = Lifecycle::new(config, engine, revision);
         core.now = now;
+        core.liveness = super::liveness::Liveness::from(now);
         for (path, pool, version) in rec.pools {
             if path == "/" {
                 let root = engine.resources().tree().root();

@@ -28,9 +28,9 @@ use peloton_engine::{Engine, EngineConfig, PoolConfig, Resources};
 use rustc_hash::FxHashMap;
 
 use crate::{
-    AgentRunKey, Answer, CoreConfig, Effects, Error, EventKind, Health, HostRegistration, Input,
-    JobKind, JobPlan, JobRow, Lifecycle, RestartPolicy, RowKey, RunPhase, RunReport, StateRow,
-    TaskRow, TaskState, TaskTemplate, Update,
+    AgentRunKey, Answer, CoreConfig, Effects, Error, EventKind, Health, Holder, HostRegistration,
+    Input, JobKind, JobPlan, JobRow, Lifecycle, RestartPolicy, RowKey, RunPhase, RunReport,
+    StateRow, TaskRow, TaskState, TaskTemplate, Update,
 };
 use crate::{Recovered, RecoveredHost, RecoveredJob, RecoveredVolume};
 
@@ -587,6 +587,13 @@ impl Sim {
     fn write_state_rows(&mut self) {
         // Only logged by the shell.
         self.fx.lapsed_apps.clear();
+        // The shell ends these sessions: what is sent to them is lost.
+        for host in std::mem::take(&mut self.fx.ended_sessions) {
+            self.say(format!("session of {host} ended"));
+            if let Some(agent) = self.agents.get_mut(&host) {
+                agent.connected = false;
+            }
+        }
         for change in std::mem::take(&mut self.fx.access) {
             let line = match change {
                 crate::AccessChange::TokenCreated(name) => format!("token {name} created"),
@@ -774,6 +781,7 @@ impl Sim {
             runs: Vec::new(),
             volumes: Vec::new(),
             agent_id,
+            holder: None,
         })))
     }
 
@@ -802,6 +810,7 @@ impl Sim {
             runs,
             volumes,
             agent_id: agent_id_of(name),
+            holder: None,
         })))
     }
 
@@ -815,7 +824,29 @@ impl Sim {
             runs: Vec::new(),
             volumes: Vec::new(),
             agent_id: format!("twin-of-{name}").into(),
+            holder: None,
         })))
+    }
+
+    /// An agent with identity `agent_id` registers a known host's name,
+    /// with no runs, while a session of `holder` (last heard at `heard_ms`)
+    /// holds the host.
+    pub fn claim(&mut self, name: &str, agent_id: &str, holder: Holder) -> Result<Answer, Error> {
+        let spec = self.agents[name].spec.clone().expect("spec");
+        let r = self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            spec,
+            isolation: "test".into(),
+            runs: Vec::new(),
+            volumes: Vec::new(),
+            agent_id: agent_id.into(),
+            holder: Some(holder),
+        })));
+        if r.is_ok() {
+            let agent = self.agents.get_mut(name).expect("known host");
+            agent.connected = true;
+            agent.runs.clear();
+        }
+        r
     }
 
     /// A run ends on its host (`phase` Succeeded, Failed or Killed); the

@@ -26,6 +26,13 @@
 //!   `cut H` — H's session breaks before the server hears of it (what
 //!   the server sends meanwhile is lost);
 //!   `twin H` — another agent (another identity) registers H, with no runs;
+//!   `claim H [agent=A] holder=B heard=MS` — agent A (default: none)
+//!   registers H, with no runs, while a session of agent B last heard at
+//!   MS (after the script began) holds it;
+//!   `reachable true|false` — whether agents can reach the server;
+//!   `agents-heard [H=MS]...` — the hosts' last-heard times (MS after the script
+//!   began; a host not named was not heard since the server started),
+//!   looked at for silent hosts;
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
 //!   and the rows the store holds for them;
@@ -48,7 +55,7 @@ use expect_test::{Expect, expect};
 use peloton_engine::{PoolConfig, Resources};
 
 use super::*;
-use crate::sim::{Sim, plan};
+use crate::sim::{START_MS, Sim, plan};
 
 /// A fixture script read line by line into the simulated cluster.
 struct Env {
@@ -158,6 +165,24 @@ impl Env {
                 let _ = self.sim.register_twin(words[1]);
             }
             "cut" => self.sim.cut(words[1]),
+            "claim" => {
+                let holder = crate::Holder {
+                    agent_id: arg("holder").unwrap_or("").into(),
+                    last_heard_ms: START_MS + num("heard", 0),
+                };
+                let _ = self.sim.claim(words[1], arg("agent").unwrap_or(""), holder);
+            }
+            "reachable" => self.step(Input::AgentsReachable(words[1] == "true")),
+            "agents-heard" => {
+                let heard = words[1..]
+                    .iter()
+                    .map(|w| {
+                        let (h, ms) = w.split_once('=').expect("H=MS");
+                        (Arc::from(h), START_MS + ms.parse::<u64>().expect("ms"))
+                    })
+                    .collect();
+                self.step(Input::AgentsHeard { heard });
+            }
             "hostpool" => {
                 let name = words[2].to_string();
                 self.step(match words[1] {
@@ -354,7 +379,7 @@ impl Env {
                         certificate: Certificate {
                             fingerprint,
                             issued_at_ms: 0,
-                            not_after_ms: crate::sim::START_MS + num("until", 1000),
+                            not_after_ms: START_MS + num("until", 1000),
                         },
                     },
                     "revoke" => Input::RevokeCertificate { name, fingerprint },
@@ -553,7 +578,7 @@ impl Env {
                 let k = self.sim.core.job_key(job).expect("job");
                 let i: u32 = i.parse().expect("instance");
                 let t = &self.sim.core.job(k).expect("job").tasks[i as usize];
-                let since = |ms: u64| ms.saturating_sub(crate::sim::START_MS);
+                let since = |ms: u64| ms.saturating_sub(START_MS);
                 let line = format!(
                     "  {job}/{i}#{} {} started {} finished {}{}",
                     t.run,
@@ -4602,5 +4627,131 @@ fn the_host_pool_attribute_is_set_by_moves_only() {
     assert_eq!(
         e.to_string(),
         "attribute: peloton.host_pool is the host's host pool: move the host instead"
+    );
+}
+
+#[test]
+fn hosts_silent_past_the_timeout_are_lost_and_their_sessions_ended() {
+    // The core decides from the last-heard times the shell hands it: h1 was
+    // heard 1 s ago, h2 not since the server started (the start's slack is
+    // long over), so h2 is lost, its run is queued again, and its session
+    // is ended. A lost host is watched no more.
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        job j pool=/ n=2 cpu=2
+        cycle
+        tick 30000
+        agents-heard h1=29000
+        cycle
+        tick 1000
+        agents-heard h1=30500
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > job j pool=/ n=2 cpu=2
+            j/0#1 pending
+            j/1#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h2
+            j/1#1 launching @h2
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h2 config 1
+            j/0#1 running @h1
+            job j running
+            j/1#1 running @h2
+            > tick 30000
+            > agents-heard h1=29000
+            session of h2 ended
+            j/1#1 lost @h2 (host h2 lost: no heartbeat for 10000 ms)
+            j/1#2 initialized
+            j/1#2 pending
+            > cycle
+            > tick 1000
+            > agents-heard h1=30500
+        "#]],
+    );
+}
+
+#[test]
+fn no_host_is_lost_while_agents_cannot_reach_the_server_and_they_get_slack_after() {
+    // While this server does not lead, agents cannot reach it: their
+    // silence does not count. When they can again, each gets the
+    // reconnect slack (10 s) on top of the timeout (10 s) before it is
+    // lost.
+    check(
+        r"
+        host h1 cpu=2
+        job j pool=/ n=1 cpu=1
+        cycle
+        reachable false
+        tick 60000
+        agents-heard
+        reachable true
+        tick 19000
+        agents-heard
+        tick 1500
+        agents-heard
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > reachable false
+            > tick 60000
+            > agents-heard
+            > reachable true
+            > tick 19000
+            > agents-heard
+            > tick 1500
+            > agents-heard
+            session of h1 ended
+            j/0#1 lost @h1 (host h1 lost: no heartbeat for 10000 ms)
+            j/0#2 initialized
+            j/0#2 pending
+            job j pending
+        "#]],
+    );
+}
+
+#[test]
+fn a_host_held_by_a_live_session_is_taken_over_only_once_it_is_silent() {
+    // An agent that sends no identity is bound by none, so only the session
+    // keeps it off: it is refused while the holder's session was heard
+    // within the takeover time (3 s), and takes the host once it was not;
+    // the holder's own agent (same identity) always may.
+    check(
+        r"
+        host h1 cpu=2
+        tick 1000
+        claim h1 holder=agent-h1 heard=500
+        claim h1 agent=agent-h1 holder=agent-h1 heard=500
+        tick 5000
+        claim h1 holder=agent-h1 heard=500
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > tick 1000
+            > claim h1 holder=agent-h1 heard=500
+            error: host h1 is held by another agent (agent id "agent-h1", connected, heard from 500 ms ago); this agent (agent id "") may take it only once that one has been silent for 3000 ms — give each agent its own --host
+            > claim h1 agent=agent-h1 holder=agent-h1 heard=500
+            > tick 5000
+            > claim h1 holder=agent-h1 heard=500
+        "#]],
     );
 }

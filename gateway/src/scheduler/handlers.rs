@@ -495,55 +495,6 @@ impl Scheduler {
         Ok(self.job_to_pb(k))
     }
 
-    /// Whether `session` may take `host`: yes if no session holds it, if
-    /// the holder is the same agent (`agent_id`: restarted on its work
-    /// directory, its old connection not yet seen to close), or if the
-    /// holder has been silent for `AgentHub::takeover_after_ms` (its
-    /// connection is presumed dead). Otherwise two agents claim one host
-    /// name: the holder keeps it and the newcomer is refused, or each
-    /// registration would mark the other's runs lost and launch them again.
-    pub(super) fn check_takeover(
-        &mut self,
-        host: &str,
-        session: &crate::agent_hub::Session,
-    ) -> Result<(), Refused> {
-        let now = self.now;
-        let Some(hub) = self.hub.clone() else {
-            return Ok(());
-        };
-        let Some(holder) = hub.session(host) else {
-            return Ok(());
-        };
-        if !holder.agent_id.is_empty() && holder.agent_id == session.agent_id {
-            return Ok(());
-        }
-        let silent_ms = now.saturating_sub(hub.last_seen(host).unwrap_or(0));
-        let after_ms = hub.takeover_after_ms();
-        if silent_ms > after_ms {
-            tracing::warn!(
-                %host,
-                silent_ms,
-                holder = %holder.agent_id,
-                agent = %session.agent_id,
-                "host taken over from a silent session by another agent"
-            );
-            return Ok(());
-        }
-        tracing::warn!(
-            %host,
-            holder = %holder.agent_id,
-            agent = %session.agent_id,
-            "registration refused: another agent holds the host"
-        );
-        Err(Refused::HostHeldBySession {
-            host: host.to_string(),
-            holder: holder.agent_id.to_string(),
-            agent: session.agent_id.to_string(),
-            silent_ms,
-            after_ms,
-        })
-    }
-
     pub(super) fn agent_registered(&mut self, reg: Registration) -> Result<(), Refused> {
         let Some(hub) = self.hub.clone() else {
             return Err(Refused::SimulatedHosts(
@@ -551,41 +502,43 @@ impl Scheduler {
             ));
         };
         let (r, spec) = (reg.register, reg.spec);
-        // Refused before the session is attached (the core checks it again).
-        crate::lifecycle::check_registration_attributes(&spec.attributes)?;
         let host: Arc<str> = Arc::from(r.host.as_str());
-        // Refused before the session is attached: a refusal leaves the
-        // holder's session (and its runs) as they were.
         let agent_id = reg.session.agent_id.clone();
-        self.core
-            .check_agent_identity(&self.engine, &host, &agent_id)
-            .map_err(|e| {
-                tracing::warn!(%host, agent = %agent_id, "registration refused: {e}");
-                e
-            })?;
-        self.check_takeover(&host, &reg.session)?;
-        hub.touch(&host, self.now);
-        // The session is attached before the step, so that acknowledgements
-        // of the reports it carries go to it.
-        let session = reg.session.id;
-        hub.attach(host.clone(), reg.session);
+        // The session holding the host now: the core refuses the newcomer
+        // while it is alive (and the holder keeps its session).
+        let holder = hub.session(&host).map(|s| crate::lifecycle::Holder {
+            agent_id: s.agent_id,
+            last_heard_ms: hub.last_seen(&host).unwrap_or(0),
+        });
+        let taken_from = holder
+            .as_ref()
+            .filter(|h| h.agent_id != agent_id)
+            .map(|h| h.agent_id.clone());
         let registration = HostRegistration {
             spec,
             isolation: convert::agent_text(r.isolation),
             runs: r.runs.into_iter().filter_map(run_report).collect(),
             volumes: r.volumes,
-            agent_id,
+            agent_id: agent_id.clone(),
+            holder,
         };
-        let r = self
-            .apply(Input::AgentRegistered(Box::new(registration)))
-            .map(|_| ())
-            .map_err(Refused::from);
-        if r.is_err() {
-            // Refused: its stream ends with the error, so no goodbye will
-            // come to detach it.
-            hub.detach(&host, session);
+        if let Err(e) = self.apply(Input::AgentRegistered(Box::new(registration))) {
+            tracing::warn!(%host, agent = %agent_id, "registration refused: {e}");
+            return Err(Refused::from(e));
         }
-        r
+        if let Some(holder) = taken_from {
+            tracing::warn!(
+                %host,
+                %holder,
+                agent = %agent_id,
+                "host taken over from a silent session by another agent"
+            );
+        }
+        // Attached before the commit: acknowledgements of the reports the
+        // registration carried, sent after it, go to this session.
+        hub.touch(&host, self.now);
+        hub.attach(host, reg.session);
+        Ok(())
     }
 }
 

@@ -9,47 +9,38 @@ use rustc_hash::FxHashMap;
 
 use crate::lifecycle::Input;
 
-use super::{LOST_CHECK_INTERVAL_MS, RECONNECT_SLACK_MS, Scheduler};
+use super::Scheduler;
 
 impl Scheduler {
-    pub(super) fn check_lost_hosts(&mut self) {
+    /// Tells the core whether agents can reach this server (not while it
+    /// does not lead) and, when it is due, when each watched host was last
+    /// heard: the core declares the silent ones lost, and their sessions
+    /// are ended here.
+    pub(super) fn follow_liveness(&mut self) {
         let Some(hub) = self.hub.clone() else {
             return;
         };
-        if let Some(leading) = &self.leading
-            && !*leading.borrow()
-        {
-            self.started_at = self.now;
-            // Looked at again after the interval, as when leading (the
-            // next wake counts from it: the loop must not spin).
-            self.last_lost_check = self.now;
+        if let Some(leading) = &self.leading {
+            let leading = *leading.borrow();
+            if leading != self.core.agents_reachable() {
+                self.step(Input::AgentsReachable(leading));
+            }
+        }
+        if !self.core.liveness_due(self.now) {
             return;
         }
-        if self.now < self.last_lost_check + LOST_CHECK_INTERVAL_MS {
-            return;
-        }
-        self.last_lost_check = self.now;
-        let after = self.config.host_lost_after.as_millis() as u64;
-        let floor = self.started_at + RECONNECT_SLACK_MS;
-        let mut lost: Vec<(Arc<str>, u64)> = self
+        let heard = self
             .core
             .watched_agent_hosts()
-            .filter_map(|name| {
-                let seen = hub.last_seen(name).unwrap_or(floor).max(floor);
-                let silent = self.now.saturating_sub(seen);
-                (silent > after).then(|| (name.clone(), silent))
-            })
+            .map(|h| (h.clone(), hub.last_seen(h).unwrap_or(0)))
             .collect();
-        lost.sort_unstable();
-        for (host, silent_ms) in lost {
-            tracing::warn!(%host, "host lost: no heartbeat for {silent_ms} ms");
+        self.step(Input::AgentsHeard { heard });
+        let after_ms = self.core.config().host_lost_after_ms;
+        for host in std::mem::take(&mut self.fx.ended_sessions) {
+            tracing::warn!(%host, "host lost: not heard from for over {after_ms} ms");
             if let Some(s) = hub.session(&host).map(|s| s.id) {
                 hub.detach(&host, s);
             }
-            self.step(Input::HostLost {
-                host,
-                silent_ms: after,
-            });
         }
     }
 

@@ -57,9 +57,10 @@ impl Scheduler {
             "the store writes again: the failed batch is written, its answers released"
         );
         self.release(failed.events);
-        // Agents that went silent meanwhile get the reconnect slack a
-        // restart gives them before they are declared lost.
-        self.started_at = now;
+        // Agents that went silent meanwhile (their sessions may have been
+        // ended) get the reconnect slack a restart gives them before they
+        // are declared lost.
+        self.step(crate::lifecycle::Input::AgentsReachable(true));
         self.outage.held_reports = 0;
         for id in std::mem::take(&mut self.outage.heard) {
             let _ = self

@@ -551,12 +551,16 @@ fn no_host_is_lost_while_the_server_does_not_lead_and_its_agents_get_slack_when_
 
     // Leading again: the agent gets the reconnect slack of a restart
     // (10 s) before it counts as silent, then the lost timeout (10 s);
-    // then its host is down.
+    // then its host is down. (The loop sees the lead come back at its next
+    // iteration: it wakes at least every half second while it watches
+    // hosts.)
     lead.send(true).unwrap();
+    shell.iterate(MS, Vec::new());
     shell.iterate(15 * SECOND, Vec::new());
     let list = shell.list_hosts("hosts");
     shell.iterate(MS, vec![list]);
     shell.check(expect![[r#"
+        -- iteration at +1 ms, 0 commands
         -- iteration at +15000 ms, 0 commands
         -- iteration at +1 ms, 1 commands
         answer hosts: h1 HOST_STATE_UP
