@@ -27,10 +27,9 @@ pub enum Command {
     App(AppCommand),
     /// Create a token (the caller, name and grants are checked).
     CreateToken {
-        /// As listed (its creation time is set here).
-        token: pb::Token,
-        /// Its secret's digest.
-        digest: crate::access::Digest32,
+        /// The token, its grants parsed (its creation time is set by the
+        /// core).
+        token: Box<crate::lifecycle::Token>,
         /// Reply.
         reply: Reply<pb::Token>,
     },
@@ -45,8 +44,8 @@ pub enum Command {
     IssueCertificate {
         /// The token's name.
         name: String,
-        /// Its fingerprint and expiry (the issue time is set here).
-        certificate: pb::TokenCertificate,
+        /// Its fingerprint and expiry (the issue time is set by the core).
+        certificate: crate::lifecycle::Certificate,
         /// Reply.
         reply: Reply<pb::TokenCertificate>,
     },

@@ -26,20 +26,11 @@ pub enum Refused {
     AgentNotConnected(String),
     /// A read asked past the end of what there is (a job's instances).
     OutOfRange(String),
-    /// A read's request was refused by its validation (paging tokens,
-    /// filters), which answers with a status of its own.
-    Request(tonic::Status),
 }
 
 impl From<Error> for Refused {
     fn from(e: Error) -> Self {
         Refused::Core(e)
-    }
-}
-
-impl From<tonic::Status> for Refused {
-    fn from(s: tonic::Status) -> Self {
-        Refused::Request(s)
     }
 }
 
@@ -61,7 +52,6 @@ impl std::fmt::Display for Refused {
                 write!(f, "the agent of host {host} is not connected")
             }
             Refused::OutOfRange(what) => write!(f, "{what}"),
-            Refused::Request(s) => write!(f, "{}", s.message()),
         }
     }
 }

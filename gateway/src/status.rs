@@ -50,7 +50,6 @@ pub fn status(e: Error) -> Status {
 pub fn refused(r: Refused) -> Status {
     match r {
         Refused::Core(e) => status(e),
-        Refused::Request(s) => contract(s),
         other => {
             let code = match &other {
                 Refused::SimulatedHosts(_) => Code::FailedPrecondition,

@@ -10,9 +10,8 @@ use peloton_proto::v1 as pb;
 
 use super::{Reply, Scheduler};
 use crate::access::{Access, Caller, Digest32};
-use crate::codec::{audit_from_pb, audit_to_pb, token_from_pb, token_to_pb};
-use crate::lifecycle::{AccessChange, Certificate, Error, Input};
-use crate::refused::Refused;
+use crate::codec::{audit_from_pb, audit_to_pb, token_to_pb};
+use crate::lifecycle::{AccessChange, Certificate, Error, Input, Token};
 
 /// Most audit entries one read returns.
 pub const MAX_AUDIT_READ: u32 = 1000;
@@ -84,24 +83,14 @@ impl Scheduler {
 
     /// Creates a token (the handler checked the caller, the name and the
     /// grants).
-    pub(super) fn create_token(
-        &mut self,
-        token: pb::Token,
-        digest: Digest32,
-        reply: Reply<pb::Token>,
-    ) {
+    pub(super) fn create_token(&mut self, token: Token, reply: Reply<pb::Token>) {
         if self.shared_access.is_none() {
             return self.defer(reply, Err(insecure()));
         }
         let name = token.name.clone();
-        let r = token_from_pb(token, digest)
-            .map_err(Refused::from)
-            .and_then(|t| {
-                self.apply(Input::CreateToken(Box::new(t)))?;
-                Ok(token_to_pb(
-                    self.core.access().token(&name).expect("created"),
-                ))
-            });
+        let r = self
+            .apply(Input::CreateToken(Box::new(token)))
+            .map(|_| token_to_pb(self.core.access().token(&name).expect("created")));
         self.defer(reply, r);
     }
 
@@ -120,31 +109,25 @@ impl Scheduler {
     pub(super) fn issue_certificate(
         &mut self,
         name: String,
-        cert: pb::TokenCertificate,
+        cert: Certificate,
         reply: Reply<pb::TokenCertificate>,
     ) {
         if self.shared_access.is_none() {
             return self.defer(reply, Err(no_token(&name)));
         }
-        let r = crate::access::parse_hex("fingerprint", &cert.fingerprint)
-            .map_err(Refused::from)
-            .and_then(|fp| {
-                let certificate = Certificate {
-                    fingerprint: fp,
-                    issued_at_ms: 0,
-                    not_after_ms: cert.not_after_ms,
-                };
-                self.apply(Input::IssueCertificate {
-                    name: name.clone(),
-                    certificate,
-                })?;
+        let r = self
+            .apply(Input::IssueCertificate {
+                name: name.clone(),
+                certificate: cert,
+            })
+            .map(|_| {
                 let token = self.core.access().token(&name).expect("issued");
                 let c = token.certificates.last().expect("issued");
-                Ok(pb::TokenCertificate {
-                    fingerprint: cert.fingerprint,
+                pb::TokenCertificate {
+                    fingerprint: crate::access::hex(&c.fingerprint),
                     issued_at_ms: c.issued_at_ms,
                     not_after_ms: c.not_after_ms,
-                })
+                }
             });
         self.defer(reply, r);
     }

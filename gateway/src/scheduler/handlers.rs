@@ -70,11 +70,7 @@ impl Scheduler {
     pub(super) fn handle_access(&mut self, c: Command) {
         match c {
             Command::App(c) => self.handle_app(c),
-            Command::CreateToken {
-                token,
-                digest,
-                reply,
-            } => self.create_token(token, digest, reply),
+            Command::CreateToken { token, reply } => self.create_token(*token, reply),
             Command::RevokeToken { name, reply } => self.revoke_token(name, reply),
             Command::IssueCertificate {
                 name,

@@ -37,20 +37,18 @@ impl pb::access_service_server::AccessService for Api {
                 "give at least one (role and pool)",
             ));
         }
-        access::grants_from_pb("grants", &r.grants)?;
         let secret = access::new_secret();
-        let token = pb::Token {
+        let token = crate::lifecycle::Token {
             name: r.name,
-            grants: r.grants,
+            grants: access::grants_from_pb("grants", &r.grants)?,
             created_at_ms: 0,
             created_by: caller.principal.name().to_owned(),
+            digest: access::digest(&secret),
             certificates: Vec::new(),
         };
-        let digest = access::digest(&secret);
         let token = self
             .call(|reply| Command::CreateToken {
-                token,
-                digest,
+                token: Box::new(token),
                 reply,
             })
             .await?;
@@ -119,8 +117,8 @@ impl pb::access_service_server::AccessService for Api {
                     Status::internal(format!("the server's CA cannot sign: {why}"))
                 }
             })?;
-        let certificate = pb::TokenCertificate {
-            fingerprint: access::hex(&access::digest_bytes(&cert.der)),
+        let certificate = crate::lifecycle::Certificate {
+            fingerprint: access::digest_bytes(&cert.der),
             issued_at_ms: 0,
             not_after_ms: u64::try_from(cert.not_after_unix_s)
                 .unwrap_or(0)
