@@ -67,6 +67,9 @@ pub struct LoopConfig {
     pub max_history: usize,
     /// An agent host not heard from for this long is lost.
     pub host_lost_after: Duration,
+    /// The simulated cluster's hosts (simulated mode), added by the core
+    /// as it recovers.
+    pub simulated_hosts: Vec<peloton_engine::host::HostSpec>,
     /// A finished job is removed this long after it finished.
     pub job_retention: Duration,
     /// At most this many finished jobs are kept (the oldest go first).
@@ -87,6 +90,7 @@ impl Default for LoopConfig {
             event_retention: 5_000_000,
             max_history: 8,
             host_lost_after: Duration::from_secs(10),
+            simulated_hosts: Vec::new(),
             job_retention: Duration::from_millis(CoreConfig::default().retention_ms),
             max_finished_jobs: CoreConfig::default().max_finished_jobs,
             app_lease: Duration::from_secs(60),
@@ -215,8 +219,8 @@ impl std::fmt::Debug for Scheduler {
 }
 
 impl Scheduler {
-    /// A loop over `engine` (simulated hosts already registered),
-    /// recovering the store's contents.
+    /// A loop over `engine` (empty), recovering the store's contents and
+    /// the configured simulated hosts.
     pub fn new(
         mut engine: Engine,
         store: Arc<dyn Store>,
@@ -251,6 +255,7 @@ impl Scheduler {
         recovered.host_pool_members = snapshot.host_pool_members.clone();
         (recovered.tokens, recovered.audit) = persist::recovered_access(&snapshot)?;
         recovered.secrets = persist::recovered_secrets(&snapshot)?;
+        recovered.simulated_hosts = config.simulated_hosts.clone();
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
             .map_err(|e| anyhow::anyhow!(e))?;

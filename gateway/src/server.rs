@@ -372,18 +372,11 @@ fn open_store(
     Ok((Arc::new(store), Some(lease)))
 }
 
-/// The engine, with the configured simulated hosts.
-fn new_engine(config: &Config) -> anyhow::Result<Engine> {
+/// An empty engine (the core adds the simulated hosts as it recovers).
+fn new_engine(config: &Config) -> Engine {
     let mut engine_config = EngineConfig::default();
     engine_config.resources.threads = config.engine_threads;
-    let mut engine = Engine::new(engine_config);
-    for spec in config.sim_host_specs()? {
-        engine
-            .hosts_mut()
-            .add(&spec)
-            .map_err(|e| anyhow::anyhow!("simulated host: {e}"))?;
-    }
-    Ok(engine)
+    Engine::new(engine_config)
 }
 
 /// The loop's options from the server's configuration.
@@ -620,13 +613,16 @@ async fn opened(
         tokio::task::spawn_blocking(move || s.load()).await??
     };
     let loaded_ms = began.elapsed().as_millis() as u64;
-    let engine = new_engine(config)?;
+    let engine = new_engine(config);
     let limits = Limits {
         max_instances_per_job: config.max_instances_per_job,
         ..Limits::default()
     };
     let metrics = Arc::new(Metrics::new(config.metrics_max_pools));
-    let loop_config = loop_config(config, limits);
+    let loop_config = LoopConfig {
+        simulated_hosts: config.sim_host_specs()?,
+        ..loop_config(config, limits)
+    };
     let n_jobs = snapshot.jobs.len();
     let access = Arc::new(if config.secure {
         Access::secure(&config.resolve_admin_token()?, signer)

@@ -21,8 +21,8 @@ use super::{AgentHost, CoreConfig, Held, Lifecycle, TimerKind, Update};
 pub struct RecoveredHost {
     /// Its name.
     pub name: String,
-    /// Registration of an agent host (agent mode); simulated hosts are
-    /// already in the engine.
+    /// Registration of an agent host (agent mode); simulated hosts come
+    /// from [`Recovered::simulated_hosts`].
     pub spec: Option<HostSpec>,
     /// In maintenance (draining or down for it).
     pub maintenance: bool,
@@ -69,9 +69,12 @@ pub struct RecoveredVolume {
     pub created_at: u64,
 }
 
-/// Everything the store holds.
+/// Everything the store holds (and the simulated cluster, which is
+/// configuration).
 #[derive(Clone, Debug, Default)]
 pub struct Recovered {
+    /// The simulated hosts (simulated mode): added to the engine first.
+    pub simulated_hosts: Vec<HostSpec>,
     /// Pools, parents first: path, configuration, version.
     pub pools: Vec<(String, PoolConfig, u64)>,
     /// Hosts.
@@ -104,6 +107,12 @@ impl Lifecycle {
         now: u64,
         fx: &mut Effects,
     ) -> Result<Self, String> {
+        for spec in &rec.simulated_hosts {
+            engine
+                .hosts_mut()
+                .add(spec)
+                .map_err(|e| format!("simulated host {}: {e}", spec.name))?;
+        }
         let mut core = Lifecycle::new(config, engine, revision);
         core.now = now;
         core.liveness = super::liveness::Liveness::from(now);

@@ -207,10 +207,7 @@ impl Shell {
             trace: trace.clone(),
         };
         let snapshot = store.load().unwrap();
-        let mut engine = Engine::new(EngineConfig::default());
-        for spec in crate::config::generated_hosts(sim_hosts) {
-            engine.hosts_mut().add(&spec).unwrap();
-        }
+        let engine = Engine::new(EngineConfig::default());
         let hub = agents.as_ref().map(|(hub, _)| hub.clone());
         let backend = TestBackend {
             sim: match &hub {
@@ -223,7 +220,10 @@ impl Shell {
             engine,
             Arc::new(store),
             Box::new(backend),
-            LoopConfig::default(),
+            LoopConfig {
+                simulated_hosts: crate::config::generated_hosts(sim_hosts),
+                ..LoopConfig::default()
+            },
             Arc::new(Metrics::new(16)),
             snapshot,
             hub,
