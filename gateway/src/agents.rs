@@ -22,7 +22,7 @@ use crate::agent_hub::{
     AgentHub, MAX_REPORTS_PER_MESSAGE, OUTBOX_LEN, Outbox, Registration, Session,
 };
 use crate::clock::wall_ms as now_ms;
-use crate::command::Command;
+use crate::command::{AgentCommand, Command};
 use crate::leader::Role;
 
 /// Most runs an agent may list when it registers.
@@ -295,14 +295,14 @@ impl pb::agent_service_server::AgentService for AgentApi {
         let (reply_tx, reply_rx) = oneshot::channel();
         let agent_id: Arc<str> = Arc::from(register.agent_id.as_str());
         self.commands
-            .send(Command::AgentRegister {
+            .send(Command::Agents(AgentCommand::AgentRegister {
                 registration: Box::new(Registration {
                     session: Session { id, agent_id, tx },
                     register,
                     spec,
                 }),
                 reply: reply_tx,
-            })
+            }))
             .await
             .map_err(|_| Status::unavailable("the server is shutting down"))?;
         reply_rx
@@ -377,11 +377,11 @@ async fn relay(
                 // A report out of bounds is dropped (the agent
                 // lists the run again when it registers).
                 reports.retain(|r| check_report("reports", r).is_ok());
-                let c = Command::AgentReports {
+                let c = Command::Agents(AgentCommand::AgentReports {
                     host: host.clone(),
                     session: id,
                     reports,
-                };
+                });
                 if commands.send(c).await.is_err() {
                     break;
                 }
@@ -395,10 +395,10 @@ async fn relay(
     }
     tracing::info!(%host, session = id, "agent disconnected");
     let _ = commands
-        .send(Command::AgentGone {
+        .send(Command::Agents(AgentCommand::AgentGone {
             host: host.clone(),
             session: id,
-        })
+        }))
         .await;
 }
 

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 use crate::access::{Access, AuditNote, TlsInfo, UNAUTHENTICATED};
-use crate::command::Command;
+use crate::command::{AccessCommand, Command};
 use crate::status::truncate;
 
 /// Longest audit message kept.
@@ -147,7 +147,10 @@ async fn audit(state: &LayerState, who: &str, method: &str, target: String, stat
     };
     // Waits when the loop's queue is full (backpressure); a stopping loop
     // loses it.
-    let _ = state.tx.send(Command::Audit(Box::new(entry))).await;
+    let _ = state
+        .tx
+        .send(Command::Access(AccessCommand::Audit(Box::new(entry))))
+        .await;
 }
 
 #[cfg(test)]

@@ -20,11 +20,30 @@ pub type Reply<T> = oneshot::Sender<Result<T, Status>>;
 /// Events of one commit, as published to watchers.
 pub type EventBatch = Arc<Vec<pb::Event>>;
 
-/// A request to the loop.
+/// A request to the loop, by group (each group has its handler).
 #[derive(Debug)]
 pub enum Command {
     /// An application command.
     App(AppCommand),
+    /// Tokens, certificates and the audit log.
+    Access(AccessCommand),
+    /// Resource pools and their queues.
+    Pools(PoolCommand),
+    /// Jobs and their tasks.
+    Jobs(JobCommand),
+    /// Hosts, host pools, maintenance and the watch.
+    Hosts(HostCommand),
+    /// Agents' sessions: registrations, reports, goodbyes, log requests.
+    Agents(AgentCommand),
+    /// Rolling updates and volumes.
+    Updates(UpdateCommand),
+    /// Finish the current batch and stop.
+    Shutdown,
+}
+
+/// A command about tokens, certificates or the audit log.
+#[derive(Debug)]
+pub enum AccessCommand {
     /// Create a token (the caller, name and grants are checked).
     CreateToken {
         /// The token, its grants parsed (its creation time is set by the
@@ -72,6 +91,11 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::ListAuditResponse>,
     },
+}
+
+/// A command about resource pools.
+#[derive(Debug)]
+pub enum PoolCommand {
     /// Create a pool.
     CreatePool {
         /// Path.
@@ -126,6 +150,11 @@ pub enum Command {
         /// Reply.
         reply: Reply<pb::ListQueueResponse>,
     },
+}
+
+/// A command about jobs and tasks.
+#[derive(Debug)]
+pub enum JobCommand {
     /// Create a job.
     CreateJob {
         /// As sent.
@@ -191,6 +220,11 @@ pub enum Command {
         /// Reply.
         reply: Reply<()>,
     },
+}
+
+/// A command about hosts, host pools or the watch.
+#[derive(Debug)]
+pub enum HostCommand {
     /// Read hosts.
     ListHosts {
         /// Page.
@@ -243,6 +277,11 @@ pub enum Command {
         /// Reply.
         reply: oneshot::Sender<(u64, broadcast::Receiver<EventBatch>)>,
     },
+}
+
+/// A command from an agent's session.
+#[derive(Debug)]
+pub enum AgentCommand {
     /// An agent registered (or registered again) on a new session.
     AgentRegister {
         /// Its session and what it said.
@@ -280,6 +319,11 @@ pub enum Command {
         /// Reply.
         reply: Reply<(pb::RunKey, Outbox)>,
     },
+}
+
+/// A command about updates or volumes.
+#[derive(Debug)]
+pub enum UpdateCommand {
     /// Start a rolling update.
     UpdateJob {
         /// Job id.
@@ -339,8 +383,6 @@ pub enum Command {
         /// Reply.
         reply: Reply<()>,
     },
-    /// Finish the current batch and stop.
-    Shutdown,
 }
 
 /// An application command, validated by the service.

@@ -19,7 +19,9 @@ use tonic::{Request, Response, Status};
 
 use crate::access::{self, Access, Caller};
 use crate::agent_hub::AgentHub;
-use crate::command::{Command, Reply};
+use crate::command::{
+    AgentCommand, Command, HostCommand, JobCommand, PoolCommand, Reply, UpdateCommand,
+};
 use crate::convert::{self, Limits};
 use crate::lifecycle::JobAction;
 use crate::lifecycle::{UpdateAction, UpdateSpec};
@@ -200,10 +202,12 @@ impl ResourcePoolService for Api {
         check_path(&r.path)?;
         let config = convert::pool_config(r.spec.as_ref())?;
         let pool = self
-            .call(|reply| Command::CreatePool {
-                path: r.path,
-                config,
-                reply,
+            .call(|reply| {
+                Command::Pools(PoolCommand::CreatePool {
+                    path: r.path,
+                    config,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(pb::CreatePoolResponse { pool: Some(pool) }))
@@ -218,9 +222,11 @@ impl ResourcePoolService for Api {
         let r = request.into_inner();
         check_path(&r.path)?;
         let pool = self
-            .call(|reply| Command::GetPool {
-                path: r.path,
-                reply,
+            .call(|reply| {
+                Command::Pools(PoolCommand::GetPool {
+                    path: r.path,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(pb::GetPoolResponse { pool: Some(pool) }))
@@ -236,11 +242,13 @@ impl ResourcePoolService for Api {
         check_path(&r.path)?;
         let config = convert::pool_config(r.spec.as_ref())?;
         let pool = self
-            .call(|reply| Command::UpdatePool {
-                path: r.path,
-                config,
-                version: r.version,
-                reply,
+            .call(|reply| {
+                Command::Pools(PoolCommand::UpdatePool {
+                    path: r.path,
+                    config,
+                    version: r.version,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(pb::UpdatePoolResponse { pool: Some(pool) }))
@@ -254,10 +262,12 @@ impl ResourcePoolService for Api {
         access::require(&request, Permission::PoolsWrite, &path, path.clone())?;
         let r = request.into_inner();
         check_path(&r.path)?;
-        self.call(|reply| Command::DeletePool {
-            path: r.path,
-            version: r.version,
-            reply,
+        self.call(|reply| {
+            Command::Pools(PoolCommand::DeletePool {
+                path: r.path,
+                version: r.version,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(pb::DeletePoolResponse {}))
@@ -271,10 +281,12 @@ impl ResourcePoolService for Api {
         let request = request.into_inner();
         paging::page_token_key("page_token", paging::PageKind::Pools, &request.page_token)?;
         let out = self
-            .call(|reply| Command::ListPools {
-                request,
-                viewer,
-                reply,
+            .call(|reply| {
+                Command::Pools(PoolCommand::ListPools {
+                    request,
+                    viewer,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(out))
@@ -299,10 +311,12 @@ impl ResourcePoolService for Api {
             ));
         }
         let out = self
-            .call(|reply| Command::ListQueue {
-                path: r.path,
-                limit: r.limit,
-                reply,
+            .call(|reply| {
+                Command::Pools(PoolCommand::ListQueue {
+                    path: r.path,
+                    limit: r.limit,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(out))
@@ -339,11 +353,13 @@ impl Api {
         action: JobAction,
     ) -> Result<Option<pb::Job>, Status> {
         check_id("id", &id)?;
-        self.call(|reply| Command::JobAction {
-            id,
-            version,
-            action,
-            reply,
+        self.call(|reply| {
+            Command::Jobs(JobCommand::JobAction {
+                id,
+                version,
+                action,
+                reply,
+            })
         })
         .await
     }
@@ -371,10 +387,12 @@ impl JobService for Api {
         let spec = convert::cluster_mode_spec(spec)?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         let job = self
-            .call(|reply| Command::CreateJob {
-                spec: Box::new(spec),
-                plan,
-                reply,
+            .call(|reply| {
+                Command::Jobs(JobCommand::CreateJob {
+                    spec: Box::new(spec),
+                    plan,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(pb::CreateJobResponse { job: Some(job) }))
@@ -387,7 +405,9 @@ impl JobService for Api {
         self.on_job(&request, Permission::JobsRead, &request.get_ref().id)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
-        let job = self.call(|reply| Command::GetJob { id, reply }).await?;
+        let job = self
+            .call(|reply| Command::Jobs(JobCommand::GetJob { id, reply }))
+            .await?;
         Ok(Response::new(pb::GetJobResponse { job: Some(job) }))
     }
 
@@ -406,10 +426,12 @@ impl JobService for Api {
         convert::labels("labels", &request.labels, &self.limits)?;
         paging::page_token_key("page_token", paging::PageKind::Jobs, &request.page_token)?;
         let out = self
-            .call(|reply| Command::QueryJobs {
-                request,
-                viewer,
-                reply,
+            .call(|reply| {
+                Command::Jobs(JobCommand::QueryJobs {
+                    request,
+                    viewer,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(out))
@@ -480,11 +502,13 @@ impl TaskService for Api {
         let job_id = r.job_id.clone();
         let target = move |run_id: u32| {
             let (job_id, instance) = (job_id.clone(), r.instance);
-            move |reply| Command::LogTarget {
-                job_id,
-                instance,
-                run_id,
-                reply,
+            move |reply| {
+                Command::Agents(AgentCommand::LogTarget {
+                    job_id,
+                    instance,
+                    run_id,
+                    reply,
+                })
             }
         };
         let mut current = self.call(target(r.run_id)).await?;
@@ -564,7 +588,7 @@ impl TaskService for Api {
         check_id("job_id", &request.job_id)?;
         check_enum_filter::<pb::TaskState>("states", &request.states, "task state")?;
         let out = self
-            .call(|reply| Command::ListTasks { request, reply })
+            .call(|reply| Command::Jobs(JobCommand::ListTasks { request, reply }))
             .await?;
         Ok(Response::new(out))
     }
@@ -577,10 +601,12 @@ impl TaskService for Api {
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let task = self
-            .call(|reply| Command::GetTask {
-                job_id: r.job_id,
-                instance: r.instance,
-                reply,
+            .call(|reply| {
+                Command::Jobs(JobCommand::GetTask {
+                    job_id: r.job_id,
+                    instance: r.instance,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(pb::GetTaskResponse { task: Some(task) }))
@@ -594,12 +620,14 @@ impl TaskService for Api {
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         self.check_instances(&r.instances)?;
-        self.call(|reply| Command::TaskAction {
-            job_id: r.job_id,
-            instances: r.instances,
-            version: r.job_version,
-            restart: false,
-            reply,
+        self.call(|reply| {
+            Command::Jobs(JobCommand::TaskAction {
+                job_id: r.job_id,
+                instances: r.instances,
+                version: r.job_version,
+                restart: false,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(pb::KillTaskResponse {}))
@@ -613,12 +641,14 @@ impl TaskService for Api {
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         self.check_instances(&r.instances)?;
-        self.call(|reply| Command::TaskAction {
-            job_id: r.job_id,
-            instances: r.instances,
-            version: r.job_version,
-            restart: true,
-            reply,
+        self.call(|reply| {
+            Command::Jobs(JobCommand::TaskAction {
+                job_id: r.job_id,
+                instances: r.instances,
+                version: r.job_version,
+                restart: true,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(pb::RestartTaskResponse {}))
@@ -636,7 +666,7 @@ impl HostService for Api {
         let request = request.into_inner();
         convert::id("after", &request.after)?;
         let mut out = self
-            .call(|reply| Command::ListHosts { request, reply })
+            .call(|reply| Command::Hosts(HostCommand::ListHosts { request, reply }))
             .await?;
         if let Some(v) = viewer {
             // Hosts are everyone's; the tasks on them only their owners'
@@ -656,10 +686,12 @@ impl HostService for Api {
         access::require(&request, Permission::HostsWrite, "/", target)?;
         let hosts = request.into_inner().hosts;
         check_hosts("hosts", &hosts)?;
-        self.call(|reply| Command::Maintenance {
-            hosts,
-            start: true,
-            reply,
+        self.call(|reply| {
+            Command::Hosts(HostCommand::Maintenance {
+                hosts,
+                start: true,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(pb::StartMaintenanceResponse {}))
@@ -673,10 +705,12 @@ impl HostService for Api {
         access::require(&request, Permission::HostsWrite, "/", target)?;
         let hosts = request.into_inner().hosts;
         check_hosts("hosts", &hosts)?;
-        self.call(|reply| Command::Maintenance {
-            hosts,
-            start: false,
-            reply,
+        self.call(|reply| {
+            Command::Hosts(HostCommand::Maintenance {
+                hosts,
+                start: false,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(pb::CompleteMaintenanceResponse {}))
@@ -694,7 +728,7 @@ impl HostPoolService for Api {
         let name = request.into_inner().name;
         convert::host_pool_name("name", &name)?;
         let pool = self
-            .call(|reply| Command::CreateHostPool { name, reply })
+            .call(|reply| Command::Hosts(HostCommand::CreateHostPool { name, reply }))
             .await?;
         Ok(Response::new(pb::CreateHostPoolResponse {
             pool: Some(pool),
@@ -709,7 +743,7 @@ impl HostPoolService for Api {
         access::require(&request, Permission::HostsWrite, "/", target)?;
         let name = request.into_inner().name;
         convert::host_pool_name("name", &name)?;
-        self.call(|reply| Command::DeleteHostPool { name, reply })
+        self.call(|reply| Command::Hosts(HostCommand::DeleteHostPool { name, reply }))
             .await?;
         Ok(Response::new(pb::DeleteHostPoolResponse {}))
     }
@@ -726,7 +760,7 @@ impl HostPoolService for Api {
             &request.page_token,
         )?;
         let out = self
-            .call(|reply| Command::ListHostPools { request, reply })
+            .call(|reply| Command::Hosts(HostCommand::ListHostPools { request, reply }))
             .await?;
         Ok(Response::new(out))
     }
@@ -757,10 +791,12 @@ impl HostPoolService for Api {
             ));
         }
         check_hosts("hosts", &r.hosts)?;
-        self.call(|reply| Command::MoveHosts {
-            hosts: r.hosts,
-            to: r.to,
-            reply,
+        self.call(|reply| {
+            Command::Hosts(HostCommand::MoveHosts {
+                hosts: r.hosts,
+                to: r.to,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(pb::MoveHostsResponse {}))
@@ -802,14 +838,16 @@ impl Api {
         check_id("id", &id)?;
         // An update's job never changes: its pool is checked first.
         let current = self
-            .call(|reply| Command::GetUpdate {
-                id: id.clone(),
-                reply,
+            .call(|reply| {
+                Command::Updates(UpdateCommand::GetUpdate {
+                    id: id.clone(),
+                    reply,
+                })
             })
             .await?;
         self.allow_job(&caller, Permission::JobsWrite, &current.job_id)?;
         let update = self
-            .call(|reply| Command::UpdateAction { id, action, reply })
+            .call(|reply| Command::Updates(UpdateCommand::UpdateAction { id, action, reply }))
             .await?;
         Ok(Response::new(pb::UpdateActionResponse {
             update: Some(update),
@@ -830,13 +868,15 @@ impl UpdateService for Api {
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         let update = update_spec(r.update.as_ref())?;
         let (update, job) = self
-            .call(|reply| Command::UpdateJob {
-                job_id: r.job_id,
-                version: r.version,
-                spec: Box::new(spec),
-                plan,
-                update,
-                reply,
+            .call(|reply| {
+                Command::Updates(UpdateCommand::UpdateJob {
+                    job_id: r.job_id,
+                    version: r.version,
+                    spec: Box::new(spec),
+                    plan,
+                    update,
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(pb::UpdateJobResponse {
@@ -852,7 +892,9 @@ impl UpdateService for Api {
         let caller = access::caller(&request)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
-        let update = self.call(|reply| Command::GetUpdate { id, reply }).await?;
+        let update = self
+            .call(|reply| Command::Updates(UpdateCommand::GetUpdate { id, reply }))
+            .await?;
         self.allow_job(&caller, Permission::JobsRead, &update.job_id)?;
         Ok(Response::new(pb::GetUpdateResponse {
             update: Some(update),
@@ -867,7 +909,7 @@ impl UpdateService for Api {
         let job_id = request.into_inner().job_id;
         check_id("job_id", &job_id)?;
         let updates = self
-            .call(|reply| Command::ListUpdates { job_id, reply })
+            .call(|reply| Command::Updates(UpdateCommand::ListUpdates { job_id, reply }))
             .await?;
         Ok(Response::new(pb::ListUpdatesResponse { updates }))
     }
@@ -916,7 +958,7 @@ impl VolumeService for Api {
         convert::id("host", &request.host)?;
         paging::page_token_key("page_token", paging::PageKind::Volumes, &request.page_token)?;
         let out = self
-            .call(|reply| Command::ListVolumes { request, reply })
+            .call(|reply| Command::Updates(UpdateCommand::ListVolumes { request, reply }))
             .await?;
         let mut out = out;
         if let Some(v) = viewer {
@@ -934,7 +976,9 @@ impl VolumeService for Api {
         let caller = access::caller(&request)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
-        let volume = self.call(|reply| Command::GetVolume { id, reply }).await?;
+        let volume = self
+            .call(|reply| Command::Updates(UpdateCommand::GetVolume { id, reply }))
+            .await?;
         self.allow_job(&caller, Permission::JobsRead, &volume.job_id)?;
         Ok(Response::new(pb::GetVolumeResponse {
             volume: Some(volume),
@@ -951,13 +995,15 @@ impl VolumeService for Api {
         check_id("id", &id)?;
         // A volume's job never changes: its pool is checked first.
         let volume = self
-            .call(|reply| Command::GetVolume {
-                id: id.clone(),
-                reply,
+            .call(|reply| {
+                Command::Updates(UpdateCommand::GetVolume {
+                    id: id.clone(),
+                    reply,
+                })
             })
             .await?;
         self.allow_job(&caller, Permission::JobsWrite, &volume.job_id)?;
-        self.call(|reply| Command::DeleteVolume { id, reply })
+        self.call(|reply| Command::Updates(UpdateCommand::DeleteVolume { id, reply }))
             .await?;
         Ok(Response::new(pb::DeleteVolumeResponse {}))
     }

@@ -15,7 +15,10 @@ use crate::refused::Refused;
 use crate::{hostpools, reads};
 
 use super::Scheduler;
-use crate::command::{Command, Reply};
+use crate::command::{
+    AccessCommand, AgentCommand, Command, HostCommand, JobCommand, PoolCommand, Reply,
+    UpdateCommand,
+};
 
 impl Scheduler {
     /// Answers after this iteration's commit, so that an answer never shows
@@ -56,48 +59,49 @@ impl Scheduler {
         } else {
             c
         };
-        match group(&c) {
-            Group::Access => self.handle_access(c),
-            Group::Pools => self.handle_pools(c),
-            Group::Jobs => self.handle_jobs(c),
-            Group::Hosts => self.handle_hosts(c),
-            Group::Agents => self.handle_agents(c),
-            Group::Updates => self.handle_updates(c),
+        match c {
+            Command::App(c) => self.handle_app(c),
+            Command::Access(c) => self.handle_access(c),
+            Command::Pools(c) => self.handle_pools(c),
+            Command::Jobs(c) => self.handle_jobs(c),
+            Command::Hosts(c) => self.handle_hosts(c),
+            Command::Agents(c) => self.handle_agents(c),
+            Command::Updates(c) => self.handle_updates(c),
+            // Answered by the loop's caller.
+            Command::Shutdown => {}
         }
     }
 
     /// Applications, tokens, certificates and the audit log.
-    pub(super) fn handle_access(&mut self, c: Command) {
+    pub(super) fn handle_access(&mut self, c: AccessCommand) {
         match c {
-            Command::App(c) => self.handle_app(c),
-            Command::CreateToken { token, reply } => self.create_token(*token, reply),
-            Command::RevokeToken { name, reply } => self.revoke_token(name, reply),
-            Command::IssueCertificate {
+            AccessCommand::CreateToken { token, reply } => self.create_token(*token, reply),
+            AccessCommand::RevokeToken { name, reply } => self.revoke_token(name, reply),
+            AccessCommand::IssueCertificate {
                 name,
                 certificate,
                 reply,
             } => self.issue_certificate(name, certificate, reply),
-            Command::RevokeCertificate {
+            AccessCommand::RevokeCertificate {
                 name,
                 fingerprint,
                 reply,
             } => self.revoke_certificate(name, fingerprint, reply),
-            Command::ListTokens { reply } => {
+            AccessCommand::ListTokens { reply } => {
                 let _ = reply.send(Ok(self.list_tokens()));
             }
-            Command::Audit(entry) => self.audit(*entry),
-            Command::ListAudit { request, reply } => {
+            AccessCommand::Audit(entry) => self.audit(*entry),
+            AccessCommand::ListAudit { request, reply } => {
                 let r = self.list_audit(&request);
                 self.defer(reply, r);
             }
-            other => unreachable!("{other:?} is not in the access group"),
         }
     }
 
     /// Resource pools and their queues.
-    pub(super) fn handle_pools(&mut self, c: Command) {
+    pub(super) fn handle_pools(&mut self, c: PoolCommand) {
         match c {
-            Command::CreatePool {
+            PoolCommand::CreatePool {
                 path,
                 config,
                 reply,
@@ -107,7 +111,7 @@ impl Scheduler {
                     .map(|a| self.pool_answer(a));
                 self.defer(reply, r);
             }
-            Command::UpdatePool {
+            PoolCommand::UpdatePool {
                 path,
                 config,
                 version,
@@ -122,7 +126,7 @@ impl Scheduler {
                     .map(|a| self.pool_answer(a));
                 self.defer(reply, r);
             }
-            Command::DeletePool {
+            PoolCommand::DeletePool {
                 path,
                 version,
                 reply,
@@ -130,7 +134,7 @@ impl Scheduler {
                 let r = self.apply(Input::DeletePool { path, version }).map(|_| ());
                 self.defer(reply, r);
             }
-            Command::GetPool { path, reply } => {
+            PoolCommand::GetPool { path, reply } => {
                 let r = self
                     .engine
                     .resources()
@@ -140,7 +144,7 @@ impl Scheduler {
                     .map(|id| reads::pool_to_pb(&self.engine, &self.core, id));
                 self.defer(reply, r);
             }
-            Command::ListPools {
+            PoolCommand::ListPools {
                 request,
                 viewer,
                 reply,
@@ -154,26 +158,25 @@ impl Scheduler {
                 ));
                 self.defer(reply, r);
             }
-            Command::ListQueue { path, limit, reply } => {
+            PoolCommand::ListQueue { path, limit, reply } => {
                 let r = reads::list_queue(&self.engine, &self.core, &path, limit);
                 self.defer(reply, r);
             }
-            other => unreachable!("{other:?} is not in the pools group"),
         }
     }
 
     /// Jobs and tasks.
-    pub(super) fn handle_jobs(&mut self, c: Command) {
+    pub(super) fn handle_jobs(&mut self, c: JobCommand) {
         match c {
-            Command::CreateJob { spec, plan, reply } => {
+            JobCommand::CreateJob { spec, plan, reply } => {
                 let r = self.create_job(*spec, *plan);
                 self.defer(reply, r);
             }
-            Command::GetJob { id, reply } => {
+            JobCommand::GetJob { id, reply } => {
                 let r = self.core.job_key(&id).map(|k| self.job_to_pb(k));
                 self.defer(reply, r);
             }
-            Command::QueryJobs {
+            JobCommand::QueryJobs {
                 request,
                 viewer,
                 reply,
@@ -185,7 +188,7 @@ impl Scheduler {
                 ));
                 self.defer(reply, r);
             }
-            Command::JobAction {
+            JobCommand::JobAction {
                 id,
                 version,
                 action,
@@ -208,11 +211,11 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
-            Command::ListTasks { request, reply } => {
+            JobCommand::ListTasks { request, reply } => {
                 let r = reads::list_tasks(&self.core, &request);
                 self.defer(reply, r);
             }
-            Command::GetTask {
+            JobCommand::GetTask {
                 job_id,
                 instance,
                 reply,
@@ -220,7 +223,7 @@ impl Scheduler {
                 let r = reads::get_task(&self.engine, &self.core, &job_id, instance);
                 self.defer(reply, r);
             }
-            Command::TaskAction {
+            JobCommand::TaskAction {
                 job_id,
                 instances,
                 version,
@@ -237,14 +240,13 @@ impl Scheduler {
                     .map(|_| ());
                 self.defer(reply, r);
             }
-            other => unreachable!("{other:?} is not in the jobs group"),
         }
     }
 
     /// Hosts, host pools, maintenance and watches.
-    pub(super) fn handle_hosts(&mut self, c: Command) {
+    pub(super) fn handle_hosts(&mut self, c: HostCommand) {
         match c {
-            Command::ListHosts { request, reply } => {
+            HostCommand::ListHosts { request, reply } => {
                 let r = Ok::<_, Refused>(reads::list_hosts(
                     &self.engine,
                     &self.core,
@@ -253,7 +255,7 @@ impl Scheduler {
                 ));
                 self.defer(reply, r);
             }
-            Command::CreateHostPool { name, reply } => {
+            HostCommand::CreateHostPool { name, reply } => {
                 let r = self
                     .apply(Input::CreateHostPool { name: name.clone() })
                     .map(|_| pb::HostPool {
@@ -262,11 +264,11 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
-            Command::DeleteHostPool { name, reply } => {
+            HostCommand::DeleteHostPool { name, reply } => {
                 let r = self.apply(Input::DeleteHostPool { name }).map(|_| ());
                 self.defer(reply, r);
             }
-            Command::ListHostPools { request, reply } => {
+            HostCommand::ListHostPools { request, reply } => {
                 let r = Ok::<_, Refused>(hostpools::list(
                     self.core.host_pools(),
                     &self.engine,
@@ -274,11 +276,11 @@ impl Scheduler {
                 ));
                 self.defer(reply, r);
             }
-            Command::MoveHosts { hosts, to, reply } => {
+            HostCommand::MoveHosts { hosts, to, reply } => {
                 let r = self.apply(Input::MoveHosts { hosts, to }).map(|_| ());
                 self.defer(reply, r);
             }
-            Command::Maintenance {
+            HostCommand::Maintenance {
                 hosts,
                 start,
                 reply,
@@ -286,28 +288,27 @@ impl Scheduler {
                 let r = self.apply(Input::Maintenance { hosts, start }).map(|_| ());
                 self.defer(reply, r);
             }
-            Command::Watch { reply } => {
+            HostCommand::Watch { reply } => {
                 // Committed revision: events of this iteration are not yet
                 // committed and will be broadcast after the commit.
                 let unwritten = self.outage.failed.as_ref().map_or(0, |f| f.events.len());
                 let committed = self.core.revision() - (self.fx.events.len() + unwritten) as u64;
                 let _ = reply.send((committed, self.events_tx.subscribe()));
             }
-            other => unreachable!("{other:?} is not in the hosts group"),
         }
     }
 
     /// Agents' sessions and the logs they serve.
-    pub(super) fn handle_agents(&mut self, c: Command) {
+    pub(super) fn handle_agents(&mut self, c: AgentCommand) {
         match c {
-            Command::AgentRegister {
+            AgentCommand::AgentRegister {
                 registration,
                 reply,
             } => {
                 let r = self.agent_registered(*registration);
                 self.defer(reply, r);
             }
-            Command::AgentReports {
+            AgentCommand::AgentReports {
                 host,
                 session,
                 reports,
@@ -323,14 +324,14 @@ impl Scheduler {
                 let reports = reports.into_iter().filter_map(run_report).collect();
                 self.step(Input::AgentReports { host, reports });
             }
-            Command::AgentGone { host, session } => {
+            AgentCommand::AgentGone { host, session } => {
                 if let Some(a) = &self.hub
                     && a.detach(&host, session)
                 {
                     self.step(Input::AgentDisconnected { host });
                 }
             }
-            Command::LogTarget {
+            AgentCommand::LogTarget {
                 job_id,
                 instance,
                 run_id,
@@ -351,14 +352,13 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
-            other => unreachable!("{other:?} is not in the agents group"),
         }
     }
 
     /// Updates and volumes (and the stop, which the iteration acts on).
-    pub(super) fn handle_updates(&mut self, c: Command) {
+    pub(super) fn handle_updates(&mut self, c: UpdateCommand) {
         match c {
-            Command::UpdateJob {
+            UpdateCommand::UpdateJob {
                 job_id,
                 version,
                 spec,
@@ -369,7 +369,7 @@ impl Scheduler {
                 let r = self.update_job(job_id, version, *spec, *plan, update);
                 self.defer(reply, r);
             }
-            Command::GetUpdate { id, reply } => {
+            UpdateCommand::GetUpdate { id, reply } => {
                 let r = self
                     .core
                     .update(&id)
@@ -377,7 +377,7 @@ impl Scheduler {
                     .ok_or(Error::UpdateNotFound(id));
                 self.defer(reply, r);
             }
-            Command::ListUpdates { job_id, reply } => {
+            UpdateCommand::ListUpdates { job_id, reply } => {
                 let r = self.core.job_key(&job_id).map(|k| {
                     let job = self.core.job(k).expect("live");
                     job.updates
@@ -389,7 +389,7 @@ impl Scheduler {
                 });
                 self.defer(reply, r);
             }
-            Command::UpdateAction { id, action, reply } => {
+            UpdateCommand::UpdateAction { id, action, reply } => {
                 let r = self
                     .apply(Input::UpdateAction {
                         id: id.clone(),
@@ -400,11 +400,11 @@ impl Scheduler {
                     });
                 self.defer(reply, r);
             }
-            Command::ListVolumes { request, reply } => {
+            UpdateCommand::ListVolumes { request, reply } => {
                 let r = reads::list_volumes(&self.core, &request);
                 self.defer(reply, r);
             }
-            Command::GetVolume { id, reply } => {
+            UpdateCommand::GetVolume { id, reply } => {
                 let r = self
                     .core
                     .volume(&id)
@@ -412,12 +412,10 @@ impl Scheduler {
                     .ok_or(Error::VolumeNotFound(id));
                 self.defer(reply, r);
             }
-            Command::DeleteVolume { id, reply } => {
+            UpdateCommand::DeleteVolume { id, reply } => {
                 let r = self.apply(Input::DeleteVolume { id }).map(|_| ());
                 self.defer(reply, r);
             }
-            Command::Shutdown => {}
-            other => unreachable!("{other:?} is not in the updates group"),
         }
     }
 
@@ -535,64 +533,5 @@ impl Scheduler {
         hub.touch(&host, self.now);
         hub.attach(host, reg.session);
         Ok(())
-    }
-}
-
-/// The groups of commands, each with its handler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Group {
-    Access,
-    Pools,
-    Jobs,
-    Hosts,
-    Agents,
-    Updates,
-}
-
-/// A command's group. Exhaustive, without a catch-all: a new command does
-/// not build until it is given a group (and its handler, which refuses
-/// what is not its own, learns it).
-fn group(c: &Command) -> Group {
-    match c {
-        Command::App(_)
-        | Command::CreateToken { .. }
-        | Command::RevokeToken { .. }
-        | Command::IssueCertificate { .. }
-        | Command::RevokeCertificate { .. }
-        | Command::ListTokens { .. }
-        | Command::Audit(_)
-        | Command::ListAudit { .. } => Group::Access,
-        Command::CreatePool { .. }
-        | Command::UpdatePool { .. }
-        | Command::DeletePool { .. }
-        | Command::GetPool { .. }
-        | Command::ListPools { .. }
-        | Command::ListQueue { .. } => Group::Pools,
-        Command::CreateJob { .. }
-        | Command::GetJob { .. }
-        | Command::QueryJobs { .. }
-        | Command::JobAction { .. }
-        | Command::ListTasks { .. }
-        | Command::GetTask { .. }
-        | Command::TaskAction { .. } => Group::Jobs,
-        Command::ListHosts { .. }
-        | Command::CreateHostPool { .. }
-        | Command::DeleteHostPool { .. }
-        | Command::ListHostPools { .. }
-        | Command::MoveHosts { .. }
-        | Command::Maintenance { .. }
-        | Command::Watch { .. } => Group::Hosts,
-        Command::AgentRegister { .. }
-        | Command::AgentReports { .. }
-        | Command::AgentGone { .. }
-        | Command::LogTarget { .. } => Group::Agents,
-        Command::UpdateJob { .. }
-        | Command::GetUpdate { .. }
-        | Command::ListUpdates { .. }
-        | Command::UpdateAction { .. }
-        | Command::ListVolumes { .. }
-        | Command::GetVolume { .. }
-        | Command::DeleteVolume { .. }
-        | Command::Shutdown => Group::Updates,
     }
 }

@@ -12,7 +12,10 @@ use crate::store::WriteBatch;
 use super::{MAX_HELD_REPORTS, RETRY_COMMIT_MAX_MS, Scheduler};
 use crate::lifecycle::Input;
 
-use crate::command::{AppCommand, Command, Reply};
+use crate::command::{
+    AccessCommand, AgentCommand, AppCommand, Command, HostCommand, JobCommand, PoolCommand, Reply,
+    UpdateCommand,
+};
 
 impl Scheduler {
     /// Tries the failed commit again once its time has come. True when no
@@ -88,29 +91,34 @@ impl Scheduler {
             retry_s: RETRY_COMMIT_MAX_MS / 1000,
         });
         match c {
-            Command::CreatePool { reply, .. } | Command::UpdatePool { reply, .. } => {
+            Command::Pools(PoolCommand::CreatePool { reply, .. })
+            | Command::Pools(PoolCommand::UpdatePool { reply, .. }) => refuse(reply, &status),
+            Command::Pools(PoolCommand::DeletePool { reply, .. }) => refuse(reply, &status),
+            Command::Jobs(JobCommand::CreateJob { reply, .. }) => refuse(reply, &status),
+            Command::Jobs(JobCommand::JobAction { reply, .. }) => refuse(reply, &status),
+            Command::Jobs(JobCommand::TaskAction { reply, .. }) => refuse(reply, &status),
+            Command::Hosts(HostCommand::CreateHostPool { reply, .. }) => refuse(reply, &status),
+            Command::Hosts(HostCommand::DeleteHostPool { reply, .. }) => refuse(reply, &status),
+            Command::Hosts(HostCommand::MoveHosts { reply, .. }) => refuse(reply, &status),
+            Command::Hosts(HostCommand::Maintenance { reply, .. }) => refuse(reply, &status),
+            Command::Agents(AgentCommand::AgentRegister { reply, .. }) => refuse(reply, &status),
+            Command::Updates(UpdateCommand::UpdateJob { reply, .. }) => refuse(reply, &status),
+            Command::Updates(UpdateCommand::UpdateAction { reply, .. }) => refuse(reply, &status),
+            Command::Updates(UpdateCommand::DeleteVolume { reply, .. }) => refuse(reply, &status),
+            Command::Access(AccessCommand::CreateToken { reply, .. }) => refuse(reply, &status),
+            Command::Access(AccessCommand::RevokeToken { reply, .. }) => refuse(reply, &status),
+            Command::Access(AccessCommand::IssueCertificate { reply, .. }) => {
                 refuse(reply, &status)
             }
-            Command::DeletePool { reply, .. } => refuse(reply, &status),
-            Command::CreateJob { reply, .. } => refuse(reply, &status),
-            Command::JobAction { reply, .. } => refuse(reply, &status),
-            Command::TaskAction { reply, .. } => refuse(reply, &status),
-            Command::CreateHostPool { reply, .. } => refuse(reply, &status),
-            Command::DeleteHostPool { reply, .. } => refuse(reply, &status),
-            Command::MoveHosts { reply, .. } => refuse(reply, &status),
-            Command::Maintenance { reply, .. } => refuse(reply, &status),
-            Command::AgentRegister { reply, .. } => refuse(reply, &status),
-            Command::UpdateJob { reply, .. } => refuse(reply, &status),
-            Command::UpdateAction { reply, .. } => refuse(reply, &status),
-            Command::DeleteVolume { reply, .. } => refuse(reply, &status),
-            Command::CreateToken { reply, .. } => refuse(reply, &status),
-            Command::RevokeToken { reply, .. } => refuse(reply, &status),
-            Command::IssueCertificate { reply, .. } => refuse(reply, &status),
-            Command::RevokeCertificate { reply, .. } => refuse(reply, &status),
+            Command::Access(AccessCommand::RevokeCertificate { reply, .. }) => {
+                refuse(reply, &status)
+            }
             // Kept for the commit that ends the outage, up to a bound.
-            Command::Audit(entry) => {
+            Command::Access(AccessCommand::Audit(entry)) => {
                 if self.outage.held.len() < MAX_HELD_REPORTS {
-                    self.outage.held.push(Command::Audit(entry));
+                    self.outage
+                        .held
+                        .push(Command::Access(AccessCommand::Audit(entry)));
                 } else {
                     tracing::warn!(
                         ?entry,
@@ -128,41 +136,42 @@ impl Scheduler {
                 AppCommand::Unregister { reply, .. } => refuse(reply, &status),
                 read @ AppCommand::Get { .. } => Some(Command::App(read)),
             },
-            Command::AgentReports {
+            Command::Agents(AgentCommand::AgentReports {
                 host,
                 session,
                 reports,
-            } if self.outage.held_reports + reports.len() > MAX_HELD_REPORTS => {
+            }) if self.outage.held_reports + reports.len() > MAX_HELD_REPORTS => {
                 tracing::warn!(%host, "too many agent reports held while the store cannot write; closing the agent's session");
                 if let Some(hub) = &self.hub {
                     hub.detach(&host, session);
                 }
                 None
             }
-            held @ (Command::AgentReports { .. } | Command::AgentGone { .. }) => {
-                if let Command::AgentReports { reports, .. } = &held {
+            held @ (Command::Agents(AgentCommand::AgentReports { .. })
+            | Command::Agents(AgentCommand::AgentGone { .. })) => {
+                if let Command::Agents(AgentCommand::AgentReports { reports, .. }) = &held {
                     self.outage.held_reports += reports.len();
                 }
                 self.outage.held.push(held);
                 None
             }
-            read @ (Command::GetPool { .. }
-            | Command::ListPools { .. }
-            | Command::ListQueue { .. }
-            | Command::GetJob { .. }
-            | Command::QueryJobs { .. }
-            | Command::ListTasks { .. }
-            | Command::GetTask { .. }
-            | Command::ListHosts { .. }
-            | Command::ListHostPools { .. }
-            | Command::Watch { .. }
-            | Command::LogTarget { .. }
-            | Command::GetUpdate { .. }
-            | Command::ListUpdates { .. }
-            | Command::ListVolumes { .. }
-            | Command::GetVolume { .. }
-            | Command::ListTokens { .. }
-            | Command::ListAudit { .. }
+            read @ (Command::Pools(PoolCommand::GetPool { .. })
+            | Command::Pools(PoolCommand::ListPools { .. })
+            | Command::Pools(PoolCommand::ListQueue { .. })
+            | Command::Jobs(JobCommand::GetJob { .. })
+            | Command::Jobs(JobCommand::QueryJobs { .. })
+            | Command::Jobs(JobCommand::ListTasks { .. })
+            | Command::Jobs(JobCommand::GetTask { .. })
+            | Command::Hosts(HostCommand::ListHosts { .. })
+            | Command::Hosts(HostCommand::ListHostPools { .. })
+            | Command::Hosts(HostCommand::Watch { .. })
+            | Command::Agents(AgentCommand::LogTarget { .. })
+            | Command::Updates(UpdateCommand::GetUpdate { .. })
+            | Command::Updates(UpdateCommand::ListUpdates { .. })
+            | Command::Updates(UpdateCommand::ListVolumes { .. })
+            | Command::Updates(UpdateCommand::GetVolume { .. })
+            | Command::Access(AccessCommand::ListTokens { .. })
+            | Command::Access(AccessCommand::ListAudit { .. })
             | Command::Shutdown) => Some(read),
         }
     }

@@ -19,6 +19,7 @@ use crate::agent_backend::AgentBackend;
 use crate::agent_hub::{AgentHub, Registration, Session};
 use crate::backend::{HostBackend, Kill, Launch, Secrets, SimBackend, TaskUpdate};
 use crate::clock::Now;
+use crate::command::{AgentCommand, HostCommand, JobCommand, PoolCommand};
 use crate::convert;
 use crate::metrics::Metrics;
 use crate::store::{RedbStore, Snapshot, Store, StoreError, WriteBatch};
@@ -280,9 +281,11 @@ impl Shell {
         self.ask(
             label,
             |_: &()| "registered".into(),
-            |reply| Command::AgentRegister {
-                registration: Box::new(registration),
-                reply,
+            |reply| {
+                Command::Agents(AgentCommand::AgentRegister {
+                    registration: Box::new(registration),
+                    reply,
+                })
             },
         )
     }
@@ -298,9 +301,11 @@ impl Shell {
                     .collect();
                 hosts.join(", ")
             },
-            |reply| Command::ListHosts {
-                request: pb::ListHostsRequest::default(),
-                reply,
+            |reply| {
+                Command::Hosts(HostCommand::ListHosts {
+                    request: pb::ListHostsRequest::default(),
+                    reply,
+                })
             },
         )
     }
@@ -344,10 +349,12 @@ impl Shell {
         self.ask(
             label,
             |p: &pb::Pool| format!("pool {}", p.path),
-            |reply| Command::CreatePool {
-                path: path.into(),
-                config,
-                reply,
+            |reply| {
+                Command::Pools(PoolCommand::CreatePool {
+                    path: path.into(),
+                    config,
+                    reply,
+                })
             },
         )
     }
@@ -378,10 +385,12 @@ impl Shell {
         self.ask(
             label,
             move |j: &pb::Job| format!("job {}", trace.job(&j.id)),
-            |reply| Command::CreateJob {
-                spec: Box::new(spec),
-                plan: Box::new(plan),
-                reply,
+            |reply| {
+                Command::Jobs(JobCommand::CreateJob {
+                    spec: Box::new(spec),
+                    plan: Box::new(plan),
+                    reply,
+                })
             },
         )
     }
@@ -393,10 +402,12 @@ impl Shell {
                 let paths: Vec<_> = r.pools.iter().map(|p| p.path.as_str()).collect();
                 format!("pools {}", paths.join(" "))
             },
-            |reply| Command::ListPools {
-                request: pb::ListPoolsRequest::default(),
-                viewer: None,
-                reply,
+            |reply| {
+                Command::Pools(PoolCommand::ListPools {
+                    request: pb::ListPoolsRequest::default(),
+                    viewer: None,
+                    reply,
+                })
             },
         )
     }
@@ -587,23 +598,27 @@ fn refused_reads_are_answered_at_once_with_their_code() {
     let past = shell.ask(
         "tasks from 5",
         |r: &pb::ListTasksResponse| format!("{} tasks", r.tasks.len()),
-        |reply| Command::ListTasks {
-            request: pb::ListTasksRequest {
-                job_id: id.clone(),
-                from_instance: 5,
-                ..Default::default()
-            },
-            reply,
+        |reply| {
+            Command::Jobs(JobCommand::ListTasks {
+                request: pb::ListTasksRequest {
+                    job_id: id.clone(),
+                    from_instance: 5,
+                    ..Default::default()
+                },
+                reply,
+            })
         },
     );
     let logs = shell.ask(
         "logs of instance 0",
         |_: &(pb::RunKey, crate::agent_hub::Outbox)| "a session".into(),
-        |reply| Command::LogTarget {
-            job_id: id.clone(),
-            instance: 0,
-            run_id: 0,
-            reply,
+        |reply| {
+            Command::Agents(AgentCommand::LogTarget {
+                job_id: id.clone(),
+                instance: 0,
+                run_id: 0,
+                reply,
+            })
         },
     );
     shell.iterate(MS, vec![past, logs]);

@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::Api;
 use crate::access;
-use crate::command::Command;
+use crate::command::{AccessCommand, Command};
 
 /// A token name that may hold certificates: the bootstrap admin's is
 /// configuration and has none.
@@ -47,9 +47,11 @@ impl pb::access_service_server::AccessService for Api {
             certificates: Vec::new(),
         };
         let token = self
-            .call(|reply| Command::CreateToken {
-                token: Box::new(token),
-                reply,
+            .call(|reply| {
+                Command::Access(AccessCommand::CreateToken {
+                    token: Box::new(token),
+                    reply,
+                })
             })
             .await?;
         Ok(Response::new(pb::CreateTokenResponse {
@@ -71,7 +73,7 @@ impl pb::access_service_server::AccessService for Api {
             ));
         }
         access::check_token_name("name", &name)?;
-        self.call(|reply| Command::RevokeToken { name, reply })
+        self.call(|reply| Command::Access(AccessCommand::RevokeToken { name, reply }))
             .await?;
         Ok(Response::new(pb::RevokeTokenResponse {}))
     }
@@ -125,10 +127,12 @@ impl pb::access_service_server::AccessService for Api {
                 .saturating_mul(1000),
         };
         let certificate = self
-            .call(|reply| Command::IssueCertificate {
-                name: r.name.clone(),
-                certificate,
-                reply,
+            .call(|reply| {
+                Command::Access(AccessCommand::IssueCertificate {
+                    name: r.name.clone(),
+                    certificate,
+                    reply,
+                })
             })
             .await?;
         if let Some(note) = note {
@@ -151,10 +155,12 @@ impl pb::access_service_server::AccessService for Api {
         let r = request.into_inner();
         check_certificate_name(&r.name)?;
         let fingerprint = access::parse_hex("fingerprint", &r.fingerprint)?;
-        self.call(|reply| Command::RevokeCertificate {
-            name: r.name,
-            fingerprint,
-            reply,
+        self.call(|reply| {
+            Command::Access(AccessCommand::RevokeCertificate {
+                name: r.name,
+                fingerprint,
+                reply,
+            })
         })
         .await?;
         Ok(Response::new(pb::RevokeCertificateResponse {}))
@@ -165,7 +171,9 @@ impl pb::access_service_server::AccessService for Api {
         request: Request<pb::ListTokensRequest>,
     ) -> Result<Response<pb::ListTokensResponse>, Status> {
         access::require(&request, Permission::TokensAdmin, "/", "")?;
-        let tokens = self.call(|reply| Command::ListTokens { reply }).await?;
+        let tokens = self
+            .call(|reply| Command::Access(AccessCommand::ListTokens { reply }))
+            .await?;
         Ok(Response::new(pb::ListTokensResponse { tokens }))
     }
 
@@ -186,7 +194,7 @@ impl pb::access_service_server::AccessService for Api {
         access::require(&request, Permission::AuditRead, "/", "")?;
         let request = request.into_inner();
         let out = self
-            .call(|reply| Command::ListAudit { request, reply })
+            .call(|reply| Command::Access(AccessCommand::ListAudit { request, reply }))
             .await?;
         Ok(Response::new(out))
     }

@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 
 use super::{Api, check_id};
 use crate::access;
-use crate::command::{AppCommand, Command};
+use crate::command::{AppCommand, Command, JobCommand};
 use crate::convert;
 use peloton_authz::Permission;
 
@@ -396,10 +396,12 @@ async fn exit_codes(api: &Api, id: &str, events: &mut [pb::ExecutorEvent]) {
             continue;
         };
         let task = api
-            .call(|reply| Command::GetTask {
-                job_id: id.to_string(),
-                instance,
-                reply,
+            .call(|reply| {
+                Command::Jobs(JobCommand::GetTask {
+                    job_id: id.to_string(),
+                    instance,
+                    reply,
+                })
             })
             .await;
         if let Ok(t) = task

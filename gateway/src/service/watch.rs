@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use super::watch_buffers::*;
 use super::{Api, gone};
 use crate::access;
-use crate::command::Command;
+use crate::command::{Command, HostCommand};
 use crate::convert;
 use crate::store::Store;
 use peloton_authz::Permission;
@@ -337,7 +337,7 @@ impl WatchService for Api {
         convert::id("job_id", &r.job_id)?;
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Command::Watch { reply })
+            .send(Command::Hosts(HostCommand::Watch { reply }))
             .await
             .map_err(|_| gone())?;
         let (committed, live) = answer.await.map_err(|_| gone())?;
