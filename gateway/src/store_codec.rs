@@ -2,10 +2,10 @@
 //! read messages (a change to what the API shows does not change what the
 //! store holds, nor the other way round). Each row is encoded from the
 //! core's (and the engine's) own types and decoded into what recovery
-//! needs: jobs, tasks, job configs, pools, updates, volumes, hosts,
-//! tokens (with their certificates), audit entries and secrets. (Host
-//! pools and their members are names only; event rows have their compact
-//! form, `persist::encode_events`.)
+//! needs: jobs, tasks, pools, updates, volumes, hosts, tokens (with their
+//! certificates), audit entries and secrets. A job config's row is the
+//! job's spec as its user sent it. (Host pools and their members are names
+//! only; event rows have their compact form, `persist::encode_events`.)
 //!
 //! A row of this codec starts with [`ROW_V1`]: a 0 byte, which no protobuf
 //! message starts with (field number 0 does not exist), then the version.
@@ -883,13 +883,20 @@ struct OldStoredToken {
     digest: Vec<u8>,
 }
 
-/// Roles by their stored number less one.
-const ROLES: [Role; 4] = [
-    Role::Viewer,
-    Role::Submitter,
-    Role::PoolAdmin,
-    Role::ClusterAdmin,
-];
+/// A role's stored number.
+fn role_number(role: Role) -> u32 {
+    match role {
+        Role::Viewer => 1,
+        Role::Submitter => 2,
+        Role::PoolAdmin => 3,
+        Role::ClusterAdmin => 4,
+    }
+}
+
+/// The role of a stored number.
+fn role_of(number: u32) -> Option<Role> {
+    Role::ALL.into_iter().find(|r| role_number(*r) == number)
+}
 
 /// A token's row.
 pub fn encode_token(t: &Token) -> Vec<u8> {
@@ -899,10 +906,7 @@ pub fn encode_token(t: &Token) -> Vec<u8> {
             .grants
             .iter()
             .map(|g| StoredGrant {
-                role: ROLES
-                    .iter()
-                    .position(|r| *r == g.role())
-                    .map_or(0, |i| i as u32 + 1),
+                role: role_number(g.role()),
                 pool: g.pool().to_string(),
             })
             .collect(),
@@ -959,11 +963,8 @@ pub fn decode_token(name: &str, row: &[u8]) -> Result<Result<Token, String>, Str
         .grants
         .iter()
         .map(|g| {
-            let role = (g.role as usize)
-                .checked_sub(1)
-                .and_then(|i| ROLES.get(i))
-                .ok_or_else(|| format!("role {} is unknown", g.role))?;
-            Grant::new(*role, &g.pool).map_err(|e| e.0)
+            let role = role_of(g.role).ok_or_else(|| format!("role {} is unknown", g.role))?;
+            Grant::new(role, &g.pool).map_err(|e| e.0)
         })
         .collect::<Result<Vec<_>, String>>();
     Ok(grants.map(|grants| Token {
