@@ -1,7 +1,8 @@
 //! The only place that encodes store rows: the core's row keys and events
-//! become rows of a [`WriteBatch`] (jobs, tasks and configs in their own
-//! versioned messages, [`crate::store_codec`]); and, at start, the store's
-//! rows become the core's [`Recovered`] input.
+//! become rows of a [`WriteBatch`] (every row but events in its own
+//! versioned message, [`crate::store_codec`], encoded from the core's and
+//! the engine's state); and, at start, the store's rows become the core's
+//! [`Recovered`] input.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,14 +22,6 @@ use crate::store_codec;
 
 use crate::reads;
 
-/// A job's secrets as stored in the `secrets` table (apart from its spec
-/// rows).
-#[derive(Clone, PartialEq, prost::Message)]
-struct StoredSecrets {
-    #[prost(message, repeated, tag = "1")]
-    secrets: Vec<pb::Secret>,
-}
-
 /// The stored secrets by job id (the core drops those of jobs that are
 /// gone, and their rows).
 pub(crate) fn recovered_secrets(
@@ -37,9 +30,8 @@ pub(crate) fn recovered_secrets(
     snap.secrets
         .iter()
         .map(|(id, bytes)| {
-            let stored = StoredSecrets::decode(bytes.as_slice())
-                .map_err(|e| anyhow::anyhow!("stored secrets of job {id}: {e}"))?;
-            Ok((id.clone(), crate::codec::from_pb(stored.secrets)))
+            let secrets = store_codec::decode_secrets(id, bytes).map_err(anyhow::Error::msg)?;
+            Ok((id.clone(), secrets))
         })
         .collect()
 }
@@ -350,9 +342,10 @@ pub(crate) fn rows(
             }
             RowKey::TaskDeleted(id, i) => batch.tasks.push(((id, i), None)),
             RowKey::Pool(path) => {
-                if let Ok(id) = engine.resources().tree().resolve(&path) {
-                    let pool = reads::pool_to_pb(engine, core, id);
-                    batch.pools.push((path, Some(pool.encode_to_vec())));
+                let tree = engine.resources().tree();
+                if let Ok(id) = tree.resolve(&path) {
+                    let row = store_codec::encode_pool(tree.config(id), core.pool_version(&path));
+                    batch.pools.push((path, Some(row)));
                 }
             }
             RowKey::PoolDeleted(path) => {
@@ -369,23 +362,32 @@ pub(crate) fn rows(
             RowKey::ConfigDeleted(id, v) => batch.configs.push(((id, v), None)),
             RowKey::Update(id) => {
                 if let Some(u) = core.update(&id) {
-                    let row = reads::update_to_pb(core, u).encode_to_vec();
+                    let job = core.job(u.job).map(|j| &*j.id).unwrap_or_default();
+                    let row = store_codec::encode_update(u, job);
                     batch.updates.push((id.to_string(), Some(row)));
                 }
             }
             RowKey::UpdateDeleted(id) => batch.updates.push((id.to_string(), None)),
             RowKey::Volume(k, i) => {
                 if let Some(v) = core.volume_of(k, i) {
-                    let row = reads::volume_to_pb(core, v).encode_to_vec();
+                    let job = core.job(v.job).map(|j| &*j.id).unwrap_or_default();
+                    let row = store_codec::encode_volume(v, job, core.host_name(v.host));
                     batch.volumes.push((v.id.to_string(), Some(row)));
                 }
             }
             RowKey::VolumeDeleted(id) => batch.volumes.push((id.to_string(), None)),
             RowKey::Host(slot) => {
-                if let Some(host) = reads::host_row(engine, core, slot) {
-                    batch
-                        .hosts
-                        .push((host.name.clone(), Some(host.encode_to_vec())));
+                let hosts = engine.hosts();
+                if let Some(id) = hosts.lookup_slot(slot.idx()) {
+                    let spec = hosts.spec(id).expect("a live host has a spec");
+                    let agent = core.agent_host(slot);
+                    let row = store_codec::encode_host(
+                        &spec,
+                        core.in_maintenance(slot),
+                        agent.map_or("", |a| a.isolation.as_str()),
+                        agent.map_or("", |a| &*a.agent_id),
+                    );
+                    batch.hosts.push((spec.name, Some(row)));
                 }
             }
         }
@@ -405,10 +407,9 @@ pub(crate) fn recovered(
 ) -> anyhow::Result<(Recovered, Vec<SpecInJobRow>)> {
     let mut rec = Recovered::default();
     for (path, bytes) in &snap.pools {
-        let pool = pb::Pool::decode(bytes.as_slice())?;
-        let config = convert::pool_config(pool.spec.as_ref())
-            .map_err(|e| anyhow::anyhow!("stored pool {path}: {}", e.message()))?;
-        rec.pools.push((path.clone(), config, pool.version));
+        let (config, version) =
+            store_codec::decode_pool(path, bytes).map_err(anyhow::Error::msg)?;
+        rec.pools.push((path.clone(), config, version));
     }
     rec.hosts = recovered_hosts(snap, agent_mode)?;
     rec.volumes = recovered_volumes(snap)?;
@@ -439,12 +440,9 @@ pub(crate) fn recovered(
         );
     }
     let mut updates_by_job: FxHashMap<String, Vec<crate::lifecycle::Update>> = FxHashMap::default();
-    for (_, bytes) in &snap.updates {
-        let u = pb::Update::decode(bytes.as_slice())?;
-        updates_by_job
-            .entry(u.job_id.clone())
-            .or_default()
-            .push(reads::update_from_pb(&u));
+    for (id, bytes) in &snap.updates {
+        let (job, u) = store_codec::decode_update(id, bytes).map_err(anyhow::Error::msg)?;
+        updates_by_job.entry(job).or_default().push(u);
     }
     let mut in_rows = Vec::new();
     for (id, bytes) in &snap.jobs {
@@ -488,55 +486,20 @@ pub(crate) fn recovered(
 
 /// The stored hosts (agent hosts with their specs).
 fn recovered_hosts(snap: &Snapshot, agent_mode: bool) -> anyhow::Result<Vec<RecoveredHost>> {
-    let mut out = Vec::with_capacity(snap.hosts.len());
-    for (name, bytes) in &snap.hosts {
-        let host = pb::Host::decode(bytes.as_slice())?;
-        let spec = if agent_mode {
-            // (The core sets its stored host pool: the attribute is not in
-            // the row.)
-            let spec =
-                convert::host_spec(&host.name, host.capacity.as_ref(), &host.attributes, 1000)
-                    .map_err(|e| anyhow::anyhow!("stored host {name}: {}", e.message()))?;
-            Some(spec)
-        } else {
-            None
-        };
-        out.push(RecoveredHost {
-            name: name.clone(),
-            spec,
-            maintenance: host.state() != pb::HostState::Up,
-            isolation: host.isolation,
-            agent_id: host.agent_id.as_str().into(),
-        });
-    }
-    Ok(out)
+    snap.hosts
+        .iter()
+        .map(|(name, bytes)| {
+            store_codec::decode_host(name, bytes, agent_mode).map_err(anyhow::Error::msg)
+        })
+        .collect()
 }
 
 /// The stored volumes.
 fn recovered_volumes(snap: &Snapshot) -> anyhow::Result<Vec<RecoveredVolume>> {
-    let mut out = Vec::with_capacity(snap.volumes.len());
-    for (id, bytes) in &snap.volumes {
-        let v = pb::Volume::decode(bytes.as_slice())?;
-        out.push(RecoveredVolume {
-            id: id.clone(),
-            job_id: v.job_id,
-            instance: v.instance,
-            host: v.host,
-            size_mb: v.size_mb,
-            path: v.path,
-            created_at: v.created_at_ms,
-        });
-    }
-    Ok(out)
-}
-
-/// A token as stored: as listed, and its secret's digest.
-#[derive(Clone, PartialEq, prost::Message)]
-struct StoredToken {
-    #[prost(message, optional, tag = "1")]
-    token: Option<pb::Token>,
-    #[prost(bytes = "vec", tag = "2")]
-    digest: Vec<u8>,
+    snap.volumes
+        .iter()
+        .map(|(id, bytes)| store_codec::decode_volume(id, bytes).map_err(anyhow::Error::msg))
+        .collect()
 }
 
 /// The stored tokens and audit entries. A token whose grants are no
@@ -549,26 +512,18 @@ pub(crate) fn recovered_access(
 )> {
     let mut tokens = Vec::with_capacity(snap.tokens.len());
     for (name, bytes) in &snap.tokens {
-        let stored = StoredToken::decode(bytes.as_slice())
-            .map_err(|e| anyhow::anyhow!("stored token {name}: {e}"))?;
-        let digest: crate::access::Digest32 = stored
-            .digest
-            .as_slice()
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("stored token {name}: its digest is not 32 bytes"))?;
-        match crate::codec::token_from_pb(stored.token.unwrap_or_default(), digest) {
+        match store_codec::decode_token(name, bytes).map_err(anyhow::Error::msg)? {
             Ok(t) => tokens.push(t),
             Err(e) => {
-                tracing::error!(token = %name, error = %e.message(), "a stored token's grants are not valid: it is refused");
+                tracing::error!(token = %name, error = %e, "a stored token's grants are not valid: it is refused");
             }
         }
     }
-    let mut audit = Vec::with_capacity(snap.audit.len());
-    for (key, bytes) in &snap.audit {
-        let e = pb::AuditEntry::decode(bytes.as_slice())
-            .map_err(|e| anyhow::anyhow!("audit entry {key}: {e}"))?;
-        audit.push(crate::codec::audit_from_pb(e));
-    }
+    let audit = snap
+        .audit
+        .iter()
+        .map(|(key, bytes)| store_codec::decode_audit(key, bytes).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
     Ok((tokens, audit))
 }
 
@@ -588,20 +543,14 @@ pub(crate) fn state_rows(
                 batch.host_pools.push((name.to_string(), exists));
             }
             StateRow::Token(name) => {
-                let row = core.access().token(&name).map(|t| {
-                    StoredToken {
-                        token: Some(crate::codec::token_to_pb(t)),
-                        digest: t.digest.to_vec(),
-                    }
-                    .encode_to_vec()
-                });
+                let row = core.access().token(&name).map(store_codec::encode_token);
                 batch.tokens.push((name.to_string(), row));
             }
             StateRow::Audit(seq) => {
                 let row = core
                     .access()
                     .audit_entry(seq)
-                    .map(|e| crate::codec::audit_to_pb(e).encode_to_vec());
+                    .map(store_codec::encode_audit);
                 batch.audit.push((crate::store::audit_key(seq), row));
             }
             StateRow::Secrets(id) => {
@@ -609,12 +558,7 @@ pub(crate) fn state_rows(
                     .job_key(&id)
                     .ok()
                     .and_then(|k| core.secrets_of(k))
-                    .map(|s| {
-                        StoredSecrets {
-                            secrets: crate::codec::to_pb(s),
-                        }
-                        .encode_to_vec()
-                    });
+                    .map(|s| store_codec::encode_secrets(s));
                 batch.secrets.push((id.to_string(), row));
             }
             StateRow::HostPoolMember(host) => {

@@ -4,7 +4,7 @@
 //!
 //! The tables mirror the embedded store's (`store.rs`), one per redb table,
 //! named `peloton_*`, keys as columns (text in byte order: `COLLATE "C"`)
-//! and values as the same protobuf bytes. The service creates and migrates
+//! and values as the same rows (`store_codec`). The service creates and migrates
 //! its schema itself: `peloton_migrations` records the versions applied,
 //! each applied once in its own transaction under an advisory lock (two
 //! servers starting together do not race), and a server refuses a database
@@ -112,6 +112,13 @@ CREATE TABLE peloton_audit (key text COLLATE "C" PRIMARY KEY, value bytea NOT NU
         // (`store_codec`: a version prefix and messages of their own). No
         // table changes; the version tells an older pelotond, which could
         // not read them, to refuse the database rather than fail on a row.
+        "SELECT 1;",
+    ),
+    (
+        4,
+        // Every other row (pools, updates, volumes, hosts, tokens, audit
+        // entries, secrets) is written in the stored-row codec too: an
+        // older pelotond could not read them either.
         "SELECT 1;",
     ),
 ];
@@ -223,10 +230,11 @@ pub fn migrate(client: &mut Client) -> Result<(), StoreError> {
         .get(0);
     let newest = MIGRATIONS.last().map_or(0, |m| m.0);
     if current > newest {
-        return Err(StoreError::msg(format!(
-            "the database's schema is version {current}, newer than this pelotond knows ({newest}): \
-             run a pelotond at least as new as the one that migrated it"
-        )));
+        // (The transaction ends unapplied: nothing changes.)
+        return Err(crate::store::newer_schema(
+            u64::try_from(current).unwrap_or_default(),
+            u64::try_from(newest).unwrap_or_default(),
+        ));
     }
     for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         tx.batch_execute(sql)

@@ -13,8 +13,7 @@ use prost::Message;
 use crate::convert;
 use crate::lifecycle::units::amount;
 use crate::lifecycle::{
-    Error, HostSlot, Job, JobKey, JobPlan, Lifecycle, Task, TaskState as S, Update, UpdateSpec,
-    UpdateState,
+    Error, HostSlot, Job, JobKey, JobPlan, Lifecycle, Task, TaskState as S, Update, UpdateState,
 };
 use crate::metrics::{Metrics, PoolDimLabels, PoolLabels};
 use crate::paging::{self, PageBytes};
@@ -215,7 +214,7 @@ pub(crate) fn job_without_spec(job: &Job) -> pb::Job {
     }
 }
 
-/// An update as the API shows it (and the store keeps it).
+/// An update as the API shows it.
 pub(crate) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
     let state =
         |s: UpdateState| pb::UpdateState::try_from(s as i32).expect("same numbering") as i32;
@@ -247,65 +246,6 @@ pub(crate) fn update_to_pb(core: &Lifecycle, u: &Update) -> pb::Update {
             reason: u.reason.as_deref().unwrap_or_default().to_string(),
             instances_failed_rolling_back: u.failed_back.iter().copied().collect(),
         }),
-    }
-}
-
-/// A stored update as the core's.
-pub(crate) fn update_from_pb(u: &pb::Update) -> Update {
-    let state_of = |raw: i32| {
-        [
-            UpdateState::Initialized,
-            UpdateState::RollingForward,
-            UpdateState::Succeeded,
-            UpdateState::Failed,
-            UpdateState::RollingBackward,
-            UpdateState::RolledBack,
-            UpdateState::Paused,
-            UpdateState::Aborted,
-        ]
-        .into_iter()
-        .find(|s| *s as i32 == raw)
-    };
-    let spec = u.spec.unwrap_or_default();
-    let status = u.status.clone().unwrap_or_default();
-    let state = state_of(status.state).unwrap_or(UpdateState::Aborted);
-    // An ended update's row was last written when it ended: its counts are
-    // the ones it ended with. A row without them (no instances counted) has
-    // them derived again.
-    let final_counts = (state.is_terminal() && status.instances_total > 0).then_some(
-        crate::lifecycle::UpdateCounts {
-            done: status.instances_done,
-            total: status.instances_total,
-        },
-    );
-    Update {
-        id: u.id.as_str().into(),
-        job: JobKey(u32::MAX), // set by recovery
-        spec: UpdateSpec {
-            batch_size: spec.batch_size.max(1),
-            max_instance_retries: spec.max_instance_retries,
-            max_failed_instances: spec.max_failed_instances,
-            rollback_on_failure: spec.rollback_on_failure,
-            start_paused: spec.start_paused,
-        },
-        from: u.from_version,
-        to: u.to_version,
-        state,
-        paused_from: state_of(status.paused_from),
-        // Instances already on the goal are skipped again: the cursor need
-        // not be stored.
-        cursor: 0,
-        in_progress: status.instances_in_progress.iter().copied().collect(),
-        failed: status.instances_failed.iter().copied().collect(),
-        failed_back: status
-            .instances_failed_rolling_back
-            .iter()
-            .copied()
-            .collect(),
-        final_counts,
-        created_at: status.created_at_ms,
-        completed_at: status.completed_at_ms,
-        reason: (!status.reason.is_empty()).then(|| status.reason.as_str().into()),
     }
 }
 
@@ -395,7 +335,7 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
     }
 }
 
-/// A volume as the API shows it (and the store keeps it).
+/// A volume as the API shows it.
 pub(crate) fn volume_to_pb(core: &Lifecycle, v: &crate::lifecycle::Volume) -> pb::Volume {
     pb::Volume {
         id: v.id.to_string(),
@@ -859,38 +799,8 @@ pub(crate) fn list_hosts(
     out
 }
 
-/// A host's stored row: registration and the maintenance state an operator
-/// set.
-pub(crate) fn host_row(engine: &Engine, core: &Lifecycle, slot: HostSlot) -> Option<pb::Host> {
-    let hosts = engine.hosts();
-    let id = hosts.lookup_slot(slot.idx())?;
-    let state = if core.in_maintenance(slot) {
-        match hosts.state(id) {
-            HostState::Draining => pb::HostState::Draining,
-            _ => pb::HostState::Down,
-        }
-    } else {
-        pb::HostState::Up
-    };
-    Some(pb::Host {
-        name: hosts.name(id).to_string(),
-        capacity: Some(convert::resources_to_pb(hosts.capacity(slot.idx()))),
-        state: state as i32,
-        attributes: host_attributes(hosts, slot.0),
-        isolation: core
-            .agent_host(slot)
-            .map(|a| a.isolation.clone())
-            .unwrap_or_default(),
-        agent_id: core
-            .agent_host(slot)
-            .map(|a| a.agent_id.to_string())
-            .unwrap_or_default(),
-        ..Default::default()
-    })
-}
-
-/// A host's attributes as shown and stored: without its host pool (shown
-/// as `Host.host_pool`, stored in its own table).
+/// A host's attributes as shown: without its host pool (shown as
+/// `Host.host_pool`).
 pub(crate) fn host_attributes(
     hosts: &HostArena,
     slot: u32,

@@ -5,34 +5,42 @@
 //! its in-memory state, collects every row they change in a [`WriteBatch`],
 //! and commits the batch in one transaction before it answers any of them:
 //! under load many requests share one commit (group commit), and an answer
-//! means the write is durable. Values are protobuf-encoded `peloton.v1`
-//! messages, so the format is versioned with the API.
+//! means the write is durable. Values are rows of the stored-row codec
+//! (`store_codec`: messages of their own behind a version prefix, apart
+//! from the API's), and the store as a whole has a schema version
+//! ([`SCHEMA_VERSION`], in `meta`): a server refuses a store written by a
+//! newer one rather than failing on some row it cannot read.
 //!
 //! Tables:
-//! - `pools`: path → `Pool` (spec and version);
-//! - `jobs`: job id → `Job` (status and version, without its spec: the row
-//!   is rewritten at every change of the job's state, the spec never);
-//! - `tasks`: (job id, instance) → `Task` (current run, failure count,
-//!   history). An instance without a row has not started its first run;
-//! - `hosts`: host name → `Host` (the maintenance state an operator set);
-//! - `configs`: (job id, config version) → `JobSpec`: the job's current
-//!   spec and those some instance still runs or an update may roll back to
-//!   (rows written before the spec left the job row also carry it there);
-//! - `updates`: update id → `Update` (spec, state, progress);
-//! - `volumes`: volume id → `Volume` (job, instance, host, size);
-//! - `events`: first revision of a commit → `WatchResponse` holding that
-//!   commit's events, trimmed to a bounded retention;
+//! - `pools`: path → `StoredPool` (configuration and version);
+//! - `jobs`: job id → `StoredJob` (status and versions, without its spec:
+//!   the row is rewritten at every change of the job's state, the spec
+//!   never);
+//! - `tasks`: (job id, instance) → `StoredTask` (current run, failure
+//!   count, history). An instance without a row has not started its first
+//!   run;
+//! - `hosts`: host name → `StoredHost` (an agent host's registration, the
+//!   maintenance an operator set);
+//! - `configs`: (job id, config version) → the `JobSpec` as sent: the job's
+//!   current spec and those some instance still runs or an update may roll
+//!   back to (rows written before the spec left the job row also carry it
+//!   there);
+//! - `updates`: update id → `StoredUpdate` (spec, state, progress);
+//! - `volumes`: volume id → `StoredVolume` (job, instance, host, size);
+//! - `events`: first revision of a commit → that commit's events (a compact
+//!   row, `persist::encode_events`), trimmed to a bounded retention;
 //! - `host_pools`: host pool name → empty value (the pools that exist
 //!   besides "default", which always exists);
 //! - `host_pool_members`: host name → host pool name, for hosts outside
 //!   "default" (a host without a row is in "default");
 //! - `secrets`: job id → the job's secrets (`StoredSecrets`), kept apart
 //!   from the job and config rows, which never hold them;
-//! - `tokens`: token name → `StoredToken` (the token as listed and the
+//! - `tokens`: token name → `StoredToken` (grants, certificates and the
 //!   SHA-256 digest of its secret; never the secret);
 //! - `audit`: sequence number (20 decimal digits, so text order is number
-//!   order) → `AuditEntry`, trimmed to the last 100,000;
-//! - `meta`: counters (the last revision).
+//!   order) → `StoredAuditEntry`, trimmed to the last 100,000;
+//! - `meta`: the schema version and counters (the last revision). Its key
+//!   and value types never change, so any server can read the version.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -56,6 +64,27 @@ const TOKENS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("tokens");
 const AUDIT: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("audit");
 
 const META_REVISION: &str = "revision";
+const META_SCHEMA_VERSION: &str = "schema_version";
+
+/// The schema version of the embedded store this binary writes, and the
+/// newest it reads:
+/// 1. rows as the API's messages (job, task and config rows later in the
+///    stored-row codec); the version was not recorded;
+/// 2. every row in the stored-row codec (`store_codec`), the version
+///    recorded in `meta`.
+///
+/// A store of an older version is upgraded as it is opened (every version
+/// so far reads the rows of the ones before: recording the version is
+/// the upgrade); one of a newer version is refused.
+pub const SCHEMA_VERSION: u64 = 2;
+
+/// The refusal of a store whose schema is newer than this binary reads.
+pub fn newer_schema(found: u64, known: u64) -> StoreError {
+    StoreError(format!(
+        "store schema version {found} was written by a newer pelotond; this binary reads up \
+         to {known}: run a pelotond at least as new as the one that wrote it"
+    ))
+}
 
 /// A storage failure. A failed commit is not fatal: the loop keeps the
 /// batch, refuses writes and tries it again until it lands (see
@@ -232,6 +261,10 @@ impl RedbStore {
     /// Opens (or creates) `dir/peloton.redb` with a page cache of
     /// `cache_bytes`. The loop reads the store only at start (and watch
     /// replays read event rows), so a small cache costs little.
+    ///
+    /// A new store, or one of an older schema, gets this binary's
+    /// [`SCHEMA_VERSION`]; one written by a newer binary is refused and
+    /// left as it was.
     pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError(format!("cannot create data dir {}: {e}", dir.display())))?;
@@ -242,6 +275,38 @@ impl RedbStore {
             .map_err(|e| StoreError(format!("cannot open {}: {e}", path.display())))?;
         let txn = db.begin_write().map_err(StoreError::from)?;
         {
+            let fresh = txn
+                .list_tables()
+                .map_err(StoreError::from)?
+                .next()
+                .is_none();
+            let mut meta = txn.open_table(META).map_err(StoreError::from)?;
+            let found = meta
+                .get(META_SCHEMA_VERSION)
+                .map_err(StoreError::from)?
+                .map(|v| v.value());
+            match found {
+                Some(v) if v > SCHEMA_VERSION => {
+                    drop(meta);
+                    txn.abort().map_err(StoreError::from)?;
+                    return Err(newer_schema(v, SCHEMA_VERSION));
+                }
+                Some(SCHEMA_VERSION) => {}
+                _ => {
+                    meta.insert(META_SCHEMA_VERSION, SCHEMA_VERSION)
+                        .map_err(StoreError::from)?;
+                    if !fresh {
+                        tracing::info!(
+                            from = found.unwrap_or(1),
+                            to = SCHEMA_VERSION,
+                            path = %path.display(),
+                            "store schema upgraded"
+                        );
+                    }
+                }
+            }
+        }
+        {
             txn.open_table(POOLS).map_err(StoreError::from)?;
             txn.open_table(JOBS).map_err(StoreError::from)?;
             txn.open_table(TASKS).map_err(StoreError::from)?;
@@ -250,7 +315,6 @@ impl RedbStore {
             txn.open_table(UPDATES).map_err(StoreError::from)?;
             txn.open_table(VOLUMES).map_err(StoreError::from)?;
             txn.open_table(EVENTS).map_err(StoreError::from)?;
-            txn.open_table(META).map_err(StoreError::from)?;
             txn.open_table(HOST_POOLS).map_err(StoreError::from)?;
             txn.open_table(HOST_POOL_MEMBERS)
                 .map_err(StoreError::from)?;
@@ -459,5 +523,100 @@ impl Store for RedbStore {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::TableHandle;
+
+    /// The raw database of a store in `dir` (no store open on it).
+    fn raw(dir: &Path) -> Database {
+        Database::create(dir.join("peloton.redb")).expect("open the file")
+    }
+
+    /// The schema version recorded, and the tables there are.
+    fn recorded(dir: &Path) -> (Option<u64>, Vec<String>) {
+        let db = raw(dir);
+        let txn = db.begin_read().unwrap();
+        let mut tables: Vec<String> = txn
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_string())
+            .collect();
+        tables.sort();
+        let version = txn
+            .open_table(META)
+            .ok()
+            .and_then(|m| m.get(META_SCHEMA_VERSION).unwrap().map(|v| v.value()));
+        (version, tables)
+    }
+
+    #[test]
+    fn a_new_store_records_the_schema_version_it_is_written_in() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(RedbStore::open_with_cache(dir.path(), 1 << 20).expect("create"));
+        assert_eq!(recorded(dir.path()).0, Some(SCHEMA_VERSION));
+        // And opens again as it is.
+        drop(RedbStore::open_with_cache(dir.path(), 1 << 20).expect("reopen"));
+        assert_eq!(recorded(dir.path()).0, Some(SCHEMA_VERSION));
+    }
+
+    /// A store written before the version was recorded (version 1): its
+    /// rows load and it is upgraded (the version recorded).
+    #[test]
+    fn a_store_without_a_schema_version_is_upgraded_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = raw(dir.path());
+            let txn = db.begin_write().unwrap();
+            txn.open_table(JOBS)
+                .unwrap()
+                .insert("j", &b"old row"[..])
+                .unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(META_REVISION, 7)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        assert_eq!(recorded(dir.path()).0, None);
+        let store = RedbStore::open_with_cache(dir.path(), 1 << 20).expect("upgrade");
+        let snap = store.load().expect("load");
+        assert_eq!(snap.jobs, [("j".to_string(), b"old row".to_vec())]);
+        assert_eq!(snap.revision, 7);
+        drop(store);
+        assert_eq!(recorded(dir.path()).0, Some(SCHEMA_VERSION));
+    }
+
+    /// A binary rolled back onto a store a newer one wrote refuses it,
+    /// naming both versions, and changes nothing (no table created, the
+    /// version kept).
+    #[test]
+    fn a_store_of_a_newer_schema_is_refused_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let newer = SCHEMA_VERSION + 1;
+        {
+            let db = raw(dir.path());
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(META_SCHEMA_VERSION, newer)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let before = recorded(dir.path());
+        assert_eq!(before, (Some(newer), vec!["meta".to_string()]));
+        let err = RedbStore::open_with_cache(dir.path(), 1 << 20).expect_err("a newer schema");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "store: store schema version {newer} was written by a newer pelotond; this \
+                 binary reads up to {SCHEMA_VERSION}: run a pelotond at least as new as the one \
+                 that wrote it"
+            )
+        );
+        assert_eq!(recorded(dir.path()), before);
     }
 }

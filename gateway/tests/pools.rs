@@ -459,3 +459,53 @@ async fn a_pools_queue_is_listed_in_admission_order_priority_then_arrival() {
     wait_job(&c, &high.id, pb::JobState::Running).await;
     s.shutdown().await;
 }
+
+/// Pool rows written by servers before the stored-row codec (the API's
+/// `Pool` message, as a read shows it) still recover, with their versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_rows_written_as_the_apis_messages_still_recover() {
+    use peloton_gateway::store::WriteBatch;
+    use peloton_gateway::store_codec::ROW_V1;
+    use prost::Message;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let s = TestServer::start_in(dir.path(), 2).await;
+    let mut c = s.clients.clone();
+    create_pool(&mut c, "/a", pool_spec(2.0, 512.0)).await;
+    let mut static_pool = pool_spec(1.0, 0.0);
+    static_pool.kind = pb::PoolKind::Static as i32;
+    static_pool.share = 3.0;
+    create_pool(&mut c, "/a/b", static_pool).await;
+    c.pools
+        .update(pb::UpdatePoolRequest {
+            path: "/a".into(),
+            spec: Some(pool_spec(3.0, 512.0)),
+            version: 1,
+        })
+        .await
+        .expect("update");
+    let before = pools_without_status(&mut c).await;
+    s.shutdown().await;
+    {
+        let store = open_store(dir.path());
+        let snap = store.load().expect("load");
+        let stored: Vec<&str> = snap.pools.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(stored, ["/a", "/a/b"]);
+        assert!(snap.pools.iter().all(|(_, row)| row[..2] == ROW_V1));
+        let pools = before
+            .iter()
+            .filter(|p| stored.contains(&p.path.as_str()))
+            .map(|p| (p.path.clone(), Some(p.encode_to_vec())))
+            .collect();
+        store
+            .commit(&WriteBatch {
+                pools,
+                revision: snap.revision,
+                ..WriteBatch::default()
+            })
+            .expect("commit");
+    }
+    let s = TestServer::start_in(dir.path(), 2).await;
+    let mut c = s.clients.clone();
+    assert_eq!(pools_without_status(&mut c).await, before);
+    s.shutdown().await;
+}

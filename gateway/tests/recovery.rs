@@ -1,5 +1,6 @@
 //! The real `pelotond` binary: a SIGKILL while tasks run loses no
-//! acknowledged job, and SIGTERM shuts down cleanly.
+//! acknowledged job, SIGTERM shuts down cleanly, and a store written by a
+//! newer pelotond is refused at start.
 
 mod common;
 
@@ -169,4 +170,60 @@ async fn sigterm_with_a_watch_open_exits_zero() {
     assert_eq!(status.code(), Some(0), "{status:?}");
     let end = within("the watch to end", stream.message()).await;
     assert!(!matches!(end, Ok(Some(_))), "{end:?}");
+}
+
+/// A pelotond rolled back onto a store that a newer one wrote refuses to
+/// start, naming both schema versions, rather than failing on some row it
+/// cannot read; the store is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_written_by_a_newer_pelotond_is_refused_at_start() {
+    use peloton_gateway::store::SCHEMA_VERSION;
+    use redb::{ReadableDatabase, TableDefinition};
+    const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("peloton.redb");
+    let newer = SCHEMA_VERSION + 1;
+    {
+        let db = redb::Database::create(&file).expect("create the store");
+        let txn = db.begin_write().expect("write");
+        txn.open_table(META)
+            .expect("meta")
+            .insert("schema_version", newer)
+            .expect("insert");
+        txn.commit().expect("commit");
+    }
+    let out = within(
+        "pelotond to refuse the store",
+        Command::new(env!("CARGO_BIN_EXE_pelotond"))
+            .args(pelotond_secure_args())
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--no-metrics",
+                "--sim-hosts",
+                "1",
+            ])
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("pelotond runs");
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "store schema version {newer} was written by a newer pelotond; this binary reads up \
+             to {SCHEMA_VERSION}"
+        )),
+        "{stderr}"
+    );
+    let db = redb::Database::open(&file).expect("open the store");
+    let txn = db.begin_read().expect("read");
+    let version = txn.open_table(META).expect("meta").get("schema_version");
+    assert_eq!(version.expect("get").map(|v| v.value()), Some(newer));
+    let tables = txn.list_tables().expect("tables").count();
+    assert_eq!(tables, 1, "pelotond created tables in a store it refused");
 }

@@ -384,11 +384,32 @@ fn the_schema_is_migrated_once_and_a_newer_schema_is_refused() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3]);
+    assert_eq!(versions, [1, 2, 3, 4]);
     c.execute("INSERT INTO peloton_migrations (version) VALUES (99)", &[])
         .expect("a newer server's migration");
     let err = PgStore::open(&url).expect_err("a newer schema");
-    assert!(err.to_string().contains("schema is version 99"), "{err}");
+    assert!(
+        err.to_string().contains(
+            "store schema version 99 was written by a newer pelotond; this binary reads up to 4"
+        ),
+        "{err}"
+    );
+    // Refused, it changed nothing: no migration recorded, the rows kept.
+    let after: Vec<i32> = c
+        .query(
+            "SELECT version FROM peloton_migrations ORDER BY version",
+            &[],
+        )
+        .expect("versions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(after, [1, 2, 3, 4, 99]);
+    let jobs: i64 = c
+        .query_one("SELECT count(*) FROM peloton_jobs", &[])
+        .expect("count")
+        .get(0);
+    assert_eq!(jobs, 1);
 }
 
 #[test]

@@ -401,3 +401,56 @@ async fn bad_updates_are_refused_and_change_nothing() {
     assert!(status.update_id.is_empty());
     s.shutdown().await;
 }
+
+/// Update rows written by servers before the stored-row codec (the API's
+/// `Update` message, as a read shows it) still recover as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_rows_written_as_the_apis_messages_still_recover() {
+    use peloton_gateway::store::WriteBatch;
+    use peloton_gateway::store_codec::ROW_V1;
+    use prost::Message;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut s = TestServer::start_in(dir.path(), 2).await;
+    create_reserved_pool(&mut s.clients, "/web").await;
+    let v1 = service("/web", 2);
+    let job = create_job(&mut s.clients, v1.clone()).await;
+    wait_running(&s.clients, &job.id, 2).await;
+    let spec = pb::UpdateSpec {
+        batch_size: 2,
+        ..Default::default()
+    };
+    let done = update(&mut s.clients, &job.id, version(v1.clone(), "2"), spec)
+        .await
+        .expect("update");
+    let done = wait_update(&s.clients, &done.id, pb::UpdateState::Succeeded).await;
+    let paused = pb::UpdateSpec {
+        start_paused: true,
+        ..spec
+    };
+    let paused = update(&mut s.clients, &job.id, version(v1, "3"), paused)
+        .await
+        .expect("a paused update");
+    let paused = wait_update(&s.clients, &paused.id, pb::UpdateState::Paused).await;
+    s.shutdown().await;
+    {
+        let store = open_store(dir.path());
+        let snap = store.load().expect("load");
+        assert_eq!(snap.updates.len(), 2);
+        assert!(snap.updates.iter().all(|(_, row)| row[..2] == ROW_V1));
+        let updates = [&done, &paused]
+            .iter()
+            .map(|u| (u.id.clone(), Some(u.encode_to_vec())))
+            .collect();
+        store
+            .commit(&WriteBatch {
+                updates,
+                revision: snap.revision,
+                ..WriteBatch::default()
+            })
+            .expect("commit");
+    }
+    let mut s = TestServer::start_in(dir.path(), 2).await;
+    assert_eq!(get_update(&mut s.clients, &done.id).await, done);
+    assert_eq!(get_update(&mut s.clients, &paused.id).await, paused);
+    s.shutdown().await;
+}
