@@ -157,10 +157,10 @@ pub enum PoolCommand {
 pub enum JobCommand {
     /// Create a job.
     CreateJob {
-        /// As sent.
-        spec: Box<pb::JobSpec>,
-        /// Validated.
+        /// Validated (its spec as sent, without secrets: `JobPlan::spec`).
         plan: Box<JobPlan>,
+        /// Its secrets (names checked; values resolved by the core).
+        secrets: Vec<crate::lifecycle::Secret>,
         /// Reply.
         reply: Reply<pb::Job>,
     },
@@ -330,10 +330,10 @@ pub enum UpdateCommand {
         job_id: String,
         /// Expected job version (0: any).
         version: u64,
-        /// The new spec as sent.
-        spec: Box<pb::JobSpec>,
-        /// Validated.
+        /// Validated (its spec as sent, without secrets).
         plan: Box<JobPlan>,
+        /// The new set of secrets (an empty value keeps the current one).
+        secrets: Vec<crate::lifecycle::Secret>,
         /// How to roll.
         update: crate::lifecycle::UpdateSpec,
         /// Reply: the update and the job.
@@ -390,9 +390,7 @@ pub enum UpdateCommand {
 pub enum AppCommand {
     /// A new application job (client mode).
     Create {
-        /// Its job spec (type APPLICATION, no instances).
-        spec: Box<pb::JobSpec>,
-        /// Validated.
+        /// Its job (type APPLICATION, no instances, no secrets), validated.
         plan: Box<convert::JobPlan>,
         /// Reply.
         reply: Reply<pb::Application>,

@@ -384,13 +384,14 @@ impl JobService for Api {
             .into_inner()
             .spec
             .ok_or_else(|| convert::invalid("spec", "missing"))?;
-        let spec = convert::cluster_mode_spec(spec)?;
+        let mut spec = convert::cluster_mode_spec(spec)?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+        let secrets = crate::codec::from_pb(std::mem::take(&mut spec.secrets));
         let job = self
             .call(|reply| {
                 Command::Jobs(JobCommand::CreateJob {
-                    spec: Box::new(spec),
                     plan,
+                    secrets,
                     reply,
                 })
             })
@@ -864,16 +865,17 @@ impl UpdateService for Api {
         self.on_job(&request, Permission::JobsWrite, &request.get_ref().job_id)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
-        let spec = r.spec.ok_or_else(|| convert::invalid("spec", "missing"))?;
+        let mut spec = r.spec.ok_or_else(|| convert::invalid("spec", "missing"))?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+        let secrets = crate::codec::from_pb(std::mem::take(&mut spec.secrets));
         let update = update_spec(r.update.as_ref())?;
         let (update, job) = self
             .call(|reply| {
                 Command::Updates(UpdateCommand::UpdateJob {
                     job_id: r.job_id,
                     version: r.version,
-                    spec: Box::new(spec),
                     plan,
+                    secrets,
                     update,
                     reply,
                 })

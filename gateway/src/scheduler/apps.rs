@@ -37,9 +37,9 @@ impl Scheduler {
             }
         }
         match c {
-            AppCommand::Create { spec, plan, reply } => {
+            AppCommand::Create { plan, reply } => {
                 let r = self
-                    .create_job(*spec, *plan)
+                    .create_job(*plan, Vec::new())
                     .and_then(|job| Ok(self.app_of(&job.id)?));
                 self.defer(reply, r);
             }

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use peloton_proto::v1 as pb;
 
 use crate::agent_hub::Registration;
-use crate::codec::{self as secrets, run_report};
+use crate::codec::run_report;
 use crate::convert::{self, JobPlan};
 use crate::lifecycle::Error;
-use crate::lifecycle::{Answer, HostRegistration, Input, JobKey};
+use crate::lifecycle::{Answer, HostRegistration, Input, JobKey, Secret};
 use crate::refused::Refused;
 use crate::{hostpools, reads};
 
@@ -168,8 +168,12 @@ impl Scheduler {
     /// Jobs and tasks.
     pub(super) fn handle_jobs(&mut self, c: JobCommand) {
         match c {
-            JobCommand::CreateJob { spec, plan, reply } => {
-                let r = self.create_job(*spec, *plan);
+            JobCommand::CreateJob {
+                plan,
+                secrets,
+                reply,
+            } => {
+                let r = self.create_job(*plan, secrets);
                 self.defer(reply, r);
             }
             JobCommand::GetJob { id, reply } => {
@@ -361,12 +365,12 @@ impl Scheduler {
             UpdateCommand::UpdateJob {
                 job_id,
                 version,
-                spec,
                 plan,
+                secrets,
                 update,
                 reply,
             } => {
-                let r = self.update_job(job_id, version, *spec, *plan, update);
+                let r = self.update_job(job_id, version, *plan, secrets, update);
                 self.defer(reply, r);
             }
             UpdateCommand::GetUpdate { id, reply } => {
@@ -423,16 +427,15 @@ impl Scheduler {
         &mut self,
         job_id: String,
         version: u64,
-        mut spec: pb::JobSpec,
         plan: JobPlan,
+        secrets: Vec<Secret>,
         update: crate::lifecycle::UpdateSpec,
     ) -> Result<(pb::Update, pb::Job), Refused> {
         // The new set replaces the job's; an empty value keeps the current
         // value of its name. Checked before anything changes.
-        let secrets = self.core.resolve_secrets(
-            self.core.job_key(&job_id).ok(),
-            secrets::from_pb(std::mem::take(&mut spec.secrets)),
-        )?;
+        let secrets = self
+            .core
+            .resolve_secrets(self.core.job_key(&job_id).ok(), secrets)?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::UpdateJob(Box::new(
             crate::lifecycle::UpdateRequest {
@@ -465,12 +468,10 @@ impl Scheduler {
 
     pub(super) fn create_job(
         &mut self,
-        mut spec: pb::JobSpec,
         plan: JobPlan,
+        secrets: Vec<Secret>,
     ) -> Result<pb::Job, Refused> {
-        let secrets = self
-            .core
-            .resolve_secrets(None, secrets::from_pb(std::mem::take(&mut spec.secrets)))?;
+        let secrets = self.core.resolve_secrets(None, secrets)?;
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::CreateJob {
             id: id.clone(),

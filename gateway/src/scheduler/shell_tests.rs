@@ -387,8 +387,8 @@ impl Shell {
             move |j: &pb::Job| format!("job {}", trace.job(&j.id)),
             |reply| {
                 Command::Jobs(JobCommand::CreateJob {
-                    spec: Box::new(spec),
                     plan: Box::new(plan),
+                    secrets: Vec::new(),
                     reply,
                 })
             },

@@ -137,15 +137,9 @@ impl ApplicationService for Api {
                 ..Default::default()
             };
             let plan = Box::new(convert::job_plan(&spec, &self.limits).map_err(register_fields)?);
-            self.call(|reply| {
-                Command::App(AppCommand::Create {
-                    spec: Box::new(spec),
-                    plan,
-                    reply,
-                })
-            })
-            .await
-            .map_err(register_fields)?
+            self.call(|reply| Command::App(AppCommand::Create { plan, reply }))
+                .await
+                .map_err(register_fields)?
         } else {
             check_id("job_id", &r.job_id)?;
             self.call(|reply| {
