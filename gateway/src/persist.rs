@@ -307,17 +307,16 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
-/// Encodes the rows the core marked into `batch` (each job row once).
-/// Changes nothing but those marks (a task row written is no longer due).
+/// Encodes the rows the core listed into `batch` (each job row once).
 pub(crate) fn rows(
-    core: &mut Lifecycle,
+    core: &Lifecycle,
     engine: &peloton_engine::Engine,
-    rows: &mut Vec<RowKey>,
+    rows: Vec<RowKey>,
     batch: &mut WriteBatch,
     metrics: &Metrics,
 ) {
     let mut jobs_done = FxHashSet::default();
-    for row in rows.drain(..) {
+    for row in rows {
         match row {
             RowKey::Job(k) => {
                 if !jobs_done.insert(k) {
@@ -332,7 +331,7 @@ pub(crate) fn rows(
                 batch.delete_tasks_of.push(id.to_string());
             }
             RowKey::Task(k, i) => {
-                let Some(row) = core.take_task_row(k, i) else {
+                let Some(row) = core.task_row(k, i) else {
                     continue;
                 };
                 let id = core.job(k).expect("row exists").id.clone();

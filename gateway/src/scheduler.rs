@@ -510,9 +510,9 @@ impl Scheduler {
         let events = std::mem::take(&mut self.fx.events);
         persist::state_rows(&self.core, &mut self.fx.state_rows, &mut self.batch);
         persist::rows(
-            &mut self.core,
+            &self.core,
             &self.engine,
-            &mut self.fx.rows,
+            self.fx.take_rows(),
             &mut self.batch,
             &self.metrics,
         );

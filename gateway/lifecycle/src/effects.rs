@@ -163,13 +163,37 @@ pub struct Counters {
     pub tasks_accepted: u64,
 }
 
+/// Which rows a task's row mark belongs to: a value no other `Effects`
+/// ever had, renewed each time the rows are taken ([`Effects::take_rows`]),
+/// so a task marked before is marked (and listed) again after.
+#[derive(Debug)]
+pub(crate) struct RowsGeneration(pub(crate) u64);
+
+impl Default for RowsGeneration {
+    fn default() -> Self {
+        RowsGeneration::next()
+    }
+}
+
+impl RowsGeneration {
+    fn next() -> Self {
+        // Never 0: a task's mark of 0 means "never marked".
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        RowsGeneration(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// Everything steps produced since the shell last took them.
 #[derive(Debug, Default)]
 pub struct Effects {
     /// Events, in revision order.
     pub events: Vec<Event>,
-    /// Rows to write (the shell encodes them from the core's state).
+    /// Rows to write (the shell encodes them from the core's state), each
+    /// task's once. Taken with [`Effects::take_rows`] (which lets the
+    /// core list a task again when it changes after).
     pub rows: Vec<RowKey>,
+    /// The generation task row marks compare with.
+    pub(crate) rows_generation: RowsGeneration,
     /// Rows of the tables beside the jobs to write.
     pub state_rows: Vec<StateRow>,
     /// What the shell's authentication table learns after the commit.
@@ -196,6 +220,21 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// The rows to write, taken: what changes from now on is listed again.
+    pub fn take_rows(&mut self) -> Vec<RowKey> {
+        self.rows_generation = RowsGeneration::next();
+        std::mem::take(&mut self.rows)
+    }
+
+    /// Lists task `(k, i)`'s row unless it is listed already (`mark`: the
+    /// task's row mark).
+    pub(crate) fn task_row(&mut self, mark: &mut u64, k: super::JobKey, i: u32) {
+        if *mark != self.rows_generation.0 {
+            *mark = self.rows_generation.0;
+            self.rows.push(RowKey::Task(k, i));
+        }
+    }
+
     /// Nothing to write.
     pub fn is_empty(&self) -> bool {
         self.events.is_empty() && self.rows.is_empty() && self.state_rows.is_empty()

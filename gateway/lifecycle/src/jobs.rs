@@ -467,8 +467,7 @@ impl Lifecycle {
                 if config != 1 || stopping[(i - n) as usize] {
                     // Recovery takes instances without a row to be on the
                     // job's first config, with no run stopping.
-                    t.dirty = true;
-                    fx.rows.push(RowKey::Task(k, i));
+                    fx.task_row(&mut t.row_mark, k, i);
                 }
                 job.tasks.push(t);
                 job.counts[S::Initialized as usize] += 1;

@@ -541,8 +541,9 @@ pub struct Task {
     /// tasks never restart).
     #[allow(clippy::box_collection)]
     pub history: Option<Box<Vec<RunRecord>>>,
-    /// Queued for a store write in this step.
-    pub dirty: bool,
+    /// The rows generation its row was last listed in (see
+    /// `Effects::take_rows`; 0: never).
+    pub(crate) row_mark: u64,
     /// Recovered waiting, as it was before the restart: its moves within
     /// the queue (Pending, Ready, Placing) are no news to watchers (no
     /// events); cleared when it leaves the queue.
@@ -573,7 +574,7 @@ impl Task {
             daemon_host: None,
             gave_way: false,
             history: None,
-            dirty: false,
+            row_mark: 0,
             requeued: false,
         }
     }

@@ -520,9 +520,9 @@ impl Lifecycle {
         })
     }
 
-    /// The row of an instance (for the store); clears its dirty mark. An
-    /// instance scaled away has a row only while its run is stopping.
-    pub fn take_task_row(&mut self, k: super::JobKey, i: u32) -> Option<TaskRow> {
+    /// The row of an instance (for the store). An instance scaled away has
+    /// a row only while its run is stopping.
+    pub fn task_row(&self, k: super::JobKey, i: u32) -> Option<TaskRow> {
         let held = self.held.get(&(k, i)).copied();
         let stopping = held.map(|h| {
             let host = h.host.map_or_else(
@@ -547,7 +547,6 @@ impl Lifecycle {
             config: t.config,
             daemon_host: t.daemon_host.map(|s| self.host_names[s.idx()].clone()),
         };
-        self.jobs.get_mut(&k)?.tasks[i as usize].dirty = false;
         Some(row)
     }
 }

@@ -132,9 +132,8 @@ impl Lifecycle {
         // treats a missing or older row the same way.
         let skip = matches!(to, S::Pending | S::Ready | S::Placing)
             || (to == S::Initialized && t.run == 1);
-        if !skip && !t.dirty {
-            t.dirty = true;
-            fx.rows.push(RowKey::Task(k, i));
+        if !skip {
+            fx.task_row(&mut t.row_mark, k, i);
         }
         self.dirty_jobs.insert(k);
         self.pin_changed(k, i);
@@ -171,10 +170,8 @@ impl Lifecycle {
             .jobs
             .get_mut(&k)
             .and_then(|j| j.tasks.get_mut(i as usize))
-            && !t.dirty
         {
-            t.dirty = true;
-            fx.rows.push(RowKey::Task(k, i));
+            fx.task_row(&mut t.row_mark, k, i);
         }
     }
 

@@ -474,7 +474,7 @@ impl Sim {
     fn write_rows(&mut self) {
         self.write_state_rows();
         let mut updates_seen = std::collections::BTreeSet::new();
-        for row in std::mem::take(&mut self.fx.rows) {
+        for row in self.fx.take_rows() {
             match row {
                 RowKey::Job(k) => {
                     if let (Some(r), Some(j)) = (self.core.job_row(k), self.core.job(k)) {
@@ -529,7 +529,7 @@ impl Sim {
                     self.store.updates.remove(&id);
                 }
                 RowKey::Task(k, i) => {
-                    if let Some(row) = self.core.take_task_row(k, i) {
+                    if let Some(row) = self.core.task_row(k, i) {
                         let id = self.core.job(k).expect("live").id.clone();
                         self.store.tasks.insert((id, i), row);
                     }
