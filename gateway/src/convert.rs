@@ -1149,6 +1149,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::TaskRun {
         launch_id: r.launch.0,
         health: 0,
         ports: Default::default(),
+        used: None,
     }
 }
 

@@ -210,6 +210,7 @@ pub(crate) fn job_without_spec(job: &Job) -> pb::Job {
                 registered: a.registered,
                 unregistered: job.app.closed,
             }),
+            used: None,
         }),
         version: job.version,
     }
@@ -844,6 +845,7 @@ pub(crate) fn list_hosts(
             },
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
             agent_id: agent.map(|h| h.agent_id.to_string()).unwrap_or_default(),
+            used: None,
         };
         // A page also ends before its encoded size passes MAX_PAGE_BYTES
         // (hosts with many tasks are large).
