@@ -143,6 +143,15 @@ pub(crate) fn job_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
     }
 }
 
+/// `job` with what its current runs use (`JobStatus.used`; a sum over its
+/// instances, so for a single job's read only).
+pub(crate) fn with_usage(core: &Lifecycle, k: JobKey, mut job: pb::Job) -> pb::Job {
+    if let Some(status) = job.status.as_mut() {
+        status.used = core.job_usage(k).map(|u| convert::usage_to_pb(&u));
+    }
+    job
+}
+
 /// A config version's spec as the API shows it: as its user sent it (the
 /// core keeps it encoded), with what the core changed since without a new
 /// version: the instance count (scaled; a daemon's follows the hosts it
@@ -354,6 +363,7 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
     let t = &job.tasks[i as usize];
     let mut current = convert::run_to_pb(&core.run_record(t));
     current.health = convert::health_to_pb(t.health) as i32;
+    current.used = core.run_usage(k, i).map(|u| convert::usage_to_pb(&u));
     current.ports = t
         .ports
         .iter()
@@ -845,7 +855,7 @@ pub(crate) fn list_hosts(
             },
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
             agent_id: agent.map(|h| h.agent_id.to_string()).unwrap_or_default(),
-            used: None,
+            used: core.host_usage(slot).map(|u| convert::usage_to_pb(&u)),
         };
         // A page also ends before its encoded size passes MAX_PAGE_BYTES
         // (hosts with many tasks are large).

@@ -40,6 +40,7 @@ pub mod sim;
 mod tests;
 pub mod units;
 mod updates;
+pub mod usage;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -379,6 +380,8 @@ pub enum Input {
     Cycle,
     /// Fire the timers due by now.
     Tick,
+    /// A host's usage report (soft state: writes nothing).
+    Usage(Box<usage::UsageReport>),
 }
 
 /// What a successful step answers.
@@ -536,6 +539,8 @@ pub struct Lifecycle {
     /// `check_volume_hosts`).
     volume_deadline: Option<u64>,
     needs_cycle: bool,
+    /// What current runs use, by host (soft state; see `usage`).
+    usage: usage::UsageTable,
     now: u64,
 }
 
@@ -576,6 +581,7 @@ impl Lifecycle {
             down_since: FxHashMap::default(),
             volume_deadline: None,
             needs_cycle: true,
+            usage: usage::UsageTable::default(),
             now: 0,
         };
         core.pool_versions.insert("/".into(), 1);
@@ -687,6 +693,10 @@ impl Lifecycle {
                 self.fill_all(engine, fx);
                 self.cycle(engine, fx);
                 self.need_fill.extend(self.retry_fill.drain());
+                Ok(Answer::Done)
+            }
+            Input::Usage(report) => {
+                self.apply_usage(engine, *report);
                 Ok(Answer::Done)
             }
             Input::Tick => {

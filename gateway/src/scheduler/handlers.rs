@@ -174,7 +174,10 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             Command::GetJob { id, reply } => {
-                let r = self.core.job_key(&id).map(|k| self.job_to_pb(k));
+                let r = self
+                    .core
+                    .job_key(&id)
+                    .map(|k| reads::with_usage(&self.core, k, self.job_to_pb(k)));
                 self.defer(reply, r);
             }
             Command::QueryJobs {
@@ -326,6 +329,15 @@ impl Scheduler {
                 }
                 let reports = reports.into_iter().filter_map(run_report).collect();
                 self.step(Input::AgentReports { host, reports });
+            }
+            Command::AgentUsage { session, report } => {
+                if self
+                    .hub
+                    .as_ref()
+                    .is_some_and(|a| a.is_current(&report.host, session))
+                {
+                    self.step(Input::Usage(report));
+                }
             }
             Command::AgentGone { host, session } => {
                 if let Some(a) = &self.hub
@@ -635,6 +647,7 @@ fn group(c: &Command) -> Group {
         | Command::Watch { .. } => Group::Hosts,
         Command::AgentRegister { .. }
         | Command::AgentReports { .. }
+        | Command::AgentUsage { .. }
         | Command::AgentGone { .. }
         | Command::LogTarget { .. } => Group::Agents,
         Command::UpdateJob { .. }

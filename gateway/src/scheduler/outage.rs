@@ -106,6 +106,8 @@ impl Scheduler {
             Command::RevokeToken { reply, .. } => refuse(reply, &status),
             Command::IssueCertificate { reply, .. } => refuse(reply, &status),
             Command::RevokeCertificate { reply, .. } => refuse(reply, &status),
+            // Soft state: the next report after the outage counts.
+            Command::AgentUsage { .. } => None,
             // Kept for the commit that ends the outage, up to a bound.
             Command::Audit(entry) => {
                 if self.outage.held.len() < MAX_HELD_REPORTS {
