@@ -41,6 +41,8 @@ pub(crate) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
             demand: Some(convert::resources_to_pb(ent.demand(slot))),
             pending_tasks: usage.n_queued,
             running_tasks: usage.allocation.n_tasks,
+            // Measured usage is soft state: reads add it (`with_pool_usage`).
+            used: None,
         }),
         version: core.pool_version(&path),
         children: tree
@@ -49,6 +51,36 @@ pub(crate) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
             .collect(),
         path,
     }
+}
+
+/// What each pool's subtree uses (a run's usage counts in its pool and
+/// every pool above it), for the pools with any reported.
+pub(crate) fn pool_usage(
+    engine: &Engine,
+    core: &Lifecycle,
+) -> rustc_hash::FxHashMap<PoolId, crate::lifecycle::usage::Usage> {
+    let tree = engine.resources().tree();
+    let mut out: rustc_hash::FxHashMap<PoolId, crate::lifecycle::usage::Usage> = Default::default();
+    for (leaf, usage) in core.usage_by_pool() {
+        let mut pool = Some(leaf);
+        while let Some(id) = pool {
+            out.entry(id).or_default().add(&usage);
+            pool = tree.parent(id);
+        }
+    }
+    out
+}
+
+/// `pool` with what its subtree uses (`PoolStatus.used`; reads only: the
+/// stored pool row never carries it).
+pub(crate) fn with_pool_usage(
+    mut pool: pb::Pool,
+    used: Option<&crate::lifecycle::usage::Usage>,
+) -> pb::Pool {
+    if let Some(status) = pool.status.as_mut() {
+        status.used = used.map(convert::usage_to_pb);
+    }
+    pool
 }
 
 /// Pools in path order after the request's page token, up to its page size
@@ -72,8 +104,9 @@ pub(crate) fn list_pools(
     ids.sort_by(|a, b| tree.path(*a).cmp(tree.path(*b)));
     let mut out = pb::ListPoolsResponse::default();
     let mut bytes = PageBytes::default();
+    let used = pool_usage(engine, core);
     for id in ids {
-        let pool = pool_to_pb(engine, core, id);
+        let pool = with_pool_usage(pool_to_pb(engine, core, id), used.get(&id));
         if out.pools.len() == page || !bytes.admits(out.pools.len(), &pool) {
             out.next_page_token =
                 paging::page_token(paging::PageKind::Pools, id_before(&out.pools));

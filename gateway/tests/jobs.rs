@@ -766,4 +766,40 @@ async fn simulated_hosts_report_what_their_runs_use() {
         .filter_map(|h| h.used.map(|u| u.memory_mb))
         .sum();
     assert_eq!(hosts_memory, total);
+    // A pool's use is its subtree's: /a's and the root's; pool rows carry
+    // none (measured usage is never stored), lists and gets do.
+    for path in ["/a", "/"] {
+        let pool = c
+            .pools
+            .get(pb::GetPoolRequest { path: path.into() })
+            .await
+            .expect("pool")
+            .into_inner()
+            .pool
+            .expect("pool");
+        let used = pool.status.and_then(|s| s.used).expect("the pool's usage");
+        assert_eq!(used.memory_mb, total, "{path}: {used:?}");
+    }
+    let listed = c
+        .pools
+        .list(pb::ListPoolsRequest::default())
+        .await
+        .expect("pools")
+        .into_inner()
+        .pools;
+    let used: Vec<(String, Option<f64>)> = listed
+        .iter()
+        .map(|p| {
+            (
+                p.path.clone(),
+                p.status.and_then(|s| s.used).map(|u| u.memory_mb),
+            )
+        })
+        .collect();
+    assert!(
+        used.iter()
+            .all(|(path, u)| *u == Some(total) || (path != "/" && path != "/a")),
+        "{used:?}"
+    );
+    assert!(used.iter().any(|(path, _)| path == "/a"), "{used:?}");
 }

@@ -254,6 +254,13 @@ impl UsageTable {
             .iter()
             .flat_map(|(&slot, h)| h.runs.iter().map(move |(&run, r)| (slot, run, r.launch)))
     }
+
+    /// Every run kept and its usage.
+    fn usages(&self) -> impl Iterator<Item = ((JobKey, u32), &Usage)> + '_ {
+        self.hosts
+            .values()
+            .flat_map(|h| h.runs.iter().map(|(&run, r)| (run, &r.usage)))
+    }
 }
 
 impl crate::Lifecycle {
@@ -326,6 +333,20 @@ impl crate::Lifecycle {
     pub fn host_usage(&self, slot: HostSlot) -> Option<Usage> {
         let name = self.host_names.get(slot.idx())?;
         self.usage.host(slot, name)
+    }
+
+    /// What the current runs of each pool's jobs use (the pools the jobs
+    /// are in, not their parents), for the pools with any reported: one
+    /// pass over the runs with usage.
+    pub fn usage_by_pool(&self) -> FxHashMap<peloton_engine::PoolId, Usage> {
+        let mut out: FxHashMap<peloton_engine::PoolId, Usage> = FxHashMap::default();
+        // Only current runs are kept (`check_usage`).
+        for ((k, _), usage) in self.usage.usages() {
+            if let Some(job) = self.jobs.get(&k) {
+                out.entry(job.pool).or_default().add(usage);
+            }
+        }
+        out
     }
 
     /// What a job's current runs use (their sums), if any was reported.

@@ -141,7 +141,13 @@ impl Scheduler {
                     .tree()
                     .resolve(&path)
                     .map_err(Error::Pool)
-                    .map(|id| reads::pool_to_pb(&self.engine, &self.core, id));
+                    .map(|id| {
+                        let used = reads::pool_usage(&self.engine, &self.core);
+                        reads::with_pool_usage(
+                            reads::pool_to_pb(&self.engine, &self.core, id),
+                            used.get(&id),
+                        )
+                    });
                 self.defer(reply, r);
             }
             Command::ListPools {

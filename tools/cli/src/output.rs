@@ -307,6 +307,7 @@ pub fn pool_status_json(status: Option<&PoolStatus>) -> Value {
         "demand": resources_json(status.demand.as_ref()),
         "pending_tasks": status.pending_tasks,
         "running_tasks": status.running_tasks,
+        "used": usage_json(status.used.as_ref()),
     })
 }
 
