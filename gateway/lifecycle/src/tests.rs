@@ -42,7 +42,7 @@
 //! - `secrets J NAME=VALUE...` — replace job J's secrets (an empty value
 //!   keeps the current one); `show-secrets J`;
 //! - `usage H t=MS J/I=CPU_MS:MEM_MIB...` — H's agent reports its runs'
-//!   cumulative CPU time and memory, measured at its time MS (any rows or
+//!   cumulative CPU time and memory, measured MS after the script began (any rows or
 //!   events it causes are shown: there should be none); `used J/I`,
 //!   `used J`, `used @H` — a run's, a job's, a host's usage;
 //! - `task J/I` — the instance's run: state, times (ms since the script
@@ -470,7 +470,7 @@ impl Env {
                     .collect();
                 let report = usage::UsageReport {
                     host: words[1].into(),
-                    time_ms: num("t", 0),
+                    time_ms: crate::sim::START_MS + num("t", 0),
                     runs,
                 };
                 let sim = &mut self.sim;
@@ -4692,7 +4692,7 @@ fn cpu_use_is_the_rate_between_two_readings_and_writes_nothing() {
         cycle
         used j/0                       # nothing reported yet
         usage h1 t=1000 j/0=500:100 j/1=0:10
-        used j/0                       # one reading: no rate yet
+        used j/0                       # one reading: the average since it started
         # 10 s later: j/0 used 10 s of CPU (one core), j/1 2.5 s.
         usage h1 t=11000 j/0=10500:200 j/1=2500:10
         used j/0
@@ -4722,7 +4722,7 @@ fn cpu_use_is_the_rate_between_two_readings_and_writes_nothing() {
               used j/0: none
             > usage h1 t=1000 j/0=500:100 j/1=0:10
             > used j/0
-              used j/0: cpu=0m mem=100MiB peak=100MiB
+              used j/0: cpu=500m mem=100MiB peak=100MiB
             > usage h1 t=11000 j/0=10500:200 j/1=2500:10
             > used j/0
               used j/0: cpu=1000m mem=200MiB peak=200MiB
@@ -4840,6 +4840,40 @@ fn usage_of_unknown_or_ended_runs_is_ignored_and_an_ended_run_stops_counting() {
               used j/0: none
             > used @h1
               used @h1: cpu=0m mem=0MiB peak=97MiB
+        "#]],
+    );
+}
+
+#[test]
+fn a_first_reading_gives_the_average_since_the_run_started() {
+    check(
+        r"
+        host h1 cpu=4
+        tick 1000
+        job j pool=/ n=1 cpu=2
+        cycle                           # j/0 starts at 1000
+        task j/0
+        usage h1 t=11000 j/0=5000:100   # 5 s of CPU in the 10 s since
+        used j/0
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > tick 1000
+            > job j pool=/ n=1 cpu=2
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > task j/0
+              j/0#1 running started 1000 finished 0
+            > usage h1 t=11000 j/0=5000:100
+            > used j/0
+              used j/0: cpu=500m mem=100MiB peak=100MiB
         "#]],
     );
 }

@@ -55,8 +55,9 @@ pub struct UsageReport {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Cores in use, in millicores (the engine's CPU unit): CPU time
-    /// between the last two readings over the time between them; 0 after
-    /// the first reading.
+    /// between the last two readings over the time between them; after
+    /// the first reading, its CPU time over the time since the run started
+    /// (0 if that is unknown).
     pub cpu_millis: u64,
     /// Memory now, bytes.
     pub memory_bytes: u64,
@@ -150,6 +151,8 @@ pub(crate) struct UsageTable {
 pub(crate) struct Current {
     pub(crate) run: (JobKey, u32),
     pub(crate) launch: LaunchId,
+    /// When the run started, by its host's clock (0: unknown).
+    pub(crate) started_ms: u64,
     pub(crate) usage: RunUsage,
 }
 
@@ -195,7 +198,12 @@ impl UsageTable {
                     }
                 }
                 None => Usage {
-                    cpu_millis: 0,
+                    // The average since it started: its host's clock both.
+                    cpu_millis: match current.started_ms {
+                        0 => None,
+                        started => cpu_millis(0, u.cpu_usec, time_ms.saturating_sub(started)),
+                    }
+                    .unwrap_or(0),
                     memory_bytes: u.memory_bytes,
                     memory_peak_bytes: u.memory_bytes,
                     disk_bytes: u.disk_bytes,
@@ -283,6 +291,7 @@ impl crate::Lifecycle {
                 current.then_some(Current {
                     run: (k, i),
                     launch,
+                    started_ms: t.started_at,
                     usage,
                 })
             })
