@@ -10,8 +10,8 @@
 //! `poll_interval`, wakes the session when reports are waiting), the
 //! garbage collector (every `gc_interval`, without the lock: it reads only
 //! the disk) and the session loop (registration, heartbeats, reports,
-//! server messages, usage reports). Health checkers (threads of the supervisor's own)
-//! wake the session loop when a run's health changes. Log reads run as
+//! server messages, usage reports). Health checkers (threads of the
+//! supervisor's own) wake the session loop when a run's health changes. Log reads run as
 //! their own tasks, at most
 //! `MAX_CONCURRENT_LOG_READS` at once, so a slow disk delays log chunks,
 //! not launches or kills.
