@@ -141,7 +141,7 @@ export const cluster = {
         h("table", { class: "grid" },
           h("thead", {}, h("tr", {},
             ["Host", "State", "Agent", "Pool", ...DIMENSIONS.filter(([k]) => k !== "gpu").map(([, n]) => `${n} allocated / capacity`),
-              "GPU devices", "Tasks", "Attributes", ""]
+              "Used", "GPU devices", "Tasks", "Attributes", ""]
               .map((c) => h("th", {}, c)))),
           h("tbody", {}, shown.map(row))));
     };
@@ -172,6 +172,19 @@ function agentCell(host) {
   return host.connected
     ? h("span", { class: "state s-up", title, "data-agent": "connected" }, "connected")
     : h("span", { class: "state s-down", title, "data-agent": "disconnected" }, "disconnected");
+}
+
+// What a host's runs use, as its agent measured it (or its simulation
+// says), beside what they are allocated: cores, memory and its peak.
+function usedCell(host) {
+  const u = host.used;
+  if (!u) return h("span", { class: "muted" }, "—");
+  const memory = Number(u.memoryMb || 0);
+  const peak = Number(u.memoryPeakMb || 0);
+  const reported = Number(u.reportedAtMs || 0);
+  return h("span", { class: "nowrap", "data-used": "", title: reported ? `reported ${time(reported)}` : "" },
+    `${round(Number(u.cpu || 0))} cpu, ${mib(memory)}`,
+    peak >= memory + 1 ? h("span", { class: "small muted" }, ` (peak ${mib(peak)})`) : null);
 }
 
 // A host's GPUs as one square per device, filled for what is allocated
@@ -206,6 +219,7 @@ function hostRow(host, names, expanded, act, toggle) {
       const used = Math.max(0, c - (free[k] || 0));
       return h("td", {}, c > 0 ? bar(used, c, `${f(used)} / ${f(c)}`) : h("span", { class: "muted" }, "—"));
     }),
+    h("td", {}, usedCell(host)),
     h("td", {}, gpuCell(host)),
     h("td", { class: "host-tasks" },
       h("span", { class: "count" }, total),

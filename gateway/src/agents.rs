@@ -387,6 +387,15 @@ async fn relay(
                 }
             }
             Some(pb::agent_message::Kind::Log(chunk)) => hub.deliver_log(chunk, &outbox),
+            Some(pb::agent_message::Kind::Usage(u)) => {
+                let c = Command::Agents(AgentCommand::AgentUsage {
+                    session: id,
+                    report: Box::new(crate::codec::usage_report(host.clone(), u)),
+                });
+                if commands.send(c).await.is_err() {
+                    break;
+                }
+            }
             Some(pb::agent_message::Kind::Heartbeat(_)) | None => {}
             Some(pb::agent_message::Kind::Register(_)) => {
                 tracing::warn!(%host, "agent registered twice on one session; ignored");

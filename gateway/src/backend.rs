@@ -7,6 +7,12 @@
 //! to real host agents over their gRPC sessions (whose updates reach the
 //! loop as commands).
 //!
+//! Simulated hosts also report synthetic usage (`HostBackend::usage`):
+//! each run uses a fixed share of its request (`sim_profile`, from a hash
+//! of its id), each host reports every [`SIM_USAGE_INTERVAL_MS`] at a
+//! second of its own, as agents do, so benchmarks exercise usage at any
+//! number of hosts.
+//!
 //! Contract for every backend: a kill is always answered by a final update
 //! of that run (`Killed`, or the way it ended if it ended first; `Killed`
 //! for a run the host does not know), because the loop keeps a killed run's
@@ -19,7 +25,13 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
+use crate::lifecycle::AgentRunKey;
+use crate::lifecycle::usage::{RunUsage, UsageReport};
 pub use crate::lifecycle::{Kill, Launch, RunRef, RunStatus, TaskUpdate};
+use peloton_engine::{Dim, Resources};
+
+/// How often each simulated host reports usage (agents' default).
+pub const SIM_USAGE_INTERVAL_MS: u64 = 10_000;
 
 /// A job's secrets (with their values), as the core keeps them: sent with
 /// launches only.
@@ -45,6 +57,45 @@ pub trait HostBackend: Send + std::fmt::Debug {
     fn dispatch_after_commit(&self) -> bool {
         false
     }
+    /// Appends the usage reports due by `now_ms` (real hosts' come as
+    /// commands instead: none here).
+    fn usage(&mut self, _now_ms: u64, _out: &mut Vec<UsageReport>) {}
+}
+
+/// FNV-1a: a hash that is the same on every machine and version.
+fn fnv(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A simulated run's usage: a tenth to nine tenths of its requested CPU
+/// (millicores) and a fifth to four fifths of its requested memory
+/// (bytes), fixed by its job id and instance.
+pub fn sim_profile(job_id: &str, instance: u32, request: Resources) -> (u64, u64) {
+    let h = fnv(job_id.bytes().chain(instance.to_le_bytes()));
+    let cpu_tenths = 1 + h % 9;
+    let memory_fifths = 1 + (h >> 32) % 4;
+    (
+        request[Dim::Cpu] * cpu_tenths / 10,
+        (request[Dim::Memory] << 20) * memory_fifths / 5,
+    )
+}
+
+/// A simulated host's live runs and their usage profiles.
+#[derive(Debug)]
+struct SimHost {
+    /// The second (of each interval) it reports at.
+    phase: u64,
+    runs: FxHashMap<RunRef, SimRun>,
+}
+
+#[derive(Debug)]
+struct SimRun {
+    key: AgentRunKey,
+    started_ms: u64,
+    cpu_millis: u64,
+    memory_bytes: u64,
 }
 
 /// Simulated hosts: every launch runs at once and ends after its duration.
@@ -56,6 +107,12 @@ pub struct SimBackend {
     live: FxHashMap<RunRef, i32>,
     /// Updates produced by launch and kill, delivered on the next poll.
     ready: Vec<TaskUpdate>,
+    /// Hosts with live runs, for usage reports.
+    hosts: FxHashMap<Arc<str>, SimHost>,
+    /// The host of each live run.
+    run_hosts: FxHashMap<RunRef, Arc<str>>,
+    /// The last second whose hosts reported usage (0: none yet).
+    usage_second: u64,
 }
 
 impl SimBackend {
@@ -68,6 +125,18 @@ impl SimBackend {
     pub fn n_running(&self) -> usize {
         self.live.len()
     }
+
+    /// A run ended: it no longer reports usage.
+    fn forget(&mut self, run: &RunRef) {
+        if let Some(host) = self.run_hosts.remove(run)
+            && let Some(h) = self.hosts.get_mut(&host)
+        {
+            h.runs.remove(run);
+            if h.runs.is_empty() {
+                self.hosts.remove(&host);
+            }
+        }
+    }
 }
 
 impl HostBackend for SimBackend {
@@ -75,6 +144,30 @@ impl HostBackend for SimBackend {
         for l in launches.drain(..) {
             let t = &l.template;
             self.live.insert(l.run, t.sim_exit_code);
+            let (cpu_millis, memory_bytes) = sim_profile(&l.job_id, l.run.instance, t.request);
+            let phases = SIM_USAGE_INTERVAL_MS / 1000;
+            self.hosts
+                .entry(l.host.clone())
+                .or_insert_with(|| SimHost {
+                    phase: fnv(l.host.bytes()) % phases,
+                    runs: FxHashMap::default(),
+                })
+                .runs
+                .insert(
+                    l.run,
+                    SimRun {
+                        key: AgentRunKey {
+                            job_id: l.job_id.clone(),
+                            instance: l.run.instance,
+                            run: l.run.run,
+                            launch: l.run.launch.0,
+                        },
+                        started_ms: now_ms,
+                        cpu_millis,
+                        memory_bytes,
+                    },
+                );
+            self.run_hosts.insert(l.run, l.host.clone());
             self.ends
                 .push(Reverse((now_ms.saturating_add(t.sim_duration_ms), l.run)));
             self.ready.push(TaskUpdate {
@@ -90,6 +183,7 @@ impl HostBackend for SimBackend {
             // A run that already ended was answered by its exit; an unknown
             // one is answered too (the contract: every kill gets an answer).
             self.live.remove(&k.run);
+            self.forget(&k.run);
             self.ready.push(TaskUpdate {
                 run: k.run,
                 status: RunStatus::Killed,
@@ -106,6 +200,7 @@ impl HostBackend for SimBackend {
             }
             self.ends.pop();
             if let Some(code) = self.live.remove(&run) {
+                self.forget(&run);
                 out.push(TaskUpdate {
                     run,
                     status: RunStatus::Exited(code),
@@ -121,6 +216,44 @@ impl HostBackend for SimBackend {
         }
         // Killed runs leave stale heap entries; they cost a pop each.
         self.ends.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Every host whose second came since the last call reports (at most
+    /// one interval's worth of seconds: a stalled loop does not catch up
+    /// on reports nobody would read), measured at that second.
+    fn usage(&mut self, now_ms: u64, out: &mut Vec<UsageReport>) {
+        let second = now_ms / 1000;
+        let phases = SIM_USAGE_INTERVAL_MS / 1000;
+        let from = (self.usage_second + 1).max(second.saturating_sub(phases - 1));
+        if self.usage_second >= second || self.usage_second == 0 {
+            // Nothing new, or the first call: it starts the count.
+            self.usage_second = self.usage_second.max(second);
+            return;
+        }
+        self.usage_second = second;
+        for s in from..=second {
+            let time_ms = s * 1000;
+            for (host, h) in &self.hosts {
+                if h.phase != s % phases {
+                    continue;
+                }
+                out.push(UsageReport {
+                    host: host.clone(),
+                    time_ms,
+                    runs: h
+                        .runs
+                        .values()
+                        .map(|r| RunUsage {
+                            key: r.key.clone(),
+                            // ms at millicores: µs.
+                            cpu_usec: time_ms.saturating_sub(r.started_ms) * r.cpu_millis,
+                            memory_bytes: r.memory_bytes,
+                            disk_bytes: 0,
+                        })
+                        .collect(),
+                });
+            }
+        }
     }
 }
 
@@ -160,6 +293,51 @@ mod tests {
             template: Arc::new(template),
             volume: None,
         }
+    }
+
+    #[test]
+    fn each_host_reports_its_runs_synthetic_usage_once_an_interval() {
+        let mut sim = SimBackend::new();
+        let mut launches = vec![launch(0, 60_000, 0), launch(1, 15_000, 0)];
+        sim.launch(1_000, &mut launches, &|_| None);
+        let (cpu0, mem0) = sim_profile("j", 0, launch(0, 1, 0).template.request);
+        assert!((100..=900).contains(&cpu0), "{cpu0} of 1000 millicores");
+        let mut reports = Vec::new();
+        // The first call starts the count; then each host reports once in
+        // every interval, at its own second.
+        sim.usage(1_500, &mut reports);
+        for t in (2_000..=21_000).step_by(500) {
+            sim.usage(t, &mut reports);
+        }
+        // Seconds 2 to 21: two or three times, ten seconds apart.
+        assert!((2..=3).contains(&reports.len()), "{reports:?}");
+        let (first, second) = (&reports[0], &reports[1]);
+        assert_eq!(second.time_ms - first.time_ms, SIM_USAGE_INTERVAL_MS);
+        let run0 = |r: &UsageReport| r.runs.iter().find(|u| u.key.instance == 0).cloned();
+        let (a, b) = (run0(first).expect("run 0"), run0(second).expect("run 0"));
+        assert_eq!(a.memory_bytes, mem0);
+        // Cumulative CPU at its rate: 10 s more at cpu0 millicores.
+        assert_eq!(b.cpu_usec - a.cpu_usec, 10_000 * cpu0);
+        // A run that ended reports no more.
+        let mut ended = Vec::new();
+        sim.poll(30_000, &mut ended);
+        sim.usage(30_000, &mut reports);
+        reports.clear();
+        for t in (31_000..=40_000).step_by(1000) {
+            sim.usage(t, &mut reports);
+        }
+        let instances: Vec<u32> = reports
+            .iter()
+            .flat_map(|r| r.runs.iter().map(|u| u.key.instance))
+            .collect();
+        assert_eq!(instances, vec![0]);
+        // Nothing to report once every run has ended.
+        sim.poll(70_000, &mut ended);
+        reports.clear();
+        for t in (70_000..=90_000).step_by(1000) {
+            sim.usage(t, &mut reports);
+        }
+        assert!(reports.is_empty(), "{reports:?}");
     }
 
     #[test]

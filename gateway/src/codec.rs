@@ -1,6 +1,7 @@
 //! The core's own types to and from the API's messages, where the loop
 //! reads and writes them: jobs' secrets (the core keeps the values: see
-//! `lifecycle::Secret`), tokens and audit entries, agents' run reports.
+//! `lifecycle::Secret`), tokens and audit entries, agents' run reports
+//! and usage reports.
 
 use peloton_proto::v1 as pb;
 
@@ -9,6 +10,7 @@ use tonic::Status;
 
 use crate::access::Digest32;
 use crate::convert;
+use crate::lifecycle::usage::{RunUsage, UsageReport};
 use crate::lifecycle::{AuditEntry, Certificate, RunPhase, RunReport, Secret, Token};
 
 /// Secrets as the core keeps them (names validated by the service).
@@ -161,4 +163,34 @@ pub(crate) fn run_report(r: pb::RunReport) -> Option<RunReport> {
         health_detail: convert::agent_text(r.health_detail),
         ports,
     })
+}
+
+/// An agent's usage report in the core's terms: runs without a key or
+/// with a job id out of bounds are left out, and at most
+/// `MAX_REPORTS_PER_MESSAGE` runs are taken.
+pub(crate) fn usage_report(host: std::sync::Arc<str>, u: pb::AgentUsage) -> UsageReport {
+    UsageReport {
+        host,
+        time_ms: u.time_ms,
+        runs: u
+            .runs
+            .into_iter()
+            .take(crate::agent_hub::MAX_REPORTS_PER_MESSAGE)
+            .filter_map(|r| {
+                let key = r.key?;
+                crate::convert::id("usage.runs.key.job_id", &key.job_id).ok()?;
+                Some(RunUsage {
+                    key: crate::lifecycle::AgentRunKey {
+                        job_id: key.job_id.into(),
+                        instance: key.instance,
+                        run: key.run_id,
+                        launch: key.launch_id,
+                    },
+                    cpu_usec: r.cpu_usec,
+                    memory_bytes: r.memory_bytes,
+                    disk_bytes: r.disk_bytes,
+                })
+            })
+            .collect(),
+    }
 }

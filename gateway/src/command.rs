@@ -300,6 +300,14 @@ pub enum AgentCommand {
         /// The reports.
         reports: Vec<pb::RunReport>,
     },
+    /// A usage report from an agent (soft state: it writes nothing, and
+    /// is dropped while the store cannot write).
+    AgentUsage {
+        /// The session it came on (a replaced session's is dropped).
+        session: u64,
+        /// The report, in the core's terms.
+        report: Box<crate::lifecycle::usage::UsageReport>,
+    },
     /// An agent's session ended.
     AgentGone {
         /// Host name.

@@ -151,6 +151,18 @@ pub fn resources_to_pb(r: Resources) -> pb::Resources {
     }
 }
 
+/// Measured usage in the API's units (cores, MiB).
+pub fn usage_to_pb(u: &crate::lifecycle::usage::Usage) -> pb::ResourceUsage {
+    const MIB: f64 = (1u64 << 20) as f64;
+    pb::ResourceUsage {
+        cpu: u.cpu_millis as f64 / 1000.0,
+        memory_mb: u.memory_bytes as f64 / MIB,
+        memory_peak_mb: u.memory_peak_bytes as f64 / MIB,
+        disk_mb: u.disk_bytes as f64 / MIB,
+        reported_at_ms: u.reported_at,
+    }
+}
+
 fn limit_to_pb(r: Resources) -> pb::Resources {
     let mut out = resources_to_pb(r);
     for (d, v) in [
@@ -1149,6 +1161,7 @@ pub fn run_to_pb(r: &RunRecord) -> pb::TaskRun {
         launch_id: r.launch.0,
         health: 0,
         ports: Default::default(),
+        used: None,
     }
 }
 

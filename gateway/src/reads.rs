@@ -40,6 +40,8 @@ pub(crate) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
             demand: Some(convert::resources_to_pb(ent.demand(slot))),
             pending_tasks: usage.n_queued,
             running_tasks: usage.allocation.n_tasks,
+            // Measured usage is soft state: reads add it (`with_pool_usage`).
+            used: None,
         }),
         version: core.pool_version(&path),
         children: tree
@@ -48,6 +50,36 @@ pub(crate) fn pool_to_pb(engine: &Engine, core: &Lifecycle, id: PoolId) -> pb::P
             .collect(),
         path,
     }
+}
+
+/// What each pool's subtree uses (a run's usage counts in its pool and
+/// every pool above it), for the pools with any reported.
+pub(crate) fn pool_usage(
+    engine: &Engine,
+    core: &Lifecycle,
+) -> rustc_hash::FxHashMap<PoolId, crate::lifecycle::usage::Usage> {
+    let tree = engine.resources().tree();
+    let mut out: rustc_hash::FxHashMap<PoolId, crate::lifecycle::usage::Usage> = Default::default();
+    for (leaf, usage) in core.usage_by_pool() {
+        let mut pool = Some(leaf);
+        while let Some(id) = pool {
+            out.entry(id).or_default().add(&usage);
+            pool = tree.parent(id);
+        }
+    }
+    out
+}
+
+/// `pool` with what its subtree uses (`PoolStatus.used`; reads only: the
+/// stored pool row never carries it).
+pub(crate) fn with_pool_usage(
+    mut pool: pb::Pool,
+    used: Option<&crate::lifecycle::usage::Usage>,
+) -> pb::Pool {
+    if let Some(status) = pool.status.as_mut() {
+        status.used = used.map(convert::usage_to_pb);
+    }
+    pool
 }
 
 /// Pools in path order after the request's page token, up to its page size
@@ -71,8 +103,9 @@ pub(crate) fn list_pools(
     ids.sort_by(|a, b| tree.path(*a).cmp(tree.path(*b)));
     let mut out = pb::ListPoolsResponse::default();
     let mut bytes = PageBytes::default();
+    let used = pool_usage(engine, core);
     for id in ids {
-        let pool = pool_to_pb(engine, core, id);
+        let pool = with_pool_usage(pool_to_pb(engine, core, id), used.get(&id));
         if out.pools.len() == page || !bytes.admits(out.pools.len(), &pool) {
             out.next_page_token =
                 paging::page_token(paging::PageKind::Pools, id_before(&out.pools));
@@ -142,6 +175,15 @@ pub(crate) fn job_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
     }
 }
 
+/// `job` with what its current runs use (`JobStatus.used`; a sum over its
+/// instances, so for a single job's read only).
+pub(crate) fn with_usage(core: &Lifecycle, k: JobKey, mut job: pb::Job) -> pb::Job {
+    if let Some(status) = job.status.as_mut() {
+        status.used = core.job_usage(k).map(|u| convert::usage_to_pb(&u));
+    }
+    job
+}
+
 /// A config version's spec as the API shows it: as its user sent it (the
 /// core keeps it encoded), with what the core changed since without a new
 /// version: the instance count (scaled; a daemon's follows the hosts it
@@ -209,6 +251,7 @@ pub(crate) fn job_without_spec(job: &Job) -> pb::Job {
                 registered: a.registered,
                 unregistered: job.app.closed,
             }),
+            used: None,
         }),
         version: job.version,
     }
@@ -293,6 +336,7 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
     let t = &job.tasks[i as usize];
     let mut current = convert::run_to_pb(&core.run_record(t));
     current.health = convert::health_to_pb(t.health) as i32;
+    current.used = core.run_usage(k, i).map(|u| convert::usage_to_pb(&u));
     current.ports = t
         .ports
         .iter()
@@ -784,6 +828,7 @@ pub(crate) fn list_hosts(
             },
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
             agent_id: agent.map(|h| h.agent_id.to_string()).unwrap_or_default(),
+            used: core.host_usage(slot).map(|u| convert::usage_to_pb(&u)),
         };
         // A page also ends before its encoded size passes MAX_PAGE_BYTES
         // (hosts with many tasks are large).

@@ -465,6 +465,11 @@ impl Scheduler {
             let updates = std::mem::take(&mut self.updates);
             self.step(Input::Updates(updates));
         }
+        let mut usage = Vec::new();
+        self.backend.usage(self.now, &mut usage);
+        for report in usage {
+            self.step(Input::Usage(Box::new(report)));
+        }
         if self.core.next_deadline().is_some_and(|t| t <= self.now) {
             self.step(Input::Tick);
         }

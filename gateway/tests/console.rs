@@ -674,6 +674,13 @@ fn agents_scenario(chromium: &Path, agent: &Path, addr: std::net::SocketAddr, wo
          && r.querySelectorAll('.gpu.full').length === 1 && [...r.querySelectorAll('a.task-ref')].some(a => a.innerText === 'trainer/0'); })()",
         AGENT_TIMEOUT,
     );
+    b.wait_for_within(
+        "what the sleepers' host uses, measured by its agent",
+        &format!(
+            "(() => {{ const c = {row} && {row}.querySelector('[data-used]'); return !!c && /cpu, .*MiB/.test(c.innerText); }})()"
+        ),
+        AGENT_TIMEOUT,
+    );
     b.screenshot(&shots.join("cluster-agents.png"));
     b.eval(&format!(
         "window.confirm = (m) => {{ window.asked = m; return true; }}; {row}.querySelector('button.drain').click()"

@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use common::*;
 use pb::JobState as J;
@@ -718,4 +719,87 @@ async fn a_controller_task_ends_its_job_as_it_ends_and_stops_the_others() {
         assert_eq!(h.free, h.capacity, "host {} still holds resources", h.name);
     }
     s.shutdown().await;
+}
+
+/// Simulated hosts report synthetic usage (a share of each run's request)
+/// every 10 s, as agents do: tasks, their job and their hosts show it, at
+/// most what was requested.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_hosts_report_what_their_runs_use() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let job = create_job(&mut c, job_spec("/a", 2, 1.0, 600_000)).await;
+    // Two reports give a CPU rate: within two intervals and a bit.
+    let used = eventually("the tasks' usage", Duration::from_secs(40), async || {
+        let mut c = s.clients.clone();
+        let mut out = Vec::new();
+        for i in 0..2 {
+            let t = get_task(&mut c, &job.id, i).await;
+            let u = t
+                .current
+                .and_then(|r| r.used)
+                .ok_or(format!("no usage of {i} yet"))?;
+            if u.cpu == 0.0 {
+                return Err(format!("no rate for {i} yet: {u:?}"));
+            }
+            out.push(u);
+        }
+        Ok(out)
+    })
+    .await;
+    for u in &used {
+        assert!(u.cpu > 0.0 && u.cpu <= 1.0, "{u:?}");
+        assert!(u.memory_mb > 0.0 && u.memory_mb <= 256.0, "{u:?}");
+    }
+    let total: f64 = used.iter().map(|u| u.memory_mb).sum();
+    let job_used = get_job(&mut c, &job.id)
+        .await
+        .expect("job")
+        .status
+        .and_then(|s| s.used)
+        .expect("the job's usage");
+    assert_eq!(job_used.memory_mb, total, "{job_used:?}");
+    let hosts_memory: f64 = list_hosts(&mut c)
+        .await
+        .iter()
+        .filter_map(|h| h.used.map(|u| u.memory_mb))
+        .sum();
+    assert_eq!(hosts_memory, total);
+    // A pool's use is its subtree's: /a's and the root's; pool rows carry
+    // none (measured usage is never stored), lists and gets do.
+    for path in ["/a", "/"] {
+        let pool = c
+            .pools
+            .get(pb::GetPoolRequest { path: path.into() })
+            .await
+            .expect("pool")
+            .into_inner()
+            .pool
+            .expect("pool");
+        let used = pool.status.and_then(|s| s.used).expect("the pool's usage");
+        assert_eq!(used.memory_mb, total, "{path}: {used:?}");
+    }
+    let listed = c
+        .pools
+        .list(pb::ListPoolsRequest::default())
+        .await
+        .expect("pools")
+        .into_inner()
+        .pools;
+    let used: Vec<(String, Option<f64>)> = listed
+        .iter()
+        .map(|p| {
+            (
+                p.path.clone(),
+                p.status.and_then(|s| s.used).map(|u| u.memory_mb),
+            )
+        })
+        .collect();
+    assert!(
+        used.iter()
+            .all(|(path, u)| *u == Some(total) || (path != "/" && path != "/a")),
+        "{used:?}"
+    );
+    assert!(used.iter().any(|(path, _)| path == "/a"), "{used:?}");
 }

@@ -10,6 +10,7 @@ use super::model::{N_STATES, TaskState as S};
 impl Lifecycle {
     /// Panics unless every invariant holds.
     pub fn check_invariants(&self, engine: &Engine) {
+        self.check_usage();
         let mut n_engine_tasks = 0usize;
         for (&k, job) in &self.jobs {
             assert_eq!(

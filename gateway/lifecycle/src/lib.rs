@@ -41,6 +41,7 @@ pub mod sim;
 mod tests;
 pub mod units;
 mod updates;
+pub mod usage;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -396,6 +397,8 @@ pub enum Input {
     Cycle,
     /// Fire the timers due by now.
     Tick,
+    /// A host's usage report (soft state: writes nothing).
+    Usage(Box<usage::UsageReport>),
 }
 
 /// What a successful step answers.
@@ -563,6 +566,8 @@ pub struct Lifecycle {
     /// looked at.
     liveness: liveness::Liveness,
     needs_cycle: bool,
+    /// What current runs use, by host (soft state; see `usage`).
+    usage: usage::UsageTable,
     now: u64,
 }
 
@@ -604,6 +609,7 @@ impl Lifecycle {
             volume_deadline: None,
             liveness: liveness::Liveness::from(0),
             needs_cycle: true,
+            usage: usage::UsageTable::default(),
             now: 0,
         };
         core.pool_versions.insert("/".into(), 1);
@@ -724,6 +730,10 @@ impl Lifecycle {
                 self.fill_all(engine, fx);
                 self.cycle(engine, fx);
                 self.need_fill.extend(self.retry_fill.drain());
+                Ok(Answer::Done)
+            }
+            Input::Usage(report) => {
+                self.apply_usage(engine, *report);
                 Ok(Answer::Done)
             }
             Input::Tick => {

@@ -86,6 +86,14 @@ impl Lifecycle {
         job.counts[from as usize] -= 1;
         job.counts[to as usize] += 1;
         t.state = to;
+        if from.on_host()
+            && !to.on_host()
+            && let Some(slot) = t.host
+        {
+            // The run is no longer current on its host: what it used no
+            // longer counts there.
+            self.usage.forget_run(slot, (k, i));
+        }
         // A recovered waiting instance moves within the queue silently; it
         // is news again once it leaves it.
         let queued = matches!(to, S::Pending | S::Ready | S::Placing);

@@ -735,6 +735,55 @@ impl Sim {
         }
     }
 
+    /// Every connected agent reports its live runs' usage (synthetic: run
+    /// `launch` uses `launch % 4` quarter cores since time 0, and
+    /// `launch % 8 + 1` MiB). Usage is soft state: the steps write no row
+    /// and make no event.
+    pub fn report_usage(&mut self) {
+        let reports: Vec<crate::usage::UsageReport> = self
+            .agents
+            .iter()
+            .filter(|(_, a)| a.connected)
+            .map(|(host, a)| crate::usage::UsageReport {
+                host: host.clone(),
+                time_ms: self.now,
+                runs: a
+                    .runs
+                    .values()
+                    .filter(|r| r.started && r.ended.is_none())
+                    .map(|r| crate::usage::RunUsage {
+                        key: r.key.clone(),
+                        cpu_usec: self.now * (r.key.launch % 4) * 250,
+                        memory_bytes: (r.key.launch % 8 + 1) << 20,
+                        disk_bytes: 0,
+                    })
+                    .collect(),
+            })
+            .collect();
+        for report in reports {
+            let r = self.core.step(
+                &mut self.engine,
+                Input::Usage(Box::new(report)),
+                self.now,
+                &mut self.fx,
+            );
+            assert!(r.is_ok(), "{r:?}");
+            assert!(
+                self.fx.rows.is_empty() && self.fx.events.is_empty(),
+                "a usage report wrote {:?} and made {} events",
+                self.fx.rows,
+                self.fx.events.len()
+            );
+            self.commit();
+        }
+    }
+
+    /// [`Sim::current`] of `J/I`.
+    pub fn current_key(&self, target: &str) -> Option<(Arc<str>, AgentRunKey)> {
+        let (job, i) = target.split_once('/')?;
+        self.current(job, i.parse().ok()?)
+    }
+
     /// The current run of instance `i` of job `job`, as the core sees it:
     /// its host and key (none if it has no host).
     pub fn current(&self, job: &str, i: u32) -> Option<(Arc<str>, AgentRunKey)> {

@@ -48,6 +48,10 @@
 //!   `access` — the tokens, their certificates, the audit log and the rows;
 //! - `secrets J NAME=VALUE...` — replace job J's secrets (an empty value
 //!   keeps the current one); `show-secrets J`;
+//! - `usage H t=MS J/I=CPU_MS:MEM_MIB...` — H's agent reports its runs'
+//!   cumulative CPU time and memory, measured MS after the script began (any rows or
+//!   events it causes are shown: there should be none); `used J/I`,
+//!   `used J`, `used @H` — a run's, a job's, a host's usage;
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -458,6 +462,80 @@ impl Env {
                     .say(format!("  secrets {}: {}", words[1], shown.join(" ")));
             }
             "cycle" => self.step(Input::Cycle),
+            "usage" => {
+                // `usage H t=MS J/I=CPU_MS:MEM_MIB...`: H's agent reports,
+                // at its time MS, each run's cumulative CPU ms and memory.
+                let runs = words[2..]
+                    .iter()
+                    .filter_map(|w| {
+                        let (target, amounts) = w.split_once('=')?;
+                        if !target.contains('/') {
+                            return None;
+                        }
+                        let (cpu, mem) = amounts.split_once(':').expect("CPU_MS:MEM_MIB");
+                        let key = match self.sim.current_key(target) {
+                            Some((_, key)) => key,
+                            None => {
+                                let (job, i) = target.split_once('/').expect("J/I");
+                                AgentRunKey {
+                                    job_id: job.into(),
+                                    instance: i.parse().expect("instance"),
+                                    run: 1,
+                                    launch: 1,
+                                }
+                            }
+                        };
+                        Some(usage::RunUsage {
+                            key,
+                            cpu_usec: cpu.parse::<u64>().expect("ms") * 1000,
+                            memory_bytes: mem.parse::<u64>().expect("MiB") << 20,
+                            disk_bytes: 0,
+                        })
+                    })
+                    .collect();
+                let report = usage::UsageReport {
+                    host: words[1].into(),
+                    time_ms: crate::sim::START_MS + num("t", 0),
+                    runs,
+                };
+                let sim = &mut self.sim;
+                let r = sim.core.step(
+                    &mut sim.engine,
+                    Input::Usage(Box::new(report)),
+                    sim.now,
+                    &mut sim.fx,
+                );
+                assert!(r.is_ok(), "{r:?}");
+                let (rows, events) = (sim.fx.rows.len(), sim.fx.events.len());
+                sim.commit();
+                if rows + events > 0 {
+                    sim.say(format!("  rows: {rows}, events: {events}"));
+                }
+            }
+            "used" => {
+                // `used J/I`, `used J`, `used @H`: usage as reads show it.
+                let core = &self.sim.core;
+                let shown = if let Some(host) = words[1].strip_prefix('@') {
+                    let slot = self.sim.engine.hosts().lookup(host).expect("host").idx();
+                    core.host_usage(HostSlot(slot as u32))
+                } else if let Some((job, i)) = words[1].split_once('/') {
+                    let k = core.job_key(job).expect("job");
+                    core.run_usage(k, i.parse().expect("instance"))
+                } else {
+                    core.job_usage(core.job_key(words[1]).expect("job"))
+                };
+                let line = match shown {
+                    None => format!("  used {}: none", words[1]),
+                    Some(u) => format!(
+                        "  used {}: cpu={}m mem={}MiB peak={}MiB",
+                        words[1],
+                        u.cpu_millis,
+                        u.memory_bytes >> 20,
+                        u.memory_peak_bytes >> 20
+                    ),
+                };
+                self.sim.say(line);
+            }
             "tick" => {
                 self.sim.now += words[1].parse::<u64>().expect("ms");
                 self.step(Input::Tick);
@@ -4752,6 +4830,201 @@ fn a_host_held_by_a_live_session_is_taken_over_only_once_it_is_silent() {
             > claim h1 agent=agent-h1 holder=agent-h1 heard=500
             > tick 5000
             > claim h1 holder=agent-h1 heard=500
+        "#]],
+    );
+}
+
+#[test]
+fn cpu_use_is_the_rate_between_two_readings_and_writes_nothing() {
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=2 cpu=2 mem=1024
+        cycle
+        used j/0                       # nothing reported yet
+        usage h1 t=1000 j/0=500:100 j/1=0:10
+        used j/0                       # one reading: the average since it started
+        # 10 s later: j/0 used 10 s of CPU (one core), j/1 2.5 s.
+        usage h1 t=11000 j/0=10500:200 j/1=2500:10
+        used j/0
+        used j/1
+        used j
+        used @h1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=2 cpu=2 mem=1024
+            j/0#1 pending
+            j/1#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            job j running
+            > used j/0
+              used j/0: none
+            > usage h1 t=1000 j/0=500:100 j/1=0:10
+            > used j/0
+              used j/0: cpu=500m mem=100MiB peak=100MiB
+            > usage h1 t=11000 j/0=10500:200 j/1=2500:10
+            > used j/0
+              used j/0: cpu=1000m mem=200MiB peak=200MiB
+            > used j/1
+              used j/1: cpu=250m mem=10MiB peak=10MiB
+            > used j
+              used j: cpu=1250m mem=210MiB peak=210MiB
+            > used @h1
+              used @h1: cpu=1250m mem=210MiB peak=210MiB
+        "#]],
+    );
+}
+
+#[test]
+fn the_memory_peak_decays_by_half_every_half_life() {
+    check(
+        r"
+        host h1 cpu=4
+        job j pool=/ n=1 cpu=1
+        cycle
+        usage h1 t=0 j/0=0:100
+        usage h1 t=10000 j/0=0:900      # a spike: the peak rises at once
+        used j/0
+        usage h1 t=40000 j/0=0:100      # one half-life later
+        used j/0
+        usage h1 t=70000 j/0=0:100      # two
+        used j/0
+        usage h1 t=80000 j/0=0:500      # a smaller spike lifts it again
+        used j/0
+        used @h1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job j pool=/ n=1 cpu=1
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > usage h1 t=0 j/0=0:100
+            > usage h1 t=10000 j/0=0:900
+            > used j/0
+              used j/0: cpu=0m mem=900MiB peak=900MiB
+            > usage h1 t=40000 j/0=0:100
+            > used j/0
+              used j/0: cpu=0m mem=100MiB peak=500MiB
+            > usage h1 t=70000 j/0=0:100
+            > used j/0
+              used j/0: cpu=0m mem=100MiB peak=300MiB
+            > usage h1 t=80000 j/0=0:500
+            > used j/0
+              used j/0: cpu=0m mem=500MiB peak=500MiB
+            > used @h1
+              used @h1: cpu=0m mem=500MiB peak=500MiB
+        "#]],
+    );
+}
+
+#[test]
+fn usage_of_unknown_or_ended_runs_is_ignored_and_an_ended_run_stops_counting() {
+    check(
+        r"
+        host h1 cpu=4
+        host h2 cpu=4
+        job j pool=/ n=2 cpu=3
+        cycle
+        usage h1 t=1000 j/0=0:100 j/1=0:100 ghost/0=0:999
+        usage h2 t=1000 j/0=0:100 j/1=0:100
+        used @h1
+        used @h2
+        exit j/0 0
+        used j/0                      # ended: gone at once
+        used @h1
+        usage h1 t=2000 j/0=1000:100  # its agent still lists it: ignored
+        used j/0
+        used @h1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > job j pool=/ n=2 cpu=3
+            j/0#1 pending
+            j/1#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h2
+            j/1#1 launching @h2
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h2 config 1
+            j/0#1 running @h1
+            job j running
+            j/1#1 running @h2
+            > usage h1 t=1000 j/0=0:100 j/1=0:100 ghost/0=0:999
+            > usage h2 t=1000 j/0=0:100 j/1=0:100
+            > used @h1
+              used @h1: cpu=0m mem=100MiB peak=100MiB
+            > used @h2
+              used @h2: cpu=0m mem=100MiB peak=100MiB
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            > used j/0
+              used j/0: none
+            > used @h1
+              used @h1: cpu=0m mem=0MiB peak=100MiB
+            > usage h1 t=2000 j/0=1000:100
+            > used j/0
+              used j/0: none
+            > used @h1
+              used @h1: cpu=0m mem=0MiB peak=97MiB
+        "#]],
+    );
+}
+
+#[test]
+fn a_first_reading_gives_the_average_since_the_run_started() {
+    check(
+        r"
+        host h1 cpu=4
+        tick 1000
+        job j pool=/ n=1 cpu=2
+        cycle                           # j/0 starts at 1000
+        task j/0
+        usage h1 t=11000 j/0=5000:100   # 5 s of CPU in the 10 s since
+        used j/0
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > tick 1000
+            > job j pool=/ n=1 cpu=2
+            j/0#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+              launch j/0#1 @h1 config 1
+            j/0#1 running @h1
+            job j running
+            > task j/0
+              j/0#1 running started 1000 finished 0
+            > usage h1 t=11000 j/0=5000:100
+            > used j/0
+              used j/0: cpu=500m mem=100MiB peak=100MiB
         "#]],
     );
 }

@@ -141,7 +141,13 @@ impl Scheduler {
                     .tree()
                     .resolve(&path)
                     .map_err(Error::Pool)
-                    .map(|id| reads::pool_to_pb(&self.engine, &self.core, id));
+                    .map(|id| {
+                        let used = reads::pool_usage(&self.engine, &self.core);
+                        reads::with_pool_usage(
+                            reads::pool_to_pb(&self.engine, &self.core, id),
+                            used.get(&id),
+                        )
+                    });
                 self.defer(reply, r);
             }
             PoolCommand::ListPools {
@@ -177,7 +183,10 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             JobCommand::GetJob { id, reply } => {
-                let r = self.core.job_key(&id).map(|k| self.job_to_pb(k));
+                let r = self
+                    .core
+                    .job_key(&id)
+                    .map(|k| reads::with_usage(&self.core, k, self.job_to_pb(k)));
                 self.defer(reply, r);
             }
             JobCommand::QueryJobs {
@@ -327,6 +336,15 @@ impl Scheduler {
                 }
                 let reports = reports.into_iter().filter_map(run_report).collect();
                 self.step(Input::AgentReports { host, reports });
+            }
+            AgentCommand::AgentUsage { session, report } => {
+                if self
+                    .hub
+                    .as_ref()
+                    .is_some_and(|a| a.is_current(&report.host, session))
+                {
+                    self.step(Input::Usage(report));
+                }
             }
             AgentCommand::AgentGone { host, session } => {
                 if let Some(a) = &self.hub

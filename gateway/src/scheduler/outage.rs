@@ -113,6 +113,8 @@ impl Scheduler {
             Command::Access(AccessCommand::RevokeCertificate { reply, .. }) => {
                 refuse(reply, &status)
             }
+            // Soft state: the next report after the outage counts.
+            Command::Agents(AgentCommand::AgentUsage { .. }) => None,
             // Kept for the commit that ends the outage, up to a bound.
             Command::Access(AccessCommand::Audit(entry)) => {
                 if self.outage.held.len() < MAX_HELD_REPORTS {

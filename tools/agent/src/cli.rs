@@ -21,6 +21,7 @@ use crate::isolation::Isolation;
 use crate::ports::PortRange;
 use crate::session::{OnExit, SessionConfig};
 use crate::supervisor::{DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, SupervisorConfig};
+use crate::usage::DEFAULT_USAGE_INTERVAL_MS;
 
 const RESOURCE_KEYS: &str = "cpu, mem, disk, gpu";
 
@@ -101,6 +102,12 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub gc_interval_s: u64,
+    /// Time between usage reports (what runs use: CPU, memory); a run
+    /// whose memory moves by more than a quarter is reported sooner, but
+    /// reports never come closer than a second apart.
+    #[arg(long = "usage-interval", value_name = "SECONDS", default_value_t = DEFAULT_USAGE_INTERVAL_MS / 1000,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub usage_interval_s: u64,
     /// Time between looks at the runs (started? exited?).
     #[arg(long, value_name = "MS", default_value_t = 200,
           value_parser = clap::value_parser!(u64).range(10..=10_000))]
@@ -337,6 +344,7 @@ impl Args {
             attributes: self.attributes.into_iter().collect::<HashMap<_, _>>(),
             poll_interval: Duration::from_millis(self.poll_interval_ms),
             gc_interval: Duration::from_secs(self.gc_interval_s),
+            usage_interval: Duration::from_secs(self.usage_interval_s),
             gc: GcPolicy {
                 max_age_ms: self.gc_max_age_s.saturating_mul(1000),
                 max_disk_bytes: self.gc_max_disk_mb.saturating_mul(1 << 20),

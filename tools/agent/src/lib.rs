@@ -15,7 +15,8 @@
 //! supervisor's lock, and only report: killing an unhealthy task is the
 //! server's decision. Persistent volumes live outside the sandboxes and are
 //! linked into them (`volumes`); secrets are private files in the sandbox
-//! while the run lives (`secrets`).
+//! while the run lives (`secrets`). What runs use (CPU time, memory) is
+//! measured for the server's usage reports (`usage`).
 //!
 //! The library exists for the binary and for tests that drive the
 //! supervisor without a server; it must not know the gateway.
@@ -34,6 +35,7 @@ mod run;
 mod secrets;
 mod session;
 mod supervisor;
+mod usage;
 mod volumes;
 
 pub use cli::{
@@ -52,5 +54,8 @@ pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, codec, run as 
 pub use supervisor::{
     DEFAULT_MAX_RUNS, DEFAULT_OPEN_FILES, LogSource, MAX_LOG_CHUNK_BYTES, StopGrace, Supervisor,
     SupervisorConfig, SupervisorError,
+};
+pub use usage::{
+    DEFAULT_USAGE_INTERVAL_MS, MIN_REPORT_SPACING_MS, RunUsage, UsageMeter, UsageReport,
 };
 pub use volumes::VolumeDeletion;

@@ -10,8 +10,8 @@
 //! `poll_interval`, wakes the session when reports are waiting), the
 //! garbage collector (every `gc_interval`, without the lock: it reads only
 //! the disk) and the session loop (registration, heartbeats, reports,
-//! server messages). Health checkers (threads of the supervisor's own)
-//! wake the session loop when a run's health changes. Log reads run as
+//! server messages, usage reports). Health checkers (threads of the
+//! supervisor's own) wake the session loop when a run's health changes. Log reads run as
 //! their own tasks, at most
 //! `MAX_CONCURRENT_LOG_READS` at once, so a slow disk delays log chunks,
 //! not launches or kills.
@@ -56,6 +56,7 @@ use crate::clock;
 use crate::gc::{self, GcPolicy};
 use crate::run::{Resources, RunPlan};
 use crate::supervisor::{StopGrace, Supervisor};
+use crate::usage::UsageMeter;
 
 /// Reports in one `AgentReports` message, at most.
 pub const MAX_REPORTS_PER_MESSAGE: usize = 1024;
@@ -109,6 +110,9 @@ pub struct SessionConfig {
     pub attributes: HashMap<String, String>,
     pub poll_interval: Duration,
     pub gc_interval: Duration,
+    /// How often usage reports go out (sooner when memory moves; see
+    /// `usage::UsageMeter`).
+    pub usage_interval: Duration,
     pub gc: GcPolicy,
     pub on_exit: OnExit,
 }
@@ -617,6 +621,11 @@ async fn session(
     let log_reads = Arc::new(Semaphore::new(MAX_CONCURRENT_LOG_READS));
     let mut heartbeat = tokio::time::interval(heartbeat_every);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A new session's first measurement is reported at once.
+    let mut meter =
+        UsageMeter::new(u64::try_from(config.usage_interval.as_millis()).unwrap_or(u64::MAX));
+    let mut measure = tokio::time::interval(Duration::from_millis(meter.measure_every_ms()));
+    measure.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Registration superseded what was queued; anything since goes now.
     changed.notify_one();
     loop {
@@ -636,6 +645,7 @@ async fn session(
             },
             _ = heartbeat.tick() => send(&tx, v1::agent_message::Kind::Heartbeat(v1::AgentHeartbeat {})).await.map(|()| true),
             () = changed.notified() => Ok(true),
+            _ = measure.tick() => send_usage(supervisor, &tx, &mut meter).await.map(|()| false),
             _ = closing.wait_for(|closing| *closing) => {
                 // Ends the stream (log reads in flight hold clones until
                 // they finish); the server then ends its side.
@@ -655,6 +665,20 @@ async fn session(
             return SessionEnd::Broke(e);
         }
     }
+}
+
+/// Measures the runs and sends a usage report if one is due.
+async fn send_usage(
+    supervisor: &Shared,
+    tx: &mpsc::Sender<v1::AgentMessage>,
+    meter: &mut UsageMeter,
+) -> Result<(), String> {
+    let now = clock::now_ms();
+    let report = with_supervisor(supervisor, |s| s.usage(now));
+    if !meter.due(&report, now) {
+        return Ok(());
+    }
+    send(tx, v1::agent_message::Kind::Usage(codec::usage(&report))).await
 }
 
 /// `e: cause: cause...` (tonic's transport errors say little on their own).

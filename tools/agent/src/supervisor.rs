@@ -53,6 +53,7 @@ use crate::run::{
     RunPlan, RunReport,
 };
 use crate::secrets;
+use crate::usage::{self, RunUsage, UsageReport};
 use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
 
 /// Default of `--max-runs`.
@@ -916,6 +917,43 @@ impl Supervisor {
             run.record.killed_by_agent = Some(why);
             persist(run, &self.open_journals);
             proc::kill_all(&pids);
+        }
+    }
+
+    /// What every live run uses now (see `usage`): from its cgroup if it
+    /// has one, else over its process tree (one `/proc` scan for all); at
+    /// most `MAX_USAGE_RUNS` of them, in key order.
+    pub fn usage(&self, now_ms: u64) -> UsageReport {
+        let mut procs = LazySnapshot::default();
+        let mut runs: Vec<RunUsage> = self
+            .runs
+            .values()
+            .filter(|run| !run.record.report.phase.is_final())
+            .filter_map(|run| {
+                let (cpu_usec, memory_bytes) = match &run.record.cgroup {
+                    Some(cgroup) => usage::measure_cgroup(cgroup)?,
+                    None => {
+                        let (root, with_root) = self.launcher.memory_root(&run.record)?;
+                        let mut pids = procs.get().descendants(root.pid);
+                        if with_root {
+                            pids.push(root.pid);
+                        }
+                        usage::measure_processes(&pids)
+                    }
+                };
+                Some(RunUsage {
+                    key: run.record.key.clone(),
+                    cpu_usec,
+                    memory_bytes,
+                    disk_bytes: 0,
+                })
+            })
+            .collect();
+        runs.sort_by(|a, b| a.key.cmp(&b.key));
+        runs.truncate(usage::MAX_USAGE_RUNS);
+        UsageReport {
+            time_ms: now_ms,
+            runs,
         }
     }
 

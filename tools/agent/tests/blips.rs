@@ -49,6 +49,7 @@ async fn agents_restarted_within_the_lost_timeout_disturb_no_task() {
         ClusterOptions {
             host_lost_after_ms: 15_000,
             agent_resources: "cpu=2,mem=4096,disk=10000".into(),
+            ..Default::default()
         },
     )
     .await;

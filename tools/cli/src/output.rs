@@ -12,8 +12,8 @@ use std::io::{self, Write};
 
 use peloton_proto::v1::{
     Event, Host, HostState, Job, JobSpec, JobState, JobStatus, JobType, PlacementStrategy, Pool,
-    PoolKind, PoolSpec, PoolStatus, Resources, StateCount, Task, TaskRun, TaskSpec, TaskState,
-    event,
+    PoolKind, PoolSpec, PoolStatus, ResourceUsage, Resources, StateCount, Task, TaskRun, TaskSpec,
+    TaskState, event,
 };
 use serde_json::{Value, json};
 
@@ -169,6 +169,26 @@ pub fn fmt_resources(r: Option<&Resources>) -> String {
     }
 }
 
+/// Measured usage on one line: `1.02 cpu, 210 MiB mem (peak 250 MiB)`;
+/// `-` when none was reported.
+pub fn fmt_usage(u: Option<&ResourceUsage>) -> String {
+    let Some(u) = u else {
+        return "-".to_owned();
+    };
+    let mut text = format!(
+        "{} cpu, {} mem",
+        fmt_number((u.cpu * 100.0).round() / 100.0),
+        fmt_mib(u.memory_mb.round())
+    );
+    if u.memory_peak_mb.round() > u.memory_mb.round() {
+        text.push_str(&format!(" (peak {})", fmt_mib(u.memory_peak_mb.round())));
+    }
+    if u.disk_mb > 0.0 {
+        text.push_str(&format!(", {} disk", fmt_mib(u.disk_mb.round())));
+    }
+    text
+}
+
 /// Milliseconds since the Unix epoch as UTC `YYYY-MM-DD HH:MM:SS`; `-` for 0.
 pub fn fmt_time_ms(ms: u64) -> String {
     if ms == 0 {
@@ -247,6 +267,20 @@ fn map_json(map: &HashMap<String, String>) -> Value {
     Value::Object(sorted)
 }
 
+/// Measured usage (`null` when none was reported).
+pub fn usage_json(u: Option<&ResourceUsage>) -> Value {
+    match u {
+        None => Value::Null,
+        Some(u) => json!({
+            "cpu": u.cpu,
+            "memory_mb": u.memory_mb,
+            "memory_peak_mb": u.memory_peak_mb,
+            "disk_mb": u.disk_mb,
+            "reported_at_ms": u.reported_at_ms,
+        }),
+    }
+}
+
 pub fn resources_json(r: Option<&Resources>) -> Value {
     let r = r.copied().unwrap_or_default();
     json!({"cpu": r.cpu, "memory_mb": r.memory_mb, "disk_mb": r.disk_mb, "gpu": r.gpu})
@@ -273,6 +307,7 @@ pub fn pool_status_json(status: Option<&PoolStatus>) -> Value {
         "demand": resources_json(status.demand.as_ref()),
         "pending_tasks": status.pending_tasks,
         "running_tasks": status.running_tasks,
+        "used": usage_json(status.used.as_ref()),
     })
 }
 
@@ -382,6 +417,7 @@ pub fn job_status_json(status: Option<&JobStatus>) -> Value {
         "kill_requested": status.kill_requested,
         "config_version": status.config_version,
         "update_id": status.update_id,
+        "used": usage_json(status.used.as_ref()),
     })
 }
 
@@ -409,6 +445,7 @@ pub fn task_run_json(run: Option<&TaskRun>) -> Value {
         "launch_id": run.launch_id,
         "health": enum_json::<peloton_proto::v1::Health>(run.health),
         "ports": run.ports.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
+        "used": usage_json(run.used.as_ref()),
     })
 }
 
@@ -445,6 +482,7 @@ pub fn host_json(host: &Host) -> Value {
         "isolation": host.isolation,
         "host_pool": host.host_pool,
         "volumes_disk_mb": host.volumes_disk_mb,
+        "used": usage_json(host.used.as_ref()),
     })
 }
 
@@ -497,6 +535,26 @@ mod tests {
              a       0.5  -\n\
              longer   16\n"
         );
+    }
+
+    #[test]
+    fn usage_is_one_line_with_a_peak_only_above_the_memory_now() {
+        assert_eq!(fmt_usage(None), "-");
+        let mut u = ResourceUsage {
+            cpu: 1.0234,
+            memory_mb: 204.4,
+            memory_peak_mb: 204.2,
+            ..Default::default()
+        };
+        assert_eq!(fmt_usage(Some(&u)), "1.02 cpu, 204 MiB mem");
+        u.memory_peak_mb = 2048.0;
+        u.disk_mb = 10.0;
+        assert_eq!(
+            fmt_usage(Some(&u)),
+            "1.02 cpu, 204 MiB mem (peak 2 GiB), 10 MiB disk"
+        );
+        assert_eq!(usage_json(None), Value::Null);
+        assert_eq!(usage_json(Some(&u))["memory_peak_mb"], 2048.0);
     }
 
     #[test]

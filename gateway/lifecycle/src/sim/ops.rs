@@ -882,6 +882,7 @@ impl Driver {
             Op::Tick(t) => {
                 self.sim.now += TICKS_MS[usize::from(*t) % 5];
                 let _ = self.step(Input::Tick);
+                self.sim.report_usage();
             }
             Op::Exit { run, outcome } => {
                 let runs = self.runs_where(|_, r| r.started);

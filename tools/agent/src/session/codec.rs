@@ -13,6 +13,7 @@ use crate::run::{
     CheckKind, Command, Health, HealthCheckPlan, KillRequest, LogChunk, LogRequest, Phase,
     Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
 };
+use crate::usage::UsageReport;
 
 /// A run key as the agent names runs.
 pub fn run_id(key: &v1::RunKey) -> RunId {
@@ -172,6 +173,33 @@ pub fn resources_to_proto(resources: Resources) -> v1::Resources {
         memory_mb: resources.memory_mb,
         disk_mb: resources.disk_mb,
         gpu: resources.gpu,
+    }
+}
+
+/// A usage report, with the sums over its runs.
+pub fn usage(report: &UsageReport) -> v1::AgentUsage {
+    v1::AgentUsage {
+        time_ms: report.time_ms,
+        cpu_usec: report
+            .runs
+            .iter()
+            .map(|r| r.cpu_usec)
+            .fold(0, u64::saturating_add),
+        memory_bytes: report
+            .runs
+            .iter()
+            .map(|r| r.memory_bytes)
+            .fold(0, u64::saturating_add),
+        runs: report
+            .runs
+            .iter()
+            .map(|r| v1::RunUsage {
+                key: Some(run_key(&r.key)),
+                cpu_usec: r.cpu_usec,
+                memory_bytes: r.memory_bytes,
+                disk_bytes: r.disk_bytes,
+            })
+            .collect(),
     }
 }
 

@@ -180,6 +180,8 @@ pub struct ClusterOptions {
     pub host_lost_after_ms: u64,
     /// Each agent's `--resources`.
     pub agent_resources: String,
+    /// More arguments for each agent.
+    pub agent_args: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -187,6 +189,7 @@ impl Default for ClusterOptions {
         ClusterOptions {
             host_lost_after_ms: HOST_LOST_AFTER_MS,
             agent_resources: "cpu=4,mem=4096,disk=10000".into(),
+            agent_args: Vec::new(),
         }
     }
 }
@@ -381,6 +384,7 @@ impl Cluster {
         for a in attributes {
             command.args(["--attr", a]);
         }
+        command.args(&self.options.agent_args);
         let child = command
             .args(["--ports", &agent_port_range()])
             .env("RUST_LOG", "warn")

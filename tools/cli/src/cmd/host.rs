@@ -12,8 +12,8 @@ use crate::channel::LeaderChannel;
 use crate::cli::HostCommand;
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_map, fmt_mib, fmt_number, host_json, or_dash, print_json,
-    print_out,
+    Align, OutputFormat, Table, fmt_map, fmt_mib, fmt_number, fmt_usage, host_json, or_dash,
+    print_json, print_out,
 };
 
 /// Every host, page by page (in name order).
@@ -84,6 +84,7 @@ fn host_table(hosts: &[Host]) -> String {
         ("CPU FREE/TOTAL", Align::Right),
         ("MEMORY FREE/TOTAL", Align::Right),
         ("GPU FREE/TOTAL", Align::Right),
+        ("USED", Align::Right),
         ("TASKS", Align::Right),
         ("ISOLATION", Align::Left),
         ("ATTRIBUTES", Align::Left),
@@ -107,6 +108,8 @@ fn host_table(hosts: &[Host]) -> String {
                 fmt_mib(capacity.memory_mb)
             ),
             gpu,
+            // Measured (the agents' reports), beside the allocation above.
+            fmt_usage(host.used.as_ref()),
             host.tasks_total.to_string(),
             // cgroup-v2 or rlimit for agents; none for simulated hosts.
             or_dash(&host.isolation),

@@ -17,8 +17,8 @@ use crate::channel::LeaderChannel;
 use crate::cli::{JobCommand, QueryArgs};
 use crate::names::{is_terminal_job_state, name_of};
 use crate::output::{
-    Align, OutputFormat, Table, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms, job_json,
-    or_dash, print_json, print_out, render_fields,
+    Align, OutputFormat, Table, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms, fmt_usage,
+    job_json, or_dash, print_json, print_out, render_fields,
 };
 use crate::spec::load_job_file;
 
@@ -302,6 +302,7 @@ fn job_details(job: &Job) -> String {
         ("TASKS", fmt_task_counts(&status.task_counts)),
         ("COMMAND", or_dash(command.trim())),
         ("RESOURCES", fmt_resources(task.resources.as_ref())),
+        ("USED", fmt_usage(status.used.as_ref())),
         ("PLACEMENT", name_of::<PlacementStrategy>(spec.placement)),
         ("PRIORITY", sla.priority.to_string()),
         ("PREEMPTIBLE", sla.preemptible.to_string()),

@@ -14,8 +14,8 @@ use crate::cli::RespoolCommand;
 use crate::error::UsageError;
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_number, fmt_resources, pool_json, print_json, print_out,
-    render_fields,
+    Align, OutputFormat, Table, fmt_number, fmt_resources, fmt_usage, pool_json, print_json,
+    print_out, render_fields,
 };
 use crate::spec::{PoolEntry, PoolFile, load_pool_file};
 
@@ -177,6 +177,7 @@ fn pool_table(pools: &[Pool]) -> String {
         ("LIMIT", Align::Left),
         ("ENTITLEMENT", Align::Left),
         ("ALLOCATION", Align::Left),
+        ("USED", Align::Left),
         ("PENDING", Align::Right),
         ("RUNNING", Align::Right),
     ]);
@@ -191,6 +192,7 @@ fn pool_table(pools: &[Pool]) -> String {
             fmt_resources(spec.limit.as_ref()),
             fmt_resources(status.entitlement.as_ref()),
             fmt_resources(status.allocation.as_ref()),
+            fmt_usage(status.used.as_ref()),
             status.pending_tasks.to_string(),
             status.running_tasks.to_string(),
         ]);
@@ -216,6 +218,7 @@ fn pool_details(pool: &Pool) -> String {
         ("SLACK LIMIT", fmt_pct(spec.slack_limit_pct)),
         ("ENTITLEMENT", fmt_resources(status.entitlement.as_ref())),
         ("ALLOCATION", fmt_resources(status.allocation.as_ref())),
+        ("USED", fmt_usage(status.used.as_ref())),
         ("DEMAND", fmt_resources(status.demand.as_ref())),
         ("PENDING TASKS", status.pending_tasks.to_string()),
         ("RUNNING TASKS", status.running_tasks.to_string()),

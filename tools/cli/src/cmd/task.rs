@@ -12,8 +12,8 @@ use super::{Ctx, Outcome};
 use crate::cli::TaskCommand;
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_time_ms, or_dash, print_json, print_out, render_fields,
-    task_json,
+    Align, OutputFormat, Table, fmt_time_ms, fmt_usage, or_dash, print_json, print_out,
+    render_fields, task_json,
 };
 
 pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
@@ -191,6 +191,7 @@ fn task_details(task: &Task) -> String {
         ("STATE", name_of::<TaskState>(run.state)),
         ("HOST", or_dash(&run.host)),
         ("RUN", run.run_id.to_string()),
+        ("USED", fmt_usage(run.used.as_ref())),
         ("FAILURES", task.failure_count.to_string()),
         ("PENDING REASON", or_dash(&task.pending_reason)),
         ("CREATED", fmt_time_ms(run.created_at_ms)),
