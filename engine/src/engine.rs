@@ -572,7 +572,11 @@ impl Engine {
         // own pool when it restarts, and cannot be if its reservation were
         // no pool's. Others admitted meanwhile wait in placement, as on a
         // fragmented cluster.
-        let slack = capacity.saturating_sub(&self.rm.total_allocation());
+        // Slack: what non-revocable tasks leave unallocated, plus what
+        // they are allocated but do not use (what hosts lend).
+        let slack = capacity
+            .saturating_sub(&self.rm.total_allocation())
+            .saturating_add(&self.hosts.total_reclaimable());
         self.rm.recompute_entitlement(capacity, slack);
         self.rm.admit(&mut self.report.admission);
         for a in &self.report.admission.admitted {
@@ -589,17 +593,7 @@ impl Engine {
         self.waiting
             .retain(|&t| tasks.state(t) == Ok(TaskState::Admitted));
         let batch_len = self.waiting.len().min(crate::placement::MAX_BATCH);
-        self.placer
-            .place_with(
-                &mut self.hosts,
-                &mut self.tasks,
-                &self.constraints,
-                &mut self.reservations,
-                &self.waiting[..batch_len],
-                now_ms,
-                &mut self.report.placement,
-            )
-            .expect("waiting tasks are live, admitted and unplaced");
+        self.place_batch(batch_len, now_ms);
         let tasks = &self.tasks;
         self.waiting
             .retain(|&t| tasks.state(t) != Ok(TaskState::Placed));
@@ -608,6 +602,85 @@ impl Engine {
             inter_pool_victims(&self.rm, &self.tasks, &mut self.report.victims);
         }
         &self.report
+    }
+
+    /// Places the first `batch_len` waiting tasks. While hosts lend what
+    /// their non-revocable tasks do not use, revocable tasks are placed in
+    /// a pass of their own against it (`HostArena::lend`), after the
+    /// others.
+    fn place_batch(&mut self, batch_len: usize, now_ms: u64) {
+        let batch = &self.waiting[..batch_len];
+        let tasks = &self.tasks;
+        let revocable = |t: &TaskHandle| {
+            tasks
+                .spec(*t)
+                .is_ok_and(|s| s.flags & flags::REVOCABLE != 0)
+        };
+        if self.hosts.total_reclaimable().is_zero() || !batch.iter().any(revocable) {
+            self.placer
+                .place_with(
+                    &mut self.hosts,
+                    &mut self.tasks,
+                    &self.constraints,
+                    &mut self.reservations,
+                    batch,
+                    now_ms,
+                    &mut self.report.placement,
+                )
+                .expect("waiting tasks are live, admitted and unplaced");
+            return;
+        }
+        let (borrowing, own): (Vec<TaskHandle>, Vec<TaskHandle>) =
+            batch.iter().partition(|t| revocable(t));
+        self.placer
+            .place_with(
+                &mut self.hosts,
+                &mut self.tasks,
+                &self.constraints,
+                &mut self.reservations,
+                &own,
+                now_ms,
+                &mut self.report.placement,
+            )
+            .expect("waiting tasks are live, admitted and unplaced");
+        let mut second = crate::placement::PlacementResult::default();
+        let lent = self.hosts.lend();
+        let placed = self.placer.place_with(
+            &mut self.hosts,
+            &mut self.tasks,
+            &self.constraints,
+            &mut self.reservations,
+            &borrowing,
+            now_ms,
+            &mut second,
+        );
+        self.hosts.settle(lent);
+        placed.expect("waiting tasks are live, admitted and unplaced");
+        let out = &mut self.report.placement;
+        let offset = out.reasons.len() as u32;
+        out.placed.append(&mut second.placed);
+        out.unplaced
+            .extend(second.unplaced.into_iter().map(|mut u| {
+                u.reason += offset;
+                u
+            }));
+        out.reasons.append(&mut second.reasons);
+    }
+
+    /// What hosts lend revocable tasks (see [`HostArena::set_reclaimable`]).
+    pub fn set_reclaimable(
+        &mut self,
+        host: crate::host::HostId,
+        amount: Resources,
+    ) -> Result<(), EngineError> {
+        if !self.hosts.contains(host) {
+            return Err(EngineError::InvalidTask {
+                field: "host",
+                problem: "not a live host".into(),
+            });
+        }
+        self.hosts.set_reclaimable(host.idx(), amount);
+        Ok(())
     }
 
     /// The capacity pools are entitled to: what up hosts offer, plus what

@@ -216,6 +216,17 @@ pub struct HostArena {
     /// Held for no task (volumes, instances restarting on the host); out
     /// of `free`. Never GPUs.
     reserved: Vec<Resources>,
+    /// What the host's non-revocable tasks are allocated but do not use
+    /// (by its owner's usage estimate, less a safety margin): room
+    /// revocable tasks may borrow. Never GPUs.
+    reclaimable: Vec<Resources>,
+    /// What revocable tasks hold beyond the host's unallocated resources,
+    /// borrowed from `reclaimable`. Per dimension, `free` and `borrowed`
+    /// are never both non-zero: `free - borrowed` is capacity less all
+    /// allocations and reservations.
+    borrowed: Vec<Resources>,
+    /// Sum of `reclaimable` over live hosts.
+    total_reclaimable: Resources,
     gpu_devices: Vec<u8>,
     gpu_free: Vec<[u16; MAX_GPU_DEVICES]>,
     ports_total: Vec<u32>,
@@ -379,8 +390,92 @@ impl HostArena {
     /// what is free and what is reserved for no task.
     pub fn held(&self, slot: usize) -> Resources {
         self.capacity(slot)
+            .saturating_add(&self.borrowed[slot])
             .saturating_sub(&self.free(slot))
             .saturating_sub(&self.reserved[slot])
+    }
+
+    /// What the host in `slot` lends revocable tasks (see
+    /// [`HostArena::set_reclaimable`]).
+    pub fn reclaimable(&self, slot: usize) -> Resources {
+        self.reclaimable[slot]
+    }
+
+    /// What revocable tasks on the host in `slot` hold beyond its
+    /// unallocated resources.
+    pub fn borrowed(&self, slot: usize) -> Resources {
+        self.borrowed[slot]
+    }
+
+    /// Sum of what live hosts lend revocable tasks.
+    pub fn total_reclaimable(&self) -> Resources {
+        self.total_reclaimable
+    }
+
+    /// Sets what the host in `slot` lends revocable tasks: what its
+    /// non-revocable tasks are allocated but do not use. GPUs are never
+    /// lent (the GPU part is ignored). What revocable tasks borrowed stays
+    /// borrowed even if it is now more than this (the caller evicts them).
+    pub fn set_reclaimable(&mut self, slot: usize, mut amount: Resources) {
+        amount.0[Dim::Gpu.idx()] = 0;
+        self.total_reclaimable = self
+            .total_reclaimable
+            .saturating_sub(&self.reclaimable[slot])
+            .saturating_add(&amount);
+        self.reclaimable[slot] = amount;
+    }
+
+    /// Lends every up host's unborrowed reclaimable resources to its free
+    /// ones, for a placement pass of revocable tasks only; returns what was
+    /// lent, to give to [`HostArena::settle`] right after the pass.
+    pub fn lend(&mut self) -> Vec<(u32, Resources)> {
+        let mut lent = Vec::new();
+        let up: Vec<u32> = self.by_state[HostState::Up as usize]
+            .iter()
+            .filter(|&slot| !self.reclaimable[slot as usize].is_zero())
+            .collect();
+        for slot in up {
+            let i = slot as usize;
+            let mut x = self.reclaimable[i].saturating_sub(&self.borrowed[i]);
+            for d in 0..N_DIMS {
+                x.0[d] = x.0[d].min(self.capacity[d][i] - self.free[d][i]);
+            }
+            if x.is_zero() {
+                continue;
+            }
+            for d in 0..N_DIMS {
+                self.free[d][i] += x.0[d];
+            }
+            self.mark(i);
+            lent.push((slot, x));
+        }
+        lent
+    }
+
+    /// Takes back what [`HostArena::lend`] lent: what the pass placed beyond
+    /// the unallocated resources stays borrowed.
+    pub fn settle(&mut self, lent: Vec<(u32, Resources)>) {
+        for (slot, x) in lent {
+            let i = slot as usize;
+            for d in 0..N_DIMS {
+                let free = self.free[d][i];
+                if free >= x.0[d] {
+                    self.free[d][i] = free - x.0[d];
+                } else {
+                    self.free[d][i] = 0;
+                    self.borrowed[i].0[d] += x.0[d] - free;
+                }
+            }
+            self.mark(i);
+        }
+    }
+
+    /// Gives `amount` back to the host in `slot`: what was borrowed is
+    /// repaid first, the rest is free again.
+    fn give_back(&mut self, slot: usize, d: usize, amount: u64) {
+        let repaid = amount.min(self.borrowed[slot].0[d]);
+        self.borrowed[slot].0[d] -= repaid;
+        self.free[d][slot] += amount - repaid;
     }
 
     /// Free resources of the host in `slot`.
@@ -503,6 +598,8 @@ impl HostArena {
                     self.free[d].push(0);
                 }
                 self.reserved.push(Resources::ZERO);
+                self.reclaimable.push(Resources::ZERO);
+                self.borrowed.push(Resources::ZERO);
                 self.gpu_devices.push(0);
                 self.gpu_free.push([0; MAX_GPU_DEVICES]);
                 self.ports_total.push(0);
@@ -518,6 +615,8 @@ impl HostArena {
             self.free[d][i] = spec.capacity.0[d];
         }
         self.reserved[i] = Resources::ZERO;
+        self.reclaimable[i] = Resources::ZERO;
+        self.borrowed[i] = Resources::ZERO;
         self.gpu_devices[i] = spec.gpu_devices;
         let mut devices = [0u16; MAX_GPU_DEVICES];
         devices[..usize::from(spec.gpu_devices)].fill(MILLI_GPUS_PER_DEVICE as u16);
@@ -628,6 +727,9 @@ impl HostArena {
             self.free[d][i] = 0;
         }
         self.reserved[i] = Resources::ZERO;
+        self.total_reclaimable = self.total_reclaimable.saturating_sub(&self.reclaimable[i]);
+        self.reclaimable[i] = Resources::ZERO;
+        self.borrowed[i] = Resources::ZERO;
         self.gpu_devices[i] = 0;
         self.gpu_free[i] = [0; MAX_GPU_DEVICES];
         self.ports_total[i] = 0;
@@ -791,7 +893,7 @@ impl HostArena {
         );
         self.reserved[slot] = self.reserved[slot].saturating_sub(amount);
         for d in 0..N_DIMS {
-            self.free[d][slot] += amount.0[d];
+            self.give_back(slot, d, amount.0[d]);
         }
         self.mark(slot);
     }
@@ -800,7 +902,7 @@ impl HostArena {
     /// (a broken invariant of the caller's accounting).
     pub fn release(&mut self, slot: usize, request: &Resources, ports: u32, grant: GpuGrant) {
         for d in 0..N_DIMS {
-            self.free[d][slot] += request.0[d];
+            self.give_back(slot, d, request.0[d]);
             assert!(
                 self.free[d][slot] <= self.capacity[d][slot],
                 "release beyond capacity"
@@ -908,7 +1010,12 @@ impl HostArena {
                     self.free[d][i] <= self.capacity[d][i],
                     "free within capacity"
                 );
+                assert!(
+                    self.free[d][i] == 0 || self.borrowed[i].0[d] == 0,
+                    "free or borrowed, not both"
+                );
             }
+            assert_eq!(self.borrowed[i][Dim::Gpu], 0, "GPUs are never borrowed");
             assert!(usize::from(self.gpu_devices[i]) <= MAX_GPU_DEVICES);
             let devices = &self.gpu_free[i];
             let mut gpu_free = 0u64;
@@ -931,6 +1038,13 @@ impl HostArena {
             assert!(self.ports_free[i] <= self.ports_total[i]);
         }
         assert_eq!(n_live, self.n_live);
+        let mut reclaimable = Resources::ZERO;
+        for i in 0..n {
+            if self.live[i] {
+                reclaimable.add_assign(&self.reclaimable[i]);
+            }
+        }
+        assert_eq!(reclaimable, self.total_reclaimable, "total reclaimable");
         assert_eq!(self.by_name.len(), n_live);
         assert_eq!(self.free_slots.len(), n - n_live);
         assert_eq!(

@@ -2043,7 +2043,7 @@ pub fn check_host_accounting(hosts: &HostArena, tasks: &TaskArena) {
                     .free(slot)
                     .saturating_add(held)
                     .saturating_add(&hosts.reserved(slot)),
-                hosts.capacity(slot),
+                hosts.capacity(slot).saturating_add(&hosts.borrowed(slot)),
                 "host {slot}"
             );
         } else {

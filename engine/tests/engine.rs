@@ -371,3 +371,64 @@ fn a_host_taking_no_new_work_keeps_what_its_tasks_hold_in_the_capacity() {
     assert_eq!(engine.entitled_capacity().0[0], 2000);
     engine.check_invariants();
 }
+
+#[test]
+fn revocable_tasks_borrow_what_non_revocable_tasks_do_not_use() {
+    let mut engine = engine_with_hosts(1, 8);
+    let pool = engine
+        .resources_mut()
+        .create_pool("/a", PoolConfig::default())
+        .unwrap();
+    let host = engine.hosts().lookup("h0").unwrap();
+    let service = engine.submit(&[task(pool, 1, 6)]).unwrap()[0];
+    assert_eq!(engine.cycle(1).placed().len(), 1);
+    let revocable = |n_cores| NewTask {
+        instance: 1,
+        flags: TaskFlags {
+            preemptible: true,
+            controller: false,
+            revocable: true,
+        },
+        ..task(pool, 0, n_cores)
+    };
+    // Nothing lent: only the 2 unallocated cores are slack, too few.
+    let batch = engine.submit(&[revocable(5)]).unwrap()[0];
+    let report = engine.cycle(2);
+    assert_eq!(report.admitted(), 0);
+    engine.check_invariants();
+    // The service uses 2 of its 6 cores: 4 lent. The batch task takes the
+    // 2 free cores and borrows 3.
+    engine.set_reclaimable(host, cores(4)).unwrap();
+    let report = engine.cycle(3);
+    assert_eq!(report.admitted(), 1);
+    assert_eq!(report.placed().len(), 1);
+    engine.check_invariants();
+    let slot = host.idx();
+    assert_eq!(engine.hosts().free(slot), Resources::ZERO);
+    assert_eq!(engine.hosts().borrowed(slot), cores(3));
+    assert_eq!(engine.hosts().held(slot), cores(11));
+    // The service's use rises: less is lent, what was borrowed stays (the
+    // caller evicts), and a new non-revocable task finds no room.
+    engine.set_reclaimable(host, cores(1)).unwrap();
+    let more = engine
+        .submit(&[NewTask {
+            instance: 2,
+            ..task(pool, 1, 1)
+        }])
+        .unwrap()[0];
+    let report = engine.cycle(4);
+    assert_eq!(report.placed().len(), 0);
+    engine.check_invariants();
+    // The borrower ends: the loan is repaid first, then the rest is free,
+    // and the waiting task gets its core.
+    engine.finish(batch).unwrap();
+    assert_eq!(engine.hosts().borrowed(slot), Resources::ZERO);
+    assert_eq!(engine.hosts().free(slot), cores(2));
+    let report = engine.cycle(5);
+    assert_eq!(report.placed().len(), 1);
+    engine.check_invariants();
+    engine.finish(more).unwrap();
+    engine.finish(service).unwrap();
+    assert_eq!(engine.hosts().free(slot), cores(8));
+    engine.check_invariants();
+}

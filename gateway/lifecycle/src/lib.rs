@@ -30,6 +30,7 @@ mod jobs;
 mod leases;
 mod liveness;
 mod model;
+mod overcommit;
 mod pinned;
 mod recover;
 mod retention;
@@ -72,6 +73,7 @@ pub use model::{
     N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume,
     VolumePolicy, VolumeTemplate, legal,
 };
+pub use overcommit::OvercommitConfig;
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
 pub use secrets::{MAX_SECRETS_TOTAL_BYTES, Secret};
@@ -447,6 +449,9 @@ pub struct CoreConfig {
     /// A host held by a session silent this long may be taken over by
     /// another agent.
     pub takeover_after_ms: u64,
+    /// What hosts lend revocable tasks of what non-revocable ones do not
+    /// use.
+    pub overcommit: OvercommitConfig,
 }
 
 impl Default for CoreConfig {
@@ -461,6 +466,7 @@ impl Default for CoreConfig {
             max_audit_entries: MAX_AUDIT_ENTRIES,
             host_lost_after_ms: 10_000,
             takeover_after_ms: 3_000,
+            overcommit: OvercommitConfig::default(),
         }
     }
 }
@@ -565,6 +571,8 @@ pub struct Lifecycle {
     /// Whether agents can reach this server, and when hosts were last
     /// looked at.
     liveness: liveness::Liveness,
+    /// Hosts whose lending is worked out again at the end of the step.
+    overcommit: overcommit::Pending,
     needs_cycle: bool,
     /// What current runs use, by host (soft state; see `usage`).
     usage: usage::UsageTable,
@@ -608,6 +616,7 @@ impl Lifecycle {
             down_since: FxHashMap::default(),
             volume_deadline: None,
             liveness: liveness::Liveness::from(0),
+            overcommit: overcommit::Pending::default(),
             needs_cycle: true,
             usage: usage::UsageTable::default(),
             now: 0,
@@ -755,6 +764,7 @@ impl Lifecycle {
         self.reconcile_apps(engine, fx);
         self.forget_leases();
         self.stop_after_controllers(engine, fx);
+        self.sync_overcommit(engine, fx);
         self.fill_all(engine, fx);
         self.sync_reservations(engine);
         self.derive_job_states(fx);

@@ -92,7 +92,11 @@ impl Lifecycle {
         {
             // The run is no longer current on its host: what it used no
             // longer counts there.
-            self.usage.forget_run(slot, (k, i));
+            if let Some(used) = self.usage.forget_run(slot, (k, i))
+                && self.config.overcommit.enabled
+            {
+                self.overcommit.left.push((slot, k, i, used));
+            }
         }
         // A recovered waiting instance moves within the queue silently; it
         // is news again once it leaves it.

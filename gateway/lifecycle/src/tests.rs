@@ -50,8 +50,11 @@
 //!   keeps the current one); `show-secrets J`;
 //! - `usage H t=MS J/I=CPU_MS:MEM_MIB...` — H's agent reports its runs'
 //!   cumulative CPU time and memory, measured MS after the script began (any rows or
-//!   events it causes are shown: there should be none); `used J/I`,
+//!   events it causes are shown: none but a QoS preemption's); `used J/I`,
 //!   `used J`, `used @H` — a run's, a job's, a host's usage;
+//! - `job … revocable` runs on slack; `lends H` — what host H lends
+//!   revocable tasks, what they borrowed and what is free (cpu millis,
+//!   memory MiB);
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -275,7 +278,8 @@ impl Env {
                     Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 p.gang = num("gang", 1) as u32;
                 p.priority = num("priority", 0) as u32;
-                p.preemptible = flag("preemptible");
+                p.preemptible = flag("preemptible") || flag("revocable");
+                p.default_mut().revocable = flag("revocable");
                 p.max_running = num("max_running", 0) as u32;
                 p.default_mut().max_per_host = num("per_host", 0) as u16;
                 p.max_unavailable = num("max_unavailable", 1) as u32;
@@ -462,6 +466,19 @@ impl Env {
                     .say(format!("  secrets {}: {}", words[1], shown.join(" ")));
             }
             "cycle" => self.step(Input::Cycle),
+            "lends" => {
+                let hosts = self.sim.engine.hosts();
+                let slot = hosts.lookup(words[1]).expect("host").idx();
+                let show = |r: Resources| format!("cpu={} mem={}", r.0[0], r.0[1]);
+                let line = format!(
+                    "  {} lends {}, borrowed {}, free {}",
+                    words[1],
+                    show(hosts.reclaimable(slot)),
+                    show(hosts.borrowed(slot)),
+                    show(hosts.free(slot))
+                );
+                self.sim.say(line);
+            }
             "usage" => {
                 // `usage H t=MS J/I=CPU_MS:MEM_MIB...`: H's agent reports,
                 // at its time MS, each run's cumulative CPU ms and memory.
@@ -5025,6 +5042,82 @@ fn a_first_reading_gives_the_average_since_the_run_started() {
             > usage h1 t=11000 j/0=5000:100
             > used j/0
               used j/0: cpu=500m mem=100MiB peak=100MiB
+        "#]],
+    );
+}
+
+#[test]
+fn revocable_work_runs_on_what_services_do_not_use_and_gives_it_back_when_they_do() {
+    // A service reserves 6 of 8 cores and 6 GiB of 8 but uses 1 core and
+    // 1 GiB: the host lends the rest less the margins (10 % of its CPU
+    // allocation, 20 % of its memory). Two revocable 2-core tasks run: one
+    // on the free cores, one on borrowed ones. The service's use rises to
+    // 5 cores: one revocable task is preempted (the youngest, then by
+    // instance), the service is untouched, and the preempted one waits
+    // again. Its end repays the loan.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        job svc pool=/ n=1 cpu=6 mem=6144 service
+        cycle
+        usage h1 t=1000 svc/0=0:1024
+        usage h1 t=11000 svc/0=10000:1024
+        lends h1
+        job batch pool=/ n=2 cpu=2 mem=1024 revocable
+        cycle
+        lends h1
+        usage h1 t=21000 svc/0=60000:1024 batch/0=10000:512 batch/1=10000:512
+        lends h1
+        confirm
+        lends h1
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > job svc pool=/ n=1 cpu=6 mem=6144 service
+            svc/0#1 pending
+            job svc pending
+            > cycle
+            svc/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+            svc/0#1 running @h1
+            job svc running
+            > usage h1 t=1000 svc/0=0:1024
+            > usage h1 t=11000 svc/0=10000:1024
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=0 mem=0, free cpu=2000 mem=2048
+            > job batch pool=/ n=2 cpu=2 mem=1024 revocable
+            batch/0#1 pending
+            batch/1#1 pending
+            job batch pending
+            > cycle
+            batch/0#1 ready
+            batch/1#1 ready
+            batch/0#1 placed @h1
+            batch/0#1 launching @h1
+            batch/1#1 placed @h1
+            batch/1#1 launching @h1
+              launch batch/0#1 @h1 config 1
+              launch batch/1#1 @h1 config 1
+            batch/0#1 running @h1
+            batch/1#1 running @h1
+            job batch running
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > usage h1 t=21000 svc/0=60000:1024 batch/0=10000:512 batch/1=10000:512
+            batch/0#1 preempted @h1 (preempted: revocable, and host h1's non-revocable tasks need the CPU it ran on)
+              kill batch/0#1 @h1
+              rows: 2, events: 1
+            > lends h1
+              h1 lends cpu=400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > confirm
+            batch/0#2 initialized
+            batch/0#2 pending
+            > lends h1
+              h1 lends cpu=400 mem=3892, borrowed cpu=0 mem=0, free cpu=0 mem=1024
+            > cycle
         "#]],
     );
 }

@@ -231,12 +231,12 @@ impl UsageTable {
     }
 
     /// The run left its host: its usage no longer counts there.
-    pub(crate) fn forget_run(&mut self, slot: HostSlot, run: (JobKey, u32)) {
-        if let Some(host) = self.hosts.get_mut(&slot)
-            && host.runs.remove(&run).is_some()
-        {
-            host.sum();
-        }
+    /// Returns what it used, if it was measured.
+    pub(crate) fn forget_run(&mut self, slot: HostSlot, run: (JobKey, u32)) -> Option<Usage> {
+        let host = self.hosts.get_mut(&slot)?;
+        let gone = host.runs.remove(&run)?;
+        host.sum();
+        Some(gone.usage)
     }
 
     /// A run's usage, if `launch` on `slot` is what was reported.
@@ -298,6 +298,7 @@ impl crate::Lifecycle {
             .collect();
         self.usage
             .apply(slot, &report.host, report.time_ms, runs, self.now);
+        self.overcommit_reported(slot);
     }
 
     /// Usage is kept only for current runs, on their hosts (so it is
