@@ -611,11 +611,7 @@ impl Engine {
     fn place_batch(&mut self, batch_len: usize, now_ms: u64) {
         let batch = &self.waiting[..batch_len];
         let tasks = &self.tasks;
-        let revocable = |t: &TaskHandle| {
-            tasks
-                .spec(*t)
-                .is_ok_and(|s| s.flags & flags::REVOCABLE != 0)
-        };
+        let revocable = |t: &TaskHandle| tasks.flags(*t).is_ok_and(|f| f & flags::REVOCABLE != 0);
         if self.hosts.total_reclaimable().is_zero() || !batch.iter().any(revocable) {
             self.placer
                 .place_with(

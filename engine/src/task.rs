@@ -429,6 +429,12 @@ impl TaskArena {
         })
     }
 
+    /// The flags of a live task ([`flags`]).
+    pub fn flags(&self, handle: TaskHandle) -> Result<u8, TaskError> {
+        self.check(handle)?;
+        Ok(self.flags[handle.idx()])
+    }
+
     /// State of a live task.
     pub fn state(&self, handle: TaskHandle) -> Result<TaskState, TaskError> {
         self.check(handle)?;
