@@ -781,8 +781,11 @@ impl HostArena {
         if validate_gpu_request(request[Dim::Gpu]).is_err() {
             return false;
         }
+        // What is freed repays what revocable tasks borrowed first.
         for d in Dim::ALL {
-            if request[d] > self.free[d.idx()][slot] + freed[d] {
+            let after =
+                (self.free[d.idx()][slot] + freed[d]).saturating_sub(self.borrowed[slot][d]);
+            if request[d] > after {
                 return false;
             }
         }

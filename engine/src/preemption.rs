@@ -305,23 +305,46 @@ pub fn intra_pool_victims_with(
             if used_hosts.contains(slot) || !under_limit(slot) {
                 continue;
             }
+            // Revocable tasks that borrowed room on the host (what its
+            // non-revocable tasks do not use) give it back first, whatever
+            // their pool and priority, to any non-revocable task.
+            let borrowers: Vec<PlacedView> = if !daemon
+                && spec.flags & flags::REVOCABLE == 0
+                && !hosts.borrowed(slot as usize).is_zero()
+            {
+                let mut b: Vec<PlacedView> = tasks
+                    .placed_on_host(slot)
+                    .filter(|t| t.flags & flags::REVOCABLE != 0)
+                    .collect();
+                b.sort_by(|a, b| {
+                    a.priority
+                        .cmp(&b.priority)
+                        .then(b.start_ms.cmp(&a.start_ms))
+                        .then(b.arrival.cmp(&a.arrival))
+                });
+                b
+            } else {
+                Vec::new()
+            };
             let running: &[PlacedView] = if daemon {
                 &on_daemon_host
             } else {
-                match by_host.get(&slot) {
-                    Some(r) => r,
-                    None => continue,
-                }
+                by_host.get(&slot).map_or(&[], |r| r.as_slice())
             };
+            if running.is_empty() && borrowers.is_empty() {
+                continue;
+            }
             // A daemon is never evicted for another pinned task (each
             // would take the other's room back, for ever).
             let pinned = spec.desired_host != NO_HOST;
-            let eligible = running.iter().filter(|r| {
+            let own = running.iter().filter(|r| {
                 daemon
                     || (r.pool == spec.pool
                         && r.priority < spec.priority
-                        && !(pinned && r.flags & flags::DAEMON != 0))
+                        && !(pinned && r.flags & flags::DAEMON != 0)
+                        && (borrowers.is_empty() || r.flags & flags::REVOCABLE == 0))
             });
+            let eligible = borrowers.iter().chain(own);
             let mut chosen: Vec<PlacedView> = Vec::new();
             let mut fits = false;
             for r in eligible {

@@ -419,6 +419,17 @@ fn revocable_tasks_borrow_what_non_revocable_tasks_do_not_use() {
     let report = engine.cycle(4);
     assert_eq!(report.placed().len(), 0);
     engine.check_invariants();
+    // It may take the borrowed room back: the borrower is its victim,
+    // though it is of another job and any priority.
+    let mut plans = Vec::new();
+    engine.eviction_plans(&mut plans);
+    assert_eq!(plans.len(), 1, "{plans:?}");
+    let (for_task, plan_slot, victims) = &plans[0];
+    assert_eq!((*for_task, *plan_slot as usize), (more, slot));
+    assert_eq!(
+        victims.iter().map(|v| v.task).collect::<Vec<_>>(),
+        vec![batch]
+    );
     // The borrower ends: the loan is repaid first, then the rest is free,
     // and the waiting task gets its core.
     engine.finish(batch).unwrap();

@@ -565,9 +565,23 @@ impl Lifecycle {
                     self.host_names[slot as usize]
                 )
             };
+            let borrowed = format!(
+                "preempted: revocable, and {beneficiary} (not revocable) needs the room it \
+                 borrowed on host {}",
+                self.host_names[slot as usize]
+            );
             for v in victims {
+                let revocable = engine
+                    .tasks()
+                    .flags(v.task)
+                    .is_ok_and(|f| f & peloton_engine::task::flags::REVOCABLE != 0);
+                let why = if revocable && !daemon {
+                    &borrowed
+                } else {
+                    &reason
+                };
                 if let Some((k, i)) = self.instance_of(engine, v.task)
-                    && self.end_run(engine, k, i, S::Preempted, &reason, fx)
+                    && self.end_run(engine, k, i, S::Preempted, why, fx)
                 {
                     self.job_mut(k).tasks[i as usize].gave_way = true;
                     self.restart_after_loss(engine, k, i, fx);

@@ -5121,3 +5121,85 @@ fn revocable_work_runs_on_what_services_do_not_use_and_gives_it_back_when_they_d
         "#]],
     );
 }
+
+#[test]
+fn a_non_revocable_task_takes_back_the_room_revocable_work_borrowed() {
+    // The service uses little: a revocable task borrows its room. A new
+    // non-revocable job of another pool and any priority that fits nowhere
+    // else preempts the borrower, and runs once its end is confirmed; the
+    // borrower comes back on what the service still lends.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        pool /svc cpu=8
+        pool /batch
+        job svc pool=/svc n=1 cpu=6 mem=4096 service preemptible
+        cycle
+        usage h1 t=1000 svc/0=0:512
+        usage h1 t=11000 svc/0=10000:512
+        job batch pool=/batch n=1 cpu=4 mem=1024 revocable
+        cycle
+        lends h1
+        job web pool=/svc n=1 cpu=2 mem=1024 preemptible
+        cycle
+        confirm
+        cycle
+        lends h1
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > pool /svc cpu=8
+            > pool /batch
+            > job svc pool=/svc n=1 cpu=6 mem=4096 service preemptible
+            svc/0#1 pending
+            job svc pending
+            > cycle
+            svc/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+            svc/0#1 running @h1
+            job svc running
+            > usage h1 t=1000 svc/0=0:512
+            > usage h1 t=11000 svc/0=10000:512
+            > job batch pool=/batch n=1 cpu=4 mem=1024 revocable
+            batch/0#1 pending
+            job batch pending
+            > cycle
+            batch/0#1 ready
+            batch/0#1 placed @h1
+            batch/0#1 launching @h1
+              launch batch/0#1 @h1 config 1
+            batch/0#1 running @h1
+            job batch running
+            > lends h1
+              h1 lends cpu=4400 mem=2765, borrowed cpu=2000 mem=0, free cpu=0 mem=3072
+            > job web pool=/svc n=1 cpu=2 mem=1024 preemptible
+            web/0#1 pending
+            job web pending
+            > cycle
+            web/0#1 ready
+            web/0#1 placing
+            batch/0#1 preempted @h1 (preempted: revocable, and web/0 (not revocable) needs the room it borrowed on host h1)
+            job batch pending
+              kill batch/0#1 @h1
+            > confirm
+            batch/0#2 initialized
+            batch/0#2 pending
+            > cycle
+            batch/0#2 ready
+            web/0#1 placed @h1
+            web/0#1 launching @h1
+            batch/0#2 placed @h1
+            batch/0#2 launching @h1
+              launch web/0#1 @h1 config 1
+              launch batch/0#2 @h1 config 1
+            web/0#1 running @h1
+            batch/0#2 running @h1
+            job batch running
+            job web running
+            > lends h1
+              h1 lends cpu=4400 mem=2765, borrowed cpu=4000 mem=0, free cpu=0 mem=2048
+        "#]],
+    );
+}
