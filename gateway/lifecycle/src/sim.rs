@@ -738,7 +738,8 @@ impl Sim {
     /// Every connected agent reports its live runs' usage (synthetic: run
     /// `launch` uses `launch % 4` quarter cores since time 0, and
     /// `launch % 8 + 1` MiB). Usage is soft state: the steps write no row
-    /// and make no event.
+    /// and make no event, unless the QoS controller preempts revocable
+    /// runs.
     pub fn report_usage(&mut self) {
         let reports: Vec<crate::usage::UsageReport> = self
             .agents
@@ -768,11 +769,33 @@ impl Sim {
                 &mut self.fx,
             );
             assert!(r.is_ok(), "{r:?}");
+            // The only change a report may make: the QoS controller
+            // preempts revocable runs (and what follows from it in their
+            // jobs: a gang's other members, the job's state).
+            let qos_jobs: rustc_hash::FxHashSet<Arc<str>> = self
+                .fx
+                .events
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    EventKind::Task {
+                        job, state, reason, ..
+                    } if *state == TaskState::Preempted
+                        && reason.starts_with("preempted: revocable") =>
+                    {
+                        Some(job.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            let follows = |e: &crate::Event| match &e.kind {
+                EventKind::Task { job, .. } | EventKind::Job { job, .. } => qos_jobs.contains(job),
+            };
             assert!(
-                self.fx.rows.is_empty() && self.fx.events.is_empty(),
-                "a usage report wrote {:?} and made {} events",
+                self.fx.events.iter().all(follows)
+                    && (!qos_jobs.is_empty() || self.fx.rows.is_empty()),
+                "a usage report wrote {:?} and made events {:?}",
                 self.fx.rows,
-                self.fx.events.len()
+                self.fx.events
             );
             self.commit();
         }

@@ -124,6 +124,9 @@ pub struct JobSpec {
     /// A drain stops a service's instances only while fewer than this many
     /// are down or unhealthy (1–2).
     pub max_unavailable: u8,
+    /// Runs on slack (preemptible too): on what hosts lend of what their
+    /// non-revocable runs do not use.
+    pub revocable: bool,
 }
 
 /// One operation. Jobs, hosts and runs are picked by an index taken modulo
@@ -354,6 +357,7 @@ impl JobSpec {
             priority: (b / 15) % 4,
             max_running: c % 3,
             max_unavailable: 1 + (c / 3) % 2,
+            revocable: (c / 6) % 2 != 0,
         }
     }
 
@@ -369,7 +373,11 @@ impl JobSpec {
                 | bit(self.big, 7),
         );
         out.push(self.pool % 5 + 5 * ((self.instances - 1) % 3) + 15 * (self.priority % 4));
-        out.push(self.max_running % 3 + 3 * ((self.max_unavailable - 1) % 2));
+        out.push(
+            self.max_running % 3
+                + 3 * ((self.max_unavailable - 1) % 2)
+                + 6 * u8::from(self.revocable),
+        );
     }
 }
 
@@ -706,7 +714,8 @@ fn unpinned_plan(spec: &JobSpec, pool: &str) -> JobPlan {
     };
     p.gang = if spec.gang { n } else { 1 };
     p.priority = u32::from(spec.priority);
-    p.preemptible = spec.preemptible;
+    p.preemptible = spec.preemptible || spec.revocable;
+    p.default_mut().revocable = spec.revocable;
     p.max_running = u32::from(spec.max_running);
     if p.max_running != 0 && p.max_running < p.gang {
         // A gang larger than the running limit could never start.

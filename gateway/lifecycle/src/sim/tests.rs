@@ -23,6 +23,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
             0u8..3,
             any::<bool>(),
             1u8..=2,
+            any::<bool>(),
         ),
     )
         .prop_map(
@@ -36,6 +37,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                     max_running,
                     deadline,
                     max_unavailable,
+                    revocable,
                 ),
             )| JobSpec {
                 service,
@@ -50,6 +52,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 max_running,
                 deadline,
                 max_unavailable,
+                revocable,
             },
         )
 }
@@ -352,6 +355,7 @@ fn a_partitioned_host_returns_after_a_crash_and_its_stale_runs_are_stopped() {
         max_running: 0,
         deadline: false,
         max_unavailable: 1,
+        revocable: false,
     };
     let batch = JobSpec {
         service: false,
@@ -407,6 +411,7 @@ fn one_task_in_root(max_failures: u8) -> JobSpec {
         max_running: 0,
         deadline: false,
         max_unavailable: 1,
+        revocable: false,
     }
 }
 
