@@ -879,7 +879,9 @@ async fn handle(
         }
         Some(Kind::DeleteVolumes(delete)) => {
             tracing::debug!(volumes = delete.ids.len(), "delete volumes");
-            let deletion = with_supervisor(supervisor, move |s| s.delete_volumes(&delete.ids));
+            let deletion = with_supervisor(supervisor, move |s| {
+                s.delete_volumes(&delete.ids, clock::now_ms())
+            });
             // The data goes without the supervisor's lock and without
             // holding up the session: a large volume takes a while.
             if !deletion.is_empty() {

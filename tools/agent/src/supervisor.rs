@@ -347,8 +347,9 @@ impl Supervisor {
     /// their data goes with [`VolumeDeletion::finish`], to be called
     /// without the supervisor (it may be slow). Invalid and unknown ids are
     /// ignored; a volume that a live run of this agent uses is kept (the
-    /// server never asks for that; it is logged).
-    pub fn delete_volumes(&mut self, ids: &[String]) -> VolumeDeletion {
+    /// server never asks for that; it is logged). `now_ms` (the wall clock,
+    /// ms) names the trash.
+    pub fn delete_volumes(&mut self, ids: &[String], now_ms: u64) -> VolumeDeletion {
         let mut deletion = VolumeDeletion::default();
         for id in ids {
             if let Err(problem) = volumes::validate_id(id) {
@@ -367,7 +368,7 @@ impl Supervisor {
                 self.doomed_volumes.insert(id.clone());
                 continue;
             }
-            match volumes::to_trash(&self.volumes, id) {
+            match volumes::to_trash(&self.volumes, id, now_ms) {
                 Ok(Some(trash)) => {
                     tracing::info!(volume = %id, "volume deleted");
                     deletion.push(trash);

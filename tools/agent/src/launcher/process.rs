@@ -240,7 +240,10 @@ impl Serving {
                 held.clear();
                 held_since = None;
             }
-            let answer = match self.start_task(&sandbox, plan) {
+            // The clock the run's `exit` entry will be stamped with, read
+            // once a request (the start is a clone away).
+            let now_ms = clock::now_ms();
+            let answer = match self.start_task(&sandbox, plan, now_ms) {
                 Ok(Some(started)) => Message::Started(started),
                 Ok(None) => Message::StartFailed,
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
@@ -287,15 +290,18 @@ impl Serving {
     /// directory, its cgroup and limits, every signal at its default and
     /// none blocked. `Ok(None)`: it could not start, and the journal says
     /// why (an `exit` entry). An error: nothing was started or recorded.
+    /// `now_ms` (the wall clock, ms) is the time of the start, or of its
+    /// failure.
     fn start_task(
         &mut self,
         sandbox: &Path,
         plan: Option<TaskPlan>,
+        now_ms: u64,
     ) -> io::Result<Option<Started>> {
         let (plan, program) = match plan_and_program(sandbox, plan) {
             Ok(found) => found,
             Err(reason) => {
-                self.record_start_failure(sandbox, reason)?;
+                self.record_start_failure(sandbox, reason, now_ms)?;
                 return Ok(None);
             }
         };
@@ -334,14 +340,12 @@ impl Serving {
         let before = proc::boottime_ns();
         let pid = child::spawn_child(&child, &mut self.stack)?;
         let after = proc::boottime_ns();
-        // The clock the run's `exit` entry will be stamped with.
-        let started_ms = clock::now_ms();
         let failure = child.failure.load(Ordering::Acquire);
         if failure != 0 {
             // It exited without executing the task: reap it here.
             let _ = waitpid(Pid::from_raw(pid), None);
             let reason = ChildFailure::decode(failure).reason(&plan, &program);
-            self.record_start_failure(sandbox, reason)?;
+            self.record_start_failure(sandbox, reason, now_ms)?;
             return Ok(None);
         }
         // The child made itself its group's leader before it executed the
@@ -360,13 +364,18 @@ impl Serving {
         );
         Ok(Some(Started {
             task: identity,
-            time_ms: started_ms,
+            time_ms: now_ms,
         }))
     }
 
-    fn record_start_failure(&mut self, sandbox: &Path, reason: String) -> io::Result<()> {
+    fn record_start_failure(
+        &mut self,
+        sandbox: &Path,
+        reason: String,
+        now_ms: u64,
+    ) -> io::Result<()> {
         record::note(sandbox, &reason);
-        let exit = ExitRecord::start_failure(reason, clock::now_ms());
+        let exit = ExitRecord::start_failure(reason, now_ms);
         let mut journal = record::open_journal(sandbox)?;
         record::append_exit(&mut journal, &exit)
     }
@@ -426,6 +435,8 @@ impl Serving {
         // Asked once a pass, for however many runs end in it.
         let mut orphans: Option<bool> = None;
         let now = Instant::now();
+        // What the ends recorded in this pass are stamped with.
+        let now_ms = clock::now_ms();
         for mut cleanup in std::mem::take(&mut self.cleanups) {
             if now < cleanup.next {
                 self.cleanups.push(cleanup);
@@ -441,7 +452,7 @@ impl Serving {
                     true
                 };
             if done {
-                let ended = self.record_end(&cleanup);
+                let ended = self.record_end(&cleanup, now_ms);
                 news.extend_from_slice(&Message::Exited(ended).encode());
             } else {
                 self.cleanups.push(cleanup);
@@ -526,7 +537,7 @@ impl Serving {
     }
 
     /// Appends the run's `exit` entry (after removing its cgroup).
-    fn record_end(&self, cleanup: &Cleanup) -> Ended {
+    fn record_end(&self, cleanup: &Cleanup, now_ms: u64) -> Ended {
         let task = &cleanup.task;
         let oom_killed = task
             .cgroup
@@ -540,12 +551,7 @@ impl Serving {
                 &format!("cannot remove {}: {e}", cgroup.display()),
             );
         }
-        let exit = ExitRecord::of(
-            cleanup.exit_code,
-            cleanup.signal,
-            oom_killed,
-            clock::now_ms(),
-        );
+        let exit = ExitRecord::of(cleanup.exit_code, cleanup.signal, oom_killed, now_ms);
         let written = record::open_journal(&task.sandbox)
             .and_then(|mut journal| record::append_exit(&mut journal, &exit));
         if let Err(e) = written {

@@ -136,7 +136,7 @@ impl Supervisor {
         if run.record.kill_requested && now >= run.record.kill_deadline_ms {
             self.launcher.sweep(&run.record, &run.dir, now, procs);
         }
-        self.start_checks(run);
+        self.start_checks(run, now);
     }
 
     /// Holds a run without a cgroup to its memory limit: SIGKILL to the
@@ -178,7 +178,7 @@ impl Supervisor {
 
     /// Starts the run's checker if it is RUNNING, has a check, and has no
     /// checker yet (just started, or re-adopted).
-    pub(super) fn start_checks(&self, run: &mut Run) {
+    pub(super) fn start_checks(&self, run: &mut Run, now_ms: u64) {
         let Some(plan) = &run.record.health_check else {
             return;
         };
@@ -194,7 +194,7 @@ impl Supervisor {
             ports: run.record.ports.clone(),
             started_ms: run.record.report.started_ms,
         };
-        match HealthChecker::start(plan.clone(), target, self.health_changes.clone()) {
+        match HealthChecker::start(plan.clone(), target, self.health_changes.clone(), now_ms) {
             Ok(checker) => run.checker = Some(checker),
             // Tried again at the next poll; meanwhile HEALTH_UNKNOWN.
             Err(e) => tracing::warn!(
@@ -301,7 +301,7 @@ impl Supervisor {
             self.doomed_volumes.remove(&id);
             // Renamed to trash now (gone from the agent's list); the data
             // goes with the next garbage collection.
-            match volumes::to_trash(&self.volumes, &id) {
+            match volumes::to_trash(&self.volumes, &id, run.record.report.time_ms) {
                 Ok(_) => tracing::info!(volume = %id, "volume deleted after its last run ended"),
                 Err(e) => tracing::warn!(volume = %id, error = %e, "cannot delete the volume"),
             }
