@@ -13,7 +13,7 @@
 //! `poll`, never sleeps.
 //!
 //! Every change of a run is appended to its record (a new generation in
-//! `run.json`, see `persist`) before it is reported, so a report
+//! `run.json`, see `held::persist`) before it is reported, so a report
 //! is never ahead of the disk (RUNNING of a run an older agent's wrapper
 //! started is the exception, its durable record being the wrapper's
 //! `started` entry). Reports wait in an

@@ -178,7 +178,7 @@ impl Supervisor {
 
     /// Starts the run's checker if it is RUNNING, has a check, and has no
     /// checker yet (just started, or re-adopted).
-    pub(super) fn start_checks(&self, run: &mut Run, now_ms: u64) {
+    fn start_checks(&self, run: &mut Run, now_ms: u64) {
         let Some(plan) = &run.record.health_check else {
             return;
         };
@@ -243,7 +243,7 @@ impl Supervisor {
     }
 
     /// Takes the launcher's news: which tasks' ends it has recorded.
-    pub(super) fn take_launcher_news(&mut self) {
+    fn take_launcher_news(&mut self) {
         for (key, exit) in self.launcher.take_ended() {
             if let Some(run) = self.runs.get_mut(&key) {
                 run.exit = Some(exit);
