@@ -33,7 +33,6 @@ use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, waitid};
 use nix::unistd::Pid;
 
-use crate::clock;
 use crate::record::{self, HEALTH_OUTPUT_FILE};
 use crate::run::{AssignedPort, CheckKind, Health, HealthCheckPlan, RunId};
 
@@ -225,11 +224,16 @@ pub(crate) struct HealthChecker {
 }
 
 impl HealthChecker {
+    /// Starts checking `target` at `now_ms` (the wall clock, ms): the first
+    /// check goes once its initial delay, counted from the task's start,
+    /// has passed.
     pub(crate) fn start(
         plan: HealthCheckPlan,
         target: CheckTarget,
         inbox: Arc<HealthInbox>,
+        now_ms: u64,
     ) -> io::Result<HealthChecker> {
+        let first_check_in = first_check_delay(&plan, target.started_ms, now_ms);
         let cell = Arc::new(CheckerCell {
             verdict: Mutex::new(Verdict::unknown()),
             stopped: Mutex::new(false),
@@ -239,7 +243,7 @@ impl HealthChecker {
         thread::Builder::new()
             .name(format!("health-{}", target.key.sandbox_name()))
             .stack_size(CHECKER_STACK_BYTES)
-            .spawn(move || check_loop(&plan, &target, &shared, &inbox))?;
+            .spawn(move || check_loop(&plan, &target, first_check_in, &shared, &inbox))?;
         Ok(HealthChecker { cell })
     }
 
@@ -259,17 +263,22 @@ impl Drop for HealthChecker {
     }
 }
 
+/// How long after `now_ms` the first check of a task started at
+/// `started_ms` goes. Wall-clock, because the start time is: a re-adopted
+/// run whose delay has passed is checked at once.
+fn first_check_delay(plan: &HealthCheckPlan, started_ms: u64, now_ms: u64) -> Duration {
+    let first_ms = started_ms.saturating_add(plan.initial_delay_ms);
+    Duration::from_millis(first_ms.saturating_sub(now_ms))
+}
+
 fn check_loop(
     plan: &HealthCheckPlan,
     target: &CheckTarget,
+    first_check_in: Duration,
     cell: &CheckerCell,
     inbox: &HealthInbox,
 ) {
-    // Wall-clock, because the start time is: a re-adopted run whose delay
-    // has passed is checked at once.
-    let first_ms = target.started_ms.saturating_add(plan.initial_delay_ms);
-    let now_ms = clock::now_ms();
-    if first_ms > now_ms && cell.sleep(Duration::from_millis(first_ms - now_ms)) {
+    if !first_check_in.is_zero() && cell.sleep(first_check_in) {
         return;
     }
     let interval = Duration::from_millis(plan.interval_ms);
@@ -486,6 +495,28 @@ fn with_output(what: String, output: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_check_waits_out_the_initial_delay_from_the_task_s_start() {
+        let plan = HealthCheckPlan {
+            kind: CheckKind::Tcp {
+                port: "http".to_owned(),
+            },
+            initial_delay_ms: 5_000,
+            interval_ms: 1_000,
+            timeout_ms: 1_000,
+            max_consecutive_failures: 3,
+        };
+        let started_ms = 1_000_000;
+        let delay = |now_ms| first_check_delay(&plan, started_ms, now_ms).as_millis();
+        assert_eq!(delay(started_ms), 5_000, "just started");
+        assert_eq!(delay(started_ms + 3_000), 2_000, "started a while ago");
+        // A re-adopted run whose delay has passed: at once.
+        assert_eq!(delay(started_ms + 5_000), 0);
+        assert_eq!(delay(started_ms + 60_000), 0);
+        // A clock stepped back behind the start: the whole delay, no more.
+        assert_eq!(delay(started_ms - 10_000), 15_000);
+    }
 
     fn failed(detail: &str) -> Result<(), String> {
         Err(detail.to_owned())

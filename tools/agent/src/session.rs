@@ -349,122 +349,27 @@ async fn connect_loop(
     changed: &Arc<Notify>,
     mut closing: watch::Receiver<bool>,
 ) {
-    let mut backoff = BACKOFF_INITIAL;
-    let mut failures: u64 = 0;
-    let mut held_backoff = HELD_BACKOFF_INITIAL;
-    let mut held: u64 = 0;
+    let mut retry = Retry::new();
     let mut servers = Servers::new(config.servers.clone());
     loop {
         let server = servers.current().to_owned();
         let end = session(config, &server, agent_id, supervisor, changed, &mut closing).await;
         if !matches!(end, SessionEnd::HostHeld(_)) {
-            held_backoff = HELD_BACKOFF_INITIAL;
-            held = 0;
+            retry.host_released();
         }
         let wait = match end {
             SessionEnd::Closed => return,
-            SessionEnd::Broke(why) => {
-                // It had registered; the next server may be the new leader.
-                servers.registered();
-                let _ = servers.advance();
-                tracing::warn!(%server, %why, next = %servers.current(), "session ended; reconnecting");
-                backoff = BACKOFF_INITIAL;
-                failures = 0;
-                backoff
-            }
+            SessionEnd::Broke(why) => retry.after_broke(&server, &why, &mut servers),
             SessionEnd::NotLeader {
                 why,
                 leader,
                 registered,
-            } => {
-                if registered {
-                    servers.registered();
-                }
-                match servers.refused_by_standby(leader.as_deref()) {
-                    Go::AtOnce => {
-                        if leader.is_some() {
-                            tracing::info!(%server, %why, next = %servers.current(), "not the leader; going to the leader it names");
-                        } else {
-                            tracing::debug!(%server, %why, next = %servers.current(), "not the leader; trying the next server");
-                        }
-                        Duration::ZERO
-                    }
-                    Go::AfterBackoff => {
-                        failures += 1;
-                        if failures.is_power_of_two() {
-                            tracing::warn!(%server, %why, failures, next = %servers.current(), "no leader found yet; retrying");
-                        } else {
-                            tracing::debug!(%server, %why, failures, "no leader found yet");
-                        }
-                        let wait = backoff;
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                        wait
-                    }
-                }
-            }
+            } => retry.after_not_leader(&server, &why, leader.as_deref(), registered, &mut servers),
             SessionEnd::HostHeld(why) => {
-                held += 1;
-                // The host name is bound to another agent, which the server
-                // allows only once this one's host was declared lost: its
-                // runs were lost with it and run elsewhere now (or on that
-                // agent). Left alone they would run twice, and for good:
-                // no server will ever ask this agent to stop them.
-                let live = {
-                    let mut s = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
-                    let live = s.live_runs();
-                    if live > 0 {
-                        s.kill_all(StopGrace::Own, clock::now_ms());
-                    }
-                    live
-                };
-                if live > 0 {
-                    tracing::error!(
-                        %server,
-                        host = %config.host,
-                        runs = live,
-                        "the host name belongs to another agent now: stopping this agent's runs, \
-                         which the server declared lost and started again"
-                    );
-                    changed.notify_one();
-                }
-                let wait = held_backoff;
-                held_backoff = (held_backoff * 2).min(REFUSED_RETRY);
-                // The 1st, 2nd, 4th, 8th... refusal at error, the others at
-                // debug: the cause is a configuration to fix, not a flood.
-                if held.is_power_of_two() {
-                    tracing::error!(
-                        %server,
-                        host = %config.host,
-                        %why,
-                        refusals = held,
-                        retry_in_ms = wait.as_millis() as u64,
-                        "another agent holds this host name; give each agent its own --host"
-                    );
-                } else {
-                    tracing::debug!(host = %config.host, %why, refusals = held, "host still held by another agent");
-                }
-                wait
+                stop_runs_of_lost_host(config, &server, supervisor, changed);
+                retry.after_host_held(config, &server, &why)
             }
-            SessionEnd::Failed(why) => {
-                failures += 1;
-                let go = servers.advance();
-                // Every failure at debug; the 1st, 2nd, 4th, 8th... at warn,
-                // so a long outage does not flood the log.
-                if failures.is_power_of_two() {
-                    tracing::warn!(%server, %why, failures, next = %servers.current(), "cannot reach the server; retrying");
-                } else {
-                    tracing::debug!(%server, %why, failures, "cannot reach the server");
-                }
-                match go {
-                    // The other addresses of the list first.
-                    Go::AtOnce => Duration::ZERO,
-                    Go::AfterBackoff => {
-                        let wait = backoff;
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
-                        wait
-                    }
-                }
-            }
+            SessionEnd::Failed(why) => retry.after_failed(&server, &why, &mut servers),
             SessionEnd::Refused(why) => {
                 tracing::error!(
                     %server,
@@ -479,6 +384,155 @@ async fn connect_loop(
             () = tokio::time::sleep(wait) => {}
             _ = closing.wait_for(|closing| *closing) => return,
         }
+    }
+}
+
+/// How long [`connect_loop`] waits before its next session, and the counts
+/// that decide it (each log line of a long outage or a held host name
+/// goes at warn or error only on the 1st, 2nd, 4th, 8th... time).
+#[derive(Debug)]
+struct Retry {
+    /// The next wait after a failure, doubled each time up to `BACKOFF_MAX`.
+    backoff: Duration,
+    /// Sessions that failed since the last one that registered.
+    failures: u64,
+    /// The next wait while another agent holds the host name.
+    held_backoff: Duration,
+    /// Refusals in a row because another agent holds the host name.
+    held: u64,
+}
+
+impl Retry {
+    fn new() -> Retry {
+        Retry {
+            backoff: BACKOFF_INITIAL,
+            failures: 0,
+            held_backoff: HELD_BACKOFF_INITIAL,
+            held: 0,
+        }
+    }
+
+    /// The back-off's wait of now; the next is twice as long.
+    fn back_off(&mut self) -> Duration {
+        let wait = self.backoff;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        wait
+    }
+
+    /// A session ended otherwise than on a held host name.
+    fn host_released(&mut self) {
+        self.held_backoff = HELD_BACKOFF_INITIAL;
+        self.held = 0;
+    }
+
+    /// A registered session broke: the next server may be the new leader.
+    fn after_broke(&mut self, server: &str, why: &str, servers: &mut Servers) -> Duration {
+        servers.registered();
+        let _ = servers.advance();
+        tracing::warn!(%server, %why, next = %servers.current(), "session ended; reconnecting");
+        self.backoff = BACKOFF_INITIAL;
+        self.failures = 0;
+        self.backoff
+    }
+
+    /// A standby refused the agent, naming the leader or not.
+    fn after_not_leader(
+        &mut self,
+        server: &str,
+        why: &str,
+        leader: Option<&str>,
+        registered: bool,
+        servers: &mut Servers,
+    ) -> Duration {
+        if registered {
+            servers.registered();
+        }
+        match servers.refused_by_standby(leader) {
+            Go::AtOnce => {
+                if leader.is_some() {
+                    tracing::info!(%server, %why, next = %servers.current(), "not the leader; going to the leader it names");
+                } else {
+                    tracing::debug!(%server, %why, next = %servers.current(), "not the leader; trying the next server");
+                }
+                Duration::ZERO
+            }
+            Go::AfterBackoff => {
+                self.failures += 1;
+                if self.failures.is_power_of_two() {
+                    tracing::warn!(%server, %why, failures = self.failures, next = %servers.current(), "no leader found yet; retrying");
+                } else {
+                    tracing::debug!(%server, %why, failures = self.failures, "no leader found yet");
+                }
+                self.back_off()
+            }
+        }
+    }
+
+    /// Another agent holds this host name: a configuration to fix, retried
+    /// ever more slowly (up to `REFUSED_RETRY`).
+    fn after_host_held(&mut self, config: &SessionConfig, server: &str, why: &str) -> Duration {
+        self.held += 1;
+        let wait = self.held_backoff;
+        self.held_backoff = (self.held_backoff * 2).min(REFUSED_RETRY);
+        if self.held.is_power_of_two() {
+            tracing::error!(
+                %server,
+                host = %config.host,
+                %why,
+                refusals = self.held,
+                retry_in_ms = wait.as_millis() as u64,
+                "another agent holds this host name; give each agent its own --host"
+            );
+        } else {
+            tracing::debug!(host = %config.host, %why, refusals = self.held, "host still held by another agent");
+        }
+        wait
+    }
+
+    /// The server could not be reached: the other addresses of the list
+    /// first, then after the back-off.
+    fn after_failed(&mut self, server: &str, why: &str, servers: &mut Servers) -> Duration {
+        self.failures += 1;
+        let go = servers.advance();
+        if self.failures.is_power_of_two() {
+            tracing::warn!(%server, %why, failures = self.failures, next = %servers.current(), "cannot reach the server; retrying");
+        } else {
+            tracing::debug!(%server, %why, failures = self.failures, "cannot reach the server");
+        }
+        match go {
+            Go::AtOnce => Duration::ZERO,
+            Go::AfterBackoff => self.back_off(),
+        }
+    }
+}
+
+/// The host name is bound to another agent, which the server allows only
+/// once this one's host was declared lost: its runs were lost with it and
+/// run elsewhere now (or on that agent). Left alone they would run twice,
+/// and for good: no server will ever ask this agent to stop them.
+fn stop_runs_of_lost_host(
+    config: &SessionConfig,
+    server: &str,
+    supervisor: &Shared,
+    changed: &Notify,
+) {
+    let live = {
+        let mut s = supervisor.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = s.live_runs();
+        if live > 0 {
+            s.kill_all(StopGrace::Own, clock::now_ms());
+        }
+        live
+    };
+    if live > 0 {
+        tracing::error!(
+            %server,
+            host = %config.host,
+            runs = live,
+            "the host name belongs to another agent now: stopping this agent's runs, \
+             which the server declared lost and started again"
+        );
+        changed.notify_one();
     }
 }
 
@@ -825,7 +879,9 @@ async fn handle(
         }
         Some(Kind::DeleteVolumes(delete)) => {
             tracing::debug!(volumes = delete.ids.len(), "delete volumes");
-            let deletion = with_supervisor(supervisor, move |s| s.delete_volumes(&delete.ids));
+            let deletion = with_supervisor(supervisor, move |s| {
+                s.delete_volumes(&delete.ids, clock::now_ms())
+            });
             // The data goes without the supervisor's lock and without
             // holding up the session: a large volume takes a while.
             if !deletion.is_empty() {

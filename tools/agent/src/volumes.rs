@@ -163,20 +163,33 @@ pub(crate) fn list(volumes: &Path) -> Vec<String> {
 
 /// Moves `volumes/<id>` to a trash name (fast); [`VolumeDeletion::finish`]
 /// removes it. Returns the trash's path, `None` if there was no such
-/// volume.
-pub(crate) fn to_trash(volumes: &Path, id: &str) -> io::Result<Option<PathBuf>> {
+/// volume. `now_ms` (the wall clock, ms) names the trash: `.trash-<id>.<ms>`,
+/// with a count after it if that name is taken.
+pub(crate) fn to_trash(volumes: &Path, id: &str, now_ms: u64) -> io::Result<Option<PathBuf>> {
     let dir = volumes.join(id);
     if fs::symlink_metadata(&dir).is_err() {
         return Ok(None);
     }
     // Unique, so that trash left by an earlier failed deletion of the same
     // id does not block this one.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let trash = volumes.join(format!("{TRASH_PREFIX}{id}.{nanos}"));
+    let trash = (0..MAX_TRASH_NAME_TRIES)
+        .map(|attempt| volumes.join(trash_name(id, now_ms, attempt)))
+        .find(|trash| fs::symlink_metadata(trash).is_err())
+        .ok_or_else(|| io::Error::other(format!("{MAX_TRASH_NAME_TRIES} trash names taken")))?;
     fs::rename(&dir, &trash)?;
     Ok(Some(trash))
+}
+
+/// Names tried for one volume's trash, at most.
+const MAX_TRASH_NAME_TRIES: u32 = 1000;
+
+/// The trash name of volume `id` deleted at `now_ms`, on the `attempt`-th
+/// try (0 first).
+fn trash_name(id: &str, now_ms: u64, attempt: u32) -> String {
+    match attempt {
+        0 => format!("{TRASH_PREFIX}{id}.{now_ms}"),
+        n => format!("{TRASH_PREFIX}{id}.{now_ms}.{n}"),
+    }
 }
 
 /// Removes trash left by deletions that did not finish (blocking).
@@ -298,6 +311,8 @@ mod tests {
         assert_eq!(fs::read_to_string(volume.join("sub/keep")).unwrap(), "data");
     }
 
+    const NOW_MS: u64 = 1000;
+
     #[test]
     fn listing_and_deleting() {
         let root = tempfile::tempdir().unwrap();
@@ -307,15 +322,32 @@ mod tests {
         fs::write(root.path().join("a/f"), "x").unwrap();
         fs::write(root.path().join("not-a-dir"), "x").unwrap();
         assert_eq!(list(root.path()), ["a", "b"]);
-        let trash = to_trash(root.path(), "a").unwrap().expect("a existed");
+        let trash = to_trash(root.path(), "a", NOW_MS)
+            .unwrap()
+            .expect("a existed");
+        assert_eq!(trash, root.path().join(".trash-a.1000"));
         assert_eq!(list(root.path()), ["b"]);
-        assert!(to_trash(root.path(), "gone").unwrap().is_none());
+        assert!(to_trash(root.path(), "gone", NOW_MS).unwrap().is_none());
+        // Deleted again at the same time, its first trash still there: a
+        // name of its own.
+        ensure(root.path(), "a").unwrap();
+        fs::write(root.path().join("a/g"), "y").unwrap();
+        let again = to_trash(root.path(), "a", NOW_MS)
+            .unwrap()
+            .expect("a existed");
+        assert_eq!(again, root.path().join(".trash-a.1000.1"));
+        assert_eq!(fs::read_to_string(trash.join("f")).unwrap(), "x");
+        assert_eq!(fs::read_to_string(again.join("g")).unwrap(), "y");
+        remove_trash(root.path());
+        assert!(!again.exists());
         let mut deletion = VolumeDeletion::default();
         deletion.push(trash.clone());
         deletion.finish();
         assert!(!trash.exists());
         // Left-over trash goes with the next collection.
-        let trash = to_trash(root.path(), "b").unwrap().expect("b existed");
+        let trash = to_trash(root.path(), "b", NOW_MS)
+            .unwrap()
+            .expect("b existed");
         remove_trash(root.path());
         assert!(!trash.exists());
         assert!(list(root.path()).is_empty());

@@ -14,7 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use peloton_agent::{GcPolicy, SupervisorConfig};
+use peloton_agent::{GcPolicy, SupervisorConfig, now_ms};
 use peloton_proto::v1;
 use supervised::ProtoSupervisor;
 use v1::RunPhase as P;
@@ -245,11 +245,14 @@ fn a_volume_keeps_its_data_across_runs_restarts_and_gc() {
     );
 
     // Deletion: bad and unknown ids are ignored, the volume goes.
-    let deletion = h.supervisor.delete_volumes(&[
-        "../sandboxes".to_owned(),
-        "unknown".to_owned(),
-        VOLUME.to_owned(),
-    ]);
+    let deletion = h.supervisor.delete_volumes(
+        &[
+            "../sandboxes".to_owned(),
+            "unknown".to_owned(),
+            VOLUME.to_owned(),
+        ],
+        now_ms(),
+    );
     assert!(h.supervisor.volumes().is_empty());
     deletion.finish();
     assert!(!volume.exists());
@@ -279,7 +282,7 @@ fn a_volume_in_use_is_not_deleted() {
     // Also after a restart: the run's record names its volume.
     drop(h);
     let mut h = Harness::open(dir.path());
-    let deletion = h.supervisor.delete_volumes(&[VOLUME.to_owned()]);
+    let deletion = h.supervisor.delete_volumes(&[VOLUME.to_owned()], now_ms());
     assert!(deletion.is_empty());
     deletion.finish();
     assert!(volume.join("f").exists());
@@ -291,7 +294,9 @@ fn a_volume_in_use_is_not_deleted() {
         delay_ms: 0,
     }]);
     h.wait_for(&k, P::Killed);
-    h.supervisor.delete_volumes(&[VOLUME.to_owned()]).finish();
+    h.supervisor
+        .delete_volumes(&[VOLUME.to_owned()], now_ms())
+        .finish();
     assert!(!volume.exists());
     assert!(h.supervisor.volumes().is_empty());
 }

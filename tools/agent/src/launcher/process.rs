@@ -240,7 +240,10 @@ impl Serving {
                 held.clear();
                 held_since = None;
             }
-            let answer = match self.start_task(&sandbox, plan) {
+            // The clock the run's `exit` entry will be stamped with, read
+            // once a request (the start is a clone away).
+            let now_ms = clock::now_ms();
+            let answer = match self.start_task(&sandbox, plan, now_ms) {
                 Ok(Some(started)) => Message::Started(started),
                 Ok(None) => Message::StartFailed,
                 Err(e) => Message::Refused(e.raw_os_error().unwrap_or(Errno::EIO as i32)),
@@ -287,24 +290,18 @@ impl Serving {
     /// directory, its cgroup and limits, every signal at its default and
     /// none blocked. `Ok(None)`: it could not start, and the journal says
     /// why (an `exit` entry). An error: nothing was started or recorded.
+    /// `now_ms` (the wall clock, ms) is the time of the start, or of its
+    /// failure.
     fn start_task(
         &mut self,
         sandbox: &Path,
         plan: Option<TaskPlan>,
+        now_ms: u64,
     ) -> io::Result<Option<Started>> {
-        let plan = match plan.map_or_else(|| record::read_plan(sandbox), Ok) {
-            Ok(plan) => plan,
-            Err(e) => {
-                let reason = format!("cannot read the task plan: {e}");
-                self.record_start_failure(sandbox, reason)?;
-                return Ok(None);
-            }
-        };
-        let program = match child::find_program(&plan.program, &plan.env, sandbox) {
-            Ok(path) => path,
-            Err(e) => {
-                let reason = format!("cannot start {:?}: {e}", plan.program);
-                self.record_start_failure(sandbox, reason)?;
+        let (plan, program) = match plan_and_program(sandbox, plan) {
+            Ok(found) => found,
+            Err(reason) => {
+                self.record_start_failure(sandbox, reason, now_ms)?;
                 return Ok(None);
             }
         };
@@ -316,58 +313,23 @@ impl Serving {
         };
         let stdout = output(STDOUT_FILE)?;
         let stderr = output(STDERR_FILE)?;
-        let cstring = |bytes: &[u8]| {
-            CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(Errno::EINVAL as i32))
-        };
-        let program_c = cstring(program.as_os_str().as_bytes())?;
-        let args_c = std::iter::once(plan.program.as_bytes())
-            .chain(plan.args.iter().map(|a| a.as_bytes()))
-            .map(cstring)
-            .collect::<io::Result<Vec<CString>>>()?;
-        let env_c = plan
-            .env
-            .iter()
-            .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
-            .collect::<io::Result<Vec<CString>>>()?;
-        let argv: Vec<*const nix::libc::c_char> = args_c
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
-        // A file the kernel cannot execute (no `#!`) is run by the shell,
-        // as `execvp` does: `/bin/sh FILE ARGS…`.
-        let shell = c"/bin/sh";
-        let shell_argv: Vec<*const nix::libc::c_char> = [shell.as_ptr(), program_c.as_ptr()]
-            .into_iter()
-            .chain(args_c.iter().skip(1).map(|a| a.as_ptr()))
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
-        let envp: Vec<*const nix::libc::c_char> = env_c
-            .iter()
-            .map(|e| e.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
-        let dir_c = cstring(sandbox.as_os_str().as_bytes())?;
-        let cgroup_procs = plan
-            .cgroup
-            .as_ref()
-            .map(|c| cstring(c.join("cgroup.procs").as_os_str().as_bytes()))
-            .transpose()?;
+        let exec = ExecStrings::new(&plan, &program, sandbox)?;
         let open_files = plan.open_files.map(|limit| {
             self.open_files_ceiling
                 .map_or(limit, |hard| limit.min(hard))
         });
         let child = ChildPlan {
-            program: program_c.as_ptr(),
-            argv: argv.as_ptr(),
-            shell: shell.as_ptr(),
-            shell_argv: shell_argv.as_ptr(),
-            envp: envp.as_ptr(),
-            dir: dir_c.as_ptr(),
+            program: exec.program.as_ptr(),
+            argv: exec.argv.as_ptr(),
+            shell: SHELL.as_ptr(),
+            shell_argv: exec.shell_argv.as_ptr(),
+            envp: exec.envp.as_ptr(),
+            dir: exec.dir.as_ptr(),
             stdin: self.devnull.as_raw_fd(),
             stdout: stdout.as_raw_fd(),
             stderr: stderr.as_raw_fd(),
-            cgroup_procs: cgroup_procs
+            cgroup_procs: exec
+                .cgroup_procs
                 .as_ref()
                 .map_or(std::ptr::null(), |c| c.as_ptr()),
             open_files: open_files.unwrap_or(NO_LIMIT),
@@ -378,14 +340,12 @@ impl Serving {
         let before = proc::boottime_ns();
         let pid = child::spawn_child(&child, &mut self.stack)?;
         let after = proc::boottime_ns();
-        // The clock the run's `exit` entry will be stamped with.
-        let started_ms = clock::now_ms();
         let failure = child.failure.load(Ordering::Acquire);
         if failure != 0 {
             // It exited without executing the task: reap it here.
             let _ = waitpid(Pid::from_raw(pid), None);
             let reason = ChildFailure::decode(failure).reason(&plan, &program);
-            self.record_start_failure(sandbox, reason)?;
+            self.record_start_failure(sandbox, reason, now_ms)?;
             return Ok(None);
         }
         // The child made itself its group's leader before it executed the
@@ -393,15 +353,7 @@ impl Serving {
         // group exists before the agent hears of the task (and may signal
         // it). A second `setpgid` from here would fail (EACCES) anyway.
         let pid = u32::try_from(pid).unwrap_or(0);
-        // From the clock around the clone when it tells; else from /proc
-        // (not reaped yet: at worst a zombie, whose stat is readable).
-        let identity = match proc::start_ticks_between(before, after) {
-            Some(start_ticks) => ProcessIdentity { pid, start_ticks },
-            None => ProcessIdentity::of(pid).unwrap_or(ProcessIdentity {
-                pid,
-                start_ticks: 0,
-            }),
-        };
+        let identity = task_identity(pid, before, after);
         self.tasks.insert(
             pid,
             Task {
@@ -412,13 +364,18 @@ impl Serving {
         );
         Ok(Some(Started {
             task: identity,
-            time_ms: started_ms,
+            time_ms: now_ms,
         }))
     }
 
-    fn record_start_failure(&mut self, sandbox: &Path, reason: String) -> io::Result<()> {
+    fn record_start_failure(
+        &mut self,
+        sandbox: &Path,
+        reason: String,
+        now_ms: u64,
+    ) -> io::Result<()> {
         record::note(sandbox, &reason);
-        let exit = ExitRecord::start_failure(reason, clock::now_ms());
+        let exit = ExitRecord::start_failure(reason, now_ms);
         let mut journal = record::open_journal(sandbox)?;
         record::append_exit(&mut journal, &exit)
     }
@@ -478,6 +435,8 @@ impl Serving {
         // Asked once a pass, for however many runs end in it.
         let mut orphans: Option<bool> = None;
         let now = Instant::now();
+        // What the ends recorded in this pass are stamped with.
+        let now_ms = clock::now_ms();
         for mut cleanup in std::mem::take(&mut self.cleanups) {
             if now < cleanup.next {
                 self.cleanups.push(cleanup);
@@ -493,7 +452,7 @@ impl Serving {
                     true
                 };
             if done {
-                let ended = self.record_end(&cleanup);
+                let ended = self.record_end(&cleanup, now_ms);
                 news.extend_from_slice(&Message::Exited(ended).encode());
             } else {
                 self.cleanups.push(cleanup);
@@ -578,7 +537,7 @@ impl Serving {
     }
 
     /// Appends the run's `exit` entry (after removing its cgroup).
-    fn record_end(&self, cleanup: &Cleanup) -> Ended {
+    fn record_end(&self, cleanup: &Cleanup, now_ms: u64) -> Ended {
         let task = &cleanup.task;
         let oom_killed = task
             .cgroup
@@ -592,12 +551,7 @@ impl Serving {
                 &format!("cannot remove {}: {e}", cgroup.display()),
             );
         }
-        let exit = ExitRecord::of(
-            cleanup.exit_code,
-            cleanup.signal,
-            oom_killed,
-            clock::now_ms(),
-        );
+        let exit = ExitRecord::of(cleanup.exit_code, cleanup.signal, oom_killed, now_ms);
         let written = record::open_journal(&task.sandbox)
             .and_then(|mut journal| record::append_exit(&mut journal, &exit));
         if let Err(e) = written {
@@ -627,4 +581,98 @@ fn is_child(pid: u32) -> bool {
 
 fn timeout(duration: Duration) -> PollTimeout {
     PollTimeout::try_from(duration).unwrap_or(PollTimeout::MAX)
+}
+
+/// The shell that runs a file the kernel cannot execute (no `#!`), as
+/// `execvp` does: `/bin/sh FILE ARGS…`.
+const SHELL: &std::ffi::CStr = c"/bin/sh";
+
+/// The run's task plan (sent with the request, or read from its journal)
+/// and the program it executes, or why the task cannot start.
+fn plan_and_program(sandbox: &Path, plan: Option<TaskPlan>) -> Result<(TaskPlan, PathBuf), String> {
+    let plan = plan
+        .map_or_else(|| record::read_plan(sandbox), Ok)
+        .map_err(|e| format!("cannot read the task plan: {e}"))?;
+    let program = child::find_program(&plan.program, &plan.env, sandbox)
+        .map_err(|e| format!("cannot start {:?}: {e}", plan.program))?;
+    Ok((plan, program))
+}
+
+/// A task's command, environment, directory and cgroup as the C strings
+/// its child executes with, and the null-terminated arrays of pointers
+/// into them (valid while this lives: they point into the strings' own
+/// buffers, which do not move with it).
+struct ExecStrings {
+    program: CString,
+    dir: CString,
+    /// `CGROUP/cgroup.procs`, that the child writes itself into.
+    cgroup_procs: Option<CString>,
+    argv: Vec<*const nix::libc::c_char>,
+    /// `/bin/sh PROGRAM ARGS…`, for a program without `#!`.
+    shell_argv: Vec<*const nix::libc::c_char>,
+    envp: Vec<*const nix::libc::c_char>,
+    /// Held for `argv`, `shell_argv` and `envp`.
+    _args: Vec<CString>,
+    _env: Vec<CString>,
+}
+
+impl ExecStrings {
+    fn new(plan: &TaskPlan, program: &Path, sandbox: &Path) -> io::Result<ExecStrings> {
+        let cstring = |bytes: &[u8]| {
+            CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(Errno::EINVAL as i32))
+        };
+        let program_c = cstring(program.as_os_str().as_bytes())?;
+        let args_c = std::iter::once(plan.program.as_bytes())
+            .chain(plan.args.iter().map(|a| a.as_bytes()))
+            .map(cstring)
+            .collect::<io::Result<Vec<CString>>>()?;
+        let env_c = plan
+            .env
+            .iter()
+            .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
+            .collect::<io::Result<Vec<CString>>>()?;
+        let argv = args_c
+            .iter()
+            .map(|a| a.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        let shell_argv = [SHELL.as_ptr(), program_c.as_ptr()]
+            .into_iter()
+            .chain(args_c.iter().skip(1).map(|a| a.as_ptr()))
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        let envp = env_c
+            .iter()
+            .map(|e| e.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        let cgroup_procs = plan
+            .cgroup
+            .as_ref()
+            .map(|c| cstring(c.join("cgroup.procs").as_os_str().as_bytes()))
+            .transpose()?;
+        Ok(ExecStrings {
+            dir: cstring(sandbox.as_os_str().as_bytes())?,
+            program: program_c,
+            cgroup_procs,
+            argv,
+            shell_argv,
+            envp,
+            _args: args_c,
+            _env: env_c,
+        })
+    }
+}
+
+/// The identity of the task `pid` cloned between the boot-clock readings
+/// `before` and `after`: from them when they tell its start; else from
+/// /proc (not reaped yet: at worst a zombie, whose stat is readable).
+fn task_identity(pid: u32, before: u64, after: u64) -> ProcessIdentity {
+    match proc::start_ticks_between(before, after) {
+        Some(start_ticks) => ProcessIdentity { pid, start_ticks },
+        None => ProcessIdentity::of(pid).unwrap_or(ProcessIdentity {
+            pid,
+            start_ticks: 0,
+        }),
+    }
 }
