@@ -13,7 +13,8 @@
 //! The QoS controller: when a host's revocable tasks hold more of what it
 //! lends than it now lends (its non-revocable tasks' use rose into the
 //! room: memory first, then CPU), revocable tasks there are preempted —
-//! lowest priority first, youngest first among equals — until what they
+//! lowest priority first, youngest first among equals (a run not started
+//! yet before any that started) — until what they
 //! borrowed fits again, before any non-revocable task is harmed. Runs
 //! already stopping count as given back. Preempted work waits in its queue
 //! again, saying why.
@@ -65,9 +66,19 @@ fn unused(request: &Resources, used: &Usage) -> Resources {
 /// A revocable run on a host, as the QoS controller weighs it.
 struct Borrower {
     priority: u32,
-    started_at: u64,
+    youth: Youth,
     run: (JobKey, u32),
     request: Resources,
+}
+
+/// How young a run on a host is, greater being younger: one not started
+/// yet (launching) is younger than any that started, then the later start
+/// (its host's clock: every run compared is on that host), then the later
+/// placement.
+type Youth = (bool, u64, u64);
+
+fn youth(t: &crate::model::Task) -> Youth {
+    (t.started_at == 0, t.started_at, t.placed_at)
 }
 
 /// What the core keeps between a change and the end of its step.
@@ -188,14 +199,14 @@ impl Lifecycle {
                 None => over = over.saturating_sub(&spec.request),
                 Some(run) => borrowers.push(Borrower {
                     priority: spec.priority,
-                    started_at: self.jobs[&run.0].tasks[run.1 as usize].started_at,
+                    youth: youth(&self.jobs[&run.0].tasks[run.1 as usize]),
                     run,
                     request: spec.request,
                 }),
             }
         }
         // Lowest priority first; the youngest first among equals.
-        borrowers.sort_by_key(|b| (b.priority, std::cmp::Reverse(b.started_at), b.run));
+        borrowers.sort_by_key(|b| (b.priority, std::cmp::Reverse(b.youth), b.run));
         let host = self.host_names[slot.idx()].clone();
         for dim in [Dim::Memory, Dim::Cpu] {
             for b in &borrowers {

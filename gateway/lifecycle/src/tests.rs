@@ -577,6 +577,12 @@ impl Env {
                 self.sim.health(&host, key, health);
             }
             "confirm" => self.sim.confirm_kills(None),
+            // `stall H`: H's agent takes launches without starting them
+            // (until `start H`).
+            "stall" => {
+                self.sim.agents.get_mut(words[1]).expect("host").stalled = true;
+            }
+            "start" => self.sim.start_launches(&Arc::from(words[1])),
             "lost-host" => {
                 let _ = self.sim.lose_host(words[1], true);
             }
@@ -5118,6 +5124,74 @@ fn revocable_work_runs_on_what_services_do_not_use_and_gives_it_back_when_they_d
             > lends h1
               h1 lends cpu=400 mem=3892, borrowed cpu=0 mem=0, free cpu=0 mem=1024
             > cycle
+        "#]],
+    );
+}
+
+#[test]
+fn the_qos_controller_preempts_a_revocable_run_not_started_yet_before_a_running_one() {
+    // Two revocable 2-core tasks borrow from a service that uses 1 of its 6
+    // cores: `old` runs, `new` was launched later and has not started (its
+    // agent is slow). The service's use rises to 5 cores: one must go, and
+    // the youngest is `new`, which has done no work yet; `old` keeps
+    // running.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        job svc pool=/ n=1 cpu=6 mem=6144 service
+        cycle
+        usage h1 t=1000 svc/0=0:1024
+        usage h1 t=11000 svc/0=10000:1024
+        job old pool=/ n=1 cpu=2 mem=1024 revocable
+        cycle
+        stall h1
+        job new pool=/ n=1 cpu=2 mem=1024 revocable
+        cycle
+        lends h1
+        usage h1 t=21000 svc/0=60000:1024 old/0=10000:512
+        lends h1
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > job svc pool=/ n=1 cpu=6 mem=6144 service
+            svc/0#1 pending
+            job svc pending
+            > cycle
+            svc/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+            svc/0#1 running @h1
+            job svc running
+            > usage h1 t=1000 svc/0=0:1024
+            > usage h1 t=11000 svc/0=10000:1024
+            > job old pool=/ n=1 cpu=2 mem=1024 revocable
+            old/0#1 pending
+            job old pending
+            > cycle
+            old/0#1 ready
+            old/0#1 placed @h1
+            old/0#1 launching @h1
+              launch old/0#1 @h1 config 1
+            old/0#1 running @h1
+            job old running
+            > stall h1
+            > job new pool=/ n=1 cpu=2 mem=1024 revocable
+            new/0#1 pending
+            job new pending
+            > cycle
+            new/0#1 ready
+            new/0#1 placed @h1
+            new/0#1 launching @h1
+              launch new/0#1 @h1 config 1
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > usage h1 t=21000 svc/0=60000:1024 old/0=10000:512
+            new/0#1 preempted @h1 (preempted: revocable, and host h1's non-revocable tasks need the CPU it ran on)
+              kill new/0#1 @h1
+              rows: 2, events: 1
+            > lends h1
+              h1 lends cpu=400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
         "#]],
     );
 }
