@@ -16,7 +16,8 @@
 //! lowest priority first, youngest first among equals (a run not started
 //! yet before any that started) — until what they
 //! borrowed fits again, before any non-revocable task is harmed. Runs
-//! already stopping count as given back. Preempted work waits in its queue
+//! already stopping, revocable or not, count as given back: their
+//! allocations return when their hosts confirm, repaying loans first. Preempted work waits in its queue
 //! again, saying why.
 
 use peloton_engine::resources::Dim;
@@ -191,12 +192,14 @@ impl Lifecycle {
             let Ok(spec) = engine.tasks().spec(h) else {
                 continue;
             };
-            if spec.flags & peloton_engine::task::flags::REVOCABLE == 0 {
-                continue;
-            }
+            let revocable = spec.flags & peloton_engine::task::flags::REVOCABLE != 0;
             match self.instance_of(engine, h) {
-                // Stopping already: what it holds comes back.
+                // Stopping already, revocable or not: what it holds comes
+                // back when its host confirms, repaying the loan first.
+                // (A stopping non-revocable run no longer lends what it
+                // did not use, but its use did not rise either.)
                 None => over = over.saturating_sub(&spec.request),
+                Some(_) if !revocable => {}
                 Some(run) => borrowers.push(Borrower {
                     priority: spec.priority,
                     youth: youth(&self.jobs[&run.0].tasks[run.1 as usize]),

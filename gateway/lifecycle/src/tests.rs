@@ -5195,3 +5195,88 @@ fn the_qos_controller_preempts_a_revocable_run_not_started_yet_before_a_running_
         "#]],
     );
 }
+
+#[test]
+fn a_stopping_service_repays_what_revocable_work_borrowed_without_an_eviction() {
+    // Two services of 3 cores each on 8: `svc` uses nothing, `svc2` one
+    // core; the host lends 5 - 0.6 and two revocable 2-core tasks run, one
+    // on borrowed cores. `svc` is killed: what it did not use is no longer
+    // lent (1.4 cores left), but until its agent confirms the end it still
+    // holds its 3 cores, whose release repays the loan first. A report in
+    // between evicts nothing: no non-revocable use rose, and once `svc` is
+    // gone both revocable tasks fit.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        job svc pool=/ n=1 cpu=3 mem=3072 service
+        job svc2 pool=/ n=1 cpu=3 mem=3072 service
+        cycle
+        usage h1 t=1000 svc/0=0:512 svc2/0=0:512
+        usage h1 t=11000 svc/0=1000:512 svc2/0=10000:512
+        job batch pool=/ n=2 cpu=2 mem=1024 revocable
+        cycle
+        lends h1
+        kill svc
+        lends h1
+        usage h1 t=21000 svc2/0=20000:512 batch/0=10000:512 batch/1=10000:512
+        lends h1
+        confirm
+        lends h1
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > job svc pool=/ n=1 cpu=3 mem=3072 service
+            svc/0#1 pending
+            job svc pending
+            > job svc2 pool=/ n=1 cpu=3 mem=3072 service
+            svc2/0#1 pending
+            job svc2 pending
+            > cycle
+            svc/0#1 ready
+            svc2/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+            svc2/0#1 placed @h1
+            svc2/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+              launch svc2/0#1 @h1 config 1
+            svc/0#1 running @h1
+            svc2/0#1 running @h1
+            job svc running
+            job svc2 running
+            > usage h1 t=1000 svc/0=0:512 svc2/0=0:512
+            > usage h1 t=11000 svc/0=1000:512 svc2/0=10000:512
+            > job batch pool=/ n=2 cpu=2 mem=1024 revocable
+            batch/0#1 pending
+            batch/1#1 pending
+            job batch pending
+            > cycle
+            batch/0#1 ready
+            batch/1#1 ready
+            batch/0#1 placed @h1
+            batch/0#1 launching @h1
+            batch/1#1 placed @h1
+            batch/1#1 launching @h1
+              launch batch/0#1 @h1 config 1
+              launch batch/1#1 @h1 config 1
+            batch/0#1 running @h1
+            batch/1#1 running @h1
+            job batch running
+            > lends h1
+              h1 lends cpu=4300 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > kill svc
+            svc/0#1 killed @h1 (job killed)
+            job svc killing
+              kill svc/0#1 @h1
+            > lends h1
+              h1 lends cpu=1400 mem=1332, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > usage h1 t=21000 svc2/0=20000:512 batch/0=10000:512 batch/1=10000:512
+            > lends h1
+              h1 lends cpu=1400 mem=1332, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > confirm
+            job svc killed
+            > lends h1
+              h1 lends cpu=1400 mem=1332, borrowed cpu=0 mem=0, free cpu=1000 mem=3072
+        "#]],
+    );
+}
