@@ -768,7 +768,8 @@ impl HostArena {
 
     /// Whether `request` would fit the host in `slot` if the given tasks'
     /// resources (their summed request, ports and GPU grants) were freed
-    /// first: the check preemption uses before choosing victims.
+    /// first: the check preemption uses before choosing victims. What is
+    /// freed repays the host's loans to revocable tasks before it is free.
     pub fn fits_after_freeing(
         &self,
         slot: usize,
@@ -782,7 +783,10 @@ impl HostArena {
             return false;
         }
         for d in Dim::ALL {
-            if request[d] > self.free[d.idx()][slot] + freed[d] {
+            // What is freed repays what revocable tasks borrowed first
+            // (`give_back`).
+            let back = freed[d].saturating_sub(self.borrowed[slot][d]);
+            if request[d] > self.free[d.idx()][slot] + back {
                 return false;
             }
         }

@@ -5280,3 +5280,100 @@ fn a_stopping_service_repays_what_revocable_work_borrowed_without_an_eviction() 
         "#]],
     );
 }
+
+#[test]
+fn a_preemption_plan_counts_what_freeing_a_borrowing_host_repays_first() {
+    // A service uses 1 of its 6 cores on an 8-core host: two revocable
+    // 2-core tasks run, one on the free cores, one on borrowed ones. A
+    // higher-priority 2-core task finds no host and evicts lower-priority
+    // tasks of its pool to make room: freeing one revocable task repays
+    // the loan and frees nothing, so both must go at once. (Counting the
+    // freed cores as free, the plan evicted one; it was placed again on
+    // the lent cores and evicted again, every cycle, and `hi` never ran.)
+    // Once `hi` runs, both revocable tasks borrow again.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        job svc pool=/ n=1 cpu=6 mem=6144 service
+        cycle
+        usage h1 t=1000 svc/0=0:1024
+        usage h1 t=11000 svc/0=10000:1024
+        job batch pool=/ n=2 cpu=2 mem=1024 revocable
+        cycle
+        lends h1
+        job hi pool=/ n=1 cpu=2 mem=1024 priority=1
+        cycle
+        confirm
+        cycle
+        lends h1
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > job svc pool=/ n=1 cpu=6 mem=6144 service
+            svc/0#1 pending
+            job svc pending
+            > cycle
+            svc/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+            svc/0#1 running @h1
+            job svc running
+            > usage h1 t=1000 svc/0=0:1024
+            > usage h1 t=11000 svc/0=10000:1024
+            > job batch pool=/ n=2 cpu=2 mem=1024 revocable
+            batch/0#1 pending
+            batch/1#1 pending
+            job batch pending
+            > cycle
+            batch/0#1 ready
+            batch/1#1 ready
+            batch/0#1 placed @h1
+            batch/0#1 launching @h1
+            batch/1#1 placed @h1
+            batch/1#1 launching @h1
+              launch batch/0#1 @h1 config 1
+              launch batch/1#1 @h1 config 1
+            batch/0#1 running @h1
+            batch/1#1 running @h1
+            job batch running
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > job hi pool=/ n=1 cpu=2 mem=1024 priority=1
+            hi/0#1 pending
+            job hi pending
+            > cycle
+            hi/0#1 ready
+            hi/0#1 placing
+            batch/1#1 preempted @h1 (preempted: a higher-priority task of its pool (hi/0) needs room on host h1)
+            batch/0#1 preempted @h1 (preempted: a higher-priority task of its pool (hi/0) needs room on host h1)
+            job batch pending
+              kill batch/1#1 @h1
+              kill batch/0#1 @h1
+            > confirm
+            batch/0#2 initialized
+            batch/1#2 initialized
+            batch/0#2 pending
+            batch/1#2 pending
+            > cycle
+            batch/0#2 ready
+            batch/1#2 ready
+            hi/0#1 placed @h1
+            hi/0#1 launching @h1
+            batch/0#2 placed @h1
+            batch/0#2 launching @h1
+            batch/1#2 placed @h1
+            batch/1#2 launching @h1
+              launch hi/0#1 @h1 config 1
+              launch batch/0#2 @h1 config 1
+              launch batch/1#2 @h1 config 1
+            hi/0#1 running @h1
+            batch/0#2 running @h1
+            batch/1#2 running @h1
+            job batch running
+            job hi running
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=4000 mem=1024, free cpu=0 mem=0
+        "#]],
+    );
+}
