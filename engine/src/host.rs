@@ -768,7 +768,8 @@ impl HostArena {
 
     /// Whether `request` would fit the host in `slot` if the given tasks'
     /// resources (their summed request, ports and GPU grants) were freed
-    /// first: the check preemption uses before choosing victims.
+    /// first: the check preemption uses before choosing victims. What is
+    /// freed repays the host's loans to revocable tasks before it is free.
     pub fn fits_after_freeing(
         &self,
         slot: usize,
@@ -781,11 +782,11 @@ impl HostArena {
         if validate_gpu_request(request[Dim::Gpu]).is_err() {
             return false;
         }
-        // What is freed repays what revocable tasks borrowed first.
         for d in Dim::ALL {
-            let after =
-                (self.free[d.idx()][slot] + freed[d]).saturating_sub(self.borrowed[slot][d]);
-            if request[d] > after {
+            // What is freed repays what revocable tasks borrowed first
+            // (`give_back`).
+            let back = freed[d].saturating_sub(self.borrowed[slot][d]);
+            if request[d] > self.free[d.idx()][slot] + back {
                 return false;
             }
         }

@@ -344,7 +344,15 @@ pub fn intra_pool_victims_with(
                         && !(pinned && r.flags & flags::DAEMON != 0)
                         && (borrowers.is_empty() || r.flags & flags::REVOCABLE == 0))
             });
-            let eligible = borrowers.iter().chain(own);
+            // Revocable work never harms non-revocable work: a revocable
+            // task (a daemon's too) evicts only revocable tasks. (A
+            // revocable daemon that evicted a service would lose the room
+            // again to it: non-revocable tasks are placed first.)
+            let revocable = spec.flags & flags::REVOCABLE != 0;
+            let eligible = borrowers
+                .iter()
+                .chain(own)
+                .filter(|r| !revocable || r.flags & flags::REVOCABLE != 0);
             let mut chosen: Vec<PlacedView> = Vec::new();
             let mut fits = false;
             for r in eligible {

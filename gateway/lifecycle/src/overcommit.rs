@@ -13,9 +13,11 @@
 //! The QoS controller: when a host's revocable tasks hold more of what it
 //! lends than it now lends (its non-revocable tasks' use rose into the
 //! room: memory first, then CPU), revocable tasks there are preempted —
-//! lowest priority first, youngest first among equals — until what they
+//! lowest priority first, youngest first among equals (a run not started
+//! yet before any that started) — until what they
 //! borrowed fits again, before any non-revocable task is harmed. Runs
-//! already stopping count as given back. Preempted work waits in its queue
+//! already stopping, revocable or not, count as given back: their
+//! allocations return when their hosts confirm, repaying loans first. Preempted work waits in its queue
 //! again, saying why.
 
 use peloton_engine::resources::Dim;
@@ -65,9 +67,19 @@ fn unused(request: &Resources, used: &Usage) -> Resources {
 /// A revocable run on a host, as the QoS controller weighs it.
 struct Borrower {
     priority: u32,
-    started_at: u64,
+    youth: Youth,
     run: (JobKey, u32),
     request: Resources,
+}
+
+/// How young a run on a host is, greater being younger: one not started
+/// yet (launching) is younger than any that started, then the later start
+/// (its host's clock: every run compared is on that host), then the later
+/// placement.
+type Youth = (bool, u64, u64);
+
+fn youth(t: &crate::model::Task) -> Youth {
+    (t.started_at == 0, t.started_at, t.placed_at)
 }
 
 /// What the core keeps between a change and the end of its step.
@@ -180,22 +192,24 @@ impl Lifecycle {
             let Ok(spec) = engine.tasks().spec(h) else {
                 continue;
             };
-            if spec.flags & peloton_engine::task::flags::REVOCABLE == 0 {
-                continue;
-            }
+            let revocable = spec.flags & peloton_engine::task::flags::REVOCABLE != 0;
             match self.instance_of(engine, h) {
-                // Stopping already: what it holds comes back.
+                // Stopping already, revocable or not: what it holds comes
+                // back when its host confirms, repaying the loan first.
+                // (A stopping non-revocable run no longer lends what it
+                // did not use, but its use did not rise either.)
                 None => over = over.saturating_sub(&spec.request),
+                Some(_) if !revocable => {}
                 Some(run) => borrowers.push(Borrower {
                     priority: spec.priority,
-                    started_at: self.jobs[&run.0].tasks[run.1 as usize].started_at,
+                    youth: youth(&self.jobs[&run.0].tasks[run.1 as usize]),
                     run,
                     request: spec.request,
                 }),
             }
         }
         // Lowest priority first; the youngest first among equals.
-        borrowers.sort_by_key(|b| (b.priority, std::cmp::Reverse(b.started_at), b.run));
+        borrowers.sort_by_key(|b| (b.priority, std::cmp::Reverse(b.youth), b.run));
         let host = self.host_names[slot.idx()].clone();
         for dim in [Dim::Memory, Dim::Cpu] {
             for b in &borrowers {

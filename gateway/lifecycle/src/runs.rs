@@ -566,8 +566,8 @@ impl Lifecycle {
                 )
             };
             let borrowed = format!(
-                "preempted: revocable, and {beneficiary} (not revocable) needs the room it \
-                 borrowed on host {}",
+                "preempted: revocable, and {beneficiary} (not revocable) needs the room revocable \
+                 work holds on host {}",
                 self.host_names[slot as usize]
             );
             for v in victims {

@@ -577,6 +577,12 @@ impl Env {
                 self.sim.health(&host, key, health);
             }
             "confirm" => self.sim.confirm_kills(None),
+            // `stall H`: H's agent takes launches without starting them
+            // (until `start H`).
+            "stall" => {
+                self.sim.agents.get_mut(words[1]).expect("host").stalled = true;
+            }
+            "start" => self.sim.start_launches(&Arc::from(words[1])),
             "lost-host" => {
                 let _ = self.sim.lose_host(words[1], true);
             }
@@ -5180,7 +5186,7 @@ fn a_non_revocable_task_takes_back_the_room_revocable_work_borrowed() {
             > cycle
             web/0#1 ready
             web/0#1 placing
-            batch/0#1 preempted @h1 (preempted: revocable, and web/0 (not revocable) needs the room it borrowed on host h1)
+            batch/0#1 preempted @h1 (preempted: revocable, and web/0 (not revocable) needs the room revocable work holds on host h1)
             job batch pending
               kill batch/0#1 @h1
             > confirm
@@ -5200,6 +5206,256 @@ fn a_non_revocable_task_takes_back_the_room_revocable_work_borrowed() {
             job web running
             > lends h1
               h1 lends cpu=4400 mem=2765, borrowed cpu=4000 mem=0, free cpu=0 mem=2048
+        "#]],
+    );
+}
+
+#[test]
+fn the_qos_controller_preempts_a_revocable_run_not_started_yet_before_a_running_one() {
+    // Two revocable 2-core tasks borrow from a service that uses 1 of its 6
+    // cores: `old` runs, `new` was launched later and has not started (its
+    // agent is slow). The service's use rises to 5 cores: one must go, and
+    // the youngest is `new`, which has done no work yet; `old` keeps
+    // running.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        job svc pool=/ n=1 cpu=6 mem=6144 service
+        cycle
+        usage h1 t=1000 svc/0=0:1024
+        usage h1 t=11000 svc/0=10000:1024
+        job old pool=/ n=1 cpu=2 mem=1024 revocable
+        cycle
+        stall h1
+        job new pool=/ n=1 cpu=2 mem=1024 revocable
+        cycle
+        lends h1
+        usage h1 t=21000 svc/0=60000:1024 old/0=10000:512
+        lends h1
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > job svc pool=/ n=1 cpu=6 mem=6144 service
+            svc/0#1 pending
+            job svc pending
+            > cycle
+            svc/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+            svc/0#1 running @h1
+            job svc running
+            > usage h1 t=1000 svc/0=0:1024
+            > usage h1 t=11000 svc/0=10000:1024
+            > job old pool=/ n=1 cpu=2 mem=1024 revocable
+            old/0#1 pending
+            job old pending
+            > cycle
+            old/0#1 ready
+            old/0#1 placed @h1
+            old/0#1 launching @h1
+              launch old/0#1 @h1 config 1
+            old/0#1 running @h1
+            job old running
+            > stall h1
+            > job new pool=/ n=1 cpu=2 mem=1024 revocable
+            new/0#1 pending
+            job new pending
+            > cycle
+            new/0#1 ready
+            new/0#1 placed @h1
+            new/0#1 launching @h1
+              launch new/0#1 @h1 config 1
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > usage h1 t=21000 svc/0=60000:1024 old/0=10000:512
+            new/0#1 preempted @h1 (preempted: revocable, and host h1's non-revocable tasks need the CPU it ran on)
+              kill new/0#1 @h1
+              rows: 2, events: 1
+            > lends h1
+              h1 lends cpu=400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+        "#]],
+    );
+}
+
+#[test]
+fn a_stopping_service_repays_what_revocable_work_borrowed_without_an_eviction() {
+    // Two services of 3 cores each on 8: `svc` uses nothing, `svc2` one
+    // core; the host lends 5 - 0.6 and two revocable 2-core tasks run, one
+    // on borrowed cores. `svc` is killed: what it did not use is no longer
+    // lent (1.4 cores left), but until its agent confirms the end it still
+    // holds its 3 cores, whose release repays the loan first. A report in
+    // between evicts nothing: no non-revocable use rose, and once `svc` is
+    // gone both revocable tasks fit.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        job svc pool=/ n=1 cpu=3 mem=3072 service
+        job svc2 pool=/ n=1 cpu=3 mem=3072 service
+        cycle
+        usage h1 t=1000 svc/0=0:512 svc2/0=0:512
+        usage h1 t=11000 svc/0=1000:512 svc2/0=10000:512
+        job batch pool=/ n=2 cpu=2 mem=1024 revocable
+        cycle
+        lends h1
+        kill svc
+        lends h1
+        usage h1 t=21000 svc2/0=20000:512 batch/0=10000:512 batch/1=10000:512
+        lends h1
+        confirm
+        lends h1
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > job svc pool=/ n=1 cpu=3 mem=3072 service
+            svc/0#1 pending
+            job svc pending
+            > job svc2 pool=/ n=1 cpu=3 mem=3072 service
+            svc2/0#1 pending
+            job svc2 pending
+            > cycle
+            svc/0#1 ready
+            svc2/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+            svc2/0#1 placed @h1
+            svc2/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+              launch svc2/0#1 @h1 config 1
+            svc/0#1 running @h1
+            svc2/0#1 running @h1
+            job svc running
+            job svc2 running
+            > usage h1 t=1000 svc/0=0:512 svc2/0=0:512
+            > usage h1 t=11000 svc/0=1000:512 svc2/0=10000:512
+            > job batch pool=/ n=2 cpu=2 mem=1024 revocable
+            batch/0#1 pending
+            batch/1#1 pending
+            job batch pending
+            > cycle
+            batch/0#1 ready
+            batch/1#1 ready
+            batch/0#1 placed @h1
+            batch/0#1 launching @h1
+            batch/1#1 placed @h1
+            batch/1#1 launching @h1
+              launch batch/0#1 @h1 config 1
+              launch batch/1#1 @h1 config 1
+            batch/0#1 running @h1
+            batch/1#1 running @h1
+            job batch running
+            > lends h1
+              h1 lends cpu=4300 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > kill svc
+            svc/0#1 killed @h1 (job killed)
+            job svc killing
+              kill svc/0#1 @h1
+            > lends h1
+              h1 lends cpu=1400 mem=1332, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > usage h1 t=21000 svc2/0=20000:512 batch/0=10000:512 batch/1=10000:512
+            > lends h1
+              h1 lends cpu=1400 mem=1332, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > confirm
+            job svc killed
+            > lends h1
+              h1 lends cpu=1400 mem=1332, borrowed cpu=0 mem=0, free cpu=1000 mem=3072
+        "#]],
+    );
+}
+
+#[test]
+fn a_preemption_plan_counts_what_freeing_a_borrowing_host_repays_first() {
+    // A service uses 1 of its 6 cores on an 8-core host: two revocable
+    // 2-core tasks run, one on the free cores, one on borrowed ones. A
+    // higher-priority 2-core task finds no host and evicts the revocable
+    // tasks on the borrowing host to make room: freeing one repays
+    // the loan and frees nothing, so both must go at once. (Counting the
+    // freed cores as free, the plan evicted one; it was placed again on
+    // the lent cores and evicted again, every cycle, and `hi` never ran.)
+    // Once `hi` runs, both revocable tasks borrow again.
+    check(
+        r"
+        host h1 cpu=8 mem=8192
+        job svc pool=/ n=1 cpu=6 mem=6144 service
+        cycle
+        usage h1 t=1000 svc/0=0:1024
+        usage h1 t=11000 svc/0=10000:1024
+        job batch pool=/ n=2 cpu=2 mem=1024 revocable
+        cycle
+        lends h1
+        job hi pool=/ n=1 cpu=2 mem=1024 priority=1
+        cycle
+        confirm
+        cycle
+        lends h1
+        ",
+        expect![[r#"
+            > host h1 cpu=8 mem=8192
+            > job svc pool=/ n=1 cpu=6 mem=6144 service
+            svc/0#1 pending
+            job svc pending
+            > cycle
+            svc/0#1 ready
+            svc/0#1 placed @h1
+            svc/0#1 launching @h1
+              launch svc/0#1 @h1 config 1
+            svc/0#1 running @h1
+            job svc running
+            > usage h1 t=1000 svc/0=0:1024
+            > usage h1 t=11000 svc/0=10000:1024
+            > job batch pool=/ n=2 cpu=2 mem=1024 revocable
+            batch/0#1 pending
+            batch/1#1 pending
+            job batch pending
+            > cycle
+            batch/0#1 ready
+            batch/1#1 ready
+            batch/0#1 placed @h1
+            batch/0#1 launching @h1
+            batch/1#1 placed @h1
+            batch/1#1 launching @h1
+              launch batch/0#1 @h1 config 1
+              launch batch/1#1 @h1 config 1
+            batch/0#1 running @h1
+            batch/1#1 running @h1
+            job batch running
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
+            > job hi pool=/ n=1 cpu=2 mem=1024 priority=1
+            hi/0#1 pending
+            job hi pending
+            > cycle
+            hi/0#1 ready
+            hi/0#1 placing
+            batch/1#1 preempted @h1 (preempted: revocable, and hi/0 (not revocable) needs the room revocable work holds on host h1)
+            batch/0#1 preempted @h1 (preempted: revocable, and hi/0 (not revocable) needs the room revocable work holds on host h1)
+            job batch pending
+              kill batch/1#1 @h1
+              kill batch/0#1 @h1
+            > confirm
+            batch/0#2 initialized
+            batch/1#2 initialized
+            batch/0#2 pending
+            batch/1#2 pending
+            > cycle
+            batch/0#2 ready
+            batch/1#2 ready
+            hi/0#1 placed @h1
+            hi/0#1 launching @h1
+            batch/0#2 placed @h1
+            batch/0#2 launching @h1
+            batch/1#2 placed @h1
+            batch/1#2 launching @h1
+              launch hi/0#1 @h1 config 1
+              launch batch/0#2 @h1 config 1
+              launch batch/1#2 @h1 config 1
+            hi/0#1 running @h1
+            batch/0#2 running @h1
+            batch/1#2 running @h1
+            job batch running
+            job hi running
+            > lends h1
+              h1 lends cpu=4400 mem=3892, borrowed cpu=4000 mem=1024, free cpu=0 mem=0
         "#]],
     );
 }

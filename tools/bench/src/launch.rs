@@ -402,7 +402,7 @@ impl Drop for AgentsGround {
     }
 }
 
-fn sibling(name: &str) -> Result<std::path::PathBuf> {
+pub(crate) fn sibling(name: &str) -> Result<std::path::PathBuf> {
     crate::e2e::sibling_binary(name, "-p peloton-gateway -p peloton-agent")
 }
 
@@ -568,7 +568,7 @@ fn children_of(pid: u32) -> Vec<u32> {
 
 /// Busy CPU seconds of the whole machine (every CPU; all but idle and
 /// iowait), from /proc/stat, and the part of them stolen by the hypervisor.
-fn machine_cpu_s() -> (f64, f64) {
+pub(crate) fn machine_cpu_s() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
         return (0.0, 0.0);
@@ -606,7 +606,7 @@ pub(crate) fn thread_cpu_s(pid: u32, name: &str) -> f64 {
     0.0
 }
 
-fn stat_cpu_s(path: &str) -> f64 {
+pub(crate) fn stat_cpu_s(path: &str) -> f64 {
     // utime (14) + stime (15).
     stat_fields_s(path, 14, 15)
 }

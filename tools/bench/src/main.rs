@@ -8,6 +8,7 @@
 mod e2e;
 mod history;
 mod launch;
+mod overcommit;
 mod recovery;
 mod spark;
 mod trace;
@@ -300,6 +301,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Overcommit on slack with real tasks: start the server and local
+    /// agents splitting the machine's CPUs, services reserving three
+    /// quarters of every host and using next to nothing, then a revocable
+    /// batch job of busy loops that runs only on what they lend; report the
+    /// machine's CPU use before and with it, and, once the services' memory
+    /// rises into the lent room, the time until every busy loop is gone and
+    /// the service runs that failed.
+    Overcommit {
+        /// Local agents to start.
+        #[arg(long, default_value_t = 3)]
+        agents: u32,
+        /// Memory each agent advertises, MiB.
+        #[arg(long, default_value_t = 2048)]
+        agent_memory_mb: u64,
+        /// The agents' usage report interval, seconds.
+        #[arg(long, default_value_t = 1)]
+        report_interval: u64,
+        /// Seconds each CPU measurement lasts.
+        #[arg(long, default_value_t = 5)]
+        window: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Rolling update of a service through gRPC: start a server with
     /// simulated hosts, run a service of `instances`, update every instance
     /// to a new spec `batch_size` at a time; report the seconds the update
@@ -580,6 +605,24 @@ fn main() -> Result<()> {
                 bare_execs,
             }))?;
             print(&report, json, "launch");
+        }
+        Command::Overcommit {
+            agents,
+            agent_memory_mb,
+            report_interval,
+            window,
+            json,
+        } => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let report = rt.block_on(overcommit::run(overcommit::OvercommitOptions {
+                agents,
+                agent_memory_mb,
+                report_interval_s: report_interval,
+                window_s: window,
+            }))?;
+            print(&report, json, "overcommit");
         }
         Command::Update {
             hosts,

@@ -2141,26 +2141,46 @@ impl Driver {
         let Some(slot) = core.pin_of(k, i) else {
             return false;
         };
-        let mut room = engine.hosts().free(slot.idx());
+        let hosts = engine.hosts();
+        let mut room = hosts.free(slot.idx());
         if let Some((s, amount)) = engine.reservation(k.0, i)
             && s == slot.0
         {
             room.add_assign(&amount);
-        }
-        if job.plan.kind == JobKind::Daemon {
-            use peloton_engine::task::flags;
-            for h in engine.tasks().on_host(slot.0) {
-                let spec = engine.tasks().spec(h).expect("live");
-                if spec.flags & flags::PREEMPTIBLE != 0 && spec.flags & flags::DAEMON == 0 {
-                    room.add_assign(&spec.request);
-                }
-            }
         }
         let tmpl = job.template(i);
         let mut need = tmpl.request;
         if let Some(v) = &tmpl.volume {
             need.0[peloton_engine::Dim::Disk.idx()] += v.size_mb;
         }
+        let borrowed = hosts.borrowed(slot.idx());
+        // A revocable task may also run on what the host lends now.
+        if tmpl.revocable {
+            let lent = hosts.reclaimable(slot.idx()).saturating_sub(&borrowed).min(
+                &hosts
+                    .capacity(slot.idx())
+                    .saturating_sub(&hosts.free(slot.idx())),
+            );
+            if need.fits_in(&room.saturating_add(&lent)) {
+                return false;
+            }
+        }
+        if job.plan.kind == JobKind::Daemon {
+            // A daemon may evict preemptible non-daemon tasks (a revocable
+            // one only revocable tasks); what they free repays what
+            // revocable tasks borrowed first.
+            use peloton_engine::task::flags;
+            for h in engine.tasks().on_host(slot.0) {
+                let spec = engine.tasks().spec(h).expect("live");
+                if spec.flags & flags::PREEMPTIBLE != 0
+                    && spec.flags & flags::DAEMON == 0
+                    && (!tmpl.revocable || spec.flags & flags::REVOCABLE != 0)
+                {
+                    room.add_assign(&spec.request);
+                }
+            }
+        }
+        let room = room.saturating_sub(&borrowed);
         !need.fits_in(&room)
     }
 
