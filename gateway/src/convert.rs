@@ -826,6 +826,8 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     }
     Ok(JobPlan {
         kind,
+        name: spec.name.as_str().into(),
+        owner: spec.owner.as_str().into(),
         pool: spec.pool.as_str().into(),
         host_pool: host_pool.into(),
         instance_count: spec.instance_count,

@@ -255,6 +255,7 @@ impl Scheduler {
         recovered.host_pool_members = snapshot.host_pool_members.clone();
         (recovered.tokens, recovered.audit) = persist::recovered_access(&snapshot)?;
         recovered.secrets = persist::recovered_secrets(&snapshot)?;
+        recovered.usage = persist::recovered_usage(&snapshot)?;
         recovered.simulated_hosts = config.simulated_hosts.clone();
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
