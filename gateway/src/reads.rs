@@ -121,7 +121,8 @@ fn id_before(pools: &[pb::Pool]) -> &str {
     pools.last().map_or("", |p| p.path.as_str())
 }
 
-pub(crate) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
+pub(crate) fn pool_metrics(engine: &Engine, core: &Lifecycle, metrics: &Metrics) {
+    let used = pool_usage(engine, core);
     let rm = engine.resources();
     let tree = rm.tree();
     let mut ids = tree.list();
@@ -154,6 +155,20 @@ pub(crate) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
                 .demand
                 .get_or_create(&labels)
                 .set(ent.demand(slot)[d].min(i64::MAX as u64) as i64);
+            // In the engine's units; GPUs are not measured.
+            let u = used.get(&id).copied().unwrap_or_default();
+            let measured = match d {
+                Dim::Cpu => Some(u.cpu_millis),
+                Dim::Memory => Some(u.memory_bytes >> 20),
+                Dim::Disk => Some(u.disk_bytes >> 20),
+                Dim::Gpu => None,
+            };
+            if let Some(v) = measured {
+                metrics
+                    .used
+                    .get_or_create(&labels)
+                    .set(v.min(i64::MAX as u64) as i64);
+            }
         }
     }
     metrics

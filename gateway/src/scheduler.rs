@@ -621,7 +621,7 @@ impl Scheduler {
             return;
         }
         self.last_pool_metrics = Some(self.now_at);
-        reads::pool_metrics(&self.engine, &self.metrics);
+        reads::pool_metrics(&self.engine, &self.core, &self.metrics);
         self.metrics.jobs.set(self.core.n_jobs() as i64);
     }
 }
