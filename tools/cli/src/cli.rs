@@ -343,6 +343,10 @@ pub struct UsageArgs {
     /// Runs that ended before T (as --since).
     #[arg(long, value_name = "T", value_parser = parse_time)]
     pub until: Option<u64>,
+    /// Write the runs' accounts (one row per run, the filters applied,
+    /// not summed) to FILE as Arrow IPC, for notebooks.
+    #[arg(long, value_name = "FILE")]
+    pub arrow: Option<std::path::PathBuf>,
 }
 
 /// A time for `--since`/`--until`, in ms since the epoch: RFC 3339, or a

@@ -10,6 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use arrow_array::{Array, Float64Array, RecordBatch, StringArray, UInt64Array};
 use peloton_gateway::config::Config;
 use serde_json::Value;
 
@@ -175,6 +176,40 @@ async fn ended_runs_are_accounted_by_owner_and_kept_across_a_restart() {
     assert_eq!(again, by_owner);
     let short_usage = ok_json(&url, admin, &["job", "usage", &short_id]).await;
     assert_eq!(short_usage["runs"][0]["owner"], "admin", "{short_usage}");
+
+    // The records as Arrow IPC, for notebooks: one row per run.
+    let arrow = files.path().join("usage.arrow");
+    ok(&url, admin, &["usage", "--arrow", arrow.to_str().unwrap()]).await;
+    let reader =
+        arrow_ipc::reader::FileReader::try_new(std::fs::File::open(&arrow).unwrap(), None).unwrap();
+    let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+    assert_eq!(batches.len(), 1);
+    let b = &batches[0];
+    assert_eq!(b.num_rows(), 3);
+    let column = |name: &str| b.column_by_name(name).unwrap_or_else(|| panic!("{name}"));
+    let owners = column("owner")
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .unwrap();
+    let used = column("cpu_used_core_seconds")
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .unwrap();
+    let mut owners: Vec<&str> = (0..3).map(|i| owners.value(i)).collect();
+    owners.sort_unstable();
+    assert_eq!(owners, ["admin", "ana", "ana"]);
+    // Ana's runs were measured (the admin's 1 s run may have ended before
+    // its host reported).
+    let measured = (0..3).filter(|&i| used.value(i) > 0.0).count();
+    assert!(measured >= 2, "{measured}");
+    for r in runs {
+        let seq = r["seq"].as_u64().unwrap();
+        let seqs = column("seq")
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .unwrap();
+        assert!(seqs.values().contains(&seq), "{r}");
+    }
 
     // Bad input: named, and a non-zero exit.
     fails(&url, &["job", "usage", "no-such-job"], "no-such-job").await;

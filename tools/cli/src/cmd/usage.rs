@@ -2,7 +2,12 @@
 //! (the server's usage ledger, `JobService.ListUsage`), one line per run
 //! as Slurm's `sacct`, or summed by owner, job or pool.
 
+use std::sync::Arc;
+
 use anyhow::Result;
+use arrow_array::{
+    ArrayRef, Float64Array, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
 use peloton_proto::v1::job_service_client::JobServiceClient;
 use peloton_proto::v1::{ListUsageRequest, TaskState, UsageGroupBy, UsageRecord, UsageSum};
 use serde_json::{Value, json};
@@ -67,7 +72,7 @@ pub async fn usage(ctx: &Ctx, args: UsageArgs) -> Result<Outcome> {
         UsageBy::Job => UsageGroupBy::Job,
         UsageBy::Pool => UsageGroupBy::Pool,
     };
-    let request = ListUsageRequest {
+    let mut request = ListUsageRequest {
         pool: args.pool.unwrap_or_default(),
         owner: args.owner.unwrap_or_default(),
         since_ms: args.since.unwrap_or(0),
@@ -75,6 +80,16 @@ pub async fn usage(ctx: &Ctx, args: UsageArgs) -> Result<Outcome> {
         group_by: group_by as i32,
         ..ListUsageRequest::default()
     };
+    if let Some(path) = args.arrow {
+        request.group_by = UsageGroupBy::None as i32;
+        let (records, _) = list_all(ctx, request).await?;
+        super::cluster::write_ipc(&path, &records_batch(&records)?)?;
+        match ctx.output {
+            OutputFormat::Table => println!("wrote {} runs to {}", records.len(), path.display()),
+            OutputFormat::Json => print_json(&json!({"runs": records.len(), "file": path}))?,
+        }
+        return Ok(Outcome::Success);
+    }
     let (_, sums) = list_all(ctx, request).await?;
     let by = match args.by {
         UsageBy::Owner => "OWNER",
@@ -198,4 +213,59 @@ fn sum_json(s: &UsageSum) -> Value {
         "cpu_used_core_seconds": s.cpu_used_core_seconds,
         "memory_peak_bytes": s.memory_peak_bytes,
     })
+}
+
+/// The records as one Arrow batch, a column per field (the JSON's names).
+fn records_batch(records: &[UsageRecord]) -> Result<RecordBatch> {
+    let text = |f: fn(&UsageRecord) -> &str| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(records.iter().map(f)))
+    };
+    let u64s = |f: fn(&UsageRecord) -> u64| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter_values(records.iter().map(f)))
+    };
+    let u32s = |f: fn(&UsageRecord) -> u32| -> ArrayRef {
+        Arc::new(UInt32Array::from_iter_values(records.iter().map(f)))
+    };
+    let f64s = |f: fn(&UsageRecord) -> f64| -> ArrayRef {
+        Arc::new(Float64Array::from_iter_values(records.iter().map(f)))
+    };
+    let states: Vec<String> = records.iter().map(|r| state_name(r.state)).collect();
+    Ok(RecordBatch::try_from_iter([
+        ("seq", u64s(|r| r.seq)),
+        ("job_id", text(|r| &r.job_id)),
+        ("job_name", text(|r| &r.job_name)),
+        ("pool", text(|r| &r.pool)),
+        ("owner", text(|r| &r.owner)),
+        ("instance", u32s(|r| r.instance)),
+        ("run", u32s(|r| r.run)),
+        ("host", text(|r| &r.host)),
+        ("started_at_ms", u64s(|r| r.started_at_ms)),
+        ("finished_at_ms", u64s(|r| r.finished_at_ms)),
+        ("wall_ms", u64s(|r| r.wall_ms)),
+        (
+            "state",
+            Arc::new(StringArray::from_iter_values(&states)) as ArrayRef,
+        ),
+        (
+            "exit_code",
+            Arc::new(Int32Array::from_iter_values(
+                records.iter().map(|r| r.exit_code),
+            )),
+        ),
+        (
+            "cpu_requested_core_seconds",
+            f64s(|r| r.cpu_requested_core_seconds),
+        ),
+        (
+            "memory_requested_mib_seconds",
+            f64s(|r| r.memory_requested_mib_seconds),
+        ),
+        (
+            "disk_requested_mib_seconds",
+            f64s(|r| r.disk_requested_mib_seconds),
+        ),
+        ("gpu_requested_seconds", f64s(|r| r.gpu_requested_seconds)),
+        ("cpu_used_core_seconds", f64s(|r| r.cpu_used_core_seconds)),
+        ("memory_peak_bytes", u64s(|r| r.memory_peak_bytes)),
+    ])?)
 }
