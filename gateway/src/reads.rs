@@ -500,6 +500,8 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
         pending_checks: Vec::new(),
         pending_hosts: 0,
         pending_gang_size: 0,
+        // Set by `get_task`.
+        usage: Vec::new(),
     }
 }
 
@@ -617,6 +619,15 @@ pub(crate) fn get_task(
         });
     };
     let mut task = task_to_pb(core, k, job, instance);
+    // One pass over the ledger, newest first (bounded by its bound).
+    task.usage = core
+        .ledger()
+        .records()
+        .rev()
+        .filter(|r| *r.job_id == *job_id && r.instance == instance)
+        .take(core.config().max_history + 1)
+        .map(usage_record_to_pb)
+        .collect();
     task.pending_reason = pending_reason(engine, job, instance, t);
     if let Some(r) = placement_reason(engine, t) {
         task.pending_hosts = r.n_hosts;

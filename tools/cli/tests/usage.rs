@@ -153,6 +153,17 @@ async fn ended_runs_are_accounted_by_owner_and_kept_across_a_restart() {
         "{table}"
     );
 
+    // `task get` shows its ended runs' accounts too.
+    let task = ok_json(&url, admin, &["task", "get", &long_id, "1"]).await;
+    let mine: Vec<Value> = runs
+        .iter()
+        .filter(|r| r["instance"] == 1)
+        .cloned()
+        .collect();
+    assert_eq!(task["task"]["usage"].as_array().unwrap(), &mine, "{task}");
+    let table = ok(&url, admin, &["task", "get", &long_id, "1"]).await;
+    assert!(table.contains("USAGE OF ENDED RUNS"), "{table}");
+
     let by_owner = ok_json(&url, admin, &["usage", "--by", "owner"]).await;
     let sums = by_owner["sums"].as_array().expect("sums");
     let keys: Vec<(&str, u64)> = sums

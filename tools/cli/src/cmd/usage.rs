@@ -121,7 +121,7 @@ fn state_name(state: i32) -> String {
     name_of::<TaskState>(state)
 }
 
-fn record_table(records: &[UsageRecord]) -> String {
+pub(super) fn record_table(records: &[UsageRecord]) -> String {
     let mut t = Table::new(&[
         ("INSTANCE", Align::Right),
         ("RUN", Align::Right),
@@ -151,7 +151,7 @@ fn record_table(records: &[UsageRecord]) -> String {
     t.render()
 }
 
-fn record_json(r: &UsageRecord) -> Value {
+pub(super) fn record_json(r: &UsageRecord) -> Value {
     json!({
         "seq": r.seq,
         "job_id": r.job_id,
