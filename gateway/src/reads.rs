@@ -369,6 +369,7 @@ pub(crate) fn usage_record_to_pb(r: &crate::lifecycle::UsageRecord) -> pb::Usage
         gpu_requested_seconds: r.gpu_requested_s(),
         cpu_used_core_seconds: r.cpu_used_core_s(),
         memory_peak_bytes: r.memory_peak_bytes,
+        used_until_ms: r.used_until_ms,
     }
 }
 

@@ -1086,6 +1086,9 @@ pub struct StoredUsageRecord {
     /// Memory's peak, bytes.
     #[prost(uint64, tag = "16")]
     pub memory_peak_bytes: u64,
+    /// When they were measured (the host's clock; 0: never).
+    #[prost(uint64, tag = "17")]
+    pub used_until_ms: u64,
 }
 
 /// A usage record's row.
@@ -1107,6 +1110,7 @@ pub fn encode_usage(r: &UsageRecord) -> Vec<u8> {
         request: r.request.0.to_vec(),
         cpu_used_usec: r.cpu_used_usec,
         memory_peak_bytes: r.memory_peak_bytes,
+        used_until_ms: r.used_until_ms,
     })
 }
 
@@ -1138,6 +1142,7 @@ pub fn decode_usage(key: &str, row: &[u8]) -> Result<UsageRecord, String> {
         request,
         cpu_used_usec: r.cpu_used_usec,
         memory_peak_bytes: r.memory_peak_bytes,
+        used_until_ms: r.used_until_ms,
     })
 }
 
@@ -1518,6 +1523,7 @@ mod tests {
             request: Resources([1500, 2048, 10, 1000]),
             cpu_used_usec: 99_000,
             memory_peak_bytes: 1 << 30,
+            used_until_ms: 1_700_000_000_090,
         };
         let row = encode_usage(&u);
         assert_eq!(row[..2], ROW_V1);

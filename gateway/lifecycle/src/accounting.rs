@@ -69,6 +69,10 @@ pub struct UsageRecord {
     /// Its memory's decayed peak by its host's last report, bytes (0:
     /// none).
     pub memory_peak_bytes: u64,
+    /// When that last report measured it, by its host's clock (0: never):
+    /// the used figures cover the run up to then, up to one report
+    /// interval before its end.
+    pub used_until_ms: u64,
 }
 
 impl UsageRecord {
@@ -176,10 +180,10 @@ impl Lifecycle {
     ) {
         let job = &self.jobs[&k];
         let t = &job.tasks[i as usize];
-        let (cpu_used_usec, memory_peak_bytes) = self
+        let (cpu_used_usec, memory_peak_bytes, used_until_ms) = self
             .usage
             .run_totals(slot, (k, i), t.launch)
-            .unwrap_or((0, 0));
+            .unwrap_or((0, 0, 0));
         let finished_ms = match t.finished_at {
             0 => self.now,
             at => at,
@@ -202,6 +206,7 @@ impl Lifecycle {
             request: super::runs::engine_request(job.template(i)),
             cpu_used_usec,
             memory_peak_bytes,
+            used_until_ms,
         };
         self.ledger.next_seq += 1;
         fx.state_rows.push(StateRow::Usage(record.seq));

@@ -428,7 +428,7 @@ impl Env {
                         format!(
                             "  #{} {}/{}#{} {:?} exit={} @{} pool={} owner={} name={} \
                          start={} end={} wall={}ms cpu_req={}s cpu_used={}s \
-                         mem_req={}MiBs peak={}MiB",
+                         mem_req={}MiBs peak={}MiB measured={}",
                             r.seq,
                             r.job_id,
                             r.instance,
@@ -446,6 +446,7 @@ impl Env {
                             r.cpu_used_core_s(),
                             r.memory_requested_mib_s(),
                             r.memory_peak_bytes >> 20,
+                            r.used_until_ms.saturating_sub(START_MS),
                         )
                     })
                     .collect();
@@ -5144,9 +5145,9 @@ fn every_run_that_leaves_its_host_is_accounted_with_what_it_asked_for_and_used()
             > confirm
             job j failed
             > ledger
-              #1 j/0#1 Succeeded exit=0 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=5s mem_req=10240MiBs peak=200MiB
-              #2 j/1#1 Failed exit=3 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=20s mem_req=10240MiBs peak=258MiB
-              #3 j/2#1 Killed exit=0 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=0s mem_req=10240MiBs peak=0MiB
+              #1 j/0#1 Succeeded exit=0 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=5s mem_req=10240MiBs peak=200MiB measured=10000
+              #2 j/1#1 Failed exit=3 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=20s mem_req=10240MiBs peak=258MiB measured=10000
+              #3 j/2#1 Killed exit=0 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=0s mem_req=10240MiBs peak=0MiB measured=0
               stored: [1, 2, 3]
         "#]],
     );
@@ -5217,14 +5218,14 @@ fn the_ledger_keeps_its_newest_records_and_survives_a_restart() {
             c/0#1 succeeded @h1
             job c succeeded
             > ledger
-              #2 b/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=b start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB
-              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB
+              #2 b/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=b start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
               stored: [2, 3]
             > crash
             > register h1
             > ledger
-              #2 b/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=b start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB
-              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB
+              #2 b/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=b start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
               stored: [2, 3]
             > job d pool=/ n=1 cpu=1
             d/0#1 pending
@@ -5240,8 +5241,8 @@ fn the_ledger_keeps_its_newest_records_and_survives_a_restart() {
             d/0#1 succeeded @h1
             job d succeeded
             > ledger
-              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB
-              #4 d/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=d start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB
+              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              #4 d/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=d start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
               stored: [3, 4]
             > tick 61000
             > ledger

@@ -145,6 +145,13 @@ async fn ended_runs_are_accounted_by_owner_and_kept_across_a_restart() {
         let used = r["cpu_used_core_seconds"].as_f64().unwrap();
         assert!(used > 0.0 && used < requested, "{r}");
         assert!(r["memory_peak_bytes"].as_u64().unwrap() > 0, "{r}");
+        // Measured during the run (simulated hosts share the server's clock).
+        let measured = r["used_until_ms"].as_u64().unwrap();
+        assert!(
+            measured > r["started_at_ms"].as_u64().unwrap()
+                && measured <= r["finished_at_ms"].as_u64().unwrap(),
+            "{r}"
+        );
         assert!(!r["host"].as_str().unwrap().is_empty(), "{r}");
     }
     let table = ok(&url, admin, &["job", "usage", &long_id]).await;

@@ -172,6 +172,7 @@ pub(super) fn record_json(r: &UsageRecord) -> Value {
         "gpu_requested_seconds": r.gpu_requested_seconds,
         "cpu_used_core_seconds": r.cpu_used_core_seconds,
         "memory_peak_bytes": r.memory_peak_bytes,
+        "used_until_ms": r.used_until_ms,
     })
 }
 
@@ -267,5 +268,6 @@ fn records_batch(records: &[UsageRecord]) -> Result<RecordBatch> {
         ("gpu_requested_seconds", f64s(|r| r.gpu_requested_seconds)),
         ("cpu_used_core_seconds", f64s(|r| r.cpu_used_core_seconds)),
         ("memory_peak_bytes", u64s(|r| r.memory_peak_bytes)),
+        ("used_until_ms", u64s(|r| r.used_until_ms)),
     ])?)
 }
