@@ -180,6 +180,15 @@ pub enum JobCommand {
         /// Reply.
         reply: Reply<pb::QueryJobsResponse>,
     },
+    /// Read the usage ledger.
+    ListUsage {
+        /// Filters, grouping and page (checked).
+        request: pb::ListUsageRequest,
+        /// Only the jobs this caller may read (none: all).
+        viewer: Option<Arc<crate::access::Caller>>,
+        /// Reply.
+        reply: Reply<pb::ListUsageResponse>,
+    },
     /// Kill, delete, scale or restart a job.
     JobAction {
         /// Job id.

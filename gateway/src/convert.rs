@@ -826,6 +826,8 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     }
     Ok(JobPlan {
         kind,
+        name: spec.name.as_str().into(),
+        owner: spec.owner.as_str().into(),
         pool: spec.pool.as_str().into(),
         host_pool: host_pool.into(),
         instance_count: spec.instance_count,
@@ -1044,6 +1046,19 @@ fn placement_strategy(spec: &pb::JobSpec) -> Result<Strategy, Status> {
 
 /// A job spec as the core keeps it: encoded, without its secrets (which
 /// are kept apart and never shown).
+/// `plan` owned by `owner`: its owner and the owner in its spec as sent
+/// (what reads show) replaced.
+pub fn with_owner(mut plan: JobPlan, owner: Arc<str>) -> JobPlan {
+    if plan.owner == owner {
+        return plan;
+    }
+    let mut spec = pb::JobSpec::decode(&*plan.spec).expect("a plan's spec was encoded here");
+    spec.owner = owner.to_string();
+    plan.spec = encoded_spec(&spec);
+    plan.owner = owner;
+    plan
+}
+
 fn encoded_spec(spec: &pb::JobSpec) -> Arc<[u8]> {
     if spec.secrets.is_empty() {
         spec.encode_to_vec().into()

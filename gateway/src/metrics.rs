@@ -55,6 +55,9 @@ pub struct Metrics {
     pub allocation: Family<PoolDimLabels, Gauge>,
     /// Demand per pool and dimension.
     pub demand: Family<PoolDimLabels, Gauge>,
+    /// Measured usage per pool and dimension (the current runs of its
+    /// subtree, as agents report them).
+    pub used: Family<PoolDimLabels, Gauge>,
     /// Live jobs.
     pub jobs: Gauge,
     /// Live hosts that are up.
@@ -92,6 +95,7 @@ impl Metrics {
             entitlement: Family::default(),
             allocation: Family::default(),
             demand: Family::default(),
+            used: Family::default(),
             jobs: Gauge::default(),
             hosts_up: Gauge::default(),
             watch_streams: Gauge::default(),
@@ -162,6 +166,13 @@ impl Metrics {
             "Demand per pool and dimension (millicores, MiB, MiB, milli-GPUs)",
             m.demand.clone(),
         );
+        registry.register(
+            "pool_used",
+            "Measured usage of the current runs of a pool's subtree per dimension \
+             (millicores, MiB, MiB; GPUs are not measured): compare with pool_allocation \
+             and pool_entitlement",
+            m.used.clone(),
+        );
         registry.register("jobs", "Jobs known to the server", m.jobs.clone());
         registry.register("hosts_up", "Hosts that take new tasks", m.hosts_up.clone());
         registry.register(
@@ -186,6 +197,7 @@ impl Metrics {
             self.entitlement.remove(&labels);
             self.allocation.remove(&labels);
             self.demand.remove(&labels);
+            self.used.remove(&labels);
         }
     }
 

@@ -38,14 +38,17 @@ pub enum PageKind {
     Volumes,
     /// `HostPoolService.List`.
     HostPools,
+    /// `JobService.ListUsage`.
+    Usage,
 }
 
 impl PageKind {
-    const ALL: [PageKind; 4] = [
+    const ALL: [PageKind; 5] = [
         PageKind::Jobs,
         PageKind::Pools,
         PageKind::Volumes,
         PageKind::HostPools,
+        PageKind::Usage,
     ];
 
     /// Its name in tokens and messages.
@@ -55,6 +58,7 @@ impl PageKind {
             PageKind::Pools => "pools",
             PageKind::Volumes => "volumes",
             PageKind::HostPools => "hostpools",
+            PageKind::Usage => "usage",
         }
     }
 }

@@ -526,6 +526,16 @@ pub(crate) fn recovered_access(
     Ok((tokens, audit))
 }
 
+/// The stored usage ledger.
+pub(crate) fn recovered_usage(
+    snap: &Snapshot,
+) -> anyhow::Result<Vec<crate::lifecycle::UsageRecord>> {
+    snap.usage
+        .iter()
+        .map(|(key, bytes)| store_codec::decode_usage(key, bytes).map_err(anyhow::Error::msg))
+        .collect()
+}
+
 /// Encodes the rows of the tables beside the jobs (host pools, access,
 /// secrets) that the core marked into `batch`, from the core's state:
 /// what is no longer there is deleted.
@@ -551,6 +561,10 @@ pub(crate) fn state_rows(
                     .audit_entry(seq)
                     .map(store_codec::encode_audit);
                 batch.audit.push((crate::store::audit_key(seq), row));
+            }
+            StateRow::Usage(seq) => {
+                let row = core.ledger().record(seq).map(store_codec::encode_usage);
+                batch.usage.push((crate::store::audit_key(seq), row));
             }
             StateRow::Secrets(id) => {
                 let row = core

@@ -121,10 +121,16 @@ CREATE TABLE peloton_audit (key text COLLATE "C" PRIMARY KEY, value bytea NOT NU
         // older pelotond could not read them either.
         "SELECT 1;",
     ),
+    (
+        5,
+        r#"
+CREATE TABLE peloton_usage (key text COLLATE "C" PRIMARY KEY, value bytea NOT NULL);
+"#,
+    ),
 ];
 
 /// Tables keyed by one text column, as (name, store field).
-const KV_TABLES: [&str; 9] = [
+const KV_TABLES: [&str; 10] = [
     "peloton_pools",
     "peloton_jobs",
     "peloton_hosts",
@@ -133,10 +139,11 @@ const KV_TABLES: [&str; 9] = [
     "peloton_secrets",
     "peloton_tokens",
     "peloton_audit",
+    "peloton_usage",
     "peloton_host_pools",
 ];
 /// Index in [`KV_TABLES`] of the host pools' table (keys only).
-const HOST_POOLS_KV: usize = 8;
+const HOST_POOLS_KV: usize = 9;
 
 /// Connects with the timeouts a store needs: a dead or partitioned
 /// database fails calls within seconds instead of hanging the loop.
@@ -606,6 +613,7 @@ impl PgStore {
             &batch.secrets,
             &batch.tokens,
             &batch.audit,
+            &batch.usage,
         ];
         for (i, rows) in kv.into_iter().enumerate() {
             put_kv(tx, &p.kv_put[i], &p.kv_del[i], rows)?;
@@ -683,6 +691,7 @@ impl Store for PgStore {
                 secrets: read_kv(client, "peloton_secrets")?,
                 tokens: read_kv(client, "peloton_tokens")?,
                 audit: read_kv(client, "peloton_audit")?,
+                usage: read_kv(client, "peloton_usage")?,
                 ..Snapshot::default()
             };
             for r in client

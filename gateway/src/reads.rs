@@ -121,7 +121,8 @@ fn id_before(pools: &[pb::Pool]) -> &str {
     pools.last().map_or("", |p| p.path.as_str())
 }
 
-pub(crate) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
+pub(crate) fn pool_metrics(engine: &Engine, core: &Lifecycle, metrics: &Metrics) {
+    let used = pool_usage(engine, core);
     let rm = engine.resources();
     let tree = rm.tree();
     let mut ids = tree.list();
@@ -154,6 +155,20 @@ pub(crate) fn pool_metrics(engine: &Engine, metrics: &Metrics) {
                 .demand
                 .get_or_create(&labels)
                 .set(ent.demand(slot)[d].min(i64::MAX as u64) as i64);
+            // In the engine's units; GPUs are not measured.
+            let u = used.get(&id).copied().unwrap_or_default();
+            let measured = match d {
+                Dim::Cpu => Some(u.cpu_millis),
+                Dim::Memory => Some(u.memory_bytes >> 20),
+                Dim::Disk => Some(u.disk_bytes >> 20),
+                Dim::Gpu => None,
+            };
+            if let Some(v) = measured {
+                metrics
+                    .used
+                    .get_or_create(&labels)
+                    .set(v.min(i64::MAX as u64) as i64);
+            }
         }
     }
     metrics
@@ -332,6 +347,116 @@ pub(crate) fn query_jobs(
     out
 }
 
+/// A usage record as the API shows it.
+pub(crate) fn usage_record_to_pb(r: &crate::lifecycle::UsageRecord) -> pb::UsageRecord {
+    pb::UsageRecord {
+        seq: r.seq,
+        job_id: r.job_id.to_string(),
+        job_name: r.job_name.to_string(),
+        pool: r.pool.to_string(),
+        owner: r.owner.to_string(),
+        instance: r.instance,
+        run: r.run,
+        host: r.host.to_string(),
+        started_at_ms: r.started_ms,
+        finished_at_ms: r.finished_ms,
+        wall_ms: r.wall_ms(),
+        state: convert::task_state_to_pb(r.state) as i32,
+        exit_code: r.exit_code,
+        cpu_requested_core_seconds: r.cpu_requested_core_s(),
+        memory_requested_mib_seconds: r.memory_requested_mib_s(),
+        disk_requested_mib_seconds: r.disk_requested_mib_s(),
+        gpu_requested_seconds: r.gpu_requested_s(),
+        cpu_used_core_seconds: r.cpu_used_core_s(),
+        memory_peak_bytes: r.memory_peak_bytes,
+        used_until_ms: r.used_until_ms,
+    }
+}
+
+/// Adds a record to a group's sums.
+fn add_usage(sum: &mut pb::UsageSum, r: &pb::UsageRecord) {
+    sum.runs += 1;
+    sum.wall_ms = sum.wall_ms.saturating_add(r.wall_ms);
+    sum.cpu_requested_core_seconds += r.cpu_requested_core_seconds;
+    sum.memory_requested_mib_seconds += r.memory_requested_mib_seconds;
+    sum.disk_requested_mib_seconds += r.disk_requested_mib_seconds;
+    sum.gpu_requested_seconds += r.gpu_requested_seconds;
+    sum.cpu_used_core_seconds += r.cpu_used_core_seconds;
+    sum.memory_peak_bytes = sum.memory_peak_bytes.max(r.memory_peak_bytes);
+}
+
+/// The usage ledger, filtered (the request checked by the service): its
+/// records oldest first from the page token's sequence number, or its sums
+/// by group from the token's key. A job id that names neither a record
+/// nor a live job is not found.
+pub(crate) fn list_usage(
+    core: &Lifecycle,
+    r: &pb::ListUsageRequest,
+    viewer: Option<&peloton_authz::Principal>,
+) -> Result<pb::ListUsageResponse, crate::lifecycle::Error> {
+    let page = paging::page_size(r.page_size, 1000, 10_000);
+    let after = paging::page_token_key("page_token", paging::PageKind::Usage, &r.page_token)
+        .unwrap_or_default();
+    let group_by = pb::UsageGroupBy::try_from(r.group_by).unwrap_or_default();
+    let matches = |u: &crate::lifecycle::UsageRecord| {
+        (r.pool.is_empty() || *u.pool == *r.pool)
+            && (r.owner.is_empty() || *u.owner == *r.owner)
+            && (r.job_id.is_empty() || *u.job_id == *r.job_id)
+            && u.finished_ms >= r.since_ms
+            && (r.until_ms == 0 || u.finished_ms < r.until_ms)
+            && viewer.is_none_or(|v| v.allows(peloton_authz::Permission::JobsRead, &u.pool))
+    };
+    if !r.job_id.is_empty()
+        && core.job_key(&r.job_id).is_err()
+        && !core.ledger().records().any(|u| *u.job_id == *r.job_id)
+    {
+        return Err(crate::lifecycle::Error::JobNotFound(r.job_id.clone()));
+    }
+    let mut out = pb::ListUsageResponse::default();
+    let mut bytes = PageBytes::default();
+    if group_by == pb::UsageGroupBy::None {
+        let after: u64 = after.parse().unwrap_or(0);
+        for u in core.ledger().records_after(after).filter(|u| matches(u)) {
+            let rec = usage_record_to_pb(u);
+            if out.records.len() == page || !bytes.admits(out.records.len(), &rec) {
+                let last = out.records.last().map_or(after, |r| r.seq);
+                out.next_page_token =
+                    paging::page_token(paging::PageKind::Usage, &last.to_string());
+                break;
+            }
+            out.records.push(rec);
+        }
+        return Ok(out);
+    }
+    let mut sums: std::collections::BTreeMap<&str, pb::UsageSum> = Default::default();
+    for u in core.ledger().records().filter(|u| matches(u)) {
+        let key: &str = match group_by {
+            pb::UsageGroupBy::Owner => &u.owner,
+            pb::UsageGroupBy::Job => &u.job_id,
+            _ => &u.pool,
+        };
+        if !after.is_empty() && key <= after {
+            continue;
+        }
+        add_usage(
+            sums.entry(key).or_insert_with(|| pb::UsageSum {
+                key: key.to_string(),
+                ..pb::UsageSum::default()
+            }),
+            &usage_record_to_pb(u),
+        );
+    }
+    for (_, sum) in sums {
+        if out.sums.len() == page || !bytes.admits(out.sums.len(), &sum) {
+            let last = out.sums.last().map_or(after, |s| s.key.as_str());
+            out.next_page_token = paging::page_token(paging::PageKind::Usage, last);
+            break;
+        }
+        out.sums.push(sum);
+    }
+    Ok(out)
+}
+
 fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
     let t = &job.tasks[i as usize];
     let mut current = convert::run_to_pb(&core.run_record(t));
@@ -376,6 +501,8 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
         pending_checks: Vec::new(),
         pending_hosts: 0,
         pending_gang_size: 0,
+        // Set by `get_task`.
+        usage: Vec::new(),
     }
 }
 
@@ -493,6 +620,15 @@ pub(crate) fn get_task(
         });
     };
     let mut task = task_to_pb(core, k, job, instance);
+    // One pass over the ledger, newest first (bounded by its bound).
+    task.usage = core
+        .ledger()
+        .records()
+        .rev()
+        .filter(|r| *r.job_id == *job_id && r.instance == instance)
+        .take(core.config().max_history + 1)
+        .map(usage_record_to_pb)
+        .collect();
     task.pending_reason = pending_reason(engine, job, instance, t);
     if let Some(r) = placement_reason(engine, t) {
         task.pending_hosts = r.n_hosts;

@@ -255,6 +255,7 @@ impl Scheduler {
         recovered.host_pool_members = snapshot.host_pool_members.clone();
         (recovered.tokens, recovered.audit) = persist::recovered_access(&snapshot)?;
         recovered.secrets = persist::recovered_secrets(&snapshot)?;
+        recovered.usage = persist::recovered_usage(&snapshot)?;
         recovered.simulated_hosts = config.simulated_hosts.clone();
         let mut fx = Effects::default();
         let core = Lifecycle::recover(core_config, &mut engine, revision, recovered, now, &mut fx)
@@ -620,7 +621,7 @@ impl Scheduler {
             return;
         }
         self.last_pool_metrics = Some(self.now_at);
-        reads::pool_metrics(&self.engine, &self.metrics);
+        reads::pool_metrics(&self.engine, &self.core, &self.metrics);
         self.metrics.jobs.set(self.core.n_jobs() as i64);
     }
 }

@@ -103,6 +103,23 @@ impl Api {
         Ok((!c.principal.sees_everything()).then_some(c))
     }
 
+    /// The owner of a job `request` creates: on a secure server the name
+    /// of its token (the authenticated principal), whatever the spec says;
+    /// on an insecure one the spec's `owner`.
+    pub(crate) fn owner_of<T>(
+        &self,
+        request: &Request<T>,
+        field: &str,
+        spec_owner: &str,
+    ) -> Result<String, Status> {
+        // What was sent is checked even when it is replaced.
+        convert::bounded(field, spec_owner, convert::MAX_NAME_BYTES)?;
+        if !self.access.is_secure() {
+            return Ok(spec_owner.to_string());
+        }
+        Ok(access::caller(request)?.principal.name().to_string())
+    }
+
     /// Checks `permission` on the job's pool (see [`access::require_job`]).
     fn on_job<T>(
         &self,
@@ -380,11 +397,17 @@ impl JobService for Api {
                 format!("{pool} {name}"),
             )?;
         }
+        let owner = self.owner_of(
+            &request,
+            "spec.owner",
+            request.get_ref().spec.as_ref().map_or("", |s| &s.owner),
+        )?;
         let spec = request
             .into_inner()
             .spec
             .ok_or_else(|| convert::invalid("spec", "missing"))?;
         let mut spec = convert::cluster_mode_spec(spec)?;
+        spec.owner = owner;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         let secrets = crate::codec::from_pb(std::mem::take(&mut spec.secrets));
         let job = self
@@ -429,6 +452,47 @@ impl JobService for Api {
         let out = self
             .call(|reply| {
                 Command::Jobs(JobCommand::QueryJobs {
+                    request,
+                    viewer,
+                    reply,
+                })
+            })
+            .await?;
+        Ok(Response::new(out))
+    }
+
+    async fn list_usage(
+        &self,
+        request: Request<pb::ListUsageRequest>,
+    ) -> Result<Response<pb::ListUsageResponse>, Status> {
+        let viewer = Self::viewer(&request)?;
+        let request = request.into_inner();
+        if !request.pool.is_empty() {
+            convert::pool_path("pool", &request.pool)?;
+        }
+        convert::bounded("owner", &request.owner, convert::MAX_NAME_BYTES)?;
+        if !request.job_id.is_empty() {
+            check_id("job_id", &request.job_id)?;
+        }
+        if pb::UsageGroupBy::try_from(request.group_by).is_err() {
+            return Err(convert::invalid(
+                "group_by",
+                format!("unknown grouping {}", request.group_by),
+            ));
+        }
+        if request.until_ms != 0 && request.until_ms <= request.since_ms {
+            return Err(convert::invalid(
+                "until_ms",
+                format!(
+                    "{} is not after since_ms {}",
+                    request.until_ms, request.since_ms
+                ),
+            ));
+        }
+        paging::page_token_key("page_token", paging::PageKind::Usage, &request.page_token)?;
+        let out = self
+            .call(|reply| {
+                Command::Jobs(JobCommand::ListUsage {
                     request,
                     viewer,
                     reply,

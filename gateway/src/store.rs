@@ -39,6 +39,8 @@
 //!   SHA-256 digest of its secret; never the secret);
 //! - `audit`: sequence number (20 decimal digits, so text order is number
 //!   order) → `StoredAuditEntry`, trimmed to the last 100,000;
+//! - `usage`: sequence number (as `audit`) → `StoredUsageRecord`, the
+//!   ledger of ended runs, trimmed to the core's bound;
 //! - `meta`: the schema version and counters (the last revision). Its key
 //!   and value types never change, so any server can read the version.
 
@@ -62,6 +64,7 @@ const HOST_POOL_MEMBERS: TableDefinition<'_, &str, &str> =
 const SECRETS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("secrets");
 const TOKENS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("tokens");
 const AUDIT: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("audit");
+const USAGE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("usage");
 
 const META_REVISION: &str = "revision";
 const META_SCHEMA_VERSION: &str = "schema_version";
@@ -148,6 +151,9 @@ pub struct WriteBatch {
     pub tokens: Vec<(String, Option<Vec<u8>>)>,
     /// Audit rows by [`audit_key`] (`None` deletes).
     pub audit: Vec<(String, Option<Vec<u8>>)>,
+    /// Usage rows by [`audit_key`] of their sequence numbers (`None`
+    /// deletes).
+    pub usage: Vec<(String, Option<Vec<u8>>)>,
     /// This commit's events: (first revision, encoded `WatchResponse`).
     pub events: Option<(u64, Vec<u8>)>,
     /// The last revision after this commit.
@@ -178,6 +184,7 @@ impl WriteBatch {
         self.secrets.clear();
         self.tokens.clear();
         self.audit.clear();
+        self.usage.clear();
         self.events = None;
         self.revision = 0;
         self.trim_events_before = None;
@@ -198,6 +205,7 @@ impl WriteBatch {
             && self.secrets.is_empty()
             && self.tokens.is_empty()
             && self.audit.is_empty()
+            && self.usage.is_empty()
             && self.events.is_none()
             && self.trim_events_before.is_none()
     }
@@ -230,6 +238,8 @@ pub struct Snapshot {
     pub tokens: Vec<(String, Vec<u8>)>,
     /// Audit rows in sequence order.
     pub audit: Vec<(String, Vec<u8>)>,
+    /// Usage rows in sequence order.
+    pub usage: Vec<(String, Vec<u8>)>,
     /// The last revision.
     pub revision: u64,
 }
@@ -321,6 +331,7 @@ impl RedbStore {
             txn.open_table(SECRETS).map_err(StoreError::from)?;
             txn.open_table(TOKENS).map_err(StoreError::from)?;
             txn.open_table(AUDIT).map_err(StoreError::from)?;
+            txn.open_table(USAGE).map_err(StoreError::from)?;
         }
         txn.commit().map_err(StoreError::from)?;
         Ok(RedbStore { db })
@@ -435,6 +446,7 @@ impl Store for RedbStore {
             secrets: read_all(&txn, SECRETS)?,
             tokens: read_all(&txn, TOKENS)?,
             audit: read_all(&txn, AUDIT)?,
+            usage: read_all(&txn, USAGE)?,
             ..Snapshot::default()
         };
         let members = txn
@@ -480,6 +492,7 @@ impl Store for RedbStore {
             (SECRETS, &batch.secrets),
             (TOKENS, &batch.tokens),
             (AUDIT, &batch.audit),
+            (USAGE, &batch.usage),
         ] {
             write_rows(&txn, def, rows)?;
         }

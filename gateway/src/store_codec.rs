@@ -29,7 +29,7 @@ use crate::convert;
 use crate::lifecycle::{
     AppState, AuditEntry, Certificate, Digest32, HOST_POOL_ATTRIBUTE, Job, JobKey, JobRow,
     LaunchId, RecoveredHost, RecoveredVolume, RunRecord, Secret, TaskRow, Token, Update,
-    UpdateCounts, UpdateSpec, UpdateState, Volume,
+    UpdateCounts, UpdateSpec, UpdateState, UsageRecord, Volume,
 };
 
 /// First bytes of a row of this codec, version 1.
@@ -1035,6 +1035,117 @@ pub fn decode_audit(key: &str, row: &[u8]) -> Result<AuditEntry, String> {
     })
 }
 
+/// A usage record's stored row (`lifecycle::UsageRecord`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StoredUsageRecord {
+    /// Its sequence number.
+    #[prost(uint64, tag = "1")]
+    pub seq: u64,
+    /// When it was recorded.
+    #[prost(uint64, tag = "2")]
+    pub recorded_ms: u64,
+    /// The job's id.
+    #[prost(string, tag = "3")]
+    pub job_id: String,
+    /// The job's name.
+    #[prost(string, tag = "4")]
+    pub job_name: String,
+    /// The job's pool.
+    #[prost(string, tag = "5")]
+    pub pool: String,
+    /// The job's owner.
+    #[prost(string, tag = "6")]
+    pub owner: String,
+    /// The instance.
+    #[prost(uint32, tag = "7")]
+    pub instance: u32,
+    /// The run.
+    #[prost(uint32, tag = "8")]
+    pub run: u32,
+    /// Its host.
+    #[prost(string, tag = "9")]
+    pub host: String,
+    /// When it started (0: never).
+    #[prost(uint64, tag = "10")]
+    pub started_ms: u64,
+    /// When it ended.
+    #[prost(uint64, tag = "11")]
+    pub finished_ms: u64,
+    /// How it ended (the API's `TaskState` number).
+    #[prost(int32, tag = "12")]
+    pub state: i32,
+    /// Its exit code.
+    #[prost(int32, tag = "13")]
+    pub exit_code: i32,
+    /// What it asked for, in engine units, by dimension.
+    #[prost(uint64, repeated, tag = "14")]
+    pub request: Vec<u64>,
+    /// CPU time used, µs.
+    #[prost(uint64, tag = "15")]
+    pub cpu_used_usec: u64,
+    /// Memory's peak, bytes.
+    #[prost(uint64, tag = "16")]
+    pub memory_peak_bytes: u64,
+    /// When they were measured (the host's clock; 0: never).
+    #[prost(uint64, tag = "17")]
+    pub used_until_ms: u64,
+}
+
+/// A usage record's row.
+pub fn encode_usage(r: &UsageRecord) -> Vec<u8> {
+    versioned(&StoredUsageRecord {
+        seq: r.seq,
+        recorded_ms: r.recorded_ms,
+        job_id: r.job_id.to_string(),
+        job_name: r.job_name.to_string(),
+        pool: r.pool.to_string(),
+        owner: r.owner.to_string(),
+        instance: r.instance,
+        run: r.run,
+        host: r.host.to_string(),
+        started_ms: r.started_ms,
+        finished_ms: r.finished_ms,
+        state: r.state as i32,
+        exit_code: r.exit_code,
+        request: r.request.0.to_vec(),
+        cpu_used_usec: r.cpu_used_usec,
+        memory_peak_bytes: r.memory_peak_bytes,
+        used_until_ms: r.used_until_ms,
+    })
+}
+
+/// A usage record's row as the core's.
+pub fn decode_usage(key: &str, row: &[u8]) -> Result<UsageRecord, String> {
+    let problem = |e: String| format!("usage record {key}: {e}");
+    let body = body(row)
+        .map_err(problem)?
+        .ok_or_else(|| problem("no row version".into()))?;
+    let r = StoredUsageRecord::decode(body).map_err(|e| problem(e.to_string()))?;
+    let mut request = Resources::default();
+    for (to, from) in request.0.iter_mut().zip(&r.request) {
+        *to = *from;
+    }
+    Ok(UsageRecord {
+        seq: r.seq,
+        recorded_ms: r.recorded_ms,
+        job_id: r.job_id.into(),
+        job_name: r.job_name.into(),
+        pool: r.pool.into(),
+        owner: r.owner.into(),
+        instance: r.instance,
+        run: r.run,
+        host: r.host.into(),
+        started_ms: r.started_ms,
+        finished_ms: r.finished_ms,
+        state: convert::task_state_from_pb(r.state),
+        exit_code: r.exit_code,
+        request,
+        cpu_used_usec: r.cpu_used_usec,
+        memory_peak_bytes: r.memory_peak_bytes,
+        used_until_ms: r.used_until_ms,
+    })
+}
+
 /// A job's secrets, stored apart from its job and config rows.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StoredSecrets {
@@ -1394,6 +1505,33 @@ mod tests {
         let row = encode_audit(&e);
         assert_eq!(row[..2], ROW_V1);
         assert_eq!(decode_audit("12", &row).unwrap(), e);
+
+        let u = UsageRecord {
+            seq: 7,
+            recorded_ms: 1_700_000_000_123,
+            job_id: "j1".into(),
+            job_name: "nightly".into(),
+            pool: "/a/b".into(),
+            owner: "ana".into(),
+            instance: 3,
+            run: 2,
+            host: "h1".into(),
+            started_ms: 1_700_000_000_000,
+            finished_ms: 1_700_000_000_100,
+            state: crate::lifecycle::TaskState::Preempted,
+            exit_code: 137,
+            request: Resources([1500, 2048, 10, 1000]),
+            cpu_used_usec: 99_000,
+            memory_peak_bytes: 1 << 30,
+            used_until_ms: 1_700_000_000_090,
+        };
+        let row = encode_usage(&u);
+        assert_eq!(row[..2], ROW_V1);
+        assert_eq!(decode_usage("7", &row).unwrap(), u);
+        assert!(
+            decode_usage("7", &row[2..]).is_err(),
+            "no version: an error"
+        );
 
         for s in [secrets(), Vec::new()] {
             let row = encode_secrets(&s);

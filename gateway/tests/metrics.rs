@@ -283,3 +283,103 @@ async fn group_commit_puts_writes_that_arrive_together_in_one_commit() {
     }
     server.shutdown().await.unwrap();
 }
+
+/// The value of one series (`name{labels}`) in a scrape, if present.
+fn series(text: &str, name_and_labels: &str) -> Option<i64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Per pool, what runs use (as simulated hosts report it every 10 s) is
+/// exported beside what they are allocated and entitled to: up to the
+/// allocation while they run, in the pool and its parents, and back to 0
+/// once they are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_usage_is_exported_beside_allocation_and_entitlement() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, channel) = start(dir.path(), 2, true).await;
+    let metrics = server.metrics_addr.unwrap();
+    let mut pools =
+        pb::resource_pool_service_client::ResourcePoolServiceClient::new(channel.clone());
+    pools
+        .create(pb::CreatePoolRequest {
+            path: "/u".into(),
+            spec: None,
+        })
+        .await
+        .unwrap();
+    let mut jobs = pb::job_service_client::JobServiceClient::new(channel.clone());
+    let job = jobs
+        .create(pb::CreateJobRequest {
+            spec: Some(pb::JobSpec {
+                name: "u".into(),
+                pool: "/u".into(),
+                instance_count: 2,
+                sla: Some(pb::Sla {
+                    preemptible: true,
+                    ..Default::default()
+                }),
+                default_task: Some(pb::TaskSpec {
+                    shell: "true".into(),
+                    resources: Some(pb::Resources {
+                        cpu: 1.0,
+                        memory_mb: 64.0,
+                        ..Default::default()
+                    }),
+                    sim: Some(pb::SimSpec {
+                        duration_ms: 600_000,
+                        exit_code: 0,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    let used_cpu = "peloton_pool_used{pool=\"/u\",dim=\"cpu\"}";
+    // Each simulated host reports once every 10 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        let text = scrape(metrics).await;
+        if series(&text, used_cpu).is_some_and(|v| v > 0) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no usage of /u in:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let used = series(&text, used_cpu).unwrap();
+    let allocated = series(&text, "peloton_pool_allocation{pool=\"/u\",dim=\"cpu\"}").unwrap();
+    assert_eq!(allocated, 2000, "{text}");
+    // Simulated runs use a tenth to nine tenths of their request.
+    assert!(used > 0 && used < allocated, "{used} of {allocated}");
+    assert!(
+        series(&text, "peloton_pool_used{pool=\"/\",dim=\"cpu\"}").unwrap() >= used,
+        "a parent counts its subtree's usage:\n{text}"
+    );
+    assert!(series(&text, "peloton_pool_used{pool=\"/u\",dim=\"memory\"}").unwrap() > 0);
+    assert!(series(&text, "peloton_pool_entitlement{pool=\"/u\",dim=\"cpu\"}").is_some());
+    jobs.kill(pb::KillJobRequest {
+        id: job.id.clone(),
+        version: 0,
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = scrape(metrics).await;
+        if series(&text, used_cpu) == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "usage of /u stays after its runs ended:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.shutdown().await.unwrap();
+}

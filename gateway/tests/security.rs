@@ -1950,3 +1950,78 @@ async fn a_server_with_its_own_client_ca_signs_only_when_given_its_key() {
             .expect("shutdown");
     }
 }
+
+/// A job's owner is the name of the token that created it, whatever its
+/// spec says, and an update by another token keeps it; usage reads show
+/// only the runs of pools the caller may read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_owner_is_its_creators_token_and_usage_shows_only_readable_pools() {
+    let s = Secure::start().await;
+    let admin = s.admin();
+    create_pools_a_and_b(&admin).await;
+    let sub = s.as_token(&create_token(&admin, "sub-a", pb::Role::Submitter, "/a").await);
+    let view_b = s.as_token(&create_token(&admin, "view-b", pb::Role::Viewer, "/b").await);
+    let mut spec = short_job("/a");
+    spec.owner = "someone-else".into();
+    let short = sub.create_job(spec).await.expect("sub creates in /a");
+    assert_eq!(short.spec.as_ref().expect("spec").owner, "sub-a");
+    let mut spec = long_job("/a");
+    spec.r#type = pb::JobType::Service as i32;
+    let long = sub.create_job(spec.clone()).await.expect("a service in /a");
+    let b = admin
+        .create_job(short_job("/b"))
+        .await
+        .expect("admin in /b");
+    wait_state(&admin, &short.id, pb::JobState::Succeeded).await;
+    wait_state(&admin, &b.id, pb::JobState::Succeeded).await;
+
+    // The admin updates sub-a's service, naming itself as the owner: the
+    // job stays sub-a's.
+    spec.owner = "admin".into();
+    task_of(&mut spec).env.insert("V".into(), "2".into());
+    let mut updates = pb::update_service_client::UpdateServiceClient::new(InterceptedService::new(
+        s.channel.clone(),
+        Auth(Some(bearer(ADMIN_TOKEN).parse().expect("ASCII"))),
+    ));
+    let updated = updates
+        .create(pb::UpdateJobRequest {
+            job_id: long.id.clone(),
+            version: 0,
+            spec: Some(spec),
+            update: Some(pb::UpdateSpec {
+                batch_size: 2,
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("the admin updates the service")
+        .into_inner();
+    let job = updated.job.expect("job");
+    assert_eq!(job.status.expect("status").config_version, 2);
+    assert_eq!(job.spec.expect("spec").owner, "sub-a");
+    let job = admin.get_job(&long.id).await.expect("get");
+    assert_eq!(job.spec.expect("spec").owner, "sub-a");
+
+    let usage = |api: &Api, group_by: pb::UsageGroupBy| {
+        let mut jobs = api.jobs.clone();
+        async move {
+            jobs.list_usage(pb::ListUsageRequest {
+                group_by: group_by as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("list usage")
+            .into_inner()
+        }
+    };
+    let all = usage(&admin, pb::UsageGroupBy::Owner).await;
+    // (The update's replaced runs are sub-a's too.)
+    let owners: Vec<&str> = all.sums.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(owners, ["admin", "sub-a"], "{all:?}");
+    assert_eq!(all.sums[0].runs, 1, "{all:?}");
+    // A viewer of /b sees the runs of /b only.
+    let seen = usage(&view_b, pb::UsageGroupBy::None).await;
+    let pools: Vec<&str> = seen.records.iter().map(|r| r.pool.as_str()).collect();
+    assert_eq!(pools, ["/b"], "{seen:?}");
+    s.shutdown().await;
+}

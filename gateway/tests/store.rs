@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use peloton_gateway::pgstore::PgStore;
-use peloton_gateway::store::{RedbStore, Store, WriteBatch};
+use peloton_gateway::store::{RedbStore, Store, WriteBatch, audit_key};
 
 /// A backend: opens the same store again on every call.
 struct Backend {
@@ -83,6 +83,11 @@ fn rows_of_every_table_come_back_in_key_order_after_a_reopen() {
             host_pools: vec![("gpu".into(), true), ("arm".into(), true)],
             host_pool_members: vec![("h1".into(), Some("gpu".into()))],
             secrets: vec![("j1".into(), row("s"))],
+            usage: vec![
+                (audit_key(10), row("u10")),
+                (audit_key(9), row("u9")),
+                (audit_key(11), None),
+            ],
             events: Some((1, b"ev1".to_vec())),
             revision: 3,
             ..WriteBatch::default()
@@ -131,6 +136,12 @@ fn rows_of_every_table_come_back_in_key_order_after_a_reopen() {
             "{n}"
         );
         assert_eq!(strings(&snap.secrets), [("j1".into(), "s".into())], "{n}");
+        // Usage records in sequence order (9 before 10).
+        assert_eq!(
+            strings(&snap.usage),
+            [(audit_key(9), "u9".into()), (audit_key(10), "u10".into())],
+            "{n}"
+        );
         assert_eq!(snap.revision, 3, "{n}");
     }
 }
@@ -384,13 +395,13 @@ fn the_schema_is_migrated_once_and_a_newer_schema_is_refused() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3, 4]);
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
     c.execute("INSERT INTO peloton_migrations (version) VALUES (99)", &[])
         .expect("a newer server's migration");
     let err = PgStore::open(&url).expect_err("a newer schema");
     assert!(
         err.to_string().contains(
-            "store schema version 99 was written by a newer pelotond; this binary reads up to 4"
+            "store schema version 99 was written by a newer pelotond; this binary reads up to 5"
         ),
         "{err}"
     );
@@ -404,7 +415,7 @@ fn the_schema_is_migrated_once_and_a_newer_schema_is_refused() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(after, [1, 2, 3, 4, 99]);
+    assert_eq!(after, [1, 2, 3, 4, 5, 99]);
     let jobs: i64 = c
         .query_one("SELECT count(*) FROM peloton_jobs", &[])
         .expect("count")

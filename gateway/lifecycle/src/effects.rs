@@ -146,6 +146,8 @@ pub enum StateRow {
     Audit(u64),
     /// A job's secrets, by job id.
     Secrets(Arc<str>),
+    /// A usage record, by sequence number.
+    Usage(u64),
 }
 
 /// Counters for the metrics.

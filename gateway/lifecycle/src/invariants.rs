@@ -184,6 +184,7 @@ impl Lifecycle {
         self.check_host_pool_invariants(engine);
         self.check_lease_invariants();
         self.check_access_invariants();
+        self.check_ledger_invariants();
         self.check_secret_invariants();
     }
 }

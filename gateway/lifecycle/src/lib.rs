@@ -19,6 +19,7 @@
 //! broken invariant is a crash, not a log line.
 
 mod access;
+mod accounting;
 mod admissible;
 mod apps;
 mod effects;
@@ -57,6 +58,7 @@ pub use access::{
     AccessChange, AccessState, AuditEntry, Certificate, Digest32, MAX_AUDIT_ENTRIES,
     MAX_CERTS_PER_TOKEN, MAX_TOKENS, Token, hex as digest_hex,
 };
+pub use accounting::{Ledger, MAX_USAGE_RECORDS, USAGE_RETENTION_MS, UsageRecord};
 pub use admissible::never_admitted_reason;
 pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
@@ -444,6 +446,10 @@ pub struct CoreConfig {
     pub app_lease_ms: u64,
     /// Audit entries kept (the oldest beyond go).
     pub max_audit_entries: usize,
+    /// Usage records kept (the oldest beyond go).
+    pub max_usage_records: usize,
+    /// Usage records are kept this long after their runs ended.
+    pub usage_retention_ms: u64,
     /// An agent host not heard from for this long is lost.
     pub host_lost_after_ms: u64,
     /// A host held by a session silent this long may be taken over by
@@ -464,6 +470,8 @@ impl Default for CoreConfig {
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
             max_audit_entries: MAX_AUDIT_ENTRIES,
+            max_usage_records: MAX_USAGE_RECORDS,
+            usage_retention_ms: USAGE_RETENTION_MS,
             host_lost_after_ms: 10_000,
             takeover_after_ms: 3_000,
             overcommit: OvercommitConfig::default(),
@@ -576,6 +584,8 @@ pub struct Lifecycle {
     needs_cycle: bool,
     /// What current runs use, by host (soft state; see `usage`).
     usage: usage::UsageTable,
+    /// Ended runs' accounts.
+    ledger: accounting::Ledger,
     now: u64,
 }
 
@@ -619,6 +629,7 @@ impl Lifecycle {
             overcommit: overcommit::Pending::default(),
             needs_cycle: true,
             usage: usage::UsageTable::default(),
+            ledger: accounting::Ledger::default(),
             now: 0,
         };
         core.pool_versions.insert("/".into(), 1);
@@ -749,6 +760,7 @@ impl Lifecycle {
                 self.fire_timers(engine, fx);
                 self.expire_leases(engine, fx);
                 self.apply_retention(engine, fx);
+                self.prune_ledger(fx);
                 self.check_volume_hosts(engine, fx);
                 Ok(Answer::Done)
             }
@@ -787,8 +799,8 @@ impl Lifecycle {
     }
 
     /// When a [`Input::Tick`] is next due: the earliest timer, the
-    /// retention of finished jobs, a volume to give up or an application's
-    /// lease, if any.
+    /// retention of finished jobs, a volume to give up, an application's
+    /// lease or an old usage record, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
         [
@@ -796,6 +808,7 @@ impl Lifecycle {
             self.retention_deadline(),
             self.volume_deadline,
             self.lease_deadline(),
+            self.ledger_deadline(),
         ]
         .into_iter()
         .flatten()

@@ -356,6 +356,11 @@ pub struct TaskTemplate {
 pub struct JobPlan {
     /// Batch or service.
     pub kind: JobKind,
+    /// The job's name (for its usage records).
+    pub name: Arc<str>,
+    /// Whose it is: on a secure server the token that created it (see
+    /// the shell's `convert::job_plan`).
+    pub owner: Arc<str>,
     /// The pool's path.
     pub pool: Arc<str>,
     /// The host pool its tasks run in (ANDed into their constraints).

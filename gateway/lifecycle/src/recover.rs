@@ -93,6 +93,8 @@ pub struct Recovered {
     pub audit: Vec<super::AuditEntry>,
     /// Jobs' secrets, by job id.
     pub secrets: Vec<(String, Vec<super::Secret>)>,
+    /// The usage ledger.
+    pub usage: Vec<super::UsageRecord>,
 }
 
 impl Lifecycle {
@@ -133,6 +135,7 @@ impl Lifecycle {
         }
         core.recover_host_pools(rec.host_pools, rec.host_pool_members, fx);
         core.recover_access(rec.tokens, rec.audit, fx);
+        core.recover_ledger(rec.usage, fx);
         // The simulated hosts (agent hosts are tagged as they are added).
         core.tag_all_hosts(engine);
         for host in rec.hosts {

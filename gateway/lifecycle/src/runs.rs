@@ -74,10 +74,26 @@ impl Lifecycle {
         reason: Option<&str>,
         fx: &mut Effects,
     ) {
+        let (from, host) = {
+            let t = &self.jobs[&k].tasks[i as usize];
+            (t.state, t.host)
+        };
+        if from.on_host()
+            && !to.on_host()
+            && let Some(slot) = host
+        {
+            // The run ended: its account goes to the ledger, and what it
+            // used no longer counts on its host.
+            self.account_run(k, i, slot, to, fx);
+            if let Some(used) = self.usage.forget_run(slot, (k, i))
+                && self.config.overcommit.enabled
+            {
+                self.overcommit.left.push((slot, k, i, used));
+            }
+        }
         let job = self.jobs.get_mut(&k).expect("live job");
         let executor = job.is_executor(i);
         let t = &mut job.tasks[i as usize];
-        let from = t.state;
         assert!(
             legal(from, to),
             "illegal task transition {from:?} -> {to:?} of {}/{i}",
@@ -86,18 +102,6 @@ impl Lifecycle {
         job.counts[from as usize] -= 1;
         job.counts[to as usize] += 1;
         t.state = to;
-        if from.on_host()
-            && !to.on_host()
-            && let Some(slot) = t.host
-        {
-            // The run is no longer current on its host: what it used no
-            // longer counts there.
-            if let Some(used) = self.usage.forget_run(slot, (k, i))
-                && self.config.overcommit.enabled
-            {
-                self.overcommit.left.push((slot, k, i, used));
-            }
-        }
         // A recovered waiting instance moves within the queue silently; it
         // is news again once it leaves it.
         let queued = matches!(to, S::Pending | S::Ready | S::Placing);

@@ -105,6 +105,9 @@ pub struct StoreModel {
     pub audit: BTreeMap<u64, crate::AuditEntry>,
     /// Jobs' secrets by job id.
     pub secrets: BTreeMap<Arc<str>, Vec<crate::Secret>>,
+    /// The usage ledger by sequence number (its rows are not logged: every
+    /// ended run writes one; the `ledger` fixture command shows them).
+    pub usage: BTreeMap<u64, crate::UsageRecord>,
 }
 
 /// The core, its engine, agents and store.
@@ -185,6 +188,8 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
 pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
     JobPlan {
         kind: JobKind::Batch,
+        name: "".into(),
+        owner: "".into(),
         pool: pool.into(),
         host_pool: crate::DEFAULT_HOST_POOL.into(),
         instance_count: n,
@@ -659,6 +664,14 @@ impl Sim {
                         self.store.audit.remove(&seq);
                     }
                 },
+                StateRow::Usage(seq) => match self.core.ledger().record(seq).cloned() {
+                    Some(r) => {
+                        self.store.usage.insert(seq, r);
+                    }
+                    None => {
+                        self.store.usage.remove(&seq);
+                    }
+                },
                 StateRow::Secrets(id) => {
                     let secrets = self
                         .core
@@ -1093,6 +1106,7 @@ impl Sim {
             .collect();
         rec.tokens = self.store.tokens.values().cloned().collect();
         rec.audit = self.store.audit.values().cloned().collect();
+        rec.usage = self.store.usage.values().cloned().collect();
         rec.secrets = self
             .store
             .secrets

@@ -55,6 +55,9 @@
 //! - `job … revocable` runs on slack; `lends H` — what host H lends
 //!   revocable tasks, what they borrowed and what is free (cpu millis,
 //!   memory MiB);
+//! - `ledger-bound max=N [ms=MS]` (first line only) — at most N usage
+//!   records, kept MS ms; `ledger` — the usage records, oldest first, and
+//!   the stored rows; `job … owner=O` is owned by O (default "-");
 //! - `task J/I` — the instance's run: state, times (ms since the script
 //!   began) and whether its host has yet to confirm its end.
 
@@ -277,6 +280,8 @@ impl Env {
                 p.default_mut().request =
                     Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 p.gang = num("gang", 1) as u32;
+                p.name = words[1].into();
+                p.owner = arg("owner").unwrap_or("-").into();
                 p.priority = num("priority", 0) as u32;
                 p.preemptible = flag("preemptible") || flag("revocable");
                 p.default_mut().revocable = flag("revocable");
@@ -406,6 +411,54 @@ impl Env {
                     ..crate::sim::config()
                 });
                 self.sim.say(format!("> {line}"));
+            }
+            "ledger-bound" => {
+                assert_eq!(self.sim.core.n_jobs(), 0, "ledger-bound comes first");
+                self.sim = Sim::with_config(CoreConfig {
+                    max_usage_records: num("max", 3) as usize,
+                    usage_retention_ms: num("ms", USAGE_RETENTION_MS),
+                    ..crate::sim::config()
+                });
+                self.sim.say(format!("> {line}"));
+            }
+            "ledger" => {
+                // Every record, oldest first, and the stored rows.
+                let lines: Vec<String> = self
+                    .sim
+                    .core
+                    .ledger()
+                    .records()
+                    .map(|r| {
+                        format!(
+                            "  #{} {}/{}#{} {:?} exit={} @{} pool={} owner={} name={} \
+                         start={} end={} wall={}ms cpu_req={}s cpu_used={}s \
+                         mem_req={}MiBs peak={}MiB measured={}",
+                            r.seq,
+                            r.job_id,
+                            r.instance,
+                            r.run,
+                            r.state,
+                            r.exit_code,
+                            r.host,
+                            r.pool,
+                            r.owner,
+                            r.job_name,
+                            r.started_ms.saturating_sub(START_MS),
+                            r.finished_ms.saturating_sub(START_MS),
+                            r.wall_ms(),
+                            r.cpu_requested_core_s(),
+                            r.cpu_used_core_s(),
+                            r.memory_requested_mib_s(),
+                            r.memory_peak_bytes >> 20,
+                            r.used_until_ms.saturating_sub(START_MS),
+                        )
+                    })
+                    .collect();
+                for line in lines {
+                    self.sim.say(line);
+                }
+                let stored: Vec<&u64> = self.sim.store.usage.keys().collect();
+                self.sim.say(format!("  stored: {stored:?}"));
             }
             "access" => {
                 let a = self.sim.core.access();
@@ -5456,6 +5509,175 @@ fn a_preemption_plan_counts_what_freeing_a_borrowing_host_repays_first() {
             job hi running
             > lends h1
               h1 lends cpu=4400 mem=3892, borrowed cpu=4000 mem=1024, free cpu=0 mem=0
+        "#]],
+    );
+}
+
+#[test]
+fn every_run_that_leaves_its_host_is_accounted_with_what_it_asked_for_and_used() {
+    check(
+        r"
+        host h1 cpu=6 mem=4096
+        job j pool=/ n=3 cpu=2 mem=1024 owner=ana
+        cycle
+        job q pool=/ n=1 cpu=4
+        cycle                       # no room: it waits
+        kill q                      # never on a host: no record
+        usage h1 t=0 j/0=0:100 j/1=0:300
+        usage h1 t=10000 j/0=5000:200 j/1=20000:100   # j/0: half a core; j/1: two
+        tick 10000
+        exit j/0 0                  # 10 s of 2 cores asked, 5 core-s used
+        exit j/1 3                  # a failure keeps its code
+        kill j/2                    # never reported: nothing used
+        confirm
+        ledger
+        ",
+        expect![[r#"
+            > host h1 cpu=6 mem=4096
+            > job j pool=/ n=3 cpu=2 mem=1024 owner=ana
+            j/0#1 pending
+            j/1#1 pending
+            j/2#1 pending
+            job j pending
+            > cycle
+            j/0#1 ready
+            j/1#1 ready
+            j/2#1 ready
+            j/0#1 placed @h1
+            j/0#1 launching @h1
+            j/1#1 placed @h1
+            j/1#1 launching @h1
+            j/2#1 placed @h1
+            j/2#1 launching @h1
+              launch j/0#1 @h1 config 1
+              launch j/1#1 @h1 config 1
+              launch j/2#1 @h1 config 1
+            j/0#1 running @h1
+            j/1#1 running @h1
+            j/2#1 running @h1
+            job j running
+            > job q pool=/ n=1 cpu=4
+            q/0#1 pending
+            job q pending
+            > cycle
+            > kill q
+            q/0#1 killed (job killed)
+            job q killed
+            > usage h1 t=0 j/0=0:100 j/1=0:300
+            > usage h1 t=10000 j/0=5000:200 j/1=20000:100
+            > tick 10000
+            > exit j/0 0
+            j/0#1 succeeded @h1
+            > exit j/1 3
+            j/1#1 failed @h1 (exited with code 3)
+            > kill j/2
+            j/2#1 killed @h1 (killed by request)
+              kill j/2#1 @h1
+            > confirm
+            job j failed
+            > ledger
+              #1 j/0#1 Succeeded exit=0 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=5s mem_req=10240MiBs peak=200MiB measured=10000
+              #2 j/1#1 Failed exit=3 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=20s mem_req=10240MiBs peak=258MiB measured=10000
+              #3 j/2#1 Killed exit=0 @h1 pool=/ owner=ana name=j start=0 end=10000 wall=10000ms cpu_req=20s cpu_used=0s mem_req=10240MiBs peak=0MiB measured=0
+              stored: [1, 2, 3]
+        "#]],
+    );
+}
+
+#[test]
+fn the_ledger_keeps_its_newest_records_and_survives_a_restart() {
+    check(
+        r"
+        ledger-bound max=2 ms=60000
+        host h1 cpu=4
+        job a pool=/ n=1 cpu=1
+        job b pool=/ n=1 cpu=1
+        job c pool=/ n=1 cpu=1
+        cycle
+        exit a/0 0
+        exit b/0 0
+        exit c/0 0                  # the first record goes
+        ledger
+        crash
+        register h1
+        ledger                      # as stored
+        job d pool=/ n=1 cpu=1
+        cycle
+        exit d/0 0                  # numbers go on after a restart
+        ledger
+        tick 61000                  # past their age: all go
+        ledger
+        ",
+        expect![[r#"
+            > ledger-bound max=2 ms=60000
+            > host h1 cpu=4
+            > job a pool=/ n=1 cpu=1
+            a/0#1 pending
+            job a pending
+            > job b pool=/ n=1 cpu=1
+            b/0#1 pending
+            job b pending
+            > job c pool=/ n=1 cpu=1
+            c/0#1 pending
+            job c pending
+            > cycle
+            a/0#1 ready
+            b/0#1 ready
+            c/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            c/0#1 placed @h1
+            c/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+              launch b/0#1 @h1 config 1
+              launch c/0#1 @h1 config 1
+            a/0#1 running @h1
+            b/0#1 running @h1
+            c/0#1 running @h1
+            job a running
+            job b running
+            job c running
+            > exit a/0 0
+            a/0#1 succeeded @h1
+            job a succeeded
+            > exit b/0 0
+            b/0#1 succeeded @h1
+            job b succeeded
+            > exit c/0 0
+            c/0#1 succeeded @h1
+            job c succeeded
+            > ledger
+              #2 b/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=b start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              stored: [2, 3]
+            > crash
+            > register h1
+            > ledger
+              #2 b/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=b start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              stored: [2, 3]
+            > job d pool=/ n=1 cpu=1
+            d/0#1 pending
+            job d pending
+            > cycle
+            d/0#1 ready
+            d/0#1 placed @h1
+            d/0#1 launching @h1
+              launch d/0#1 @h1 config 1
+            d/0#1 running @h1
+            job d running
+            > exit d/0 0
+            d/0#1 succeeded @h1
+            job d succeeded
+            > ledger
+              #3 c/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=c start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              #4 d/0#1 Succeeded exit=0 @h1 pool=/ owner=- name=d start=0 end=0 wall=0ms cpu_req=0s cpu_used=0s mem_req=0MiBs peak=0MiB measured=0
+              stored: [3, 4]
+            > tick 61000
+            > ledger
+              stored: []
         "#]],
     );
 }

@@ -250,6 +250,19 @@ impl UsageTable {
         (r.launch == launch).then_some(r.usage)
     }
 
+    /// A run's cumulative CPU µs, memory peak bytes and the (agent's)
+    /// time of its last reading, if `launch` on `slot` is what was reported
+    /// (for its account when it ends).
+    pub(crate) fn run_totals(
+        &self,
+        slot: HostSlot,
+        run: (JobKey, u32),
+        launch: LaunchId,
+    ) -> Option<(u64, u64, u64)> {
+        let r = self.hosts.get(&slot)?.runs.get(&run)?;
+        (r.launch == launch).then_some((r.cpu_usec, r.usage.memory_peak_bytes, r.time_ms))
+    }
+
     /// A host's sums, if `name` has reported on `slot`.
     pub(crate) fn host(&self, slot: HostSlot, name: &str) -> Option<Usage> {
         let host = self.hosts.get(&slot)?;

@@ -201,6 +201,15 @@ impl Scheduler {
                 ));
                 self.defer(reply, r);
             }
+            JobCommand::ListUsage {
+                request,
+                viewer,
+                reply,
+            } => {
+                let r =
+                    reads::list_usage(&self.core, &request, viewer.as_ref().map(|c| &c.principal));
+                self.defer(reply, r);
+            }
             JobCommand::JobAction {
                 id,
                 version,
@@ -454,6 +463,19 @@ impl Scheduler {
         let secrets = self
             .core
             .resolve_secrets(self.core.job_key(&job_id).ok(), secrets)?;
+        // On a secure server a job's owner is the token that created it:
+        // an update keeps it, whoever sends it and whatever its spec says.
+        let plan = match self
+            .core
+            .job_key(&job_id)
+            .ok()
+            .and_then(|k| self.core.job(k))
+        {
+            Some(job) if self.shared_access.is_some() => {
+                convert::with_owner(plan, job.plan.owner.clone())
+            }
+            _ => plan,
+        };
         let id: Arc<str> = Arc::from(uuid::Uuid::new_v4().to_string());
         let answer = self.apply(Input::UpdateJob(Box::new(
             crate::lifecycle::UpdateRequest {

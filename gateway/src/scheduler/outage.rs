@@ -162,6 +162,7 @@ impl Scheduler {
             | Command::Pools(PoolCommand::ListQueue { .. })
             | Command::Jobs(JobCommand::GetJob { .. })
             | Command::Jobs(JobCommand::QueryJobs { .. })
+            | Command::Jobs(JobCommand::ListUsage { .. })
             | Command::Jobs(JobCommand::ListTasks { .. })
             | Command::Jobs(JobCommand::GetTask { .. })
             | Command::Hosts(HostCommand::ListHosts { .. })

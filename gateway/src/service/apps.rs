@@ -86,6 +86,7 @@ impl ApplicationService for Api {
         } else {
             self.on_job(&request, Permission::JobsWrite, &job)?;
         }
+        let owner = self.owner_of(&request, "owner", &request.get_ref().owner)?;
         let r = request.into_inner();
         if r.driver_url.is_empty() {
             return Err(convert::invalid(
@@ -117,7 +118,7 @@ impl ApplicationService for Api {
                 } else {
                     r.name
                 },
-                owner: r.owner,
+                owner,
                 labels: r.labels,
                 r#type: pb::JobType::Application as i32,
                 pool: r.pool,

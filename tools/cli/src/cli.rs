@@ -150,6 +150,9 @@ pub enum Command {
     /// The audit log of a secure server: every mutating call, allowed or
     /// not, newest first (cluster admins).
     Audit(AuditArgs),
+    /// Sums of the ended runs' accounts (resource-seconds requested and
+    /// used, wall time, peak memory), by owner, job or pool.
+    Usage(UsageArgs),
     /// Print the native YAML of a job or pool file in Peloton's format.
     #[command(
         override_usage = "peloton convert [RESPOOL] <FILE>",
@@ -297,6 +300,152 @@ pub enum JobCommand {
     },
     /// Roll a service to a new spec, a batch of instances at a time.
     Update(UpdateArgs),
+    /// The accounts of a job's ended runs, one line per run (as Slurm's
+    /// `sacct`): elapsed, state, exit, host, CPU requested and used
+    /// (core-seconds), peak memory.
+    Usage {
+        id: String,
+        /// Runs that ended at or after T (RFC 3339, or ago: 30m, 1h, 7d).
+        #[arg(long, value_name = "T", value_parser = parse_time)]
+        since: Option<u64>,
+        /// Runs that ended before T (as --since).
+        #[arg(long, value_name = "T", value_parser = parse_time)]
+        until: Option<u64>,
+    },
+}
+
+/// How `peloton usage` groups the runs' accounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum UsageBy {
+    /// By the jobs' owners.
+    Owner,
+    /// By job.
+    Job,
+    /// By pool.
+    Pool,
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Only runs of jobs in this pool.
+    #[arg(long, value_name = "P")]
+    pub pool: Option<String>,
+    /// Only runs of jobs of this owner.
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// Sum by owner, job or pool.
+    #[arg(long, value_enum, default_value_t = UsageBy::Owner)]
+    pub by: UsageBy,
+    /// Runs that ended at or after T (RFC 3339, e.g. 2026-12-01T00:00:00Z,
+    /// or ago: 90s, 30m, 1h, 7d, 2w).
+    #[arg(long, value_name = "T", value_parser = parse_time)]
+    pub since: Option<u64>,
+    /// Runs that ended before T (as --since).
+    #[arg(long, value_name = "T", value_parser = parse_time)]
+    pub until: Option<u64>,
+    /// Write the runs' accounts (one row per run, the filters applied,
+    /// not summed) to FILE as Arrow IPC, for notebooks.
+    #[arg(long, value_name = "FILE")]
+    pub arrow: Option<std::path::PathBuf>,
+}
+
+/// A time for `--since`/`--until`, in ms since the epoch: RFC 3339, or a
+/// span ago (`90s`, `30m`, `1h`, `7d`, `2w`).
+pub fn parse_time(text: &str) -> Result<u64, String> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    parse_time_at(text, now_ms)
+}
+
+/// [`parse_time`] with the time now given.
+pub fn parse_time_at(text: &str, now_ms: u64) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "`{text}` is neither an RFC 3339 time (2026-12-01T08:00:00Z) nor a span ago \
+             (90s, 30m, 1h, 7d, 2w)"
+        )
+    };
+    if let Some(unit) = text.chars().last().filter(char::is_ascii_alphabetic)
+        && !text.contains('-')
+    {
+        let n: u64 = text[..text.len() - 1].parse().map_err(|_| bad())?;
+        let unit_ms: u64 = match unit {
+            's' => 1000,
+            'm' => 60_000,
+            'h' => 3_600_000,
+            'd' => 86_400_000,
+            'w' => 7 * 86_400_000,
+            _ => return Err(bad()),
+        };
+        let ago = n.checked_mul(unit_ms).ok_or_else(bad)?;
+        return now_ms.checked_sub(ago).ok_or_else(bad);
+    }
+    rfc3339_ms(text).ok_or_else(bad)
+}
+
+/// An RFC 3339 time (`YYYY-MM-DDTHH:MM:SS[.fff](Z|±HH:MM)`) in ms since
+/// the epoch; none before it.
+fn rfc3339_ms(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let s = text.get(r)?;
+        s.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| s.parse().ok())?
+    };
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut millis = 0i64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return None;
+        }
+        let digits = &frac[..n];
+        millis = format!("{:0<3}", &digits[..n.min(3)]).parse().ok()?;
+        rest = &frac[n..];
+    }
+    let offset_min = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let (h, m) = rest[1..].split_once(':')?;
+            if h.len() != 2 || m.len() != 2 {
+                return None;
+            }
+            sign * (h.parse::<i64>().ok()? * 60 + m.parse::<i64>().ok()?)
+        }
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_min * 60;
+    u64::try_from(secs * 1000 + millis).ok()
 }
 
 #[derive(Debug, Args)]
@@ -802,5 +951,34 @@ mod tests {
             err.to_string().contains("unknown task state `done`"),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::parse_time_at;
+
+    #[test]
+    fn times_are_rfc_3339_or_a_span_ago() {
+        let now = 1_800_000_000_000;
+        assert_eq!(parse_time_at("1h", now), Ok(now - 3_600_000));
+        assert_eq!(parse_time_at("7d", now), Ok(now - 7 * 86_400_000));
+        assert_eq!(parse_time_at("1970-01-01T00:00:01Z", now), Ok(1000));
+        assert_eq!(
+            parse_time_at("2026-12-06T12:00:00.5+01:00", now),
+            Ok(1_796_554_800_500)
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "1y",
+            "h",
+            "2026-12-06",
+            "2026-13-01T00:00:00Z",
+            "-1h",
+        ] {
+            let e = parse_time_at(bad, now).unwrap_err();
+            assert!(e.contains("RFC 3339"), "{bad}: {e}");
+        }
     }
 }

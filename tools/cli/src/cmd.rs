@@ -10,6 +10,7 @@ mod job;
 mod respool;
 mod task;
 mod update;
+mod usage;
 mod volume;
 mod watch;
 
@@ -101,6 +102,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Token(command) => access::token(&ctx, command).await,
         Command::Whoami => access::whoami(&ctx).await,
         Command::Audit(args) => access::audit(&ctx, args).await,
+        Command::Usage(args) => usage::usage(&ctx, args).await,
         Command::Convert(target) => convert::run(&target),
     }
 }

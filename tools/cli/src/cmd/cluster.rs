@@ -73,7 +73,7 @@ async fn snapshot(ctx: &Ctx, dir: &Path) -> Result<Outcome> {
 
 /// Writes a batch as an Arrow IPC file, through a temporary file renamed
 /// into place, so a reader never sees half a file.
-fn write_ipc(path: &Path, batch: &RecordBatch) -> Result<()> {
+pub(super) fn write_ipc(path: &Path, batch: &RecordBatch) -> Result<()> {
     let tmp = path.with_extension("arrow.tmp");
     let file =
         std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;

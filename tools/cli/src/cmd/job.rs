@@ -66,6 +66,9 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             }
             return Ok(Outcome::JobNotSucceeded);
         }
+        JobCommand::Usage { id, since, until } => {
+            return super::usage::job_usage(ctx, id, since, until).await;
+        }
         JobCommand::Get { id } => {
             let mut client = connect(ctx).await?;
             let job = get(&mut client, &id).await?;

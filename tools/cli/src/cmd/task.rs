@@ -63,7 +63,11 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
                 .with_context(|| format!("the server returned no task for {job}/{instance}"))?;
             match ctx.output {
                 OutputFormat::Table => print_out(&task_details(&task))?,
-                OutputFormat::Json => print_json(&json!({"task": task_json(&task)}))?,
+                OutputFormat::Json => {
+                    let mut shown = task_json(&task);
+                    shown["usage"] = task.usage.iter().map(super::usage::record_json).collect();
+                    print_json(&json!({ "task": shown }))?;
+                }
             }
         }
         TaskCommand::Kill {
@@ -224,6 +228,10 @@ fn task_details(task: &Task) -> String {
         }
         out.push_str("\nHISTORY (newest first)\n");
         out.push_str(&table.render());
+    }
+    if !task.usage.is_empty() {
+        out.push_str("\nUSAGE OF ENDED RUNS (newest first)\n");
+        out.push_str(&super::usage::record_table(&task.usage));
     }
     out
 }
