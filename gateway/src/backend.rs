@@ -82,20 +82,18 @@ pub fn sim_profile(job_id: &str, instance: u32, request: Resources) -> (u64, u64
     )
 }
 
-/// A simulated host's live runs and their usage profiles.
-#[derive(Debug)]
-struct SimHost {
-    /// The second (of each interval) it reports at.
-    phase: u64,
-    runs: FxHashMap<RunRef, SimRun>,
-}
-
+/// A simulated live run: its exit code, and what its usage reports need.
 #[derive(Debug)]
 struct SimRun {
-    key: AgentRunKey,
+    exit_code: i32,
+    host: Arc<str>,
+    /// The second (of each interval) its host reports at.
+    phase: u8,
+    job_id: Arc<str>,
     started_ms: u64,
-    cpu_millis: u64,
-    memory_bytes: u64,
+    /// Its request's CPU (millicores) and memory (MiB).
+    cpu: u32,
+    memory_mb: u32,
 }
 
 /// Simulated hosts: every launch runs at once and ends after its duration.
@@ -103,14 +101,10 @@ struct SimRun {
 pub struct SimBackend {
     /// (end time, run), earliest first.
     ends: BinaryHeap<Reverse<(u64, RunRef)>>,
-    /// Live runs and their exit codes.
-    live: FxHashMap<RunRef, i32>,
+    /// Live runs (one map: a launch costs one insert).
+    live: FxHashMap<RunRef, SimRun>,
     /// Updates produced by launch and kill, delivered on the next poll.
     ready: Vec<TaskUpdate>,
-    /// Hosts with live runs, for usage reports.
-    hosts: FxHashMap<Arc<str>, SimHost>,
-    /// The host of each live run.
-    run_hosts: FxHashMap<RunRef, Arc<str>>,
     /// The last second whose hosts reported usage (0: none yet).
     usage_second: u64,
 }
@@ -125,49 +119,25 @@ impl SimBackend {
     pub fn n_running(&self) -> usize {
         self.live.len()
     }
-
-    /// A run ended: it no longer reports usage.
-    fn forget(&mut self, run: &RunRef) {
-        if let Some(host) = self.run_hosts.remove(run)
-            && let Some(h) = self.hosts.get_mut(&host)
-        {
-            h.runs.remove(run);
-            if h.runs.is_empty() {
-                self.hosts.remove(&host);
-            }
-        }
-    }
 }
 
 impl HostBackend for SimBackend {
     fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>, _secrets: Secrets<'_>) {
+        let phases = SIM_USAGE_INTERVAL_MS / 1000;
         for l in launches.drain(..) {
             let t = &l.template;
-            self.live.insert(l.run, t.sim_exit_code);
-            let (cpu_millis, memory_bytes) = sim_profile(&l.job_id, l.run.instance, t.request);
-            let phases = SIM_USAGE_INTERVAL_MS / 1000;
-            self.hosts
-                .entry(l.host.clone())
-                .or_insert_with(|| SimHost {
-                    phase: fnv(l.host.bytes()) % phases,
-                    runs: FxHashMap::default(),
-                })
-                .runs
-                .insert(
-                    l.run,
-                    SimRun {
-                        key: AgentRunKey {
-                            job_id: l.job_id.clone(),
-                            instance: l.run.instance,
-                            run: l.run.run,
-                            launch: l.run.launch.0,
-                        },
-                        started_ms: now_ms,
-                        cpu_millis,
-                        memory_bytes,
-                    },
-                );
-            self.run_hosts.insert(l.run, l.host.clone());
+            self.live.insert(
+                l.run,
+                SimRun {
+                    exit_code: t.sim_exit_code,
+                    phase: (fnv(l.host.bytes()) % phases) as u8,
+                    host: l.host.clone(),
+                    job_id: l.job_id.clone(),
+                    started_ms: now_ms,
+                    cpu: t.request[Dim::Cpu].min(u64::from(u32::MAX)) as u32,
+                    memory_mb: t.request[Dim::Memory].min(u64::from(u32::MAX)) as u32,
+                },
+            );
             self.ends
                 .push(Reverse((now_ms.saturating_add(t.sim_duration_ms), l.run)));
             self.ready.push(TaskUpdate {
@@ -183,7 +153,6 @@ impl HostBackend for SimBackend {
             // A run that already ended was answered by its exit; an unknown
             // one is answered too (the contract: every kill gets an answer).
             self.live.remove(&k.run);
-            self.forget(&k.run);
             self.ready.push(TaskUpdate {
                 run: k.run,
                 status: RunStatus::Killed,
@@ -199,11 +168,10 @@ impl HostBackend for SimBackend {
                 break;
             }
             self.ends.pop();
-            if let Some(code) = self.live.remove(&run) {
-                self.forget(&run);
+            if let Some(r) = self.live.remove(&run) {
                 out.push(TaskUpdate {
                     run,
-                    status: RunStatus::Exited(code),
+                    status: RunStatus::Exited(r.exit_code),
                     time_ms: end,
                 });
             }
@@ -233,26 +201,43 @@ impl HostBackend for SimBackend {
         self.usage_second = second;
         for s in from..=second {
             let time_ms = s * 1000;
-            for (host, h) in &self.hosts {
-                if h.phase != s % phases {
+            let phase = (s % phases) as u8;
+            let mut by_host: FxHashMap<&Arc<str>, Vec<RunUsage>> = FxHashMap::default();
+            for (run, r) in &self.live {
+                if r.phase != phase {
                     continue;
                 }
-                out.push(UsageReport {
-                    host: host.clone(),
-                    time_ms,
-                    runs: h
-                        .runs
-                        .values()
-                        .map(|r| RunUsage {
-                            key: r.key.clone(),
-                            // ms at millicores: µs.
-                            cpu_usec: time_ms.saturating_sub(r.started_ms) * r.cpu_millis,
-                            memory_bytes: r.memory_bytes,
-                            disk_bytes: 0,
-                        })
-                        .collect(),
+                let request = Resources::new(u64::from(r.cpu), u64::from(r.memory_mb), 0, 0);
+                let (cpu_millis, memory_bytes) = sim_profile(&r.job_id, run.instance, request);
+                by_host.entry(&r.host).or_default().push(RunUsage {
+                    key: AgentRunKey {
+                        job_id: r.job_id.clone(),
+                        instance: run.instance,
+                        run: run.run,
+                        launch: run.launch.0,
+                    },
+                    // ms at millicores: µs.
+                    cpu_usec: time_ms.saturating_sub(r.started_ms) * cpu_millis,
+                    memory_bytes,
+                    disk_bytes: 0,
                 });
             }
+            let mut reports: Vec<UsageReport> = by_host
+                .into_iter()
+                .map(|(host, mut runs)| {
+                    runs.sort_unstable_by(|a, b| {
+                        (&a.key.job_id, a.key.instance).cmp(&(&b.key.job_id, b.key.instance))
+                    });
+                    UsageReport {
+                        host: host.clone(),
+                        time_ms,
+                        runs,
+                    }
+                })
+                .collect();
+            // In host order: the same reports whatever the map's order.
+            reports.sort_unstable_by(|a, b| a.host.cmp(&b.host));
+            out.append(&mut reports);
         }
     }
 }

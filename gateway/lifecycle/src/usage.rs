@@ -292,11 +292,25 @@ impl crate::Lifecycle {
             return;
         };
         let slot = HostSlot(id.idx() as u32);
+        // A report's runs come grouped by job: the job's key is looked up
+        // once per job, not once per run.
+        let mut last: Option<(Arc<str>, JobKey)> = None;
         let runs: Vec<Current> = report
             .runs
             .into_iter()
             .filter_map(|usage| {
-                let k = *self.by_id.get(&*usage.key.job_id)?;
+                let k = match &last {
+                    Some((id, k))
+                        if Arc::ptr_eq(id, &usage.key.job_id) || **id == *usage.key.job_id =>
+                    {
+                        *k
+                    }
+                    _ => {
+                        let k = *self.by_id.get(&*usage.key.job_id)?;
+                        last = Some((usage.key.job_id.clone(), k));
+                        k
+                    }
+                };
                 let i = usage.key.instance;
                 let t = self.jobs.get(&k)?.tasks.get(i as usize)?;
                 let launch = LaunchId(usage.key.launch);
@@ -363,11 +377,22 @@ impl crate::Lifecycle {
     /// pass over the runs with usage.
     pub fn usage_by_pool(&self) -> FxHashMap<peloton_engine::PoolId, Usage> {
         let mut out: FxHashMap<peloton_engine::PoolId, Usage> = FxHashMap::default();
-        // Only current runs are kept (`check_usage`).
+        // Only current runs are kept (`check_usage`). A host's runs come
+        // grouped by job more often than not: its pool is looked up once
+        // per run of another job.
+        let mut last: Option<(JobKey, peloton_engine::PoolId)> = None;
         for ((k, _), usage) in self.usage.usages() {
-            if let Some(job) = self.jobs.get(&k) {
-                out.entry(job.pool).or_default().add(usage);
-            }
+            let pool = match last {
+                Some((lk, pool)) if lk == k => pool,
+                _ => match self.jobs.get(&k) {
+                    Some(job) => {
+                        last = Some((k, job.pool));
+                        job.pool
+                    }
+                    None => continue,
+                },
+            };
+            out.entry(pool).or_default().add(usage);
         }
         out
     }
