@@ -107,6 +107,12 @@ pub struct Config {
     /// executor stream, no call) for this long is unregistered: its
     /// executors stop and its job ends.
     pub app_lease_ms: u64,
+    /// Overcommit: of the CPU non-revocable tasks on a host are allocated
+    /// and do not use, this percentage of their allocation is kept back;
+    /// the rest is lent to revocable tasks (100: lend none).
+    pub overcommit_cpu_margin_pct: u8,
+    /// Likewise for memory.
+    pub overcommit_memory_margin_pct: u8,
     /// Serve TLS only, want a bearer token on every call, check it against
     /// its roles and audit every mutating call (see `access.rs`). On by
     /// default; `false` (`pelotond --insecure`) serves plaintext to anyone
@@ -168,6 +174,8 @@ impl Default for Config {
             job_retention_s: 7 * 24 * 3600,
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
+            overcommit_cpu_margin_pct: 10,
+            overcommit_memory_margin_pct: 20,
             secure: true,
             metrics_tls: false,
             tls_cert: None,
@@ -273,6 +281,14 @@ impl Config {
         anyhow::ensure!(
             (100..=86_400_000).contains(&self.app_lease_ms),
             "app_lease_ms: must be 100–86400000"
+        );
+        anyhow::ensure!(
+            self.overcommit_cpu_margin_pct <= 100,
+            "overcommit_cpu_margin_pct: must be 0–100"
+        );
+        anyhow::ensure!(
+            self.overcommit_memory_margin_pct <= 100,
+            "overcommit_memory_margin_pct: must be 0–100"
         );
         anyhow::ensure!(
             self.max_finished_jobs <= 100_000_000,
@@ -543,6 +559,36 @@ mod tests {
         .to_string();
         assert!(e.contains("watch_memory_mb: must be 1–65536"), "{e}");
         Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn overcommit_margins_are_percentages() {
+        for (config, field) in [
+            (
+                Config {
+                    overcommit_cpu_margin_pct: 101,
+                    ..Config::default()
+                },
+                "overcommit_cpu_margin_pct: must be 0–100",
+            ),
+            (
+                Config {
+                    overcommit_memory_margin_pct: 200,
+                    ..Config::default()
+                },
+                "overcommit_memory_margin_pct: must be 0–100",
+            ),
+        ] {
+            let e = config.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        Config {
+            overcommit_cpu_margin_pct: 100,
+            overcommit_memory_margin_pct: 0,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

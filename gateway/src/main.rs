@@ -86,6 +86,14 @@ struct Args {
     /// unregistered.
     #[arg(long)]
     app_lease_ms: Option<u64>,
+    /// Percentage of the CPU non-revocable tasks are allocated that a host
+    /// keeps back from lending to revocable tasks, of what they do not use
+    /// (100: lend none).
+    #[arg(long)]
+    overcommit_cpu_margin_pct: Option<u8>,
+    /// Likewise for memory.
+    #[arg(long)]
+    overcommit_memory_margin_pct: Option<u8>,
     /// Events kept in the store for resuming watches.
     #[arg(long)]
     event_retention: Option<u64>,
@@ -191,6 +199,8 @@ fn apply_flags(args: &Args, c: &mut Config) {
         job_retention_s,
         max_finished_jobs,
         app_lease_ms,
+        overcommit_cpu_margin_pct,
+        overcommit_memory_margin_pct,
         event_retention,
         store_cache_mb,
         watch_memory_mb,
@@ -306,6 +316,14 @@ fn command() -> clap::Command {
         ("job_retention_s", d.job_retention_s.to_string()),
         ("max_finished_jobs", d.max_finished_jobs.to_string()),
         ("app_lease_ms", d.app_lease_ms.to_string()),
+        (
+            "overcommit_cpu_margin_pct",
+            d.overcommit_cpu_margin_pct.to_string(),
+        ),
+        (
+            "overcommit_memory_margin_pct",
+            d.overcommit_memory_margin_pct.to_string(),
+        ),
         ("event_retention", d.event_retention.to_string()),
         ("store_cache_mb", d.store_cache_mb.to_string()),
         ("watch_memory_mb", d.watch_memory_mb.to_string()),

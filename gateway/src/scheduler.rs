@@ -67,6 +67,8 @@ pub struct LoopConfig {
     pub max_history: usize,
     /// An agent host not heard from for this long is lost.
     pub host_lost_after: Duration,
+    /// What hosts lend revocable tasks.
+    pub overcommit: crate::lifecycle::OvercommitConfig,
     /// The simulated cluster's hosts (simulated mode), added by the core
     /// as it recovers.
     pub simulated_hosts: Vec<peloton_engine::host::HostSpec>,
@@ -91,6 +93,7 @@ impl Default for LoopConfig {
             max_history: 8,
             host_lost_after: Duration::from_secs(10),
             simulated_hosts: Vec::new(),
+            overcommit: crate::lifecycle::OvercommitConfig::default(),
             job_retention: Duration::from_millis(CoreConfig::default().retention_ms),
             max_finished_jobs: CoreConfig::default().max_finished_jobs,
             app_lease: Duration::from_secs(60),
@@ -241,6 +244,7 @@ impl Scheduler {
             max_finished_jobs: config.max_finished_jobs,
             app_lease_ms: config.app_lease.as_millis() as u64,
             host_lost_after_ms: config.host_lost_after.as_millis() as u64,
+            overcommit: config.overcommit,
             takeover_after_ms: hub
                 .as_ref()
                 .map_or(CoreConfig::default().takeover_after_ms, |h| {

@@ -391,6 +391,11 @@ fn loop_config(config: &Config, limits: Limits) -> LoopConfig {
         job_retention: Duration::from_secs(config.job_retention_s),
         max_finished_jobs: config.max_finished_jobs,
         app_lease: Duration::from_millis(config.app_lease_ms),
+        overcommit: crate::lifecycle::OvercommitConfig {
+            enabled: true,
+            cpu_margin_pct: config.overcommit_cpu_margin_pct,
+            memory_margin_pct: config.overcommit_memory_margin_pct,
+        },
         host_lost_after: Duration::from_millis(config.host_lost_after_ms),
         ..LoopConfig::default()
     }
