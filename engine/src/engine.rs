@@ -494,9 +494,7 @@ impl Engine {
         }
         let fits = self.hosts.fits(slot, &t.request, u32::from(t.ports));
         if let Some(amount) = reserved {
-            self.hosts
-                .reserve(slot, &amount)
-                .expect("nothing was taken since it was released");
+            self.hosts.reserve_back(slot, &amount);
         }
         if let Err(m) = fits {
             return Err(EngineError::InvalidTask {
@@ -859,9 +857,7 @@ impl Engine {
             }
             Err(m) => {
                 if let Some((slot, held)) = old {
-                    self.hosts
-                        .reserve(slot as usize, &held)
-                        .expect("it was held a moment ago");
+                    self.hosts.reserve_back(slot as usize, &held);
                     self.reservations.insert((job, instance), (slot, held));
                 }
                 Err(EngineError::InvalidTask {

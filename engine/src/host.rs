@@ -680,7 +680,11 @@ impl HostArena {
         self.index_remove(i);
         for d in 0..N_DIMS {
             self.capacity[d][i] = spec.capacity.0[d];
-            self.free[d][i] = spec.capacity.0[d] - allocated.0[d];
+            // What revocable tasks borrowed is repaid from new room first.
+            let room = spec.capacity.0[d] - allocated.0[d];
+            let repaid = room.min(self.borrowed[i].0[d]);
+            self.borrowed[i].0[d] -= repaid;
+            self.free[d][i] = room - repaid;
         }
         if spec.gpu_devices != self.gpu_devices[i] {
             let mut devices = [0u16; MAX_GPU_DEVICES];
@@ -699,6 +703,11 @@ impl HostArena {
     /// Sets a host's state.
     pub fn set_state(&mut self, id: HostId, state: HostState) -> Result<(), HostError> {
         let i = self.check(id)?;
+        if state != HostState::Up {
+            // A host taking no new work lends nothing (what was borrowed
+            // stays borrowed until released).
+            self.set_reclaimable(i, Resources::ZERO);
+        }
         self.by_state[self.state[i] as usize].remove(i as u32);
         self.state[i] = state;
         self.by_state[state as usize].insert(i as u32);
@@ -886,6 +895,23 @@ impl HostArena {
         self.reserved[slot].add_assign(amount);
         self.mark(slot);
         Ok(())
+    }
+
+    /// Puts back a reservation just taken off with
+    /// [`HostArena::unreserve`] (its exact inverse: what that repaid of a
+    /// loan is borrowed again). Cannot fail.
+    pub fn reserve_back(&mut self, slot: usize, amount: &Resources) {
+        for d in 0..N_DIMS {
+            let free = self.free[d][slot];
+            if free >= amount.0[d] {
+                self.free[d][slot] = free - amount.0[d];
+            } else {
+                self.free[d][slot] = 0;
+                self.borrowed[slot].0[d] += amount.0[d] - free;
+            }
+        }
+        self.reserved[slot].add_assign(amount);
+        self.mark(slot);
     }
 
     /// Returns what [`HostArena::reserve`] took. Panics if it was not

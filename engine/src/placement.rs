@@ -1004,9 +1004,7 @@ impl Placer {
                 return;
             }
             if let Some(amount) = reserved {
-                hosts
-                    .reserve(slot as usize, &amount)
-                    .expect("nothing was taken since it was released");
+                hosts.reserve_back(slot as usize, &amount);
             }
         }
         let reason = out.reasons.len() as u32;
@@ -1898,9 +1896,9 @@ pub(crate) fn keep_unused_reservation(
     let mut rest = amount.saturating_sub(request);
     rest.0[Dim::Gpu.idx()] = 0;
     if !rest.is_zero() {
-        hosts
-            .reserve(slot as usize, &rest)
-            .expect("what the task did not take is still free");
+        // What the task did not take of the reservation (taken from what
+        // was freed, or borrowed again if releasing it repaid a loan).
+        hosts.reserve_back(slot as usize, &rest);
         reservations.insert(owner, (slot, rest));
     }
 }

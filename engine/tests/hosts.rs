@@ -464,3 +464,47 @@ fn a_hosts_spec_reads_back_and_updates_one_attribute() {
     arena.release(id.idx(), &task, 2, grant);
     arena.check_invariants();
 }
+
+#[test]
+fn a_lending_host_keeps_its_books_through_reservations_updates_and_state() {
+    use peloton_engine::host::HostState;
+    let cpu = |n: u64| Resources::new(n * 1000, 0, 0, 0);
+    let mut hosts = HostArena::new(HostLimits::default());
+    let spec = HostSpec {
+        name: "h".into(),
+        capacity: cpu(10),
+        ..Default::default()
+    };
+    let id = hosts.add(&spec).unwrap();
+    let slot = id.idx();
+    hosts.allocate(slot, &cpu(6), 0).unwrap(); // a service
+    hosts.reserve(slot, &cpu(2)).unwrap(); // an instance restarting here
+    hosts.set_reclaimable(slot, cpu(4)); // the service uses 2 of its 6
+    let lent = hosts.lend();
+    hosts.allocate(slot, &cpu(5), 0).unwrap(); // a revocable task
+    hosts.settle(lent);
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(0), cpu(3)));
+    hosts.check_invariants();
+    // Taking the reservation off repays the loan first; putting it back
+    // borrows again: the books are as they were (a placement that tries the
+    // reserved instance and finds it does not fit does exactly this).
+    hosts.unreserve(slot, &cpu(2));
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(0), cpu(1)));
+    hosts.reserve_back(slot, &cpu(2));
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(0), cpu(3)));
+    assert_eq!(hosts.reserved(slot), cpu(2));
+    hosts.check_invariants();
+    // More capacity repays the loan before anything is free.
+    let bigger = HostSpec {
+        capacity: cpu(16),
+        ..spec.clone()
+    };
+    hosts.update(id, &bigger).unwrap();
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(3), cpu(0)));
+    hosts.check_invariants();
+    // A host that takes no new work lends nothing.
+    hosts.set_state(id, HostState::Draining).unwrap();
+    assert_eq!(hosts.reclaimable(slot), Resources::ZERO);
+    assert_eq!(hosts.total_reclaimable(), Resources::ZERO);
+    hosts.check_invariants();
+}

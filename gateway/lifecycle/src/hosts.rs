@@ -460,7 +460,13 @@ impl Lifecycle {
         self.reconcile_volumes(slot, &reg.volumes, fx);
         let host: Arc<str> = self.host_names[slot.idx()].clone();
         let mut reported = rustc_hash::FxHashSet::default();
-        for report in reg.runs {
+        // Non-revocable runs are adopted first: after a restart the host
+        // lends nothing until it reports usage, and a revocable run adopted
+        // first could take the room a service's run needs (then only
+        // revocable work is lost).
+        let mut runs = reg.runs;
+        runs.sort_by_key(|r| self.is_revocable(&r.key.job_id, r.key.instance));
+        for report in runs {
             reported.insert(report.key.launch);
             self.agent_report(engine, slot, &host, report, fx);
         }
@@ -880,6 +886,14 @@ impl Lifecycle {
         } else {
             self.restart_after_loss(engine, k, i, fx);
         }
+    }
+
+    /// Whether instance `i` of job `job_id` runs on slack.
+    fn is_revocable(&self, job_id: &str, i: u32) -> bool {
+        self.by_id
+            .get(job_id)
+            .and_then(|k| self.jobs.get(k))
+            .is_some_and(|j| j.template(i).revocable)
     }
 
     /// The agent's session ended: no new work for a host nobody would

@@ -143,7 +143,13 @@ impl Lifecycle {
         if !holder.agent_id.is_empty() && *holder.agent_id == *agent_id {
             return Ok(());
         }
-        let silent_ms = self.now.saturating_sub(holder.last_heard_ms);
+        // Silence counts only from when agents could reach this server
+        // again, as for lost hosts.
+        let heard = match self.liveness.reachable_since {
+            Some(since) => holder.last_heard_ms.max(since + RECONNECT_SLACK_MS),
+            None => self.now,
+        };
+        let silent_ms = self.now.saturating_sub(heard);
         let after_ms = self.config.takeover_after_ms;
         if silent_ms > after_ms {
             return Ok(());

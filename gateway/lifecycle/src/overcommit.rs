@@ -85,17 +85,14 @@ fn youth(t: &crate::model::Task) -> Youth {
 /// What the core keeps between a change and the end of its step.
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
-    /// Hosts that reported usage: what they lend is worked out again.
+    /// Hosts that reported usage or that a measured run left: what they
+    /// lend is worked out again.
     reported: rustc_hash::FxHashSet<HostSlot>,
-    /// Measured runs that left their hosts: what they did not use is no
-    /// longer theirs to lend (their allocation returns to the host's free
-    /// resources, repaying what revocable tasks borrowed first).
-    pub(crate) left: Vec<(HostSlot, JobKey, u32, Usage)>,
 }
 
 impl Lifecycle {
-    /// A host reported usage: what it lends is worked out again at the end
-    /// of the step.
+    /// A host reported usage, or a measured run left it: what it lends is
+    /// worked out again at the end of the step.
     pub(crate) fn overcommit_reported(&mut self, slot: HostSlot) {
         if self.config.overcommit.enabled {
             self.overcommit.reported.insert(slot);
@@ -105,26 +102,6 @@ impl Lifecycle {
     /// What each changed host lends, and the evictions that return what
     /// was borrowed beyond it.
     pub(crate) fn sync_overcommit(&mut self, engine: &mut Engine, fx: &mut Effects) {
-        // Runs that left: what they did not use is no longer lent (a cheap
-        // change per run; the next report works it out in full).
-        for (slot, k, i, used) in std::mem::take(&mut self.overcommit.left) {
-            let Some(id) = engine.hosts().lookup_slot(slot.idx()) else {
-                continue;
-            };
-            let Some(template) = self.jobs.get(&k).map(|j| j.template(i).clone()) else {
-                continue;
-            };
-            if template.revocable {
-                continue;
-            }
-            let lends = engine
-                .hosts()
-                .reclaimable(slot.idx())
-                .saturating_sub(&unused(&template.request, &used));
-            engine
-                .set_reclaimable(id, lends)
-                .expect("a live host's slot");
-        }
         if self.overcommit.reported.is_empty() {
             return;
         }

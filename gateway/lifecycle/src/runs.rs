@@ -85,10 +85,10 @@ impl Lifecycle {
             // The run ended: its account goes to the ledger, and what it
             // used no longer counts on its host.
             self.account_run(k, i, slot, to, fx);
-            if let Some(used) = self.usage.forget_run(slot, (k, i))
-                && self.config.overcommit.enabled
-            {
-                self.overcommit.left.push((slot, k, i, used));
+            if self.usage.forget_run(slot, (k, i)).is_some() {
+                // What it did not use is no longer lent: the host's lending
+                // is worked out again at the end of the step.
+                self.overcommit_reported(slot);
             }
         }
         let job = self.jobs.get_mut(&k).expect("live job");
