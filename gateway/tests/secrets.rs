@@ -141,6 +141,7 @@ fn store_values(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
         "volumes",
         "tokens",
         "audit",
+        "usage",
     ] {
         let t = txn
             .open_table(TableDefinition::<&str, &[u8]>::new(name))
@@ -200,6 +201,7 @@ fn store_values(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
             "tasks",
             "tokens",
             "updates",
+            "usage",
             "volumes"
         ]
     );
