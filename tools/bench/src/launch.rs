@@ -665,23 +665,20 @@ fn fs_type_in(mounts: &str, path: &std::path::Path) -> Option<String> {
         .map(|(_, fs)| fs.to_owned())
 }
 
-/// Runs the benchmark.
-pub async fn run(o: LaunchOptions) -> Result<Value> {
-    anyhow::ensure!(o.agents >= 1, "--agents: at least 1");
-    anyhow::ensure!(
-        (1..=100_000).contains(&o.tasks),
-        "--tasks: between 1 and 100000"
-    );
-    let dir = tempfile::tempdir()?;
-    let data_dir = dir.path().join("server");
-    let token = "bench-token";
+/// Starts `pelotond` on `data_dir` for local agents of `token` (with
+/// further `flags`), and waits until it serves: the process and how to
+/// reach it.
+pub(crate) fn start_server(
+    data_dir: &std::path::Path,
+    token: &str,
+    flags: &[String],
+) -> Result<(Process, crate::e2e::Target)> {
     let mut server = std::process::Command::new(sibling("pelotond")?)
         .arg("--data-dir")
-        .arg(&data_dir)
+        .arg(data_dir)
         .args(["--listen", "127.0.0.1:0", "--no-metrics"])
         .args(["--agent-token", token])
-        .args(o.insecure.then_some("--insecure"))
-        .args(&o.server_args)
+        .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -698,7 +695,25 @@ pub async fn run(o: LaunchOptions) -> Result<Value> {
         }
     };
     std::thread::spawn(move || for _ in lines {});
-    let target = crate::e2e::Target::started(addr, &data_dir)?;
+    let target = crate::e2e::Target::started(addr, data_dir)?;
+    Ok((server, target))
+}
+
+/// Runs the benchmark.
+pub async fn run(o: LaunchOptions) -> Result<Value> {
+    anyhow::ensure!(o.agents >= 1, "--agents: at least 1");
+    anyhow::ensure!(
+        (1..=100_000).contains(&o.tasks),
+        "--tasks: between 1 and 100000"
+    );
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("server");
+    let token = "bench-token";
+    let mut flags: Vec<String> = o.server_args.clone();
+    if o.insecure {
+        flags.insert(0, "--insecure".into());
+    }
+    let (server, target) = start_server(&data_dir, token, &flags)?;
     let agent_bin = sibling("peloton-agent")?;
     let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
     let agents_root = AgentsGround::new(match &o.agents_dir {

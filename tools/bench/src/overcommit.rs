@@ -33,8 +33,6 @@
 //! - `service_runs_failed`: service instances that are not on their first
 //!   run, still running, once the busy loops are gone (expect 0).
 
-use std::io::BufRead;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -107,28 +105,7 @@ pub async fn run(o: OvercommitOptions) -> Result<Value> {
     let dir = tempfile::tempdir()?;
     let data_dir = dir.path().join("server");
     let token = "bench-token";
-    let mut server = std::process::Command::new(crate::launch::sibling("pelotond")?)
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .args(["--listen", "127.0.0.1:0", "--no-metrics"])
-        .args(["--agent-token", token])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("cannot start pelotond")?;
-    let stdout = server.stdout.take().context("no stdout")?;
-    let server = Process(server, PATIENCE);
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    let addr = loop {
-        let Some(line) = lines.next() else {
-            bail!("pelotond exited before serving");
-        };
-        if let Some(url) = line?.strip_prefix("pelotond: serving gRPC on ") {
-            break url.to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    let target = crate::e2e::Target::started(addr, &data_dir)?;
+    let (server, target) = crate::launch::start_server(&data_dir, token, &[])?;
     let agent_bin = crate::launch::sibling("peloton-agent")?;
     let agents_dir = dir.path().join("agents");
     let resources = format!(
