@@ -442,6 +442,11 @@ impl Lifecycle {
             }
             // Overrides of removed instances go with them.
             job.plan.overrides.retain(|&i, _| i < count);
+            // A removed instance holds at most its volume's disk now (one
+            // that had ended, with a recovered run still stopping, was not
+            // marked by a transition).
+            (count..n).for_each(|i| self.pin_changed(k, i));
+            let job = self.job_mut(k);
             let id = job.id.clone();
             fx.rows
                 .retain(|r| !matches!(r, RowKey::Task(x, i) if *x == k && *i >= count));

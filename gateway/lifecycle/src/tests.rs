@@ -5681,3 +5681,52 @@ fn the_ledger_keeps_its_newest_records_and_survives_a_restart() {
         "#]],
     );
 }
+
+/// Found by the model-based driver: an instance that had ended (killed)
+/// while its run was still stopping when the server restarted. The
+/// recovered run holds the instance's whole place until its host reports;
+/// scaled away, the instance ends without a transition, and must then hold
+/// only its volume's disk (its reservation was not looked at again).
+#[test]
+fn an_ended_instance_scaled_away_after_a_restart_holds_only_its_volume() {
+    check(
+        r"
+        host h1 cpu=4 disk=4000
+        job s pool=/ n=2 cpu=1 volume=1000 service
+        cycle
+        kill s/1             # its run stops; the agent has not confirmed
+        crash
+        reserved h1          # the recovered stopping run holds its place
+        scale s 1
+        reserved h1
+        ",
+        expect![[r#"
+            > host h1 cpu=4 disk=4000
+            > job s pool=/ n=2 cpu=1 volume=1000 service
+            s/0#1 pending
+            s/1#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/1#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+            s/1#1 placed @h1
+            s/1#1 launching @h1
+              launch s/0#1 @h1 config 1 volume s-0-6 1000MiB
+              launch s/1#1 @h1 config 1 volume s-1-8 1000MiB
+            s/0#1 running @h1
+            s/1#1 running @h1
+            job s running
+            > kill s/1
+            s/1#1 killed @h1 (killed by request)
+              kill s/1#1 @h1
+            > crash
+            > reserved h1
+              reserved @h1: cpu=2000 memory=128 disk=2000 gpu=0; free: cpu=2000 memory=3968 disk=2000 gpu=0
+            > scale s 1
+            > reserved h1
+              reserved @h1: cpu=1000 memory=64 disk=2000 gpu=0; free: cpu=3000 memory=4032 disk=2000 gpu=0
+        "#]],
+    );
+}

@@ -1660,6 +1660,16 @@ impl Driver {
                 core.pin_of(k, i).map(|h| core.host_name(h)),
                 self.describe()
             );
+            if j.tasks.get(i as usize).is_none() {
+                // Scaled away: only its volume's disk, once any step ended.
+                let disk = core.volume_of(k, i).map_or(0, |v| v.size_mb);
+                assert!(
+                    amount == peloton_engine::Resources::new(0, 0, disk, 0),
+                    "{}/{i} was scaled away but has {amount} reserved\n{}",
+                    j.id,
+                    self.describe()
+                );
+            }
             let tmpl = j.template(i);
             let mut most = tmpl.request;
             most.0[peloton_engine::Dim::Gpu.idx()] = 0;

@@ -174,8 +174,18 @@ fn add(total: &mut Stats, s: Stats) {
     total.pinned_waiting += s.pinned_waiting;
 }
 
+/// Cases per property: 256, times `PELOTON_SIM_MULT` when set (a longer
+/// hunt: `PELOTON_SIM_MULT=100 cargo test -p peloton-lifecycle sim::`).
+fn cases() -> u32 {
+    let mult = std::env::var("PELOTON_SIM_MULT")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(1);
+    256 * mult.max(1)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     /// After every operation the invariants hold and no instance runs
     /// twice; once quiesced, every job reached what its kind promises.
