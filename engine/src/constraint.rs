@@ -509,7 +509,7 @@ impl ConstraintCache {
 
 /// Distinct constraints by number; number 0 is [`Constraint::True`]. Tasks
 /// store the number, so each distinct text is compiled once.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ConstraintTable {
     constraints: Vec<Constraint>,
     texts: Vec<Box<str>>,

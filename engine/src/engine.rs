@@ -266,6 +266,29 @@ impl Engine {
         }
     }
 
+    /// A copy of the whole engine to simulate on (a forecast, a plan):
+    /// what it decides from here is what this engine would decide, and
+    /// nothing done to it touches this one. It shares this engine's thread
+    /// pool; caches (shapes, the entitlement plan) are built again, and
+    /// the last cycle's report is not copied.
+    pub fn fork(&self) -> Engine {
+        Engine {
+            rm: self.rm.fork(),
+            hosts: self.hosts.fork(),
+            tasks: self.tasks.clone(),
+            constraints: self.constraints.clone(),
+            placer: self.placer.fork(),
+            waiting: self.waiting.clone(),
+            queued: QueuedIndex {
+                by_slot: self.queued.by_slot.clone(),
+            },
+            queued_members: self.queued_members.clone(),
+            next_gang: self.next_gang,
+            report: CycleReport::default(),
+            reservations: self.reservations.clone(),
+        }
+    }
+
     /// Pools and admission.
     pub fn resources(&self) -> &ResourceManager {
         &self.rm
@@ -294,6 +317,12 @@ impl Engine {
     /// Compiled constraints.
     pub fn constraints(&self) -> &ConstraintTable {
         &self.constraints
+    }
+
+    /// Admitted tasks without a host, in the order placement tries them
+    /// (tasks that ended since the last cycle may still be listed).
+    pub fn waiting_tasks(&self) -> &[TaskHandle] {
+        &self.waiting
     }
 
     /// What the last [`Engine::cycle`] decided.

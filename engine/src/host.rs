@@ -252,6 +252,12 @@ pub struct HostArena {
     changed_bits: Vec<u64>,
 }
 
+/// A new arena identity (never 0).
+fn next_arena_id() -> u64 {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 impl HostArena {
     /// An empty arena.
     pub fn new(limits: HostLimits) -> Self {
@@ -259,11 +265,47 @@ impl HostArena {
             limits.max_hosts <= u32::MAX as usize,
             "max_hosts fits in u32"
         );
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         HostArena {
             limits,
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: next_arena_id(),
             ..Default::default()
+        }
+    }
+
+    /// A copy to simulate on (see [`crate::Engine::fork`]), with an
+    /// identity of its own: a placer that kept state for this arena does
+    /// not take the copy for it.
+    pub fn fork(&self) -> HostArena {
+        HostArena {
+            limits: self.limits,
+            interner: self.interner.clone(),
+            exclusive_key: self.exclusive_key,
+            name: self.name.clone(),
+            generation: self.generation.clone(),
+            live: self.live.clone(),
+            capacity: self.capacity.clone(),
+            free: self.free.clone(),
+            reserved: self.reserved.clone(),
+            reclaimable: self.reclaimable.clone(),
+            borrowed: self.borrowed.clone(),
+            total_reclaimable: self.total_reclaimable,
+            gpu_devices: self.gpu_devices.clone(),
+            gpu_free: self.gpu_free.clone(),
+            ports_total: self.ports_total.clone(),
+            ports_free: self.ports_free.clone(),
+            state: self.state.clone(),
+            attributes: self.attributes.clone(),
+            free_slots: self.free_slots.clone(),
+            by_name: self.by_name.clone(),
+            n_live: self.n_live,
+            by_value: self.by_value.clone(),
+            by_key: self.by_key.clone(),
+            by_state: self.by_state.clone(),
+            gpu_hosts: self.gpu_hosts.clone(),
+            live_hosts: self.live_hosts.clone(),
+            id: next_arena_id(),
+            changed: self.changed.clone(),
+            changed_bits: self.changed_bits.clone(),
         }
     }
 

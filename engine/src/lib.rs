@@ -14,6 +14,7 @@ pub mod admission;
 pub mod constraint;
 pub mod engine;
 pub mod entitlement;
+pub mod forecast;
 pub mod gpufrag;
 pub mod host;
 pub mod intern;
@@ -35,6 +36,7 @@ pub use engine::{CycleReport, Engine, EngineConfig, EngineError, NewTask};
 pub use entitlement::{
     DimEntitlement, EntitlementCalculator, EntitlementInput, Entitlements, WaterFillStats,
 };
+pub use forecast::{Forecast, ForecastConfig, Start, Stopped, TaskForecast};
 pub use manager::{PoolUsage, ResourceManager, ResourceManagerConfig};
 pub use pool::{DimConfig, PoolConfig, PoolError, PoolId, PoolKind, PoolTree, PoolTreeLimits};
 pub use resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};

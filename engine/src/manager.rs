@@ -142,6 +142,23 @@ impl ResourceManager {
         manager
     }
 
+    /// A copy to simulate on (see [`crate::Engine::fork`]): the same tree,
+    /// queues, allocation and entitlements, and the same thread pool; the
+    /// entitlement plan is built again on first use.
+    pub fn fork(&self) -> ResourceManager {
+        ResourceManager {
+            config: self.config,
+            tree: self.tree.clone(),
+            queues: self.queues.clone(),
+            n_queued_total: self.n_queued_total,
+            next_seq: self.next_seq,
+            calculator: EntitlementCalculator::default(),
+            input: self.input.clone(),
+            entitlements: self.entitlements.clone(),
+            threads: self.threads.clone(),
+        }
+    }
+
     /// The configuration it was built with.
     pub fn config(&self) -> &ResourceManagerConfig {
         &self.config

@@ -452,6 +452,27 @@ impl Placer {
         }
     }
 
+    /// A placer for a fork of the arenas it places on (see
+    /// [`crate::Engine::fork`]): the same options, thread pool, per-host
+    /// counts and `gpu_frag` mix, so it decides as this one would; the
+    /// cached shapes are built again.
+    pub fn fork(&self) -> Self {
+        let mut placer = Placer {
+            config: self.config,
+            job_host: self.job_host.clone(),
+            threads: self.threads.clone(),
+            given_mix: self.given_mix.clone(),
+            learner: self.learner.clone(),
+            ..Default::default()
+        };
+        let mix = placer
+            .given_mix
+            .clone()
+            .unwrap_or_else(|| placer.learner.mix());
+        placer.frag.set_mix(&mix);
+        placer
+    }
+
     /// The same placer scanning large candidate sets on `threads` threads
     /// (of its own pool); results are identical for any number.
     pub fn with_threads(mut self, threads: usize) -> Self {

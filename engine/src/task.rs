@@ -205,7 +205,7 @@ pub enum TaskError {
 }
 
 /// All tasks, as columns.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct TaskArena {
     max_tasks: usize,
     generation: Vec<u32>,
@@ -607,6 +607,25 @@ impl TaskArena {
                     self.request[i],
                 )
             })
+    }
+
+    /// Every live task and where it is, in slot order.
+    pub fn all(&self) -> impl Iterator<Item = (TaskHandle, TaskState)> + '_ {
+        (0..self.live.len()).filter(|&i| self.live[i]).map(|i| {
+            (
+                TaskHandle {
+                    idx: i as u32,
+                    generation: self.generation[i],
+                },
+                self.state[i],
+            )
+        })
+    }
+
+    /// When a live task was placed (0 if it is not).
+    pub fn start_ms(&self, handle: TaskHandle) -> Result<u64, TaskError> {
+        self.check(handle)?;
+        Ok(self.start_ms[handle.idx()])
     }
 
     /// Every placed task with what preemption needs to rank it.

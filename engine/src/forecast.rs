@@ -1,0 +1,273 @@
+//! When and where waiting tasks would start: the engine's own cycle run
+//! forward on a fork of the live state.
+//!
+//! A forecast copies the engine ([`Engine::fork`]) and steps the copy
+//! through time: running tasks end at their estimated ends (start plus the
+//! caller's runtime estimate; a task with no estimate runs forever), and
+//! after each batch of ends the copy runs [`Engine::cycle_with`] — the
+//! same entitlement, admission and placement code the live loop runs, not
+//! a model of it. A waiting task's forecast start is the time of the step
+//! whose cycle placed it, on the host it was placed on; its queue position
+//! is the order in which admission took the waiting tasks of its pool.
+//!
+//! What it does not model: preemption (victims are not chosen), work
+//! submitted later, hosts that come or go, and the time a launch takes.
+//! It answers "if nothing else happens".
+//!
+//! Cost is bounded: ends close together are taken as one step (a step
+//! covers the ends within `max(min_step_ms, (t - now) / resolution)` of
+//! its first, so the error of a start is at most that window), there are
+//! at most `max_steps` cycles and nothing is looked at past `horizon_ms`.
+//! Tasks not started within those bounds have no start.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
+
+use crate::engine::Engine;
+use crate::task::{TaskHandle, TaskState};
+
+/// Bounds of a forecast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForecastConfig {
+    /// Cycles at most (each step runs at least one).
+    pub max_steps: u32,
+    /// How far ahead of now to look, in ms.
+    pub horizon_ms: u64,
+    /// Ends within this many ms of a step's first are one step.
+    pub min_step_ms: u64,
+    /// Further ahead, a step also takes the ends within 1/`resolution` of
+    /// the time from now (a start an hour ahead is within a minute).
+    pub resolution: u32,
+}
+
+impl Default for ForecastConfig {
+    fn default() -> Self {
+        ForecastConfig {
+            max_steps: 2_000,
+            horizon_ms: 7 * 24 * 3_600_000,
+            min_step_ms: 1_000,
+            resolution: 64,
+        }
+    }
+}
+
+/// When and where a waiting task would start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Start {
+    /// The start forecast: when the last end of its step frees room.
+    pub at_ms: u64,
+    /// The earliest it may start: the first end of its step (equal to
+    /// `at_ms` for a task started at once).
+    pub earliest_ms: u64,
+    /// The host slot it would be placed on.
+    pub host: u32,
+}
+
+/// The forecast of one task that waited when it began.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskForecast {
+    /// The task.
+    pub task: TaskHandle,
+    /// Its pool slot.
+    pub pool: u32,
+    /// Its place among its pool's waiting tasks in the order admission
+    /// takes them (1: next); tasks admitted and waiting for a host come
+    /// first. 0: not admitted within the forecast.
+    pub position: u32,
+    /// When and where it would start; none if not within the bounds.
+    pub start: Option<Start>,
+}
+
+/// Why a forecast stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stopped {
+    /// Every waiting task starts.
+    #[default]
+    AllStarted,
+    /// Tasks still wait, and no running task has an estimated end: they
+    /// wait for work that runs forever, or that has no estimate.
+    NoMoreEnds,
+    /// The next end is past the horizon.
+    Horizon,
+    /// The step bound was reached.
+    Steps,
+}
+
+/// What a forecast found.
+#[derive(Clone, Debug, Default)]
+pub struct Forecast {
+    /// When it was made.
+    pub now_ms: u64,
+    /// Every task that waited (queued, or admitted without a host), by
+    /// handle.
+    pub tasks: Vec<TaskForecast>,
+    /// Cycles run.
+    pub steps: u32,
+    /// Running or started tasks with no runtime estimate (they never end).
+    pub unending: u32,
+    /// Why it stopped.
+    pub stopped: Stopped,
+}
+
+impl Forecast {
+    /// The forecast of `task`, if it waited when the forecast began.
+    pub fn get(&self, task: TaskHandle) -> Option<&TaskForecast> {
+        self.tasks
+            .binary_search_by_key(&task, |t| t.task)
+            .ok()
+            .map(|i| &self.tasks[i])
+    }
+
+    /// Waiting tasks that start within the bounds.
+    pub fn n_started(&self) -> usize {
+        self.tasks.iter().filter(|t| t.start.is_some()).count()
+    }
+}
+
+/// Forecasts the engine's waiting tasks from `now_ms`, changing nothing:
+/// see the module's text. `runtime(job, instance)` is how long a task of
+/// that instance runs once started, in ms (none: forever).
+pub fn forecast(
+    engine: &Engine,
+    now_ms: u64,
+    runtime: &dyn Fn(u32, u32) -> Option<u64>,
+    config: &ForecastConfig,
+) -> Forecast {
+    forecast_fork(engine.fork(), now_ms, runtime, config)
+}
+
+/// [`forecast`] on a fork the caller made (and may have changed first:
+/// e.g. submitted a job to see where and when it would start).
+pub fn forecast_fork(
+    mut sim: Engine,
+    now_ms: u64,
+    runtime: &dyn Fn(u32, u32) -> Option<u64>,
+    config: &ForecastConfig,
+) -> Forecast {
+    let mut out = Forecast {
+        now_ms,
+        ..Forecast::default()
+    };
+    // The waiting tasks, by handle; where each is in `out.tasks`.
+    let mut index: FxHashMap<TaskHandle, u32> = FxHashMap::default();
+    let mut ends: BinaryHeap<Reverse<(u64, TaskHandle)>> = BinaryHeap::new();
+    let mut positions: FxHashMap<u32, u32> = FxHashMap::default();
+    {
+        let tasks = sim.tasks();
+        for (task, state) in tasks.all() {
+            let (job, instance) = tasks.owner(task).expect("live");
+            match state {
+                TaskState::Placed => {
+                    let start = tasks.start_ms(task).expect("live");
+                    match runtime(job, instance) {
+                        Some(ms) => {
+                            let end = start.saturating_add(ms).max(now_ms.saturating_add(1));
+                            ends.push(Reverse((end, task)));
+                        }
+                        None => out.unending += 1,
+                    }
+                }
+                TaskState::Pending | TaskState::Admitted => {
+                    let pool = tasks.spec(task).expect("live").pool;
+                    out.tasks.push(TaskForecast {
+                        task,
+                        pool,
+                        position: 0,
+                        start: None,
+                    });
+                }
+            }
+        }
+    }
+    out.tasks.sort_unstable_by_key(|t| t.task);
+    for (i, t) in out.tasks.iter().enumerate() {
+        index.insert(t.task, i as u32);
+    }
+    // Admitted tasks still without a host are ahead of the queues, in the
+    // order placement tries them.
+    for &task in sim.waiting_tasks() {
+        if let Some(&i) = index.get(&task) {
+            let t = &mut out.tasks[i as usize];
+            if t.position == 0 {
+                let n = positions.entry(t.pool).or_insert(0);
+                *n += 1;
+                t.position = *n;
+            }
+        }
+    }
+    let mut left = out.tasks.len();
+    let mut t = now_ms;
+    let mut earliest = now_ms;
+    loop {
+        // Cycles at `t` until one changes nothing (a cycle places at most
+        // a batch; a placement changes what admission sees).
+        loop {
+            if out.steps >= config.max_steps {
+                out.stopped = Stopped::Steps;
+                return out;
+            }
+            sim.cycle_with(t, false);
+            out.steps += 1;
+            let report = sim.report();
+            for a in &report.admission.admitted {
+                let task = TaskHandle::from_u64(a.task.0);
+                if let Some(&i) = index.get(&task) {
+                    let f = &mut out.tasks[i as usize];
+                    if f.position == 0 {
+                        let n = positions.entry(f.pool).or_insert(0);
+                        *n += 1;
+                        f.position = *n;
+                    }
+                }
+            }
+            for p in &report.placement.placed {
+                if let Some(&i) = index.get(&p.task) {
+                    let f = &mut out.tasks[i as usize];
+                    if f.start.is_none() {
+                        f.start = Some(Start {
+                            at_ms: t,
+                            earliest_ms: earliest,
+                            host: p.host,
+                        });
+                        left -= 1;
+                    }
+                }
+                let (job, instance) = sim.tasks().owner(p.task).expect("placed is live");
+                match runtime(job, instance) {
+                    Some(ms) => ends.push(Reverse((t.saturating_add(ms.max(1)), p.task))),
+                    None => out.unending += 1,
+                }
+            }
+            if report.placement.placed.is_empty() && report.admission.admitted.is_empty() {
+                break;
+            }
+        }
+        if left == 0 {
+            out.stopped = Stopped::AllStarted;
+            return out;
+        }
+        let Some(&Reverse((first, _))) = ends.peek() else {
+            out.stopped = Stopped::NoMoreEnds;
+            return out;
+        };
+        if first.saturating_sub(now_ms) > config.horizon_ms {
+            out.stopped = Stopped::Horizon;
+            return out;
+        }
+        let window = config
+            .min_step_ms
+            .max(first.saturating_sub(now_ms) / u64::from(config.resolution.max(1)));
+        earliest = first;
+        t = first;
+        while let Some(&Reverse((end, task))) = ends.peek() {
+            if end > first.saturating_add(window) {
+                break;
+            }
+            ends.pop();
+            t = end;
+            sim.finish(task).expect("a placed task ends once");
+        }
+    }
+}
