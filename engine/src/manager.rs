@@ -273,6 +273,11 @@ impl ResourceManager {
         })
     }
 
+    /// Tasks queued in all pools.
+    pub fn n_queued_total(&self) -> u64 {
+        self.n_queued_total
+    }
+
     /// Tasks queued in a class of a live pool.
     pub fn n_queued_in(&self, id: PoolId, class: TaskClass) -> Result<u64, PoolError> {
         self.tree.check(id)?;

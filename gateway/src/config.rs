@@ -97,6 +97,8 @@ pub struct Config {
     /// An agent host not heard from for this long is lost: its runs are
     /// LOST and start again elsewhere.
     pub host_lost_after_ms: u64,
+    /// While work waits, a start forecast is made this often (0: never).
+    pub forecast_interval_ms: u64,
     /// A finished job (succeeded, failed or killed) is removed, with its
     /// tasks, from memory and the store this many seconds after it
     /// finished (reads of it then answer NOT_FOUND).
@@ -171,6 +173,7 @@ impl Default for Config {
             agent_token: None,
             agent_heartbeat_ms: 1000,
             host_lost_after_ms: 10_000,
+            forecast_interval_ms: crate::lifecycle::FORECAST_INTERVAL_MS,
             job_retention_s: 7 * 24 * 3600,
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,

@@ -75,6 +75,9 @@ struct Args {
     /// Milliseconds without a heartbeat before an agent host is lost.
     #[arg(long)]
     host_lost_after_ms: Option<u64>,
+    /// Milliseconds between start forecasts while work waits (0: none).
+    #[arg(long)]
+    forecast_interval_ms: Option<u64>,
     /// Seconds a finished job is kept before it is removed.
     #[arg(long)]
     job_retention_s: Option<u64>,
@@ -196,6 +199,7 @@ fn apply_flags(args: &Args, c: &mut Config) {
         commit_spacing_ms,
         engine_threads,
         host_lost_after_ms,
+        forecast_interval_ms,
         job_retention_s,
         max_finished_jobs,
         app_lease_ms,
@@ -313,6 +317,7 @@ fn command() -> clap::Command {
         ("commit_spacing_ms", d.commit_spacing_ms.to_string()),
         ("engine_threads", d.engine_threads.to_string()),
         ("host_lost_after_ms", d.host_lost_after_ms.to_string()),
+        ("forecast_interval_ms", d.forecast_interval_ms.to_string()),
         ("job_retention_s", d.job_retention_s.to_string()),
         ("max_finished_jobs", d.max_finished_jobs.to_string()),
         ("app_lease_ms", d.app_lease_ms.to_string()),

@@ -191,12 +191,74 @@ pub(crate) fn job_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
 }
 
 /// `job` with what its current runs use (`JobStatus.used`; a sum over its
-/// instances, so for a single job's read only).
-pub(crate) fn with_usage(core: &Lifecycle, k: JobKey, mut job: pb::Job) -> pb::Job {
+/// instances, so for a single job's read only) and its start forecast.
+pub(crate) fn with_usage(
+    engine: &Engine,
+    core: &Lifecycle,
+    k: JobKey,
+    mut job: pb::Job,
+) -> pb::Job {
     if let Some(status) = job.status.as_mut() {
         status.used = core.job_usage(k).map(|u| convert::usage_to_pb(&u));
+        status.forecast = job_forecast(engine, core, k);
     }
     job
+}
+
+/// A waiting instance's start forecast (`Task.forecast`).
+fn task_forecast(
+    engine: &Engine,
+    core: &Lifecycle,
+    k: JobKey,
+    i: u32,
+) -> Option<pb::StartForecast> {
+    let f = core.forecast_of(engine, k, i)?;
+    Some(pb::StartForecast {
+        start_ms: f.start_ms.unwrap_or(0),
+        earliest_ms: f.earliest_ms.unwrap_or(0),
+        host: f.host.as_deref().unwrap_or("").to_string(),
+        queue_position: f.position,
+        made_at_ms: core.forecast_made().0,
+    })
+}
+
+/// A job's start forecast (`JobStatus.forecast`): when its last waiting
+/// instance would start (0 if any would not within the bounds), the
+/// earliest its first might, the best queue position among them.
+fn job_forecast(engine: &Engine, core: &Lifecycle, k: JobKey) -> Option<pb::StartForecast> {
+    let job = core.job(k)?;
+    let mut out: Option<pb::StartForecast> = None;
+    let mut unknown = false;
+    for i in 0..job.tasks.len() as u32 {
+        let Some(f) = task_forecast(engine, core, k, i) else {
+            continue;
+        };
+        unknown |= f.start_ms == 0;
+        let o = out.get_or_insert_with(|| pb::StartForecast {
+            earliest_ms: u64::MAX,
+            queue_position: u32::MAX,
+            made_at_ms: f.made_at_ms,
+            ..Default::default()
+        });
+        o.start_ms = o.start_ms.max(f.start_ms);
+        if f.earliest_ms > 0 {
+            o.earliest_ms = o.earliest_ms.min(f.earliest_ms);
+        }
+        if f.queue_position > 0 {
+            o.queue_position = o.queue_position.min(f.queue_position);
+        }
+    }
+    let mut o = out?;
+    if unknown {
+        o.start_ms = 0;
+    }
+    if o.earliest_ms == u64::MAX {
+        o.earliest_ms = 0;
+    }
+    if o.queue_position == u32::MAX {
+        o.queue_position = 0;
+    }
+    Some(o)
 }
 
 /// A config version's spec as the API shows it: as its user sent it (the
@@ -267,6 +329,7 @@ pub(crate) fn job_without_spec(job: &Job) -> pb::Job {
                 unregistered: job.app.closed,
             }),
             used: None,
+            forecast: None,
         }),
         version: job.version,
     }
@@ -457,7 +520,7 @@ pub(crate) fn list_usage(
     Ok(out)
 }
 
-fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
+fn task_to_pb(engine: &Engine, core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
     let t = &job.tasks[i as usize];
     let mut current = convert::run_to_pb(&core.run_record(t));
     current.health = convert::health_to_pb(t.health) as i32;
@@ -503,6 +566,7 @@ fn task_to_pb(core: &Lifecycle, k: JobKey, job: &Job, i: u32) -> pb::Task {
         pending_gang_size: 0,
         // Set by `get_task`.
         usage: Vec::new(),
+        forecast: task_forecast(engine, core, k, i),
     }
 }
 
@@ -561,6 +625,7 @@ pub(crate) fn list_volumes(
 }
 
 pub(crate) fn list_tasks(
+    engine: &Engine,
     core: &Lifecycle,
     r: &pb::ListTasksRequest,
 ) -> Result<pb::ListTasksResponse, Refused> {
@@ -594,7 +659,7 @@ pub(crate) fn list_tasks(
             out.next_instance = i;
             break;
         }
-        let task = task_to_pb(core, k, job, i);
+        let task = task_to_pb(engine, core, k, job, i);
         if !bytes.admits(out.tasks.len(), &task) {
             out.next_instance = i;
             break;
@@ -619,7 +684,7 @@ pub(crate) fn get_task(
             count: job.tasks.len() as u32,
         });
     };
-    let mut task = task_to_pb(core, k, job, instance);
+    let mut task = task_to_pb(engine, core, k, job, instance);
     // One pass over the ledger, newest first (bounded by its bound).
     task.usage = core
         .ledger()

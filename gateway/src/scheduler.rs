@@ -23,6 +23,7 @@
 
 mod access;
 mod apps;
+mod forecast;
 mod handlers;
 mod hosts;
 mod outage;
@@ -79,6 +80,10 @@ pub struct LoopConfig {
     /// A client-mode application not heard from for this long is
     /// unregistered.
     pub app_lease: Duration,
+    /// While work waits, a start forecast is made this often (zero:
+    /// never), within these bounds.
+    pub forecast_interval: Duration,
+    pub forecast: peloton_engine::ForecastConfig,
 }
 
 impl Default for LoopConfig {
@@ -97,6 +102,8 @@ impl Default for LoopConfig {
             job_retention: Duration::from_millis(CoreConfig::default().retention_ms),
             max_finished_jobs: CoreConfig::default().max_finished_jobs,
             app_lease: Duration::from_secs(60),
+            forecast_interval: Duration::from_millis(crate::lifecycle::FORECAST_INTERVAL_MS),
+            forecast: peloton_engine::ForecastConfig::default(),
         }
     }
 }
@@ -210,6 +217,8 @@ pub struct Scheduler {
     /// The authentication table tokens are published to (a secure
     /// server's; none: tokens are refused and no audit log is kept).
     shared_access: Option<Arc<crate::access::Access>>,
+    /// Start forecasts, run on a thread of their own.
+    forecaster: forecast::Forecaster,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -244,6 +253,7 @@ impl Scheduler {
             max_finished_jobs: config.max_finished_jobs,
             app_lease_ms: config.app_lease.as_millis() as u64,
             host_lost_after_ms: config.host_lost_after.as_millis() as u64,
+            forecast_interval_ms: config.forecast_interval.as_millis() as u64,
             overcommit: config.overcommit,
             takeover_after_ms: hub
                 .as_ref()
@@ -295,6 +305,7 @@ impl Scheduler {
             now_at: Instant::now(),
             outage: Outage::default(),
             shared_access: None,
+            forecaster: forecast::Forecaster::default(),
         })
     }
 
@@ -429,6 +440,9 @@ impl Scheduler {
         if let Some(t) = ms_deadline {
             until = until.min(now.instant_of(t));
         }
+        if self.forecaster.out {
+            until = until.min(now.at + forecast::POLL);
+        }
         until
     }
 
@@ -479,6 +493,7 @@ impl Scheduler {
             self.step(Input::Tick);
         }
         self.follow_liveness();
+        self.follow_forecasts();
         if now_dispatch {
             // Kills issued while applying updates and timers.
             self.dispatch();

@@ -397,6 +397,7 @@ fn loop_config(config: &Config, limits: Limits) -> LoopConfig {
             memory_margin_pct: config.overcommit_memory_margin_pct,
         },
         host_lost_after: Duration::from_millis(config.host_lost_after_ms),
+        forecast_interval: Duration::from_millis(config.forecast_interval_ms),
         ..LoopConfig::default()
     }
 }

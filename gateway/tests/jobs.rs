@@ -803,3 +803,72 @@ async fn simulated_hosts_report_what_their_runs_use() {
     );
     assert!(used.iter().any(|(path, _)| path == "/a"), "{used:?}");
 }
+
+/// A waiting task is told when and where it would start: the running
+/// job's tasks end at their running-time limit, the waiting one starts
+/// when the first of them frees its host, and `JobService.Get` says the
+/// same for the job. A started task has no forecast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_task_is_told_when_and_where_it_would_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = peloton_gateway::config::Config {
+        forecast_interval_ms: 100,
+        ..config(dir.path(), 1)
+    };
+    let server = peloton_gateway::server::start(&config)
+        .await
+        .expect("starts");
+    let mut c = Clients::connect(server.addr).await;
+    create_reserved_pool(&mut c, "/f").await;
+    let cores = cluster_capacity(&mut c).await.cpu as u32;
+    // Fills the one host; each runs at most 10 minutes (and would run 20).
+    let mut full = job_spec("/f", cores, 1.0, 1_200_000);
+    full.sla = Some(pb::Sla {
+        max_running_time_ms: 600_000,
+        ..Default::default()
+    });
+    let full = create_job(&mut c, full).await;
+    wait_job(&c, &full.id, J::Running).await;
+    let first_end = list_tasks(&mut c, &full.id)
+        .await
+        .iter()
+        .map(|t| t.current.as_ref().expect("run").placed_at_ms + 600_000)
+        .min()
+        .expect("tasks");
+    let waiting = create_job(&mut c, job_spec("/f", 1, 1.0, 1_000)).await;
+    let f = eventually(
+        "a forecast of the waiting task",
+        Duration::from_secs(20),
+        async || {
+            get_task(&mut c, &waiting.id, 0)
+                .await
+                .forecast
+                .ok_or_else(|| "none yet".to_string())
+        },
+    )
+    .await;
+    assert_eq!(f.start_ms, first_end, "{f:?}");
+    assert_eq!(f.queue_position, 1, "{f:?}");
+    assert_eq!(f.host, list_hosts(&mut c).await[0].name);
+    assert!(f.made_at_ms > 0 && f.made_at_ms < f.start_ms, "{f:?}");
+    let job = get_job(&mut c, &waiting.id).await.expect("job");
+    let jf = job
+        .status
+        .and_then(|s| s.forecast)
+        .expect("the job's forecast");
+    assert_eq!(
+        (
+            jf.start_ms,
+            jf.earliest_ms,
+            jf.queue_position,
+            jf.host.as_str()
+        ),
+        (f.start_ms, f.earliest_ms, 1, ""),
+        "{jf:?}"
+    );
+    // The running job's tasks have none.
+    assert!(get_task(&mut c, &full.id, 0).await.forecast.is_none());
+    within("graceful shutdown", server.shutdown())
+        .await
+        .expect("graceful shutdown");
+}

@@ -24,6 +24,7 @@ mod admissible;
 mod apps;
 mod effects;
 mod error;
+mod forecast;
 mod hostpools;
 mod hosts;
 mod invariants;
@@ -64,6 +65,7 @@ pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
 };
 pub use error::Error;
+pub use forecast::{FORECAST_INTERVAL_MS, ForecastRequest, InstanceForecast};
 pub use hostpools::{
     DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE, HostPools, MAX_HOST_POOLS,
     check_registration_attributes,
@@ -403,6 +405,8 @@ pub enum Input {
     Tick,
     /// A host's usage report (soft state: writes nothing).
     Usage(Box<usage::UsageReport>),
+    /// The answer to a [`ForecastRequest`] (soft state: writes nothing).
+    Forecast(Box<peloton_engine::Forecast>),
 }
 
 /// What a successful step answers.
@@ -452,6 +456,9 @@ pub struct CoreConfig {
     pub usage_retention_ms: u64,
     /// An agent host not heard from for this long is lost.
     pub host_lost_after_ms: u64,
+    /// While work waits, a start forecast is due this often (0: never;
+    /// see [`Lifecycle::forecast_due`]).
+    pub forecast_interval_ms: u64,
     /// A host held by a session silent this long may be taken over by
     /// another agent.
     pub takeover_after_ms: u64,
@@ -473,6 +480,7 @@ impl Default for CoreConfig {
             max_usage_records: MAX_USAGE_RECORDS,
             usage_retention_ms: USAGE_RETENTION_MS,
             host_lost_after_ms: 10_000,
+            forecast_interval_ms: FORECAST_INTERVAL_MS,
             takeover_after_ms: 3_000,
             overcommit: OvercommitConfig::default(),
         }
@@ -584,6 +592,8 @@ pub struct Lifecycle {
     needs_cycle: bool,
     /// What current runs use, by host (soft state; see `usage`).
     usage: usage::UsageTable,
+    /// The latest start forecast (soft state).
+    forecasts: forecast::Forecasts,
     /// Ended runs' accounts.
     ledger: accounting::Ledger,
     now: u64,
@@ -629,6 +639,7 @@ impl Lifecycle {
             overcommit: overcommit::Pending::default(),
             needs_cycle: true,
             usage: usage::UsageTable::default(),
+            forecasts: forecast::Forecasts::default(),
             ledger: accounting::Ledger::default(),
             now: 0,
         };
@@ -754,6 +765,10 @@ impl Lifecycle {
             }
             Input::Usage(report) => {
                 self.apply_usage(engine, *report);
+                Ok(Answer::Done)
+            }
+            Input::Forecast(forecast) => {
+                self.apply_forecast(engine, &forecast);
                 Ok(Answer::Done)
             }
             Input::Tick => {

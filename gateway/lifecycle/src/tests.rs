@@ -286,6 +286,7 @@ impl Env {
                 p.preemptible = flag("preemptible") || flag("revocable");
                 p.default_mut().revocable = flag("revocable");
                 p.max_running = num("max_running", 0) as u32;
+                p.max_running_time_ms = num("max_time", 0);
                 p.default_mut().max_per_host = num("per_host", 0) as u16;
                 p.max_unavailable = num("max_unavailable", 1) as u32;
                 p.default_mut().restart.max_failures = num("max_failures", 0) as u32;
@@ -746,6 +747,44 @@ impl Env {
                     }
                 );
                 self.sim.say(line);
+            }
+            "forecast" => {
+                // Every end its own step: starts exact to the ms.
+                let config = peloton_engine::ForecastConfig {
+                    min_step_ms: 0,
+                    resolution: u32::MAX,
+                    ..Default::default()
+                };
+                let due = self.sim.core.forecast_due(&self.sim.engine, self.sim.now);
+                let request = self.sim.core.forecast_request(&self.sim.engine, config);
+                let answer = request.run();
+                self.sim.say(format!(
+                    "  forecast (due {due}): {:?} after {} steps",
+                    answer.stopped, answer.steps
+                ));
+                self.step(Input::Forecast(Box::new(answer)));
+                let core = &self.sim.core;
+                let mut lines = Vec::new();
+                for (k, job) in core.jobs_by_id("") {
+                    for i in 0..job.tasks.len() as u32 {
+                        if let Some(f) = core.forecast_of(&self.sim.engine, k, i) {
+                            let at = |ms: Option<u64>| {
+                                ms.map_or("-".to_string(), |ms| format!("+{}", ms - START_MS))
+                            };
+                            lines.push(format!(
+                                "  {}/{i} starts {} (earliest {}) on {} position {}",
+                                job.id,
+                                at(f.start_ms),
+                                at(f.earliest_ms),
+                                f.host.as_deref().unwrap_or("-"),
+                                f.position
+                            ));
+                        }
+                    }
+                }
+                for l in lines {
+                    self.sim.say(l);
+                }
             }
             "crash" => self.sim.crash(),
             "retention" => {
@@ -5727,6 +5766,68 @@ fn an_ended_instance_scaled_away_after_a_restart_holds_only_its_volume() {
             > scale s 1
             > reserved h1
               reserved @h1: cpu=1000 memory=64 disk=2000 gpu=0; free: cpu=3000 memory=4032 disk=2000 gpu=0
+        "#]],
+    );
+}
+
+/// A forecast says when and where waiting instances start, from the
+/// running ones' estimated ends (here their jobs' running-time limits):
+/// the gang after both running tasks end, the small job after the gang
+/// (admission keeps pool order). It is soft state: a started instance has
+/// none, and the next forecast is due only after the interval.
+#[test]
+fn a_forecast_says_when_and_where_waiting_instances_start() {
+    check(
+        r"
+        host h1 cpu=4
+        host h2 cpu=4
+        job a pool=/ n=2 cpu=4 max_time=60000
+        cycle
+        tick 10000
+        job g pool=/ n=2 cpu=4 gang=2 max_time=30000
+        job s pool=/ n=1 cpu=1
+        cycle
+        forecast
+        forecast
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > job a pool=/ n=2 cpu=4 max_time=60000
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > cycle
+            a/0#1 ready
+            a/1#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            a/1#1 placed @h2
+            a/1#1 launching @h2
+              launch a/0#1 @h1 config 1
+              launch a/1#1 @h2 config 1
+            a/0#1 running @h1
+            job a running
+            a/1#1 running @h2
+            > tick 10000
+            > job g pool=/ n=2 cpu=4 gang=2 max_time=30000
+            g/0#1 pending
+            g/1#1 pending
+            job g pending
+            > job s pool=/ n=1 cpu=1
+            s/0#1 pending
+            job s pending
+            > cycle
+            > forecast
+              forecast (due true): AllStarted after 5 steps
+              g/0 starts +60000 (earliest +60000) on h1 position 1
+              g/1 starts +60000 (earliest +60000) on h2 position 2
+              s/0 starts +90000 (earliest +90000) on h1 position 3
+            > forecast
+              forecast (due false): AllStarted after 5 steps
+              g/0 starts +60000 (earliest +60000) on h1 position 1
+              g/1 starts +60000 (earliest +60000) on h2 position 2
+              s/0 starts +90000 (earliest +90000) on h1 position 3
         "#]],
     );
 }

@@ -186,7 +186,7 @@ impl Scheduler {
                 let r = self
                     .core
                     .job_key(&id)
-                    .map(|k| reads::with_usage(&self.core, k, self.job_to_pb(k)));
+                    .map(|k| reads::with_usage(&self.engine, &self.core, k, self.job_to_pb(k)));
                 self.defer(reply, r);
             }
             JobCommand::QueryJobs {
@@ -234,7 +234,7 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             JobCommand::ListTasks { request, reply } => {
-                let r = reads::list_tasks(&self.core, &request);
+                let r = reads::list_tasks(&self.engine, &self.core, &request);
                 self.defer(reply, r);
             }
             JobCommand::GetTask {

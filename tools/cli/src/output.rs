@@ -12,8 +12,8 @@ use std::io::{self, Write};
 
 use peloton_proto::v1::{
     Event, Host, HostState, Job, JobSpec, JobState, JobStatus, JobType, PlacementStrategy, Pool,
-    PoolKind, PoolSpec, PoolStatus, ResourceUsage, Resources, StateCount, Task, TaskRun, TaskSpec,
-    TaskState, event,
+    PoolKind, PoolSpec, PoolStatus, ResourceUsage, Resources, StartForecast, StateCount, Task,
+    TaskRun, TaskSpec, TaskState, event,
 };
 use serde_json::{Value, json};
 
@@ -268,6 +268,43 @@ fn map_json(map: &HashMap<String, String>) -> Value {
 }
 
 /// Measured usage (`null` when none was reported).
+/// A start forecast as JSON (null when there is none).
+pub fn forecast_json(f: Option<&StartForecast>) -> Value {
+    match f {
+        None => Value::Null,
+        Some(f) => json!({
+            "start_ms": f.start_ms,
+            "earliest_ms": f.earliest_ms,
+            "host": f.host,
+            "queue_position": f.queue_position,
+            "made_at_ms": f.made_at_ms,
+        }),
+    }
+}
+
+/// A start forecast in words: `~TIME on HOST, queue position N` (with the
+/// earliest when it differs), or why there is no time.
+pub fn fmt_forecast(f: Option<&StartForecast>) -> String {
+    let Some(f) = f else {
+        return "-".to_owned();
+    };
+    let mut out = if f.start_ms == 0 {
+        "not foreseen (waits for work with no runtime estimate, or over 7 days)".to_owned()
+    } else {
+        format!("~{}", fmt_time_ms(f.start_ms))
+    };
+    if f.earliest_ms != 0 && f.earliest_ms != f.start_ms {
+        out.push_str(&format!(" (earliest {})", fmt_time_ms(f.earliest_ms)));
+    }
+    if !f.host.is_empty() {
+        out.push_str(&format!(" on {}", f.host));
+    }
+    if f.queue_position > 0 {
+        out.push_str(&format!(", queue position {}", f.queue_position));
+    }
+    out
+}
+
 pub fn usage_json(u: Option<&ResourceUsage>) -> Value {
     match u {
         None => Value::Null,
@@ -418,6 +455,7 @@ pub fn job_status_json(status: Option<&JobStatus>) -> Value {
         "config_version": status.config_version,
         "update_id": status.update_id,
         "used": usage_json(status.used.as_ref()),
+        "forecast": forecast_json(status.forecast.as_ref()),
     })
 }
 
@@ -462,6 +500,7 @@ pub fn task_json(task: &Task) -> Value {
         "config_version": task.config_version,
         "volume_id": task.volume_id,
         "pinned_host": task.pinned_host,
+        "forecast": forecast_json(task.forecast.as_ref()),
     })
 }
 

@@ -17,8 +17,8 @@ use crate::channel::LeaderChannel;
 use crate::cli::{JobCommand, QueryArgs};
 use crate::names::{is_terminal_job_state, name_of};
 use crate::output::{
-    Align, OutputFormat, Table, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms, fmt_usage,
-    job_json, or_dash, print_json, print_out, render_fields,
+    Align, OutputFormat, Table, fmt_forecast, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms,
+    fmt_usage, job_json, or_dash, print_json, print_out, render_fields,
 };
 use crate::spec::load_job_file;
 
@@ -306,6 +306,7 @@ fn job_details(job: &Job) -> String {
         ("COMMAND", or_dash(command.trim())),
         ("RESOURCES", fmt_resources(task.resources.as_ref())),
         ("USED", fmt_usage(status.used.as_ref())),
+        ("ESTIMATED START", fmt_forecast(status.forecast.as_ref())),
         ("PLACEMENT", name_of::<PlacementStrategy>(spec.placement)),
         ("PRIORITY", sla.priority.to_string()),
         ("PREEMPTIBLE", sla.preemptible.to_string()),

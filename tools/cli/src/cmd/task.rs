@@ -12,8 +12,8 @@ use super::{Ctx, Outcome};
 use crate::cli::TaskCommand;
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_time_ms, fmt_usage, or_dash, print_json, print_out,
-    render_fields, task_json,
+    Align, OutputFormat, Table, fmt_forecast, fmt_time_ms, fmt_usage, or_dash, print_json,
+    print_out, render_fields, task_json,
 };
 
 pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
@@ -157,6 +157,18 @@ fn reason(task: &Task) -> String {
     }
 }
 
+/// When a task started; for one waiting, `~` and when it is forecast to
+/// (as `squeue --start` shows), `?` if the forecast does not foresee it.
+fn started(task: &Task, run: &TaskRun) -> String {
+    match &task.forecast {
+        Some(f) if run.started_at_ms == 0 && f.start_ms > 0 => {
+            format!("~{}", fmt_time_ms(f.start_ms))
+        }
+        Some(_) if run.started_at_ms == 0 => "?".to_owned(),
+        _ => fmt_time_ms(run.started_at_ms),
+    }
+}
+
 fn task_table(tasks: &[Task]) -> String {
     let mut table = Table::new(&[
         ("INSTANCE", Align::Right),
@@ -180,7 +192,7 @@ fn task_table(tasks: &[Task]) -> String {
             or_dash(&run.host),
             run.run_id.to_string(),
             task.failure_count.to_string(),
-            fmt_time_ms(run.started_at_ms),
+            started(task, &run),
             reason(task),
         ]);
     }
@@ -198,6 +210,7 @@ fn task_details(task: &Task) -> String {
         ("USED", fmt_usage(run.used.as_ref())),
         ("FAILURES", task.failure_count.to_string()),
         ("PENDING REASON", or_dash(&task.pending_reason)),
+        ("ESTIMATED START", fmt_forecast(task.forecast.as_ref())),
         ("CREATED", fmt_time_ms(run.created_at_ms)),
         ("PLACED", fmt_time_ms(run.placed_at_ms)),
         ("STARTED", fmt_time_ms(run.started_at_ms)),

@@ -1,0 +1,80 @@
+//! Start forecasts off the loop thread: the core prepares a request (a
+//! fork of the engine and the runtime estimates, made on the loop), one
+//! worker thread runs it, and the loop steps the answer in when it comes
+//! ([`crate::lifecycle::Input::Forecast`]). One request is out at a time.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use peloton_engine::Forecast;
+
+use super::Scheduler;
+use crate::lifecycle::{ForecastRequest, Input};
+
+/// While a request is out, the loop looks for its answer this often.
+pub(super) const POLL: Duration = Duration::from_millis(50);
+
+/// The worker thread's ends of its channels (started on first use).
+#[derive(Debug, Default)]
+pub(super) struct Forecaster {
+    worker: Option<Worker>,
+    /// A request is out.
+    pub(super) out: bool,
+}
+
+#[derive(Debug)]
+struct Worker {
+    requests: mpsc::SyncSender<ForecastRequest>,
+    answers: mpsc::Receiver<Forecast>,
+}
+
+impl Forecaster {
+    /// Hands a request to the worker; false if it could not take it (its
+    /// thread is gone).
+    fn send(&mut self, request: ForecastRequest) -> bool {
+        let worker = self.worker.get_or_insert_with(|| {
+            let (requests, rx) = mpsc::sync_channel::<ForecastRequest>(1);
+            let (tx, answers) = mpsc::channel();
+            std::thread::Builder::new()
+                .name("peloton-forecast".into())
+                .spawn(move || {
+                    for request in rx {
+                        if tx.send(request.run()).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .expect("the forecast thread starts");
+            Worker { requests, answers }
+        });
+        let sent = worker.requests.try_send(request).is_ok();
+        if !sent {
+            self.worker = None;
+        }
+        self.out = sent;
+        sent
+    }
+
+    fn answer(&mut self) -> Option<Forecast> {
+        let answer = self.worker.as_ref()?.answers.try_recv().ok()?;
+        self.out = false;
+        Some(answer)
+    }
+}
+
+impl Scheduler {
+    /// Steps in a forecast that came back, and asks for the next when due.
+    pub(super) fn follow_forecasts(&mut self) {
+        if let Some(answer) = self.forecaster.answer() {
+            self.step(Input::Forecast(Box::new(answer)));
+        }
+        if !self.forecaster.out && self.core.forecast_due(&self.engine, self.now) {
+            let request = self
+                .core
+                .forecast_request(&self.engine, self.config.forecast);
+            if !self.forecaster.send(request) {
+                tracing::warn!("the forecast thread is gone; starting another at the next try");
+            }
+        }
+    }
+}
