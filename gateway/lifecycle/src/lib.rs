@@ -36,6 +36,7 @@ mod pinned;
 mod recover;
 mod retention;
 mod runs;
+pub mod runtime;
 mod secrets;
 #[cfg(any(test, feature = "testkit"))]
 pub mod sim;
@@ -78,6 +79,10 @@ pub use model::{
 pub use overcommit::OvercommitConfig;
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
+pub use runtime::{
+    Estimate, EstimateSource, MAX_RUNTIME_KEYS, MIN_LEARNED_SAMPLES, RUNTIME_WINDOW,
+    RuntimeEstimator, command_key, runtime_key,
+};
 pub use secrets::{MAX_SECRETS_TOTAL_BYTES, Secret};
 pub use updates::{
     MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateCounts, UpdateRequest, UpdateSpec, UpdateState,
@@ -586,6 +591,8 @@ pub struct Lifecycle {
     usage: usage::UsageTable,
     /// Ended runs' accounts.
     ledger: accounting::Ledger,
+    /// Learned run times (from the ledger's succeeded runs).
+    runtimes: runtime::RuntimeEstimator,
     now: u64,
 }
 
@@ -630,6 +637,7 @@ impl Lifecycle {
             needs_cycle: true,
             usage: usage::UsageTable::default(),
             ledger: accounting::Ledger::default(),
+            runtimes: runtime::RuntimeEstimator::default(),
             now: 0,
         };
         core.pool_versions.insert("/".into(), 1);
