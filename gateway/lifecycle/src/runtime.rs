@@ -160,41 +160,43 @@ impl Learned {
     }
 }
 
-/// The [`RUNTIME_QUANTILE_PCT`] quantile (nearest rank) of `values`, not
-/// empty.
+/// The [`RUNTIME_QUANTILE_PCT`] quantile (nearest rank) of `values` (1 to
+/// [`RUNTIME_WINDOW`] of them).
 fn quantile(values: &[u64]) -> u64 {
-    let mut sorted: Vec<u64> = values.to_vec();
+    let mut copy = [0u64; RUNTIME_WINDOW];
+    let sorted = &mut copy[..values.len()];
+    sorted.copy_from_slice(values);
     sorted.sort_unstable();
     let rank = (sorted.len() * RUNTIME_QUANTILE_PCT).div_ceil(100).max(1);
     sorted[rank - 1]
 }
 
 /// Learned run times by (owner, command): see the module's text.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RuntimeEstimator {
     keys: FxHashMap<u64, Learned>,
     /// Keys by when they were last updated: the oldest is evicted first.
     by_update: BTreeMap<u64, u64>,
     /// Counts updates (never reused).
     clock: u64,
-    /// At most this many keys (0: [`MAX_RUNTIME_KEYS`]).
+    /// At most this many keys.
     max_keys: usize,
 }
 
+impl Default for RuntimeEstimator {
+    fn default() -> Self {
+        RuntimeEstimator::with_max_keys(MAX_RUNTIME_KEYS)
+    }
+}
+
 impl RuntimeEstimator {
-    /// An empty learner keeping at most `max_keys` keys.
+    /// An empty learner keeping at most `max_keys` keys (at least 1).
     pub fn with_max_keys(max_keys: usize) -> Self {
         RuntimeEstimator {
-            max_keys,
-            ..Default::default()
-        }
-    }
-
-    fn bound(&self) -> usize {
-        if self.max_keys == 0 {
-            MAX_RUNTIME_KEYS
-        } else {
-            self.max_keys
+            keys: FxHashMap::default(),
+            by_update: BTreeMap::new(),
+            clock: 0,
+            max_keys: max_keys.max(1),
         }
     }
 
@@ -202,7 +204,7 @@ impl RuntimeEstimator {
     pub fn learn(&mut self, key: u64, wall_ms: u64) {
         self.clock += 1;
         let clock = self.clock;
-        let bound = self.bound();
+        let bound = self.max_keys;
         let entry = match self.keys.get_mut(&key) {
             Some(e) => {
                 self.by_update.remove(&e.updated);
@@ -260,7 +262,7 @@ impl RuntimeEstimator {
 
     /// Bounded, and the update order indexes exactly the keys.
     pub(super) fn check_invariants(&self) {
-        assert!(self.keys.len() <= self.bound(), "runtime keys are bounded");
+        assert!(self.keys.len() <= self.max_keys, "runtime keys are bounded");
         assert_eq!(
             self.keys.len(),
             self.by_update.len(),
