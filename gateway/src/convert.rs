@@ -336,6 +336,15 @@ pub fn task_template(
     if let Some(check) = &spec.health_check {
         health_check(&format!("{field}.health_check"), check, &names, limits)?;
     }
+    if spec.expected_runtime_ms > MAX_EXPECTED_RUNTIME_MS {
+        return Err(invalid(
+            &format!("{field}.expected_runtime_ms"),
+            format!(
+                "{} is above the limit of {MAX_EXPECTED_RUNTIME_MS} (365 days)",
+                spec.expected_runtime_ms
+            ),
+        ));
+    }
     let sim = spec.sim.unwrap_or_default();
     Ok(TaskTemplate {
         request,
@@ -357,10 +366,26 @@ pub fn task_template(
             .as_ref()
             .map(|v| volume(&format!("{field}.volume"), v))
             .transpose()?,
+        expected_runtime_ms: spec.expected_runtime_ms,
+        command_key: task_command_key(spec),
         sim_duration_ms: sim.duration_ms,
         sim_exit_code: sim.exit_code,
         spec: spec.encode_to_vec().into(),
     })
+}
+
+/// The key runs of a task's command are learned by (its command and
+/// arguments, or its shell line; see `lifecycle::runtime`).
+fn task_command_key(spec: &pb::TaskSpec) -> u64 {
+    if spec.shell.is_empty() {
+        crate::lifecycle::command_key(
+            std::iter::once(spec.command.as_str()).chain(spec.args.iter().map(String::as_str)),
+        )
+    } else {
+        // After an empty part, which no command is: a shell line is never
+        // mistaken for a command of the same text.
+        crate::lifecycle::command_key(["", spec.shell.as_str()])
+    }
 }
 
 /// A task's command or shell, stop signal, memory limit kind, shutdown
@@ -529,6 +554,9 @@ fn override_classes(
 
 /// Longest deregistration delay (`TaskSpec.shutdown_delay_ms`): 10 minutes.
 pub const MAX_SHUTDOWN_DELAY_MS: u64 = 600_000;
+
+/// Longest declared run time (`TaskSpec.expected_runtime_ms`): 365 days.
+pub const MAX_EXPECTED_RUNTIME_MS: u64 = 365 * 24 * 3600 * 1000;
 
 /// Volumes in one list answer.
 pub const MAX_LISTED_VOLUMES: usize = 10_000;
@@ -1393,6 +1421,38 @@ mod tests {
         assert_eq!(
             error_of(&s).1,
             "spec.overrides[0].spec.revocable: true where the default task's is false: revocability is the job's"
+        );
+    }
+
+    #[test]
+    fn an_expected_runtime_is_carried_per_instance_up_to_365_days() {
+        let mut s = good_job();
+        s.default_task.as_mut().unwrap().expected_runtime_ms = MAX_EXPECTED_RUNTIME_MS;
+        let mut t = s.default_task.clone().unwrap();
+        t.expected_runtime_ms = 5000;
+        t.args = vec!["x".into()];
+        s.overrides.push(pb::InstanceOverride {
+            instance: 1,
+            spec: Some(t),
+        });
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        assert_eq!(
+            plan.template(0).expected_runtime_ms,
+            MAX_EXPECTED_RUNTIME_MS
+        );
+        assert_eq!(plan.template(1).expected_runtime_ms, 5000);
+        // Runs are learned by command and arguments.
+        assert_ne!(plan.template(0).command_key, plan.template(1).command_key);
+        assert_eq!(plan.template(0).command_key, plan.template(2).command_key);
+        s.overrides[0].spec.as_mut().unwrap().expected_runtime_ms = MAX_EXPECTED_RUNTIME_MS + 1;
+        assert_eq!(
+            error_of(&s),
+            (
+                tonic::Code::InvalidArgument,
+                "spec.overrides[0].spec.expected_runtime_ms: 31536000001 is above the limit \
+                 of 31536000000 (365 days)"
+                    .into()
+            )
         );
     }
 

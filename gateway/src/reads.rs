@@ -532,6 +532,7 @@ fn task_to_pb(engine: &Engine, core: &Lifecycle, k: JobKey, job: &Job, i: u32) -
         .map(|(n, p)| (n.to_string(), *p))
         .collect();
     let held = core.held(k, i);
+    let estimate = core.runtime_estimate(k, i);
     pb::Task {
         job_id: job.id.to_string(),
         instance: i,
@@ -566,6 +567,8 @@ fn task_to_pb(engine: &Engine, core: &Lifecycle, k: JobKey, job: &Job, i: u32) -
         pending_gang_size: 0,
         // Set by `get_task`.
         usage: Vec::new(),
+        expected_runtime_ms: estimate.map_or(0, |e| e.ms),
+        expected_runtime_source: estimate.map(|e| e.source.describe()).unwrap_or_default(),
         forecast: task_forecast(engine, core, k, i),
     }
 }

@@ -1089,6 +1089,10 @@ pub struct StoredUsageRecord {
     /// When they were measured (the host's clock; 0: never).
     #[prost(uint64, tag = "17")]
     pub used_until_ms: u64,
+    /// The key of its task's command, what the runtime learner learns by
+    /// (0: none; rows written before it decode as none).
+    #[prost(uint64, tag = "18")]
+    pub command_key: u64,
 }
 
 /// A usage record's row.
@@ -1111,6 +1115,7 @@ pub fn encode_usage(r: &UsageRecord) -> Vec<u8> {
         cpu_used_usec: r.cpu_used_usec,
         memory_peak_bytes: r.memory_peak_bytes,
         used_until_ms: r.used_until_ms,
+        command_key: r.command_key,
     })
 }
 
@@ -1143,6 +1148,7 @@ pub fn decode_usage(key: &str, row: &[u8]) -> Result<UsageRecord, String> {
         cpu_used_usec: r.cpu_used_usec,
         memory_peak_bytes: r.memory_peak_bytes,
         used_until_ms: r.used_until_ms,
+        command_key: r.command_key,
     })
 }
 
@@ -1524,6 +1530,7 @@ mod tests {
             cpu_used_usec: 99_000,
             memory_peak_bytes: 1 << 30,
             used_until_ms: 1_700_000_000_090,
+            command_key: 0x05cb_060b_ad3a_9a86,
         };
         let row = encode_usage(&u);
         assert_eq!(row[..2], ROW_V1);

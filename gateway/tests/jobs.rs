@@ -872,3 +872,65 @@ async fn a_waiting_task_is_told_when_and_where_it_would_start() {
         .await
         .expect("graceful shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_read_shows_its_runtime_estimate_declared_or_learned_across_a_restart() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let estimate = |t: &pb::Task| (t.expected_runtime_ms, t.expected_runtime_source.clone());
+
+    // Declared, per instance; the job's spec reads back with it.
+    let mut spec = job_spec("/a", 2, 0.5, 60_000);
+    task_of(&mut spec).expected_runtime_ms = 90_000;
+    let mut first = task_of(&mut spec).clone();
+    first.expected_runtime_ms = 30_000;
+    spec.overrides.push(pb::InstanceOverride {
+        instance: 0,
+        spec: Some(first),
+    });
+    let declared = create_job(&mut c, spec).await;
+    let read = get_job(&mut c, &declared.id).await.expect("job");
+    let read_spec = read.spec.expect("spec");
+    assert_eq!(
+        read_spec.default_task.expect("task").expected_runtime_ms,
+        90_000
+    );
+    assert_eq!(
+        read_spec.overrides[0]
+            .spec
+            .as_ref()
+            .expect("override")
+            .expected_runtime_ms,
+        30_000
+    );
+    let t = get_task(&mut c, &declared.id, 0).await;
+    assert_eq!(estimate(&t), (30_000, "declared".into()));
+    let t = get_task(&mut c, &declared.id, 1).await;
+    assert_eq!(estimate(&t), (90_000, "declared".into()));
+
+    // Learned from three succeeded runs of the same owner's command.
+    let mut waiting = job_spec("/a", 1, 0.5, 600_000);
+    task_of(&mut waiting).command = "/bin/work".into();
+    let waiting = create_job(&mut c, waiting).await;
+    assert_eq!(
+        estimate(&get_task(&mut c, &waiting.id, 0).await),
+        (0, String::new())
+    );
+    let mut runs = job_spec("/a", 3, 0.5, 100);
+    task_of(&mut runs).command = "/bin/work".into();
+    let runs = create_job(&mut c, runs).await;
+    wait_job(&c, &runs.id, J::Succeeded).await;
+    let (ms, source) = estimate(&get_task(&mut c, &waiting.id, 0).await);
+    assert_eq!(source, "learned from 3 runs");
+    assert!((100..60_000).contains(&ms), "{ms} ms");
+
+    // The store's usage records carry the command's key: learned again.
+    let s = s.restart().await;
+    let mut c = s.clients.clone();
+    assert_eq!(
+        estimate(&get_task(&mut c, &waiting.id, 0).await),
+        (ms, "learned from 3 runs".into())
+    );
+    s.shutdown().await;
+}

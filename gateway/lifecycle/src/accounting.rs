@@ -14,6 +14,10 @@
 //! going first. Records have increasing sequence numbers that are never
 //! reused; they are persisted as [`StateRow::Usage`] rows and recovered
 //! through [`Recovered::usage`](super::Recovered).
+//!
+//! The runtime learner (`runtime`) learns from each record as it is
+//! appended (those of succeeded runs, by their `command_key`), and again
+//! from the recovered records at a restart.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -73,6 +77,11 @@ pub struct UsageRecord {
     /// the used figures cover the run up to then, up to one report
     /// interval before its end.
     pub used_until_ms: u64,
+    /// The key of its task's command (`TaskTemplate::command_key`) for
+    /// runs of jobs that run to completion; 0 for services' and daemons'
+    /// (they have no run time to learn) and in records stored before
+    /// keys were. What the runtime learner learns by (`runtime`).
+    pub command_key: u64,
 }
 
 impl UsageRecord {
@@ -189,6 +198,7 @@ impl Lifecycle {
             at => at,
         }
         .max(t.started_at);
+        let template = job.template(i);
         let record = UsageRecord {
             seq: self.ledger.next_seq,
             recorded_ms: self.now,
@@ -203,11 +213,17 @@ impl Lifecycle {
             finished_ms,
             state: to,
             exit_code: t.exit_code,
-            request: super::runs::engine_request(job.template(i)),
+            request: super::runs::engine_request(template),
             cpu_used_usec,
             memory_peak_bytes,
             used_until_ms,
+            command_key: if job.plan.kind.keeps_running() {
+                0
+            } else {
+                template.command_key
+            },
         };
+        self.runtimes.learn_record(&record);
         self.ledger.next_seq += 1;
         fx.state_rows.push(StateRow::Usage(record.seq));
         self.ledger.records.push_back(record);
@@ -239,18 +255,23 @@ impl Lifecycle {
     }
 
     /// Usage records as stored (those beyond the bounds go, and their
-    /// rows).
+    /// rows); the runtime learner learns again from those kept, oldest
+    /// first, as it did when they were appended.
     pub(super) fn recover_ledger(&mut self, mut records: Vec<UsageRecord>, fx: &mut Effects) {
         records.sort_unstable_by_key(|r| r.seq);
         records.dedup_by_key(|r| r.seq);
         self.ledger.next_seq = records.last().map_or(1, |r| r.seq + 1).max(1);
         self.ledger.records = records.into();
         self.prune_ledger(fx);
+        for r in &self.ledger.records {
+            self.runtimes.learn_record(r);
+        }
     }
 
     /// The ledger's invariants: bounded, in sequence order below the next
-    /// number.
+    /// number; and the runtime learner's (bounded).
     pub(super) fn check_ledger_invariants(&self) {
+        self.runtimes.check_invariants();
         let l = &self.ledger;
         assert!(
             l.records.len() <= self.config.max_usage_records,

@@ -3,7 +3,8 @@
 //!
 //! The engine forecasts ([`peloton_engine::forecast`]): its own cycle run
 //! forward on a fork of the live state, running tasks ending at their
-//! runtime estimates ([`Lifecycle::runtime_estimate`]'s per job). The core
+//! runtime estimates (per job: [`Lifecycle::runtime_estimate`] of its
+//! first instance, so overrides of the estimate are not seen). The core
 //! only prepares the request and keeps the answer, so that the run itself
 //! can happen off the loop thread: every [`FORECAST_INTERVAL_MS`] (by
 //! default) while
@@ -177,11 +178,9 @@ impl Lifecycle {
         (self.forecasts.made_at, self.forecasts.stopped)
     }
 
-    /// How long a job's tasks are expected to run (the forecast's
-    /// estimate for all its instances).
+    /// How long a job's tasks are expected to run: its first instance's
+    /// estimate ([`Lifecycle::runtime_estimate`]), taken for all of them.
     fn job_runtime_estimate(&self, k: JobKey) -> Option<u64> {
-        let job = self.jobs.get(&k)?;
-        let ms = job.plan.max_running_time_ms;
-        (ms > 0).then_some(ms)
+        self.runtime_estimate(k, 0).map(|e| e.ms)
     }
 }

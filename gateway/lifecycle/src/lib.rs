@@ -37,6 +37,7 @@ mod pinned;
 mod recover;
 mod retention;
 mod runs;
+pub mod runtime;
 mod secrets;
 #[cfg(any(test, feature = "testkit"))]
 pub mod sim;
@@ -80,6 +81,10 @@ pub use model::{
 pub use overcommit::OvercommitConfig;
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
+pub use runtime::{
+    Estimate, EstimateSource, MAX_RUNTIME_KEYS, MIN_LEARNED_SAMPLES, RUNTIME_WINDOW,
+    RuntimeEstimator, command_key, runtime_key,
+};
 pub use secrets::{MAX_SECRETS_TOTAL_BYTES, Secret};
 pub use updates::{
     MAX_UPDATES_PER_JOB, Update, UpdateAction, UpdateCounts, UpdateRequest, UpdateSpec, UpdateState,
@@ -596,6 +601,8 @@ pub struct Lifecycle {
     forecasts: forecast::Forecasts,
     /// Ended runs' accounts.
     ledger: accounting::Ledger,
+    /// Learned run times (from the ledger's succeeded runs).
+    runtimes: runtime::RuntimeEstimator,
     now: u64,
 }
 
@@ -641,6 +648,7 @@ impl Lifecycle {
             usage: usage::UsageTable::default(),
             forecasts: forecast::Forecasts::default(),
             ledger: accounting::Ledger::default(),
+            runtimes: runtime::RuntimeEstimator::default(),
             now: 0,
         };
         core.pool_versions.insert("/".into(), 1);

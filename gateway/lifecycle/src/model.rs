@@ -341,6 +341,13 @@ pub struct TaskTemplate {
     pub health_check: bool,
     /// Its persistent volume.
     pub volume: Option<VolumeTemplate>,
+    /// How long a run is expected to last, as its user declared it (0:
+    /// not declared): see `runtime`.
+    pub expected_runtime_ms: u64,
+    /// The key of its command (`runtime::command_key` of its command and
+    /// arguments, or shell line; 0: none): runs of the same owner's same
+    /// command teach the learned runtime estimate.
+    pub command_key: u64,
     /// Simulated duration.
     pub sim_duration_ms: u64,
     /// Simulated exit code.

@@ -178,6 +178,8 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
         shutdown_delay_ms: 0,
         health_check: false,
         volume: None,
+        expected_runtime_ms: 0,
+        command_key: crate::runtime::command_key(["sim"]),
         sim_duration_ms: 0,
         sim_exit_code: 0,
         spec: Arc::from(&[][..]),

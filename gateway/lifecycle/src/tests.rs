@@ -59,7 +59,12 @@
 //!   records, kept MS ms; `ledger` — the usage records, oldest first, and
 //!   the stored rows; `job … owner=O` is owned by O (default "-");
 //! - `task J/I` — the instance's run: state, times (ms since the script
-//!   began) and whether its host has yet to confirm its end.
+//!   began) and whether its host has yet to confirm its end;
+//! - `job … cmd=C` runs command C (default: the simulator's one command),
+//!   `expect=MS` declares its expected run time, `expect_override=I:MS`
+//!   declares instance I's (an override), `max_time=MS` is its max
+//!   running time; `estimate J/I` — the instance's runtime estimate and
+//!   where it comes from.
 
 use expect_test::{Expect, expect};
 use peloton_engine::{PoolConfig, Resources};
@@ -286,7 +291,6 @@ impl Env {
                 p.preemptible = flag("preemptible") || flag("revocable");
                 p.default_mut().revocable = flag("revocable");
                 p.max_running = num("max_running", 0) as u32;
-                p.max_running_time_ms = num("max_time", 0);
                 p.default_mut().max_per_host = num("per_host", 0) as u16;
                 p.max_unavailable = num("max_unavailable", 1) as u32;
                 p.default_mut().restart.max_failures = num("max_failures", 0) as u32;
@@ -294,6 +298,17 @@ impl Env {
                 p.default_mut().health_check = flag("health");
                 p.default_mut().shutdown_delay_ms = num("shutdown_delay", 0);
                 p.default_mut().request.0[2] = num("disk", 0);
+                p.default_mut().expected_runtime_ms = num("expect", 0);
+                if let Some(c) = arg("cmd") {
+                    p.default_mut().command_key = command_key([c]);
+                }
+                p.max_running_time_ms = num("max_time", 0);
+                if let Some((i, ms)) = arg("expect_override").and_then(|a| a.split_once(':')) {
+                    let mut t = TaskTemplate::clone(&p.default);
+                    t.expected_runtime_ms = ms.parse().expect("ms");
+                    p.overrides
+                        .insert(i.parse().expect("instance"), Arc::new(t));
+                }
                 if flag("service") {
                     p.kind = JobKind::Service;
                 }
@@ -785,6 +800,24 @@ impl Env {
                 for l in lines {
                     self.sim.say(l);
                 }
+            }
+            "estimate" => {
+                let (job, i) = words[1].split_once('/').expect("J/I");
+                let k = self.sim.core.job_key(job).expect("job");
+                let line = match self
+                    .sim
+                    .core
+                    .runtime_estimate(k, i.parse().expect("instance"))
+                {
+                    Some(e) => format!(
+                        "  estimate {}: {}ms {}",
+                        words[1],
+                        e.ms,
+                        e.source.describe()
+                    ),
+                    None => format!("  estimate {}: none", words[1]),
+                };
+                self.sim.say(line);
             }
             "crash" => self.sim.crash(),
             "retention" => {
@@ -5828,6 +5861,167 @@ fn a_forecast_says_when_and_where_waiting_instances_start() {
               g/0 starts +60000 (earliest +60000) on h1 position 1
               g/1 starts +60000 (earliest +60000) on h2 position 2
               s/0 starts +90000 (earliest +90000) on h1 position 3
+        "#]],
+    );
+}
+
+#[test]
+fn runtime_estimates_are_declared_else_learned_else_the_max_running_time() {
+    check(
+        r"
+        host h1 cpu=8
+        job a pool=/ n=2 cpu=1 expect=60000 expect_override=1:5000
+        estimate a/0                # declared
+        estimate a/1                # its override's
+        job c pool=/ n=1 cpu=1 expect=120000 max_time=90000
+        estimate c/0                # declared, cut to the limit
+        job m pool=/ n=1 cpu=1 max_time=90000 cmd=train
+        estimate m/0                # nothing learned yet: the limit
+        job u pool=/ n=1 cpu=1 cmd=train
+        estimate u/0                # unknown
+        job s pool=/ n=1 cpu=1 service expect=60000
+        estimate s/0                # services run until stopped
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job a pool=/ n=2 cpu=1 expect=60000 expect_override=1:5000
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > estimate a/0
+              estimate a/0: 60000ms declared
+            > estimate a/1
+              estimate a/1: 5000ms declared
+            > job c pool=/ n=1 cpu=1 expect=120000 max_time=90000
+            c/0#1 pending
+            job c pending
+            > estimate c/0
+              estimate c/0: 90000ms declared
+            > job m pool=/ n=1 cpu=1 max_time=90000 cmd=train
+            m/0#1 pending
+            job m pending
+            > estimate m/0
+              estimate m/0: 90000ms max running time
+            > job u pool=/ n=1 cpu=1 cmd=train
+            u/0#1 pending
+            job u pending
+            > estimate u/0
+              estimate u/0: none
+            > job s pool=/ n=1 cpu=1 service expect=60000
+            s/0#1 pending
+            job s pending
+            > estimate s/0
+              estimate s/0: none
+        "#]],
+    );
+}
+
+#[test]
+fn runtimes_are_learned_from_succeeded_runs_of_an_owners_command_and_rebuilt_at_recovery() {
+    check(
+        r"
+        host h1 cpu=8
+        job m pool=/ n=1 cpu=1 max_time=90000 cmd=train
+        job u pool=/ n=1 cpu=1 cmd=train
+        job r pool=/ n=4 cpu=1 cmd=train
+        job o pool=/ n=1 cpu=1 cmd=train owner=bo
+        cycle
+        tick 10000
+        exit r/0 0                  # 10 s
+        tick 10000
+        exit r/1 0                  # 20 s
+        exit r/2 1                  # failed: not counted
+        estimate u/0                # two runs are too few
+        tick 10000
+        exit r/3 0                  # 30 s
+        estimate u/0                # the 90th percentile of three
+        estimate m/0                # learned comes before the limit
+        estimate o/0                # another owner's command
+        crash
+        register h1
+        estimate u/0                # learned again from the ledger
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job m pool=/ n=1 cpu=1 max_time=90000 cmd=train
+            m/0#1 pending
+            job m pending
+            > job u pool=/ n=1 cpu=1 cmd=train
+            u/0#1 pending
+            job u pending
+            > job r pool=/ n=4 cpu=1 cmd=train
+            r/0#1 pending
+            r/1#1 pending
+            r/2#1 pending
+            r/3#1 pending
+            job r pending
+            > job o pool=/ n=1 cpu=1 cmd=train owner=bo
+            o/0#1 pending
+            job o pending
+            > cycle
+            m/0#1 ready
+            u/0#1 ready
+            r/0#1 ready
+            r/1#1 ready
+            r/2#1 ready
+            r/3#1 ready
+            o/0#1 ready
+            m/0#1 placed @h1
+            m/0#1 launching @h1
+            u/0#1 placed @h1
+            u/0#1 launching @h1
+            r/0#1 placed @h1
+            r/0#1 launching @h1
+            r/1#1 placed @h1
+            r/1#1 launching @h1
+            r/2#1 placed @h1
+            r/2#1 launching @h1
+            r/3#1 placed @h1
+            r/3#1 launching @h1
+            o/0#1 placed @h1
+            o/0#1 launching @h1
+              launch m/0#1 @h1 config 1
+              launch u/0#1 @h1 config 1
+              launch r/0#1 @h1 config 1
+              launch r/1#1 @h1 config 1
+              launch r/2#1 @h1 config 1
+              launch r/3#1 @h1 config 1
+              launch o/0#1 @h1 config 1
+            m/0#1 running @h1
+            u/0#1 running @h1
+            r/0#1 running @h1
+            r/1#1 running @h1
+            r/2#1 running @h1
+            r/3#1 running @h1
+            o/0#1 running @h1
+            job m running
+            job u running
+            job r running
+            job o running
+            > tick 10000
+            > exit r/0 0
+            r/0#1 succeeded @h1
+            > tick 10000
+            > exit r/1 0
+            r/1#1 succeeded @h1
+            > exit r/2 1
+            r/2#1 failed @h1 (exited with code 1)
+            > estimate u/0
+              estimate u/0: none
+            > tick 10000
+            > exit r/3 0
+            r/3#1 succeeded @h1
+            job r failed
+            > estimate u/0
+              estimate u/0: 30000ms learned from 3 runs
+            > estimate m/0
+              estimate m/0: 30000ms learned from 3 runs
+            > estimate o/0
+              estimate o/0: none
+            > crash
+            > register h1
+            > estimate u/0
+              estimate u/0: 30000ms learned from 3 runs
         "#]],
     );
 }

@@ -379,6 +379,7 @@ pub fn task_spec_json(spec: Option<&TaskSpec>) -> Value {
         "controller": spec.controller,
         "kill_grace_period_ms": spec.kill_grace_period_ms,
         "shutdown_delay_ms": spec.shutdown_delay_ms,
+        "expected_runtime_ms": spec.expected_runtime_ms,
         "sim": {"duration_ms": sim.duration_ms, "exit_code": sim.exit_code},
         "max_instances_per_host": spec.max_instances_per_host,
         "health_check": spec.health_check.as_ref().map(health_check_json),
@@ -500,6 +501,8 @@ pub fn task_json(task: &Task) -> Value {
         "config_version": task.config_version,
         "volume_id": task.volume_id,
         "pinned_host": task.pinned_host,
+        "expected_runtime_ms": task.expected_runtime_ms,
+        "expected_runtime_source": task.expected_runtime_source,
         "forecast": forecast_json(task.forecast.as_ref()),
     })
 }

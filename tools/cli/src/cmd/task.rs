@@ -208,6 +208,7 @@ fn task_details(task: &Task) -> String {
         ("HOST", or_dash(&run.host)),
         ("RUN", run.run_id.to_string()),
         ("USED", fmt_usage(run.used.as_ref())),
+        ("EXPECTED RUNTIME", expected_runtime(task)),
         ("FAILURES", task.failure_count.to_string()),
         ("PENDING REASON", or_dash(&task.pending_reason)),
         ("ESTIMATED START", fmt_forecast(task.forecast.as_ref())),
@@ -249,11 +250,45 @@ fn task_details(task: &Task) -> String {
     out
 }
 
+/// How long a run is expected to last and why (`D-HH:MM:SS (declared)`,
+/// as Slurm writes times), `-` when unknown.
+fn expected_runtime(task: &Task) -> String {
+    if task.expected_runtime_source.is_empty() {
+        return "-".to_owned();
+    }
+    format!(
+        "{} ({})",
+        super::usage::fmt_elapsed(task.expected_runtime_ms),
+        task.expected_runtime_source
+    )
+}
+
 /// The exit code once the run has finished, `-` before.
 fn exit_code(run: &TaskRun) -> String {
     if run.finished_at_ms == 0 {
         "-".to_owned()
     } else {
         run.exit_code.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_expected_runtime_says_where_it_comes_from() {
+        let mut task = Task {
+            expected_runtime_ms: 90_061_000,
+            expected_runtime_source: "learned from 4 runs".into(),
+            ..Task::default()
+        };
+        assert_eq!(expected_runtime(&task), "1-01:01:01 (learned from 4 runs)");
+        assert!(
+            task_details(&task).contains("\nEXPECTED RUNTIME:  1-01:01:01 (learned from 4 runs)")
+        );
+        task.expected_runtime_source.clear();
+        task.expected_runtime_ms = 0;
+        assert_eq!(expected_runtime(&task), "-");
     }
 }

@@ -107,7 +107,7 @@ pub async fn usage(ctx: &Ctx, args: UsageArgs) -> Result<Outcome> {
 }
 
 /// Wall time as `[D-]HH:MM:SS` (Slurm's elapsed).
-fn fmt_elapsed(ms: u64) -> String {
+pub(super) fn fmt_elapsed(ms: u64) -> String {
     let s = ms / 1000;
     let (d, h, m, s) = (s / 86_400, s % 86_400 / 3600, s % 3600 / 60, s % 60);
     if d > 0 {
