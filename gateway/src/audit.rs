@@ -80,7 +80,8 @@ pub fn is_mutating(path: &str) -> bool {
         || method.starts_with("Watch")
         || method == "Logs"
         || method == "WhoAmI"
-        || method == "Check")
+        || method == "Check"
+        || method == "Plan")
 }
 
 /// Whether a gRPC path is served without a token: health checks and
@@ -167,6 +168,7 @@ mod tests {
             "/peloton.v1.AccessService/ListAudit",
             "/peloton.v1.AccessService/WhoAmI",
             "/peloton.v1.ResourcePoolService/ListQueue",
+            "/peloton.v1.JobService/Plan",
         ] {
             assert!(!is_mutating(read), "{read}");
         }

@@ -180,6 +180,13 @@ pub enum JobCommand {
         /// Reply.
         reply: Reply<pb::QueryJobsResponse>,
     },
+    /// Plan a job: where and when it would start (changes nothing).
+    PlanJob {
+        /// The job's plan (checked).
+        plan: Box<crate::lifecycle::JobPlan>,
+        /// Reply.
+        reply: Reply<pb::PlanJobResponse>,
+    },
     /// Read the usage ledger.
     ListUsage {
         /// Filters, grouping and page (checked).

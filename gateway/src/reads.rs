@@ -205,6 +205,42 @@ pub(crate) fn with_usage(
     job
 }
 
+/// A plan's answer as the API shows it.
+pub(crate) fn plan_to_pb(a: &crate::lifecycle::JobPlanAnswer) -> pb::PlanJobResponse {
+    use peloton_engine::Stopped;
+    let instances: Vec<pb::PlannedInstance> = a
+        .instances
+        .iter()
+        .map(|x| pb::PlannedInstance {
+            instance: x.instance,
+            start_ms: x.start_ms.unwrap_or(0),
+            earliest_ms: x.earliest_ms.unwrap_or(0),
+            host: x.host.as_deref().unwrap_or("").to_string(),
+            queue_position: x.position,
+            why_not: x.why_not.unwrap_or("").to_string(),
+        })
+        .collect();
+    let start_ms = if instances.iter().any(|x| x.start_ms == 0) {
+        0
+    } else {
+        instances.iter().map(|x| x.start_ms).max().unwrap_or(0)
+    };
+    pb::PlanJobResponse {
+        instances,
+        made_at_ms: a.made_at,
+        expected_runtime_ms: a.estimate.map_or(0, |e| e.ms),
+        expected_runtime_source: a.estimate.map(|e| e.source.describe()).unwrap_or_default(),
+        start_ms,
+        forecast_stopped: match a.stopped {
+            Stopped::AllStarted => "all started",
+            Stopped::NoMoreEnds => "no more ends",
+            Stopped::Horizon => "horizon",
+            Stopped::Steps => "steps",
+        }
+        .to_string(),
+    }
+}
+
 /// A waiting instance's start forecast (`Task.forecast`).
 fn task_forecast(
     engine: &Engine,

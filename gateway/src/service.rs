@@ -422,6 +422,37 @@ impl JobService for Api {
         Ok(Response::new(pb::CreateJobResponse { job: Some(job) }))
     }
 
+    async fn plan(
+        &self,
+        request: Request<pb::PlanJobRequest>,
+    ) -> Result<Response<pb::PlanJobResponse>, Status> {
+        if let Some(spec) = &request.get_ref().spec {
+            let (pool, name) = (spec.pool.clone(), spec.name.clone());
+            access::require(
+                &request,
+                Permission::JobsWrite,
+                &pool,
+                format!("{pool} {name}"),
+            )?;
+        }
+        let owner = self.owner_of(
+            &request,
+            "spec.owner",
+            request.get_ref().spec.as_ref().map_or("", |s| &s.owner),
+        )?;
+        let spec = request
+            .into_inner()
+            .spec
+            .ok_or_else(|| convert::invalid("spec", "missing"))?;
+        let mut spec = convert::cluster_mode_spec(spec)?;
+        spec.owner = owner;
+        let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+        let answer = self
+            .call(|reply| Command::Jobs(JobCommand::PlanJob { plan, reply }))
+            .await?;
+        Ok(Response::new(answer))
+    }
+
     async fn get(
         &self,
         request: Request<pb::GetJobRequest>,

@@ -934,3 +934,90 @@ async fn a_task_read_shows_its_runtime_estimate_declared_or_learned_across_a_res
     );
     s.shutdown().await;
 }
+
+/// `JobService.Plan` says where and when a job would start, changing
+/// nothing; the same spec then submitted on the unchanged cluster starts
+/// there and then (give or take the launch's milliseconds). A spec that
+/// would be refused is refused the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_says_where_and_when_and_changes_nothing() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/p").await;
+    let cores = cluster_capacity(&mut c).await.cpu as u32;
+    // Fills both hosts for 4 s, and says so.
+    let mut full = job_spec("/p", cores, 1.0, 4_000);
+    task_of(&mut full).expected_runtime_ms = 4_000;
+    let full = create_job(&mut c, full).await;
+    wait_job(&c, &full.id, J::Running).await;
+    let placed = list_tasks(&mut c, &full.id)
+        .await
+        .iter()
+        .map(|t| t.current.as_ref().expect("run").placed_at_ms)
+        .max()
+        .expect("tasks");
+    // A gang taking both hosts whole.
+    let mut gang = job_spec("/p", 2, f64::from(cores / 2), 1_000);
+    gang.sla = Some(pb::Sla {
+        min_running_instances: 2,
+        ..Default::default()
+    });
+    let pool_before = get_pool(&mut c, "/p").await;
+    let plan = c
+        .jobs
+        .plan(pb::PlanJobRequest {
+            spec: Some(gang.clone()),
+        })
+        .await
+        .expect("planned")
+        .into_inner();
+    assert_eq!(plan.forecast_stopped, "all started", "{plan:?}");
+    assert_eq!(plan.start_ms, placed + 4_000, "{plan:?}");
+    let mut planned: Vec<String> = plan.instances.iter().map(|x| x.host.clone()).collect();
+    planned.sort();
+    let mut hosts: Vec<String> = list_hosts(&mut c)
+        .await
+        .into_iter()
+        .map(|h| h.name)
+        .collect();
+    hosts.sort();
+    assert_eq!(planned, hosts, "{plan:?}");
+    // Nothing changed.
+    let jobs = c
+        .jobs
+        .query(pb::QueryJobsRequest::default())
+        .await
+        .expect("query")
+        .into_inner();
+    assert_eq!(jobs.jobs.len(), 1);
+    assert_eq!(get_pool(&mut c, "/p").await.status, pool_before.status);
+    // Refused as Create would refuse it, naming the field.
+    let mut huge = gang.clone();
+    task_of(&mut huge).resources = Some(res(f64::from(cores) * 4.0, 256.0));
+    let refused = c
+        .jobs
+        .plan(pb::PlanJobRequest { spec: Some(huge) })
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("resources"), "{refused:?}");
+    // Submitted now, it starts as planned.
+    let job = create_job(&mut c, gang).await;
+    wait_job(&c, &job.id, J::Running).await;
+    let tasks = list_tasks(&mut c, &job.id).await;
+    let mut got: Vec<String> = tasks
+        .iter()
+        .map(|t| t.current.as_ref().expect("run").host.clone())
+        .collect();
+    got.sort();
+    assert_eq!(got, planned);
+    for t in &tasks {
+        let at = t.current.as_ref().expect("run").placed_at_ms;
+        assert!(
+            at + 100 >= plan.start_ms && at <= plan.start_ms + 1_500,
+            "placed at {at}, planned for {}",
+            plan.start_ms
+        );
+    }
+    s.shutdown().await;
+}

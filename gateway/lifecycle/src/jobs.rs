@@ -137,19 +137,12 @@ impl Lifecycle {
         Ok(id)
     }
 
-    pub(super) fn create_job(
-        &mut self,
-        engine: &mut Engine,
-        id: Arc<str>,
-        plan: JobPlan,
-        fx: &mut Effects,
-    ) -> Result<Answer, Error> {
+    /// The checks a new job's plan passes (its host pool, its pool, that
+    /// it could ever be admitted, what its kind allows); its pool.
+    pub(super) fn check_new_job(&self, engine: &Engine, plan: &JobPlan) -> Result<PoolId, Error> {
         self.check_job_host_pool(&plan.host_pool)?;
         let pool = self.resolve_job_pool(engine, &plan.pool)?;
-        if self.by_id.contains_key(&id) {
-            return Err(Error::Precondition(format!("job {id} exists already")));
-        }
-        self.check_admissible(engine, pool, &plan, plan.instance_count)?;
+        self.check_admissible(engine, pool, plan, plan.instance_count)?;
         let daemon = plan.kind == JobKind::Daemon;
         if daemon && plan.gang > 1 {
             return Err(Error::invalid(
@@ -184,6 +177,21 @@ impl Lifecycle {
                 ));
             }
         }
+        Ok(pool)
+    }
+
+    pub(super) fn create_job(
+        &mut self,
+        engine: &mut Engine,
+        id: Arc<str>,
+        plan: JobPlan,
+        fx: &mut Effects,
+    ) -> Result<Answer, Error> {
+        let pool = self.check_new_job(engine, &plan)?;
+        if self.by_id.contains_key(&id) {
+            return Err(Error::Precondition(format!("job {id} exists already")));
+        }
+        let daemon = plan.kind == JobKind::Daemon;
         let key = JobKey(self.next_key);
         self.next_key += 1;
         // A daemon's instances follow the hosts (added just below).

@@ -36,26 +36,38 @@ pub(super) fn new_task(
     i: u32,
     pin: Option<super::HostSlot>,
 ) -> NewTask {
-    let t = job.template(i);
-    let request = engine_request(t);
+    new_task_of(engine, &job.plan, job.template(i), job.pool, k, i, pin)
+}
+
+/// The engine task of instance `i` of job `k` of `plan`, on `template`, in
+/// `pool` (also for a job not created yet: a plan).
+pub(super) fn new_task_of(
+    engine: &Engine,
+    plan: &super::JobPlan,
+    t: &super::TaskTemplate,
+    pool: peloton_engine::PoolId,
+    k: JobKey,
+    i: u32,
+    pin: Option<super::HostSlot>,
+) -> NewTask {
     NewTask {
         job: k.0,
         instance: i,
-        pool: job.pool,
-        priority: job.plan.priority,
-        request,
+        pool,
+        priority: plan.priority,
+        request: engine_request(t),
         ports: t.ports,
         flags: TaskFlags {
-            preemptible: job.plan.preemptible,
+            preemptible: plan.preemptible,
             controller: t.controller,
             revocable: t.revocable,
         },
         constraint: t.constraint.clone(),
-        strategy: job.plan.strategy,
+        strategy: plan.strategy,
         max_per_host: t.max_per_host,
         limit_key: k.0,
         desired_host: pin.and_then(|s| engine.hosts().lookup_slot(s.idx())),
-        daemon: job.plan.kind == JobKind::Daemon,
+        daemon: plan.kind == JobKind::Daemon,
     }
 }
 

@@ -283,7 +283,15 @@ impl Lifecycle {
             return None;
         }
         let config = job.tasks.get(i as usize)?.config;
-        let plan = job.plan_of(config);
+        self.plan_runtime_estimate(job.plan_of(config), i)
+    }
+
+    /// [`Lifecycle::runtime_estimate`] of instance `i` of a job of `plan`
+    /// (one not created yet, for a plan: [`Lifecycle::plan_job`]).
+    pub fn plan_runtime_estimate(&self, plan: &crate::JobPlan, i: u32) -> Option<Estimate> {
+        if plan.kind.keeps_running() {
+            return None;
+        }
         let t = plan.template(i);
         let limit_ms = match plan.max_running_time_ms {
             0 => u64::MAX,

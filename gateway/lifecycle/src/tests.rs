@@ -276,7 +276,7 @@ impl Env {
                 self.sim
                     .say(format!("  queue {}: {}", words[1], shown.join(", ")));
             }
-            "job" => {
+            "job" | "plan" => {
                 let mut p = plan(
                     arg("pool").expect("pool="),
                     num("n", 1) as u32,
@@ -344,6 +344,41 @@ impl Env {
                         host_down_timeout_ms: ms.parse().expect("ms"),
                         relocate: true,
                     };
+                }
+                if words[0] == "plan" {
+                    let config = peloton_engine::ForecastConfig {
+                        min_step_ms: 0,
+                        resolution: u32::MAX,
+                        ..Default::default()
+                    };
+                    let before = self.sim.core.revision();
+                    let line = match self.sim.core.plan_job(&self.sim.engine, &p, &config) {
+                        Ok(a) => {
+                            let mut line = format!("  plan {} ({:?}):", words[1], a.stopped);
+                            for x in &a.instances {
+                                match x.start_ms {
+                                    Some(ms) => line.push_str(&format!(
+                                        " {}@{}+{} pos {};",
+                                        x.instance,
+                                        x.host.as_deref().unwrap_or("-"),
+                                        ms - START_MS,
+                                        x.position
+                                    )),
+                                    None => line.push_str(&format!(
+                                        " {} none ({});",
+                                        x.instance,
+                                        x.why_not.unwrap_or("-")
+                                    )),
+                                }
+                            }
+                            line
+                        }
+                        Err(e) => format!("  plan {} refused: {e}", words[1]),
+                    };
+                    assert_eq!(self.sim.core.revision(), before, "a plan changes nothing");
+                    self.sim.engine.check_invariants();
+                    self.sim.say(line);
+                    return;
                 }
                 self.step(Input::CreateJob {
                     id: words[1].into(),
@@ -6022,6 +6057,102 @@ fn runtimes_are_learned_from_succeeded_runs_of_an_owners_command_and_rebuilt_at_
             > register h1
             > estimate u/0
               estimate u/0: 30000ms learned from 3 runs
+        "#]],
+    );
+}
+
+/// A plan says where and when a job would start, changing nothing; the
+/// same job submitted on the unchanged cluster then starts there and then.
+/// A plan is refused as creating the job would be, and a job's running
+/// limit holds instances back.
+#[test]
+fn a_plan_says_where_and_when_and_the_job_then_starts_so() {
+    check(
+        r"
+        host h1 cpu=4
+        host h2 cpu=4
+        job a pool=/ n=2 cpu=4 max_time=60000
+        job b pool=/ n=1 cpu=2 max_time=30000
+        cycle
+        plan g pool=/ n=2 cpu=4 gang=2 expect=5000
+        plan s pool=/ n=3 cpu=1 max_running=2 expect=1000
+        plan x pool=/ n=1 cpu=64
+        plan y pool=/nowhere n=1 cpu=1
+        job g pool=/ n=2 cpu=4 gang=2 expect=5000
+        cycle
+        tick 60000           # a ends (its limit): b starts
+        confirm
+        cycle
+        tick 30000           # b ends: the gang starts, as planned
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > job a pool=/ n=2 cpu=4 max_time=60000
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > job b pool=/ n=1 cpu=2 max_time=30000
+            b/0#1 pending
+            job b pending
+            > cycle
+            a/0#1 ready
+            a/1#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            a/1#1 placed @h2
+            a/1#1 launching @h2
+              launch a/0#1 @h1 config 1
+              launch a/1#1 @h2 config 1
+            a/0#1 running @h1
+            job a running
+            a/1#1 running @h2
+            > plan g pool=/ n=2 cpu=4 gang=2 expect=5000
+              plan g (AllStarted): 0@h1+90000 pos 2; 1@h2+90000 pos 3;
+            > plan s pool=/ n=3 cpu=1 max_running=2 expect=1000
+              plan s (AllStarted): 0@h1+60000 pos 2; 1@h1+60000 pos 3; 2 none (held back by the job's running limit (sla.max_running_instances));
+            > plan x pool=/ n=1 cpu=64
+              plan x refused: spec.default_task.resources.cpu: no host of the cluster could ever hold a task of cpu 64 cores, memory 64 MiB (the largest capacities are cpu 4 cores, memory 4096 MiB)
+            > plan y pool=/nowhere n=1 cpu=1
+              plan y refused: spec.pool: pool /nowhere not found
+            > job g pool=/ n=2 cpu=4 gang=2 expect=5000
+            g/0#1 pending
+            g/1#1 pending
+            job g pending
+            > cycle
+            > tick 60000
+            a/0#1 failed @h1 (ran longer than max_running_time_ms 60000)
+            a/1#1 failed @h2 (ran longer than max_running_time_ms 60000)
+              kill a/0#1 @h1
+              kill a/1#1 @h2
+            > confirm
+            job a failed
+            > cycle
+            b/0#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+              launch b/0#1 @h1 config 1
+            b/0#1 running @h1
+            job b running
+            > tick 30000
+            b/0#1 failed @h1 (ran longer than max_running_time_ms 30000)
+              kill b/0#1 @h1
+            > confirm
+            job b failed
+            > cycle
+            g/0#1 ready
+            g/1#1 ready
+            g/0#1 placed @h1
+            g/0#1 launching @h1
+            g/1#1 placed @h2
+            g/1#1 launching @h2
+              launch g/0#1 @h1 config 1
+              launch g/1#1 @h2 config 1
+            g/0#1 running @h1
+            job g running
+            g/1#1 running @h2
         "#]],
     );
 }

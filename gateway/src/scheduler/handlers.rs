@@ -201,6 +201,13 @@ impl Scheduler {
                 ));
                 self.defer(reply, r);
             }
+            JobCommand::PlanJob { plan, reply } => {
+                let r = self
+                    .core
+                    .plan_job(&self.engine, &plan, &self.config.forecast)
+                    .map(|a| reads::plan_to_pb(&a));
+                self.defer(reply, r);
+            }
             JobCommand::ListUsage {
                 request,
                 viewer,

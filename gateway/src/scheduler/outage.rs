@@ -163,6 +163,7 @@ impl Scheduler {
             | Command::Jobs(JobCommand::GetJob { .. })
             | Command::Jobs(JobCommand::QueryJobs { .. })
             | Command::Jobs(JobCommand::ListUsage { .. })
+            | Command::Jobs(JobCommand::PlanJob { .. })
             | Command::Jobs(JobCommand::ListTasks { .. })
             | Command::Jobs(JobCommand::GetTask { .. })
             | Command::Hosts(HostCommand::ListHosts { .. })

@@ -268,6 +268,20 @@ pub enum JobCommand {
         #[arg(long = "secret", value_name = "NAME=FILE", value_parser = parse_secret)]
         secrets: Vec<(String, PathBuf)>,
     },
+    /// Where and when a job from a YAML spec would start if submitted now,
+    /// changing nothing: per instance its host, start time and queue
+    /// position (the scheduler's forecast: running work ends at its runtime
+    /// estimates; preemption is not foreseen). A spec that would be refused
+    /// is refused, naming the limit that binds.
+    #[command(
+        override_usage = "peloton job plan [RESPOOL] <SPEC>",
+        after_help = PELOTON_FORMAT
+    )]
+    Plan {
+        /// `[RESPOOL] SPEC`, as for `job create`.
+        #[command(flatten)]
+        target: PoolAndFile,
+    },
     /// Show one job.
     Get { id: String },
     /// Find jobs (every filter must match).

@@ -8,7 +8,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use peloton_proto::v1::job_service_client::JobServiceClient;
 use peloton_proto::v1::{
     CreateJobRequest, DeleteJobRequest, GetJobRequest, Job, JobState, JobType, KillJobRequest,
-    PlacementStrategy, QueryJobsRequest, RestartJobRequest, ScaleJobRequest, TaskState,
+    PlacementStrategy, PlanJobRequest, PlanJobResponse, QueryJobsRequest, RestartJobRequest,
+    ScaleJobRequest, TaskState,
 };
 use serde_json::json;
 
@@ -65,6 +66,25 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 return Ok(Outcome::Success);
             }
             return Ok(Outcome::JobNotSucceeded);
+        }
+        JobCommand::Plan { target } => {
+            let (pool, file) = target.resolve()?;
+            let mut loaded = load_job_file(&file)?;
+            super::print_notes(&file, &loaded.notes);
+            if let Some(pool) = pool {
+                loaded.value.pool = pool.to_owned();
+            }
+            let spec = loaded.value.into_proto();
+            let mut client = connect(ctx).await?;
+            let plan = client
+                .plan(PlanJobRequest { spec: Some(spec) })
+                .await?
+                .into_inner();
+            match ctx.output {
+                OutputFormat::Json => print_json(&plan_json(&plan))?,
+                OutputFormat::Table => print_out(&plan_table(&plan))?,
+            }
+            return Ok(Outcome::Success);
         }
         JobCommand::Usage { id, since, until } => {
             return super::usage::job_usage(ctx, id, since, until).await;
@@ -343,6 +363,71 @@ fn job_details(job: &Job) -> String {
         ("VERSION", job.version.to_string()),
     ]);
     render_fields(&fields)
+}
+
+/// A plan in words and a table of its instances.
+fn plan_table(plan: &PlanJobResponse) -> String {
+    let start = if plan.start_ms == 0 {
+        "not all foreseen (see WHY NOT)".to_owned()
+    } else {
+        format!("~{}", fmt_time_ms(plan.start_ms))
+    };
+    let runtime = if plan.expected_runtime_ms == 0 {
+        "unknown (runs until it ends or is stopped)".to_owned()
+    } else {
+        format!(
+            "{} s ({})",
+            plan.expected_runtime_ms / 1000,
+            plan.expected_runtime_source
+        )
+    };
+    let mut out = render_fields(&[
+        ("ALL STARTED BY", start),
+        ("EXPECTED RUNTIME", runtime),
+        ("PLANNED AT", fmt_time_ms(plan.made_at_ms)),
+    ]);
+    let mut table = Table::new(&[
+        ("INSTANCE", Align::Right),
+        ("START", Align::Left),
+        ("EARLIEST", Align::Left),
+        ("HOST", Align::Left),
+        ("QUEUE", Align::Right),
+        ("WHY NOT", Align::Left),
+    ]);
+    for x in &plan.instances {
+        table.row(vec![
+            x.instance.to_string(),
+            fmt_time_ms(x.start_ms),
+            fmt_time_ms(x.earliest_ms),
+            or_dash(&x.host),
+            match x.queue_position {
+                0 => "-".to_owned(),
+                n => n.to_string(),
+            },
+            or_dash(&x.why_not),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&table.render());
+    out
+}
+
+fn plan_json(plan: &PlanJobResponse) -> serde_json::Value {
+    json!({
+        "start_ms": plan.start_ms,
+        "made_at_ms": plan.made_at_ms,
+        "expected_runtime_ms": plan.expected_runtime_ms,
+        "expected_runtime_source": plan.expected_runtime_source,
+        "forecast_stopped": plan.forecast_stopped,
+        "instances": plan.instances.iter().map(|x| json!({
+            "instance": x.instance,
+            "start_ms": x.start_ms,
+            "earliest_ms": x.earliest_ms,
+            "host": x.host,
+            "queue_position": x.queue_position,
+            "why_not": x.why_not,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 #[cfg(test)]

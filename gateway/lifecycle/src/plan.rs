@@ -1,0 +1,149 @@
+//! Plans: where and when a job would start if it were submitted now,
+//! changing nothing (`nomad job plan`, with times).
+//!
+//! A plan passes the checks a new job passes ([`Lifecycle::check_new_job`]:
+//! its pools, that it could ever be admitted, what its kind allows; a
+//! refusal names the field and the limit that binds), then queues the
+//! job's instances in a fork of the engine as the core would queue them
+//! (gangs whole, at most its running limit), and forecasts the fork
+//! ([`peloton_engine::forecast`]): the same admission and placement the
+//! live loop would run, with the running work ending at its estimates.
+//! What it does not foresee: preemption (whom the job would preempt is
+//! not chosen), work submitted later, hosts that come or go.
+
+use std::sync::Arc;
+
+use peloton_engine::Engine;
+use peloton_engine::forecast::{ForecastConfig, Stopped, forecast_fork};
+use rustc_hash::FxHashMap;
+
+use crate::runs::new_task_of;
+use crate::runtime::Estimate;
+use crate::{Error, JobKey, JobKind, JobPlan, Lifecycle};
+
+/// Where and when one instance of a planned job would start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedInstance {
+    /// The instance.
+    pub instance: u32,
+    /// When it would start; none if not within the forecast's bounds or
+    /// held back by the job's running limit.
+    pub start_ms: Option<u64>,
+    /// The earliest it might.
+    pub earliest_ms: Option<u64>,
+    /// The host it would get.
+    pub host: Option<Arc<str>>,
+    /// Its place in its pool's queue (0: not admitted within the bounds).
+    pub position: u32,
+    /// Why it has no start, if it has none.
+    pub why_not: Option<&'static str>,
+}
+
+/// A job's plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobPlanAnswer {
+    /// When it was made.
+    pub made_at: u64,
+    /// Its instances, in order.
+    pub instances: Vec<PlannedInstance>,
+    /// How long its tasks are expected to run, and why (none: forever or
+    /// unknown).
+    pub estimate: Option<Estimate>,
+    /// Why the forecast stopped.
+    pub stopped: Stopped,
+}
+
+/// Why an instance has no start.
+const BEYOND: &str =
+    "not within the forecast: it waits for work with no runtime estimate, or beyond its horizon";
+const LIMITED: &str = "held back by the job's running limit (sla.max_running_instances)";
+
+impl Lifecycle {
+    /// Where and when a job of `plan` would start if submitted now; the
+    /// engine and the core are left as they are. Refused as creating the
+    /// job would be; daemon and application jobs are not planned.
+    pub fn plan_job(
+        &self,
+        engine: &Engine,
+        plan: &JobPlan,
+        config: &ForecastConfig,
+    ) -> Result<JobPlanAnswer, Error> {
+        if matches!(plan.kind, JobKind::Daemon | JobKind::Application) {
+            return Err(Error::invalid(
+                "spec.type",
+                "only batch and service jobs are planned (a daemon runs one instance per matching host; an application's executors follow its driver)",
+            ));
+        }
+        let pool = self.check_new_job(engine, plan)?;
+        // The key the job would get: no live job has it.
+        let k = JobKey(self.next_key);
+        let n = plan.instance_count;
+        let queued = match plan.max_running {
+            0 => n,
+            m => m.min(n),
+        };
+        let mut sim = engine.fork();
+        let gang = plan.gang.max(1);
+        let mut handles = Vec::with_capacity(queued as usize);
+        let mut i = 0;
+        while i < queued {
+            let size = gang.min(queued - i);
+            if size < gang {
+                break; // a gang is queued whole
+            }
+            let tasks: Vec<_> = (i..i + size)
+                .map(|x| new_task_of(engine, plan, plan.template(x), pool, k, x, None))
+                .collect();
+            let got = sim
+                .submit(&tasks)
+                .map_err(|e| Error::Precondition(format!("the job cannot be queued now: {e}")))?;
+            handles.extend(got);
+            i += size;
+        }
+        let mut estimates: FxHashMap<u32, u64> = self
+            .jobs
+            .keys()
+            .filter_map(|&j| Some((j.0, self.runtime_estimate(j, 0)?.ms)))
+            .collect();
+        let estimate = self.plan_runtime_estimate(plan, 0);
+        if let Some(e) = estimate {
+            estimates.insert(k.0, e.ms);
+        }
+        let f = forecast_fork(
+            sim,
+            self.now,
+            &|job, _| estimates.get(&job).copied(),
+            config,
+        );
+        let instances = (0..n)
+            .map(|x| {
+                let Some(t) = handles.get(x as usize).and_then(|&h| f.get(h)) else {
+                    return PlannedInstance {
+                        instance: x,
+                        start_ms: None,
+                        earliest_ms: None,
+                        host: None,
+                        position: 0,
+                        why_not: Some(LIMITED),
+                    };
+                };
+                PlannedInstance {
+                    instance: x,
+                    start_ms: t.start.map(|s| s.at_ms),
+                    earliest_ms: t.start.map(|s| s.earliest_ms),
+                    host: t
+                        .start
+                        .and_then(|s| self.host_names.get(s.host as usize).cloned()),
+                    position: t.position,
+                    why_not: t.start.is_none().then_some(BEYOND),
+                }
+            })
+            .collect();
+        Ok(JobPlanAnswer {
+            made_at: self.now,
+            instances,
+            estimate,
+            stopped: f.stopped,
+        })
+    }
+}
