@@ -146,6 +146,9 @@ pub fn forecast_fork(
     runtime: &dyn Fn(u32, u32) -> Option<u64>,
     config: &ForecastConfig,
 ) -> Forecast {
+    // Nothing reads why tasks stay unplaced: counting it for every class
+    // left unplaced at every step was two thirds of a forecast's time.
+    sim.set_placement_reasons(false);
     let mut out = Forecast {
         now_ms,
         ..Forecast::default()
