@@ -604,9 +604,13 @@ pub fn parse_batch_tasks(text: &str) -> Result<Vec<BatchTask>> {
 /// How the trace is cut down to replay in a minute or two.
 #[derive(Clone, Copy, Debug)]
 pub struct TraceScale {
-    /// Machines and instances both × this (instances rounded up): the
-    /// load stays that of the trace.
+    /// Each job's instances × this, rounded up.
     pub scale: f64,
+    /// The machines × this. The trace's durations are end − create, its
+    /// own waits included, so equal to `scale` its load is higher than the
+    /// cluster's was (jobs queue for hours): a little more keeps waits to
+    /// minutes.
+    pub machine_scale: f64,
     /// At most this many instances per job (after scaling).
     pub max_instances: u32,
     /// Only jobs created in the first this many seconds of the trace.
@@ -1033,6 +1037,9 @@ pub fn accuracy_on_trace(
     if !(scale.scale > 0.0 && scale.scale <= 1.0) {
         bail!("--scale must be in (0, 1]");
     }
+    if !(scale.machine_scale > 0.0 && scale.machine_scale <= 1.0) {
+        bail!("--machine-scale must be in (0, 1]");
+    }
     if !(1..=100_000).contains(&scale.max_instances) {
         bail!("--max-instances must be between 1 and 100000");
     }
@@ -1041,7 +1048,7 @@ pub fn accuracy_on_trace(
     }
     let machines = parse_machines(&read_trace_file(&dir.join("server_event.csv"))?)?;
     let tasks = parse_batch_tasks(&read_trace_file(&dir.join("batch_task.csv"))?)?;
-    let hosts = trace_hosts(&machines, scale.scale);
+    let hosts = trace_hosts(&machines, scale.machine_scale);
     let (jobs, selection) = trace_jobs(&tasks, scale);
     if jobs.is_empty() {
         bail!("no job of the trace is replayed (see --window)");
@@ -1049,6 +1056,7 @@ pub fn accuracy_on_trace(
     let mut report = replay(&hosts, &jobs, every_s * 1000, config, threads)?;
     report["trace"] = json!(dir.display().to_string());
     report["scale"] = json!(scale.scale);
+    report["machine_scale"] = json!(scale.machine_scale);
     report["max_instances"] = json!(scale.max_instances);
     report["window_s"] = json!(scale.window_s);
     report["machines_in_trace"] = json!(machines.len());
@@ -1059,9 +1067,10 @@ pub fn accuracy_on_trace(
 /// The accuracy report as text.
 pub fn print_accuracy(r: &Value) {
     println!(
-        "forecast: accuracy on {} (scale {}, at most {} instances a job, window {} s)",
+        "forecast: accuracy on {} (instances × {}, machines × {}, at most {} instances a job, window {} s)",
         r["trace"].as_str().unwrap_or(""),
         r["scale"],
+        r["machine_scale"],
         r["max_instances"],
         r["window_s"]
     );
@@ -1214,6 +1223,7 @@ mod tests {
         let tasks = parse_batch_tasks(TASKS).unwrap();
         let scale = TraceScale {
             scale: 0.01,
+            machine_scale: 0.01,
             max_instances: 100,
             window_s: 7_000,
         };

@@ -424,10 +424,14 @@ enum Command {
         /// and report the forecast's accuracy.
         #[arg(long)]
         trace: Option<PathBuf>,
-        /// Replay this fraction of the trace's machines and of each job's
-        /// instances (rounded up), keeping its load.
+        /// Replay this fraction of each job's instances (rounded up).
         #[arg(long, default_value_t = 0.05)]
         scale: f64,
+        /// Replay this fraction of the trace's machines. The trace's
+        /// durations include its own waits, so at --scale its load is too
+        /// high (jobs queue for hours); a little more keeps waits to minutes.
+        #[arg(long, default_value_t = 0.06)]
+        machine_scale: f64,
         /// At most this many instances per job (after --scale).
         #[arg(long, default_value_t = 1_000)]
         max_instances: u32,
@@ -739,6 +743,7 @@ fn main() -> Result<()> {
             resolution,
             trace,
             scale,
+            machine_scale,
             max_instances,
             window,
             every,
@@ -774,6 +779,7 @@ fn main() -> Result<()> {
             if let Some(dir) = trace {
                 let scale = forecast::TraceScale {
                     scale,
+                    machine_scale,
                     max_instances,
                     window_s: window,
                 };

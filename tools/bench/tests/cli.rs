@@ -329,6 +329,8 @@ fn forecast_measures_its_cost_and_its_accuracy_on_a_trace() {
         dir.path().to_str().unwrap(),
         "--scale",
         "1",
+        "--machine-scale",
+        "1",
         "--every",
         "20",
         "--json",
@@ -366,6 +368,8 @@ fn forecast_measures_its_cost_and_its_accuracy_on_a_trace() {
         "--trace",
         dir.path().to_str().unwrap(),
         "--scale",
+        "1",
+        "--machine-scale",
         "1",
     ]);
     assert!(text.status.success());
