@@ -2,20 +2,29 @@
 //! (`peloton_engine::forecast`) costs, and how close its starts are to what
 //! then happens.
 //!
-//! Cost: a synthetic cluster (`--hosts` hosts of 32 cores and 128 GiB, a
-//! few pools) with `--running` tasks placed at moments spread over the
-//! last four hours and `--waiting` more queued (jobs of 1–32 single tasks
-//! of 1–8 cores, and gangs of 2–16 half or whole hosts); runtimes come from
-//! a hash of (job, instance), 10 s to 4 h, log-uniform, and a running task
-//! has that much left to run. The fork and the whole forecast are timed
-//! over `--runs` runs; the same forecast with every end on its own step
-//! (no step window) says what the window costs in accuracy.
+//! Cost: a synthetic cluster (`--hosts` hosts of 32 cores and 128 GiB,
+//! `--pools` pools) with `--running` tasks placed at moments spread over
+//! the last four hours and `--waiting` more queued (jobs of 1–32 single
+//! tasks of 1–8 cores, and one job in 30 a gang of 2–16 half or whole
+//! hosts); runtimes come from a hash of (job, instance), 10 s to 4 h,
+//! log-uniform, and a running task has that much left to run. The fork
+//! and the whole forecast are timed over `--runs` runs; with
+//! `--no-window-steps` the same forecast with every end on its own step
+//! says what the step window costs in accuracy.
 //!
-//! Accuracy: the Alibaba 2017 batch trace replayed through the engine in
-//! simulated time (see [`replay`]): at every `--every` simulated seconds a
-//! forecast is made and each waiting job's forecast start is later compared
-//! with when it really started in the replay.
-
+//! Accuracy (`--trace`): the Alibaba 2017 batch trace replayed through the
+//! engine in simulated time (see [`replay`]). Machines are hosts (their
+//! `add` rows; soft errors are not replayed), memory 1.0 = 256 GiB for
+//! machines and tasks alike. Each Terminated task row is a job of
+//! `instance_num` × `--scale` (rounded up, at most `--max-instances`)
+//! independent instances, submitted at its create time, each running
+//! end − create (its true duration); other rows (Waiting, Running, Failed:
+//! no known duration) and rows without a request are skipped and counted.
+//! Every `--every` simulated seconds a forecast is made; a waiting job's
+//! forecast start is that of its last waiting instance, its real start
+//! when its last instance started in the replay, and the error is
+//! reported as a share of the job's wait (creation to start) and of what
+//! was left of it at the forecast.
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::path::Path;
@@ -607,9 +616,9 @@ pub struct TraceScale {
     /// Each job's instances × this, rounded up.
     pub scale: f64,
     /// The machines × this. The trace's durations are end − create, its
-    /// own waits included, so equal to `scale` its load is higher than the
-    /// cluster's was (jobs queue for hours): a little more keeps waits to
-    /// minutes.
+    /// own waits included, and requests (memory above all) are honoured,
+    /// so at `scale` the load is far above what the cluster ran (jobs queue
+    /// for hours): about 2.4 × `scale` keeps waits to minutes.
     pub machine_scale: f64,
     /// At most this many instances per job (after scaling).
     pub max_instances: u32,
