@@ -289,6 +289,12 @@ impl Engine {
         }
     }
 
+    /// Whether placement says why tasks stay unplaced (see
+    /// [`Placer::set_reasons`]); a forecast's fork does without.
+    pub fn set_placement_reasons(&mut self, on: bool) {
+        self.placer.set_reasons(on);
+    }
+
     /// Pools and admission.
     pub fn resources(&self) -> &ResourceManager {
         &self.rm

@@ -421,6 +421,9 @@ pub struct Placer {
     /// stays the same).
     changes: u64,
     reason_memo: FxHashMap<ReasonKey, (u64, [u32; N_CHECKS], u32)>,
+    /// Unplaced tasks get an empty reason, not counted (a forecast reads
+    /// none; counting them was most of its time).
+    no_reasons: bool,
     stats: PlacementStats,
     /// Scratch for shapes: their host mask and scored hosts.
     shape_mask: Vec<u64>,
@@ -463,6 +466,7 @@ impl Placer {
             threads: self.threads.clone(),
             given_mix: self.given_mix.clone(),
             learner: self.learner.clone(),
+            no_reasons: self.no_reasons,
             ..Default::default()
         };
         let mix = placer
@@ -565,6 +569,13 @@ impl Placer {
     /// What the last batch did.
     pub fn stats(&self) -> PlacementStats {
         self.stats
+    }
+
+    /// Whether unplaced tasks are told why (default: yes). Without, each
+    /// gets an empty reason (no host counts) for its constraint: what is
+    /// placed does not change, only what is explained.
+    pub fn set_reasons(&mut self, on: bool) {
+        self.no_reasons = !on;
     }
 
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
@@ -1693,6 +1704,14 @@ impl Placer {
         constraints: &ConstraintTable,
         key: &ClassKey,
     ) -> Reason {
+        if self.no_reasons {
+            return Reason {
+                n_hosts: 0,
+                counts: Vec::new(),
+                constraint: key.constraint,
+                gang_size: 0,
+            };
+        }
         self.stats.reasons += 1;
         let constraint = constraints.get(key.constraint).expect("validated");
         let memo_key = ReasonKey {

@@ -276,3 +276,43 @@ fn a_forecast_is_what_then_happens() {
         engine.check_invariants();
     }
 }
+
+/// A forecast's fork places without saying why tasks stay unplaced (it
+/// reads no reasons; counting them was two thirds of its time on 10k
+/// hosts): the same placements, empty reasons, none counted.
+#[test]
+fn placement_without_reasons_places_the_same() {
+    let build = || {
+        let mut engine = engine_with_hosts(4, 8);
+        let pool = engine
+            .resources_mut()
+            .create_pool("/a", PoolConfig::default())
+            .unwrap();
+        // Four fit, one per host; the rest are admitted (12 cores are
+        // free) but fit no host.
+        for job in 0..5 {
+            engine.submit(&[task(job, 0, pool, 5)]).unwrap();
+        }
+        engine
+            .submit(&[task(8, 0, pool, 2), task(8, 1, pool, 5)])
+            .unwrap();
+        engine.submit(&[task(9, 0, pool, 2)]).unwrap();
+        engine
+    };
+    let mut explained = build();
+    let mut silent = build();
+    silent.set_placement_reasons(false);
+    for now in 0..3 {
+        let a = explained.cycle(now).clone();
+        let b = silent.cycle(now).clone();
+        assert_eq!(a.placed(), b.placed(), "cycle {now}");
+        assert_eq!(a.unplaced(), b.unplaced(), "cycle {now}");
+        assert!(!a.unplaced().is_empty(), "some tasks wait for a host");
+        for u in b.unplaced() {
+            let r = b.placement.reason_of(u);
+            assert!(r.counts.is_empty() && r.n_hosts == 0, "{r:?}");
+        }
+        assert!(a.placement.reason_of(&a.unplaced()[0]).n_hosts > 0);
+    }
+    silent.check_invariants();
+}

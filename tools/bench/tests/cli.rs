@@ -291,3 +291,105 @@ fn launch_runs_real_tasks_on_agents_with_certificates() {
     assert_eq!(report["tasks"], 6);
     assert!(report["tasks_per_s"].as_f64().unwrap() > 0.0, "{report}");
 }
+
+#[test]
+fn forecast_measures_its_cost_and_its_accuracy_on_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("server_event.csv"),
+        "0,1,add,,64,0.69,1\n0,2,add,,64,0.69,1\n5,2,softerror,agent_check,0,0,0\n",
+    )
+    .unwrap();
+    // Ten jobs of one instance of 32 cores, all created at once: four run
+    // and six wait for them, on two hosts. One row is not replayed.
+    let mut tasks = String::from(
+        "task_create_time, task_end_time, job_id, task_id,number_of_instances, status, plan_cpu,plan_mem\r\n",
+    );
+    for (i, duration) in [100, 230, 170, 60, 410, 90, 300, 140, 50, 260]
+        .iter()
+        .enumerate()
+    {
+        tasks.push_str(&format!("0,{duration},{i},{i},1,Terminated,3200,0.01\r\n"));
+    }
+    tasks.push_str("0,10,99,99,4,Failed,50,0.01\r\n");
+    std::fs::write(dir.path().join("batch_task.csv"), tasks).unwrap();
+    let report = json(&[
+        "forecast",
+        "--hosts",
+        "20",
+        "--running",
+        "300",
+        "--waiting",
+        "200",
+        "--runs",
+        "2",
+        "--no-window-steps",
+        "100000",
+        "--trace",
+        dir.path().to_str().unwrap(),
+        "--scale",
+        "1",
+        "--machine-scale",
+        "1",
+        "--every",
+        "20",
+        "--json",
+    ]);
+    assert_eq!(report["benchmark"], "forecast");
+    let cost = &report["cost"];
+    assert_eq!(cost["waiting"], 200);
+    assert_eq!(cost["started"], 200, "every waiting task starts");
+    assert_eq!(cost["stopped"], "all started");
+    assert_eq!(cost["no_window_stopped"], "all started");
+    assert_eq!(cost["window_error"]["tasks_compared"], 200);
+    assert!(cost["forecast_ms_median"].as_f64().unwrap() > 0.0);
+    let accuracy = &report["accuracy"];
+    assert_eq!(accuracy["hosts"], 2);
+    assert_eq!(accuracy["selection"]["jobs"], 10);
+    assert_eq!(accuracy["selection"]["skipped_not_terminated"], 1);
+    assert_eq!(accuracy["jobs_that_waited"], 6);
+    assert_eq!(accuracy["jobs_never_started"], 0);
+    let variants = accuracy["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 3);
+    for v in variants {
+        assert!(v["observations"].as_u64().unwrap() > 6, "{v}");
+    }
+    // Nothing arrives after the first forecast: with true durations and no
+    // step window it is what then happens, to the millisecond.
+    let exact = &variants[1];
+    assert_eq!(exact["variant"], "true_durations_no_window");
+    assert_eq!(exact["exact"], exact["observations"], "{exact}");
+    assert_eq!(exact["error_of_wait_p90"], 0.0);
+    assert_eq!(variants[0]["exact"], variants[0]["observations"]);
+    // Text output names every variant.
+    let text = bench(&[
+        "forecast",
+        "--no-cost",
+        "--trace",
+        dir.path().to_str().unwrap(),
+        "--scale",
+        "1",
+        "--machine-scale",
+        "1",
+    ]);
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    for name in [
+        "true_durations ",
+        "true_durations_no_window",
+        "learned_p90_by_class",
+    ] {
+        assert!(text.contains(name), "{name} in {text}");
+    }
+    // Bad input is named.
+    let out = bench(&[
+        "forecast",
+        "--no-cost",
+        "--trace",
+        "/nonexistent",
+        "--scale",
+        "2",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--scale must be in (0, 1]"));
+}
