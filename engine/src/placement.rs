@@ -379,6 +379,11 @@ pub struct Placer {
     cache: ConstraintCache,
     /// Smallest cpu and memory request of the batch.
     min_request: (u64, u64),
+    /// The arena and smallest request the host words (`open_words` and the
+    /// others) were last built for: a batch on the same arena with the
+    /// same smallest request only brings the hosts changed since up to
+    /// date.
+    words_for: Option<(u64, (u64, u64))>,
     classes: FxHashMap<ClassKey, usize>,
     /// Per-batch scratch arena (class membership), reset every batch.
     bump: bumpalo::Bump,
@@ -756,29 +761,50 @@ impl Placer {
         if uses_frag {
             self.refresh_gpu_eligibility(hosts, constraints);
         }
-        self.words = crate::scan::n_words(hosts.n_slots());
-        self.open_words.clear();
-        self.open_words.resize(self.words, 0);
-        for slot in hosts.in_state(HostState::Up).iter() {
-            if self.is_open(hosts, slot) {
-                crate::scan::set_bit(&mut self.open_words, slot, true);
-            }
-        }
-        let no_hosts = RoaringBitmap::new();
-        crate::scan::to_words(
-            hosts.exclusive_hosts().unwrap_or(&no_hosts),
-            self.words,
-            &mut self.exclusive_words,
-        );
-        crate::scan::to_words(hosts.gpu_hosts(), self.words, &mut self.gpu_words);
-        crate::scan::to_words(hosts.live_hosts(), self.words, &mut self.live_words);
-        crate::scan::to_words(
-            hosts.in_state(HostState::Up),
-            self.words,
-            &mut self.up_words,
-        );
-        self.constraint_words.clear();
+        let words = crate::scan::n_words(hosts.n_slots());
+        let keep_words = self.config.keep_shapes
+            && self.arena != 0
+            && self.arena == hosts.id()
+            && self.words == words
+            && self.words_for == Some((hosts.id(), self.min_request));
+        self.words = words;
         self.start_change_log(hosts);
+        if keep_words {
+            // Only the hosts changed since the last batch (every change of
+            // a host's resources, state, attributes or liveness is in the
+            // arena's list, which `start_change_log` took).
+            let changed = std::mem::take(&mut self.seen_hosts);
+            for &slot in &changed {
+                self.refresh_host_words(hosts, slot);
+            }
+            self.seen_hosts = changed;
+            #[cfg(debug_assertions)]
+            {
+                // Debug builds (every test) check them against a rebuild.
+                let kept = [
+                    self.open_words.clone(),
+                    self.up_words.clone(),
+                    self.live_words.clone(),
+                    self.gpu_words.clone(),
+                    self.exclusive_words.clone(),
+                ];
+                self.build_host_words(hosts);
+                let built = [
+                    &self.open_words,
+                    &self.up_words,
+                    &self.live_words,
+                    &self.gpu_words,
+                    &self.exclusive_words,
+                ];
+                for (k, b) in kept.iter().zip(built) {
+                    assert_eq!(k, b, "host words kept up to date equal a rebuild");
+                }
+            }
+        } else {
+            self.build_host_words(hosts);
+        }
+        self.words_for = Some((hosts.id(), self.min_request));
+        self.constraint_words.clear();
         self.reason_memo.clear();
         self.stats = PlacementStats::default();
         for &task in pinned.iter() {
@@ -815,6 +841,51 @@ impl Placer {
     /// shape is brought up to date when next used. Otherwise every shape is
     /// dropped and the log starts empty. A long log is cut by half, dropping
     /// the shapes older than the cut.
+    /// Builds the host words of a batch from the arena: open hosts (up,
+    /// able to take the batch's smallest request), exclusive, GPU, live
+    /// and up hosts.
+    fn build_host_words(&mut self, hosts: &HostArena) {
+        self.open_words.clear();
+        self.open_words.resize(self.words, 0);
+        for slot in hosts.in_state(HostState::Up).iter() {
+            if self.is_open(hosts, slot) {
+                crate::scan::set_bit(&mut self.open_words, slot, true);
+            }
+        }
+        let no_hosts = RoaringBitmap::new();
+        crate::scan::to_words(
+            hosts.exclusive_hosts().unwrap_or(&no_hosts),
+            self.words,
+            &mut self.exclusive_words,
+        );
+        crate::scan::to_words(hosts.gpu_hosts(), self.words, &mut self.gpu_words);
+        crate::scan::to_words(hosts.live_hosts(), self.words, &mut self.live_words);
+        crate::scan::to_words(
+            hosts.in_state(HostState::Up),
+            self.words,
+            &mut self.up_words,
+        );
+    }
+
+    /// Brings one host's bits in the host words up to date.
+    fn refresh_host_words(&mut self, hosts: &HostArena, slot: u32) {
+        let up = hosts.in_state(HostState::Up).contains(slot);
+        let open = up && self.is_open(hosts, slot);
+        crate::scan::set_bit(&mut self.open_words, slot, open);
+        crate::scan::set_bit(&mut self.up_words, slot, up);
+        crate::scan::set_bit(
+            &mut self.live_words,
+            slot,
+            hosts.live_hosts().contains(slot),
+        );
+        crate::scan::set_bit(&mut self.gpu_words, slot, hosts.gpu_hosts().contains(slot));
+        crate::scan::set_bit(
+            &mut self.exclusive_words,
+            slot,
+            hosts.exclusive_hosts().is_some_and(|x| x.contains(slot)),
+        );
+    }
+
     fn start_change_log(&mut self, hosts: &mut HostArena) {
         let n_slots = hosts.n_slots();
         let keep = self.config.keep_shapes && self.arena != 0 && self.arena == hosts.id();
