@@ -721,10 +721,7 @@ impl Engine {
     /// and preempt healthy tasks elsewhere for a host that only blinked.
     /// Its unused rest is not counted (no new work can go there).
     pub fn entitled_capacity(&self) -> Resources {
-        let mut capacity = Resources::ZERO;
-        for slot in self.hosts.in_state(HostState::Up).iter() {
-            capacity.add_assign(&self.hosts.capacity(slot as usize));
-        }
+        let mut capacity = self.hosts.up_capacity();
         for state in [HostState::Draining, HostState::Down] {
             for slot in self.hosts.in_state(state).iter() {
                 capacity.add_assign(&self.hosts.held(slot as usize));

@@ -227,6 +227,8 @@ pub struct HostArena {
     borrowed: Vec<Resources>,
     /// Sum of `reclaimable` over live hosts.
     total_reclaimable: Resources,
+    /// Sum of the capacity of up hosts (kept with `by_state`).
+    up_capacity: Resources,
     gpu_devices: Vec<u8>,
     gpu_free: Vec<[u16; MAX_GPU_DEVICES]>,
     ports_total: Vec<u32>,
@@ -289,6 +291,7 @@ impl HostArena {
             reclaimable: self.reclaimable.clone(),
             borrowed: self.borrowed.clone(),
             total_reclaimable: self.total_reclaimable,
+            up_capacity: self.up_capacity,
             gpu_devices: self.gpu_devices.clone(),
             gpu_free: self.gpu_free.clone(),
             ports_total: self.ports_total.clone(),
@@ -597,6 +600,11 @@ impl HostArena {
         &self.gpu_hosts
     }
 
+    /// The summed capacity of up hosts.
+    pub fn up_capacity(&self) -> Resources {
+        self.up_capacity
+    }
+
     /// All live hosts.
     pub fn live_hosts(&self) -> &RoaringBitmap {
         &self.live_hosts
@@ -749,6 +757,12 @@ impl HostArena {
             // A host taking no new work lends nothing (what was borrowed
             // stays borrowed until released).
             self.set_reclaimable(i, Resources::ZERO);
+        }
+        if self.state[i] == HostState::Up {
+            self.up_capacity = self.up_capacity.saturating_sub(&self.capacity(i));
+        }
+        if state == HostState::Up {
+            self.up_capacity = self.up_capacity.saturating_add(&self.capacity(i));
         }
         self.by_state[self.state[i] as usize].remove(i as u32);
         self.state[i] = state;
@@ -1017,6 +1031,9 @@ impl HostArena {
             self.by_key.entry(k).or_default().insert(slot);
         }
         self.by_state[self.state[i] as usize].insert(slot);
+        if self.state[i] == HostState::Up {
+            self.up_capacity = self.up_capacity.saturating_add(&self.capacity(i));
+        }
         if self.gpu_devices[i] > 0 {
             self.gpu_hosts.insert(slot);
         }
@@ -1039,7 +1056,9 @@ impl HostArena {
                 }
             }
         }
-        self.by_state[self.state[i] as usize].remove(slot);
+        if self.by_state[self.state[i] as usize].remove(slot) && self.state[i] == HostState::Up {
+            self.up_capacity = self.up_capacity.saturating_sub(&self.capacity(i));
+        }
         self.gpu_hosts.remove(slot);
         self.live_hosts.remove(slot);
     }
@@ -1060,6 +1079,7 @@ impl HostArena {
         let mut by_state: [RoaringBitmap; 3] = Default::default();
         let mut gpu = RoaringBitmap::new();
         let mut live = RoaringBitmap::new();
+        let mut up_capacity = Resources::ZERO;
         let mut n_live = 0;
         for i in 0..n {
             if !self.live[i] {
@@ -1073,6 +1093,9 @@ impl HostArena {
                 by_key.entry(k).or_default().insert(slot);
             }
             by_state[self.state[i] as usize].insert(slot);
+            if self.state[i] == HostState::Up {
+                up_capacity = up_capacity.saturating_add(&self.capacity(i));
+            }
             if self.gpu_devices[i] > 0 {
                 gpu.insert(slot);
             }
@@ -1110,6 +1133,7 @@ impl HostArena {
             assert!(self.ports_free[i] <= self.ports_total[i]);
         }
         assert_eq!(n_live, self.n_live);
+        assert_eq!(up_capacity, self.up_capacity, "summed capacity of up hosts");
         let mut reclaimable = Resources::ZERO;
         for i in 0..n {
             if self.live[i] {

@@ -766,7 +766,7 @@ impl Placer {
             && self.arena != 0
             && self.arena == hosts.id()
             && self.words == words
-            && self.words_for == Some((hosts.id(), self.min_request));
+            && self.words_for.is_some_and(|(arena, _)| arena == hosts.id());
         self.words = words;
         self.start_change_log(hosts);
         if keep_words {
@@ -778,6 +778,12 @@ impl Placer {
                 self.refresh_host_words(hosts, slot);
             }
             self.seen_hosts = changed;
+            if self
+                .words_for
+                .is_some_and(|(_, min)| min != self.min_request)
+            {
+                self.build_open_words(hosts);
+            }
             #[cfg(debug_assertions)]
             {
                 // Debug builds (every test) check them against a rebuild.
@@ -845,13 +851,6 @@ impl Placer {
     /// able to take the batch's smallest request), exclusive, GPU, live
     /// and up hosts.
     fn build_host_words(&mut self, hosts: &HostArena) {
-        self.open_words.clear();
-        self.open_words.resize(self.words, 0);
-        for slot in hosts.in_state(HostState::Up).iter() {
-            if self.is_open(hosts, slot) {
-                crate::scan::set_bit(&mut self.open_words, slot, true);
-            }
-        }
         let no_hosts = RoaringBitmap::new();
         crate::scan::to_words(
             hosts.exclusive_hosts().unwrap_or(&no_hosts),
@@ -865,6 +864,26 @@ impl Placer {
             self.words,
             &mut self.up_words,
         );
+        self.build_open_words(hosts);
+    }
+
+    /// Open hosts from the up hosts' words: those able to take the batch's
+    /// smallest request.
+    fn build_open_words(&mut self, hosts: &HostArena) {
+        self.open_words.clear();
+        self.open_words.resize(self.words, 0);
+        for (w, &up) in self.up_words.iter().enumerate() {
+            let mut bits = up;
+            let mut open = 0u64;
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                if self.is_open(hosts, w as u32 * 64 + b) {
+                    open |= 1 << b;
+                }
+                bits &= bits - 1;
+            }
+            self.open_words[w] = open;
+        }
     }
 
     /// Brings one host's bits in the host words up to date.
