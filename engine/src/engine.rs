@@ -760,7 +760,7 @@ impl Engine {
     /// its pool get their resources back and the task is forgotten. A task
     /// still queued for admission is withdrawn with [`Engine::cancel`].
     pub fn finish(&mut self, task: TaskHandle) -> Result<(), EngineError> {
-        let spec = self.tasks.spec(task)?;
+        let (pool_slot, task_flags, request) = self.tasks.pool_flags_request(task)?;
         let state = self.tasks.state(task)?;
         if state == TaskState::Pending {
             return Err(EngineError::InvalidTask {
@@ -775,21 +775,21 @@ impl Engine {
                 .unplace(&mut self.hosts, &mut self.tasks, task)?;
         }
         let flags_of = TaskFlags {
-            preemptible: spec.flags & flags::PREEMPTIBLE != 0,
-            controller: spec.flags & flags::CONTROLLER != 0,
-            revocable: spec.flags & flags::REVOCABLE != 0,
+            preemptible: task_flags & flags::PREEMPTIBLE != 0,
+            controller: task_flags & flags::CONTROLLER != 0,
+            revocable: task_flags & flags::REVOCABLE != 0,
         };
         let pool = self
             .rm
             .tree()
-            .lookup_slot(spec.pool as usize)
+            .lookup_slot(pool_slot as usize)
             .expect("a task's pool is live");
         self.rm.release(&Admitted {
             task: TaskId(task.to_u64()),
             pool,
             class: TaskClass::of(flags_of)?,
             controller: flags_of.controller,
-            request: spec.request,
+            request,
         })?;
         self.tasks.remove(task)?;
         Ok(())

@@ -206,7 +206,7 @@ pub fn forecast_fork(
                     }
                 }
                 TaskState::Pending | TaskState::Admitted => {
-                    let pool = tasks.spec(task).expect("live").pool;
+                    let (pool, _, _) = tasks.pool_flags_request(task).expect("live");
                     out.tasks.push(TaskForecast {
                         task,
                         pool,

@@ -1019,24 +1019,24 @@ impl Placer {
         tasks: &mut TaskArena,
         task: TaskHandle,
     ) -> Result<(), crate::task::TaskError> {
-        let spec = tasks.spec(task)?;
+        let (request, ports, max_per_host, limit_key) = tasks.release_view(task)?;
         let Some(host) = tasks.host(task)? else {
             return Err(crate::task::TaskError::NotFound);
         };
         let gpu = tasks.gpu(task)?;
-        hosts.release(host as usize, &spec.request, u32::from(spec.ports), gpu);
+        hosts.release(host as usize, &request, u32::from(ports), gpu);
         self.touch(host);
-        if spec.max_per_host > 0 {
+        if max_per_host > 0 {
             let job_hosts = self
                 .job_host
-                .get_mut(&spec.limit_key)
+                .get_mut(&limit_key)
                 .expect("counted on placement");
             let count = job_hosts.get_mut(&host).expect("counted on placement");
             *count -= 1;
             if *count == 0 {
                 job_hosts.remove(&host);
                 if job_hosts.is_empty() {
-                    self.job_host.remove(&spec.limit_key);
+                    self.job_host.remove(&limit_key);
                 }
             }
         }

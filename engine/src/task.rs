@@ -429,6 +429,33 @@ impl TaskArena {
         })
     }
 
+    /// What releasing a live task's resources needs: its request, ports,
+    /// per-host limit and what the limit counts (four columns, where
+    /// [`TaskArena::spec`] reads thirteen).
+    pub fn release_view(
+        &self,
+        handle: TaskHandle,
+    ) -> Result<(Resources, u16, u16, u32), TaskError> {
+        self.check(handle)?;
+        let i = handle.idx();
+        Ok((
+            self.request[i],
+            self.ports[i],
+            self.max_per_host[i],
+            self.limit_key[i],
+        ))
+    }
+
+    /// A live task's pool slot, flags and request.
+    pub fn pool_flags_request(
+        &self,
+        handle: TaskHandle,
+    ) -> Result<(u32, u8, Resources), TaskError> {
+        self.check(handle)?;
+        let i = handle.idx();
+        Ok((self.pool[i], self.flags[i], self.request[i]))
+    }
+
     /// The flags of a live task ([`flags`]).
     pub fn flags(&self, handle: TaskHandle) -> Result<u8, TaskError> {
         self.check(handle)?;
