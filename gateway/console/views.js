@@ -421,6 +421,14 @@ export const jobs = {
   },
 };
 
+/** A start forecast in words: ~time, host, queue position (or why none). */
+function forecastText(f) {
+  const start = f.startMs && f.startMs !== "0" ? `~${time(f.startMs)}` : "not foreseen (waits for work with no runtime estimate)";
+  const host = f.host ? ` on ${f.host}` : "";
+  const pos = f.queuePosition ? `, queue position ${f.queuePosition}` : "";
+  return `${start}${host}${pos}`;
+}
+
 function taskCounts(job) {
   return (job.status?.taskCounts || []).filter((c) => c.count > 0).map((c) =>
     h("span", { class: `count s-${stateName(c.state).toLowerCase()}` }, `${c.count} ${stateName(c.state).toLowerCase()}`));
@@ -560,7 +568,8 @@ export const job = {
           fact("id", j.id), fact("pool", s.pool), fact("owner", s.owner), fact("type", stateName(s.type).replace(/^JOB_TYPE_/, "")),
           fact("instances", s.instanceCount), fact("version", j.version), fact("config version", j.status?.configVersion),
           fact("created", time(j.status?.createdAtMs)), j.status?.completedAtMs !== "0" ? fact("completed", time(j.status?.completedAtMs)) : null,
-          j.status?.killRequested ? fact("kill", "requested") : null),
+          j.status?.killRequested ? fact("kill", "requested") : null,
+          j.status?.forecast ? fact("estimated start", forecastText(j.status.forecast)) : null),
         h("div", {}, taskCounts(j)));
       fill(updateBox, update ? updateView(update, act) : null);
       fill(grid, truncatedNote(truncated), h("div", { class: "cells" }, tasks.map((t) => {
@@ -568,7 +577,7 @@ export const job = {
         return h("a", {
           class: `cell s-${st.toLowerCase()}`,
           href: `#/tasks/${encodeURIComponent(id)}/${t.instance}`,
-          title: `instance ${t.instance}: ${st}${t.current?.host ? ` on ${t.current.host}` : ""}${t.pendingReason ? `\n${t.pendingReason}` : ""}`,
+          title: `instance ${t.instance}: ${st}${t.current?.host ? ` on ${t.current.host}` : ""}${t.pendingReason ? `\n${t.pendingReason}` : ""}${t.forecast ? `\nestimated start: ${forecastText(t.forecast)}` : ""}`,
           "data-instance": t.instance,
         }, String(t.instance));
       })), h("div", { class: "legend small muted" }, "Each square is an instance, colored by state; hover for its host or reason, click for its page."));
@@ -756,7 +765,10 @@ export const task = {
           fact("job", id), fact("state", stateName(c.state)), fact("host", c.host || "—"), fact("run", c.runId),
           fact("failures", t.failureCount), fact("config version", t.configVersion),
           c.reason ? fact("reason", c.reason) : null,
-          t.stopping ? fact("stopping", `on ${t.stoppingHost}`) : null),
+          t.stopping ? fact("stopping", `on ${t.stoppingHost}`) : null,
+          t.forecast ? fact("estimated start", forecastText(t.forecast)) : null,
+          t.expectedRuntimeMs && t.expectedRuntimeMs !== "0"
+            ? fact("expected runtime", `${Math.round(Number(t.expectedRuntimeMs) / 1000)} s (${t.expectedRuntimeSource})`) : null),
         t.pendingReason ? h("div", { class: "pending", id: "pending-reason" }, h("strong", {}, "Why it waits: "), t.pendingReason,
           checksTable(t)) : null);
       const all = [c, ...(t.history || [])];
