@@ -192,15 +192,10 @@ pub(crate) fn job_to_pb(core: &Lifecycle, k: JobKey) -> pb::Job {
 
 /// `job` with what its current runs use (`JobStatus.used`; a sum over its
 /// instances, so for a single job's read only) and its start forecast.
-pub(crate) fn with_usage(
-    engine: &Engine,
-    core: &Lifecycle,
-    k: JobKey,
-    mut job: pb::Job,
-) -> pb::Job {
+pub(crate) fn with_usage(core: &Lifecycle, k: JobKey, mut job: pb::Job) -> pb::Job {
     if let Some(status) = job.status.as_mut() {
         status.used = core.job_usage(k).map(|u| convert::usage_to_pb(&u));
-        status.forecast = job_forecast(engine, core, k);
+        status.forecast = job_forecast(core, k);
     }
     job
 }
@@ -261,40 +256,15 @@ fn task_forecast(
 /// A job's start forecast (`JobStatus.forecast`): when its last waiting
 /// instance would start (0 if any would not within the bounds), the
 /// earliest its first might, the best queue position among them.
-fn job_forecast(engine: &Engine, core: &Lifecycle, k: JobKey) -> Option<pb::StartForecast> {
-    let job = core.job(k)?;
-    let mut out: Option<pb::StartForecast> = None;
-    let mut unknown = false;
-    for i in 0..job.tasks.len() as u32 {
-        let Some(f) = task_forecast(engine, core, k, i) else {
-            continue;
-        };
-        unknown |= f.start_ms == 0;
-        let o = out.get_or_insert_with(|| pb::StartForecast {
-            earliest_ms: u64::MAX,
-            queue_position: u32::MAX,
-            made_at_ms: f.made_at_ms,
-            ..Default::default()
-        });
-        o.start_ms = o.start_ms.max(f.start_ms);
-        if f.earliest_ms > 0 {
-            o.earliest_ms = o.earliest_ms.min(f.earliest_ms);
-        }
-        if f.queue_position > 0 {
-            o.queue_position = o.queue_position.min(f.queue_position);
-        }
-    }
-    let mut o = out?;
-    if unknown {
-        o.start_ms = 0;
-    }
-    if o.earliest_ms == u64::MAX {
-        o.earliest_ms = 0;
-    }
-    if o.queue_position == u32::MAX {
-        o.queue_position = 0;
-    }
-    Some(o)
+fn job_forecast(core: &Lifecycle, k: JobKey) -> Option<pb::StartForecast> {
+    let f = core.job_forecast(k)?;
+    Some(pb::StartForecast {
+        start_ms: f.start_ms.unwrap_or(0),
+        earliest_ms: f.earliest_ms.unwrap_or(0),
+        host: String::new(),
+        queue_position: f.position,
+        made_at_ms: core.forecast_made().0,
+    })
 }
 
 /// A config version's spec as the API shows it: as its user sent it (the
@@ -433,7 +403,13 @@ pub(crate) fn query_jobs(
             continue;
         }
         let full = out.jobs.len() == page;
-        let j = (!full).then(|| job_to_pb(core, k));
+        let j = (!full).then(|| {
+            let mut j = job_to_pb(core, k);
+            if let Some(status) = j.status.as_mut() {
+                status.forecast = job_forecast(core, k);
+            }
+            j
+        });
         match j {
             Some(j) if bytes.admits(out.jobs.len(), &j) => out.jobs.push(j),
             _ => {

@@ -866,7 +866,27 @@ async fn a_waiting_task_is_told_when_and_where_it_would_start() {
         (f.start_ms, f.earliest_ms, 1, ""),
         "{jf:?}"
     );
-    // The running job's tasks have none.
+    // Queries carry it too; the running job's tasks have none.
+    let queried = c
+        .jobs
+        .query(pb::QueryJobsRequest::default())
+        .await
+        .expect("query")
+        .into_inner();
+    let q = queried
+        .jobs
+        .iter()
+        .find(|j| j.id == waiting.id)
+        .expect("listed");
+    let qf = q
+        .status
+        .as_ref()
+        .and_then(|s| s.forecast.clone())
+        .expect("forecast");
+    assert_eq!(
+        (qf.start_ms, qf.earliest_ms, qf.queue_position),
+        (jf.start_ms, jf.earliest_ms, jf.queue_position)
+    );
     assert!(get_task(&mut c, &full.id, 0).await.forecast.is_none());
     within("graceful shutdown", server.shutdown())
         .await

@@ -27,7 +27,7 @@ use peloton_engine::forecast::{Forecast, ForecastConfig, Stopped, forecast_fork}
 use peloton_engine::task::TaskHandle;
 use rustc_hash::FxHashMap;
 
-use crate::{JobKey, Lifecycle};
+use crate::{JobKey, Lifecycle, TaskState as S};
 
 /// A forecast is made at most this often while work waits, by default
 /// ([`crate::CoreConfig::forecast_interval_ms`]).
@@ -85,6 +85,19 @@ pub struct InstanceForecast {
     pub position: u32,
 }
 
+/// A job's forecast: over its instances that waited when it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobForecast {
+    /// When the last of them would start (none if any would not within
+    /// the bounds).
+    pub start_ms: Option<u64>,
+    /// The earliest the first might.
+    pub earliest_ms: Option<u64>,
+    /// The best queue position among them (0: none admitted within the
+    /// bounds).
+    pub position: u32,
+}
+
 /// The latest forecast, by instance.
 #[derive(Debug, Default)]
 pub(crate) struct Forecasts {
@@ -93,6 +106,7 @@ pub(crate) struct Forecasts {
     /// Why it stopped.
     stopped: Stopped,
     by_instance: FxHashMap<(JobKey, u32), InstanceForecast>,
+    by_job: FxHashMap<JobKey, JobForecast>,
     /// When the request out was made, if one is.
     asked_at: Option<u64>,
     /// When the last request was made.
@@ -141,10 +155,26 @@ impl Lifecycle {
         self.forecasts.made_at = forecast.now_ms;
         self.forecasts.stopped = forecast.stopped;
         self.forecasts.by_instance.clear();
+        self.forecasts.by_job.clear();
         for t in &forecast.tasks {
             let Some((k, i)) = self.instance_of(engine, t.task) else {
                 continue;
             };
+            let j = self.forecasts.by_job.entry(k).or_insert(JobForecast {
+                start_ms: Some(0),
+                earliest_ms: None,
+                position: 0,
+            });
+            j.start_ms = j.start_ms.zip(t.start).map(|(a, s)| a.max(s.at_ms));
+            if let Some(s) = t.start {
+                j.earliest_ms = Some(
+                    j.earliest_ms
+                        .map_or(s.earliest_ms, |e| e.min(s.earliest_ms)),
+                );
+            }
+            if t.position > 0 && (j.position == 0 || t.position < j.position) {
+                j.position = t.position;
+            }
             let host = t
                 .start
                 .and_then(|s| self.host_names.get(s.host as usize).cloned());
@@ -170,6 +200,16 @@ impl Lifecycle {
             .state(handle)
             .is_ok_and(|s| s != peloton_engine::task::TaskState::Placed);
         waiting.then_some(f)
+    }
+
+    /// The latest forecast of a job's instances that waited then, while
+    /// any of its instances waits in the engine.
+    pub fn job_forecast(&self, k: JobKey) -> Option<&JobForecast> {
+        let job = self.jobs.get(&k)?;
+        let waiting = [S::Pending, S::Ready, S::Placing]
+            .iter()
+            .any(|&s| job.counts[s as usize] > 0);
+        waiting.then(|| self.forecasts.by_job.get(&k)).flatten()
     }
 
     /// When the latest forecast was made (none yet: 0), and why it

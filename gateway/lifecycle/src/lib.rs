@@ -67,7 +67,7 @@ pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
 };
 pub use error::Error;
-pub use forecast::{FORECAST_INTERVAL_MS, ForecastRequest, InstanceForecast};
+pub use forecast::{FORECAST_INTERVAL_MS, ForecastRequest, InstanceForecast, JobForecast};
 pub use hostpools::{
     DEFAULT_HOST_POOL, HOST_POOL_ATTRIBUTE, HostPools, MAX_HOST_POOLS,
     check_registration_attributes,

@@ -815,12 +815,21 @@ impl Env {
                 self.step(Input::Forecast(Box::new(answer)));
                 let core = &self.sim.core;
                 let mut lines = Vec::new();
+                let at = |ms: Option<u64>| {
+                    ms.map_or("-".to_string(), |ms| format!("+{}", ms - START_MS))
+                };
                 for (k, job) in core.jobs_by_id("") {
+                    if let Some(f) = core.job_forecast(k) {
+                        lines.push(format!(
+                            "  job {} starts {} (earliest {}) position {}",
+                            job.id,
+                            at(f.start_ms),
+                            at(f.earliest_ms),
+                            f.position
+                        ));
+                    }
                     for i in 0..job.tasks.len() as u32 {
                         if let Some(f) = core.forecast_of(&self.sim.engine, k, i) {
-                            let at = |ms: Option<u64>| {
-                                ms.map_or("-".to_string(), |ms| format!("+{}", ms - START_MS))
-                            };
                             lines.push(format!(
                                 "  {}/{i} starts {} (earliest {}) on {} position {}",
                                 job.id,
@@ -5888,13 +5897,17 @@ fn a_forecast_says_when_and_where_waiting_instances_start() {
             > cycle
             > forecast
               forecast (due true): AllStarted after 5 steps
+              job g starts +60000 (earliest +60000) position 1
               g/0 starts +60000 (earliest +60000) on h1 position 1
               g/1 starts +60000 (earliest +60000) on h2 position 2
+              job s starts +90000 (earliest +90000) position 3
               s/0 starts +90000 (earliest +90000) on h1 position 3
             > forecast
               forecast (due false): AllStarted after 5 steps
+              job g starts +60000 (earliest +60000) position 1
               g/0 starts +60000 (earliest +60000) on h1 position 1
               g/1 starts +60000 (earliest +60000) on h2 position 2
+              job s starts +90000 (earliest +90000) position 3
               s/0 starts +90000 (earliest +90000) on h1 position 3
         "#]],
     );

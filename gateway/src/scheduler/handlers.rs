@@ -186,7 +186,7 @@ impl Scheduler {
                 let r = self
                     .core
                     .job_key(&id)
-                    .map(|k| reads::with_usage(&self.engine, &self.core, k, self.job_to_pb(k)));
+                    .map(|k| reads::with_usage(&self.core, k, self.job_to_pb(k)));
                 self.defer(reply, r);
             }
             JobCommand::QueryJobs {

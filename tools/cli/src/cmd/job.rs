@@ -282,6 +282,7 @@ fn job_table(jobs: &[Job]) -> String {
         ("STATE", Align::Left),
         ("TASKS", Align::Left),
         ("CREATED", Align::Left),
+        ("START (EST.)", Align::Left),
     ]);
     for job in jobs {
         let spec = job.spec.clone().unwrap_or_default();
@@ -296,6 +297,11 @@ fn job_table(jobs: &[Job]) -> String {
             name_of::<JobState>(status.state),
             fmt_task_counts(&status.task_counts),
             fmt_time_ms(status.created_at_ms),
+            match &status.forecast {
+                Some(f) if f.start_ms > 0 => format!("~{}", fmt_time_ms(f.start_ms)),
+                Some(_) => "?".to_owned(),
+                None => "-".to_owned(),
+            },
         ]);
     }
     table.render()
