@@ -103,6 +103,29 @@ impl Api {
         Ok((!c.principal.sees_everything()).then_some(c))
     }
 
+    /// What `Create` and `Plan` check of a new job's spec: JobsWrite on its
+    /// pool, its owner (see [`Api::owner_of`]), and the spec itself; the
+    /// spec as it will be kept and its plan.
+    fn new_job<T>(
+        &self,
+        request: &Request<T>,
+        spec: Option<&pb::JobSpec>,
+    ) -> Result<(pb::JobSpec, Box<crate::lifecycle::JobPlan>), Status> {
+        let spec = spec.ok_or_else(|| convert::invalid("spec", "missing"))?;
+        let (pool, name) = (&spec.pool, &spec.name);
+        access::require(
+            request,
+            Permission::JobsWrite,
+            pool,
+            format!("{pool} {name}"),
+        )?;
+        let owner = self.owner_of(request, "spec.owner", &spec.owner)?;
+        let mut spec = convert::cluster_mode_spec(spec.clone())?;
+        spec.owner = owner;
+        let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+        Ok((spec, plan))
+    }
+
     /// The owner of a job `request` creates: on a secure server the name
     /// of its token (the authenticated principal), whatever the spec says;
     /// on an insecure one the spec's `owner`.
@@ -388,27 +411,8 @@ impl JobService for Api {
         &self,
         request: Request<pb::CreateJobRequest>,
     ) -> Result<Response<pb::CreateJobResponse>, Status> {
-        if let Some(spec) = &request.get_ref().spec {
-            let (pool, name) = (spec.pool.clone(), spec.name.clone());
-            access::require(
-                &request,
-                Permission::JobsWrite,
-                &pool,
-                format!("{pool} {name}"),
-            )?;
-        }
-        let owner = self.owner_of(
-            &request,
-            "spec.owner",
-            request.get_ref().spec.as_ref().map_or("", |s| &s.owner),
-        )?;
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| convert::invalid("spec", "missing"))?;
-        let mut spec = convert::cluster_mode_spec(spec)?;
-        spec.owner = owner;
-        let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+        let spec = request.get_ref().spec.as_ref();
+        let (mut spec, plan) = self.new_job(&request, spec)?;
         let secrets = crate::codec::from_pb(std::mem::take(&mut spec.secrets));
         let job = self
             .call(|reply| {
@@ -426,27 +430,8 @@ impl JobService for Api {
         &self,
         request: Request<pb::PlanJobRequest>,
     ) -> Result<Response<pb::PlanJobResponse>, Status> {
-        if let Some(spec) = &request.get_ref().spec {
-            let (pool, name) = (spec.pool.clone(), spec.name.clone());
-            access::require(
-                &request,
-                Permission::JobsWrite,
-                &pool,
-                format!("{pool} {name}"),
-            )?;
-        }
-        let owner = self.owner_of(
-            &request,
-            "spec.owner",
-            request.get_ref().spec.as_ref().map_or("", |s| &s.owner),
-        )?;
-        let spec = request
-            .into_inner()
-            .spec
-            .ok_or_else(|| convert::invalid("spec", "missing"))?;
-        let mut spec = convert::cluster_mode_spec(spec)?;
-        spec.owner = owner;
-        let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
+        let spec = request.get_ref().spec.as_ref();
+        let (_, plan) = self.new_job(&request, spec)?;
         let answer = self
             .call(|reply| Command::Jobs(JobCommand::PlanJob { plan, reply }))
             .await?;
