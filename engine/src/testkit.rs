@@ -1440,3 +1440,29 @@ pub fn host_spec(line: &str) -> crate::host::HostSpec {
     }
     spec
 }
+
+/// A plain task for tests and benchmarks: instance `instance` of job `job`
+/// in `pool`, priority 1, packed, no constraint, ports or per-host limit
+/// (the limit key is the job).
+pub fn plain_task(
+    job: u32,
+    instance: u32,
+    pool: crate::PoolId,
+    request: Resources,
+) -> crate::NewTask {
+    crate::NewTask {
+        job,
+        instance,
+        pool,
+        priority: 1,
+        request,
+        ports: 0,
+        flags: crate::TaskFlags::default(),
+        constraint: String::new(),
+        strategy: crate::task::Strategy::Pack,
+        max_per_host: 0,
+        limit_key: job,
+        desired_host: None,
+        daemon: false,
+    }
+}

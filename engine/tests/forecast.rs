@@ -7,30 +7,16 @@ use std::collections::BinaryHeap;
 
 use peloton_engine::forecast::{ForecastConfig, Stopped, forecast};
 use peloton_engine::host::HostSpec;
-use peloton_engine::task::{Strategy, TaskHandle, TaskState};
+use peloton_engine::task::{TaskHandle, TaskState};
 use peloton_engine::testkit::Rng;
-use peloton_engine::{Engine, EngineConfig, NewTask, PoolConfig, PoolId, Resources, TaskFlags};
+use peloton_engine::{Engine, EngineConfig, NewTask, PoolConfig, PoolId, Resources};
 
 fn cores(n: u64) -> Resources {
     Resources::new(n * 1000, n * 1024, 0, 0)
 }
 
 fn task(job: u32, instance: u32, pool: PoolId, n_cores: u64) -> NewTask {
-    NewTask {
-        job,
-        instance,
-        pool,
-        priority: 1,
-        request: cores(n_cores),
-        ports: 0,
-        flags: TaskFlags::default(),
-        constraint: String::new(),
-        strategy: Strategy::Pack,
-        max_per_host: 0,
-        limit_key: job,
-        desired_host: None,
-        daemon: false,
-    }
+    peloton_engine::testkit::plain_task(job, instance, pool, cores(n_cores))
 }
 
 fn engine_with_hosts(n: usize, n_cores: u64) -> Engine {

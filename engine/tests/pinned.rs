@@ -4,29 +4,15 @@
 //! daemons evict preemptible work of any pool on their host.
 
 use peloton_engine::host::{HostId, HostSpec};
-use peloton_engine::task::{Strategy, TaskState};
-use peloton_engine::{Engine, EngineConfig, NewTask, PoolConfig, PoolId, Resources, TaskFlags};
+use peloton_engine::task::TaskState;
+use peloton_engine::{Engine, EngineConfig, NewTask, PoolConfig, PoolId, Resources};
 
 fn cores(n: u64) -> Resources {
     Resources::new(n * 1000, n * 1024, 0, 0)
 }
 
 fn task(pool: PoolId, job: u32, instance: u32, n_cores: u64) -> NewTask {
-    NewTask {
-        job,
-        instance,
-        pool,
-        priority: 1,
-        request: cores(n_cores),
-        ports: 0,
-        flags: TaskFlags::default(),
-        constraint: String::new(),
-        strategy: Strategy::Pack,
-        max_per_host: 0,
-        limit_key: job,
-        desired_host: None,
-        daemon: false,
-    }
+    peloton_engine::testkit::plain_task(job, instance, pool, cores(n_cores))
 }
 
 fn setup(n_hosts: usize, n_cores: u64) -> (Engine, PoolId, Vec<HostId>) {

@@ -105,21 +105,7 @@ fn cores(millis: u64) -> Resources {
 }
 
 fn new_task(job: u32, instance: u32, pool: PoolId, cpu_millis: u64) -> NewTask {
-    NewTask {
-        job,
-        instance,
-        pool,
-        priority: 1,
-        request: cores(cpu_millis),
-        ports: 0,
-        flags: TaskFlags::default(),
-        constraint: String::new(),
-        strategy: Strategy::Pack,
-        max_per_host: 0,
-        limit_key: job,
-        desired_host: None,
-        daemon: false,
-    }
+    peloton_engine::testkit::plain_task(job, instance, pool, cores(cpu_millis))
 }
 
 fn engine_config(threads: usize, max_hosts: usize) -> EngineConfig {
