@@ -83,6 +83,8 @@ pub struct InstanceForecast {
     pub host: Option<Arc<str>>,
     /// Its place in its pool's queue (1: next; 0: not within the bounds).
     pub position: u32,
+    /// The engine task it was made for (a later run's task has none).
+    pub task: TaskHandle,
 }
 
 /// A job's forecast: over its instances that waited when it was made.
@@ -185,6 +187,7 @@ impl Lifecycle {
                     earliest_ms: t.start.map(|s| s.earliest_ms),
                     host,
                     position: t.position,
+                    task: t.task,
                 },
             );
         }
@@ -195,6 +198,9 @@ impl Lifecycle {
     pub fn forecast_of(&self, engine: &Engine, k: JobKey, i: u32) -> Option<&InstanceForecast> {
         let f = self.forecasts.by_instance.get(&(k, i))?;
         let handle: TaskHandle = self.jobs.get(&k)?.tasks.get(i as usize)?.handle?;
+        if handle != f.task {
+            return None;
+        }
         let waiting = engine
             .tasks()
             .state(handle)

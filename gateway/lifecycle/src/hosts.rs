@@ -795,8 +795,14 @@ impl Lifecycle {
             .hosts()
             .lookup_slot(slot.idx())
             .ok_or("host is gone")?;
+        // Placed when it was, not now: its age ranks it for preemption and
+        // dates its estimated end in forecasts.
+        let placed_at = match self.jobs[&k].tasks[i as usize].placed_at {
+            0 => self.now,
+            at => at.min(self.now),
+        };
         let h = engine
-            .adopt(&task, host, self.now)
+            .adopt(&task, host, placed_at)
             .map_err(|e| e.to_string())?;
         let job = self.job_mut(k);
         // An orphan was counted in `active` already.

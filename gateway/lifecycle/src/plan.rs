@@ -57,6 +57,8 @@ pub struct JobPlanAnswer {
 const BEYOND: &str =
     "not within the forecast: it waits for work with no runtime estimate, or beyond its horizon";
 const LIMITED: &str = "held back by the job's running limit (sla.max_running_instances)";
+const QUEUE_FULL: &str =
+    "its pool's queue (or the server's) is full now: it would be queued once there is room";
 
 impl Lifecycle {
     /// Where and when a job of `plan` would start if submitted now; the
@@ -78,26 +80,33 @@ impl Lifecycle {
         // The key the job would get: no live job has it.
         let k = JobKey(self.next_key);
         let n = plan.instance_count;
-        let queued = match plan.max_running {
-            0 => n,
-            m => m.min(n),
+        // As `fill` queues them: gangs of the gang size (the last may be
+        // smaller), while the running limit has room; what the engine
+        // refuses now (a full queue) waits.
+        let room = match plan.max_running {
+            0 => u32::MAX,
+            m => m,
         };
         let mut sim = engine.fork();
         let gang = plan.gang.max(1);
-        let mut handles = Vec::with_capacity(queued as usize);
+        let mut handles = Vec::with_capacity(n.min(room) as usize);
+        let mut why_rest = LIMITED;
         let mut i = 0;
-        while i < queued {
-            let size = gang.min(queued - i);
-            if size < gang {
-                break; // a gang is queued whole
+        while i < n {
+            let size = gang.min(n - i);
+            if i + size > room {
+                break;
             }
             let tasks: Vec<_> = (i..i + size)
                 .map(|x| new_task_of(engine, plan, plan.template(x), pool, k, x, None))
                 .collect();
-            let got = sim
-                .submit(&tasks)
-                .map_err(|e| Error::Precondition(format!("the job cannot be queued now: {e}")))?;
-            handles.extend(got);
+            match sim.submit(&tasks) {
+                Ok(got) => handles.extend(got),
+                Err(_) => {
+                    why_rest = QUEUE_FULL;
+                    break;
+                }
+            }
             i += size;
         }
         let mut estimates: FxHashMap<u32, u64> = self
@@ -124,7 +133,7 @@ impl Lifecycle {
                         earliest_ms: None,
                         host: None,
                         position: 0,
-                        why_not: Some(LIMITED),
+                        why_not: Some(why_rest),
                     };
                 };
                 PlannedInstance {

@@ -6089,6 +6089,7 @@ fn a_plan_says_where_and_when_and_the_job_then_starts_so() {
         cycle
         plan g pool=/ n=2 cpu=4 gang=2 expect=5000
         plan s pool=/ n=3 cpu=1 max_running=2 expect=1000
+        plan p pool=/ n=3 cpu=2 gang=2 expect=1000
         plan x pool=/ n=1 cpu=64
         plan y pool=/nowhere n=1 cpu=1
         job g pool=/ n=2 cpu=4 gang=2 expect=5000
@@ -6126,6 +6127,8 @@ fn a_plan_says_where_and_when_and_the_job_then_starts_so() {
               plan g (AllStarted): 0@h1+90000 pos 2; 1@h2+90000 pos 3;
             > plan s pool=/ n=3 cpu=1 max_running=2 expect=1000
               plan s (AllStarted): 0@h1+60000 pos 2; 1@h1+60000 pos 3; 2 none (held back by the job's running limit (sla.max_running_instances));
+            > plan p pool=/ n=3 cpu=2 gang=2 expect=1000
+              plan p (AllStarted): 0@h1+60000 pos 2; 1@h1+60000 pos 3; 2@h2+60000 pos 4;
             > plan x pool=/ n=1 cpu=64
               plan x refused: spec.default_task.resources.cpu: no host of the cluster could ever hold a task of cpu 64 cores, memory 64 MiB (the largest capacities are cpu 4 cores, memory 4096 MiB)
             > plan y pool=/nowhere n=1 cpu=1
@@ -6166,6 +6169,51 @@ fn a_plan_says_where_and_when_and_the_job_then_starts_so() {
             g/0#1 running @h1
             job g running
             g/1#1 running @h2
+        "#]],
+    );
+}
+
+/// After a restart, a running task adopted from its host's report keeps
+/// the time it was placed: forecasts date its end from then, not from the
+/// restart (found in review: every forecast after a failover was late by
+/// the time the running work had already run).
+#[test]
+fn a_forecast_after_a_restart_dates_running_work_from_its_placement() {
+    check(
+        r"
+        host h1 cpu=4
+        job a pool=/ n=1 cpu=4 max_time=60000
+        cycle
+        tick 20000
+        job w pool=/ n=1 cpu=4
+        crash
+        register h1
+        cycle
+        forecast
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job a pool=/ n=1 cpu=4 max_time=60000
+            a/0#1 pending
+            job a pending
+            > cycle
+            a/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+            a/0#1 running @h1
+            job a running
+            > tick 20000
+            > job w pool=/ n=1 cpu=4
+            w/0#1 pending
+            job w pending
+            > crash
+            > register h1
+            > cycle
+            > forecast
+              forecast (due true): AllStarted after 3 steps
+              job w starts +60000 (earliest +60000) position 1
+              w/0 starts +60000 (earliest +60000) on h1 position 1
         "#]],
     );
 }

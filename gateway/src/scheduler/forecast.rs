@@ -14,12 +14,18 @@ use crate::lifecycle::{ForecastRequest, Input};
 /// While a request is out, the loop looks for its answer this often.
 pub(super) const POLL: Duration = Duration::from_millis(50);
 
+/// A request out longer than this is given up, with its thread (a new
+/// one takes the next).
+const GIVE_UP_MS: u64 = 60_000;
+
 /// The worker thread's ends of its channels (started on first use).
 #[derive(Debug, Default)]
 pub(super) struct Forecaster {
     worker: Option<Worker>,
     /// A request is out.
     pub(super) out: bool,
+    /// When it was sent (the loop's clock, ms).
+    sent_at: u64,
 }
 
 #[derive(Debug)]
@@ -31,7 +37,7 @@ struct Worker {
 impl Forecaster {
     /// Hands a request to the worker; false if it could not take it (its
     /// thread is gone).
-    fn send(&mut self, request: ForecastRequest) -> bool {
+    fn send(&mut self, request: ForecastRequest, now: u64) -> bool {
         let worker = self.worker.get_or_insert_with(|| {
             let (requests, rx) = mpsc::sync_channel::<ForecastRequest>(1);
             let (tx, answers) = mpsc::channel();
@@ -52,27 +58,49 @@ impl Forecaster {
             self.worker = None;
         }
         self.out = sent;
+        self.sent_at = now;
         sent
     }
 
-    fn answer(&mut self) -> Option<Forecast> {
-        let answer = self.worker.as_ref()?.answers.try_recv().ok()?;
-        self.out = false;
-        Some(answer)
+    /// The answer, if it came. A thread that ended without one (it
+    /// panicked) or a request out too long is given up: the next request
+    /// goes to a new thread.
+    fn answer(&mut self, now: u64) -> Option<Forecast> {
+        let worker = self.worker.as_ref()?;
+        match worker.answers.try_recv() {
+            Ok(answer) => {
+                self.out = false;
+                Some(answer)
+            }
+            Err(mpsc::TryRecvError::Disconnected) => {
+                tracing::warn!("the forecast thread ended without an answer; starting another");
+                self.worker = None;
+                self.out = false;
+                None
+            }
+            Err(mpsc::TryRecvError::Empty) => {
+                if self.out && now >= self.sent_at.saturating_add(GIVE_UP_MS) {
+                    tracing::warn!("a forecast took over {GIVE_UP_MS} ms; giving it up");
+                    self.worker = None;
+                    self.out = false;
+                }
+                None
+            }
+        }
     }
 }
 
 impl Scheduler {
     /// Steps in a forecast that came back, and asks for the next when due.
     pub(super) fn follow_forecasts(&mut self) {
-        if let Some(answer) = self.forecaster.answer() {
+        if let Some(answer) = self.forecaster.answer(self.now) {
             self.step(Input::Forecast(Box::new(answer)));
         }
         if !self.forecaster.out && self.core.forecast_due(&self.engine, self.now) {
             let request = self
                 .core
                 .forecast_request(&self.engine, self.config.forecast);
-            if !self.forecaster.send(request) {
+            if !self.forecaster.send(request, self.now) {
                 tracing::warn!("the forecast thread is gone; starting another at the next try");
             }
         }
