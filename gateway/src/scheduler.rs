@@ -218,7 +218,7 @@ pub struct Scheduler {
     /// server's; none: tokens are refused and no audit log is kept).
     shared_access: Option<Arc<crate::access::Access>>,
     /// Start forecasts, run on a thread of their own.
-    forecaster: forecast::Forecaster,
+    forecaster: crate::forecaster::Forecaster,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -305,7 +305,7 @@ impl Scheduler {
             now_at: Instant::now(),
             outage: Outage::default(),
             shared_access: None,
-            forecaster: forecast::Forecaster::default(),
+            forecaster: crate::forecaster::Forecaster::default(),
         })
     }
 
@@ -441,7 +441,7 @@ impl Scheduler {
             until = until.min(now.instant_of(t));
         }
         if self.forecaster.out {
-            until = until.min(now.at + forecast::POLL);
+            until = until.min(now.at + crate::forecaster::POLL);
         }
         until
     }
