@@ -513,12 +513,7 @@ impl Engine {
         now_ms: u64,
     ) -> Result<TaskHandle, EngineError> {
         check_request(t)?;
-        if !self.hosts.contains(host) {
-            return Err(EngineError::InvalidTask {
-                field: "host",
-                problem: "not a live host".into(),
-            });
-        }
+        self.check_live_host(host)?;
         let slot = host.idx();
         let reserved = match self.reservations.get(&(t.job, t.instance)) {
             Some(&(s, amount)) if s as usize == slot => Some(amount),
@@ -696,18 +691,24 @@ impl Engine {
         out.reasons.append(&mut second.reasons);
     }
 
+    /// Refuses a host that is not live.
+    fn check_live_host(&self, host: crate::host::HostId) -> Result<(), EngineError> {
+        if self.hosts.contains(host) {
+            return Ok(());
+        }
+        Err(EngineError::InvalidTask {
+            field: "host",
+            problem: "not a live host".into(),
+        })
+    }
+
     /// What hosts lend revocable tasks (see [`HostArena::set_reclaimable`]).
     pub fn set_reclaimable(
         &mut self,
         host: crate::host::HostId,
         amount: Resources,
     ) -> Result<(), EngineError> {
-        if !self.hosts.contains(host) {
-            return Err(EngineError::InvalidTask {
-                field: "host",
-                problem: "not a live host".into(),
-            });
-        }
+        self.check_live_host(host)?;
         self.hosts.set_reclaimable(host.idx(), amount);
         Ok(())
     }
@@ -862,12 +863,7 @@ impl Engine {
         host: crate::host::HostId,
         amount: Resources,
     ) -> Result<(), EngineError> {
-        if !self.hosts.contains(host) {
-            return Err(EngineError::InvalidTask {
-                field: "host",
-                problem: "not a live host".into(),
-            });
-        }
+        self.check_live_host(host)?;
         if amount[crate::resources::Dim::Gpu] > 0 {
             return Err(EngineError::InvalidTask {
                 field: "reservation",

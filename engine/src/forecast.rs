@@ -159,6 +159,16 @@ impl Ends {
     }
 }
 
+/// Gives a waiting task the next place in its pool's order (once: the
+/// first time admission or placement reaches it).
+fn take_position(t: &mut TaskForecast, positions: &mut FxHashMap<u32, u32>) {
+    if t.position == 0 {
+        let n = positions.entry(t.pool).or_insert(0);
+        *n += 1;
+        t.position = *n;
+    }
+}
+
 /// Forecasts the engine's waiting tasks from `now_ms`, changing nothing:
 /// see the module's text. `runtime(job, instance)` is how long a task of
 /// that instance runs once started, in ms (none: forever).
@@ -226,12 +236,7 @@ pub fn forecast_fork(
     // order placement tries them.
     for &task in sim.waiting_tasks() {
         if let Some(&i) = index.get(&task) {
-            let t = &mut out.tasks[i as usize];
-            if t.position == 0 {
-                let n = positions.entry(t.pool).or_insert(0);
-                *n += 1;
-                t.position = *n;
-            }
+            take_position(&mut out.tasks[i as usize], &mut positions);
         }
     }
     let mut left = out.tasks.len();
@@ -251,12 +256,7 @@ pub fn forecast_fork(
             for a in &report.admission.admitted {
                 let task = TaskHandle::from_u64(a.task.0);
                 if let Some(&i) = index.get(&task) {
-                    let f = &mut out.tasks[i as usize];
-                    if f.position == 0 {
-                        let n = positions.entry(f.pool).or_insert(0);
-                        *n += 1;
-                        f.position = *n;
-                    }
+                    take_position(&mut out.tasks[i as usize], &mut positions);
                 }
             }
             for p in &report.placement.placed {

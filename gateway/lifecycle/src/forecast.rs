@@ -137,11 +137,7 @@ impl Lifecycle {
         let now = self.now;
         self.forecasts.asked_at = Some(now);
         self.forecasts.last_asked = now;
-        let estimates = self
-            .jobs
-            .keys()
-            .filter_map(|&k| Some((k.0, self.job_runtime_estimate(k)?)))
-            .collect();
+        let estimates = self.job_estimates();
         ForecastRequest {
             sim: engine.fork(),
             now_ms: now,
@@ -224,9 +220,13 @@ impl Lifecycle {
         (self.forecasts.made_at, self.forecasts.stopped)
     }
 
-    /// How long a job's tasks are expected to run: its first instance's
-    /// estimate ([`Lifecycle::runtime_estimate`]), taken for all of them.
-    fn job_runtime_estimate(&self, k: JobKey) -> Option<u64> {
-        self.runtime_estimate(k, 0).map(|e| e.ms)
+    /// How long each job's tasks are expected to run, by job number: its
+    /// first instance's estimate ([`Lifecycle::runtime_estimate`]), taken
+    /// for all of them; jobs without one are left out (they run forever).
+    pub(crate) fn job_estimates(&self) -> FxHashMap<u32, u64> {
+        self.jobs
+            .keys()
+            .filter_map(|&k| Some((k.0, self.runtime_estimate(k, 0)?.ms)))
+            .collect()
     }
 }

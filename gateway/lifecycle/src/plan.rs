@@ -14,12 +14,11 @@
 use std::sync::Arc;
 
 use peloton_engine::Engine;
-use peloton_engine::forecast::{ForecastConfig, Stopped, forecast_fork};
-use rustc_hash::FxHashMap;
+use peloton_engine::forecast::{ForecastConfig, Stopped};
 
 use crate::runs::new_task_of;
 use crate::runtime::Estimate;
-use crate::{Error, JobKey, JobKind, JobPlan, Lifecycle};
+use crate::{Error, ForecastRequest, JobKey, JobKind, JobPlan, Lifecycle};
 
 /// Where and when one instance of a planned job would start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,21 +108,18 @@ impl Lifecycle {
             }
             i += size;
         }
-        let mut estimates: FxHashMap<u32, u64> = self
-            .jobs
-            .keys()
-            .filter_map(|&j| Some((j.0, self.runtime_estimate(j, 0)?.ms)))
-            .collect();
+        let mut estimates = self.job_estimates();
         let estimate = self.plan_runtime_estimate(plan, 0);
         if let Some(e) = estimate {
             estimates.insert(k.0, e.ms);
         }
-        let f = forecast_fork(
+        let f = ForecastRequest {
             sim,
-            self.now,
-            &|job, _| estimates.get(&job).copied(),
-            config,
-        );
+            now_ms: self.now,
+            estimates,
+            config: *config,
+        }
+        .run();
         let instances = (0..n)
             .map(|x| {
                 let Some(t) = handles.get(x as usize).and_then(|&h| f.get(h)) else {

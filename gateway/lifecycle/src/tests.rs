@@ -346,11 +346,7 @@ impl Env {
                     };
                 }
                 if words[0] == "plan" {
-                    let config = peloton_engine::ForecastConfig {
-                        min_step_ms: 0,
-                        resolution: u32::MAX,
-                        ..Default::default()
-                    };
+                    let config = exact_forecast();
                     let before = self.sim.core.revision();
                     let line = match self.sim.core.plan_job(&self.sim.engine, &p, &config) {
                         Ok(a) => {
@@ -799,12 +795,7 @@ impl Env {
                 self.sim.say(line);
             }
             "forecast" => {
-                // Every end its own step: starts exact to the ms.
-                let config = peloton_engine::ForecastConfig {
-                    min_step_ms: 0,
-                    resolution: u32::MAX,
-                    ..Default::default()
-                };
+                let config = exact_forecast();
                 let due = self.sim.core.forecast_due(&self.sim.engine, self.sim.now);
                 let request = self.sim.core.forecast_request(&self.sim.engine, config);
                 let answer = request.run();
@@ -6216,4 +6207,14 @@ fn a_forecast_after_a_restart_dates_running_work_from_its_placement() {
               w/0 starts +60000 (earliest +60000) on h1 position 1
         "#]],
     );
+}
+
+/// Forecast bounds for fixtures: every end its own step, so starts are
+/// exact to the millisecond.
+fn exact_forecast() -> peloton_engine::ForecastConfig {
+    peloton_engine::ForecastConfig {
+        min_step_ms: 0,
+        resolution: u32::MAX,
+        ..Default::default()
+    }
 }

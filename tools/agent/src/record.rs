@@ -128,6 +128,35 @@ pub(crate) struct RunRecord {
     pub(crate) journal: bool,
 }
 
+impl RunRecord {
+    /// The record of a run not started yet: starting since `now`, nothing
+    /// spawned, the default kill grace, no stop signal.
+    pub(crate) fn starting(key: RunId, now: u64) -> RunRecord {
+        RunRecord {
+            key,
+            created_ms: now,
+            wrapper: None,
+            task: None,
+            launcher: None,
+            ports: Vec::new(),
+            cgroup: None,
+            kill_requested: false,
+            kill_deadline_ms: 0,
+            stop_signal_due_ms: None,
+            report: PhaseReport::new(crate::run::Phase::Starting, now),
+            acked: false,
+            health_check: None,
+            volume: None,
+            generation: 0,
+            kill_grace_ms: DEFAULT_KILL_GRACE_MS,
+            stop_signal: None,
+            resident_limit_bytes: None,
+            killed_by_agent: None,
+            journal: true,
+        }
+    }
+}
+
 /// The API's kill grace period when a task sets none.
 pub(crate) const DEFAULT_KILL_GRACE_MS: u64 = 10_000;
 
@@ -421,7 +450,6 @@ pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> io::Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::Phase;
 
     fn id(job_id: &str) -> RunId {
         RunId {
@@ -433,28 +461,7 @@ mod tests {
     }
 
     fn record(key: RunId) -> RunRecord {
-        RunRecord {
-            key,
-            created_ms: 1,
-            wrapper: None,
-            task: None,
-            launcher: None,
-            ports: Vec::new(),
-            cgroup: None,
-            kill_requested: false,
-            kill_deadline_ms: 0,
-            stop_signal_due_ms: None,
-            report: PhaseReport::new(Phase::Starting, 1),
-            acked: false,
-            health_check: None,
-            volume: None,
-            generation: 0,
-            kill_grace_ms: DEFAULT_KILL_GRACE_MS,
-            stop_signal: None,
-            resident_limit_bytes: None,
-            killed_by_agent: None,
-            journal: true,
-        }
+        RunRecord::starting(key, 1)
     }
 
     fn plan() -> TaskPlan {

@@ -197,28 +197,11 @@ fn make_sandbox(dir: &Path) -> Result<(), Refusal> {
 /// The first record of a run launched at `now`: STARTING.
 fn first_record(launch: &RunPlan, now: u64) -> RunRecord {
     RunRecord {
-        key: launch.key.clone(),
-        created_ms: now,
-        wrapper: None,
-        task: None,
-        launcher: None,
-        ports: Vec::new(),
-        cgroup: None,
-        kill_requested: false,
-        kill_deadline_ms: 0,
-        stop_signal_due_ms: None,
-        report: PhaseReport::new(Phase::Starting, now),
-        acked: false,
-        health_check: None,
-        volume: None,
-        generation: 0,
         kill_grace_ms: match launch.task.as_ref().map_or(0, |t| t.kill_grace_ms) {
             0 => DEFAULT_KILL_GRACE_MS,
             ms => ms,
         },
         stop_signal: launch.task.as_ref().ok().and_then(|t| t.stop_signal),
-        resident_limit_bytes: None,
-        killed_by_agent: None,
-        journal: true,
+        ..RunRecord::starting(launch.key.clone(), now)
     }
 }
