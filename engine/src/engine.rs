@@ -520,11 +520,13 @@ impl Engine {
             _ => None,
         };
         if let Some(amount) = reserved {
-            self.hosts.unreserve(slot, &amount);
+            self.hosts.hand_over(slot, &amount);
         }
         let fits = self.hosts.fits(slot, &t.request, u32::from(t.ports));
         if let Some(amount) = reserved {
-            self.hosts.reserve_back(slot, &amount);
+            self.hosts
+                .reserve(slot, &amount)
+                .expect("what was handed over is free");
         }
         if let Err(m) = fits {
             return Err(EngineError::InvalidTask {
@@ -548,7 +550,7 @@ impl Engine {
             .intern(&t.constraint, self.hosts.interner_mut())?;
         let handle = self.tasks.add(&task_spec(t, NO_GANG, constraint))?;
         if let Some(amount) = reserved {
-            self.hosts.unreserve(slot, &amount);
+            self.hosts.hand_over(slot, &amount);
         }
         // Checked above: both succeed.
         self.rm

@@ -970,6 +970,27 @@ impl HostArena {
         self.mark(slot);
     }
 
+    /// Hands a reservation to the task it was held for, about to be placed
+    /// on the host in `slot`: `amount` moves from reserved to free as it
+    /// is, repaying no loan (what revocable tasks borrowed was lent from
+    /// other tasks' unused allocations, not from this reservation; they
+    /// keep it, and the QoS controller evicts them if usage needs it back).
+    /// Until the task takes it, `free` and `borrowed` may both be non-zero;
+    /// the caller allocates the task and reserves what it did not take, or
+    /// puts the whole amount back with [`HostArena::reserve`], which then
+    /// cannot fail. Panics if it was not reserved.
+    pub fn hand_over(&mut self, slot: usize, amount: &Resources) {
+        assert!(
+            amount.first_exceeding(&self.reserved[slot]).is_none(),
+            "handing over more than is reserved"
+        );
+        self.reserved[slot] = self.reserved[slot].saturating_sub(amount);
+        for d in 0..N_DIMS {
+            self.free[d][slot] += amount.0[d];
+        }
+        self.mark(slot);
+    }
+
     /// Returns what [`HostArena::reserve`] took. Panics if it was not
     /// reserved (a broken invariant of the caller's accounting).
     pub fn unreserve(&mut self, slot: usize, amount: &Resources) {

@@ -1107,7 +1107,7 @@ impl Placer {
         // below, with the reservation released.)
         if self.pin_allowed(hosts, constraints, &key) {
             if let Some(amount) = reserved {
-                hosts.unreserve(slot as usize, &amount);
+                hosts.hand_over(slot as usize, &amount);
                 self.touch(slot);
             }
             if self.host_fits(hosts, slot, &key) {
@@ -1126,7 +1126,9 @@ impl Placer {
                 return;
             }
             if let Some(amount) = reserved {
-                hosts.reserve_back(slot as usize, &amount);
+                hosts
+                    .reserve(slot as usize, &amount)
+                    .expect("what was handed over is free");
             }
         }
         let reason = out.reasons.len() as u32;
@@ -2026,9 +2028,11 @@ pub(crate) fn keep_unused_reservation(
     let mut rest = amount.saturating_sub(request);
     rest.0[Dim::Gpu.idx()] = 0;
     if !rest.is_zero() {
-        // What the task did not take of the reservation (taken from what
-        // was freed, or borrowed again if releasing it repaid a loan).
-        hosts.reserve_back(slot as usize, &rest);
+        // What the task did not take of the reservation handed over to it
+        // (`HostArena::hand_over`): still free, so this cannot fail.
+        hosts
+            .reserve(slot as usize, &rest)
+            .expect("what the task did not take is free");
         reservations.insert(owner, (slot, rest));
     }
 }

@@ -494,6 +494,23 @@ fn a_lending_host_keeps_its_books_through_reservations_updates_and_state() {
     assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(0), cpu(3)));
     assert_eq!(hosts.reserved(slot), cpu(2));
     hosts.check_invariants();
+    // Handing the reservation to its instance repays no loan: all of it is
+    // the instance's to take. What it does not take is reserved again, and
+    // the books balance with the loan untouched.
+    hosts.hand_over(slot, &cpu(2));
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(2), cpu(3)));
+    let grant = hosts.allocate(slot, &cpu(1), 0).unwrap();
+    hosts.reserve(slot, &cpu(1)).unwrap();
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(0), cpu(3)));
+    assert_eq!(hosts.reserved(slot), cpu(1));
+    hosts.check_invariants();
+    // Put back as it was (the instance ended; its place is held again).
+    hosts.release(slot, &cpu(1), 0, grant);
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(0), cpu(2)));
+    hosts.reserve_back(slot, &cpu(1));
+    assert_eq!((hosts.free(slot), hosts.borrowed(slot)), (cpu(0), cpu(3)));
+    assert_eq!(hosts.reserved(slot), cpu(2));
+    hosts.check_invariants();
     // More capacity repays the loan before anything is free.
     let bigger = HostSpec {
         capacity: cpu(16),

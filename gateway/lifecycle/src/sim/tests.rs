@@ -586,6 +586,154 @@ fn regression_an_instance_scaled_away_and_back_runs_twice_after_a_crash() {
     Driver::run(&s);
 }
 
+/// Found by this model (pinned scenarios), fixed with
+/// `HostArena::hand_over`: a revocable stateful instance stayed PLACING
+/// forever on its volume's host. The host had the instance's place
+/// reserved, no free cpu, and cpu that revocable tasks borrowed; handing
+/// the reservation back to its instance went through the path that frees
+/// resources, which repays loans first, so the instance did not fit its
+/// own reservation. Fails with a liveness error: the instance never runs.
+#[test]
+fn regression_a_revocable_instance_fits_its_own_reservation_on_a_lending_host() {
+    use Op::*;
+    let s = Scenario {
+        n_hosts: 3,
+        ops: vec![
+            CreateDaemonJob(
+                JobSpec {
+                    service: false,
+                    pool: 0,
+                    instances: 1,
+                    gang: false,
+                    big: false,
+                    max_failures: 0,
+                    priority: 0,
+                    preemptible: false,
+                    health: false,
+                    max_running: 0,
+                    deadline: false,
+                    max_unavailable: 1,
+                    revocable: false,
+                },
+                2,
+            ),
+            AddHost(0),
+            AddHost(0),
+            LoseHost {
+                host: 25,
+                dies: false,
+            },
+            AddHost(0),
+            CreateDaemonJob(
+                JobSpec {
+                    service: false,
+                    pool: 0,
+                    instances: 1,
+                    gang: false,
+                    big: true,
+                    max_failures: 0,
+                    priority: 1,
+                    preemptible: false,
+                    health: false,
+                    max_running: 0,
+                    deadline: false,
+                    max_unavailable: 1,
+                    revocable: false,
+                },
+                0,
+            ),
+            RestartTask(187, 158),
+            LoseHost {
+                host: 5,
+                dies: false,
+            },
+            LoseHost {
+                host: 37,
+                dies: false,
+            },
+            CreateStatefulJob(
+                JobSpec {
+                    service: false,
+                    pool: 0,
+                    instances: 2,
+                    gang: false,
+                    big: false,
+                    max_failures: 0,
+                    priority: 0,
+                    preemptible: false,
+                    health: false,
+                    max_running: 2,
+                    deadline: false,
+                    max_unavailable: 1,
+                    revocable: false,
+                },
+                0,
+            ),
+            CreateStatefulJob(
+                JobSpec {
+                    service: false,
+                    pool: 0,
+                    instances: 3,
+                    gang: false,
+                    big: true,
+                    max_failures: 0,
+                    priority: 0,
+                    preemptible: false,
+                    health: false,
+                    max_running: 0,
+                    deadline: false,
+                    max_unavailable: 1,
+                    revocable: true,
+                },
+                0,
+            ),
+            Cycle,
+            CreateStatefulJob(
+                JobSpec {
+                    service: true,
+                    pool: 0,
+                    instances: 1,
+                    gang: false,
+                    big: false,
+                    max_failures: 0,
+                    priority: 0,
+                    preemptible: false,
+                    health: false,
+                    max_running: 0,
+                    deadline: false,
+                    max_unavailable: 1,
+                    revocable: true,
+                },
+                0,
+            ),
+            CreateStatefulJob(
+                JobSpec {
+                    service: false,
+                    pool: 0,
+                    instances: 1,
+                    gang: false,
+                    big: false,
+                    max_failures: 0,
+                    priority: 0,
+                    preemptible: false,
+                    health: false,
+                    max_running: 0,
+                    deadline: false,
+                    max_unavailable: 1,
+                    revocable: false,
+                },
+                0,
+            ),
+            RestartJob(81),
+            Exit { run: 8, outcome: 0 },
+            Tick(0),
+            ConfirmKill(215),
+            Cycle,
+        ],
+    };
+    Driver::run(&s);
+}
+
 /// Replays one fuzz input named by `PELOTON_LIFECYCLE_INPUT` (a crash
 /// artifact, say), printing its scenario first; with `PELOTON_SIM_LOG=1`
 /// a failure ends with the log of every step. Does nothing without it.
