@@ -115,6 +115,10 @@ pub struct PendingTask {
     pub id: TaskId,
     /// What it needs.
     pub request: Resources,
+    /// How long it is expected to run once placed, in ms (0: unknown):
+    /// backfill admits it ahead of a blocked head only if it is known to
+    /// end before the head's reservation begins.
+    pub runtime_ms: u64,
 }
 
 /// Handle of a queued gang, to cancel it before admission.
@@ -208,6 +212,11 @@ pub enum BlockKind {
     SlackEntitlement,
     /// revocable allocation + request would exceed the pool's slack limit.
     SlackLimit,
+    /// A gang that fits its pool's entitlement but not the hosts' free
+    /// resources now: it waits in its queue, with hosts reserved for it
+    /// where they free up first, rather than holding its share while it
+    /// waits for them (see [`crate::backfill`]).
+    Hosts,
 }
 
 impl BlockKind {
@@ -219,6 +228,7 @@ impl BlockKind {
             BlockKind::ControllerLimit => "controller limit reached",
             BlockKind::SlackEntitlement => "slack entitlement exhausted",
             BlockKind::SlackLimit => "slack limit reached",
+            BlockKind::Hosts => "not enough hosts free for the gang",
         }
     }
 }
@@ -236,9 +246,11 @@ pub struct Blocked {
     pub dim: Dim,
     /// The head entry's request in that dimension.
     pub request: u64,
-    /// What the class already holds in that dimension.
+    /// What the class already holds in that dimension ([`BlockKind::Hosts`]:
+    /// how many of the gang's tasks fit the free hosts now).
     pub allocated: u64,
-    /// The cap the rule enforces in that dimension.
+    /// The cap the rule enforces in that dimension ([`BlockKind::Hosts`]:
+    /// the gang's size).
     pub cap: u64,
     /// Tasks still waiting in the queue.
     pub n_waiting: u64,
@@ -249,6 +261,17 @@ pub struct Blocked {
 
 impl fmt::Display for Blocked {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == BlockKind::Hosts {
+            return write!(
+                f,
+                "{} queue: {}: {} of its {} tasks fit the free hosts now ({} task(s) waiting)",
+                self.class,
+                self.kind.describe(),
+                self.allocated,
+                self.cap,
+                self.n_waiting
+            );
+        }
         write!(
             f,
             "{} queue: {} in {}: needs {} {}, {} of {} in use ({} task(s) waiting)",
@@ -696,6 +719,11 @@ pub(crate) struct PoolQueues {
     /// admitted as the pool is now; put back before it returns. Kept to
     /// reuse its capacity.
     skipped: Vec<(TaskClass, QueueItem)>,
+    /// A head entry (by arrival number) that waits for hosts this cycle,
+    /// and how many of its tasks fit the free hosts now: admission stops
+    /// its queue there with [`BlockKind::Hosts`]. Set by the engine before
+    /// each admission pass (`set_gate`), cleared by it.
+    gate: Option<(u64, u64)>,
 }
 
 /// Caps one pool's admission works against in a cycle.
@@ -874,8 +902,19 @@ impl PoolQueues {
             }
             let Some((class, item)) = best else { break };
             let entry = &self.entries[item.entry as usize];
-            if let Some((kind, dim, cap, allocated)) = check(caps, &self.allocation, entry) {
-                if never_admitted_in(tree, pool, class, &entry.total).is_some() {
+            let gated = self
+                .gate
+                .filter(|&(seq, _)| seq == item.seq)
+                .map(|(_, fit)| {
+                    let n = entry.members.as_slice().len() as u64;
+                    (BlockKind::Hosts, Dim::Cpu, n, fit)
+                });
+            if let Some((kind, dim, cap, allocated)) =
+                check(caps, &self.allocation, entry).or(gated)
+            {
+                if kind != BlockKind::Hosts
+                    && never_admitted_in(tree, pool, class, &entry.total).is_some()
+                {
                     self.heaps[class as usize].pop();
                     self.skipped.push((class, item));
                     continue;
@@ -895,26 +934,103 @@ impl PoolQueues {
                 continue;
             }
             self.heaps[class as usize].pop();
-            let entry = &mut self.entries[item.entry as usize];
-            entry.seq = 0;
-            let members = std::mem::replace(&mut entry.members, Members::Gang(Box::new([])));
-            let (controller, total) = (entry.controller, entry.total);
-            for task in members.as_slice() {
-                self.allocation.add(class, controller, &task.request);
-                out.admitted.push(Admitted {
-                    task: task.id,
-                    pool,
-                    class,
-                    controller,
-                    request: task.request,
-                });
-            }
-            self.account_queued(class, members.as_slice().len() as u64, &total, false);
-            self.free_entries.push(item.entry);
+            self.take(class, item, pool, out);
         }
         for (class, item) in self.skipped.drain(..) {
             self.heaps[class as usize].push(item);
         }
+    }
+
+    /// Sets (or clears) the head entry that waits for hosts this cycle: see
+    /// the `gate` field.
+    pub(crate) fn set_gate(&mut self, gate: Option<(u64, u64)>) {
+        self.gate = gate;
+    }
+
+    /// The head entry of a queue: its arrival number and members.
+    pub(crate) fn head_entry(&mut self, class: TaskClass) -> Option<(u64, &[PendingTask])> {
+        let item = self.head(class)?;
+        let e = &self.entries[item.entry as usize];
+        Some((item.seq, e.members.as_slice()))
+    }
+
+    /// Backfill behind a blocked head (see [`crate::backfill`]): looks at
+    /// up to `depth` entries of `class` after the head (arrival number
+    /// `head_seq`), in admission order, and admits each that passes the
+    /// pool's rules now and either has a known runtime for every task and
+    /// ends by `until_ms` if started at `now_ms`, or fits within `extra`
+    /// (what the pool's entitlement leaves beside the head at its start;
+    /// used up as entries take it) and on hosts the head does not need
+    /// (`fits_elsewhere`). The head and everything not admitted stay
+    /// queued where they were. Appends to `out`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the admission context, passed explicitly"
+    )]
+    pub(crate) fn backfill(
+        &mut self,
+        pool: PoolId,
+        caps: &PoolCaps,
+        class: TaskClass,
+        head_seq: u64,
+        now_ms: u64,
+        until_ms: u64,
+        mut extra: Resources,
+        fits_elsewhere: &mut dyn FnMut(&[PendingTask]) -> bool,
+        depth: usize,
+        out: &mut AdmissionResult,
+    ) {
+        let mut held: Vec<QueueItem> = Vec::new();
+        let mut looked = 0;
+        while looked < depth {
+            let Some(item) = self.head(class) else { break };
+            self.heaps[class as usize].pop();
+            if item.seq == head_seq {
+                held.push(item);
+                continue;
+            }
+            looked += 1;
+            let entry = &self.entries[item.entry as usize];
+            if check(caps, &self.allocation, entry).is_some() {
+                held.push(item);
+                continue;
+            }
+            let members = entry.members.as_slice();
+            let ends_in_time = members
+                .iter()
+                .all(|m| m.runtime_ms > 0 && now_ms.saturating_add(m.runtime_ms) <= until_ms);
+            if !ends_in_time {
+                if !entry.total.fits_in(&extra) || !fits_elsewhere(members) {
+                    held.push(item);
+                    continue;
+                }
+                extra = extra.saturating_sub(&entry.total);
+            }
+            self.take(class, item, pool, out);
+        }
+        for item in held {
+            self.heaps[class as usize].push(item);
+        }
+    }
+
+    /// Admits the entry of `item` (already popped from its heap).
+    fn take(&mut self, class: TaskClass, item: QueueItem, pool: PoolId, out: &mut AdmissionResult) {
+        let entry = &mut self.entries[item.entry as usize];
+        entry.seq = 0;
+        let members = std::mem::replace(&mut entry.members, Members::Gang(Box::new([])));
+        let (controller, total) = (entry.controller, entry.total);
+        for task in members.as_slice() {
+            self.allocation.add(class, controller, &task.request);
+            out.admitted.push(Admitted {
+                task: task.id,
+                pool,
+                class,
+                controller,
+                request: task.request,
+            });
+        }
+        self.account_queued(class, members.as_slice().len() as u64, &total, false);
+        self.free_entries.push(item.entry);
     }
 
     /// The first `limit` live entries in the order admission takes them:

@@ -34,6 +34,8 @@ pub struct EngineConfig {
     pub hosts: HostLimits,
     /// Placement options.
     pub placement: PlacementConfig,
+    /// Reservations for blocked heads and backfill behind them.
+    pub backfill: crate::backfill::BackfillConfig,
 }
 
 /// A task to submit.
@@ -68,6 +70,11 @@ pub struct NewTask {
     /// A daemon (see [`flags::DAEMON`]): with a desired host, placed before
     /// other work and may evict preemptible non-daemon work there.
     pub daemon: bool,
+    /// How long it is expected to run once placed, in ms (0: unknown):
+    /// declared, learned or its time limit (the caller's estimate).
+    /// Backfill lets it start ahead of a blocked head only if it is known
+    /// to end before the head's reservation; forecasts end it there.
+    pub runtime_ms: u64,
 }
 
 /// Why a submission or report was refused (nothing changed).
@@ -102,6 +109,9 @@ pub struct CycleReport {
     pub placement: PlacementResult,
     /// Tasks to preempt so that pools return within their entitlements.
     pub victims: Vec<Victim>,
+    /// Hosts held for the blocked heads of queues, earliest first (see
+    /// [`crate::backfill`]).
+    pub start_reservations: Vec<crate::backfill::StartReservation>,
 }
 
 impl CycleReport {
@@ -140,8 +150,20 @@ fn check_request(t: &NewTask) -> Result<(), EngineError> {
             problem: "a task must request some cpu or memory".into(),
         });
     }
+    if t.runtime_ms > MAX_RUNTIME_MS {
+        return Err(EngineError::InvalidTask {
+            field: "runtime_ms",
+            problem: format!(
+                "{} ms is over the bound of {MAX_RUNTIME_MS} ms (100 years)",
+                t.runtime_ms
+            ),
+        });
+    }
     Ok(())
 }
+
+/// Bound on a task's expected runtime (100 years, in ms).
+pub const MAX_RUNTIME_MS: u64 = 100 * 365 * 24 * 3_600_000;
 
 /// The task arena's record of a new task.
 fn task_spec(t: &NewTask, gang: u32, constraint: u32) -> TaskSpec {
@@ -174,6 +196,7 @@ fn task_spec(t: &NewTask, gang: u32, constraint: u32) -> TaskSpec {
         desired_host: t
             .desired_host
             .map_or(crate::task::NO_HOST, |h| h.idx() as u32),
+        runtime_ms: t.runtime_ms,
     }
 }
 
@@ -196,6 +219,7 @@ pub struct Engine {
     report: CycleReport,
     /// Resources held on hosts for instances without a task there.
     reservations: crate::placement::Reservations,
+    backfill: crate::backfill::BackfillConfig,
 }
 
 /// Queued tasks' admission entries by task slot: a column written in
@@ -263,6 +287,7 @@ impl Engine {
             next_gang: 0,
             report: CycleReport::default(),
             reservations: Default::default(),
+            backfill: config.backfill,
         }
     }
 
@@ -286,6 +311,7 @@ impl Engine {
             next_gang: self.next_gang,
             report: CycleReport::default(),
             reservations: self.reservations.clone(),
+            backfill: self.backfill,
         }
     }
 
@@ -388,6 +414,7 @@ impl Engine {
             .map(|(h, t)| PendingTask {
                 id: TaskId(h.to_u64()),
                 request: t.request,
+                runtime_ms: t.runtime_ms,
             })
             .collect();
         match self
@@ -475,6 +502,7 @@ impl Engine {
         let member = PendingTask {
             id: TaskId(h.to_u64()),
             request: t.request,
+            runtime_ms: t.runtime_ms,
         };
         match self
             .rm
@@ -608,7 +636,12 @@ impl Engine {
             .saturating_sub(&self.rm.total_allocation())
             .saturating_add(&self.hosts.total_reclaimable());
         self.rm.recompute_entitlement(capacity, slack);
+        let gated = self.gate_gangs();
         self.rm.admit(&mut self.report.admission);
+        for &slot in &gated {
+            self.rm.set_gate(slot, None);
+        }
+        self.reserve_and_backfill(now_ms);
         for a in &self.report.admission.admitted {
             let handle = TaskHandle::from_u64(a.task.0);
             if let Some(pending) = self.queued.remove(handle) {
@@ -634,63 +667,293 @@ impl Engine {
         &self.report
     }
 
+    /// Gang heads that fit their pool's entitlement but not the hosts now
+    /// wait in their queue this cycle (see [`crate::backfill`]); returns
+    /// the pool slots whose gate was set, to clear after admission.
+    fn gate_gangs(&mut self) -> Vec<usize> {
+        let mut gated = Vec::new();
+        if !self.backfill.enabled {
+            return gated;
+        }
+        let mut looked = 0;
+        'pools: for slot in self.rm.queued_slots() {
+            for class in TaskClass::ALL {
+                if class == TaskClass::Revocable {
+                    continue;
+                }
+                let Some((seq, members)) = self.rm.head_entry(slot, class) else {
+                    continue;
+                };
+                if members.len() < 2 {
+                    continue;
+                }
+                if looked == self.backfill.max_reservations {
+                    break 'pools;
+                }
+                looked += 1;
+                let n = members.len() as u64;
+                let request = largest_request(members);
+                let first = TaskHandle::from_u64(members[0].id.0);
+                let Ok(spec) = self.tasks.spec(first) else {
+                    continue;
+                };
+                if spec.desired_host != crate::task::NO_HOST {
+                    continue;
+                }
+                let cap = per_host_cap(spec.max_per_host);
+                let fit = crate::backfill::fit_now(&self.hosts, &request, cap, n);
+                if fit >= n {
+                    continue;
+                }
+                // Admitted, it may evict lower-priority work of its pool.
+                let may_evict = self
+                    .tasks
+                    .placed_in_pool(slot as u32)
+                    .any(|v| v.priority < spec.priority && v.flags & flags::PREEMPTIBLE != 0);
+                if may_evict {
+                    continue;
+                }
+                self.rm.set_gate(slot, Some((seq, fit)));
+                gated.push(slot);
+                continue 'pools;
+            }
+        }
+        gated
+    }
+
+    /// Reserves hosts for the queues' blocked heads and admits, behind
+    /// each, what ends before its reservation begins (see
+    /// [`crate::backfill`]).
+    fn reserve_and_backfill(&mut self, now_ms: u64) {
+        self.report.start_reservations.clear();
+        if !self.backfill.enabled {
+            return;
+        }
+        let blocked: Vec<Blocked> = self
+            .report
+            .admission
+            .blocked
+            .iter()
+            .filter(|b| {
+                b.class != TaskClass::Revocable
+                    && matches!(
+                        b.kind,
+                        crate::admission::BlockKind::Entitlement
+                            | crate::admission::BlockKind::Hosts
+                    )
+            })
+            .take(
+                self.backfill
+                    .max_reservations
+                    .min(crate::backfill::MAX_RESERVATIONS),
+            )
+            .copied()
+            .collect();
+        for b in blocked {
+            let slot = b.pool.idx();
+            let Some((seq, members)) = self.rm.head_entry(slot, b.class) else {
+                continue;
+            };
+            if members[0].id != b.head {
+                continue;
+            }
+            let n = members.len() as u64;
+            let request = largest_request(members);
+            let total = members
+                .iter()
+                .fold(Resources::ZERO, |sum, m| sum.saturating_add(&m.request));
+            let Ok(spec) = self.tasks.spec(TaskHandle::from_u64(b.head.0)) else {
+                continue;
+            };
+            if spec.desired_host != crate::task::NO_HOST {
+                continue;
+            }
+            let (held, entitled) = self.rm.held_and_entitled(slot);
+            let mut ends =
+                crate::backfill::pool_ends(&self.tasks, &self.waiting, slot as u32, now_ms);
+            let entitled_at = if b.kind == crate::admission::BlockKind::Hosts {
+                now_ms
+            } else {
+                let deficit = held.saturating_add(&total).saturating_sub(&entitled);
+                crate::backfill::entitlement_time(deficit, &mut ends).max(now_ms)
+            };
+            if entitled_at == u64::MAX || entitled_at - now_ms > self.backfill.horizon_ms {
+                continue;
+            }
+            let cap = per_host_cap(spec.max_per_host);
+            let Some((hosts_at, hosts)) =
+                crate::backfill::hosts_time(&self.hosts, &self.tasks, &request, cap, n, now_ms)
+            else {
+                continue;
+            };
+            let at_ms = entitled_at.max(hosts_at);
+            if at_ms - now_ms > self.backfill.horizon_ms {
+                continue;
+            }
+            // What the pool's entitlement leaves beside the head when it
+            // starts: work that runs past then may use it, off its hosts.
+            let still_held = ends
+                .iter()
+                .filter(|&&(end, _)| end > at_ms)
+                .fold(Resources::ZERO, |sum, (_, r)| sum.saturating_add(r));
+            let extra = entitled.saturating_sub(&still_held).saturating_sub(&total);
+            let hosts_arena = &self.hosts;
+            let reserved: &[u32] = &hosts;
+            let mut fits_elsewhere = |members: &[PendingTask]| {
+                let request = largest_request(members);
+                let mut have = 0;
+                let n = members.len() as u64;
+                for slot in hosts_arena.in_state(HostState::Up) {
+                    if reserved.binary_search(&slot).is_ok() {
+                        continue;
+                    }
+                    let free = hosts_arena.free(slot as usize);
+                    have += crate::backfill::copies(&free, &request, u64::MAX);
+                    if have >= n {
+                        return true;
+                    }
+                }
+                false
+            };
+            self.rm.backfill(
+                slot,
+                b.class,
+                seq,
+                now_ms,
+                at_ms,
+                extra,
+                &mut fits_elsewhere,
+                self.backfill.depth,
+                &mut self.report.admission,
+            );
+            self.report
+                .start_reservations
+                .push(crate::backfill::StartReservation {
+                    pool: b.pool,
+                    class: b.class,
+                    head: b.head,
+                    n_tasks: n as u32,
+                    at_ms,
+                    hosts,
+                });
+        }
+        self.report.start_reservations.sort_by_key(|r| r.at_ms);
+    }
+
     /// Places the first `batch_len` waiting tasks. While hosts lend what
     /// their non-revocable tasks do not use, revocable tasks are placed in
     /// a pass of their own against it (`HostArena::lend`), after the
-    /// others.
+    /// others. With start reservations, the batch is placed in groups: the
+    /// tasks that keep off the same reservations' hosts together (see
+    /// [`Engine::place_fenced`] and [`crate::backfill`]).
     fn place_batch(&mut self, batch_len: usize, now_ms: u64) {
-        let batch = &self.waiting[..batch_len];
-        let tasks = &self.tasks;
-        let revocable = |t: &TaskHandle| tasks.flags(*t).is_ok_and(|f| f & flags::REVOCABLE != 0);
-        if self.hosts.total_reclaimable().is_zero() || !batch.iter().any(revocable) {
-            self.placer
-                .place_with(
-                    &mut self.hosts,
-                    &mut self.tasks,
-                    &self.constraints,
-                    &mut self.reservations,
-                    batch,
-                    now_ms,
-                    &mut self.report.placement,
-                )
-                .expect("waiting tasks are live, admitted and unplaced");
-            return;
-        }
-        let (borrowing, own): (Vec<TaskHandle>, Vec<TaskHandle>) =
-            batch.iter().partition(|t| revocable(t));
-        self.placer
-            .place_with(
+        let waiting = std::mem::take(&mut self.waiting);
+        let batch = &waiting[..batch_len];
+        if self.report.start_reservations.is_empty() {
+            place_split(
+                &mut self.placer,
                 &mut self.hosts,
                 &mut self.tasks,
                 &self.constraints,
                 &mut self.reservations,
-                &own,
+                batch,
                 now_ms,
                 &mut self.report.placement,
-            )
-            .expect("waiting tasks are live, admitted and unplaced");
-        let mut second = crate::placement::PlacementResult::default();
-        let lent = self.hosts.lend();
-        let placed = self.placer.place_with(
-            &mut self.hosts,
-            &mut self.tasks,
-            &self.constraints,
-            &mut self.reservations,
-            &borrowing,
-            now_ms,
-            &mut second,
-        );
-        self.hosts.settle(lent);
-        placed.expect("waiting tasks are live, admitted and unplaced");
-        let out = &mut self.report.placement;
-        let offset = out.reasons.len() as u32;
-        out.placed.append(&mut second.placed);
-        out.unplaced
-            .extend(second.unplaced.into_iter().map(|mut u| {
-                u.reason += offset;
-                u
-            }));
-        out.reasons.append(&mut second.reasons);
+            );
+        } else {
+            self.place_fenced(batch, now_ms);
+        }
+        self.waiting = waiting;
+    }
+
+    /// [`Engine::place_batch`] with start reservations: see there. A task
+    /// keeps off a reservation's hosts if it was submitted after the
+    /// reservation's head (what came first is not held back by what came
+    /// later) and may run past the reservation's start. Tasks that keep
+    /// off the same reservations are placed together, groups in the order
+    /// of their first task in the batch; a gang's members go together.
+    fn place_fenced(&mut self, batch: &[TaskHandle], now_ms: u64) {
+        let res: Vec<(u64, u64)> = self
+            .report
+            .start_reservations
+            .iter()
+            .map(|r| {
+                let head = TaskHandle::from_u64(r.head.0);
+                (r.at_ms, self.tasks.arrival(head).unwrap_or(0))
+            })
+            .collect();
+        let mut mask_of_gang: rustc_hash::FxHashMap<u32, u64> = Default::default();
+        let masks: Vec<(u64, u32)> = batch
+            .iter()
+            .map(|&t| {
+                let runtime = self.tasks.runtime_ms(t).unwrap_or(0);
+                let end = crate::task::expected_end(now_ms, runtime, now_ms);
+                let arrival = self.tasks.arrival(t).unwrap_or(0);
+                let mut mask = 0u64;
+                for (i, &(at, head_arrival)) in res.iter().enumerate() {
+                    if arrival > head_arrival && end > at {
+                        mask |= 1 << i;
+                    }
+                }
+                let gang = self.tasks.spec(t).map_or(NO_GANG, |s| s.gang);
+                if gang != NO_GANG {
+                    *mask_of_gang.entry(gang).or_insert(0) |= mask;
+                }
+                (mask, gang)
+            })
+            .collect();
+        // Gangs first, as placement takes them within a batch: a gang
+        // whose reservation ended this cycle (it was admitted) must not
+        // find its hosts taken by single tasks it came before.
+        let mut groups: Vec<(bool, u64, Vec<TaskHandle>)> = Vec::new();
+        for (&t, &(mask, gang)) in batch.iter().zip(&masks) {
+            let single = gang == NO_GANG;
+            let mask = if single { mask } else { mask_of_gang[&gang] };
+            match groups
+                .iter_mut()
+                .find(|(s, m, _)| *s == single && *m == mask)
+            {
+                Some((_, _, g)) => g.push(t),
+                None => groups.push((single, mask, vec![t])),
+            }
+        }
+        groups.sort_by_key(|(single, _, _)| *single);
+        self.report.placement.clear();
+        let mut part = crate::placement::PlacementResult::default();
+        for (_, mask, group) in &groups {
+            // Fence the hosts of the reservations this group keeps off.
+            let mut fenced: Vec<(usize, Resources)> = Vec::new();
+            for (i, r) in self.report.start_reservations.iter().enumerate() {
+                if mask & (1 << i) == 0 {
+                    continue;
+                }
+                for &slot in &r.hosts {
+                    let slot = slot as usize;
+                    let mut free = self.hosts.free(slot);
+                    free.0[Dim::Gpu.idx()] = 0;
+                    if !free.is_zero() && self.hosts.reserve(slot, &free).is_ok() {
+                        fenced.push((slot, free));
+                    }
+                }
+            }
+            place_split(
+                &mut self.placer,
+                &mut self.hosts,
+                &mut self.tasks,
+                &self.constraints,
+                &mut self.reservations,
+                group,
+                now_ms,
+                &mut part,
+            );
+            append_placement(&mut self.report.placement, &mut part);
+            // What a fence held is unallocated again: it repays first what
+            // revocable tasks borrowed there meanwhile (hosts lend their
+            // reclaimable resources on top of the free ones, fenced or not).
+            for (slot, free) in fenced.into_iter().rev() {
+                self.hosts.unreserve(slot, &free);
+            }
+        }
     }
 
     /// Refuses a host that is not live.
@@ -937,5 +1200,85 @@ impl Engine {
         self.hosts.check_invariants();
         self.tasks.check_invariants();
         crate::placement::check_host_accounting(&self.hosts, &self.tasks);
+    }
+}
+
+/// Places `batch`: non-revocable tasks against the hosts' free resources,
+/// then (while hosts lend what their non-revocable tasks do not use)
+/// revocable ones in a pass of their own against it (`HostArena::lend`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the placement context, passed explicitly"
+)]
+fn place_split(
+    placer: &mut Placer,
+    hosts: &mut HostArena,
+    tasks: &mut TaskArena,
+    constraints: &ConstraintTable,
+    reservations: &mut crate::placement::Reservations,
+    batch: &[TaskHandle],
+    now_ms: u64,
+    out: &mut crate::placement::PlacementResult,
+) {
+    let revocable = |t: &TaskHandle| tasks.flags(*t).is_ok_and(|f| f & flags::REVOCABLE != 0);
+    if hosts.total_reclaimable().is_zero() || !batch.iter().any(revocable) {
+        placer
+            .place_with(hosts, tasks, constraints, reservations, batch, now_ms, out)
+            .expect("waiting tasks are live, admitted and unplaced");
+        return;
+    }
+    let (borrowing, own): (Vec<TaskHandle>, Vec<TaskHandle>) =
+        batch.iter().partition(|t| revocable(t));
+    placer
+        .place_with(hosts, tasks, constraints, reservations, &own, now_ms, out)
+        .expect("waiting tasks are live, admitted and unplaced");
+    let mut second = crate::placement::PlacementResult::default();
+    let lent = hosts.lend();
+    let placed = placer.place_with(
+        hosts,
+        tasks,
+        constraints,
+        reservations,
+        &borrowing,
+        now_ms,
+        &mut second,
+    );
+    hosts.settle(lent);
+    placed.expect("waiting tasks are live, admitted and unplaced");
+    append_placement(out, &mut second);
+}
+
+/// Moves what `part` placed and left unplaced (with its reasons) to the
+/// end of `out`.
+fn append_placement(
+    out: &mut crate::placement::PlacementResult,
+    part: &mut crate::placement::PlacementResult,
+) {
+    let offset = out.reasons.len() as u32;
+    out.placed.append(&mut part.placed);
+    out.unplaced.extend(part.unplaced.drain(..).map(|mut u| {
+        u.reason += offset;
+        u
+    }));
+    out.reasons.append(&mut part.reasons);
+}
+
+/// The largest request of an entry's tasks, per dimension.
+fn largest_request(members: &[PendingTask]) -> Resources {
+    let mut r = Resources::ZERO;
+    for m in members {
+        for d in 0..r.0.len() {
+            r.0[d] = r.0[d].max(m.request.0[d]);
+        }
+    }
+    r
+}
+
+/// A task's per-host limit as a cap on copies per host.
+fn per_host_cap(max_per_host: u16) -> u64 {
+    if max_per_host == 0 {
+        u64::MAX
+    } else {
+        u64::from(max_per_host)
     }
 }

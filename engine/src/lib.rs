@@ -11,6 +11,7 @@
 //! output on any number of threads.
 
 pub mod admission;
+pub mod backfill;
 pub mod constraint;
 pub mod engine;
 pub mod entitlement;

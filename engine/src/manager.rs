@@ -583,6 +583,87 @@ impl ResourceManager {
         self.n_queued_total -= out.admitted.len() as u64;
     }
 
+    /// Slots of the pools with queued tasks, ascending.
+    pub(crate) fn queued_slots(&self) -> Vec<usize> {
+        self.queues
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.n_queued_tasks() > 0)
+            .map(|(slot, _)| slot)
+            .collect()
+    }
+
+    /// Sets (or clears) the entry of the pool in `slot` that waits for
+    /// hosts in the next admission pass: its arrival number and how many
+    /// of its tasks fit now (see [`crate::backfill`]).
+    pub(crate) fn set_gate(&mut self, slot: usize, gate: Option<(u64, u64)>) {
+        if let Some(q) = self.queues.get_mut(slot) {
+            q.set_gate(gate);
+        }
+    }
+
+    /// The head entry of a queue of the pool in `slot`: its arrival number
+    /// and members.
+    pub(crate) fn head_entry(
+        &mut self,
+        slot: usize,
+        class: TaskClass,
+    ) -> Option<(u64, &[PendingTask])> {
+        self.queues.get_mut(slot)?.head_entry(class)
+    }
+
+    /// Admits, behind the blocked head `head_seq` of a queue of the pool
+    /// in `slot`, the entries that pass the pool's rules and end by
+    /// `until_ms` or fit `extra` elsewhere (see [`PoolQueues::backfill`]).
+    /// Appends to `out`.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the admission context, passed explicitly"
+    )]
+    pub(crate) fn backfill(
+        &mut self,
+        slot: usize,
+        class: TaskClass,
+        head_seq: u64,
+        now_ms: u64,
+        until_ms: u64,
+        extra: Resources,
+        fits_elsewhere: &mut dyn FnMut(&[PendingTask]) -> bool,
+        depth: usize,
+        out: &mut AdmissionResult,
+    ) {
+        let before = out.admitted.len();
+        let Some(queue) = self.queues.get_mut(slot) else {
+            return;
+        };
+        let Some((pool, caps)) = pool_caps(&self.tree, &self.entitlements, slot, queue) else {
+            return;
+        };
+        queue.backfill(
+            pool,
+            &caps,
+            class,
+            head_seq,
+            now_ms,
+            until_ms,
+            extra,
+            fits_elsewhere,
+            depth,
+            out,
+        );
+        self.n_queued_total -= (out.admitted.len() - before) as u64;
+    }
+
+    /// What the pool in `slot` holds (all non-revocable classes) and is
+    /// entitled to now.
+    pub(crate) fn held_and_entitled(&self, slot: usize) -> (Resources, Resources) {
+        let held = self
+            .queues
+            .get(slot)
+            .map_or(Resources::ZERO, |q| q.allocation.total);
+        (held, self.entitlements.entitlement(slot))
+    }
+
     /// Panics if any invariant of the tree, the queues or the accounting is
     /// broken.
     pub fn check_invariants(&self) {

@@ -135,6 +135,9 @@ pub struct TaskSpec {
     pub limit_key: u32,
     /// The only host slot the task may be placed on ([`NO_HOST`]: any).
     pub desired_host: u32,
+    /// How long it is expected to run once placed, in ms (0: unknown):
+    /// what backfill and reservations plan with.
+    pub runtime_ms: u64,
 }
 
 impl Default for TaskSpec {
@@ -153,6 +156,7 @@ impl Default for TaskSpec {
             max_per_host: 0,
             limit_key: 0,
             desired_host: NO_HOST,
+            runtime_ms: 0,
         }
     }
 }
@@ -178,8 +182,28 @@ pub struct PlacedView {
     pub gpu: GpuGrant,
     /// When it was placed.
     pub start_ms: u64,
+    /// Expected runtime in ms (0: unknown).
+    pub runtime_ms: u64,
     /// Arrival number (breaks ties of start time).
     pub arrival: u64,
+}
+
+impl PlacedView {
+    /// When it is expected to end (`u64::MAX`: unknown), never before
+    /// `now_ms` (a task past its estimate may end at any moment).
+    pub fn expected_end(&self, now_ms: u64) -> u64 {
+        expected_end(self.start_ms, self.runtime_ms, now_ms)
+    }
+}
+
+/// When a task placed at `start_ms` with an expected runtime of
+/// `runtime_ms` (0: unknown, `u64::MAX` returned) is expected to end,
+/// never before `now_ms`.
+pub fn expected_end(start_ms: u64, runtime_ms: u64, now_ms: u64) -> u64 {
+    if runtime_ms == 0 {
+        return u64::MAX;
+    }
+    start_ms.saturating_add(runtime_ms).max(now_ms)
 }
 
 /// Why the arena refused a task.
@@ -228,6 +252,8 @@ pub struct TaskArena {
     gpu: Vec<GpuGrant>,
     arrival: Vec<u64>,
     start_ms: Vec<u64>,
+    /// Expected runtime in ms (0: unknown).
+    runtime_ms: Vec<u64>,
     /// Position of a placed task in its host's list (`on_host`).
     host_pos: Vec<u32>,
     /// Placed tasks by host slot: a host's tasks without a scan of all.
@@ -299,6 +325,7 @@ impl TaskArena {
             gpu,
             arrival,
             start_ms,
+            runtime_ms,
             host_pos,
             pool_pos
         );
@@ -337,6 +364,7 @@ impl TaskArena {
                 self.gpu[i] = GpuGrant::default();
                 self.arrival[i] = arrival;
                 self.start_ms[i] = 0;
+                self.runtime_ms[i] = spec.runtime_ms;
                 self.host_pos[i] = u32::MAX;
                 self.pool_pos[i] = u32::MAX;
                 slot
@@ -363,6 +391,7 @@ impl TaskArena {
                 self.gpu.push(GpuGrant::default());
                 self.arrival.push(arrival);
                 self.start_ms.push(0);
+                self.runtime_ms.push(spec.runtime_ms);
                 self.host_pos.push(u32::MAX);
                 self.pool_pos.push(u32::MAX);
                 slot
@@ -426,6 +455,7 @@ impl TaskArena {
             max_per_host: self.max_per_host[i],
             limit_key: self.limit_key[i],
             desired_host: self.desired_host[i],
+            runtime_ms: self.runtime_ms[i],
         })
     }
 
@@ -574,6 +604,7 @@ impl TaskArena {
             host: self.host[i],
             gpu: self.gpu[i],
             start_ms: self.start_ms[i],
+            runtime_ms: self.runtime_ms[i],
             arrival: self.arrival[i],
         }
     }
@@ -669,6 +700,12 @@ impl TaskArena {
         Ok((h != NO_HOST).then_some(h))
     }
 
+    /// Expected runtime of a live task in ms (0: unknown).
+    pub fn runtime_ms(&self, handle: TaskHandle) -> Result<u64, TaskError> {
+        self.check(handle)?;
+        Ok(self.runtime_ms[handle.idx()])
+    }
+
     /// Arrival number of a live task.
     pub fn arrival(&self, handle: TaskHandle) -> Result<u64, TaskError> {
         self.check(handle)?;
@@ -687,7 +724,7 @@ impl TaskArena {
             + size_of::<Strategy>()
             + size_of::<TaskState>()
             + size_of::<GpuGrant>()
-            + size_of::<u64>() * 2
+            + size_of::<u64>() * 3 // arrival, start_ms, runtime_ms
             + size_of::<u32>() * 2 // host_pos, pool_pos
     }
 
@@ -713,6 +750,7 @@ impl TaskArena {
             self.gpu.len(),
             self.arrival.len(),
             self.start_ms.len(),
+            self.runtime_ms.len(),
             self.host_pos.len(),
             self.pool_pos.len(),
         ] {

@@ -257,6 +257,7 @@ pub fn enqueue_random_tasks(
             members.push(PendingTask {
                 id: TaskId(next_id),
                 request,
+                runtime_ms: 0,
             });
             next_id += 1;
         }
@@ -665,6 +666,7 @@ pub fn fuzz_pool_ops(data: &[u8]) -> FuzzStats {
                     members.push(PendingTask {
                         id: TaskId(next_task),
                         request,
+                        runtime_ms: 0,
                     });
                     priority_of.insert(next_task, u32::from(priority % 4));
                     next_task += 1;
@@ -952,7 +954,14 @@ pub fn check_admission(rm: &ResourceManager, result: &AdmissionResult) {
         let slot = b.pool.idx();
         let d = b.dim;
         let e = ent.entitlement(slot);
+        if b.kind == BlockKind::Hosts {
+            // A gang held back by the engine: fewer of its tasks fit the
+            // hosts than it has.
+            assert!(b.allocated < b.cap, "blocked for a reason: {b}");
+            continue;
+        }
         let cap = match b.kind {
+            BlockKind::Hosts => unreachable!("handled above"),
             BlockKind::Entitlement => e[d],
             BlockKind::Reservation => cfg.reservation()[d],
             BlockKind::ControllerLimit => e.percent(cfg.controller_limit_pct)[d],
@@ -1464,5 +1473,6 @@ pub fn plain_task(
         limit_key: job,
         desired_host: None,
         daemon: false,
+        runtime_ms: 0,
     }
 }

@@ -68,6 +68,7 @@ impl Env {
                 PendingTask {
                     id: TaskId(self.next_id),
                     request: cpu(c),
+                    runtime_ms: 0,
                 }
             })
             .collect();
@@ -324,6 +325,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     let task = |id: u64, c: u64| PendingTask {
         id: TaskId(id),
         request: cpu(c),
+        runtime_ms: 0,
     };
     let errors = [
         env.rm.enqueue(org, 0, NORMAL, &[task(1, 1)]).unwrap_err(),
@@ -340,6 +342,7 @@ fn bad_input_is_refused_and_changes_nothing() {
                 &[PendingTask {
                     id: TaskId(1),
                     request: cpu(1 << 51),
+                    runtime_ms: 0,
                 }],
             )
             .unwrap_err(),
@@ -415,6 +418,7 @@ fn cancel_and_release() {
             &[PendingTask {
                 id: TaskId(1),
                 request: cpu(4000),
+                runtime_ms: 0,
             }],
         )
         .unwrap();
@@ -487,6 +491,7 @@ fn many_cancellations_are_purged_from_the_heaps() {
                     &[PendingTask {
                         id: TaskId(u64::from(i)),
                         request: cpu(10),
+                        runtime_ms: 0,
                     }],
                 )
                 .unwrap(),
@@ -689,6 +694,7 @@ fn what_is_refused_is_never_admitted_in_random_trees() {
             let task = PendingTask {
                 id: TaskId(n as u64),
                 request,
+                runtime_ms: 0,
             };
             let pending = rm.enqueue(leaf, 0, flags, &[task]).unwrap();
             rm.recompute_entitlement(Resources::MAX, Resources::MAX);
@@ -737,6 +743,7 @@ fn queue_order_is_the_order_admission_takes_and_reading_it_changes_nothing() {
             &[PendingTask {
                 id: TaskId(100),
                 request: cpu(1),
+                runtime_ms: 0,
             }],
         )
         .unwrap();

@@ -1,6 +1,7 @@
 //! The engine's cycle end to end: submit, admit, place, finish; idle
 //! capacity lent and taken back through preemption; gangs; bad input.
 
+use peloton_engine::admission::BlockKind;
 use peloton_engine::host::HostSpec;
 use peloton_engine::task::{Strategy, TaskState};
 use peloton_engine::{
@@ -26,6 +27,7 @@ fn task(pool: PoolId, priority: u32, n_cores: u64) -> NewTask {
         limit_key: 1,
         desired_host: None,
         daemon: false,
+        runtime_ms: 0,
     }
 }
 
@@ -130,18 +132,27 @@ fn gangs_bad_input_and_cancellation() {
         .create_pool("/a", PoolConfig::default())
         .unwrap();
     // Three 3-core members on two 5-core hosts (9 of 10 cores entitled):
-    // admitted, but each host fits one member, so none is placed.
+    // each host fits one member, so the gang waits in its queue (it would
+    // hold its pool's share for nothing), saying how many fit.
     let gang = engine
         .submit(&[task(pool, 1, 3), task(pool, 1, 3), task(pool, 1, 3)])
         .unwrap();
     let report = engine.cycle(1);
-    assert_eq!(report.admitted(), 3, "{:?}", report.blocked());
-    assert!(report.placed().is_empty());
-    assert_eq!(report.unplaced().len(), 3);
+    assert_eq!(report.admitted(), 0);
+    let blocked = report.blocked();
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!(
+        (blocked[0].kind, blocked[0].allocated, blocked[0].cap),
+        (BlockKind::Hosts, 2, 3)
+    );
+    assert_eq!(
+        blocked[0].to_string(),
+        "normal queue: not enough hosts free for the gang: 2 of its 3 tasks fit the free hosts now (3 task(s) waiting)"
+    );
+    // Nothing ends by any estimate: no reservation.
+    assert!(report.start_reservations.is_empty());
     engine.check_invariants();
-    for h in gang {
-        engine.finish(h).unwrap();
-    }
+    assert_eq!(engine.cancel(gang[0]).unwrap(), gang);
     // Bad input changes nothing.
     let before = engine.tasks().len();
     let mut bad = task(pool, 1, 1);

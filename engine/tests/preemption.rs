@@ -83,6 +83,7 @@ impl World {
         let task = PendingTask {
             id: TaskId(handle.to_u64()),
             request: cpu(millis),
+            runtime_ms: 0,
         };
         let pending = self
             .rm
@@ -172,6 +173,7 @@ fn the_borrower_gives_back_revocable_first_then_lowest_priority_most_recent() {
         &[PendingTask {
             id: TaskId(u64::MAX),
             request: cpu(6000),
+            runtime_ms: 0,
         }],
     )
     .unwrap();

@@ -100,6 +100,7 @@ fn a_manager_cycle_does_not_allocate_once_warm() {
             let task = PendingTask {
                 id: TaskId(next),
                 request,
+                runtime_ms: 0,
             };
             rm.enqueue(leaf, 1, TaskFlags::default(), &[task]).unwrap();
         }

@@ -209,8 +209,16 @@ function hostRow(host, names, expanded, act, toggle) {
   const total = Number(host.tasksTotal || refs.length);
   const shown = expanded ? refs : refs.slice(0, HOST_TASKS_SHOWN);
   const st = stateName(host.state);
+  const reserved = host.reservedFor || [];
   return h("tr", { "data-host": host.name },
-    h("td", { class: "nowrap" }, host.name),
+    h("td", { class: "nowrap" }, host.name,
+      reserved.length
+        ? h("span", {
+          class: "badge reserved",
+          "data-reserved": reserved.map((r) => `${(r.head || {}).jobId}/${(r.head || {}).instance}`).join(" "),
+          title: reserved.map((r) => `held for ${names.get((r.head || {}).jobId) || (r.head || {}).jobId}/${(r.head || {}).instance} (${r.tasks} task(s), pool ${r.pool}) from ${time(Number(r.fromMs))}; until then it takes only work that ends before`).join("\n"),
+        }, " reserved")
+        : null),
     h("td", {}, stateBadge(host.state)),
     h("td", {}, agentCell(host)),
     h("td", {}, host.hostPool),

@@ -944,18 +944,47 @@ fn admission_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> Stri
         BlockKind::ControllerLimit => "controller limit",
         BlockKind::SlackEntitlement => "slack entitlement (for revocable work)",
         BlockKind::SlackLimit => "slack limit",
+        BlockKind::Hosts => "hosts",
     };
     let path = engine.resources().tree().path(b.pool);
-    let pool = format!(
-        "pool {path}'s {rule} in {d} is {}, with {} in use",
-        amount(d, b.cap),
-        amount(d, b.allocated)
-    );
+    let pool = if b.kind == BlockKind::Hosts {
+        format!(
+            "only {} of its {} tasks fit the free hosts now, so it waits in pool {path}'s queue rather than hold the pool's share",
+            b.allocated, b.cap
+        )
+    } else {
+        format!(
+            "pool {path}'s {rule} in {d} is {}, with {} in use",
+            amount(d, b.cap),
+            amount(d, b.allocated)
+        )
+    };
     let at_head = members
         .iter()
         .any(|m| m.handle.is_some_and(|h| h.to_u64() == b.head.0));
     if at_head {
-        format!("not admitted yet: {it}, and {pool}")
+        let reserved = engine
+            .report()
+            .start_reservations
+            .iter()
+            .find(|r| r.head == b.head)
+            .map(|r| {
+                let names: Vec<&str> = r
+                    .hosts
+                    .iter()
+                    .take(8)
+                    .filter_map(|&h| engine.hosts().lookup_slot(h as usize))
+                    .map(|h| engine.hosts().name(h))
+                    .collect();
+                let more = if r.hosts.len() > names.len() { ", …" } else { "" };
+                format!(
+                    "; {} host(s) are reserved for it from when they free up ({}{more}), and only work that ends before then runs there meanwhile",
+                    r.hosts.len(),
+                    names.join(", ")
+                )
+            })
+            .unwrap_or_default();
+        format!("not admitted yet: {it}, and {pool}{reserved}")
     } else {
         format!(
             "not admitted yet: it waits behind the head of its pool's {class} queue ({} task(s) waiting), which needs {} of {d}; {pool}; {it}",
@@ -1008,6 +1037,7 @@ pub(crate) fn list_hosts(
     for v in core.volumes() {
         *volumes_mb.entry(v.host.0).or_default() += v.size_mb;
     }
+    let reserved_for = host_reservations(engine, core);
     let mut out = pb::ListHostsResponse::default();
     let mut bytes = PageBytes::default();
     for &(name, slot) in &names {
@@ -1045,6 +1075,7 @@ pub(crate) fn list_hosts(
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
             agent_id: agent.map(|h| h.agent_id.to_string()).unwrap_or_default(),
             used: core.host_usage(slot).map(|u| convert::usage_to_pb(&u)),
+            reserved_for: reserved_for.get(&slot.0).cloned().unwrap_or_default(),
         };
         // A page also ends before its encoded size passes MAX_PAGE_BYTES
         // (hosts with many tasks are large).
@@ -1058,6 +1089,37 @@ pub(crate) fn list_hosts(
         out.next_after = out.hosts.last().map(|h| h.name.clone()).unwrap_or_default();
     }
     out
+}
+
+/// The last cycle's start reservations (reservations with backfill), by
+/// host slot.
+fn host_reservations(
+    engine: &Engine,
+    core: &Lifecycle,
+) -> rustc_hash::FxHashMap<u32, Vec<pb::HostReservation>> {
+    let mut by_host: rustc_hash::FxHashMap<u32, Vec<pb::HostReservation>> = Default::default();
+    for r in &engine.report().start_reservations {
+        let head = peloton_engine::task::TaskHandle::from_u64(r.head.0);
+        let Ok((job, instance)) = engine.tasks().owner(head) else {
+            continue;
+        };
+        let Some(job) = core.job(JobKey(job)) else {
+            continue;
+        };
+        let reservation = pb::HostReservation {
+            head: Some(pb::TaskRef {
+                job_id: job.id.to_string(),
+                instance,
+            }),
+            tasks: r.n_tasks,
+            from_ms: r.at_ms,
+            pool: engine.resources().tree().path(r.pool).to_string(),
+        };
+        for &slot in &r.hosts {
+            by_host.entry(slot).or_default().push(reservation.clone());
+        }
+    }
+    by_host
 }
 
 /// A host's attributes as shown: without its host pool (shown as

@@ -1041,3 +1041,57 @@ async fn a_plan_says_where_and_when_and_changes_nothing() {
     }
     s.shutdown().await;
 }
+
+/// Reservations with backfill, seen from outside: a gang of two whole
+/// hosts waits for one that is busy; its hosts are held for it (host
+/// list, the gang's pending reason), a short job submitted after it runs
+/// first on the free host, a long one waits behind it, and the gang starts
+/// when the busy host frees up.
+#[tokio::test]
+async fn a_waiting_gang_holds_its_hosts_and_short_work_runs_before_it() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/r").await;
+    let per_host = cluster_capacity(&mut c).await.cpu / 2.0;
+    // One host busy for 4 s, and it says so.
+    let mut busy = job_spec("/r", 1, per_host, 4_000);
+    task_of(&mut busy).expected_runtime_ms = 4_000;
+    let busy = create_job(&mut c, busy).await;
+    wait_job(&c, &busy.id, J::Running).await;
+    // The gang needs both hosts whole.
+    let mut gang = job_spec("/r", 2, per_host, 1_000);
+    gang.sla = Some(pb::Sla {
+        min_running_instances: 2,
+        ..Default::default()
+    });
+    task_of(&mut gang).expected_runtime_ms = 1_000;
+    let gang = create_job(&mut c, gang).await;
+    // Behind it: a job that ends well before the busy host frees up, and
+    // one that would run past that (it waits).
+    let mut short = job_spec("/r", 1, 1.0, 300);
+    task_of(&mut short).expected_runtime_ms = 1_000;
+    let short = create_job(&mut c, short).await;
+    let mut long = job_spec("/r", 1, 1.0, 1_000);
+    task_of(&mut long).expected_runtime_ms = 60_000;
+    let long = create_job(&mut c, long).await;
+    wait_job(&c, &short.id, J::Succeeded).await;
+    let held = list_hosts(&mut c).await;
+    assert!(
+        held.iter().all(|h| h.reserved_for.iter().any(|r| r
+            .head
+            .as_ref()
+            .is_some_and(|t| t.job_id == gang.id)
+            && r.tasks == 2)),
+        "{held:?}"
+    );
+    let reason = get_task(&mut c, &gang.id, 0).await.pending_reason;
+    assert!(reason.contains("host(s) are reserved for it"), "{reason}");
+    assert_eq!(
+        task_state(&get_task(&mut c, &long.id, 0).await),
+        pb::TaskState::Pending
+    );
+    // The busy host frees up: the gang starts, then the long job.
+    wait_job(&c, &gang.id, J::Succeeded).await;
+    wait_job(&c, &long.id, J::Running).await;
+    s.shutdown().await;
+}

@@ -790,7 +790,7 @@ impl Lifecycle {
         i: u32,
         slot: HostSlot,
     ) -> Result<(), String> {
-        let task = super::runs::new_task(engine, &self.jobs[&k], k, i, self.pin_of(k, i));
+        let task = super::runs::new_task(engine, self, k, i, self.pin_of(k, i));
         let host = engine
             .hosts()
             .lookup_slot(slot.idx())

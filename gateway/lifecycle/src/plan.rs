@@ -97,7 +97,10 @@ impl Lifecycle {
                 break;
             }
             let tasks: Vec<_> = (i..i + size)
-                .map(|x| new_task_of(engine, plan, plan.template(x), pool, k, x, None))
+                .map(|x| {
+                    let runtime_ms = self.plan_runtime_estimate(plan, x).map_or(0, |e| e.ms);
+                    new_task_of(engine, plan, plan.template(x), pool, k, x, None, runtime_ms)
+                })
                 .collect();
             match sim.submit(&tasks) {
                 Ok(got) => handles.extend(got),

@@ -28,19 +28,36 @@ const FILL_BATCH: usize = 4096;
 
 /// The engine task of instance `i` of job `k`, pinned to `pin` if given
 /// (its volume's or daemon's host). A task with a volume asks for the
-/// volume's disk too: the volume lives on the host it is placed on.
+/// volume's disk too: the volume lives on the host it is placed on. It
+/// carries the instance's runtime estimate (what backfill plans with).
 pub(super) fn new_task(
     engine: &Engine,
-    job: &Job,
+    core: &Lifecycle,
     k: JobKey,
     i: u32,
     pin: Option<super::HostSlot>,
 ) -> NewTask {
-    new_task_of(engine, &job.plan, job.template(i), job.pool, k, i, pin)
+    let job = &core.jobs[&k];
+    let runtime_ms = core.runtime_estimate(k, i).map_or(0, |e| e.ms);
+    new_task_of(
+        engine,
+        &job.plan,
+        job.template(i),
+        job.pool,
+        k,
+        i,
+        pin,
+        runtime_ms,
+    )
 }
 
 /// The engine task of instance `i` of job `k` of `plan`, on `template`, in
-/// `pool` (also for a job not created yet: a plan).
+/// `pool` (also for a job not created yet: a plan), expected to run
+/// `runtime_ms` (0: unknown).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "every part of an engine task, passed explicitly"
+)]
 pub(super) fn new_task_of(
     engine: &Engine,
     plan: &super::JobPlan,
@@ -49,6 +66,7 @@ pub(super) fn new_task_of(
     k: JobKey,
     i: u32,
     pin: Option<super::HostSlot>,
+    runtime_ms: u64,
 ) -> NewTask {
     NewTask {
         job: k.0,
@@ -68,6 +86,7 @@ pub(super) fn new_task_of(
         limit_key: k.0,
         desired_host: pin.and_then(|s| engine.hosts().lookup_slot(s.idx())),
         daemon: plan.kind == JobKind::Daemon,
+        runtime_ms: runtime_ms.min(peloton_engine::engine::MAX_RUNTIME_MS),
     }
 }
 
@@ -407,7 +426,7 @@ impl Lifecycle {
                         break;
                     }
                     members.push(i);
-                    gang.push(new_task(engine, job, k, i, pin));
+                    gang.push(new_task(engine, self, k, i, pin));
                 }
                 if !members.is_empty() {
                     handles.clear();
@@ -455,7 +474,7 @@ impl Lifecycle {
                     self.retry_fill.insert(k);
                     return;
                 }
-                gang.push(new_task(engine, job, k, i, pin));
+                gang.push(new_task(engine, self, k, i, pin));
             }
             match engine.submit(&gang) {
                 Ok(handles) => {

@@ -104,8 +104,13 @@ fn cores(millis: u64) -> Resources {
     Resources::new(millis, millis * HOST_MEMORY_MIB / (HOST_CORES * 1000), 0, 0)
 }
 
-fn new_task(job: u32, instance: u32, pool: PoolId, cpu_millis: u64) -> NewTask {
-    peloton_engine::testkit::plain_task(job, instance, pool, cores(cpu_millis))
+fn new_task(seed: u64, job: u32, instance: u32, pool: PoolId, cpu_millis: u64) -> NewTask {
+    // Its runtime is declared, as the lifecycle passes its estimates on:
+    // the forecast's fork backfills with them as the live engine would.
+    NewTask {
+        runtime_ms: hashed_runtime_ms(seed, job, instance),
+        ..peloton_engine::testkit::plain_task(job, instance, pool, cores(cpu_millis))
+    }
 }
 
 fn engine_config(threads: usize, max_hosts: usize) -> EngineConfig {
@@ -194,7 +199,13 @@ pub fn build_cost_cluster(o: &CostOptions) -> Result<CostCluster> {
             let pool = pick(&pools, seed, 2, u64::from(job));
             let cpu = pick(&[500, 1000, 1000, 1500, 2000], seed, 3, u64::from(job));
             batch.clear();
-            batch.extend((0..n as u32).map(|i| new_task(job, i, pool, cpu)));
+            // A running task has run since `at_ms` and has its hashed
+            // runtime left at the forecast (`CostCluster::runtime_ms`).
+            batch.extend((0..n as u32).map(|i| {
+                let mut t = new_task(seed, job, i, pool, cpu);
+                t.runtime_ms += COST_NOW_MS - at_ms;
+                t
+            }));
             engine
                 .submit_each(&batch, &mut handles)
                 .context("queueing running tasks")?;
@@ -223,13 +234,13 @@ pub fn build_cost_cluster(o: &CostOptions) -> Result<CostCluster> {
         if unit(seed, 4, key) < 1.0 / 30.0 {
             let n = (2 + (unit(seed, 5, key) * 15.0) as usize).min(o.waiting - n_waiting);
             let cpu = pick(&[16_000, 32_000], seed, 6, key);
-            batch.extend((0..n as u32).map(|i| new_task(job, i, pool, cpu)));
+            batch.extend((0..n as u32).map(|i| new_task(seed, job, i, pool, cpu)));
             engine.submit(&batch).context("queueing a gang")?;
             waiting_gangs += 1;
         } else {
             let n = (1 + (unit(seed, 5, key) * 32.0) as usize).min(o.waiting - n_waiting);
             let cpu = pick(&[1000, 2000, 4000, 8000], seed, 6, key);
-            batch.extend((0..n as u32).map(|i| new_task(job, i, pool, cpu)));
+            batch.extend((0..n as u32).map(|i| new_task(seed, job, i, pool, cpu)));
             engine
                 .submit_each(&batch, &mut handles)
                 .context("queueing waiting tasks")?;
@@ -862,6 +873,8 @@ pub fn replay(
                 limit_key: next_job as u32,
                 desired_host: None,
                 daemon: false,
+                // True durations declared: backfill plans with them.
+                runtime_ms: j.duration_ms,
             }));
             engine
                 .submit_each(&batch, &mut handles)

@@ -5,6 +5,7 @@
 //! a run is reproducible and the criterion suites in `benches/` measure the
 //! same shapes.
 
+mod bigsmall;
 mod e2e;
 mod forecast;
 mod history;
@@ -448,6 +449,30 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Big gangs among small jobs (the workload of scripts/bigsmall/):
+    /// the engine in simulated time with reservations and backfill and
+    /// without, beside Slurm's figures on the same workload.
+    Bigsmall {
+        /// The workload CSV (scripts/bigsmall/gen.py writes it).
+        #[arg(long, default_value = "scripts/bigsmall/workload.csv")]
+        trace: PathBuf,
+        /// Hosts of the cluster.
+        #[arg(long, default_value_t = 16)]
+        hosts: usize,
+        /// Cores of each host.
+        #[arg(long, default_value_t = 8)]
+        cores: u64,
+        /// Slurm's results on the same workload (scripts/bigsmall/slurm.sh
+        /// writes them), shown beside if the file exists.
+        #[arg(long, default_value = "scripts/bigsmall/slurm-results.json")]
+        slurm: PathBuf,
+        /// Skip the forecasts made at each submission.
+        #[arg(long)]
+        no_forecasts: bool,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -795,6 +820,51 @@ fn main() -> Result<()> {
             }
             if common.json {
                 println!("{report}");
+            }
+        }
+        Command::Bigsmall {
+            trace,
+            hosts,
+            cores,
+            slurm,
+            no_forecasts,
+            json,
+        } => {
+            if hosts == 0 || cores == 0 {
+                bail!("--hosts and --cores must be at least 1");
+            }
+            let jobs = bigsmall::read_workload(&trace)?;
+            let cluster = bigsmall::Cluster { hosts, cores };
+            let mut rows = Vec::new();
+            for backfill in [false, true] {
+                rows.push(bigsmall::replay(&jobs, cluster, backfill, !no_forecasts)?);
+            }
+            if slurm.exists() {
+                let text = std::fs::read_to_string(&slurm)
+                    .with_context(|| format!("read {}", slurm.display()))?;
+                let v: Value = serde_json::from_str(&text)
+                    .with_context(|| format!("parse {}", slurm.display()))?;
+                match v {
+                    Value::Array(items) => rows.extend(items),
+                    Value::Object(ref map) if map.contains_key("policy") => rows.push(v),
+                    Value::Object(map) => rows.extend(map.into_iter().map(|(k, mut r)| {
+                        if r.get("policy").is_none() {
+                            r["policy"] = json!(k);
+                        }
+                        r
+                    })),
+                    _ => bail!("{}: not a JSON array or object", slurm.display()),
+                }
+            }
+            if json {
+                println!("{}", json!({ "benchmark": "bigsmall", "results": rows }));
+            } else {
+                println!(
+                    "big gangs among small jobs: {} jobs on {hosts} hosts x {cores} cores ({})\n",
+                    jobs.len(),
+                    trace.display()
+                );
+                bigsmall::print_table(&rows);
             }
         }
         Command::Demo { common } => {

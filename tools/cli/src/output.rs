@@ -525,6 +525,16 @@ pub fn host_json(host: &Host) -> Value {
         "host_pool": host.host_pool,
         "volumes_disk_mb": host.volumes_disk_mb,
         "used": usage_json(host.used.as_ref()),
+        "reserved_for": host.reserved_for.iter().map(|r| {
+            let head = r.head.clone().unwrap_or_default();
+            json!({
+                "job_id": head.job_id,
+                "instance": head.instance,
+                "tasks": r.tasks,
+                "from_ms": r.from_ms,
+                "pool": r.pool,
+            })
+        }).collect::<Vec<_>>(),
     })
 }
 

@@ -76,6 +76,21 @@ fn print_done(output: OutputFormat, state: &str, hosts: &[String]) -> std::io::R
     }
 }
 
+/// The blocked heads a host is held for: `JOB/INSTANCE (N tasks)`, or -.
+fn reserved_for(host: &Host) -> String {
+    if host.reserved_for.is_empty() {
+        return "-".into();
+    }
+    host.reserved_for
+        .iter()
+        .map(|r| {
+            let head = r.head.clone().unwrap_or_default();
+            format!("{}/{} ({} tasks)", head.job_id, head.instance, r.tasks)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn host_table(hosts: &[Host]) -> String {
     let mut table = Table::new(&[
         ("NAME", Align::Left),
@@ -87,6 +102,7 @@ fn host_table(hosts: &[Host]) -> String {
         ("USED", Align::Right),
         ("TASKS", Align::Right),
         ("ISOLATION", Align::Left),
+        ("RESERVED FOR", Align::Left),
         ("ATTRIBUTES", Align::Left),
     ]);
     for host in hosts {
@@ -113,6 +129,8 @@ fn host_table(hosts: &[Host]) -> String {
             host.tasks_total.to_string(),
             // cgroup-v2 or rlimit for agents; none for simulated hosts.
             or_dash(&host.isolation),
+            // Reservations with backfill: the blocked heads held here.
+            reserved_for(host),
             fmt_map(&host.attributes),
         ]);
     }
