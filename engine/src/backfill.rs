@@ -43,10 +43,12 @@
 //! what revocable tasks borrowed; other pools' heads are not foreseen.
 
 use crate::admission::TaskClass;
-use crate::host::{HostArena, HostState};
+use crate::host::HostArena;
 use crate::pool::PoolId;
 use crate::resources::{N_DIMS, Resources};
-use crate::task::{TaskArena, flags};
+use std::collections::BTreeMap;
+
+use crate::task::{PlacedView, TaskArena, flags};
 
 /// Most reservations a cycle makes, whatever the configuration.
 pub const MAX_RESERVATIONS: usize = 64;
@@ -65,6 +67,11 @@ pub struct BackfillConfig {
     pub depth: usize,
     /// A reservation further ahead than this (ms) is not made.
     pub horizon_ms: u64,
+    /// A head's reservation is worked out again after this long (ms), or
+    /// at its time if sooner; between, its gang stays held back without a
+    /// look at the hosts. (Work that ends before its estimate frees hosts
+    /// at most this much before the gang sees it.)
+    pub refresh_ms: u64,
 }
 
 impl Default for BackfillConfig {
@@ -74,6 +81,7 @@ impl Default for BackfillConfig {
             max_reservations: 8,
             depth: 64,
             horizon_ms: 7 * 24 * 3_600_000,
+            refresh_ms: 1_000,
         }
     }
 }
@@ -97,8 +105,33 @@ pub struct StartReservation {
     pub hosts: Vec<u32>,
 }
 
+/// A reservation as last worked out, kept for up to
+/// [`BackfillConfig::refresh_ms`].
+#[derive(Clone, Debug)]
+pub(crate) struct Kept {
+    /// When it was worked out.
+    pub computed_at: u64,
+    /// When the head is expected to start, and on which hosts.
+    pub at_ms: u64,
+    pub hosts: Vec<u32>,
+    /// How many of a gang's tasks fit the free hosts then.
+    pub fit: u64,
+}
+
+impl Kept {
+    /// Whether it still holds at `now_ms`.
+    pub fn holds(&self, now_ms: u64, refresh_ms: u64) -> bool {
+        now_ms < self.at_ms && now_ms < self.computed_at.saturating_add(refresh_ms)
+    }
+}
+
 /// How many copies of `request` fit in `avail` (at most `cap`).
+#[inline]
 pub(crate) fn copies(avail: &Resources, request: &Resources, cap: u64) -> u64 {
+    // Most hosts of a busy cluster fit none: no division for them.
+    if !request.fits_in(avail) {
+        return 0;
+    }
     let mut k = cap;
     for d in 0..N_DIMS {
         if let Some(copies) = avail.0[d].checked_div(request.0[d]) {
@@ -108,11 +141,19 @@ pub(crate) fn copies(avail: &Resources, request: &Resources, cap: u64) -> u64 {
     k
 }
 
+/// The up hosts' slots, ascending: a scan of the state columns (cheaper
+/// than walking the up hosts' bitmap).
+fn up_slots(hosts: &HostArena) -> impl Iterator<Item = u32> + '_ {
+    (0..hosts.n_slots())
+        .filter(|&s| hosts.is_up_slot(s))
+        .map(|s| s as u32)
+}
+
 /// How many of `n` tasks of `request` (at most `cap` a host) fit the up
 /// hosts' free resources now; counts up to `n` only.
 pub(crate) fn fit_now(hosts: &HostArena, request: &Resources, cap: u64, n: u64) -> u64 {
     let mut have = 0;
-    for slot in hosts.in_state(HostState::Up) {
+    for slot in up_slots(hosts) {
         have += copies(&hosts.free(slot as usize), request, cap);
         if have >= n {
             return n;
@@ -121,120 +162,270 @@ pub(crate) fn fit_now(hosts: &HostArena, request: &Resources, cap: u64, n: u64) 
     have
 }
 
-/// When `n` tasks of `request` (at most `cap` a host) fit the up hosts,
-/// by the placed tasks' expected ends, and on which hosts (ascending);
-/// none if never by the estimates.
-pub(crate) fn hosts_time(
-    hosts: &HostArena,
-    tasks: &TaskArena,
-    request: &Resources,
-    cap: u64,
-    n: u64,
-    now_ms: u64,
-) -> Option<(u64, Vec<u32>)> {
-    let mut have = 0;
-    let mut chosen = Vec::new();
-    let up = hosts.in_state(HostState::Up);
-    for slot in up {
-        let k = copies(&hosts.free(slot as usize), request, cap);
-        if k > 0 {
-            have += k;
-            chosen.push(slot);
+/// Per dimension, the most free on any up host.
+pub(crate) fn largest_free(hosts: &HostArena) -> Resources {
+    let mut most = Resources::ZERO;
+    for slot in up_slots(hosts) {
+        let free = hosts.free(slot as usize);
+        for d in 0..N_DIMS {
+            most.0[d] = most.0[d].max(free.0[d]);
+        }
+    }
+    most
+}
+
+/// What reservations need to know of the placed tasks, kept as they are
+/// placed and end, so that a reservation costs a walk over the hosts and
+/// its pool's calendar rather than over every running task (a forecast
+/// makes one at nearly every step).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct EndIndex {
+    /// Per pool slot: the requests of its placed non-revocable tasks with
+    /// a runtime estimate, by expected end (rounded up to the second).
+    pool_ends: Vec<BTreeMap<u64, Resources>>,
+    /// Per host slot: when its last placed task is expected to end
+    /// (`u64::MAX`: one has no estimate), unless `host_dirty` (a task that
+    /// may have been the last ended: worked out again when read).
+    host_empty_at: Vec<u64>,
+    host_dirty: Vec<bool>,
+    /// Per pool slot: the lowest priority of its placed preemptible tasks
+    /// and how many have it, unless `pool_min_dirty`.
+    pool_min: Vec<Option<(u32, u32)>>,
+    pool_min_dirty: Vec<bool>,
+}
+
+/// An expected end rounded up to the second (the calendar's key).
+fn second_of(end_ms: u64) -> u64 {
+    end_ms.div_ceil(1000).saturating_mul(1000)
+}
+
+impl EndIndex {
+    fn grow(&mut self, pool: usize, host: usize) {
+        if self.pool_ends.len() <= pool {
+            self.pool_ends.resize_with(pool + 1, BTreeMap::new);
+            self.pool_min.resize(pool + 1, None);
+            self.pool_min_dirty.resize(pool + 1, false);
+        }
+        if self.host_empty_at.len() <= host {
+            self.host_empty_at.resize(host + 1, 0);
+            self.host_dirty.resize(host + 1, false);
+        }
+    }
+
+    /// A task was placed.
+    pub(crate) fn placed(&mut self, v: &PlacedView) {
+        let (pool, host) = (v.pool as usize, v.host as usize);
+        self.grow(pool, host);
+        let end = v.expected_end(0);
+        if v.flags & flags::REVOCABLE == 0 && end != u64::MAX {
+            let sum = self.pool_ends[pool].entry(second_of(end)).or_default();
+            *sum = sum.saturating_add(&v.request);
+        }
+        if !self.host_dirty[host] {
+            self.host_empty_at[host] = self.host_empty_at[host].max(end);
+        }
+        if v.flags & flags::PREEMPTIBLE != 0 && !self.pool_min_dirty[pool] {
+            self.pool_min[pool] = match self.pool_min[pool] {
+                Some((p, n)) if p == v.priority => Some((p, n + 1)),
+                Some((p, n)) if p < v.priority => Some((p, n)),
+                _ => Some((v.priority, 1)),
+            };
+        }
+    }
+
+    /// A placed task ends (or is taken off its host).
+    pub(crate) fn removed(&mut self, v: &PlacedView) {
+        let (pool, host) = (v.pool as usize, v.host as usize);
+        self.grow(pool, host);
+        let end = v.expected_end(0);
+        if v.flags & flags::REVOCABLE == 0 && end != u64::MAX {
+            let key = second_of(end);
+            if let Some(sum) = self.pool_ends[pool].get_mut(&key) {
+                *sum = sum.saturating_sub(&v.request);
+                if sum.is_zero() {
+                    self.pool_ends[pool].remove(&key);
+                }
+            }
+        }
+        if end >= self.host_empty_at[host] {
+            self.host_dirty[host] = true;
+        }
+        if v.flags & flags::PREEMPTIBLE != 0
+            && let Some((p, n)) = self.pool_min[pool]
+            && p == v.priority
+        {
+            if n > 1 {
+                self.pool_min[pool] = Some((p, n - 1));
+            } else {
+                self.pool_min[pool] = None;
+                self.pool_min_dirty[pool] = true;
+            }
+        }
+    }
+
+    /// When the host in `slot` is expected to be empty (`u64::MAX`: a task
+    /// there has no estimate).
+    fn empty_at(&mut self, tasks: &TaskArena, slot: u32) -> u64 {
+        let s = slot as usize;
+        self.grow(0, s);
+        if self.host_dirty[s] {
+            self.host_empty_at[s] = tasks
+                .placed_on_host(slot)
+                .map(|v| v.expected_end(0))
+                .max()
+                .unwrap_or(0);
+            self.host_dirty[s] = false;
+        }
+        self.host_empty_at[s]
+    }
+
+    /// The lowest priority of the pool's placed preemptible tasks.
+    pub(crate) fn min_preemptible_priority(&mut self, tasks: &TaskArena, pool: u32) -> Option<u32> {
+        let p = pool as usize;
+        self.grow(p, 0);
+        if self.pool_min_dirty[p] {
+            let mut min: Option<(u32, u32)> = None;
+            for v in tasks.placed_in_pool(pool) {
+                if v.flags & flags::PREEMPTIBLE == 0 {
+                    continue;
+                }
+                min = match min {
+                    Some((q, n)) if q == v.priority => Some((q, n + 1)),
+                    Some((q, n)) if q < v.priority => Some((q, n)),
+                    _ => Some((v.priority, 1)),
+                };
+            }
+            self.pool_min[p] = min;
+            self.pool_min_dirty[p] = false;
+        }
+        self.pool_min[p].map(|(q, _)| q)
+    }
+
+    /// When the pool in `slot`, lacking `deficit` of its entitlement, gets
+    /// it back by its placed tasks' expected ends (never before `now_ms`;
+    /// `u64::MAX` if never by the estimates), and what of its holdings
+    /// ends by a time: see [`EndIndex::released_by`].
+    pub(crate) fn entitlement_time(&mut self, pool: u32, deficit: Resources, now_ms: u64) -> u64 {
+        if deficit.is_zero() {
+            return now_ms;
+        }
+        self.grow(pool as usize, 0);
+        let mut left = deficit;
+        for (&end, freed) in &self.pool_ends[pool as usize] {
+            left = left.saturating_sub(freed);
+            if left.is_zero() {
+                return end.max(now_ms);
+            }
+        }
+        u64::MAX
+    }
+
+    /// What the pool in `slot` holds that is expected to end by `at_ms`.
+    pub(crate) fn released_by(&mut self, pool: u32, at_ms: u64) -> Resources {
+        self.grow(pool as usize, 0);
+        self.pool_ends[pool as usize]
+            .range(..=at_ms)
+            .fold(Resources::ZERO, |sum, (_, r)| sum.saturating_add(r))
+    }
+
+    /// When `n` tasks of `request` (at most `cap` a host) fit the up
+    /// hosts, and on which hosts (ascending): the free resources now, else
+    /// hosts as they empty by their tasks' expected ends (a host that fits
+    /// some only once part of its tasks end is counted when all have: a
+    /// reservation may be later than need be, never earlier). None if
+    /// never by the estimates.
+    pub(crate) fn hosts_time(
+        &mut self,
+        hosts: &HostArena,
+        tasks: &TaskArena,
+        request: &Resources,
+        cap: u64,
+        n: u64,
+        now_ms: u64,
+    ) -> Option<(u64, Vec<u32>)> {
+        let mut have = 0;
+        let mut chosen = Vec::new();
+        let mut events: Vec<(u64, u32, u64)> = Vec::new();
+        for slot in up_slots(hosts) {
+            let k = copies(&hosts.free(slot as usize), request, cap);
+            if k > 0 {
+                have += k;
+                chosen.push(slot);
+            }
             if have >= n {
                 chosen.sort_unstable();
                 return Some((now_ms, chosen));
             }
-        }
-    }
-    // When each host fits one more copy, from its tasks' ends.
-    let mut events: Vec<(u64, u32, u64)> = Vec::new();
-    let mut ends: Vec<(u64, Resources)> = Vec::new();
-    for slot in up {
-        let mut avail = hosts.free(slot as usize);
-        let mut k = copies(&avail, request, cap);
-        if k >= cap {
-            continue;
-        }
-        ends.clear();
-        ends.extend(
-            tasks
-                .placed_on_host(slot)
-                .map(|v| (v.expected_end(now_ms), v.request))
-                .filter(|&(end, _)| end != u64::MAX),
-        );
-        ends.sort_unstable_by_key(|&(end, _)| end);
-        for &(end, freed) in &ends {
-            avail = avail.saturating_add(&freed);
-            let now_k = copies(&avail, request, cap);
-            if now_k > k {
-                events.push((end, slot, now_k - k));
-                k = now_k;
-                if k >= cap {
-                    break;
+            let empty = hosts
+                .capacity(slot as usize)
+                .saturating_sub(&hosts.reserved(slot as usize));
+            let k_empty = copies(&empty, request, cap);
+            if k_empty > k {
+                let at = self.empty_at(tasks, slot);
+                if at != u64::MAX {
+                    events.push((at.max(now_ms), slot, k_empty - k));
                 }
             }
         }
-    }
-    events.sort_unstable();
-    for (at, slot, dk) in events {
-        have += dk;
-        chosen.push(slot);
-        if have >= n {
-            chosen.sort_unstable();
-            chosen.dedup();
-            return Some((at, chosen));
+        // Each event adds at least one copy, so the first `n - have` of
+        // them in time order are enough: only those are sorted.
+        let need = usize::try_from(n - have).unwrap_or(usize::MAX);
+        if events.len() > need {
+            events.select_nth_unstable(need - 1);
+            events.truncate(need);
         }
+        events.sort_unstable();
+        for (at, slot, dk) in events {
+            have += dk;
+            chosen.push(slot);
+            if have >= n {
+                chosen.sort_unstable();
+                chosen.dedup();
+                return Some((at, chosen));
+            }
+        }
+        None
     }
-    None
-}
 
-/// When a pool that lacks `deficit` of its entitlement gets it back, by
-/// the expected ends of what it holds (`ends`: end, request; sorted
-/// here); `u64::MAX` if never by the estimates.
-pub(crate) fn entitlement_time(deficit: Resources, ends: &mut [(u64, Resources)]) -> u64 {
-    if deficit.is_zero() {
-        return 0;
+    /// Panics unless the index agrees with the placed tasks (rebuilt here).
+    pub(crate) fn check_invariants(&self, tasks: &TaskArena) {
+        let mut pool_ends: Vec<BTreeMap<u64, Resources>> =
+            vec![BTreeMap::new(); self.pool_ends.len()];
+        let mut empty_at = vec![0u64; self.host_empty_at.len()];
+        let mut pool_min: Vec<Option<(u32, u32)>> = vec![None; self.pool_min.len()];
+        for v in tasks.placed_views() {
+            let (pool, host) = (v.pool as usize, v.host as usize);
+            assert!(
+                pool < pool_ends.len() && host < empty_at.len(),
+                "every placed task is in the end index"
+            );
+            let end = v.expected_end(0);
+            if v.flags & flags::REVOCABLE == 0 && end != u64::MAX {
+                let sum = pool_ends[pool].entry(second_of(end)).or_default();
+                *sum = sum.saturating_add(&v.request);
+            }
+            empty_at[host] = empty_at[host].max(end);
+            if v.flags & flags::PREEMPTIBLE != 0 {
+                pool_min[pool] = match pool_min[pool] {
+                    Some((p, n)) if p == v.priority => Some((p, n + 1)),
+                    Some((p, n)) if p < v.priority => Some((p, n)),
+                    _ => Some((v.priority, 1)),
+                };
+            }
+        }
+        assert_eq!(pool_ends, self.pool_ends, "pools' calendars of ends");
+        for (h, &at) in empty_at.iter().enumerate() {
+            if !self.host_dirty[h] {
+                assert_eq!(self.host_empty_at[h], at, "host slot {h}: when it empties");
+            }
+        }
+        for (p, &min) in pool_min.iter().enumerate() {
+            if !self.pool_min_dirty[p] {
+                assert_eq!(
+                    self.pool_min[p], min,
+                    "pool slot {p}: lowest preemptible priority"
+                );
+            }
+        }
     }
-    ends.sort_unstable_by_key(|&(end, _)| end);
-    let mut left = deficit;
-    for &(end, freed) in ends.iter() {
-        if end == u64::MAX {
-            break;
-        }
-        left = left.saturating_sub(&freed);
-        if left.is_zero() {
-            return end;
-        }
-    }
-    u64::MAX
-}
-
-/// The expected ends (and requests) of what the pool in `slot` holds
-/// against its entitlement: its placed non-revocable tasks, and its
-/// admitted ones still waiting for a host (as if they started now).
-pub(crate) fn pool_ends(
-    tasks: &TaskArena,
-    waiting: &[crate::task::TaskHandle],
-    slot: u32,
-    now_ms: u64,
-) -> Vec<(u64, Resources)> {
-    let mut ends: Vec<(u64, Resources)> = tasks
-        .placed_in_pool(slot)
-        .filter(|v| v.flags & flags::REVOCABLE == 0)
-        .map(|v| (v.expected_end(now_ms), v.request))
-        .collect();
-    for &t in waiting {
-        let Ok((pool, bits, request)) = tasks.pool_flags_request(t) else {
-            continue;
-        };
-        if pool != slot || bits & flags::REVOCABLE != 0 {
-            continue;
-        }
-        if tasks.state(t) != Ok(crate::task::TaskState::Admitted) {
-            continue;
-        }
-        let runtime = tasks.runtime_ms(t).unwrap_or(0);
-        ends.push((crate::task::expected_end(now_ms, runtime, now_ms), request));
-    }
-    ends
 }

@@ -220,6 +220,11 @@ pub struct Engine {
     /// Resources held on hosts for instances without a task there.
     reservations: crate::placement::Reservations,
     backfill: crate::backfill::BackfillConfig,
+    /// The placed tasks' expected ends, for reservations.
+    ends: crate::backfill::EndIndex,
+    /// Reservations as last worked out, by (pool slot, queue, head's
+    /// arrival number): only those of this cycle's blocked heads are kept.
+    kept: rustc_hash::FxHashMap<(usize, TaskClass, u64), crate::backfill::Kept>,
 }
 
 /// Queued tasks' admission entries by task slot: a column written in
@@ -288,6 +293,8 @@ impl Engine {
             report: CycleReport::default(),
             reservations: Default::default(),
             backfill: config.backfill,
+            ends: Default::default(),
+            kept: Default::default(),
         }
     }
 
@@ -312,7 +319,17 @@ impl Engine {
             report: CycleReport::default(),
             reservations: self.reservations.clone(),
             backfill: self.backfill,
+            ends: self.ends.clone(),
+            kept: self.kept.clone(),
         }
+    }
+
+    /// How long a reservation holds before it is worked out again (see
+    /// [`crate::backfill::BackfillConfig::refresh_ms`]). A forecast's fork
+    /// keeps them until their time: in it, running tasks end exactly at
+    /// their estimates.
+    pub fn set_backfill_refresh(&mut self, refresh_ms: u64) {
+        self.backfill.refresh_ms = refresh_ms;
     }
 
     /// Whether placement says why tasks stay unplaced (see
@@ -602,6 +619,8 @@ impl Engine {
                 now_ms,
             )
             .expect("fit checked");
+        self.ends
+            .placed(&self.tasks.placed_view(handle).expect("just placed"));
         if let Some(amount) = reserved {
             crate::placement::keep_unused_reservation(
                 &mut self.hosts,
@@ -636,7 +655,7 @@ impl Engine {
             .saturating_sub(&self.rm.total_allocation())
             .saturating_add(&self.hosts.total_reclaimable());
         self.rm.recompute_entitlement(capacity, slack);
-        let gated = self.gate_gangs();
+        let gated = self.gate_gangs(now_ms);
         self.rm.admit(&mut self.report.admission);
         for &slot in &gated {
             self.rm.set_gate(slot, None);
@@ -657,6 +676,10 @@ impl Engine {
             .retain(|&t| tasks.state(t) == Ok(TaskState::Admitted));
         let batch_len = self.waiting.len().min(crate::placement::MAX_BATCH);
         self.place_batch(batch_len, now_ms);
+        for p in &self.report.placement.placed {
+            let view = self.tasks.placed_view(p.task).expect("placed is live");
+            self.ends.placed(&view);
+        }
         let tasks = &self.tasks;
         self.waiting
             .retain(|&t| tasks.state(t) != Ok(TaskState::Placed));
@@ -670,7 +693,7 @@ impl Engine {
     /// Gang heads that fit their pool's entitlement but not the hosts now
     /// wait in their queue this cycle (see [`crate::backfill`]); returns
     /// the pool slots whose gate was set, to clear after admission.
-    fn gate_gangs(&mut self) -> Vec<usize> {
+    fn gate_gangs(&mut self, now_ms: u64) -> Vec<usize> {
         let mut gated = Vec::new();
         if !self.backfill.enabled {
             return gated;
@@ -691,6 +714,14 @@ impl Engine {
                     break 'pools;
                 }
                 looked += 1;
+                // Its reservation still holds: it waits, without a look.
+                if let Some(k) = self.kept.get(&(slot, class, seq))
+                    && k.holds(now_ms, self.backfill.refresh_ms)
+                {
+                    self.rm.set_gate(slot, Some((seq, k.fit)));
+                    gated.push(slot);
+                    continue 'pools;
+                }
                 let n = members.len() as u64;
                 let request = largest_request(members);
                 let first = TaskHandle::from_u64(members[0].id.0);
@@ -707,9 +738,9 @@ impl Engine {
                 }
                 // Admitted, it may evict lower-priority work of its pool.
                 let may_evict = self
-                    .tasks
-                    .placed_in_pool(slot as u32)
-                    .any(|v| v.priority < spec.priority && v.flags & flags::PREEMPTIBLE != 0);
+                    .ends
+                    .min_preemptible_priority(&self.tasks, slot as u32)
+                    .is_some_and(|p| p < spec.priority);
                 if may_evict {
                     continue;
                 }
@@ -749,6 +780,8 @@ impl Engine {
             )
             .copied()
             .collect();
+        let mut seen = Vec::with_capacity(blocked.len());
+        let mut largest: Option<Resources> = None;
         for b in blocked {
             let slot = b.pool.idx();
             let Some((seq, members)) = self.rm.head_entry(slot, b.class) else {
@@ -769,51 +802,73 @@ impl Engine {
                 continue;
             }
             let (held, entitled) = self.rm.held_and_entitled(slot);
-            let mut ends =
-                crate::backfill::pool_ends(&self.tasks, &self.waiting, slot as u32, now_ms);
-            let entitled_at = if b.kind == crate::admission::BlockKind::Hosts {
-                now_ms
-            } else {
-                let deficit = held.saturating_add(&total).saturating_sub(&entitled);
-                crate::backfill::entitlement_time(deficit, &mut ends).max(now_ms)
-            };
-            if entitled_at == u64::MAX || entitled_at - now_ms > self.backfill.horizon_ms {
-                continue;
-            }
-            let cap = per_host_cap(spec.max_per_host);
-            let Some((hosts_at, hosts)) =
-                crate::backfill::hosts_time(&self.hosts, &self.tasks, &request, cap, n, now_ms)
-            else {
-                continue;
-            };
-            let at_ms = entitled_at.max(hosts_at);
-            if at_ms - now_ms > self.backfill.horizon_ms {
-                continue;
-            }
-            // What the pool's entitlement leaves beside the head when it
-            // starts: work that runs past then may use it, off its hosts.
-            let still_held = ends
-                .iter()
-                .filter(|&&(end, _)| end > at_ms)
-                .fold(Resources::ZERO, |sum, (_, r)| sum.saturating_add(r));
-            let extra = entitled.saturating_sub(&still_held).saturating_sub(&total);
-            let hosts_arena = &self.hosts;
-            let reserved: &[u32] = &hosts;
-            let mut fits_elsewhere = |members: &[PendingTask]| {
-                let request = largest_request(members);
-                let mut have = 0;
-                let n = members.len() as u64;
-                for slot in hosts_arena.in_state(HostState::Up) {
-                    if reserved.binary_search(&slot).is_ok() {
+            let key = (slot, b.class, seq);
+            seen.push(key);
+            let (at_ms, hosts) = match self.kept.get(&key) {
+                Some(k) if k.holds(now_ms, self.backfill.refresh_ms) => (k.at_ms, k.hosts.clone()),
+                _ => {
+                    let entitled_at = if b.kind == crate::admission::BlockKind::Hosts {
+                        now_ms
+                    } else {
+                        let deficit = held.saturating_add(&total).saturating_sub(&entitled);
+                        self.ends.entitlement_time(slot as u32, deficit, now_ms)
+                    };
+                    if entitled_at == u64::MAX || entitled_at - now_ms > self.backfill.horizon_ms {
                         continue;
                     }
-                    let free = hosts_arena.free(slot as usize);
-                    have += crate::backfill::copies(&free, &request, u64::MAX);
-                    if have >= n {
-                        return true;
+                    // A gang gets hosts; a single task waits for its entitlement
+                    // only (it fits some host then, as a rule) and holds none.
+                    let (at_ms, hosts) = if n > 1 {
+                        let cap = per_host_cap(spec.max_per_host);
+                        let Some((hosts_at, hosts)) = self.ends.hosts_time(
+                            &self.hosts,
+                            &self.tasks,
+                            &request,
+                            cap,
+                            n,
+                            now_ms,
+                        ) else {
+                            continue;
+                        };
+                        (entitled_at.max(hosts_at), hosts)
+                    } else {
+                        (entitled_at, Vec::new())
+                    };
+                    if at_ms - now_ms > self.backfill.horizon_ms {
+                        continue;
                     }
+                    let fit = if b.kind == crate::admission::BlockKind::Hosts {
+                        b.allocated
+                    } else {
+                        0
+                    };
+                    self.kept.insert(
+                        key,
+                        crate::backfill::Kept {
+                            computed_at: now_ms,
+                            at_ms,
+                            hosts: hosts.clone(),
+                            fit,
+                        },
+                    );
+                    (at_ms, hosts)
                 }
-                false
+            };
+            // What the pool's entitlement leaves beside the head when it
+            // starts: work that runs past then may use it, off its hosts.
+            let still_held = held.saturating_sub(&self.ends.released_by(slot as u32, at_ms));
+            let extra = entitled.saturating_sub(&still_held).saturating_sub(&total);
+            let hosts_arena = &self.hosts;
+            // Per dimension, the most any up host has free (worked out
+            // once a cycle, at the first entry that needs it): an entry
+            // that does not fit it fits no host now. (One that fits it may
+            // still wait for a host, the head's hosts being fenced off: it
+            // holds only what `extra` allows.)
+            let largest = &mut largest;
+            let mut fits_elsewhere = |members: &[PendingTask]| {
+                let most =
+                    *largest.get_or_insert_with(|| crate::backfill::largest_free(hosts_arena));
+                largest_request(members).fits_in(&most)
             };
             self.rm.backfill(
                 slot,
@@ -838,6 +893,7 @@ impl Engine {
                 });
         }
         self.report.start_reservations.sort_by_key(|r| r.at_ms);
+        self.kept.retain(|k, _| seen.contains(k));
     }
 
     /// Places the first `batch_len` waiting tasks. While hosts lend what
@@ -849,7 +905,12 @@ impl Engine {
     fn place_batch(&mut self, batch_len: usize, now_ms: u64) {
         let waiting = std::mem::take(&mut self.waiting);
         let batch = &waiting[..batch_len];
-        if self.report.start_reservations.is_empty() {
+        if self
+            .report
+            .start_reservations
+            .iter()
+            .all(|r| r.hosts.is_empty())
+        {
             place_split(
                 &mut self.placer,
                 &mut self.hosts,
@@ -1037,6 +1098,7 @@ impl Engine {
         // An admitted task still without a host is dropped from `waiting`
         // at the next cycle.
         if state == TaskState::Placed {
+            self.ends.removed(&self.tasks.placed_view(task)?);
             self.placer
                 .unplace(&mut self.hosts, &mut self.tasks, task)?;
         }
@@ -1200,6 +1262,7 @@ impl Engine {
         self.hosts.check_invariants();
         self.tasks.check_invariants();
         crate::placement::check_host_accounting(&self.hosts, &self.tasks);
+        self.ends.check_invariants(&self.tasks);
     }
 }
 

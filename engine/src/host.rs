@@ -404,6 +404,13 @@ impl HostArena {
     }
 
     /// State of a live host.
+    /// Whether the slot holds a live host that is up (a column read, for
+    /// scans over every slot).
+    #[inline]
+    pub fn is_up_slot(&self, slot: usize) -> bool {
+        self.live[slot] && self.state[slot] == HostState::Up
+    }
+
     pub fn state(&self, id: HostId) -> HostState {
         assert!(self.contains(id), "stale host handle {id:?}");
         self.state[id.idx()]

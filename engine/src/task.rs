@@ -686,6 +686,12 @@ impl TaskArena {
         Ok(self.start_ms[handle.idx()])
     }
 
+    /// A live task as preemption sees it (host [`NO_HOST`] if not placed).
+    pub fn placed_view(&self, handle: TaskHandle) -> Result<PlacedView, TaskError> {
+        self.check(handle)?;
+        Ok(self.view(handle.idx()))
+    }
+
     /// Every placed task with what preemption needs to rank it.
     pub fn placed_views(&self) -> impl Iterator<Item = PlacedView> + '_ {
         (0..self.live.len())
