@@ -181,7 +181,7 @@ pub(crate) fn largest_free(hosts: &HostArena) -> Resources {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct EndIndex {
     /// Per pool slot: the requests of its placed non-revocable tasks with
-    /// a runtime estimate, by expected end (rounded up to the second).
+    /// a runtime estimate, by expected end (rounded down to the second).
     pool_ends: Vec<BTreeMap<u64, Resources>>,
     /// Per host slot: when its last placed task is expected to end
     /// (`u64::MAX`: one has no estimate), unless `host_dirty` (a task that
@@ -194,9 +194,12 @@ pub(crate) struct EndIndex {
     pool_min_dirty: Vec<bool>,
 }
 
-/// An expected end rounded up to the second (the calendar's key).
+/// An expected end rounded down to the second (the calendar's key): a
+/// reservation worked out from it may begin up to a second early, never
+/// late (a forecast cycles only at ends, so one kept past the end it
+/// waits for would never be looked at again).
 fn second_of(end_ms: u64) -> u64 {
-    end_ms.div_ceil(1000).saturating_mul(1000)
+    end_ms / 1000 * 1000
 }
 
 impl EndIndex {
