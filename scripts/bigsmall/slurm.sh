@@ -60,7 +60,14 @@ fi
 work="$(mktemp -d /tmp/bigsmall-slurm.XXXXXX)"
 child=""
 cleanup() {
-  if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then kill -KILL "$child" 2>/dev/null || true; fi
+  # $child is `timeout`: TERM makes it pass TERM on to unshare, whose death
+  # (--kill-child) kills the namespace's first process and so all in it.
+  if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then
+    kill -TERM "$child" 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$child" 2>/dev/null || break; sleep 1; done
+    kill -KILL "$child" 2>/dev/null || true
+    wait "$child" 2>/dev/null || true
+  fi
   if [ "$keep" = 1 ]; then echo "slurm.sh: kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -73,11 +80,13 @@ budget=$(( (last_submit + 3600) / scale + 300 ))
 # Inside the namespaces: loopback up, plus a second loopback address so that
 # getaddrinfo(AI_ADDRCONFIG), which ignores 127.0.0.1 itself, lets slurmctld
 # bind; a hostname and an /etc/hosts of its own (bind-mounted in the private
-# mount namespace only).
+# mount namespace only), and a /dev/shm of its own for faketime's shared clock
+# (named by pid, which repeats in a new pid namespace). bash stays the namespace's first process (no exec) so
+# that it reaps the orphans slurmstepd leaves behind.
 inner='ip link set lo up && ip addr add 127.0.0.2/8 dev lo &&
   hostname bigsmall && printf "127.0.0.1 localhost bigsmall\n" > "$1/hosts" &&
-  mount --bind "$1/hosts" /etc/hosts && shift &&
-  exec faketime -m -f "+0 x$0" python3 "$@"'
+  mount --bind "$1/hosts" /etc/hosts && mount -t tmpfs -o size=16m bigsmall-shm /dev/shm && shift &&
+  faketime -m -f "+0 x$0" python3 "$@"; exit $?'
 
 results=()
 for p in $policies; do

@@ -103,6 +103,8 @@ def slurm_conf(d, policy):
             "default_queue_depth=2000",
             "sched_interval=5",
             "sched_min_interval=0",
+            # Schedule a batch job as soon as it is submitted (default: up to 3 s later).
+            "batch_sched_delay=0",
         ]
     )
     return f"""# Written by scripts/bigsmall/slurm_run.py: a private 16 x 8 cpu cluster.
