@@ -99,6 +99,12 @@ pub struct Config {
     pub host_lost_after_ms: u64,
     /// While work waits, a start forecast is made this often (0: never).
     pub forecast_interval_ms: u64,
+    /// Blocked queue heads given hosts reserved from their expected start,
+    /// with backfill behind them, per scheduling cycle (0: none: queues
+    /// keep strict order and gangs wait in placement). At most 64.
+    pub backfill_reservations: usize,
+    /// Queue entries looked at behind a reserved head per cycle.
+    pub backfill_depth: usize,
     /// A finished job (succeeded, failed or killed) is removed, with its
     /// tasks, from memory and the store this many seconds after it
     /// finished (reads of it then answer NOT_FOUND).
@@ -174,6 +180,9 @@ impl Default for Config {
             agent_heartbeat_ms: 1000,
             host_lost_after_ms: 10_000,
             forecast_interval_ms: crate::lifecycle::FORECAST_INTERVAL_MS,
+            backfill_reservations: peloton_engine::backfill::BackfillConfig::default()
+                .max_reservations,
+            backfill_depth: peloton_engine::backfill::BackfillConfig::default().depth,
             job_retention_s: 7 * 24 * 3600,
             max_finished_jobs: 10_000,
             app_lease_ms: 60_000,
@@ -256,6 +265,15 @@ impl Config {
             "idle_cycle_interval_ms: must be at least cycle_interval_ms"
         );
         anyhow::ensure!(self.sim_hosts <= 1_000_000, "sim_hosts: at most 1000000");
+        anyhow::ensure!(
+            self.backfill_reservations <= peloton_engine::backfill::MAX_RESERVATIONS,
+            "backfill_reservations: must be 0–{}",
+            peloton_engine::backfill::MAX_RESERVATIONS
+        );
+        anyhow::ensure!(
+            (1..=10_000).contains(&self.backfill_depth),
+            "backfill_depth: must be 1–10000"
+        );
         anyhow::ensure!(
             (1..=65_536).contains(&self.store_cache_mb),
             "store_cache_mb: must be 1–65536"
@@ -540,6 +558,35 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("commit_spacing_ms: must be 0–1000"), "{e}");
+    }
+
+    #[test]
+    fn backfill_bounds_are_checked() {
+        for (config, field) in [
+            (
+                Config {
+                    backfill_reservations: 65,
+                    ..Config::default()
+                },
+                "backfill_reservations: must be 0–64",
+            ),
+            (
+                Config {
+                    backfill_depth: 0,
+                    ..Config::default()
+                },
+                "backfill_depth: must be 1–10000",
+            ),
+        ] {
+            let e = config.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        Config {
+            backfill_reservations: 0,
+            ..Config::default()
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

@@ -78,6 +78,16 @@ struct Args {
     /// Milliseconds between start forecasts while work waits (0: none).
     #[arg(long)]
     forecast_interval_ms: Option<u64>,
+    /// Blocked queue heads (a gang waiting for whole hosts, work over its
+    /// pool's entitlement) given hosts reserved from their expected start
+    /// per scheduling cycle, with backfill behind them: work that ends
+    /// before then, or fits beside them then on other hosts, runs first
+    /// (0: none, strict queue order; at most 64).
+    #[arg(long)]
+    backfill_reservations: Option<usize>,
+    /// Queue entries looked at behind a reserved head per cycle (1–10000).
+    #[arg(long)]
+    backfill_depth: Option<usize>,
     /// Seconds a finished job is kept before it is removed.
     #[arg(long)]
     job_retention_s: Option<u64>,
@@ -200,6 +210,8 @@ fn apply_flags(args: &Args, c: &mut Config) {
         engine_threads,
         host_lost_after_ms,
         forecast_interval_ms,
+        backfill_reservations,
+        backfill_depth,
         job_retention_s,
         max_finished_jobs,
         app_lease_ms,
@@ -318,6 +330,8 @@ fn command() -> clap::Command {
         ("engine_threads", d.engine_threads.to_string()),
         ("host_lost_after_ms", d.host_lost_after_ms.to_string()),
         ("forecast_interval_ms", d.forecast_interval_ms.to_string()),
+        ("backfill_reservations", d.backfill_reservations.to_string()),
+        ("backfill_depth", d.backfill_depth.to_string()),
         ("job_retention_s", d.job_retention_s.to_string()),
         ("max_finished_jobs", d.max_finished_jobs.to_string()),
         ("app_lease_ms", d.app_lease_ms.to_string()),

@@ -376,6 +376,9 @@ fn open_store(
 fn new_engine(config: &Config) -> Engine {
     let mut engine_config = EngineConfig::default();
     engine_config.resources.threads = config.engine_threads;
+    engine_config.backfill.enabled = config.backfill_reservations > 0;
+    engine_config.backfill.max_reservations = config.backfill_reservations;
+    engine_config.backfill.depth = config.backfill_depth;
     Engine::new(engine_config)
 }
 

@@ -1095,3 +1095,62 @@ async fn a_waiting_gang_holds_its_hosts_and_short_work_runs_before_it() {
     wait_job(&c, &long.id, J::Running).await;
     s.shutdown().await;
 }
+
+/// With `backfill_reservations: 0` queues keep strict order: nothing is
+/// reserved, and a short job waits behind a gang that cannot start yet
+/// (with reservations it would run first: see the test above).
+#[tokio::test]
+async fn without_reservations_the_queue_keeps_strict_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = peloton_gateway::config::Config {
+        backfill_reservations: 0,
+        ..config(dir.path(), 2)
+    };
+    let server = peloton_gateway::server::start(&config)
+        .await
+        .expect("starts");
+    let mut c = Clients::connect(server.addr).await;
+    create_reserved_pool(&mut c, "/s").await;
+    let per_host = cluster_capacity(&mut c).await.cpu / 2.0;
+    let mut busy = job_spec("/s", 1, per_host, 3_000);
+    task_of(&mut busy).expected_runtime_ms = 3_000;
+    let busy = create_job(&mut c, busy).await;
+    wait_job(&c, &busy.id, J::Running).await;
+    let mut gang = job_spec("/s", 2, per_host, 500);
+    gang.sla = Some(pb::Sla {
+        min_running_instances: 2,
+        ..Default::default()
+    });
+    let gang = create_job(&mut c, gang).await;
+    let mut short = job_spec("/s", 1, 1.0, 300);
+    task_of(&mut short).expected_runtime_ms = 1_000;
+    let short = create_job(&mut c, short).await;
+    // A cycle passes with the short job queued and not admitted.
+    let reason = eventually(
+        "the short job waiting behind the gang",
+        Duration::from_secs(20),
+        async || {
+            let t = get_task(&mut c, &short.id, 0).await;
+            if t.pending_reason.contains("waits behind the head") {
+                Ok(t.pending_reason)
+            } else {
+                Err(format!("{:?}: {}", task_state(&t), t.pending_reason))
+            }
+        },
+    )
+    .await;
+    assert!(reason.contains("not admitted yet"), "{reason}");
+    assert!(
+        list_hosts(&mut c)
+            .await
+            .iter()
+            .all(|h| h.reserved_for.is_empty())
+    );
+    let gang_reason = get_task(&mut c, &gang.id, 0).await.pending_reason;
+    assert!(!gang_reason.contains("reserved"), "{gang_reason}");
+    wait_job(&c, &gang.id, J::Succeeded).await;
+    wait_job(&c, &short.id, J::Succeeded).await;
+    within("graceful shutdown", server.shutdown())
+        .await
+        .expect("shuts down");
+}

@@ -282,8 +282,8 @@ pub fn replay(jobs: &[Job], cluster: Cluster, backfill: bool, forecasts: bool) -
         "small_wait_p90_s": quantile(&mut small_waits, 0.9),
         "utilization": utilization,
         "makespan_s": makespan_ms as f64 / 1000.0,
-        "estimate_error_gang_median": median(&mut gang_err),
-        "estimate_error_small_median": median(&mut small_err),
+        "estimate_error_median_gang": median(&mut gang_err),
+        "estimate_error_median_small": median(&mut small_err),
         "estimates_missing": gang_missing + small_missing,
     }))
 }
@@ -314,8 +314,8 @@ pub fn print_table(rows: &[Value]) {
             f(r, "small_wait_median_s").unwrap_or(0.0),
             f(r, "small_wait_p90_s").unwrap_or(0.0),
             f(r, "utilization").unwrap_or(0.0),
-            err("estimate_error_gang_median"),
-            err("estimate_error_small_median"),
+            err("estimate_error_median_gang"),
+            err("estimate_error_median_small"),
         );
     }
 }

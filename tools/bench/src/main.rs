@@ -844,6 +844,7 @@ fn main() -> Result<()> {
                     .with_context(|| format!("read {}", slurm.display()))?;
                 let v: Value = serde_json::from_str(&text)
                     .with_context(|| format!("parse {}", slurm.display()))?;
+                let slurm_rows = rows.len();
                 match v {
                     Value::Array(items) => rows.extend(items),
                     Value::Object(ref map) if map.contains_key("policy") => rows.push(v),
@@ -854,6 +855,10 @@ fn main() -> Result<()> {
                         r
                     })),
                     _ => bail!("{}: not a JSON array or object", slurm.display()),
+                }
+                for r in &mut rows[slurm_rows..] {
+                    let name = r.get("policy").and_then(Value::as_str).unwrap_or("?");
+                    r["policy"] = json!(format!("slurm-{name}"));
                 }
             }
             if json {
