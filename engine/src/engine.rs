@@ -930,7 +930,8 @@ impl Engine {
     /// [`Engine::place_batch`] with start reservations: see there. A task
     /// keeps off a reservation's hosts if it was submitted after the
     /// reservation's head (what came first is not held back by what came
-    /// later) and may run past the reservation's start. Tasks that keep
+    /// later), may run past the reservation's start and is not pinned to
+    /// its host. Tasks that keep
     /// off the same reservations are placed together, groups in the order
     /// of their first task in the batch; a gang's members go together.
     fn place_fenced(&mut self, batch: &[TaskHandle], now_ms: u64) {
@@ -950,13 +951,17 @@ impl Engine {
                 let runtime = self.tasks.runtime_ms(t).unwrap_or(0);
                 let end = crate::task::expected_end(now_ms, runtime, now_ms);
                 let arrival = self.tasks.arrival(t).unwrap_or(0);
+                let spec = self.tasks.spec(t).ok();
+                // A task pinned to its host (a daemon, an instance on its
+                // volume) has nowhere else to go: it is not fenced.
+                let pinned = spec.is_some_and(|s| s.desired_host != crate::task::NO_HOST);
                 let mut mask = 0u64;
                 for (i, &(at, head_arrival)) in res.iter().enumerate() {
-                    if arrival > head_arrival && end > at {
+                    if !pinned && arrival > head_arrival && end > at {
                         mask |= 1 << i;
                     }
                 }
-                let gang = self.tasks.spec(t).map_or(NO_GANG, |s| s.gang);
+                let gang = spec.map_or(NO_GANG, |s| s.gang);
                 if gang != NO_GANG {
                     *mask_of_gang.entry(gang).or_insert(0) |= mask;
                 }

@@ -224,6 +224,14 @@ fn reserved_hosts_take_only_work_that_ends_before_the_reservation() {
     }
     assert!(placed(&engine, short));
     assert!(!gang.iter().any(|&g| placed(&engine, g)));
+    // A daemon's task for h0 (it runs until stopped) is not fenced off:
+    // it has nowhere else to go.
+    let mut daemon = task(other, 7, 0, 1, 0);
+    daemon.desired_host = Some(hosts[0]);
+    daemon.daemon = true;
+    let d = engine.submit(&[daemon]).unwrap()[0];
+    engine.cycle(2 * S);
+    assert_eq!(engine.tasks().host(d).unwrap(), Some(0));
     // Nothing is left reserved by the fences.
     for slot in 0..4 {
         assert_eq!(engine.hosts().reserved(slot), Resources::ZERO);
