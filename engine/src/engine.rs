@@ -744,6 +744,28 @@ impl Engine {
                 if may_evict {
                     continue;
                 }
+                // Held back only with hosts reserved for it: one that may
+                // never fit by the estimates (hosts down, work with no
+                // estimate), or not within the horizon, is admitted and
+                // waits in placement as before, not blocking its queue.
+                let Some((at_ms, hosts)) =
+                    self.ends
+                        .hosts_time(&self.hosts, &self.tasks, &request, cap, n, now_ms)
+                else {
+                    continue;
+                };
+                if at_ms - now_ms > self.backfill.horizon_ms {
+                    continue;
+                }
+                self.kept.insert(
+                    (slot, class, seq),
+                    crate::backfill::Kept {
+                        computed_at: now_ms,
+                        at_ms,
+                        hosts,
+                        fit,
+                    },
+                );
                 self.rm.set_gate(slot, Some((seq, fit)));
                 gated.push(slot);
                 continue 'pools;
@@ -760,7 +782,11 @@ impl Engine {
         if !self.backfill.enabled {
             return;
         }
-        let blocked: Vec<Blocked> = self
+        // Gangs held back for hosts first (each has its reservation kept
+        // from `gate_gangs`, within the same bound), then heads over their
+        // entitlement; one head per pool, so that two reservations do not
+        // both spend what its entitlement leaves beside them.
+        let mut blocked: Vec<Blocked> = self
             .report
             .admission
             .blocked
@@ -773,12 +799,18 @@ impl Engine {
                             | crate::admission::BlockKind::Hosts
                     )
             })
-            .take(
-                self.backfill
-                    .max_reservations
-                    .min(crate::backfill::MAX_RESERVATIONS),
-            )
             .copied()
+            .collect();
+        blocked.sort_by_key(|b| b.kind != crate::admission::BlockKind::Hosts);
+        let bound = self
+            .backfill
+            .max_reservations
+            .min(crate::backfill::MAX_RESERVATIONS);
+        let mut pools_seen: rustc_hash::FxHashSet<usize> = Default::default();
+        let blocked: Vec<Blocked> = blocked
+            .into_iter()
+            .filter(|b| pools_seen.insert(b.pool.idx()))
+            .take(bound)
             .collect();
         let mut seen = Vec::with_capacity(blocked.len());
         let mut largest: Option<Resources> = None;
@@ -918,6 +950,7 @@ impl Engine {
                 &self.constraints,
                 &mut self.reservations,
                 batch,
+                &[],
                 now_ms,
                 &mut self.report.placement,
             );
@@ -989,10 +1022,12 @@ impl Engine {
         for (_, mask, group) in &groups {
             // Fence the hosts of the reservations this group keeps off.
             let mut fenced: Vec<(usize, Resources)> = Vec::new();
+            let mut fenced_slots: Vec<u32> = Vec::new();
             for (i, r) in self.report.start_reservations.iter().enumerate() {
                 if mask & (1 << i) == 0 {
                     continue;
                 }
+                fenced_slots.extend_from_slice(&r.hosts);
                 for &slot in &r.hosts {
                     let slot = slot as usize;
                     let mut free = self.hosts.free(slot);
@@ -1002,6 +1037,8 @@ impl Engine {
                     }
                 }
             }
+            fenced_slots.sort_unstable();
+            fenced_slots.dedup();
             place_split(
                 &mut self.placer,
                 &mut self.hosts,
@@ -1009,6 +1046,7 @@ impl Engine {
                 &self.constraints,
                 &mut self.reservations,
                 group,
+                &fenced_slots,
                 now_ms,
                 &mut part,
             );
@@ -1273,7 +1311,8 @@ impl Engine {
 
 /// Places `batch`: non-revocable tasks against the hosts' free resources,
 /// then (while hosts lend what their non-revocable tasks do not use)
-/// revocable ones in a pass of their own against it (`HostArena::lend`).
+/// revocable ones in a pass of their own against it (`HostArena::lend`;
+/// hosts in `fenced`, ascending, lend nothing).
 #[expect(
     clippy::too_many_arguments,
     reason = "the placement context, passed explicitly"
@@ -1285,6 +1324,7 @@ fn place_split(
     constraints: &ConstraintTable,
     reservations: &mut crate::placement::Reservations,
     batch: &[TaskHandle],
+    fenced: &[u32],
     now_ms: u64,
     out: &mut crate::placement::PlacementResult,
 ) {
@@ -1301,7 +1341,7 @@ fn place_split(
         .place_with(hosts, tasks, constraints, reservations, &own, now_ms, out)
         .expect("waiting tasks are live, admitted and unplaced");
     let mut second = crate::placement::PlacementResult::default();
-    let lent = hosts.lend();
+    let lent = hosts.lend_except(fenced);
     let placed = placer.place_with(
         hosts,
         tasks,

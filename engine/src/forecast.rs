@@ -291,7 +291,29 @@ pub fn forecast_fork(
             out.stopped = Stopped::AllStarted;
             return out;
         }
-        let Some((first, _)) = ends.peek() else {
+        // A reservation's time is a moment to look again too: its head
+        // is held back until then, and no end may come at it (the fork's
+        // ends are the caller's estimates, the reservation's the engine's).
+        let wake = sim
+            .report()
+            .start_reservations
+            .iter()
+            .map(|r| r.at_ms)
+            .filter(|&at| at > t)
+            .min();
+        let next_end = ends.peek().map(|(end, _)| end);
+        if let Some(at) = wake
+            && next_end.is_none_or(|end| at < end)
+        {
+            if at.saturating_sub(now_ms) > config.horizon_ms {
+                out.stopped = Stopped::Horizon;
+                return out;
+            }
+            earliest = at;
+            t = at;
+            continue;
+        }
+        let Some(first) = next_end else {
             out.stopped = Stopped::NoMoreEnds;
             return out;
         };

@@ -95,6 +95,13 @@ fn short_work_runs_ahead_of_a_gang_waiting_for_whole_hosts() {
                 (b[0].kind, b[0].allocated, b[0].cap),
                 (BlockKind::Hosts, 0, 3)
             );
+            assert!(
+                b[0].to_string().contains(
+                    "not enough hosts free for the gang: 0 of its 3 tasks fit the free hosts now"
+                ),
+                "{}",
+                b[0]
+            );
             let r = &report.start_reservations;
             assert_eq!(r.len(), 1, "{r:?}");
             assert_eq!(r[0].at_ms, 60 * S);
@@ -288,4 +295,76 @@ fn backfill_is_deterministic() {
         log
     };
     assert_eq!(run(), run());
+}
+
+/// A gang that may never fit by the estimates (the hosts it needs run
+/// work with no estimate) gets no reservation and is not held back: it is
+/// admitted and waits for hosts as before, and work behind it goes on.
+#[test]
+fn a_gang_with_no_foreseeable_start_does_not_block_its_queue() {
+    let (mut engine, pool, hosts) = setup(true, 3, 8);
+    for &h in &hosts[..2] {
+        run_on(&mut engine, task(pool, 9, h.idx() as u32, 2, 0), h, 0);
+    }
+    let gang = engine
+        .submit(&(0..2).map(|i| task(pool, 1, i, 8, 100)).collect::<Vec<_>>())
+        .unwrap();
+    let small = engine.submit(&[task(pool, 2, 0, 1, 0)]).unwrap()[0];
+    let report = engine.cycle(S);
+    assert!(report.start_reservations.is_empty());
+    assert!(
+        report.blocked().iter().all(|b| b.kind != BlockKind::Hosts),
+        "{:?}",
+        report.blocked()
+    );
+    assert!(
+        gang.iter()
+            .all(|&g| engine.tasks().state(g) == Ok(TaskState::Admitted))
+    );
+    assert!(placed(&engine, small));
+    engine.check_invariants();
+}
+
+/// Fenced hosts lend nothing to revocable work that must keep off them:
+/// it cannot borrow its way onto a gang's reserved host.
+#[test]
+fn revocable_work_does_not_borrow_its_way_onto_reserved_hosts() {
+    use peloton_engine::TaskFlags;
+    let (mut engine, pool, hosts) = setup(true, 4, 8);
+    let other = engine
+        .resources_mut()
+        .create_pool("/b", PoolConfig::default())
+        .unwrap();
+    // h0, h1: services of 4 cores until 50 s; h2, h3 full with no end.
+    for (i, &h) in hosts.iter().enumerate() {
+        let (cores, runtime) = if i < 2 { (4, 50) } else { (8, 0) };
+        run_on(&mut engine, task(pool, 9, i as u32, cores, runtime), h, 0);
+    }
+    let gang = engine
+        .submit(&(0..2).map(|i| task(pool, 1, i, 8, 100)).collect::<Vec<_>>())
+        .unwrap();
+    let report = engine.cycle(S);
+    assert_eq!(report.start_reservations.len(), 1);
+    assert_eq!(report.start_reservations[0].hosts, vec![0, 1]);
+    // h0's service uses 1 of its 4 cores: 3 are lent. A revocable task
+    // with no estimate, queued after the gang, must not take them.
+    engine.set_reclaimable(hosts[0], cores(3)).unwrap();
+    let revocable = NewTask {
+        flags: TaskFlags {
+            preemptible: true,
+            controller: false,
+            revocable: true,
+        },
+        ..task(other, 5, 0, 2, 0)
+    };
+    let r = engine.submit(&[revocable]).unwrap()[0];
+    engine.cycle(2 * S);
+    assert!(
+        !matches!(engine.tasks().host(r).unwrap(), Some(0) | Some(1)),
+        "{:?}",
+        engine.tasks().host(r)
+    );
+    assert!(!gang.iter().any(|&g| placed(&engine, g)));
+    assert_eq!(engine.hosts().free(0), cores(4));
+    engine.check_invariants();
 }

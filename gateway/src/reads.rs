@@ -967,7 +967,7 @@ fn admission_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> Stri
             .report()
             .start_reservations
             .iter()
-            .find(|r| r.head == b.head)
+            .find(|r| r.head == b.head && !r.hosts.is_empty())
             .map(|r| {
                 let names: Vec<&str> = r
                     .hosts
@@ -978,7 +978,7 @@ fn admission_reason(engine: &Engine, job: &Job, instance: u32, t: &Task) -> Stri
                     .collect();
                 let more = if r.hosts.len() > names.len() { ", …" } else { "" };
                 format!(
-                    "; {} host(s) are reserved for it from when they free up ({}{more}), and only work that ends before then runs there meanwhile",
+                    "; {} host(s) are reserved for it from when they free up ({}{more}): until then, work queued after it goes there only if it is expected to end first",
                     r.hosts.len(),
                     names.join(", ")
                 )
