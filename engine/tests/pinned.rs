@@ -174,89 +174,69 @@ fn a_pinned_task_keeps_what_it_does_not_use_of_its_reservation() {
     engine.check_invariants();
 }
 
-#[test]
-fn an_instance_takes_its_whole_reservation_on_a_host_with_loans() {
-    use peloton_engine::TaskFlags;
+/// A revocable task of `pool` (instance `instance` of job `job`).
+fn revocable(pool: PoolId, job: u32, instance: u32, n_cores: u64) -> NewTask {
+    NewTask {
+        flags: peloton_engine::TaskFlags {
+            preemptible: true,
+            controller: false,
+            revocable: true,
+        },
+        ..task(pool, job, instance, n_cores)
+    }
+}
+
+/// One 8-core host: a service of 4 cores that uses 1; instance (1, 0) has
+/// 2 cores reserved while it restarts; a revocable task takes the 2 free
+/// cores and borrows 3 of the service's unused ones.
+fn host_with_loans() -> (Engine, PoolId, HostId) {
     let (mut engine, pool, hosts) = setup(1, 8);
-    let slot = hosts[0].idx();
-    // A service of 4 cores that uses 1; instance (1, 0) has 2 cores reserved
-    // while it restarts. A revocable task takes the 2 free cores and
-    // borrows 3 of the service's unused ones.
     let service = engine.submit(&[task(pool, 9, 0, 4)]).unwrap()[0];
     engine.cycle(1);
     assert_eq!(host_of(&engine, service), Some(0));
     engine.set_reservation(1, 0, hosts[0], cores(2)).unwrap();
     engine.set_reclaimable(hosts[0], cores(3)).unwrap();
-    let revocable = NewTask {
-        flags: TaskFlags {
-            preemptible: true,
-            controller: false,
-            revocable: true,
-        },
-        ..task(pool, 8, 0, 5)
-    };
-    let borrower = engine.submit(&[revocable]).unwrap()[0];
+    let borrower = engine.submit(&[revocable(pool, 8, 0, 5)]).unwrap()[0];
     engine.cycle(2);
     assert_eq!(host_of(&engine, borrower), Some(0));
-    assert_eq!(engine.hosts().free(slot), Resources::new(0, 0, 100_000, 0));
-    assert_eq!(engine.hosts().borrowed(slot), cores(3));
+    assert_eq!(engine.hosts().free(0), Resources::new(0, 0, 100_000, 0));
+    assert_eq!(engine.hosts().borrowed(0), cores(3));
     engine.check_invariants();
+    (engine, pool, hosts[0])
+}
+
+#[test]
+fn an_instance_takes_its_whole_reservation_on_a_host_with_loans() {
+    let (mut engine, pool, host) = host_with_loans();
     // The instance's next run (revocable too, as in a revocable stateful
     // job) takes all of its reservation: the loan is not repaid from it.
-    let mut next = NewTask {
-        flags: TaskFlags {
-            preemptible: true,
-            controller: false,
-            revocable: true,
-        },
-        ..task(pool, 1, 0, 2)
-    };
-    next.desired_host = Some(hosts[0]);
+    let mut next = revocable(pool, 1, 0, 2);
+    next.desired_host = Some(host);
     let n = engine.submit(&[next]).unwrap()[0];
     engine.cycle(3);
     assert_eq!(host_of(&engine, n), Some(0));
     assert_eq!(engine.reservation(1, 0), None);
-    assert_eq!(engine.hosts().borrowed(slot), cores(3));
-    assert_eq!(engine.hosts().free(slot), Resources::new(0, 0, 100_000, 0));
+    assert_eq!(engine.hosts().borrowed(0), cores(3));
+    assert_eq!(engine.hosts().free(0), Resources::new(0, 0, 100_000, 0));
     engine.check_invariants();
     // When it ends, what it frees repays the loan first (the borrower was
     // lent its unused room too), so its place cannot be reserved again in
     // full until the borrower ends or is evicted (the lifecycle then holds
     // the volume and tries again).
     engine.finish(n).unwrap();
-    assert_eq!(engine.hosts().borrowed(slot), cores(1));
-    engine
-        .set_reservation(1, 0, hosts[0], cores(2))
-        .unwrap_err();
+    assert_eq!(engine.hosts().borrowed(0), cores(1));
+    engine.set_reservation(1, 0, host, cores(2)).unwrap_err();
     engine.check_invariants();
 }
 
 #[test]
 fn adoption_takes_the_whole_reservation_on_a_host_with_loans() {
-    use peloton_engine::TaskFlags;
-    let (mut engine, pool, hosts) = setup(1, 8);
-    let slot = hosts[0].idx();
-    let service = engine.submit(&[task(pool, 9, 0, 4)]).unwrap()[0];
-    engine.cycle(1);
-    assert_eq!(host_of(&engine, service), Some(0));
-    engine.set_reservation(1, 0, hosts[0], cores(2)).unwrap();
-    engine.set_reclaimable(hosts[0], cores(3)).unwrap();
-    let revocable = NewTask {
-        flags: TaskFlags {
-            preemptible: true,
-            controller: false,
-            revocable: true,
-        },
-        ..task(pool, 8, 0, 5)
-    };
-    engine.submit(&[revocable]).unwrap();
-    engine.cycle(2);
-    assert_eq!(engine.hosts().borrowed(slot), cores(3));
+    let (mut engine, pool, host) = host_with_loans();
     // The service restarted; the agent reports the instance's run.
-    let t = engine.adopt(&task(pool, 1, 0, 2), hosts[0], 5).unwrap();
+    let t = engine.adopt(&task(pool, 1, 0, 2), host, 5).unwrap();
     assert_eq!(engine.tasks().state(t).unwrap(), TaskState::Placed);
     assert_eq!(engine.reservation(1, 0), None);
-    assert_eq!(engine.hosts().borrowed(slot), cores(3));
+    assert_eq!(engine.hosts().borrowed(0), cores(3));
     engine.check_invariants();
 }
 
