@@ -957,12 +957,14 @@ impl PoolQueues {
     /// Backfill behind a blocked head (see [`crate::backfill`]): looks at
     /// up to `depth` entries of `class` after the head (arrival number
     /// `head_seq`), in admission order, and admits each that passes the
-    /// pool's rules now and either has a known runtime for every task and
-    /// ends by `until_ms` if started at `now_ms`, or fits within `extra`
-    /// (what the pool's entitlement leaves beside the head at its start;
-    /// used up as entries take it) and on hosts the head does not need
-    /// (`fits_elsewhere`). The head and everything not admitted stay
-    /// queued where they were. Appends to `out`.
+    /// pool's rules now, may fit a host now (`fits_now`: admitted, it
+    /// should start now, not wait in placement holding its share) and
+    /// either has a known runtime for every task and ends by `until_ms`
+    /// if started at `now_ms`, or fits within `extra` (what the pool's
+    /// entitlement leaves beside the head at its start; used up as entries
+    /// take it; placement keeps it off the head's hosts). The head and
+    /// everything not admitted stay queued where they were. Appends to
+    /// `out`.
     #[expect(
         clippy::too_many_arguments,
         reason = "the admission context, passed explicitly"
@@ -976,7 +978,7 @@ impl PoolQueues {
         now_ms: u64,
         until_ms: u64,
         mut extra: Resources,
-        fits_elsewhere: &mut dyn FnMut(&[PendingTask]) -> bool,
+        fits_now: &mut dyn FnMut(&[PendingTask]) -> bool,
         depth: usize,
         out: &mut AdmissionResult,
     ) {
@@ -996,11 +998,15 @@ impl PoolQueues {
                 continue;
             }
             let members = entry.members.as_slice();
+            if !fits_now(members) {
+                held.push(item);
+                continue;
+            }
             let ends_in_time = members
                 .iter()
                 .all(|m| m.runtime_ms > 0 && now_ms.saturating_add(m.runtime_ms) <= until_ms);
             if !ends_in_time {
-                if !entry.total.fits_in(&extra) || !fits_elsewhere(members) {
+                if !entry.total.fits_in(&extra) {
                     held.push(item);
                     continue;
                 }

@@ -894,10 +894,10 @@ impl Engine {
             // Per dimension, the most any up host has free (worked out
             // once a cycle, at the first entry that needs it): an entry
             // that does not fit it fits no host now. (One that fits it may
-            // still wait for a host, the head's hosts being fenced off: it
-            // holds only what `extra` allows.)
+            // still wait for a host: a gang's tasks on several, or the
+            // head's hosts fenced off.)
             let largest = &mut largest;
-            let mut fits_elsewhere = |members: &[PendingTask]| {
+            let mut fits_now = |members: &[PendingTask]| {
                 let most =
                     *largest.get_or_insert_with(|| crate::backfill::largest_free(hosts_arena));
                 largest_request(members).fits_in(&most)
@@ -909,7 +909,7 @@ impl Engine {
                 now_ms,
                 at_ms,
                 extra,
-                &mut fits_elsewhere,
+                &mut fits_now,
                 self.backfill.depth,
                 &mut self.report.admission,
             );

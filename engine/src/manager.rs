@@ -614,7 +614,7 @@ impl ResourceManager {
 
     /// Admits, behind the blocked head `head_seq` of a queue of the pool
     /// in `slot`, the entries that pass the pool's rules and end by
-    /// `until_ms` or fit `extra` elsewhere (see [`PoolQueues::backfill`]).
+    /// `until_ms` or fit `extra` (see [`PoolQueues::backfill`]).
     /// Appends to `out`.
     #[expect(
         clippy::too_many_arguments,
@@ -628,7 +628,7 @@ impl ResourceManager {
         now_ms: u64,
         until_ms: u64,
         extra: Resources,
-        fits_elsewhere: &mut dyn FnMut(&[PendingTask]) -> bool,
+        fits_now: &mut dyn FnMut(&[PendingTask]) -> bool,
         depth: usize,
         out: &mut AdmissionResult,
     ) {
@@ -640,16 +640,7 @@ impl ResourceManager {
             return;
         };
         queue.backfill(
-            pool,
-            &caps,
-            class,
-            head_seq,
-            now_ms,
-            until_ms,
-            extra,
-            fits_elsewhere,
-            depth,
-            out,
+            pool, &caps, class, head_seq, now_ms, until_ms, extra, fits_now, depth, out,
         );
         self.n_queued_total -= (out.admitted.len() - before) as u64;
     }

@@ -282,9 +282,9 @@ pub fn replay(jobs: &[Job], cluster: Cluster, backfill: bool, forecasts: bool) -
         "small_wait_p90_s": quantile(&mut small_waits, 0.9),
         "utilization": utilization,
         "makespan_s": makespan_ms as f64 / 1000.0,
-        "estimate_error_median_gang": median(&mut gang_err),
-        "estimate_error_median_small": median(&mut small_err),
-        "estimates_missing": gang_missing + small_missing,
+        "estimate_error_median_gang": forecasts.then(|| median(&mut gang_err)),
+        "estimate_error_median_small": forecasts.then(|| median(&mut small_err)),
+        "estimates_missing": forecasts.then_some(gang_missing + small_missing),
     }))
 }
 
