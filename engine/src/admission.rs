@@ -947,11 +947,15 @@ impl PoolQueues {
         self.gate = gate;
     }
 
-    /// The head entry of a queue: its arrival number and members.
-    pub(crate) fn head_entry(&mut self, class: TaskClass) -> Option<(u64, &[PendingTask])> {
+    /// The head entry of a queue: its arrival number, members and their
+    /// summed request.
+    pub(crate) fn head_entry(
+        &mut self,
+        class: TaskClass,
+    ) -> Option<(u64, &[PendingTask], Resources)> {
         let item = self.head(class)?;
         let e = &self.entries[item.entry as usize];
-        Some((item.seq, e.members.as_slice()))
+        Some((item.seq, e.members.as_slice(), e.total))
     }
 
     /// Backfill behind a blocked head (see [`crate::backfill`]): looks at

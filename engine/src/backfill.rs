@@ -149,29 +149,11 @@ fn up_slots(hosts: &HostArena) -> impl Iterator<Item = u32> + '_ {
         .map(|s| s as u32)
 }
 
-/// How many of `n` tasks of `request` (at most `cap` a host) fit the up
-/// hosts' free resources now; counts up to `n` only.
-pub(crate) fn fit_now(hosts: &HostArena, request: &Resources, cap: u64, n: u64) -> u64 {
-    let mut have = 0;
-    for slot in up_slots(hosts) {
-        have += copies(&hosts.free(slot as usize), request, cap);
-        if have >= n {
-            return n;
-        }
-    }
-    have
-}
-
 /// Per dimension, the most free on any up host.
 pub(crate) fn largest_free(hosts: &HostArena) -> Resources {
-    let mut most = Resources::ZERO;
-    for slot in up_slots(hosts) {
-        let free = hosts.free(slot as usize);
-        for d in 0..N_DIMS {
-            most.0[d] = most.0[d].max(free.0[d]);
-        }
-    }
-    most
+    up_slots(hosts).fold(Resources::ZERO, |most, slot| {
+        most.max(&hosts.free(slot as usize))
+    })
 }
 
 /// What reservations need to know of the placed tasks, kept as they are
@@ -192,6 +174,16 @@ pub(crate) struct EndIndex {
     /// and how many have it, unless `pool_min_dirty`.
     pool_min: Vec<Option<(u32, u32)>>,
     pool_min_dirty: Vec<bool>,
+}
+
+/// The lowest priority and how many have it, with one more task of
+/// priority `p`.
+fn with_priority(min: Option<(u32, u32)>, p: u32) -> Option<(u32, u32)> {
+    match min {
+        Some((q, n)) if q == p => Some((q, n + 1)),
+        Some((q, n)) if q < p => Some((q, n)),
+        _ => Some((p, 1)),
+    }
 }
 
 /// An expected end rounded down to the second (the calendar's key): a
@@ -228,11 +220,7 @@ impl EndIndex {
             self.host_empty_at[host] = self.host_empty_at[host].max(end);
         }
         if v.flags & flags::PREEMPTIBLE != 0 && !self.pool_min_dirty[pool] {
-            self.pool_min[pool] = match self.pool_min[pool] {
-                Some((p, n)) if p == v.priority => Some((p, n + 1)),
-                Some((p, n)) if p < v.priority => Some((p, n)),
-                _ => Some((v.priority, 1)),
-            };
+            self.pool_min[pool] = with_priority(self.pool_min[pool], v.priority);
         }
     }
 
@@ -287,18 +275,10 @@ impl EndIndex {
         let p = pool as usize;
         self.grow(p, 0);
         if self.pool_min_dirty[p] {
-            let mut min: Option<(u32, u32)> = None;
-            for v in tasks.placed_in_pool(pool) {
-                if v.flags & flags::PREEMPTIBLE == 0 {
-                    continue;
-                }
-                min = match min {
-                    Some((q, n)) if q == v.priority => Some((q, n + 1)),
-                    Some((q, n)) if q < v.priority => Some((q, n)),
-                    _ => Some((v.priority, 1)),
-                };
-            }
-            self.pool_min[p] = min;
+            self.pool_min[p] = tasks
+                .placed_in_pool(pool)
+                .filter(|v| v.flags & flags::PREEMPTIBLE != 0)
+                .fold(None, |min, v| with_priority(min, v.priority));
             self.pool_min_dirty[p] = false;
         }
         self.pool_min[p].map(|(q, _)| q)
@@ -331,11 +311,12 @@ impl EndIndex {
             .fold(Resources::ZERO, |sum, (_, r)| sum.saturating_add(r))
     }
 
-    /// When `n` tasks of `request` (at most `cap` a host) fit the up
-    /// hosts, and on which hosts (ascending): the free resources now, else
-    /// hosts as they empty by their tasks' expected ends (a host that fits
-    /// some only once part of its tasks end is counted when all have: a
-    /// reservation may be later than need be, never earlier). None if
+    /// How many of `n` tasks of `request` (at most `cap` a host) fit the
+    /// up hosts' free resources now (up to `n`), and when all `n` fit and
+    /// on which hosts (ascending): the free resources now, else hosts as
+    /// they empty by their tasks' expected ends (a host that fits some
+    /// only once part of its tasks end is counted when all have: a
+    /// reservation may be later than need be, never earlier). No time if
     /// never by the estimates.
     pub(crate) fn hosts_time(
         &mut self,
@@ -345,7 +326,7 @@ impl EndIndex {
         cap: u64,
         n: u64,
         now_ms: u64,
-    ) -> Option<(u64, Vec<u32>)> {
+    ) -> (u64, Option<(u64, Vec<u32>)>) {
         let mut have = 0;
         let mut chosen = Vec::new();
         let mut events: Vec<(u64, u32, u64)> = Vec::new();
@@ -357,7 +338,7 @@ impl EndIndex {
             }
             if have >= n {
                 chosen.sort_unstable();
-                return Some((now_ms, chosen));
+                return (n, Some((now_ms, chosen)));
             }
             let empty = hosts
                 .capacity(slot as usize)
@@ -370,6 +351,7 @@ impl EndIndex {
                 }
             }
         }
+        let fit = have;
         // Each event adds at least one copy, so the first `n - have` of
         // them in time order are enough: only those are sorted.
         let need = usize::try_from(n - have).unwrap_or(usize::MAX);
@@ -384,10 +366,10 @@ impl EndIndex {
             if have >= n {
                 chosen.sort_unstable();
                 chosen.dedup();
-                return Some((at, chosen));
+                return (fit, Some((at, chosen)));
             }
         }
-        None
+        (fit, None)
     }
 
     /// Panics unless the index agrees with the placed tasks (rebuilt here).
@@ -409,11 +391,7 @@ impl EndIndex {
             }
             empty_at[host] = empty_at[host].max(end);
             if v.flags & flags::PREEMPTIBLE != 0 {
-                pool_min[pool] = match pool_min[pool] {
-                    Some((p, n)) if p == v.priority => Some((p, n + 1)),
-                    Some((p, n)) if p < v.priority => Some((p, n)),
-                    _ => Some((v.priority, 1)),
-                };
+                pool_min[pool] = with_priority(pool_min[pool], v.priority);
             }
         }
         assert_eq!(pool_ends, self.pool_ends, "pools' calendars of ends");

@@ -704,7 +704,7 @@ impl Engine {
                 if class == TaskClass::Revocable {
                     continue;
                 }
-                let Some((seq, members)) = self.rm.head_entry(slot, class) else {
+                let Some((seq, members, _)) = self.rm.head_entry(slot, class) else {
                     continue;
                 };
                 if members.len() < 2 {
@@ -732,7 +732,9 @@ impl Engine {
                     continue;
                 }
                 let cap = per_host_cap(spec.max_per_host);
-                let fit = crate::backfill::fit_now(&self.hosts, &request, cap, n);
+                let (fit, start) =
+                    self.ends
+                        .hosts_time(&self.hosts, &self.tasks, &request, cap, n, now_ms);
                 if fit >= n {
                     continue;
                 }
@@ -748,10 +750,7 @@ impl Engine {
                 // never fit by the estimates (hosts down, work with no
                 // estimate), or not within the horizon, is admitted and
                 // waits in placement as before, not blocking its queue.
-                let Some((at_ms, hosts)) =
-                    self.ends
-                        .hosts_time(&self.hosts, &self.tasks, &request, cap, n, now_ms)
-                else {
+                let Some((at_ms, hosts)) = start else {
                     continue;
                 };
                 if at_ms - now_ms > self.backfill.horizon_ms {
@@ -816,7 +815,7 @@ impl Engine {
         let mut largest: Option<Resources> = None;
         for b in blocked {
             let slot = b.pool.idx();
-            let Some((seq, members)) = self.rm.head_entry(slot, b.class) else {
+            let Some((seq, members, total)) = self.rm.head_entry(slot, b.class) else {
                 continue;
             };
             if members[0].id != b.head {
@@ -824,9 +823,6 @@ impl Engine {
             }
             let n = members.len() as u64;
             let request = largest_request(members);
-            let total = members
-                .iter()
-                .fold(Resources::ZERO, |sum, m| sum.saturating_add(&m.request));
             let Ok(spec) = self.tasks.spec(TaskHandle::from_u64(b.head.0)) else {
                 continue;
             };
@@ -852,7 +848,7 @@ impl Engine {
                     // only (it fits some host then, as a rule) and holds none.
                     let (at_ms, hosts) = if n > 1 {
                         let cap = per_host_cap(spec.max_per_host);
-                        let Some((hosts_at, hosts)) = self.ends.hosts_time(
+                        let (_, Some((hosts_at, hosts))) = self.ends.hosts_time(
                             &self.hosts,
                             &self.tasks,
                             &request,
@@ -1373,13 +1369,9 @@ fn append_placement(
 
 /// The largest request of an entry's tasks, per dimension.
 fn largest_request(members: &[PendingTask]) -> Resources {
-    let mut r = Resources::ZERO;
-    for m in members {
-        for d in 0..r.0.len() {
-            r.0[d] = r.0[d].max(m.request.0[d]);
-        }
-    }
-    r
+    members
+        .iter()
+        .fold(Resources::ZERO, |r, m| r.max(&m.request))
 }
 
 /// A task's per-host limit as a cap on copies per host.

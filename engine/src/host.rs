@@ -431,9 +431,7 @@ impl HostArena {
             if request.fits_in(&capacity) {
                 return Ok(());
             }
-            for d in 0..N_DIMS {
-                largest.0[d] = largest.0[d].max(capacity.0[d]);
-            }
+            largest = largest.max(&capacity);
         }
         Err(largest)
     }

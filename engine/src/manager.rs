@@ -602,13 +602,13 @@ impl ResourceManager {
         }
     }
 
-    /// The head entry of a queue of the pool in `slot`: its arrival number
-    /// and members.
+    /// The head entry of a queue of the pool in `slot`: its arrival
+    /// number, members and their summed request.
     pub(crate) fn head_entry(
         &mut self,
         slot: usize,
         class: TaskClass,
-    ) -> Option<(u64, &[PendingTask])> {
+    ) -> Option<(u64, &[PendingTask], Resources)> {
         self.queues.get_mut(slot)?.head_entry(class)
     }
 

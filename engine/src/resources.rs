@@ -119,6 +119,11 @@ impl Resources {
         Resources(std::array::from_fn(|i| self.0[i].min(other.0[i])))
     }
 
+    /// Component-wise maximum.
+    pub fn max(&self, other: &Resources) -> Resources {
+        Resources(std::array::from_fn(|i| self.0[i].max(other.0[i])))
+    }
+
     /// Adds `other` in place; amounts stay below 2^64 because every input is
     /// bounded by [`MAX_AMOUNT`] and counts are bounded by the engine limits.
     pub fn add_assign(&mut self, other: &Resources) {

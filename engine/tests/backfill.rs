@@ -48,6 +48,29 @@ fn setup(backfill: bool, n_hosts: usize, n_cores: u64) -> (Engine, PoolId, Vec<H
     (engine, pool, hosts)
 }
 
+/// A gang of `n` tasks of job `job`, each `n_cores` for `runtime_s`.
+fn submit_gang(
+    engine: &mut Engine,
+    pool: PoolId,
+    job: u32,
+    n: u32,
+    n_cores: u64,
+    runtime_s: u64,
+) -> Vec<TaskHandle> {
+    let members: Vec<NewTask> = (0..n)
+        .map(|i| task(pool, job, i, n_cores, runtime_s))
+        .collect();
+    engine.submit(&members).unwrap()
+}
+
+/// A second pool, "/b", beside the setup's.
+fn second_pool(engine: &mut Engine) -> PoolId {
+    engine
+        .resources_mut()
+        .create_pool("/b", PoolConfig::default())
+        .unwrap()
+}
+
 /// Runs `t` on `host` from `now_ms` (pinned there, so the test chooses).
 fn run_on(engine: &mut Engine, mut t: NewTask, host: HostId, now_ms: u64) -> TaskHandle {
     t.desired_host = Some(host);
@@ -81,9 +104,7 @@ fn short_work_runs_ahead_of_a_gang_waiting_for_whole_hosts() {
         // A gang of three whole hosts (24 of 32 cores: within the
         // entitlement), then a short task, a long one and one with no
         // estimate.
-        let gang = engine
-            .submit(&(0..3).map(|i| task(pool, 1, i, 8, 100)).collect::<Vec<_>>())
-            .unwrap();
+        let gang = submit_gang(&mut engine, pool, 1, 3, 8, 100);
         let short = engine.submit(&[task(pool, 2, 0, 4, 30)]).unwrap()[0];
         let long = engine.submit(&[task(pool, 3, 0, 4, 120)]).unwrap()[0];
         let unknown = engine.submit(&[task(pool, 4, 0, 4, 0)]).unwrap()[0];
@@ -201,19 +222,14 @@ fn work_that_ends_before_an_entitlement_blocked_head_is_admitted_behind_it() {
 #[test]
 fn reserved_hosts_take_only_work_that_ends_before_the_reservation() {
     let (mut engine, pool, hosts) = setup(true, 4, 8);
-    let other = engine
-        .resources_mut()
-        .create_pool("/b", PoolConfig::default())
-        .unwrap();
+    let other = second_pool(&mut engine);
     // h0, h1 free up at 50 s; h2, h3 run work with no estimate.
     for (i, &h) in hosts.iter().enumerate() {
         let runtime = if i < 2 { 50 } else { 0 };
         run_on(&mut engine, task(other, 9, i as u32, 1, runtime), h, 0);
     }
     // Pool /a's gang of two whole hosts waits for h0 and h1.
-    let gang = engine
-        .submit(&(0..2).map(|i| task(pool, 1, i, 8, 100)).collect::<Vec<_>>())
-        .unwrap();
+    let gang = submit_gang(&mut engine, pool, 1, 2, 8, 100);
     // Pool /b: two 3-core tasks with no estimate (packing would put them
     // on h0; only h2 and h3 may take them), and one short task (it may go
     // anywhere).
@@ -259,9 +275,7 @@ fn backfill_is_deterministic() {
                 0,
             );
         }
-        engine
-            .submit(&(0..4).map(|i| task(pool, 1, i, 8, 60)).collect::<Vec<_>>())
-            .unwrap();
+        submit_gang(&mut engine, pool, 1, 4, 8, 60);
         for j in 0..20 {
             engine
                 .submit(&[task(
@@ -306,9 +320,7 @@ fn a_gang_with_no_foreseeable_start_does_not_block_its_queue() {
     for &h in &hosts[..2] {
         run_on(&mut engine, task(pool, 9, h.idx() as u32, 2, 0), h, 0);
     }
-    let gang = engine
-        .submit(&(0..2).map(|i| task(pool, 1, i, 8, 100)).collect::<Vec<_>>())
-        .unwrap();
+    let gang = submit_gang(&mut engine, pool, 1, 2, 8, 100);
     let small = engine.submit(&[task(pool, 2, 0, 1, 0)]).unwrap()[0];
     let report = engine.cycle(S);
     assert!(report.start_reservations.is_empty());
@@ -331,18 +343,13 @@ fn a_gang_with_no_foreseeable_start_does_not_block_its_queue() {
 fn revocable_work_does_not_borrow_its_way_onto_reserved_hosts() {
     use peloton_engine::TaskFlags;
     let (mut engine, pool, hosts) = setup(true, 4, 8);
-    let other = engine
-        .resources_mut()
-        .create_pool("/b", PoolConfig::default())
-        .unwrap();
+    let other = second_pool(&mut engine);
     // h0, h1: services of 4 cores until 50 s; h2, h3 full with no end.
     for (i, &h) in hosts.iter().enumerate() {
         let (cores, runtime) = if i < 2 { (4, 50) } else { (8, 0) };
         run_on(&mut engine, task(pool, 9, i as u32, cores, runtime), h, 0);
     }
-    let gang = engine
-        .submit(&(0..2).map(|i| task(pool, 1, i, 8, 100)).collect::<Vec<_>>())
-        .unwrap();
+    let gang = submit_gang(&mut engine, pool, 1, 2, 8, 100);
     let report = engine.cycle(S);
     assert_eq!(report.start_reservations.len(), 1);
     assert_eq!(report.start_reservations[0].hosts, vec![0, 1]);

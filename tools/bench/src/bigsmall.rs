@@ -119,16 +119,14 @@ fn cores(n: u64) -> Resources {
     Resources::new(n * 1000, n * 4096, 0, 0)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    quantile(v, 0.5)
+/// The value at fraction `q` of `v` (sorted here; 0 if empty).
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    crate::forecast::quantile(v, q)
 }
 
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
+fn median(v: &mut [f64]) -> f64 {
+    quantile(v, 0.5)
 }
 
 /// Replays `jobs` on `cluster`, backfill on or off; returns the figures

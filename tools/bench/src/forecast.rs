@@ -286,7 +286,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The value at fraction `q` of sorted `values` (0 if empty).
-fn quantile(values: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(values: &[f64], q: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }
