@@ -10,9 +10,13 @@
 //! whose cycle placed it, on the host it was placed on; its queue position
 //! is the order in which admission took the waiting tasks of its pool.
 //!
-//! What it does not model: preemption (victims are not chosen), work
-//! submitted later, hosts that come or go, and the time a launch takes.
-//! It answers "if nothing else happens".
+//! Preemption is off by default (victims are not chosen: a periodic
+//! forecast of queued work need not pay for it); with
+//! [`ForecastConfig::preempt`] (a plan) the fork's cycles choose victims
+//! and act on them as the live loop does ([`preempt`]), and the forecast
+//! lists them. What it does not model: work submitted later, hosts that
+//! come or go, the time a launch or a kill takes. It answers "if nothing
+//! else happens".
 //!
 //! Cost is bounded: ends close together are taken as one step (a step
 //! covers the ends within `max(min_step_ms, (t - now) / resolution)` of
@@ -25,8 +29,13 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
+use rustc_hash::FxHashSet;
+
 use crate::engine::Engine;
 use crate::task::{TaskHandle, TaskState};
+
+mod preempt;
+pub use preempt::Preemption;
 
 /// Bounds of a forecast.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +49,9 @@ pub struct ForecastConfig {
     /// Further ahead, a step also takes the ends within 1/`resolution` of
     /// the time from now (a start an hour ahead is within a minute).
     pub resolution: u32,
+    /// Whether cycles choose victims and preempt them as the live loop
+    /// would (see [`preempt`]; off: nothing is preempted).
+    pub preempt: bool,
 }
 
 impl Default for ForecastConfig {
@@ -49,6 +61,7 @@ impl Default for ForecastConfig {
             horizon_ms: 7 * 24 * 3_600_000,
             min_step_ms: 1_000,
             resolution: 64,
+            preempt: false,
         }
     }
 }
@@ -109,6 +122,9 @@ pub struct Forecast {
     pub unending: u32,
     /// Why it stopped.
     pub stopped: Stopped,
+    /// The tasks preempted, in the order chosen (with
+    /// [`ForecastConfig::preempt`]; else none).
+    pub victims: Vec<Preemption>,
 }
 
 impl Forecast {
@@ -204,6 +220,8 @@ pub fn forecast_fork(
     let mut index: FxHashMap<TaskHandle, u32> = FxHashMap::default();
     let mut ends = Ends::default();
     let mut positions: FxHashMap<u32, u32> = FxHashMap::default();
+    // Tasks preempted: their ends are stale.
+    let mut gone: FxHashSet<TaskHandle> = FxHashSet::default();
     {
         let tasks = sim.tasks();
         for (task, state) in tasks.all() {
@@ -254,7 +272,7 @@ pub fn forecast_fork(
                 out.stopped = Stopped::Steps;
                 return out;
             }
-            sim.cycle_with(t, false);
+            sim.cycle_with(t, config.preempt);
             out.steps += 1;
             let report = sim.report();
             for a in &report.admission.admitted {
@@ -283,7 +301,13 @@ pub fn forecast_fork(
                     None => out.unending += 1,
                 }
             }
-            if report.placement.placed.is_empty() && report.admission.admitted.is_empty() {
+            let idle = report.placement.placed.is_empty() && report.admission.admitted.is_empty();
+            let n_preempted = if config.preempt {
+                preempt::act_on_victims(&mut sim, t, &mut out.victims, &mut gone)
+            } else {
+                0
+            };
+            if idle && n_preempted == 0 {
                 break;
             }
         }
@@ -301,6 +325,12 @@ pub fn forecast_fork(
             .map(|r| r.at_ms)
             .filter(|&at| at > t)
             .min();
+        while let Some((_, task)) = ends.peek()
+            && !gone.is_empty()
+            && gone.contains(&task)
+        {
+            ends.pop();
+        }
         let next_end = ends.peek().map(|(end, _)| end);
         if let Some(at) = wake
             && next_end.is_none_or(|end| at < end)
@@ -331,6 +361,9 @@ pub fn forecast_fork(
                 break;
             }
             ends.pop();
+            if !gone.is_empty() && gone.contains(&task) {
+                continue;
+            }
             t = end;
             sim.finish(task).expect("a placed task ends once");
         }

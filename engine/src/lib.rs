@@ -37,7 +37,7 @@ pub use engine::{CycleReport, Engine, EngineConfig, EngineError, NewTask};
 pub use entitlement::{
     DimEntitlement, EntitlementCalculator, EntitlementInput, Entitlements, WaterFillStats,
 };
-pub use forecast::{Forecast, ForecastConfig, Start, Stopped, TaskForecast};
+pub use forecast::{Forecast, ForecastConfig, Preemption, Start, Stopped, TaskForecast};
 pub use manager::{PoolUsage, ResourceManager, ResourceManagerConfig};
 pub use pool::{DimConfig, PoolConfig, PoolError, PoolId, PoolKind, PoolTree, PoolTreeLimits};
 pub use resources::{Dim, MAX_AMOUNT, N_DIMS, Resources};

@@ -302,3 +302,68 @@ fn placement_without_reasons_places_the_same() {
     }
     silent.check_invariants();
 }
+
+/// An owner pool's task on a cluster full of a borrower's preemptible
+/// gangs: without preemption the forecast waits for the borrower's ends;
+/// with it, the fork preempts what the live engine's cycle then chooses
+/// (and the rest of the victims' gangs), the owner's task starts at once,
+/// and the victims are queued again. The live engine is left as it was.
+#[test]
+fn a_forecast_with_preemption_takes_the_victims_the_live_cycle_takes() {
+    let mut engine = engine_with_hosts(2, 4);
+    let owner = engine
+        .resources_mut()
+        .create_pool("/owner", PoolConfig::default().with_reservation(cores(4)))
+        .unwrap();
+    let borrower = engine
+        .resources_mut()
+        .create_pool("/borrower", PoolConfig::default())
+        .unwrap();
+    // Four gangs of two one-core tasks, priorities 1..=4.
+    for g in 0..4u32 {
+        let gang: Vec<NewTask> = (0..2)
+            .map(|i| {
+                let mut t = task(1, 2 * g + i, borrower, 1);
+                t.flags.preemptible = true;
+                t.priority = g + 1;
+                t
+            })
+            .collect();
+        engine.submit(&gang).unwrap();
+    }
+    assert_eq!(engine.cycle(0).placed().len(), 8);
+    let mine = engine.submit(&[task(2, 0, owner, 1)]).unwrap()[0];
+    let runtime = |job: u32, _| Some(if job == 1 { 60_000 } else { 5_000 });
+    let before = snapshot(&engine);
+
+    let f = forecast(&engine, 1_000, &runtime, &exact());
+    assert!(f.victims.is_empty(), "preemption is off by default");
+    assert_eq!(f.get(mine).unwrap().start.unwrap().at_ms, 60_000);
+
+    let with = ForecastConfig {
+        preempt: true,
+        ..exact()
+    };
+    let f = forecast(&engine, 1_000, &runtime, &with);
+    assert_eq!(snapshot(&engine), before, "a forecast changes nothing");
+    assert_eq!(f.get(mine).unwrap().start.unwrap().at_ms, 1_000);
+    let mut chosen: Vec<(TaskHandle, u32, u32, u64)> = f
+        .victims
+        .iter()
+        .map(|v| (v.task, v.job, v.priority, v.at_ms))
+        .collect();
+    chosen.sort_unstable();
+    // The borrower is over by one core: one lowest-priority task (its
+    // gang mate is stopped with it, to start again as one gang; it is
+    // not a victim).
+    assert_eq!(chosen.len(), 1, "{:?}", f.victims);
+    assert!(chosen.iter().all(|&(_, job, prio, at)| (job, prio, at) == (1, 1, 1_000)));
+
+    // The live cycle chooses the same.
+    let report = engine.cycle(1_000);
+    let mut live: Vec<TaskHandle> = report.victims.iter().map(|v| v.task).collect();
+    live.sort_unstable();
+    let forecast_chose: Vec<TaskHandle> = chosen.iter().map(|c| c.0).collect();
+    assert_eq!(live, forecast_chose);
+    engine.check_invariants();
+}
