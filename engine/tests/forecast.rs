@@ -357,7 +357,11 @@ fn a_forecast_with_preemption_takes_the_victims_the_live_cycle_takes() {
     // gang mate is stopped with it, to start again as one gang; it is
     // not a victim).
     assert_eq!(chosen.len(), 1, "{:?}", f.victims);
-    assert!(chosen.iter().all(|&(_, job, prio, at)| (job, prio, at) == (1, 1, 1_000)));
+    assert!(
+        chosen
+            .iter()
+            .all(|&(_, job, prio, at)| (job, prio, at) == (1, 1, 1_000))
+    );
 
     // The live cycle chooses the same.
     let report = engine.cycle(1_000);

@@ -81,7 +81,7 @@ pub use model::{
 };
 pub use overcommit::OvercommitConfig;
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
-pub use plan::{JobPlanAnswer, PlannedInstance};
+pub use plan::{JobPlanAnswer, PlannedInstance, PlannedVictim};
 pub use recover::{Recovered, RecoveredHost, RecoveredJob, RecoveredTask, RecoveredVolume};
 pub use runtime::{
     Estimate, EstimateSource, MAX_RUNTIME_KEYS, MIN_LEARNED_SAMPLES, RUNTIME_WINDOW,

@@ -8,13 +8,18 @@
 //! (gangs whole, at most its running limit), and forecasts the fork
 //! ([`peloton_engine::forecast`]): the same admission and placement the
 //! live loop would run, with the running work ending at its estimates.
-//! What it does not foresee: preemption (whom the job would preempt is
-//! not chosen), work submitted later, hosts that come or go.
+//! The forecast preempts as the live loop would
+//! ([`ForecastConfig::preempt`]: victims over their pool's entitlement,
+//! lower-priority tasks evicted in their own pool, queued again), and the
+//! plan lists every task it preempted, when and why. What it does not
+//! foresee: work submitted later, hosts that come or go, the time a kill
+//! takes (a victim's room is free in the step that chose it).
 
 use std::sync::Arc;
 
 use peloton_engine::Engine;
-use peloton_engine::forecast::{ForecastConfig, Stopped};
+use peloton_engine::forecast::{ForecastConfig, Preemption, Stopped};
+use peloton_engine::preemption::PreemptReason;
 
 use crate::runs::new_task_of;
 use crate::runtime::Estimate;
@@ -38,6 +43,25 @@ pub struct PlannedInstance {
     pub why_not: Option<&'static str>,
 }
 
+/// A running task a plan would preempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedVictim {
+    /// Its job.
+    pub job: Arc<str>,
+    /// Its instance.
+    pub instance: u32,
+    /// Its job's pool.
+    pub pool: String,
+    /// The host it runs on.
+    pub host: Arc<str>,
+    /// Its priority.
+    pub priority: u32,
+    /// When it would be preempted.
+    pub at_ms: u64,
+    /// Why, as the live loop would say it.
+    pub reason: String,
+}
+
 /// A job's plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobPlanAnswer {
@@ -50,6 +74,10 @@ pub struct JobPlanAnswer {
     pub estimate: Option<Estimate>,
     /// Why the forecast stopped.
     pub stopped: Stopped,
+    /// The tasks of other jobs preempted in the forecast, in the order
+    /// chosen (all of them: the planned job's doing or not, though in a
+    /// settled cluster what is preempted soon after is the plan's doing).
+    pub victims: Vec<PlannedVictim>,
 }
 
 /// Why an instance has no start.
@@ -120,9 +148,18 @@ impl Lifecycle {
             sim,
             now_ms: self.now,
             estimates,
-            config: *config,
+            config: ForecastConfig {
+                preempt: true,
+                ..*config
+            },
         }
         .run();
+        let victims = f
+            .victims
+            .iter()
+            .filter(|v| v.job != k.0)
+            .filter_map(|v| self.planned_victim(engine, v))
+            .collect();
         let instances = (0..n)
             .map(|x| {
                 let Some(t) = handles.get(x as usize).and_then(|&h| f.get(h)) else {
@@ -152,6 +189,33 @@ impl Lifecycle {
             instances,
             estimate,
             stopped: f.stopped,
+            victims,
+        })
+    }
+
+    /// A forecast's victim as a plan shows it (none if its job is gone).
+    fn planned_victim(&self, engine: &Engine, v: &Preemption) -> Option<PlannedVictim> {
+        let job = self.jobs.get(&JobKey(v.job))?;
+        let host = self.host_names.get(v.host as usize)?.clone();
+        let tree = engine.resources().tree();
+        let pool = tree
+            .lookup_slot(v.pool as usize)
+            .map(|p| tree.path(p).to_string())
+            .unwrap_or_default();
+        let reason = match v.reason {
+            PreemptReason::HigherPriority { .. } => {
+                format!("preempted: a higher-priority task of its pool needs room on host {host}")
+            }
+            r => format!("preempted: {r}"),
+        };
+        Some(PlannedVictim {
+            job: job.id.clone(),
+            instance: v.instance,
+            pool,
+            host,
+            priority: v.priority,
+            at_ms: v.at_ms,
+            reason,
         })
     }
 }

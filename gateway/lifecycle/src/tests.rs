@@ -367,6 +367,21 @@ impl Env {
                                     )),
                                 }
                             }
+                            if a.victims.is_empty() {
+                                line.push_str(" preempts none");
+                            }
+                            for v in &a.victims {
+                                line.push_str(&format!(
+                                    "\n    preempts {}/{} @{} {} priority {} +{} ({})",
+                                    v.job,
+                                    v.instance,
+                                    v.host,
+                                    v.pool,
+                                    v.priority,
+                                    v.at_ms - START_MS,
+                                    v.reason
+                                ));
+                            }
                             line
                         }
                         Err(e) => format!("  plan {} refused: {e}", words[1]),
@@ -6115,11 +6130,11 @@ fn a_plan_says_where_and_when_and_the_job_then_starts_so() {
             job a running
             a/1#1 running @h2
             > plan g pool=/ n=2 cpu=4 gang=2 expect=5000
-              plan g (AllStarted): 0@h1+90000 pos 2; 1@h2+90000 pos 3;
+              plan g (AllStarted): 0@h1+90000 pos 2; 1@h2+90000 pos 3; preempts none
             > plan s pool=/ n=3 cpu=1 max_running=2 expect=1000
-              plan s (AllStarted): 0@h1+60000 pos 2; 1@h1+60000 pos 3; 2 none (held back by the job's running limit (sla.max_running_instances));
+              plan s (AllStarted): 0@h1+60000 pos 2; 1@h1+60000 pos 3; 2 none (held back by the job's running limit (sla.max_running_instances)); preempts none
             > plan p pool=/ n=3 cpu=2 gang=2 expect=1000
-              plan p (AllStarted): 0@h1+60000 pos 2; 1@h1+60000 pos 3; 2@h2+60000 pos 4;
+              plan p (AllStarted): 0@h1+60000 pos 2; 1@h1+60000 pos 3; 2@h2+60000 pos 4; preempts none
             > plan x pool=/ n=1 cpu=64
               plan x refused: spec.default_task.resources.cpu: no host of the cluster could ever hold a task of cpu 64 cores, memory 64 MiB (the largest capacities are cpu 4 cores, memory 4096 MiB)
             > plan y pool=/nowhere n=1 cpu=1
@@ -6205,6 +6220,114 @@ fn a_forecast_after_a_restart_dates_running_work_from_its_placement() {
               forecast (due true): AllStarted after 3 steps
               job w starts +60000 (earliest +60000) position 1
               w/0 starts +60000 (earliest +60000) on h1 position 1
+        "#]],
+    );
+}
+
+/// A plan for an owner's job on a cluster full of a borrower's
+/// preemptible work lists what it would preempt — by then priority, most
+/// recently started first — changing nothing; the same job submitted on
+/// the unchanged cluster then preempts those tasks and starts where and
+/// when planned. A plan that fits the free room preempts none.
+#[test]
+fn a_plan_says_whom_the_job_would_preempt_and_the_job_then_does() {
+    check(
+        r"
+        host h1 cpu=4
+        host h2 cpu=4
+        pool /owner cpu=4 mem=1024
+        pool /borrower
+        job lo pool=/borrower n=3 cpu=1 priority=1 preemptible expect=600000
+        job hi pool=/borrower n=3 cpu=1 priority=5 preemptible expect=600000
+        cycle
+        plan small pool=/owner n=2 cpu=1 expect=5000
+        plan big pool=/owner n=2 cpu=2 expect=5000
+        job big pool=/owner n=2 cpu=2 expect=5000
+        cycle                # preempts as planned
+        confirm
+        cycle                # starts as planned
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > pool /owner cpu=4 mem=1024
+            > pool /borrower
+            > job lo pool=/borrower n=3 cpu=1 priority=1 preemptible expect=600000
+            lo/0#1 pending
+            lo/1#1 pending
+            lo/2#1 pending
+            job lo pending
+            > job hi pool=/borrower n=3 cpu=1 priority=5 preemptible expect=600000
+            hi/0#1 pending
+            hi/1#1 pending
+            hi/2#1 pending
+            job hi pending
+            > cycle
+            hi/0#1 ready
+            hi/1#1 ready
+            hi/2#1 ready
+            lo/0#1 ready
+            lo/1#1 ready
+            lo/2#1 ready
+            hi/0#1 placed @h1
+            hi/0#1 launching @h1
+            hi/1#1 placed @h1
+            hi/1#1 launching @h1
+            hi/2#1 placed @h1
+            hi/2#1 launching @h1
+            lo/0#1 placed @h1
+            lo/0#1 launching @h1
+            lo/1#1 placed @h2
+            lo/1#1 launching @h2
+            lo/2#1 placed @h2
+            lo/2#1 launching @h2
+              launch hi/0#1 @h1 config 1
+              launch hi/1#1 @h1 config 1
+              launch hi/2#1 @h1 config 1
+              launch lo/0#1 @h1 config 1
+              launch lo/1#1 @h2 config 1
+              launch lo/2#1 @h2 config 1
+            hi/0#1 running @h1
+            hi/1#1 running @h1
+            hi/2#1 running @h1
+            lo/0#1 running @h1
+            job lo running
+            job hi running
+            lo/1#1 running @h2
+            lo/2#1 running @h2
+            > plan small pool=/owner n=2 cpu=1 expect=5000
+              plan small (AllStarted): 0@h2+0 pos 1; 1@h2+0 pos 2; preempts none
+            > plan big pool=/owner n=2 cpu=2 expect=5000
+              plan big (AllStarted): 0@h2+0 pos 1; 1@h2+0 pos 2;
+                preempts lo/2 @h2 /borrower priority 1 +0 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled)
+                preempts lo/1 @h2 /borrower priority 1 +0 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled)
+            > job big pool=/owner n=2 cpu=2 expect=5000
+            big/0#1 pending
+            big/1#1 pending
+            job big pending
+            > cycle
+            big/0#1 ready
+            big/1#1 ready
+            big/0#1 placed @h2
+            big/0#1 launching @h2
+            big/1#1 placing
+            lo/2#1 preempted @h2 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled)
+            lo/1#1 preempted @h2 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled)
+              launch big/0#1 @h2 config 1
+              kill lo/2#1 @h2
+              kill lo/1#1 @h2
+            big/0#1 running @h2
+            job big running
+            > confirm
+            lo/1#2 initialized
+            lo/2#2 initialized
+            lo/1#2 pending
+            lo/2#2 pending
+            > cycle
+            big/1#1 placed @h2
+            big/1#1 launching @h2
+              launch big/1#1 @h2 config 1
+            big/1#1 running @h2
         "#]],
     );
 }
