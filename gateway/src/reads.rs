@@ -233,6 +233,19 @@ pub(crate) fn plan_to_pb(a: &crate::lifecycle::JobPlanAnswer) -> pb::PlanJobResp
             Stopped::Steps => "steps",
         }
         .to_string(),
+        victims: a
+            .victims
+            .iter()
+            .map(|v| pb::PlannedVictim {
+                job_id: v.job.to_string(),
+                instance: v.instance,
+                pool: v.pool.clone(),
+                host: v.host.to_string(),
+                priority: v.priority,
+                at_ms: v.at_ms,
+                reason: v.reason.clone(),
+            })
+            .collect(),
     }
 }
 

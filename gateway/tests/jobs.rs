@@ -1042,6 +1042,118 @@ async fn a_plan_says_where_and_when_and_changes_nothing() {
     s.shutdown().await;
 }
 
+/// A plan for a job of a pool claiming its reservation on a cluster full
+/// of another pool's preemptible work says whom it would preempt (job,
+/// instance, pool, host, priority, when), changing nothing; the same spec
+/// then submitted on the unchanged cluster preempts those very tasks and
+/// starts at once. On the empty cluster, the same plan preempts none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_says_whom_the_job_would_preempt_and_it_then_does() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    let total = cluster_capacity(&mut c).await;
+    create_pool(&mut c, "/prod", pool_spec(total.cpu, total.memory_mb)).await;
+    create_pool(&mut c, "/batch", pool_spec(0.0, 0.0)).await;
+    let n_batch = total.cpu as u32;
+    let n_prod = n_batch / 2;
+    let mut prod = job_spec("/prod", n_prod, 1.0, 600_000);
+    prod.sla = Some(pb::Sla {
+        priority: 10,
+        ..Default::default()
+    });
+    let plan_of = |c: &Clients, spec: &pb::JobSpec| {
+        let mut c = c.clone();
+        let spec = spec.clone();
+        async move {
+            c.jobs
+                .plan(pb::PlanJobRequest { spec: Some(spec) })
+                .await
+                .expect("planned")
+                .into_inner()
+        }
+    };
+    // On the empty cluster it needs no room: it preempts none.
+    let plan = plan_of(&c, &prod).await;
+    assert!(plan.victims.is_empty(), "{plan:#?}");
+    assert_eq!(plan.start_ms, plan.made_at_ms, "{plan:#?}");
+
+    let mut batch = job_spec("/batch", n_batch, 1.0, 600_000);
+    batch.sla = Some(pb::Sla {
+        priority: 1,
+        preemptible: true,
+        ..Default::default()
+    });
+    task_of(&mut batch).expected_runtime_ms = 600_000;
+    let batch = create_job(&mut c, batch).await;
+    wait_job_where(&c, &batch.id, "batch to fill the cluster", |j| {
+        count_in(j, T::Running) == n_batch
+    })
+    .await;
+    let hosts_of_batch: BTreeMap<u32, String> = list_tasks(&mut c, &batch.id)
+        .await
+        .iter()
+        .map(|t| (t.instance, t.current.as_ref().expect("run").host.clone()))
+        .collect();
+
+    let plan = plan_of(&c, &prod).await;
+    assert_eq!(plan.victims.len(), n_prod as usize, "{plan:#?}");
+    for v in &plan.victims {
+        assert_eq!(
+            (v.job_id.as_str(), v.pool.as_str(), v.priority, v.at_ms),
+            (batch.id.as_str(), "/batch", 1, plan.made_at_ms),
+            "{v:?}"
+        );
+        assert_eq!(v.host, hosts_of_batch[&v.instance], "{v:?}");
+        assert!(v.reason.contains("over its entitlement"), "{v:?}");
+    }
+    assert_eq!(plan.start_ms, plan.made_at_ms, "{plan:#?}");
+    // Nothing changed.
+    let b = get_job(&mut c, &batch.id).await.expect("batch");
+    assert_eq!(count_in(&b, T::Running), n_batch);
+    let jobs = c
+        .jobs
+        .query(pb::QueryJobsRequest::default())
+        .await
+        .expect("query")
+        .into_inner();
+    assert_eq!(jobs.jobs.len(), 1);
+
+    // Submitted now, it preempts those tasks.
+    let mut watch = c
+        .watch
+        .watch(pb::WatchRequest {
+            from_revision: 0,
+            job_id: batch.id.clone(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let prod = create_job(&mut c, prod).await;
+    let events = collect_events(&mut watch, |e| {
+        e.iter()
+            .filter(
+                |e| matches!(&e.kind, Some(pb::event::Kind::Task(t)) if t.state() == T::Preempted),
+            )
+            .count()
+            >= n_prod as usize
+    })
+    .await;
+    let preempted: BTreeSet<u32> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(pb::event::Kind::Task(t)) if t.state() == T::Preempted => Some(t.instance),
+            _ => None,
+        })
+        .collect();
+    let planned: BTreeSet<u32> = plan.victims.iter().map(|v| v.instance).collect();
+    assert_eq!(preempted, planned);
+    wait_job_where(&c, &prod.id, "every prod task running", |j| {
+        count_in(j, T::Running) == n_prod
+    })
+    .await;
+    s.shutdown().await;
+}
+
 /// Reservations with backfill, seen from outside: a gang of two whole
 /// hosts waits for one that is busy; its hosts are held for it (host
 /// list, the gang's pending reason), a short job submitted after it runs

@@ -415,6 +415,33 @@ fn plan_table(plan: &PlanJobResponse) -> String {
     }
     out.push('\n');
     out.push_str(&table.render());
+    out.push('\n');
+    if plan.victims.is_empty() {
+        out.push_str("PREEMPTS: none\n");
+        return out;
+    }
+    out.push_str("PREEMPTS:\n");
+    let mut victims = Table::new(&[
+        ("JOB", Align::Left),
+        ("INSTANCE", Align::Right),
+        ("POOL", Align::Left),
+        ("HOST", Align::Left),
+        ("PRIORITY", Align::Right),
+        ("AT", Align::Left),
+        ("WHY", Align::Left),
+    ]);
+    for v in &plan.victims {
+        victims.row(vec![
+            v.job_id.clone(),
+            v.instance.to_string(),
+            or_dash(&v.pool),
+            or_dash(&v.host),
+            v.priority.to_string(),
+            fmt_time_ms(v.at_ms),
+            or_dash(&v.reason),
+        ]);
+    }
+    out.push_str(&victims.render());
     out
 }
 
@@ -432,6 +459,15 @@ fn plan_json(plan: &PlanJobResponse) -> serde_json::Value {
             "host": x.host,
             "queue_position": x.queue_position,
             "why_not": x.why_not,
+        })).collect::<Vec<_>>(),
+        "victims": plan.victims.iter().map(|v| json!({
+            "job_id": v.job_id,
+            "instance": v.instance,
+            "pool": v.pool,
+            "host": v.host,
+            "priority": v.priority,
+            "at_ms": v.at_ms,
+            "reason": v.reason,
         })).collect::<Vec<_>>(),
     })
 }
@@ -454,5 +490,53 @@ mod tests {
         let bar = job_bar(&job).expect("bar");
         assert_eq!(bar.length(), Some(4));
         assert_eq!(bar.position(), 0);
+    }
+
+    /// A plan shows whom it would preempt, in the table and in JSON, and
+    /// says so when it preempts none.
+    #[test]
+    fn a_plan_shows_whom_it_would_preempt() {
+        let mut plan = PlanJobResponse {
+            instances: vec![peloton_proto::v1::PlannedInstance {
+                instance: 0,
+                host: "h1".to_owned(),
+                queue_position: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(plan_table(&plan).ends_with("PREEMPTS: none\n"));
+        assert_eq!(plan_json(&plan)["victims"], json!([]));
+        plan.victims = vec![peloton_proto::v1::PlannedVictim {
+            job_id: "batch-1".to_owned(),
+            instance: 3,
+            pool: "/batch".to_owned(),
+            host: "h1".to_owned(),
+            priority: 1,
+            at_ms: 0,
+            reason: "preempted: pool over its entitlement".to_owned(),
+        }];
+        let table = plan_table(&plan);
+        let rows: Vec<&str> = table
+            .lines()
+            .skip_while(|l| *l != "PREEMPTS:")
+            .skip(1)
+            .collect();
+        assert!(rows[0].starts_with("JOB"), "{table}");
+        let cells: Vec<&str> = rows[1].split_whitespace().take(5).collect();
+        assert_eq!(cells, ["batch-1", "3", "/batch", "h1", "1"], "{table}");
+        assert!(rows[1].ends_with("preempted: pool over its entitlement"));
+        assert_eq!(
+            plan_json(&plan)["victims"][0],
+            json!({
+                "job_id": "batch-1",
+                "instance": 3,
+                "pool": "/batch",
+                "host": "h1",
+                "priority": 1,
+                "at_ms": 0,
+                "reason": "preempted: pool over its entitlement",
+            })
+        );
     }
 }
