@@ -384,6 +384,52 @@ async fn http_and_grpc_give_the_same_answers() {
     s.shutdown().await;
 }
 
+/// A plan over the mirror carries whom the job would preempt, as gRPC's
+/// answer does (`victims`, each with `jobId`, `atMs` and the rest).
+#[tokio::test]
+async fn a_plan_over_http_names_its_victims() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    let http = Http::new(s.server.as_ref().expect("running").addr);
+    let total = cluster_capacity(&mut c).await;
+    create_pool(&mut c, "/prod", pool_spec(total.cpu, total.memory_mb)).await;
+    create_pool(&mut c, "/batch", pool_spec(0.0, 0.0)).await;
+    let n = total.cpu as u32;
+    let mut batch = job_spec("/batch", n, 1.0, 600_000);
+    batch.sla = Some(pb::Sla {
+        preemptible: true,
+        ..Default::default()
+    });
+    let batch = create_job(&mut c, batch).await;
+    wait_job_where(&c, &batch.id, "batch to fill the cluster", |j| {
+        count_in(j, pb::TaskState::Running) == n
+    })
+    .await;
+    let mut plan = job_json("/prod", 2, 1_000);
+    plan["spec"]["defaultTask"]["resources"]["cpu"] = json!(1);
+    let answer = http
+        .call("POST", "/v1/jobs/plan", Some(plan.clone()))
+        .await
+        .ok();
+    let victims = answer["victims"].as_array().expect("victims");
+    assert_eq!(victims.len(), 2, "{answer:#}");
+    assert_eq!(victims[0]["jobId"], json!(batch.id), "{answer:#}");
+    assert_eq!(victims[0]["pool"], json!("/batch"), "{answer:#}");
+    let via_http: pb::PlanJobResponse = decode("PlanJobResponse", &answer);
+    let via_grpc = c
+        .jobs
+        .plan(decode::<pb::PlanJobRequest>("PlanJobRequest", &plan))
+        .await
+        .expect("planned")
+        .into_inner();
+    let key = |v: &pb::PlannedVictim| (v.job_id.clone(), v.instance, v.host.clone(), v.priority);
+    assert_eq!(
+        via_http.victims.iter().map(key).collect::<Vec<_>>(),
+        via_grpc.victims.iter().map(key).collect::<Vec<_>>()
+    );
+    s.shutdown().await;
+}
+
 #[tokio::test]
 async fn http_errors_name_the_code_and_the_status() {
     let s = TestServer::start(1).await;

@@ -6332,6 +6332,68 @@ fn a_plan_says_whom_the_job_would_preempt_and_the_job_then_does() {
     );
 }
 
+/// A plan for a high-priority job of a pool whose lower-priority work
+/// fragments the hosts names the task it would evict (as the live loop
+/// does: the host needing the fewest victims), and the job then does.
+#[test]
+fn a_plan_names_the_lower_priority_task_its_job_would_evict() {
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1 expect=600000
+        cycle
+        plan high pool=/ n=1 cpu=2 preemptible priority=5 expect=1000
+        job high pool=/ n=1 cpu=2 preemptible priority=5 expect=1000
+        cycle
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1 expect=600000
+            low/0#1 pending
+            low/1#1 pending
+            job low pending
+            > cycle
+            low/0#1 ready
+            low/1#1 ready
+            low/0#1 placed @h1
+            low/0#1 launching @h1
+            low/1#1 placed @h2
+            low/1#1 launching @h2
+              launch low/0#1 @h1 config 1
+              launch low/1#1 @h2 config 1
+            low/0#1 running @h1
+            job low running
+            low/1#1 running @h2
+            > plan high pool=/ n=1 cpu=2 preemptible priority=5 expect=1000
+              plan high (AllStarted): 0@h1+0 pos 1;
+                preempts low/0 @h1 / priority 1 +0 (preempted: a higher-priority task of its pool needs room on host h1)
+            > job high pool=/ n=1 cpu=2 preemptible priority=5 expect=1000
+            high/0#1 pending
+            job high pending
+            > cycle
+            high/0#1 ready
+            high/0#1 placing
+            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1)
+              kill low/0#1 @h1
+            > confirm
+            low/0#2 initialized
+            low/0#2 pending
+            > cycle
+            low/0#2 ready
+            high/0#1 placed @h1
+            high/0#1 launching @h1
+            low/0#2 placing
+              launch high/0#1 @h1 config 1
+            high/0#1 running @h1
+            job high running
+        "#]],
+    );
+}
+
 /// Forecast bounds for fixtures: every end its own step, so starts are
 /// exact to the millisecond.
 fn exact_forecast() -> peloton_engine::ForecastConfig {

@@ -270,8 +270,9 @@ pub enum JobCommand {
     },
     /// Where and when a job from a YAML spec would start if submitted now,
     /// changing nothing: per instance its host, start time and queue
-    /// position (the scheduler's forecast: running work ends at its runtime
-    /// estimates; preemption is not foreseen). A spec that would be refused
+    /// position, and the running tasks it would preempt (the scheduler's
+    /// forecast: running work ends at its runtime estimates; victims are
+    /// chosen as the scheduler chooses them). A spec that would be refused
     /// is refused, naming the limit that binds.
     #[command(
         override_usage = "peloton job plan [RESPOOL] <SPEC>",
