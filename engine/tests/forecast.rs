@@ -371,3 +371,45 @@ fn a_forecast_with_preemption_takes_the_victims_the_live_cycle_takes() {
     assert_eq!(live, forecast_chose);
     engine.check_invariants();
 }
+
+/// A victim's gang ends with it (its members start again as one gang):
+/// the room its mate held is free in the same step, and work waiting in
+/// the victim's pool takes it then, ahead of the gang queued again.
+#[test]
+fn a_victims_gang_ends_with_it_in_a_forecast() {
+    let mut engine = engine_with_hosts(1, 4);
+    let owner = engine
+        .resources_mut()
+        .create_pool("/owner", PoolConfig::default().with_reservation(cores(4)))
+        .unwrap();
+    let borrower = engine
+        .resources_mut()
+        .create_pool("/borrower", PoolConfig::default())
+        .unwrap();
+    let preemptible = |job, instance| {
+        let mut t = task(job, instance, borrower, 2);
+        t.flags.preemptible = true;
+        t
+    };
+    engine
+        .submit(&[preemptible(1, 0), preemptible(1, 1)])
+        .unwrap();
+    assert_eq!(engine.cycle(0).placed().len(), 2);
+    let waiting = engine.submit(&[preemptible(2, 0)]).unwrap()[0];
+    let mine = engine.submit(&[task(3, 0, owner, 2)]).unwrap()[0];
+    let runtime = |job: u32, _| Some(if job == 1 { 60_000 } else { 5_000 });
+    let with = ForecastConfig {
+        preempt: true,
+        ..exact()
+    };
+    let f = forecast(&engine, 1_000, &runtime, &with);
+    assert_eq!(f.victims.len(), 1, "one member is chosen: {:?}", f.victims);
+    assert_eq!(f.victims[0].job, 1);
+    assert_eq!(f.get(mine).unwrap().start.unwrap().at_ms, 1_000);
+    assert_eq!(
+        f.get(waiting).unwrap().start.unwrap().at_ms,
+        1_000,
+        "its mate's room is free at once"
+    );
+    assert_eq!(f.stopped, Stopped::AllStarted);
+}
