@@ -13,8 +13,8 @@
 //! Preemption is off by default (victims are not chosen: a periodic
 //! forecast of queued work need not pay for it); with
 //! [`ForecastConfig::preempt`] (a plan) the fork's cycles choose victims
-//! and act on them as the live loop does ([`preempt`]), and the forecast
-//! lists them. What it does not model: work submitted later, hosts that
+//! and act on them as the live loop does (`forecast/preempt.rs`), and the
+//! forecast lists them ([`Forecast::victims`]). What it does not model: work submitted later, hosts that
 //! come or go, the time a launch or a kill takes. It answers "if nothing
 //! else happens".
 //!
@@ -27,9 +27,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use rustc_hash::FxHashMap;
-
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::engine::Engine;
 use crate::task::{TaskHandle, TaskState};
@@ -50,7 +48,7 @@ pub struct ForecastConfig {
     /// the time from now (a start an hour ahead is within a minute).
     pub resolution: u32,
     /// Whether cycles choose victims and preempt them as the live loop
-    /// would (see [`preempt`]; off: nothing is preempted).
+    /// would (see the module's text; off: nothing is preempted).
     pub preempt: bool,
 }
 
@@ -325,6 +323,7 @@ pub fn forecast_fork(
             .map(|r| r.at_ms)
             .filter(|&at| at > t)
             .min();
+        // A preempted task's end is stale.
         while let Some((_, task)) = ends.peek()
             && !gone.is_empty()
             && gone.contains(&task)
