@@ -1131,10 +1131,13 @@ pub const ASSUMES: &str = "if nothing else is submitted: running tasks end at th
 pub fn print_table(report: &Value) {
     let empty = Vec::new();
     let rows = report["variants"].as_array().unwrap_or(&empty);
-    println!(
-        "what if ({ASSUMES}); horizon {}s\n",
-        report["horizon_s"].as_f64().unwrap_or(0.0)
-    );
+    let horizon_s = report["horizon_s"].as_f64().unwrap_or(0.0) as u64;
+    let horizon = match horizon_s {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s => format!("{s}s"),
+    };
+    println!("what if ({ASSUMES}); horizon {horizon}\n");
     let secs = |v: &Value| v.as_f64().map_or("-".to_string(), |s| format!("{s:.0}s"));
     let frac = |v: &Value| v.as_f64().map_or("-".to_string(), |s| format!("{s:.3}"));
     println!(
@@ -1156,9 +1159,9 @@ pub fn print_table(report: &Value) {
         println!(
             "{:<40} {:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>8}",
             r["variant"].as_str().unwrap_or("?"),
-            r["hosts"],
-            t["waiting"],
-            t["started"],
+            r["hosts"].to_string(),
+            t["waiting"].to_string(),
+            t["started"].to_string(),
             secs(&t["wait_median_s"]),
             secs(&t["wait_p90_s"]),
             secs(&t["wait_max_s"]),
@@ -1191,8 +1194,8 @@ pub fn print_table(report: &Value) {
                 "{:<24} {:<40} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
                 path,
                 r["variant"].as_str().unwrap_or("?"),
-                p["waiting"],
-                p["started"],
+                p["waiting"].to_string(),
+                p["started"].to_string(),
                 secs(&p["wait_median_s"]),
                 secs(&p["wait_p90_s"]),
                 secs(&p["wait_max_s"]),

@@ -158,4 +158,18 @@ async fn a_snapshot_of_a_live_server_replays_and_more_hosts_shorten_its_waits() 
     assert_eq!(four["hosts"], 6);
     assert_eq!(max(four), 0.0, "{:#}", four["total"]);
     assert!(max(two) > 0.0 && max(two) < max(base), "{:#}", two["total"]);
+
+    // The table says the same, and what it assumes.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peloton-bench"))
+        .args(["whatif", "--snapshot"])
+        .arg(&snap)
+        .args(["--add-hosts", "4", "--pool", "/w:share=2"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    println!("{table}");
+    assert!(out.status.success());
+    assert!(table.contains("if nothing else is submitted"), "{table}");
+    assert!(table.contains("--add-hosts 4"), "{table}");
+    assert!(table.contains("/w "), "{table}");
 }
