@@ -26,8 +26,8 @@
 //! bounds), the makespan (until the last waiting task ended, or started if
 //! it has no estimate), utilization per dimension (allocated over capacity,
 //! time-averaged over the replay), and fairness: Jain's index, over the
-//! leaf pools with tasks still waiting, of each pool's cpu allocation over
-//! its cpu entitlement, time-averaged (1: every pool with waiting work
+//! leaf pools with tasks still waiting and some cpu entitlement, of each
+//! pool's cpu allocation over its cpu entitlement, time-averaged (1: every pool with waiting work
 //! holds the same fraction of what it is entitled to).
 
 use std::cmp::Reverse;
@@ -813,12 +813,14 @@ pub fn replay(snap: &Snapshot, changes: &[Change], bounds: Bounds) -> Result<Val
     let mut requests: HashMap<TaskHandle, Resources> = HashMap::new();
     let mut requeued: Vec<&TaskRow> = Vec::new();
     let mut skipped = 0usize;
+    let mut skipped_why: Option<String> = None;
     for t in &snap.tasks {
         if !RUNNING_STATES.contains(&t.state.as_str()) {
             continue;
         }
         let Some(&p) = pool_index.get(t.pool.as_str()) else {
             skipped += 1;
+            skipped_why.get_or_insert_with(|| format!("no pool {} in pools.arrow", t.pool));
             continue;
         };
         let host = t.host.as_deref().and_then(|h| {
@@ -876,6 +878,7 @@ pub fn replay(snap: &Snapshot, changes: &[Change], bounds: Bounds) -> Result<Val
     for t in requeued {
         if !pool_index.contains_key(t.pool.as_str()) {
             skipped += 1;
+            skipped_why.get_or_insert_with(|| format!("no pool {} in pools.arrow", t.pool));
             continue;
         }
         if t.gang_size > 1 {
@@ -896,13 +899,23 @@ pub fn replay(snap: &Snapshot, changes: &[Change], bounds: Bounds) -> Result<Val
             .iter()
             .map(|t| new_task(job_of(&t.job_id), t, pool_ids[p], t.runtime_ms.unwrap_or(0)))
             .collect();
-        let handles = engine.submit(&tasks).map_err(|e| {
-            anyhow!(
-                "job {} instance {}: {e}",
-                group[0].job_id,
-                group[0].instance
-            )
-        })?;
+        // The engine refuses what the server would not queue (e.g. a job
+        // whose resources are only in per-instance overrides, which the
+        // snapshot does not carry): left out and counted, with the first
+        // reason.
+        let handles = match engine.submit(&tasks) {
+            Ok(h) => h,
+            Err(e) => {
+                skipped += group.len();
+                skipped_why.get_or_insert_with(|| {
+                    format!(
+                        "job {} instance {}: {e}",
+                        group[0].job_id, group[0].instance
+                    )
+                });
+                continue;
+            }
+        };
         for (h, t) in handles.into_iter().zip(group) {
             waiter_of.insert(h, waiters.len());
             waiters.push(Waiter {
@@ -1076,6 +1089,7 @@ pub fn replay(snap: &Snapshot, changes: &[Change], bounds: Bounds) -> Result<Val
         "backfill": setup.backfill.enabled.then_some(setup.backfill.max_reservations),
         "requeued": n_requeued,
         "skipped": skipped,
+        "skipped_why": skipped_why,
         "replayed_s": span_ms as f64 / 1000.0,
         "stopped": stopped,
         "total": total,
@@ -1204,13 +1218,27 @@ pub fn print_table(report: &Value) {
         }
     }
     for r in rows {
+        let name = r["variant"].as_str().unwrap_or("?");
         let stopped = r["stopped"].as_str().unwrap_or("?");
         if stopped != "all started and ended" {
             println!(
-                "\n{}: stopped at {} ({}s replayed); waits of tasks not started are lower bounds",
-                r["variant"].as_str().unwrap_or("?"),
-                stopped,
+                "\n{name}: stopped at {stopped} ({}s replayed); waits of tasks not started are \
+                 lower bounds",
                 r["replayed_s"]
+            );
+        }
+        if r["requeued"].as_u64().unwrap_or(0) > 0 {
+            println!(
+                "\n{name}: {} running tasks queued again (their host is down, draining or \
+                 removed)",
+                r["requeued"]
+            );
+        }
+        if r["skipped"].as_u64().unwrap_or(0) > 0 {
+            println!(
+                "\n{name}: {} tasks left out, e.g. {}",
+                r["skipped"],
+                r["skipped_why"].as_str().unwrap_or("?")
             );
         }
     }

@@ -172,4 +172,18 @@ async fn a_snapshot_of_a_live_server_replays_and_more_hosts_shorten_its_waits() 
     assert!(table.contains("if nothing else is submitted"), "{table}");
     assert!(table.contains("--add-hosts 4"), "{table}");
     assert!(table.contains("/w "), "{table}");
+
+    // A change the snapshot cannot take: refused, naming the flag.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peloton-bench"))
+        .args(["whatif", "--snapshot"])
+        .arg(&snap)
+        .args(["--pool", "/nope:share=2"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--pool /nope:share=2: no pool /nope in the snapshot"),
+        "{err}"
+    );
 }

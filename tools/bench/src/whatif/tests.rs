@@ -481,3 +481,19 @@ fn backfill_off_holds_small_work_behind_a_blocked_gang() {
         off["total"]
     );
 }
+
+#[test]
+fn tasks_whose_pool_is_gone_are_left_out_and_counted() {
+    let report = whatif(
+        "host h1 cpu=4
+         pool /a
+         job j /a n=2 cpu=1 runtime=1s
+         job old /gone n=3 cpu=1 runtime=1s",
+        &[],
+    )
+    .unwrap();
+    let base = variant(&report, "baseline");
+    assert_eq!(base["total"]["waiting"], 2);
+    assert_eq!(base["skipped"], 3);
+    assert_eq!(base["skipped_why"], "no pool /gone in pools.arrow");
+}
