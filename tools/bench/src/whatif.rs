@@ -762,314 +762,403 @@ fn wait_figures(waits_ms: &mut [u64], started: usize) -> Value {
     })
 }
 
-/// Replays the snapshot with `changes`; returns the figures as JSON (see
-/// the module's text).
-pub fn replay(snap: &Snapshot, changes: &[Change], bounds: Bounds) -> Result<Value> {
-    let setup = setup(snap, changes)?;
-    let t0 = snap.taken_at_ms;
-    let mut engine = Engine::new(EngineConfig {
-        resources: ResourceManagerConfig {
-            threads: 1,
-            ..Default::default()
-        },
-        backfill: setup.backfill,
-        ..Default::default()
-    });
-    let mut capacity = Resources::ZERO;
-    for (name, cap) in &setup.hosts {
-        engine
-            .hosts_mut()
-            .add(&HostSpec {
-                name: name.clone(),
-                capacity: *cap,
-                gpu_devices: (cap[Dim::Gpu] / 1000) as u8,
+/// Tasks left out of a replay: how many, and the first reason.
+#[derive(Default)]
+struct LeftOut {
+    n: usize,
+    why: Option<String>,
+}
+
+impl LeftOut {
+    fn add(&mut self, n: usize, why: impl FnOnce() -> String) {
+        self.n += n;
+        self.why.get_or_insert_with(why);
+    }
+}
+
+/// Sums over the replay's intervals, weighted by their length.
+struct Sums {
+    /// Allocated amount × ms, per dimension.
+    busy: [u128; 4],
+    /// Jain's index × ms, and the ms it was defined.
+    fairness: (f64, u64),
+    /// Per pool: allocation over entitlement × ms, and the ms it waited.
+    met: Vec<(f64, u64)>,
+}
+
+/// An engine built from a snapshot, and what the replay keeps beside it.
+struct Replay<'a> {
+    engine: Engine,
+    t0: u64,
+    capacity: Resources,
+    pool_ids: Vec<PoolId>,
+    pool_index: HashMap<&'a str, usize>,
+    job_numbers: HashMap<&'a str, u32>,
+    /// (end, task handle), earliest first.
+    ends: BinaryHeap<Reverse<(u64, u64)>>,
+    /// What placed tasks hold, in all and each.
+    allocated: Resources,
+    requests: HashMap<TaskHandle, Resources>,
+    waiters: Vec<Waiter>,
+    waiter_of: HashMap<TaskHandle, usize>,
+    waiting_in_pool: Vec<usize>,
+    n_not_started: usize,
+    n_to_end: usize,
+    last_event: u64,
+    requeued: usize,
+    left_out: LeftOut,
+}
+
+impl<'a> Replay<'a> {
+    /// The engine with the setup's hosts and pools, nothing else yet.
+    fn new(snap: &Snapshot, setup: &'a Setup) -> Result<Self> {
+        let mut engine = Engine::new(EngineConfig {
+            resources: ResourceManagerConfig {
+                threads: 1,
                 ..Default::default()
-            })
-            .with_context(|| format!("host {name}"))?;
-        capacity = capacity.saturating_add(cap);
-    }
-    let mut pool_ids: Vec<PoolId> = Vec::new();
-    let mut pool_index: HashMap<&str, usize> = HashMap::new();
-    for (path, config) in &setup.pools {
-        let id = engine
-            .resources_mut()
-            .create_pool(path, *config)
-            .map_err(|e| anyhow!("pool {path}: {e}"))?;
-        pool_index.insert(path.as_str(), pool_ids.len());
-        pool_ids.push(id);
-    }
-    // Dense job numbers for the engine, in order of first sight.
-    let mut job_numbers: HashMap<String, u32> = HashMap::new();
-    let mut job_of = |id: &str| -> u32 {
-        let n = job_numbers.len() as u32;
-        *job_numbers.entry(id.to_owned()).or_insert(n)
-    };
-
-    // Running tasks on their hosts (those whose host is not in the replay
-    // queue again at the start, at the front); then the waiting, in the
-    // order they were queued.
-    let mut ends: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
-    let mut allocated = Resources::ZERO;
-    let mut requests: HashMap<TaskHandle, Resources> = HashMap::new();
-    let mut requeued: Vec<&TaskRow> = Vec::new();
-    let mut skipped = 0usize;
-    let mut skipped_why: Option<String> = None;
-    for t in &snap.tasks {
-        if !RUNNING_STATES.contains(&t.state.as_str()) {
-            continue;
-        }
-        let Some(&p) = pool_index.get(t.pool.as_str()) else {
-            skipped += 1;
-            skipped_why.get_or_insert_with(|| format!("no pool {} in pools.arrow", t.pool));
-            continue;
-        };
-        let host = t.host.as_deref().and_then(|h| {
-            setup
-                .hosts
-                .iter()
-                .any(|(n, _)| n == h)
-                .then(|| engine.hosts().lookup(h))
-                .flatten()
+            },
+            backfill: setup.backfill,
+            ..Default::default()
         });
-        let Some(host) = host else {
-            requeued.push(t);
-            continue;
-        };
-        let end = t
-            .runtime_ms
-            .map(|r| (t.started_at_ms.unwrap_or(t0) + r).max(t0));
-        let job = job_of(&t.job_id);
-        let task = new_task(job, t, pool_ids[p], end.map_or(0, |e| e - t0));
-        match engine.adopt(&task, host, t0) {
-            Ok(h) => {
-                allocated = allocated.saturating_add(&t.request);
-                requests.insert(h, t.request);
-                if let Some(e) = end {
-                    ends.push(Reverse((e, h.to_u64())));
-                }
-            }
-            // The snapshot is not atomic: a host may seem overfull.
-            Err(_) => requeued.push(t),
+        let mut capacity = Resources::ZERO;
+        for (name, cap) in &setup.hosts {
+            engine
+                .hosts_mut()
+                .add(&HostSpec {
+                    name: name.clone(),
+                    capacity: *cap,
+                    gpu_devices: (cap[Dim::Gpu] / 1000) as u8,
+                    ..Default::default()
+                })
+                .with_context(|| format!("host {name}"))?;
+            capacity = capacity.saturating_add(cap);
         }
+        let mut pool_ids = Vec::new();
+        let mut pool_index = HashMap::new();
+        for (path, config) in &setup.pools {
+            let id = engine
+                .resources_mut()
+                .create_pool(path, *config)
+                .map_err(|e| anyhow!("pool {path}: {e}"))?;
+            pool_index.insert(path.as_str(), pool_ids.len());
+            pool_ids.push(id);
+        }
+        let n_pools = pool_ids.len();
+        Ok(Replay {
+            engine,
+            t0: snap.taken_at_ms,
+            capacity,
+            pool_ids,
+            pool_index,
+            job_numbers: HashMap::new(),
+            ends: BinaryHeap::new(),
+            allocated: Resources::ZERO,
+            requests: HashMap::new(),
+            waiters: Vec::new(),
+            waiter_of: HashMap::new(),
+            waiting_in_pool: vec![0; n_pools],
+            n_not_started: 0,
+            n_to_end: 0,
+            last_event: snap.taken_at_ms,
+            requeued: 0,
+            left_out: LeftOut::default(),
+        })
     }
-    let mut waiting_rows: Vec<&TaskRow> = snap
-        .tasks
-        .iter()
-        .filter(|t| WAITING_STATES.contains(&t.state.as_str()))
-        .collect();
-    waiting_rows.sort_by(|a, b| {
-        let key = |t: &TaskRow| {
-            (
-                t.created_at_ms.or(t.job_created_at_ms).unwrap_or(0),
-                t.job_created_at_ms.unwrap_or(0),
-            )
-        };
-        key(a)
-            .cmp(&key(b))
-            .then_with(|| a.job_id.cmp(&b.job_id))
-            .then_with(|| a.instance.cmp(&b.instance))
-    });
-    let n_requeued = requeued.len();
-    requeued.extend(waiting_rows);
-    // Gangs: instances 0..g, g..2g, … of a job, submitted together (only
-    // their waiting members).
-    let mut groups: Vec<Vec<&TaskRow>> = Vec::new();
-    let mut group_of: HashMap<(&str, u32), usize> = HashMap::new();
-    for t in requeued {
-        if !pool_index.contains_key(t.pool.as_str()) {
-            skipped += 1;
-            skipped_why.get_or_insert_with(|| format!("no pool {} in pools.arrow", t.pool));
-            continue;
-        }
-        if t.gang_size > 1 {
-            let key = (t.job_id.as_str(), t.instance / t.gang_size);
-            if let Some(&g) = group_of.get(&key) {
-                groups[g].push(t);
-                continue;
-            }
-            group_of.insert(key, groups.len());
-        }
-        groups.push(vec![t]);
+
+    /// The engine's number of a job (dense, in order of first sight).
+    fn job(&mut self, id: &'a str) -> u32 {
+        let n = self.job_numbers.len() as u32;
+        *self.job_numbers.entry(id).or_insert(n)
     }
-    let mut waiters: Vec<Waiter> = Vec::new();
-    let mut waiter_of: HashMap<TaskHandle, usize> = HashMap::new();
-    for group in &groups {
-        let p = pool_index[group[0].pool.as_str()];
-        let tasks: Vec<NewTask> = group
-            .iter()
-            .map(|t| new_task(job_of(&t.job_id), t, pool_ids[p], t.runtime_ms.unwrap_or(0)))
-            .collect();
-        // The engine refuses what the server would not queue (e.g. a job
-        // whose resources are only in per-instance overrides, which the
-        // snapshot does not carry): left out and counted, with the first
-        // reason.
-        let handles = match engine.submit(&tasks) {
-            Ok(h) => h,
-            Err(e) => {
-                skipped += group.len();
-                skipped_why.get_or_insert_with(|| {
-                    format!(
-                        "job {} instance {}: {e}",
-                        group[0].job_id, group[0].instance
-                    )
-                });
-                continue;
-            }
-        };
-        for (h, t) in handles.into_iter().zip(group) {
-            waiter_of.insert(h, waiters.len());
-            waiters.push(Waiter {
-                pool: p,
-                runtime_ms: t.runtime_ms,
-                request: t.request,
-                start_ms: None,
-            });
+
+    fn pool_of(&mut self, t: &TaskRow) -> Option<usize> {
+        let p = self.pool_index.get(t.pool.as_str()).copied();
+        if p.is_none() {
+            self.left_out
+                .add(1, || format!("no pool {} in pools.arrow", t.pool));
+        }
+        p
+    }
+
+    /// A task now holds `request`; it ends at `end` if known.
+    fn holds(&mut self, h: TaskHandle, request: Resources, end: Option<u64>) {
+        self.allocated = self.allocated.saturating_add(&request);
+        self.requests.insert(h, request);
+        if let Some(e) = end {
+            self.ends.push(Reverse((e, h.to_u64())));
         }
     }
 
-    // Time-weighted sums over the replay.
-    let mut busy = [0u128; 4];
-    let mut fairness_sum = 0.0;
-    let mut fairness_ms = 0u64;
-    let mut pool_met_sum = vec![0.0f64; pool_ids.len()];
-    let mut pool_met_ms = vec![0u64; pool_ids.len()];
-    let mut waiting_in_pool = vec![0usize; pool_ids.len()];
-    for w in &waiters {
-        waiting_in_pool[w.pool] += 1;
+    /// Adopts the snapshot's running tasks on their hosts, ending at their
+    /// estimates (at once if past them); returns those whose host is not
+    /// in the replay (or seems full: the snapshot is not atomic).
+    fn adopt_running(&mut self, snap: &'a Snapshot) -> Vec<&'a TaskRow> {
+        let t0 = self.t0;
+        let mut requeue = Vec::new();
+        for t in snap
+            .tasks
+            .iter()
+            .filter(|t| RUNNING_STATES.contains(&t.state.as_str()))
+        {
+            let Some(p) = self.pool_of(t) else {
+                continue;
+            };
+            let Some(host) = t
+                .host
+                .as_deref()
+                .and_then(|h| self.engine.hosts().lookup(h))
+            else {
+                requeue.push(t);
+                continue;
+            };
+            let end = t
+                .runtime_ms
+                .map(|r| (t.started_at_ms.unwrap_or(t0) + r).max(t0));
+            let job = self.job(&t.job_id);
+            let task = new_task(job, t, self.pool_ids[p], end.map_or(0, |e| e - t0));
+            match self.engine.adopt(&task, host, t0) {
+                Ok(h) => self.holds(h, t.request, end),
+                Err(_) => requeue.push(t),
+            }
+        }
+        self.requeued = requeue.len();
+        requeue
     }
-    let mut n_not_started = waiters.len();
-    let mut n_to_end = waiters.iter().filter(|w| w.runtime_ms.is_some()).count();
-    let mut last_event = t0;
-    let horizon = t0.saturating_add(bounds.horizon_ms);
-    let mut t = t0;
-    let mut steps = 0u64;
-    let stopped = loop {
-        // Cycles at this moment until nothing more is admitted or placed.
+
+    /// Submits `rows` in order, a job's gangs (instances `0..g`, `g..2g`,
+    /// …; their waiting members) together, as the server queues them.
+    fn submit(&mut self, rows: Vec<&'a TaskRow>) {
+        let mut groups: Vec<Vec<&TaskRow>> = Vec::new();
+        let mut group_of: HashMap<(&str, u32), usize> = HashMap::new();
+        for t in rows {
+            if t.gang_size > 1 {
+                let key = (t.job_id.as_str(), t.instance / t.gang_size);
+                if let Some(&g) = group_of.get(&key) {
+                    groups[g].push(t);
+                    continue;
+                }
+                group_of.insert(key, groups.len());
+            }
+            groups.push(vec![t]);
+        }
+        for group in groups {
+            let Some(p) = self.pool_of(group[0]) else {
+                self.left_out.n += group.len() - 1;
+                continue;
+            };
+            let tasks: Vec<NewTask> = group
+                .iter()
+                .map(|t| {
+                    let job = self.job(&t.job_id);
+                    new_task(job, t, self.pool_ids[p], t.runtime_ms.unwrap_or(0))
+                })
+                .collect();
+            // The engine refuses what the server would not queue (e.g. a
+            // job whose resources are only in per-instance overrides,
+            // which the snapshot does not carry).
+            let handles = match self.engine.submit(&tasks) {
+                Ok(h) => h,
+                Err(e) => {
+                    let (job, instance) = (&group[0].job_id, group[0].instance);
+                    self.left_out.add(group.len(), || {
+                        format!("job {job} instance {instance}: {e}")
+                    });
+                    continue;
+                }
+            };
+            for (h, t) in handles.into_iter().zip(group) {
+                self.waiter_of.insert(h, self.waiters.len());
+                self.waiters.push(Waiter {
+                    pool: p,
+                    runtime_ms: t.runtime_ms,
+                    request: t.request,
+                    start_ms: None,
+                });
+                self.waiting_in_pool[p] += 1;
+                self.n_not_started += 1;
+                self.n_to_end += usize::from(t.runtime_ms.is_some());
+            }
+        }
+    }
+
+    /// Cycles at `t` until nothing more is admitted or placed.
+    fn cycles_at(&mut self, t: u64) {
         for _ in 0..MAX_CYCLES_AT_ONCE {
-            let report = engine.cycle_with(t, false);
+            let report = self.engine.cycle_with(t, false);
             let changed = !report.placed().is_empty() || report.admitted() > 0;
             let placed: Vec<TaskHandle> = report.placed().iter().map(|p| p.task).collect();
             for h in placed {
-                let Some(&w) = waiter_of.get(&h) else {
+                let Some(&w) = self.waiter_of.get(&h) else {
                     continue;
                 };
-                let waiter = &mut waiters[w];
+                let waiter = &mut self.waiters[w];
                 waiter.start_ms = Some(t);
-                n_not_started -= 1;
-                waiting_in_pool[waiter.pool] -= 1;
-                last_event = last_event.max(t);
-                allocated = allocated.saturating_add(&waiter.request);
-                requests.insert(h, waiter.request);
-                if let Some(r) = waiter.runtime_ms {
-                    ends.push(Reverse((t.saturating_add(r), h.to_u64())));
-                }
+                let (pool, request, runtime) = (waiter.pool, waiter.request, waiter.runtime_ms);
+                self.n_not_started -= 1;
+                self.waiting_in_pool[pool] -= 1;
+                self.last_event = self.last_event.max(t);
+                self.holds(h, request, runtime.map(|r| t.saturating_add(r)));
             }
             if !changed {
                 break;
             }
         }
-        if n_not_started == 0 && n_to_end == 0 {
-            break "all started and ended";
-        }
-        let Some(&Reverse((next, _))) = ends.peek() else {
-            break "nothing more ends";
-        };
-        let until = next.min(horizon);
-        // This interval's share of utilization and fairness.
-        let dt = until.saturating_sub(t);
-        for d in Dim::ALL {
-            busy[d.idx()] += u128::from(allocated[d]) * u128::from(dt);
-        }
-        if dt > 0 {
-            let entitlements = engine.resources().entitlements();
-            let mut ratios = Vec::new();
-            for (p, &id) in pool_ids.iter().enumerate() {
-                if waiting_in_pool[p] == 0 {
-                    continue;
-                }
-                let ent = entitlements.entitlement(id.idx())[Dim::Cpu];
-                if ent == 0 {
-                    continue;
-                }
-                let alloc = engine
-                    .resources()
-                    .usage(id)
-                    .map_or(0, |u| u.allocation.total[Dim::Cpu]);
-                let r = alloc as f64 / ent as f64;
-                pool_met_sum[p] += r * dt as f64;
-                pool_met_ms[p] += dt;
-                ratios.push(r);
-            }
-            if let Some(j) = jain(&ratios) {
-                fairness_sum += j * dt as f64;
-                fairness_ms += dt;
-            }
-        }
-        if next > horizon {
-            t = horizon;
-            break "horizon";
-        }
-        steps += 1;
-        if steps > bounds.max_steps {
-            break "steps";
-        }
-        t = next;
-        while let Some(&Reverse((end, h))) = ends.peek() {
+    }
+
+    /// Ends every task due by `t`.
+    fn ends_at(&mut self, t: u64) -> Result<()> {
+        while let Some(&Reverse((end, h))) = self.ends.peek() {
             if end > t {
                 break;
             }
-            ends.pop();
+            self.ends.pop();
             let h = TaskHandle::from_u64(h);
-            engine.finish(h)?;
-            if let Some(r) = requests.remove(&h) {
-                allocated = allocated.saturating_sub(&r);
+            self.engine.finish(h)?;
+            if let Some(r) = self.requests.remove(&h) {
+                self.allocated = self.allocated.saturating_sub(&r);
             }
-            if waiter_of.contains_key(&h) {
-                n_to_end -= 1;
-                last_event = last_event.max(t);
+            if self.waiter_of.contains_key(&h) {
+                self.n_to_end -= 1;
+                self.last_event = self.last_event.max(t);
             }
         }
-    };
+        Ok(())
+    }
 
-    // Figures.
+    /// Adds the `dt` ms from now, as the last cycle left things, to `sums`.
+    fn add_interval(&self, dt: u64, sums: &mut Sums) {
+        for d in Dim::ALL {
+            sums.busy[d.idx()] += u128::from(self.allocated[d]) * u128::from(dt);
+        }
+        if dt == 0 {
+            return;
+        }
+        let rm = self.engine.resources();
+        let mut ratios = Vec::new();
+        for (p, &id) in self.pool_ids.iter().enumerate() {
+            let entitlement = rm.entitlements().entitlement(id.idx())[Dim::Cpu];
+            if self.waiting_in_pool[p] == 0 || entitlement == 0 {
+                continue;
+            }
+            let allocation = rm.usage(id).map_or(0, |u| u.allocation.total[Dim::Cpu]);
+            let r = allocation as f64 / entitlement as f64;
+            sums.met[p].0 += r * dt as f64;
+            sums.met[p].1 += dt;
+            ratios.push(r);
+        }
+        if let Some(j) = jain(&ratios) {
+            sums.fairness.0 += j * dt as f64;
+            sums.fairness.1 += dt;
+        }
+    }
+
+    /// Runs from the snapshot's time to the end or a bound; returns where
+    /// it stopped, when, and the sums.
+    fn run(&mut self, bounds: Bounds) -> Result<(&'static str, u64, Sums)> {
+        let mut sums = Sums {
+            busy: [0; 4],
+            fairness: (0.0, 0),
+            met: vec![(0.0, 0); self.pool_ids.len()],
+        };
+        let horizon = self.t0.saturating_add(bounds.horizon_ms);
+        let mut t = self.t0;
+        let mut steps = 0u64;
+        let stopped = loop {
+            self.cycles_at(t);
+            if self.n_not_started == 0 && self.n_to_end == 0 {
+                break "all started and ended";
+            }
+            let Some(&Reverse((next, _))) = self.ends.peek() else {
+                break "nothing more ends";
+            };
+            self.add_interval(next.min(horizon).saturating_sub(t), &mut sums);
+            if next > horizon {
+                t = horizon;
+                break "horizon";
+            }
+            steps += 1;
+            if steps > bounds.max_steps {
+                break "steps";
+            }
+            t = next;
+            self.ends_at(t)?;
+        };
+        Ok((stopped, t, sums))
+    }
+}
+
+/// The waiting tasks in the order they were queued (their run's creation,
+/// then their job's, then by job and instance).
+fn waiting_in_order(snap: &Snapshot) -> Vec<&TaskRow> {
+    let mut rows: Vec<&TaskRow> = snap
+        .tasks
+        .iter()
+        .filter(|t| WAITING_STATES.contains(&t.state.as_str()))
+        .collect();
+    let key = |t: &TaskRow| {
+        (
+            t.created_at_ms.or(t.job_created_at_ms).unwrap_or(0),
+            t.job_created_at_ms.unwrap_or(0),
+        )
+    };
+    rows.sort_by(|a, b| {
+        key(a)
+            .cmp(&key(b))
+            .then_with(|| a.job_id.cmp(&b.job_id))
+            .then_with(|| a.instance.cmp(&b.instance))
+    });
+    rows
+}
+
+/// Replays the snapshot with `changes`; returns the figures as JSON (see
+/// the module's text).
+pub fn replay(snap: &Snapshot, changes: &[Change], bounds: Bounds) -> Result<Value> {
+    let setup = setup(snap, changes)?;
+    let mut r = Replay::new(snap, &setup)?;
+    // Tasks whose host is gone queue again first, then the waiting.
+    let mut rows = r.adopt_running(snap);
+    rows.extend(waiting_in_order(snap));
+    r.submit(rows);
+    let (stopped, t, sums) = r.run(bounds)?;
+
+    let t0 = r.t0;
     let span_ms = t.saturating_sub(t0);
     let wait_of = |w: &Waiter| w.start_ms.map_or(span_ms, |s| s - t0);
-    let mut all: Vec<u64> = waiters.iter().map(wait_of).collect();
-    let started = waiters.iter().filter(|w| w.start_ms.is_some()).count();
-    let mut total = wait_figures(&mut all, started);
+    let figures = |pool: Option<usize>| {
+        let of_pool = |w: &&Waiter| pool.is_none_or(|p| w.pool == p);
+        let mut waits: Vec<u64> = r.waiters.iter().filter(of_pool).map(wait_of).collect();
+        let started = r
+            .waiters
+            .iter()
+            .filter(of_pool)
+            .filter(|w| w.start_ms.is_some())
+            .count();
+        wait_figures(&mut waits, started)
+    };
+    let mut total = figures(None);
     let utilization: serde_json::Map<String, Value> = Dim::ALL
         .iter()
-        .filter(|d| capacity[**d] > 0)
+        .filter(|d| r.capacity[**d] > 0)
         .map(|d| {
             let u = (span_ms > 0)
-                .then(|| busy[d.idx()] as f64 / (capacity[*d] as f64 * span_ms as f64));
+                .then(|| sums.busy[d.idx()] as f64 / (r.capacity[*d] as f64 * span_ms as f64));
             (api_name(*d).to_string(), json!(u))
         })
         .collect();
     total["utilization"] = Value::Object(utilization);
-    total["makespan_s"] = json!(
-        (n_not_started == 0 && n_to_end == 0)
-            .then(|| last_event.saturating_sub(t0) as f64 / 1000.0)
-    );
-    total["fairness_jain"] = json!((fairness_ms > 0).then(|| fairness_sum / fairness_ms as f64));
+    let done = r.n_not_started == 0 && r.n_to_end == 0;
+    total["makespan_s"] = json!(done.then(|| r.last_event.saturating_sub(t0) as f64 / 1000.0));
+    let (f_sum, f_ms) = sums.fairness;
+    total["fairness_jain"] = json!((f_ms > 0).then(|| f_sum / f_ms as f64));
     let mut pools = Vec::new();
     for (p, (path, _)) in setup.pools.iter().enumerate() {
-        let mut w: Vec<u64> = waiters
-            .iter()
-            .filter(|w| w.pool == p)
-            .map(wait_of)
-            .collect();
-        if w.is_empty() {
+        if r.waiters.iter().all(|w| w.pool != p) {
             continue;
         }
-        let s = waiters
-            .iter()
-            .filter(|w| w.pool == p && w.start_ms.is_some())
-            .count();
-        let mut row = wait_figures(&mut w, s);
+        let mut row = figures(Some(p));
+        let (m_sum, m_ms) = sums.met[p];
         row["pool"] = json!(path);
-        row["entitlement_met"] =
-            json!((pool_met_ms[p] > 0).then(|| pool_met_sum[p] / pool_met_ms[p] as f64));
+        row["entitlement_met"] = json!((m_ms > 0).then(|| m_sum / m_ms as f64));
         pools.push(row);
     }
     let name = if changes.is_empty() {
@@ -1081,15 +1170,15 @@ pub fn replay(snap: &Snapshot, changes: &[Change], bounds: Bounds) -> Result<Val
         "variant": name,
         "hosts": setup.hosts.len(),
         "capacity": {
-            "cpu": capacity[Dim::Cpu] as f64 / 1000.0,
-            "memory_mb": capacity[Dim::Memory],
-            "disk_mb": capacity[Dim::Disk],
-            "gpu": capacity[Dim::Gpu] as f64 / 1000.0,
+            "cpu": r.capacity[Dim::Cpu] as f64 / 1000.0,
+            "memory_mb": r.capacity[Dim::Memory],
+            "disk_mb": r.capacity[Dim::Disk],
+            "gpu": r.capacity[Dim::Gpu] as f64 / 1000.0,
         },
         "backfill": setup.backfill.enabled.then_some(setup.backfill.max_reservations),
-        "requeued": n_requeued,
-        "skipped": skipped,
-        "skipped_why": skipped_why,
+        "requeued": r.requeued,
+        "skipped": r.left_out.n,
+        "skipped_why": r.left_out.why,
         "replayed_s": span_ms as f64 / 1000.0,
         "stopped": stopped,
         "total": total,
