@@ -15,6 +15,7 @@ mod recovery;
 mod spark;
 mod trace;
 mod update;
+mod whatif;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -473,6 +474,42 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Capacity planning: replay a cluster snapshot (`peloton cluster
+    /// snapshot DIR`) through the engine, as it is and with each change
+    /// (hosts added or removed, a pool's reservation, limit, share or
+    /// kind, backfill), and report waits, utilization and fairness side
+    /// by side — if nothing else is submitted.
+    Whatif {
+        /// The snapshot's directory (hosts.arrow, pools.arrow, tasks.arrow).
+        #[arg(long)]
+        snapshot: PathBuf,
+        /// Add N hosts shaped like HOST (default: the most common shape of
+        /// the up hosts): N or N:HOST. Repeat for several variants.
+        #[arg(long, value_name = "N[:HOST]")]
+        add_hosts: Vec<String>,
+        /// Take away the N least loaded up hosts (their tasks queue again).
+        #[arg(long, value_name = "N")]
+        remove_hosts: Vec<String>,
+        /// Change a pool: PATH:KEY=VALUE[,KEY=VALUE…], KEY one of
+        /// reservation.DIM, limit.DIM (0: no limit), share, kind
+        /// (elastic|static); DIM cpu, memory_mb, disk_mb or gpu (cores,
+        /// MiB, GPUs, as `peloton respool`).
+        #[arg(long, value_name = "PATH:KEY=VALUE")]
+        pool: Vec<String>,
+        /// Backfill on, off, or on with at most N reservations a cycle
+        /// (the baseline's is the engine's default: on).
+        #[arg(long, value_name = "on|off|N")]
+        backfill: Vec<String>,
+        /// Simulated time replayed at most (d, h, m, s or ms).
+        #[arg(long, default_value = "7d")]
+        horizon: String,
+        /// Moments (task ends) replayed at most.
+        #[arg(long, default_value_t = 1_000_000)]
+        max_steps: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// A short tour: entitlement and admission at moderate sizes.
     Demo {
         #[command(flatten)]
@@ -870,6 +907,43 @@ fn main() -> Result<()> {
                     trace.display()
                 );
                 bigsmall::print_table(&rows);
+            }
+        }
+        Command::Whatif {
+            snapshot,
+            add_hosts,
+            remove_hosts,
+            pool,
+            backfill,
+            horizon,
+            max_steps,
+            json,
+        } => {
+            let mut changes = Vec::new();
+            for a in &add_hosts {
+                changes.push(whatif::parse_add_hosts(a)?);
+            }
+            for r in &remove_hosts {
+                changes.push(whatif::parse_remove_hosts(r)?);
+            }
+            for p in &pool {
+                changes.push(whatif::parse_pool(p)?);
+            }
+            for b in &backfill {
+                changes.push(whatif::parse_backfill(b)?);
+            }
+            if max_steps == 0 || max_steps > 100_000_000 {
+                bail!("--max-steps {max_steps}: must be 1 to 100000000");
+            }
+            let bounds = whatif::Bounds {
+                horizon_ms: whatif::parse_duration_ms(&horizon)?,
+                max_steps,
+            };
+            let report = whatif::run(&snapshot, &changes, bounds)?;
+            if json {
+                println!("{report}");
+            } else {
+                whatif::print_table(&report);
             }
         }
         Command::Demo { common } => {

@@ -603,11 +603,14 @@ pub enum TaskCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
-    /// Write a snapshot of hosts and tasks as Arrow IPC files, for
-    /// notebooks, capacity planning and replay: DIR/hosts.arrow (one row per
-    /// host: state, pool, capacity and free resources) and DIR/tasks.arrow
-    /// (one row per task of every job: state, host, request, pending
-    /// reason). Read them with pyarrow.ipc.open_file or any Arrow reader.
+    /// Write a snapshot of hosts, pools and tasks as Arrow IPC files, for
+    /// notebooks, capacity planning and replay (`peloton-bench whatif`):
+    /// DIR/hosts.arrow (one row per host: state, pool, capacity and free
+    /// resources), DIR/pools.arrow (one row per resource pool: parent,
+    /// reservation, limit, shares, kind, entitlement, allocation) and
+    /// DIR/tasks.arrow (one row per task of every job: state, host,
+    /// request, pending reason, priority, gang size, runtime estimate).
+    /// Read them with pyarrow.ipc.open_file or any Arrow reader.
     Snapshot {
         /// Directory to write into (created if missing; existing files of
         /// the same names are replaced).

@@ -86,6 +86,7 @@ async fn snapshot_writes_hosts_and_tasks_as_arrow() {
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["hosts"], 3);
     assert_eq!(summary["jobs"], 1);
+    assert!(summary["taken_at_ms"].as_u64().unwrap() > 0);
 
     let hosts = read(&snap.join("hosts.arrow"));
     assert_eq!(hosts.num_rows(), 3);
@@ -121,6 +122,65 @@ async fn snapshot_writes_hosts_and_tasks_as_arrow() {
         .unwrap();
     assert_eq!(instances.value(0), 0);
     assert!(tasks.column_by_name("request_cpu").unwrap().null_count() == 0);
+    // What a replay needs: priority, gang size, when the job was created.
+    let gang = tasks
+        .column_by_name("gang_size")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<UInt32Array>()
+        .unwrap();
+    assert_eq!(gang.value(0), 1, "not a gang");
+    assert_eq!(strings(&tasks, "job_type").value(0), "batch");
+    assert_eq!(
+        tasks
+            .column_by_name("job_created_at_ms")
+            .unwrap()
+            .null_count(),
+        0
+    );
+    for name in [
+        "priority",
+        "preemptible",
+        "expected_runtime_ms",
+        "expected_runtime_source",
+    ] {
+        assert!(tasks.column_by_name(name).is_some(), "{name}");
+    }
+    // Every file carries the snapshot's time.
+    assert_eq!(
+        tasks.schema().metadata()["peloton.snapshot.taken_at_ms"],
+        summary["taken_at_ms"].to_string()
+    );
+
+    // The pool tree, parents first, with each pool's spec.
+    let pools = read(&snap.join("pools.arrow"));
+    assert_eq!(
+        summary["pools"].as_u64().unwrap() as usize,
+        pools.num_rows()
+    );
+    let paths = strings(&pools, "path");
+    let parents = strings(&pools, "parent");
+    let row = |path: &str| (0..pools.num_rows()).find(|&i| paths.value(i) == path);
+    let demo = row("/demo").expect("/demo is in pools.arrow");
+    let web = row("/prod/web").expect("/prod/web is in pools.arrow");
+    assert!(row("/prod").unwrap() < web, "parents first");
+    assert_eq!(parents.value(web), "/prod");
+    assert_eq!(parents.value(demo), "/");
+    let f64s = |name: &str| {
+        pools
+            .column_by_name(name)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(f64s("reservation_cpu").value(demo), 16.0);
+    assert_eq!(f64s("limit_cpu").value(demo), 64.0);
+    assert_eq!(f64s("reservation_disk_mb").value(demo), 102400.0);
+    assert_eq!(f64s("share").value(row("/prod").unwrap()), 2.0);
+    assert_eq!(f64s("controller_limit_pct").value(web), 20.0);
+    assert_eq!(strings(&pools, "kind").value(demo), "elastic");
 
     // A file where the directory should be: a clear error, exit non-zero.
     let file = dir.path().join("a-file");
