@@ -212,6 +212,13 @@ pub struct Engine {
     /// ended meanwhile are dropped at the next cycle (not searched for one
     /// by one: ending a large job would be quadratic).
     waiting: Vec<TaskHandle>,
+    /// Parking (a forecast's fork, see [`Engine::set_parking`]): admitted
+    /// tasks that found no host in the last cycle, kept out of placement
+    /// until a cycle at another time, a task's end or other start
+    /// reservations; and what they were last tried under.
+    parking: bool,
+    parked: Vec<TaskHandle>,
+    parked_under: (u64, Vec<(u64, u64, Vec<u32>)>),
     /// Queued gangs by task, to withdraw them.
     queued: QueuedIndex,
     queued_members: rustc_hash::FxHashMap<crate::admission::PendingId, Vec<TaskHandle>>,
@@ -287,6 +294,9 @@ impl Engine {
             constraints: ConstraintTable::new(),
             placer,
             waiting: Vec::new(),
+            parking: false,
+            parked: Vec::new(),
+            parked_under: (0, Vec::new()),
             queued: Default::default(),
             queued_members: Default::default(),
             next_gang: 0,
@@ -310,7 +320,10 @@ impl Engine {
             tasks: self.tasks.clone(),
             constraints: self.constraints.clone(),
             placer: self.placer.fork(),
-            waiting: self.waiting.clone(),
+            waiting: self.parked.iter().chain(&self.waiting).copied().collect(),
+            parking: false,
+            parked: Vec::new(),
+            parked_under: (0, Vec::new()),
             queued: QueuedIndex {
                 by_slot: self.queued.by_slot.clone(),
             },
@@ -330,6 +343,37 @@ impl Engine {
     /// their estimates.
     pub fn set_backfill_refresh(&mut self, refresh_ms: u64) {
         self.backfill.refresh_ms = refresh_ms;
+    }
+
+    /// Entries looked at behind a reserved head per cycle
+    /// ([`crate::backfill::BackfillConfig::depth`]).
+    pub fn set_backfill_depth(&mut self, depth: usize) {
+        self.backfill.depth = depth;
+    }
+
+    /// Parks admitted tasks that find no host (off by default), for a fork
+    /// driven only by [`Engine::cycle_with`] and [`Engine::finish`] that
+    /// does not act on victims (a forecast's): they are not tried again
+    /// until a cycle at another time, after a task ended, or under other
+    /// start reservations. Between those, placement only takes room, so
+    /// they would find none: what is placed is unchanged, and a step's
+    /// later cycles try only what they admit. Parked tasks are not in
+    /// [`Engine::waiting_tasks`] nor in eviction plans.
+    pub fn set_parking(&mut self, on: bool) {
+        self.parking = on;
+        if !on {
+            self.unpark();
+        }
+    }
+
+    /// Parked tasks back ahead of the waiting ones (they were admitted
+    /// first).
+    fn unpark(&mut self) {
+        if !self.parked.is_empty() {
+            let mut parked = std::mem::take(&mut self.parked);
+            parked.append(&mut self.waiting);
+            self.waiting = parked;
+        }
     }
 
     /// Whether placement says why tasks stay unplaced (see
@@ -661,6 +705,20 @@ impl Engine {
             self.rm.set_gate(slot, None);
         }
         self.reserve_and_backfill(now_ms);
+        if self.parking {
+            let under = (
+                now_ms,
+                self.report
+                    .start_reservations
+                    .iter()
+                    .map(|r| (r.head.0, r.at_ms, r.hosts.clone()))
+                    .collect(),
+            );
+            if under != self.parked_under {
+                self.unpark();
+                self.parked_under = under;
+            }
+        }
         for a in &self.report.admission.admitted {
             let handle = TaskHandle::from_u64(a.task.0);
             if let Some(pending) = self.queued.remove(handle) {
@@ -683,6 +741,9 @@ impl Engine {
         let tasks = &self.tasks;
         self.waiting
             .retain(|&t| tasks.state(t) != Ok(TaskState::Placed));
+        if self.parking {
+            self.parked.append(&mut self.waiting);
+        }
         self.report.victims.clear();
         if victims {
             inter_pool_victims(&self.rm, &self.tasks, &mut self.report.victims);
@@ -946,7 +1007,6 @@ impl Engine {
                 &self.constraints,
                 &mut self.reservations,
                 batch,
-                &[],
                 now_ms,
                 &mut self.report.placement,
             );
@@ -960,9 +1020,11 @@ impl Engine {
     /// keeps off a reservation's hosts if it was submitted after the
     /// reservation's head (what came first is not held back by what came
     /// later), may run past the reservation's start and is not pinned to
-    /// its host. Tasks that keep
-    /// off the same reservations are placed together, groups in the order
-    /// of their first task in the batch; a gang's members go together.
+    /// its host; a gang's members keep off the hosts any of them keeps off.
+    /// One placement of the whole batch, each task kept off its hosts as a
+    /// constraint would keep it ([`Placer::set_fences`]): the hosts stay
+    /// open to the rest, and lend to revocable work that need not keep off
+    /// them.
     fn place_fenced(&mut self, batch: &[TaskHandle], now_ms: u64) {
         let res: Vec<(u64, u64)> = self
             .report
@@ -997,63 +1059,56 @@ impl Engine {
                 (mask, gang)
             })
             .collect();
-        // Gangs first, as placement takes them within a batch: a gang
-        // whose reservation ended this cycle (it was admitted) must not
-        // find its hosts taken by single tasks it came before.
-        let mut groups: Vec<(bool, u64, Vec<TaskHandle>)> = Vec::new();
+        // One fence per distinct set of reservations kept off: the union
+        // of their hosts.
+        let mut fence_masks: Vec<u64> = Vec::new();
+        let mut fence_of: rustc_hash::FxHashMap<TaskHandle, u32> = Default::default();
         for (&t, &(mask, gang)) in batch.iter().zip(&masks) {
-            let single = gang == NO_GANG;
-            let mask = if single { mask } else { mask_of_gang[&gang] };
-            match groups
-                .iter_mut()
-                .find(|(s, m, _)| *s == single && *m == mask)
-            {
-                Some((_, _, g)) => g.push(t),
-                None => groups.push((single, mask, vec![t])),
+            let mask = if gang == NO_GANG {
+                mask
+            } else {
+                mask_of_gang[&gang]
+            };
+            if mask == 0 {
+                continue;
             }
-        }
-        groups.sort_by_key(|(single, _, _)| *single);
-        self.report.placement.clear();
-        let mut part = crate::placement::PlacementResult::default();
-        for (_, mask, group) in &groups {
-            // Fence the hosts of the reservations this group keeps off.
-            let mut fenced: Vec<(usize, Resources)> = Vec::new();
-            let mut fenced_slots: Vec<u32> = Vec::new();
-            for (i, r) in self.report.start_reservations.iter().enumerate() {
-                if mask & (1 << i) == 0 {
-                    continue;
+            let i = match fence_masks.iter().position(|&m| m == mask) {
+                Some(i) => i,
+                None => {
+                    fence_masks.push(mask);
+                    fence_masks.len() - 1
                 }
-                fenced_slots.extend_from_slice(&r.hosts);
-                for &slot in &r.hosts {
-                    let slot = slot as usize;
-                    let mut free = self.hosts.free(slot);
-                    free.0[Dim::Gpu.idx()] = 0;
-                    if !free.is_zero() && self.hosts.reserve(slot, &free).is_ok() {
-                        fenced.push((slot, free));
-                    }
-                }
-            }
-            fenced_slots.sort_unstable();
-            fenced_slots.dedup();
-            place_split(
-                &mut self.placer,
-                &mut self.hosts,
-                &mut self.tasks,
-                &self.constraints,
-                &mut self.reservations,
-                group,
-                &fenced_slots,
-                now_ms,
-                &mut part,
-            );
-            append_placement(&mut self.report.placement, &mut part);
-            // What a fence held is unallocated again: it repays first what
-            // revocable tasks borrowed there meanwhile (hosts lend their
-            // reclaimable resources on top of the free ones, fenced or not).
-            for (slot, free) in fenced.into_iter().rev() {
-                self.hosts.unreserve(slot, &free);
-            }
+            };
+            fence_of.insert(t, i as u32);
         }
+        let fences: Vec<Vec<u32>> = fence_masks
+            .iter()
+            .map(|&mask| {
+                let mut slots: Vec<u32> = self
+                    .report
+                    .start_reservations
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| mask & (1 << i) != 0)
+                    .flat_map(|(_, r)| r.hosts.iter().copied())
+                    .collect();
+                slots.sort_unstable();
+                slots.dedup();
+                slots
+            })
+            .collect();
+        self.placer.set_fences(fences, fence_of);
+        place_split(
+            &mut self.placer,
+            &mut self.hosts,
+            &mut self.tasks,
+            &self.constraints,
+            &mut self.reservations,
+            batch,
+            now_ms,
+            &mut self.report.placement,
+        );
+        self.placer.clear_fences();
     }
 
     /// Refuses a host that is not live.
@@ -1135,7 +1190,8 @@ impl Engine {
             });
         }
         // An admitted task still without a host is dropped from `waiting`
-        // at the next cycle.
+        // at the next cycle. What ends may make room for parked tasks.
+        self.unpark();
         if state == TaskState::Placed {
             self.ends.removed(&self.tasks.placed_view(task)?);
             self.placer
@@ -1320,7 +1376,6 @@ fn place_split(
     constraints: &ConstraintTable,
     reservations: &mut crate::placement::Reservations,
     batch: &[TaskHandle],
-    fenced: &[u32],
     now_ms: u64,
     out: &mut crate::placement::PlacementResult,
 ) {
@@ -1337,7 +1392,7 @@ fn place_split(
         .place_with(hosts, tasks, constraints, reservations, &own, now_ms, out)
         .expect("waiting tasks are live, admitted and unplaced");
     let mut second = crate::placement::PlacementResult::default();
-    let lent = hosts.lend_except(fenced);
+    let lent = hosts.lend();
     let placed = placer.place_with(
         hosts,
         tasks,

@@ -210,6 +210,10 @@ pub fn forecast_fork(
     // until its time (worked out again each step, they were most of a
     // forecast's time).
     sim.set_backfill_refresh(u64::MAX);
+    // Tasks that find no host are tried again only when room may have
+    // come (not in a step's later cycles). Preemption's eviction plans
+    // are made for the tasks without a host: none are parked then.
+    sim.set_parking(!config.preempt);
     let mut out = Forecast {
         now_ms,
         ..Forecast::default()

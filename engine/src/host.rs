@@ -479,18 +479,10 @@ impl HostArena {
     /// ones, for a placement pass of revocable tasks only; returns what was
     /// lent, to give to [`HostArena::settle`] right after the pass.
     pub fn lend(&mut self) -> Vec<(u32, Resources)> {
-        self.lend_except(&[])
-    }
-
-    /// [`HostArena::lend`], but not on the hosts in `except` (ascending
-    /// slots): hosts fenced off for a reservation's head lend nothing to
-    /// work that must keep off them.
-    pub fn lend_except(&mut self, except: &[u32]) -> Vec<(u32, Resources)> {
         let mut lent = Vec::new();
         let up: Vec<u32> = self.by_state[HostState::Up as usize]
             .iter()
             .filter(|&slot| !self.reclaimable[slot as usize].is_zero())
-            .filter(|slot| except.binary_search(slot).is_err())
             .collect();
         for slot in up {
             let i = slot as usize;

@@ -115,9 +115,12 @@ pub enum Check {
     Ports,
     /// The task is pinned to another host (its volume's, a daemon's).
     Pinned,
+    /// The host is held for a waiting gang's start reservation, and the
+    /// task may run past that start (see [`crate::backfill`]).
+    Reserved,
 }
 
-const N_CHECKS: usize = 12;
+const N_CHECKS: usize = 13;
 
 impl Check {
     /// Every check, in order.
@@ -134,6 +137,7 @@ impl Check {
         Check::GpuFragmented,
         Check::Ports,
         Check::Pinned,
+        Check::Reserved,
     ];
 
     /// The check a host fails when its resources do not fit.
@@ -156,6 +160,7 @@ impl Check {
             Check::GpuFragmented => 9,
             Check::Ports => 10,
             Check::Pinned => 11,
+            Check::Reserved => 12,
         }
     }
 }
@@ -202,6 +207,7 @@ impl Reason {
                 Check::GpuFragmented => "GPU free but fragmented".to_owned(),
                 Check::Ports => "insufficient ports".to_owned(),
                 Check::Pinned => "not the host the task is pinned to".to_owned(),
+                Check::Reserved => "held for a waiting gang's reservation".to_owned(),
             };
             s.push_str(&format!("{n} {what}"));
         }
@@ -309,6 +315,9 @@ struct ClassKey {
     may_use_gpu_hosts: bool,
     /// The only host slot the class may use ([`NO_HOST`]: any).
     desired_host: u32,
+    /// The hosts it keeps off (`Placer::set_fences`; 0: none, else the
+    /// fence's number plus one).
+    fence: u32,
 }
 
 impl ClassKey {
@@ -319,6 +328,7 @@ impl ClassKey {
             constraint: 0,
             limit_key: u32::MAX,
             max_per_host: 0,
+            fence: 0,
             ..*self
         }
     }
@@ -385,6 +395,10 @@ pub struct Placer {
     /// date.
     words_for: Option<(u64, (u64, u64))>,
     classes: FxHashMap<ClassKey, usize>,
+    /// Host slots each fence keeps its tasks off, and each fenced task's
+    /// fence (see [`Placer::set_fences`]).
+    fences: Vec<Vec<u32>>,
+    fence_of: FxHashMap<TaskHandle, u32>,
     /// Per-batch scratch arena (class membership), reset every batch.
     bump: bumpalo::Bump,
     class_keys: Vec<ClassKey>,
@@ -583,6 +597,32 @@ impl Placer {
         self.no_reasons = !on;
     }
 
+    /// Keeps tasks off hosts in the batches placed until
+    /// [`Placer::clear_fences`]: the task `t` with `fence_of[t] = i` may not
+    /// be placed on the hosts `fences[i]` (a gang's members keep off the
+    /// same hosts). As a constraint does, through the classes' host masks;
+    /// the hosts stay open to every other task. Unplaced tasks count the
+    /// hosts as [`Check::Reserved`].
+    pub fn set_fences(&mut self, fences: Vec<Vec<u32>>, fence_of: FxHashMap<TaskHandle, u32>) {
+        debug_assert!(fence_of.values().all(|&i| (i as usize) < fences.len()));
+        self.fences = fences;
+        self.fence_of = fence_of;
+    }
+
+    /// Ends [`Placer::set_fences`].
+    pub fn clear_fences(&mut self) {
+        self.fences.clear();
+        self.fence_of.clear();
+    }
+
+    /// The fence of `task` as a class key holds it.
+    fn fence(&self, task: TaskHandle) -> u32 {
+        if self.fence_of.is_empty() {
+            return 0;
+        }
+        self.fence_of.get(&task).map_or(0, |&i| i + 1)
+    }
+
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
     /// limit).
     pub fn instances_on_host(&self, job: u32, slot: u32) -> u16 {
@@ -698,7 +738,8 @@ impl Placer {
                 self.gangs[g].1.push(task);
                 continue;
             }
-            let key = class_key(&spec, strategy);
+            let mut key = class_key(&spec, strategy);
+            key.fence = self.fence(task);
             // Tasks of a job come together: most share the previous class.
             let class = match last {
                 Some((k, c)) if k == key => c as usize,
@@ -1239,6 +1280,11 @@ impl Placer {
                 }
             }
         }
+        if key.fence > 0 {
+            for &slot in &self.fences[key.fence as usize - 1] {
+                crate::scan::set_bit(&mut mask, slot, false);
+            }
+        }
         self.mask = mask;
         shape
     }
@@ -1743,7 +1789,8 @@ impl Placer {
         // States other than Admitted before placement, restored on rollback.
         let mut before: Vec<(TaskHandle, TaskState)> = Vec::new();
         for &task in members {
-            let key = self.key_of(&tasks.spec(task).expect("validated"));
+            let mut key = self.key_of(&tasks.spec(task).expect("validated"));
+            key.fence = self.fence(task);
             let g = *group_of.entry(key).or_insert_with(|| {
                 groups.push((key, Vec::new()));
                 groups.len() - 1
@@ -1832,6 +1879,29 @@ impl Placer {
             for (&slot, &n) in job_counts {
                 if n >= key.max_per_host && self.passes_attributes(hosts, constraint, key, slot) {
                     counts[Check::PerHostLimit.index()] += 1;
+                    if let Err(misfit) =
+                        hosts.fits(slot as usize, &key.request, u32::from(key.ports))
+                    {
+                        counts[Check::of(misfit).index()] -= 1;
+                    }
+                }
+            }
+        }
+        if key.fence > 0 {
+            // A fenced host that passed the attribute checks (and is not
+            // at the per-host limit, counted above) counts as reserved, not
+            // at the resource check it may fail.
+            let at_limit = |slot: u32| {
+                key.max_per_host > 0
+                    && self
+                        .job_host
+                        .get(&key.limit_key)
+                        .and_then(|c| c.get(&slot))
+                        .is_some_and(|&n| n >= key.max_per_host)
+            };
+            for &slot in &self.fences[key.fence as usize - 1] {
+                if self.passes_attributes(hosts, constraint, key, slot) && !at_limit(slot) {
+                    counts[Check::Reserved.index()] += 1;
                     if let Err(misfit) =
                         hosts.fits(slot as usize, &key.request, u32::from(key.ports))
                     {
@@ -1991,6 +2061,7 @@ fn class_key(spec: &crate::task::TaskSpec, strategy: Strategy) -> ClassKey {
         max_per_host: spec.max_per_host,
         may_use_gpu_hosts: spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0,
         desired_host: spec.desired_host,
+        fence: 0,
     }
 }
 

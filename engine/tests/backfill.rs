@@ -375,3 +375,108 @@ fn revocable_work_does_not_borrow_its_way_onto_reserved_hosts() {
     assert_eq!(engine.hosts().free(0), cores(4));
     engine.check_invariants();
 }
+
+/// A task kept off a reservation's hosts, finding room nowhere else, is
+/// told why: those hosts count as held for the waiting gang, not as short
+/// of a resource.
+#[test]
+fn a_fenced_task_is_told_the_hosts_are_held_for_a_gang() {
+    use peloton_engine::placement::Check;
+    let (mut engine, pool, hosts) = setup(true, 3, 8);
+    let other = second_pool(&mut engine);
+    // h0, h1 free up at 50 s; h2 is full with work with no estimate.
+    for (i, &h) in hosts.iter().enumerate() {
+        let (cores, runtime) = if i < 2 { (1, 50) } else { (8, 0) };
+        run_on(&mut engine, task(other, 9, i as u32, cores, runtime), h, 0);
+    }
+    let gang = submit_gang(&mut engine, pool, 1, 2, 8, 100);
+    // Pool /b (within its half of the cores): 2 cores with no estimate,
+    // after the gang: only h2 could take it, and h2 is full.
+    let late = engine.submit(&[task(other, 5, 0, 2, 0)]).unwrap()[0];
+    let report = engine.cycle(S).clone();
+    assert_eq!(report.start_reservations[0].hosts, vec![0, 1]);
+    assert!(!placed(&engine, late));
+    assert!(!gang.iter().any(|&g| placed(&engine, g)));
+    let unplaced = report
+        .unplaced()
+        .iter()
+        .find(|u| u.task == late)
+        .expect("the late task is unplaced");
+    let reason = &report.placement.reasons[unplaced.reason as usize];
+    assert_eq!(
+        reason.counts,
+        vec![
+            (Check::Reserved, 2),
+            (Check::Insufficient(peloton_engine::Dim::Cpu), 1)
+        ],
+        "{reason:?}"
+    );
+    engine.check_invariants();
+}
+
+/// Parking (a forecast's fork) leaves out of a cycle's placement only
+/// tasks that would find no host: the same input places the same tasks on
+/// the same hosts, cycle by cycle, with several cycles at each moment as a
+/// forecast runs them.
+#[test]
+fn parking_changes_nothing_placed() {
+    let run = |parking: bool| {
+        let (mut engine, pool, hosts) = setup(true, 6, 8);
+        let other = second_pool(&mut engine);
+        engine.set_parking(parking);
+        for (i, &h) in hosts.iter().enumerate() {
+            run_on(
+                &mut engine,
+                task(pool, 9, i as u32, 3, 10 + 7 * i as u64),
+                h,
+                0,
+            );
+        }
+        submit_gang(&mut engine, pool, 1, 4, 8, 60);
+        for j in 0..30 {
+            // Among 1-3 core tasks, 6- and 7-core ones: admitted, they
+            // wait for a host with room.
+            let n_cores = if j % 5 == 4 {
+                6 + u64::from(j % 2)
+            } else {
+                1 + u64::from(j % 3)
+            };
+            let p = if j % 2 == 0 { pool } else { other };
+            engine
+                .submit(&[task(p, 10 + j, 0, n_cores, 5 + u64::from(j % 7) * 5)])
+                .unwrap();
+        }
+        let mut log = Vec::new();
+        let mut waited = 0;
+        for step in 1..40 {
+            for _ in 0..3 {
+                let report = engine.cycle(step * 5 * S);
+                log.push(format!(
+                    "{:?} {:?}",
+                    report.placed(),
+                    report.start_reservations
+                ));
+                engine.check_invariants();
+            }
+            waited += engine
+                .tasks()
+                .all()
+                .filter(|&(_, s)| s == TaskState::Admitted)
+                .count();
+            let ends: Vec<TaskHandle> = engine
+                .tasks()
+                .placed_views()
+                .filter(|v| v.expected_end(step * 5 * S) <= step * 5 * S)
+                .map(|v| v.task)
+                .collect();
+            for t in ends {
+                engine.finish(t).unwrap();
+            }
+        }
+        (log, waited)
+    };
+    let (without, waited) = run(false);
+    // Tasks did wait in placement: parking had something to park.
+    assert!(waited > 0);
+    assert_eq!(run(true).0, without);
+}

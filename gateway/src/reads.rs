@@ -787,6 +787,11 @@ fn pending_checks(engine: &Engine, r: &placement::Reason) -> Vec<pb::PendingChec
                     "",
                     "not the host the task is pinned to".to_owned(),
                 ),
+                Check::Reserved => (
+                    P::Reserved,
+                    "",
+                    "held for a waiting gang's reservation".to_owned(),
+                ),
             };
             pb::PendingCheck {
                 check: kind as i32,

@@ -337,6 +337,17 @@ fn compare_starts(f: &Forecast, reference: &Forecast) -> Value {
 }
 
 /// The cost part: builds the cluster, times forks and forecasts.
+/// CPU time the process has used (user and system, every thread), in ms:
+/// a forecast's cost on a machine busy with other work, where wall time
+/// also counts the waits for a core.
+fn cpu_ms() -> f64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let t = u.user_time() + u.system_time();
+        t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3
+    })
+}
+
 pub fn cost(o: &CostOptions) -> Result<Value> {
     if !(1..=100).contains(&o.runs) {
         bail!("--runs must be between 1 and 100");
@@ -349,19 +360,23 @@ pub fn cost(o: &CostOptions) -> Result<Value> {
     let config = o.config;
     let mut fork_ms = Vec::new();
     let mut forecast_ms = Vec::new();
+    let mut forecast_cpu_ms = Vec::new();
     let mut last = None;
     for _ in 0..o.runs {
         let t0 = Instant::now();
+        let cpu0 = cpu_ms();
         let sim = engine.fork();
         let forked = t0.elapsed();
         let f = forecast_fork(sim, COST_NOW_MS, &runtime, &config);
         forecast_ms.push(ms(t0.elapsed()));
+        forecast_cpu_ms.push(cpu_ms() - cpu0);
         fork_ms.push(ms(forked));
         last = Some(f);
     }
     let f = last.expect("at least one run");
     fork_ms.sort_by(f64::total_cmp);
     forecast_ms.sort_by(f64::total_cmp);
+    forecast_cpu_ms.sort_by(f64::total_cmp);
     let placed_at_once = f
         .tasks
         .iter()
@@ -391,6 +406,7 @@ pub fn cost(o: &CostOptions) -> Result<Value> {
         "fork_ms_max": fork_ms.last().copied().unwrap_or(0.0),
         "forecast_ms_median": quantile(&forecast_ms, 0.5),
         "forecast_ms_max": forecast_ms.last().copied().unwrap_or(0.0),
+        "forecast_cpu_ms_median": quantile(&forecast_cpu_ms, 0.5),
         "steps": f.steps,
         "started": f.n_started(),
         "started_at_once": placed_at_once,
