@@ -45,7 +45,7 @@
 use crate::admission::TaskClass;
 use crate::host::HostArena;
 use crate::pool::PoolId;
-use crate::resources::{N_DIMS, Resources};
+use crate::resources::{Dim, N_DIMS, Resources};
 use std::collections::BTreeMap;
 
 use crate::task::{PlacedView, TaskArena, flags};
@@ -149,11 +149,21 @@ fn up_slots(hosts: &HostArena) -> impl Iterator<Item = u32> + '_ {
         .map(|s| s as u32)
 }
 
-/// Per dimension, the most free on any up host.
+/// Per dimension, the most free on any up host: a pass over each free
+/// column (a forecast asks once a cycle).
 pub(crate) fn largest_free(hosts: &HostArena) -> Resources {
-    up_slots(hosts).fold(Resources::ZERO, |most, slot| {
-        most.max(&hosts.free(slot as usize))
-    })
+    let up: Vec<bool> = (0..hosts.n_slots()).map(|s| hosts.is_up_slot(s)).collect();
+    let mut most = Resources::ZERO;
+    for dim in Dim::ALL {
+        most.0[dim.idx()] = hosts
+            .free_column(dim)
+            .iter()
+            .zip(&up)
+            .map(|(&free, &up)| if up { free } else { 0 })
+            .max()
+            .unwrap_or(0);
+    }
+    most
 }
 
 /// What reservations need to know of the placed tasks, kept as they are

@@ -173,6 +173,33 @@ impl Ends {
     }
 }
 
+/// Where each waiting task's forecast is, by the task's slot (a lookup
+/// for every task admitted and placed: a hash map of 100k handles was a
+/// tenth of a forecast). A slot freed and taken by a new task in the fork
+/// (a preempted task queued again) does not match: the handle is kept.
+#[derive(Default)]
+struct Index {
+    by_slot: Vec<(TaskHandle, u32)>,
+}
+
+impl Index {
+    fn insert(&mut self, task: TaskHandle, i: u32) {
+        let slot = task.idx();
+        if self.by_slot.len() <= slot {
+            self.by_slot
+                .resize(slot + 1, (TaskHandle::from_u64(u64::MAX), u32::MAX));
+        }
+        self.by_slot[slot] = (task, i);
+    }
+
+    fn get(&self, task: TaskHandle) -> Option<u32> {
+        self.by_slot
+            .get(task.idx())
+            .filter(|(t, _)| *t == task)
+            .map(|&(_, i)| i)
+    }
+}
+
 /// Gives a waiting task the next place in its pool's order (once: the
 /// first time admission or placement reaches it).
 fn take_position(t: &mut TaskForecast, positions: &mut FxHashMap<u32, u32>) {
@@ -219,7 +246,7 @@ pub fn forecast_fork(
         ..Forecast::default()
     };
     // The waiting tasks, by handle; where each is in `out.tasks`.
-    let mut index: FxHashMap<TaskHandle, u32> = FxHashMap::default();
+    let mut index = Index::default();
     let mut ends = Ends::default();
     let mut positions: FxHashMap<u32, u32> = FxHashMap::default();
     // Tasks preempted: their ends are stale.
@@ -259,7 +286,7 @@ pub fn forecast_fork(
     // Admitted tasks still without a host are ahead of the queues, in the
     // order placement tries them.
     for &task in sim.waiting_tasks() {
-        if let Some(&i) = index.get(&task) {
+        if let Some(i) = index.get(task) {
             take_position(&mut out.tasks[i as usize], &mut positions);
         }
     }
@@ -279,12 +306,12 @@ pub fn forecast_fork(
             let report = sim.report();
             for a in &report.admission.admitted {
                 let task = TaskHandle::from_u64(a.task.0);
-                if let Some(&i) = index.get(&task) {
+                if let Some(i) = index.get(task) {
                     take_position(&mut out.tasks[i as usize], &mut positions);
                 }
             }
             for p in &report.placement.placed {
-                if let Some(&i) = index.get(&p.task) {
+                if let Some(i) = index.get(p.task) {
                     let f = &mut out.tasks[i as usize];
                     if f.start.is_none() {
                         f.start = Some(Start {
