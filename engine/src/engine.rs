@@ -761,6 +761,9 @@ impl Engine {
         }
         let mut looked = 0;
         'pools: for slot in self.rm.queued_slots() {
+            if self.strict_order(slot) {
+                continue;
+            }
             for class in TaskClass::ALL {
                 if class == TaskClass::Revocable {
                     continue;
@@ -834,6 +837,15 @@ impl Engine {
         gated
     }
 
+    /// Whether the pool in `slot` admits in strict order
+    /// ([`PoolConfig::strict_order`]).
+    fn strict_order(&self, slot: usize) -> bool {
+        self.rm
+            .tree()
+            .lookup_slot(slot)
+            .is_some_and(|id| self.rm.tree().config(id).strict_order)
+    }
+
     /// Reserves hosts for the queues' blocked heads and admits, behind
     /// each, what ends before its reservation begins (see
     /// [`crate::backfill`]).
@@ -853,6 +865,7 @@ impl Engine {
             .iter()
             .filter(|b| {
                 b.class != TaskClass::Revocable
+                    && !self.strict_order(b.pool.idx())
                     && matches!(
                         b.kind,
                         crate::admission::BlockKind::Entitlement

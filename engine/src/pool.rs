@@ -102,6 +102,12 @@ pub struct PoolConfig {
     /// Largest share, in percent of the slack available to the pool's
     /// parent, that the pool's revocable tasks may hold: 0–100.
     pub slack_limit_pct: f64,
+    /// Its queues admit in strict order: a blocked head gets no start
+    /// reservation, nothing is backfilled behind it, and a gang that fits
+    /// the entitlement but not the hosts is admitted and waits in
+    /// placement (see [`crate::backfill`]). Off by default: the engine's
+    /// [`crate::backfill::BackfillConfig`] applies.
+    pub strict_order: bool,
 }
 
 impl Default for PoolConfig {
@@ -110,6 +116,7 @@ impl Default for PoolConfig {
             dims: [DimConfig::default(); N_DIMS],
             controller_limit_pct: 100.0,
             slack_limit_pct: 100.0,
+            strict_order: false,
         }
     }
 }

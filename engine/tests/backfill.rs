@@ -480,3 +480,58 @@ fn parking_changes_nothing_placed() {
     assert!(waited > 0);
     assert_eq!(run(true).0, without);
 }
+
+/// A pool configured for strict order gets no reservation and no
+/// backfill: its gang is admitted and waits in placement, and work behind
+/// it waits; another pool's gang on the same cluster still gets its
+/// reservation.
+#[test]
+fn a_strict_order_pool_gets_no_reservation_while_others_do() {
+    let (mut engine, pool, hosts) = setup(true, 4, 8);
+    let strict = engine
+        .resources_mut()
+        .create_pool(
+            "/strict",
+            PoolConfig {
+                strict_order: true,
+                ..PoolConfig::default()
+            },
+        )
+        .unwrap();
+    // Every host runs a 2-core task until 50 s: no whole host is free.
+    for (i, &h) in hosts.iter().enumerate() {
+        run_on(&mut engine, task(pool, 9, i as u32, 2, 50), h, 0);
+    }
+    let strict_gang = submit_gang(&mut engine, strict, 1, 2, 8, 100);
+    let behind = engine.submit(&[task(strict, 2, 0, 1, 10)]).unwrap()[0];
+    let report = engine.cycle(S);
+    assert!(
+        report.start_reservations.is_empty(),
+        "{:?}",
+        report.start_reservations
+    );
+    assert!(
+        strict_gang
+            .iter()
+            .all(|&g| engine.tasks().state(g) == Ok(TaskState::Admitted)),
+        "the strict pool's gang is admitted and waits for hosts"
+    );
+    // Behind the admitted gang, the short task is admitted too (its queue
+    // is not blocked): strict order means no reservation, not a stop.
+    assert!(placed(&engine, behind));
+    // The same gang in the other pool is held back with hosts reserved.
+    let gang = submit_gang(&mut engine, pool, 3, 2, 8, 100);
+    let report = engine.cycle(2 * S);
+    assert_eq!(
+        report.start_reservations.len(),
+        1,
+        "{:?}",
+        report.start_reservations
+    );
+    assert_eq!(
+        report.start_reservations[0].head.0,
+        gang[0].to_u64(),
+        "the reservation is the other pool's gang's"
+    );
+    engine.check_invariants();
+}

@@ -241,6 +241,7 @@ pub fn pool_config(spec: Option<&pb::PoolSpec>) -> Result<PoolConfig, Status> {
         dims: [DimConfig::default(); 4],
         controller_limit_pct: percent("spec.controller_limit_pct", spec.controller_limit_pct)?,
         slack_limit_pct: percent("spec.slack_limit_pct", spec.slack_limit_pct)?,
+        strict_order: spec.strict_order,
     };
     for d in Dim::ALL {
         config.dims[d.idx()] = DimConfig {
@@ -267,6 +268,7 @@ pub fn pool_spec_to_pb(config: &PoolConfig) -> pb::PoolSpec {
         } as i32,
         controller_limit_pct: config.controller_limit_pct,
         slack_limit_pct: config.slack_limit_pct,
+        strict_order: config.strict_order,
         // Per dimension only where they differ, so that a pool created with
         // one `share` reads back as it was sent.
         shares: config
@@ -1620,14 +1622,17 @@ mod tests {
                 ..Default::default()
             }),
             share: 2.0,
+            strict_order: true,
             ..Default::default()
         };
         let config = pool_config(Some(&spec)).unwrap();
         assert_eq!(config.limit()[Dim::Memory], MAX_AMOUNT);
+        assert!(config.strict_order);
         let back = pool_spec_to_pb(&config);
         assert_eq!(back.reservation, spec.reservation);
         assert_eq!(back.limit, spec.limit);
         assert_eq!(back.share, 2.0);
+        assert!(back.strict_order);
         let bad = pb::PoolSpec {
             share: -1.0,
             ..Default::default()

@@ -356,6 +356,9 @@ pub struct StoredPool {
     /// Bumped by every change a user makes.
     #[prost(uint64, tag = "4")]
     pub version: u64,
+    /// Its queues admit in strict order (no reservations, no backfill).
+    #[prost(bool, tag = "5")]
+    pub strict_order: bool,
 }
 
 /// One dimension of a stored pool.
@@ -394,6 +397,7 @@ pub fn encode_pool(config: &PoolConfig, version: u64) -> Vec<u8> {
         controller_limit_pct: config.controller_limit_pct,
         slack_limit_pct: config.slack_limit_pct,
         version,
+        strict_order: config.strict_order,
     })
 }
 
@@ -432,6 +436,7 @@ pub fn decode_pool(path: &str, row: &[u8]) -> Result<(PoolConfig, u64), String> 
         dims,
         controller_limit_pct: stored.controller_limit_pct,
         slack_limit_pct: stored.slack_limit_pct,
+        strict_order: stored.strict_order,
     };
     Ok((config, stored.version))
 }
@@ -1338,6 +1343,7 @@ mod tests {
         let mut config = PoolConfig {
             controller_limit_pct: 40.0,
             slack_limit_pct: 25.5,
+            strict_order: true,
             ..PoolConfig::default()
         };
         config.dims[Dim::Cpu.idx()] = DimConfig {

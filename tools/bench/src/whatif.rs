@@ -269,6 +269,8 @@ impl Snapshot {
                 c.f64s("controller_limit_pct")?,
                 c.f64s("slack_limit_pct")?,
             );
+            // Snapshots before pools had it: reservations as configured.
+            let strict = c.bools("strict_order").ok();
             for i in 0..batch.num_rows() {
                 let kind = match kind.value(i) {
                     "elastic" => pb::PoolKind::Elastic,
@@ -286,6 +288,7 @@ impl Snapshot {
                         controller_limit_pct: controller.value(i),
                         slack_limit_pct: slack.value(i),
                         shares: Some(shares),
+                        strict_order: strict.is_some_and(|s| s.value(i)),
                     },
                 });
             }

@@ -333,6 +333,7 @@ pub fn pool_spec_json(spec: Option<&PoolSpec>) -> Value {
         "kind": enum_json::<PoolKind>(spec.kind),
         "controller_limit_pct": spec.controller_limit_pct,
         "slack_limit_pct": spec.slack_limit_pct,
+        "strict_order": spec.strict_order,
     })
 }
 

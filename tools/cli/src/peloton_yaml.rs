@@ -2169,6 +2169,8 @@ pub fn pool(root: &Value, path: Option<&str>) -> Result<(PoolFile, Vec<Note>)> {
         },
         controller_limit_pct,
         slack_limit_pct,
+        // Uber Peloton's pools have no such setting.
+        strict_order: false,
     };
     Ok((file, notes))
 }
@@ -3136,6 +3138,7 @@ slacklimit: {maxpercent: 30}
                 kind: PoolKindName::Static,
                 controller_limit_pct: 10.0,
                 slack_limit_pct: 30.0,
+                strict_order: false,
             }
         );
         assert_eq!(

@@ -558,6 +558,10 @@ pub struct PoolFile {
     pub controller_limit_pct: f64,
     #[serde(default, skip_serializing_if = "is_default")]
     pub slack_limit_pct: f64,
+    /// No start reservations and no backfill: the queues wait behind their
+    /// heads.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub strict_order: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -598,6 +602,7 @@ impl PoolFile {
                 kind: kind.into(),
                 controller_limit_pct: self.controller_limit_pct,
                 slack_limit_pct: self.slack_limit_pct,
+                strict_order: self.strict_order,
             },
         }
     }
@@ -964,7 +969,8 @@ overrides:
     fn single_pool_file() {
         let pools = parse_pools(
             "path: /batch\nreservation: {cpu: 8, memory_mb: 16384}\nlimit: {cpu: 16}\n\
-             share: 2\nkind: static\ncontroller_limit_pct: 20\nslack_limit_pct: 50\n",
+             share: 2\nkind: static\ncontroller_limit_pct: 20\nslack_limit_pct: 50\n\
+             strict_order: true\n",
             "pool.yaml",
         )
         .unwrap_or_else(|err| panic!("{err}"));
@@ -975,6 +981,7 @@ overrides:
         assert_eq!(pool.spec.share, 2.0);
         assert_eq!(pool.spec.controller_limit_pct, 20.0);
         assert_eq!(pool.spec.slack_limit_pct, 50.0);
+        assert!(pool.spec.strict_order);
         let reservation = pool.spec.reservation.unwrap_or_default();
         assert_eq!((reservation.cpu, reservation.memory_mb), (8.0, 16384.0));
         assert_eq!(pool.spec.limit.map(|l| l.cpu), Some(16.0));

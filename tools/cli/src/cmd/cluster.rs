@@ -233,6 +233,7 @@ async fn read_pools(
     let mut share = Float64Builder::new();
     let mut controller_limit = Float64Builder::new();
     let mut slack_limit = Float64Builder::new();
+    let mut strict_order = BooleanBuilder::new();
     let mut pending = UInt64Builder::new();
     let mut running = UInt64Builder::new();
     let mut shares = ResourceColumns::default();
@@ -253,6 +254,7 @@ async fn read_pools(
         share.append_value(spec.share);
         controller_limit.append_value(spec.controller_limit_pct);
         slack_limit.append_value(spec.slack_limit_pct);
+        strict_order.append_value(spec.strict_order);
         pending.append_value(status.pending_tasks);
         running.append_value(status.running_tasks);
         shares.push(spec.shares.as_ref());
@@ -278,6 +280,7 @@ async fn read_pools(
             false,
         ),
         column("slack_limit_pct", Arc::new(slack_limit.finish()), false),
+        column("strict_order", Arc::new(strict_order.finish()), false),
         column("pending_tasks", Arc::new(pending.finish()), false),
         column("running_tasks", Arc::new(running.finish()), false),
     ];

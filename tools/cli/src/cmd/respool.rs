@@ -216,6 +216,15 @@ fn pool_details(pool: &Pool) -> String {
         ("LIMIT", fmt_resources(spec.limit.as_ref())),
         ("CONTROLLER LIMIT", fmt_pct(spec.controller_limit_pct)),
         ("SLACK LIMIT", fmt_pct(spec.slack_limit_pct)),
+        (
+            "ORDER",
+            if spec.strict_order {
+                "strict (no reservations, no backfill)"
+            } else {
+                "reservations and backfill"
+            }
+            .to_owned(),
+        ),
         ("ENTITLEMENT", fmt_resources(status.entitlement.as_ref())),
         ("ALLOCATION", fmt_resources(status.allocation.as_ref())),
         ("USED", fmt_usage(status.used.as_ref())),
