@@ -733,6 +733,8 @@ impl Engine {
         self.waiting
             .retain(|&t| tasks.state(t) == Ok(TaskState::Admitted));
         let batch_len = self.waiting.len().min(crate::placement::MAX_BATCH);
+        // Only tasks placement tried are parked.
+        let all_tried = batch_len == self.waiting.len();
         self.place_batch(batch_len, now_ms);
         for p in &self.report.placement.placed {
             let view = self.tasks.placed_view(p.task).expect("placed is live");
@@ -741,7 +743,7 @@ impl Engine {
         let tasks = &self.tasks;
         self.waiting
             .retain(|&t| tasks.state(t) != Ok(TaskState::Placed));
-        if self.parking {
+        if self.parking && all_tried {
             self.parked.append(&mut self.waiting);
         }
         self.report.victims.clear();
@@ -1001,9 +1003,9 @@ impl Engine {
     /// Places the first `batch_len` waiting tasks. While hosts lend what
     /// their non-revocable tasks do not use, revocable tasks are placed in
     /// a pass of their own against it (`HostArena::lend`), after the
-    /// others. With start reservations, the batch is placed in groups: the
-    /// tasks that keep off the same reservations' hosts together (see
-    /// [`Engine::place_fenced`] and [`crate::backfill`]).
+    /// others. With start reservations, tasks keep off the hosts of the
+    /// reservations they may delay (see [`Engine::place_fenced`] and
+    /// [`crate::backfill`]).
     fn place_batch(&mut self, batch_len: usize, now_ms: u64) {
         let waiting = std::mem::take(&mut self.waiting);
         let batch = &waiting[..batch_len];
@@ -1377,7 +1379,8 @@ impl Engine {
 /// Places `batch`: non-revocable tasks against the hosts' free resources,
 /// then (while hosts lend what their non-revocable tasks do not use)
 /// revocable ones in a pass of their own against it (`HostArena::lend`;
-/// hosts in `fenced`, ascending, lend nothing).
+/// fenced tasks keep off their hosts there too, through their classes'
+/// masks).
 #[expect(
     clippy::too_many_arguments,
     reason = "the placement context, passed explicitly"

@@ -246,6 +246,7 @@ pub(crate) fn plan_to_pb(a: &crate::lifecycle::JobPlanAnswer) -> pb::PlanJobResp
                 reason: v.reason.clone(),
             })
             .collect(),
+        victims_total: u32::try_from(a.victims_total).unwrap_or(u32::MAX),
     }
 }
 

@@ -38,6 +38,11 @@ pub struct Preemption {
     pub priority: u32,
     /// Why it was chosen.
     pub reason: PreemptReason,
+    /// For an eviction within its pool: the admitted task it makes room
+    /// for (a handle of the fork's, or of the live engine's for a task
+    /// that waited when the forecast began). None for a victim over its
+    /// pool's entitlement.
+    pub for_task: Option<TaskHandle>,
 }
 
 /// Acts on the victims of the cycle `sim` just ran at `at_ms` (see the
@@ -51,16 +56,21 @@ pub(super) fn act_on_victims(
     out: &mut Vec<Preemption>,
     gone: &mut FxHashSet<TaskHandle>,
 ) -> usize {
-    let mut victims: Vec<Victim> = sim.report().victims.clone();
+    let mut victims: Vec<(Victim, Option<TaskHandle>)> =
+        sim.report().victims.iter().map(|&v| (v, None)).collect();
     if victims.is_empty() && !sim.report().placement.unplaced.is_empty() {
         let mut plans = Vec::new();
         sim.eviction_plans(&mut plans);
-        victims.extend(plans.into_iter().flat_map(|(_, _, v)| v));
+        victims.extend(
+            plans
+                .into_iter()
+                .flat_map(|(for_task, _, v)| v.into_iter().map(move |v| (v, Some(for_task)))),
+        );
     }
     let mut ending: Vec<TaskHandle> = Vec::new();
     let mut seen: FxHashSet<TaskHandle> = FxHashSet::default();
     let mut gangs: FxHashSet<u32> = FxHashSet::default();
-    for v in &victims {
+    for &(ref v, for_task) in &victims {
         let tasks = sim.tasks();
         if tasks.state(v.task) != Ok(TaskState::Placed) || !seen.insert(v.task) {
             continue;
@@ -76,6 +86,7 @@ pub(super) fn act_on_victims(
             host,
             priority: spec.priority,
             reason: v.reason,
+            for_task,
         });
         ending.push(v.task);
         if spec.gang != NO_GANG {

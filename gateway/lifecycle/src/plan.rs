@@ -10,10 +10,16 @@
 //! live loop would run, with the running work ending at its estimates.
 //! The forecast preempts as the live loop would
 //! ([`ForecastConfig::preempt`]: victims over their pool's entitlement,
-//! lower-priority tasks evicted in their own pool, queued again), and the
-//! plan lists every task it preempted, when and why. What it does not
-//! foresee: work submitted later, hosts that come or go, the time a kill
-//! takes (a victim's room is free in the step that chose it).
+//! lower-priority tasks evicted in their own pool, queued again), from the
+//! state the runs already stopping leave (they end first: the live loop
+//! chooses no victims while preemptions are unconfirmed), and the plan
+//! lists what the job would preempt, when and why: the evictions made for
+//! its own tasks, and the victims over their pool's entitlement chosen
+//! until its last instance starts (its demand is what changes the
+//! entitlements then; work already queued may share in that). At most
+//! [`MAX_PLANNED_VICTIMS`] are listed, with their number. What it does
+//! not foresee: work submitted later, hosts that come or go, the time a
+//! kill takes (a victim's room is free in the step that chose it).
 
 use std::sync::Arc;
 
@@ -74,11 +80,16 @@ pub struct JobPlanAnswer {
     pub estimate: Option<Estimate>,
     /// Why the forecast stopped.
     pub stopped: Stopped,
-    /// The tasks of other jobs preempted in the forecast, in the order
-    /// chosen (all of them: the planned job's doing or not, though in a
-    /// settled cluster what is preempted soon after is the plan's doing).
+    /// The tasks of other jobs the job would preempt, in the order chosen
+    /// (see the module's text), at most [`MAX_PLANNED_VICTIMS`].
     pub victims: Vec<PlannedVictim>,
+    /// How many in all.
+    pub victims_total: usize,
 }
+
+/// Victims a plan lists at most (its answer stays far below a message's
+/// bound); `victims_total` says how many in all.
+pub const MAX_PLANNED_VICTIMS: usize = 1_000;
 
 /// Why an instance has no start.
 const BEYOND: &str =
@@ -115,6 +126,13 @@ impl Lifecycle {
             m => m,
         };
         let mut sim = engine.fork();
+        // Runs already told to stop end first: the live loop waits for
+        // them before it chooses victims again.
+        for held in self.held.values() {
+            if let Some(h) = held.handle {
+                let _ = sim.finish(h);
+            }
+        }
         let gang = plan.gang.max(1);
         let mut handles = Vec::with_capacity(n.min(room) as usize);
         let mut why_rest = LIMITED;
@@ -154,12 +172,27 @@ impl Lifecycle {
             },
         }
         .run();
-        let victims = f
+        // The job's doing: evictions for its tasks, and victims over their
+        // entitlement until its last instance starts.
+        let ours: rustc_hash::FxHashSet<_> = handles.iter().copied().collect();
+        let last_start = handles
+            .iter()
+            .filter_map(|&h| f.get(h).and_then(|t| t.start))
+            .map(|s| s.at_ms)
+            .max()
+            .unwrap_or(self.now);
+        let mut victims: Vec<PlannedVictim> = f
             .victims
             .iter()
             .filter(|v| v.job != k.0)
+            .filter(|v| match v.for_task {
+                Some(t) => ours.contains(&t),
+                None => v.at_ms <= last_start,
+            })
             .filter_map(|v| self.planned_victim(engine, v))
             .collect();
+        let victims_total = victims.len();
+        victims.truncate(MAX_PLANNED_VICTIMS);
         let instances = (0..n)
             .map(|x| {
                 let Some(t) = handles.get(x as usize).and_then(|&h| f.get(h)) else {
@@ -190,6 +223,7 @@ impl Lifecycle {
             estimate,
             stopped: f.stopped,
             victims,
+            victims_total,
         })
     }
 

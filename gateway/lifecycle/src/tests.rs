@@ -6244,6 +6244,7 @@ fn a_plan_says_whom_the_job_would_preempt_and_the_job_then_does() {
         plan big pool=/owner n=2 cpu=2 expect=5000
         job big pool=/owner n=2 cpu=2 expect=5000
         cycle                # preempts as planned
+        plan small pool=/owner n=1 cpu=1 expect=5000   # the runs stopping are not preempted again
         confirm
         cycle                # starts as planned
         ",
@@ -6318,6 +6319,9 @@ fn a_plan_says_whom_the_job_would_preempt_and_the_job_then_does() {
               kill lo/1#1 @h2
             big/0#1 running @h2
             job big running
+            > plan small pool=/owner n=1 cpu=1 expect=5000
+              plan small (AllStarted): 0@h1+5000 pos 2;
+                preempts lo/0 @h1 /borrower priority 1 +0 (preempted: pool over its entitlement in cpu: 4000 held, 3000 entitled)
             > confirm
             lo/1#2 initialized
             lo/2#2 initialized

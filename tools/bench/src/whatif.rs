@@ -656,16 +656,24 @@ fn setup(snap: &Snapshot, changes: &[Change]) -> Result<Setup> {
             }
             Change::RemoveHosts(n) => {
                 let n = *n as usize;
-                if n > hosts.len() {
-                    bail!("{flag}: there are only {} up hosts", hosts.len());
+                // Only the snapshot's hosts are removed, not ones another
+                // change added.
+                let added = |name: &str| name.starts_with("whatif-added-");
+                let theirs = hosts.iter().filter(|h| !added(&h.0)).count();
+                if n > theirs {
+                    bail!("{flag}: there are only {theirs} up hosts");
                 }
-                // The least loaded first (then by name, last first).
+                // The least loaded first (then by name, last first); added
+                // hosts are kept.
                 hosts.sort_by(|a, b| {
                     let (la, lb) = (
                         load.get(a.0.as_str()).copied().unwrap_or(0),
                         load.get(b.0.as_str()).copied().unwrap_or(0),
                     );
-                    lb.cmp(&la).then_with(|| a.0.cmp(&b.0))
+                    added(&b.0)
+                        .cmp(&added(&a.0))
+                        .then(lb.cmp(&la))
+                        .then_with(|| a.0.cmp(&b.0))
                 });
                 hosts.truncate(hosts.len() - n);
             }
@@ -830,7 +838,7 @@ impl<'a> Replay<'a> {
                 .add(&HostSpec {
                     name: name.clone(),
                     capacity: *cap,
-                    gpu_devices: (cap[Dim::Gpu] / 1000) as u8,
+                    gpu_devices: (cap[Dim::Gpu] / 1000).min(u64::from(u8::MAX)) as u8,
                     ..Default::default()
                 })
                 .with_context(|| format!("host {name}"))?;
@@ -916,7 +924,7 @@ impl<'a> Replay<'a> {
             };
             let end = t
                 .runtime_ms
-                .map(|r| (t.started_at_ms.unwrap_or(t0) + r).max(t0));
+                .map(|r| t.started_at_ms.unwrap_or(t0).saturating_add(r).max(t0));
             let job = self.job(&t.job_id);
             let task = new_task(job, t, self.pool_ids[p], end.map_or(0, |e| e - t0));
             match self.engine.adopt(&task, host, t0) {

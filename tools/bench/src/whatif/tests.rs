@@ -497,3 +497,32 @@ fn tasks_whose_pool_is_gone_are_left_out_and_counted() {
     assert_eq!(base["skipped"], 3);
     assert_eq!(base["skipped_why"], "no pool /gone in pools.arrow");
 }
+
+/// Removing hosts beside adding some removes the snapshot's hosts, never
+/// the ones just added (they carry no load, so "least loaded" would pick
+/// them).
+#[test]
+fn removing_hosts_beside_adding_removes_the_snapshots() {
+    let report = whatif(
+        "host big cpu=8
+         host h1 cpu=2
+         host h2 cpu=2
+         pool /a
+         job j1 /a n=16 cpu=1 runtime=10s",
+        &["--add-hosts 2:big", "--remove-hosts 2"],
+    )
+    .unwrap();
+    let both = variant(&report, "--add-hosts 2:big --remove-hosts 2");
+    assert_eq!(both["hosts"], 3);
+    // big and its two copies: 24 cores, every task at once (had the
+    // copies gone, 12 cores: two rounds).
+    assert_eq!(f(&both["total"]["makespan_s"]), 10.0);
+    let err = whatif(
+        "host h1 cpu=4
+         pool /a",
+        &["--add-hosts 2", "--remove-hosts 2"],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("only 1 up hosts"), "{err}");
+}

@@ -442,6 +442,10 @@ fn plan_table(plan: &PlanJobResponse) -> String {
         ]);
     }
     out.push_str(&victims.render());
+    let total = plan.victims_total as usize;
+    if total > plan.victims.len() {
+        out.push_str(&format!("(the first {} of {total})\n", plan.victims.len()));
+    }
     out
 }
 
@@ -452,6 +456,7 @@ fn plan_json(plan: &PlanJobResponse) -> serde_json::Value {
         "expected_runtime_ms": plan.expected_runtime_ms,
         "expected_runtime_source": plan.expected_runtime_source,
         "forecast_stopped": plan.forecast_stopped,
+        "victims_total": plan.victims_total,
         "instances": plan.instances.iter().map(|x| json!({
             "instance": x.instance,
             "start_ms": x.start_ms,
