@@ -186,6 +186,21 @@ async fn each_task_sees_the_devices_the_engine_gave_it() {
         }
     }
     assert_eq!(used.len(), 6, "every device in use: {used:?}");
+    // `peloton task list -o json` shows them too.
+    let two_id = &ids[1].3;
+    let out = cluster
+        .cli()
+        .args(["task", "list", two_id, "-o", "json"])
+        .output()
+        .await
+        .expect("peloton runs");
+    assert!(out.status.success(), "{out:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        listed["tasks"][0]["current"]["gpu_devices"],
+        serde_json::json!(all[3].1.api),
+        "{listed}"
+    );
 
     // Device 0 goes back; the server restarts while the rest run.
     cluster.kill_job(&first).await;
