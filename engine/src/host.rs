@@ -252,6 +252,9 @@ pub struct HostArena {
     /// at most one entry per slot.
     changed: Vec<u32>,
     changed_bits: Vec<u64>,
+    /// The devices the next allocation on a slot takes, if they fit its
+    /// request (see [`HostArena::pin_gpu_grant`]).
+    gpu_pin: Option<(usize, GpuGrant)>,
 }
 
 /// A new arena identity (never 0).
@@ -309,6 +312,7 @@ impl HostArena {
             id: next_arena_id(),
             changed: self.changed.clone(),
             changed_bits: self.changed_bits.clone(),
+            gpu_pin: None,
         }
     }
 
@@ -877,6 +881,20 @@ impl HostArena {
         gpu_choice(&devices, self.gpu_devices[slot], request[Dim::Gpu]).is_some()
     }
 
+    /// The next allocation on `slot` takes exactly `grant`'s devices if they
+    /// have room for its request and the grant has its shape (a task
+    /// adopted on a host keeps the devices its process was started with),
+    /// else chooses as usual. One pin at a time; the allocation on `slot`
+    /// or [`HostArena::clear_gpu_pin`] ends it.
+    pub fn pin_gpu_grant(&mut self, slot: usize, grant: GpuGrant) {
+        self.gpu_pin = Some((slot, grant));
+    }
+
+    /// Drops a pin [`HostArena::pin_gpu_grant`] left unused.
+    pub fn clear_gpu_pin(&mut self) {
+        self.gpu_pin = None;
+    }
+
     /// Takes `request` and `ports` from the host in `slot`, choosing GPU
     /// devices: a fractional request goes to the device with the least free
     /// capacity that still fits it (partly used devices fill up before whole
@@ -903,10 +921,20 @@ impl HostArena {
         self.fits(slot, request, ports)?;
         let milli = request[Dim::Gpu];
         let n = usize::from(self.gpu_devices[slot]);
+        let pinned = if self.gpu_pin.is_some_and(|(s, _)| s == slot) {
+            self.gpu_pin
+                .take()
+                .map(|(_, g)| g)
+                .filter(|&g| grant_fits(&self.gpu_free[slot], self.gpu_devices[slot], g, milli))
+        } else {
+            None
+        };
         let chosen = device_free
             .filter(|&f| milli > 0 && milli < MILLI_GPUS_PER_DEVICE && u64::from(f) >= milli)
             .and_then(|f| self.gpu_free[slot][..n].iter().position(|&d| d == f));
-        let grant = if let Some(i) = chosen {
+        let grant = if let Some(g) = pinned {
+            g
+        } else if let Some(i) = chosen {
             GpuGrant {
                 devices: 1 << i,
                 milli_per_device: milli as u16,
@@ -1184,6 +1212,25 @@ impl HostArena {
         assert_eq!(gpu, self.gpu_hosts, "GPU index agrees with the columns");
         assert_eq!(live, self.live_hosts);
     }
+}
+
+/// Whether `grant` is a shape for a request of `milli` (one device with
+/// `milli` of it below one GPU, else `milli / 1000` whole devices) on
+/// devices of these that have that much free.
+fn grant_fits(free: &[u16; MAX_GPU_DEVICES], n_devices: u8, grant: GpuGrant, milli: u64) -> bool {
+    let n = grant.devices.count_ones();
+    let shape = if milli < MILLI_GPUS_PER_DEVICE {
+        n == 1 && u64::from(grant.milli_per_device) == milli
+    } else {
+        u64::from(n) * MILLI_GPUS_PER_DEVICE == milli
+            && u64::from(grant.milli_per_device) == MILLI_GPUS_PER_DEVICE
+    };
+    milli > 0
+        && shape
+        && (0..MAX_GPU_DEVICES).all(|i| {
+            grant.devices & (1 << i) == 0
+                || (i < usize::from(n_devices) && free[i] >= grant.milli_per_device)
+        })
 }
 
 /// Where a GPU request of `milli` goes on these devices, if anywhere.

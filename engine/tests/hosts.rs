@@ -214,6 +214,44 @@ fn gpu_devices_fill_partly_used_ones_first_and_keep_whole_ones() {
     arena.check_invariants();
 }
 
+/// A task taken over on a host keeps the devices it runs on: a pinned
+/// grant is honoured when it has the request's shape and room, else the
+/// usual choice is made; the pin serves one allocation on its slot.
+#[test]
+fn a_pinned_gpu_grant_is_taken_when_it_fits() {
+    let mut arena = hosts("host g cpu=64 mem=256 gpus=4\nhost h cpu=64 mem=256 gpus=4");
+    let slot = arena.lookup("g").unwrap().idx();
+    let other = arena.lookup("h").unwrap().idx();
+    let gpu = |milli: u64| Resources::new(1000, 1024, 0, milli);
+    let grant = |devices: u16, milli_per_device: u16| GpuGrant {
+        devices,
+        milli_per_device,
+    };
+    // Whole devices 1 and 3, not the lowest free ones.
+    arena.pin_gpu_grant(slot, grant(0b1010, 1000));
+    assert_eq!(arena.allocate(slot, &gpu(2000), 0), Ok(grant(0b1010, 1000)));
+    // Used once: the next allocation chooses as usual.
+    assert_eq!(arena.allocate(slot, &gpu(1000), 0), Ok(grant(0b0001, 1000)));
+    // A share of device 2.
+    arena.pin_gpu_grant(slot, grant(0b0100, 300));
+    assert_eq!(arena.allocate(slot, &gpu(300), 0), Ok(grant(0b0100, 300)));
+    // A pin on another slot, of another shape, or on a device without room
+    // is not taken.
+    arena.pin_gpu_grant(other, grant(0b0100, 1000));
+    assert_eq!(arena.allocate(slot, &gpu(200), 0), Ok(grant(0b0100, 200)));
+    arena.clear_gpu_pin();
+    for pin in [grant(0b0100, 500), grant(0b0010, 400), grant(0b1100, 250)] {
+        arena.pin_gpu_grant(slot, pin);
+        assert_eq!(
+            arena.allocate(slot, &gpu(400), 0),
+            Ok(grant(0b0100, 400)),
+            "{pin:?}"
+        );
+        arena.release(slot, &gpu(400), 0, grant(0b0100, 400));
+    }
+    arena.check_invariants();
+}
+
 #[test]
 fn bad_hosts_are_refused_and_change_nothing() {
     let mut arena = hosts(CLUSTER);

@@ -27,7 +27,8 @@ pub fn run_key(job_id: &str, run: RunRef) -> pb::RunKey {
 }
 
 /// A launch as the agent's message: its run, the instance's resolved task
-/// spec (as its user sent it), its volume and its job's secrets.
+/// spec (as its user sent it), its volume, its job's secrets and the GPU
+/// devices the engine gave it.
 pub fn launch_run(l: &Launch, secrets: Option<&[crate::lifecycle::Secret]>) -> pb::LaunchRun {
     pb::LaunchRun {
         key: Some(run_key(&l.job_id, l.run)),
@@ -38,6 +39,8 @@ pub fn launch_run(l: &Launch, secrets: Option<&[crate::lifecycle::Secret]>) -> p
             size_mb: *size_mb,
         }),
         secrets: secrets.map(crate::codec::to_pb).unwrap_or_default(),
+        gpu_devices: crate::convert::gpu_device_indices(l.gpu),
+        gpu_share_milli: crate::convert::gpu_share_milli(l.gpu),
     }
 }
 
@@ -165,6 +168,7 @@ mod tests {
             config: 1,
             template: Arc::new(template),
             volume: Some(("v".into(), 5)),
+            gpu: Default::default(),
         }
     }
 

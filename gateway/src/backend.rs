@@ -277,6 +277,7 @@ mod tests {
             config: 1,
             template: Arc::new(template),
             volume: None,
+            gpu: Default::default(),
         }
     }
 

@@ -151,6 +151,23 @@ pub fn resources_to_pb(r: Resources) -> pb::Resources {
     }
 }
 
+/// The indices of a run's GPU devices, ascending (`gpu_devices` of the
+/// launch and of `TaskRun`).
+pub fn gpu_device_indices(g: peloton_engine::host::GpuGrant) -> Vec<u32> {
+    (0..16).filter(|i| g.devices & (1 << i) != 0).collect()
+}
+
+/// A run's share of its one GPU device in milli-GPUs; 0 for whole devices
+/// or none (`gpu_share_milli`).
+pub fn gpu_share_milli(g: peloton_engine::host::GpuGrant) -> u32 {
+    if g.devices != 0 && u64::from(g.milli_per_device) < peloton_engine::host::MILLI_GPUS_PER_DEVICE
+    {
+        u32::from(g.milli_per_device)
+    } else {
+        0
+    }
+}
+
 /// Measured usage in the API's units (cores, MiB).
 pub fn usage_to_pb(u: &crate::lifecycle::usage::Usage) -> pb::ResourceUsage {
     const MIB: f64 = (1u64 << 20) as f64;
@@ -1207,6 +1224,8 @@ pub fn run_to_pb(r: &RunRecord) -> pb::TaskRun {
         health: 0,
         ports: Default::default(),
         used: None,
+        gpu_devices: Vec::new(),
+        gpu_share_milli: 0,
     }
 }
 

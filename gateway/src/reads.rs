@@ -557,6 +557,8 @@ fn task_to_pb(engine: &Engine, core: &Lifecycle, k: JobKey, job: &Job, i: u32) -
         .flatten()
         .map(|(n, p)| (n.to_string(), *p))
         .collect();
+    current.gpu_devices = convert::gpu_device_indices(t.gpu);
+    current.gpu_share_milli = convert::gpu_share_milli(t.gpu);
     let held = core.held(k, i);
     let estimate = core.runtime_estimate(k, i);
     pb::Task {

@@ -22,7 +22,7 @@ use peloton_proto::v1 as pb;
 use prost::Message;
 
 use peloton_authz::{Grant, Role};
-use peloton_engine::host::HostSpec;
+use peloton_engine::host::{GpuGrant, HostSpec};
 use peloton_engine::{Dim, DimConfig, N_DIMS, PoolConfig, PoolKind, Resources};
 
 use crate::convert;
@@ -149,6 +149,13 @@ pub struct StoredTask {
     /// A daemon's instance: its host ("" for none).
     #[prost(string, tag = "7")]
     pub daemon_host: String,
+    /// The current run's GPU devices on its host: bit `i` for device `i`
+    /// (0: none).
+    #[prost(uint32, tag = "8")]
+    pub gpu_devices: u32,
+    /// Milli-GPUs it holds of each of those devices.
+    #[prost(uint32, tag = "9")]
+    pub gpu_milli_per_device: u32,
 }
 
 /// `message` after the version bytes.
@@ -285,6 +292,8 @@ pub fn encode_task(row: &TaskRow) -> Vec<u8> {
         restart_when_stopped: row.restart_when_stopped,
         config: row.config,
         daemon_host: row.daemon_host.as_deref().unwrap_or_default().to_string(),
+        gpu_devices: u32::from(row.gpu.devices),
+        gpu_milli_per_device: u32::from(row.gpu.milli_per_device),
     })
 }
 
@@ -303,6 +312,16 @@ pub fn decode_task(row: &[u8]) -> Result<TaskRow, String> {
             restart_when_stopped: t.restart_when_stopped,
             config: t.config,
             daemon_host: (!t.daemon_host.is_empty()).then(|| t.daemon_host.as_str().into()),
+            gpu: GpuGrant {
+                devices: u16::try_from(t.gpu_devices)
+                    .map_err(|_| format!("stored task: GPU devices {:#x}", t.gpu_devices))?,
+                milli_per_device: u16::try_from(t.gpu_milli_per_device).map_err(|_| {
+                    format!(
+                        "stored task: {} milli-GPUs per device",
+                        t.gpu_milli_per_device
+                    )
+                })?,
+            },
         });
     }
     let old = pb::Task::decode(row).map_err(problem)?;
@@ -326,6 +345,8 @@ pub fn decode_task(row: &[u8]) -> Result<TaskRow, String> {
         restart_when_stopped: old.restart_when_stopped,
         config: old.config_version,
         daemon_host: (!old.pinned_host.is_empty()).then(|| old.pinned_host.as_str().into()),
+        // Rows of the API's message predate GPU devices.
+        gpu: GpuGrant::default(),
     })
 }
 
@@ -1249,6 +1270,10 @@ mod tests {
                 restart_when_stopped: true,
                 config: 4,
                 daemon_host: Some("h1".into()),
+                gpu: GpuGrant {
+                    devices: 0b1010,
+                    milli_per_device: 1000,
+                },
             },
         ];
         for row in rows {

@@ -69,6 +69,8 @@ pub struct Launch {
     pub template: Arc<TaskTemplate>,
     /// The instance's volume (id, size in MiB), if its task has one.
     pub volume: Option<(Arc<str>, u64)>,
+    /// The host's GPU devices the engine gave the run (none: no GPU).
+    pub gpu: peloton_engine::host::GpuGrant,
 }
 
 /// Stop a run.

@@ -801,12 +801,17 @@ impl Lifecycle {
             0 => self.now,
             at => at.min(self.now),
         };
-        let h = engine
-            .adopt(&task, host, placed_at)
-            .map_err(|e| e.to_string())?;
+        // The run keeps the GPU devices its process was started with.
+        let gpu = self.jobs[&k].tasks[i as usize].gpu;
+        engine.hosts_mut().pin_gpu_grant(slot.idx(), gpu);
+        let adopted = engine.adopt(&task, host, placed_at);
+        engine.hosts_mut().clear_gpu_pin();
+        let h = adopted.map_err(|e| e.to_string())?;
+        let gpu = engine.tasks().gpu(h).unwrap_or_default();
         let job = self.job_mut(k);
         // An orphan was counted in `active` already.
         job.tasks[i as usize].handle = Some(h);
+        job.tasks[i as usize].gpu = gpu;
         job.tasks[i as usize].orphan = false;
         let t = &job.tasks[i as usize];
         let limit = job.plan.max_running_time_ms;

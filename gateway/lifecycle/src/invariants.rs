@@ -58,6 +58,12 @@ impl Lifecycle {
                                 "{}/{i}: the core's host is the engine's",
                                 job.id
                             );
+                            assert_eq!(
+                                engine.tasks().gpu(h).expect("live"),
+                                t.gpu,
+                                "{}/{i}: the core's GPU devices are the engine's",
+                                job.id
+                            );
                         }
                     }
                     None => {

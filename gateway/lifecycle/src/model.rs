@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use peloton_engine::host::GpuGrant;
 use peloton_engine::task::{Strategy, TaskHandle};
 use peloton_engine::{PoolId, Resources};
 use rustc_hash::FxHashMap;
@@ -535,6 +536,10 @@ pub struct Task {
     pub health: Health,
     /// Ports the host gave the current run, by name.
     pub ports: Option<AssignedPorts>,
+    /// The GPU devices the engine gave the current run on its host (none
+    /// while it has no host): sent with its launch, stored, and given to
+    /// the engine again when a restarted server adopts the run.
+    pub gpu: GpuGrant,
     /// The gang the current run was queued with (gang jobs).
     pub gang: Option<u32>,
     /// The current run was recovered on an agent host and waits for its
@@ -580,6 +585,7 @@ impl Task {
             reason: None,
             health: Health::None,
             ports: None,
+            gpu: GpuGrant::default(),
             gang: None,
             orphan: false,
             config: 1,
@@ -720,6 +726,8 @@ pub struct TaskRow {
     pub config: u64,
     /// A daemon's instance: its host.
     pub daemon_host: Option<Arc<str>>,
+    /// The GPU devices of the current run on its host.
+    pub gpu: GpuGrant,
 }
 
 /// What the store keeps of a job besides its spec.

@@ -340,6 +340,7 @@ impl Lifecycle {
             t.exit_code = cur.exit_code;
             t.launch = cur.launch;
             t.host = host_of(&cur.host);
+            t.gpu = stored.gpu;
             t.failures = stored.failures;
             t.config = stored.config.max(1);
             t.daemon_host = stored.daemon_host.as_deref().and_then(host_of);
@@ -377,6 +378,7 @@ impl Lifecycle {
                     t.requeued = true;
                     t.state = S::Initialized;
                     t.host = None;
+                    t.gpu = Default::default();
                     job.waiting.push_back(i);
                 }
                 S::Placed | S::Launching | S::Running if agent_mode && t.host.is_some() => {
@@ -549,6 +551,7 @@ impl Lifecycle {
             restart_when_stopped: held.is_some_and(|h| h.restart),
             config: t.config,
             daemon_host: t.daemon_host.map(|s| self.host_names[s.idx()].clone()),
+            gpu: t.gpu,
         };
         Some(row)
     }

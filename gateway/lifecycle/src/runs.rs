@@ -5,6 +5,7 @@
 use std::cmp::Reverse;
 
 use peloton_engine::admission::TaskFlags;
+use peloton_engine::host::GpuGrant;
 use peloton_engine::task::{TaskHandle, TaskState as EngineTaskState};
 use peloton_engine::{Engine, NewTask};
 
@@ -367,6 +368,7 @@ impl Lifecycle {
         t.exit_code = 0;
         t.reason = None;
         t.ports = None;
+        t.gpu = GpuGrant::default();
         self.back_to_waiting(k, i, fx);
     }
 
@@ -535,6 +537,7 @@ impl Lifecycle {
             let t = &mut self.job_mut(k).tasks[i as usize];
             t.host = Some(host);
             t.placed_at = now;
+            t.gpu = p.gpu;
             t.gave_way = false;
             self.transition(k, i, S::Placed, None, fx);
             // The Placed event's revision names the launch: unique for the
@@ -651,6 +654,7 @@ impl Lifecycle {
             config: t.config,
             template: tmpl.clone(),
             volume,
+            gpu: t.gpu,
         }
     }
 

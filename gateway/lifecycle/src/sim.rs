@@ -216,6 +216,23 @@ pub fn agent_id_of(host: &str) -> Arc<str> {
 }
 
 /// A host's registration: `cpu` cores, `mem` MiB.
+/// ` gpus 1,3` (` share 500` for a share of one device); "" for none.
+fn gpu_words(g: peloton_engine::host::GpuGrant) -> String {
+    if g.devices == 0 {
+        return String::new();
+    }
+    let list: Vec<String> = (0..16)
+        .filter(|i| g.devices & (1 << i) != 0)
+        .map(|i| i.to_string())
+        .collect();
+    let share = if u64::from(g.milli_per_device) < peloton_engine::host::MILLI_GPUS_PER_DEVICE {
+        format!(" share {}", g.milli_per_device)
+    } else {
+        String::new()
+    };
+    format!(" gpus {}{share}", list.join(","))
+}
+
 pub fn host_spec(name: &str, cpu: u64, mem: u64) -> HostSpec {
     HostSpec {
         name: name.to_string(),
@@ -357,7 +374,7 @@ impl Sim {
         for l in launches {
             self.check_launch_volume(&l);
             self.say(format!(
-                "  launch {}/{}#{} @{} config {}{}",
+                "  launch {}/{}#{} @{} config {}{}{}",
                 l.job_id,
                 l.run.instance,
                 l.run.run,
@@ -366,7 +383,8 @@ impl Sim {
                 l.volume
                     .as_ref()
                     .map(|(id, mb)| format!(" volume {id} {mb}MiB"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                gpu_words(l.gpu),
             ));
             if let Some((id, _)) = &l.volume
                 && let Some(a) = self.agents.get_mut(&l.host)

@@ -112,8 +112,14 @@ impl Env {
         match words[0] {
             "host" => {
                 let mut spec = crate::sim::host_spec(words[1], num("cpu", 4), num("mem", 4096));
-                spec.capacity =
-                    Resources::new(num("cpu", 4) * 1000, num("mem", 4096), num("disk", 0), 0);
+                let gpus = num("gpus", 0);
+                spec.capacity = Resources::new(
+                    num("cpu", 4) * 1000,
+                    num("mem", 4096),
+                    num("disk", 0),
+                    gpus * 1000,
+                );
+                spec.gpu_devices = gpus as u8;
                 if let Some(zone) = arg("zone") {
                     spec.attributes.push(("zone".into(), zone.into()));
                 }
@@ -298,6 +304,7 @@ impl Env {
                 p.default_mut().health_check = flag("health");
                 p.default_mut().shutdown_delay_ms = num("shutdown_delay", 0);
                 p.default_mut().request.0[2] = num("disk", 0);
+                p.default_mut().request.0[3] = num("gpu", 0);
                 p.default_mut().expected_runtime_ms = num("expect", 0);
                 if let Some(c) = arg("cmd") {
                     p.default_mut().command_key = command_key([c]);
@@ -1349,6 +1356,81 @@ fn a_restarted_server_adopts_the_runs_its_agents_report() {
             > exit j/1 0
             j/1#1 succeeded @h2
             job j succeeded
+        "#]],
+    );
+}
+
+/// Each launch carries the GPU devices the engine gave its run; a restarted
+/// server adopts each run on the devices it was started with (stored with
+/// its row), so new work goes to the device they left free.
+#[test]
+fn a_run_keeps_its_gpu_devices_across_a_restart() {
+    check(
+        r"
+        host g cpu=8 gpus=4
+        job first pool=/ gpu=1000
+        cycle
+        job two pool=/ n=2 gpu=1000
+        job half pool=/ gpu=500
+        cycle
+        exit first/0 0
+        crash
+        register g
+        job after pool=/ gpu=1000
+        cycle
+        ",
+        expect![[r#"
+            > host g cpu=8 gpus=4
+            > job first pool=/ gpu=1000
+            first/0#1 pending
+            job first pending
+            > cycle
+            first/0#1 ready
+            first/0#1 placed @g
+            first/0#1 launching @g
+              launch first/0#1 @g config 1 gpus 0
+            first/0#1 running @g
+            job first running
+            > job two pool=/ n=2 gpu=1000
+            two/0#1 pending
+            two/1#1 pending
+            job two pending
+            > job half pool=/ gpu=500
+            half/0#1 pending
+            job half pending
+            > cycle
+            two/0#1 ready
+            two/1#1 ready
+            half/0#1 ready
+            two/0#1 placed @g
+            two/0#1 launching @g
+            two/1#1 placed @g
+            two/1#1 launching @g
+            half/0#1 placed @g
+            half/0#1 launching @g
+              launch two/0#1 @g config 1 gpus 1
+              launch two/1#1 @g config 1 gpus 2
+              launch half/0#1 @g config 1 gpus 3 share 500
+            two/0#1 running @g
+            two/1#1 running @g
+            half/0#1 running @g
+            job two running
+            job half running
+            > exit first/0 0
+            first/0#1 succeeded @g
+            job first succeeded
+            > crash
+            > register g
+            > job after pool=/ gpu=1000
+            after/0#1 pending
+            job after pending
+            > cycle
+            after/0#1 ready
+            after/0#1 placed @g
+            after/0#1 launching @g
+              launch after/0#1 @g config 1 gpus 0
+            after/0#1 running @g
+            job after running
         "#]],
     );
 }

@@ -334,6 +334,14 @@ impl Args {
             ports: self.ports,
             max_runs: self.max_runs,
             open_files: self.open_files,
+            // A whole number (checked by `parse_resources`, counted by
+            // `detect`), at most what a `u32` holds.
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a whole, non-negative count of devices"
+            )]
+            gpus: resources.gpu.clamp(0.0, f64::from(u32::MAX)) as u32,
         };
         let session = SessionConfig {
             servers: self.server.0,

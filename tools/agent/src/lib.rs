@@ -47,8 +47,9 @@ pub use isolation::Isolation;
 pub use launcher::run_launcher;
 pub use ports::PortRange;
 pub use run::{
-    AssignedPort, CheckKind, Command, Health, HealthCheckPlan, KillRequest, LogChunk, LogRequest,
-    Phase, PhaseReport, Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
+    AssignedPort, CheckKind, Command, GpuAssignment, Health, HealthCheckPlan, KillRequest,
+    LogChunk, LogRequest, Phase, PhaseReport, Resources, RunId, RunPlan, RunReport, Secret,
+    TaskSpec,
 };
 pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, codec, run as run_session};
 pub use supervisor::{

@@ -273,6 +273,17 @@ pub struct TaskSpec {
     pub volume_path: String,
 }
 
+/// The GPU devices the server gave a run on this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuAssignment {
+    /// Device indices, ascending, as `nvidia-smi` numbers them (empty:
+    /// none).
+    pub devices: Vec<u32>,
+    /// The run's share of its one device, in milli-GPUs (0: whole
+    /// devices).
+    pub share_milli: u32,
+}
+
 /// One run to launch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunPlan {
@@ -283,6 +294,8 @@ pub struct RunPlan {
     pub secrets: Vec<Secret>,
     /// The id of the run's volume, if it has one.
     pub volume: Option<String>,
+    /// Its GPU devices on this host.
+    pub gpu: GpuAssignment,
 }
 
 /// One run to stop: its stop signal once `delay_ms` has passed (its

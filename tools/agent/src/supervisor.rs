@@ -86,6 +86,10 @@ pub struct SupervisorConfig {
     pub max_runs: usize,
     /// RLIMIT_NOFILE of every task.
     pub open_files: u64,
+    /// GPU devices the host offers (indices 0 to `gpus - 1`): a launch may
+    /// name only these, and on a host with GPUs a task given none is shown
+    /// none (see `supervisor/prepare.rs`).
+    pub gpus: u32,
 }
 
 impl SupervisorConfig {
@@ -98,6 +102,7 @@ impl SupervisorConfig {
             ports: None,
             max_runs: DEFAULT_MAX_RUNS,
             open_files: DEFAULT_OPEN_FILES,
+            gpus: 0,
         }
     }
 }

@@ -471,7 +471,7 @@ async fn volumes_are_registered_and_deleted_on_request() {
                 id: "vol-s".to_owned(),
                 size_mb: 1,
             }),
-            secrets: Vec::new(),
+            ..v1::LaunchRun::default()
         }],
     }))
     .await;

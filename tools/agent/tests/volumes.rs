@@ -51,7 +51,7 @@ fn with_volume(key: &v1::RunKey, mut spec: v1::TaskSpec, id: &str, path: &str) -
             id: id.to_owned(),
             size_mb: 10,
         }),
-        secrets: Vec::new(),
+        ..v1::LaunchRun::default()
     }
 }
 
@@ -68,6 +68,7 @@ fn with_secrets(key: &v1::RunKey, spec: v1::TaskSpec, secrets: &[(&str, &[u8])])
                 size: 0,
             })
             .collect(),
+        ..v1::LaunchRun::default()
     }
 }
 

@@ -486,6 +486,8 @@ pub fn task_run_json(run: Option<&TaskRun>) -> Value {
         "health": enum_json::<peloton_proto::v1::Health>(run.health),
         "ports": run.ports.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
         "used": usage_json(run.used.as_ref()),
+        "gpu_devices": run.gpu_devices,
+        "gpu_share_milli": run.gpu_share_milli,
     })
 }
 

@@ -10,8 +10,8 @@ use nix::sys::signal::Signal;
 use peloton_proto::v1;
 
 use crate::run::{
-    CheckKind, Command, Health, HealthCheckPlan, KillRequest, LogChunk, LogRequest, Phase,
-    Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
+    CheckKind, Command, GpuAssignment, Health, HealthCheckPlan, KillRequest, LogChunk, LogRequest,
+    Phase, Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
 };
 use crate::usage::UsageReport;
 
@@ -57,6 +57,10 @@ pub fn run_plan(launch: v1::LaunchRun) -> Option<RunPlan> {
             .volume
             .map(|mount| mount.id)
             .filter(|id| !id.is_empty()),
+        gpu: GpuAssignment {
+            devices: launch.gpu_devices,
+            share_milli: launch.gpu_share_milli,
+        },
     })
 }
 

@@ -9,7 +9,7 @@ use super::held::Run;
 use crate::isolation::{self, Isolation};
 use crate::ports;
 use crate::record::{DEFAULT_PATH, TaskPlan};
-use crate::run::{AssignedPort, Command, RunId, RunPlan, TaskSpec};
+use crate::run::{AssignedPort, Command, GpuAssignment, RunId, RunPlan, TaskSpec};
 use crate::secrets;
 use crate::volumes;
 
@@ -29,6 +29,7 @@ impl Supervisor {
         let (program, args) = task_command(&spec.command)?;
         run.record.health_check.clone_from(&spec.health_check);
         let mut env = task_env(spec, &run.record.key, &run.dir)?;
+        gpu_env(&launch.gpu, self.config.gpus, &mut env)?;
         // Checked before anything is created for the run.
         let volume = match &launch.volume {
             Some(id) => {
@@ -156,6 +157,62 @@ fn task_env(spec: &TaskSpec, key: &RunId, dir: &Path) -> Result<Env, String> {
     Ok(env)
 }
 
+/// What the variables CUDA and the NVIDIA container runtime read say the
+/// task sees: exactly the devices the server gave it, by the index
+/// `nvidia-smi` shows (`CUDA_DEVICE_ORDER=PCI_BUS_ID`, so CUDA numbers
+/// them the same way), in `CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`
+/// and `PELOTON_GPU_DEVICES`, with a share of one device in
+/// `PELOTON_GPU_SHARE_MILLI`. On a host with GPUs a task given none gets
+/// `CUDA_VISIBLE_DEVICES=` and `NVIDIA_VISIBLE_DEVICES=void`: it sees
+/// none. A host without GPUs sets nothing. These overwrite the spec's own
+/// variables of the same names. It is all the agent enforces: nothing
+/// stops a process that resets them, or opens `/dev/nvidia*` itself (no
+/// device cgroup), and a share is not metered. A launch naming a device
+/// the host does not offer fails with the reason.
+fn gpu_env(gpu: &GpuAssignment, host_gpus: u32, env: &mut Env) -> Result<(), String> {
+    if let Some(d) = gpu.devices.iter().find(|&&d| d >= host_gpus) {
+        return Err(format!(
+            "gpu_devices: device {d} is not one of this host's {host_gpus} GPUs"
+        ));
+    }
+    if gpu.devices.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "gpu_devices: {:?} are not distinct device indices in ascending order",
+            gpu.devices
+        ));
+    }
+    if gpu.share_milli > 0 && (gpu.devices.len() != 1 || gpu.share_milli >= 1000) {
+        return Err(format!(
+            "gpu_share_milli: a share of {} milli-GPUs must be below 1000, of exactly one device",
+            gpu.share_milli
+        ));
+    }
+    if host_gpus == 0 {
+        return Ok(());
+    }
+    let list = gpu
+        .devices
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    env.insert("CUDA_DEVICE_ORDER".to_owned(), "PCI_BUS_ID".to_owned());
+    env.insert("CUDA_VISIBLE_DEVICES".to_owned(), list.clone());
+    if list.is_empty() {
+        env.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), "void".to_owned());
+        return Ok(());
+    }
+    env.insert("NVIDIA_VISIBLE_DEVICES".to_owned(), list.clone());
+    env.insert("PELOTON_GPU_DEVICES".to_owned(), list);
+    if gpu.share_milli > 0 {
+        env.insert(
+            "PELOTON_GPU_SHARE_MILLI".to_owned(),
+            gpu.share_milli.to_string(),
+        );
+    }
+    Ok(())
+}
+
 /// Port names are not empty and name distinct variables.
 fn check_port_names(names: &[String]) -> Result<(), String> {
     let mut seen = BTreeSet::new();
@@ -167,4 +224,87 @@ fn check_port_names(names: &[String]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(devices: &[u32], share_milli: u32, host_gpus: u32) -> Result<Vec<String>, String> {
+        let mut env = Env::new();
+        env.insert(
+            "CUDA_VISIBLE_DEVICES".to_owned(),
+            "from-the-spec".to_owned(),
+        );
+        let gpu = GpuAssignment {
+            devices: devices.to_vec(),
+            share_milli,
+        };
+        gpu_env(&gpu, host_gpus, &mut env)?;
+        Ok(env.into_iter().map(|(k, v)| format!("{k}={v}")).collect())
+    }
+
+    #[test]
+    fn a_task_sees_its_devices_and_none_else() {
+        let cuda = |v: &str| format!("CUDA_VISIBLE_DEVICES={v}");
+        let order = "CUDA_DEVICE_ORDER=PCI_BUS_ID".to_owned();
+        assert_eq!(
+            env_of(&[1, 3], 0, 4).unwrap(),
+            [
+                order.clone(),
+                cuda("1,3"),
+                "NVIDIA_VISIBLE_DEVICES=1,3".to_owned(),
+                "PELOTON_GPU_DEVICES=1,3".to_owned(),
+            ]
+        );
+        assert_eq!(
+            env_of(&[2], 500, 4).unwrap(),
+            [
+                order.clone(),
+                cuda("2"),
+                "NVIDIA_VISIBLE_DEVICES=2".to_owned(),
+                "PELOTON_GPU_DEVICES=2".to_owned(),
+                "PELOTON_GPU_SHARE_MILLI=500".to_owned(),
+            ]
+        );
+        // A CPU task on a GPU host sees no device; on a host without GPUs
+        // nothing is set (the spec's own value stays).
+        assert_eq!(
+            env_of(&[], 0, 4).unwrap(),
+            [order, cuda(""), "NVIDIA_VISIBLE_DEVICES=void".to_owned()]
+        );
+        assert_eq!(env_of(&[], 0, 0).unwrap(), [cuda("from-the-spec")]);
+    }
+
+    #[test]
+    fn devices_the_host_does_not_offer_are_refused() {
+        for (devices, share, gpus, message) in [
+            (
+                &[4][..],
+                0,
+                4,
+                "gpu_devices: device 4 is not one of this host's 4 GPUs",
+            ),
+            (
+                &[0],
+                0,
+                0,
+                "gpu_devices: device 0 is not one of this host's 0 GPUs",
+            ),
+            (
+                &[1, 1],
+                0,
+                4,
+                "gpu_devices: [1, 1] are not distinct device indices in ascending order",
+            ),
+            (
+                &[0, 1],
+                500,
+                4,
+                "gpu_share_milli: a share of 500 milli-GPUs must be below 1000, of exactly one device",
+            ),
+        ] {
+            assert_eq!(env_of(devices, share, gpus), Err(message.to_owned()));
+        }
+    }
 }

@@ -182,6 +182,9 @@ pub struct ClusterOptions {
     pub agent_resources: String,
     /// More arguments for each agent.
     pub agent_args: Vec<String>,
+    /// More variables of each agent's environment (a `PATH` with a fake
+    /// `nvidia-smi`, say).
+    pub agent_env: Vec<(String, OsString)>,
 }
 
 impl Default for ClusterOptions {
@@ -190,6 +193,7 @@ impl Default for ClusterOptions {
             host_lost_after_ms: HOST_LOST_AFTER_MS,
             agent_resources: "cpu=4,mem=4096,disk=10000".into(),
             agent_args: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 }
@@ -385,6 +389,7 @@ impl Cluster {
             command.args(["--attr", a]);
         }
         command.args(&self.options.agent_args);
+        command.envs(self.options.agent_env.iter().map(|(k, v)| (k, v)));
         let child = command
             .args(["--ports", &agent_port_range()])
             .env("RUST_LOG", "warn")
