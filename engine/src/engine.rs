@@ -1004,43 +1004,45 @@ impl Engine {
     /// their non-revocable tasks do not use, revocable tasks are placed in
     /// a pass of their own against it (`HostArena::lend`), after the
     /// others. With start reservations, tasks keep off the hosts of the
-    /// reservations they may delay (see [`Engine::place_fenced`] and
+    /// reservations they may delay (see [`Engine::set_fences`] and
     /// [`crate::backfill`]).
     fn place_batch(&mut self, batch_len: usize, now_ms: u64) {
         let waiting = std::mem::take(&mut self.waiting);
         let batch = &waiting[..batch_len];
-        if self
+        let fenced = self
             .report
             .start_reservations
             .iter()
-            .all(|r| r.hosts.is_empty())
-        {
-            place_split(
-                &mut self.placer,
-                &mut self.hosts,
-                &mut self.tasks,
-                &self.constraints,
-                &mut self.reservations,
-                batch,
-                now_ms,
-                &mut self.report.placement,
-            );
-        } else {
-            self.place_fenced(batch, now_ms);
+            .any(|r| !r.hosts.is_empty());
+        if fenced {
+            self.set_fences(batch, now_ms);
+        }
+        place_split(
+            &mut self.placer,
+            &mut self.hosts,
+            &mut self.tasks,
+            &self.constraints,
+            &mut self.reservations,
+            batch,
+            now_ms,
+            &mut self.report.placement,
+        );
+        if fenced {
+            self.placer.clear_fences();
         }
         self.waiting = waiting;
     }
 
-    /// [`Engine::place_batch`] with start reservations: see there. A task
+    /// The fences of [`Engine::place_batch`] with start reservations. A task
     /// keeps off a reservation's hosts if it was submitted after the
     /// reservation's head (what came first is not held back by what came
     /// later), may run past the reservation's start and is not pinned to
     /// its host; a gang's members keep off the hosts any of them keeps off.
-    /// One placement of the whole batch, each task kept off its hosts as a
-    /// constraint would keep it ([`Placer::set_fences`]): the hosts stay
-    /// open to the rest, and lend to revocable work that need not keep off
-    /// them.
-    fn place_fenced(&mut self, batch: &[TaskHandle], now_ms: u64) {
+    /// Each task is kept off its hosts as a constraint would keep it
+    /// ([`Placer::set_fences`], until the caller clears them): the hosts
+    /// stay open to the rest, and lend to revocable work that need not keep
+    /// off them.
+    fn set_fences(&mut self, batch: &[TaskHandle], now_ms: u64) {
         let res: Vec<(u64, u64)> = self
             .report
             .start_reservations
@@ -1113,17 +1115,6 @@ impl Engine {
             })
             .collect();
         self.placer.set_fences(fences, fence_of);
-        place_split(
-            &mut self.placer,
-            &mut self.hosts,
-            &mut self.tasks,
-            &self.constraints,
-            &mut self.reservations,
-            batch,
-            now_ms,
-            &mut self.report.placement,
-        );
-        self.placer.clear_fences();
     }
 
     /// Refuses a host that is not live.
