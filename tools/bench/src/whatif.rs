@@ -31,7 +31,7 @@
 //! holds the same fraction of what it is entitled to).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -107,6 +107,8 @@ pub struct TaskRow {
     pub flags: TaskFlags,
     /// The job's gang size (1: no gang).
     pub gang_size: u32,
+    /// The job's running limit (`sla.max_running_instances`; 0: none).
+    pub max_running: u32,
     /// How long a run is expected to last (None: unknown, runs forever).
     pub runtime_ms: Option<u64>,
     /// Its request in the engine's units.
@@ -316,6 +318,8 @@ impl Snapshot {
                 c.u32s("gang_size")?,
                 c.u64s("expected_runtime_ms")?,
             );
+            // Snapshots before the column: no limits.
+            let max_running = c.u32s("max_running_instances").ok();
             let (preemptible, revocable, controller) = (
                 c.bools("preemptible")?,
                 c.bools("revocable")?,
@@ -338,6 +342,7 @@ impl Snapshot {
                         revocable: revocable.value(i),
                     },
                     gang_size: gang.value(i).max(1),
+                    max_running: max_running.map_or(0, |m| m.value(i)),
                     runtime_ms: opt_u64(runtime, i).filter(|&ms| ms > 0),
                     request: c.resources("request_", i)?,
                 });
@@ -818,6 +823,21 @@ struct Replay<'a> {
     last_event: u64,
     requeued: usize,
     left_out: LeftOut,
+    /// Jobs with a running limit, and which of their tasks are in the
+    /// engine.
+    limited: HashMap<&'a str, Limited<'a>>,
+    job_of: HashMap<TaskHandle, &'a str>,
+}
+
+/// A job with a running limit (`sla.max_running_instances`): as the
+/// server's core does, its instances are queued while fewer than the
+/// limit are queued or running, the next ones as those end.
+struct Limited<'a> {
+    limit: u32,
+    /// Its tasks in the engine (adopted, or submitted and not ended).
+    active: u32,
+    /// Groups held back, in order, with their waiters.
+    held: VecDeque<(Vec<&'a TaskRow>, Vec<usize>)>,
 }
 
 impl<'a> Replay<'a> {
@@ -873,6 +893,8 @@ impl<'a> Replay<'a> {
             last_event: snap.taken_at_ms,
             requeued: 0,
             left_out: LeftOut::default(),
+            limited: HashMap::new(),
+            job_of: HashMap::new(),
         })
     }
 
@@ -928,7 +950,10 @@ impl<'a> Replay<'a> {
             let job = self.job(&t.job_id);
             let task = new_task(job, t, self.pool_ids[p], end.map_or(0, |e| e - t0));
             match self.engine.adopt(&task, host, t0) {
-                Ok(h) => self.holds(h, t.request, end),
+                Ok(h) => {
+                    self.holds(h, t.request, end);
+                    self.count_active(t, h);
+                }
                 Err(_) => requeue.push(t),
             }
         }
@@ -957,38 +982,110 @@ impl<'a> Replay<'a> {
                 self.left_out.n += group.len() - 1;
                 continue;
             };
-            let tasks: Vec<NewTask> = group
-                .iter()
-                .map(|t| {
-                    let job = self.job(&t.job_id);
-                    new_task(job, t, self.pool_ids[p], t.runtime_ms.unwrap_or(0))
-                })
-                .collect();
-            // The engine refuses what the server would not queue (e.g. a
-            // job whose resources are only in per-instance overrides,
-            // which the snapshot does not carry).
-            let handles = match self.engine.submit(&tasks) {
-                Ok(h) => h,
-                Err(e) => {
-                    let (job, instance) = (&group[0].job_id, group[0].instance);
-                    self.left_out.add(group.len(), || {
-                        format!("job {job} instance {instance}: {e}")
-                    });
-                    continue;
-                }
+            let n = group.len() as u32;
+            let hold = group[0].max_running > 0 && {
+                let l = self.limit_of(group[0]);
+                !l.held.is_empty() || l.active + n > l.limit
             };
-            for (h, t) in handles.into_iter().zip(group) {
-                self.waiter_of.insert(h, self.waiters.len());
-                self.waiters.push(Waiter {
-                    pool: p,
-                    runtime_ms: t.runtime_ms,
-                    request: t.request,
-                    start_ms: None,
-                });
-                self.waiting_in_pool[p] += 1;
-                self.n_not_started += 1;
-                self.n_to_end += usize::from(t.runtime_ms.is_some());
+            if hold {
+                let waiters = group.iter().map(|t| self.new_waiter(p, t)).collect();
+                self.limit_of(group[0]).held.push_back((group, waiters));
+                continue;
             }
+            self.submit_group(p, group, None);
+        }
+    }
+
+    /// The running limit of `t`'s job (which has one).
+    fn limit_of(&mut self, t: &'a TaskRow) -> &mut Limited<'a> {
+        self.limited
+            .entry(t.job_id.as_str())
+            .or_insert_with(|| Limited {
+                limit: t.max_running,
+                active: 0,
+                held: VecDeque::new(),
+            })
+    }
+
+    /// `h`, a task of `t`'s job, is in the engine now.
+    fn count_active(&mut self, t: &'a TaskRow, h: TaskHandle) {
+        if t.max_running > 0 {
+            self.limit_of(t).active += 1;
+            self.job_of.insert(h, t.job_id.as_str());
+        }
+    }
+
+    /// A waiting task's figures, not started.
+    fn new_waiter(&mut self, p: usize, t: &TaskRow) -> usize {
+        self.waiters.push(Waiter {
+            pool: p,
+            runtime_ms: t.runtime_ms,
+            request: t.request,
+            start_ms: None,
+        });
+        self.waiting_in_pool[p] += 1;
+        self.n_not_started += 1;
+        self.n_to_end += usize::from(t.runtime_ms.is_some());
+        self.waiters.len() - 1
+    }
+
+    /// Submits one group (a gang, or one task) of pool `p`; `waiters`:
+    /// theirs, if they were made when it was held back.
+    fn submit_group(&mut self, p: usize, group: Vec<&'a TaskRow>, waiters: Option<Vec<usize>>) {
+        let tasks: Vec<NewTask> = group
+            .iter()
+            .map(|t| {
+                let job = self.job(&t.job_id);
+                new_task(job, t, self.pool_ids[p], t.runtime_ms.unwrap_or(0))
+            })
+            .collect();
+        // The engine refuses what the server would not queue (e.g. a
+        // job whose resources are only in per-instance overrides,
+        // which the snapshot does not carry).
+        let handles = match self.engine.submit(&tasks) {
+            Ok(h) => h,
+            Err(e) => {
+                let (job, instance) = (&group[0].job_id, group[0].instance);
+                self.left_out.add(group.len(), || {
+                    format!("job {job} instance {instance}: {e}")
+                });
+                // Held back, they were counted as waiting: no longer.
+                for (&w, t) in waiters.iter().flatten().zip(&group) {
+                    self.waiting_in_pool[self.waiters[w].pool] -= 1;
+                    self.n_not_started -= 1;
+                    self.n_to_end -= usize::from(t.runtime_ms.is_some());
+                }
+                return;
+            }
+        };
+        for (i, (h, t)) in handles.into_iter().zip(group).enumerate() {
+            let w = match &waiters {
+                Some(w) => w[i],
+                None => self.new_waiter(p, t),
+            };
+            self.waiter_of.insert(h, w);
+            self.count_active(t, h);
+        }
+    }
+
+    /// A task of a job with a running limit ended: the groups it held back
+    /// that now fit the limit are submitted, in order.
+    fn release(&mut self, job: &'a str) {
+        let Some(l) = self.limited.get_mut(job) else {
+            return;
+        };
+        l.active -= 1;
+        loop {
+            let l = self.limited.get_mut(job).expect("a limited job");
+            if l.held
+                .front()
+                .is_none_or(|(g, _)| l.active + g.len() as u32 > l.limit)
+            {
+                break;
+            }
+            let (group, waiters) = l.held.pop_front().expect("a front");
+            let p = self.waiters[waiters[0]].pool;
+            self.submit_group(p, group, Some(waiters));
         }
     }
 
@@ -1025,6 +1122,9 @@ impl<'a> Replay<'a> {
             self.ends.pop();
             let h = TaskHandle::from_u64(h);
             self.engine.finish(h)?;
+            if let Some(job) = self.job_of.remove(&h) {
+                self.release(job);
+            }
             if let Some(r) = self.requests.remove(&h) {
                 self.allocated = self.allocated.saturating_sub(&r);
             }

@@ -130,6 +130,13 @@ async fn snapshot_writes_hosts_and_tasks_as_arrow() {
         .downcast_ref::<UInt32Array>()
         .unwrap();
     assert_eq!(gang.value(0), 1, "not a gang");
+    let max_running = tasks
+        .column_by_name("max_running_instances")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<UInt32Array>()
+        .unwrap();
+    assert_eq!(max_running.value(0), 0, "no running limit");
     assert_eq!(strings(&tasks, "job_type").value(0), "batch");
     assert_eq!(
         tasks

@@ -79,7 +79,8 @@ fn snapshot(fixture: &str) -> tempfile::TempDir {
     let (mut hosts, mut host_states, mut host_cpus) = (Vec::new(), Vec::new(), Vec::new());
     let (mut pools, mut shares, mut reservations, mut limits) =
         (vec!["/".to_string()], vec![1.0], vec![0.0], vec![0.0]);
-    // job_id, pool, instance, state, host, started, priority, gang, runtime, cpu
+    // job_id, pool, instance, state, host, started, priority, gang, runtime, cpu,
+    // running limit
     type Row = (
         String,
         String,
@@ -91,6 +92,7 @@ fn snapshot(fixture: &str) -> tempfile::TempDir {
         u32,
         Option<u64>,
         f64,
+        u32,
     );
     let mut tasks: Vec<Row> = Vec::new();
     for line in fixture.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -122,6 +124,7 @@ fn snapshot(fixture: &str) -> tempfile::TempDir {
                         num(&w, "gang", 1.0) as u32,
                         kv(&w, "runtime").map(|r| ms(r) as u64),
                         num(&w, "cpu", 1.0),
+                        num(&w, "max_running", 0.0) as u32,
                     ));
                 }
             }
@@ -197,6 +200,7 @@ fn snapshot(fixture: &str) -> tempfile::TempDir {
         ("revocable".into(), bools(false)),
         ("controller".into(), bools(false)),
         ("gang_size".into(), u32s(&|t| t.7)),
+        ("max_running_instances".into(), u32s(&|t| t.10)),
         ("expected_runtime_ms".into(), u64s(&|t| t.8)),
     ];
     let cpus: Vec<f64> = tasks.iter().map(|t| t.9).collect();
@@ -525,4 +529,25 @@ fn removing_hosts_beside_adding_removes_the_snapshots() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("only 1 up hosts"), "{err}");
+}
+
+/// A job's running limit holds its instances back as the server does:
+/// at most that many queued or running, the next as those end.
+#[test]
+fn a_jobs_running_limit_releases_its_instances_as_others_end() {
+    let report = whatif(
+        "host h1 cpu=8
+         pool /a
+         job limited /a n=8 cpu=1 runtime=10s max_running=2
+         job free /a n=4 cpu=1 runtime=10s",
+        &[],
+    )
+    .unwrap();
+    let base = variant(&report, "baseline");
+    assert_eq!(base["total"]["waiting"], 12);
+    assert_eq!(base["total"]["started"], 12);
+    // Two at a time: four rounds of 10 s; the free job's four at once.
+    assert_eq!(f(&base["total"]["wait_max_s"]), 30.0);
+    assert_eq!(f(&base["total"]["makespan_s"]), 40.0);
+    assert_eq!(base["stopped"], "all started and ended");
 }

@@ -315,6 +315,7 @@ async fn read_tasks(
     let mut revocable = BooleanBuilder::new();
     let mut controller = BooleanBuilder::new();
     let mut gang_size = UInt32Builder::new();
+    let mut max_running = UInt32Builder::new();
     let mut max_running_time = UInt64Builder::new();
     let mut runtime = UInt64Builder::new();
     let mut runtime_source = StringBuilder::new();
@@ -382,6 +383,8 @@ async fn read_tasks(
                     controller.append_value(default_task.controller);
                     // 0 and 1 both mean "no gang": one column, ≥ 1.
                     gang_size.append_value(sla.min_running_instances.max(1));
+                    // 0: no limit.
+                    max_running.append_value(sla.max_running_instances);
                     max_running_time.append_option(
                         (sla.max_running_time_ms > 0).then_some(sla.max_running_time_ms),
                     );
@@ -431,6 +434,11 @@ async fn read_tasks(
         column("revocable", Arc::new(revocable.finish()), false),
         column("controller", Arc::new(controller.finish()), false),
         column("gang_size", Arc::new(gang_size.finish()), false),
+        column(
+            "max_running_instances",
+            Arc::new(max_running.finish()),
+            false,
+        ),
         column(
             "max_running_time_ms",
             Arc::new(max_running_time.finish()),
