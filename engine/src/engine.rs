@@ -216,6 +216,8 @@ pub struct Engine {
     /// tasks that found no host in the last cycle, kept out of placement
     /// until a cycle at another time, a task's end or other start
     /// reservations; and what they were last tried under.
+    /// When the last cycle ran (its fences hold until the next).
+    last_cycle_ms: u64,
     parking: bool,
     parked: Vec<TaskHandle>,
     parked_under: (u64, Vec<(u64, u64, Vec<u32>)>),
@@ -294,6 +296,7 @@ impl Engine {
             constraints: ConstraintTable::new(),
             placer,
             waiting: Vec::new(),
+            last_cycle_ms: 0,
             parking: false,
             parked: Vec::new(),
             parked_under: (0, Vec::new()),
@@ -321,6 +324,7 @@ impl Engine {
             constraints: self.constraints.clone(),
             placer: self.placer.fork(),
             waiting: self.parked.iter().chain(&self.waiting).copied().collect(),
+            last_cycle_ms: 0,
             parking: false,
             parked: Vec::new(),
             parked_under: (0, Vec::new()),
@@ -687,6 +691,7 @@ impl Engine {
     /// Runs one cycle at time `now_ms`; chooses inter-pool victims only if
     /// `victims` (a caller that would not act on them saves the scan).
     pub fn cycle_with(&mut self, now_ms: u64, victims: bool) -> &CycleReport {
+        self.last_cycle_ms = now_ms;
         let capacity = self.entitled_capacity();
         // Reserved resources stay in the capacity pools are entitled to:
         // the instance a reservation is for must be admitted again in its
@@ -1043,6 +1048,17 @@ impl Engine {
     /// stay open to the rest, and lend to revocable work that need not keep
     /// off them.
     fn set_fences(&mut self, batch: &[TaskHandle], now_ms: u64) {
+        let (fences, fence_of) = self.fences_of(batch, now_ms);
+        self.placer.set_fences(fences, fence_of);
+    }
+
+    /// The fences of `batch` at `now_ms` (see [`Engine::set_fences`]): the
+    /// hosts each fence keeps off, and each fenced task's fence.
+    fn fences_of(
+        &self,
+        batch: &[TaskHandle],
+        now_ms: u64,
+    ) -> (Vec<Vec<u32>>, rustc_hash::FxHashMap<TaskHandle, u32>) {
         let res: Vec<(u64, u64)> = self
             .report
             .start_reservations
@@ -1114,7 +1130,7 @@ impl Engine {
                 slots
             })
             .collect();
-        self.placer.set_fences(fences, fence_of);
+        (fences, fence_of)
     }
 
     /// Refuses a host that is not live.
@@ -1171,13 +1187,31 @@ impl Engine {
         if pending.is_empty() {
             return;
         }
-        crate::preemption::intra_pool_victims_with(
+        // A task kept off a reservation's hosts in placement evicts nothing
+        // there: the room would not be its.
+        let (fences, fence_of) = if self
+            .report
+            .start_reservations
+            .iter()
+            .any(|r| !r.hosts.is_empty())
+        {
+            self.fences_of(&pending, self.last_cycle_ms)
+        } else {
+            Default::default()
+        };
+        let keep_off = |t: TaskHandle| -> &[u32] {
+            fence_of
+                .get(&t)
+                .map_or(&[], |&i| fences[i as usize].as_slice())
+        };
+        crate::preemption::intra_pool_victims_fenced(
             &self.placer,
             &self.hosts,
             &self.tasks,
             &self.constraints,
             &self.reservations,
             &pending,
+            &keep_off,
             out,
         )
         .expect("admitted tasks are live");

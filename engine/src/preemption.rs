@@ -233,6 +233,36 @@ pub fn intra_pool_victims_with(
     pending: &[TaskHandle],
     out: &mut Vec<(TaskHandle, u32, Vec<Victim>)>,
 ) -> Result<(), TaskError> {
+    intra_pool_victims_fenced(
+        placer,
+        hosts,
+        tasks,
+        constraints,
+        reservations,
+        pending,
+        &|_| &[],
+        out,
+    )
+}
+
+/// [`intra_pool_victims_with`] for tasks that keep off some hosts
+/// (`keep_off(task)`, ascending slots: a start reservation's, see
+/// [`crate::backfill`]): evicting there would free room the task may not
+/// take.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the placement context, passed explicitly"
+)]
+pub fn intra_pool_victims_fenced<'k>(
+    placer: &Placer,
+    hosts: &HostArena,
+    tasks: &TaskArena,
+    constraints: &ConstraintTable,
+    reservations: &Reservations,
+    pending: &[TaskHandle],
+    keep_off: &dyn Fn(TaskHandle) -> &'k [u32],
+    out: &mut Vec<(TaskHandle, u32, Vec<Victim>)>,
+) -> Result<(), TaskError> {
     // Victims come from the pending tasks' own pools only (the arena's pool
     // index), not every placed task.
     let mut pools: Vec<u32> = Vec::new();
@@ -263,7 +293,10 @@ pub fn intra_pool_victims_with(
         let constraint = constraints
             .get(spec.constraint)
             .ok_or(TaskError::NotFound)?;
-        let candidates = placer.hosts_for(hosts, constraint, &spec);
+        let mut candidates = placer.hosts_for(hosts, constraint, &spec);
+        for &slot in keep_off(task) {
+            candidates.remove(slot);
+        }
         let ports = u32::from(spec.ports);
         let under_limit = |slot: u32| {
             spec.max_per_host == 0

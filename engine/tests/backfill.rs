@@ -535,3 +535,57 @@ fn a_strict_order_pool_gets_no_reservation_while_others_do() {
     );
     engine.check_invariants();
 }
+
+/// A task kept off a reservation's hosts evicts nothing there: the room
+/// would not be its. (Before, eviction plans ignored fences, so the live
+/// loop preempted work on a gang's reserved host for a task that then
+/// could not go there.)
+#[test]
+fn a_fenced_task_evicts_nothing_on_the_reserved_hosts() {
+    use peloton_engine::TaskFlags;
+    let preemptible = |t: NewTask, priority: u32| NewTask {
+        priority,
+        flags: TaskFlags {
+            preemptible: true,
+            controller: false,
+            revocable: false,
+        },
+        ..t
+    };
+    let (mut engine, pool, hosts) = setup(true, 6, 8);
+    let other = second_pool(&mut engine);
+    // h0, h1: low-priority work of /b until 50 s; h2..h5: a core each of
+    // higher-priority /b work with no estimate (never whole hosts).
+    for (i, &h) in hosts.iter().enumerate() {
+        let t = if i < 2 {
+            preemptible(task(other, 9, i as u32, 8, 50), 1)
+        } else {
+            preemptible(task(other, 8, i as u32, 1, 0), 10)
+        };
+        run_on(&mut engine, t, h, 0);
+    }
+    // /a's gang of two whole hosts: h0 and h1 are reserved for it.
+    let gang = submit_gang(&mut engine, pool, 1, 2, 8, 100);
+    // /b's 8-core task with no estimate, after the gang: kept off h0, h1,
+    // and no other host has 8 cores.
+    let urgent = engine
+        .submit(&[preemptible(task(other, 5, 0, 8, 0), 5)])
+        .unwrap()[0];
+    let report = engine.cycle(S);
+    assert_eq!(
+        report.start_reservations.len(),
+        1,
+        "{:?}",
+        report.start_reservations
+    );
+    assert_eq!(report.start_reservations[0].hosts, vec![0, 1]);
+    assert_eq!(engine.tasks().state(urgent), Ok(TaskState::Admitted));
+    assert!(!gang.iter().any(|&g| placed(&engine, g)));
+    let mut plans = Vec::new();
+    engine.eviction_plans(&mut plans);
+    assert!(
+        plans.iter().all(|(t, _, _)| *t != urgent),
+        "the fenced task would evict on a reserved host: {plans:?}"
+    );
+    engine.check_invariants();
+}
