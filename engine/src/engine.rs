@@ -212,12 +212,12 @@ pub struct Engine {
     /// ended meanwhile are dropped at the next cycle (not searched for one
     /// by one: ending a large job would be quadratic).
     waiting: Vec<TaskHandle>,
+    /// When the last cycle ran (its fences hold until the next).
+    last_cycle_ms: u64,
     /// Parking (a forecast's fork, see [`Engine::set_parking`]): admitted
     /// tasks that found no host in the last cycle, kept out of placement
     /// until a cycle at another time, a task's end or other start
     /// reservations; and what they were last tried under.
-    /// When the last cycle ran (its fences hold until the next).
-    last_cycle_ms: u64,
     parking: bool,
     parked: Vec<TaskHandle>,
     parked_under: (u64, Vec<(u64, u64, Vec<u32>)>),
@@ -347,12 +347,6 @@ impl Engine {
     /// their estimates.
     pub fn set_backfill_refresh(&mut self, refresh_ms: u64) {
         self.backfill.refresh_ms = refresh_ms;
-    }
-
-    /// Entries looked at behind a reserved head per cycle
-    /// ([`crate::backfill::BackfillConfig::depth`]).
-    pub fn set_backfill_depth(&mut self, depth: usize) {
-        self.backfill.depth = depth;
     }
 
     /// Parks admitted tasks that find no host (off by default), for a fork
@@ -1014,11 +1008,7 @@ impl Engine {
     fn place_batch(&mut self, batch_len: usize, now_ms: u64) {
         let waiting = std::mem::take(&mut self.waiting);
         let batch = &waiting[..batch_len];
-        let fenced = self
-            .report
-            .start_reservations
-            .iter()
-            .any(|r| !r.hosts.is_empty());
+        let fenced = self.has_fences();
         if fenced {
             self.set_fences(batch, now_ms);
         }
@@ -1050,6 +1040,15 @@ impl Engine {
     fn set_fences(&mut self, batch: &[TaskHandle], now_ms: u64) {
         let (fences, fence_of) = self.fences_of(batch, now_ms);
         self.placer.set_fences(fences, fence_of);
+    }
+
+    /// Whether the last cycle's start reservations hold hosts (a task may
+    /// have to keep off them).
+    fn has_fences(&self) -> bool {
+        self.report
+            .start_reservations
+            .iter()
+            .any(|r| !r.hosts.is_empty())
     }
 
     /// The fences of `batch` at `now_ms` (see [`Engine::set_fences`]): the
@@ -1189,12 +1188,7 @@ impl Engine {
         }
         // A task kept off a reservation's hosts in placement evicts nothing
         // there: the room would not be its.
-        let (fences, fence_of) = if self
-            .report
-            .start_reservations
-            .iter()
-            .any(|r| !r.hosts.is_empty())
-        {
+        let (fences, fence_of) = if self.has_fences() {
             self.fences_of(&pending, self.last_cycle_ms)
         } else {
             Default::default()

@@ -14,9 +14,9 @@
 //! forecast of queued work need not pay for it); with
 //! [`ForecastConfig::preempt`] (a plan) the fork's cycles choose victims
 //! and act on them as the live loop does (`forecast/preempt.rs`), and the
-//! forecast lists them ([`Forecast::victims`]). What it does not model: work submitted later, hosts that
-//! come or go, the time a launch or a kill takes. It answers "if nothing
-//! else happens".
+//! forecast lists them ([`Forecast::victims`]). What it does not model:
+//! work submitted later, hosts that come or go, the time a launch or a
+//! kill takes. It answers "if nothing else happens".
 //!
 //! Cost is bounded: ends close together are taken as one step (a step
 //! covers the ends within `max(min_step_ms, (t - now) / resolution)` of
