@@ -350,13 +350,18 @@ fn a_forecast_with_preemption_takes_the_victims_the_live_cycle_takes() {
     let mut chosen: Vec<(TaskHandle, u32, u32, u64)> = f
         .victims
         .iter()
+        .filter(|v| v.mate_of.is_none())
         .map(|v| (v.task, v.job, v.priority, v.at_ms))
         .collect();
     chosen.sort_unstable();
     // The borrower is over by one core: one lowest-priority task (its
     // gang mate is stopped with it, to start again as one gang; it is
-    // not a victim).
+    // listed with it, not chosen).
     assert_eq!(chosen.len(), 1, "{:?}", f.victims);
+    let mates: Vec<_> = f.victims.iter().filter(|v| v.mate_of.is_some()).collect();
+    assert_eq!(mates.len(), 1, "{:?}", f.victims);
+    assert_eq!(mates[0].mate_of, Some(chosen[0].0));
+    assert_eq!((mates[0].job, mates[0].priority), (1, 1));
     assert!(
         chosen
             .iter()
@@ -403,8 +408,15 @@ fn a_victims_gang_ends_with_it_in_a_forecast() {
         ..exact()
     };
     let f = forecast(&engine, 1_000, &runtime, &with);
-    assert_eq!(f.victims.len(), 1, "one member is chosen: {:?}", f.victims);
+    // One member is chosen; its mate, running, is listed after it.
+    assert_eq!(f.victims.len(), 2, "{:?}", f.victims);
     assert_eq!(f.victims[0].job, 1);
+    assert_eq!(f.victims[0].mate_of, None);
+    assert_eq!(
+        (f.victims[1].job, f.victims[1].mate_of),
+        (1, Some(f.victims[0].task))
+    );
+    assert_ne!(f.victims[1].instance, f.victims[0].instance);
     assert_eq!(f.get(mine).unwrap().start.unwrap().at_ms, 1_000);
     assert_eq!(
         f.get(waiting).unwrap().start.unwrap().at_ms,

@@ -244,6 +244,7 @@ pub(crate) fn plan_to_pb(a: &crate::lifecycle::JobPlanAnswer) -> pb::PlanJobResp
                 priority: v.priority,
                 at_ms: v.at_ms,
                 reason: v.reason.clone(),
+                gang_mate: v.gang_mate,
             })
             .collect(),
         victims_total: u32::try_from(a.victims_total).unwrap_or(u32::MAX),

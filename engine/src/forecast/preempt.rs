@@ -7,7 +7,8 @@
 //!   and tasks found no host do admitted tasks evict lower-priority
 //!   preemptible tasks of their own pool ([`Engine::eviction_plans`]).
 //! - A victim's gang ends with it (its other members are stopped, not
-//!   preempted), and every ended task is queued again in its pool with
+//!   preempted; the running ones are listed after the victims, each with
+//!   the victim it goes with), and every ended task is queued again in its pool with
 //!   the spec it had, each gang as one entry, in (job, instance) order: a
 //!   preempted run starts again, as the live loop's restart does.
 
@@ -41,8 +42,11 @@ pub struct Preemption {
     /// For an eviction within its pool: the admitted task it makes room
     /// for (a handle of the fork's, or of the live engine's for a task
     /// that waited when the forecast began). None for a victim over its
-    /// pool's entitlement.
+    /// pool's entitlement. A gang mate has its victim's.
     pub for_task: Option<TaskHandle>,
+    /// For a running member of a victim's gang, stopped with it (it was
+    /// not chosen itself): the victim. None for a victim.
+    pub mate_of: Option<TaskHandle>,
 }
 
 /// Acts on the victims of the cycle `sim` just ran at `at_ms` (see the
@@ -69,7 +73,8 @@ pub(super) fn act_on_victims(
     }
     let mut ending: Vec<TaskHandle> = Vec::new();
     let mut seen: FxHashSet<TaskHandle> = FxHashSet::default();
-    let mut gangs: FxHashSet<u32> = FxHashSet::default();
+    // Each gang with a victim: its first victim, and what that was for.
+    let mut gangs: FxHashMap<u32, (usize, Option<TaskHandle>)> = FxHashMap::default();
     for &(ref v, for_task) in &victims {
         let tasks = sim.tasks();
         if tasks.state(v.task) != Ok(TaskState::Placed) || !seen.insert(v.task) {
@@ -87,10 +92,11 @@ pub(super) fn act_on_victims(
             priority: spec.priority,
             reason: v.reason,
             for_task,
+            mate_of: None,
         });
         ending.push(v.task);
         if spec.gang != NO_GANG {
-            gangs.insert(spec.gang);
+            gangs.entry(spec.gang).or_insert((out.len() - 1, for_task));
         }
     }
     if ending.is_empty() {
@@ -101,16 +107,38 @@ pub(super) fn act_on_victims(
         // Gangs have no index by id: one scan, only in steps that preempt
         // a gang member.
         let tasks = sim.tasks();
-        let mates: Vec<TaskHandle> = tasks
+        let mates: Vec<(TaskHandle, TaskState)> = tasks
             .all()
             .filter(|&(h, state)| {
                 state != TaskState::Pending
                     && !seen.contains(&h)
-                    && tasks.spec(h).is_ok_and(|s| gangs.contains(&s.gang))
+                    && tasks.spec(h).is_ok_and(|s| gangs.contains_key(&s.gang))
             })
-            .map(|(h, _)| h)
             .collect();
-        ending.extend(mates);
+        let mut stopped = Vec::new();
+        for &(h, state) in &mates {
+            ending.push(h);
+            if state != TaskState::Placed {
+                continue;
+            }
+            let spec = tasks.spec(h).expect("a mate is live");
+            let (victim, for_task) = gangs[&spec.gang];
+            let victim = out[victim];
+            stopped.push(Preemption {
+                at_ms,
+                task: h,
+                job: spec.job,
+                instance: spec.instance,
+                pool: spec.pool,
+                host: tasks.placed_view(h).expect("placed is live").host,
+                priority: spec.priority,
+                reason: victim.reason,
+                for_task,
+                mate_of: Some(victim.task),
+            });
+        }
+        stopped.sort_by_key(|p| (p.job, p.instance));
+        out.extend(stopped);
     }
     // Queued again as they were queued: one entry per gang (a single task
     // is its own), in (job, instance) order.

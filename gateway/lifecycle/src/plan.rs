@@ -16,7 +16,8 @@
 //! lists what the job would preempt, when and why: the evictions made for
 //! its own tasks, and the victims over their pool's entitlement chosen
 //! until its last instance starts (its demand is what changes the
-//! entitlements then; work already queued may share in that). At most
+//! entitlements then; work already queued may share in that), each with
+//! the running members of its gang, stopped with it. At most
 //! [`MAX_PLANNED_VICTIMS`] are listed, with their number. What it does
 //! not foresee: work submitted later, hosts that come or go, the time a
 //! kill takes (a victim's room is free in the step that chose it).
@@ -66,6 +67,9 @@ pub struct PlannedVictim {
     pub at_ms: u64,
     /// Why, as the live loop would say it.
     pub reason: String,
+    /// Stopped with its gang: another member was chosen (the reason says
+    /// which, and why).
+    pub gang_mate: bool,
 }
 
 /// A job's plan.
@@ -189,7 +193,14 @@ impl Lifecycle {
                 Some(t) => ours.contains(&t),
                 None => v.at_ms <= last_start,
             })
-            .filter_map(|v| self.planned_victim(engine, v))
+            .filter_map(|v| {
+                let chosen = v.mate_of.and_then(|m| {
+                    f.victims
+                        .iter()
+                        .find(|x| x.task == m && x.mate_of.is_none())
+                });
+                self.planned_victim(engine, v, chosen)
+            })
             .collect();
         let victims_total = victims.len();
         victims.truncate(MAX_PLANNED_VICTIMS);
@@ -227,8 +238,14 @@ impl Lifecycle {
         })
     }
 
-    /// A forecast's victim as a plan shows it (none if its job is gone).
-    fn planned_victim(&self, engine: &Engine, v: &Preemption) -> Option<PlannedVictim> {
+    /// A forecast's victim as a plan shows it (none if its job is gone);
+    /// for a gang mate stopped with it, `chosen` is the member chosen.
+    fn planned_victim(
+        &self,
+        engine: &Engine,
+        v: &Preemption,
+        chosen: Option<&Preemption>,
+    ) -> Option<PlannedVictim> {
         let job = self.jobs.get(&JobKey(v.job))?;
         let host = self.host_names.get(v.host as usize)?.clone();
         let tree = engine.resources().tree();
@@ -236,11 +253,22 @@ impl Lifecycle {
             .lookup_slot(v.pool as usize)
             .map(|p| tree.path(p).to_string())
             .unwrap_or_default();
-        let reason = match v.reason {
+        // A mate's reason is its chosen member's, on that member's host.
+        let why = chosen.unwrap_or(v);
+        let reason = match why.reason {
             PreemptReason::HigherPriority { .. } => {
-                format!("preempted: a higher-priority task of its pool needs room on host {host}")
+                let on = self.host_names.get(why.host as usize)?;
+                format!("preempted: a higher-priority task of its pool needs room on host {on}")
             }
             r => format!("preempted: {r}"),
+        };
+        let reason = match chosen {
+            Some(c) => format!(
+                "gang member {} preempted ({}): the gang starts again as one",
+                c.instance,
+                reason.strip_prefix("preempted: ").unwrap_or(&reason)
+            ),
+            None => reason,
         };
         Some(PlannedVictim {
             job: job.id.clone(),
@@ -250,6 +278,7 @@ impl Lifecycle {
             priority: v.priority,
             at_ms: v.at_ms,
             reason,
+            gang_mate: v.mate_of.is_some(),
         })
     }
 }

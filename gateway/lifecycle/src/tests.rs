@@ -379,7 +379,8 @@ impl Env {
                             }
                             for v in &a.victims {
                                 line.push_str(&format!(
-                                    "\n    preempts {}/{} @{} {} priority {} +{} ({})",
+                                    "\n    {} {}/{} @{} {} priority {} +{} ({})",
+                                    if v.gang_mate { "stops" } else { "preempts" },
                                     v.job,
                                     v.instance,
                                     v.host,
@@ -6302,6 +6303,91 @@ fn a_forecast_after_a_restart_dates_running_work_from_its_placement() {
               forecast (due true): AllStarted after 3 steps
               job w starts +60000 (earliest +60000) position 1
               w/0 starts +60000 (earliest +60000) on h1 position 1
+        "#]],
+    );
+}
+
+/// A plan lists the running members of a victim's gang with it: the
+/// live loop stops them so that the gang starts again as one. The job
+/// submitted then stops the same tasks.
+#[test]
+fn a_plan_lists_a_victims_gang_mates() {
+    check(
+        r"
+        host h1 cpu=4
+        host h2 cpu=4
+        pool /owner cpu=4 mem=1024
+        pool /borrower
+        job g pool=/borrower n=2 cpu=2 gang=2 priority=1 preemptible expect=600000
+        job hi pool=/borrower n=4 cpu=1 priority=5 preemptible expect=600000
+        cycle
+        plan big pool=/owner n=1 cpu=2 expect=5000
+        job big pool=/owner n=1 cpu=2 expect=5000
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > pool /owner cpu=4 mem=1024
+            > pool /borrower
+            > job g pool=/borrower n=2 cpu=2 gang=2 priority=1 preemptible expect=600000
+            g/0#1 pending
+            g/1#1 pending
+            job g pending
+            > job hi pool=/borrower n=4 cpu=1 priority=5 preemptible expect=600000
+            hi/0#1 pending
+            hi/1#1 pending
+            hi/2#1 pending
+            hi/3#1 pending
+            job hi pending
+            > cycle
+            hi/0#1 ready
+            hi/1#1 ready
+            hi/2#1 ready
+            hi/3#1 ready
+            g/0#1 ready
+            g/1#1 ready
+            g/0#1 placed @h1
+            g/0#1 launching @h1
+            g/1#1 placed @h1
+            g/1#1 launching @h1
+            hi/0#1 placed @h2
+            hi/0#1 launching @h2
+            hi/1#1 placed @h2
+            hi/1#1 launching @h2
+            hi/2#1 placed @h2
+            hi/2#1 launching @h2
+            hi/3#1 placed @h2
+            hi/3#1 launching @h2
+              launch g/0#1 @h1 config 1
+              launch g/1#1 @h1 config 1
+              launch hi/0#1 @h2 config 1
+              launch hi/1#1 @h2 config 1
+              launch hi/2#1 @h2 config 1
+              launch hi/3#1 @h2 config 1
+            g/0#1 running @h1
+            g/1#1 running @h1
+            job g running
+            hi/0#1 running @h2
+            hi/1#1 running @h2
+            hi/2#1 running @h2
+            hi/3#1 running @h2
+            job hi running
+            > plan big pool=/owner n=1 cpu=2 expect=5000
+              plan big (AllStarted): 0@h1+0 pos 1;
+                preempts g/1 @h1 /borrower priority 1 +0 (preempted: pool over its entitlement in cpu: 8000 held, 6000 entitled)
+                stops g/0 @h1 /borrower priority 1 +0 (gang member 1 preempted (pool over its entitlement in cpu: 8000 held, 6000 entitled): the gang starts again as one)
+            > job big pool=/owner n=1 cpu=2 expect=5000
+            big/0#1 pending
+            job big pending
+            > cycle
+            big/0#1 ready
+            big/0#1 placing
+            g/1#1 preempted @h1 (preempted: pool over its entitlement in cpu: 8000 held, 6000 entitled)
+            g/0#1 killed @h1 (gang member 1 ended: the gang starts again as one)
+            job g pending
+              kill g/1#1 @h1
+              kill g/0#1 @h1
         "#]],
     );
 }

@@ -473,6 +473,7 @@ fn plan_json(plan: &PlanJobResponse) -> serde_json::Value {
             "priority": v.priority,
             "at_ms": v.at_ms,
             "reason": v.reason,
+            "gang_mate": v.gang_mate,
         })).collect::<Vec<_>>(),
     })
 }
@@ -520,6 +521,7 @@ mod tests {
             priority: 1,
             at_ms: 0,
             reason: "preempted: pool over its entitlement".to_owned(),
+            gang_mate: false,
         }];
         let table = plan_table(&plan);
         let rows: Vec<&str> = table
@@ -541,6 +543,7 @@ mod tests {
                 "priority": 1,
                 "at_ms": 0,
                 "reason": "preempted: pool over its entitlement",
+                "gang_mate": false,
             })
         );
     }
