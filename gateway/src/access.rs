@@ -248,7 +248,7 @@ pub struct Access {
     certs: RwLock<FxHashMap<Digest32, (Arc<Caller>, u64)>>,
     /// The CA that signs user certificates, when the server holds its key.
     signer: Option<Arc<peloton_tls::Pki>>,
-    job_pools: RwLock<FxHashMap<Arc<str>, Arc<str>>>,
+    job_pools: RwLock<std::collections::BTreeMap<Arc<str>, Arc<str>>>,
     /// The pools of the jobs deleted last (bounded), oldest first: for
     /// filtering events, never for authorizing a call.
     deleted: RwLock<Deleted>,
@@ -474,6 +474,54 @@ impl Access {
             .contains_key(job)
     }
 
+    /// The live job `given` names, for `caller`: the job with that id, else
+    /// the one whose id starts with it among the jobs `caller` may read
+    /// (job ids are the server's UUIDs; a unique prefix names one, as git
+    /// and docker take them). None: no job matches (the call answers
+    /// NOT_FOUND as for any unknown id). INVALID_ARGUMENT naming `field`
+    /// when several match.
+    pub fn resolve_job(
+        &self,
+        caller: &Caller,
+        field: &str,
+        given: &str,
+    ) -> Result<Option<Arc<str>>, Status> {
+        let m = self.job_pools.read().unwrap_or_else(|e| e.into_inner());
+        if let Some((id, _)) = m.get_key_value(given) {
+            return Ok(Some(id.clone()));
+        }
+        if given.is_empty() || !given.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return Ok(None);
+        }
+        let mut matches = m
+            .range::<str, _>((std::ops::Bound::Included(given), std::ops::Bound::Unbounded))
+            .take_while(|(id, _)| id.starts_with(given))
+            .filter(|(_, pool)| {
+                caller.principal.sees_everything()
+                    || caller.principal.allows(Permission::JobsRead, pool)
+            })
+            .map(|(id, _)| id.clone());
+        let Some(first) = matches.next() else {
+            return Ok(None);
+        };
+        let rest: Vec<Arc<str>> = matches.by_ref().take(MAX_NAMED_MATCHES).collect();
+        if rest.is_empty() {
+            return Ok(Some(first));
+        }
+        let more = matches.count();
+        let mut named: Vec<&str> = std::iter::once(&*first)
+            .chain(rest.iter().map(|id| &**id))
+            .take(MAX_NAMED_MATCHES)
+            .collect();
+        named.sort_unstable();
+        let n = 1 + rest.len() + more;
+        Err(Status::invalid_argument(format!(
+            "{field}: {given:?} is the start of {n} jobs' ids ({}{}): give more of it",
+            named.join(", "),
+            if n > named.len() { ", …" } else { "" }
+        )))
+    }
+
     /// A job's pool.
     pub fn job_pool(&self, job: &str) -> Option<Arc<str>> {
         self.job_pools
@@ -546,6 +594,9 @@ pub fn require<T>(
     allow(&c, permission, pool)?;
     Ok(c)
 }
+
+/// Jobs an ambiguous id prefix's error names at most.
+const MAX_NAMED_MATCHES: usize = 5;
 
 /// Checks a request's caller for `permission` on the job `job`'s pool.
 /// An unknown job is NOT_FOUND for a caller that could not act on it

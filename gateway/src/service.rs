@@ -143,14 +143,24 @@ impl Api {
         Ok(access::caller(request)?.principal.name().to_string())
     }
 
-    /// Checks `permission` on the job's pool (see [`access::require_job`]).
+    /// Puts the full id of the job the request's `field` names in its
+    /// place (the id, or a unique start of it: [`access::Access::resolve_job`])
+    /// and checks `permission` on the job's pool (see
+    /// [`access::require_job`]).
     fn on_job<T>(
         &self,
-        request: &Request<T>,
+        request: &mut Request<T>,
         permission: Permission,
-        job: &str,
+        field: &str,
+        id: impl Fn(&mut T) -> &mut String,
     ) -> Result<(), Status> {
-        access::require_job(&self.access, request, permission, job).map(drop)
+        let caller = access::caller(request)?;
+        let given = id(request.get_mut());
+        if let Some(full) = self.access.resolve_job(&caller, field, given)? {
+            *given = full.to_string();
+        }
+        let job = id(request.get_mut()).clone();
+        access::require_job(&self.access, request, permission, &job).map(drop)
     }
 
     /// Handlers whose watch streams end when `role` stops leading.
@@ -440,9 +450,9 @@ impl JobService for Api {
 
     async fn get(
         &self,
-        request: Request<pb::GetJobRequest>,
+        mut request: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::GetJobResponse>, Status> {
-        self.on_job(&request, Permission::JobsRead, &request.get_ref().id)?;
+        self.on_job(&mut request, Permission::JobsRead, "id", |r| &mut r.id)?;
         let id = request.into_inner().id;
         check_id("id", &id)?;
         let job = self
@@ -520,9 +530,9 @@ impl JobService for Api {
 
     async fn kill(
         &self,
-        request: Request<pb::KillJobRequest>,
+        mut request: Request<pb::KillJobRequest>,
     ) -> Result<Response<pb::KillJobResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "id", |r| &mut r.id)?;
         let r = request.into_inner();
         let job = self.job_action(r.id, r.version, JobAction::Kill).await?;
         Ok(Response::new(pb::KillJobResponse { job }))
@@ -530,9 +540,9 @@ impl JobService for Api {
 
     async fn delete(
         &self,
-        request: Request<pb::DeleteJobRequest>,
+        mut request: Request<pb::DeleteJobRequest>,
     ) -> Result<Response<pb::DeleteJobResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "id", |r| &mut r.id)?;
         let r = request.into_inner();
         self.job_action(r.id, r.version, JobAction::Delete).await?;
         Ok(Response::new(pb::DeleteJobResponse {}))
@@ -540,9 +550,9 @@ impl JobService for Api {
 
     async fn scale(
         &self,
-        request: Request<pb::ScaleJobRequest>,
+        mut request: Request<pb::ScaleJobRequest>,
     ) -> Result<Response<pb::ScaleJobResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "id", |r| &mut r.id)?;
         let r = request.into_inner();
         let job = self
             .job_action(r.id, r.version, JobAction::Scale(r.instance_count))
@@ -552,9 +562,9 @@ impl JobService for Api {
 
     async fn restart(
         &self,
-        request: Request<pb::RestartJobRequest>,
+        mut request: Request<pb::RestartJobRequest>,
     ) -> Result<Response<pb::RestartJobResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "id", |r| &mut r.id)?;
         let r = request.into_inner();
         let job = self.job_action(r.id, r.version, JobAction::Restart).await?;
         Ok(Response::new(pb::RestartJobResponse { job }))
@@ -569,9 +579,11 @@ impl TaskService for Api {
 
     async fn logs(
         &self,
-        request: Request<pb::TaskLogsRequest>,
+        mut request: Request<pb::TaskLogsRequest>,
     ) -> Result<Response<LogStream>, Status> {
-        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+        self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
+            &mut r.job_id
+        })?;
         let caller = access::caller(&request)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
@@ -662,9 +674,11 @@ impl TaskService for Api {
 
     async fn list(
         &self,
-        request: Request<pb::ListTasksRequest>,
+        mut request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
-        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+        self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
+            &mut r.job_id
+        })?;
         let request = request.into_inner();
         check_id("job_id", &request.job_id)?;
         check_enum_filter::<pb::TaskState>("states", &request.states, "task state")?;
@@ -676,9 +690,11 @@ impl TaskService for Api {
 
     async fn get(
         &self,
-        request: Request<pb::GetTaskRequest>,
+        mut request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
-        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+        self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
+            &mut r.job_id
+        })?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let task = self
@@ -695,9 +711,11 @@ impl TaskService for Api {
 
     async fn kill(
         &self,
-        request: Request<pb::KillTaskRequest>,
+        mut request: Request<pb::KillTaskRequest>,
     ) -> Result<Response<pb::KillTaskResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().job_id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "job_id", |r| {
+            &mut r.job_id
+        })?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         self.check_instances(&r.instances)?;
@@ -716,9 +734,11 @@ impl TaskService for Api {
 
     async fn restart(
         &self,
-        request: Request<pb::RestartTaskRequest>,
+        mut request: Request<pb::RestartTaskRequest>,
     ) -> Result<Response<pb::RestartTaskResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().job_id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "job_id", |r| {
+            &mut r.job_id
+        })?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         self.check_instances(&r.instances)?;
@@ -940,9 +960,11 @@ impl Api {
 impl UpdateService for Api {
     async fn create(
         &self,
-        request: Request<pb::UpdateJobRequest>,
+        mut request: Request<pb::UpdateJobRequest>,
     ) -> Result<Response<pb::UpdateJobResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().job_id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "job_id", |r| {
+            &mut r.job_id
+        })?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let mut spec = r.spec.ok_or_else(|| convert::invalid("spec", "missing"))?;
@@ -985,9 +1007,11 @@ impl UpdateService for Api {
 
     async fn list(
         &self,
-        request: Request<pb::ListUpdatesRequest>,
+        mut request: Request<pb::ListUpdatesRequest>,
     ) -> Result<Response<pb::ListUpdatesResponse>, Status> {
-        self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+        self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
+            &mut r.job_id
+        })?;
         let job_id = request.into_inner().job_id;
         check_id("job_id", &job_id)?;
         let updates = self
@@ -1029,11 +1053,13 @@ impl UpdateService for Api {
 impl VolumeService for Api {
     async fn list(
         &self,
-        request: Request<pb::ListVolumesRequest>,
+        mut request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
         let viewer = Self::viewer(&request)?;
         if viewer.is_some() && !request.get_ref().job_id.is_empty() {
-            self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+            self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
+                &mut r.job_id
+            })?;
         }
         let request = request.into_inner();
         convert::id("job_id", &request.job_id)?;

@@ -1266,3 +1266,92 @@ async fn without_reservations_the_queue_keeps_strict_order() {
         .await
         .expect("shuts down");
 }
+
+/// The shortest start of `id` that no other id of `ids` shares.
+fn unique_prefix<'a>(id: &'a str, ids: &[String]) -> &'a str {
+    (1..=id.len())
+        .map(|n| &id[..n])
+        .find(|p| ids.iter().filter(|o| o.starts_with(p)).count() == 1)
+        .expect("ids differ")
+}
+
+/// A unique start of a job's id names the job in every call that takes a
+/// job id (as git and docker take them): reads, task calls and actions.
+/// A start that several ids share is refused, naming the field, the jobs
+/// and that more is needed; one that no id has is NOT_FOUND, as any
+/// unknown id; the full id still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unique_start_of_a_job_id_names_the_job() {
+    let s = TestServer::start(4).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    // 17 jobs: two of them share a first character.
+    let mut ids = Vec::new();
+    for _ in 0..17 {
+        ids.push(create_job(&mut c, job_spec("/a", 1, 0.1, 600_000)).await.id);
+    }
+    for id in &ids {
+        let p = unique_prefix(id, &ids);
+        assert!(p.len() < id.len(), "{id}");
+        let job = get_job(&mut c, p)
+            .await
+            .unwrap_or_else(|e| panic!("get {p}: {e:?}"));
+        assert_eq!(&job.id, id);
+        assert_eq!(get_job(&mut c, id).await.expect("full id").id, *id);
+    }
+    let first = &ids[0];
+    let p = unique_prefix(first, &ids).to_string();
+    // Task calls and actions take it too.
+    let tasks = list_tasks(&mut c, &p).await;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].job_id, *first);
+    assert_eq!(get_task(&mut c, &p, 0).await.job_id, *first);
+    let killed = kill_job(&mut c, &p).await;
+    assert_eq!(killed.id, *first);
+    wait_job(&c, first, J::Killed).await;
+
+    // A shared start is refused, naming the field and what matched.
+    let shared = ids
+        .iter()
+        .map(|id| &id[..1])
+        .find(|p| ids.iter().filter(|o| o.starts_with(p)).count() > 1)
+        .expect("17 ids, 16 first characters");
+    let e = get_job(&mut c, shared).await.expect_err("ambiguous");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("id: "), "{e:?}");
+    assert!(e.message().contains("give more of it"), "{e:?}");
+    let matching: Vec<&String> = ids.iter().filter(|o| o.starts_with(shared)).collect();
+    assert!(
+        matching.iter().any(|id| e.message().contains(id.as_str())),
+        "{e:?}"
+    );
+    let e = c
+        .tasks
+        .list(pb::ListTasksRequest {
+            job_id: shared.into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("ambiguous");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("job_id: "), "{e:?}");
+    // Nothing changed: every job but the killed one still runs.
+    for id in &ids[1..] {
+        assert_ne!(
+            job_state(&get_job(&mut c, id).await.expect("job")),
+            J::Killed
+        );
+    }
+
+    // No id starts so: not found, as an unknown id.
+    let none = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "a", "b", "c", "d", "e", "f",
+    ]
+    .into_iter()
+    .flat_map(|a| ["0", "f"].map(move |b| format!("{a}{b}")))
+    .find(|p| !ids.iter().any(|id| id.starts_with(p.as_str())))
+    .expect("17 ids cannot start 32 ways");
+    let e = get_job(&mut c, &none).await.expect_err("no such job");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    s.shutdown().await;
+}

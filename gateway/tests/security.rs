@@ -2025,3 +2025,40 @@ async fn a_jobs_owner_is_its_creators_token_and_usage_shows_only_readable_pools(
     assert_eq!(pools, ["/b"], "{seen:?}");
     s.shutdown().await;
 }
+
+/// A start of a job id is matched only against the jobs the caller may
+/// read: a viewer of /a names its job by a start that a job of /b shares
+/// (which the admin, who sees both, is refused as ambiguous), and learns
+/// nothing of /b's job by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_of_a_job_id_is_matched_among_the_jobs_the_caller_reads() {
+    let s = Secure::start().await;
+    let admin = s.admin();
+    create_pools_a_and_b(&admin).await;
+    let view = s.as_token(&create_token(&admin, "view-a", pb::Role::Viewer, "/a").await);
+    let ja = admin.create_job(short_job("/a")).await.expect("job in /a");
+    // Jobs in /b until one shares the first character of /a's job's id.
+    let mut jb = None;
+    for _ in 0..200 {
+        let j = admin.create_job(short_job("/b")).await.expect("job in /b");
+        if j.id[..1] == ja.id[..1] {
+            jb = Some(j);
+            break;
+        }
+    }
+    let jb = jb.expect("a /b job's id starts as /a's");
+    let shared = &ja.id[..1];
+    let e = admin.get_job(shared).await.expect_err("two jobs start so");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains(&*jb.id), "{e:?}");
+    let got = view.get_job(shared).await.expect("the viewer's one job");
+    assert_eq!(got.id, ja.id);
+    // The start of /b's job alone is not the viewer's to resolve.
+    let b_only = (2..=jb.id.len())
+        .map(|n| &jb.id[..n])
+        .find(|p| !ja.id.starts_with(p))
+        .expect("ids differ");
+    let e = view.get_job(b_only).await.expect_err("not the viewer's");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(!e.message().contains(&*jb.id), "{e:?}");
+}

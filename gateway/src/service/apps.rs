@@ -75,7 +75,7 @@ fn executor_spec(
 impl ApplicationService for Api {
     async fn register(
         &self,
-        request: Request<pb::RegisterAppRequest>,
+        mut request: Request<pb::RegisterAppRequest>,
     ) -> Result<Response<pb::RegisterAppResponse>, Status> {
         let (job, pool) = (
             request.get_ref().job_id.clone(),
@@ -84,7 +84,9 @@ impl ApplicationService for Api {
         if job.is_empty() {
             access::require(&request, Permission::JobsWrite, &pool, pool.clone())?;
         } else {
-            self.on_job(&request, Permission::JobsWrite, &job)?;
+            self.on_job(&mut request, Permission::JobsWrite, "job_id", |r| {
+                &mut r.job_id
+            })?;
         }
         let owner = self.owner_of(&request, "owner", &request.get_ref().owner)?;
         let r = request.into_inner();
@@ -161,9 +163,11 @@ impl ApplicationService for Api {
 
     async fn get(
         &self,
-        request: Request<pb::GetAppRequest>,
+        mut request: Request<pb::GetAppRequest>,
     ) -> Result<Response<pb::GetAppResponse>, Status> {
-        self.on_job(&request, Permission::JobsRead, &request.get_ref().app_id)?;
+        self.on_job(&mut request, Permission::JobsRead, "app_id", |r| {
+            &mut r.app_id
+        })?;
         let id = request.into_inner().app_id;
         check_id("app_id", &id)?;
         let app = self.app(id).await?;
@@ -172,9 +176,11 @@ impl ApplicationService for Api {
 
     async fn set_executor_target(
         &self,
-        request: Request<pb::SetExecutorTargetRequest>,
+        mut request: Request<pb::SetExecutorTargetRequest>,
     ) -> Result<Response<pb::SetExecutorTargetResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().app_id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "app_id", |r| {
+            &mut r.app_id
+        })?;
         let r = request.into_inner();
         check_id("app_id", &r.app_id)?;
         let answer = self
@@ -192,9 +198,11 @@ impl ApplicationService for Api {
 
     async fn kill_executors(
         &self,
-        request: Request<pb::KillExecutorsRequest>,
+        mut request: Request<pb::KillExecutorsRequest>,
     ) -> Result<Response<pb::KillExecutorsResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().app_id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "app_id", |r| {
+            &mut r.app_id
+        })?;
         let r = request.into_inner();
         check_id("app_id", &r.app_id)?;
         if r.executor_ids.len() > MAX_KILL_IDS {
@@ -217,9 +225,11 @@ impl ApplicationService for Api {
 
     async fn unregister(
         &self,
-        request: Request<pb::UnregisterAppRequest>,
+        mut request: Request<pb::UnregisterAppRequest>,
     ) -> Result<Response<pb::UnregisterAppResponse>, Status> {
-        self.on_job(&request, Permission::JobsWrite, &request.get_ref().app_id)?;
+        self.on_job(&mut request, Permission::JobsWrite, "app_id", |r| {
+            &mut r.app_id
+        })?;
         let id = request.into_inner().app_id;
         check_id("app_id", &id)?;
         let app = self
@@ -232,9 +242,11 @@ impl ApplicationService for Api {
 
     async fn watch_executors(
         &self,
-        request: Request<pb::WatchExecutorsRequest>,
+        mut request: Request<pb::WatchExecutorsRequest>,
     ) -> Result<Response<Self::WatchExecutorsStream>, Status> {
-        self.on_job(&request, Permission::JobsRead, &request.get_ref().app_id)?;
+        self.on_job(&mut request, Permission::JobsRead, "app_id", |r| {
+            &mut r.app_id
+        })?;
         let caller = access::caller(&request)?;
         let caller_for_end = caller.clone();
         let r = request.into_inner();

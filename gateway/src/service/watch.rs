@@ -325,12 +325,14 @@ impl WatchService for Api {
 
     async fn watch(
         &self,
-        request: Request<pb::WatchRequest>,
+        mut request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = access::caller(&request)?;
         let mut viewer = Self::viewer(&request)?;
         if !request.get_ref().job_id.is_empty() {
-            self.on_job(&request, Permission::JobsRead, &request.get_ref().job_id)?;
+            self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
+                &mut r.job_id
+            })?;
             viewer = None;
         }
         let r = request.into_inner();

@@ -153,6 +153,11 @@ pub enum Command {
     /// Sums of the ended runs' accounts (resource-seconds requested and
     /// used, wall time, peak memory), by owner, job or pool.
     Usage(UsageArgs),
+    /// Run a command as a batch job, without a spec file: `peloton run
+    /// --pool /demo -n 4 --cpu 0.5 -- python3 train.py --epochs 3`. The
+    /// pool defaults to `PELOTON_POOL` or the config file's `pool`.
+    #[command(override_usage = "peloton run [OPTIONS] -- <COMMAND> [ARGS]...")]
+    Run(RunArgs),
     /// Print the native YAML of a job or pool file in Peloton's format.
     #[command(
         override_usage = "peloton convert [RESPOOL] <FILE>",
@@ -256,8 +261,8 @@ pub enum JobCommand {
         after_help = PELOTON_FORMAT
     )]
     Create {
-        /// `[RESPOOL] SPEC`: the job's YAML file, after the pool it runs in
-        /// if given (which then replaces the file's pool).
+        /// `[RESPOOL] SPEC`: the job's YAML file (`-`: stdin), after the
+        /// pool it runs in if given (which then replaces the file's pool).
         #[command(flatten)]
         target: PoolAndFile,
         /// Show progress until the job ends; exit 3 unless it succeeded.
@@ -267,6 +272,10 @@ pub enum JobCommand {
         /// tasks, as `$PELOTON_SECRETS/NAME` (mode 0600); never shown.
         #[arg(long = "secret", value_name = "NAME=FILE", value_parser = parse_secret)]
         secrets: Vec<(String, PathBuf)>,
+        /// Print only the job's id (`ID=$(peloton job create -q spec.yaml)`);
+        /// with --wait, nothing more: the exit code says how it ended.
+        #[arg(short, long)]
+        quiet: bool,
     },
     /// Where and when a job from a YAML spec would start if submitted now,
     /// changing nothing: per instance its host, start time and queue
@@ -554,6 +563,44 @@ pub struct QueryArgs {
     /// At most this many jobs.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: Option<u32>,
+    /// Print only the jobs' ids, one per line.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// `peloton run`: a batch job from the command line.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The pool. Default: `PELOTON_POOL`, else the config file's `pool`.
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Instances of the command.
+    #[arg(short = 'n', long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub instances: u32,
+    /// Cores per instance.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_amount)]
+    pub cpu: f64,
+    /// Memory per instance, in MiB.
+    #[arg(long = "mem", value_name = "MIB", default_value_t = 256.0, value_parser = parse_amount)]
+    pub memory_mb: f64,
+    /// GPUs per instance (a fraction shares one).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_amount)]
+    pub gpu: f64,
+    /// The job's name. Default: the command's file name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// An environment variable of the tasks (repeatable).
+    #[arg(short, long = "env", value_name = "NAME=VALUE", value_parser = parse_label)]
+    pub env: Vec<(String, String)>,
+    /// Show progress until the job ends; exit 3 unless it succeeded.
+    #[arg(long)]
+    pub wait: bool,
+    /// Print only the job's id.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -795,6 +842,14 @@ pub fn parse_secret(text: &str) -> Result<(String, PathBuf), String> {
             Ok((name.to_owned(), PathBuf::from(file)))
         }
         _ => Err(format!("expected NAME=FILE, got `{text}`")),
+    }
+}
+
+/// A finite amount, 0 or more.
+fn parse_amount(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("expected an amount of 0 or more, got `{text}`")),
     }
 }
 

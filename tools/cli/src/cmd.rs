@@ -104,6 +104,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Audit(args) => access::audit(&ctx, args).await,
         Command::Usage(args) => usage::usage(&ctx, args).await,
         Command::Convert(target) => convert::run(&target),
+        Command::Run(args) => job::run_command(&ctx, args).await,
     }
 }
 

@@ -11,6 +11,8 @@
 //!   `cert_file`/`key_file`. One from the command line (flag or variable)
 //!   replaces the token; one from the file is sent beside a token found,
 //!   and the server takes the token;
+//! - the pool of `peloton run` without `--pool`: `PELOTON_POOL`, the
+//!   file's `pool`;
 //! - token (never a flag, so that it stays out of shell histories and
 //!   process lists): `PELOTON_TOKEN`, `PELOTON_TOKEN_FILE` (the file's
 //!   content, trimmed), the file's `token_file`, the file's `token`.
@@ -42,6 +44,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "key_file",
     "token_file",
     "token",
+    "pool",
 ];
 
 /// What reads the environment: `std::env` in the binary, a map in tests.
@@ -62,6 +65,8 @@ pub struct ConfigFile {
     pub key_file: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     pub token: Option<String>,
+    /// The pool `peloton run` submits to when none is given.
+    pub pool: Option<String>,
 }
 
 impl ConfigFile {
@@ -115,6 +120,7 @@ impl ConfigFile {
                 "key_file" => config.key_file = Some(dir.join(value)),
                 "token_file" => config.token_file = Some(dir.join(value)),
                 "token" => config.token = Some(value),
+                "pool" => config.pool = Some(value),
                 _ => unreachable!("the keys are checked above"),
             }
         }
@@ -193,6 +199,18 @@ pub struct Resolved {
 
 /// The config file: the one named (which must exist), else the default one
 /// if it exists.
+/// The pool `peloton run` submits to when none is given: `PELOTON_POOL`,
+/// else the config file's `pool`.
+pub fn default_pool(options: &Options, env: Env<'_>) -> Result<Option<String>, UsageError> {
+    if let Some(pool) = env("PELOTON_POOL") {
+        return pool
+            .into_string()
+            .map(Some)
+            .map_err(|_| UsageError("PELOTON_POOL: not UTF-8".into()));
+    }
+    Ok(config_file(options, env)?.and_then(|f| f.pool))
+}
+
 pub fn config_file(options: &Options, env: Env<'_>) -> Result<Option<ConfigFile>, UsageError> {
     if let Some(path) = &options.config {
         return ConfigFile::load(path).map(Some);
@@ -364,7 +382,7 @@ mod tests {
     fn config_file_keys_and_relative_paths() {
         let config = parse(
             "server: peloton:5391\nca_file: tls/ca.pem\ncert_file: me.pem\nkey_file: /k/me.key\n\
-             token_file: /secrets/token\ntoken: abc\n",
+             token_file: /secrets/token\ntoken: abc\npool: /demo\n",
         )
         .expect("valid");
         assert_eq!(
@@ -378,6 +396,7 @@ mod tests {
                 key_file: Some(PathBuf::from("/k/me.key")),
                 token_file: Some(PathBuf::from("/secrets/token")),
                 token: Some("abc".to_owned()),
+                pool: Some("/demo".to_owned()),
             }
         );
         // Empty files and keys without a value set nothing.

@@ -748,16 +748,56 @@ pub fn load_secrets(
         .collect()
 }
 
+/// Most bytes a spec read from stdin may have.
+pub const MAX_STDIN_SPEC_BYTES: u64 = 16 << 20;
+
+/// A file's text; `-` is stdin (at most [`MAX_STDIN_SPEC_BYTES`]).
 fn read(path: &Path) -> Result<String, SpecError> {
+    if path == Path::new("-") {
+        return read_stdin(std::io::stdin().lock());
+    }
     std::fs::read_to_string(path).map_err(|err| SpecError {
         origin: path.display().to_string(),
         kind: SpecErrorKind::Read(err),
     })
 }
 
+/// A spec from `input` (stdin), refused past [`MAX_STDIN_SPEC_BYTES`].
+fn read_stdin(input: impl std::io::Read) -> Result<String, SpecError> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    let origin = "stdin".to_string();
+    input
+        .take(MAX_STDIN_SPEC_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|err| SpecError {
+            origin: origin.clone(),
+            kind: SpecErrorKind::Read(err),
+        })?;
+    if text.len() as u64 > MAX_STDIN_SPEC_BYTES {
+        return Err(SpecError {
+            origin,
+            kind: SpecErrorKind::Read(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("longer than {MAX_STDIN_SPEC_BYTES} bytes"),
+            )),
+        });
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stdin_is_read_up_to_its_bound() {
+        assert_eq!(read_stdin(&b"name: x"[..]).unwrap(), "name: x");
+        let big = vec![b'a'; MAX_STDIN_SPEC_BYTES as usize + 1];
+        let e = read_stdin(&big[..]).unwrap_err();
+        assert_eq!(e.origin, "stdin");
+        assert!(e.to_string().contains("longer than"), "{e}");
+    }
 
     const FULL_JOB: &str = r#"
 name: hello

@@ -493,3 +493,122 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     let out = peloton(&url, &["job", "scale", &daemon, "5"]).await;
     assert!(!out.status.success(), "a daemon job is not scaled");
 }
+
+/// `peloton` with `env` set and `stdin` piped in.
+async fn peloton_with(server: &str, env: &[(&str, &str)], stdin: &str, args: &[&str]) -> Output {
+    use tokio::io::AsyncWriteExt as _;
+    let mut cmd = common::cli();
+    cmd.arg("--server").arg(server).args(args);
+    cmd.env_remove("PELOTON_POOL").envs(env.iter().copied());
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("the CLI starts");
+    let mut input = child.stdin.take().expect("stdin");
+    input
+        .write_all(stdin.as_bytes())
+        .await
+        .expect("stdin written");
+    drop(input);
+    child.wait_with_output().await.expect("the CLI runs")
+}
+
+/// The everyday path: a one-line submit (`peloton run`, its pool from the
+/// environment or the config file), `-q` for just the id, a spec from
+/// stdin (`job create -`), and a unique start of an id in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), 4).await;
+    let url = common::url(server.addr);
+    let out = peloton(
+        &url,
+        &[
+            "respool",
+            "create",
+            &examples().join("pools.yaml").to_string_lossy(),
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // One line, waited for: only the id is printed, the exit code says it
+    // succeeded.
+    let out = peloton_with(
+        &url,
+        &[],
+        "",
+        &[
+            "run",
+            "--pool",
+            "/demo",
+            "-n",
+            "2",
+            "--cpu",
+            "0.1",
+            "--mem",
+            "64",
+            "-q",
+            "--wait",
+            "--",
+            "/bin/echo",
+            "hi",
+        ],
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let id = text(&out.stdout).trim().to_string();
+    assert_eq!(id.len(), 36, "only the id: {:?}", text(&out.stdout));
+    // Its spec is the command line's.
+    let job = ok_json(&url, &["job", "get", &id[..8]]).await["job"].clone();
+    assert_eq!(job["id"], id.as_str(), "{job}");
+    assert_eq!(job["spec"]["name"], "echo", "{job}");
+    assert_eq!(job["spec"]["pool"], "/demo", "{job}");
+    assert_eq!(job["spec"]["instance_count"], 2, "{job}");
+    assert_eq!(job["status"]["state"], "succeeded", "{job}");
+
+    // The pool from PELOTON_POOL, else the config file's `pool`; with
+    // neither, a clear refusal that names the flag.
+    let out = peloton_with(
+        &url,
+        &[("PELOTON_POOL", "/demo")],
+        "",
+        &["run", "-q", "--", "/bin/true"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim().len(), 36);
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "pool: /demo\n").unwrap();
+    let config = config.to_string_lossy().into_owned();
+    let out = peloton_with(
+        &url,
+        &[("PELOTON_CONFIG", &config)],
+        "",
+        &["run", "-q", "--", "/bin/true"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = peloton_with(&url, &[], "", &["run", "--", "/bin/true"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--pool"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A spec from stdin.
+    let spec = std::fs::read_to_string(examples().join("hello.yaml")).unwrap();
+    let out = peloton_with(&url, &[], &spec, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let hello = text(&out.stdout).trim().to_string();
+    assert_eq!(hello.len(), 36, "{hello:?}");
+    let out = peloton(&url, &["job", "query", "-q", "--name", "hello"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), hello);
+}

@@ -7,15 +7,15 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use peloton_proto::v1::job_service_client::JobServiceClient;
 use peloton_proto::v1::{
-    CreateJobRequest, DeleteJobRequest, GetJobRequest, Job, JobState, JobType, KillJobRequest,
-    PlacementStrategy, PlanJobRequest, PlanJobResponse, QueryJobsRequest, RestartJobRequest,
-    ScaleJobRequest, TaskState,
+    CreateJobRequest, DeleteJobRequest, GetJobRequest, Job, JobSpec, JobState, JobType,
+    KillJobRequest, PlacementStrategy, PlanJobRequest, PlanJobResponse, QueryJobsRequest,
+    RestartJobRequest, ScaleJobRequest, TaskState,
 };
 use serde_json::json;
 
 use super::{Ctx, Outcome};
 use crate::channel::LeaderChannel;
-use crate::cli::{JobCommand, QueryArgs};
+use crate::cli::{JobCommand, QueryArgs, RunArgs};
 use crate::names::{is_terminal_job_state, name_of};
 use crate::output::{
     Align, OutputFormat, Table, fmt_forecast, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms,
@@ -36,6 +36,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             target,
             wait,
             secrets,
+            quiet,
         } => {
             let (pool, file) = target.resolve()?;
             let mut loaded = load_job_file(&file)?;
@@ -45,27 +46,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             }
             let mut spec = loaded.value.into_proto();
             spec.secrets.extend(crate::spec::load_secrets(&secrets)?);
-            let mut client = connect(ctx).await?;
-            let request = CreateJobRequest { spec: Some(spec) };
-            let job = job_of(client.create(request).await?.into_inner().job)?;
-            if !wait {
-                print_job(ctx.output, &job)?;
-                return Ok(Outcome::Success);
-            }
-            let note = format!(
-                "interrupted; job {} keeps running (peloton job get {})",
-                job.id, job.id
-            );
-            let Some(job) = super::until_interrupted(wait_for_job(&mut client, &job), note).await?
-            else {
-                return Ok(Outcome::Interrupted);
-            };
-            print_job(ctx.output, &job)?;
-            let state = job.status.as_ref().map(|s| s.state);
-            if state == Some(JobState::Succeeded.into()) {
-                return Ok(Outcome::Success);
-            }
-            return Ok(Outcome::JobNotSucceeded);
+            return submit(ctx, spec, wait, quiet).await;
         }
         JobCommand::Plan { target } => {
             let (pool, file) = target.resolve()?;
@@ -96,7 +77,15 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
         }
         JobCommand::Query(args) => {
             let mut client = connect(ctx).await?;
+            let quiet = args.quiet;
             let jobs = query(&mut client, args).await?;
+            if quiet {
+                let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+                if !ids.is_empty() {
+                    print_out(&ids.join("\n"))?;
+                }
+                return Ok(Outcome::Success);
+            }
             match ctx.output {
                 OutputFormat::Table => print_out(&job_table(&jobs))?,
                 OutputFormat::Json => print_json(&json!({
@@ -164,6 +153,95 @@ async fn get(client: &mut Client, id: &str) -> Result<Job> {
 }
 
 /// Every page of the query, up to `--limit` jobs.
+/// Creates the job of `spec` and prints it (with `quiet`, its id only);
+/// with `wait`, follows it to its end (see `--wait`).
+async fn submit(ctx: &Ctx, spec: JobSpec, wait: bool, quiet: bool) -> Result<Outcome> {
+    let mut client = connect(ctx).await?;
+    let request = CreateJobRequest { spec: Some(spec) };
+    let job = job_of(client.create(request).await?.into_inner().job)?;
+    if quiet {
+        print_out(&job.id)?;
+    } else if !wait {
+        print_job(ctx.output, &job)?;
+    }
+    if !wait {
+        return Ok(Outcome::Success);
+    }
+    let note = format!(
+        "interrupted; job {} keeps running (peloton job get {})",
+        job.id, job.id
+    );
+    let Some(job) = super::until_interrupted(wait_for_job(&mut client, &job), note).await? else {
+        return Ok(Outcome::Interrupted);
+    };
+    if !quiet {
+        print_job(ctx.output, &job)?;
+    }
+    let state = job.status.as_ref().map(|s| s.state);
+    if state == Some(JobState::Succeeded.into()) {
+        return Ok(Outcome::Success);
+    }
+    Ok(Outcome::JobNotSucceeded)
+}
+
+/// `peloton run`: the job of a command line (see [`run_spec`]), submitted
+/// as `job create` submits one.
+pub(super) async fn run_command(ctx: &Ctx, args: RunArgs) -> Result<Outcome> {
+    let pool = match &args.pool {
+        Some(pool) => pool.clone(),
+        None => crate::settings::default_pool(&ctx.options, &crate::settings::process_env)?
+            .ok_or_else(|| {
+                crate::error::UsageError(
+                    "--pool: no pool given, and neither PELOTON_POOL nor the config file's `pool` \
+                     names one"
+                        .into(),
+                )
+            })?,
+    };
+    let owner = std::env::var("USER").unwrap_or_default();
+    let spec = run_spec(&args, &pool, &owner)?;
+    submit(ctx, spec, args.wait, args.quiet).await
+}
+
+/// The batch job `peloton run` submits: `args.instances` instances of the
+/// command in `pool`, each with the resources and environment given. It
+/// goes through the spec file's checks and defaults (as the JSON of a
+/// spec file, which YAML reads).
+pub fn run_spec(args: &RunArgs, pool: &str, owner: &str) -> Result<JobSpec> {
+    let (command, rest) = args
+        .command
+        .split_first()
+        .context("COMMAND: the command to run, after `--`")?;
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => std::path::Path::new(command)
+            .file_name()
+            .map_or_else(|| command.clone(), |n| n.to_string_lossy().into_owned()),
+    };
+    let env: serde_json::Map<String, serde_json::Value> = args
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    let mut file = json!({
+        "name": name,
+        "type": "batch",
+        "pool": pool,
+        "instances": args.instances,
+        "task": {
+            "command": command,
+            "args": rest,
+            "env": env,
+            "resources": {"cpu": args.cpu, "memory_mb": args.memory_mb, "gpu": args.gpu},
+        },
+    });
+    if !owner.is_empty() {
+        file["owner"] = json!(owner);
+    }
+    let loaded = crate::spec::parse_job_file(&file.to_string(), "the command line")?;
+    Ok(loaded.value.into_proto())
+}
+
 async fn query(client: &mut Client, args: QueryArgs) -> Result<Vec<Job>> {
     let limit = args.limit.map(|n| n as usize);
     let labels: HashMap<String, String> = args.labels.into_iter().collect();
@@ -481,7 +559,59 @@ fn plan_json(plan: &PlanJobResponse) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use peloton_proto::v1::JobSpec;
+    use clap::Parser as _;
+
+    fn run_args(line: &[&str]) -> RunArgs {
+        match crate::cli::Cli::try_parse_from(line)
+            .expect("parses")
+            .command
+        {
+            crate::cli::Command::Run(args) => args,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_command_line_becomes_a_batch_job() {
+        let args = run_args(&[
+            "peloton",
+            "run",
+            "-n",
+            "3",
+            "--cpu",
+            "2",
+            "--mem",
+            "512",
+            "--gpu",
+            "0.5",
+            "-e",
+            "A=1",
+            "--",
+            "/usr/bin/python3",
+            "train.py",
+            "--epochs",
+            "3",
+        ]);
+        let spec = run_spec(&args, "/ml", "alice").expect("a spec");
+        assert_eq!(spec.name, "python3");
+        assert_eq!(spec.owner, "alice");
+        assert_eq!(spec.pool, "/ml");
+        assert_eq!(spec.instance_count, 3);
+        assert_eq!(spec.r#type, JobType::Batch as i32);
+        let task = spec.default_task.expect("task");
+        assert_eq!(task.command, "/usr/bin/python3");
+        assert_eq!(task.args, ["train.py", "--epochs", "3"]);
+        assert_eq!(task.env.get("A").map(String::as_str), Some("1"));
+        let r = task.resources.expect("resources");
+        assert_eq!((r.cpu, r.memory_mb, r.gpu), (2.0, 512.0, 0.5));
+        let named = run_args(&["peloton", "run", "--name", "x", "--", "true"]);
+        assert_eq!(run_spec(&named, "/", "").expect("a spec").name, "x");
+        // Bad amounts and no command are refused, naming the flag.
+        let e = crate::cli::Cli::try_parse_from(["peloton", "run", "--cpu=-1", "--", "true"])
+            .expect_err("negative cpu");
+        assert!(e.to_string().contains("--cpu"), "{e}");
+        assert!(crate::cli::Cli::try_parse_from(["peloton", "run", "--pool", "/"]).is_err());
+    }
 
     #[test]
     fn the_progress_bar_shows_the_job_size_from_its_first_frame() {
