@@ -28,6 +28,7 @@ mod gc;
 mod health;
 mod isolation;
 mod launcher;
+mod mpi;
 mod ports;
 mod proc;
 mod record;
@@ -45,6 +46,7 @@ pub use clock::now_ms;
 pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
 pub use launcher::run_launcher;
+pub use mpi::{MpirunArgs, run_mpirun};
 pub use ports::PortRange;
 pub use run::{
     AssignedPort, CheckKind, Command, GpuAssignment, Health, HealthCheckPlan, KillRequest,
