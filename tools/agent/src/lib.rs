@@ -16,7 +16,8 @@
 //! server's decision. Persistent volumes live outside the sandboxes and are
 //! linked into them (`volumes`); secrets are private files in the sandbox
 //! while the run lives (`secrets`). What runs use (CPU time, memory) is
-//! measured for the server's usage reports (`usage`).
+//! measured for the server's usage reports (`usage`). A gang's tasks run an
+//! MPICH job through the agent's binary (`peloton-agent mpirun`, `mpi`).
 //!
 //! The library exists for the binary and for tests that drive the
 //! supervisor without a server; it must not know the gateway.
