@@ -1,16 +1,24 @@
 //! `peloton-agent mpirun`: an MPICH job of 4 ranks, each rank a process
 //! started on its own (as the agent starts a gang's members) with only the
 //! rendezvous environment a gang member gets, set here by hand; rank 0
-//! runs `mpiexec`, the others hydra's proxy, with no ssh. Needs MPICH
+//! runs `mpiexec`, the others hydra's proxy, with no ssh. Once as plain
+//! processes, once as runs of the agent's supervisor (its launcher, its
+//! cleared environment and limits, `$PELOTON_AGENT_BIN`). Needs MPICH
 //! (Debian: `apt-get install mpich libmpich-dev`); without `mpicc`,
 //! `mpiexec.hydra` or `hydra_pmi_proxy` on the PATH the MPI tests say so and
 //! pass without running, unless `PELOTON_REQUIRE_MPI` is set (as
 //! `scripts/test.sh` does after installing them).
 
+mod supervised;
+
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use peloton_agent::SupervisorConfig;
+use peloton_proto::v1;
+use supervised::ProtoSupervisor;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_peloton-agent");
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -81,6 +89,43 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The test program, compiled with `mpicc` into `dir`.
+fn compile(dir: &Path) -> PathBuf {
+    let source = dir.join("allreduce.c");
+    std::fs::write(&source, ALLREDUCE_C).expect("write source");
+    let binary = dir.join("allreduce");
+    let compiled = Command::new("mpicc")
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .expect("run mpicc");
+    assert!(compiled.status.success(), "mpicc: {compiled:?}");
+    binary
+}
+
+/// The rendezvous environment of member `rank` of a gang of `size` on this
+/// machine whose rank 0 listens on `port`.
+fn gang_env(size: usize, rank: usize, port: u16) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("PELOTON_GANG_SIZE", size.to_string()),
+        ("PELOTON_GANG_RANK", rank.to_string()),
+        ("PELOTON_GANG_LOCAL_RANK", rank.to_string()),
+        ("PELOTON_GANG_LOCAL_SIZE", size.to_string()),
+        ("PELOTON_GANG_GENERATION", "1".to_owned()),
+        ("PELOTON_GANG_LEADER_ADDR", "127.0.0.1".to_owned()),
+        ("PELOTON_GANG_LEADER_PORT_MPI", port.to_string()),
+        ("PELOTON_GANG_PEERS", vec!["127.0.0.1"; size].join(",")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    if rank == 0 {
+        env.push(("PELOTON_PORT_MPI".to_owned(), port.to_string()));
+    }
+    env
+}
+
 /// A gang's members on this machine: one sandbox each, with the program.
 struct Gang {
     _dir: tempfile::TempDir,
@@ -93,16 +138,7 @@ impl Gang {
     /// (`./allreduce`), as each member would have it.
     fn new(size: usize) -> Gang {
         let dir = tempfile::tempdir().expect("tempdir");
-        let source = dir.path().join("allreduce.c");
-        std::fs::write(&source, ALLREDUCE_C).expect("write source");
-        let binary = dir.path().join("allreduce");
-        let compiled = Command::new("mpicc")
-            .arg("-o")
-            .arg(&binary)
-            .arg(&source)
-            .output()
-            .expect("run mpicc");
-        assert!(compiled.status.success(), "mpicc: {compiled:?}");
+        let binary = compile(dir.path());
         let sandboxes = (0..size)
             .map(|rank| {
                 let sandbox = dir.path().join(format!("sandbox-{rank}"));
@@ -121,31 +157,19 @@ impl Gang {
     /// Member `rank` running `peloton-agent mpirun ARGS`, with only the
     /// rendezvous environment (and a PATH), in its sandbox.
     fn start(&self, rank: usize, args: &[&str]) -> Child {
-        let size = self.sandboxes.len();
-        let peers = vec!["127.0.0.1"; size].join(",");
-        let mut command = Command::new(AGENT);
-        command
+        Command::new(AGENT)
             .arg("mpirun")
             .args(args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("PELOTON_GANG_SIZE", size.to_string())
-            .env("PELOTON_GANG_RANK", rank.to_string())
-            .env("PELOTON_GANG_LOCAL_RANK", rank.to_string())
-            .env("PELOTON_GANG_LOCAL_SIZE", size.to_string())
-            .env("PELOTON_GANG_GENERATION", "1")
-            .env("PELOTON_GANG_LEADER_ADDR", "127.0.0.1")
-            .env("PELOTON_GANG_LEADER_PORT_MPI", self.port.to_string())
-            .env("PELOTON_GANG_PEERS", peers)
+            .envs(gang_env(self.sandboxes.len(), rank, self.port))
             .env("PELOTON_SANDBOX", &self.sandboxes[rank])
             .current_dir(&self.sandboxes[rank])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if rank == 0 {
-            command.env("PELOTON_PORT_MPI", self.port.to_string());
-        }
-        command.spawn().expect("start peloton-agent mpirun")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start peloton-agent mpirun")
     }
 
     /// Starts every member, the others before rank 0 (so their proxies
@@ -254,6 +278,85 @@ fn four_independently_started_ranks_allreduce_through_mpiexec_in_rank_zero() {
 }
 
 #[test]
+fn four_supervised_runs_allreduce_through_the_agent_binary() {
+    if !mpich_installed("four_supervised_runs_allreduce_through_the_agent_binary") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = compile(dir.path());
+    let mut supervisor =
+        ProtoSupervisor::open(SupervisorConfig::new(dir.path().join("agent"), AGENT))
+            .expect("supervisor opens");
+    let port = free_port();
+    let key = |instance: u32| v1::RunKey {
+        job_id: "mpi-gang".to_owned(),
+        instance,
+        run_id: 1,
+        launch_id: 100 + u64::from(instance),
+    };
+    // Each member fetches the program into its sandbox and runs it
+    // through its agent; ranks 1-3 are launched before rank 0.
+    let launches: Vec<v1::LaunchRun> = (0..4u32)
+        .rev()
+        .map(|rank| {
+            let mut spec = v1::TaskSpec {
+                shell: "cp \"$PROGRAM\" ./allreduce && \
+                        exec \"$PELOTON_AGENT_BIN\" mpirun -- ./allreduce"
+                    .to_owned(),
+                ..v1::TaskSpec::default()
+            };
+            spec.env.extend(gang_env(4, rank as usize, port));
+            spec.env
+                .insert("PROGRAM".to_owned(), binary.display().to_string());
+            v1::LaunchRun {
+                key: Some(key(rank)),
+                spec: Some(spec),
+                ..Default::default()
+            }
+        })
+        .collect();
+    supervisor.launch(&launches);
+    let mut ends: Vec<Option<v1::RunReport>> = vec![None; 4];
+    let deadline = Instant::now() + TIMEOUT;
+    while ends.iter().any(Option::is_none) {
+        supervisor.poll();
+        for report in supervisor.take_reports(usize::MAX) {
+            let instance = report.key.as_ref().expect("key").instance as usize;
+            if matches!(
+                report.phase(),
+                v1::RunPhase::Succeeded | v1::RunPhase::Failed | v1::RunPhase::Killed
+            ) {
+                ends[instance] = Some(report);
+            }
+        }
+        assert!(Instant::now() < deadline, "the runs did not end: {ends:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs = |rank: u32, name: &str| {
+        std::fs::read_to_string(supervisor.sandbox_dir(&key(rank)).join(name)).unwrap_or_default()
+    };
+    for (rank, end) in (0..4u32).zip(&ends) {
+        assert_eq!(
+            end.as_ref().map(v1::RunReport::phase),
+            Some(v1::RunPhase::Succeeded),
+            "rank {rank}: {end:?}\nstderr: {}",
+            logs(rank, "stderr")
+        );
+    }
+    let mut lines: Vec<String> = logs(0, "stdout").lines().map(str::to_owned).collect();
+    lines.sort();
+    let expected: Vec<String> = (0..4u32)
+        .map(|rank| {
+            format!(
+                "rank {rank} of 4: sum 10, gang rank {rank}, in {}",
+                supervisor.sandbox_dir(&key(rank)).display()
+            )
+        })
+        .collect();
+    assert_eq!(lines, expected);
+}
+
+#[test]
 fn a_failing_rank_fails_rank_zero_with_its_status() {
     if !mpich_installed("a_failing_rank_fails_rank_zero_with_its_status") {
         return;
@@ -269,13 +372,13 @@ fn rank_zero_gives_up_on_members_that_never_come() {
         return;
     }
     let gang = Gang::new(2);
-    let child = gang.start(0, &["--connect-timeout-secs", "2", "--", "./allreduce"]);
+    let child = gang.start(0, &["--connect-timeout-secs", "5", "--", "./allreduce"]);
     let output = wait(child, "rank 0 alone");
     assert_eq!(output.status.code(), Some(1));
     let stderr = text(&output.stderr);
     assert!(
         stderr.contains(&format!(
-            "1 of the gang's 2 proxies reached mpiexec on port {} within 2s",
+            "1 of the gang's 2 proxies reached mpiexec on port {} within 5s",
             gang.port
         )),
         "{stderr}"
