@@ -38,7 +38,8 @@ fn main() -> ExitCode {
         .nth(1)
         .is_some_and(|mode| mode == "mpirun")
     {
-        let args = MpirunArgs::parse_from(std::env::args_os().skip(1));
+        let name = std::ffi::OsString::from("peloton-agent mpirun");
+        let args = MpirunArgs::parse_from(std::iter::once(name).chain(std::env::args_os().skip(2)));
         return ExitCode::from(u8::try_from(run_mpirun(args)).unwrap_or(1));
     }
     let args = Args::parse();

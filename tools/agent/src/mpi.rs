@@ -66,7 +66,7 @@ pub struct MpirunArgs {
     pub command: Vec<String>,
 }
 
-/// How long `mpiexec` may take to print its proxy commands.
+/// How many other lines `mpiexec` may print before its proxy commands.
 const LAUNCH_LINES_MAX: usize = 16;
 /// The longest line read while looking for the proxy commands.
 const LAUNCH_LINE_MAX_BYTES: u64 = 64 * 1024;
@@ -81,9 +81,8 @@ const CONNECT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often rank 0 looks at its `mpiexec` and the connections to it.
 const WATCH_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Runs `peloton-agent mpirun` (`args` after the program's name and the
-/// mode) and returns its exit code: the MPI job's, or 1 with a message
-/// on stderr when it could not run.
+/// Runs `peloton-agent mpirun` and returns its exit code: the MPI job's,
+/// or 1 with a message on stderr when it could not run.
 pub fn run_mpirun(args: MpirunArgs) -> i32 {
     match run(&args) {
         Ok(code) => code,
@@ -121,7 +120,7 @@ fn lead(gang: &Gang, args: &MpirunArgs, wdir: &Path, timeout: Duration) -> Resul
         return Err("mpiexec's output was not captured".to_owned());
     };
     let mut output = BufReader::new(stdout);
-    let own_proxy = read_launch_lines(&mut output, gang)
+    let mut own_proxy = read_launch_lines(&mut output, gang)
         .and_then(|lines| {
             // Rank 0's proxy reaches mpiexec on this host, whatever host
             // name hydra printed.
@@ -137,7 +136,6 @@ fn lead(gang: &Gang, args: &MpirunArgs, wdir: &Path, timeout: Duration) -> Resul
             let ended = kill_and_wait(&mut mpiexec);
             format!("{e} (mpiexec {ended})")
         })?;
-    let mut own_proxy = own_proxy;
     let copier = thread::spawn(move || forward_output(output));
     let status = watch_mpiexec(&mut mpiexec, gang, timeout);
     // mpiexec has ended (or been killed): its output is complete.
@@ -271,7 +269,7 @@ fn follow(gang: &Gang, args: &MpirunArgs, wdir: &Path, timeout: Duration) -> Res
         .env(WDIR_VAR, wdir)
         .stdin(Stdio::null())
         .spawn()
-        .map_err(|e| cannot_run(&args.proxy, "hydra's proxy (MPICH)", &e))?;
+        .map_err(|e| cannot_run(&args.proxy, "hydra's proxy", &e))?;
     let connected = accept_proxy(&relay, &mut proxy).and_then(|from_proxy| {
         drop(relay);
         let to_leader = connect_to_leader(gang, &mut proxy, timeout)?;
@@ -383,7 +381,7 @@ fn cannot_run(program: &Path, what: &str, e: &io::Error) -> String {
     } else {
         ""
     };
-    format!("cannot run {} ({what}): {e}{hint}", program.display())
+    format!("cannot run {what} {}: {e}{hint}", program.display())
 }
 
 /// Kills `child` (SIGKILL: `mpiexec` waiting for proxies does not end on

@@ -423,3 +423,35 @@ fn a_task_outside_a_gang_is_told_which_variable_is_missing() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_missing_mpich_binary_is_named() {
+    // No MPICH needed: the binaries are given as paths that do not exist.
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (rank, flag, what) in [
+        (0, "--mpiexec", "MPICH's hydra mpiexec"),
+        (1, "--proxy", "hydra's proxy"),
+    ] {
+        let missing = dir.path().join("no-such-binary");
+        let output = Command::new(AGENT)
+            .arg("mpirun")
+            .arg(flag)
+            .arg(&missing)
+            .args(["--", "./allreduce"])
+            .env_clear()
+            .envs(gang_env(2, rank, free_port()))
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        assert_eq!(output.status.code(), Some(1), "rank {rank}");
+        let stderr = text(&output.stderr);
+        assert!(
+            stderr.starts_with(&format!(
+                "peloton-agent mpirun: cannot run {what} {}: ",
+                missing.display()
+            )) && stderr.contains("apt-get install mpich"),
+            "rank {rank}: {stderr}"
+        );
+    }
+}
