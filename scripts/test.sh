@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's tests, as the README's quick start gives them: installs what
 # the suites need and is missing (a JDK, the pinned pyspark, Python's grpcio,
-# PostgreSQL, Chromium, perl, a C++ compiler for libFuzzer), then runs
+# PostgreSQL, Chromium, perl, a C++ compiler for libFuzzer, MPICH), then runs
 #   cargo test --workspace            (unit, property, snapshot, service, CLI,
 #                                      agent and browser suites; the fuzz
 #                                      corpus replay)
@@ -50,6 +50,9 @@ if [ "${PELOTON_TEST_NO_INSTALL:-0}" != 1 ]; then
     command -v perl >/dev/null 2>&1 || missing+=(perl)
     command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
     have_pg || missing+=(postgresql)                          # the second store
+    if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpiexec.hydra >/dev/null 2>&1; then
+        missing+=(mpich libmpich-dev)                         # the agent's mpirun (tests/mpi.rs)
+    fi
     if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
         missing+=(chromium)                                   # the console's browser test
     fi
@@ -67,8 +70,10 @@ if [ "${PELOTON_TEST_NO_INSTALL:-0}" != 1 ]; then
     java -version 2>&1 | head -1
     python3 -c "import pyspark, grpc; print('pyspark', pyspark.__version__, '| grpcio', grpc.__version__)"
 fi
-# The Spark tests fail (rather than skip) without a JDK and pyspark.
+# The Spark tests fail (rather than skip) without a JDK and pyspark, the MPI
+# tests without MPICH.
 export PELOTON_REQUIRE_SPARK=1
+export PELOTON_REQUIRE_MPI=1
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 step "cargo test --workspace"

@@ -16,7 +16,8 @@
 //! server's decision. Persistent volumes live outside the sandboxes and are
 //! linked into them (`volumes`); secrets are private files in the sandbox
 //! while the run lives (`secrets`). What runs use (CPU time, memory) is
-//! measured for the server's usage reports (`usage`).
+//! measured for the server's usage reports (`usage`). A gang's tasks run an
+//! MPICH job through the agent's binary (`peloton-agent mpirun`, `mpi`).
 //!
 //! The library exists for the binary and for tests that drive the
 //! supervisor without a server; it must not know the gateway.
@@ -28,6 +29,7 @@ mod gc;
 mod health;
 mod isolation;
 mod launcher;
+mod mpi;
 mod ports;
 mod proc;
 mod record;
@@ -45,6 +47,7 @@ pub use clock::now_ms;
 pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
 pub use launcher::run_launcher;
+pub use mpi::{MpirunArgs, run_mpirun};
 pub use ports::PortRange;
 pub use run::{
     AssignedPort, CheckKind, Command, GpuAssignment, Health, HealthCheckPlan, KillRequest,

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use peloton_agent::{Args, Supervisor, run_launcher, run_session};
+use peloton_agent::{Args, MpirunArgs, Supervisor, run_launcher, run_mpirun, run_session};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -31,6 +31,16 @@ fn main() -> ExitCode {
         .is_some_and(|mode| mode == "launcher")
     {
         return ExitCode::from(u8::try_from(run_launcher()).unwrap_or(1));
+    }
+    // `peloton-agent mpirun -- PROGRAM ...`, run by a gang member's task
+    // (see `mpi`): no runtime, no logging either.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|mode| mode == "mpirun")
+    {
+        let name = std::ffi::OsString::from("peloton-agent mpirun");
+        let args = MpirunArgs::parse_from(std::iter::once(name).chain(std::env::args_os().skip(2)));
+        return ExitCode::from(u8::try_from(run_mpirun(args)).unwrap_or(1));
     }
     let args = Args::parse();
     init_logging(args.log_json);

@@ -212,7 +212,7 @@ fn shell_task_succeeds_with_its_output_and_environment() {
     let k = key("job-a", 0);
     let mut spec = shell(
         "echo hello; echo \"$PELOTON_JOB_ID|$PELOTON_INSTANCE_ID|$PELOTON_RUN_ID|$PELOTON_TASK_ID\"; \
-         echo \"$PELOTON_SANDBOX|$(pwd)|$MY_VAR\"; echo oops >&2",
+         echo \"$PELOTON_SANDBOX|$(pwd)|$MY_VAR\"; echo \"$PELOTON_AGENT_BIN\"; echo oops >&2",
     );
     spec.env.insert("MY_VAR".to_owned(), "my value".to_owned());
     h.supervisor.launch(&[launch(&k, spec)]);
@@ -236,6 +236,8 @@ fn shell_task_succeeds_with_its_output_and_environment() {
     assert_eq!(lines[1], "job-a|0|1|job-a-0-1");
     let s = sandbox.display();
     assert_eq!(lines[2], format!("{s}|{s}|my value"));
+    // The agent's binary, for `$PELOTON_AGENT_BIN mpirun`.
+    assert_eq!(lines[3], env!("CARGO_BIN_EXE_peloton-agent"));
     assert_eq!(
         std::fs::read_to_string(sandbox.join("stderr")).expect("stderr"),
         "oops\n"

@@ -29,6 +29,12 @@ impl Supervisor {
         let (program, args) = task_command(&spec.command)?;
         run.record.health_check.clone_from(&spec.health_check);
         let mut env = task_env(spec, &run.record.key, &run.dir)?;
+        // The agent's own binary, for commands a task runs through it
+        // (`$PELOTON_AGENT_BIN mpirun -- ...`).
+        env.insert(
+            "PELOTON_AGENT_BIN".to_owned(),
+            self.config.agent_exe.to_string_lossy().into_owned(),
+        );
         gpu_env(&launch.gpu, self.config.gpus, &mut env)?;
         // Checked before anything is created for the run.
         let volume = match &launch.volume {
