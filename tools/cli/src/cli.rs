@@ -59,6 +59,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection (every command)",
         value_name = "ADDRESS[,ADDRESS...]",
         env = "PELOTON_SERVER",
         hide_env_values = true
@@ -69,6 +70,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection (every command)",
         value_name = "FILE",
         env = "PELOTON_CA_FILE",
         hide_env_values = true
@@ -80,6 +82,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection (every command)",
         value_name = "FILE",
         env = "PELOTON_CERT_FILE",
         hide_env_values = true
@@ -90,6 +93,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection (every command)",
         value_name = "FILE",
         env = "PELOTON_KEY_FILE",
         hide_env_values = true
@@ -102,6 +106,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection (every command)",
         value_name = "FILE",
         env = "PELOTON_CONFIG",
         hide_env_values = true
@@ -153,6 +158,15 @@ pub enum Command {
     /// Sums of the ended runs' accounts (resource-seconds requested and
     /// used, wall time, peak memory), by owner, job or pool.
     Usage(UsageArgs),
+    /// Print a completion script for a shell: `source <(peloton completion
+    /// bash)` (in ~/.bashrc), `peloton completion zsh >
+    /// "${fpath[1]}/_peloton"`, `peloton completion fish >
+    /// ~/.config/fish/completions/peloton.fish`.
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Run a command as a batch job, without a spec file: `peloton run
     /// --pool /demo -n 4 --cpu 0.5 -- python3 train.py --epochs 3`. The
     /// pool defaults to `PELOTON_POOL` or the config file's `pool`.
@@ -316,11 +330,15 @@ pub enum JobCommand {
         #[command(flatten)]
         version: VersionArg,
     },
-    /// Restart every task of a job.
+    /// Restart every task of a job (`--failed`: only the instances whose
+    /// last run failed or was lost).
     Restart {
         id: String,
         #[command(flatten)]
         version: VersionArg,
+        /// Only the instances whose last run failed or was lost.
+        #[arg(long)]
+        failed: bool,
     },
     /// Roll a service to a new spec, a batch of instances at a time.
     Update(UpdateArgs),
@@ -566,6 +584,19 @@ pub struct QueryArgs {
     /// Print only the jobs' ids, one per line.
     #[arg(short, long)]
     pub quiet: bool,
+    /// The order of the jobs shown: oldest first (`created`, the default),
+    /// or by id.
+    #[arg(long, value_enum, default_value_t = JobOrder::Created)]
+    pub sort: JobOrder,
+}
+
+/// How `job query` orders the jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum JobOrder {
+    /// Oldest first (the newest at the bottom, nearest the prompt).
+    Created,
+    /// By id.
+    Id,
 }
 
 /// `peloton run`: a batch job from the command line.
@@ -865,6 +896,36 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
+
+    #[test]
+    fn completion_scripts_know_every_command_and_connection_flags_have_one_heading() {
+        use clap::CommandFactory as _;
+        for shell in [
+            clap_complete::Shell::Bash,
+            clap_complete::Shell::Zsh,
+            clap_complete::Shell::Fish,
+        ] {
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "peloton", &mut script);
+            let script = String::from_utf8(script).expect("UTF-8");
+            for word in ["respool", "completion", "run", "server", "quiet"] {
+                assert!(script.contains(word), "{shell:?} lacks {word}");
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let help = cmd
+            .find_subcommand_mut("job")
+            .and_then(|j| j.find_subcommand_mut("get"))
+            .expect("job get")
+            .render_long_help()
+            .to_string();
+        let heading = help
+            .find("Connection (every command):")
+            .expect("the heading");
+        assert!(help[heading..].contains("--server"), "{help}");
+        assert!(!help[..heading].contains("--server"), "{help}");
+    }
 
     #[test]
     fn command_tree_is_consistent() {

@@ -105,6 +105,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Usage(args) => usage::usage(&ctx, args).await,
         Command::Convert(target) => convert::run(&target),
         Command::Run(args) => job::run_command(&ctx, args).await,
+        Command::Completion { shell } => {
+            let mut command = <crate::cli::Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut command, "peloton", &mut script);
+            crate::output::print_out(&String::from_utf8_lossy(&script))?;
+            Ok(Outcome::Success)
+        }
     }
 }
 

@@ -612,3 +612,79 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), hello);
 }
+
+/// A failed `--wait` says why (each instance that did not succeed, its
+/// exit and reason, on stderr); `job restart --failed` runs only those
+/// again; killing a job that already ended says there is nothing to kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wait_says_why_and_only_failed_instances_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), 4).await;
+    let url = common::url(server.addr);
+    let out = peloton(
+        &url,
+        &[
+            "respool",
+            "create",
+            &examples().join("pools.yaml").to_string_lossy(),
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let task = |exit: i32| {
+        format!(
+            "{{command: /bin/true, resources: {{cpu: 0.1, memory_mb: 32}}, \
+             restart: {{max_failures: 0}}, sim: {{duration_ms: 10, exit_code: {exit}}}}}"
+        )
+    };
+    let spec = format!(
+        "name: mixed\npool: /demo\ninstances: 3\ntask: {}\noverrides:\n  - {{instance: 1, task: {}}}\n",
+        task(0),
+        task(7)
+    );
+    let out = peloton_with(&url, &[], &spec, &["job", "create", "-q", "--wait", "-"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let id = text(&out.stdout).trim().to_string();
+    let why = text(&out.stderr);
+    assert!(
+        why.contains(&format!("job {id} failed: 1 instance(s) did not succeed")),
+        "{why}"
+    );
+    assert!(why.contains("instance 1: failed (run 1, exit 7"), "{why}");
+    assert!(!why.contains("instance 0:"), "{why}");
+
+    // Only instance 1 runs again.
+    let out = peloton(&url, &["job", "restart", "--failed", &id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("restarting 1 failed instance(s)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let tasks = ok_json(&url, &["task", "list", &id]).await;
+    let runs: Vec<u64> = tasks["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["current"]["run_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(runs, [1, 2, 1], "{tasks}");
+
+    // A job that ended: nothing to kill, said so, exit 0.
+    let done = peloton_with(&url, &[], "name: done\npool: /demo\ntask: {command: /bin/true, resources: {cpu: 0.1, memory_mb: 32}, sim: {duration_ms: 10}}\n", &["job", "create", "-q", "--wait", "-"]).await;
+    assert!(done.status.success(), "{}", text(&done.stderr));
+    let done = text(&done.stdout).trim().to_string();
+    let out = peloton(&url, &["job", "kill", &done]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("already ended (succeeded): nothing to kill"),
+        "{}",
+        text(&out.stderr)
+    );
+}

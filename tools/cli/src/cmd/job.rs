@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::{Ctx, Outcome};
 use crate::channel::LeaderChannel;
-use crate::cli::{JobCommand, QueryArgs, RunArgs};
+use crate::cli::{JobCommand, JobOrder, QueryArgs, RunArgs};
 use crate::names::{is_terminal_job_state, name_of};
 use crate::output::{
     Align, OutputFormat, Table, fmt_forecast, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms,
@@ -95,6 +95,17 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
         }
         JobCommand::Kill { id, version } => {
             let mut client = connect(ctx).await?;
+            let before = get(&mut client, &id).await?;
+            let state = before.status.as_ref().map_or(0, |s| s.state);
+            if JobState::try_from(state).is_ok_and(is_terminal_job_state) {
+                eprintln!(
+                    "job {} already ended ({}): nothing to kill",
+                    before.id,
+                    name_of::<JobState>(state)
+                );
+                print_job_row(ctx.output, &before)?;
+                return Ok(Outcome::Success);
+            }
             let request = KillJobRequest {
                 id,
                 version: version.version,
@@ -124,7 +135,16 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             let job = job_of(client.scale(request).await?.into_inner().job)?;
             print_job_row(ctx.output, &job)?;
         }
-        JobCommand::Restart { id, version } => {
+        JobCommand::Restart {
+            id,
+            version,
+            failed: true,
+        } => return restart_failed(ctx, &id, version.version).await,
+        JobCommand::Restart {
+            id,
+            version,
+            failed: false,
+        } => {
             let mut client = connect(ctx).await?;
             let request = RestartJobRequest {
                 id,
@@ -181,7 +201,96 @@ async fn submit(ctx: &Ctx, spec: JobSpec, wait: bool, quiet: bool) -> Result<Out
     if state == Some(JobState::Succeeded.into()) {
         return Ok(Outcome::Success);
     }
+    // Why, on stderr: the instances that did not succeed, and how their
+    // last runs ended.
+    let mut tasks = super::task::client(ctx).await?;
+    let failed = [TaskState::Failed, TaskState::Lost, TaskState::Killed].map(i32::from);
+    let ended = super::task::list_tasks(&mut tasks, &job.id, &failed).await?;
+    eprint!("{}", why_not_succeeded(&job, &ended));
     Ok(Outcome::JobNotSucceeded)
+}
+
+/// Instances a failed `--wait` explains at most.
+const MAX_EXPLAINED: usize = 5;
+
+/// Why `job` did not succeed, from its instances that did not: one line
+/// each (state, exit, host, reason), the first few, and how many more.
+fn why_not_succeeded(job: &Job, ended: &[peloton_proto::v1::Task]) -> String {
+    let state = name_of::<JobState>(job.status.as_ref().map_or(0, |s| s.state));
+    let mut out = format!("job {} {state}", job.id);
+    if ended.is_empty() {
+        out.push('\n');
+        return out;
+    }
+    out.push_str(&format!(": {} instance(s) did not succeed\n", ended.len()));
+    for t in ended.iter().take(MAX_EXPLAINED) {
+        let run = t.current.clone().unwrap_or_default();
+        out.push_str(&format!(
+            "  instance {}: {} (run {}, exit {}, host {}): {}\n",
+            t.instance,
+            name_of::<TaskState>(run.state),
+            run.run_id,
+            run.exit_code,
+            or_dash(&run.host),
+            super::task::reason(t)
+        ));
+    }
+    if ended.len() > MAX_EXPLAINED {
+        out.push_str(&format!(
+            "  ... and {} more (peloton task list {} --state failed)\n",
+            ended.len() - MAX_EXPLAINED,
+            job.id
+        ));
+    }
+    out
+}
+
+/// `job restart --failed`: the instances whose last run failed or was
+/// lost run again (one call, at the job's version read first, so a job
+/// changed meanwhile is refused as stale, not half restarted).
+async fn restart_failed(ctx: &Ctx, id: &str, version: u64) -> Result<Outcome> {
+    let mut jobs = connect(ctx).await?;
+    let job = get(&mut jobs, id).await?;
+    let mut tasks = super::task::client(ctx).await?;
+    let failed = [TaskState::Failed, TaskState::Lost].map(i32::from);
+    let instances: Vec<u32> = super::task::list_tasks(&mut tasks, &job.id, &failed)
+        .await?
+        .iter()
+        .map(|t| t.instance)
+        .collect();
+    if instances.is_empty() {
+        eprintln!(
+            "job {}: no instance's last run failed: nothing to restart",
+            job.id
+        );
+        print_job_row(ctx.output, &job)?;
+        return Ok(Outcome::Success);
+    }
+    let version = if version == 0 { job.version } else { version };
+    tasks
+        .restart(peloton_proto::v1::RestartTaskRequest {
+            job_id: job.id.clone(),
+            instances: instances.clone(),
+            job_version: version,
+        })
+        .await?;
+    let job = get(&mut jobs, &job.id).await?;
+    match ctx.output {
+        OutputFormat::Table => print_out(&format!(
+            "restarting {} failed instance(s) of job {}: {}",
+            instances.len(),
+            job.id,
+            instances
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        ))?,
+        OutputFormat::Json => {
+            print_json(&json!({ "job": job_json(&job), "instances": instances }))?;
+        }
+    }
+    Ok(Outcome::Success)
 }
 
 /// `peloton run`: the job of a command line (see [`run_spec`]), submitted
@@ -242,8 +351,28 @@ pub fn run_spec(args: &RunArgs, pool: &str, owner: &str) -> Result<JobSpec> {
     Ok(loaded.value.into_proto())
 }
 
+/// The jobs `args` asks for, in its order: by creation time (with
+/// `--limit`, the newest N: every page is read first), or by id (with
+/// `--limit`, the first N ids).
 async fn query(client: &mut Client, args: QueryArgs) -> Result<Vec<Job>> {
-    let limit = args.limit.map(|n| n as usize);
+    let by_time = args.sort == JobOrder::Created;
+    let keep = args.limit.map(|n| n as usize);
+    let mut jobs = query_pages(client, args, if by_time { None } else { keep }).await?;
+    if by_time {
+        let created = |j: &Job| j.status.as_ref().map_or(0, |s| s.created_at_ms);
+        jobs.sort_by(|a, b| created(a).cmp(&created(b)).then_with(|| a.id.cmp(&b.id)));
+        if let Some(n) = keep {
+            jobs.drain(..jobs.len().saturating_sub(n));
+        }
+    }
+    Ok(jobs)
+}
+
+async fn query_pages(
+    client: &mut Client,
+    args: QueryArgs,
+    limit: Option<usize>,
+) -> Result<Vec<Job>> {
     let labels: HashMap<String, String> = args.labels.into_iter().collect();
     let mut jobs = Vec::new();
     let mut page_token = String::new();

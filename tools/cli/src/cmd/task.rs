@@ -17,32 +17,11 @@ use crate::output::{
 };
 
 pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
-    let mut client = TaskServiceClient::new(ctx.connect().await?)
-        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES);
+    let mut client = client(ctx).await?;
     match command {
         TaskCommand::List { job, states } => {
             let states: Vec<i32> = states.into_iter().map(Into::into).collect();
-            let mut tasks = Vec::new();
-            let mut from_instance = 0;
-            loop {
-                let request = ListTasksRequest {
-                    job_id: job.clone(),
-                    states: states.clone(),
-                    from_instance,
-                    limit: 0,
-                };
-                let page = client.list(request).await?.into_inner();
-                tasks.extend(page.tasks);
-                if page.next_instance == 0 {
-                    break;
-                }
-                ensure!(
-                    page.next_instance > from_instance,
-                    "the server paginated backwards (from instance {from_instance} to {})",
-                    page.next_instance
-                );
-                from_instance = page.next_instance;
-            }
+            let tasks = list_tasks(&mut client, &job, &states).await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&task_table(&tasks))?,
                 OutputFormat::Json => print_json(&json!({
@@ -143,7 +122,43 @@ fn print_done(
 }
 
 /// Why a task is where it is: the engine's pending reason, else its run's.
-fn reason(task: &Task) -> String {
+/// Every task of `job` in `states` (all if empty), page after page.
+pub(super) async fn list_tasks(
+    client: &mut TaskServiceClient<crate::channel::LeaderChannel>,
+    job: &str,
+    states: &[i32],
+) -> Result<Vec<Task>> {
+    let mut tasks = Vec::new();
+    let mut from_instance = 0;
+    loop {
+        let request = ListTasksRequest {
+            job_id: job.to_owned(),
+            states: states.to_vec(),
+            from_instance,
+            limit: 0,
+        };
+        let page = client.list(request).await?.into_inner();
+        tasks.extend(page.tasks);
+        if page.next_instance == 0 {
+            break;
+        }
+        ensure!(
+            page.next_instance > from_instance,
+            "the server paginated backwards (from instance {from_instance} to {})",
+            page.next_instance
+        );
+        from_instance = page.next_instance;
+    }
+    Ok(tasks)
+}
+
+/// A task client on `ctx`'s server.
+pub(super) async fn client(ctx: &Ctx) -> Result<TaskServiceClient<crate::channel::LeaderChannel>> {
+    Ok(TaskServiceClient::new(ctx.connect().await?)
+        .max_decoding_message_size(crate::MAX_MESSAGE_BYTES))
+}
+
+pub(super) fn reason(task: &Task) -> String {
     if task.pending_reason.is_empty() {
         or_dash(
             &task
