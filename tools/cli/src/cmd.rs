@@ -79,6 +79,7 @@ async fn until_interrupted<T>(
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    crate::output::set_output(cli.output);
     let ctx = Ctx {
         options: Options {
             server: cli.server,

@@ -26,6 +26,21 @@ pub enum OutputFormat {
     Table,
     /// JSON (one line per event for `watch`).
     Json,
+    /// YAML: the JSON's fields; for `job get`, the job's spec file, which
+    /// `job create` and `job update` take back.
+    Yaml,
+}
+
+/// Whether [`print_json`] writes YAML (`-o yaml`), set once at start.
+static STRUCTURED_AS_YAML: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Makes [`print_json`] write YAML (`-o yaml`) or JSON.
+pub fn set_output(format: OutputFormat) {
+    STRUCTURED_AS_YAML.store(
+        format == OutputFormat::Yaml,
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// Writes `text` to stdout; a closed pipe comes back as an error for the
@@ -39,9 +54,13 @@ pub fn print_out(text: &str) -> io::Result<()> {
     stdout.flush()
 }
 
-/// Pretty-printed JSON for one response.
+/// Pretty-printed JSON for one response (YAML with `-o yaml`).
 pub fn print_json(value: &Value) -> io::Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(io::Error::other)?;
+    let text = if STRUCTURED_AS_YAML.load(std::sync::atomic::Ordering::Relaxed) {
+        serde_norway::to_string(value).map_err(io::Error::other)?
+    } else {
+        serde_json::to_string_pretty(value).map_err(io::Error::other)?
+    };
     print_out(&text)
 }
 

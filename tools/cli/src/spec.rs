@@ -399,7 +399,128 @@ impl JobFile {
     }
 }
 
+impl JobFile {
+    /// The spec file of a job's spec as the server returns it (`job get -o
+    /// yaml`): [`JobFile::into_proto`] of it gives `spec` back, except
+    /// what a spec file does not hold (secrets, given with `--secret`;
+    /// an application's, which its driver registers).
+    pub fn from_proto(spec: &JobSpec) -> JobFile {
+        let sla = spec.sla.clone().unwrap_or_default();
+        JobFile {
+            name: spec.name.clone(),
+            owner: spec.owner.clone(),
+            labels: spec.labels.clone().into_iter().collect(),
+            job_type: match spec.r#type() {
+                JobType::Service => JobTypeName::Service,
+                JobType::Stateful => JobTypeName::Stateful,
+                JobType::Daemon => JobTypeName::Daemon,
+                JobType::Application => JobTypeName::Application,
+                _ => JobTypeName::Batch,
+            },
+            pool: spec.pool.clone(),
+            instances: spec.instance_count,
+            placement: match spec.placement() {
+                PlacementStrategy::Spread => PlacementName::Spread,
+                PlacementStrategy::FirstFit => PlacementName::FirstFit,
+                PlacementStrategy::GpuFrag => PlacementName::GpuFrag,
+                _ => PlacementName::Pack,
+            },
+            sla: SlaFile {
+                priority: sla.priority,
+                preemptible: sla.preemptible,
+                max_running_instances: sla.max_running_instances,
+                gang_size: sla.min_running_instances,
+                max_running_time_ms: sla.max_running_time_ms,
+                max_unavailable_instances: sla.max_unavailable_instances,
+            },
+            task: TaskFile::from_proto(&spec.default_task.clone().unwrap_or_default()),
+            overrides: spec
+                .overrides
+                .iter()
+                .map(|o| OverrideFile {
+                    instance: o.instance,
+                    task: TaskFile::from_proto(&o.spec.clone().unwrap_or_default()),
+                })
+                .collect(),
+            stateful: spec.stateful.as_ref().map(|s| StatefulFile {
+                host_down_timeout_ms: s.host_down_timeout_ms,
+                on_host_down: match s.on_host_down() {
+                    peloton_proto::v1::VolumeLossPolicy::Relocate => VolumeLossName::Relocate,
+                    _ => VolumeLossName::Wait,
+                },
+            }),
+            host_pool: spec.host_pool.clone(),
+        }
+    }
+}
+
 impl TaskFile {
+    /// The spec file's task of `task` (see [`JobFile::from_proto`]).
+    pub fn from_proto(task: &TaskSpec) -> TaskFile {
+        let r = task.resources.unwrap_or_default();
+        let restart = task.restart.unwrap_or_default();
+        let sim = task.sim.unwrap_or_default();
+        TaskFile {
+            command: task.command.clone(),
+            args: task.args.clone(),
+            shell: task.shell.clone(),
+            env: task.env.clone().into_iter().collect(),
+            resources: ResourcesFile {
+                cpu: r.cpu,
+                memory_mb: r.memory_mb,
+                disk_mb: r.disk_mb,
+                gpu: r.gpu,
+            },
+            ports: task.ports.iter().map(|p| p.name.clone()).collect(),
+            constraint: task.constraint.clone(),
+            restart: RestartFile {
+                max_failures: restart.max_failures,
+                backoff_ms: restart.backoff_ms,
+                max_backoff_ms: restart.max_backoff_ms,
+            },
+            revocable: task.revocable,
+            controller: task.controller,
+            kill_grace_period_ms: task.kill_grace_period_ms,
+            shutdown_delay_ms: task.shutdown_delay_ms,
+            expected_runtime_ms: task.expected_runtime_ms,
+            max_instances_per_host: task.max_instances_per_host,
+            sim: SimFile {
+                duration_ms: sim.duration_ms,
+                exit_code: sim.exit_code,
+            },
+            health_check: task.health_check.as_ref().map(|h| HealthCheckFile {
+                command: match &h.kind {
+                    Some(health_check::Kind::Command(c)) => Some(c.clone()),
+                    _ => None,
+                },
+                http: match &h.kind {
+                    Some(health_check::Kind::Http(x)) => Some(HttpCheckFile {
+                        port: x.port.clone(),
+                        path: x.path.clone(),
+                    }),
+                    _ => None,
+                },
+                tcp_port: match &h.kind {
+                    Some(health_check::Kind::TcpPort(p)) => Some(p.clone()),
+                    _ => None,
+                },
+                initial_delay_ms: h.initial_delay_ms,
+                interval_ms: h.interval_ms,
+                timeout_ms: h.timeout_ms,
+                max_consecutive_failures: h.max_consecutive_failures,
+            }),
+            volume: task.volume.as_ref().map(|v| VolumeFile {
+                size_mb: v.size_mb,
+                path: v.path.clone(),
+            }),
+            stop_signal: task.stop_signal.clone(),
+            memory_limit: match task.memory_limit() {
+                peloton_proto::v1::MemoryLimit::Resident => MemoryLimitName::Resident,
+                _ => MemoryLimitName::Default,
+            },
+        }
+    }
+
     pub fn into_proto(self) -> TaskSpec {
         TaskSpec {
             command: self.command,
@@ -789,6 +910,36 @@ fn read_stdin(input: impl std::io::Read) -> Result<String, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every example and the full spec: file → API message → file →
+    /// message gives the same message (what `job get -o yaml` prints is
+    /// what `job create` takes back).
+    #[test]
+    fn a_spec_file_from_a_job_spec_gives_the_same_spec() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let mut texts = vec![("FULL_JOB".to_string(), FULL_JOB.to_string())];
+        for entry in std::fs::read_dir(&dir).expect("examples") {
+            let path = entry.expect("entry").path();
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if path.extension().is_some_and(|e| e == "yaml") && text.contains("task:") {
+                texts.push((path.display().to_string(), text));
+            }
+        }
+        assert!(texts.len() > 5, "{texts:?}");
+        for (origin, text) in texts {
+            let spec = parse_job_file(&text, &origin)
+                .expect("parses")
+                .value
+                .into_proto();
+            let file = JobFile::from_proto(&spec);
+            let yaml = serde_norway::to_string(&file).expect("YAML");
+            let again = parse_job_file(&yaml, "again")
+                .unwrap_or_else(|e| panic!("{origin}: {e}\n{yaml}"))
+                .value
+                .into_proto();
+            assert_eq!(again, spec, "{origin}:\n{yaml}");
+        }
+    }
 
     #[test]
     fn stdin_is_read_up_to_its_bound() {

@@ -611,6 +611,30 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     let out = peloton(&url, &["job", "query", "-q", "--name", "hello"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), hello);
+
+    // `-o yaml` of a job is its spec file: submitted again, the same spec.
+    let out = peloton(&url, &["job", "get", "-o", "yaml", &hello]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let yaml = text(&out.stdout);
+    assert!(
+        yaml.starts_with(&format!("# job {hello} (version 1")),
+        "{yaml}"
+    );
+    let out = peloton_with(&url, &[], &yaml, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{yaml}\n{}", text(&out.stderr));
+    let again = text(&out.stdout).trim().to_string();
+    let spec_of = async |id: &str| ok_json(&url, &["job", "get", id]).await["job"]["spec"].clone();
+    assert_eq!(spec_of(&again).await, spec_of(&hello).await);
+    // Other reads print their JSON's fields as YAML.
+    let out = peloton(&url, &["job", "query", "-o", "yaml", "--name", "hello"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed: serde_norway::Value = serde_norway::from_slice(&out.stdout).expect("YAML");
+    assert_eq!(
+        listed["jobs"].as_sequence().map(Vec::len),
+        Some(2),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 /// A failed `--wait` says why (each instance that did not succeed, its

@@ -45,7 +45,7 @@ pub(super) async fn token(ctx: &Ctx, command: TokenCommand) -> Result<Outcome> {
                     token_table(std::slice::from_ref(&token)),
                     created.secret
                 ))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "token": token_json(&token),
                     "secret": created.secret,
                 }))?,
@@ -64,7 +64,7 @@ pub(super) async fn token(ctx: &Ctx, command: TokenCommand) -> Result<Outcome> {
             tokens.sort_by(|a, b| a.name.cmp(&b.name));
             match ctx.output {
                 OutputFormat::Table => print_out(&token_table(&tokens))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "tokens": tokens.iter().map(token_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -75,7 +75,7 @@ pub(super) async fn token(ctx: &Ctx, command: TokenCommand) -> Result<Outcome> {
                 .await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("revoked token {name}"))?,
-                OutputFormat::Json => print_json(&json!({ "revoked": name }))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({ "revoked": name }))?,
             }
         }
         TokenCommand::Cert { name, out, days } => {
@@ -92,7 +92,7 @@ pub(super) async fn token(ctx: &Ctx, command: TokenCommand) -> Result<Outcome> {
                 OutputFormat::Table => print_out(&format!(
                     "revoked certificate {fingerprint} of token {name}"
                 ))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "revoked": {"name": name, "fingerprint": fingerprint},
                 }))?,
             }
@@ -161,7 +161,7 @@ async fn issue_certificate(
             ("FINGERPRINT", certificate.fingerprint.clone()),
             ("EXPIRES", fmt_time_ms(certificate.not_after_ms)),
         ]))?,
-        OutputFormat::Json => print_json(&json!({
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
             "name": name,
             "certificate_file": cert_path,
             "key_file": key_path,
@@ -228,7 +228,9 @@ pub(super) async fn whoami(ctx: &Ctx) -> Result<Outcome> {
             ("CREATED", fmt_time_ms(token.created_at_ms)),
             ("CREATED BY", or_dash(&token.created_by)),
         ]))?,
-        OutputFormat::Json => print_json(&json!({ "token": token_json(&token) }))?,
+        OutputFormat::Json | OutputFormat::Yaml => {
+            print_json(&json!({ "token": token_json(&token) }))?
+        }
     }
     Ok(Outcome::Success)
 }
@@ -260,7 +262,7 @@ pub(super) async fn audit(ctx: &Ctx, args: AuditArgs) -> Result<Outcome> {
     }
     match ctx.output {
         OutputFormat::Table => print_out(&audit_table(&entries))?,
-        OutputFormat::Json => print_json(&json!({
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
             "entries": entries.iter().map(audit_json).collect::<Vec<_>>(),
         }))?,
     }

@@ -81,7 +81,7 @@ async fn snapshot(ctx: &Ctx, dir: &Path) -> Result<Outcome> {
             pools_file.display(),
             tasks_file.display()
         ),
-        OutputFormat::Json => print_json(&json!({
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
             "hosts": n_hosts,
             "pools": n_pools,
             "jobs": n_jobs,

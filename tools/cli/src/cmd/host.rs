@@ -46,7 +46,7 @@ pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
             let hosts = list_all(&mut client).await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&host_table(&hosts))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "hosts": hosts.iter().map(host_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -72,7 +72,7 @@ pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
 fn print_done(output: OutputFormat, state: &str, hosts: &[String]) -> std::io::Result<()> {
     match output {
         OutputFormat::Table => print_out(&format!("{state}: {}", hosts.join(", "))),
-        OutputFormat::Json => print_json(&json!({})),
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({})),
     }
 }
 

@@ -24,7 +24,9 @@ pub(super) async fn run(ctx: &Ctx, command: HostPoolCommand) -> Result<Outcome> 
                 .unwrap_or_default();
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("created host pool {}", pool.name))?,
-                OutputFormat::Json => print_json(&json!({"pool": pool_json(&pool)}))?,
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_json(&json!({"pool": pool_json(&pool)}))?
+                }
             }
         }
         HostPoolCommand::Delete { name } => {
@@ -33,7 +35,7 @@ pub(super) async fn run(ctx: &Ctx, command: HostPoolCommand) -> Result<Outcome> 
                 .await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("deleted host pool {name}"))?,
-                OutputFormat::Json => print_json(&json!({}))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({}))?,
             }
         }
         HostPoolCommand::List => {
@@ -62,7 +64,7 @@ pub(super) async fn run(ctx: &Ctx, command: HostPoolCommand) -> Result<Outcome> 
             }
             match ctx.output {
                 OutputFormat::Table => print_out(&pool_table(&pools))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "pools": pools.iter().map(pool_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -76,7 +78,7 @@ pub(super) async fn run(ctx: &Ctx, command: HostPoolCommand) -> Result<Outcome> 
                 .await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("moved to {to}: {}", hosts.join(", ")))?,
-                OutputFormat::Json => print_json(&json!({}))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({}))?,
             }
         }
     }

@@ -62,7 +62,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 .await?
                 .into_inner();
             match ctx.output {
-                OutputFormat::Json => print_json(&plan_json(&plan))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&plan_json(&plan))?,
                 OutputFormat::Table => print_out(&plan_table(&plan))?,
             }
             return Ok(Outcome::Success);
@@ -73,7 +73,11 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
         JobCommand::Get { id } => {
             let mut client = connect(ctx).await?;
             let job = get(&mut client, &id).await?;
-            print_job(ctx.output, &job)?;
+            if ctx.output == OutputFormat::Yaml {
+                print_out(&spec_file(&job)?)?;
+            } else {
+                print_job(ctx.output, &job)?;
+            }
         }
         JobCommand::Query(args) => {
             let mut client = connect(ctx).await?;
@@ -88,7 +92,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             }
             match ctx.output {
                 OutputFormat::Table => print_out(&job_table(&jobs))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -122,7 +126,7 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             client.delete(request).await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("deleted job {id}"))?,
-                OutputFormat::Json => print_json(&json!({}))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({}))?,
             }
         }
         JobCommand::Scale { id, count, version } => {
@@ -286,7 +290,7 @@ async fn restart_failed(ctx: &Ctx, id: &str, version: u64) -> Result<Outcome> {
                 .collect::<Vec<_>>()
                 .join(" ")
         ))?,
-        OutputFormat::Json => {
+        OutputFormat::Json | OutputFormat::Yaml => {
             print_json(&json!({ "job": job_json(&job), "instances": instances }))?;
         }
     }
@@ -464,17 +468,31 @@ async fn wait_for_job(client: &mut Client, created: &Job) -> Result<Job> {
     }
 }
 
+/// `job get -o yaml`: the job's spec as a spec file, which `job create`
+/// and `job update` take back, after comment lines naming the job.
+fn spec_file(job: &Job) -> Result<String> {
+    let spec = job.spec.as_ref().context("the server returned no spec")?;
+    let file = crate::spec::JobFile::from_proto(spec);
+    let yaml = serde_norway::to_string(&file).context("writing the spec as YAML")?;
+    let state = name_of::<JobState>(job.status.as_ref().map_or(0, |s| s.state));
+    Ok(format!(
+        "# job {} (version {}, {state}): its spec. `peloton job create FILE` submits\n\
+         # it again; `peloton job update {} FILE` rolls a service to it.\n{yaml}",
+        job.id, job.version, job.id
+    ))
+}
+
 fn print_job(output: OutputFormat, job: &Job) -> std::io::Result<()> {
     match output {
         OutputFormat::Table => print_out(&job_details(job)),
-        OutputFormat::Json => print_json(&json!({"job": job_json(job)})),
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({"job": job_json(job)})),
     }
 }
 
 fn print_job_row(output: OutputFormat, job: &Job) -> std::io::Result<()> {
     match output {
         OutputFormat::Table => print_out(&job_table(std::slice::from_ref(job))),
-        OutputFormat::Json => print_json(&json!({"job": job_json(job)})),
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({"job": job_json(job)})),
     }
 }
 

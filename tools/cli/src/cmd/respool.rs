@@ -46,7 +46,9 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
             let pool = get(&mut client, &path).await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&pool_details(&pool))?,
-                OutputFormat::Json => print_json(&json!({"pool": pool_json(&pool)}))?,
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    print_json(&json!({"pool": pool_json(&pool)}))?
+                }
             }
         }
         RespoolCommand::List => {
@@ -71,7 +73,7 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
             pools.sort_by(|a, b| a.path.cmp(&b.path));
             match ctx.output {
                 OutputFormat::Table => print_out(&pool_table(&pools))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "pools": pools.iter().map(pool_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -113,7 +115,7 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
             connect(ctx).await?.delete(request).await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("deleted pool {path}"))?,
-                OutputFormat::Json => print_json(&json!({}))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({}))?,
             }
         }
     }
@@ -162,7 +164,7 @@ fn failed_at(verb: &str, path: &str, done: &[Pool]) -> String {
 fn print_pools(output: OutputFormat, pools: &[Pool]) -> std::io::Result<()> {
     match output {
         OutputFormat::Table => print_out(&pool_table(pools)),
-        OutputFormat::Json => print_json(&json!({
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
             "pools": pools.iter().map(pool_json).collect::<Vec<_>>(),
         })),
     }

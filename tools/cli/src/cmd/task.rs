@@ -24,7 +24,7 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             let tasks = list_tasks(&mut client, &job, &states).await?;
             match ctx.output {
                 OutputFormat::Table => print_out(&task_table(&tasks))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "tasks": tasks.iter().map(task_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -42,7 +42,7 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
                 .with_context(|| format!("the server returned no task for {job}/{instance}"))?;
             match ctx.output {
                 OutputFormat::Table => print_out(&task_details(&task))?,
-                OutputFormat::Json => {
+                OutputFormat::Json | OutputFormat::Yaml => {
                     let mut shown = task_json(&task);
                     shown["usage"] = task.usage.iter().map(super::usage::record_json).collect();
                     print_json(&json!({ "task": shown }))?;
@@ -117,7 +117,7 @@ fn print_done(
                 instances.join(", ")
             ))
         }
-        OutputFormat::Json => print_json(&json!({})),
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({})),
     }
 }
 

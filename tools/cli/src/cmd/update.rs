@@ -146,7 +146,7 @@ pub(super) async fn run(ctx: &Ctx, command: UpdateCommand) -> Result<Outcome> {
                 .updates;
             match ctx.output {
                 OutputFormat::Table => print_out(&update_table(&updates))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "updates": updates.iter().map(update_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -275,7 +275,7 @@ fn print_update(output: OutputFormat, u: &Update) -> std::io::Result<()> {
                 ("REASON", or_dash(&status.reason)),
             ]))
         }
-        OutputFormat::Json => print_json(&json!({"update": update_json(u)})),
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({"update": update_json(u)})),
     }
 }
 

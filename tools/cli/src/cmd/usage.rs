@@ -58,7 +58,7 @@ pub async fn job_usage(
     let (records, _) = list_all(ctx, request).await?;
     match ctx.output {
         OutputFormat::Table => print_out(&record_table(&records))?,
-        OutputFormat::Json => print_json(&json!({
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
             "runs": records.iter().map(record_json).collect::<Vec<_>>(),
         }))?,
     }
@@ -86,7 +86,9 @@ pub async fn usage(ctx: &Ctx, args: UsageArgs) -> Result<Outcome> {
         super::cluster::write_ipc(&path, &records_batch(&records)?)?;
         match ctx.output {
             OutputFormat::Table => println!("wrote {} runs to {}", records.len(), path.display()),
-            OutputFormat::Json => print_json(&json!({"runs": records.len(), "file": path}))?,
+            OutputFormat::Json | OutputFormat::Yaml => {
+                print_json(&json!({"runs": records.len(), "file": path}))?
+            }
         }
         return Ok(Outcome::Success);
     }
@@ -98,7 +100,7 @@ pub async fn usage(ctx: &Ctx, args: UsageArgs) -> Result<Outcome> {
     };
     match ctx.output {
         OutputFormat::Table => print_out(&sum_table(by, &sums))?,
-        OutputFormat::Json => print_json(&json!({
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
             "by": by.to_lowercase(),
             "sums": sums.iter().map(sum_json).collect::<Vec<_>>(),
         }))?,

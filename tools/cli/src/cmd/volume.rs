@@ -25,7 +25,7 @@ pub(super) async fn run(ctx: &Ctx, command: VolumeCommand) -> Result<Outcome> {
                 .volumes;
             match ctx.output {
                 OutputFormat::Table => print_out(&volume_table(&volumes))?,
-                OutputFormat::Json => print_json(&json!({
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "volumes": volumes.iter().map(volume_json).collect::<Vec<_>>(),
                 }))?,
             }
@@ -39,7 +39,7 @@ pub(super) async fn run(ctx: &Ctx, command: VolumeCommand) -> Result<Outcome> {
                 .context("the server returned no volume")?;
             match ctx.output {
                 OutputFormat::Table => print_out(&volume_table(std::slice::from_ref(&v)))?,
-                OutputFormat::Json => print_json(&volume_json(&v))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&volume_json(&v))?,
             }
         }
         VolumeCommand::Delete { id } => {
@@ -48,7 +48,7 @@ pub(super) async fn run(ctx: &Ctx, command: VolumeCommand) -> Result<Outcome> {
                 .await?;
             match ctx.output {
                 OutputFormat::Table => println!("volume {id} deleted"),
-                OutputFormat::Json => print_json(&json!({ "deleted": id }))?,
+                OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({ "deleted": id }))?,
             }
         }
     }

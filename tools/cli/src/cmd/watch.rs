@@ -34,7 +34,7 @@ pub(super) async fn run(ctx: &Ctx, args: WatchArgs) -> Result<Outcome> {
         for event in &response.events {
             let line = match ctx.output {
                 OutputFormat::Table => event_line(event),
-                OutputFormat::Json => event_json(event).to_string(),
+                OutputFormat::Json | OutputFormat::Yaml => event_json(event).to_string(),
             };
             lines.push_str(&line);
             lines.push('\n');
