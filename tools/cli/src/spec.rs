@@ -405,7 +405,7 @@ impl JobFile {
     /// what a spec file does not hold (secrets, given with `--secret`;
     /// an application's, which its driver registers).
     pub fn from_proto(spec: &JobSpec) -> JobFile {
-        let sla = spec.sla.clone().unwrap_or_default();
+        let sla = spec.sla.unwrap_or_default();
         JobFile {
             name: spec.name.clone(),
             owner: spec.owner.clone(),

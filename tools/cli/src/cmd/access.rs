@@ -229,7 +229,7 @@ pub(super) async fn whoami(ctx: &Ctx) -> Result<Outcome> {
             ("CREATED BY", or_dash(&token.created_by)),
         ]))?,
         OutputFormat::Json | OutputFormat::Yaml => {
-            print_json(&json!({ "token": token_json(&token) }))?
+            print_json(&json!({ "token": token_json(&token) }))?;
         }
     }
     Ok(Outcome::Success)

@@ -25,7 +25,7 @@ pub(super) async fn run(ctx: &Ctx, command: HostPoolCommand) -> Result<Outcome> 
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("created host pool {}", pool.name))?,
                 OutputFormat::Json | OutputFormat::Yaml => {
-                    print_json(&json!({"pool": pool_json(&pool)}))?
+                    print_json(&json!({"pool": pool_json(&pool)}))?;
                 }
             }
         }

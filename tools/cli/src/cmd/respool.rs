@@ -47,7 +47,7 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
             match ctx.output {
                 OutputFormat::Table => print_out(&pool_details(&pool))?,
                 OutputFormat::Json | OutputFormat::Yaml => {
-                    print_json(&json!({"pool": pool_json(&pool)}))?
+                    print_json(&json!({"pool": pool_json(&pool)}))?;
                 }
             }
         }

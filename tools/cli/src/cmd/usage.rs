@@ -87,7 +87,7 @@ pub async fn usage(ctx: &Ctx, args: UsageArgs) -> Result<Outcome> {
         match ctx.output {
             OutputFormat::Table => println!("wrote {} runs to {}", records.len(), path.display()),
             OutputFormat::Json | OutputFormat::Yaml => {
-                print_json(&json!({"runs": records.len(), "file": path}))?
+                print_json(&json!({"runs": records.len(), "file": path}))?;
             }
         }
         return Ok(Outcome::Success);
