@@ -573,8 +573,13 @@ pub struct QueryArgs {
     #[arg(long)]
     pub name: Option<String>,
     /// Only jobs of this owner.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "mine")]
     pub owner: Option<String>,
+    /// Only the caller's jobs: those of its token on a secure server (the
+    /// owner a secure server records), else of `$USER` (what the CLI puts
+    /// in a spec without an owner).
+    #[arg(long)]
+    pub mine: bool,
     /// Only jobs with this label (repeatable).
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,

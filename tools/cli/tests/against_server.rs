@@ -611,6 +611,17 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     let out = peloton(&url, &["job", "query", "-q", "--name", "hello"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), hello);
+    // The caller's jobs: on this secure server, its token's.
+    let out = peloton(&url, &["job", "query", "-q", "--mine"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).lines().any(|l| l == hello),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = peloton(&url, &["job", "query", "-q", "--owner", "somebody-else"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "");
 
     // `-o yaml` of a job is its spec file: submitted again, the same spec.
     let out = peloton(&url, &["job", "get", "-o", "yaml", &hello]).await;

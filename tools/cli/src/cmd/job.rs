@@ -79,7 +79,10 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 print_job(ctx.output, &job)?;
             }
         }
-        JobCommand::Query(args) => {
+        JobCommand::Query(mut args) => {
+            if args.mine {
+                args.owner = Some(me(ctx).await?);
+            }
             let mut client = connect(ctx).await?;
             let quiet = args.quiet;
             let jobs = query(&mut client, args).await?;
@@ -177,9 +180,32 @@ async fn get(client: &mut Client, id: &str) -> Result<Job> {
 }
 
 /// Every page of the query, up to `--limit` jobs.
+/// The caller as jobs' owners name it: its token's name on a secure
+/// server (which records that as the owner), else `$USER`.
+async fn me(ctx: &Ctx) -> Result<String> {
+    let resolved = crate::settings::resolve(&ctx.options, &crate::settings::process_env)?;
+    if resolved.security.ca.is_none() {
+        return std::env::var("USER")
+            .context("--mine: $USER is not set (and the server is not secure)");
+    }
+    let token =
+        peloton_proto::v1::access_service_client::AccessServiceClient::new(ctx.connect().await?)
+            .who_am_i(peloton_proto::v1::WhoAmIRequest {})
+            .await?
+            .into_inner()
+            .token
+            .context("the server returned no token")?;
+    Ok(token.name)
+}
+
 /// Creates the job of `spec` and prints it (with `quiet`, its id only);
 /// with `wait`, follows it to its end (see `--wait`).
-async fn submit(ctx: &Ctx, spec: JobSpec, wait: bool, quiet: bool) -> Result<Outcome> {
+async fn submit(ctx: &Ctx, mut spec: JobSpec, wait: bool, quiet: bool) -> Result<Outcome> {
+    // A spec without an owner is the user's (a secure server records the
+    // caller's token instead, whatever the spec says).
+    if spec.owner.is_empty() {
+        spec.owner = std::env::var("USER").unwrap_or_default();
+    }
     let mut client = connect(ctx).await?;
     let request = CreateJobRequest { spec: Some(spec) };
     let job = job_of(client.create(request).await?.into_inner().job)?;
@@ -311,8 +337,8 @@ pub(super) async fn run_command(ctx: &Ctx, args: RunArgs) -> Result<Outcome> {
                 )
             })?,
     };
-    let owner = std::env::var("USER").unwrap_or_default();
-    let spec = run_spec(&args, &pool, &owner)?;
+    // The owner is filled in as for any spec without one (`submit`).
+    let spec = run_spec(&args, &pool, "")?;
     submit(ctx, spec, args.wait, args.quiet).await
 }
 
