@@ -626,6 +626,7 @@ mod local {
         };
         let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
         let (cpu, mem) = share(cores, memory_mb(), n);
+        let blocks = claim_port_blocks(&std::env::temp_dir(), n as usize)?;
         let mut children = Vec::new();
         for i in 0..n {
             let dir = config.data_dir.join("agents").join(format!("local-{i}"));
@@ -658,7 +659,10 @@ mod local {
                 .arg("--attr")
                 .arg(format!("zone=z{}", i % 3 + 1))
                 .arg("--ports")
-                .arg(format!("{}-{}", 31000 + i * 1000, 31999 + i * 1000))
+                .arg({
+                    let first = blocks[i as usize];
+                    format!("{first}-{}", first + PORT_BLOCK - 1)
+                })
                 .arg("--exit-with-parent")
                 .arg(std::process::id().to_string());
             if !args.keep_tasks_on_exit {
@@ -681,6 +685,58 @@ mod local {
             children.push(child);
         }
         Ok(children)
+    }
+
+    /// Ports each local agent offers: a block of this many.
+    pub const PORT_BLOCK: u16 = 1000;
+    /// The first port of the first block.
+    const FIRST_PORT: u16 = 31000;
+    /// Blocks to choose from (up to port 60999).
+    const PORT_BLOCKS: u16 = 30;
+
+    /// Locks of the port blocks this process claimed, held until it exits.
+    static CLAIMED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+
+    /// The first ports of `n` blocks of [`PORT_BLOCK`] ports for local
+    /// agents, claimed machine-wide for as long as this process runs (an
+    /// exclusive lock on `dir/peloton-ports-FIRST.lock` each): two local
+    /// clusters on one machine never give their agents the same ports.
+    /// An error says when too few blocks are free.
+    pub fn claim_port_blocks(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<u16>> {
+        let mut firsts = Vec::with_capacity(n);
+        let mut locks = Vec::with_capacity(n);
+        for b in 0..PORT_BLOCKS {
+            if firsts.len() == n {
+                break;
+            }
+            let first = FIRST_PORT + b * PORT_BLOCK;
+            let path = dir.join(format!("peloton-ports-{first}.lock"));
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o666)
+                .open(&path)
+                .or_else(|_| std::fs::File::open(&path));
+            let Ok(file) = file else { continue };
+            if file.try_lock().is_ok() {
+                firsts.push(first);
+                locks.push(file);
+            }
+        }
+        anyhow::ensure!(
+            firsts.len() == n,
+            "--local-agents: {n} blocks of {PORT_BLOCK} ports wanted, {} free between {FIRST_PORT} and {} \
+             (other local clusters on this machine hold the rest: see {}/peloton-ports-*.lock)",
+            firsts.len(),
+            FIRST_PORT + PORT_BLOCKS * PORT_BLOCK - 1,
+            dir.display()
+        );
+        CLAIMED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(locks);
+        Ok(firsts)
     }
 
     fn signal_all(pids: &[u32], signal: &str) {
@@ -747,7 +803,26 @@ mod local {
 
 #[cfg(test)]
 mod tests {
-    use super::local::share;
+    use super::local::{PORT_BLOCK, claim_port_blocks, share};
+
+    /// Two local clusters on one machine get disjoint port blocks; a block
+    /// is free again once its holder is gone (here: never, within this
+    /// process, so a third claim takes further blocks).
+    #[test]
+    fn local_clusters_claim_disjoint_port_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = claim_port_blocks(dir.path(), 3).unwrap();
+        let b = claim_port_blocks(dir.path(), 3).unwrap();
+        assert_eq!(a, [31000, 32000, 33000]);
+        for first in &b {
+            assert!(
+                a.iter().all(|x| x.abs_diff(*first) >= PORT_BLOCK),
+                "{a:?} {b:?}"
+            );
+        }
+        let e = claim_port_blocks(dir.path(), 25).unwrap_err();
+        assert!(e.to_string().contains("24 free"), "{e}");
+    }
 
     #[test]
     fn local_agents_divide_the_machine() {
