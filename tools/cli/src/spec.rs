@@ -16,6 +16,7 @@ use peloton_proto::v1::{
     HealthCheck, HttpHealthCheck, InstanceOverride, JobSpec, JobType, PlacementStrategy, PoolKind,
     PoolSpec, PortSpec, Resources, RestartPolicy, SimSpec, Sla, TaskSpec, health_check,
 };
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::peloton_yaml::{self, Format, Note, PelotonError};
@@ -71,25 +72,38 @@ fn peloton_error(err: PelotonError, origin: &str) -> SpecError {
 // ---------------------------------------------------------------- jobs
 
 /// A job spec file.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobFile {
+    /// The job's name (not unique; `job query --name` finds it). At most 1 KiB.
     pub name: String,
+    /// Who the job is for. A secure server records the caller's token instead; the CLI fills in
+    /// `$USER` when empty.
     #[serde(default, skip_serializing_if = "is_default")]
     pub owner: String,
+    /// Labels (`job query --label k=v`). At most 1024; keys at most 256 bytes, values 64 KiB.
     #[serde(default, skip_serializing_if = "is_default")]
     pub labels: BTreeMap<String, String>,
+    /// What kind of job: its instances run once (batch) or are kept running (service, stateful), or
+    /// one runs on every matching host (daemon).
     #[serde(default, rename = "type")]
     pub job_type: JobTypeName,
+    /// The resource pool (a leaf, e.g. `/batch/research`) whose entitlement the job runs in. `job
+    /// create RESPOOL FILE` and `run --pool` replace it.
     #[serde(default, skip_serializing_if = "is_default")]
     pub pool: String,
+    /// How many instances (tasks) the job has. Default 1; daemons ignore it.
     #[serde(default = "one")]
     pub instances: u32,
+    /// How hosts are chosen for the job's tasks.
     #[serde(default, skip_serializing_if = "is_default")]
     pub placement: PlacementName,
+    /// Priority, preemption, gangs and limits.
     #[serde(default, skip_serializing_if = "is_default")]
     pub sla: SlaFile,
+    /// The task every instance runs (unless an override replaces it).
     pub task: TaskFile,
+    /// Instances that run another task than `task` (each replaces it whole, not merged).
     #[serde(default, skip_serializing_if = "is_default")]
     pub overrides: Vec<OverrideFile>,
     /// Jobs whose task has a volume: what happens when its host is down.
@@ -100,18 +114,21 @@ pub struct JobFile {
     pub host_pool: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// Jobs whose task has a volume: what happens when its host is down.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatefulFile {
     /// How long the volume's host may be down before `on_host_down`
     /// applies (0: the server's default, 10 minutes).
     #[serde(default, skip_serializing_if = "is_default")]
     pub host_down_timeout_ms: u64,
+    /// What happens once the volume's host has been down for `host_down_timeout_ms`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub on_host_down: VolumeLossName,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// What happens to an instance whose volume's host stays down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VolumeLossName {
     /// Keep waiting for the host.
@@ -122,9 +139,10 @@ pub enum VolumeLossName {
 }
 
 /// A persistent volume of the task.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeFile {
+    /// Size in MiB, charged to the host's disk while the volume exists.
     pub size_mb: u64,
     /// Inside the sandbox (default "data").
     #[serde(default, skip_serializing_if = "is_default")]
@@ -141,40 +159,57 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// The kind of job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobTypeName {
+    /// Instances run to completion, retried on failure.
     #[default]
     Batch,
+    /// Instances are kept running; rolling updates.
     Service,
+    /// A service whose instances keep their volumes and hosts.
     Stateful,
+    /// One instance on every matching host, drained last.
     Daemon,
     /// A Spark-style application in cluster mode: one instance, its driver.
     Application,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// How hosts are chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PlacementName {
+    /// Fill the fullest hosts first (fewest hosts in use).
     #[default]
     Pack,
+    /// Emptiest hosts first.
     Spread,
+    /// The first host that fits, in host order.
     FirstFit,
+    /// GPU tasks where they fragment the cluster's GPUs least.
     GpuFrag,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+/// Priority, preemption, gangs and limits.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SlaFile {
+    /// Higher goes first in its pool's queue and may preempt lower-priority preemptible work of its
+    /// pool.
     #[serde(default, skip_serializing_if = "is_default")]
     pub priority: u32,
+    /// May be preempted: by work of pools that are owed their entitlement, or by higher-priority
+    /// work of its own pool.
     #[serde(default, skip_serializing_if = "is_default")]
     pub preemptible: bool,
+    /// At most this many instances queued or running at once; the next as those end (0: no limit).
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_running_instances: u32,
     /// Instances are admitted and placed in groups of this many.
     #[serde(default, skip_serializing_if = "is_default")]
     pub gang_size: u32,
+    /// A run longer than this is killed (0: no limit).
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_running_time_ms: u64,
     /// Services: a host drain stops at most this many instances at a time.
@@ -182,30 +217,43 @@ pub struct SlaFile {
     pub max_unavailable_instances: u32,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+/// What an instance runs and needs.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskFile {
+    /// The program to run (with `args`); either this or `shell`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub command: String,
+    /// The command's arguments.
     #[serde(default, skip_serializing_if = "is_default")]
     pub args: Vec<String>,
+    /// A shell line (`/bin/sh -c`), instead of `command` and `args`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub shell: String,
+    /// Environment variables, besides the `PELOTON_*` ones the agent sets.
     #[serde(default, skip_serializing_if = "is_default")]
     pub env: BTreeMap<String, String>,
+    /// What one instance needs; the engine places it only where this is free.
     #[serde(default, skip_serializing_if = "is_default")]
     pub resources: ResourcesFile,
     /// Port names; each is exposed to the task as `PELOTON_PORT_<NAME>`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub ports: Vec<String>,
+    /// Which hosts may run it, e.g. `zone == "z1" and not (rack in {r1, r2})`.
     #[serde(default, skip_serializing_if = "is_default")]
     pub constraint: String,
+    /// What happens when a run fails.
     #[serde(default, skip_serializing_if = "is_default")]
     pub restart: RestartFile,
+    /// Runs on what other tasks are allocated but do not use, and is the first to go when they need
+    /// it. The same for every instance.
     #[serde(default, skip_serializing_if = "is_default")]
     pub revocable: bool,
+    /// A controller task (a driver, such as Spark's), held to its pool's controller limit. On
+    /// instance 0's override alone (a batch job, not a gang): the job ends as instance 0 does.
     #[serde(default, skip_serializing_if = "is_default")]
     pub controller: bool,
+    /// From the stop signal to SIGKILL (0 means 10000 ms).
     #[serde(default, skip_serializing_if = "is_default")]
     pub kill_grace_period_ms: u64,
     /// Deregistration delay: a run told to stop is shown stopping at once
@@ -217,8 +265,11 @@ pub struct TaskFile {
     /// `sla.max_running_time_ms`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub expected_runtime_ms: u64,
+    /// At most this many instances of the job on one host (0: no limit).
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_instances_per_host: u32,
+    /// On simulated hosts (`pelotond --sim-hosts`): how long a run "runs" and how it exits. Agents
+    /// ignore it.
     #[serde(default, skip_serializing_if = "is_default")]
     pub sim: SimFile,
     /// Run by the agent while the task runs; an unhealthy task is restarted.
@@ -238,38 +289,51 @@ pub struct TaskFile {
     pub memory_limit: MemoryLimitName,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// What the memory limit counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum MemoryLimitName {
+    /// The cgroup's memory (page cache included).
     #[default]
     Default,
+    /// Resident memory only.
     Resident,
 }
 
 /// A health check: exactly one of `command`, `http` or `tcp_port`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckFile {
+    /// A shell line run in the sandbox with the task's environment: healthy when it exits 0.
     #[serde(default, skip_serializing_if = "is_default")]
     pub command: Option<String>,
+    /// Healthy when an HTTP GET of the named port's path answers 2xx.
     #[serde(default, skip_serializing_if = "is_default")]
     pub http: Option<HttpCheckFile>,
+    /// Healthy when a TCP connection to this named port succeeds.
     #[serde(default, skip_serializing_if = "is_default")]
     pub tcp_port: Option<String>,
+    /// No check before this long after the task started.
     #[serde(default, skip_serializing_if = "is_default")]
     pub initial_delay_ms: u64,
+    /// Between checks (0 means 10000 ms).
     #[serde(default, skip_serializing_if = "is_default")]
     pub interval_ms: u64,
+    /// A check that takes longer has failed (0 means 5000 ms).
     #[serde(default, skip_serializing_if = "is_default")]
     pub timeout_ms: u64,
+    /// Unhealthy after this many failed checks in a row (0 means 3).
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_consecutive_failures: u32,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// An HTTP health check.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HttpCheckFile {
+    /// The named port (one of the task's `ports`).
     pub port: String,
+    /// The path (default `/`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub path: String,
 }
@@ -304,42 +368,55 @@ impl HealthCheckFile {
 }
 
 /// Resources in API units: cpu cores, memory and disk MiB, GPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResourcesFile {
+    /// Cores (fractions allowed).
     #[serde(default, skip_serializing_if = "is_default")]
     pub cpu: f64,
+    /// Memory, MiB.
     #[serde(default, skip_serializing_if = "is_default")]
     pub memory_mb: f64,
+    /// Disk, MiB.
     #[serde(default, skip_serializing_if = "is_default")]
     pub disk_mb: f64,
+    /// GPUs: whole devices, or a fraction of one (a share of a device).
     #[serde(default, skip_serializing_if = "is_default")]
     pub gpu: f64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// What happens when a run fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RestartFile {
+    /// Failed runs tolerated before the task is failed for good.
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_failures: u32,
+    /// First back-off, doubled after each failure (0 means 1000 ms).
     #[serde(default, skip_serializing_if = "is_default")]
     pub backoff_ms: u64,
+    /// Cap of the back-off (0 means 60000 ms).
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_backoff_ms: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// A simulated run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimFile {
+    /// How long a simulated run lasts.
     #[serde(default, skip_serializing_if = "is_default")]
     pub duration_ms: u64,
+    /// Its exit code (0: succeeded).
     #[serde(default, skip_serializing_if = "is_default")]
     pub exit_code: i32,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+/// Another task for one instance.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OverrideFile {
+    /// The instance it applies to.
     pub instance: u32,
     /// Replaces the default task for this instance (it is not merged).
     pub task: TaskFile,
