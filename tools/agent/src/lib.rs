@@ -31,6 +31,7 @@ mod launcher;
 mod ports;
 mod proc;
 mod record;
+mod rendezvous;
 mod run;
 mod secrets;
 mod session;
@@ -47,9 +48,9 @@ pub use isolation::Isolation;
 pub use launcher::run_launcher;
 pub use ports::PortRange;
 pub use run::{
-    AssignedPort, CheckKind, Command, GpuAssignment, Health, HealthCheckPlan, KillRequest,
-    LogChunk, LogRequest, Phase, PhaseReport, Resources, RunId, RunPlan, RunReport, Secret,
-    TaskSpec,
+    AssignedPort, CheckKind, Command, GangMember, GpuAssignment, Health, HealthCheckPlan,
+    KillRequest, LogChunk, LogRequest, Phase, PhaseReport, Rendezvous, Resources, RunId, RunPlan,
+    RunReport, Secret, TaskSpec,
 };
 pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, codec, run as run_session};
 pub use supervisor::{
