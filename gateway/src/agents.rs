@@ -483,4 +483,37 @@ mod tests {
         assert!(!connection_closed(&broken(ErrorKind::PermissionDenied)));
         assert!(!connection_closed(&Status::internal("broken pipe")));
     }
+
+    /// A registration's address is an IP address (or empty) and its port
+    /// ranges are ranges of ports, each refusal naming its field.
+    #[test]
+    fn an_address_and_port_ranges_are_checked() {
+        let register = |address: &str, ranges: &[(u32, u32)]| pb::AgentRegister {
+            host: "h1".into(),
+            address: address.into(),
+            port_ranges: ranges
+                .iter()
+                .map(|&(first, last)| pb::PortRange { first, last })
+                .collect(),
+            ..Default::default()
+        };
+        let error = |r: &pb::AgentRegister| check_register(r).unwrap_err().message().to_owned();
+        assert!(check_register(&register("", &[])).is_ok());
+        assert!(check_register(&register("10.0.0.7", &[(31000, 31999), (5, 5)])).is_ok());
+        assert!(check_register(&register("fe80::1", &[])).is_ok());
+        assert_eq!(
+            error(&register("node-7", &[])),
+            "register.address: \"node-7\" is not an IP address"
+        );
+        assert_eq!(
+            error(&register("", &[(31000, 31999), (9, 3)])),
+            "register.port_ranges[1]: 9-3 is not a range of ports (1 to 65535, first <= last)"
+        );
+        assert!(error(&register("", &[(0, 3)])).starts_with("register.port_ranges[0]"));
+        assert!(error(&register("", &[(1, 70000)])).starts_with("register.port_ranges[0]"));
+        assert!(
+            error(&register("", &[(1, 1); MAX_PORT_RANGES + 1]))
+                .starts_with("register.port_ranges")
+        );
+    }
 }

@@ -1408,6 +1408,59 @@ mod tests {
         (e.code(), e.message().to_string())
     }
 
+    /// `spec.rendezvous`: only a gang's, a known framework (kept
+    /// lower-case), a port the task declares; each refusal names its field.
+    #[test]
+    fn a_rendezvous_is_checked() {
+        let mut s = good_job();
+        let rendezvous = |framework: &str, port: &str| {
+            Some(pb::RendezvousSpec {
+                framework: framework.into(),
+                port: port.into(),
+            })
+        };
+        s.rendezvous = rendezvous("pytorch", "");
+        assert_eq!(
+            error_of(&s),
+            (
+                tonic::Code::InvalidArgument,
+                "spec.rendezvous: only a gang job (sla.min_running_instances above 1) has a \
+                 rendezvous"
+                    .into()
+            )
+        );
+        s.sla = Some(pb::Sla {
+            min_running_instances: 3,
+            ..Default::default()
+        });
+        assert_eq!(
+            error_of(&s).1,
+            "spec.rendezvous.port: the pytorch framework needs a port for its leader: declare \
+             one in spec.default_task.ports"
+        );
+        s.default_task.as_mut().unwrap().ports = vec![pb::PortSpec {
+            name: "master".into(),
+        }];
+        s.rendezvous = rendezvous("horovod", "");
+        assert_eq!(
+            error_of(&s).1,
+            "spec.rendezvous.framework: \"horovod\" is not one of pytorch, tensorflow, mpi"
+        );
+        s.rendezvous = rendezvous("pytorch", "other");
+        assert_eq!(
+            error_of(&s).1,
+            "spec.rendezvous.port: \"other\" is not a port of spec.default_task.ports"
+        );
+        s.rendezvous = rendezvous("PyTorch", "master");
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        let ask = plan.rendezvous.expect("asked");
+        assert_eq!((&*ask.framework, &*ask.port), ("pytorch", "master"));
+        assert_eq!(&*plan.default.port_names, &["master".into()]);
+        s.rendezvous = rendezvous("mpi", "");
+        s.default_task.as_mut().unwrap().ports.clear();
+        assert!(job_plan(&s, &Limits::default()).is_ok());
+    }
+
     #[test]
     fn the_host_pool_is_anded_into_every_constraint() {
         let mut s = good_job();
