@@ -691,7 +691,9 @@ impl Lifecycle {
     /// Ports for instance `i` placed on `host`, if it is a gang member
     /// with named ports and the host is an agent's with port ranges:
     /// the first free ones of its ranges from the top, less the ports its
-    /// current runs hold. `None` leaves the choice to the agent.
+    /// runs hold (current ones, and those told to stop whose end it has
+    /// not confirmed: they keep their engine tasks, and their instances'
+    /// ports until a new run). `None` leaves the choice to the agent.
     fn gang_ports(
         &self,
         engine: &Engine,
@@ -705,11 +707,14 @@ impl Lifecycle {
             return None;
         }
         let ranges = &self.agent_hosts.get(&host)?.port_ranges;
-        let taken: rustc_hash::FxHashSet<u32> = self
-            .instances_on(engine, host)
-            .into_iter()
-            .filter(|&(kk, ii)| (kk, ii) != (k, i))
-            .filter_map(|(kk, ii)| self.jobs[&kk].tasks[ii as usize].ports.as_deref())
+        let taken: rustc_hash::FxHashSet<u32> = engine
+            .tasks()
+            .on_host(host.0)
+            .filter_map(|h| engine.tasks().owner(h).ok())
+            .filter(|&(kk, ii)| (JobKey(kk), ii) != (k, i))
+            .filter_map(|(kk, ii)| self.jobs.get(&JobKey(kk))?.tasks.get(ii as usize))
+            .filter(|t| t.host == Some(host))
+            .filter_map(|t| t.ports.as_deref())
             .flatten()
             .map(|&(_, port)| port)
             .collect();

@@ -1321,6 +1321,63 @@ fn gang_members_get_ports_chosen_at_placement_and_a_rendezvous() {
     );
 }
 
+/// A run told to stop holds its ports until its host confirms the end:
+/// a gang placed on that host meanwhile gets others.
+#[test]
+fn a_stopping_runs_ports_are_not_given_to_a_new_gang() {
+    check(
+        r"
+        host h1 cpu=8
+        job a pool=/ n=2 gang=2 cpu=1 ports=p
+        cycle
+        kill a
+        job b pool=/ n=2 gang=2 cpu=1 ports=p
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job a pool=/ n=2 gang=2 cpu=1 ports=p
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > cycle
+            a/0#1 ready
+            a/1#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            a/1#1 placed @h1
+            a/1#1 launching @h1
+              launch a/0#1 @h1 config 1 ports p=31099 rank 0/2 gen 1 [0@h1 p=31099, 1@h1 p=31098]
+              launch a/1#1 @h1 config 1 ports p=31098 rank 1/2 gen 1
+            a/0#1 running @h1
+            a/1#1 running @h1
+            job a running
+            > kill a
+            a/0#1 killed @h1 (job killed)
+            a/1#1 killed @h1 (job killed)
+            job a killing
+              kill a/0#1 @h1
+              kill a/1#1 @h1
+            > job b pool=/ n=2 gang=2 cpu=1 ports=p
+            b/0#1 pending
+            b/1#1 pending
+            job b pending
+            > cycle
+            b/0#1 ready
+            b/1#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h1
+            b/1#1 launching @h1
+              launch b/0#1 @h1 config 1 ports p=31097 rank 0/2 gen 1 [0@h1 p=31097, 1@h1 p=31096]
+              launch b/1#1 @h1 config 1 ports p=31096 rank 1/2 gen 1
+            b/0#1 running @h1
+            b/1#1 running @h1
+            job b running
+        "#]],
+    );
+}
+
 #[test]
 fn a_gang_restarts_as_one_when_a_member_fails() {
     check(
