@@ -762,7 +762,7 @@ impl Lifecycle {
                 let g = Arc::new(Gang {
                     generation,
                     members,
-                    ask: job.plan.rendezvous.clone(),
+                    ask: job.plan_of(job.tasks[i as usize].config).rendezvous.clone(),
                 });
                 *last = Some((k, g.clone()));
                 g
