@@ -41,6 +41,40 @@ pub fn launch_run(l: &Launch, secrets: Option<&[crate::lifecycle::Secret]>) -> p
         secrets: secrets.map(crate::codec::to_pb).unwrap_or_default(),
         gpu_devices: crate::convert::gpu_device_indices(l.gpu),
         gpu_share_milli: crate::convert::gpu_share_milli(l.gpu),
+        ports: l.ports.as_deref().map(ports_to_pb).unwrap_or_default(),
+        rendezvous: l.rendezvous.as_ref().map(rendezvous_to_pb),
+    }
+}
+
+fn ports_to_pb(ports: &[(Box<str>, u32)]) -> std::collections::HashMap<String, u32> {
+    ports
+        .iter()
+        .map(|(name, port)| (name.to_string(), *port))
+        .collect()
+}
+
+/// A gang member's view of its gang as the agent's message.
+fn rendezvous_to_pb(r: &crate::lifecycle::rendezvous::LaunchRendezvous) -> pb::Rendezvous {
+    let g = &r.gang;
+    pb::Rendezvous {
+        size: g.members.len() as u32,
+        rank: r.rank,
+        generation: g.generation,
+        members: g
+            .members
+            .iter()
+            .map(|m| pb::RendezvousMember {
+                rank: m.rank,
+                instance: m.instance,
+                host: m.host.to_string(),
+                address: m.address.to_string(),
+                ports: ports_to_pb(&m.ports),
+            })
+            .collect(),
+        spec: g.ask.as_ref().map(|a| pb::RendezvousSpec {
+            framework: a.framework.to_string(),
+            port: a.port.to_string(),
+        }),
     }
 }
 
@@ -169,6 +203,8 @@ mod tests {
             template: Arc::new(template),
             volume: Some(("v".into(), 5)),
             gpu: Default::default(),
+            ports: None,
+            rendezvous: None,
         }
     }
 

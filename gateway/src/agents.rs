@@ -132,6 +132,48 @@ fn too_many(field: &str, n: usize, max: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// At most this many port ranges in a registration.
+pub const MAX_PORT_RANGES: usize = 64;
+
+/// `register.address`: empty, or an IP address.
+fn check_address(address: &str) -> Result<(), Status> {
+    if address.is_empty() || (address.len() <= 64 && address.parse::<std::net::IpAddr>().is_ok()) {
+        return Ok(());
+    }
+    let shown: String = address.chars().take(64).collect();
+    Err(crate::convert::invalid(
+        "register.address",
+        format!("{shown:?} is not an IP address"),
+    ))
+}
+
+/// `register.port_ranges` as the core's ranges: at most
+/// [`MAX_PORT_RANGES`], each within 1..=65535 and not empty.
+pub fn port_ranges(
+    ranges: &[pb::PortRange],
+) -> Result<Vec<crate::lifecycle::rendezvous::PortRange>, Status> {
+    too_many("register.port_ranges", ranges.len(), MAX_PORT_RANGES)?;
+    ranges
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let port = |p: u32| u16::try_from(p).ok().filter(|&p| p > 0);
+            match (port(r.first), port(r.last)) {
+                (Some(first), Some(last)) if first <= last => {
+                    Ok(crate::lifecycle::rendezvous::PortRange { first, last })
+                }
+                _ => Err(crate::convert::invalid(
+                    &format!("register.port_ranges[{i}]"),
+                    format!(
+                        "{}-{} is not a range of ports (1 to 65535, first <= last)",
+                        r.first, r.last
+                    ),
+                )),
+            }
+        })
+        .collect()
+}
+
 /// Every field of a registration within its bounds (checked on tokio,
 /// before the loop sees it), each refusal naming its field.
 fn check_register(r: &pb::AgentRegister) -> Result<(), Status> {
@@ -157,6 +199,10 @@ fn check_register(r: &pb::AgentRegister) -> Result<(), Status> {
             format!("{} ports; a host has at most {MAX_HOST_PORTS}", r.ports),
         ));
     }
+    check_address(&r.address)?;
+    port_ranges(&r.port_ranges)?;
+    check_address(&r.address)?;
+    port_ranges(&r.port_ranges)?;
     if let Some(res) = &r.resources {
         for (field, value, max) in [
             ("register.resources.cpu", res.cpu, MAX_HOST_CPUS),
@@ -436,5 +482,38 @@ mod tests {
         assert!(connection_closed(&broken(ErrorKind::ConnectionReset)));
         assert!(!connection_closed(&broken(ErrorKind::PermissionDenied)));
         assert!(!connection_closed(&Status::internal("broken pipe")));
+    }
+
+    /// A registration's address is an IP address (or empty) and its port
+    /// ranges are ranges of ports, each refusal naming its field.
+    #[test]
+    fn an_address_and_port_ranges_are_checked() {
+        let register = |address: &str, ranges: &[(u32, u32)]| pb::AgentRegister {
+            host: "h1".into(),
+            address: address.into(),
+            port_ranges: ranges
+                .iter()
+                .map(|&(first, last)| pb::PortRange { first, last })
+                .collect(),
+            ..Default::default()
+        };
+        let error = |r: &pb::AgentRegister| check_register(r).unwrap_err().message().to_owned();
+        assert!(check_register(&register("", &[])).is_ok());
+        assert!(check_register(&register("10.0.0.7", &[(31000, 31999), (5, 5)])).is_ok());
+        assert!(check_register(&register("fe80::1", &[])).is_ok());
+        assert_eq!(
+            error(&register("node-7", &[])),
+            "register.address: \"node-7\" is not an IP address"
+        );
+        assert_eq!(
+            error(&register("", &[(31000, 31999), (9, 3)])),
+            "register.port_ranges[1]: 9-3 is not a range of ports (1 to 65535, first <= last)"
+        );
+        assert!(error(&register("", &[(0, 3)])).starts_with("register.port_ranges[0]"));
+        assert!(error(&register("", &[(1, 70000)])).starts_with("register.port_ranges[0]"));
+        assert!(
+            error(&register("", &[(1, 1); MAX_PORT_RANGES + 1]))
+                .starts_with("register.port_ranges")
+        );
     }
 }

@@ -278,6 +278,8 @@ mod tests {
             template: Arc::new(template),
             volume: None,
             gpu: Default::default(),
+            ports: None,
+            rendezvous: None,
         }
     }
 

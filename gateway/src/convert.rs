@@ -368,6 +368,7 @@ pub fn task_template(
     Ok(TaskTemplate {
         request,
         ports: spec.ports.len() as u16,
+        port_names: spec.ports.iter().map(|p| p.name.as_str().into()).collect(),
         constraint: spec.constraint.clone(),
         revocable: spec.revocable,
         controller: spec.controller,
@@ -864,6 +865,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
     let overrides = override_templates(spec, kind, app.as_ref(), &default, host_pool, limits)?;
     let (sla, gang) = check_sla(spec, kind, &default, &overrides)?;
     let strategy = placement_strategy(spec)?;
+    let rendezvous = rendezvous_ask(spec, gang, &default)?;
     let stateful = spec.stateful.unwrap_or_default();
     if pb::VolumeLossPolicy::try_from(stateful.on_host_down).is_err() {
         return Err(invalid(
@@ -896,6 +898,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
             relocate: stateful.on_host_down == pb::VolumeLossPolicy::Relocate as i32,
         },
         app,
+        rendezvous,
         spec: encoded_spec(spec),
     })
 }
@@ -1015,6 +1018,65 @@ fn override_templates(
 
 /// A job's SLA: its gang, running caps and preemptibility, checked
 /// against its kind and templates.
+/// The frameworks `JobSpec.rendezvous.framework` may name.
+pub const RENDEZVOUS_FRAMEWORKS: [&str; 3] = ["pytorch", "tensorflow", "mpi"];
+
+/// `spec.rendezvous` checked: only a gang's, a known framework (any case;
+/// kept lower-case), and a port the default task declares (pytorch and
+/// tensorflow need one: the leader's rendezvous port).
+fn rendezvous_ask(
+    spec: &pb::JobSpec,
+    gang: u32,
+    default: &TaskTemplate,
+) -> Result<Option<Arc<crate::lifecycle::rendezvous::RendezvousAsk>>, Status> {
+    let Some(r) = &spec.rendezvous else {
+        return Ok(None);
+    };
+    if gang <= 1 {
+        return Err(invalid(
+            "spec.rendezvous",
+            "only a gang job (sla.min_running_instances above 1) has a rendezvous",
+        ));
+    }
+    let framework = r.framework.to_ascii_lowercase();
+    if !framework.is_empty() && !RENDEZVOUS_FRAMEWORKS.contains(&framework.as_str()) {
+        return Err(invalid(
+            "spec.rendezvous.framework",
+            format!(
+                "{} is not one of {}",
+                shown(&r.framework),
+                RENDEZVOUS_FRAMEWORKS.join(", ")
+            ),
+        ));
+    }
+    if !r.port.is_empty() && !default.port_names.iter().any(|n| **n == *r.port) {
+        return Err(invalid(
+            "spec.rendezvous.port",
+            format!(
+                "{} is not a port of spec.default_task.ports",
+                shown(&r.port)
+            ),
+        ));
+    }
+    if r.port.is_empty()
+        && default.port_names.is_empty()
+        && matches!(&*framework, "pytorch" | "tensorflow")
+    {
+        return Err(invalid(
+            "spec.rendezvous.port",
+            format!(
+                "the {framework} framework needs a port for its leader: declare one in spec.default_task.ports"
+            ),
+        ));
+    }
+    Ok(Some(Arc::new(
+        crate::lifecycle::rendezvous::RendezvousAsk {
+            framework: framework.into(),
+            port: r.port.as_str().into(),
+        },
+    )))
+}
+
 fn check_sla(
     spec: &pb::JobSpec,
     kind: JobKind,
@@ -1344,6 +1406,59 @@ mod tests {
     fn error_of(spec: &pb::JobSpec) -> (tonic::Code, String) {
         let e = job_plan(spec, &Limits::default()).unwrap_err();
         (e.code(), e.message().to_string())
+    }
+
+    /// `spec.rendezvous`: only a gang's, a known framework (kept
+    /// lower-case), a port the task declares; each refusal names its field.
+    #[test]
+    fn a_rendezvous_is_checked() {
+        let mut s = good_job();
+        let rendezvous = |framework: &str, port: &str| {
+            Some(pb::RendezvousSpec {
+                framework: framework.into(),
+                port: port.into(),
+            })
+        };
+        s.rendezvous = rendezvous("pytorch", "");
+        assert_eq!(
+            error_of(&s),
+            (
+                tonic::Code::InvalidArgument,
+                "spec.rendezvous: only a gang job (sla.min_running_instances above 1) has a \
+                 rendezvous"
+                    .into()
+            )
+        );
+        s.sla = Some(pb::Sla {
+            min_running_instances: 3,
+            ..Default::default()
+        });
+        assert_eq!(
+            error_of(&s).1,
+            "spec.rendezvous.port: the pytorch framework needs a port for its leader: declare \
+             one in spec.default_task.ports"
+        );
+        s.default_task.as_mut().unwrap().ports = vec![pb::PortSpec {
+            name: "master".into(),
+        }];
+        s.rendezvous = rendezvous("horovod", "");
+        assert_eq!(
+            error_of(&s).1,
+            "spec.rendezvous.framework: \"horovod\" is not one of pytorch, tensorflow, mpi"
+        );
+        s.rendezvous = rendezvous("pytorch", "other");
+        assert_eq!(
+            error_of(&s).1,
+            "spec.rendezvous.port: \"other\" is not a port of spec.default_task.ports"
+        );
+        s.rendezvous = rendezvous("PyTorch", "master");
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        let ask = plan.rendezvous.expect("asked");
+        assert_eq!((&*ask.framework, &*ask.port), ("pytorch", "master"));
+        assert_eq!(&*plan.default.port_names, &["master".into()]);
+        s.rendezvous = rendezvous("mpi", "");
+        s.default_task.as_mut().unwrap().ports.clear();
+        assert!(job_plan(&s, &Limits::default()).is_ok());
     }
 
     #[test]

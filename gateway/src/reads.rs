@@ -1096,6 +1096,7 @@ pub(crate) fn list_hosts(
             },
             volumes_disk_mb: volumes_mb.get(&slot.0).copied().unwrap_or(0),
             agent_id: agent.map(|h| h.agent_id.to_string()).unwrap_or_default(),
+            address: agent.map(|h| h.address.to_string()).unwrap_or_default(),
             used: core.host_usage(slot).map(|u| convert::usage_to_pb(&u)),
             reserved_for: reserved_for.get(&slot.0).cloned().unwrap_or_default(),
         };

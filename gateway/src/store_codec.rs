@@ -156,6 +156,13 @@ pub struct StoredTask {
     /// Milli-GPUs it holds of each of those devices.
     #[prost(uint32, tag = "9")]
     pub gpu_milli_per_device: u32,
+    /// Ports the server chose for the current run (gang members), by
+    /// name; absent: none chosen.
+    #[prost(btree_map = "string, uint32", tag = "10")]
+    pub ports: std::collections::BTreeMap<String, u32>,
+    /// The gang the current run was queued with (0: none).
+    #[prost(uint32, tag = "11")]
+    pub gang: u32,
 }
 
 /// `message` after the version bytes.
@@ -294,6 +301,13 @@ pub fn encode_task(row: &TaskRow) -> Vec<u8> {
         daemon_host: row.daemon_host.as_deref().unwrap_or_default().to_string(),
         gpu_devices: u32::from(row.gpu.devices),
         gpu_milli_per_device: u32::from(row.gpu.milli_per_device),
+        ports: row
+            .ports
+            .iter()
+            .flatten()
+            .map(|(name, port)| (name.to_string(), *port))
+            .collect(),
+        gang: row.gang.unwrap_or(0),
     })
 }
 
@@ -322,6 +336,13 @@ pub fn decode_task(row: &[u8]) -> Result<TaskRow, String> {
                     )
                 })?,
             },
+            ports: (!t.ports.is_empty()).then(|| {
+                t.ports
+                    .iter()
+                    .map(|(name, port)| (name.as_str().into(), *port))
+                    .collect()
+            }),
+            gang: (t.gang != 0).then_some(t.gang),
         });
     }
     let old = pb::Task::decode(row).map_err(problem)?;
@@ -345,8 +366,11 @@ pub fn decode_task(row: &[u8]) -> Result<TaskRow, String> {
         restart_when_stopped: old.restart_when_stopped,
         config: old.config_version,
         daemon_host: (!old.pinned_host.is_empty()).then(|| old.pinned_host.as_str().into()),
-        // Rows of the API's message predate GPU devices.
+        // Rows of the API's message predate GPU devices, chosen ports and
+        // gang numbers.
         gpu: GpuGrant::default(),
+        ports: None,
+        gang: None,
     })
 }
 
@@ -1274,6 +1298,8 @@ mod tests {
                     devices: 0b1010,
                     milli_per_device: 1000,
                 },
+                ports: Some(Box::new([("data".into(), 31098), ("master".into(), 31099)])),
+                gang: Some(3),
             },
         ];
         for row in rows {

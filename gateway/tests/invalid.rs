@@ -207,6 +207,34 @@ fn invalid_specs() -> Vec<(&'static str, pb::JobSpec, Code, &'static str)> {
         Code::InvalidArgument,
         "spec.overrides[0].instance",
     ));
+    let mut s = good();
+    s.rendezvous = Some(pb::RendezvousSpec {
+        framework: "pytorch".into(),
+        port: String::new(),
+    });
+    out.push((
+        "a rendezvous without a gang",
+        s,
+        Code::InvalidArgument,
+        "spec.rendezvous",
+    ));
+
+    let mut s = good();
+    s.sla = Some(pb::Sla {
+        min_running_instances: 2,
+        ..Default::default()
+    });
+    s.rendezvous = Some(pb::RendezvousSpec {
+        framework: "jax".into(),
+        port: String::new(),
+    });
+    out.push((
+        "an unknown rendezvous framework",
+        s,
+        Code::InvalidArgument,
+        "spec.rendezvous.framework",
+    ));
+
     out
 }
 

@@ -71,6 +71,11 @@ pub struct Launch {
     pub volume: Option<(Arc<str>, u64)>,
     /// The host's GPU devices the engine gave the run (none: no GPU).
     pub gpu: peloton_engine::host::GpuGrant,
+    /// Ports the server chose for the run (gang members; none: its host
+    /// chooses).
+    pub ports: Option<super::model::AssignedPorts>,
+    /// Gang members: their gang.
+    pub rendezvous: Option<super::rendezvous::LaunchRendezvous>,
 }
 
 /// Stop a run.

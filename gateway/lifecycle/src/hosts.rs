@@ -454,6 +454,8 @@ impl Lifecycle {
                 isolation: reg.isolation.clone(),
                 connected: true,
                 agent_id: reg.agent_id.clone(),
+                address: reg.address.clone(),
+                port_ranges: reg.port_ranges.clone(),
             },
         );
         fx.rows.push(RowKey::Host(slot));

@@ -8,9 +8,37 @@ use super::Lifecycle;
 use super::model::{N_STATES, TaskState as S};
 
 impl Lifecycle {
+    /// No two current runs on a host hold one port (the ports the server
+    /// chose for gang members, and those agents report).
+    fn check_ports(&self) {
+        let mut held = rustc_hash::FxHashMap::default();
+        for job in self.jobs.values() {
+            for (i, t) in job.tasks.iter().enumerate() {
+                let (Some(host), Some(ports)) = (t.host, t.ports.as_deref()) else {
+                    continue;
+                };
+                if !matches!(t.state, S::Placed | S::Launching | S::Running) {
+                    continue;
+                }
+                for (name, port) in ports {
+                    if let Some(other) = held.insert((host, *port), (&job.id, i)) {
+                        panic!(
+                            "{}/{i} holds port {port} ({name}) on host {} as {}/{} does",
+                            job.id,
+                            self.host_names[host.idx()],
+                            other.0,
+                            other.1
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Panics unless every invariant holds.
     pub fn check_invariants(&self, engine: &Engine) {
         self.check_usage();
+        self.check_ports();
         let mut n_engine_tasks = 0usize;
         for (&k, job) in &self.jobs {
             assert_eq!(

@@ -36,6 +36,7 @@ mod overcommit;
 mod pinned;
 mod plan;
 mod recover;
+pub mod rendezvous;
 mod retention;
 mod runs;
 pub mod runtime;
@@ -186,6 +187,10 @@ pub struct HostRegistration {
     /// agents that send none). A host is bound to the identity that
     /// registered it until it is declared lost.
     pub agent_id: Arc<str>,
+    /// The address its tasks are reachable at ("": unknown).
+    pub address: Arc<str>,
+    /// The ports it hands out to tasks.
+    pub port_ranges: Vec<rendezvous::PortRange>,
     /// The session that holds the host now, if another does: the
     /// registration is refused while it is alive (see
     /// [`liveness`](crate::liveness)).
@@ -530,6 +535,12 @@ pub struct AgentHost {
     pub connected: bool,
     /// The agent the host is bound to (empty: any agent may take it).
     pub agent_id: Arc<str>,
+    /// The address its tasks are reachable at, as its agent registered it
+    /// ("": not registered since this server started).
+    pub address: Arc<str>,
+    /// The ports it hands out to tasks (gang members' are chosen from
+    /// them at placement).
+    pub port_ranges: Vec<rendezvous::PortRange>,
 }
 
 /// The lifecycle core's state.

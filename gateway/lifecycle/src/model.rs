@@ -323,6 +323,9 @@ pub struct TaskTemplate {
     pub request: Resources,
     /// Dynamic ports.
     pub ports: u16,
+    /// Their names, in the spec's order (what the server chooses ports
+    /// for when the task is a gang member).
+    pub port_names: Box<[Box<str>]>,
     /// Constraint text ("" for none).
     pub constraint: String,
     /// Runs on slack.
@@ -398,6 +401,9 @@ pub struct JobPlan {
     pub volume_policy: VolumePolicy,
     /// Application jobs: how executors are kept.
     pub app: Option<AppPlan>,
+    /// Gang jobs: the framework aliases their members are told (see
+    /// `rendezvous`).
+    pub rendezvous: Option<Arc<super::rendezvous::RendezvousAsk>>,
     /// The job's spec of this config version as its user sent it (its
     /// secrets taken out), encoded by the shell: opaque to the core, kept
     /// for reads and the store. What the core changes without a new version
@@ -728,6 +734,10 @@ pub struct TaskRow {
     pub daemon_host: Option<Arc<str>>,
     /// The GPU devices of the current run on its host.
     pub gpu: GpuGrant,
+    /// Ports the server chose for the current run (gang members).
+    pub ports: Option<AssignedPorts>,
+    /// The gang the current run was queued with (its generation).
+    pub gang: Option<u32>,
 }
 
 /// What the store keeps of a job besides its spec.

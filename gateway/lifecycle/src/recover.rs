@@ -246,6 +246,9 @@ impl Lifecycle {
                         isolation: host.isolation.clone(),
                         connected: false,
                         agent_id: host.agent_id.clone(),
+                        // Told again when its agent registers.
+                        address: Arc::from(""),
+                        port_ranges: Vec::new(),
                     },
                 );
                 id
@@ -323,6 +326,8 @@ impl Lifecycle {
                     .then(|| host_of(host).map(|h| (h, *launch)))
                     .flatten()
             });
+            // Gangs queued from now on get new numbers (generations).
+            job.next_gang = job.next_gang.max(stored.gang.unwrap_or(0));
             let Some(t) = job.tasks.get_mut(instance as usize) else {
                 // An instance scaled away whose run was still stopping.
                 if let Some((host, launch)) = held {
@@ -341,6 +346,8 @@ impl Lifecycle {
             t.launch = cur.launch;
             t.host = host_of(&cur.host);
             t.gpu = stored.gpu;
+            t.ports = stored.ports;
+            t.gang = stored.gang;
             t.failures = stored.failures;
             t.config = stored.config.max(1);
             t.daemon_host = stored.daemon_host.as_deref().and_then(host_of);
@@ -552,6 +559,8 @@ impl Lifecycle {
             config: t.config,
             daemon_host: t.daemon_host.map(|s| self.host_names[s.idx()].clone()),
             gpu: t.gpu,
+            ports: t.ports.clone(),
+            gang: t.gang,
         };
         Some(row)
     }

@@ -3,6 +3,7 @@
 //! updates, failures and restarts, timers, and job states.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 
 use peloton_engine::admission::TaskFlags;
 use peloton_engine::host::GpuGrant;
@@ -11,6 +12,7 @@ use peloton_engine::{Engine, NewTask};
 
 use super::effects::{Effects, Event, EventKind, Launch, RowKey};
 use super::model::{Health, Job, JobKey, JobKind, JobState, LaunchId, RunRef, TaskState as S};
+use super::rendezvous::{Gang, GangMember, LaunchRendezvous};
 use super::{Lifecycle, RunStatus, TaskUpdate, TimerKind, legal};
 
 /// What a task of this template asks the engine for: its request, plus
@@ -527,25 +529,37 @@ impl Lifecycle {
             }
         }
         let n_placed = engine.report().placement.placed.len();
+        let mut placed = Vec::with_capacity(n_placed);
         for idx in 0..n_placed {
             let p = engine.report().placement.placed[idx];
             let Some((k, i)) = self.instance_of(engine, p.task) else {
                 continue;
             };
             let host = super::HostSlot(p.host);
+            // Gang members' ports are chosen now (after those of the runs
+            // placed on the host before them): their peers learn them at
+            // launch.
+            let ports = self.gang_ports(engine, k, i, host);
             let now = self.now;
             let t = &mut self.job_mut(k).tasks[i as usize];
             t.host = Some(host);
             t.placed_at = now;
             t.gpu = p.gpu;
             t.gave_way = false;
+            t.ports = ports;
             self.transition(k, i, S::Placed, None, fx);
             // The Placed event's revision names the launch: unique for the
             // store's whole life, so also across restarts.
             let launch = LaunchId(self.revision);
             self.job_mut(k).tasks[i as usize].launch = launch;
             self.transition(k, i, S::Launching, None, fx);
-            let launch = self.launch_of(k, i, host, fx);
+            placed.push((k, i, host));
+        }
+        // Launched once every member of a gang has its host and ports.
+        let mut gang = None;
+        for (k, i, host) in placed {
+            let rendezvous = self.rendezvous_of(k, i, &mut gang);
+            let launch = self.launch_with(k, i, host, rendezvous, fx);
             fx.launches.push(launch);
         }
         fx.counters.placements += n_placed as u64;
@@ -638,10 +652,24 @@ impl Lifecycle {
         host: super::HostSlot,
         fx: &mut Effects,
     ) -> Launch {
+        let rendezvous = self.rendezvous_of(k, i, &mut None);
+        self.launch_with(k, i, host, rendezvous, fx)
+    }
+
+    /// [`launch_of`](Self::launch_of) with the member's rendezvous given.
+    fn launch_with(
+        &mut self,
+        k: JobKey,
+        i: u32,
+        host: super::HostSlot,
+        rendezvous: Option<LaunchRendezvous>,
+        fx: &mut Effects,
+    ) -> Launch {
         let volume = self.volume_at_placement(k, i, host, fx);
         let job = &self.jobs[&k];
         let tmpl = job.template(i);
         let t = &job.tasks[i as usize];
+        let gang_member = rendezvous.is_some();
         Launch {
             run: RunRef {
                 job: k,
@@ -655,7 +683,93 @@ impl Lifecycle {
             template: tmpl.clone(),
             volume,
             gpu: t.gpu,
+            ports: t.ports.clone().filter(|_| gang_member),
+            rendezvous,
         }
+    }
+
+    /// Ports for instance `i` placed on `host`, if it is a gang member
+    /// with named ports and the host is an agent's with port ranges:
+    /// the first free ones of its ranges from the top, less the ports its
+    /// runs hold (current ones, and those told to stop whose end it has
+    /// not confirmed: they keep their engine tasks, and their instances'
+    /// ports until a new run). `None` leaves the choice to the agent.
+    fn gang_ports(
+        &self,
+        engine: &Engine,
+        k: JobKey,
+        i: u32,
+        host: super::HostSlot,
+    ) -> Option<super::model::AssignedPorts> {
+        let job = &self.jobs[&k];
+        let names = &job.template(i).port_names;
+        if job.plan.gang <= 1 || names.is_empty() {
+            return None;
+        }
+        let ranges = &self.agent_hosts.get(&host)?.port_ranges;
+        let taken: rustc_hash::FxHashSet<u32> = engine
+            .tasks()
+            .on_host(host.0)
+            .filter_map(|h| engine.tasks().owner(h).ok())
+            .filter(|&(kk, ii)| (JobKey(kk), ii) != (k, i))
+            .filter_map(|(kk, ii)| self.jobs.get(&JobKey(kk))?.tasks.get(ii as usize))
+            .filter(|t| t.host == Some(host))
+            .filter_map(|t| t.ports.as_deref())
+            .flatten()
+            .map(|&(_, port)| port)
+            .collect();
+        super::rendezvous::choose_ports(ranges, &taken, names)
+    }
+
+    /// The gang of instance `i`'s current run as it sees it (none if it is
+    /// not a gang member): its members are the instances queued with it
+    /// (same gang number), ranked by instance. `last` keeps the last gang
+    /// built, shared by its members' launches.
+    fn rendezvous_of(
+        &self,
+        k: JobKey,
+        i: u32,
+        last: &mut Option<(JobKey, Arc<Gang>)>,
+    ) -> Option<LaunchRendezvous> {
+        let job = &self.jobs[&k];
+        let number = job.tasks[i as usize].gang.filter(|_| job.plan.gang > 1)?;
+        let generation = u64::from(number);
+        let gang = match last {
+            Some((kk, g)) if *kk == k && g.generation == generation => g.clone(),
+            _ => {
+                let members = job
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.gang == Some(number))
+                    .enumerate()
+                    .map(|(rank, (instance, t))| {
+                        let host = t.host;
+                        GangMember {
+                            rank: rank as u32,
+                            instance: instance as u32,
+                            host: host.map_or_else(
+                                || Arc::from(""),
+                                |h| self.host_names[h.idx()].clone(),
+                            ),
+                            address: host
+                                .and_then(|h| self.agent_hosts.get(&h))
+                                .map_or_else(|| Arc::from(""), |a| a.address.clone()),
+                            ports: t.ports.clone().unwrap_or_default(),
+                        }
+                    })
+                    .collect();
+                let g = Arc::new(Gang {
+                    generation,
+                    members,
+                    ask: job.plan_of(job.tasks[i as usize].config).rendezvous.clone(),
+                });
+                *last = Some((k, g.clone()));
+                g
+            }
+        };
+        let rank = gang.members.iter().position(|m| m.instance == i)? as u32;
+        Some(LaunchRendezvous { rank, gang })
     }
 
     /// Applies a run's status change (from the simulator, or an agent's

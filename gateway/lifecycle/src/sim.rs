@@ -160,11 +160,29 @@ pub fn config() -> CoreConfig {
 /// The simulated clock's first reading (ms).
 pub const START_MS: u64 = 1_000_000;
 
+/// The address a simulated agent registers for its host: `ip-<name>`.
+pub fn sim_address(host: &str) -> Arc<str> {
+    format!("ip-{host}").into()
+}
+
+/// The ports a simulated agent registers: as many as its host offers,
+/// from 31000 up.
+pub fn sim_port_ranges(spec: &HostSpec) -> Vec<crate::rendezvous::PortRange> {
+    (spec.ports > 0)
+        .then(|| crate::rendezvous::PortRange {
+            first: 31000,
+            last: (31000 + spec.ports - 1).min(65535) as u16,
+        })
+        .into_iter()
+        .collect()
+}
+
 /// A task template of `cpu` millicores and `mem` MiB, no retries.
 pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
     TaskTemplate {
         request: Resources::new(cpu, mem, 0, 0),
         ports: 0,
+        port_names: Box::default(),
         constraint: String::new(),
         revocable: false,
         controller: false,
@@ -206,6 +224,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         strategy: Strategy::FirstFit,
         volume_policy: crate::VolumePolicy::default(),
         app: None,
+        rendezvous: None,
         spec: Arc::from(&[][..]),
     }
 }
@@ -213,6 +232,64 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
 /// The identity of a simulated host's agent (one agent per host name).
 pub fn agent_id_of(host: &str) -> Arc<str> {
     format!("agent-{host}").into()
+}
+
+/// ` ports a=31099,b=31098 rank 0/2 gen 1` for a gang member, rank 0's
+/// with every member (` [0@h1 a=31099 b=31098, 1@h2 …]`, `+` for a
+/// member whose address is not its `sim_address`); "" for other runs.
+fn rendezvous_words(l: &crate::Launch) -> String {
+    let ports = |p: &crate::model::AssignedPorts| -> String {
+        p.iter()
+            .map(|(name, port)| format!("{name}={port}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mut out = String::new();
+    if let Some(p) = &l.ports {
+        out += &format!(" ports {}", ports(p));
+    }
+    if let Some(r) = &l.rendezvous {
+        let g = &r.gang;
+        out += &format!(" rank {}/{} gen {}", r.rank, g.members.len(), g.generation);
+        if r.rank == 0 {
+            let members: Vec<String> = g
+                .members
+                .iter()
+                .map(|m| {
+                    let odd = if m.address == sim_address(&m.host) {
+                        ""
+                    } else {
+                        "+"
+                    };
+                    let ports = if m.ports.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", ports(&m.ports))
+                    };
+                    format!("{}@{}{odd}{ports}", m.instance, m.host)
+                })
+                .collect();
+            out += &format!(" [{}]", members.join(", "));
+        }
+    }
+    out
+}
+
+/// A gang member's launch says of it what its gang says of it (rank,
+/// instance, host, ports), as every other member's launch does.
+fn check_launch_rendezvous(l: &crate::Launch) {
+    let Some(r) = &l.rendezvous else {
+        return;
+    };
+    let me = &r.gang.members[r.rank as usize];
+    assert_eq!(me.rank, r.rank, "ranks in order");
+    assert_eq!(me.instance, l.run.instance, "a member's rank names it");
+    assert_eq!(me.host, l.host, "a member's host in its gang");
+    assert_eq!(
+        Some(&me.ports),
+        l.ports.as_ref().or(Some(&Box::default())),
+        "a member's ports in its gang"
+    );
 }
 
 /// A host's registration: `cpu` cores, `mem` MiB.
@@ -373,8 +450,9 @@ impl Sim {
         let mut started: BTreeMap<Arc<str>, Vec<RunReport>> = BTreeMap::new();
         for l in launches {
             self.check_launch_volume(&l);
+            check_launch_rendezvous(&l);
             self.say(format!(
-                "  launch {}/{}#{} @{} config {}{}{}",
+                "  launch {}/{}#{} @{} config {}{}{}{}",
                 l.job_id,
                 l.run.instance,
                 l.run.run,
@@ -385,6 +463,7 @@ impl Sim {
                     .map(|(id, mb)| format!(" volume {id} {mb}MiB"))
                     .unwrap_or_default(),
                 gpu_words(l.gpu),
+                rendezvous_words(&l),
             ));
             if let Some((id, _)) = &l.volume
                 && let Some(a) = self.agents.get_mut(&l.host)
@@ -881,6 +960,8 @@ impl Sim {
         agent.volumes.clear();
         let agent_id = agent_id_of(&spec.name);
         self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            address: sim_address(&spec.name),
+            port_ranges: sim_port_ranges(&spec),
             spec,
             isolation: "test".into(),
             runs: Vec::new(),
@@ -910,6 +991,8 @@ impl Sim {
             })
             .collect();
         self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            address: sim_address(&spec.name),
+            port_ranges: sim_port_ranges(&spec),
             spec,
             isolation: "test".into(),
             runs,
@@ -924,6 +1007,8 @@ impl Sim {
     pub fn register_twin(&mut self, name: &str) -> Result<Answer, Error> {
         let spec = self.agents[name].spec.clone().expect("spec");
         self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            address: sim_address(&spec.name),
+            port_ranges: sim_port_ranges(&spec),
             spec,
             isolation: "test".into(),
             runs: Vec::new(),
@@ -939,6 +1024,8 @@ impl Sim {
     pub fn claim(&mut self, name: &str, agent_id: &str, holder: Holder) -> Result<Answer, Error> {
         let spec = self.agents[name].spec.clone().expect("spec");
         let r = self.step(Input::AgentRegistered(Box::new(HostRegistration {
+            address: sim_address(&spec.name),
+            port_ranges: sim_port_ranges(&spec),
             spec,
             isolation: "test".into(),
             runs: Vec::new(),

@@ -306,6 +306,17 @@ impl Env {
                 p.default_mut().request.0[2] = num("disk", 0);
                 p.default_mut().request.0[3] = num("gpu", 0);
                 p.default_mut().expected_runtime_ms = num("expect", 0);
+                if let Some(names) = arg("ports") {
+                    let names: Box<[Box<str>]> = names.split(',').map(Box::from).collect();
+                    p.default_mut().ports = names.len() as u16;
+                    p.default_mut().port_names = names;
+                }
+                if let Some(framework) = arg("rendezvous") {
+                    p.rendezvous = Some(Arc::new(crate::rendezvous::RendezvousAsk {
+                        framework: framework.into(),
+                        port: "".into(),
+                    }));
+                }
                 if let Some(c) = arg("cmd") {
                     p.default_mut().command_key = command_key([c]);
                 }
@@ -1182,6 +1193,192 @@ fn an_unhealthy_task_is_stopped_and_restarted_once_its_host_confirms() {
     );
 }
 
+/// Gang members' named ports are chosen by the server at placement, from
+/// their host's registered ranges (31000-31099 here) from the top down,
+/// never one another run on the host holds; each member's launch carries
+/// them and the whole gang (rank, generation, every member's host and
+/// ports). A restarted gang gets a new generation and a new, consistent
+/// set; the ports are stored with the runs, so after a server restart new
+/// gangs on those hosts still avoid them.
+#[test]
+fn gang_members_get_ports_chosen_at_placement_and_a_rendezvous() {
+    check(
+        r"
+        host h1 cpu=4
+        host h2 cpu=4
+        job g pool=/ n=3 gang=3 cpu=2 ports=master,data rendezvous=pytorch max_failures=2 backoff=100
+        job k pool=/ n=2 gang=2 cpu=1 ports=master
+        cycle
+        exit g/1 1     # the gang stops as one and starts again
+        confirm
+        tick 100
+        cycle
+        crash
+        register h1
+        register h2
+        exit k/0 0
+        exit k/1 0
+        job m pool=/ n=2 gang=2 cpu=1 ports=master
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > host h2 cpu=4
+            > job g pool=/ n=3 gang=3 cpu=2 ports=master,data rendezvous=pytorch max_failures=2 backoff=100
+            g/0#1 pending
+            g/1#1 pending
+            g/2#1 pending
+            job g pending
+            > job k pool=/ n=2 gang=2 cpu=1 ports=master
+            k/0#1 pending
+            k/1#1 pending
+            job k pending
+            > cycle
+            g/0#1 ready
+            g/1#1 ready
+            g/2#1 ready
+            k/0#1 ready
+            k/1#1 ready
+            g/0#1 placed @h1
+            g/0#1 launching @h1
+            g/1#1 placed @h1
+            g/1#1 launching @h1
+            g/2#1 placed @h2
+            g/2#1 launching @h2
+            k/0#1 placed @h2
+            k/0#1 launching @h2
+            k/1#1 placed @h2
+            k/1#1 launching @h2
+              launch g/0#1 @h1 config 1 ports data=31098,master=31099 rank 0/3 gen 1 [0@h1 data=31098,master=31099, 1@h1 data=31096,master=31097, 2@h2 data=31098,master=31099]
+              launch g/1#1 @h1 config 1 ports data=31096,master=31097 rank 1/3 gen 1
+              launch g/2#1 @h2 config 1 ports data=31098,master=31099 rank 2/3 gen 1
+              launch k/0#1 @h2 config 1 ports master=31097 rank 0/2 gen 1 [0@h2 master=31097, 1@h2 master=31096]
+              launch k/1#1 @h2 config 1 ports master=31096 rank 1/2 gen 1
+            g/0#1 running @h1
+            g/1#1 running @h1
+            job g running
+            g/2#1 running @h2
+            k/0#1 running @h2
+            k/1#1 running @h2
+            job k running
+            > exit g/1 1
+            g/1#1 failed @h1 (exited with code 1)
+            g/1#1 backoff @h1 (exited with code 1)
+            g/0#1 killed @h1 (gang member 1 ended: the gang starts again as one)
+            g/2#1 killed @h2 (gang member 1 ended: the gang starts again as one)
+            job g pending
+              kill g/0#1 @h1
+              kill g/2#1 @h2
+            > confirm
+            g/0#2 initialized
+            g/2#2 initialized
+            > tick 100
+            g/1#2 initialized
+            g/0#2 pending
+            g/1#2 pending
+            g/2#2 pending
+            > cycle
+            g/0#2 ready
+            g/1#2 ready
+            g/2#2 ready
+            g/0#2 placed @h1
+            g/0#2 launching @h1
+            g/1#2 placed @h1
+            g/1#2 launching @h1
+            g/2#2 placed @h2
+            g/2#2 launching @h2
+              launch g/0#2 @h1 config 1 ports data=31098,master=31099 rank 0/3 gen 2 [0@h1 data=31098,master=31099, 1@h1 data=31096,master=31097, 2@h2 data=31098,master=31099]
+              launch g/1#2 @h1 config 1 ports data=31096,master=31097 rank 1/3 gen 2
+              launch g/2#2 @h2 config 1 ports data=31098,master=31099 rank 2/3 gen 2
+            g/0#2 running @h1
+            g/1#2 running @h1
+            job g running
+            g/2#2 running @h2
+            > crash
+            > register h1
+            > register h2
+            > exit k/0 0
+            k/0#1 succeeded @h2
+            > exit k/1 0
+            k/1#1 succeeded @h2
+            job k succeeded
+            > job m pool=/ n=2 gang=2 cpu=1 ports=master
+            m/0#1 pending
+            m/1#1 pending
+            job m pending
+            > cycle
+            m/0#1 ready
+            m/1#1 ready
+            m/0#1 placed @h2
+            m/0#1 launching @h2
+            m/1#1 placed @h2
+            m/1#1 launching @h2
+              launch m/0#1 @h2 config 1 ports master=31097 rank 0/2 gen 1 [0@h2 master=31097, 1@h2 master=31096]
+              launch m/1#1 @h2 config 1 ports master=31096 rank 1/2 gen 1
+            m/0#1 running @h2
+            m/1#1 running @h2
+            job m running
+        "#]],
+    );
+}
+
+/// A run told to stop holds its ports until its host confirms the end:
+/// a gang placed on that host meanwhile gets others.
+#[test]
+fn a_stopping_runs_ports_are_not_given_to_a_new_gang() {
+    check(
+        r"
+        host h1 cpu=8
+        job a pool=/ n=2 gang=2 cpu=1 ports=p
+        cycle
+        kill a
+        job b pool=/ n=2 gang=2 cpu=1 ports=p
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=8
+            > job a pool=/ n=2 gang=2 cpu=1 ports=p
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > cycle
+            a/0#1 ready
+            a/1#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            a/1#1 placed @h1
+            a/1#1 launching @h1
+              launch a/0#1 @h1 config 1 ports p=31099 rank 0/2 gen 1 [0@h1 p=31099, 1@h1 p=31098]
+              launch a/1#1 @h1 config 1 ports p=31098 rank 1/2 gen 1
+            a/0#1 running @h1
+            a/1#1 running @h1
+            job a running
+            > kill a
+            a/0#1 killed @h1 (job killed)
+            a/1#1 killed @h1 (job killed)
+            job a killing
+              kill a/0#1 @h1
+              kill a/1#1 @h1
+            > job b pool=/ n=2 gang=2 cpu=1 ports=p
+            b/0#1 pending
+            b/1#1 pending
+            job b pending
+            > cycle
+            b/0#1 ready
+            b/1#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h1
+            b/1#1 launching @h1
+              launch b/0#1 @h1 config 1 ports p=31097 rank 0/2 gen 1 [0@h1 p=31097, 1@h1 p=31096]
+              launch b/1#1 @h1 config 1 ports p=31096 rank 1/2 gen 1
+            b/0#1 running @h1
+            b/1#1 running @h1
+            job b running
+        "#]],
+    );
+}
+
 #[test]
 fn a_gang_restarts_as_one_when_a_member_fails() {
     check(
@@ -1212,9 +1409,9 @@ fn a_gang_restarts_as_one_when_a_member_fails() {
             g/1#1 launching @h1
             g/2#1 placed @h1
             g/2#1 launching @h1
-              launch g/0#1 @h1 config 1
-              launch g/1#1 @h1 config 1
-              launch g/2#1 @h1 config 1
+              launch g/0#1 @h1 config 1 rank 0/3 gen 1 [0@h1, 1@h1, 2@h1]
+              launch g/1#1 @h1 config 1 rank 1/3 gen 1
+              launch g/2#1 @h1 config 1 rank 2/3 gen 1
             g/0#1 running @h1
             g/1#1 running @h1
             g/2#1 running @h1
@@ -1246,9 +1443,9 @@ fn a_gang_restarts_as_one_when_a_member_fails() {
             g/1#2 launching @h1
             g/2#2 placed @h1
             g/2#2 launching @h1
-              launch g/0#2 @h1 config 1
-              launch g/1#2 @h1 config 1
-              launch g/2#2 @h1 config 1
+              launch g/0#2 @h1 config 1 rank 0/3 gen 2 [0@h1, 1@h1, 2@h1]
+              launch g/1#2 @h1 config 1 rank 1/3 gen 2
+              launch g/2#2 @h1 config 1 rank 2/3 gen 2
             g/0#2 running @h1
             g/1#2 running @h1
             g/2#2 running @h1
@@ -6253,8 +6450,8 @@ fn a_plan_says_where_and_when_and_the_job_then_starts_so() {
             g/0#1 launching @h1
             g/1#1 placed @h2
             g/1#1 launching @h2
-              launch g/0#1 @h1 config 1
-              launch g/1#1 @h2 config 1
+              launch g/0#1 @h1 config 1 rank 0/2 gen 1 [0@h1, 1@h2]
+              launch g/1#1 @h2 config 1 rank 1/2 gen 1
             g/0#1 running @h1
             job g running
             g/1#1 running @h2

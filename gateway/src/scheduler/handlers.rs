@@ -557,6 +557,9 @@ impl Scheduler {
             .filter(|h| h.agent_id != agent_id)
             .map(|h| h.agent_id.clone());
         let registration = HostRegistration {
+            address: r.address.as_str().into(),
+            // Checked by `agents::check_register`.
+            port_ranges: crate::agents::port_ranges(&r.port_ranges).unwrap_or_default(),
             spec,
             isolation: convert::agent_text(r.isolation),
             runs: r.runs.into_iter().filter_map(run_report).collect(),

@@ -81,6 +81,12 @@ pub struct Args {
     /// Ports handed to tasks that ask for them, FIRST-LAST.
     #[arg(long, value_name = "FIRST-LAST")]
     pub ports: Option<PortRange>,
+    /// The address tasks on this host are reachable at, registered with
+    /// the server and given to gang members' peers (default: the local
+    /// address this machine reaches the server from; 127.0.0.1 for a
+    /// server on this machine).
+    #[arg(long, value_name = "IP")]
+    pub advertise_address: Option<std::net::IpAddr>,
     /// Logs as JSON lines (default: human-readable).
     #[arg(long)]
     pub log_json: bool,
@@ -362,6 +368,7 @@ impl Args {
             } else {
                 OnExit::KeepTasks
             },
+            advertise_address: self.advertise_address,
         };
         Ok(AgentConfig {
             session,

@@ -119,3 +119,49 @@ mod tests {
         assert!(found.disk_mb >= 0.0);
     }
 }
+
+/// The local address this machine reaches `server` (a URL such as
+/// `http://10.0.0.1:5000`) from: that of a UDP socket "connected" to it
+/// (no packet is sent). 127.0.0.1 for a server on this machine. `None`
+/// when the server's name does not resolve.
+pub fn address_toward(server: &str) -> Option<std::net::IpAddr> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let rest = server.split_once("://").map_or(server, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let with_port = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !authority.ends_with(']')
+    {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    let target = with_port.to_socket_addrs().ok()?.next()?;
+    let socket = if target.is_ipv4() {
+        UdpSocket::bind(("0.0.0.0", 0))
+    } else {
+        UdpSocket::bind(("::", 0))
+    }
+    .ok()?;
+    socket.connect(target).ok()?;
+    Some(socket.local_addr().ok()?.ip())
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::address_toward;
+
+    #[test]
+    fn a_server_on_this_machine_is_reached_from_loopback() {
+        assert_eq!(
+            address_toward("http://127.0.0.1:5000").map(|a| a.to_string()),
+            Some("127.0.0.1".to_owned())
+        );
+        assert_eq!(
+            address_toward("https://localhost:5000/").map(|a| a.is_loopback()),
+            Some(true)
+        );
+        assert_eq!(address_toward("http://no-such-host.invalid:5000"), None);
+    }
+}

@@ -33,6 +33,7 @@ mod mpi;
 mod ports;
 mod proc;
 mod record;
+mod rendezvous;
 mod run;
 mod secrets;
 mod session;
@@ -50,9 +51,9 @@ pub use launcher::run_launcher;
 pub use mpi::{MpirunArgs, run_mpirun};
 pub use ports::PortRange;
 pub use run::{
-    AssignedPort, CheckKind, Command, GpuAssignment, Health, HealthCheckPlan, KillRequest,
-    LogChunk, LogRequest, Phase, PhaseReport, Resources, RunId, RunPlan, RunReport, Secret,
-    TaskSpec,
+    AssignedPort, CheckKind, Command, GangMember, GpuAssignment, Health, HealthCheckPlan,
+    KillRequest, LogChunk, LogRequest, Phase, PhaseReport, Rendezvous, Resources, RunId, RunPlan,
+    RunReport, Secret, TaskSpec,
 };
 pub use session::{MAX_REPORTS_PER_MESSAGE, OnExit, SessionConfig, codec, run as run_session};
 pub use supervisor::{

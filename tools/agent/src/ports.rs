@@ -87,6 +87,11 @@ impl PortAllocator {
         }
     }
 
+    /// The ports the agent offers.
+    pub(crate) fn ranges(&self) -> Vec<PortRange> {
+        self.range.into_iter().collect()
+    }
+
     /// How many ports the agent offers.
     pub(crate) fn capacity(&self) -> u32 {
         self.range.map_or(0, |r| r.len())
@@ -124,6 +129,30 @@ impl PortAllocator {
             "the task asks for {count} port(s) but only {} of the range {range} are free",
             taken.len()
         ))
+    }
+
+    /// Takes the ports the server chose for a run, all or none: each in
+    /// the range and not held by another run.
+    pub(crate) fn take(&mut self, ports: &[u16]) -> Result<(), String> {
+        let Some(range) = self.range else {
+            return Err(format!(
+                "the server chose port(s) {ports:?} but the agent has no --ports range"
+            ));
+        };
+        for (i, &port) in ports.iter().enumerate() {
+            if !range.contains(port) {
+                return Err(format!(
+                    "the server chose port {port}, outside this agent's range {range}"
+                ));
+            }
+            if self.in_use.contains(&port) || ports[..i].contains(&port) {
+                return Err(format!(
+                    "the server chose port {port}, which another run on this host holds"
+                ));
+            }
+        }
+        self.in_use.extend(ports);
+        Ok(())
     }
 
     /// Marks ports held by a run found on disk as taken.

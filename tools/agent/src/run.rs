@@ -296,6 +296,38 @@ pub struct RunPlan {
     pub volume: Option<String>,
     /// Its GPU devices on this host.
     pub gpu: GpuAssignment,
+    /// Ports the server chose for it, by name (gang members; empty: the
+    /// agent chooses from its range).
+    pub ports: BTreeMap<String, u32>,
+    /// Its gang, if it is a gang member.
+    pub rendezvous: Option<Rendezvous>,
+}
+
+/// A gang as one member sees it (see `rendezvous`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rendezvous {
+    pub size: u32,
+    /// This member's rank.
+    pub rank: u32,
+    /// Grows each time the gang (re)starts.
+    pub generation: u64,
+    /// Every member, by rank.
+    pub members: Vec<GangMember>,
+    /// Framework aliases asked for: "pytorch", "tensorflow", "mpi" or "".
+    pub framework: String,
+    /// The leader's rendezvous port's name ("": the task's first port).
+    pub port: String,
+}
+
+/// One member of a gang.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GangMember {
+    pub rank: u32,
+    pub instance: u32,
+    pub host: String,
+    /// Its host's address ("": use the host's name).
+    pub address: String,
+    pub ports: BTreeMap<String, u32>,
 }
 
 /// One run to stop: its stop signal once `delay_ms` has passed (its

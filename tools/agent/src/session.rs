@@ -115,6 +115,9 @@ pub struct SessionConfig {
     pub usage_interval: Duration,
     pub gc: GcPolicy,
     pub on_exit: OnExit,
+    /// The address tasks here are reachable at, as registered (none: the
+    /// local address the machine reaches the server from).
+    pub advertise_address: Option<std::net::IpAddr>,
 }
 
 type Shared = Arc<Mutex<Supervisor>>;
@@ -603,7 +606,13 @@ async fn register(
     let mut client =
         AgentServiceClient::new(channel).max_decoding_message_size(MAX_INBOUND_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<v1::AgentMessage>(OUTBOUND_CAPACITY);
-    let register = registration(config, agent_id, supervisor);
+    let mut register = registration(config, agent_id, supervisor);
+    register.address = match config.advertise_address {
+        Some(address) => address.to_string(),
+        None => crate::detect::address_toward(server)
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+    };
     let runs = register.runs.len();
     if tx
         .send(message(v1::agent_message::Kind::Register(register)))
@@ -769,7 +778,7 @@ async fn send(
 }
 
 fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> v1::AgentRegister {
-    let (isolation, runs, ports, volumes) = with_supervisor(supervisor, |s| {
+    let (isolation, runs, ports, port_ranges, volumes) = with_supervisor(supervisor, |s| {
         s.poll(clock::now_ms());
         (
             s.isolation().name(),
@@ -778,6 +787,7 @@ fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> 
                 .map(codec::report)
                 .collect(),
             s.port_count(),
+            s.port_ranges(),
             s.volumes(),
         )
     });
@@ -792,6 +802,15 @@ fn registration(config: &SessionConfig, agent_id: &str, supervisor: &Shared) -> 
         ports,
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         volumes,
+        // Set by the caller, which knows the server it registers with.
+        address: String::new(),
+        port_ranges: port_ranges
+            .into_iter()
+            .map(|r| v1::PortRange {
+                first: u32::from(r.first),
+                last: u32::from(r.last),
+            })
+            .collect(),
     }
 }
 

@@ -276,6 +276,11 @@ impl Supervisor {
         self.ports.capacity()
     }
 
+    /// The ranges of ports it hands out.
+    pub fn port_ranges(&self) -> Vec<crate::ports::PortRange> {
+        self.ports.ranges()
+    }
+
     /// Runs held (alive, or ended and not acknowledged).
     pub fn run_count(&self) -> usize {
         self.runs.len()

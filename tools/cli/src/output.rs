@@ -544,6 +544,7 @@ pub fn host_json(host: &Host) -> Value {
         "connected": host.connected,
         "last_seen_ms": host.last_seen_ms,
         "isolation": host.isolation,
+        "address": host.address,
         "host_pool": host.host_pool,
         "volumes_disk_mb": host.volumes_disk_mb,
         "used": usage_json(host.used.as_ref()),

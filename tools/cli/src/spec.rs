@@ -112,6 +112,22 @@ pub struct JobFile {
     /// The host pool the job runs in (empty: "default").
     #[serde(default, skip_serializing_if = "is_default")]
     pub host_pool: String,
+    /// Gang jobs: the framework aliases each member gets besides the
+    /// `PELOTON_GANG_*` environment.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub rendezvous: Option<RendezvousFile>,
+}
+
+/// `rendezvous: {framework: pytorch|tensorflow|mpi, port: NAME}` (checked
+/// by the server).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RendezvousFile {
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub framework: String,
+    /// The leader's rendezvous port (default: the task's first port).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub port: String,
 }
 
 /// Jobs whose task has a volume: what happens when its host is down.
@@ -471,6 +487,10 @@ impl JobFile {
                 .into(),
             }),
             host_pool: self.host_pool,
+            rendezvous: self.rendezvous.map(|r| peloton_proto::v1::RendezvousSpec {
+                framework: r.framework,
+                port: r.port,
+            }),
             ..Default::default()
         }
     }
@@ -1174,6 +1194,20 @@ overrides:
         assert_eq!(
             (defaults.stop_signal.as_str(), defaults.memory_limit),
             ("", 0)
+        );
+    }
+
+    #[test]
+    fn rendezvous_is_read() {
+        let spec = job(
+            "name: t\ninstances: 2\nsla: {gang_size: 2}\nrendezvous: {framework: pytorch, port: master}\ntask: {shell: 'true', ports: [master]}\n",
+        );
+        assert_eq!(
+            spec.rendezvous,
+            Some(peloton_proto::v1::RendezvousSpec {
+                framework: "pytorch".into(),
+                port: "master".into(),
+            })
         );
     }
 

@@ -729,6 +729,13 @@ fn unpinned_plan(spec: &JobSpec, pool: &str) -> JobPlan {
     if spec.deadline && !spec.service {
         p.max_running_time_ms = 5_000;
     }
+    if p.gang > 1 {
+        // Gang members get ports chosen at placement: the invariants check
+        // that no two current runs on a host hold one, through restarts
+        // and recoveries.
+        p.default_mut().port_names = Box::new(["rdv".into()]);
+        p.default_mut().ports = 1;
+    }
     p
 }
 

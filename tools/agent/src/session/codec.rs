@@ -10,8 +10,8 @@ use nix::sys::signal::Signal;
 use peloton_proto::v1;
 
 use crate::run::{
-    CheckKind, Command, GpuAssignment, Health, HealthCheckPlan, KillRequest, LogChunk, LogRequest,
-    Phase, Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
+    CheckKind, Command, GangMember, GpuAssignment, Health, HealthCheckPlan, KillRequest, LogChunk,
+    LogRequest, Phase, Rendezvous, Resources, RunId, RunPlan, RunReport, Secret, TaskSpec,
 };
 use crate::usage::UsageReport;
 
@@ -61,7 +61,32 @@ pub fn run_plan(launch: v1::LaunchRun) -> Option<RunPlan> {
             devices: launch.gpu_devices,
             share_milli: launch.gpu_share_milli,
         },
+        ports: launch.ports.into_iter().collect(),
+        rendezvous: launch.rendezvous.map(rendezvous),
     })
+}
+
+/// A gang member's view of its gang.
+fn rendezvous(r: v1::Rendezvous) -> Rendezvous {
+    let spec = r.spec.unwrap_or_default();
+    Rendezvous {
+        size: r.size,
+        rank: r.rank,
+        generation: r.generation,
+        members: r
+            .members
+            .into_iter()
+            .map(|m| GangMember {
+                rank: m.rank,
+                instance: m.instance,
+                host: m.host,
+                address: m.address,
+                ports: m.ports.into_iter().collect(),
+            })
+            .collect(),
+        framework: spec.framework,
+        port: spec.port,
+    }
 }
 
 /// The task of a launch, or why it cannot be understood.

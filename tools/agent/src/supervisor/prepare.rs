@@ -9,7 +9,8 @@ use super::held::Run;
 use crate::isolation::{self, Isolation};
 use crate::ports;
 use crate::record::{DEFAULT_PATH, TaskPlan};
-use crate::run::{AssignedPort, Command, GpuAssignment, RunId, RunPlan, TaskSpec};
+use crate::rendezvous;
+use crate::run::{AssignedPort, Command, GpuAssignment, Rendezvous, RunId, RunPlan, TaskSpec};
 use crate::secrets;
 use crate::volumes;
 
@@ -46,13 +47,22 @@ impl Supervisor {
         };
         secrets::validate(&launch.secrets)?;
         check_port_names(&spec.ports)?;
-        let numbers = self.ports.allocate(spec.ports.len())?;
+        let numbers = if launch.ports.is_empty() {
+            self.ports.allocate(spec.ports.len())?
+        } else {
+            let chosen = chosen_ports(&spec.ports, &launch.ports)?;
+            self.ports.take(&chosen)?;
+            chosen
+        };
         for (name, number) in spec.ports.iter().zip(&numbers) {
             env.insert(ports::port_env_name(name), number.to_string());
             run.record.ports.push(AssignedPort {
                 name: name.clone(),
                 port: *number,
             });
+        }
+        if let Some(r) = &launch.rendezvous {
+            join_gang(r, &spec.ports, &run.dir, &mut env)?;
         }
         if let Some((id, path)) = volume {
             self.attach_volume(run, id, &path, &mut env)?;
@@ -123,6 +133,42 @@ impl Supervisor {
         }
         Ok(())
     }
+}
+
+/// The ports the server chose for the task's named ports, in its spec's
+/// order: one for each name, nothing else.
+fn chosen_ports(names: &[String], chosen: &BTreeMap<String, u32>) -> Result<Vec<u16>, String> {
+    if chosen.len() != names.len() {
+        return Err(format!(
+            "ports: the server chose {} port(s) for a task of {}",
+            chosen.len(),
+            names.len()
+        ));
+    }
+    names
+        .iter()
+        .map(|name| {
+            let port = chosen
+                .get(name)
+                .ok_or_else(|| format!("ports: the server chose no port {name:?}"))?;
+            u16::try_from(*port)
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("ports: {port} is not a port number"))
+        })
+        .collect()
+}
+
+/// A gang member's view of its gang: its variables into `env` (over the
+/// spec's own), its files into the sandbox.
+fn join_gang(r: &Rendezvous, ports: &[String], dir: &Path, env: &mut Env) -> Result<(), String> {
+    let view = rendezvous::gang_view(r, ports, &dir.to_string_lossy())?;
+    for (name, text) in &view.files {
+        std::fs::write(dir.join(name), text)
+            .map_err(|e| format!("cannot write {name} into the sandbox: {e}"))?;
+    }
+    env.extend(view.env);
+    Ok(())
 }
 
 /// The program and arguments a command runs as.

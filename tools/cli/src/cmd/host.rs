@@ -102,6 +102,7 @@ fn host_table(hosts: &[Host]) -> String {
         ("USED", Align::Right),
         ("TASKS", Align::Right),
         ("ISOLATION", Align::Left),
+        ("ADDRESS", Align::Left),
         ("RESERVED FOR", Align::Left),
         ("ATTRIBUTES", Align::Left),
     ]);
@@ -129,6 +130,8 @@ fn host_table(hosts: &[Host]) -> String {
             host.tasks_total.to_string(),
             // cgroup-v2 or rlimit for agents; none for simulated hosts.
             or_dash(&host.isolation),
+            // Where its tasks are reachable (agents' registered address).
+            or_dash(&host.address),
             // Reservations with backfill: the blocked heads held here.
             reserved_for(host),
             fmt_map(&host.attributes),
