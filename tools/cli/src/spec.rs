@@ -120,9 +120,11 @@ pub struct JobFile {
 
 /// `rendezvous: {framework: pytorch|tensorflow|mpi, port: NAME}` (checked
 /// by the server).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RendezvousFile {
+    /// `pytorch` (WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+    /// `tensorflow` (TF_CONFIG) or `mpi` (PELOTON_MPI_HOSTFILE); empty: none.
     #[serde(default, skip_serializing_if = "is_default")]
     pub framework: String,
     /// The leader's rendezvous port (default: the task's first port).
@@ -547,6 +549,10 @@ impl JobFile {
                 },
             }),
             host_pool: spec.host_pool.clone(),
+            rendezvous: spec.rendezvous.as_ref().map(|r| RendezvousFile {
+                framework: r.framework.clone(),
+                port: r.port.clone(),
+            }),
         }
     }
 }
