@@ -816,12 +816,19 @@ impl Lifecycle {
     fn kill_again(&self, k: JobKey, i: u32, run: RunRef, host: &Arc<str>) -> Kill {
         let job = &self.jobs[&k];
         let tmpl = job.template(i);
-        // (An instance scaled away while its run stops has no task.)
-        let preempted = job
-            .tasks
-            .get(i as usize)
-            .filter(|t| t.launch == run.launch && t.state == S::Preempted)
-            .map(|t| Arc::from(t.reason.as_deref().unwrap_or("preempted")));
+        // The reason is the run's while it is the instance's current run
+        // (an instance scaled away and back has another, or none).
+        let preempted = self
+            .held
+            .get(&(k, i))
+            .is_some_and(|h| h.preempted)
+            .then(|| {
+                job.tasks
+                    .get(i as usize)
+                    .filter(|t| t.launch == run.launch)
+                    .and_then(|t| t.reason.as_deref())
+                    .map_or_else(|| Arc::from("preempted"), Arc::from)
+            });
         Kill {
             run,
             host: host.clone(),
