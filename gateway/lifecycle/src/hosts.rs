@@ -1127,3 +1127,56 @@ mod set_attribute_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod kill_again_tests {
+    use super::super::sim::{Sim, plan};
+    use super::super::{Health, Input, RunPhase};
+    use crate::effects::Effects;
+
+    /// A drained host's run, still running, is reported again: the kill
+    /// sent again keeps the task's grace, its notice and why it was
+    /// preempted (else the agent would cut the grace and the notice short).
+    #[test]
+    fn a_kill_sent_again_keeps_the_grace_and_the_notice() {
+        let mut sim = Sim::new();
+        sim.add_host("h1", 4, 4096).unwrap();
+        let mut p = plan("/", 1, 1000);
+        p.default_mut().kill_grace_ms = 60_000;
+        p.default_mut().preemption_notice_ms = 30_000;
+        sim.step(Input::CreateJob {
+            id: "j".into(),
+            plan: Box::new(p),
+        })
+        .unwrap();
+        sim.step(Input::Cycle).unwrap();
+        let (host, key) = sim.current("j", 0).expect("placed");
+        sim.step(Input::Maintenance {
+            hosts: vec!["h1".into()],
+            start: true,
+        })
+        .unwrap();
+        let report = sim.report(key, RunPhase::Running, 0, Health::None);
+        let mut fx = Effects::default();
+        let now = sim.now;
+        sim.core
+            .step(
+                &mut sim.engine,
+                Input::AgentReports {
+                    host,
+                    reports: vec![report],
+                },
+                now,
+                &mut fx,
+            )
+            .unwrap();
+        let [kill] = fx.kills.as_slice() else {
+            panic!("one kill: {:?}", fx.kills);
+        };
+        assert_eq!((kill.grace_ms, kill.notice_ms), (60_000, 30_000));
+        assert_eq!(
+            kill.preempted.as_deref(),
+            Some("host h1 drained for maintenance; lost work: 0 ms since its start")
+        );
+    }
+}
