@@ -588,6 +588,13 @@ impl Engine {
         }
     }
 
+    /// Records a placed task's last checkpoint (when it last saved its
+    /// work, [`TaskArena::set_checkpoint`]): among victims otherwise equal,
+    /// preemption takes those that lose the least work.
+    pub fn checkpoint(&mut self, handle: TaskHandle, at_ms: u64) -> Result<(), EngineError> {
+        Ok(self.tasks.set_checkpoint(handle, at_ms)?)
+    }
+
     /// Takes over a task that already runs on `host` (the service restarted
     /// and the host's agent reported the run): it is recorded as admitted
     /// in its pool and placed on the host, skipping the queue, entitlement

@@ -4,8 +4,9 @@
 //!
 //! - **Inter-pool**: a pool whose allocation exceeds its entitlement
 //!   (another pool's demand grew) gives back the overage. Victims are taken
-//!   in order — revocable first, then lowest priority, then most recently
-//!   started — and a victim is taken only if it reduces a dimension still
+//!   in order — revocable first, then lowest priority, then the least work
+//!   lost (the latest checkpoint, else the latest start: [`victim_rank`])
+//!   — and a victim is taken only if it reduces a dimension still
 //!   over; selection stops when no dimension is over. In the dimension a
 //!   victim was taken for, what is freed exceeds the need by less than that
 //!   one task. Other dimensions can be freed beyond their need when the only
@@ -16,10 +17,12 @@
 //! - **Intra-pool**: an admitted task that found no host may evict
 //!   lower-priority preemptible tasks of its own pool from one host, only if
 //!   that makes the host fit it. The host needing the fewest victims wins
-//!   (then the lowest victim priority, then the lowest slot; victims that
-//!   turn out unnecessary are dropped), and it is returned with the victims.
+//!   (then the lowest victim priority, then the least work lost, then the
+//!   lowest slot; victims that turn out unnecessary are dropped), and it is
+//!   returned with the victims.
 //!   Each host and each victim serves at most one plan per call.
 
+use std::cmp::Reverse;
 use std::fmt;
 
 use rustc_hash::FxHashMap;
@@ -143,14 +146,12 @@ pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec
         .flat_map(|&pool| tasks.placed_in_pool(pool))
         .filter(|t| t.flags & flags::PREEMPTIBLE != 0)
         .collect();
-    // Pool, then revocable first, lowest priority, most recently started.
+    // Pool, then revocable first, then by victim rank.
     candidates.sort_by(|a, b| {
         a.pool
             .cmp(&b.pool)
             .then_with(|| (b.flags & flags::REVOCABLE).cmp(&(a.flags & flags::REVOCABLE)))
-            .then_with(|| a.priority.cmp(&b.priority))
-            .then_with(|| b.start_ms.cmp(&a.start_ms))
-            .then_with(|| b.arrival.cmp(&a.arrival))
+            .then_with(|| victim_rank(a, b))
     });
     for c in candidates {
         let slot = c.pool as usize;
@@ -195,7 +196,7 @@ pub fn inter_pool_victims(rm: &ResourceManager, tasks: &TaskArena, out: &mut Vec
 /// limits, via `placer`). A task that already fits some host gets no plan
 /// (place it instead). Each host and each victim is used by at most one plan
 /// per call, so plans never count the same free capacity twice. Victims are
-/// ranked lowest priority first, then most recently started; after a host
+/// ranked by [`victim_rank`] (lowest priority, then least work lost); after a host
 /// fits, victims that turn out unnecessary are dropped again.
 ///
 /// Pass admitted tasks that found no host: admission already checked that
@@ -280,12 +281,7 @@ pub fn intra_pool_victims_fenced<'k>(
         }
     }
     for list in by_host.values_mut() {
-        list.sort_by(|a, b| {
-            a.priority
-                .cmp(&b.priority)
-                .then(b.start_ms.cmp(&a.start_ms))
-                .then(b.arrival.cmp(&a.arrival))
-        });
+        list.sort_by(victim_rank);
     }
     let mut used_hosts = roaring::RoaringBitmap::new();
     for &task in pending {
@@ -325,15 +321,9 @@ pub fn intra_pool_victims_fenced<'k>(
                     .placed_on_host(spec.desired_host)
                     .filter(|t| t.flags & flags::PREEMPTIBLE != 0 && t.flags & flags::DAEMON == 0),
             );
-            on_daemon_host.sort_by(|a, b| {
-                a.priority
-                    .cmp(&b.priority)
-                    .then(b.start_ms.cmp(&a.start_ms))
-                    .then(b.arrival.cmp(&a.arrival))
-            });
+            on_daemon_host.sort_by(victim_rank);
         }
-        // (victims, summed victim priority, slot, victims)
-        let mut best: Option<(usize, u64, u32, Vec<PlacedView>)> = None;
+        let mut best: Option<(HostRank, Vec<PlacedView>)> = None;
         for slot in candidates.iter() {
             if used_hosts.contains(slot) || !under_limit(slot) {
                 continue;
@@ -349,12 +339,7 @@ pub fn intra_pool_victims_fenced<'k>(
                     .placed_on_host(slot)
                     .filter(|t| t.flags & flags::REVOCABLE != 0)
                     .collect();
-                b.sort_by(|a, b| {
-                    a.priority
-                        .cmp(&b.priority)
-                        .then(b.start_ms.cmp(&a.start_ms))
-                        .then(b.arrival.cmp(&a.arrival))
-                });
+                b.sort_by(victim_rank);
                 b
             } else {
                 Vec::new()
@@ -389,7 +374,7 @@ pub fn intra_pool_victims_fenced<'k>(
             let mut chosen: Vec<PlacedView> = Vec::new();
             let mut fits = false;
             for r in eligible {
-                if best.as_ref().is_some_and(|b| chosen.len() >= b.0) {
+                if best.as_ref().is_some_and(|b| chosen.len() >= b.0.0) {
                     break; // cannot beat the best host any more
                 }
                 chosen.push(*r);
@@ -412,15 +397,20 @@ pub fn intra_pool_victims_fenced<'k>(
                 i += 1;
             }
             let priority_sum: u64 = chosen.iter().map(|c| u64::from(c.priority)).sum();
-            let better = match &best {
-                None => true,
-                Some((n, p, s, _)) => (chosen.len(), priority_sum, slot) < (*n, *p, *s),
-            };
-            if better {
-                best = Some((chosen.len(), priority_sum, slot, chosen));
+            // Among as many victims of the same priorities, those that
+            // lose the least work: with equal counts, the latest saved
+            // times in sum.
+            let saved_sum = Reverse(
+                chosen
+                    .iter()
+                    .fold(0u64, |sum, c| sum.saturating_add(c.saved_ms())),
+            );
+            let rank = (chosen.len(), priority_sum, saved_sum, slot);
+            if best.as_ref().is_none_or(|(b, _)| rank < *b) {
+                best = Some((rank, chosen));
             }
         }
-        if let Some((_, _, slot, chosen)) = best {
+        if let Some(((_, _, _, slot), chosen)) = best {
             used_hosts.insert(slot);
             let victims = chosen
                 .iter()
@@ -438,6 +428,23 @@ pub fn intra_pool_victims_fenced<'k>(
     }
     Ok(())
 }
+
+/// The order victims are taken in (among tasks a rule lets go): lowest
+/// priority first, then the one that loses the least work — the latest
+/// [`PlacedView::saved_ms`], its last checkpoint or else its start, so
+/// without checkpoints the most recently started — then the latest
+/// arrival. Deterministic: arrival numbers are unique.
+pub fn victim_rank(a: &PlacedView, b: &PlacedView) -> std::cmp::Ordering {
+    a.priority
+        .cmp(&b.priority)
+        .then_with(|| b.saved_ms().cmp(&a.saved_ms()))
+        .then_with(|| b.arrival.cmp(&a.arrival))
+}
+
+/// How an eviction's host compares (the least wins): victims, their summed
+/// priority, the work they lose (their summed saved times, reversed: with
+/// equal counts, the latest saved lose least), slot.
+type HostRank = (usize, u64, Reverse<u64>, u32);
 
 /// Whether `request` fits the host once `victims` are gone.
 fn fits_without(

@@ -182,6 +182,8 @@ pub struct PlacedView {
     pub gpu: GpuGrant,
     /// When it was placed.
     pub start_ms: u64,
+    /// When it last reported a checkpoint (0: never).
+    pub checkpoint_ms: u64,
     /// Expected runtime in ms (0: unknown).
     pub runtime_ms: u64,
     /// Arrival number (breaks ties of start time).
@@ -193,6 +195,12 @@ impl PlacedView {
     /// `now_ms` (a task past its estimate may end at any moment).
     pub fn expected_end(&self, now_ms: u64) -> u64 {
         expected_end(self.start_ms, self.runtime_ms, now_ms)
+    }
+
+    /// Up to when its work is saved: its last checkpoint, else its start.
+    /// Preempting it at `now` loses `now - saved_ms()` of work.
+    pub fn saved_ms(&self) -> u64 {
+        self.start_ms.max(self.checkpoint_ms)
     }
 }
 
@@ -252,6 +260,8 @@ pub struct TaskArena {
     gpu: Vec<GpuGrant>,
     arrival: Vec<u64>,
     start_ms: Vec<u64>,
+    /// When a placed task last reported a checkpoint (0: never).
+    checkpoint_ms: Vec<u64>,
     /// Expected runtime in ms (0: unknown).
     runtime_ms: Vec<u64>,
     /// Position of a placed task in its host's list (`on_host`).
@@ -325,6 +335,7 @@ impl TaskArena {
             gpu,
             arrival,
             start_ms,
+            checkpoint_ms,
             runtime_ms,
             host_pos,
             pool_pos
@@ -364,6 +375,7 @@ impl TaskArena {
                 self.gpu[i] = GpuGrant::default();
                 self.arrival[i] = arrival;
                 self.start_ms[i] = 0;
+                self.checkpoint_ms[i] = 0;
                 self.runtime_ms[i] = spec.runtime_ms;
                 self.host_pos[i] = u32::MAX;
                 self.pool_pos[i] = u32::MAX;
@@ -391,6 +403,7 @@ impl TaskArena {
                 self.gpu.push(GpuGrant::default());
                 self.arrival.push(arrival);
                 self.start_ms.push(0);
+                self.checkpoint_ms.push(0);
                 self.runtime_ms.push(spec.runtime_ms);
                 self.host_pos.push(u32::MAX);
                 self.pool_pos.push(u32::MAX);
@@ -535,6 +548,7 @@ impl TaskArena {
         self.host[i] = host;
         self.gpu[i] = gpu;
         self.start_ms[i] = start_ms;
+        self.checkpoint_ms[i] = 0;
         let h = host as usize;
         if self.on_host.len() <= h {
             self.on_host.resize_with(h + 1, Vec::new);
@@ -604,6 +618,7 @@ impl TaskArena {
             host: self.host[i],
             gpu: self.gpu[i],
             start_ms: self.start_ms[i],
+            checkpoint_ms: self.checkpoint_ms[i],
             runtime_ms: self.runtime_ms[i],
             arrival: self.arrival[i],
         }
@@ -686,6 +701,22 @@ impl TaskArena {
         Ok(self.start_ms[handle.idx()])
     }
 
+    /// Records that a placed task saved its work at `at_ms` (its last
+    /// checkpoint): preemption prefers, among equals, the victims that lose
+    /// least. An older time than the one recorded changes nothing.
+    pub fn set_checkpoint(&mut self, handle: TaskHandle, at_ms: u64) -> Result<(), TaskError> {
+        self.check(handle)?;
+        let i = handle.idx();
+        if self.state[i] != TaskState::Placed {
+            return Err(TaskError::WrongState {
+                state: self.state[i],
+                action: "only a placed task checkpoints",
+            });
+        }
+        self.checkpoint_ms[i] = self.checkpoint_ms[i].max(at_ms);
+        Ok(())
+    }
+
     /// A live task as preemption sees it (host [`NO_HOST`] if not placed).
     pub fn placed_view(&self, handle: TaskHandle) -> Result<PlacedView, TaskError> {
         self.check(handle)?;
@@ -730,7 +761,7 @@ impl TaskArena {
             + size_of::<Strategy>()
             + size_of::<TaskState>()
             + size_of::<GpuGrant>()
-            + size_of::<u64>() * 3 // arrival, start_ms, runtime_ms
+            + size_of::<u64>() * 4 // arrival, start_ms, checkpoint_ms, runtime_ms
             + size_of::<u32>() * 2 // host_pos, pool_pos
     }
 
@@ -756,6 +787,7 @@ impl TaskArena {
             self.gpu.len(),
             self.arrival.len(),
             self.start_ms.len(),
+            self.checkpoint_ms.len(),
             self.runtime_ms.len(),
             self.host_pos.len(),
             self.pool_pos.len(),

@@ -338,3 +338,95 @@ fn a_higher_priority_task_evicts_only_where_it_then_fits() {
         "no eviction that does not make a host fit: {plans:?}"
     );
 }
+
+/// Among victims of equal priority, the one that loses the least work goes:
+/// its last checkpoint (else its start) is the latest. Without checkpoints
+/// that is the most recently started one, as before.
+#[test]
+fn equal_priority_victims_that_checkpointed_lose_least_and_go_first() {
+    let mut w = World::new();
+    w.rm.create_pool("/owner", PoolConfig::default().with_reservation(cpu(4000)))
+        .unwrap();
+    w.rm.create_pool("/borrower", PoolConfig::default())
+        .unwrap();
+    // Started at 1, 2 and 3; the first checkpoints at 10, after all started.
+    let first = w.run("/borrower", 1, NORMAL, 2000, 6000, 0);
+    let _second = w.run("/borrower", 1, NORMAL, 2000, 6000, 0);
+    let _third = w.run("/borrower", 1, NORMAL, 2000, 6000, 0);
+    w.tasks.set_checkpoint(first, 10).unwrap();
+    // An older checkpoint report changes nothing.
+    w.tasks.set_checkpoint(first, 5).unwrap();
+    let owner = w.rm.tree().lookup("/owner").unwrap();
+    w.rm.enqueue(
+        owner,
+        0,
+        NORMAL,
+        &[PendingTask {
+            id: TaskId(u64::MAX),
+            request: cpu(4000),
+            runtime_ms: 0,
+        }],
+    )
+    .unwrap();
+    w.rm.recompute_entitlement(cpu(6000), cpu(0));
+    let victims = w.victims();
+    assert_eq!(victims[0].task, first, "the checkpointed task goes first");
+    // 4000 over: the checkpointed one, then the most recently started.
+    expect![[r#"
+        prio=1 cpu=2000 started=1: pool over its entitlement in cpu: 6000 held, 2000 entitled
+        prio=1 cpu=2000 started=3: pool over its entitlement in cpu: 6000 held, 2000 entitled
+    "#]]
+    .assert_eq(&w.describe(&victims));
+}
+
+/// An eviction that needs one victim of the same priority on either of two
+/// hosts takes the one that checkpointed last, whatever its host's slot.
+#[test]
+fn an_eviction_takes_the_equal_victim_that_checkpointed_last() {
+    let mut hosts = HostArena::new(HostLimits::default());
+    for name in ["h1", "h2"] {
+        hosts
+            .add(&HostSpec {
+                name: name.into(),
+                capacity: Resources::new(4000, 8 * 1024, 0, 0),
+                ..Default::default()
+            })
+            .unwrap();
+    }
+    let constraints = ConstraintTable::new();
+    let mut tasks = TaskArena::new(100);
+    let mut placer = Placer::new(PlacementConfig::default());
+    let spec = |priority: u32| TaskSpec {
+        pool: 1,
+        priority,
+        request: Resources::new(4000, 1024, 0, 0),
+        flags: flags::PREEMPTIBLE,
+        gang: NO_GANG,
+        strategy: peloton_engine::task::Strategy::FirstFit,
+        ..Default::default()
+    };
+    let mut out = PlacementResult::default();
+    let on_h1 = tasks.add(&spec(1)).unwrap();
+    placer
+        .place(&mut hosts, &mut tasks, &constraints, &[on_h1], 1, &mut out)
+        .unwrap();
+    let on_h2 = tasks.add(&spec(1)).unwrap();
+    placer
+        .place(&mut hosts, &mut tasks, &constraints, &[on_h2], 2, &mut out)
+        .unwrap();
+    assert_eq!(tasks.host(on_h2).unwrap(), Some(1));
+    let urgent = tasks.add(&spec(5)).unwrap();
+    tasks.set_state(urgent, TaskState::Admitted).unwrap();
+    let victim = |tasks: &TaskArena| {
+        let mut plans = Vec::new();
+        intra_pool_victims(&placer, &hosts, tasks, &constraints, &[urgent], &mut plans).unwrap();
+        assert_eq!(plans.len(), 1);
+        assert_eq!(plans[0].2.len(), 1);
+        plans[0].2[0].task
+    };
+    // Without checkpoints: the most recently started (h2's).
+    assert_eq!(victim(&tasks), on_h2);
+    // h1's task checkpointed after h2's started: it loses less.
+    tasks.set_checkpoint(on_h1, 3).unwrap();
+    assert_eq!(victim(&tasks), on_h1);
+}

@@ -152,6 +152,8 @@ impl HostBackend for AgentBackend {
                 key: Some(run_key(&k.job_id, k.run)),
                 grace_ms: k.grace_ms,
                 delay_ms: k.delay_ms,
+                notice_ms: k.notice_ms,
+                preempted: k.preempted.as_deref().unwrap_or_default().to_owned(),
             };
             (k.host, run)
         });

@@ -343,6 +343,8 @@ mod tests {
                 job_id: job,
                 grace_ms: 0,
                 delay_ms: 0,
+                preempted: None,
+                notice_ms: 0,
             }],
         );
         let mut out = Vec::new();

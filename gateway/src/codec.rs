@@ -162,6 +162,7 @@ pub(crate) fn run_report(r: pb::RunReport) -> Option<RunReport> {
         health,
         health_detail: convert::agent_text(r.health_detail),
         ports,
+        checkpoint_ms: r.checkpoint_ms,
     })
 }
 

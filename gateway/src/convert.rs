@@ -380,6 +380,7 @@ pub fn task_template(
             spec.kill_grace_period_ms
         },
         shutdown_delay_ms: spec.shutdown_delay_ms,
+        preemption_notice_ms: spec.preemption_notice_ms,
         health_check: spec.health_check.is_some(),
         volume: spec
             .volume
@@ -447,6 +448,15 @@ fn check_command(field: &str, spec: &pb::TaskSpec, limits: &Limits) -> Result<()
             format!(
                 "{} is above the limit of {MAX_SHUTDOWN_DELAY_MS} (10 minutes)",
                 spec.shutdown_delay_ms
+            ),
+        ));
+    }
+    if spec.preemption_notice_ms > MAX_PREEMPTION_NOTICE_MS {
+        return Err(invalid(
+            &format!("{field}.preemption_notice_ms"),
+            format!(
+                "{} is above the limit of {MAX_PREEMPTION_NOTICE_MS} (10 minutes)",
+                spec.preemption_notice_ms
             ),
         ));
     }
@@ -574,6 +584,11 @@ fn override_classes(
 
 /// Longest deregistration delay (`TaskSpec.shutdown_delay_ms`): 10 minutes.
 pub const MAX_SHUTDOWN_DELAY_MS: u64 = 600_000;
+
+/// Longest preemption notice (`TaskSpec.preemption_notice_ms`): 10
+/// minutes, as the deregistration delay (a victim holds what it was
+/// preempted for at most this long plus its grace).
+pub const MAX_PREEMPTION_NOTICE_MS: u64 = 600_000;
 
 /// Longest declared run time (`TaskSpec.expected_runtime_ms`): 365 days.
 pub const MAX_EXPECTED_RUNTIME_MS: u64 = 365 * 24 * 3600 * 1000;
@@ -1288,6 +1303,8 @@ pub fn run_to_pb(r: &RunRecord) -> pb::TaskRun {
         used: None,
         gpu_devices: Vec::new(),
         gpu_share_milli: 0,
+        last_checkpoint_ms: r.checkpoint_at,
+        lost_work_ms: r.lost_work,
     }
 }
 
@@ -1304,6 +1321,8 @@ pub fn run_from_pb(r: &pb::TaskRun) -> RunRecord {
         exit_code: r.exit_code,
         reason: (!r.reason.is_empty()).then(|| r.reason.as_str().into()),
         launch: LaunchId(r.launch_id),
+        checkpoint_at: r.last_checkpoint_ms,
+        lost_work: r.lost_work_ms,
     }
 }
 
@@ -1645,6 +1664,20 @@ mod tests {
         assert_eq!(
             error_of(&s).1,
             "spec.default_task.shutdown_delay_ms: 600001 is above the limit of 600000 (10 minutes)"
+        );
+        let mut s = good_job();
+        s.default_task.as_mut().unwrap().preemption_notice_ms = MAX_PREEMPTION_NOTICE_MS;
+        assert_eq!(
+            job_plan(&s, &Limits::default())
+                .unwrap()
+                .default
+                .preemption_notice_ms,
+            MAX_PREEMPTION_NOTICE_MS
+        );
+        s.default_task.as_mut().unwrap().preemption_notice_ms = MAX_PREEMPTION_NOTICE_MS + 1;
+        assert_eq!(
+            error_of(&s).1,
+            "spec.default_task.preemption_notice_ms: 600001 is above the limit of 600000 (10 minutes)"
         );
         let mut s = good_job();
         s.r#type = pb::JobType::Stateful as i32;

@@ -112,6 +112,12 @@ pub struct StoredRun {
     /// Its launch.
     #[prost(uint64, tag = "10")]
     pub launch: u64,
+    /// Its last checkpoint (0: never).
+    #[prost(uint64, tag = "11")]
+    pub checkpoint_at_ms: u64,
+    /// Preempted: the work it lost.
+    #[prost(uint64, tag = "12")]
+    pub lost_work_ms: u64,
 }
 
 /// A run told to stop whose end its host has not confirmed.
@@ -268,6 +274,8 @@ fn run_to_stored(r: &RunRecord) -> StoredRun {
         exit_code: r.exit_code,
         reason: r.reason.as_deref().unwrap_or_default().to_string(),
         launch: r.launch.0,
+        checkpoint_at_ms: r.checkpoint_at,
+        lost_work_ms: r.lost_work,
     }
 }
 
@@ -283,6 +291,8 @@ fn run_from_stored(r: &StoredRun) -> RunRecord {
         exit_code: r.exit_code,
         reason: (!r.reason.is_empty()).then(|| r.reason.as_str().into()),
         launch: LaunchId(r.launch),
+        checkpoint_at: r.checkpoint_at_ms,
+        lost_work: r.lost_work_ms,
     }
 }
 
@@ -1276,6 +1286,8 @@ mod tests {
             exit_code: -3,
             reason: reason.map(Into::into),
             launch: LaunchId(99),
+            checkpoint_at: 12_345,
+            lost_work: 678,
         }
     }
 

@@ -91,6 +91,12 @@ pub struct Kill {
     pub grace_ms: u64,
     /// The kill to SIGTERM (the task's deregistration delay).
     pub delay_ms: u64,
+    /// Why the run is preempted (`None`: it is not); its agent tells the
+    /// task at once (`$PELOTON_PREEMPTED`).
+    pub preempted: Option<Arc<str>>,
+    /// A preempted run's notice: SIGTERM at once, the stop signal no sooner
+    /// than this long after the kill.
+    pub notice_ms: u64,
 }
 
 /// A run as agents name it.

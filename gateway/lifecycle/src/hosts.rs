@@ -16,7 +16,9 @@ use peloton_engine::Engine;
 use peloton_engine::host::HostState;
 
 use super::effects::{Effects, Kill, RowKey};
-use super::model::{Health, HostSlot, JobKey, JobKind, RunRef, TaskState as S};
+use super::model::{
+    Health, HostSlot, JobKey, JobKind, LaunchId, RunRef, TaskState as S, lost_work_ms,
+};
 use super::{
     AgentHost, Answer, Error, Held, HostRegistration, Lifecycle, RunPhase, RunReport, RunStatus,
     TaskUpdate, TimerKind,
@@ -25,10 +27,17 @@ use super::{
 impl Lifecycle {
     /// Tells the current run's host to stop it, and holds the run (its
     /// engine task, so its resources) until the host confirms.
-    pub(super) fn stop_on_host(&mut self, k: JobKey, i: u32, preempted: bool, fx: &mut Effects) {
+    pub(super) fn stop_on_host(
+        &mut self,
+        k: JobKey,
+        i: u32,
+        preempted: Option<&str>,
+        fx: &mut Effects,
+    ) {
         let job = self.jobs.get_mut(&k).expect("live job");
         let grace_ms = job.template(i).kill_grace_ms;
         let delay_ms = job.template(i).shutdown_delay_ms;
+        let notice_ms = preempted.map_or(0, |_| job.template(i).preemption_notice_ms);
         let job_id = job.id.clone();
         let t = &mut job.tasks[i as usize];
         let handle = t.handle.take();
@@ -47,7 +56,7 @@ impl Lifecycle {
         {
             list.retain(|&x| x != (k, i));
         }
-        if preempted {
+        if preempted.is_some() {
             self.n_held_preempted += 1;
         }
         let held = Held {
@@ -55,7 +64,7 @@ impl Lifecycle {
             handle,
             host,
             restart: false,
-            preempted,
+            preempted: preempted.is_some(),
         };
         self.mark_dirty(k, i, fx);
         if let Some(old) = self.held.insert((k, i), held) {
@@ -76,6 +85,8 @@ impl Lifecycle {
                 job_id,
                 grace_ms,
                 delay_ms,
+                preempted: preempted.map(Arc::from),
+                notice_ms,
             });
         }
     }
@@ -551,6 +562,8 @@ impl Lifecycle {
             job_id: job.id.clone(),
             grace_ms: job.template(i).kill_grace_ms,
             delay_ms: 0,
+            preempted: None,
+            notice_ms: 0,
         });
         if matches!(state, S::Pending | S::Ready | S::Placing) {
             // Queued for this host: back to wait for the old run's end.
@@ -600,23 +613,22 @@ impl Lifecycle {
         }
         let i = key.instance;
         let job_key = self.by_id.get(&*key.job_id).copied();
-        let kill = |fx: &mut Effects, job: JobKey, delay_ms: u64| {
-            fx.kills.push(Kill {
-                run: RunRef {
-                    job,
-                    instance: i,
-                    run: key.run,
-                    launch: super::LaunchId(key.launch),
-                },
-                host: host.clone(),
-                job_id: key.job_id.clone(),
-                grace_ms: 10_000,
-                delay_ms,
-            });
-        };
         let Some(k) = job_key else {
             if !ended {
-                kill(fx, JobKey(u32::MAX), 0);
+                fx.kills.push(Kill {
+                    run: RunRef {
+                        job: JobKey(u32::MAX),
+                        instance: i,
+                        run: key.run,
+                        launch: super::LaunchId(key.launch),
+                    },
+                    host: host.clone(),
+                    job_id: key.job_id,
+                    grace_ms: 10_000,
+                    delay_ms: 0,
+                    preempted: None,
+                    notice_ms: 0,
+                });
             }
             return;
         };
@@ -631,14 +643,14 @@ impl Lifecycle {
             .get(&(k, i))
             .is_some_and(|h| h.launch == run.launch && h.host == Some(slot))
         {
+            self.held_checkpoint(k, i, run.launch, report.checkpoint_ms, fx);
             if ended {
                 let exited_0 = phase == RunPhase::Succeeded;
                 self.held_run_ended(engine, k, i, report.time_ms, exited_0, fx);
             } else {
-                // Told again, with its delay: the agent keeps the earlier
-                // time its stop signal is due.
-                let delay_ms = self.jobs[&k].template(i).shutdown_delay_ms;
-                kill(fx, k, delay_ms);
+                // Told again, with its delay and notice: the agent keeps
+                // the earlier time its stop signal is due.
+                fx.kills.push(self.kill_again(k, i, run, host));
             }
             return;
         }
@@ -660,9 +672,11 @@ impl Lifecycle {
                     fx.kills.push(Kill {
                         run,
                         host: host.clone(),
-                        job_id: key.job_id.clone(),
+                        job_id: key.job_id,
                         grace_ms: grace,
                         delay_ms: 0,
+                        preempted: None,
+                        notice_ms: 0,
                     });
                 }
             }
@@ -672,7 +686,7 @@ impl Lifecycle {
             // Recovered after a restart and still running: the engine
             // takes it over. (An ended one just has its end applied.)
             if let Err(e) = self.adopt(engine, k, i, slot) {
-                self.stop_on_host(k, i, false, fx);
+                self.stop_on_host(k, i, None, fx);
                 self.transition(
                     k,
                     i,
@@ -734,6 +748,7 @@ impl Lifecycle {
             );
         }
         if phase == RunPhase::Running {
+            self.apply_checkpoint(engine, k, i, report.checkpoint_ms, fx);
             self.apply_health(engine, k, i, report.health, &report.health_detail, fx);
         }
         // Decisions taken while the run was out of sight.
@@ -748,6 +763,86 @@ impl Lifecycle {
                     self.restart_after_loss(engine, k, i, fx);
                 }
             }
+        }
+    }
+
+    /// A running run's checkpoint (`at`, 0: none reported): a later one
+    /// than the run's last is recorded with the run (its row, so a
+    /// restarted server knows it) and given to the engine, whose victim
+    /// order prefers the runs that lose the least work. No event: it is
+    /// no change of state.
+    fn apply_checkpoint(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        at: u64,
+        fx: &mut Effects,
+    ) {
+        let t = &mut self.job_mut(k).tasks[i as usize];
+        if at <= t.checkpoint_at || t.state != S::Running {
+            return;
+        }
+        t.checkpoint_at = at;
+        if let Some(h) = t.handle {
+            engine
+                .checkpoint(h, at)
+                .expect("a running run's engine task is placed");
+        }
+        self.mark_dirty(k, i, fx);
+    }
+
+    /// A preempted run still stopping reports a later checkpoint (made
+    /// during its notice): the work it loses shrinks by what it saved.
+    fn held_checkpoint(&mut self, k: JobKey, i: u32, launch: LaunchId, at: u64, fx: &mut Effects) {
+        let Some(t) = self
+            .jobs
+            .get_mut(&k)
+            .and_then(|j| j.tasks.get_mut(i as usize))
+        else {
+            return;
+        };
+        if t.launch != launch || t.state != S::Preempted || at <= t.checkpoint_at {
+            return;
+        }
+        // Told to stop when it had lost `lost_work` since it last saved.
+        let saved = t.started_at.max(t.checkpoint_at);
+        let told = saved.saturating_add(t.lost_work);
+        t.lost_work = lost_work_ms(t.started_at, at, told);
+        t.checkpoint_at = at;
+        self.mark_dirty(k, i, fx);
+    }
+
+    /// The kill sent again to a run told to stop that still runs: the same
+    /// grace, delay and notice as the first.
+    fn kill_again(&self, k: JobKey, i: u32, run: RunRef, host: &Arc<str>) -> Kill {
+        let job = &self.jobs[&k];
+        let tmpl = job.template(i);
+        // The reason is the run's while it is the instance's current run
+        // (an instance scaled away and back has another, or none).
+        let preempted = self
+            .held
+            .get(&(k, i))
+            .is_some_and(|h| h.preempted)
+            .then(|| {
+                job.tasks
+                    .get(i as usize)
+                    .filter(|t| t.launch == run.launch)
+                    .and_then(|t| t.reason.as_deref())
+                    .map_or_else(|| Arc::from("preempted"), Arc::from)
+            });
+        Kill {
+            run,
+            host: host.clone(),
+            job_id: job.id.clone(),
+            grace_ms: tmpl.kill_grace_ms,
+            delay_ms: tmpl.shutdown_delay_ms,
+            notice_ms: if preempted.is_some() {
+                tmpl.preemption_notice_ms
+            } else {
+                0
+            },
+            preempted,
         }
     }
 
@@ -779,7 +874,7 @@ impl Lifecycle {
             format!("unhealthy: {detail}")
         };
         self.task_event(k, i, &reason, fx);
-        self.stop_on_host(k, i, false, fx);
+        self.stop_on_host(k, i, None, fx);
         let now = self.now;
         self.job_mut(k).tasks[i as usize].finished_at = now;
         self.fail(engine, k, i, &reason, fx);
@@ -809,6 +904,13 @@ impl Lifecycle {
         let adopted = engine.adopt(&task, host, placed_at);
         engine.hosts_mut().clear_gpu_pin();
         let h = adopted.map_err(|e| e.to_string())?;
+        // Its last checkpoint ranks it for preemption as before.
+        let checkpoint_at = self.jobs[&k].tasks[i as usize].checkpoint_at;
+        if checkpoint_at > 0 {
+            engine
+                .checkpoint(h, checkpoint_at)
+                .expect("an adopted task is placed");
+        }
         let gpu = engine.tasks().gpu(h).unwrap_or_default();
         let job = self.job_mut(k);
         // An orphan was counted in `active` already.
@@ -1024,6 +1126,59 @@ mod set_attribute_tests {
         assert_eq!(
             spec.attributes.iter().filter(|(k, _)| k == "pool").count(),
             1
+        );
+    }
+}
+
+#[cfg(test)]
+mod kill_again_tests {
+    use super::super::sim::{Sim, plan};
+    use super::super::{Health, Input, RunPhase};
+    use crate::effects::Effects;
+
+    /// A drained host's run, still running, is reported again: the kill
+    /// sent again keeps the task's grace, its notice and why it was
+    /// preempted (else the agent would cut the grace and the notice short).
+    #[test]
+    fn a_kill_sent_again_keeps_the_grace_and_the_notice() {
+        let mut sim = Sim::new();
+        sim.add_host("h1", 4, 4096).unwrap();
+        let mut p = plan("/", 1, 1000);
+        p.default_mut().kill_grace_ms = 60_000;
+        p.default_mut().preemption_notice_ms = 30_000;
+        sim.step(Input::CreateJob {
+            id: "j".into(),
+            plan: Box::new(p),
+        })
+        .unwrap();
+        sim.step(Input::Cycle).unwrap();
+        let (host, key) = sim.current("j", 0).expect("placed");
+        sim.step(Input::Maintenance {
+            hosts: vec!["h1".into()],
+            start: true,
+        })
+        .unwrap();
+        let report = sim.report(key, RunPhase::Running, 0, Health::None);
+        let mut fx = Effects::default();
+        let now = sim.now;
+        sim.core
+            .step(
+                &mut sim.engine,
+                Input::AgentReports {
+                    host,
+                    reports: vec![report],
+                },
+                now,
+                &mut fx,
+            )
+            .unwrap();
+        let [kill] = fx.kills.as_slice() else {
+            panic!("one kill: {:?}", fx.kills);
+        };
+        assert_eq!((kill.grace_ms, kill.notice_ms), (60_000, 30_000));
+        assert_eq!(
+            kill.preempted.as_deref(),
+            Some("host h1 drained for maintenance; lost work: 0 ms since its start")
         );
     }
 }

@@ -92,6 +92,12 @@ impl Lifecycle {
                                 "{}/{i}: the core's GPU devices are the engine's",
                                 job.id
                             );
+                            assert_eq!(
+                                engine.tasks().placed_view(h).expect("live").checkpoint_ms,
+                                t.checkpoint_at,
+                                "{}/{i}: the core's last checkpoint is the engine's",
+                                job.id
+                            );
                         }
                     }
                     None => {

@@ -144,6 +144,8 @@ pub struct RunReport {
     pub health_detail: String,
     /// Ports the host gave it.
     pub ports: Vec<(String, u32)>,
+    /// When it last checkpointed (0: never).
+    pub checkpoint_ms: u64,
 }
 
 /// How a run ended or went, as the simulator reports it.
@@ -990,6 +992,8 @@ impl Lifecycle {
             exit_code: t.exit_code,
             reason: t.reason.clone(),
             launch: t.launch,
+            checkpoint_at: t.checkpoint_at,
+            lost_work: t.lost_work,
         }
     }
 

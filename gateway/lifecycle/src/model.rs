@@ -341,6 +341,9 @@ pub struct TaskTemplate {
     /// Deregistration delay: a run told to stop is shown stopping at once,
     /// and its host sends the stop signal this long after.
     pub shutdown_delay_ms: u64,
+    /// Preemption notice: a preempted run gets SIGTERM at once and its stop
+    /// signal no sooner than this long after (0: none).
+    pub preemption_notice_ms: u64,
     /// The task has a health check (its runs start with an unknown health).
     pub health_check: bool,
     /// Its persistent volume.
@@ -505,6 +508,20 @@ pub struct RunRecord {
     pub reason: Option<Box<str>>,
     /// Launch.
     pub launch: LaunchId,
+    /// Its last checkpoint (0: never).
+    pub checkpoint_at: u64,
+    /// Preempted: the work it lost (see [`lost_work_ms`]).
+    pub lost_work: u64,
+}
+
+/// The work a run loses when told to stop at `at`: the time since its last
+/// checkpoint, or since its start (0: it never started, or it checkpointed
+/// since).
+pub fn lost_work_ms(started_at: u64, checkpoint_at: u64, at: u64) -> u64 {
+    if started_at == 0 {
+        return 0;
+    }
+    at.saturating_sub(started_at.max(checkpoint_at))
 }
 
 /// Ports a host gave a run: (name, port), by name.
@@ -534,6 +551,10 @@ pub struct Task {
     pub finished_at: u64,
     /// Exit code of the current run.
     pub exit_code: i32,
+    /// When the current run last reported a checkpoint (0: never).
+    pub checkpoint_at: u64,
+    /// The current run was preempted: the work it lost.
+    pub lost_work: u64,
     /// Failed runs in a row.
     pub failures: u32,
     /// Why the current run is where it is.
@@ -587,6 +608,8 @@ impl Task {
             started_at: 0,
             finished_at: 0,
             exit_code: 0,
+            checkpoint_at: 0,
+            lost_work: 0,
             failures: 0,
             reason: None,
             health: Health::None,

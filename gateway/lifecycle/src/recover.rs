@@ -343,6 +343,8 @@ impl Lifecycle {
             t.started_at = cur.started_at;
             t.finished_at = cur.finished_at;
             t.exit_code = cur.exit_code;
+            t.checkpoint_at = cur.checkpoint_at;
+            t.lost_work = cur.lost_work;
             t.launch = cur.launch;
             t.host = host_of(&cur.host);
             t.gpu = stored.gpu;

@@ -11,7 +11,9 @@ use peloton_engine::task::{TaskHandle, TaskState as EngineTaskState};
 use peloton_engine::{Engine, NewTask};
 
 use super::effects::{Effects, Event, EventKind, Launch, RowKey};
-use super::model::{Health, Job, JobKey, JobKind, JobState, LaunchId, RunRef, TaskState as S};
+use super::model::{
+    Health, Job, JobKey, JobKind, JobState, LaunchId, RunRef, TaskState as S, lost_work_ms,
+};
 use super::rendezvous::{Gang, GangMember, LaunchRendezvous};
 use super::{Lifecycle, RunStatus, TaskUpdate, TimerKind, legal};
 
@@ -299,8 +301,28 @@ impl Lifecycle {
         if state.is_terminal() || matches!(state, S::Lost | S::Preempted) {
             return false;
         }
+        // A preempted run that started loses what it did since it last
+        // saved: shown with the reason, kept with the run.
+        let lost = (to == S::Preempted).then(|| {
+            let t = &self.jobs[&k].tasks[i as usize];
+            lost_work_ms(t.started_at, t.checkpoint_at, self.now)
+        });
+        let with_loss;
+        let reason = match lost {
+            Some(ms) if self.jobs[&k].tasks[i as usize].started_at > 0 => {
+                let since = if self.jobs[&k].tasks[i as usize].checkpoint_at > 0 {
+                    "its last checkpoint"
+                } else {
+                    "its start"
+                };
+                with_loss = format!("{reason}; lost work: {ms} ms since {since}");
+                with_loss.as_str()
+            }
+            _ => reason,
+        };
+        self.job_mut(k).tasks[i as usize].lost_work = lost.unwrap_or(0);
         if state.on_host() {
-            self.stop_on_host(k, i, to == S::Preempted, fx);
+            self.stop_on_host(k, i, (to == S::Preempted).then_some(reason), fx);
         }
         let job = self.jobs.get_mut(&k).expect("live job");
         if state == S::Initialized
@@ -368,6 +390,8 @@ impl Lifecycle {
         t.started_at = 0;
         t.finished_at = 0;
         t.exit_code = 0;
+        t.checkpoint_at = 0;
+        t.lost_work = 0;
         t.reason = None;
         t.ports = None;
         t.gpu = GpuGrant::default();
@@ -1068,7 +1092,7 @@ impl Lifecycle {
                 TimerKind::Deadline if t.state == S::Running => {
                     let limit = job.plan.max_running_time_ms;
                     let reason = format!("ran longer than max_running_time_ms {limit}");
-                    self.stop_on_host(run.job, run.instance, false, fx);
+                    self.stop_on_host(run.job, run.instance, None, fx);
                     let now = self.now;
                     self.job_mut(run.job).tasks[run.instance as usize].finished_at = now;
                     // A failure like any other: the restart policy applies.

@@ -194,6 +194,7 @@ pub fn template(cpu: u64, mem: u64) -> TaskTemplate {
         },
         kill_grace_ms: 1000,
         shutdown_delay_ms: 0,
+        preemption_notice_ms: 0,
         health_check: false,
         volume: None,
         expected_runtime_ms: 0,
@@ -510,13 +511,18 @@ impl Sim {
         for k in std::mem::take(&mut self.fx.kills) {
             self.n_kills += 1;
             self.say(format!(
-                "  kill {}/{}#{} @{}{}",
+                "  kill {}/{}#{} @{}{}{}",
                 k.job_id,
                 k.run.instance,
                 k.run.run,
                 k.host,
                 if k.delay_ms > 0 {
                     format!(" after {} ms", k.delay_ms)
+                } else {
+                    String::new()
+                },
+                if k.notice_ms > 0 {
+                    format!(" with notice {} ms", k.notice_ms)
                 } else {
                     String::new()
                 }
@@ -827,7 +833,15 @@ impl Sim {
                 String::new()
             },
             ports: Vec::new(),
+            checkpoint_ms: 0,
         }
+    }
+
+    /// The agent of `host` reports that run `key` checkpointed now.
+    pub fn checkpoint(&mut self, host: &Arc<str>, key: AgentRunKey) {
+        let mut r = self.report(key, RunPhase::Running, 0, Health::None);
+        r.checkpoint_ms = self.now;
+        self.agent_reports(host.clone(), vec![r]);
     }
 
     /// The model's safety property: no instance has two live runs on the

@@ -59,7 +59,9 @@
 //!   records, kept MS ms; `ledger` — the usage records, oldest first, and
 //!   the stored rows; `job … owner=O` is owned by O (default "-");
 //! - `task J/I` — the instance's run: state, times (ms since the script
-//!   began) and whether its host has yet to confirm its end;
+//!   began), its last checkpoint and lost work if any, and whether its host
+//!   has yet to confirm its end; `checkpoint J/I` — the run's agent reports
+//!   a checkpoint now; `job … notice=MS` declares a preemption notice;
 //! - `job … cmd=C` runs command C (default: the simulator's one command),
 //!   `expect=MS` declares its expected run time, `expect_override=I:MS`
 //!   declares instance I's (an override), `max_time=MS` is its max
@@ -303,6 +305,7 @@ impl Env {
                 p.default_mut().restart.backoff_ms = num("backoff", 1000);
                 p.default_mut().health_check = flag("health");
                 p.default_mut().shutdown_delay_ms = num("shutdown_delay", 0);
+                p.default_mut().preemption_notice_ms = num("notice", 0);
                 p.default_mut().request.0[2] = num("disk", 0);
                 p.default_mut().request.0[3] = num("gpu", 0);
                 p.default_mut().expected_runtime_ms = num("expect", 0);
@@ -710,6 +713,10 @@ impl Env {
                 let (host, key) = self.current(words[1]);
                 self.sim.health(&host, key, health);
             }
+            "checkpoint" => {
+                let (host, key) = self.current(words[1]);
+                self.sim.checkpoint(&host, key);
+            }
             "confirm" => self.sim.confirm_kills(None),
             // `stall H`: H's agent takes launches without starting them
             // (until `start H`).
@@ -815,11 +822,20 @@ impl Env {
                 let t = &self.sim.core.job(k).expect("job").tasks[i as usize];
                 let since = |ms: u64| ms.saturating_sub(START_MS);
                 let line = format!(
-                    "  {job}/{i}#{} {} started {} finished {}{}",
+                    "  {job}/{i}#{} {} started {} finished {}{}{}",
                     t.run,
                     t.state.name(),
                     since(t.started_at),
                     since(t.finished_at),
+                    if t.checkpoint_at > 0 || t.lost_work > 0 {
+                        format!(
+                            " checkpoint {} lost work {} ms",
+                            since(t.checkpoint_at),
+                            t.lost_work
+                        )
+                    } else {
+                        String::new()
+                    },
                     if self.sim.core.held(k, i).is_some() {
                         " stopping"
                     } else {
@@ -1493,7 +1509,7 @@ fn a_higher_priority_task_evicts_lower_priority_work_of_its_pool() {
             > cycle
             high/0#1 ready
             high/0#1 placing
-            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1)
+            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1; lost work: 0 ms since its start)
               kill low/0#1 @h1
             > cycle
             > confirm
@@ -1506,6 +1522,89 @@ fn a_higher_priority_task_evicts_lower_priority_work_of_its_pool() {
             low/0#2 placing
               launch high/0#1 @h1 config 1
             high/0#1 running @h1
+            job high running
+        "#]],
+    );
+}
+
+#[test]
+fn an_eviction_takes_the_equal_run_that_checkpointed_last_and_shows_the_work_lost() {
+    check(
+        r"
+        host h1 cpu=2
+        host h2 cpu=2
+        job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1 notice=30000
+        cycle
+        tick 1000
+        checkpoint low/1   # without it h1's low/0 would go (the lower slot)
+        tick 4000
+        task low/1
+        crash              # the checkpoint is stored with the run
+        register h1
+        register h2
+        tick 10000         # the reconnect slack
+        job high pool=/ n=1 cpu=2 preemptible priority=5
+        cycle
+        task low/1
+        tick 2000
+        checkpoint low/1   # saved during its notice: nothing lost
+        task low/1
+        confirm
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > host h2 cpu=2
+            > job low pool=/ n=2 cpu=1 preemptible priority=1 per_host=1 notice=30000
+            low/0#1 pending
+            low/1#1 pending
+            job low pending
+            > cycle
+            low/0#1 ready
+            low/1#1 ready
+            low/0#1 placed @h1
+            low/0#1 launching @h1
+            low/1#1 placed @h2
+            low/1#1 launching @h2
+              launch low/0#1 @h1 config 1
+              launch low/1#1 @h2 config 1
+            low/0#1 running @h1
+            job low running
+            low/1#1 running @h2
+            > tick 1000
+            > checkpoint low/1
+            > tick 4000
+            > task low/1
+              low/1#1 running started 0 finished 0 checkpoint 1000 lost work 0 ms
+            > crash
+            > register h1
+            > register h2
+            > tick 10000
+            > job high pool=/ n=1 cpu=2 preemptible priority=5
+            high/0#1 pending
+            job high pending
+            > cycle
+            high/0#1 ready
+            high/0#1 placing
+            low/1#1 preempted @h2 (preempted: a higher-priority task of its pool (high/0) needs room on host h2; lost work: 14000 ms since its last checkpoint)
+              kill low/1#1 @h2 with notice 30000 ms
+            > task low/1
+              low/1#1 preempted started 0 finished 15000 checkpoint 1000 lost work 14000 ms stopping
+            > tick 2000
+            > checkpoint low/1
+              kill low/1#1 @h2 with notice 30000 ms
+            > task low/1
+              low/1#1 preempted started 0 finished 15000 checkpoint 17000 lost work 0 ms stopping
+            > confirm
+            low/1#2 initialized
+            low/1#2 pending
+            > cycle
+            low/1#2 ready
+            high/0#1 placed @h2
+            high/0#1 launching @h2
+            low/1#2 placing
+              launch high/0#1 @h2 config 1
+            high/0#1 running @h2
             job high running
         "#]],
     );
@@ -1705,7 +1804,7 @@ fn a_drained_host_goes_down_once_its_runs_are_confirmed_gone() {
             j/0#1 running @h1
             job j running
             > drain h1
-            j/0#1 preempted @h1 (host h1 drained for maintenance)
+            j/0#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
             job j pending
               kill j/0#1 @h1
             > confirm
@@ -2199,8 +2298,8 @@ fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
             s/2#1 running @h1 [Healthy]
             > host h2 cpu=8
             > drain h1
-            s/0#1 preempted @h1 (host h1 drained for maintenance)
-            b/0#1 preempted @h1 (host h1 drained for maintenance)
+            s/0#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
+            b/0#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
             job b pending
               kill s/0#1 @h1
               kill b/0#1 @h1
@@ -2224,7 +2323,7 @@ fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
             > confirm
             > healthy s/0
             s/0#2 running @h2 [Healthy]
-            s/1#1 preempted @h1 (host h1 drained for maintenance)
+            s/1#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
               kill s/1#1 @h1
             > confirm
             s/1#2 initialized
@@ -2237,7 +2336,7 @@ fn a_drain_stops_a_service_no_faster_than_its_sla_allows() {
             s/1#2 running @h2
             > healthy s/1
             s/1#2 running @h2 [Healthy]
-            s/2#1 preempted @h1 (host h1 drained for maintenance)
+            s/2#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
               kill s/2#1 @h1
             > confirm
             s/2#2 initialized
@@ -2545,8 +2644,8 @@ fn a_drain_stops_every_instance_pinned_to_its_host() {
             job s running
             > host h2 cpu=4 disk=10000
             > drain h1
-            s/0#1 preempted @h1 (host h1 drained for maintenance)
-            s/1#1 preempted @h1 (host h1 drained for maintenance)
+            s/0#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
+            s/1#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
               kill s/0#1 @h1
               kill s/1#1 @h1
             > confirm
@@ -2635,8 +2734,8 @@ fn a_drain_of_pinned_instances_waits_for_the_rest_of_the_job() {
             > drain h1
             > healthy s/2
             s/2#1 running @h2 [Healthy]
-            s/0#1 preempted @h1 (host h1 drained for maintenance)
-            s/1#1 preempted @h1 (host h1 drained for maintenance)
+            s/0#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
+            s/1#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
               kill s/0#1 @h1
               kill s/1#1 @h1
             > confirm
@@ -2877,8 +2976,8 @@ fn a_stateful_instance_comes_back_to_its_volume_and_keeps_its_place() {
             > delete-volume s-0-4
             error: volume s-0-4 is in use: a run of s/0 holds host h1; stop it first
             > drain h1
-            s/0#2 preempted @h1 (host h1 drained for maintenance)
-            b/0#1 preempted @h1 (host h1 drained for maintenance)
+            s/0#2 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
+            b/0#1 preempted @h1 (host h1 drained for maintenance; lost work: 1000 ms since its start)
               kill s/0#2 @h1
               kill b/0#1 @h1
             > confirm
@@ -3113,7 +3212,7 @@ fn a_daemon_job_follows_the_hosts_it_matches() {
             b/0#1 running @h1
             job b running
             > drain h1
-            b/0#1 preempted @h1 (host h1 drained for maintenance)
+            b/0#1 preempted @h1 (host h1 drained for maintenance; lost work: 0 ms since its start)
             job b pending
               kill b/0#1 @h1
             > confirm
@@ -3217,8 +3316,8 @@ fn a_daemon_evicts_preemptible_work_on_its_host() {
             d/1#1 ready
             d/0#1 placing
             d/1#1 placing
-            b/3#1 preempted @h2 (preempted: pool over its entitlement in cpu: 4000 held, 2000 entitled)
-            b/2#1 preempted @h2 (preempted: pool over its entitlement in cpu: 4000 held, 2000 entitled)
+            b/3#1 preempted @h2 (preempted: pool over its entitlement in cpu: 4000 held, 2000 entitled; lost work: 0 ms since its start)
+            b/2#1 preempted @h2 (preempted: pool over its entitlement in cpu: 4000 held, 2000 entitled; lost work: 0 ms since its start)
               kill b/3#1 @h2
               kill b/2#1 @h2
             > confirm
@@ -3229,7 +3328,7 @@ fn a_daemon_evicts_preemptible_work_on_its_host() {
             > cycle
             d/1#1 placed @h2
             d/1#1 launching @h2
-            b/1#1 preempted @h1 (preempted: daemon d/0 needs room on host h1)
+            b/1#1 preempted @h1 (preempted: daemon d/0 needs room on host h1; lost work: 0 ms since its start)
               launch d/1#1 @h2 config 1
               kill b/1#1 @h1
             d/1#1 running @h2
@@ -3303,7 +3402,7 @@ fn a_daemon_keeps_the_room_it_evicted_a_stateful_instance_for() {
             d/1#1 placed @h2
             d/1#1 launching @h2
             d/0#1 placing
-            s/1#1 preempted @h1 (preempted: daemon d/0 needs room on host h1)
+            s/1#1 preempted @h1 (preempted: daemon d/0 needs room on host h1; lost work: 0 ms since its start)
               launch d/1#1 @h2 config 1
               kill s/1#1 @h1
             d/1#1 running @h2
@@ -3381,7 +3480,7 @@ fn a_pinned_task_never_evicts_a_daemon() {
             d/1#1 placed @h2
             d/1#1 launching @h2
             d/0#1 placing
-            s/0#1 preempted @h1 (preempted: daemon d/0 needs room on host h1)
+            s/0#1 preempted @h1 (preempted: daemon d/0 needs room on host h1; lost work: 0 ms since its start)
             job s pending
               launch d/1#1 @h2 config 1
               kill s/0#1 @h1
@@ -4457,7 +4556,7 @@ fn a_preempted_run_that_exited_0_before_the_kill_keeps_its_result() {
             > cycle
             high/0#1 ready
             high/0#1 placing
-            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1)
+            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1; lost work: 0 ms since its start)
               kill low/0#1 @h1
             > exit low/0 0
             low/0#1 succeeded @h1 (exited 0 before its preemption reached it: its result stands)
@@ -5568,7 +5667,7 @@ fn revocable_work_runs_on_what_services_do_not_use_and_gives_it_back_when_they_d
             > lends h1
               h1 lends cpu=4400 mem=3892, borrowed cpu=2000 mem=0, free cpu=0 mem=0
             > usage h1 t=21000 svc/0=60000:1024 batch/0=10000:512 batch/1=10000:512
-            batch/0#1 preempted @h1 (preempted: revocable, and host h1's non-revocable tasks need the CPU it ran on)
+            batch/0#1 preempted @h1 (preempted: revocable, and host h1's non-revocable tasks need the CPU it ran on; lost work: 0 ms since its start)
               kill batch/0#1 @h1
               rows: 2, events: 1
             > lends h1
@@ -5641,7 +5740,7 @@ fn a_non_revocable_task_takes_back_the_room_revocable_work_borrowed() {
             > cycle
             web/0#1 ready
             web/0#1 placing
-            batch/0#1 preempted @h1 (preempted: revocable, and web/0 (not revocable) needs the room revocable work holds on host h1)
+            batch/0#1 preempted @h1 (preempted: revocable, and web/0 (not revocable) needs the room revocable work holds on host h1; lost work: 0 ms since its start)
             job batch pending
               kill batch/0#1 @h1
             > confirm
@@ -5882,8 +5981,8 @@ fn a_preemption_plan_counts_what_freeing_a_borrowing_host_repays_first() {
             > cycle
             hi/0#1 ready
             hi/0#1 placing
-            batch/1#1 preempted @h1 (preempted: revocable, and hi/0 (not revocable) needs the room revocable work holds on host h1)
-            batch/0#1 preempted @h1 (preempted: revocable, and hi/0 (not revocable) needs the room revocable work holds on host h1)
+            batch/1#1 preempted @h1 (preempted: revocable, and hi/0 (not revocable) needs the room revocable work holds on host h1; lost work: 0 ms since its start)
+            batch/0#1 preempted @h1 (preempted: revocable, and hi/0 (not revocable) needs the room revocable work holds on host h1; lost work: 0 ms since its start)
             job batch pending
               kill batch/1#1 @h1
               kill batch/0#1 @h1
@@ -6677,8 +6776,8 @@ fn a_plan_says_whom_the_job_would_preempt_and_the_job_then_does() {
             big/0#1 placed @h2
             big/0#1 launching @h2
             big/1#1 placing
-            lo/2#1 preempted @h2 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled)
-            lo/1#1 preempted @h2 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled)
+            lo/2#1 preempted @h2 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled; lost work: 0 ms since its start)
+            lo/1#1 preempted @h2 (preempted: pool over its entitlement in cpu: 6000 held, 4000 entitled; lost work: 0 ms since its start)
               launch big/0#1 @h2 config 1
               kill lo/2#1 @h2
               kill lo/1#1 @h2
@@ -6746,7 +6845,7 @@ fn a_plan_names_the_lower_priority_task_its_job_would_evict() {
             > cycle
             high/0#1 ready
             high/0#1 placing
-            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1)
+            low/0#1 preempted @h1 (preempted: a higher-priority task of its pool (high/0) needs room on host h1; lost work: 0 ms since its start)
               kill low/0#1 @h1
             > confirm
             low/0#2 initialized

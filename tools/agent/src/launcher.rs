@@ -274,6 +274,17 @@ impl Launcher {
         }
     }
 
+    /// Tells the run's main process `signal` (a preemption notice), nothing
+    /// else of the run.
+    pub(crate) fn notify(&self, record: &RunRecord, signal: Signal) {
+        match record.task {
+            Some(task) if task.is_alive() => proc::signal_all(&[task.pid], signal),
+            // Ended, not started, or started by an older agent's wrapper:
+            // no notice signal (the marker file is there all the same).
+            _ => {}
+        }
+    }
+
     /// Asks the run to stop: its stop signal to the task alone when it has
     /// its own, else SIGTERM to its process group, every descendant of the
     /// task (some may have left the group) and its cgroup.

@@ -53,6 +53,12 @@ pub(crate) const EXIT_FILE: &str = "exit.json";
 /// (reserved: never written any more).
 pub(crate) const START_ERROR_FILE: &str = "start-error";
 pub(crate) const STDOUT_FILE: &str = "stdout";
+/// The task's `PELOTON_CHECKPOINT`: it touches the file when it has saved
+/// its work, and the agent reports the file's modification time.
+pub(crate) const CHECKPOINT_FILE: &str = "peloton-checkpoint";
+/// The task's `PELOTON_PREEMPTED`: written (with the reason) when the run
+/// is preempted, before any signal.
+pub(crate) const PREEMPTED_FILE: &str = "peloton-preempted";
 pub(crate) const STDERR_FILE: &str = "stderr";
 /// The launcher's notes about a run (never mixed into the task's output;
 /// named after the per-run wrapper of older agents, which wrote it first).

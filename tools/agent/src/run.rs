@@ -219,6 +219,8 @@ pub struct RunReport {
     pub health: Health,
     /// Set only when unhealthy: the last failed check's output or error.
     pub health_detail: String,
+    /// When the task last touched its `PELOTON_CHECKPOINT` (0: never).
+    pub checkpoint_ms: u64,
 }
 
 /// Resources of a task, or offered by a host.
@@ -331,12 +333,18 @@ pub struct GangMember {
 }
 
 /// One run to stop: its stop signal once `delay_ms` has passed (its
-/// deregistration delay), SIGKILL `grace_ms` after that.
+/// deregistration delay) and, for a preempted run with a notice, no sooner
+/// than `notice_ms`; SIGKILL `grace_ms` after that.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KillRequest {
     pub key: RunId,
     pub delay_ms: u64,
     pub grace_ms: u64,
+    /// Why the run is preempted (`None`: it is not): written at once into
+    /// its `PELOTON_PREEMPTED` file.
+    pub preempted: Option<String>,
+    /// A preempted run's notice: SIGTERM to its main process at once.
+    pub notice_ms: u64,
 }
 
 /// A read of a run's `stdout` or `stderr`.

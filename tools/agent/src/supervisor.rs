@@ -146,6 +146,8 @@ pub struct Supervisor {
     open_journals: Arc<AtomicUsize>,
     /// When the memory of runs without a cgroup was last looked at (ms).
     memory_watched_ms: u64,
+    /// When the runs' checkpoint files were last looked at (ms).
+    checkpoints_watched_ms: u64,
     /// Held for the supervisor's life: one agent per work directory.
     _lock: Flock<File>,
 }
@@ -203,6 +205,7 @@ impl Supervisor {
             health_changes: Arc::new(HealthInbox::default()),
             open_journals: Arc::new(AtomicUsize::new(0)),
             memory_watched_ms: 0,
+            checkpoints_watched_ms: 0,
             _lock: lock,
         };
         supervisor.adopt_all(now_ms).map_err(work_dir_error)?;

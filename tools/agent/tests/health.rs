@@ -177,6 +177,7 @@ impl Harness {
             key: Some(key.clone()),
             grace_ms: 1_000,
             delay_ms: 0,
+            ..Default::default()
         }]);
         self.wait_for(key, P::Killed);
     }
@@ -201,6 +202,7 @@ impl Drop for Harness {
                 key: Some(key.clone()),
                 grace_ms: 0,
                 delay_ms: 0,
+                ..Default::default()
             })
             .collect();
         self.supervisor.kill(&kills);

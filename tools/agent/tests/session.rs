@@ -302,6 +302,7 @@ async fn launch_report_log_restart_ack() {
             key: Some(stranger.clone()),
             grace_ms: 0,
             delay_ms: 0,
+            ..Default::default()
         }],
     }))
     .await;
@@ -443,6 +444,7 @@ async fn health_verdicts_and_ports_reach_the_server() {
             key: Some(k.clone()),
             grace_ms: 1_000,
             delay_ms: 0,
+            ..Default::default()
         }],
     }))
     .await;

@@ -373,6 +373,7 @@ fn kill_removes_the_whole_tree_even_setsid_processes() {
         key: Some(k.clone()),
         grace_ms: 5_000,
         delay_ms: 0,
+        ..Default::default()
     }]);
     let killed = h.wait_for(&k, P::Killed);
     assert!(
@@ -396,6 +397,7 @@ fn kill_removes_the_whole_tree_even_setsid_processes() {
         key: Some(k.clone()),
         grace_ms: 0,
         delay_ms: 0,
+        ..Default::default()
     }]);
     assert_eq!(phases(&h.reports(&k)), vec![P::Killed]);
 }
@@ -421,6 +423,7 @@ fn kill_escalates_to_sigkill_when_sigterm_is_ignored() {
         key: Some(k.clone()),
         grace_ms: 300,
         delay_ms: 0,
+        ..Default::default()
     }]);
     let killed = h.wait_for(&k, P::Killed);
     assert_eq!(killed.signal, 9, "{killed:?}");
@@ -452,11 +455,13 @@ fn a_kill_with_a_delay_signals_the_task_after_it() {
         key: Some(k.clone()),
         grace_ms: 30_000,
         delay_ms,
+        ..Default::default()
     }]);
     h.supervisor.kill(&[v1::KillRun {
         key: Some(k.clone()),
         grace_ms: 30_000,
         delay_ms: 600_000,
+        ..Default::default()
     }]);
     let ended = h.wait_for(&k, P::Killed);
     let term_ms: u64 = std::fs::read_to_string(sandbox.join("term"))
@@ -486,6 +491,7 @@ fn kill_of_an_unknown_run_is_reported_at_once() {
         key: Some(k.clone()),
         grace_ms: 1000,
         delay_ms: 0,
+        ..Default::default()
     }]);
     let report = h.latest(&k).expect("reported");
     assert_eq!(report.phase(), P::Killed);
@@ -539,6 +545,7 @@ fn a_second_supervisor_readopts_live_runs() {
         key: Some(killed_later.clone()),
         grace_ms: 200,
         delay_ms: 0,
+        ..Default::default()
     }]);
     second.wait_for(&killed_later, P::Killed);
     assert_eq!(processes_of(&other), Vec::<u32>::new());
@@ -620,6 +627,7 @@ fn acknowledged_runs_are_never_reported_again() {
         key: Some(acked.clone()),
         grace_ms: 0,
         delay_ms: 0,
+        ..Default::default()
     }]);
     h.supervisor.poll();
     assert_eq!(h.reports(&acked), Vec::new());
@@ -663,6 +671,7 @@ fn journals_held_open_are_bounded_and_closed_by_the_acknowledgement() {
                 key: Some(k.clone()),
                 grace_ms: 5_000,
                 delay_ms: 0,
+                ..Default::default()
             })
             .collect();
         h.supervisor.kill(&kills);
@@ -735,6 +744,7 @@ fn gc_removes_only_old_acknowledged_sandboxes() {
         key: Some(live.clone()),
         grace_ms: 0,
         delay_ms: 0,
+        ..Default::default()
     }]);
     h.wait_for(&live, P::Killed);
 }
@@ -892,6 +902,7 @@ fn the_detected_isolation_runs_tasks() {
         key: Some(k2.clone()),
         grace_ms: 100,
         delay_ms: 0,
+        ..Default::default()
     }]);
     h.wait_for(&k2, P::Killed);
     assert_eq!(processes_of(&h.sandbox(&k2)), Vec::<u32>::new());
@@ -1049,6 +1060,7 @@ fn kill_deadlines_follow_the_time_the_supervisor_is_given() {
             key: Some(k.clone()),
             grace_ms,
             delay_ms: 0,
+            ..Default::default()
         }],
         kill_ms,
     );

@@ -293,6 +293,7 @@ fn a_volume_in_use_is_not_deleted() {
         key: Some(k.clone()),
         grace_ms: 0,
         delay_ms: 0,
+        ..Default::default()
     }]);
     h.wait_for(&k, P::Killed);
     h.supervisor
@@ -404,6 +405,7 @@ fn secrets_of_a_readopted_run_are_removed_when_it_ends() {
         key: Some(k.clone()),
         grace_ms: 0,
         delay_ms: 0,
+        ..Default::default()
     }]);
     h.wait_for(&k, P::Killed);
     assert!(!secrets.exists());

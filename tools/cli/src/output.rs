@@ -399,6 +399,7 @@ pub fn task_spec_json(spec: Option<&TaskSpec>) -> Value {
         "controller": spec.controller,
         "kill_grace_period_ms": spec.kill_grace_period_ms,
         "shutdown_delay_ms": spec.shutdown_delay_ms,
+        "preemption_notice_ms": spec.preemption_notice_ms,
         "expected_runtime_ms": spec.expected_runtime_ms,
         "sim": {"duration_ms": sim.duration_ms, "exit_code": sim.exit_code},
         "max_instances_per_host": spec.max_instances_per_host,
@@ -507,6 +508,8 @@ pub fn task_run_json(run: Option<&TaskRun>) -> Value {
         "used": usage_json(run.used.as_ref()),
         "gpu_devices": run.gpu_devices,
         "gpu_share_milli": run.gpu_share_milli,
+        "last_checkpoint_ms": run.last_checkpoint_ms,
+        "lost_work_ms": run.lost_work_ms,
     })
 }
 

@@ -278,6 +278,11 @@ pub struct TaskFile {
     /// and signalled this long after (at most 600000).
     #[serde(default, skip_serializing_if = "is_default")]
     pub shutdown_delay_ms: u64,
+    /// Preemption notice: a preempted run gets SIGTERM (and the reason in
+    /// `$PELOTON_PREEMPTED`) at once, and its stop signal this long after
+    /// (at most 600000).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub preemption_notice_ms: u64,
     /// How long a run is expected to last (start of running to end; at
     /// most 365 days): start-time forecasts use it. Not a limit (that is
     /// `sla.max_running_time_ms`).
@@ -585,6 +590,7 @@ impl TaskFile {
             controller: task.controller,
             kill_grace_period_ms: task.kill_grace_period_ms,
             shutdown_delay_ms: task.shutdown_delay_ms,
+            preemption_notice_ms: task.preemption_notice_ms,
             expected_runtime_ms: task.expected_runtime_ms,
             max_instances_per_host: task.max_instances_per_host,
             sim: SimFile {
@@ -646,6 +652,7 @@ impl TaskFile {
             controller: self.controller,
             kill_grace_period_ms: self.kill_grace_period_ms,
             shutdown_delay_ms: self.shutdown_delay_ms,
+            preemption_notice_ms: self.preemption_notice_ms,
             expected_runtime_ms: self.expected_runtime_ms,
             sim: Some(SimSpec {
                 duration_ms: self.sim.duration_ms,
@@ -1079,6 +1086,7 @@ task:
   controller: true
   kill_grace_period_ms: 10000
   shutdown_delay_ms: 5000
+  preemption_notice_ms: 30000
   expected_runtime_ms: 90000
   max_instances_per_host: 1
   sim: {duration_ms: 2000, exit_code: 7}
@@ -1153,6 +1161,7 @@ overrides:
         assert!(task.revocable && task.controller);
         assert_eq!(task.kill_grace_period_ms, 10000);
         assert_eq!(task.shutdown_delay_ms, 5000);
+        assert_eq!(task.preemption_notice_ms, 30000);
         assert_eq!(task.expected_runtime_ms, 90000);
         assert_eq!(task.max_instances_per_host, 1);
         assert_eq!(

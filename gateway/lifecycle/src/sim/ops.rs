@@ -159,6 +159,9 @@ pub enum Op {
         /// Healthy, or unhealthy.
         healthy: bool,
     },
+    /// A started live run of a job without a health check reports a
+    /// checkpoint now (also one being stopped, as during its notice).
+    Checkpoint(u8),
     /// An agent ends one run it was told to stop.
     ConfirmKill(u8),
     /// Agents end every run they were told to stop.
@@ -324,7 +327,7 @@ pub struct Scenario {
 }
 
 /// Number of operation kinds (the tag of an encoded operation, modulo).
-const N_KINDS: u8 = 30;
+const N_KINDS: u8 = 31;
 
 /// Decodes fuzz input bytes; missing bytes read as 0.
 struct Bytes<'a>(&'a [u8]);
@@ -447,6 +450,7 @@ impl Scenario {
                         zone: b % 3,
                     }
                 }
+                30 => Op::Checkpoint(input.byte()),
                 _ => Op::AddHost(input.byte() % 3),
             };
             ops.push(op);
@@ -502,6 +506,7 @@ impl Scenario {
                 Op::DeleteVolume(v) => out.extend([27, *v]),
                 Op::SetZone { host, zone } => out.extend([28, (host % 85) * 3 + zone % 3]),
                 Op::AddHost(zone) => out.extend([29, zone % 3]),
+                Op::Checkpoint(r) => out.extend([30, *r]),
             }
         }
         out
@@ -942,6 +947,22 @@ impl Driver {
                     Health::Unhealthy
                 };
                 self.sim.health(&host, key, health);
+            }
+            Op::Checkpoint(r) => {
+                let unchecked: BTreeSet<Arc<str>> = self
+                    .jobs
+                    .iter()
+                    .filter(|j| !j.spec.health)
+                    .map(|j| j.id.clone())
+                    .collect();
+                let runs = self.runs_where(|a, r| {
+                    a.connected && r.started && unchecked.contains(&r.key.job_id)
+                });
+                if let Some((host, launch)) = runs.get(usize::from(*r) % runs.len().max(1)) {
+                    let key = self.sim.agents[host].runs[launch].key.clone();
+                    let host = host.clone();
+                    self.sim.checkpoint(&host, key);
+                }
             }
             Op::ConfirmKill(r) => {
                 let runs = self.runs_where(|_, r| r.stopping);

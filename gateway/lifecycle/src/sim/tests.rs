@@ -67,6 +67,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0u8..5).prop_map(Op::Tick),
         10 => (b(), 0u8..3).prop_map(|(run, outcome)| Op::Exit { run, outcome }),
         2 => (0u8..128, any::<bool>()).prop_map(|(run, healthy)| Op::Health { run, healthy }),
+        2 => b().prop_map(Op::Checkpoint),
         2 => b().prop_map(Op::ConfirmKill),
         4 => Just(Op::ConfirmKills),
         2 => b().prop_map(Op::KillJob),
@@ -142,6 +143,7 @@ fn update_op() -> impl Strategy<Value = Op> {
         3 => (b(), 0..N_UPDATE_VARIANTS).prop_map(|(j, v)| Op::UpdateJob(j, v)),
         2 => (b(), 0u8..4).prop_map(|(j, a)| Op::UpdateAction(j, a)),
         2 => (0u8..128, any::<bool>()).prop_map(|(run, healthy)| Op::Health { run, healthy }),
+        2 => b().prop_map(Op::Checkpoint),
         2 => Just(Op::Cycle),
     ]
 }

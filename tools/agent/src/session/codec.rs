@@ -162,6 +162,8 @@ pub fn kill_request(kill: &v1::KillRun) -> Option<KillRequest> {
         key: run_id(key),
         delay_ms: kill.delay_ms,
         grace_ms: kill.grace_ms,
+        preempted: (!kill.preempted.is_empty()).then(|| kill.preempted.clone()),
+        notice_ms: kill.notice_ms,
     })
 }
 
@@ -262,6 +264,7 @@ pub fn report(report: RunReport) -> v1::RunReport {
             .map(|port| (port.name, u32::from(port.port)))
             .collect(),
         health_detail: report.health_detail,
+        checkpoint_ms: report.checkpoint_ms,
     }
 }
 
@@ -413,6 +416,7 @@ mod tests {
             }],
             health: Health::Unhealthy,
             health_detail: "down".to_owned(),
+            checkpoint_ms: 0,
         });
         assert_eq!(encoded.key.as_ref().map(run_id), Some(key));
         assert_eq!(encoded.phase(), v1::RunPhase::Running);

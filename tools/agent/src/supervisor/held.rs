@@ -30,6 +30,10 @@ pub(super) struct Run {
     pub(super) may_hold_secrets: bool,
     /// The journal, open (see [`OpenJournal`]).
     pub(super) journal: Option<OpenJournal>,
+    /// The modification time of its `PELOTON_CHECKPOINT` file when last
+    /// looked at (ms; 0: none yet). Not recorded: a restarted agent finds
+    /// it again.
+    pub(super) checkpoint_ms: u64,
 }
 
 impl Run {
@@ -42,6 +46,7 @@ impl Run {
             exit: None,
             may_hold_secrets: true,
             journal: None,
+            checkpoint_ms: 0,
         }
     }
 
@@ -62,6 +67,7 @@ impl Run {
             ports: self.record.ports.clone(),
             health: verdict.health,
             health_detail: verdict.detail,
+            checkpoint_ms: self.checkpoint_ms,
         }
     }
 
@@ -155,5 +161,6 @@ pub(super) fn bare_report(key: &RunId, phase: PhaseReport) -> RunReport {
         ports: Vec::new(),
         health: Health::None,
         health_detail: String::new(),
+        checkpoint_ms: 0,
     }
 }

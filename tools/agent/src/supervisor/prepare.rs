@@ -8,7 +8,7 @@ use super::Supervisor;
 use super::held::Run;
 use crate::isolation::{self, Isolation};
 use crate::ports;
-use crate::record::{DEFAULT_PATH, TaskPlan};
+use crate::record::{self, DEFAULT_PATH, TaskPlan};
 use crate::rendezvous;
 use crate::run::{AssignedPort, Command, GpuAssignment, Rendezvous, RunId, RunPlan, TaskSpec};
 use crate::secrets;
@@ -205,6 +205,18 @@ fn task_env(spec: &TaskSpec, key: &RunId, dir: &Path) -> Result<Env, String> {
     env.insert(
         "PELOTON_SANDBOX".to_owned(),
         dir.to_string_lossy().into_owned(),
+    );
+    env.insert(
+        "PELOTON_CHECKPOINT".to_owned(),
+        dir.join(record::CHECKPOINT_FILE)
+            .to_string_lossy()
+            .into_owned(),
+    );
+    env.insert(
+        "PELOTON_PREEMPTED".to_owned(),
+        dir.join(record::PREEMPTED_FILE)
+            .to_string_lossy()
+            .into_owned(),
     );
     Ok(env)
 }

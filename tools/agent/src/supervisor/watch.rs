@@ -18,6 +18,10 @@ use crate::volumes;
 /// often polls come (every end the launcher records brings one).
 const MEMORY_WATCH_INTERVAL_MS: u64 = 200;
 
+/// How often polls look at the runs' checkpoint files, at most (a `stat`
+/// per live run).
+const CHECKPOINT_WATCH_INTERVAL_MS: u64 = 500;
+
 impl Supervisor {
     /// Looks at every live run once: started? exited? task gone? kill
     /// deadline passed? `now_ms` is the wall clock (ms) of the look.
@@ -38,6 +42,13 @@ impl Supervisor {
         if watch_memory {
             self.memory_watched_ms = now;
         }
+        let watch_checkpoints = now
+            >= self
+                .checkpoints_watched_ms
+                .saturating_add(CHECKPOINT_WATCH_INTERVAL_MS);
+        if watch_checkpoints {
+            self.checkpoints_watched_ms = now;
+        }
         for key in keys {
             let Some(mut run) = self.runs.remove(&key) else {
                 continue;
@@ -46,9 +57,36 @@ impl Supervisor {
             if watch_memory {
                 self.watch_memory(&mut run, &mut procs);
             }
+            if watch_checkpoints {
+                self.watch_checkpoint(&mut run, now);
+            }
             self.runs.insert(key, run);
         }
         self.report_health_changes();
+    }
+
+    /// A running run whose `PELOTON_CHECKPOINT` file is newer than when
+    /// last looked at is reported (RUNNING, with the file's modification
+    /// time): the server prefers, among equal victims, those that lose the
+    /// least work. Also during a kill's notice: a checkpoint then shrinks
+    /// what the preemption cost. A time ahead of `now` (the file's time
+    /// set by hand) counts as now.
+    fn watch_checkpoint(&mut self, run: &mut Run, now: u64) {
+        if run.record.report.phase != Phase::Running {
+            return;
+        }
+        let Some(at_ms) = std::fs::metadata(run.dir.join(record::CHECKPOINT_FILE))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(now))
+        else {
+            return;
+        };
+        if at_ms > run.checkpoint_ms {
+            run.checkpoint_ms = at_ms;
+            self.outbox.push(&run.record.key, run.report());
+        }
     }
 
     pub(super) fn observe(&mut self, run: &mut Run, now: u64, procs: &mut LazySnapshot) {

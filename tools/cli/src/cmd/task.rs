@@ -231,6 +231,7 @@ fn task_details(task: &Task) -> String {
         ("PLACED", fmt_time_ms(run.placed_at_ms)),
         ("STARTED", fmt_time_ms(run.started_at_ms)),
         ("FINISHED", fmt_time_ms(run.finished_at_ms)),
+        ("LAST CHECKPOINT", fmt_time_ms(run.last_checkpoint_ms)),
         ("EXIT CODE", exit_code(&run)),
         ("REASON", or_dash(&run.reason)),
     ]);
