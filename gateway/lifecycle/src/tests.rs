@@ -6655,8 +6655,8 @@ fn a_plan_lists_a_victims_gang_mates() {
             hi/2#1 launching @h2
             hi/3#1 placed @h2
             hi/3#1 launching @h2
-              launch g/0#1 @h1 config 1
-              launch g/1#1 @h1 config 1
+              launch g/0#1 @h1 config 1 rank 0/2 gen 1 [0@h1, 1@h1]
+              launch g/1#1 @h1 config 1 rank 1/2 gen 1
               launch hi/0#1 @h2 config 1
               launch hi/1#1 @h2 config 1
               launch hi/2#1 @h2 config 1
@@ -6679,7 +6679,7 @@ fn a_plan_lists_a_victims_gang_mates() {
             > cycle
             big/0#1 ready
             big/0#1 placing
-            g/1#1 preempted @h1 (preempted: pool over its entitlement in cpu: 8000 held, 6000 entitled)
+            g/1#1 preempted @h1 (preempted: pool over its entitlement in cpu: 8000 held, 6000 entitled; lost work: 0 ms since its start)
             g/0#1 killed @h1 (gang member 1 ended: the gang starts again as one)
             job g pending
               kill g/1#1 @h1
