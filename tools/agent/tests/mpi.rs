@@ -7,8 +7,11 @@
 //! (Debian: `apt-get install mpich libmpich-dev`); without `mpicc`,
 //! `mpiexec.hydra` or `hydra_pmi_proxy` on the PATH the MPI tests say so and
 //! pass without running, unless `PELOTON_REQUIRE_MPI` is set (as
-//! `scripts/test.sh` does after installing them).
+//! `scripts/test.sh` does after installing them). Last, the same job
+//! through the scheduler: a server and three agents, a gang of 4 whose
+//! rendezvous (`framework: mpi`) is all the ranks are given.
 
+mod common;
 mod supervised;
 
 use std::io::Read;
@@ -452,6 +455,66 @@ fn a_missing_mpich_binary_is_named() {
                 missing.display()
             )) && stderr.contains("apt-get install mpich"),
             "rank {rank}: {stderr}"
+        );
+    }
+}
+
+/// The whole path: a real server and three agents; a gang job of 4
+/// (`rendezvous: {framework: mpi, port: mpi}`) whose every member runs
+/// `"$PELOTON_AGENT_BIN" mpirun -- allreduce`: the server chooses rank 0's
+/// `mpi` port at placement, each agent gives its member the rendezvous,
+/// rank 0 runs `mpiexec`, the others its proxies; MPI_Allreduce sums to 10
+/// in every rank (their output comes out of rank 0's `mpiexec`) and the
+/// job succeeds. No ssh, no hand-set environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mpi_gang_through_the_scheduler_allreduces_with_mpiexec_in_rank_zero() {
+    if !mpich_installed("an_mpi_gang_through_the_scheduler_allreduces_with_mpiexec_in_rank_zero") {
+        return;
+    }
+    let cluster = common::Cluster::start(3).await;
+    let program = compile(cluster.dir.path());
+    let mut task = common::task_spec(&format!(
+        "exec \"$PELOTON_AGENT_BIN\" mpirun -- {}",
+        program.display()
+    ));
+    task.ports = vec![v1::PortSpec { name: "mpi".into() }];
+    task.max_instances_per_host = 2;
+    let mut spec = common::job("mpi", 4, task);
+    spec.sla.as_mut().expect("sla").min_running_instances = 4;
+    spec.rendezvous = Some(v1::RendezvousSpec {
+        framework: "mpi".into(),
+        port: "mpi".into(),
+    });
+    let id = cluster.create(spec).await;
+    let state = common::eventually("the job to end", async || {
+        let state = cluster.job(&id).await?.status?.state();
+        matches!(
+            state,
+            v1::JobState::Succeeded | v1::JobState::Failed | v1::JobState::Killed
+        )
+        .then_some(state)
+    })
+    .await;
+    if state != v1::JobState::Succeeded {
+        let mut said = String::new();
+        for i in 0..4 {
+            let tasks = cluster.tasks(&id).await;
+            said.push_str(&format!(
+                "instance {i}: {:?}\nstdout: {}\nstderr: {}\n",
+                tasks[i as usize].current.as_ref().map(|r| &r.reason),
+                cluster.logs(&id, i, false).await,
+                cluster.logs(&id, i, true).await
+            ));
+        }
+        panic!("job ended {state:?}:\n{said}");
+    }
+    // mpiexec forwards every rank's output to rank 0's; each rank ran with
+    // its own member's environment.
+    let out = cluster.logs(&id, 0, false).await;
+    for i in 0..4 {
+        assert!(
+            out.contains(&format!("rank {i} of 4: sum 10, gang rank {i},")),
+            "rank {i}: {out:?}"
         );
     }
 }
