@@ -158,6 +158,15 @@ pub enum Command {
     /// Sums of the ended runs' accounts (resource-seconds requested and
     /// used, wall time, peak memory), by owner, job or pool.
     Usage(UsageArgs),
+    /// What a job spec field means: `peloton explain task.resources`
+    /// (its type, default, description and fields; no server needed).
+    /// Every field: docs/job-spec.md.
+    Explain {
+        /// The field's path, dot-separated (`sla.gang_size`); none: the
+        /// spec's top-level fields.
+        #[arg(value_name = "FIELD.PATH", default_value = "")]
+        field: String,
+    },
     /// Print a completion script for a shell: `source <(peloton completion
     /// bash)` (in ~/.bashrc), `peloton completion zsh >
     /// "${fpath[1]}/_peloton"`, `peloton completion fish >

@@ -106,6 +106,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Usage(args) => usage::usage(&ctx, args).await,
         Command::Convert(target) => convert::run(&target),
         Command::Run(args) => job::run_command(&ctx, args).await,
+        Command::Explain { field } => {
+            let f = crate::explain::explain(&field).map_err(crate::error::UsageError)?;
+            match ctx.output {
+                OutputFormat::Table => crate::output::print_out(&crate::explain::render(&f))?,
+                OutputFormat::Json | OutputFormat::Yaml => {
+                    crate::output::print_json(&serde_json::json!({
+                        "field": f.path, "type": f.kind, "default": f.default, "required": f.required,
+                        "description": f.description,
+                        "values": f.values.iter().map(|(v, d)| serde_json::json!({"value": v, "description": d})).collect::<Vec<_>>(),
+                        "fields": f.fields,
+                    }))?;
+                }
+            }
+            Ok(Outcome::Success)
+        }
         Command::Completion { shell } => {
             let mut command = <crate::cli::Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

@@ -12,6 +12,7 @@ pub mod channel;
 pub mod cli;
 pub mod cmd;
 pub mod error;
+pub mod explain;
 pub mod names;
 pub mod output;
 pub mod peloton_yaml;
