@@ -206,6 +206,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         strategy: Strategy::FirstFit,
         volume_policy: crate::VolumePolicy::default(),
         app: None,
+        after: Arc::from([]),
         spec: Arc::from(&[][..]),
     }
 }

@@ -919,6 +919,7 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
         overrides,
         stateful: None,
         host_pool: String::new(),
+        after: Default::default(),
     };
     Ok((file, notes))
 }

@@ -98,6 +98,25 @@ pub struct JobFile {
     /// The host pool the job runs in (empty: "default").
     #[serde(default, skip_serializing_if = "is_default")]
     pub host_pool: String,
+    /// Jobs this job waits for (Slurm's afterok, afterany, afternotok).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub after: AfterFile,
+}
+
+/// Jobs a job waits for, by how each must end: ids or unique starts of
+/// them. None of its instances is queued until each is met.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AfterFile {
+    /// Each must succeed.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub succeeded: Vec<String>,
+    /// Each must end, in any way.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub finished: Vec<String>,
+    /// Each must fail or be killed.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub failed: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -394,6 +413,13 @@ impl JobFile {
                 .into(),
             }),
             host_pool: self.host_pool,
+            after: (self.after != AfterFile::default()).then_some(
+                peloton_proto::v1::JobDependencies {
+                    succeeded: self.after.succeeded,
+                    finished: self.after.finished,
+                    failed: self.after.failed,
+                },
+            ),
             ..Default::default()
         }
     }
@@ -946,6 +972,22 @@ overrides:
         assert_eq!(
             (defaults.stop_signal.as_str(), defaults.memory_limit),
             ("", 0)
+        );
+    }
+
+    #[test]
+    fn after_is_read() {
+        assert_eq!(job("name: t\ntask: {shell: 'true'}\n").after, None);
+        let spec =
+            job("name: t\nafter: {succeeded: [a1], failed: [b2, c3]}\ntask: {shell: 'true'}\n");
+        let after = spec.after.expect("after");
+        assert_eq!(
+            (after.succeeded, after.finished, after.failed),
+            (
+                vec!["a1".to_string()],
+                vec![],
+                vec!["b2".into(), "c3".into()]
+            )
         );
     }
 
