@@ -129,8 +129,10 @@ impl Api {
 
     /// Puts the full id of each job `spec.after` names in its place (the
     /// id, or a unique start of it among the jobs `caller` may read), so
-    /// the stored spec names whole ids; the core refuses jobs that do not
-    /// exist.
+    /// the stored spec names whole ids. A job the caller may not read is
+    /// NOT_FOUND, as one that does not exist (which the core refuses): a
+    /// job cannot wait for a job its creator cannot see, and so learn how
+    /// that one ended.
     fn resolve_after(&self, caller: &access::Caller, spec: &mut pb::JobSpec) -> Result<(), Status> {
         let Some(after) = spec.after.as_mut() else {
             return Ok(());
@@ -149,6 +151,11 @@ impl Api {
                 let field = format!("spec.after.{name}[{i}]");
                 if let Some(full) = self.access.resolve_job(caller, &field, given)? {
                     *given = full.to_string();
+                }
+                if let Some(pool) = self.access.job_pool(given)
+                    && access::allow(caller, Permission::JobsRead, &pool).is_err()
+                {
+                    return Err(Status::not_found(format!("{field}: job {given} not found")));
                 }
             }
         }
