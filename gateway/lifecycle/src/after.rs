@@ -3,7 +3,7 @@
 //! none of its instances is queued until each of those ended as asked
 //! (`Job::waits_for_jobs`). A dependency that can no longer be met (a
 //! `succeeded` job that failed or was killed, a `failed` job that
-//! succeeded, a job gone before it ended) kills the waiting job at once,
+//! succeeded, a job that no longer exists) kills the waiting job at once,
 //! its instances' reason naming the dependency, as Slurm cancels a job
 //! whose dependency is never satisfied.
 //!
@@ -84,8 +84,10 @@ impl Lifecycle {
 
     fn verdict(&self, d: &Dependency) -> Verdict {
         let Some(k) = self.by_id.get(&d.job) else {
+            // Gone (deleted, or past retention): it ended long ago, and a
+            // job still waiting on it was killed then.
             return Verdict::Never(format!(
-                "dependency {} was deleted before it ended: {} cannot be met",
+                "dependency {} no longer exists: {} cannot be met",
                 d.job,
                 d.condition.slurm_name()
             ));

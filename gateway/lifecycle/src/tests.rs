@@ -6695,7 +6695,8 @@ fn a_job_waits_for_the_jobs_it_depends_on() {
 fn a_dependency_that_can_never_be_met_kills_the_waiting_job() {
     // b needs a to succeed, c needs it to fail: a fails, so c goes and b
     // is killed, and so is d, which needed b to succeed; e, which needed b
-    // to fail (or be killed), goes. A restart of b kills it again.
+    // to fail (or be killed), goes. A restart of b kills it again, also
+    // once a is deleted.
     check(
         r"
         host h1 cpu=4
@@ -6710,6 +6711,8 @@ fn a_dependency_that_can_never_be_met_kills_the_waiting_job() {
         restart b
         cycle
         jobs
+        delete a
+        restart b
         ",
         expect![[r#"
             > host h1 cpu=4
@@ -6762,6 +6765,13 @@ fn a_dependency_that_can_never_be_met_kills_the_waiting_job() {
             job e running
             > jobs
             jobs: a=failed b=killed c=running d=killed e=running | stored: a(tasks=1 configs=1) b(tasks=1 configs=1) c(tasks=1 configs=1) d(tasks=1 configs=1) e(tasks=1 configs=1) | rows of removed jobs: 0 | finished 3
+            > delete a
+            job a failed deleted
+            > restart b
+            b/0#3 initialized
+            job b pending
+            b/0#3 killed (dependency a no longer exists: afterok cannot be met)
+            job b killed
         "#]],
     );
 }
