@@ -107,7 +107,8 @@ pub fn pool_path(field: &str, value: &str) -> Result<(), Status> {
 }
 
 use crate::lifecycle::{
-    AppPlan, Health, JobKind, JobState, LaunchId, RunRecord, TaskState, VolumePolicy,
+    AfterCondition, AppPlan, Dependency, Health, JobKind, JobState, LaunchId, RunRecord, TaskState,
+    VolumePolicy,
 };
 pub use crate::lifecycle::{JobPlan, RestartPolicy, TaskTemplate};
 
@@ -914,6 +915,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         },
         app,
         rendezvous,
+        after: job_after(spec)?,
         spec: encoded_spec(spec),
     })
 }
@@ -948,6 +950,57 @@ fn check_job_head(spec: &pb::JobSpec, limits: &Limits) -> Result<(), Status> {
     }
     pool_path("spec.pool", &spec.pool)?;
     Ok(())
+}
+
+/// The jobs a spec waits for (`spec.after`), in the spec's order: at most
+/// [`crate::lifecycle::MAX_DEPENDENCIES`], each a non-empty id. Whether
+/// they exist is the core's check.
+fn job_after(spec: &pb::JobSpec) -> Result<Arc<[Dependency]>, Status> {
+    let Some(after) = &spec.after else {
+        return Ok(Arc::from([]));
+    };
+    let lists = [
+        (AfterCondition::Succeeded, &after.succeeded),
+        (AfterCondition::Finished, &after.finished),
+        (AfterCondition::Failed, &after.failed),
+    ];
+    let n: usize = lists.iter().map(|(_, l)| l.len()).sum();
+    let max = crate::lifecycle::MAX_DEPENDENCIES;
+    if n > max {
+        return Err(invalid(
+            "spec.after",
+            format!("{n} dependencies; a job has at most {max}"),
+        ));
+    }
+    let mut deps = Vec::with_capacity(n);
+    for (condition, list) in lists {
+        for (i, job) in list.iter().enumerate() {
+            let field = format!("spec.after.{}[{i}]", condition.name());
+            if job.is_empty() {
+                return Err(invalid(&field, "must name a job"));
+            }
+            id(&field, job)?;
+            deps.push(Dependency {
+                job: job.as_str().into(),
+                condition,
+            });
+        }
+    }
+    Ok(deps.into())
+}
+
+/// Jobs a job waits for as the API shows them.
+pub fn dependencies_to_pb(deps: &[Dependency]) -> pb::JobDependencies {
+    let mut out = pb::JobDependencies::default();
+    for d in deps {
+        let list = match d.condition {
+            AfterCondition::Succeeded => &mut out.succeeded,
+            AfterCondition::Finished => &mut out.finished,
+            AfterCondition::Failed => &mut out.failed,
+        };
+        list.push(d.job.to_string());
+    }
+    out
 }
 
 /// What a daemon job (one instance per host) may not have.

@@ -196,8 +196,15 @@ pub(crate) fn with_usage(core: &Lifecycle, k: JobKey, mut job: pb::Job) -> pb::J
     if let Some(status) = job.status.as_mut() {
         status.used = core.job_usage(k).map(|u| convert::usage_to_pb(&u));
         status.forecast = job_forecast(core, k);
+        status.waiting_for = waiting_for(core, k);
     }
     job
+}
+
+/// The jobs a job still waits for (`JobStatus.waiting_for`), if any.
+pub(crate) fn waiting_for(core: &Lifecycle, k: JobKey) -> Option<pb::JobDependencies> {
+    let deps = core.waiting_for(k);
+    (!deps.is_empty()).then(|| convert::dependencies_to_pb(&deps))
 }
 
 /// A plan's answer as the API shows it.
@@ -351,6 +358,7 @@ pub(crate) fn job_without_spec(job: &Job) -> pb::Job {
             }),
             used: None,
             forecast: None,
+            waiting_for: None,
         }),
         version: job.version,
     }
@@ -422,6 +430,7 @@ pub(crate) fn query_jobs(
             let mut j = job_to_pb(core, k);
             if let Some(status) = j.status.as_mut() {
                 status.forecast = job_forecast(core, k);
+                status.waiting_for = waiting_for(core, k);
             }
             j
         });

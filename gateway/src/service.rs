@@ -122,8 +122,44 @@ impl Api {
         let owner = self.owner_of(request, "spec.owner", &spec.owner)?;
         let mut spec = convert::cluster_mode_spec(spec.clone())?;
         spec.owner = owner;
+        self.resolve_after(&*access::caller(request)?, &mut spec)?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         Ok((spec, plan))
+    }
+
+    /// Puts the full id of each job `spec.after` names in its place (the
+    /// id, or a unique start of it among the jobs `caller` may read), so
+    /// the stored spec names whole ids. A job the caller may not read is
+    /// NOT_FOUND, as one that does not exist (which the core refuses): a
+    /// job cannot wait for a job its creator cannot see, and so learn how
+    /// that one ended.
+    fn resolve_after(&self, caller: &access::Caller, spec: &mut pb::JobSpec) -> Result<(), Status> {
+        let Some(after) = spec.after.as_mut() else {
+            return Ok(());
+        };
+        let n = after.succeeded.len() + after.finished.len() + after.failed.len();
+        if n > crate::lifecycle::MAX_DEPENDENCIES {
+            // Refused by validation, before a lookup per entry.
+            return Ok(());
+        }
+        for (name, list) in [
+            ("succeeded", &mut after.succeeded),
+            ("finished", &mut after.finished),
+            ("failed", &mut after.failed),
+        ] {
+            for (i, given) in list.iter_mut().enumerate() {
+                let field = format!("spec.after.{name}[{i}]");
+                if let Some(full) = self.access.resolve_job(caller, &field, given)? {
+                    *given = full.to_string();
+                }
+                if let Some(pool) = self.access.job_pool(given)
+                    && access::allow(caller, Permission::JobsRead, &pool).is_err()
+                {
+                    return Err(Status::not_found(format!("{field}: job {given} not found")));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The owner of a job `request` creates: on a secure server the name
@@ -965,9 +1001,11 @@ impl UpdateService for Api {
         self.on_job(&mut request, Permission::JobsWrite, "job_id", |r| {
             &mut r.job_id
         })?;
+        let caller = access::caller(&request)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
         let mut spec = r.spec.ok_or_else(|| convert::invalid("spec", "missing"))?;
+        self.resolve_after(&caller, &mut spec)?;
         let plan = Box::new(convert::job_plan(&spec, &self.limits)?);
         let secrets = crate::codec::from_pb(std::mem::take(&mut spec.secrets));
         let update = update_spec(r.update.as_ref())?;

@@ -63,6 +63,10 @@ pub struct StoredJob {
     /// Application jobs: the driver's target.
     #[prost(message, optional, tag = "8")]
     pub app: Option<StoredApp>,
+    /// It waits for the jobs it depends on (false in rows written before
+    /// dependencies: those jobs have none).
+    #[prost(bool, tag = "9")]
+    pub waits_for_jobs: bool,
 }
 
 /// An application's stored target.
@@ -209,6 +213,7 @@ pub fn encode_job(job: &Job) -> Vec<u8> {
             generation: job.app.generation,
             closed: job.app.closed,
         }),
+        waits_for_jobs: job.waits_for_jobs,
     })
 }
 
@@ -234,6 +239,7 @@ pub fn decode_job(id: &str, row: &[u8]) -> Result<(JobRow, Option<pb::JobSpec>),
                     generation: a.generation,
                     closed: a.unregistered,
                 }),
+                waits_for_jobs: false,
             };
             (stored, old.spec)
         }
@@ -258,6 +264,7 @@ pub fn decode_job(id: &str, row: &[u8]) -> Result<(JobRow, Option<pb::JobSpec>),
                 failures: 0,
             })
             .unwrap_or_default(),
+        waits_for_jobs: stored.waits_for_jobs,
     };
     Ok((row, spec))
 }

@@ -1355,3 +1355,71 @@ async fn a_unique_start_of_a_job_id_names_the_job() {
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     s.shutdown().await;
 }
+
+/// Jobs wait for the jobs they depend on (`spec.after`, Slurm's afterok,
+/// afternotok): B waits for A to succeed, C for A to fail. While A runs
+/// (also across a restart of the server) B and C are pending, queue
+/// nothing and say what they wait for; once A succeeds B runs, and C, whose
+/// dependency can never be met, is killed with a reason naming it. A
+/// dependency is named by a unique start of its id (the full id is
+/// stored); one naming no job is NOT_FOUND, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waits_for_the_jobs_it_depends_on_also_across_a_restart() {
+    let s = TestServer::start(2).await;
+    let mut c = s.clients.clone();
+    create_reserved_pool(&mut c, "/a").await;
+    let a = create_job(&mut c, job_spec("/a", 1, 1.0, 4000)).await;
+    wait_job(&c, &a.id, J::Running).await;
+    let after = |succeeded: &[&str], failed: &[&str]| {
+        let mut spec = job_spec("/a", 2, 1.0, 100);
+        spec.after = Some(pb::JobDependencies {
+            succeeded: succeeded.iter().map(|s| s.to_string()).collect(),
+            failed: failed.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        });
+        spec
+    };
+    let b = create_job(&mut c, after(&[&a.id[..8]], &[])).await;
+    let cc = create_job(&mut c, after(&[], &[&a.id])).await;
+    let unknown = c
+        .jobs
+        .create(pb::CreateJobRequest {
+            spec: Some(after(&[&a.id], &["no-such-job"])),
+        })
+        .await;
+    assert_status(unknown, Code::NotFound, "spec.after.failed[0]");
+
+    let waits = |job: &pb::Job| {
+        job.status
+            .as_ref()
+            .and_then(|s| s.waiting_for.clone())
+            .unwrap_or_default()
+    };
+    let s = s.restart().await;
+    let mut c = s.clients.clone();
+    let b_now = get_job(&mut c, &b.id).await.expect("b");
+    assert_eq!(job_state(&b_now), J::Pending, "{b_now:?}");
+    assert_eq!(count_in(&b_now, T::Initialized), 2, "{b_now:?}");
+    assert_eq!(waits(&b_now).succeeded, vec![a.id.clone()], "{b_now:?}");
+    assert_eq!(
+        b_now.spec.as_ref().and_then(|s| s.after.clone()),
+        Some(pb::JobDependencies {
+            succeeded: vec![a.id.clone()],
+            ..Default::default()
+        }),
+        "the full id is stored"
+    );
+    let c_now = get_job(&mut c, &cc.id).await.expect("c");
+    assert_eq!(waits(&c_now).failed, vec![a.id.clone()], "{c_now:?}");
+
+    wait_job(&c, &a.id, J::Succeeded).await;
+    let b_done = wait_job(&c, &b.id, J::Succeeded).await;
+    assert_eq!(waits(&b_done), pb::JobDependencies::default());
+    wait_job(&c, &cc.id, J::Killed).await;
+    let run = get_task(&mut c, &cc.id, 0).await.current.expect("run");
+    assert_eq!(
+        run.reason,
+        format!("dependency {} succeeded: afternotok cannot be met", a.id)
+    );
+    s.shutdown().await;
+}

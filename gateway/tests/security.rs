@@ -2062,3 +2062,41 @@ async fn a_start_of_a_job_id_is_matched_among_the_jobs_the_caller_reads() {
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
     assert!(!e.message().contains(&*jb.id), "{e:?}");
 }
+
+/// A job may wait only for jobs its creator may read: a submitter of /a
+/// naming /b's job in `spec.after` (by its whole id) is told NOT_FOUND, as
+/// for a job that does not exist; naming its own pool's job is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waits_only_for_jobs_its_creator_may_read() {
+    let s = Secure::start().await;
+    let admin = s.admin();
+    create_pools_a_and_b(&admin).await;
+    let submit = s.as_token(&create_token(&admin, "submit-a", pb::Role::Submitter, "/a").await);
+    let ja = admin.create_job(long_job("/a")).await.expect("job in /a");
+    let jb = admin.create_job(long_job("/b")).await.expect("job in /b");
+    let after = |job: &str| {
+        let mut spec = short_job("/a");
+        spec.after = Some(pb::JobDependencies {
+            finished: vec![job.to_string()],
+            ..Default::default()
+        });
+        spec
+    };
+    let e = submit
+        .create_job(after(&jb.id))
+        .await
+        .expect_err("not the submitter's to read");
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    assert!(e.message().contains("spec.after.finished[0]"), "{e:?}");
+    let waiting = submit
+        .create_job(after(&ja.id))
+        .await
+        .expect("its own pool's job");
+    let waiting = wait_state(&submit, &waiting.id, pb::JobState::Pending).await;
+    let status = waiting.status.expect("status");
+    assert_eq!(
+        status.waiting_for.map(|w| w.finished),
+        Some(vec![ja.id.clone()])
+    );
+    s.shutdown().await;
+}

@@ -140,6 +140,26 @@ impl Lifecycle {
                 );
             }
             assert_eq!(counts, job.counts, "{}: counts equal the tally", job.id);
+            // A job waiting for other jobs has queued nothing and run
+            // nothing, and is indexed as waiting.
+            assert_eq!(
+                job.waits_for_jobs,
+                self.after_waiting.contains(&k),
+                "{}: waits for jobs exactly when indexed so",
+                job.id
+            );
+            assert!(
+                !job.waits_for_jobs
+                    || (!job.plan.after.is_empty()
+                        && job.active == 0
+                        && job.held == 0
+                        && job
+                            .tasks
+                            .iter()
+                            .all(|t| matches!(t.state, S::Initialized | S::Killed))),
+                "{}: a job waiting for jobs has a dependency and queues nothing",
+                job.id
+            );
             assert!(
                 job.waiting
                     .iter()

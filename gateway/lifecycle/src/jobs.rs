@@ -191,6 +191,7 @@ impl Lifecycle {
         if self.by_id.contains_key(&id) {
             return Err(Error::Precondition(format!("job {id} exists already")));
         }
+        self.check_after(&id, &plan)?;
         let daemon = plan.kind == JobKind::Daemon;
         let key = JobKey(self.next_key);
         self.next_key += 1;
@@ -216,10 +217,13 @@ impl Lifecycle {
             old_configs: Default::default(),
             updates: Default::default(),
             app: Default::default(),
+            waits_for_jobs: false,
         };
         job.counts[S::Initialized as usize] = n;
         self.jobs.insert(key, job);
         self.by_id.insert(id, key);
+        // One that waits for other jobs queues nothing yet.
+        self.start_waiting(key);
         if daemon {
             self.daemon_jobs.insert(key);
             self.reconcile_daemon(engine, key, fx);
@@ -229,7 +233,7 @@ impl Lifecycle {
         let (revision, events, rows) = (self.revision, fx.events.len(), fx.rows.len());
         self.fill(engine, key, fx);
         let job = &self.jobs[&key];
-        if job.active == 0 && !job.waiting.is_empty() {
+        if job.active == 0 && !job.waiting.is_empty() && !job.waits_for_jobs {
             let reason = job.tasks[job.waiting[0] as usize]
                 .reason
                 .as_deref()
@@ -277,17 +281,7 @@ impl Lifecycle {
                     // Nothing runs: killing changes nothing.
                     return Ok(Answer::Job(k));
                 }
-                self.abort_update_of(k, "the job was killed", fx);
-                let job = self.job_mut(k);
-                job.kill_requested = true;
-                // Waiting instances end without a search each.
-                let waiting = std::mem::take(&mut job.waiting);
-                for &i in &waiting {
-                    self.transition(k, i, S::Killed, Some("job killed"), fx);
-                }
-                for i in 0..n {
-                    self.end_run(engine, k, i, S::Killed, "job killed", fx);
-                }
+                self.kill_job(engine, k, "job killed", fx);
             }
             JobAction::Delete => {
                 if !job.state.is_terminal() {
@@ -315,7 +309,11 @@ impl Lifecycle {
             JobAction::Scale(count) => self.scale(engine, k, id, count, fx)?,
             JobAction::Restart => {
                 self.check_job_pool(engine, k)?;
-                self.job_mut(k).kill_requested = false;
+                let job = self.job_mut(k);
+                job.kill_requested = false;
+                // One still waiting for other jobs looks at them again.
+                let waits = job.waits_for_jobs;
+                self.after_dirty |= waits;
                 for i in 0..n {
                     self.restart_instance(engine, k, i, fx);
                 }
@@ -324,6 +322,30 @@ impl Lifecycle {
         self.job_mut(k).version += 1;
         self.dirty_jobs.insert(k);
         Ok(Answer::Job(k))
+    }
+
+    /// Kills a job as a whole: its waiting instances end at once, its runs
+    /// are stopped; none starts again until it is restarted.
+    pub(super) fn kill_job(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        reason: &str,
+        fx: &mut Effects,
+    ) {
+        self.abort_update_of(k, "the job was killed", fx);
+        let job = self.job_mut(k);
+        job.kill_requested = true;
+        let n = job.tasks.len() as u32;
+        // Waiting instances end without a search each.
+        let waiting = std::mem::take(&mut job.waiting);
+        for &i in &waiting {
+            self.transition(k, i, S::Killed, Some(reason), fx);
+        }
+        for i in 0..n {
+            self.end_run(engine, k, i, S::Killed, reason, fx);
+        }
+        self.dirty_jobs.insert(k);
     }
 
     /// Forgets a finished job: its indexes, its updates, and its rows in the
@@ -344,6 +366,7 @@ impl Lifecycle {
         let job = self.jobs.remove(&k).expect("live");
         debug_assert!(job.state.is_terminal() && job.held == 0 && job.active == 0);
         self.by_id.remove(&job.id);
+        self.after_waiting.remove(&k);
         self.need_fill.remove(&k);
         self.retry_fill.remove(&k);
         self.dirty_jobs.remove(&k);

@@ -21,6 +21,7 @@
 mod access;
 mod accounting;
 mod admissible;
+mod after;
 mod apps;
 mod effects;
 mod error;
@@ -64,6 +65,7 @@ pub use access::{
 };
 pub use accounting::{Ledger, MAX_USAGE_RECORDS, USAGE_RETENTION_MS, UsageRecord};
 pub use admissible::never_admitted_reason;
+pub use after::MAX_DEPENDENCIES;
 pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
 };
@@ -76,9 +78,9 @@ pub use hostpools::{
 pub use leases::leased;
 pub use liveness::{Holder, LIVENESS_CHECK_MS, RECONNECT_SLACK_MS};
 pub use model::{
-    AppPlan, AppState, Health, HostSlot, Job, JobKey, JobKind, JobPlan, JobRow, JobState, LaunchId,
-    N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow, TaskState, TaskTemplate, Volume,
-    VolumePolicy, VolumeTemplate, legal,
+    AfterCondition, AppPlan, AppState, Dependency, Health, HostSlot, Job, JobKey, JobKind, JobPlan,
+    JobRow, JobState, LaunchId, N_STATES, RestartPolicy, RunRecord, RunRef, Task, TaskRow,
+    TaskState, TaskTemplate, Volume, VolumePolicy, VolumeTemplate, legal,
 };
 pub use overcommit::OvercommitConfig;
 pub use pinned::DEFAULT_HOST_DOWN_TIMEOUT_MS;
@@ -575,6 +577,11 @@ pub struct Lifecycle {
     /// Terminal jobs by (completion time, key): what retention removes,
     /// oldest first.
     finished: BTreeSet<(u64, JobKey)>,
+    /// Jobs that wait for the jobs they depend on (`Job::waits_for_jobs`).
+    after_waiting: BTreeSet<JobKey>,
+    /// Some job ended (or one waiting was created, restarted or recovered)
+    /// in this step: waiting jobs are looked at again at its end.
+    after_dirty: bool,
     /// Volumes by instance.
     volumes: BTreeMap<(JobKey, u32), Volume>,
     /// Volume ids to their instance.
@@ -645,6 +652,8 @@ impl Lifecycle {
             rolling: FxHashSet::default(),
             draining: FxHashSet::default(),
             finished: BTreeSet::new(),
+            after_waiting: BTreeSet::new(),
+            after_dirty: false,
             volumes: BTreeMap::new(),
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
@@ -818,6 +827,7 @@ impl Lifecycle {
         self.fill_all(engine, fx);
         self.sync_reservations(engine);
         self.derive_job_states(fx);
+        self.settle_dependencies(engine, fx);
         if cfg!(debug_assertions) {
             self.check_invariants(engine);
         }

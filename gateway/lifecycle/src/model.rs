@@ -407,12 +407,65 @@ pub struct JobPlan {
     /// Gang jobs: the framework aliases their members are told (see
     /// `rendezvous`).
     pub rendezvous: Option<Arc<super::rendezvous::RendezvousAsk>>,
+    /// Jobs it waits for (fixed at creation: an update keeps them).
+    pub after: Arc<[Dependency]>,
     /// The job's spec of this config version as its user sent it (its
     /// secrets taken out), encoded by the shell: opaque to the core, kept
     /// for reads and the store. What the core changes without a new version
     /// (the instance count, an application's executor) the shell's reads
     /// derive from the plan.
     pub spec: Arc<[u8]>,
+}
+
+/// How a job another waits for must end (Slurm's afterok, afterany,
+/// afternotok).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AfterCondition {
+    /// It succeeded.
+    Succeeded,
+    /// It ended, in any way.
+    Finished,
+    /// It failed or was killed.
+    Failed,
+}
+
+impl AfterCondition {
+    /// As the spec spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AfterCondition::Succeeded => "succeeded",
+            AfterCondition::Finished => "finished",
+            AfterCondition::Failed => "failed",
+        }
+    }
+
+    /// Slurm's name for it.
+    pub fn slurm_name(self) -> &'static str {
+        match self {
+            AfterCondition::Succeeded => "afterok",
+            AfterCondition::Finished => "afterany",
+            AfterCondition::Failed => "afternotok",
+        }
+    }
+
+    /// Whether a job that ended in `state` (terminal) meets it.
+    pub fn met_by(self, state: JobState) -> bool {
+        debug_assert!(state.is_terminal());
+        match self {
+            AfterCondition::Succeeded => state == JobState::Succeeded,
+            AfterCondition::Finished => true,
+            AfterCondition::Failed => matches!(state, JobState::Failed | JobState::Killed),
+        }
+    }
+}
+
+/// A job a job waits for, and how it must end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dependency {
+    /// The job's id.
+    pub job: Arc<str>,
+    /// How it must end.
+    pub condition: AfterCondition,
 }
 
 /// What an application job's plan says of its executors.
@@ -670,6 +723,9 @@ pub struct Job {
     pub updates: VecDeque<Arc<str>>,
     /// Application jobs: the target.
     pub app: AppState,
+    /// It waits for the jobs of `plan.after` (none of its instances is
+    /// queued); false once every one was met, or for a job with none.
+    pub waits_for_jobs: bool,
 }
 
 impl Job {
@@ -784,4 +840,6 @@ pub struct JobRow {
     pub update: Option<Arc<str>>,
     /// Application jobs: the target.
     pub app: AppState,
+    /// It waits for the jobs it depends on (see [`Job::waits_for_jobs`]).
+    pub waits_for_jobs: bool,
 }

@@ -216,6 +216,10 @@ impl Lifecycle {
         core.fill_all(engine, fx);
         core.sync_reservations(engine);
         core.derive_job_states(fx);
+        // Waiting jobs are looked at again: what they wait for may have
+        // ended before the server stopped.
+        core.after_dirty = true;
+        core.settle_dependencies(engine, fx);
         if cfg!(debug_assertions) {
             core.check_invariants(engine);
         }
@@ -309,6 +313,7 @@ impl Lifecycle {
             old_configs: rec.old_configs.into_iter().collect(),
             updates: Default::default(),
             app: row.app,
+            waits_for_jobs: row.waits_for_jobs,
         };
         // Runs whose end their host had not confirmed: (host, instance,
         // launch, restart once confirmed).
@@ -370,6 +375,9 @@ impl Lifecycle {
         // lost (those hosts restarted with us).
         let mut lost = Vec::new();
         let mut orphans = Vec::new();
+        // A job waiting for other jobs queued nothing yet: its release is
+        // news.
+        let queued_before = !job.waits_for_jobs;
         for (i, t) in job.tasks.iter_mut().enumerate() {
             let i = i as u32;
             if daemon && t.daemon_host.is_none() && !t.state.is_terminal() {
@@ -384,7 +392,7 @@ impl Lifecycle {
                     // of them would cost seconds), so a watcher keeps the
                     // last event it had of each (Pending, Ready or Placing
                     // before the restart); reads show Pending.
-                    t.requeued = true;
+                    t.requeued = queued_before;
                     t.state = S::Initialized;
                     t.host = None;
                     t.gpu = Default::default();
@@ -465,6 +473,9 @@ impl Lifecycle {
             job.plan.instance_count =
                 job.tasks.iter().filter(|t| t.daemon_host.is_some()).count() as u32;
         }
+        if job.waits_for_jobs {
+            self.after_waiting.insert(key);
+        }
         self.jobs.insert(key, job);
         self.need_fill.insert(key);
         for (host, i) in orphans {
@@ -531,6 +542,7 @@ impl Lifecycle {
             config: job.config,
             update: job.latest_update().cloned(),
             app: job.app,
+            waits_for_jobs: job.waits_for_jobs,
         })
     }
 

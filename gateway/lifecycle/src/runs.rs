@@ -425,7 +425,7 @@ impl Lifecycle {
         let Some(job) = self.jobs.get(&k) else {
             return;
         };
-        if job.kill_requested {
+        if job.kill_requested || job.waits_for_jobs {
             return;
         }
         let mut gang = Vec::new();
@@ -1162,6 +1162,8 @@ impl Lifecycle {
                     },
                 });
                 self.note_job_state(k, old, now);
+                // Jobs waiting for it may go, or never will.
+                self.after_dirty |= new.is_terminal();
             }
         }
     }
@@ -1229,7 +1231,8 @@ pub(super) fn derive(job: &Job) -> JobState {
     } else if c[S::Running as usize] > 0 || (job.plan.kind.keeps_running() && job.started) {
         // A service that has run stays RUNNING while instances restart.
         JobState::Running
-    } else if c[S::Initialized as usize] == n - terminal {
+    } else if c[S::Initialized as usize] == n - terminal && !job.waits_for_jobs {
+        // (One waiting for other jobs is pending, as in Slurm.)
         JobState::Initialized
     } else {
         JobState::Pending

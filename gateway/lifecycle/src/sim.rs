@@ -226,6 +226,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         volume_policy: crate::VolumePolicy::default(),
         app: None,
         rendezvous: None,
+        after: Arc::from([]),
         spec: Arc::from(&[][..]),
     }
 }

@@ -67,6 +67,8 @@
 //!   declares instance I's (an override), `max_time=MS` is its max
 //!   running time; `estimate J/I` — the instance's runtime estimate and
 //!   where it comes from.
+//! - `job … after=COND:J,…` waits for jobs J (COND: `succeeded`,
+//!   `finished` or `failed`); `waits J` — what job J still waits for.
 
 use expect_test::{Expect, expect};
 use peloton_engine::{PoolConfig, Resources};
@@ -365,6 +367,24 @@ impl Env {
                         host_down_timeout_ms: ms.parse().expect("ms"),
                         relocate: true,
                     };
+                }
+                if let Some(after) = arg("after") {
+                    p.after = after
+                        .split(',')
+                        .map(|d| {
+                            let (condition, job) = d.split_once(':').expect("COND:J");
+                            let condition = match condition {
+                                "succeeded" => AfterCondition::Succeeded,
+                                "finished" => AfterCondition::Finished,
+                                "failed" => AfterCondition::Failed,
+                                c => panic!("condition {c}"),
+                            };
+                            Dependency {
+                                job: job.into(),
+                                condition,
+                            }
+                        })
+                        .collect();
                 }
                 if words[0] == "plan" {
                     let config = exact_forecast();
@@ -913,6 +933,24 @@ impl Env {
                     ..crate::sim::config()
                 });
                 self.sim.say(format!("> {line}"));
+            }
+            "waits" => {
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let deps: Vec<String> = self
+                    .sim
+                    .core
+                    .waiting_for(k)
+                    .iter()
+                    .map(|d| format!("{}:{}", d.condition.name(), d.job))
+                    .collect();
+                let job = self.sim.core.job(k).expect("job");
+                let line = format!(
+                    "  {} {} waits for [{}]",
+                    words[1],
+                    job.state.name(),
+                    deps.join(" ")
+                );
+                self.sim.say(line);
             }
             "jobs" => {
                 let live: Vec<String> = self
@@ -6870,4 +6908,310 @@ fn exact_forecast() -> peloton_engine::ForecastConfig {
         resolution: u32::MAX,
         ..Default::default()
     }
+}
+
+#[test]
+fn a_job_waits_for_the_jobs_it_depends_on() {
+    // b waits for a to succeed and c to end; d is refused: e is no job, and
+    // a job cannot wait for itself.
+    check(
+        r"
+        host h1 cpu=4
+        job a pool=/ n=1 cpu=1
+        job c pool=/ n=1 cpu=1
+        job b pool=/ n=2 cpu=1 after=succeeded:a,finished:c
+        waits b
+        job d pool=/ n=1 cpu=1 after=succeeded:a,failed:e
+        job d pool=/ n=1 cpu=1 after=finished:d
+        cycle
+        exit a/0 0
+        waits b
+        exit c/0 3
+        waits b
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job a pool=/ n=1 cpu=1
+            a/0#1 pending
+            job a pending
+            > job c pool=/ n=1 cpu=1
+            c/0#1 pending
+            job c pending
+            > job b pool=/ n=2 cpu=1 after=succeeded:a,finished:c
+            job b pending
+            > waits b
+              b pending waits for [succeeded:a finished:c]
+            > job d pool=/ n=1 cpu=1 after=succeeded:a,failed:e
+            error: spec.after.failed[0]: job e not found
+            > job d pool=/ n=1 cpu=1 after=finished:d
+            error: spec.after.finished[0]: a job cannot wait for itself
+            > cycle
+            a/0#1 ready
+            c/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            c/0#1 placed @h1
+            c/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+              launch c/0#1 @h1 config 1
+            a/0#1 running @h1
+            c/0#1 running @h1
+            job a running
+            job c running
+            > exit a/0 0
+            a/0#1 succeeded @h1
+            job a succeeded
+            > waits b
+              b pending waits for [finished:c]
+            > exit c/0 3
+            c/0#1 failed @h1 (exited with code 3)
+            job c failed
+            b/0#1 pending
+            b/1#1 pending
+            > waits b
+              b pending waits for []
+            > cycle
+            b/0#1 ready
+            b/1#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h1
+            b/1#1 launching @h1
+              launch b/0#1 @h1 config 1
+              launch b/1#1 @h1 config 1
+            b/0#1 running @h1
+            b/1#1 running @h1
+            job b running
+        "#]],
+    );
+}
+
+#[test]
+fn a_dependency_that_can_never_be_met_kills_the_waiting_job() {
+    // b needs a to succeed, c needs it to fail: a fails, so c goes and b
+    // is killed, and so is d, which needed b to succeed; e, which needed b
+    // to fail (or be killed), goes. A restart of b kills it again, also
+    // once a is deleted.
+    check(
+        r"
+        host h1 cpu=4
+        job a pool=/ n=1 cpu=1
+        job b pool=/ n=1 cpu=1 after=succeeded:a
+        job c pool=/ n=1 cpu=1 after=failed:a
+        job d pool=/ n=1 cpu=1 after=succeeded:b
+        job e pool=/ n=1 cpu=1 after=failed:b
+        cycle
+        exit a/0 1
+        task b/0
+        restart b
+        cycle
+        jobs
+        delete a
+        restart b
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job a pool=/ n=1 cpu=1
+            a/0#1 pending
+            job a pending
+            > job b pool=/ n=1 cpu=1 after=succeeded:a
+            job b pending
+            > job c pool=/ n=1 cpu=1 after=failed:a
+            job c pending
+            > job d pool=/ n=1 cpu=1 after=succeeded:b
+            job d pending
+            > job e pool=/ n=1 cpu=1 after=failed:b
+            job e pending
+            > cycle
+            a/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+            a/0#1 running @h1
+            job a running
+            > exit a/0 1
+            a/0#1 failed @h1 (exited with code 1)
+            job a failed
+            b/0#1 killed (dependency a failed: afterok cannot be met)
+            c/0#1 pending
+            job b killed
+            d/0#1 killed (dependency b killed: afterok cannot be met)
+            e/0#1 pending
+            job d killed
+            > task b/0
+              b/0#1 killed started 0 finished 0
+            > restart b
+            b/0#2 initialized
+            job b pending
+            b/0#2 killed (dependency a failed: afterok cannot be met)
+            job b killed
+            > cycle
+            c/0#1 ready
+            e/0#1 ready
+            c/0#1 placed @h1
+            c/0#1 launching @h1
+            e/0#1 placed @h1
+            e/0#1 launching @h1
+              launch c/0#1 @h1 config 1
+              launch e/0#1 @h1 config 1
+            c/0#1 running @h1
+            e/0#1 running @h1
+            job c running
+            job e running
+            > jobs
+            jobs: a=failed b=killed c=running d=killed e=running | stored: a(tasks=1 configs=1) b(tasks=1 configs=1) c(tasks=1 configs=1) d(tasks=1 configs=1) e(tasks=1 configs=1) | rows of removed jobs: 0 | finished 3
+            > delete a
+            job a failed deleted
+            > restart b
+            b/0#3 initialized
+            job b pending
+            b/0#3 killed (dependency a no longer exists: afterok cannot be met)
+            job b killed
+        "#]],
+    );
+}
+
+#[test]
+fn a_waiting_job_can_be_killed_restarted_and_deleted() {
+    check(
+        r"
+        host h1 cpu=4
+        job a pool=/ n=1 cpu=1
+        job b pool=/ n=1 cpu=1 after=finished:a
+        kill b
+        waits b
+        restart b
+        waits b
+        kill b
+        delete b
+        cycle
+        exit a/0 0
+        jobs
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job a pool=/ n=1 cpu=1
+            a/0#1 pending
+            job a pending
+            > job b pool=/ n=1 cpu=1 after=finished:a
+            job b pending
+            > kill b
+            b/0#1 killed (job killed)
+            job b killed
+            > waits b
+              b killed waits for [finished:a]
+            > restart b
+            b/0#2 initialized
+            job b pending
+            > waits b
+              b pending waits for [finished:a]
+            > kill b
+            b/0#2 killed (job killed)
+            job b killed
+            > delete b
+            job b killed deleted
+            > cycle
+            a/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+            a/0#1 running @h1
+            job a running
+            > exit a/0 0
+            a/0#1 succeeded @h1
+            job a succeeded
+            > jobs
+            jobs: a=succeeded | stored: a(tasks=1 configs=1) | rows of removed jobs: 0 | finished 1
+        "#]],
+    );
+}
+
+#[test]
+fn a_waiting_job_survives_a_restart_and_is_released_by_what_ended_meanwhile() {
+    // The server restarts while b waits; a's run ended meanwhile, which its
+    // agent reports when it registers again. c was released before the
+    // restart: its dependency a2 finishing again does not hold it back.
+    check(
+        r"
+        host h1 cpu=4
+        job a pool=/ n=1 cpu=1
+        job a2 pool=/ n=1 cpu=1
+        job b pool=/ n=1 cpu=1 after=succeeded:a
+        job c pool=/ n=1 cpu=1 after=finished:a2
+        cycle
+        exit a2/0 0
+        restart a2
+        crash
+        waits b
+        waits c
+        exit a/0 0
+        register h1
+        waits b
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job a pool=/ n=1 cpu=1
+            a/0#1 pending
+            job a pending
+            > job a2 pool=/ n=1 cpu=1
+            a2/0#1 pending
+            job a2 pending
+            > job b pool=/ n=1 cpu=1 after=succeeded:a
+            job b pending
+            > job c pool=/ n=1 cpu=1 after=finished:a2
+            job c pending
+            > cycle
+            a/0#1 ready
+            a2/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            a2/0#1 placed @h1
+            a2/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+              launch a2/0#1 @h1 config 1
+            a/0#1 running @h1
+            a2/0#1 running @h1
+            job a running
+            job a2 running
+            > exit a2/0 0
+            a2/0#1 succeeded @h1
+            job a2 succeeded
+            c/0#1 pending
+            > restart a2
+            a2/0#2 initialized
+            a2/0#2 pending
+            job a2 pending
+            > crash
+            > waits b
+              b pending waits for [succeeded:a]
+            > waits c
+              c pending waits for []
+            > exit a/0 0
+            > register h1
+            a/0#1 succeeded @h1
+            job a succeeded
+            b/0#1 pending
+            > waits b
+              b pending waits for []
+            > cycle
+            b/0#1 ready
+            a2/0#2 placed @h1
+            a2/0#2 launching @h1
+            c/0#1 placed @h1
+            c/0#1 launching @h1
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+              launch a2/0#2 @h1 config 1
+              launch c/0#1 @h1 config 1
+              launch b/0#1 @h1 config 1
+            a2/0#2 running @h1
+            c/0#1 running @h1
+            b/0#1 running @h1
+            job a2 running
+            job b running
+            job c running
+        "#]],
+    );
 }

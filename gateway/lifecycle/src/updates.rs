@@ -330,6 +330,12 @@ impl Lifecycle {
                 "an update cannot change the gang size",
             ));
         }
+        if plan.after != job.plan.after {
+            return Err(Error::invalid(
+                "spec.after",
+                "an update cannot change the jobs the job waits for",
+            ));
+        }
         if job.kill_requested {
             return Err(Error::Precondition(format!(
                 "job {job_id} was killed; restart it first"

@@ -460,7 +460,39 @@ pub fn job_spec_json(spec: Option<&JobSpec>) -> Value {
             "host_down_timeout_ms": p.host_down_timeout_ms,
             "on_host_down": enum_json::<peloton_proto::v1::VolumeLossPolicy>(p.on_host_down),
         })),
+        "after": spec.after.as_ref().map(dependencies_json),
     })
+}
+
+/// Jobs a job waits for, by how each must end, as JSON.
+pub fn dependencies_json(d: &peloton_proto::v1::JobDependencies) -> Value {
+    json!({
+        "succeeded": d.succeeded,
+        "finished": d.finished,
+        "failed": d.failed,
+    })
+}
+
+/// Jobs a job waits for in words: `succeeded: A, B; failed: C` ("-" for
+/// none).
+pub fn fmt_dependencies(d: Option<&peloton_proto::v1::JobDependencies>) -> String {
+    let Some(d) = d else {
+        return "-".to_owned();
+    };
+    let parts: Vec<String> = [
+        ("succeeded", &d.succeeded),
+        ("finished", &d.finished),
+        ("failed", &d.failed),
+    ]
+    .into_iter()
+    .filter(|(_, jobs)| !jobs.is_empty())
+    .map(|(how, jobs)| format!("{how}: {}", jobs.join(", ")))
+    .collect();
+    if parts.is_empty() {
+        "-".to_owned()
+    } else {
+        parts.join("; ")
+    }
 }
 
 pub fn job_status_json(status: Option<&JobStatus>) -> Value {
@@ -478,6 +510,7 @@ pub fn job_status_json(status: Option<&JobStatus>) -> Value {
         "update_id": status.update_id,
         "used": usage_json(status.used.as_ref()),
         "forecast": forecast_json(status.forecast.as_ref()),
+        "waiting_for": status.waiting_for.as_ref().map(dependencies_json),
     })
 }
 

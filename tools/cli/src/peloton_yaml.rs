@@ -920,6 +920,7 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
         stateful: None,
         host_pool: String::new(),
         rendezvous: None,
+        after: Default::default(),
     };
     Ok((file, notes))
 }

@@ -116,6 +116,25 @@ pub struct JobFile {
     /// `PELOTON_GANG_*` environment.
     #[serde(default, skip_serializing_if = "is_default")]
     pub rendezvous: Option<RendezvousFile>,
+    /// Jobs this job waits for (Slurm's afterok, afterany, afternotok).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub after: AfterFile,
+}
+
+/// Jobs a job waits for, by how each must end: ids or unique starts of
+/// them. None of its instances is queued until each is met.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AfterFile {
+    /// Each must succeed.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub succeeded: Vec<String>,
+    /// Each must end, in any way.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub finished: Vec<String>,
+    /// Each must fail or be killed.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub failed: Vec<String>,
 }
 
 /// `rendezvous: {framework: pytorch|tensorflow|mpi, port: NAME}` (checked
@@ -498,6 +517,13 @@ impl JobFile {
                 framework: r.framework,
                 port: r.port,
             }),
+            after: (self.after != AfterFile::default()).then_some(
+                peloton_proto::v1::JobDependencies {
+                    succeeded: self.after.succeeded,
+                    finished: self.after.finished,
+                    failed: self.after.failed,
+                },
+            ),
             ..Default::default()
         }
     }
@@ -558,6 +584,15 @@ impl JobFile {
                 framework: r.framework.clone(),
                 port: r.port.clone(),
             }),
+            after: spec
+                .after
+                .as_ref()
+                .map(|a| AfterFile {
+                    succeeded: a.succeeded.clone(),
+                    finished: a.finished.clone(),
+                    failed: a.failed.clone(),
+                })
+                .unwrap_or_default(),
         }
     }
 }
@@ -1223,6 +1258,22 @@ overrides:
                 framework: "pytorch".into(),
                 port: "master".into(),
             })
+        );
+    }
+
+    #[test]
+    fn after_is_read() {
+        assert_eq!(job("name: t\ntask: {shell: 'true'}\n").after, None);
+        let spec =
+            job("name: t\nafter: {succeeded: [a1], failed: [b2, c3]}\ntask: {shell: 'true'}\n");
+        let after = spec.after.expect("after");
+        assert_eq!(
+            (after.succeeded, after.finished, after.failed),
+            (
+                vec!["a1".to_string()],
+                vec![],
+                vec!["b2".into(), "c3".into()]
+            )
         );
     }
 

@@ -723,3 +723,83 @@ async fn a_failed_wait_says_why_and_only_failed_instances_restart() {
         text(&out.stderr)
     );
 }
+
+/// Dependencies between jobs through the CLI: a spec's `after` (a unique
+/// start of an id will do) keeps the job pending, `job get` says what it
+/// waits for (WAITING FOR; `status.waiting_for` in JSON), and it runs once
+/// the job it waits for succeeded; one waiting for that job to fail is
+/// killed, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waits_for_another_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), 2).await;
+    let url = common::url(server.addr);
+    let out = peloton(
+        &url,
+        &[
+            "respool",
+            "create",
+            &examples().join("pools.yaml").to_string_lossy(),
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let spec = |name: &str, after: &str| {
+        format!(
+            "name: {name}\npool: /demo\n{after}task:\n  command: /bin/true\n  \
+             resources: {{cpu: 0.1, memory_mb: 32}}\n  sim: {{duration_ms: 3000}}\n"
+        )
+    };
+    let create = async |yaml: String| {
+        let out = peloton_with(&url, &[], &yaml, &["job", "create", "-q", "-"]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+    let first = create(spec("first", "")).await;
+    let then = create(spec(
+        "then",
+        &format!("after: {{succeeded: [{}]}}\n", &first[..8]),
+    ))
+    .await;
+    let unless = create(spec("unless", &format!("after: {{failed: [{first}]}}\n"))).await;
+
+    let out = peloton(&url, &["job", "get", &then]).await;
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        shown.contains(&format!("succeeded: {first}")) && shown.contains("WAITING FOR"),
+        "{shown}"
+    );
+    let job = ok_json(&url, &["job", "get", &then]).await["job"].clone();
+    assert_eq!(job["status"]["state"], "pending", "{job}");
+    assert_eq!(
+        job["status"]["waiting_for"]["succeeded"][0],
+        first.as_str(),
+        "{job}"
+    );
+    assert_eq!(
+        job["spec"]["after"]["succeeded"][0],
+        first.as_str(),
+        "{job}"
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let job = loop {
+        let job = ok_json(&url, &["job", "get", &then]).await["job"].clone();
+        if job["status"]["state"] == "succeeded" {
+            break job;
+        }
+        assert!(std::time::Instant::now() < deadline, "{job}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(job["status"]["waiting_for"], Value::Null, "{job}");
+    let job = ok_json(&url, &["job", "get", &unless]).await["job"].clone();
+    assert_eq!(job["status"]["state"], "killed", "{job}");
+    let task = ok_json(&url, &["task", "get", &unless, "0"]).await;
+    assert!(
+        task.to_string().contains(&format!(
+            "dependency {first} succeeded: afternotok cannot be met"
+        )),
+        "{task}"
+    );
+}

@@ -18,8 +18,9 @@ use crate::channel::LeaderChannel;
 use crate::cli::{JobCommand, JobOrder, QueryArgs, RunArgs};
 use crate::names::{is_terminal_job_state, name_of};
 use crate::output::{
-    Align, OutputFormat, Table, fmt_forecast, fmt_map, fmt_resources, fmt_task_counts, fmt_time_ms,
-    fmt_usage, job_json, or_dash, print_json, print_out, render_fields,
+    Align, OutputFormat, Table, fmt_dependencies, fmt_forecast, fmt_map, fmt_resources,
+    fmt_task_counts, fmt_time_ms, fmt_usage, job_json, or_dash, print_json, print_out,
+    render_fields,
 };
 use crate::spec::load_job_file;
 
@@ -593,6 +594,12 @@ fn job_details(job: &Job) -> String {
     }
     if !spec.host_pool.is_empty() {
         fields.push(("HOST POOL", spec.host_pool.clone()));
+    }
+    if spec.after.is_some() {
+        fields.push(("AFTER", fmt_dependencies(spec.after.as_ref())));
+    }
+    if status.waiting_for.is_some() {
+        fields.push(("WAITING FOR", fmt_dependencies(status.waiting_for.as_ref())));
     }
     if !task.constraint.is_empty() {
         fields.push(("CONSTRAINT", task.constraint));
