@@ -190,13 +190,27 @@ impl Api {
         field: &str,
         id: impl Fn(&mut T) -> &mut String,
     ) -> Result<(), Status> {
+        self.full_job_id(request, field, &id)?;
+        let job = id(request.get_mut()).clone();
+        access::require_job(&self.access, request, permission, &job).map(drop)
+    }
+
+    /// Puts the full id of the job the request's `field` names in its
+    /// place, if it names one (the id, or a unique start of it among the
+    /// jobs the caller reads: [`access::Access::resolve_job`]); for filters
+    /// that need no permission of their own.
+    fn full_job_id<T>(
+        &self,
+        request: &mut Request<T>,
+        field: &str,
+        id: &impl Fn(&mut T) -> &mut String,
+    ) -> Result<(), Status> {
         let caller = access::caller(request)?;
         let given = id(request.get_mut());
         if let Some(full) = self.access.resolve_job(&caller, field, given)? {
             *given = full.to_string();
         }
-        let job = id(request.get_mut()).clone();
-        access::require_job(&self.access, request, permission, &job).map(drop)
+        Ok(())
     }
 
     /// Handlers whose watch streams end when `role` stops leading.
@@ -525,9 +539,14 @@ impl JobService for Api {
 
     async fn list_usage(
         &self,
-        request: Request<pb::ListUsageRequest>,
+        mut request: Request<pb::ListUsageRequest>,
     ) -> Result<Response<pb::ListUsageResponse>, Status> {
         let viewer = Self::viewer(&request)?;
+        if !request.get_ref().job_id.is_empty() {
+            self.full_job_id(&mut request, "job_id", &|r: &mut pb::ListUsageRequest| {
+                &mut r.job_id
+            })?;
+        }
         let request = request.into_inner();
         if !request.pool.is_empty() {
             convert::pool_path("pool", &request.pool)?;
@@ -1094,10 +1113,16 @@ impl VolumeService for Api {
         mut request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
         let viewer = Self::viewer(&request)?;
-        if viewer.is_some() && !request.get_ref().job_id.is_empty() {
-            self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
-                &mut r.job_id
-            })?;
+        if !request.get_ref().job_id.is_empty() {
+            if viewer.is_some() {
+                self.on_job(&mut request, Permission::JobsRead, "job_id", |r| {
+                    &mut r.job_id
+                })?;
+            } else {
+                self.full_job_id(&mut request, "job_id", &|r: &mut pb::ListVolumesRequest| {
+                    &mut r.job_id
+                })?;
+            }
         }
         let request = request.into_inner();
         convert::id("job_id", &request.job_id)?;

@@ -1309,6 +1309,20 @@ async fn a_unique_start_of_a_job_id_names_the_job() {
     let killed = kill_job(&mut c, &p).await;
     assert_eq!(killed.id, *first);
     wait_job(&c, first, J::Killed).await;
+    // The accounts of its ended runs, asked by the same start.
+    let usage = c
+        .jobs
+        .list_usage(pb::ListUsageRequest {
+            job_id: p.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("usage of {p}: {e:?}"))
+        .into_inner();
+    assert!(
+        usage.records.iter().all(|r| r.job_id == *first),
+        "{usage:?}"
+    );
 
     // A shared start is refused, naming the field and what matched.
     let shared = ids

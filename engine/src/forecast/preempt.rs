@@ -6,9 +6,10 @@
 //! - Inter-pool victims (the cycle's report) end; only if there were none
 //!   and tasks found no host do admitted tasks evict lower-priority
 //!   preemptible tasks of their own pool ([`Engine::eviction_plans`]).
-//! - A victim's gang ends with it (its other members are stopped, not
-//!   preempted; the running ones are listed after the victims, each with
-//!   the victim it goes with), and every ended task is queued again in its pool with
+//! - A victim's gang ends with it (its other members are not chosen but
+//!   preempted with it, as the live loop does; the running ones are
+//!   listed after the victims, each with the victim it goes with), and
+//!   every ended task is queued again in its pool with
 //!   the spec it had, each gang as one entry, in (job, instance) order: a
 //!   preempted run starts again, as the live loop's restart does.
 

@@ -264,9 +264,8 @@ impl Lifecycle {
         };
         let reason = match chosen {
             Some(c) => format!(
-                "gang member {} preempted ({}): the gang starts again as one",
-                c.instance,
-                reason.strip_prefix("preempted: ").unwrap_or(&reason)
+                "gang member {} preempted: the gang starts again as one",
+                c.instance
             ),
             None => reason,
         };

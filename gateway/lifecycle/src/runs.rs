@@ -957,8 +957,11 @@ impl Lifecycle {
             self.retire_executor(k, i, fx);
             return;
         }
+        // A preempted member's mates are preempted with it: they get its
+        // notice (time to checkpoint) and their lost work is counted.
+        let preempted = self.jobs[&k].tasks[i as usize].state == S::Preempted;
         self.new_run(k, i, fx);
-        self.stop_gang(engine, k, i, true, fx);
+        self.stop_gang_as(engine, k, i, true, preempted, fx);
     }
 
     /// A service's run ended by itself (any exit code): it starts again
@@ -1047,6 +1050,21 @@ impl Lifecycle {
         restart: bool,
         fx: &mut Effects,
     ) {
+        self.stop_gang_as(engine, k, i, restart, false, fx);
+    }
+
+    /// [`Lifecycle::stop_gang`]; with `preempted` (member `i` was
+    /// preempted) the others end preempted too, each with its own notice
+    /// and lost work, and start again with it.
+    fn stop_gang_as(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        i: u32,
+        restart: bool,
+        preempted: bool,
+        fx: &mut Effects,
+    ) {
         let job = &self.jobs[&k];
         if job.plan.gang <= 1 || job.kill_requested {
             return;
@@ -1055,16 +1073,19 @@ impl Lifecycle {
             return;
         };
         let mates: Vec<u32> = job.instances_where(|t| t.gang == Some(gang) && t.state.in_engine());
-        let reason = if restart {
+        let reason = if preempted {
+            format!("gang member {i} preempted: the gang starts again as one")
+        } else if restart {
             format!("gang member {i} ended: the gang starts again as one")
         } else {
             format!("gang member {i} failed for good")
         };
+        let to = if preempted { S::Preempted } else { S::Killed };
         for m in mates {
             if m == i {
                 continue;
             }
-            if self.end_run(engine, k, m, S::Killed, &reason, fx) && restart {
+            if self.end_run(engine, k, m, to, &reason, fx) && restart {
                 self.new_run(k, m, fx);
             }
         }

@@ -6642,8 +6642,9 @@ fn a_forecast_after_a_restart_dates_running_work_from_its_placement() {
 }
 
 /// A plan lists the running members of a victim's gang with it: the
-/// live loop stops them so that the gang starts again as one. The job
-/// submitted then stops the same tasks.
+/// live loop preempts them with it (each with its notice, its lost work
+/// counted) so that the gang starts again as one. The job submitted then
+/// stops the same tasks.
 #[test]
 fn a_plan_lists_a_victims_gang_mates() {
     check(
@@ -6652,7 +6653,7 @@ fn a_plan_lists_a_victims_gang_mates() {
         host h2 cpu=4
         pool /owner cpu=4 mem=1024
         pool /borrower
-        job g pool=/borrower n=2 cpu=2 gang=2 priority=1 preemptible expect=600000
+        job g pool=/borrower n=2 cpu=2 gang=2 priority=1 preemptible expect=600000 notice=20000
         job hi pool=/borrower n=4 cpu=1 priority=5 preemptible expect=600000
         cycle
         plan big pool=/owner n=1 cpu=2 expect=5000
@@ -6664,7 +6665,7 @@ fn a_plan_lists_a_victims_gang_mates() {
             > host h2 cpu=4
             > pool /owner cpu=4 mem=1024
             > pool /borrower
-            > job g pool=/borrower n=2 cpu=2 gang=2 priority=1 preemptible expect=600000
+            > job g pool=/borrower n=2 cpu=2 gang=2 priority=1 preemptible expect=600000 notice=20000
             g/0#1 pending
             g/1#1 pending
             job g pending
@@ -6710,7 +6711,7 @@ fn a_plan_lists_a_victims_gang_mates() {
             > plan big pool=/owner n=1 cpu=2 expect=5000
               plan big (AllStarted): 0@h1+0 pos 1;
                 preempts g/1 @h1 /borrower priority 1 +0 (preempted: pool over its entitlement in cpu: 8000 held, 6000 entitled)
-                stops g/0 @h1 /borrower priority 1 +0 (gang member 1 preempted (pool over its entitlement in cpu: 8000 held, 6000 entitled): the gang starts again as one)
+                stops g/0 @h1 /borrower priority 1 +0 (gang member 1 preempted: the gang starts again as one)
             > job big pool=/owner n=1 cpu=2 expect=5000
             big/0#1 pending
             job big pending
@@ -6718,10 +6719,10 @@ fn a_plan_lists_a_victims_gang_mates() {
             big/0#1 ready
             big/0#1 placing
             g/1#1 preempted @h1 (preempted: pool over its entitlement in cpu: 8000 held, 6000 entitled; lost work: 0 ms since its start)
-            g/0#1 killed @h1 (gang member 1 ended: the gang starts again as one)
+            g/0#1 preempted @h1 (gang member 1 preempted: the gang starts again as one; lost work: 0 ms since its start)
             job g pending
-              kill g/1#1 @h1
-              kill g/0#1 @h1
+              kill g/1#1 @h1 with notice 20000 ms
+              kill g/0#1 @h1 with notice 20000 ms
         "#]],
     );
 }

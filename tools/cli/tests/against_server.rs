@@ -38,6 +38,21 @@ async fn start_server(
     .unwrap()
 }
 
+/// A server with `sim_hosts` simulated hosts and the example pools
+/// (`examples/pools.yaml`): its data dir (kept while it runs), the server
+/// and its URL.
+async fn with_example_pools(
+    sim_hosts: u32,
+) -> (tempfile::TempDir, peloton_gateway::server::Server, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), sim_hosts).await;
+    let url = common::url(server.addr);
+    let pools = examples().join("pools.yaml");
+    let out = peloton(&url, &["respool", "create", &pools.to_string_lossy()]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    (dir, server, url)
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -518,19 +533,7 @@ async fn peloton_with(server: &str, env: &[(&str, &str)], stdin: &str, args: &[&
 /// stdin (`job create -`), and a unique start of an id in its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start_server(dir.path(), 4).await;
-    let url = common::url(server.addr);
-    let out = peloton(
-        &url,
-        &[
-            "respool",
-            "create",
-            &examples().join("pools.yaml").to_string_lossy(),
-        ],
-    )
-    .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (dir, _server, url) = with_example_pools(4).await;
 
     // One line, waited for: only the id is printed, the exit code says it
     // succeeded.
@@ -653,19 +656,7 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
 /// again; killing a job that already ended says there is nothing to kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_wait_says_why_and_only_failed_instances_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start_server(dir.path(), 4).await;
-    let url = common::url(server.addr);
-    let out = peloton(
-        &url,
-        &[
-            "respool",
-            "create",
-            &examples().join("pools.yaml").to_string_lossy(),
-        ],
-    )
-    .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_dir, _server, url) = with_example_pools(4).await;
     let task = |exit: i32| {
         format!(
             "{{command: /bin/true, resources: {{cpu: 0.1, memory_mb: 32}}, \
@@ -731,19 +722,7 @@ async fn a_failed_wait_says_why_and_only_failed_instances_restart() {
 /// killed, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_waits_for_another_through_the_cli() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = start_server(dir.path(), 2).await;
-    let url = common::url(server.addr);
-    let out = peloton(
-        &url,
-        &[
-            "respool",
-            "create",
-            &examples().join("pools.yaml").to_string_lossy(),
-        ],
-    )
-    .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_dir, _server, url) = with_example_pools(2).await;
     let spec = |name: &str, after: &str| {
         format!(
             "name: {name}\npool: /demo\n{after}task:\n  command: /bin/true\n  \

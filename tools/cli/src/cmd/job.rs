@@ -103,22 +103,23 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
         }
         JobCommand::Kill { id, version } => {
             let mut client = connect(ctx).await?;
-            let before = get(&mut client, &id).await?;
-            let state = before.status.as_ref().map_or(0, |s| s.state);
-            if JobState::try_from(state).is_ok_and(is_terminal_job_state) {
-                eprintln!(
-                    "job {} already ended ({}): nothing to kill",
-                    before.id,
-                    name_of::<JobState>(state)
-                );
-                print_job_row(ctx.output, &before)?;
-                return Ok(Outcome::Success);
-            }
             let request = KillJobRequest {
                 id,
                 version: version.version,
             };
             let job = job_of(client.kill(request).await?.into_inner().job)?;
+            // A kill answers with the job stopping (or, with nothing
+            // running, killed); one that had ended by itself comes back as
+            // it ended, no kill asked of it.
+            let state = job.status.as_ref().map_or(0, |s| s.state);
+            let asked = job.status.as_ref().is_some_and(|s| s.kill_requested);
+            if !asked && JobState::try_from(state).is_ok_and(is_terminal_job_state) {
+                eprintln!(
+                    "job {} already ended ({}): nothing to kill",
+                    job.id,
+                    name_of::<JobState>(state)
+                );
+            }
             print_job_row(ctx.output, &job)?;
         }
         JobCommand::Delete { id, version } => {
