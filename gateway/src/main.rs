@@ -626,7 +626,15 @@ mod local {
         };
         let cores = std::thread::available_parallelism().map_or(2, |c| c.get());
         let (cpu, mem) = share(cores, memory_mb(), n);
-        let blocks = claim_port_blocks(&std::env::temp_dir(), n as usize)?;
+        // An agent keeps its block over restarts (its tasks may outlive
+        // the server): recorded in its work dir.
+        let agent_dir = |i: u32| config.data_dir.join("agents").join(format!("local-{i}"));
+        let kept: Vec<Option<u16>> = (0..n).map(|i| kept_block(&agent_dir(i))).collect();
+        let blocks = claim_port_blocks(&std::env::temp_dir(), &kept)?;
+        for i in 0..n {
+            std::fs::create_dir_all(agent_dir(i))?;
+            std::fs::write(agent_dir(i).join("ports"), blocks[i as usize].to_string())?;
+        }
         let mut children = Vec::new();
         for i in 0..n {
             let dir = config.data_dir.join("agents").join(format!("local-{i}"));
@@ -697,46 +705,84 @@ mod local {
     /// Locks of the port blocks this process claimed, held until it exits.
     static CLAIMED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
 
-    /// The first ports of `n` blocks of [`PORT_BLOCK`] ports for local
-    /// agents, claimed machine-wide for as long as this process runs (an
-    /// exclusive lock on `dir/peloton-ports-FIRST.lock` each): two local
+    /// An exclusive lock on the port block starting at `first`, if free.
+    fn lock_block(dir: &std::path::Path, first: u16) -> Option<std::fs::File> {
+        let path = dir.join(format!("peloton-ports-{first}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o666)
+            .open(&path)
+            .or_else(|_| std::fs::File::open(&path))
+            .ok()?;
+        file.try_lock().is_ok().then_some(file)
+    }
+
+    /// The first ports of a block of [`PORT_BLOCK`] ports for each local
+    /// agent, claimed machine-wide for as long as this process runs (an
+    /// exclusive lock on `locks/peloton-ports-FIRST.lock` each): two local
     /// clusters on one machine never give their agents the same ports.
-    /// An error says when too few blocks are free.
-    pub fn claim_port_blocks(dir: &std::path::Path, n: usize) -> anyhow::Result<Vec<u16>> {
-        let mut firsts = Vec::with_capacity(n);
-        let mut locks = Vec::with_capacity(n);
-        for b in 0..PORT_BLOCKS {
-            if firsts.len() == n {
-                break;
-            }
-            let first = FIRST_PORT + b * PORT_BLOCK;
-            let path = dir.join(format!("peloton-ports-{first}.lock"));
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o666)
-                .open(&path)
-                .or_else(|_| std::fs::File::open(&path));
-            let Ok(file) = file else { continue };
-            if file.try_lock().is_ok() {
-                firsts.push(first);
-                locks.push(file);
+    /// `kept[i]` is the block agent `i` had before (its tasks, kept over a
+    /// restart, may hold its ports): it gets that one again, or the claim
+    /// fails naming it; the others get free blocks. An error says when too
+    /// few blocks are free.
+    pub fn claim_port_blocks(
+        locks: &std::path::Path,
+        kept: &[Option<u16>],
+    ) -> anyhow::Result<Vec<u16>> {
+        let mut firsts: Vec<Option<u16>> = vec![None; kept.len()];
+        let mut held = Vec::with_capacity(kept.len());
+        for (i, k) in kept.iter().enumerate() {
+            if let Some(first) = *k {
+                let Some(lock) = lock_block(locks, first) else {
+                    anyhow::bail!(
+                        "--local-agents: agent local-{i}'s ports {first}-{} (its tasks may still \
+                         hold them) are held by another local cluster on this machine \
+                         ({}/peloton-ports-{first}.lock); stop it, or use another data dir",
+                        first + PORT_BLOCK - 1,
+                        locks.display()
+                    );
+                };
+                firsts[i] = Some(first);
+                held.push(lock);
             }
         }
+        let mut free = (0..PORT_BLOCKS)
+            .map(|b| FIRST_PORT + b * PORT_BLOCK)
+            .filter(|f| !kept.contains(&Some(*f)));
+        for slot in firsts.iter_mut().filter(|f| f.is_none()) {
+            for first in free.by_ref() {
+                if let Some(lock) = lock_block(locks, first) {
+                    *slot = Some(first);
+                    held.push(lock);
+                    break;
+                }
+            }
+        }
+        let got = firsts.iter().flatten().count();
         anyhow::ensure!(
-            firsts.len() == n,
-            "--local-agents: {n} blocks of {PORT_BLOCK} ports wanted, {} free between {FIRST_PORT} and {} \
-             (other local clusters on this machine hold the rest: see {}/peloton-ports-*.lock)",
-            firsts.len(),
+            got == kept.len(),
+            "--local-agents: {} blocks of {PORT_BLOCK} ports wanted, {got} free between \
+             {FIRST_PORT} and {} (other local clusters on this machine hold the rest: see \
+             {}/peloton-ports-*.lock)",
+            kept.len(),
             FIRST_PORT + PORT_BLOCKS * PORT_BLOCK - 1,
-            dir.display()
+            locks.display()
         );
         CLAIMED
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .extend(locks);
-        Ok(firsts)
+            .extend(held);
+        Ok(firsts.into_iter().flatten().collect())
+    }
+
+    /// The port block an agent's work dir records (`ports`: its first
+    /// port), if any.
+    fn kept_block(agent_dir: &std::path::Path) -> Option<u16> {
+        let text = std::fs::read_to_string(agent_dir.join("ports")).ok()?;
+        let first: u16 = text.trim().parse().ok()?;
+        (first >= FIRST_PORT && (first - FIRST_PORT) % PORT_BLOCK == 0).then_some(first)
     }
 
     fn signal_all(pids: &[u32], signal: &str) {
@@ -811,8 +857,8 @@ mod tests {
     #[test]
     fn local_clusters_claim_disjoint_port_blocks() {
         let dir = tempfile::tempdir().unwrap();
-        let a = claim_port_blocks(dir.path(), 3).unwrap();
-        let b = claim_port_blocks(dir.path(), 3).unwrap();
+        let a = claim_port_blocks(dir.path(), &[None; 3]).unwrap();
+        let b = claim_port_blocks(dir.path(), &[None; 3]).unwrap();
         assert_eq!(a, [31000, 32000, 33000]);
         for first in &b {
             assert!(
@@ -820,8 +866,21 @@ mod tests {
                 "{a:?} {b:?}"
             );
         }
-        let e = claim_port_blocks(dir.path(), 25).unwrap_err();
+        let e = claim_port_blocks(dir.path(), &[None; 25]).unwrap_err();
         assert!(e.to_string().contains("24 free"), "{e}");
+        // An agent's kept block: its own again if free (this cluster's
+        // agent 1 had 40000), refused if another cluster holds it.
+        let c = claim_port_blocks(dir.path(), &[None, Some(40000)]).unwrap();
+        assert_eq!(c[1], 40000);
+        assert!(
+            !a.contains(&c[0]) && !b.contains(&c[0]) && c[0] != 40000,
+            "{c:?}"
+        );
+        let e = claim_port_blocks(dir.path(), &[Some(a[0])]).unwrap_err();
+        assert!(
+            e.to_string().contains("held by another local cluster"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -219,7 +219,7 @@ pub(crate) fn plan_to_pb(a: &crate::lifecycle::JobPlanAnswer) -> pb::PlanJobResp
             earliest_ms: x.earliest_ms.unwrap_or(0),
             host: x.host.as_deref().unwrap_or("").to_string(),
             queue_position: x.position,
-            why_not: x.why_not.unwrap_or("").to_string(),
+            why_not: x.why_not.clone().unwrap_or_default().into_owned(),
         })
         .collect();
     let start_ms = if instances.iter().any(|x| x.start_ms == 0) {

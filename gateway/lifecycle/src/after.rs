@@ -107,6 +107,21 @@ impl Lifecycle {
         }
     }
 
+    /// Why a job of `plan` would not start now for its dependencies: the
+    /// first that could never be met (it would be killed at once), else
+    /// those it would wait for; none if every one is met.
+    pub(super) fn plan_waits(&self, plan: &JobPlan) -> Option<String> {
+        let mut waits = Vec::new();
+        for d in plan.after.iter() {
+            match self.verdict(d) {
+                Verdict::Met => {}
+                Verdict::Waits => waits.push(format!("{} ({})", d.job, d.condition.slurm_name())),
+                Verdict::Never(why) => return Some(format!("it would be killed at once: {why}")),
+            }
+        }
+        (!waits.is_empty()).then(|| format!("waits for jobs to end as asked: {}", waits.join(", ")))
+    }
+
     /// The dependencies job `k` still waits for (none once it no longer
     /// waits).
     pub fn waiting_for(&self, k: JobKey) -> Vec<Dependency> {

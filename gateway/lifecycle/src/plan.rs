@@ -47,7 +47,7 @@ pub struct PlannedInstance {
     /// Its place in its pool's queue (0: not admitted within the bounds).
     pub position: u32,
     /// Why it has no start, if it has none.
-    pub why_not: Option<&'static str>,
+    pub why_not: Option<std::borrow::Cow<'static, str>>,
 }
 
 /// A running task a plan would preempt.
@@ -119,6 +119,29 @@ impl Lifecycle {
             ));
         }
         let pool = self.check_new_job(engine, plan)?;
+        // A job that would wait for others starts after they end: not
+        // foreseen here (the forecast does not know when a job ends as
+        // asked), so it is said instead.
+        self.check_after("", plan)?;
+        if let Some(why) = self.plan_waits(plan) {
+            return Ok(JobPlanAnswer {
+                made_at: self.now,
+                instances: (0..plan.instance_count)
+                    .map(|x| PlannedInstance {
+                        instance: x,
+                        start_ms: None,
+                        earliest_ms: None,
+                        host: None,
+                        position: 0,
+                        why_not: Some(why.clone().into()),
+                    })
+                    .collect(),
+                estimate: self.plan_runtime_estimate(plan, 0),
+                stopped: Stopped::NoMoreEnds,
+                victims: Vec::new(),
+                victims_total: 0,
+            });
+        }
         // The key the job would get: no live job has it.
         let k = JobKey(self.next_key);
         let n = plan.instance_count;
@@ -213,7 +236,7 @@ impl Lifecycle {
                         earliest_ms: None,
                         host: None,
                         position: 0,
-                        why_not: Some(why_rest),
+                        why_not: Some(why_rest.into()),
                     };
                 };
                 PlannedInstance {
@@ -224,7 +247,7 @@ impl Lifecycle {
                         .start
                         .and_then(|s| self.host_names.get(s.host as usize).cloned()),
                     position: t.position,
-                    why_not: t.start.is_none().then_some(BEYOND),
+                    why_not: t.start.is_none().then_some(BEYOND.into()),
                 }
             })
             .collect();

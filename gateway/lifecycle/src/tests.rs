@@ -404,7 +404,7 @@ impl Env {
                                     None => line.push_str(&format!(
                                         " {} none ({});",
                                         x.instance,
-                                        x.why_not.unwrap_or("-")
+                                        x.why_not.as_deref().unwrap_or("-")
                                     )),
                                 }
                             }
@@ -6637,6 +6637,57 @@ fn a_forecast_after_a_restart_dates_running_work_from_its_placement() {
               forecast (due true): AllStarted after 3 steps
               job w starts +60000 (earliest +60000) position 1
               w/0 starts +60000 (earliest +60000) on h1 position 1
+        "#]],
+    );
+}
+
+/// A plan for a job that would wait for others says so instead of a
+/// start (the forecast does not foresee when a job ends as asked); one
+/// whose dependency can never be met says it would be killed at once; one
+/// naming no job is refused as creating it would be; all change nothing.
+#[test]
+fn a_plan_of_a_job_with_dependencies_says_what_it_would_wait_for() {
+    check(
+        r"
+        host h1 cpu=4
+        job a pool=/ n=1 cpu=1 expect=60000
+        cycle
+        plan b pool=/ n=2 cpu=1 after=succeeded:a
+        plan c pool=/ n=1 cpu=1 after=failed:a,finished:a
+        plan d pool=/ n=1 cpu=1 after=succeeded:nope
+        kill a
+        confirm
+        plan e pool=/ n=1 cpu=1 after=succeeded:a
+        plan f pool=/ n=1 cpu=1 after=finished:a
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job a pool=/ n=1 cpu=1 expect=60000
+            a/0#1 pending
+            job a pending
+            > cycle
+            a/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+            a/0#1 running @h1
+            job a running
+            > plan b pool=/ n=2 cpu=1 after=succeeded:a
+              plan b (NoMoreEnds): 0 none (waits for jobs to end as asked: a (afterok)); 1 none (waits for jobs to end as asked: a (afterok)); preempts none
+            > plan c pool=/ n=1 cpu=1 after=failed:a,finished:a
+              plan c (NoMoreEnds): 0 none (waits for jobs to end as asked: a (afternotok), a (afterany)); preempts none
+            > plan d pool=/ n=1 cpu=1 after=succeeded:nope
+              plan d refused: spec.after.succeeded[0]: job nope not found
+            > kill a
+            a/0#1 killed @h1 (job killed)
+            job a killing
+              kill a/0#1 @h1
+            > confirm
+            job a killed
+            > plan e pool=/ n=1 cpu=1 after=succeeded:a
+              plan e (NoMoreEnds): 0 none (it would be killed at once: dependency a killed: afterok cannot be met); preempts none
+            > plan f pool=/ n=1 cpu=1 after=finished:a
+              plan f (AllStarted): 0@h1+0 pos 1; preempts none
         "#]],
     );
 }
