@@ -782,7 +782,7 @@ mod local {
     fn kept_block(agent_dir: &std::path::Path) -> Option<u16> {
         let text = std::fs::read_to_string(agent_dir.join("ports")).ok()?;
         let first: u16 = text.trim().parse().ok()?;
-        (first >= FIRST_PORT && (first - FIRST_PORT) % PORT_BLOCK == 0).then_some(first)
+        (first >= FIRST_PORT && (first - FIRST_PORT).is_multiple_of(PORT_BLOCK)).then_some(first)
     }
 
     fn signal_all(pids: &[u32], signal: &str) {
