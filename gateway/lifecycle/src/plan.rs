@@ -208,23 +208,26 @@ impl Lifecycle {
             .map(|s| s.at_ms)
             .max()
             .unwrap_or(self.now);
-        let mut victims: Vec<PlannedVictim> = f
-            .victims
-            .iter()
-            .filter(|v| v.job != k.0)
-            .filter(|v| match v.for_task {
-                Some(t) => ours.contains(&t),
-                None => v.at_ms <= last_start,
-            })
-            .filter_map(|v| {
-                let chosen = v.mate_of.and_then(|m| {
-                    f.victims
-                        .iter()
-                        .find(|x| x.task == m && x.mate_of.is_none())
-                });
-                self.planned_victim(engine, v, chosen)
-            })
-            .collect();
+        // A mate's victim is the last one chosen with that handle before it
+        // (listed in the same step; a handle may come back after its task
+        // was queued again).
+        let mut chosen_by: rustc_hash::FxHashMap<_, &Preemption> = Default::default();
+        let mut victims: Vec<PlannedVictim> = Vec::new();
+        for v in &f.victims {
+            if v.mate_of.is_none() {
+                chosen_by.insert(v.task, v);
+            }
+            let ours_to_list = v.job != k.0
+                && match v.for_task {
+                    Some(t) => ours.contains(&t),
+                    None => v.at_ms <= last_start,
+                };
+            if !ours_to_list {
+                continue;
+            }
+            let chosen = v.mate_of.and_then(|m| chosen_by.get(&m).copied());
+            victims.extend(self.planned_victim(engine, v, chosen));
+        }
         let victims_total = victims.len();
         victims.truncate(MAX_PLANNED_VICTIMS);
         let instances = (0..n)
