@@ -41,21 +41,7 @@ async fn the_victim_is_the_equal_task_that_checkpointed_and_it_gets_its_notice()
     )
     .await;
     // Pool /t (reserved 1 core) borrows the idle /u's core.
-    let mut pools = cluster.c.pools.clone();
-    pools
-        .create(pb::CreatePoolRequest {
-            path: "/u".into(),
-            spec: Some(pb::PoolSpec {
-                reservation: Some(pb::Resources {
-                    cpu: 1.0,
-                    memory_mb: 512.0,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("pool /u");
+    cluster.create_small_pool("/u").await;
     let mut task = task_spec(SCRIPT);
     task.resources = Some(pb::Resources {
         cpu: 1.0,

@@ -121,10 +121,9 @@ fn kind(root: &Value, node: &Value) -> String {
     }
 }
 
-/// The field at `node` (already resolved), named `path`.
-fn field(root: &Value, path: &str, node: &Value, raw: &Value, required: bool) -> Field {
+/// The field whose schema is `raw` (as its parent lists it), named `path`.
+fn field(root: &Value, path: &str, raw: &Value, required: bool) -> Field {
     let (resolved, description) = resolve(root, raw);
-    let _ = node;
     let fields = resolved
         .get("properties")
         .and_then(Value::as_object)
@@ -153,13 +152,12 @@ fn field(root: &Value, path: &str, node: &Value, raw: &Value, required: bool) ->
 /// there are.
 pub fn explain(path: &str) -> Result<Field, String> {
     let root = schema();
-    let mut node = &root;
     let mut raw = &root;
     let mut required = true;
     let mut walked = String::new();
     for name in path.split('.').filter(|s| !s.is_empty()) {
         let name = name.trim_end_matches("[]");
-        let (mut here, _) = resolve(&root, node);
+        let (mut here, _) = resolve(&root, raw);
         // Into a list's items.
         while here.get("type") == Some(&Value::from("array")) {
             here = resolve(&root, &here["items"]).0;
@@ -186,13 +184,12 @@ pub fn explain(path: &str) -> Result<Field, String> {
             .and_then(Value::as_array)
             .is_some_and(|r| r.iter().any(|v| v == name));
         raw = next;
-        node = next;
         if !walked.is_empty() {
             walked.push('.');
         }
         walked.push_str(name);
     }
-    let mut f = field(&root, &walked, node, raw, required);
+    let mut f = field(&root, &walked, raw, required);
     if walked.is_empty() {
         f.path = "(a job spec)".into();
     }

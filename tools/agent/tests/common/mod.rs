@@ -278,10 +278,16 @@ impl Cluster {
             cluster.start_agent(&format!("a{i}")).await;
         }
         cluster.wait_hosts_up(n).await;
-        let mut pools = cluster.c.pools.clone();
+        cluster.create_small_pool("/t").await;
+        cluster
+    }
+
+    /// A pool at `path` reserving 1 core and 512 MiB.
+    pub async fn create_small_pool(&self, path: &str) {
+        let mut pools = self.c.pools.clone();
         pools
             .create(pb::CreatePoolRequest {
-                path: "/t".into(),
+                path: path.into(),
                 spec: Some(pb::PoolSpec {
                     reservation: Some(pb::Resources {
                         cpu: 1.0,
@@ -292,8 +298,7 @@ impl Cluster {
                 }),
             })
             .await
-            .expect("pool");
-        cluster
+            .unwrap_or_else(|e| panic!("pool {path}: {e:?}"));
     }
 
     /// (Re)starts the server on the cluster's data dir and `port`, and
