@@ -10,7 +10,7 @@ use prost::Message;
 use rustc_hash::FxHashMap;
 
 use crate::agent_hub::{AgentHub, MAX_RUNS_PER_MESSAGE};
-use crate::backend::{HostBackend, Kill, Launch, RunRef, Secrets, TaskUpdate};
+use crate::backend::{HostBackend, Kill, Launch, RendezvousUpdate, RunRef, Secrets, TaskUpdate};
 
 /// Bytes of launches in one message: far below the message limit, since
 /// launches carry their jobs' secrets (up to 256 KiB each).
@@ -164,6 +164,29 @@ impl HostBackend for AgentBackend {
                 messages.push(pb::server_message::Kind::Kill(pb::KillRuns { runs }));
                 runs = rest;
             }
+            self.hub.send(&host, messages);
+        }
+    }
+
+    fn update_rendezvous(&mut self, _now_ms: u64, updates: &mut Vec<RendezvousUpdate>) {
+        let runs = updates.drain(..).map(|u| {
+            let run = pb::RunRendezvous {
+                key: Some(run_key(&u.job_id, u.run)),
+                rendezvous: Some(rendezvous_to_pb(&u.rendezvous)),
+            };
+            (u.host, run)
+        });
+        for (host, mut runs) in by_host(runs) {
+            let mut messages = Vec::new();
+            while !runs.is_empty() {
+                let rest = runs.split_off(runs.len().min(MAX_RUNS_PER_MESSAGE));
+                messages.push(pb::server_message::Kind::Rendezvous(pb::UpdateRendezvous {
+                    runs,
+                }));
+                runs = rest;
+            }
+            // An agent away gets the current membership with the launches
+            // sent again when it registers.
             self.hub.send(&host, messages);
         }
     }

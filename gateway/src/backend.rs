@@ -27,7 +27,7 @@ use rustc_hash::FxHashMap;
 
 use crate::lifecycle::AgentRunKey;
 use crate::lifecycle::usage::{RunUsage, UsageReport};
-pub use crate::lifecycle::{Kill, Launch, RunRef, RunStatus, TaskUpdate};
+pub use crate::lifecycle::{Kill, Launch, RendezvousUpdate, RunRef, RunStatus, TaskUpdate};
 use peloton_engine::{Dim, Resources};
 
 /// How often each simulated host reports usage (agents' default).
@@ -45,6 +45,11 @@ pub trait HostBackend: Send + std::fmt::Debug {
     fn launch(&mut self, now_ms: u64, launches: &mut Vec<Launch>, secrets: Secrets<'_>);
     /// Stops runs; unknown runs are ignored.
     fn kill(&mut self, now_ms: u64, kills: &mut Vec<Kill>);
+    /// Tells running members of elastic gangs their gang's new membership
+    /// (simulated runs have no files to rewrite: dropped).
+    fn update_rendezvous(&mut self, _now_ms: u64, updates: &mut Vec<RendezvousUpdate>) {
+        updates.clear();
+    }
     /// Appends status changes due by `now_ms`.
     fn poll(&mut self, now_ms: u64, out: &mut Vec<TaskUpdate>);
     /// The earliest time a status change is due, if any.

@@ -902,6 +902,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         preemptible: sla.preemptible,
         max_running: sla.max_running_instances,
         gang,
+        elastic_min: sla.elastic_min_instances,
         max_running_time_ms: sla.max_running_time_ms,
         max_unavailable: sla.max_unavailable_instances.max(1),
         strategy,
@@ -1195,6 +1196,37 @@ fn check_sla(
                 sla.max_running_instances
             ),
         ));
+    }
+    if sla.elastic_min_instances > 0 {
+        let field = "spec.sla.elastic_min_instances";
+        if gang <= 1 {
+            return Err(invalid(
+                field,
+                "only a gang job (spec.sla.min_running_instances above 1) can be elastic",
+            ));
+        }
+        if kind != JobKind::Batch {
+            return Err(invalid(field, "elastic gangs are batch jobs"));
+        }
+        if sla.elastic_min_instances >= gang {
+            return Err(invalid(
+                field,
+                format!(
+                    "{} is not below the gang size {gang} (the most members it grows to)",
+                    sla.elastic_min_instances
+                ),
+            ));
+        }
+        if spec.instance_count != gang {
+            return Err(invalid(
+                field,
+                format!(
+                    "an elastic gang is the whole job: instance_count {} must equal the gang \
+                     size {gang}",
+                    spec.instance_count
+                ),
+            ));
+        }
     }
     if default.revocable && !sla.preemptible {
         return Err(invalid(

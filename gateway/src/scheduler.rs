@@ -508,6 +508,8 @@ impl Scheduler {
             .launch(self.now, &mut self.fx.launches, &|job| {
                 core.secrets_of(job).cloned()
             });
+        self.backend
+            .update_rendezvous(self.now, &mut self.fx.rendezvous_updates);
         self.backend.kill(self.now, &mut self.kills);
     }
 

@@ -78,6 +78,19 @@ pub struct Launch {
     pub rendezvous: Option<super::rendezvous::LaunchRendezvous>,
 }
 
+/// A running member of an elastic gang told its gang's new membership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RendezvousUpdate {
+    /// The run.
+    pub run: RunRef,
+    /// Host name.
+    pub host: Arc<str>,
+    /// The job's id.
+    pub job_id: Arc<str>,
+    /// The member's new view of its gang.
+    pub rendezvous: super::rendezvous::LaunchRendezvous,
+}
+
 /// Stop a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kill {
@@ -217,6 +230,9 @@ pub struct Effects {
     pub launches: Vec<Launch>,
     /// Runs to stop, after the commit.
     pub kills: Vec<Kill>,
+    /// Running members of elastic gangs to tell their gang's new
+    /// membership, after the commit.
+    pub rendezvous_updates: Vec<RendezvousUpdate>,
     /// Final reports durably recorded, to acknowledge to their host after
     /// the commit.
     pub acks: Vec<(Arc<str>, AgentRunKey)>,

@@ -488,6 +488,9 @@ impl Lifecycle {
         // the agent. Instances the engine holds first: an orphan taken
         // over below joins them.
         let reason = format!("host {host}: its agent does not have the run");
+        // Elastic gangs' members there may have missed a membership change
+        // while it was away: told again at the end of the step.
+        self.retell_members_on(engine, slot);
         for (k, i) in self.instances_on(engine, slot) {
             let launch = self.jobs[&k].tasks[i as usize].launch;
             if !reported.contains(&launch.0) {

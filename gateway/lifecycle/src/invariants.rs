@@ -39,6 +39,7 @@ impl Lifecycle {
     pub fn check_invariants(&self, engine: &Engine) {
         self.check_usage();
         self.check_ports();
+        self.check_elastic();
         let mut n_engine_tasks = 0usize;
         for (&k, job) in &self.jobs {
             assert_eq!(

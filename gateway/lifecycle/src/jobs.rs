@@ -212,6 +212,7 @@ impl Lifecycle {
             active: 0,
             held: 0,
             next_gang: 0,
+            elastic: None,
             started: false,
             config: 1,
             old_configs: Default::default(),
@@ -220,6 +221,9 @@ impl Lifecycle {
             waits_for_jobs: false,
         };
         job.counts[S::Initialized as usize] = n;
+        if job.plan.elastic_min > 0 {
+            job.elastic = Some(Box::default());
+        }
         self.jobs.insert(key, job);
         self.by_id.insert(id, key);
         // One that waits for other jobs queues nothing yet.

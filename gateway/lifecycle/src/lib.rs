@@ -24,6 +24,7 @@ mod admissible;
 mod after;
 mod apps;
 mod effects;
+mod elastic;
 mod error;
 mod forecast;
 mod hostpools;
@@ -67,7 +68,8 @@ pub use accounting::{Ledger, MAX_USAGE_RECORDS, USAGE_RETENTION_MS, UsageRecord}
 pub use admissible::never_admitted_reason;
 pub use after::MAX_DEPENDENCIES;
 pub use effects::{
-    AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
+    AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RendezvousUpdate, RowKey,
+    StateRow,
 };
 pub use error::Error;
 pub use forecast::{FORECAST_INTERVAL_MS, ForecastRequest, InstanceForecast, JobForecast};
@@ -565,6 +567,9 @@ pub struct Lifecycle {
     maintenance: FxHashSet<HostSlot>,
     need_fill: FxHashSet<JobKey>,
     retry_fill: FxHashSet<JobKey>,
+    /// Elastic gangs whose membership changed in this step: their running
+    /// members are told at its end (see `announce_memberships`).
+    elastic_changed: FxHashSet<JobKey>,
     /// Jobs whose counts or holds changed in this step (state derived and
     /// row written at its end).
     dirty_jobs: FxHashSet<JobKey>,
@@ -647,6 +652,7 @@ impl Lifecycle {
             maintenance: FxHashSet::default(),
             need_fill: FxHashSet::default(),
             retry_fill: FxHashSet::default(),
+            elastic_changed: FxHashSet::default(),
             dirty_jobs: FxHashSet::default(),
             updates: FxHashMap::default(),
             rolling: FxHashSet::default(),
@@ -825,6 +831,7 @@ impl Lifecycle {
         self.stop_after_controllers(engine, fx);
         self.sync_overcommit(engine, fx);
         self.fill_all(engine, fx);
+        self.announce_memberships(fx);
         self.sync_reservations(engine);
         self.derive_job_states(fx);
         self.settle_dependencies(engine, fx);

@@ -391,8 +391,11 @@ pub struct JobPlan {
     pub preemptible: bool,
     /// At most this many running at once (0: no limit).
     pub max_running: u32,
-    /// Gang size (1: no gang).
+    /// Gang size (1: no gang); an elastic gang's most members.
     pub gang: u32,
+    /// Elastic gangs: the fewest members it starts with and runs on (0:
+    /// not elastic; else below `gang`, and the job is one gang).
+    pub elastic_min: u32,
     /// Run time limit (0: none).
     pub max_running_time_ms: u64,
     /// Services: a drain stops at most this many instances at a time,
@@ -680,6 +683,20 @@ impl Task {
     }
 }
 
+/// An elastic gang's membership as its members know it.
+#[derive(Debug, Default)]
+pub struct Elastic {
+    /// The current membership's generation: new (higher, above every
+    /// revision before it) each time members join or leave.
+    pub generation: u64,
+    /// The generation each member placed with the current gang was last
+    /// told (by its launch or an update), by instance.
+    pub told: FxHashMap<u32, u64>,
+    /// Its first members (`elastic_min`, queued as one engine gang) are
+    /// placed: more may join, one by one, as room frees.
+    pub formed: bool,
+}
+
 /// A job and its instances.
 #[derive(Debug)]
 pub struct Job {
@@ -712,6 +729,9 @@ pub struct Job {
     pub held: u32,
     /// Next gang number (gang jobs).
     pub next_gang: u32,
+    /// Elastic gangs: the membership its members were last told (see
+    /// `rendezvous`); `None` for other jobs.
+    pub elastic: Option<Box<Elastic>>,
     /// Some instance has run (a service between runs stays RUNNING).
     pub started: bool,
     /// Version of `plan` (1 at creation; each update adds one).

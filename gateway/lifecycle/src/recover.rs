@@ -190,6 +190,27 @@ impl Lifecycle {
             }
         };
         engine.reserve_tasks(core.jobs.values().map(queued).sum());
+        // Elastic gangs: their running members were told some membership
+        // before the restart; it is the current one, under a generation
+        // above every one before (the revision only grows).
+        for job in core.jobs.values_mut() {
+            if job.plan.elastic_min == 0 {
+                continue;
+            }
+            let generation = revision;
+            let told: rustc_hash::FxHashMap<u32, u64> = job
+                .tasks
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.state.on_host() && t.gang == Some(job.next_gang))
+                .map(|(i, _)| (i as u32, generation))
+                .collect();
+            job.elastic = Some(Box::new(super::model::Elastic {
+                generation,
+                formed: !told.is_empty(),
+                told,
+            }));
+        }
         let mut per_pool: rustc_hash::FxHashMap<_, usize> = Default::default();
         for job in core.jobs.values().filter(|j| j.plan.gang == 1) {
             let flags = peloton_engine::TaskFlags {
@@ -308,6 +329,7 @@ impl Lifecycle {
             active: 0,
             held: 0,
             next_gang: 0,
+            elastic: None,
             started: false,
             config: row.config,
             old_configs: rec.old_configs.into_iter().collect(),

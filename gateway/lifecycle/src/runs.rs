@@ -475,10 +475,17 @@ impl Lifecycle {
                     batches = false;
                 }
             }
-            let size = (job.plan.gang as usize).min(job.waiting.len());
-            if size < job.plan.gang as usize
-                && (job.counts[S::Backoff as usize] > 0 || job.held > 0)
-            {
+            let mut want = job.plan.gang;
+            if job.plan.elastic_min > 0 {
+                match self.elastic_queue(k) {
+                    super::elastic::ElasticQueue::Start(n) => want = n,
+                    super::elastic::ElasticQueue::Wait => return,
+                    super::elastic::ElasticQueue::Grow => want = 1,
+                }
+            }
+            let job = &self.jobs[&k];
+            let size = (want as usize).min(job.waiting.len());
+            if size < want as usize && (job.counts[S::Backoff as usize] > 0 || job.held > 0) {
                 // A gang restarts as one: its members that are backing off
                 // or still stopping join the others before it is queued.
                 return;
@@ -509,8 +516,12 @@ impl Lifecycle {
                     let job = self.job_mut(k);
                     job.waiting.drain(..size);
                     job.active += size as u32;
+                    // An elastic gang's later members join its gang.
+                    let grows = job.plan.elastic_min > 0 && want == 1;
                     let gang_no = (job.plan.gang > 1).then(|| {
-                        job.next_gang += 1;
+                        if !grows {
+                            job.next_gang += 1;
+                        }
                         job.next_gang
                     });
                     for (&i, h) in members.iter().zip(handles) {
@@ -519,6 +530,9 @@ impl Lifecycle {
                     }
                     for &i in &members {
                         self.transition(k, i, S::Pending, None, fx);
+                    }
+                    if self.jobs[&k].plan.elastic_min > 0 && !grows {
+                        self.elastic_started(k);
                     }
                     self.needs_cycle = true;
                 }
@@ -578,6 +592,19 @@ impl Lifecycle {
             self.job_mut(k).tasks[i as usize].launch = launch;
             self.transition(k, i, S::Launching, None, fx);
             placed.push((k, i, host));
+        }
+        // Elastic gangs that members joined: a new membership, which the
+        // joining members get with their launch and the others at the end
+        // of the step.
+        let mut joined: Vec<JobKey> = placed
+            .iter()
+            .filter(|(k, _, _)| self.jobs[k].plan.elastic_min > 0)
+            .map(|&(k, _, _)| k)
+            .collect();
+        joined.sort_unstable();
+        joined.dedup();
+        for k in joined {
+            self.elastic_changed(k, true);
         }
         // Launched once every member of a gang has its host and ports.
         let mut gang = None;
@@ -690,6 +717,11 @@ impl Lifecycle {
         fx: &mut Effects,
     ) -> Launch {
         let volume = self.volume_at_placement(k, i, host, fx);
+        if let Some(r) = &rendezvous
+            && let Some(e) = self.job_mut(k).elastic.as_deref_mut()
+        {
+            e.told.insert(i, r.gang.generation);
+        }
         let job = &self.jobs[&k];
         let tmpl = job.template(i);
         let t = &job.tasks[i as usize];
@@ -749,7 +781,7 @@ impl Lifecycle {
     /// not a gang member): its members are the instances queued with it
     /// (same gang number), ranked by instance. `last` keeps the last gang
     /// built, shared by its members' launches.
-    fn rendezvous_of(
+    pub(super) fn rendezvous_of(
         &self,
         k: JobKey,
         i: u32,
@@ -757,7 +789,10 @@ impl Lifecycle {
     ) -> Option<LaunchRendezvous> {
         let job = &self.jobs[&k];
         let number = job.tasks[i as usize].gang.filter(|_| job.plan.gang > 1)?;
-        let generation = u64::from(number);
+        // An elastic gang's members are those on a host now; its
+        // generation changes with them.
+        let elastic = job.elastic.as_deref();
+        let generation = elastic.map_or(u64::from(number), |e| e.generation);
         let gang = match last {
             Some((kk, g)) if *kk == k && g.generation == generation => g.clone(),
             _ => {
@@ -765,7 +800,9 @@ impl Lifecycle {
                     .tasks
                     .iter()
                     .enumerate()
-                    .filter(|(_, t)| t.gang == Some(number))
+                    .filter(|(_, t)| {
+                        t.gang == Some(number) && (elastic.is_none() || t.state.on_host())
+                    })
                     .enumerate()
                     .map(|(rank, (instance, t))| {
                         let host = t.host;
@@ -960,8 +997,12 @@ impl Lifecycle {
         // A preempted member's mates are preempted with it: they get its
         // notice (time to checkpoint) and their lost work is counted.
         let preempted = self.jobs[&k].tasks[i as usize].state == S::Preempted;
+        // An elastic gang goes on without it, if it still may.
+        let shrinks = self.elastic_shrinks(k, i);
         self.new_run(k, i, fx);
-        self.stop_gang_as(engine, k, i, true, preempted, fx);
+        if !shrinks {
+            self.stop_gang_as(engine, k, i, true, preempted, fx);
+        }
     }
 
     /// A service's run ended by itself (any exit code): it starts again
@@ -1035,7 +1076,9 @@ impl Lifecycle {
         };
         self.timers.push(Reverse((at, TimerKind::Backoff, run)));
         self.transition(k, i, S::Backoff, Some(reason), fx);
-        self.stop_gang(engine, k, i, true, fx);
+        if !self.elastic_shrinks(k, i) {
+            self.stop_gang(engine, k, i, true, fx);
+        }
     }
 
     /// Stops the other running members of instance `i`'s gang (instances

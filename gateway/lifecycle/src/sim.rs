@@ -220,6 +220,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         preemptible: false,
         max_running: 0,
         gang: 1,
+        elastic_min: 0,
         max_running_time_ms: 0,
         max_unavailable: 1,
         strategy: Strategy::FirstFit,
@@ -507,6 +508,56 @@ impl Sim {
                 RunPhase::Running,
                 0,
                 Health::None,
+            ));
+        }
+        for u in std::mem::take(&mut self.fx.rendezvous_updates) {
+            let l = crate::Launch {
+                run: u.run,
+                host: u.host.clone(),
+                job_id: u.job_id.clone(),
+                config: 0,
+                template: Arc::new(template(0, 0)),
+                volume: None,
+                gpu: Default::default(),
+                ports: u.rendezvous.gang.members[u.rendezvous.rank as usize]
+                    .ports
+                    .clone()
+                    .into(),
+                rendezvous: Some(u.rendezvous.clone()),
+            };
+            check_launch_rendezvous(&l);
+            // Every update names a run its host's agent holds and that
+            // still runs there.
+            if let Some(a) = self.agents.get(&u.host)
+                && a.connected
+            {
+                assert!(
+                    a.runs
+                        .get(&u.run.launch.0)
+                        .is_some_and(|r| !r.stopping && r.ended.is_none()),
+                    "rendezvous update for {}/{} launch {}: not a live run of {}",
+                    u.job_id,
+                    u.run.instance,
+                    u.run.launch.0,
+                    u.host
+                );
+            }
+            let g = &u.rendezvous.gang;
+            let members: Vec<String> = g
+                .members
+                .iter()
+                .map(|m| format!("{}@{}", m.instance, m.host))
+                .collect();
+            self.say(format!(
+                "  rendezvous {}/{}#{} @{} rank {}/{} gen {} [{}]",
+                u.job_id,
+                u.run.instance,
+                u.run.run,
+                u.host,
+                u.rendezvous.rank,
+                g.members.len(),
+                g.generation,
+                members.join(", ")
             ));
         }
         for k in std::mem::take(&mut self.fx.kills) {

@@ -6,7 +6,7 @@
 //! - `host NAME cpu=C mem=M` — an agent registers an empty host;
 //! - `pool PATH [cpu=C] [controller_limit=PCT]` — a pool with that cpu
 //!   reservation (and controller limit);
-//! - `job NAME pool=P n=N cpu=C [mem=M] [gang=G] [service] [health]
+//! - `job NAME pool=P n=N cpu=C [mem=M] [gang=G [elastic=MIN]] [service] [health]
 //!   [max_failures=F] [backoff=MS] [priority=P] [preemptible]
 //!   [max_running=N] [controller]` — submit a job (its id is NAME);
 //!   `controller`: instance 0 is its controller task (an override);
@@ -295,6 +295,7 @@ impl Env {
                 p.default_mut().request =
                     Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 p.gang = num("gang", 1) as u32;
+                p.elastic_min = num("elastic", 0) as u32;
                 p.name = words[1].into();
                 p.owner = arg("owner").unwrap_or("-").into();
                 p.priority = num("priority", 0) as u32;
@@ -1429,6 +1430,240 @@ fn a_stopping_runs_ports_are_not_given_to_a_new_gang() {
             b/0#1 running @h1
             b/1#1 running @h1
             job b running
+        "#]],
+    );
+}
+
+/// An elastic gang (2 to 4 members) starts with 2 when only 2 hosts are
+/// free, grows to 4 as the others free (the joining members get the new
+/// membership with their launch, the running ones an update), goes on
+/// with 3 when one member is preempted (only that one is stopped; the
+/// others are told), and grows back once the room is free again. Every
+/// change is a new generation.
+#[test]
+fn an_elastic_gang_starts_small_grows_and_shrinks_without_restarting() {
+    check(
+        r"
+        pool /a cpu=2 mem=1024
+        pool /b cpu=2 mem=1024
+        host h1 cpu=1
+        host h2 cpu=1
+        host h3 cpu=1
+        host h4 cpu=1
+        job b pool=/a n=2 cpu=1 preemptible priority=3
+        cycle
+        job e pool=/a n=4 gang=4 elastic=2 cpu=1 ports=master preemptible
+        cycle          # 2 fit: it starts with 2
+        cycle          # nothing more
+        exit b/0 0
+        exit b/1 0
+        cycle          # both free hosts (/b's idle share): it grows to 4
+        job p pool=/b n=1 cpu=1
+        cycle          # /b takes a core back: one member preempted, 3 go on
+        confirm
+        cycle
+        exit p/0 0
+        cycle          # back to 4
+        ",
+        expect![[r#"
+            > pool /a cpu=2 mem=1024
+            > pool /b cpu=2 mem=1024
+            > host h1 cpu=1
+            > host h2 cpu=1
+            > host h3 cpu=1
+            > host h4 cpu=1
+            > job b pool=/a n=2 cpu=1 preemptible priority=3
+            b/0#1 pending
+            b/1#1 pending
+            job b pending
+            > cycle
+            b/0#1 ready
+            b/1#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h2
+            b/1#1 launching @h2
+              launch b/0#1 @h1 config 1
+              launch b/1#1 @h2 config 1
+            b/0#1 running @h1
+            job b running
+            b/1#1 running @h2
+            > job e pool=/a n=4 gang=4 elastic=2 cpu=1 ports=master preemptible
+            e/0#1 pending
+            e/1#1 pending
+            job e pending
+            > cycle
+            e/0#1 ready
+            e/1#1 ready
+            e/0#1 placed @h3
+            e/0#1 launching @h3
+            e/1#1 placed @h4
+            e/1#1 launching @h4
+            e/2#1 pending
+            e/3#1 pending
+              launch e/0#1 @h3 config 1 ports master=31099 rank 0/2 gen 21 [0@h3 master=31099, 1@h4 master=31099]
+              launch e/1#1 @h4 config 1 ports master=31099 rank 1/2 gen 21
+            e/0#1 running @h3
+            job e running
+            e/1#1 running @h4
+            > cycle
+            > exit b/0 0
+            b/0#1 succeeded @h1
+            > exit b/1 0
+            b/1#1 succeeded @h2
+            job b succeeded
+            > cycle
+            e/2#1 ready
+            e/3#1 ready
+            e/2#1 placed @h1
+            e/2#1 launching @h1
+            e/3#1 placed @h2
+            e/3#1 launching @h2
+              launch e/2#1 @h1 config 1 ports master=31099 rank 2/4 gen 35
+              launch e/3#1 @h2 config 1 ports master=31099 rank 3/4 gen 35
+              rendezvous e/0#1 @h3 rank 0/4 gen 35 [0@h3, 1@h4, 2@h1, 3@h2]
+              rendezvous e/1#1 @h4 rank 1/4 gen 35 [0@h3, 1@h4, 2@h1, 3@h2]
+            e/2#1 running @h1
+            e/3#1 running @h2
+            > job p pool=/b n=1 cpu=1
+            p/0#1 pending
+            job p pending
+            > cycle
+            p/0#1 ready
+            p/0#1 placing
+            e/3#1 preempted @h2 (preempted: pool over its entitlement in cpu: 4000 held, 3000 entitled; lost work: 0 ms since its start)
+              rendezvous e/0#1 @h3 rank 0/3 gen 42 [0@h3, 1@h4, 2@h1]
+              rendezvous e/1#1 @h4 rank 1/3 gen 42 [0@h3, 1@h4, 2@h1]
+              rendezvous e/2#1 @h1 rank 2/3 gen 42 [0@h3, 1@h4, 2@h1]
+              kill e/3#1 @h2
+            > confirm
+            e/3#2 initialized
+            e/3#2 pending
+            > cycle
+            p/0#1 placed @h2
+            p/0#1 launching @h2
+              launch p/0#1 @h2 config 1
+            p/0#1 running @h2
+            job p running
+            > exit p/0 0
+            p/0#1 succeeded @h2
+            job p succeeded
+            > cycle
+            e/3#2 ready
+            e/3#2 placed @h2
+            e/3#2 launching @h2
+              launch e/3#2 @h2 config 1 ports master=31099 rank 3/4 gen 53
+              rendezvous e/0#1 @h3 rank 0/4 gen 53 [0@h3, 1@h4, 2@h1, 3@h2]
+              rendezvous e/1#1 @h4 rank 1/4 gen 53 [0@h3, 1@h4, 2@h1, 3@h2]
+              rendezvous e/2#1 @h1 rank 2/4 gen 53 [0@h3, 1@h4, 2@h1, 3@h2]
+            e/3#2 running @h2
+        "#]],
+    );
+}
+
+/// An elastic gang whose members fall below its minimum starts again as
+/// one, like a fixed gang; a member failing above it leaves and comes
+/// back after its back-off.
+#[test]
+fn an_elastic_gang_below_its_minimum_starts_again_as_one() {
+    check(
+        r"
+        host h1 cpu=3
+        job e pool=/ n=3 gang=3 elastic=2 cpu=1 max_failures=3 backoff=100
+        cycle          # all 3 fit: 2 start, the third joins next cycle
+        cycle
+        exit e/2 1     # 2 left: they go on
+        tick 100
+        cycle          # it joins again
+        exit e/0 1     # 2 left
+        exit e/1 1     # 1 left: below the minimum, the gang starts again
+        confirm
+        tick 100
+        cycle
+        cycle
+        ",
+        expect![[r#"
+            > host h1 cpu=3
+            > job e pool=/ n=3 gang=3 elastic=2 cpu=1 max_failures=3 backoff=100
+            e/0#1 pending
+            e/1#1 pending
+            job e pending
+            > cycle
+            e/0#1 ready
+            e/1#1 ready
+            e/0#1 placed @h1
+            e/0#1 launching @h1
+            e/1#1 placed @h1
+            e/1#1 launching @h1
+            e/2#1 pending
+              launch e/0#1 @h1 config 1 rank 0/2 gen 9 [0@h1, 1@h1]
+              launch e/1#1 @h1 config 1 rank 1/2 gen 9
+            e/0#1 running @h1
+            e/1#1 running @h1
+            job e running
+            > cycle
+            e/2#1 ready
+            e/2#1 placed @h1
+            e/2#1 launching @h1
+              launch e/2#1 @h1 config 1 rank 2/3 gen 16
+              rendezvous e/0#1 @h1 rank 0/3 gen 16 [0@h1, 1@h1, 2@h1]
+              rendezvous e/1#1 @h1 rank 1/3 gen 16 [0@h1, 1@h1, 2@h1]
+            e/2#1 running @h1
+            > exit e/2 1
+            e/2#1 failed @h1 (exited with code 1)
+            e/2#1 backoff @h1 (exited with code 1)
+              rendezvous e/0#1 @h1 rank 0/2 gen 19 [0@h1, 1@h1]
+              rendezvous e/1#1 @h1 rank 1/2 gen 19 [0@h1, 1@h1]
+            > tick 100
+            e/2#2 initialized
+            e/2#2 pending
+            > cycle
+            e/2#2 ready
+            e/2#2 placed @h1
+            e/2#2 launching @h1
+              launch e/2#2 @h1 config 1 rank 2/3 gen 24
+              rendezvous e/0#1 @h1 rank 0/3 gen 24 [0@h1, 1@h1, 2@h1]
+              rendezvous e/1#1 @h1 rank 1/3 gen 24 [0@h1, 1@h1, 2@h1]
+            e/2#2 running @h1
+            > exit e/0 1
+            e/0#1 failed @h1 (exited with code 1)
+            e/0#1 backoff @h1 (exited with code 1)
+              rendezvous e/1#1 @h1 rank 0/2 gen 27 [1@h1, 2@h1]
+              rendezvous e/2#2 @h1 rank 1/2 gen 27 [1@h1, 2@h1]
+            > exit e/1 1
+            e/1#1 failed @h1 (exited with code 1)
+            e/1#1 backoff @h1 (exited with code 1)
+            e/2#2 killed @h1 (gang member 1 ended: the gang starts again as one)
+            job e pending
+              kill e/2#2 @h1
+            > confirm
+            e/2#3 initialized
+            > tick 100
+            e/0#2 initialized
+            e/1#2 initialized
+            e/0#2 pending
+            e/1#2 pending
+            > cycle
+            e/0#2 ready
+            e/1#2 ready
+            e/0#2 placed @h1
+            e/0#2 launching @h1
+            e/1#2 placed @h1
+            e/1#2 launching @h1
+            e/2#3 pending
+              launch e/0#2 @h1 config 1 rank 0/2 gen 42 [0@h1, 1@h1]
+              launch e/1#2 @h1 config 1 rank 1/2 gen 42
+            e/0#2 running @h1
+            e/1#2 running @h1
+            job e running
+            > cycle
+            e/2#3 ready
+            e/2#3 placed @h1
+            e/2#3 launching @h1
+              launch e/2#3 @h1 config 1 rank 2/3 gen 49
+              rendezvous e/0#2 @h1 rank 0/3 gen 49 [0@h1, 1@h1, 2@h1]
+              rendezvous e/1#2 @h1 rank 1/3 gen 49 [0@h1, 1@h1, 2@h1]
+            e/2#3 running @h1
         "#]],
     );
 }

@@ -892,6 +892,10 @@ async fn handle(
             })
             .await;
         }
+        Some(Kind::Rendezvous(update)) => {
+            let updates = codec::rendezvous_updates(update);
+            with_supervisor(supervisor, move |s| s.update_rendezvous(&updates));
+        }
         Some(Kind::Ack(ack)) => {
             let keys: Vec<_> = ack.keys.iter().map(codec::run_id).collect();
             return with_supervisor_then_send(supervisor, tx, move |s| s.ack(&keys)).await;

@@ -2332,6 +2332,7 @@ defaultConfig:
                 gang_size: 2,
                 max_running_time_ms: 300_000,
                 max_unavailable_instances: 1,
+                elastic_min: 0,
             }
         );
         let t = &file.task;

@@ -246,6 +246,13 @@ pub struct SlaFile {
     /// Instances are admitted and placed in groups of this many.
     #[serde(default, skip_serializing_if = "is_default")]
     pub gang_size: u32,
+    /// Elastic gangs: the job (one gang: `instances` equals `gang_size`) starts once this many
+    /// members fit together, grows toward `gang_size` as room frees, and when members are
+    /// preempted, lost or fail goes on with the rest while at least this many run (below it the
+    /// gang starts again as one). Members learn each new membership from their `rendezvous.json`
+    /// (a new `generation`). Batch jobs only; 0: not elastic.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub elastic_min: u32,
     /// A run longer than this is killed (0: no limit).
     #[serde(default, skip_serializing_if = "is_default")]
     pub max_running_time_ms: u64,
@@ -500,6 +507,7 @@ impl JobFile {
                 preemptible: self.sla.preemptible,
                 max_running_instances: self.sla.max_running_instances,
                 min_running_instances: self.sla.gang_size,
+                elastic_min_instances: self.sla.elastic_min,
                 max_running_time_ms: self.sla.max_running_time_ms,
                 max_unavailable_instances: self.sla.max_unavailable_instances,
             }),
@@ -560,6 +568,7 @@ impl JobFile {
                 preemptible: sla.preemptible,
                 max_running_instances: sla.max_running_instances,
                 gang_size: sla.min_running_instances,
+                elastic_min: sla.elastic_min_instances,
                 max_running_time_ms: sla.max_running_time_ms,
                 max_unavailable_instances: sla.max_unavailable_instances,
             },
@@ -1163,6 +1172,7 @@ overrides:
                 min_running_instances: 4,
                 max_running_time_ms: 5000,
                 max_unavailable_instances: 0,
+                elastic_min_instances: 0,
             }
         );
         let task = spec.default_task.unwrap_or_default();

@@ -107,6 +107,9 @@ pub struct JobSpec {
     pub instances: u8,
     /// One gang of every instance.
     pub gang: bool,
+    /// A batch gang is elastic: it starts with this many members (0: not
+    /// elastic; used when below the gang's size).
+    pub elastic_min: u8,
     /// cpu of a task: 500 or 1000 millicores.
     pub big: bool,
     /// Failed runs tolerated (0–3).
@@ -361,6 +364,7 @@ impl JobSpec {
             max_running: c % 3,
             max_unavailable: 1 + (c / 3) % 2,
             revocable: (c / 6) % 2 != 0,
+            elastic_min: (c / 12) % 3,
         }
     }
 
@@ -379,7 +383,8 @@ impl JobSpec {
         out.push(
             self.max_running % 3
                 + 3 * ((self.max_unavailable - 1) % 2)
-                + 6 * u8::from(self.revocable),
+                + 6 * u8::from(self.revocable)
+                + 12 * (self.elastic_min % 3),
         );
     }
 }
@@ -684,6 +689,7 @@ fn job_plan(spec: &JobSpec, pool: &str, pinned: Pinned) -> JobPlan {
             let v = VolumeVariant::of(v);
             // Gang jobs cannot have volumes.
             p.gang = 1;
+            p.elastic_min = 0;
             p.max_running = u32::from(spec.max_running);
             p.default_mut().volume = Some(crate::VolumeTemplate {
                 size_mb: v.size_mb,
@@ -698,6 +704,7 @@ fn job_plan(spec: &JobSpec, pool: &str, pinned: Pinned) -> JobPlan {
             p.kind = JobKind::Daemon;
             p.instance_count = 1;
             p.gang = 1;
+            p.elastic_min = 0;
             p.max_running = 0;
             p.max_running_time_ms = 0;
             if let Some(zone) = Pinned::constraint(c) {
@@ -718,6 +725,9 @@ fn unpinned_plan(spec: &JobSpec, pool: &str) -> JobPlan {
         JobKind::Batch
     };
     p.gang = if spec.gang { n } else { 1 };
+    if p.gang > 1 && !spec.service && u32::from(spec.elastic_min) < p.gang {
+        p.elastic_min = u32::from(spec.elastic_min);
+    }
     p.priority = u32::from(spec.priority);
     p.preemptible = spec.preemptible || spec.revocable;
     p.default_mut().revocable = spec.revocable;

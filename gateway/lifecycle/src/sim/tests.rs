@@ -25,6 +25,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
             1u8..=2,
             any::<bool>(),
         ),
+        0u8..3,
     )
         .prop_map(
             |(
@@ -39,6 +40,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                     max_unavailable,
                     revocable,
                 ),
+                elastic_min,
             )| JobSpec {
                 service,
                 pool,
@@ -53,6 +55,7 @@ fn job_spec() -> impl Strategy<Value = JobSpec> {
                 deadline,
                 max_unavailable,
                 revocable,
+                elastic_min,
             },
         )
 }
@@ -138,6 +141,7 @@ fn update_op() -> impl Strategy<Value = Op> {
         2 => job_spec().prop_map(|spec| Op::CreateJob(JobSpec {
             service: true,
             gang: false,
+            elastic_min: 0,
             ..spec
         })),
         3 => (b(), 0..N_UPDATE_VARIANTS).prop_map(|(j, v)| Op::UpdateJob(j, v)),
@@ -359,6 +363,7 @@ fn a_partitioned_host_returns_after_a_crash_and_its_stale_runs_are_stopped() {
         pool: 0,
         instances: 2,
         gang: true,
+        elastic_min: 0,
         big: true,
         max_failures: 0,
         priority: 0,
@@ -372,6 +377,7 @@ fn a_partitioned_host_returns_after_a_crash_and_its_stale_runs_are_stopped() {
     let batch = JobSpec {
         service: false,
         gang: false,
+        elastic_min: 0,
         instances: 3,
         ..spec
     };
@@ -415,6 +421,7 @@ fn one_task_in_root(max_failures: u8) -> JobSpec {
         pool: 0,
         instances: 1,
         gang: false,
+        elastic_min: 0,
         big: false,
         max_failures,
         priority: 0,
@@ -512,6 +519,7 @@ fn regression_killing_a_backing_off_gang_member_strands_its_mates() {
     let gang = JobSpec {
         instances: 2,
         gang: true,
+        elastic_min: 0,
         ..one_task_in_root(1)
     };
     let s = Scenario {
@@ -540,6 +548,7 @@ fn regression_a_scale_down_leaves_a_gang_that_fits_waiting() {
         service: true,
         instances: 2,
         gang: true,
+        elastic_min: 0,
         max_running: 2,
         ..one_task_in_root(0)
     };

@@ -66,6 +66,15 @@ pub fn run_plan(launch: v1::LaunchRun) -> Option<RunPlan> {
     })
 }
 
+/// Runs' new views of their elastic gangs.
+pub fn rendezvous_updates(update: v1::UpdateRendezvous) -> Vec<(RunId, Rendezvous)> {
+    update
+        .runs
+        .into_iter()
+        .filter_map(|r| Some((run_id(r.key.as_ref()?), rendezvous(r.rendezvous?))))
+        .collect()
+}
+
 /// A gang member's view of its gang.
 fn rendezvous(r: v1::Rendezvous) -> Rendezvous {
     let spec = r.spec.unwrap_or_default();

@@ -171,6 +171,45 @@ fn join_gang(r: &Rendezvous, ports: &[String], dir: &Path, env: &mut Env) -> Res
     Ok(())
 }
 
+impl Supervisor {
+    /// Elastic gangs: live members' files rewritten for their gang's new
+    /// membership (`rendezvous.json`, and the MPI hostfile): each written
+    /// whole beside it, then renamed over it, so a reader never sees half
+    /// of one. Their environment stays as the task started with it. Runs
+    /// this agent does not hold, or that have ended, are skipped.
+    pub fn update_rendezvous(&mut self, updates: &[(RunId, Rendezvous)]) {
+        for (key, r) in updates {
+            let Some(run) = self.runs.get(key) else {
+                tracing::debug!(run = %key.sandbox_name(), "rendezvous of an unknown run ignored");
+                continue;
+            };
+            if run.record.report.phase.is_final() {
+                continue;
+            }
+            let names: Vec<String> = run.record.ports.iter().map(|p| p.name.clone()).collect();
+            let written =
+                rendezvous::gang_view(r, &names, &run.dir.to_string_lossy()).and_then(|view| {
+                    for (name, text) in &view.files {
+                        let tmp = run.dir.join(format!(".{name}.new"));
+                        std::fs::write(&tmp, text)
+                            .and_then(|()| std::fs::rename(&tmp, run.dir.join(name)))
+                            .map_err(|e| format!("cannot write {name} into the sandbox: {e}"))?;
+                    }
+                    Ok(())
+                });
+            match written {
+                Ok(()) => tracing::info!(
+                    run = %key.sandbox_name(),
+                    generation = r.generation,
+                    size = r.size,
+                    "gang membership changed"
+                ),
+                Err(e) => tracing::warn!(run = %key.sandbox_name(), "rendezvous update: {e}"),
+            }
+        }
+    }
+}
+
 /// The program and arguments a command runs as.
 fn task_command(command: &Command) -> Result<(String, Vec<String>), String> {
     let (program, args) = match command {
