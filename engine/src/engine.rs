@@ -341,6 +341,17 @@ impl Engine {
         }
     }
 
+    /// Moves placed tasks between their slots so that `order`'s take them
+    /// in ascending order ([`TaskArena::renumber_placed`]); returns their
+    /// new handles. For a forecast's fork, whose callers see only waiting
+    /// tasks' handles (which do not change).
+    pub(crate) fn renumber_placed(
+        &mut self,
+        order: &[TaskHandle],
+    ) -> Result<Vec<TaskHandle>, crate::task::TaskError> {
+        self.tasks.renumber_placed(order)
+    }
+
     /// How long a reservation holds before it is worked out again (see
     /// [`crate::backfill::BackfillConfig::refresh_ms`]). A forecast's fork
     /// keeps them until their time: in it, running tasks end exactly at
