@@ -905,7 +905,7 @@ impl Engine {
             .take(bound)
             .collect();
         let mut seen = Vec::with_capacity(blocked.len());
-        let mut largest: Option<Resources> = None;
+        let largest: std::cell::Cell<Option<Resources>> = std::cell::Cell::new(None);
         for b in blocked {
             let slot = b.pool.idx();
             let Some((seq, members, total)) = self.rm.head_entry(slot, b.class) else {
@@ -984,13 +984,19 @@ impl Engine {
             // once a cycle, at the first entry that needs it): an entry
             // that does not fit it fits no host now. (One that fits it may
             // still wait for a host: a gang's tasks on several, or the
-            // head's hosts fenced off.)
-            let largest = &mut largest;
-            let mut fits_now = |members: &[PendingTask]| {
-                let most =
-                    *largest.get_or_insert_with(|| crate::backfill::largest_free(hosts_arena));
-                largest_request(members).fits_in(&most)
+            // head's hosts fenced off.) Backfill also reads it to tell
+            // whether a look like its last one that admitted nothing could
+            // admit anything now.
+            let largest = &largest;
+            let most_free = || {
+                let most = largest
+                    .get()
+                    .unwrap_or_else(|| crate::backfill::largest_free(hosts_arena));
+                largest.set(Some(most));
+                most
             };
+            let mut fits_now =
+                |members: &[PendingTask]| largest_request(members).fits_in(&most_free());
             self.rm.backfill(
                 slot,
                 b.class,
@@ -999,6 +1005,7 @@ impl Engine {
                 at_ms,
                 extra,
                 &mut fits_now,
+                &mut || most_free(),
                 self.backfill.depth,
                 &mut self.report.admission,
             );
