@@ -144,7 +144,10 @@ fn placed_tasks_are_renumbered_within_their_own_slots() {
     for (t, w) in [tasks[1], tasks[4], tasks[2]].iter().zip(&pending) {
         assert_eq!(&before(&arena, *t), w, "the others keep their handles");
     }
-    let mut on_7: Vec<u32> = arena.placed_on_host(7).map(|v| v.task.idx() as u32).collect();
+    let mut on_7: Vec<u32> = arena
+        .placed_on_host(7)
+        .map(|v| v.task.idx() as u32)
+        .collect();
     on_7.sort_unstable();
     assert_eq!(on_7, vec![3, 5], "host lists name the new slots");
     arena.check_invariants();
