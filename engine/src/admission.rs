@@ -1299,3 +1299,121 @@ fn check(
             }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(n: u64) -> Resources {
+        Resources::new(n, n, 0, 0)
+    }
+
+    /// A remembered fruitless backfill look covers a later one only while
+    /// nothing is easier: each input made easier alone makes the look due.
+    #[test]
+    fn a_backfill_miss_covers_only_looks_where_nothing_got_easier() {
+        let caps = PoolCaps {
+            entitlement: r(100),
+            reservation: r(100),
+            controller: r(100),
+            slack_entitlement: r(100),
+            slack_cap: r(100),
+        };
+        let mut allocation = Allocation::default();
+        allocation.add(TaskClass::Normal, false, &r(50));
+        let miss = BackfillMiss {
+            class: TaskClass::Normal,
+            head_seq: 7,
+            version: 3,
+            depth: 64,
+            now_ms: 1_000,
+            until_ms: 9_000,
+            extra: r(10),
+            allocation,
+            caps,
+            most_free: Some(r(8)),
+        };
+        let look = |class,
+                    seq,
+                    version,
+                    now,
+                    until,
+                    extra: Resources,
+                    alloc: &Allocation,
+                    caps: &PoolCaps,
+                    most: Resources| {
+            miss.still_misses(
+                class,
+                seq,
+                version,
+                64,
+                now,
+                until,
+                &extra,
+                alloc,
+                caps,
+                &mut || most,
+            )
+        };
+        let p = TaskClass::Normal;
+        assert!(look(p, 7, 3, 1_000, 9_000, r(10), &allocation, &caps, r(8)));
+        assert!(
+            look(p, 7, 3, 2_000, 8_000, r(5), &allocation, &caps, r(4)),
+            "later, sooner, less room, less free: still nothing"
+        );
+        assert!(
+            !look(p, 7, 4, 1_000, 9_000, r(10), &allocation, &caps, r(8)),
+            "queue changed"
+        );
+        assert!(
+            !look(p, 8, 3, 1_000, 9_000, r(10), &allocation, &caps, r(8)),
+            "another head"
+        );
+        assert!(
+            !look(p, 7, 3, 999, 9_000, r(10), &allocation, &caps, r(8)),
+            "earlier"
+        );
+        assert!(
+            !look(p, 7, 3, 1_000, 9_001, r(10), &allocation, &caps, r(8)),
+            "head later"
+        );
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(11), &allocation, &caps, r(8)),
+            "more room"
+        );
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(10), &allocation, &caps, r(9)),
+            "a host freer"
+        );
+        let mut less = Allocation::default();
+        less.add(TaskClass::Normal, false, &r(49));
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(10), &less, &caps, r(8)),
+            "pool holds less"
+        );
+        let higher = PoolCaps {
+            entitlement: r(101),
+            ..caps
+        };
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(10), &allocation, &higher, r(8)),
+            "higher cap"
+        );
+        let unasked = BackfillMiss {
+            most_free: None,
+            ..miss
+        };
+        assert!(unasked.still_misses(
+            p,
+            7,
+            3,
+            64,
+            1_000,
+            9_000,
+            &r(10),
+            &allocation,
+            &caps,
+            &mut || { panic!("not asked when the look never asked") }
+        ),);
+    }
+}

@@ -594,6 +594,8 @@ fn a_fenced_task_evicts_nothing_on_the_reserved_hosts() {
 /// easier, and is as soon as something did: a task behind a held-back
 /// gang that fits no host now stays queued cycle after cycle, and is
 /// admitted and placed in the first cycle after a host empties for it.
+/// (Which input of the remembered look made it due is the unit test's,
+/// `a_backfill_miss_covers_only_looks_where_nothing_got_easier`.)
 #[test]
 fn backfill_looks_again_once_room_comes() {
     let (mut engine, pool, hosts) = setup(true, 4, 8);
