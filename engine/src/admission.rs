@@ -724,6 +724,78 @@ pub(crate) struct PoolQueues {
     /// its queue there with [`BlockKind::Hosts`]. Set by the engine before
     /// each admission pass (`set_gate`), cleared by it.
     gate: Option<(u64, u64)>,
+    /// Bumped whenever the set of queued entries changes (an entry queued,
+    /// admitted or cancelled): a backfill look that admitted nothing looked
+    /// at the same entries again only while it is unchanged.
+    version: u64,
+    /// The last backfill look that admitted nothing, and what it saw
+    /// (see [`PoolQueues::backfill`]).
+    backfill_miss: Option<BackfillMiss>,
+}
+
+/// What a backfill look that admitted nothing saw. A later look over the
+/// same entries in which nothing is easier (the same queue, time no
+/// earlier, the head's start no later, no more room beside it, the pool
+/// holding no less, caps no higher, no host with more free) would admit
+/// nothing either: each rule it applies only gets harder along those.
+#[derive(Clone, Copy, Debug)]
+struct BackfillMiss {
+    class: TaskClass,
+    head_seq: u64,
+    version: u64,
+    depth: usize,
+    now_ms: u64,
+    until_ms: u64,
+    extra: Resources,
+    allocation: Allocation,
+    caps: PoolCaps,
+    /// The most any host had free, if the look asked (`None`: every entry
+    /// failed before asking, whatever the hosts had free).
+    most_free: Option<Resources>,
+}
+
+impl BackfillMiss {
+    /// Whether a look with these inputs finds nothing easier than this one
+    /// did. `most_free` is asked only if this one asked.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the inputs of a backfill look, passed explicitly"
+    )]
+    fn still_misses(
+        &self,
+        class: TaskClass,
+        head_seq: u64,
+        version: u64,
+        depth: usize,
+        now_ms: u64,
+        until_ms: u64,
+        extra: &Resources,
+        allocation: &Allocation,
+        caps: &PoolCaps,
+        most_free: &mut dyn FnMut() -> Resources,
+    ) -> bool {
+        let held_no_less = |now: &Resources, then: &Resources| then.fits_in(now);
+        self.class == class
+            && self.head_seq == head_seq
+            && self.version == version
+            && self.depth == depth
+            && now_ms >= self.now_ms
+            && until_ms <= self.until_ms
+            && extra.fits_in(&self.extra)
+            && held_no_less(&allocation.total, &self.allocation.total)
+            && held_no_less(
+                &allocation.non_preemptible,
+                &self.allocation.non_preemptible,
+            )
+            && held_no_less(&allocation.controller, &self.allocation.controller)
+            && held_no_less(&allocation.revocable, &self.allocation.revocable)
+            && caps.entitlement.fits_in(&self.caps.entitlement)
+            && caps.reservation.fits_in(&self.caps.reservation)
+            && caps.controller.fits_in(&self.caps.controller)
+            && caps.slack_entitlement.fits_in(&self.caps.slack_entitlement)
+            && caps.slack_cap.fits_in(&self.caps.slack_cap)
+            && self.most_free.is_none_or(|then| most_free().fits_in(&then))
+    }
 }
 
 /// Caps one pool's admission works against in a cycle.
@@ -805,6 +877,7 @@ impl PoolQueues {
             seq,
             entry: idx,
         });
+        self.version += 1;
         self.account_queued(class, members.len() as u64, &total, true);
         idx
     }
@@ -837,6 +910,7 @@ impl PoolQueues {
         e.seq = 0;
         let (class, n, total) = (e.class, e.members.as_slice().len() as u64, e.total);
         e.members = Members::Gang(Box::new([]));
+        self.version += 1;
         self.account_queued(class, n, &total, false);
         self.free_entries.push(entry);
         self.n_stale += 1;
@@ -983,9 +1057,40 @@ impl PoolQueues {
         until_ms: u64,
         mut extra: Resources,
         fits_now: &mut dyn FnMut(&[PendingTask]) -> bool,
+        most_free: &mut dyn FnMut() -> Resources,
         depth: usize,
         out: &mut AdmissionResult,
     ) {
+        if let Some(miss) = &self.backfill_miss
+            && miss.still_misses(
+                class,
+                head_seq,
+                self.version,
+                depth,
+                now_ms,
+                until_ms,
+                &extra,
+                &self.allocation,
+                caps,
+                most_free,
+            )
+        {
+            return;
+        }
+        let version = self.version;
+        let miss = BackfillMiss {
+            class,
+            head_seq,
+            version,
+            depth,
+            now_ms,
+            until_ms,
+            extra,
+            allocation: self.allocation,
+            caps: *caps,
+            most_free: None,
+        };
+        let mut asked = false;
         let mut held: Vec<QueueItem> = Vec::new();
         let mut looked = 0;
         while looked < depth {
@@ -1002,6 +1107,7 @@ impl PoolQueues {
                 continue;
             }
             let members = entry.members.as_slice();
+            asked = true;
             if !fits_now(members) {
                 held.push(item);
                 continue;
@@ -1021,10 +1127,15 @@ impl PoolQueues {
         for item in held {
             self.heaps[class as usize].push(item);
         }
+        self.backfill_miss = (self.version == version).then(|| BackfillMiss {
+            most_free: asked.then(most_free),
+            ..miss
+        });
     }
 
     /// Admits the entry of `item` (already popped from its heap).
     fn take(&mut self, class: TaskClass, item: QueueItem, pool: PoolId, out: &mut AdmissionResult) {
+        self.version += 1;
         let entry = &mut self.entries[item.entry as usize];
         entry.seq = 0;
         let members = std::mem::replace(&mut entry.members, Members::Gang(Box::new([])));
@@ -1186,5 +1297,123 @@ fn check(
                     })
                     .flatten()
             }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(n: u64) -> Resources {
+        Resources::new(n, n, 0, 0)
+    }
+
+    /// A remembered fruitless backfill look covers a later one only while
+    /// nothing is easier: each input made easier alone makes the look due.
+    #[test]
+    fn a_backfill_miss_covers_only_looks_where_nothing_got_easier() {
+        let caps = PoolCaps {
+            entitlement: r(100),
+            reservation: r(100),
+            controller: r(100),
+            slack_entitlement: r(100),
+            slack_cap: r(100),
+        };
+        let mut allocation = Allocation::default();
+        allocation.add(TaskClass::Normal, false, &r(50));
+        let miss = BackfillMiss {
+            class: TaskClass::Normal,
+            head_seq: 7,
+            version: 3,
+            depth: 64,
+            now_ms: 1_000,
+            until_ms: 9_000,
+            extra: r(10),
+            allocation,
+            caps,
+            most_free: Some(r(8)),
+        };
+        let look = |class,
+                    seq,
+                    version,
+                    now,
+                    until,
+                    extra: Resources,
+                    alloc: &Allocation,
+                    caps: &PoolCaps,
+                    most: Resources| {
+            miss.still_misses(
+                class,
+                seq,
+                version,
+                64,
+                now,
+                until,
+                &extra,
+                alloc,
+                caps,
+                &mut || most,
+            )
+        };
+        let p = TaskClass::Normal;
+        assert!(look(p, 7, 3, 1_000, 9_000, r(10), &allocation, &caps, r(8)));
+        assert!(
+            look(p, 7, 3, 2_000, 8_000, r(5), &allocation, &caps, r(4)),
+            "later, sooner, less room, less free: still nothing"
+        );
+        assert!(
+            !look(p, 7, 4, 1_000, 9_000, r(10), &allocation, &caps, r(8)),
+            "queue changed"
+        );
+        assert!(
+            !look(p, 8, 3, 1_000, 9_000, r(10), &allocation, &caps, r(8)),
+            "another head"
+        );
+        assert!(
+            !look(p, 7, 3, 999, 9_000, r(10), &allocation, &caps, r(8)),
+            "earlier"
+        );
+        assert!(
+            !look(p, 7, 3, 1_000, 9_001, r(10), &allocation, &caps, r(8)),
+            "head later"
+        );
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(11), &allocation, &caps, r(8)),
+            "more room"
+        );
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(10), &allocation, &caps, r(9)),
+            "a host freer"
+        );
+        let mut less = Allocation::default();
+        less.add(TaskClass::Normal, false, &r(49));
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(10), &less, &caps, r(8)),
+            "pool holds less"
+        );
+        let higher = PoolCaps {
+            entitlement: r(101),
+            ..caps
+        };
+        assert!(
+            !look(p, 7, 3, 1_000, 9_000, r(10), &allocation, &higher, r(8)),
+            "higher cap"
+        );
+        let unasked = BackfillMiss {
+            most_free: None,
+            ..miss
+        };
+        assert!(unasked.still_misses(
+            p,
+            7,
+            3,
+            64,
+            1_000,
+            9_000,
+            &r(10),
+            &allocation,
+            &caps,
+            &mut || { panic!("not asked when the look never asked") }
+        ),);
     }
 }

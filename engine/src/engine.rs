@@ -341,6 +341,17 @@ impl Engine {
         }
     }
 
+    /// Moves placed tasks between their slots so that `order`'s take them
+    /// in ascending order ([`TaskArena::renumber_placed`]); returns their
+    /// new handles. For a forecast's fork, whose callers see only waiting
+    /// tasks' handles (which do not change).
+    pub(crate) fn renumber_placed(
+        &mut self,
+        order: &[TaskHandle],
+    ) -> Result<Vec<TaskHandle>, crate::task::TaskError> {
+        self.tasks.renumber_placed(order)
+    }
+
     /// How long a reservation holds before it is worked out again (see
     /// [`crate::backfill::BackfillConfig::refresh_ms`]). A forecast's fork
     /// keeps them until their time: in it, running tasks end exactly at
@@ -894,7 +905,7 @@ impl Engine {
             .take(bound)
             .collect();
         let mut seen = Vec::with_capacity(blocked.len());
-        let mut largest: Option<Resources> = None;
+        let largest: std::cell::Cell<Option<Resources>> = std::cell::Cell::new(None);
         for b in blocked {
             let slot = b.pool.idx();
             let Some((seq, members, total)) = self.rm.head_entry(slot, b.class) else {
@@ -973,13 +984,19 @@ impl Engine {
             // once a cycle, at the first entry that needs it): an entry
             // that does not fit it fits no host now. (One that fits it may
             // still wait for a host: a gang's tasks on several, or the
-            // head's hosts fenced off.)
-            let largest = &mut largest;
-            let mut fits_now = |members: &[PendingTask]| {
-                let most =
-                    *largest.get_or_insert_with(|| crate::backfill::largest_free(hosts_arena));
-                largest_request(members).fits_in(&most)
+            // head's hosts fenced off.) Backfill also reads it to tell
+            // whether a look like its last one that admitted nothing could
+            // admit anything now.
+            let largest = &largest;
+            let most_free = || {
+                let most = largest
+                    .get()
+                    .unwrap_or_else(|| crate::backfill::largest_free(hosts_arena));
+                largest.set(Some(most));
+                most
             };
+            let mut fits_now =
+                |members: &[PendingTask]| largest_request(members).fits_in(&most_free());
             self.rm.backfill(
                 slot,
                 b.class,
@@ -988,6 +1005,7 @@ impl Engine {
                 at_ms,
                 extra,
                 &mut fits_now,
+                &mut || most_free(),
                 self.backfill.depth,
                 &mut self.report.admission,
             );

@@ -629,6 +629,7 @@ impl ResourceManager {
         until_ms: u64,
         extra: Resources,
         fits_now: &mut dyn FnMut(&[PendingTask]) -> bool,
+        most_free: &mut dyn FnMut() -> Resources,
         depth: usize,
         out: &mut AdmissionResult,
     ) {
@@ -640,7 +641,7 @@ impl ResourceManager {
             return;
         };
         queue.backfill(
-            pool, &caps, class, head_seq, now_ms, until_ms, extra, fits_now, depth, out,
+            pool, &caps, class, head_seq, now_ms, until_ms, extra, fits_now, most_free, depth, out,
         );
         self.n_queued_total -= (out.admitted.len() - before) as u64;
     }

@@ -489,6 +489,123 @@ impl TaskArena {
         ))
     }
 
+    /// Moves placed tasks between their own slots so that `order`'s tasks
+    /// take those slots in ascending order (its first the lowest); returns
+    /// their new handles, in `order`'s order. Only `order`'s slots change
+    /// hands: every other task keeps its handle, and a moved task keeps all
+    /// it has (generation included) and its place in its host's and pool's
+    /// lists. A forecast's fork orders its running tasks by end this way,
+    /// so that ending them walks the columns forward instead of at random
+    /// slots. Refused, changing nothing, unless every task of `order` is
+    /// live and placed and none is named twice.
+    pub fn renumber_placed(&mut self, order: &[TaskHandle]) -> Result<Vec<TaskHandle>, TaskError> {
+        let mut slots: Vec<u32> = Vec::with_capacity(order.len());
+        for &t in order {
+            if self.state(t)? != TaskState::Placed {
+                return Err(TaskError::WrongState {
+                    state: self.state[t.idx()],
+                    action: "only placed tasks are renumbered",
+                });
+            }
+            slots.push(t.idx);
+        }
+        let mut targets = slots.clone();
+        targets.sort_unstable();
+        if targets.windows(2).any(|w| w[0] == w[1]) {
+            return Err(TaskError::WrongState {
+                state: TaskState::Placed,
+                action: "a task is named twice",
+            });
+        }
+        macro_rules! move_all {
+            ($($c:ident),*) => { $(
+                let moved: Vec<_> = slots.iter().map(|&o| self.$c[o as usize].clone()).collect();
+                for (&n, v) in targets.iter().zip(moved) {
+                    self.$c[n as usize] = v;
+                }
+            )* };
+        }
+        move_all!(
+            generation,
+            job,
+            instance,
+            pool,
+            priority,
+            request,
+            ports,
+            max_per_host,
+            limit_key,
+            desired_host,
+            flags,
+            strategy,
+            gang,
+            constraint,
+            host,
+            gpu,
+            arrival,
+            start_ms,
+            checkpoint_ms,
+            runtime_ms,
+            host_pos,
+            pool_pos
+        );
+        // `live` and `state` are the same (live, placed) at every slot moved.
+        for &n in &targets {
+            let i = n as usize;
+            self.on_host[self.host[i] as usize][self.host_pos[i] as usize] = n;
+            self.in_pool[self.pool[i] as usize][self.pool_pos[i] as usize] = n;
+        }
+        Ok(targets
+            .iter()
+            .map(|&n| TaskHandle {
+                idx: n,
+                generation: self.generation[n as usize],
+            })
+            .collect())
+    }
+
+    /// Reads what ending `handle` will read and write (its columns, its
+    /// place in its host's and pool's lists, the task those lists would
+    /// move into its place), changing nothing; returns a value made from
+    /// them, for the caller to keep the reads. Run over a batch of ends
+    /// first, the reads are independent and overlap in memory, and ending
+    /// each finds them in cache (one at a time, each end waited for its
+    /// misses in turn).
+    pub fn warm_for_end(&self, handle: TaskHandle) -> u64 {
+        let i = handle.idx();
+        if !self.contains(handle) {
+            return 0;
+        }
+        let mut x = u64::from(self.pool[i])
+            ^ u64::from(self.flags[i])
+            ^ self.request[i].0[0]
+            ^ u64::from(self.ports[i])
+            ^ u64::from(self.max_per_host[i])
+            ^ u64::from(self.limit_key[i])
+            ^ u64::from(self.priority[i])
+            ^ u64::from(self.gpu[i].devices)
+            ^ self.start_ms[i]
+            ^ self.checkpoint_ms[i]
+            ^ self.runtime_ms[i]
+            ^ self.arrival[i]
+            ^ self.state[i] as u64;
+        let host = self.host[i];
+        if host != NO_HOST {
+            if let Some(list) = self.on_host.get(host as usize)
+                && let Some(&last) = list.last()
+            {
+                x ^= u64::from(self.host_pos[last as usize]);
+            }
+            x ^= u64::from(self.host_pos[i]);
+        }
+        if let Some(list) = self.in_pool.get(self.pool[i] as usize)
+            && let Some(&last) = list.last()
+        {
+            x ^= u64::from(self.pool_pos[last as usize]);
+        }
+        x ^ u64::from(self.pool_pos[i])
+    }
+
     /// A live task's pool slot, flags and request.
     pub fn pool_flags_request(
         &self,

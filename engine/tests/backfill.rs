@@ -589,3 +589,47 @@ fn a_fenced_task_evicts_nothing_on_the_reserved_hosts() {
     );
     engine.check_invariants();
 }
+
+/// A backfill look that admitted nothing is not repeated while nothing got
+/// easier, and is as soon as something did: a task behind a held-back
+/// gang that fits no host now stays queued cycle after cycle, and is
+/// admitted and placed in the first cycle after a host empties for it.
+/// (Which input of the remembered look made it due is the unit test's,
+/// `a_backfill_miss_covers_only_looks_where_nothing_got_easier`.)
+#[test]
+fn backfill_looks_again_once_room_comes() {
+    let (mut engine, pool, hosts) = setup(true, 4, 8);
+    // h0..h2 hold 2 cores until 60 s; h3 holds 7 with no estimate.
+    for (i, &h) in hosts.iter().enumerate() {
+        let (n, runtime) = if i < 3 { (2, 60) } else { (7, 0) };
+        run_on(&mut engine, task(pool, 9, i as u32, n, runtime), h, 0);
+    }
+    let h3_runner = engine
+        .tasks()
+        .all()
+        .find(|&(t, _)| engine.tasks().host(t).unwrap() == Some(3))
+        .unwrap()
+        .0;
+    let gang = submit_gang(&mut engine, pool, 1, 3, 8, 100);
+    // 7 cores for 20 s: ends before the gang's start, but no host has 7
+    // free (6 on h0..h2, 1 on h3).
+    let big = engine.submit(&[task(pool, 2, 0, 7, 20)]).unwrap()[0];
+    for now in [S, 2 * S, 3 * S] {
+        let report = engine.cycle(now);
+        assert_eq!(report.start_reservations.len(), 1, "at {now}");
+        assert_eq!(
+            engine.tasks().state(big).unwrap(),
+            TaskState::Pending,
+            "at {now}: fits no host"
+        );
+    }
+    engine.finish(h3_runner).unwrap();
+    engine.cycle(3 * S);
+    assert_eq!(
+        engine.tasks().host(big).unwrap(),
+        Some(3),
+        "admitted behind the gang and placed on the host that emptied"
+    );
+    assert!(gang.iter().all(|&g| !placed(&engine, g)));
+    engine.check_invariants();
+}
