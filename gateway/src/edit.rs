@@ -64,11 +64,8 @@ pub(crate) fn batch_edit(current: &pb::JobSpec, new: &pb::JobSpec) -> Result<Job
         )
         .map(|v| v as u32),
         max_running_time_ms: changed(old_sla.max_running_time_ms, new_sla.max_running_time_ms),
-        max_failures: changed(
-            failures(&current.default_task).into(),
-            new_failures.into(),
-        )
-        .map(|v| v as u32),
+        max_failures: changed(failures(&current.default_task).into(), new_failures.into())
+            .map(|v| v as u32),
     };
     Ok(edit)
 }
@@ -103,14 +100,21 @@ fn first_difference(a: &pb::JobSpec, b: &pb::JobSpec) -> Option<String> {
             )*
         };
     }
-    fields!(a, b, "spec.", [name, owner, labels, r#type, pool, instance_count]);
+    fields!(
+        a,
+        b,
+        "spec.",
+        [name, owner, labels, r#type, pool, instance_count]
+    );
     match (&a.default_task, &b.default_task) {
         (Some(x), Some(y)) if x != y => {
             fields!(
                 x,
                 y,
                 "spec.default_task.",
-                [command, args, shell, env, resources, ports, constraint, restart]
+                [
+                    command, args, shell, env, resources, ports, constraint, restart
+                ]
             );
             return Some("spec.default_task".into());
         }
@@ -125,13 +129,24 @@ fn first_difference(a: &pb::JobSpec, b: &pb::JobSpec) -> Option<String> {
         x,
         y,
         "spec.sla.",
-        [preemptible, min_running_instances, max_unavailable_instances]
+        [
+            preemptible,
+            min_running_instances,
+            max_unavailable_instances
+        ]
     );
     fields!(
         a,
         b,
         "spec.",
-        [placement, host_pool, stateful, application, rendezvous, after]
+        [
+            placement,
+            host_pool,
+            stateful,
+            application,
+            rendezvous,
+            after
+        ]
     );
     (a != b).then(|| "spec".into())
 }

@@ -309,8 +309,11 @@ pub(crate) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
     }
     let had_sla = spec.sla.is_some();
     let sla = spec.sla.get_or_insert_with(Default::default);
-    let edited = (sla.priority, sla.max_running_instances, sla.max_running_time_ms)
-        != (plan.priority, plan.max_running, plan.max_running_time_ms);
+    let edited = (
+        sla.priority,
+        sla.max_running_instances,
+        sla.max_running_time_ms,
+    ) != (plan.priority, plan.max_running, plan.max_running_time_ms);
     if edited {
         sla.priority = plan.priority;
         sla.max_running_instances = plan.max_running;

@@ -100,7 +100,8 @@ impl Lifecycle {
                 std::sync::Arc::make_mut(t).restart.max_failures = n;
             }
         }
-        let requeue = plan.priority != job.plan.priority || plan.max_running != job.plan.max_running;
+        let requeue =
+            plan.priority != job.plan.priority || plan.max_running != job.plan.max_running;
         // Config versions are never reused (an update's rolled-back goal
         // keeps its number).
         let from = job.config;
@@ -156,7 +157,8 @@ impl Lifecycle {
         debug_assert!({
             let job = &self.jobs[&k];
             let live: BTreeSet<u64> = job.tasks.iter().map(|t| t.config).collect();
-            live.iter().all(|&v| v == to || job.old_configs.contains_key(&v))
+            live.iter()
+                .all(|&v| v == to || job.old_configs.contains_key(&v))
         });
         Ok(())
     }

@@ -7402,6 +7402,39 @@ fn an_edited_cap_and_limit_apply_to_instances_not_started() {
         task c/1
         ",
         expect![[r#"
+            > host h1 cpu=4
+            > job c pool=/ n=4 cpu=1 max_running=1 max_time=100000
+            c/0#1 pending
+            job c pending
+            > cycle
+            c/0#1 ready
+            c/0#1 placed @h1
+            c/0#1 launching @h1
+              launch c/0#1 @h1 config 1
+            c/0#1 running @h1
+            job c running
+            > edit c max_running=3 max_time=1000
+            c/1#1 pending
+            c/2#1 pending
+            > edit c max_running=2
+            c/1#1 initialized
+            c/2#1 initialized
+            c/1#1 pending
+            > sla c
+              c version 3 config 3 priority 0 max_running 2 max_time 1000 max_failures 0 | instances' configs 0:1 1:3 2:3 3:3 | kept [1]
+            > cycle
+            c/1#1 ready
+            c/1#1 placed @h1
+            c/1#1 launching @h1
+              launch c/1#1 @h1 config 3
+            c/1#1 running @h1
+            > tick 1500
+            c/1#1 failed @h1 (ran longer than max_running_time_ms 1000)
+              kill c/1#1 @h1
+            > task c/0
+              c/0#1 running started 0 finished 0
+            > task c/1
+              c/1#1 failed started 0 finished 1500 stopping
         "#]],
     );
 }
@@ -7476,7 +7509,7 @@ fn refused_edits_change_nothing() {
             b/1#1 succeeded @h1
             job b succeeded
             > edit b priority=3
-            error: job b is succeeded: no instance is left to edit (restart it first)
+            error: job b has ended (succeeded): no instance is left to edit (restart it first)
             > sla b
               b version 1 config 1 priority 0 max_running 0 max_time 0 max_failures 0 | instances' configs 0:1 1:1 | kept []
         "#]],

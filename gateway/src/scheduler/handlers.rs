@@ -485,7 +485,8 @@ impl Scheduler {
             } else {
                 plan
             };
-            let edit = crate::edit::batch_edit(&reads::job_spec(&job.plan), &reads::job_spec(&plan))?;
+            let edit =
+                crate::edit::batch_edit(&reads::job_spec(&job.plan), &reads::job_spec(&plan))?;
             let answer = self.apply(Input::JobAction {
                 id: job_id,
                 version,

@@ -357,7 +357,7 @@ pub struct LogRequest {
     /// 0 or more than 1 MiB: 1 MiB.
     pub max_bytes: u32,
     /// Start at the last this many lines if that is after `offset` (0:
-    /// no; at most [`MAX_TAIL_LINES`](crate::supervisor::MAX_TAIL_LINES)).
+    /// no; at most `logs::MAX_TAIL_LINES`).
     pub tail_lines: u32,
     /// Start at the output written at or after this time (ms since the
     /// epoch) if that is after `offset` (0: no).

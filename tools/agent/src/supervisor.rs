@@ -64,7 +64,7 @@ use crate::volumes::{self, VOLUMES_DIR, VolumeDeletion};
 use held::Run;
 use outbox::Outbox;
 
-pub use logs::{LogSource, MAX_LOG_CHUNK_BYTES, MAX_TAIL_LINES};
+pub use logs::{LogSource, MAX_LOG_CHUNK_BYTES};
 
 /// Default of `--max-runs`.
 pub const DEFAULT_MAX_RUNS: usize = 4096;

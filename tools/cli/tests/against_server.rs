@@ -832,8 +832,16 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     // reason (the current version named), and nothing changes.
     let out = peloton(&url, &["job", "edit", &id]).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("nothing to change"), "{}", text(&out.stderr));
-    let out = peloton(&url, &["job", "edit", &id, "--priority", "9", "--version", "7"]).await;
+    assert!(
+        text(&out.stderr).contains("nothing to change"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = peloton(
+        &url,
+        &["job", "edit", &id, "--priority", "9", "--version", "7"],
+    )
+    .await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("the current version is 1"),
@@ -845,8 +853,19 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     let j = ok_json(
         &url,
         &[
-            "job", "edit", &id, "--priority", "7", "--max-running", "2",
-            "--max-running-time-ms", "900000", "--max-failures", "3", "--version", "1",
+            "job",
+            "edit",
+            &id,
+            "--priority",
+            "7",
+            "--max-running",
+            "2",
+            "--max-running-time-ms",
+            "900000",
+            "--max-failures",
+            "3",
+            "--version",
+            "1",
         ],
     )
     .await;
@@ -856,7 +875,10 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     assert_eq!(sla["priority"], 7, "{j}");
     assert_eq!(sla["max_running_instances"], 2, "{j}");
     assert_eq!(sla["max_running_time_ms"], 900000, "{j}");
-    assert_eq!(j["job"]["spec"]["default_task"]["restart"]["max_failures"], 3, "{j}");
+    assert_eq!(
+        j["job"]["spec"]["default_task"]["restart"]["max_failures"], 3,
+        "{j}"
+    );
     assert_eq!(j["job"]["status"]["config_version"], 2, "{j}");
     let mut running = 0;
     for _ in 0..200 {
@@ -878,13 +900,24 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     // (The file has no max_failures: 0, a change from 3 too.)
     let out = peloton(&url, &["job", "update", &id, &raised]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("edited batch job"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("edited batch job"),
+        "{}",
+        text(&out.stdout)
+    );
     let j = ok_json(&url, &["job", "get", &id]).await;
     assert_eq!(j["job"]["spec"]["sla"]["priority"], 9, "{j}");
-    assert_eq!(j["job"]["spec"]["default_task"]["restart"]["max_failures"], 0, "{j}");
+    assert_eq!(
+        j["job"]["spec"]["default_task"]["restart"]["max_failures"], 0,
+        "{j}"
+    );
     assert_eq!(j["job"]["version"], 3, "{j}");
     let file = std::fs::read_to_string(&raised).unwrap();
-    std::fs::write(&raised, file.replace("command: /bin/true", "command: /bin/false")).unwrap();
+    std::fs::write(
+        &raised,
+        file.replace("command: /bin/true", "command: /bin/false"),
+    )
+    .unwrap();
     let out = peloton(&url, &["job", "update", &id, &raised]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -894,11 +927,23 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     );
 
     // A service is not edited: its spec rolls.
-    let svc = ok_json(&url, &["job", "create", &examples().join("service.yaml").to_string_lossy()]).await;
+    let svc = ok_json(
+        &url,
+        &[
+            "job",
+            "create",
+            &examples().join("service.yaml").to_string_lossy(),
+        ],
+    )
+    .await;
     let sid = svc["job"]["id"].as_str().unwrap();
     let out = peloton(&url, &["job", "edit", sid, "--priority", "3"]).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("rolling update"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("rolling update"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // The edit survives a restart of the server.
     server.shutdown().await.unwrap();
@@ -933,7 +978,10 @@ async fn jobs_are_killed_by_label_or_owner_once_confirmed() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("refusing to kill 2 job(s)"), "{err}");
-    assert!(err.contains(&ids[0]) && err.contains(&ids[1]) && !err.contains(&ids[2]), "{err}");
+    assert!(
+        err.contains(&ids[0]) && err.contains(&ids[1]) && !err.contains(&ids[2]),
+        "{err}"
+    );
     for id in &ids {
         assert!(active(&state(id).await), "{id}");
     }
@@ -948,7 +996,11 @@ async fn jobs_are_killed_by_label_or_owner_once_confirmed() {
     // Nothing matches: said, and success.
     let out = peloton(&url, &["job", "kill", "--selector", "team=nobody", "--yes"]).await;
     assert!(out.status.success());
-    assert!(text(&out.stderr).contains("no active job matches"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no active job matches"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // --mine: the caller's (on this secure server, its token's) jobs.
     let out = peloton(&url, &["job", "kill", "--mine", "--yes"]).await;

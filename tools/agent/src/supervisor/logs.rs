@@ -301,7 +301,10 @@ mod tests {
         assert_eq!(since_offset(&marks, 2500), 25);
         assert_eq!(since_offset(&marks, 500), 0);
         assert_eq!(since_offset(&marks, 9000), 40);
-        assert_eq!(chunk_marks(&marks, 5, 30, 9), vec![(10, 1000), (25, 2000), (30, 3000)]);
+        assert_eq!(
+            chunk_marks(&marks, 5, 30, 9),
+            vec![(10, 1000), (25, 2000), (30, 3000)]
+        );
         assert_eq!(chunk_marks(&marks, 40, 50, 7777), vec![(50, 7777)]);
         assert!(chunk_marks(&marks, 5, 5, 1).is_empty());
     }
@@ -315,7 +318,14 @@ mod tests {
         }
         let marks = read_marks(&path).unwrap();
         assert!(marks.len() <= MAX_TIME_MARKS / 2 + 2, "{}", marks.len());
-        assert_eq!(marks.last(), Some(&(MAX_TIME_MARKS as u64 + 1, MAX_TIME_MARKS as u64)));
-        assert!(marks.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+        assert_eq!(
+            marks.last(),
+            Some(&(MAX_TIME_MARKS as u64 + 1, MAX_TIME_MARKS as u64))
+        );
+        assert!(
+            marks
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1)
+        );
     }
 }

@@ -7,8 +7,8 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use peloton_proto::v1::job_service_client::JobServiceClient;
 use peloton_proto::v1::{
-    CreateJobRequest, DeleteJobRequest, EditJobRequest, GetJobRequest, Job, JobSpec, JobState, JobType,
-    KillJobRequest, PlacementStrategy, PlanJobRequest, PlanJobResponse, QueryJobsRequest,
+    CreateJobRequest, DeleteJobRequest, EditJobRequest, GetJobRequest, Job, JobSpec, JobState,
+    JobType, KillJobRequest, PlacementStrategy, PlanJobRequest, PlanJobResponse, QueryJobsRequest,
     RestartJobRequest, ScaleJobRequest, TaskState,
 };
 use serde_json::json;

@@ -4,8 +4,7 @@ use anyhow::{Context, Result, ensure};
 use peloton_proto::v1::task_service_client::TaskServiceClient;
 use peloton_proto::v1::{
     GetTaskRequest, KillTaskRequest, ListTasksRequest, RestartTaskRequest, Task, TaskLogsRequest,
-    TaskLogsResponse,
-    TaskRun, TaskState,
+    TaskLogsResponse, TaskRun, TaskState,
 };
 use serde_json::json;
 
@@ -324,9 +323,7 @@ pub(super) async fn logs(
     let tasks = list_tasks(&mut client, &job, &[]).await?;
     let launched: Vec<u32> = tasks
         .iter()
-        .filter(|t| {
-            t.current.as_ref().is_some_and(|r| r.launch_id > 0) || !t.history.is_empty()
-        })
+        .filter(|t| t.current.as_ref().is_some_and(|r| r.launch_id > 0) || !t.history.is_empty())
         .map(|t| t.instance)
         .collect();
     if launched.is_empty() {
@@ -450,7 +447,11 @@ impl Lines {
         }
     }
 
-    fn push(&mut self, out: &mut impl std::io::Write, chunk: &TaskLogsResponse) -> std::io::Result<()> {
+    fn push(
+        &mut self,
+        out: &mut impl std::io::Write,
+        chunk: &TaskLogsResponse,
+    ) -> std::io::Result<()> {
         if self.prefix.is_none() && !self.timestamps {
             return out.write_all(&chunk.data);
         }
@@ -536,8 +537,12 @@ mod log_tests {
         lines
             .push(&mut out, &chunk(0, "a\nbb\nc", &[(2, 1000), (7, 2000)]))
             .unwrap();
-        lines.push(&mut out, &chunk(7, "d\n", &[(9, 3000)])).unwrap();
-        lines.push(&mut out, &chunk(9, "tail", &[(13, 4000)])).unwrap();
+        lines
+            .push(&mut out, &chunk(7, "d\n", &[(9, 3000)]))
+            .unwrap();
+        lines
+            .push(&mut out, &chunk(9, "tail", &[(13, 4000)]))
+            .unwrap();
         lines.finish(&mut out).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
