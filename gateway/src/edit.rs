@@ -195,13 +195,14 @@ mod tests {
 
     #[test]
     fn other_changes_are_refused_naming_the_field() {
-        let cases: [(&str, fn(&mut pb::JobSpec)); 5] = [
+        type Change = fn(&mut pb::JobSpec);
+        let cases: [(&str, Change); 5] = [
             ("spec.instance_count", |s| s.instance_count = 4),
             ("spec.default_task.command", |s| {
-                s.default_task.as_mut().unwrap().command = "false".into()
+                s.default_task.as_mut().unwrap().command = "false".into();
             }),
             ("spec.sla.preemptible", |s| {
-                s.sla.get_or_insert_with(Default::default).preemptible = true
+                s.sla.get_or_insert_with(Default::default).preemptible = true;
             }),
             ("spec.labels", |s| {
                 s.labels.insert("a".into(), "b".into());
