@@ -360,8 +360,9 @@ pub enum UpdateCommand {
         secrets: Vec<crate::lifecycle::Secret>,
         /// How to roll.
         update: crate::lifecycle::UpdateSpec,
-        /// Reply: the update and the job.
-        reply: Reply<(pb::Update, pb::Job)>,
+        /// Reply: the update (none: a batch job, edited in place) and the
+        /// job.
+        reply: Reply<(Option<pb::Update>, pb::Job)>,
     },
     /// Read an update.
     GetUpdate {

@@ -16,6 +16,7 @@ pub mod config;
 pub mod console;
 pub mod convert;
 pub mod demo;
+pub mod edit;
 pub mod forecaster;
 /// The lifecycle core (its own crate: it cannot reach tonic, prost, tokio or
 /// redb even by accident).

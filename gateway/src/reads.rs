@@ -300,6 +300,41 @@ pub(crate) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
     spec.instance_count = plan.instance_count;
     spec.overrides
         .retain(|o| plan.overrides.contains_key(&o.instance));
+    // An edit of a batch job (`JobService.Edit`) changes these in a new
+    // config version's plan, not its encoded spec: the plan's are the
+    // truth. Set only where they differ, so an unedited spec reads exactly
+    // as it was sent.
+    if plan.kind != crate::lifecycle::JobKind::Batch {
+        return spec;
+    }
+    let had_sla = spec.sla.is_some();
+    let sla = spec.sla.get_or_insert_with(Default::default);
+    let edited = (
+        sla.priority,
+        sla.max_running_instances,
+        sla.max_running_time_ms,
+    ) != (plan.priority, plan.max_running, plan.max_running_time_ms);
+    if edited {
+        sla.priority = plan.priority;
+        sla.max_running_instances = plan.max_running;
+        sla.max_running_time_ms = plan.max_running_time_ms;
+    } else if !had_sla {
+        spec.sla = None;
+    }
+    let set_failures = |t: &mut Option<pb::TaskSpec>, want: u32| {
+        if let Some(t) = t {
+            let have = t.restart.as_ref().map_or(0, |r| r.max_failures);
+            if have != want {
+                t.restart.get_or_insert_with(Default::default).max_failures = want;
+            }
+        }
+    };
+    set_failures(&mut spec.default_task, plan.default.restart.max_failures);
+    for o in &mut spec.overrides {
+        if let Some(t) = plan.overrides.get(&o.instance) {
+            set_failures(&mut o.spec, t.restart.max_failures);
+        }
+    }
     spec
 }
 

@@ -56,6 +56,9 @@ pub struct Api {
 
 /// Largest log chunk asked of an agent.
 const LOG_CHUNK_BYTES: u32 = 256 * 1024;
+/// Most lines a log read's tail goes back (`TaskLogsRequest.tail_lines`;
+/// the agent's bound too).
+const MAX_LOG_TAIL_LINES: u32 = 100_000;
 /// How long an agent has to answer a log read.
 const LOG_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often a followed log is polled once it has no new bytes.
@@ -615,6 +618,24 @@ impl JobService for Api {
         Ok(Response::new(pb::ScaleJobResponse { job }))
     }
 
+    async fn edit(
+        &self,
+        mut request: Request<pb::EditJobRequest>,
+    ) -> Result<Response<pb::EditJobResponse>, Status> {
+        self.on_job(&mut request, Permission::JobsWrite, "id", |r| &mut r.id)?;
+        let r = request.into_inner();
+        let edit = crate::lifecycle::JobEdit {
+            priority: r.priority,
+            max_running: r.max_running_instances,
+            max_running_time_ms: r.max_running_time_ms,
+            max_failures: r.max_failures,
+        };
+        let job = self
+            .job_action(r.id, r.version, JobAction::Edit(edit))
+            .await?;
+        Ok(Response::new(pb::EditJobResponse { job }))
+    }
+
     async fn restart(
         &self,
         mut request: Request<pb::RestartJobRequest>,
@@ -642,6 +663,12 @@ impl TaskService for Api {
         let caller = access::caller(&request)?;
         let r = request.into_inner();
         check_id("job_id", &r.job_id)?;
+        if r.tail_lines > MAX_LOG_TAIL_LINES {
+            return Err(convert::invalid(
+                "tail_lines",
+                format!("{} is more than {MAX_LOG_TAIL_LINES}", r.tail_lines),
+            ));
+        }
         let Some(hub) = self.hub.clone() else {
             return Err(Status::failed_precondition(
                 "runs on simulated hosts have no logs",
@@ -664,6 +691,9 @@ impl TaskService for Api {
         let api = self.clone();
         tokio::spawn(async move {
             let mut offset = r.offset;
+            // The tail and the time go with the first read only: it finds
+            // where to start, the others go on from there.
+            let mut first = true;
             // Errors inside the stream keep the contract too (an agent's
             // error text is not ours to trust).
             let fail = |e: Status| async {
@@ -681,6 +711,9 @@ impl TaskService for Api {
                         stderr: r.stderr,
                         offset,
                         max_bytes: LOG_CHUNK_BYTES,
+                        tail_lines: if first { r.tail_lines } else { 0 },
+                        since_ms: if first { r.since_ms } else { 0 },
+                        times: r.timestamps,
                     })),
                 };
                 if outbox.send(Ok(ask)).await.is_err() {
@@ -698,15 +731,18 @@ impl TaskService for Api {
                     return fail(Status::not_found(chunk.error)).await;
                 }
                 let n = chunk.data.len() as u64;
+                first = false;
+                // A tail or a time may start the output later than asked.
+                offset = offset.max(chunk.offset.saturating_add(n));
                 if n > 0 {
                     let out = pb::TaskLogsResponse {
                         data: chunk.data,
                         offset: chunk.offset,
+                        marks: chunk.marks,
                     };
                     if tx.send(Ok(out)).await.is_err() {
                         return; // the client left
                     }
-                    offset = chunk.offset + n;
                 }
                 if chunk.eof || (n == 0 && !r.follow) {
                     return;
@@ -1041,7 +1077,7 @@ impl UpdateService for Api {
             })
             .await?;
         Ok(Response::new(pb::UpdateJobResponse {
-            update: Some(update),
+            update,
             job: Some(job),
         }))
     }

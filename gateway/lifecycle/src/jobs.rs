@@ -311,6 +311,7 @@ impl Lifecycle {
                 )));
             }
             JobAction::Scale(count) => self.scale(engine, k, id, count, fx)?,
+            JobAction::Edit(edit) => self.edit_job(engine, k, id, edit, fx)?,
             JobAction::Restart => {
                 self.check_job_pool(engine, k)?;
                 let job = self.job_mut(k);

@@ -23,6 +23,7 @@ mod accounting;
 mod admissible;
 mod after;
 mod apps;
+mod edit;
 mod effects;
 mod elastic;
 mod error;
@@ -67,6 +68,7 @@ pub use access::{
 pub use accounting::{Ledger, MAX_USAGE_RECORDS, USAGE_RETENTION_MS, UsageRecord};
 pub use admissible::never_admitted_reason;
 pub use after::MAX_DEPENDENCIES;
+pub use edit::JobEdit;
 pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RendezvousUpdate, RowKey,
     StateRow,
@@ -108,6 +110,9 @@ pub enum JobAction {
     Scale(u32),
     /// New runs of every task.
     Restart,
+    /// Change a batch job's priority, limits or running-instance cap for
+    /// the instances that have not started (see [`edit`](crate::edit)).
+    Edit(JobEdit),
 }
 
 /// How a run's host says it went.

@@ -852,7 +852,12 @@ impl Lifecycle {
         let Some(job) = self.jobs.get_mut(&k) else {
             return;
         };
-        let limit = job.plan.max_running_time_ms;
+        // The limit of the config the run is on (an edit changes it for
+        // instances not started yet).
+        let limit = job
+            .tasks
+            .get(i as usize)
+            .map_or(0, |t| job.plan_of(t.config).max_running_time_ms);
         let health_check = job.template(i).health_check;
         let Some(t) = job.tasks.get_mut(i as usize) else {
             return;
@@ -1154,7 +1159,7 @@ impl Lifecycle {
                     self.new_run(run.job, run.instance, fx);
                 }
                 TimerKind::Deadline if t.state == S::Running => {
-                    let limit = job.plan.max_running_time_ms;
+                    let limit = job.plan_of(t.config).max_running_time_ms;
                     let reason = format!("ran longer than max_running_time_ms {limit}");
                     self.stop_on_host(run.job, run.instance, None, fx);
                     let now = self.now;

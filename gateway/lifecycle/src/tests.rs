@@ -69,6 +69,9 @@
 //!   where it comes from.
 //! - `job … after=COND:J,…` waits for jobs J (COND: `succeeded`,
 //!   `finished` or `failed`); `waits J` — what job J still waits for.
+//! - `edit J [priority=P] [max_running=N] [max_time=MS] [max_failures=F]
+//!   [version=V]` — edit batch job J's pending instances; `sla J` — its
+//!   version, config, editable fields and each instance's config.
 
 use expect_test::{Expect, expect};
 use peloton_engine::{PoolConfig, Resources};
@@ -831,6 +834,44 @@ impl Env {
                     version: 0,
                     action,
                 });
+            }
+            "edit" => {
+                let opt = |name: &str| arg(name).map(|v| v.parse::<u64>().expect("number"));
+                let edit = JobEdit {
+                    priority: opt("priority").map(|v| v as u32),
+                    max_running: opt("max_running").map(|v| v as u32),
+                    max_running_time_ms: opt("max_time"),
+                    max_failures: opt("max_failures").map(|v| v as u32),
+                };
+                self.step(Input::JobAction {
+                    id: words[1].into(),
+                    version: num("version", 0),
+                    action: JobAction::Edit(edit),
+                });
+            }
+            "sla" => {
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let job = self.sim.core.job(k).expect("job");
+                let p = &job.plan;
+                let configs: Vec<String> = job
+                    .tasks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| format!("{i}:{}", t.config))
+                    .collect();
+                let line = format!(
+                    "  {} version {} config {} priority {} max_running {} max_time {} max_failures {} | instances' configs {} | kept {:?}",
+                    words[1],
+                    job.version,
+                    job.config,
+                    p.priority,
+                    p.max_running,
+                    p.max_running_time_ms,
+                    p.default.restart.max_failures,
+                    configs.join(" "),
+                    job.old_configs.keys().collect::<Vec<_>>(),
+                );
+                self.sim.say(line);
             }
             "drain" | "up" => self.step(Input::Maintenance {
                 hosts: vec![words[1].into()],
@@ -7499,6 +7540,213 @@ fn a_waiting_job_survives_a_restart_and_is_released_by_what_ended_meanwhile() {
             job a2 running
             job b running
             job c running
+        "#]],
+    );
+}
+
+/// Editing a batch job: its queued instances are queued again with the new
+/// priority (ahead of another job's now) and the running one keeps its
+/// config; the edit survives a restart.
+#[test]
+fn an_edited_batch_job_queues_its_pending_instances_with_the_new_priority() {
+    check(
+        r"
+        host h1 cpu=1
+        job a pool=/ n=2 cpu=1
+        job b pool=/ n=2 cpu=1
+        cycle
+        queue /
+        edit b priority=5 max_time=60000 max_failures=2
+        sla b
+        queue /
+        exit a/0 0
+        cycle
+        queue /
+        sla b
+        crash
+        sla b
+        queue /
+        ",
+        expect![[r#"
+            > host h1 cpu=1
+            > job a pool=/ n=2 cpu=1
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > job b pool=/ n=2 cpu=1
+            b/0#1 pending
+            b/1#1 pending
+            job b pending
+            > cycle
+            a/0#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+              launch a/0#1 @h1 config 1
+            a/0#1 running @h1
+            job a running
+            > queue /
+              queue /: a/1 non_preemptible, b/0 non_preemptible, b/1 non_preemptible
+            > edit b priority=5 max_time=60000 max_failures=2
+            b/0#1 initialized
+            b/1#1 initialized
+            b/0#1 pending
+            b/1#1 pending
+            > sla b
+              b version 2 config 2 priority 5 max_running 0 max_time 60000 max_failures 2 | instances' configs 0:2 1:2 | kept []
+            > queue /
+              queue /: b/0 non_preemptible, b/1 non_preemptible, a/1 non_preemptible
+            > exit a/0 0
+            a/0#1 succeeded @h1
+            job a pending
+            > cycle
+            b/0#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+              launch b/0#1 @h1 config 2
+            b/0#1 running @h1
+            job b running
+            > queue /
+              queue /: b/1 non_preemptible, a/1 non_preemptible
+            > sla b
+              b version 2 config 2 priority 5 max_running 0 max_time 60000 max_failures 2 | instances' configs 0:2 1:2 | kept []
+            > crash
+            > sla b
+              b version 2 config 2 priority 5 max_running 0 max_time 60000 max_failures 2 | instances' configs 0:2 1:2 | kept []
+            > queue /
+              queue /: b/1 non_preemptible, a/1 non_preemptible
+        "#]],
+    );
+}
+
+/// A raised running-instance cap queues more instances at once; a lowered
+/// one takes queued instances back; a run keeps the config it started on
+/// (its limit) while the instances after it take the new one.
+#[test]
+fn an_edited_cap_and_limit_apply_to_instances_not_started() {
+    check(
+        r"
+        host h1 cpu=4
+        job c pool=/ n=4 cpu=1 max_running=1 max_time=100000
+        cycle
+        edit c max_running=3 max_time=1000   # c/1 and c/2 are queued
+        edit c max_running=2                 # c/2 goes back to waiting
+        sla c
+        cycle
+        tick 1500
+        task c/0
+        task c/1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job c pool=/ n=4 cpu=1 max_running=1 max_time=100000
+            c/0#1 pending
+            job c pending
+            > cycle
+            c/0#1 ready
+            c/0#1 placed @h1
+            c/0#1 launching @h1
+              launch c/0#1 @h1 config 1
+            c/0#1 running @h1
+            job c running
+            > edit c max_running=3 max_time=1000
+            c/1#1 pending
+            c/2#1 pending
+            > edit c max_running=2
+            c/1#1 initialized
+            c/2#1 initialized
+            c/1#1 pending
+            > sla c
+              c version 3 config 3 priority 0 max_running 2 max_time 1000 max_failures 0 | instances' configs 0:1 1:3 2:3 3:3 | kept [1]
+            > cycle
+            c/1#1 ready
+            c/1#1 placed @h1
+            c/1#1 launching @h1
+              launch c/1#1 @h1 config 3
+            c/1#1 running @h1
+            > tick 1500
+            c/1#1 failed @h1 (ran longer than max_running_time_ms 1000)
+              kill c/1#1 @h1
+            > task c/0
+              c/0#1 running started 0 finished 0
+            > task c/1
+              c/1#1 failed started 0 finished 1500 stopping
+        "#]],
+    );
+}
+
+/// Refused edits name the problem and change nothing: a stale version, a
+/// service, nothing to change, a cap below the gang size, a finished job.
+#[test]
+fn refused_edits_change_nothing() {
+    check(
+        r"
+        host h1 cpu=4
+        job b pool=/ n=2 cpu=1
+        job s pool=/ n=1 cpu=1 service
+        job g pool=/ n=4 cpu=1 gang=2
+        edit b version=7 priority=3
+        edit s priority=3
+        edit b
+        edit g max_running=1
+        sla b
+        cycle
+        exit b/0 0
+        exit b/1 0
+        edit b priority=3
+        sla b
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job b pool=/ n=2 cpu=1
+            b/0#1 pending
+            b/1#1 pending
+            job b pending
+            > job s pool=/ n=1 cpu=1 service
+            s/0#1 pending
+            job s pending
+            > job g pool=/ n=4 cpu=1 gang=2
+            g/0#1 pending
+            g/1#1 pending
+            g/2#1 pending
+            g/3#1 pending
+            job g pending
+            > edit b version=7 priority=3
+            error: job b: version 7 is stale; the current version is 1
+            > edit s priority=3
+            error: job s is a service: only batch jobs are edited in place; services change by a rolling update (job update)
+            > edit b
+            error: edit: nothing to change
+            > edit g max_running=1
+            error: sla.max_running_instances: 1 is less than the gang size 2
+            > sla b
+              b version 1 config 1 priority 0 max_running 0 max_time 0 max_failures 0 | instances' configs 0:1 1:1 | kept []
+            > cycle
+            b/0#1 ready
+            b/1#1 ready
+            s/0#1 ready
+            b/0#1 placed @h1
+            b/0#1 launching @h1
+            b/1#1 placed @h1
+            b/1#1 launching @h1
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+              launch b/0#1 @h1 config 1
+              launch b/1#1 @h1 config 1
+              launch s/0#1 @h1 config 1
+            b/0#1 running @h1
+            b/1#1 running @h1
+            s/0#1 running @h1
+            job b running
+            job s running
+            > exit b/0 0
+            b/0#1 succeeded @h1
+            > exit b/1 0
+            b/1#1 succeeded @h1
+            job b succeeded
+            > edit b priority=3
+            error: job b has ended (succeeded): no instance is left to edit (restart it first)
+            > sla b
+              b version 1 config 1 priority 0 max_running 0 max_time 0 max_failures 0 | instances' configs 0:1 1:1 | kept []
         "#]],
     );
 }

@@ -765,7 +765,7 @@ impl Lifecycle {
 
     /// Drops the plans of config versions no instance runs and no update may
     /// roll back to.
-    fn gc_configs(&mut self, k: JobKey, fx: &mut Effects) {
+    pub(super) fn gc_configs(&mut self, k: JobKey, fx: &mut Effects) {
         let Some(job) = self.jobs.get(&k) else { return };
         let mut keep: BTreeSet<u64> = job.tasks.iter().map(|t| t.config).collect();
         if let Some(latest) = job.latest_update().and_then(|id| self.updates.get(id)) {

@@ -464,12 +464,41 @@ impl Scheduler {
         plan: JobPlan,
         secrets: Vec<Secret>,
         update: crate::lifecycle::UpdateSpec,
-    ) -> Result<(pb::Update, pb::Job), Refused> {
+    ) -> Result<(Option<pb::Update>, pb::Job), Refused> {
         // The new set replaces the job's; an empty value keeps the current
         // value of its name. Checked before anything changes.
         let secrets = self
             .core
             .resolve_secrets(self.core.job_key(&job_id).ok(), secrets)?;
+        let batch = self
+            .core
+            .job_key(&job_id)
+            .ok()
+            .and_then(|k| self.core.job(k))
+            .filter(|job| job.plan.kind == crate::lifecycle::JobKind::Batch);
+        if let Some(job) = batch {
+            // A batch job is not rolled: a spec that differs only in what
+            // an edit changes is that edit (anything else is refused,
+            // naming the field).
+            let plan = if self.shared_access.is_some() {
+                convert::with_owner(plan, job.plan.owner.clone())
+            } else {
+                plan
+            };
+            let edit =
+                crate::edit::batch_edit(&reads::job_spec(&job.plan), &reads::job_spec(&plan))?;
+            let answer = self.apply(Input::JobAction {
+                id: job_id,
+                version,
+                action: crate::lifecycle::JobAction::Edit(edit),
+            })?;
+            let Answer::Job(k) = answer else {
+                unreachable!("an edit answers its job");
+            };
+            let job_id = self.core.job(k).expect("live").id.to_string();
+            self.step(Input::SetSecrets { job_id, secrets });
+            return Ok((None, self.job_to_pb(k)));
+        }
         // On a secure server a job's owner is the token that created it:
         // an update keeps it, whoever sends it and whatever its spec says.
         let plan = match self
@@ -499,7 +528,7 @@ impl Scheduler {
         let job_id = self.core.job(k).expect("live").id.to_string();
         self.step(Input::SetSecrets { job_id, secrets });
         let u = self.core.update(&id).expect("created");
-        Ok((reads::update_to_pb(&self.core, u), self.job_to_pb(k)))
+        Ok((Some(reads::update_to_pb(&self.core, u)), self.job_to_pb(k)))
     }
 
     pub(super) fn pool_answer(&self, a: Answer) -> pb::Pool {

@@ -356,6 +356,14 @@ pub struct LogRequest {
     pub offset: u64,
     /// 0 or more than 1 MiB: 1 MiB.
     pub max_bytes: u32,
+    /// Start at the last this many lines if that is after `offset` (0:
+    /// no; at most `logs::MAX_TAIL_LINES`).
+    pub tail_lines: u32,
+    /// Start at the output written at or after this time (ms since the
+    /// epoch) if that is after `offset` (0: no).
+    pub since_ms: u64,
+    /// Answer with [`LogChunk::marks`].
+    pub times: bool,
 }
 
 /// The answer to a [`LogRequest`].
@@ -368,4 +376,8 @@ pub struct LogChunk {
     pub eof: bool,
     /// Set when nothing could be read.
     pub error: String,
+    /// With [`LogRequest::times`]: `(offset, time_ms)` in offset order,
+    /// each saying the bytes before `offset` had been written by `time_ms`;
+    /// the last reaches the end of `data`.
+    pub marks: Vec<(u64, u64)>,
 }

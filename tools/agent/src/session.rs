@@ -924,10 +924,7 @@ async fn handle(
             let read = codec::log_request(&read);
             tokio::spawn(async move {
                 let source = with_supervisor(&supervisor, |s| s.log_source(&read.key, read.stderr));
-                let chunk = tokio::task::spawn_blocking(move || {
-                    source.read(read.request_id, read.offset, read.max_bytes)
-                })
-                .await;
+                let chunk = tokio::task::spawn_blocking(move || source.read(&read)).await;
                 drop(permit);
                 if let Ok(chunk) = chunk {
                     // A closed stream drops the answer; the server's

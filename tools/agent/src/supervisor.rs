@@ -148,6 +148,8 @@ pub struct Supervisor {
     memory_watched_ms: u64,
     /// When the runs' checkpoint files were last looked at (ms).
     checkpoints_watched_ms: u64,
+    /// When the runs' output sizes were last sampled (ms).
+    output_sampled_ms: u64,
     /// Held for the supervisor's life: one agent per work directory.
     _lock: Flock<File>,
 }
@@ -206,6 +208,7 @@ impl Supervisor {
             open_journals: Arc::new(AtomicUsize::new(0)),
             memory_watched_ms: 0,
             checkpoints_watched_ms: 0,
+            output_sampled_ms: 0,
             _lock: lock,
         };
         supervisor.adopt_all(now_ms).map_err(work_dir_error)?;
@@ -330,11 +333,7 @@ impl Supervisor {
 
     /// Answers a log read (blocking file I/O).
     pub fn read_log(&self, request: &LogRequest) -> LogChunk {
-        self.log_source(&request.key, request.stderr).read(
-            request.request_id,
-            request.offset,
-            request.max_bytes,
-        )
+        self.log_source(&request.key, request.stderr).read(request)
     }
 
     /// Removes the sandboxes of acknowledged runs that `policy` lets go

@@ -319,6 +319,7 @@ async fn launch_report_log_restart_ack() {
             stderr: false,
             offset: 0,
             max_bytes: 100,
+            ..Default::default()
         }))
         .await;
         let chunk = s.log(request_id).await;

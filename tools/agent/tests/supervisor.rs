@@ -251,6 +251,7 @@ fn shell_task_succeeds_with_its_output_and_environment() {
             stderr: false,
             offset,
             max_bytes,
+            ..Default::default()
         })
     };
     let window = read(1, 4);

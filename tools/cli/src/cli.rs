@@ -319,9 +319,54 @@ pub enum JobCommand {
     Get { id: String },
     /// Find jobs (every filter must match).
     Query(QueryArgs),
-    /// Kill every task of a job.
+    /// Kill every task of jobs: those named, or the active jobs a
+    /// selector, an owner or `--mine` matches (listed first, and killed
+    /// once confirmed: `--yes`, or `y` on a terminal).
+    #[command(
+        override_usage = "peloton job kill ID...\n       peloton job kill [--selector KEY=VALUE]... [--owner OWNER | --mine] [--pool POOL] [--yes]"
+    )]
     Kill {
+        /// Jobs to kill (ids or unique starts of them).
+        #[arg(required_unless_present_any = ["selector", "owner", "mine"], conflicts_with_all = ["selector", "owner", "mine", "pool"])]
+        ids: Vec<String>,
+        /// Active jobs with this label (repeatable: every one must match).
+        #[arg(long = "selector", short = 'l', value_name = "KEY=VALUE", value_parser = parse_label)]
+        selector: Vec<(String, String)>,
+        /// Active jobs of this owner.
+        #[arg(long, conflicts_with = "mine")]
+        owner: Option<String>,
+        /// The caller's active jobs (as `job query --mine`).
+        #[arg(long)]
+        mine: bool,
+        /// Only jobs in this pool (with a selector, owner or --mine).
+        #[arg(long)]
+        pool: Option<String>,
+        /// Kill the matching jobs without asking.
+        #[arg(short, long)]
+        yes: bool,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// Change a batch job's priority, run time limit, tolerated failures or
+    /// running-instance cap, for its instances not started yet (running
+    /// ones keep theirs). Services change by `job update`.
+    #[command(
+        override_usage = "peloton job edit ID [--priority N] [--max-running N] [--max-running-time-ms MS] [--max-failures N] [--version V]"
+    )]
+    Edit {
         id: String,
+        /// `sla.priority`.
+        #[arg(long)]
+        priority: Option<u32>,
+        /// `sla.max_running_instances` (0: no limit).
+        #[arg(long = "max-running", value_name = "N")]
+        max_running: Option<u32>,
+        /// `sla.max_running_time_ms` (0: no limit).
+        #[arg(long = "max-running-time-ms", value_name = "MS")]
+        max_running_time_ms: Option<u64>,
+        /// `restart.max_failures` of every instance's task.
+        #[arg(long = "max-failures", value_name = "N")]
+        max_failures: Option<u32>,
         #[command(flatten)]
         version: VersionArg,
     },
@@ -349,8 +394,17 @@ pub enum JobCommand {
         #[arg(long)]
         failed: bool,
     },
-    /// Roll a service to a new spec, a batch of instances at a time.
+    /// Roll a service to a new spec, a batch of instances at a time; a
+    /// batch job's spec may differ only in what `job edit` changes (an
+    /// edit).
     Update(UpdateArgs),
+    /// Every launched instance's stdout (or stderr), each line after
+    /// `[INSTANCE]` (as `task logs JOB`).
+    Logs {
+        id: String,
+        #[command(flatten)]
+        options: LogOptions,
+    },
     /// The accounts of a job's ended runs, one line per run (as Slurm's
     /// `sacct`): elapsed, state, exit, host, CPU requested and used
     /// (core-seconds), peak memory.
@@ -677,20 +731,41 @@ pub enum TaskCommand {
         #[command(flatten)]
         version: VersionArg,
     },
-    /// Print a task's stdout (or stderr), read from its host's agent.
+    /// Print a task's stdout (or stderr), read from its host's agent;
+    /// without an instance, every launched instance's, each line after
+    /// `[INSTANCE]`.
     Logs {
         job: String,
-        instance: u32,
-        /// stderr instead of stdout.
-        #[arg(long)]
-        stderr: bool,
-        /// Keep printing as the task writes, until its run ends.
-        #[arg(long, short = 'f')]
-        follow: bool,
-        /// An earlier run (default: the current or latest launched run).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-        run: Option<u32>,
+        /// The instance (default: all of them).
+        instance: Option<u32>,
+        #[command(flatten)]
+        options: LogOptions,
     },
+}
+
+/// What `task logs` and `job logs` show.
+#[derive(Debug, Clone, Args)]
+pub struct LogOptions {
+    /// stderr instead of stdout.
+    #[arg(long)]
+    pub stderr: bool,
+    /// Keep printing as the task writes, until its run ends.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// An earlier run (default: the current or latest launched run).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub run: Option<u32>,
+    /// Only the last N lines (of each instance).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub tail: Option<u32>,
+    /// Only output written at or after T (RFC 3339, or ago: 90s, 30m, 1h,
+    /// 7d), to about a second.
+    #[arg(long, value_name = "T", value_parser = parse_time)]
+    pub since: Option<u64>,
+    /// Each line after the time it was written by (UTC, to about a
+    /// second: the agent samples its output's size).
+    #[arg(long, short = 't')]
+    pub timestamps: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -251,13 +251,14 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
         "{}",
         text(&out.stderr)
     );
-    // Updating a batch job is refused.
+    // A batch job is not rolled: its update is an edit, and the same spec
+    // changes nothing.
     let hello = ok_json(&url, &["job", "create", &ex("hello.yaml")]).await;
     let hid = hello["job"]["id"].as_str().unwrap();
     let out = peloton(&url, &["job", "update", hid, &ex("hello.yaml")]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("rolling updates are for services"),
+        text(&out.stderr).contains("nothing to change"),
         "{}",
         text(&out.stderr)
     );
@@ -781,4 +782,235 @@ async fn a_job_waits_for_another_through_the_cli() {
         )),
         "{task}"
     );
+}
+
+/// A spec file in `dir` for a long batch job on the simulated hosts.
+fn batch_file(dir: &std::path::Path, name: &str, extra: &str) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name: {name}\ntype: batch\npool: /demo\ninstances: 4\n{extra}\
+             task:\n  command: /bin/true\n  resources: {{cpu: 0.1, memory_mb: 32}}\n  \
+             sim: {{duration_ms: 600000, exit_code: 0}}\n"
+        ),
+    )
+    .unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+async fn running_count(url: &str, id: &str) -> usize {
+    let tasks = ok_json(url, &["task", "list", id]).await;
+    tasks["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["current"]["state"] == "running")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
+    let (dir, server, url) = with_example_pools(4).await;
+    let spec = batch_file(
+        dir.path(),
+        "edit-me",
+        "sla: {priority: 1, max_running_instances: 1}\n",
+    );
+    let out = peloton(&url, &["job", "create", "-q", &spec]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    for _ in 0..200 {
+        if running_count(&url, &id).await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(running_count(&url, &id).await, 1);
+
+    // Nothing to change, and a stale version, are refused: exit 1, the
+    // reason (the current version named), and nothing changes.
+    let out = peloton(&url, &["job", "edit", &id]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("nothing to change"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = peloton(
+        &url,
+        &["job", "edit", &id, "--priority", "9", "--version", "7"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("the current version is 1"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The edit: a new version and config; the cap lets one more run.
+    let j = ok_json(
+        &url,
+        &[
+            "job",
+            "edit",
+            &id,
+            "--priority",
+            "7",
+            "--max-running",
+            "2",
+            "--max-running-time-ms",
+            "900000",
+            "--max-failures",
+            "3",
+            "--version",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(j["job"]["version"], 2, "{j}");
+    let j = ok_json(&url, &["job", "get", &id]).await;
+    let sla = &j["job"]["spec"]["sla"];
+    assert_eq!(sla["priority"], 7, "{j}");
+    assert_eq!(sla["max_running_instances"], 2, "{j}");
+    assert_eq!(sla["max_running_time_ms"], 900000, "{j}");
+    assert_eq!(
+        j["job"]["spec"]["default_task"]["restart"]["max_failures"], 3,
+        "{j}"
+    );
+    assert_eq!(j["job"]["status"]["config_version"], 2, "{j}");
+    let mut running = 0;
+    for _ in 0..200 {
+        running = running_count(&url, &id).await;
+        if running == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(running, 2);
+
+    // `job update` of a batch job: a spec that changes only editable
+    // fields is an edit; another change is refused naming the field.
+    let raised = batch_file(
+        dir.path(),
+        "edit-me",
+        "sla: {priority: 9, max_running_instances: 2, max_running_time_ms: 900000}\n",
+    );
+    // (The file has no max_failures: 0, a change from 3 too.)
+    let out = peloton(&url, &["job", "update", &id, &raised]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("edited batch job"),
+        "{}",
+        text(&out.stdout)
+    );
+    let j = ok_json(&url, &["job", "get", &id]).await;
+    assert_eq!(j["job"]["spec"]["sla"]["priority"], 9, "{j}");
+    assert_eq!(
+        j["job"]["spec"]["default_task"]["restart"]["max_failures"], 0,
+        "{j}"
+    );
+    assert_eq!(j["job"]["version"], 3, "{j}");
+    let file = std::fs::read_to_string(&raised).unwrap();
+    std::fs::write(
+        &raised,
+        file.replace("command: /bin/true", "command: /bin/false"),
+    )
+    .unwrap();
+    let out = peloton(&url, &["job", "update", &id, &raised]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("spec.default_task.command"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A service is not edited: its spec rolls.
+    let svc = ok_json(
+        &url,
+        &[
+            "job",
+            "create",
+            &examples().join("service.yaml").to_string_lossy(),
+        ],
+    )
+    .await;
+    let sid = svc["job"]["id"].as_str().unwrap();
+    let out = peloton(&url, &["job", "edit", sid, "--priority", "3"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("rolling update"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The edit survives a restart of the server.
+    server.shutdown().await.unwrap();
+    let server = start_server(dir.path(), 4).await;
+    let url = common::url(server.addr);
+    let j = ok_json(&url, &["job", "get", &id]).await;
+    assert_eq!(j["job"]["spec"]["sla"]["priority"], 9, "{j}");
+    assert_eq!(j["job"]["spec"]["sla"]["max_running_instances"], 2, "{j}");
+    assert_eq!(j["job"]["status"]["config_version"], 3, "{j}");
+    assert_eq!(j["job"]["version"], 3, "{j}");
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_killed_by_label_or_owner_once_confirmed() {
+    let (dir, server, url) = with_example_pools(4).await;
+    let mut ids = Vec::new();
+    for (name, team) in [("kx1", "x"), ("kx2", "x"), ("ky", "y")] {
+        let spec = batch_file(dir.path(), name, &format!("labels: {{team: {team}}}\n"));
+        let out = peloton(&url, &["job", "create", "-q", &spec]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        ids.push(text(&out.stdout).trim().to_owned());
+    }
+    let state = async |id: &str| {
+        let j = ok_json(&url, &["job", "get", id]).await;
+        j["job"]["status"]["state"].as_str().unwrap().to_owned()
+    };
+    let active = |s: &str| matches!(s, "initialized" | "pending" | "running");
+
+    // Without a terminal and without --yes: listed, refused, none killed.
+    let out = peloton(&url, &["job", "kill", "--selector", "team=x"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("refusing to kill 2 job(s)"), "{err}");
+    assert!(
+        err.contains(&ids[0]) && err.contains(&ids[1]) && !err.contains(&ids[2]),
+        "{err}"
+    );
+    for id in &ids {
+        assert!(active(&state(id).await), "{id}");
+    }
+
+    // --yes: the two are killed, the other runs on.
+    let out = peloton(&url, &["job", "kill", "--selector", "team=x", "--yes"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!active(&state(&ids[0]).await));
+    assert!(!active(&state(&ids[1]).await));
+    assert!(active(&state(&ids[2]).await));
+
+    // Nothing matches: said, and success.
+    let out = peloton(&url, &["job", "kill", "--selector", "team=nobody", "--yes"]).await;
+    assert!(out.status.success());
+    assert!(
+        text(&out.stderr).contains("no active job matches"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // --mine: the caller's (on this secure server, its token's) jobs.
+    let out = peloton(&url, &["job", "kill", "--mine", "--yes"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!active(&state(&ids[2]).await));
+
+    // Ids still work, several at once; a selector with ids is refused.
+    let out = peloton(&url, &["job", "kill", &ids[0], &ids[1]]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = peloton(&url, &["job", "kill", &ids[0], "--selector", "team=x"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    server.shutdown().await.unwrap();
 }

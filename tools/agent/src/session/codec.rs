@@ -185,6 +185,9 @@ pub fn log_request(read: &v1::ReadLog) -> LogRequest {
         stderr: read.stderr,
         offset: read.offset,
         max_bytes: read.max_bytes,
+        tail_lines: read.tail_lines,
+        since_ms: read.since_ms,
+        times: read.times,
     }
 }
 
@@ -195,6 +198,11 @@ pub fn log_chunk(chunk: LogChunk) -> v1::LogChunk {
         data: chunk.data,
         eof: chunk.eof,
         error: chunk.error,
+        marks: chunk
+            .marks
+            .into_iter()
+            .map(|(offset, time_ms)| v1::LogMark { offset, time_ms })
+            .collect(),
     }
 }
 

@@ -34,6 +34,10 @@ pub(super) struct Run {
     /// looked at (ms; 0: none yet). Not recorded: a restarted agent finds
     /// it again.
     pub(super) checkpoint_ms: u64,
+    /// Sizes of its stdout and stderr at their last marks (see
+    /// `logs::sample_output`; 0 after a restart: the first sample marks
+    /// what is there then).
+    pub(super) output_sizes: [u64; 2],
 }
 
 impl Run {
@@ -47,6 +51,7 @@ impl Run {
             may_hold_secrets: true,
             journal: None,
             checkpoint_ms: 0,
+            output_sizes: [0; 2],
         }
     }
 

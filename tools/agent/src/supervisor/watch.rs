@@ -27,13 +27,24 @@ impl Supervisor {
     /// deadline passed? `now_ms` is the wall clock (ms) of the look.
     pub fn poll(&mut self, now_ms: u64) {
         let now = now_ms;
+        let live = |runs: &std::collections::HashMap<RunId, Run>| -> Vec<RunId> {
+            runs.iter()
+                .filter(|(_, run)| !run.record.report.phase.is_final())
+                .map(|(key, _)| key.clone())
+                .collect()
+        };
+        let before = live(&self.runs);
         self.take_launcher_news();
-        let keys: Vec<RunId> = self
-            .runs
-            .iter()
-            .filter(|(_, run)| !run.record.report.phase.is_final())
-            .map(|(key, _)| key.clone())
-            .collect();
+        let keys: Vec<RunId> = live(&self.runs);
+        if before.len() != keys.len() {
+            // Runs whose end the launcher just told: their output's last
+            // mark (see `logs`).
+            for key in before.iter().filter(|k| !keys.contains(k)) {
+                if let Some(run) = self.runs.get_mut(key) {
+                    super::logs::sample_output(&run.dir, &mut run.output_sizes, now);
+                }
+            }
+        }
         let mut procs = LazySnapshot::default();
         let watch_memory = now
             >= self
@@ -49,11 +60,23 @@ impl Supervisor {
         if watch_checkpoints {
             self.checkpoints_watched_ms = now;
         }
+        let watch_output = now
+            >= self
+                .output_sampled_ms
+                .saturating_add(super::logs::OUTPUT_SAMPLE_INTERVAL_MS);
+        if watch_output {
+            self.output_sampled_ms = now;
+        }
         for key in keys {
             let Some(mut run) = self.runs.remove(&key) else {
                 continue;
             };
             self.observe(&mut run, now, &mut procs);
+            if watch_output || run.record.report.phase.is_final() {
+                // About every second, and once at the end: when its output
+                // was written (see `logs`).
+                super::logs::sample_output(&run.dir, &mut run.output_sizes, now);
+            }
             if watch_memory {
                 self.watch_memory(&mut run, &mut procs);
             }

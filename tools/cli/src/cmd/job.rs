@@ -7,8 +7,8 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use peloton_proto::v1::job_service_client::JobServiceClient;
 use peloton_proto::v1::{
-    CreateJobRequest, DeleteJobRequest, GetJobRequest, Job, JobSpec, JobState, JobType,
-    KillJobRequest, PlacementStrategy, PlanJobRequest, PlanJobResponse, QueryJobsRequest,
+    CreateJobRequest, DeleteJobRequest, EditJobRequest, GetJobRequest, Job, JobSpec, JobState,
+    JobType, KillJobRequest, PlacementStrategy, PlanJobRequest, PlanJobResponse, QueryJobsRequest,
     RestartJobRequest, ScaleJobRequest, TaskState,
 };
 use serde_json::json;
@@ -101,25 +101,65 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 }))?,
             }
         }
-        JobCommand::Kill { id, version } => {
+        JobCommand::Kill {
+            ids,
+            selector,
+            owner,
+            mine,
+            pool,
+            yes,
+            version,
+        } => {
             let mut client = connect(ctx).await?;
-            let request = KillJobRequest {
-                id,
-                version: version.version,
-            };
-            let job = job_of(client.kill(request).await?.into_inner().job)?;
-            // A kill answers with the job stopping (or, with nothing
-            // running, killed); one that had ended by itself comes back as
-            // it ended, no kill asked of it.
-            let state = job.status.as_ref().map_or(0, |s| s.state);
-            let asked = job.status.as_ref().is_some_and(|s| s.kill_requested);
-            if !asked && JobState::try_from(state).is_ok_and(is_terminal_job_state) {
-                eprintln!(
-                    "job {} already ended ({}): nothing to kill",
-                    job.id,
-                    name_of::<JobState>(state)
+            if ids.is_empty() {
+                let owner = if mine { Some(me(ctx).await?) } else { owner };
+                let selection = Selection {
+                    selector,
+                    owner,
+                    pool,
+                };
+                return kill_selected(ctx, &mut client, selection, yes).await;
+            }
+            if ids.len() > 1 && version.version != 0 {
+                bail!("--version names one job's version: give one job id with it");
+            }
+            for id in ids {
+                let request = KillJobRequest {
+                    id,
+                    version: version.version,
+                };
+                let job = job_of(client.kill(request).await?.into_inner().job)?;
+                note_if_ended(&job);
+                print_job_row(ctx.output, &job)?;
+            }
+        }
+        JobCommand::Edit {
+            id,
+            priority,
+            max_running,
+            max_running_time_ms,
+            max_failures,
+            version,
+        } => {
+            if priority.is_none()
+                && max_running.is_none()
+                && max_running_time_ms.is_none()
+                && max_failures.is_none()
+            {
+                bail!(
+                    "nothing to change: give --priority, --max-running, --max-running-time-ms or --max-failures"
                 );
             }
+            let mut client = connect(ctx).await?;
+            let request = EditJobRequest {
+                id,
+                version: version.version,
+                priority,
+                max_running_instances: max_running,
+                max_running_time_ms,
+                max_failures,
+            };
+            let job = job_of(client.edit(request).await?.into_inner().job)?;
             print_job_row(ctx.output, &job)?;
         }
         JobCommand::Delete { id, version } => {
@@ -163,6 +203,109 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             print_job_row(ctx.output, &job)?;
         }
         JobCommand::Update(args) => return super::update::create(ctx, args).await,
+        JobCommand::Logs { id, options } => return super::task::logs(ctx, id, None, options).await,
+    }
+    Ok(Outcome::Success)
+}
+
+/// A kill by itself of a job that had ended says so: nothing was killed.
+fn note_if_ended(job: &Job) {
+    // A kill answers with the job stopping (or, with nothing running,
+    // killed); one that had ended by itself comes back as it ended, no
+    // kill asked of it.
+    let state = job.status.as_ref().map_or(0, |s| s.state);
+    let asked = job.status.as_ref().is_some_and(|s| s.kill_requested);
+    if !asked && JobState::try_from(state).is_ok_and(is_terminal_job_state) {
+        eprintln!(
+            "job {} already ended ({}): nothing to kill",
+            job.id,
+            name_of::<JobState>(state)
+        );
+    }
+}
+
+/// Most jobs one `job kill --selector/--owner/--mine` kills.
+const MAX_BULK_KILL: usize = 1000;
+
+/// Which jobs a bulk kill takes.
+struct Selection {
+    selector: Vec<(String, String)>,
+    owner: Option<String>,
+    pool: Option<String>,
+}
+
+/// Kills the active jobs `selection` matches, once confirmed: lists them,
+/// then asks on the terminal unless `yes`; without a terminal and without
+/// `yes`, refuses. Each is killed at the version it was listed with, so a
+/// job changed meanwhile is not killed unseen.
+async fn kill_selected(
+    ctx: &Ctx,
+    client: &mut Client,
+    selection: Selection,
+    yes: bool,
+) -> Result<Outcome> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let active = [JobState::Initialized, JobState::Pending, JobState::Running];
+    let args = QueryArgs {
+        pool: selection.pool,
+        states: active.to_vec(),
+        name: None,
+        owner: selection.owner.clone(),
+        mine: false,
+        labels: selection.selector,
+        limit: Some(MAX_BULK_KILL as u32 + 1),
+        quiet: false,
+        sort: JobOrder::Created,
+    };
+    let jobs = query_pages(client, args, Some(MAX_BULK_KILL + 1)).await?;
+    if jobs.len() > MAX_BULK_KILL {
+        bail!(
+            "more than {MAX_BULK_KILL} active jobs match: narrow the selection (--selector, --owner, --pool)"
+        );
+    }
+    if jobs.is_empty() {
+        eprintln!("no active job matches: nothing to kill");
+        return Ok(Outcome::Success);
+    }
+    eprintln!("{} active job(s) match:", jobs.len());
+    eprint!("{}", job_table(&jobs));
+    if !yes {
+        let stdin = std::io::stdin();
+        if !stdin.is_terminal() {
+            bail!(
+                "refusing to kill {} job(s) without confirmation: stdin is not a terminal (pass --yes to kill them)",
+                jobs.len()
+            );
+        }
+        eprint!("Kill these {} job(s)? [y/N] ", jobs.len());
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        stdin.lock().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes") {
+            eprintln!("nothing killed");
+            return Ok(Outcome::Success);
+        }
+    }
+    let mut failed = 0usize;
+    for listed in &jobs {
+        let request = KillJobRequest {
+            id: listed.id.clone(),
+            version: listed.version,
+        };
+        match client.kill(request).await {
+            Ok(answer) => {
+                let job = job_of(answer.into_inner().job)?;
+                note_if_ended(&job);
+                print_job_row(ctx.output, &job)?;
+            }
+            Err(status) => {
+                failed += 1;
+                eprintln!("job {}: not killed: {}", listed.id, status.message());
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} job(s) were not killed", jobs.len());
     }
     Ok(Outcome::Success)
 }
@@ -505,7 +648,8 @@ fn spec_file(job: &Job) -> Result<String> {
     let state = name_of::<JobState>(job.status.as_ref().map_or(0, |s| s.state));
     Ok(format!(
         "# job {} (version {}, {state}): its spec. `peloton job create FILE` submits\n\
-         # it again; `peloton job update {} FILE` rolls a service to it.\n{yaml}",
+         # it again; `peloton job update {} FILE` rolls a service to it (a batch\n\
+         # job's priority, limits and running cap are edited so).\n{yaml}",
         job.id, job.version, job.id
     ))
 }

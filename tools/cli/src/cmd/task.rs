@@ -4,12 +4,12 @@ use anyhow::{Context, Result, ensure};
 use peloton_proto::v1::task_service_client::TaskServiceClient;
 use peloton_proto::v1::{
     GetTaskRequest, KillTaskRequest, ListTasksRequest, RestartTaskRequest, Task, TaskLogsRequest,
-    TaskRun, TaskState,
+    TaskLogsResponse, TaskRun, TaskState,
 };
 use serde_json::json;
 
 use super::{Ctx, Outcome};
-use crate::cli::TaskCommand;
+use crate::cli::{LogOptions, TaskCommand};
 use crate::names::name_of;
 use crate::output::{
     Align, OutputFormat, Table, fmt_forecast, fmt_time_ms, fmt_usage, or_dash, print_json,
@@ -78,27 +78,8 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
         TaskCommand::Logs {
             job,
             instance,
-            stderr,
-            follow,
-            run,
-        } => {
-            use std::io::Write;
-            let request = TaskLogsRequest {
-                job_id: job,
-                instance,
-                run_id: run.unwrap_or(0),
-                stderr,
-                offset: 0,
-                follow,
-            };
-            let mut stream = client.logs(request).await?.into_inner();
-            let mut out = std::io::stdout().lock();
-            // Raw bytes, as the task wrote them, whatever the output format.
-            while let Some(chunk) = stream.message().await? {
-                out.write_all(&chunk.data)?;
-                out.flush()?;
-            }
-        }
+            options,
+        } => return logs(ctx, job, instance, options).await,
     }
     Ok(Outcome::Success)
 }
@@ -306,5 +287,278 @@ mod tests {
         task.expected_runtime_source.clear();
         task.expected_runtime_ms = 0;
         assert_eq!(expected_runtime(&task), "-");
+    }
+}
+
+/// Most instances whose logs one `--follow` of a whole job reads at once.
+const MAX_FOLLOWED_INSTANCES: usize = 256;
+/// Longest partial line held before it is printed as it is.
+const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// `task logs` / `job logs`: one instance's output as the task wrote it
+/// (or line by line after its time), or every launched instance's, each
+/// line after `[INSTANCE]`: one after the other, or interleaved as they
+/// come with `--follow`.
+pub(super) async fn logs(
+    ctx: &Ctx,
+    job: String,
+    instance: Option<u32>,
+    options: LogOptions,
+) -> Result<Outcome> {
+    use std::io::Write;
+    let mut client = client(ctx).await?;
+    if let Some(instance) = instance {
+        let request = log_request(&job, instance, &options);
+        let mut stream = client.logs(request).await?.into_inner();
+        let mut lines = Lines::new(None, options.timestamps);
+        let mut out = std::io::stdout().lock();
+        while let Some(chunk) = stream.message().await? {
+            lines.push(&mut out, &chunk)?;
+            out.flush()?;
+        }
+        lines.finish(&mut out)?;
+        return Ok(Outcome::Success);
+    }
+    // Every instance that has been launched (a run to read).
+    let tasks = list_tasks(&mut client, &job, &[]).await?;
+    let launched: Vec<u32> = tasks
+        .iter()
+        .filter(|t| t.current.as_ref().is_some_and(|r| r.launch_id > 0) || !t.history.is_empty())
+        .map(|t| t.instance)
+        .collect();
+    if launched.is_empty() {
+        eprintln!("no instance of job {job} has been launched yet: no logs");
+        return Ok(Outcome::Success);
+    }
+    if !options.follow {
+        let mut out = std::io::stdout().lock();
+        for i in launched {
+            let request = log_request(&job, i, &options);
+            let mut lines = Lines::new(Some(i), options.timestamps);
+            match client.logs(request).await {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(chunk)) => lines.push(&mut out, &chunk)?,
+                            Ok(None) => break,
+                            Err(e) => {
+                                eprintln!("[{i}] no more log: {}", e.message());
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => eprintln!("[{i}] no log: {}", e.message()),
+            }
+            lines.finish(&mut out)?;
+            out.flush()?;
+        }
+        return Ok(Outcome::Success);
+    }
+    if launched.len() > MAX_FOLLOWED_INSTANCES {
+        anyhow::bail!(
+            "{} instances are launched; --follow of a whole job reads at most {MAX_FOLLOWED_INSTANCES} (name one instance)",
+            launched.len()
+        );
+    }
+    // One stream per instance; lines interleave as they come, each whole.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    for i in launched {
+        let mut client = client.clone();
+        let request = log_request(&job, i, &options);
+        let tx = tx.clone();
+        let timestamps = options.timestamps;
+        tokio::spawn(async move {
+            let mut lines = Lines::new(Some(i), timestamps);
+            let mut stream = match client.logs(request).await {
+                Ok(s) => s.into_inner(),
+                Err(e) => {
+                    eprintln!("[{i}] no log: {}", e.message());
+                    return;
+                }
+            };
+            loop {
+                let mut text = Vec::new();
+                match stream.message().await {
+                    Ok(Some(chunk)) => {
+                        let _ = lines.push(&mut text, &chunk);
+                    }
+                    Ok(None) => {
+                        let _ = lines.finish(&mut text);
+                        let _ = tx.send(text).await;
+                        return;
+                    }
+                    Err(e) => {
+                        eprintln!("[{i}] no more log: {}", e.message());
+                        let _ = lines.finish(&mut text);
+                        let _ = tx.send(text).await;
+                        return;
+                    }
+                }
+                if !text.is_empty() && tx.send(text).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let mut out = std::io::stdout();
+    while let Some(text) = rx.recv().await {
+        out.write_all(&text)?;
+        out.flush()?;
+    }
+    Ok(Outcome::Success)
+}
+
+fn log_request(job: &str, instance: u32, options: &LogOptions) -> TaskLogsRequest {
+    TaskLogsRequest {
+        job_id: job.to_owned(),
+        instance,
+        run_id: options.run.unwrap_or(0),
+        stderr: options.stderr,
+        offset: 0,
+        follow: options.follow,
+        tail_lines: options.tail.unwrap_or(0),
+        since_ms: options.since.unwrap_or(0),
+        timestamps: options.timestamps,
+    }
+}
+
+/// Output bytes made into lines, each after its instance (`[I] `) and/or
+/// the time it was written by; raw bytes when neither is asked for.
+struct Lines {
+    prefix: Option<String>,
+    timestamps: bool,
+    /// A line begun and not ended yet.
+    partial: Vec<u8>,
+    /// The time of the latest mark seen (what a partial line is shown
+    /// with at the end).
+    last_time_ms: u64,
+}
+
+impl Lines {
+    fn new(instance: Option<u32>, timestamps: bool) -> Self {
+        Lines {
+            prefix: instance.map(|i| format!("[{i}] ")),
+            timestamps,
+            partial: Vec::new(),
+            last_time_ms: 0,
+        }
+    }
+
+    fn push(
+        &mut self,
+        out: &mut impl std::io::Write,
+        chunk: &TaskLogsResponse,
+    ) -> std::io::Result<()> {
+        if self.prefix.is_none() && !self.timestamps {
+            return out.write_all(&chunk.data);
+        }
+        let mut start = 0;
+        for (k, &b) in chunk.data.iter().enumerate() {
+            if b != b'\n' && self.partial.len() + (k - start) < MAX_LINE_BYTES {
+                continue;
+            }
+            let end = chunk.offset + k as u64 + 1;
+            // The first mark at or past the line's end: written by then.
+            let time = chunk
+                .marks
+                .iter()
+                .find(|m| m.offset >= end)
+                .or(chunk.marks.last())
+                .map_or(0, |m| m.time_ms);
+            self.last_time_ms = self.last_time_ms.max(time);
+            self.partial.extend_from_slice(&chunk.data[start..=k]);
+            self.emit(out, time)?;
+            start = k + 1;
+        }
+        self.partial.extend_from_slice(&chunk.data[start..]);
+        if let Some(m) = chunk.marks.last() {
+            self.last_time_ms = self.last_time_ms.max(m.time_ms);
+        }
+        Ok(())
+    }
+
+    fn emit(&mut self, out: &mut impl std::io::Write, time_ms: u64) -> std::io::Result<()> {
+        if self.timestamps {
+            write!(out, "{} ", fmt_log_time(time_ms))?;
+        }
+        if let Some(p) = &self.prefix {
+            out.write_all(p.as_bytes())?;
+        }
+        out.write_all(&self.partial)?;
+        if self.partial.last() != Some(&b'\n') {
+            out.write_all(b"\n")?;
+        }
+        self.partial.clear();
+        Ok(())
+    }
+
+    /// Prints a last line that has no newline.
+    fn finish(&mut self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        if self.partial.is_empty() {
+            return Ok(());
+        }
+        self.emit(out, self.last_time_ms)
+    }
+}
+
+/// A mark's time as RFC 3339 UTC with milliseconds ("-" for none).
+fn fmt_log_time(ms: u64) -> String {
+    if ms == 0 {
+        return "-".to_owned();
+    }
+    let date = fmt_time_ms(ms);
+    format!("{}T{}.{:03}Z", &date[..10], &date[11..], ms % 1000)
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+    use peloton_proto::v1::LogMark;
+
+    fn chunk(offset: u64, data: &str, marks: &[(u64, u64)]) -> TaskLogsResponse {
+        TaskLogsResponse {
+            data: data.as_bytes().to_vec(),
+            offset,
+            marks: marks
+                .iter()
+                .map(|&(offset, time_ms)| LogMark { offset, time_ms })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn lines_get_their_instance_and_the_time_of_the_first_mark_past_them() {
+        let mut lines = Lines::new(Some(3), true);
+        let mut out = Vec::new();
+        // "a\n" written by 1000 ms, "bb\nc" by 2000 ms, the rest later.
+        lines
+            .push(&mut out, &chunk(0, "a\nbb\nc", &[(2, 1000), (7, 2000)]))
+            .unwrap();
+        lines
+            .push(&mut out, &chunk(7, "d\n", &[(9, 3000)]))
+            .unwrap();
+        lines
+            .push(&mut out, &chunk(9, "tail", &[(13, 4000)]))
+            .unwrap();
+        lines.finish(&mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "1970-01-01T00:00:01.000Z [3] a\n\
+             1970-01-01T00:00:02.000Z [3] bb\n\
+             1970-01-01T00:00:03.000Z [3] cd\n\
+             1970-01-01T00:00:04.000Z [3] tail\n"
+        );
+    }
+
+    #[test]
+    fn without_prefix_or_times_the_bytes_pass_as_they_are() {
+        let mut lines = Lines::new(None, false);
+        let mut out = Vec::new();
+        lines.push(&mut out, &chunk(0, "x\ny", &[])).unwrap();
+        lines.finish(&mut out).unwrap();
+        assert_eq!(out, b"x\ny");
     }
 }

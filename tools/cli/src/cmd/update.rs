@@ -103,7 +103,22 @@ pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
             start_paused: args.paused,
         }),
     };
-    let update = update_of(client.create(request).await?.into_inner().update)?;
+    let answer = client.create(request).await?.into_inner();
+    let Some(update) = answer.update else {
+        // A batch job is edited in place, not rolled (its spec may differ
+        // only in what `job edit` changes).
+        let job = answer.job.context("the server returned no job")?;
+        match ctx.output {
+            crate::output::OutputFormat::Table => crate::output::print_out(&format!(
+                "edited batch job {} in place (version {}): its instances not started take the new values",
+                job.id, job.version
+            ))?,
+            _ => crate::output::print_json(&serde_json::json!({
+                "job": crate::output::job_json(&job)
+            }))?,
+        }
+        return Ok(Outcome::Success);
+    };
     if args.no_wait || args.paused {
         print_update(ctx.output, &update)?;
         return Ok(Outcome::Success);
