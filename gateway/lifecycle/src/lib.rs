@@ -23,6 +23,7 @@ mod accounting;
 mod admissible;
 mod after;
 mod apps;
+mod cron;
 mod effects;
 mod error;
 mod forecast;
@@ -66,6 +67,10 @@ pub use access::{
 pub use accounting::{Ledger, MAX_USAGE_RECORDS, USAGE_RETENTION_MS, UsageRecord};
 pub use admissible::never_admitted_reason;
 pub use after::MAX_DEPENDENCIES;
+pub use cron::{
+    CronState, CronTick, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, MAX_ACTIVE_TICKS,
+    MAX_CRON_HISTORY, MAX_CRON_JOBS, Overlap, STARTING_DEADLINE_MS, Schedule, tick_job_id,
+};
 pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RowKey, StateRow,
 };
@@ -582,6 +587,10 @@ pub struct Lifecycle {
     /// Some job ended (or one waiting was created, restarted or recovered)
     /// in this step: waiting jobs are looked at again at its end.
     after_dirty: bool,
+    /// Cron jobs not killed by their next tick (see `cron`).
+    cron_next: BTreeSet<(u64, JobKey)>,
+    /// The same, by job.
+    cron_due: FxHashMap<JobKey, u64>,
     /// Volumes by instance.
     volumes: BTreeMap<(JobKey, u32), Volume>,
     /// Volume ids to their instance.
@@ -654,6 +663,8 @@ impl Lifecycle {
             finished: BTreeSet::new(),
             after_waiting: BTreeSet::new(),
             after_dirty: false,
+            cron_next: BTreeSet::new(),
+            cron_due: FxHashMap::default(),
             volumes: BTreeMap::new(),
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
@@ -805,6 +816,7 @@ impl Lifecycle {
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
+                self.fire_crons(engine, fx);
                 self.expire_leases(engine, fx);
                 self.apply_retention(engine, fx);
                 self.prune_ledger(fx);
@@ -848,7 +860,7 @@ impl Lifecycle {
 
     /// When a [`Input::Tick`] is next due: the earliest timer, the
     /// retention of finished jobs, a volume to give up, an application's
-    /// lease or an old usage record, if any.
+    /// lease, an old usage record or a cron job's tick, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
         [
@@ -857,6 +869,7 @@ impl Lifecycle {
             self.volume_deadline,
             self.lease_deadline(),
             self.ledger_deadline(),
+            self.cron_deadline(),
         ]
         .into_iter()
         .flatten()
