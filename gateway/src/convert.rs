@@ -917,6 +917,7 @@ pub fn job_plan(spec: &pb::JobSpec, limits: &Limits) -> Result<JobPlan, Status> 
         app,
         rendezvous,
         after: job_after(spec)?,
+        schedule: job_schedule(spec, kind)?,
         spec: encoded_spec(spec),
     })
 }
@@ -988,6 +989,77 @@ fn job_after(spec: &pb::JobSpec) -> Result<Arc<[Dependency]>, Status> {
         }
     }
     Ok(deps.into())
+}
+
+/// A cron job's schedule (`spec.schedule`), with the spec of its ticks'
+/// jobs (the schedule left out). Whether another cron job fits is the
+/// core's check.
+fn job_schedule(
+    spec: &pb::JobSpec,
+    kind: JobKind,
+) -> Result<Option<Arc<crate::lifecycle::Schedule>>, Status> {
+    let Some(s) = &spec.schedule else {
+        return Ok(None);
+    };
+    if kind != JobKind::Batch || spec.r#type != pb::JobType::Batch as i32 {
+        return Err(invalid("spec.schedule", "only batch jobs have a schedule"));
+    }
+    if spec
+        .after
+        .as_ref()
+        .is_some_and(|a| !(a.succeeded.is_empty() && a.finished.is_empty() && a.failed.is_empty()))
+    {
+        return Err(invalid(
+            "spec.schedule",
+            "a cron job cannot wait for other jobs (spec.after)",
+        ));
+    }
+    let overlap = match pb::CronOverlap::try_from(s.overlap) {
+        Ok(pb::CronOverlap::Allow) => crate::lifecycle::Overlap::Allow,
+        Ok(pb::CronOverlap::Forbid) => crate::lifecycle::Overlap::Forbid,
+        Ok(pb::CronOverlap::Replace) => crate::lifecycle::Overlap::Replace,
+        Err(_) => {
+            return Err(invalid(
+                "spec.schedule.overlap",
+                format!("unknown policy {}", s.overlap),
+            ));
+        }
+    };
+    let tick_spec = encoded_spec(&pb::JobSpec {
+        schedule: None,
+        ..spec.clone()
+    });
+    crate::lifecycle::Schedule::new(
+        &s.cron,
+        &s.time_zone,
+        overlap,
+        s.keep_succeeded,
+        s.keep_failed,
+        tick_spec,
+    )
+    .map(|s| Some(Arc::new(s)))
+    .map_err(|(field, why)| invalid(&format!("spec.schedule.{field}"), why))
+}
+
+/// A cron job's ticks as the API shows them.
+pub fn cron_status_to_pb(
+    state: &crate::lifecycle::CronState,
+    next_tick: Option<u64>,
+) -> pb::CronStatus {
+    pb::CronStatus {
+        next_tick_ms: next_tick.unwrap_or(0),
+        last_tick_ms: state.last_tick,
+        ticks: state
+            .ticks
+            .iter()
+            .rev()
+            .map(|t| pb::CronTick {
+                tick_ms: t.at,
+                job_id: t.job.to_string(),
+            })
+            .collect(),
+        last_skip: state.last_skip.to_string(),
+    }
 }
 
 /// Jobs a job waits for as the API shows them.
@@ -1514,6 +1586,41 @@ mod tests {
 
     /// `spec.rendezvous`: only a gang's, a known framework (kept
     /// lower-case), a port the task declares; each refusal names its field.
+    /// A schedule is checked field by field; the ticks' spec is the cron
+    /// job's without its schedule.
+    #[test]
+    fn a_schedule_is_checked_naming_its_field() {
+        let mut s = good_job();
+        let schedule = |cron: &str, tz: &str, overlap: i32| {
+            Some(pb::CronSchedule {
+                cron: cron.into(),
+                time_zone: tz.into(),
+                overlap,
+                ..Default::default()
+            })
+        };
+        s.schedule = schedule("*/5 * * *", "", 0);
+        let (code, message) = error_of(&s);
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(message.starts_with("spec.schedule.cron: "), "{message}");
+        s.schedule = schedule("@daily", "Europe/Nowhere", 0);
+        assert!(error_of(&s).1.starts_with("spec.schedule.time_zone: "));
+        s.schedule = schedule("@daily", "", 7);
+        assert_eq!(error_of(&s).1, "spec.schedule.overlap: unknown policy 7");
+        s.schedule = schedule("@daily", "Asia/Tokyo", pb::CronOverlap::Forbid as i32);
+        let plan = job_plan(&s, &Limits::default()).unwrap();
+        let schedule = plan.schedule.expect("a cron job");
+        assert_eq!(schedule.overlap, crate::lifecycle::Overlap::Forbid);
+        let tick = pb::JobSpec::decode(&schedule.job_spec[..]).unwrap();
+        assert_eq!(tick.schedule, None);
+        assert_eq!(tick.name, s.name);
+        s.r#type = pb::JobType::Service as i32;
+        assert_eq!(
+            error_of(&s).1,
+            "spec.schedule: only batch jobs have a schedule"
+        );
+    }
+
     #[test]
     fn a_rendezvous_is_checked() {
         let mut s = good_job();

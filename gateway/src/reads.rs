@@ -197,8 +197,15 @@ pub(crate) fn with_usage(core: &Lifecycle, k: JobKey, mut job: pb::Job) -> pb::J
         status.used = core.job_usage(k).map(|u| convert::usage_to_pb(&u));
         status.forecast = job_forecast(core, k);
         status.waiting_for = waiting_for(core, k);
+        status.cron = cron_status(core, k);
     }
     job
+}
+
+/// A cron job's ticks (`JobStatus.cron`), for cron jobs.
+pub(crate) fn cron_status(core: &Lifecycle, k: JobKey) -> Option<pb::CronStatus> {
+    let state = core.job(k)?.cron.as_ref()?;
+    Some(convert::cron_status_to_pb(state, core.cron_next_tick(k)))
 }
 
 /// The jobs a job still waits for (`JobStatus.waiting_for`), if any.
@@ -394,6 +401,7 @@ pub(crate) fn job_without_spec(job: &Job) -> pb::Job {
             used: None,
             forecast: None,
             waiting_for: None,
+            cron: None,
         }),
         version: job.version,
     }
@@ -466,6 +474,7 @@ pub(crate) fn query_jobs(
             if let Some(status) = j.status.as_mut() {
                 status.forecast = job_forecast(core, k);
                 status.waiting_for = waiting_for(core, k);
+                status.cron = cron_status(core, k);
             }
             j
         });

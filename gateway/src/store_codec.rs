@@ -27,9 +27,9 @@ use peloton_engine::{Dim, DimConfig, N_DIMS, PoolConfig, PoolKind, Resources};
 
 use crate::convert;
 use crate::lifecycle::{
-    AppState, AuditEntry, Certificate, Digest32, HOST_POOL_ATTRIBUTE, Job, JobKey, JobRow,
-    LaunchId, RecoveredHost, RecoveredVolume, RunRecord, Secret, TaskRow, Token, Update,
-    UpdateCounts, UpdateSpec, UpdateState, UsageRecord, Volume,
+    AppState, AuditEntry, Certificate, CronState, CronTick, Digest32, HOST_POOL_ATTRIBUTE, Job,
+    JobKey, JobRow, LaunchId, RecoveredHost, RecoveredVolume, RunRecord, Secret, TaskRow, Token,
+    Update, UpdateCounts, UpdateSpec, UpdateState, UsageRecord, Volume,
 };
 
 /// First bytes of a row of this codec, version 1.
@@ -67,6 +67,35 @@ pub struct StoredJob {
     /// dependencies: those jobs have none).
     #[prost(bool, tag = "9")]
     pub waits_for_jobs: bool,
+    /// Cron jobs: their ticks (absent in rows written before cron jobs,
+    /// and for other jobs).
+    #[prost(message, optional, tag = "10")]
+    pub cron: Option<StoredCron>,
+}
+
+/// A cron job's stored ticks.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StoredCron {
+    /// The last tick looked at (fired, skipped or missed).
+    #[prost(uint64, tag = "1")]
+    pub last_tick_ms: u64,
+    /// Its ticks' jobs kept, oldest first.
+    #[prost(message, repeated, tag = "2")]
+    pub ticks: Vec<StoredTick>,
+    /// Why the latest tick that started no job did not.
+    #[prost(string, tag = "3")]
+    pub last_skip: String,
+}
+
+/// One tick's job.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StoredTick {
+    /// The tick's time.
+    #[prost(uint64, tag = "1")]
+    pub at_ms: u64,
+    /// The job it created.
+    #[prost(string, tag = "2")]
+    pub job_id: String,
 }
 
 /// An application's stored target.
@@ -214,6 +243,18 @@ pub fn encode_job(job: &Job) -> Vec<u8> {
             closed: job.app.closed,
         }),
         waits_for_jobs: job.waits_for_jobs,
+        cron: job.cron.as_ref().map(|c| StoredCron {
+            last_tick_ms: c.last_tick,
+            ticks: c
+                .ticks
+                .iter()
+                .map(|t| StoredTick {
+                    at_ms: t.at,
+                    job_id: t.job.to_string(),
+                })
+                .collect(),
+            last_skip: c.last_skip.to_string(),
+        }),
     })
 }
 
@@ -240,6 +281,7 @@ pub fn decode_job(id: &str, row: &[u8]) -> Result<(JobRow, Option<pb::JobSpec>),
                     closed: a.unregistered,
                 }),
                 waits_for_jobs: false,
+                cron: None,
             };
             (stored, old.spec)
         }
@@ -265,6 +307,18 @@ pub fn decode_job(id: &str, row: &[u8]) -> Result<(JobRow, Option<pb::JobSpec>),
             })
             .unwrap_or_default(),
         waits_for_jobs: stored.waits_for_jobs,
+        cron: stored.cron.map(|c| CronState {
+            last_tick: c.last_tick_ms,
+            ticks: c
+                .ticks
+                .into_iter()
+                .map(|t| CronTick {
+                    at: t.at_ms,
+                    job: t.job_id.into(),
+                })
+                .collect(),
+            last_skip: c.last_skip.into(),
+        }),
     };
     Ok((row, spec))
 }
@@ -1400,6 +1454,42 @@ mod tests {
         let new = encode_config(&spec);
         assert_eq!(new[..2], ROW_V1);
         assert_eq!(decode_config(&new).unwrap(), spec);
+    }
+
+    /// A cron job's ticks are stored with its row, and a row written
+    /// before cron jobs has none.
+    #[test]
+    fn a_cron_jobs_ticks_round_trip() {
+        let cron = CronState {
+            last_tick: 120_000,
+            ticks: [CronTick {
+                at: 60_000,
+                job: "j-1".into(),
+            }]
+            .into(),
+            last_skip: "tick skipped".into(),
+        };
+        let row = versioned(&StoredJob {
+            version: 1,
+            state: pb::JobState::Running as i32,
+            config: 1,
+            cron: Some(StoredCron {
+                last_tick_ms: 120_000,
+                ticks: vec![StoredTick {
+                    at_ms: 60_000,
+                    job_id: "j-1".into(),
+                }],
+                last_skip: "tick skipped".into(),
+            }),
+            ..Default::default()
+        });
+        let (decoded, _) = decode_job("j", &row).unwrap();
+        assert_eq!(decoded.cron, Some(cron));
+        let plain = versioned(&StoredJob {
+            version: 1,
+            ..Default::default()
+        });
+        assert_eq!(decode_job("j", &plain).unwrap().0.cron, None);
     }
 
     #[test]

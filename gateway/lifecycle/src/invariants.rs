@@ -40,6 +40,7 @@ impl Lifecycle {
         self.check_usage();
         self.check_ports();
         self.check_elastic();
+        assert_eq!(self.cron_next.len(), self.cron_due.len(), "cron calendar");
         let mut n_engine_tasks = 0usize;
         for (&k, job) in &self.jobs {
             assert_eq!(
@@ -161,6 +162,25 @@ impl Lifecycle {
                 "{}: a job waiting for jobs has a dependency and queues nothing",
                 job.id
             );
+            // A cron job has no instances, its state exactly when it has a
+            // schedule, and a next tick only while it is not killed.
+            assert_eq!(
+                job.plan.schedule.is_some(),
+                job.cron.is_some(),
+                "{}: a cron job's state with its schedule",
+                job.id
+            );
+            if job.cron.is_some() {
+                assert!(job.tasks.is_empty(), "{}: a cron job runs nothing", job.id);
+                assert!(
+                    !job.kill_requested || !self.cron_due.contains_key(&k),
+                    "{}: a killed cron job does not tick",
+                    job.id
+                );
+            }
+            if let Some(&at) = self.cron_due.get(&k) {
+                assert!(job.cron.is_some() && self.cron_next.contains(&(at, k)));
+            }
             assert!(
                 job.waiting
                     .iter()

@@ -192,11 +192,18 @@ impl Lifecycle {
             return Err(Error::Precondition(format!("job {id} exists already")));
         }
         self.check_after(&id, &plan)?;
+        self.check_schedule(&plan)?;
         let daemon = plan.kind == JobKind::Daemon;
         let key = JobKey(self.next_key);
         self.next_key += 1;
-        // A daemon's instances follow the hosts (added just below).
-        let n = if daemon { 0 } else { plan.instance_count };
+        // A daemon's instances follow the hosts (added just below); a cron
+        // job has none (its ticks' jobs do).
+        let cron = plan.schedule.is_some();
+        let n = if daemon || cron {
+            0
+        } else {
+            plan.instance_count
+        };
         let mut job = Job {
             id: id.clone(),
             plan,
@@ -219,6 +226,10 @@ impl Lifecycle {
             updates: Default::default(),
             app: Default::default(),
             waits_for_jobs: false,
+            cron: cron.then(|| super::cron::CronState {
+                last_tick: self.now,
+                ..Default::default()
+            }),
         };
         job.counts[S::Initialized as usize] = n;
         if job.plan.elastic_min > 0 {
@@ -256,6 +267,9 @@ impl Lifecycle {
             return Err(Error::Exhausted(reason));
         }
         self.dirty_jobs.insert(key);
+        if cron {
+            self.schedule_cron(key, self.now);
+        }
         fx.rows.push(RowKey::Config(key, 1));
         if !daemon {
             fx.counters.tasks_accepted += u64::from(n);
@@ -285,6 +299,7 @@ impl Lifecycle {
                     // Nothing runs: killing changes nothing.
                     return Ok(Answer::Job(k));
                 }
+                self.kill_cron(engine, k, fx);
                 self.kill_job(engine, k, "job killed", fx);
             }
             JobAction::Delete => {
@@ -299,6 +314,25 @@ impl Lifecycle {
                     !matches!(r, RowKey::Job(x) | RowKey::Task(x, _) | RowKey::Config(x, _) if *x == k)
                 });
                 return Ok(Answer::JobDeleted);
+            }
+            JobAction::Scale(_) if job.plan.schedule.is_some() => {
+                return Err(Error::Precondition(format!(
+                    "job {id} is a cron job: it runs no instances itself (its ticks' jobs do)"
+                )));
+            }
+            JobAction::Restart if job.plan.schedule.is_some() => {
+                // A killed cron job's schedule resumes from now (within
+                // the bound on cron jobs).
+                if job.kill_requested {
+                    if self.cron_next.len() >= super::MAX_CRON_JOBS {
+                        return Err(Error::Exhausted(format!(
+                            "{} cron jobs are scheduled already, the most there may be; kill one first",
+                            super::MAX_CRON_JOBS
+                        )));
+                    }
+                    self.job_mut(k).kill_requested = false;
+                    self.resume_cron(k);
+                }
             }
             JobAction::Scale(_) if job.plan.kind == JobKind::Daemon => {
                 return Err(Error::Precondition(format!(
@@ -368,6 +402,7 @@ impl Lifecycle {
         self.drop_volumes_of(engine, k, fx);
         self.daemon_jobs.remove(&k);
         self.pin_dirty.retain(|&(x, _)| x != k);
+        self.unschedule_cron(k);
         let job = self.jobs.remove(&k).expect("live");
         debug_assert!(job.state.is_terminal() && job.held == 0 && job.active == 0);
         self.by_id.remove(&job.id);

@@ -24,6 +24,7 @@ mod admissible;
 mod after;
 mod apps;
 mod edit;
+mod cron;
 mod effects;
 mod elastic;
 mod error;
@@ -69,6 +70,10 @@ pub use accounting::{Ledger, MAX_USAGE_RECORDS, USAGE_RETENTION_MS, UsageRecord}
 pub use admissible::never_admitted_reason;
 pub use after::MAX_DEPENDENCIES;
 pub use edit::JobEdit;
+pub use cron::{
+    CronState, CronTick, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, MAX_ACTIVE_TICKS,
+    MAX_CRON_HISTORY, MAX_CRON_JOBS, Overlap, STARTING_DEADLINE_MS, Schedule, tick_job_id,
+};
 pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RendezvousUpdate, RowKey,
     StateRow,
@@ -592,6 +597,10 @@ pub struct Lifecycle {
     /// Some job ended (or one waiting was created, restarted or recovered)
     /// in this step: waiting jobs are looked at again at its end.
     after_dirty: bool,
+    /// Cron jobs not killed by their next tick (see `cron`).
+    cron_next: BTreeSet<(u64, JobKey)>,
+    /// The same, by job.
+    cron_due: FxHashMap<JobKey, u64>,
     /// Volumes by instance.
     volumes: BTreeMap<(JobKey, u32), Volume>,
     /// Volume ids to their instance.
@@ -665,6 +674,8 @@ impl Lifecycle {
             finished: BTreeSet::new(),
             after_waiting: BTreeSet::new(),
             after_dirty: false,
+            cron_next: BTreeSet::new(),
+            cron_due: FxHashMap::default(),
             volumes: BTreeMap::new(),
             volume_ids: FxHashMap::default(),
             pin_dirty: FxHashSet::default(),
@@ -816,6 +827,7 @@ impl Lifecycle {
             }
             Input::Tick => {
                 self.fire_timers(engine, fx);
+                self.fire_crons(engine, fx);
                 self.expire_leases(engine, fx);
                 self.apply_retention(engine, fx);
                 self.prune_ledger(fx);
@@ -860,7 +872,7 @@ impl Lifecycle {
 
     /// When a [`Input::Tick`] is next due: the earliest timer, the
     /// retention of finished jobs, a volume to give up, an application's
-    /// lease or an old usage record, if any.
+    /// lease, an old usage record or a cron job's tick, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         let timer = self.timers.peek().map(|Reverse((t, _, _))| *t);
         [
@@ -869,6 +881,7 @@ impl Lifecycle {
             self.volume_deadline,
             self.lease_deadline(),
             self.ledger_deadline(),
+            self.cron_deadline(),
         ]
         .into_iter()
         .flatten()

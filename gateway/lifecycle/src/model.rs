@@ -412,6 +412,9 @@ pub struct JobPlan {
     pub rendezvous: Option<Arc<super::rendezvous::RendezvousAsk>>,
     /// Jobs it waits for (fixed at creation: an update keeps them).
     pub after: Arc<[Dependency]>,
+    /// A cron job's schedule: the job runs nothing itself; each tick
+    /// creates a job of this plan, the schedule left out (see `cron`).
+    pub schedule: Option<Arc<super::cron::Schedule>>,
     /// The job's spec of this config version as its user sent it (its
     /// secrets taken out), encoded by the shell: opaque to the core, kept
     /// for reads and the store. What the core changes without a new version
@@ -746,6 +749,8 @@ pub struct Job {
     /// It waits for the jobs of `plan.after` (none of its instances is
     /// queued); false once every one was met, or for a job with none.
     pub waits_for_jobs: bool,
+    /// A cron job's ticks (set exactly when `plan.schedule` is).
+    pub cron: Option<super::cron::CronState>,
 }
 
 impl Job {
@@ -862,4 +867,7 @@ pub struct JobRow {
     pub app: AppState,
     /// It waits for the jobs it depends on (see [`Job::waits_for_jobs`]).
     pub waits_for_jobs: bool,
+    /// A cron job's ticks (none in rows written before cron jobs, or of
+    /// other jobs).
+    pub cron: Option<super::cron::CronState>,
 }

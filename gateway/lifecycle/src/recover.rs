@@ -307,8 +307,11 @@ impl Lifecycle {
         self.next_key += 1;
         let daemon = rec.plan.kind == super::JobKind::Daemon;
         // A daemon's instances all have rows (its count follows the hosts).
+        let cron = rec.plan.schedule.is_some();
         let n = if daemon {
             rec.tasks.iter().map(|(i, _)| i + 1).max().unwrap_or(0)
+        } else if cron {
+            0
         } else {
             rec.plan.instance_count
         };
@@ -336,6 +339,12 @@ impl Lifecycle {
             updates: Default::default(),
             app: row.app,
             waits_for_jobs: row.waits_for_jobs,
+            cron: cron.then(|| {
+                row.cron.clone().unwrap_or(super::cron::CronState {
+                    last_tick: row.created_at,
+                    ..Default::default()
+                })
+            }),
         };
         // Runs whose end their host had not confirmed: (host, instance,
         // launch, restart once confirmed).
@@ -498,7 +507,14 @@ impl Lifecycle {
         if job.waits_for_jobs {
             self.after_waiting.insert(key);
         }
+        // A cron job's next tick after its last (one due while the server
+        // was down fires at the first tick step, within its deadline).
+        let cron_from = (cron && !job.kill_requested && !job.state.is_terminal())
+            .then(|| job.cron.as_ref().map_or(now, |c| c.last_tick));
         self.jobs.insert(key, job);
+        if let Some(from) = cron_from {
+            self.schedule_cron(key, from);
+        }
         self.need_fill.insert(key);
         for (host, i) in orphans {
             self.orphans.entry(host).or_default().push((key, i));
@@ -565,6 +581,7 @@ impl Lifecycle {
             update: job.latest_update().cloned(),
             app: job.app,
             waits_for_jobs: job.waits_for_jobs,
+            cron: job.cron.clone(),
         })
     }
 

@@ -22,6 +22,10 @@ pub const RETENTION_CHUNK: usize = 1000;
 /// The reason of a job event for a job retention removed.
 pub const REASON_RETENTION: &str = "retention";
 
+/// The reason of a job event for a tick's job its cron job's history
+/// bound removed.
+pub const REASON_CRON_HISTORY: &str = "cron history";
+
 /// The reason of a job event for a job a user deleted.
 pub const REASON_DELETED: &str = "deleted";
 

@@ -1243,6 +1243,10 @@ pub(super) fn derive(job: &Job) -> JobState {
     let c = &job.counts;
     let n = job.tasks.len() as u32;
     let terminal = c[S::Succeeded as usize] + c[S::Failed as usize] + c[S::Killed as usize];
+    if job.plan.schedule.is_some() && !job.kill_requested {
+        // A cron job lives until it is killed; its ticks' jobs run.
+        return JobState::Running;
+    }
     if job.plan.kind == JobKind::Daemon && !job.kill_requested {
         // A daemon job never ends by itself: with no matching host it has
         // nothing to run yet.

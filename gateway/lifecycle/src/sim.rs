@@ -228,6 +228,7 @@ pub fn plan(pool: &str, n: u32, cpu: u64) -> JobPlan {
         app: None,
         rendezvous: None,
         after: Arc::from([]),
+        schedule: None,
         spec: Arc::from(&[][..]),
     }
 }

@@ -390,6 +390,32 @@ impl Env {
                         })
                         .collect();
                 }
+                if let Some(cron) = arg("cron") {
+                    let overlap = match arg("overlap").unwrap_or("allow") {
+                        "allow" => Overlap::Allow,
+                        "forbid" => Overlap::Forbid,
+                        "replace" => Overlap::Replace,
+                        o => panic!("overlap {o}"),
+                    };
+                    let keep = arg("keep").map(|k| {
+                        let (s, f) = k.split_once(':').expect("keep=S:F");
+                        (s.parse().expect("n"), f.parse().expect("n"))
+                    });
+                    match Schedule::new(
+                        &cron.replace('_', " "),
+                        arg("tz").unwrap_or(""),
+                        overlap,
+                        keep.map(|k: (u32, u32)| k.0),
+                        keep.map(|k| k.1),
+                        Arc::from(&b"tick"[..]),
+                    ) {
+                        Ok(s) => p.schedule = Some(Arc::new(s)),
+                        Err((field, why)) => {
+                            self.sim.say(format!("  refused: schedule.{field}: {why}"));
+                            return;
+                        }
+                    }
+                }
                 if words[0] == "plan" {
                     let config = exact_forecast();
                     let before = self.sim.core.revision();
@@ -975,6 +1001,47 @@ impl Env {
                     ..crate::sim::config()
                 });
                 self.sim.say(format!("> {line}"));
+            }
+            "cron" => {
+                let k = self.sim.core.job_key(words[1]).expect("job");
+                let job = self.sim.core.job(k).expect("job");
+                let state = job.cron.as_ref().expect("a cron job");
+                let rel = |ms: u64| ms as i64 - START_MS as i64;
+                let next = self
+                    .sim
+                    .core
+                    .cron_next_tick(k)
+                    .map_or("none".to_string(), |t| format!("{}", rel(t)));
+                let ticks: Vec<String> = state
+                    .ticks
+                    .iter()
+                    .map(|t| {
+                        let st = self
+                            .sim
+                            .core
+                            .job_key(&t.job)
+                            .ok()
+                            .and_then(|x| self.sim.core.job(x))
+                            .map_or("gone", |j| j.state.name());
+                        format!("{}@{} {st}", t.job, rel(t.at))
+                    })
+                    .collect();
+                let row = self.sim.core.job_row(k).expect("row").cron;
+                assert_eq!(row.as_ref(), Some(state), "the row holds the cron state");
+                let line = format!(
+                    "  cron {} {}: last {} next {} ticks [{}]{}",
+                    words[1],
+                    job.state.name(),
+                    rel(state.last_tick),
+                    next,
+                    ticks.join(", "),
+                    if state.last_skip.is_empty() {
+                        String::new()
+                    } else {
+                        format!("\n    skip: {}", state.last_skip)
+                    }
+                );
+                self.sim.say(line);
             }
             "waits" => {
                 let k = self.sim.core.job_key(words[1]).expect("job");
@@ -7747,6 +7814,294 @@ fn refused_edits_change_nothing() {
             error: job b has ended (succeeded): no instance is left to edit (restart it first)
             > sla b
               b version 1 config 1 priority 0 max_running 0 max_time 0 max_failures 0 | instances' configs 0:1 1:1 | kept []
+        "#]],
+    );
+}
+
+// ------------------------------------------------------------ cron jobs
+// The script starts at 00:16:40 UTC (START_MS): `* * * * *` ticks at
+// +20000, +80000, …; a tick's job is `<cron job>-<minutes since the epoch>`.
+
+/// Each tick creates a job of the cron job's plan; ended ones beyond the
+/// history bound are deleted at the next tick, the running one stays.
+#[test]
+fn a_cron_job_creates_a_job_each_tick_and_keeps_a_bounded_history() {
+    check(
+        r"
+        host h1 cpu=4
+        job c pool=/ cron=*_*_*_*_* keep=1:1
+        cron c
+        tick 20000
+        cycle
+        cron c
+        exit c-17/0 0
+        tick 60000
+        cycle
+        exit c-18/0 1
+        tick 60000
+        cycle
+        cron c
+        exit c-19/0 0
+        tick 60000
+        cron c
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job c pool=/ cron=*_*_*_*_* keep=1:1
+            job c running
+            > cron c
+              cron c running: last 0 next 20000 ticks []
+            > tick 20000
+            c-17/0#1 pending
+            job c-17 pending
+            > cycle
+            c-17/0#1 ready
+            c-17/0#1 placed @h1
+            c-17/0#1 launching @h1
+              launch c-17/0#1 @h1 config 1
+            c-17/0#1 running @h1
+            job c-17 running
+            > cron c
+              cron c running: last 20000 next 80000 ticks [c-17@20000 running]
+            > exit c-17/0 0
+            c-17/0#1 succeeded @h1
+            job c-17 succeeded
+            > tick 60000
+            c-18/0#1 pending
+            job c-18 pending
+            > cycle
+            c-18/0#1 ready
+            c-18/0#1 placed @h1
+            c-18/0#1 launching @h1
+              launch c-18/0#1 @h1 config 1
+            c-18/0#1 running @h1
+            job c-18 running
+            > exit c-18/0 1
+            c-18/0#1 failed @h1 (exited with code 1)
+            job c-18 failed
+            > tick 60000
+            c-19/0#1 pending
+            job c-19 pending
+            > cycle
+            c-19/0#1 ready
+            c-19/0#1 placed @h1
+            c-19/0#1 launching @h1
+              launch c-19/0#1 @h1 config 1
+            c-19/0#1 running @h1
+            job c-19 running
+            > cron c
+              cron c running: last 140000 next 200000 ticks [c-17@20000 succeeded, c-18@80000 failed, c-19@140000 running]
+            > exit c-19/0 0
+            c-19/0#1 succeeded @h1
+            job c-19 succeeded
+            > tick 60000
+            c-20/0#1 pending
+            job c-17 succeeded deleted (cron history)
+            job c-20 pending
+            > cron c
+              cron c running: last 200000 next 260000 ticks [c-18@80000 failed, c-19@140000 succeeded, c-20@200000 pending]
+        "#]],
+    );
+}
+
+/// `forbid` skips a tick while an earlier tick's job runs; `replace` kills
+/// it and starts the new one.
+#[test]
+fn overlap_forbid_skips_a_tick_and_replace_kills_the_running_job() {
+    check(
+        r"
+        host h1 cpu=4
+        job f pool=/ cron=*_*_*_*_* overlap=forbid
+        job r pool=/ cron=*_*_*_*_* overlap=replace
+        tick 20000
+        cycle
+        tick 60000
+        cron f
+        cron r
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job f pool=/ cron=*_*_*_*_* overlap=forbid
+            job f running
+            > job r pool=/ cron=*_*_*_*_* overlap=replace
+            job r running
+            > tick 20000
+            f-17/0#1 pending
+            r-17/0#1 pending
+            job f-17 pending
+            job r-17 pending
+            > cycle
+            f-17/0#1 ready
+            r-17/0#1 ready
+            f-17/0#1 placed @h1
+            f-17/0#1 launching @h1
+            r-17/0#1 placed @h1
+            r-17/0#1 launching @h1
+              launch f-17/0#1 @h1 config 1
+              launch r-17/0#1 @h1 config 1
+            f-17/0#1 running @h1
+            r-17/0#1 running @h1
+            job f-17 running
+            job r-17 running
+            > tick 60000
+            r-17/0#1 killed @h1 (replaced by the tick at 1970-01-01T00:18:00Z (overlap: replace))
+            r-18/0#1 pending
+            job r-17 killing
+            job r-18 pending
+              kill r-17/0#1 @h1
+            > cron f
+              cron f running: last 80000 next 140000 ticks [f-17@20000 running]
+                skip: tick 1970-01-01T00:18:00Z skipped: job f-17 of an earlier tick has not ended (overlap: forbid)
+            > cron r
+              cron r running: last 80000 next 140000 ticks [r-17@20000 killing, r-18@80000 pending]
+        "#]],
+    );
+}
+
+/// The last tick is stored: after a restart a tick missed while the server
+/// was down fires once, if it is at most five minutes late; several missed
+/// never fire as a burst; older ones are only counted as missed.
+#[test]
+fn after_a_restart_one_missed_tick_fires_within_the_starting_deadline_never_a_burst() {
+    check(
+        r"
+        host h1 cpu=4
+        job h pool=/ cron=0_*_*_*_*
+        job m pool=/ cron=*/10_*_*_*_*
+        cron h
+        crash
+        tick 2780000   # 01:03:00: h's 01:00 is 3 min late; m's 00:20…01:00 were due
+        cron h
+        cron m
+        crash
+        tick 4020000   # 02:10:00: h's 02:00 is 10 min late
+        cron h
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job h pool=/ cron=0_*_*_*_*
+            job h running
+            > job m pool=/ cron=*/10_*_*_*_*
+            job m running
+            > cron h
+              cron h running: last 0 next 2600000 ticks []
+            > crash
+            > tick 2780000
+            m-60/0#1 pending
+            h-60/0#1 pending
+            job m-60 pending
+            job h-60 pending
+            > cron h
+              cron h running: last 2600000 next 6200000 ticks [h-60@2600000 pending]
+            > cron m
+              cron m running: last 2600000 next 3200000 ticks [m-60@2600000 pending]
+                skip: ticks from 1970-01-01T00:20:00Z missed (the server was down)
+            > crash
+            > tick 4020000
+            m-130/0#1 pending
+            job m-130 pending
+            > cron h
+              cron h running: last 6800000 next 9800000 ticks [h-60@2600000 pending]
+                skip: the ticks due since 1970-01-01T02:00:00Z were more than 300 s late: none fired
+        "#]],
+    );
+}
+
+/// Killing a cron job stops its schedule and kills its ticks' running
+/// jobs; a restart resumes the schedule from then; it cannot be scaled.
+#[test]
+fn killing_a_cron_job_stops_it_and_its_running_ticks_and_a_restart_resumes_it() {
+    check(
+        r"
+        host h1 cpu=4
+        job c pool=/ cron=*_*_*_*_*
+        tick 20000
+        cycle
+        kill c
+        cron c
+        tick 60000
+        cron c
+        scale c 2
+        restart c
+        cron c
+        tick 60000
+        cron c
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job c pool=/ cron=*_*_*_*_*
+            job c running
+            > tick 20000
+            c-17/0#1 pending
+            job c-17 pending
+            > cycle
+            c-17/0#1 ready
+            c-17/0#1 placed @h1
+            c-17/0#1 launching @h1
+              launch c-17/0#1 @h1 config 1
+            c-17/0#1 running @h1
+            job c-17 running
+            > kill c
+            c-17/0#1 killed @h1 (its cron job was killed)
+            job c killed
+            job c-17 killing
+              kill c-17/0#1 @h1
+            > cron c
+              cron c killed: last 20000 next none ticks [c-17@20000 killing]
+            > tick 60000
+            > cron c
+              cron c killed: last 20000 next none ticks [c-17@20000 killing]
+            > scale c 2
+            error: job c is a cron job: it runs no instances itself (its ticks' jobs do)
+            > restart c
+            job c running
+            > cron c
+              cron c running: last 80000 next 140000 ticks [c-17@20000 killing]
+            > tick 60000
+            c-19/0#1 pending
+            job c-19 pending
+            > cron c
+              cron c running: last 140000 next 200000 ticks [c-17@20000 killing, c-19@140000 pending]
+        "#]],
+    );
+}
+
+/// Only batch jobs have schedules, a cron job waits for no job, and the
+/// expression and time zone are checked.
+#[test]
+fn bad_schedules_are_refused_naming_the_field() {
+    check(
+        r"
+        job a pool=/ cron=*_*_*_* 
+        job b pool=/ cron=61_*_*_*_*
+        job c pool=/ cron=@hourly tz=Mars/Olympus
+        job d pool=/ cron=@daily keep=101:1
+        job e pool=/ cron=*_*_30_2_*
+        job s pool=/ cron=@hourly service
+        job x pool=/ n=1
+        job w pool=/ cron=@hourly after=succeeded:x
+        jobs
+        ",
+        expect![[r#"
+            > job a pool=/ cron=*_*_*_*
+              refused: schedule.cron: "* * * *" has 4 fields; a cron expression has 5 (minute hour day-of-month month day-of-week), e.g. "*/5 * * * *"
+            > job b pool=/ cron=61_*_*_*_*
+              refused: schedule.cron: "61 * * * *" is not a cron expression: Component error: Number out of bounds.
+            > job c pool=/ cron=@hourly tz=Mars/Olympus
+              refused: schedule.time_zone: "Mars/Olympus" is not an IANA time zone, e.g. "UTC" or "Europe/Berlin"
+            > job d pool=/ cron=@daily keep=101:1
+              refused: schedule.keep_succeeded: 101 is more than 100
+            > job e pool=/ cron=*_*_30_2_*
+              refused: schedule.cron: "* * 30 2 *" never fires
+            > job s pool=/ cron=@hourly service
+            error: spec.schedule: only batch jobs have a schedule
+            > job x pool=/ n=1
+            x/0#1 pending
+            job x pending
+            > job w pool=/ cron=@hourly after=succeeded:x
+            error: spec.schedule: a cron job cannot wait for other jobs (its ticks' jobs would)
+            > jobs
+            jobs: x=pending | stored: x(tasks=0 configs=1) | rows of removed jobs: 0 | finished 0
         "#]],
     );
 }

@@ -3,8 +3,8 @@
 //! flags, tables and JSON alike, so one vocabulary covers input and output.
 
 use peloton_proto::v1::{
-    Health, HostState, JobState, JobType, PlacementStrategy, PoolKind, TaskState, UpdateState,
-    VolumeLossPolicy,
+    CronOverlap, Health, HostState, JobState, JobType, PlacementStrategy, PoolKind, TaskState,
+    UpdateState, VolumeLossPolicy,
 };
 
 /// A protobuf enum whose values the CLI names.
@@ -87,6 +87,12 @@ proto_enum!(
     "VOLUME_LOSS_POLICY_",
     "volume loss policy",
     [Wait, Relocate]
+);
+proto_enum!(
+    CronOverlap,
+    "CRON_OVERLAP_",
+    "overlap policy",
+    [Allow, Forbid, Replace]
 );
 proto_enum!(
     UpdateState,

@@ -461,7 +461,31 @@ pub fn job_spec_json(spec: Option<&JobSpec>) -> Value {
             "on_host_down": enum_json::<peloton_proto::v1::VolumeLossPolicy>(p.on_host_down),
         })),
         "after": spec.after.as_ref().map(dependencies_json),
+        "schedule": spec.schedule.as_ref().map(|s| json!({
+            "cron": s.cron,
+            "time_zone": s.time_zone,
+            "overlap": enum_json::<peloton_proto::v1::CronOverlap>(s.overlap),
+            "keep_succeeded": s.keep_succeeded,
+            "keep_failed": s.keep_failed,
+        })),
     })
+}
+
+/// A cron job's schedule in words: `*/5 * * * * (Europe/Berlin), overlap
+/// forbid, keep 3 succeeded, 1 failed`.
+pub fn fmt_schedule(s: &peloton_proto::v1::CronSchedule) -> String {
+    let tz = if s.time_zone.is_empty() {
+        "UTC"
+    } else {
+        &s.time_zone
+    };
+    format!(
+        "{} ({tz}), overlap {}, keep {} succeeded, {} failed",
+        s.cron,
+        crate::names::name_of::<peloton_proto::v1::CronOverlap>(s.overlap),
+        s.keep_succeeded.unwrap_or(3),
+        s.keep_failed.unwrap_or(1)
+    )
 }
 
 /// Jobs a job waits for, by how each must end, as JSON.
@@ -511,6 +535,15 @@ pub fn job_status_json(status: Option<&JobStatus>) -> Value {
         "used": usage_json(status.used.as_ref()),
         "forecast": forecast_json(status.forecast.as_ref()),
         "waiting_for": status.waiting_for.as_ref().map(dependencies_json),
+        "cron": status.cron.as_ref().map(|c| json!({
+            "next_tick_ms": c.next_tick_ms,
+            "last_tick_ms": c.last_tick_ms,
+            "ticks": c.ticks.iter().map(|t| json!({
+                "tick_ms": t.tick_ms,
+                "job_id": t.job_id,
+            })).collect::<Vec<_>>(),
+            "last_skip": c.last_skip,
+        })),
     })
 }
 

@@ -921,6 +921,7 @@ pub fn job(root: &Value) -> Result<(JobFile, Vec<Note>)> {
         host_pool: String::new(),
         rendezvous: None,
         after: Default::default(),
+        schedule: None,
     };
     Ok((file, notes))
 }

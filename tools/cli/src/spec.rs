@@ -119,6 +119,50 @@ pub struct JobFile {
     /// Jobs this job waits for (Slurm's afterok, afterany, afternotok).
     #[serde(default, skip_serializing_if = "is_default")]
     pub after: AfterFile,
+    /// A cron job (batch jobs only): the job runs no task itself; each tick of the schedule creates
+    /// a job of this spec (the schedule left out), id `<cron job's id>-<tick in minutes since the
+    /// epoch>`. A tick missed while the server was down fires on its return if at most 5 minutes
+    /// late, and only the latest of several. `job kill` stops the schedule (and its ticks' running
+    /// jobs); `job restart` resumes it.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub schedule: Option<ScheduleFile>,
+}
+
+/// When a cron job ticks and what a tick does.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleFile {
+    /// Five fields, minute hour day-of-month month day-of-week (`*/15 * * * 1-5`), or `@yearly`,
+    /// `@monthly`, `@weekly`, `@daily`, `@hourly`. Ticks are at least a minute apart.
+    pub cron: String,
+    /// The IANA time zone the expression is read in, e.g. `Europe/Berlin` (empty: UTC). A time
+    /// that happens twice when clocks go back fires once; one skipped when they go forward fires
+    /// right after the gap.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub time_zone: String,
+    /// What a tick does while a job of an earlier tick has not ended.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub overlap: OverlapName,
+    /// Ended ticks' jobs kept that succeeded (default 3, at most 100); older ones are deleted at
+    /// each tick.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub keep_succeeded: Option<u32>,
+    /// Ended ticks' jobs kept that failed or were killed (default 1, at most 100).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub keep_failed: Option<u32>,
+}
+
+/// What a cron job's tick does while an earlier tick's job runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapName {
+    /// Start the new job anyway (at most 16 of a cron job's ticks' jobs run at once).
+    #[default]
+    Allow,
+    /// Skip the tick.
+    Forbid,
+    /// Kill the earlier ticks' jobs, then start the new one.
+    Replace,
 }
 
 /// Jobs a job waits for, by how each must end: ids or unique starts of
@@ -532,6 +576,18 @@ impl JobFile {
                     failed: self.after.failed,
                 },
             ),
+            schedule: self.schedule.map(|s| peloton_proto::v1::CronSchedule {
+                cron: s.cron,
+                time_zone: s.time_zone,
+                overlap: match s.overlap {
+                    OverlapName::Allow => peloton_proto::v1::CronOverlap::Allow,
+                    OverlapName::Forbid => peloton_proto::v1::CronOverlap::Forbid,
+                    OverlapName::Replace => peloton_proto::v1::CronOverlap::Replace,
+                }
+                .into(),
+                keep_succeeded: s.keep_succeeded,
+                keep_failed: s.keep_failed,
+            }),
             ..Default::default()
         }
     }
@@ -602,6 +658,17 @@ impl JobFile {
                     failed: a.failed.clone(),
                 })
                 .unwrap_or_default(),
+            schedule: spec.schedule.as_ref().map(|s| ScheduleFile {
+                cron: s.cron.clone(),
+                time_zone: s.time_zone.clone(),
+                overlap: match s.overlap() {
+                    peloton_proto::v1::CronOverlap::Forbid => OverlapName::Forbid,
+                    peloton_proto::v1::CronOverlap::Replace => OverlapName::Replace,
+                    peloton_proto::v1::CronOverlap::Allow => OverlapName::Allow,
+                },
+                keep_succeeded: s.keep_succeeded,
+                keep_failed: s.keep_failed,
+            }),
         }
     }
 }

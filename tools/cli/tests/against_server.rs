@@ -1014,3 +1014,117 @@ async fn jobs_are_killed_by_label_or_owner_once_confirmed() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     server.shutdown().await.unwrap();
 }
+
+/// Cron jobs through the CLI: a bad schedule is refused naming its field
+/// and creates nothing; a `schedule:` job shows its schedule and next tick,
+/// its `-o yaml` is a spec file that creates it again, it survives a
+/// restart of the server, and its first tick (within ~65 s: `* * * * *`)
+/// creates a job `<id>-<minutes since the epoch>` that runs and is listed
+/// in its ticks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_job_ticks_a_job_and_survives_a_restart_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), 2).await;
+    let url = common::url(server.addr);
+    let pools = examples().join("pools.yaml");
+    let out = peloton(&url, &["respool", "create", &pools.to_string_lossy()]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let spec = |schedule: &str| {
+        format!(
+            "name: nightly\npool: /demo\nschedule: {schedule}\ntask:\n  command: /bin/true\n  \
+             resources: {{cpu: 0.1, memory_mb: 32}}\n  sim: {{duration_ms: 500}}\n"
+        )
+    };
+    for (schedule, field) in [
+        ("{cron: '61 * * * *'}", "spec.schedule.cron"),
+        ("{cron: '* * * *'}", "spec.schedule.cron"),
+        (
+            "{cron: '@hourly', time_zone: Mars/Olympus}",
+            "spec.schedule.time_zone",
+        ),
+        (
+            "{cron: '@hourly', keep_succeeded: 1000}",
+            "spec.schedule.keep_succeeded",
+        ),
+    ] {
+        let out = peloton_with(&url, &[], &spec(schedule), &["job", "create", "-"]).await;
+        assert!(!out.status.success(), "{schedule} was accepted");
+        assert!(
+            text(&out.stderr).contains(field),
+            "{schedule}: {}",
+            text(&out.stderr)
+        );
+    }
+    let jobs = ok_json(&url, &["job", "query"]).await;
+    assert_eq!(jobs["jobs"].as_array().map_or(0, |j| j.len()), 0, "{jobs}");
+
+    let yaml =
+        spec("{cron: '* * * * *', time_zone: Europe/Berlin, overlap: forbid, keep_succeeded: 1}");
+    let out = peloton_with(&url, &[], &yaml, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+
+    let out = peloton(&url, &["job", "get", &id]).await;
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("* * * * * (Europe/Berlin), overlap forbid, keep 1 succeeded, 1 failed")
+            && shown.contains("NEXT TICK"),
+        "{shown}"
+    );
+    // `-o yaml` is a spec file that creates the same cron job again.
+    let out = peloton(&url, &["job", "get", &id, "-o", "yaml"]).await;
+    let file = text(&out.stdout);
+    assert!(
+        file.contains("schedule:") && file.contains("overlap: forbid"),
+        "{file}"
+    );
+    let again = peloton_with(&url, &[], &file, &["job", "create", "-q", "-"]).await;
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let again = text(&again.stdout).trim().to_string();
+    let copy = ok_json(&url, &["job", "get", &again]).await["job"].clone();
+    let orig = ok_json(&url, &["job", "get", &id]).await["job"].clone();
+    assert_eq!(copy["spec"]["schedule"], orig["spec"]["schedule"]);
+    let out = peloton(&url, &["job", "kill", &again]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let killed = ok_json(&url, &["job", "get", &again]).await["job"].clone();
+    assert_eq!(killed["status"]["state"], "killed", "{killed}");
+    assert_eq!(killed["status"]["cron"]["next_tick_ms"], 0, "{killed}");
+
+    // The schedule survives a restart.
+    server.shutdown().await.unwrap();
+    let server = start_server(dir.path(), 2).await;
+    let url = common::url(server.addr);
+    let job = ok_json(&url, &["job", "get", &id]).await["job"].clone();
+    assert_eq!(job["status"]["state"], "running", "{job}");
+    let next = job["status"]["cron"]["next_tick_ms"].as_u64().unwrap();
+    assert!(next > 0 && next % 60_000 == 0, "{job}");
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let tick = loop {
+        let job = ok_json(&url, &["job", "get", &id]).await["job"].clone();
+        if let Some(t) = job["status"]["cron"]["ticks"].get(0) {
+            break t.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no tick: {job}");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    let at = tick["tick_ms"].as_u64().unwrap();
+    assert_eq!(at, next, "the first tick after the restart: {tick}");
+    let child = tick["job_id"].as_str().unwrap().to_string();
+    assert_eq!(child, format!("{id}-{}", at / 60_000));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let job = ok_json(&url, &["job", "get", &child]).await["job"].clone();
+        assert_eq!(job["spec"]["schedule"], Value::Null, "{job}");
+        if job["status"]["state"] == "succeeded" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{job}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let jobs = ok_json(&url, &["job", "query", "--name", "nightly"]).await;
+    assert!(jobs.to_string().contains(&child), "{jobs}");
+    let out = peloton(&url, &["job", "get", &id]).await;
+    assert!(text(&out.stdout).contains(&child), "{}", text(&out.stdout));
+    server.shutdown().await.unwrap();
+}

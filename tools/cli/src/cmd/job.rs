@@ -746,6 +746,35 @@ fn job_details(job: &Job) -> String {
     if status.waiting_for.is_some() {
         fields.push(("WAITING FOR", fmt_dependencies(status.waiting_for.as_ref())));
     }
+    if let Some(schedule) = &spec.schedule {
+        fields.push(("SCHEDULE", crate::output::fmt_schedule(schedule)));
+    }
+    if let Some(cron) = &status.cron {
+        fields.push((
+            "NEXT TICK",
+            if cron.next_tick_ms == 0 {
+                "- (killed; `job restart` resumes it)".to_owned()
+            } else {
+                fmt_time_ms(cron.next_tick_ms)
+            },
+        ));
+        let ticks: Vec<String> = cron
+            .ticks
+            .iter()
+            .map(|t| format!("{} {}", fmt_time_ms(t.tick_ms), t.job_id))
+            .collect();
+        fields.push((
+            "TICKS",
+            if ticks.is_empty() {
+                "-".to_owned()
+            } else {
+                ticks.join("; ")
+            },
+        ));
+        if !cron.last_skip.is_empty() {
+            fields.push(("LAST SKIP", cron.last_skip.clone()));
+        }
+    }
     if !task.constraint.is_empty() {
         fields.push(("CONSTRAINT", task.constraint));
     }
