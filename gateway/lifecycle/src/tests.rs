@@ -36,7 +36,7 @@
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
 //!   and the rows the store holds for them;
-//! - `hostpool create|delete P`, `move P H...` (hosts into host pool P),
+//! - `hostpool create|delete P`, `move P H... [--force]` (hosts into host pool P),
 //!   `hostpools` — the host pools, their members, every host's tag and
 //!   the stored rows; `job … host_pool=P` runs in host pool P;
 //! - `app A` — a client-mode application registers; `target A N` — its
@@ -216,10 +216,15 @@ impl Env {
                     other => panic!("hostpool {other}?"),
                 });
             }
-            "move" => self.step(Input::MoveHosts {
-                hosts: words[2..].iter().map(|h| h.to_string()).collect(),
-                to: words[1].into(),
-            }),
+            "move" => {
+                let force = words.last() == Some(&"--force");
+                let hosts = &words[2..words.len() - usize::from(force)];
+                self.step(Input::MoveHosts {
+                    hosts: hosts.iter().map(|h| h.to_string()).collect(),
+                    to: words[1].into(),
+                    force,
+                });
+            }
             "hostpools" => {
                 let core = &self.sim.core;
                 let pools = core.host_pools();
@@ -4935,7 +4940,7 @@ fn a_launch_that_never_reached_its_agent_is_sent_again_when_it_registers() {
 }
 
 #[test]
-fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
+fn host_pools_partition_the_hosts_and_moving_a_host_with_runs_needs_force() {
     check(
         "
         hostpool create gpu
@@ -4951,15 +4956,20 @@ fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
         move nowhere h2
         move gpu h2
         cycle
-        move gpu h1                    # d's run on h1 stays
+        move gpu h1                    # d runs on h1: refused
+        move gpu h1 --force            # d's run stops; it waits for a default host
+        confirm
         hostpools
         hostpool delete default
         hostpool delete nope
         hostpool delete gpu            # has hosts
-        move default h1 h2
-        hostpool delete gpu            # g still runs there
-        kill g
+        move default h1                # nothing of another pool runs there
+        cycle                          # d runs on h1 again
+        move default h1 h2             # g runs on h2: refused, nothing moves
+        move default h2 --force        # g waits for a host in gpu
         confirm
+        hostpool delete gpu            # g still names it
+        kill g
         crash
         hostpools
         register h1

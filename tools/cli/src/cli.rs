@@ -268,11 +268,16 @@ pub enum RespoolCommand {
         #[command(flatten)]
         version: VersionArg,
     },
-    /// Delete a pool.
+    /// Delete a pool. Refused while it holds jobs: unfinished ones must be
+    /// killed first; ended ones (which could not be restarted without their
+    /// pool) must be deleted first, or with `--force` go with it.
     Delete {
         path: String,
         #[command(flatten)]
         version: VersionArg,
+        /// Delete the pool's ended jobs with it.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -734,11 +739,16 @@ pub enum HostPoolCommand {
     Delete { name: String },
     /// List host pools with their hosts.
     List,
-    /// Move hosts into a host pool (their running tasks stay where they are).
+    /// Move hosts into a host pool. Refused while they run tasks of jobs of
+    /// other host pools (it names how many, where), unless `--force`.
     Move {
         /// The host pool they go to.
         #[arg(long)]
         to: String,
+        /// Stop their tasks of jobs of other host pools: those start again on
+        /// hosts of their own host pools (a daemon's instance there retires).
+        #[arg(long)]
+        force: bool,
         #[arg(required = true)]
         hosts: Vec<String>,
     },

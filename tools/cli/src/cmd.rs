@@ -138,3 +138,16 @@ fn print_notes(file: &std::path::Path, notes: &[crate::peloton_yaml::Note]) {
         eprintln!("note: {}: {note}", file.display());
     }
 }
+
+/// A refusal the server would lift with `force` (a destructive action it
+/// names, such as stopping tasks or deleting ended jobs) names the flag.
+fn force_hint(status: tonic::Status, forced: bool) -> tonic::Status {
+    if forced
+        || status.code() != tonic::Code::FailedPrecondition
+        || !status.message().contains("with force")
+    {
+        return status;
+    }
+    let message = format!("{} (--force to do so)", status.message());
+    tonic::Status::new(status.code(), message)
+}

@@ -782,3 +782,117 @@ async fn a_job_waits_for_another_through_the_cli() {
         "{task}"
     );
 }
+
+/// Polls `peloton -o json ARGS` until `done` holds of its answer (30 s).
+async fn json_until(url: &str, args: &[&str], what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let v = ok_json(url, args).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "waited for {what}: {v}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Destructive actions refuse and name the way out: moving hosts that run
+/// tasks of other host pools says how many run where (and `--force` stops
+/// them: they wait for hosts of their own pool); deleting a pool that
+/// holds jobs says so (unfinished: kill them; ended: delete them, or
+/// `--force` deletes them with it). Nothing changes on a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destructive_actions_refuse_and_name_the_way_out() {
+    let (_dir, _server, url) = with_example_pools(2).await;
+    let spec = "name: long\npool: /demo\ninstances: 2\ntask: {command: /bin/true, \
+                resources: {cpu: 0.5, memory_mb: 32}, sim: {duration_ms: 600000}}\n";
+    let out = peloton_with(&url, &[], spec, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let running = |v: &Value| {
+        v["tasks"].as_array().is_some_and(|t| {
+            t.len() == 2 && t.iter().all(|t| t["current"]["state"] == "running")
+        })
+    };
+    let tasks = json_until(&url, &["task", "list", &id], "2 running", running).await;
+    let mut per_host = std::collections::BTreeMap::<String, usize>::new();
+    for t in tasks["tasks"].as_array().unwrap() {
+        *per_host
+            .entry(t["current"]["host"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+
+    let out = peloton(&url, &["hostpool", "create", "other"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let before = ok_json(&url, &["hostpool", "list"]).await;
+    let move_all = ["hostpool", "move", "--to", "other", "sim-00000", "sim-00001"];
+    let out = peloton(&url, &move_all).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let why = text(&out.stderr);
+    assert!(
+        why.contains("2 task(s) of jobs outside host pool \"other\" run on these hosts"),
+        "{why}"
+    );
+    for (host, n) in &per_host {
+        assert!(why.contains(&format!("{host} ({n})")), "{why}");
+    }
+    assert!(why.contains("--force"), "{why}");
+    assert_eq!(ok_json(&url, &["hostpool", "list"]).await, before);
+    let tasks = ok_json(&url, &["task", "list", &id]).await;
+    assert!(running(&tasks), "{tasks}");
+
+    // Forced: the tasks stop and wait for a host of their own pool.
+    let mut forced = move_all.to_vec();
+    forced.push("--force");
+    let out = peloton(&url, &forced).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tasks = json_until(&url, &["task", "list", &id], "both waiting again", |v| {
+        v["tasks"].as_array().is_some_and(|t| {
+            t.iter()
+                .all(|t| t["current"]["run_id"] == 2 && t["current"]["host"] == "")
+        })
+    })
+    .await;
+    let reason = ok_json(&url, &["task", "get", &id, "0"]).await;
+    assert!(
+        reason.to_string().contains("moved to host pool other"),
+        "{reason}\n{tasks}"
+    );
+
+    // A pool with an unfinished job: kill it first.
+    let pools_before = ok_json(&url, &["respool", "list"]).await["pools"]
+        .as_array()
+        .unwrap()
+        .len();
+    let out = peloton(&url, &["respool", "delete", "/demo"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let why = text(&out.stderr);
+    assert!(
+        why.contains(&format!("pool /demo has 1 unfinished job(s) ({id}); kill them first")),
+        "{why}"
+    );
+    let out = peloton(&url, &["job", "kill", &id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    json_until(&url, &["job", "get", &id], "killed", |v| {
+        v["job"]["status"]["state"] == "killed"
+    })
+    .await;
+    // Ended jobs: refused, naming how many and the way out.
+    let out = peloton(&url, &["respool", "delete", "/demo"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let why = text(&out.stderr);
+    assert!(why.contains("pool /demo holds 1 ended job(s)"), "{why}");
+    assert!(why.contains("delete them first"), "{why}");
+    assert!(why.contains("--force"), "{why}");
+    assert!(ok_json(&url, &["job", "get", &id]).await["job"]["id"] == id.as_str());
+    let out = peloton(&url, &["respool", "delete", "--force", "/demo"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = peloton(&url, &["job", "get", &id]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+    let pools_after = ok_json(&url, &["respool", "list"]).await["pools"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(pools_after + 1, pools_before);
+}
