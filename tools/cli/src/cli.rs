@@ -150,6 +150,9 @@ pub enum Command {
     /// Access tokens of a secure server (cluster admins).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Agents on other machines (cluster admins).
+    #[command(subcommand)]
+    Agent(AgentCommand),
     /// Show the caller: the token's name and grants.
     Whoami,
     /// The audit log of a secure server: every mutating call, allowed or
@@ -794,6 +797,29 @@ pub enum TokenCommand {
     /// Revoke one client certificate of a token (by its fingerprint, as
     /// `token list -o json` or `token cert` shows it).
     CertRevoke { name: String, fingerprint: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Issue an agent's certificate for HOST, signed by the cluster's CA:
+    /// a key made here, a request the server signs. Writes DIR/HOST.pem,
+    /// DIR/HOST.key and DIR/agent-token (mode 0600) and DIR/ca.pem, and
+    /// prints the `peloton-agent` command to run on HOST once DIR is
+    /// copied there (to the same path).
+    Cert {
+        /// The host the agent registers as (its `--host`).
+        host: String,
+        /// Where to write the files (default: ./HOST, which must not exist
+        /// or be empty).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Days it is valid (at most 365; default 365).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=365))]
+        days: Option<u32>,
+        /// The agent's work directory on HOST, for the printed command.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/peloton")]
+        work_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -101,6 +101,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Hostpool(command) => hostpool::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
         Command::Token(command) => access::token(&ctx, command).await,
+        Command::Agent(command) => access::agent(&ctx, command).await,
         Command::Whoami => access::whoami(&ctx).await,
         Command::Audit(args) => access::audit(&ctx, args).await,
         Command::Usage(args) => usage::usage(&ctx, args).await,
