@@ -162,11 +162,31 @@ async fn examples_run_end_to_end_and_errors_are_readable() {
     .unwrap();
     let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    // The server's refusal names the field as the file does.
     assert!(
-        text(&out.stderr).contains("spec.instance_count"),
+        text(&out.stderr).contains("error: invalid argument: instances: "),
         "{}",
         text(&out.stderr)
     );
+    for (yaml, path) in [
+        ("instances: 1\ntask: {command: /bin/true, resources: {cpu: -1}}\n", "task.resources.cpu: "),
+        (
+            "instances: 2\nsla: {gang_size: 3}\ntask: {command: /bin/true, resources: {cpu: 1}}\n",
+            "sla.gang_size: ",
+        ),
+        (
+            "instances: 2\ntask: {command: /bin/true, resources: {cpu: 1}}\n\
+             overrides: [{instance: 1, task: {command: /bin/true, resources: {cpu: -2}}}]\n",
+            "overrides[0].task.resources.cpu: ",
+        ),
+    ] {
+        std::fs::write(&bad, format!("name: x\npool: /demo\n{yaml}")).unwrap();
+        let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let why = text(&out.stderr);
+        assert!(why.contains(&format!("invalid argument: {path}")), "{yaml}: {why}");
+        assert!(!why.contains("spec."), "{why}");
+    }
     std::fs::write(&bad, "name: x\ncomand: oops\n").unwrap();
     let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(2));
@@ -239,7 +259,7 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
     assert_eq!(list["updates"].as_array().unwrap().len(), 1, "{list}");
     let j = ok_json(&url, &["job", "get", &id]).await;
     assert_eq!(
-        j["job"]["spec"]["default_task"]["env"]["VERSION"], "v2",
+        j["job"]["spec"]["task"]["env"]["VERSION"], "v2",
         "{j}"
     );
     // Actions on a finished update are refused with exit 1 and the reason.
@@ -385,7 +405,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     .await;
     let id = job["job"]["id"].as_str().unwrap().to_string();
     assert_eq!(
-        job["job"]["spec"]["secrets"],
+        job["job"]["secrets"],
         serde_json::json!([{"name": "token", "size": 12}])
     );
     let shown = text(
@@ -402,7 +422,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let job = ok_json(&url, &["job", "get", &id]).await;
     assert_eq!(
-        job["job"]["spec"]["secrets"],
+        job["job"]["secrets"],
         serde_json::json!([{"name": "token", "size": 12}]),
         "an update without --secret keeps the secrets"
     );
@@ -420,7 +440,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let job = ok_json(&url, &["job", "get", &id]).await;
-    assert_eq!(job["job"]["spec"]["secrets"], serde_json::json!([]));
+    assert_eq!(job["job"]["secrets"], serde_json::json!([]));
     let out = peloton(
         &url,
         &[
@@ -504,7 +524,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let job = ok_json(&url, &["job", "get", &daemon]).await;
-    assert_eq!(job["job"]["spec"]["instance_count"], 3);
+    assert_eq!(job["job"]["spec"]["instances"], 3);
     let out = peloton(&url, &["job", "scale", &daemon, "5"]).await;
     assert!(!out.status.success(), "a daemon job is not scaled");
 }
@@ -572,7 +592,7 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     assert_eq!(job["id"], id.as_str(), "{job}");
     assert_eq!(job["spec"]["name"], "echo", "{job}");
     assert_eq!(job["spec"]["pool"], "/demo", "{job}");
-    assert_eq!(job["spec"]["instance_count"], 2, "{job}");
+    assert_eq!(job["spec"]["instances"], 2, "{job}");
     assert_eq!(job["status"]["state"], "succeeded", "{job}");
 
     // The pool from PELOTON_POOL, else the config file's `pool`; with
@@ -639,6 +659,25 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     let again = text(&out.stdout).trim().to_string();
     let spec_of = async |id: &str| ok_json(&url, &["job", "get", id]).await["job"]["spec"].clone();
     assert_eq!(spec_of(&again).await, spec_of(&hello).await);
+    // One name per field: `-o json`'s spec is the spec file, key for key
+    // (`task`, `instances`, `sla.gang_size`, `overrides[].task`).
+    let file = "name: gang\npool: /demo\ninstances: 2\nsla: {gang_size: 2, priority: 3}\n\
+                task: {command: /bin/true, resources: {cpu: 0.1, memory_mb: 32}, sim: {duration_ms: 10}}\n\
+                overrides: [{instance: 1, task: {command: /bin/false, resources: {cpu: 0.1, memory_mb: 32}}}]\n";
+    let out = peloton_with(&url, &[], file, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let gang = text(&out.stdout).trim().to_string();
+    let out = peloton(&url, &["job", "get", "-o", "yaml", &gang]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let yaml: Value = serde_norway::from_slice(&out.stdout).expect("YAML");
+    let json = spec_of(&gang).await;
+    assert_eq!(json, yaml);
+    assert_eq!(json["sla"]["gang_size"], 2, "{json}");
+    assert_eq!(json["instances"], 2, "{json}");
+    assert_eq!(json["overrides"][0]["task"]["command"], "/bin/false", "{json}");
+    for api_name in ["default_task", "instance_count", "min_running_instances"] {
+        assert!(!json.to_string().contains(api_name), "{json}");
+    }
     // Other reads print their JSON's fields as YAML.
     let out = peloton(&url, &["job", "query", "-o", "yaml", "--name", "hello"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -103,7 +103,11 @@ pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
             start_paused: args.paused,
         }),
     };
-    let update = update_of(client.create(request).await?.into_inner().update)?;
+    let created = client
+        .create(request)
+        .await
+        .map_err(crate::spec::in_file_terms)?;
+    let update = update_of(created.into_inner().update)?;
     if args.no_wait || args.paused {
         print_update(ctx.output, &update)?;
         return Ok(Outcome::Success);
