@@ -5016,7 +5016,15 @@ fn host_pools_partition_the_hosts_and_moving_a_host_with_runs_needs_force() {
             g/0#1 running @h2
             job g running
             > move gpu h1
+            error: 1 task(s) of jobs outside host pool "gpu" run on these hosts: h1 (1); a move with force stops those tasks (they start again in their own host pools), or drain the hosts first
+            > move gpu h1 --force
               row host h1 in gpu
+            d/0#1 preempted @h1 (host h1 moved to host pool gpu; lost work: 0 ms since its start)
+            job d pending
+              kill d/0#1 @h1
+            > confirm
+            d/0#2 initialized
+            d/0#2 pending
             > hostpools
               host pools: gpu | members: h1=gpu h2=gpu | tags: h1=gpu h2=gpu | stored: gpu h1=gpu h2=gpu
             > hostpool delete default
@@ -5025,16 +5033,29 @@ fn host_pools_partition_the_hosts_and_moving_a_host_with_runs_needs_force() {
             error: host pool "nope" not found
             > hostpool delete gpu
             error: host pool "gpu" still has 2 host(s) (h1, h2); move them to another host pool first
-            > move default h1 h2
+            > move default h1
               row host h1 in default
+            > cycle
+            d/0#2 ready
+            d/0#2 placed @h1
+            d/0#2 launching @h1
+              launch d/0#2 @h1 config 1
+            d/0#2 running @h1
+            job d running
+            > move default h1 h2
+            error: 1 task(s) of jobs outside host pool "default" run on these hosts: h2 (1); a move with force stops those tasks (they start again in their own host pools), or drain the hosts first
+            > move default h2 --force
               row host h2 in default
+            g/0#1 preempted @h2 (host h2 moved to host pool default; lost work: 0 ms since its start)
+            job g pending
+              kill g/0#1 @h2
+            > confirm
+            g/0#2 initialized
+            g/0#2 pending
             > hostpool delete gpu
             error: host pool "gpu" is named by job g which is not terminal
             > kill g
-            g/0#1 killed @h2 (job killed)
-            job g killing
-              kill g/0#1 @h2
-            > confirm
+            g/0#2 killed (job killed)
             job g killed
             > crash
             > hostpools
