@@ -185,10 +185,11 @@ async fn a_job_runs_only_in_its_host_pool_and_others_in_default() {
         .expect("move back");
     let t = eventually("team-a's tasks to wait", TIMEOUT, async || {
         let tasks = list_tasks(&mut c.clone(), &in_pool.id).await;
-        if tasks
-            .iter()
-            .all(|t| t.current.as_ref().is_some_and(|r| r.host.is_empty() && r.run_id == 2))
-        {
+        if tasks.iter().all(|t| {
+            t.current
+                .as_ref()
+                .is_some_and(|r| r.host.is_empty() && r.run_id == 2)
+        }) {
             Ok(tasks)
         } else {
             Err(format!("{tasks:?}"))

@@ -116,7 +116,12 @@ impl Lifecycle {
         }
         if !unfinished.is_empty() {
             unfinished.sort_unstable();
-            let shown = unfinished.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+            let shown = unfinished
+                .iter()
+                .take(3)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
             return Err(Error::Precondition(format!(
                 "pool {path} has {} unfinished job(s) ({shown}{}){}; kill them first",
                 unfinished.len(),

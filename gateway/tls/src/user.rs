@@ -274,7 +274,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let pki = ensure_local_ca(tmp.path()).unwrap();
         let csr = agent_csr("other-name").unwrap();
-        let cert = pki.sign_agent_csr("host-7.example", &csr.csr_pem, 30).unwrap();
+        let cert = pki
+            .sign_agent_csr("host-7.example", &csr.csr_pem, 30)
+            .unwrap();
         assert_eq!(cert_names(&cert.der).unwrap(), ["host-7.example"]);
         assert!(!is_user_cert(&cert.der));
         let (_, parsed) = x509_parser::parse_x509_certificate(&cert.der).unwrap();

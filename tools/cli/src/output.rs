@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
 use peloton_proto::v1::{
-    Event, Host, HostState, Job, JobSpec, JobState, JobStatus, JobType, PlacementStrategy, Pool,
-    PoolKind, PoolSpec, PoolStatus, ResourceUsage, Resources, StartForecast, StateCount, Task,
-    TaskRun, TaskSpec, TaskState, event,
+    Event, Host, HostState, Job, JobSpec, JobState, JobStatus, Pool, PoolKind, PoolSpec,
+    PoolStatus, ResourceUsage, Resources, StartForecast, StateCount, Task, TaskRun, TaskSpec,
+    TaskState, event,
 };
 use serde_json::{Value, json};
 

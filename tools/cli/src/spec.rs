@@ -793,10 +793,10 @@ pub fn file_path_of(api_path: &str) -> String {
         return api_path.to_owned();
     };
     let mut out = String::with_capacity(rest.len());
-    let mut segments = rest.split('.').peekable();
+    let segments = rest.split('.');
     let mut first = true;
     let mut in_task = false;
-    while let Some(segment) = segments.next() {
+    for segment in segments {
         let (name, index) = match segment.find('[') {
             Some(at) => segment.split_at(at),
             None => (segment, ""),
@@ -813,7 +813,14 @@ pub fn file_path_of(api_path: &str) -> String {
                 "task"
             }
             // A port is named by its name alone in a file.
-            "name" if in_task && out.ends_with(']') && out.rsplit('.').next().is_some_and(|s| s.starts_with("ports[")) => {
+            "name"
+                if in_task
+                    && out.ends_with(']')
+                    && out
+                        .rsplit('.')
+                        .next()
+                        .is_some_and(|s| s.starts_with("ports[")) =>
+            {
                 break;
             }
             other => other,
@@ -1124,7 +1131,10 @@ mod tests {
             ("spec.overrides[2].spec.env", "overrides[2].task.env"),
             ("spec.overrides[2].instance", "overrides[2].instance"),
             ("spec.default_task.ports[1].name", "task.ports[1]"),
-            ("spec.default_task.health_check.http.port", "task.health_check.http.port"),
+            (
+                "spec.default_task.health_check.http.port",
+                "task.health_check.http.port",
+            ),
             ("spec.host_pool", "host_pool"),
             ("instance_count", "instance_count"),
         ] {
@@ -1133,7 +1143,10 @@ mod tests {
         let s = in_file_terms(tonic::Status::invalid_argument(
             "spec.default_task.resources.cpu: must not be negative (got -1)",
         ));
-        assert_eq!(s.message(), "task.resources.cpu: must not be negative (got -1)");
+        assert_eq!(
+            s.message(),
+            "task.resources.cpu: must not be negative (got -1)"
+        );
         assert_eq!(s.code(), tonic::Code::InvalidArgument);
         let other = in_file_terms(tonic::Status::not_found("pool /x not found: spec.pool"));
         assert_eq!(other.message(), "pool /x not found: spec.pool");

@@ -169,7 +169,10 @@ async fn examples_run_end_to_end_and_errors_are_readable() {
         text(&out.stderr)
     );
     for (yaml, path) in [
-        ("instances: 1\ntask: {command: /bin/true, resources: {cpu: -1}}\n", "task.resources.cpu: "),
+        (
+            "instances: 1\ntask: {command: /bin/true, resources: {cpu: -1}}\n",
+            "task.resources.cpu: ",
+        ),
         (
             "instances: 2\nsla: {gang_size: 3}\ntask: {command: /bin/true, resources: {cpu: 1}}\n",
             "sla.gang_size: ",
@@ -184,7 +187,10 @@ async fn examples_run_end_to_end_and_errors_are_readable() {
         let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
         let why = text(&out.stderr);
-        assert!(why.contains(&format!("invalid argument: {path}")), "{yaml}: {why}");
+        assert!(
+            why.contains(&format!("invalid argument: {path}")),
+            "{yaml}: {why}"
+        );
         assert!(!why.contains("spec."), "{why}");
     }
     std::fs::write(&bad, "name: x\ncomand: oops\n").unwrap();
@@ -258,10 +264,7 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
     let list = ok_json(&url, &["update", "list", &id]).await;
     assert_eq!(list["updates"].as_array().unwrap().len(), 1, "{list}");
     let j = ok_json(&url, &["job", "get", &id]).await;
-    assert_eq!(
-        j["job"]["spec"]["task"]["env"]["VERSION"], "v2",
-        "{j}"
-    );
+    assert_eq!(j["job"]["spec"]["task"]["env"]["VERSION"], "v2", "{j}");
     // Actions on a finished update are refused with exit 1 and the reason.
     let uid = u["update"]["id"].as_str().unwrap();
     let out = peloton(&url, &["update", "pause", uid]).await;
@@ -674,7 +677,10 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     assert_eq!(json, yaml);
     assert_eq!(json["sla"]["gang_size"], 2, "{json}");
     assert_eq!(json["instances"], 2, "{json}");
-    assert_eq!(json["overrides"][0]["task"]["command"], "/bin/false", "{json}");
+    assert_eq!(
+        json["overrides"][0]["task"]["command"], "/bin/false",
+        "{json}"
+    );
     for api_name in ["default_task", "instance_count", "min_running_instances"] {
         assert!(!json.to_string().contains(api_name), "{json}");
     }
@@ -830,7 +836,10 @@ async fn json_until(url: &str, args: &[&str], what: &str, done: impl Fn(&Value) 
         if done(&v) {
             return v;
         }
-        assert!(std::time::Instant::now() < deadline, "waited for {what}: {v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited for {what}: {v}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
@@ -849,9 +858,9 @@ async fn destructive_actions_refuse_and_name_the_way_out() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_string();
     let running = |v: &Value| {
-        v["tasks"].as_array().is_some_and(|t| {
-            t.len() == 2 && t.iter().all(|t| t["current"]["state"] == "running")
-        })
+        v["tasks"]
+            .as_array()
+            .is_some_and(|t| t.len() == 2 && t.iter().all(|t| t["current"]["state"] == "running"))
     };
     let tasks = json_until(&url, &["task", "list", &id], "2 running", running).await;
     let mut per_host = std::collections::BTreeMap::<String, usize>::new();
@@ -864,7 +873,14 @@ async fn destructive_actions_refuse_and_name_the_way_out() {
     let out = peloton(&url, &["hostpool", "create", "other"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let before = ok_json(&url, &["hostpool", "list"]).await;
-    let move_all = ["hostpool", "move", "--to", "other", "sim-00000", "sim-00001"];
+    let move_all = [
+        "hostpool",
+        "move",
+        "--to",
+        "other",
+        "sim-00000",
+        "sim-00001",
+    ];
     let out = peloton(&url, &move_all).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     let why = text(&out.stderr);
@@ -907,7 +923,9 @@ async fn destructive_actions_refuse_and_name_the_way_out() {
     assert_eq!(out.status.code(), Some(1));
     let why = text(&out.stderr);
     assert!(
-        why.contains(&format!("pool /demo has 1 unfinished job(s) ({id}); kill them first")),
+        why.contains(&format!(
+            "pool /demo has 1 unfinished job(s) ({id}); kill them first"
+        )),
         "{why}"
     );
     let out = peloton(&url, &["job", "kill", &id]).await;
@@ -928,7 +946,11 @@ async fn destructive_actions_refuse_and_name_the_way_out() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = peloton(&url, &["job", "get", &id]).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
     let pools_after = ok_json(&url, &["respool", "list"]).await["pools"]
         .as_array()
         .unwrap()

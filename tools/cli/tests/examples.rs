@@ -447,7 +447,9 @@ async fn every_example_runs_to_success_on_the_quick_start_cluster() {
 /// The README's "Quick start" section: its `sh` blocks, in order.
 fn quick_start_blocks() -> Vec<String> {
     let readme = std::fs::read_to_string(examples_dir().join("../README.md")).expect("README.md");
-    let start = readme.find("\n## Quick start\n").expect("a Quick start section");
+    let start = readme
+        .find("\n## Quick start\n")
+        .expect("a Quick start section");
     let section = &readme[start + 1..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
     let mut blocks = Vec::new();
@@ -489,7 +491,10 @@ async fn the_readme_quick_start_runs_as_written() {
             "the build does not build {binary} ({package}): {build}"
         );
     }
-    assert!(first_job.contains("export PATH=$PWD/target/release:$PATH"), "{first_job}");
+    assert!(
+        first_job.contains("export PATH=$PWD/target/release:$PATH"),
+        "{first_job}"
+    );
 
     // The checkout as the build leaves it.
     let dir = tempfile::tempdir().unwrap();
@@ -562,7 +567,11 @@ async fn the_readme_quick_start_runs_as_written() {
     );
     assert!(stdout.contains("succeeded"), "{stdout}");
     assert!(stdout.contains("local-"), "{stdout}");
-    assert_eq!(stdout.lines().last(), Some("hello from Peloton"), "{stdout}");
+    assert_eq!(
+        stdout.lines().last(),
+        Some("hello from Peloton"),
+        "{stdout}"
+    );
 
     // Ctrl-C stops the cluster and its tasks.
     let pid = server.id().unwrap();

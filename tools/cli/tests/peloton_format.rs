@@ -338,9 +338,7 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
             JobTypeName::Service | JobTypeName::Stateful | JobTypeName::Daemon => {
                 let job = ok_json(url, &["job", "create", POOL, &file_str]).await;
                 let id = job["job"]["id"].as_str().expect("id").to_owned();
-                let n = job["job"]["spec"]["instances"]
-                    .as_u64()
-                    .expect("count");
+                let n = job["job"]["spec"]["instances"].as_u64().expect("count");
                 let tasks = eventually("every instance running and healthy", async || {
                     let tasks = ok_json(url, &["task", "list", &id]).await;
                     let list = tasks["tasks"].as_array().cloned().unwrap_or_default();

@@ -604,11 +604,31 @@ async fn an_agent_certificate_lets_an_agent_join_as_its_host() {
     let args = |token| {
         let files = files.to_str().unwrap().to_owned();
         let work = work.to_str().unwrap().to_owned();
-        (token, ["agent", "cert", "far-host", "--out"].map(String::from).into_iter()
-            .chain([files, "--work-dir".into(), work]).collect::<Vec<_>>())
+        (
+            token,
+            ["agent", "cert", "far-host", "--out"]
+                .map(String::from)
+                .into_iter()
+                .chain([files, "--work-dir".into(), work])
+                .collect::<Vec<_>>(),
+        )
     };
     // Not for everyone: a submitter is refused, and nothing is written.
-    let secret = json(&c.as_token(ADMIN, &["-o", "json", "token", "create", "sub", "--grant", "submitter:/"]).await)["secret"]
+    let secret = json(
+        &c.as_token(
+            ADMIN,
+            &[
+                "-o",
+                "json",
+                "token",
+                "create",
+                "sub",
+                "--grant",
+                "submitter:/",
+            ],
+        )
+        .await,
+    )["secret"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -618,7 +638,17 @@ async fn an_agent_certificate_lets_an_agent_join_as_its_host() {
     assert!(!files.exists());
     // A bad host name is refused naming the field.
     fails(
-        &c.as_token(ADMIN, &["agent", "cert", "bad host", "--out", files.to_str().unwrap()]).await,
+        &c.as_token(
+            ADMIN,
+            &[
+                "agent",
+                "cert",
+                "bad host",
+                "--out",
+                files.to_str().unwrap(),
+            ],
+        )
+        .await,
         1,
         &["host"],
     );
@@ -638,7 +668,10 @@ async fn an_agent_certificate_lets_an_agent_join_as_its_host() {
     #[cfg(unix)]
     for secret in ["far-host.key", "agent-token"] {
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(files.join(secret)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(files.join(secret))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600, "{secret}");
     }
     assert_eq!(
@@ -650,7 +683,10 @@ async fn an_agent_certificate_lets_an_agent_join_as_its_host() {
 
     // The agent, as printed.
     let agent = PathBuf::from(env!("CARGO_BIN_EXE_peloton")).with_file_name("peloton-agent");
-    assert!(agent.exists(), "build it first: cargo build -p peloton-agent");
+    assert!(
+        agent.exists(),
+        "build it first: cargo build -p peloton-agent"
+    );
     let mut child = tokio::process::Command::new(agent)
         .args(&words[1..])
         .arg("--resources")
@@ -675,7 +711,13 @@ async fn an_agent_certificate_lets_an_agent_join_as_its_host() {
         if let Ok(Some(status)) = child.try_wait() {
             let mut err = String::new();
             use tokio::io::AsyncReadExt as _;
-            child.stderr.take().unwrap().read_to_string(&mut err).await.unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .await
+                .unwrap();
             panic!("the agent exited ({status}): {err}");
         }
         assert!(std::time::Instant::now() < deadline, "no far-host: {hosts}");

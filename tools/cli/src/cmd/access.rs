@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use peloton_proto::v1::access_service_client::AccessServiceClient;
 use peloton_proto::v1::{
-    AuditEntry, CreateTokenRequest, Grant, IssueAgentCertificateRequest, IssueCertificateRequest, ListAuditRequest,
-    ListTokensRequest, RevokeCertificateRequest, RevokeTokenRequest, Token, TokenCertificate,
-    WhoAmIRequest,
+    AuditEntry, CreateTokenRequest, Grant, IssueAgentCertificateRequest, IssueCertificateRequest,
+    ListAuditRequest, ListTokensRequest, RevokeCertificateRequest, RevokeTokenRequest, Token,
+    TokenCertificate, WhoAmIRequest,
 };
 use serde_json::{Value, json};
 use tonic::Code;
@@ -222,10 +222,14 @@ pub(super) async fn agent(ctx: &Ctx, command: AgentCommand) -> Result<Outcome> {
     let out = out
         .canonicalize()
         .with_context(|| format!("reading {}", out.display()))?;
-    let [cert_path, key_path, ca_path, token_path] =
-        [&cert_path, &key_path, &ca_path, &token_path].map(|p| out.join(p.file_name().expect("a file")));
+    let [cert_path, key_path, ca_path, token_path] = [&cert_path, &key_path, &ca_path, &token_path]
+        .map(|p| out.join(p.file_name().expect("a file")));
     write_new(&key_path, request.key_pem.as_bytes(), 0o600)?;
-    write_new(&token_path, format!("{}\n", issued.agent_token).as_bytes(), 0o600)?;
+    write_new(
+        &token_path,
+        format!("{}\n", issued.agent_token).as_bytes(),
+        0o600,
+    )?;
     write_new(&cert_path, issued.certificate_pem.as_bytes(), 0o644)?;
     write_new(&ca_path, issued.ca_pem.as_bytes(), 0o644)?;
     let command = [
