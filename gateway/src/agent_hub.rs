@@ -112,6 +112,11 @@ impl AgentHub {
         self.heartbeat_interval_ms * TAKEOVER_AFTER_HEARTBEATS
     }
 
+    /// The agents' token itself (for a cluster admin adding an agent).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     /// Whether `token` is the agents' token, in time that depends on the
     /// server's token's length only (see [`tokens_equal`]).
     pub fn token_matches(&self, token: &str) -> bool {

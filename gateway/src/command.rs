@@ -122,6 +122,8 @@ pub enum PoolCommand {
         path: String,
         /// Expected version (0: any).
         version: u64,
+        /// Delete its ended jobs with it.
+        force: bool,
         /// Reply.
         reply: Reply<()>,
     },
@@ -275,6 +277,8 @@ pub enum HostCommand {
         hosts: Vec<String>,
         /// The host pool.
         to: String,
+        /// Preempt their tasks of jobs of other host pools.
+        force: bool,
         /// Reply.
         reply: Reply<()>,
     },

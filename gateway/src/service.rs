@@ -369,6 +369,7 @@ impl ResourcePoolService for Api {
             Command::Pools(PoolCommand::DeletePool {
                 path: r.path,
                 version: r.version,
+                force: r.force,
                 reply,
             })
         })
@@ -987,6 +988,7 @@ impl HostPoolService for Api {
             Command::Hosts(HostCommand::MoveHosts {
                 hosts: r.hosts,
                 to: r.to,
+                force: r.force,
                 reply,
             })
         })

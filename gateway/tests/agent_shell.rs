@@ -188,6 +188,7 @@ async fn launches_carry_secrets_and_agent_hosts_keep_their_host_pool() {
         .move_hosts(pb::MoveHostsRequest {
             hosts: vec!["a1".into()],
             to: "p".into(),
+            force: false,
         })
         .await
         .expect("move");

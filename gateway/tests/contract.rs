@@ -1099,6 +1099,7 @@ async fn host_pools_are_paged_by_size_and_a_pool_continues_on_the_next_page() {
         .move_hosts(pb::MoveHostsRequest {
             hosts: vec![moved.clone()],
             to: "b".into(),
+            force: false,
         })
         .await
         .expect("move a host");

@@ -30,10 +30,20 @@ async fn delete_host_pool(c: &mut Clients, name: &str) -> Result<(), tonic::Stat
 }
 
 async fn move_hosts(c: &mut Clients, hosts: &[&str], to: &str) -> Result<(), tonic::Status> {
+    move_hosts_forced(c, hosts, to, false).await
+}
+
+async fn move_hosts_forced(
+    c: &mut Clients,
+    hosts: &[&str],
+    to: &str,
+    force: bool,
+) -> Result<(), tonic::Status> {
     c.host_pools
         .move_hosts(pb::MoveHostsRequest {
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
             to: to.into(),
+            force,
         })
         .await?;
     Ok(())
@@ -158,12 +168,35 @@ async fn a_job_runs_only_in_its_host_pool_and_others_in_default() {
         Code::FailedPrecondition,
         "still has 2 host(s)",
     );
-    // Moving hosts away leaves their running tasks where they are.
-    move_hosts(&mut c, &[&all[0], &all[1]], "default")
-        .await
-        .expect("move back");
+    // Moving hosts that run the pool's tasks away is refused, naming how
+    // many run where; nothing moves.
+    let before = host_pools(&mut c).await;
+    assert_status(
+        move_hosts(&mut c, &[&all[0], &all[1]], "default").await,
+        Code::FailedPrecondition,
+        "8 task(s) of jobs outside host pool \"default\" run on these hosts",
+    );
+    assert_eq!(host_pools(&mut c).await, before);
     let hosts = running_hosts(&c, &in_pool.id, 8).await;
     assert!(hosts.is_subset(&set(&[&all[0], &all[1]])), "{hosts:?}");
+    // With force they stop and wait for hosts of their own pool.
+    move_hosts_forced(&mut c, &[&all[0], &all[1]], "default", true)
+        .await
+        .expect("move back");
+    let t = eventually("team-a's tasks to wait", TIMEOUT, async || {
+        let tasks = list_tasks(&mut c.clone(), &in_pool.id).await;
+        if tasks.iter().all(|t| {
+            t.current
+                .as_ref()
+                .is_some_and(|r| r.host.is_empty() && r.run_id == 2)
+        }) {
+            Ok(tasks)
+        } else {
+            Err(format!("{tasks:?}"))
+        }
+    })
+    .await;
+    assert_eq!(t.len(), 8);
     // Refused while a live job names it (either of the two).
     let e = delete_host_pool(&mut c, "team-a").await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");

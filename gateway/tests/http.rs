@@ -735,6 +735,7 @@ async fn every_route_reaches_its_service() {
             .replace("{job_id}", "nope")
             .replace("{name}", "nope")
             .replace("{to}", "nope")
+            .replace("{host}", "nope")
             .replace("{fingerprint}", &"0".repeat(64))
             .replace("{app_id}", "nope");
         assert!(!path.contains('{'), "{path}");

@@ -147,44 +147,32 @@ async fn scaled_jobs_with_overrides_hosts_and_partial_kills_survive_restarts() {
     s.shutdown().await;
 }
 
+/// A pool holding an ended job is not deleted from under it (the job
+/// could not be restarted or scaled again): refused, naming the count,
+/// and nothing changes; with force the job goes with the pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scaling_a_job_whose_pool_is_gone_is_not_found() {
+async fn deleting_a_pool_with_ended_jobs_needs_force_and_deletes_them() {
     let mut s = TestServer::start(1).await;
     create_reserved_pool(&mut s.clients, "/gone").await;
     let job = create_job(&mut s.clients, job_spec("/gone", 1, 0.5, 10)).await;
     wait_job(&s.clients, &job.id, J::Succeeded).await;
-    s.clients
-        .pools
-        .delete(pb::DeletePoolRequest {
-            path: "/gone".into(),
-            version: 0,
-        })
-        .await
-        .unwrap();
-    let e = scale(&mut s.clients, &job.id, 2).await.unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "{e:?}");
-    assert!(e.message().contains("spec.pool"), "{e:?}");
-    let e = s
-        .clients
-        .tasks
-        .restart(pb::RestartTaskRequest {
-            job_id: job.id.clone(),
-            instances: vec![0],
-            job_version: 0,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "{e:?}");
-    // Nothing changed.
-    let j = get_job(&mut s.clients, &job.id).await.unwrap();
-    assert_eq!(j.spec.unwrap().instance_count, 1);
-    assert_eq!(
-        count_in(
-            &get_job(&mut s.clients, &job.id).await.unwrap(),
-            T::Succeeded
-        ),
-        1
+    let delete = |force: bool| pb::DeletePoolRequest {
+        path: "/gone".into(),
+        version: 0,
+        force,
+    };
+    let e = s.clients.pools.delete(delete(false)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("pool /gone holds 1 ended job(s)"),
+        "{e:?}"
     );
+    // Nothing changed: the job still scales.
+    scale(&mut s.clients, &job.id, 2).await.expect("scale");
+    wait_job(&s.clients, &job.id, J::Succeeded).await;
+    s.clients.pools.delete(delete(true)).await.expect("forced");
+    let e = get_job(&mut s.clients, &job.id).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
     s.shutdown().await;
 }
 

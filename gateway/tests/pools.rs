@@ -93,6 +93,7 @@ async fn pool_lifecycle_create_get_list_update_delete() {
         .delete(pb::DeletePoolRequest {
             path: "/a/b".into(),
             version: 1,
+            force: false,
         })
         .await
         .expect("delete leaf");
@@ -100,6 +101,7 @@ async fn pool_lifecycle_create_get_list_update_delete() {
         .delete(pb::DeletePoolRequest {
             path: "/a".into(),
             version: 3,
+            force: false,
         })
         .await
         .expect("delete /a");
@@ -204,6 +206,7 @@ async fn refused_pool_requests_name_the_problem_and_change_nothing() {
             .delete(pb::DeletePoolRequest {
                 path: "/a/b".into(),
                 version: 9,
+                force: false,
             })
             .await,
         Code::FailedPrecondition,
@@ -226,6 +229,7 @@ async fn refused_pool_requests_name_the_problem_and_change_nothing() {
             .delete(pb::DeletePoolRequest {
                 path: "/nope".into(),
                 version: 0,
+                force: false,
             })
             .await,
         Code::NotFound,
@@ -237,6 +241,7 @@ async fn refused_pool_requests_name_the_problem_and_change_nothing() {
             .delete(pb::DeletePoolRequest {
                 path: "/leaf".into(),
                 version: 0,
+                force: false,
             })
             .await,
         Code::FailedPrecondition,
@@ -262,6 +267,7 @@ async fn delete_of_a_pool_with_children_is_a_failed_precondition() {
         .delete(pb::DeletePoolRequest {
             path: "/a".into(),
             version: 0,
+            force: false,
         })
         .await;
     let after = pools_without_status(&mut c).await;

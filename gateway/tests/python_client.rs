@@ -1,6 +1,6 @@
 //! A client in another language: `examples/python/client.py` (grpcio)
 //! against a real secure server, with the CA file and a token, as the
-//! README shows. It fails, never skips, without python3 and grpcio (CI
+//! docs/access.md shows. It fails, never skips, without python3 and grpcio (CI
 //! installs them).
 
 mod common;

@@ -16,6 +16,7 @@ use peloton_engine::Engine;
 use peloton_engine::host::HostSpec;
 
 use super::effects::{Effects, StateRow};
+use super::model::{HostSlot, JobKey, JobKind, TaskState};
 use super::{Answer, Error, Lifecycle};
 
 /// The host attribute that holds a host's host pool.
@@ -180,17 +181,52 @@ impl Lifecycle {
     }
 
     /// Moves live hosts into the host pool `to` (all exist, or nothing
-    /// changes). Runs placed there stay; from the next cycle on the hosts
-    /// take tasks of `to`'s jobs only.
+    /// changes); from the next cycle on they take tasks of `to`'s jobs
+    /// only. Runs there of jobs of other host pools would be left on hosts
+    /// their jobs may not use: the move is refused, naming how many run
+    /// where, unless `force`, which preempts them (they start again in
+    /// their own host pools; a daemon's instance there retires).
     pub(super) fn move_hosts(
         &mut self,
         engine: &mut Engine,
         hosts: &[String],
         to: &str,
+        force: bool,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
         if !self.host_pools.exists(to) {
             return Err(Error::HostPoolNotFound(to.to_string()));
+        }
+        let mut outside: Vec<(HostSlot, Vec<(JobKey, u32)>)> = Vec::new();
+        for h in hosts {
+            let id = engine
+                .hosts()
+                .lookup(h)
+                .ok_or_else(|| Error::HostNotFound(h.clone()))?;
+            let slot = HostSlot(id.idx() as u32);
+            let mut on_it = self.instances_on(engine, slot);
+            on_it.extend(self.orphans.get(&slot).into_iter().flatten().copied());
+            on_it.retain(|(k, _)| &*self.jobs[k].plan.host_pool != to);
+            on_it.sort_unstable();
+            on_it.dedup();
+            if !on_it.is_empty() && !outside.iter().any(|(s, _)| *s == slot) {
+                outside.push((slot, on_it));
+            }
+        }
+        if !outside.is_empty() && !force {
+            let n: usize = outside.iter().map(|(_, v)| v.len()).sum();
+            let shown = outside
+                .iter()
+                .take(5)
+                .map(|(s, v)| format!("{} ({})", self.host_names[s.idx()], v.len()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(Error::Precondition(format!(
+                "{n} task(s) of jobs outside host pool {to:?} run on these hosts: {shown}{}; \
+                 a move with force stops those tasks (they start again in their own host \
+                 pools), or drain the hosts first",
+                if outside.len() > 5 { ", …" } else { "" }
+            )));
         }
         self.set_attribute(engine, hosts, HOST_POOL_ATTRIBUTE, to)?;
         for h in hosts {
@@ -201,6 +237,19 @@ impl Lifecycle {
             }
             fx.state_rows
                 .push(StateRow::HostPoolMember(h.as_str().into()));
+        }
+        for (slot, on_it) in outside {
+            let reason = format!(
+                "host {} moved to host pool {to}",
+                self.host_names[slot.idx()]
+            );
+            for (k, i) in on_it {
+                if self.jobs[&k].plan.kind == JobKind::Daemon {
+                    self.retire_daemon_instance(engine, k, i, &reason, fx);
+                } else if self.end_run(engine, k, i, TaskState::Preempted, &reason, fx) {
+                    self.restart_after_loss(engine, k, i, fx);
+                }
+            }
         }
         Ok(Answer::Done)
     }

@@ -96,17 +96,49 @@ impl Lifecycle {
         engine: &mut Engine,
         path: &str,
         version: u64,
+        force: bool,
         fx: &mut Effects,
     ) -> Result<Answer, Error> {
         let id = self.check_pool_version(engine, path, version)?;
-        if let Some(job) = self
-            .jobs
-            .values()
-            .find(|j| j.pool == id && !j.state.is_terminal())
-        {
+        // Its jobs, ended ones included: a job left without its pool could
+        // not be restarted, scaled or updated again.
+        let mut unfinished: Vec<&str> = Vec::new();
+        let mut ended: Vec<JobKey> = Vec::new();
+        for (&k, j) in &self.jobs {
+            if j.pool != id {
+                continue;
+            }
+            if j.state.is_terminal() && j.held == 0 && j.active == 0 {
+                ended.push(k);
+            } else {
+                unfinished.push(&j.id);
+            }
+        }
+        if !unfinished.is_empty() {
+            unfinished.sort_unstable();
+            let shown = unfinished
+                .iter()
+                .take(3)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
             return Err(Error::Precondition(format!(
-                "pool {path} has the unfinished job {}; kill it first",
-                job.id
+                "pool {path} has {} unfinished job(s) ({shown}{}){}; kill them first",
+                unfinished.len(),
+                if unfinished.len() > 3 { ", …" } else { "" },
+                if ended.is_empty() {
+                    String::new()
+                } else {
+                    format!(" and {} ended job(s)", ended.len())
+                }
+            )));
+        }
+        ended.sort_unstable();
+        if !ended.is_empty() && !force {
+            return Err(Error::Precondition(format!(
+                "pool {path} holds {} ended job(s), which could not be restarted without it; \
+                 delete them first, or a delete with force deletes them with the pool",
+                ended.len()
             )));
         }
         engine
@@ -119,6 +151,13 @@ impl Lifecycle {
                 PoolError::InvalidPath { .. } if path == "/" => Error::Precondition(e.to_string()),
                 e => Error::Pool(e),
             })?;
+        // The pool went first (the tree may refuse it): its jobs now.
+        for k in ended {
+            self.remove_job(engine, k, super::retention::REASON_POOL_DELETED, fx);
+            fx.rows.retain(|r| {
+                !matches!(r, RowKey::Job(x) | RowKey::Task(x, _) | RowKey::Config(x, _) if *x == k)
+            });
+        }
         self.pool_versions.remove(path);
         fx.rows.push(RowKey::PoolDeleted(path.to_string()));
         self.needs_cycle = true;

@@ -232,12 +232,15 @@ pub enum Input {
         /// Expected version (0: any).
         version: u64,
     },
-    /// Delete a pool.
+    /// Delete a pool. Refused while it holds jobs; with `force`, its
+    /// ended jobs are deleted with it (unfinished ones still refuse it).
     DeletePool {
         /// Path.
         path: String,
         /// Expected version (0: any).
         version: u64,
+        /// Delete the pool's ended jobs with it.
+        force: bool,
     },
     /// Create a job with this (fresh) id.
     CreateJob {
@@ -283,12 +286,16 @@ pub enum Input {
         /// Its name.
         name: String,
     },
-    /// Move live hosts into a host pool; runs placed there stay.
+    /// Move live hosts into a host pool. Refused while they run tasks of
+    /// jobs of other host pools, unless `force`: those runs are then
+    /// preempted and start again in their own host pools.
     MoveHosts {
         /// Host names (all must exist, or nothing changes).
         hosts: Vec<String>,
         /// The host pool.
         to: String,
+        /// Preempt the runs that do not belong in `to`.
+        force: bool,
     },
     /// Set one attribute of live hosts (its value replaced, or added);
     /// runs placed there stay. Not the host pool's (see
@@ -730,7 +737,11 @@ impl Lifecycle {
                 config,
                 version,
             } => self.update_pool(engine, &path, config, version, fx),
-            Input::DeletePool { path, version } => self.delete_pool(engine, &path, version, fx),
+            Input::DeletePool {
+                path,
+                version,
+                force,
+            } => self.delete_pool(engine, &path, version, force, fx),
             Input::CreateJob { id, plan } => self.create_job(engine, id, *plan, fx),
             Input::JobAction {
                 id,
@@ -746,7 +757,9 @@ impl Lifecycle {
             Input::Maintenance { hosts, start } => self.maintenance(engine, &hosts, start, fx),
             Input::CreateHostPool { name } => self.create_host_pool(&name, fx),
             Input::DeleteHostPool { name } => self.delete_host_pool(&name, fx),
-            Input::MoveHosts { hosts, to } => self.move_hosts(engine, &hosts, &to, fx),
+            Input::MoveHosts { hosts, to, force } => {
+                self.move_hosts(engine, &hosts, &to, force, fx)
+            }
             Input::SetHostAttribute { hosts, key, value } => {
                 self.set_host_attribute(engine, &hosts, &key, &value)
             }

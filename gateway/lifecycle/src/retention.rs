@@ -29,6 +29,9 @@ pub const REASON_CRON_HISTORY: &str = "cron history";
 /// The reason of a job event for a job a user deleted.
 pub const REASON_DELETED: &str = "deleted";
 
+/// The reason of a job event for an ended job deleted with its pool.
+pub const REASON_POOL_DELETED: &str = "pool deleted";
+
 impl Lifecycle {
     /// When retention next has something to remove (`now` if finished jobs
     /// are beyond the count), if ever.

@@ -36,7 +36,7 @@
 //! - `retention ms=MS max=N` (first line only) — finished jobs are kept
 //!   MS ms and at most N of them; `jobs` — the live jobs and their states,
 //!   and the rows the store holds for them;
-//! - `hostpool create|delete P`, `move P H...` (hosts into host pool P),
+//! - `hostpool create|delete P`, `move P H... [--force]` (hosts into host pool P),
 //!   `hostpools` — the host pools, their members, every host's tag and
 //!   the stored rows; `job … host_pool=P` runs in host pool P;
 //! - `app A` — a client-mode application registers; `target A N` — its
@@ -219,10 +219,15 @@ impl Env {
                     other => panic!("hostpool {other}?"),
                 });
             }
-            "move" => self.step(Input::MoveHosts {
-                hosts: words[2..].iter().map(|h| h.to_string()).collect(),
-                to: words[1].into(),
-            }),
+            "move" => {
+                let force = words.last() == Some(&"--force");
+                let hosts = &words[2..words.len() - usize::from(force)];
+                self.step(Input::MoveHosts {
+                    hosts: hosts.iter().map(|h| h.to_string()).collect(),
+                    to: words[1].into(),
+                    force,
+                });
+            }
             "hostpools" => {
                 let core = &self.sim.core;
                 let pools = core.host_pools();
@@ -5278,7 +5283,7 @@ fn a_launch_that_never_reached_its_agent_is_sent_again_when_it_registers() {
 }
 
 #[test]
-fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
+fn host_pools_partition_the_hosts_and_moving_a_host_with_runs_needs_force() {
     check(
         "
         hostpool create gpu
@@ -5294,15 +5299,20 @@ fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
         move nowhere h2
         move gpu h2
         cycle
-        move gpu h1                    # d's run on h1 stays
+        move gpu h1                    # d runs on h1: refused
+        move gpu h1 --force            # d's run stops; it waits for a default host
+        confirm
         hostpools
         hostpool delete default
         hostpool delete nope
         hostpool delete gpu            # has hosts
-        move default h1 h2
-        hostpool delete gpu            # g still runs there
-        kill g
+        move default h1                # nothing of another pool runs there
+        cycle                          # d runs on h1 again
+        move default h1 h2             # g runs on h2: refused, nothing moves
+        move default h2 --force        # g waits for a host in gpu
         confirm
+        hostpool delete gpu            # g still names it
+        kill g
         crash
         hostpools
         register h1
@@ -5349,7 +5359,15 @@ fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
             g/0#1 running @h2
             job g running
             > move gpu h1
+            error: 1 task(s) of jobs outside host pool "gpu" run on these hosts: h1 (1); a move with force stops those tasks (they start again in their own host pools), or drain the hosts first
+            > move gpu h1 --force
               row host h1 in gpu
+            d/0#1 preempted @h1 (host h1 moved to host pool gpu; lost work: 0 ms since its start)
+            job d pending
+              kill d/0#1 @h1
+            > confirm
+            d/0#2 initialized
+            d/0#2 pending
             > hostpools
               host pools: gpu | members: h1=gpu h2=gpu | tags: h1=gpu h2=gpu | stored: gpu h1=gpu h2=gpu
             > hostpool delete default
@@ -5358,16 +5376,29 @@ fn host_pools_partition_the_hosts_and_moving_a_host_leaves_its_runs() {
             error: host pool "nope" not found
             > hostpool delete gpu
             error: host pool "gpu" still has 2 host(s) (h1, h2); move them to another host pool first
-            > move default h1 h2
+            > move default h1
               row host h1 in default
+            > cycle
+            d/0#2 ready
+            d/0#2 placed @h1
+            d/0#2 launching @h1
+              launch d/0#2 @h1 config 1
+            d/0#2 running @h1
+            job d running
+            > move default h1 h2
+            error: 1 task(s) of jobs outside host pool "default" run on these hosts: h2 (1); a move with force stops those tasks (they start again in their own host pools), or drain the hosts first
+            > move default h2 --force
               row host h2 in default
+            g/0#1 preempted @h2 (host h2 moved to host pool default; lost work: 0 ms since its start)
+            job g pending
+              kill g/0#1 @h2
+            > confirm
+            g/0#2 initialized
+            g/0#2 pending
             > hostpool delete gpu
             error: host pool "gpu" is named by job g which is not terminal
             > kill g
-            g/0#1 killed @h2 (job killed)
-            job g killing
-              kill g/0#1 @h2
-            > confirm
+            g/0#2 killed (job killed)
             job g killed
             > crash
             > hostpools

@@ -129,9 +129,16 @@ impl Scheduler {
             PoolCommand::DeletePool {
                 path,
                 version,
+                force,
                 reply,
             } => {
-                let r = self.apply(Input::DeletePool { path, version }).map(|_| ());
+                let r = self
+                    .apply(Input::DeletePool {
+                        path,
+                        version,
+                        force,
+                    })
+                    .map(|_| ());
                 self.defer(reply, r);
             }
             PoolCommand::GetPool { path, reply } => {
@@ -305,8 +312,15 @@ impl Scheduler {
                 ));
                 self.defer(reply, r);
             }
-            HostCommand::MoveHosts { hosts, to, reply } => {
-                let r = self.apply(Input::MoveHosts { hosts, to }).map(|_| ());
+            HostCommand::MoveHosts {
+                hosts,
+                to,
+                force,
+                reply,
+            } => {
+                let r = self
+                    .apply(Input::MoveHosts { hosts, to, force })
+                    .map(|_| ());
                 self.defer(reply, r);
             }
             HostCommand::Maintenance {

@@ -145,6 +145,66 @@ impl pb::access_service_server::AccessService for Api {
         }))
     }
 
+    async fn issue_agent_certificate(
+        &self,
+        request: Request<pb::IssueAgentCertificateRequest>,
+    ) -> Result<Response<pb::IssueAgentCertificateResponse>, Status> {
+        let host = request.get_ref().host.clone();
+        access::require(&request, Permission::TokensAdmin, "/", host)?;
+        let r = request.into_inner();
+        // The names a registration may carry, so that the agent can use it.
+        if r.host.is_empty() {
+            return Err(crate::convert::invalid("host", "must not be empty"));
+        }
+        crate::convert::id("host", &r.host)?;
+        if let Err(problem) = peloton_engine::host::validate_attribute_word(&r.host) {
+            return Err(crate::convert::invalid("host", problem));
+        }
+        if !self.access.is_secure() {
+            return Err(Status::failed_precondition(
+                "this server is insecure (--insecure): agents need no certificate",
+            ));
+        }
+        let Some(signer) = self.access.signer() else {
+            return Err(Status::failed_precondition(
+                "this server does not hold its client CA's key, so it cannot sign certificates \
+                 (give --tls-client-ca and its key, --tls-client-ca-key, a PKCS#8 PEM file)",
+            ));
+        };
+        let days = match r.valid_days {
+            0 => peloton_tls::MAX_USER_CERT_DAYS,
+            d if d > peloton_tls::MAX_USER_CERT_DAYS => {
+                return Err(crate::convert::invalid(
+                    "valid_days",
+                    format!("{d}; at most {}", peloton_tls::MAX_USER_CERT_DAYS),
+                ));
+            }
+            d => d,
+        };
+        let cert = signer
+            .sign_agent_csr(&r.host, &r.csr_pem, days)
+            .map_err(|e| match e {
+                peloton_tls::SignError::Request(why) => crate::convert::invalid("csr_pem", why),
+                peloton_tls::SignError::Ca(why) => {
+                    tracing::error!(error = %why, "cannot sign an agent certificate");
+                    Status::internal(format!("the server's CA cannot sign: {why}"))
+                }
+            })?;
+        tracing::info!(host = %r.host, "issued an agent certificate");
+        Ok(Response::new(pb::IssueAgentCertificateResponse {
+            certificate_pem: cert.cert_pem,
+            ca_pem: signer.ca_cert_pem.clone(),
+            agent_token: self
+                .hub
+                .as_ref()
+                .map(|hub| hub.token().to_owned())
+                .unwrap_or_default(),
+            not_after_ms: u64::try_from(cert.not_after_unix_s)
+                .unwrap_or(0)
+                .saturating_mul(1000),
+        }))
+    }
+
     async fn revoke_certificate(
         &self,
         request: Request<pb::RevokeCertificateRequest>,

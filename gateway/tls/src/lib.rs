@@ -36,7 +36,7 @@ pub use names::{cert_allows_host, cert_names};
 pub use pki::{CA_COMMON_NAME, CertPair, Pki, ensure_local_ca};
 pub use user::{
     DEFAULT_USER_CERT_DAYS, MAX_CSR_PEM_BYTES, MAX_USER_CERT_DAYS, SignError, USER_PREFIX,
-    UserCert, UserCsr, is_user_cert, user_csr,
+    UserCert, UserCsr, agent_csr, is_user_cert, user_csr,
 };
 
 /// The rustls this crate builds on, so callers name the same types.

@@ -321,7 +321,7 @@ fn set_validity(params: &mut CertificateParams, days: i64) {
 /// `name` as a SAN: an IP address when it parses as one, else a DNS name
 /// that must be a plain host name (letters, digits, `-`, dot-separated
 /// labels of 1 to 63 characters, at most 253 in all).
-fn san(name: &str) -> anyhow::Result<SanType> {
+pub(crate) fn san(name: &str) -> anyhow::Result<SanType> {
     if let Ok(ip) = name.parse::<IpAddr>() {
         return Ok(SanType::IpAddress(ip));
     }

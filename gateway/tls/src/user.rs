@@ -49,9 +49,19 @@ impl std::fmt::Debug for UserCsr {
 /// Makes an ECDSA P-256 key and a certificate request for `name`'s user
 /// certificate.
 pub fn user_csr(name: &str) -> anyhow::Result<UserCsr> {
+    csr_for(&format!("{USER_PREFIX}{name}"))
+}
+
+/// Makes an ECDSA P-256 key and a certificate request for an agent's
+/// certificate naming `host` ([`Pki::sign_agent_csr`]).
+pub fn agent_csr(host: &str) -> anyhow::Result<UserCsr> {
+    csr_for(host)
+}
+
+fn csr_for(common_name: &str) -> anyhow::Result<UserCsr> {
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("generating a key")?;
     let mut params = CertificateParams::default();
-    params.distinguished_name = common_name_only(&format!("{USER_PREFIX}{name}"));
+    params.distinguished_name = common_name_only(common_name);
     let csr = params
         .serialize_request(&key)
         .context("making the certificate request")?;
@@ -86,6 +96,37 @@ impl Pki {
         csr_pem: &str,
         days: u32,
     ) -> Result<UserCert, SignError> {
+        self.sign_csr(&format!("{USER_PREFIX}{name}"), None, csr_pem, days)
+    }
+
+    /// Signs an agent's certificate for `host` with the public key of
+    /// `csr_pem`, as [`Pki::sign_user_csr`] does a user's: the subject is
+    /// `CN=<host>` and its one alternative name is `host` (what the server
+    /// checks an agent's registration against), clientAuth only. `host`
+    /// must not name a user.
+    pub fn sign_agent_csr(
+        &self,
+        host: &str,
+        csr_pem: &str,
+        days: u32,
+    ) -> Result<UserCert, SignError> {
+        if host.starts_with(USER_PREFIX) {
+            return Err(SignError::Request(format!(
+                "host {host:?}: a name starting {USER_PREFIX:?} is a user's"
+            )));
+        }
+        let san = crate::pki::san(host)
+            .map_err(|e| SignError::Request(format!("host {host:?}: {e:#}")))?;
+        self.sign_csr(host, Some(san), csr_pem, days)
+    }
+
+    fn sign_csr(
+        &self,
+        common_name: &str,
+        san: Option<rcgen::SanType>,
+        csr_pem: &str,
+        days: u32,
+    ) -> Result<UserCert, SignError> {
         let bad = |why: String| SignError::Request(why);
         if !(1..=MAX_USER_CERT_DAYS).contains(&days) {
             return Err(bad(format!(
@@ -105,7 +146,8 @@ impl Pki {
         })?;
         let requested_key = requested_key_der(csr_pem).map_err(|e| bad(format!("{e:#}")))?;
         let mut params = CertificateParams::default();
-        params.distinguished_name = common_name_only(&format!("{USER_PREFIX}{name}"));
+        params.distinguished_name = common_name_only(common_name);
+        params.subject_alt_names = san.into_iter().collect();
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
@@ -225,6 +267,25 @@ mod tests {
         assert!(eku.client_auth && !eku.server_auth);
         let days = (cert.not_after_unix_s - OffsetDateTime::now_utc().unix_timestamp()) / 86_400;
         assert!((29..=30).contains(&days), "{days}");
+    }
+
+    #[test]
+    fn an_agent_certificate_names_its_host_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pki = ensure_local_ca(tmp.path()).unwrap();
+        let csr = agent_csr("other-name").unwrap();
+        let cert = pki
+            .sign_agent_csr("host-7.example", &csr.csr_pem, 30)
+            .unwrap();
+        assert_eq!(cert_names(&cert.der).unwrap(), ["host-7.example"]);
+        assert!(!is_user_cert(&cert.der));
+        let (_, parsed) = x509_parser::parse_x509_certificate(&cert.der).unwrap();
+        let eku = parsed.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.client_auth && !eku.server_auth);
+        let e = pki
+            .sign_agent_csr("user:alice", &csr.csr_pem, 30)
+            .unwrap_err();
+        assert!(e.to_string().contains("user"), "{e}");
     }
 
     #[test]

@@ -150,6 +150,9 @@ pub enum Command {
     /// Access tokens of a secure server (cluster admins).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Agents on other machines (cluster admins).
+    #[command(subcommand)]
+    Agent(AgentCommand),
     /// Show the caller: the token's name and grants.
     Whoami,
     /// The audit log of a secure server: every mutating call, allowed or
@@ -268,11 +271,16 @@ pub enum RespoolCommand {
         #[command(flatten)]
         version: VersionArg,
     },
-    /// Delete a pool.
+    /// Delete a pool. Refused while it holds jobs: unfinished ones must be
+    /// killed first; ended ones (which could not be restarted without their
+    /// pool) must be deleted first, or with `--force` go with it.
     Delete {
         path: String,
         #[command(flatten)]
         version: VersionArg,
+        /// Delete the pool's ended jobs with it.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -809,11 +817,16 @@ pub enum HostPoolCommand {
     Delete { name: String },
     /// List host pools with their hosts.
     List,
-    /// Move hosts into a host pool (their running tasks stay where they are).
+    /// Move hosts into a host pool. Refused while they run tasks of jobs of
+    /// other host pools (it names how many, where), unless `--force`.
     Move {
         /// The host pool they go to.
         #[arg(long)]
         to: String,
+        /// Stop their tasks of jobs of other host pools: those start again on
+        /// hosts of their own host pools (a daemon's instance there retires).
+        #[arg(long)]
+        force: bool,
         #[arg(required = true)]
         hosts: Vec<String>,
     },
@@ -859,6 +872,29 @@ pub enum TokenCommand {
     /// Revoke one client certificate of a token (by its fingerprint, as
     /// `token list -o json` or `token cert` shows it).
     CertRevoke { name: String, fingerprint: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Issue an agent's certificate for HOST, signed by the cluster's CA:
+    /// a key made here, a request the server signs. Writes DIR/HOST.pem,
+    /// DIR/HOST.key and DIR/agent-token (mode 0600) and DIR/ca.pem, and
+    /// prints the `peloton-agent` command to run on HOST once DIR is
+    /// copied there (to the same path).
+    Cert {
+        /// The host the agent registers as (its `--host`).
+        host: String,
+        /// Where to write the files (default: ./HOST, which must not exist
+        /// or be empty).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Days it is valid (at most 365; default 365).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=365))]
+        days: Option<u32>,
+        /// The agent's work directory on HOST, for the printed command.
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/peloton")]
+        work_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -101,6 +101,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Hostpool(command) => hostpool::run(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
         Command::Token(command) => access::token(&ctx, command).await,
+        Command::Agent(command) => access::agent(&ctx, command).await,
         Command::Whoami => access::whoami(&ctx).await,
         Command::Audit(args) => access::audit(&ctx, args).await,
         Command::Usage(args) => usage::usage(&ctx, args).await,
@@ -137,4 +138,17 @@ fn print_notes(file: &std::path::Path, notes: &[crate::peloton_yaml::Note]) {
     for note in notes {
         eprintln!("note: {}: {note}", file.display());
     }
+}
+
+/// A refusal the server would lift with `force` (a destructive action it
+/// names, such as stopping tasks or deleting ended jobs) names the flag.
+fn force_hint(status: tonic::Status, forced: bool) -> tonic::Status {
+    if forced
+        || status.code() != tonic::Code::FailedPrecondition
+        || !status.message().contains("with force")
+    {
+        return status;
+    }
+    let message = format!("{} (--force to do so)", status.message());
+    tonic::Status::new(status.code(), message)
 }

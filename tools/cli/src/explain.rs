@@ -288,8 +288,11 @@ pub fn reference() -> String {
          `peloton explain FIELD.PATH` prints one. A test keeps this page equal to what they\n\
          render; to change it, change the doc comments and run\n\
          `UPDATE_EXPECT=1 cargo test -p peloton-cli --lib explain`.\n\n\
-         The JSON output (`-o json`) follows the API's names, which differ for two fields:\n\
-         `task` is `default_task`, `sla.gang_size` is `sla.min_running_instances`.\n\n\
+         The CLI uses these names everywhere: a job's spec in `-o json` and `-o yaml` is this\n\
+         file (fields at their defaults left out), and a server's refusal of a spec names the\n\
+         field by its path here (`task.resources.cpu`). The API (gRPC, JSON over HTTP) names\n\
+         three differently: `task` is `default_task`, `instances` is `instance_count`,\n\
+         `sla.gang_size` is `sla.min_running_instances` (and an override's `task` its `spec`).\n\n\
          | field | type | default | description |\n|---|---|---|---|\n",
     );
     for path in all_paths() {

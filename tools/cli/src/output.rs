@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
 
 use peloton_proto::v1::{
-    Event, Host, HostState, Job, JobSpec, JobState, JobStatus, JobType, PlacementStrategy, Pool,
-    PoolKind, PoolSpec, PoolStatus, ResourceUsage, Resources, StartForecast, StateCount, Task,
-    TaskRun, TaskSpec, TaskState, event,
+    Event, Host, HostState, Job, JobSpec, JobState, JobStatus, Pool, PoolKind, PoolSpec,
+    PoolStatus, ResourceUsage, Resources, StartForecast, StateCount, Task, TaskRun, TaskSpec,
+    TaskState, event,
 };
 use serde_json::{Value, json};
 
@@ -427,48 +427,13 @@ fn health_check_json(h: &peloton_proto::v1::HealthCheck) -> Value {
     v
 }
 
+/// A job's spec as JSON: its spec file ([`crate::spec::JobFile`], what
+/// `job get -o yaml` prints and `job create` reads), so that every field
+/// has the one name of the file; fields at their defaults are left out, as
+/// in the file. Secrets are not in a file: [`job_json`] lists them beside.
 pub fn job_spec_json(spec: Option<&JobSpec>) -> Value {
-    let spec = spec.cloned().unwrap_or_default();
-    let sla = spec.sla.unwrap_or_default();
-    json!({
-        "name": spec.name,
-        "owner": spec.owner,
-        "labels": map_json(&spec.labels),
-        "type": enum_json::<JobType>(spec.r#type),
-        "pool": spec.pool,
-        "instance_count": spec.instance_count,
-        "default_task": task_spec_json(spec.default_task.as_ref()),
-        "overrides": spec.overrides.iter().map(|o| json!({
-            "instance": o.instance,
-            "spec": task_spec_json(o.spec.as_ref()),
-        })).collect::<Vec<_>>(),
-        "sla": {
-            "priority": sla.priority,
-            "preemptible": sla.preemptible,
-            "max_running_instances": sla.max_running_instances,
-            "min_running_instances": sla.min_running_instances,
-            "max_running_time_ms": sla.max_running_time_ms,
-            "max_unavailable_instances": sla.max_unavailable_instances,
-        },
-        "placement": enum_json::<PlacementStrategy>(spec.placement),
-        "host_pool": spec.host_pool,
-        "secrets": spec.secrets.iter().map(|s| json!({
-            "name": s.name,
-            "size": s.size,
-        })).collect::<Vec<_>>(),
-        "stateful": spec.stateful.as_ref().map(|p| json!({
-            "host_down_timeout_ms": p.host_down_timeout_ms,
-            "on_host_down": enum_json::<peloton_proto::v1::VolumeLossPolicy>(p.on_host_down),
-        })),
-        "after": spec.after.as_ref().map(dependencies_json),
-        "schedule": spec.schedule.as_ref().map(|s| json!({
-            "cron": s.cron,
-            "time_zone": s.time_zone,
-            "overlap": enum_json::<peloton_proto::v1::CronOverlap>(s.overlap),
-            "keep_succeeded": s.keep_succeeded,
-            "keep_failed": s.keep_failed,
-        })),
-    })
+    let file = crate::spec::JobFile::from_proto(&spec.cloned().unwrap_or_default());
+    serde_json::to_value(file).expect("a spec file is JSON")
 }
 
 /// A cron job's schedule in words: `*/5 * * * * (Europe/Berlin), overlap
@@ -548,9 +513,15 @@ pub fn job_status_json(status: Option<&JobStatus>) -> Value {
 }
 
 pub fn job_json(job: &Job) -> Value {
+    let secrets = job.spec.as_ref().map_or(&[][..], |s| &s.secrets[..]);
     json!({
         "id": job.id,
         "spec": job_spec_json(job.spec.as_ref()),
+        // Names and sizes only: values are never readable.
+        "secrets": secrets.iter().map(|s| json!({
+            "name": s.name,
+            "size": s.size,
+        })).collect::<Vec<_>>(),
         "status": job_status_json(job.status.as_ref()),
         "version": job.version,
     })

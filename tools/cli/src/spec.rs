@@ -860,6 +860,71 @@ fn with_twice(twice: &[String], notes: Vec<Note>) -> Vec<Note> {
 }
 
 /// Parses a job spec (either format) into the API's message.
+/// The spec file's name of a field the server names by its API path
+/// (`spec.default_task.resources.cpu` → `task.resources.cpu`), so that a
+/// field has one name in files, `-o json`/`-o yaml` and errors. A path
+/// outside the spec comes back as it is.
+pub fn file_path_of(api_path: &str) -> String {
+    let Some(rest) = api_path.strip_prefix("spec.") else {
+        return api_path.to_owned();
+    };
+    let mut out = String::with_capacity(rest.len());
+    let segments = rest.split('.');
+    let mut first = true;
+    let mut in_task = false;
+    for segment in segments {
+        let (name, index) = match segment.find('[') {
+            Some(at) => segment.split_at(at),
+            None => (segment, ""),
+        };
+        let renamed = match name {
+            "default_task" if first => {
+                in_task = true;
+                "task"
+            }
+            "instance_count" if first => "instances",
+            "min_running_instances" if out == "sla" => "gang_size",
+            "spec" if out.starts_with("overrides[") && !out.contains('.') => {
+                in_task = true;
+                "task"
+            }
+            // A port is named by its name alone in a file.
+            "name"
+                if in_task
+                    && out.ends_with(']')
+                    && out
+                        .rsplit('.')
+                        .next()
+                        .is_some_and(|s| s.starts_with("ports[")) =>
+            {
+                break;
+            }
+            other => other,
+        };
+        if !first {
+            out.push('.');
+        }
+        out.push_str(renamed);
+        out.push_str(index);
+        first = false;
+    }
+    out
+}
+
+/// A server's refusal of a spec the CLI sent, its field path in the spec
+/// file's names ([`file_path_of`]); any other status as it is.
+pub fn in_file_terms(status: tonic::Status) -> tonic::Status {
+    let message = status.message();
+    let Some((path, why)) = message.split_once(": ") else {
+        return status;
+    };
+    if !path.starts_with("spec.") || path.contains(' ') {
+        return status;
+    }
+    let message = format!("{}: {why}", file_path_of(path));
+    tonic::Status::new(status.code(), message)
+}
+
 pub fn parse_job_spec(text: &str, origin: &str) -> Result<JobSpec, SpecError> {
     Ok(parse_job_file(text, origin)?.value.into_proto())
 }
@@ -1131,6 +1196,37 @@ fn read_stdin(input: impl std::io::Read) -> Result<String, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_paths_read_as_the_files_names() {
+        for (api, file) in [
+            ("spec.default_task.resources.cpu", "task.resources.cpu"),
+            ("spec.instance_count", "instances"),
+            ("spec.sla.min_running_instances", "sla.gang_size"),
+            ("spec.sla.priority", "sla.priority"),
+            ("spec.overrides[2].spec.env", "overrides[2].task.env"),
+            ("spec.overrides[2].instance", "overrides[2].instance"),
+            ("spec.default_task.ports[1].name", "task.ports[1]"),
+            (
+                "spec.default_task.health_check.http.port",
+                "task.health_check.http.port",
+            ),
+            ("spec.host_pool", "host_pool"),
+            ("instance_count", "instance_count"),
+        ] {
+            assert_eq!(file_path_of(api), file, "{api}");
+        }
+        let s = in_file_terms(tonic::Status::invalid_argument(
+            "spec.default_task.resources.cpu: must not be negative (got -1)",
+        ));
+        assert_eq!(
+            s.message(),
+            "task.resources.cpu: must not be negative (got -1)"
+        );
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        let other = in_file_terms(tonic::Status::not_found("pool /x not found: spec.pool"));
+        assert_eq!(other.message(), "pool /x not found: spec.pool");
+    }
 
     /// Every example and the full spec: file → API message → file →
     /// message gives the same message (what `job get -o yaml` prints is

@@ -162,11 +162,37 @@ async fn examples_run_end_to_end_and_errors_are_readable() {
     .unwrap();
     let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    // The server's refusal names the field as the file does.
     assert!(
-        text(&out.stderr).contains("spec.instance_count"),
+        text(&out.stderr).contains("error: invalid argument: instances: "),
         "{}",
         text(&out.stderr)
     );
+    for (yaml, path) in [
+        (
+            "instances: 1\ntask: {command: /bin/true, resources: {cpu: -1}}\n",
+            "task.resources.cpu: ",
+        ),
+        (
+            "instances: 2\nsla: {gang_size: 3}\ntask: {command: /bin/true, resources: {cpu: 1}}\n",
+            "sla.gang_size: ",
+        ),
+        (
+            "instances: 2\ntask: {command: /bin/true, resources: {cpu: 1}}\n\
+             overrides: [{instance: 1, task: {command: /bin/true, resources: {cpu: -2}}}]\n",
+            "overrides[0].task.resources.cpu: ",
+        ),
+    ] {
+        std::fs::write(&bad, format!("name: x\npool: /demo\n{yaml}")).unwrap();
+        let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        let why = text(&out.stderr);
+        assert!(
+            why.contains(&format!("invalid argument: {path}")),
+            "{yaml}: {why}"
+        );
+        assert!(!why.contains("spec."), "{why}");
+    }
     std::fs::write(&bad, "name: x\ncomand: oops\n").unwrap();
     let out = peloton(&url, &["job", "create", bad.to_str().unwrap()]).await;
     assert_eq!(out.status.code(), Some(2));
@@ -238,10 +264,7 @@ async fn the_service_example_rolls_to_v2_through_the_cli() {
     let list = ok_json(&url, &["update", "list", &id]).await;
     assert_eq!(list["updates"].as_array().unwrap().len(), 1, "{list}");
     let j = ok_json(&url, &["job", "get", &id]).await;
-    assert_eq!(
-        j["job"]["spec"]["default_task"]["env"]["VERSION"], "v2",
-        "{j}"
-    );
+    assert_eq!(j["job"]["spec"]["task"]["env"]["VERSION"], "v2", "{j}");
     // Actions on a finished update are refused with exit 1 and the reason.
     let uid = u["update"]["id"].as_str().unwrap();
     let out = peloton(&url, &["update", "pause", uid]).await;
@@ -386,7 +409,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     .await;
     let id = job["job"]["id"].as_str().unwrap().to_string();
     assert_eq!(
-        job["job"]["spec"]["secrets"],
+        job["job"]["secrets"],
         serde_json::json!([{"name": "token", "size": 12}])
     );
     let shown = text(
@@ -403,7 +426,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let job = ok_json(&url, &["job", "get", &id]).await;
     assert_eq!(
-        job["job"]["spec"]["secrets"],
+        job["job"]["secrets"],
         serde_json::json!([{"name": "token", "size": 12}]),
         "an update without --secret keeps the secrets"
     );
@@ -421,7 +444,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let job = ok_json(&url, &["job", "get", &id]).await;
-    assert_eq!(job["job"]["spec"]["secrets"], serde_json::json!([]));
+    assert_eq!(job["job"]["secrets"], serde_json::json!([]));
     let out = peloton(
         &url,
         &[
@@ -505,7 +528,7 @@ async fn secrets_volumes_and_daemons_through_the_cli() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let job = ok_json(&url, &["job", "get", &daemon]).await;
-    assert_eq!(job["job"]["spec"]["instance_count"], 3);
+    assert_eq!(job["job"]["spec"]["instances"], 3);
     let out = peloton(&url, &["job", "scale", &daemon, "5"]).await;
     assert!(!out.status.success(), "a daemon job is not scaled");
 }
@@ -573,7 +596,7 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     assert_eq!(job["id"], id.as_str(), "{job}");
     assert_eq!(job["spec"]["name"], "echo", "{job}");
     assert_eq!(job["spec"]["pool"], "/demo", "{job}");
-    assert_eq!(job["spec"]["instance_count"], 2, "{job}");
+    assert_eq!(job["spec"]["instances"], 2, "{job}");
     assert_eq!(job["status"]["state"], "succeeded", "{job}");
 
     // The pool from PELOTON_POOL, else the config file's `pool`; with
@@ -640,6 +663,28 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     let again = text(&out.stdout).trim().to_string();
     let spec_of = async |id: &str| ok_json(&url, &["job", "get", id]).await["job"]["spec"].clone();
     assert_eq!(spec_of(&again).await, spec_of(&hello).await);
+    // One name per field: `-o json`'s spec is the spec file, key for key
+    // (`task`, `instances`, `sla.gang_size`, `overrides[].task`).
+    let file = "name: gang\npool: /demo\ninstances: 2\nsla: {gang_size: 2, priority: 3}\n\
+                task: {command: /bin/true, resources: {cpu: 0.1, memory_mb: 32}, sim: {duration_ms: 10}}\n\
+                overrides: [{instance: 1, task: {command: /bin/false, resources: {cpu: 0.1, memory_mb: 32}}}]\n";
+    let out = peloton_with(&url, &[], file, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let gang = text(&out.stdout).trim().to_string();
+    let out = peloton(&url, &["job", "get", "-o", "yaml", &gang]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let yaml: Value = serde_norway::from_slice(&out.stdout).expect("YAML");
+    let json = spec_of(&gang).await;
+    assert_eq!(json, yaml);
+    assert_eq!(json["sla"]["gang_size"], 2, "{json}");
+    assert_eq!(json["instances"], 2, "{json}");
+    assert_eq!(
+        json["overrides"][0]["task"]["command"], "/bin/false",
+        "{json}"
+    );
+    for api_name in ["default_task", "instance_count", "min_running_instances"] {
+        assert!(!json.to_string().contains(api_name), "{json}");
+    }
     // Other reads print their JSON's fields as YAML.
     let out = peloton(&url, &["job", "query", "-o", "yaml", "--name", "hello"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -1127,4 +1172,134 @@ async fn a_cron_job_ticks_a_job_and_survives_a_restart_through_the_cli() {
     let out = peloton(&url, &["job", "get", &id]).await;
     assert!(text(&out.stdout).contains(&child), "{}", text(&out.stdout));
     server.shutdown().await.unwrap();
+}
+
+/// Polls `peloton -o json ARGS` until `done` holds of its answer (30 s).
+async fn json_until(url: &str, args: &[&str], what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let v = ok_json(url, args).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited for {what}: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Destructive actions refuse and name the way out: moving hosts that run
+/// tasks of other host pools says how many run where (and `--force` stops
+/// them: they wait for hosts of their own pool); deleting a pool that
+/// holds jobs says so (unfinished: kill them; ended: delete them, or
+/// `--force` deletes them with it). Nothing changes on a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destructive_actions_refuse_and_name_the_way_out() {
+    let (_dir, _server, url) = with_example_pools(2).await;
+    let spec = "name: long\npool: /demo\ninstances: 2\ntask: {command: /bin/true, \
+                resources: {cpu: 0.5, memory_mb: 32}, sim: {duration_ms: 600000}}\n";
+    let out = peloton_with(&url, &[], spec, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let running = |v: &Value| {
+        v["tasks"]
+            .as_array()
+            .is_some_and(|t| t.len() == 2 && t.iter().all(|t| t["current"]["state"] == "running"))
+    };
+    let tasks = json_until(&url, &["task", "list", &id], "2 running", running).await;
+    let mut per_host = std::collections::BTreeMap::<String, usize>::new();
+    for t in tasks["tasks"].as_array().unwrap() {
+        *per_host
+            .entry(t["current"]["host"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+
+    let out = peloton(&url, &["hostpool", "create", "other"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let before = ok_json(&url, &["hostpool", "list"]).await;
+    let move_all = [
+        "hostpool",
+        "move",
+        "--to",
+        "other",
+        "sim-00000",
+        "sim-00001",
+    ];
+    let out = peloton(&url, &move_all).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let why = text(&out.stderr);
+    assert!(
+        why.contains("2 task(s) of jobs outside host pool \"other\" run on these hosts"),
+        "{why}"
+    );
+    for (host, n) in &per_host {
+        assert!(why.contains(&format!("{host} ({n})")), "{why}");
+    }
+    assert!(why.contains("--force"), "{why}");
+    assert_eq!(ok_json(&url, &["hostpool", "list"]).await, before);
+    let tasks = ok_json(&url, &["task", "list", &id]).await;
+    assert!(running(&tasks), "{tasks}");
+
+    // Forced: the tasks stop and wait for a host of their own pool.
+    let mut forced = move_all.to_vec();
+    forced.push("--force");
+    let out = peloton(&url, &forced).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tasks = json_until(&url, &["task", "list", &id], "both waiting again", |v| {
+        v["tasks"].as_array().is_some_and(|t| {
+            t.iter()
+                .all(|t| t["current"]["run_id"] == 2 && t["current"]["host"] == "")
+        })
+    })
+    .await;
+    let reason = ok_json(&url, &["task", "get", &id, "0"]).await;
+    assert!(
+        reason.to_string().contains("moved to host pool other"),
+        "{reason}\n{tasks}"
+    );
+
+    // A pool with an unfinished job: kill it first.
+    let pools_before = ok_json(&url, &["respool", "list"]).await["pools"]
+        .as_array()
+        .unwrap()
+        .len();
+    let out = peloton(&url, &["respool", "delete", "/demo"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let why = text(&out.stderr);
+    assert!(
+        why.contains(&format!(
+            "pool /demo has 1 unfinished job(s) ({id}); kill them first"
+        )),
+        "{why}"
+    );
+    let out = peloton(&url, &["job", "kill", &id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    json_until(&url, &["job", "get", &id], "killed", |v| {
+        v["job"]["status"]["state"] == "killed"
+    })
+    .await;
+    // Ended jobs: refused, naming how many and the way out.
+    let out = peloton(&url, &["respool", "delete", "/demo"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let why = text(&out.stderr);
+    assert!(why.contains("pool /demo holds 1 ended job(s)"), "{why}");
+    assert!(why.contains("delete them first"), "{why}");
+    assert!(why.contains("--force"), "{why}");
+    assert!(ok_json(&url, &["job", "get", &id]).await["job"]["id"] == id.as_str());
+    let out = peloton(&url, &["respool", "delete", "--force", "/demo"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = peloton(&url, &["job", "get", &id]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
+    let pools_after = ok_json(&url, &["respool", "list"]).await["pools"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(pools_after + 1, pools_before);
 }

@@ -443,3 +443,161 @@ async fn every_example_runs_to_success_on_the_quick_start_cluster() {
     let left = processes_with_env(&marker);
     assert!(left.is_empty(), "task processes left: {left:?}");
 }
+
+/// The README's "Quick start" section: its `sh` blocks, in order.
+fn quick_start_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(examples_dir().join("../README.md")).expect("README.md");
+    let start = readme
+        .find("\n## Quick start\n")
+        .expect("a Quick start section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let mut blocks = Vec::new();
+    let mut rest = section;
+    while let Some(open) = rest.find("```sh\n") {
+        let body = &rest[open + 6..];
+        let close = body.find("```").expect("a closed block");
+        blocks.push(body[..close].to_owned());
+        rest = &body[close + 3..];
+    }
+    blocks
+}
+
+/// The README's quick start, run as written: its build names every binary
+/// the page then runs (not run here: the test's own build made them; they
+/// stand in `target/release/` of a scratch checkout, beside `examples/`);
+/// the main job's block runs through bash in that directory (the cluster on
+/// 127.0.0.1:5391, as the page says), the first job's block through `bash
+/// -e` in another process, as in a second terminal, and must print the
+/// job's output; Ctrl-C then stops everything. The test command is the
+/// one CI runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_quick_start_runs_as_written() {
+    let blocks = quick_start_blocks();
+    let [build, main_job, first_job, test] = <[String; 4]>::try_from(blocks.clone())
+        .unwrap_or_else(|_| panic!("build, run, first job, test: {blocks:#?}"));
+    assert_eq!(test.trim(), "bash scripts/test.sh");
+    let build_words: Vec<&str> = build.split_whitespace().collect();
+    assert_eq!(build_words[..3], ["cargo", "build", "--release"], "{build}");
+    let page = format!("{main_job}\n{first_job}");
+    for (binary, package, used) in [
+        ("pelotond", "peloton-gateway", "target/release/pelotond"),
+        ("peloton-agent", "peloton-agent", "--local-agents"),
+        ("peloton", "peloton-cli", "\npeloton "),
+    ] {
+        assert!(page.contains(used), "{binary} is not used as {used:?}");
+        assert!(
+            build_words.windows(2).any(|w| w == ["-p", package]),
+            "the build does not build {binary} ({package}): {build}"
+        );
+    }
+    assert!(
+        first_job.contains("export PATH=$PWD/target/release:$PATH"),
+        "{first_job}"
+    );
+
+    // The checkout as the build leaves it.
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("target/release");
+    std::fs::create_dir_all(&release).unwrap();
+    for name in ["pelotond", "peloton-agent"] {
+        std::os::unix::fs::symlink(sibling(name), release.join(name)).unwrap();
+    }
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_peloton"), release.join("peloton")).unwrap();
+    std::os::unix::fs::symlink(examples_dir(), dir.path().join("examples")).unwrap();
+    if std::net::TcpListener::bind("127.0.0.1:5391").is_err() {
+        panic!("127.0.0.1:5391 is taken: the quick start serves there (is one running?)");
+    }
+    let shell = |script: &str| {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(script)
+            .current_dir(dir.path())
+            .env("HOME", dir.path())
+            .env("XDG_CONFIG_HOME", dir.path().join(".config"));
+        for var in [
+            "PELOTON_SERVER",
+            "PELOTON_CONFIG",
+            "PELOTON_TOKEN",
+            "PELOTON_TOKEN_FILE",
+            "PELOTON_CA_FILE",
+            "PELOTON_CERT_FILE",
+            "PELOTON_KEY_FILE",
+            "PELOTON_POOL",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd
+    };
+    let mut server = shell(main_job.trim())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("bash runs");
+    let data = dir.path().join("peloton-data");
+    let marker = format!("PELOTON_SANDBOX={}", data.display());
+    let guard = KillOnDrop(marker.clone());
+    let out = Arc::new(Mutex::new(String::new()));
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let seen = out.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut seen = seen.lock().unwrap();
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+    });
+    eventually("the demo to finish", async || {
+        let out = out.lock().unwrap().clone();
+        assert!(!out.contains("demo: finished: JOB_STATE_FAILED"), "{out}");
+        (out.contains("pelotond: serving gRPC on https://127.0.0.1:5391")
+            && out.contains("demo: finished: JOB_STATE_SUCCEEDED"))
+        .then_some(())
+    })
+    .await;
+
+    let mut second = shell(&format!("set -e -o pipefail\n{first_job}"));
+    let done = second.output().await.expect("bash runs");
+    let stdout = text(&done.stdout);
+    assert!(
+        done.status.success(),
+        "the first job's block failed: {stdout}{}",
+        text(&done.stderr)
+    );
+    assert!(stdout.contains("succeeded"), "{stdout}");
+    assert!(stdout.contains("local-"), "{stdout}");
+    assert_eq!(
+        stdout.lines().last(),
+        Some("hello from Peloton"),
+        "{stdout}"
+    );
+
+    // Ctrl-C stops the cluster and its tasks.
+    let pid = server.id().unwrap();
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status();
+    let status = tokio::time::timeout(TIMEOUT, server.wait())
+        .await
+        .expect("pelotond stops")
+        .unwrap();
+    assert!(status.success(), "{status}: {}", out.lock().unwrap());
+    let left = processes_with_env(&marker);
+    assert!(left.is_empty(), "task processes left: {left:?}");
+    drop(guard);
+}
+
+/// SIGKILLs every process whose environment holds the marker (a failed
+/// test's tasks and agents).
+struct KillOnDrop(String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in processes_with_env(&self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+    }
+}

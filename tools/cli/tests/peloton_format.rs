@@ -1,7 +1,7 @@
 //! Files in Peloton's own format through the `peloton` binary, against real
 //! servers: every file under `examples/peloton/` on the README's
 //! quick-start cluster (`pelotond --local-agents 3`: real agents, real
-//! processes), in the README's order (after `examples/pools.yaml` and a
+//! processes), in docs/peloton-compatibility.md's order (after `examples/pools.yaml` and a
 //! job still running in /demo), where the jobs run to the end (services:
 //! running and healthy); and, on a server with simulated hosts, the conversion round
 //! trip, refusals that name the field, and keys in either case. And
@@ -238,7 +238,7 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
     let cluster = QuickStart::start().await;
     let url = cluster.url.clone();
     let url = url.as_str();
-    // As the README goes: its CLI section first (the pools, a job that
+    // As the docs go: docs/user-guide.md first (the pools, a job that
     // ran, and one that keeps running in /demo, which from then on takes
     // no child pools), then the Peloton files.
     ok(
@@ -338,9 +338,7 @@ async fn peloton_examples_run_on_the_quick_start_cluster() {
             JobTypeName::Service | JobTypeName::Stateful | JobTypeName::Daemon => {
                 let job = ok_json(url, &["job", "create", POOL, &file_str]).await;
                 let id = job["job"]["id"].as_str().expect("id").to_owned();
-                let n = job["job"]["spec"]["instance_count"]
-                    .as_u64()
-                    .expect("count");
+                let n = job["job"]["spec"]["instances"].as_u64().expect("count");
                 let tasks = eventually("every instance running and healthy", async || {
                     let tasks = ok_json(url, &["task", "list", &id]).await;
                     let list = tasks["tasks"].as_array().cloned().unwrap_or_default();

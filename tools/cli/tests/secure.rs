@@ -33,6 +33,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(4).await
+    }
+
+    /// With `sim_hosts` simulated hosts; none: it takes real agents.
+    async fn start_with(sim_hosts: u32) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let data_dir = dir.path().join("data");
         let server = peloton_gateway::server::start(&Config {
@@ -41,7 +46,7 @@ impl Cluster {
             data_dir: data_dir.clone(),
             listen: "127.0.0.1:0".parse().unwrap(),
             metrics_listen: None,
-            sim_hosts: 4,
+            sim_hosts,
             cycle_interval_ms: 5,
             ..Config::default()
         })
@@ -585,4 +590,139 @@ async fn a_client_certificate_made_by_token_cert_stands_for_the_token() {
         1,
         &["unauthenticated", "not recorded"],
     );
+}
+
+/// `peloton agent cert HOST` (cluster admins): the files for an agent on
+/// another machine and the command to run there. Run as printed (with a
+/// work dir of the test's), the agent joins the cluster as HOST: the
+/// server accepted its certificate as naming that host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_certificate_lets_an_agent_join_as_its_host() {
+    let c = Cluster::start_with(0).await;
+    let files = c.path("far-host-files");
+    let work = c.path("far-host-work");
+    let args = |token| {
+        let files = files.to_str().unwrap().to_owned();
+        let work = work.to_str().unwrap().to_owned();
+        (
+            token,
+            ["agent", "cert", "far-host", "--out"]
+                .map(String::from)
+                .into_iter()
+                .chain([files, "--work-dir".into(), work])
+                .collect::<Vec<_>>(),
+        )
+    };
+    // Not for everyone: a submitter is refused, and nothing is written.
+    let secret = json(
+        &c.as_token(
+            ADMIN,
+            &[
+                "-o",
+                "json",
+                "token",
+                "create",
+                "sub",
+                "--grant",
+                "submitter:/",
+            ],
+        )
+        .await,
+    )["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (token, a) = args(secret.as_str());
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    fails(&c.as_token(token, &a).await, 1, &["permission denied"]);
+    assert!(!files.exists());
+    // A bad host name is refused naming the field.
+    fails(
+        &c.as_token(
+            ADMIN,
+            &[
+                "agent",
+                "cert",
+                "bad host",
+                "--out",
+                files.to_str().unwrap(),
+            ],
+        )
+        .await,
+        1,
+        &["host"],
+    );
+
+    let (token, a) = args(ADMIN);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = c.as_token(token, &a).await;
+    let line = ok(&out).trim().to_owned();
+    let words: Vec<&str> = line.split(' ').collect();
+    assert_eq!(words[0], "peloton-agent", "{line}");
+    assert!(line.contains(&format!("--server {}", c.url)), "{line}");
+    assert!(line.contains("--host far-host"), "{line}");
+    let cert = std::fs::read(files.join("far-host.pem")).unwrap();
+    use peloton_tls::rustls::pki_types::pem::PemObject as _;
+    let der = peloton_tls::rustls::pki_types::CertificateDer::from_pem_slice(&cert).unwrap();
+    assert_eq!(peloton_tls::cert_names(&der).unwrap(), ["far-host"]);
+    #[cfg(unix)]
+    for secret in ["far-host.key", "agent-token"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(files.join(secret))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{secret}");
+    }
+    assert_eq!(
+        std::fs::read(files.join("ca.pem")).unwrap(),
+        std::fs::read(&c.ca).unwrap()
+    );
+    // Again into the same directory: refused, the files kept.
+    fails(&c.as_token(ADMIN, &a).await, 2, &["exists"]);
+
+    // The agent, as printed.
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_peloton")).with_file_name("peloton-agent");
+    assert!(
+        agent.exists(),
+        "build it first: cargo build -p peloton-agent"
+    );
+    let mut child = tokio::process::Command::new(agent)
+        .args(&words[1..])
+        .arg("--resources")
+        .arg("cpu=1,mem=256")
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let hosts = json(&c.as_token(ADMIN, &["-o", "json", "host", "list"]).await);
+        let names: Vec<&str> = hosts["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["name"].as_str().unwrap())
+            .collect();
+        if names == ["far-host"] {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            use tokio::io::AsyncReadExt as _;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .await
+                .unwrap();
+            panic!("the agent exited ({status}): {err}");
+        }
+        assert!(std::time::Instant::now() < deadline, "no far-host: {hosts}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
 }

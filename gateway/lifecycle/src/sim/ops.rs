@@ -863,6 +863,7 @@ impl Driver {
                 let _ = self.step(Input::DeletePool {
                     path: path.into(),
                     version: 0,
+                    force: false,
                 });
             }
             Op::CreateJob(spec) => self.create_job(spec, Pinned::No),

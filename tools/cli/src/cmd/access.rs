@@ -1,21 +1,22 @@
-//! `peloton token ...`, `peloton whoami` and `peloton audit`: who may call a
-//! secure server, who the caller is, and what was called.
+//! `peloton token ...`, `peloton whoami`, `peloton audit` and `peloton
+//! agent cert`: who may call a secure server, who the caller is, what was
+//! called, and agents' certificates.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use peloton_proto::v1::access_service_client::AccessServiceClient;
 use peloton_proto::v1::{
-    AuditEntry, CreateTokenRequest, Grant, IssueCertificateRequest, ListAuditRequest,
-    ListTokensRequest, RevokeCertificateRequest, RevokeTokenRequest, Token, TokenCertificate,
-    WhoAmIRequest,
+    AuditEntry, CreateTokenRequest, Grant, IssueAgentCertificateRequest, IssueCertificateRequest,
+    ListAuditRequest, ListTokensRequest, RevokeCertificateRequest, RevokeTokenRequest, Token,
+    TokenCertificate, WhoAmIRequest,
 };
 use serde_json::{Value, json};
 use tonic::Code;
 
 use super::{Ctx, Outcome};
 use crate::channel::LeaderChannel;
-use crate::cli::{AuditArgs, TokenCommand, role_name};
+use crate::cli::{AgentCommand, AuditArgs, TokenCommand, role_name};
 use crate::error::code_name;
 use crate::output::{
     Align, OutputFormat, Table, fmt_time_ms, or_dash, print_json, print_out, render_fields,
@@ -174,6 +175,108 @@ async fn issue_certificate(
         cert_path.display(),
         key_path.display()
     );
+    Ok(Outcome::Success)
+}
+
+/// `agent cert`: as `token cert`, for a host; the CA and the agents' token
+/// written beside the certificate, and the agent's command printed.
+pub(super) async fn agent(ctx: &Ctx, command: AgentCommand) -> Result<Outcome> {
+    let AgentCommand::Cert {
+        host,
+        out,
+        days,
+        work_dir,
+    } = command;
+    let out = out.unwrap_or_else(|| PathBuf::from(&host));
+    let cert_path = out.join(format!("{host}.pem"));
+    let key_path = out.join(format!("{host}.key"));
+    let ca_path = out.join("ca.pem");
+    let token_path = out.join("agent-token");
+    for path in [&cert_path, &key_path, &ca_path, &token_path] {
+        if path.exists() {
+            return Err(crate::error::UsageError(format!(
+                "{} exists: choose another --out directory or remove it",
+                path.display()
+            ))
+            .into());
+        }
+    }
+    let resolved = crate::settings::resolve(&ctx.options, &crate::settings::process_env)?;
+    let servers = resolved.servers.join(",");
+    let mut client = client(ctx).await?;
+    let request = peloton_tls::agent_csr(&host).context("making a key and a request")?;
+    let issued = client
+        .issue_agent_certificate(IssueAgentCertificateRequest {
+            host: host.clone(),
+            csr_pem: request.csr_pem,
+            valid_days: days.unwrap_or(0),
+        })
+        .await?
+        .into_inner();
+    if issued.agent_token.is_empty() {
+        return Err(anyhow::anyhow!(
+            "the server has no agents' token (its hosts are simulated): it takes no agents"
+        ));
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out = out
+        .canonicalize()
+        .with_context(|| format!("reading {}", out.display()))?;
+    let [cert_path, key_path, ca_path, token_path] = [&cert_path, &key_path, &ca_path, &token_path]
+        .map(|p| out.join(p.file_name().expect("a file")));
+    write_new(&key_path, request.key_pem.as_bytes(), 0o600)?;
+    write_new(
+        &token_path,
+        format!("{}\n", issued.agent_token).as_bytes(),
+        0o600,
+    )?;
+    write_new(&cert_path, issued.certificate_pem.as_bytes(), 0o644)?;
+    write_new(&ca_path, issued.ca_pem.as_bytes(), 0o644)?;
+    let command = [
+        "peloton-agent".to_owned(),
+        "--server".to_owned(),
+        servers.clone(),
+        "--host".to_owned(),
+        host.clone(),
+        "--ca-file".to_owned(),
+        ca_path.display().to_string(),
+        "--cert-file".to_owned(),
+        cert_path.display().to_string(),
+        "--key-file".to_owned(),
+        key_path.display().to_string(),
+        "--token-file".to_owned(),
+        token_path.display().to_string(),
+        "--work-dir".to_owned(),
+        work_dir.display().to_string(),
+    ];
+    match ctx.output {
+        OutputFormat::Table => print_out(&command.join(" "))?,
+        OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
+            "host": host,
+            "certificate_file": cert_path,
+            "key_file": key_path,
+            "ca_file": ca_path,
+            "token_file": token_path,
+            "expires_ms": issued.not_after_ms,
+            "command": command,
+        }))?,
+    }
+    eprintln!(
+        "note: copy {} to {host} (to the same path; the key and the token are secrets) and run \
+         the command there; the certificate expires {}",
+        out.display(),
+        fmt_time_ms(issued.not_after_ms)
+    );
+    if resolved
+        .servers
+        .iter()
+        .any(|s| s.contains("://127.") || s.contains("://localhost") || s.contains("://[::1]"))
+    {
+        eprintln!(
+            "note: --server {servers} is this machine's loopback address: on {host}, name an \
+             address of this server that {host} reaches"
+        );
+    }
     Ok(Outcome::Success)
 }
 

@@ -69,13 +69,15 @@ pub(super) async fn run(ctx: &Ctx, command: HostPoolCommand) -> Result<Outcome> 
                 }))?,
             }
         }
-        HostPoolCommand::Move { to, hosts } => {
+        HostPoolCommand::Move { to, hosts, force } => {
             client
                 .move_hosts(MoveHostsRequest {
                     hosts: hosts.clone(),
                     to: to.clone(),
+                    force,
                 })
-                .await?;
+                .await
+                .map_err(|s| super::force_hint(s, force))?;
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("moved to {to}: {}", hosts.join(", ")))?,
                 OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({}))?,

@@ -60,7 +60,8 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
             let mut client = connect(ctx).await?;
             let plan = client
                 .plan(PlanJobRequest { spec: Some(spec) })
-                .await?
+                .await
+                .map_err(crate::spec::in_file_terms)?
                 .into_inner();
             match ctx.output {
                 OutputFormat::Json | OutputFormat::Yaml => print_json(&plan_json(&plan))?,
@@ -353,7 +354,11 @@ async fn submit(ctx: &Ctx, mut spec: JobSpec, wait: bool, quiet: bool) -> Result
     }
     let mut client = connect(ctx).await?;
     let request = CreateJobRequest { spec: Some(spec) };
-    let job = job_of(client.create(request).await?.into_inner().job)?;
+    let created = client
+        .create(request)
+        .await
+        .map_err(crate::spec::in_file_terms)?;
+    let job = job_of(created.into_inner().job)?;
     if quiet {
         print_out(&job.id)?;
     } else if !wait {

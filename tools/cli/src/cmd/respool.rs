@@ -107,12 +107,21 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
             }
             print_pools(ctx.output, &updated)?;
         }
-        RespoolCommand::Delete { path, version } => {
+        RespoolCommand::Delete {
+            path,
+            version,
+            force,
+        } => {
             let request = DeletePoolRequest {
                 path: path.clone(),
                 version: version.version,
+                force,
             };
-            connect(ctx).await?.delete(request).await?;
+            connect(ctx)
+                .await?
+                .delete(request)
+                .await
+                .map_err(|s| super::force_hint(s, force))?;
             match ctx.output {
                 OutputFormat::Table => print_out(&format!("deleted pool {path}"))?,
                 OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({}))?,

@@ -103,7 +103,11 @@ pub(super) async fn create(ctx: &Ctx, args: UpdateArgs) -> Result<Outcome> {
             start_paused: args.paused,
         }),
     };
-    let answer = client.create(request).await?.into_inner();
+    let answer = client
+        .create(request)
+        .await
+        .map_err(crate::spec::in_file_terms)?
+        .into_inner();
     let Some(update) = answer.update else {
         // A batch job is edited in place, not rolled (its spec may differ
         // only in what `job edit` changes).
