@@ -1289,6 +1289,17 @@ fn check_sla(
                 ),
             ));
         }
+        if spec
+            .rendezvous
+            .as_ref()
+            .is_some_and(|r| r.framework.eq_ignore_ascii_case("mpi"))
+        {
+            return Err(invalid(
+                "spec.rendezvous.framework",
+                "an elastic gang cannot use the mpi framework: an MPI world's size is fixed \
+                 when mpiexec starts",
+            ));
+        }
         if spec.instance_count != gang {
             return Err(invalid(
                 field,

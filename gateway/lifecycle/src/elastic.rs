@@ -49,6 +49,9 @@ impl Lifecycle {
         if !in_engine {
             return ElasticQueue::Start(job.plan.elastic_min);
         }
+        if job.elastic.as_ref().is_some_and(|e| e.finishing) {
+            return ElasticQueue::Wait;
+        }
         if job.elastic.as_ref().is_some_and(|e| e.formed) {
             ElasticQueue::Grow
         } else {
@@ -61,6 +64,7 @@ impl Lifecycle {
     pub(super) fn elastic_started(&mut self, k: JobKey) {
         if let Some(e) = self.job_mut(k).elastic.as_deref_mut() {
             e.formed = false;
+            e.finishing = false;
             e.told.clear();
         }
     }
@@ -114,6 +118,70 @@ impl Lifecycle {
         }
         self.elastic_changed(k, false);
         true
+    }
+
+    /// Settles the elastic gangs whose members left a host in this step
+    /// (however they left: preempted, lost, failed, succeeded, killed or
+    /// restarted on request): a member that succeeded finishes the gang
+    /// (nothing more joins; instances that never joined, or wait to join
+    /// again, end killed); fewer than `elastic_min` members left starts
+    /// the gang again as one; else the rest go on, told their new
+    /// membership at the end of the step.
+    pub(super) fn settle_elastic(&mut self, engine: &mut peloton_engine::Engine, fx: &mut Effects) {
+        while !self.elastic_left.is_empty() {
+            let mut left = std::mem::take(&mut self.elastic_left);
+            left.sort_unstable_by_key(|&(k, i, _)| (k, i));
+            let mut keys: Vec<JobKey> = left.iter().map(|&(k, _, _)| k).collect();
+            keys.dedup();
+            for k in keys {
+                let Some(job) = self.jobs.get(&k) else {
+                    continue;
+                };
+                let killed = job.kill_requested;
+                let mine = left.iter().filter(|&&(kk, _, _)| kk == k);
+                let succeeded = mine
+                    .clone()
+                    .find(|&&(_, _, to)| to == super::TaskState::Succeeded)
+                    .map(|&(_, i, _)| i);
+                let departed = mine.map(|&(_, i, _)| i).next().expect("one at least");
+                if let Some(winner) = succeeded.filter(|_| !killed) {
+                    if let Some(e) = self.job_mut(k).elastic.as_deref_mut() {
+                        e.finishing = true;
+                    }
+                    let reason = format!(
+                        "the elastic gang finished (member {winner} succeeded) before it joined"
+                    );
+                    let rest = self.jobs[&k]
+                        .instances_where(|t| !t.state.is_terminal() && !t.state.on_host());
+                    for i in rest {
+                        self.end_run(engine, k, i, super::TaskState::Killed, &reason, fx);
+                    }
+                }
+                let members = self.elastic_members(k);
+                let job = &self.jobs[&k];
+                if succeeded.is_none()
+                    && !killed
+                    && !members.is_empty()
+                    && (members.len() as u32) < job.plan.elastic_min
+                {
+                    // Below its minimum: it starts again as one.
+                    self.stop_gang(engine, k, departed, true, fx);
+                    continue;
+                }
+                let stale = job
+                    .elastic
+                    .as_ref()
+                    .is_some_and(|e| e.told.keys().any(|i| members.binary_search(i).is_err()));
+                if members.is_empty() {
+                    // No member left to tell.
+                    if let Some(e) = self.job_mut(k).elastic.as_deref_mut() {
+                        e.told.clear();
+                    }
+                } else if stale {
+                    self.elastic_changed(k, false);
+                }
+            }
+        }
     }
 
     /// Tells the members of every elastic gang whose membership changed in
@@ -208,6 +276,13 @@ impl Lifecycle {
                 job.id,
                 members.len(),
                 job.plan.gang
+            );
+            assert_eq!(
+                e.told.len(),
+                members.len(),
+                "job {}: members told {:?}, members {members:?}",
+                job.id,
+                e.told
             );
             for &i in &members {
                 assert_eq!(

@@ -501,6 +501,16 @@ impl Lifecycle {
                 "job {id} was killed; restart it first"
             )));
         }
+        if job.plan.elastic_min > 0 && count != job.plan.gang {
+            return Err(Error::invalid(
+                "instance_count",
+                format!(
+                    "an elastic gang's instances are its most members, {}: it grows and shrinks \
+                     between {} and them by itself",
+                    job.plan.gang, job.plan.elastic_min
+                ),
+            ));
+        }
         if count < job.plan.gang {
             return Err(Error::invalid(
                 "instance_count",

@@ -23,8 +23,8 @@ mod accounting;
 mod admissible;
 mod after;
 mod apps;
-mod edit;
 mod cron;
+mod edit;
 mod effects;
 mod elastic;
 mod error;
@@ -69,11 +69,11 @@ pub use access::{
 pub use accounting::{Ledger, MAX_USAGE_RECORDS, USAGE_RETENTION_MS, UsageRecord};
 pub use admissible::never_admitted_reason;
 pub use after::MAX_DEPENDENCIES;
-pub use edit::JobEdit;
 pub use cron::{
     CronState, CronTick, DEFAULT_KEEP_FAILED, DEFAULT_KEEP_SUCCEEDED, MAX_ACTIVE_TICKS,
     MAX_CRON_HISTORY, MAX_CRON_JOBS, Overlap, STARTING_DEADLINE_MS, Schedule, tick_job_id,
 };
+pub use edit::JobEdit;
 pub use effects::{
     AgentRunKey, Counters, Effects, Event, EventKind, Kill, Launch, RendezvousUpdate, RowKey,
     StateRow,
@@ -587,6 +587,9 @@ pub struct Lifecycle {
     /// Elastic gangs whose membership changed in this step: their running
     /// members are told at its end (see `announce_memberships`).
     elastic_changed: FxHashSet<JobKey>,
+    /// Members of elastic gangs that left a host in this step, and how
+    /// (see `settle_elastic`).
+    elastic_left: Vec<(JobKey, u32, TaskState)>,
     /// Jobs whose counts or holds changed in this step (state derived and
     /// row written at its end).
     dirty_jobs: FxHashSet<JobKey>,
@@ -674,6 +677,7 @@ impl Lifecycle {
             need_fill: FxHashSet::default(),
             retry_fill: FxHashSet::default(),
             elastic_changed: FxHashSet::default(),
+            elastic_left: Vec::new(),
             dirty_jobs: FxHashSet::default(),
             updates: FxHashMap::default(),
             rolling: FxHashSet::default(),
@@ -860,6 +864,7 @@ impl Lifecycle {
         self.forget_leases();
         self.stop_after_controllers(engine, fx);
         self.sync_overcommit(engine, fx);
+        self.settle_elastic(engine, fx);
         self.fill_all(engine, fx);
         self.announce_memberships(fx);
         self.sync_reservations(engine);

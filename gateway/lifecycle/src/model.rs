@@ -698,6 +698,8 @@ pub struct Elastic {
     /// Its first members (`elastic_min`, queued as one engine gang) are
     /// placed: more may join, one by one, as room frees.
     pub formed: bool,
+    /// A member succeeded: the gang is finishing, nothing more joins.
+    pub finishing: bool,
 }
 
 /// A job and its instances.

@@ -208,6 +208,7 @@ impl Lifecycle {
             job.elastic = Some(Box::new(super::model::Elastic {
                 generation,
                 formed: !told.is_empty(),
+                finishing: job.counts[super::TaskState::Succeeded as usize] > 0,
                 told,
             }));
         }

@@ -114,6 +114,14 @@ impl Lifecycle {
             let t = &self.jobs[&k].tasks[i as usize];
             (t.state, t.host)
         };
+        if from.on_host() && !to.on_host() {
+            let job = &self.jobs[&k];
+            if job.elastic.is_some() && job.tasks[i as usize].gang == Some(job.next_gang) {
+                // An elastic gang's member left: settled at the end of the
+                // step.
+                self.elastic_left.push((k, i, to));
+            }
+        }
         if from.on_host()
             && !to.on_host()
             && let Some(slot) = host
@@ -476,11 +484,21 @@ impl Lifecycle {
                 }
             }
             let mut want = job.plan.gang;
+            let mut grows = false;
             if job.plan.elastic_min > 0 {
                 match self.elastic_queue(k) {
-                    super::elastic::ElasticQueue::Start(n) => want = n,
+                    super::elastic::ElasticQueue::Start(n) => {
+                        if job.held > 0 {
+                            // Its earlier members are still stopping.
+                            return;
+                        }
+                        want = n;
+                    }
                     super::elastic::ElasticQueue::Wait => return,
-                    super::elastic::ElasticQueue::Grow => want = 1,
+                    super::elastic::ElasticQueue::Grow => {
+                        want = 1;
+                        grows = true;
+                    }
                 }
             }
             let job = &self.jobs[&k];
@@ -517,7 +535,6 @@ impl Lifecycle {
                     job.waiting.drain(..size);
                     job.active += size as u32;
                     // An elastic gang's later members join its gang.
-                    let grows = job.plan.elastic_min > 0 && want == 1;
                     let gang_no = (job.plan.gang > 1).then(|| {
                         if !grows {
                             job.next_gang += 1;
@@ -1090,7 +1107,7 @@ impl Lifecycle {
     /// are queued in gangs of `gang` consecutive waiting instances, so its
     /// members are the instances placed with it: same engine gang). With
     /// `restart`, they start again with it as one gang.
-    fn stop_gang(
+    pub(super) fn stop_gang(
         &mut self,
         engine: &mut Engine,
         k: JobKey,
@@ -1294,6 +1311,10 @@ pub(super) fn derive(job: &Job) -> JobState {
             }
         } else if c[S::Failed as usize] > 0 {
             JobState::Failed
+        } else if job.plan.elastic_min > 0 && c[S::Succeeded as usize] > 0 {
+            // An elastic gang that finished: the instances that never
+            // joined were not needed.
+            JobState::Succeeded
         } else if c[S::Killed as usize] > 0 {
             JobState::Killed
         } else {

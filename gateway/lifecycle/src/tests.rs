@@ -1674,6 +1674,49 @@ fn an_elastic_gang_starts_small_grows_and_shrinks_without_restarting() {
     );
 }
 
+/// An elastic gang finishes when a member succeeds: nothing more joins,
+/// the instance that never joined ends killed, the others are told, and
+/// the job succeeds once its members have.
+#[test]
+fn an_elastic_gang_finishes_when_a_member_succeeds() {
+    check(
+        r"
+        host h1 cpu=2
+        job e pool=/ n=3 gang=3 elastic=2 cpu=1
+        cycle          # 2 start; the third waits for room
+        exit e/0 0     # done: the third never joins
+        exit e/1 0
+        ",
+        expect![[r#"
+            > host h1 cpu=2
+            > job e pool=/ n=3 gang=3 elastic=2 cpu=1
+            e/0#1 pending
+            e/1#1 pending
+            job e pending
+            > cycle
+            e/0#1 ready
+            e/1#1 ready
+            e/0#1 placed @h1
+            e/0#1 launching @h1
+            e/1#1 placed @h1
+            e/1#1 launching @h1
+            e/2#1 pending
+              launch e/0#1 @h1 config 1 rank 0/2 gen 9 [0@h1, 1@h1]
+              launch e/1#1 @h1 config 1 rank 1/2 gen 9
+            e/0#1 running @h1
+            e/1#1 running @h1
+            job e running
+            > exit e/0 0
+            e/0#1 succeeded @h1
+            e/2#1 killed (the elastic gang finished (member 0 succeeded) before it joined)
+              rendezvous e/1#1 @h1 rank 0/1 gen 15 [1@h1]
+            > exit e/1 0
+            e/1#1 succeeded @h1
+            job e succeeded
+        "#]],
+    );
+}
+
 /// An elastic gang whose members fall below its minimum starts again as
 /// one, like a fixed gang; a member failing above it leaves and comes
 /// back after its back-off.
