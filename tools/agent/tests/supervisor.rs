@@ -932,7 +932,17 @@ fn a_run_is_its_journal_and_its_output() {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["run.json", "stderr", "stdout"]);
+    // The output, and when it was written (for `logs --since`, timestamps).
+    assert_eq!(
+        names,
+        [
+            "run.json",
+            "stderr",
+            "stderr.times",
+            "stdout",
+            "stdout.times"
+        ]
+    );
     assert_eq!(
         std::fs::read_to_string(sandbox.join("stdout")).unwrap(),
         "out\n"
