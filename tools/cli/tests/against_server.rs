@@ -921,7 +921,7 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     assert_eq!(sla["max_running_instances"], 2, "{j}");
     assert_eq!(sla["max_running_time_ms"], 900000, "{j}");
     assert_eq!(
-        j["job"]["spec"]["default_task"]["restart"]["max_failures"], 3,
+        j["job"]["spec"]["task"]["restart"]["max_failures"], 3,
         "{j}"
     );
     assert_eq!(j["job"]["status"]["config_version"], 2, "{j}");
@@ -953,7 +953,11 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     let j = ok_json(&url, &["job", "get", &id]).await;
     assert_eq!(j["job"]["spec"]["sla"]["priority"], 9, "{j}");
     assert_eq!(
-        j["job"]["spec"]["default_task"]["restart"]["max_failures"], 0,
+        // 0 is the default: the spec file leaves it out.
+        j["job"]["spec"]["task"]["restart"]["max_failures"]
+            .as_u64()
+            .unwrap_or(0),
+        0,
         "{j}"
     );
     assert_eq!(j["job"]["version"], 3, "{j}");
@@ -966,7 +970,7 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
     let out = peloton(&url, &["job", "update", &id, &raised]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("spec.default_task.command"),
+        text(&out.stderr).contains("task.command"),
         "{}",
         text(&out.stderr)
     );
@@ -1081,15 +1085,15 @@ async fn a_cron_job_ticks_a_job_and_survives_a_restart_through_the_cli() {
         )
     };
     for (schedule, field) in [
-        ("{cron: '61 * * * *'}", "spec.schedule.cron"),
-        ("{cron: '* * * *'}", "spec.schedule.cron"),
+        ("{cron: '61 * * * *'}", "schedule.cron"),
+        ("{cron: '* * * *'}", "schedule.cron"),
         (
             "{cron: '@hourly', time_zone: Mars/Olympus}",
-            "spec.schedule.time_zone",
+            "schedule.time_zone",
         ),
         (
             "{cron: '@hourly', keep_succeeded: 1000}",
-            "spec.schedule.keep_succeeded",
+            "schedule.keep_succeeded",
         ),
     ] {
         let out = peloton_with(&url, &[], &spec(schedule), &["job", "create", "-"]).await;
