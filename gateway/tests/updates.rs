@@ -361,7 +361,14 @@ async fn bad_updates_are_refused_and_change_nothing() {
     )
     .await
     .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    // A batch job's update is an edit of what `job edit` changes: another
+    // difference is refused, naming the field.
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains("a batch job's update may change only"),
+        "{err:?}"
+    );
     let mut moved = v1.clone();
     moved.pool = "/".into();
     let err = update(&mut s.clients, &job.id, moved, Default::default())
