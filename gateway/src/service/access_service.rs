@@ -92,33 +92,13 @@ impl pb::access_service_server::AccessService for Api {
                 "this server is insecure (--insecure): it has no tokens and checks no certificates",
             ));
         }
-        let Some(signer) = self.access.signer() else {
-            return Err(Status::failed_precondition(
-                "this server does not hold its client CA's key, so it cannot sign certificates \
-                 (give --tls-client-ca and its key, --tls-client-ca-key, a PKCS#8 PEM file)",
-            ));
-        };
-        let days = match r.valid_days {
-            0 => peloton_tls::DEFAULT_USER_CERT_DAYS,
-            d if d > peloton_tls::MAX_USER_CERT_DAYS => {
-                return Err(crate::convert::invalid(
-                    "valid_days",
-                    format!("{d}; at most {}", peloton_tls::MAX_USER_CERT_DAYS),
-                ));
-            }
-            d => d,
-        };
+        let signer = held_signer(self.access.signer())?;
+        let days = certificate_days(r.valid_days, peloton_tls::DEFAULT_USER_CERT_DAYS)?;
         // Signing takes a fraction of a millisecond: done here, not in the
         // loop. A certificate the loop does not record is never returned.
         let cert = signer
             .sign_user_csr(&r.name, &r.csr_pem, days)
-            .map_err(|e| match e {
-                peloton_tls::SignError::Request(why) => crate::convert::invalid("csr_pem", why),
-                peloton_tls::SignError::Ca(why) => {
-                    tracing::error!(error = %why, "cannot sign a user certificate");
-                    Status::internal(format!("the server's CA cannot sign: {why}"))
-                }
-            })?;
+            .map_err(|e| sign_error(e, "a user"))?;
         let certificate = crate::lifecycle::Certificate {
             fingerprint: access::digest_bytes(&cert.der),
             issued_at_ms: 0,
@@ -165,31 +145,11 @@ impl pb::access_service_server::AccessService for Api {
                 "this server is insecure (--insecure): agents need no certificate",
             ));
         }
-        let Some(signer) = self.access.signer() else {
-            return Err(Status::failed_precondition(
-                "this server does not hold its client CA's key, so it cannot sign certificates \
-                 (give --tls-client-ca and its key, --tls-client-ca-key, a PKCS#8 PEM file)",
-            ));
-        };
-        let days = match r.valid_days {
-            0 => peloton_tls::MAX_USER_CERT_DAYS,
-            d if d > peloton_tls::MAX_USER_CERT_DAYS => {
-                return Err(crate::convert::invalid(
-                    "valid_days",
-                    format!("{d}; at most {}", peloton_tls::MAX_USER_CERT_DAYS),
-                ));
-            }
-            d => d,
-        };
+        let signer = held_signer(self.access.signer())?;
+        let days = certificate_days(r.valid_days, peloton_tls::MAX_USER_CERT_DAYS)?;
         let cert = signer
             .sign_agent_csr(&r.host, &r.csr_pem, days)
-            .map_err(|e| match e {
-                peloton_tls::SignError::Request(why) => crate::convert::invalid("csr_pem", why),
-                peloton_tls::SignError::Ca(why) => {
-                    tracing::error!(error = %why, "cannot sign an agent certificate");
-                    Status::internal(format!("the server's CA cannot sign: {why}"))
-                }
-            })?;
+            .map_err(|e| sign_error(e, "an agent"))?;
         tracing::info!(host = %r.host, "issued an agent certificate");
         Ok(Response::new(pb::IssueAgentCertificateResponse {
             certificate_pem: cert.cert_pem,
@@ -258,4 +218,39 @@ impl pb::access_service_server::AccessService for Api {
             .await?;
         Ok(Response::new(out))
     }
+}
+
+/// `valid_days` of a certificate request: `default` for 0, at most
+/// `MAX_USER_CERT_DAYS`.
+fn certificate_days(valid_days: u32, default: u32) -> Result<u32, Status> {
+    match valid_days {
+        0 => Ok(default),
+        d if d > peloton_tls::MAX_USER_CERT_DAYS => Err(crate::convert::invalid(
+            "valid_days",
+            format!("{d}; at most {}", peloton_tls::MAX_USER_CERT_DAYS),
+        )),
+        d => Ok(d),
+    }
+}
+
+/// Why signing `whose` ("a user", "an agent") certificate failed: the
+/// request's fault (InvalidArgument on `csr_pem`), or the CA's (logged).
+fn sign_error(e: peloton_tls::SignError, whose: &str) -> Status {
+    match e {
+        peloton_tls::SignError::Request(why) => crate::convert::invalid("csr_pem", why),
+        peloton_tls::SignError::Ca(why) => {
+            tracing::error!(error = %why, "cannot sign {whose} certificate");
+            Status::internal(format!("the server's CA cannot sign: {why}"))
+        }
+    }
+}
+
+/// The server's signer, or why it cannot sign (it lacks its CA's key).
+fn held_signer<T>(signer: Option<T>) -> Result<T, Status> {
+    signer.ok_or_else(|| {
+        Status::failed_precondition(
+            "this server does not hold its client CA's key, so it cannot sign certificates \
+             (give --tls-client-ca and its key, --tls-client-ca-key, a PKCS#8 PEM file)",
+        )
+    })
 }
