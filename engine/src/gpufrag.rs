@@ -17,6 +17,19 @@
 //! whole hosts for large multi-GPU requests, since any use of a whole host
 //! makes it useless to them.
 //!
+//! Two more departures from FGD's weighting. A type's fragment is counted
+//! in its own requests rather than in GPUs (its share is divided by its
+//! size), so a whole host stranded for an eight-GPU type is one request
+//! lost, not eight GPUs that outweigh every small type's leftovers. And a
+//! type that names GPU models (a constraint) counts the free GPUs of the
+//! hosts it may *not* use as stranded in proportion to its share ÷ the
+//! share of the cluster's GPUs it may use: FGD weighs every type by its
+//! share alone, so a model that a third of the GPU pods ask for but a
+//! seventh of the GPUs have is no better protected than any other, and
+//! unconstrained tasks fill its hosts; here taking a GPU on a host that
+//! scarce types cannot use lowers the measure by what those types demand
+//! per GPU they may use, so other tasks go there first.
+//!
 //! A host's measure depends only on its own free resources and on which
 //! types its attributes allow, so it is memoised by that state: a cluster
 //! has many hosts in the same few states.
@@ -38,7 +51,13 @@ pub const MAX_MIX_TYPES: usize = 64;
 /// tasks (as FGD's "typical pods" do).
 pub const MIX_COVERAGE: f64 = 0.95;
 /// Weight of FGD's fits-at-all measure beside the capacity-aware one.
-pub const FGD_WEIGHT: f64 = 3.0;
+pub const FGD_WEIGHT: f64 = 10.0;
+/// How much scarcer hosts weigh for the types allowed on them (see
+/// [`FragModel::set_eligible`]).
+pub const SCARCITY_EXPONENT: f64 = 1.0;
+/// The least share of GPUs a type is taken to be allowed on.
+const MIN_ELIGIBLE_SHARE: f64 = 0.01;
+
 /// Most task arrivals remembered by the learner.
 const MAX_SEEN: usize = 1 << 20;
 /// Most memoised host states before the memo is cleared.
@@ -175,6 +194,9 @@ pub(crate) struct FragModel {
     types: Vec<FragType>,
     /// Per type, the hosts it may use (`None`: every host).
     eligible: Vec<Option<RoaringBitmap>>,
+    /// Per type, the weight of the free GPUs it cannot use on a host it is
+    /// not allowed on (see [`FragModel::set_eligible`]).
+    barred: Vec<f64>,
     memo: Mutex<FxHashMap<StateKey, f64>>,
 }
 
@@ -210,6 +232,30 @@ impl FragModel {
                 }
             })
             .collect();
+        // A GPU type's fragment counts in its own requests, not in GPUs:
+        // its share is divided by its size (in GPUs), then the GPU types'
+        // shares are scaled back to their sum.
+        let before: f64 = self
+            .types
+            .iter()
+            .filter(|t| t.gpu > 0)
+            .map(|t| t.weight)
+            .sum();
+        for t in self.types.iter_mut().filter(|t| t.gpu > 0) {
+            t.weight /= t.gpu as f64 / MILLI_GPUS_PER_DEVICE as f64;
+        }
+        let after: f64 = self
+            .types
+            .iter()
+            .filter(|t| t.gpu > 0)
+            .map(|t| t.weight)
+            .sum();
+        if after > 0.0 {
+            for t in self.types.iter_mut().filter(|t| t.gpu > 0) {
+                t.weight *= before / after;
+            }
+        }
+        self.barred.clear();
         self.memo.get_mut().expect("not poisoned").clear();
     }
 
@@ -222,15 +268,53 @@ impl FragModel {
     }
 
     /// Sets which hosts each type may use, from its constraint (`None`:
-    /// all). Called once per batch; the memo stays valid, since it is keyed
-    /// by which types a host allows.
-    pub(crate) fn set_eligible(&mut self, mut eligible: impl FnMut(u32) -> Option<RoaringBitmap>) {
+    /// all). Called once per batch. A type allowed on a share `e` of the
+    /// live hosts' GPUs weighs its barred hosts' free GPUs by its share
+    /// ÷ `e`^[`SCARCITY_EXPONENT`]: the scarcer its hosts, the more each of
+    /// their GPUs is worth to it, so other types are steered off them.
+    /// Returns true if those weights changed (the memo is then cleared and
+    /// the caller must rescore every host); else the memo stays valid,
+    /// since it is keyed by which types a host allows.
+    pub(crate) fn set_eligible(
+        &mut self,
+        hosts: &HostArena,
+        mut eligible: impl FnMut(u32) -> Option<RoaringBitmap>,
+    ) -> bool {
         self.eligible = self
             .mix
             .types
             .iter()
             .map(|(key, _)| eligible(key.constraint))
             .collect();
+        let capacity = hosts.capacity_column(Dim::Gpu);
+        let live = hosts.live_hosts();
+        let total: u64 = live.iter().map(|s| capacity[s as usize]).sum();
+        let barred: Vec<f64> = self
+            .eligible
+            .iter()
+            .zip(&self.types)
+            .map(|(e, t)| {
+                let share = match e {
+                    None => 1.0,
+                    Some(b) if total > 0 => {
+                        let mine: u64 = b
+                            .iter()
+                            .filter(|&s| live.contains(s))
+                            .map(|s| capacity[s as usize])
+                            .sum();
+                        (mine as f64 / total as f64).max(MIN_ELIGIBLE_SHARE)
+                    }
+                    Some(_) => 1.0,
+                };
+                t.weight * (1.0 + FGD_WEIGHT) * share.powf(-SCARCITY_EXPONENT)
+            })
+            .collect();
+        if barred == self.barred {
+            return false;
+        }
+        self.barred = barred;
+        self.memo.get_mut().expect("not poisoned").clear();
+        true
     }
 
     fn mask(&self, slot: u32) -> u64 {
@@ -254,8 +338,17 @@ impl FragModel {
         let total: u64 = devices.iter().map(|&f| u64::from(f)).sum();
         let mut sum = 0.0;
         for (i, t) in self.types.iter().enumerate() {
-            if t.gpu == 0 || mask & (1 << i) == 0 {
+            if t.gpu == 0 {
                 sum += t.weight * (1.0 + FGD_WEIGHT) * total as f64;
+                continue;
+            }
+            if mask & (1 << i) == 0 {
+                sum += self
+                    .barred
+                    .get(i)
+                    .copied()
+                    .unwrap_or(t.weight * (1.0 + FGD_WEIGHT))
+                    * total as f64;
                 continue;
             }
             // How many copies fit, by GPUs, cpu and memory.

@@ -562,10 +562,15 @@ impl Placer {
     /// cache).
     fn refresh_gpu_eligibility(&mut self, hosts: &HostArena, constraints: &ConstraintTable) {
         let cache = &mut self.cache;
-        self.frag.set_eligible(|id| match constraints.get(id) {
-            None | Some(crate::constraint::Constraint::True) => None,
-            Some(c) => Some(cache.evaluate(c, hosts).clone()),
-        });
+        let reweighed = self
+            .frag
+            .set_eligible(hosts, |id| match constraints.get(id) {
+                None | Some(crate::constraint::Constraint::True) => None,
+                Some(c) => Some(cache.evaluate(c, hosts).clone()),
+            });
+        if reweighed {
+            self.drop_frag_shapes();
+        }
     }
 
     /// The strategy a task is placed with: `pack` GPU tasks use `gpu_frag`

@@ -169,3 +169,62 @@ fn gpu_frag_is_deterministic_on_any_number_of_threads() {
     assert_eq!(one, run(2));
     assert_eq!(one, run(3));
 }
+
+#[test]
+fn unconstrained_tasks_keep_off_the_hosts_a_scarce_model_needs() {
+    // One small T4 host (2 of the 66 GPUs) and eight G2 hosts. A fifth of
+    // the GPU tasks need a T4, three tenths a G2. FGD weighs the barred
+    // types by share alone, so a free task would go to the T4 host (the G2
+    // type, the larger, is barred there); weighed by share ÷ the share of
+    // GPUs it may use, the T4 type's claim on its one host is far stronger.
+    let with_model = |name: &str, gpus: u8, model: &str| HostSpec {
+        attributes: vec![("model".to_owned(), model.to_owned())],
+        ..host(name, 64_000, gpus)
+    };
+    let mut specs = vec![with_model("t4", 2, "T4")];
+    specs.extend((0..8).map(|i| with_model(&format!("g2-{i}"), 8, "G2")));
+    let mut env = Env::new(&specs, Placer::new(PlacementConfig::default()));
+    let t4 = env
+        .constraints
+        .intern("model in {T4}", env.hosts.interner_mut())
+        .unwrap();
+    let g2 = env
+        .constraints
+        .intern("model in {G2}", env.hosts.interner_mut())
+        .unwrap();
+    let one = request(4_000, 1000);
+    let key = |constraint| MixKey {
+        request: one,
+        constraint,
+    };
+    env.placer.set_gpu_mix(Some(GpuMix::from_counts([
+        (key(0), 50.0),
+        (key(t4), 20.0),
+        (key(g2), 30.0),
+    ])));
+    let free = env.place(one, Strategy::GpuFrag).unwrap();
+    assert_ne!(free.0, 0, "an unconstrained task leaves the T4 host alone");
+    // A T4 task still gets it, and with both its GPUs free.
+    let spec = TaskSpec {
+        request: one,
+        strategy: Strategy::GpuFrag,
+        constraint: t4,
+        ..Default::default()
+    };
+    for _ in 0..2 {
+        let task = env.tasks.add(&spec).unwrap();
+        env.tasks.set_state(task, TaskState::Admitted).unwrap();
+        env.placer
+            .place(
+                &mut env.hosts,
+                &mut env.tasks,
+                &env.constraints,
+                &[task],
+                0,
+                &mut env.out,
+            )
+            .unwrap();
+        assert_eq!(env.out.placed.first().map(|p| p.host), Some(0));
+    }
+    check_host_accounting(&env.hosts, &env.tasks);
+}

@@ -118,11 +118,19 @@ enum Command {
     TraceGpu {
         /// Node list CSV: the paper's cluster is
         /// ../shared/traces/alibaba-gpu-v2023-openb/openb_node_list_gpu_node.csv.
-        #[arg(long)]
-        nodes: PathBuf,
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        nodes: Option<PathBuf>,
         /// Pod list CSV (e.g. openb_pod_list_default.csv; any openb list).
-        #[arg(long)]
-        pods: PathBuf,
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        pods: Option<PathBuf>,
+        /// Replay every one of the 17 published openb workloads whose
+        /// openb_pod_list_<workload>.csv is in DIR, against DIR's
+        /// openb_node_list_gpu_node.csv, and print one table beside FGD's and
+        /// BestFit's published figures, read from DIR's
+        /// analysis_allo_discrete.csv (the simulator's expected results).
+        /// Strategies default to gpu_frag,gpu_frag_learned.
+        #[arg(long, value_name = "DIR")]
+        all: Option<PathBuf>,
         /// Stop when the requested GPUs reach this multiple of the capacity.
         #[arg(long, default_value_t = 1.3)]
         inflate: f64,
@@ -565,6 +573,7 @@ fn main() -> Result<()> {
             inflate,
             seeds,
             strategies,
+            all,
             json,
         } => {
             if !(inflate > 0.0 && inflate <= 10.0) {
@@ -572,11 +581,30 @@ fn main() -> Result<()> {
             }
             let seeds = parse_seeds(&seeds)?;
             let strategies = match strategies {
+                None if all.is_some() => vec![
+                    trace::TraceStrategy::GpuFrag,
+                    trace::TraceStrategy::GpuFragLearned,
+                ],
                 None => trace::TraceStrategy::ALL.to_vec(),
                 Some(list) => list
                     .split(',')
                     .map(|s| trace::TraceStrategy::parse(s.trim()))
                     .collect::<Result<Vec<_>>>()?,
+            };
+            if let Some(dir) = all {
+                let report = trace::replay_all(&dir, inflate, &seeds, &strategies)?;
+                if json {
+                    let mut value = serde_json::to_value(&report)?;
+                    value["benchmark"] = json!("trace-gpu --all");
+                    value["inflate"] = json!(inflate);
+                    println!("{}", serde_json::to_string_pretty(&value)?);
+                } else {
+                    print!("{}", trace::all_table(&report));
+                }
+                return Ok(());
+            }
+            let (Some(nodes), Some(pods)) = (nodes, pods) else {
+                bail!("trace-gpu needs --nodes and --pods, or --all DIR");
             };
             let node_specs = trace::read_nodes(&nodes)?;
             let pod_list = trace::read_pods(&pods)?;

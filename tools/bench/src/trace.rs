@@ -463,3 +463,319 @@ pub fn replay(
         run_seconds: started.elapsed().as_secs_f64(),
     })
 }
+
+/// The 17 openb workloads the ATC '23 simulator publishes results for, in
+/// the paper's order (their pod lists are `openb_pod_list_<name>.csv`).
+pub const OPENB_WORKLOADS: [&str; 17] = [
+    "default",
+    "cpu050",
+    "cpu100",
+    "cpu200",
+    "cpu250",
+    "gpushare40",
+    "gpushare60",
+    "gpushare80",
+    "gpushare100",
+    "gpuspec10",
+    "gpuspec20",
+    "gpuspec25",
+    "gpuspec33",
+    "multigpu20",
+    "multigpu30",
+    "multigpu40",
+    "multigpu50",
+];
+
+/// The simulator's published allocation results
+/// (`analysis_allo_discrete.csv` in its `experiments/analysis/expected_results/`).
+pub const PUBLISHED_RESULTS: &str = "analysis_allo_discrete.csv";
+
+/// One published figure: unallocated GPU % at 100 % arrived, the mean over
+/// the seeds the file has for the workload and policy.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Published {
+    /// 100 − the mean allocation % in the `100` column.
+    pub unallocated_pct_at_100: f64,
+    /// Seeds (rows) averaged.
+    pub seeds: usize,
+}
+
+/// Reads the simulator's `analysis_allo_discrete.csv`: columns
+/// `workload,sc_policy,tune,seed,…` then the allocation % per arrived %
+/// (`0` … `130`). Returns, per (workload without the `openb_pod_list_`
+/// prefix, policy without its `NN-` prefix, e.g. `FGD`, `BestFit`), the
+/// unallocated % at 100 % arrived: 100 − the mean of the `100` column.
+pub fn read_published(
+    path: &Path,
+) -> Result<std::collections::BTreeMap<(String, String), Published>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .with_context(|| format!("{}: empty", path.display()))?
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let column = |name: &str| {
+        header
+            .iter()
+            .position(|c| *c == name)
+            .with_context(|| format!("{}: no column {name} in the header", path.display()))
+    };
+    let (workload, policy, at_100) = (column("workload")?, column("sc_policy")?, column("100")?);
+    let mut sums: std::collections::BTreeMap<(String, String), (f64, usize)> = Default::default();
+    for (n, line) in lines.enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let cell = |i: usize, name: &str| {
+            cells
+                .get(i)
+                .copied()
+                .with_context(|| format!("{}: row {}: no {name} value", path.display(), n + 2))
+        };
+        let value: f64 = cell(at_100, "100")?.parse().with_context(|| {
+            format!(
+                "{}: row {}: column 100 is not a number",
+                path.display(),
+                n + 2
+            )
+        })?;
+        let name = cell(workload, "workload")?;
+        let name = name.strip_prefix("openb_pod_list_").unwrap_or(name);
+        let policy = cell(policy, "sc_policy")?;
+        let policy = policy
+            .split_once('-')
+            .filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit()))
+            .map_or(policy, |(_, p)| p);
+        let entry = sums
+            .entry((name.to_owned(), policy.to_owned()))
+            .or_insert((0.0, 0));
+        entry.0 += value;
+        entry.1 += 1;
+    }
+    Ok(sums
+        .into_iter()
+        .map(|(k, (sum, n))| {
+            (
+                k,
+                Published {
+                    unallocated_pct_at_100: 100.0 - sum / n as f64,
+                    seeds: n,
+                },
+            )
+        })
+        .collect())
+}
+
+/// One workload of `trace-gpu --all`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WorkloadRow {
+    /// The workload (`default`, `gpuspec33`, …).
+    pub workload: String,
+    /// Per strategy run: its name and the mean unallocated % over the seeds.
+    pub ours: Vec<(&'static str, f64)>,
+    /// FGD's published figure, if the results file has it.
+    pub fgd: Option<f64>,
+    /// BestFit's published figure, if the results file has it.
+    pub best_fit: Option<f64>,
+    /// Wall time of this workload's replays (all strategies and seeds).
+    pub run_seconds: f64,
+    /// Pods replayed (all strategies and seeds), for the time per pod.
+    pub pods_replayed: u64,
+}
+
+/// What `trace-gpu --all` measured.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AllReport {
+    /// The folder read.
+    pub dir: String,
+    /// Seeds of each replay.
+    pub seeds: Vec<u64>,
+    /// Strategies replayed, in column order.
+    pub strategies: Vec<&'static str>,
+    /// One row per workload whose pod list is in the folder.
+    pub rows: Vec<WorkloadRow>,
+    /// Workloads skipped: no pod list in the folder.
+    pub skipped: Vec<String>,
+    /// Whether the published results file was found.
+    pub published_file: Option<String>,
+}
+
+/// Replays every openb workload whose pod list is in `dir` against `dir`'s
+/// `openb_node_list_gpu_node.csv`, beside the published FGD and BestFit
+/// figures of `dir`'s [`PUBLISHED_RESULTS`] (if present). Replays run in
+/// parallel on the current rayon pool; each is deterministic.
+pub fn replay_all(
+    dir: &Path,
+    inflate: f64,
+    seeds: &[u64],
+    strategies: &[TraceStrategy],
+) -> Result<AllReport> {
+    use rayon::prelude::*;
+    let nodes = read_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
+    let published_path = dir.join(PUBLISHED_RESULTS);
+    let published = if published_path.exists() {
+        Some(read_published(&published_path)?)
+    } else {
+        None
+    };
+    let mut present = Vec::new();
+    let mut skipped = Vec::new();
+    for name in OPENB_WORKLOADS {
+        let path = dir.join(format!("openb_pod_list_{name}.csv"));
+        if path.exists() {
+            present.push((name, read_pods(&path)?));
+        } else {
+            skipped.push(name.to_owned());
+        }
+    }
+    if present.is_empty() {
+        bail!(
+            "--all {}: none of the 17 openb pod lists (openb_pod_list_<workload>.csv) is there",
+            dir.display()
+        );
+    }
+    let jobs: Vec<(usize, usize, u64)> = (0..present.len())
+        .flat_map(|w| {
+            (0..strategies.len()).flat_map(move |s| seeds.iter().map(move |&seed| (w, s, seed)))
+        })
+        .collect();
+    let runs: Vec<((usize, usize), TraceReport)> = jobs
+        .par_iter()
+        .map(|&(w, s, seed)| {
+            replay(&nodes, &present[w].1, inflate, seed, strategies[s])
+                .map(|r| ((w, s), r))
+                .with_context(|| format!("workload {}", present[w].0))
+        })
+        .collect::<Result<_>>()?;
+    let figure = |name: &str, policy: &str| {
+        published
+            .as_ref()
+            .and_then(|p| p.get(&(name.to_owned(), policy.to_owned())))
+            .map(|p| p.unallocated_pct_at_100)
+    };
+    let rows = present
+        .iter()
+        .enumerate()
+        .map(|(w, (name, _))| {
+            let mut run_seconds = 0.0;
+            let mut pods_replayed = 0;
+            let ours = strategies
+                .iter()
+                .enumerate()
+                .map(|(s, strategy)| {
+                    let mine: Vec<&TraceReport> = runs
+                        .iter()
+                        .filter(|(k, _)| *k == (w, s))
+                        .map(|(_, r)| r)
+                        .collect();
+                    for r in &mine {
+                        run_seconds += r.run_seconds;
+                        pods_replayed += r.pods_arrived;
+                    }
+                    let mean = mine.iter().map(|r| r.unallocated_pct_at_100).sum::<f64>()
+                        / mine.len() as f64;
+                    (strategy.name(), mean)
+                })
+                .collect();
+            WorkloadRow {
+                workload: (*name).to_owned(),
+                ours,
+                fgd: figure(name, "FGD"),
+                best_fit: figure(name, "BestFit"),
+                run_seconds,
+                pods_replayed,
+            }
+        })
+        .collect();
+    Ok(AllReport {
+        dir: dir.display().to_string(),
+        seeds: seeds.to_vec(),
+        strategies: strategies.iter().map(|s| s.name()).collect(),
+        rows,
+        skipped,
+        published_file: published
+            .as_ref()
+            .map(|_| published_path.display().to_string()),
+    })
+}
+
+/// The table of `trace-gpu --all` (Markdown): workload, each strategy's
+/// mean, FGD and BestFit as published, and each `gpu_frag` column − FGD.
+pub fn all_table(report: &AllReport) -> String {
+    use std::fmt::Write;
+    let shown = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.2}"));
+    let label = |s: &str| match s {
+        "gpu_frag" => "ours (given mix)".to_owned(),
+        "gpu_frag_learned" => "ours (learned mix)".to_owned(),
+        other => other.to_owned(),
+    };
+    let frag: Vec<&str> = report
+        .strategies
+        .iter()
+        .copied()
+        .filter(|s| s.starts_with("gpu_frag"))
+        .collect();
+    let mut out = String::new();
+    let mut header = vec!["workload".to_owned()];
+    header.extend(report.strategies.iter().map(|s| label(s)));
+    header.push("FGD (published)".to_owned());
+    header.push("BestFit (published)".to_owned());
+    header.extend(frag.iter().map(|s| format!("{} − FGD", label(s))));
+    let _ = writeln!(out, "| {} |", header.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(header.len()));
+    let mut behind = 0;
+    for row in &report.rows {
+        let mut cells = vec![row.workload.clone()];
+        cells.extend(row.ours.iter().map(|(_, v)| format!("{v:.2}")));
+        cells.push(shown(row.fgd));
+        cells.push(shown(row.best_fit));
+        for s in &frag {
+            let ours = row.ours.iter().find(|(n, _)| n == s).map(|(_, v)| *v);
+            let diff = ours.zip(row.fgd).map(|(o, f)| o - f);
+            if diff.is_some_and(|d| d >= 0.0) {
+                behind += 1;
+            }
+            cells.push(diff.map_or("—".to_owned(), |d| format!("{d:+.2}")));
+        }
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    let pods: u64 = report.rows.iter().map(|r| r.pods_replayed).sum();
+    let seconds: f64 = report.rows.iter().map(|r| r.run_seconds).sum();
+    let _ = writeln!(
+        out,
+        "\nunallocated GPU % at 100 % arrived, mean over seeds {:?}; {} of the gpu_frag figures not below FGD; {:.3} ms per pod replayed",
+        report.seeds,
+        behind,
+        if pods > 0 {
+            1000.0 * seconds / pods as f64
+        } else {
+            0.0
+        }
+    );
+    match &report.published_file {
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "published figures: {p} (100 − mean allocation % at 100 % arrived over its seeds)"
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "published figures: no {PUBLISHED_RESULTS} in the folder"
+            );
+        }
+    }
+    if !report.skipped.is_empty() {
+        let _ = writeln!(
+            out,
+            "skipped (no pod list in the folder): {}",
+            report.skipped.join(", ")
+        );
+    }
+    out
+}

@@ -236,6 +236,157 @@ fn trace_gpu_reads_the_csvs_and_reports_fragmentation() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn trace_gpu_all_tables_every_workload_beside_the_published_figures() {
+    let dir = std::env::temp_dir().join(format!("peloton-trace-all-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    std::fs::write(
+        dir.join("openb_node_list_gpu_node.csv"),
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,262144,2,T4\nn1,64000,524288,8,V100M16\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("openb_pod_list_default.csv"),
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
+         p0,4000,8192,1,500,\np1,8000,16384,2,1000,\np2,2000,4096,0,0,\np3,1000,2048,1,250,\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("openb_pod_list_gpuspec10.csv"),
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n\
+         p0,4000,8192,1,1000,T4\np1,8000,16384,1,1000,\np2,1000,2048,1,300,V100M16|T4\n",
+    )
+    .unwrap();
+    // Allocation % per arrived %: the figure is 100 − the mean of column
+    // `100` over the file's seeds; other policies and columns are ignored.
+    let published = |fgd_43: &str| {
+        format!(
+            "workload,sc_policy,tune,seed,total_gpus,0,99,100,101\n\
+             openb_pod_list_default,06-FGD,1.3,42,10,0,90,95.5,97\n\
+             openb_pod_list_default,06-FGD,1.3,43,10,0,90,{fgd_43},97\n\
+             openb_pod_list_default,05-BestFit,1.3,42,10,0,80,90,97\n\
+             openb_pod_list_default,01-Random,1.3,42,10,0,10,20,97\n\
+             openb_pod_list_gpuspec10,06-FGD,1.3,42,10,0,70,80,97\n"
+        )
+    };
+    std::fs::write(dir.join("analysis_allo_discrete.csv"), published("94.5")).unwrap();
+    let all = |extra: &[&str]| {
+        let mut args = vec!["trace-gpu", "--all", dir_arg.as_str(), "--seeds", "42..43"];
+        args.extend_from_slice(extra);
+        args.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run_json = |extra: &[&str]| {
+        let args = all(extra);
+        json(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let report = run_json(&["--json"]);
+    assert_eq!(
+        report["strategies"],
+        serde_json::json!(["gpu_frag", "gpu_frag_learned"])
+    );
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{report}");
+    assert_eq!(rows[0]["workload"], "default");
+    assert_eq!(rows[1]["workload"], "gpuspec10");
+    assert_eq!(report["skipped"].as_array().unwrap().len(), 15);
+    assert!(
+        (rows[0]["fgd"].as_f64().unwrap() - 5.0).abs() < 1e-9,
+        "{report}"
+    );
+    assert!((rows[0]["best_fit"].as_f64().unwrap() - 10.0).abs() < 1e-9);
+    assert!((rows[1]["fgd"].as_f64().unwrap() - 20.0).abs() < 1e-9);
+    assert!(
+        rows[1]["best_fit"].is_null(),
+        "no BestFit row for gpuspec10"
+    );
+    // Each of ours is the mean of the single-workload replay of those seeds.
+    for (row, file) in rows.iter().zip(["default", "gpuspec10"]) {
+        let nodes = dir.join("openb_node_list_gpu_node.csv");
+        let pods = dir.join(format!("openb_pod_list_{file}.csv"));
+        let single = json(&[
+            "trace-gpu",
+            "--nodes",
+            nodes.to_str().unwrap(),
+            "--pods",
+            pods.to_str().unwrap(),
+            "--seeds",
+            "42..43",
+            "--strategies",
+            "gpu_frag,gpu_frag_learned",
+            "--json",
+        ]);
+        for (i, ours) in row["ours"].as_array().unwrap().iter().enumerate() {
+            assert_eq!(ours[0], single["strategies"][i]["strategy"]);
+            assert_eq!(
+                ours[1],
+                single["strategies"][i]["mean_unallocated_pct_at_100"]
+            );
+        }
+    }
+    // The table shows them, and ours − FGD.
+    let text_of = |extra: &[&str]| {
+        let args = all(extra);
+        let out = bench(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = text_of(&[]);
+    let given = rows[0]["ours"][0][1].as_f64().unwrap();
+    let learned = rows[0]["ours"][1][1].as_f64().unwrap();
+    let line = format!(
+        "| default | {given:.2} | {learned:.2} | 5.00 | 10.00 | {:+.2} | {:+.2} |",
+        given - 5.0,
+        learned - 5.0
+    );
+    assert!(text.contains(&line), "{line}\n{text}");
+    assert!(
+        text.contains("| gpuspec10 |") && text.contains("| 20.00 | — |"),
+        "{text}"
+    );
+    assert!(text.contains("skipped"), "{text}");
+    // The figures come from the file: change it and the table follows.
+    std::fs::write(dir.join("analysis_allo_discrete.csv"), published("92.5")).unwrap();
+    let report = run_json(&["--json", "--strategies", "gpu_frag"]);
+    assert!(
+        (report["rows"][0]["fgd"].as_f64().unwrap() - 6.0).abs() < 1e-9,
+        "{report}"
+    );
+    // Without the file the published columns are empty, not made up.
+    std::fs::remove_file(dir.join("analysis_allo_discrete.csv")).unwrap();
+    let text = text_of(&["--strategies", "gpu_frag"]);
+    assert!(text.contains("| — | — | — |"), "{text}");
+    // A malformed results file, or a folder without pod lists, is refused.
+    std::fs::write(
+        dir.join("analysis_allo_discrete.csv"),
+        "workload,seed\nx,1\n",
+    )
+    .unwrap();
+    let out = bench(&all(&[]).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no column sc_policy"));
+    std::fs::remove_file(dir.join("analysis_allo_discrete.csv")).unwrap();
+    for w in ["default", "gpuspec10"] {
+        std::fs::remove_file(dir.join(format!("openb_pod_list_{w}.csv"))).unwrap();
+    }
+    let out = bench(&all(&[]).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--all"));
+    // --all excludes --pods.
+    let out = bench(
+        &all(&["--pods", "x.csv"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(!out.status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A binary the service benchmarks start, next to this one (built by
 /// `cargo test --workspace`): the test fails, never skips, without it.
 fn require_sibling(name: &str) {
