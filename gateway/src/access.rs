@@ -252,6 +252,44 @@ pub struct Access {
     /// The pools of the jobs deleted last (bounded), oldest first: for
     /// filtering events, never for authorizing a call.
     deleted: RwLock<Deleted>,
+    /// The live jobs by name, for calls that name a job by its name.
+    job_names: RwLock<JobNames>,
+}
+
+/// The live jobs by name: each name's jobs, whether each has ended.
+#[derive(Debug, Default)]
+struct JobNames {
+    by_name: FxHashMap<Arc<str>, std::collections::BTreeMap<Arc<str>, bool>>,
+    name_of: FxHashMap<Arc<str>, Arc<str>>,
+}
+
+impl JobNames {
+    /// Records job `id` named `name`, ended or not.
+    fn set(&mut self, id: Arc<str>, name: Arc<str>, ended: bool) {
+        if let Some(old) = self.name_of.get(&id)
+            && *old != name
+        {
+            let old = old.clone();
+            self.remove(&id, &old);
+        }
+        self.name_of.insert(id.clone(), name.clone());
+        self.by_name.entry(name).or_default().insert(id, ended);
+    }
+
+    fn remove(&mut self, id: &str, name: &str) {
+        if let Some(ids) = self.by_name.get_mut(name) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.by_name.remove(name);
+            }
+        }
+    }
+
+    fn forget(&mut self, id: &str) {
+        if let Some(name) = self.name_of.remove(id) {
+            self.remove(id, &name);
+        }
+    }
 }
 
 /// Recently deleted jobs' pools, bounded.
@@ -274,6 +312,7 @@ impl Access {
             signer: None,
             job_pools: RwLock::default(),
             deleted: RwLock::default(),
+            job_names: RwLock::default(),
         }
     }
 
@@ -445,6 +484,25 @@ impl Access {
         *self.job_pools.write().unwrap_or_else(|e| e.into_inner()) = jobs.into_iter().collect();
     }
 
+    /// The name of every live job, and whether it has ended, from now on
+    /// (the loop, at start).
+    pub fn set_job_names(&self, jobs: impl IntoIterator<Item = (Arc<str>, Arc<str>, bool)>) {
+        let mut names = JobNames::default();
+        for (id, name, ended) in jobs {
+            names.set(id, name, ended);
+        }
+        *self.job_names.write().unwrap_or_else(|e| e.into_inner()) = names;
+    }
+
+    /// Jobs whose state a commit changed: their names and whether they
+    /// have ended (created jobs among them).
+    pub fn name_jobs(&self, jobs: impl IntoIterator<Item = (Arc<str>, Arc<str>, bool)>) {
+        let mut names = self.job_names.write().unwrap_or_else(|e| e.into_inner());
+        for (id, name, ended) in jobs {
+            names.set(id, name, ended);
+        }
+    }
+
     /// Jobs created and deleted by a commit.
     pub fn change_jobs(
         &self,
@@ -454,7 +512,9 @@ impl Access {
         let mut m = self.job_pools.write().unwrap_or_else(|e| e.into_inner());
         m.extend(created);
         let mut gone = self.deleted.write().unwrap_or_else(|e| e.into_inner());
+        let mut names = self.job_names.write().unwrap_or_else(|e| e.into_inner());
         for d in deleted {
+            names.forget(&d);
             if let Some(pool) = m.remove(&d) {
                 gone.order.push_back(d.clone());
                 gone.pools.insert(d, pool);
@@ -477,21 +537,28 @@ impl Access {
     /// The live job `given` names, for `caller`: the job with that id, else
     /// the one whose id starts with it among the jobs `caller` may read
     /// (job ids are the server's UUIDs; a unique prefix names one, as git
-    /// and docker take them). None: no job matches (the call answers
-    /// NOT_FOUND as for any unknown id). INVALID_ARGUMENT naming `field`
-    /// when several match.
+    /// and docker take them), else the one of that name
+    /// ([`Access::resolve_job_name`]); `job/` before any of these is
+    /// ignored (the CLI's `-o name` lines). None: no job matches (the call
+    /// answers NOT_FOUND as for any unknown id). INVALID_ARGUMENT naming
+    /// `field` when several match.
     pub fn resolve_job(
         &self,
         caller: &Caller,
         field: &str,
         given: &str,
     ) -> Result<Option<Arc<str>>, Status> {
+        // `job/ID` (the CLI's `-o name`, as kubectl writes it) is ID.
+        let given = given.strip_prefix("job/").unwrap_or(given);
         let m = self.job_pools.read().unwrap_or_else(|e| e.into_inner());
         if let Some((id, _)) = m.get_key_value(given) {
             return Ok(Some(id.clone()));
         }
-        if given.is_empty() || !given.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        if given.is_empty() {
             return Ok(None);
+        }
+        if !given.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+            return self.resolve_job_name(&m, caller, field, given);
         }
         let mut matches = m
             .range::<str, _>((std::ops::Bound::Included(given), std::ops::Bound::Unbounded))
@@ -502,7 +569,8 @@ impl Access {
             })
             .map(|(id, _)| id.clone());
         let Some(first) = matches.next() else {
-            return Ok(None);
+            // No id starts with it: it may be a name ("cafe").
+            return self.resolve_job_name(&m, caller, field, given);
         };
         let rest: Vec<Arc<str>> = matches.by_ref().take(MAX_NAMED_MATCHES).collect();
         if rest.is_empty() {
@@ -520,6 +588,66 @@ impl Access {
             named.join(", "),
             if n > named.len() { ", …" } else { "" }
         )))
+    }
+
+    /// The live job the name `given` names, for `caller` (see
+    /// [`Access::resolve_job`]): `NAME`, or `POOL/NAME` (a pool path, then
+    /// the name after its last `/`), among the jobs `caller` may read. Of
+    /// several jobs of that name the one that has not ended is named; one
+    /// ended job alone is named too. INVALID_ARGUMENT naming `field` and
+    /// the candidates when several have not ended, or none has and
+    /// several ended.
+    fn resolve_job_name(
+        &self,
+        pools: &std::collections::BTreeMap<Arc<str>, Arc<str>>,
+        caller: &Caller,
+        field: &str,
+        given: &str,
+    ) -> Result<Option<Arc<str>>, Status> {
+        let (pool, name) = match given.rfind('/') {
+            Some(i) if given.starts_with('/') && i > 0 => (Some(&given[..i]), &given[i + 1..]),
+            _ => (None, given),
+        };
+        let names = self.job_names.read().unwrap_or_else(|e| e.into_inner());
+        let Some(ids) = names.by_name.get(name) else {
+            return Ok(None);
+        };
+        // (ended, pool, id) of each readable job of that name.
+        let mut found: Vec<(bool, &Arc<str>, &Arc<str>)> = ids
+            .iter()
+            .filter_map(|(id, &ended)| Some((ended, pools.get(id)?, id)))
+            .filter(|(_, p, _)| pool.is_none_or(|want| ***p == *want))
+            .filter(|(_, p, _)| {
+                caller.principal.sees_everything()
+                    || caller.principal.allows(Permission::JobsRead, p)
+            })
+            .collect();
+        if found.iter().any(|(ended, ..)| !ended) {
+            found.retain(|(ended, ..)| !ended);
+        }
+        match found.len() {
+            0 => Ok(None),
+            1 => Ok(Some(found[0].2.clone())),
+            n => {
+                found.sort_unstable_by(|a, b| (a.1, a.2).cmp(&(b.1, b.2)));
+                let named: Vec<String> = found
+                    .iter()
+                    .take(MAX_NAMED_MATCHES)
+                    .map(|(_, p, id)| format!("{id} in {p}"))
+                    .collect();
+                let which = if found[0].0 { "ended " } else { "unfinished " };
+                Err(Status::invalid_argument(format!(
+                    "{field}: {n} {which}jobs are named {name:?} ({}{}): give an id{}",
+                    named.join(", "),
+                    if n > named.len() { ", …" } else { "" },
+                    if pool.is_none() && found.iter().any(|f| f.1 != found[0].1) {
+                        ", or POOL/NAME"
+                    } else {
+                        ""
+                    }
+                )))
+            }
+        }
     }
 
     /// A job's pool.

@@ -101,6 +101,23 @@ pub fn id(field: &str, value: &str) -> Result<(), Status> {
     bounded(field, value, MAX_ID_BYTES)
 }
 
+/// Refuses a new job's name that could not name it in place of its id:
+/// one with a `/` (`POOL/NAME` names a job of that pool) or a control
+/// character. (Its length and emptiness are [`job_plan`]'s checks; names
+/// kept before this rule are left as they are.)
+pub fn job_name(field: &str, value: &str) -> Result<(), Status> {
+    if value.contains('/') {
+        return Err(invalid(
+            field,
+            format!("{value:?} has a '/': a job is named NAME or POOL/NAME in place of its id"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(invalid(field, "has a control character"));
+    }
+    Ok(())
+}
+
 /// Refuses a pool path longer than [`MAX_POOL_PATH_BYTES`].
 pub fn pool_path(field: &str, value: &str) -> Result<(), Status> {
     bounded(field, value, MAX_POOL_PATH_BYTES)
@@ -1059,6 +1076,7 @@ pub fn cron_status_to_pb(
             })
             .collect(),
         last_skip: state.last_skip.to_string(),
+        suspended: state.suspended,
     }
 }
 

@@ -45,10 +45,10 @@ struct Args {
     #[arg(long, value_name = "URL")]
     advertise: Option<String>,
     /// gRPC listen address (port 0 picks a free port).
-    #[arg(long)]
+    #[arg(long, env = "PELOTON_LISTEN")]
     listen: Option<SocketAddr>,
     /// Prometheus metrics listen address.
-    #[arg(long)]
+    #[arg(long, env = "PELOTON_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
     /// Serve no metrics.
     #[arg(long)]

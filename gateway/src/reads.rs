@@ -652,6 +652,13 @@ fn task_to_pb(engine: &Engine, core: &Lifecycle, k: JobKey, job: &Job, i: u32) -
         expected_runtime_ms: estimate.map_or(0, |e| e.ms),
         expected_runtime_source: estimate.map(|e| e.source.describe()).unwrap_or_default(),
         forecast: task_forecast(engine, core, k, i),
+        // Batch only: the job's current plan's (what `back_off` counts
+        // against), not the instance's config's.
+        max_failures: if job.plan.kind.keeps_running() {
+            0
+        } else {
+            job.plan.template(i).restart.max_failures
+        },
     }
 }
 

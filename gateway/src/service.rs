@@ -123,6 +123,7 @@ impl Api {
             format!("{pool} {name}"),
         )?;
         let owner = self.owner_of(request, "spec.owner", &spec.owner)?;
+        convert::job_name("spec.name", &spec.name)?;
         let mut spec = convert::cluster_mode_spec(spec.clone())?;
         spec.owner = owner;
         self.resolve_after(&*access::caller(request)?, &mut spec)?;
@@ -635,6 +636,27 @@ impl JobService for Api {
             .job_action(r.id, r.version, JobAction::Edit(edit))
             .await?;
         Ok(Response::new(pb::EditJobResponse { job }))
+    }
+
+    async fn cron_action(
+        &self,
+        mut request: Request<pb::CronActionRequest>,
+    ) -> Result<Response<pb::CronActionResponse>, Status> {
+        self.on_job(&mut request, Permission::JobsWrite, "id", |r| &mut r.id)?;
+        let r = request.into_inner();
+        let action = match pb::CronActionKind::try_from(r.action) {
+            Ok(pb::CronActionKind::RunNow) => JobAction::CronRunNow,
+            Ok(pb::CronActionKind::Suspend) => JobAction::CronSuspend(true),
+            Ok(pb::CronActionKind::Resume) => JobAction::CronSuspend(false),
+            _ => {
+                return Err(convert::invalid(
+                    "action",
+                    format!("{} is not an action: RUN_NOW, SUSPEND or RESUME", r.action),
+                ));
+            }
+        };
+        let job = self.job_action(r.id, r.version, action).await?;
+        Ok(Response::new(pb::CronActionResponse { job }))
     }
 
     async fn restart(

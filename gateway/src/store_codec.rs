@@ -85,6 +85,9 @@ pub struct StoredCron {
     /// Why the latest tick that started no job did not.
     #[prost(string, tag = "3")]
     pub last_skip: String,
+    /// Suspended (false in rows written before suspension).
+    #[prost(bool, tag = "4")]
+    pub suspended: bool,
 }
 
 /// One tick's job.
@@ -254,6 +257,7 @@ pub fn encode_job(job: &Job) -> Vec<u8> {
                 })
                 .collect(),
             last_skip: c.last_skip.to_string(),
+            suspended: c.suspended,
         }),
     })
 }
@@ -318,6 +322,7 @@ pub fn decode_job(id: &str, row: &[u8]) -> Result<(JobRow, Option<pb::JobSpec>),
                 })
                 .collect(),
             last_skip: c.last_skip.into(),
+            suspended: c.suspended,
         }),
     };
     Ok((row, spec))
@@ -1456,8 +1461,8 @@ mod tests {
         assert_eq!(decode_config(&new).unwrap(), spec);
     }
 
-    /// A cron job's ticks are stored with its row, and a row written
-    /// before cron jobs has none.
+    /// A cron job's ticks (and whether it is suspended) are stored with
+    /// its row, and a row written before cron jobs has none.
     #[test]
     fn a_cron_jobs_ticks_round_trip() {
         let cron = CronState {
@@ -1468,6 +1473,7 @@ mod tests {
             }]
             .into(),
             last_skip: "tick skipped".into(),
+            suspended: true,
         };
         let row = versioned(&StoredJob {
             version: 1,
@@ -1480,6 +1486,7 @@ mod tests {
                     job_id: "j-1".into(),
                 }],
                 last_skip: "tick skipped".into(),
+                suspended: true,
             }),
             ..Default::default()
         });

@@ -1370,6 +1370,108 @@ async fn a_unique_start_of_a_job_id_names_the_job() {
     s.shutdown().await;
 }
 
+/// A job's name names it in place of its id (NAME, or POOL/NAME) in every
+/// call that takes a job id: of several jobs of that name, the one that
+/// has not ended; several unfinished ones, or several ended ones and none
+/// unfinished, are refused naming the field and each candidate. A name
+/// ended jobs carry is free for a new job. Names name jobs after a restart
+/// of the server (they are the stored spec's); a name with a '/' is
+/// refused, naming spec.name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_is_named_by_its_name_in_place_of_its_id() {
+    let s = TestServer::start(4).await;
+    let mut c = s.clients.clone();
+    for pool in ["/a", "/b"] {
+        create_pool(&mut c, pool, pool_spec(2.0, 2048.0)).await;
+    }
+    let named = |pool: &str, name: &str, duration_ms: u64| {
+        let mut spec = job_spec(pool, 1, 0.1, duration_ms);
+        spec.name = name.into();
+        spec
+    };
+    let train_a = create_job(&mut c, named("/a", "train", 600_000)).await;
+    let train_b = create_job(&mut c, named("/b", "train", 600_000)).await;
+    let eval = create_job(&mut c, named("/a", "eval", 100)).await;
+
+    // One job of that name: the name names it, also once it has ended.
+    assert_eq!(get_job(&mut c, "eval").await.expect("eval").id, eval.id);
+    wait_job(&c, "eval", J::Succeeded).await;
+    assert_eq!(get_job(&mut c, "eval").await.expect("eval").id, eval.id);
+
+    // Two unfinished jobs of that name in two pools: refused, naming both
+    // and the way out; POOL/NAME names each.
+    let e = get_job(&mut c, "train").await.expect_err("ambiguous");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message()
+            .starts_with("id: 2 unfinished jobs are named \"train\""),
+        "{e:?}"
+    );
+    for id in [&train_a.id, &train_b.id] {
+        assert!(e.message().contains(id.as_str()), "{e:?}");
+    }
+    assert!(e.message().contains("POOL/NAME"), "{e:?}");
+    assert_eq!(get_job(&mut c, "/a/train").await.expect("a").id, train_a.id);
+    assert_eq!(get_job(&mut c, "/b/train").await.expect("b").id, train_b.id);
+    assert_eq!(get_task(&mut c, "/b/train", 0).await.job_id, train_b.id);
+    let tasks = list_tasks(&mut c, "/a/train").await;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].job_id, train_a.id);
+    // A name no job has, and a pool that has no job of it: not found.
+    assert_status(get_job(&mut c, "nothing").await, Code::NotFound, "nothing");
+    assert_status(get_job(&mut c, "/b/eval").await, Code::NotFound, "/b/eval");
+
+    // Killed by its name; then the other train is the only unfinished one.
+    assert_eq!(kill_job(&mut c, "/a/train").await.id, train_a.id);
+    wait_job(&c, &train_a.id, J::Killed).await;
+    assert_eq!(get_job(&mut c, "train").await.expect("b").id, train_b.id);
+    // The ended job's name is free: a new train in /a, and /a/train names
+    // it (the unfinished one), not the killed one.
+    let again = create_job(&mut c, named("/a", "train", 600_000)).await;
+    assert_eq!(
+        get_job(&mut c, "/a/train").await.expect("again").id,
+        again.id
+    );
+
+    // Two ended jobs of one name and none unfinished: refused.
+    let eval2 = create_job(&mut c, named("/a", "eval", 100)).await;
+    wait_job(&c, &eval2.id, J::Succeeded).await;
+    let e = get_job(&mut c, "eval").await.expect_err("two ended");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("2 ended jobs are named"), "{e:?}");
+    assert!(
+        e.message().contains(eval.id.as_str()) && e.message().contains(eval2.id.as_str()),
+        "{e:?}"
+    );
+
+    // After a restart the names still name the jobs.
+    let s = s.restart().await;
+    let mut c = s.clients.clone();
+    assert_eq!(
+        get_job(&mut c, "/a/train").await.expect("again").id,
+        again.id
+    );
+    assert_eq!(get_job(&mut c, "/b/train").await.expect("b").id, train_b.id);
+    assert_status(
+        get_job(&mut c, "train").await,
+        Code::InvalidArgument,
+        "2 unfinished jobs",
+    );
+
+    // A name that could not name the job is refused, and creates nothing.
+    let before = list_tasks(&mut c, &train_b.id).await.len();
+    let r = c
+        .jobs
+        .create(pb::CreateJobRequest {
+            spec: Some(named("/a", "x/y", 100)),
+        })
+        .await;
+    assert_status(r, Code::InvalidArgument, "spec.name");
+    assert_eq!(list_tasks(&mut c, &train_b.id).await.len(), before);
+    assert_status(get_job(&mut c, "x/y").await, Code::NotFound, "x/y");
+    s.shutdown().await;
+}
+
 /// Jobs wait for the jobs they depend on (`spec.after`, Slurm's afterok,
 /// afternotok): B waits for A to succeed, C for A to fail. While A runs
 /// (also across a restart of the server) B and C are pending, queue

@@ -211,6 +211,8 @@ pub struct CronState {
     pub ticks: VecDeque<CronTick>,
     /// Why the latest tick that created no job did not ("": none did).
     pub last_skip: Arc<str>,
+    /// Suspended (`cron suspend`): no tick fires until it is resumed.
+    pub suspended: bool,
 }
 
 /// The id of the job a cron job's tick at `at` creates.
@@ -260,13 +262,17 @@ impl Lifecycle {
         self.cron_due.get(&k).copied()
     }
 
-    /// Puts a cron job's next tick after `from` on the calendar.
+    /// Puts a cron job's next tick after `from` on the calendar (none
+    /// while it is suspended).
     pub(super) fn schedule_cron(&mut self, k: JobKey, from: u64) {
         self.unschedule_cron(k);
         let job = &self.jobs[&k];
         let Some(s) = &job.plan.schedule else {
             return;
         };
+        if job.cron.as_ref().is_some_and(|c| c.suspended) {
+            return;
+        }
         if let Some(next) = s.next_after(from) {
             self.cron_next.insert((next, k));
             self.cron_due.insert(k, next);
@@ -475,6 +481,54 @@ impl Lifecycle {
         for x in running {
             self.kill_job(engine, x, "its cron job was killed", fx);
         }
+    }
+
+    /// `cron run-now`: a tick of cron job `k` now, its job created as the
+    /// overlap policy allows (a job of this minute's tick that exists
+    /// already, a forbidden overlap and too many running ticks are
+    /// refused, as a tick of the schedule would skip); the schedule, and
+    /// its last tick, are unchanged. Suspended cron jobs run now too.
+    pub(super) fn cron_run_now(
+        &mut self,
+        engine: &mut Engine,
+        k: JobKey,
+        fx: &mut Effects,
+    ) -> Result<(), Error> {
+        let schedule = self.jobs[&k].plan.schedule.clone().expect("a cron job");
+        let now = self.now;
+        self.run_tick(engine, k, now, &schedule, fx)
+            .map_err(Error::Precondition)?;
+        self.dirty_jobs.insert(k);
+        self.prune_ticks(engine, k, fx);
+        Ok(())
+    }
+
+    /// `cron suspend` (true) and `cron resume` (false): a suspended cron
+    /// job is off the calendar (its ticks' jobs that run go on); resumed,
+    /// it ticks from now (the ticks in between are not made up), within
+    /// the bound on scheduled cron jobs. Either is a no-op when it is so
+    /// already.
+    pub(super) fn suspend_cron(&mut self, k: JobKey, suspend: bool) -> Result<(), Error> {
+        let now = self.now;
+        let was = self.jobs[&k].cron.as_ref().expect("a cron job").suspended;
+        if was == suspend {
+            return Ok(());
+        }
+        if !suspend && self.cron_next.len() >= MAX_CRON_JOBS {
+            return Err(Error::Exhausted(format!(
+                "{MAX_CRON_JOBS} cron jobs are scheduled already, the most there may be; kill one first"
+            )));
+        }
+        let state = self.job_mut(k).cron.as_mut().expect("a cron job");
+        state.suspended = suspend;
+        if suspend {
+            self.unschedule_cron(k);
+        } else {
+            state.last_tick = now;
+            self.schedule_cron(k, now);
+        }
+        self.dirty_jobs.insert(k);
+        Ok(())
     }
 
     /// A killed cron job is restarted: its schedule resumes from now.

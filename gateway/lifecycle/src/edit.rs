@@ -7,8 +7,10 @@
 //! to it (waiting, queued, backing off, ended), and the queued ones are
 //! queued again, so the engine orders them by the new priority and the new
 //! cap bounds how many are queued. Runs on hosts keep their config — their
-//! limit, their tolerated failures, and the priority the engine placed them
-//! with. Instances queued from now on take the new priority.
+//! limit and the priority the engine placed them with — but not their
+//! tolerated failures: every failure after the edit is counted against the
+//! new `max_failures` (see `back_off`). Instances queued from now on take
+//! the new priority.
 
 use std::collections::BTreeSet;
 

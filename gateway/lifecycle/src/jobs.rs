@@ -333,6 +333,20 @@ impl Lifecycle {
         }
         let n = job.tasks.len() as u32;
         match action {
+            JobAction::CronRunNow | JobAction::CronSuspend(_) if job.plan.schedule.is_none() => {
+                return Err(Error::Precondition(format!(
+                    "job {id} is not a cron job (it has no schedule)"
+                )));
+            }
+            JobAction::CronRunNow | JobAction::CronSuspend(_)
+                if job.kill_requested || job.state.is_terminal() =>
+            {
+                return Err(Error::Precondition(format!(
+                    "cron job {id} was killed: its schedule runs again once it is restarted"
+                )));
+            }
+            JobAction::CronRunNow => self.cron_run_now(engine, k, fx)?,
+            JobAction::CronSuspend(suspend) => self.suspend_cron(k, suspend)?,
             JobAction::Kill => {
                 if job.state.is_terminal() {
                     // Nothing runs: killing changes nothing.

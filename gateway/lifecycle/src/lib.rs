@@ -118,6 +118,12 @@ pub enum JobAction {
     /// Change a batch job's priority, limits or running-instance cap for
     /// the instances that have not started (see [`edit`](crate::edit)).
     Edit(JobEdit),
+    /// A cron job's tick now, as a tick of its schedule would run (its
+    /// overlap policy applies); its schedule goes on (see [`cron`](crate::cron)).
+    CronRunNow,
+    /// Suspend (true: no ticks until resumed) or resume (false: ticks from
+    /// now on) a cron job's schedule.
+    CronSuspend(bool),
 }
 
 /// How a run's host says it went.

@@ -1069,8 +1069,14 @@ impl Lifecycle {
         // are never forgiven for having run long.
         let updating = self.in_update_batch(k, i);
         let job = self.job_mut(k);
-        let policy = job.template(i).restart;
+        let mut policy = job.template(i).restart;
         let service = job.plan.kind.keeps_running();
+        if !service {
+            // A batch instance tolerates its job's current failures: an
+            // edit (`JobService.Edit`) changes them also for the runs that
+            // were on hosts then (which keep their config's limit).
+            policy.max_failures = job.plan.template(i).restart.max_failures;
+        }
         let kill = job.kill_requested;
         let t = &mut job.tasks[i as usize];
         if service

@@ -72,6 +72,8 @@
 //! - `edit J [priority=P] [max_running=N] [max_time=MS] [max_failures=F]
 //!   [version=V]` — edit batch job J's pending instances; `sla J` — its
 //!   version, config, editable fields and each instance's config.
+//! - `cron-run J`, `cron-suspend J`, `cron-resume J` — cron job J's tick
+//!   now, suspension, resumption.
 
 use expect_test::{Expect, expect};
 use peloton_engine::{PoolConfig, Resources};
@@ -853,6 +855,18 @@ impl Env {
                     restart: words[0] == "restart",
                 });
             }
+            "cron-run" | "cron-suspend" | "cron-resume" => {
+                let action = match words[0] {
+                    "cron-run" => JobAction::CronRunNow,
+                    "cron-suspend" => JobAction::CronSuspend(true),
+                    _ => JobAction::CronSuspend(false),
+                };
+                self.step(Input::JobAction {
+                    id: words[1].into(),
+                    version: 0,
+                    action,
+                });
+            }
             "kill" | "restart" | "delete" | "scale" => {
                 let action = match words[0] {
                     "kill" => JobAction::Kill,
@@ -1034,9 +1048,10 @@ impl Env {
                 let row = self.sim.core.job_row(k).expect("row").cron;
                 assert_eq!(row.as_ref(), Some(state), "the row holds the cron state");
                 let line = format!(
-                    "  cron {} {}: last {} next {} ticks [{}]{}",
+                    "  cron {} {}{}: last {} next {} ticks [{}]{}",
                     words[1],
                     job.state.name(),
+                    if state.suspended { " suspended" } else { "" },
                     rel(state.last_tick),
                     next,
                     ticks.join(", "),
@@ -7815,6 +7830,77 @@ fn an_edited_cap_and_limit_apply_to_instances_not_started() {
     );
 }
 
+/// An edit's tolerated failures count for every failure after it, also
+/// of a run that was on its host at the edit (which keeps its config):
+/// raised from 0 to 1, the running instance's first failure is retried
+/// (backoff, a second run), its second ends it; lowered back to 0 on
+/// another job, the next failure ends its instance at once.
+#[test]
+fn an_edited_max_failures_counts_for_runs_on_hosts_too() {
+    check(
+        r"
+        host h1 cpu=4
+        job f pool=/ n=1 cpu=1 max_failures=0
+        job g pool=/ n=1 cpu=1 max_failures=3
+        cycle
+        edit f max_failures=1
+        edit g max_failures=0
+        exit f/0 1
+        exit g/0 1
+        sla f
+        tick 60000
+        cycle
+        exit f/0 1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job f pool=/ n=1 cpu=1 max_failures=0
+            f/0#1 pending
+            job f pending
+            > job g pool=/ n=1 cpu=1 max_failures=3
+            g/0#1 pending
+            job g pending
+            > cycle
+            f/0#1 ready
+            g/0#1 ready
+            f/0#1 placed @h1
+            f/0#1 launching @h1
+            g/0#1 placed @h1
+            g/0#1 launching @h1
+              launch f/0#1 @h1 config 1
+              launch g/0#1 @h1 config 1
+            f/0#1 running @h1
+            g/0#1 running @h1
+            job f running
+            job g running
+            > edit f max_failures=1
+            > edit g max_failures=0
+            > exit f/0 1
+            f/0#1 failed @h1 (exited with code 1)
+            f/0#1 backoff @h1 (exited with code 1)
+            job f pending
+            > exit g/0 1
+            g/0#1 failed @h1 (exited with code 1)
+            job g failed
+            > sla f
+              f version 2 config 2 priority 0 max_running 0 max_time 0 max_failures 1 | instances' configs 0:1 | kept [1]
+            > tick 60000
+            f/0#2 initialized
+            f/0#2 pending
+            > cycle
+            f/0#2 ready
+            f/0#2 placed @h1
+            f/0#2 launching @h1
+              launch f/0#2 @h1 config 1
+            f/0#2 running @h1
+            job f running
+            > exit f/0 1
+            f/0#2 failed @h1 (exited with code 1)
+            job f failed
+        "#]],
+    );
+}
+
 /// Refused edits name the problem and change nothing: a stale version, a
 /// service, nothing to change, a cap below the gang size, a finished job.
 #[test]
@@ -7974,6 +8060,108 @@ fn a_cron_job_creates_a_job_each_tick_and_keeps_a_bounded_history() {
             job c-20 pending
             > cron c
               cron c running: last 200000 next 260000 ticks [c-18@80000 failed, c-19@140000 succeeded, c-20@200000 pending]
+        "#]],
+    );
+}
+
+/// `cron-run` starts a tick at once (its job named by this minute) and
+/// leaves the schedule as it was; a second in the same minute is refused,
+/// as is one that `forbid` would skip. `cron-suspend` takes the cron job off
+/// the calendar (no tick fires, also after a crash: it is stored), a tick
+/// now still runs; `cron-resume` ticks from then on. Both need a cron job that was
+/// not killed.
+#[test]
+fn a_cron_job_runs_now_and_is_suspended_and_resumed() {
+    check(
+        r"
+        host h1 cpu=4
+        job c pool=/ cron=*_*_*_*_* overlap=forbid
+        job plain pool=/ n=1 cpu=1
+        tick 5000
+        cron-run c         # 00:16:45: c-16
+        cron c
+        cron-run c         # refused: this minute's job exists
+        cycle
+        exit c-16/0 0
+        cron-suspend c
+        cron c
+        tick 120000        # no tick at 00:17 or 00:18
+        cron c
+        crash
+        cron c             # still suspended
+        cron-run c         # 00:18:45: c-18, suspended or not
+        cron c
+        cron-resume c
+        cron c
+        tick 60000         # 00:19 skipped: c-18 has not ended (forbid)
+        cron c
+        cron-suspend plain # refused: no schedule
+        kill c
+        cron-run c         # refused: killed
+        cron-resume c      # refused: killed
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job c pool=/ cron=*_*_*_*_* overlap=forbid
+            job c running
+            > job plain pool=/ n=1 cpu=1
+            plain/0#1 pending
+            job plain pending
+            > tick 5000
+            > cron-run c
+            c-16/0#1 pending
+            job c-16 pending
+            > cron c
+              cron c running: last 0 next 20000 ticks [c-16@5000 pending]
+            > cron-run c
+            error: tick 1970-01-01T00:16:45Z: job c-16 exists already
+            > cycle
+            plain/0#1 ready
+            c-16/0#1 ready
+            plain/0#1 placed @h1
+            plain/0#1 launching @h1
+            c-16/0#1 placed @h1
+            c-16/0#1 launching @h1
+              launch plain/0#1 @h1 config 1
+              launch c-16/0#1 @h1 config 1
+            plain/0#1 running @h1
+            c-16/0#1 running @h1
+            job plain running
+            job c-16 running
+            > exit c-16/0 0
+            c-16/0#1 succeeded @h1
+            job c-16 succeeded
+            > cron-suspend c
+            > cron c
+              cron c running suspended: last 0 next none ticks [c-16@5000 succeeded]
+            > tick 120000
+            > cron c
+              cron c running suspended: last 0 next none ticks [c-16@5000 succeeded]
+            > crash
+            > cron c
+              cron c running suspended: last 0 next none ticks [c-16@5000 succeeded]
+            > cron-run c
+            c-18/0#1 pending
+            job c-18 pending
+            > cron c
+              cron c running suspended: last 0 next none ticks [c-16@5000 succeeded, c-18@125000 pending]
+            > cron-resume c
+            > cron c
+              cron c running: last 125000 next 140000 ticks [c-16@5000 succeeded, c-18@125000 pending]
+            > tick 60000
+            > cron c
+              cron c running: last 140000 next 200000 ticks [c-16@5000 succeeded, c-18@125000 pending]
+                skip: tick 1970-01-01T00:19:00Z skipped: job c-18 of an earlier tick has not ended (overlap: forbid)
+            > cron-suspend plain
+            error: job plain is not a cron job (it has no schedule)
+            > kill c
+            c-18/0#1 killed (its cron job was killed)
+            job c killed
+            job c-18 killed
+            > cron-run c
+            error: cron job c was killed: its schedule runs again once it is restarted
+            > cron-resume c
+            error: cron job c was killed: its schedule runs again once it is restarted
         "#]],
     );
 }

@@ -198,6 +198,11 @@ impl Scheduler {
                     .jobs_by_id("")
                     .map(|(_, j)| (j.id.clone(), j.plan.pool.clone())),
             );
+            shared.set_job_names(
+                self.core
+                    .jobs_by_id("")
+                    .map(|(_, j)| (j.id.clone(), j.plan.name.clone(), j.state.is_terminal())),
+            );
         }
     }
 
@@ -209,19 +214,27 @@ impl Scheduler {
         };
         let mut created = Vec::new();
         let mut deleted = Vec::new();
+        let mut named = Vec::new();
         for e in events {
             if let crate::lifecycle::EventKind::Job {
-                job, deleted: d, ..
+                job,
+                deleted: d,
+                state,
+                ..
             } = &e.kind
             {
                 if *d {
                     deleted.push(job.clone());
-                } else if !shared.knows_job(job)
-                    && let Some(j) = self.core.job_key(job).ok().and_then(|k| self.core.job(k))
-                {
-                    created.push((j.id.clone(), j.plan.pool.clone()));
+                } else if let Some(j) = self.core.job_key(job).ok().and_then(|k| self.core.job(k)) {
+                    if !shared.knows_job(job) {
+                        created.push((j.id.clone(), j.plan.pool.clone()));
+                    }
+                    named.push((j.id.clone(), j.plan.name.clone(), state.is_terminal()));
                 }
             }
+        }
+        if !named.is_empty() {
+            shared.name_jobs(named);
         }
         if !created.is_empty() || !deleted.is_empty() {
             shared.change_jobs(created, deleted);

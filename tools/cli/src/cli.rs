@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use peloton_proto::v1::{Grant, JobState, Role, TaskState};
 
 use crate::names;
-use crate::output::OutputFormat;
+use crate::output::OutputArg;
 
 const AFTER_HELP: &str = "\
 Secure servers (TLS and bearer tokens):
@@ -113,8 +113,8 @@ pub struct Cli {
     )]
     pub config: Option<PathBuf>,
     /// Output format.
-    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputArg::Table)]
+    pub output: OutputArg,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -145,6 +145,9 @@ pub enum Command {
     /// Host pools: a partition of the hosts that jobs name (`host_pool:`).
     #[command(subcommand)]
     Hostpool(HostPoolCommand),
+    /// Cron jobs (`schedule:`): a tick now, suspend, resume.
+    #[command(subcommand)]
+    Cron(CronCommand),
     /// Print job and task events as they happen, until interrupted.
     Watch(WatchArgs),
     /// Access tokens of a secure server (cluster admins).
@@ -245,6 +248,34 @@ pub struct VersionArg {
     /// Fail if the entity changed since this version (0: whatever is current).
     #[arg(long, default_value_t = 0)]
     pub version: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CronCommand {
+    /// Start one tick now, as the schedule's would (its overlap policy
+    /// applies: refused where such a tick would be skipped); the schedule
+    /// goes on unchanged. Prints the tick's job id.
+    RunNow {
+        /// The cron job (id, a unique start of it, or its name).
+        job: String,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// No tick until resumed (kept across server restarts); the ticks'
+    /// jobs that run go on.
+    Suspend {
+        /// The cron job.
+        job: String,
+        #[command(flatten)]
+        version: VersionArg,
+    },
+    /// Tick again from now on (the ticks missed meanwhile are not made up).
+    Resume {
+        /// The cron job.
+        job: String,
+        #[command(flatten)]
+        version: VersionArg,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -1180,7 +1211,7 @@ mod tests {
             "json",
         ])
         .unwrap_or_else(|err| panic!("{err}"));
-        assert_eq!(cli.output, OutputFormat::Json);
+        assert_eq!(cli.output, OutputArg::Json);
         let Command::Job(JobCommand::Query(query)) = cli.command else {
             panic!("parsed as {:?}", cli.command);
         };

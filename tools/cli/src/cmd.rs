@@ -46,7 +46,10 @@ struct Ctx {
     /// Where to connect, and how: the flags and their variables (the config
     /// file and the token are read when connecting).
     options: Options,
+    /// Table, JSON or YAML (`-o wide` and `-o name` are tables, their
+    /// [`Ctx::view`] says how).
     output: OutputFormat,
+    view: crate::output::View,
 }
 
 impl Ctx {
@@ -77,9 +80,31 @@ async fn until_interrupted<T>(
     }
 }
 
+/// Whether `command` prints `-o name`'s lines.
+fn lists_by_name(command: &Command) -> bool {
+    use crate::cli::{HostCommand, JobCommand, RespoolCommand, TaskCommand};
+    matches!(
+        command,
+        Command::Job(JobCommand::Get { .. } | JobCommand::Query(_))
+            | Command::Task(TaskCommand::List { .. } | TaskCommand::Get { .. })
+            | Command::Host(HostCommand::List)
+            | Command::Respool(RespoolCommand::List | RespoolCommand::Get { .. })
+    )
+}
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
-    crate::output::set_output(cli.output);
+    use crate::output::View;
+    let (output, view) = cli.output.split();
+    crate::output::set_output(output);
+    if view == View::Name && !lists_by_name(&cli.command) {
+        return Err(crate::error::UsageError(
+            "-o name: only job query/get, task list/get, host list and respool list/get \
+             print names"
+                .into(),
+        )
+        .into());
+    }
     let ctx = Ctx {
         options: Options {
             server: cli.server,
@@ -88,7 +113,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             cert_file: cli.cert_file,
             key_file: cli.key_file,
         },
-        output: cli.output,
+        output,
+        view,
     };
     match cli.command {
         Command::Respool(command) => respool::run(&ctx, command).await,
@@ -99,6 +125,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Update(command) => update::run(&ctx, command).await,
         Command::Volume(command) => volume::run(&ctx, command).await,
         Command::Hostpool(command) => hostpool::run(&ctx, command).await,
+        Command::Cron(command) => job::cron(&ctx, command).await,
         Command::Watch(args) => watch::run(&ctx, args).await,
         Command::Token(command) => access::token(&ctx, command).await,
         Command::Agent(command) => access::agent(&ctx, command).await,

@@ -19,9 +19,9 @@ use serde_json::{Value, json};
 
 use crate::names::{ProtoEnum, name_of};
 
-/// How results are printed.
+/// How results are printed (`-o`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
+pub enum OutputArg {
     /// Aligned columns for people.
     Table,
     /// JSON (one line per event for `watch`).
@@ -29,6 +29,50 @@ pub enum OutputFormat {
     /// YAML: the JSON's fields; for `job get`, the job's spec file, which
     /// `job create` and `job update` take back.
     Yaml,
+    /// The table with more columns (`job query`/`get`, `task list`/`get`,
+    /// `host list`, `respool list`/`get`; elsewhere the table).
+    Wide,
+    /// One `KIND/ID` a line for pipes (`job/ID`, `task/JOB/INSTANCE`,
+    /// `host/NAME`, `respool/PATH` without the path's leading `/`), for the
+    /// same commands. A job is taken as `job/ID` wherever its id is.
+    Name,
+}
+
+impl OutputArg {
+    /// The format commands print in (wide and name are tables) and how a
+    /// table looks.
+    pub fn split(self) -> (OutputFormat, View) {
+        match self {
+            OutputArg::Table => (OutputFormat::Table, View::Plain),
+            OutputArg::Json => (OutputFormat::Json, View::Plain),
+            OutputArg::Yaml => (OutputFormat::Yaml, View::Plain),
+            OutputArg::Wide => (OutputFormat::Table, View::Wide),
+            OutputArg::Name => (OutputFormat::Table, View::Name),
+        }
+    }
+}
+
+/// How results are printed: `-o` but for how a table looks ([`View`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Aligned columns (`-o table`, `-o wide`, `-o name`).
+    Table,
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// How a list or get command shows its table (`-o wide`, `-o name`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum View {
+    /// The usual columns.
+    #[default]
+    Plain,
+    /// More columns.
+    Wide,
+    /// `KIND/ID` lines.
+    Name,
 }
 
 /// Whether [`print_json`] writes YAML (`-o yaml`), set once at start.
@@ -41,6 +85,15 @@ pub fn set_output(format: OutputFormat) {
         format == OutputFormat::Yaml,
         std::sync::atomic::Ordering::Relaxed,
     );
+}
+
+/// Writes `-o name`'s lines (`KIND/ID`), one a line; nothing for none.
+pub fn print_names(names: impl IntoIterator<Item = String>) -> io::Result<()> {
+    let names: Vec<String> = names.into_iter().collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    print_out(&names.join("\n"))
 }
 
 /// Writes `text` to stdout; a closed pipe comes back as an error for the
@@ -508,6 +561,7 @@ pub fn job_status_json(status: Option<&JobStatus>) -> Value {
                 "job_id": t.job_id,
             })).collect::<Vec<_>>(),
             "last_skip": c.last_skip,
+            "suspended": c.suspended,
         })),
     })
 }
@@ -556,6 +610,7 @@ pub fn task_json(task: &Task) -> Value {
         "instance": task.instance,
         "current": task_run_json(task.current.as_ref()),
         "failure_count": task.failure_count,
+        "max_failures": task.max_failures,
         "pending_reason": task.pending_reason,
         "history": task.history.iter().map(|r| task_run_json(Some(r))).collect::<Vec<_>>(),
         "stopping": task.stopping,

@@ -75,7 +75,10 @@ fn peloton_error(err: PelotonError, origin: &str) -> SpecError {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobFile {
-    /// The job's name (not unique; `job query --name` finds it). At most 1 KiB.
+    /// The job's name: it names the job in place of its id (`peloton job get NAME`, or
+    /// `POOL/NAME` when several pools have one), the unfinished job of that name, else the only
+    /// one. Not unique: a name several unfinished jobs share is refused where an id is wanted
+    /// (give the id); `job query --name` lists them all. At most 1 KiB, without '/'.
     pub name: String,
     /// Who the job is for. A secure server records the caller's token instead; the CLI fills in
     /// `$USER` when empty.

@@ -925,6 +925,22 @@ async fn a_batch_job_is_edited_for_its_pending_instances_with_its_version() {
         "{j}"
     );
     assert_eq!(j["job"]["status"]["config_version"], 2, "{j}");
+    // Every instance tolerates the new failures, the one running at the
+    // edit (still on config 1) too; task get says so.
+    for i in ["0", "1"] {
+        let t = ok_json(&url, &["task", "get", &id, i]).await;
+        assert_eq!(t["task"]["max_failures"], 3, "{t}");
+    }
+    let t = ok_json(&url, &["task", "get", &id, "0"]).await;
+    assert_eq!(t["task"]["config_version"], 1, "{t}");
+    let out = peloton(&url, &["task", "get", &id, "0"]).await;
+    assert!(
+        text(&out.stdout)
+            .lines()
+            .any(|l| l.starts_with("MAX FAILURES") && l.trim_end().ends_with('3')),
+        "{}",
+        text(&out.stdout)
+    );
     let mut running = 0;
     for _ in 0..200 {
         running = running_count(&url, &id).await;
@@ -1306,4 +1322,243 @@ async fn destructive_actions_refuse_and_name_the_way_out() {
         .unwrap()
         .len();
     assert_eq!(pools_after + 1, pools_before);
+}
+
+/// A job's name in place of its id through the CLI: `POOL/NAME` names the
+/// job of that pool in get, task get/list and kill; a bare name several
+/// unfinished jobs carry is refused naming them and the way out; once one
+/// of them is killed the bare name names the other. A name with a '/' is
+/// refused, naming the file's field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_named_in_place_of_ids_through_the_cli() {
+    let (dir, server, url) = with_example_pools(4).await;
+    let demo = batch_file(dir.path(), "train", "");
+    let batch = dir.path().join("train-batch.yaml");
+    std::fs::write(
+        &batch,
+        std::fs::read_to_string(&demo)
+            .unwrap()
+            .replace("pool: /demo", "pool: /batch/adhoc"),
+    )
+    .unwrap();
+    let batch = batch.to_string_lossy().into_owned();
+    let mut ids = Vec::new();
+    for file in [&demo, &batch] {
+        let out = peloton(&url, &["job", "create", "-q", file]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        ids.push(text(&out.stdout).trim().to_owned());
+    }
+    let (a, b) = (&ids[0], &ids[1]);
+
+    let job = ok_json(&url, &["job", "get", "/demo/train"]).await;
+    assert_eq!(job["job"]["id"], a.as_str(), "{job}");
+    let task = ok_json(&url, &["task", "get", "/batch/adhoc/train", "0"]).await;
+    assert!(task.to_string().contains(b.as_str()), "{task}");
+    let tasks = ok_json(&url, &["task", "list", "/demo/train"]).await;
+    assert_eq!(tasks["tasks"].as_array().map(Vec::len), Some(4), "{tasks}");
+
+    // Two unfinished jobs named train: refused, naming both.
+    let out = peloton(&url, &["job", "get", "train"]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("2 unfinished jobs are named \"train\"")
+            && err.contains(a.as_str())
+            && err.contains(b.as_str())
+            && err.contains("POOL/NAME"),
+        "{err}"
+    );
+
+    // Killed by its name; then the bare name names the other.
+    let out = peloton(&url, &["job", "kill", "/demo/train"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    json_until(&url, &["job", "get", a], "the job killed", |v| {
+        v["job"]["status"]["state"] == "killed"
+    })
+    .await;
+    let job = ok_json(&url, &["job", "get", "train"]).await;
+    assert_eq!(job["job"]["id"], b.as_str(), "{job}");
+
+    // A name that could not name its job: refused, naming the field.
+    let out = peloton(
+        &url,
+        &["run", "--pool", "/demo", "--name", "x/y", "--", "/bin/true"],
+    )
+    .await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("name") && err.contains("has a '/'"), "{err}");
+    server.shutdown().await.unwrap();
+}
+
+/// `-o wide` adds columns to the list and get commands' tables; `-o name`
+/// prints one `KIND/ID` a line, and a `job/ID` line names the job in the
+/// next command (a pipe). Other commands refuse `-o name` as a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_and_name_output_through_the_cli() {
+    let (dir, server, url) = with_example_pools(4).await;
+    let spec = batch_file(dir.path(), "wide", "labels: {team: ml}\n");
+    let out = peloton(&url, &["job", "create", "-q", &spec]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    let stdout = async |args: &[&str]| {
+        let out = peloton(&url, args).await;
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+
+    // Names, one a line.
+    assert_eq!(
+        stdout(&["job", "query", "-o", "name"]).await,
+        format!("job/{id}\n")
+    );
+    assert_eq!(
+        stdout(&["job", "get", "-o", "name", &id[..8]]).await,
+        format!("job/{id}\n")
+    );
+    let tasks = stdout(&["task", "list", "-o", "name", &id]).await;
+    let want: Vec<String> = (0..4).map(|i| format!("task/{id}/{i}")).collect();
+    assert_eq!(tasks.lines().collect::<Vec<_>>(), want, "{tasks}");
+    assert_eq!(
+        stdout(&["task", "get", "-o", "name", &id, "2"]).await,
+        format!("task/{id}/2\n")
+    );
+    let hosts = stdout(&["host", "list", "-o", "name"]).await;
+    assert_eq!(hosts.lines().count(), 4, "{hosts}");
+    assert!(hosts.lines().all(|l| l.starts_with("host/")), "{hosts}");
+    let pools = stdout(&["respool", "list", "-o", "name"]).await;
+    assert!(pools.lines().any(|l| l == "respool/demo"), "{pools}");
+    assert_eq!(
+        stdout(&["respool", "get", "-o", "name", "/demo"]).await,
+        "respool/demo\n"
+    );
+
+    // Wide tables: the usual columns and more.
+    let wide = stdout(&["job", "query", "-o", "wide"]).await;
+    let header = wide.lines().next().unwrap();
+    for column in [
+        "ID", "NAME", "POOL", "CREATED", "PRIORITY", "VERSION", "LABELS",
+    ] {
+        assert!(header.contains(column), "{wide}");
+    }
+    assert!(wide.contains(&id) && wide.contains("team=ml"), "{wide}");
+    let plain = stdout(&["job", "query"]).await;
+    assert!(!plain.lines().next().unwrap().contains("LABELS"), "{plain}");
+    let wide = stdout(&["job", "get", "-o", "wide", &id]).await;
+    assert!(wide.lines().next().unwrap().contains("PRIORITY"), "{wide}");
+    let wide = stdout(&["task", "list", "-o", "wide", &id]).await;
+    let header = wide.lines().next().unwrap();
+    for column in ["INSTANCE", "HOST", "JOB", "CONFIG", "EXIT", "FINISHED"] {
+        assert!(header.contains(column), "{wide}");
+    }
+    assert_eq!(
+        wide.lines().filter(|l| l.contains(&id)).count(),
+        4,
+        "{wide}"
+    );
+    let wide = stdout(&["task", "get", "-o", "wide", &id, "0"]).await;
+    assert!(wide.lines().next().unwrap().contains("CONFIG"), "{wide}");
+    let wide = stdout(&["host", "list", "-o", "wide"]).await;
+    assert!(wide.lines().next().unwrap().contains("LAST SEEN"), "{wide}");
+    let wide = stdout(&["respool", "list", "-o", "wide"]).await;
+    assert!(wide.lines().next().unwrap().contains("DEMAND"), "{wide}");
+
+    // A name line names the job in the next command.
+    let line = stdout(&["job", "query", "-o", "name"]).await;
+    let out = peloton(&url, &["job", "kill", line.trim()]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    json_until(&url, &["job", "get", &id], "the job killed", |v| {
+        v["job"]["status"]["state"] == "killed"
+    })
+    .await;
+
+    // Elsewhere -o name is a usage error.
+    let out = peloton(&url, &["hostpool", "list", "-o", "name"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("-o name"),
+        "{}",
+        text(&out.stderr)
+    );
+    server.shutdown().await.unwrap();
+}
+
+/// `cron run-now` starts a tick now (its job's id printed; it runs and
+/// succeeds) and a second one in the same minute is refused; `cron
+/// suspend` stops the ticks (job get says so, also after a restart of the
+/// server) and `cron resume` brings them back. A job without a schedule
+/// is refused. The cron job is named by its name throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cron_job_runs_now_and_is_suspended_and_resumed_through_the_cli() {
+    let (dir, server, url) = with_example_pools(2).await;
+    let yaml = "name: yearly\npool: /demo\nschedule: {cron: '0 0 1 1 *', overlap: forbid}\n\
+                task:\n  command: /bin/true\n  resources: {cpu: 0.1, memory_mb: 32}\n  \
+                sim: {duration_ms: 200}\n";
+    let out = peloton_with(&url, &[], yaml, &["job", "create", "-q", "-"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+
+    let out = peloton(&url, &["cron", "run-now", "yearly"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tick = text(&out.stdout).trim().to_string();
+    assert!(tick.starts_with(&format!("{id}-")), "{tick}");
+    // This minute's tick exists (or still runs: forbid): refused.
+    let again = peloton(&url, &["cron", "run-now", &id]).await;
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("exists already")
+            || text(&again.stderr).contains("overlap: forbid"),
+        "{}",
+        text(&again.stderr)
+    );
+    json_until(
+        &url,
+        &["job", "get", &tick],
+        "the tick's job to succeed",
+        |v| v["job"]["status"]["state"] == "succeeded",
+    )
+    .await;
+    let job = ok_json(&url, &["job", "get", &id]).await["job"].clone();
+    assert_eq!(
+        job["status"]["cron"]["ticks"][0]["job_id"],
+        tick.as_str(),
+        "{job}"
+    );
+
+    // Suspended: no next tick, said by job get; kept across a restart.
+    let out = peloton(&url, &["cron", "suspend", "yearly"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = ok_json(&url, &["job", "get", &id]).await["job"].clone();
+    assert_eq!(job["status"]["cron"]["suspended"], true, "{job}");
+    assert_eq!(job["status"]["cron"]["next_tick_ms"], 0, "{job}");
+    server.shutdown().await.unwrap();
+    let server = start_server(dir.path(), 2).await;
+    let url = common::url(server.addr);
+    let out = peloton(&url, &["job", "get", &id]).await;
+    assert!(
+        text(&out.stdout).contains("suspended; `cron resume` resumes it"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = peloton(&url, &["cron", "resume", &id]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = ok_json(&url, &["job", "get", &id]).await["job"].clone();
+    assert_eq!(job["status"]["cron"]["suspended"], false, "{job}");
+    assert!(
+        job["status"]["cron"]["next_tick_ms"].as_u64().unwrap() > 0,
+        "{job}"
+    );
+
+    // Not a cron job: refused, naming why.
+    let plain = batch_file(dir.path(), "plain", "");
+    let out = peloton(&url, &["job", "create", "-q", &plain]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = peloton(&url, &["cron", "suspend", "plain"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not a cron job"),
+        "{}",
+        text(&out.stderr)
+    );
+    server.shutdown().await.unwrap();
 }

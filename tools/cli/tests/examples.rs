@@ -467,7 +467,8 @@ fn quick_start_blocks() -> Vec<String> {
 /// the page then runs (not run here: the test's own build made them; they
 /// stand in `target/release/` of a scratch checkout, beside `examples/`);
 /// the main job's block runs through bash in that directory (the cluster on
-/// 127.0.0.1:5391, as the page says), the first job's block through `bash
+/// a free port given by PELOTON_LISTEN, where the page's default is
+/// 127.0.0.1:5391; the CLI told by PELOTON_SERVER), the first job's block through `bash
 /// -e` in another process, as in a second terminal, and must print the
 /// job's output; Ctrl-C then stops everything. The test command is the
 /// one CI runs.
@@ -505,9 +506,17 @@ async fn the_readme_quick_start_runs_as_written() {
     }
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_peloton"), release.join("peloton")).unwrap();
     std::os::unix::fs::symlink(examples_dir(), dir.path().join("examples")).unwrap();
-    if std::net::TcpListener::bind("127.0.0.1:5391").is_err() {
-        panic!("127.0.0.1:5391 is taken: the quick start serves there (is one running?)");
-    }
+    // The page's commands as written, on free ports (so two runs on one
+    // machine, or a quick start running beside the test, do not collide):
+    // pelotond takes them from PELOTON_LISTEN and PELOTON_METRICS_LISTEN,
+    // the CLI from PELOTON_SERVER, where the page's defaults would be.
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+    };
+    let (port, metrics_port) = (free_port(), free_port());
     let shell = |script: &str| {
         let mut cmd = Command::new("bash");
         cmd.arg("-c")
@@ -524,12 +533,19 @@ async fn the_readme_quick_start_runs_as_written() {
             "PELOTON_CERT_FILE",
             "PELOTON_KEY_FILE",
             "PELOTON_POOL",
+            "PELOTON_LISTEN",
+            "PELOTON_METRICS_LISTEN",
         ] {
             cmd.env_remove(var);
         }
         cmd
     };
     let mut server = shell(main_job.trim())
+        .env("PELOTON_LISTEN", format!("127.0.0.1:{port}"))
+        .env(
+            "PELOTON_METRICS_LISTEN",
+            format!("127.0.0.1:{metrics_port}"),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -551,13 +567,15 @@ async fn the_readme_quick_start_runs_as_written() {
     eventually("the demo to finish", async || {
         let out = out.lock().unwrap().clone();
         assert!(!out.contains("demo: finished: JOB_STATE_FAILED"), "{out}");
-        (out.contains("pelotond: serving gRPC on https://127.0.0.1:5391")
-            && out.contains("demo: finished: JOB_STATE_SUCCEEDED"))
+        (out.contains(&format!(
+            "pelotond: serving gRPC on https://127.0.0.1:{port}"
+        )) && out.contains("demo: finished: JOB_STATE_SUCCEEDED"))
         .then_some(())
     })
     .await;
 
     let mut second = shell(&format!("set -e -o pipefail\n{first_job}"));
+    second.env("PELOTON_SERVER", format!("127.0.0.1:{port}"));
     let done = second.output().await.expect("bash runs");
     let stdout = text(&done.stdout);
     assert!(

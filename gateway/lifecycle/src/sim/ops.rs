@@ -18,7 +18,8 @@
 //! - the core's and the engine's invariants;
 //! - no instance has two live runs on the agents (but for runs of a host
 //!   cut off and declared lost);
-//! - a job's instances with a live run are at most its `max_running`;
+//! - a job's instances with a live run are at most its `max_running` (the
+//!   largest it had since an edit: runs on hosts outlive a lowered cap);
 //! - a connected agent runs exactly the core's current runs on its host
 //!   (RUNNING ones started), but for runs it was told to stop;
 //! - only a job's latest update is in progress, and the instances an
@@ -78,7 +79,7 @@ use peloton_engine::{PoolConfig, Resources};
 
 use super::{Sim, plan};
 use crate::{
-    Answer, Error, Health, HostSlot, Input, JobAction, JobKey, JobKind, JobPlan, JobState,
+    Answer, Error, Health, HostSlot, Input, JobAction, JobEdit, JobKey, JobKind, JobPlan, JobState,
     RunPhase, TaskState, UpdateAction, UpdateRequest, UpdateSpec, UpdateState,
 };
 
@@ -175,6 +176,11 @@ pub enum Op {
     RestartJob(u8),
     /// Scale a job to `1 + n % 4` instances.
     ScaleJob(u8, u8),
+    /// Edit a job (`JobAction::Edit`; refused but for batch jobs): from
+    /// the first byte, priority `e & 3` if `e & 4`, running cap `(e >> 4)
+    /// % 3` if `e & 8`, run time limit 5 s (`e & 128`) or none if `e & 64`;
+    /// from the second, tolerated failures `(f >> 1) & 3` if `f & 1`.
+    EditJob(u8, u8, u8),
     /// Delete a job.
     DeleteJob(u8),
     /// Kill an instance (its index modulo the count plus one: sometimes
@@ -330,7 +336,7 @@ pub struct Scenario {
 }
 
 /// Number of operation kinds (the tag of an encoded operation, modulo).
-const N_KINDS: u8 = 31;
+const N_KINDS: u8 = 32;
 
 /// Decodes fuzz input bytes; missing bytes read as 0.
 struct Bytes<'a>(&'a [u8]);
@@ -456,6 +462,7 @@ impl Scenario {
                     }
                 }
                 30 => Op::Checkpoint(input.byte()),
+                31 => Op::EditJob(input.byte(), input.byte(), input.byte()),
                 _ => Op::AddHost(input.byte() % 3),
             };
             ops.push(op);
@@ -512,6 +519,7 @@ impl Scenario {
                 Op::SetZone { host, zone } => out.extend([28, (host % 85) * 3 + zone % 3]),
                 Op::AddHost(zone) => out.extend([29, zone % 3]),
                 Op::Checkpoint(r) => out.extend([30, *r]),
+                Op::EditJob(j, e, f) => out.extend([31, *j, *e, *f]),
             }
         }
         out
@@ -551,6 +559,10 @@ struct JobModel {
     /// A daemon's instances killed by request (and not restarted since),
     /// with the host each was on: it stays killed while it stays there.
     daemon_kills: BTreeMap<u32, Arc<str>>,
+    /// After an edit of its running cap: the largest cap it had since (0:
+    /// none), which bounds its live runs (runs on hosts outlive a lowered
+    /// cap); None before any.
+    cap_seen: Option<u32>,
 }
 
 impl JobModel {
@@ -1018,6 +1030,49 @@ impl Driver {
                     m.daemon_kills.clear();
                 }
             }
+            Op::EditJob(j, e, f) => {
+                let Some(j) = self.job(*j) else { return };
+                let edit = JobEdit {
+                    priority: (e & 4 != 0).then_some(u32::from(e & 3)),
+                    max_running: (e & 8 != 0).then_some(u32::from((e >> 4) % 3)),
+                    max_running_time_ms: (e & 64 != 0).then_some(if e & 128 != 0 {
+                        5_000
+                    } else {
+                        0
+                    }),
+                    max_failures: (f & 1 != 0).then_some(u32::from((f >> 1) & 3)),
+                };
+                let id = self.jobs[j].id.to_string();
+                let r = self.step(Input::JobAction {
+                    id,
+                    version: 0,
+                    action: JobAction::Edit(edit),
+                });
+                if r.is_ok() {
+                    let m = &mut self.jobs[j];
+                    if let Some(p) = edit.priority {
+                        m.spec.priority = p as u8;
+                    }
+                    if let Some(n) = edit.max_running {
+                        let before = m.cap_seen.unwrap_or(m.plan().max_running);
+                        m.cap_seen = Some(if before == 0 || n == 0 {
+                            0
+                        } else {
+                            before.max(n)
+                        });
+                        m.spec.max_running = n as u8;
+                    }
+                    if let Some(n) = edit.max_failures {
+                        m.spec.max_failures = n as u8;
+                    }
+                    // A run time limit set or lifted (runs on hosts keep
+                    // theirs) or other tolerated failures: whether it ends
+                    // well is not predicted any more.
+                    if edit.max_running_time_ms.is_some() || edit.max_failures.is_some() {
+                        m.clean = false;
+                    }
+                }
+            }
             Op::ScaleJob(j, n) => {
                 let Some(j) = self.job(*j) else { return };
                 let count = 1 + u32::from(*n % 4);
@@ -1360,6 +1415,7 @@ impl Driver {
                 kill_pending: BTreeMap::new(),
                 pinned,
                 daemon_kills: BTreeMap::new(),
+                cap_seen: None,
                 spec,
             });
         }
@@ -1866,7 +1922,11 @@ impl Driver {
             }
         }
         for m in &self.jobs {
-            let limit = m.plan().max_running;
+            let limit = match (m.plan().max_running, m.cap_seen) {
+                (_, Some(0)) => continue,
+                (now, Some(seen)) if now != 0 => now.max(seen),
+                (now, _) => now,
+            };
             if limit == 0 {
                 continue;
             }

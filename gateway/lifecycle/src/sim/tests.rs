@@ -76,6 +76,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => b().prop_map(Op::KillJob),
         2 => b().prop_map(Op::RestartJob),
         2 => (b(), 0u8..4).prop_map(|(j, n)| Op::ScaleJob(j, n)),
+        2 => (b(), b(), b()).prop_map(|(j, e, f)| Op::EditJob(j, e, f)),
         1 => b().prop_map(Op::DeleteJob),
         2 => (b(), b()).prop_map(|(j, i)| Op::KillTask(j, i)),
         2 => (b(), b()).prop_map(|(j, i)| Op::RestartTask(j, i)),

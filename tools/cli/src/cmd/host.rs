@@ -12,8 +12,8 @@ use crate::channel::LeaderChannel;
 use crate::cli::HostCommand;
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_map, fmt_mib, fmt_number, fmt_usage, host_json, or_dash,
-    print_json, print_out,
+    Align, OutputFormat, Table, View, fmt_map, fmt_mib, fmt_number, fmt_time_ms, fmt_usage,
+    host_json, or_dash, print_json, print_names, print_out,
 };
 
 /// Every host, page by page (in name order).
@@ -45,7 +45,10 @@ pub(super) async fn run(ctx: &Ctx, command: HostCommand) -> Result<Outcome> {
         HostCommand::List => {
             let hosts = list_all(&mut client).await?;
             match ctx.output {
-                OutputFormat::Table => print_out(&host_table(&hosts))?,
+                OutputFormat::Table if ctx.view == View::Name => {
+                    print_names(hosts.iter().map(|h| format!("host/{}", h.name)))?;
+                }
+                OutputFormat::Table => print_out(&host_table(&hosts, ctx.view == View::Wide))?,
                 OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "hosts": hosts.iter().map(host_json).collect::<Vec<_>>(),
                 }))?,
@@ -91,8 +94,10 @@ fn reserved_for(host: &Host) -> String {
         .join(", ")
 }
 
-fn host_table(hosts: &[Host]) -> String {
-    let mut table = Table::new(&[
+/// Hosts' rows; `wide` (`-o wide`) adds whether each is connected, when it
+/// was last heard from and the disk its volumes hold.
+fn host_table(hosts: &[Host], wide: bool) -> String {
+    let mut columns = vec![
         ("NAME", Align::Left),
         ("STATE", Align::Left),
         ("HOST POOL", Align::Left),
@@ -105,7 +110,15 @@ fn host_table(hosts: &[Host]) -> String {
         ("ADDRESS", Align::Left),
         ("RESERVED FOR", Align::Left),
         ("ATTRIBUTES", Align::Left),
-    ]);
+    ];
+    if wide {
+        columns.extend([
+            ("CONNECTED", Align::Left),
+            ("LAST SEEN", Align::Left),
+            ("VOLUMES DISK", Align::Right),
+        ]);
+    }
+    let mut table = Table::new(&columns);
     for host in hosts {
         let capacity = host.capacity.unwrap_or_default();
         let free = host.free.unwrap_or_default();
@@ -114,7 +127,7 @@ fn host_table(hosts: &[Host]) -> String {
         } else {
             format!("{}/{}", fmt_number(free.gpu), fmt_number(capacity.gpu))
         };
-        table.row(vec![
+        let mut row = vec![
             host.name.clone(),
             name_of::<HostState>(host.state),
             or_dash(&host.host_pool),
@@ -135,7 +148,15 @@ fn host_table(hosts: &[Host]) -> String {
             // Reservations with backfill: the blocked heads held here.
             reserved_for(host),
             fmt_map(&host.attributes),
-        ]);
+        ];
+        if wide {
+            row.extend([
+                if host.connected { "yes" } else { "no" }.to_owned(),
+                fmt_time_ms(host.last_seen_ms),
+                fmt_mib(host.volumes_disk_mb as f64),
+            ]);
+        }
+        table.row(row);
     }
     table.render()
 }

@@ -18,8 +18,8 @@ use crate::channel::LeaderChannel;
 use crate::cli::{JobCommand, JobOrder, QueryArgs, RunArgs};
 use crate::names::{is_terminal_job_state, name_of};
 use crate::output::{
-    Align, OutputFormat, Table, fmt_dependencies, fmt_forecast, fmt_map, fmt_resources,
-    fmt_task_counts, fmt_time_ms, fmt_usage, job_json, or_dash, print_json, print_out,
+    Align, OutputFormat, Table, View, fmt_dependencies, fmt_forecast, fmt_map, fmt_resources,
+    fmt_task_counts, fmt_time_ms, fmt_usage, job_json, or_dash, print_json, print_names, print_out,
     render_fields,
 };
 use crate::spec::load_job_file;
@@ -75,10 +75,11 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
         JobCommand::Get { id } => {
             let mut client = connect(ctx).await?;
             let job = get(&mut client, &id).await?;
-            if ctx.output == OutputFormat::Yaml {
-                print_out(&spec_file(&job)?)?;
-            } else {
-                print_job(ctx.output, &job)?;
+            match ctx.view {
+                View::Name => print_names([format!("job/{}", job.id)])?,
+                View::Wide => print_out(&job_table(std::slice::from_ref(&job), true))?,
+                View::Plain if ctx.output == OutputFormat::Yaml => print_out(&spec_file(&job)?)?,
+                View::Plain => print_job(ctx.output, &job)?,
             }
         }
         JobCommand::Query(mut args) => {
@@ -96,7 +97,10 @@ pub(super) async fn run(ctx: &Ctx, command: JobCommand) -> Result<Outcome> {
                 return Ok(Outcome::Success);
             }
             match ctx.output {
-                OutputFormat::Table => print_out(&job_table(&jobs))?,
+                OutputFormat::Table if ctx.view == View::Name => {
+                    print_names(jobs.iter().map(|j| format!("job/{}", j.id)))?;
+                }
+                OutputFormat::Table => print_out(&job_table(&jobs, ctx.view == View::Wide))?,
                 OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
                 }))?,
@@ -269,7 +273,7 @@ async fn kill_selected(
         return Ok(Outcome::Success);
     }
     eprintln!("{} active job(s) match:", jobs.len());
-    eprint!("{}", job_table(&jobs));
+    eprint!("{}", job_table(&jobs, false));
     if !yes {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
@@ -659,6 +663,48 @@ fn spec_file(job: &Job) -> Result<String> {
     ))
 }
 
+/// `peloton cron ...`: a cron job's tick now, suspend, resume.
+pub(super) async fn cron(ctx: &Ctx, command: crate::cli::CronCommand) -> Result<Outcome> {
+    use crate::cli::CronCommand;
+    use peloton_proto::v1::{CronActionKind, CronActionRequest};
+    let (id, version, action) = match command {
+        CronCommand::RunNow { job, version } => (job, version, CronActionKind::RunNow),
+        CronCommand::Suspend { job, version } => (job, version, CronActionKind::Suspend),
+        CronCommand::Resume { job, version } => (job, version, CronActionKind::Resume),
+    };
+    let mut client = connect(ctx).await?;
+    let before = match action {
+        CronActionKind::RunNow => ticks_of(&get(&mut client, &id).await?),
+        _ => Vec::new(),
+    };
+    let request = CronActionRequest {
+        id,
+        version: version.version,
+        action: action as i32,
+    };
+    let job = job_of(client.cron_action(request).await?.into_inner().job)?;
+    if action == CronActionKind::RunNow && ctx.output == OutputFormat::Table {
+        // The tick's job: the one the cron job did not have before.
+        let now = get(&mut client, &job.id).await?;
+        let started = ticks_of(&now).into_iter().find(|t| !before.contains(t));
+        if let Some(tick) = started {
+            print_out(&tick)?;
+            return Ok(Outcome::Success);
+        }
+    }
+    print_job_row(ctx.output, &job)?;
+    Ok(Outcome::Success)
+}
+
+/// A cron job's ticks' job ids.
+fn ticks_of(job: &Job) -> Vec<String> {
+    job.status
+        .as_ref()
+        .and_then(|s| s.cron.as_ref())
+        .map(|c| c.ticks.iter().map(|t| t.job_id.clone()).collect())
+        .unwrap_or_default()
+}
+
 fn print_job(output: OutputFormat, job: &Job) -> std::io::Result<()> {
     match output {
         OutputFormat::Table => print_out(&job_details(job)),
@@ -668,13 +714,15 @@ fn print_job(output: OutputFormat, job: &Job) -> std::io::Result<()> {
 
 fn print_job_row(output: OutputFormat, job: &Job) -> std::io::Result<()> {
     match output {
-        OutputFormat::Table => print_out(&job_table(std::slice::from_ref(job))),
+        OutputFormat::Table => print_out(&job_table(std::slice::from_ref(job), false)),
         OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({"job": job_json(job)})),
     }
 }
 
-fn job_table(jobs: &[Job]) -> String {
-    let mut table = Table::new(&[
+/// Jobs' rows; `wide` (`-o wide`) adds their priority, version, host
+/// pool, completion time and labels.
+fn job_table(jobs: &[Job], wide: bool) -> String {
+    let mut columns = vec![
         ("ID", Align::Left),
         ("NAME", Align::Left),
         ("OWNER", Align::Left),
@@ -685,11 +733,21 @@ fn job_table(jobs: &[Job]) -> String {
         ("TASKS", Align::Left),
         ("CREATED", Align::Left),
         ("START (EST.)", Align::Left),
-    ]);
+    ];
+    if wide {
+        columns.extend([
+            ("PRIORITY", Align::Right),
+            ("VERSION", Align::Right),
+            ("HOST POOL", Align::Left),
+            ("COMPLETED", Align::Left),
+            ("LABELS", Align::Left),
+        ]);
+    }
+    let mut table = Table::new(&columns);
     for job in jobs {
         let spec = job.spec.clone().unwrap_or_default();
         let status = job.status.clone().unwrap_or_default();
-        table.row(vec![
+        let mut row = vec![
             job.id.clone(),
             or_dash(&spec.name),
             or_dash(&spec.owner),
@@ -704,7 +762,23 @@ fn job_table(jobs: &[Job]) -> String {
                 Some(_) => "?".to_owned(),
                 None => "-".to_owned(),
             },
-        ]);
+        ];
+        if wide {
+            let mut labels: Vec<String> = spec
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            labels.sort_unstable();
+            row.extend([
+                spec.sla.as_ref().map_or(0, |s| s.priority).to_string(),
+                job.version.to_string(),
+                or_dash(&spec.host_pool),
+                fmt_time_ms(status.completed_at_ms),
+                or_dash(&labels.join(",")),
+            ]);
+        }
+        table.row(row);
     }
     table.render()
 }
@@ -757,7 +831,9 @@ fn job_details(job: &Job) -> String {
     if let Some(cron) = &status.cron {
         fields.push((
             "NEXT TICK",
-            if cron.next_tick_ms == 0 {
+            if cron.suspended {
+                "- (suspended; `cron resume` resumes it)".to_owned()
+            } else if cron.next_tick_ms == 0 {
                 "- (killed; `job restart` resumes it)".to_owned()
             } else {
                 fmt_time_ms(cron.next_tick_ms)

@@ -14,8 +14,8 @@ use crate::cli::RespoolCommand;
 use crate::error::UsageError;
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_number, fmt_resources, fmt_usage, pool_json, print_json,
-    print_out, render_fields,
+    Align, OutputFormat, Table, View, fmt_number, fmt_resources, fmt_usage, pool_json, print_json,
+    print_names, print_out, render_fields,
 };
 use crate::spec::{PoolEntry, PoolFile, load_pool_file};
 
@@ -45,6 +45,12 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
             let mut client = connect(ctx).await?;
             let pool = get(&mut client, &path).await?;
             match ctx.output {
+                OutputFormat::Table if ctx.view == View::Name => {
+                    print_names([format!("respool{}", pool.path)])?;
+                }
+                OutputFormat::Table if ctx.view == View::Wide => {
+                    print_out(&pool_table(std::slice::from_ref(&pool), true))?;
+                }
                 OutputFormat::Table => print_out(&pool_details(&pool))?,
                 OutputFormat::Json | OutputFormat::Yaml => {
                     print_json(&json!({"pool": pool_json(&pool)}))?;
@@ -72,7 +78,10 @@ pub(super) async fn run(ctx: &Ctx, command: RespoolCommand) -> Result<Outcome> {
             }
             pools.sort_by(|a, b| a.path.cmp(&b.path));
             match ctx.output {
-                OutputFormat::Table => print_out(&pool_table(&pools))?,
+                OutputFormat::Table if ctx.view == View::Name => {
+                    print_names(pools.iter().map(|p| format!("respool{}", p.path)))?;
+                }
+                OutputFormat::Table => print_out(&pool_table(&pools, ctx.view == View::Wide))?,
                 OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "pools": pools.iter().map(pool_json).collect::<Vec<_>>(),
                 }))?,
@@ -172,15 +181,17 @@ fn failed_at(verb: &str, path: &str, done: &[Pool]) -> String {
 
 fn print_pools(output: OutputFormat, pools: &[Pool]) -> std::io::Result<()> {
     match output {
-        OutputFormat::Table => print_out(&pool_table(pools)),
+        OutputFormat::Table => print_out(&pool_table(pools, false)),
         OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
             "pools": pools.iter().map(pool_json).collect::<Vec<_>>(),
         })),
     }
 }
 
-fn pool_table(pools: &[Pool]) -> String {
-    let mut table = Table::new(&[
+/// Pools' rows; `wide` (`-o wide`) adds their demand, version, children
+/// and limits in percent.
+fn pool_table(pools: &[Pool], wide: bool) -> String {
+    let mut columns = vec![
         ("PATH", Align::Left),
         ("KIND", Align::Left),
         ("SHARE", Align::Right),
@@ -191,11 +202,21 @@ fn pool_table(pools: &[Pool]) -> String {
         ("USED", Align::Left),
         ("PENDING", Align::Right),
         ("RUNNING", Align::Right),
-    ]);
+    ];
+    if wide {
+        columns.extend([
+            ("DEMAND", Align::Left),
+            ("VERSION", Align::Right),
+            ("CHILDREN", Align::Right),
+            ("SLACK LIMIT %", Align::Right),
+            ("CONTROLLER LIMIT %", Align::Right),
+        ]);
+    }
+    let mut table = Table::new(&columns);
     for pool in pools {
         let spec = pool.spec.unwrap_or_default();
         let status = pool.status.unwrap_or_default();
-        table.row(vec![
+        let mut row = vec![
             pool.path.clone(),
             name_of::<PoolKind>(spec.kind),
             fmt_share(&spec),
@@ -206,7 +227,17 @@ fn pool_table(pools: &[Pool]) -> String {
             fmt_usage(status.used.as_ref()),
             status.pending_tasks.to_string(),
             status.running_tasks.to_string(),
-        ]);
+        ];
+        if wide {
+            row.extend([
+                fmt_resources(status.demand.as_ref()),
+                pool.version.to_string(),
+                pool.children.len().to_string(),
+                fmt_number(spec.slack_limit_pct),
+                fmt_number(spec.controller_limit_pct),
+            ]);
+        }
+        table.row(row);
     }
     table.render()
 }

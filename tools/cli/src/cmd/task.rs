@@ -12,8 +12,8 @@ use super::{Ctx, Outcome};
 use crate::cli::{LogOptions, TaskCommand};
 use crate::names::name_of;
 use crate::output::{
-    Align, OutputFormat, Table, fmt_forecast, fmt_time_ms, fmt_usage, or_dash, print_json,
-    print_out, render_fields, task_json,
+    Align, OutputFormat, Table, View, fmt_forecast, fmt_time_ms, fmt_usage, or_dash, print_json,
+    print_names, print_out, render_fields, task_json,
 };
 
 pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
@@ -23,7 +23,10 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             let states: Vec<i32> = states.into_iter().map(Into::into).collect();
             let tasks = list_tasks(&mut client, &job, &states).await?;
             match ctx.output {
-                OutputFormat::Table => print_out(&task_table(&tasks))?,
+                OutputFormat::Table if ctx.view == View::Name => {
+                    print_names(tasks.iter().map(task_name))?;
+                }
+                OutputFormat::Table => print_out(&task_table(&tasks, ctx.view == View::Wide))?,
                 OutputFormat::Json | OutputFormat::Yaml => print_json(&json!({
                     "tasks": tasks.iter().map(task_json).collect::<Vec<_>>(),
                 }))?,
@@ -41,6 +44,10 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
                 .task
                 .with_context(|| format!("the server returned no task for {job}/{instance}"))?;
             match ctx.output {
+                OutputFormat::Table if ctx.view == View::Name => print_names([task_name(&task)])?,
+                OutputFormat::Table if ctx.view == View::Wide => {
+                    print_out(&task_table(std::slice::from_ref(&task), true))?;
+                }
                 OutputFormat::Table => print_out(&task_details(&task))?,
                 OutputFormat::Json | OutputFormat::Yaml => {
                     let mut shown = task_json(&task);
@@ -165,8 +172,15 @@ fn started(task: &Task, run: &TaskRun) -> String {
     }
 }
 
-fn task_table(tasks: &[Task]) -> String {
-    let mut table = Table::new(&[
+/// `-o name`'s line of a task: `task/JOB/INSTANCE`.
+fn task_name(task: &Task) -> String {
+    format!("task/{}/{}", task.job_id, task.instance)
+}
+
+/// Tasks' rows; `wide` (`-o wide`) adds their job, config version, exit
+/// code, finish time, volume and pinned host.
+fn task_table(tasks: &[Task], wide: bool) -> String {
+    let mut columns = vec![
         ("INSTANCE", Align::Right),
         ("STATE", Align::Left),
         ("HEALTH", Align::Left),
@@ -175,10 +189,21 @@ fn task_table(tasks: &[Task]) -> String {
         ("FAILURES", Align::Right),
         ("STARTED", Align::Left),
         ("REASON", Align::Left),
-    ]);
+    ];
+    if wide {
+        columns.extend([
+            ("JOB", Align::Left),
+            ("CONFIG", Align::Right),
+            ("EXIT", Align::Right),
+            ("FINISHED", Align::Left),
+            ("VOLUME", Align::Left),
+            ("PINNED TO", Align::Left),
+        ]);
+    }
+    let mut table = Table::new(&columns);
     for task in tasks {
         let run = task.current.clone().unwrap_or_default();
-        table.row(vec![
+        let mut row = vec![
             task.instance.to_string(),
             name_of::<TaskState>(run.state),
             match run.health {
@@ -190,7 +215,18 @@ fn task_table(tasks: &[Task]) -> String {
             task.failure_count.to_string(),
             started(task, &run),
             reason(task),
-        ]);
+        ];
+        if wide {
+            row.extend([
+                task.job_id.clone(),
+                task.config_version.to_string(),
+                exit_code(&run),
+                fmt_time_ms(run.finished_at_ms),
+                or_dash(&task.volume_id),
+                or_dash(&task.pinned_host),
+            ]);
+        }
+        table.row(row);
     }
     table.render()
 }
@@ -206,6 +242,8 @@ fn task_details(task: &Task) -> String {
         ("USED", fmt_usage(run.used.as_ref())),
         ("EXPECTED RUNTIME", expected_runtime(task)),
         ("FAILURES", task.failure_count.to_string()),
+        // A batch instance ends failed above it (its job's current value).
+        ("MAX FAILURES", task.max_failures.to_string()),
         ("PENDING REASON", or_dash(&task.pending_reason)),
         ("ESTIMATED START", fmt_forecast(task.forecast.as_ref())),
         ("CREATED", fmt_time_ms(run.created_at_ms)),
