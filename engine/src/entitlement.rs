@@ -629,8 +629,18 @@ fn water_fill(
 ) -> u64 {
     let k = head.len();
     let (head, share, grant, capped) = (&head[..k], &share[..k], &mut grant[..k], &mut capped[..k]);
-    // Saturating: a node may have more children than 2^64 / MAX_AMOUNT.
-    let total_head = head.iter().fold(0u64, |a, &b| a.saturating_add(b));
+    // One pass sums the headroom (saturating: a node may have more children
+    // than 2^64 / MAX_AMOUNT) and, for the level search below, marks the
+    // children with no headroom as capped and sums the others' shares. The
+    // shares are summed in four lanes combined in a fixed order: the same
+    // result on every run and thread count, without one long chain of
+    // dependent floating-point additions.
+    let mut total_head = 0u64;
+    let mut share_active = lane_sum(k, |i| {
+        total_head = total_head.saturating_add(head[i]);
+        capped[i] = head[i] == 0;
+        share[i] * f64::from(u8::from(!capped[i]))
+    });
     if total_head <= amount {
         grant.copy_from_slice(head);
         return total_head;
@@ -645,38 +655,38 @@ fn water_fill(
     // loops are branch-free (the outcomes are data-dependent and would be
     // mispredicted), and amounts convert through i64 (exact below 2^50,
     // one instruction on x86-64 where u64 conversions take several).
-    //
-    // Shares are summed in four lanes combined in a fixed order: the same
-    // result on every run and thread count, without one long chain of
-    // dependent floating-point additions.
     let mut fixed = 0u64;
-    let mut lanes = [0.0f64; 4];
-    for i in 0..k {
-        capped[i] = head[i] == 0;
-        lanes[i % 4] += share[i] * f64::from(u8::from(!capped[i]));
-    }
-    let mut share_active = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
     let mut lambda = as_f64(amount) / share_active;
     fill.calls += 1;
     fill.call_start_rounds = fill.rounds;
+    // Each round caps every child whose headroom the level covers and
+    // re-sums the shares of those left (re-summing, not subtracting, so that
+    // shares of very different sizes cannot cancel out to a wrong level). It
+    // also writes every child's integer grant at this level: when the round
+    // caps nobody the level is final and so are the grants, and most
+    // searches end after one round.
+    let mut given;
+    let mut grants_final = false;
     loop {
-        // Cap every child whose headroom the level covers, and re-sum the
-        // shares of those left (re-summing, not subtracting, so that shares
-        // of very different sizes cannot cancel out to a wrong level).
         let mut newly_capped = false;
-        let mut active = [0.0f64; 4];
-        for i in 0..k {
-            let newly = !capped[i] & (as_f64(head[i]) <= lambda * share[i]);
+        given = 0;
+        let active = lane_sum(k, |i| {
+            let level = lambda * share[i];
+            let newly = !capped[i] & (as_f64(head[i]) <= level);
             capped[i] |= newly;
             fixed += head[i] * u64::from(newly);
-            active[i % 4] += share[i] * f64::from(u8::from(!capped[i]));
             newly_capped |= newly;
-        }
+            let fair = as_u64(level).min(head[i]);
+            grant[i] = if capped[i] { head[i] } else { fair };
+            given += grant[i];
+            share[i] * f64::from(u8::from(!capped[i]))
+        });
         fill.rounds += 1;
         if !newly_capped {
+            grants_final = true;
             break;
         }
-        share_active = (active[0] + active[1]) + (active[2] + active[3]);
+        share_active = active;
         if fixed >= amount || share_active <= 0.0 {
             lambda = 0.0;
             break;
@@ -697,14 +707,17 @@ fn water_fill(
         }
     }
 
-    // Integer grants, then hand out the units lost to rounding: fewer than
-    // one per uncapped child, handed out in bulk so that even a large
-    // floating-point error costs a few passes, not one per unit.
-    let mut given = 0u64;
-    for i in 0..k {
-        let fair = as_u64(lambda * share[i]).min(head[i]);
-        grant[i] = if capped[i] { head[i] } else { fair };
-        given += grant[i];
+    // Integer grants (unless the last round wrote them), then hand out the
+    // units lost to rounding: fewer than one per uncapped child, handed out
+    // in bulk so that even a large floating-point error costs a few passes,
+    // not one per unit.
+    if !grants_final {
+        given = 0;
+        for i in 0..k {
+            let fair = as_u64(lambda * share[i]).min(head[i]);
+            grant[i] = if capped[i] { head[i] } else { fair };
+            given += grant[i];
+        }
     }
     while given > amount {
         // Floating-point overshoot: take units back, last child first.
@@ -728,6 +741,27 @@ fn water_fill(
     }
     debug_assert_eq!(given, amount.min(total_head));
     given
+}
+
+/// Sums `term(i)` for `i` in `0..k`, in order, into four lanes (`i % 4`)
+/// combined as `(l0 + l1) + (l2 + l3)`: a fixed order, so the same result on
+/// every run, with four independent chains of additions instead of one.
+#[inline(always)]
+fn lane_sum(k: usize, mut term: impl FnMut(usize) -> f64) -> f64 {
+    let mut lanes = [0.0f64; 4];
+    let full = k / 4 * 4;
+    let mut i = 0;
+    while i < full {
+        lanes[0] += term(i);
+        lanes[1] += term(i + 1);
+        lanes[2] += term(i + 2);
+        lanes[3] += term(i + 3);
+        i += 4;
+    }
+    for (lane, i) in (full..k).enumerate() {
+        lanes[lane] += term(i);
+    }
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
 }
 
 /// Exact level search for the rare case where capping takes many rounds:
