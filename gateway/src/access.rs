@@ -574,7 +574,19 @@ impl Access {
         };
         let rest: Vec<Arc<str>> = matches.by_ref().take(MAX_NAMED_MATCHES).collect();
         if rest.is_empty() {
-            return Ok(Some(first));
+            // A start of one job's id that is also another job's name
+            // ("dd", "cafe") names neither: a kill must not pick one.
+            return match self.resolve_job_name(&m, caller, field, given) {
+                Ok(Some(named)) if named != first => Err(Status::invalid_argument(format!(
+                    "{field}: {given:?} is the start of job {first}'s id and the name of job \
+                     {named}: give the id"
+                ))),
+                Err(_) => Err(Status::invalid_argument(format!(
+                    "{field}: {given:?} is the start of job {first}'s id and the name of other \
+                     jobs: give the id"
+                ))),
+                _ => Ok(Some(first)),
+            };
         }
         let more = matches.count();
         let mut named: Vec<&str> = std::iter::once(&*first)

@@ -217,6 +217,9 @@ pub struct Scheduler {
     /// The authentication table tokens are published to (a secure
     /// server's; none: tokens are refused and no audit log is kept).
     shared_access: Option<Arc<crate::access::Access>>,
+    /// The table jobs' pools and names are published to, on every server:
+    /// calls name jobs by id prefixes and names on an insecure one too.
+    job_index: Option<Arc<crate::access::Access>>,
     /// Start forecasts, run on a thread of their own.
     forecaster: crate::forecaster::Forecaster,
 }
@@ -305,6 +308,7 @@ impl Scheduler {
             now_at: Instant::now(),
             outage: Outage::default(),
             shared_access: None,
+            job_index: None,
             forecaster: crate::forecaster::Forecaster::default(),
         })
     }
@@ -513,13 +517,15 @@ impl Scheduler {
         self.backend.kill(self.now, &mut self.kills);
     }
 
-    /// Publishes tokens and jobs' pools to `access` (a secure server):
-    /// tokens are created and revoked, and the audit log kept, only then.
+    /// Publishes jobs' pools and names to `access`, and on a secure server
+    /// its tokens: tokens are created and revoked, and the audit log kept,
+    /// only then.
     pub fn with_access(mut self, access: Arc<crate::access::Access>) -> Self {
+        self.job_index = Some(access.clone());
         if access.is_secure() {
             self.attach_access(access);
-            self.publish_all_jobs();
         }
+        self.publish_all_jobs();
         self
     }
 

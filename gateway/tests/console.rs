@@ -49,7 +49,7 @@ async fn the_console_shows_the_cluster_live() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = common::within(
         "the server to start",
-        server::start(&insecure_config(dir.path(), 3)),
+        server::start(&common::insecure_config(dir.path(), 3)),
     )
     .await
     .unwrap_or_else(|e| panic!("server does not start: {e:#}"));
@@ -61,19 +61,6 @@ async fn the_console_shows_the_cluster_live() {
     common::within("graceful shutdown", server.shutdown())
         .await
         .expect("graceful shutdown");
-}
-
-/// The configuration of an insecure test server (`pelotond --insecure`:
-/// plaintext, no tokens), where the console needs no sign-in.
-fn insecure_config(data_dir: &Path, sim_hosts: u32) -> peloton_gateway::config::Config {
-    peloton_gateway::config::Config {
-        secure: false,
-        tls_cert: None,
-        tls_key: None,
-        tls_client_ca: None,
-        admin_token: None,
-        ..common::config(data_dir, sim_hosts)
-    }
 }
 
 fn scenario(chromium: &Path, addr: std::net::SocketAddr) {
@@ -547,7 +534,7 @@ async fn the_console_on_real_agents_follows_logs_and_drains_hosts() {
     let chromium = find_chromium();
     let agent = agent_binary();
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut config = insecure_config(dir.path(), 0);
+    let mut config = common::insecure_config(dir.path(), 0);
     config.agent_token = Some(AGENT_TOKEN.into());
     let server = common::within("the server to start", server::start(&config))
         .await

@@ -1469,7 +1469,101 @@ async fn a_job_is_named_by_its_name_in_place_of_its_id() {
     assert_status(r, Code::InvalidArgument, "spec.name");
     assert_eq!(list_tasks(&mut c, &train_b.id).await.len(), before);
     assert_status(get_job(&mut c, "x/y").await, Code::NotFound, "x/y");
+
+    // A job named like the start of another job's id: that start names
+    // neither (a kill must not pick one); the full id still names it.
+    let start = &train_b.id[..6];
+    let hexy = create_job(&mut c, named("/a", start, 600_000)).await;
+    let e = get_job(&mut c, start)
+        .await
+        .expect_err("a start and a name");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains(train_b.id.as_str())
+            && e.message().contains(hexy.id.as_str())
+            && e.message().contains("give the id"),
+        "{e:?}"
+    );
+    assert_eq!(
+        get_job(&mut c, &train_b.id).await.expect("b").id,
+        train_b.id
+    );
+    assert_eq!(get_job(&mut c, &hexy.id).await.expect("hexy").id, hexy.id);
     s.shutdown().await;
+}
+
+/// On an insecure server (`--insecure`: plaintext, no tokens) jobs are
+/// named by a unique start of their id and by their name too, through the
+/// JSON mirror as through gRPC: the index of jobs is kept on every server,
+/// not only where tokens are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insecure_server_names_jobs_by_id_starts_and_names() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = common::within(
+        "the server to start",
+        peloton_gateway::server::start(&common::insecure_config(dir.path(), 2)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("server does not start: {e:#}"));
+    let base = format!("http://{}", server.addr);
+    let answers = tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(common::TIMEOUT))
+            .build()
+            .into();
+        let call = |post: Option<serde_json::Value>, path: &str| -> (u16, serde_json::Value) {
+            let url = format!("{base}{path}");
+            let mut resp = match post {
+                Some(body) => agent
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .send(body.to_string()),
+                None => agent.get(&url).call(),
+            }
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().read_to_string().expect("body");
+            (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+        };
+        let (status, _) = call(
+            Some(serde_json::json!({"path": "/a", "spec": {"reservation": {"cpu": 1, "memoryMb": 1024}}})),
+            "/v1/pools",
+        );
+        assert_eq!(status, 200, "create the pool");
+        let (status, created) = call(
+            Some(serde_json::json!({"spec": {
+                "name": "report", "owner": "t", "type": "JOB_TYPE_BATCH", "pool": "/a",
+                "instanceCount": 1,
+                "defaultTask": {"command": "/bin/true", "resources": {"cpu": 0.1, "memoryMb": 32},
+                                "sim": {"durationMs": 600000}},
+            }})),
+            "/v1/jobs",
+        );
+        assert_eq!(status, 200, "create the job: {created}");
+        let id = created["job"]["id"].as_str().expect("id").to_string();
+        let by_name = call(None, "/v1/jobs/report");
+        let by_start = call(None, &format!("/v1/jobs/{}", &id[..8]));
+        let unknown = call(None, "/v1/jobs/nothing");
+        (id, by_name, by_start, unknown)
+    })
+    .await
+    .expect("the HTTP calls");
+    let (id, (s1, by_name), (s2, by_start), (s3, _)) = answers;
+    assert_eq!(
+        (s1, by_name["job"]["id"].as_str()),
+        (200, Some(id.as_str())),
+        "{by_name}"
+    );
+    assert_eq!(
+        (s2, by_start["job"]["id"].as_str()),
+        (200, Some(id.as_str())),
+        "{by_start}"
+    );
+    assert_eq!(s3, 404);
+    common::within("graceful shutdown", server.shutdown())
+        .await
+        .expect("graceful shutdown");
 }
 
 /// Jobs wait for the jobs they depend on (`spec.after`, Slurm's afterok,

@@ -4,7 +4,9 @@
 //! its schedule creates a job from its spec, the schedule left out, whose
 //! id is the cron job's followed by `-` and the tick's time in minutes
 //! since the epoch (as Kubernetes names a CronJob's jobs), so a tick's job
-//! is found from its time and a tick never creates two jobs.
+//! is found from its time and a tick never creates two jobs. Its name is
+//! the cron job's name followed the same way, so the cron job's name stays
+//! its own.
 //!
 //! Time is passed in: ticks fire on `Input::Tick` once due (the shell wakes
 //! at [`Lifecycle::next_deadline`], which includes the next tick). A tick
@@ -407,6 +409,9 @@ impl Lifecycle {
         let mut plan = self.jobs[&k].plan.clone();
         plan.schedule = None;
         plan.spec = schedule.job_spec.clone();
+        // Named after its tick as its id is, so the cron job's name names
+        // the cron job alone, also while a tick's job runs.
+        plan.name = tick_job_id(&plan.name, at).into();
         self.create_job(engine, id.clone(), plan, fx)
             .map_err(|e| format!("tick {}: its job was not created: {e}", utc(at)))?;
         // The tick's job gets the cron job's secrets.

@@ -192,7 +192,7 @@ impl Scheduler {
 
     /// Tells [`Access`] which jobs exist: every job at start.
     pub(super) fn publish_all_jobs(&self) {
-        if let Some(shared) = &self.shared_access {
+        if let Some(shared) = &self.job_index {
             shared.set_job_pools(
                 self.core
                     .jobs_by_id("")
@@ -209,7 +209,7 @@ impl Scheduler {
     /// Tells [`Access`] of the jobs a commit created and deleted (before
     /// its answers and events go out).
     pub(super) fn publish_jobs(&self, events: &[crate::lifecycle::Event]) {
-        let Some(shared) = &self.shared_access else {
+        let Some(shared) = &self.job_index else {
             return;
         };
         let mut created = Vec::new();

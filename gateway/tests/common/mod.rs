@@ -150,6 +150,19 @@ pub fn config(data_dir: &Path, sim_hosts: u32) -> Config {
     }
 }
 
+/// The configuration of an insecure test server (`pelotond --insecure`:
+/// plaintext, no tokens).
+pub fn insecure_config(data_dir: &Path, sim_hosts: u32) -> Config {
+    Config {
+        secure: false,
+        tls_cert: None,
+        tls_key: None,
+        tls_client_ca: None,
+        admin_token: None,
+        ..config(data_dir, sim_hosts)
+    }
+}
+
 /// The default configuration with the tests' certificates and admin token.
 pub fn secure_config() -> Config {
     let pki = peloton_tls::testkit::shared();

@@ -1502,8 +1502,20 @@ async fn a_cron_job_runs_now_and_is_suspended_and_resumed_through_the_cli() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let tick = text(&out.stdout).trim().to_string();
     assert!(tick.starts_with(&format!("{id}-")), "{tick}");
+    // The tick's job is named after its tick, so the cron job's name
+    // still names the cron job alone while the tick's job runs.
+    let tick_job = ok_json(&url, &["job", "get", &tick]).await["job"].clone();
+    let tick_name = tick_job["spec"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(
+        tick_name,
+        format!("yearly{}", &tick[id.len()..]),
+        "{tick_job}"
+    );
     // This minute's tick exists (or still runs: forbid): refused.
-    let again = peloton(&url, &["cron", "run-now", &id]).await;
+    let again = peloton(&url, &["cron", "run-now", "yearly"]).await;
     assert!(!again.status.success());
     assert!(
         text(&again.stderr).contains("exists already")
