@@ -305,6 +305,11 @@ pub(crate) fn job_spec(plan: &JobPlan) -> pb::JobSpec {
     let mut spec =
         pb::JobSpec::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan");
     spec.instance_count = plan.instance_count;
+    // A cron tick's job is named after its tick by the core (its spec is
+    // the cron job's): the plan's name is the truth.
+    if spec.name != *plan.name {
+        spec.name = plan.name.to_string();
+    }
     spec.overrides
         .retain(|o| plan.overrides.contains_key(&o.instance));
     // An edit of a batch job (`JobService.Edit`) changes these in a new
@@ -363,7 +368,12 @@ pub(crate) struct JobSpecHead {
 impl JobSpecHead {
     /// The head of a plan's spec.
     pub(crate) fn of(plan: &JobPlan) -> Self {
-        JobSpecHead::decode(&*plan.spec).expect("a plan's spec was encoded by convert::job_plan")
+        let mut head = JobSpecHead::decode(&*plan.spec)
+            .expect("a plan's spec was encoded by convert::job_plan");
+        if head.name != *plan.name {
+            head.name = plan.name.to_string(); // a cron tick's job: see `job_spec`
+        }
+        head
     }
 }
 
