@@ -235,21 +235,18 @@ impl FragModel {
         // A GPU type's fragment counts in its own requests, not in GPUs:
         // its share is divided by its size (in GPUs), then the GPU types'
         // shares are scaled back to their sum.
-        let before: f64 = self
-            .types
-            .iter()
-            .filter(|t| t.gpu > 0)
-            .map(|t| t.weight)
-            .sum();
+        let gpu_share = |types: &[FragType]| {
+            types
+                .iter()
+                .filter(|t| t.gpu > 0)
+                .map(|t| t.weight)
+                .sum::<f64>()
+        };
+        let before = gpu_share(&self.types);
         for t in self.types.iter_mut().filter(|t| t.gpu > 0) {
             t.weight /= t.gpu as f64 / MILLI_GPUS_PER_DEVICE as f64;
         }
-        let after: f64 = self
-            .types
-            .iter()
-            .filter(|t| t.gpu > 0)
-            .map(|t| t.weight)
-            .sum();
+        let after = gpu_share(&self.types);
         if after > 0.0 {
             for t in self.types.iter_mut().filter(|t| t.gpu > 0) {
                 t.weight *= before / after;

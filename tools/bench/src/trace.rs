@@ -46,7 +46,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use peloton_engine::Resources;
 use peloton_engine::constraint::ConstraintTable;
@@ -106,6 +106,27 @@ fn read_csv(path: &Path, fields: Vec<Field>) -> Result<Vec<RecordBatch>> {
     reader
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The column names of a CSV file's header line (the lists' columns vary
+/// between files, so the schema is built from them), refused naming the
+/// first of `required` that is missing.
+fn csv_header(path: &Path, required: &[&str]) -> Result<Vec<String>> {
+    use std::io::BufRead;
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut line = String::new();
+    std::io::BufReader::new(file)
+        .read_line(&mut line)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let names: Vec<String> = line
+        .trim()
+        .split(',')
+        .map(|c| c.trim().to_owned())
+        .collect();
+    if let Some(missing) = required.iter().find(|r| !names.iter().any(|n| n == *r)) {
+        bail!("{}: no column {missing} in the header", path.display());
+    }
+    Ok(names)
 }
 
 fn int_column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a Int64Array> {
@@ -183,25 +204,10 @@ pub fn read_nodes(path: &Path) -> Result<Vec<HostSpec>> {
 /// used when present, the rest are ignored. A pod with one GPU asks for
 /// `gpu_milli` of one device; with several, whole devices.
 pub fn read_pods(path: &Path) -> Result<Vec<Pod>> {
-    use std::io::BufRead;
-    let header = {
-        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let mut line = String::new();
-        std::io::BufReader::new(file)
-            .read_line(&mut line)
-            .with_context(|| format!("reading {}", path.display()))?;
-        line
-    };
-    let names: Vec<String> = header
-        .trim()
-        .split(',')
-        .map(|c| c.trim().to_owned())
-        .collect();
-    for required in ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"] {
-        if !names.iter().any(|n| n == required) {
-            bail!("{}: no column {required} in the header", path.display());
-        }
-    }
+    let names = csv_header(
+        path,
+        &["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"],
+    )?;
     let fields = names
         .iter()
         .map(|n| match n.as_str() {
@@ -508,53 +514,38 @@ pub struct Published {
 pub fn read_published(
     path: &Path,
 ) -> Result<std::collections::BTreeMap<(String, String), Published>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .with_context(|| format!("{}: empty", path.display()))?
-        .split(',')
-        .map(str::trim)
+    let names = csv_header(path, &["workload", "sc_policy", "100"])?;
+    let fields = names
+        .iter()
+        .map(|n| match n.as_str() {
+            "100" => Field::new(n, DataType::Float64, false),
+            _ => Field::new(n, DataType::Utf8, true),
+        })
         .collect();
-    let column = |name: &str| {
-        header
-            .iter()
-            .position(|c| *c == name)
-            .with_context(|| format!("{}: no column {name} in the header", path.display()))
-    };
-    let (workload, policy, at_100) = (column("workload")?, column("sc_policy")?, column("100")?);
     let mut sums: std::collections::BTreeMap<(String, String), (f64, usize)> = Default::default();
-    for (n, line) in lines.enumerate() {
-        if line.trim().is_empty() {
-            continue;
+    for batch in &read_csv(path, fields)? {
+        let (workload, policy) = (
+            string_column(batch, "workload")?,
+            string_column(batch, "sc_policy")?,
+        );
+        let at_100 = batch
+            .column_by_name("100")
+            .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
+            .context("column 100 missing or not a number")?;
+        for row in 0..batch.num_rows() {
+            let name = workload.value(row);
+            let name = name.strip_prefix("openb_pod_list_").unwrap_or(name);
+            let policy = policy.value(row);
+            let policy = policy
+                .split_once('-')
+                .filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit()))
+                .map_or(policy, |(_, p)| p);
+            let entry = sums
+                .entry((name.to_owned(), policy.to_owned()))
+                .or_insert((0.0, 0));
+            entry.0 += at_100.value(row);
+            entry.1 += 1;
         }
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
-        let cell = |i: usize, name: &str| {
-            cells
-                .get(i)
-                .copied()
-                .with_context(|| format!("{}: row {}: no {name} value", path.display(), n + 2))
-        };
-        let value: f64 = cell(at_100, "100")?.parse().with_context(|| {
-            format!(
-                "{}: row {}: column 100 is not a number",
-                path.display(),
-                n + 2
-            )
-        })?;
-        let name = cell(workload, "workload")?;
-        let name = name.strip_prefix("openb_pod_list_").unwrap_or(name);
-        let policy = cell(policy, "sc_policy")?;
-        let policy = policy
-            .split_once('-')
-            .filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit()))
-            .map_or(policy, |(_, p)| p);
-        let entry = sums
-            .entry((name.to_owned(), policy.to_owned()))
-            .or_insert((0.0, 0));
-        entry.0 += value;
-        entry.1 += 1;
     }
     Ok(sums
         .into_iter()
