@@ -266,6 +266,11 @@ struct JobNames {
 impl JobNames {
     /// Records job `id` named `name`, ended or not.
     fn set(&mut self, id: Arc<str>, name: Arc<str>, ended: bool) {
+        if name.is_empty() {
+            // No name: known by its id alone.
+            self.forget(&id);
+            return;
+        }
         if let Some(old) = self.name_of.get(&id)
             && *old != name
         {
@@ -605,10 +610,12 @@ impl Access {
     /// The live job the name `given` names, for `caller` (see
     /// [`Access::resolve_job`]): `NAME`, or `POOL/NAME` (a pool path, then
     /// the name after its last `/`), among the jobs `caller` may read. Of
-    /// several jobs of that name the one that has not ended is named; one
-    /// ended job alone is named too. INVALID_ARGUMENT naming `field` and
-    /// the candidates when several have not ended, or none has and
-    /// several ended.
+    /// several jobs of that name the one that has not ended is named (the
+    /// core keeps a pool's unfinished jobs' names distinct); one ended job
+    /// alone is named too. INVALID_ARGUMENT naming `field` and the
+    /// candidates when several have not ended (in several pools, or from a
+    /// store written before names were unique), or none has and several
+    /// ended.
     fn resolve_job_name(
         &self,
         pools: &std::collections::BTreeMap<Arc<str>, Arc<str>>,

@@ -958,8 +958,13 @@ fn job_kind(spec: &pb::JobSpec) -> Result<JobKind, Status> {
 
 /// A job's name, owner, labels and pool.
 fn check_job_head(spec: &pb::JobSpec, limits: &Limits) -> Result<(), Status> {
-    if spec.name.is_empty() {
-        return Err(invalid("spec.name", "must not be empty"));
+    // A name is optional (none: the job is known by its id), but a cron
+    // job's ticks' jobs are named after it.
+    if spec.name.is_empty() && spec.schedule.is_some() {
+        return Err(invalid(
+            "spec.name",
+            "a cron job needs a name: its ticks' jobs are named after it",
+        ));
     }
     bounded("spec.name", &spec.name, MAX_NAME_BYTES)?;
     bounded("spec.owner", &spec.owner, MAX_NAME_BYTES)?;

@@ -79,12 +79,30 @@ pub async fn run(
         }),
         ..Default::default()
     };
-    let job = jobs
-        .create(pb::CreateJobRequest { spec: Some(spec) })
-        .await?
-        .into_inner()
-        .job
-        .unwrap_or_default();
+    let job = match jobs
+        .create(pb::CreateJobRequest {
+            spec: Some(spec.clone()),
+        })
+        .await
+    {
+        Ok(r) => r,
+        // An earlier demo's job has not ended (its server stopped while it
+        // ran): names are unique among a pool's unfinished jobs, so this
+        // one goes without a name.
+        Err(s) if s.code() == tonic::Code::AlreadyExists => {
+            println!("demo: {}; submitting this one without a name", s.message());
+            let spec = pb::JobSpec {
+                name: String::new(),
+                ..spec
+            };
+            jobs.create(pb::CreateJobRequest { spec: Some(spec) })
+                .await?
+        }
+        Err(s) => return Err(s.into()),
+    }
+    .into_inner()
+    .job
+    .unwrap_or_default();
     println!(
         "demo: submitted job {} (4 instances of `{}`)",
         job.id,

@@ -381,7 +381,8 @@ async fn cluster_mode_the_driver_is_a_controller_task_of_the_job() {
     .await;
     let a = get_app(&mut c, &job.id).await;
     assert!(a.driver_in_job && !a.registered, "{a:#?}");
-    let second = create_job(&mut c, spec.clone()).await;
+    // (Another name: a pool's unfinished jobs have distinct names.)
+    let second = create_job(&mut c, job_spec_named(&spec, "second-driver")).await;
     let waiting = eventually("the second driver waiting", TIMEOUT, async || {
         let t = get_task(&mut c.clone(), &second.id, 0).await;
         if t.pending_reason.contains("controller limit") {
@@ -653,4 +654,12 @@ async fn a_driver_not_heard_from_for_its_lease_loses_its_application() {
     within("graceful shutdown", server.shutdown())
         .await
         .expect("shutdown");
+}
+
+/// `spec` under another name.
+fn job_spec_named(spec: &pb::JobSpec, name: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.into(),
+        ..spec.clone()
+    }
 }

@@ -879,6 +879,8 @@ async fn work_that_could_never_be_admitted_is_refused_at_create_scale_and_update
     );
     let mut bigger = job_spec("/np", 1, 1.0, 600_000);
     bigger.r#type = pb::JobType::Service as i32;
+    // An update keeps the job's name.
+    bigger.name = service.spec.as_ref().expect("spec").name.clone();
     refused(
         c.updates
             .create(pb::UpdateJobRequest {

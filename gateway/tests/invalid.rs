@@ -183,9 +183,19 @@ fn invalid_specs() -> Vec<(&'static str, pb::JobSpec, Code, &'static str)> {
         "spec.sla.min_running_instances",
     ));
 
+    // A name is optional, but a cron job's ticks' jobs are named after it.
     let mut s = good();
     s.name.clear();
-    out.push(("no name", s, Code::InvalidArgument, "spec.name"));
+    s.schedule = Some(pb::CronSchedule {
+        cron: "@hourly".into(),
+        ..Default::default()
+    });
+    out.push((
+        "a cron job without a name",
+        s,
+        Code::InvalidArgument,
+        "spec.name",
+    ));
 
     let mut s = good();
     task_of(&mut s).revocable = true;

@@ -54,6 +54,11 @@ async fn create(c: &mut Clients, spec: pb::JobSpec) -> Result<pb::Job, tonic::St
 }
 
 async fn update(c: &mut Clients, id: &str, spec: pb::JobSpec) -> Result<pb::Job, tonic::Status> {
+    // An update keeps the job's name.
+    let spec = pb::JobSpec {
+        name: get_job(c, id).await?.spec.expect("spec").name,
+        ..spec
+    };
     Ok(c.updates
         .create(pb::UpdateJobRequest {
             job_id: id.into(),

@@ -1209,7 +1209,12 @@ async fn the_audit_log_records_every_mutating_call_and_its_outcome() {
         denied.message,
         "sub-a lacks permission jobs.write on pool /b"
     );
-    let created = find("sub-a", "/peloton.v1.JobService/Create", "/a test-job");
+    let name = |j: &pb::Job| j.spec.as_ref().expect("spec").name.clone();
+    let created = find(
+        "sub-a",
+        "/peloton.v1.JobService/Create",
+        &format!("/a {}", name(&ja)),
+    );
     assert_eq!(created.code, 0);
     assert_eq!(created.message, "");
     assert!(created.seq < denied.seq, "the create came first");
@@ -1224,7 +1229,11 @@ async fn the_audit_log_records_every_mutating_call_and_its_outcome() {
     assert_eq!(token.code, 0);
     let pool = find("admin", "/peloton.v1.ResourcePoolService/Create", "/b");
     assert_eq!(pool.code, 0);
-    find("admin", "/peloton.v1.JobService/Create", "/b test-job");
+    find(
+        "admin",
+        "/peloton.v1.JobService/Create",
+        &format!("/b {}", name(&jb)),
+    );
     // Exactly the mutating calls made: 2 pools, 2 tokens, 2 jobs, the
     // refused kill and the unauthenticated pool; no read.
     assert_eq!(log.len(), 8, "{log:#?}");

@@ -35,6 +35,11 @@ async fn update(
     spec: pb::JobSpec,
     u: pb::UpdateSpec,
 ) -> Result<pb::Update, tonic::Status> {
+    // An update keeps the job's name (an unknown job: as given).
+    let mut spec = spec;
+    if let Ok(j) = get_job(c, job).await {
+        spec.name = j.spec.expect("spec").name;
+    }
     Ok(c.updates
         .create(pb::UpdateJobRequest {
             job_id: job.into(),

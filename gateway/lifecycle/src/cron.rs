@@ -398,12 +398,6 @@ impl Lifecycle {
                     active.len()
                 ));
             }
-            Overlap::Replace => {
-                let why = format!("replaced by the tick at {} (overlap: replace)", utc(at));
-                for x in active {
-                    self.kill_job(engine, x, &why, fx);
-                }
-            }
             _ => {}
         }
         let mut plan = self.jobs[&k].plan.clone();
@@ -414,6 +408,14 @@ impl Lifecycle {
         plan.name = tick_job_id(&plan.name, at).into();
         self.create_job(engine, id.clone(), plan, fx)
             .map_err(|e| format!("tick {}: its job was not created: {e}", utc(at)))?;
+        // The jobs it replaces end only once it exists: a tick refused
+        // leaves them running.
+        if schedule.overlap == Overlap::Replace {
+            let why = format!("replaced by the tick at {} (overlap: replace)", utc(at));
+            for x in active {
+                self.kill_job(engine, x, &why, fx);
+            }
+        }
         // The tick's job gets the cron job's secrets.
         if let Some(secrets) = self.secrets.get(&k).cloned() {
             let x = self.by_id[&id];
@@ -512,12 +514,12 @@ impl Lifecycle {
     /// job is off the calendar (its ticks' jobs that run go on); resumed,
     /// it ticks from now (the ticks in between are not made up), within
     /// the bound on scheduled cron jobs. Either is a no-op when it is so
-    /// already.
-    pub(super) fn suspend_cron(&mut self, k: JobKey, suspend: bool) -> Result<(), Error> {
+    /// already (false: nothing changed).
+    pub(super) fn suspend_cron(&mut self, k: JobKey, suspend: bool) -> Result<bool, Error> {
         let now = self.now;
         let was = self.jobs[&k].cron.as_ref().expect("a cron job").suspended;
         if was == suspend {
-            return Ok(());
+            return Ok(false);
         }
         if !suspend && self.cron_next.len() >= MAX_CRON_JOBS {
             return Err(Error::Exhausted(format!(
@@ -533,7 +535,7 @@ impl Lifecycle {
             self.schedule_cron(k, now);
         }
         self.dirty_jobs.insert(k);
-        Ok(())
+        Ok(true)
     }
 
     /// A killed cron job is restarted: its schedule resumes from now.

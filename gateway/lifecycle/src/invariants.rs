@@ -40,6 +40,7 @@ impl Lifecycle {
         self.check_usage();
         self.check_ports();
         self.check_elastic();
+        self.check_names();
         assert_eq!(self.cron_next.len(), self.cron_due.len(), "cron calendar");
         let mut n_engine_tasks = 0usize;
         for (&k, job) in &self.jobs {

@@ -232,6 +232,7 @@ impl Lifecycle {
         }
         self.check_after(&id, &plan)?;
         self.check_schedule(&plan)?;
+        self.check_name_free(&plan.pool, &plan.name)?;
         let daemon = plan.kind == JobKind::Daemon;
         let key = JobKey(self.next_key);
         self.next_key += 1;
@@ -274,6 +275,7 @@ impl Lifecycle {
         if job.plan.elastic_min > 0 {
             job.elastic = Some(Box::default());
         }
+        self.names.insert(&job.plan.pool, &job.plan.name, key);
         self.jobs.insert(key, job);
         self.by_id.insert(id, key);
         // One that waits for other jobs queues nothing yet.
@@ -295,6 +297,7 @@ impl Lifecycle {
                 .to_string();
             let job = self.jobs.remove(&key).expect("inserted");
             self.by_id.remove(&job.id);
+            self.names.remove(&job.plan.pool, &job.plan.name, key);
             self.retry_fill.remove(&key);
             self.daemon_jobs.remove(&key);
             self.pin_dirty.retain(|&(x, _)| x != key);
@@ -346,7 +349,12 @@ impl Lifecycle {
                 )));
             }
             JobAction::CronRunNow => self.cron_run_now(engine, k, fx)?,
-            JobAction::CronSuspend(suspend) => self.suspend_cron(k, suspend)?,
+            JobAction::CronSuspend(suspend) => {
+                if !self.suspend_cron(k, suspend)? {
+                    // So already: no new version.
+                    return Ok(Answer::Job(k));
+                }
+            }
             JobAction::Kill => {
                 if job.state.is_terminal() {
                     // Nothing runs: killing changes nothing.
@@ -377,6 +385,7 @@ impl Lifecycle {
                 // A killed cron job's schedule resumes from now (within
                 // the bound on cron jobs).
                 if job.kill_requested {
+                    self.check_name_kept(k)?;
                     if self.cron_next.len() >= super::MAX_CRON_JOBS {
                         return Err(Error::Exhausted(format!(
                             "{} cron jobs are scheduled already, the most there may be; kill one first",
@@ -397,10 +406,14 @@ impl Lifecycle {
                     "job {id} is an application: its executors follow the target its driver sets"
                 )));
             }
-            JobAction::Scale(count) => self.scale(engine, k, id, count, fx)?,
+            JobAction::Scale(count) => {
+                self.check_name_kept(k)?;
+                self.scale(engine, k, id, count, fx)?;
+            }
             JobAction::Edit(edit) => self.edit_job(engine, k, id, edit, fx)?,
             JobAction::Restart => {
                 self.check_job_pool(engine, k)?;
+                self.check_name_kept(k)?;
                 let job = self.job_mut(k);
                 job.kill_requested = false;
                 // One still waiting for other jobs looks at them again.
@@ -459,6 +472,7 @@ impl Lifecycle {
         let job = self.jobs.remove(&k).expect("live");
         debug_assert!(job.state.is_terminal() && job.held == 0 && job.active == 0);
         self.by_id.remove(&job.id);
+        self.names.remove(&job.plan.pool, &job.plan.name, k);
         self.after_waiting.remove(&k);
         self.need_fill.remove(&k);
         self.retry_fill.remove(&k);

@@ -36,6 +36,7 @@ mod jobs;
 mod leases;
 mod liveness;
 mod model;
+mod names;
 mod overcommit;
 mod pinned;
 mod plan;
@@ -579,6 +580,8 @@ pub struct Lifecycle {
     jobs: FxHashMap<JobKey, Job>,
     next_key: u32,
     by_id: BTreeMap<Arc<str>, JobKey>,
+    /// Named jobs by (pool, name) (see `names`).
+    names: names::JobNames,
     pool_versions: FxHashMap<String, u64>,
     host_names: Vec<Arc<str>>,
     revision: u64,
@@ -671,6 +674,7 @@ impl Lifecycle {
             jobs: FxHashMap::default(),
             next_key: 0,
             by_id: BTreeMap::new(),
+            names: Default::default(),
             pool_versions: FxHashMap::default(),
             host_names: Vec::new(),
             revision,

@@ -512,6 +512,7 @@ impl Lifecycle {
         // was down fires at the first tick step, within its deadline).
         let cron_from = (cron && !job.kill_requested && !job.state.is_terminal())
             .then(|| job.cron.as_ref().map_or(now, |c| c.last_tick));
+        self.names.insert(&job.plan.pool, &job.plan.name, key);
         self.jobs.insert(key, job);
         if let Some(from) = cron_from {
             self.schedule_cron(key, from);

@@ -306,7 +306,7 @@ impl Env {
                     Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 p.gang = num("gang", 1) as u32;
                 p.elastic_min = num("elastic", 0) as u32;
-                p.name = words[1].into();
+                p.name = arg("name").unwrap_or(words[1]).into();
                 p.owner = arg("owner").unwrap_or("-").into();
                 p.priority = num("priority", 0) as u32;
                 p.preemptible = flag("preemptible") || flag("revocable");
@@ -797,6 +797,9 @@ impl Env {
                     Resources::new(num("cpu", 1) * 1000, num("mem", 64), 0, 0);
                 if flag("health") {
                     p.default_mut().health_check = true;
+                }
+                if let Some(name) = arg("name") {
+                    p.name = name.into();
                 }
                 self.step(Input::UpdateJob(Box::new(UpdateRequest {
                     job_id: words[1].into(),
@@ -1685,6 +1688,98 @@ fn an_elastic_gang_starts_small_grows_and_shrinks_without_restarting() {
               rendezvous e/1#1 @h4 rank 1/4 gen 53 [0@h3, 1@h4, 2@h1, 3@h2]
               rendezvous e/2#1 @h1 rank 2/4 gen 53 [0@h3, 1@h4, 2@h1, 3@h2]
             e/3#2 running @h2
+        "#]],
+    );
+}
+
+/// A job's name is held while the job has not ended: another job of its
+/// pool cannot take it, and an ended job that holds it no more cannot come
+/// back while another does. Pools have their own names; no name holds
+/// nothing.
+#[test]
+fn a_pools_unfinished_jobs_have_distinct_names() {
+    check(
+        r"
+        pool /a cpu=4 mem=1024
+        pool /b cpu=4 mem=1024
+        host h1 cpu=8
+        job x pool=/a name=etl cpu=1
+        job y pool=/a name=etl cpu=1   # refused: x holds the name
+        job z pool=/b name=etl cpu=1   # another pool: its own names
+        job u pool=/a name= cpu=1      # no name: nothing to hold
+        job v pool=/a name= cpu=1
+        kill x
+        job y pool=/a name=etl cpu=1   # x ended: the name is free
+        restart x                      # refused while y holds it
+        kill y
+        restart x
+        ",
+        expect![[r#"
+            > pool /a cpu=4 mem=1024
+            > pool /b cpu=4 mem=1024
+            > host h1 cpu=8
+            > job x pool=/a name=etl cpu=1
+            x/0#1 pending
+            job x pending
+            > job y pool=/a name=etl cpu=1
+            error: spec.name: job x in pool /a is named "etl" and is pending: a pool's unfinished jobs have distinct names (wait for it, kill it, or choose another name)
+            > job z pool=/b name=etl cpu=1
+            z/0#1 pending
+            job z pending
+            > job u pool=/a name= cpu=1
+            u/0#1 pending
+            job u pending
+            > job v pool=/a name= cpu=1
+            v/0#1 pending
+            job v pending
+            > kill x
+            x/0#1 killed (job killed)
+            job x killed
+            > job y pool=/a name=etl cpu=1
+            y/0#1 pending
+            job y pending
+            > restart x
+            error: job x is named "etl" as job y of pool /a is, which is pending: a pool's unfinished jobs have distinct names, so this one starts again once that one has ended
+            > kill y
+            y/0#1 killed (job killed)
+            job y killed
+            > restart x
+            x/0#2 initialized
+            x/0#2 pending
+            job x pending
+        "#]],
+    );
+}
+
+/// An update keeps the job's name: a rename is refused.
+#[test]
+fn an_update_cannot_rename_a_job() {
+    check(
+        r"
+        host h1 cpu=4
+        job s pool=/ name=web cpu=1 service
+        cycle
+        update s u1 name=api
+        update s u2 cpu=2
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job s pool=/ name=web cpu=1 service
+            s/0#1 pending
+            job s pending
+            > cycle
+            s/0#1 ready
+            s/0#1 placed @h1
+            s/0#1 launching @h1
+              launch s/0#1 @h1 config 1
+            s/0#1 running @h1
+            job s running
+            > update s u1 name=api
+            error: spec.name: an update cannot rename the job (it is named "web")
+            > update s u2 cpu=2
+            update u2 v1->v2 rolling_forward cursor=1 batch={0} failed={} done=0
+            s/0#1 killed @h1 (updated to a new spec)
+              kill s/0#1 @h1
         "#]],
     );
 }
@@ -8206,8 +8301,8 @@ fn overlap_forbid_skips_a_tick_and_replace_kills_the_running_job() {
             job f-17 running
             job r-17 running
             > tick 60000
-            r-17/0#1 killed @h1 (replaced by the tick at 1970-01-01T00:18:00Z (overlap: replace))
             r-18/0#1 pending
+            r-17/0#1 killed @h1 (replaced by the tick at 1970-01-01T00:18:00Z (overlap: replace))
             job r-17 killing
             job r-18 pending
               kill r-17/0#1 @h1

@@ -324,6 +324,15 @@ impl Lifecycle {
                 format!("an update cannot move the job (from {})", job.plan.pool),
             ));
         }
+        if plan.name != job.plan.name {
+            return Err(Error::invalid(
+                "spec.name",
+                format!(
+                    "an update cannot rename the job (it is named {:?})",
+                    &*job.plan.name
+                ),
+            ));
+        }
         if plan.gang != job.plan.gang {
             return Err(Error::invalid(
                 "spec.sla.min_running_instances",

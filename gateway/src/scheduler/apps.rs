@@ -37,7 +37,12 @@ impl Scheduler {
             }
         }
         match c {
-            AppCommand::Create { plan, reply } => {
+            AppCommand::Create { mut plan, reply } => {
+                // A registered application is named after the Spark
+                // application (a label Spark chose, not a Peloton name):
+                // the first of NAME, NAME-2, … that no unfinished job of
+                // the pool holds.
+                plan.name = self.core.free_job_name(&plan.pool, &plan.name);
                 let r = self
                     .create_job(*plan, Vec::new())
                     .and_then(|job| Ok(self.app_of(&job.id)?));

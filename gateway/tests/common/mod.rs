@@ -364,10 +364,13 @@ pub async fn create_pool(c: &mut Clients, path: &str, spec: pb::PoolSpec) -> pb:
 }
 
 /// A batch job of `instances` tasks of `cpu` cores and 256 MiB that "run"
-/// for `duration_ms` and exit 0.
+/// for `duration_ms` and exit 0, named `test-job-N` (a pool's unfinished
+/// jobs have distinct names).
 pub fn job_spec(pool: &str, instances: u32, cpu: f64, duration_ms: u64) -> pb::JobSpec {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     pb::JobSpec {
-        name: "test-job".into(),
+        name: format!("test-job-{n}"),
         owner: "tests".into(),
         r#type: pb::JobType::Batch as i32,
         pool: pool.into(),

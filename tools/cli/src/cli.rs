@@ -278,6 +278,15 @@ pub enum CronCommand {
     },
 }
 
+/// A pool's path as given: `/PATH`, or `respool/PATH` (a line of
+/// `respool list -o name`).
+fn parse_pool_path(given: &str) -> Result<String, String> {
+    Ok(match given.strip_prefix("respool/") {
+        Some(path) => format!("/{path}"),
+        None => given.to_string(),
+    })
+}
+
 #[derive(Debug, Subcommand)]
 pub enum RespoolCommand {
     /// Create one pool, or a tree of pools (`pools: [...]`, created parents
@@ -289,7 +298,8 @@ pub enum RespoolCommand {
     Create(PoolAndFile),
     /// Show one pool.
     Get {
-        /// Absolute path, e.g. /batch/research.
+        /// Absolute path, e.g. /batch/research (or `-o name`'s respool/batch/research).
+        #[arg(value_parser = parse_pool_path)]
         path: String,
     },
     /// List every pool.
@@ -306,6 +316,8 @@ pub enum RespoolCommand {
     /// killed first; ended ones (which could not be restarted without their
     /// pool) must be deleted first, or with `--force` go with it.
     Delete {
+        /// Absolute path, e.g. /batch/research (or `-o name`'s respool/batch/research).
+        #[arg(value_parser = parse_pool_path)]
         path: String,
         #[command(flatten)]
         version: VersionArg,
@@ -724,7 +736,8 @@ pub struct RunArgs {
     /// GPUs per instance (a fraction shares one).
     #[arg(long, default_value_t = 0.0, value_parser = parse_amount)]
     pub gpu: f64,
-    /// The job's name. Default: the command's file name.
+    /// The job's name (unique among the pool's unfinished jobs). Default: the command's file
+    /// name and six random hex digits, e.g. sleep-3fa2b1.
     #[arg(long)]
     pub name: Option<String>,
     /// An environment variable of the tasks (repeatable).
@@ -751,21 +764,28 @@ pub enum TaskCommand {
         states: Vec<TaskState>,
     },
     /// Show one task: its current run, earlier runs and why it is pending.
-    Get { job: String, instance: u32 },
-    /// Kill instances of a job.
+    /// `JOB INSTANCE`, or a `task/JOB/INSTANCE` line of `-o name`.
+    Get {
+        job: String,
+        /// The instance (not with task/JOB/INSTANCE).
+        instance: Option<u32>,
+    },
+    /// Kill instances of a job: `JOB INSTANCE...`, or `-o name`'s
+    /// `task/JOB/INSTANCE` lines (of one job or several).
     Kill {
         job: String,
-        #[arg(required = true)]
-        instances: Vec<u32>,
+        #[arg(value_name = "INSTANCE")]
+        instances: Vec<String>,
         /// The job's version.
         #[command(flatten)]
         version: VersionArg,
     },
-    /// Restart instances of a job.
+    /// Restart instances of a job: `JOB INSTANCE...`, or `-o name`'s
+    /// `task/JOB/INSTANCE` lines (of one job or several).
     Restart {
         job: String,
-        #[arg(required = true)]
-        instances: Vec<u32>,
+        #[arg(value_name = "INSTANCE")]
+        instances: Vec<String>,
         /// The job's version.
         #[command(flatten)]
         version: VersionArg,
@@ -824,18 +844,30 @@ pub enum ClusterCommand {
     },
 }
 
+/// A host's name as given: `NAME`, or `host/NAME` (a line of `host list
+/// -o name`; host names have no '/').
+fn parse_host(given: &str) -> Result<String, String> {
+    let name = given.strip_prefix("host/").unwrap_or(given);
+    if name.is_empty() || name.contains('/') {
+        return Err(format!("{given:?} is not a host name (NAME or host/NAME)"));
+    }
+    Ok(name.to_string())
+}
+
 #[derive(Debug, Subcommand)]
 pub enum HostCommand {
     /// List hosts with their free and total resources.
     List,
     /// Start maintenance: drain the hosts' tasks and place nothing new on them.
     Drain {
-        #[arg(required = true)]
+        /// Host names (or `-o name`'s host/NAME lines).
+        #[arg(required = true, value_name = "HOST", value_parser = parse_host)]
         hosts: Vec<String>,
     },
     /// Complete maintenance: the hosts take tasks again.
     Up {
-        #[arg(required = true)]
+        /// Host names (or `-o name`'s host/NAME lines).
+        #[arg(required = true, value_name = "HOST", value_parser = parse_host)]
         hosts: Vec<String>,
     },
 }
@@ -858,7 +890,8 @@ pub enum HostPoolCommand {
         /// hosts of their own host pools (a daemon's instance there retires).
         #[arg(long)]
         force: bool,
-        #[arg(required = true)]
+        /// Host names (or `-o name`'s host/NAME lines).
+        #[arg(required = true, value_name = "HOST", value_parser = parse_host)]
         hosts: Vec<String>,
     },
 }

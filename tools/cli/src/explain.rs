@@ -341,7 +341,8 @@ mod tests {
         assert_eq!(t.default.as_deref(), Some("batch"));
         assert!(t.values.iter().any(|(v, _)| v == "daemon"), "{t:?}");
         let name = explain("name").unwrap();
-        assert!(name.required);
+        assert!(!name.required, "a name is optional: {name:?}");
+        assert!(explain("task").unwrap().required);
         let task = explain("task").unwrap();
         assert!(task.fields.contains(&"resources".to_owned()), "{task:?}");
         // Into a list's items.

@@ -75,10 +75,13 @@ fn peloton_error(err: PelotonError, origin: &str) -> SpecError {
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobFile {
-    /// The job's name: it names the job in place of its id (`peloton job get NAME`, or
-    /// `POOL/NAME` when several pools have one), the unfinished job of that name, else the only
-    /// one. Not unique: a name several unfinished jobs share is refused where an id is wanted
-    /// (give the id); `job query --name` lists them all. At most 1 KiB, without '/'.
+    /// The job's name, optional: it names the job in place of its id (`peloton job get NAME`,
+    /// or `POOL/NAME` when several pools have one). Unique among a pool's unfinished jobs: a job
+    /// is refused (ALREADY_EXISTS) while another of its pool that has not ended holds the name,
+    /// and the name is free again once that one has ended (ended jobs keep theirs: a name held
+    /// by several ended jobs alone is refused where an id is wanted; `job query --name` lists
+    /// them). An update cannot rename a job. A cron job needs one. At most 1 KiB, without '/'.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub name: String,
     /// Who the job is for. A secure server records the caller's token instead; the CLI fills in
     /// `$USER` when empty.

@@ -594,7 +594,13 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
     // Its spec is the command line's.
     let job = ok_json(&url, &["job", "get", &id[..8]]).await["job"].clone();
     assert_eq!(job["id"], id.as_str(), "{job}");
-    assert_eq!(job["spec"]["name"], "echo", "{job}");
+    // Named after the command, with a random tail (names are unique
+    // among a pool's unfinished jobs).
+    let name = job["spec"]["name"].as_str().unwrap_or_default();
+    assert!(
+        name.starts_with("echo-") && name.len() == "echo-".len() + 6,
+        "{job}"
+    );
     assert_eq!(job["spec"]["pool"], "/demo", "{job}");
     assert_eq!(job["spec"]["instances"], 2, "{job}");
     assert_eq!(job["status"]["state"], "succeeded", "{job}");
@@ -658,6 +664,21 @@ async fn one_liners_quiet_ids_stdin_specs_and_id_prefixes() {
         yaml.starts_with(&format!("# job {hello} (version 1")),
         "{yaml}"
     );
+    // While hello has not ended its name is held; once it has, the file
+    // submits it again.
+    let out = peloton_with(&url, &[], &yaml, &["job", "create", "-q", "-"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(&hello) && text(&out.stderr).contains("distinct names"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = peloton(&url, &["job", "kill", &hello]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    json_until(&url, &["job", "get", &hello], "hello killed", |v| {
+        v["job"]["status"]["state"] == "killed"
+    })
+    .await;
     let out = peloton_with(&url, &[], &yaml, &["job", "create", "-q", "-"]).await;
     assert!(out.status.success(), "{yaml}\n{}", text(&out.stderr));
     let again = text(&out.stdout).trim().to_string();
@@ -1143,6 +1164,17 @@ async fn a_cron_job_ticks_a_job_and_survives_a_restart_through_the_cli() {
         file.contains("schedule:") && file.contains("overlap: forbid"),
         "{file}"
     );
+    // Under the same name while the first one is scheduled: refused (a
+    // pool's unfinished jobs have distinct names); renamed, it goes.
+    let again = peloton_with(&url, &[], &file, &["job", "create", "-q", "-"]).await;
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("distinct names"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert!(file.contains("name: nightly\n"), "{file}");
+    let file = file.replace("name: nightly\n", "name: nightly-copy\n");
     let again = peloton_with(&url, &[], &file, &["job", "create", "-q", "-"]).await;
     assert!(again.status.success(), "{}", text(&again.stderr));
     let again = text(&again.stdout).trim().to_string();
@@ -1350,6 +1382,41 @@ async fn jobs_are_named_in_place_of_ids_through_the_cli() {
     }
     let (a, b) = (&ids[0], &ids[1]);
 
+    // A pool's unfinished jobs have distinct names: a second train in
+    // /demo is refused, naming the job that holds the name.
+    let out = peloton(&url, &["job", "create", "-q", &demo]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("already exists")
+            && err.contains(a.as_str())
+            && err.contains("\"train\"")
+            && err.contains("distinct names"),
+        "{err}"
+    );
+    // Commands without --name get distinct names of their own.
+    let mut run_names = Vec::new();
+    for _ in 0..2 {
+        let out = peloton(
+            &url,
+            &["run", "--pool", "/demo", "-q", "--", "/bin/sleep", "60"],
+        )
+        .await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let id = text(&out.stdout).trim().to_owned();
+        let job = ok_json(&url, &["job", "get", &id]).await;
+        let name = job["job"]["spec"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(name.starts_with("sleep-"), "{job}");
+        // Its name names it.
+        let named = ok_json(&url, &["job", "get", &name]).await;
+        assert_eq!(named["job"]["id"], id.as_str(), "{named}");
+        run_names.push(name);
+    }
+    assert_ne!(run_names[0], run_names[1]);
+
     let job = ok_json(&url, &["job", "get", "/demo/train"]).await;
     assert_eq!(job["job"]["id"], a.as_str(), "{job}");
     let task = ok_json(&url, &["task", "get", "/batch/adhoc/train", "0"]).await;
@@ -1378,6 +1445,21 @@ async fn jobs_are_named_in_place_of_ids_through_the_cli() {
     .await;
     let job = ok_json(&url, &["job", "get", "train"]).await;
     assert_eq!(job["job"]["id"], b.as_str(), "{job}");
+
+    // The killed train's name is free again: a new one takes it and the
+    // name names the new one; the old one cannot be restarted meanwhile.
+    let out = peloton(&url, &["job", "create", "-q", &demo]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c = text(&out.stdout).trim().to_owned();
+    let job = ok_json(&url, &["job", "get", "/demo/train"]).await;
+    assert_eq!(job["job"]["id"], c.as_str(), "{job}");
+    let out = peloton(&url, &["job", "restart", a]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(c.as_str()) && err.contains("distinct names"),
+        "{err}"
+    );
 
     // A name that could not name its job: refused, naming the field.
     let out = peloton(
@@ -1463,7 +1545,43 @@ async fn wide_and_name_output_through_the_cli() {
     let wide = stdout(&["respool", "list", "-o", "wide"]).await;
     assert!(wide.lines().next().unwrap().contains("DEMAND"), "{wide}");
 
-    // A name line names the job in the next command.
+    // Name lines name what they name in the next command: tasks (of one
+    // job or several), hosts, pools.
+    let out = peloton(
+        &url,
+        &["task", "get", "-o", "json", &format!("task/{id}/1")],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<&str> = tasks.lines().take(2).collect();
+    let out = peloton(&url, &[&["task", "kill"][..], &lines].concat()).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("instances 0, 1"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = peloton(&url, &["task", "kill", lines[0], "3"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("task/JOB/INSTANCE"),
+        "{}",
+        text(&out.stderr)
+    );
+    let host = hosts.lines().next().unwrap();
+    for action in ["drain", "up"] {
+        let out = peloton(&url, &["host", action, host]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            !text(&out.stdout).contains("host/"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    let pool = ok_json(&url, &["respool", "get", "respool/demo"]).await;
+    assert_eq!(pool["pool"]["path"], "/demo", "{pool}");
+
+    // A job/ID line names the job in the next command.
     let line = stdout(&["job", "query", "-o", "name"]).await;
     let out = peloton(&url, &["job", "kill", line.trim()]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));

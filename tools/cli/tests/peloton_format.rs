@@ -464,14 +464,29 @@ async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
     }
 
     // Jobs: the one created from the Peloton file and the one created from
-    // its conversion have the same spec.
+    // its conversion have the same spec. (Each is killed before the next
+    // comes: a pool's unfinished jobs have distinct names.)
+    let ended = async |job: &Value| {
+        let id = job["job"]["id"].as_str().expect("id").to_owned();
+        ok(url, &["job", "kill", &id]).await;
+        for _ in 0..300 {
+            let state = ok_json(url, &["job", "get", &id]).await["job"]["status"]["state"].clone();
+            if ["killed", "succeeded", "failed"].iter().any(|s| state == *s) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("job {id} did not end");
+    };
     for file in peloton_examples().iter().filter(|f| !is_pool_file(f)) {
         let file_str = path_str(file);
         let from_peloton = ok_json(url, &["job", "create", "/demo", &file_str]).await;
+        ended(&from_peloton).await;
         let out = ok(url, &["convert", "/demo", &file_str]).await;
         let converted = dir.path().join("converted.yaml");
         std::fs::write(&converted, &out.stdout).expect("write");
         let from_native = ok_json(url, &["job", "create", &path_str(&converted)]).await;
+        ended(&from_native).await;
         assert_eq!(
             spec_of(&from_peloton),
             spec_of(&from_native),
@@ -485,6 +500,7 @@ async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
         let original = std::fs::read_to_string(file).expect("read");
         std::fs::write(&lower, lowercase_keys(&original)).expect("write");
         let from_lower = ok_json(url, &["job", "create", "/demo", &path_str(&lower)]).await;
+        ended(&from_lower).await;
         assert_eq!(spec_of(&from_lower), spec_of(&from_peloton));
     }
 

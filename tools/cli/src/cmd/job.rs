@@ -507,9 +507,7 @@ pub fn run_spec(args: &RunArgs, pool: &str, owner: &str) -> Result<JobSpec> {
         .context("COMMAND: the command to run, after `--`")?;
     let name = match &args.name {
         Some(name) => name.clone(),
-        None => std::path::Path::new(command)
-            .file_name()
-            .map_or_else(|| command.clone(), |n| n.to_string_lossy().into_owned()),
+        None => default_run_name(command),
     };
     let env: serde_json::Map<String, serde_json::Value> = args
         .env
@@ -533,6 +531,27 @@ pub fn run_spec(args: &RunArgs, pool: &str, owner: &str) -> Result<JobSpec> {
     }
     let loaded = crate::spec::parse_job_file(&file.to_string(), "the command line")?;
     Ok(loaded.value.into_proto())
+}
+
+/// `peloton run`'s name for a job it was given no name for: the command's
+/// file name and six random hex digits (`sleep-3fa2b1`), as names are
+/// unique among a pool's unfinished jobs and the same command may run many
+/// times at once.
+fn default_run_name(command: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let base = std::path::Path::new(command)
+        .file_name()
+        .map_or_else(|| command.to_string(), |n| n.to_string_lossy().into_owned());
+    // A name has no '/' (it names a job as POOL/NAME).
+    let base = base.replace('/', "_");
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    format!("{base}-{:06x}", h.finish() & 0xff_ffff)
 }
 
 /// The jobs `args` asks for, in its order: by creation time (with
@@ -1028,7 +1047,19 @@ mod tests {
             "3",
         ]);
         let spec = run_spec(&args, "/ml", "alice").expect("a spec");
-        assert_eq!(spec.name, "python3");
+        // Named after the command, with a random tail: names are unique
+        // among a pool's unfinished jobs.
+        let (base, tail) = spec.name.rsplit_once('-').expect("NAME-TAIL");
+        assert_eq!(base, "python3");
+        assert!(
+            tail.len() == 6 && tail.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{}",
+            spec.name
+        );
+        assert_ne!(
+            run_spec(&args, "/ml", "alice").expect("a spec").name,
+            spec.name
+        );
         assert_eq!(spec.owner, "alice");
         assert_eq!(spec.pool, "/ml");
         assert_eq!(spec.instance_count, 3);

@@ -33,6 +33,7 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             }
         }
         TaskCommand::Get { job, instance } => {
+            let (job, instance) = one_task(job, instance)?;
             let request = GetTaskRequest {
                 job_id: job.clone(),
                 instance,
@@ -61,34 +62,118 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             instances,
             version,
         } => {
-            let request = KillTaskRequest {
-                job_id: job.clone(),
-                instances: instances.clone(),
-                job_version: version.version,
-            };
-            client.kill(request).await?;
-            print_done(ctx.output, "killing", &job, &instances)?;
+            for (job, instances) in task_targets(job, instances, version.version)? {
+                let request = KillTaskRequest {
+                    job_id: job.clone(),
+                    instances: instances.clone(),
+                    job_version: version.version,
+                };
+                client.kill(request).await?;
+                print_done(ctx.output, "killing", &job, &instances)?;
+            }
         }
         TaskCommand::Restart {
             job,
             instances,
             version,
         } => {
-            let request = RestartTaskRequest {
-                job_id: job.clone(),
-                instances: instances.clone(),
-                job_version: version.version,
-            };
-            client.restart(request).await?;
-            print_done(ctx.output, "restarting", &job, &instances)?;
+            for (job, instances) in task_targets(job, instances, version.version)? {
+                let request = RestartTaskRequest {
+                    job_id: job.clone(),
+                    instances: instances.clone(),
+                    job_version: version.version,
+                };
+                client.restart(request).await?;
+                print_done(ctx.output, "restarting", &job, &instances)?;
+            }
         }
         TaskCommand::Logs {
             job,
             instance,
             options,
-        } => return logs(ctx, job, instance, options).await,
+        } => {
+            let (job, instance) = match task_name_parts(&job) {
+                Some(parts) => {
+                    let (job, i) = parts?;
+                    ensure!(
+                        instance.is_none(),
+                        "INSTANCE: {job}/{i} names the instance already"
+                    );
+                    (job, Some(i))
+                }
+                None => (job, instance),
+            };
+            return logs(ctx, job, instance, options).await;
+        }
     }
     Ok(Outcome::Success)
+}
+
+/// The job and instance of `task/JOB/INSTANCE` (a `-o name` line), None
+/// for anything else (a job's id or name: names have no '/').
+fn task_name_parts(given: &str) -> Option<Result<(String, u32)>> {
+    let rest = given.strip_prefix("task/")?;
+    Some(match rest.rsplit_once('/') {
+        Some((job, i)) if !job.is_empty() => i
+            .parse()
+            .map(|i| (job.to_string(), i))
+            .with_context(|| format!("{given}: {i:?} is not an instance number")),
+        _ => Err(anyhow::anyhow!(
+            "{given}: a task is named task/JOB/INSTANCE"
+        )),
+    })
+}
+
+/// `task get`'s task: `JOB INSTANCE` or `task/JOB/INSTANCE`.
+fn one_task(job: String, instance: Option<u32>) -> Result<(String, u32)> {
+    match (task_name_parts(&job), instance) {
+        (Some(parts), None) => parts,
+        (Some(_), Some(_)) => anyhow::bail!("INSTANCE: {job} names the instance already"),
+        (None, Some(i)) => Ok((job, i)),
+        (None, None) => {
+            anyhow::bail!("INSTANCE: which instance of {job}? (or give task/JOB/INSTANCE)")
+        }
+    }
+}
+
+/// The instances `task kill|restart` names, by job in the order given:
+/// `JOB INSTANCE...`, or `task/JOB/INSTANCE` lines (of several jobs too,
+/// as `task list -o name` prints them; a job version then applies to
+/// every job, so it is refused with more than one).
+fn task_targets(job: String, rest: Vec<String>, version: u64) -> Result<Vec<(String, Vec<u32>)>> {
+    if task_name_parts(&job).is_none() {
+        ensure!(
+            !rest.is_empty(),
+            "INSTANCE: name at least one instance of {job}"
+        );
+        let instances = rest
+            .iter()
+            .map(|i| {
+                i.parse::<u32>().with_context(|| {
+                    format!("INSTANCE: {i:?} is not an instance number (JOB INSTANCE..., or task/JOB/INSTANCE...)")
+                })
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        return Ok(vec![(job, instances)]);
+    }
+    let mut targets: Vec<(String, Vec<u32>)> = Vec::new();
+    for given in std::iter::once(&job).chain(&rest) {
+        let (job, i) = task_name_parts(given).unwrap_or_else(|| {
+            Err(anyhow::anyhow!(
+                "{given}: after a task/JOB/INSTANCE every task is named so"
+            ))
+        })?;
+        match targets.iter_mut().find(|(j, _)| *j == job) {
+            Some((_, instances)) => instances.push(i),
+            None => targets.push((job, vec![i])),
+        }
+    }
+    ensure!(
+        version == 0 || targets.len() == 1,
+        "--version: the tasks are of {} jobs; a version is one job's",
+        targets.len()
+    );
+    Ok(targets)
 }
 
 fn print_done(
