@@ -63,6 +63,11 @@ pub struct Config {
     /// for a write, none after a quiet spell. 0 (the default) commits every
     /// iteration at once. See ARCHITECTURE.md for what it trades.
     pub commit_spacing_ms: u64,
+    /// Commit on the loop's own thread (`pelotond --sync-commit`), not on
+    /// the store's writer thread while the loop steps the next iteration
+    /// (the default: a pipelined commit; both make answers and dispatches
+    /// wait for their batch to be durable).
+    pub sync_commit: bool,
     /// Requests waiting for the loop before senders wait.
     pub command_queue: usize,
     /// Instances of one job.
@@ -166,6 +171,7 @@ impl Default for Config {
             idle_cycle_interval_ms: 1000,
             max_batch: 1024,
             commit_spacing_ms: 0,
+            sync_commit: false,
             command_queue: 4096,
             max_instances_per_job: 100_000,
             engine_threads: default_engine_threads(),

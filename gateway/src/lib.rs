@@ -38,3 +38,4 @@ pub mod service;
 pub mod status;
 pub mod store;
 pub mod store_codec;
+pub mod writer;

@@ -66,6 +66,10 @@ struct Args {
     /// load (0: commit every iteration at once).
     #[arg(long)]
     commit_spacing_ms: Option<u64>,
+    /// Commit on the loop's thread, not on a writer thread while the loop
+    /// steps the next batch (for measuring the difference).
+    #[arg(long)]
+    sync_commit: bool,
     /// Threads of the engine's parallel scans.
     #[arg(long)]
     engine_threads: Option<usize>,
@@ -245,6 +249,9 @@ fn apply_flags(args: &Args, c: &mut Config) {
     }
     if args.metrics_tls {
         c.metrics_tls = true;
+    }
+    if args.sync_commit {
+        c.sync_commit = true;
     }
 }
 

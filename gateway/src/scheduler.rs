@@ -13,6 +13,14 @@
 //!    answer, dispatch launches and kills, send acknowledgements, and
 //!    publish the events.
 //!
+//! In `run` the transaction is pipelined: the store's writer thread
+//! ([`crate::writer`]) commits iteration N's batch while the loop steps
+//! N+1, and what waits for a batch ([`Pending`]) is released once the
+//! writer says it is durable. One batch is in flight at a time, so batches
+//! land in order; N's result is taken before N+1's rows are encoded, so a
+//! failed N holds N+1 back in memory (below). `iterate` alone, as tests
+//! drive it, commits on the loop thread.
+//!
 //! A failed commit (a full disk) does not stop the process: the batch and
 //! everything that waits for it (answers, launches, kills, acknowledgements,
 //! events) are kept and the commit is tried again with a back-off; until it
@@ -43,10 +51,19 @@ use crate::convert::Limits;
 use crate::lifecycle::{CoreConfig, Effects, Input, Lifecycle};
 use crate::metrics::Metrics;
 use crate::store::{Snapshot, Store, WriteBatch};
+use crate::writer::{Writer, Written};
 use crate::{persist, reads};
 
 pub use crate::command::{AppCommand, Command, EventBatch, Reply};
 pub use crate::lifecycle::JobAction;
+
+/// What woke the loop.
+enum Wake {
+    /// A command (None: the channel closed), or None: the deadline.
+    Command(Option<Option<Command>>),
+    /// The batch in flight, written (or failed).
+    Written(Option<Box<Written>>),
+}
 
 /// Options of the loop.
 #[derive(Clone, Debug)]
@@ -60,6 +77,9 @@ pub struct LoopConfig {
     /// Least time from one commit to the start of the next iteration that
     /// has commands (see `Config::commit_spacing_ms`).
     pub commit_spacing: Duration,
+    /// `run` commits on the store's writer thread while it steps the next
+    /// iteration (see the module documentation); false: on the loop thread.
+    pub pipelined_commit: bool,
     /// Request limits.
     pub limits: Limits,
     /// Events kept in the store for resuming watches.
@@ -93,6 +113,7 @@ impl Default for LoopConfig {
             idle_cycle_interval: Duration::from_millis(1000),
             max_batch: 1024,
             commit_spacing: Duration::ZERO,
+            pipelined_commit: true,
             limits: Limits::default(),
             event_retention: 5_000_000,
             max_history: 8,
@@ -169,8 +190,8 @@ impl Outage {
 
 #[derive(Debug)]
 struct FailedCommit {
-    /// The batch's events, published once it is written.
-    events: Vec<crate::lifecycle::Event>,
+    /// What waits for the batch, released once it is written.
+    pending: Pending,
     /// The last error.
     error: String,
     since_ms: u64,
@@ -180,6 +201,32 @@ struct FailedCommit {
 }
 
 type Deferred = Box<dyn FnOnce() + Send>;
+
+/// What waits for a batch to be durable: its answers, launches, kills,
+/// rendezvous updates, acknowledgements, volume deletions, access changes
+/// and events, taken from the iteration that made it.
+#[derive(Default)]
+struct Pending {
+    events: Vec<crate::lifecycle::Event>,
+    deferred: Vec<Deferred>,
+    launches: Vec<crate::lifecycle::Launch>,
+    kills: Vec<Kill>,
+    rendezvous: Vec<crate::lifecycle::RendezvousUpdate>,
+    acks: Vec<(Arc<str>, crate::lifecycle::AgentRunKey)>,
+    volume_deletes: Vec<(Arc<str>, Arc<str>)>,
+    access: Vec<crate::lifecycle::AccessChange>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("events", &self.events.len())
+            .field("answers", &self.deferred.len())
+            .field("launches", &self.launches.len())
+            .field("kills", &self.kills.len())
+            .finish_non_exhaustive()
+    }
+}
 
 /// The loop's state. Create with [`Scheduler::new`], then [`Scheduler::run`]
 /// on its own thread.
@@ -222,6 +269,12 @@ pub struct Scheduler {
     job_index: Option<Arc<crate::access::Access>>,
     /// Start forecasts, run on a thread of their own.
     forecaster: crate::forecaster::Forecaster,
+    /// The store's writer thread (`run`; none: commits on this thread).
+    writer: Option<Writer>,
+    /// What waits for the batch the writer has in flight.
+    in_flight: Option<Pending>,
+    /// A written batch's lists, emptied, for the next one.
+    spare_batch: WriteBatch,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -310,6 +363,9 @@ impl Scheduler {
             shared_access: None,
             job_index: None,
             forecaster: crate::forecaster::Forecaster::default(),
+            writer: None,
+            in_flight: None,
+            spare_batch: WriteBatch::default(),
         })
     }
 
@@ -331,16 +387,42 @@ impl Scheduler {
             "recovery and the first cycle committed in {} ms",
             began.elapsed().as_millis()
         );
+        if self.config.pipelined_commit {
+            match Writer::start(self.store.clone()) {
+                Ok(w) => self.writer = Some(w),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "no writer thread: the loop commits on its own thread"
+                ),
+            }
+        }
         // When the last iteration with commands committed.
         let mut last_commit = Instant::now();
         loop {
             let wait = self.next_wake().saturating_duration_since(Instant::now());
-            let first = rt.block_on(async { tokio::time::timeout(wait, rx.recv()).await });
+            // A command, the batch in flight written, or the deadline.
+            let first = rt.block_on(async {
+                let written = async {
+                    match self.writer.as_mut() {
+                        Some(w) if w.busy() => Some(w.written().await),
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    c = tokio::time::timeout(wait, rx.recv()) => Wake::Command(c.ok()),
+                    w = written => Wake::Written(w.map(Box::new)),
+                }
+            });
             let mut stop = false;
             match first {
-                Ok(Some(c)) => commands.push(c),
-                Ok(None) => stop = true,
-                Err(_) => {}
+                Wake::Written(Some(w)) => {
+                    self.written(*w);
+                    continue;
+                }
+                Wake::Written(None) => {}
+                Wake::Command(Some(Some(c))) => commands.push(c),
+                Wake::Command(Some(None)) => stop = true,
+                Wake::Command(None) => {}
             }
             // Group commit: under load, what arrives within the spacing
             // goes in one commit (a lone command after a quiet spell is
@@ -362,6 +444,11 @@ impl Scheduler {
                 last_commit = Instant::now();
             }
             if stop {
+                // The batch in flight lands (or stays failed) before the
+                // loop ends: its callers hear either way.
+                if let Some(w) = self.writer.as_mut().and_then(Writer::wait) {
+                    self.written(w);
+                }
                 tracing::info!(revision = self.core.revision(), "scheduling loop stopped");
                 return;
             }
@@ -376,6 +463,10 @@ impl Scheduler {
     pub fn iterate(&mut self, now: Now, commands: &mut Vec<Command>) -> bool {
         self.now = now.ms;
         self.now_at = now.at;
+        // The batch in flight, if written meanwhile: its answers go now.
+        if let Some(w) = self.writer.as_mut().and_then(Writer::try_take) {
+            self.written(w);
+        }
         // A stopwatch for the slow-iteration log, not a decision.
         let began = Instant::now();
         let n_commands = commands.len();
@@ -540,6 +631,15 @@ impl Scheduler {
             // Nothing was stepped: the failed batch is all there is.
             return;
         }
+        // The batch in flight first: batches land in order, and if it
+        // failed this iteration's effects stay in memory, unencoded, until
+        // it is written (`retry_commit`).
+        if let Some(w) = self.writer.as_mut().and_then(Writer::wait) {
+            self.written(w);
+            if self.outage.failed.is_some() {
+                return;
+            }
+        }
         let events = std::mem::take(&mut self.fx.events);
         persist::state_rows(&self.core, &mut self.fx.state_rows, &mut self.batch);
         persist::rows(
@@ -571,19 +671,72 @@ impl Scheduler {
         self.metrics.runs_finished.inc_by(c.runs_finished);
         self.metrics.preemptions.inc_by(c.preemptions);
         self.metrics.tasks_accepted.inc_by(c.tasks_accepted);
-        if !self.batch.is_empty() {
-            let start = Instant::now();
-            self.batch.revision = self.core.revision();
-            if let Err(e) = self.store.commit(&self.batch) {
-                // Memory is ahead of the store: keep the batch and all that
-                // waits for it, refuse writes, retry (`retry_commit`).
+        let pending = self.take_pending(events);
+        if self.batch.is_empty() {
+            // Nothing to write (reads, refusals): nothing to wait for.
+            self.release(pending);
+            return;
+        }
+        self.batch.revision = self.core.revision();
+        if let Some(writer) = self.writer.as_mut() {
+            let batch = std::mem::replace(&mut self.batch, std::mem::take(&mut self.spare_batch));
+            writer.send(batch);
+            self.in_flight = Some(pending);
+            return;
+        }
+        let start = Instant::now();
+        let result = self.store.commit(&self.batch);
+        let batch = std::mem::take(&mut self.batch);
+        self.in_flight = Some(pending);
+        self.written(Written {
+            batch,
+            result,
+            took: start.elapsed(),
+        });
+    }
+
+    /// What waits for the batch this iteration made, taken from the
+    /// effects and the answers.
+    fn take_pending(&mut self, events: Vec<crate::lifecycle::Event>) -> Pending {
+        Pending {
+            events,
+            deferred: std::mem::take(&mut self.deferred),
+            launches: std::mem::take(&mut self.fx.launches),
+            kills: std::mem::take(&mut self.fx.kills),
+            rendezvous: std::mem::take(&mut self.fx.rendezvous_updates),
+            acks: std::mem::take(&mut self.fx.acks),
+            volume_deletes: std::mem::take(&mut self.fx.volume_deletes),
+            access: std::mem::take(&mut self.fx.access),
+        }
+    }
+
+    /// The batch in flight is back: durable, so what waited for it goes;
+    /// or failed, so memory is ahead of the store: the batch and what
+    /// waits for it are kept, writes refused, the commit retried
+    /// (`retry_commit`).
+    fn written(&mut self, w: Written) {
+        let pending = self.in_flight.take().expect("a batch in flight");
+        match w.result {
+            Ok(()) => {
+                self.metrics.commit_seconds.observe(w.took.as_secs_f64());
+                let mut batch = w.batch;
+                batch.clear();
+                self.batch_room(batch);
+                self.release(pending);
+            }
+            Err(e) => {
                 tracing::error!(
                     error = %e,
                     "store commit failed: writes are refused and the batch is retried until it lands; reads are served"
                 );
+                // The failed batch is the one retried; the iteration being
+                // made (if any) has encoded nothing yet.
+                debug_assert!(self.batch.is_empty());
+                let room = std::mem::replace(&mut self.batch, w.batch);
+                self.batch_room(room);
                 let now = self.now;
                 self.outage.failed = Some(FailedCommit {
-                    events,
+                    pending,
                     error: e.to_string(),
                     since_ms: now,
                     attempts: 1,
@@ -591,34 +744,53 @@ impl Scheduler {
                     next_try_ms: now + RETRY_COMMIT_FIRST_MS,
                 });
                 self.metrics.store_unwritable.set(1);
-                return;
             }
-            self.metrics
-                .commit_seconds
-                .observe(start.elapsed().as_secs_f64());
-            self.batch.clear();
         }
-        self.release(events);
+    }
+
+    /// Keeps an empty batch's lists for the next batch (the larger room).
+    fn batch_room(&mut self, batch: WriteBatch) {
+        if self.batch.is_empty() && self.batch.tasks.capacity() < batch.tasks.capacity() {
+            self.spare_batch = std::mem::replace(&mut self.batch, batch);
+        } else if self.spare_batch.tasks.capacity() < batch.tasks.capacity() {
+            self.spare_batch = batch;
+        }
     }
 
     /// What waited for a commit, once it is durable: dispatches, answers,
     /// events.
-    fn release(&mut self, events: Vec<crate::lifecycle::Event>) {
+    fn release(&mut self, p: Pending) {
+        let Pending {
+            events,
+            deferred,
+            mut launches,
+            kills,
+            mut rendezvous,
+            acks,
+            volume_deletes,
+            access,
+        } = p;
         // Handlers check a job's pool before they ask the loop anything:
         // they know of a job before its creator hears of it.
         self.publish_jobs(&events);
-        self.publish_access();
+        self.publish_access(access);
         // Answers first: their callers wait on them.
-        for d in self.deferred.drain(..) {
+        for d in deferred {
             d();
         }
         // Real hosts hear of launches and kills only once they are durable:
         // a crash before the commit must not leave a run the store does not
         // know (it would run twice), nor a kill it does not know of. (For
         // the simulator these are what is left of the iteration.)
-        self.dispatch();
-        self.send_acks();
-        self.send_volume_deletes();
+        self.kills.extend(kills);
+        let core = &self.core;
+        self.backend.launch(self.now, &mut launches, &|job| {
+            core.secrets_of(job).cloned()
+        });
+        self.backend.update_rendezvous(self.now, &mut rendezvous);
+        self.backend.kill(self.now, &mut self.kills);
+        self.send_acks(acks);
+        self.send_volume_deletes(volume_deletes);
         if !events.is_empty() {
             // Built only for watchers (a commit may carry a million);
             // no receivers is fine.

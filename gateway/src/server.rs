@@ -389,6 +389,7 @@ fn loop_config(config: &Config, limits: Limits) -> LoopConfig {
         idle_cycle_interval: Duration::from_millis(config.idle_cycle_interval_ms),
         max_batch: config.max_batch,
         commit_spacing: Duration::from_millis(config.commit_spacing_ms),
+        pipelined_commit: !config.sync_commit,
         limits,
         event_retention: config.event_retention,
         job_retention: Duration::from_secs(config.job_retention_s),

@@ -50,8 +50,7 @@ impl Scheduler {
     }
 
     /// Tells [`Access`] what a durable commit changed of the tokens.
-    pub(super) fn publish_access(&mut self) {
-        let changes = std::mem::take(&mut self.fx.access);
+    pub(super) fn publish_access(&mut self, changes: Vec<AccessChange>) {
         let Some(shared) = &self.shared_access else {
             return;
         };

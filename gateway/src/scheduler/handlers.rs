@@ -334,7 +334,11 @@ impl Scheduler {
             HostCommand::Watch { reply } => {
                 // Committed revision: events of this iteration are not yet
                 // committed and will be broadcast after the commit.
-                let unwritten = self.outage.failed.as_ref().map_or(0, |f| f.events.len());
+                let unwritten = self
+                    .outage
+                    .failed
+                    .as_ref()
+                    .map_or(0, |f| f.pending.events.len());
                 let committed = self.core.revision() - (self.fx.events.len() + unwritten) as u64;
                 let _ = reply.send((committed, self.events_tx.subscribe()));
             }

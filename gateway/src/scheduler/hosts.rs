@@ -45,8 +45,7 @@ impl Scheduler {
     }
 
     /// Final reports recorded by this commit: their agents forget them.
-    pub(super) fn send_acks(&mut self) {
-        let acks = std::mem::take(&mut self.fx.acks);
+    pub(super) fn send_acks(&mut self, acks: Vec<(Arc<str>, crate::lifecycle::AgentRunKey)>) {
         let keys = acks.into_iter().map(|(host, key)| {
             let key = pb::RunKey {
                 job_id: key.job_id.to_string(),
@@ -65,8 +64,7 @@ impl Scheduler {
     /// Volumes deleted or given up by this commit: their agents remove
     /// them. An agent away now lists them when it registers again, and is
     /// told then.
-    pub(super) fn send_volume_deletes(&mut self) {
-        let deletes = std::mem::take(&mut self.fx.volume_deletes);
+    pub(super) fn send_volume_deletes(&mut self, deletes: Vec<(Arc<str>, Arc<str>)>) {
         let ids = deletes.into_iter().map(|(host, id)| (host, id.to_string()));
         self.send_to_agents(ids, |ids| {
             pb::server_message::Kind::DeleteVolumes(pb::DeleteVolumes { ids })

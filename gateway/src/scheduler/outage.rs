@@ -59,7 +59,7 @@ impl Scheduler {
             held_agent_commands = self.outage.held.len(),
             "the store writes again: the failed batch is written, its answers released"
         );
-        self.release(failed.events);
+        self.release(failed.pending);
         // Agents that went silent meanwhile (their sessions may have been
         // ended) get the reconnect slack a restart gives them before they
         // are declared lost.

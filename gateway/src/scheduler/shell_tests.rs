@@ -94,6 +94,8 @@ impl Trace {
 struct TestStore {
     inner: RedbStore,
     fail: Arc<AtomicBool>,
+    /// While set, a commit waits (a slow disk): the loop moves on.
+    hold: Arc<AtomicBool>,
     trace: Trace,
 }
 
@@ -109,6 +111,9 @@ impl Store for TestStore {
     }
 
     fn commit(&self, batch: &WriteBatch) -> Result<(), StoreError> {
+        while self.hold.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         if self.fail.load(Ordering::SeqCst) {
             self.trace.push("commit failed: disk full".into());
             return Err(StoreError::msg("disk full"));
@@ -178,6 +183,7 @@ struct Shell {
     now: Now,
     trace: Trace,
     fail: Arc<AtomicBool>,
+    hold: Arc<AtomicBool>,
     _dir: tempfile::TempDir,
 }
 
@@ -202,9 +208,11 @@ impl Shell {
         let dir = tempfile::tempdir().unwrap();
         let trace = Trace::default();
         let fail = Arc::new(AtomicBool::new(false));
+        let hold = Arc::new(AtomicBool::new(false));
         let store = TestStore {
             inner: RedbStore::open(dir.path()).unwrap(),
             fail: fail.clone(),
+            hold: hold.clone(),
             trace: trace.clone(),
         };
         let snapshot = store.load().unwrap();
@@ -238,6 +246,7 @@ impl Shell {
             now: Now::read(),
             trace,
             fail,
+            hold,
             _dir: dir,
         };
         shell.iterate(Duration::ZERO, Vec::new());
@@ -359,9 +368,11 @@ impl Shell {
         )
     }
 
+    /// A job named after its label (names are unique among a pool's
+    /// unfinished jobs).
     fn create_job(&self, label: &str, instances: u32) -> Command {
         let spec = pb::JobSpec {
-            name: "fixture".into(),
+            name: label.replace(' ', "-"),
             r#type: pb::JobType::Batch as i32,
             pool: "/p".into(),
             instance_count: instances,
@@ -412,6 +423,34 @@ impl Shell {
         )
     }
 
+    /// From now on the loop commits on a writer thread while it steps the
+    /// next iteration, as `run` does.
+    fn pipelined(mut self) -> Shell {
+        let store = self.scheduler.store.clone();
+        self.scheduler.writer = Some(super::Writer::start(store).unwrap());
+        self
+    }
+
+    /// What `run` does when the batch in flight comes back while it waits:
+    /// waits for it, then releases what waited for it (or holds it if the
+    /// commit failed).
+    fn settle(&mut self) {
+        if let Some(w) = self.scheduler.writer.as_mut().and_then(super::Writer::wait) {
+            self.scheduler.written(w);
+        }
+        self.trace.poll();
+    }
+
+    /// Lets a held commit go on after `ms`, from another thread (the loop
+    /// meanwhile waits for it).
+    fn unhold_after(&self, ms: u64) -> std::thread::JoinHandle<()> {
+        let hold = self.hold.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            hold.store(false, Ordering::SeqCst);
+        })
+    }
+
     /// Moves the clock on by `after` and runs one iteration over
     /// `commands`; the iteration's header goes to the trace first.
     fn iterate(&mut self, after: Duration, mut commands: Vec<Command>) {
@@ -456,6 +495,87 @@ fn an_iteration_commits_once_then_answers_then_dispatches() {
     shell.check(expect![[r#"
         -- iteration at +10 ms, 0 commands
         commit: revision 12, 1 job rows, 2 task rows
+    "#]]);
+}
+
+/// Pipelined: iteration N's batch is written while N+1 is stepped; N's
+/// answers and launches go once N is durable, before N+1's, and N+1's wait
+/// for N+1's own commit.
+#[test]
+fn a_pipelined_loop_steps_the_next_batch_while_the_last_is_written() {
+    let mut shell = Shell::new().pipelined();
+    let pool = shell.create_pool("create /p", "/p");
+    let job = shell.create_job("create job", 2);
+    shell.hold.store(true, Ordering::SeqCst);
+    shell.iterate(10 * MS, vec![pool, job]);
+    // In flight: nothing has left yet.
+    shell.check(expect![[r#"
+        -- iteration at +10 ms, 2 commands
+    "#]]);
+    // The next iteration is stepped while the disk is slow; at its end
+    // the loop waits for the batch in flight, whose answers and launches
+    // then go; this iteration's own wait for its commit.
+    let unhold = shell.unhold_after(50);
+    let job2 = shell.create_job("create job 2", 1);
+    let read = shell.list_pools("list pools");
+    shell.iterate(MS, vec![job2, read]);
+    unhold.join().unwrap();
+    shell.check(expect![[r#"
+        -- iteration at +1 ms, 2 commands
+        commit: revision 9, 1 job rows, 2 task rows
+        answer create /p: pool /p
+        answer create job: job j1
+        launch j1/0 run 1 on sim-00000
+        launch j1/1 run 1 on sim-00000
+    "#]]);
+    shell.settle();
+    shell.check(expect![[r#"
+        commit: revision 11, 1 job rows, 0 task rows
+        answer create job 2: job j2
+        answer list pools: pools / /p
+    "#]]);
+}
+
+/// Pipelined, with a failed commit found at the end of the next iteration:
+/// that iteration's effects stay in memory (its answers and launches too)
+/// until the failed batch is written, then follow it in order.
+#[test]
+fn a_pipelined_loop_holds_the_next_batch_behind_a_failed_one() {
+    let mut shell = Shell::new().pipelined();
+    let pool = shell.create_pool("create /p", "/p");
+    shell.iterate(MS, vec![pool]);
+    shell.settle();
+    shell.trace.take();
+
+    shell.fail.store(true, Ordering::SeqCst);
+    shell.hold.store(true, Ordering::SeqCst);
+    let job = shell.create_job("create job", 1);
+    shell.iterate(MS, vec![job]);
+    let unhold = shell.unhold_after(50);
+    let job2 = shell.create_job("create job 2", 1);
+    shell.iterate(MS, vec![job2]);
+    unhold.join().unwrap();
+    shell.check(expect![[r#"
+        -- iteration at +1 ms, 1 commands
+        -- iteration at +1 ms, 1 commands
+        commit failed: disk full
+    "#]]);
+    // Refused while the store cannot write.
+    let write = shell.create_job("create another", 1);
+    shell.iterate(10 * MS, vec![write]);
+    shell.fail.store(false, Ordering::SeqCst);
+    shell.iterate(100 * MS, Vec::new());
+    shell.settle();
+    shell.check(expect![[r#"
+        -- iteration at +10 ms, 1 commands
+        answer create another: Unavailable the store cannot write (store: disk full), for 0 s now: writes are refused until it can and are retried by the server every 2 s; reads are served
+        -- iteration at +100 ms, 0 commands
+        commit: revision 5, 1 job rows, 1 task rows
+        answer create job: job j1
+        launch j1/0 run 1 on sim-00000
+        commit: revision 12, 2 job rows, 2 task rows
+        answer create job 2: job j2
+        launch j2/0 run 1 on sim-00000
     "#]]);
 }
 
