@@ -416,6 +416,10 @@ impl Scheduler {
             let mut stop = false;
             match first {
                 Wake::Written(Some(w)) => {
+                    // Released (or failed) at this moment's clock.
+                    let now = Now::read();
+                    self.now = now.ms;
+                    self.now_at = now.at;
                     self.written(*w);
                     continue;
                 }

@@ -407,7 +407,10 @@ impl Lifecycle {
                 )));
             }
             JobAction::Scale(count) => {
-                self.check_name_kept(k)?;
+                if count > n {
+                    // More instances bring an ended job back.
+                    self.check_name_kept(k)?;
+                }
                 self.scale(engine, k, id, count, fx)?;
             }
             JobAction::Edit(edit) => self.edit_job(engine, k, id, edit, fx)?,
@@ -719,6 +722,8 @@ impl Lifecycle {
         }
         if restart {
             self.check_job_pool(engine, k)?;
+            // An ended job that one instance's restart brings back.
+            self.check_name_kept(k)?;
         }
         // Checks done: from here the request changes the job.
         self.job_mut(k).version += 1;

@@ -1751,6 +1751,58 @@ fn a_pools_unfinished_jobs_have_distinct_names() {
     );
 }
 
+/// A job that ended by itself comes back by no path while another
+/// unfinished job of its pool holds its name: not by an instance's restart,
+/// nor by scaling it up (scaling it down revives nothing and goes).
+#[test]
+fn an_ended_job_does_not_come_back_under_a_held_name() {
+    check(
+        r"
+        host h1 cpu=4
+        job a pool=/ name=etl n=2 cpu=1
+        cycle
+        exit a/0 0
+        exit a/1 0     # a succeeded: its name is free
+        job b pool=/ name=etl cpu=1
+        restart a/0
+        scale a 3
+        scale a 1
+        ",
+        expect![[r#"
+            > host h1 cpu=4
+            > job a pool=/ name=etl n=2 cpu=1
+            a/0#1 pending
+            a/1#1 pending
+            job a pending
+            > cycle
+            a/0#1 ready
+            a/1#1 ready
+            a/0#1 placed @h1
+            a/0#1 launching @h1
+            a/1#1 placed @h1
+            a/1#1 launching @h1
+              launch a/0#1 @h1 config 1
+              launch a/1#1 @h1 config 1
+            a/0#1 running @h1
+            a/1#1 running @h1
+            job a running
+            > exit a/0 0
+            a/0#1 succeeded @h1
+            > exit a/1 0
+            a/1#1 succeeded @h1
+            job a succeeded
+            > job b pool=/ name=etl cpu=1
+            b/0#1 pending
+            job b pending
+            > restart a/0
+            error: job a is named "etl" as job b of pool / is, which is pending: a pool's unfinished jobs have distinct names, so this one starts again once that one has ended
+            > scale a 3
+            error: job a is named "etl" as job b of pool / is, which is pending: a pool's unfinished jobs have distinct names, so this one starts again once that one has ended
+            > scale a 1
+        "#]],
+    );
+}
+
 /// An update keeps the job's name: a rename is refused.
 #[test]
 fn an_update_cannot_rename_a_job() {

@@ -351,8 +351,10 @@ impl Lifecycle {
             )));
         }
         // The job's pool must still be a leaf (it may have been deleted and
-        // created again, or have got child pools while the job was idle).
+        // created again, or have got child pools while the job was idle),
+        // and an ended service it brings back must still own its name.
         self.check_job_pool(engine, k)?;
+        self.check_name_kept(k)?;
         let job = &self.jobs[&k];
         if job.plan.gang > 1 {
             return Err(Error::Precondition(format!(
@@ -533,8 +535,10 @@ impl Lifecycle {
         }
         if matches!(action, UpdateAction::Resume | UpdateAction::Rollback) {
             // Both start instances again: the job's pool must still be a
-            // leaf (it may have got child pools since).
+            // leaf (it may have got child pools since), and an ended job
+            // comes back only if no other unfinished job holds its name.
             self.check_job_pool(engine, k)?;
+            self.check_name_kept(k)?;
         }
         let job = &self.jobs[&k];
         let latest = job.latest_update().is_some_and(|l| &**l == id);

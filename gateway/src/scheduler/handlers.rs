@@ -332,13 +332,15 @@ impl Scheduler {
                 self.defer(reply, r);
             }
             HostCommand::Watch { reply } => {
-                // Committed revision: events of this iteration are not yet
-                // committed and will be broadcast after the commit.
+                // Committed revision: events of this iteration, of the
+                // batch in flight and of a failed one are not yet
+                // committed and will be broadcast after their commits.
                 let unwritten = self
                     .outage
                     .failed
                     .as_ref()
-                    .map_or(0, |f| f.pending.events.len());
+                    .map_or(0, |f| f.pending.events.len())
+                    + self.in_flight.as_ref().map_or(0, |p| p.events.len());
                 let committed = self.core.revision() - (self.fx.events.len() + unwritten) as u64;
                 let _ = reply.send((committed, self.events_tx.subscribe()));
             }

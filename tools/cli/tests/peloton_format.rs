@@ -471,7 +471,10 @@ async fn conversion_round_trips_and_bad_fields_are_refused_by_name() {
         ok(url, &["job", "kill", &id]).await;
         for _ in 0..300 {
             let state = ok_json(url, &["job", "get", &id]).await["job"]["status"]["state"].clone();
-            if ["killed", "succeeded", "failed"].iter().any(|s| state == *s) {
+            if ["killed", "succeeded", "failed"]
+                .iter()
+                .any(|s| state == *s)
+            {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
