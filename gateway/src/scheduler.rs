@@ -59,10 +59,12 @@ pub use crate::lifecycle::JobAction;
 
 /// What woke the loop.
 enum Wake {
-    /// A command (None: the channel closed), or None: the deadline.
-    Command(Option<Option<Command>>),
+    Command(Command),
+    /// Every sender is gone.
+    Closed,
+    Deadline,
     /// The batch in flight, written (or failed).
-    Written(Option<Box<Written>>),
+    Written(Box<Written>),
 }
 
 /// Options of the loop.
@@ -402,20 +404,25 @@ impl Scheduler {
             let wait = self.next_wake().saturating_duration_since(Instant::now());
             // A command, the batch in flight written, or the deadline.
             let first = rt.block_on(async {
+                // (Pending for ever while no batch is in flight.)
                 let written = async {
                     match self.writer.as_mut() {
-                        Some(w) if w.busy() => Some(w.written().await),
-                        _ => std::future::pending().await,
+                        Some(w) => w.written().await,
+                        None => std::future::pending().await,
                     }
                 };
                 tokio::select! {
-                    c = tokio::time::timeout(wait, rx.recv()) => Wake::Command(c.ok()),
-                    w = written => Wake::Written(w.map(Box::new)),
+                    c = tokio::time::timeout(wait, rx.recv()) => match c {
+                        Ok(Some(c)) => Wake::Command(c),
+                        Ok(None) => Wake::Closed,
+                        Err(_) => Wake::Deadline,
+                    },
+                    w = written => Wake::Written(Box::new(w)),
                 }
             });
             let mut stop = false;
             match first {
-                Wake::Written(Some(w)) => {
+                Wake::Written(w) => {
                     // Released (or failed) at this moment's clock.
                     let now = Now::read();
                     self.now = now.ms;
@@ -423,10 +430,9 @@ impl Scheduler {
                     self.written(*w);
                     continue;
                 }
-                Wake::Written(None) => {}
-                Wake::Command(Some(Some(c))) => commands.push(c),
-                Wake::Command(Some(None)) => stop = true,
-                Wake::Command(None) => {}
+                Wake::Command(c) => commands.push(c),
+                Wake::Closed => stop = true,
+                Wake::Deadline => {}
             }
             // Group commit: under load, what arrives within the spacing
             // goes in one commit (a lone command after a quiet spell is
@@ -601,14 +607,28 @@ impl Scheduler {
 
     /// Hands the effects' launches and kills to the backend.
     fn dispatch(&mut self) {
-        self.kills.append(&mut self.fx.kills);
+        let mut launches = std::mem::take(&mut self.fx.launches);
+        let mut rendezvous = std::mem::take(&mut self.fx.rendezvous_updates);
+        let kills = std::mem::take(&mut self.fx.kills);
+        self.send_runs(&mut launches, &mut rendezvous, kills);
+        // Emptied by the backend; their room serves the next effects.
+        self.fx.launches = launches;
+        self.fx.rendezvous_updates = rendezvous;
+    }
+
+    /// Hands launches, rendezvous updates and kills to the backend (kills
+    /// it could not send yet stay for the next time).
+    fn send_runs(
+        &mut self,
+        launches: &mut Vec<crate::lifecycle::Launch>,
+        rendezvous: &mut Vec<crate::lifecycle::RendezvousUpdate>,
+        kills: Vec<Kill>,
+    ) {
+        self.kills.extend(kills);
         let core = &self.core;
         self.backend
-            .launch(self.now, &mut self.fx.launches, &|job| {
-                core.secrets_of(job).cloned()
-            });
-        self.backend
-            .update_rendezvous(self.now, &mut self.fx.rendezvous_updates);
+            .launch(self.now, launches, &|job| core.secrets_of(job).cloned());
+        self.backend.update_rendezvous(self.now, rendezvous);
         self.backend.kill(self.now, &mut self.kills);
     }
 
@@ -786,13 +806,7 @@ impl Scheduler {
         // a crash before the commit must not leave a run the store does not
         // know (it would run twice), nor a kill it does not know of. (For
         // the simulator these are what is left of the iteration.)
-        self.kills.extend(kills);
-        let core = &self.core;
-        self.backend.launch(self.now, &mut launches, &|job| {
-            core.secrets_of(job).cloned()
-        });
-        self.backend.update_rendezvous(self.now, &mut rendezvous);
-        self.backend.kill(self.now, &mut self.kills);
+        self.send_runs(&mut launches, &mut rendezvous, kills);
         self.send_acks(acks);
         self.send_volume_deletes(volume_deletes);
         if !events.is_empty() {

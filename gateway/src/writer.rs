@@ -68,11 +68,6 @@ impl Writer {
         })
     }
 
-    /// Whether a batch is in flight.
-    pub fn busy(&self) -> bool {
-        self.busy
-    }
-
     /// Hands `batch` to the thread. The last one must be back first.
     pub fn send(&mut self, batch: WriteBatch) {
         assert!(!self.busy, "one batch in flight at a time");
@@ -114,8 +109,8 @@ impl Writer {
         }
     }
 
-    /// Waits (async) for the batch in flight; pending forever when none is
-    /// (for a `select!` arm guarded by [`Writer::busy`]).
+    /// Waits (async) for the batch in flight; pending for ever when none
+    /// is (a `select!` arm beside the loop's commands).
     pub async fn written(&mut self) -> Written {
         if !self.busy {
             return std::future::pending().await;

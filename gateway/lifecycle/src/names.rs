@@ -135,11 +135,8 @@ impl Lifecycle {
     /// `name-3`, … the first one free: for jobs whose name is a label the
     /// user did not choose for Peloton (a Spark application's name).
     pub fn free_job_name(&self, pool: &str, name: &str) -> Arc<str> {
-        if self.name_holder(pool, name, None).is_none() {
-            return name.into();
-        }
-        (2u64..)
-            .map(|n| format!("{name}-{n}"))
+        std::iter::once(name.to_string())
+            .chain((2u64..).map(|n| format!("{name}-{n}")))
             .find(|candidate| self.name_holder(pool, candidate, None).is_none())
             .expect("some suffix is free")
             .into()

@@ -538,20 +538,13 @@ pub fn run_spec(args: &RunArgs, pool: &str, owner: &str) -> Result<JobSpec> {
 /// unique among a pool's unfinished jobs and the same command may run many
 /// times at once.
 fn default_run_name(command: &str) -> String {
-    use std::hash::{BuildHasher, Hasher};
     let base = std::path::Path::new(command)
         .file_name()
         .map_or_else(|| command.to_string(), |n| n.to_string_lossy().into_owned());
     // A name has no '/' (it names a job as POOL/NAME).
     let base = base.replace('/', "_");
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.write_u32(std::process::id());
-    format!("{base}-{:06x}", h.finish() & 0xff_ffff)
+    let tail = uuid::Uuid::new_v4().simple().to_string();
+    format!("{base}-{}", &tail[..6])
 }
 
 /// The jobs `args` asks for, in its order: by creation time (with

@@ -18,6 +18,7 @@ use crate::output::{
 
 pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
     let mut client = client(ctx).await?;
+    let restart = matches!(command, TaskCommand::Restart { .. });
     match command {
         TaskCommand::List { job, states } => {
             let states: Vec<i32> = states.into_iter().map(Into::into).collect();
@@ -33,7 +34,10 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             }
         }
         TaskCommand::Get { job, instance } => {
-            let (job, instance) = one_task(job, instance)?;
+            let (job, instance) = task_ref(job, instance)?;
+            let instance = instance.with_context(|| {
+                format!("INSTANCE: which instance of {job}? (or give task/JOB/INSTANCE)")
+            })?;
             let request = GetTaskRequest {
                 job_id: job.clone(),
                 instance,
@@ -61,30 +65,32 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             job,
             instances,
             version,
-        } => {
-            for (job, instances) in task_targets(job, instances, version.version)? {
-                let request = KillTaskRequest {
-                    job_id: job.clone(),
-                    instances: instances.clone(),
-                    job_version: version.version,
-                };
-                client.kill(request).await?;
-                print_done(ctx.output, "killing", &job, &instances)?;
-            }
         }
-        TaskCommand::Restart {
+        | TaskCommand::Restart {
             job,
             instances,
             version,
         } => {
-            for (job, instances) in task_targets(job, instances, version.version)? {
-                let request = RestartTaskRequest {
-                    job_id: job.clone(),
-                    instances: instances.clone(),
-                    job_version: version.version,
-                };
-                client.restart(request).await?;
-                print_done(ctx.output, "restarting", &job, &instances)?;
+            let job_version = version.version;
+            for (job, instances) in task_targets(job, instances, job_version)? {
+                let (job_id, named) = (job.clone(), instances.clone());
+                if restart {
+                    let request = RestartTaskRequest {
+                        job_id,
+                        instances: named,
+                        job_version,
+                    };
+                    client.restart(request).await?;
+                } else {
+                    let request = KillTaskRequest {
+                        job_id,
+                        instances: named,
+                        job_version,
+                    };
+                    client.kill(request).await?;
+                }
+                let verb = if restart { "restarting" } else { "killing" };
+                print_done(ctx.output, verb, &job, &instances)?;
             }
         }
         TaskCommand::Logs {
@@ -92,17 +98,7 @@ pub(super) async fn run(ctx: &Ctx, command: TaskCommand) -> Result<Outcome> {
             instance,
             options,
         } => {
-            let (job, instance) = match task_name_parts(&job) {
-                Some(parts) => {
-                    let (job, i) = parts?;
-                    ensure!(
-                        instance.is_none(),
-                        "INSTANCE: {job}/{i} names the instance already"
-                    );
-                    (job, Some(i))
-                }
-                None => (job, instance),
-            };
+            let (job, instance) = task_ref(job, instance)?;
             return logs(ctx, job, instance, options).await;
         }
     }
@@ -124,15 +120,13 @@ fn task_name_parts(given: &str) -> Option<Result<(String, u32)>> {
     })
 }
 
-/// `task get`'s task: `JOB INSTANCE` or `task/JOB/INSTANCE`.
-fn one_task(job: String, instance: Option<u32>) -> Result<(String, u32)> {
+/// `JOB [INSTANCE]`, or `task/JOB/INSTANCE`: the job, and the instance if
+/// one is named.
+fn task_ref(job: String, instance: Option<u32>) -> Result<(String, Option<u32>)> {
     match (task_name_parts(&job), instance) {
-        (Some(parts), None) => parts,
         (Some(_), Some(_)) => anyhow::bail!("INSTANCE: {job} names the instance already"),
-        (None, Some(i)) => Ok((job, i)),
-        (None, None) => {
-            anyhow::bail!("INSTANCE: which instance of {job}? (or give task/JOB/INSTANCE)")
-        }
+        (Some(parts), None) => parts.map(|(job, i)| (job, Some(i))),
+        (None, instance) => Ok((job, instance)),
     }
 }
 
