@@ -76,7 +76,15 @@ pub struct PlacementConfig {
     /// the hosts changed in between (default: yes). Results do not depend
     /// on it, only the work does.
     pub keep_shapes: bool,
+    /// Batches of at least this many tasks are validated and grouped on
+    /// the placer's threads, a part each (default 16,384). Results do not
+    /// depend on it; tests set it low.
+    pub parallel_min_batch: usize,
 }
+
+/// Default of [`PlacementConfig::parallel_min_batch`]: below it a second
+/// thread's wake-up costs about what it saves.
+pub const PARALLEL_MIN_BATCH: usize = 16_384;
 
 /// Default of [`PlacementConfig::shape_prefix_min`].
 pub const SHAPE_PREFIX_MIN: usize = 4096;
@@ -90,6 +98,7 @@ impl Default for PlacementConfig {
             gpu_frag_for_gpu_tasks: true,
             shape_prefix_min: SHAPE_PREFIX_MIN,
             keep_shapes: true,
+            parallel_min_batch: PARALLEL_MIN_BATCH,
         }
     }
 }
@@ -456,6 +465,8 @@ pub struct Placer {
     learn: Vec<TaskHandle>,
     /// Scratch: task indices seen in the batch being validated.
     seen: Vec<u64>,
+    /// Scratch: the parts a batch is grouped in (one per thread).
+    group_parts: Vec<GroupPart>,
     /// Scratch: hosts changed between batches.
     seen_hosts: Vec<u32>,
     /// The `gpu_frag` score's compiled mix and memo.
@@ -577,17 +588,7 @@ impl Placer {
     /// when configured and a mix is known; without a mix `gpu_frag` is
     /// `pack`.
     fn effective(&self, strategy: Strategy, request: &Resources) -> Strategy {
-        match strategy {
-            Strategy::GpuFrag if self.frag.is_empty() => Strategy::Pack,
-            Strategy::Pack
-                if self.config.gpu_frag_for_gpu_tasks
-                    && request[Dim::Gpu] > 0
-                    && !self.frag.is_empty() =>
-            {
-                Strategy::GpuFrag
-            }
-            other => other,
-        }
+        effective_strategy(&self.config, !self.frag.is_empty(), strategy, request)
     }
 
     /// What the last batch did.
@@ -682,95 +683,28 @@ impl Placer {
         if batch.len() > MAX_BATCH {
             return Err(PlacementError::BatchTooLarge { n: batch.len() });
         }
-        // Validate and group in one pass: gangs by gang number, the rest by
-        // class. Class members go to one flat slice ordered by class (a
-        // counting sort), in the batch's scratch arena, which is reset for
-        // the next batch. A refused batch changes only scratch state.
-        let top = batch.iter().map(|t| t.idx()).max().unwrap_or(0);
-        if self.seen.len() <= top / 64 {
-            self.seen.resize(top / 64 + 1, 0);
-        }
+        // Validate and group (gangs by gang number, the rest by class), then
+        // put class members in one flat slice ordered by class (a counting
+        // sort), in the batch's scratch arena, which is reset for the next
+        // batch. A refused batch changes only scratch state.
         self.cache.clear();
         self.refresh_gpu_mix();
-        let mut uses_frag = false;
-        self.classes.clear();
-        self.class_keys.clear();
-        self.gangs.clear();
         let mut bump = std::mem::take(&mut self.bump);
         bump.reset();
         let class_of: &mut [u32] = bump.alloc_slice_fill_copy(batch.len(), u32::MAX);
-        let mut gang_index: FxHashMap<u32, usize> = FxHashMap::default();
         let mut pinned = std::mem::take(&mut self.pinned);
-        pinned.clear();
-        self.min_request = (u64::MAX, u64::MAX);
-        // Tasks for the mix learner, observed once the batch is valid.
         let mut learn = std::mem::take(&mut self.learn);
-        learn.clear();
-        let mut last: Option<(ClassKey, u32)> = None;
-        let mut refused = None;
-        for (i, &task) in batch.iter().enumerate() {
-            // The checks of `check_task` without building its error; it
-            // runs only to say what is wrong.
-            let Some(spec) = self.task_ok(tasks, constraints, task) else {
-                refused = Some(
-                    self.check_task(tasks, constraints, i, task)
-                        .expect_err("task_ok found a problem"),
-                );
-                break;
-            };
-            let strategy = self.effective(spec.strategy, &spec.request);
-            uses_frag |= strategy == Strategy::GpuFrag;
-            // Without a given mix, it is learned from the tasks that ask for
-            // GPU hosts, each counted once (by arrival number), placed or not.
-            if self.given_mix.is_none()
-                && (spec.request[Dim::Gpu] > 0
-                    || self.config.allow_cpu_tasks_on_gpu_hosts
-                    || spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0)
-            {
-                learn.push(task);
+        let grouped = self.group(tasks, constraints, batch, class_of, &mut pinned, &mut learn);
+        let uses_frag = match grouped {
+            Ok(uses_frag) => uses_frag,
+            Err(e) => {
+                self.learn = learn;
+                self.bump = bump;
+                self.pinned = pinned;
+                self.gangs.clear();
+                return Err(e);
             }
-            self.min_request.0 = self.min_request.0.min(spec.request[Dim::Cpu]);
-            self.min_request.1 = self.min_request.1.min(spec.request[Dim::Memory]);
-            if spec.desired_host != NO_HOST && spec.gang == NO_GANG {
-                pinned.push(task);
-                continue;
-            }
-            if spec.gang != NO_GANG {
-                let g = *gang_index.entry(spec.gang).or_insert_with(|| {
-                    self.gangs.push((spec.gang, Vec::new()));
-                    self.gangs.len() - 1
-                });
-                self.gangs[g].1.push(task);
-                continue;
-            }
-            let mut key = class_key(&spec, strategy);
-            key.fence = self.fence(task);
-            // Tasks of a job come together: most share the previous class.
-            let class = match last {
-                Some((k, c)) if k == key => c as usize,
-                _ => {
-                    let n_classes = self.class_keys.len();
-                    let class = *self.classes.entry(key).or_insert(n_classes);
-                    if class == n_classes {
-                        self.class_keys.push(key);
-                    }
-                    last = Some((key, class as u32));
-                    class
-                }
-            };
-            class_of[i] = class as u32;
-        }
-        // The seen-set is emptied whether or not the batch was valid.
-        for &task in batch {
-            crate::scan::set_bit(&mut self.seen, task.idx() as u32, false);
-        }
-        if let Some(e) = refused {
-            self.learn = learn;
-            self.bump = bump;
-            self.pinned = pinned;
-            self.gangs.clear();
-            return Err(e);
-        }
+        };
         for &task in learn.iter() {
             if self
                 .learner
@@ -1008,24 +942,141 @@ impl Placer {
     /// The task's spec if it passes every check of [`Placer::check_task`]
     /// (marking it in `seen`); `None`, marking nothing, if it fails one.
     #[inline]
-    fn task_ok(
+    /// Validates the batch and groups it: tasks with a desired host (and
+    /// no gang) into `pinned`, gang members into `self.gangs` by gang
+    /// number, the rest into classes (`self.class_keys`, and each task's
+    /// class in `class_of`, in order of first appearance); the tasks that
+    /// teach the GPU mix into `learn`; sets the batch's smallest request.
+    /// Large batches are grouped in parts on the placer's threads and the
+    /// parts merged in batch order, so the result is the same for any
+    /// number of threads. Returns whether any class uses `gpu_frag`, or the
+    /// first bad task's error (in batch order), with nothing changed but
+    /// scratch state.
+    fn group(
         &mut self,
         tasks: &TaskArena,
         constraints: &ConstraintTable,
-        task: TaskHandle,
-    ) -> Option<crate::task::TaskSpec> {
-        let spec = tasks.spec(task).ok()?;
-        let i = task.idx() as u32;
-        let ok = tasks.state(task) != Ok(TaskState::Placed)
-            && !crate::scan::bit(&self.seen, i)
-            && crate::host::gpu_request_ok(spec.request[Dim::Gpu])
-            && (spec.request[Dim::Cpu] > 0 || spec.request[Dim::Memory] > 0)
-            && constraints.get(spec.constraint).is_some();
-        if !ok {
-            return None;
+        batch: &[TaskHandle],
+        class_of: &mut [u32],
+        pinned: &mut Vec<TaskHandle>,
+        learn: &mut Vec<TaskHandle>,
+    ) -> Result<bool, PlacementError> {
+        let n_parts = match &self.threads {
+            Some(pool) if batch.len() >= self.config.parallel_min_batch.max(1) => {
+                pool.current_num_threads().max(1)
+            }
+            _ => 1,
+        };
+        let part_len = batch.len().div_ceil(n_parts).max(1);
+        let mut parts = std::mem::take(&mut self.group_parts);
+        parts.resize_with(batch.len().div_ceil(part_len), GroupPart::default);
+        let rules = GroupRules {
+            config: self.config,
+            frag_on: !self.frag.is_empty(),
+            learn_mix: self.given_mix.is_none(),
+            fence_of: &self.fence_of,
+        };
+        let job =
+            |((part_tasks, part_classes), part): ((&[TaskHandle], &mut [u32]), &mut GroupPart)| {
+                part.group(&rules, tasks, constraints, part_tasks, part_classes);
+            };
+        match &self.threads {
+            Some(pool) if parts.len() > 1 => pool.install(|| {
+                batch
+                    .par_chunks(part_len)
+                    .zip(class_of.par_chunks_mut(part_len))
+                    .zip(parts.par_iter_mut())
+                    .for_each(job);
+            }),
+            _ => batch
+                .chunks(part_len)
+                .zip(class_of.chunks_mut(part_len))
+                .zip(parts.iter_mut())
+                .for_each(job),
         }
-        crate::scan::set_bit(&mut self.seen, i, true);
-        Some(spec)
+        // A task listed twice (in one part or two) is found here.
+        let top = batch.iter().map(|t| t.idx()).max().unwrap_or(0);
+        if self.seen.len() <= top / 64 {
+            self.seen.resize(top / 64 + 1, 0);
+        }
+        let mut bad = parts.iter().any(|p| p.bad);
+        if !bad {
+            for &task in batch {
+                let i = task.idx() as u32;
+                if crate::scan::bit(&self.seen, i) {
+                    bad = true;
+                    break;
+                }
+                crate::scan::set_bit(&mut self.seen, i, true);
+            }
+        }
+        self.clear_seen(batch);
+        if bad {
+            // The checks again, one task at a time, to name the first bad
+            // one as a serial pass would.
+            self.group_parts = parts;
+            let refused = batch
+                .iter()
+                .enumerate()
+                .find_map(|(i, &task)| self.check_task(tasks, constraints, i, task).err())
+                .expect("a part or the duplicate pass found a bad task");
+            self.clear_seen(batch);
+            return Err(refused);
+        }
+        // Merge the parts in batch order: a class or gang gets the number
+        // of its first appearance, members keep their order.
+        self.classes.clear();
+        self.class_keys.clear();
+        self.gangs.clear();
+        pinned.clear();
+        learn.clear();
+        self.min_request = (u64::MAX, u64::MAX);
+        let mut uses_frag = false;
+        let mut gang_index: FxHashMap<u32, usize> = FxHashMap::default();
+        let mut start = 0;
+        for part in &mut parts {
+            part.remap.clear();
+            for key in &part.keys {
+                let n_classes = self.class_keys.len();
+                let class = *self.classes.entry(*key).or_insert(n_classes);
+                if class == n_classes {
+                    self.class_keys.push(*key);
+                }
+                part.remap.push(class as u32);
+            }
+            let end = (start + part_len).min(batch.len());
+            if part.remap.iter().enumerate().any(|(i, &c)| c as usize != i) {
+                for c in &mut class_of[start..end] {
+                    if *c != u32::MAX {
+                        *c = part.remap[*c as usize];
+                    }
+                }
+            }
+            start = end;
+            pinned.extend_from_slice(&part.pinned);
+            learn.extend_from_slice(&part.learn);
+            for (gang, members) in part.gangs.drain(..) {
+                match gang_index.get(&gang) {
+                    Some(&g) => self.gangs[g].1.extend_from_slice(&members),
+                    None => {
+                        gang_index.insert(gang, self.gangs.len());
+                        self.gangs.push((gang, members));
+                    }
+                }
+            }
+            self.min_request.0 = self.min_request.0.min(part.min_request.0);
+            self.min_request.1 = self.min_request.1.min(part.min_request.1);
+            uses_frag |= part.uses_frag;
+        }
+        self.group_parts = parts;
+        Ok(uses_frag)
+    }
+
+    /// Empties the seen-set of a batch's tasks.
+    fn clear_seen(&mut self, batch: &[TaskHandle]) {
+        for &task in batch {
+            crate::scan::set_bit(&mut self.seen, task.idx() as u32, false);
+        }
     }
 
     /// Checks task `index` of the batch (live, not placed, listed once, a
@@ -2048,6 +2099,148 @@ impl Placer {
             self.constraint_words.insert(id, words);
         }
     }
+}
+
+/// The strategy a task is placed with: `gpu_frag` falls back to `pack`
+/// until a mix is known (`frag_on`), and GPU tasks asking for `pack` get
+/// `gpu_frag` once one is (unless configured off).
+fn effective_strategy(
+    config: &PlacementConfig,
+    frag_on: bool,
+    strategy: Strategy,
+    request: &Resources,
+) -> Strategy {
+    match strategy {
+        Strategy::GpuFrag if !frag_on => Strategy::Pack,
+        Strategy::Pack if config.gpu_frag_for_gpu_tasks && request[Dim::Gpu] > 0 && frag_on => {
+            Strategy::GpuFrag
+        }
+        other => other,
+    }
+}
+
+/// What grouping a batch reads of the placer (shared by its threads).
+struct GroupRules<'a> {
+    config: PlacementConfig,
+    /// A `gpu_frag` mix is known.
+    frag_on: bool,
+    /// The mix is learned from the tasks (none was given).
+    learn_mix: bool,
+    fence_of: &'a FxHashMap<TaskHandle, u32>,
+}
+
+/// One part of a batch, grouped on its own thread ([`Placer::group`]):
+/// what the serial pass would have found in these tasks, with classes and
+/// gangs numbered within the part until the parts are merged.
+#[derive(Debug, Default)]
+struct GroupPart {
+    /// Classes in order of first appearance in the part; `classes` maps
+    /// each to its number in the part.
+    keys: Vec<ClassKey>,
+    classes: FxHashMap<ClassKey, u32>,
+    pinned: Vec<TaskHandle>,
+    /// Gangs in order of first appearance, with their members in order.
+    gangs: Vec<(u32, Vec<TaskHandle>)>,
+    gang_index: FxHashMap<u32, usize>,
+    learn: Vec<TaskHandle>,
+    min_request: (u64, u64),
+    uses_frag: bool,
+    /// A task failed a check (the batch is then checked again serially,
+    /// which names the first bad task).
+    bad: bool,
+    /// Merge scratch: the part's class numbers as the batch's.
+    remap: Vec<u32>,
+}
+
+impl GroupPart {
+    fn group(
+        &mut self,
+        rules: &GroupRules<'_>,
+        tasks: &TaskArena,
+        constraints: &ConstraintTable,
+        batch: &[TaskHandle],
+        class_of: &mut [u32],
+    ) {
+        self.keys.clear();
+        self.classes.clear();
+        self.pinned.clear();
+        self.gangs.clear();
+        self.gang_index.clear();
+        self.learn.clear();
+        self.min_request = (u64::MAX, u64::MAX);
+        self.uses_frag = false;
+        self.bad = false;
+        let mut last: Option<(ClassKey, u32)> = None;
+        for (i, &task) in batch.iter().enumerate() {
+            let Some(spec) = task_valid(tasks, constraints, task) else {
+                self.bad = true;
+                return;
+            };
+            let strategy =
+                effective_strategy(&rules.config, rules.frag_on, spec.strategy, &spec.request);
+            self.uses_frag |= strategy == Strategy::GpuFrag;
+            // Without a given mix, it is learned from the tasks that ask for
+            // GPU hosts, each counted once (by arrival number), placed or not.
+            if rules.learn_mix
+                && (spec.request[Dim::Gpu] > 0
+                    || rules.config.allow_cpu_tasks_on_gpu_hosts
+                    || spec.flags & crate::task::flags::MAY_USE_GPU_HOSTS != 0)
+            {
+                self.learn.push(task);
+            }
+            self.min_request.0 = self.min_request.0.min(spec.request[Dim::Cpu]);
+            self.min_request.1 = self.min_request.1.min(spec.request[Dim::Memory]);
+            if spec.desired_host != NO_HOST && spec.gang == NO_GANG {
+                self.pinned.push(task);
+                continue;
+            }
+            if spec.gang != NO_GANG {
+                let gangs = &mut self.gangs;
+                let g = *self.gang_index.entry(spec.gang).or_insert_with(|| {
+                    gangs.push((spec.gang, Vec::new()));
+                    gangs.len() - 1
+                });
+                self.gangs[g].1.push(task);
+                continue;
+            }
+            let mut key = class_key(&spec, strategy);
+            key.fence = if rules.fence_of.is_empty() {
+                0
+            } else {
+                rules.fence_of.get(&task).map_or(0, |&f| f + 1)
+            };
+            // Tasks of a job come together: most share the previous class.
+            let class = match last {
+                Some((k, c)) if k == key => c,
+                _ => {
+                    let n_classes = self.keys.len() as u32;
+                    let class = *self.classes.entry(key).or_insert(n_classes);
+                    if class == n_classes {
+                        self.keys.push(key);
+                    }
+                    last = Some((key, class));
+                    class
+                }
+            };
+            class_of[i] = class;
+        }
+    }
+}
+
+/// The task's spec if it may be placed: live, not placed, a valid request
+/// and a known constraint (whether it is listed twice is checked apart).
+/// [`Placer::check_task`] says what is wrong.
+fn task_valid(
+    tasks: &TaskArena,
+    constraints: &ConstraintTable,
+    task: TaskHandle,
+) -> Option<crate::task::TaskSpec> {
+    let spec = tasks.spec(task).ok()?;
+    let ok = tasks.state(task) != Ok(TaskState::Placed)
+        && crate::host::gpu_request_ok(spec.request[Dim::Gpu])
+        && (spec.request[Dim::Cpu] > 0 || spec.request[Dim::Memory] > 0)
+        && constraints.get(spec.constraint).is_some();
+    ok.then_some(spec)
 }
 
 /// The class of a task placed with `strategy` (its effective one).

@@ -750,6 +750,73 @@ fn placement_is_identical_on_one_and_two_threads() {
     }
 }
 
+/// A batch grouped in parts on several threads (classes, gangs and pinned
+/// tasks spread over every part, a class and a gang in several) is placed
+/// exactly as on one thread.
+#[test]
+fn a_batch_grouped_in_parts_is_placed_as_on_one_thread() {
+    use peloton_engine::testkit::placement_workload;
+    let run = |threads: usize| {
+        let mut w = placement_workload(400, 3_000, Strategy::Pack, 5);
+        // Gangs of 5 and pinned tasks in place of the workload's last 200
+        // tasks, interleaved with its jobs: a gang's members are spread
+        // over the whole batch.
+        for t in w.batch.split_off(w.batch.len() - 200) {
+            w.tasks.remove(t).unwrap();
+        }
+        let mut extra = Vec::new();
+        for i in 0..200u32 {
+            let spec = TaskSpec {
+                job: 10_000 + i % 50,
+                instance: i,
+                request: Resources::new(500 + 500 * u64::from(i % 3), 1024, 0, 0),
+                gang: if i % 2 == 0 { i % 40 } else { NO_GANG },
+                desired_host: if i % 2 == 1 {
+                    i % 400
+                } else {
+                    peloton_engine::task::NO_HOST
+                },
+                ..Default::default()
+            };
+            let t = w.tasks.add(&spec).unwrap();
+            w.tasks
+                .set_state(t, peloton_engine::task::TaskState::Admitted)
+                .unwrap();
+            extra.push(t);
+        }
+        let step = w.batch.len() / extra.len();
+        for (k, t) in extra.into_iter().enumerate() {
+            w.batch.insert(k * (step + 1), t);
+        }
+        let mut placer = Placer::new(PlacementConfig {
+            parallel_min_batch: 1,
+            ..Default::default()
+        })
+        .with_threads(threads);
+        let mut out = PlacementResult::default();
+        placer
+            .place(
+                &mut w.hosts,
+                &mut w.tasks,
+                &w.constraints,
+                &w.batch,
+                0,
+                &mut out,
+            )
+            .unwrap();
+        check_invariants(&w.hosts, &w.tasks);
+        (out.placed, out.unplaced, out.reasons)
+    };
+    let one = run(1);
+    assert!(
+        one.0.len() > 1_000 && !one.1.is_empty(),
+        "some placed, some not"
+    );
+    for threads in [2, 3] {
+        assert_eq!(one, run(threads), "{threads} threads");
+    }
+}
+
 #[test]
 fn every_bad_task_refuses_the_batch_naming_it_and_changes_nothing() {
     let mut env = Env::new();
@@ -819,30 +886,46 @@ fn every_bad_task_refuses_the_batch_naming_it_and_changes_nothing() {
         (gone, ""),
     ];
     let free = env.hosts.free(0);
-    for (task, words) in cases {
-        let mut batch = good.clone();
-        batch.insert(1, task);
-        let mut out = PlacementResult::default();
-        let err = env
-            .placer
-            .place(
-                &mut env.hosts,
-                &mut env.tasks,
-                &env.constraints,
-                &batch,
-                0,
-                &mut out,
-            )
-            .expect_err(words);
-        match &err {
-            peloton_engine::placement::PlacementError::InvalidTask { index, problem } => {
-                assert_eq!(*index, 1, "{err}");
-                assert!(problem.contains(words), "{problem:?} should say {words:?}");
+    // On one thread, and on two with the batch validated in two parts (the
+    // bad task in the first or the second, a repeat within a part or
+    // across the two).
+    let placers = [
+        Placer::new(PlacementConfig::default()),
+        Placer::new(PlacementConfig {
+            parallel_min_batch: 1,
+            ..Default::default()
+        })
+        .with_threads(2),
+    ];
+    for placer in placers {
+        env.placer = placer;
+        for (task, words) in &cases {
+            for at in [1, good.len()] {
+                let mut batch = good.clone();
+                batch.insert(at, *task);
+                let mut out = PlacementResult::default();
+                let err = env
+                    .placer
+                    .place(
+                        &mut env.hosts,
+                        &mut env.tasks,
+                        &env.constraints,
+                        &batch,
+                        0,
+                        &mut out,
+                    )
+                    .expect_err(words);
+                match &err {
+                    peloton_engine::placement::PlacementError::InvalidTask { index, problem } => {
+                        assert_eq!(*index, at, "{err}");
+                        assert!(problem.contains(words), "{problem:?} should say {words:?}");
+                    }
+                    other => panic!("unexpected {other}"),
+                }
+                assert!(out.placed.is_empty() && out.unplaced.is_empty());
+                assert_eq!(env.hosts.free(0), free, "a refused batch changes nothing");
             }
-            other => panic!("unexpected {other}"),
         }
-        assert!(out.placed.is_empty() && out.unplaced.is_empty());
-        assert_eq!(env.hosts.free(0), free, "a refused batch changes nothing");
     }
     // The good tasks still place, each once (nothing stays marked as seen).
     env.place(&good);
