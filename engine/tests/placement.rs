@@ -603,7 +603,7 @@ proptest! {
             specs.push(spec);
         }
         // The same batch on a copy of the cluster, with two threads and the
-        // parallel path taken for every class: identical results.
+        // parallel paths taken for every batch and class: identical results.
         let mut hosts2 = HostArena::new(HostLimits::default());
         for i in 0..hosts.n_slots() {
             let id = hosts.lookup_slot(i).unwrap();
@@ -625,7 +625,7 @@ proptest! {
         }
         let mut tasks2 = TaskArena::new(100_000);
         let batch2: Vec<TaskHandle> = specs.iter().map(|s| tasks2.add(s).unwrap()).collect();
-        let mut placer2 = Placer::new(PlacementConfig { parallel_min_candidates: 1, ..config }).with_threads(2);
+        let mut placer2 = Placer::new(PlacementConfig { parallel_min_candidates: 1, parallel_min_batch: 1, ..config }).with_threads(2);
         let mut out2 = PlacementResult::default();
         placer2.place(&mut hosts2, &mut tasks2, &constraints2, &batch2, 0, &mut out2).unwrap();
 
@@ -788,8 +788,12 @@ fn a_batch_grouped_in_parts_is_placed_as_on_one_thread() {
         for (k, t) in extra.into_iter().enumerate() {
             w.batch.insert(k * (step + 1), t);
         }
+        // Every path parallel that can be: grouping, scans, and scans cut
+        // to their best hosts part by part (short shape prefixes).
         let mut placer = Placer::new(PlacementConfig {
             parallel_min_batch: 1,
+            parallel_min_candidates: 1,
+            shape_prefix_min: 8,
             ..Default::default()
         })
         .with_threads(threads);
