@@ -280,6 +280,8 @@ struct Prepared {
     kv_put: Vec<Statement>,
     kv_del: Vec<Statement>,
     task_put: Statement,
+    task_insert: Statement,
+    jobs_with_tasks: Statement,
     task_del: Statement,
     tasks_of_del: Statement,
     config_put: Statement,
@@ -320,6 +322,14 @@ impl Prepared {
                 "INSERT INTO peloton_tasks (job, instance, value) \
                  SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[]) \
                  ON CONFLICT (job, instance) DO UPDATE SET value = EXCLUDED.value",
+            )?,
+            task_insert: prepare(
+                "INSERT INTO peloton_tasks (job, instance, value) \
+                 SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[])",
+            )?,
+            jobs_with_tasks: prepare(
+                "SELECT j FROM unnest($1::text[]) AS j \
+                 WHERE EXISTS (SELECT 1 FROM peloton_tasks t WHERE t.job = j)",
             )?,
             task_del: prepare(
                 "DELETE FROM peloton_tasks t USING unnest($1::text[], $2::int8[]) AS d(job, instance) \
@@ -580,6 +590,56 @@ fn put_pairs<'a>(
     Ok(())
 }
 
+/// Task rows: as [`put_pairs`], except that the rows of jobs with no task
+/// row stored yet (created in this batch, or all their rows deleted above)
+/// are plain inserts. An upsert costs the database about twice an insert
+/// (it looks for a conflict in the index, then inserts speculatively), and
+/// most task rows are written first when their job is created. The lookup
+/// runs in the commit's transaction, and only the leader writes (its epoch
+/// is checked first), so no row of such a job can appear in between.
+fn put_tasks<'a>(
+    tx: &mut Transaction<'_>,
+    p: &Prepared,
+    rows: impl Iterator<Item = ((&'a str, i64), Option<&'a [u8]>)>,
+) -> Result<(), StoreError> {
+    let (puts, dels) = last_wins(rows);
+    let mut jobs: Vec<&str> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for ((job, _), _) in &puts {
+        if seen.insert(*job) {
+            jobs.push(job);
+        }
+    }
+    let mut stored = std::collections::HashSet::new();
+    for chunk in jobs.chunks(CHUNK) {
+        for row in tx
+            .query(&p.jobs_with_tasks, &[&chunk])
+            .map_err(pg_err("look up jobs"))?
+        {
+            stored.insert(row.get::<_, String>(0));
+        }
+    }
+    let (upserts, inserts): (Vec<_>, Vec<_>) = puts
+        .into_iter()
+        .partition(|((job, _), _)| stored.contains(*job));
+    for (rows, statement) in [(&inserts, &p.task_insert), (&upserts, &p.task_put)] {
+        for chunk in rows.chunks(CHUNK) {
+            let jobs: Vec<&str> = chunk.iter().map(|r| r.0.0).collect();
+            let instances: Vec<i64> = chunk.iter().map(|r| r.0.1).collect();
+            let values: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
+            tx.execute(statement, &[&jobs, &instances, &values])
+                .map_err(pg_err("write rows"))?;
+        }
+    }
+    for chunk in dels.chunks(CHUNK) {
+        let jobs: Vec<&str> = chunk.iter().map(|r| r.0).collect();
+        let instances: Vec<i64> = chunk.iter().map(|r| r.1).collect();
+        tx.execute(&p.task_del, &[&jobs, &instances])
+            .map_err(pg_err("delete rows"))?;
+    }
+    Ok(())
+}
+
 impl PgStore {
     /// Refuses the commit when another server took the lease (its epoch
     /// is newer than ours).
@@ -627,10 +687,9 @@ impl PgStore {
             tx.execute(&p.configs_of_del, &[&jobs])
                 .map_err(pg_err("delete configs"))?;
         }
-        put_pairs(
+        put_tasks(
             tx,
-            &p.task_put,
-            &p.task_del,
+            p,
             batch
                 .tasks
                 .iter()

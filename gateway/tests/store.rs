@@ -282,6 +282,67 @@ fn event_rows_replay_from_the_row_holding_a_revision_and_trim() {
     }
 }
 
+/// Task rows of jobs with rows stored (rewritten or new instances) and of
+/// jobs without (new, or emptied row by row earlier) in one batch: each
+/// lands as written (PostgreSQL inserts the second kind without an upsert).
+#[test]
+fn task_rows_of_stored_and_unstored_jobs_land_together() {
+    for b in backends("stored-and-new") {
+        let store = (b.open)();
+        let task = |job: &str, i: u32, v: &str| ((Arc::from(job), i), row(v));
+        store
+            .commit(&WriteBatch {
+                tasks: vec![
+                    task("old", 0, "a"),
+                    task("old", 1, "a"),
+                    task("emptied", 0, "x"),
+                ],
+                revision: 1,
+                ..WriteBatch::default()
+            })
+            .expect("first");
+        store
+            .commit(&WriteBatch {
+                tasks: vec![((Arc::from("emptied"), 0), None)],
+                revision: 2,
+                ..WriteBatch::default()
+            })
+            .expect("second");
+        store
+            .commit(&WriteBatch {
+                tasks: vec![
+                    task("new", 1, "n"),
+                    task("old", 0, "b"),
+                    task("emptied", 0, "again"),
+                    task("old", 2, "b"),
+                    task("new", 0, "n"),
+                    task("emptied", 1, "again"),
+                ],
+                revision: 3,
+                ..WriteBatch::default()
+            })
+            .expect("third");
+        drop(store);
+        let snap = (b.open)().load().expect("load");
+        let tasks: Vec<_> = snap
+            .tasks
+            .iter()
+            .map(|((j, i), v)| (j.as_str(), *i, String::from_utf8_lossy(v).into_owned()))
+            .collect();
+        let want = [
+            ("emptied", 0, "again"),
+            ("emptied", 1, "again"),
+            ("new", 0, "n"),
+            ("new", 1, "n"),
+            ("old", 0, "b"),
+            ("old", 1, "a"),
+            ("old", 2, "b"),
+        ];
+        let want: Vec<_> = want.iter().map(|&(j, i, v)| (j, i, v.to_owned())).collect();
+        assert_eq!(tasks, want, "{}", b.name);
+    }
+}
+
 #[test]
 fn a_batch_larger_than_a_statement_lands_whole() {
     for b in backends("large") {
