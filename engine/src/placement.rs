@@ -623,10 +623,7 @@ impl Placer {
 
     /// The fence of `task` as a class key holds it.
     fn fence(&self, task: TaskHandle) -> u32 {
-        if self.fence_of.is_empty() {
-            return 0;
-        }
-        self.fence_of.get(&task).map_or(0, |&i| i + 1)
+        fence_key(&self.fence_of, task)
     }
 
     /// Instances of `job` on the host in `slot` (for jobs with a per-host
@@ -939,9 +936,6 @@ impl Placer {
         self.seen_hosts = changed;
     }
 
-    /// The task's spec if it passes every check of [`Placer::check_task`]
-    /// (marking it in `seen`); `None`, marking nothing, if it fails one.
-    #[inline]
     /// Validates the batch and groups it: tasks with a desired host (and
     /// no gang) into `pinned`, gang members into `self.gangs` by gang
     /// number, the rest into classes (`self.class_keys`, and each task's
@@ -2119,6 +2113,15 @@ fn effective_strategy(
     }
 }
 
+/// A task's fence in its class key: 0 for none, else its fence's number
+/// plus one (see [`Placer::set_fences`]).
+fn fence_key(fence_of: &FxHashMap<TaskHandle, u32>, task: TaskHandle) -> u32 {
+    if fence_of.is_empty() {
+        return 0;
+    }
+    fence_of.get(&task).map_or(0, |&i| i + 1)
+}
+
 /// What grouping a batch reads of the placer (shared by its threads).
 struct GroupRules<'a> {
     config: PlacementConfig,
@@ -2204,11 +2207,7 @@ impl GroupPart {
                 continue;
             }
             let mut key = class_key(&spec, strategy);
-            key.fence = if rules.fence_of.is_empty() {
-                0
-            } else {
-                rules.fence_of.get(&task).map_or(0, |&f| f + 1)
-            };
+            key.fence = fence_key(rules.fence_of, task);
             // Tasks of a job come together: most share the previous class.
             let class = match last {
                 Some((k, c)) if k == key => c,

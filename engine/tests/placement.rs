@@ -797,25 +797,38 @@ fn a_batch_grouped_in_parts_is_placed_as_on_one_thread() {
             ..Default::default()
         })
         .with_threads(threads);
-        let mut out = PlacementResult::default();
-        placer
-            .place(
-                &mut w.hosts,
-                &mut w.tasks,
-                &w.constraints,
-                &w.batch,
-                0,
-                &mut out,
-            )
-            .unwrap();
-        check_invariants(&w.hosts, &w.tasks);
-        (out.placed, out.unplaced, out.reasons)
+        let place = |placer: &mut Placer, w: &mut peloton_engine::testkit::PlacementWorkload| {
+            let mut out = PlacementResult::default();
+            placer
+                .place(
+                    &mut w.hosts,
+                    &mut w.tasks,
+                    &w.constraints,
+                    &w.batch,
+                    0,
+                    &mut out,
+                )
+                .unwrap();
+            check_invariants(&w.hosts, &w.tasks);
+            (out.placed, out.unplaced, out.reasons)
+        };
+        let first = place(&mut placer, &mut w);
+        // The same batch again, everything taken off first: the GPU mix
+        // learned from the first batch's parts now applies (GPU tasks are
+        // placed by `gpu_frag`).
+        for p in &first.0 {
+            placer.unplace(&mut w.hosts, &mut w.tasks, p.task).unwrap();
+        }
+        let second = place(&mut placer, &mut w);
+        (first, second, placer.gpu_mix().clone())
     };
     let one = run(1);
     assert!(
-        one.0.len() > 1_000 && !one.1.is_empty(),
+        one.0.0.len() > 1_000 && !one.0.1.is_empty(),
         "some placed, some not"
     );
+    assert!(!one.2.is_empty(), "the mix was learned");
+    assert_ne!(one.0, one.1, "the learned mix changes where GPU tasks go");
     for threads in [2, 3] {
         assert_eq!(one, run(threads), "{threads} threads");
     }
@@ -929,6 +942,28 @@ fn every_bad_task_refuses_the_batch_naming_it_and_changes_nothing() {
                 assert!(out.placed.is_empty() && out.unplaced.is_empty());
                 assert_eq!(env.hosts.free(0), free, "a refused batch changes nothing");
             }
+        }
+        // Nothing stays marked as seen: the first case again, named at its
+        // own index (a task left marked would be named first, as a repeat).
+        let mut batch = good.clone();
+        batch.insert(1, cases[0].0);
+        let mut out = PlacementResult::default();
+        match env.placer.place(
+            &mut env.hosts,
+            &mut env.tasks,
+            &env.constraints,
+            &batch,
+            0,
+            &mut out,
+        ) {
+            Err(peloton_engine::placement::PlacementError::InvalidTask { index, problem }) => {
+                assert_eq!(
+                    (index, problem.contains(cases[0].1)),
+                    (1, true),
+                    "{problem}"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
         }
     }
     // The good tasks still place, each once (nothing stays marked as seen).

@@ -596,7 +596,12 @@ fn put_pairs<'a>(
 /// (it looks for a conflict in the index, then inserts speculatively), and
 /// most task rows are written first when their job is created. The lookup
 /// runs in the commit's transaction, and only the leader writes (its epoch
-/// is checked first), so no row of such a job can appear in between.
+/// is checked first), so no row of such a job can appear in between. One
+/// case remains: a commit retried on a new connection while the last try
+/// still runs on a dead one. If that try then commits rows of a job this
+/// one found without rows, the insert fails on their keys; the commit
+/// fails and is retried as any failed commit is, and the next try, seeing
+/// the rows, upserts them.
 fn put_tasks<'a>(
     tx: &mut Transaction<'_>,
     p: &Prepared,

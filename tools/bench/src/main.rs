@@ -1200,8 +1200,10 @@ fn placement(
     // A second copy of the same cluster and tasks: the placer first places
     // the cold copy (its buffers empty, as after a restart), then the warm
     // one with the buffers the first run sized, as a scheduler's long-lived
-    // placer does. Nothing else carries over: the copy is a new host arena,
-    // so every shape is built again.
+    // placer does. The cold copy's tasks are taken off their hosts again
+    // (untimed), so the placer's per-host instance counts are empty; the
+    // copy is a new host arena, so every shape is built again. The GPU mix
+    // learned from the cold run's tasks stays (they are the same tasks).
     let mut cold =
         peloton_engine::testkit::placement_workload(n_hosts, n_tasks, strategy, common.seed);
     let mut placer = Placer::new(PlacementConfig {
@@ -1213,6 +1215,7 @@ fn placement(
     out.placed.reserve(n_tasks);
     let start = Instant::now();
     let mut cold_placed = 0;
+    let mut cold_tasks = Vec::with_capacity(n_tasks);
     for chunk in cold.batch.chunks(MAX_BATCH) {
         placer
             .place(
@@ -1225,8 +1228,14 @@ fn placement(
             )
             .context("placing a batch")?;
         cold_placed += out.placed.len();
+        cold_tasks.extend(out.placed.iter().map(|p| p.task));
     }
     let cold_elapsed = start.elapsed();
+    for task in cold_tasks {
+        placer
+            .unplace(&mut cold.hosts, &mut cold.tasks, task)
+            .context("taking a cold run's task off its host")?;
+    }
     drop(cold);
     let start = Instant::now();
     // Batches of at most MAX_BATCH tasks, as a scheduler would feed them.
