@@ -574,17 +574,36 @@ fn put_pairs<'a>(
     rows: impl Iterator<Item = ((&'a str, i64), Option<&'a [u8]>)>,
 ) -> Result<(), StoreError> {
     let (puts, dels) = last_wins(rows);
-    for chunk in puts.chunks(CHUNK) {
+    write_pairs(tx, put, &puts)?;
+    delete_pairs(tx, del, &dels)
+}
+
+/// Writes `((job, number), value)` rows with `statement`, a chunk at a time.
+fn write_pairs(
+    tx: &mut Transaction<'_>,
+    statement: &Statement,
+    rows: &[((&str, i64), &[u8])],
+) -> Result<(), StoreError> {
+    for chunk in rows.chunks(CHUNK) {
         let jobs: Vec<&str> = chunk.iter().map(|r| r.0.0).collect();
-        let seconds: Vec<i64> = chunk.iter().map(|r| r.0.1).collect();
+        let numbers: Vec<i64> = chunk.iter().map(|r| r.0.1).collect();
         let values: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
-        tx.execute(put, &[&jobs, &seconds, &values])
+        tx.execute(statement, &[&jobs, &numbers, &values])
             .map_err(pg_err("write rows"))?;
     }
-    for chunk in dels.chunks(CHUNK) {
+    Ok(())
+}
+
+/// Deletes `(job, number)` rows with `statement`, a chunk at a time.
+fn delete_pairs(
+    tx: &mut Transaction<'_>,
+    statement: &Statement,
+    keys: &[(&str, i64)],
+) -> Result<(), StoreError> {
+    for chunk in keys.chunks(CHUNK) {
         let jobs: Vec<&str> = chunk.iter().map(|r| r.0).collect();
-        let seconds: Vec<i64> = chunk.iter().map(|r| r.1).collect();
-        tx.execute(del, &[&jobs, &seconds])
+        let numbers: Vec<i64> = chunk.iter().map(|r| r.1).collect();
+        tx.execute(statement, &[&jobs, &numbers])
             .map_err(pg_err("delete rows"))?;
     }
     Ok(())
@@ -627,22 +646,9 @@ fn put_tasks<'a>(
     let (upserts, inserts): (Vec<_>, Vec<_>) = puts
         .into_iter()
         .partition(|((job, _), _)| stored.contains(*job));
-    for (rows, statement) in [(&inserts, &p.task_insert), (&upserts, &p.task_put)] {
-        for chunk in rows.chunks(CHUNK) {
-            let jobs: Vec<&str> = chunk.iter().map(|r| r.0.0).collect();
-            let instances: Vec<i64> = chunk.iter().map(|r| r.0.1).collect();
-            let values: Vec<&[u8]> = chunk.iter().map(|r| r.1).collect();
-            tx.execute(statement, &[&jobs, &instances, &values])
-                .map_err(pg_err("write rows"))?;
-        }
-    }
-    for chunk in dels.chunks(CHUNK) {
-        let jobs: Vec<&str> = chunk.iter().map(|r| r.0).collect();
-        let instances: Vec<i64> = chunk.iter().map(|r| r.1).collect();
-        tx.execute(&p.task_del, &[&jobs, &instances])
-            .map_err(pg_err("delete rows"))?;
-    }
-    Ok(())
+    write_pairs(tx, &p.task_insert, &inserts)?;
+    write_pairs(tx, &p.task_put, &upserts)?;
+    delete_pairs(tx, &p.task_del, &dels)
 }
 
 impl PgStore {
