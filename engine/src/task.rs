@@ -595,6 +595,8 @@ impl TaskArena {
                 && let Some(&last) = list.last()
             {
                 x ^= u64::from(self.host_pos[last as usize]);
+                // The task's own place in the list: the swap writes there.
+                x ^= u64::from(list.get(self.host_pos[i] as usize).copied().unwrap_or(0));
             }
             x ^= u64::from(self.host_pos[i]);
         }
@@ -602,6 +604,7 @@ impl TaskArena {
             && let Some(&last) = list.last()
         {
             x ^= u64::from(self.pool_pos[last as usize]);
+            x ^= u64::from(list.get(self.pool_pos[i] as usize).copied().unwrap_or(0));
         }
         x ^ u64::from(self.pool_pos[i])
     }
