@@ -24,6 +24,9 @@
 //! at most `max_steps` cycles and nothing is looked at past `horizon_ms`.
 //! Tasks not started within those bounds have no start.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::engine::Engine;
@@ -171,19 +174,26 @@ impl Ends {
     }
 }
 
-/// A monotone priority queue of `(end, task)`, smallest first: a radix
-/// heap (Ahuja, Mehlhorn, Orlin and Tarjan). Bucket `b` holds the entries
-/// whose end first differs from `last` (the end last popped) at bit
-/// `b - 1`; bucket 0 those equal to it. An entry only ever moves to a
-/// lower bucket, each move a sequential copy, where a binary heap's sift
-/// missed the cache at every level. Every end pushed must come after the
-/// last one popped: a forecast's steps only go forward, and a task started
-/// at `t` ends after `t`, while every end popped so far is at most `t`.
+/// A priority queue of `(end, task)`, smallest first, for keys that
+/// mostly go forward: a radix heap (Ahuja, Mehlhorn, Orlin and Tarjan)
+/// and, beside it, a binary heap for the few that do not. Bucket `b`
+/// holds the entries whose end first differs from `last` (the end last
+/// popped from the buckets) at bit `b - 1`; bucket 0 those equal to it,
+/// sorted largest first. An entry only ever moves to a lower bucket, each
+/// move a sequential copy, where a binary heap's sift missed the cache at
+/// every level. A task a forecast starts at `t` ends after `t`, and every
+/// end popped is at most `t`, except the stale end of a task a forecast
+/// preempted, popped unread ahead of time: an end pushed that is not after
+/// `last` then goes to `early`.
 struct RadixHeap {
     last: u64,
+    /// Entries in the buckets.
     len: usize,
+    /// The smallest entry of the first bucket above 0 that is not empty,
+    /// once found (while bucket 0 is empty).
     peeked: Option<(u64, TaskHandle)>,
     buckets: [Vec<(u64, TaskHandle)>; 65],
+    early: BinaryHeap<Reverse<(u64, TaskHandle)>>,
 }
 
 impl Default for RadixHeap {
@@ -193,6 +203,7 @@ impl Default for RadixHeap {
             len: 0,
             peeked: None,
             buckets: std::array::from_fn(|_| Vec::new()),
+            early: BinaryHeap::new(),
         }
     }
 }
@@ -203,26 +214,20 @@ impl RadixHeap {
     }
 
     fn push(&mut self, end: u64, task: TaskHandle) {
-        debug_assert!(end > self.last, "a radix heap's keys only go forward");
         if end <= self.last {
-            // Bucket 0 is kept sorted, largest first. (An end not after the
-            // last popped cannot come from a forecast; kept here, it is
-            // still found first.)
-            let zero = &mut self.buckets[0];
-            let at = zero.partition_point(|&e| e > (end, task));
-            zero.insert(at, (end, task));
-        } else {
-            self.buckets[Self::bucket(self.last, end)].push((end, task));
+            self.early.push(Reverse((end, task)));
+            return;
         }
+        self.buckets[Self::bucket(self.last, end)].push((end, task));
         if self.peeked.is_some_and(|p| (end, task) < p) {
             self.peeked = Some((end, task));
         }
         self.len += 1;
     }
 
-    /// The smallest entry, without moving any: bucket 0's, or the smallest
-    /// of the first bucket that is not empty (found once, until it changes).
-    fn peek(&mut self) -> Option<(u64, TaskHandle)> {
+    /// The smallest entry of the buckets, without moving any: bucket 0's,
+    /// or the smallest of the first bucket that is not empty.
+    fn peek_buckets(&mut self) -> Option<(u64, TaskHandle)> {
         if self.len == 0 {
             return None;
         }
@@ -238,13 +243,22 @@ impl RadixHeap {
         self.peeked
     }
 
-    /// Takes the smallest entry. With bucket 0 empty, the first bucket that
-    /// is not is spread over the buckets below it around its smallest end
-    /// (the new `last`): its entries of that end go to bucket 0, sorted
-    /// largest first.
+    fn peek(&mut self) -> Option<(u64, TaskHandle)> {
+        let early = self.early.peek().map(|r| r.0);
+        match (early, self.peek_buckets()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Takes the smallest entry. From the buckets with bucket 0 empty, the
+    /// first bucket that is not is spread over the buckets below it around
+    /// its smallest end (the new `last`): its entries of that end go to
+    /// bucket 0, sorted largest first.
     fn pop(&mut self) -> Option<(u64, TaskHandle)> {
-        if self.len == 0 {
-            return None;
+        let first = self.peek()?;
+        if self.early.peek().is_some_and(|r| r.0 == first) {
+            return self.early.pop().map(|r| r.0);
         }
         if self.buckets[0].is_empty() {
             let b = (1..65)
@@ -534,33 +548,49 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// The radix heap pops what a binary heap pops, ties by task, for
-        /// pushes after the last end popped, as a forecast makes them.
+        /// The radix heap pops and peeks what a binary heap does, ties by
+        /// task: pushes after the last end popped (as a forecast makes
+        /// them), at or before it (a preempted task's stale end popped
+        /// ahead), far ahead, and peeks between pushes.
         #[test]
-        fn radix_heap_pops_in_order(ops in proptest::collection::vec((0u64..3, 1u64..5_000, 0u32..50), 1..400)) {
+        fn radix_heap_pops_in_order(
+            ops in proptest::collection::vec((0u8..6, 0u64..5_000, 0u32..50, 0u32..40), 1..400),
+        ) {
+            use std::cmp::Reverse;
             let mut radix = RadixHeap::default();
             let mut reference = std::collections::BinaryHeap::new();
             let mut now = 0u64;
-            for (op, delta, task) in ops {
-                if op == 0 {
-                    prop_assert_eq!(radix.peek(), reference.peek().map(|r: &std::cmp::Reverse<(u64, TaskHandle)>| r.0));
-                    let popped = radix.pop();
-                    prop_assert_eq!(popped, reference.pop().map(|r| r.0));
-                    if let Some((end, _)) = popped {
-                        now = end;
+            for (op, delta, task, shift) in ops {
+                let task = TaskHandle::from_u64(u64::from(task));
+                let end = match op {
+                    0 => {
+                        prop_assert_eq!(radix.peek(), reference.peek().map(|r: &Reverse<(u64, TaskHandle)>| r.0));
+                        continue;
                     }
-                } else {
-                    // Equal ends from one start happen (the same runtime).
-                    let end = now + if op == 1 { delta } else { 1 + delta % 3 };
-                    let task = TaskHandle::from_u64(u64::from(task));
-                    radix.push(end, task);
-                    reference.push(std::cmp::Reverse((end, task)));
-                }
+                    1 => {
+                        let popped = radix.pop();
+                        prop_assert_eq!(popped, reference.pop().map(|r| r.0));
+                        if let Some((end, _)) = popped {
+                            now = end;
+                        }
+                        continue;
+                    }
+                    // After now, sometimes with equal ends.
+                    2 => now + 1 + delta % 3,
+                    3 => now + 1 + delta,
+                    // Far ahead.
+                    4 => now.saturating_add(delta << shift),
+                    // At or before the last popped.
+                    _ => now.saturating_sub(delta % 50),
+                };
+                radix.push(end, task);
+                reference.push(Reverse((end, task)));
             }
             while let Some(r) = reference.pop() {
                 prop_assert_eq!(radix.peek(), Some(r.0));
                 prop_assert_eq!(radix.pop(), Some(r.0));
             }
+            prop_assert_eq!(radix.peek(), None);
             prop_assert_eq!(radix.pop(), None);
         }
     }
