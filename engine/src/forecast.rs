@@ -213,6 +213,14 @@ impl RadixHeap {
         (64 - (end ^ last).leading_zeros()) as usize
     }
 
+    /// The first bucket above 0 that is not empty (there are entries and
+    /// bucket 0 is empty).
+    fn first_bucket(&self) -> usize {
+        (1..65)
+            .find(|&b| !self.buckets[b].is_empty())
+            .expect("len counts the entries")
+    }
+
     fn push(&mut self, end: u64, task: TaskHandle) {
         if end <= self.last {
             self.early.push(Reverse((end, task)));
@@ -235,10 +243,7 @@ impl RadixHeap {
             return Some(e);
         }
         if self.peeked.is_none() {
-            let b = (1..65)
-                .find(|&b| !self.buckets[b].is_empty())
-                .expect("len counts the entries");
-            self.peeked = self.buckets[b].iter().min().copied();
+            self.peeked = self.buckets[self.first_bucket()].iter().min().copied();
         }
         self.peeked
     }
@@ -261,11 +266,10 @@ impl RadixHeap {
             return self.early.pop().map(|r| r.0);
         }
         if self.buckets[0].is_empty() {
-            let b = (1..65)
-                .find(|&b| !self.buckets[b].is_empty())
-                .expect("len counts the entries");
+            // `first` is that bucket's smallest, found by the peek.
+            let b = self.first_bucket();
             let mut moved = std::mem::take(&mut self.buckets[b]);
-            let last = moved.iter().map(|e| e.0).min().expect("not empty");
+            let last = first.0;
             self.last = last;
             for &(end, task) in &moved {
                 self.buckets[Self::bucket(last, end)].push((end, task));
