@@ -446,6 +446,21 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         )
     });
     drop(spawned);
+    // On PostgreSQL, the bound: the database alone taking as many rows of
+    // the task table's shape, once the server has stopped.
+    let pg_bound = match &store {
+        Some(url) if opts.server.is_none() => {
+            let url = url.clone();
+            let per_job = opts.tasks_per_job;
+            Some(
+                tokio::task::spawn_blocking(move || pg_rows_alone(&url, total, per_job))
+                    .await?
+                    .context("measuring PostgreSQL's own rate")?,
+            )
+        }
+        _ => None,
+    };
+    let tasks_per_s = total as f64 / accept_s;
     Ok(json!({
         "benchmark": "e2e",
         "server": addr,
@@ -462,14 +477,114 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         "clients": opts.clients,
         "tasks": total,
         "accept_s": accept_s,
-        "tasks_per_s": total as f64 / accept_s,
+        "tasks_per_s": tasks_per_s,
         "all_placed_s": all_placed_s,
         "placed_p50_ms": pct(0.50),
         "placed_p99_ms": pct(0.99),
         "placed_max_ms": latencies.last().copied().unwrap_or(0),
         "server_rss_mb": rss,
         "server_rss_now_mb": rss_now,
+        "pg_rows_alone_per_s": pg_bound.as_ref().map(|b| b.rows_per_s),
+        "pg_row_bytes": pg_bound.as_ref().map(|b| b.value_bytes),
+        "pg_event_bytes_per_task": pg_bound.as_ref().map(|b| b.event_bytes_per_row),
+        "of_pg_rows_alone": pg_bound.as_ref().map(|b| tasks_per_s / b.rows_per_s),
     }))
+}
+
+/// What PostgreSQL alone does with the rows of a run (`pg_rows_alone`).
+struct PgBound {
+    /// Task rows a second, with their share of the events.
+    rows_per_s: f64,
+    /// The rows' mean value size (as the run's task rows).
+    value_bytes: u64,
+    /// The run's event bytes a task.
+    event_bytes_per_row: f64,
+}
+
+/// Rows written per transaction by [`pg_rows_alone`]: far more than a
+/// loop's commit, so that its syncs cost next to nothing.
+const BOUND_ROWS_PER_COMMIT: usize = 100_000;
+
+/// Rows a statement in [`pg_rows_alone`], as the store writes them.
+const BOUND_ROWS_PER_STATEMENT: usize = 10_000;
+
+/// The bound of an end-to-end run on PostgreSQL: every task costs at least
+/// its row in `peloton_tasks` and its share of the events the run wrote to
+/// `peloton_events`, through the one connection the store commits on. With
+/// nothing else running, `rows` rows of the same shape (the run's mean
+/// job-id and value sizes, `per_job` instances a job) go into a table like
+/// it, in the store's statement form (`unnest` arrays of 10,000 rows),
+/// each statement followed by an events row of those rows' share of the
+/// run's event bytes, in large transactions; the tables are dropped after.
+fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
+    let mut c = postgres::Client::connect(url, postgres::NoTls)?;
+    let shape = c.query_one(
+        "SELECT coalesce(avg(octet_length(job)), 36)::int8, \
+                coalesce(avg(octet_length(value)), 150)::int8, \
+                (SELECT coalesce(sum(octet_length(value)), 0)::int8 FROM peloton_events) \
+         FROM peloton_tasks",
+        &[],
+    )?;
+    let (job_bytes, value_bytes, event_bytes): (i64, i64, i64) =
+        (shape.get(0), shape.get(1), shape.get(2));
+    let event_bytes_per_row = event_bytes as f64 / rows.max(1) as f64;
+    c.batch_execute(
+        "DROP TABLE IF EXISTS peloton_bench_rows; \
+         DROP TABLE IF EXISTS peloton_bench_events; \
+         CREATE TABLE peloton_bench_rows ( \
+             job text COLLATE \"C\" NOT NULL, \
+             instance bigint NOT NULL, \
+             value bytea NOT NULL, \
+             PRIMARY KEY (job, instance)); \
+         CREATE TABLE peloton_bench_events ( \
+             first bigint PRIMARY KEY, \
+             epoch bigint NOT NULL, \
+             value bytea NOT NULL); \
+         ALTER TABLE peloton_bench_events ALTER COLUMN value SET STORAGE EXTERNAL",
+    )?;
+    let insert = c.prepare(
+        "INSERT INTO peloton_bench_rows (job, instance, value) \
+         SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[])",
+    )?;
+    let insert_events =
+        c.prepare("INSERT INTO peloton_bench_events (first, epoch, value) VALUES ($1, 0, $2)")?;
+    let per_job = u64::from(per_job.max(1));
+    let width = usize::try_from(job_bytes.max(1)).unwrap_or(36);
+    // Built before the clock starts: only the database's part is timed.
+    let keys: Vec<(String, i64)> = (0..rows)
+        .map(|i| {
+            (
+                format!("{:0>width$}", i / per_job),
+                i64::try_from(i % per_job).unwrap_or(0),
+            )
+        })
+        .collect();
+    let value = vec![0xa5u8; usize::try_from(value_bytes.max(1)).unwrap_or(150)];
+    let events = vec![0x5au8; (event_bytes_per_row * BOUND_ROWS_PER_STATEMENT as f64) as usize];
+    let start = Instant::now();
+    let mut first = 0i64;
+    for txn in keys.chunks(BOUND_ROWS_PER_COMMIT) {
+        let mut tx = c.transaction()?;
+        for chunk in txn.chunks(BOUND_ROWS_PER_STATEMENT) {
+            let jobs: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
+            let instances: Vec<i64> = chunk.iter().map(|k| k.1).collect();
+            let values: Vec<&[u8]> = chunk.iter().map(|_| value.as_slice()).collect();
+            tx.execute(&insert, &[&jobs, &instances, &values])?;
+            let share = events.len() * chunk.len() / BOUND_ROWS_PER_STATEMENT;
+            if share > 0 {
+                tx.execute(&insert_events, &[&first, &&events[..share]])?;
+                first += 1;
+            }
+        }
+        tx.commit()?;
+    }
+    let took = start.elapsed().as_secs_f64();
+    c.batch_execute("DROP TABLE peloton_bench_rows; DROP TABLE peloton_bench_events")?;
+    Ok(PgBound {
+        rows_per_s: rows as f64 / took.max(1e-9),
+        value_bytes: u64::try_from(value_bytes).unwrap_or(0),
+        event_bytes_per_row,
+    })
 }
 
 /// Creates the pool `path` with the default spec.

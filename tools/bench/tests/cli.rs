@@ -434,6 +434,47 @@ fn e2e_measures_a_secure_server_by_default_and_a_plaintext_one_with_insecure() {
     );
 }
 
+/// On PostgreSQL, the run also measures the database alone taking rows of
+/// the run's shape (its bound); on the embedded store there is none.
+#[test]
+fn e2e_on_postgres_reports_the_databases_own_rate_beside_the_runs() {
+    require_sibling("pelotond");
+    let args = [
+        "e2e",
+        "--hosts",
+        "20",
+        "--jobs",
+        "4",
+        "--tasks-per-job",
+        "10",
+        "--clients",
+        "2",
+        "--insecure",
+        "--json",
+    ];
+    let report = json(&args);
+    assert!(report["pg_rows_alone_per_s"].is_null(), "{report}");
+    let mut pg = args.to_vec();
+    pg.push("--postgres");
+    let report = json(&pg);
+    assert_eq!(report["store"], "postgres", "{report}");
+    assert_eq!(report["tasks"], 40);
+    // The rows and events the run wrote were read back for their sizes.
+    assert!(report["pg_row_bytes"].as_u64().unwrap() > 0, "{report}");
+    assert!(
+        report["pg_event_bytes_per_task"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let alone = report["pg_rows_alone_per_s"].as_f64().unwrap();
+    let run = report["tasks_per_s"].as_f64().unwrap();
+    assert!(alone > 0.0, "{report}");
+    let ratio = report["of_pg_rows_alone"].as_f64().unwrap();
+    assert!(
+        (ratio - run / alone).abs() < 1e-9 * ratio.max(1.0),
+        "{report}"
+    );
+}
+
 #[test]
 fn launch_runs_real_tasks_on_agents_with_certificates() {
     require_sibling("pelotond");
