@@ -398,21 +398,24 @@ fn require_sibling(name: &str) {
     );
 }
 
+/// A small end-to-end run: 4 jobs of 10 tasks on 20 simulated hosts.
+const SMALL_E2E: [&str; 10] = [
+    "e2e",
+    "--hosts",
+    "20",
+    "--jobs",
+    "4",
+    "--tasks-per-job",
+    "10",
+    "--clients",
+    "2",
+    "--json",
+];
+
 #[test]
 fn e2e_measures_a_secure_server_by_default_and_a_plaintext_one_with_insecure() {
     require_sibling("pelotond");
-    let args = [
-        "e2e",
-        "--hosts",
-        "20",
-        "--jobs",
-        "4",
-        "--tasks-per-job",
-        "10",
-        "--clients",
-        "2",
-        "--json",
-    ];
+    let args = SMALL_E2E;
     let report = json(&args);
     assert_eq!(report["benchmark"], "e2e");
     assert_eq!(report["tasks"], 40);
@@ -439,22 +442,11 @@ fn e2e_measures_a_secure_server_by_default_and_a_plaintext_one_with_insecure() {
 #[test]
 fn e2e_on_postgres_reports_the_databases_own_rate_beside_the_runs() {
     require_sibling("pelotond");
-    let args = [
-        "e2e",
-        "--hosts",
-        "20",
-        "--jobs",
-        "4",
-        "--tasks-per-job",
-        "10",
-        "--clients",
-        "2",
-        "--insecure",
-        "--json",
-    ];
+    let mut args = SMALL_E2E.to_vec();
+    args.push("--insecure");
     let report = json(&args);
     assert!(report["pg_rows_alone_per_s"].is_null(), "{report}");
-    let mut pg = args.to_vec();
+    let mut pg = args.clone();
     pg.push("--postgres");
     let report = json(&pg);
     assert_eq!(report["store"], "postgres", "{report}");
