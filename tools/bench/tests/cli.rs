@@ -451,8 +451,10 @@ fn e2e_on_postgres_reports_the_databases_own_rate_beside_the_runs() {
     let report = json(&pg);
     assert_eq!(report["store"], "postgres", "{report}");
     assert_eq!(report["tasks"], 40);
-    // The rows and events the run wrote were read back for their sizes.
+    // The rows and events the run wrote were read back for their sizes,
+    // and as many rows as the run made were written (and counted) alone.
     assert!(report["pg_row_bytes"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["pg_rows_alone"], 40, "{report}");
     assert!(
         report["pg_event_bytes_per_task"].as_f64().unwrap() > 0.0,
         "{report}"
