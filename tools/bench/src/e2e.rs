@@ -354,7 +354,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
         }
         None => (None, opts.store.clone()),
     };
-    let (_local_pg, store) = store;
+    let (local_pg, store) = store;
     let (spawned, target, pid) = match &opts.server {
         Some(a) => (
             None,
@@ -450,7 +450,7 @@ pub async fn run(opts: E2eOptions) -> Result<Value> {
     // bound: the database alone taking as many rows of the task table's
     // shape (up to a million), once the server has stopped. A failure costs
     // the bound, not the run's figures.
-    let pg_bound = match (&_local_pg, &store) {
+    let pg_bound = match (&local_pg, &store) {
         (Some(_), Some(url)) => {
             let url = url.clone();
             let per_job = opts.tasks_per_job;
@@ -528,7 +528,7 @@ const BOUND_ROWS_PER_STATEMENT: usize = 10_000;
 /// through the one connection the store commits on. With nothing else
 /// running, `rows` rows of the same shape (the run's mean
 /// job-id and value sizes, `per_job` instances a job) go into a table like
-/// it, in the store's statement form (`unnest` arrays of 10,000 rows),
+/// it (`LIKE` it), in the store's statement form (`unnest` arrays of 10,000 rows),
 /// each statement followed by an events row of those rows' share of the
 /// run's event bytes, in large transactions; the tables are dropped after.
 fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
@@ -552,19 +552,13 @@ fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
     // (One statement at a time: VACUUM runs outside a transaction.)
     c.batch_execute("VACUUM peloton_tasks, peloton_events")?;
     c.batch_execute("CHECKPOINT")?;
+    // The store's own tables' definitions (columns, collation, key, the
+    // events' out-of-line storage), taken from the database.
     c.batch_execute(
         "DROP TABLE IF EXISTS peloton_bench_rows; \
          DROP TABLE IF EXISTS peloton_bench_events; \
-         CREATE TABLE peloton_bench_rows ( \
-             job text COLLATE \"C\" NOT NULL, \
-             instance bigint NOT NULL, \
-             value bytea NOT NULL, \
-             PRIMARY KEY (job, instance)); \
-         CREATE TABLE peloton_bench_events ( \
-             first bigint PRIMARY KEY, \
-             epoch bigint NOT NULL, \
-             value bytea NOT NULL); \
-         ALTER TABLE peloton_bench_events ALTER COLUMN value SET STORAGE EXTERNAL",
+         CREATE TABLE peloton_bench_rows (LIKE peloton_tasks INCLUDING ALL); \
+         CREATE TABLE peloton_bench_events (LIKE peloton_events INCLUDING ALL)",
     )?;
     let insert = c.prepare(
         "INSERT INTO peloton_bench_rows (job, instance, value) \
