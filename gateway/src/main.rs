@@ -704,10 +704,14 @@ mod local {
 
     /// Ports each local agent offers: a block of this many.
     pub const PORT_BLOCK: u16 = 1000;
-    /// The first port of the first block.
-    const FIRST_PORT: u16 = 31000;
+    /// The first port of the first block. Blocks are claimed from the
+    /// bottom: the first twelve (20000-31999) lie below Linux's default
+    /// ephemeral range (32768-60999), whose ports an outgoing connection
+    /// may take between an agent's check and its task's bind (the agent
+    /// warns when its range overlaps it).
+    const FIRST_PORT: u16 = 20000;
     /// Blocks to choose from (up to port 60999).
-    const PORT_BLOCKS: u16 = 30;
+    const PORT_BLOCKS: u16 = 41;
 
     /// Locks of the port blocks this process claimed, held until it exits.
     static CLAIMED: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
@@ -866,15 +870,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = claim_port_blocks(dir.path(), &[None; 3]).unwrap();
         let b = claim_port_blocks(dir.path(), &[None; 3]).unwrap();
-        assert_eq!(a, [31000, 32000, 33000]);
+        assert_eq!(a, [20000, 21000, 22000]);
         for first in &b {
             assert!(
                 a.iter().all(|x| x.abs_diff(*first) >= PORT_BLOCK),
                 "{a:?} {b:?}"
             );
         }
-        let e = claim_port_blocks(dir.path(), &[None; 25]).unwrap_err();
-        assert!(e.to_string().contains("24 free"), "{e}");
+        let e = claim_port_blocks(dir.path(), &[None; 36]).unwrap_err();
+        assert!(e.to_string().contains("35 free"), "{e}");
         // An agent's kept block: its own again if free (this cluster's
         // agent 1 had 40000), refused if another cluster holds it.
         let c = claim_port_blocks(dir.path(), &[None, Some(40000)]).unwrap();

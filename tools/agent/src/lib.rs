@@ -49,7 +49,7 @@ pub use gc::{GcOutcome, GcPolicy};
 pub use isolation::Isolation;
 pub use launcher::run_launcher;
 pub use mpi::{MpirunArgs, run_mpirun};
-pub use ports::PortRange;
+pub use ports::{PortRange, ephemeral_overlap_warning, ephemeral_range};
 pub use run::{
     AssignedPort, CheckKind, Command, GangMember, GpuAssignment, Health, HealthCheckPlan,
     KillRequest, LogChunk, LogRequest, Phase, PhaseReport, Rendezvous, Resources, RunId, RunPlan,

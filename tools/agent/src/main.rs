@@ -96,6 +96,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         work_dir = %config.supervisor.work_dir.display(),
         "offering"
     );
+    if let Some(warning) = config
+        .supervisor
+        .ports
+        .and_then(peloton_agent::ephemeral_overlap_warning)
+    {
+        tracing::warn!("{warning}");
+    }
     let supervisor = Supervisor::open(config.supervisor, peloton_agent::now_ms())?;
     tracing::info!(
         runs = supervisor.run_count(),

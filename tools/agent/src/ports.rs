@@ -70,6 +70,87 @@ impl FromStr for PortRange {
     }
 }
 
+/// Where Linux keeps the ports it picks for outgoing connections.
+const EPHEMERAL_RANGE: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+/// Ports excluded from that pick by the operator.
+const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
+/// The kernel's ephemeral port range, the ports it gives outgoing
+/// connections (`ip_local_port_range`, e.g. `32768\t60999`), if readable.
+pub fn ephemeral_range() -> Option<PortRange> {
+    parse_ephemeral(&std::fs::read_to_string(EPHEMERAL_RANGE).ok()?)
+}
+
+fn parse_ephemeral(text: &str) -> Option<PortRange> {
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+    let (Some(Some(first)), Some(Some(last))) = (parts.next(), parts.next()) else {
+        return None;
+    };
+    (first >= 1 && first <= last).then_some(PortRange { first, last })
+}
+
+/// Ports reserved from the ephemeral pick (`ip_local_reserved_ports`:
+/// `8080,31000-31999`); unreadable or malformed parts count as none.
+fn parse_reserved(text: &str) -> Vec<PortRange> {
+    text.split(',')
+        .filter(|part| !part.trim().is_empty())
+        .filter_map(|part| part.parse::<PortRange>().ok())
+        .collect()
+}
+
+/// The ports of `offered` that the kernel may also give an outgoing
+/// connection: those in `ephemeral` and not in `reserved`, as
+/// (first, last, how many). Such a port can pass the allocator's bind
+/// check and then be taken by a connection before the task binds it, and
+/// the task fails with "address in use".
+fn exposed(
+    offered: PortRange,
+    ephemeral: PortRange,
+    reserved: &[PortRange],
+) -> Option<(u16, u16, u32)> {
+    let first = offered.first.max(ephemeral.first);
+    let last = offered.last.min(ephemeral.last);
+    if first > last {
+        return None;
+    }
+    let mut span: Option<(u16, u16)> = None;
+    let mut count = 0u32;
+    for port in first..=last {
+        if reserved.iter().any(|r| r.contains(port)) {
+            continue;
+        }
+        count += 1;
+        span = Some(span.map_or((port, port), |(a, _)| (a, port)));
+    }
+    span.map(|(a, b)| (a, b, count))
+}
+
+/// A warning for `--ports` when it overlaps the kernel's ephemeral range
+/// (less the reserved ports), naming the overlap and the two fixes.
+pub fn ephemeral_overlap_warning(offered: PortRange) -> Option<String> {
+    let ephemeral = ephemeral_range()?;
+    let reserved = std::fs::read_to_string(RESERVED_PORTS)
+        .map(|t| parse_reserved(&t))
+        .unwrap_or_default();
+    overlap_warning(offered, ephemeral, &reserved)
+}
+
+fn overlap_warning(
+    offered: PortRange,
+    ephemeral: PortRange,
+    reserved: &[PortRange],
+) -> Option<String> {
+    let (first, last, count) = exposed(offered, ephemeral, reserved)?;
+    Some(format!(
+        "{count} port(s) of --ports {offered} (between {first} and {last}) are in the kernel's \
+         ephemeral range {ephemeral} ({EPHEMERAL_RANGE}): an outgoing connection may take one \
+         between the agent's check and the task's bind, and the task then fails with \
+         \"address in use\"; offer ports below {} or reserve them \
+         (sysctl net.ipv4.ip_local_reserved_ports={offered})",
+        ephemeral.first
+    ))
+}
+
 /// Which ports of the range are taken.
 #[derive(Debug)]
 pub(crate) struct PortAllocator {
@@ -214,6 +295,41 @@ mod tests {
         );
         assert!("1-70000".parse::<PortRange>().is_err());
         assert!("x".parse::<PortRange>().is_err());
+    }
+
+    #[test]
+    fn ports_in_the_ephemeral_range_are_named_unless_reserved() {
+        let range = |t: &str| t.parse::<PortRange>().unwrap();
+        let ephemeral = parse_ephemeral("32768\t60999\n").expect("the kernel's format");
+        assert_eq!(ephemeral, range("32768-60999"));
+        assert_eq!(parse_ephemeral("60999 32768"), None);
+        assert_eq!(parse_ephemeral(""), None);
+        // Below the range: nothing to say.
+        assert_eq!(overlap_warning(range("31000-31999"), ephemeral, &[]), None);
+        assert_eq!(overlap_warning(range("20000-32767"), ephemeral, &[]), None);
+        // Across its start: the overlap is named.
+        let w = overlap_warning(range("32000-32999"), ephemeral, &[]).expect("overlaps");
+        assert!(w.contains("232 port(s) of --ports 32000-32999"), "{w}");
+        assert!(w.contains("between 32768 and 32999"), "{w}");
+        assert!(w.contains("below 32768"), "{w}");
+        assert!(w.contains("ip_local_reserved_ports=32000-32999"), "{w}");
+        // Reserved ports are never given to connections.
+        let reserved = parse_reserved("8080,32000-32899\n");
+        assert_eq!(reserved, [range("8080"), range("32000-32899")]);
+        let w = overlap_warning(range("32000-32999"), ephemeral, &reserved).expect("overlaps");
+        assert!(
+            w.contains("100 port(s)") && w.contains("between 32900 and 32999"),
+            "{w}"
+        );
+        assert_eq!(
+            overlap_warning(
+                range("32000-32999"),
+                ephemeral,
+                &parse_reserved("32000-33000")
+            ),
+            None
+        );
+        assert_eq!(parse_reserved("\n"), []);
     }
 
     #[test]

@@ -220,7 +220,7 @@ fn agent(port: u16, work_dir: &Path, token: &str, capture: bool) -> Child {
         .arg(work_dir)
         .args(["--host", "h1", "--token", token])
         .args(["--resources", "cpu=2,mem=1024,disk=1000,gpu=0"])
-        .args(["--attr", "zone=z1", "--ports", "47300-47309"])
+        .args(["--attr", "zone=z1", "--ports", "19300-19309"])
         .args(["--poll-interval-ms", "50", "--isolation", "rlimit"])
         .env("RUST_LOG", if capture { "info" } else { "warn" })
         .stdin(Stdio::null())
@@ -419,7 +419,7 @@ async fn health_verdicts_and_ports_reach_the_server() {
     // executed), with the assigned port.
     let starting = s.report(&k, P::Running).await;
     let assigned = starting.ports.get("http").copied().expect("the http port");
-    assert!((47300..=47309).contains(&assigned), "{starting:?}");
+    assert!((19300..=19309).contains(&assigned), "{starting:?}");
     let unhealthy = s
         .report_where(&k, |r| {
             r.phase() == P::Running && r.health() == v1::Health::Unhealthy

@@ -243,6 +243,22 @@ fn runs(t: &pb::Task) -> String {
         .collect()
 }
 
+/// The stderr of each failed run of `t`, read from its sandbox, for
+/// assertion messages: why a run exited is in its own words there.
+fn failed_stderr(cluster: &Cluster, job_id: &str, t: &pb::Task) -> String {
+    let mut out = String::new();
+    for r in t.history.iter().filter(|r| r.state() == T::Failed) {
+        let prefix = format!("{job_id}-{}-{}-", t.instance, r.run_id);
+        for (agent, name, path) in cluster.sandboxes() {
+            if name.starts_with(&prefix) {
+                let text = std::fs::read_to_string(path.join("stderr")).unwrap_or_default();
+                out.push_str(&format!("\n  stderr of {agent}/{name}:\n{text}"));
+            }
+        }
+    }
+    out
+}
+
 /// Waits until all `n` instances of `id` run config version `version`,
 /// RUNNING and HEALTHY, each with its port.
 async fn wait_on_version(cluster: &Cluster, id: &str, n: usize, version: u64) -> Vec<pb::Task> {
@@ -669,9 +685,10 @@ async fn an_update_goes_on_after_a_server_sigkill_and_the_agents_keep_their_task
         assert_eq!(
             run_of(t).run_id,
             expected,
-            "instance {}:{}",
+            "instance {}:{}{}",
             t.instance,
-            runs(t)
+            runs(t),
+            failed_stderr(&cluster, &id, t)
         );
         let killed = t.history.iter().filter(|r| r.state() == T::Killed).count();
         assert_eq!(killed, 1, "instance {}:{}", t.instance, runs(t));

@@ -599,11 +599,17 @@ static AGENTS_STARTED: AtomicU32 = AtomicU32::new(0);
 /// process, and offset by the pid so that test processes running at once
 /// (or a `pelotond --local-agents`) seldom share one. Agents skip ports
 /// something else listens on, so a shared range costs at most a retry.
+/// The ranges stay below the kernel's ephemeral range: a port in it passes
+/// the agent's bind check and may then be taken by an outgoing connection
+/// (a health check, an agent reconnecting) before the task binds it, and
+/// the task fails with "address in use" (a flake seen in CI).
 fn agent_port_range() -> String {
-    const SLOTS: u32 = 1000; // 20000..40000, below the kernel's ephemeral range
+    const FIRST: u32 = 20_000;
+    let below = peloton_agent::ephemeral_range().map_or(32_768, |r| u32::from(r.first));
+    let slots = (below.saturating_sub(FIRST) / PORTS_PER_AGENT).max(1);
     let n = AGENTS_STARTED.fetch_add(1, Ordering::Relaxed);
-    let slot = (std::process::id().wrapping_mul(37).wrapping_add(n)) % SLOTS;
-    let first = 20_000 + slot * PORTS_PER_AGENT;
+    let slot = (std::process::id().wrapping_mul(37).wrapping_add(n)) % slots;
+    let first = FIRST + slot * PORTS_PER_AGENT;
     format!("{first}-{}", first + PORTS_PER_AGENT - 1)
 }
 
