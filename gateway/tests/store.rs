@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use peloton_gateway::pgstore::PgStore;
+use peloton_gateway::pgstore::{COPY_TASKS, PgStore, copy_pairs};
 use peloton_gateway::store::{RedbStore, Store, WriteBatch, audit_key};
 
 /// A backend: opens the same store again on every call.
@@ -347,9 +347,21 @@ fn task_rows_of_stored_and_unstored_jobs_land_together() {
 fn a_batch_larger_than_a_statement_lands_whole() {
     for b in backends("large") {
         let store = (b.open)();
+        // Several statements' worth of rows and several megabytes (new
+        // rows go to PostgreSQL as one COPY stream, sent a megabyte at a
+        // time): each row's own value, so that a row lost, doubled or
+        // cut at a boundary shows.
+        let value = |i: u32| format!("r{i:06}-{}", "v".repeat(usize::try_from(i % 300).unwrap()));
         let tasks: Vec<_> = (0..25_000u32)
-            .map(|i| ((Arc::from(format!("job-{}", i % 7).as_str()), i), row("r")))
+            .map(|i| {
+                (
+                    (Arc::from(format!("job-{}", i % 7).as_str()), i),
+                    row(&value(i)),
+                )
+            })
             .collect();
+        let bytes: usize = tasks.iter().map(|t| t.1.as_ref().map_or(0, Vec::len)).sum();
+        assert!(bytes > 3 << 20, "{bytes} bytes");
         store
             .commit(&WriteBatch {
                 tasks,
@@ -358,13 +370,47 @@ fn a_batch_larger_than_a_statement_lands_whole() {
             })
             .expect("commit");
         drop(store);
-        assert_eq!(
-            (b.open)().load().expect("load").tasks.len(),
-            25_000,
-            "{}",
-            b.name
-        );
+        let loaded = (b.open)().load().expect("load").tasks;
+        assert_eq!(loaded.len(), 25_000, "{}", b.name);
+        for ((job, i), v) in &loaded {
+            assert_eq!(job, &format!("job-{}", i % 7), "{}", b.name);
+            assert_eq!(v, value(*i).as_bytes(), "{} row {job}/{i}", b.name);
+        }
     }
+}
+
+/// The store's COPY of new task rows: a key PostgreSQL refuses (one already
+/// stored, the case of a commit retried while its last try landed) fails
+/// it with the database's reason, nothing of it stays once the transaction
+/// rolls back, and the connection takes the next copy.
+#[test]
+fn a_refused_copy_fails_with_the_reason_and_leaves_nothing() {
+    let url = common::database_for(std::path::Path::new("store-suite/refused-copy"));
+    drop(PgStore::open(&url).expect("create the schema"));
+    let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let count = |c: &mut postgres::Client| -> i64 {
+        c.query_one("SELECT count(*) FROM peloton_tasks", &[])
+            .expect("count")
+            .get(0)
+    };
+    let mut tx = c.transaction().expect("begin");
+    tx.execute(
+        "INSERT INTO peloton_tasks VALUES ('j', 0, 'stored'::bytea)",
+        &[],
+    )
+    .expect("a stored row");
+    let rows: Vec<((&str, i64), &[u8])> = vec![(("j", 1), b"new"), (("j", 0), b"again")];
+    let err = copy_pairs(&mut tx, COPY_TASKS, &rows).expect_err("a key already stored");
+    assert!(
+        err.to_string().contains("copy rows") && err.to_string().contains("duplicate key"),
+        "{err}"
+    );
+    drop(tx);
+    assert_eq!(count(&mut c), 0, "rolled back");
+    let mut tx = c.transaction().expect("begin");
+    assert_eq!(copy_pairs(&mut tx, COPY_TASKS, &rows).expect("copy"), 2);
+    tx.commit().expect("commit");
+    assert_eq!(count(&mut c), 2);
 }
 
 /// Sets the lease row's epoch as another server taking the lease would.

@@ -24,6 +24,7 @@ use anyhow::{Context, Result, bail};
 use pb::job_service_client::JobServiceClient;
 use pb::task_service_client::TaskServiceClient;
 use peloton_gateway::client::{Authed, Bearer};
+use peloton_gateway::pgstore::copy_pairs;
 use peloton_proto::v1 as pb;
 use serde_json::{Value, json};
 use tonic::service::interceptor::InterceptedService;
@@ -517,7 +518,8 @@ const BOUND_ROWS_PER_COMMIT: usize = 100_000;
 /// measured on this many).
 const BOUND_MAX_ROWS: u64 = 1_000_000;
 
-/// Rows a statement in [`pg_rows_alone`], as the store writes them.
+/// Rows a statement (one binary `COPY`, the store's own) in
+/// [`pg_rows_alone`].
 const BOUND_ROWS_PER_STATEMENT: usize = 10_000;
 
 /// The bound of an end-to-end run on PostgreSQL: every task costs at least
@@ -528,7 +530,8 @@ const BOUND_ROWS_PER_STATEMENT: usize = 10_000;
 /// through the one connection the store commits on. With nothing else
 /// running, `rows` rows of the same shape (the run's mean
 /// job-id and value sizes, `per_job` instances a job) go into a table like
-/// it (`LIKE` it), in the store's statement form (`unnest` arrays of 10,000 rows),
+/// it (`LIKE` it), as the store writes new rows (its own binary `COPY`, [`copy_pairs`],
+/// 10,000 rows a statement),
 /// each statement followed by an events row of those rows' share of the
 /// run's event bytes, in large transactions; the tables are dropped after.
 fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
@@ -560,10 +563,6 @@ fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
          CREATE TABLE peloton_bench_rows (LIKE peloton_tasks INCLUDING ALL); \
          CREATE TABLE peloton_bench_events (LIKE peloton_events INCLUDING ALL)",
     )?;
-    let insert = c.prepare(
-        "INSERT INTO peloton_bench_rows (job, instance, value) \
-         SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[])",
-    )?;
     let insert_events =
         c.prepare("INSERT INTO peloton_bench_events (first, epoch, value) VALUES ($1, 0, $2)")?;
     let per_job = u64::from(per_job.max(1));
@@ -584,10 +583,15 @@ fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
     for txn in keys.chunks(BOUND_ROWS_PER_COMMIT) {
         let mut tx = c.transaction()?;
         for chunk in txn.chunks(BOUND_ROWS_PER_STATEMENT) {
-            let jobs: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
-            let instances: Vec<i64> = chunk.iter().map(|k| k.1).collect();
-            let values: Vec<&[u8]> = chunk.iter().map(|_| value.as_slice()).collect();
-            tx.execute(&insert, &[&jobs, &instances, &values])?;
+            let rows: Vec<((&str, i64), &[u8])> = chunk
+                .iter()
+                .map(|k| ((k.0.as_str(), k.1), value.as_slice()))
+                .collect();
+            copy_pairs(
+                &mut tx,
+                "COPY peloton_bench_rows (job, instance, value) FROM STDIN (FORMAT binary)",
+                &rows,
+            )?;
             let share = events.len() * chunk.len() / BOUND_ROWS_PER_STATEMENT;
             if share > 0 {
                 tx.execute(&insert_events, &[&first, &&events[..share]])?;
