@@ -332,11 +332,13 @@ fn dead_predecessor(holder: &str, server_id: &str) -> bool {
 ///
 /// One transaction: the lease row (`peloton_lease`: epoch, expiry) is
 /// updated first, then the fenced row (`peloton_leader`), which waits for
-/// any commit of the old leader in flight (its share lock). The wait is
-/// bounded by `lock_timeout`: a leader frozen inside a transaction holds
-/// the lock until the database ends its session
-/// (`idle_in_transaction_session_timeout`, set by the store), and the
-/// standby tries again meanwhile.
+/// any commit of the old leader in flight (its share lock). The lease has
+/// expired, so such a commit's session is ended first
+/// ([`end_fenced_commits`]): a leader frozen between statements would be
+/// ended by the database (`idle_in_transaction_session_timeout`, set by
+/// the store), but one frozen inside a statement that waits for its client
+/// (a `COPY` of task rows) never is. The wait is bounded by
+/// `lock_timeout`, and the standby tries again meanwhile.
 fn try_acquire(
     client: &mut postgres::Client,
     holder: &str,
@@ -369,6 +371,7 @@ fn try_acquire(
         return Ok(Err(if live { address } else { String::new() }));
     };
     let epoch: i64 = row.get(0);
+    end_fenced_commits(&mut tx);
     tx.execute(
         "UPDATE peloton_leader SET epoch = $1, holder = $2, address = $3 WHERE id = 1",
         &[&epoch, &holder, &config.address],
@@ -381,6 +384,40 @@ fn try_acquire(
         );
     }
     Ok(Ok(epoch))
+}
+
+/// Ends the sessions that hold the fence's share lock on `peloton_leader`:
+/// commits in flight of a leader whose lease has expired (only a fenced
+/// commit takes that lock). Its process may be frozen in the middle of a
+/// statement, where no timeout of the database's ends it; ending the
+/// session rolls the commit back (nothing of it was acknowledged) and
+/// frees the lock. Best effort, in a savepoint: where this server may not
+/// signal those sessions (another database role), the takeover waits for
+/// them as before.
+fn end_fenced_commits(tx: &mut postgres::Transaction<'_>) {
+    let ended = tx.transaction().and_then(|mut sp| {
+        let n: i64 = sp
+            .query_one(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_locks \
+                 WHERE locktype = 'relation' AND relation = 'peloton_leader'::regclass \
+                   AND mode = 'RowShareLock' AND granted AND pid <> pg_backend_pid()",
+                &[],
+            )?
+            .get(0);
+        sp.commit()?;
+        Ok(n)
+    });
+    match ended {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            sessions = n,
+            "ended the expired leader's commit(s) in flight, which held the fence"
+        ),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot end the expired leader's commits in flight; waiting for them"
+        ),
+    }
 }
 
 /// Extends the lease of `epoch`: false when another server took it. It

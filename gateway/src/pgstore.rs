@@ -280,6 +280,7 @@ struct Prepared {
     kv_put: Vec<Statement>,
     kv_del: Vec<Statement>,
     task_put: Statement,
+    task_copy: Statement,
     jobs_with_tasks: Statement,
     task_del: Statement,
     tasks_of_del: Statement,
@@ -322,6 +323,7 @@ impl Prepared {
                  SELECT * FROM unnest($1::text[], $2::int8[], $3::bytea[]) \
                  ON CONFLICT (job, instance) DO UPDATE SET value = EXCLUDED.value",
             )?,
+            task_copy: prepare(COPY_TASKS)?,
             jobs_with_tasks: prepare(
                 "SELECT j FROM unnest($1::text[]) AS j \
                  WHERE EXISTS (SELECT 1 FROM peloton_tasks t WHERE t.job = j)",
@@ -620,10 +622,14 @@ const COPY_FLUSH_BYTES: usize = 1 << 20;
 /// A key already stored fails the copy, as it would fail the insert, and
 /// so does any error here: the transaction is then to be rolled back.
 /// Returns the rows written. Public so that the bench's PostgreSQL bound
-/// writes its rows exactly as the store does.
-pub fn copy_pairs(
+/// writes its rows exactly as the store does. While the stream is open
+/// the session is not idle in its transaction, so the database's idle
+/// timeout (which ends a frozen leader's commit) does not apply; a standby
+/// that takes the expired lease ends such a commit itself
+/// (`leader::end_fenced_commits`).
+pub fn copy_pairs<T: ?Sized + postgres::ToStatement>(
     tx: &mut Transaction<'_>,
-    copy: &str,
+    copy: &T,
     rows: &[((&str, i64), &[u8])],
 ) -> Result<u64, StoreError> {
     use std::io::Write;
@@ -663,9 +669,10 @@ pub fn copy_pairs(
 
 /// Task rows: as [`put_pairs`], except that the rows of jobs with no task
 /// row stored yet (created in this batch, or all their rows deleted above)
-/// are plain inserts, streamed with [`copy_pairs`]. An upsert costs the database about twice an insert
-/// (it looks for a conflict in the index, then inserts speculatively), and
-/// most task rows are written first when their job is created. The lookup
+/// are plain inserts, streamed with [`copy_pairs`]. An upsert costs the
+/// database about twice an insert (it looks for a conflict in the index,
+/// then inserts speculatively), and most task rows are written first when
+/// their job is created. The lookup
 /// runs in the commit's transaction, and only the leader writes (its epoch
 /// is checked first), so no row of such a job can appear in between. One
 /// case remains: a commit retried on a new connection while the last try
@@ -699,7 +706,7 @@ fn put_tasks<'a>(
         .into_iter()
         .partition(|((job, _), _)| stored.contains(*job));
     if !inserts.is_empty() {
-        let written = copy_pairs(tx, COPY_TASKS, &inserts)?;
+        let written = copy_pairs(tx, &p.task_copy, &inserts)?;
         if written != inserts.len() as u64 {
             return Err(StoreError::msg(format!(
                 "copy task rows: {written} of {} rows written",

@@ -402,6 +402,67 @@ async fn a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes_and_stops()
     eprintln!("takeover after SIGSTOP: {took_over:?}");
 }
 
+/// A leader's commit stuck inside a `COPY` of task rows (its process
+/// frozen mid-stream) is not idle in its transaction, so the database's
+/// idle timeout never ends it, and it holds the fence's share lock. The
+/// standby that takes the expired lease ends that session and leads within
+/// the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_stuck_in_a_copy_does_not_hold_the_takeover_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = database_for(dir.path());
+    let a = Pelotond::start(dir.path(), "a", free_port(), &db, 4).await;
+    leader(&[a.port]).await;
+    // The stuck commit: the fence's lock taken as a commit takes it, a
+    // COPY opened and its first bytes sent, never finished.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    let url = db.clone();
+    let stuck = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let mut tx = c.transaction().expect("begin");
+        tx.query_one(
+            "SELECT epoch FROM peloton_leader WHERE id = 1 FOR SHARE",
+            &[],
+        )
+        .expect("the fence");
+        let mut copy = tx
+            .copy_in(peloton_gateway::pgstore::COPY_TASKS)
+            .expect("copy");
+        copy.write_all(b"PGCOPY\n\xff\r\n\0")
+            .and_then(|()| copy.flush())
+            .expect("the stream's first bytes");
+        ready_tx.send(()).expect("ready");
+        let _ = end_rx.recv();
+        // Its session was ended under it: the copy cannot finish.
+        copy.finish().is_err()
+    });
+    ready_rx.recv().expect("the copy is open");
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let frozen = Instant::now();
+    let b = Pelotond::start(dir.path(), "b", free_port(), &db, 4).await;
+    assert_eq!(leader(&[b.port]).await, b.port, "{}", b.log_text());
+    let took_over = frozen.elapsed();
+    assert!(
+        took_over <= Duration::from_secs(10),
+        "took over after {took_over:?}"
+    );
+    assert!(
+        b.log_text().contains("ended the expired leader's commit"),
+        "{}",
+        b.log_text()
+    );
+    drop(end_tx);
+    assert!(
+        stuck.join().expect("the stuck commit's thread"),
+        "the stuck commit's session was ended"
+    );
+    let (_, address) = lease_row(&db);
+    assert_eq!(address, b.url());
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_restarted_under_load_loses_no_acknowledged_job() {
     let dir = tempfile::tempdir().expect("tempdir");

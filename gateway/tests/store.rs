@@ -381,8 +381,9 @@ fn a_batch_larger_than_a_statement_lands_whole() {
 
 /// The store's COPY of new task rows: a key PostgreSQL refuses (one already
 /// stored, the case of a commit retried while its last try landed) fails
-/// it with the database's reason, nothing of it stays once the transaction
-/// rolls back, and the connection takes the next copy.
+/// it with the database's reason, whether it comes last or first with
+/// megabytes still to send; nothing of it stays once the transaction rolls
+/// back, and the connection takes the next copy.
 #[test]
 fn a_refused_copy_fails_with_the_reason_and_leaves_nothing() {
     let url = common::database_for(std::path::Path::new("store-suite/refused-copy"));
@@ -393,24 +394,33 @@ fn a_refused_copy_fails_with_the_reason_and_leaves_nothing() {
             .expect("count")
             .get(0)
     };
+    let value = vec![7u8; 200];
+    let last: Vec<((&str, i64), &[u8])> = vec![(("j", 1), b"new"), (("j", 0), b"again")];
+    let first: Vec<((&str, i64), &[u8])> = std::iter::once((("j", 0), &b"again"[..]))
+        .chain((1..20_000).map(|i| (("j", i), value.as_slice())))
+        .collect();
+    for rows in [&last, &first] {
+        let mut tx = c.transaction().expect("begin");
+        tx.execute(
+            "INSERT INTO peloton_tasks VALUES ('j', 0, 'stored'::bytea)",
+            &[],
+        )
+        .expect("a stored row");
+        let err = copy_pairs(&mut tx, COPY_TASKS, rows).expect_err("a key already stored");
+        assert!(
+            err.to_string().contains("copy rows") && err.to_string().contains("duplicate key"),
+            "{err}"
+        );
+        drop(tx);
+        assert_eq!(count(&mut c), 0, "rolled back");
+    }
     let mut tx = c.transaction().expect("begin");
-    tx.execute(
-        "INSERT INTO peloton_tasks VALUES ('j', 0, 'stored'::bytea)",
-        &[],
-    )
-    .expect("a stored row");
-    let rows: Vec<((&str, i64), &[u8])> = vec![(("j", 1), b"new"), (("j", 0), b"again")];
-    let err = copy_pairs(&mut tx, COPY_TASKS, &rows).expect_err("a key already stored");
-    assert!(
-        err.to_string().contains("copy rows") && err.to_string().contains("duplicate key"),
-        "{err}"
+    assert_eq!(
+        copy_pairs(&mut tx, COPY_TASKS, &first).expect("copy"),
+        20_000
     );
-    drop(tx);
-    assert_eq!(count(&mut c), 0, "rolled back");
-    let mut tx = c.transaction().expect("begin");
-    assert_eq!(copy_pairs(&mut tx, COPY_TASKS, &rows).expect("copy"), 2);
     tx.commit().expect("commit");
-    assert_eq!(count(&mut c), 2);
+    assert_eq!(count(&mut c), 20_000);
 }
 
 /// Sets the lease row's epoch as another server taking the lease would.

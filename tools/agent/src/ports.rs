@@ -146,7 +146,7 @@ fn overlap_warning(
          ephemeral range {ephemeral} ({EPHEMERAL_RANGE}): an outgoing connection may take one \
          between the agent's check and the task's bind, and the task then fails with \
          \"address in use\"; offer ports below {} or reserve them \
-         (sysctl net.ipv4.ip_local_reserved_ports={offered})",
+         (add {offered} to net.ipv4.ip_local_reserved_ports)",
         ephemeral.first
     ))
 }
@@ -312,7 +312,10 @@ mod tests {
         assert!(w.contains("232 port(s) of --ports 32000-32999"), "{w}");
         assert!(w.contains("between 32768 and 32999"), "{w}");
         assert!(w.contains("below 32768"), "{w}");
-        assert!(w.contains("ip_local_reserved_ports=32000-32999"), "{w}");
+        assert!(
+            w.contains("add 32000-32999 to net.ipv4.ip_local_reserved_ports"),
+            "{w}"
+        );
         // Reserved ports are never given to connections.
         let reserved = parse_reserved("8080,32000-32899\n");
         assert_eq!(reserved, [range("8080"), range("32000-32899")]);

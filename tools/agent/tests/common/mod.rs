@@ -606,7 +606,12 @@ static AGENTS_STARTED: AtomicU32 = AtomicU32::new(0);
 fn agent_port_range() -> String {
     const FIRST: u32 = 20_000;
     let below = peloton_agent::ephemeral_range().map_or(32_768, |r| u32::from(r.first));
-    let slots = (below.saturating_sub(FIRST) / PORTS_PER_AGENT).max(1);
+    // (An ephemeral range starting that low leaves no room below it: the
+    // ranges then spread over 20000-39999 as before, seldom shared.)
+    let slots = match below.saturating_sub(FIRST) / PORTS_PER_AGENT {
+        n if n >= 50 => n,
+        _ => 1000,
+    };
     let n = AGENTS_STARTED.fetch_add(1, Ordering::Relaxed);
     let slot = (std::process::id().wrapping_mul(37).wrapping_add(n)) % slots;
     let first = FIRST + slot * PORTS_PER_AGENT;
