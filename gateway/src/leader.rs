@@ -332,8 +332,8 @@ fn dead_predecessor(holder: &str, server_id: &str) -> bool {
 ///
 /// One transaction: the lease row (`peloton_lease`: epoch, expiry) is
 /// updated first, then the fenced row (`peloton_leader`), which waits for
-/// any commit of the old leader in flight (its share lock). The lease has
-/// expired, so such a commit's session is ended first
+/// any commit of the old leader in flight (its share lock). The lease is
+/// this server's now, so such a commit's session is ended first
 /// ([`end_fenced_commits`]): a leader frozen between statements would be
 /// ended by the database (`idle_in_transaction_session_timeout`, set by
 /// the store), but one frozen inside a statement that waits for its client
@@ -386,37 +386,53 @@ fn try_acquire(
     Ok(Ok(epoch))
 }
 
-/// Ends the sessions that hold the fence's share lock on `peloton_leader`:
-/// commits in flight of a leader whose lease has expired (only a fenced
-/// commit takes that lock). Its process may be frozen in the middle of a
-/// statement, where no timeout of the database's ends it; ending the
-/// session rolls the commit back (nothing of it was acknowledged) and
-/// frees the lock. Best effort, in a savepoint: where this server may not
-/// signal those sessions (another database role), the takeover waits for
-/// them as before.
+/// Ends the sessions that hold the fence's share lock on `peloton_leader`
+/// in this database: commits in flight of the leader whose lease this
+/// server just took (expired, or held by its own dead process; only a
+/// fenced commit takes that lock). Such a process may be frozen in the
+/// middle of a statement, where no timeout of the database's ends it;
+/// ending the session rolls the commit back (nothing of it was
+/// acknowledged) and frees the lock. Each session is ended in a savepoint
+/// of its own: one this server's database role may not signal (another
+/// role without `pg_signal_backend`, a superuser) is left, logged, and
+/// the takeover waits for it as before. A commit that begins after this
+/// and before the fenced row is updated is waited for (`lock_timeout`),
+/// and ended at the next try if it is stuck too.
 fn end_fenced_commits(tx: &mut postgres::Transaction<'_>) {
-    let ended = tx.transaction().and_then(|mut sp| {
-        let n: i64 = sp
-            .query_one(
-                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_locks \
-                 WHERE locktype = 'relation' AND relation = 'peloton_leader'::regclass \
-                   AND mode = 'RowShareLock' AND granted AND pid <> pg_backend_pid()",
-                &[],
-            )?
-            .get(0);
-        sp.commit()?;
-        Ok(n)
-    });
-    match ended {
-        Ok(0) => {}
-        Ok(n) => tracing::warn!(
-            sessions = n,
-            "ended the expired leader's commit(s) in flight, which held the fence"
-        ),
-        Err(e) => tracing::warn!(
-            error = %e,
-            "cannot end the expired leader's commits in flight; waiting for them"
-        ),
+    let holders: Vec<i32> = match tx.query(
+        "SELECT DISTINCT pid FROM pg_locks \
+         WHERE locktype = 'relation' AND relation = 'peloton_leader'::regclass \
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND mode = 'RowShareLock' AND granted AND pid <> pg_backend_pid()",
+        &[],
+    ) {
+        Ok(rows) => rows.iter().map(|r| r.get(0)).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the expired leader's commits in flight");
+            return;
+        }
+    };
+    for pid in holders {
+        let ended = tx.transaction().and_then(|mut sp| {
+            let ended: bool = sp
+                .query_one("SELECT pg_terminate_backend($1)", &[&pid])?
+                .get(0);
+            sp.commit()?;
+            Ok(ended)
+        });
+        match ended {
+            Ok(true) => tracing::warn!(
+                pid,
+                "ended the expired leader's commit in flight, which held the fence"
+            ),
+            // Gone meanwhile.
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                pid,
+                error = %e,
+                "cannot end the expired leader's commit in flight; waiting for it"
+            ),
+        }
     }
 }
 

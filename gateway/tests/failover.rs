@@ -415,12 +415,16 @@ async fn a_commit_stuck_in_a_copy_does_not_hold_the_takeover_back() {
     leader(&[a.port]).await;
     // The stuck commit: the fence's lock taken as a commit takes it, a
     // COPY opened and its first bytes sent, never finished.
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<i32>();
     let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
     let url = db.clone();
     let stuck = std::thread::spawn(move || {
         use std::io::Write;
         let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let pid: i32 = c
+            .query_one("SELECT pg_backend_pid()", &[])
+            .expect("pid")
+            .get(0);
         let mut tx = c.transaction().expect("begin");
         tx.query_one(
             "SELECT epoch FROM peloton_leader WHERE id = 1 FOR SHARE",
@@ -433,12 +437,11 @@ async fn a_commit_stuck_in_a_copy_does_not_hold_the_takeover_back() {
         copy.write_all(b"PGCOPY\n\xff\r\n\0")
             .and_then(|()| copy.flush())
             .expect("the stream's first bytes");
-        ready_tx.send(()).expect("ready");
+        ready_tx.send(pid).expect("ready");
         let _ = end_rx.recv();
-        // Its session was ended under it: the copy cannot finish.
-        copy.finish().is_err()
+        drop(copy);
     });
-    ready_rx.recv().expect("the copy is open");
+    let stuck_pid = ready_rx.recv().expect("the copy is open");
     a.signal(nix::sys::signal::Signal::SIGSTOP);
     let frozen = Instant::now();
     let b = Pelotond::start(dir.path(), "b", free_port(), &db, 4).await;
@@ -453,11 +456,32 @@ async fn a_commit_stuck_in_a_copy_does_not_hold_the_takeover_back() {
         "{}",
         b.log_text()
     );
+    // The stuck commit's session is gone (not merely failed).
+    // (A session frees its locks a moment before it leaves the view.)
+    let url = db.clone();
+    let alive: i64 = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+        let mut alive = 1;
+        for _ in 0..50 {
+            alive = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                    &[&stuck_pid],
+                )
+                .expect("pg_stat_activity")
+                .get(0);
+            if alive == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        alive
+    })
+    .join()
+    .expect("pg_stat_activity's thread");
+    assert_eq!(alive, 0, "the stuck commit's session was ended");
     drop(end_tx);
-    assert!(
-        stuck.join().expect("the stuck commit's thread"),
-        "the stuck commit's session was ended"
-    );
+    stuck.join().expect("the stuck commit's thread");
     let (_, address) = lease_row(&db);
     assert_eq!(address, b.url());
     a.signal(nix::sys::signal::Signal::SIGCONT);

@@ -563,6 +563,9 @@ fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
          CREATE TABLE peloton_bench_rows (LIKE peloton_tasks INCLUDING ALL); \
          CREATE TABLE peloton_bench_events (LIKE peloton_events INCLUDING ALL)",
     )?;
+    // Prepared once, as the store's connection prepares its own.
+    let copy =
+        c.prepare("COPY peloton_bench_rows (job, instance, value) FROM STDIN (FORMAT binary)")?;
     let insert_events =
         c.prepare("INSERT INTO peloton_bench_events (first, epoch, value) VALUES ($1, 0, $2)")?;
     let per_job = u64::from(per_job.max(1));
@@ -587,11 +590,7 @@ fn pg_rows_alone(url: &str, rows: u64, per_job: u32) -> Result<PgBound> {
                 .iter()
                 .map(|k| ((k.0.as_str(), k.1), value.as_slice()))
                 .collect();
-            copy_pairs(
-                &mut tx,
-                "COPY peloton_bench_rows (job, instance, value) FROM STDIN (FORMAT binary)",
-                &rows,
-            )?;
+            copy_pairs(&mut tx, &copy, &rows)?;
             let share = events.len() * chunk.len() / BOUND_ROWS_PER_STATEMENT;
             if share > 0 {
                 tx.execute(&insert_events, &[&first, &&events[..share]])?;
