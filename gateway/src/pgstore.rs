@@ -620,8 +620,8 @@ const COPY_FLUSH_BYTES: usize = 1 << 20;
 /// than an `INSERT … SELECT FROM unnest(…)` (no array parameters to take
 /// apart, no executor per row), and the writer less than encoding arrays.
 /// A key already stored fails the copy, as it would fail the insert, and
-/// so does any error here: the transaction is then to be rolled back.
-/// Returns the rows written. Public so that the bench's PostgreSQL bound
+/// so does any error here, or fewer rows written than given: the
+/// transaction is then to be rolled back. Returns the rows written. Public so that the bench's PostgreSQL bound
 /// writes its rows exactly as the store does. While the stream is open
 /// the session is not idle in its transaction, so the database's idle
 /// timeout (which ends a frozen leader's commit) does not apply; a standby
@@ -664,7 +664,14 @@ pub fn copy_pairs<T: ?Sized + postgres::ToStatement>(
     // Trailer: a field count of -1.
     buf.extend_from_slice(&(-1i16).to_be_bytes());
     writer.write_all(&buf).map_err(failed)?;
-    writer.finish().map_err(pg_err("copy rows"))
+    let written = writer.finish().map_err(pg_err("copy rows"))?;
+    if written != rows.len() as u64 {
+        return Err(StoreError::msg(format!(
+            "copy rows: {written} of {} rows written",
+            rows.len()
+        )));
+    }
+    Ok(written)
 }
 
 /// Task rows: as [`put_pairs`], except that the rows of jobs with no task
@@ -672,14 +679,13 @@ pub fn copy_pairs<T: ?Sized + postgres::ToStatement>(
 /// are plain inserts, streamed with [`copy_pairs`]. An upsert costs the
 /// database about twice an insert (it looks for a conflict in the index,
 /// then inserts speculatively), and most task rows are written first when
-/// their job is created. The lookup
-/// runs in the commit's transaction, and only the leader writes (its epoch
-/// is checked first), so no row of such a job can appear in between. One
-/// case remains: a commit retried on a new connection while the last try
-/// still runs on a dead one. If that try then commits rows of a job this
-/// one found without rows, the insert fails on their keys; the commit
-/// fails and is retried as any failed commit is, and the next try, seeing
-/// the rows, upserts them.
+/// their job is created. The lookup runs in the commit's transaction, and
+/// only the leader writes (its epoch is checked first), so no row of such
+/// a job can appear in between. One case remains: a commit retried on a
+/// new connection while the last try still runs on a dead one. If that
+/// try then commits rows of a job this one found without rows, the copy
+/// fails on their keys; the commit fails and is retried as any failed
+/// commit is, and the next try, seeing the rows, upserts them.
 fn put_tasks<'a>(
     tx: &mut Transaction<'_>,
     p: &Prepared,
@@ -706,13 +712,7 @@ fn put_tasks<'a>(
         .into_iter()
         .partition(|((job, _), _)| stored.contains(*job));
     if !inserts.is_empty() {
-        let written = copy_pairs(tx, &p.task_copy, &inserts)?;
-        if written != inserts.len() as u64 {
-            return Err(StoreError::msg(format!(
-                "copy task rows: {written} of {} rows written",
-                inserts.len()
-            )));
-        }
+        copy_pairs(tx, &p.task_copy, &inserts)?;
     }
     write_pairs(tx, &p.task_put, &upserts)?;
     delete_pairs(tx, &p.task_del, &dels)
